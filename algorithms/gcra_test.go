@@ -1,0 +1,153 @@
+package algorithms
+
+import (
+	"testing"
+)
+
+func TestDecide(t *testing.T) {
+	// 10 per 1000 units with burst 10: T = 100.
+	l := NewLimit(10, 1000, 0)
+	tests := []struct {
+		name     string
+		limit    Limit
+		tat, now int64
+		cost     int64
+		want     Result
+	}{
+		{"fresh key gets its full burst minus one", l, 0, 5000, 1,
+			Result{Allowed: true, TAT: 5100, Remaining: 9, ResetAfter: 100}},
+		{"stale TAT counts as now", l, 4000, 5000, 1,
+			Result{Allowed: true, TAT: 5100, Remaining: 9, ResetAfter: 100}},
+		{"last of the burst", l, 5900, 5000, 1,
+			Result{Allowed: true, TAT: 6000, Remaining: 0, ResetAfter: 1000}},
+		{"burst used up: denied until one interval frees", l, 6000, 5000, 1,
+			Result{TAT: 6000, RetryAfter: 100, ResetAfter: 1000}},
+		{"denied part way through an interval", l, 6000, 5030, 1,
+			Result{TAT: 6000, RetryAfter: 70, ResetAfter: 970}},
+		{"exactly at allowAt is allowed", l, 6000, 5100, 1,
+			Result{Allowed: true, TAT: 6100, Remaining: 0, ResetAfter: 1000}},
+		{"cost takes several units", l, 0, 5000, 4,
+			Result{Allowed: true, TAT: 5400, Remaining: 6, ResetAfter: 400}},
+		{"cost larger than what is left is denied", l, 5800, 5000, 3,
+			Result{TAT: 5800, RetryAfter: 100, ResetAfter: 800}},
+		{"burst 1 is a smooth rate", NewLimit(10, 1000, 1), 5050, 5000, 1,
+			Result{TAT: 5050, RetryAfter: 50, ResetAfter: 50}},
+		{"burst larger than events", NewLimit(10, 1000, 20), 6000, 5000, 1,
+			Result{Allowed: true, TAT: 6100, Remaining: 9, ResetAfter: 1100}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.limit.Decide(tc.tat, tc.now, tc.cost); got != tc.want {
+				t.Errorf("Decide(%d, %d, %d) = %+v, want %+v", tc.tat, tc.now, tc.cost, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestFreshKeyAdmitsBurstThenOnePerInterval(t *testing.T) {
+	l := NewLimit(5, 1000, 0) // T = 200
+	var tat int64
+	allowed := 0
+	for range 20 {
+		r := l.Decide(tat, 0, 1)
+		if r.Allowed {
+			tat = r.TAT
+			allowed++
+		}
+	}
+	if allowed != 5 {
+		t.Fatalf("at one instant %d allowed, want the burst of 5", allowed)
+	}
+	// Then exactly one every T.
+	for now := int64(1); now <= 1000; now++ {
+		r := l.Decide(tat, now, 1)
+		if r.Allowed {
+			tat = r.TAT
+			allowed++
+		}
+	}
+	if allowed != 10 {
+		t.Fatalf("burst plus one second at 5/s admitted %d, want 10 (the 2N-1 bound plus the one at t=W)", allowed)
+	}
+}
+
+func TestRefundNeverGoesBelowNow(t *testing.T) {
+	l := NewLimit(10, 1000, 0)
+	if got := l.Refund(5100, 5000, 1); got != 5000 {
+		t.Errorf("Refund(5100, 5000, 1) = %d, want 5000", got)
+	}
+	if got := l.Refund(5050, 5000, 1); got != 5000 {
+		t.Errorf("Refund below now = %d, want now (5000)", got)
+	}
+	if got := l.Refund(6000, 5000, 2); got != 5800 {
+		t.Errorf("Refund(6000, 5000, 2) = %d, want 5800", got)
+	}
+}
+
+func TestAllowedThenRefundedRestoresState(t *testing.T) {
+	l := NewLimit(10, 1000, 0)
+	before := l.Peek(5500, 5000)
+	r := l.Decide(5500, 5000, 1)
+	after := l.Peek(l.Refund(r.TAT, 5000, 1), 5000)
+	if before != after {
+		t.Errorf("state after allow+refund = %+v, want %+v", after, before)
+	}
+}
+
+func TestPeek(t *testing.T) {
+	l := NewLimit(10, 1000, 0)
+	if got := l.Peek(0, 5000); got.Remaining != 10 || got.ResetAfter != 0 || !got.Allowed {
+		t.Errorf("Peek of an absent key = %+v, want full (10 remaining, reset 0)", got)
+	}
+	if got := l.Peek(5300, 5000); got.Remaining != 7 || got.ResetAfter != 300 {
+		t.Errorf("Peek after 3 = %+v, want 7 remaining, reset 300", got)
+	}
+	if got := l.Peek(6000, 5000); got.Allowed || got.RetryAfter != 100 {
+		t.Errorf("Peek of an exhausted key = %+v, want denied with retry 100", got)
+	}
+}
+
+// FuzzDecideInvariants drives one key with arbitrary arrivals and checks the
+// guarantees the package documents.
+func FuzzDecideInvariants(f *testing.F) {
+	f.Add(int64(10), int64(1000), int64(0), []byte{0, 0, 0, 5, 200, 1, 1, 3})
+	f.Add(int64(1), int64(60), int64(1), []byte{1, 2, 3, 4, 5, 250})
+	f.Add(int64(100), int64(1_000_000), int64(3), []byte{255, 0, 0, 0, 0, 0, 0, 0, 9})
+	f.Fuzz(func(t *testing.T, events, window, burst int64, gaps []byte) {
+		if events < 1 || events > 1e6 || window < events || window > 1e12 || burst < 0 || burst > 1e6 {
+			t.Skip()
+		}
+		l := NewLimit(events, window, burst)
+		var tat, now, admitted int64
+		start := now
+		for i, g := range gaps {
+			now += int64(g) * l.EmissionInterval / 16
+			cost := int64(1 + i%3)
+			r := l.Decide(tat, now, cost)
+			if r.Remaining < 0 || r.Remaining > l.Burst {
+				t.Fatalf("remaining %d outside [0, %d]", r.Remaining, l.Burst)
+			}
+			if r.Allowed {
+				if r.RetryAfter != 0 {
+					t.Fatalf("allowed with retryAfter %d", r.RetryAfter)
+				}
+				tat = r.TAT
+				admitted += cost
+			} else {
+				if r.RetryAfter <= 0 {
+					t.Fatalf("denied with retryAfter %d, want > 0", r.RetryAfter)
+				}
+				if r.Remaining != 0 || r.TAT != max(tat, now) {
+					t.Fatalf("denied request changed state or reported remaining: %+v", r)
+				}
+			}
+			if r.ResetAfter < 0 {
+				t.Fatalf("negative resetAfter %d", r.ResetAfter)
+			}
+			// Never more than burst + elapsed/T since the key was fresh.
+			if bound := l.Burst + (now-start)/l.EmissionInterval; admitted > bound {
+				t.Fatalf("admitted %d over %d ns, bound %d", admitted, now-start, bound)
+			}
+		}
+	})
+}
