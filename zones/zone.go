@@ -1,0 +1,365 @@
+// Package zones decides requests for one named rate-limit zone: it builds
+// keys, keeps the zone's in-process state and applies the zone's fail policy
+// when its shared Store cannot answer.
+package zones
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/caddy-tally/ratelimit/algorithms"
+)
+
+// FailPolicy says what a zone does when its Store errors, times out or its
+// breaker is open.
+type FailPolicy uint8
+
+const (
+	// FailLocal enforces the zone in-process at this instance's share of the
+	// limit (events/N, burst/N, at least 1, N = live instances last seen).
+	FailLocal FailPolicy = iota
+	// FailOpen allows the request.
+	FailOpen
+	// FailClosed denies the request with a short Retry-After.
+	FailClosed
+)
+
+// ParseFailPolicy reads "open", "closed" or "local" ("" is local).
+func ParseFailPolicy(s string) (FailPolicy, error) {
+	switch s {
+	case "", "local":
+		return FailLocal, nil
+	case "open":
+		return FailOpen, nil
+	case "closed":
+		return FailClosed, nil
+	}
+	return 0, fmt.Errorf("unknown fail_policy %q: use open, closed or local", s)
+}
+
+func (p FailPolicy) String() string {
+	switch p {
+	case FailOpen:
+		return "open"
+	case FailClosed:
+		return "closed"
+	}
+	return "local"
+}
+
+// FailClosedRetryAfter is the Retry-After a fail-closed zone sends while its
+// store is unavailable: short, so clients come back soon after recovery.
+const FailClosedRetryAfter = time.Second
+
+// MaxKeyLength is the longest key kept as is; longer keys are replaced by
+// their SHA-256, so a hostile key costs bounded memory.
+const MaxKeyLength = 256
+
+// DefaultMaxKeys caps a zone's local table when max_keys is not set.
+const DefaultMaxKeys = 1_000_000
+
+// ValidName reports whether name is a valid zone name: letters, digits, '_'
+// and '-', so that it is safe in a Redis key and a metric label.
+func ValidName(name string) bool {
+	for _, c := range name {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return name != ""
+}
+
+// Config is a zone's definition.
+type Config struct {
+	Name       string
+	Events     int64
+	Window     time.Duration
+	Burst      int64 // 0 = Events
+	IPv4Prefix int   // 0 = no masking
+	IPv6Prefix int   // 0 = no masking
+	FailPolicy FailPolicy
+	MaxKeys    int // 0 = DefaultMaxKeys
+	DryRun     bool
+}
+
+// Validate reports the first thing wrong with the definition, saying how to
+// fix it.
+func (c Config) Validate() error {
+	switch {
+	case !ValidName(c.Name):
+		return fmt.Errorf("zone name %q is invalid: use letters, digits, '_' and '-' only", c.Name)
+	case c.Events <= 0:
+		return fmt.Errorf("zone %s: events must be a positive number of requests per window (e.g. events 100)", c.Name)
+	case c.Window <= 0:
+		return fmt.Errorf("zone %s: window must be a positive duration (e.g. window 1m)", c.Name)
+	case c.Window < time.Duration(c.Events):
+		return fmt.Errorf("zone %s: %d events per %v is more than one per nanosecond", c.Name, c.Events, c.Window)
+	case c.Burst < 0:
+		return fmt.Errorf("zone %s: burst must be at least 1 (or omitted for burst = events)", c.Name)
+	case c.IPv4Prefix < 0 || c.IPv4Prefix > 32:
+		return fmt.Errorf("zone %s: ipv4_prefix must be between 1 and 32", c.Name)
+	case c.IPv6Prefix < 0 || c.IPv6Prefix > 128:
+		return fmt.Errorf("zone %s: ipv6_prefix must be between 1 and 128", c.Name)
+	case c.MaxKeys < 0:
+		return fmt.Errorf("zone %s: max_keys must be positive", c.Name)
+	}
+	return nil
+}
+
+// Limit is the zone's GCRA limit in nanoseconds.
+func (c Config) Limit() algorithms.Limit {
+	return algorithms.NewLimit(c.Events, int64(c.Window), c.Burst)
+}
+
+// SameLimits reports whether two definitions limit the same way, so that they
+// may share state.
+func (c Config) SameLimits(o Config) bool {
+	return c.Limit() == o.Limit() && c.Events == o.Events && c.Window == o.Window && c.MaxKeys == o.MaxKeys
+}
+
+// Key turns the expanded key template into the key the zone stores: IP
+// addresses are masked to the configured prefix, and keys longer than
+// MaxKeyLength are replaced by a hash.
+func (c Config) Key(raw string) string {
+	if c.IPv4Prefix > 0 || c.IPv6Prefix > 0 {
+		if ip, err := netip.ParseAddr(raw); err == nil {
+			bits := c.IPv6Prefix
+			if ip.Is4() || ip.Is4In6() {
+				ip, bits = ip.Unmap(), c.IPv4Prefix
+			}
+			if bits > 0 {
+				if p, err := ip.Prefix(bits); err == nil {
+					return p.String()
+				}
+			}
+		}
+	}
+	if len(raw) > MaxKeyLength {
+		sum := sha256.Sum256([]byte(raw))
+		return "sha256:" + hex.EncodeToString(sum[:])
+	}
+	return raw
+}
+
+// State is a zone's in-process state. It is shared by every handler that
+// defines the zone the same way and outlives config reloads.
+type State struct {
+	Local    *Table // local mode: TAT per key
+	Denied   *Table // with a Store: keys the store denied, until when
+	Fallback *Table // fail_policy local: TAT per key at this instance's share
+	stop     chan struct{}
+	done     chan struct{}
+}
+
+// NewState returns an empty state whose expired entries are swept every
+// sweepInterval.
+func NewState(c Config, sweepInterval time.Duration) *State {
+	maxKeys := c.MaxKeys
+	if maxKeys == 0 {
+		maxKeys = DefaultMaxKeys
+	}
+	s := &State{
+		Local:    NewTable(maxKeys),
+		Denied:   NewTable(maxKeys),
+		Fallback: NewTable(maxKeys),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	go s.sweep(sweepInterval)
+	return s
+}
+
+func (s *State) sweep(interval time.Duration) {
+	defer close(s.done)
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case t := <-tick.C:
+			now := t.UnixNano()
+			s.Local.Sweep(now)
+			s.Denied.Sweep(now)
+			s.Fallback.Sweep(now)
+		}
+	}
+}
+
+// Len is the number of keys the state holds.
+func (s *State) Len() int { return s.Local.Len() + s.Denied.Len() + s.Fallback.Len() }
+
+// Destruct stops the sweeper (caddy.Destructor, for caddy.UsagePool).
+func (s *State) Destruct() error {
+	close(s.stop)
+	<-s.done
+	return nil
+}
+
+// Source says who decided.
+type Source uint8
+
+const (
+	SourceLocal      Source = iota // the in-process table (local mode)
+	SourceStore                    // the shared store
+	SourceDenyCache                // a denial the store gave earlier, still in force
+	SourceFailOpen                 // store unavailable, fail_policy open
+	SourceFailClosed               // store unavailable, fail_policy closed
+	SourceFailLocal                // store unavailable, fail_policy local
+)
+
+// Decision is a zone's verdict on one request. Durations are nanoseconds.
+type Decision struct {
+	Allowed    bool
+	Remaining  int64
+	RetryAfter time.Duration // > 0 when denied
+	ResetAfter time.Duration // until the key is back to its full burst
+	Source     Source
+	Err        error // the store's error, when a fail policy decided
+}
+
+// Zone decides requests for one zone definition, with its shared state and,
+// when distributed, its Store.
+type Zone struct {
+	Config
+	limit algorithms.Limit
+	state *State
+	store Store
+}
+
+// New returns a zone deciding with state and, when store is not nil, store.
+func New(c Config, state *State, store Store) *Zone {
+	return &Zone{Config: c, limit: c.Limit(), state: state, store: store}
+}
+
+// State returns the zone's in-process state.
+func (z *Zone) State() *State { return z.state }
+
+// Store returns the zone's store, nil in local mode.
+func (z *Zone) Store() Store { return z.store }
+
+// Decide decides a unit-cost request for key at now (Unix nanoseconds).
+// Without a store it is the local GCRA step; with one, a denial the store
+// gave earlier is answered locally until it ends, so a flood from a blocked
+// key costs the store nothing.
+func (z *Zone) Decide(ctx context.Context, key string, now int64) Decision {
+	if z.store == nil {
+		return fromResult(z.state.Local.Decide(key, now, z.limit, 1), SourceLocal)
+	}
+	if until, ok := z.state.Denied.Get(key, now); ok {
+		retry := until - now
+		return Decision{
+			RetryAfter: time.Duration(retry),
+			ResetAfter: time.Duration(retry + (z.limit.Burst-1)*z.limit.EmissionInterval),
+			Source:     SourceDenyCache,
+		}
+	}
+	r, err := z.store.Decide(ctx, z.Name, key, z.limit, 1)
+	if err != nil {
+		return z.fail(key, now, err)
+	}
+	if !r.Allowed {
+		z.state.Denied.Set(key, now+r.RetryAfter, now)
+	}
+	return fromResult(r, SourceStore)
+}
+
+// fail applies the zone's fail policy.
+func (z *Zone) fail(key string, now int64, err error) Decision {
+	switch z.FailPolicy {
+	case FailOpen:
+		return Decision{Allowed: true, Remaining: z.limit.Burst, Source: SourceFailOpen, Err: err}
+	case FailClosed:
+		return Decision{RetryAfter: FailClosedRetryAfter, ResetAfter: FailClosedRetryAfter, Source: SourceFailClosed, Err: err}
+	}
+	d := fromResult(z.state.Fallback.Decide(key, now, z.shareLimit(), 1), SourceFailLocal)
+	d.Err = err
+	return d
+}
+
+// shareLimit is this instance's share of the zone's limit while the store is
+// unavailable: events/N and burst/N (at least 1), N the live instances last
+// seen through the store.
+func (z *Zone) shareLimit() algorithms.Limit {
+	n := int64(max(1, z.store.Instances()))
+	burst := z.Burst
+	if burst == 0 {
+		burst = z.Events
+	}
+	return algorithms.NewLimit(max(1, z.Events/n), int64(z.Window), max(1, burst/n))
+}
+
+// Refund gives back a request the zone allowed when a later zone denied it,
+// to whoever decided it.
+func (z *Zone) Refund(ctx context.Context, key string, now int64, d Decision) error {
+	switch d.Source {
+	case SourceLocal:
+		z.state.Local.Refund(key, now, z.limit, 1)
+	case SourceFailLocal:
+		z.state.Fallback.Refund(key, now, z.shareLimit(), 1)
+	case SourceStore:
+		return z.store.Refund(ctx, z.Name, key, z.limit, 1)
+	}
+	return nil
+}
+
+// Peek reports key's state without consuming anything, or ErrUnknownKey
+// when the key has no state (it is at its full limit).
+func (z *Zone) Peek(ctx context.Context, key string, now int64) (Decision, error) {
+	var r algorithms.Result
+	src := SourceLocal
+	if z.store == nil {
+		r = z.state.Local.Peek(key, now, z.limit)
+	} else {
+		var err error
+		if r, err = z.store.Peek(ctx, z.Name, key, z.limit); err != nil {
+			return Decision{}, err
+		}
+		src = SourceStore
+	}
+	if r.ResetAfter <= 0 {
+		return Decision{}, ErrUnknownKey
+	}
+	return fromResult(r, src), nil
+}
+
+// Mode is "local" without a store, else the store's mode ("strict" unless
+// the store says otherwise).
+func (z *Zone) Mode() string {
+	if z.store == nil {
+		return "local"
+	}
+	if m, ok := z.store.(interface{ Mode() string }); ok {
+		return m.Mode()
+	}
+	return "strict"
+}
+
+// Reset forgets key everywhere this instance can: its tables and the store.
+func (z *Zone) Reset(ctx context.Context, key string) error {
+	z.state.Local.Delete(key)
+	z.state.Denied.Delete(key)
+	z.state.Fallback.Delete(key)
+	if z.store != nil {
+		return z.store.Reset(ctx, z.Name, key)
+	}
+	return nil
+}
+
+// ErrUnknownKey is returned by Peek for a key with no state.
+var ErrUnknownKey = errors.New("no state for this key")
+
+func fromResult(r algorithms.Result, src Source) Decision {
+	return Decision{
+		Allowed:    r.Allowed,
+		Remaining:  r.Remaining,
+		RetryAfter: time.Duration(r.RetryAfter),
+		ResetAfter: time.Duration(r.ResetAfter),
+		Source:     src,
+	}
+}

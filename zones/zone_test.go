@@ -1,0 +1,298 @@
+package zones
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/caddy-tally/ratelimit/algorithms"
+)
+
+const hour = int64(time.Hour)
+
+func TestTableAdmitsExactlyTheBurstUnderConcurrency(t *testing.T) {
+	tab := NewTable(1000)
+	l := algorithms.NewLimit(50, hour, 0)
+	now := time.Now().UnixNano()
+	var allowed atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 100 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 100 {
+				key := "shared"
+				if i%2 == 1 {
+					key = fmt.Sprintf("own-%d", g) // other keys contend for the same shards
+				}
+				if tab.Decide(key, now, l, 1).Allowed && key == "shared" {
+					allowed.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if got := allowed.Load(); got != 50 {
+		t.Fatalf("%d requests allowed for one key, want exactly 50", got)
+	}
+}
+
+func TestTableNeverHoldsMoreThanMaxKeys(t *testing.T) {
+	for _, maxKeys := range []int{1, 10, 1000, 100_000} {
+		tab := NewTable(maxKeys)
+		l := algorithms.NewLimit(10, hour, 0)
+		for i := range maxKeys * 3 {
+			tab.Decide(fmt.Sprintf("k%d", i), 1, l, 1)
+		}
+		if n := tab.Len(); n > maxKeys {
+			t.Errorf("max_keys %d: table holds %d keys", maxKeys, n)
+		}
+	}
+}
+
+func TestTableEvictsExpiredKeysBeforeActiveOnes(t *testing.T) {
+	tab := NewTable(10) // one shard of 10
+	l := algorithms.NewLimit(1, 1000, 0)
+	for i := range 9 {
+		tab.Decide(fmt.Sprintf("old%d", i), 0, l, 1) // TAT 1000: expired at 5000
+	}
+	tab.Decide("active", 4500, l, 1) // TAT 5500
+	for i := range 9 {
+		tab.Decide(fmt.Sprintf("new%d", i), 5000, l, 1)
+	}
+	if _, ok := tab.Get("active", 5000); !ok {
+		t.Fatal("an active key was evicted while expired keys were left to evict")
+	}
+}
+
+func TestTableSweepDropsOnlyExpiredKeys(t *testing.T) {
+	tab := NewTable(1000)
+	l := algorithms.NewLimit(1, 1000, 0)
+	tab.Decide("expired", 0, l, 1)   // TAT 1000
+	tab.Decide("active", 4500, l, 1) // TAT 5500
+	if n := tab.Sweep(5000); n != 1 {
+		t.Fatalf("after sweep %d keys remain, want 1", n)
+	}
+	if _, ok := tab.Get("active", 5000); !ok {
+		t.Fatal("sweep dropped an active key")
+	}
+}
+
+func TestTableDoesNotPinTheCallersBuffer(t *testing.T) {
+	tab := NewTable(10)
+	big := strings.Repeat("x", 1<<20)
+	tab.Set(big[:8], 10, 0)
+	for i := range tab.shards {
+		for k := range tab.shards[i].m {
+			if len(k) != 8 {
+				t.Fatalf("stored key has length %d", len(k))
+			}
+			if unsafe.StringData(k) == unsafe.StringData(big) {
+				t.Fatal("the table kept a substring of the caller's buffer")
+			}
+		}
+	}
+}
+
+func TestKey(t *testing.T) {
+	long := strings.Repeat("a", MaxKeyLength+1)
+	tests := []struct {
+		name string
+		cfg  Config
+		raw  string
+		want string
+	}{
+		{"plain key unchanged", Config{}, "alice", "alice"},
+		{"IP unchanged without prefix", Config{}, "203.0.113.7", "203.0.113.7"},
+		{"IPv4 masked", Config{IPv4Prefix: 24}, "203.0.113.7", "203.0.113.0/24"},
+		{"IPv6 masked", Config{IPv6Prefix: 64}, "2001:db8:1:2:3:4:5:6", "2001:db8:1:2::/64"},
+		{"IPv4 prefix leaves IPv6 alone", Config{IPv4Prefix: 24}, "2001:db8::1", "2001:db8::1"},
+		{"IPv4-mapped IPv6 uses the IPv4 prefix", Config{IPv4Prefix: 16}, "::ffff:203.0.113.7", "203.0.0.0/16"},
+		{"non-IP key with prefix unchanged", Config{IPv4Prefix: 24}, "bob", "bob"},
+		{"key at the limit kept", Config{}, long[:MaxKeyLength], long[:MaxKeyLength]},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.cfg.Key(tc.raw); got != tc.want {
+				t.Errorf("Key(%q) = %q, want %q", tc.raw, got, tc.want)
+			}
+		})
+	}
+	t.Run("long keys are hashed to a bounded size", func(t *testing.T) {
+		a, b := Config{}.Key(long), Config{}.Key(long+"b")
+		if len(a) > 100 || a == b || a != (Config{}).Key(long) {
+			t.Errorf("hashed keys %q and %q: want short, distinct and stable", a, b)
+		}
+	})
+}
+
+func TestConfigValidateNamesTheFix(t *testing.T) {
+	good := Config{Name: "api", Events: 10, Window: time.Minute}
+	if err := good.Validate(); err != nil {
+		t.Fatalf("valid config rejected: %v", err)
+	}
+	for _, tc := range []struct {
+		mutate func(*Config)
+		want   string
+	}{
+		{func(c *Config) { c.Name = "a b" }, "letters, digits"},
+		{func(c *Config) { c.Name = "" }, "letters, digits"},
+		{func(c *Config) { c.Events = 0 }, "events must be"},
+		{func(c *Config) { c.Window = 0 }, "window must be"},
+		{func(c *Config) { c.IPv4Prefix = 33 }, "ipv4_prefix"},
+	} {
+		c := good
+		tc.mutate(&c)
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Validate(%+v) = %v, want an error containing %q", c, err, tc.want)
+		}
+	}
+}
+
+func newTestState(t *testing.T, c Config) *State {
+	s := NewState(c, time.Hour)
+	t.Cleanup(func() { s.Destruct() })
+	return s
+}
+
+func TestLocalZoneDeniesAfterBurstAndDeniedConsumesNothing(t *testing.T) {
+	c := Config{Name: "z", Events: 3, Window: time.Hour}
+	z := New(c, newTestState(t, c), nil)
+	now := time.Now().UnixNano()
+	for i := range 3 {
+		if d := z.Decide(context.Background(), "k", now); !d.Allowed || d.Remaining != int64(2-i) {
+			t.Fatalf("request %d: %+v, want allowed with %d remaining", i, d, 2-i)
+		}
+	}
+	d := z.Decide(context.Background(), "k", now)
+	if d.Allowed || d.RetryAfter != 20*time.Minute {
+		t.Fatalf("4th request: %+v, want denied with retry 20m", d)
+	}
+	// One emission interval later exactly one more is allowed.
+	later := now + int64(20*time.Minute)
+	if d := z.Decide(context.Background(), "k", later); !d.Allowed {
+		t.Fatalf("after one interval: %+v, want allowed", d)
+	}
+	if d := z.Decide(context.Background(), "k", later); d.Allowed {
+		t.Fatal("two allowed after one interval")
+	}
+}
+
+// faultStore is a Store whose answers the test dictates: it exists only to
+// inject errors and count calls; real Redis behaviour is tested in tests/.
+type faultStore struct {
+	err       error
+	allowed   bool
+	instances int
+	calls     atomic.Int64
+	refunds   atomic.Int64
+}
+
+func (f *faultStore) Decide(ctx context.Context, zone, key string, l algorithms.Limit, cost int64) (algorithms.Result, error) {
+	f.calls.Add(1)
+	if f.err != nil {
+		return algorithms.Result{}, f.err
+	}
+	if f.allowed {
+		return algorithms.Result{Allowed: true, Remaining: 1, ResetAfter: l.EmissionInterval}, nil
+	}
+	return algorithms.Result{RetryAfter: 30 * int64(time.Second), ResetAfter: hour}, nil
+}
+
+func (f *faultStore) Refund(ctx context.Context, zone, key string, l algorithms.Limit, cost int64) error {
+	f.refunds.Add(1)
+	return f.err
+}
+
+func (f *faultStore) Peek(ctx context.Context, zone, key string, l algorithms.Limit) (algorithms.Result, error) {
+	return algorithms.Result{}, f.err
+}
+func (f *faultStore) Reset(ctx context.Context, zone, key string) error { return f.err }
+func (f *faultStore) Instances() int                                    { return f.instances }
+
+func TestStoreDenialIsCachedSoAFloodMakesNoStoreCalls(t *testing.T) {
+	c := Config{Name: "z", Events: 3, Window: time.Hour}
+	st := &faultStore{}
+	z := New(c, newTestState(t, c), st)
+	now := time.Now().UnixNano()
+	for i := range 1000 {
+		d := z.Decide(context.Background(), "blocked", now+int64(i))
+		if d.Allowed || d.RetryAfter <= 0 {
+			t.Fatalf("request %d: %+v, want denied with a retry", i, d)
+		}
+	}
+	if n := st.calls.Load(); n != 1 {
+		t.Fatalf("store called %d times for a blocked key, want 1", n)
+	}
+	// Once the denial ends the store decides again.
+	z.Decide(context.Background(), "blocked", now+int64(31*time.Second))
+	if n := st.calls.Load(); n != 2 {
+		t.Fatalf("store called %d times after the denial ended, want 2", n)
+	}
+}
+
+func TestFailPolicies(t *testing.T) {
+	outage := errors.New("redis: connection refused")
+	now := time.Now().UnixNano()
+	t.Run("open allows everything", func(t *testing.T) {
+		c := Config{Name: "z", Events: 2, Window: time.Hour, FailPolicy: FailOpen}
+		z := New(c, newTestState(t, c), &faultStore{err: outage})
+		for range 10 {
+			if d := z.Decide(context.Background(), "k", now); !d.Allowed || d.Source != SourceFailOpen || d.Err == nil {
+				t.Fatalf("%+v, want allowed by fail-open with the error", d)
+			}
+		}
+	})
+	t.Run("closed denies with a short retry", func(t *testing.T) {
+		c := Config{Name: "z", Events: 100, Window: time.Hour, FailPolicy: FailClosed}
+		z := New(c, newTestState(t, c), &faultStore{err: outage})
+		if d := z.Decide(context.Background(), "k", now); d.Allowed || d.RetryAfter != FailClosedRetryAfter {
+			t.Fatalf("%+v, want denied with retry %v", d, FailClosedRetryAfter)
+		}
+	})
+	t.Run("local enforces this instance's share", func(t *testing.T) {
+		c := Config{Name: "z", Events: 30, Window: time.Hour, FailPolicy: FailLocal}
+		z := New(c, newTestState(t, c), &faultStore{err: outage, instances: 3})
+		allowed := 0
+		for range 100 {
+			if d := z.Decide(context.Background(), "k", now); d.Allowed {
+				allowed++
+			}
+		}
+		if allowed != 10 {
+			t.Fatalf("%d allowed with 3 instances and events 30, want 10", allowed)
+		}
+	})
+	t.Run("local never goes below one", func(t *testing.T) {
+		c := Config{Name: "z", Events: 2, Window: time.Hour, FailPolicy: FailLocal}
+		z := New(c, newTestState(t, c), &faultStore{err: outage, instances: 5})
+		if d := z.Decide(context.Background(), "k", now); !d.Allowed {
+			t.Fatalf("%+v, want the first request allowed (share at least 1)", d)
+		}
+	})
+}
+
+func TestRefundGoesToWhoeverDecided(t *testing.T) {
+	c := Config{Name: "z", Events: 1, Window: time.Hour}
+	now := time.Now().UnixNano()
+	local := New(c, newTestState(t, c), nil)
+	d := local.Decide(context.Background(), "k", now)
+	local.Refund(context.Background(), "k", now, d)
+	if d := local.Decide(context.Background(), "k", now); !d.Allowed {
+		t.Fatal("refunded local request still counted")
+	}
+
+	st := &faultStore{allowed: true}
+	remote := New(c, newTestState(t, c), st)
+	d = remote.Decide(context.Background(), "k", now)
+	remote.Refund(context.Background(), "k", now, d)
+	if st.refunds.Load() != 1 {
+		t.Fatal("a store decision was not refunded in the store")
+	}
+}
