@@ -1,0 +1,180 @@
+package distributed
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Defaults applied by Open to zero fields of Options.
+const (
+	DefaultTimeout   = 20 * time.Millisecond
+	DefaultKeyPrefix = "tally:"
+)
+
+// Options says which Redis to use and how long to wait for it.
+//
+// One address is a standalone server; several addresses are the seed nodes of
+// a Redis Cluster; with SentinelMaster set, the addresses are Sentinels
+// watching that master. An address is host:port or a redis:// or rediss://
+// URL, which may carry the username, password and database
+// (redis://user:pass@host:6379/2); rediss:// turns TLS on. All URLs must
+// agree with each other; Username, Password and DB, when set, override what
+// the URLs say. With Sentinel, the credentials are the master's.
+type Options struct {
+	Addresses      []string
+	Username       string
+	Password       string
+	DB             int
+	SentinelMaster string
+	TLS            bool
+	// Timeout bounds every store call, queueing included (default 20ms).
+	Timeout time.Duration
+	// KeyPrefix starts every Redis key the store writes (default "tally:").
+	KeyPrefix string
+}
+
+// withDefaults returns o with its zero Timeout and KeyPrefix defaulted.
+func (o Options) withDefaults() Options {
+	if o.Timeout <= 0 {
+		o.Timeout = DefaultTimeout
+	}
+	if o.KeyPrefix == "" {
+		o.KeyPrefix = DefaultKeyPrefix
+	}
+	return o
+}
+
+// Key identifies the setting: two Options with the same Key can share one
+// Store (through a caddy.UsagePool). It contains the password, so it must
+// never be logged or returned to a client; log Redacted instead.
+func (o Options) Key() string {
+	o = o.withDefaults()
+	return strings.Join([]string{
+		strings.Join(o.Addresses, ","), o.Username, o.Password, strconv.Itoa(o.DB),
+		o.SentinelMaster, strconv.FormatBool(o.TLS), o.Timeout.String(), o.KeyPrefix,
+	}, "\x00")
+}
+
+// Redacted describes the setting without any password, for logs and errors.
+func (o Options) Redacted() string {
+	addrs := make([]string, len(o.Addresses))
+	for i, a := range o.Addresses {
+		addrs[i] = redactAddress(a)
+	}
+	s := strings.Join(addrs, ",")
+	if o.SentinelMaster != "" {
+		s = "sentinel " + o.SentinelMaster + "@" + s
+	} else if len(addrs) > 1 {
+		s = "cluster " + s
+	}
+	if o.Username != "" {
+		s += " user=" + o.Username
+	}
+	if o.DB != 0 {
+		s += " db=" + strconv.Itoa(o.DB)
+	}
+	if o.TLS {
+		s += " tls"
+	}
+	return s
+}
+
+// redactAddress replaces the userinfo of a URL with "***". It works on the
+// raw string so that even a URL that does not parse is redacted.
+func redactAddress(a string) string {
+	scheme, rest, ok := strings.Cut(a, "://")
+	if !ok {
+		return a
+	}
+	if at := strings.LastIndex(rest, "@"); at >= 0 {
+		return scheme + "://***@" + rest[at+1:]
+	}
+	return a
+}
+
+// universalOptions translates o (defaulted) into go-redis options.
+//
+// The client never retries (a retry doubles the cost of a failure, and the
+// breaker and fail policy handle failures), honours context deadlines on the
+// socket, and speaks RESP2 without CLIENT SETINFO so that connecting costs a
+// single round trip beyond AUTH/SELECT.
+func (o Options) universalOptions() (*redis.UniversalOptions, error) {
+	if len(o.Addresses) == 0 {
+		return nil, errors.New("distributed: no Redis address")
+	}
+	u := &redis.UniversalOptions{
+		Username:              o.Username,
+		Password:              o.Password,
+		DB:                    o.DB,
+		MasterName:            o.SentinelMaster,
+		Protocol:              2,
+		DisableIdentity:       true,
+		MaxRetries:            -1,
+		DialerRetries:         1,
+		DialTimeout:           max(o.Timeout, 100*time.Millisecond),
+		ReadTimeout:           o.Timeout,
+		WriteTimeout:          o.Timeout,
+		PoolTimeout:           o.Timeout,
+		ContextTimeoutEnabled: true,
+		PoolSize:              workers + idleCallers + 4, // + heartbeat, admin, NOSCRIPT retries
+		MaxRedirects:          3,
+	}
+	tlsOn := o.TLS
+	var fromURL struct { // what the URLs say, which must agree
+		set        bool
+		user, pass string
+		db         int
+		tls        bool
+	}
+	for i, a := range o.Addresses {
+		if !strings.Contains(a, "://") {
+			u.Addrs = append(u.Addrs, a)
+			continue
+		}
+		p, err := redis.ParseURL(a)
+		if err != nil {
+			var uerr *url.Error
+			if errors.As(err, &uerr) {
+				err = uerr.Err // url.Error repeats the whole URL, password included
+			}
+			return nil, fmt.Errorf("distributed: address %d (%s): %v", i+1, redactAddress(a), err)
+		}
+		if p.Network == "unix" {
+			return nil, fmt.Errorf("distributed: address %d (%s): unix sockets are not supported", i+1, redactAddress(a))
+		}
+		isTLS := p.TLSConfig != nil
+		if fromURL.set && (p.Username != fromURL.user || p.Password != fromURL.pass || p.DB != fromURL.db || isTLS != fromURL.tls) {
+			return nil, fmt.Errorf("distributed: address %d (%s) disagrees with the earlier URLs on user, password, database or TLS", i+1, redactAddress(a))
+		}
+		fromURL.set, fromURL.user, fromURL.pass, fromURL.db, fromURL.tls = true, p.Username, p.Password, p.DB, isTLS
+		u.Addrs = append(u.Addrs, p.Addr)
+	}
+	if fromURL.set {
+		if u.Username == "" {
+			u.Username = fromURL.user
+		}
+		if u.Password == "" {
+			u.Password = fromURL.pass
+		}
+		if u.DB == 0 {
+			u.DB = fromURL.db
+		}
+		tlsOn = tlsOn || fromURL.tls
+	}
+	if tlsOn {
+		// ServerName stays empty: crypto/tls takes it from each dialled
+		// address, which is what Cluster and Sentinel need.
+		u.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	if u.DB != 0 && len(u.Addrs) > 1 && u.MasterName == "" {
+		return nil, errors.New("distributed: Redis Cluster has no databases; remove db")
+	}
+	return u, nil
+}

@@ -1,0 +1,274 @@
+// Package distributed is tally's Redis store: the shared GCRA state that
+// every Caddy instance of a fleet decides against.
+//
+// Every decision is one Lua script (gcra.lua, the twin of algorithms.Limit)
+// on one key, atomic in Redis and timed by Redis TIME, so decisions are exact
+// across any number of instances and Redis Cluster needs no hash tags. The
+// key's value is its TAT in microseconds, written with a TTL equal to its
+// resetAfter: every key the store writes expires on its own.
+//
+// Three things keep it fast and safe:
+//   - batching: concurrent decisions share pipelines (batch.go), with no
+//     added wait when idle;
+//   - a deadline: every call returns within Options.Timeout, queueing
+//     included, with ErrTimeout if Redis has not answered;
+//   - a breaker (breaker.go): after 5 consecutive failures calls fail at
+//     once with ErrUnavailable for a second, then one probe tests Redis.
+//
+// The zone applies its fail policy to any error.
+package distributed
+
+import (
+	"context"
+	"crypto/rand"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/caddy-tally/ratelimit/algorithms"
+)
+
+// Errors returned by the store, besides Redis's own.
+var (
+	// ErrUnavailable: the breaker is open; Redis was not asked.
+	ErrUnavailable = errors.New("distributed: redis unavailable (breaker open)")
+	// ErrTimeout: Redis did not answer within Options.Timeout.
+	ErrTimeout = fmt.Errorf("distributed: redis did not answer in time: %w", context.DeadlineExceeded)
+	// ErrClosed: the store was closed.
+	ErrClosed   = errors.New("distributed: store closed")
+	errBadReply = errors.New("distributed: unexpected reply from the GCRA script")
+)
+
+//go:embed gcra.lua
+var gcraScript string
+
+// Op selects what the GCRA script does to a key (see EvalAt).
+type Op string
+
+// The script's operations, mirroring algorithms.Limit's methods.
+const (
+	OpDecide Op = "d"
+	OpRefund Op = "r"
+	OpPeek   Op = "p"
+)
+
+// Store is the Redis implementation of zones.Store. It is safe for
+// concurrent use; one Store per Redis setting is shared by every handler
+// (see Options.Key) and closed when the last one goes.
+type Store struct {
+	opts    Options
+	client  redis.UniversalClient
+	script  *redis.Script
+	logger  *zap.Logger
+	breaker breaker
+
+	queue chan *request
+	idle  chan struct{} // slots for calls that skip the idle queue
+
+	instanceID string
+	instances  atomic.Int64
+
+	ctx    context.Context // cancelled by Close
+	cancel context.CancelFunc
+	done   chan struct{}
+	closed sync.Once
+	wg     sync.WaitGroup
+}
+
+// Open creates the store and starts its workers and heartbeat. It does not
+// contact Redis: Caddy must start during a Redis outage, and the zones'
+// fail policy covers it. Errors (bad addresses) never contain a password.
+func Open(opts Options, logger *zap.Logger) (*Store, error) {
+	opts = opts.withDefaults()
+	uopts, err := opts.universalOptions()
+	if err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = zap.NewNop()
+	}
+	var id [8]byte
+	_, _ = rand.Read(id[:])
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Store{
+		opts:       opts,
+		client:     redis.NewUniversalClient(uopts),
+		script:     redis.NewScript(gcraScript),
+		logger:     logger,
+		queue:      make(chan *request, queueDepth),
+		idle:       make(chan struct{}, idleCallers),
+		instanceID: hex.EncodeToString(id[:]),
+		ctx:        ctx,
+		cancel:     cancel,
+		done:       make(chan struct{}),
+	}
+	s.breaker.logger = logger
+	s.breaker.redis = opts.Redacted()
+	s.instances.Store(1)
+	s.wg.Add(workers + 1)
+	for range workers {
+		go s.worker()
+	}
+	go s.heartbeatLoop()
+	return s, nil
+}
+
+// Close stops the workers and the heartbeat, removes this instance from the
+// instances set (best effort, bounded by the timeout) and closes the client.
+// Calls made after Close return ErrClosed.
+func (s *Store) Close() error {
+	var err error
+	s.closed.Do(func() {
+		close(s.done)
+		s.cancel()
+		s.wg.Wait()
+		if ok, _ := s.breaker.health(); ok {
+			ctx, cancel := context.WithTimeout(context.Background(), s.opts.Timeout)
+			s.client.ZRem(ctx, s.instancesKey(), s.instanceID)
+			cancel()
+		}
+		err = s.client.Close()
+	})
+	return err
+}
+
+// Destruct closes the store; it makes a Store a caddy.Destructor for
+// sharing through a caddy.UsagePool.
+func (s *Store) Destruct() error { return s.Close() }
+
+// Health reports whether Redis is considered reachable and, when it is not,
+// since when (the breaker opened then).
+func (s *Store) Health() (ok bool, openSince time.Time) { return s.breaker.health() }
+
+// RedisKey is the Redis key holding the TAT of key in zone.
+func (s *Store) RedisKey(zone, key string) string {
+	return s.opts.KeyPrefix + zone + ":" + key
+}
+
+// Decide runs one GCRA step for key in zone in Redis. limit is in
+// nanoseconds, like the result; Redis works in microseconds, so T is
+// rounded down to a whole microsecond (at least 1).
+func (s *Store) Decide(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) (algorithms.Result, error) {
+	if s.isClosed() {
+		return algorithms.Result{}, ErrClosed
+	}
+	v, err := s.call(ctx, s.RedisKey(zone, key), scriptArgs(OpDecide, micro(limit), cost, ""))
+	if err != nil {
+		return algorithms.Result{}, err
+	}
+	return resultNanos(v), nil
+}
+
+// Refund gives back cost for key in zone (see algorithms.Limit.Refund).
+func (s *Store) Refund(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) error {
+	if s.isClosed() {
+		return ErrClosed
+	}
+	_, err := s.call(ctx, s.RedisKey(zone, key), scriptArgs(OpRefund, micro(limit), cost, ""))
+	return err
+}
+
+// Peek reports the state of key in zone without consuming anything. It is
+// for the admin API and bypasses the batcher.
+func (s *Store) Peek(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, error) {
+	v, err := s.unbatched(ctx, s.RedisKey(zone, key), scriptArgs(OpPeek, micro(limit), 1, ""))
+	if err != nil {
+		return algorithms.Result{}, err
+	}
+	return resultNanos(v), nil
+}
+
+// Reset deletes the state of key in zone.
+func (s *Store) Reset(ctx context.Context, zone, key string) error {
+	if s.isClosed() {
+		return ErrClosed
+	}
+	ok, probe := s.breaker.allow()
+	if !ok {
+		return ErrUnavailable
+	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	err := s.client.Del(ctx, s.RedisKey(zone, key)).Err()
+	s.breaker.record(probe, err)
+	return err
+}
+
+// Instances is the number of live instances sharing this Redis that the
+// last successful heartbeat saw; 1 before the first one. During an outage
+// it keeps the last value.
+func (s *Store) Instances() int { return int(s.instances.Load()) }
+
+// EvalAt runs the GCRA script directly (no batcher, no breaker) with an
+// explicit clock: limit, nowUs and the result are in microseconds, as Redis
+// stores them. Production calls leave the clock to Redis TIME; EvalAt exists
+// for the test that checks the script against algorithms.Limit, and for
+// tools. Result.TAT is not filled in (read the key).
+func (s *Store) EvalAt(ctx context.Context, op Op, zone, key string, limit algorithms.Limit, cost, nowUs int64) (algorithms.Result, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	args := scriptArgs(op, limit, cost, nowUs)
+	rep := parseReply(s.script.Run(ctx, s.client, []string{s.RedisKey(zone, key)}, args[:]...))
+	if rep.err != nil {
+		return algorithms.Result{}, rep.err
+	}
+	v := rep.vals
+	return algorithms.Result{Allowed: v[0] == 1, Remaining: v[1], RetryAfter: v[2], ResetAfter: v[3]}, nil
+}
+
+// unbatched runs the script without the batcher, through the breaker and
+// bounded by the timeout.
+func (s *Store) unbatched(ctx context.Context, key string, args [5]any) ([4]int64, error) {
+	if s.isClosed() {
+		return [4]int64{}, ErrClosed
+	}
+	ok, probe := s.breaker.allow()
+	if !ok {
+		return [4]int64{}, ErrUnavailable
+	}
+	vals, err := s.direct(ctx, key, args)
+	s.breaker.record(probe, err)
+	return vals, err
+}
+
+// bound limits ctx to the store's timeout.
+func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, s.opts.Timeout)
+}
+
+func (s *Store) isClosed() bool {
+	select {
+	case <-s.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// micro converts a limit in nanoseconds to microseconds.
+func micro(l algorithms.Limit) algorithms.Limit {
+	l.EmissionInterval = max(1, l.EmissionInterval/1000)
+	return l
+}
+
+// scriptArgs builds ARGV for gcra.lua; now is "" (Redis TIME) or int64 µs.
+func scriptArgs(op Op, l algorithms.Limit, cost int64, now any) [5]any {
+	return [5]any{l.EmissionInterval, l.Burst, cost, string(op), now}
+}
+
+// resultNanos converts the script's reply to a Result in nanoseconds.
+func resultNanos(v [4]int64) algorithms.Result {
+	return algorithms.Result{
+		Allowed:    v[0] == 1,
+		Remaining:  v[1],
+		RetryAfter: v[2] * 1000,
+		ResetAfter: v[3] * 1000,
+	}
+}
