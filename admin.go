@@ -1,0 +1,219 @@
+package ratelimit
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-tally/ratelimit/zones"
+)
+
+func init() {
+	caddy.RegisterModule(AdminAPI{})
+}
+
+// AdminAPI is the admin endpoint admin.api.rate_limit: it lists zones and
+// reads and resets keys, through Caddy's admin server (same address and
+// origin rules as the rest of the admin API).
+//
+//	GET    /rate_limit/zones                    every zone, its limits and store health
+//	GET    /rate_limit/zones/<zone>/keys/<key>  a key's remaining, retry_after, reset_after
+//	DELETE /rate_limit/zones/<zone>/keys/<key>  reset the key (local table, deny cache, Redis)
+//
+// Keys are path-escaped (url.PathEscape) in the URL.
+type AdminAPI struct{}
+
+// CaddyModule returns the Caddy module information.
+func (AdminAPI) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "admin.api.rate_limit",
+		New: func() caddy.Module { return new(AdminAPI) },
+	}
+}
+
+// Routes returns the admin routes.
+func (a *AdminAPI) Routes() []caddy.AdminRoute {
+	return []caddy.AdminRoute{{Pattern: "/rate_limit/", Handler: caddy.AdminHandlerFunc(a.serve)}}
+}
+
+// registry holds the zones of the running config by name, for the admin API
+// and the keys metric. During a reload the new config's zones replace the old
+// ones before the old handlers are cleaned up.
+var registry = struct {
+	sync.Mutex
+	zones map[string]*zones.Zone
+}{zones: make(map[string]*zones.Zone)}
+
+func registerZone(z *zones.Zone) {
+	registry.Lock()
+	registry.zones[z.Name] = z
+	registry.Unlock()
+}
+
+func unregisterZone(z *zones.Zone) {
+	registry.Lock()
+	if registry.zones[z.Name] == z {
+		delete(registry.zones, z.Name)
+	}
+	registry.Unlock()
+}
+
+func liveZones() map[string]*zones.Zone {
+	registry.Lock()
+	defer registry.Unlock()
+	m := make(map[string]*zones.Zone, len(registry.zones))
+	for k, v := range registry.zones {
+		m[k] = v
+	}
+	return m
+}
+
+func lookupZone(name string) *zones.Zone {
+	registry.Lock()
+	defer registry.Unlock()
+	return registry.zones[name]
+}
+
+// zoneInfo is a zone as GET /rate_limit/zones shows it.
+type zoneInfo struct {
+	Name       string     `json:"name"`
+	Events     int64      `json:"events"`
+	Window     string     `json:"window"`
+	Burst      int64      `json:"burst"`
+	Mode       string     `json:"mode"`
+	FailPolicy string     `json:"fail_policy"`
+	DryRun     bool       `json:"dry_run"`
+	LocalKeys  int        `json:"local_keys"`
+	Store      *storeInfo `json:"store,omitempty"`
+}
+
+type storeInfo struct {
+	OK               bool       `json:"ok"`
+	BreakerOpenSince *time.Time `json:"breaker_open_since,omitempty"`
+	Instances        int        `json:"instances"`
+}
+
+// keyInfo is a key as GET /rate_limit/zones/<zone>/keys/<key> shows it.
+// Durations are in seconds.
+type keyInfo struct {
+	Zone       string  `json:"zone"`
+	Key        string  `json:"key"`
+	Remaining  int64   `json:"remaining"`
+	RetryAfter float64 `json:"retry_after"`
+	ResetAfter float64 `json:"reset_after"`
+}
+
+// healthReporter is what a store that can tell its health offers.
+type healthReporter interface {
+	Health() (ok bool, openSince time.Time)
+}
+
+func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
+	rest, _ := strings.CutPrefix(r.URL.EscapedPath(), "/rate_limit/")
+	parts := strings.Split(strings.TrimSuffix(rest, "/"), "/")
+	switch {
+	case len(parts) == 1 && parts[0] == "zones":
+		if r.Method != http.MethodGet {
+			return methodNotAllowed(w, http.MethodGet)
+		}
+		return writeJSON(w, listZones())
+	case len(parts) == 4 && parts[0] == "zones" && parts[2] == "keys":
+		zoneName, err1 := url.PathUnescape(parts[1])
+		key, err2 := url.PathUnescape(parts[3])
+		if err := errors.Join(err1, err2); err != nil {
+			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
+		}
+		z := lookupZone(zoneName)
+		if z == nil {
+			return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("unknown zone %q", zoneName)}
+		}
+		switch r.Method {
+		case http.MethodGet:
+			return a.getKey(w, r, z, key)
+		case http.MethodDelete:
+			return a.resetKey(w, r, z, key)
+		}
+		return methodNotAllowed(w, http.MethodGet, http.MethodDelete)
+	}
+	return caddy.APIError{HTTPStatus: http.StatusNotFound,
+		Err: errors.New("unknown path: use /rate_limit/zones or /rate_limit/zones/<zone>/keys/<key>")}
+}
+
+func listZones() []zoneInfo {
+	live := liveZones()
+	out := make([]zoneInfo, 0, len(live))
+	for _, z := range live {
+		zi := zoneInfo{
+			Name:       z.Name,
+			Events:     z.Events,
+			Window:     z.Window.String(),
+			Burst:      z.Limit().Burst,
+			Mode:       z.Mode(),
+			FailPolicy: z.FailPolicy.String(),
+			DryRun:     z.DryRun,
+			LocalKeys:  z.State().Len(),
+		}
+		if s := z.Store(); s != nil {
+			zi.Store = &storeInfo{OK: true, Instances: s.Instances()}
+			if hr, ok := s.(healthReporter); ok {
+				ok, since := hr.Health()
+				zi.Store.OK = ok
+				if !ok {
+					zi.Store.BreakerOpenSince = &since
+				}
+			}
+		}
+		out = append(out, zi)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone, key string) error {
+	d, err := z.Peek(r.Context(), key, time.Now().UnixNano())
+	switch {
+	case errors.Is(err, zones.ErrUnknownKey):
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s has no state for key %q (it is at its full limit)", z.Name, key)}
+	case err != nil:
+		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("reading key: %v", err)}
+	}
+	return writeJSON(w, keyInfo{
+		Zone:       z.Name,
+		Key:        key,
+		Remaining:  d.Remaining,
+		RetryAfter: d.RetryAfter.Seconds(),
+		ResetAfter: d.ResetAfter.Seconds(),
+	})
+}
+
+func (a *AdminAPI) resetKey(w http.ResponseWriter, r *http.Request, z *zones.Zone, key string) error {
+	if _, err := z.Peek(r.Context(), key, time.Now().UnixNano()); errors.Is(err, zones.ErrUnknownKey) {
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s has no state for key %q", z.Name, key)}
+	}
+	if err := z.Reset(r.Context(), key); err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("resetting key in the store: %v", err)}
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func methodNotAllowed(w http.ResponseWriter, allowed ...string) error {
+	w.Header().Set("Allow", strings.Join(allowed, ", "))
+	return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: errors.New("method not allowed: use " + strings.Join(allowed, " or "))}
+}
+
+func writeJSON(w http.ResponseWriter, v any) error {
+	w.Header().Set("Content-Type", "application/json")
+	return json.NewEncoder(w).Encode(v)
+}
+
+// Interface guards
+var _ caddy.AdminRouter = (*AdminAPI)(nil)

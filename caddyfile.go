@@ -1,0 +1,336 @@
+package ratelimit
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-tally/ratelimit/zones"
+)
+
+func init() {
+	httpcaddyfile.RegisterHandlerDirective("rate_limit", parseCaddyfile)
+	// Where mholt/caddy-ratelimit puts it, so a Caddyfile needs no `order`.
+	httpcaddyfile.RegisterDirectiveOrder("rate_limit", httpcaddyfile.Before, "basic_auth")
+}
+
+func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	var handler Handler
+	err := handler.UnmarshalCaddyfile(h.Dispenser)
+	return &handler, err
+}
+
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
+//
+//	rate_limit [<matcher>] {
+//	    zone <name> {
+//	        key        <placeholders>     # required, e.g. {client_ip}
+//	        events     <n>                # required
+//	        window     <duration>         # required
+//	        burst      <n>                # default: events
+//	        match      { <matchers> }     # repeatable; default: every request
+//	        ipv4_prefix <bits>
+//	        ipv6_prefix <bits>
+//	        fail_policy open|closed|local # default: local
+//	        max_keys   <n>                # default: 1000000
+//	        dry_run
+//	    }
+//	    distributed {
+//	        redis <url>...                # or a block: addresses, username,
+//	                                      # password, db, sentinel_master, tls
+//	        mode          strict|async    # default: strict
+//	        sync_interval <duration>      # async; aliases read_interval, write_interval
+//	        timeout       <duration>      # default: 20ms
+//	        key_prefix    <string>        # default: tally:
+//	    }
+//	    headers both|ietf|legacy|off      # default: both
+//	    status <code>                     # default: 429
+//	    jitter <fraction>
+//	    sweep_interval <duration>         # default: 1m
+//	    log_key
+//	    disable_metrics
+//	    dry_run
+//	}
+//
+// Every subdirective may appear once per block (zone and match excepted), and
+// every error names the file and line.
+func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // the directive name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	seen := map[string]bool{}
+	for d.NextBlock(0) {
+		sub := d.Val()
+		if sub != "zone" {
+			if seen[sub] {
+				return d.Errf("%s is given twice: keep one", sub)
+			}
+			seen[sub] = true
+		}
+		var err error
+		switch sub {
+		case "zone":
+			err = h.unmarshalZone(d)
+		case "distributed":
+			h.Distributed = new(Distributed)
+			err = h.Distributed.unmarshalCaddyfile(d)
+		case "headers":
+			h.Headers, err = oneOf(d, "both", "ietf", "legacy", "off")
+		case "status":
+			h.StatusCode, err = intArg(d, 400, 599)
+		case "jitter":
+			var s string
+			if s, err = oneArg(d); err == nil {
+				h.Jitter, err = strconv.ParseFloat(s, 64)
+				if err != nil || h.Jitter < 0 || h.Jitter > 1 {
+					err = d.Errf("jitter must be a fraction between 0 and 1 (e.g. jitter 0.2), not %q", s)
+				}
+			}
+		case "sweep_interval":
+			h.SweepInterval, err = durationArg(d)
+		case "log_key":
+			err = noArgs(d, &h.LogKey)
+		case "disable_metrics":
+			err = noArgs(d, &h.DisableMetrics)
+		case "dry_run":
+			err = noArgs(d, &h.DryRun)
+		default:
+			err = d.Errf("unknown subdirective %q: expected zone, distributed, headers, status, jitter, sweep_interval, log_key, disable_metrics or dry_run", sub)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if len(h.RateLimits) == 0 {
+		return d.Err("rate_limit needs at least one zone: zone <name> { key {client_ip}; events 100; window 1m }")
+	}
+	return nil
+}
+
+func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
+	if !d.NextArg() {
+		return d.Err("zone needs a name: zone <name> { ... }")
+	}
+	name := d.Val()
+	if !zones.ValidName(name) {
+		return d.Errf("zone name %q is invalid: use letters, digits, '_' and '-' only", name)
+	}
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	if _, dup := h.RateLimits[name]; dup {
+		return d.Errf("zone %s is defined twice in this handler: give the second one another name", name)
+	}
+	z := new(Zone)
+	seen := map[string]bool{}
+	var err error
+	for nest := d.Nesting(); d.NextBlock(nest); {
+		sub := d.Val()
+		if sub != "match" {
+			if seen[sub] {
+				return d.Errf("zone %s: %s is given twice: keep one", name, sub)
+			}
+			seen[sub] = true
+		}
+		switch sub {
+		case "key":
+			z.Key, err = oneArg(d)
+		case "events":
+			z.MaxEvents, err = intArg(d, 1, 1<<40)
+		case "window":
+			z.Window, err = durationArg(d)
+		case "burst":
+			z.Burst, err = intArg(d, 1, 1<<40)
+		case "match":
+			var set caddy.ModuleMap
+			if set, err = caddyhttp.ParseCaddyfileNestedMatcherSet(d); err == nil {
+				z.MatcherSetsRaw = append(z.MatcherSetsRaw, set)
+			}
+		case "ipv4_prefix":
+			z.IPv4Prefix, err = intArg(d, 1, 32)
+		case "ipv6_prefix":
+			z.IPv6Prefix, err = intArg(d, 1, 128)
+		case "fail_policy":
+			z.FailPolicy, err = oneOf(d, "open", "closed", "local")
+		case "max_keys":
+			z.MaxKeys, err = intArg(d, 1, 1<<40)
+		case "dry_run":
+			err = noArgs(d, &z.DryRun)
+		default:
+			err = d.Errf("zone %s: unknown subdirective %q: expected key, events, window, burst, match, ipv4_prefix, ipv6_prefix, fail_policy, max_keys or dry_run", name, sub)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	switch {
+	case z.Key == "":
+		return d.Errf("zone %s: key is missing: add e.g. key {client_ip}", name)
+	case z.MaxEvents == 0:
+		return d.Errf("zone %s: events is missing: add e.g. events 100", name)
+	case z.Window == 0:
+		return d.Errf("zone %s: window is missing: add e.g. window 1m", name)
+	}
+	if h.RateLimits == nil {
+		h.RateLimits = make(map[string]*Zone)
+	}
+	h.RateLimits[name] = z
+	return nil
+}
+
+func (dist *Distributed) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	seen := map[string]bool{}
+	var err error
+	for nest := d.Nesting(); d.NextBlock(nest); {
+		sub := d.Val()
+		key := sub
+		if sub == "read_interval" || sub == "write_interval" {
+			key = "sync_interval" // mholt/caddy-ratelimit's names for it
+		}
+		if seen[key] && sub != "read_interval" && sub != "write_interval" {
+			return d.Errf("distributed: %s is given twice: keep one", sub)
+		}
+		seen[key] = true
+		switch sub {
+		case "redis":
+			dist.Redis = new(Redis)
+			err = dist.Redis.unmarshalCaddyfile(d)
+		case "mode":
+			dist.Mode, err = oneOf(d, "strict", "async")
+		case "sync_interval", "read_interval", "write_interval":
+			dist.SyncInterval, err = durationArg(d)
+		case "purge_age":
+			// mholt/caddy-ratelimit's clean-up age: every tally key has a
+			// TTL instead, so it is accepted and has no effect.
+			_, err = durationArg(d)
+		case "timeout":
+			dist.Timeout, err = durationArg(d)
+		case "key_prefix":
+			dist.KeyPrefix, err = oneArg(d)
+		default:
+			err = d.Errf("distributed: unknown subdirective %q: expected redis, mode, sync_interval, timeout or key_prefix", sub)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if dist.Redis == nil {
+		return d.Err("distributed needs Redis: tally shares state through Redis, not Caddy's storage; add e.g. redis redis://127.0.0.1:6379")
+	}
+	return nil
+}
+
+func (r *Redis) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	r.Addresses = d.RemainingArgs()
+	if len(r.Addresses) > 0 {
+		if d.NextBlock(d.Nesting()) {
+			return d.Err("redis takes either addresses on its line or a block, not both")
+		}
+		return nil
+	}
+	seen := map[string]bool{}
+	var err error
+	for nest := d.Nesting(); d.NextBlock(nest); {
+		sub := d.Val()
+		if seen[sub] {
+			return d.Errf("redis: %s is given twice: keep one", sub)
+		}
+		seen[sub] = true
+		switch sub {
+		case "addresses":
+			if r.Addresses = d.RemainingArgs(); len(r.Addresses) == 0 {
+				err = d.Err("redis: addresses needs at least one address, e.g. addresses 127.0.0.1:6379")
+			}
+		case "username":
+			r.Username, err = oneArg(d)
+		case "password":
+			r.Password, err = oneArg(d)
+		case "db":
+			r.DB, err = intArg(d, 0, 1<<20)
+		case "sentinel_master":
+			r.SentinelMaster, err = oneArg(d)
+		case "tls":
+			err = noArgs(d, &r.TLS)
+		default:
+			err = d.Errf("redis: unknown subdirective %q: expected addresses, username, password, db, sentinel_master or tls", sub)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if len(r.Addresses) == 0 {
+		return d.Err("redis needs an address: redis redis://127.0.0.1:6379, or addresses inside its block")
+	}
+	return nil
+}
+
+func oneArg(d *caddyfile.Dispenser) (string, error) {
+	dir := d.Val()
+	if !d.NextArg() {
+		return "", d.Errf("%s needs a value", dir)
+	}
+	v := d.Val()
+	if d.NextArg() {
+		return "", d.Errf("%s takes one value; to use spaces, quote it", dir)
+	}
+	return v, nil
+}
+
+func oneOf(d *caddyfile.Dispenser, allowed ...string) (string, error) {
+	dir := d.Val()
+	v, err := oneArg(d)
+	if err != nil {
+		return "", err
+	}
+	for _, a := range allowed {
+		if v == a {
+			return v, nil
+		}
+	}
+	return "", d.Errf("%s must be one of %s, not %q", dir, strings.Join(allowed, ", "), v)
+}
+
+func intArg(d *caddyfile.Dispenser, lo, hi int) (int, error) {
+	dir := d.Val()
+	s, err := oneArg(d)
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < lo || n > hi {
+		return 0, d.Errf("%s must be a whole number from %d to %d, not %q", dir, lo, hi, s)
+	}
+	return n, nil
+}
+
+func durationArg(d *caddyfile.Dispenser) (caddy.Duration, error) {
+	dir := d.Val()
+	s, err := oneArg(d)
+	if err != nil {
+		return 0, err
+	}
+	dur, err := caddy.ParseDuration(s)
+	if err != nil || dur <= 0 {
+		return 0, d.Errf("%s must be a positive duration such as 500ms, 10s, 1m or 1h, not %q", dir, s)
+	}
+	return caddy.Duration(dur), nil
+}
+
+func noArgs(d *caddyfile.Dispenser, flag *bool) error {
+	if dir := d.Val(); d.NextArg() {
+		return d.Errf("%s takes no value", dir)
+	}
+	*flag = true
+	return nil
+}
+
+// Interface guard
+var _ caddyfile.Unmarshaler = (*Handler)(nil)

@@ -1,0 +1,186 @@
+package ratelimit
+
+import (
+	"encoding/json"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+)
+
+func parse(t *testing.T, input string) (*Handler, error) {
+	t.Helper()
+	var h Handler
+	err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(input))
+	return &h, err
+}
+
+func TestCaddyfileFullSyntax(t *testing.T) {
+	h, err := parse(t, `rate_limit {
+		zone api {
+			key {http.request.header.X-API-Key}
+			events 100
+			window 1m
+			burst 10
+			match {
+				path /api/*
+			}
+			match {
+				host api.example.com
+			}
+			ipv4_prefix 24
+			ipv6_prefix 64
+			fail_policy closed
+			max_keys 5000
+			dry_run
+		}
+		zone login {
+			key {client_ip}
+			events 5
+			window 1m
+		}
+		distributed {
+			redis redis://127.0.0.1:6379 redis://127.0.0.1:6380
+			mode strict
+			timeout 50ms
+			key_prefix myapp:
+		}
+		headers ietf
+		status 503
+		jitter 0.25
+		sweep_interval 30s
+		log_key
+		disable_metrics
+		dry_run
+	}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	api := h.RateLimits["api"]
+	if api == nil || h.RateLimits["login"] == nil {
+		t.Fatalf("zones = %v", h.RateLimits)
+	}
+	if api.Key != "{http.request.header.X-API-Key}" || api.MaxEvents != 100 || time.Duration(api.Window) != time.Minute ||
+		api.Burst != 10 || len(api.MatcherSetsRaw) != 2 || api.IPv4Prefix != 24 || api.IPv6Prefix != 64 ||
+		api.FailPolicy != "closed" || api.MaxKeys != 5000 || !api.DryRun {
+		t.Errorf("zone api = %+v", api)
+	}
+	d := h.Distributed
+	if d == nil || len(d.Redis.Addresses) != 2 || d.Mode != "strict" || time.Duration(d.Timeout) != 50*time.Millisecond || d.KeyPrefix != "myapp:" {
+		t.Errorf("distributed = %+v", d)
+	}
+	if h.Headers != "ietf" || h.StatusCode != 503 || h.Jitter != 0.25 || time.Duration(h.SweepInterval) != 30*time.Second ||
+		!h.LogKey || !h.DisableMetrics || !h.DryRun {
+		t.Errorf("handler = %+v", h)
+	}
+}
+
+// mholt/caddy-ratelimit users switch by rebuilding: its syntax must parse.
+func TestCaddyfileAcceptsMholtSyntax(t *testing.T) {
+	h, err := parse(t, `rate_limit {
+		zone static_example {
+			key    static
+			events 100
+			window 1m
+		}
+		zone dynamic_example {
+			match {
+				method GET
+			}
+			key    {remote_host}
+			events 2
+			window 5s
+		}
+		jitter 0.5
+		sweep_interval 1m
+		log_key
+	}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Caddy's JSON for it uses mholt's field names.
+	b, _ := json.Marshal(h)
+	for _, want := range []string{`"rate_limits"`, `"max_events":2`, `"window":5000000000`, `"key":"{remote_host}"`, `"jitter":0.5`, `"log_key":true`, `"match":[`} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("JSON %s lacks %s", b, want)
+		}
+	}
+}
+
+func TestCaddyfileRedisBlock(t *testing.T) {
+	h, err := parse(t, `rate_limit {
+		zone z {
+			key {client_ip}
+			events 1
+			window 1s
+		}
+		distributed {
+			redis {
+				addresses 10.0.0.1:26379 10.0.0.2:26379
+				username tally
+				password {env.REDIS_PASSWORD}
+				db 2
+				sentinel_master mymaster
+				tls
+			}
+			read_interval 200ms
+		}
+	}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := h.Distributed.Redis
+	if len(r.Addresses) != 2 || r.Username != "tally" || r.Password != "{env.REDIS_PASSWORD}" || r.DB != 2 ||
+		r.SentinelMaster != "mymaster" || !r.TLS {
+		t.Errorf("redis = %+v", r)
+	}
+	if time.Duration(h.Distributed.SyncInterval) != 200*time.Millisecond {
+		t.Errorf("read_interval did not set sync_interval: %v", h.Distributed.SyncInterval)
+	}
+}
+
+func TestCaddyfileErrorsNameTheLineAndTheFix(t *testing.T) {
+	zone := func(body string) string {
+		return "rate_limit {\n\tzone z {\n\t\tkey {client_ip}\n" + body + "\n\t}\n}"
+	}
+	tests := []struct {
+		name, input string
+		line        int
+		want        string
+	}{
+		{"unknown subdirective", zone("\t\tevents 1\n\t\twindow 1s\n\t\tlimit 5"), 6, `unknown subdirective "limit"`},
+		{"repeated subdirective", zone("\t\tevents 1\n\t\tevents 2\n\t\twindow 1s"), 5, "events is given twice"},
+		{"bad number", zone("\t\tevents ten\n\t\twindow 1s"), 4, `events must be a whole number from 1`},
+		{"zero events", zone("\t\tevents 0\n\t\twindow 1s"), 4, `events must be a whole number from 1`},
+		{"bad duration", zone("\t\tevents 1\n\t\twindow soon"), 5, "window must be a positive duration such as"},
+		{"missing events", zone("\t\twindow 1s"), 5, "events is missing: add e.g. events 100"},
+		{"missing window", zone("\t\tevents 1"), 5, "window is missing: add e.g. window 1m"},
+		{"bad fail policy", zone("\t\tevents 1\n\t\twindow 1s\n\t\tfail_policy maybe"), 6, "fail_policy must be one of open, closed, local"},
+		{"invalid zone name", "rate_limit {\n\tzone a.b {\n\t\tkey x\n\t}\n}", 2, `zone name "a.b" is invalid`},
+		{"no zone", "rate_limit {\n\theaders both\n}", 3, "at least one zone"},
+		{"unknown handler subdirective", "rate_limit {\n\tzones x\n}", 2, `unknown subdirective "zones"`},
+		{"bad headers mode", "rate_limit {\n\theaders some\n}", 2, "headers must be one of both, ietf, legacy, off"},
+		{"bad jitter", "rate_limit {\n\tjitter 2\n}", 2, "jitter must be a fraction between 0 and 1"},
+		{"distributed without redis", "rate_limit {\n\tdistributed {\n\t\tread_interval 1s\n\t}\n}", 4, "distributed needs Redis"},
+		{"bad mode", "rate_limit {\n\tdistributed {\n\t\tmode eventually\n\t}\n}", 3, "mode must be one of strict, async"},
+		{"flag with value", "rate_limit {\n\tlog_key yes\n}", 2, "log_key takes no value"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := parse(t, tc.input)
+			if err == nil {
+				t.Fatalf("accepted:\n%s", tc.input)
+			}
+			msg := err.Error()
+			if !strings.Contains(msg, tc.want) {
+				t.Errorf("error %q does not say %q", msg, tc.want)
+			}
+			if want := "Testfile:" + strconv.Itoa(tc.line); !strings.Contains(msg, want) {
+				t.Errorf("error %q does not name line %d", msg, tc.line)
+			}
+		})
+	}
+}
+

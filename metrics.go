@@ -1,0 +1,119 @@
+package ratelimit
+
+import (
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/caddy-tally/ratelimit/zones"
+)
+
+// The collectors are created once per process and registered into each
+// config's registry, so counts survive reloads and a second registration is
+// not an error.
+var collectors = struct {
+	once        sync.Once
+	requests    *prometheus.CounterVec
+	storeErrors *prometheus.CounterVec
+	failPolicy  *prometheus.CounterVec
+	latency     *prometheus.HistogramVec
+	keys        *keysCollector
+}{}
+
+func initCollectors() {
+	const ns, sub = "caddy", "rate_limit"
+	collectors.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "requests_total",
+		Help: "Requests decided by a zone, by decision: allowed, denied, dry_run_denied.",
+	}, []string{"zone", "decision"})
+	collectors.storeErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "store_errors_total",
+		Help: "Decisions the shared store (Redis) could not answer: errors, timeouts, open breaker.",
+	}, []string{"zone"})
+	collectors.failPolicy = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "fail_policy_total",
+		Help: "Decisions made by a zone's fail policy while the store was unavailable, by policy.",
+	}, []string{"zone", "policy"})
+	collectors.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: ns, Subsystem: sub, Name: "store_latency_seconds",
+		Help:    "Time a decision spent waiting for the shared store.",
+		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1},
+	}, []string{"zone"})
+	collectors.keys = &keysCollector{desc: prometheus.NewDesc(ns+"_"+sub+"_keys",
+		"Keys the zone holds in this instance's memory.", []string{"zone"}, nil)}
+}
+
+// registerMetrics makes the collectors visible in ctx's registry.
+func registerMetrics(ctx caddy.Context) error {
+	collectors.once.Do(initCollectors)
+	reg := ctx.GetMetricsRegistry()
+	if reg == nil {
+		return nil
+	}
+	for _, c := range []prometheus.Collector{collectors.requests, collectors.storeErrors,
+		collectors.failPolicy, collectors.latency, collectors.keys} {
+		if err := reg.Register(c); err != nil {
+			if are := (prometheus.AlreadyRegisteredError{}); !errors.As(err, &are) {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// zoneMetrics are one zone's series, bound once so that the request path only
+// adds to counters.
+type zoneMetrics struct {
+	allowed, denied, dryRunDenied prometheus.Counter
+	storeErrors                   prometheus.Counter
+	failPolicy                    prometheus.Counter
+	latency                       prometheus.Observer
+}
+
+func newZoneMetrics(name string, policy zones.FailPolicy) *zoneMetrics {
+	return &zoneMetrics{
+		allowed:      collectors.requests.WithLabelValues(name, "allowed"),
+		denied:       collectors.requests.WithLabelValues(name, "denied"),
+		dryRunDenied: collectors.requests.WithLabelValues(name, "dry_run_denied"),
+		storeErrors:  collectors.storeErrors.WithLabelValues(name),
+		failPolicy:   collectors.failPolicy.WithLabelValues(name, policy.String()),
+		latency:      collectors.latency.WithLabelValues(name),
+	}
+}
+
+// observe counts one decision; m may be nil (metrics disabled).
+func (m *zoneMetrics) observe(d zones.Decision, dryRun bool, storeWait time.Duration) {
+	if m == nil {
+		return
+	}
+	switch {
+	case d.Allowed:
+		m.allowed.Inc()
+	case dryRun:
+		m.dryRunDenied.Inc()
+	default:
+		m.denied.Inc()
+	}
+	switch d.Source {
+	case zones.SourceStore:
+		m.latency.Observe(storeWait.Seconds())
+	case zones.SourceFailOpen, zones.SourceFailClosed, zones.SourceFailLocal:
+		m.latency.Observe(storeWait.Seconds())
+		m.storeErrors.Inc()
+		m.failPolicy.Inc()
+	}
+}
+
+// keysCollector reports, at scrape time, how many keys each live zone holds.
+type keysCollector struct{ desc *prometheus.Desc }
+
+func (c *keysCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *keysCollector) Collect(ch chan<- prometheus.Metric) {
+	for name, z := range liveZones() {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(z.State().Len()), name)
+	}
+}

@@ -1,0 +1,578 @@
+// Package ratelimit is tally: the Caddy HTTP handler http.handlers.rate_limit,
+// which limits requests in named zones keyed by placeholders, with GCRA
+// enforced in-process or, across Caddy instances, in Redis.
+//
+// The request path is ServeHTTP in this file; the maths is in package
+// algorithms; a zone's state and fail policy are in package zones; Redis is
+// spoken to only in package distributed.
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyevents"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/caddy-tally/ratelimit/zones"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+}
+
+// Handler limits the rate of requests in one or more zones. A request is
+// allowed only when every zone whose matchers accept it allows it; a request
+// one zone denies consumes nothing in the others. Denials are returned as
+// errors with the configured status (429 by default), so `handle_errors` can
+// shape the response.
+type Handler struct {
+	// The rate limit zones, by name. Zone names use letters, digits, '_'
+	// and '-'. A zone name defined in several handlers with the same limits
+	// shares its state; with different limits it is an error.
+	RateLimits map[string]*Zone `json:"rate_limits,omitempty"`
+
+	// Share zone state across Caddy instances through Redis. Without it,
+	// every zone is enforced in this process only.
+	Distributed *Distributed `json:"distributed,omitempty"`
+
+	// Which rate limit headers to send: "both" (default), "ietf"
+	// (RateLimit-Policy and RateLimit, draft-ietf-httpapi-ratelimit-headers),
+	// "legacy" (RateLimit-Limit, RateLimit-Remaining, RateLimit-Reset) or
+	// "off". Retry-After is sent on every denial whatever this says.
+	Headers string `json:"headers,omitempty"`
+
+	// The HTTP status of a denial. Default: 429.
+	StatusCode int `json:"status_code,omitempty"`
+
+	// Adds a random fraction, up to this value, of the wait to Retry-After,
+	// so that denied clients do not all come back at once. 0 to 1.
+	Jitter float64 `json:"jitter,omitempty"`
+
+	// How often expired keys are swept from memory. Default: 1m.
+	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
+
+	// Include the rate limit key in denial logs. Keys can be personal data
+	// (IP addresses, API keys), so they are left out by default.
+	LogKey bool `json:"log_key,omitempty"`
+
+	// Do not record metrics for this handler.
+	DisableMetrics bool `json:"disable_metrics,omitempty"`
+
+	// Decide, count, log and set headers, but never deny: for trying a
+	// limit on live traffic.
+	DryRun bool `json:"dry_run,omitempty"`
+
+	zones    []*zoneHandler // tightest first
+	headers  headerMode
+	events   *caddyevents.App
+	ctx      caddy.Context
+	logger   *zap.Logger
+	denyLog  *zap.Logger
+	stateIDs []stateID
+	store    *sharedStore
+}
+
+// Zone is one named limit: events per window per key.
+type Zone struct {
+	// The key template: placeholders such as {client_ip} or
+	// {http.request.header.Authorization}. Requests with the same expanded
+	// key share a limit. Required.
+	Key string `json:"key,omitempty"`
+
+	// Only requests that match one of these matcher sets count in this
+	// zone. All requests count when it is empty.
+	MatcherSetsRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
+
+	// How many requests a key may make per window. Required.
+	MaxEvents int `json:"max_events,omitempty"`
+
+	// The window. Required.
+	Window caddy.Duration `json:"window,omitempty"`
+
+	// How many requests a key may make at once. Default: max_events, so a
+	// fresh key may send max_events at once and then one every
+	// window/max_events. 1 gives a perfectly smooth rate.
+	Burst int `json:"burst,omitempty"`
+
+	// When the key is an IPv4 address, limit its /ipv4_prefix network
+	// instead of the address (e.g. 24).
+	IPv4Prefix int `json:"ipv4_prefix,omitempty"`
+
+	// When the key is an IPv6 address, limit its /ipv6_prefix network
+	// instead of the address (e.g. 64).
+	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
+
+	// What to do when Redis cannot answer: "local" (default) enforces this
+	// instance's share of the limit in-process, "open" allows, "closed"
+	// denies. Only meaningful with distributed.
+	FailPolicy string `json:"fail_policy,omitempty"`
+
+	// The most keys this zone keeps in memory. When full, expired keys
+	// are evicted first. Default: 1000000.
+	MaxKeys int `json:"max_keys,omitempty"`
+
+	// Decide and report, but never deny.
+	DryRun bool `json:"dry_run,omitempty"`
+}
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.rate_limit",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// zoneHandler is a provisioned zone: its matchers, key template and the
+// zones.Zone that decides.
+type zoneHandler struct {
+	*zones.Zone
+	matchers caddyhttp.MatcherSets
+	key      string
+	dryRun   bool
+	denyErr  error  // the error a denial returns
+	policy   string // this zone's RateLimit-Policy list member
+	limit    string // events, for RateLimit-Limit
+	metrics  *zoneMetrics // nil when metrics are disabled
+}
+
+type headerMode uint8
+
+const (
+	headersBoth headerMode = iota
+	headersIETF
+	headersLegacy
+	headersOff
+)
+
+// DefaultSweepInterval is how often expired keys are swept by default.
+const DefaultSweepInterval = time.Minute
+
+// Provision sets up the handler.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	h.ctx = ctx
+	h.logger = ctx.Logger()
+	// A flood of denials must not flood the log: the first 10 per second,
+	// then one in a thousand.
+	h.denyLog = h.logger.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+		return zapcore.NewSamplerWithOptions(c, time.Second, 10, 1000)
+	}))
+
+	var err error
+	if h.headers, err = parseHeaderMode(h.Headers); err != nil {
+		return err
+	}
+	if h.StatusCode == 0 {
+		h.StatusCode = http.StatusTooManyRequests
+	}
+	if h.SweepInterval == 0 {
+		h.SweepInterval = caddy.Duration(DefaultSweepInterval)
+	}
+	if len(h.RateLimits) == 0 {
+		return errors.New("rate_limit: at least one zone is required")
+	}
+
+	eventsApp, err := ctx.App("events")
+	if err != nil {
+		return fmt.Errorf("loading events app: %v", err)
+	}
+	h.events = eventsApp.(*caddyevents.App)
+
+	if h.Distributed != nil {
+		if h.store, err = h.Distributed.open(ctx, h.logger); err != nil {
+			return err
+		}
+	}
+	if !h.DisableMetrics {
+		if err := registerMetrics(ctx); err != nil {
+			return fmt.Errorf("registering metrics: %v", err)
+		}
+	}
+
+	for name, zc := range h.RateLimits {
+		if zc == nil {
+			return fmt.Errorf("zone %s: empty definition", name)
+		}
+		z, err := h.provisionZone(ctx, name, zc)
+		if err != nil {
+			return err
+		}
+		h.zones = append(h.zones, z)
+	}
+	// Tightest first: the zone most likely to deny decides before the
+	// others spend anything (a refund, a Redis round trip).
+	slices.SortFunc(h.zones, func(a, b *zoneHandler) int {
+		ra := float64(a.Events) / float64(a.Window)
+		rb := float64(b.Events) / float64(b.Window)
+		switch {
+		case ra != rb:
+			if ra < rb {
+				return -1
+			}
+			return 1
+		case a.Limit().Burst != b.Limit().Burst:
+			return int(a.Limit().Burst - b.Limit().Burst)
+		}
+		return cmpString(a.Name, b.Name)
+	})
+	return nil
+}
+
+func cmpString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zoneHandler, error) {
+	policy, err := zones.ParseFailPolicy(zc.FailPolicy)
+	if err != nil {
+		return nil, fmt.Errorf("zone %s: %v", name, err)
+	}
+	cfg := zones.Config{
+		Name:       name,
+		Events:     int64(zc.MaxEvents),
+		Window:     time.Duration(zc.Window),
+		Burst:      int64(zc.Burst),
+		IPv4Prefix: zc.IPv4Prefix,
+		IPv6Prefix: zc.IPv6Prefix,
+		FailPolicy: policy,
+		MaxKeys:    zc.MaxKeys,
+		DryRun:     zc.DryRun || h.DryRun,
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if zc.Key == "" {
+		return nil, fmt.Errorf("zone %s: key is required (e.g. key {client_ip})", name)
+	}
+	if err := claimZoneName(ctx, cfg); err != nil {
+		return nil, err
+	}
+	state, id, err := loadState(cfg, time.Duration(h.SweepInterval))
+	if err != nil {
+		return nil, err
+	}
+	h.stateIDs = append(h.stateIDs, id)
+
+	zh := &zoneHandler{
+		key:     zc.Key,
+		dryRun:  cfg.DryRun,
+		denyErr: fmt.Errorf("rate limit exceeded in zone %s", name),
+		policy:  `"` + name + `";q=` + strconv.FormatInt(cfg.Events, 10) + ";w=" + strconv.FormatInt(ceilSeconds(cfg.Window), 10),
+		limit:   strconv.FormatInt(cfg.Events, 10),
+	}
+	if len(zc.MatcherSetsRaw) > 0 {
+		mods, err := ctx.LoadModule(zc, "MatcherSetsRaw")
+		if err != nil {
+			return nil, fmt.Errorf("zone %s: loading matchers: %v", name, err)
+		}
+		if err := zh.matchers.FromInterface(mods); err != nil {
+			return nil, fmt.Errorf("zone %s: %v", name, err)
+		}
+	}
+	var store zones.Store
+	if h.store != nil {
+		store = h.store
+	}
+	zh.Zone = zones.New(cfg, state, store)
+	if !h.DisableMetrics {
+		zh.metrics = newZoneMetrics(name, policy)
+	}
+	registerZone(zh.Zone)
+	return zh, nil
+}
+
+func parseHeaderMode(s string) (headerMode, error) {
+	switch s {
+	case "", "both":
+		return headersBoth, nil
+	case "ietf":
+		return headersIETF, nil
+	case "legacy":
+		return headersLegacy, nil
+	case "off":
+		return headersOff, nil
+	}
+	return 0, fmt.Errorf("unknown headers mode %q: use both, ietf, legacy or off", s)
+}
+
+// Validate checks the handler's settings that Provision does not.
+func (h *Handler) Validate() error {
+	if h.Jitter < 0 || h.Jitter > 1 {
+		return fmt.Errorf("jitter must be between 0 and 1, not %v", h.Jitter)
+	}
+	if h.StatusCode < 400 || h.StatusCode > 599 {
+		return fmt.Errorf("status must be an HTTP error status (400-599), not %d", h.StatusCode)
+	}
+	return nil
+}
+
+// maxStackZones is how many zone verdicts ServeHTTP keeps on the stack.
+const maxStackZones = 8
+
+// verdict is one zone's decision on the request being served.
+type verdict struct {
+	zone *zoneHandler
+	key  string
+	d    zones.Decision
+}
+
+// ServeHTTP decides the request in every zone that applies to it, tightest
+// first, and either calls next or returns the denial.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	now := time.Now().UnixNano()
+
+	var stack [maxStackZones]verdict
+	verdicts := stack[:0]
+	var denied *verdict
+	for _, z := range h.zones {
+		if len(z.matchers) > 0 {
+			match, err := z.matchers.AnyMatchWithError(r)
+			if err != nil {
+				return caddyhttp.Error(http.StatusInternalServerError, err)
+			}
+			if !match {
+				continue
+			}
+		}
+		key := z.Config.Key(repl.ReplaceAll(z.key, ""))
+		var start time.Time
+		if z.metrics != nil && z.Store() != nil {
+			start = time.Now()
+		}
+		d := z.Decide(r.Context(), key, now)
+		if z.metrics != nil {
+			var wait time.Duration
+			if !start.IsZero() {
+				wait = time.Since(start)
+			}
+			z.metrics.observe(d, z.dryRun, wait)
+		}
+		if d.Err != nil {
+			h.logStoreError(z, d)
+		}
+		verdicts = append(verdicts, verdict{zone: z, key: key, d: d})
+		if !d.Allowed {
+			if z.dryRun {
+				h.logDenial(z, key, d, true)
+				continue
+			}
+			denied = &verdicts[len(verdicts)-1]
+			break
+		}
+	}
+
+	if denied != nil {
+		// A denied request consumes nothing: give back what the zones
+		// before the denying one took.
+		for _, v := range verdicts[:len(verdicts)-1] {
+			if v.d.Allowed {
+				if err := v.zone.Refund(r.Context(), v.key, now, v.d); err != nil {
+					h.logger.Debug("refund failed", zap.String("zone", v.zone.Name), zap.Error(err))
+				}
+			}
+		}
+	}
+	h.setHeaders(w.Header(), verdicts)
+	if denied == nil {
+		return next.ServeHTTP(w, r)
+	}
+	return h.deny(w, r, repl, denied)
+}
+
+// deny answers a denied request: Retry-After, placeholders, the
+// rate_limit_exceeded event, a sampled log line and the error. The error is a
+// plain caddyhttp.HandlerError: caddyhttp.Error would record a stack trace
+// and an error id on every denial, which under a flood costs more than
+// serving the request would.
+func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, v *verdict) error {
+	retry := v.d.RetryAfter
+	if h.Jitter > 0 {
+		retry += time.Duration(rand.Float64() * h.Jitter * float64(retry))
+	}
+	w.Header().Set("Retry-After", strconv.FormatInt(max(1, ceilSeconds(retry)), 10))
+	repl.Set("http.rate_limit.exceeded.name", v.zone.Name)
+	repl.Set("http.rate_limit.exceeded.key", v.key)
+	if h.events.ShouldEmit(eventExceeded) {
+		h.events.Emit(h.ctx, eventExceeded, map[string]any{
+			"zone":        v.zone.Name,
+			"key":         v.key,
+			"retry_after": retry,
+			"remote_addr": r.RemoteAddr,
+		})
+	}
+	h.logDenial(v.zone, v.key, v.d, false)
+	return caddyhttp.HandlerError{StatusCode: h.StatusCode, Err: v.zone.denyErr}
+}
+
+const eventExceeded = "rate_limit_exceeded"
+
+func (h *Handler) logDenial(z *zoneHandler, key string, d zones.Decision, dryRun bool) {
+	msg := "rate limit exceeded"
+	if dryRun {
+		msg = "rate limit would deny (dry run)"
+	}
+	if c := h.denyLog.Check(zapcore.InfoLevel, msg); c != nil {
+		fields := []zap.Field{zap.String("zone", z.Name), zap.Duration("retry_after", d.RetryAfter)}
+		if h.LogKey {
+			fields = append(fields, zap.String("key", key))
+		}
+		c.Write(fields...)
+	}
+}
+
+func (h *Handler) logStoreError(z *zoneHandler, d zones.Decision) {
+	if c := h.denyLog.Check(zapcore.DebugLevel, "store unavailable; fail policy applied"); c != nil {
+		c.Write(zap.String("zone", z.Name), zap.String("fail_policy", z.FailPolicy.String()), zap.Error(d.Err))
+	}
+}
+
+// setHeaders writes the rate limit headers for the zones that applied.
+func (h *Handler) setHeaders(hdr http.Header, verdicts []verdict) {
+	if h.headers == headersOff || len(verdicts) == 0 {
+		return
+	}
+	if h.headers == headersBoth || h.headers == headersIETF {
+		var policy, state []byte
+		if len(verdicts) == 1 {
+			hdr.Set("RateLimit-Policy", verdicts[0].zone.policy)
+		}
+		for i, v := range verdicts {
+			if i > 0 {
+				state = append(state, ", "...)
+				if len(verdicts) > 1 {
+					policy = append(policy, ", "...)
+				}
+			}
+			if len(verdicts) > 1 {
+				policy = append(policy, v.zone.policy...)
+			}
+			state = append(state, '"')
+			state = append(state, v.zone.Name...)
+			state = append(state, `";r=`...)
+			state = strconv.AppendInt(state, v.d.Remaining, 10)
+			state = append(state, ";t="...)
+			state = strconv.AppendInt(state, ceilSeconds(v.d.ResetAfter), 10)
+		}
+		if len(verdicts) > 1 {
+			hdr.Set("RateLimit-Policy", string(policy))
+		}
+		hdr.Set("RateLimit", string(state))
+	}
+	if h.headers == headersBoth || h.headers == headersLegacy {
+		// The most restrictive zone: fewest remaining, then longest reset.
+		m := &verdicts[0]
+		for i := range verdicts[1:] {
+			v := &verdicts[i+1]
+			if v.d.Remaining < m.d.Remaining || (v.d.Remaining == m.d.Remaining && v.d.ResetAfter > m.d.ResetAfter) {
+				m = v
+			}
+		}
+		hdr.Set("RateLimit-Limit", m.zone.limit)
+		hdr.Set("RateLimit-Remaining", strconv.FormatInt(m.d.Remaining, 10))
+		hdr.Set("RateLimit-Reset", strconv.FormatInt(ceilSeconds(m.d.ResetAfter), 10))
+	}
+}
+
+// ceilSeconds rounds d up to whole seconds.
+func ceilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64(math.Ceil(d.Seconds()))
+}
+
+// Cleanup releases the handler's zone states and store.
+func (h *Handler) Cleanup() error {
+	for _, z := range h.zones {
+		unregisterZone(z.Zone)
+	}
+	for _, id := range h.stateIDs {
+		_, _ = states.Delete(id)
+	}
+	if h.store != nil {
+		h.store.release()
+	}
+	return nil
+}
+
+// states holds every zone's in-process state, shared by handlers that define
+// the zone the same way and kept across config reloads (the new config takes
+// its references before the old one lets go of its own).
+var states = caddy.NewUsagePool()
+
+// stateID identifies a zone definition: a changed limit starts from a fresh
+// state rather than reinterpreting old TATs under new limits.
+type stateID struct {
+	name                   string
+	events, window, burst  int64
+	maxKeys                int
+}
+
+func loadState(cfg zones.Config, sweep time.Duration) (*zones.State, stateID, error) {
+	id := stateID{cfg.Name, cfg.Events, int64(cfg.Window), cfg.Limit().Burst, cfg.MaxKeys}
+	v, _, err := states.LoadOrNew(id, func() (caddy.Destructor, error) {
+		return zones.NewState(cfg, sweep), nil
+	})
+	if err != nil {
+		return nil, id, err
+	}
+	return v.(*zones.State), id, nil
+}
+
+// claims records, for each loaded config, which definition each zone name
+// has, so that one name with two different limits in one config is an error.
+// A config is told apart by its context's Done channel, which every module
+// of that config shares.
+var claims = struct {
+	sync.Mutex
+	byConfig map[<-chan struct{}]map[string]zones.Config
+}{byConfig: make(map[<-chan struct{}]map[string]zones.Config)}
+
+func claimZoneName(ctx caddy.Context, cfg zones.Config) error {
+	done := ctx.Done()
+	claims.Lock()
+	defer claims.Unlock()
+	names, ok := claims.byConfig[done]
+	if !ok {
+		names = make(map[string]zones.Config)
+		claims.byConfig[done] = names
+		context.AfterFunc(ctx, func() {
+			claims.Lock()
+			delete(claims.byConfig, done)
+			claims.Unlock()
+		})
+	}
+	if prev, ok := names[cfg.Name]; ok && !prev.SameLimits(cfg) {
+		return fmt.Errorf("zone %s is defined twice with different limits (%d per %v and %d per %v): give one of them another name",
+			cfg.Name, prev.Events, prev.Window, cfg.Events, cfg.Window)
+	}
+	names[cfg.Name] = cfg
+	return nil
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.Validator             = (*Handler)(nil)
+	_ caddy.CleanerUpper          = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+)

@@ -1,0 +1,103 @@
+package ratelimit
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/caddy-tally/ratelimit/distributed"
+)
+
+// Distributed shares zone state across Caddy instances through Redis.
+type Distributed struct {
+	// The Redis server, Sentinel set or Cluster. Required.
+	Redis *Redis `json:"redis,omitempty"`
+
+	// "strict" (default): every decision is one atomic script in Redis,
+	// exact across any number of instances. "async": decide locally and
+	// reconcile with Redis every sync_interval.
+	Mode string `json:"mode,omitempty"`
+
+	// How often async mode reconciles with Redis. Default: 100ms.
+	SyncInterval caddy.Duration `json:"sync_interval,omitempty"`
+
+	// mholt/caddy-ratelimit's names for sync_interval, accepted so that
+	// its configs load unchanged.
+	ReadInterval  caddy.Duration `json:"read_interval,omitempty"`
+	WriteInterval caddy.Duration `json:"write_interval,omitempty"`
+
+	// The longest a request waits for Redis before the zone's fail policy
+	// decides. Default: 20ms.
+	Timeout caddy.Duration `json:"timeout,omitempty"`
+
+	// Starts every Redis key tally writes. Default: "tally:".
+	KeyPrefix string `json:"key_prefix,omitempty"`
+}
+
+// Redis says how to reach Redis. Every field may use global placeholders
+// such as {env.REDIS_PASSWORD}.
+type Redis struct {
+	// host:port or redis:// / rediss:// URLs (which may carry user,
+	// password and db). Several addresses are a Redis Cluster, or the
+	// Sentinels when sentinel_master is set.
+	Addresses []string `json:"addresses,omitempty"`
+	Username  string   `json:"username,omitempty"`
+	Password  string   `json:"password,omitempty"`
+	DB        int      `json:"db,omitempty"`
+	// The name of the master the Sentinels at addresses watch.
+	SentinelMaster string `json:"sentinel_master,omitempty"`
+	// Use TLS (implied by rediss:// URLs).
+	TLS bool `json:"tls,omitempty"`
+}
+
+// stores shares one Redis client per distinct setting between all handlers,
+// across config reloads; the last handler to let go closes it.
+var stores = caddy.NewUsagePool()
+
+// sharedStore is a handler's reference to a pooled store.
+type sharedStore struct {
+	*distributed.Store
+	poolKey string
+}
+
+func (s *sharedStore) release() { _, _ = stores.Delete(s.poolKey) }
+
+func (dist *Distributed) open(ctx caddy.Context, logger *zap.Logger) (*sharedStore, error) {
+	switch dist.Mode {
+	case "", "strict":
+	case "async":
+		return nil, errors.New("distributed: mode async is not available yet: use mode strict (the default)")
+	default:
+		return nil, fmt.Errorf("distributed: unknown mode %q: use strict or async", dist.Mode)
+	}
+	if dist.Redis == nil || len(dist.Redis.Addresses) == 0 {
+		return nil, errors.New("distributed: redis needs at least one address, e.g. redis://127.0.0.1:6379")
+	}
+	if dist.KeyPrefix != "" && len(dist.KeyPrefix) > 128 {
+		return nil, errors.New("distributed: key_prefix is longer than 128 bytes")
+	}
+	repl := caddy.NewReplacer()
+	opts := distributed.Options{
+		Username:       repl.ReplaceAll(dist.Redis.Username, ""),
+		Password:       repl.ReplaceAll(dist.Redis.Password, ""),
+		DB:             dist.Redis.DB,
+		SentinelMaster: repl.ReplaceAll(dist.Redis.SentinelMaster, ""),
+		TLS:            dist.Redis.TLS,
+		Timeout:        time.Duration(dist.Timeout),
+		KeyPrefix:      dist.KeyPrefix,
+	}
+	for _, a := range dist.Redis.Addresses {
+		opts.Addresses = append(opts.Addresses, repl.ReplaceAll(a, ""))
+	}
+	key := opts.Key()
+	v, _, err := stores.LoadOrNew(key, func() (caddy.Destructor, error) {
+		return distributed.Open(opts, logger.Named("redis"))
+	})
+	if err != nil {
+		return nil, fmt.Errorf("distributed: %v", err)
+	}
+	return &sharedStore{Store: v.(*distributed.Store), poolKey: key}, nil
+}
