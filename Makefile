@@ -1,0 +1,40 @@
+# make run   builds ./caddy with tally (xcaddy) and serves Caddyfile.example
+# make test  everything CI runs: installs redis-server if missing, checks
+#            formatting and vet, unit tests, then integration tests against a
+#            real Caddy and real redis-server processes, all under -race
+# make bench prints the benchmark table quoted in the README
+
+GO ?= go
+TEST_TIMEOUT ?= 25m
+
+.PHONY: run build test deps lint unit integration bench
+
+run: build
+	./caddy run --config Caddyfile.example --adapter caddyfile
+
+build:
+	./xcaddy-build.sh
+
+# Tests start redis-server (and redis-cli for the cluster) themselves; they
+# only need the binaries. Installing needs root, as on CI.
+deps:
+	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null || { \
+		echo "installing redis-server and redis-tools (Debian packages)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null; }
+	@redis-server --version
+
+lint:
+	@bad=$$(gofmt -l . ); if [ -n "$$bad" ]; then echo "gofmt needed: $$bad"; exit 1; fi
+	$(GO) vet ./...
+	cd tests && $(GO) vet ./...
+
+unit:
+	$(GO) test -race -count=1 ./...
+
+integration: deps
+	cd tests && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+test: deps lint unit integration
+
+bench: deps
+	cd tests && $(GO) run ./cmd/benchtable
