@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -140,11 +141,12 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 type zoneHandler struct {
 	*zones.Zone
 	matchers caddyhttp.MatcherSets
-	key      string
+	key      string // the key template
+	keyVar   string // when the template is exactly one placeholder: its name
 	dryRun   bool
-	denyErr  error  // the error a denial returns
-	policy   string // this zone's RateLimit-Policy list member
-	limit    string // events, for RateLimit-Limit
+	denyErr  error        // the error a denial returns
+	policy   string       // this zone's RateLimit-Policy list member
+	limit    string       // events, for RateLimit-Limit
 	metrics  *zoneMetrics // nil when metrics are disabled
 }
 
@@ -273,6 +275,7 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 
 	zh := &zoneHandler{
 		key:     zc.Key,
+		keyVar:  singlePlaceholder(zc.Key),
 		dryRun:  cfg.DryRun,
 		denyErr: fmt.Errorf("rate limit exceeded in zone %s", name),
 		policy:  `"` + name + `";q=` + strconv.FormatInt(cfg.Events, 10) + ";w=" + strconv.FormatInt(ceilSeconds(cfg.Window), 10),
@@ -297,6 +300,25 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 	}
 	registerZone(zh.Zone)
 	return zh, nil
+}
+
+// singlePlaceholder returns the name of the placeholder when the template is
+// exactly one placeholder such as {http.request.header.X-API-Key}, the
+// common case, which can then be looked up without building a string.
+func singlePlaceholder(tpl string) string {
+	if len(tpl) < 3 || tpl[0] != '{' || tpl[len(tpl)-1] != '}' || strings.ContainsAny(tpl[1:len(tpl)-1], "{}\\") {
+		return ""
+	}
+	return tpl[1 : len(tpl)-1]
+}
+
+// expandKey expands the zone's key template for the request.
+func (z *zoneHandler) expandKey(repl *caddy.Replacer) string {
+	if z.keyVar != "" {
+		v, _ := repl.GetString(z.keyVar)
+		return v
+	}
+	return repl.ReplaceAll(z.key, "")
 }
 
 func parseHeaderMode(s string) (headerMode, error) {
@@ -325,7 +347,7 @@ func (h *Handler) Validate() error {
 }
 
 // maxStackZones is how many zone verdicts ServeHTTP keeps on the stack.
-const maxStackZones = 8
+const maxStackZones = 4
 
 // verdict is one zone's decision on the request being served.
 type verdict struct {
@@ -353,7 +375,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				continue
 			}
 		}
-		key := z.Config.Key(repl.ReplaceAll(z.key, ""))
+		key := z.Config.Key(z.expandKey(repl))
 		var start time.Time
 		if z.metrics != nil && z.Store() != nil {
 			start = time.Now()
@@ -383,11 +405,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if denied != nil {
 		// A denied request consumes nothing: give back what the zones
 		// before the denying one took.
-		for _, v := range verdicts[:len(verdicts)-1] {
-			if v.d.Allowed {
-				if err := v.zone.Refund(r.Context(), v.key, now, v.d); err != nil {
-					h.logger.Debug("refund failed", zap.String("zone", v.zone.Name), zap.Error(err))
-				}
+		for i := range verdicts[:len(verdicts)-1] {
+			v := &verdicts[i]
+			if !v.d.Allowed {
+				continue
+			}
+			var err error
+			if v.d, err = v.zone.Refund(r.Context(), v.key, now, v.d); err != nil {
+				h.logger.Debug("refund failed", zap.String("zone", v.zone.Name), zap.Error(err))
 			}
 		}
 	}
@@ -399,10 +424,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 }
 
 // deny answers a denied request: Retry-After, placeholders, the
-// rate_limit_exceeded event, a sampled log line and the error. The error is a
-// plain caddyhttp.HandlerError: caddyhttp.Error would record a stack trace
-// and an error id on every denial, which under a flood costs more than
-// serving the request would.
+// rate_limit_exceeded event, a sampled log line, and the error for
+// handle_errors to shape. The error is a plain caddyhttp.HandlerError:
+// caddyhttp.Error would record a stack trace and an error id on every
+// denial. Denying must stay cheaper than serving.
 func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, v *verdict) error {
 	retry := v.d.RetryAfter
 	if h.Jitter > 0 {
@@ -420,6 +445,14 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 		})
 	}
 	h.logDenial(v.zone, v.key, v.d, false)
+	if srv, ok := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok &&
+		(srv.Errors == nil || len(srv.Errors.Routes) == 0) {
+		// Nothing would shape the error: answer directly. Caddy's error
+		// path would encode the whole request for a debug log line on
+		// every denial, which under a flood costs more than serving.
+		w.WriteHeader(h.StatusCode)
+		return nil
+	}
 	return caddyhttp.HandlerError{StatusCode: h.StatusCode, Err: v.zone.denyErr}
 }
 
@@ -445,25 +478,20 @@ func (h *Handler) logStoreError(z *zoneHandler, d zones.Decision) {
 	}
 }
 
-// setHeaders writes the rate limit headers for the zones that applied.
+// setHeaders writes the rate limit headers for the zones that applied. The
+// header values share one allocation, and the canonical keys are assigned
+// directly rather than through Header.Set.
 func (h *Handler) setHeaders(hdr http.Header, verdicts []verdict) {
 	if h.headers == headersOff || len(verdicts) == 0 {
 		return
 	}
-	if h.headers == headersBoth || h.headers == headersIETF {
-		var policy, state []byte
-		if len(verdicts) == 1 {
-			hdr.Set("RateLimit-Policy", verdicts[0].zone.policy)
-		}
+	vals := make([]string, 5)
+	if h.headers != headersLegacy {
+		var buf [96]byte
+		state := buf[:0]
 		for i, v := range verdicts {
 			if i > 0 {
 				state = append(state, ", "...)
-				if len(verdicts) > 1 {
-					policy = append(policy, ", "...)
-				}
-			}
-			if len(verdicts) > 1 {
-				policy = append(policy, v.zone.policy...)
 			}
 			state = append(state, '"')
 			state = append(state, v.zone.Name...)
@@ -472,12 +500,15 @@ func (h *Handler) setHeaders(hdr http.Header, verdicts []verdict) {
 			state = append(state, ";t="...)
 			state = strconv.AppendInt(state, ceilSeconds(v.d.ResetAfter), 10)
 		}
-		if len(verdicts) > 1 {
-			hdr.Set("RateLimit-Policy", string(policy))
+		vals[0] = verdicts[0].zone.policy
+		for _, v := range verdicts[1:] {
+			vals[0] += ", " + v.zone.policy
 		}
-		hdr.Set("RateLimit", string(state))
+		vals[1] = string(state)
+		hdr["Ratelimit-Policy"] = vals[0:1:1]
+		hdr["Ratelimit"] = vals[1:2:2]
 	}
-	if h.headers == headersBoth || h.headers == headersLegacy {
+	if h.headers != headersIETF {
 		// The most restrictive zone: fewest remaining, then longest reset.
 		m := &verdicts[0]
 		for i := range verdicts[1:] {
@@ -486,9 +517,12 @@ func (h *Handler) setHeaders(hdr http.Header, verdicts []verdict) {
 				m = v
 			}
 		}
-		hdr.Set("RateLimit-Limit", m.zone.limit)
-		hdr.Set("RateLimit-Remaining", strconv.FormatInt(m.d.Remaining, 10))
-		hdr.Set("RateLimit-Reset", strconv.FormatInt(ceilSeconds(m.d.ResetAfter), 10))
+		vals[2] = m.zone.limit
+		vals[3] = strconv.FormatInt(m.d.Remaining, 10)
+		vals[4] = strconv.FormatInt(ceilSeconds(m.d.ResetAfter), 10)
+		hdr["Ratelimit-Limit"] = vals[2:3:3]
+		hdr["Ratelimit-Remaining"] = vals[3:4:4]
+		hdr["Ratelimit-Reset"] = vals[4:5:5]
 	}
 }
 
@@ -522,9 +556,9 @@ var states = caddy.NewUsagePool()
 // stateID identifies a zone definition: a changed limit starts from a fresh
 // state rather than reinterpreting old TATs under new limits.
 type stateID struct {
-	name                   string
-	events, window, burst  int64
-	maxKeys                int
+	name                  string
+	events, window, burst int64
+	maxKeys               int
 }
 
 func loadState(cfg zones.Config, sweep time.Duration) (*zones.State, stateID, error) {

@@ -295,17 +295,26 @@ func (z *Zone) shareLimit() algorithms.Limit {
 }
 
 // Refund gives back a request the zone allowed when a later zone denied it,
-// to whoever decided it.
-func (z *Zone) Refund(ctx context.Context, key string, now int64, d Decision) error {
+// to whoever decided it, and returns the decision as it stands after the
+// refund (one more remaining, one interval less to reset), for the headers.
+func (z *Zone) Refund(ctx context.Context, key string, now int64, d Decision) (Decision, error) {
+	l := z.limit
 	switch d.Source {
 	case SourceLocal:
-		z.state.Local.Refund(key, now, z.limit, 1)
+		z.state.Local.Refund(key, now, l, 1)
 	case SourceFailLocal:
-		z.state.Fallback.Refund(key, now, z.shareLimit(), 1)
+		l = z.shareLimit()
+		z.state.Fallback.Refund(key, now, l, 1)
 	case SourceStore:
-		return z.store.Refund(ctx, z.Name, key, z.limit, 1)
+		if err := z.store.Refund(ctx, z.Name, key, l, 1); err != nil {
+			return d, err
+		}
+	default:
+		return d, nil
 	}
-	return nil
+	d.Remaining = min(d.Remaining+1, l.Burst)
+	d.ResetAfter = max(0, d.ResetAfter-time.Duration(l.EmissionInterval))
+	return d, nil
 }
 
 // Peek reports key's state without consuming anything, or ErrUnknownKey

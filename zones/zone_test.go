@@ -283,7 +283,9 @@ func TestRefundGoesToWhoeverDecided(t *testing.T) {
 	now := time.Now().UnixNano()
 	local := New(c, newTestState(t, c), nil)
 	d := local.Decide(context.Background(), "k", now)
-	local.Refund(context.Background(), "k", now, d)
+	if d, _ = local.Refund(context.Background(), "k", now, d); d.Remaining != 1 || d.ResetAfter != 0 {
+		t.Fatalf("decision after refund = %+v, want the key back to full", d)
+	}
 	if d := local.Decide(context.Background(), "k", now); !d.Allowed {
 		t.Fatal("refunded local request still counted")
 	}
@@ -291,7 +293,7 @@ func TestRefundGoesToWhoeverDecided(t *testing.T) {
 	st := &faultStore{allowed: true}
 	remote := New(c, newTestState(t, c), st)
 	d = remote.Decide(context.Background(), "k", now)
-	remote.Refund(context.Background(), "k", now, d)
+	remote.Refund(context.Background(), "k", now, d) //nolint:errcheck // the fault store returns no error here
 	if st.refunds.Load() != 1 {
 		t.Fatal("a store decision was not refunded in the store")
 	}
