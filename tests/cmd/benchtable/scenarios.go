@@ -1,0 +1,345 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// A scenario compares the throughput of one route of a real Caddy (the
+// candidate) with another route of the same Caddy (the baseline), both loaded
+// by the same generator in alternating runs. The ratio of the medians is the
+// figure: noise on a shared machine moves both routes alike.
+//
+// To add one (e.g. strict mode against Redis as a ratio of local mode): append
+// to scenarios with its routes, and when it needs a service, start it in
+// setup and return its cleanup; routes may then use what setup put in env.
+type scenario struct {
+	name   string // for -scenarios and the profile file
+	metric string // the table's row label
+
+	setup  func(e *env) (cleanup func(), err error) // optional
+	routes func(e *env) string                      // Caddyfile handle blocks
+
+	baseline, candidate route
+	warmup              func(e *env, c *caddyProcess) error // optional, before the first measured run
+
+	target     float64
+	comparison string // what others measured on the same workload
+}
+
+// route is a path of the Caddy under test, the X-Key header its requests
+// carry, and the status that counts towards its throughput.
+type route struct {
+	path   string
+	key    func(i int64) string
+	status int
+}
+
+// env is what setups provide to routes: a temporary directory and named
+// values such as a redis-server address.
+type env struct {
+	dir    string
+	values map[string]string
+}
+
+// manyKeys is how many distinct keys scenario "allowed" cycles through.
+const manyKeys = 100_000
+
+var manyKeyValues = func() []string {
+	keys := make([]string, manyKeys)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("client-%09d", i)
+	}
+	return keys
+}()
+
+func cycleKeys(i int64) string { return manyKeyValues[i%manyKeys] }
+func oneKey(int64) string      { return "flooder-00000001" }
+
+// plainRoute answers without a limiter: the baseline of the local scenarios.
+const plainRoute = `	handle /plain {
+		respond "ok" 200
+	}
+`
+
+var scenarios = []scenario{
+	{
+		name:   "allowed",
+		metric: "Caddy throughput, every request allowed, 100k keys (ratio to the same route without rate_limit)",
+		routes: func(*env) string {
+			return plainRoute + `	handle /allowed {
+		rate_limit {
+			zone many {
+				key {http.request.header.X-Key}
+				events 1000
+				window 1s
+			}
+		}
+		respond "ok" 200
+	}
+`
+		},
+		baseline:   route{path: "/plain", key: cycleKeys, status: 200},
+		candidate:  route{path: "/allowed", key: cycleKeys, status: 200},
+		warmup:     warmManyKeys,
+		target:     0.95,
+		comparison: "mholt/caddy-ratelimit: 0.90 (Caddy metrics off), 0.67 (metrics on)",
+	},
+	{
+		// The same as "allowed" with headers off: how much of its cost is
+		// writing the five rate limit headers rather than deciding.
+		name:   "allowed-noheaders",
+		metric: "Same, `headers off` (how much of the above is the RateLimit headers)",
+		routes: func(*env) string {
+			return plainRoute + `	handle /allowed {
+		rate_limit {
+			zone many {
+				key {http.request.header.X-Key}
+				events 1000
+				window 1s
+			}
+			headers off
+		}
+		respond "ok" 200
+	}
+`
+		},
+		baseline:   route{path: "/plain", key: cycleKeys, status: 200},
+		candidate:  route{path: "/allowed", key: cycleKeys, status: 200},
+		warmup:     warmManyKeys,
+		target:     0.95,
+		comparison: "mholt/caddy-ratelimit sends no headers on allowed requests",
+	},
+	{
+		name:   "flood",
+		metric: "Caddy flood from one blocked key: 429 throughput / plain route's 200 throughput",
+		routes: func(*env) string {
+			return plainRoute + `	handle /blocked {
+		rate_limit {
+			zone flood {
+				key {http.request.header.X-Key}
+				events 1
+				window 1h
+			}
+		}
+		respond "ok" 200
+	}
+`
+		},
+		baseline:   route{path: "/plain", key: oneKey, status: 200},
+		candidate:  route{path: "/blocked", key: oneKey, status: 429},
+		target:     0.95,
+		comparison: "mholt/caddy-ratelimit: 0.73",
+	},
+}
+
+// warmManyKeys sends one request for each of the 100k keys to /allowed, so
+// that the measured runs see every key already tracked: the steady state of
+// a zone with 100k active clients.
+func warmManyKeys(_ *env, c *caddyProcess) error {
+	_, err := load{addr: c.addr, path: "/allowed", key: func(i int64) string { return manyKeyValues[i] },
+		conns: 32, runFor: 20 * time.Second, maxRequests: manyKeys}.run()
+	return err
+}
+
+// scenarioResult is a scenario's medians, or why it has none.
+type scenarioResult struct {
+	scenario
+	baselineRate, candidateRate float64 // responses/s with the counted status
+	runs                        int
+	// Caddy's CPU time per request over all measured runs, when /proc
+	// could tell.
+	baselineCPU, candidateCPU time.Duration
+	err                       error
+}
+
+// cpuRatio is baseline CPU per request over candidate CPU per request: the
+// throughput ratio a machine with nothing else running would show when Caddy
+// is CPU-bound.
+func (r scenarioResult) cpuRatio() float64 {
+	if r.candidateCPU == 0 {
+		return 0
+	}
+	return float64(r.baselineCPU) / float64(r.candidateCPU)
+}
+
+func (r scenarioResult) ratio() float64 {
+	if r.baselineRate == 0 {
+		return 0
+	}
+	return r.candidateRate / r.baselineRate
+}
+
+func runScenarios(o options) []scenarioResult {
+	dir, err := os.MkdirTemp("", "tally-benchtable-")
+	if err != nil {
+		fatalf("%v", err)
+	}
+	defer os.RemoveAll(dir)
+	progressf("building Caddy with tally (go build ./cmd/tally-caddy)")
+	bin, err := buildCaddy(o.testsDir, dir)
+	var results []scenarioResult
+	for _, s := range scenarios {
+		if !o.wants(s.name) {
+			continue
+		}
+		r := scenarioResult{scenario: s}
+		if err != nil {
+			r.err = err
+		} else {
+			r = runScenario(o, bin, filepath.Join(dir, s.name), s)
+		}
+		if r.err != nil {
+			progressf("scenario %s: %v", s.name, r.err)
+		} else {
+			progressf("scenario %s: baseline %.0f/s, candidate %.0f/s, ratio %.3f; Caddy CPU per request %v vs %v, ratio %.3f",
+				s.name, r.baselineRate, r.candidateRate, r.ratio(), r.baselineCPU, r.candidateCPU, r.cpuRatio())
+		}
+		results = append(results, r)
+	}
+	return results
+}
+
+func runScenario(o options, bin, dir string, s scenario) scenarioResult {
+	res := scenarioResult{scenario: s}
+	e := &env{dir: dir, values: map[string]string{}}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		res.err = err
+		return res
+	}
+	if s.setup != nil {
+		cleanup, err := s.setup(e)
+		if err != nil {
+			res.err = fmt.Errorf("setup: %v", err)
+			return res
+		}
+		defer cleanup()
+	}
+	c, err := startCaddy(bin, dir, s.routes(e))
+	if err != nil {
+		res.err = err
+		return res
+	}
+	defer c.stop()
+
+	if s.warmup != nil {
+		if err := s.warmup(e, c); err != nil {
+			res.err = fmt.Errorf("warmup: %v", err)
+			return res
+		}
+	}
+	run := func(rt route, d time.Duration) (loadResult, error) {
+		return load{addr: c.addr, path: rt.path, key: rt.key, conns: o.conns, runFor: d, maxRequests: o.maxRequests}.run()
+	}
+	// A short run of each warms connections, pools and caches.
+	for _, rt := range []route{s.baseline, s.candidate} {
+		if _, err := run(rt, time.Second/2); err != nil {
+			res.err = fmt.Errorf("warming %s: %v", rt.path, err)
+			return res
+		}
+	}
+
+	var base, cand []float64
+	var cpu [2]struct {
+		used     time.Duration
+		requests int64
+	}
+	for round := range o.rounds {
+		profile := ""
+		if o.profileDir != "" && round == o.rounds-1 {
+			profile = filepath.Join(o.profileDir, s.name)
+		}
+		var runs [2]loadResult
+		for i, rt := range []route{s.baseline, s.candidate} {
+			name := profile + "-" + [2]string{"baseline", "candidate"}[i] + ".pprof"
+			cpu0, cpuErr := c.cpuTime()
+			r, err := measure(c, run, rt, o.runFor, name, profile != "")
+			if err != nil {
+				res.err = err
+				return res
+			}
+			if cpu1, err := c.cpuTime(); err == nil && cpuErr == nil && profile == "" {
+				cpu[i].used += cpu1 - cpu0
+				cpu[i].requests += r.total()
+			}
+			runs[i] = r
+		}
+		b, cr := runs[0], runs[1]
+		base = append(base, b.rate(s.baseline.status))
+		cand = append(cand, cr.rate(s.candidate.status))
+		progressf("  %s round %d: %s %.0f/s, %s %.0f/s", s.name, round+1, s.baseline.path, base[round], s.candidate.path, cand[round])
+	}
+	res.baselineRate, res.candidateRate, res.runs = median(base), median(cand), len(base)
+	if cpu[0].requests > 0 && cpu[1].requests > 0 {
+		res.baselineCPU = cpu[0].used / time.Duration(cpu[0].requests)
+		res.candidateCPU = cpu[1].used / time.Duration(cpu[1].requests)
+	}
+	return res
+}
+
+// measure makes one run of rt, checks its statuses and, when asked,
+// profiles Caddy's CPU during it (all but the run's first and last second).
+func measure(c *caddyProcess, run func(route, time.Duration) (loadResult, error), rt route, d time.Duration, profilePath string, profile bool) (loadResult, error) {
+	var profileDone chan error
+	if profile {
+		profileDone = make(chan error, 1)
+		go func() {
+			time.Sleep(time.Second / 2)
+			profileDone <- c.cpuProfile(context.Background(), max(1, int(d/time.Second)-1), profilePath)
+		}()
+	}
+	r, err := run(rt, d)
+	if err == nil {
+		err = checkStatuses(r, rt)
+	}
+	if profileDone != nil {
+		if perr := <-profileDone; perr != nil {
+			progressf("profile of %s: %v", rt.path, perr)
+		} else {
+			progressf("CPU profile of Caddy serving %s: %s", rt.path, profilePath)
+		}
+	}
+	if err != nil {
+		return r, fmt.Errorf("%s: %v", rt.path, err)
+	}
+	return r, nil
+}
+
+// checkStatuses fails a run in which under 99% of the responses had the
+// expected status (the flood's first request is allowed, for one).
+func checkStatuses(r loadResult, rt route) error {
+	total := r.total()
+	if total == 0 {
+		return fmt.Errorf("no responses")
+	}
+	if got := r.byStatus[rt.status]; got*100 < total*99 {
+		return fmt.Errorf("%d of %d responses were %d, want nearly all: %v", got, total, rt.status, statusSummary(r.byStatus))
+	}
+	return nil
+}
+
+func statusSummary(m map[int]int64) string {
+	var s string
+	for _, code := range slices.Sorted(maps.Keys(m)) {
+		s += " " + strconv.Itoa(code) + ":" + strconv.FormatInt(m[code], 10)
+	}
+	return s
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}

@@ -1,0 +1,175 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+)
+
+// table is everything measured, printed as one markdown table.
+type table struct {
+	micro microResults
+	load  []scenarioResult
+}
+
+// row is one line of the table.
+type row struct {
+	metric, tally, comparison, target, met string
+}
+
+func (t table) print(w io.Writer) {
+	var rows []row
+	if t.micro.byName != nil {
+		rows = append(rows, t.microRows()...)
+	}
+	for _, r := range t.load {
+		rows = append(rows, loadRow(r))
+	}
+	fmt.Fprintln(w, "| metric | tally | comparison | target | met |")
+	fmt.Fprintln(w, "| --- | --- | --- | --- | --- |")
+	for _, r := range rows {
+		if r.comparison == "" {
+			r.comparison = "—"
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s |\n", r.metric, r.tally, r.comparison, r.target, r.met)
+	}
+	for _, f := range t.micro.failures {
+		fmt.Fprintf(w, "\nFailed: %s\n", f)
+	}
+}
+
+// microRows turns the go test benchmarks into rows. A benchmark missing from
+// the output shows as "not run", which with a failure listed below the table
+// says why.
+func (t table) microRows() []row {
+	m := t.micro
+	var rows []row
+
+	decide, ok := m.get("BenchmarkDecide")
+	rows = append(rows, row{
+		metric: "GCRA step (`algorithms` BenchmarkDecide)",
+		tally:  figure(decide, ok, "ns/op", "allocs/op"),
+		target: "≤ 30 ns/op, 0 allocs/op",
+		met:    yesNo(ok && decide.metrics["ns/op"] <= 30 && decide.metrics["allocs/op"] == 0),
+	})
+	for _, b := range []struct{ name, metric string }{
+		{"BenchmarkTableDecideExistingKey", "Table decide, existing key of 100k, one goroutine (`zones`)"},
+		{"BenchmarkZoneDecideParallel", "Zone decide, existing key of 100k, all Ps (`zones`)"},
+	} {
+		r, ok := m.get(b.name)
+		rows = append(rows, row{
+			metric: b.metric,
+			tally:  figure(r, ok, "ns/op", "allocs/op"),
+			target: "0 allocs/op",
+			met:    yesNo(ok && r.metrics["allocs/op"] == 0),
+		})
+	}
+	tb, ok := m.get("BenchmarkTableBytesPerKey")
+	rows = append(rows, row{
+		metric:     "Memory per tracked key, 100k keys of 16 B (`zones` Table)",
+		tally:      figure(tb, ok, "table-bytes/key", "bytes/key") + " (table + key)",
+		comparison: "mholt/caddy-ratelimit: 24 B × events per key (2,400 B at events 100)",
+		target:     "≤ 96 B + key bytes",
+		met:        yesNo(ok && tb.metrics["table-bytes/key"] <= 96),
+	})
+
+	local := func(bench, name string) (benchResult, bool) { return m.get(bench + "/" + name) }
+	td, tok := local("BenchmarkLocalDecideParallel", "tally")
+	xd, xok := local("BenchmarkLocalDecideParallel", "x-time-rate")
+	gd, gok := local("BenchmarkLocalDecideParallel", "throttled")
+	rows = append(rows, row{
+		metric: "Decide on an existing key of 100k, all Ps, clock read per op (`tests`, same run)",
+		tally:  figure(td, tok, "ns/op", "allocs/op"),
+		comparison: "x/time/rate (sharded map of *rate.Limiter): " + figure(xd, xok, "ns/op", "allocs/op") +
+			"; throttled/v2 GCRA + memstore: " + figure(gd, gok, "ns/op", "allocs/op"),
+		target: "0 allocs/op",
+		met:    yesNo(tok && td.metrics["allocs/op"] == 0),
+	})
+	tm, tok := local("BenchmarkLocalBytesPerKey", "tally")
+	xm, xok := local("BenchmarkLocalBytesPerKey", "x-time-rate")
+	gm, gok := local("BenchmarkLocalBytesPerKey", "throttled")
+	rows = append(rows, row{
+		metric:     "Memory per tracked key incl. its 16 B key, 100k keys (`tests`, same run)",
+		tally:      figure(tm, tok, "bytes/key"),
+		comparison: "x/time/rate: " + figure(xm, xok, "bytes/key") + "; throttled/v2: " + figure(gm, gok, "bytes/key"),
+		target:     "≤ 96 B + key bytes (≤ 112)",
+		met:        yesNo(tok && tm.metrics["state-bytes/key"] <= 96),
+	})
+	return append(rows, strictRows(m)...)
+}
+
+// strictRows reports the strict-mode benchmarks of tests/store_bench_test.go:
+// each tally sub-benchmark beside its go-redis/redis_rate counterpart (the
+// same name with redis_rate for tally), every metric they report.
+func strictRows(m microResults) []row {
+	var rows []row
+	for _, name := range m.order {
+		if !strings.HasPrefix(name, "BenchmarkStrict") && !strings.HasPrefix(name, "BenchmarkRedisRate") {
+			continue
+		}
+		r := m.byName[name]
+		if strings.Contains(name, "/redis_rate") {
+			if _, paired := m.byName[strings.Replace(name, "/redis_rate", "/tally", 1)]; paired {
+				continue
+			}
+		}
+		rw := row{metric: "Strict mode: " + strings.TrimPrefix(name, "Benchmark"), tally: figure(r, true, r.units...), target: "—", met: "—"}
+		if other, ok := m.byName[strings.Replace(name, "/tally", "/redis_rate", 1)]; ok && strings.Contains(name, "/tally") {
+			rw.comparison = "go-redis/redis_rate: " + figure(other, true, other.units...)
+		}
+		rows = append(rows, rw)
+	}
+	return rows
+}
+
+func loadRow(r scenarioResult) row {
+	rw := row{metric: r.metric, comparison: r.comparison, target: "≥ " + strconv.FormatFloat(r.target, 'f', 2, 64)}
+	if r.err != nil {
+		rw.tally = "failed: " + strings.ReplaceAll(r.err.Error(), "|", "/")
+		rw.met = "no"
+		return rw
+	}
+	rw.tally = fmt.Sprintf("**%.2f** (%.0f vs %.0f req/s, medians of %d alternating runs)", r.ratio(), r.candidateRate, r.baselineRate, r.runs)
+	if r.candidateCPU > 0 {
+		rw.tally += fmt.Sprintf("; by Caddy CPU per request: %.2f (%.1f vs %.1f µs)", r.cpuRatio(),
+			float64(r.candidateCPU)/1e3, float64(r.baselineCPU)/1e3)
+	}
+	rw.met = yesNo(r.ratio() >= r.target)
+	return rw
+}
+
+// figure formats the given metrics of a benchmark, e.g. "25.1 ns/op, 0 allocs/op".
+func figure(r benchResult, ok bool, units ...string) string {
+	if !ok {
+		return "not run"
+	}
+	var parts []string
+	for _, u := range units {
+		v, has := r.metrics[u]
+		if !has {
+			continue
+		}
+		parts = append(parts, formatValue(v)+" "+u)
+	}
+	return strings.Join(parts, ", ")
+}
+
+func formatValue(v float64) string {
+	switch {
+	case v == float64(int64(v)) && v < 1e15:
+		return strconv.FormatInt(int64(v), 10)
+	case v >= 100:
+		return strconv.FormatFloat(v, 'f', 0, 64)
+	case v >= 10:
+		return strconv.FormatFloat(v, 'f', 1, 64)
+	}
+	return strconv.FormatFloat(v, 'f', 2, 64)
+}
+
+func yesNo(ok bool) string {
+	if ok {
+		return "yes"
+	}
+	return "no"
+}

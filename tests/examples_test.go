@@ -1,0 +1,172 @@
+package tests
+
+// The Caddyfiles users copy: Caddyfile.example and the README's examples.
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// exampleFor returns ../Caddyfile.example with its ports moved to c's, bound
+// to loopback and persisting nothing. Nothing else changes.
+func exampleFor(t *testing.T, c *caddyInstance) string {
+	t.Helper()
+	b, err := os.ReadFile("../Caddyfile.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(b)
+	edits := []struct{ re, with string }{
+		{`(?m)^(\s*)admin localhost:2019\s*$`, "${1}admin 127.0.0.1:" + strconv.Itoa(c.AdminPort) +
+			"\n${1}persist_config off\n${1}default_bind 127.0.0.1"},
+		{`(?m)^(\s*)http_port 8080\s*$`, "${1}http_port " + strconv.Itoa(c.HTTPPort)},
+		{`(?m)^:8080 \{`, ":" + strconv.Itoa(c.HTTPPort) + " {"},
+	}
+	for _, e := range edits {
+		re := regexp.MustCompile(e.re)
+		if !re.MatchString(text) {
+			t.Fatalf("Caddyfile.example has no line matching %s: update this test with the example", e.re)
+		}
+		text = re.ReplaceAllString(text, e.with)
+	}
+	for i, line := range strings.Split(text, "\n") {
+		if code, _, _ := strings.Cut(line, "#"); strings.Contains(code, "8080") || strings.Contains(code, "2019") {
+			t.Fatalf("Caddyfile.example line %d still names a fixed port after rewriting: %s", i+1, line)
+		}
+	}
+	return text
+}
+
+// checkExampleLimits sends what the example's comment suggests and checks
+// what it promises: 10 per minute per API key on /api/, 5 per minute per
+// client on /login, and the handle_errors body.
+func checkExampleLimits(t *testing.T, c *caddyInstance) {
+	t.Helper()
+	var statuses []int
+	var last response
+	for i := 0; i < 11; i++ {
+		last = c.Do(request{Path: "/api/", Header: map[string]string{"X-API-Key": "alice"}})
+		statuses = append(statuses, last.Status)
+	}
+	if want := "[200 200 200 200 200 200 200 200 200 200 429]"; fmt.Sprint(statuses) != want {
+		t.Fatalf("11 requests to /api/ with one X-API-Key: %v, want %s", statuses, want)
+	}
+	if want := "slow down: retry in 6s (api_key)"; last.Body != want {
+		t.Errorf("denial body %q, want %q", last.Body, want)
+	}
+	if res := c.Do(request{Path: "/api/", Header: map[string]string{"X-API-Key": "bob"}}); res.Status != 200 {
+		t.Errorf("another API key: status %d, want 200", res.Status)
+	}
+	if got := c.Send(6, request{Path: "/login"}); fmt.Sprint(got) != "[200 200 200 200 200 429]" {
+		t.Errorf("6 requests to /login: %v, want 5×200 then 429", got)
+	}
+	if res := c.Do(request{Path: "/"}); res.Status != 200 || res.Body != "hello from tally" {
+		t.Errorf("GET /: %d %q, want 200 \"hello from tally\"", res.Status, res.Body)
+	}
+}
+
+func TestCaddyfileExampleRunsAsIs(t *testing.T) {
+	t.Parallel()
+	c := newCaddyInstance(t)
+	c.Start(exampleFor(t, c), "caddyfile")
+	checkExampleLimits(t, c)
+}
+
+func TestCaddyfileExampleAdaptsToJSONThatRuns(t *testing.T) {
+	t.Parallel()
+	c := newCaddyInstance(t)
+	json, stderr, err := adapt(t, exampleFor(t, c))
+	if err != nil {
+		t.Fatalf("caddy adapt Caddyfile.example: %v\n%s", err, stderr)
+	}
+	if !strings.Contains(json, `"handler":"rate_limit"`) {
+		t.Fatalf("adapted JSON has no rate_limit handler:\n%s", json)
+	}
+	c.Start(json, "")
+	checkExampleLimits(t, c)
+}
+
+// caddyfileBlock is a ```caddyfile fenced block of the README.
+type caddyfileBlock struct {
+	line int // where its first line is in README.md
+	text string
+}
+
+func readmeCaddyfileBlocks(t *testing.T) []caddyfileBlock {
+	t.Helper()
+	f, err := os.Open("../README.md")
+	if err != nil {
+		t.Fatalf("the README's Caddyfile examples cannot be checked: %v", err)
+	}
+	defer f.Close()
+	var (
+		blocks []caddyfileBlock
+		cur    *caddyfileBlock
+	)
+	sc := bufio.NewScanner(f)
+	for n := 1; sc.Scan(); n++ {
+		line := sc.Text()
+		trimmed := strings.TrimSpace(line)
+		switch {
+		case cur == nil && strings.HasPrefix(trimmed, "```") && strings.EqualFold(strings.TrimSpace(strings.TrimPrefix(trimmed, "```")), "caddyfile"):
+			cur = &caddyfileBlock{line: n + 1}
+		case cur != nil && strings.HasPrefix(trimmed, "```"):
+			blocks = append(blocks, *cur)
+			cur = nil
+		case cur != nil:
+			cur.text += line + "\n"
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if cur != nil {
+		t.Fatalf("README.md:%d: a ```caddyfile block is never closed", cur.line-1)
+	}
+	if len(blocks) == 0 {
+		t.Fatal("README.md has no ```caddyfile blocks: it should show a Caddyfile for each common case")
+	}
+	return blocks
+}
+
+// asWholeCaddyfile makes a README snippet adaptable on its own: a bare
+// rate_limit directive (or other directive) goes inside a site, a bare zone
+// inside a rate_limit. Whole Caddyfiles are left alone.
+func asWholeCaddyfile(snippet string) string {
+	first := ""
+	sc := bufio.NewScanner(strings.NewReader(snippet))
+	for sc.Scan() {
+		if l := strings.TrimSpace(sc.Text()); l != "" && !strings.HasPrefix(l, "#") {
+			first = strings.Fields(l)[0]
+			break
+		}
+	}
+	switch first {
+	case "zone", "distributed":
+		return "http://127.0.0.1:8080 {\n\trate_limit {\n" + snippet + "\n\t}\n}\n"
+	case "rate_limit", "handle_errors", "route", "handle", "respond", "reverse_proxy":
+		return "http://127.0.0.1:8080 {\n" + snippet + "\n}\n"
+	}
+	return snippet
+}
+
+func TestReadmeCaddyfilesAdapt(t *testing.T) {
+	t.Parallel()
+	for _, b := range readmeCaddyfileBlocks(t) {
+		t.Run(fmt.Sprintf("README.md:%d", b.line), func(t *testing.T) {
+			t.Parallel()
+			json, stderr, err := adapt(t, asWholeCaddyfile(b.text))
+			if err != nil {
+				t.Fatalf("the ```caddyfile block at README.md:%d does not adapt: %v\n%s\nblock:\n%s", b.line, err, stderr, b.text)
+			}
+			if strings.Contains(b.text, "rate_limit") && !strings.Contains(json, `"rate_limit"`) {
+				t.Errorf("the block at README.md:%d uses rate_limit but its JSON has no rate_limit handler:\n%s", b.line, json)
+			}
+		})
+	}
+}

@@ -1,0 +1,209 @@
+package tests
+
+// Prometheus metrics, scraped from Caddy's admin endpoint /metrics.
+
+import (
+	"bufio"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// metricSample is one sample line of the Prometheus text format.
+type metricSample struct {
+	name   string
+	labels map[string]string
+	value  float64
+}
+
+var (
+	sampleLine = regexp.MustCompile(`^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)`)
+	labelPair  = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"`)
+)
+
+// scrape GETs /metrics from the admin API and parses the samples.
+func (c *caddyInstance) scrape() []metricSample {
+	c.t.Helper()
+	status, body := c.adminDo(http.MethodGet, "/metrics")
+	if status != http.StatusOK {
+		c.t.Fatalf("GET /metrics: %d %s", status, body)
+	}
+	var out []metricSample
+	sc := bufio.NewScanner(strings.NewReader(body))
+	sc.Buffer(make([]byte, 0, 64*1024), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "#") || line == "" {
+			continue
+		}
+		m := sampleLine.FindStringSubmatch(line)
+		if m == nil {
+			c.t.Fatalf("unparsable /metrics line %q", line)
+		}
+		v, err := strconv.ParseFloat(m[3], 64)
+		if err != nil {
+			c.t.Fatalf("unparsable value in /metrics line %q", line)
+		}
+		s := metricSample{name: m[1], labels: map[string]string{}, value: v}
+		for _, l := range labelPair.FindAllStringSubmatch(m[2], -1) {
+			s.labels[l[1]] = l[2]
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// metricValue finds the sample of name whose labels include want.
+func metricValue(samples []metricSample, name string, want map[string]string) (float64, bool) {
+next:
+	for _, s := range samples {
+		if s.name != name {
+			continue
+		}
+		for k, v := range want {
+			if s.labels[k] != v {
+				continue next
+			}
+		}
+		return s.value, true
+	}
+	return 0, false
+}
+
+func requestsTotal(t *testing.T, samples []metricSample, zone, decision string) float64 {
+	t.Helper()
+	v, ok := metricValue(samples, "caddy_rate_limit_requests_total", map[string]string{"zone": zone, "decision": decision})
+	if !ok {
+		t.Fatalf("no caddy_rate_limit_requests_total{zone=%q,decision=%q} in /metrics", zone, decision)
+	}
+	return v
+}
+
+const metricsSite = `http:// {
+	rate_limit {
+		zone z {
+			key {http.request.header.X-API-Key}
+			events 5
+			window 1h
+		}
+	}
+	respond "ok"
+}
+`
+
+func TestMetricsCountDecisionsByZone(t *testing.T) {
+	t.Parallel()
+	c := startCaddyWith(t, "metrics", metricsSite)
+	const secret = "sk-live-4f9a1c"
+	if got := countStatuses(c.Send(7, withKey(secret))); got[200] != 5 || got[429] != 2 {
+		t.Fatalf("7 requests at events 5: %v", got)
+	}
+	samples := c.scrape()
+	if got := requestsTotal(t, samples, "z", "allowed"); got != 5 {
+		t.Errorf("allowed = %v, want 5", got)
+	}
+	if got := requestsTotal(t, samples, "z", "denied"); got != 2 {
+		t.Errorf("denied = %v, want 2", got)
+	}
+	if v, ok := metricValue(samples, "caddy_rate_limit_keys", map[string]string{"zone": "z"}); !ok || v != 1 {
+		t.Errorf("caddy_rate_limit_keys{zone=\"z\"} = %v (present %v), want 1", v, ok)
+	}
+	for _, s := range samples {
+		if !strings.HasPrefix(s.name, "caddy_rate_limit_") {
+			continue
+		}
+		for k, v := range s.labels {
+			if strings.Contains(v, secret) {
+				t.Errorf("%s has the rate limit key in its label %s=%q", s.name, k, v)
+			}
+			if k != "zone" && k != "decision" && k != "policy" && k != "le" {
+				t.Errorf("%s has an unexpected label %s=%q: metrics are labelled by zone only", s.name, k, v)
+			}
+		}
+	}
+}
+
+func TestMetricsCountDryRunDenials(t *testing.T) {
+	t.Parallel()
+	c := startCaddyWith(t, "metrics", strings.Replace(metricsSite, "window 1h", "window 1h\n\t\t\tdry_run", 1))
+	if got := countStatuses(c.Send(7, withKey("alice"))); got[200] != 7 {
+		t.Fatalf("7 requests in dry run: %v, want all 200", got)
+	}
+	samples := c.scrape()
+	allowed, denied := requestsTotal(t, samples, "z", "allowed"), requestsTotal(t, samples, "z", "denied")
+	dry := requestsTotal(t, samples, "z", "dry_run_denied")
+	if allowed != 5 || denied != 0 || dry != 2 {
+		t.Errorf("allowed %v denied %v dry_run_denied %v, want 5, 0, 2", allowed, denied, dry)
+	}
+}
+
+func TestDisableMetricsLeavesTheHandlerUncounted(t *testing.T) {
+	t.Parallel()
+	c := startCaddyWith(t, "metrics", `http:// {
+	route /counted {
+		rate_limit {
+			zone counted {
+				key {client_ip}
+				events 2
+				window 1h
+			}
+		}
+	}
+	route /quiet {
+		rate_limit {
+			zone quiet {
+				key {client_ip}
+				events 2
+				window 1h
+			}
+			disable_metrics
+		}
+	}
+	respond "ok"
+}
+`)
+	if got := countStatuses(c.Send(3, request{Path: "/counted"})); got[429] != 1 {
+		t.Fatalf("/counted: %v", got)
+	}
+	if got := countStatuses(c.Send(3, request{Path: "/quiet"})); got[429] != 1 {
+		t.Fatalf("/quiet: %v, want it limited all the same", got)
+	}
+	samples := c.scrape()
+	if got := requestsTotal(t, samples, "counted", "allowed"); got != 2 {
+		t.Errorf("zone counted allowed = %v, want 2", got)
+	}
+	for _, s := range samples {
+		if s.name == "caddy_rate_limit_requests_total" && s.labels["zone"] == "quiet" {
+			t.Errorf("disable_metrics handler counted: %s%v %v", s.name, s.labels, s.value)
+		}
+	}
+}
+
+func TestMetricsSurviveAReload(t *testing.T) {
+	t.Parallel()
+	c := startCaddyWith(t, "metrics", metricsSite)
+	c.Send(7, withKey("alice"))
+	load(t, c, "metrics", strings.Replace(metricsSite, `respond "ok"`, `respond "ok again"`, 1))
+	waitFor(t, 5*time.Second, "the reloaded config to serve", func() bool {
+		return c.Do(withKey("bob")).Body == "ok again"
+	})
+	// bob: 1 allowed above; alice is still blocked after the reload.
+	if got := countStatuses(c.Send(3, withKey("alice"))); got[429] != 3 {
+		t.Fatalf("alice after reload: %v, want 3×429", got)
+	}
+	samples := c.scrape()
+	if got := requestsTotal(t, samples, "z", "allowed"); got != 6 {
+		t.Errorf("allowed after reload = %v, want 6 (5 before, 1 after): counts restarted or were lost", got)
+	}
+	if got := requestsTotal(t, samples, "z", "denied"); got != 5 {
+		t.Errorf("denied after reload = %v, want 5 (2 before, 3 after)", got)
+	}
+	for _, bad := range []string{"duplicate metrics collector", "registering metrics"} {
+		if strings.Contains(c.Output(), bad) {
+			t.Errorf("Caddy logged %q during the reload", bad)
+		}
+	}
+}

@@ -1,0 +1,113 @@
+package tests
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// redisServer is a real redis-server process on a free loopback port, owned
+// by one test and killed when it ends.
+type redisServer struct {
+	t    testing.TB
+	Port int
+	Addr string
+	dir  string
+	args []string
+	cmd  *exec.Cmd
+}
+
+// startRedis starts a redis-server with persistence off. Extra arguments are
+// passed through (e.g. "--cluster-enabled", "yes").
+func startRedis(t testing.TB, extra ...string) *redisServer {
+	t.Helper()
+	path, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatalf("redis-server is not installed: run `make test`, which installs it (apt-get install redis-server): %v", err)
+	}
+	port := freePort(t)
+	dir := t.TempDir()
+	r := &redisServer{t: t, Port: port, Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), dir: dir}
+	r.args = append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", dir, "--enable-debug-command", "yes"}, extra...)
+	_ = path
+	r.Start()
+	t.Cleanup(r.Kill)
+	return r
+}
+
+// Start (re)starts the server on its port and waits until it answers PING.
+func (r *redisServer) Start() {
+	r.t.Helper()
+	cmd := exec.Command("redis-server", r.args...)
+	logf, err := os.Create(filepath.Join(r.dir, fmt.Sprintf("redis-%d.log", time.Now().UnixNano())))
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		r.t.Fatalf("starting redis-server: %v", err)
+	}
+	r.cmd = cmd
+	c := redis.NewClient(&redis.Options{Addr: r.Addr})
+	defer c.Close()
+	waitFor(r.t, 10*time.Second, "redis-server to answer PING on "+r.Addr, func() bool {
+		return c.Ping(context.Background()).Err() == nil
+	})
+}
+
+// Kill stops the server for good (SIGKILL), as a crash would.
+func (r *redisServer) Kill() {
+	if r.cmd == nil || r.cmd.Process == nil {
+		return
+	}
+	_ = r.cmd.Process.Signal(syscall.SIGCONT)
+	_ = r.cmd.Process.Kill()
+	_ = r.cmd.Wait()
+	r.cmd = nil
+}
+
+// Pause freezes the server (SIGSTOP): connections stay open, nothing answers.
+func (r *redisServer) Pause() { _ = r.cmd.Process.Signal(syscall.SIGSTOP) }
+
+// Resume undoes Pause.
+func (r *redisServer) Resume() { _ = r.cmd.Process.Signal(syscall.SIGCONT) }
+
+// Client returns a go-redis client for the server, closed with the test.
+func (r *redisServer) Client() *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: r.Addr})
+	r.t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// waitFor polls cond every 10ms until it holds or timeout passes.
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
