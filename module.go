@@ -505,6 +505,13 @@ func (h *Handler) setHeaders(hdr http.Header, verdicts []verdict) {
 			vals[0] += ", " + v.zone.policy
 		}
 		vals[1] = string(state)
+		// An earlier rate_limit handler on this route keeps its members.
+		if prev := hdr["Ratelimit"]; len(prev) == 1 {
+			vals[1] = prev[0] + ", " + vals[1]
+			if prev := hdr["Ratelimit-Policy"]; len(prev) == 1 {
+				vals[0] = prev[0] + ", " + vals[0]
+			}
+		}
 		hdr["Ratelimit-Policy"] = vals[0:1:1]
 		hdr["Ratelimit"] = vals[1:2:2]
 	}
@@ -515,6 +522,12 @@ func (h *Handler) setHeaders(hdr http.Header, verdicts []verdict) {
 			v := &verdicts[i+1]
 			if v.d.Remaining < m.d.Remaining || (v.d.Remaining == m.d.Remaining && v.d.ResetAfter > m.d.ResetAfter) {
 				m = v
+			}
+		}
+		if prev := hdr["Ratelimit-Remaining"]; len(prev) == 1 {
+			// An earlier rate_limit handler's zone is more restrictive.
+			if n, err := strconv.ParseInt(prev[0], 10, 64); err == nil && n <= m.d.Remaining {
+				return
 			}
 		}
 		vals[2] = m.zone.limit

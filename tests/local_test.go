@@ -578,6 +578,38 @@ func TestSeveralZonesEachGetAListMember(t *testing.T) {
 	}
 }
 
+func TestTwoHandlersOnOneRouteBothReportTheirZones(t *testing.T) {
+	t.Parallel()
+	c := startCaddy(t, `http:// {
+	rate_limit /api/* {
+		zone per_key {
+			key {http.request.header.X-API-Key}
+			events 3
+			window 1m
+		}
+	}
+	rate_limit {
+		zone per_ip {
+			key {client_ip}
+			events 100
+			window 1s
+		}
+	}
+	respond "ok"
+}
+`)
+	res := c.Do(request{Path: "/api/x", Header: map[string]string{"X-API-Key": "alice"}})
+	if got, want := res.Header.Get("RateLimit"), `"per_key";r=2;t=20, "per_ip";r=99;t=1`; got != want {
+		t.Errorf("RateLimit = %q, want both handlers' members %q", got, want)
+	}
+	if got, want := res.Header.Get("RateLimit-Policy"), `"per_key";q=3;w=60, "per_ip";q=100;w=1`; got != want {
+		t.Errorf("RateLimit-Policy = %q, want %q", got, want)
+	}
+	if l, r := res.Header.Get("RateLimit-Limit"), res.Header.Get("RateLimit-Remaining"); l != "3" || r != "2" {
+		t.Errorf("RateLimit-Limit %q Remaining %q, want the most restrictive zone's (per_key: 3, 2)", l, r)
+	}
+}
+
 func TestDeniedRequestReportsRefundedZonesAsUnspent(t *testing.T) {
 	t.Parallel()
 	c := startCaddy(t, `http:// {
