@@ -1,0 +1,46 @@
+package tests
+
+import (
+	"strings"
+	"testing"
+)
+
+// A denial emits the Caddy event rate_limit_exceeded (visible to event
+// subscribers and, as here, in Caddy's debug log), and a flood of denials
+// produces a handful of tally log lines, not one per request.
+func TestDenialsEmitTheEventAndTheirLogIsSampled(t *testing.T) {
+	t.Parallel()
+	c := startCaddyWith(t, "\tlog {\n\t\tlevel DEBUG\n\t}", `http:// {
+	rate_limit {
+		zone z {
+			key {http.request.header.X-API-Key}
+			events 1
+			window 1h
+		}
+	}
+	respond "ok"
+}
+`)
+	statuses := countStatuses(c.Send(301, withKey("flood")))
+	if statuses[200] != 1 || statuses[429] != 300 {
+		t.Fatalf("statuses %v, want 1 × 200 and 300 × 429", statuses)
+	}
+	var events, denialLogs int
+	waitFor(t, 10e9, "the event in Caddy's debug log", func() bool {
+		out := c.Output()
+		events = strings.Count(out, `"name":"rate_limit_exceeded"`)
+		denialLogs = strings.Count(out, `"msg":"rate limit exceeded"`)
+		return events > 0
+	})
+	if events < 300 {
+		t.Errorf("%d rate_limit_exceeded events for 300 denials, want one per denial", events)
+	}
+	if denialLogs == 0 || denialLogs > 20 {
+		t.Errorf("%d denial log lines for 300 denials in well under a second, want a sample of at most ~10", denialLogs)
+	}
+	for _, line := range strings.Split(c.Output(), "\n") {
+		if strings.Contains(line, `"msg":"rate limit exceeded"`) && strings.Contains(line, "flood") {
+			t.Errorf("a denial log line names the key without log_key: %s", line)
+		}
+	}
+}
