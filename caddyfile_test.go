@@ -183,4 +183,3 @@ func TestCaddyfileErrorsNameTheLineAndTheFix(t *testing.T) {
 		})
 	}
 }
-
