@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-tally/ratelimit/distributed"
+	"github.com/caddy-tally/ratelimit/zones"
 )
 
 // Distributed shares zone state across Caddy instances through Redis.
@@ -57,19 +58,34 @@ type Redis struct {
 // across config reloads; the last handler to let go closes it.
 var stores = caddy.NewUsagePool()
 
-// sharedStore is a handler's reference to a pooled store.
+// sharedStore is a handler's reference to a pooled store: a
+// *distributed.Store (strict) or *distributed.Async.
 type sharedStore struct {
-	*distributed.Store
+	zones.Store
 	poolKey string
+}
+
+// Health reports the store's breaker (for the admin API).
+func (s *sharedStore) Health() (bool, time.Time) {
+	if h, ok := s.Store.(healthReporter); ok {
+		return h.Health()
+	}
+	return true, time.Time{}
+}
+
+// Mode is the store's mode (zones.Zone.Mode asks the store it holds).
+func (s *sharedStore) Mode() string {
+	if m, ok := s.Store.(interface{ Mode() string }); ok {
+		return m.Mode()
+	}
+	return "strict"
 }
 
 func (s *sharedStore) release() { _, _ = stores.Delete(s.poolKey) }
 
 func (dist *Distributed) open(ctx caddy.Context, logger *zap.Logger) (*sharedStore, error) {
 	switch dist.Mode {
-	case "", "strict":
-	case "async":
-		return nil, errors.New("distributed: mode async is not available yet: use mode strict (the default)")
+	case "", "strict", "async":
 	default:
 		return nil, fmt.Errorf("distributed: unknown mode %q: use strict or async", dist.Mode)
 	}
@@ -88,16 +104,32 @@ func (dist *Distributed) open(ctx caddy.Context, logger *zap.Logger) (*sharedSto
 		TLS:            dist.Redis.TLS,
 		Timeout:        time.Duration(dist.Timeout),
 		KeyPrefix:      dist.KeyPrefix,
+		Mode:           dist.Mode,
+	}
+	if dist.Mode == "async" {
+		if dist.SyncInterval < 0 || dist.ReadInterval < 0 || dist.WriteInterval < 0 {
+			return nil, errors.New("distributed: sync_interval must be a positive duration, e.g. 100ms")
+		}
+		// read_interval and write_interval are mholt/caddy-ratelimit's
+		// names for it; 0 is the default, 100ms.
+		opts.SyncInterval = time.Duration(dist.SyncInterval)
+		if opts.SyncInterval == 0 {
+			opts.SyncInterval = time.Duration(max(dist.ReadInterval, dist.WriteInterval))
+		}
 	}
 	for _, a := range dist.Redis.Addresses {
 		opts.Addresses = append(opts.Addresses, repl.ReplaceAll(a, ""))
 	}
+	distributed.RouteClientLogs(caddy.Log().Named("redis"))
 	key := opts.Key()
 	v, _, err := stores.LoadOrNew(key, func() (caddy.Destructor, error) {
+		if opts.Mode == "async" {
+			return distributed.OpenAsync(opts, logger.Named("redis"))
+		}
 		return distributed.Open(opts, logger.Named("redis"))
 	})
 	if err != nil {
 		return nil, fmt.Errorf("distributed: %v", err)
 	}
-	return &sharedStore{Store: v.(*distributed.Store), poolKey: key}, nil
+	return &sharedStore{Store: v.(zones.Store), poolKey: key}, nil
 }

@@ -14,8 +14,9 @@ import (
 
 // Defaults applied by Open to zero fields of Options.
 const (
-	DefaultTimeout   = 20 * time.Millisecond
-	DefaultKeyPrefix = "tally:"
+	DefaultTimeout      = 20 * time.Millisecond
+	DefaultKeyPrefix    = "tally:"
+	DefaultSyncInterval = 100 * time.Millisecond
 )
 
 // Options says which Redis to use and how long to wait for it.
@@ -38,6 +39,11 @@ type Options struct {
 	Timeout time.Duration
 	// KeyPrefix starts every Redis key the store writes (default "tally:").
 	KeyPrefix string
+	// Mode is "strict" (default; Open) or "async" (OpenAsync).
+	Mode string
+	// SyncInterval is how often an async store reconciles with Redis
+	// (default 100ms; ignored in strict mode).
+	SyncInterval time.Duration
 }
 
 // withDefaults returns o with its zero Timeout and KeyPrefix defaulted.
@@ -47,6 +53,12 @@ func (o Options) withDefaults() Options {
 	}
 	if o.KeyPrefix == "" {
 		o.KeyPrefix = DefaultKeyPrefix
+	}
+	if o.Mode == "" {
+		o.Mode = "strict"
+	}
+	if o.SyncInterval <= 0 {
+		o.SyncInterval = DefaultSyncInterval
 	}
 	return o
 }
@@ -59,6 +71,7 @@ func (o Options) Key() string {
 	return strings.Join([]string{
 		strings.Join(o.Addresses, ","), o.Username, o.Password, strconv.Itoa(o.DB),
 		o.SentinelMaster, strconv.FormatBool(o.TLS), o.Timeout.String(), o.KeyPrefix,
+		o.Mode, o.SyncInterval.String(),
 	}, "\x00")
 }
 

@@ -1,0 +1,634 @@
+package distributed
+
+// Async mode: decide in-process, reconcile with Redis in the background.
+//
+// # Scheme
+//
+// Each instance keeps, per (zone, key), an allowance: tokens it may admit on
+// its own until its next sync. A request is decided against it with no Redis
+// call. Every sync_interval, one pipelined batch of single-key scripts
+// (async.lua) reports, for every key the instance holds, the cost it
+// admitted that Redis has not counted yet and the allowance it did not use,
+// and takes a new lease: ⌈spare/N⌉ tokens, reserved in the key's GCRA state
+// (its TAT moves forward) before they are spent. N is the number of live
+// instances (heartbeat), spare the tokens the fleet has left.
+//
+// A key this instance has never synced is decided against a fresh share,
+// max(1, ⌊B/N⌋), which Redis does not know about until the first sync; that
+// sync counts what it admitted and reserves the rest like a lease. For
+// 2·sync_interval after a key starts an episode (it is written while full),
+// leases leave aside one fresh share per live instance that has not reported
+// the key yet, so a burst that reaches every instance at once stays within
+// the limit. A record is dropped when Redis says the key is full and the
+// instance has no traffic for it, so an instance takes a fresh share at most
+// once per key per episode (from full to full again).
+//
+// # Bound
+//
+// With burst B, emission interval T, sync interval I and N instances, the
+// fleet admits over any interval of length d at most
+//
+//	B + ⌊(d + I)/T⌋ + (N−1)·max(1, ⌊B/N⌋)
+//
+// Leases are GCRA admissions in Redis, so leases reserved in any window of
+// length d+I number at most B + (d+I)/T (strict mode's bound), and a lease is
+// spent within one sync interval of being reserved. The last term is the
+// fresh shares of instances that first see a key already spent elsewhere
+// after its hold: at most one per instance per episode, and none for a burst
+// that reaches every instance within one sync interval, which therefore stays
+// within B + ⌊(d+I)/T⌋. Floor and ceiling rounding never add: a lease is
+// reserved before it is handed out.
+//
+// Undershoot: an instance with no traffic for a key hands its lease back at
+// its next sync and takes at most one token (so that a lone request is not
+// denied): up to N−1 tokens may sit on instances that do not need them. Traffic concentrated on one instance gets ⌈spare/N⌉ per sync, so
+// it reaches what is left of the budget over a few syncs, not at once.
+//
+// # Failure
+//
+// A sync that fails leaves the records alone: the instance keeps deciding
+// from its stale view, at most its current allowance. When the last
+// successful sync is older than 2·sync_interval plus the sync's timeout,
+// Decide returns an error (ErrUnavailable when the breaker is open, else
+// ErrStale) and the zone applies its fail policy. Sync failures count in the
+// store's breaker, so an outage is logged once and Health reports it.
+//
+// # Keys
+//
+// A key is a hash {t: TAT µs, c: episode start µs, m:<instance>: 1...}
+// whose TTL is its resetAfter, set in the same script as every write: every
+// key written expires on its own.
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"hash/maphash"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/caddy-tally/ratelimit/algorithms"
+)
+
+//go:embed async.lua
+var asyncScript string
+
+// ErrStale: an async store has not synced with Redis for too long to keep
+// deciding from its local view.
+var ErrStale = errors.New("distributed: async view is stale (no successful sync with redis)")
+
+// Async tuning.
+const (
+	// syncChunk is the most script calls sent in one pipeline.
+	syncChunk = 500
+	// asyncMaxKeys caps the records an async store keeps per zone.
+	asyncMaxKeys = 1_000_000
+)
+
+// Async is the async-mode implementation of zones.Store: decisions are made
+// in-process and reconciled with Redis every SyncInterval (see the package
+// comment of this file for the scheme and its bound). It reuses Store's
+// client, key prefix, breaker, heartbeat, Peek and Reset.
+type Async struct {
+	*Store
+	interval time.Duration
+	hold     int64 // µs: the script's hold, 2 intervals
+	stale    int64 // ns: beyond this since the last sync, Decide errors
+	script   *redis.Script
+	maxKeys  int
+
+	zonesMu sync.Mutex
+	zones   atomic.Pointer[map[string]*asyncZone] // copy on write
+
+	lastSync atomic.Int64 // Unix ns when the last successful sync started
+	nextSync atomic.Int64 // Unix ns when the next sync is due
+
+	syncMu   sync.Mutex // one sync at a time (the loop, Close's last one)
+	stop     chan struct{}
+	loopDone chan struct{}
+	closed   sync.Once
+}
+
+// OpenAsync opens a Store for opts and starts the sync loop. Like Open, it
+// does not contact Redis.
+func OpenAsync(opts Options, logger *zap.Logger) (*Async, error) {
+	return openAsync(opts, asyncMaxKeys, logger)
+}
+
+func openAsync(opts Options, maxKeys int, logger *zap.Logger) (*Async, error) {
+	s, err := Open(opts, logger)
+	if err != nil {
+		return nil, err
+	}
+	interval := s.opts.SyncInterval
+	a := &Async{
+		Store:    s,
+		interval: interval,
+		hold:     2 * interval.Microseconds(),
+		stale:    int64(2*interval + syncTimeout(s.opts)),
+		script:   redis.NewScript(asyncScript),
+		maxKeys:  maxKeys,
+		stop:     make(chan struct{}),
+		loopDone: make(chan struct{}),
+	}
+	empty := map[string]*asyncZone{}
+	a.zones.Store(&empty)
+	now := time.Now().UnixNano()
+	a.lastSync.Store(now) // a stale view may be used for 2 intervals from the start
+	a.nextSync.Store(now + int64(interval))
+	go a.loop()
+	return a, nil
+}
+
+// syncTimeout bounds one sync: not on any request's path, so it may take
+// longer than a decision's timeout, but never more than half an interval.
+func syncTimeout(o Options) time.Duration {
+	return max(o.Timeout, o.SyncInterval/2)
+}
+
+// Mode reports "async" (zones.Zone.Mode, for the admin API).
+func (a *Async) Mode() string { return "async" }
+
+// SyncInterval is how often the store reconciles with Redis.
+func (a *Async) SyncInterval() time.Duration { return a.interval }
+
+// LastSync is when the last successful sync started (its snapshot time).
+func (a *Async) LastSync() time.Time { return time.Unix(0, a.lastSync.Load()) }
+
+// Close stops the sync loop, reports what this instance admitted and hands
+// back its leases in a last sync (bounded by the sync timeout), then closes
+// the Store.
+func (a *Async) Close() error {
+	var err error
+	a.closed.Do(func() {
+		close(a.stop)
+		<-a.loopDone
+		ctx, cancel := context.WithTimeout(context.Background(), syncTimeout(a.opts))
+		_ = a.sync(ctx, false)
+		cancel()
+		err = a.Store.Close()
+	})
+	return err
+}
+
+// Destruct closes the store (caddy.Destructor, for caddy.UsagePool).
+func (a *Async) Destruct() error { return a.Close() }
+
+// Decide decides one request for key in zone from this instance's allowance,
+// without calling Redis. limit is in nanoseconds, like the result.
+// Remaining is this instance's allowance, not the fleet's.
+func (a *Async) Decide(_ context.Context, zone, key string, limit algorithms.Limit, cost int64) (algorithms.Result, error) {
+	now := time.Now().UnixNano()
+	if now-a.lastSync.Load() > a.stale {
+		if ok, _ := a.breaker.health(); !ok {
+			return algorithms.Result{}, ErrUnavailable
+		}
+		return algorithms.Result{}, ErrStale
+	}
+	if a.Store.isClosed() {
+		return algorithms.Result{}, ErrClosed
+	}
+	z := a.zone(zone)
+	s := z.shard(key)
+	s.mu.Lock()
+	r := s.m[key]
+	if r == nil {
+		r = &record{allow: freshShare(limit.Burst, a.Instances())}
+		z.insert(s, key, r)
+	}
+	res := r.decide(now, a.nextSync.Load(), limit, cost)
+	s.mu.Unlock()
+	return res, nil
+}
+
+// Refund gives cost back to this instance's allowance.
+func (a *Async) Refund(_ context.Context, zone, key string, _ algorithms.Limit, cost int64) error {
+	if a.Store.isClosed() {
+		return ErrClosed
+	}
+	z := a.zone(zone)
+	s := z.shard(key)
+	s.mu.Lock()
+	if r := s.m[key]; r != nil {
+		r.refund(cost)
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+// Reset forgets key in zone here and deletes it in Redis. Other instances
+// keep their allowance for it until their next sync.
+func (a *Async) Reset(ctx context.Context, zone, key string) error {
+	z := a.zone(zone)
+	s := z.shard(key)
+	s.mu.Lock()
+	delete(s.m, key)
+	s.mu.Unlock()
+	return a.Store.Reset(ctx, zone, key)
+}
+
+// peekScript reads a key's TAT and Redis's clock, in µs.
+var peekScript = redis.NewScript(`
+local t = redis.call('TIME')
+return {tonumber(t[1]) * 1000000 + tonumber(t[2]), tonumber(redis.call('HGET', KEYS[1], 't')) or 0}
+`)
+
+// Peek reports the fleet's view of key in zone as Redis holds it: leases
+// count as spent, what instances admitted since their last sync does not.
+func (a *Async) Peek(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, error) {
+	if a.Store.isClosed() {
+		return algorithms.Result{}, ErrClosed
+	}
+	ok, probe := a.breaker.allow()
+	if !ok {
+		return algorithms.Result{}, ErrUnavailable
+	}
+	ctx, cancel := a.bound(ctx)
+	defer cancel()
+	v, err := peekScript.Run(ctx, a.client, []string{a.RedisKey(zone, key)}).Int64Slice()
+	a.breaker.record(probe, err)
+	if err != nil {
+		return algorithms.Result{}, err
+	}
+	if len(v) != 2 {
+		return algorithms.Result{}, errBadReply
+	}
+	r := micro(limit).Peek(v[1], v[0])
+	return resultNanos([4]int64{b2i(r.Allowed), r.Remaining, r.RetryAfter, r.ResetAfter}), nil
+}
+
+func b2i(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// freshShare is what an instance may admit for a key it has never synced:
+// its share of a full burst among n instances, at least 1.
+func freshShare(burst int64, n int) int64 {
+	return max(1, burst/int64(max(1, n)))
+}
+
+// record is one instance's view of one key. Guarded by its shard's lock.
+type record struct {
+	limit algorithms.Limit // ns, as the last decision gave it
+	// allow is what this instance may still admit before its next sync.
+	allow int64
+	// pending is cost admitted and not yet counted in Redis.
+	pending int64
+	// reserved: allow is a lease Redis counts as spent (the key has
+	// synced); otherwise it is a fresh share Redis knows nothing about and
+	// every admission adds to pending.
+	reserved bool
+	// used: decided or refunded since the last snapshot.
+	used bool
+	// retryAt and resetAt (Unix ns, local clock) are when, as of the last
+	// sync, the fleet has one token back and the key is full again.
+	retryAt, resetAt int64
+}
+
+// decide admits cost from the allowance, or denies until the next sync or
+// the fleet's next token, whichever is later.
+func (r *record) decide(now, nextSync int64, l algorithms.Limit, cost int64) algorithms.Result {
+	r.limit, r.used = l, true
+	if r.allow >= cost {
+		r.allow -= cost
+		if !r.reserved {
+			r.pending += cost
+		}
+		return algorithms.Result{
+			Allowed:    true,
+			Remaining:  r.allow,
+			ResetAfter: max(r.resetAt-now, 0) + r.pending*l.EmissionInterval,
+		}
+	}
+	retry := max(r.retryAt-now, nextSync-now, 1)
+	return algorithms.Result{
+		RetryAfter: retry,
+		ResetAfter: max(r.resetAt-now+r.pending*l.EmissionInterval, retry),
+	}
+}
+
+// refund gives cost back to the allowance.
+func (r *record) refund(cost int64) {
+	r.used = true
+	r.allow += cost
+	if !r.reserved {
+		r.pending = max(0, r.pending-cost)
+	}
+}
+
+// sent is what a sync reported for a record, taken under its shard's lock.
+type sent struct {
+	limit          algorithms.Limit
+	allow, pending int64
+	reserved, idle bool
+}
+
+// snapshot takes what the next sync reports for r, and whether r needs a
+// sync at all: a key that has nothing to report, no lease to hand back and
+// no token coming before the next sync is skipped (a blocked key costs
+// Redis nothing until it refills).
+func (r *record) snapshot(now, interval int64) (sent, bool) {
+	s := sent{limit: r.limit, allow: r.allow, pending: r.pending, reserved: r.reserved, idle: !r.used && r.pending == 0}
+	if r.reserved && s.idle && r.allow == 0 && r.retryAt > now+interval {
+		return s, false
+	}
+	r.used = false
+	return s, true
+}
+
+// delta is the cost the sync reports: admitted and not counted, minus the
+// unused lease it hands back. The unused part of a fresh share is reserved
+// instead (it is added), so that what the instance admits from it while the
+// sync is in flight is counted before any other instance's lease.
+func (s sent) delta() int64 {
+	if s.reserved {
+		return s.pending - s.allow
+	}
+	return s.pending + s.allow
+}
+
+// syncReply is the script's answer for one key, times in ns.
+type syncReply struct {
+	lease, avail, retry, reset int64
+}
+
+// apply adopts a sync's reply. Decisions made while the sync was in flight
+// stay counted: on a lease they came out of the lease the sync handed back,
+// so they come out of the new one (or stay pending); on a fresh share they
+// came out of the part the sync reserved, which the record keeps. It reports
+// whether the record carries no information any more and should be dropped:
+// the key is full in Redis and the instance had no traffic for it, before or
+// during the sync.
+func (r *record) apply(s sent, rep syncReply, now, burst int64) (drop bool) {
+	var allow, pending int64
+	if s.reserved {
+		allow = rep.lease + r.allow - s.allow
+		pending = r.pending - s.pending
+	} else {
+		allow = rep.lease + r.allow
+		pending = r.pending - s.pending - (s.allow - r.allow)
+	}
+	if allow < 0 {
+		pending -= allow
+		allow = 0
+	}
+	r.allow, r.pending, r.reserved = allow, max(0, pending), true
+	r.retryAt, r.resetAt = now+rep.retry, now+rep.reset
+	return s.idle && !r.used && r.pending == 0 && rep.lease == 0 && rep.avail >= burst
+}
+
+// asyncZone holds one zone's records, sharded like zones.Table.
+type asyncZone struct {
+	name     string
+	seed     maphash.Seed
+	shards   []asyncShard
+	mask     uint64
+	shardCap int
+}
+
+type asyncShard struct {
+	mu sync.Mutex
+	m  map[string]*record
+	_  [40]byte // keep neighbouring shards' locks off one cache line
+}
+
+func newAsyncZone(name string, maxKeys int) *asyncZone {
+	n := 1
+	for n < 64 && n*2*256 <= maxKeys {
+		n *= 2
+	}
+	z := &asyncZone{name: name, seed: maphash.MakeSeed(), shards: make([]asyncShard, n),
+		mask: uint64(n - 1), shardCap: max(1, maxKeys/n)}
+	for i := range z.shards {
+		z.shards[i].m = make(map[string]*record)
+	}
+	return z
+}
+
+func (z *asyncZone) shard(key string) *asyncShard {
+	return &z.shards[maphash.String(z.seed, key)&z.mask]
+}
+
+// insert adds r for key to a locked shard, making room first when the shard
+// is full: from a sample, a record with nothing pending goes first (losing
+// it loses at most an unused lease: undershoot), else the one with least
+// pending. The key is cloned so the map never pins a request's buffer.
+func (z *asyncZone) insert(s *asyncShard, key string, r *record) {
+	if len(s.m) >= z.shardCap {
+		victim, least, seen := "", int64(-1), 0
+		for k, v := range s.m {
+			if least < 0 || v.pending < least {
+				victim, least = k, v.pending
+			}
+			if seen++; least == 0 || seen == evictionSample {
+				break
+			}
+		}
+		delete(s.m, victim)
+	}
+	s.m[strings.Clone(key)] = r
+}
+
+// evictionSample is how many records a full shard looks at to make room.
+const evictionSample = 16
+
+// zone returns the records of zone, creating them on first use. The lookup
+// of an existing zone takes no lock and allocates nothing.
+func (a *Async) zone(name string) *asyncZone {
+	if z := (*a.zones.Load())[name]; z != nil {
+		return z
+	}
+	a.zonesMu.Lock()
+	defer a.zonesMu.Unlock()
+	old := *a.zones.Load()
+	if z := old[name]; z != nil {
+		return z
+	}
+	m := make(map[string]*asyncZone, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	z := newAsyncZone(strings.Clone(name), a.maxKeys)
+	m[z.name] = z
+	a.zones.Store(&m)
+	return z
+}
+
+// Len is the number of records the store holds, in every zone.
+func (a *Async) Len() int {
+	n := 0
+	for _, z := range *a.zones.Load() {
+		for i := range z.shards {
+			s := &z.shards[i]
+			s.mu.Lock()
+			n += len(s.m)
+			s.mu.Unlock()
+		}
+	}
+	return n
+}
+
+// loop syncs every interval until Close. The first sync comes after a
+// random part of an interval, so a fleet started together does not sync in
+// step.
+func (a *Async) loop() {
+	defer close(a.loopDone)
+	first := time.NewTimer(time.Duration(rand.Int64N(int64(a.interval)) + 1))
+	select {
+	case <-first.C:
+	case <-a.stop:
+		first.Stop()
+		return
+	}
+	t := time.NewTicker(a.interval)
+	defer t.Stop()
+	for {
+		a.nextSync.Store(time.Now().Add(a.interval).UnixNano())
+		ctx, cancel := context.WithTimeout(a.ctx, syncTimeout(a.opts))
+		_ = a.sync(ctx, true)
+		cancel()
+		select {
+		case <-t.C:
+		case <-a.stop:
+			return
+		}
+	}
+}
+
+// item is one record in a sync.
+type item struct {
+	z    *asyncZone
+	s    *asyncShard
+	key  string
+	r    *record
+	sent sent
+	keys []string
+	args []any
+	cmd  *redis.Cmd
+}
+
+// sync reports every record to Redis and adopts the replies; take is false
+// for the last sync at Close, which hands leases back and takes none. With
+// nothing to report, a PING keeps LastSync meaningful: Redis answered.
+func (a *Async) sync(ctx context.Context, take bool) error {
+	a.syncMu.Lock()
+	defer a.syncMu.Unlock()
+	start := time.Now().UnixNano()
+	items := a.snapshot(start)
+	ok, probe := a.breaker.allow()
+	if !ok {
+		a.restore(items)
+		return ErrUnavailable
+	}
+	var err error
+	if len(items) == 0 {
+		err = a.client.Ping(ctx).Err()
+	} else {
+		err = a.send(ctx, items, take)
+	}
+	a.breaker.record(probe, err)
+	if err != nil {
+		return err
+	}
+	a.lastSync.Store(start)
+	return nil
+}
+
+// snapshot lists the records that need a sync, with what to report.
+func (a *Async) snapshot(now int64) []item {
+	var items []item
+	for _, z := range *a.zones.Load() {
+		for i := range z.shards {
+			s := &z.shards[i]
+			s.mu.Lock()
+			for k, r := range s.m {
+				if st, need := r.snapshot(now, int64(a.interval)); need {
+					items = append(items, item{z: z, s: s, key: k, r: r, sent: st})
+				}
+			}
+			s.mu.Unlock()
+		}
+	}
+	return items
+}
+
+// restore marks records of a sync that did not happen as used again, so the
+// next sync does not take them for idle.
+func (a *Async) restore(items []item) {
+	for _, it := range items {
+		it.s.mu.Lock()
+		if !it.sent.idle {
+			it.r.used = true
+		}
+		it.s.mu.Unlock()
+	}
+}
+
+// send runs the script for every item, syncChunk per pipeline, and adopts
+// each reply. It returns the first error that says Redis is unreachable
+// (for the breaker); items whose call failed keep their state for the next
+// sync.
+func (a *Async) send(ctx context.Context, items []item, take bool) error {
+	n := int64(a.Instances())
+	var firstErr error
+	for lo := 0; lo < len(items); lo += syncChunk {
+		chunk := items[lo:min(lo+syncChunk, len(items))]
+		pipe := a.client.Pipeline()
+		for i := range chunk {
+			it := &chunk[i]
+			l := micro(it.sent.limit)
+			it.keys = []string{a.RedisKey(it.z.name, it.key)}
+			it.args = []any{l.EmissionInterval, l.Burst, n, it.sent.delta(), b2i(it.sent.idle),
+				a.hold, freshShare(l.Burst, int(n)), b2i(take), a.instanceID}
+			it.cmd = pipe.EvalSha(ctx, a.script.Hash(), it.keys, it.args...)
+		}
+		_, _ = pipe.Exec(ctx) // errors are per command
+		var retry redis.Pipeliner
+		for i := range chunk {
+			it := &chunk[i]
+			if redis.HasErrorPrefix(it.cmd.Err(), "NOSCRIPT") {
+				if retry == nil {
+					retry = a.client.Pipeline()
+				}
+				it.cmd = retry.Eval(ctx, asyncScript, it.keys, it.args...)
+			}
+		}
+		if retry != nil {
+			_, _ = retry.Exec(ctx)
+		}
+		now := time.Now().UnixNano()
+		for i := range chunk {
+			it := &chunk[i]
+			rep := parseReply(it.cmd)
+			if rep.err != nil {
+				if firstErr == nil && unreachable(rep.err) {
+					firstErr = rep.err
+				}
+				a.restore(chunk[i : i+1])
+				continue
+			}
+			a.adopt(it, rep.vals, now)
+		}
+	}
+	return firstErr
+}
+
+// adopt applies one reply to its record, if the record is still the one
+// that was sent (Reset or eviction may have replaced it).
+func (a *Async) adopt(it *item, v [4]int64, now int64) {
+	rep := syncReply{lease: v[0], avail: v[1], retry: v[2] * 1000, reset: v[3] * 1000}
+	it.s.mu.Lock()
+	if it.s.m[it.key] == it.r && it.r.apply(it.sent, rep, now, it.sent.limit.Burst) {
+		delete(it.s.m, it.key)
+	}
+	it.s.mu.Unlock()
+}

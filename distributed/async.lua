@@ -1,0 +1,94 @@
+-- One async-mode sync of one key, atomically (see async.go for the scheme and
+-- its bound). The instance reports what it did since its last sync and takes
+-- a lease: tokens reserved for it in the fleet's GCRA state, which it may
+-- admit locally until its next sync.
+--
+-- KEYS[1]  the key: a hash {t = TAT µs, c = episode start µs, m:<id> = 1 ...}
+-- ARGV[1]  T, emission interval in microseconds (>= 1)
+-- ARGV[2]  B, burst in units of cost (>= 1)
+-- ARGV[3]  N, live instances as this instance last saw them (>= 1)
+-- ARGV[4]  delta: cost admitted and not yet counted, minus the unused lease
+--          handed back (may be negative)
+-- ARGV[5]  idle: 1 when the instance admitted nothing since its last sync:
+--          its lease is at most 1, and none when the key is full (the
+--          instance then forgets the key)
+-- ARGV[6]  hold, µs: how long after an episode starts instances may still
+--          hold unreported fresh shares (2 sync intervals)
+-- ARGV[7]  fresh: the share an instance admits for a key it has never synced
+-- ARGV[8]  take: 1 to take a lease, 0 to only report (closing)
+-- ARGV[9]  the instance id
+--
+-- Returns {lease, avail, retry_us, reset_us}: the tokens now reserved for
+-- the instance, the fleet's tokens left after that (<= B, may be negative),
+-- how long until one more token is back (0 when avail >= 1), and how long
+-- until the key is back to full (its TTL).
+--
+-- An episode starts when a key with no outstanding reservation (TAT <= now)
+-- is written. For `hold` after that, instances that have not yet reported
+-- the key may each be admitting a fresh share no one has counted, so the
+-- lease leaves that much aside: this is what keeps a burst that reaches
+-- every instance at once within the limit.
+--
+-- Numbers are written with '%d' (redis.call would use '%.14g' and lose
+-- digits); µs since the epoch and every sum stay below 2^53.
+
+local function idiv(a, b) -- floor(a / b) for b > 0, exactly
+  local q = math.floor(a / b)
+  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
+  return q
+end
+
+local key = KEYS[1]
+local T = tonumber(ARGV[1])
+local B = tonumber(ARGV[2])
+local N = tonumber(ARGV[3])
+local delta = tonumber(ARGV[4])
+local idle = ARGV[5] == '1'
+local hold = tonumber(ARGV[6])
+local fresh = tonumber(ARGV[7])
+local take = ARGV[8] == '1'
+local id = ARGV[9]
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+
+local v = redis.call('HMGET', key, 't', 'c')
+local tat = tonumber(v[1]) or 0
+local created = tonumber(v[2]) or 0
+if tat <= now then
+  -- Nothing outstanding: a new episode, with no instance known yet.
+  redis.call('DEL', key)
+  tat = now
+  created = now
+end
+
+-- Already admitted: counted even beyond the burst (the key goes into debt).
+tat = tat + delta * T
+if tat < now then tat = now end
+local avail = idiv(now + B * T - tat, T)
+
+local spare = avail
+if now - created < hold then
+  redis.call('HSET', key, 'm:' .. id, '1', 't', string.format('%d', tat), 'c', string.format('%d', created))
+  local known = redis.call('HLEN', key) - 2
+  if known < N then spare = avail - (N - known) * fresh end
+end
+
+local lease = 0
+if take and spare >= 1 and not (idle and avail >= B) then
+  lease = idiv(spare + N - 1, N) -- ceil: reserved, so rounding up takes nothing twice
+  if idle and lease > 1 then lease = 1 end -- no traffic here: park one token, not a share
+end
+tat = tat + lease * T
+avail = avail - lease
+
+if tat <= now then
+  redis.call('DEL', key)
+  return {lease, avail, 0, 0}
+end
+local ms = idiv(tat - now + 999, 1000)
+redis.call('HSET', key, 't', string.format('%d', tat), 'c', string.format('%d', created))
+redis.call('PEXPIRE', key, string.format('%d', ms))
+local retry = 0
+if avail < 1 then retry = tat - B * T + T - now end
+return {lease, avail, retry, tat - now}

@@ -1,0 +1,228 @@
+package distributed
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/caddy-tally/ratelimit/algorithms"
+)
+
+// The local half of async mode: what a record admits between syncs and how
+// it adopts a sync's reply. The Redis half is tested in tests/async_test.go.
+
+var hundredPerHour = algorithms.NewLimit(100, int64(time.Hour), 0)
+
+// closedAddr is a loopback address nothing listens on.
+func closedAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
+// openUnreachable opens an async store whose Redis does not exist and whose
+// sync interval is long enough that its view never goes stale in a test.
+func openUnreachable(t *testing.T, maxKeys int) *Async {
+	t.Helper()
+	a, err := openAsync(Options{Addresses: []string{closedAddr(t)}, Mode: "async", SyncInterval: time.Hour}, maxKeys, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	return a
+}
+
+func TestFreshShareIsTheBurstSplitAmongInstances(t *testing.T) {
+	for _, c := range []struct {
+		burst int64
+		n     int
+		want  int64
+	}{{100, 1, 100}, {100, 3, 33}, {2, 3, 1}, {1, 10, 1}, {100, 0, 100}} {
+		if got := freshShare(c.burst, c.n); got != c.want {
+			t.Errorf("freshShare(%d, %d) = %d, want %d", c.burst, c.n, got, c.want)
+		}
+	}
+}
+
+func TestFreshRecordAdmitsItsShareThenDeniesUntilTheNextSync(t *testing.T) {
+	const now, nextSync = int64(1e18), int64(1e18) + int64(40*time.Millisecond)
+	r := &record{allow: freshShare(100, 3)}
+	for i := range 33 {
+		res := r.decide(now, nextSync, hundredPerHour, 1)
+		if !res.Allowed || res.Remaining != int64(32-i) {
+			t.Fatalf("request %d: %+v, want allowed with %d remaining", i+1, res, 32-i)
+		}
+	}
+	res := r.decide(now, nextSync, hundredPerHour, 1)
+	if res.Allowed || res.RetryAfter != nextSync-now {
+		t.Fatalf("34th request: %+v, want denied until the next sync (%v)", res, time.Duration(nextSync-now))
+	}
+	if r.pending != 33 || r.reserved {
+		t.Fatalf("pending %d reserved %v, want 33 admitted and not counted in Redis", r.pending, r.reserved)
+	}
+	r.refund(1)
+	if r.allow != 1 || r.pending != 32 {
+		t.Fatalf("after a refund: allow %d pending %d, want 1 and 32", r.allow, r.pending)
+	}
+}
+
+func TestDeniedRetryAfterIsTheFleetsNextTokenWhenLater(t *testing.T) {
+	const now = int64(1e18)
+	r := &record{reserved: true, retryAt: now + int64(30*time.Second)}
+	res := r.decide(now, now+int64(50*time.Millisecond), hundredPerHour, 1)
+	if res.Allowed || res.RetryAfter != int64(30*time.Second) {
+		t.Fatalf("%+v, want denied for 30s", res)
+	}
+	res = r.decide(now+int64(30*time.Second), now, hundredPerHour, 1)
+	if res.RetryAfter != 1 {
+		t.Fatalf("RetryAfter %d at retryAt with the sync overdue, want 1ns (never 0)", res.RetryAfter)
+	}
+}
+
+func TestSyncReportsAdmittedCostAndHandsBackUnusedLease(t *testing.T) {
+	cases := []struct {
+		name string
+		s    sent
+		want int64
+	}{
+		{"fresh share: what was admitted and the rest reserved", sent{allow: 20, pending: 13}, 33},
+		{"lease: the unused part goes back", sent{allow: 5, reserved: true}, -5},
+		{"lease overdrawn during an earlier sync", sent{allow: 0, pending: 2, reserved: true}, 2},
+	}
+	for _, c := range cases {
+		if got := c.s.delta(); got != c.want {
+			t.Errorf("%s: delta %d, want %d", c.name, got, c.want)
+		}
+	}
+}
+
+func TestDecisionsDuringASyncStayCounted(t *testing.T) {
+	const now = int64(1e18)
+	t.Run("lease", func(t *testing.T) {
+		r := &record{allow: 10, reserved: true, limit: hundredPerHour}
+		s, _ := r.snapshot(now, int64(time.Second))
+		for range 3 {
+			r.decide(now, now, hundredPerHour, 1) // in flight: out of the lease handed back
+		}
+		r.apply(s, syncReply{lease: 5}, now, 100)
+		if r.allow != 2 || r.pending != 0 {
+			t.Fatalf("allow %d pending %d, want 2 (lease 5 minus 3 admitted in flight) and 0", r.allow, r.pending)
+		}
+		s, _ = r.snapshot(now, int64(time.Second))
+		r.decide(now, now, hundredPerHour, 1)
+		r.decide(now, now, hundredPerHour, 1)
+		r.apply(s, syncReply{lease: 1}, now, 100)
+		if r.allow != 0 || r.pending != 1 {
+			t.Fatalf("allow %d pending %d, want 0 and 1 (admitted in flight beyond the new lease)", r.allow, r.pending)
+		}
+	})
+	t.Run("fresh share", func(t *testing.T) {
+		r := &record{allow: 33}
+		for range 5 {
+			r.decide(now, now, hundredPerHour, 1)
+		}
+		s, _ := r.snapshot(now, int64(time.Second))
+		r.decide(now, now, hundredPerHour, 1)
+		r.decide(now, now, hundredPerHour, 1)
+		r.apply(s, syncReply{lease: 4}, now, 100)
+		if r.allow != 30 || r.pending != 0 || !r.reserved {
+			t.Fatalf("allow %d pending %d reserved %v, want the lease (4) plus the reserved rest of the share (28-2), nothing pending, reserved",
+				r.allow, r.pending, r.reserved)
+		}
+	})
+}
+
+func TestRecordOfAFullKeyWithoutTrafficIsDropped(t *testing.T) {
+	const now = int64(1e18)
+	r := &record{allow: 1, reserved: true, limit: hundredPerHour}
+	s, need := r.snapshot(now, int64(time.Second))
+	if !need || !s.idle {
+		t.Fatalf("snapshot need %v idle %v, want an idle record that syncs (it holds a lease)", need, s.idle)
+	}
+	if !r.apply(s, syncReply{avail: 100}, now, 100) {
+		t.Fatal("an idle record of a full key was kept")
+	}
+	r = &record{allow: 1, reserved: true, limit: hundredPerHour}
+	s, _ = r.snapshot(now, int64(time.Second))
+	r.decide(now, now, hundredPerHour, 1)
+	if r.apply(s, syncReply{avail: 100}, now, 100) {
+		t.Fatal("a record used while its sync was in flight was dropped")
+	}
+}
+
+func TestBlockedKeyWithoutTrafficIsNotSyncedUntilItRefills(t *testing.T) {
+	const now, interval = int64(1e18), int64(100 * time.Millisecond)
+	r := &record{reserved: true, retryAt: now + int64(30*time.Second)}
+	if _, need := r.snapshot(now, interval); need {
+		t.Fatal("a blocked idle key was synced 30s before its next token")
+	}
+	if _, need := r.snapshot(now+int64(30*time.Second), interval); !need {
+		t.Fatal("a blocked idle key was not synced once its next token is due")
+	}
+}
+
+func TestStaleViewMakesDecideFail(t *testing.T) {
+	a := openUnreachable(t, asyncMaxKeys)
+	ctx := context.Background()
+	if r, err := a.Decide(ctx, "z", "k", hundredPerHour, 1); err != nil || !r.Allowed {
+		t.Fatalf("Decide right after Open: %+v, %v; want allowed from a fresh share", r, err)
+	}
+	a.lastSync.Store(time.Now().Add(-3 * time.Hour).UnixNano())
+	_, err := a.Decide(ctx, "z", "k", hundredPerHour, 1)
+	if !errors.Is(err, ErrStale) && !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Decide with a view 3h old: %v, want ErrStale or ErrUnavailable", err)
+	}
+}
+
+func TestDecideOnAKnownKeyAllocatesNothing(t *testing.T) {
+	a := openUnreachable(t, asyncMaxKeys)
+	ctx := context.Background()
+	limit := algorithms.NewLimit(1_000_000_000, int64(time.Second), 0)
+	key := string([]byte("known-key")) // not a constant: the lookup must not need one
+	if _, err := a.Decide(ctx, "zone", key, limit, 1); err != nil {
+		t.Fatal(err)
+	}
+	allocs := testing.AllocsPerRun(1000, func() {
+		if _, err := a.Decide(ctx, "zone", key, limit, 1); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("Decide on a known key allocates %v times per call, want 0", allocs)
+	}
+}
+
+func TestFullZoneEvictsRecordsWithNothingPendingFirst(t *testing.T) {
+	a := openUnreachable(t, 4)
+	ctx := context.Background()
+	limit := algorithms.NewLimit(100, int64(time.Hour), 0)
+	// Three keys with admitted cost Redis has not seen, one without.
+	for i := range 3 {
+		if _, err := a.Decide(ctx, "z", "busy"+strconv.Itoa(i), limit, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	z := a.zone("z")
+	s := z.shard("idle")
+	s.mu.Lock()
+	z.insert(s, "idle", &record{reserved: true})
+	s.mu.Unlock()
+	if _, err := a.Decide(ctx, "z", "new", limit, 1); err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	_, idleKept := s.m["idle"]
+	n := len(s.m)
+	s.mu.Unlock()
+	if idleKept || n != 4 {
+		t.Fatalf("after a 5th key in a zone capped at 4: idle kept %v, %d keys; want the idle one evicted, 4 keys", idleKept, n)
+	}
+}

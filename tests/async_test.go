@@ -1,0 +1,213 @@
+package tests
+
+// Async mode's stores against one real redis-server: the fleet stays within
+// the stated bound, every key expires, and a Redis outage turns into errors
+// (the zones' fail policy) after a bounded stale period, never a hang.
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddy-tally/ratelimit/algorithms"
+	"github.com/caddy-tally/ratelimit/distributed"
+	"github.com/caddy-tally/ratelimit/zones"
+)
+
+var _ zones.Store = (*distributed.Async)(nil)
+
+// openAsyncStores opens n async stores on one Redis and waits until each
+// has seen all n through the heartbeat, so fresh shares are B/n.
+// timeout is the store's Timeout (0: the default, 20ms).
+func openAsyncStores(t *testing.T, n int, addr string, interval, timeout time.Duration) []*distributed.Async {
+	t.Helper()
+	stores := make([]*distributed.Async, n)
+	for i := range stores {
+		a, err := distributed.OpenAsync(distributed.Options{Addresses: []string{addr}, Mode: "async",
+			SyncInterval: interval, Timeout: timeout}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { a.Close() })
+		stores[i] = a
+	}
+	for _, a := range stores {
+		waitFor(t, 10*time.Second, "every async store to see the others", func() bool {
+			got, _ := a.Heartbeat(context.Background())
+			return got == n
+		})
+	}
+	return stores
+}
+
+// waitForSyncs polls until every store has synced at least twice since
+// since: its view includes what the others reported.
+func waitForSyncs(t *testing.T, stores []*distributed.Async, interval time.Duration) {
+	t.Helper()
+	after := time.Now().Add(interval)
+	for _, a := range stores {
+		waitFor(t, 10*time.Second, "an async store to sync", func() bool { return a.LastSync().After(after) })
+	}
+}
+
+// asyncBound is the documented bound (async.go) on what a fleet admits over
+// elapsed: B + ⌊(d + I)/T⌋, plus (N−1)·max(1, ⌊B/N⌋) only when instances first
+// see a key already spent elsewhere, which this test does not do.
+func asyncBound(l algorithms.Limit, elapsed, interval time.Duration) int64 {
+	return l.Burst + int64(elapsed+interval)/l.EmissionInterval
+}
+
+func TestAsyncStoresStayWithinTheBoundForOneKey(t *testing.T) {
+	t.Parallel()
+	rs := startRedis(t)
+	const interval = 100 * time.Millisecond
+	stores := openAsyncStores(t, 3, rs.Addr, interval, time.Second)
+	limit := zones.Config{Events: 100, Window: time.Hour}.Limit()
+	ctx := context.Background()
+
+	var allowed, errs atomic.Int64
+	decide := func(i int) {
+		r, err := stores[i%len(stores)].Decide(ctx, "api", "alice", limit, 1)
+		switch {
+		case err != nil:
+			errs.Add(1)
+		case r.Allowed:
+			allowed.Add(1)
+		}
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	for g := range 300 {
+		wg.Go(func() { decide(g) })
+	}
+	wg.Wait()
+	burst := allowed.Load()
+	// Keep asking, across syncs, until every store has adopted what the
+	// others admitted: the leases then hand out what is left.
+	for round := 0; round < 3; round++ {
+		waitForSyncs(t, stores, interval)
+		for g := range 30 {
+			decide(g)
+		}
+	}
+	elapsed := time.Since(start)
+	if n := errs.Load(); n > 0 {
+		t.Fatalf("%d decisions failed with Redis up", n)
+	}
+	got, bound := allowed.Load(), asyncBound(limit, elapsed, interval)
+	t.Logf("3 async stores, 100/hour, sync 100ms: %d allowed in the concurrent burst of 300, %d in all after %d more across 3 syncs in %v (bound %d)",
+		burst, got, 90, elapsed.Round(time.Millisecond), bound)
+	if got < 90 || got > bound {
+		t.Fatalf("the fleet allowed %d for one key at 100/hour, want within [90, %d]", got, bound)
+	}
+
+	// Every store has synced the spent budget: nobody allows more.
+	waitForSyncs(t, stores, interval)
+	for i, a := range stores {
+		if r, err := a.Decide(ctx, "api", "alice", limit, 1); err != nil || r.Allowed {
+			t.Errorf("store %d after the budget is spent and synced: %+v, %v; want denied", i, r, err)
+		} else if r.RetryAfter <= 0 {
+			t.Errorf("store %d denied with RetryAfter %v", i, r.RetryAfter)
+		}
+	}
+}
+
+func TestAsyncKeysAllHaveATTL(t *testing.T) {
+	t.Parallel()
+	rs := startRedis(t)
+	const interval = 50 * time.Millisecond
+	stores := openAsyncStores(t, 2, rs.Addr, interval, time.Second)
+	ctx := context.Background()
+	slow := algorithms.NewLimit(3, int64(time.Minute), 0)
+	fast := algorithms.NewLimit(1000, int64(time.Second), 0)
+	// Spent, partly spent, refunded and untouched keys in two zones.
+	for i, a := range stores {
+		for k := range 10 {
+			key := "key-" + string(rune('a'+k))
+			for range 4 {
+				if _, err := a.Decide(ctx, "slow", key, slow, 1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := a.Decide(ctx, "fast", key, fast, 1); err != nil {
+				t.Fatal(err)
+			}
+			if k%2 == i {
+				_ = a.Refund(ctx, "fast", key, fast, 1)
+			}
+		}
+	}
+	waitForSyncs(t, stores, interval)
+	client := rs.Client()
+	var keys []string
+	iter := client.Scan(ctx, 0, "*", 100).Iterator()
+	for iter.Next(ctx) {
+		keys = append(keys, iter.Val())
+	}
+	if err := iter.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) < 11 {
+		t.Fatalf("Redis holds %d keys after async traffic for 10 spent keys: %v", len(keys), keys)
+	}
+	for _, k := range keys {
+		ttl, err := client.PTTL(ctx, k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ttl <= 0 {
+			t.Errorf("Redis key %q has no TTL (PTTL %v)", k, ttl)
+		}
+	}
+}
+
+func TestAsyncOutageTurnsIntoErrorsAfterAStaleViewThenRecovers(t *testing.T) {
+	t.Parallel()
+	rs := startRedis(t)
+	const interval = 100 * time.Millisecond
+	stores := openAsyncStores(t, 1, rs.Addr, interval, 0)
+	a := stores[0]
+	ctx := context.Background()
+	limit := algorithms.NewLimit(1_000_000, int64(time.Hour), 0)
+	if _, err := a.Decide(ctx, "z", "k", limit, 1); err != nil {
+		t.Fatal(err)
+	}
+	waitForSyncs(t, stores, interval)
+
+	rs.Kill()
+	killed := time.Now()
+	if _, err := a.Decide(ctx, "z", "k", limit, 1); err != nil {
+		t.Fatalf("Decide right after Redis died: %v; want an answer from the local view", err)
+	}
+	var staleFor time.Duration
+	waitFor(t, 5*time.Second, "Decide to report the stale view", func() bool {
+		t0 := time.Now()
+		_, err := a.Decide(ctx, "z", "k", limit, 1)
+		if d := time.Since(t0); d > 50*time.Millisecond {
+			t.Fatalf("Decide took %v during the outage: it must never wait for Redis", d)
+		}
+		if err != nil && !errors.Is(err, distributed.ErrStale) && !errors.Is(err, distributed.ErrUnavailable) {
+			t.Fatalf("Decide during the outage: %v, want ErrStale or ErrUnavailable", err)
+		}
+		staleFor = time.Since(killed)
+		return err != nil
+	})
+	t.Logf("the stale view decided for %v after Redis died (sync interval %v)", staleFor.Round(time.Millisecond), interval)
+	// 2 intervals + the sync timeout (max(timeout, interval/2) = 50ms), and
+	// a margin for the race detector.
+	if limitStale := 2*interval + 50*time.Millisecond + 500*time.Millisecond; staleFor > limitStale {
+		t.Errorf("the stale view decided for %v, want at most %v", staleFor, limitStale)
+	}
+
+	rs.Start()
+	waitFor(t, 20*time.Second, "async syncs to succeed again", func() bool {
+		_, err := a.Decide(ctx, "z", "k", limit, 1)
+		return err == nil
+	})
+	if ok, _ := a.Health(); !ok {
+		waitFor(t, 10*time.Second, "the breaker to close", func() bool { ok, _ := a.Health(); return ok })
+	}
+}
