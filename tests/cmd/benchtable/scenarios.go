@@ -4,11 +4,16 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // A scenario compares the throughput of one route of a real Caddy (the
@@ -31,6 +36,18 @@ type scenario struct {
 
 	target     float64
 	comparison string // what others measured on the same workload
+
+	// custom, when set, replaces the throughput comparison: it measures
+	// the scenario's own figure on the running Caddy (after warmup), and
+	// the row is met when that figure is at most target.
+	custom     func(o options, e *env, c *caddyProcess) (customResult, error)
+	targetText string // the target as printed, for custom scenarios
+}
+
+// customResult is the figure of a custom scenario and how to print it.
+type customResult struct {
+	value float64
+	text  string
 }
 
 // route is a path of the Caddy under test, the X-Key header its requests
@@ -137,6 +154,196 @@ var scenarios = []scenario{
 		target:     0.95,
 		comparison: "mholt/caddy-ratelimit: 0.73",
 	},
+	{
+		// Strict mode against a real redis-server, as a ratio of the same
+		// zone in local mode. fail_policy closed makes a decision Redis did
+		// not give in time a 429, which the run does not count as allowed.
+		name:   "strict-allowed",
+		metric: "Caddy throughput in strict mode (redis-server on loopback), every request allowed, 100k keys (ratio to the same route in local mode)",
+		setup:  startRedisServer,
+		routes: func(e *env) string {
+			return `	handle /local {
+		rate_limit {
+			zone local_many {
+				key {http.request.header.X-Key}
+				events 1000
+				window 1s
+			}
+		}
+		respond "ok" 200
+	}
+	handle /strict {
+		rate_limit {
+			zone strict_many {
+				key {http.request.header.X-Key}
+				events 1000
+				window 1s
+				fail_policy closed
+			}
+			distributed {
+				redis redis://` + e.values["redis"] + `
+			}
+		}
+		respond "ok" 200
+	}
+`
+		},
+		baseline:   route{path: "/local", key: cycleKeys, status: 200},
+		candidate:  route{path: "/strict", key: cycleKeys, status: 200},
+		target:     0.70,
+		comparison: "one Redis round trip per request, batched while one is in flight",
+	},
+	{
+		// A flood from a key Redis has denied is answered from the deny
+		// cache: Redis should see no script for it.
+		name:       "strict-flood-redis-calls",
+		metric:     "Redis scripts per denied request, flood from one blocked key in strict mode (INFO commandstats EVALSHA+EVAL, heartbeats excluded)",
+		setup:      startRedisServer,
+		routes:     strictBlockedRoute,
+		custom:     measureFloodRedisCalls,
+		target:     0,
+		targetText: "0",
+		comparison: "go-redis/redis_rate: 1 script per request, allowed or not",
+	},
+}
+
+// strictBlockedRoute is a strict-mode zone that allows one request per hour
+// per key, on the redis-server the scenario's setup started.
+func strictBlockedRoute(e *env) string {
+	return `	handle /strict-blocked {
+		rate_limit {
+			zone strict_flood {
+				key {http.request.header.X-Key}
+				events 1
+				window 1h
+			}
+			distributed {
+				redis redis://` + e.values["redis"] + `
+			}
+		}
+		respond "ok" 200
+	}
+`
+}
+
+// startRedisServer is a setup: a redis-server on a free loopback port with
+// persistence off, in e.dir, its address in e.values["redis"].
+func startRedisServer(e *env) (func(), error) {
+	addr, err := freeLoopbackAddr()
+	if err != nil {
+		return nil, err
+	}
+	_, port, _ := net.SplitHostPort(addr)
+	logFile, err := os.Create(filepath.Join(e.dir, "redis.log"))
+	if err != nil {
+		return nil, err
+	}
+	defer logFile.Close()
+	cmd := exec.Command("redis-server", "--port", port, "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", e.dir)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting redis-server (make bench installs it): %v", err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	cleanup := func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	}
+	client := redis.NewClient(&redis.Options{Addr: addr})
+	defer client.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := client.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			break
+		}
+		select {
+		case <-exited:
+			return nil, fmt.Errorf("redis-server exited while starting: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			cleanup()
+			return nil, fmt.Errorf("redis-server on %s did not answer PING within 10s: %v", addr, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	e.values["redis"] = addr
+	return cleanup, nil
+}
+
+// redisCommandCalls reads the calls of the given commands from INFO
+// commandstats.
+func redisCommandCalls(addr string, commands ...string) (map[string]int64, error) {
+	client := redis.NewClient(&redis.Options{Addr: addr})
+	defer client.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	info, err := client.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return nil, err
+	}
+	calls := map[string]int64{}
+	for _, line := range strings.Split(info, "\n") {
+		line = strings.TrimSpace(line)
+		for _, c := range commands {
+			rest, ok := strings.CutPrefix(line, "cmdstat_"+c+":calls=")
+			if !ok {
+				continue
+			}
+			n, _, _ := strings.Cut(rest, ",")
+			v, err := strconv.ParseInt(n, 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("unparsable commandstats line %q", line)
+			}
+			calls[c] = v
+		}
+	}
+	return calls, nil
+}
+
+// measureFloodRedisCalls blocks one key (its first request is allowed, the
+// second denied by Redis), then floods it for one run and counts the scripts
+// Redis ran meanwhile. Each instance's heartbeat is a script too, one a
+// second, and the only one calling ZCARD (the GCRA script never does), so
+// ZCARD's calls are subtracted from EVALSHA+EVAL's.
+func measureFloodRedisCalls(o options, e *env, c *caddyProcess) (customResult, error) {
+	addr := e.values["redis"]
+	block, err := load{addr: c.addr, path: "/strict-blocked", key: oneKey, conns: 1, runFor: 10 * time.Second, maxRequests: 2}.run()
+	if err != nil {
+		return customResult{}, fmt.Errorf("blocking the key: %v", err)
+	}
+	if block.byStatus[200] != 1 || block.byStatus[429] != 1 {
+		return customResult{}, fmt.Errorf("blocking the key: got%s, want one 200 then one 429", statusSummary(block.byStatus))
+	}
+	commands := []string{"evalsha", "eval", "zcard"}
+	before, err := redisCommandCalls(addr, commands...)
+	if err != nil {
+		return customResult{}, err
+	}
+	r, err := load{addr: c.addr, path: "/strict-blocked", key: oneKey, conns: o.conns, runFor: o.runFor, maxRequests: o.maxRequests}.run()
+	if err == nil {
+		err = checkStatuses(r, route{path: "/strict-blocked", status: 429})
+	}
+	if err != nil {
+		return customResult{}, fmt.Errorf("flood: %v", err)
+	}
+	after, err := redisCommandCalls(addr, commands...)
+	if err != nil {
+		return customResult{}, err
+	}
+	scripts := after["evalsha"] + after["eval"] - before["evalsha"] - before["eval"]
+	heartbeats := after["zcard"] - before["zcard"]
+	gcra := max(0, scripts-heartbeats)
+	denied := r.byStatus[429]
+	v := float64(gcra) / float64(denied)
+	text := fmt.Sprintf("**%s** (%d GCRA scripts for %d 429s at %.0f/s; EVALSHA+EVAL %d, of which %d heartbeats)",
+		strconv.FormatFloat(v, 'g', 3, 64), gcra, denied, r.rate(429), scripts, heartbeats)
+	return customResult{value: v, text: text}, nil
 }
 
 // warmManyKeys sends one request for each of the 100k keys to /allowed, so
@@ -156,6 +363,7 @@ type scenarioResult struct {
 	// Caddy's CPU time per request over all measured runs, when /proc
 	// could tell.
 	baselineCPU, candidateCPU time.Duration
+	measured                  *customResult // the figure of a custom scenario
 	err                       error
 }
 
@@ -195,9 +403,12 @@ func runScenarios(o options) []scenarioResult {
 		} else {
 			r = runScenario(o, bin, filepath.Join(dir, s.name), s)
 		}
-		if r.err != nil {
+		switch {
+		case r.err != nil:
 			progressf("scenario %s: %v", s.name, r.err)
-		} else {
+		case r.measured != nil:
+			progressf("scenario %s: %s", s.name, r.measured.text)
+		default:
 			progressf("scenario %s: baseline %.0f/s, candidate %.0f/s, ratio %.3f; Caddy CPU per request %v vs %v, ratio %.3f",
 				s.name, r.baselineRate, r.candidateRate, r.ratio(), r.baselineCPU, r.candidateCPU, r.cpuRatio())
 		}
@@ -233,6 +444,11 @@ func runScenario(o options, bin, dir string, s scenario) scenarioResult {
 			res.err = fmt.Errorf("warmup: %v", err)
 			return res
 		}
+	}
+	if s.custom != nil {
+		cr, err := s.custom(o, e, c)
+		res.measured, res.err = &cr, err
+		return res
 	}
 	run := func(rt route, d time.Duration) (loadResult, error) {
 		return load{addr: c.addr, path: rt.path, key: rt.key, conns: o.conns, runFor: d, maxRequests: o.maxRequests}.run()

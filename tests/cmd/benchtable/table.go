@@ -125,9 +125,17 @@ func strictRows(m microResults) []row {
 
 func loadRow(r scenarioResult) row {
 	rw := row{metric: r.metric, comparison: r.comparison, target: "≥ " + strconv.FormatFloat(r.target, 'f', 2, 64)}
+	if r.custom != nil {
+		rw.target = r.targetText
+	}
 	if r.err != nil {
 		rw.tally = "failed: " + strings.ReplaceAll(r.err.Error(), "|", "/")
 		rw.met = "no"
+		return rw
+	}
+	if r.measured != nil {
+		rw.tally = r.measured.text
+		rw.met = yesNo(r.measured.value <= r.target)
 		return rw
 	}
 	rw.tally = fmt.Sprintf("**%.2f** (%.0f vs %.0f req/s, medians of %d alternating runs)", r.ratio(), r.candidateRate, r.baselineRate, r.runs)
