@@ -141,27 +141,7 @@ func TestAsyncKeysAllHaveATTL(t *testing.T) {
 		}
 	}
 	waitForSyncs(t, stores, interval)
-	client := rs.Client()
-	var keys []string
-	iter := client.Scan(ctx, 0, "*", 100).Iterator()
-	for iter.Next(ctx) {
-		keys = append(keys, iter.Val())
-	}
-	if err := iter.Err(); err != nil {
-		t.Fatal(err)
-	}
-	if len(keys) < 11 {
-		t.Fatalf("Redis holds %d keys after async traffic for 10 spent keys: %v", len(keys), keys)
-	}
-	for _, k := range keys {
-		ttl, err := client.PTTL(ctx, k).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ttl <= 0 {
-			t.Errorf("Redis key %q has no TTL (PTTL %v)", k, ttl)
-		}
-	}
+	rs.requireEveryKeyExpires(t, 11)
 }
 
 func TestAsyncOutageTurnsIntoErrorsAfterAStaleViewThenRecovers(t *testing.T) {

@@ -120,27 +120,7 @@ func TestEveryRedisKeyHasATTL(t *testing.T) {
 	for i := 0; i < 10; i++ {
 		sendAcross(t, fleet, 6, 3, withKey("key-"+strconv.Itoa(i)), 5*time.Second)
 	}
-	client := rs.Client()
-	ctx := context.Background()
-	var keys []string
-	iter := client.Scan(ctx, 0, "*", 100).Iterator()
-	for iter.Next(ctx) {
-		keys = append(keys, iter.Val())
-	}
-	if err := iter.Err(); err != nil {
-		t.Fatal(err)
-	}
-	if len(keys) < 11 {
-		t.Fatalf("Redis holds %d keys after traffic for 10 keys in 2 zones: %v", len(keys), keys)
-	}
-	for _, k := range keys {
-		ttl, err := client.PTTL(ctx, k).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ttl <= 0 {
-			t.Errorf("Redis key %q has no TTL (PTTL %v)", k, ttl)
-		}
+	for _, k := range rs.requireEveryKeyExpires(t, 11) {
 		if !strings.HasPrefix(k, "tally:") {
 			t.Errorf("Redis key %q does not start with the default prefix tally:", k)
 		}

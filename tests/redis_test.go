@@ -111,3 +111,34 @@ func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// requireEveryKeyExpires scans every key of the server and fails the test for
+// any without a TTL: the invariant that every key tally writes expires. It
+// returns the keys, and fails when there are fewer than minKeys (so that an
+// empty server cannot pass).
+func (r *redisServer) requireEveryKeyExpires(t testing.TB, minKeys int) []string {
+	t.Helper()
+	ctx := context.Background()
+	c := r.Client()
+	var keys []string
+	iter := c.Scan(ctx, 0, "*", 100).Iterator()
+	for iter.Next(ctx) {
+		keys = append(keys, iter.Val())
+	}
+	if err := iter.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) < minKeys {
+		t.Fatalf("Redis holds %d keys, want at least %d: %v", len(keys), minKeys, keys)
+	}
+	for _, k := range keys {
+		ttl, err := c.PTTL(ctx, k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ttl <= 0 {
+			t.Errorf("Redis key %q has no TTL (PTTL %v): every key tally writes must expire", k, ttl)
+		}
+	}
+	return keys
+}

@@ -321,25 +321,7 @@ func TestStoreKeysAllHaveTTL(t *testing.T) {
 	}
 	wg.Wait()
 
-	rdb := srv.Client()
-	var n int
-	iter := rdb.Scan(ctx, 0, "*", 100).Iterator()
-	for iter.Next(ctx) {
-		n++
-		pttl, err := rdb.PTTL(ctx, iter.Val()).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if pttl <= 0 {
-			t.Errorf("key %q has PTTL %v; every key must expire", iter.Val(), pttl)
-		}
-	}
-	if err := iter.Err(); err != nil {
-		t.Fatal(err)
-	}
-	if n < 100 {
-		t.Errorf("scanned only %d keys", n)
-	}
+	srv.requireEveryKeyExpires(t, 100)
 }
 
 // observedLogger records log entries so tests can count them.
