@@ -53,6 +53,13 @@ package distributed
 // ErrStale) and the zone applies its fail policy. Sync failures count in the
 // store's breaker, so an outage is logged once and Health reports it.
 //
+// A sync that times out after Redis ran its scripts loses their replies:
+// the next sync reports the same admissions and hands back the same lease
+// again, so for that key Redis counts the report twice, which can deny too
+// much (admissions counted twice) or admit up to one lease too many (a lease
+// handed back twice) until the key refills. Syncs are therefore bounded by a
+// whole sync_interval, not by the request timeout.
+//
 // # Keys
 //
 // A key is a hash {t: TAT µs, c: episode start µs, m:<instance>: 1...}
@@ -146,10 +153,14 @@ func openAsync(opts Options, maxKeys int, logger *zap.Logger) (*Async, error) {
 	return a, nil
 }
 
-// syncTimeout bounds one sync: not on any request's path, so it may take
-// longer than a decision's timeout, but never more than half an interval.
+// syncTimeout bounds one sync. It is on no request's path, so it gets a
+// whole interval (or the decision timeout, if longer): a sync is not
+// idempotent, and one that times out after Redis applied it is reported
+// again by the next sync, counting that key's report twice (see Failure
+// above). A generous bound makes that happen only when Redis is already
+// failing.
 func syncTimeout(o Options) time.Duration {
-	return max(o.Timeout, o.SyncInterval/2)
+	return max(o.Timeout, o.SyncInterval)
 }
 
 // Mode reports "async" (zones.Zone.Mode, for the admin API).

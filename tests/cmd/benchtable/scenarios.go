@@ -48,6 +48,7 @@ type scenario struct {
 type customResult struct {
 	value float64
 	text  string
+	met   *bool // when set, whether the row is met (else value <= target)
 }
 
 // route is a path of the Caddy under test, the X-Key header its requests
@@ -204,6 +205,27 @@ var scenarios = []scenario{
 		target:     0,
 		targetText: "0",
 		comparison: "go-redis/redis_rate: 1 script per request, allowed or not",
+	},
+	{
+		name: "async-allowed",
+		metric: fmt.Sprintf("Caddy throughput in async mode (redis-server on loopback, sync_interval 100ms), every request allowed, %s (ratio to the same route in local mode)",
+			strconv.FormatInt(asyncKeys, 10)+" keys"),
+		setup:      startRedisServer,
+		routes:     asyncAllowedRoutes,
+		baseline:   route{path: "/local", key: asyncCycleKeys, status: 200},
+		candidate:  route{path: "/async", key: asyncCycleKeys, status: 200},
+		warmup:     warmAsyncKeys,
+		target:     0.95,
+		comparison: "no Redis call per request; one script per active key per sync_interval",
+	},
+	{
+		name:       "async-overshoot",
+		metric:     "Async mode, 3 Caddy instances on one redis-server, events 100 window 1h, sync_interval 100ms: 200s for a burst of concurrent requests for one key",
+		setup:      startRedisServer,
+		routes:     asyncOvershootRoutes,
+		custom:     measureAsyncOvershoot,
+		target:     110,
+		targetText: "90–110 (within 10% of 100) and ≤ the bound",
 	},
 }
 

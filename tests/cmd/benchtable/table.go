@@ -136,6 +136,9 @@ func loadRow(r scenarioResult) row {
 	if r.measured != nil {
 		rw.tally = r.measured.text
 		rw.met = yesNo(r.measured.value <= r.target)
+		if r.measured.met != nil {
+			rw.met = yesNo(*r.measured.met)
+		}
 		return rw
 	}
 	rw.tally = fmt.Sprintf("**%.2f** (%.0f vs %.0f req/s, medians of %d alternating runs)", r.ratio(), r.candidateRate, r.baselineRate, r.runs)
