@@ -53,12 +53,10 @@ package distributed
 // ErrStale) and the zone applies its fail policy. Sync failures count in the
 // store's breaker, so an outage is logged once and Health reports it.
 //
-// A sync that times out after Redis ran its scripts loses their replies:
-// the next sync reports the same admissions and hands back the same lease
-// again, so for that key Redis counts the report twice, which can deny too
-// much (admissions counted twice) or admit up to one lease too many (a lease
-// handed back twice) until the key refills. Syncs are therefore bounded by a
-// whole sync_interval, not by the request timeout.
+// A sync that times out after Redis ran its scripts loses their replies.
+// Each report carries a sequence number, and Redis keeps, per instance, the
+// last one it applied with its lease: the next sync sends the same report
+// again and gets the same lease back, so a lost reply is never counted twice.
 //
 // # Keys
 //
@@ -113,7 +111,8 @@ type Async struct {
 	zonesMu sync.Mutex
 	zones   atomic.Pointer[map[string]*asyncZone] // copy on write
 
-	lastSync atomic.Int64 // Unix ns when the last successful sync started
+	seq      atomic.Uint64 // the last report's sequence number
+	lastSync atomic.Int64  // Unix ns when the last successful sync started
 	nextSync atomic.Int64 // Unix ns when the next sync is due
 
 	syncMu   sync.Mutex // one sync at a time (the loop, Close's last one)
@@ -154,11 +153,9 @@ func openAsync(opts Options, maxKeys int, logger *zap.Logger) (*Async, error) {
 }
 
 // syncTimeout bounds one sync. It is on no request's path, so it gets a
-// whole interval (or the decision timeout, if longer): a sync is not
-// idempotent, and one that times out after Redis applied it is reported
-// again by the next sync, counting that key's report twice (see Failure
-// above). A generous bound makes that happen only when Redis is already
-// failing.
+// whole interval (or the decision timeout, if longer): a slow sync that
+// still succeeds is better than a lost one, which only the next sync
+// recovers.
 func syncTimeout(o Options) time.Duration {
 	return max(o.Timeout, o.SyncInterval)
 }
@@ -303,6 +300,11 @@ type record struct {
 	// retryAt and resetAt (Unix ns, local clock) are when, as of the last
 	// sync, the fleet has one token back and the key is full again.
 	retryAt, resetAt int64
+	// unacked is the last report taken for a sync whose reply has not been
+	// adopted; while set, every sync sends it again, unchanged, with its
+	// sequence number, and Redis applies it at most once.
+	unacked    sent
+	hasUnacked bool
 }
 
 // decide admits cost from the allowance, or denies until the next sync or
@@ -341,18 +343,29 @@ type sent struct {
 	limit          algorithms.Limit
 	allow, pending int64
 	reserved, idle bool
+	seq            uint64 // unique per report, store-wide
 }
 
 // snapshot takes what the next sync reports for r, and whether r needs a
 // sync at all: a key that has nothing to report, no lease to hand back and
 // no token coming before the next sync is skipped (a blocked key costs
 // Redis nothing until it refills).
-func (r *record) snapshot(now, interval int64) (sent, bool) {
+//
+// A report whose reply was lost (a sync that failed or timed out, perhaps
+// after Redis applied it) is sent again unchanged: Redis recognises its
+// sequence number and replays the reply instead of counting it twice.
+// Decisions made meanwhile are reported by the sync after it is adopted.
+func (r *record) snapshot(now, interval int64, seq *atomic.Uint64) (sent, bool) {
+	if r.hasUnacked {
+		return r.unacked, true
+	}
 	s := sent{limit: r.limit, allow: r.allow, pending: r.pending, reserved: r.reserved, idle: !r.used && r.pending == 0}
 	if r.reserved && s.idle && r.allow == 0 && r.retryAt > now+interval {
 		return s, false
 	}
 	r.used = false
+	s.seq = seq.Add(1)
+	r.unacked, r.hasUnacked = s, true
 	return s, true
 }
 
@@ -394,6 +407,7 @@ func (r *record) apply(s sent, rep syncReply, now, burst int64) (drop bool) {
 	}
 	r.allow, r.pending, r.reserved = allow, max(0, pending), true
 	r.retryAt, r.resetAt = now+rep.retry, now+rep.reset
+	r.hasUnacked = false
 	return s.idle && !r.used && r.pending == 0 && rep.lease == 0 && rep.avail >= burst
 }
 
@@ -562,7 +576,7 @@ func (a *Async) snapshot(now int64) []item {
 			s := &z.shards[i]
 			s.mu.Lock()
 			for k, r := range s.m {
-				if st, need := r.snapshot(now, int64(a.interval)); need {
+				if st, need := r.snapshot(now, int64(a.interval), &a.seq); need {
 					items = append(items, item{z: z, s: s, key: k, r: r, sent: st})
 				}
 			}
@@ -599,7 +613,7 @@ func (a *Async) send(ctx context.Context, items []item, take bool) error {
 			l := micro(it.sent.limit)
 			it.keys = []string{a.RedisKey(it.z.name, it.key)}
 			it.args = []any{l.EmissionInterval, l.Burst, n, it.sent.delta(), b2i(it.sent.idle),
-				a.hold, freshShare(l.Burst, int(n)), b2i(take), a.instanceID}
+				a.hold, freshShare(l.Burst, int(n)), b2i(take), a.instanceID, it.sent.seq}
 			it.cmd = pipe.EvalSha(ctx, a.script.Hash(), it.keys, it.args...)
 		}
 		_, _ = pipe.Exec(ctx) // errors are per command

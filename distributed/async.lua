@@ -17,6 +17,9 @@
 -- ARGV[7]  fresh: the share an instance admits for a key it has never synced
 -- ARGV[8]  take: 1 to take a lease, 0 to only report (closing)
 -- ARGV[9]  the instance id
+-- ARGV[10] the report's sequence number: a report whose reply was lost is
+--          sent again with the same number, and gets the lease it was
+--          granted back instead of being applied twice
 --
 -- Returns {lease, avail, retry_us, reset_us}: the tokens now reserved for
 -- the instance, the fleet's tokens left after that (<= B, may be negative),
@@ -48,13 +51,29 @@ local hold = tonumber(ARGV[6])
 local fresh = tonumber(ARGV[7])
 local take = ARGV[8] == '1'
 local id = ARGV[9]
+local seq = ARGV[10]
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
-local v = redis.call('HMGET', key, 't', 'c')
+local v = redis.call('HMGET', key, 't', 'c', 'm:' .. id)
 local tat = tonumber(v[1]) or 0
 local created = tonumber(v[2]) or 0
+
+-- m:<id> holds "<seq> <lease>" of this instance's last applied report.
+if v[3] then
+  local done, granted = string.match(v[3], '^(%d+) (%d+)$')
+  if done == seq then
+    -- Applied already; the reply was lost. Grant the same lease again,
+    -- and report the key as it stands now.
+    local cur = tat
+    if cur < now then cur = now end
+    local avail = idiv(now + B * T - cur, T)
+    local retry = 0
+    if avail < 1 then retry = cur - B * T + T - now end
+    return {tonumber(granted), avail, retry, cur - now}
+  end
+end
 if tat <= now then
   -- Nothing outstanding: a new episode, with no instance known yet.
   redis.call('DEL', key)
@@ -87,7 +106,8 @@ if tat <= now then
   return {lease, avail, 0, 0}
 end
 local ms = idiv(tat - now + 999, 1000)
-redis.call('HSET', key, 't', string.format('%d', tat), 'c', string.format('%d', created))
+redis.call('HSET', key, 't', string.format('%d', tat), 'c', string.format('%d', created),
+  'm:' .. id, seq .. ' ' .. string.format('%d', lease))
 redis.call('PEXPIRE', key, string.format('%d', ms))
 local retry = 0
 if avail < 1 then retry = tat - B * T + T - now end

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -108,7 +109,7 @@ func TestDecisionsDuringASyncStayCounted(t *testing.T) {
 	const now = int64(1e18)
 	t.Run("lease", func(t *testing.T) {
 		r := &record{allow: 10, reserved: true, limit: hundredPerHour}
-		s, _ := r.snapshot(now, int64(time.Second))
+		s, _ := r.snapshot(now, int64(time.Second), new(atomic.Uint64))
 		for range 3 {
 			r.decide(now, now, hundredPerHour, 1) // in flight: out of the lease handed back
 		}
@@ -116,7 +117,7 @@ func TestDecisionsDuringASyncStayCounted(t *testing.T) {
 		if r.allow != 2 || r.pending != 0 {
 			t.Fatalf("allow %d pending %d, want 2 (lease 5 minus 3 admitted in flight) and 0", r.allow, r.pending)
 		}
-		s, _ = r.snapshot(now, int64(time.Second))
+		s, _ = r.snapshot(now, int64(time.Second), new(atomic.Uint64))
 		r.decide(now, now, hundredPerHour, 1)
 		r.decide(now, now, hundredPerHour, 1)
 		r.apply(s, syncReply{lease: 1}, now, 100)
@@ -129,7 +130,7 @@ func TestDecisionsDuringASyncStayCounted(t *testing.T) {
 		for range 5 {
 			r.decide(now, now, hundredPerHour, 1)
 		}
-		s, _ := r.snapshot(now, int64(time.Second))
+		s, _ := r.snapshot(now, int64(time.Second), new(atomic.Uint64))
 		r.decide(now, now, hundredPerHour, 1)
 		r.decide(now, now, hundredPerHour, 1)
 		r.apply(s, syncReply{lease: 4}, now, 100)
@@ -143,7 +144,7 @@ func TestDecisionsDuringASyncStayCounted(t *testing.T) {
 func TestRecordOfAFullKeyWithoutTrafficIsDropped(t *testing.T) {
 	const now = int64(1e18)
 	r := &record{allow: 1, reserved: true, limit: hundredPerHour}
-	s, need := r.snapshot(now, int64(time.Second))
+	s, need := r.snapshot(now, int64(time.Second), new(atomic.Uint64))
 	if !need || !s.idle {
 		t.Fatalf("snapshot need %v idle %v, want an idle record that syncs (it holds a lease)", need, s.idle)
 	}
@@ -151,7 +152,7 @@ func TestRecordOfAFullKeyWithoutTrafficIsDropped(t *testing.T) {
 		t.Fatal("an idle record of a full key was kept")
 	}
 	r = &record{allow: 1, reserved: true, limit: hundredPerHour}
-	s, _ = r.snapshot(now, int64(time.Second))
+	s, _ = r.snapshot(now, int64(time.Second), new(atomic.Uint64))
 	r.decide(now, now, hundredPerHour, 1)
 	if r.apply(s, syncReply{avail: 100}, now, 100) {
 		t.Fatal("a record used while its sync was in flight was dropped")
@@ -161,10 +162,10 @@ func TestRecordOfAFullKeyWithoutTrafficIsDropped(t *testing.T) {
 func TestBlockedKeyWithoutTrafficIsNotSyncedUntilItRefills(t *testing.T) {
 	const now, interval = int64(1e18), int64(100 * time.Millisecond)
 	r := &record{reserved: true, retryAt: now + int64(30*time.Second)}
-	if _, need := r.snapshot(now, interval); need {
+	if _, need := r.snapshot(now, interval, new(atomic.Uint64)); need {
 		t.Fatal("a blocked idle key was synced 30s before its next token")
 	}
-	if _, need := r.snapshot(now+int64(30*time.Second), interval); !need {
+	if _, need := r.snapshot(now+int64(30*time.Second), interval, new(atomic.Uint64)); !need {
 		t.Fatal("a blocked idle key was not synced once its next token is due")
 	}
 }
@@ -224,5 +225,24 @@ func TestFullZoneEvictsRecordsWithNothingPendingFirst(t *testing.T) {
 	s.mu.Unlock()
 	if idleKept || n != 4 {
 		t.Fatalf("after a 5th key in a zone capped at 4: idle kept %v, %d keys; want the idle one evicted, 4 keys", idleKept, n)
+	}
+}
+
+func TestAReportWhoseReplyWasLostIsSentAgainUnchanged(t *testing.T) {
+	const now = int64(1e18)
+	var seq atomic.Uint64
+	r := &record{allow: 10, reserved: true, limit: hundredPerHour}
+	r.decide(now, now, hundredPerHour, 1)
+	first, _ := r.snapshot(now, int64(time.Second), &seq)
+	// The sync fails; meanwhile more requests are admitted.
+	r.decide(now, now, hundredPerHour, 1)
+	again, need := r.snapshot(now, int64(time.Second), &seq)
+	if !need || again != first {
+		t.Fatalf("after a lost reply the next sync sends %+v (need %v), want the same report %+v", again, need, first)
+	}
+	r.apply(again, syncReply{lease: 4}, now, 100)
+	next, _ := r.snapshot(now, int64(time.Second), &seq)
+	if next.seq == first.seq {
+		t.Fatal("a new report reuses the acknowledged report's sequence number")
 	}
 }

@@ -7,6 +7,8 @@ package tests
 import (
 	"context"
 	"errors"
+	"github.com/redis/go-redis/v9"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -189,5 +191,55 @@ func TestAsyncOutageTurnsIntoErrorsAfterAStaleViewThenRecovers(t *testing.T) {
 	})
 	if ok, _ := a.Health(); !ok {
 		waitFor(t, 10*time.Second, "the breaker to close", func() bool { ok, _ := a.Health(); return ok })
+	}
+}
+
+// A sync whose reply is lost (it timed out after Redis ran it) is sent again
+// unchanged by the next sync. Redis must recognise it and grant the same
+// lease without counting the report a second time.
+func TestAsyncSyncReportSentTwiceIsCountedOnce(t *testing.T) {
+	t.Parallel()
+	rs := startRedis(t)
+	src, err := os.ReadFile("../distributed/async.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	script := redis.NewScript(string(src))
+	c := rs.Client()
+	ctx := context.Background()
+	const key = "tally:z:k"
+	T := int64(36_000_000) // 100 per hour, in µs
+	// T, B, N, delta, idle, hold µs, fresh, take, instance, seq
+	report := func(delta, seq int64) []int64 {
+		t.Helper()
+		v, err := script.Run(ctx, c, []string{key}, T, 100, 2, delta, 0, 200_000, 50, 1, "i1", seq).Int64Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	tat := func() int64 {
+		t.Helper()
+		v, err := c.HGet(ctx, key, "t").Int64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	// A fresh share of 50: 20 admitted, 30 unused and reserved (delta 50).
+	first := report(50, 7)
+	afterFirst := tat()
+	again := report(50, 7)
+	if again[0] != first[0] {
+		t.Errorf("resent report got lease %d, the first time %d: want the same lease", again[0], first[0])
+	}
+	if got := tat(); got != afterFirst {
+		t.Errorf("resent report moved the TAT by %d µs: it was counted twice", got-afterFirst)
+	}
+	// The next report (a new sequence number) is applied: handing back the
+	// lease unused moves the TAT back by it.
+	report(-first[0], 8)
+	if got, want := tat(), afterFirst-first[0]*T; got > want+T {
+		t.Errorf("TAT after handing back the lease %d, want about %d", got, want)
 	}
 }
