@@ -113,7 +113,7 @@ type Async struct {
 
 	seq      atomic.Uint64 // the last report's sequence number
 	lastSync atomic.Int64  // Unix ns when the last successful sync started
-	nextSync atomic.Int64 // Unix ns when the next sync is due
+	nextSync atomic.Int64  // Unix ns when the next sync is due
 
 	syncMu   sync.Mutex // one sync at a time (the loop, Close's last one)
 	stop     chan struct{}
