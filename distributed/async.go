@@ -15,10 +15,10 @@ package distributed
 //
 // A key this instance has never synced is decided against a fresh share,
 // max(1, ⌊B/N⌋), which Redis does not know about until the first sync; that
-// sync counts what it admitted and reserves the rest like a lease. For
-// 2·sync_interval after a key starts an episode (it is written while full),
-// leases leave aside one fresh share per live instance that has not reported
-// the key yet, so a burst that reaches every instance at once stays within
+// sync counts what it admitted and reserves the rest like a lease. For a
+// hold of 2·(sync_interval + a sync's time bound) after a key starts an
+// episode (it is written while full), leases leave aside one fresh share per
+// live instance that has not reported the key yet, so a burst that reaches every instance at once stays within
 // the limit. A record is dropped when Redis says the key is full and the
 // instance has no traffic for it, so an instance takes a fresh share at most
 // once per key per episode (from full to full again).
@@ -103,7 +103,7 @@ const (
 type Async struct {
 	*Store
 	interval time.Duration
-	hold     int64 // µs: the script's hold, 2 intervals
+	hold     int64 // µs: the script's hold (see OpenAsync)
 	stale    int64 // ns: beyond this since the last sync, Decide errors
 	script   *redis.Script
 	maxKeys  int
@@ -136,7 +136,13 @@ func openAsync(opts Options, maxKeys int, logger *zap.Logger) (*Async, error) {
 	a := &Async{
 		Store:    s,
 		interval: interval,
-		hold:     2 * interval.Microseconds(),
+		// An instance that admitted a fresh share reports it by its next
+		// sync, or the one after if that one fails: within two intervals
+		// and two sync bounds of the episode's start. Until then leases
+		// keep its share aside. A shorter hold let a late report (syncs
+		// delayed on a loaded machine) land after leases had been handed
+		// out, admitting up to (N−1) extra shares.
+		hold:     (2*interval + 2*syncTimeout(s.opts)).Microseconds(),
 		stale:    int64(2*interval + syncTimeout(s.opts)),
 		script:   redis.NewScript(asyncScript),
 		maxKeys:  maxKeys,
