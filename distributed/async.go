@@ -142,8 +142,8 @@ func openAsync(opts Options, maxKeys int, logger *zap.Logger) (*Async, error) {
 		// keep its share aside. A shorter hold let a late report (syncs
 		// delayed on a loaded machine) land after leases had been handed
 		// out, admitting up to (N−1) extra shares.
-		hold:     (2*interval + 2*syncTimeout(s.opts)).Microseconds(),
-		stale:    int64(2*interval + syncTimeout(s.opts)),
+		hold:     (2*interval + 2*backgroundTimeout(s.opts)).Microseconds(),
+		stale:    int64(2*interval + backgroundTimeout(s.opts)),
 		script:   redis.NewScript(asyncScript),
 		maxKeys:  maxKeys,
 		stop:     make(chan struct{}),
@@ -156,14 +156,6 @@ func openAsync(opts Options, maxKeys int, logger *zap.Logger) (*Async, error) {
 	a.nextSync.Store(now + int64(interval))
 	go a.loop()
 	return a, nil
-}
-
-// syncTimeout bounds one sync. It is on no request's path, so it gets a
-// whole interval (or the decision timeout, if longer): a slow sync that
-// still succeeds is better than a lost one, which only the next sync
-// recovers.
-func syncTimeout(o Options) time.Duration {
-	return max(o.Timeout, o.SyncInterval)
 }
 
 // Mode reports "async" (zones.Zone.Mode, for the admin API).
@@ -183,7 +175,7 @@ func (a *Async) Close() error {
 	a.closed.Do(func() {
 		close(a.stop)
 		<-a.loopDone
-		ctx, cancel := context.WithTimeout(context.Background(), syncTimeout(a.opts))
+		ctx, cancel := context.WithTimeout(context.Background(), backgroundTimeout(a.opts))
 		_ = a.sync(ctx, false)
 		cancel()
 		err = a.Store.Close()
@@ -524,7 +516,7 @@ func (a *Async) loop() {
 	defer t.Stop()
 	for {
 		a.nextSync.Store(time.Now().Add(a.interval).UnixNano())
-		ctx, cancel := context.WithTimeout(a.ctx, syncTimeout(a.opts))
+		ctx, cancel := context.WithTimeout(a.ctx, backgroundTimeout(a.opts))
 		_ = a.sync(ctx, true)
 		cancel()
 		select {
