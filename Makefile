@@ -31,8 +31,11 @@ lint:
 unit:
 	$(GO) test -race -count=1 ./...
 
+# The Caddy under test is built first (with -race), so that no test shares
+# the machine with the build.
 integration: deps
-	cd tests && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+	cd tests && $(GO) build -race -o bin/caddy ./cmd/tally-caddy
+	cd tests && TALLY_CADDY_BIN=$(CURDIR)/tests/bin/caddy $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 
 test: deps lint unit integration
 

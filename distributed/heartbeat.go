@@ -12,7 +12,11 @@ import (
 // of live instances, which fail_policy local divides a zone's limit by.
 const (
 	heartbeatEvery = time.Second
-	instanceTTL    = 3 * time.Second
+	// instanceTTL outlives several missed beats: an instance whose beats
+	// are late on a loaded machine must not drop out of N (a smaller N
+	// hands out larger shares); a dead one is counted a little longer,
+	// which only makes shares smaller.
+	instanceTTL = 10 * time.Second
 )
 
 // heartbeatScript registers ARGV[1] until now+ARGV[2] ms, drops expired ids,

@@ -47,9 +47,18 @@ func TestMain(m *testing.M) {
 }
 
 // caddyBinary builds ./cmd/tally-caddy once per test run and returns its path.
+//
+// `make test` builds it before the tests start and passes it in
+// TALLY_CADDY_BIN, so that no test runs beside the build: a race build of
+// Caddy takes both cores for minutes, and the timing-sensitive Redis tests
+// must not share the machine with it.
 func caddyBinary(t testing.TB) string {
 	t.Helper()
 	caddyBuild.once.Do(func() {
+		if bin := os.Getenv("TALLY_CADDY_BIN"); bin != "" {
+			caddyBuild.path = bin
+			return
+		}
 		path := filepath.Join(caddyBuild.dir, "caddy")
 		// The Caddy under test is built with the race detector (unless
 		// TALLY_CADDY_RACE=0), so the concurrent HTTP tests also check the
