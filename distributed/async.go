@@ -16,8 +16,8 @@ package distributed
 // A key this instance has never synced is decided against a fresh share,
 // max(1, ⌊B/N⌋), which Redis does not know about until the first sync; that
 // sync counts what it admitted and reserves the rest like a lease. For a
-// hold of 2·(sync_interval + a sync's time bound) after a key starts an
-// episode (it is written while full), leases leave aside one fresh share per
+// hold of 2·(sync_interval + a sync's time bound), at least 1s, after a key
+// starts an episode (it is written while full), leases leave aside one fresh share per
 // live instance that has not reported the key yet, so a burst that reaches every instance at once stays within
 // the limit. A record is dropped when Redis says the key is full and the
 // instance has no traffic for it, so an instance takes a fresh share at most
@@ -138,11 +138,13 @@ func openAsync(opts Options, maxKeys int, logger *zap.Logger) (*Async, error) {
 		interval: interval,
 		// An instance that admitted a fresh share reports it by its next
 		// sync, or the one after if that one fails: within two intervals
-		// and two sync bounds of the episode's start. Until then leases
-		// keep its share aside. A shorter hold let a late report (syncs
-		// delayed on a loaded machine) land after leases had been handed
-		// out, admitting up to (N−1) extra shares.
-		hold:     (2*interval + 2*backgroundTimeout(s.opts)).Microseconds(),
+		// and two sync bounds of the episode's start, and at least a
+		// second, for syncs delayed on a loaded machine. Until then leases
+		// keep its share aside. A report later than the hold lands after
+		// leases were handed out: up to (N−1) extra shares (the bound's
+		// last term). The price of a long hold: a key only one instance
+		// sees gets about 1/N of its burst for the hold's length.
+		hold:     max(time.Second, 2*interval+2*backgroundTimeout(s.opts)).Microseconds(),
 		stale:    int64(2*interval + backgroundTimeout(s.opts)),
 		script:   redis.NewScript(asyncScript),
 		maxKeys:  maxKeys,

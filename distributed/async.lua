@@ -13,7 +13,7 @@
 --          its lease is at most 1, and none when the key is full (the
 --          instance then forgets the key)
 -- ARGV[6]  hold, µs: how long after an episode starts instances may still
---          hold unreported fresh shares (2 sync intervals plus 2 sync time bounds)
+--          hold unreported fresh shares (2 sync intervals plus 2 sync time bounds, at least 1s)
 -- ARGV[7]  fresh: the share an instance admits for a key it has never synced
 -- ARGV[8]  take: 1 to take a lease, 0 to only report (closing)
 -- ARGV[9]  the instance id

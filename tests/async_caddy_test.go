@@ -50,8 +50,11 @@ func asyncZoneStore(t *testing.T, c *caddyInstance, zone string) (ok bool, insta
 	return false, 0
 }
 
+// Not parallel: Go runs it before the parallel tests, on a quiet machine.
+// The 10% figure holds while every instance's first report lands within
+// the hold; on a starved machine a late report can add up to (N-1) fresh
+// shares, which the stated bound allows for.
 func TestAsyncModeStaysNearTheLimitAcrossThreeInstances(t *testing.T) {
-	t.Parallel()
 	rs := startRedis(t)
 	const interval = 100 * time.Millisecond
 	fleet := startAsyncFleet(t, 3, rs.Addr, "100ms", `

@@ -62,8 +62,11 @@ func asyncBound(l algorithms.Limit, elapsed, interval time.Duration) int64 {
 	return l.Burst + int64(elapsed+interval)/l.EmissionInterval
 }
 
+// Not parallel: Go runs it before the parallel tests, on a quiet machine.
+// The 10% figure holds while every instance's first report lands within
+// the hold; on a starved machine a late report can add up to (N-1) fresh
+// shares, which the stated bound allows for.
 func TestAsyncStoresStayWithinTheBoundForOneKey(t *testing.T) {
-	t.Parallel()
 	rs := startRedis(t)
 	const interval = 100 * time.Millisecond
 	stores := openAsyncStores(t, 3, rs.Addr, interval, time.Second)
