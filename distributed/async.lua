@@ -10,8 +10,8 @@
 -- ARGV[4]  delta: cost admitted and not yet counted, minus the unused lease
 --          handed back (may be negative)
 -- ARGV[5]  idle: 1 when the instance admitted nothing since its last sync:
---          its lease is at most 1, and none when the key is full (the
---          instance then forgets the key)
+--          its lease is at most ⌈spare/N²⌉, and none when the key is full
+--          (the instance then forgets the key)
 -- ARGV[6]  hold, µs: how long after an episode starts instances may still
 --          hold unreported fresh shares (2 sync intervals plus 2 sync time bounds, at least 1s)
 -- ARGV[7]  fresh: the share an instance admits for a key it has never synced
@@ -96,7 +96,16 @@ end
 local lease = 0
 if take and spare >= 1 and not (idle and avail >= B) then
   lease = idiv(spare + N - 1, N) -- ceil: reserved, so rounding up takes nothing twice
-  if idle and lease > 1 then lease = 1 end -- no traffic here: park one token, not a share
+  if idle then
+    -- No traffic here: park a small lease, 1/N of a share (at least one
+    -- token), so that the idle instances together hold at most 1/N of
+    -- what is left, and a burst after a quiet spell is not denied until
+    -- the next sync (one token was too few: 0.5-4% spurious 429s for keys
+    -- at 2% of their limit).
+    local small = idiv(spare + N * N - 1, N * N)
+    if small < 1 then small = 1 end
+    if lease > small then lease = small end
+  end
 end
 tat = tat + lease * T
 avail = avail - lease

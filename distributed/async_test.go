@@ -113,14 +113,14 @@ func TestDecisionsDuringASyncStayCounted(t *testing.T) {
 		for range 3 {
 			r.decide(now, now, hundredPerHour, 1) // in flight: out of the lease handed back
 		}
-		r.apply(s, syncReply{lease: 5}, now, 100)
+		r.apply(s, syncReply{lease: 5}, now, 100, 100)
 		if r.allow != 2 || r.pending != 0 {
 			t.Fatalf("allow %d pending %d, want 2 (lease 5 minus 3 admitted in flight) and 0", r.allow, r.pending)
 		}
 		s, _ = r.snapshot(now, int64(time.Second), new(atomic.Uint64))
 		r.decide(now, now, hundredPerHour, 1)
 		r.decide(now, now, hundredPerHour, 1)
-		r.apply(s, syncReply{lease: 1}, now, 100)
+		r.apply(s, syncReply{lease: 1}, now, 100, 100)
 		if r.allow != 0 || r.pending != 1 {
 			t.Fatalf("allow %d pending %d, want 0 and 1 (admitted in flight beyond the new lease)", r.allow, r.pending)
 		}
@@ -133,7 +133,7 @@ func TestDecisionsDuringASyncStayCounted(t *testing.T) {
 		s, _ := r.snapshot(now, int64(time.Second), new(atomic.Uint64))
 		r.decide(now, now, hundredPerHour, 1)
 		r.decide(now, now, hundredPerHour, 1)
-		r.apply(s, syncReply{lease: 4}, now, 100)
+		r.apply(s, syncReply{lease: 4}, now, 100, 100)
 		if r.allow != 30 || r.pending != 0 || !r.reserved {
 			t.Fatalf("allow %d pending %d reserved %v, want the lease (4) plus the reserved rest of the share (28-2), nothing pending, reserved",
 				r.allow, r.pending, r.reserved)
@@ -148,14 +148,22 @@ func TestRecordOfAFullKeyWithoutTrafficIsDropped(t *testing.T) {
 	if !need || !s.idle {
 		t.Fatalf("snapshot need %v idle %v, want an idle record that syncs (it holds a lease)", need, s.idle)
 	}
-	if !r.apply(s, syncReply{avail: 100}, now, 100) {
+	if !r.apply(s, syncReply{avail: 100}, now, 100, 100) {
 		t.Fatal("an idle record of a full key was kept")
 	}
 	r = &record{allow: 1, reserved: true, limit: hundredPerHour}
 	s, _ = r.snapshot(now, int64(time.Second), new(atomic.Uint64))
 	r.decide(now, now, hundredPerHour, 1)
-	if r.apply(s, syncReply{avail: 100}, now, 100) {
+	if r.apply(s, syncReply{avail: 100}, now, 100, 50) {
 		t.Fatal("a record used while its sync was in flight was dropped")
+	}
+	// Redis forgot the key; the request admitted in flight (from the
+	// handed-back token) is counted as from a fresh share of 50.
+	if r.reserved || r.pending != 1 || r.allow != 49 {
+		t.Fatalf("record after its forgotten key was used in flight: %+v, want a fresh record with 49 left and 1 pending", *r)
+	}
+	if res := r.decide(now, now, hundredPerHour, 1); !res.Allowed {
+		t.Fatal("the key's next request was denied although the fleet has its whole burst")
 	}
 }
 
@@ -240,7 +248,7 @@ func TestAReportWhoseReplyWasLostIsSentAgainUnchanged(t *testing.T) {
 	if !need || again != first {
 		t.Fatalf("after a lost reply the next sync sends %+v (need %v), want the same report %+v", again, need, first)
 	}
-	r.apply(again, syncReply{lease: 4}, now, 100)
+	r.apply(again, syncReply{lease: 4}, now, 100, 100)
 	next, _ := r.snapshot(now, int64(time.Second), &seq)
 	if next.seq == first.seq {
 		t.Fatal("a new report reuses the acknowledged report's sequence number")

@@ -123,17 +123,23 @@ func (o Options) universalOptions() (*redis.UniversalOptions, error) {
 		return nil, errors.New("distributed: no Redis address")
 	}
 	u := &redis.UniversalOptions{
-		Username:              o.Username,
-		Password:              o.Password,
-		DB:                    o.DB,
-		MasterName:            o.SentinelMaster,
-		Protocol:              2,
-		DisableIdentity:       true,
-		MaxRetries:            -1,
-		DialerRetries:         1,
-		DialTimeout:           max(o.Timeout, 100*time.Millisecond),
-		ReadTimeout:           o.Timeout,
-		WriteTimeout:          o.Timeout,
+		Username:        o.Username,
+		Password:        o.Password,
+		DB:              o.DB,
+		MasterName:      o.SentinelMaster,
+		Protocol:        2,
+		DisableIdentity: true,
+		MaxRetries:      -1,
+		DialerRetries:   1,
+		DialTimeout:     max(o.Timeout, 100*time.Millisecond),
+		// Every call carries its own deadline (ContextTimeoutEnabled):
+		// Timeout on the request path, backgroundTimeout for heartbeats
+		// and async syncs. go-redis applies the earlier of the context's
+		// deadline and these socket timeouts, so these must not be
+		// shorter than the longest call: at Timeout they cut async syncs
+		// of a thousand keys short ("i/o timeout") and opened the breaker.
+		ReadTimeout:           backgroundTimeout(o),
+		WriteTimeout:          backgroundTimeout(o),
 		PoolTimeout:           o.Timeout,
 		ContextTimeoutEnabled: true,
 		PoolSize:              workers + idleCallers + 4, // + heartbeat, admin, NOSCRIPT retries
