@@ -82,7 +82,8 @@ type Handler struct {
 	logger   *zap.Logger
 	denyLog  *zap.Logger
 	stateIDs []stateID
-	store    *sharedStore
+	store    zones.Store // nil in local mode
+	storeKey string      // to release store from its pool
 }
 
 // Zone is one named limit: events per window per key.
@@ -193,7 +194,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.events = eventsApp.(*caddyevents.App)
 
 	if h.Distributed != nil {
-		if h.store, err = h.Distributed.open(ctx, h.logger); err != nil {
+		if h.store, h.storeKey, err = h.Distributed.open(ctx, h.logger); err != nil {
 			return err
 		}
 	}
@@ -227,19 +228,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		case a.Limit().Burst != b.Limit().Burst:
 			return int(a.Limit().Burst - b.Limit().Burst)
 		}
-		return cmpString(a.Name, b.Name)
+		return strings.Compare(a.Name, b.Name)
 	})
 	return nil
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zoneHandler, error) {
@@ -290,11 +281,7 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 			return nil, fmt.Errorf("zone %s: %v", name, err)
 		}
 	}
-	var store zones.Store
-	if h.store != nil {
-		store = h.store
-	}
-	zh.Zone = zones.New(cfg, state, store)
+	zh.Zone = zones.New(cfg, state, h.store)
 	if !h.DisableMetrics {
 		zh.metrics = newZoneMetrics(name, policy)
 	}
@@ -556,7 +543,7 @@ func (h *Handler) Cleanup() error {
 		_, _ = states.Delete(id)
 	}
 	if h.store != nil {
-		h.store.release()
+		releaseStore(h.storeKey)
 	}
 	return nil
 }
@@ -566,16 +553,22 @@ func (h *Handler) Cleanup() error {
 // its references before the old one lets go of its own).
 var states = caddy.NewUsagePool()
 
-// stateID identifies a zone definition: a changed limit starts from a fresh
-// state rather than reinterpreting old TATs under new limits.
+// stateID identifies a zone definition: handlers with the same one share
+// state, the same name with another one in one config is an error, and a
+// changed limit starts from a fresh state rather than reinterpreting old
+// TATs under new limits.
 type stateID struct {
 	name                  string
 	events, window, burst int64
 	maxKeys               int
 }
 
+func newStateID(cfg zones.Config) stateID {
+	return stateID{cfg.Name, cfg.Events, int64(cfg.Window), cfg.Limit().Burst, cfg.MaxKeys}
+}
+
 func loadState(cfg zones.Config, sweep time.Duration) (*zones.State, stateID, error) {
-	id := stateID{cfg.Name, cfg.Events, int64(cfg.Window), cfg.Limit().Burst, cfg.MaxKeys}
+	id := newStateID(cfg)
 	v, _, err := states.LoadOrNew(id, func() (caddy.Destructor, error) {
 		return zones.NewState(cfg, sweep), nil
 	})
@@ -608,7 +601,7 @@ func claimZoneName(ctx caddy.Context, cfg zones.Config) error {
 			claims.Unlock()
 		})
 	}
-	if prev, ok := names[cfg.Name]; ok && !prev.SameLimits(cfg) {
+	if prev, ok := names[cfg.Name]; ok && newStateID(prev) != newStateID(cfg) {
 		return fmt.Errorf("zone %s is defined twice with different limits (%d per %v and %d per %v): give one of them another name",
 			cfg.Name, prev.Events, prev.Window, cfg.Events, cfg.Window)
 	}

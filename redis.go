@@ -58,42 +58,22 @@ type Redis struct {
 // across config reloads; the last handler to let go closes it.
 var stores = caddy.NewUsagePool()
 
-// sharedStore is a handler's reference to a pooled store: a
-// *distributed.Store (strict) or *distributed.Async.
-type sharedStore struct {
-	zones.Store
-	poolKey string
-}
+// releaseStore lets go of a handler's reference to a pooled store.
+func releaseStore(poolKey string) { _, _ = stores.Delete(poolKey) }
 
-// Health reports the store's breaker (for the admin API).
-func (s *sharedStore) Health() (bool, time.Time) {
-	if h, ok := s.Store.(healthReporter); ok {
-		return h.Health()
-	}
-	return true, time.Time{}
-}
-
-// Mode is the store's mode (zones.Zone.Mode asks the store it holds).
-func (s *sharedStore) Mode() string {
-	if m, ok := s.Store.(interface{ Mode() string }); ok {
-		return m.Mode()
-	}
-	return "strict"
-}
-
-func (s *sharedStore) release() { _, _ = stores.Delete(s.poolKey) }
-
-func (dist *Distributed) open(ctx caddy.Context, logger *zap.Logger) (*sharedStore, error) {
+// open returns the pooled store for this setting, a *distributed.Store
+// (strict) or *distributed.Async, and the key to release it with.
+func (dist *Distributed) open(ctx caddy.Context, logger *zap.Logger) (zones.Store, string, error) {
 	switch dist.Mode {
 	case "", "strict", "async":
 	default:
-		return nil, fmt.Errorf("distributed: unknown mode %q: use strict or async", dist.Mode)
+		return nil, "", fmt.Errorf("distributed: unknown mode %q: use strict or async", dist.Mode)
 	}
 	if dist.Redis == nil || len(dist.Redis.Addresses) == 0 {
-		return nil, errors.New("distributed: redis needs at least one address, e.g. redis://127.0.0.1:6379")
+		return nil, "", errors.New("distributed: redis needs at least one address, e.g. redis://127.0.0.1:6379")
 	}
-	if dist.KeyPrefix != "" && len(dist.KeyPrefix) > 128 {
-		return nil, errors.New("distributed: key_prefix is longer than 128 bytes")
+	if len(dist.KeyPrefix) > 128 {
+		return nil, "", errors.New("distributed: key_prefix is longer than 128 bytes")
 	}
 	repl := caddy.NewReplacer()
 	opts := distributed.Options{
@@ -108,7 +88,7 @@ func (dist *Distributed) open(ctx caddy.Context, logger *zap.Logger) (*sharedSto
 	}
 	if dist.Mode == "async" {
 		if dist.SyncInterval < 0 || dist.ReadInterval < 0 || dist.WriteInterval < 0 {
-			return nil, errors.New("distributed: sync_interval must be a positive duration, e.g. 100ms")
+			return nil, "", errors.New("distributed: sync_interval must be a positive duration, e.g. 100ms")
 		}
 		// read_interval and write_interval are mholt/caddy-ratelimit's
 		// names for it; 0 is the default, 100ms.
@@ -129,7 +109,7 @@ func (dist *Distributed) open(ctx caddy.Context, logger *zap.Logger) (*sharedSto
 		return distributed.Open(opts, logger.Named("redis"))
 	})
 	if err != nil {
-		return nil, fmt.Errorf("distributed: %v", err)
+		return nil, "", fmt.Errorf("distributed: %v", err)
 	}
-	return &sharedStore{Store: v.(zones.Store), poolKey: key}, nil
+	return v.(zones.Store), key, nil
 }

@@ -116,12 +116,6 @@ func (c Config) Limit() algorithms.Limit {
 	return algorithms.NewLimit(c.Events, int64(c.Window), c.Burst)
 }
 
-// SameLimits reports whether two definitions limit the same way, so that they
-// may share state.
-func (c Config) SameLimits(o Config) bool {
-	return c.Limit() == o.Limit() && c.Events == o.Events && c.Window == o.Window && c.MaxKeys == o.MaxKeys
-}
-
 // Key turns the expanded key template into the key the zone stores: IP
 // addresses are masked to the configured prefix, and keys longer than
 // MaxKeyLength are replaced by a hash.
