@@ -84,11 +84,9 @@ func newZoneMetrics(name string, policy zones.FailPolicy) *zoneMetrics {
 	}
 }
 
-// observe counts one decision; m may be nil (metrics disabled).
+// observe counts one decision; storeWait is 0 when the decision was not
+// timed (local and async modes).
 func (m *zoneMetrics) observe(d zones.Decision, dryRun bool, storeWait time.Duration) {
-	if m == nil {
-		return
-	}
 	switch {
 	case d.Allowed:
 		m.allowed.Inc()
@@ -98,12 +96,14 @@ func (m *zoneMetrics) observe(d zones.Decision, dryRun bool, storeWait time.Dura
 		m.denied.Inc()
 	}
 	switch d.Source {
-	case zones.SourceStore:
-		m.latency.Observe(storeWait.Seconds())
 	case zones.SourceFailOpen, zones.SourceFailClosed, zones.SourceFailLocal:
-		m.latency.Observe(storeWait.Seconds())
 		m.storeErrors.Inc()
 		m.failPolicy.Inc()
+		fallthrough
+	case zones.SourceStore:
+		if storeWait > 0 {
+			m.latency.Observe(storeWait.Seconds())
+		}
 	}
 }
 

@@ -149,6 +149,7 @@ type zoneHandler struct {
 	policy   string       // this zone's RateLimit-Policy list member
 	limit    string       // events, for RateLimit-Limit
 	metrics  *zoneMetrics // nil when metrics are disabled
+	timed    bool         // metrics on and every decision asks Redis (strict)
 }
 
 type headerMode uint8
@@ -284,6 +285,10 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 	zh.Zone = zones.New(cfg, state, h.store)
 	if !h.DisableMetrics {
 		zh.metrics = newZoneMetrics(name, policy)
+		// Async decisions are local: timing them would cost two clock
+		// reads per request and fill the store latency histogram with
+		// zeros.
+		zh.timed = h.store != nil && zh.Mode() == "strict"
 	}
 	registerZone(zh.Zone)
 	return zh, nil
@@ -364,7 +369,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		key := z.Config.Key(z.expandKey(repl))
 		var start time.Time
-		if z.metrics != nil && z.Store() != nil {
+		if z.timed {
 			start = time.Now()
 		}
 		d := z.Decide(r.Context(), key, now)
