@@ -2,7 +2,8 @@
 // which limits requests in named zones keyed by placeholders, with GCRA
 // enforced in-process or, across Caddy instances, in Redis.
 //
-// The request path is ServeHTTP in this file; the maths is in package
+// The handler's lifecycle is in this file, the request path (ServeHTTP)
+// in serve.go and header rendering in headers.go; the maths is in package
 // algorithms; a zone's state and fail policy are in package zones; Redis is
 // spoken to only in package distributed.
 package ratelimit
@@ -11,8 +12,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
-	"math/rand/v2"
 	"net/http"
 	"slices"
 	"strconv"
@@ -151,15 +150,6 @@ type zoneHandler struct {
 	metrics  *zoneMetrics // nil when metrics are disabled
 	timed    bool         // metrics on and every decision asks Redis (strict)
 }
-
-type headerMode uint8
-
-const (
-	headersBoth headerMode = iota
-	headersIETF
-	headersLegacy
-	headersOff
-)
 
 // DefaultSweepInterval is how often expired keys are swept by default.
 const DefaultSweepInterval = time.Minute
@@ -313,20 +303,6 @@ func (z *zoneHandler) expandKey(repl *caddy.Replacer) string {
 	return repl.ReplaceAll(z.key, "")
 }
 
-func parseHeaderMode(s string) (headerMode, error) {
-	switch s {
-	case "", "both":
-		return headersBoth, nil
-	case "ietf":
-		return headersIETF, nil
-	case "legacy":
-		return headersLegacy, nil
-	case "off":
-		return headersOff, nil
-	}
-	return 0, fmt.Errorf("unknown headers mode %q: use both, ietf, legacy or off", s)
-}
-
 // Validate checks the handler's settings that Provision does not.
 func (h *Handler) Validate() error {
 	if h.Jitter < 0 || h.Jitter > 1 {
@@ -336,207 +312,6 @@ func (h *Handler) Validate() error {
 		return fmt.Errorf("status must be an HTTP error status (400-599), not %d", h.StatusCode)
 	}
 	return nil
-}
-
-// maxStackZones is how many zone verdicts ServeHTTP keeps on the stack.
-const maxStackZones = 4
-
-// verdict is one zone's decision on the request being served.
-type verdict struct {
-	zone *zoneHandler
-	key  string
-	d    zones.Decision
-}
-
-// ServeHTTP decides the request in every zone that applies to it, tightest
-// first, and either calls next or returns the denial.
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	now := time.Now().UnixNano()
-
-	var stack [maxStackZones]verdict
-	verdicts := stack[:0]
-	var denied *verdict
-	for _, z := range h.zones {
-		if len(z.matchers) > 0 {
-			match, err := z.matchers.AnyMatchWithError(r)
-			if err != nil {
-				return caddyhttp.Error(http.StatusInternalServerError, err)
-			}
-			if !match {
-				continue
-			}
-		}
-		key := z.Config.Key(z.expandKey(repl))
-		var start time.Time
-		if z.timed {
-			start = time.Now()
-		}
-		d := z.Decide(r.Context(), key, now)
-		if z.metrics != nil {
-			var wait time.Duration
-			if !start.IsZero() {
-				wait = time.Since(start)
-			}
-			z.metrics.observe(d, z.dryRun, wait)
-		}
-		if d.Err != nil {
-			h.logStoreError(z, d)
-		}
-		verdicts = append(verdicts, verdict{zone: z, key: key, d: d})
-		if !d.Allowed {
-			if z.dryRun {
-				h.logDenial(z, key, d, true)
-				continue
-			}
-			denied = &verdicts[len(verdicts)-1]
-			break
-		}
-	}
-
-	if denied != nil {
-		// A denied request consumes nothing: give back what the zones
-		// before the denying one took.
-		for i := range verdicts[:len(verdicts)-1] {
-			v := &verdicts[i]
-			if !v.d.Allowed {
-				continue
-			}
-			var err error
-			if v.d, err = v.zone.Refund(r.Context(), v.key, now, v.d); err != nil {
-				h.logger.Debug("refund failed", zap.String("zone", v.zone.Name), zap.Error(err))
-			}
-		}
-	}
-	h.setHeaders(w.Header(), verdicts)
-	if denied == nil {
-		return next.ServeHTTP(w, r)
-	}
-	return h.deny(w, r, repl, denied)
-}
-
-// deny answers a denied request: Retry-After, placeholders, the
-// rate_limit_exceeded event, a sampled log line, and the error for
-// handle_errors to shape. The error is a plain caddyhttp.HandlerError:
-// caddyhttp.Error would record a stack trace and an error id on every
-// denial. Denying must stay cheaper than serving.
-func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, v *verdict) error {
-	retry := v.d.RetryAfter
-	if h.Jitter > 0 {
-		retry += time.Duration(rand.Float64() * h.Jitter * float64(retry))
-	}
-	w.Header().Set("Retry-After", strconv.FormatInt(max(1, ceilSeconds(retry)), 10))
-	repl.Set("http.rate_limit.exceeded.name", v.zone.Name)
-	repl.Set("http.rate_limit.exceeded.key", v.key)
-	if h.events.ShouldEmit(eventExceeded) {
-		h.events.Emit(h.ctx, eventExceeded, map[string]any{
-			"zone":        v.zone.Name,
-			"key":         v.key,
-			"retry_after": retry,
-			"remote_addr": r.RemoteAddr,
-		})
-	}
-	h.logDenial(v.zone, v.key, v.d, false)
-	if srv, ok := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok &&
-		(srv.Errors == nil || len(srv.Errors.Routes) == 0) {
-		// Nothing would shape the error: answer directly. Caddy's error
-		// path would encode the whole request for a debug log line on
-		// every denial, which under a flood costs more than serving.
-		w.WriteHeader(h.StatusCode)
-		return nil
-	}
-	return caddyhttp.HandlerError{StatusCode: h.StatusCode, Err: v.zone.denyErr}
-}
-
-const eventExceeded = "rate_limit_exceeded"
-
-func (h *Handler) logDenial(z *zoneHandler, key string, d zones.Decision, dryRun bool) {
-	msg := "rate limit exceeded"
-	if dryRun {
-		msg = "rate limit would deny (dry run)"
-	}
-	if c := h.denyLog.Check(zapcore.InfoLevel, msg); c != nil {
-		fields := []zap.Field{zap.String("zone", z.Name), zap.Duration("retry_after", d.RetryAfter)}
-		if h.LogKey {
-			fields = append(fields, zap.String("key", key))
-		}
-		c.Write(fields...)
-	}
-}
-
-func (h *Handler) logStoreError(z *zoneHandler, d zones.Decision) {
-	if c := h.denyLog.Check(zapcore.DebugLevel, "store unavailable; fail policy applied"); c != nil {
-		c.Write(zap.String("zone", z.Name), zap.String("fail_policy", z.FailPolicy.String()), zap.Error(d.Err))
-	}
-}
-
-// setHeaders writes the rate limit headers for the zones that applied. The
-// header values share one allocation, and the canonical keys are assigned
-// directly rather than through Header.Set.
-func (h *Handler) setHeaders(hdr http.Header, verdicts []verdict) {
-	if h.headers == headersOff || len(verdicts) == 0 {
-		return
-	}
-	vals := make([]string, 5)
-	if h.headers != headersLegacy {
-		var buf [96]byte
-		state := buf[:0]
-		for i, v := range verdicts {
-			if i > 0 {
-				state = append(state, ", "...)
-			}
-			state = append(state, '"')
-			state = append(state, v.zone.Name...)
-			state = append(state, `";r=`...)
-			state = strconv.AppendInt(state, v.d.Remaining, 10)
-			state = append(state, ";t="...)
-			state = strconv.AppendInt(state, ceilSeconds(v.d.ResetAfter), 10)
-		}
-		vals[0] = verdicts[0].zone.policy
-		for _, v := range verdicts[1:] {
-			vals[0] += ", " + v.zone.policy
-		}
-		vals[1] = string(state)
-		// An earlier rate_limit handler on this route keeps its members.
-		if prev := hdr["Ratelimit"]; len(prev) == 1 {
-			vals[1] = prev[0] + ", " + vals[1]
-			if prev := hdr["Ratelimit-Policy"]; len(prev) == 1 {
-				vals[0] = prev[0] + ", " + vals[0]
-			}
-		}
-		hdr["Ratelimit-Policy"] = vals[0:1:1]
-		hdr["Ratelimit"] = vals[1:2:2]
-	}
-	if h.headers != headersIETF {
-		// The most restrictive zone: fewest remaining, then longest reset.
-		m := &verdicts[0]
-		for i := range verdicts[1:] {
-			v := &verdicts[i+1]
-			if v.d.Remaining < m.d.Remaining || (v.d.Remaining == m.d.Remaining && v.d.ResetAfter > m.d.ResetAfter) {
-				m = v
-			}
-		}
-		if prev := hdr["Ratelimit-Remaining"]; len(prev) == 1 {
-			// An earlier rate_limit handler's zone is more restrictive.
-			if n, err := strconv.ParseInt(prev[0], 10, 64); err == nil && n <= m.d.Remaining {
-				return
-			}
-		}
-		vals[2] = m.zone.limit
-		vals[3] = strconv.FormatInt(m.d.Remaining, 10)
-		vals[4] = strconv.FormatInt(ceilSeconds(m.d.ResetAfter), 10)
-		hdr["Ratelimit-Limit"] = vals[2:3:3]
-		hdr["Ratelimit-Remaining"] = vals[3:4:4]
-		hdr["Ratelimit-Reset"] = vals[4:5:5]
-	}
-}
-
-// ceilSeconds rounds d up to whole seconds.
-func ceilSeconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	return int64(math.Ceil(d.Seconds()))
 }
 
 // Cleanup releases the handler's zone states and store.

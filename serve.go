@@ -1,0 +1,147 @@
+package ratelimit
+
+import (
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/caddy-tally/ratelimit/zones"
+)
+
+// maxStackZones is how many zone verdicts ServeHTTP keeps on the stack.
+const maxStackZones = 4
+
+// verdict is one zone's decision on the request being served.
+type verdict struct {
+	zone *zoneHandler
+	key  string
+	d    zones.Decision
+}
+
+// ServeHTTP decides the request in every zone that applies to it, tightest
+// first, and either calls next or returns the denial.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	now := time.Now().UnixNano()
+
+	var stack [maxStackZones]verdict
+	verdicts := stack[:0]
+	var denied *verdict
+	for _, z := range h.zones {
+		if len(z.matchers) > 0 {
+			match, err := z.matchers.AnyMatchWithError(r)
+			if err != nil {
+				return caddyhttp.Error(http.StatusInternalServerError, err)
+			}
+			if !match {
+				continue
+			}
+		}
+		key := z.Config.Key(z.expandKey(repl))
+		var start time.Time
+		if z.timed {
+			start = time.Now()
+		}
+		d := z.Decide(r.Context(), key, now)
+		if z.metrics != nil {
+			var wait time.Duration
+			if !start.IsZero() {
+				wait = time.Since(start)
+			}
+			z.metrics.observe(d, z.dryRun, wait)
+		}
+		if d.Err != nil {
+			h.logStoreError(z, d)
+		}
+		verdicts = append(verdicts, verdict{zone: z, key: key, d: d})
+		if !d.Allowed {
+			if z.dryRun {
+				h.logDenial(z, key, d, true)
+				continue
+			}
+			denied = &verdicts[len(verdicts)-1]
+			break
+		}
+	}
+
+	if denied != nil {
+		// A denied request consumes nothing: give back what the zones
+		// before the denying one took.
+		for i := range verdicts[:len(verdicts)-1] {
+			v := &verdicts[i]
+			if !v.d.Allowed {
+				continue
+			}
+			var err error
+			if v.d, err = v.zone.Refund(r.Context(), v.key, now, v.d); err != nil {
+				h.logger.Debug("refund failed", zap.String("zone", v.zone.Name), zap.Error(err))
+			}
+		}
+	}
+	h.setHeaders(w.Header(), verdicts)
+	if denied == nil {
+		return next.ServeHTTP(w, r)
+	}
+	return h.deny(w, r, repl, denied)
+}
+
+// deny answers a denied request: Retry-After, placeholders, the
+// rate_limit_exceeded event, a sampled log line, and the error for
+// handle_errors to shape. The error is a plain caddyhttp.HandlerError:
+// caddyhttp.Error would record a stack trace and an error id on every
+// denial. Denying must stay cheaper than serving.
+func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, v *verdict) error {
+	retry := v.d.RetryAfter
+	if h.Jitter > 0 {
+		retry += time.Duration(rand.Float64() * h.Jitter * float64(retry))
+	}
+	w.Header().Set("Retry-After", strconv.FormatInt(max(1, ceilSeconds(retry)), 10))
+	repl.Set("http.rate_limit.exceeded.name", v.zone.Name)
+	repl.Set("http.rate_limit.exceeded.key", v.key)
+	if h.events.ShouldEmit(eventExceeded) {
+		h.events.Emit(h.ctx, eventExceeded, map[string]any{
+			"zone":        v.zone.Name,
+			"key":         v.key,
+			"retry_after": retry,
+			"remote_addr": r.RemoteAddr,
+		})
+	}
+	h.logDenial(v.zone, v.key, v.d, false)
+	if srv, ok := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok &&
+		(srv.Errors == nil || len(srv.Errors.Routes) == 0) {
+		// Nothing would shape the error: answer directly. Caddy's error
+		// path would encode the whole request for a debug log line on
+		// every denial, which under a flood costs more than serving.
+		w.WriteHeader(h.StatusCode)
+		return nil
+	}
+	return caddyhttp.HandlerError{StatusCode: h.StatusCode, Err: v.zone.denyErr}
+}
+
+const eventExceeded = "rate_limit_exceeded"
+
+func (h *Handler) logDenial(z *zoneHandler, key string, d zones.Decision, dryRun bool) {
+	msg := "rate limit exceeded"
+	if dryRun {
+		msg = "rate limit would deny (dry run)"
+	}
+	if c := h.denyLog.Check(zapcore.InfoLevel, msg); c != nil {
+		fields := []zap.Field{zap.String("zone", z.Name), zap.Duration("retry_after", d.RetryAfter)}
+		if h.LogKey {
+			fields = append(fields, zap.String("key", key))
+		}
+		c.Write(fields...)
+	}
+}
+
+func (h *Handler) logStoreError(z *zoneHandler, d zones.Decision) {
+	if c := h.denyLog.Check(zapcore.DebugLevel, "store unavailable; fail policy applied"); c != nil {
+		c.Write(zap.String("zone", z.Name), zap.String("fail_policy", z.FailPolicy.String()), zap.Error(d.Err))
+	}
+}
