@@ -27,6 +27,7 @@ func init() {
 //	GET    /rate_limit/zones                    every zone, its limits and store health
 //	GET    /rate_limit/zones/<zone>/keys/<key>  a key's remaining, retry_after, reset_after
 //	DELETE /rate_limit/zones/<zone>/keys/<key>  reset the key (local table, deny cache, Redis)
+//	GET    /rate_limit/zones/<zone>/top?n=20    the keys this instance denied most lately
 //
 // Keys are path-escaped (url.PathEscape) in the URL.
 type AdminAPI struct{}
@@ -142,9 +143,19 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 			return a.resetKey(w, r, z, key)
 		}
 		return methodNotAllowed(w, http.MethodGet, http.MethodDelete)
+	case len(parts) == 3 && parts[0] == "zones" && parts[2] == "top":
+		zoneName, err := url.PathUnescape(parts[1])
+		if err != nil {
+			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
+		}
+		z := lookupZone(zoneName)
+		if z == nil {
+			return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("unknown zone %q", zoneName)}
+		}
+		return a.top(w, r, z)
 	}
 	return caddy.APIError{HTTPStatus: http.StatusNotFound,
-		Err: errors.New("unknown path: use /rate_limit/zones or /rate_limit/zones/<zone>/keys/<key>")}
+		Err: errors.New("unknown path: use /rate_limit/zones, /rate_limit/zones/<zone>/keys/<key> or /rate_limit/zones/<zone>/top")}
 }
 
 func listZones() []zoneInfo {

@@ -113,6 +113,7 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 		})
 	}
 	h.logDenial(v.zone, v.key, v.d, false)
+	v.zone.State().Offenders.Record(v.key, time.Now().UnixNano())
 	if srv, ok := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok &&
 		(srv.Errors == nil || len(srv.Errors.Routes) == 0) {
 		// Nothing would shape the error: answer directly. Caddy's error

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/caddy-tally/ratelimit/algorithms"
+	"github.com/caddy-tally/ratelimit/internal/topk"
 )
 
 // FailPolicy says what a zone does when its Store errors, times out or its
@@ -59,6 +60,10 @@ const FailClosedRetryAfter = time.Second
 // MaxKeyLength is the longest key kept as is; longer keys are replaced by
 // their SHA-256, so a hostile key costs bounded memory.
 const MaxKeyLength = 256
+
+// OffendersPeriod is how long each of the two top-offender sketches counts
+// denials: the top list covers the last 5 to 10 minutes.
+const OffendersPeriod = 5 * time.Minute
 
 // DefaultMaxKeys caps a zone's local table when max_keys is not set.
 const DefaultMaxKeys = 1_000_000
@@ -148,6 +153,10 @@ type State struct {
 	Fallback *Table // fail_policy local: TAT per key at this instance's share
 	stop     chan struct{}
 	done     chan struct{}
+
+	// Offenders counts this instance's denials per key over the last one
+	// to two OffendersPeriods, in fixed memory (not sized by max_keys).
+	Offenders *topk.Recent
 }
 
 // NewState returns an empty state whose expired entries are swept every
@@ -164,6 +173,7 @@ func NewState(c Config, sweepInterval time.Duration) *State {
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 	}
+	s.Offenders = topk.NewRecent(topk.DefaultCapacity, int64(OffendersPeriod))
 	go s.sweep(sweepInterval)
 	return s
 }

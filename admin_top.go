@@ -1,0 +1,82 @@
+package ratelimit
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-tally/ratelimit/zones"
+)
+
+// topInfo is GET /rate_limit/zones/<zone>/top: the keys this instance denied
+// most over the last one to two zones.OffendersPeriod, from the zone's
+// fixed-size sketch. Each key's true denial count lies in
+// [denials-error, denials].
+type topInfo struct {
+	Zone     string         `json:"zone"`
+	View     string         `json:"view"`     // "instance": this Caddy's denials only
+	Since    time.Time      `json:"since"`    // start of the window counted
+	Denials  uint64         `json:"denials"`  // every denial in the window, all keys
+	Capacity int            `json:"capacity"` // keys tracked per period
+	Keys     []offenderInfo `json:"keys"`
+}
+
+// offenderInfo is one key of the top list, with its state now.
+type offenderInfo struct {
+	Key        string  `json:"key"`
+	Denials    uint64  `json:"denials"`
+	Error      uint64  `json:"error"`
+	Limited    bool    `json:"limited"` // denied if it sent a request now
+	Remaining  int64   `json:"remaining"`
+	RetryAfter float64 `json:"retry_after"`
+	ResetAfter float64 `json:"reset_after"`
+	StateError string  `json:"state_error,omitempty"` // the store could not be read
+}
+
+// defaultTopN is how many keys GET .../top returns without ?n=.
+const defaultTopN = 20
+
+func (a *AdminAPI) top(w http.ResponseWriter, r *http.Request, z *zones.Zone) error {
+	if r.Method != http.MethodGet {
+		return methodNotAllowed(w, http.MethodGet)
+	}
+	offenders := z.State().Offenders
+	n := defaultTopN
+	if s := r.URL.Query().Get("n"); s != "" {
+		var err error
+		if n, err = strconv.Atoi(s); err != nil || n < 1 {
+			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("n=%q: want a positive number of keys (e.g. n=20)", s)}
+		}
+	}
+	now := time.Now()
+	entries, since, total := offenders.Top(n, now.UnixNano())
+	out := topInfo{
+		Zone:     z.Name,
+		View:     "instance",
+		Since:    time.Unix(0, since).UTC(),
+		Denials:  total,
+		Capacity: offenders.Capacity(),
+		Keys:     make([]offenderInfo, 0, len(entries)),
+	}
+	for _, e := range entries {
+		o := offenderInfo{Key: e.Key, Denials: e.Count, Error: e.Error}
+		d, err := z.Peek(r.Context(), e.Key, now.UnixNano())
+		switch {
+		case errors.Is(err, zones.ErrUnknownKey):
+			o.Remaining = z.Limit().Burst
+		case err != nil:
+			o.StateError = err.Error()
+		default:
+			o.Limited = d.RetryAfter > 0
+			o.Remaining = d.Remaining
+			o.RetryAfter = d.RetryAfter.Seconds()
+			o.ResetAfter = d.ResetAfter.Seconds()
+		}
+		out.Keys = append(out.Keys, o)
+	}
+	return writeJSON(w, out)
+}

@@ -1,0 +1,234 @@
+// Package topk finds the keys a zone denies most often with memory that does
+// not grow with the number of keys: a Space-Saving sketch (Metwally, Agrawal,
+// El Abbadi, 2005) of fixed capacity, and Recent, two of them rotating so
+// that the view covers a recent window rather than all time.
+//
+// # Guarantee
+//
+// A sketch of capacity k that has counted N events holds every key whose
+// true count is more than N/k, and for each key it reports an upper bound
+// Count and an Error such that the true count lies in [Count-Error, Count],
+// with Error <= N/k. Keys that are not heavy hitters may be reported too,
+// with a large Error; their rank is then not meaningful.
+//
+// Counting a key the sketch already tracks allocates nothing; a new key
+// costs one copy of the key (and evicts the least counted one when full).
+package topk
+
+import (
+	"cmp"
+	"slices"
+	"strings"
+	"sync"
+)
+
+// DefaultCapacity is how many keys a sketch tracks unless told otherwise:
+// every key with more than 1/128 of the denials is found.
+const DefaultCapacity = 128
+
+// Sketch is a Space-Saving sketch. It is not safe for concurrent use; Recent
+// is.
+type Sketch struct {
+	capacity int
+	index    map[string]int32 // key -> its position in heap
+	heap     []counter        // min-heap by count: heap[0] is the least counted
+	total    uint64           // events counted
+}
+
+type counter struct {
+	key   string
+	count uint64 // upper bound of the key's true count
+	err   uint64 // how much of count may belong to keys it replaced
+}
+
+// NewSketch returns an empty sketch tracking at most capacity keys (at
+// least 1).
+func NewSketch(capacity int) *Sketch {
+	capacity = max(1, capacity)
+	return &Sketch{
+		capacity: capacity,
+		index:    make(map[string]int32, capacity),
+		heap:     make([]counter, 0, capacity),
+	}
+}
+
+// Add counts one event for key.
+func (s *Sketch) Add(key string) {
+	s.total++
+	if i, ok := s.index[key]; ok {
+		s.heap[i].count++
+		s.down(int(i))
+		return
+	}
+	if len(s.heap) < s.capacity {
+		s.heap = append(s.heap, counter{key: strings.Clone(key), count: 1})
+		i := len(s.heap) - 1
+		s.index[s.heap[i].key] = int32(i)
+		s.up(i)
+		return
+	}
+	// Full: the new key takes over the least counted key's counter, whose
+	// count becomes the new key's possible overestimate.
+	least := &s.heap[0]
+	delete(s.index, least.key)
+	*least = counter{key: strings.Clone(key), count: least.count + 1, err: least.count}
+	s.index[least.key] = 0
+	s.down(0)
+}
+
+// Total is the number of events counted.
+func (s *Sketch) Total() uint64 { return s.total }
+
+// Reset empties the sketch, keeping its memory.
+func (s *Sketch) Reset() {
+	clear(s.index)
+	clear(s.heap) // drop the keys so they can be collected
+	s.heap = s.heap[:0]
+	s.total = 0
+}
+
+// floor is the most an untracked key may have been counted: the least count
+// when the sketch is full (it may have been evicted), else 0 (it never came).
+func (s *Sketch) floor() uint64 {
+	if len(s.heap) < s.capacity {
+		return 0
+	}
+	return s.heap[0].count
+}
+
+func (s *Sketch) less(i, j int) bool { return s.heap[i].count < s.heap[j].count }
+
+func (s *Sketch) swap(i, j int) {
+	s.heap[i], s.heap[j] = s.heap[j], s.heap[i]
+	s.index[s.heap[i].key] = int32(i)
+	s.index[s.heap[j].key] = int32(j)
+}
+
+func (s *Sketch) up(i int) {
+	for i > 0 {
+		parent := (i - 1) / 2
+		if !s.less(i, parent) {
+			return
+		}
+		s.swap(i, parent)
+		i = parent
+	}
+}
+
+func (s *Sketch) down(i int) {
+	n := len(s.heap)
+	for {
+		smallest := i
+		if l := 2*i + 1; l < n && s.less(l, smallest) {
+			smallest = l
+		}
+		if r := 2*i + 2; r < n && s.less(r, smallest) {
+			smallest = r
+		}
+		if smallest == i {
+			return
+		}
+		s.swap(i, smallest)
+		i = smallest
+	}
+}
+
+// Entry is one key of a top list: its true count lies in
+// [Count-Error, Count].
+type Entry struct {
+	Key   string
+	Count uint64
+	Error uint64
+}
+
+// Recent counts events in two Space-Saving sketches that take turns: the
+// current one counts, the previous one holds the period before, and at each
+// period boundary the previous one is emptied and becomes current. Top
+// reports the sum of both, so it covers between one and two periods.
+type Recent struct {
+	mu       sync.Mutex
+	period   int64 // nanoseconds
+	curStart int64 // start of the current period, a multiple of period
+	cur      *Sketch
+	prev     *Sketch
+}
+
+// NewRecent returns a Recent with two sketches of capacity keys each, that
+// rotate every period nanoseconds.
+func NewRecent(capacity int, period int64) *Recent {
+	return &Recent{period: max(1, period), cur: NewSketch(capacity), prev: NewSketch(capacity)}
+}
+
+// Record counts one event for key at now (Unix nanoseconds).
+func (r *Recent) Record(key string, now int64) {
+	r.mu.Lock()
+	r.rotate(now)
+	r.cur.Add(key)
+	r.mu.Unlock()
+}
+
+// rotate moves to the period that holds now.
+func (r *Recent) rotate(now int64) {
+	start := now - now%r.period
+	switch {
+	case start <= r.curStart:
+		return
+	case start == r.curStart+r.period:
+		r.cur, r.prev = r.prev, r.cur
+		r.cur.Reset()
+	default: // idle for more than a period: both are out of date
+		r.cur.Reset()
+		r.prev.Reset()
+	}
+	r.curStart = start
+}
+
+// Top returns up to n keys with the highest counts over the recent window
+// at now, highest first, the window's start (Unix nanoseconds) and the
+// number of events counted in it.
+func (r *Recent) Top(n int, now int64) (top []Entry, since int64, total uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.rotate(now)
+	// A key's count is the sum over both sketches; where a full sketch
+	// does not track the key, it may have counted up to its floor there.
+	curFloor, prevFloor := r.cur.floor(), r.prev.floor()
+	type bounds struct{ upper, lower uint64 }
+	merged := make(map[string]bounds, len(r.cur.heap)+len(r.prev.heap))
+	for _, c := range r.cur.heap {
+		merged[c.key] = bounds{c.count, c.count - c.err}
+	}
+	for _, c := range r.prev.heap {
+		b, ok := merged[c.key]
+		if !ok {
+			b.upper = curFloor
+		}
+		b.upper += c.count
+		b.lower += c.count - c.err
+		merged[c.key] = b
+	}
+	for _, c := range r.cur.heap {
+		if _, tracked := r.prev.index[c.key]; !tracked {
+			b := merged[c.key]
+			b.upper += prevFloor
+			merged[c.key] = b
+		}
+	}
+	top = make([]Entry, 0, len(merged))
+	for k, b := range merged {
+		top = append(top, Entry{Key: k, Count: b.upper, Error: b.upper - b.lower})
+	}
+	slices.SortFunc(top, func(a, b Entry) int {
+		return cmp.Or(cmp.Compare(b.Count, a.Count), cmp.Compare(b.Count-b.Error, a.Count-a.Error), strings.Compare(a.Key, b.Key))
+	})
+	if n >= 0 && len(top) > n {
+		top = top[:n]
+	}
+	return top, r.curStart - r.period, r.cur.total + r.prev.total
+}
+
+// Capacity is how many keys each of the two sketches tracks.
+func (r *Recent) Capacity() int { return r.cur.capacity }
+
+// Period is how long each sketch counts, in nanoseconds.
+func (r *Recent) Period() int64 { return r.period }

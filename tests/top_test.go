@@ -1,0 +1,193 @@
+package tests
+
+// GET /rate_limit/zones/<zone>/top: the keys a zone denied most, from a
+// fixed-size sketch fed by the deny path.
+
+import (
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// adminTop is GET /rate_limit/zones/<zone>/top.
+type adminTop struct {
+	Zone     string    `json:"zone"`
+	View     string    `json:"view"`
+	Since    time.Time `json:"since"`
+	Denials  uint64    `json:"denials"`
+	Capacity int       `json:"capacity"`
+	Keys     []struct {
+		Key        string  `json:"key"`
+		Denials    uint64  `json:"denials"`
+		Error      uint64  `json:"error"`
+		Limited    bool    `json:"limited"`
+		Remaining  int64   `json:"remaining"`
+		RetryAfter float64 `json:"retry_after"`
+		ResetAfter float64 `json:"reset_after"`
+		StateError string  `json:"state_error"`
+	} `json:"keys"`
+}
+
+// skewedKey is the key of request i of the issue's flood: half the requests
+// from heavy-0, a tenth each from heavy-1..heavy-4, the last tenth spread
+// over 10,000 keys.
+func skewedKey(i int) string {
+	switch r := i % 10; {
+	case r < 5:
+		return "heavy-0"
+	case r < 9:
+		return "heavy-" + strconv.Itoa(r-4)
+	default:
+		return "spread-" + strconv.Itoa((i*7919)%10_000)
+	}
+}
+
+// floodSkewed sends n requests of the skewed flood and returns how many of
+// each key were denied.
+func floodSkewed(t *testing.T, c *caddyInstance, n int) map[string]uint64 {
+	t.Helper()
+	statuses := make([]int, n)
+	sendConcurrently(t, n, 8, func(i int) (response, error) {
+		res, err := c.try(withKey(skewedKey(i)))
+		statuses[i] = res.Status
+		return res, err
+	}, nil)
+	denied := map[string]uint64{}
+	for i, s := range statuses {
+		if s == http.StatusTooManyRequests {
+			denied[skewedKey(i)]++
+		}
+	}
+	return denied
+}
+
+// checkTopFive checks that top names the five heavy keys, heavy-0 first,
+// with bounds that hold the true denial counts.
+func checkTopFive(t *testing.T, top adminTop, denied map[string]uint64) {
+	t.Helper()
+	var total uint64
+	for _, n := range denied {
+		total += n
+	}
+	if top.Denials != total || top.View != "instance" || top.Capacity < 5 {
+		t.Errorf("top counted %d denials (view %q, capacity %d), want %d, view instance", top.Denials, top.View, top.Capacity, total)
+	}
+	if len(top.Keys) != 5 || top.Keys[0].Key != "heavy-0" {
+		t.Fatalf("top 5 = %+v, want heavy-0 first", top.Keys)
+	}
+	seen := map[string]bool{}
+	for _, k := range top.Keys {
+		seen[k.Key] = true
+		if tc := denied[k.Key]; tc > k.Denials || tc < k.Denials-k.Error {
+			t.Errorf("%s: %d denials ± %d reported, %d true", k.Key, k.Denials, k.Error, tc)
+		}
+		// One request per hour: a key that was denied is still blocked.
+		if !k.Limited || k.Remaining != 0 || k.RetryAfter < 3000 || k.RetryAfter > 3600 || k.StateError != "" {
+			t.Errorf("%s state: %+v, want limited, remaining 0, retry_after about 3600", k.Key, k)
+		}
+	}
+	for i := 0; i < 5; i++ {
+		if k := "heavy-" + strconv.Itoa(i); !seen[k] {
+			t.Errorf("%s is missing from the top 5: %+v", k, top.Keys)
+		}
+	}
+}
+
+const topSite = `http:// {
+	rate_limit {
+		zone api {
+			key {http.request.header.X-API-Key}
+			events 1
+			window 1h
+		}
+	}
+	respond "ok"
+}
+`
+
+func TestTopNamesTheHeavyKeysOfASkewedFlood(t *testing.T) {
+	t.Parallel()
+	c := startCaddy(t, topSite)
+	before := time.Now()
+	denied := floodSkewed(t, c, 3000)
+
+	var top adminTop
+	c.adminJSON("/rate_limit/zones/api/top?n=5", &top)
+	checkTopFive(t, top, denied)
+	if top.Zone != "api" || top.Since.After(before) || top.Since.Before(before.Add(-10*time.Minute)) {
+		t.Errorf("zone %q since %v, want api and a window start in the 10 minutes before the flood (%v)", top.Zone, top.Since, before)
+	}
+
+	// Without n, up to 20 keys; a reset key is shown back at its full limit.
+	for i := 0; i < 30; i++ {
+		if got := c.Send(2, withKey("extra-"+strconv.Itoa(i))); got[1] != http.StatusTooManyRequests {
+			t.Fatalf("extra-%d: %v, want the second denied", i, got)
+		}
+	}
+	if status, body := c.adminDo(http.MethodDelete, keyPath("api", "heavy-4")); status != http.StatusNoContent {
+		t.Fatalf("DELETE heavy-4: %d %s", status, body)
+	}
+	c.adminJSON("/rate_limit/zones/api/top", &top)
+	if len(top.Keys) != 20 {
+		t.Errorf("GET .../top without n: %d keys, want 20", len(top.Keys))
+	}
+	for _, k := range top.Keys {
+		if k.Key == "heavy-4" && (k.Limited || k.Remaining != 1) {
+			t.Errorf("heavy-4 after its reset: %+v, want not limited, remaining 1", k)
+		}
+	}
+}
+
+func TestTopRejectsBadRequests(t *testing.T) {
+	t.Parallel()
+	c := startCaddy(t, topSite)
+	cases := []struct {
+		method, path string
+		status       int
+	}{
+		{http.MethodGet, "/rate_limit/zones/nope/top", http.StatusNotFound},
+		{http.MethodGet, "/rate_limit/zones/api/top?n=0", http.StatusBadRequest},
+		{http.MethodGet, "/rate_limit/zones/api/top?n=ten", http.StatusBadRequest},
+		{http.MethodPost, "/rate_limit/zones/api/top", http.StatusMethodNotAllowed},
+	}
+	for _, tc := range cases {
+		if status, body := c.adminDo(tc.method, tc.path); status != tc.status {
+			t.Errorf("%s %s: %d %s, want %d", tc.method, tc.path, status, body, tc.status)
+		}
+	}
+	// A zone nobody was denied in has an empty list, not null.
+	status, body := c.adminDo(http.MethodGet, "/rate_limit/zones/api/top")
+	if status != http.StatusOK || !strings.Contains(body, `"keys":[]`) || !strings.Contains(body, `"denials":0`) {
+		t.Errorf("GET top of a quiet zone: %d %s, want an empty list", status, body)
+	}
+}
+
+// In strict mode the denials this instance answered from its deny cache count
+// too, and the state shown is Redis's.
+func TestTopInStrictModeCountsDenyCacheDenialsAndShowsRedisState(t *testing.T) {
+	t.Parallel()
+	r := startRedis(t)
+	// A timeout long enough that the race-built Caddy on a loaded machine
+	// does not fall back to its fail policy in the middle of the flood.
+	c := startCaddy(t, `http:// {
+	rate_limit {
+		zone api {
+			key {http.request.header.X-API-Key}
+			events 1
+			window 1h
+		}
+		distributed {
+			redis redis://`+r.Addr+`
+			timeout 2s
+		}
+	}
+	respond "ok"
+}
+`)
+	denied := floodSkewed(t, c, 1000)
+	var top adminTop
+	c.adminJSON("/rate_limit/zones/api/top?n=5", &top)
+	checkTopFive(t, top, denied)
+}
