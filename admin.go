@@ -110,6 +110,11 @@ type keyInfo struct {
 	Remaining  int64   `json:"remaining"`
 	RetryAfter float64 `json:"retry_after"`
 	ResetAfter float64 `json:"reset_after"`
+	// The limit the key was last decided under: the zone's literal one, or
+	// the plan its last request carried (events/window/burst placeholders).
+	Events int64  `json:"events"`
+	Window string `json:"window"`
+	Burst  int64  `json:"burst"`
 }
 
 // healthReporter is what a store that can tell its health offers.
@@ -189,19 +194,24 @@ func listZones() []zoneInfo {
 }
 
 func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone, key string) error {
-	d, err := z.Peek(r.Context(), key, time.Now().UnixNano())
+	now := time.Now().UnixNano()
+	d, err := z.Peek(r.Context(), key, now)
 	switch {
 	case errors.Is(err, zones.ErrUnknownKey):
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s has no state for key %q (it is at its full limit)", z.Name, key)}
 	case err != nil:
 		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("reading key: %v", err)}
 	}
+	plan := z.LastPlan(key, now)
 	return writeJSON(w, keyInfo{
 		Zone:       z.Name,
 		Key:        key,
 		Remaining:  d.Remaining,
 		RetryAfter: d.RetryAfter.Seconds(),
 		ResetAfter: d.ResetAfter.Seconds(),
+		Events:     plan.Events,
+		Window:     plan.Window.String(),
+		Burst:      plan.Burst,
 	})
 }
 

@@ -32,6 +32,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        events     <n>                # required
 //	        window     <duration>         # required
 //	        burst      <n>                # default: events
+//	        # events, window and burst also take a placeholder and the
+//	        # literal fallback for requests where it is empty or invalid:
+//	        #   events {plan_rpm} 60      (limits per plan, e.g. from map)
+//	        #   burst  {plan_burst}       (fallback: burst, else events)
 //	        match      { <matchers> }     # repeatable; default: every request
 //	        ipv4_prefix <bits>
 //	        ipv6_prefix <bits>
@@ -141,11 +145,17 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 		case "key":
 			z.Key, err = oneArg(d)
 		case "events":
-			z.MaxEvents, err = intArg(d, 1, 1<<40)
+			if z.MaxEventsPlaceholder, err = placeholderArg(d, true); err == nil {
+				z.MaxEvents, err = intArgOf(d, "events", 1, 1<<40)
+			}
 		case "window":
-			z.Window, err = durationArg(d)
+			if z.WindowPlaceholder, err = placeholderArg(d, true); err == nil {
+				z.Window, err = durationArgOf(d, "window")
+			}
 		case "burst":
-			z.Burst, err = intArg(d, 1, 1<<40)
+			if z.BurstPlaceholder, err = placeholderArg(d, false); err == nil && (z.BurstPlaceholder == "" || d.CountRemainingArgs() > 0) {
+				z.Burst, err = intArgOf(d, "burst", 1, 1<<40)
+			}
 		case "match":
 			var set caddy.ModuleMap
 			if set, err = caddyhttp.ParseCaddyfileNestedMatcherSet(d); err == nil {
@@ -272,6 +282,35 @@ func (r *Redis) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
+// placeholderArg reads `<setting> <placeholder> [<fallback>]`: when the
+// setting's value is a placeholder, it returns it and leaves the dispenser
+// on the setting's name again, so that the literal fallback is read from
+// the rest of the line as the setting itself would be. needFallback says
+// whether the fallback is required.
+func placeholderArg(d *caddyfile.Dispenser, needFallback bool) (string, error) {
+	dir := d.Val()
+	if d.CountRemainingArgs() < 1 {
+		return "", nil
+	}
+	d.NextArg()
+	v := d.Val()
+	if !strings.HasPrefix(v, "{") {
+		d.Prev()
+		return "", nil
+	}
+	if singlePlaceholder(v) == "" {
+		return "", d.Errf("%s takes a number or one placeholder such as {plan_rpm}, not %q", dir, v)
+	}
+	if needFallback && d.CountRemainingArgs() == 0 {
+		example := "60"
+		if dir == "window" {
+			example = "1m"
+		}
+		return "", d.Errf("%s %s needs a fallback for requests where it is empty or invalid: %s %s %s", dir, v, dir, v, example)
+	}
+	return v, nil
+}
+
 func oneArg(d *caddyfile.Dispenser) (string, error) {
 	dir := d.Val()
 	if !d.NextArg() {
@@ -299,7 +338,12 @@ func oneOf(d *caddyfile.Dispenser, allowed ...string) (string, error) {
 }
 
 func intArg(d *caddyfile.Dispenser, lo, hi int) (int, error) {
-	dir := d.Val()
+	return intArgOf(d, d.Val(), lo, hi)
+}
+
+// intArgOf is intArg for the setting dir, whose value is the next argument
+// (after a placeholder, its fallback).
+func intArgOf(d *caddyfile.Dispenser, dir string, lo, hi int) (int, error) {
 	s, err := oneArg(d)
 	if err != nil {
 		return 0, err
@@ -312,7 +356,10 @@ func intArg(d *caddyfile.Dispenser, lo, hi int) (int, error) {
 }
 
 func durationArg(d *caddyfile.Dispenser) (caddy.Duration, error) {
-	dir := d.Val()
+	return durationArgOf(d, d.Val())
+}
+
+func durationArgOf(d *caddyfile.Dispenser, dir string) (caddy.Duration, error) {
 	s, err := oneArg(d)
 	if err != nil {
 		return 0, err

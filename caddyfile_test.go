@@ -109,6 +109,34 @@ func TestCaddyfileAcceptsMholtSyntax(t *testing.T) {
 	}
 }
 
+func TestCaddyfilePlaceholderLimitsWithFallbacks(t *testing.T) {
+	h, err := parse(t, `rate_limit {
+		zone per_customer {
+			key    {http.request.header.X-API-Key}
+			events {plan_rpm} 60
+			window {plan_window} 1m
+			burst  {plan_burst}
+		}
+		zone literal_burst_fallback {
+			key    {client_ip}
+			events 10
+			window 1s
+			burst  {plan_burst} 5
+		}
+	}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	z := h.RateLimits["per_customer"]
+	if z.MaxEventsPlaceholder != "{plan_rpm}" || z.MaxEvents != 60 || z.WindowPlaceholder != "{plan_window}" ||
+		time.Duration(z.Window) != time.Minute || z.BurstPlaceholder != "{plan_burst}" || z.Burst != 0 {
+		t.Errorf("zone per_customer = %+v", z)
+	}
+	if z := h.RateLimits["literal_burst_fallback"]; z.BurstPlaceholder != "{plan_burst}" || z.Burst != 5 {
+		t.Errorf("zone literal_burst_fallback = %+v", z)
+	}
+}
+
 func TestCaddyfileRedisBlock(t *testing.T) {
 	h, err := parse(t, `rate_limit {
 		zone z {
@@ -166,6 +194,10 @@ func TestCaddyfileErrorsNameTheLineAndTheFix(t *testing.T) {
 		{"distributed without redis", "rate_limit {\n\tdistributed {\n\t\tread_interval 1s\n\t}\n}", 4, "distributed needs Redis"},
 		{"bad mode", "rate_limit {\n\tdistributed {\n\t\tmode eventually\n\t}\n}", 3, "mode must be one of strict, async"},
 		{"flag with value", "rate_limit {\n\tlog_key yes\n}", 2, "log_key takes no value"},
+		{"placeholder events without fallback", zone("\t\tevents {plan_rpm}\n\t\twindow 1s"), 4, "events {plan_rpm} needs a fallback for requests where it is empty or invalid: events {plan_rpm} 60"},
+		{"placeholder window without fallback", zone("\t\tevents 1\n\t\twindow {plan_window}"), 5, "window {plan_window} 1m"},
+		{"bad fallback", zone("\t\tevents {plan_rpm} many\n\t\twindow 1s"), 4, `events must be a whole number from 1`},
+		{"two placeholders", zone("\t\tevents {a}{b} 5\n\t\twindow 1s"), 4, "events takes a number or one placeholder"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

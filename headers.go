@@ -53,9 +53,9 @@ func (h *Handler) setHeaders(hdr http.Header, verdicts []verdict) {
 			state = append(state, ";t="...)
 			state = strconv.AppendInt(state, ceilSeconds(v.d.ResetAfter), 10)
 		}
-		vals[0] = verdicts[0].zone.policy
-		for _, v := range verdicts[1:] {
-			vals[0] += ", " + v.zone.policy
+		vals[0] = verdicts[0].policy()
+		for i := range verdicts[1:] {
+			vals[0] += ", " + verdicts[i+1].policy()
 		}
 		vals[1] = string(state)
 		// An earlier rate_limit handler on this route keeps its members.
@@ -83,7 +83,7 @@ func (h *Handler) setHeaders(hdr http.Header, verdicts []verdict) {
 				return
 			}
 		}
-		vals[2] = m.zone.limit
+		vals[2] = m.limitValue()
 		vals[3] = strconv.FormatInt(m.d.Remaining, 10)
 		vals[4] = strconv.FormatInt(ceilSeconds(m.d.ResetAfter), 10)
 		hdr["Ratelimit-Limit"] = vals[2:3:3]

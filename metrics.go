@@ -21,6 +21,7 @@ var collectors = struct {
 	failPolicy  *prometheus.CounterVec
 	latency     *prometheus.HistogramVec
 	keys        *keysCollector
+	plans       *prometheus.CounterVec
 }{}
 
 func initCollectors() {
@@ -42,6 +43,10 @@ func initCollectors() {
 		Help:    "Time a decision spent waiting for the shared store.",
 		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1},
 	}, []string{"zone"})
+	collectors.plans = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "plan_fallbacks_total",
+		Help: "Requests whose per-request events, window or burst was empty or invalid, decided under the zone's literal limit.",
+	}, []string{"zone"})
 	collectors.keys = &keysCollector{desc: prometheus.NewDesc(ns+"_"+sub+"_keys",
 		"Keys the zone holds in this instance's memory.", []string{"zone"}, nil)}
 }
@@ -54,7 +59,7 @@ func registerMetrics(ctx caddy.Context) error {
 		return nil
 	}
 	for _, c := range []prometheus.Collector{collectors.requests, collectors.storeErrors,
-		collectors.failPolicy, collectors.latency, collectors.keys} {
+		collectors.failPolicy, collectors.latency, collectors.keys, collectors.plans} {
 		if err := reg.Register(c); err != nil {
 			if are := (prometheus.AlreadyRegisteredError{}); !errors.As(err, &are) {
 				return err
@@ -71,10 +76,11 @@ type zoneMetrics struct {
 	storeErrors                   prometheus.Counter
 	failPolicy                    prometheus.Counter
 	latency                       prometheus.Observer
+	planFallbacks                 prometheus.Counter // nil unless the zone reads its limit from requests
 }
 
-func newZoneMetrics(name string, policy zones.FailPolicy) *zoneMetrics {
-	return &zoneMetrics{
+func newZoneMetrics(name string, policy zones.FailPolicy, perRequest bool) *zoneMetrics {
+	m := &zoneMetrics{
 		allowed:      collectors.requests.WithLabelValues(name, "allowed"),
 		denied:       collectors.requests.WithLabelValues(name, "denied"),
 		dryRunDenied: collectors.requests.WithLabelValues(name, "dry_run_denied"),
@@ -82,6 +88,10 @@ func newZoneMetrics(name string, policy zones.FailPolicy) *zoneMetrics {
 		failPolicy:   collectors.failPolicy.WithLabelValues(name, policy.String()),
 		latency:      collectors.latency.WithLabelValues(name),
 	}
+	if perRequest {
+		m.planFallbacks = collectors.plans.WithLabelValues(name)
+	}
+	return m
 }
 
 // observe counts one decision; storeWait is 0 when the decision was not

@@ -96,16 +96,32 @@ type Zone struct {
 	// zone. All requests count when it is empty.
 	MatcherSetsRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
 
-	// How many requests a key may make per window. Required.
+	// How many requests a key may make per window. Required: with
+	// max_events_placeholder, it is the fallback.
 	MaxEvents int `json:"max_events,omitempty"`
 
-	// The window. Required.
+	// The window. Required: with window_placeholder, it is the fallback.
 	Window caddy.Duration `json:"window,omitempty"`
 
 	// How many requests a key may make at once. Default: max_events, so a
 	// fresh key may send max_events at once and then one every
 	// window/max_events. 1 gives a perfectly smooth rate.
 	Burst int `json:"burst,omitempty"`
+
+	// A placeholder, such as {plan_rpm} set by a `map` of the customer's
+	// plan or a JWT claim, whose value is this request's max_events: limits
+	// per plan. A value that is empty, not a whole number or out of range
+	// (1 to 2^40) is replaced by max_events, counted in
+	// caddy_rate_limit_plan_fallbacks_total and logged (sampled).
+	MaxEventsPlaceholder string `json:"max_events_placeholder,omitempty"`
+
+	// A placeholder whose value (a duration such as 1m or 1h) is this
+	// request's window; window is the fallback, as for max_events.
+	WindowPlaceholder string `json:"window_placeholder,omitempty"`
+
+	// A placeholder whose value is this request's burst; burst (or the
+	// request's max_events when burst is not set) is the fallback.
+	BurstPlaceholder string `json:"burst_placeholder,omitempty"`
 
 	// When the key is an IPv4 address, limit its /ipv4_prefix network
 	// instead of the address (e.g. 24).
@@ -143,6 +159,7 @@ type zoneHandler struct {
 	matchers caddyhttp.MatcherSets
 	key      string // the key template
 	keyVar   string // when the template is exactly one placeholder: its name
+	vars     planVars
 	dryRun   bool
 	denyErr  error        // the error a denial returns
 	policy   string       // this zone's RateLimit-Policy list member
@@ -240,16 +257,29 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 		MaxKeys:    zc.MaxKeys,
 		DryRun:     zc.DryRun || h.DryRun,
 	}
+	vars := planVars{events: zc.MaxEventsPlaceholder, window: zc.WindowPlaceholder, burst: zc.BurstPlaceholder}
+	for _, v := range []*string{&vars.events, &vars.window, &vars.burst} {
+		if *v == "" {
+			continue
+		}
+		ph := singlePlaceholder(*v)
+		if ph == "" {
+			return nil, fmt.Errorf("zone %s: %q is not a placeholder: write one placeholder such as {plan_rpm}", name, *v)
+		}
+		*v = ph
+	}
+	cfg.PerRequest = vars.any()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	plan, _ := cfg.Plan()
 	if zc.Key == "" {
 		return nil, fmt.Errorf("zone %s: key is required (e.g. key {client_ip})", name)
 	}
-	if err := claimZoneName(ctx, cfg); err != nil {
+	if err := claimZoneName(ctx, cfg, vars); err != nil {
 		return nil, err
 	}
-	state, id, err := loadState(cfg, time.Duration(h.SweepInterval))
+	state, id, err := loadState(cfg, vars, time.Duration(h.SweepInterval))
 	if err != nil {
 		return nil, err
 	}
@@ -258,9 +288,10 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 	zh := &zoneHandler{
 		key:     zc.Key,
 		keyVar:  singlePlaceholder(zc.Key),
+		vars:    vars,
 		dryRun:  cfg.DryRun,
 		denyErr: fmt.Errorf("rate limit exceeded in zone %s", name),
-		policy:  `"` + name + `";q=` + strconv.FormatInt(cfg.Events, 10) + ";w=" + strconv.FormatInt(ceilSeconds(cfg.Window), 10),
+		policy:  policyMember(name, plan),
 		limit:   strconv.FormatInt(cfg.Events, 10),
 	}
 	if len(zc.MatcherSetsRaw) > 0 {
@@ -274,7 +305,7 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 	}
 	zh.Zone = zones.New(cfg, state, h.store)
 	if !h.DisableMetrics {
-		zh.metrics = newZoneMetrics(name, policy)
+		zh.metrics = newZoneMetrics(name, policy, cfg.PerRequest)
 		// Async decisions are local: timing them would cost two clock
 		// reads per request and fill the store latency histogram with
 		// zeros.
@@ -341,14 +372,15 @@ type stateID struct {
 	name                  string
 	events, window, burst int64
 	maxKeys               int
+	vars                  planVars
 }
 
-func newStateID(cfg zones.Config) stateID {
-	return stateID{cfg.Name, cfg.Events, int64(cfg.Window), cfg.Limit().Burst, cfg.MaxKeys}
+func newStateID(cfg zones.Config, vars planVars) stateID {
+	return stateID{cfg.Name, cfg.Events, int64(cfg.Window), cfg.Limit().Burst, cfg.MaxKeys, vars}
 }
 
-func loadState(cfg zones.Config, sweep time.Duration) (*zones.State, stateID, error) {
-	id := newStateID(cfg)
+func loadState(cfg zones.Config, vars planVars, sweep time.Duration) (*zones.State, stateID, error) {
+	id := newStateID(cfg, vars)
 	v, _, err := states.LoadOrNew(id, func() (caddy.Destructor, error) {
 		return zones.NewState(cfg, sweep), nil
 	})
@@ -364,16 +396,16 @@ func loadState(cfg zones.Config, sweep time.Duration) (*zones.State, stateID, er
 // of that config shares.
 var claims = struct {
 	sync.Mutex
-	byConfig map[<-chan struct{}]map[string]zones.Config
-}{byConfig: make(map[<-chan struct{}]map[string]zones.Config)}
+	byConfig map[<-chan struct{}]map[string]stateID
+}{byConfig: make(map[<-chan struct{}]map[string]stateID)}
 
-func claimZoneName(ctx caddy.Context, cfg zones.Config) error {
+func claimZoneName(ctx caddy.Context, cfg zones.Config, vars planVars) error {
 	done := ctx.Done()
 	claims.Lock()
 	defer claims.Unlock()
 	names, ok := claims.byConfig[done]
 	if !ok {
-		names = make(map[string]zones.Config)
+		names = make(map[string]stateID)
 		claims.byConfig[done] = names
 		context.AfterFunc(ctx, func() {
 			claims.Lock()
@@ -381,11 +413,12 @@ func claimZoneName(ctx caddy.Context, cfg zones.Config) error {
 			claims.Unlock()
 		})
 	}
-	if prev, ok := names[cfg.Name]; ok && newStateID(prev) != newStateID(cfg) {
+	id := newStateID(cfg, vars)
+	if prev, ok := names[cfg.Name]; ok && prev != id {
 		return fmt.Errorf("zone %s is defined twice with different limits (%d per %v and %d per %v): give one of them another name",
-			cfg.Name, prev.Events, prev.Window, cfg.Events, cfg.Window)
+			cfg.Name, prev.events, time.Duration(prev.window), cfg.Events, cfg.Window)
 	}
-	names[cfg.Name] = cfg
+	names[cfg.Name] = id
 	return nil
 }
 

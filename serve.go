@@ -22,6 +22,7 @@ type verdict struct {
 	zone *zoneHandler
 	key  string
 	d    zones.Decision
+	plan zones.Plan // the limit the request was decided under
 }
 
 // ServeHTTP decides the request in every zone that applies to it, tightest
@@ -44,11 +45,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			}
 		}
 		key := z.Config.Key(z.expandKey(repl))
+		plan := z.planFor(h, repl)
 		var start time.Time
 		if z.timed {
 			start = time.Now()
 		}
-		d := z.Decide(r.Context(), key, now)
+		d := z.DecideWith(r.Context(), key, now, &plan, 1)
 		if z.metrics != nil {
 			var wait time.Duration
 			if !start.IsZero() {
@@ -59,7 +61,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if d.Err != nil {
 			h.logStoreError(z, d)
 		}
-		verdicts = append(verdicts, verdict{zone: z, key: key, d: d})
+		verdicts = append(verdicts, verdict{zone: z, key: key, d: d, plan: plan})
 		if !d.Allowed {
 			if z.dryRun {
 				h.logDenial(z, key, d, true)
@@ -79,7 +81,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				continue
 			}
 			var err error
-			if v.d, err = v.zone.Refund(r.Context(), v.key, now, v.d); err != nil {
+			if v.d, err = v.zone.RefundWith(r.Context(), v.key, now, v.d, &v.plan, 1); err != nil {
 				h.logger.Debug("refund failed", zap.String("zone", v.zone.Name), zap.Error(err))
 			}
 		}

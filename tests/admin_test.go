@@ -34,6 +34,9 @@ type adminKey struct {
 	Remaining  int64   `json:"remaining"`
 	RetryAfter float64 `json:"retry_after"`
 	ResetAfter float64 `json:"reset_after"`
+	Events     int64   `json:"events"`
+	Window     string  `json:"window"`
+	Burst      int64   `json:"burst"`
 }
 
 const adminSite = `http:// {

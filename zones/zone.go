@@ -90,6 +90,9 @@ type Config struct {
 	FailPolicy FailPolicy
 	MaxKeys    int // 0 = DefaultMaxKeys
 	DryRun     bool
+	// PerRequest: the handler may decide some requests under a plan read
+	// from the request; the zone then remembers each key's last plan.
+	PerRequest bool
 }
 
 // Validate reports the first thing wrong with the definition, saying how to
@@ -113,6 +116,9 @@ func (c Config) Validate() error {
 	case c.MaxKeys < 0:
 		return fmt.Errorf("zone %s: max_keys must be positive", c.Name)
 	}
+	if _, err := c.Plan(); err != nil {
+		return fmt.Errorf("zone %s: %v", c.Name, err)
+	}
 	return nil
 }
 
@@ -120,6 +126,9 @@ func (c Config) Validate() error {
 func (c Config) Limit() algorithms.Limit {
 	return algorithms.NewLimit(c.Events, int64(c.Window), c.Burst)
 }
+
+// Plan is the zone's literal limit as a Plan.
+func (c Config) Plan() (Plan, error) { return NewPlan(c.Events, c.Window, c.Burst) }
 
 // Key turns the expanded key template into the key the zone stores: IP
 // addresses are masked to the configured prefix, and keys longer than
@@ -151,6 +160,7 @@ type State struct {
 	Local    *Table // local mode: TAT per key
 	Denied   *Table // with a Store: keys the store denied, until when
 	Fallback *Table // fail_policy local: TAT per key at this instance's share
+	plans    *plans // PerRequest zones: the plan each key was last decided under
 	stop     chan struct{}
 	done     chan struct{}
 
@@ -174,6 +184,9 @@ func NewState(c Config, sweepInterval time.Duration) *State {
 		done:     make(chan struct{}),
 	}
 	s.Offenders = topk.NewRecent(topk.DefaultCapacity, int64(OffendersPeriod))
+	if c.PerRequest {
+		s.plans = newPlans(maxKeys)
+	}
 	go s.sweep(sweepInterval)
 	return s
 }
@@ -191,6 +204,9 @@ func (s *State) sweep(interval time.Duration) {
 			s.Local.Sweep(now)
 			s.Denied.Sweep(now)
 			s.Fallback.Sweep(now)
+			if s.plans != nil {
+				s.plans.keys.Sweep(now)
+			}
 		}
 	}
 }
@@ -231,15 +247,20 @@ type Decision struct {
 // when distributed, its Store.
 type Zone struct {
 	Config
-	limit algorithms.Limit
+	plan  Plan // the literal one
 	state *State
 	store Store
 }
 
 // New returns a zone deciding with state and, when store is not nil, store.
+// c must be valid (Config.Validate).
 func New(c Config, state *State, store Store) *Zone {
-	return &Zone{Config: c, limit: c.Limit(), state: state, store: store}
+	plan, _ := c.Plan()
+	return &Zone{Config: c, plan: plan, state: state, store: store}
 }
+
+// Plan is the zone's literal limit.
+func (z *Zone) Plan() Plan { return z.plan }
 
 // State returns the zone's in-process state.
 func (z *Zone) State() *State { return z.state }
@@ -247,90 +268,114 @@ func (z *Zone) State() *State { return z.state }
 // Store returns the zone's store, nil in local mode.
 func (z *Zone) Store() Store { return z.store }
 
-// Decide decides a unit-cost request for key at now (Unix nanoseconds).
-// Without a store it is the local GCRA step; with one, a denial the store
-// gave earlier is answered locally until it ends, so a flood from a blocked
-// key costs the store nothing.
+// Decide decides a unit-cost request for key at now (Unix nanoseconds)
+// under the zone's literal limit.
 func (z *Zone) Decide(ctx context.Context, key string, now int64) Decision {
+	return z.DecideWith(ctx, key, now, &z.plan, 1)
+}
+
+// DecideWith decides a request of the given cost for key at now under plan
+// p. Without a store it is the local GCRA step; with one, a denial the
+// store gave earlier is answered locally until it ends, so a flood from a
+// blocked key costs the store nothing.
+func (z *Zone) DecideWith(ctx context.Context, key string, now int64, p *Plan, cost int64) Decision {
+	var d Decision
 	if z.store == nil {
-		return fromResult(z.state.Local.Decide(key, now, z.limit, 1), SourceLocal)
-	}
-	if until, ok := z.state.Denied.Get(key, now); ok {
+		d = fromResult(z.state.Local.Decide(key, now, p.limit, cost), SourceLocal)
+	} else if until, ok := z.state.Denied.Get(key, now); ok {
 		retry := until - now
 		return Decision{
 			RetryAfter: time.Duration(retry),
-			ResetAfter: time.Duration(retry + (z.limit.Burst-1)*z.limit.EmissionInterval),
+			ResetAfter: time.Duration(retry + (p.limit.Burst-1)*p.limit.EmissionInterval),
 			Source:     SourceDenyCache,
 		}
+	} else if r, err := z.store.Decide(ctx, z.Name, key, p.limit, cost); err != nil {
+		d = z.fail(key, now, p, cost, err)
+	} else {
+		if !r.Allowed {
+			z.state.Denied.Set(key, now+r.RetryAfter, now)
+		}
+		d = fromResult(r, SourceStore)
 	}
-	r, err := z.store.Decide(ctx, z.Name, key, z.limit, 1)
-	if err != nil {
-		return z.fail(key, now, err)
+	if z.state.plans != nil {
+		z.state.plans.record(key, *p, now+int64(d.ResetAfter), now)
 	}
-	if !r.Allowed {
-		z.state.Denied.Set(key, now+r.RetryAfter, now)
-	}
-	return fromResult(r, SourceStore)
+	return d
 }
 
 // fail applies the zone's fail policy.
-func (z *Zone) fail(key string, now int64, err error) Decision {
+func (z *Zone) fail(key string, now int64, p *Plan, cost int64, err error) Decision {
 	switch z.FailPolicy {
 	case FailOpen:
-		return Decision{Allowed: true, Remaining: z.limit.Burst, Source: SourceFailOpen, Err: err}
+		return Decision{Allowed: true, Remaining: p.Burst, Source: SourceFailOpen, Err: err}
 	case FailClosed:
 		return Decision{RetryAfter: FailClosedRetryAfter, ResetAfter: FailClosedRetryAfter, Source: SourceFailClosed, Err: err}
 	}
-	d := fromResult(z.state.Fallback.Decide(key, now, z.shareLimit(), 1), SourceFailLocal)
+	d := fromResult(z.state.Fallback.Decide(key, now, z.shareLimit(p), cost), SourceFailLocal)
 	d.Err = err
 	return d
 }
 
-// shareLimit is this instance's share of the zone's limit while the store is
-// unavailable: events/N and burst/N (at least 1), N the live instances last
-// seen through the store.
-func (z *Zone) shareLimit() algorithms.Limit {
-	n := int64(max(1, z.store.Instances()))
-	burst := z.Burst
-	if burst == 0 {
-		burst = z.Events
-	}
-	return algorithms.NewLimit(max(1, z.Events/n), int64(z.Window), max(1, burst/n))
+// shareLimit is this instance's share of p while the store is unavailable:
+// events/N and burst/N (at least 1), N the live instances last seen through
+// the store.
+func (z *Zone) shareLimit(p *Plan) algorithms.Limit {
+	return p.share(int64(max(1, z.store.Instances())))
 }
 
-// Refund gives back a request the zone allowed when a later zone denied it,
-// to whoever decided it, and returns the decision as it stands after the
-// refund (one more remaining, one interval less to reset), for the headers.
+// Refund gives back a unit-cost request under the zone's literal limit
+// (see RefundWith).
 func (z *Zone) Refund(ctx context.Context, key string, now int64, d Decision) (Decision, error) {
-	l := z.limit
+	return z.RefundWith(ctx, key, now, d, &z.plan, 1)
+}
+
+// RefundWith gives back a request the zone allowed under plan p at the given
+// cost when a later zone denied it, to whoever decided it, and returns the
+// decision as it stands after the refund (cost more remaining, cost
+// intervals less to reset), for the headers.
+func (z *Zone) RefundWith(ctx context.Context, key string, now int64, d Decision, p *Plan, cost int64) (Decision, error) {
+	l := p.limit
 	switch d.Source {
 	case SourceLocal:
-		z.state.Local.Refund(key, now, l, 1)
+		z.state.Local.Refund(key, now, l, cost)
 	case SourceFailLocal:
-		l = z.shareLimit()
-		z.state.Fallback.Refund(key, now, l, 1)
+		l = z.shareLimit(p)
+		z.state.Fallback.Refund(key, now, l, cost)
 	case SourceStore:
-		if err := z.store.Refund(ctx, z.Name, key, l, 1); err != nil {
+		if err := z.store.Refund(ctx, z.Name, key, l, cost); err != nil {
 			return d, err
 		}
 	default:
 		return d, nil
 	}
-	d.Remaining = min(d.Remaining+1, l.Burst)
-	d.ResetAfter = max(0, d.ResetAfter-time.Duration(l.EmissionInterval))
+	d.Remaining = min(d.Remaining+cost, l.Burst)
+	d.ResetAfter = max(0, d.ResetAfter-time.Duration(cost*l.EmissionInterval))
 	return d, nil
 }
 
-// Peek reports key's state without consuming anything, or ErrUnknownKey
-// when the key has no state (it is at its full limit).
+// LastPlan is the plan key was last decided under: the zone's literal one
+// unless the zone reads limits from requests and remembers another.
+func (z *Zone) LastPlan(key string, now int64) Plan {
+	if z.state.plans != nil {
+		if p, ok := z.state.plans.last(key, now); ok {
+			return p
+		}
+	}
+	return z.plan
+}
+
+// Peek reports key's state, under the plan it was last decided under,
+// without consuming anything, or ErrUnknownKey when the key has no state
+// (it is at its full limit).
 func (z *Zone) Peek(ctx context.Context, key string, now int64) (Decision, error) {
 	var r algorithms.Result
+	l := z.LastPlan(key, now).limit
 	src := SourceLocal
 	if z.store == nil {
-		r = z.state.Local.Peek(key, now, z.limit)
+		r = z.state.Local.Peek(key, now, l)
 	} else {
 		var err error
-		if r, err = z.store.Peek(ctx, z.Name, key, z.limit); err != nil {
+		if r, err = z.store.Peek(ctx, z.Name, key, l); err != nil {
 			return Decision{}, err
 		}
 		src = SourceStore
@@ -358,6 +403,9 @@ func (z *Zone) Reset(ctx context.Context, key string) error {
 	z.state.Local.Delete(key)
 	z.state.Denied.Delete(key)
 	z.state.Fallback.Delete(key)
+	if z.state.plans != nil {
+		z.state.plans.keys.Delete(key)
+	}
 	if z.store != nil {
 		return z.store.Reset(ctx, z.Name, key)
 	}

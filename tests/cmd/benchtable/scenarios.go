@@ -156,6 +156,43 @@ var scenarios = []scenario{
 		comparison: "mholt/caddy-ratelimit: 0.73",
 	},
 	{
+		// Limits per plan: the same zone with its events read from a map
+		// (one placeholder lookup and one parse per request), as a ratio of
+		// the literal limit.
+		name:   "plan-allowed",
+		metric: "Caddy throughput with `events {plan_events} 1000` from a `map` (ratio to the same zone with `events 1000`), every request allowed, 100k keys",
+		routes: func(*env) string {
+			return `	handle /literal {
+		rate_limit {
+			zone literal_many {
+				key {http.request.header.X-Key}
+				events 1000
+				window 1s
+			}
+		}
+		respond "ok" 200
+	}
+	handle /plan {
+		map {http.request.header.X-Key} {plan_events} {
+			default 1000
+		}
+		rate_limit {
+			zone plan_many {
+				key {http.request.header.X-Key}
+				events {plan_events} 10
+				window 1s
+			}
+		}
+		respond "ok" 200
+	}
+`
+		},
+		baseline:   route{path: "/literal", key: cycleKeys, status: 200},
+		candidate:  route{path: "/plan", key: cycleKeys, status: 200},
+		target:     0.95,
+		comparison: "no Caddy module has per-request limits",
+	},
+	{
 		// Strict mode against a real redis-server, as a ratio of the same
 		// zone in local mode. fail_policy closed makes a decision Redis did
 		// not give in time a 429, which the run does not count as allowed.

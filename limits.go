@@ -1,0 +1,115 @@
+package ratelimit
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/caddy-tally/ratelimit/zones"
+)
+
+// Limits per plan: a zone's events, window and burst may each be a
+// placeholder (a `map` of the customer's plan, a JWT claim). The zone's
+// literal values are the fallback for a request whose value is empty or
+// invalid; that is counted (caddy_rate_limit_plan_fallbacks_total) and
+// logged, sampled, so that a misconfigured map is visible. A value is
+// validated per request as the Caddyfile validates literals, so an invalid
+// one never becomes a 500 or an unlimited key.
+
+// planVars names the placeholders a zone reads its limit from ("" when the
+// setting is a literal).
+type planVars struct {
+	events, window, burst string
+}
+
+func (v planVars) any() bool { return v.events != "" || v.window != "" || v.burst != "" }
+
+// planFor returns the plan the request is decided under: the zone's
+// literal plan (no lookup, no allocation) unless it reads one from the
+// request.
+func (z *zoneHandler) planFor(h *Handler, repl *caddy.Replacer) zones.Plan {
+	lit := z.Plan()
+	if !z.vars.any() {
+		return lit
+	}
+	events, window, burst := lit.Events, lit.Window, z.Config.Burst
+	var bad string // the first setting that fell back, for the log
+	var badValue string
+	if z.vars.events != "" {
+		s, _ := repl.GetString(z.vars.events)
+		if n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64); err == nil && n >= 1 && n <= zones.MaxEvents {
+			events = n
+		} else {
+			bad, badValue = "events", s
+		}
+	}
+	if z.vars.window != "" {
+		s, _ := repl.GetString(z.vars.window)
+		if d, err := caddy.ParseDuration(strings.TrimSpace(s)); err == nil && d > 0 {
+			window = d
+		} else if bad == "" {
+			bad, badValue = "window", s
+		}
+	}
+	if z.vars.burst != "" {
+		s, _ := repl.GetString(z.vars.burst)
+		if n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64); err == nil && n >= 1 && n <= zones.MaxEvents {
+			burst = n
+		} else if bad == "" {
+			bad, badValue = "burst", s
+		}
+	}
+	p, err := zones.NewPlan(events, window, burst)
+	if err != nil {
+		// Each value is fine alone but not together (more than one event
+		// per nanosecond, B·T over 100 years): the literal plan.
+		p = lit
+		if bad == "" {
+			bad, badValue = "plan", strconv.FormatInt(events, 10)+"/"+window.String()
+		}
+	}
+	if bad != "" {
+		h.planFallback(z, bad, badValue, err)
+	}
+	return p
+}
+
+// planFallback counts and logs (sampled) a request whose per-request limit
+// was unusable.
+func (h *Handler) planFallback(z *zoneHandler, setting, value string, err error) {
+	if z.metrics != nil {
+		z.metrics.planFallbacks.Inc()
+	}
+	if c := h.denyLog.Check(zapcore.WarnLevel, "per-request limit is empty or invalid; using the zone's literal value"); c != nil {
+		fields := []zap.Field{zap.String("zone", z.Name), zap.String("setting", setting), zap.String("value", value)}
+		if err != nil {
+			fields = append(fields, zap.Error(err))
+		}
+		c.Write(fields...)
+	}
+}
+
+// policyMember is a zone's RateLimit-Policy list member for plan p.
+func policyMember(name string, p zones.Plan) string {
+	return `"` + name + `";q=` + strconv.FormatInt(p.Events, 10) + ";w=" + strconv.FormatInt(ceilSeconds(p.Window), 10)
+}
+
+// policy is the RateLimit-Policy member of the zone that decided v: the
+// precomputed one unless the request had its own plan.
+func (v *verdict) policy() string {
+	if v.plan == v.zone.Plan() {
+		return v.zone.policy
+	}
+	return policyMember(v.zone.Name, v.plan)
+}
+
+// limitValue is RateLimit-Limit for v: the events of the plan that applied.
+func (v *verdict) limitValue() string {
+	if v.plan == v.zone.Plan() {
+		return v.zone.limit
+	}
+	return strconv.FormatInt(v.plan.Events, 10)
+}

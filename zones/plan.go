@@ -1,0 +1,151 @@
+package zones
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddy-tally/ratelimit/algorithms"
+)
+
+// Plan is the limit one request is decided under: the zone's literal
+// events, window and burst, or values read from the request (a placeholder
+// set by `map` or an auth module: limits per customer plan).
+//
+// A key's state is its TAT, a point in time, so it stays meaningful when
+// the key's plan changes: the time the key is in debt is re-read under the
+// new emission interval. A key that used half its window's allowance on one
+// plan has half of the next plan's allowance left.
+type Plan struct {
+	Events int64
+	Window time.Duration
+	Burst  int64 // resolved: Events when the zone gives none
+	limit  algorithms.Limit
+}
+
+// Bounds every plan, literal or read from a request, stays within, so that
+// no accepted value overflows: B·T and a debt of one more burst on top of
+// now stay within int64 nanoseconds and, in microseconds, within the 2^53
+// Lua computes exactly.
+const (
+	MaxEvents = 1 << 40
+	MaxSpan   = 100 * 365 * 24 * time.Hour // B·T, the longest a key can be in debt
+)
+
+// Errors NewPlan returns, saying what is wrong with a value.
+var (
+	ErrEvents = errors.New("events must be a whole number from 1 to 2^40")
+	ErrWindow = errors.New("window must be a positive duration of at least one nanosecond per event")
+	ErrBurst  = errors.New("burst must be a whole number from 1 to 2^40")
+	ErrSpan   = errors.New("burst × window / events must be at most 100 years")
+)
+
+// NewPlan validates a limit as the Caddyfile validates literals: events and
+// burst in [1, 2^40] (burst 0 = events), at least one nanosecond per event,
+// B·T at most MaxSpan.
+func NewPlan(events int64, window time.Duration, burst int64) (Plan, error) {
+	switch {
+	case events < 1 || events > MaxEvents:
+		return Plan{}, ErrEvents
+	case window <= 0 || window < time.Duration(events):
+		return Plan{}, ErrWindow
+	case burst < 0 || burst > MaxEvents:
+		return Plan{}, ErrBurst
+	}
+	if burst == 0 {
+		burst = events
+	}
+	l := algorithms.NewLimit(events, int64(window), burst)
+	if l.EmissionInterval > int64(MaxSpan)/l.Burst {
+		return Plan{}, ErrSpan
+	}
+	return Plan{Events: events, Window: window, Burst: burst, limit: l}, nil
+}
+
+// Limit is the plan's GCRA limit in nanoseconds.
+func (p Plan) Limit() algorithms.Limit { return p.limit }
+
+// share is this instance's share of the plan while the store is unavailable:
+// events/n and burst/n (at least 1).
+func (p Plan) share(n int64) algorithms.Limit {
+	return algorithms.NewLimit(max(1, p.Events/n), int64(p.Window), max(1, p.Burst/n))
+}
+
+// maxPlans is how many distinct plans a zone remembers for the admin API;
+// keys decided under further plans show the zone's literal one.
+const maxPlans = 4096
+
+// plans remembers, for a zone whose limits come from the request, the plan
+// each key was last decided under (for the admin API). Plans are interned:
+// the key table holds an index, packed with the entry's expiry so that the
+// table drops it when the key's state expires.
+type plans struct {
+	mu    sync.Mutex // serialises additions; lookups take no lock
+	index atomic.Pointer[map[Plan]int64]
+	list  atomic.Pointer[[]Plan]
+	keys  *Table
+}
+
+func newPlans(maxKeys int) *plans {
+	p := &plans{keys: NewTable(maxKeys)}
+	index, list := map[Plan]int64{}, []Plan{}
+	p.index.Store(&index)
+	p.list.Store(&list)
+	return p
+}
+
+// intern returns p's index, adding it (copy on write) when it is new; false
+// when the zone already remembers maxPlans plans.
+func (ps *plans) intern(p Plan) (int64, bool) {
+	if i, ok := (*ps.index.Load())[p]; ok {
+		return i, true
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	old := *ps.index.Load()
+	if i, ok := old[p]; ok {
+		return i, true
+	}
+	list := *ps.list.Load()
+	if len(list) >= maxPlans {
+		return 0, false
+	}
+	i := int64(len(list))
+	index := make(map[Plan]int64, len(old)+1)
+	for k, v := range old {
+		index[k] = v
+	}
+	index[p] = i
+	next := append(list[:len(list):len(list)], p)
+	ps.list.Store(&next) // before the index, so that an index found is in the list
+	ps.index.Store(&index)
+	return i, true
+}
+
+// planBits is how many low bits of a table value hold the plan index; the
+// rest is the expiry, rounded up to 2^planBits ns (about 4ms).
+const planBits = 22
+
+// record notes that key was decided under p, until expires (Unix ns).
+func (ps *plans) record(key string, p Plan, expires, now int64) {
+	i, ok := ps.intern(p)
+	if !ok {
+		return
+	}
+	ps.keys.Set(key, ((expires>>planBits)+1)<<planBits|i, now)
+}
+
+// last returns the plan key was last decided under, if it is remembered.
+func (ps *plans) last(key string, now int64) (Plan, bool) {
+	v, ok := ps.keys.Get(key, now)
+	if !ok {
+		return Plan{}, false
+	}
+	list := *ps.list.Load()
+	i := v & (1<<planBits - 1)
+	if i >= int64(len(list)) {
+		return Plan{}, false
+	}
+	return list[i], true
+}
