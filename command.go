@@ -1,0 +1,343 @@
+package ratelimit
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+	"github.com/spf13/cobra"
+)
+
+func init() {
+	caddycmd.RegisterCommand(caddycmd.Command{
+		Name:  "rate-limit",
+		Usage: "zones|key|top|reset [--address <admin>] [--json]",
+		Short: "Inspects and resets rate limits in a running Caddy",
+		Long: `
+Talks to the admin API of a running Caddy (tally's /rate_limit/ routes):
+
+  caddy rate-limit zones                   every zone: limits, mode, keys, Redis health
+  caddy rate-limit key <zone> <key>        a key's remaining quota and retry time
+  caddy rate-limit top <zone> [-n 20]      the keys this instance denied most lately
+  caddy rate-limit reset <zone> <key>      give a key its full limit back
+
+The admin address is --address, else the one in --config, else Caddy's default
+(localhost:2019). Output is for people; --json prints the admin API's JSON.
+Keys are personal data: the admin API is the only place they are shown.
+`,
+		CobraFunc: func(cmd *cobra.Command) {
+			cmd.PersistentFlags().String("address", "", "The address of Caddy's admin API (default: from --config, else "+caddy.DefaultAdminListen+")")
+			cmd.PersistentFlags().StringP("config", "c", "", "Configuration file to read the admin address from")
+			cmd.PersistentFlags().StringP("adapter", "a", "", "Name of config adapter to apply (when --config is used)")
+			cmd.PersistentFlags().Bool("json", false, "Print JSON instead of text")
+
+			cmd.AddCommand(&cobra.Command{
+				Use:   "zones",
+				Short: "Lists the zones of the running config",
+				Args:  cobra.NoArgs,
+				RunE:  func(cmd *cobra.Command, _ []string) error { return cliZones(newCLI(cmd)) },
+			})
+			cmd.AddCommand(&cobra.Command{
+				Use:     "key <zone> <key>",
+				Short:   "Shows a key's remaining quota and when it may send again",
+				Example: "caddy rate-limit key api_key alice",
+				Args:    cobra.ExactArgs(2),
+				RunE:    func(cmd *cobra.Command, args []string) error { return cliKey(newCLI(cmd), args[0], args[1]) },
+			})
+			top := &cobra.Command{
+				Use:     "top <zone>",
+				Short:   "Shows the keys this instance denied most in the last 5 to 10 minutes",
+				Example: "caddy rate-limit top api_key -n 5",
+				Args:    cobra.ExactArgs(1),
+				RunE: func(cmd *cobra.Command, args []string) error {
+					n, _ := cmd.Flags().GetInt("n")
+					return cliTop(newCLI(cmd), args[0], n)
+				},
+			}
+			top.Flags().IntP("n", "n", defaultTopN, "How many keys to show")
+			cmd.AddCommand(top)
+			cmd.AddCommand(&cobra.Command{
+				Use:     "reset <zone> <key>",
+				Short:   "Gives a key its full limit back (in Redis too when distributed)",
+				Example: "caddy rate-limit reset api_key alice",
+				Args:    cobra.ExactArgs(2),
+				RunE:    func(cmd *cobra.Command, args []string) error { return cliReset(newCLI(cmd), args[0], args[1]) },
+			})
+		},
+	})
+}
+
+// cli is one run of a rate-limit subcommand.
+type cli struct {
+	cmd     *cobra.Command
+	address string
+	config  string
+	adapter string
+	json    bool
+	out     io.Writer
+}
+
+func newCLI(cmd *cobra.Command) *cli {
+	c := &cli{cmd: cmd, out: cmd.OutOrStdout()}
+	c.address, _ = cmd.Flags().GetString("address")
+	c.config, _ = cmd.Flags().GetString("config")
+	c.adapter, _ = cmd.Flags().GetString("adapter")
+	c.json, _ = cmd.Flags().GetBool("json")
+	return c
+}
+
+// errNotFound is an admin API 404, with the API's message.
+type errNotFound struct{ msg string }
+
+func (e errNotFound) Error() string { return e.msg }
+
+// apiErrorLine picks the status and body out of caddycmd.AdminAPIRequest's
+// error for a response >= 400.
+var apiErrorLine = regexp.MustCompile(`HTTP (\d+): (.*)$`)
+
+// call sends method path to the admin API and returns the response body.
+func (c *cli) call(method, path string) ([]byte, error) {
+	addr, err := caddycmd.DetermineAdminAPIAddress(c.address, nil, c.config, c.adapter)
+	if err != nil {
+		return nil, fmt.Errorf("finding the admin address: %v", err)
+	}
+	resp, err := caddycmd.AdminAPIRequest(addr, method, path, nil, nil)
+	if err != nil {
+		m := apiErrorLine.FindStringSubmatch(strings.TrimSpace(err.Error()))
+		if m == nil {
+			return nil, fmt.Errorf("cannot reach Caddy's admin API at %s (is Caddy running? is --address right?): %v", addr, err)
+		}
+		msg := m[2]
+		var apiErr struct {
+			Error string `json:"error"`
+		}
+		if json.Unmarshal([]byte(msg), &apiErr) == nil && apiErr.Error != "" {
+			msg = apiErr.Error
+		}
+		switch m[1] {
+		case "404":
+			if strings.HasPrefix(msg, "unknown path") {
+				return nil, fmt.Errorf("the Caddy at %s does not have tally's admin routes (%s)", addr, msg)
+			}
+			return nil, errNotFound{msg}
+		}
+		return nil, fmt.Errorf("%s %s: HTTP %s: %s", method, path, m[1], msg)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("reading the admin API's answer: %v", err)
+	}
+	return body, nil
+}
+
+// get GETs path and decodes it into v; with --json it prints the body as is
+// (indented) instead and v is left alone.
+func (c *cli) get(path string, v any) (printed bool, err error) {
+	body, err := c.call(http.MethodGet, path)
+	if err != nil {
+		return false, err
+	}
+	if c.json {
+		return true, c.printJSON(body)
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		return false, fmt.Errorf("reading the admin API's answer: %v", err)
+	}
+	return false, nil
+}
+
+func (c *cli) printJSON(body []byte) error {
+	var b bytes.Buffer
+	if err := json.Indent(&b, bytes.TrimSpace(body), "", "  "); err != nil {
+		return fmt.Errorf("reading the admin API's answer: %v", err)
+	}
+	b.WriteByte('\n')
+	_, err := c.out.Write(b.Bytes())
+	return err
+}
+
+func zonePath(zone string) string { return "/rate_limit/zones/" + url.PathEscape(zone) }
+
+func cliZones(c *cli) error {
+	var zs []zoneInfo
+	if printed, err := c.get("/rate_limit/zones", &zs); printed || err != nil {
+		return err
+	}
+	if len(zs) == 0 {
+		_, err := fmt.Fprintln(c.out, "no rate_limit zones in the running config")
+		return err
+	}
+	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ZONE\tLIMIT\tBURST\tMODE\tFAIL POLICY\tKEYS\tREDIS")
+	for _, z := range zs {
+		limit := strconv.FormatInt(z.Events, 10) + "/" + shortDuration(z.Window)
+		if z.DryRun {
+			limit += " (dry run)"
+		}
+		redis := "-"
+		if s := z.Store; s != nil {
+			redis = fmt.Sprintf("ok, %d instance(s)", s.Instances)
+			if !s.OK {
+				redis = "UNREACHABLE"
+				if s.BreakerOpenSince != nil {
+					redis += " since " + s.BreakerOpenSince.Local().Format(time.TimeOnly)
+				}
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%s\n", z.Name, limit, z.Burst, z.Mode, z.FailPolicy, z.LocalKeys, redis)
+	}
+	return tw.Flush()
+}
+
+// shortDuration turns Go's "1h0m0s" into "1h".
+func shortDuration(s string) string {
+	if d, err := time.ParseDuration(s); err == nil {
+		s = d.String()
+		if strings.HasSuffix(s, "m0s") {
+			s = s[:len(s)-2]
+		}
+		if strings.HasSuffix(s, "h0m") {
+			s = s[:len(s)-2]
+		}
+	}
+	return s
+}
+
+// seconds renders an admin API duration in seconds for people.
+func seconds(s float64) string {
+	d := time.Duration(s * float64(time.Second))
+	if d < 10*time.Second {
+		return d.Round(100 * time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
+}
+
+func cliKey(c *cli, zone, key string) error {
+	var k keyInfo
+	printed, err := c.get(zonePath(zone)+"/keys/"+url.PathEscape(key), &k)
+	var nf errNotFound
+	if errors.As(err, &nf) {
+		// Unknown zone, or a key with no state: at its full limit.
+		z, zerr := c.findZone(zone)
+		if zerr != nil {
+			return zerr
+		}
+		if c.json {
+			return c.printJSONValue(keyInfo{Zone: zone, Key: key, Remaining: z.Burst})
+		}
+		_, err := fmt.Fprintf(c.out, "zone %s, key %q: not limited, %d of %d remaining (no state: full limit)\n", zone, key, z.Burst, z.Burst)
+		return err
+	}
+	if printed || err != nil {
+		return err
+	}
+	if k.RetryAfter > 0 {
+		_, err = fmt.Fprintf(c.out, "zone %s, key %q: LIMITED, 0 remaining, may send again in %s, full again in %s\n",
+			zone, key, seconds(k.RetryAfter), seconds(k.ResetAfter))
+		return err
+	}
+	_, err = fmt.Fprintf(c.out, "zone %s, key %q: not limited, %d remaining, full again in %s\n", zone, key, k.Remaining, seconds(k.ResetAfter))
+	return err
+}
+
+// findZone returns the zone named name, or an error listing the zones there
+// are.
+func (c *cli) findZone(name string) (zoneInfo, error) {
+	body, err := c.call(http.MethodGet, "/rate_limit/zones")
+	if err != nil {
+		return zoneInfo{}, err
+	}
+	var zs []zoneInfo
+	if err := json.Unmarshal(body, &zs); err != nil {
+		return zoneInfo{}, fmt.Errorf("reading the admin API's answer: %v", err)
+	}
+	names := make([]string, 0, len(zs))
+	for _, z := range zs {
+		if z.Name == name {
+			return z, nil
+		}
+		names = append(names, z.Name)
+	}
+	return zoneInfo{}, fmt.Errorf("unknown zone %q: the running config has %s", name, orNone(names))
+}
+
+func orNone(names []string) string {
+	if len(names) == 0 {
+		return "no rate_limit zones"
+	}
+	return "zones " + strings.Join(names, ", ")
+}
+
+func (c *cli) printJSONValue(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return c.printJSON(b)
+}
+
+func cliTop(c *cli, zone string, n int) error {
+	if n < 1 {
+		return fmt.Errorf("-n %d: want a positive number of keys", n)
+	}
+	var top topInfo
+	printed, err := c.get(zonePath(zone)+"/top?n="+strconv.Itoa(n), &top)
+	if errors.As(err, new(errNotFound)) {
+		_, err = c.findZone(zone)
+	}
+	if printed || err != nil {
+		return err
+	}
+	fmt.Fprintf(c.out, "zone %s: %d denials on this instance since %s\n", top.Zone, top.Denials, top.Since.Local().Format(time.TimeOnly))
+	if len(top.Keys) == 0 {
+		_, err := fmt.Fprintln(c.out, "no key was denied")
+		return err
+	}
+	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tDENIALS\tSTATE")
+	for _, k := range top.Keys {
+		denials := strconv.FormatUint(k.Denials, 10)
+		if k.Error > 0 {
+			denials += " (±" + strconv.FormatUint(k.Error, 10) + ")"
+		}
+		state := fmt.Sprintf("ok, %d remaining", k.Remaining)
+		switch {
+		case k.StateError != "":
+			state = "unknown: " + k.StateError
+		case k.Limited:
+			state = "LIMITED for " + seconds(k.RetryAfter)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", k.Key, denials, state)
+	}
+	return tw.Flush()
+}
+
+func cliReset(c *cli, zone, key string) error {
+	_, err := c.call(http.MethodDelete, zonePath(zone)+"/keys/"+url.PathEscape(key))
+	if errors.As(err, new(errNotFound)) {
+		// Unknown zone, or a key with no state: it has its full limit.
+		if _, err = c.findZone(zone); err != nil {
+			return err
+		}
+	}
+	if err != nil {
+		return err
+	}
+	if c.json {
+		return c.printJSONValue(map[string]any{"zone": zone, "key": key, "reset": true})
+	}
+	_, err = fmt.Fprintf(c.out, "zone %s, key %q: reset to its full limit\n", zone, key)
+	return err
+}
