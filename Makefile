@@ -15,13 +15,19 @@ run: build
 build:
 	./xcaddy-build.sh
 
-# Tests start redis-server (and redis-cli for the cluster) themselves; they
-# only need the binaries. Installing needs root, as on CI.
+# Tests start redis-server (and redis-cli for the cluster) and prometheus
+# themselves, on loopback ports; they only need the binaries (promtool checks
+# alerts/). Installing needs root, as on CI.
 deps:
 	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null || { \
 		echo "installing redis-server and redis-tools (Debian packages)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null; }
 	@redis-server --version
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || { \
+		echo "installing prometheus and promtool (Debian package); the tests run their own, so its service is stopped"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+		systemctl disable --now prometheus >/dev/null 2>&1 || true; }
+	@promtool --version | head -1
 
 lint:
 	@bad=$$(gofmt -l . ); if [ -n "$$bad" ]; then echo "gofmt needed: $$bad"; exit 1; fi
