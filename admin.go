@@ -26,6 +26,7 @@ func init() {
 //
 //	GET    /rate_limit/zones                    every zone, its limits and store health
 //	GET    /rate_limit/zones/<zone>/keys/<key>  a key's remaining, retry_after, reset_after
+//	                                            (concurrency zones: in_use, remaining)
 //	DELETE /rate_limit/zones/<zone>/keys/<key>  reset the key (local table, deny cache, Redis)
 //	GET    /rate_limit/zones/<zone>/top?n=20    the keys this instance denied most lately
 //
@@ -94,6 +95,8 @@ type zoneInfo struct {
 	DryRun     bool       `json:"dry_run"`
 	LocalKeys  int        `json:"local_keys"`
 	Store      *storeInfo `json:"store,omitempty"`
+
+	Concurrency int64 `json:"concurrency,omitempty"` // concurrency zones only
 }
 
 type storeInfo struct {
@@ -177,6 +180,7 @@ func listZones() []zoneInfo {
 			DryRun:     z.DryRun,
 			LocalKeys:  z.State().Len(),
 		}
+		zi.Concurrency = z.Concurrency
 		if s := z.Store(); s != nil {
 			zi.Store = &storeInfo{OK: true, Instances: s.Instances()}
 			if hr, ok := s.(healthReporter); ok {
@@ -194,6 +198,9 @@ func listZones() []zoneInfo {
 }
 
 func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone, key string) error {
+	if z.IsConcurrency() {
+		return a.getSlots(w, r, z, key)
+	}
 	now := time.Now().UnixNano()
 	d, err := z.Peek(r.Context(), key, now)
 	switch {
@@ -216,6 +223,9 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone,
 }
 
 func (a *AdminAPI) resetKey(w http.ResponseWriter, r *http.Request, z *zones.Zone, key string) error {
+	if z.IsConcurrency() {
+		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errResetSlots}
+	}
 	if _, err := z.Peek(r.Context(), key, time.Now().UnixNano()); errors.Is(err, zones.ErrUnknownKey) {
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s has no state for key %q", z.Name, key)}
 	}

@@ -43,6 +43,14 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        max_keys   <n>                # default: 1000000
 //	        dry_run
 //	    }
+//	    zone <name> {                     # a concurrency zone
+//	        key         <placeholders>    # required
+//	        concurrency <n>               # at most n requests of a key in flight,
+//	                                      # instead of events, window and burst
+//	        lease       <duration>        # distributed: a dead instance's slots
+//	                                      # free after this; default 30s, >= 1s
+//	        match, ipv4_prefix, ipv6_prefix, fail_policy, max_keys, dry_run as above
+//	    }
 //	    distributed {
 //	        redis <url>...                # or a block: addresses, username,
 //	                                      # password, db, sentinel_master, tls
@@ -141,6 +149,10 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 			}
 			seen[sub] = true
 		}
+		rate := seen["events"] || seen["window"] || seen["burst"]
+		if seen["concurrency"] && rate {
+			return d.Errf("zone %s: concurrency replaces events, window and burst: remove them, or put the rate limit in a zone of its own", name)
+		}
 		switch sub {
 		case "key":
 			z.Key, err = oneArg(d)
@@ -171,8 +183,14 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 			z.MaxKeys, err = intArg(d, 1, 1<<40)
 		case "dry_run":
 			err = noArgs(d, &z.DryRun)
+		case "concurrency":
+			z.Concurrency, err = intArg(d, 1, 1<<30)
+		case "lease":
+			if z.Lease, err = durationArg(d); err == nil && z.Lease < caddy.Duration(zones.MinLease) {
+				err = d.Errf("zone %s: lease must be at least %v: slots are renewed every lease/3", name, zones.MinLease)
+			}
 		default:
-			err = d.Errf("zone %s: unknown subdirective %q: expected key, events, window, burst, match, ipv4_prefix, ipv6_prefix, fail_policy, max_keys or dry_run", name, sub)
+			err = d.Errf("zone %s: unknown subdirective %q: expected key, events, window, burst, concurrency, lease, match, ipv4_prefix, ipv6_prefix, fail_policy, max_keys or dry_run", name, sub)
 		}
 		if err != nil {
 			return err
@@ -181,6 +199,9 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 	switch {
 	case z.Key == "":
 		return d.Errf("zone %s: key is missing: add e.g. key {client_ip}", name)
+	case z.Concurrency == 0 && seen["lease"]:
+		return d.Errf("zone %s: lease only applies to concurrency zones: add e.g. concurrency 4, or remove lease", name)
+	case z.Concurrency > 0:
 	case z.MaxEvents == 0:
 		return d.Errf("zone %s: events is missing: add e.g. events 100", name)
 	case z.Window == 0:

@@ -22,6 +22,7 @@ var collectors = struct {
 	latency     *prometheus.HistogramVec
 	keys        *keysCollector
 	plans       *prometheus.CounterVec
+	inFlight    *inFlightCollector
 }{}
 
 func initCollectors() {
@@ -49,6 +50,7 @@ func initCollectors() {
 	}, []string{"zone"})
 	collectors.keys = &keysCollector{desc: prometheus.NewDesc(ns+"_"+sub+"_keys",
 		"Keys the zone holds in this instance's memory.", []string{"zone"}, nil)}
+	collectors.inFlight = newInFlightCollector()
 }
 
 // registerMetrics makes the collectors visible in ctx's registry.
@@ -59,7 +61,7 @@ func registerMetrics(ctx caddy.Context) error {
 		return nil
 	}
 	for _, c := range []prometheus.Collector{collectors.requests, collectors.storeErrors,
-		collectors.failPolicy, collectors.latency, collectors.keys, collectors.plans} {
+		collectors.failPolicy, collectors.latency, collectors.keys, collectors.plans, collectors.inFlight} {
 		if err := reg.Register(c); err != nil {
 			if are := (prometheus.AlreadyRegisteredError{}); !errors.As(err, &are) {
 				return err

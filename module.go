@@ -96,11 +96,12 @@ type Zone struct {
 	// zone. All requests count when it is empty.
 	MatcherSetsRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
 
-	// How many requests a key may make per window. Required: with
-	// max_events_placeholder, it is the fallback.
+	// How many requests a key may make per window. Required (except in a
+	// concurrency zone): with max_events_placeholder, it is the fallback.
 	MaxEvents int `json:"max_events,omitempty"`
 
-	// The window. Required: with window_placeholder, it is the fallback.
+	// The window. Required (except in a concurrency zone): with
+	// window_placeholder, it is the fallback.
 	Window caddy.Duration `json:"window,omitempty"`
 
 	// How many requests a key may make at once. Default: max_events, so a
@@ -142,6 +143,20 @@ type Zone struct {
 
 	// Decide and report, but never deny.
 	DryRun bool `json:"dry_run,omitempty"`
+
+	// Makes this a concurrency zone: at most this many requests of a key
+	// in flight at once, instead of max_events per window (which must then
+	// be left out). A request holds its slot until the handlers after this
+	// one return, whatever happens to it (error, panic, client gone,
+	// hijacked connection closed). Denials carry Retry-After: 1.
+	Concurrency int `json:"concurrency,omitempty"`
+
+	// With distributed: how long a slot held in Redis outlives the last
+	// renewal of the instance that took it, so that an instance that dies
+	// with requests in flight frees their slots within lease. Instances
+	// renew their slots every lease/3 while the requests run. At least 1s.
+	// Default: 30s.
+	Lease caddy.Duration `json:"lease,omitempty"`
 }
 
 // CaddyModule returns the Caddy module information.
@@ -225,6 +240,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	// Tightest first: the zone most likely to deny decides before the
 	// others spend anything (a refund, a Redis round trip).
 	slices.SortFunc(h.zones, func(a, b *zoneHandler) int {
+		if a.IsConcurrency() || b.IsConcurrency() {
+			return compareConcurrency(a, b)
+		}
 		ra := float64(a.Events) / float64(a.Window)
 		rb := float64(b.Events) / float64(b.Window)
 		switch {
@@ -256,6 +274,9 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 		FailPolicy: policy,
 		MaxKeys:    zc.MaxKeys,
 		DryRun:     zc.DryRun || h.DryRun,
+
+		Concurrency: int64(zc.Concurrency),
+		Lease:       time.Duration(zc.Lease),
 	}
 	vars := planVars{events: zc.MaxEventsPlaceholder, window: zc.WindowPlaceholder, burst: zc.BurstPlaceholder}
 	for _, v := range []*string{&vars.events, &vars.window, &vars.burst} {
@@ -293,6 +314,9 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 		denyErr: fmt.Errorf("rate limit exceeded in zone %s", name),
 		policy:  policyMember(name, plan),
 		limit:   strconv.FormatInt(cfg.Events, 10),
+	}
+	if cfg.IsConcurrency() {
+		zh.policy, zh.limit = concurrencyPolicy(cfg)
 	}
 	if len(zc.MatcherSetsRaw) > 0 {
 		mods, err := ctx.LoadModule(zc, "MatcherSetsRaw")

@@ -23,6 +23,7 @@ type verdict struct {
 	key  string
 	d    zones.Decision
 	plan zones.Plan // the limit the request was decided under
+	slot zones.Slot // a concurrency zone's slot, held until next returns
 }
 
 // ServeHTTP decides the request in every zone that applies to it, tightest
@@ -34,6 +35,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	var stack [maxStackZones]verdict
 	verdicts := stack[:0]
 	var denied *verdict
+	holding := false
 	for _, z := range h.zones {
 		if len(z.matchers) > 0 {
 			match, err := z.matchers.AnyMatchWithError(r)
@@ -50,7 +52,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if z.timed {
 			start = time.Now()
 		}
-		d := z.DecideWith(r.Context(), key, now, &plan, 1)
+		var d zones.Decision
+		var slot zones.Slot
+		if z.IsConcurrency() {
+			d, slot = z.Acquire(r.Context(), key)
+			holding = holding || slot.Held()
+		} else {
+			d = z.DecideWith(r.Context(), key, now, &plan, 1)
+		}
 		if z.metrics != nil {
 			var wait time.Duration
 			if !start.IsZero() {
@@ -61,7 +70,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if d.Err != nil {
 			h.logStoreError(z, d)
 		}
-		verdicts = append(verdicts, verdict{zone: z, key: key, d: d, plan: plan})
+		verdicts = append(verdicts, verdict{zone: z, key: key, d: d, plan: plan, slot: slot})
 		if !d.Allowed {
 			if z.dryRun {
 				h.logDenial(z, key, d, true)
@@ -80,6 +89,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			if !v.d.Allowed {
 				continue
 			}
+			if v.slot.Held() {
+				releaseSlot(v)
+				continue
+			}
 			var err error
 			if v.d, err = v.zone.RefundWith(r.Context(), v.key, now, v.d, &v.plan, 1); err != nil {
 				h.logger.Debug("refund failed", zap.String("zone", v.zone.Name), zap.Error(err))
@@ -88,6 +101,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	h.setHeaders(w.Header(), verdicts)
 	if denied == nil {
+		if holding {
+			return serveHoldingSlots(w, r, next, verdicts)
+		}
 		return next.ServeHTTP(w, r)
 	}
 	return h.deny(w, r, repl, denied)

@@ -75,6 +75,8 @@ type Store struct {
 	instanceID string
 	instances  atomic.Int64
 
+	slots slots // concurrency slots this instance holds (concurrency.go)
+
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -112,11 +114,13 @@ func Open(opts Options, logger *zap.Logger) (*Store, error) {
 	s.breaker.logger = logger
 	s.breaker.redis = opts.Redacted()
 	s.instances.Store(1)
-	s.wg.Add(workers + 1)
+	s.slots.init()
+	s.wg.Add(workers + 2)
 	for range workers {
 		go s.worker()
 	}
 	go s.heartbeatLoop()
+	go s.slotLoop()
 	return s, nil
 }
 

@@ -93,11 +93,18 @@ type Config struct {
 	// PerRequest: the handler may decide some requests under a plan read
 	// from the request; the zone then remembers each key's last plan.
 	PerRequest bool
+	// Concurrency > 0 makes a concurrency zone (concurrency.go): at most
+	// that many requests of a key in flight, instead of Events per Window.
+	Concurrency int64
+	Lease       time.Duration // concurrency slots in a store; 0 = DefaultLease
 }
 
 // Validate reports the first thing wrong with the definition, saying how to
 // fix it.
 func (c Config) Validate() error {
+	if c.Concurrency != 0 || c.Lease != 0 {
+		return c.validateConcurrency()
+	}
 	switch {
 	case !ValidName(c.Name):
 		return fmt.Errorf("zone name %q is invalid: use letters, digits, '_' and '-' only", c.Name)
@@ -122,8 +129,13 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Limit is the zone's GCRA limit in nanoseconds.
+// Limit is the zone's GCRA limit in nanoseconds. A concurrency zone has no
+// rate; its Limit is its concurrency as a burst, so that two definitions with
+// different concurrency differ.
 func (c Config) Limit() algorithms.Limit {
+	if c.IsConcurrency() {
+		return algorithms.Limit{EmissionInterval: 1, Burst: c.Concurrency}
+	}
 	return algorithms.NewLimit(c.Events, int64(c.Window), c.Burst)
 }
 
@@ -167,6 +179,8 @@ type State struct {
 	// Offenders counts this instance's denials per key over the last one
 	// to two OffendersPeriods, in fixed memory (not sized by max_keys).
 	Offenders *topk.Recent
+
+	conc *concurrencyState // concurrency zones only: requests in flight
 }
 
 // NewState returns an empty state whose expired entries are swept every
@@ -186,6 +200,9 @@ func NewState(c Config, sweepInterval time.Duration) *State {
 	s.Offenders = topk.NewRecent(topk.DefaultCapacity, int64(OffendersPeriod))
 	if c.PerRequest {
 		s.plans = newPlans(maxKeys)
+	}
+	if c.IsConcurrency() {
+		s.conc = newConcurrencyState(maxKeys)
 	}
 	go s.sweep(sweepInterval)
 	return s
@@ -212,7 +229,13 @@ func (s *State) sweep(interval time.Duration) {
 }
 
 // Len is the number of keys the state holds.
-func (s *State) Len() int { return s.Local.Len() + s.Denied.Len() + s.Fallback.Len() }
+func (s *State) Len() int {
+	n := s.Local.Len() + s.Denied.Len() + s.Fallback.Len()
+	if s.conc != nil {
+		n += s.conc.local.Len() + s.conc.fallback.Len()
+	}
+	return n
+}
 
 // Destruct stops the sweeper (caddy.Destructor, for caddy.UsagePool).
 func (s *State) Destruct() error {

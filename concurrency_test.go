@@ -1,0 +1,91 @@
+package ratelimit
+
+import (
+	"encoding/json"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddy-tally/ratelimit/zones"
+)
+
+func TestCaddyfileConcurrencyZone(t *testing.T) {
+	h, err := parse(t, `rate_limit {
+		zone uploads {
+			key {client_ip}
+			concurrency 4
+			lease 1m
+			fail_policy closed
+		}
+	}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	z := h.RateLimits["uploads"]
+	if z.Concurrency != 4 || time.Duration(z.Lease) != time.Minute || z.MaxEvents != 0 || z.Window != 0 {
+		t.Fatalf("parsed %+v, want concurrency 4, lease 1m, no events or window", z)
+	}
+	js, err := json.Marshal(z)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `"concurrency":4,"lease":60000000000`; !strings.Contains(string(js), want) {
+		t.Fatalf("JSON %s does not contain %s", js, want)
+	}
+}
+
+func TestCaddyfileConcurrencyErrorsNameTheLineAndTheFix(t *testing.T) {
+	zone := func(body string) string {
+		return "rate_limit {\n\tzone z {\n\t\tkey {client_ip}\n" + body + "\n\t}\n}"
+	}
+	for _, tc := range []struct {
+		name, input string
+		line        int
+		want        string
+	}{
+		{"events then concurrency", zone("\t\tevents 1\n\t\tconcurrency 2"), 5, "concurrency replaces events, window and burst"},
+		{"concurrency then window", zone("\t\tconcurrency 2\n\t\twindow 1s"), 5, "concurrency replaces events, window and burst"},
+		{"lease without concurrency", zone("\t\tevents 1\n\t\twindow 1s\n\t\tlease 1m"), 7, "lease only applies to concurrency zones"},
+		{"short lease", zone("\t\tconcurrency 2\n\t\tlease 100ms"), 5, "lease must be at least 1s"},
+		{"zero concurrency", zone("\t\tconcurrency 0"), 4, "concurrency must be a whole number from 1"},
+		{"repeated", zone("\t\tconcurrency 1\n\t\tconcurrency 2"), 5, "concurrency is given twice"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := parse(t, tc.input)
+			if err == nil {
+				t.Fatalf("accepted:\n%s", tc.input)
+			}
+			if msg := err.Error(); !strings.Contains(msg, tc.want) || !strings.Contains(msg, "Testfile:"+strconv.Itoa(tc.line)) {
+				t.Errorf("error %q, want it to say %q at line %d", msg, tc.want, tc.line)
+			}
+		})
+	}
+}
+
+// Rate zones decide before concurrency zones, so that a request a rate zone
+// denies never takes a slot; among concurrency zones the smallest goes
+// first.
+func TestConcurrencyZonesAreDecidedAfterRateZones(t *testing.T) {
+	mk := func(name string, c zones.Config) *zoneHandler {
+		c.Name = name
+		return &zoneHandler{Zone: zones.New(c, nil, nil)}
+	}
+	c8, c2 := mk("c8", zones.Config{Concurrency: 8}), mk("c2", zones.Config{Concurrency: 2})
+	rate := mk("rate", zones.Config{Events: 1, Window: time.Hour})
+	for _, tc := range []struct {
+		a, b *zoneHandler
+		want int
+	}{{rate, c2, -1}, {c2, rate, 1}, {c2, c8, -1}, {c8, c2, 1}, {c2, c2, 0}} {
+		if got := compareConcurrency(tc.a, tc.b); got != tc.want {
+			t.Errorf("compareConcurrency(%s, %s) = %d, want %d", tc.a.Name, tc.b.Name, got, tc.want)
+		}
+	}
+}
+
+func TestConcurrencyPolicyHeader(t *testing.T) {
+	policy, limit := concurrencyPolicy(zones.Config{Name: "uploads", Concurrency: 4})
+	if policy != `"uploads";q=4;qu="concurrent-requests"` || limit != "4" {
+		t.Fatalf("policy %s, limit %s", policy, limit)
+	}
+}

@@ -1,0 +1,330 @@
+package distributed
+
+// Concurrency slots in Redis (zones.SlotStore).
+//
+// A key's slots are one sorted set, slot id -> the instant its lease ends in
+// Redis TIME milliseconds (concurrency.lua). Acquire is one script call on
+// the request path. Everything else is off it, in one background loop per
+// store:
+//   - renewals: every lease/3 (the shortest lease held), one pipeline renews
+//     every slot this instance holds, one script call per key; a slot whose
+//     instance died is renewed by nobody and ends within its lease;
+//   - releases: Release only records the slot and wakes the loop, which
+//     removes it with ZREM (pipelined with the other releases pending). A
+//     release Redis did not take is retried at the next wake-up, until the
+//     slot's lease has ended anyway: an outage leaks no slot past its lease,
+//     and a recovery sees none counted twice.
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+)
+
+//go:embed concurrency.lua
+var concurrencyLua string
+
+var concurrencyScript = redis.NewScript(concurrencyLua)
+
+// slots is a store's record of the slots this instance holds in Redis.
+type slots struct {
+	mu       sync.Mutex
+	seq      uint64
+	held     map[heldSlot]heldLease
+	releases []pendingRelease
+	every    time.Duration // the renewal period: the shortest lease held / 3
+	wake     chan struct{} // capacity 1: releases are pending or every shrank
+}
+
+type heldSlot struct{ rkey, id string }
+
+type heldLease struct {
+	lease   time.Duration
+	expires time.Time // by this instance's clock, a lower bound of Redis's view
+}
+
+type pendingRelease struct {
+	heldSlot
+	expires time.Time
+}
+
+func (sl *slots) init() {
+	sl.held = make(map[heldSlot]heldLease)
+	sl.wake = make(chan struct{}, 1)
+}
+
+func (sl *slots) poke() {
+	select {
+	case sl.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Acquire takes a slot of key in zone when fewer than limit live slots are
+// held (zones.SlotStore). It is one script call, bounded by the timeout and
+// through the breaker. A call that failed may still have taken its slot in
+// Redis: it is released like any other, so it does not stay held until its
+// lease ends.
+func (s *Store) Acquire(ctx context.Context, zone, key string, limit int64, lease time.Duration) (string, int64, error) {
+	if s.isClosed() {
+		return "", 0, ErrClosed
+	}
+	ok, probe := s.breaker.allow()
+	if !ok {
+		return "", 0, ErrUnavailable
+	}
+	sl := &s.slots
+	sl.mu.Lock()
+	sl.seq++
+	seq := sl.seq
+	sl.mu.Unlock()
+	slot := heldSlot{rkey: s.RedisKey(zone, key), id: s.instanceID + ":" + strconv.FormatUint(seq, 36)}
+
+	start := time.Now()
+	bctx, cancel := s.bound(ctx)
+	v, err := concurrencyScript.Run(bctx, s.client, []string{slot.rkey}, "a", limit, lease.Milliseconds(), slot.id).Int64Slice()
+	cancel()
+	if err == nil && len(v) != 2 {
+		err = errBadReply
+	}
+	s.breaker.record(probe, err)
+	if err != nil {
+		sl.release(slot, start.Add(lease))
+		return "", 0, err
+	}
+	if v[0] != 1 {
+		return "", v[1], nil
+	}
+	sl.mu.Lock()
+	sl.held[slot] = heldLease{lease: lease, expires: start.Add(lease)}
+	shorter := sl.every == 0 || lease/3 < sl.every
+	if shorter {
+		sl.every = lease / 3
+	}
+	sl.mu.Unlock()
+	if shorter {
+		sl.poke()
+	}
+	return slot.id, v[1], nil
+}
+
+// Release frees a slot Acquire returned (zones.SlotStore) without waiting:
+// the background loop removes it from Redis.
+func (s *Store) Release(zone, key, id string) {
+	slot := heldSlot{rkey: s.RedisKey(zone, key), id: id}
+	s.slots.mu.Lock()
+	l, ok := s.slots.held[slot]
+	delete(s.slots.held, slot)
+	s.slots.mu.Unlock()
+	if ok {
+		s.slots.release(slot, l.expires)
+	}
+}
+
+func (sl *slots) release(slot heldSlot, expires time.Time) {
+	sl.mu.Lock()
+	sl.releases = append(sl.releases, pendingRelease{slot, expires})
+	sl.mu.Unlock()
+	sl.poke()
+}
+
+// Slots returns the live slots held for key in zone, by every instance
+// (zones.SlotStore). It is for the admin API.
+func (s *Store) Slots(ctx context.Context, zone, key string) (int64, error) {
+	if s.isClosed() {
+		return 0, ErrClosed
+	}
+	ok, probe := s.breaker.allow()
+	if !ok {
+		return 0, ErrUnavailable
+	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	v, err := concurrencyScript.Run(ctx, s.client, []string{s.RedisKey(zone, key)}, "p").Int64Slice()
+	if err == nil && len(v) != 2 {
+		err = errBadReply
+	}
+	s.breaker.record(probe, err)
+	if err != nil {
+		return 0, err
+	}
+	return v[1], nil
+}
+
+// HeldSlots is how many slots this instance holds in Redis and how many
+// releases have not reached Redis yet.
+func (s *Store) HeldSlots() (held, pending int) {
+	s.slots.mu.Lock()
+	defer s.slots.mu.Unlock()
+	return len(s.slots.held), len(s.slots.releases)
+}
+
+// releaseRetry is how soon releases Redis did not take are sent again.
+const releaseRetry = 250 * time.Millisecond
+
+// slotLoop renews and releases slots until the store closes, then sends the
+// releases still pending once more.
+func (s *Store) slotLoop() {
+	defer s.wg.Done()
+	sl := &s.slots
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	var nextRenew time.Time
+	for {
+		sl.mu.Lock()
+		every, pending := sl.every, len(sl.releases)
+		sl.mu.Unlock()
+		wait := time.Hour
+		if every == 0 {
+			nextRenew = time.Time{}
+		} else {
+			if nextRenew.IsZero() || time.Until(nextRenew) > every {
+				nextRenew = time.Now().Add(every)
+			}
+			wait = time.Until(nextRenew)
+		}
+		if pending > 0 {
+			wait = min(wait, releaseRetry)
+		}
+		timer.Reset(max(wait, 0))
+		select {
+		case <-sl.wake:
+		case <-timer.C:
+		case <-s.done:
+			ctx, cancel := context.WithTimeout(context.Background(), s.opts.Timeout)
+			s.sendReleases(ctx)
+			cancel()
+			return
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+		if every > 0 && !time.Now().Before(nextRenew) {
+			s.renew()
+			nextRenew = time.Now().Add(every)
+		}
+		ctx, cancel := context.WithTimeout(s.ctx, backgroundTimeout(s.opts))
+		s.sendReleases(ctx)
+		cancel()
+	}
+}
+
+// renewGroup is the slots of one key with one lease: one script call.
+type renewGroup struct {
+	rkey  string
+	lease time.Duration
+}
+
+// renew extends the lease of every slot this instance holds: one script call
+// per key, all in one pipeline. When none is held, the renewal period resets
+// so that it follows the leases of the slots taken next.
+func (s *Store) renew() {
+	sl := &s.slots
+	sl.mu.Lock()
+	if len(sl.held) == 0 {
+		sl.every = 0
+		sl.mu.Unlock()
+		return
+	}
+	groups := make(map[renewGroup][]any)
+	for slot, l := range sl.held {
+		g := renewGroup{slot.rkey, l.lease}
+		if groups[g] == nil {
+			groups[g] = []any{"r", l.lease.Milliseconds()}
+		}
+		groups[g] = append(groups[g], slot.id)
+	}
+	sl.mu.Unlock()
+
+	ok, probe := s.breaker.allow()
+	if !ok {
+		return
+	}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(s.ctx, backgroundTimeout(s.opts))
+	defer cancel()
+	cmds := make(map[renewGroup]*redis.Cmd, len(groups))
+	send := func() error {
+		pipe := s.client.Pipeline()
+		for g, args := range groups {
+			cmds[g] = concurrencyScript.EvalSha(ctx, pipe, []string{g.rkey}, args...)
+		}
+		_, err := pipe.Exec(ctx)
+		return err
+	}
+	err := send()
+	if redis.HasErrorPrefix(err, "NOSCRIPT") {
+		if err = concurrencyScript.Load(ctx, s.client).Err(); err == nil {
+			err = send()
+		}
+	}
+	s.breaker.record(probe, err)
+	if err != nil {
+		s.logger.Debug("renewing concurrency slots failed", zap.Error(err))
+		return
+	}
+	sl.mu.Lock()
+	for g, args := range groups {
+		for _, id := range args[2:] {
+			slot := heldSlot{g.rkey, id.(string)}
+			if l, ok := sl.held[slot]; ok {
+				l.expires = start.Add(l.lease)
+				sl.held[slot] = l
+			}
+		}
+	}
+	sl.mu.Unlock()
+}
+
+// sendReleases removes the released slots from Redis, one ZREM each in one
+// pipeline. Those Redis did not take are kept for the next try, unless their
+// lease has ended by then.
+func (s *Store) sendReleases(ctx context.Context) {
+	sl := &s.slots
+	sl.mu.Lock()
+	batch := sl.releases
+	sl.releases = nil
+	sl.mu.Unlock()
+	now := time.Now()
+	live := batch[:0]
+	for _, r := range batch {
+		if r.expires.After(now) {
+			live = append(live, r)
+		}
+	}
+	if len(live) == 0 {
+		return
+	}
+	ok, probe := s.breaker.allow()
+	var failed []pendingRelease
+	if !ok {
+		failed = live
+	} else {
+		pipe := s.client.Pipeline()
+		cmds := make([]*redis.IntCmd, len(live))
+		for i, r := range live {
+			cmds[i] = pipe.ZRem(ctx, r.rkey, r.id)
+		}
+		_, err := pipe.Exec(ctx)
+		s.breaker.record(probe, err)
+		for i, c := range cmds {
+			if c.Err() != nil && !errors.Is(c.Err(), redis.Nil) {
+				failed = append(failed, live[i])
+			}
+		}
+	}
+	if len(failed) > 0 {
+		sl.mu.Lock()
+		sl.releases = append(sl.releases, failed...)
+		sl.mu.Unlock()
+	}
+}

@@ -1,0 +1,52 @@
+-- Concurrency slots of one key, atomically: a sorted set of slot id -> the
+-- instant its lease ends, in milliseconds of Redis TIME (the only clock).
+-- Expired members are dropped before anything is counted, so the slots of a
+-- crashed instance free themselves. Every write sets the key's TTL to the
+-- latest lease it holds: the key never outlives its slots.
+--
+-- KEYS[1]  the key's sorted set
+-- ARGV[1]  op:
+--   "a" acquire: ARGV[2] limit, ARGV[3] lease ms, ARGV[4] slot id
+--       -> {1, slots in use after} or {0, slots in use}
+--   "r" renew: ARGV[2] lease ms, ARGV[3..] slot ids of this instance
+--       -> {slots renewed, slots in use}; slots no longer held stay gone
+--   "p" peek -> {0, slots in use}
+
+local key = KEYS[1]
+local op = ARGV[1]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local function expire() -- TTL = the latest lease in the set
+  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if last[2] then
+    redis.call('PEXPIRE', key, string.format('%d', math.max(1, tonumber(last[2]) - now)))
+  end
+end
+
+redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now))
+local n = redis.call('ZCARD', key)
+
+if op == 'a' then
+  if n >= tonumber(ARGV[2]) then
+    return {0, n}
+  end
+  redis.call('ZADD', key, string.format('%d', now + tonumber(ARGV[3])), ARGV[4])
+  expire()
+  return {1, n + 1}
+end
+
+if op == 'r' then
+  local until_ = string.format('%d', now + tonumber(ARGV[2]))
+  local renewed = 0
+  for i = 3, #ARGV do
+    if redis.call('ZSCORE', key, ARGV[i]) then
+      redis.call('ZADD', key, until_, ARGV[i])
+      renewed = renewed + 1
+    end
+  end
+  if renewed > 0 then expire() end
+  return {renewed, n}
+end
+
+return {0, n}

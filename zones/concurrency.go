@@ -1,0 +1,243 @@
+package zones
+
+// Concurrency zones: at most Concurrency requests of a key in flight at once.
+//
+// A request takes a slot before it is served and gives it back when the
+// handler returns (Zone.Acquire, Zone.Release). In local mode a slot is one
+// unit of a per-key counter in the zone's in-flight table; the entry exists
+// only while the count is above zero, so memory is bounded by the keys in
+// flight (and by max_keys: when that many keys are in flight, a new key is
+// denied until one finishes). With a store, slots live in the store (see
+// SlotStore) and expire after the zone's lease unless renewed.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+)
+
+// DefaultLease is how long a slot held in the store outlives the last
+// renewal of the instance that took it, when lease is not set.
+const DefaultLease = 30 * time.Second
+
+// MinLease is the shortest lease: renewals run every lease/3 and must fit in
+// that on a loaded machine.
+const MinLease = time.Second
+
+// ConcurrencyRetryAfter is the Retry-After of a concurrency denial: nothing
+// says when a request in flight will finish, so clients try again soon.
+const ConcurrencyRetryAfter = time.Second
+
+// SlotStore is what a concurrency zone needs from its shared store (Redis, in
+// package distributed). The store's clock alone decides when a lease ends.
+type SlotStore interface {
+	// Acquire takes a slot of key in zone when fewer than limit live slots
+	// are held, and returns its id ("" when denied) and the live slots held
+	// after the call. The slot expires after lease unless the store renews
+	// it, which it does until Release.
+	Acquire(ctx context.Context, zone, key string, limit int64, lease time.Duration) (slot string, inUse int64, err error)
+	// Release frees the slot. It must not wait for the store: the response
+	// path calls it.
+	Release(zone, key, slot string)
+	// Slots returns the live slots held for key in zone.
+	Slots(ctx context.Context, zone, key string) (int64, error)
+}
+
+// errNoSlotStore is the error a concurrency zone reports (and hands to its
+// fail policy) when its store cannot hold slots.
+var errNoSlotStore = errors.New("the store cannot hold concurrency slots")
+
+// concurrencyState is the in-process part of a concurrency zone, shared like
+// State by every handler that defines the zone the same way.
+type concurrencyState struct {
+	local    *Table       // local mode: requests in flight per key
+	fallback *Table       // fail_policy local: the same, at this instance's share
+	inFlight atomic.Int64 // requests of this zone in flight in this process
+}
+
+func newConcurrencyState(maxKeys int) *concurrencyState {
+	return &concurrencyState{local: NewTable(maxKeys), fallback: NewTable(maxKeys)}
+}
+
+// IsConcurrency reports whether the zone limits requests in flight rather
+// than a rate.
+func (c Config) IsConcurrency() bool { return c.Concurrency > 0 }
+
+// validateConcurrency is Validate for a zone that sets concurrency or lease.
+func (c Config) validateConcurrency() error {
+	switch {
+	case !ValidName(c.Name):
+		return fmt.Errorf("zone name %q is invalid: use letters, digits, '_' and '-' only", c.Name)
+	case c.Concurrency <= 0:
+		return fmt.Errorf("zone %s: lease only applies to concurrency zones: add e.g. concurrency 4, or remove lease", c.Name)
+	case c.Events != 0 || c.Window != 0 || c.Burst != 0 || c.PerRequest:
+		return fmt.Errorf("zone %s: concurrency replaces events, window and burst: remove them, or put the rate limit in a zone of its own", c.Name)
+	case c.Lease != 0 && c.Lease < MinLease:
+		return fmt.Errorf("zone %s: lease must be at least %v (renewals run every lease/3)", c.Name, MinLease)
+	case c.IPv4Prefix < 0 || c.IPv4Prefix > 32:
+		return fmt.Errorf("zone %s: ipv4_prefix must be between 1 and 32", c.Name)
+	case c.IPv6Prefix < 0 || c.IPv6Prefix > 128:
+		return fmt.Errorf("zone %s: ipv6_prefix must be between 1 and 128", c.Name)
+	case c.MaxKeys < 0:
+		return fmt.Errorf("zone %s: max_keys must be positive", c.Name)
+	}
+	return nil
+}
+
+// LeaseOrDefault is the zone's lease, DefaultLease when not set.
+func (c Config) LeaseOrDefault() time.Duration {
+	if c.Lease > 0 {
+		return c.Lease
+	}
+	return DefaultLease
+}
+
+// Slot is a slot a request holds in a concurrency zone. The zero Slot holds
+// nothing; Release on it does nothing.
+type Slot struct {
+	zone  *Zone
+	table *Table // the in-process counter it was taken in, if any
+	key   string
+	id    string // the store's slot id, if taken in the store
+}
+
+// Held reports whether the slot must be released.
+func (s Slot) Held() bool { return s.zone != nil }
+
+// Acquire takes a slot of key for a request about to be served. Without a
+// store it counts the request in the zone's in-flight table; with one, the
+// store holds the slot and the zone's fail policy decides when it cannot.
+// An allowed decision comes with a Slot to Release when the request ends.
+func (z *Zone) Acquire(ctx context.Context, key string) (Decision, Slot) {
+	c := z.state.conc
+	if z.store == nil {
+		return z.acquireIn(c.local, key, z.Concurrency, SourceLocal, nil)
+	}
+	ss, ok := z.store.(SlotStore)
+	if !ok {
+		return z.failSlot(key, errNoSlotStore)
+	}
+	id, inUse, err := ss.Acquire(ctx, z.Name, key, z.Concurrency, z.LeaseOrDefault())
+	switch {
+	case err != nil:
+		return z.failSlot(key, err)
+	case id == "":
+		return slotDenied(SourceStore, nil), Slot{}
+	}
+	c.inFlight.Add(1)
+	return Decision{Allowed: true, Remaining: max(0, z.Concurrency-inUse), Source: SourceStore},
+		Slot{zone: z, key: key, id: id}
+}
+
+// acquireIn takes a slot in an in-process table, at most limit per key.
+func (z *Zone) acquireIn(t *Table, key string, limit int64, src Source, err error) (Decision, Slot) {
+	inUse, ok := t.acquireSlot(key, limit)
+	if !ok {
+		return slotDenied(src, err), Slot{}
+	}
+	z.state.conc.inFlight.Add(1)
+	return Decision{Allowed: true, Remaining: limit - inUse, Source: src, Err: err},
+		Slot{zone: z, table: t, key: key}
+}
+
+// failSlot applies the zone's fail policy to a slot the store could not
+// give: open admits without a slot anywhere, closed denies, local counts the
+// request in this instance's fallback table at its share of the limit,
+// ⌊concurrency / N⌋ and at least 1 (N = live instances last seen). Slots
+// taken in the fallback table are released there, so a store that comes back
+// neither leaks nor double-counts them (it does not see them either).
+func (z *Zone) failSlot(key string, err error) (Decision, Slot) {
+	switch z.FailPolicy {
+	case FailOpen:
+		z.state.conc.inFlight.Add(1)
+		return Decision{Allowed: true, Remaining: z.Concurrency, Source: SourceFailOpen, Err: err}, Slot{zone: z, key: key}
+	case FailClosed:
+		return slotDenied(SourceFailClosed, err), Slot{}
+	}
+	share := max(1, z.Concurrency/int64(max(1, z.store.Instances())))
+	return z.acquireIn(z.state.conc.fallback, key, share, SourceFailLocal, err)
+}
+
+func slotDenied(src Source, err error) Decision {
+	return Decision{RetryAfter: ConcurrencyRetryAfter, ResetAfter: ConcurrencyRetryAfter, Source: src, Err: err}
+}
+
+// Release gives back a slot Acquire returned. It never waits on the store.
+func (z *Zone) Release(s Slot) {
+	if s.zone == nil {
+		return
+	}
+	switch {
+	case s.table != nil:
+		s.table.releaseSlot(s.key)
+	case s.id != "":
+		z.store.(SlotStore).Release(z.Name, s.key, s.id)
+	}
+	z.state.conc.inFlight.Add(-1)
+}
+
+// InFlight is the number of this zone's requests in flight in this process.
+func (z *Zone) InFlight() int64 {
+	if z.state.conc == nil {
+		return 0
+	}
+	return z.state.conc.inFlight.Load()
+}
+
+// SlotsInUse reports the slots key holds: in the store when the zone has one
+// (every instance's), else in this process.
+func (z *Zone) SlotsInUse(ctx context.Context, key string) (int64, error) {
+	if z.store == nil {
+		return z.state.conc.local.slots(key), nil
+	}
+	ss, ok := z.store.(SlotStore)
+	if !ok {
+		return 0, errNoSlotStore
+	}
+	return ss.Slots(ctx, z.Name, key)
+}
+
+// acquireSlot counts one more request in flight for key if fewer than limit
+// are, and returns the count after the call. A key not in the table is
+// refused when its shard is full: unlike TATs, counts of requests in flight
+// carry information until they reach zero, so nothing may be evicted. The
+// key is not cloned (unlike Table.insert): its entry lives no longer than
+// the request it came from.
+func (t *Table) acquireSlot(key string, limit int64) (int64, bool) {
+	s := t.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n, found := s.m[key]
+	if n >= limit || (!found && len(s.m) >= t.shardCap) {
+		return n, false
+	}
+	if found {
+		s.m[key] = n + 1
+	} else {
+		s.m[key] = 1
+	}
+	return n + 1, true
+}
+
+// releaseSlot counts one request of key less in flight; the key leaves the
+// table at zero.
+func (t *Table) releaseSlot(key string) {
+	s := t.shard(key)
+	s.mu.Lock()
+	if n := s.m[key]; n > 1 {
+		s.m[key] = n - 1
+	} else {
+		delete(s.m, key)
+	}
+	s.mu.Unlock()
+}
+
+// slots is the count of requests of key in flight.
+func (t *Table) slots(key string) int64 {
+	s := t.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.m[key]
+}
