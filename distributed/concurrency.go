@@ -8,7 +8,9 @@ package distributed
 // store:
 //   - renewals: every lease/3 (the shortest lease held), one pipeline renews
 //     every slot this instance holds, one script call per key; a slot whose
-//     instance died is renewed by nobody and ends within its lease;
+//     instance died is renewed by nobody and ends within its lease. A slot
+//     Redis lost (a restart) is taken again while there is room, so that
+//     requests running across an outage are counted again after it;
 //   - releases: Release only records the slot and wakes the loop, which
 //     removes it with ZREM (pipelined with the other releases pending). A
 //     release Redis did not take is retried at the next wake-up, until the
@@ -45,6 +47,7 @@ type slots struct {
 type heldSlot struct{ rkey, id string }
 
 type heldLease struct {
+	limit   int64
 	lease   time.Duration
 	expires time.Time // by this instance's clock, a lower bound of Redis's view
 }
@@ -102,7 +105,7 @@ func (s *Store) Acquire(ctx context.Context, zone, key string, limit int64, leas
 		return "", v[1], nil
 	}
 	sl.mu.Lock()
-	sl.held[slot] = heldLease{lease: lease, expires: start.Add(lease)}
+	sl.held[slot] = heldLease{limit: limit, lease: lease, expires: start.Add(lease)}
 	shorter := sl.every == 0 || lease/3 < sl.every
 	if shorter {
 		sl.every = lease / 3
@@ -222,6 +225,7 @@ func (s *Store) slotLoop() {
 type renewGroup struct {
 	rkey  string
 	lease time.Duration
+	limit int64
 }
 
 // renew extends the lease of every slot this instance holds: one script call
@@ -237,9 +241,9 @@ func (s *Store) renew() {
 	}
 	groups := make(map[renewGroup][]any)
 	for slot, l := range sl.held {
-		g := renewGroup{slot.rkey, l.lease}
+		g := renewGroup{slot.rkey, l.lease, l.limit}
 		if groups[g] == nil {
-			groups[g] = []any{"r", l.lease.Milliseconds()}
+			groups[g] = []any{"r", l.lease.Milliseconds(), l.limit}
 		}
 		groups[g] = append(groups[g], slot.id)
 	}
@@ -274,7 +278,7 @@ func (s *Store) renew() {
 	}
 	sl.mu.Lock()
 	for g, args := range groups {
-		for _, id := range args[2:] {
+		for _, id := range args[3:] {
 			slot := heldSlot{g.rkey, id.(string)}
 			if l, ok := sl.held[slot]; ok {
 				l.expires = start.Add(l.lease)

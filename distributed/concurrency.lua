@@ -8,8 +8,11 @@
 -- ARGV[1]  op:
 --   "a" acquire: ARGV[2] limit, ARGV[3] lease ms, ARGV[4] slot id
 --       -> {1, slots in use after} or {0, slots in use}
---   "r" renew: ARGV[2] lease ms, ARGV[3..] slot ids of this instance
---       -> {slots renewed, slots in use}; slots no longer held stay gone
+--   "r" renew: ARGV[2] lease ms, ARGV[3] limit, ARGV[4..] slot ids of this
+--       instance -> {slots renewed, slots in use after}. A slot the set lost
+--       (Redis restarted empty, or the lease ended while this instance could
+--       not renew it) is taken again if there is room, so a request still
+--       running is counted again; without room it stays gone.
 --   "p" peek -> {0, slots in use}
 
 local key = KEYS[1]
@@ -38,11 +41,14 @@ end
 
 if op == 'r' then
   local until_ = string.format('%d', now + tonumber(ARGV[2]))
+  local limit = tonumber(ARGV[3])
   local renewed = 0
-  for i = 3, #ARGV do
-    if redis.call('ZSCORE', key, ARGV[i]) then
+  for i = 4, #ARGV do
+    local held = redis.call('ZSCORE', key, ARGV[i])
+    if held or n < limit then
       redis.call('ZADD', key, until_, ARGV[i])
       renewed = renewed + 1
+      if not held then n = n + 1 end
     end
   end
   if renewed > 0 then expire() end
