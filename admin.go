@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -46,26 +47,39 @@ func (a *AdminAPI) Routes() []caddy.AdminRoute {
 	return []caddy.AdminRoute{{Pattern: "/rate_limit/", Handler: caddy.AdminHandlerFunc(a.serve)}}
 }
 
-// registry holds the zones of the running config by name, for the admin API
-// and the keys metric. During a reload the new config's zones replace the old
-// ones before the old handlers are cleaned up.
+// registry holds, by name, the zones of every loaded config, for the admin
+// API and the keys metric. A name maps to its registrations in the order they
+// were made; the last one is shown. A reload provisions the new config (its
+// zones go last) before it cleans up the old one; a load that fails is
+// cleaned up instead, taking only its own registrations with it. Either way
+// what is shown is the running config's zones, through failed loads and
+// handlers whose provisioning failed half-way.
 var registry = struct {
 	sync.Mutex
-	zones map[string]*zones.Zone
-}{zones: make(map[string]*zones.Zone)}
+	zones map[string][]*zones.Zone
+}{zones: make(map[string][]*zones.Zone)}
 
 func registerZone(z *zones.Zone) {
 	registry.Lock()
-	registry.zones[z.Name] = z
+	registry.zones[z.Name] = append(registry.zones[z.Name], z)
 	registry.Unlock()
 }
 
+// unregisterZone removes z's registration. When it was the last one of its
+// name, no config defines the zone any more and its metric series go too.
 func unregisterZone(z *zones.Zone) {
 	registry.Lock()
-	if registry.zones[z.Name] == z {
-		delete(registry.zones, z.Name)
+	defer registry.Unlock()
+	regs := registry.zones[z.Name]
+	if i := slices.Index(regs, z); i >= 0 {
+		regs = slices.Delete(regs, i, i+1)
 	}
-	registry.Unlock()
+	if len(regs) > 0 {
+		registry.zones[z.Name] = regs
+		return
+	}
+	delete(registry.zones, z.Name)
+	dropZoneSeries(z.Name)
 }
 
 func liveZones() map[string]*zones.Zone {
@@ -73,7 +87,7 @@ func liveZones() map[string]*zones.Zone {
 	defer registry.Unlock()
 	m := make(map[string]*zones.Zone, len(registry.zones))
 	for k, v := range registry.zones {
-		m[k] = v
+		m[k] = v[len(v)-1]
 	}
 	return m
 }
@@ -81,7 +95,10 @@ func liveZones() map[string]*zones.Zone {
 func lookupZone(name string) *zones.Zone {
 	registry.Lock()
 	defer registry.Unlock()
-	return registry.zones[name]
+	if regs := registry.zones[name]; len(regs) > 0 {
+		return regs[len(regs)-1]
+	}
+	return nil
 }
 
 // zoneInfo is a zone as GET /rate_limit/zones shows it.

@@ -72,7 +72,10 @@ func registerMetrics(ctx caddy.Context) error {
 }
 
 // zoneMetrics are one zone's series, bound once so that the request path only
-// adds to counters.
+// adds to counters. Only series that can move are bound: a dry-run zone never
+// denies and a zone that always enforces never dry-run-denies; a local zone
+// has no store to fail or wait for; only strict mode waits for Redis on the
+// request path. A nil field is a series the zone does not have.
 type zoneMetrics struct {
 	allowed, denied, dryRunDenied prometheus.Counter
 	storeErrors                   prometheus.Counter
@@ -81,14 +84,22 @@ type zoneMetrics struct {
 	planFallbacks                 prometheus.Counter // nil unless the zone reads its limit from requests
 }
 
-func newZoneMetrics(name string, policy zones.FailPolicy, perRequest bool) *zoneMetrics {
-	m := &zoneMetrics{
-		allowed:      collectors.requests.WithLabelValues(name, "allowed"),
-		denied:       collectors.requests.WithLabelValues(name, "denied"),
-		dryRunDenied: collectors.requests.WithLabelValues(name, "dry_run_denied"),
-		storeErrors:  collectors.storeErrors.WithLabelValues(name),
-		failPolicy:   collectors.failPolicy.WithLabelValues(name, policy.String()),
-		latency:      collectors.latency.WithLabelValues(name),
+// newZoneMetrics binds the series of a zone. distributed says whether the
+// zone has a store, timed whether its decisions wait for it, perRequest
+// whether it reads its limit from requests.
+func newZoneMetrics(name string, policy zones.FailPolicy, dryRun, distributed, timed, perRequest bool) *zoneMetrics {
+	m := &zoneMetrics{allowed: collectors.requests.WithLabelValues(name, "allowed")}
+	if dryRun {
+		m.dryRunDenied = collectors.requests.WithLabelValues(name, "dry_run_denied")
+	} else {
+		m.denied = collectors.requests.WithLabelValues(name, "denied")
+	}
+	if distributed {
+		m.storeErrors = collectors.storeErrors.WithLabelValues(name)
+		m.failPolicy = collectors.failPolicy.WithLabelValues(name, policy.String())
+	}
+	if timed {
+		m.latency = collectors.latency.WithLabelValues(name)
 	}
 	if perRequest {
 		m.planFallbacks = collectors.plans.WithLabelValues(name)
@@ -109,14 +120,28 @@ func (m *zoneMetrics) observe(d zones.Decision, dryRun bool, storeWait time.Dura
 	}
 	switch d.Source {
 	case zones.SourceFailOpen, zones.SourceFailClosed, zones.SourceFailLocal:
-		m.storeErrors.Inc()
-		m.failPolicy.Inc()
+		if m.storeErrors != nil {
+			m.storeErrors.Inc()
+			m.failPolicy.Inc()
+		}
 		fallthrough
 	case zones.SourceStore:
-		if storeWait > 0 {
+		if storeWait > 0 && m.latency != nil {
 			m.latency.Observe(storeWait.Seconds())
 		}
 	}
+}
+
+// dropZoneSeries deletes the series of a zone no loaded config defines any
+// more, so that a reload that removes a zone leaves nothing behind.
+func dropZoneSeries(name string) {
+	collectors.once.Do(initCollectors)
+	l := prometheus.Labels{"zone": name}
+	collectors.requests.DeletePartialMatch(l)
+	collectors.storeErrors.DeletePartialMatch(l)
+	collectors.failPolicy.DeletePartialMatch(l)
+	collectors.latency.DeletePartialMatch(l)
+	collectors.plans.DeletePartialMatch(l)
 }
 
 // keysCollector reports, at scrape time, how many keys each live zone holds.

@@ -329,11 +329,11 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 	}
 	zh.Zone = zones.New(cfg, state, h.store)
 	if !h.DisableMetrics {
-		zh.metrics = newZoneMetrics(name, policy, cfg.PerRequest)
 		// Async decisions are local: timing them would cost two clock
 		// reads per request and fill the store latency histogram with
 		// zeros.
 		zh.timed = h.store != nil && zh.Mode() == "strict"
+		zh.metrics = newZoneMetrics(name, policy, cfg.DryRun, h.store != nil, zh.timed, cfg.PerRequest)
 	}
 	registerZone(zh.Zone)
 	return zh, nil
@@ -369,16 +369,22 @@ func (h *Handler) Validate() error {
 	return nil
 }
 
-// Cleanup releases the handler's zone states and store.
+// Cleanup releases the handler's zone states and store. Caddy calls it once
+// the handler's config is replaced, when the config it belongs to fails to
+// load, and on a handler whose Provision or Validate failed (half-way,
+// possibly): it releases exactly what was taken, and only once.
 func (h *Handler) Cleanup() error {
 	for _, z := range h.zones {
 		unregisterZone(z.Zone)
 	}
+	h.zones = nil
 	for _, id := range h.stateIDs {
 		_, _ = states.Delete(id)
 	}
+	h.stateIDs = nil
 	if h.store != nil {
 		releaseStore(h.storeKey)
+		h.store = nil
 	}
 	return nil
 }

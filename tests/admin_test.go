@@ -181,3 +181,124 @@ func TestAdminRejectsOtherMethods(t *testing.T) {
 		t.Errorf("alice after refused requests: remaining %d, want 2", k.Remaining)
 	}
 }
+
+// loadJSON POSTs a JSON config to /load and returns the status and body.
+func (c *caddyInstance) loadJSON(config string) (int, string) {
+	c.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, c.AdminURL+"/load", strings.NewReader(config))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	return c.admin(req)
+}
+
+// zoneNames lists the zones GET /rate_limit/zones shows.
+func (c *caddyInstance) zoneNames() []string {
+	c.t.Helper()
+	var zones []adminZone
+	c.adminJSON("/rate_limit/zones", &zones)
+	names := make([]string, len(zones))
+	for i, z := range zones {
+		names[i] = z.Name
+	}
+	return names
+}
+
+func TestAdminAndMetricsShowTheRunningZonesThroughFailedLoads(t *testing.T) {
+	t.Parallel()
+	c := startCaddyWith(t, "metrics", adminSite)
+	c.Send(2, withKey("alice"))
+	_, running := c.adminDo(http.MethodGet, "/config/")
+	if !strings.Contains(running, `"handler":"rate_limit"`) || !strings.Contains(running, `"handler":"static_response"`) {
+		t.Fatalf("GET /config/ has no rate_limit or static_response handler: %s", running)
+	}
+
+	// Each of these is refused at a different point: Validate of the
+	// rate_limit handler, provisioning of a later handler, and provisioning
+	// half-way through a rate_limit handler (the second definition of api).
+	redefined := strings.Replace(adminSite, "rate_limit {", `rate_limit {
+		zone extra {
+			key {client_ip}
+			events 1
+			window 1s
+		}`, 1) + `
+http://localhost {
+	rate_limit {
+		zone api {
+			key {client_ip}
+			events 7
+			window 1m
+		}
+	}
+}
+`
+	failed := []struct {
+		what string
+		load func() (int, string)
+	}{
+		{"jitter 2", func() (int, string) {
+			return c.loadJSON(strings.Replace(running, `"handler":"rate_limit",`, `"handler":"rate_limit","jitter":2,`, 1))
+		}},
+		{"a typo in another handler", func() (int, string) {
+			return c.loadJSON(strings.Replace(running, `"handler":"static_response"`, `"handler":"static_respons"`, 1))
+		}},
+		{"zone api redefined with other limits", func() (int, string) {
+			return c.loadCaddyfile(c.Caddyfile("metrics", redefined))
+		}},
+	}
+	for _, f := range failed {
+		if status, body := f.load(); status != http.StatusBadRequest {
+			t.Fatalf("loading a config with %s: %d %s, want 400", f.what, status, body)
+		}
+		if got := strings.Join(c.zoneNames(), ","); got != "api,login" {
+			t.Errorf("after a refused load (%s), GET /rate_limit/zones lists [%s], want the running api,login", f.what, got)
+		}
+		var k adminKey
+		if status, body := c.adminDo(http.MethodGet, keyPath("api", "alice")); status != http.StatusOK ||
+			json.Unmarshal([]byte(body), &k) != nil || k.Remaining != 1 {
+			t.Errorf("after a refused load (%s), GET %s: %d %s, want alice with 1 remaining", f.what, keyPath("api", "alice"), status, body)
+		}
+		if v, ok := metricValue(c.scrape(), "caddy_rate_limit_keys", map[string]string{"zone": "api"}); !ok || v != 1 {
+			t.Errorf("after a refused load (%s), caddy_rate_limit_keys{zone=\"api\"} = %v (present %v), want 1", f.what, v, ok)
+		}
+	}
+	// The running config still limits: alice has one request left.
+	if got := c.Send(2, withKey("alice")); got[0] != 200 || got[1] != 429 {
+		t.Fatalf("alice after the refused loads: %v, want 200 then 429", got)
+	}
+
+	// A reload that drops login and adds other: the lists follow, and
+	// login's series go with it.
+	c.Send(1, request{Path: "/login", Header: map[string]string{"X-API-Key": "bob"}})
+	if _, ok := metricValue(c.scrape(), "caddy_rate_limit_requests_total", map[string]string{"zone": "login"}); !ok {
+		t.Fatal("no caddy_rate_limit_requests_total series for zone login before the reload")
+	}
+	load(t, c, "metrics", `http:// {
+	rate_limit {
+		zone api {
+			key {http.request.header.X-API-Key}
+			events 3
+			window 1h
+		}
+		zone other {
+			key {client_ip}
+			events 9
+			window 1m
+		}
+	}
+	respond "reloaded"
+}
+`)
+	if got := strings.Join(c.zoneNames(), ","); got != "api,other" {
+		t.Errorf("after a reload to api and other, GET /rate_limit/zones lists [%s]", got)
+	}
+	for _, s := range c.scrape() {
+		if strings.HasPrefix(s.name, "caddy_rate_limit_") && s.labels["zone"] == "login" {
+			t.Errorf("series of the removed zone login left behind: %s%v", s.name, s.labels)
+		}
+	}
+	if got := c.Send(1, withKey("alice")); got[0] != 429 {
+		t.Errorf("alice after a reload that kept api unchanged: %v, want still denied", got)
+	}
+}
