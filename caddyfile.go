@@ -1,8 +1,10 @@
 package ratelimit
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -99,7 +101,9 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			var s string
 			if s, err = oneArg(d); err == nil {
 				h.Jitter, err = strconv.ParseFloat(s, 64)
-				if err != nil || h.Jitter < 0 || h.Jitter > 1 {
+				// Written so that NaN, which compares false with
+				// everything, is refused too.
+				if err != nil || !(h.Jitter >= 0 && h.Jitter <= 1) {
 					err = d.Errf("jitter must be a fraction between 0 and 1 (e.g. jitter 0.2), not %q", s)
 				}
 			}
@@ -140,61 +144,60 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 	}
 	z := new(Zone)
 	seen := map[string]bool{}
+	lines := map[string]int{} // where each subdirective is, for errors found later
+	zoneLine := d.Line()
 	var err error
 	for nest := d.Nesting(); d.NextBlock(nest); {
 		sub := d.Val()
-		if sub != "match" {
-			if seen[sub] {
-				return d.Errf("zone %s: %s is given twice: keep one", name, sub)
-			}
-			seen[sub] = true
-		}
-		rate := seen["events"] || seen["window"] || seen["burst"]
-		if seen["concurrency"] && rate {
-			return d.Errf("zone %s: concurrency replaces events, window and burst: remove them, or put the rate limit in a zone of its own", name)
-		}
-		switch sub {
-		case "key":
+		lines[sub] = d.Line()
+		switch {
+		case sub != "match" && seen[sub]:
+			err = d.Errf("%s is given twice: keep one", sub)
+		case sub == "concurrency" && (seen["events"] || seen["window"] || seen["burst"]),
+			(sub == "events" || sub == "window" || sub == "burst") && seen["concurrency"]:
+			err = d.Err("concurrency replaces events, window and burst: remove them, or put the rate limit in a zone of its own")
+		case sub == "key":
 			z.Key, err = oneArg(d)
-		case "events":
+		case sub == "events":
 			if z.MaxEventsPlaceholder, err = placeholderArg(d, true); err == nil {
 				z.MaxEvents, err = intArgOf(d, "events", 1, 1<<40)
 			}
-		case "window":
+		case sub == "window":
 			if z.WindowPlaceholder, err = placeholderArg(d, true); err == nil {
 				z.Window, err = durationArgOf(d, "window")
 			}
-		case "burst":
+		case sub == "burst":
 			if z.BurstPlaceholder, err = placeholderArg(d, false); err == nil && (z.BurstPlaceholder == "" || d.CountRemainingArgs() > 0) {
 				z.Burst, err = intArgOf(d, "burst", 1, 1<<40)
 			}
-		case "match":
+		case sub == "match":
 			var set caddy.ModuleMap
 			if set, err = caddyhttp.ParseCaddyfileNestedMatcherSet(d); err == nil {
 				z.MatcherSetsRaw = append(z.MatcherSetsRaw, set)
 			}
-		case "ipv4_prefix":
+		case sub == "ipv4_prefix":
 			z.IPv4Prefix, err = intArg(d, 1, 32)
-		case "ipv6_prefix":
+		case sub == "ipv6_prefix":
 			z.IPv6Prefix, err = intArg(d, 1, 128)
-		case "fail_policy":
+		case sub == "fail_policy":
 			z.FailPolicy, err = oneOf(d, "open", "closed", "local")
-		case "max_keys":
+		case sub == "max_keys":
 			z.MaxKeys, err = intArg(d, 1, 1<<40)
-		case "dry_run":
+		case sub == "dry_run":
 			err = noArgs(d, &z.DryRun)
-		case "concurrency":
+		case sub == "concurrency":
 			z.Concurrency, err = intArg(d, 1, 1<<30)
-		case "lease":
+		case sub == "lease":
 			if z.Lease, err = durationArg(d); err == nil && z.Lease < caddy.Duration(zones.MinLease) {
-				err = d.Errf("zone %s: lease must be at least %v: slots are renewed every lease/3", name, zones.MinLease)
+				err = d.Errf("lease must be at least %v: slots are renewed every lease/3", zones.MinLease)
 			}
 		default:
-			err = d.Errf("zone %s: unknown subdirective %q: expected key, events, window, burst, concurrency, lease, match, ipv4_prefix, ipv6_prefix, fail_policy, max_keys or dry_run", name, sub)
+			err = d.Errf("unknown subdirective %q: expected key, events, window, burst, concurrency, lease, match, ipv4_prefix, ipv6_prefix, fail_policy, max_keys or dry_run", sub)
 		}
 		if err != nil {
-			return err
+			return fmt.Errorf("zone %s: %w", name, err)
 		}
+		seen[sub] = true
 	}
 	switch {
 	case z.Key == "":
@@ -206,6 +209,16 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 		return d.Errf("zone %s: events is missing: add e.g. events 100", name)
 	case z.Window == 0:
 		return d.Errf("zone %s: window is missing: add e.g. window 1m", name)
+	}
+	// What provisioning would refuse, refused here with the line at fault.
+	cfg := zones.Config{Name: name, Concurrency: int64(z.Concurrency), Events: int64(z.MaxEvents), Window: time.Duration(z.Window), Burst: int64(z.Burst),
+		IPv4Prefix: z.IPv4Prefix, IPv6Prefix: z.IPv6Prefix, MaxKeys: z.MaxKeys}
+	if setting, err := cfg.Check(); err != nil && z.Concurrency == 0 {
+		line, ok := lines[setting]
+		if !ok {
+			line = zoneLine
+		}
+		return fmt.Errorf("zone %s: %w, at %s:%d", name, err, d.File(), line)
 	}
 	if h.RateLimits == nil {
 		h.RateLimits = make(map[string]*Zone)
@@ -219,6 +232,7 @@ func (dist *Distributed) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return d.ArgErr()
 	}
 	seen := map[string]bool{}
+	var syncLine int
 	var err error
 	for nest := d.Nesting(); d.NextBlock(nest); {
 		sub := d.Val()
@@ -226,35 +240,44 @@ func (dist *Distributed) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		if sub == "read_interval" || sub == "write_interval" {
 			key = "sync_interval" // mholt/caddy-ratelimit's names for it
 		}
-		if seen[key] && sub != "read_interval" && sub != "write_interval" {
-			return d.Errf("distributed: %s is given twice: keep one", sub)
-		}
-		seen[key] = true
-		switch sub {
-		case "redis":
+		switch {
+		case seen[key] && sub != "read_interval" && sub != "write_interval":
+			err = d.Errf("%s is given twice: keep one", sub)
+		case sub == "redis":
 			dist.Redis = new(Redis)
 			err = dist.Redis.unmarshalCaddyfile(d)
-		case "mode":
+		case sub == "mode":
 			dist.Mode, err = oneOf(d, "strict", "async")
-		case "sync_interval", "read_interval", "write_interval":
+		case sub == "sync_interval":
+			syncLine = d.Line()
 			dist.SyncInterval, err = durationArg(d)
-		case "purge_age":
+		case sub == "read_interval" || sub == "write_interval":
+			// mholt/caddy-ratelimit's names, accepted in either mode so
+			// that its configs load unchanged.
+			dist.SyncInterval, err = durationArg(d)
+		case sub == "purge_age":
 			// mholt/caddy-ratelimit's clean-up age: every tally key has a
 			// TTL instead, so it is accepted and has no effect.
 			_, err = durationArg(d)
-		case "timeout":
+		case sub == "timeout":
 			dist.Timeout, err = durationArg(d)
-		case "key_prefix":
-			dist.KeyPrefix, err = oneArg(d)
+		case sub == "key_prefix":
+			if dist.KeyPrefix, err = oneArg(d); err == nil && len(dist.KeyPrefix) > maxKeyPrefix {
+				err = d.Errf("key_prefix is longer than %d bytes: use a shorter one", maxKeyPrefix)
+			}
 		default:
-			err = d.Errf("distributed: unknown subdirective %q: expected redis, mode, sync_interval, timeout or key_prefix", sub)
+			err = d.Errf("unknown subdirective %q: expected redis, mode, sync_interval, timeout or key_prefix", sub)
 		}
 		if err != nil {
-			return err
+			return fmt.Errorf("distributed: %w", err)
 		}
+		seen[key] = true
 	}
 	if dist.Redis == nil {
 		return d.Err("distributed needs Redis: tally shares state through Redis, not Caddy's storage; add e.g. redis redis://127.0.0.1:6379")
+	}
+	if syncLine != 0 && dist.Mode != "async" {
+		return fmt.Errorf("distributed: sync_interval only applies to mode async (strict mode asks Redis on every request): remove it or add mode async, at %s:%d", d.File(), syncLine)
 	}
 	return nil
 }
@@ -262,6 +285,9 @@ func (dist *Distributed) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 func (r *Redis) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	r.Addresses = d.RemainingArgs()
 	if len(r.Addresses) > 0 {
+		if err := checkAddresses(d, r.Addresses); err != nil {
+			return err
+		}
 		if d.NextBlock(d.Nesting()) {
 			return d.Err("redis takes either addresses on its line or a block, not both")
 		}
@@ -279,6 +305,8 @@ func (r *Redis) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "addresses":
 			if r.Addresses = d.RemainingArgs(); len(r.Addresses) == 0 {
 				err = d.Err("redis: addresses needs at least one address, e.g. addresses 127.0.0.1:6379")
+			} else {
+				err = checkAddresses(d, r.Addresses)
 			}
 		case "username":
 			r.Username, err = oneArg(d)
@@ -330,6 +358,20 @@ func placeholderArg(d *caddyfile.Dispenser, needFallback bool) (string, error) {
 		return "", d.Errf("%s %s needs a fallback for requests where it is empty or invalid: %s %s %s", dir, v, dir, v, example)
 	}
 	return v, nil
+}
+
+// checkAddresses refuses, at the line they are on, Redis addresses that cannot
+// work. Addresses with placeholders are checked at provision time instead.
+func checkAddresses(d *caddyfile.Dispenser, addrs []string) error {
+	for _, a := range addrs {
+		if strings.Contains(a, "{") {
+			continue
+		}
+		if err := checkAddress(a); err != nil {
+			return d.Errf("redis: %v", err)
+		}
+	}
+	return nil
 }
 
 func oneArg(d *caddyfile.Dispenser) (string, error) {

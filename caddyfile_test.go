@@ -178,14 +178,14 @@ func TestCaddyfileErrorsNameTheLineAndTheFix(t *testing.T) {
 		line        int
 		want        string
 	}{
-		{"unknown subdirective", zone("\t\tevents 1\n\t\twindow 1s\n\t\tlimit 5"), 6, `unknown subdirective "limit"`},
-		{"repeated subdirective", zone("\t\tevents 1\n\t\tevents 2\n\t\twindow 1s"), 5, "events is given twice"},
-		{"bad number", zone("\t\tevents ten\n\t\twindow 1s"), 4, `events must be a whole number from 1`},
-		{"zero events", zone("\t\tevents 0\n\t\twindow 1s"), 4, `events must be a whole number from 1`},
-		{"bad duration", zone("\t\tevents 1\n\t\twindow soon"), 5, "window must be a positive duration such as"},
+		{"unknown subdirective", zone("\t\tevents 1\n\t\twindow 1s\n\t\tlimit 5"), 6, `zone z: unknown subdirective "limit"`},
+		{"repeated subdirective", zone("\t\tevents 1\n\t\tevents 2\n\t\twindow 1s"), 5, "zone z: events is given twice"},
+		{"bad number", zone("\t\tevents ten\n\t\twindow 1s"), 4, `zone z: events must be a whole number from 1`},
+		{"zero events", zone("\t\tevents 0\n\t\twindow 1s"), 4, `zone z: events must be a whole number from 1`},
+		{"bad duration", zone("\t\tevents 1\n\t\twindow soon"), 5, `zone z: window must be a positive duration such as 500ms, 10s, 1m or 1h, not "soon"`},
 		{"missing events", zone("\t\twindow 1s"), 5, "events is missing: add e.g. events 100"},
 		{"missing window", zone("\t\tevents 1"), 5, "window is missing: add e.g. window 1m"},
-		{"bad fail policy", zone("\t\tevents 1\n\t\twindow 1s\n\t\tfail_policy maybe"), 6, "fail_policy must be one of open, closed, local"},
+		{"bad fail policy", zone("\t\tevents 1\n\t\twindow 1s\n\t\tfail_policy maybe"), 6, "zone z: fail_policy must be one of open, closed, local"},
 		{"invalid zone name", "rate_limit {\n\tzone a.b {\n\t\tkey x\n\t}\n}", 2, `zone name "a.b" is invalid`},
 		{"no zone", "rate_limit {\n\theaders both\n}", 3, "at least one zone"},
 		{"unknown handler subdirective", "rate_limit {\n\tzones x\n}", 2, `unknown subdirective "zones"`},
@@ -198,6 +198,23 @@ func TestCaddyfileErrorsNameTheLineAndTheFix(t *testing.T) {
 		{"placeholder window without fallback", zone("\t\tevents 1\n\t\twindow {plan_window}"), 5, "window {plan_window} 1m"},
 		{"bad fallback", zone("\t\tevents {plan_rpm} many\n\t\twindow 1s"), 4, `events must be a whole number from 1`},
 		{"two placeholders", zone("\t\tevents {a}{b} 5\n\t\twindow 1s"), 4, "events takes a number or one placeholder"},
+		// Limits whose arithmetic would overflow, at the line at fault.
+		{"burst that takes 1000 years to refill", zone("\t\tevents 1\n\t\twindow 8760h\n\t\tburst 1000"), 6,
+			"zone z: burst 1000 at one request per 8760h0m0s takes longer to refill than the 100 years"},
+		{"burst of 2^40 per 6 minutes", zone("\t\tevents 10\n\t\twindow 1h\n\t\tburst 1099511627776"), 6, "zone z: burst 1099511627776 at one request per 6m0s"},
+		{"window of two centuries", zone("\t\tevents 10\n\t\twindow 1752000h"), 5, "zone z: window 1752000h0m0s is longer than the 100 years"},
+		{"finer than a microsecond", zone("\t\tevents 1\n\t\twindow 1ns"), 5, "zone z: 1 events per 1ns is more than one per microsecond"},
+		{"a million per 999ms", zone("\t\tevents 1000000\n\t\twindow 999ms"), 5, "zone z: 1000000 events per 999ms is more than one per microsecond"},
+		{"jitter NaN", "rate_limit {\n\tjitter NaN\n}", 2, `jitter must be a fraction between 0 and 1 (e.g. jitter 0.2), not "NaN"`},
+		{"jitter Inf", "rate_limit {\n\tjitter +Inf\n}", 2, `jitter must be a fraction between 0 and 1`},
+		{"redis port 0", "rate_limit {\n\tdistributed {\n\t\tredis 127.0.0.1:0\n\t}\n}", 3, `distributed: redis: address 127.0.0.1:0: port "0" must be a number from 1 to 65535`},
+		{"redis URL port 70000", "rate_limit {\n\tdistributed {\n\t\tredis redis://:secret@127.0.0.1:70000\n\t}\n}", 3, `distributed: redis: address redis://***@127.0.0.1:70000: port "70000"`},
+		{"redis port in a block", "rate_limit {\n\tdistributed {\n\t\tredis {\n\t\t\taddresses 127.0.0.1:6379 10.0.0.1:99999\n\t\t}\n\t}\n}", 4, `port "99999"`},
+		{"redis scheme", "rate_limit {\n\tdistributed {\n\t\tredis http://127.0.0.1:6379\n\t}\n}", 3, `scheme "http" is not supported: use redis:// or rediss://`},
+		{"redis without port", "rate_limit {\n\tdistributed {\n\t\tredis 127.0.0.1\n\t}\n}", 3, `address 127.0.0.1 must be host:port`},
+		{"key_prefix too long", "rate_limit {\n\tdistributed {\n\t\tredis 127.0.0.1:6379\n\t\tkey_prefix " + strings.Repeat("p", 129) + "\n\t}\n}", 4, "distributed: key_prefix is longer than 128 bytes"},
+		{"sync_interval in strict mode", "rate_limit {\n\tdistributed {\n\t\tredis 127.0.0.1:6379\n\t\tsync_interval 50ms\n\t}\n}", 4, "distributed: sync_interval only applies to mode async"},
+		{"distributed subdirective twice", "rate_limit {\n\tdistributed {\n\t\tredis 127.0.0.1:6379\n\t\ttimeout 1s\n\t\ttimeout 2s\n\t}\n}", 5, "distributed: timeout is given twice"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -211,6 +228,9 @@ func TestCaddyfileErrorsNameTheLineAndTheFix(t *testing.T) {
 			}
 			if want := "Testfile:" + strconv.Itoa(tc.line); !strings.Contains(msg, want) {
 				t.Errorf("error %q does not name line %d", msg, tc.line)
+			}
+			if strings.Contains(msg, "distributed: distributed:") || strings.Count(msg, "zone z:") > 1 || strings.Contains(msg, "secret") {
+				t.Errorf("error %q repeats its prefix or shows the password", msg)
 			}
 		})
 	}

@@ -65,7 +65,7 @@ func (z *zoneHandler) planFor(h *Handler, repl *caddy.Replacer) zones.Plan {
 	p, err := zones.NewPlan(events, window, burst)
 	if err != nil {
 		// Each value is fine alone but not together (more than one event
-		// per nanosecond, B·T over 100 years): the literal plan.
+		// per microsecond, B·T over 100 years): the literal plan.
 		p = lit
 		if bad == "" {
 			bad, badValue = "plan", strconv.FormatInt(events, 10)+"/"+window.String()

@@ -360,7 +360,7 @@ func (z *zoneHandler) expandKey(repl *caddy.Replacer) string {
 
 // Validate checks the handler's settings that Provision does not.
 func (h *Handler) Validate() error {
-	if h.Jitter < 0 || h.Jitter > 1 {
+	if !(h.Jitter >= 0 && h.Jitter <= 1) { // NaN too
 		return fmt.Errorf("jitter must be between 0 and 1, not %v", h.Jitter)
 	}
 	if h.StatusCode < 400 || h.StatusCode > 599 {

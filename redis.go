@@ -3,6 +3,11 @@ package ratelimit
 import (
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -72,8 +77,11 @@ func (dist *Distributed) open(ctx caddy.Context, logger *zap.Logger) (zones.Stor
 	if dist.Redis == nil || len(dist.Redis.Addresses) == 0 {
 		return nil, "", errors.New("distributed: redis needs at least one address, e.g. redis://127.0.0.1:6379")
 	}
-	if len(dist.KeyPrefix) > 128 {
-		return nil, "", errors.New("distributed: key_prefix is longer than 128 bytes")
+	if len(dist.KeyPrefix) > maxKeyPrefix {
+		return nil, "", fmt.Errorf("distributed: key_prefix is longer than %d bytes: use a shorter one", maxKeyPrefix)
+	}
+	if dist.Mode != "async" && dist.SyncInterval != 0 {
+		return nil, "", errors.New("distributed: sync_interval only applies to mode async (strict mode asks Redis on every request): remove it or set mode async")
 	}
 	repl := caddy.NewReplacer()
 	opts := distributed.Options{
@@ -97,8 +105,16 @@ func (dist *Distributed) open(ctx caddy.Context, logger *zap.Logger) (zones.Stor
 			opts.SyncInterval = time.Duration(max(dist.ReadInterval, dist.WriteInterval))
 		}
 	}
-	for _, a := range dist.Redis.Addresses {
-		opts.Addresses = append(opts.Addresses, repl.ReplaceAll(a, ""))
+	for _, raw := range dist.Redis.Addresses {
+		a := repl.ReplaceAll(raw, "")
+		if err := checkAddress(a); err != nil {
+			return nil, "", fmt.Errorf("distributed: redis: %v", err)
+		}
+		if inlinePassword(raw) && !warnedInlinePassword.Swap(true) {
+			logger.Warn("a Redis URL carries its password inline, which Caddy shows in GET /config/, its autosave file and debug logs; " +
+				"use a placeholder such as redis://:{env.REDIS_PASSWORD}@host:6379 or the password subdirective with {env.REDIS_PASSWORD}")
+		}
+		opts.Addresses = append(opts.Addresses, a)
 	}
 	distributed.RouteClientLogs(caddy.Log().Named("redis"))
 	key := opts.Key()
@@ -109,7 +125,54 @@ func (dist *Distributed) open(ctx caddy.Context, logger *zap.Logger) (zones.Stor
 		return distributed.Open(opts, logger.Named("redis"))
 	})
 	if err != nil {
-		return nil, "", fmt.Errorf("distributed: %v", err)
+		if !strings.HasPrefix(err.Error(), "distributed: ") {
+			err = fmt.Errorf("distributed: %v", err)
+		}
+		return nil, "", err
 	}
 	return v.(zones.Store), key, nil
 }
+
+// maxKeyPrefix is the longest key_prefix.
+const maxKeyPrefix = 128
+
+// checkAddress reports what is wrong with a Redis address (host:port, or a
+// redis:// or rediss:// URL) without repeating its password.
+func checkAddress(a string) error {
+	shown := distributed.Options{Addresses: []string{a}}.Redacted()
+	hostport := a
+	if scheme, _, ok := strings.Cut(a, "://"); ok {
+		if scheme != "redis" && scheme != "rediss" {
+			return fmt.Errorf("address %s: scheme %q is not supported: use redis:// or rediss://", shown, scheme)
+		}
+		u, err := url.Parse(a)
+		if err != nil {
+			return fmt.Errorf("address %s is not a valid URL", shown)
+		}
+		if u.Port() == "" && !strings.HasSuffix(u.Host, ":") {
+			return nil // the default port, 6379
+		}
+		hostport = u.Host
+	}
+	_, port, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return fmt.Errorf("address %s must be host:port (e.g. 127.0.0.1:6379) or a redis:// URL", shown)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("address %s: port %q must be a number from 1 to 65535", shown, port)
+	}
+	return nil
+}
+
+// inlinePassword reports whether a Redis URL carries a password.
+func inlinePassword(a string) bool {
+	u, err := url.Parse(a)
+	if err != nil || u.User == nil {
+		return false
+	}
+	p, ok := u.User.Password()
+	return ok && !strings.Contains(p, "{") // a placeholder is not inline
+}
+
+// warnedInlinePassword makes the inline password warning once per process.
+var warnedInlinePassword atomic.Bool

@@ -13,7 +13,38 @@
 // fresh key may send N requests at once and then one every T: any window of
 // length W sees at most 2N-1 admitted requests, and exactly N per W in the
 // long run. B = 1 gives a perfectly smooth rate of one request every T.
+//
+// # Overflow
+//
+// Inputs are non-negative. The arithmetic saturates at math.MaxInt64 instead
+// of wrapping, so an extreme cost or limit denies (or reports a very long
+// wait) rather than admitting or wrapping negative; callers refuse limits
+// whose burst × emission interval they cannot represent.
 package algorithms
+
+import (
+	"math"
+	"math/bits"
+)
+
+// mul returns a*b for non-negative a and b, or math.MaxInt64 when the
+// product does not fit.
+func mul(a, b int64) int64 {
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	if hi != 0 || lo > math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return int64(lo)
+}
+
+// add returns a+b for non-negative b, or math.MaxInt64 when the sum does not
+// fit.
+func add(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
 
 // Limit is a GCRA limit: one unit of cost every EmissionInterval on average,
 // with up to Burst units at once. Times are in whatever unit the caller uses
@@ -56,31 +87,40 @@ type Result struct {
 
 // Decide runs one GCRA step for a request of the given cost arriving at now,
 // for a key whose stored TAT is tat (0 when the key is absent).
+//
+// It is the formula of the package documentation (newTAT = max(TAT, now) +
+// cost·T, allowed when newTAT − B·T <= now) rearranged around wait =
+// max(TAT, now) − now, so that no intermediate exceeds what the result needs:
+// allowed when wait <= (B − cost)·T, remaining = B − cost − ⌈wait/T⌉.
 func (l Limit) Decide(tat, now, cost int64) Result {
 	if tat < now {
 		tat = now
 	}
-	newTAT := tat + cost*l.EmissionInterval
-	allowAt := newTAT - l.Burst*l.EmissionInterval
-	if allowAt <= now {
-		return Result{
-			Allowed:    true,
-			TAT:        newTAT,
-			Remaining:  (now - allowAt) / l.EmissionInterval,
-			ResetAfter: newTAT - now,
-		}
+	wait := tat - now
+	if cost > l.Burst { // never allowed, however long the key waits
+		return Result{TAT: tat, RetryAfter: add(wait, mul(cost-l.Burst, l.EmissionInterval)), ResetAfter: wait}
+	}
+	slack := mul(l.Burst-cost, l.EmissionInterval)
+	if wait > slack {
+		return Result{TAT: tat, RetryAfter: wait - slack, ResetAfter: wait}
+	}
+	newTAT := add(tat, mul(cost, l.EmissionInterval))
+	busy := wait / l.EmissionInterval
+	if wait%l.EmissionInterval != 0 {
+		busy++
 	}
 	return Result{
-		TAT:        tat,
-		RetryAfter: allowAt - now,
-		ResetAfter: tat - now,
+		Allowed:    true,
+		TAT:        newTAT,
+		Remaining:  l.Burst - cost - busy,
+		ResetAfter: newTAT - now,
 	}
 }
 
 // Refund gives back the cost of a request that was allowed but must not count
 // (a later zone denied it): TAT moves back by cost*T, never below now.
 func (l Limit) Refund(tat, now, cost int64) int64 {
-	tat -= cost * l.EmissionInterval
+	tat -= mul(cost, l.EmissionInterval)
 	if tat < now {
 		tat = now
 	}

@@ -1,6 +1,7 @@
 package algorithms
 
 import (
+	"math"
 	"testing"
 )
 
@@ -114,15 +115,22 @@ func FuzzDecideInvariants(f *testing.F) {
 	f.Add(int64(1), int64(60), int64(1), []byte{1, 2, 3, 4, 5, 250})
 	f.Add(int64(100), int64(1_000_000), int64(3), []byte{255, 0, 0, 0, 0, 0, 0, 0, 9})
 	f.Fuzz(func(t *testing.T, events, window, burst int64, gaps []byte) {
-		if events < 1 || events > 1e6 || window < events || window > 1e12 || burst < 0 || burst > 1e6 {
+		// Every limit zones.Config.Check accepts, and beyond: up to 2^40
+		// events and bursts, windows up to 292 years.
+		if events < 1 || events > 1<<40 || window < events || burst < 0 || burst > 1<<40 {
 			t.Skip()
 		}
 		l := NewLimit(events, window, burst)
-		var tat, now, admitted int64
+		now := int64(1_800_000_000e9) // ns since the epoch, 2027
+		var tat, admitted int64
 		start := now
 		for i, g := range gaps {
-			now += int64(g) * l.EmissionInterval / 16
+			now = min(now+int64(g)*(l.EmissionInterval/16), math.MaxInt64/2)
+			// Mostly small costs, sometimes one beyond any burst.
 			cost := int64(1 + i%3)
+			if g == 255 {
+				cost = math.MaxInt64 / int64(1+i)
+			}
 			r := l.Decide(tat, now, cost)
 			if r.Remaining < 0 || r.Remaining > l.Burst {
 				t.Fatalf("remaining %d outside [0, %d]", r.Remaining, l.Burst)
@@ -145,9 +153,68 @@ func FuzzDecideInvariants(f *testing.F) {
 				t.Fatalf("negative resetAfter %d", r.ResetAfter)
 			}
 			// Never more than burst + elapsed/T since the key was fresh.
-			if bound := l.Burst + (now-start)/l.EmissionInterval; admitted > bound {
+			if bound := l.Burst + (now-start)/l.EmissionInterval; admitted > bound && admitted > 0 {
 				t.Fatalf("admitted %d over %d ns, bound %d", admitted, now-start, bound)
 			}
+		}
+	})
+}
+
+// The limits that used to wrap (burst × T beyond int64) now saturate: a fresh
+// key is allowed and nothing reads negative. Configurations such as these are
+// refused before they get here (zones.Config.Check); the arithmetic must still
+// not turn them into a denial of every request.
+func TestExtremeLimitsSaturateInsteadOfWrapping(t *testing.T) {
+	const hour = int64(3600e9)
+	now := int64(1_800_000_000e9) // 2027, in ns
+	for _, l := range []Limit{
+		NewLimit(1, 8760*hour, 1000),      // 1000 years of burst
+		NewLimit(10, hour, 1099511627776), // 2^40 bursts of 6 minutes
+		{EmissionInterval: math.MaxInt64, Burst: math.MaxInt64},
+	} {
+		r := l.Decide(0, now, 1)
+		if !r.Allowed || r.RetryAfter != 0 || r.Remaining < 0 || r.Remaining > l.Burst || r.ResetAfter < 0 || r.TAT < now {
+			t.Errorf("%+v: fresh key got %+v, want allowed with sane values", l, r)
+		}
+		if l.Burst < math.MaxInt64 {
+			if r := l.Decide(0, now, math.MaxInt64); r.Allowed || r.RetryAfter <= 0 || r.TAT != now {
+				t.Errorf("%+v: a cost of MaxInt64 got %+v, want denied without wrapping", l, r)
+			}
+		} else if r := l.Decide(0, now, math.MaxInt64); !r.Allowed || r.Remaining != 0 || r.TAT != math.MaxInt64 {
+			t.Errorf("%+v: a cost of the whole burst got %+v, want allowed with TAT saturated", l, r)
+		}
+		if got := l.Refund(now+hour, now, math.MaxInt64); got != now {
+			t.Errorf("%+v: refunding MaxInt64 = %d, want now", l, got)
+		}
+	}
+}
+
+// FuzzDecideNeverWraps runs one step with arbitrary non-negative inputs, up to
+// math.MaxInt64: the documented ranges hold and nothing wraps negative.
+func FuzzDecideNeverWraps(f *testing.F) {
+	f.Add(int64(0), int64(1_800_000_000e9), int64(1), int64(3600e9*8760), int64(1000))
+	f.Add(int64(math.MaxInt64), int64(math.MaxInt64), int64(math.MaxInt64), int64(math.MaxInt64), int64(math.MaxInt64))
+	f.Add(int64(1<<62), int64(1<<61), int64(3), int64(1<<40), int64(1<<40))
+	f.Fuzz(func(t *testing.T, tat, now, cost, interval, burst int64) {
+		if tat < 0 || now < 0 || cost < 1 || interval < 1 || burst < 1 {
+			t.Skip()
+		}
+		l := Limit{EmissionInterval: interval, Burst: burst}
+		r := l.Decide(tat, now, cost)
+		if r.Remaining < 0 || r.Remaining > burst || r.ResetAfter < 0 {
+			t.Fatalf("Decide(%d, %d, %d) with %+v = %+v: remaining or reset out of range", tat, now, cost, l, r)
+		}
+		if r.Allowed && (r.TAT < max(tat, now) || r.RetryAfter != 0) {
+			t.Fatalf("allowed with TAT %d below max(tat, now) = %d or retry %d", r.TAT, max(tat, now), r.RetryAfter)
+		}
+		if !r.Allowed && (r.RetryAfter <= 0 || r.TAT != max(tat, now)) {
+			t.Fatalf("denied with retry %d, TAT %d", r.RetryAfter, r.TAT)
+		}
+		if got := l.Refund(tat, now, cost); got < now || got > max(tat, now) {
+			t.Fatalf("Refund(%d, %d, %d) = %d, outside [now, max(tat, now)]", tat, now, cost, got)
+		}
+		if p := l.Peek(tat, now); p.Remaining < 0 || p.Remaining > burst || p.ResetAfter < 0 {
+			t.Fatalf("Peek(%d, %d) = %+v", tat, now, p)
 		}
 	})
 }

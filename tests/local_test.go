@@ -482,15 +482,15 @@ func TestBadCaddyfileIsRejectedWithLineAndFix(t *testing.T) {
 		want    string // a substring of the message
 	}{
 		{"unknown subdirective", "zone z {\n key {client_ip}\n events 1\n window 1m\n evnts 5\n}", "evnts",
-			`unknown subdirective "evnts": expected key, events, window`},
+			`zone z: unknown subdirective "evnts": expected key, events, window`},
 		{"unknown handler subdirective", "zone z {\n key {client_ip}\n events 1\n window 1m\n}\nheader both", "header both",
 			`unknown subdirective "header"`},
 		{"repeated subdirective", "zone z {\n key {client_ip}\n events 1\n window 1m\n events 2\n}", "events 2",
-			"events is given twice: keep one"},
+			"zone z: events is given twice: keep one"},
 		{"bad number", "zone z {\n key {client_ip}\n events ten\n window 1m\n}", "events ten",
-			`events must be a whole number from 1 to`},
+			`zone z: events must be a whole number from 1 to`},
 		{"bad duration", "zone z {\n key {client_ip}\n events 1\n window soon\n}", "window soon",
-			`window must be a positive duration such as 500ms, 10s, 1m or 1h, not "soon"`},
+			`zone z: window must be a positive duration such as 500ms, 10s, 1m or 1h, not "soon"`},
 		{"missing events", "zone z {\n key {client_ip}\n window 1m\n}", "",
 			"zone z: events is missing: add e.g. events 100"},
 		{"missing window", "zone z {\n key {client_ip}\n events 1\n}", "",
@@ -498,7 +498,17 @@ func TestBadCaddyfileIsRejectedWithLineAndFix(t *testing.T) {
 		{"invalid zone name", "zone my.zone {\n key {client_ip}\n events 1\n window 1m\n}", "zone my.zone",
 			`zone name "my.zone" is invalid: use letters, digits, '_' and '-' only`},
 		{"bad fail policy", "zone z {\n key {client_ip}\n events 1\n window 1m\n fail_policy maybe\n}", "fail_policy maybe",
-			"fail_policy must be one of open, closed, local"},
+			"zone z: fail_policy must be one of open, closed, local"},
+		{"limit that overflows", "zone z {\n key {client_ip}\n events 1\n window 8760h\n burst 1000\n}", "burst 1000",
+			"zone z: burst 1000 at one request per 8760h0m0s takes longer to refill than the 100 years tally can represent: use a smaller burst"},
+		{"finer than the clock", "zone z {\n key {client_ip}\n events 1\n window 1ns\n}", "window 1ns",
+			"zone z: 1 events per 1ns is more than one per microsecond, finer than tally can enforce"},
+		{"jitter NaN", "zone z {\n key {client_ip}\n events 1\n window 1m\n}\njitter NaN", "jitter NaN",
+			`jitter must be a fraction between 0 and 1 (e.g. jitter 0.2), not "NaN"`},
+		{"redis port out of range", "zone z {\n key {client_ip}\n events 1\n window 1m\n}\ndistributed {\n redis redis://127.0.0.1:70000\n}", "redis redis://",
+			`distributed: redis: address redis://127.0.0.1:70000: port "70000" must be a number from 1 to 65535`},
+		{"sync_interval in strict mode", "zone z {\n key {client_ip}\n events 1\n window 1m\n}\ndistributed {\n redis 127.0.0.1:6379\n sync_interval 1s\n}", "sync_interval 1s",
+			"distributed: sync_interval only applies to mode async"},
 	}
 	c := startCaddy(t, apiKeySite(1, "1h", ""))
 	t.Run("cases", func(t *testing.T) {

@@ -36,19 +36,20 @@ const (
 // Errors NewPlan returns, saying what is wrong with a value.
 var (
 	ErrEvents = errors.New("events must be a whole number from 1 to 2^40")
-	ErrWindow = errors.New("window must be a positive duration of at least one nanosecond per event")
+	ErrWindow = errors.New("window must be a positive duration of at least one microsecond per event")
 	ErrBurst  = errors.New("burst must be a whole number from 1 to 2^40")
 	ErrSpan   = errors.New("burst × window / events must be at most 100 years")
 )
 
 // NewPlan validates a limit as the Caddyfile validates literals: events and
-// burst in [1, 2^40] (burst 0 = events), at least one nanosecond per event,
+// burst in [1, 2^40] (burst 0 = events), at least one microsecond per event
+// (MinEmissionInterval),
 // B·T at most MaxSpan.
 func NewPlan(events int64, window time.Duration, burst int64) (Plan, error) {
 	switch {
 	case events < 1 || events > MaxEvents:
 		return Plan{}, ErrEvents
-	case window <= 0 || window < time.Duration(events):
+	case window <= 0 || window/time.Duration(events) < MinEmissionInterval:
 		return Plan{}, ErrWindow
 	case burst < 0 || burst > MaxEvents:
 		return Plan{}, ErrBurst

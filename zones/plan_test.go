@@ -16,13 +16,14 @@ func TestNewPlanRefusesWhatCouldOverflowOrNeverLimit(t *testing.T) {
 		want   error
 	}{
 		{60, time.Minute, 0, nil},
-		{1 << 40, time.Hour, 1 << 40, nil},
+		{1 << 40, 366 * 24 * time.Hour, 1 << 40, nil},
 		{0, time.Minute, 0, ErrEvents},
 		{-1, time.Minute, 0, ErrEvents},
 		{1<<40 + 1, time.Hour, 0, ErrEvents},
 		{60, 0, 0, ErrWindow},
 		{60, -time.Second, 0, ErrWindow},
 		{1000, time.Nanosecond, 0, ErrWindow},
+		{1_000_000, 999 * time.Millisecond, 0, ErrWindow}, // finer than a microsecond, which Redis counts
 		{60, time.Minute, -1, ErrBurst},
 		{60, time.Minute, 1<<40 + 1, ErrBurst},
 		{1, 200 * 365 * 24 * time.Hour, 0, ErrSpan},

@@ -99,34 +99,56 @@ type Config struct {
 	Lease       time.Duration // concurrency slots in a store; 0 = DefaultLease
 }
 
+// MinEmissionInterval is the shortest window/events tally enforces: Redis
+// keeps microseconds, and the local clock cannot do much better. With it and
+// MaxSpan, which also bounds the window, every TAT stays representable.
+const MinEmissionInterval = time.Microsecond
+
 // Validate reports the first thing wrong with the definition, saying how to
 // fix it.
 func (c Config) Validate() error {
 	if c.Concurrency != 0 || c.Lease != 0 {
 		return c.validateConcurrency()
 	}
-	switch {
-	case !ValidName(c.Name):
+	if !ValidName(c.Name) {
 		return fmt.Errorf("zone name %q is invalid: use letters, digits, '_' and '-' only", c.Name)
-	case c.Events <= 0:
-		return fmt.Errorf("zone %s: events must be a positive number of requests per window (e.g. events 100)", c.Name)
-	case c.Window <= 0:
-		return fmt.Errorf("zone %s: window must be a positive duration (e.g. window 1m)", c.Name)
-	case c.Window < time.Duration(c.Events):
-		return fmt.Errorf("zone %s: %d events per %v is more than one per nanosecond", c.Name, c.Events, c.Window)
-	case c.Burst < 0:
-		return fmt.Errorf("zone %s: burst must be at least 1 (or omitted for burst = events)", c.Name)
-	case c.IPv4Prefix < 0 || c.IPv4Prefix > 32:
-		return fmt.Errorf("zone %s: ipv4_prefix must be between 1 and 32", c.Name)
-	case c.IPv6Prefix < 0 || c.IPv6Prefix > 128:
-		return fmt.Errorf("zone %s: ipv6_prefix must be between 1 and 128", c.Name)
-	case c.MaxKeys < 0:
-		return fmt.Errorf("zone %s: max_keys must be positive", c.Name)
+	}
+	if _, err := c.Check(); err != nil {
+		return fmt.Errorf("zone %s: %v", c.Name, err)
 	}
 	if _, err := c.Plan(); err != nil {
 		return fmt.Errorf("zone %s: %v", c.Name, err)
 	}
 	return nil
+}
+
+// Check is Validate for a zone whose name is known to be valid: it returns
+// what is wrong, without the zone's name, and the setting at fault (events,
+// window, burst, ipv4_prefix, ipv6_prefix or max_keys), so that a
+// configuration parser can point at its line.
+func (c Config) Check() (setting string, err error) {
+	switch {
+	case c.Events <= 0:
+		return "events", errors.New("events must be a positive number of requests per window (e.g. events 100)")
+	case c.Window <= 0:
+		return "window", errors.New("window must be a positive duration (e.g. window 1m)")
+	case c.Window > MaxSpan:
+		return "window", fmt.Errorf("window %v is longer than the %d years tally can represent", c.Window, MaxSpan/(365*24*time.Hour))
+	case c.Window/time.Duration(c.Events) < MinEmissionInterval:
+		return "window", fmt.Errorf("%d events per %v is more than one per microsecond, finer than tally can enforce: use fewer events or a longer window", c.Events, c.Window)
+	case c.Burst < 0:
+		return "burst", errors.New("burst must be at least 1 (or omitted for burst = events)")
+	case c.Burst > int64(MaxSpan/(c.Window/time.Duration(c.Events))):
+		t := c.Window / time.Duration(c.Events)
+		return "burst", fmt.Errorf("burst %d at one request per %v takes longer to refill than the %d years tally can represent: use a smaller burst", c.Burst, t, MaxSpan/(365*24*time.Hour))
+	case c.IPv4Prefix < 0 || c.IPv4Prefix > 32:
+		return "ipv4_prefix", errors.New("ipv4_prefix must be between 1 and 32")
+	case c.IPv6Prefix < 0 || c.IPv6Prefix > 128:
+		return "ipv6_prefix", errors.New("ipv6_prefix must be between 1 and 128")
+	case c.MaxKeys < 0:
+		return "max_keys", errors.New("max_keys must be positive")
+	}
+	return "", nil
 }
 
 // Limit is the zone's GCRA limit in nanoseconds. A concurrency zone has no
