@@ -29,6 +29,7 @@ const (
 // out, cancellation) leaves it to the garbage collector instead, since a
 // worker may still reply to it.
 type request struct {
+	script   *redis.Script // gcra.lua, or concurrency.lua's acquire
 	keys     [1]string
 	args     [5]any // T, B, cost, op, now
 	deadline time.Time
@@ -50,6 +51,12 @@ var requests = sync.Pool{New: func() any {
 // call runs the GCRA script for one key through the batcher and waits at
 // most until deadline (the earlier of ctx's and now+Timeout).
 func (s *Store) call(ctx context.Context, key string, args [5]any) ([4]int64, error) {
+	return s.callScript(ctx, s.script, key, args)
+}
+
+// callScript is call for any single-key script whose reply is four
+// integers.
+func (s *Store) callScript(ctx context.Context, script *redis.Script, key string, args [5]any) ([4]int64, error) {
 	ok, probe := s.breaker.allow()
 	if !ok {
 		return [4]int64{}, ErrUnavailable
@@ -59,14 +66,14 @@ func (s *Store) call(ctx context.Context, key string, args [5]any) ([4]int64, er
 	select {
 	case s.idle <- struct{}{}:
 		if len(s.queue) == 0 {
-			vals, err = s.direct(ctx, key, args)
+			vals, err = s.directScript(ctx, script, key, args)
 			<-s.idle
 			break
 		}
 		<-s.idle
-		vals, err = s.enqueue(ctx, key, args)
+		vals, err = s.enqueue(ctx, script, key, args)
 	default:
-		vals, err = s.enqueue(ctx, key, args)
+		vals, err = s.enqueue(ctx, script, key, args)
 	}
 	s.breaker.record(probe, err)
 	return vals, err
@@ -75,16 +82,20 @@ func (s *Store) call(ctx context.Context, key string, args [5]any) ([4]int64, er
 // direct runs the script at once, bounded by the timeout. On an idle store
 // this saves the hand-off to a worker, which costs a goroutine wake-up.
 func (s *Store) direct(ctx context.Context, key string, args [5]any) ([4]int64, error) {
+	return s.directScript(ctx, s.script, key, args)
+}
+
+func (s *Store) directScript(ctx context.Context, script *redis.Script, key string, args [5]any) ([4]int64, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	keys := [1]string{key}
-	rep := parseReply(s.script.Run(ctx, s.client, keys[:], args[:]...))
+	rep := parseReply(script.Run(ctx, s.client, keys[:], args[:]...))
 	return rep.vals, rep.err
 }
 
-func (s *Store) enqueue(ctx context.Context, key string, args [5]any) ([4]int64, error) {
+func (s *Store) enqueue(ctx context.Context, script *redis.Script, key string, args [5]any) ([4]int64, error) {
 	r := requests.Get().(*request)
-	r.keys[0], r.args = key, args
+	r.script, r.keys[0], r.args = script, key, args
 	r.deadline = time.Now().Add(s.opts.Timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(r.deadline) {
 		r.deadline = d
@@ -169,11 +180,11 @@ func (s *Store) send(batch []*request, cmds []*redis.Cmd) []*redis.Cmd {
 	cmds = cmds[:0]
 	if len(live) == 1 { // an idle store: a plain command costs less than a pipeline
 		r := live[0]
-		cmds = append(cmds, s.client.EvalSha(ctx, s.script.Hash(), r.keys[:], r.args[:]...))
+		cmds = append(cmds, r.script.EvalSha(ctx, s.client, r.keys[:], r.args[:]...))
 	} else {
 		pipe := s.client.Pipeline()
 		for _, r := range live {
-			cmds = append(cmds, pipe.EvalSha(ctx, s.script.Hash(), r.keys[:], r.args[:]...))
+			cmds = append(cmds, r.script.EvalSha(ctx, pipe, r.keys[:], r.args[:]...))
 		}
 		_, _ = pipe.Exec(ctx) // errors are per command
 	}
@@ -188,7 +199,7 @@ func (s *Store) send(batch []*request, cmds []*redis.Cmd) []*redis.Cmd {
 		pipe := s.client.Pipeline()
 		for _, i := range retry {
 			r := live[i]
-			cmds[i] = pipe.Eval(ctx, gcraScript, r.keys[:], r.args[:]...)
+			cmds[i] = r.script.Eval(ctx, pipe, r.keys[:], r.args[:]...)
 		}
 		_, _ = pipe.Exec(ctx)
 	}

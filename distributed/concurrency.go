@@ -70,17 +70,14 @@ func (sl *slots) poke() {
 }
 
 // Acquire takes a slot of key in zone when fewer than limit live slots are
-// held (zones.SlotStore). It is one script call, bounded by the timeout and
-// through the breaker. A call that failed may still have taken its slot in
-// Redis: it is released like any other, so it does not stay held until its
-// lease ends.
+// held (zones.SlotStore). It is one script call, batched with the store's
+// other calls, bounded by the timeout and through the breaker. A call that
+// timed out may still have taken its slot in Redis: it is released like any
+// other (and if the release overtakes the script, the slot, never renewed,
+// ends with its lease).
 func (s *Store) Acquire(ctx context.Context, zone, key string, limit int64, lease time.Duration) (string, int64, error) {
 	if s.isClosed() {
 		return "", 0, ErrClosed
-	}
-	ok, probe := s.breaker.allow()
-	if !ok {
-		return "", 0, ErrUnavailable
 	}
 	sl := &s.slots
 	sl.mu.Lock()
@@ -90,15 +87,11 @@ func (s *Store) Acquire(ctx context.Context, zone, key string, limit int64, leas
 	slot := heldSlot{rkey: s.RedisKey(zone, key), id: s.instanceID + ":" + strconv.FormatUint(seq, 36)}
 
 	start := time.Now()
-	bctx, cancel := s.bound(ctx)
-	v, err := concurrencyScript.Run(bctx, s.client, []string{slot.rkey}, "a", limit, lease.Milliseconds(), slot.id).Int64Slice()
-	cancel()
-	if err == nil && len(v) != 2 {
-		err = errBadReply
-	}
-	s.breaker.record(probe, err)
+	v, err := s.callScript(ctx, concurrencyScript, slot.rkey, [5]any{"a", limit, lease.Milliseconds(), slot.id, ""})
 	if err != nil {
-		sl.release(slot, start.Add(lease))
+		if !errors.Is(err, ErrUnavailable) {
+			sl.release(slot, start.Add(lease))
+		}
 		return "", 0, err
 	}
 	if v[0] != 1 {
@@ -150,7 +143,7 @@ func (s *Store) Slots(ctx context.Context, zone, key string) (int64, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	v, err := concurrencyScript.Run(ctx, s.client, []string{s.RedisKey(zone, key)}, "p").Int64Slice()
-	if err == nil && len(v) != 2 {
+	if err == nil && len(v) != 4 {
 		err = errBadReply
 	}
 	s.breaker.record(probe, err)
