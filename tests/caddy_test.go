@@ -126,6 +126,9 @@ func newCaddyInstance(t testing.TB) *caddyInstance {
 		Dir:       t.TempDir(),
 		stderr:    new(lockedBuffer),
 	}
+	for c.AdminPort == c.HTTPPort { // a port freed a moment ago can come back at once
+		c.AdminPort = freePort(t)
+	}
 	c.URL = "http://127.0.0.1:" + strconv.Itoa(c.HTTPPort)
 	c.AdminURL = "http://127.0.0.1:" + strconv.Itoa(c.AdminPort)
 	c.client = &http.Client{
