@@ -15,14 +15,17 @@ import (
 // topInfo is GET /rate_limit/zones/<zone>/top: the keys this instance denied
 // most over the last one to two zones.OffendersPeriod, from the zone's
 // fixed-size sketch. Each key's true denial count lies in
-// [denials-error, denials].
+// [denials-error, denials], and no key missing from the list was denied more
+// than floor times (which lets `caddy rate-limit top` merge instances).
 type topInfo struct {
-	Zone     string         `json:"zone"`
-	View     string         `json:"view"`     // "instance": this Caddy's denials only
-	Since    time.Time      `json:"since"`    // start of the window counted
-	Denials  uint64         `json:"denials"`  // every denial in the window, all keys
-	Capacity int            `json:"capacity"` // keys tracked per period
-	Keys     []offenderInfo `json:"keys"`
+	Zone      string         `json:"zone"`
+	View      string         `json:"view"`                // "instance": this Caddy's denials only; "merged" by the CLI
+	Addresses []string       `json:"addresses,omitempty"` // the admin addresses the CLI merged
+	Since     time.Time      `json:"since"`               // start of the window counted
+	Denials   uint64         `json:"denials"`             // every denial in the window, all keys
+	Floor     uint64         `json:"floor"`               // most denials of a key not listed
+	Capacity  int            `json:"capacity"`            // keys tracked per period
+	Keys      []offenderInfo `json:"keys"`
 }
 
 // offenderInfo is one key of the top list, with its state now.
@@ -53,16 +56,17 @@ func (a *AdminAPI) top(w http.ResponseWriter, r *http.Request, z *zones.Zone) er
 		}
 	}
 	now := time.Now()
-	entries, since, total := offenders.Top(n, now.UnixNano())
+	sum := offenders.Top(n, now.UnixNano())
 	out := topInfo{
 		Zone:     z.Name,
 		View:     "instance",
-		Since:    time.Unix(0, since).UTC(),
-		Denials:  total,
+		Since:    time.Unix(0, sum.Since).UTC(),
+		Denials:  sum.Total,
+		Floor:    sum.Floor,
 		Capacity: offenders.Capacity(),
-		Keys:     make([]offenderInfo, 0, len(entries)),
+		Keys:     make([]offenderInfo, 0, len(sum.Top)),
 	}
-	for _, e := range entries {
+	for _, e := range sum.Top {
 		o := offenderInfo{Key: e.Key, Denials: e.Count, Error: e.Error}
 		d, err := z.Peek(r.Context(), e.Key, now.UnixNano())
 		switch {

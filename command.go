@@ -17,6 +17,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
+
+	"github.com/caddy-tally/ratelimit/internal/topk"
 )
 
 func init() {
@@ -33,11 +35,13 @@ Talks to the admin API of a running Caddy (tally's /rate_limit/ routes):
   caddy rate-limit reset <zone> <key>      give a key its full limit back
 
 The admin address is --address, else the one in --config, else Caddy's default
-(localhost:2019). Output is for people; --json prints the admin API's JSON.
+(localhost:2019). top and reset take --address once per instance: top then
+merges the instances' lists into the fleet's, reset resets the key on each
+(what local mode needs). Output is for people; --json prints JSON.
 Keys are personal data: the admin API is the only place they are shown.
 `,
 		CobraFunc: func(cmd *cobra.Command) {
-			cmd.PersistentFlags().String("address", "", "The address of Caddy's admin API (default: from --config, else "+caddy.DefaultAdminListen+")")
+			cmd.PersistentFlags().StringArray("address", nil, "The address of Caddy's admin API (default: from --config, else "+caddy.DefaultAdminListen+"); top and reset take several")
 			cmd.PersistentFlags().StringP("config", "c", "", "Configuration file to read the admin address from")
 			cmd.PersistentFlags().StringP("adapter", "a", "", "Name of config adapter to apply (when --config is used)")
 			cmd.PersistentFlags().Bool("json", false, "Print JSON instead of text")
@@ -80,21 +84,48 @@ Keys are personal data: the admin API is the only place they are shown.
 
 // cli is one run of a rate-limit subcommand.
 type cli struct {
-	cmd     *cobra.Command
-	address string
-	config  string
-	adapter string
-	json    bool
-	out     io.Writer
+	cmd       *cobra.Command
+	addresses []string // as given; none = from --config or the default
+	address   string   // the one the single-instance subcommands use
+	config    string
+	adapter   string
+	json      bool
+	out       io.Writer
 }
 
 func newCLI(cmd *cobra.Command) *cli {
 	c := &cli{cmd: cmd, out: cmd.OutOrStdout()}
-	c.address, _ = cmd.Flags().GetString("address")
+	c.addresses, _ = cmd.Flags().GetStringArray("address")
+	if len(c.addresses) > 0 {
+		c.address = c.addresses[0]
+	}
 	c.config, _ = cmd.Flags().GetString("config")
 	c.adapter, _ = cmd.Flags().GetString("adapter")
 	c.json, _ = cmd.Flags().GetBool("json")
 	return c
+}
+
+// single refuses several --address for subcommands that read one instance.
+func (c *cli) single() error {
+	if len(c.addresses) > 1 {
+		return fmt.Errorf("%s reads one instance: give --address once (top and reset take several)", c.cmd.Name())
+	}
+	return nil
+}
+
+// each runs f once per --address (once with the default when none is given).
+func (c *cli) each(f func(c *cli) error) error {
+	if len(c.addresses) <= 1 {
+		return f(c)
+	}
+	for _, addr := range c.addresses {
+		one := *c
+		one.address, one.addresses = addr, []string{addr}
+		if err := f(&one); err != nil {
+			return fmt.Errorf("%s: %w", addr, err)
+		}
+	}
+	return nil
 }
 
 // errNotFound is an admin API 404, with the API's message.
@@ -171,6 +202,9 @@ func (c *cli) printJSON(body []byte) error {
 func zonePath(zone string) string { return "/rate_limit/zones/" + url.PathEscape(zone) }
 
 func cliZones(c *cli) error {
+	if err := c.single(); err != nil {
+		return err
+	}
 	var zs []zoneInfo
 	if printed, err := c.get("/rate_limit/zones", &zs); printed || err != nil {
 		return err
@@ -225,6 +259,9 @@ func seconds(s float64) string {
 }
 
 func cliKey(c *cli, zone, key string) error {
+	if err := c.single(); err != nil {
+		return err
+	}
 	var k keyInfo
 	printed, err := c.get(zonePath(zone)+"/keys/"+url.PathEscape(key), &k)
 	var nf errNotFound
@@ -293,14 +330,28 @@ func cliTop(c *cli, zone string, n int) error {
 		return fmt.Errorf("-n %d: want a positive number of keys", n)
 	}
 	var top topInfo
-	printed, err := c.get(zonePath(zone)+"/top?n="+strconv.Itoa(n), &top)
-	if errors.As(err, new(errNotFound)) {
-		_, err = c.findZone(zone)
+	if len(c.addresses) > 1 {
+		var err error
+		if top, err = c.mergedTop(zone, n); err != nil {
+			return err
+		}
+		if c.json {
+			return c.printJSONValue(top)
+		}
+	} else {
+		printed, err := c.get(zonePath(zone)+"/top?n="+strconv.Itoa(n), &top)
+		if errors.As(err, new(errNotFound)) {
+			_, err = c.findZone(zone)
+		}
+		if printed || err != nil {
+			return err
+		}
 	}
-	if printed || err != nil {
-		return err
+	where := "on this instance"
+	if len(top.Addresses) > 1 {
+		where = fmt.Sprintf("on %d instances", len(top.Addresses))
 	}
-	fmt.Fprintf(c.out, "zone %s: %d denials on this instance since %s\n", top.Zone, top.Denials, top.Since.Local().Format(time.TimeOnly))
+	fmt.Fprintf(c.out, "zone %s: %d denials %s since %s\n", top.Zone, top.Denials, where, top.Since.Local().Format(time.TimeOnly))
 	if len(top.Keys) == 0 {
 		_, err := fmt.Fprintln(c.out, "no key was denied")
 		return err
@@ -314,30 +365,86 @@ func cliTop(c *cli, zone string, n int) error {
 		}
 		state := fmt.Sprintf("ok, %d remaining", k.Remaining)
 		switch {
-		case k.StateError != "":
-			state = "unknown: " + k.StateError
 		case k.Limited:
 			state = "LIMITED for " + seconds(k.RetryAfter)
+		case k.StateError != "":
+			state = "unknown: " + k.StateError
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\n", k.Key, denials, state)
 	}
 	return tw.Flush()
 }
 
-func cliReset(c *cli, zone, key string) error {
-	_, err := c.call(http.MethodDelete, zonePath(zone)+"/keys/"+url.PathEscape(key))
-	if errors.As(err, new(errNotFound)) {
-		// Unknown zone, or a key with no state: it has its full limit.
-		if _, err = c.findZone(zone); err != nil {
+// mergedTop asks every --address for its top list and adds them up, keeping
+// the error bounds (topk.Merge). Each instance is asked for more keys than
+// shown, which tightens the bounds. A key's state is the strictest any
+// instance reports (in local mode each instance has its own).
+func (c *cli) mergedTop(zone string, n int) (topInfo, error) {
+	var (
+		sums  []topk.Summary
+		state = map[string]offenderInfo{}
+		out   = topInfo{Zone: zone, View: "merged", Addresses: c.addresses}
+	)
+	err := c.each(func(one *cli) error {
+		body, err := one.call(http.MethodGet, zonePath(zone)+"/top?n="+strconv.Itoa(max(2*n, 40)))
+		if errors.As(err, new(errNotFound)) {
+			_, err = one.findZone(zone)
+		}
+		if err != nil {
 			return err
 		}
+		var t topInfo
+		if err := json.Unmarshal(body, &t); err != nil {
+			return fmt.Errorf("reading the admin API's answer: %v", err)
+		}
+		sum := topk.Summary{Since: t.Since.UnixNano(), Total: t.Denials, Floor: t.Floor}
+		for _, k := range t.Keys {
+			sum.Top = append(sum.Top, topk.Entry{Key: k.Key, Count: k.Denials, Error: k.Error})
+			s, seen := state[k.Key]
+			switch {
+			case !seen || k.StateError == "" && s.StateError != "":
+				state[k.Key] = k
+			case k.StateError == "" && k.Limited && (!s.Limited || k.RetryAfter > s.RetryAfter):
+				state[k.Key] = k
+			}
+		}
+		sums = append(sums, sum)
+		out.Capacity = t.Capacity
+		return nil
+	})
+	if err != nil {
+		return out, err
 	}
+	fleet := topk.Merge(n, sums...)
+	out.Since, out.Denials, out.Floor = time.Unix(0, fleet.Since), fleet.Total, fleet.Floor
+	out.Keys = make([]offenderInfo, 0, len(fleet.Top))
+	for _, e := range fleet.Top {
+		k := state[e.Key]
+		k.Denials, k.Error = e.Count, e.Error
+		out.Keys = append(out.Keys, k)
+	}
+	return out, nil
+}
+
+func cliReset(c *cli, zone, key string) error {
+	err := c.each(func(one *cli) error {
+		_, err := one.call(http.MethodDelete, zonePath(zone)+"/keys/"+url.PathEscape(key))
+		if errors.As(err, new(errNotFound)) {
+			// Unknown zone, or a key with no state: it has its full limit.
+			_, err = one.findZone(zone)
+		}
+		return err
+	})
 	if err != nil {
 		return err
 	}
 	if c.json {
-		return c.printJSONValue(map[string]any{"zone": zone, "key": key, "reset": true})
+		return c.printJSONValue(map[string]any{"zone": zone, "key": key, "reset": true, "instances": max(1, len(c.addresses))})
 	}
-	_, err = fmt.Fprintf(c.out, "zone %s, key %q: reset to its full limit\n", zone, key)
+	where := ""
+	if len(c.addresses) > 1 {
+		where = fmt.Sprintf(" on %d instances", len(c.addresses))
+	}
+	_, err = fmt.Fprintf(c.out, "zone %s, key %q: reset to its full limit%s\n", zone, key, where)
 	return err
 }

@@ -217,3 +217,48 @@ func TestCLIErrors(t *testing.T) {
 		}
 	}
 }
+
+// With --address once per instance, top adds up the instances' lists and
+// reset resets the key on each: what a fleet in local mode (or a flood spread
+// by a load balancer) needs.
+func TestCLITopAndResetAcrossInstances(t *testing.T) {
+	t.Parallel()
+	a, b := startCaddy(t, topSite), startCaddy(t, topSite)
+	deniedA := floodSkewed(t, a, 1000)
+	b.SendConcurrently(300, 4, withKey("heavy-1"), nil)
+	b.SendConcurrently(100, 4, withKey("heavy-0"), nil)
+	addrs := []string{"--address", "127.0.0.1:" + strconv.Itoa(a.AdminPort), "--address", "127.0.0.1:" + strconv.Itoa(b.AdminPort)}
+
+	lines := runCLI(t, a, append([]string{"top", "api", "-n", "3"}, addrs...)...).ok(t, "top across two instances")
+	if want := "zone api: " + strconv.Itoa(sum(deniedA)+299+99) + " denials on 2 instances since "; len(lines) != 5 || !strings.HasPrefix(lines[0], want) {
+		t.Fatalf("top across two instances, want %q, a header and 3 keys:\n%s", want, strings.Join(lines, "\n"))
+	}
+	wantRows := []string{
+		"heavy-0 " + strconv.FormatUint(deniedA["heavy-0"]+99, 10) + " LIMITED for",
+		"heavy-1 " + strconv.FormatUint(deniedA["heavy-1"]+299, 10) + " LIMITED for",
+		"heavy-2 " + strconv.FormatUint(deniedA["heavy-2"], 10) + " LIMITED for",
+	}
+	for i, want := range wantRows {
+		if got := strings.Join(strings.Fields(lines[2+i]), " "); !strings.HasPrefix(got, want) {
+			t.Errorf("row %d: %q, want %q...", i+1, got, want)
+		}
+	}
+	var top adminTop
+	if err := json.Unmarshal([]byte(runCLI(t, a, append([]string{"top", "api", "--json"}, addrs...)...).stdout), &top); err != nil ||
+		top.View != "merged" || len(top.Keys) < 5 || top.Keys[0].Key != "heavy-0" || top.Keys[0].Denials != deniedA["heavy-0"]+99 {
+		t.Errorf("top --json across two instances: %+v (%v)", top, err)
+	}
+
+	out := runCLI(t, a, append([]string{"reset", "api", "heavy-1"}, addrs...)...).ok(t, "reset across two instances")[0]
+	if out != `zone api, key "heavy-1": reset to its full limit on 2 instances` {
+		t.Errorf("reset across two instances: %q", out)
+	}
+	for _, c := range []*caddyInstance{a, b} {
+		if got := c.Send(1, withKey("heavy-1")); got[0] != 200 {
+			t.Errorf("heavy-1 on %s after the reset: %v, want 200", c.URL, got)
+		}
+	}
+	if r := runCLI(t, a, append([]string{"zones"}, addrs...)...); r.code != 1 || !strings.Contains(r.stderr, "give --address once") {
+		t.Errorf("zones with two addresses: exit %d, stderr %q", r.code, r.stderr)
+	}
+}

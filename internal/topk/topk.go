@@ -183,10 +183,19 @@ func (r *Recent) rotate(now int64) {
 	r.curStart = start
 }
 
-// Top returns up to n keys with the highest counts over the recent window
-// at now, highest first, the window's start (Unix nanoseconds) and the
-// number of events counted in it.
-func (r *Recent) Top(n int, now int64) (top []Entry, since int64, total uint64) {
+// Summary is what Recent counted over its window.
+type Summary struct {
+	Top   []Entry // highest count first
+	Since int64   // start of the window, Unix nanoseconds
+	Total uint64  // events counted in the window, all keys
+	// Floor bounds every key not in Top: none was counted more than Floor
+	// times. Summaries of several instances merge with it (see Merge).
+	Floor uint64
+}
+
+// Top returns up to n keys (all tracked when n < 0) with the highest counts
+// over the recent window at now.
+func (r *Recent) Top(n int, now int64) Summary {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.rotate(now)
@@ -214,17 +223,69 @@ func (r *Recent) Top(n int, now int64) (top []Entry, since int64, total uint64) 
 			merged[c.key] = b
 		}
 	}
-	top = make([]Entry, 0, len(merged))
+	top := make([]Entry, 0, len(merged))
 	for k, b := range merged {
 		top = append(top, Entry{Key: k, Count: b.upper, Error: b.upper - b.lower})
 	}
+	sortEntries(top)
+	s := Summary{Top: top, Since: r.curStart - r.period, Total: r.cur.total + r.prev.total, Floor: curFloor + prevFloor}
+	if n >= 0 && len(top) > n {
+		s.Floor = max(s.Floor, top[max(n, 1)-1].Count)
+		s.Top = top[:n]
+	}
+	return s
+}
+
+func sortEntries(top []Entry) {
 	slices.SortFunc(top, func(a, b Entry) int {
 		return cmp.Or(cmp.Compare(b.Count, a.Count), cmp.Compare(b.Count-b.Error, a.Count-a.Error), strings.Compare(a.Key, b.Key))
 	})
-	if n >= 0 && len(top) > n {
-		top = top[:n]
+}
+
+// Merge adds up the summaries of several instances into one, keeping the
+// bounds: where an instance does not list a key, the key may have been
+// counted up to that instance's Floor there. The result lists up to n keys.
+func Merge(n int, summaries ...Summary) Summary {
+	type bounds struct{ upper, lower uint64 }
+	merged := map[string]bounds{}
+	var out Summary
+	for i, s := range summaries {
+		if i == 0 || s.Since < out.Since {
+			out.Since = s.Since
+		}
+		out.Total += s.Total
+		out.Floor += s.Floor
+		listed := make(map[string]bool, len(s.Top))
+		for _, e := range s.Top {
+			listed[e.Key] = true
+			b, seen := merged[e.Key]
+			if !seen {
+				// Not listed by the instances before this one.
+				for _, prev := range summaries[:i] {
+					b.upper += prev.Floor
+				}
+			}
+			b.upper += e.Count
+			b.lower += e.Count - e.Error
+			merged[e.Key] = b
+		}
+		for k, b := range merged {
+			if !listed[k] {
+				b.upper += s.Floor
+				merged[k] = b
+			}
+		}
 	}
-	return top, r.curStart - r.period, r.cur.total + r.prev.total
+	out.Top = make([]Entry, 0, len(merged))
+	for k, b := range merged {
+		out.Top = append(out.Top, Entry{Key: k, Count: b.upper, Error: b.upper - b.lower})
+	}
+	sortEntries(out.Top)
+	if n >= 0 && len(out.Top) > n {
+		out.Floor = max(out.Floor, out.Top[max(n, 1)-1].Count)
+		out.Top = out.Top[:n]
+	}
+	return out
 }
 
 // Capacity is how many keys each of the two sketches tracks.

@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -41,7 +42,8 @@ func TestSkewedFloodTopFiveAreTheFiveHeavyKeys(t *testing.T) {
 		for _, k := range events {
 			r.Record(k, 0)
 		}
-		top, _, total := r.Top(5, 0)
+		sum := r.Top(5, 0)
+		top, total := sum.Top, sum.Total
 		if total != uint64(len(events)) {
 			t.Fatalf("seed %d: total %d, want %d", seed, total, len(events))
 		}
@@ -76,7 +78,7 @@ func TestBoundsHoldAndEveryHeavyHitterIsReported(t *testing.T) {
 		truth[k]++
 		s.Record(k, 0)
 	}
-	top, _, _ := s.Top(-1, 0)
+	top := s.Top(-1, 0).Top
 	reported := map[string]Entry{}
 	for _, e := range top {
 		reported[e.Key] = e
@@ -100,18 +102,21 @@ func TestRecentCoversTheCurrentAndPreviousPeriod(t *testing.T) {
 	r.Record("a", t0+1)
 	r.Record("a", t0+2)
 	r.Record("b", t0+minute) // next period
-	top, since, total := r.Top(10, t0+minute+5)
+	s := r.Top(10, t0+minute+5)
+	top, since, total := s.Top, s.Since, s.Total
 	if len(top) != 2 || top[0] != (Entry{Key: "a", Count: 2}) || top[1] != (Entry{Key: "b", Count: 1}) || total != 3 || since != t0 {
 		t.Fatalf("after two periods: %+v since %d total %d, want a=2, b=1 since %d", top, since, total, t0)
 	}
 	// Two periods later, a's period has left the window.
-	top, since, total = r.Top(10, t0+2*minute)
+	s = r.Top(10, t0+2*minute)
+	top, since, total = s.Top, s.Since, s.Total
 	if len(top) != 1 || top[0] != (Entry{Key: "b", Count: 1}) || total != 1 || since != t0+minute {
 		t.Fatalf("one period later: %+v since %d total %d, want only b since %d", top, since, total, t0+minute)
 	}
 	// After a long quiet spell nothing is left.
 	r.Record("c", t0+10*minute)
-	top, _, total = r.Top(10, t0+10*minute)
+	s = r.Top(10, t0+10*minute)
+	top, total = s.Top, s.Total
 	if len(top) != 1 || top[0].Key != "c" || total != 1 {
 		t.Fatalf("after a quiet spell: %+v total %d, want only c", top, total)
 	}
@@ -128,7 +133,8 @@ func TestMergedBoundsAccountForEvictedKeys(t *testing.T) {
 	for _, k := range []string{"b", "d"} {
 		r.Record(k, minute)
 	}
-	top, _, total := r.Top(-1, minute)
+	s := r.Top(-1, minute)
+	top, total := s.Top, s.Total
 	truth := map[string]uint64{"a": 3, "b": 3, "c": 1, "d": 1}
 	if total != 8 {
 		t.Fatalf("total %d, want 8", total)
@@ -136,6 +142,45 @@ func TestMergedBoundsAccountForEvictedKeys(t *testing.T) {
 	for _, e := range top {
 		if tc := truth[e.Key]; tc > e.Count || tc < e.Count-e.Error {
 			t.Errorf("%s counted %d±%d, true count %d outside the bounds (top %+v)", e.Key, e.Count, e.Error, tc, top)
+		}
+	}
+}
+
+// Three instances each see part of the flood; merging their top 20 finds the
+// fleet's five heavy keys, with bounds that hold the fleet's true counts.
+func TestMergedInstancesFindTheFleetsHeavyKeys(t *testing.T) {
+	events, truth := skewedFlood(150_000, 11)
+	rng := rand.New(rand.NewPCG(3, 3))
+	instances := []*Recent{NewRecent(DefaultCapacity, minute), NewRecent(DefaultCapacity, minute), NewRecent(DefaultCapacity, minute)}
+	for _, k := range events {
+		instances[rng.IntN(len(instances))].Record(k, 0)
+	}
+	var sums []Summary
+	for _, r := range instances {
+		sums = append(sums, r.Top(20, 0))
+	}
+	fleet := Merge(5, sums...)
+	if fleet.Total != uint64(len(events)) || len(fleet.Top) != 5 || fleet.Top[0].Key != "heavy-0" {
+		t.Fatalf("merged: total %d top %+v, want %d events and heavy-0 first", fleet.Total, fleet.Top, len(events))
+	}
+	for _, e := range fleet.Top {
+		if tc := truth[e.Key]; tc > e.Count || tc < e.Count-e.Error || !strings.HasPrefix(e.Key, "heavy-") {
+			t.Errorf("%s counted %d±%d, true count %d", e.Key, e.Count, e.Error, tc)
+		}
+	}
+	// Every key of the union, however few instances list it, keeps
+	// bounds that hold; keys nobody lists stay under the merged floor.
+	all := Merge(-1, sums...)
+	listed := map[string]bool{}
+	for _, e := range all.Top {
+		listed[e.Key] = true
+		if tc := truth[e.Key]; tc > e.Count || tc < e.Count-e.Error {
+			t.Errorf("%s counted %d±%d in the union, true count %d", e.Key, e.Count, e.Error, tc)
+		}
+	}
+	for k, tc := range truth {
+		if !listed[k] && tc > all.Floor {
+			t.Errorf("%s (true count %d) is listed by no instance but above the floor %d", k, tc, all.Floor)
 		}
 	}
 }
@@ -204,7 +249,7 @@ func TestConcurrentRecordAndTop(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < 500; i++ {
-				top, _, _ := r.Top(5, int64(i/100)*minute)
+				top := r.Top(5, int64(i/100)*minute).Top
 				if len(top) > 5 {
 					t.Errorf("Top(5) returned %d entries", len(top))
 					return
@@ -213,7 +258,7 @@ func TestConcurrentRecordAndTop(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	if _, _, total := r.Top(-1, 4*minute); total == 0 || total > writers*each {
+	if total := r.Top(-1, 4*minute).Total; total == 0 || total > writers*each {
 		t.Errorf("total %d after %d records", total, writers*each)
 	}
 }
