@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
@@ -61,14 +60,6 @@ func compareConcurrency(a, b *zoneHandler) int {
 		return 1
 	}
 	return strings.Compare(a.Name, b.Name)
-}
-
-// concurrencyPolicy is a concurrency zone's RateLimit-Policy member (quota
-// unit "concurrent-requests", no window: draft-ietf-httpapi-ratelimit-headers)
-// and its RateLimit-Limit.
-func concurrencyPolicy(cfg zones.Config) (policy, limit string) {
-	limit = strconv.FormatInt(cfg.Concurrency, 10)
-	return `"` + cfg.Name + `";q=` + limit + `;qu="concurrent-requests"`, limit
 }
 
 // inFlightCollector reports, at scrape time, the requests each live

@@ -91,25 +91,3 @@ func (h *Handler) planFallback(z *zoneHandler, setting, value string, err error)
 		c.Write(fields...)
 	}
 }
-
-// policyMember is a zone's RateLimit-Policy list member for plan p.
-func policyMember(name string, p zones.Plan) string {
-	return `"` + name + `";q=` + strconv.FormatInt(p.Events, 10) + ";w=" + strconv.FormatInt(ceilSeconds(p.Window), 10)
-}
-
-// policy is the RateLimit-Policy member of the zone that decided v: the
-// precomputed one unless the request had its own plan.
-func (v *verdict) policy() string {
-	if v.plan == v.zone.Plan() {
-		return v.zone.policy
-	}
-	return policyMember(v.zone.Name, v.plan)
-}
-
-// limitValue is RateLimit-Limit for v: the events of the plan that applied.
-func (v *verdict) limitValue() string {
-	if v.plan == v.zone.Plan() {
-		return v.zone.limit
-	}
-	return strconv.FormatInt(v.plan.Events, 10)
-}

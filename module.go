@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -177,8 +176,6 @@ type zoneHandler struct {
 	vars     planVars
 	dryRun   bool
 	denyErr  error        // the error a denial returns
-	policy   string       // this zone's RateLimit-Policy list member
-	limit    string       // events, for RateLimit-Limit
 	metrics  *zoneMetrics // nil when metrics are disabled
 	timed    bool         // metrics on and every decision asks Redis (strict)
 }
@@ -293,7 +290,6 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	plan, _ := cfg.Plan()
 	if zc.Key == "" {
 		return nil, fmt.Errorf("zone %s: key is required (e.g. key {client_ip})", name)
 	}
@@ -312,11 +308,6 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 		vars:    vars,
 		dryRun:  cfg.DryRun,
 		denyErr: fmt.Errorf("rate limit exceeded in zone %s", name),
-		policy:  policyMember(name, plan),
-		limit:   strconv.FormatInt(cfg.Events, 10),
-	}
-	if cfg.IsConcurrency() {
-		zh.policy, zh.limit = concurrencyPolicy(cfg)
 	}
 	if len(zc.MatcherSetsRaw) > 0 {
 		mods, err := ctx.LoadModule(zc, "MatcherSetsRaw")

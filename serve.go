@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -99,14 +100,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			}
 		}
 	}
-	h.setHeaders(w.Header(), verdicts)
+	maxT := h.setHeaders(w.Header(), verdicts, denied != nil)
 	if denied == nil {
 		if holding {
 			return serveHoldingSlots(w, r, next, verdicts)
 		}
 		return next.ServeHTTP(w, r)
 	}
-	return h.deny(w, r, repl, denied)
+	return h.deny(w, r, repl, denied, maxT)
 }
 
 // deny answers a denied request: Retry-After, placeholders, the
@@ -114,12 +115,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // handle_errors to shape. The error is a plain caddyhttp.HandlerError:
 // caddyhttp.Error would record a stack trace and an error id on every
 // denial. Denying must stay cheaper than serving.
-func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, v *verdict) error {
+//
+// Retry-After is never earlier than any t of the RateLimit field (minSeconds,
+// draft-ietf-httpapi-ratelimit-headers-10 §6).
+func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, v *verdict, minSeconds int64) error {
 	retry := v.d.RetryAfter
 	if h.Jitter > 0 {
-		retry += time.Duration(rand.Float64() * h.Jitter * float64(retry))
+		// In floating point and clamped: a wait near the largest
+		// Duration must not wrap.
+		retry = time.Duration(min(float64(retry)*(1+rand.Float64()*h.Jitter), float64(math.MaxInt64/2)))
 	}
-	w.Header().Set("Retry-After", strconv.FormatInt(max(1, ceilSeconds(retry)), 10))
+	w.Header().Set("Retry-After", strconv.FormatInt(max(1, ceilSeconds(retry), minSeconds), 10))
 	repl.Set("http.rate_limit.exceeded.name", v.zone.Name)
 	repl.Set("http.rate_limit.exceeded.key", v.key)
 	if h.events.ShouldEmit(eventExceeded) {

@@ -443,7 +443,7 @@ func TestConcurrencyDeniedByALaterZoneReleasesItsSlot(t *testing.T) {
 	if res.Status != 429 {
 		t.Fatalf("a 4th key while global's 3 slots are held: %d, want 429", res.Status)
 	}
-	if got := res.Header.Get("RateLimit"); got != `"per_key";r=1;t=0, "global";r=0;t=1` {
+	if got := res.Header.Get("RateLimit"); got != `"per_key";r=1, "global";r=0;t=1` {
 		t.Errorf("RateLimit %q: per_key's slot should be back (r=1), global full", got)
 	}
 	if status, body := c.adminDo(http.MethodGet, keyPath("per_key", "dave")); status != http.StatusNotFound {

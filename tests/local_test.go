@@ -66,8 +66,14 @@ func TestDefaultHeadersSendBothFamiliesWithDecreasingRemaining(t *testing.T) {
 	t.Parallel()
 	c := startCaddy(t, apiKeySite(10, "1h", ""))
 
+	start := time.Now()
 	for i := 1; i <= 11; i++ {
 		res := c.Do(withKey("alice"))
+		// Every value is a whole number of seconds rounded up from
+		// "interval minus the time since the first request": exact while
+		// that time is under a second, one less for each second after.
+		slack := int(time.Since(start) / time.Second)
+		within := func(got, want int) bool { return got <= want && got >= want-slack }
 		wantRemaining := max(10-i, 0)
 		if got := res.Header.Get("RateLimit-Policy"); got != `"api";q=10;w=3600` {
 			t.Fatalf("request %d: RateLimit-Policy = %q, want %q", i, got, `"api";q=10;w=3600`)
@@ -79,11 +85,11 @@ func TestDefaultHeadersSendBothFamiliesWithDecreasingRemaining(t *testing.T) {
 		if r, _ := strconv.Atoi(m[1]); r != wantRemaining {
 			t.Errorf("request %d: RateLimit r=%d, want %d", i, r, wantRemaining)
 		}
-		// Each request pushes "full again" one emission interval (360s)
-		// further; a denied one does not.
-		wantReset := 360 * min(i, 10)
-		if tt, _ := strconv.Atoi(m[2]); tt < wantReset-1 || tt > wantReset {
-			t.Errorf("request %d: RateLimit t=%d, want about %d", i, tt, wantReset)
+		// t is the time until one more request is available (draft-10):
+		// one emission interval (360s) after the first request, whether
+		// the key has quota left or is denied.
+		if tt, _ := strconv.Atoi(m[2]); !within(tt, 360) {
+			t.Errorf("request %d: RateLimit t=%d, want 360 (one interval), less %ds elapsed at most", i, tt, slack)
 		}
 		if got := res.Header.Get("RateLimit-Limit"); got != "10" {
 			t.Errorf("request %d: RateLimit-Limit = %q, want 10", i, got)
@@ -91,15 +97,19 @@ func TestDefaultHeadersSendBothFamiliesWithDecreasingRemaining(t *testing.T) {
 		if got := res.Header.Get("RateLimit-Remaining"); got != strconv.Itoa(wantRemaining) {
 			t.Errorf("request %d: RateLimit-Remaining = %q, want %d", i, got, wantRemaining)
 		}
-		if got := res.Header.Get("RateLimit-Reset"); got != m[2] {
-			t.Errorf("request %d: RateLimit-Reset = %q, want the same as RateLimit t=%s", i, got, m[2])
+		// The legacy trio keeps its meaning: seconds until the key is
+		// full again, one interval further with each allowed request.
+		if got, _ := strconv.Atoi(res.Header.Get("RateLimit-Reset")); !within(got, 360*min(i, 10)) {
+			t.Errorf("request %d: RateLimit-Reset = %d, want %d", i, got, 360*min(i, 10))
 		}
 		if i <= 10 {
 			if res.Status != 200 || res.Header.Get("Retry-After") != "" {
 				t.Fatalf("request %d: status %d Retry-After %q, want 200 and none", i, res.Status, res.Header.Get("Retry-After"))
 			}
-		} else if res.Status != 429 {
-			t.Fatalf("request %d: status %d, want 429", i, res.Status)
+		} else if res.Status != 429 || res.Header.Get("Retry-After") != m[2] {
+			// Retry-After must not be earlier than t (draft-10 §6);
+			// both are the time until the next request is allowed.
+			t.Fatalf("request %d: status %d Retry-After %q, want 429 and Retry-After = t = %s", i, res.Status, res.Header.Get("Retry-After"), m[2])
 		}
 	}
 }
@@ -163,8 +173,10 @@ func TestRetryAfterIsWholeSecondsUntilTheNextRequestIsAllowed(t *testing.T) {
 	t.Parallel()
 	// 2 per 10s: one request every 5s once the burst is spent.
 	c := startCaddy(t, apiKeySite(2, "10s", ""))
+	start := time.Now()
 	c.Send(2, withKey("alice"))
 	res := c.Do(withKey("alice"))
+	elapsed := time.Since(start)
 	if res.Status != 429 {
 		t.Fatalf("third request: status %d, want 429", res.Status)
 	}
@@ -172,8 +184,10 @@ func TestRetryAfterIsWholeSecondsUntilTheNextRequestIsAllowed(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Retry-After = %q, want whole seconds", res.Header.Get("Retry-After"))
 	}
-	if ra < 4 || ra > 5 {
-		t.Fatalf("Retry-After = %d, want 5 (window/events, rounded up)", ra)
+	// 5s after the first request, rounded up: exactly 5 unless the three
+	// requests took a second or more.
+	if want := 5; ra > want || ra < want-int(elapsed/time.Second) {
+		t.Fatalf("Retry-After = %d after %v, want 5 (window/events, rounded up)", ra, elapsed)
 	}
 }
 
@@ -638,6 +652,7 @@ func TestDeniedRequestReportsRefundedZonesAsUnspent(t *testing.T) {
 	respond "ok"
 }
 `)
+	start := time.Now()
 	c.Do(withKey("alice")) // global: 9 left
 	// Denied by per_key after global allowed it; global is refunded, so the
 	// client must be told it still has 9, not 8.
@@ -645,8 +660,14 @@ func TestDeniedRequestReportsRefundedZonesAsUnspent(t *testing.T) {
 	if res.Status != 429 {
 		t.Fatalf("second request: %d, want 429", res.Status)
 	}
-	if got := res.Header.Get("RateLimit"); !strings.HasPrefix(got, `"global";r=9;`) {
-		t.Errorf("RateLimit on a denied request = %q, want global's r=9: the refund is not reflected", got)
+	// global still has quota, so it gives no t, which would only push
+	// Retry-After later than the request could succeed; per_key's t is
+	// Retry-After itself.
+	if got, want := res.Header.Get("RateLimit"), `"global";r=9, "per_key";r=0;t=`+res.Header.Get("Retry-After"); got != want {
+		t.Errorf("RateLimit on a denied request = %q, want %q: global refunded to r=9, per_key's t equal to Retry-After", got, want)
+	}
+	if ra, _ := strconv.Atoi(res.Header.Get("Retry-After")); ra > 60 || ra < 60-int(time.Since(start)/time.Second) {
+		t.Errorf("Retry-After = %q, want 60 (one per minute, rounded up)", res.Header.Get("Retry-After"))
 	}
 	if next := c.Do(withKey("bob")); !strings.HasPrefix(next.Header.Get("RateLimit"), `"global";r=8;`) {
 		t.Errorf("next allowed request: RateLimit = %q, want global r=8", next.Header.Get("RateLimit"))

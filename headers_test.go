@@ -1,0 +1,136 @@
+package ratelimit
+
+import (
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddy-tally/ratelimit/zones"
+)
+
+func testZone(name string, events int64, window time.Duration, burst int64) *zoneHandler {
+	cfg := zones.Config{Name: name, Events: events, Window: window, Burst: burst}
+	return &zoneHandler{Zone: zones.New(cfg, nil, nil)}
+}
+
+// The RateLimit fields to the letter of draft-ietf-httpapi-ratelimit-headers-10
+// and RFC 9651: t is the time until more quota is available, omitted when
+// none can become available, and Retry-After never earlier than any t.
+func TestHeadersFollowDraft10(t *testing.T) {
+	perMin := testZone("z", 10, time.Minute, 0) // T = 6s
+	daily := testZone("daily", 1000, 24*time.Hour, 0)
+	half := testZone("half", 5, 1500*time.Millisecond, 0)
+	tests := []struct {
+		name       string
+		verdicts   []verdict
+		denied     bool
+		policy     string
+		state      string
+		legacy     [3]string // limit, remaining, reset
+		minRetryAt int64
+	}{
+		{"first request of a fresh key: one unit frees in T",
+			[]verdict{{zone: perMin, plan: perMin.Plan(), d: zones.Decision{Allowed: true, Remaining: 9, ResetAfter: 6 * time.Second}}}, false,
+			`"z";q=10;w=60`, `"z";r=9;t=6`, [3]string{"10", "9", "6"}, 6},
+		{"part way through an interval: t is what is left of it, rounded up",
+			[]verdict{{zone: perMin, plan: perMin.Plan(), d: zones.Decision{Allowed: true, Remaining: 7, ResetAfter: 14*time.Second + 200*time.Millisecond}}}, false,
+			`"z";q=10;w=60`, `"z";r=7;t=3`, [3]string{"10", "7", "15"}, 3},
+		{"last unit used: t is the next interval, not the full reset",
+			[]verdict{{zone: perMin, plan: perMin.Plan(), d: zones.Decision{Allowed: true, Remaining: 0, ResetAfter: 60 * time.Second}}}, false,
+			`"z";q=10;w=60`, `"z";r=0;t=6`, [3]string{"10", "0", "60"}, 6},
+		{"denied: t is the retry time, as Retry-After",
+			[]verdict{{zone: perMin, plan: perMin.Plan(), d: zones.Decision{RetryAfter: 5*time.Second + time.Millisecond, ResetAfter: 60 * time.Second}}}, true,
+			`"z";q=10;w=60`, `"z";r=0;t=6`, [3]string{"10", "0", "60"}, 6},
+		{"full key (fail open): no t, nothing more can become available",
+			[]verdict{{zone: perMin, plan: perMin.Plan(), d: zones.Decision{Allowed: true, Remaining: 10}}}, false,
+			`"z";q=10;w=60`, `"z";r=10`, [3]string{"10", "10", "0"}, 0},
+		{"window not in whole seconds: no w",
+			[]verdict{{zone: half, plan: half.Plan(), d: zones.Decision{Allowed: true, Remaining: 4, ResetAfter: 300 * time.Millisecond}}}, false,
+			`"half";q=5`, `"half";r=4;t=1`, [3]string{"5", "4", "1"}, 1},
+		{"denied by one zone: the other, with quota left, gives no t to undercut Retry-After",
+			[]verdict{
+				{zone: perMin, plan: perMin.Plan(), d: zones.Decision{RetryAfter: 2 * time.Second, ResetAfter: 56 * time.Second}},
+				{zone: daily, plan: daily.Plan(), d: zones.Decision{Allowed: true, Remaining: 990, ResetAfter: 864 * time.Second}},
+			}, true,
+			`"z";q=10;w=60, "daily";q=1000;w=86400`, `"z";r=0;t=2, "daily";r=990`, [3]string{"10", "0", "56"}, 2},
+		{"allowed by two zones: one member each, legacy trio from the one with fewest remaining",
+			[]verdict{
+				{zone: perMin, plan: perMin.Plan(), d: zones.Decision{Allowed: true, Remaining: 3, ResetAfter: 40 * time.Second}},
+				{zone: daily, plan: daily.Plan(), d: zones.Decision{Allowed: true, Remaining: 990, ResetAfter: 864 * time.Second}},
+			}, false,
+			`"z";q=10;w=60, "daily";q=1000;w=86400`, `"z";r=3;t=4, "daily";r=990;t=87`, [3]string{"10", "3", "40"}, 87},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := &Handler{}
+			hdr := http.Header{}
+			maxT := h.setHeaders(hdr, tc.verdicts, tc.denied)
+			if got := hdr.Get("RateLimit-Policy"); got != tc.policy {
+				t.Errorf("RateLimit-Policy = %q, want %q", got, tc.policy)
+			}
+			if got := hdr.Get("RateLimit"); got != tc.state {
+				t.Errorf("RateLimit = %q, want %q", got, tc.state)
+			}
+			got := [3]string{hdr.Get("RateLimit-Limit"), hdr.Get("RateLimit-Remaining"), hdr.Get("RateLimit-Reset")}
+			if got != tc.legacy {
+				t.Errorf("legacy trio = %v, want %v", got, tc.legacy)
+			}
+			if maxT != tc.minRetryAt {
+				t.Errorf("largest t = %d, want %d", maxT, tc.minRetryAt)
+			}
+		})
+	}
+}
+
+// A second rate_limit handler on the route adds its members to the first
+// one's; on a denial the first one's members with quota left lose their t,
+// and the largest remaining t bounds Retry-After.
+func TestHeadersOfTwoHandlersMerge(t *testing.T) {
+	h := &Handler{}
+	hdr := http.Header{}
+	first := testZone("daily", 1000, 24*time.Hour, 0)
+	second := testZone("z", 10, time.Minute, 0)
+	h.setHeaders(hdr, []verdict{{zone: first, plan: first.Plan(), d: zones.Decision{Allowed: true, Remaining: 990, ResetAfter: 864 * time.Second}}}, false)
+	maxT := h.setHeaders(hdr, []verdict{{zone: second, plan: second.Plan(), d: zones.Decision{RetryAfter: 2 * time.Second, ResetAfter: 56 * time.Second}}}, true)
+	if got, want := hdr.Get("RateLimit-Policy"), `"daily";q=1000;w=86400, "z";q=10;w=60`; got != want {
+		t.Errorf("RateLimit-Policy = %q, want %q", got, want)
+	}
+	if got, want := hdr.Get("RateLimit"), `"daily";r=990, "z";r=0;t=2`; got != want {
+		t.Errorf("RateLimit = %q, want %q", got, want)
+	}
+	if maxT != 2 {
+		t.Errorf("largest t = %d, want 2", maxT)
+	}
+	if got := hdr.Get("RateLimit-Remaining"); got != "0" {
+		t.Errorf("RateLimit-Remaining = %q, want the denying zone's 0", got)
+	}
+}
+
+// Every value is a valid RFC 9651 Integer (at most 15 digits), even for the
+// largest limits a configuration may hold.
+func TestHeaderIntegersStayWithinStructuredFieldRange(t *testing.T) {
+	z := testZone("big", 1<<40, zones.MaxSpan, 0)
+	hdr := http.Header{}
+	(&Handler{}).setHeaders(hdr, []verdict{{zone: z, plan: z.Plan(), d: zones.Decision{RetryAfter: zones.MaxSpan, ResetAfter: 1<<63 - 1}}}, true)
+	for _, name := range []string{"RateLimit-Policy", "RateLimit", "RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"} {
+		for _, f := range strings.FieldsFunc(hdr.Get(name), func(r rune) bool { return r < '0' || r > '9' }) {
+			if n, err := strconv.ParseInt(f, 10, 64); err != nil || len(f) > 15 || n < 0 {
+				t.Errorf("%s: %q carries %q, not an sf-integer", name, hdr.Get(name), f)
+			}
+		}
+	}
+}
+
+func BenchmarkSetHeaders(b *testing.B) {
+	h := &Handler{}
+	api := testZone("api", 100, time.Minute, 0)
+	vs := []verdict{{zone: api, plan: api.Plan(), d: zones.Decision{Allowed: true, Remaining: 42, ResetAfter: 35 * time.Second}}}
+	hdr := http.Header{}
+	b.ReportAllocs()
+	for b.Loop() {
+		clear(hdr)
+		h.setHeaders(hdr, vs, false)
+	}
+}
