@@ -28,17 +28,21 @@ const DefaultCapacity = 128
 
 // Sketch is a Space-Saving sketch. It is not safe for concurrent use; Recent
 // is.
+//
+// Counters stay in place in slots; the min-heap orders slot numbers, so
+// moving a counter in the heap touches no map.
 type Sketch struct {
-	capacity int
-	index    map[string]int32 // key -> its position in heap
-	heap     []counter        // min-heap by count: heap[0] is the least counted
-	total    uint64           // events counted
+	index map[string]int32 // key -> its slot
+	slots []counter        // the tracked keys, len = tracked, cap = capacity
+	heap  []int32          // slot numbers, a min-heap by count: heap[0] is the least counted
+	total uint64           // events counted
 }
 
 type counter struct {
 	key   string
 	count uint64 // upper bound of the key's true count
 	err   uint64 // how much of count may belong to keys it replaced
+	pos   int32  // where the slot is in heap
 }
 
 // NewSketch returns an empty sketch tracking at most capacity keys (at
@@ -46,33 +50,36 @@ type counter struct {
 func NewSketch(capacity int) *Sketch {
 	capacity = max(1, capacity)
 	return &Sketch{
-		capacity: capacity,
-		index:    make(map[string]int32, capacity),
-		heap:     make([]counter, 0, capacity),
+		index: make(map[string]int32, capacity),
+		slots: make([]counter, 0, capacity),
+		heap:  make([]int32, 0, capacity),
 	}
 }
 
 // Add counts one event for key.
 func (s *Sketch) Add(key string) {
 	s.total++
-	if i, ok := s.index[key]; ok {
-		s.heap[i].count++
-		s.down(int(i))
+	if slot, ok := s.index[key]; ok {
+		c := &s.slots[slot]
+		c.count++
+		s.down(int(c.pos))
 		return
 	}
-	if len(s.heap) < s.capacity {
-		s.heap = append(s.heap, counter{key: strings.Clone(key), count: 1})
-		i := len(s.heap) - 1
-		s.index[s.heap[i].key] = int32(i)
-		s.up(i)
+	if len(s.slots) < cap(s.slots) {
+		slot := int32(len(s.slots))
+		s.slots = append(s.slots, counter{key: strings.Clone(key), count: 1, pos: int32(len(s.heap))})
+		s.heap = append(s.heap, slot)
+		s.index[s.slots[slot].key] = slot
+		s.up(len(s.heap) - 1)
 		return
 	}
 	// Full: the new key takes over the least counted key's counter, whose
 	// count becomes the new key's possible overestimate.
-	least := &s.heap[0]
+	slot := s.heap[0]
+	least := &s.slots[slot]
 	delete(s.index, least.key)
-	*least = counter{key: strings.Clone(key), count: least.count + 1, err: least.count}
-	s.index[least.key] = 0
+	*least = counter{key: strings.Clone(key), count: least.count + 1, err: least.count, pos: 0}
+	s.index[least.key] = slot
 	s.down(0)
 }
 
@@ -82,7 +89,8 @@ func (s *Sketch) Total() uint64 { return s.total }
 // Reset empties the sketch, keeping its memory.
 func (s *Sketch) Reset() {
 	clear(s.index)
-	clear(s.heap) // drop the keys so they can be collected
+	clear(s.slots) // drop the keys so they can be collected
+	s.slots = s.slots[:0]
 	s.heap = s.heap[:0]
 	s.total = 0
 }
@@ -90,18 +98,18 @@ func (s *Sketch) Reset() {
 // floor is the most an untracked key may have been counted: the least count
 // when the sketch is full (it may have been evicted), else 0 (it never came).
 func (s *Sketch) floor() uint64 {
-	if len(s.heap) < s.capacity {
+	if len(s.slots) < cap(s.slots) {
 		return 0
 	}
-	return s.heap[0].count
+	return s.slots[s.heap[0]].count
 }
 
-func (s *Sketch) less(i, j int) bool { return s.heap[i].count < s.heap[j].count }
+func (s *Sketch) less(i, j int) bool { return s.slots[s.heap[i]].count < s.slots[s.heap[j]].count }
 
 func (s *Sketch) swap(i, j int) {
 	s.heap[i], s.heap[j] = s.heap[j], s.heap[i]
-	s.index[s.heap[i].key] = int32(i)
-	s.index[s.heap[j].key] = int32(j)
+	s.slots[s.heap[i]].pos = int32(i)
+	s.slots[s.heap[j]].pos = int32(j)
 }
 
 func (s *Sketch) up(i int) {
@@ -203,11 +211,11 @@ func (r *Recent) Top(n int, now int64) Summary {
 	// does not track the key, it may have counted up to its floor there.
 	curFloor, prevFloor := r.cur.floor(), r.prev.floor()
 	type bounds struct{ upper, lower uint64 }
-	merged := make(map[string]bounds, len(r.cur.heap)+len(r.prev.heap))
-	for _, c := range r.cur.heap {
+	merged := make(map[string]bounds, len(r.cur.slots)+len(r.prev.slots))
+	for _, c := range r.cur.slots {
 		merged[c.key] = bounds{c.count, c.count - c.err}
 	}
-	for _, c := range r.prev.heap {
+	for _, c := range r.prev.slots {
 		b, ok := merged[c.key]
 		if !ok {
 			b.upper = curFloor
@@ -216,7 +224,7 @@ func (r *Recent) Top(n int, now int64) Summary {
 		b.lower += c.count - c.err
 		merged[c.key] = b
 	}
-	for _, c := range r.cur.heap {
+	for _, c := range r.cur.slots {
 		if _, tracked := r.prev.index[c.key]; !tracked {
 			b := merged[c.key]
 			b.upper += prevFloor
@@ -289,7 +297,7 @@ func Merge(n int, summaries ...Summary) Summary {
 }
 
 // Capacity is how many keys each of the two sketches tracks.
-func (r *Recent) Capacity() int { return r.cur.capacity }
+func (r *Recent) Capacity() int { return cap(r.cur.slots) }
 
 // Period is how long each sketch counts, in nanoseconds.
 func (r *Recent) Period() int64 { return r.period }
