@@ -1,12 +1,16 @@
 package ratelimit
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-tally/ratelimit/zones"
 )
@@ -96,5 +100,34 @@ func TestConcurrencyPolicyHeader(t *testing.T) {
 	maxT := (&Handler{}).setHeaders(hdr, []verdict{{zone: z, d: zones.Decision{RetryAfter: zones.ConcurrencyRetryAfter, ResetAfter: zones.ConcurrencyRetryAfter}}}, true)
 	if s, want := hdr.Get("RateLimit"), `"uploads";r=0;t=`+strconv.FormatInt(ceilSeconds(zones.ConcurrencyRetryAfter), 10); s != want || maxT != ceilSeconds(zones.ConcurrencyRetryAfter) {
 		t.Fatalf("denied: state %s (largest t %d), want %s", s, maxT, want)
+	}
+}
+
+// A handler after rate_limit that panics still gives the slot back: the
+// release is deferred around next.
+func TestSlotIsReleasedWhenNextPanics(t *testing.T) {
+	cfg := zones.Config{Name: "uploads", Concurrency: 1}
+	state := zones.NewState(cfg, time.Hour)
+	defer state.Destruct()
+	z := &zoneHandler{Zone: zones.New(cfg, state, nil)}
+	d, slot := z.Acquire(context.Background(), "alice")
+	if !d.Allowed {
+		t.Fatal("first request denied")
+	}
+	verdicts := []verdict{{zone: z, key: "alice", d: d, slot: slot}}
+	next := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { panic("boom") })
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the panic did not propagate")
+			}
+		}()
+		_ = serveHoldingSlots(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/", nil), next, verdicts)
+	}()
+	if n := z.InFlight(); n != 0 {
+		t.Fatalf("%d requests in flight after the panic, want 0", n)
+	}
+	if d, _ := z.Acquire(context.Background(), "alice"); !d.Allowed {
+		t.Fatal("alice's only slot was not released by the panicking request")
 	}
 }

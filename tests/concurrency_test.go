@@ -222,25 +222,32 @@ func TestConcurrencyZoneAdmitsAtMostNInFlight(t *testing.T) {
 
 func TestConcurrencyZoneAdmitsAtMostNInFlightAcrossThreeInstances(t *testing.T) {
 	t.Parallel()
-	rs := startRedis(t)
-	u := startCountingUpstream(t)
-	// A 2s timeout: this test is about Redis's exactness; with the default
-	// 20ms a loaded machine would hand some acquisitions to fail_policy
-	// local, which admits this instance's share on top of Redis's slots.
-	site := concurrencySite(u, uploadsZone, `
+	for _, mode := range []string{"strict", "async"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			rs := startRedis(t)
+			u := startCountingUpstream(t)
+			// A 2s timeout: this test is about Redis's exactness; with the
+			// default 20ms a loaded machine would hand some acquisitions to
+			// fail_policy local, which admits this instance's share on top
+			// of Redis's slots. Async mode takes its slots in Redis too.
+			site := concurrencySite(u, uploadsZone, `
 		distributed {
 			redis redis://`+rs.Addr+`
+			mode `+mode+`
 			timeout 2s
 		}`)
-	fleet := []*caddyInstance{startCaddy(t, site), startCaddy(t, site), startCaddy(t, site)}
-	checkConcurrencyBurst(t, fleet, u)
+			fleet := []*caddyInstance{startCaddy(t, site), startCaddy(t, site), startCaddy(t, site)}
+			checkConcurrencyBurst(t, fleet, u)
 
-	rc := rs.Client()
-	waitFor(t, 5*time.Second, "the key's slots to leave Redis", func() bool {
-		n, err := rc.Exists(context.Background(), "tally:uploads:alice").Result()
-		return err == nil && n == 0
-	})
-	rs.requireEveryKeyExpires(t, 1) // the instances set is left
+			rc := rs.Client()
+			waitFor(t, 5*time.Second, "the key's slots to leave Redis", func() bool {
+				n, err := rc.Exists(context.Background(), "tally:uploads:alice").Result()
+				return err == nil && n == 0
+			})
+			rs.requireEveryKeyExpires(t, 1) // the instances set is left
+		})
+	}
 }
 
 // The slots of an instance killed with requests in flight stay taken until
