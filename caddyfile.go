@@ -38,6 +38,12 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        # literal fallback for requests where it is empty or invalid:
 //	        #   events {plan_rpm} 60      (limits per plan, e.g. from map)
 //	        #   burst  {plan_burst}       (fallback: burst, else events)
+//	        cost       <n>|<placeholder> [<fallback n>]  # default: 1
+//	        count      { <response matchers> }  # post-charged: count only
+//	                                            # matching responses, e.g.
+//	                                            # count { status 401 403 }
+//	        charge     <placeholder> [<fallback n>]  # post-charged: cost read
+//	                                            # after the response
 //	        match      { <matchers> }     # repeatable; default: every request
 //	        ipv4_prefix <bits>
 //	        ipv6_prefix <bits>
@@ -170,6 +176,28 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 			if z.BurstPlaceholder, err = placeholderArg(d, false); err == nil && (z.BurstPlaceholder == "" || d.CountRemainingArgs() > 0) {
 				z.Burst, err = intArgOf(d, "burst", 1, 1<<40)
 			}
+		case sub == "cost":
+			if z.CostPlaceholder, err = placeholderArg(d, false); err == nil && (z.CostPlaceholder == "" || d.CountRemainingArgs() > 0) {
+				z.Cost, err = intArgOf(d, "cost", 1, 1<<40)
+			}
+		case sub == "count":
+			m := map[string]caddyhttp.ResponseMatcher{}
+			if err = caddyhttp.ParseNamedResponseMatcher(d.NewFromNextSegment(), m); err == nil {
+				rm := m["count"]
+				if rm.StatusCode == nil && rm.Headers == nil {
+					err = d.Err("count needs response matchers, e.g. count { status 401 403 }")
+				}
+				z.Count = &rm
+			}
+		case sub == "charge":
+			if z.Charge, err = placeholderArg(d, false); err == nil {
+				switch {
+				case z.Charge == "":
+					err = d.Err("charge takes a placeholder read after the response, e.g. charge {http.response.header.X-Tokens-Used}")
+				case d.CountRemainingArgs() > 0:
+					z.Cost, err = intArgOf(d, "charge", 1, 1<<40)
+				}
+			}
 		case sub == "match":
 			var set caddy.ModuleMap
 			if set, err = caddyhttp.ParseCaddyfileNestedMatcherSet(d); err == nil {
@@ -192,7 +220,7 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 				err = d.Errf("lease must be at least %v: slots are renewed every lease/3", zones.MinLease)
 			}
 		default:
-			err = d.Errf("unknown subdirective %q: expected key, events, window, burst, concurrency, lease, match, ipv4_prefix, ipv6_prefix, fail_policy, max_keys or dry_run", sub)
+			err = d.Errf("unknown subdirective %q: expected key, events, window, burst, cost, count, charge, concurrency, lease, match, ipv4_prefix, ipv6_prefix, fail_policy, max_keys or dry_run", sub)
 		}
 		if err != nil {
 			return fmt.Errorf("zone %s: %w", name, err)
@@ -209,6 +237,8 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 		return d.Errf("zone %s: events is missing: add e.g. events 100", name)
 	case z.Window == 0:
 		return d.Errf("zone %s: window is missing: add e.g. window 1m", name)
+	case z.CostPlaceholder != "" && z.Charge != "":
+		return d.Errf("zone %s: cost {placeholder} and charge both say what a request costs: keep one (charge for a cost known after the response)", name)
 	}
 	// What provisioning would refuse, refused here with the line at fault.
 	cfg := zones.Config{Name: name, Concurrency: int64(z.Concurrency), Events: int64(z.MaxEvents), Window: time.Duration(z.Window), Burst: int64(z.Burst),

@@ -158,7 +158,7 @@ func appendPolicy(buf []byte, v *verdict) []byte {
 		buf = append(buf, ";w="...)
 		buf = strconv.AppendInt(buf, sfInt(int64(w/time.Second)), 10)
 	}
-	return buf
+	return append(buf, v.zone.costs.params...) // how a weighted or post-charged zone counts
 }
 
 // appendState appends v as a RateLimit list member and returns its t, 0

@@ -23,6 +23,9 @@ var collectors = struct {
 	keys        *keysCollector
 	plans       *prometheus.CounterVec
 	inFlight    *inFlightCollector
+	cost        *prometheus.CounterVec
+	costFalls   *prometheus.CounterVec
+	chargeFails *prometheus.CounterVec
 }{}
 
 func initCollectors() {
@@ -48,6 +51,18 @@ func initCollectors() {
 		Namespace: ns, Subsystem: sub, Name: "plan_fallbacks_total",
 		Help: "Requests whose per-request events, window or burst was empty or invalid, decided under the zone's literal limit.",
 	}, []string{"zone"})
+	collectors.cost = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "cost_total",
+		Help: "Units of cost counted by weighted and post-charged zones: the cost of allowed requests, and what was charged after responses.",
+	}, []string{"zone"})
+	collectors.costFalls = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "cost_fallbacks_total",
+		Help: "Requests whose cost or charge placeholder was empty or invalid, counted at the zone's literal cost.",
+	}, []string{"zone"})
+	collectors.chargeFails = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "charge_failures_total",
+		Help: "Charges after the response that Redis did not take within the retry bound (the zone's fail policy then applied).",
+	}, []string{"zone"})
 	collectors.keys = &keysCollector{desc: prometheus.NewDesc(ns+"_"+sub+"_keys",
 		"Keys the zone holds in this instance's memory.", []string{"zone"}, nil)}
 	collectors.inFlight = newInFlightCollector()
@@ -61,7 +76,8 @@ func registerMetrics(ctx caddy.Context) error {
 		return nil
 	}
 	for _, c := range []prometheus.Collector{collectors.requests, collectors.storeErrors,
-		collectors.failPolicy, collectors.latency, collectors.keys, collectors.plans, collectors.inFlight} {
+		collectors.failPolicy, collectors.latency, collectors.keys, collectors.plans, collectors.inFlight,
+		collectors.cost, collectors.costFalls, collectors.chargeFails} {
 		if err := reg.Register(c); err != nil {
 			if are := (prometheus.AlreadyRegisteredError{}); !errors.As(err, &are) {
 				return err
@@ -82,12 +98,14 @@ type zoneMetrics struct {
 	failPolicy                    prometheus.Counter
 	latency                       prometheus.Observer
 	planFallbacks                 prometheus.Counter // nil unless the zone reads its limit from requests
+	// nil unless the zone is weighted or post-charged:
+	cost, costFallbacks, chargeFailures prometheus.Counter
 }
 
 // newZoneMetrics binds the series of a zone. distributed says whether the
 // zone has a store, timed whether its decisions wait for it, perRequest
 // whether it reads its limit from requests.
-func newZoneMetrics(name string, policy zones.FailPolicy, dryRun, distributed, timed, perRequest bool) *zoneMetrics {
+func newZoneMetrics(name string, policy zones.FailPolicy, dryRun, distributed, timed, perRequest bool, costs costVars) *zoneMetrics {
 	m := &zoneMetrics{allowed: collectors.requests.WithLabelValues(name, "allowed")}
 	if dryRun {
 		m.dryRunDenied = collectors.requests.WithLabelValues(name, "dry_run_denied")
@@ -103,6 +121,15 @@ func newZoneMetrics(name string, policy zones.FailPolicy, dryRun, distributed, t
 	}
 	if perRequest {
 		m.planFallbacks = collectors.plans.WithLabelValues(name)
+	}
+	if costs.weighted() || costs.postCharged() {
+		m.cost = collectors.cost.WithLabelValues(name)
+	}
+	if costs.costVar != "" || costs.chargeVar != "" {
+		m.costFallbacks = collectors.costFalls.WithLabelValues(name)
+	}
+	if costs.postCharged() {
+		m.chargeFailures = collectors.chargeFails.WithLabelValues(name)
 	}
 	return m
 }

@@ -74,6 +74,7 @@ type Handler struct {
 	DryRun bool `json:"dry_run,omitempty"`
 
 	zones    []*zoneHandler // tightest first
+	weighted bool           // a zone counts cost in metrics
 	headers  headerMode
 	events   *caddyevents.App
 	ctx      caddy.Context
@@ -122,6 +123,38 @@ type Zone struct {
 	// A placeholder whose value is this request's burst; burst (or the
 	// request's max_events when burst is not set) is the fallback.
 	BurstPlaceholder string `json:"burst_placeholder,omitempty"`
+
+	// What one request costs, in the units max_events counts, when it is
+	// known before the request runs (a weighted endpoint). Default: 1. It
+	// may not exceed burst: such a request could never pass. With
+	// cost_placeholder it is the fallback; in a post-charged zone it is
+	// what a counted response charges.
+	Cost int `json:"cost,omitempty"`
+
+	// A placeholder whose value is this request's cost, such as
+	// {http.request.header.X-Search-Cost}. A value that is empty, not a
+	// whole number or negative counts as cost (counted in
+	// caddy_rate_limit_cost_fallbacks_total and logged); 0 passes without
+	// consuming; more than the burst is denied at once (it could never
+	// pass) with a warning in the log.
+	CostPlaceholder string `json:"cost_placeholder,omitempty"`
+
+	// Makes the zone post-charged, counting only responses that match:
+	// status codes or classes and headers, as Caddy's response matchers
+	// (e.g. status 401 403 to limit failed logins). Before the request the
+	// key is only checked (denied when it has no quota left); after the
+	// response, when it matches, cost is charged, past the burst if need
+	// be, so that the key is then denied until the debt is paid. Errors
+	// returned down the chain match with their status.
+	Count *caddyhttp.ResponseMatcher `json:"count,omitempty"`
+
+	// Makes the zone post-charged, charging after every response (every
+	// matching one with count) what this placeholder says then, such as
+	// {http.response.header.X-Tokens-Used}. An empty, non-numeric or
+	// negative value charges cost (counted in
+	// caddy_rate_limit_cost_fallbacks_total); one charge counts at most two
+	// bursts.
+	Charge string `json:"charge,omitempty"`
 
 	// When the key is an IPv4 address, limit its /ipv4_prefix network
 	// instead of the address (e.g. 24).
@@ -174,6 +207,7 @@ type zoneHandler struct {
 	key      string // the key template
 	keyVar   string // when the template is exactly one placeholder: its name
 	vars     planVars
+	costs    costVars
 	dryRun   bool
 	denyErr  error        // the error a denial returns
 	metrics  *zoneMetrics // nil when metrics are disabled
@@ -233,6 +267,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return err
 		}
 		h.zones = append(h.zones, z)
+		h.weighted = h.weighted || (z.metrics != nil && z.metrics.cost != nil)
 	}
 	// Tightest first: the zone most likely to deny decides before the
 	// others spend anything (a refund, a Redis round trip).
@@ -290,6 +325,11 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	plan, _ := cfg.Plan()
+	costs, err := zoneCosts(name, zc, plan)
+	if err != nil {
+		return nil, err
+	}
 	if zc.Key == "" {
 		return nil, fmt.Errorf("zone %s: key is required (e.g. key {client_ip})", name)
 	}
@@ -306,6 +346,7 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 		key:     zc.Key,
 		keyVar:  singlePlaceholder(zc.Key),
 		vars:    vars,
+		costs:   costs,
 		dryRun:  cfg.DryRun,
 		denyErr: fmt.Errorf("rate limit exceeded in zone %s", name),
 	}
@@ -324,7 +365,15 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 		// reads per request and fill the store latency histogram with
 		// zeros.
 		zh.timed = h.store != nil && zh.Mode() == "strict"
-		zh.metrics = newZoneMetrics(name, policy, cfg.DryRun, h.store != nil, zh.timed, cfg.PerRequest)
+		zh.metrics = newZoneMetrics(name, policy, cfg.DryRun, h.store != nil, zh.timed, cfg.PerRequest, costs)
+	}
+	zh.Zone.OnChargeFailed = func(err error) {
+		if zh.metrics != nil {
+			zh.metrics.chargeFailures.Inc()
+		}
+		if c := h.denyLog.Check(zapcore.WarnLevel, "charge after the response did not reach Redis; fail policy applied"); c != nil {
+			c.Write(zap.String("zone", name), zap.String("fail_policy", policy.String()), zap.Error(err))
+		}
 	}
 	registerZone(zh.Zone)
 	return zh, nil

@@ -25,6 +25,7 @@ type verdict struct {
 	d    zones.Decision
 	plan zones.Plan // the limit the request was decided under
 	slot zones.Slot // a concurrency zone's slot, held until next returns
+	cost int64      // what it cost (post-charged zones: the default charge)
 }
 
 // ServeHTTP decides the request in every zone that applies to it, tightest
@@ -37,6 +38,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	verdicts := stack[:0]
 	var denied *verdict
 	holding := false
+	postCharged := false
 	for _, z := range h.zones {
 		if len(z.matchers) > 0 {
 			match, err := z.matchers.AnyMatchWithError(r)
@@ -49,17 +51,24 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		key := z.Config.Key(z.expandKey(repl))
 		plan := z.planFor(h, repl)
+		cost := z.costFor(h, repl)
 		var start time.Time
 		if z.timed {
 			start = time.Now()
 		}
 		var d zones.Decision
 		var slot zones.Slot
-		if z.IsConcurrency() {
+		switch {
+		case z.IsConcurrency():
 			d, slot = z.Acquire(r.Context(), key)
 			holding = holding || slot.Held()
-		} else {
-			d = z.DecideWith(r.Context(), key, now, &plan, 1)
+		case z.costs.postCharged():
+			d = z.Check(r.Context(), key, now, &plan)
+			postCharged = true
+		case cost > plan.Burst:
+			d = h.neverPasses(z, &plan, cost)
+		default:
+			d = z.DecideWith(r.Context(), key, now, &plan, cost)
 		}
 		if z.metrics != nil {
 			var wait time.Duration
@@ -71,7 +80,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if d.Err != nil {
 			h.logStoreError(z, d)
 		}
-		verdicts = append(verdicts, verdict{zone: z, key: key, d: d, plan: plan, slot: slot})
+		verdicts = append(verdicts, verdict{zone: z, key: key, d: d, plan: plan, slot: slot, cost: cost})
 		if !d.Allowed {
 			if z.dryRun {
 				h.logDenial(z, key, d, true)
@@ -84,10 +93,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	if denied != nil {
 		// A denied request consumes nothing: give back what the zones
-		// before the denying one took.
+		// before the denying one took, at the cost they took it
+		// (post-charged zones only checked).
 		for i := range verdicts[:len(verdicts)-1] {
 			v := &verdicts[i]
-			if !v.d.Allowed {
+			if !v.d.Allowed || v.zone.costs.postCharged() {
 				continue
 			}
 			if v.slot.Held() {
@@ -95,13 +105,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				continue
 			}
 			var err error
-			if v.d, err = v.zone.RefundWith(r.Context(), v.key, now, v.d, &v.plan, 1); err != nil {
+			if v.d, err = v.zone.RefundWith(r.Context(), v.key, now, v.d, &v.plan, v.cost); err != nil {
 				h.logger.Debug("refund failed", zap.String("zone", v.zone.Name), zap.Error(err))
 			}
 		}
 	}
 	maxT := h.setHeaders(w.Header(), verdicts, denied != nil)
 	if denied == nil {
+		if h.weighted {
+			countCost(verdicts)
+		}
+		if postCharged {
+			return h.serveAndCharge(w, r, repl, next, verdicts, holding)
+		}
 		if holding {
 			return serveHoldingSlots(w, r, next, verdicts)
 		}

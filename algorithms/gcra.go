@@ -139,3 +139,16 @@ func (l Limit) Peek(tat, now int64) Result {
 	}
 	return r
 }
+
+// Charge adds cost to a key after the fact (a post-charged zone, once the
+// response says what the request cost): the TAT moves on by cost*T from
+// max(tat, now) whatever the burst, so a key may go into debt and is then
+// denied until it is paid. The debt is capped: the TAT never passes
+// now + 2*B*T (one burst owed beyond the full burst), so that no run of
+// charges can overflow. The result is the key as it stands afterwards, as
+// Peek reports it; its TAT is the one to store.
+func (l Limit) Charge(tat, now, cost int64) Result {
+	newTAT := add(max(tat, now), mul(cost, l.EmissionInterval))
+	newTAT = min(newTAT, max(tat, add(now, mul(2*l.Burst, l.EmissionInterval))))
+	return l.Peek(newTAT, now)
+}

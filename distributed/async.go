@@ -217,6 +217,50 @@ func (a *Async) Decide(_ context.Context, zone, key string, limit algorithms.Lim
 	return res, nil
 }
 
+// Check reports, without consuming, whether this instance's allowance for
+// key has a unit left (a post-charged zone's check before the request).
+func (a *Async) Check(_ context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, error) {
+	return a.step(zone, key, limit, func(r *record, now, nextSync int64) algorithms.Result {
+		return r.check(now, nextSync, limit)
+	})
+}
+
+// Charge takes cost from this instance's allowance after the response; what
+// the allowance does not cover is reported at the next sync and counted in
+// Redis past the burst (the key goes into debt).
+func (a *Async) Charge(_ context.Context, zone, key string, limit algorithms.Limit, cost int64) (algorithms.Result, error) {
+	return a.step(zone, key, limit, func(r *record, now, nextSync int64) algorithms.Result {
+		r.charge(cost)
+		return r.check(now, nextSync, limit)
+	})
+}
+
+// step runs f on key's record (created with a fresh share), under its
+// shard's lock, when the local view is fresh enough to decide from.
+func (a *Async) step(zone, key string, limit algorithms.Limit, f func(r *record, now, nextSync int64) algorithms.Result) (algorithms.Result, error) {
+	now := time.Now().UnixNano()
+	if now-a.lastSync.Load() > a.stale {
+		if ok, _ := a.breaker.health(); !ok {
+			return algorithms.Result{}, ErrUnavailable
+		}
+		return algorithms.Result{}, ErrStale
+	}
+	if a.Store.isClosed() {
+		return algorithms.Result{}, ErrClosed
+	}
+	z := a.zone(zone)
+	s := z.shard(key)
+	s.mu.Lock()
+	r := s.m[key]
+	if r == nil {
+		r = &record{allow: freshShare(limit.Burst, a.Instances())}
+		z.insert(s, key, r)
+	}
+	res := f(r, now, a.nextSync.Load())
+	s.mu.Unlock()
+	return res, nil
+}
+
 // Refund gives cost back to this instance's allowance.
 func (a *Async) Refund(_ context.Context, zone, key string, _ algorithms.Limit, cost int64) error {
 	if a.Store.isClosed() {
@@ -328,6 +372,38 @@ func (r *record) decide(now, nextSync int64, l algorithms.Limit, cost int64) alg
 	return algorithms.Result{
 		RetryAfter: retry,
 		ResetAfter: max(r.resetAt-now+r.pending*l.EmissionInterval, retry),
+	}
+}
+
+// check reports whether the allowance has a unit left, consuming nothing.
+func (r *record) check(now, nextSync int64, l algorithms.Limit) algorithms.Result {
+	r.limit, r.used = l, true
+	if r.allow >= 1 {
+		return algorithms.Result{
+			Allowed:    true,
+			Remaining:  r.allow,
+			ResetAfter: max(r.resetAt-now, 0) + r.pending*l.EmissionInterval,
+		}
+	}
+	retry := max(r.retryAt-now, nextSync-now, 1)
+	return algorithms.Result{
+		RetryAfter: retry,
+		ResetAfter: max(r.resetAt-now+r.pending*l.EmissionInterval, retry),
+	}
+}
+
+// charge takes cost from the allowance after the fact, whatever is left:
+// on a fresh share all of it is pending (Redis knows nothing yet); on a
+// lease, what the lease does not cover is, and the next sync counts it in
+// Redis past the burst.
+func (r *record) charge(cost int64) {
+	r.used = true
+	spent := min(cost, r.allow)
+	r.allow -= spent
+	if r.reserved {
+		r.pending += cost - spent
+	} else {
+		r.pending += cost
 	}
 }
 

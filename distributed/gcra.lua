@@ -1,12 +1,14 @@
 -- One GCRA step on one key, atomically: the Lua twin of algorithms.Limit
--- (Decide, Refund, Peek). tests/store_test.go runs both on the same table of
+-- (Decide, Refund, Peek, Charge). tests/store_test.go runs both on the same table of
 -- cases and requires identical results, stored TAT and TTL.
 --
 -- KEYS[1]  the key; its value is the TAT in integer microseconds
 -- ARGV[1]  T, emission interval in microseconds (>= 1)
 -- ARGV[2]  B, burst in units of cost (>= 1)
 -- ARGV[3]  cost
--- ARGV[4]  op: "d" decide, "r" refund, "p" peek
+-- ARGV[4]  op: "d" decide, "r" refund, "p" peek, "c" charge (after the
+--          response: the TAT moves on by cost*T whatever the burst, and the
+--          key is reported as peek would report it afterwards)
 -- ARGV[5]  now in microseconds, or "" to use Redis TIME (production: the
 --          server's clock is the only clock, so instances need not agree)
 --
@@ -53,6 +55,14 @@ if op == 'r' then
 end
 
 if tat < now then tat = now end
+if op == 'c' then
+  local cap = now + 2 * B * T -- the debt cap of algorithms.Limit.Charge
+  if tat > cap then cap = tat end
+  tat = tat + cost * T
+  if tat > cap then tat = cap end
+  if tat > now then store(key, tat, now) else redis.call('DEL', key) end
+  op = 'p'
+end
 if op == 'p' then cost = 1 end
 local newTAT = tat + cost * T
 local allowAt = newTAT - B * T

@@ -57,6 +57,7 @@ const (
 	OpDecide Op = "d"
 	OpRefund Op = "r"
 	OpPeek   Op = "p"
+	OpCharge Op = "c"
 )
 
 // Store is the Redis implementation of zones.Store. It is safe for
@@ -177,6 +178,34 @@ func (s *Store) Refund(ctx context.Context, zone, key string, limit algorithms.L
 	}
 	_, err := s.call(ctx, s.RedisKey(zone, key), scriptArgs(OpRefund, micro(limit), cost, ""))
 	return err
+}
+
+// Check reports the state of key in zone without consuming anything, as
+// Peek does, through the batcher: a post-charged zone's check before the
+// request.
+func (s *Store) Check(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, error) {
+	if s.isClosed() {
+		return algorithms.Result{}, ErrClosed
+	}
+	v, err := s.call(ctx, s.RedisKey(zone, key), scriptArgs(OpPeek, micro(limit), 1, ""))
+	if err != nil {
+		return algorithms.Result{}, err
+	}
+	return resultNanos(v), nil
+}
+
+// Charge adds cost to key in zone after the response, whatever the burst
+// (see algorithms.Limit.Charge), through the batcher, and reports the key
+// as it stands afterwards.
+func (s *Store) Charge(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) (algorithms.Result, error) {
+	if s.isClosed() {
+		return algorithms.Result{}, ErrClosed
+	}
+	v, err := s.call(ctx, s.RedisKey(zone, key), scriptArgs(OpCharge, micro(limit), cost, ""))
+	if err != nil {
+		return algorithms.Result{}, err
+	}
+	return resultNanos(v), nil
 }
 
 // Peek reports the state of key in zone without consuming anything. It is

@@ -88,6 +88,13 @@ func TestLuaScriptAgreesWithGoGCRA(t *testing.T) {
 		{"peek on a full key", distributed.OpPeek, T, 5, 1, 5 * T},
 		{"peek on a past TAT", distributed.OpPeek, T, 5, 1, -3 * T},
 		{"peek one microsecond too early", distributed.OpPeek, T, 5, 1, 4*T + 1},
+		{"charge on a fresh key", distributed.OpCharge, T, 5, 3, absent},
+		{"charge to exactly the burst", distributed.OpCharge, T, 5, 5, absent},
+		{"charge past the burst goes into debt", distributed.OpCharge, T, 5, 8, 2 * T},
+		{"charge on a past TAT starts from now", distributed.OpCharge, T, 5, 2, -4 * T},
+		{"charge of zero leaves the key", distributed.OpCharge, T, 5, 0, 2 * T},
+		{"charge with odd T", distributed.OpCharge, 7_000_003, 10, 4, 20_000_000},
+		{"charge stops at the debt cap", distributed.OpCharge, T, 5, 20, 2 * T},
 	}
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -117,6 +124,9 @@ func TestLuaScriptAgreesWithGoGCRA(t *testing.T) {
 			case distributed.OpRefund:
 				newTAT := limit.Refund(tat, nowUs, c.cost)
 				want = algorithms.Result{Allowed: true, TAT: newTAT, ResetAfter: newTAT - nowUs}
+				writes = true
+			case distributed.OpCharge:
+				want = limit.Charge(tat, nowUs, c.cost)
 				writes = true
 			}
 			got.TAT = want.TAT // not returned by the script; checked in Redis below
@@ -168,7 +178,7 @@ func TestLuaScriptAgreesWithGoGCRA(t *testing.T) {
 		limit := algorithms.Limit{EmissionInterval: 2 * sec, Burst: 4}
 		now, goTAT := nowUs, int64(0)
 		rkey := s.RedisKey("lua", "walk")
-		ops := []distributed.Op{distributed.OpDecide, distributed.OpDecide, distributed.OpDecide, distributed.OpRefund, distributed.OpPeek}
+		ops := []distributed.Op{distributed.OpDecide, distributed.OpDecide, distributed.OpDecide, distributed.OpRefund, distributed.OpPeek, distributed.OpCharge}
 		for step := range 500 {
 			now += sec * rng.Int64N(4)
 			op := ops[rng.IntN(len(ops))]
@@ -186,6 +196,9 @@ func TestLuaScriptAgreesWithGoGCRA(t *testing.T) {
 				}
 			case distributed.OpPeek:
 				want = limit.Peek(goTAT, now)
+			case distributed.OpCharge:
+				want = limit.Charge(goTAT, now, cost)
+				goTAT = want.TAT
 			case distributed.OpRefund:
 				goTAT = limit.Refund(goTAT, now, cost)
 				want = algorithms.Result{Allowed: true, ResetAfter: goTAT - now}

@@ -172,7 +172,13 @@ func (b brokenSlotStore) Peek(context.Context, string, string, algorithms.Limit)
 	return algorithms.Result{}, errDown
 }
 func (b brokenSlotStore) Reset(context.Context, string, string) error { return errDown }
-func (b brokenSlotStore) Instances() int                              { return b.instances }
+func (b brokenSlotStore) Check(context.Context, string, string, algorithms.Limit) (algorithms.Result, error) {
+	return algorithms.Result{}, errDown
+}
+func (b brokenSlotStore) Charge(context.Context, string, string, algorithms.Limit, int64) (algorithms.Result, error) {
+	return algorithms.Result{}, errDown
+}
+func (b brokenSlotStore) Instances() int { return b.instances }
 func (b brokenSlotStore) Acquire(context.Context, string, string, int64, time.Duration) (string, int64, error) {
 	return "", 0, errDown
 }

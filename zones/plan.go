@@ -27,7 +27,7 @@ type Plan struct {
 // Bounds every plan, literal or read from a request, stays within, so that
 // no accepted value overflows: B·T and a debt of one more burst on top of
 // now stay within int64 nanoseconds and, in microseconds, within the 2^53
-// Lua computes exactly.
+// Lua computes exactly (the GCRA arithmetic saturates beyond).
 const (
 	MaxEvents = 1 << 40
 	MaxSpan   = 100 * 365 * 24 * time.Hour // B·T, the longest a key can be in debt

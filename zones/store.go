@@ -19,8 +19,16 @@ type Store interface {
 	Decide(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) (algorithms.Result, error)
 	// Refund gives back cost for key (see algorithms.Limit.Refund).
 	Refund(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) error
-	// Peek reports the key's state without consuming anything.
+	// Peek reports the key's state without consuming anything (the admin
+	// API).
 	Peek(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, error)
+	// Check is Peek on the request path: a post-charged zone's check
+	// before the request, allowed unless the key has no quota left.
+	Check(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, error)
+	// Charge adds cost to the key after the response, past the burst if
+	// need be (see algorithms.Limit.Charge), and reports the key as it
+	// stands afterwards.
+	Charge(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) (algorithms.Result, error)
 	// Reset deletes the key's state in the store.
 	Reset(ctx context.Context, zone, key string) error
 	// Instances is the number of live instances sharing the store that this

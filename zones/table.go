@@ -69,6 +69,25 @@ func (t *Table) Decide(key string, now int64, l algorithms.Limit, cost int64) al
 	return r
 }
 
+// Charge adds cost to key at now whatever the burst (see
+// algorithms.Limit.Charge) and reports the key as it stands afterwards.
+func (t *Table) Charge(key string, now int64, l algorithms.Limit, cost int64) algorithms.Result {
+	s := t.shard(key)
+	s.mu.Lock()
+	tat, found := s.m[key]
+	r := l.Charge(tat, now, cost)
+	switch {
+	case r.TAT <= now:
+		delete(s.m, key)
+	case found:
+		s.m[key] = r.TAT
+	default:
+		t.insert(s, key, r.TAT, now)
+	}
+	s.mu.Unlock()
+	return r
+}
+
 // Peek reports key's state at now without consuming anything.
 func (t *Table) Peek(key string, now int64, l algorithms.Limit) algorithms.Result {
 	s := t.shard(key)

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"sync"
 	"time"
 
 	"github.com/caddy-tally/ratelimit/algorithms"
@@ -191,10 +192,12 @@ func (c Config) Key(raw string) string {
 // State is a zone's in-process state. It is shared by every handler that
 // defines the zone the same way and outlives config reloads.
 type State struct {
-	Local    *Table // local mode: TAT per key
-	Denied   *Table // with a Store: keys the store denied, until when
-	Fallback *Table // fail_policy local: TAT per key at this instance's share
-	plans    *plans // PerRequest zones: the plan each key was last decided under
+	Local    *Table         // local mode: TAT per key
+	Denied   *Table         // with a Store: keys the store denied, until when
+	Fallback *Table         // fail_policy local: TAT per key at this instance's share
+	plans    *plans         // PerRequest zones: the plan each key was last decided under
+	charger  charger        // strict mode, post-charged zones: charges in flight
+	chargers sync.WaitGroup // the charger's goroutines, once started
 	stop     chan struct{}
 	done     chan struct{}
 
@@ -263,6 +266,8 @@ func (s *State) Len() int {
 func (s *State) Destruct() error {
 	close(s.stop)
 	<-s.done
+	s.chargers.Wait()
+	s.charger.fail()
 	return nil
 }
 
@@ -295,6 +300,10 @@ type Zone struct {
 	plan  Plan // the literal one
 	state *State
 	store Store
+
+	// OnChargeFailed, when set, is called for each charge of a post-charged
+	// zone that the store did not take (strict mode, after retries).
+	OnChargeFailed func(error)
 }
 
 // New returns a zone deciding with state and, when store is not nil, store.

@@ -298,3 +298,12 @@ func TestRefundGoesToWhoeverDecided(t *testing.T) {
 		t.Fatal("a store decision was not refunded in the store")
 	}
 }
+
+func (f *faultStore) Check(ctx context.Context, zone, key string, l algorithms.Limit) (algorithms.Result, error) {
+	return f.Decide(ctx, zone, key, l, 0)
+}
+
+func (f *faultStore) Charge(ctx context.Context, zone, key string, l algorithms.Limit, cost int64) (algorithms.Result, error) {
+	f.calls.Add(1)
+	return algorithms.Result{Allowed: f.allowed}, f.err
+}

@@ -1,0 +1,201 @@
+package ratelimit
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/caddy-tally/ratelimit/zones"
+)
+
+// What a request costs (issue 10):
+//
+//   - `cost <n|placeholder>`: known before the request; one GCRA step of
+//     that cost, refunded at that cost when a later zone denies. A cost
+//     placeholder that is empty, not a whole number or negative falls back
+//     to the literal (default 1), counted and logged; 0 passes without
+//     consuming; more than the burst can never pass and is denied at once,
+//     with a warning in the log.
+//   - `count { <response matchers> }` and/or `charge <placeholder>`: the zone
+//     is post-charged. Before the request it is only checked (denied when
+//     the key has no quota left); after the response, if it matches count
+//     (every response with charge alone), the cost is charged: the literal
+//     cost, or charge's placeholder read after the response.
+
+// costVars are a zone's cost settings, resolved at provision.
+type costVars struct {
+	cost      int64  // literal cost, the fallback of the placeholders; default 1
+	costVar   string // placeholder name of `cost`, "" for a literal
+	chargeVar string // placeholder name of `charge`, read after the response
+	count     *caddyhttp.ResponseMatcher
+	params    string // policyParams, for the headers
+}
+
+// postCharged: the zone charges after the response.
+func (c costVars) postCharged() bool { return c.count != nil || c.chargeVar != "" }
+
+// weighted: requests may cost other than 1, so q and r are in cost units.
+func (c costVars) weighted() bool { return c.cost != 1 || c.costVar != "" || c.chargeVar != "" }
+
+// policyParams are the RateLimit-Policy parameters that describe how a zone
+// counts, where draft-10 has no quota unit for it: tally-cost (quota and
+// remaining are units of cost, not requests) and tally-post-charged (the
+// zone counts after the response, only what count matches).
+func (c costVars) policyParams() string {
+	var s string
+	if c.weighted() {
+		s += ";tally-cost"
+	}
+	if c.postCharged() {
+		s += ";tally-post-charged"
+	}
+	return s
+}
+
+// costFor is the cost of the request before it runs; math.MaxInt64 for a
+// value too large to represent (it can never pass).
+func (z *zoneHandler) costFor(h *Handler, repl *caddy.Replacer) int64 {
+	if z.costs.costVar == "" {
+		return z.costs.cost
+	}
+	return h.readCost(z, repl, z.costs.costVar, "cost")
+}
+
+// readCost reads a cost placeholder: a whole number >= 0, math.MaxInt64 for
+// one too large to represent, else the literal cost, counted and logged.
+func (h *Handler) readCost(z *zoneHandler, repl *caddy.Replacer, name, setting string) int64 {
+	s, _ := repl.GetString(name)
+	s = strings.TrimSpace(s)
+	n, err := strconv.ParseInt(s, 10, 64)
+	switch {
+	case err == nil && n >= 0:
+		return n
+	case errors.Is(err, strconv.ErrRange) && !strings.HasPrefix(s, "-"):
+		return math.MaxInt64
+	}
+	if z.metrics != nil && z.metrics.costFallbacks != nil {
+		z.metrics.costFallbacks.Inc()
+	}
+	if c := h.denyLog.Check(zapcore.WarnLevel, "request cost is empty or invalid; using the zone's literal cost"); c != nil {
+		c.Write(zap.String("zone", z.Name), zap.String("setting", setting), zap.String("value", s), zap.Int64("cost", z.costs.cost))
+	}
+	return z.costs.cost
+}
+
+// neverPasses is the decision for a request whose cost is more than the
+// zone's burst: no wait would let it pass, so it is denied without asking
+// anyone, and logged.
+func (h *Handler) neverPasses(z *zoneHandler, p *zones.Plan, cost int64) zones.Decision {
+	if c := h.denyLog.Check(zapcore.WarnLevel, "request cost exceeds the zone's burst: it can never pass"); c != nil {
+		c.Write(zap.String("zone", z.Name), zap.Int64("cost", cost), zap.Int64("burst", p.Burst))
+	}
+	return zones.Decision{RetryAfter: p.Window, Source: zones.SourceLocal}
+}
+
+// countCost counts the cost of an allowed request in its weighted,
+// pre-charged zones (post-charged zones count when they charge).
+func countCost(verdicts []verdict) {
+	for i := range verdicts {
+		v := &verdicts[i]
+		if v.d.Allowed && v.zone.metrics != nil && v.zone.metrics.cost != nil && !v.zone.costs.postCharged() {
+			v.zone.metrics.cost.Add(float64(v.cost))
+		}
+	}
+}
+
+// serveAndCharge calls next with the response's status recorded (nothing
+// buffered: streaming, flushing and hijacking pass through) and, when it
+// returns, charges the post-charged zones whose count matches the response.
+// An error returned down the chain counts with its status (what
+// handle_errors sees as {err.status_code}) unless a status was written.
+// Concurrency zones' slots, when holding, are released after the charges.
+func (h *Handler) serveAndCharge(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, verdicts []verdict, holding bool) error {
+	if holding {
+		defer releaseSlots(verdicts)
+	}
+	rec := caddyhttp.NewResponseRecorder(w, nil, nil)
+	err := next.ServeHTTP(rec, r)
+	status := rec.Status()
+	if status == 0 {
+		status = http.StatusOK
+		if err != nil {
+			status = http.StatusInternalServerError
+			var he caddyhttp.HandlerError
+			if errors.As(err, &he) && he.StatusCode != 0 {
+				status = he.StatusCode
+			}
+		}
+	}
+	now := time.Now().UnixNano()
+	for i := range verdicts {
+		v := &verdicts[i]
+		z := v.zone
+		if !z.costs.postCharged() {
+			continue
+		}
+		if z.costs.count != nil && !z.costs.count.Match(status, w.Header()) {
+			continue
+		}
+		cost := v.cost
+		if z.costs.chargeVar != "" {
+			cost = h.readCost(z, repl, z.costs.chargeVar, "charge")
+		}
+		cost = min(cost, zones.MaxCharge*v.plan.Burst)
+		if cost <= 0 {
+			continue
+		}
+		z.Charge(r.Context(), v.key, now, &v.plan, cost)
+		if z.metrics != nil && z.metrics.cost != nil {
+			z.metrics.cost.Add(float64(cost))
+		}
+	}
+	return err
+}
+
+// zoneCosts checks and resolves a zone's cost settings.
+func zoneCosts(name string, zc *Zone, plan zones.Plan) (costVars, error) {
+	c := costVars{cost: int64(zc.Cost), count: zc.Count}
+	if c.cost == 0 {
+		c.cost = 1
+	}
+	if zc.Concurrency > 0 {
+		if zc.Cost != 0 || zc.CostPlaceholder != "" || zc.Count != nil || zc.Charge != "" {
+			return c, fmt.Errorf("zone %s: cost, count and charge apply to events/window zones, not concurrency zones", name)
+		}
+		return c, nil
+	}
+	switch {
+	case zc.Cost < 0:
+		return c, fmt.Errorf("zone %s: cost must be a whole number of at least 1", name)
+	case c.cost > plan.Burst:
+		return c, fmt.Errorf("zone %s: cost %d is more than the burst (%d): such requests could never pass; lower cost or raise burst", name, c.cost, plan.Burst)
+	}
+	for _, v := range []struct {
+		src, setting string
+		dst          *string
+	}{
+		{zc.CostPlaceholder, "cost", &c.costVar},
+		{zc.Charge, "charge", &c.chargeVar},
+	} {
+		if v.src == "" {
+			continue
+		}
+		if *v.dst = singlePlaceholder(v.src); *v.dst == "" {
+			return c, fmt.Errorf("zone %s: %s %q is not a placeholder: write one placeholder such as {http.response.header.X-Tokens-Used}", name, v.setting, v.src)
+		}
+	}
+	if c.costVar != "" && c.chargeVar != "" {
+		return c, fmt.Errorf("zone %s: cost {placeholder} and charge both say what a request costs: keep one (charge for a cost known after the response)", name)
+	}
+	c.params = c.policyParams()
+	return c, nil
+}

@@ -1,0 +1,371 @@
+package tests
+
+// What a request costs, through a real Caddy in front of a real upstream
+// (an HTTP server in the test process, on loopback): post-charged zones that
+// count only some responses (`count`), charge what the upstream reports
+// (`charge`), and weighted zones (`cost`).
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// loginUpstream answers 401 to a request with X-Password: wrong and 200
+// otherwise, counting the requests that reach it.
+func loginUpstream(t *testing.T) (addr string, hits *atomic.Int64) {
+	hits = new(atomic.Int64)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		if r.Header.Get("X-Password") == "wrong" {
+			http.Error(w, "bad password", http.StatusUnauthorized)
+			return
+		}
+		_, _ = w.Write([]byte("welcome"))
+	}))
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://"), hits
+}
+
+// tokenUpstream answers with X-Tokens-Used set to the request's X-Use.
+func tokenUpstream(t *testing.T) (addr string, hits *atomic.Int64) {
+	hits = new(atomic.Int64)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		w.Header().Set("X-Tokens-Used", r.Header.Get("X-Use"))
+		_, _ = w.Write([]byte("completion"))
+	}))
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://"), hits
+}
+
+// failedLoginZone counts only 401s: 5 per 15 minutes per user.
+const failedLoginZone = `
+		zone failed_logins {
+			key    {http.request.header.X-User}
+			events 5
+			window 15m
+			count {
+				status 401
+			}
+		}`
+
+func loginSite(upstream, zones, distributed string) string {
+	return `http:// {
+	rate_limit {` + zones + distributed + `
+	}
+	reverse_proxy ` + upstream + `
+}
+`
+}
+
+// checkFailedLogins sends 20 logins for one user over fleet, alternating a
+// wrong and a right password: the 5 wrong ones are let through and answered
+// 401, the right ones in between are 200 and consume nothing, and once the
+// fifth failure is charged the user is denied, right password or not,
+// before reaching the upstream.
+//
+// With several instances, each failure's charge must be visible through the
+// next instance (it reaches Redis a round trip after the response) before
+// the next login is sent there.
+func checkFailedLogins(t *testing.T, fleet []*caddyInstance, user string, hits *atomic.Int64) {
+	t.Helper()
+	before := hits.Load()
+	var got []int
+	failures := 0
+	for i := range 20 {
+		pw := "right"
+		if i%2 == 0 {
+			pw = "wrong"
+		}
+		res := fleet[i%len(fleet)].Do(request{Path: "/login", Header: map[string]string{"X-User": user, "X-Password": pw}})
+		got = append(got, res.Status)
+		if res.Status == 401 && len(fleet) > 1 {
+			failures++
+			waitCharged(t, fleet[(i+1)%len(fleet)], "failed_logins", user, int64(5-failures))
+		}
+	}
+	want := "[401 200 401 200 401 200 401 200 401 429 429 429 429 429 429 429 429 429 429 429]"
+	if fmt.Sprint(got) != want {
+		t.Errorf("20 logins alternating wrong and right passwords: %v, want %s", got, want)
+	}
+	if n := hits.Load() - before; n != 9 {
+		t.Errorf("%d requests reached the upstream, want 9: a denied request must not", n)
+	}
+}
+
+// waitCharged polls c's admin API until key in zone has remaining left: a
+// charge made on another instance has reached Redis.
+func waitCharged(t *testing.T, c *caddyInstance, zone, key string, remaining int64) {
+	t.Helper()
+	var k adminKey
+	waitFor(t, 5*time.Second, fmt.Sprintf("%s's charge in zone %s to reach Redis (remaining %d)", key, zone, remaining), func() bool {
+		code, body := c.adminDo(http.MethodGet, keyPath(zone, key))
+		return code == http.StatusOK && json.Unmarshal([]byte(body), &k) == nil && k.Remaining == remaining
+	})
+}
+
+func TestFailedLoginLimiterCountsOnlyFailures(t *testing.T) {
+	t.Parallel()
+	up, hits := loginUpstream(t)
+	c := startCaddyWith(t, "metrics", loginSite(up, failedLoginZone, ""))
+	// Successful logins never consume: 30 in a row all pass.
+	if got := countStatuses(c.Send(30, request{Path: "/login", Header: map[string]string{"X-User": "carol"}})); got[200] != 30 {
+		t.Fatalf("30 successful logins: %v, want 30×200", got)
+	}
+	checkFailedLogins(t, []*caddyInstance{c}, "mallory", hits)
+	res := c.Do(request{Path: "/login", Header: map[string]string{"X-User": "mallory"}})
+	if !strings.Contains(res.Header.Get("RateLimit-Policy"), `"failed_logins";q=5;w=900;tally-post-charged`) {
+		t.Errorf("RateLimit-Policy %q does not describe the post-charged zone", res.Header.Get("RateLimit-Policy"))
+	}
+	if ra, _ := strconv.Atoi(res.Header.Get("Retry-After")); ra < 170 || ra > 181 {
+		t.Errorf("Retry-After %q, want about 180 s (one failure's share of 15 minutes)", res.Header.Get("Retry-After"))
+	}
+	v, ok := metricValue(c.scrape(), "caddy_rate_limit_cost_total", map[string]string{"zone": "failed_logins"})
+	if !ok || v != 5 {
+		t.Errorf("cost_total = %v (present %v), want the 5 failures charged", v, ok)
+	}
+}
+
+// tokenZone limits each Authorization to 100 tokens per 100 s (one token a
+// second), charged from the upstream's X-Tokens-Used.
+const tokenZone = `
+		zone tokens {
+			key    {http.request.header.Authorization}
+			events 100
+			window 100s
+			charge {http.response.header.X-Tokens-Used}
+		}`
+
+func tokenRequest(key string, tokens string) request {
+	return request{Header: map[string]string{"Authorization": key, "X-Use": tokens}}
+}
+
+// checkTokenDebt spends 30 tokens 4 times: the fourth passes (90 < 100 were
+// spent) and runs 20 past the limit; the key is then denied with a
+// Retry-After of the 21 s the debt and one token take to clear.
+func checkTokenDebt(t *testing.T, fleet []*caddyInstance, key string, hits *atomic.Int64) {
+	t.Helper()
+	before := hits.Load()
+	for i := range 4 {
+		if res := fleet[i%len(fleet)].Do(tokenRequest(key, "30")); res.Status != 200 {
+			t.Fatalf("request %d spending 30 tokens: %d, want 200", i+1, res.Status)
+		}
+		if len(fleet) > 1 {
+			waitCharged(t, fleet[(i+1)%len(fleet)], "tokens", key, max(0, 100-30*int64(i+1)))
+		}
+	}
+	for i := range len(fleet) {
+		res := fleet[i].Do(tokenRequest(key, "1"))
+		if res.Status != 429 {
+			t.Fatalf("after 120 of 100 tokens, instance %d: %d, want 429", i, res.Status)
+		}
+		if ra, _ := strconv.Atoi(res.Header.Get("Retry-After")); ra < 20 || ra > 22 {
+			t.Errorf("Retry-After %q, want 21 ± 1 s: the 20-token debt plus one token at 1 token/s", res.Header.Get("Retry-After"))
+		}
+	}
+	if n := hits.Load() - before; n != 4 {
+		t.Errorf("%d requests reached the upstream, want 4", n)
+	}
+}
+
+func TestChargeFromTheResponseDeniesOnceTheSumPassesTheLimit(t *testing.T) {
+	t.Parallel()
+	up, hits := tokenUpstream(t)
+	c := startCaddyWith(t, "metrics", loginSite(up, tokenZone, ""))
+	checkTokenDebt(t, []*caddyInstance{c}, "Bearer alice", hits)
+
+	// Unreadable values charge the default (1), are counted, and are not
+	// a 500; 0 charges nothing; a huge value is capped at two bursts.
+	for _, v := range []string{"", "lots", "-7", "2.5"} {
+		if res := c.Do(tokenRequest("Bearer bob", v)); res.Status != 200 {
+			t.Fatalf("X-Tokens-Used %q: %d, want 200", v, res.Status)
+		}
+	}
+	if res := c.Do(tokenRequest("Bearer bob", "0")); res.Status != 200 {
+		t.Fatalf("X-Tokens-Used 0: %d", res.Status)
+	}
+	var k adminKey
+	c.adminJSON(keyPath("tokens", "Bearer bob"), &k)
+	if k.Remaining != 96 {
+		t.Errorf("after 4 unreadable charges and one of 0: remaining %d, want 96", k.Remaining)
+	}
+	samples := c.scrape()
+	if v, _ := metricValue(samples, "caddy_rate_limit_cost_fallbacks_total", map[string]string{"zone": "tokens"}); v != 4 {
+		t.Errorf("cost_fallbacks_total = %v, want 4", v)
+	}
+	if v, _ := metricValue(samples, "caddy_rate_limit_cost_total", map[string]string{"zone": "tokens"}); v != 124 {
+		t.Errorf("cost_total = %v, want 124 (120 for alice, 4 for bob)", v)
+	}
+	if res := c.Do(tokenRequest("Bearer eve", "99999999999999999999")); res.Status != 200 {
+		t.Fatalf("a huge charge: %d, want 200 (the check passed; the charge is capped)", res.Status)
+	}
+	res := c.Do(tokenRequest("Bearer eve", "1"))
+	if ra, _ := strconv.Atoi(res.Header.Get("Retry-After")); res.Status != 429 || ra < 100 || ra > 102 {
+		t.Errorf("after a huge charge: %d Retry-After %q, want 429 after 101 s (capped at two bursts: 100 s of debt)", res.Status, res.Header.Get("Retry-After"))
+	}
+}
+
+// weightedSite decides a weighted zone (cost from X-Cost, 10 per hour)
+// before a gate zone (20 per hour per X-Gate), which can deny after it.
+const weightedSite = `http:// {
+	rate_limit {
+		zone weighted {
+			key    {http.request.header.X-API-Key}
+			events 10
+			window 1h
+			cost   {http.request.header.X-Cost}
+		}
+		zone gate {
+			key    {http.request.header.X-Gate}
+			events 20
+			window 1h
+		}
+	}
+	respond "ok"
+}
+`
+
+func weighted(key, cost, gate string) request {
+	r := request{Header: map[string]string{"X-API-Key": key, "X-Gate": gate}}
+	if cost != "-" {
+		r.Header["X-Cost"] = cost
+	}
+	return r
+}
+
+func TestWeightedCostIsRefundedAtItsCostWhenALaterZoneDenies(t *testing.T) {
+	t.Parallel()
+	c := startCaddyWith(t, "metrics", weightedSite)
+	// Close gate g1 with 20 free requests (cost 0 consumes nothing).
+	if got := countStatuses(c.Send(20, weighted("alice", "0", "g1"))); got[200] != 20 {
+		t.Fatalf("20 requests of cost 0: %v", got)
+	}
+	res := c.Do(weighted("alice", "4", "g1"))
+	if res.Status != 429 {
+		t.Fatalf("cost 4 through a closed gate: %d, want 429", res.Status)
+	}
+	if !strings.Contains(res.Header.Get("RateLimit"), `"weighted";r=10`) {
+		t.Errorf("RateLimit %q: the weighted zone should report its cost refunded (r=10)", res.Header.Get("RateLimit"))
+	}
+	if !strings.Contains(res.Header.Get("RateLimit-Policy"), `"weighted";q=10;w=3600;tally-cost`) {
+		t.Errorf("RateLimit-Policy %q does not mark the weighted zone", res.Header.Get("RateLimit-Policy"))
+	}
+	// The refund gave back all 4: a cost of 10 still passes, then nothing.
+	if got := c.Send(2, weighted("alice", "10", "g2")); fmt.Sprint(got) != "[200 429]" {
+		t.Fatalf("cost 10 then 10 after the refund: %v, want [200 429]", got)
+	}
+	if got := c.Send(4, weighted("bob", "3", "g3")); fmt.Sprint(got) != "[200 200 200 429]" {
+		t.Fatalf("cost 3 four times at events 10: %v, want [200 200 200 429]", got)
+	}
+}
+
+func TestUnusableCostsHaveTheirDocumentedOutcome(t *testing.T) {
+	t.Parallel()
+	c := startCaddyWith(t, "metrics", weightedSite)
+	// Missing, non-numeric, negative, fractional: cost 1 (the literal
+	// default), counted.
+	for i, v := range []string{"-", "", "lots", "-3", "1.5"} {
+		key := "fallback-" + strconv.Itoa(i)
+		if got := countStatuses(c.Send(11, weighted(key, v, key))); got[200] != 10 || got[429] != 1 {
+			t.Errorf("X-Cost %q: %v, want 10×200 (cost 1 each)", v, got)
+		}
+	}
+	// Over the burst, representable or not: denied at once, consuming
+	// nothing, with the window as Retry-After; never a 500.
+	for _, v := range []string{"11", "99999999999999999999"} {
+		res := c.Do(weighted("huge", v, "huge"))
+		if res.Status != 429 || res.Header.Get("Retry-After") != "3600" {
+			t.Errorf("X-Cost %q: %d Retry-After %q, want 429 with Retry-After 3600", v, res.Status, res.Header.Get("Retry-After"))
+		}
+	}
+	if got := countStatuses(c.Send(11, weighted("huge", "1", "huge"))); got[200] != 10 {
+		t.Errorf("after two costs over the burst: %v, want the whole 10 left", got)
+	}
+	if !strings.Contains(c.Output(), "request cost exceeds the zone's burst") {
+		t.Error("a cost over the burst was not logged")
+	}
+	samples := c.scrape()
+	if v, _ := metricValue(samples, "caddy_rate_limit_cost_fallbacks_total", map[string]string{"zone": "weighted"}); v != 55 {
+		t.Errorf("cost_fallbacks_total = %v, want 55 (11 requests × 5 unusable values)", v)
+	}
+	if v, _ := metricValue(samples, "caddy_rate_limit_cost_total", map[string]string{"zone": "weighted"}); v != 60 {
+		t.Errorf("cost_total = %v, want 60 (6 keys × 10)", v)
+	}
+}
+
+// A streaming response is charged once, when it ends, and reaches the
+// client as it is written.
+func TestStreamingResponseIsChargedOnceWhenItEnds(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("X-Tokens-Used", "7")
+		for i := range 3 {
+			fmt.Fprintf(w, "data: %d\n\n", i)
+			w.(http.Flusher).Flush()
+		}
+		<-release
+		fmt.Fprint(w, "data: done\n\n")
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
+	c := startCaddy(t, loginSite(strings.TrimPrefix(srv.URL, "http://"), tokenZone, ""))
+
+	req, _ := http.NewRequest(http.MethodGet, c.URL+"/", nil)
+	req.Header.Set("Authorization", "Bearer streamer")
+	resp, err := c.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	buf := make([]byte, 64)
+	got := ""
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(got, "data: 2") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the first events did not reach the client while the stream was open (got %q): the response is buffered", got)
+		}
+		n, err := resp.Body.Read(buf)
+		got += string(buf[:n])
+		if err != nil {
+			t.Fatalf("reading the stream: %v (got %q)", err, got)
+		}
+	}
+	if code, body := c.adminDo(http.MethodGet, keyPath("tokens", "Bearer streamer")); code != http.StatusNotFound {
+		t.Fatalf("the open stream was charged already: admin API %d %s", code, body)
+	}
+	close(release)
+	for {
+		n, err := resp.Body.Read(buf)
+		got += string(buf[:n])
+		if err != nil {
+			break
+		}
+	}
+	if !strings.HasSuffix(got, "data: done\n\n") {
+		t.Fatalf("stream %q did not end with its last event", got)
+	}
+	var k adminKey
+	waitFor(t, 5*time.Second, "the stream to be charged", func() bool {
+		code, _ := c.adminDo(http.MethodGet, keyPath("tokens", "Bearer streamer"))
+		return code == http.StatusOK
+	})
+	c.adminJSON(keyPath("tokens", "Bearer streamer"), &k)
+	if k.Remaining != 93 {
+		t.Errorf("after a stream charging 7: remaining %d, want 93 (charged exactly once)", k.Remaining)
+	}
+}

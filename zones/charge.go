@@ -1,0 +1,332 @@
+package zones
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Post-charged zones (`count`, `charge`): before the request the key is
+// checked without consuming anything, denied only when it has no quota
+// left; after the response its cost is charged, TAT = max(TAT, now) + c·T,
+// which may run past the burst, so that the key is denied until the debt is
+// paid.
+//
+// Locally and in async mode a charge is an in-process step. In strict mode
+// it is a Redis round trip that must not hold the response: the charge is
+// queued to a few background chargers, which send it through the store's
+// batcher and retry it for ChargeRetryFor before giving up, counting the
+// failure and applying the fail policy (`local` charges this instance's
+// share). A check for a key whose charge this instance has not yet landed
+// waits for it (at most ChargeWait), so that one instance never lets a
+// client past its own unrecorded debt; across instances a charge counts from
+// the moment it reaches Redis, a round trip after the response.
+
+// Strict-mode charging bounds.
+const (
+	// ChargeRetryFor is how long a charge that cannot reach Redis is
+	// retried before it counts as failed.
+	ChargeRetryFor = 2 * time.Second
+	// ChargeWait is the longest a check waits for this instance's charges
+	// of the same key to land.
+	ChargeWait = 100 * time.Millisecond
+
+	chargeQueue   = 4096
+	chargeWorkers = 4
+)
+
+// charge is one queued strict-mode charge.
+type charge struct {
+	zone *Zone
+	key  string
+	plan Plan
+	cost int64
+	at   time.Time // when it was queued: retries stop ChargeRetryFor later
+	err  error     // the last attempt's error, for retries
+}
+
+// charger sends a state's strict-mode charges in the background and tracks,
+// per key, those not yet landed.
+type charger struct {
+	once    sync.Once
+	started atomic.Bool
+	queue   chan charge
+	retries chan charge // charges whose first attempt failed
+	mu      sync.Mutex
+	pending map[string]*pendingCharges
+}
+
+// pendingCharges are one key's charges queued and not yet landed; done is
+// closed when the last one lands (or fails).
+type pendingCharges struct {
+	n    int
+	done chan struct{}
+}
+
+func (c *charger) start(stop <-chan struct{}, wg *sync.WaitGroup) {
+	c.once.Do(func() {
+		c.queue = make(chan charge, chargeQueue)
+		c.retries = make(chan charge, chargeQueue)
+		c.pending = make(map[string]*pendingCharges)
+		wg.Add(chargeWorkers + 1)
+		for range chargeWorkers {
+			go func() {
+				defer wg.Done()
+				for {
+					select {
+					case ch := <-c.queue:
+						ch.zone.sendCharge(ch, c)
+					case <-stop:
+						return
+					}
+				}
+			}()
+		}
+		go func() {
+			defer wg.Done()
+			c.retryLoop(stop)
+		}()
+		c.started.Store(true)
+	})
+}
+
+// errStateClosed fails the charges still queued when a zone's state goes
+// (its last config was unloaded).
+var errStateClosed = errors.New("zone state closed before the charge was sent")
+
+// fail reports every charge still queued after the chargers stopped.
+func (c *charger) fail() {
+	if !c.started.Load() {
+		return
+	}
+	for {
+		select {
+		case ch := <-c.queue:
+			ch.zone.chargeFallback(ch.key, time.Now().UnixNano(), &ch.plan, ch.cost)
+			ch.zone.chargeFailed(errStateClosed)
+			c.landed(ch.key)
+		case ch := <-c.retries:
+			ch.zone.chargeFailed(errStateClosed)
+		default:
+			return
+		}
+	}
+}
+
+// add notes a charge for key as pending.
+func (c *charger) add(key string) {
+	c.mu.Lock()
+	p := c.pending[key]
+	if p == nil {
+		p = &pendingCharges{done: make(chan struct{})}
+		c.pending[key] = p
+	}
+	p.n++
+	c.mu.Unlock()
+}
+
+// landed notes that one charge for key is done.
+func (c *charger) landed(key string) {
+	c.mu.Lock()
+	if p := c.pending[key]; p != nil {
+		if p.n--; p.n == 0 {
+			close(p.done)
+			delete(c.pending, key)
+		}
+	}
+	c.mu.Unlock()
+}
+
+// wait returns when this instance has no charge of key in flight, or after
+// ChargeWait, or when ctx ends.
+func (c *charger) wait(ctx context.Context, key string) {
+	if !c.started.Load() {
+		return
+	}
+	c.mu.Lock()
+	p := c.pending[key]
+	c.mu.Unlock()
+	if p == nil {
+		return
+	}
+	t := time.NewTimer(ChargeWait)
+	defer t.Stop()
+	select {
+	case <-p.done:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// Check decides a post-charged zone's request before it runs: allowed
+// unless the key has no quota left under plan p; it consumes nothing.
+func (z *Zone) Check(ctx context.Context, key string, now int64, p *Plan) Decision {
+	var d Decision
+	switch {
+	case z.store == nil:
+		d = fromResult(z.state.Local.Peek(key, now, p.limit), SourceLocal)
+	default:
+		if until, ok := z.state.Denied.Get(key, now); ok {
+			retry := until - now
+			return Decision{
+				RetryAfter: time.Duration(retry),
+				ResetAfter: time.Duration(retry + (p.limit.Burst-1)*p.limit.EmissionInterval),
+				Source:     SourceDenyCache,
+			}
+		}
+		z.state.charger.wait(ctx, key)
+		r, err := z.store.Check(ctx, z.Name, key, p.limit)
+		if err != nil {
+			d = z.failCheck(key, now, p, err)
+			break
+		}
+		if !r.Allowed {
+			z.state.Denied.Set(key, now+r.RetryAfter, now)
+		}
+		d = fromResult(r, SourceStore)
+	}
+	if z.state.plans != nil {
+		z.state.plans.record(key, *p, now+int64(d.ResetAfter), now)
+	}
+	return d
+}
+
+// failCheck applies the fail policy to a check the store could not answer.
+func (z *Zone) failCheck(key string, now int64, p *Plan, err error) Decision {
+	switch z.FailPolicy {
+	case FailOpen:
+		return Decision{Allowed: true, Remaining: p.Burst, Source: SourceFailOpen, Err: err}
+	case FailClosed:
+		return Decision{RetryAfter: FailClosedRetryAfter, ResetAfter: FailClosedRetryAfter, Source: SourceFailClosed, Err: err}
+	}
+	d := fromResult(z.state.Fallback.Peek(key, now, z.shareLimit(p)), SourceFailLocal)
+	d.Err = err
+	return d
+}
+
+// MaxCharge is the most one charge counts, in bursts: a larger cost is
+// capped, and the debt of a key is capped at one burst beyond its full
+// burst anyway (algorithms.Limit.Charge).
+const MaxCharge = 2
+
+// Charge charges cost for key under plan p after the response. It never
+// waits for Redis: in strict mode the charge is queued (see the top of this
+// file) and reported through OnChargeFailed if it cannot land.
+func (z *Zone) Charge(ctx context.Context, key string, now int64, p *Plan, cost int64) {
+	cost = min(cost, MaxCharge*p.Burst)
+	if cost <= 0 {
+		return
+	}
+	switch {
+	case z.store == nil:
+		z.state.Local.Charge(key, now, p.limit, cost)
+	case z.Mode() != "strict":
+		// Async: an in-process step, reported at the next sync.
+		if r, err := z.store.Charge(ctx, z.Name, key, p.limit, cost); err != nil {
+			z.chargeFallback(key, now, p, cost)
+			z.chargeFailed(err)
+		} else if !r.Allowed {
+			z.state.Denied.Set(key, now+r.RetryAfter, now)
+		}
+	default:
+		c := &z.state.charger
+		c.start(z.state.stop, &z.state.chargers)
+		c.add(key)
+		select {
+		case c.queue <- charge{zone: z, key: key, plan: *p, cost: cost, at: time.Now()}:
+		default:
+			// The queue is full (Redis far slower than traffic): charge
+			// here rather than drop it; this response waits.
+			z.sendCharge(charge{zone: z, key: key, plan: *p, cost: cost, at: time.Now()}, c)
+		}
+	}
+}
+
+// sendCharge makes the first attempt to land a strict-mode charge. The
+// key's waiting checks are released (c.landed) once the charge is in Redis
+// or, when the attempt failed, in the fail policy's view (fail_policy local
+// charges this instance's share at once, so that checks during an outage
+// see the debt without waiting for retries); a failed charge is then
+// retried by retryLoop.
+func (z *Zone) sendCharge(ch charge, c *charger) {
+	defer c.landed(ch.key)
+	if z.tryCharge(&ch) {
+		return
+	}
+	z.chargeFallback(ch.key, time.Now().UnixNano(), &ch.plan, ch.cost)
+	select {
+	case c.retries <- ch:
+	default:
+		z.chargeFailed(ch.err) // more failed charges than can be held
+	}
+}
+
+// tryCharge makes one attempt to land ch in the store, noting its error.
+func (z *Zone) tryCharge(ch *charge) bool {
+	r, err := z.store.Charge(context.Background(), z.Name, ch.key, ch.plan.limit, ch.cost)
+	if err != nil {
+		ch.err = err
+		return false
+	}
+	if !r.Allowed {
+		now := time.Now().UnixNano()
+		z.state.Denied.Set(ch.key, now+r.RetryAfter, now)
+	}
+	return true
+}
+
+// chargeRetryEvery is how often failed charges are tried again.
+const chargeRetryEvery = 100 * time.Millisecond
+
+// retryLoop tries failed charges again every chargeRetryEvery until they
+// land or ChargeRetryFor has passed since they were queued; those count as
+// failed. Retries never delay first attempts: during an outage the workers
+// stay free for new charges.
+func (c *charger) retryLoop(stop <-chan struct{}) {
+	tick := time.NewTicker(chargeRetryEvery)
+	defer tick.Stop()
+	var failed []charge
+	for {
+		select {
+		case ch := <-c.retries:
+			failed = append(failed, ch)
+		case <-tick.C:
+			keep := failed[:0]
+			for _, ch := range failed {
+				switch {
+				case time.Since(ch.at) > ChargeRetryFor:
+					ch.zone.chargeFailed(ch.err)
+				case !ch.zone.tryCharge(&ch):
+					keep = append(keep, ch)
+				}
+			}
+			clear(failed[len(keep):])
+			failed = keep
+		case <-stop:
+			for _, ch := range failed {
+				ch.zone.chargeFailed(errStateClosed)
+			}
+			return
+		}
+	}
+}
+
+// chargeFallback applies the fail policy to a charge the store did not
+// take: `local` charges this instance's share of the limit, so that the
+// key's checks during the outage see the debt; `open` and `closed` have
+// nothing to charge (their checks allow or deny everything meanwhile).
+func (z *Zone) chargeFallback(key string, now int64, p *Plan, cost int64) {
+	if z.FailPolicy == FailLocal {
+		z.state.Fallback.Charge(key, now, z.shareLimit(p), cost)
+	}
+}
+
+// chargeFailed reports a charge the store did not take within the retry
+// bound.
+func (z *Zone) chargeFailed(err error) {
+	if f := z.OnChargeFailed; f != nil {
+		f(err)
+	}
+}

@@ -1,0 +1,86 @@
+package zones
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestChargesFromManyGoroutinesAllCountAndMayPassTheBurst(t *testing.T) {
+	c := Config{Name: "z", Events: 100, Window: time.Hour}
+	z := New(c, newTestState(t, c), nil)
+	p := z.Plan()
+	T := int64(time.Hour) / 100
+	now := time.Now().UnixNano()
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if !z.Check(ctx, "k", now, &p).Allowed {
+				t.Error("a check denied a key with quota left")
+			}
+			z.Charge(ctx, "k", now, &p, 1)
+		}()
+	}
+	wg.Wait()
+	if d := z.Check(ctx, "k", now, &p); !d.Allowed || d.Remaining != 36 {
+		t.Fatalf("after 64 charges of 1 at events 100: %+v, want allowed with 36 left", d)
+	}
+	z.Charge(ctx, "k", now, &p, 100) // 164: 64 past the burst
+	d := z.Check(ctx, "k", now, &p)
+	if d.Allowed || d.RetryAfter != time.Duration(65*T) {
+		t.Fatalf("after 164 charged at events 100: %+v, want denied for 65 intervals (the debt and one unit)", d)
+	}
+	z.Charge(ctx, "k", now, &p, 1000) // capped: a key owes at most one burst more
+	if d := z.Check(ctx, "k", now, &p); d.RetryAfter != time.Duration(101*T) {
+		t.Fatalf("after a charge past the cap: retry after %v, want %v (two bursts)", d.RetryAfter, time.Duration(101*T))
+	}
+}
+
+func TestStrictChargesThatCannotLandFallBackAtOnceAndAreCountedAfterRetries(t *testing.T) {
+	c := Config{Name: "z", Events: 100, Window: time.Hour, FailPolicy: FailLocal}
+	st := &faultStore{err: errors.New("redis down"), instances: 2}
+	z := New(c, newTestState(t, c), st)
+	var failed atomic.Int64
+	z.OnChargeFailed = func(error) { failed.Add(1) }
+	p := z.Plan()
+	ctx := context.Background()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			z.Charge(ctx, "k", time.Now().UnixNano(), &p, 1)
+		}()
+	}
+	wg.Wait()
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("64 charges with Redis down took %v: a charge must never wait for Redis", d)
+	}
+	// Each instance's share while Redis is down is 50 (2 instances); the
+	// 64 charges land in it, so the key owes 14 of them plus one unit.
+	deadline := time.Now().Add(5 * time.Second)
+	for failed.Load() < 64 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of 64 failed charges reported after their retries", failed.Load())
+		}
+		time.Sleep(10 * time.Millisecond) // polling a counter the chargers update
+	}
+	if n := failed.Load(); n != 64 {
+		t.Fatalf("%d failed charges reported, want 64", n)
+	}
+	if n := st.calls.Load(); n < 64*2 {
+		t.Errorf("%d store calls for 64 charges, want each retried", n)
+	}
+	d := z.Check(ctx, "k", time.Now().UnixNano(), &p)
+	share := int64(time.Hour) / 50
+	if d.Allowed || d.Source != SourceFailLocal || d.RetryAfter > time.Duration(15*share) || d.RetryAfter < time.Duration(15*share)-5*time.Second {
+		t.Fatalf("check after 64 failed charges: %+v, want denied by the local share for about 15 of its intervals", d)
+	}
+}
