@@ -23,6 +23,7 @@ import (
 	"errors"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -36,8 +37,8 @@ var concurrencyScript = redis.NewScript(concurrencyLua)
 
 // slots is a store's record of the slots this instance holds in Redis.
 type slots struct {
+	seq      atomic.Uint64 // slot ids: <instance id>:<seq>
 	mu       sync.Mutex
-	seq      uint64
 	held     map[heldSlot]heldLease
 	releases []pendingRelease
 	every    time.Duration // the renewal period: the shortest lease held / 3
@@ -80,11 +81,7 @@ func (s *Store) Acquire(ctx context.Context, zone, key string, limit int64, leas
 		return "", 0, ErrClosed
 	}
 	sl := &s.slots
-	sl.mu.Lock()
-	sl.seq++
-	seq := sl.seq
-	sl.mu.Unlock()
-	slot := heldSlot{rkey: s.RedisKey(zone, key), id: s.instanceID + ":" + strconv.FormatUint(seq, 36)}
+	slot := heldSlot{rkey: s.RedisKey(zone, key), id: s.instanceID + ":" + strconv.FormatUint(sl.seq.Add(1), 36)}
 
 	start := time.Now()
 	v, err := s.callScript(ctx, concurrencyScript, slot.rkey, [5]any{"a", limit, lease.Milliseconds(), slot.id, ""})

@@ -14,7 +14,8 @@ import (
 )
 
 // Many goroutines of two stores (two instances) acquire and release slots of
-// one key: never more than the limit held at once, and nothing left in
+// one key for 2.5s, while each store's loop renews (lease 3s: every second)
+// and releases: never more than the limit held at once, and nothing left in
 // Redis afterwards.
 func TestSlotStoreNeverHoldsMoreThanTheLimitUnderRace(t *testing.T) {
 	t.Parallel()
@@ -24,13 +25,14 @@ func TestSlotStoreNeverHoldsMoreThanTheLimitUnderRace(t *testing.T) {
 	ctx := context.Background()
 	var inFlight, peak, admitted atomic.Int64
 	var wg sync.WaitGroup
+	end := time.Now().Add(2500 * time.Millisecond)
 	for g := range 32 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			s := stores[g%2]
-			for range 20 {
-				id, inUse, err := s.Acquire(ctx, "z", "k", 3, 10*time.Second)
+			for time.Now().Before(end) {
+				id, inUse, err := s.Acquire(ctx, "z", "k", 3, 3*time.Second)
 				if err != nil {
 					t.Error(err)
 					return
@@ -45,7 +47,7 @@ func TestSlotStoreNeverHoldsMoreThanTheLimitUnderRace(t *testing.T) {
 				n := inFlight.Add(1)
 				for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
 				}
-				time.Sleep(time.Millisecond)
+				time.Sleep(5 * time.Millisecond)
 				inFlight.Add(-1)
 				s.Release("z", "k", id)
 			}
