@@ -600,3 +600,51 @@ func TestConcurrencyFailPoliciesWhileRedisIsDown(t *testing.T) {
 		return err == nil && n == 0
 	})
 }
+
+// Mixed with a rate zone: a request the concurrency zone denies is refunded
+// in the rate zone, and a request the rate zone denies holds no slot.
+func TestConcurrencyZoneMixedWithARateZone(t *testing.T) {
+	t.Parallel()
+	u := startCountingUpstream(t)
+	c := startCaddy(t, concurrencySite(u, `
+		zone per_hour {
+			key {http.request.header.X-API-Key}
+			events 2
+			window 1h
+		}
+		zone uploads {
+			key {http.request.header.X-API-Key}
+			concurrency 1
+		}`, ""))
+	remaining := func() int64 {
+		t.Helper()
+		var k adminKey
+		c.adminJSON(keyPath("per_hour", "alice"), &k)
+		return k.Remaining
+	}
+	held := inBackground(c, keyRequest("alice", "/held?gate=g"))
+	u.waitInFlight(1)
+	if res := c.Do(keyRequest("alice", "/fast")); res.Status != 429 {
+		t.Fatalf("a 2nd request in flight at concurrency 1: %d, want 429", res.Status)
+	}
+	if n := remaining(); n != 1 {
+		t.Fatalf("per_hour remaining %d after the concurrency zone denied, want 1 (the denial refunded)", n)
+	}
+	u.open("g")
+	if res := <-held; res.Status != 200 {
+		t.Fatalf("held request: %d", res.Status)
+	}
+	waitFor(t, 3*time.Second, "alice's slot to be free", func() bool {
+		status, _ := c.adminDo(http.MethodGet, keyPath("uploads", "alice"))
+		return status == http.StatusNotFound
+	})
+	if res := c.Do(keyRequest("alice", "/fast")); res.Status != 200 {
+		t.Fatalf("alice's 2nd of 2 per hour: %d, want 200", res.Status)
+	}
+	if res := c.Do(keyRequest("alice", "/held?gate=never")); res.Status != 429 {
+		t.Fatalf("alice's 3rd of 2 per hour: %d, want 429", res.Status)
+	}
+	if status, body := c.adminDo(http.MethodGet, keyPath("uploads", "alice")); status != http.StatusNotFound {
+		t.Fatalf("a request the rate zone denied left a slot held: %d %s", status, body)
+	}
+}
