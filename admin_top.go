@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -33,8 +34,8 @@ type offenderInfo struct {
 	Key        string  `json:"key"`
 	Denials    uint64  `json:"denials"`
 	Error      uint64  `json:"error"`
-	Limited    bool    `json:"limited"` // denied if it sent a request now
-	Remaining  int64   `json:"remaining"`
+	Limited    bool    `json:"limited"`   // denied if it sent a request now (concurrency zones: no slot free)
+	Remaining  int64   `json:"remaining"` // quota left (concurrency zones: free slots)
 	RetryAfter float64 `json:"retry_after"`
 	ResetAfter float64 `json:"reset_after"`
 	StateError string  `json:"state_error,omitempty"` // the store could not be read
@@ -67,20 +68,39 @@ func (a *AdminAPI) top(w http.ResponseWriter, r *http.Request, z *zones.Zone) er
 		Keys:     make([]offenderInfo, 0, len(sum.Top)),
 	}
 	for _, e := range sum.Top {
-		o := offenderInfo{Key: e.Key, Denials: e.Count, Error: e.Error}
-		d, err := z.Peek(r.Context(), e.Key, now.UnixNano())
-		switch {
-		case errors.Is(err, zones.ErrUnknownKey):
-			o.Remaining = z.Limit().Burst
-		case err != nil:
-			o.StateError = err.Error()
-		default:
-			o.Limited = d.RetryAfter > 0
-			o.Remaining = d.Remaining
-			o.RetryAfter = d.RetryAfter.Seconds()
-			o.ResetAfter = d.ResetAfter.Seconds()
-		}
+		o := offenderState(r.Context(), z, e.Key, now.UnixNano())
+		o.Key, o.Denials, o.Error = e.Key, e.Count, e.Error
 		out.Keys = append(out.Keys, o)
 	}
 	return writeJSON(w, out)
+}
+
+// offenderState reads key's state now, as GET .../keys/<key> does: a rate
+// zone's remaining quota under the key's last plan, or a concurrency zone's
+// free slots.
+func offenderState(ctx context.Context, z *zones.Zone, key string, now int64) offenderInfo {
+	var o offenderInfo
+	if z.IsConcurrency() {
+		inUse, err := z.SlotsInUse(ctx, key)
+		if err != nil {
+			o.StateError = err.Error()
+			return o
+		}
+		o.Remaining = max(0, z.Concurrency-inUse)
+		o.Limited = o.Remaining == 0
+		return o
+	}
+	d, err := z.Peek(ctx, key, now)
+	switch {
+	case errors.Is(err, zones.ErrUnknownKey):
+		o.Remaining = z.LastPlan(key, now).Burst
+	case err != nil:
+		o.StateError = err.Error()
+	default:
+		o.Limited = d.RetryAfter > 0
+		o.Remaining = d.Remaining
+		o.RetryAfter = d.RetryAfter.Seconds()
+		o.ResetAfter = d.ResetAfter.Seconds()
+	}
+	return o
 }

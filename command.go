@@ -216,7 +216,10 @@ func cliZones(c *cli) error {
 	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ZONE\tLIMIT\tBURST\tMODE\tFAIL POLICY\tKEYS\tREDIS")
 	for _, z := range zs {
-		limit := strconv.FormatInt(z.Events, 10) + "/" + shortDuration(z.Window)
+		limit, burst := strconv.FormatInt(z.Events, 10)+"/"+shortDuration(z.Window), strconv.FormatInt(z.Burst, 10)
+		if z.Concurrency > 0 {
+			limit, burst = strconv.FormatInt(z.Concurrency, 10)+" in flight", "-"
+		}
 		if z.DryRun {
 			limit += " (dry run)"
 		}
@@ -230,7 +233,7 @@ func cliZones(c *cli) error {
 				}
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%s\n", z.Name, limit, z.Burst, z.Mode, z.FailPolicy, z.LocalKeys, redis)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", z.Name, limit, burst, z.Mode, z.FailPolicy, z.LocalKeys, redis)
 	}
 	return tw.Flush()
 }
@@ -262,7 +265,11 @@ func cliKey(c *cli, zone, key string) error {
 	if err := c.single(); err != nil {
 		return err
 	}
-	var k keyInfo
+	var k struct {
+		keyInfo
+		InUse       int64 `json:"in_use"`      // concurrency zones
+		Concurrency int64 `json:"concurrency"` // concurrency zones
+	}
 	printed, err := c.get(zonePath(zone)+"/keys/"+url.PathEscape(key), &k)
 	var nf errNotFound
 	if errors.As(err, &nf) {
@@ -271,6 +278,13 @@ func cliKey(c *cli, zone, key string) error {
 		if zerr != nil {
 			return zerr
 		}
+		if z.Concurrency > 0 {
+			if c.json {
+				return c.printJSONValue(slotsInfo{Zone: zone, Key: key, Concurrency: z.Concurrency, Remaining: z.Concurrency})
+			}
+			_, err := fmt.Fprintf(c.out, "zone %s, key %q: not limited, 0 of %d slots in use\n", zone, key, z.Concurrency)
+			return err
+		}
 		if c.json {
 			return c.printJSONValue(keyInfo{Zone: zone, Key: key, Remaining: z.Burst})
 		}
@@ -278,6 +292,14 @@ func cliKey(c *cli, zone, key string) error {
 		return err
 	}
 	if printed || err != nil {
+		return err
+	}
+	if k.Concurrency > 0 {
+		state := "not limited"
+		if k.InUse >= k.Concurrency {
+			state = "LIMITED"
+		}
+		_, err = fmt.Fprintf(c.out, "zone %s, key %q: %s, %d of %d slots in use\n", zone, key, state, k.InUse, k.Concurrency)
 		return err
 	}
 	if k.RetryAfter > 0 {
@@ -365,8 +387,10 @@ func cliTop(c *cli, zone string, n int) error {
 		}
 		state := fmt.Sprintf("ok, %d remaining", k.Remaining)
 		switch {
-		case k.Limited:
+		case k.Limited && k.RetryAfter > 0:
 			state = "LIMITED for " + seconds(k.RetryAfter)
+		case k.Limited: // a concurrency zone: until a request ends
+			state = "LIMITED"
 		case k.StateError != "":
 			state = "unknown: " + k.StateError
 		}

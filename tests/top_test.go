@@ -191,3 +191,48 @@ func TestTopInStrictModeCountsDenyCacheDenialsAndShowsRedisState(t *testing.T) {
 	c.adminJSON("/rate_limit/zones/api/top?n=5", &top)
 	checkTopFive(t, top, denied)
 }
+
+// A concurrency zone's denials are counted too, and its keys' state is their
+// slots: limited while the key's requests hold every slot.
+func TestTopAndCLIShowAConcurrencyZonesSlots(t *testing.T) {
+	t.Parallel()
+	u := startCountingUpstream(t)
+	c := startCaddy(t, concurrencySite(u, `
+		zone uploads {
+			key {http.request.header.X-API-Key}
+			concurrency 1
+		}`, ""))
+	held := inBackground(c, keyRequest("alice", "/held?gate=g"))
+	u.waitInFlight(1)
+	if got := c.Send(3, withKey("alice")); countStatuses(got)[429] != 3 {
+		t.Fatalf("alice while her one slot is held: %v, want 3×429", got)
+	}
+
+	var top adminTop
+	c.adminJSON("/rate_limit/zones/uploads/top", &top)
+	if len(top.Keys) != 1 || top.Keys[0].Key != "alice" || top.Keys[0].Denials != 3 || !top.Keys[0].Limited || top.Keys[0].Remaining != 0 {
+		t.Fatalf("top of the concurrency zone: %+v, want alice, 3 denials, limited", top.Keys)
+	}
+	lines := rateLimitCLI(t, c, "top", "uploads").ok(t, "top uploads")
+	if got := strings.Join(row(lines, "alice"), " "); got != "alice 3 LIMITED" {
+		t.Errorf("top uploads row %q, want alice 3 LIMITED\n%s", got, strings.Join(lines, "\n"))
+	}
+	if out := rateLimitCLI(t, c, "key", "uploads", "alice").ok(t, "key uploads alice")[0]; out != `zone uploads, key "alice": LIMITED, 1 of 1 slots in use` {
+		t.Errorf("key uploads alice: %q", out)
+	}
+	if got := strings.Join(row(rateLimitCLI(t, c, "zones").ok(t, "zones"), "uploads"), " "); !strings.HasPrefix(got, "uploads 1 in flight - local local") {
+		t.Errorf("zones row %q, want uploads 1 in flight - local local ...", got)
+	}
+
+	u.open("g")
+	if res := <-held; res.Status != http.StatusOK {
+		t.Fatalf("the held request: %d", res.Status)
+	}
+	waitFor(t, 5*time.Second, "alice's slot to be free in the top list", func() bool {
+		c.adminJSON("/rate_limit/zones/uploads/top", &top)
+		return len(top.Keys) == 1 && !top.Keys[0].Limited && top.Keys[0].Remaining == 1
+	})
+	if out := rateLimitCLI(t, c, "key", "uploads", "alice").ok(t, "key uploads alice")[0]; out != `zone uploads, key "alice": not limited, 0 of 1 slots in use` {
+		t.Errorf("key uploads alice after her request ended: %q", out)
+	}
+}
