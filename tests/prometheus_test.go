@@ -247,6 +247,8 @@ func TestDashboardAndAlertQueriesReturnSeriesFromARealPrometheus(t *testing.T) {
 	t.Parallel()
 	_, panels := dashboardQueries(t)
 	r := startRedis(t)
+	// One zone of each kind, so that every series the dashboard reads
+	// exists (tally binds only the series a zone can move).
 	c := startCaddyWith(t, "metrics", `http:// {
 	rate_limit {
 		zone api {
@@ -263,17 +265,56 @@ func TestDashboardAndAlertQueriesReturnSeriesFromARealPrometheus(t *testing.T) {
 			window 1m
 			fail_policy closed
 		}
+		zone search {
+			match {
+				path /search
+			}
+			key {client_ip}
+			events 100
+			window 1m
+			cost {http.request.header.X-Search-Cost} 1
+		}
+		zone tokens {
+			match {
+				path /tokens
+			}
+			key {client_ip}
+			events 1000
+			window 1m
+			charge {http.response.header.X-Tokens-Used} 1
+		}
+		zone plans {
+			match {
+				path /plan
+			}
+			key {client_ip}
+			events {http.request.header.X-Plan-RPM} 60
+			window 1m
+		}
+		zone uploads {
+			match {
+				path /upload
+			}
+			key {client_ip}
+			concurrency 2
+		}
 		distributed {
 			redis redis://`+r.Addr+`
 			timeout 2s
 		}
 	}
+	header X-Tokens-Used 7
 	respond "ok"
 }
 `)
-	// Allowed and denied decisions in both zones, all through Redis.
+	// Allowed and denied decisions, costs, charges, plans and a slot, all
+	// through Redis.
 	c.Send(8, withKey("alice"))
 	c.Send(5, request{Path: "/login"})
+	c.Send(2, request{Path: "/search", Header: map[string]string{"X-Search-Cost": "3"}})
+	c.Send(2, request{Path: "/tokens"})
+	c.Send(2, request{Path: "/plan", Header: map[string]string{"X-Plan-RPM": "10"}})
+	c.Send(1, request{Path: "/upload"})
 	p := startPrometheus(t, c)
 
 	// Enough scrapes for rates over a minute, and every rule evaluated.
@@ -317,7 +358,7 @@ func TestDashboardAndAlertQueriesReturnSeriesFromARealPrometheus(t *testing.T) {
 	// The zone variable lists the zones.
 	var zones []string
 	if err := p.api("label/zone/values", url.Values{"match[]": {"caddy_rate_limit_requests_total"}}, &zones); err != nil ||
-		strings.Join(zones, ",") != "api,login" {
-		t.Errorf("label_values(caddy_rate_limit_requests_total, zone) = %v (%v), want api, login", zones, err)
+		strings.Join(zones, ",") != "api,login,plans,search,tokens,uploads" {
+		t.Errorf("label_values(caddy_rate_limit_requests_total, zone) = %v (%v), want every zone", zones, err)
 	}
 }
