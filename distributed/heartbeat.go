@@ -2,6 +2,8 @@ package distributed
 
 import (
 	"context"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -57,15 +59,38 @@ func (s *Store) Heartbeat(ctx context.Context) (int, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, backgroundTimeout(s.opts))
 	defer cancel()
+	seq := s.beats.sent.Add(1)
 	n, err := heartbeatScript.Run(ctx, s.client, []string{s.instancesKey()},
 		s.instanceID, instanceTTL.Milliseconds()).Int64()
 	s.breaker.record(probe, err)
 	if err != nil {
 		return 0, err
 	}
-	n = max(n, 1)
-	s.instances.Store(n)
-	return int(n), nil
+	return s.beats.apply(seq, n, &s.instances), nil
+}
+
+// beats orders heartbeat replies. Beats run concurrently (the loop's, and a
+// caller's such as a test's) and a reply can arrive late: one sent while two
+// of three instances were registered may come back after one that saw all
+// three. Only a reply to a beat sent after the last one applied may set the
+// count, so the count never goes back to an older view.
+type beats struct {
+	sent    atomic.Uint64
+	mu      sync.Mutex
+	applied uint64
+	last    int64
+}
+
+// apply records the reply n to beat seq in instances, unless a later beat's
+// reply was applied already, and returns the count in force.
+func (b *beats) apply(seq uint64, n int64, instances *atomic.Int64) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if seq > b.applied {
+		b.applied, b.last = seq, max(n, 1)
+		instances.Store(b.last)
+	}
+	return int(b.last)
 }
 
 // heartbeatLoop beats at once, then every heartbeatEvery until Close. While

@@ -75,6 +75,7 @@ type Store struct {
 
 	instanceID string
 	instances  atomic.Int64
+	beats      beats
 
 	slots slots // concurrency slots this instance holds (concurrency.go)
 

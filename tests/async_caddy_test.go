@@ -4,6 +4,8 @@ package tests
 // redis-server: the fleet stays near the limit and within the stated bound.
 
 import (
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -59,9 +61,20 @@ func TestAsyncModeStaysNearTheLimitAcrossThreeInstances(t *testing.T) {
 	const interval = 100 * time.Millisecond
 	fleet := startAsyncFleet(t, 3, rs.Addr, "100ms", `
 		zone events {
+			match {
+				not path /steady
+			}
 			key {http.request.header.X-API-Key}
 			events 100
 			window 1h
+		}
+		zone steady {
+			match {
+				path /steady
+			}
+			key {http.request.header.X-API-Key}
+			events 10
+			window 1s
 		}`)
 	for _, c := range fleet {
 		waitFor(t, 10*time.Second, c.URL+" to see 3 instances through the heartbeat", func() bool {
@@ -74,7 +87,7 @@ func TestAsyncModeStaysNearTheLimitAcrossThreeInstances(t *testing.T) {
 	start := time.Now()
 	counts := sendAcross(t, fleet, 900, 48, withKey("alice"), 5*time.Second)
 	elapsed := time.Since(start)
-	bound := asyncBound(limit, elapsed, interval)
+	bound := asyncBound(limit, elapsed, interval, len(fleet))
 	allowed := counts[200]
 	t.Logf("async, 3 Caddy instances, events 100 window 1h, sync_interval 100ms: 900 concurrent requests for one key in %v: %v; allowed %d (overshoot %+d, bound %d)",
 		elapsed.Round(time.Millisecond), counts, allowed, allowed-100, bound)
@@ -102,9 +115,61 @@ func TestAsyncModeStaysNearTheLimitAcrossThreeInstances(t *testing.T) {
 	if int64(allowed) > bound || allowed > 110 {
 		t.Errorf("after the burst the fleet allowed %d in all, above the bound %d or 110", allowed, bound)
 	}
+	checkAsyncSteadyFlow(t, fleet, interval)
 	for _, c := range fleet {
 		if ok, _ := asyncZoneStore(t, c, "events"); !ok {
 			t.Errorf("%s reports its store unhealthy with Redis up", c.AdminURL)
 		}
+	}
+}
+
+// checkAsyncSteadyFlow floods zone steady (10/s, burst 10) for one key
+// through every instance of fleet for 3s, about 30 sync intervals: what the
+// fleet admits after its fresh shares comes from leases, which must add up
+// to the refill rate, not more (the bound) and not much less.
+func checkAsyncSteadyFlow(t *testing.T, fleet []*caddyInstance, interval time.Duration) {
+	t.Helper()
+	limit := zones.Config{Events: 10, Window: time.Second}.Limit()
+	const run = 3 * time.Second
+	r := withKey("carol")
+	r.Path = "/steady"
+	var allowed, denied, other atomic.Int64
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := range 6 {
+		wg.Go(func() {
+			for i := w; time.Since(start) < run; i++ {
+				res, err := fleet[i%len(fleet)].try(r)
+				switch {
+				case err != nil:
+					other.Add(1)
+				case res.Status == 200:
+					allowed.Add(1)
+				case res.Status == 429:
+					denied.Add(1)
+				default:
+					other.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	got := allowed.Load()
+	ideal := limit.Burst + int64(elapsed)/limit.EmissionInterval
+	bound := asyncBound(limit, elapsed, interval, len(fleet))
+	t.Logf("async, 3 instances, events 10 window 1s, sync_interval 100ms: a flood for one key over %v (%d syncs): %d allowed, %d denied; ideal %d, bound %d",
+		elapsed.Round(time.Millisecond), elapsed/interval, got, denied.Load(), ideal, bound)
+	if n := other.Load(); n > 0 {
+		t.Fatalf("%d responses were neither 200 nor 429", n)
+	}
+	if denied.Load() == 0 {
+		t.Fatalf("the flood was never denied: it did not test the limit")
+	}
+	if got > bound {
+		t.Errorf("the fleet admitted %d across %v, above the stated bound %d", got, elapsed.Round(time.Millisecond), bound)
+	}
+	if got < ideal*3/4 {
+		t.Errorf("the fleet admitted %d across %v, less than 3/4 of the %d the limit allows", got, elapsed.Round(time.Millisecond), ideal)
 	}
 }
