@@ -14,6 +14,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/caddy-tally/ratelimit/internal/monotime"
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
@@ -120,6 +121,10 @@ type storeInfo struct {
 	OK               bool       `json:"ok"`
 	BreakerOpenSince *time.Time `json:"breaker_open_since,omitempty"`
 	Instances        int        `json:"instances"`
+	// The last error Redis gave about one key (e.g. a value tally did not
+	// write, found at a tally key and deleted), and when.
+	LastProblem   string     `json:"last_problem,omitempty"`
+	LastProblemAt *time.Time `json:"last_problem_at,omitempty"`
 }
 
 // keyInfo is a key as GET /rate_limit/zones/<zone>/keys/<key> shows it.
@@ -140,6 +145,7 @@ type keyInfo struct {
 // healthReporter is what a store that can tell its health offers.
 type healthReporter interface {
 	Health() (ok bool, openSince time.Time)
+	LastProblem() (string, time.Time)
 }
 
 func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
@@ -195,7 +201,7 @@ func listZones() []zoneInfo {
 			Mode:       z.Mode(),
 			FailPolicy: z.FailPolicy.String(),
 			DryRun:     z.DryRun,
-			LocalKeys:  z.State().Len(),
+			LocalKeys:  z.Keys(),
 		}
 		zi.Concurrency = z.Concurrency
 		if s := z.Store(); s != nil {
@@ -205,6 +211,9 @@ func listZones() []zoneInfo {
 				zi.Store.OK = ok
 				if !ok {
 					zi.Store.BreakerOpenSince = &since
+				}
+				if msg, at := hr.LastProblem(); msg != "" {
+					zi.Store.LastProblem, zi.Store.LastProblemAt = msg, &at
 				}
 			}
 		}
@@ -218,7 +227,7 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone,
 	if z.IsConcurrency() {
 		return a.getSlots(w, r, z, key)
 	}
-	now := time.Now().UnixNano()
+	now := monotime.Now()
 	d, err := z.Peek(r.Context(), key, now)
 	switch {
 	case errors.Is(err, zones.ErrUnknownKey):
@@ -243,7 +252,7 @@ func (a *AdminAPI) resetKey(w http.ResponseWriter, r *http.Request, z *zones.Zon
 	if z.IsConcurrency() {
 		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errResetSlots}
 	}
-	if _, err := z.Peek(r.Context(), key, time.Now().UnixNano()); errors.Is(err, zones.ErrUnknownKey) {
+	if _, err := z.Peek(r.Context(), key, monotime.Now()); errors.Is(err, zones.ErrUnknownKey) {
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s has no state for key %q", z.Name, key)}
 	}
 	if err := z.Reset(r.Context(), key); err != nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/caddy-tally/ratelimit/internal/monotime"
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
@@ -68,7 +69,7 @@ func (a *AdminAPI) top(w http.ResponseWriter, r *http.Request, z *zones.Zone) er
 		Keys:     make([]offenderInfo, 0, len(sum.Top)),
 	}
 	for _, e := range sum.Top {
-		o := offenderState(r.Context(), z, e.Key, now.UnixNano())
+		o := offenderState(r.Context(), z, e.Key, monotime.Now())
 		o.Key, o.Denials, o.Error = e.Key, e.Count, e.Error
 		out.Keys = append(out.Keys, o)
 	}

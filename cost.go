@@ -7,13 +7,13 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/caddy-tally/ratelimit/internal/monotime"
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
@@ -135,7 +135,7 @@ func (h *Handler) serveAndCharge(w http.ResponseWriter, r *http.Request, repl *c
 			}
 		}
 	}
-	now := time.Now().UnixNano()
+	now := monotime.Now()
 	for i := range verdicts {
 		v := &verdicts[i]
 		z := v.zone

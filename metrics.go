@@ -178,6 +178,6 @@ func (c *keysCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 
 func (c *keysCollector) Collect(ch chan<- prometheus.Metric) {
 	for name, z := range liveZones() {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(z.State().Len()), name)
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(z.Keys()), name)
 	}
 }

@@ -24,6 +24,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/caddy-tally/ratelimit/distributed"
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
@@ -83,6 +84,11 @@ type Handler struct {
 	stateIDs []stateID
 	store    zones.Store // nil in local mode
 	storeKey string      // to release store from its pool
+	// budget is, in strict mode, the most a request waits for Redis in
+	// all (see storeContext); 0 when decisions never wait for Redis.
+	budget time.Duration
+	// stopResets unsubscribe the zones from resets made elsewhere.
+	stopResets []func()
 }
 
 // Zone is one named limit: events per window per key.
@@ -251,6 +257,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if h.store, h.storeKey, err = h.Distributed.open(ctx, h.logger); err != nil {
 			return err
 		}
+		if h.Distributed.Mode != "async" {
+			h.budget = time.Duration(h.Distributed.Timeout)
+			if h.budget <= 0 {
+				h.budget = distributed.DefaultTimeout
+			}
+		}
 	}
 	if !h.DisableMetrics {
 		if err := registerMetrics(ctx); err != nil {
@@ -360,6 +372,12 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 		}
 	}
 	zh.Zone = zones.New(cfg, state, h.store)
+	if n, ok := h.store.(interface {
+		OnReset(zone string, l distributed.ResetListener) func()
+	}); ok {
+		// A key reset on another instance is forgotten here too.
+		h.stopResets = append(h.stopResets, n.OnReset(name, zh.Zone))
+	}
 	if !h.DisableMetrics {
 		// Async decisions are local: timing them would cost two clock
 		// reads per request and fill the store latency histogram with
@@ -418,6 +436,9 @@ func (h *Handler) Cleanup() error {
 		unregisterZone(z.Zone)
 	}
 	h.zones = nil
+	for _, stop := range h.stopResets {
+		stop()
+	}
 	for _, id := range h.stateIDs {
 		_, _ = states.Delete(id)
 	}

@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"context"
 	"math"
 	"math/rand/v2"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/caddy-tally/ratelimit/internal/monotime"
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
@@ -32,26 +34,25 @@ type verdict struct {
 // first, and either calls next or returns the denial.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	now := time.Now().UnixNano()
+	now := monotime.Now()
 
 	var stack [maxStackZones]verdict
-	verdicts := stack[:0]
+	applicable, err := h.applicable(r, repl, stack[:0])
+	if err != nil {
+		return err
+	}
+	if v := h.cachedDenial(applicable, now); v >= 0 {
+		maxT := h.setHeaders(w.Header(), applicable[v:v+1], true)
+		return h.deny(w, r, repl, &applicable[v], maxT)
+	}
+	ctx, cancel := h.storeContext(r, now)
+
+	verdicts := applicable[:0]
 	var denied *verdict
 	holding := false
 	postCharged := false
-	for _, z := range h.zones {
-		if len(z.matchers) > 0 {
-			match, err := z.matchers.AnyMatchWithError(r)
-			if err != nil {
-				return caddyhttp.Error(http.StatusInternalServerError, err)
-			}
-			if !match {
-				continue
-			}
-		}
-		key := z.Config.Key(z.expandKey(repl))
-		plan := z.planFor(h, repl)
-		cost := z.costFor(h, repl)
+	for _, v := range applicable {
+		z, key, plan, cost := v.zone, v.key, v.plan, v.cost
 		var start time.Time
 		if z.timed {
 			start = time.Now()
@@ -60,15 +61,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		var slot zones.Slot
 		switch {
 		case z.IsConcurrency():
-			d, slot = z.Acquire(r.Context(), key)
+			d, slot = z.Acquire(ctx, key)
 			holding = holding || slot.Held()
 		case z.costs.postCharged():
-			d = z.Check(r.Context(), key, now, &plan)
+			d = z.Check(ctx, key, now, &plan)
 			postCharged = true
 		case cost > plan.Burst:
 			d = h.neverPasses(z, &plan, cost)
 		default:
-			d = z.DecideWith(r.Context(), key, now, &plan, cost)
+			d = z.DecideWith(ctx, key, now, &plan, cost)
 		}
 		if z.metrics != nil {
 			var wait time.Duration
@@ -105,11 +106,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				continue
 			}
 			var err error
-			if v.d, err = v.zone.RefundWith(r.Context(), v.key, now, v.d, &v.plan, v.cost); err != nil {
+			if v.d, err = v.zone.RefundWith(ctx, v.key, now, v.d, &v.plan, v.cost); err != nil {
 				h.logger.Debug("refund failed", zap.String("zone", v.zone.Name), zap.Error(err))
 			}
 		}
 	}
+	cancel()
 	maxT := h.setHeaders(w.Header(), verdicts, denied != nil)
 	if denied == nil {
 		if h.weighted {
@@ -125,6 +127,69 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	return h.deny(w, r, repl, denied, maxT)
 }
+
+// applicable appends to verdicts the zones whose matchers accept r, with
+// the request's key in each, tightest first; nothing is decided yet.
+func (h *Handler) applicable(r *http.Request, repl *caddy.Replacer, verdicts []verdict) ([]verdict, error) {
+	for _, z := range h.zones {
+		if len(z.matchers) > 0 {
+			match, err := z.matchers.AnyMatchWithError(r)
+			if err != nil {
+				return nil, caddyhttp.Error(http.StatusInternalServerError, err)
+			}
+			if !match {
+				continue
+			}
+		}
+		verdicts = append(verdicts, verdict{zone: z, key: z.Config.Key(z.expandKey(repl)),
+			plan: z.planFor(h, repl), cost: z.costFor(h, repl)})
+	}
+	return verdicts, nil
+}
+
+// cachedDenial looks for a rate zone (not in dry run) whose deny cache
+// already denies the request, before any zone asks the store: a request
+// that one zone denies costs no Redis call in the others (no decision, no
+// refund, no slot). It fills in that zone's verdict and returns its index,
+// or -1.
+func (h *Handler) cachedDenial(verdicts []verdict, now int64) int {
+	for i := range verdicts {
+		v := &verdicts[i]
+		if v.zone.dryRun || v.zone.IsConcurrency() {
+			continue
+		}
+		if d, ok := v.zone.CachedDenial(v.key, now, &v.plan); ok {
+			v.d = d
+			if v.zone.metrics != nil {
+				v.zone.metrics.observe(d, false, 0)
+			}
+			return i
+		}
+	}
+	return -1
+}
+
+// storeContext bounds the request's store calls by one budget, the
+// distributed timeout, however many zones and handlers ask Redis: the
+// first strict-mode handler on the request fixes the deadline in the
+// request's vars and later ones keep it. Local and async handlers never
+// wait for Redis and use the request's context as is.
+func (h *Handler) storeContext(r *http.Request, now int64) (context.Context, context.CancelFunc) {
+	ctx := r.Context()
+	if h.budget <= 0 {
+		return ctx, func() {}
+	}
+	deadline, ok := caddyhttp.GetVar(ctx, storeDeadlineVar).(int64)
+	if !ok {
+		deadline = now + int64(h.budget)
+		caddyhttp.SetVar(ctx, storeDeadlineVar, deadline)
+	}
+	return context.WithDeadline(ctx, time.Now().Add(time.Duration(deadline-monotime.Now())))
+}
+
+// storeDeadlineVar holds, in the request's vars, the monotime by which
+// every store call of the request must be answered.
+const storeDeadlineVar = "rate_limit.store_deadline"
 
 // deny answers a denied request: Retry-After, placeholders, the
 // rate_limit_exceeded event, a sampled log line, and the error for

@@ -49,11 +49,19 @@ package distributed
 // # Failure
 //
 // A sync that fails leaves the records alone: the instance keeps deciding
-// from its stale view, at most its current allowance. When the last
-// successful sync is older than 2·sync_interval plus the sync's timeout,
-// Decide returns an error (ErrUnavailable when the breaker is open, else
-// ErrStale) and the zone applies its fail policy. Sync failures count in the
-// store's breaker, so an outage is logged once and Health reports it.
+// from its stale view, at most its current allowance. When the last sync
+// failed and the last successful one is older than 2·sync_interval plus the
+// sync's timeout, Decide returns an error (ErrUnavailable when the breaker
+// is open, else ErrStale) and the zone applies its fail policy. Errors that
+// mean Redis cannot serve (no answer, OOM, NOPERM...) fail the sync and
+// count in the store's breaker, so an outage is logged once and Health
+// reports it. A sync merely delayed (a starved machine) keeps the view: its
+// allowances are leases Redis counts, and the fail policy would admit more.
+//
+// An error about one key (a value tally did not write, which the script
+// deletes) fails that key's report only: it is logged (sampled), the key's
+// next decision goes to the fail policy (so the metric counts it), and the
+// report is sent again, on a fresh key, by the next sync.
 //
 // A sync that times out after Redis ran its scripts loses their replies.
 // Each report carries a sequence number, and Redis keeps, per instance, the
@@ -64,7 +72,12 @@ package distributed
 //
 // A key is a hash {t: TAT µs, c: episode start µs, m:<instance>: 1...}
 // whose TTL is its resetAfter, set in the same script as every write: every
-// key written expires on its own.
+// key written expires on its own. Its name is <key_prefix><zone>.async:<key>,
+// never the name of a strict-mode key (a string), so a reload from one mode
+// to the other with the same key_prefix finds no value of the wrong type.
+//
+// Times kept in-process (records, lastSync, nextSync) are monotonic
+// (internal/monotime); Redis TIME times everything in Redis.
 
 import (
 	"context"
@@ -81,6 +94,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-tally/ratelimit/algorithms"
+	"github.com/caddy-tally/ratelimit/internal/monotime"
 )
 
 //go:embed async.lua
@@ -94,8 +108,11 @@ var ErrStale = errors.New("distributed: async view is stale (no successful sync 
 const (
 	// syncChunk is the most script calls sent in one pipeline.
 	syncChunk = 500
-	// asyncMaxKeys caps the records an async store keeps per zone.
+	// asyncMaxKeys caps the records an async store keeps for a zone that
+	// did not say (SetMaxKeys).
 	asyncMaxKeys = 1_000_000
+	// asyncZoneSep joins zone and key in async keys (see RedisKey).
+	asyncZoneSep = ".async:"
 )
 
 // Async is the async-mode implementation of zones.Store: decisions are made
@@ -112,10 +129,12 @@ type Async struct {
 
 	zonesMu sync.Mutex
 	zones   atomic.Pointer[map[string]*asyncZone] // copy on write
+	caps    map[string]int                        // max_keys by zone; guarded by zonesMu
 
-	seq      atomic.Uint64 // the last report's sequence number
-	lastSync atomic.Int64  // Unix ns when the last successful sync started
-	nextSync atomic.Int64  // Unix ns when the next sync is due
+	seq        atomic.Uint64 // the last report's sequence number
+	lastSync   atomic.Int64  // monotime when the last successful sync started
+	nextSync   atomic.Int64  // monotime when the next sync is due
+	syncFailed atomic.Bool   // the last sync attempt failed
 
 	syncMu   sync.Mutex // one sync at a time (the loop, Close's last one)
 	stop     chan struct{}
@@ -152,10 +171,13 @@ func openAsync(opts Options, maxKeys int, logger *zap.Logger) (*Async, error) {
 		maxKeys:  maxKeys,
 		stop:     make(chan struct{}),
 		loopDone: make(chan struct{}),
+		caps:     make(map[string]int),
 	}
+	s.zoneSep = asyncZoneSep
+	s.resets.record = a.dropRecord
 	empty := map[string]*asyncZone{}
 	a.zones.Store(&empty)
-	now := time.Now().UnixNano()
+	now := monotime.Now()
 	a.lastSync.Store(now) // a stale view may be used for 2 intervals from the start
 	a.nextSync.Store(now + int64(interval))
 	go a.loop()
@@ -169,7 +191,7 @@ func (a *Async) Mode() string { return "async" }
 func (a *Async) SyncInterval() time.Duration { return a.interval }
 
 // LastSync is when the last successful sync started (its snapshot time).
-func (a *Async) LastSync() time.Time { return time.Unix(0, a.lastSync.Load()) }
+func (a *Async) LastSync() time.Time { return monotime.Time(a.lastSync.Load()) }
 
 // Close stops the sync loop, reports what this instance admitted and hands
 // back its leases in a last sync (bounded by the sync timeout), then closes
@@ -194,27 +216,9 @@ func (a *Async) Destruct() error { return a.Close() }
 // without calling Redis. limit is in nanoseconds, like the result.
 // Remaining is this instance's allowance, not the fleet's.
 func (a *Async) Decide(_ context.Context, zone, key string, limit algorithms.Limit, cost int64) (algorithms.Result, error) {
-	now := time.Now().UnixNano()
-	if now-a.lastSync.Load() > a.stale {
-		if ok, _ := a.breaker.health(); !ok {
-			return algorithms.Result{}, ErrUnavailable
-		}
-		return algorithms.Result{}, ErrStale
-	}
-	if a.Store.isClosed() {
-		return algorithms.Result{}, ErrClosed
-	}
-	z := a.zone(zone)
-	s := z.shard(key)
-	s.mu.Lock()
-	r := s.m[key]
-	if r == nil {
-		r = &record{allow: freshShare(limit.Burst, a.Instances())}
-		z.insert(s, key, r)
-	}
-	res := r.decide(now, a.nextSync.Load(), limit, cost)
-	s.mu.Unlock()
-	return res, nil
+	return a.step(zone, key, limit, func(r *record, now, nextSync int64) algorithms.Result {
+		return r.decide(now, nextSync, limit, cost)
+	})
 }
 
 // Check reports, without consuming, whether this instance's allowance for
@@ -238,8 +242,8 @@ func (a *Async) Charge(_ context.Context, zone, key string, limit algorithms.Lim
 // step runs f on key's record (created with a fresh share), under its
 // shard's lock, when the local view is fresh enough to decide from.
 func (a *Async) step(zone, key string, limit algorithms.Limit, f func(r *record, now, nextSync int64) algorithms.Result) (algorithms.Result, error) {
-	now := time.Now().UnixNano()
-	if now-a.lastSync.Load() > a.stale {
+	now := monotime.Now()
+	if now-a.lastSync.Load() > a.stale && a.syncFailed.Load() {
 		if ok, _ := a.breaker.health(); !ok {
 			return algorithms.Result{}, ErrUnavailable
 		}
@@ -255,6 +259,11 @@ func (a *Async) step(zone, key string, limit algorithms.Limit, f func(r *record,
 	if r == nil {
 		r = &record{allow: freshShare(limit.Burst, a.Instances())}
 		z.insert(s, key, r)
+	}
+	if err := r.syncErr; err != nil {
+		r.syncErr = nil
+		s.mu.Unlock()
+		return algorithms.Result{}, err
 	}
 	res := f(r, now, a.nextSync.Load())
 	s.mu.Unlock()
@@ -276,15 +285,24 @@ func (a *Async) Refund(_ context.Context, zone, key string, _ algorithms.Limit, 
 	return nil
 }
 
-// Reset forgets key in zone here and deletes it in Redis. Other instances
-// keep their allowance for it until their next sync.
+// Reset forgets key in zone here, deletes it in Redis and tells the other
+// instances, which drop their records of it (see resets.go).
 func (a *Async) Reset(ctx context.Context, zone, key string) error {
-	z := a.zone(zone)
+	a.dropRecord(zone, key)
+	return a.Store.Reset(ctx, zone, key)
+}
+
+// dropRecord forgets this instance's record of key in zone: the key was
+// reset (here or elsewhere), and its next request starts a fresh share.
+func (a *Async) dropRecord(zone, key string) {
+	z := (*a.zones.Load())[zone]
+	if z == nil {
+		return
+	}
 	s := z.shard(key)
 	s.mu.Lock()
 	delete(s.m, key)
 	s.mu.Unlock()
-	return a.Store.Reset(ctx, zone, key)
 }
 
 // peekScript reads a key's TAT and Redis's clock, in µs.
@@ -351,6 +369,10 @@ type record struct {
 	// sequence number, and Redis applies it at most once.
 	unacked    sent
 	hasUnacked bool
+	// syncErr is an error Redis gave about this key alone in the last
+	// sync; the key's next decision returns it, so the zone applies its
+	// fail policy (and counts it) once per failed sync.
+	syncErr error
 }
 
 // decide admits cost from the allowance, or denies until the next sync or
@@ -507,7 +529,7 @@ type asyncZone struct {
 	seed     maphash.Seed
 	shards   []asyncShard
 	mask     uint64
-	shardCap int
+	shardCap atomic.Int64 // a reload may change max_keys
 }
 
 type asyncShard struct {
@@ -521,8 +543,8 @@ func newAsyncZone(name string, maxKeys int) *asyncZone {
 	for n < 64 && n*2*256 <= maxKeys {
 		n *= 2
 	}
-	z := &asyncZone{name: name, seed: maphash.MakeSeed(), shards: make([]asyncShard, n),
-		mask: uint64(n - 1), shardCap: max(1, maxKeys/n)}
+	z := &asyncZone{name: name, seed: maphash.MakeSeed(), shards: make([]asyncShard, n), mask: uint64(n - 1)}
+	z.shardCap.Store(int64(max(1, maxKeys/n)))
 	for i := range z.shards {
 		z.shards[i].m = make(map[string]*record)
 	}
@@ -538,7 +560,7 @@ func (z *asyncZone) shard(key string) *asyncShard {
 // it loses at most an unused lease: undershoot), else the one with least
 // pending. The key is cloned so the map never pins a request's buffer.
 func (z *asyncZone) insert(s *asyncShard, key string, r *record) {
-	if len(s.m) >= z.shardCap {
+	if int64(len(s.m)) >= z.shardCap.Load() {
 		victim, least, seen := "", int64(-1), 0
 		for k, v := range s.m {
 			if least < 0 || v.pending < least {
@@ -572,10 +594,44 @@ func (a *Async) zone(name string) *asyncZone {
 	for k, v := range old {
 		m[k] = v
 	}
-	z := newAsyncZone(strings.Clone(name), a.maxKeys)
+	maxKeys := a.maxKeys
+	if n := a.caps[name]; n > 0 {
+		maxKeys = n
+	}
+	z := newAsyncZone(strings.Clone(name), maxKeys)
 	m[z.name] = z
 	a.zones.Store(&m)
 	return z
+}
+
+// SetMaxKeys caps the records the store keeps for zone (its max_keys): a
+// full shard evicts to make room, as zones.Table does. A zone created
+// before keeps its shards and takes the new cap for its next insertions.
+func (a *Async) SetMaxKeys(zone string, maxKeys int) {
+	if maxKeys <= 0 {
+		return
+	}
+	a.zonesMu.Lock()
+	a.caps[strings.Clone(zone)] = maxKeys
+	a.zonesMu.Unlock()
+	z := a.zone(zone)
+	z.shardCap.Store(int64(max(1, maxKeys/len(z.shards))))
+}
+
+// Keys is the number of records the store holds for zone.
+func (a *Async) Keys(zone string) int {
+	z := (*a.zones.Load())[zone]
+	if z == nil {
+		return 0
+	}
+	n := 0
+	for i := range z.shards {
+		s := &z.shards[i]
+		s.mu.Lock()
+		n += len(s.m)
+		s.mu.Unlock()
+	}
+	return n
 }
 
 // Len is the number of records the store holds, in every zone.
@@ -607,7 +663,7 @@ func (a *Async) loop() {
 	t := time.NewTicker(a.interval)
 	defer t.Stop()
 	for {
-		a.nextSync.Store(time.Now().Add(a.interval).UnixNano())
+		a.nextSync.Store(monotime.Now() + int64(a.interval))
 		ctx, cancel := context.WithTimeout(a.ctx, backgroundTimeout(a.opts))
 		_ = a.sync(ctx, true)
 		cancel()
@@ -637,11 +693,12 @@ type item struct {
 func (a *Async) sync(ctx context.Context, take bool) error {
 	a.syncMu.Lock()
 	defer a.syncMu.Unlock()
-	start := time.Now().UnixNano()
+	start := monotime.Now()
 	items := a.snapshot(start)
 	ok, probe := a.breaker.allow()
 	if !ok {
 		a.restore(items)
+		a.syncFailed.Store(true)
 		return ErrUnavailable
 	}
 	var err error
@@ -651,6 +708,7 @@ func (a *Async) sync(ctx context.Context, take bool) error {
 		err = a.send(ctx, items, take)
 	}
 	a.breaker.record(probe, err)
+	a.syncFailed.Store(err != nil)
 	if err != nil {
 		return err
 	}
@@ -689,9 +747,9 @@ func (a *Async) restore(items []item) {
 }
 
 // send runs the script for every item, syncChunk per pipeline, and adopts
-// each reply. It returns the first error that says Redis is unreachable
-// (for the breaker); items whose call failed keep their state for the next
-// sync.
+// each reply. It returns the first error that says Redis cannot serve (for
+// the breaker); items whose call failed keep their state for the next sync,
+// and an error about one key alone goes to that key's next decision.
 func (a *Async) send(ctx context.Context, items []item, take bool) error {
 	n := int64(a.Instances())
 	var firstErr error
@@ -720,13 +778,20 @@ func (a *Async) send(ctx context.Context, items []item, take bool) error {
 		if retry != nil {
 			_, _ = retry.Exec(ctx)
 		}
-		now := time.Now().UnixNano()
+		now := monotime.Now()
 		for i := range chunk {
 			it := &chunk[i]
 			rep := parseReply(it.cmd)
 			if rep.err != nil {
-				if firstErr == nil && unreachable(rep.err) {
-					firstErr = rep.err
+				if unreachable(rep.err) {
+					if firstErr == nil {
+						firstErr = rep.err
+					}
+				} else {
+					a.problems.note(it.z.name, rep.err)
+					it.s.mu.Lock()
+					it.r.syncErr = rep.err
+					it.s.mu.Unlock()
 				}
 				a.restore(chunk[i : i+1])
 				continue

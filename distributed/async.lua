@@ -56,7 +56,13 @@ local seq = ARGV[10]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
-local v = redis.call('HMGET', key, 't', 'c', 'm:' .. id)
+-- A value tally did not write is deleted and reported (see gcra.lua); the
+-- report is sent again by the next sync, on a fresh key.
+local v = redis.pcall('HMGET', key, 't', 'c', 'm:' .. id)
+if v.err then
+  redis.call('DEL', key)
+  return redis.error_reply('TALLYFOREIGN a value of another type was at a tally key; deleted')
+end
 local tat = tonumber(v[1]) or 0
 local created = tonumber(v[2]) or 0
 

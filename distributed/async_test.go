@@ -5,11 +5,13 @@ import (
 	"errors"
 	"net"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/caddy-tally/ratelimit/algorithms"
+	"github.com/caddy-tally/ratelimit/internal/monotime"
 )
 
 // The local half of async mode: what a record admits between syncs and how
@@ -178,16 +180,56 @@ func TestBlockedKeyWithoutTrafficIsNotSyncedUntilItRefills(t *testing.T) {
 	}
 }
 
-func TestStaleViewMakesDecideFail(t *testing.T) {
+func TestStaleViewMakesDecideFailOnceASyncHasFailed(t *testing.T) {
 	a := openUnreachable(t, asyncMaxKeys)
 	ctx := context.Background()
 	if r, err := a.Decide(ctx, "z", "k", hundredPerHour, 1); err != nil || !r.Allowed {
 		t.Fatalf("Decide right after Open: %+v, %v; want allowed from a fresh share", r, err)
 	}
-	a.lastSync.Store(time.Now().Add(-3 * time.Hour).UnixNano())
+	a.lastSync.Store(monotime.Now() - int64(3*time.Hour))
+	// A sync merely late (a starved machine) keeps the view: its
+	// allowances are leases, and the fail policy would admit more.
+	if r, err := a.Decide(ctx, "z", "k", hundredPerHour, 1); err != nil || !r.Allowed {
+		t.Fatalf("Decide with a view 3h old and no failed sync: %+v, %v; want allowed from the view", r, err)
+	}
+	a.syncFailed.Store(true)
 	_, err := a.Decide(ctx, "z", "k", hundredPerHour, 1)
 	if !errors.Is(err, ErrStale) && !errors.Is(err, ErrUnavailable) {
-		t.Fatalf("Decide with a view 3h old: %v, want ErrStale or ErrUnavailable", err)
+		t.Fatalf("Decide with a view 3h old after a failed sync: %v, want ErrStale or ErrUnavailable", err)
+	}
+}
+
+// The records of a zone stay within its max_keys (SetMaxKeys), and Keys
+// counts them: the zone's metric and admin local_keys read it.
+func TestAsyncZoneKeepsAtMostItsMaxKeys(t *testing.T) {
+	a := openUnreachable(t, asyncMaxKeys)
+	a.SetMaxKeys("capped", 1000)
+	ctx := context.Background()
+	limit := algorithms.NewLimit(100, int64(time.Hour), 0)
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 1100 {
+				if _, err := a.Decide(ctx, "capped", strconv.Itoa(g)+"-"+strconv.Itoa(i), limit, 1); err != nil {
+					t.Error(err)
+					return
+				}
+				_ = a.Keys("capped")
+			}
+		})
+	}
+	wg.Wait()
+	if n := a.Keys("capped"); n > 1000 || n < 900 {
+		t.Fatalf("8800 keys in a zone with max_keys 1000: %d records, want at most 1000 (and the table used)", n)
+	}
+	if _, err := a.Decide(ctx, "other", "k", limit, 1); err != nil {
+		t.Fatal(err)
+	}
+	if n := a.Keys("other"); n != 1 {
+		t.Fatalf("Keys(other) = %d, want 1", n)
+	}
+	if n := a.Len(); n != a.Keys("capped")+1 {
+		t.Fatalf("Len %d, want the zones' keys summed", n)
 	}
 }
 

@@ -127,7 +127,10 @@ func unreachable(err error) bool {
 	var rerr redis.Error
 	if errors.As(err, &rerr) {
 		msg := rerr.Error()
-		for _, p := range []string{"LOADING", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "NOAUTH", "WRONGPASS"} {
+		// OOM (maxmemory with noeviction) and NOPERM (an ACL user
+		// missing a command or key pattern) refuse every write until an
+		// operator acts: an outage, logged once, not an error per request.
+		for _, p := range []string{"LOADING", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "NOAUTH", "WRONGPASS", "OOM", "NOPERM"} {
 			if strings.HasPrefix(msg, p) {
 				return true
 			}

@@ -81,7 +81,7 @@ func (s *Store) Acquire(ctx context.Context, zone, key string, limit int64, leas
 		return "", 0, ErrClosed
 	}
 	sl := &s.slots
-	slot := heldSlot{rkey: s.RedisKey(zone, key), id: s.instanceID + ":" + strconv.FormatUint(sl.seq.Add(1), 36)}
+	slot := heldSlot{rkey: s.slotsKey(zone, key), id: s.instanceID + ":" + strconv.FormatUint(sl.seq.Add(1), 36)}
 
 	start := time.Now()
 	v, err := s.callScript(ctx, concurrencyScript, slot.rkey, [5]any{"a", limit, lease.Milliseconds(), slot.id, ""})
@@ -110,7 +110,7 @@ func (s *Store) Acquire(ctx context.Context, zone, key string, limit int64, leas
 // Release frees a slot Acquire returned (zones.SlotStore) without waiting:
 // the background loop removes it from Redis.
 func (s *Store) Release(zone, key, id string) {
-	slot := heldSlot{rkey: s.RedisKey(zone, key), id: id}
+	slot := heldSlot{rkey: s.slotsKey(zone, key), id: id}
 	s.slots.mu.Lock()
 	l, ok := s.slots.held[slot]
 	delete(s.slots.held, slot)
@@ -139,7 +139,7 @@ func (s *Store) Slots(ctx context.Context, zone, key string) (int64, error) {
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	v, err := concurrencyScript.Run(ctx, s.client, []string{s.RedisKey(zone, key)}, "p").Int64Slice()
+	v, err := concurrencyScript.Run(ctx, s.client, []string{s.slotsKey(zone, key)}, "p").Int64Slice()
 	if err == nil && len(v) != 4 {
 		err = errBadReply
 	}

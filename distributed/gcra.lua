@@ -42,7 +42,22 @@ if not now then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-local tat = tonumber(redis.call('GET', key)) or 0
+-- A value tally did not write (another type, or a string that is not a
+-- number) is deleted and reported instead of decided on: left alone it would
+-- deny the key forever or, read as 0, admit it forever, with no TTL. The
+-- next decision starts the key fresh.
+local raw = redis.pcall('GET', key)
+local tat = 0
+if type(raw) == 'table' and raw.err then
+  redis.call('DEL', key)
+  return redis.error_reply('TALLYFOREIGN a value of another type was at a tally key; deleted')
+elseif raw then
+  tat = tonumber(raw)
+  if not tat then
+    redis.call('DEL', key)
+    return redis.error_reply('TALLYFOREIGN a value that is not a TAT was at a tally key; deleted')
+  end
+end
 
 if op == 'r' then
   tat = tat - cost * T

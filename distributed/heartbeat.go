@@ -2,6 +2,8 @@ package distributed
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,13 +23,17 @@ const (
 	instanceTTL = 10 * time.Second
 )
 
-// heartbeatScript registers ARGV[1] until now+ARGV[2] ms, drops expired ids,
-// gives the set itself a TTL (the store writes no key without one), and
-// returns the number of live ids.
+// heartbeatScript registers ARGV[1] until now+ARGV[2] ms, drops expired ids
+// and the ids in ARGV[3...] (stores of this process that closed while Redis
+// was unreachable), gives the set itself a TTL (the store writes no key
+// without one), and returns the number of live ids.
 var heartbeatScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[2])
+for i = 3, #ARGV do
+  redis.call('ZREM', KEYS[1], ARGV[i])
+end
 redis.call('ZADD', KEYS[1], string.format('%d', now + ttl), ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now))
 redis.call('PEXPIRE', KEYS[1], ttl)
@@ -60,13 +66,81 @@ func (s *Store) Heartbeat(ctx context.Context) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, backgroundTimeout(s.opts))
 	defer cancel()
 	seq := s.beats.sent.Add(1)
-	n, err := heartbeatScript.Run(ctx, s.client, []string{s.instancesKey()},
-		s.instanceID, instanceTTL.Milliseconds()).Int64()
+	orphans := s.orphans.take()
+	args := append([]any{s.instanceID, instanceTTL.Milliseconds()}, orphans...)
+	n, err := heartbeatScript.Run(ctx, s.client, []string{s.instancesKey()}, args...).Int64()
 	s.breaker.record(probe, err)
 	if err != nil {
+		s.orphans.add(orphans...)
 		return 0, err
 	}
 	return s.beats.apply(seq, n, &s.instances), nil
+}
+
+// A reload that changes the Redis settings (timeout, mode...) replaces a
+// process's store by another on the same instances set. The old one takes
+// its id out of the set when it closes, unless Redis is unreachable then: it
+// hands the id to a live store of the process on the same set, whose next
+// successful beat removes it, so that the process is not counted twice
+// (which would halve every fail_policy local share) for instanceTTL.
+var live = struct {
+	sync.Mutex
+	bySet map[string]map[*Store]struct{}
+}{bySet: make(map[string]map[*Store]struct{})}
+
+// setID identifies the instances set a store beats into.
+func (s *Store) setID() string {
+	return strings.Join(s.opts.Addresses, ",") + "\x00" + strconv.Itoa(s.opts.DB) + "\x00" + s.instancesKey()
+}
+
+func (s *Store) register() {
+	live.Lock()
+	defer live.Unlock()
+	id := s.setID()
+	if live.bySet[id] == nil {
+		live.bySet[id] = make(map[*Store]struct{})
+	}
+	live.bySet[id][s] = struct{}{}
+}
+
+// unregister removes s from the live stores and, when removed is false
+// (its id is still in the set), hands its id to another live store.
+func (s *Store) unregister(removed bool) {
+	live.Lock()
+	defer live.Unlock()
+	id := s.setID()
+	delete(live.bySet[id], s)
+	if len(live.bySet[id]) == 0 {
+		delete(live.bySet, id)
+		return
+	}
+	if removed {
+		return
+	}
+	for heir := range live.bySet[id] {
+		heir.orphans.add(append([]any{s.instanceID}, s.orphans.take()...)...)
+		return
+	}
+}
+
+// orphans are ids of closed stores that the next beat removes.
+type orphans struct {
+	mu  sync.Mutex
+	ids []any
+}
+
+func (o *orphans) add(ids ...any) {
+	o.mu.Lock()
+	o.ids = append(o.ids, ids...)
+	o.mu.Unlock()
+}
+
+func (o *orphans) take() []any {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	ids := o.ids
+	o.ids = nil
+	return ids
 }
 
 // beats orders heartbeat replies. Beats run concurrently (the loop's, and a

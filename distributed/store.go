@@ -46,6 +46,10 @@ var (
 	errBadReply = errors.New("distributed: unexpected reply from the GCRA script")
 )
 
+// foreign reports whether err is a script's report that it found, and
+// deleted, a value tally did not write at one of its keys.
+func foreign(err error) bool { return redis.HasErrorPrefix(err, "TALLYFOREIGN") }
+
 //go:embed gcra.lua
 var gcraScript string
 
@@ -76,6 +80,15 @@ type Store struct {
 	instanceID string
 	instances  atomic.Int64
 	beats      beats
+	// zoneSep joins zone and key in a Redis key: ":" in strict mode,
+	// asyncZoneSep in async mode, so the modes' keys (a string, a hash)
+	// never meet at one name.
+	zoneSep string
+
+	problems problems
+	resets   resets
+	pubsub   *redis.PubSub
+	orphans  orphans
 
 	slots slots // concurrency slots this instance holds (concurrency.go)
 
@@ -115,14 +128,19 @@ func Open(opts Options, logger *zap.Logger) (*Store, error) {
 	}
 	s.breaker.logger = logger
 	s.breaker.redis = opts.Redacted()
+	s.problems.logger = logger
+	s.zoneSep = ":"
 	s.instances.Store(1)
 	s.slots.init()
-	s.wg.Add(workers + 2)
+	s.register()
+	s.wg.Add(workers + 3)
 	for range workers {
 		go s.worker()
 	}
 	go s.heartbeatLoop()
 	go s.slotLoop()
+	s.pubsub = s.client.Subscribe(ctx) // no channel yet: no connection
+	go s.subscribeLoop(s.pubsub)
 	return s, nil
 }
 
@@ -134,12 +152,15 @@ func (s *Store) Close() error {
 	s.closed.Do(func() {
 		close(s.done)
 		s.cancel()
+		_ = s.pubsub.Close()
 		s.wg.Wait()
+		removed := false
 		if ok, _ := s.breaker.health(); ok {
 			ctx, cancel := context.WithTimeout(context.Background(), s.opts.Timeout)
-			s.client.ZRem(ctx, s.instancesKey(), s.instanceID)
+			removed = s.client.ZRem(ctx, s.instancesKey(), s.instanceID).Err() == nil
 			cancel()
 		}
+		s.unregister(removed)
 		err = s.client.Close()
 	})
 	return err
@@ -153,10 +174,25 @@ func (s *Store) Destruct() error { return s.Close() }
 // since when (the breaker opened then).
 func (s *Store) Health() (ok bool, openSince time.Time) { return s.breaker.health() }
 
-// RedisKey is the Redis key holding the TAT of key in zone.
+// RedisKey is the Redis key holding the state of key in zone:
+// <key_prefix><zone>:<key> in strict mode, <key_prefix><zone>.async:<key> in
+// async mode. Zone names cannot contain '.' or ':', so no key of one mode
+// is a key of the other, and no key is the instances set.
 func (s *Store) RedisKey(zone, key string) string {
+	return s.opts.KeyPrefix + zone + s.zoneSep + key
+}
+
+// slotsKey is the Redis key of key's concurrency slots in zone:
+// <key_prefix><zone>:<key> in either mode (a concurrency zone has no GCRA
+// state, so its name never meets one).
+func (s *Store) slotsKey(zone, key string) string {
 	return s.opts.KeyPrefix + zone + ":" + key
 }
+
+// LastProblem is the last per-key error Redis reported (a value tally did
+// not write, found at one of its keys and deleted) and when, or "" if none
+// since the store opened. Outages are reported by Health instead.
+func (s *Store) LastProblem() (string, time.Time) { return s.problems.last() }
 
 // Decide runs one GCRA step for key in zone in Redis. limit is in
 // nanoseconds, like the result; Redis works in microseconds, so T is
@@ -167,6 +203,7 @@ func (s *Store) Decide(ctx context.Context, zone, key string, limit algorithms.L
 	}
 	v, err := s.call(ctx, s.RedisKey(zone, key), scriptArgs(OpDecide, micro(limit), cost, ""))
 	if err != nil {
+		s.problems.note(zone, err)
 		return algorithms.Result{}, err
 	}
 	return resultNanos(v), nil
@@ -178,6 +215,7 @@ func (s *Store) Refund(ctx context.Context, zone, key string, limit algorithms.L
 		return ErrClosed
 	}
 	_, err := s.call(ctx, s.RedisKey(zone, key), scriptArgs(OpRefund, micro(limit), cost, ""))
+	s.problems.note(zone, err)
 	return err
 }
 
@@ -219,7 +257,8 @@ func (s *Store) Peek(ctx context.Context, zone, key string, limit algorithms.Lim
 	return resultNanos(v), nil
 }
 
-// Reset deletes the state of key in zone.
+// Reset deletes the state of key in zone and tells every instance to
+// forget what it holds about the key (see resets.go).
 func (s *Store) Reset(ctx context.Context, zone, key string) error {
 	if s.isClosed() {
 		return ErrClosed
@@ -230,7 +269,10 @@ func (s *Store) Reset(ctx context.Context, zone, key string) error {
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	err := s.client.Del(ctx, s.RedisKey(zone, key)).Err()
+	pipe := s.client.Pipeline()
+	pipe.Del(ctx, s.RedisKey(zone, key))
+	pipe.Publish(ctx, s.resetsChannel(), zone+"\x00"+key)
+	_, err := pipe.Exec(ctx)
 	s.breaker.record(probe, err)
 	return err
 }

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/caddy-tally/ratelimit/internal/monotime"
 )
 
 // Post-charged zones (`count`, `charge`): before the request the key is
@@ -104,7 +106,7 @@ func (c *charger) fail() {
 	for {
 		select {
 		case ch := <-c.queue:
-			ch.zone.chargeFallback(ch.key, time.Now().UnixNano(), &ch.plan, ch.cost)
+			ch.zone.chargeFallback(ch.key, monotime.Now(), &ch.plan, ch.cost)
 			ch.zone.chargeFailed(errStateClosed)
 			c.landed(ch.key)
 		case ch := <-c.retries:
@@ -255,7 +257,7 @@ func (z *Zone) sendCharge(ch charge, c *charger) {
 	if z.tryCharge(&ch) {
 		return
 	}
-	z.chargeFallback(ch.key, time.Now().UnixNano(), &ch.plan, ch.cost)
+	z.chargeFallback(ch.key, monotime.Now(), &ch.plan, ch.cost)
 	select {
 	case c.retries <- ch:
 	default:
@@ -271,7 +273,7 @@ func (z *Zone) tryCharge(ch *charge) bool {
 		return false
 	}
 	if !r.Allowed {
-		now := time.Now().UnixNano()
+		now := monotime.Now()
 		z.state.Denied.Set(ch.key, now+r.RetryAfter, now)
 	}
 	return true

@@ -140,6 +140,16 @@ func (t *Table) Delete(key string) {
 	s.mu.Unlock()
 }
 
+// Clear forgets every key.
+func (t *Table) Clear() {
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.mu.Lock()
+		clear(s.m)
+		s.mu.Unlock()
+	}
+}
+
 // insert adds a new key to a locked shard, making room first when the shard
 // is full: expired entries of a random sample go first; when the sample has
 // none, the sampled entry closest to expiry (the one that carries the least

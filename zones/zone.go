@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/caddy-tally/ratelimit/algorithms"
+	"github.com/caddy-tally/ratelimit/internal/monotime"
 	"github.com/caddy-tally/ratelimit/internal/topk"
 )
 
@@ -211,10 +212,7 @@ type State struct {
 // NewState returns an empty state whose expired entries are swept every
 // sweepInterval.
 func NewState(c Config, sweepInterval time.Duration) *State {
-	maxKeys := c.MaxKeys
-	if maxKeys == 0 {
-		maxKeys = DefaultMaxKeys
-	}
+	maxKeys := c.maxKeys()
 	s := &State{
 		Local:    NewTable(maxKeys),
 		Denied:   NewTable(maxKeys),
@@ -241,8 +239,8 @@ func (s *State) sweep(interval time.Duration) {
 		select {
 		case <-s.stop:
 			return
-		case t := <-tick.C:
-			now := t.UnixNano()
+		case <-tick.C:
+			now := monotime.Now()
 			s.Local.Sweep(now)
 			s.Denied.Sweep(now)
 			s.Fallback.Sweep(now)
@@ -307,8 +305,12 @@ type Zone struct {
 }
 
 // New returns a zone deciding with state and, when store is not nil, store.
-// c must be valid (Config.Validate).
+// c must be valid (Config.Validate). A store that keeps per-zone records of
+// its own (async mode) is given the zone's max_keys.
 func New(c Config, state *State, store Store) *Zone {
+	if s, ok := store.(interface{ SetMaxKeys(zone string, n int) }); ok {
+		s.SetMaxKeys(c.Name, c.maxKeys())
+	}
 	plan, _ := c.Plan()
 	return &Zone{Config: c, plan: plan, state: state, store: store}
 }
@@ -316,13 +318,30 @@ func New(c Config, state *State, store Store) *Zone {
 // Plan is the zone's literal limit.
 func (z *Zone) Plan() Plan { return z.plan }
 
+func (c Config) maxKeys() int {
+	if c.MaxKeys == 0 {
+		return DefaultMaxKeys
+	}
+	return c.MaxKeys
+}
+
+// Keys is the number of keys this instance holds for the zone in memory:
+// its tables and, in async mode, the store's records for the zone.
+func (z *Zone) Keys() int {
+	n := z.state.Len()
+	if s, ok := z.store.(interface{ Keys(zone string) int }); ok {
+		n += s.Keys(z.Name)
+	}
+	return n
+}
+
 // State returns the zone's in-process state.
 func (z *Zone) State() *State { return z.state }
 
 // Store returns the zone's store, nil in local mode.
 func (z *Zone) Store() Store { return z.store }
 
-// Decide decides a unit-cost request for key at now (Unix nanoseconds)
+// Decide decides a unit-cost request for key at now (monotime.Now())
 // under the zone's literal limit.
 func (z *Zone) Decide(ctx context.Context, key string, now int64) Decision {
 	return z.DecideWith(ctx, key, now, &z.plan, 1)
@@ -336,18 +355,21 @@ func (z *Zone) DecideWith(ctx context.Context, key string, now int64, p *Plan, c
 	var d Decision
 	if z.store == nil {
 		d = fromResult(z.state.Local.Decide(key, now, p.limit, cost), SourceLocal)
-	} else if until, ok := z.state.Denied.Get(key, now); ok {
-		retry := until - now
-		return Decision{
-			RetryAfter: time.Duration(retry),
-			ResetAfter: time.Duration(retry + (p.limit.Burst-1)*p.limit.EmissionInterval),
-			Source:     SourceDenyCache,
-		}
+	} else if cached, ok := z.CachedDenial(key, now, p); ok {
+		return cached
 	} else if r, err := z.store.Decide(ctx, z.Name, key, p.limit, cost); err != nil {
 		d = z.fail(key, now, p, cost, err)
 	} else {
 		if !r.Allowed {
 			z.state.Denied.Set(key, now+r.RetryAfter, now)
+		}
+		if z.FailPolicy == FailLocal && r.ResetAfter > 0 {
+			// What the store said of the key is where fail_policy
+			// local starts from if the store goes away: the key is
+			// back to full at the same moment on this instance's share
+			// (B/N tokens of N·T each span the same B·T), rather than
+			// with a fresh share.
+			z.state.Fallback.Set(key, now+r.ResetAfter, now)
 		}
 		d = fromResult(r, SourceStore)
 	}
@@ -355,6 +377,25 @@ func (z *Zone) DecideWith(ctx context.Context, key string, now int64, p *Plan, c
 		z.state.plans.record(key, *p, now+int64(d.ResetAfter), now)
 	}
 	return d
+}
+
+// CachedDenial answers, without the store, for a key the store denied
+// earlier and whose denial is still in force, under plan p. A zone without
+// a store has no cache and never answers.
+func (z *Zone) CachedDenial(key string, now int64, p *Plan) (Decision, bool) {
+	if z.store == nil {
+		return Decision{}, false
+	}
+	until, ok := z.state.Denied.Get(key, now)
+	if !ok {
+		return Decision{}, false
+	}
+	retry := until - now
+	return Decision{
+		RetryAfter: time.Duration(retry),
+		ResetAfter: time.Duration(retry + (p.limit.Burst-1)*p.limit.EmissionInterval),
+		Source:     SourceDenyCache,
+	}, true
 }
 
 // fail applies the zone's fail policy.
@@ -452,19 +493,32 @@ func (z *Zone) Mode() string {
 	return "strict"
 }
 
-// Reset forgets key everywhere this instance can: its tables and the store.
+// Reset forgets key everywhere this instance can: its tables and the store
+// (which tells the other instances, see Forget).
 func (z *Zone) Reset(ctx context.Context, key string) error {
+	z.Forget(key)
+	if z.store != nil {
+		return z.store.Reset(ctx, z.Name, key)
+	}
+	return nil
+}
+
+// Forget drops what this instance holds about key: its local TAT, cached
+// denial and fallback state. A store calls it when another instance resets
+// the key.
+func (z *Zone) Forget(key string) {
 	z.state.Local.Delete(key)
 	z.state.Denied.Delete(key)
 	z.state.Fallback.Delete(key)
 	if z.state.plans != nil {
 		z.state.plans.keys.Delete(key)
 	}
-	if z.store != nil {
-		return z.store.Reset(ctx, z.Name, key)
-	}
-	return nil
 }
+
+// ForgetDenials drops every cached denial. A store calls it when it may
+// have missed resets (its subscription to them was down): the cache is only
+// a shortcut, and the store answers for those keys again.
+func (z *Zone) ForgetDenials() { z.state.Denied.Clear() }
 
 // ErrUnknownKey is returned by Peek for a key with no state.
 var ErrUnknownKey = errors.New("no state for this key")
