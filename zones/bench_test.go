@@ -7,6 +7,8 @@ import (
 	"runtime"
 	"testing"
 	"time"
+
+	"github.com/caddy-tally/ratelimit/internal/monotime"
 )
 
 // benchKeys is how many distinct keys the table benchmarks spread over: a
@@ -34,7 +36,7 @@ func BenchmarkTableDecideExistingKey(b *testing.B) {
 	keys := makeBenchKeys(benchKeys)
 	t := NewTable(DefaultMaxKeys)
 	l := benchConfig.Limit()
-	now := time.Now().UnixNano()
+	now := monotime.Now()
 	for _, k := range keys {
 		t.Decide(k, now, l, 1)
 	}
@@ -60,7 +62,7 @@ func BenchmarkZoneDecideParallel(b *testing.B) {
 	defer state.Destruct()
 	z := New(benchConfig, state, nil)
 	ctx := context.Background()
-	now := time.Now().UnixNano()
+	now := monotime.Now()
 	for _, k := range keys {
 		z.Decide(ctx, k, now)
 	}
@@ -94,7 +96,7 @@ func BenchmarkTableBytesPerKey(b *testing.B) {
 		keyBytes += len(k)
 	}
 	l := benchConfig.Limit()
-	now := time.Now().UnixNano()
+	now := monotime.Now()
 	var total uint64
 	for b.Loop() {
 		before := heapAfterGC()

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/caddy-tally/ratelimit/internal/monotime"
 )
 
 func TestChargesFromManyGoroutinesAllCountAndMayPassTheBurst(t *testing.T) {
@@ -14,7 +16,7 @@ func TestChargesFromManyGoroutinesAllCountAndMayPassTheBurst(t *testing.T) {
 	z := New(c, newTestState(t, c), nil)
 	p := z.Plan()
 	T := int64(time.Hour) / 100
-	now := time.Now().UnixNano()
+	now := monotime.Now()
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	for range 64 {
@@ -56,7 +58,7 @@ func TestStrictChargesThatCannotLandFallBackAtOnceAndAreCountedAfterRetries(t *t
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			z.Charge(ctx, "k", time.Now().UnixNano(), &p, 1)
+			z.Charge(ctx, "k", monotime.Now(), &p, 1)
 		}()
 	}
 	wg.Wait()
@@ -78,7 +80,7 @@ func TestStrictChargesThatCannotLandFallBackAtOnceAndAreCountedAfterRetries(t *t
 	if n := st.calls.Load(); n < 64*2 {
 		t.Errorf("%d store calls for 64 charges, want each retried", n)
 	}
-	d := z.Check(ctx, "k", time.Now().UnixNano(), &p)
+	d := z.Check(ctx, "k", monotime.Now(), &p)
 	share := int64(time.Hour) / 50
 	if d.Allowed || d.Source != SourceFailLocal || d.RetryAfter > time.Duration(15*share) || d.RetryAfter < time.Duration(15*share)-5*time.Second {
 		t.Fatalf("check after 64 failed charges: %+v, want denied by the local share for about 15 of its intervals", d)

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/caddy-tally/ratelimit/internal/monotime"
 )
 
 func TestNewPlanRefusesWhatCouldOverflowOrNeverLimit(t *testing.T) {
@@ -42,7 +44,7 @@ func TestNewPlanRefusesWhatCouldOverflowOrNeverLimit(t *testing.T) {
 
 func TestPlansRememberEachKeysLastPlanUnderConcurrency(t *testing.T) {
 	ps := newPlans(10_000)
-	now := time.Now().UnixNano()
+	now := monotime.Now()
 	var wg sync.WaitGroup
 	for g := range 64 {
 		wg.Add(1)

@@ -12,6 +12,7 @@ import (
 	"unsafe"
 
 	"github.com/caddy-tally/ratelimit/algorithms"
+	"github.com/caddy-tally/ratelimit/internal/monotime"
 )
 
 const hour = int64(time.Hour)
@@ -19,7 +20,7 @@ const hour = int64(time.Hour)
 func TestTableAdmitsExactlyTheBurstUnderConcurrency(t *testing.T) {
 	tab := NewTable(1000)
 	l := algorithms.NewLimit(50, hour, 0)
-	now := time.Now().UnixNano()
+	now := monotime.Now()
 	var allowed atomic.Int64
 	var wg sync.WaitGroup
 	for g := range 100 {
@@ -164,7 +165,7 @@ func newTestState(t *testing.T, c Config) *State {
 func TestLocalZoneDeniesAfterBurstAndDeniedConsumesNothing(t *testing.T) {
 	c := Config{Name: "z", Events: 3, Window: time.Hour}
 	z := New(c, newTestState(t, c), nil)
-	now := time.Now().UnixNano()
+	now := monotime.Now()
 	for i := range 3 {
 		if d := z.Decide(context.Background(), "k", now); !d.Allowed || d.Remaining != int64(2-i) {
 			t.Fatalf("request %d: %+v, want allowed with %d remaining", i, d, 2-i)
@@ -220,7 +221,7 @@ func TestStoreDenialIsCachedSoAFloodMakesNoStoreCalls(t *testing.T) {
 	c := Config{Name: "z", Events: 3, Window: time.Hour}
 	st := &faultStore{}
 	z := New(c, newTestState(t, c), st)
-	now := time.Now().UnixNano()
+	now := monotime.Now()
 	for i := range 1000 {
 		d := z.Decide(context.Background(), "blocked", now+int64(i))
 		if d.Allowed || d.RetryAfter <= 0 {
@@ -239,7 +240,7 @@ func TestStoreDenialIsCachedSoAFloodMakesNoStoreCalls(t *testing.T) {
 
 func TestFailPolicies(t *testing.T) {
 	outage := errors.New("redis: connection refused")
-	now := time.Now().UnixNano()
+	now := monotime.Now()
 	t.Run("open allows everything", func(t *testing.T) {
 		c := Config{Name: "z", Events: 2, Window: time.Hour, FailPolicy: FailOpen}
 		z := New(c, newTestState(t, c), &faultStore{err: outage})
@@ -280,7 +281,7 @@ func TestFailPolicies(t *testing.T) {
 
 func TestRefundGoesToWhoeverDecided(t *testing.T) {
 	c := Config{Name: "z", Events: 1, Window: time.Hour}
-	now := time.Now().UnixNano()
+	now := monotime.Now()
 	local := New(c, newTestState(t, c), nil)
 	d := local.Decide(context.Background(), "k", now)
 	if d, _ = local.Refund(context.Background(), "k", now, d); d.Remaining != 1 || d.ResetAfter != 0 {
