@@ -228,6 +228,7 @@ func (s *Store) Check(ctx context.Context, zone, key string, limit algorithms.Li
 	}
 	v, err := s.call(ctx, s.RedisKey(zone, key), scriptArgs(OpPeek, micro(limit), 1, ""))
 	if err != nil {
+		s.problems.note(zone, err)
 		return algorithms.Result{}, err
 	}
 	return resultNanos(v), nil
@@ -242,6 +243,7 @@ func (s *Store) Charge(ctx context.Context, zone, key string, limit algorithms.L
 	}
 	v, err := s.call(ctx, s.RedisKey(zone, key), scriptArgs(OpCharge, micro(limit), cost, ""))
 	if err != nil {
+		s.problems.note(zone, err)
 		return algorithms.Result{}, err
 	}
 	return resultNanos(v), nil
