@@ -123,7 +123,7 @@ func TestForeignValueAtATallyKeyIsDeletedAndReported(t *testing.T) {
 			events 10
 			window 1h
 			fail_policy `+c.policy+`
-		}`, "\t\t\tmode "+c.mode+"\n\t\t\ttimeout 1s\n\t\t\tsync_interval 50ms"))
+		}`, "\t\t\tmode "+c.mode+"\n\t\t\ttimeout 1s"+map[string]string{"async": "\n\t\t\tsync_interval 50ms"}[c.mode]))
 			ctx := context.Background()
 			rc := rs.Client()
 			if c.plant == "hset" {
