@@ -135,7 +135,7 @@ func (e errNotFound) Error() string { return e.msg }
 
 // apiErrorLine picks the status and body out of caddycmd.AdminAPIRequest's
 // error for a response >= 400.
-var apiErrorLine = regexp.MustCompile(`HTTP (\d+): (.*)$`)
+var apiErrorLine = regexp.MustCompile(`(?s)caddy responded with error: HTTP (\d+): (.*)$`)
 
 // call sends method path to the admin API and returns the response body.
 func (c *cli) call(method, path string) ([]byte, error) {

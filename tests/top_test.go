@@ -224,6 +224,12 @@ func TestTopAndCLIShowAConcurrencyZonesSlots(t *testing.T) {
 		t.Errorf("zones row %q, want uploads 1 in flight - local local ...", got)
 	}
 
+	// Slots end with their requests: the API refuses to reset them, and
+	// the CLI passes its reason on.
+	if r := rateLimitCLI(t, c, "reset", "uploads", "alice"); r.code != 1 || !strings.Contains(r.stderr, "HTTP 400: a concurrency zone's slots cannot be reset") {
+		t.Errorf("reset uploads alice: exit %d, stderr %q", r.code, r.stderr)
+	}
+
 	u.open("g")
 	if res := <-held; res.Status != http.StatusOK {
 		t.Fatalf("the held request: %d", res.Status)
