@@ -305,13 +305,15 @@ type Zone struct {
 }
 
 // New returns a zone deciding with state and, when store is not nil, store.
-// c must be valid (Config.Validate). A store that keeps per-zone records of
-// its own (async mode) is given the zone's max_keys.
+// c should be valid (Config.Validate); its limit is taken as it is. A store
+// that keeps per-zone records of its own (async mode) is given the zone's
+// max_keys.
 func New(c Config, state *State, store Store) *Zone {
 	if s, ok := store.(interface{ SetMaxKeys(zone string, n int) }); ok {
 		s.SetMaxKeys(c.Name, c.maxKeys())
 	}
-	plan, _ := c.Plan()
+	l := c.Limit()
+	plan := Plan{Events: c.Events, Window: c.Window, Burst: l.Burst, limit: l}
 	return &Zone{Config: c, plan: plan, state: state, store: store}
 }
 
