@@ -37,6 +37,9 @@ const (
 
 	chargeQueue   = 4096
 	chargeWorkers = 4
+	// chargeBatch is how many queued charges a worker sends at once, so
+	// that they share the store's pipelines instead of a round trip each.
+	chargeBatch = 64
 )
 
 // charge is one queued strict-mode charge.
@@ -76,13 +79,25 @@ func (c *charger) start(stop <-chan struct{}, wg *sync.WaitGroup) {
 		for range chargeWorkers {
 			go func() {
 				defer wg.Done()
+				batch := make([]charge, 0, chargeBatch)
 				for {
 					select {
 					case ch := <-c.queue:
-						ch.zone.sendCharge(ch, c)
+						batch = append(batch[:0], ch)
 					case <-stop:
 						return
 					}
+				drain:
+					for len(batch) < chargeBatch {
+						select {
+						case ch := <-c.queue:
+							batch = append(batch, ch)
+						default:
+							break drain
+						}
+					}
+					c.send(batch)
+					clear(batch)
 				}
 			}()
 		}
@@ -92,6 +107,24 @@ func (c *charger) start(stop <-chan struct{}, wg *sync.WaitGroup) {
 		}()
 		c.started.Store(true)
 	})
+}
+
+// send makes the first attempt of every charge in batch at once, so that
+// the store's batcher puts them in shared pipelines.
+func (c *charger) send(batch []charge) {
+	if len(batch) == 1 {
+		batch[0].zone.sendCharge(batch[0], c)
+		return
+	}
+	var wg sync.WaitGroup
+	for _, ch := range batch {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ch.zone.sendCharge(ch, c)
+		}()
+	}
+	wg.Wait()
 }
 
 // errStateClosed fails the charges still queued when a zone's state goes
