@@ -137,6 +137,63 @@ func TestCaddyfilePlaceholderLimitsWithFallbacks(t *testing.T) {
 	}
 }
 
+func TestCaddyfileCostCountAndCharge(t *testing.T) {
+	h, err := parse(t, `rate_limit {
+		zone failed_logins {
+			key    {client_ip}
+			events 5
+			window 15m
+			count {
+				status 401 4xx
+				header X-Login-Failed *
+			}
+		}
+		zone one_line {
+			key    {client_ip}
+			events 5
+			window 15m
+			count status 403
+		}
+		zone tokens {
+			key    {http.request.header.Authorization}
+			events 100000
+			window 1m
+			charge {http.response.header.X-Tokens-Used} 500
+		}
+		zone search {
+			key    {client_ip}
+			events 600
+			window 1m
+			cost   {http.request.header.X-Search-Cost} 2
+		}
+		zone heavy {
+			key    {client_ip}
+			events 600
+			window 1m
+			cost   10
+		}
+	}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fl := h.RateLimits["failed_logins"].Count
+	if fl == nil || len(fl.StatusCode) != 2 || fl.StatusCode[0] != 401 || fl.StatusCode[1] != 4 || fl.Headers.Get("X-Login-Failed") != "*" || len(fl.Headers) != 1 {
+		t.Errorf("count of failed_logins = %+v", fl)
+	}
+	if c := h.RateLimits["one_line"].Count; c == nil || len(c.StatusCode) != 1 || c.StatusCode[0] != 403 {
+		t.Errorf("count of one_line = %+v", c)
+	}
+	if z := h.RateLimits["tokens"]; z.Charge != "{http.response.header.X-Tokens-Used}" || z.Cost != 500 {
+		t.Errorf("zone tokens = %+v", z)
+	}
+	if z := h.RateLimits["search"]; z.CostPlaceholder != "{http.request.header.X-Search-Cost}" || z.Cost != 2 {
+		t.Errorf("zone search = %+v", z)
+	}
+	if z := h.RateLimits["heavy"]; z.CostPlaceholder != "" || z.Cost != 10 {
+		t.Errorf("zone heavy = %+v", z)
+	}
+}
+
 func TestCaddyfileRedisBlock(t *testing.T) {
 	h, err := parse(t, `rate_limit {
 		zone z {
@@ -198,6 +255,11 @@ func TestCaddyfileErrorsNameTheLineAndTheFix(t *testing.T) {
 		{"placeholder window without fallback", zone("\t\tevents 1\n\t\twindow {plan_window}"), 5, "window {plan_window} 1m"},
 		{"bad fallback", zone("\t\tevents {plan_rpm} many\n\t\twindow 1s"), 4, `events must be a whole number from 1`},
 		{"two placeholders", zone("\t\tevents {a}{b} 5\n\t\twindow 1s"), 4, "events takes a number or one placeholder"},
+		{"zero cost", zone("\t\tevents 5\n\t\twindow 1s\n\t\tcost 0"), 6, "cost must be a whole number from 1"},
+		{"empty count", zone("\t\tevents 5\n\t\twindow 1s\n\t\tcount {\n\t\t}"), 7, "count needs response matchers"},
+		{"unknown response matcher", zone("\t\tevents 5\n\t\twindow 1s\n\t\tcount {\n\t\t\tpath /x\n\t\t}"), 7, "unrecognized response matcher path"},
+		{"charge without placeholder", zone("\t\tevents 5\n\t\twindow 1s\n\t\tcharge 5"), 6, "charge takes a placeholder read after the response"},
+		{"cost placeholder and charge", zone("\t\tevents 5\n\t\twindow 1s\n\t\tcost {a}\n\t\tcharge {b}"), 8, "keep one"},
 		// Limits whose arithmetic would overflow, at the line at fault.
 		{"burst that takes 1000 years to refill", zone("\t\tevents 1\n\t\twindow 8760h\n\t\tburst 1000"), 6,
 			"zone z: burst 1000 at one request per 8760h0m0s takes longer to refill than the 100 years"},

@@ -296,3 +296,77 @@ func TestAReportWhoseReplyWasLostIsSentAgainUnchanged(t *testing.T) {
 		t.Fatal("a new report reuses the acknowledged report's sequence number")
 	}
 }
+
+// A charge after the response takes what the allowance has; what it does
+// not cover is reported at the next sync and counted in Redis past the
+// burst, whether it lands before or during a sync.
+func TestChargesPastTheAllowanceAreReportedAtTheNextSync(t *testing.T) {
+	const now = int64(1e18)
+	t.Run("lease", func(t *testing.T) {
+		r := &record{allow: 10, reserved: true, limit: hundredPerHour}
+		if res := r.check(now, now, hundredPerHour); !res.Allowed || res.Remaining != 10 {
+			t.Fatalf("check on a lease of 10: %+v", res)
+		}
+		r.charge(25) // 10 from the lease, 15 beyond it
+		if r.allow != 0 || r.pending != 15 {
+			t.Fatalf("allow %d pending %d, want 0 and 15", r.allow, r.pending)
+		}
+		if res := r.check(now, now+int64(time.Second), hundredPerHour); res.Allowed {
+			t.Fatalf("check after the lease is spent: %+v, want denied until the next sync", res)
+		}
+		s, _ := r.snapshot(now, int64(time.Second), new(atomic.Uint64))
+		if d := s.delta(); d != 15 {
+			t.Fatalf("the sync reports %d, want the 15 charged beyond the lease", d)
+		}
+		r.charge(4) // lands while the sync is in flight: nothing left to take it from
+		r.apply(s, syncReply{lease: 0, avail: -30}, now, 100, 100)
+		if r.allow != 0 || r.pending != 4 {
+			t.Fatalf("allow %d pending %d, want 0 and the 4 charged in flight", r.allow, r.pending)
+		}
+	})
+	t.Run("fresh share", func(t *testing.T) {
+		r := &record{allow: 33, limit: hundredPerHour}
+		r.charge(40)
+		if r.allow != 0 || r.pending != 40 {
+			t.Fatalf("allow %d pending %d, want 0 and 40: Redis knows nothing of a fresh share", r.allow, r.pending)
+		}
+		s, _ := r.snapshot(now, int64(time.Second), new(atomic.Uint64))
+		if d := s.delta(); d != 40 {
+			t.Fatalf("the sync reports %d, want 40", d)
+		}
+	})
+}
+
+func TestConcurrentChecksAndChargesOnOneKeyAllCount(t *testing.T) {
+	a := openUnreachable(t, 1000)
+	limit := algorithms.NewLimit(1000, int64(time.Hour), 0)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 10 {
+				if _, err := a.Check(ctx, "z", "k", limit); err != nil {
+					t.Error(err)
+					return
+				}
+				if _, err := a.Charge(ctx, "z", "k", limit, 2); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	z := a.zone("z")
+	s := z.shard("k")
+	s.mu.Lock()
+	r := s.m["k"]
+	s.mu.Unlock()
+	// A fresh share of the whole burst (1 instance): 1280 charged, 1000
+	// of it from the share, all of it pending for the first sync.
+	if r.allow != 0 || r.pending != 1280 {
+		t.Fatalf("allow %d pending %d after 640 charges of 2, want 0 and 1280", r.allow, r.pending)
+	}
+}
