@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/caddy-tally/ratelimit/zones"
 )
 
 func strictBlock(addr string) string {
@@ -220,5 +222,37 @@ func TestErrorResponsesFromHandleErrorsAreCounted(t *testing.T) {
 	}
 	if code, _ := c.adminDo(http.MethodGet, keyPath("failed_logins", "carol")); code != http.StatusNotFound {
 		t.Errorf("a user who never failed has state: %d", code)
+	}
+}
+
+// Weighted requests in async mode: the cost, not the count, stays within
+// the bound, which is in units of cost.
+func TestWeightedCostInAsyncModeStaysWithinTheBound(t *testing.T) {
+	t.Parallel()
+	rs := startRedis(t)
+	const interval = 100 * time.Millisecond
+	fleet := startAsyncFleet(t, 3, rs.Addr, "100ms", `
+		zone weighted {
+			key    {http.request.header.X-API-Key}
+			events 300
+			window 1h
+			cost   {http.request.header.X-Cost}
+		}`)
+	for _, c := range fleet {
+		waitFor(t, 10*time.Second, c.URL+" to see 3 instances", func() bool {
+			ok, n := asyncZoneStore(t, c, "weighted")
+			return ok && n == 3
+		})
+	}
+	limit := zones.Config{Events: 300, Window: time.Hour}.Limit()
+	start := time.Now()
+	r := request{Header: map[string]string{"X-API-Key": "alice", "X-Cost": "3"}}
+	counts := sendAcross(t, fleet, 600, 48, r, 5*time.Second)
+	elapsed := time.Since(start)
+	spent := int64(3 * counts[200])
+	bound := asyncBound(limit, elapsed, interval, len(fleet))
+	t.Logf("async, 3 instances, events 300, cost 3: 600 concurrent requests in %v: %v; %d units spent, bound %d", elapsed, counts, spent, bound)
+	if spent < 270 || spent > bound {
+		t.Fatalf("600 requests of cost 3 over 3 async instances at events 300: %v, %d units spent, want 270 to %d", counts, spent, bound)
 	}
 }
