@@ -1,7 +1,10 @@
 package distributed
 
 import (
+	"cmp"
 	"context"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -10,8 +13,16 @@ import (
 
 // Batching: callers put requests on a queue; each of a few workers takes one
 // (blocking), then whatever else is already queued (not waiting for more), and
-// sends them all as one pipeline. An idle store therefore adds no delay, and a
-// busy one sends one round trip for up to maxBatch decisions.
+// sends them all in one round trip. An idle store therefore adds no delay, and
+// a busy one sends one round trip for up to maxBatch decisions.
+//
+// The GCRA steps of a batch go to Redis as one call of gcra.lua with every key
+// (one dispatch, one TIME, one reply: most of what a single-key call costs
+// Redis is paid once per batch). On Redis Cluster a call's keys must share a
+// hash slot, so the batch is grouped by slot: one call per slot, all in one
+// pipeline. Keys without a hash tag spread over 16384 slots, so on Cluster
+// most calls carry one key, as before batching. Other scripts (concurrency
+// acquisitions) ride the same pipeline, one call each.
 //
 // When nothing is queued and fewer than idleCallers calls are running
 // directly, a caller skips the queue and runs its script itself: that saves
@@ -31,7 +42,8 @@ const (
 type request struct {
 	script   *redis.Script // gcra.lua, or concurrency.lua's acquire
 	keys     [1]string
-	args     [5]any // T, B, cost, op, now
+	args     [5]any // gcra.lua: now, T, B, cost, op
+	slot     int    // the key's hash slot (Cluster only; set by the worker)
 	deadline time.Time
 	reply    chan reply // capacity 1: a worker never blocks on it
 	timer    *time.Timer
@@ -130,40 +142,60 @@ func (s *Store) enqueue(ctx context.Context, script *redis.Script, key string, a
 	}
 }
 
-// worker sends queued requests as pipelines until the store closes.
+// batcher is one worker's reusable buffers.
+type batcher struct {
+	batch []*request
+	calls []batchCall
+	keys  []string
+	argv  []any
+}
+
+// batchCall is one script call of a batch and the requests it answers: a
+// run of GCRA steps (one gcra.lua call, 4 reply values per request), or one
+// request of another script.
+type batchCall struct {
+	cmd  *redis.Cmd
+	reqs []*request
+	gcra bool
+}
+
+// worker sends queued requests in batches until the store closes.
 func (s *Store) worker() {
 	defer s.wg.Done()
-	batch := make([]*request, 0, maxBatch)
-	cmds := make([]*redis.Cmd, 0, maxBatch)
+	b := &batcher{
+		batch: make([]*request, 0, maxBatch),
+		keys:  make([]string, 0, maxBatch),
+		argv:  make([]any, 0, 1+4*maxBatch),
+	}
 	for {
 		select {
 		case r := <-s.queue:
-			batch = append(batch[:0], r)
+			b.batch = append(b.batch[:0], r)
 		case <-s.done:
 			return
 		}
 	drain:
-		for len(batch) < maxBatch {
+		for len(b.batch) < maxBatch {
 			select {
 			case r := <-s.queue:
-				batch = append(batch, r)
+				b.batch = append(b.batch, r)
 			default:
 				break drain
 			}
 		}
-		cmds = s.send(batch, cmds)
-		clear(batch)
+		s.send(b)
+		clear(b.batch)
 	}
 }
 
-// send runs batch as one pipeline (two if Redis lost the script) and replies
-// to every request. Requests already past their deadline are dropped: their
-// callers have gone.
-func (s *Store) send(batch []*request, cmds []*redis.Cmd) []*redis.Cmd {
+// send runs b.batch in one round trip (two if Redis lost a script) and
+// replies to every request. Requests already past their deadline are
+// dropped: their callers have gone.
+func (s *Store) send(b *batcher) {
 	now := time.Now()
-	live := batch[:0]
+	live := b.batch[:0]
 	var latest time.Time
-	for _, r := range batch {
+	for _, r := range b.batch {
 		if r.deadline.After(now) {
 			live = append(live, r)
 			if r.deadline.After(latest) {
@@ -172,46 +204,97 @@ func (s *Store) send(batch []*request, cmds []*redis.Cmd) []*redis.Cmd {
 		}
 	}
 	if len(live) == 0 {
-		return cmds
+		return
 	}
 	ctx, cancel := context.WithDeadline(s.ctx, latest)
 	defer cancel()
 
-	cmds = cmds[:0]
-	if len(live) == 1 { // an idle store: a plain command costs less than a pipeline
-		r := live[0]
-		cmds = append(cmds, r.script.EvalSha(ctx, s.client, r.keys[:], r.args[:]...))
+	// GCRA steps first (grouped by slot on Cluster), then the others.
+	gcra := 0
+	for i, r := range live {
+		if r.script == s.script {
+			live[gcra], live[i] = live[i], live[gcra]
+			gcra++
+		}
+	}
+	if s.cluster && gcra > 1 {
+		for _, r := range live[:gcra] {
+			r.slot = hashSlot(r.keys[0])
+		}
+		slices.SortFunc(live[:gcra], func(a, b *request) int { return cmp.Compare(a.slot, b.slot) })
+	}
+	calls := b.calls[:0]
+	for i := 0; i < gcra; {
+		j := i + 1
+		for s.cluster && j < gcra && live[j].slot == live[i].slot {
+			j++
+		}
+		if !s.cluster {
+			j = gcra
+		}
+		calls = append(calls, batchCall{reqs: live[i:j], gcra: true})
+		i = j
+	}
+	for i := gcra; i < len(live); i++ {
+		calls = append(calls, batchCall{reqs: live[i : i+1]})
+	}
+
+	if len(calls) == 1 { // a plain command costs less than a pipeline
+		calls[0].cmd = b.eval(ctx, s.client, &calls[0], false)
 	} else {
 		pipe := s.client.Pipeline()
-		for _, r := range live {
-			cmds = append(cmds, r.script.EvalSha(ctx, pipe, r.keys[:], r.args[:]...))
+		for i := range calls {
+			calls[i].cmd = b.eval(ctx, pipe, &calls[i], false)
 		}
 		_, _ = pipe.Exec(ctx) // errors are per command
 	}
 
-	var retry []int
-	for i, c := range cmds {
-		if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
-			retry = append(retry, i)
+	var pipe redis.Pipeliner
+	for i := range calls {
+		if redis.HasErrorPrefix(calls[i].cmd.Err(), "NOSCRIPT") {
+			if pipe == nil {
+				pipe = s.client.Pipeline()
+			}
+			calls[i].cmd = b.eval(ctx, pipe, &calls[i], true)
 		}
 	}
-	if retry != nil {
-		pipe := s.client.Pipeline()
-		for _, i := range retry {
-			r := live[i]
-			cmds[i] = r.script.Eval(ctx, pipe, r.keys[:], r.args[:]...)
-		}
+	if pipe != nil {
 		_, _ = pipe.Exec(ctx)
 	}
 
-	for i, r := range live {
-		r.reply <- parseReply(cmds[i])
+	for _, c := range calls {
+		if !c.gcra {
+			c.reqs[0].reply <- parseReply(c.cmd)
+			continue
+		}
+		parseReplies(c.cmd, c.reqs)
 	}
-	clear(cmds)
-	return cmds
+	clear(calls)
+	b.calls = calls
 }
 
-// parseReply reads the script's {allowed, remaining, retry, reset}.
+// eval adds c's script call to cmdable: EVALSHA, or EVAL when Redis lost
+// the script. A GCRA call's ARGV is the shared now (Redis TIME: every
+// batched request leaves it "") and each request's T, B, cost and op.
+func (b *batcher) eval(ctx context.Context, cmdable redis.Scripter, c *batchCall, full bool) *redis.Cmd {
+	r := c.reqs[0]
+	keys, argv := r.keys[:], r.args[:]
+	if c.gcra && len(c.reqs) > 1 {
+		b.keys, b.argv = b.keys[:0], append(b.argv[:0], "")
+		for _, r := range c.reqs {
+			b.keys = append(b.keys, r.keys[0])
+			b.argv = append(b.argv, r.args[1:]...)
+		}
+		keys, argv = b.keys, b.argv
+		defer func() { clear(b.keys); clear(b.argv) }()
+	}
+	if full {
+		return r.script.Eval(ctx, cmdable, keys, argv...)
+	}
+	return r.script.EvalSha(ctx, cmdable, keys, argv...)
+}
+
+// parseReply reads one script reply of four integers.
 func parseReply(c *redis.Cmd) reply {
 	v, err := c.Result()
 	if err != nil {
@@ -221,6 +304,29 @@ func parseReply(c *redis.Cmd) reply {
 	if !ok || len(a) != 4 {
 		return reply{err: errBadReply}
 	}
+	return parseVals(a)
+}
+
+// parseReplies answers reqs from one gcra.lua reply: 4 integers each, in
+// order. An error (Redis's, or a bad reply) answers every request.
+func parseReplies(c *redis.Cmd, reqs []*request) {
+	v, err := c.Result()
+	a, ok := v.([]any)
+	if err == nil && (!ok || len(a) != 4*len(reqs)) {
+		err = errBadReply
+	}
+	for i, r := range reqs {
+		if err != nil {
+			r.reply <- reply{err: err}
+			continue
+		}
+		r.reply <- parseVals(a[4*i : 4*i+4])
+	}
+}
+
+// parseVals reads {allowed, remaining, retry, reset}; gcra.lua's allowed
+// of -1 or -2 reports a foreign value it deleted.
+func parseVals(a []any) reply {
 	var rep reply
 	for i, x := range a {
 		n, ok := x.(int64)
@@ -229,5 +335,46 @@ func parseReply(c *redis.Cmd) reply {
 		}
 		rep.vals[i] = n
 	}
+	switch rep.vals[0] {
+	case -1:
+		return reply{err: errForeignType}
+	case -2:
+		return reply{err: errForeignValue}
+	}
 	return rep
+}
+
+// scriptError is a per-key error a script reported in its reply: a
+// redis.Error, so that it counts as Redis answering (not an outage).
+type scriptError string
+
+func (e scriptError) Error() string { return string(e) }
+func (scriptError) RedisError()     {}
+
+const (
+	errForeignType  = scriptError("TALLYFOREIGN a value of another type was at a tally key; deleted")
+	errForeignValue = scriptError("TALLYFOREIGN a value that is not a TAT was at a tally key; deleted")
+)
+
+// hashSlot is Redis Cluster's slot of key: CRC16 (XMODEM) of the key, or of
+// its hash tag (the part between the first '{' and the next '}', if not
+// empty), mod 16384.
+func hashSlot(key string) int {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			key = key[i+1 : i+1+j]
+		}
+	}
+	var crc uint16
+	for k := 0; k < len(key); k++ {
+		crc ^= uint16(key[k]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return int(crc) & 16383
 }

@@ -1,15 +1,16 @@
 // Package distributed is tally's Redis store: the shared GCRA state that
 // every Caddy instance of a fleet decides against.
 //
-// Every decision is one Lua script (gcra.lua, the twin of algorithms.Limit)
-// on one key, atomic in Redis and timed by Redis TIME, so decisions are exact
-// across any number of instances and Redis Cluster needs no hash tags. The
+// Every decision is a step of one Lua script (gcra.lua, the twin of
+// algorithms.Limit), atomic in Redis and timed by Redis TIME, so decisions
+// are exact across any number of instances; one call decides a whole batch
+// (grouped by hash slot on Redis Cluster, which needs no hash tags). The
 // key's value is its TAT in microseconds, written with a TTL equal to its
 // resetAfter: every key the store writes expires on its own.
 //
 // Three things keep it fast and safe:
-//   - batching: concurrent decisions share pipelines (batch.go), with no
-//     added wait when idle;
+//   - batching: concurrent decisions share one script call (batch.go), with
+//     no added wait when idle;
 //   - a deadline: every call returns within Options.Timeout, queueing
 //     included, with ErrTimeout if Redis has not answered;
 //   - a breaker (breaker.go): after 5 consecutive failures calls fail at
@@ -71,6 +72,7 @@ type Store struct {
 	opts    Options
 	client  redis.UniversalClient
 	script  *redis.Script
+	cluster bool // a batch's GCRA steps go in one call per hash slot
 	logger  *zap.Logger
 	breaker breaker
 
@@ -126,6 +128,7 @@ func Open(opts Options, logger *zap.Logger) (*Store, error) {
 		cancel:     cancel,
 		done:       make(chan struct{}),
 	}
+	_, s.cluster = s.client.(*redis.ClusterClient)
 	s.breaker.logger = logger
 	s.breaker.redis = opts.Redacted()
 	s.problems.logger = logger
@@ -301,6 +304,46 @@ func (s *Store) EvalAt(ctx context.Context, op Op, zone, key string, limit algor
 	return algorithms.Result{Allowed: v[0] == 1, Remaining: v[1], RetryAfter: v[2], ResetAfter: v[3]}, nil
 }
 
+// Step is one key's GCRA step for EvalManyAt.
+type Step struct {
+	Op    Op
+	Zone  string
+	Key   string
+	Limit algorithms.Limit // in microseconds
+	Cost  int64
+}
+
+// EvalManyAt runs steps in one call of the GCRA script, in order, as the
+// batcher sends a batch, with an explicit clock (microseconds, as EvalAt).
+// A step's error (a foreign value found and deleted) is in errs; err is the
+// call's. It exists for the test that checks the script against
+// algorithms.Limit; Result.TAT is not filled in.
+func (s *Store) EvalManyAt(ctx context.Context, steps []Step, nowUs int64) (results []algorithms.Result, errs []error, err error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	keys := make([]string, len(steps))
+	argv := []any{nowUs}
+	for i, st := range steps {
+		keys[i] = s.RedisKey(st.Zone, st.Key)
+		a := scriptArgs(st.Op, st.Limit, st.Cost, nowUs)
+		argv = append(argv, a[1:]...)
+	}
+	v, err := s.script.Run(ctx, s.client, keys, argv...).Slice()
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(v) != 4*len(steps) {
+		return nil, nil, errBadReply
+	}
+	results, errs = make([]algorithms.Result, len(steps)), make([]error, len(steps))
+	for i := range steps {
+		rep := parseVals(v[4*i : 4*i+4])
+		errs[i] = rep.err
+		results[i] = algorithms.Result{Allowed: rep.vals[0] == 1, Remaining: rep.vals[1], RetryAfter: rep.vals[2], ResetAfter: rep.vals[3]}
+	}
+	return results, errs, nil
+}
+
 // unbatched runs the script without the batcher, through the breaker and
 // bounded by the timeout.
 func (s *Store) unbatched(ctx context.Context, key string, args [5]any) ([4]int64, error) {
@@ -336,9 +379,11 @@ func micro(l algorithms.Limit) algorithms.Limit {
 	return l
 }
 
-// scriptArgs builds ARGV for gcra.lua; now is "" (Redis TIME) or int64 µs.
+// scriptArgs builds ARGV for one key's gcra.lua call; now is "" (Redis
+// TIME) or int64 µs. A batch shares ARGV[1] (now) and appends the other four
+// for each key.
 func scriptArgs(op Op, l algorithms.Limit, cost int64, now any) [5]any {
-	return [5]any{l.EmissionInterval, l.Burst, cost, string(op), now}
+	return [5]any{now, l.EmissionInterval, l.Burst, cost, string(op)}
 }
 
 // resultNanos converts the script's reply to a Result in nanoseconds.

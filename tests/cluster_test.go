@@ -45,7 +45,8 @@ func startRedisCluster(t *testing.T) []string {
 }
 
 // Three instances on a three-node Redis Cluster are as exact as on one
-// server, and keys on every node work (single-key scripts, no hash tags).
+// server, and keys on every node work (a batch is one script call per hash
+// slot; no hash tags needed, and keys sharing one are decided together).
 func TestStoreOnRedisCluster(t *testing.T) {
 	addrs := startRedisCluster(t)
 	opts := distributed.Options{Addresses: addrs, Timeout: 5 * time.Second}
@@ -80,13 +81,17 @@ func TestStoreOnRedisCluster(t *testing.T) {
 		t.Fatalf("allowed %d of 300 on the cluster, want exactly 50", allowed.Load())
 	}
 
-	// Many keys in one batch: the pipeline spans every node.
+	// Many keys in one batch: the pipeline spans every node, one script
+	// call per hash slot; keys sharing a hash tag share calls.
 	cluster := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
 	defer cluster.Close()
 	nodes := map[string]bool{}
-	for i := range 60 {
+	for i := range 120 {
 		wg.Go(func() {
-			key := "k" + strconv.Itoa(i)
+			key := "k" + strconv.Itoa(i/2)
+			if i%2 == 1 {
+				key = "{tagged}" + key
+			}
 			for j := range 3 {
 				r, err := stores[i%3].Decide(ctx, "spread", key, algorithms.NewLimit(2, int64(time.Minute), 0), 1)
 				if err != nil {

@@ -2,8 +2,10 @@ package tests
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -20,7 +22,10 @@ import (
 // redis-server with 1, 16 and 256 concurrent callers, tally's batching store
 // beside go-redis/redis_rate (one EVALSHA per decision) in the same run.
 // Every caller has its own key and the limit is high, so every decision is
-// an allowed write. It reports decisions/s and the p99 latency of one call.
+// an allowed write. It reports decisions/s, the p99 latency of one call and
+// the Redis CPU each decision cost: the usec INFO commandstats counts for
+// scripts (EVALSHA and EVAL, heartbeats included) over the run, divided by
+// the decisions.
 //
 // Bounded by count, e.g.:
 //
@@ -45,13 +50,13 @@ func BenchmarkStrictDecide(b *testing.B) {
 	for _, callers := range []int{1, 16, 256} {
 		n := strconv.Itoa(callers)
 		b.Run("tally/callers="+n, func(b *testing.B) {
-			runDecisions(b, callers, func(key string) (bool, error) {
+			runDecisions(b, rdb, callers, func(key string) (bool, error) {
 				r, err := store.Decide(ctx, "bench", key, tallyLimit, 1)
 				return r.Allowed, err
 			})
 		})
 		b.Run("redis_rate/callers="+n, func(b *testing.B) {
-			runDecisions(b, callers, func(key string) (bool, error) {
+			runDecisions(b, rdb, callers, func(key string) (bool, error) {
 				r, err := limiter.Allow(ctx, key, rateLimit)
 				if err != nil {
 					return false, err
@@ -63,9 +68,14 @@ func BenchmarkStrictDecide(b *testing.B) {
 }
 
 // runDecisions spreads b.N decisions over a fixed number of goroutines, one
-// key each, and reports decisions/s and p99 latency in microseconds.
-func runDecisions(b *testing.B, callers int, decide func(key string) (bool, error)) {
+// key each, and reports decisions/s, p99 latency in microseconds and the
+// Redis CPU per decision (script usec from INFO commandstats, read through
+// rdb).
+func runDecisions(b *testing.B, rdb *redis.Client, callers int, decide func(key string) (bool, error)) {
 	b.ReportAllocs()
+	if err := rdb.ConfigResetStat(context.Background()).Err(); err != nil {
+		b.Fatal(err)
+	}
 	var next atomic.Int64
 	lat := make([][]time.Duration, callers)
 	var wg sync.WaitGroup
@@ -100,4 +110,42 @@ func runDecisions(b *testing.B, callers int, decide func(key string) (bool, erro
 		b.ReportMetric(float64(all[len(all)*99/100].Microseconds()), "p99-µs")
 	}
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "decisions/s")
+	usec, calls, err := scriptStats(rdb)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(usec)/float64(b.N), "redis-µs/decision")
+	b.ReportMetric(float64(b.N)/float64(max(calls, 1)), "decisions/call")
+}
+
+// scriptStats is the Redis CPU spent in scripts since the last CONFIG
+// RESETSTAT, and the number of script calls: the usec and calls of
+// cmdstat_evalsha and cmdstat_eval.
+func scriptStats(rdb *redis.Client) (usec, calls int64, err error) {
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || (name != "cmdstat_evalsha" && name != "cmdstat_eval") {
+			continue
+		}
+		for _, field := range strings.Split(rest, ",") {
+			name, v, _ := strings.Cut(field, "=")
+			if name != "usec" && name != "calls" {
+				continue
+			}
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return 0, 0, fmt.Errorf("commandstats %q: %w", line, err)
+			}
+			if name == "usec" {
+				usec += n
+			} else {
+				calls += n
+			}
+		}
+	}
+	return usec, calls, nil
 }

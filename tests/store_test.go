@@ -96,78 +96,126 @@ func TestLuaScriptAgreesWithGoGCRA(t *testing.T) {
 		{"charge with odd T", distributed.OpCharge, 7_000_003, 10, 4, 20_000_000},
 		{"charge stops at the debt cap", distributed.OpCharge, T, 5, 20, 2 * T},
 	}
-	for i, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			limit := algorithms.Limit{EmissionInterval: c.t, Burst: c.b}
-			key := "case" + string(rune('a'+i))
-			rkey := s.RedisKey("lua", key)
-			var tat int64 // as Go sees the stored TAT: 0 when absent
-			if c.tatOff != absent {
-				tat = nowUs + c.tatOff
-				if err := rdb.Set(ctx, rkey, tat, time.Hour).Err(); err != nil {
-					t.Fatal(err)
-				}
+	// setup stores the case's TAT at key and returns it as Go sees it (0
+	// when absent); verify checks the script's result and what it stored.
+	setup := func(t *testing.T, c tc, key string) (tat int64) {
+		t.Helper()
+		if c.tatOff != absent {
+			tat = nowUs + c.tatOff
+			if err := rdb.Set(ctx, s.RedisKey("lua", key), tat, time.Hour).Err(); err != nil {
+				t.Fatal(err)
 			}
-			got, err := s.EvalAt(ctx, c.op, "lua", key, limit, c.cost, nowUs)
+		}
+		return tat
+	}
+	verify := func(t *testing.T, c tc, key string, tat int64, got algorithms.Result) {
+		t.Helper()
+		limit := algorithms.Limit{EmissionInterval: c.t, Burst: c.b}
+		rkey := s.RedisKey("lua", key)
+		var want algorithms.Result
+		writes := false
+		switch c.op {
+		case distributed.OpDecide:
+			want = limit.Decide(tat, nowUs, c.cost)
+			writes = want.Allowed
+		case distributed.OpPeek:
+			want = limit.Peek(tat, nowUs)
+		case distributed.OpRefund:
+			newTAT := limit.Refund(tat, nowUs, c.cost)
+			want = algorithms.Result{Allowed: true, TAT: newTAT, ResetAfter: newTAT - nowUs}
+			writes = true
+		case distributed.OpCharge:
+			want = limit.Charge(tat, nowUs, c.cost)
+			writes = true
+		}
+		got.TAT = want.TAT // not returned by the script; checked in Redis below
+		if got != want {
+			t.Errorf("script %+v\n    Go %+v", got, want)
+		}
+
+		short := want.TAT-nowUs <= 2000 // a TTL of 1-2ms may run out before we look
+		stored, err := rdb.Get(ctx, rkey).Int64()
+		switch {
+		case errors.Is(err, redis.Nil):
+			if writes && want.TAT > nowUs && !short {
+				t.Errorf("key absent, want TAT %d", want.TAT)
+			}
+			if !writes && c.tatOff != absent {
+				t.Errorf("key deleted by an operation that writes nothing")
+			}
+		case err != nil:
+			t.Fatal(err)
+		case writes && want.TAT <= nowUs:
+			t.Errorf("stored TAT %d <= now: the key should have been deleted", stored)
+		case writes && stored != want.TAT:
+			t.Errorf("stored TAT %d, want %d", stored, want.TAT)
+		case !writes && stored != tat:
+			t.Errorf("stored TAT changed to %d by an operation that writes nothing (was %d)", stored, tat)
+		}
+		if writes && want.TAT > nowUs {
+			wantTTL := (want.TAT - nowUs + 999) / 1000 // ms, rounded up
+			pttl, err := rdb.PTTL(ctx, rkey).Result()
 			if err != nil {
 				t.Fatal(err)
 			}
-
-			var want algorithms.Result
-			writes := false
-			switch c.op {
-			case distributed.OpDecide:
-				want = limit.Decide(tat, nowUs, c.cost)
-				writes = want.Allowed
-			case distributed.OpPeek:
-				want = limit.Peek(tat, nowUs)
-			case distributed.OpRefund:
-				newTAT := limit.Refund(tat, nowUs, c.cost)
-				want = algorithms.Result{Allowed: true, TAT: newTAT, ResetAfter: newTAT - nowUs}
-				writes = true
-			case distributed.OpCharge:
-				want = limit.Charge(tat, nowUs, c.cost)
-				writes = true
+			if short && pttl < 0 {
+				return
 			}
-			got.TAT = want.TAT // not returned by the script; checked in Redis below
-			if got != want {
-				t.Errorf("script %+v\n    Go %+v", got, want)
+			if ms := pttl.Milliseconds(); ms > wantTTL || ms < wantTTL-500 {
+				t.Errorf("PTTL %dms, want %dms (minus the time the test took)", ms, wantTTL)
 			}
-
-			short := want.TAT-nowUs <= 2000 // a TTL of 1-2ms may run out before we look
-			stored, err := rdb.Get(ctx, rkey).Int64()
-			switch {
-			case errors.Is(err, redis.Nil):
-				if writes && want.TAT > nowUs && !short {
-					t.Errorf("key absent, want TAT %d", want.TAT)
-				}
-				if !writes && c.tatOff != absent {
-					t.Errorf("key deleted by an operation that writes nothing")
-				}
-			case err != nil:
+		}
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			key := "case" + string(rune('a'+i))
+			tat := setup(t, c, key)
+			got, err := s.EvalAt(ctx, c.op, "lua", key, algorithms.Limit{EmissionInterval: c.t, Burst: c.b}, c.cost, nowUs)
+			if err != nil {
 				t.Fatal(err)
-			case writes && want.TAT <= nowUs:
-				t.Errorf("stored TAT %d <= now: the key should have been deleted", stored)
-			case writes && stored != want.TAT:
-				t.Errorf("stored TAT %d, want %d", stored, want.TAT)
-			case !writes && stored != tat:
-				t.Errorf("stored TAT changed to %d by an operation that writes nothing (was %d)", stored, tat)
 			}
-			if writes && want.TAT > nowUs {
-				wantTTL := (want.TAT - nowUs + 999) / 1000 // ms, rounded up
-				pttl, err := rdb.PTTL(ctx, rkey).Result()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if short && pttl < 0 {
-					return
-				}
-				if ms := pttl.Milliseconds(); ms > wantTTL || ms < wantTTL-500 {
-					t.Errorf("PTTL %dms, want %dms (minus the time the test took)", ms, wantTTL)
-				}
-			}
+			verify(t, c, key, tat, got)
 		})
 	}
+
+	// Every case again as one batch: one call of the script with every key,
+	// as the batcher sends them, and a foreign value in the middle that
+	// fails its own step only.
+	t.Run("all cases in one call", func(t *testing.T) {
+		var steps []distributed.Step
+		var tats []int64
+		for i, c := range cases {
+			key := "batch" + string(rune('a'+i))
+			tats = append(tats, setup(t, c, key))
+			steps = append(steps, distributed.Step{Op: c.op, Zone: "lua", Key: key, Limit: algorithms.Limit{EmissionInterval: c.t, Burst: c.b}, Cost: c.cost})
+			if i == len(cases)/2 {
+				if err := rdb.HSet(ctx, s.RedisKey("lua", "planted"), "f", "v").Err(); err != nil {
+					t.Fatal(err)
+				}
+				steps = append(steps, distributed.Step{Op: distributed.OpDecide, Zone: "lua", Key: "planted", Limit: algorithms.Limit{EmissionInterval: T, Burst: 5}, Cost: 1})
+			}
+		}
+		got, errs, err := s.EvalManyAt(ctx, steps, nowUs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, j := 0, 0; i < len(steps); i++ {
+			if steps[i].Key == "planted" {
+				if errs[i] == nil || !strings.HasPrefix(errs[i].Error(), "TALLYFOREIGN") {
+					t.Errorf("step on a hash: error %v, want TALLYFOREIGN", errs[i])
+				}
+				if n, err := rdb.Exists(ctx, s.RedisKey("lua", "planted")).Result(); err != nil || n != 0 {
+					t.Errorf("the foreign value is still there (%d, %v)", n, err)
+				}
+				continue
+			}
+			if errs[i] != nil {
+				t.Errorf("%s: %v", cases[j].name, errs[i])
+			}
+			t.Run(cases[j].name, func(t *testing.T) { verify(t, cases[j], steps[i].Key, tats[j], got[i]) })
+			j++
+		}
+	})
 
 	// A random walk over one key: the script and Go, fed the same operations
 	// at the same times, must hold the same state at every step. Times are
@@ -218,6 +266,63 @@ func TestLuaScriptAgreesWithGoGCRA(t *testing.T) {
 			}
 		}
 	})
+
+	// The same walk in batches: up to 8 operations at one instant, on one
+	// key or two, in one call, apply in order as Go applies them one by one.
+	t.Run("random walk in batches", func(t *testing.T) {
+		rng := rand.New(rand.NewPCG(3, 4))
+		const sec = int64(1_000_000)
+		limit := algorithms.Limit{EmissionInterval: 2 * sec, Burst: 4}
+		now := nowUs
+		goTATs := map[string]int64{}
+		ops := []distributed.Op{distributed.OpDecide, distributed.OpDecide, distributed.OpDecide, distributed.OpRefund, distributed.OpPeek, distributed.OpCharge}
+		for call := range 150 {
+			now += sec * rng.Int64N(4)
+			steps := make([]distributed.Step, 1+rng.IntN(8))
+			for i := range steps {
+				steps[i] = distributed.Step{Op: ops[rng.IntN(len(ops))], Zone: "lua", Key: []string{"walk-a", "walk-b"}[rng.IntN(2)], Limit: limit, Cost: 1 + rng.Int64N(3)}
+			}
+			got, errs, err := s.EvalManyAt(ctx, steps, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, st := range steps {
+				goTAT := goTATs[st.Key]
+				var want algorithms.Result
+				switch st.Op {
+				case distributed.OpDecide:
+					want = limit.Decide(goTAT, now, st.Cost)
+					if want.Allowed {
+						goTAT = want.TAT
+					}
+				case distributed.OpPeek:
+					want = limit.Peek(goTAT, now)
+				case distributed.OpCharge:
+					want = limit.Charge(goTAT, now, st.Cost)
+					goTAT = want.TAT
+				case distributed.OpRefund:
+					goTAT = limit.Refund(goTAT, now, st.Cost)
+					want = algorithms.Result{Allowed: true, ResetAfter: goTAT - now}
+				}
+				goTATs[st.Key] = goTAT
+				want.TAT = 0
+				if errs[i] != nil || got[i] != want {
+					t.Fatalf("call %d step %d (%s %s cost %d): script %+v %v, Go %+v", call, i, st.Key, st.Op, st.Cost, got[i], errs[i], want)
+				}
+			}
+			for key, goTAT := range goTATs {
+				stored, err := rdb.Get(ctx, s.RedisKey("lua", key)).Int64()
+				if errors.Is(err, redis.Nil) {
+					stored = 0
+				} else if err != nil {
+					t.Fatal(err)
+				}
+				if max(stored, now) != max(goTAT, now) {
+					t.Fatalf("call %d: %s stored TAT %d, Go TAT %d (now %d)", call, key, stored, goTAT, now)
+				}
+			}
+		}
+	})
 }
 
 // Three instances deciding for one key at once admit exactly the limit.
@@ -253,6 +358,100 @@ func TestStoreIsExactAcrossInstances(t *testing.T) {
 	wg.Wait()
 	if allowed.Load() != 50 || denied.Load() != 250 {
 		t.Fatalf("allowed %d, denied %d; want exactly 50 and 250", allowed.Load(), denied.Load())
+	}
+}
+
+// Concurrent decisions share script calls: 256 callers make far fewer
+// EVALSHA calls than decisions, and stay exact for the key they share (each
+// batch holds it many times) and for their own, with concurrency
+// acquisitions riding the same batches; every key written keeps a TTL.
+func TestStoreBatchesDecisionsIntoOneScriptCall(t *testing.T) {
+	srv := startRedis(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	s := openStore(t, distributed.Options{Addresses: []string{srv.Addr}, Timeout: 10 * time.Second}, nil)
+	shared := algorithms.NewLimit(300, int64(time.Hour), 0)
+	own := algorithms.NewLimit(7, int64(time.Hour), 0)
+	if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	const callers, rounds = 256, 10
+	var sharedAllowed, slots atomic.Int64
+	ownAllowed := make([]int64, callers)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for g := range callers {
+		wg.Go(func() {
+			<-start
+			key := "own-" + strconv.Itoa(g)
+			for range rounds {
+				r, err := s.Decide(ctx, "batch", "shared", shared, 1)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if r.Allowed {
+					sharedAllowed.Add(1)
+				}
+				if r, err = s.Decide(ctx, "batch", key, own, 1); err != nil {
+					t.Error(err)
+					return
+				}
+				if r.Allowed {
+					ownAllowed[g]++
+				}
+			}
+			if g%4 == 0 {
+				id, _, err := s.Acquire(ctx, "slots", "k", 20, time.Minute)
+				if err != nil {
+					t.Error(err)
+				} else if id != "" {
+					slots.Add(1)
+				}
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	if n := sharedAllowed.Load(); n != 300 {
+		t.Errorf("the shared key admitted %d of %d, want exactly 300", n, callers*rounds)
+	}
+	for g, n := range ownAllowed {
+		if n != 7 {
+			t.Errorf("caller %d's own key admitted %d of %d, want exactly 7", g, n, rounds)
+		}
+	}
+	if n := slots.Load(); n != 20 {
+		t.Errorf("%d concurrency slots taken of 20, by %d callers", n, callers/4)
+	}
+	_, calls, err := scriptStats(rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	decisions := int64(2*callers*rounds + callers/4)
+	t.Logf("%d decisions in %d script calls", decisions, calls)
+	if calls > decisions/3 {
+		t.Errorf("%d script calls for %d decisions by %d callers: batches are not sent as one call", calls, decisions, callers)
+	}
+	keys, err := rdb.Keys(ctx, "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	written := 0
+	for _, k := range keys {
+		if !strings.Contains(k, "batch:") {
+			continue
+		}
+		written++
+		if ttl, err := rdb.PTTL(ctx, k).Result(); err != nil || ttl <= 0 {
+			t.Errorf("%s: PTTL %v, %v; every key must expire", k, ttl, err)
+		}
+	}
+	if written != callers+1 {
+		t.Errorf("%d GCRA keys in Redis, want %d", written, callers+1)
 	}
 }
 
