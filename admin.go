@@ -14,6 +14,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/caddy-tally/ratelimit/distributed"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 	"github.com/caddy-tally/ratelimit/zones"
 )
@@ -125,6 +126,16 @@ type storeInfo struct {
 	// write, found at a tally key and deleted), and when.
 	LastProblem   string     `json:"last_problem,omitempty"`
 	LastProblemAt *time.Time `json:"last_problem_at,omitempty"`
+	// On a Redis Cluster, the masters the store cannot reach now and since
+	// when; their keys use the fail policy, every other key is decided in
+	// Redis. A master replaced by its promoted replica leaves the list.
+	Unreachable []nodeOutage `json:"unreachable_nodes,omitempty"`
+}
+
+// nodeOutage is one unreachable Redis Cluster master.
+type nodeOutage struct {
+	Node  string    `json:"node"`
+	Since time.Time `json:"since"`
 }
 
 // keyInfo is a key as GET /rate_limit/zones/<zone>/keys/<key> shows it.
@@ -140,6 +151,12 @@ type keyInfo struct {
 	Events int64  `json:"events"`
 	Window string `json:"window"`
 	Burst  int64  `json:"burst"`
+}
+
+// outageReporter is what a store that can tell which Redis nodes are down
+// offers.
+type outageReporter interface {
+	Outages() []distributed.NodeOutage
 }
 
 // healthReporter is what a store that can tell its health offers.
@@ -211,6 +228,13 @@ func listZones() []zoneInfo {
 				zi.Store.OK = ok
 				if !ok {
 					zi.Store.BreakerOpenSince = &since
+				}
+				if or, ok := s.(outageReporter); ok {
+					for _, o := range or.Outages() {
+						if o.Node != "" {
+							zi.Store.Unreachable = append(zi.Store.Unreachable, nodeOutage{o.Node, o.Since})
+						}
+					}
 				}
 				if msg, at := hr.LastProblem(); msg != "" {
 					zi.Store.LastProblem, zi.Store.LastProblemAt = msg, &at

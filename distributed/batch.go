@@ -69,7 +69,8 @@ func (s *Store) call(ctx context.Context, key string, args [5]any) ([4]int64, er
 // callScript is call for any single-key script whose reply is four
 // integers.
 func (s *Store) callScript(ctx context.Context, script *redis.Script, key string, args [5]any) ([4]int64, error) {
-	ok, probe := s.breaker.allow()
+	b := s.breakerFor(key)
+	ok, probe := b.allow()
 	if !ok {
 		return [4]int64{}, ErrUnavailable
 	}
@@ -87,7 +88,7 @@ func (s *Store) callScript(ctx context.Context, script *redis.Script, key string
 	default:
 		vals, err = s.enqueue(ctx, script, key, args)
 	}
-	s.breaker.record(probe, err)
+	b.record(probe, err)
 	return vals, err
 }
 

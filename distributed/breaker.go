@@ -3,6 +3,7 @@ package distributed
 import (
 	"context"
 	"errors"
+	"maps"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -40,6 +41,12 @@ type breaker struct {
 
 	logger *zap.Logger
 	redis  string // redacted address, for the log lines
+
+	// On a Cluster: the master this breaker is for, a key it served (to
+	// tell when its slots have moved), and what to do on a failure or a
+	// refused call (reload the slot map).
+	node, sample string
+	onFailure    func()
 }
 
 // allow reports whether a call may go to Redis, and whether it is the probe
@@ -49,18 +56,26 @@ func (b *breaker) allow() (ok, probe bool) {
 		return true, false
 	}
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	if b.state.Load() == stateOpen && !time.Now().Before(b.retryAt) {
 		b.state.Store(stateProbing)
+		b.mu.Unlock()
 		return true, true
 	}
-	return b.state.Load() == stateClosed, false
+	ok = b.state.Load() == stateClosed
+	b.mu.Unlock()
+	if !ok && b.onFailure != nil {
+		b.onFailure()
+	}
+	return ok, false
 }
 
 // record feeds the outcome of a call that allow let through. Errors that
 // prove Redis answered (a script error, a wrong type) count as successes.
 func (b *breaker) record(probe bool, err error) {
 	failed := err != nil && unreachable(err)
+	if failed && b.onFailure != nil {
+		b.onFailure()
+	}
 	if probe && errors.Is(err, context.Canceled) {
 		// The probe's caller gave up (or the store is closing): no verdict,
 		// so let the next call probe instead.
@@ -138,4 +153,146 @@ func unreachable(err error) bool {
 		return false
 	}
 	return true
+}
+
+// On Redis Cluster a dead master must cost only the keys whose slots it
+// serves: one breaker per master, found through the client's slot map, so
+// that keys on healthy masters never see the fail policy while one is down.
+// A failure, or a call refused by an open breaker, asks the client to reload
+// the slot map (at most every reloadEvery): once the cluster has promoted a
+// replica, the slots map to the new master, whose breaker is closed, and
+// decisions go back to Redis without waiting for a probe of the dead node.
+// The dead node's breaker is then retired (logged once) and no longer
+// counts in Health.
+const reloadEvery = 100 * time.Millisecond
+
+type nodeBreakers struct {
+	cluster *redis.ClusterClient // nil unless the store is on a Cluster
+	// unmapped covers calls made before the client has a slot map, so that
+	// a cluster unreachable from the start is not asked for one per call.
+	unmapped breaker
+	// nodes maps master addresses to breakers; copied on write (a new
+	// master, a retired one), so the lookup per call takes no lock and
+	// allocates nothing.
+	nodes      atomic.Pointer[map[string]*breaker]
+	nodesMu    sync.Mutex   // serialises writers of nodes
+	lastReload atomic.Int64 // unix nanoseconds of the last reload asked for
+
+	logger *zap.Logger
+	redis  string
+}
+
+// init sets the breakers up for client, which is a Cluster client or not.
+func (n *nodeBreakers) init(client redis.UniversalClient, logger *zap.Logger, redacted string) {
+	n.cluster, _ = client.(*redis.ClusterClient)
+	n.logger, n.redis = logger, redacted
+	n.unmapped.logger, n.unmapped.redis = logger, redacted
+	n.unmapped.onFailure = n.reload
+}
+
+// breakerFor returns the breaker of the Cluster master serving key, or
+// store (the store-wide breaker) when not on a Cluster.
+func (n *nodeBreakers) breakerFor(ctx context.Context, key string, store *breaker) *breaker {
+	if n.cluster == nil {
+		return store
+	}
+	if n.unmapped.state.Load() != stateClosed {
+		return &n.unmapped
+	}
+	// The slot map is cached by the client: no round trip, no allocation.
+	c, err := n.cluster.MasterForKey(ctx, key)
+	if err != nil {
+		return &n.unmapped
+	}
+	addr := c.Options().Addr
+	if m := n.nodes.Load(); m != nil {
+		if b := (*m)[addr]; b != nil {
+			return b
+		}
+	}
+	n.nodesMu.Lock()
+	defer n.nodesMu.Unlock()
+	old := n.nodes.Load()
+	if old != nil && (*old)[addr] != nil {
+		return (*old)[addr]
+	}
+	b := &breaker{logger: n.logger, redis: n.redis + " node " + addr, node: addr, sample: key, onFailure: n.reload}
+	m := make(map[string]*breaker)
+	if old != nil {
+		maps.Copy(m, *old)
+	}
+	m[addr] = b
+	n.nodes.Store(&m)
+	return b
+}
+
+// reload asks the Cluster client to reload its slot map in the background,
+// unless it was asked less than reloadEvery ago.
+func (n *nodeBreakers) reload() {
+	if n.cluster == nil {
+		return
+	}
+	now := time.Now().UnixNano()
+	last := n.lastReload.Load()
+	if now-last < int64(reloadEvery) || !n.lastReload.CompareAndSwap(last, now) {
+		return
+	}
+	n.cluster.ReloadState(context.Background())
+}
+
+// retire forgets the breakers of nodes that no longer serve the slots they
+// were created for (a replica was promoted in their place), logging that
+// once, and returns the outages of the masters still in use.
+func (n *nodeBreakers) retire(ctx context.Context) (down []NodeOutage) {
+	if n.cluster == nil {
+		return nil
+	}
+	if ok, since := n.unmapped.health(); !ok {
+		down = append(down, NodeOutage{Node: "", Since: since})
+	}
+	m := n.nodes.Load()
+	if m == nil {
+		return down
+	}
+	for addr, b := range *m {
+		ok, since := b.health()
+		if ok {
+			continue
+		}
+		c, err := n.cluster.MasterForKey(ctx, b.sample)
+		if err == nil && c.Options().Addr != addr {
+			if n.drop(addr, b) {
+				n.logger.Info("redis node replaced: its slots are served by another master now",
+					zap.String("redis", n.redis), zap.String("node", addr),
+					zap.String("new_master", c.Options().Addr), zap.Duration("outage", time.Since(since)))
+			}
+			continue
+		}
+		n.reload()
+		down = append(down, NodeOutage{Node: addr, Since: since})
+	}
+	return down
+}
+
+// drop removes b, the breaker of addr, and reports whether this call did
+// (a concurrent retire may have).
+func (n *nodeBreakers) drop(addr string, b *breaker) bool {
+	n.nodesMu.Lock()
+	defer n.nodesMu.Unlock()
+	old := n.nodes.Load()
+	if old == nil || (*old)[addr] != b {
+		return false
+	}
+	m := maps.Clone(*old)
+	delete(m, addr)
+	n.nodes.Store(&m)
+	return true
+}
+
+// NodeOutage is a Redis node the store cannot reach: a Cluster master
+// (Node is its address; "" before the slot map is known), or the whole
+// setting for a standalone server or Sentinel (Node is "").
+type NodeOutage struct {
+	Node  string
+	Since time.Time
 }

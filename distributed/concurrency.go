@@ -133,7 +133,8 @@ func (s *Store) Slots(ctx context.Context, zone, key string) (int64, error) {
 	if s.isClosed() {
 		return 0, ErrClosed
 	}
-	ok, probe := s.breaker.allow()
+	b := s.breakerFor(s.slotsKey(zone, key))
+	ok, probe := b.allow()
 	if !ok {
 		return 0, ErrUnavailable
 	}
@@ -143,7 +144,7 @@ func (s *Store) Slots(ctx context.Context, zone, key string) (int64, error) {
 	if err == nil && len(v) != 4 {
 		err = errBadReply
 	}
-	s.breaker.record(probe, err)
+	b.record(probe, err)
 	if err != nil {
 		return 0, err
 	}

@@ -59,7 +59,8 @@ func (s *Store) Heartbeat(ctx context.Context) (int, error) {
 	if s.isClosed() {
 		return 0, ErrClosed
 	}
-	ok, probe := s.breaker.allow()
+	b := s.breakerFor(s.instancesKey())
+	ok, probe := b.allow()
 	if !ok {
 		return 0, ErrUnavailable
 	}
@@ -69,7 +70,7 @@ func (s *Store) Heartbeat(ctx context.Context) (int, error) {
 	orphans := s.orphans.take()
 	args := append([]any{s.instanceID, instanceTTL.Milliseconds()}, orphans...)
 	n, err := heartbeatScript.Run(ctx, s.client, []string{s.instancesKey()}, args...).Int64()
-	s.breaker.record(probe, err)
+	b.record(probe, err)
 	if err != nil {
 		s.orphans.add(orphans...)
 		return 0, err
@@ -176,6 +177,7 @@ func (s *Store) heartbeatLoop() {
 	defer t.Stop()
 	for {
 		_, _ = s.Heartbeat(s.ctx)
+		_ = s.Outages() // retires (and logs) Cluster masters replaced by a replica
 		select {
 		case <-t.C:
 		case <-s.done:

@@ -143,7 +143,15 @@ func (o Options) universalOptions() (*redis.UniversalOptions, error) {
 		PoolTimeout:           o.Timeout,
 		ContextTimeoutEnabled: true,
 		PoolSize:              workers + idleCallers + 4, // + heartbeat, admin, NOSCRIPT retries
-		MaxRedirects:          3,
+		// On a Cluster, a pipeline waits for its slowest node, and go-redis
+		// retries a dead node's commands up to MaxRedirects times with a
+		// backoff, holding the healthy masters' replies in the same batch.
+		// Two redirects follow a MOVED then an ASK; no backoff, since the
+		// retry that matters (to the new master) needs none. ReadOnly and
+		// RouteByLatency stay off: every script writes, on the master.
+		MaxRedirects:    2,
+		MinRetryBackoff: -1,
+		MaxRetryBackoff: -1,
 	}
 	tlsOn := o.TLS
 	var fromURL struct { // what the URLs say, which must agree

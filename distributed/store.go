@@ -74,7 +74,8 @@ type Store struct {
 	script  *redis.Script
 	cluster bool // a batch's GCRA steps go in one call per hash slot
 	logger  *zap.Logger
-	breaker breaker
+	breaker breaker      // the whole setting; on a Cluster, calls not about one key
+	nodes   nodeBreakers // on a Cluster, one breaker per master (breaker.go)
 
 	queue chan *request
 	idle  chan struct{} // slots for calls that skip the idle queue
@@ -131,6 +132,7 @@ func Open(opts Options, logger *zap.Logger) (*Store, error) {
 	_, s.cluster = s.client.(*redis.ClusterClient)
 	s.breaker.logger = logger
 	s.breaker.redis = opts.Redacted()
+	s.nodes.init(s.client, logger, opts.Redacted())
 	s.problems.logger = logger
 	s.zoneSep = ":"
 	s.instances.Store(1)
@@ -158,7 +160,7 @@ func (s *Store) Close() error {
 		_ = s.pubsub.Close()
 		s.wg.Wait()
 		removed := false
-		if ok, _ := s.breaker.health(); ok {
+		if ok, _ := s.breakerFor(s.instancesKey()).health(); ok {
 			ctx, cancel := context.WithTimeout(context.Background(), s.opts.Timeout)
 			removed = s.client.ZRem(ctx, s.instancesKey(), s.instanceID).Err() == nil
 			cancel()
@@ -174,8 +176,33 @@ func (s *Store) Close() error {
 func (s *Store) Destruct() error { return s.Close() }
 
 // Health reports whether Redis is considered reachable and, when it is not,
-// since when (the breaker opened then).
-func (s *Store) Health() (ok bool, openSince time.Time) { return s.breaker.health() }
+// since when (the earliest open breaker opened then). On a Cluster it is
+// false while any master serving slots is unreachable; Outages says which.
+func (s *Store) Health() (ok bool, openSince time.Time) {
+	ok = true
+	for _, o := range s.Outages() {
+		if ok || o.Since.Before(openSince) {
+			ok, openSince = false, o.Since
+		}
+	}
+	return ok, openSince
+}
+
+// Outages lists what the store cannot reach now: on a Cluster, each master
+// still serving slots whose breaker is open (a master replaced by its
+// replica is dropped, logged once); otherwise the whole setting, as one
+// outage with no node.
+func (s *Store) Outages() []NodeOutage {
+	down := s.nodes.retire(s.ctx)
+	if ok, since := s.breaker.health(); !ok {
+		down = append(down, NodeOutage{Since: since})
+	}
+	return down
+}
+
+// breakerFor is the breaker guarding calls about key: on a Cluster, that of
+// the master serving key's slot; otherwise the store's.
+func (s *Store) breakerFor(key string) *breaker { return s.nodes.breakerFor(s.ctx, key, &s.breaker) }
 
 // RedisKey is the Redis key holding the state of key in zone:
 // <key_prefix><zone>:<key> in strict mode, <key_prefix><zone>.async:<key> in
@@ -268,7 +295,8 @@ func (s *Store) Reset(ctx context.Context, zone, key string) error {
 	if s.isClosed() {
 		return ErrClosed
 	}
-	ok, probe := s.breaker.allow()
+	b := s.breakerFor(s.RedisKey(zone, key))
+	ok, probe := b.allow()
 	if !ok {
 		return ErrUnavailable
 	}
@@ -278,7 +306,7 @@ func (s *Store) Reset(ctx context.Context, zone, key string) error {
 	pipe.Del(ctx, s.RedisKey(zone, key))
 	pipe.Publish(ctx, s.resetsChannel(), zone+"\x00"+key)
 	_, err := pipe.Exec(ctx)
-	s.breaker.record(probe, err)
+	b.record(probe, err)
 	return err
 }
 
@@ -350,12 +378,13 @@ func (s *Store) unbatched(ctx context.Context, key string, args [5]any) ([4]int6
 	if s.isClosed() {
 		return [4]int64{}, ErrClosed
 	}
-	ok, probe := s.breaker.allow()
+	b := s.breakerFor(key)
+	ok, probe := b.allow()
 	if !ok {
 		return [4]int64{}, ErrUnavailable
 	}
 	vals, err := s.direct(ctx, key, args)
-	s.breaker.record(probe, err)
+	b.record(probe, err)
 	return vals, err
 }
 

@@ -1,0 +1,367 @@
+package tests
+
+// Failover of a replicated Redis Cluster and of a Sentinel-watched master
+// under load, with real redis-server processes: only the failed master's
+// keys use the fail policy, and only until a replica has been promoted.
+
+import (
+	"context"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/caddy-tally/ratelimit/algorithms"
+	"github.com/caddy-tally/ratelimit/distributed"
+)
+
+// resumeBound is how soon after a promotion every key of the failed master
+// must be decided in Redis again.
+const resumeBound = 2 * time.Second
+
+// replicatedCluster is three masters with one replica each, as redis-cli
+// --cluster create built it.
+type replicatedCluster struct {
+	masters   []*redisServer
+	replicaOf map[string]*redisServer // by master address
+	all       []*redisServer
+}
+
+// startReplicatedCluster starts 3 masters + 3 replicas with
+// cluster-node-timeout 1000 and waits until every node reports
+// cluster_state:ok and every replica is in sync. Coverage is not required
+// (cluster-require-full-coverage no): with the default, Redis itself refuses
+// every key on every master while one master is down and not yet replaced.
+func startReplicatedCluster(t *testing.T) *replicatedCluster {
+	t.Helper()
+	rc := &replicatedCluster{replicaOf: map[string]*redisServer{}}
+	var addrs []string
+	for range 6 {
+		dir := t.TempDir()
+		srv := startRedis(t, "--cluster-enabled", "yes",
+			"--cluster-config-file", filepath.Join(dir, "nodes.conf"),
+			"--cluster-node-timeout", "1000", "--cluster-require-full-coverage", "no")
+		rc.all = append(rc.all, srv)
+		addrs = append(addrs, srv.Addr)
+	}
+	args := append([]string{"--cluster", "create"}, addrs...)
+	args = append(args, "--cluster-replicas", "1", "--cluster-yes")
+	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	ctx := context.Background()
+	byPort := map[string]*redisServer{}
+	for _, s := range rc.all {
+		byPort[strconv.Itoa(s.Port)] = s
+	}
+	for _, s := range rc.all {
+		c := s.Client()
+		waitFor(t, 30*time.Second, "cluster_state:ok and a settled role on "+s.Addr, func() bool {
+			info, err := c.ClusterInfo(ctx).Result()
+			if err != nil || !strings.Contains(info, "cluster_state:ok") {
+				return false
+			}
+			repl, err := c.Info(ctx, "replication").Result()
+			if err != nil {
+				return false
+			}
+			if strings.Contains(repl, "role:master") {
+				return strings.Contains(repl, "connected_slaves:1")
+			}
+			return strings.Contains(repl, "master_link_status:up")
+		})
+		repl, _ := c.Info(ctx, "replication").Result()
+		if strings.Contains(repl, "role:master") {
+			rc.masters = append(rc.masters, s)
+			continue
+		}
+		port := infoField(repl, "master_port")
+		if byPort[port] == nil {
+			t.Fatalf("replica %s follows port %q, not a node of the cluster", s.Addr, port)
+		}
+		rc.replicaOf[byPort[port].Addr] = s
+	}
+	if len(rc.masters) != 3 || len(rc.replicaOf) != 3 {
+		t.Fatalf("%d masters and %d replicated masters, want 3 and 3", len(rc.masters), len(rc.replicaOf))
+	}
+	return rc
+}
+
+// infoField reads field from an INFO reply.
+func infoField(info, field string) string {
+	for line := range strings.SplitSeq(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// addrs returns every node's address, masters first.
+func (rc *replicatedCluster) addrs() []string {
+	var out []string
+	for _, m := range rc.masters {
+		out = append(out, m.Addr)
+	}
+	for _, m := range rc.masters {
+		out = append(out, rc.replicaOf[m.Addr].Addr)
+	}
+	return out
+}
+
+// promoted reports whether replica has become a master and the cluster,
+// as it sees it, is ok again.
+func promoted(ctx context.Context, replica *redis.Client) bool {
+	repl, err := replica.Info(ctx, "replication").Result()
+	if err != nil || !strings.Contains(repl, "role:master") {
+		return false
+	}
+	info, err := replica.ClusterInfo(ctx).Result()
+	return err == nil && strings.Contains(info, "cluster_state:ok")
+}
+
+// keyLoad decides keys in a loop from several goroutines and records, per
+// key, how many decisions failed (went to the fail policy) and when the last
+// failure and the last success were.
+type keyLoad struct {
+	mu    sync.Mutex
+	stats map[string]*keyStats
+	stop  chan struct{}
+	wg    sync.WaitGroup
+}
+
+type keyStats struct {
+	failures          int
+	lastErr           error
+	lastFail, lastOK  time.Time
+	decisions, denied int
+}
+
+func startKeyLoad(t *testing.T, keys []string, workers int, decide func(key string) (bool, error)) *keyLoad {
+	l := &keyLoad{stats: map[string]*keyStats{}, stop: make(chan struct{})}
+	for _, k := range keys {
+		l.stats[k] = &keyStats{}
+	}
+	for w := range workers {
+		l.wg.Go(func() {
+			for i := w; ; i++ {
+				select {
+				case <-l.stop:
+					return
+				default:
+				}
+				k := keys[i%len(keys)]
+				allowed, err := decide(k)
+				now := time.Now()
+				l.mu.Lock()
+				st := l.stats[k]
+				st.decisions++
+				if err != nil {
+					st.failures++
+					st.lastErr, st.lastFail = err, now
+				} else {
+					st.lastOK = now
+					if !allowed {
+						st.denied++
+					}
+				}
+				l.mu.Unlock()
+			}
+		})
+	}
+	t.Cleanup(l.halt)
+	return l
+}
+
+func (l *keyLoad) halt() {
+	select {
+	case <-l.stop:
+	default:
+		close(l.stop)
+	}
+	l.wg.Wait()
+}
+
+// allSucceededSince reports whether every key in keys had a success after
+// at.
+func (l *keyLoad) allSucceededSince(keys []string, at time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, k := range keys {
+		if !l.stats[k].lastOK.After(at) {
+			return false
+		}
+	}
+	return true
+}
+
+func (l *keyLoad) snapshot(k string) keyStats {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return *l.stats[k]
+}
+
+// logsAbout counts the log entries with message msg whose field names addr.
+func logsAbout(logs *observer.ObservedLogs, msg, field, addr string) int {
+	n := 0
+	for _, e := range logs.FilterMessage(msg).All() {
+		if v, ok := e.ContextMap()[field].(string); ok && strings.Contains(v, addr) {
+			n++
+		}
+	}
+	return n
+}
+
+const unreachableMsg = "redis unreachable; zones apply their fail_policy"
+
+// Killing one master of a replicated Cluster under load costs only its own
+// keys, and only until its replica is promoted: keys on the other masters
+// never fail, the failed master's keys are decided in Redis again within
+// resumeBound of the promotion (the dead master stays a seed address
+// throughout), the outage is logged once, naming the node, and Outages
+// names it while it lasts. Afterwards three instances are exact on a key of
+// the promoted shard, and the old master, restarted, rejoins as a replica
+// without taking a write: the exhausted key stays denied, and every key
+// still expires.
+func TestClusterFailoverCostsOnlyTheFailedMastersKeys(t *testing.T) {
+	t.Parallel()
+	rc := startReplicatedCluster(t)
+	ctx := context.Background()
+	victim := rc.masters[0]
+	heir := rc.replicaOf[victim.Addr]
+	logger, logs := observedLogger()
+	// The timeout is generous for a loaded 2-core machine: what is under
+	// test is which keys fail, not how fast Redis answers.
+	opts := distributed.Options{Addresses: rc.addrs(), Timeout: 500 * time.Millisecond}
+	store := openStore(t, opts, logger)
+
+	view := redis.NewClusterClient(&redis.ClusterOptions{Addrs: rc.addrs()[1:]})
+	defer view.Close()
+	var masterAddrs []string
+	for _, m := range rc.masters {
+		masterAddrs = append(masterAddrs, m.Addr)
+	}
+	keys, owner := keysOnEveryNode(t, ctx, view, masterAddrs, 4)
+	var victimKeys, otherKeys []string
+	for _, k := range keys {
+		if owner[k] == victim.Addr {
+			victimKeys = append(victimKeys, k)
+		} else {
+			otherKeys = append(otherKeys, k)
+		}
+	}
+	plenty := algorithms.NewLimit(1_000_000, int64(time.Hour), 0)
+	load := startKeyLoad(t, keys, 8, func(k string) (bool, error) {
+		r, err := store.Decide(ctx, "api", k, plenty, 1)
+		return r.Allowed, err
+	})
+	waitFor(t, 10*time.Second, "a decision in Redis for every key", func() bool {
+		return load.allSucceededSince(keys, time.Time{})
+	})
+
+	victim.Kill()
+	waitFor(t, 5*time.Second, "Outages to name the killed master", func() bool {
+		out := store.Outages()
+		return len(out) == 1 && out[0].Node == victim.Addr
+	})
+	heirClient := heir.Client()
+	waitFor(t, 20*time.Second, "the replica's promotion", func() bool { return promoted(ctx, heirClient) })
+	promotedAt := time.Now()
+	waitFor(t, 10*time.Second, "a decision in Redis for every key after the promotion", func() bool {
+		return load.allSucceededSince(keys, promotedAt)
+	})
+	load.halt()
+
+	for _, k := range otherKeys {
+		if st := load.snapshot(k); st.failures > 0 {
+			t.Errorf("key %s on healthy master %s: %d of %d decisions failed (last: %v), want none",
+				k, owner[k], st.failures, st.decisions, st.lastErr)
+		}
+	}
+	for _, k := range victimKeys {
+		st := load.snapshot(k)
+		if st.failures == 0 {
+			t.Errorf("key %s on the killed master never failed: the kill did not happen under load", k)
+		}
+		if late := st.lastFail.Sub(promotedAt); late > resumeBound {
+			t.Errorf("key %s on the killed master still failed %v after the promotion (last: %v), want within %v",
+				k, late.Round(time.Millisecond), st.lastErr, resumeBound)
+		}
+	}
+	if out := store.Outages(); len(out) != 0 {
+		t.Errorf("Outages after the promotion: %+v, want none", out)
+	}
+	if ok, _ := store.Health(); !ok {
+		t.Error("Health is not ok after the promotion")
+	}
+	if n := logsAbout(logs, unreachableMsg, "redis", victim.Addr); n != 1 {
+		t.Errorf("%d log entries say %s is unreachable, want exactly 1", n, victim.Addr)
+	}
+	if n := logs.FilterMessage(unreachableMsg).Len(); n != 1 {
+		t.Errorf("%d 'unreachable' log entries in all, want 1 (the killed master only): %v", n, logs.FilterMessage(unreachableMsg).All())
+	}
+	if n := logsAbout(logs, "redis node replaced: its slots are served by another master now", "node", victim.Addr); n != 1 {
+		t.Errorf("%d log entries say %s was replaced, want exactly 1", n, victim.Addr)
+	}
+
+	// Exactness on the promoted shard, across three instances.
+	fleet := []*distributed.Store{store, openStore(t, opts, nil), openStore(t, opts, nil)}
+	exactKey := victimKeys[0]
+	limit := algorithms.NewLimit(50, int64(time.Hour), 0)
+	var allowed, failed atomic.Int64
+	var wg sync.WaitGroup
+	for i := range 300 {
+		wg.Go(func() {
+			r, err := fleet[i%3].Decide(ctx, "exact", exactKey, limit, 1)
+			switch {
+			case err != nil:
+				failed.Add(1)
+			case r.Allowed:
+				allowed.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if allowed.Load() != 50 || failed.Load() != 0 {
+		t.Fatalf("300 decisions over 3 instances on the promoted shard at 50/h: %d allowed, %d failed, want exactly 50 and 0",
+			allowed.Load(), failed.Load())
+	}
+
+	// The old master comes back, learns it was replaced and follows its
+	// old replica. No decision reaches it meanwhile: the key stays spent.
+	var staleAllowed atomic.Int64
+	exhausted := startKeyLoad(t, []string{exactKey}, 4, func(k string) (bool, error) {
+		r, err := fleet[0].Decide(ctx, "exact", k, limit, 1)
+		if err == nil && r.Allowed {
+			staleAllowed.Add(1)
+		}
+		return r.Allowed, err
+	})
+	victim.Start()
+	vc := victim.Client()
+	waitFor(t, 20*time.Second, "the old master to follow the promoted replica", func() bool {
+		repl, err := vc.Info(ctx, "replication").Result()
+		return err == nil && strings.Contains(repl, "role:slave") &&
+			infoField(repl, "master_port") == strconv.Itoa(heir.Port) &&
+			strings.Contains(repl, "master_link_status:up")
+	})
+	exhausted.halt()
+	if st := exhausted.snapshot(exactKey); st.decisions == 0 || staleAllowed.Load() != 0 {
+		t.Errorf("while the old master rejoined: %d of %d decisions on a spent key allowed, want none of at least one",
+			staleAllowed.Load(), st.decisions)
+	}
+	// Every key on the masters serving slots now expires (a replica would
+	// redirect PTTL to its master). The load's keys may have expired
+	// already (their TTL is their reset time); the spent key has not.
+	heir.requireEveryKeyExpires(t, 1)
+	for _, m := range rc.masters[1:] {
+		m.requireEveryKeyExpires(t, 0)
+	}
+}
