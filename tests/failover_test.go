@@ -6,6 +6,8 @@ package tests
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -364,4 +366,178 @@ func TestClusterFailoverCostsOnlyTheFailedMastersKeys(t *testing.T) {
 	for _, m := range rc.masters[1:] {
 		m.requireEveryKeyExpires(t, 0)
 	}
+}
+
+// startSentinels starts n Sentinels watching master as "mymaster" with
+// the given quorum, declaring it down after downAfter without an answer,
+// and waits until each knows the master and its replicas.
+func startSentinels(t *testing.T, master *redisServer, n, quorum, replicas int, downAfter time.Duration) []string {
+	t.Helper()
+	var addrs []string
+	for range n {
+		port := freePort(t)
+		dir := t.TempDir()
+		conf := filepath.Join(dir, "sentinel.conf")
+		body := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\n"+
+			"sentinel monitor mymaster 127.0.0.1 %d %d\n"+
+			"sentinel down-after-milliseconds mymaster %d\n"+
+			"sentinel failover-timeout mymaster 10000\n",
+			port, dir, master.Port, quorum, downAfter.Milliseconds())
+		if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command("redis-server", conf, "--sentinel")
+		logf, err := os.Create(filepath.Join(dir, "sentinel.log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd.Stdout, cmd.Stderr = logf, logf
+		if err := cmd.Start(); err != nil {
+			t.Fatalf("starting redis-server --sentinel: %v", err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		addrs = append(addrs, "127.0.0.1:"+strconv.Itoa(port))
+	}
+	ctx := context.Background()
+	for _, a := range addrs {
+		s := redis.NewSentinelClient(&redis.Options{Addr: a})
+		defer s.Close()
+		waitFor(t, 20*time.Second, "sentinel "+a+" to know mymaster, its replicas and the other sentinels", func() bool {
+			m, err := s.GetMasterAddrByName(ctx, "mymaster").Result()
+			if err != nil || len(m) != 2 || m[1] != strconv.Itoa(master.Port) {
+				return false
+			}
+			r, err := s.Replicas(ctx, "mymaster").Result()
+			if err != nil || len(r) != replicas {
+				return false
+			}
+			others, err := s.Sentinels(ctx, "mymaster").Result()
+			return err == nil && len(others) == n-1
+		})
+	}
+	return addrs
+}
+
+// Killing a Sentinel-watched master under load: decisions fail only until
+// the replica is promoted, and are decided in Redis again within
+// resumeBound of the promotion; the outage is logged once, and its end
+// once. Afterwards three instances are exact on the new master, and the old
+// master, restarted (empty, as a crash leaves it without persistence),
+// takes no decision before Sentinel turns it into a replica of the new one.
+func TestSentinelFailoverFollowsTheNewMaster(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	master := startRedis(t)
+	replica := startRedis(t, "--replicaof", "127.0.0.1", strconv.Itoa(master.Port))
+	rc := replica.Client()
+	waitFor(t, 10*time.Second, "the replica in sync", func() bool {
+		repl, err := rc.Info(ctx, "replication").Result()
+		return err == nil && strings.Contains(repl, "master_link_status:up")
+	})
+	sentinels := startSentinels(t, master, 3, 2, 1, time.Second)
+	logger, logs := observedLogger()
+	opts := distributed.Options{Addresses: sentinels, SentinelMaster: "mymaster", Timeout: 500 * time.Millisecond}
+	store := openStore(t, opts, logger)
+
+	var keys []string
+	for i := range 8 {
+		keys = append(keys, "key-"+strconv.Itoa(i))
+	}
+	plenty := algorithms.NewLimit(1_000_000, int64(time.Hour), 0)
+	load := startKeyLoad(t, keys, 8, func(k string) (bool, error) {
+		r, err := store.Decide(ctx, "api", k, plenty, 1)
+		return r.Allowed, err
+	})
+	waitFor(t, 10*time.Second, "a decision in Redis for every key", func() bool {
+		return load.allSucceededSince(keys, time.Time{})
+	})
+
+	master.Kill()
+	waitFor(t, 5*time.Second, "Health to report the outage", func() bool {
+		ok, _ := store.Health()
+		return !ok
+	})
+	sc := redis.NewSentinelClient(&redis.Options{Addr: sentinels[0]})
+	defer sc.Close()
+	waitFor(t, 20*time.Second, "the replica's promotion", func() bool {
+		m, err := sc.GetMasterAddrByName(ctx, "mymaster").Result()
+		if err != nil || len(m) != 2 || m[1] != strconv.Itoa(replica.Port) {
+			return false
+		}
+		repl, err := rc.Info(ctx, "replication").Result()
+		return err == nil && strings.Contains(repl, "role:master")
+	})
+	promotedAt := time.Now()
+	waitFor(t, 10*time.Second, "a decision in Redis for every key after the promotion", func() bool {
+		return load.allSucceededSince(keys, promotedAt)
+	})
+	load.halt()
+	for _, k := range keys {
+		st := load.snapshot(k)
+		if st.failures == 0 {
+			t.Errorf("key %s never failed: the kill did not happen under load", k)
+		}
+		if late := st.lastFail.Sub(promotedAt); late > resumeBound {
+			t.Errorf("key %s still failed %v after the promotion (last: %v), want within %v",
+				k, late.Round(time.Millisecond), st.lastErr, resumeBound)
+		}
+	}
+	if ok, _ := store.Health(); !ok {
+		t.Error("Health is not ok after the promotion")
+	}
+	if n := logs.FilterMessage(unreachableMsg).Len(); n != 1 {
+		t.Errorf("%d 'unreachable' log entries, want exactly 1: %v", n, logs.FilterMessage(unreachableMsg).All())
+	}
+	if n := logs.FilterMessage("redis reachable again").Len(); n != 1 {
+		t.Errorf("%d 'reachable again' log entries, want exactly 1", n)
+	}
+
+	fleet := []*distributed.Store{store, openStore(t, opts, nil), openStore(t, opts, nil)}
+	limit := algorithms.NewLimit(50, int64(time.Hour), 0)
+	var allowed, failed atomic.Int64
+	var wg sync.WaitGroup
+	for i := range 300 {
+		wg.Go(func() {
+			r, err := fleet[i%3].Decide(ctx, "exact", "k", limit, 1)
+			switch {
+			case err != nil:
+				failed.Add(1)
+			case r.Allowed:
+				allowed.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if allowed.Load() != 50 || failed.Load() != 0 {
+		t.Fatalf("300 decisions over 3 instances on the new master at 50/h: %d allowed, %d failed, want exactly 50 and 0",
+			allowed.Load(), failed.Load())
+	}
+
+	var staleAllowed atomic.Int64
+	spent := startKeyLoad(t, []string{"k"}, 4, func(k string) (bool, error) {
+		r, err := fleet[0].Decide(ctx, "exact", k, limit, 1)
+		if err == nil && r.Allowed {
+			staleAllowed.Add(1)
+		}
+		return r.Allowed, err
+	})
+	master.Start()
+	mc := master.Client()
+	waitFor(t, 30*time.Second, "the old master to follow the new one", func() bool {
+		repl, err := mc.Info(ctx, "replication").Result()
+		return err == nil && strings.Contains(repl, "role:slave") &&
+			infoField(repl, "master_port") == strconv.Itoa(replica.Port) &&
+			strings.Contains(repl, "master_link_status:up")
+	})
+	spent.halt()
+	if st := spent.snapshot("k"); st.decisions == 0 || staleAllowed.Load() != 0 || st.failures != 0 {
+		t.Errorf("while the old master rejoined: %d allowed and %d failed of %d decisions on a spent key, want none of at least one",
+			staleAllowed.Load(), st.failures, st.decisions)
+	}
+	replica.requireEveryKeyExpires(t, 1)
+	waitFor(t, 5*time.Second, "the spent key replicated to the old master", func() bool {
+		n, err := mc.Exists(ctx, store.RedisKey("exact", "k")).Result()
+		return err == nil && n == 1
+	})
+	master.requireEveryKeyExpires(t, 1)
 }
