@@ -2,10 +2,12 @@ package ratelimit
 
 import (
 	"fmt"
+	"hash/maphash"
 	"math"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -59,7 +61,10 @@ const maxSFInteger = 999_999_999_999_999
 // the draft cannot express.
 //
 // All values are written into one buffer and become one string, which the
-// header values are slices of: one allocation for all of them. The numbers
+// header values are slices of; the string comes from h's value cache when an
+// earlier response rendered the same bytes (the usual case: the values
+// depend on the zone, remaining and whole seconds only), so a response
+// allocates only its header slice. The numbers
 // come from each verdict's plan and decision, so a limit read from the
 // request renders like a literal one.
 func (h *Handler) setHeaders(hdr http.Header, verdicts []verdict, denied bool) (maxT int64) {
@@ -126,8 +131,16 @@ func (h *Handler) setHeaders(hdr http.Header, verdicts []verdict, denied bool) (
 		buf = strconv.AppendInt(buf, sfInt(ceilSeconds(legacy.d.ResetAfter)), 10)
 	}
 
-	all := string(buf)
-	vals := make([]string, 0, 5)
+	all := h.values.intern(buf)
+	var vals []string // one backing array for every header's value
+	switch {
+	case h.headers == headersLegacy:
+		vals = make([]string, 0, 3)
+	case legacy == nil:
+		vals = make([]string, 0, 2)
+	default:
+		vals = make([]string, 0, 5)
+	}
 	if h.headers != headersLegacy {
 		vals = append(vals, all[:policyEnd], all[policyEnd:stateEnd])
 		hdr["Ratelimit-Policy"] = vals[0:1:1]
@@ -141,6 +154,36 @@ func (h *Handler) setHeaders(hdr http.Header, verdicts []verdict, denied bool) (
 		hdr["Ratelimit-Reset"] = vals[n+2 : n+3 : n+3]
 	}
 	return maxT
+}
+
+// valueCacheSize is how many rendered header values a handler remembers.
+const valueCacheSize = 512
+
+// valueCache remembers recently rendered header values so that responses
+// with the same values share one string. It is direct-mapped by a hash of
+// the bytes and compares the bytes themselves, so a collision only costs a
+// miss; entries are immutable strings published atomically, so lookups
+// never lock.
+type valueCache struct {
+	seed  maphash.Seed
+	slots [valueCacheSize]atomic.Pointer[string]
+}
+
+func newValueCache() *valueCache { return &valueCache{seed: maphash.MakeSeed()} }
+
+// intern returns b as a string, the one already cached when there is one.
+// A nil cache allocates every time.
+func (c *valueCache) intern(b []byte) string {
+	if c == nil {
+		return string(b)
+	}
+	slot := &c.slots[maphash.Bytes(c.seed, b)&(valueCacheSize-1)]
+	if p := slot.Load(); p != nil && *p == string(b) {
+		return *p
+	}
+	s := string(b)
+	slot.Store(&s)
+	return s
 }
 
 // appendPolicy appends v's zone as a RateLimit-Policy list member.

@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -133,4 +134,35 @@ func BenchmarkSetHeaders(b *testing.B) {
 		clear(hdr)
 		h.setHeaders(hdr, vs, false)
 	}
+}
+
+// Responses rendered at once from many goroutines each get their own values,
+// whether the cache holds them, another goroutine just replaced them, or
+// two values share a slot.
+func TestHeaderValueCacheUnderConcurrency(t *testing.T) {
+	h := &Handler{values: newValueCache()}
+	api := testZone("api", 100, time.Minute, 0)
+	var wg sync.WaitGroup
+	for g := range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			hdr := http.Header{}
+			for i := range 2000 {
+				remaining := int64((g*7 + i) % 100) // far more values than slots' worth of collisions
+				clear(hdr)
+				h.setHeaders(hdr, []verdict{{zone: api, plan: api.Plan(), d: zones.Decision{Allowed: true, Remaining: remaining, ResetAfter: 35 * time.Second}}}, false)
+				want := `"api";r=` + strconv.FormatInt(remaining, 10) + ";t=1" // T = 0.6s: 35s is 0.2s into an interval
+				if got := hdr.Get("RateLimit"); got != want {
+					t.Errorf("RateLimit %q, want %q", got, want)
+					return
+				}
+				if got := hdr.Get("RateLimit-Remaining"); got != strconv.FormatInt(remaining, 10) {
+					t.Errorf("RateLimit-Remaining %q, want %d", got, remaining)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/textproto"
 	"slices"
 	"strings"
 	"sync"
@@ -77,6 +78,7 @@ type Handler struct {
 	zones    []*zoneHandler // tightest first
 	weighted bool           // a zone counts cost in metrics
 	headers  headerMode
+	values   *valueCache // header values rendered before
 	events   *caddyevents.App
 	ctx      caddy.Context
 	logger   *zap.Logger
@@ -212,12 +214,17 @@ type zoneHandler struct {
 	matchers caddyhttp.MatcherSets
 	key      string // the key template
 	keyVar   string // when the template is exactly one placeholder: its name
-	vars     planVars
-	costs    costVars
-	dryRun   bool
-	denyErr  error        // the error a denial returns
-	metrics  *zoneMetrics // nil when metrics are disabled
-	timed    bool         // metrics on and every decision asks Redis (strict)
+	// keyHeader is, when the template is exactly one request header
+	// placeholder, the header's canonical name: read from the request
+	// directly, as Caddy's replacer would, but without boxing the value
+	// into an interface (an allocation per request).
+	keyHeader string
+	vars      planVars
+	costs     costVars
+	dryRun    bool
+	denyErr   error        // the error a denial returns
+	metrics   *zoneMetrics // nil when metrics are disabled
+	timed     bool         // metrics on and every decision asks Redis (strict)
 }
 
 // DefaultSweepInterval is how often expired keys are swept by default.
@@ -236,6 +243,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	var err error
 	if h.headers, err = parseHeaderMode(h.Headers); err != nil {
 		return err
+	}
+	if h.headers != headersOff {
+		h.values = newValueCache()
 	}
 	if h.StatusCode == 0 {
 		h.StatusCode = http.StatusTooManyRequests
@@ -362,6 +372,7 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 		dryRun:  cfg.DryRun,
 		denyErr: fmt.Errorf("rate limit exceeded in zone %s", name),
 	}
+	zh.keyHeader = headerPlaceholder(zh.keyVar)
 	if len(zc.MatcherSetsRaw) > 0 {
 		mods, err := ctx.LoadModule(zc, "MatcherSetsRaw")
 		if err != nil {
@@ -407,8 +418,28 @@ func singlePlaceholder(tpl string) string {
 	return tpl[1 : len(tpl)-1]
 }
 
+// headerPlaceholder returns the canonical header name a placeholder such
+// as http.request.header.X-Api-Key reads, or "".
+func headerPlaceholder(name string) string {
+	if field, ok := strings.CutPrefix(name, "http.request.header."); ok && field != "" {
+		return textproto.CanonicalMIMEHeaderKey(field)
+	}
+	return ""
+}
+
 // expandKey expands the zone's key template for the request.
-func (z *zoneHandler) expandKey(repl *caddy.Replacer) string {
+func (z *zoneHandler) expandKey(r *http.Request, repl *caddy.Replacer) string {
+	if z.keyHeader != "" {
+		// What {http.request.header.*} gives: the values joined by ",".
+		switch vals := r.Header[z.keyHeader]; len(vals) {
+		case 0:
+			return ""
+		case 1:
+			return vals[0]
+		default:
+			return strings.Join(vals, ",")
+		}
+	}
 	if z.keyVar != "" {
 		v, _ := repl.GetString(z.keyVar)
 		return v

@@ -141,7 +141,7 @@ func (h *Handler) applicable(r *http.Request, repl *caddy.Replacer, verdicts []v
 				continue
 			}
 		}
-		verdicts = append(verdicts, verdict{zone: z, key: z.Config.Key(z.expandKey(repl)),
+		verdicts = append(verdicts, verdict{zone: z, key: z.Config.Key(z.expandKey(r, repl)),
 			plan: z.planFor(h, repl), cost: z.costFor(h, repl)})
 	}
 	return verdicts, nil
