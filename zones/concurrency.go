@@ -16,6 +16,8 @@ import (
 	"fmt"
 	"sync/atomic"
 	"time"
+
+	"github.com/caddy-tally/ratelimit/internal/keytable"
 )
 
 // DefaultLease is how long a slot held in the store outlives the last
@@ -202,42 +204,36 @@ func (z *Zone) SlotsInUse(ctx context.Context, key string) (int64, error) {
 // acquireSlot counts one more request in flight for key if fewer than limit
 // are, and returns the count after the call. A key not in the table is
 // refused when its shard is full: unlike TATs, counts of requests in flight
-// carry information until they reach zero, so nothing may be evicted. The
-// key is not cloned (unlike Table.insert): its entry lives no longer than
-// the request it came from.
+// carry information until they reach zero, so nothing may be evicted.
 func (t *Table) acquireSlot(key string, limit int64) (int64, bool) {
-	s := t.shard(key)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n, found := s.m[key]
-	if n >= limit || (!found && len(s.m) >= t.shardCap) {
-		return n, false
+	var n int64
+	taken := false
+	room := t.kt.Update(key, 0, func(held int64, _ bool) (int64, keytable.Op) {
+		if n = held; held >= limit {
+			return 0, keytable.Keep
+		}
+		n, taken = held+1, true
+		return n, keytable.StoreIfRoom
+	})
+	if !room { // only a key the table did not hold: none in flight
+		return 0, false
 	}
-	if found {
-		s.m[key] = n + 1
-	} else {
-		s.m[key] = 1
-	}
-	return n + 1, true
+	return n, taken
 }
 
 // releaseSlot counts one request of key less in flight; the key leaves the
 // table at zero.
 func (t *Table) releaseSlot(key string) {
-	s := t.shard(key)
-	s.mu.Lock()
-	if n := s.m[key]; n > 1 {
-		s.m[key] = n - 1
-	} else {
-		delete(s.m, key)
-	}
-	s.mu.Unlock()
+	t.kt.Update(key, 0, func(n int64, _ bool) (int64, keytable.Op) {
+		if n > 1 {
+			return n - 1, keytable.Store
+		}
+		return 0, keytable.Delete
+	})
 }
 
 // slots is the count of requests of key in flight.
 func (t *Table) slots(key string) int64 {
-	s := t.shard(key)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.m[key]
+	n, _ := t.kt.Get(key)
+	return n
 }

@@ -1,0 +1,239 @@
+package keytable
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+)
+
+func set(t *Table, key string, value, now int64) {
+	t.Update(key, now, func(int64, bool) (int64, Op) { return value, Store })
+}
+
+// The table agrees with a Go map through random inserts, updates, deletes
+// and sweeps, over keys of every length the zones use (empty, short, long),
+// through growth, shrinking and arena compaction.
+func TestTableAgreesWithAMap(t *testing.T) {
+	tab := New(1 << 20) // never full: nothing is evicted
+	ref := map[string]int64{}
+	rng := rand.New(rand.NewPCG(1, 2))
+	keyOf := func(i int) string {
+		switch i % 4 {
+		case 0:
+			return fmt.Sprint(i)
+		case 1:
+			return fmt.Sprintf("key-%012d", i)
+		case 2:
+			return strings.Repeat("k", 100+i%200) + fmt.Sprint(i)
+		}
+		return fmt.Sprintf("%x", i)
+	}
+	for step := range 200_000 {
+		k := keyOf(rng.IntN(20_000))
+		switch op := rng.IntN(100); {
+		case op < 60:
+			v := rng.Int64N(1000)
+			set(tab, k, v, 0)
+			ref[k] = v
+		case op < 90:
+			tab.Delete(k)
+			delete(ref, k)
+		case op < 99:
+			got, ok := tab.Get(k)
+			want, wok := ref[k]
+			if ok != wok || got != want {
+				t.Fatalf("step %d: Get(%q) = %d %v, want %d %v", step, k, got, ok, want, wok)
+			}
+		default:
+			now := rng.Int64N(1000)
+			n := tab.Sweep(now)
+			for rk, v := range ref {
+				if v <= now {
+					delete(ref, rk)
+				}
+			}
+			if n != len(ref) {
+				t.Fatalf("step %d: sweep left %d keys, want %d", step, n, len(ref))
+			}
+		}
+	}
+	if tab.Len() != len(ref) {
+		t.Fatalf("table holds %d keys, want %d", tab.Len(), len(ref))
+	}
+	for k, want := range ref {
+		if got, ok := tab.Get(k); !ok || got != want {
+			t.Fatalf("Get(%q) = %d %v, want %d", k, got, ok, want)
+		}
+	}
+	set(tab, "", 7, 0)
+	if v, ok := tab.Get(""); !ok || v != 7 {
+		t.Fatalf("the empty key: %d %v", v, ok)
+	}
+}
+
+// Two keys whose hashes agree in every bit the table keeps are still two
+// entries: keys are compared byte for byte.
+func TestCollidingHashesKeepKeysApart(t *testing.T) {
+	s := &shard{}
+	const tag = 0x12345679
+	s.insert(tag, "alice", 1)
+	s.insert(tag, "mallory", 2)
+	for key, want := range map[string]int64{"alice": 1, "mallory": 2} {
+		if i := s.find(tag, key); i < 0 || s.slots[i].value != want {
+			t.Fatalf("%s: slot %d", key, i)
+		}
+	}
+	if i := s.find(tag, "bob"); i >= 0 {
+		t.Fatal("found a key never stored, by its hash alone")
+	}
+	s.deleteAt(s.find(tag, "alice"))
+	if i := s.find(tag, "mallory"); i < 0 || s.slots[i].value != 2 {
+		t.Fatal("deleting one colliding key lost the other")
+	}
+}
+
+func TestNeverHoldsMoreThanMaxKeys(t *testing.T) {
+	for _, maxKeys := range []int{1, 10, 1000, 100_000} {
+		tab := New(maxKeys)
+		for i := range maxKeys * 3 {
+			set(tab, fmt.Sprint("k", i), 10, 1)
+		}
+		if n := tab.Len(); n > maxKeys || n < maxKeys/2 {
+			t.Errorf("max_keys %d: table holds %d keys", maxKeys, n)
+		}
+	}
+}
+
+func TestFullShardEvictsExpiredEntriesFirst(t *testing.T) {
+	tab := New(10) // one shard of 10
+	for i := range 9 {
+		set(tab, fmt.Sprint("old", i), 1000, 0) // expired at 5000
+	}
+	set(tab, "active", 5500, 4500)
+	for i := range 9 {
+		set(tab, fmt.Sprint("new", i), 6000, 5000)
+	}
+	if _, ok := tab.Get("active"); !ok {
+		t.Fatal("an active key was evicted while expired keys were left to evict")
+	}
+}
+
+func TestStoreIfRoomNeverEvicts(t *testing.T) {
+	tab := New(10)
+	for i := range 10 {
+		set(tab, fmt.Sprint("held", i), 1, 100) // expired, but StoreIfRoom must not evict
+	}
+	if tab.Update("late", 100, func(int64, bool) (int64, Op) { return 1, StoreIfRoom }) {
+		t.Fatal("a key was added to a full shard")
+	}
+	if tab.Len() != 10 {
+		t.Fatalf("%d keys held, want the 10 there were", tab.Len())
+	}
+	if !tab.Update("held3", 100, func(v int64, _ bool) (int64, Op) { return v + 1, StoreIfRoom }) {
+		t.Fatal("a key the full shard holds could not be updated")
+	}
+}
+
+// A sweep that empties the table gives back the memory its keys took.
+func TestSweepGivesMemoryBack(t *testing.T) {
+	tab := New(1 << 20)
+	for i := range 300_000 {
+		set(tab, fmt.Sprintf("key-%012d", i), 10, 0)
+	}
+	set(tab, "survivor", 1000, 0)
+	full := tab.Bytes()
+	if left := tab.Sweep(100); left != 1 {
+		t.Fatalf("sweep left %d keys", left)
+	}
+	if after := tab.Bytes(); after > 4096 {
+		t.Fatalf("after a sweep left one key, the table holds %d bytes (%d when full)", after, full)
+	}
+	if v, ok := tab.Get("survivor"); !ok || v != 1000 {
+		t.Fatalf("survivor: %d %v", v, ok)
+	}
+}
+
+// Many goroutines count on shared keys while others churn short-lived keys
+// through the same shards and sweeps rebuild them: every count is exact
+// (-race).
+func TestConcurrentUpdatesAreExactThroughChurnAndSweeps(t *testing.T) {
+	tab := New(4096) // 16 shards of 256: the churn fills them and evicts
+	const goroutines, perGoroutine, shared = 32, 2000, 8
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	var churn sync.WaitGroup
+	churn.Add(1)
+	go func() {
+		defer churn.Done()
+		for round := int64(1); ; round++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			for i := range 4096 {
+				set(tab, fmt.Sprint("churn-", i), round*10+5, round*10)
+			}
+			tab.Sweep(round*10 + 6)
+		}
+	}()
+	for g := range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range perGoroutine {
+				key := fmt.Sprint("shared-", (g+i)%shared)
+				// Counts stay in force (> any now the churn uses) and are
+				// never evicted.
+				ok := tab.Update(key, 0, func(v int64, found bool) (int64, Op) {
+					if !found {
+						v = 1 << 60
+					}
+					return v + 1, StoreIfRoom
+				})
+				for !ok { // a full shard: the churn's sweep makes room
+					ok = tab.Update(key, 0, func(v int64, found bool) (int64, Op) {
+						if !found {
+							v = 1 << 60
+						}
+						return v + 1, StoreIfRoom
+					})
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	churn.Wait()
+	var total int64
+	for k := range shared {
+		v, ok := tab.Get(fmt.Sprint("shared-", k))
+		if !ok {
+			t.Fatalf("shared-%d lost", k)
+		}
+		total += v - 1<<60
+	}
+	if total != goroutines*perGoroutine {
+		t.Fatalf("counted %d updates, want %d", total, goroutines*perGoroutine)
+	}
+}
+
+// BenchmarkUpdateExistingKey: the per-request operation. Target: 0 allocs/op.
+func BenchmarkUpdateExistingKey(b *testing.B) {
+	tab := New(1_000_000)
+	keys := make([]string, 100_000)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("key-%012d", i)
+		set(tab, keys[i], 1, 0)
+	}
+	i := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		tab.Update(keys[i], 0, func(v int64, _ bool) (int64, Op) { return v + 1, Store })
+		if i++; i == len(keys) {
+			i = 0
+		}
+	}
+}
