@@ -34,12 +34,13 @@ type Table struct {
 
 type shard struct {
 	mu    sync.Mutex
-	slots []slot // linear probing; a power of two long, or nil when empty
-	keys  []byte // the keys' bytes, each after its uvarint length
-	n     int    // entries held
-	dead  int    // arena bytes of keys no longer held
-	rng   uint64 // where the next eviction sample starts
-	_     [8]byte
+	slots []slot   // linear probing; nil when empty
+	keys  []byte   // the keys' bytes, each after its uvarint length
+	n     int      // entries held
+	dead  int      // arena bytes of keys no longer held
+	rng   uint64   // where the next eviction sample starts
+	most  int      // the slots a full shard needs: growth stops there
+	_     [40]byte // keep neighbouring shards' locks off one cache line
 }
 
 // slot is one entry; tag 0 marks an empty slot.
@@ -84,6 +85,7 @@ func New(maxKeys int) *Table {
 	t := &Table{seed: maphash.MakeSeed(), shards: make([]shard, n), mask: uint64(n - 1), shardCap: maxKeys / n}
 	for i := range t.shards {
 		t.shards[i].rng = uint64(i)*0x9e3779b97f4a7c15 + 1
+		t.shards[i].most = max(minSlots, t.shardCap*maxLoadOf/3+1)
 	}
 	return t
 }
@@ -206,17 +208,20 @@ func (t *Table) Bytes() int {
 	return n
 }
 
-// slotsFor is the slot count for n entries after a rebuild: at most half
-// full, so that the shard does not grow again right away.
-func slotsFor(n int) int {
-	size := minSlots
-	for size < 2*n {
-		size *= 2
-	}
-	return size
-}
+// slotsFor is the slot count for n entries after a rebuild: half full, so
+// that the shard does not grow again right away.
+func slotsFor(n int) int { return max(minSlots, 2*n) }
 
-func (s *shard) home(tag uint32) int { return int(tag>>1) & (len(s.slots) - 1) }
+// home is where an entry's probe run starts: its tag scaled to the slot
+// count, which need not be a power of two.
+func (s *shard) home(tag uint32) int { return int(uint64(tag>>1) * uint64(len(s.slots)) >> 31) }
+
+func (s *shard) next(i int) int {
+	if i++; i == len(s.slots) {
+		return 0
+	}
+	return i
+}
 
 func (s *shard) key(off uint32) []byte {
 	n, w := binary.Uvarint(s.keys[off:])
@@ -229,8 +234,7 @@ func (s *shard) find(tag uint32, key string) int {
 	if s.n == 0 {
 		return -1
 	}
-	mask := len(s.slots) - 1
-	for i := s.home(tag); ; i = (i + 1) & mask {
+	for i := s.home(tag); ; i = s.next(i) {
 		sl := &s.slots[i]
 		if sl.tag == 0 {
 			return -1
@@ -245,7 +249,13 @@ func (s *shard) find(tag uint32, key string) int {
 // arena (so the table never pins the buffer the key was cut from).
 func (s *shard) insert(tag uint32, key string, value int64) {
 	if (s.n+1)*maxLoadOf > len(s.slots)*3 {
-		s.resize(max(minSlots, 2*len(s.slots)))
+		// Doubling, but never past what the shard needs when full: at
+		// max_keys the slots are 3/4 used, not 3/8.
+		size := max(minSlots, 2*len(s.slots))
+		if size > s.most && s.most > len(s.slots) {
+			size = s.most
+		}
+		s.resize(size)
 	}
 	need := binary.MaxVarintLen64 + len(key)
 	if len(s.keys)+need > cap(s.keys) && s.dead > 0 && s.dead*2 >= len(s.keys) {
@@ -254,10 +264,9 @@ func (s *shard) insert(tag uint32, key string, value int64) {
 	off := uint32(len(s.keys))
 	s.keys = binary.AppendUvarint(s.keys, uint64(len(key)))
 	s.keys = append(s.keys, key...)
-	mask := len(s.slots) - 1
 	i := s.home(tag)
 	for s.slots[i].tag != 0 {
-		i = (i + 1) & mask
+		i = s.next(i)
 	}
 	s.slots[i] = slot{value: value, tag: tag, off: off}
 	s.n++
@@ -268,9 +277,8 @@ func (s *shard) insert(tag uint32, key string, value int64) {
 func (s *shard) deleteAt(i int) {
 	s.dead += s.entryBytes(s.slots[i].off)
 	s.n--
-	mask := len(s.slots) - 1
 	for j := i; ; {
-		j = (j + 1) & mask
+		j = s.next(j)
 		sl := s.slots[j]
 		if sl.tag == 0 {
 			break
@@ -303,10 +311,9 @@ func (s *shard) evict(now int64) {
 	s.rng ^= s.rng << 13
 	s.rng ^= s.rng >> 7
 	s.rng ^= s.rng << 17
-	mask := len(s.slots) - 1
 	var expired [EvictionSample]slot // their arena offsets name them uniquely
 	nExpired, victim, seen := 0, -1, 0
-	for i, k := int(s.rng)&mask, 0; k < len(s.slots) && seen < EvictionSample; i, k = (i+1)&mask, k+1 {
+	for i, k := int(s.rng%uint64(len(s.slots))), 0; k < len(s.slots) && seen < EvictionSample; i, k = s.next(i), k+1 {
 		sl := &s.slots[i]
 		if sl.tag == 0 {
 			continue
@@ -331,10 +338,9 @@ func (s *shard) evict(now int64) {
 // slotOf returns where entry e (which may have moved since it was copied)
 // is now.
 func (s *shard) slotOf(e slot) int {
-	mask := len(s.slots) - 1
 	i := s.home(e.tag)
 	for s.slots[i].tag != e.tag || s.slots[i].off != e.off {
-		i = (i + 1) & mask
+		i = s.next(i)
 	}
 	return i
 }
@@ -344,14 +350,13 @@ func (s *shard) slotOf(e slot) int {
 func (s *shard) resize(size int) {
 	old := s.slots
 	s.slots = make([]slot, size)
-	mask := size - 1
 	for _, sl := range old {
 		if sl.tag == 0 {
 			continue
 		}
 		i := s.home(sl.tag)
 		for s.slots[i].tag != 0 {
-			i = (i + 1) & mask
+			i = s.next(i)
 		}
 		s.slots[i] = sl
 	}
