@@ -46,9 +46,23 @@ package distributed
 // concentrated on one instance gets ⌈spare/N⌉ per sync, so it reaches what
 // is left of the budget over a few syncs, not at once.
 //
+// Quiet keys: a record idle for one sync parks a small lease; idle at the
+// next one too, it hands everything back, takes nothing and goes dormant: no
+// sync looks at it until it has traffic. Its next request, if the fleet had
+// tokens at its last sync, syncs it alone on the request path (wake: one
+// script call, bounded by the timeout, concurrent requests waiting for it);
+// if the key was blocked, it is denied locally until the fleet's next token.
+// So a key seen once costs Redis three scripts, not one per interval until
+// it refills, and a dormant key's request is never denied for want of a
+// lease. A dormant record holds no lease, so the bound is unchanged; it
+// stays (evicted first when the zone is full), since a dropped record would
+// take a fresh share again.
+//
 // # Failure
 //
-// A sync that fails leaves the records alone: the instance keeps deciding
+// A sync that cannot list every record within its time bound (a flood of
+// keys) is not a failure: see send. A sync that fails leaves the records
+// alone: the instance keeps deciding
 // from its stale view, at most its current allowance. When the last sync
 // failed and the last successful one is older than 2·sync_interval plus the
 // sync's timeout, Decide returns an error (ErrUnavailable when the breaker
@@ -80,11 +94,14 @@ package distributed
 // (internal/monotime); Redis TIME times everything in Redis.
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"errors"
 	"hash/maphash"
 	"math/rand/v2"
+	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -106,8 +123,12 @@ var ErrStale = errors.New("distributed: async view is stale (no successful sync 
 
 // Async tuning.
 const (
-	// syncChunk is the most script calls sent in one pipeline.
-	syncChunk = 500
+	// syncChunk is the most script calls sent in one pipeline, and
+	// firstSyncChunk the most in a sync's first one: small, so that Redis
+	// answers it within the timeout even when busy, which tells a busy
+	// Redis (the rest waits for the next sync) from one that is down.
+	syncChunk      = 250
+	firstSyncChunk = 50
 	// asyncMaxKeys caps the records an async store keeps for a zone that
 	// did not say (SetMaxKeys).
 	asyncMaxKeys = 1_000_000
@@ -215,16 +236,16 @@ func (a *Async) Destruct() error { return a.Close() }
 // Decide decides one request for key in zone from this instance's allowance,
 // without calling Redis. limit is in nanoseconds, like the result.
 // Remaining is this instance's allowance, not the fleet's.
-func (a *Async) Decide(_ context.Context, zone, key string, limit algorithms.Limit, cost int64) (algorithms.Result, error) {
-	return a.step(zone, key, limit, func(r *record, now, nextSync int64) algorithms.Result {
+func (a *Async) Decide(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) (algorithms.Result, error) {
+	return a.step(ctx, zone, key, limit, func(r *record, now, nextSync int64) algorithms.Result {
 		return r.decide(now, nextSync, limit, cost)
 	})
 }
 
 // Check reports, without consuming, whether this instance's allowance for
 // key has a unit left (a post-charged zone's check before the request).
-func (a *Async) Check(_ context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, error) {
-	return a.step(zone, key, limit, func(r *record, now, nextSync int64) algorithms.Result {
+func (a *Async) Check(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, error) {
+	return a.step(ctx, zone, key, limit, func(r *record, now, nextSync int64) algorithms.Result {
 		return r.check(now, nextSync, limit)
 	})
 }
@@ -232,16 +253,17 @@ func (a *Async) Check(_ context.Context, zone, key string, limit algorithms.Limi
 // Charge takes cost from this instance's allowance after the response; what
 // the allowance does not cover is reported at the next sync and counted in
 // Redis past the burst (the key goes into debt).
-func (a *Async) Charge(_ context.Context, zone, key string, limit algorithms.Limit, cost int64) (algorithms.Result, error) {
-	return a.step(zone, key, limit, func(r *record, now, nextSync int64) algorithms.Result {
+func (a *Async) Charge(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) (algorithms.Result, error) {
+	return a.step(ctx, zone, key, limit, func(r *record, now, nextSync int64) algorithms.Result {
 		r.charge(cost)
 		return r.check(now, nextSync, limit)
 	})
 }
 
 // step runs f on key's record (created with a fresh share), under its
-// shard's lock, when the local view is fresh enough to decide from.
-func (a *Async) step(zone, key string, limit algorithms.Limit, f func(r *record, now, nextSync int64) algorithms.Result) (algorithms.Result, error) {
+// shard's lock, when the local view is fresh enough to decide from. A
+// dormant record is woken first when the fleet had tokens at its last sync.
+func (a *Async) step(ctx context.Context, zone, key string, limit algorithms.Limit, f func(r *record, now, nextSync int64) algorithms.Result) (algorithms.Result, error) {
 	now := monotime.Now()
 	if now-a.lastSync.Load() > a.stale && a.syncFailed.Load() {
 		if ok, _ := a.breaker.health(); !ok {
@@ -265,9 +287,99 @@ func (a *Async) step(zone, key string, limit algorithms.Limit, f func(r *record,
 		s.mu.Unlock()
 		return algorithms.Result{}, err
 	}
+	if r.dormant && r.retryAt <= now {
+		var err error
+		if r, err = a.wake(ctx, z, s, key, r, limit); err != nil {
+			s.mu.Unlock()
+			return algorithms.Result{}, err
+		}
+		now = monotime.Now()
+	}
 	res := f(r, now, a.nextSync.Load())
 	s.mu.Unlock()
 	return res, nil
+}
+
+// wake syncs a dormant record alone, on the request path, so that a key
+// quiet for a while gets a lease instead of a denial (a dormant record holds
+// none, and no sync looks at it): one script call, bounded by the timeout
+// and through the breaker, as in strict mode. Concurrent requests for the
+// key wait for the first one's call. A dormant record whose key was blocked
+// at its last sync is not woken before the fleet's next token: it denies
+// locally, at no cost. Called and returns with s locked; the record
+// returned is key's (another one if a reset replaced it).
+func (a *Async) wake(ctx context.Context, z *asyncZone, s *asyncShard, key string, r *record, limit algorithms.Limit) (*record, error) {
+	ctx, cancel := a.bound(ctx)
+	defer cancel()
+	for range 3 { // a final report in flight is sent again first
+		if r == nil {
+			r = &record{allow: freshShare(limit.Burst, a.Instances())}
+			z.insert(s, key, r)
+		}
+		if !r.dormant || r.retryAt > monotime.Now() {
+			return r, nil
+		}
+		if w := r.waking; w != nil {
+			s.mu.Unlock()
+			select {
+			case <-w:
+			case <-ctx.Done():
+			}
+			s.mu.Lock()
+			if err := ctx.Err(); err != nil {
+				return nil, ErrTimeout
+			}
+			r = s.m[key]
+			continue
+		}
+		if !r.hasUnacked {
+			r.limit = limit
+			r.unacked = sent{limit: limit, allow: r.allow, pending: r.pending, reserved: r.reserved, seq: a.seq.Add(1)}
+			r.hasUnacked = true
+		}
+		st := r.unacked
+		w := make(chan struct{})
+		r.waking = w
+		s.mu.Unlock()
+		rep, err := a.syncOne(ctx, z.name, key, st)
+		s.mu.Lock()
+		r.waking = nil
+		close(w)
+		if err != nil {
+			return nil, err
+		}
+		if s.m[key] == r && r.hasUnacked && r.unacked.seq == st.seq {
+			r.apply(st, rep, monotime.Now(), st.limit.Burst, freshShare(st.limit.Burst, a.Instances()))
+		}
+		r = s.m[key]
+	}
+	if r == nil {
+		r = &record{allow: freshShare(limit.Burst, a.Instances())}
+		z.insert(s, key, r)
+	}
+	return r, nil
+}
+
+// syncOne sends one report alone (a wake), bounded by ctx and through the
+// breaker.
+func (a *Async) syncOne(ctx context.Context, zone, key string, st sent) (syncReply, error) {
+	ok, probe := a.breaker.allow()
+	if !ok {
+		return syncReply{}, ErrUnavailable
+	}
+	n := int64(a.Instances())
+	res := parseReply(a.script.Run(ctx, a.client, []string{a.RedisKey(zone, key)}, a.syncArgs(st, n, true)...))
+	err := res.err
+	if errors.Is(err, context.DeadlineExceeded) {
+		err = ErrTimeout
+	}
+	a.breaker.record(probe, err)
+	if err != nil {
+		a.problems.note(zone, err)
+		return syncReply{}, err
+	}
+	v := res.vals
+	return syncReply{lease: v[0], avail: v[1], retry: v[2] * 1000, reset: v[3] * 1000}, nil
 }
 
 // Refund gives cost back to this instance's allowance.
@@ -373,7 +485,20 @@ type record struct {
 	// sync; the key's next decision returns it, so the zone applies its
 	// fail policy (and counts it) once per failed sync.
 	syncErr error
+	// idleSyncs counts the consecutive syncs that found the record idle;
+	// at dormantAfter the next one hands its whole lease back and takes
+	// none, and the record is dormant: no sync until a request needs it
+	// (see wake).
+	idleSyncs int
+	dormant   bool
+	waking    chan struct{} // closed when a wake in flight ends
 }
+
+// dormantAfter is the number of idle syncs (each parking a small lease) a
+// record has before its next sync hands everything back and it goes
+// dormant. A key seen once costs Redis dormantAfter+2 scripts, not one per
+// interval until it refills.
+const dormantAfter = 1
 
 // decide admits cost from the allowance, or denies until the next sync or
 // the fleet's next token, whichever is later.
@@ -443,6 +568,7 @@ type sent struct {
 	limit          algorithms.Limit
 	allow, pending int64
 	reserved, idle bool
+	final          bool   // hand the whole lease back, take none: the record goes dormant
 	seq            uint64 // unique per report, store-wide
 }
 
@@ -460,9 +586,10 @@ func (r *record) snapshot(now, interval int64, seq *atomic.Uint64) (sent, bool) 
 		return r.unacked, true
 	}
 	s := sent{limit: r.limit, allow: r.allow, pending: r.pending, reserved: r.reserved, idle: !r.used && r.pending == 0}
-	if r.reserved && s.idle && r.allow == 0 && r.retryAt > now+interval {
+	if r.reserved && s.idle && (r.dormant || r.allow == 0 && r.retryAt > now+interval) {
 		return s, false
 	}
+	s.final = s.idle && s.reserved && r.idleSyncs >= dormantAfter
 	r.used = false
 	s.seq = seq.Add(1)
 	r.unacked, r.hasUnacked = s, true
@@ -514,6 +641,12 @@ func (r *record) apply(s sent, rep syncReply, now, burst, fresh int64) (drop boo
 	r.allow, r.pending, r.reserved = allow, max(0, pending), true
 	r.retryAt, r.resetAt = now+rep.retry, now+rep.reset
 	r.hasUnacked = false
+	if s.idle {
+		r.idleSyncs++
+	} else {
+		r.idleSyncs = 0
+	}
+	r.dormant = s.final && !r.used && r.pending == 0 && r.allow == 0
 	forgotten := s.reserved && s.idle && rep.lease == 0 && rep.avail >= burst
 	if forgotten && r.used {
 		r.reserved = false
@@ -664,9 +797,7 @@ func (a *Async) loop() {
 	defer t.Stop()
 	for {
 		a.nextSync.Store(monotime.Now() + int64(a.interval))
-		ctx, cancel := context.WithTimeout(a.ctx, backgroundTimeout(a.opts))
-		_ = a.sync(ctx, true)
-		cancel()
+		_ = a.sync(a.ctx, true)
 		select {
 		case <-t.C:
 		case <-a.stop:
@@ -690,11 +821,13 @@ type item struct {
 // sync reports every record to Redis and adopts the replies; take is false
 // for the last sync at Close, which hands leases back and takes none. With
 // nothing to report, a PING keeps LastSync meaningful: Redis answered.
+// Each pipeline Redis must answer within the background timeout (see send).
 func (a *Async) sync(ctx context.Context, take bool) error {
 	a.syncMu.Lock()
 	defer a.syncMu.Unlock()
 	start := monotime.Now()
 	items := a.snapshot(start)
+	slices.SortStableFunc(items, func(x, y item) int { return cmp.Compare(b2i(x.sent.idle), b2i(y.sent.idle)) })
 	ok, probe := a.breaker.allow()
 	if !ok {
 		a.restore(items)
@@ -703,7 +836,9 @@ func (a *Async) sync(ctx context.Context, take bool) error {
 	}
 	var err error
 	if len(items) == 0 {
+		ctx, cancel := context.WithTimeout(ctx, backgroundTimeout(a.opts))
 		err = a.client.Ping(ctx).Err()
+		cancel()
 	} else {
 		err = a.send(ctx, items, take)
 	}
@@ -750,56 +885,100 @@ func (a *Async) restore(items []item) {
 // each reply. It returns the first error that says Redis cannot serve (for
 // the breaker); items whose call failed keep their state for the next sync,
 // and an error about one key alone goes to that key's next decision.
+//
+// Redis must answer each pipeline within the background timeout; a sync
+// starts no new pipeline once it has taken that long in all, nor after one
+// failed, so the items not done wait for the next sync (their reports are
+// sent again, unchanged), items with traffic first (sync sorts them). A
+// pipeline that times out after Redis answered the sync's first (small)
+// one means Redis is busy, not down: the sync stops there without an error.
+// A flood of keys thus slows syncs down and is never taken for an outage.
 func (a *Async) send(ctx context.Context, items []item, take bool) error {
 	n := int64(a.Instances())
-	var firstErr error
-	for lo := 0; lo < len(items); lo += syncChunk {
-		chunk := items[lo:min(lo+syncChunk, len(items))]
-		pipe := a.client.Pipeline()
-		for i := range chunk {
-			it := &chunk[i]
-			l := micro(it.sent.limit)
-			it.keys = []string{a.RedisKey(it.z.name, it.key)}
-			it.args = []any{l.EmissionInterval, l.Burst, n, it.sent.delta(), b2i(it.sent.idle),
-				a.hold, freshShare(l.Burst, int(n)), b2i(take), a.instanceID, it.sent.seq}
-			it.cmd = pipe.EvalSha(ctx, a.script.Hash(), it.keys, it.args...)
+	timeout := backgroundTimeout(a.opts)
+	budget := time.Now().Add(timeout)
+	for lo, size := 0, firstSyncChunk; lo < len(items); lo, size = lo+size, syncChunk {
+		if lo > 0 && time.Now().After(budget) {
+			a.restore(items[lo:])
+			break
 		}
-		_, _ = pipe.Exec(ctx) // errors are per command
-		var retry redis.Pipeliner
-		for i := range chunk {
-			it := &chunk[i]
-			if redis.HasErrorPrefix(it.cmd.Err(), "NOSCRIPT") {
-				if retry == nil {
-					retry = a.client.Pipeline()
-				}
-				it.cmd = retry.Eval(ctx, asyncScript, it.keys, it.args...)
+		chunk := items[lo:min(lo+size, len(items))]
+		if err := a.sendChunk(ctx, timeout, chunk, n, take); err != nil {
+			a.restore(items[lo+len(chunk):])
+			if lo > 0 && (errors.Is(err, context.DeadlineExceeded) || isTimeout(err)) {
+				// Redis answered this sync's first pipeline in time:
+				// it is busy, not down.
+				return nil
 			}
-		}
-		if retry != nil {
-			_, _ = retry.Exec(ctx)
-		}
-		now := monotime.Now()
-		for i := range chunk {
-			it := &chunk[i]
-			rep := parseReply(it.cmd)
-			if rep.err != nil {
-				if unreachable(rep.err) {
-					if firstErr == nil {
-						firstErr = rep.err
-					}
-				} else {
-					a.problems.note(it.z.name, rep.err)
-					it.s.mu.Lock()
-					it.r.syncErr = rep.err
-					it.s.mu.Unlock()
-				}
-				a.restore(chunk[i : i+1])
-				continue
-			}
-			a.adopt(it, rep.vals, now)
+			return err
 		}
 	}
+	return nil
+}
+
+// isTimeout reports whether err is a network timeout (a pipeline Redis did
+// not answer in time).
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// sendChunk runs one pipeline of items, bounded by timeout, and adopts the
+// replies; it returns the first error that says Redis cannot serve.
+func (a *Async) sendChunk(ctx context.Context, timeout time.Duration, chunk []item, n int64, take bool) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var firstErr error
+	pipe := a.client.Pipeline()
+	for i := range chunk {
+		it := &chunk[i]
+		it.keys = []string{a.RedisKey(it.z.name, it.key)}
+		it.args = a.syncArgs(it.sent, n, take)
+		it.cmd = pipe.EvalSha(ctx, a.script.Hash(), it.keys, it.args...)
+	}
+	_, _ = pipe.Exec(ctx) // errors are per command
+	var retry redis.Pipeliner
+	for i := range chunk {
+		it := &chunk[i]
+		if redis.HasErrorPrefix(it.cmd.Err(), "NOSCRIPT") {
+			if retry == nil {
+				retry = a.client.Pipeline()
+			}
+			it.cmd = retry.Eval(ctx, asyncScript, it.keys, it.args...)
+		}
+	}
+	if retry != nil {
+		_, _ = retry.Exec(ctx)
+	}
+	now := monotime.Now()
+	for i := range chunk {
+		it := &chunk[i]
+		rep := parseReply(it.cmd)
+		if rep.err != nil {
+			if unreachable(rep.err) {
+				if firstErr == nil {
+					firstErr = rep.err
+				}
+			} else {
+				a.problems.note(it.z.name, rep.err)
+				it.s.mu.Lock()
+				it.r.syncErr = rep.err
+				it.s.mu.Unlock()
+			}
+			a.restore(chunk[i : i+1])
+			continue
+		}
+		a.adopt(it, rep.vals, now)
+	}
 	return firstErr
+}
+
+// syncArgs is async.lua's ARGV for one report (take is false at Close; a
+// final report takes nothing either).
+func (a *Async) syncArgs(st sent, n int64, take bool) []any {
+	l := micro(st.limit)
+	return []any{l.EmissionInterval, l.Burst, n, st.delta(), b2i(st.idle),
+		a.hold, freshShare(l.Burst, int(n)), b2i(take && !st.final), a.instanceID, st.seq}
 }
 
 // adopt applies one reply to its record, if the record is still the one
@@ -808,7 +987,9 @@ func (a *Async) adopt(it *item, v [4]int64, now int64) {
 	rep := syncReply{lease: v[0], avail: v[1], retry: v[2] * 1000, reset: v[3] * 1000}
 	it.s.mu.Lock()
 	fresh := freshShare(it.sent.limit.Burst, a.Instances())
-	if it.s.m[it.key] == it.r && it.r.apply(it.sent, rep, now, it.sent.limit.Burst, fresh) {
+	// A wake (or this sync) may have adopted the same report already.
+	r := it.r
+	if it.s.m[it.key] == r && r.hasUnacked && r.unacked.seq == it.sent.seq && r.apply(it.sent, rep, now, it.sent.limit.Burst, fresh) {
 		delete(it.s.m, it.key)
 	}
 	it.s.mu.Unlock()

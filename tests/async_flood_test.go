@@ -1,0 +1,206 @@
+package tests
+
+// A flood of new keys in async mode: Redis work per key is bounded, a flood
+// beyond what Redis can sync in an interval slows syncs down but is never
+// taken for an outage, and a blocked key stays blocked throughout.
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddy-tally/ratelimit/algorithms"
+	"github.com/caddy-tally/ratelimit/distributed"
+)
+
+// settledScriptCalls polls INFO commandstats until the script calls stop
+// growing (no sync sends any for several intervals, heartbeats aside) and
+// returns their number.
+func settledScriptCalls(t *testing.T, srv *redisServer, a *distributed.Async, interval time.Duration) int64 {
+	t.Helper()
+	rdb := srv.Client()
+	var last int64 = -1
+	var steadySince time.Time
+	waitFor(t, 60*time.Second, "the syncs to settle", func() bool {
+		_, calls, err := scriptStats(rdb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A heartbeat is one script a second: a change of at most 1 is
+		// steady.
+		if last < 0 || calls-last > 1 {
+			last, steadySince = calls, time.Now()
+			return false
+		}
+		last = calls
+		// Steady, and syncs succeeded meanwhile: not stalled.
+		return time.Since(steadySince) > 5*interval && a.LastSync().After(steadySince.Add(interval))
+	})
+	return last
+}
+
+func TestAsyncFloodOfNewKeysCostsBoundedRedisWorkAndNoOutage(t *testing.T) {
+	srv := startRedis(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	const interval = 100 * time.Millisecond
+	a := openAsyncStores(t, 1, srv.Addr, interval, 0)[0] // the default 20ms timeout
+	blocked := algorithms.NewLimit(5, int64(time.Hour), 0)
+	for range 5 {
+		if r, err := a.Decide(ctx, "z", "blocked", blocked, 1); err != nil || !r.Allowed {
+			t.Fatalf("spending the blocked key's burst: %+v, %v", r, err)
+		}
+	}
+	waitForSyncs(t, []*distributed.Async{a}, interval)
+	if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	// The flood: a new key per request, as fast as four callers go, for at
+	// most a second and floodKeys keys, while another caller keeps asking
+	// for the blocked key.
+	const floodKeys = 25_000
+	limit := algorithms.NewLimit(10, int64(time.Hour), 0)
+	var next, allowed, failed, blockedAllowed, blockedChecks atomic.Int64
+	var firstErr atomic.Value
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(time.Second)
+	for range 4 {
+		wg.Go(func() {
+			for time.Now().Before(deadline) {
+				i := next.Add(1)
+				if i > floodKeys {
+					return
+				}
+				r, err := a.Decide(ctx, "z", "flood-"+strconv.FormatInt(i, 10), limit, 1)
+				if err != nil {
+					failed.Add(1)
+					firstErr.CompareAndSwap(nil, err.Error())
+					continue
+				}
+				if r.Allowed {
+					allowed.Add(1)
+				}
+			}
+		})
+	}
+	var unhealthy atomic.Bool
+	checker := make(chan struct{})
+	go func() {
+		defer close(checker)
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			r, err := a.Decide(ctx, "z", "blocked", blocked, 1)
+			blockedChecks.Add(1)
+			if err != nil {
+				failed.Add(1)
+				firstErr.CompareAndSwap(nil, err.Error())
+			} else if r.Allowed {
+				blockedAllowed.Add(1)
+			}
+			if ok, _ := a.Health(); !ok {
+				unhealthy.Store(true)
+			}
+		}
+	}()
+	wg.Wait()
+	keys := min(next.Load(), floodKeys)
+	// Keep checking while the syncs work through the flood.
+	calls := settledScriptCalls(t, srv, a, interval)
+	close(stop)
+	<-checker
+
+	t.Logf("%d new keys, %d script calls to settle (%.2f per key), %d checks of the blocked key", keys, calls, float64(calls)/float64(keys), blockedChecks.Load())
+	if n := failed.Load(); n != 0 {
+		t.Errorf("%d decisions failed during the flood (first: %v): Redis was healthy, only busy", n, firstErr.Load())
+	}
+	if unhealthy.Load() {
+		t.Errorf("the store reported Redis unavailable during the flood")
+	}
+	if n := allowed.Load(); n != keys {
+		t.Errorf("%d of %d new keys allowed, want all", n, keys)
+	}
+	if n := blockedAllowed.Load(); n != 0 {
+		t.Errorf("the blocked key was allowed %d times of %d during the flood", n, blockedChecks.Load())
+	}
+	// A key seen once costs three scripts (report, park, hand back), plus
+	// a resend when a busy Redis answered its pipeline too late, and then
+	// none: not one per interval until it refills (36,000 in the hour).
+	if calls > 5*keys {
+		t.Errorf("%d script calls for %d keys seen once: more than 5 per key", calls, keys)
+	}
+	if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(10 * interval) // the quiet period being measured, not a synchronisation
+	if _, quiet, err := scriptStats(rdb); err != nil || quiet > 5 {
+		t.Errorf("%d script calls in 10 intervals after the flood (%v), want only heartbeats", quiet, err)
+	}
+	if n := a.Keys("z"); int64(n) < keys {
+		t.Errorf("%d records kept of %d keys: dormant records must stay (a dropped one would take a fresh share again)", n, keys)
+	}
+}
+
+// A key quiet long enough to go dormant gets a lease on its next request
+// (one script call on the request path) instead of a denial, and the fleet
+// stays exact for it.
+func TestAsyncDormantKeyIsWokenByItsNextRequest(t *testing.T) {
+	srv := startRedis(t)
+	ctx := context.Background()
+	const interval = 100 * time.Millisecond
+	stores := openAsyncStores(t, 2, srv.Addr, interval, 500*time.Millisecond)
+	limit := algorithms.NewLimit(10, int64(time.Hour), 0)
+	if r, err := stores[0].Decide(ctx, "z", "sparse", limit, 1); err != nil || !r.Allowed {
+		t.Fatalf("first request: %+v, %v", r, err)
+	}
+	settledScriptCalls(t, srv, stores[0], interval)
+	// 16 requests at once on one instance: one wakes the record, the others
+	// wait for it, and the lease it brings admits them.
+	var woken atomic.Int64
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			r, err := stores[0].Decide(ctx, "z", "sparse", limit, 1)
+			if err != nil {
+				t.Error(err)
+			} else if r.Allowed {
+				woken.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if woken.Load() == 0 {
+		t.Errorf("16 requests after a quiet spell all denied: the dormant record was not woken")
+	}
+	allowed := woken.Load()
+	for range 4 {
+		if r, err := stores[1].Decide(ctx, "z", "sparse", limit, 1); err != nil {
+			t.Fatal(err)
+		} else if r.Allowed {
+			allowed++
+		}
+	}
+	waitForSyncs(t, []*distributed.Async{stores[0], stores[1]}, interval)
+	for _, a := range stores {
+		for range 3 {
+			if r, err := a.Decide(ctx, "z", "sparse", limit, 1); err == nil && r.Allowed {
+				allowed++
+			}
+		}
+	}
+	// 10 in an hour: 9 left after the first, and at most one more token
+	// per instance on top (the bound's fresh-share term for 2 instances).
+	if allowed < 5 || allowed > 9+1 {
+		t.Errorf("%d allowed after the quiet spell, want 9 (at most 10)", allowed)
+	}
+}
