@@ -19,7 +19,7 @@ import (
 
 // startRedisCluster starts three masters with no replicas and waits until
 // every node reports cluster_state:ok. It returns their addresses.
-func startRedisCluster(t *testing.T) []string {
+func startRedisCluster(t testing.TB) []string {
 	t.Helper()
 	var addrs []string
 	for range 3 {

@@ -560,3 +560,81 @@ func TestSentinelFailoverFollowsTheNewMaster(t *testing.T) {
 	})
 	master.requireEveryKeyExpires(t, 1)
 }
+
+// BenchmarkStrictDecideOnCluster measures strict decisions on a three-master
+// Cluster, keys spread over every master: the per-master breaker adds a
+// lookup in the client's cached slot map and no allocation (compare
+// allocs/op with BenchmarkStrictDecide on one server).
+func BenchmarkStrictDecideOnCluster(b *testing.B) {
+	addrs := startRedisCluster(b)
+	store, err := distributed.Open(distributed.Options{Addresses: addrs, Timeout: time.Second}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer store.Close()
+	ctx := context.Background()
+	limit := algorithms.NewLimit(1_000_000_000, int64(time.Hour), 0)
+	keys := make([]string, 64)
+	for i := range keys {
+		keys[i] = "k" + strconv.Itoa(i)
+	}
+	if _, err := store.Decide(ctx, "bench", keys[0], limit, 1); err != nil {
+		b.Fatal(err)
+	}
+	var next atomic.Int64
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := store.Decide(ctx, "bench", keys[next.Add(1)%int64(len(keys))], limit, 1); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
+// Seed addresses that are dead (nothing listening) or hung (a frozen
+// server that accepts connections and never answers) cost nothing once the
+// topology is known from the live nodes: every decision is made in Redis,
+// no outage is reported or logged.
+func TestDeadSeedAddressesCostNothingOnCluster(t *testing.T) {
+	t.Parallel()
+	addrs := startRedisCluster(t)
+	hung := startRedis(t)
+	hung.Pause()
+	t.Cleanup(hung.Resume)
+	refused := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	logger, logs := observedLogger()
+	seeds := append([]string{refused, hung.Addr}, addrs...)
+	store := openStore(t, distributed.Options{Addresses: seeds, Timeout: 500 * time.Millisecond}, logger)
+	ctx := context.Background()
+	limit := algorithms.NewLimit(1_000_000, int64(time.Hour), 0)
+	waitFor(t, 10*time.Second, "the topology from the live nodes", func() bool {
+		_, err := store.Decide(ctx, "api", "first", limit, 1)
+		return err == nil
+	})
+	var failed atomic.Int64
+	var lastErr atomic.Value
+	var wg sync.WaitGroup
+	for g := range 16 {
+		wg.Go(func() {
+			for i := range 100 {
+				if _, err := store.Decide(ctx, "api", "k"+strconv.Itoa(g*100+i), limit, 1); err != nil {
+					failed.Add(1)
+					lastErr.Store(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := failed.Load(); n > 0 {
+		t.Errorf("%d of 1600 decisions failed with dead and hung seed addresses (last: %v), want none", n, lastErr.Load())
+	}
+	if out := store.Outages(); len(out) != 0 {
+		t.Errorf("Outages: %+v, want none", out)
+	}
+	if n := logs.FilterMessage(unreachableMsg).Len(); n != 0 {
+		t.Errorf("%d 'unreachable' log entries, want none: %v", n, logs.FilterMessage(unreachableMsg).All())
+	}
+}

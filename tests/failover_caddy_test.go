@@ -1,0 +1,158 @@
+package tests
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The Cluster failover through real Caddy processes: three instances, the
+// dead master among the redis addresses, fail_policy closed on a limit no
+// key reaches, so that every 429 is a decision the store could not make.
+// No 5xx; keys on healthy masters never get a 429; the killed master's keys
+// get 200s again within resumeBound of the promotion; the admin zone list
+// names the unreachable node while it is down; and afterwards a key on the
+// promoted shard is exact across the three instances.
+func TestClusterFailoverThroughCaddy(t *testing.T) {
+	t.Parallel()
+	rc := startReplicatedCluster(t)
+	ctx := context.Background()
+	victim := rc.masters[0]
+	heir := rc.replicaOf[victim.Addr]
+	var urls []string
+	for _, a := range rc.addrs() {
+		urls = append(urls, "redis://"+a)
+	}
+	distributedBlock := `
+			distributed {
+				redis ` + strings.Join(urls, " ") + `
+				timeout 500ms
+			}`
+	site := `http:// {
+	handle /exact {
+		rate_limit {
+			zone exact {
+				key {http.request.header.X-API-Key}
+				events 50
+				window 1h
+				fail_policy closed
+			}` + distributedBlock + `
+		}
+		respond "ok"
+	}
+	handle {
+		rate_limit {
+			zone api {
+				key {http.request.header.X-API-Key}
+				events 1000000
+				window 1h
+				fail_policy closed
+			}` + distributedBlock + `
+		}
+		respond "ok"
+	}
+}
+`
+	fleet := make([]*caddyInstance, 3)
+	for i := range fleet {
+		fleet[i] = startCaddy(t, site)
+	}
+	view := redis.NewClusterClient(&redis.ClusterOptions{Addrs: rc.addrs()[1:]})
+	defer view.Close()
+	var masterAddrs []string
+	for _, m := range rc.masters {
+		masterAddrs = append(masterAddrs, m.Addr)
+	}
+	keys, owner := keysOnEveryNode(t, ctx, view, masterAddrs, 3)
+
+	var serverErrors atomic.Int64
+	var next atomic.Int64
+	load := startKeyLoad(t, keys, 12, func(k string) (bool, error) {
+		res, err := fleet[next.Add(1)%3].try(withKey(k))
+		switch {
+		case err != nil:
+			serverErrors.Add(1) // a transport error is as bad as a 5xx
+			return false, err
+		case res.Status >= 500:
+			serverErrors.Add(1)
+			return false, fmt.Errorf("status %d", res.Status)
+		case res.Status == 429:
+			return false, errors.New("429: the fail policy")
+		}
+		return true, nil
+	})
+	waitFor(t, 20*time.Second, "a 200 for every key", func() bool {
+		return load.allSucceededSince(keys, time.Time{})
+	})
+
+	victim.Kill()
+	waitFor(t, 5*time.Second, "the admin zone list to name the killed master", func() bool {
+		var zs []struct {
+			Name  string `json:"name"`
+			Store *struct {
+				Unreachable []struct {
+					Node string `json:"node"`
+				} `json:"unreachable_nodes"`
+			} `json:"store"`
+		}
+		fleet[0].adminJSON("/rate_limit/zones", &zs)
+		for _, z := range zs {
+			if z.Name == "api" && z.Store != nil && len(z.Store.Unreachable) == 1 {
+				return z.Store.Unreachable[0].Node == victim.Addr
+			}
+		}
+		return false
+	})
+	hc := heir.Client()
+	waitFor(t, 20*time.Second, "the replica's promotion", func() bool { return promoted(ctx, hc) })
+	promotedAt := time.Now()
+	waitFor(t, 10*time.Second, "a 200 for every key after the promotion", func() bool {
+		return load.allSucceededSince(keys, promotedAt)
+	})
+	load.halt()
+
+	if n := serverErrors.Load(); n > 0 {
+		t.Errorf("%d server or transport errors during the failover", n)
+	}
+	for _, k := range keys {
+		st := load.snapshot(k)
+		if owner[k] != victim.Addr {
+			if st.failures > 0 {
+				t.Errorf("key %s on healthy master %s: %d of %d requests failed (last: %v), want none",
+					k, owner[k], st.failures, st.decisions, st.lastErr)
+			}
+			continue
+		}
+		if st.failures == 0 {
+			t.Errorf("key %s on the killed master never got the fail policy: the kill did not happen under load", k)
+		}
+		if late := st.lastFail.Sub(promotedAt); late > resumeBound {
+			t.Errorf("key %s on the killed master still failed %v after the promotion (last: %v), want within %v",
+				k, late.Round(time.Millisecond), st.lastErr, resumeBound)
+		}
+	}
+	for _, c := range fleet {
+		waitFor(t, 5*time.Second, c.AdminURL+" to report the store healthy", func() bool {
+			ok, _ := zoneStore(t, c, "api")
+			return ok
+		})
+	}
+
+	var exactKey string
+	for _, k := range keys {
+		if owner[k] == victim.Addr {
+			exactKey = k
+			break
+		}
+	}
+	counts := sendAcross(t, fleet, 300, 48, request{Path: "/exact", Header: map[string]string{"X-API-Key": exactKey}}, 5*time.Second)
+	if counts[200] != 50 || counts[429] != 250 {
+		t.Fatalf("300 requests for a key on the promoted shard over 3 instances at events 50: %v, want exactly 50×200 250×429", counts)
+	}
+}
