@@ -24,7 +24,8 @@ type benchRun struct {
 // bounded by count.
 var microRuns = []benchRun{
 	{dir: ".", packages: []string{"./algorithms", "./zones"},
-		pattern: "^(BenchmarkDecide|BenchmarkTableDecideExistingKey|BenchmarkZoneDecideParallel|BenchmarkTableBytesPerKey)$", benchtime: "1s"},
+		pattern: "^(BenchmarkDecide|BenchmarkTableDecideExistingKey|BenchmarkZoneDecideParallel|BenchmarkTableBytesPerKey|BenchmarkTableBytesPerKeyAtMaxKeys)$", benchtime: "1s"},
+	{dir: ".", packages: []string{"."}, pattern: "^BenchmarkServeHTTPAllowedExistingKey$", benchtime: "1s"},
 	{dir: "tests", packages: []string{"."}, pattern: "^BenchmarkLocal", benchtime: "1s"},
 	{dir: "tests", packages: []string{"."}, pattern: "^(BenchmarkStrict|BenchmarkRedisRate)", benchtime: "20000x"},
 }

@@ -305,6 +305,15 @@ var scenarios = []scenario{
 		comparison: "no Redis call per request; one script per active key per sync_interval",
 	},
 	{
+		name:       "rss-per-key",
+		metric:     "Caddy resident memory per tracked key, 1M keys of 16 B (events 10 window 1h: every key stays in the table), RSS growth",
+		routes:     rssRoutes,
+		custom:     measureRSSPerKey,
+		target:     128,
+		targetText: "≤ 128 B/key",
+		comparison: "nginx limit_req: 64–128 B per state; HAProxy stick table: ~50 B + key",
+	},
+	{
 		name:       "async-overshoot",
 		metric:     "Async mode, 3 Caddy instances on one redis-server, events 100 window 1h, sync_interval 100ms: 200s for a burst of concurrent requests for one key",
 		setup:      startRedisServer,

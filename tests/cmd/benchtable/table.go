@@ -73,6 +73,26 @@ func (t table) microRows() []row {
 		target:     "≤ 96 B + key bytes",
 		met:        yesNo(ok && tb.metrics["table-bytes/key"] <= 96),
 	})
+	tm1, ok := m.get("BenchmarkTableBytesPerKeyAtMaxKeys")
+	rows = append(rows, row{
+		metric: "Memory per tracked key, 1M keys of 16 B, the default max_keys (`zones` Table)",
+		tally:  figure(tm1, ok, "table-bytes/key", "bytes/key") + " (table + key)",
+		target: "≤ 64 B/key (heap; RSS ≤ 128)",
+		met:    yesNo(ok && tm1.metrics["bytes/key"] <= 64),
+	})
+	for _, mode := range []string{"off", "both", "ietf", "legacy"} {
+		r, ok := m.get("BenchmarkServeHTTPAllowedExistingKey/headers=" + mode)
+		want := 1.0 // the header values' slice
+		if mode == "off" {
+			want = 0
+		}
+		rows = append(rows, row{
+			metric: "Handler ServeHTTP, allowed request on an existing key, `headers " + mode + "` (root package)",
+			tally:  figure(r, ok, "ns/op", "allocs/op", "B/op"),
+			target: fmt.Sprintf("%.0f allocs/op", want),
+			met:    yesNo(ok && r.metrics["allocs/op"] <= want),
+		})
+	}
 
 	local := func(bench, name string) (benchResult, bool) { return m.get(bench + "/" + name) }
 	td, tok := local("BenchmarkLocalDecideParallel", "tally")
