@@ -61,7 +61,9 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    }
 //	    distributed {
 //	        redis <url>...                # or a block: addresses, username,
-//	                                      # password, db, sentinel_master, tls
+//	                                      # password, db, sentinel_master, tls,
+//	                                      # tls_ca <pem file>,
+//	                                      # tls_client <cert file> <key file>
 //	        mode          strict|async    # default: strict
 //	        sync_interval <duration>      # async; aliases read_interval, write_interval
 //	        timeout       <duration>      # default: 20ms
@@ -348,8 +350,17 @@ func (r *Redis) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			r.SentinelMaster, err = oneArg(d)
 		case "tls":
 			err = noArgs(d, &r.TLS)
+		case "tls_ca":
+			r.TLSCA, err = oneArg(d)
+		case "tls_client":
+			args := d.RemainingArgs()
+			if len(args) != 2 {
+				err = d.Err("redis: tls_client takes a certificate file and its key file, e.g. tls_client /etc/tally/client.pem /etc/tally/client-key.pem")
+			} else {
+				r.TLSCert, r.TLSKey = args[0], args[1]
+			}
 		default:
-			err = d.Errf("redis: unknown subdirective %q: expected addresses, username, password, db, sentinel_master or tls", sub)
+			err = d.Errf("redis: unknown subdirective %q: expected addresses, username, password, db, sentinel_master, tls, tls_ca or tls_client", sub)
 		}
 		if err != nil {
 			return err

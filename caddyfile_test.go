@@ -297,3 +297,42 @@ func TestCaddyfileErrorsNameTheLineAndTheFix(t *testing.T) {
 		})
 	}
 }
+
+func TestCaddyfileRedisTLSFiles(t *testing.T) {
+	h, err := parse(t, `rate_limit {
+		zone z {
+			key {client_ip}
+			events 1
+			window 1s
+		}
+		distributed {
+			redis {
+				addresses rediss://10.0.0.1:6380
+				tls_ca /etc/tally/ca.pem
+				tls_client /etc/tally/client.pem {env.TALLY_KEY_FILE}
+			}
+		}
+	}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := h.Distributed.Redis; r.TLSCA != "/etc/tally/ca.pem" || r.TLSCert != "/etc/tally/client.pem" || r.TLSKey != "{env.TALLY_KEY_FILE}" {
+		t.Errorf("redis = %+v", r)
+	}
+	_, err = parse(t, `rate_limit {
+		zone z {
+			key {client_ip}
+			events 1
+			window 1s
+		}
+		distributed {
+			redis {
+				addresses rediss://10.0.0.1:6380
+				tls_client /etc/tally/client.pem
+			}
+		}
+	}`)
+	if err == nil || !strings.Contains(err.Error(), "tls_client takes a certificate file and its key file") || !strings.Contains(err.Error(), ":10") {
+		t.Errorf("tls_client with one file: %v, want the fix and line 10", err)
+	}
+}

@@ -55,8 +55,15 @@ type Redis struct {
 	DB        int      `json:"db,omitempty"`
 	// The name of the master the Sentinels at addresses watch.
 	SentinelMaster string `json:"sentinel_master,omitempty"`
-	// Use TLS (implied by rediss:// URLs).
+	// Use TLS (implied by rediss:// URLs and by the tls_* files).
 	TLS bool `json:"tls,omitempty"`
+	// A PEM file of the CAs that sign Redis's certificate, when it is not
+	// signed by one the system trusts.
+	TLSCA string `json:"tls_ca,omitempty"`
+	// A client certificate and its key (PEM files), for a Redis started
+	// with tls-auth-clients.
+	TLSCert string `json:"tls_cert,omitempty"`
+	TLSKey  string `json:"tls_key,omitempty"`
 }
 
 // stores shares one Redis client per distinct setting between all handlers,
@@ -90,6 +97,9 @@ func (dist *Distributed) open(ctx caddy.Context, logger *zap.Logger) (zones.Stor
 		DB:             dist.Redis.DB,
 		SentinelMaster: repl.ReplaceAll(dist.Redis.SentinelMaster, ""),
 		TLS:            dist.Redis.TLS,
+		TLSCAFile:      repl.ReplaceAll(dist.Redis.TLSCA, ""),
+		TLSCertFile:    repl.ReplaceAll(dist.Redis.TLSCert, ""),
+		TLSKeyFile:     repl.ReplaceAll(dist.Redis.TLSKey, ""),
 		Timeout:        time.Duration(dist.Timeout),
 		KeyPrefix:      dist.KeyPrefix,
 		Mode:           dist.Mode,

@@ -47,6 +47,8 @@ type breaker struct {
 	// refused call (reload the slot map).
 	node, sample string
 	onFailure    func()
+	// hint, when set, adds a likely cause to the outage's WARN line.
+	hint func(error) string
 }
 
 // allow reports whether a call may go to Redis, and whether it is the probe
@@ -115,8 +117,13 @@ func (b *breaker) record(probe bool, err error) {
 		b.openSince = now
 		b.retryAt = now.Add(coolDown)
 		b.state.Store(stateOpen)
-		b.logger.Warn("redis unreachable; zones apply their fail_policy",
-			zap.String("redis", b.redis), zap.Error(err))
+		fields := []zap.Field{zap.String("redis", b.redis), zap.Error(err)}
+		if b.hint != nil {
+			if h := b.hint(err); h != "" {
+				fields = append(fields, zap.String("hint", h))
+			}
+		}
+		b.logger.Warn("redis unreachable; zones apply their fail_policy", fields...)
 	}
 }
 
@@ -150,7 +157,9 @@ func unreachable(err error) bool {
 				return true
 			}
 		}
-		return false
+		// A command a script calls that the ACL user may not run is
+		// reported as ERR, not NOPERM.
+		return strings.HasPrefix(msg, "ERR The user executing the script can't run")
 	}
 	return true
 }

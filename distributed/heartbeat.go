@@ -2,6 +2,8 @@ package distributed
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,17 +25,13 @@ const (
 	instanceTTL = 10 * time.Second
 )
 
-// heartbeatScript registers ARGV[1] until now+ARGV[2] ms, drops expired ids
-// and the ids in ARGV[3...] (stores of this process that closed while Redis
-// was unreachable), gives the set itself a TTL (the store writes no key
-// without one), and returns the number of live ids.
+// heartbeatScript registers ARGV[1] until now+ARGV[2] ms, drops expired ids,
+// gives the set itself a TTL (the store writes no key without one), and
+// returns the number of live ids.
 var heartbeatScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[2])
-for i = 3, #ARGV do
-  redis.call('ZREM', KEYS[1], ARGV[i])
-end
 redis.call('ZADD', KEYS[1], string.format('%d', now + ttl), ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now))
 redis.call('PEXPIRE', KEYS[1], ttl)
@@ -67,81 +65,55 @@ func (s *Store) Heartbeat(ctx context.Context) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, backgroundTimeout(s.opts))
 	defer cancel()
 	seq := s.beats.sent.Add(1)
-	orphans := s.orphans.take()
-	args := append([]any{s.instanceID, instanceTTL.Milliseconds()}, orphans...)
-	n, err := heartbeatScript.Run(ctx, s.client, []string{s.instancesKey()}, args...).Int64()
+	n, err := heartbeatScript.Run(ctx, s.client, []string{s.instancesKey()},
+		s.member, instanceTTL.Milliseconds()).Int64()
 	b.record(probe, err)
 	if err != nil {
-		s.orphans.add(orphans...)
 		return 0, err
 	}
 	return s.beats.apply(seq, n, &s.instances), nil
 }
 
-// A reload that changes the Redis settings (timeout, mode...) replaces a
-// process's store by another on the same instances set. The old one takes
-// its id out of the set when it closes, unless Redis is unreachable then: it
-// hands the id to a live store of the process on the same set, whose next
-// successful beat removes it, so that the process is not counted twice
-// (which would halve every fail_policy local share) for instanceTTL.
+// A process is one instance, however many stores it has on one instances
+// set: handlers with different settings (strict and async, another
+// timeout), or a reload that replaces a store. They all beat as the same
+// member (processMember, unless Options.Instance names another), and only
+// the last of them to close takes the member out of the set. Counting a
+// process twice would halve every fail_policy local share.
+var processMember = func() string {
+	var id [8]byte
+	_, _ = rand.Read(id[:])
+	return hex.EncodeToString(id[:])
+}()
+
 var live = struct {
 	sync.Mutex
-	bySet map[string]map[*Store]struct{}
-}{bySet: make(map[string]map[*Store]struct{})}
+	members map[string]int // setID + member -> open stores
+}{members: make(map[string]int)}
 
-// setID identifies the instances set a store beats into.
-func (s *Store) setID() string {
-	return strings.Join(s.opts.Addresses, ",") + "\x00" + strconv.Itoa(s.opts.DB) + "\x00" + s.instancesKey()
+// memberKey identifies the member a store beats as, in its set.
+func (s *Store) memberKey() string {
+	return strings.Join(s.opts.Addresses, ",") + "\x00" + strconv.Itoa(s.opts.DB) + "\x00" + s.instancesKey() + "\x00" + s.member
 }
 
 func (s *Store) register() {
 	live.Lock()
-	defer live.Unlock()
-	id := s.setID()
-	if live.bySet[id] == nil {
-		live.bySet[id] = make(map[*Store]struct{})
-	}
-	live.bySet[id][s] = struct{}{}
+	live.members[s.memberKey()]++
+	live.Unlock()
 }
 
-// unregister removes s from the live stores and, when removed is false
-// (its id is still in the set), hands its id to another live store.
-func (s *Store) unregister(removed bool) {
+// unregister reports whether s was the last open store beating as its
+// member, which must then leave the set.
+func (s *Store) unregister() (last bool) {
 	live.Lock()
 	defer live.Unlock()
-	id := s.setID()
-	delete(live.bySet[id], s)
-	if len(live.bySet[id]) == 0 {
-		delete(live.bySet, id)
-		return
+	k := s.memberKey()
+	live.members[k]--
+	if live.members[k] > 0 {
+		return false
 	}
-	if removed {
-		return
-	}
-	for heir := range live.bySet[id] {
-		heir.orphans.add(append([]any{s.instanceID}, s.orphans.take()...)...)
-		return
-	}
-}
-
-// orphans are ids of closed stores that the next beat removes.
-type orphans struct {
-	mu  sync.Mutex
-	ids []any
-}
-
-func (o *orphans) add(ids ...any) {
-	o.mu.Lock()
-	o.ids = append(o.ids, ids...)
-	o.mu.Unlock()
-}
-
-func (o *orphans) take() []any {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	ids := o.ids
-	o.ids = nil
-	return ids
+	delete(live.members, k)
+	return true
 }
 
 // beats orders heartbeat replies. Beats run concurrently (the loop's, and a

@@ -2,11 +2,15 @@ package distributed
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -35,12 +39,24 @@ type Options struct {
 	DB             int
 	SentinelMaster string
 	TLS            bool
+	// TLSCAFile is a PEM file of the CAs that sign Redis's certificate
+	// (default: the system's roots). Implies TLS.
+	TLSCAFile string
+	// TLSCertFile and TLSKeyFile are a client certificate and its key,
+	// for a Redis with tls-auth-clients. They imply TLS.
+	TLSCertFile, TLSKeyFile string
 	// Timeout bounds every store call, queueing included (default 20ms).
 	Timeout time.Duration
 	// KeyPrefix starts every Redis key the store writes (default "tally:").
 	KeyPrefix string
 	// Mode is "strict" (default; Open) or "async" (OpenAsync).
 	Mode string
+	// Instance names this instance in the heartbeat set. Default: one
+	// random name per process, shared by all its stores on that set, so
+	// that a process counts once however many handlers (strict and async,
+	// other timeouts) and reloads it has. Tests that play several
+	// instances in one process give each its own.
+	Instance string
 	// SyncInterval is how often an async store reconciles with Redis
 	// (default 100ms; ignored in strict mode).
 	SyncInterval time.Duration
@@ -70,8 +86,8 @@ func (o Options) Key() string {
 	o = o.withDefaults()
 	return strings.Join([]string{
 		strings.Join(o.Addresses, ","), o.Username, o.Password, strconv.Itoa(o.DB),
-		o.SentinelMaster, strconv.FormatBool(o.TLS), o.Timeout.String(), o.KeyPrefix,
-		o.Mode, o.SyncInterval.String(),
+		o.SentinelMaster, strconv.FormatBool(o.TLS), o.TLSCAFile, o.TLSCertFile, o.TLSKeyFile, o.Timeout.String(), o.KeyPrefix,
+		o.Mode, o.SyncInterval.String(), o.Instance,
 	}, "\x00")
 }
 
@@ -93,7 +109,7 @@ func (o Options) Redacted() string {
 	if o.DB != 0 {
 		s += " db=" + strconv.Itoa(o.DB)
 	}
-	if o.TLS {
+	if o.TLS || o.TLSCAFile != "" || o.TLSCertFile != "" {
 		s += " tls"
 	}
 	return s
@@ -153,7 +169,7 @@ func (o Options) universalOptions() (*redis.UniversalOptions, error) {
 		MinRetryBackoff: -1,
 		MaxRetryBackoff: -1,
 	}
-	tlsOn := o.TLS
+	tlsOn := o.TLS || o.TLSCAFile != "" || o.TLSCertFile != "" || o.TLSKeyFile != ""
 	var fromURL struct { // what the URLs say, which must agree
 		set        bool
 		user, pass string
@@ -198,10 +214,57 @@ func (o Options) universalOptions() (*redis.UniversalOptions, error) {
 	if tlsOn {
 		// ServerName stays empty: crypto/tls takes it from each dialled
 		// address, which is what Cluster and Sentinel need.
-		u.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+		cfg, err := o.tlsConfig()
+		if err != nil {
+			return nil, err
+		}
+		u.TLSConfig = cfg
 	}
 	if u.DB != 0 && len(u.Addrs) > 1 && u.MasterName == "" {
 		return nil, errors.New("distributed: Redis Cluster has no databases; remove db")
 	}
 	return u, nil
+}
+
+// tlsConfig reads the CA and client certificate files. Mistakes here are
+// errors at provision time, naming the file; a certificate Redis rejects
+// (or a CA that does not sign Redis's) is an outage at the first call,
+// logged once by the breaker.
+func (o Options) tlsConfig() (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if o.TLSCAFile != "" {
+		pem, err := os.ReadFile(o.TLSCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("distributed: tls_ca: %v", err)
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("distributed: tls_ca: no PEM certificate in %s", o.TLSCAFile)
+		}
+	}
+	if (o.TLSCertFile == "") != (o.TLSKeyFile == "") {
+		return nil, errors.New("distributed: a client certificate needs both tls_cert and tls_key")
+	}
+	if o.TLSCertFile != "" {
+		cert, err := tls.LoadX509KeyPair(o.TLSCertFile, o.TLSKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("distributed: tls_cert %s, tls_key %s: %v", o.TLSCertFile, o.TLSKeyFile, err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg, nil
+}
+
+// hint names the likely cause of an outage's first error where the error
+// alone does not: a TLS Redis that wants a client certificate closes the
+// connection after the handshake (TLS 1.3), which reads as a reset.
+func (o Options) hint(err error) string {
+	tlsOn := o.TLS || o.TLSCAFile != ""
+	for _, a := range o.Addresses {
+		tlsOn = tlsOn || strings.HasPrefix(a, "rediss://")
+	}
+	if tlsOn && o.TLSCertFile == "" && (errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF) || strings.Contains(err.Error(), "certificate required")) {
+		return "the TLS connection was closed by Redis: if it requires client certificates (tls-auth-clients), set tls_client <cert file> <key file>"
+	}
+	return ""
 }

@@ -20,6 +20,7 @@
 package distributed
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	_ "embed"
@@ -80,7 +81,8 @@ type Store struct {
 	queue chan *request
 	idle  chan struct{} // slots for calls that skip the idle queue
 
-	instanceID string
+	instanceID string // this store's: async reports, concurrency slots
+	member     string // this process's, in the instances set
 	instances  atomic.Int64
 	beats      beats
 	// zoneSep joins zone and key in a Redis key: ":" in strict mode,
@@ -91,7 +93,6 @@ type Store struct {
 	problems problems
 	resets   resets
 	pubsub   *redis.PubSub
-	orphans  orphans
 
 	slots slots // concurrency slots this instance holds (concurrency.go)
 
@@ -125,6 +126,7 @@ func Open(opts Options, logger *zap.Logger) (*Store, error) {
 		queue:      make(chan *request, queueDepth),
 		idle:       make(chan struct{}, idleCallers),
 		instanceID: hex.EncodeToString(id[:]),
+		member:     cmp.Or(opts.Instance, processMember),
 		ctx:        ctx,
 		cancel:     cancel,
 		done:       make(chan struct{}),
@@ -133,6 +135,7 @@ func Open(opts Options, logger *zap.Logger) (*Store, error) {
 	s.breaker.logger = logger
 	s.breaker.redis = opts.Redacted()
 	s.nodes.init(s.client, logger, opts.Redacted())
+	s.breaker.hint = opts.hint
 	s.problems.logger = logger
 	s.zoneSep = ":"
 	s.instances.Store(1)
@@ -159,13 +162,12 @@ func (s *Store) Close() error {
 		s.cancel()
 		_ = s.pubsub.Close()
 		s.wg.Wait()
-		removed := false
-		if ok, _ := s.breakerFor(s.instancesKey()).health(); ok {
+		last := s.unregister()
+		if ok, _ := s.breakerFor(s.instancesKey()).health(); ok && last {
 			ctx, cancel := context.WithTimeout(context.Background(), s.opts.Timeout)
-			removed = s.client.ZRem(ctx, s.instancesKey(), s.instanceID).Err() == nil
+			s.client.ZRem(ctx, s.instancesKey(), s.member)
 			cancel()
 		}
-		s.unregister(removed)
 		err = s.client.Close()
 	})
 	return err

@@ -29,7 +29,7 @@ func openAsyncStores(t *testing.T, n int, addr string, interval, timeout time.Du
 	stores := make([]*distributed.Async, n)
 	for i := range stores {
 		a, err := distributed.OpenAsync(distributed.Options{Addresses: []string{addr}, Mode: "async",
-			SyncInterval: interval, Timeout: timeout}, nil)
+			SyncInterval: interval, Timeout: timeout, Instance: nextTestInstance()}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -349,3 +349,30 @@ func TestStoreChangingReloadDuringOutageCountsTheInstanceOnce(t *testing.T) {
 		return zoneHealthOf(t, inst, "z").Store.Instances == 1
 	})
 }
+
+// A process is one instance in the heartbeat set however many stores it
+// has: here a strict and an async handler on one Redis. Counted twice, it
+// would get half its fail_policy local share (and async fresh shares).
+func TestOneCaddyWithStrictAndAsyncHandlersCountsOnce(t *testing.T) {
+	t.Parallel()
+	rs := startRedis(t)
+	inst := startCaddy(t, matrixSite(rs.Addr))
+	ctx := context.Background()
+	waitFor(t, 10*time.Second, "both stores to beat", func() bool {
+		s, a := zoneHealthOf(t, inst, "s_local"), zoneHealthOf(t, inst, "a_local")
+		return s.Store.OK && a.Store.OK && rs.Client().Exists(ctx, "tally:instances").Val() == 1
+	})
+	// Both stores beat at once when they open and then every second:
+	// over two seconds each has beaten at least twice.
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); {
+		if n := rs.Client().ZCard(ctx, "tally:instances").Val(); n != 1 {
+			t.Fatalf("tally:instances has %d members for one Caddy, want 1", n)
+		}
+		for _, z := range []string{"s_local", "a_local"} {
+			if n := zoneHealthOf(t, inst, z).Store.Instances; n != 1 {
+				t.Fatalf("zone %s counts %d instances, want 1", z, n)
+			}
+		}
+		time.Sleep(50 * time.Millisecond) // pacing the polls over the period the invariant must hold
+	}
+}

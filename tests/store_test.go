@@ -27,8 +27,14 @@ import (
 var _ zones.Store = (*distributed.Store)(nil)
 
 // openStore opens a Store on the given addresses, closed with the test.
+//
+// Each store plays its own instance (a process counts once in the
+// heartbeat set, however many stores it opens).
 func openStore(t testing.TB, opts distributed.Options, logger *zap.Logger) *distributed.Store {
 	t.Helper()
+	if opts.Instance == "" {
+		opts.Instance = nextTestInstance()
+	}
 	s, err := distributed.Open(opts, logger)
 	if err != nil {
 		t.Fatalf("Open(%s): %v", opts.Redacted(), err)
@@ -36,6 +42,11 @@ func openStore(t testing.TB, opts distributed.Options, logger *zap.Logger) *dist
 	t.Cleanup(func() { s.Close() })
 	return s
 }
+
+var testInstances atomic.Int64
+
+// nextTestInstance names one more instance played by this test process.
+func nextTestInstance() string { return "test-instance-" + strconv.FormatInt(testInstances.Add(1), 10) }
 
 // A fixed "now" in microseconds since the epoch, in the range Redis TIME
 // gives, so the script's double arithmetic is exercised at full size.
