@@ -66,7 +66,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	                                      # tls_client <cert file> <key file>
 //	        mode          strict|async    # default: strict
 //	        sync_interval <duration>      # async; aliases read_interval, write_interval
-//	        timeout       <duration>      # default: 20ms
+//	        timeout       <duration>      # default: 50ms
 //	        key_prefix    <string>        # default: tally:
 //	    }
 //	    headers both|ietf|legacy|off      # default: both

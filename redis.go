@@ -36,7 +36,8 @@ type Distributed struct {
 	WriteInterval caddy.Duration `json:"write_interval,omitempty"`
 
 	// The longest a request waits for Redis before the zone's fail policy
-	// decides. Default: 20ms.
+	// decides, for all of a request's zones and handlers together.
+	// Default: 50ms.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
 
 	// Starts every Redis key tally writes. Default: "tally:".

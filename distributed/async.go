@@ -170,32 +170,35 @@ func OpenAsync(opts Options, logger *zap.Logger) (*Async, error) {
 }
 
 func openAsync(opts Options, maxKeys int, logger *zap.Logger) (*Async, error) {
-	s, err := Open(opts, logger)
+	a := &Async{}
+	s, err := open(opts, logger, func(s *Store) {
+		s.zoneSep = asyncZoneSep
+		s.resets.record = a.dropRecord
+		s.resets.deciding = func() bool { return !a.syncFailed.Load() }
+	})
 	if err != nil {
 		return nil, err
 	}
 	interval := s.opts.SyncInterval
-	a := &Async{
-		Store:    s,
-		interval: interval,
-		// An instance that admitted a fresh share reports it by its next
-		// sync, or the one after if that one fails: within two intervals
-		// and two sync bounds of the episode's start, and at least a
-		// second, for syncs delayed on a loaded machine. Until then leases
-		// keep its share aside. A report later than the hold lands after
-		// leases were handed out: up to (N−1) extra shares (the bound's
-		// last term). The price of a long hold: a key only one instance
-		// sees gets about 1/N of its burst for the hold's length.
-		hold:     max(time.Second, 2*interval+2*backgroundTimeout(s.opts)).Microseconds(),
-		stale:    int64(2*interval + backgroundTimeout(s.opts)),
-		script:   redis.NewScript(asyncScript),
-		maxKeys:  maxKeys,
-		stop:     make(chan struct{}),
-		loopDone: make(chan struct{}),
-		caps:     make(map[string]int),
-	}
-	s.zoneSep = asyncZoneSep
-	s.resets.record = a.dropRecord
+	// Field by field: the store's goroutines may already read zones and
+	// syncFailed through the hooks above.
+	a.Store = s
+	a.interval = interval
+	// An instance that admitted a fresh share reports it by its next sync,
+	// or the one after if that one fails: within two intervals and two
+	// sync bounds of the episode's start, and at least a second, for syncs
+	// delayed on a loaded machine. Until then leases keep its share aside.
+	// A report later than the hold lands after leases were handed out: up
+	// to (N−1) extra shares (the bound's last term). The price of a long
+	// hold: a key only one instance sees gets about 1/N of its burst for
+	// the hold's length.
+	a.hold = max(time.Second, 2*interval+2*backgroundTimeout(s.opts)).Microseconds()
+	a.stale = int64(2*interval + backgroundTimeout(s.opts))
+	a.script = redis.NewScript(asyncScript)
+	a.maxKeys = maxKeys
+	a.stop = make(chan struct{})
+	a.loopDone = make(chan struct{})
+	a.caps = make(map[string]int)
 	empty := map[string]*asyncZone{}
 	a.zones.Store(&empty)
 	now := monotime.Now()
@@ -407,7 +410,11 @@ func (a *Async) Reset(ctx context.Context, zone, key string) error {
 // dropRecord forgets this instance's record of key in zone: the key was
 // reset (here or elsewhere), and its next request starts a fresh share.
 func (a *Async) dropRecord(zone, key string) {
-	z := (*a.zones.Load())[zone]
+	zones := a.zones.Load()
+	if zones == nil {
+		return // a reset heard before openAsync finished: no records yet
+	}
+	z := (*zones)[zone]
 	if z == nil {
 		return
 	}

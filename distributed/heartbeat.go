@@ -150,6 +150,7 @@ func (s *Store) heartbeatLoop() {
 	for {
 		_, _ = s.Heartbeat(s.ctx)
 		_ = s.Outages() // retires (and logs) Cluster masters replaced by a replica
+		s.forgetMissed()
 		select {
 		case <-t.C:
 		case <-s.done:

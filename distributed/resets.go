@@ -3,6 +3,7 @@ package distributed
 import (
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -16,9 +17,11 @@ import (
 // to Redis as fast as Redis delivers a message (milliseconds). Pub/sub does
 // not keep messages for a subscriber that is away, so a store whose
 // subscription dropped (Redis restarted, the connection broke, the
-// subscriber fell behind) drops every cached denial when it is subscribed
-// again, within resubscribeEvery of Redis answering: the cache is a
-// shortcut, and the store answers for those keys again.
+// subscriber fell behind) drops every cached denial once it is subscribed
+// again and decides through Redis again (breaker closed, async view
+// synced): within a heartbeat (1s) of that. The cache is a shortcut, and
+// Redis answers for those keys again; dropping it earlier, while the fail
+// policy still decides, would let blocked keys through under open.
 
 // resubscribeEvery is the pause between attempts to subscribe again.
 const resubscribeEvery = 250 * time.Millisecond
@@ -38,6 +41,29 @@ type resets struct {
 	listeners map[string][]*ResetListener
 	// record, when set (async mode), drops the store's own record.
 	record func(zone, key string)
+	// missed: resets may have been missed since the last subscription;
+	// cached denials are dropped when the store decides through Redis.
+	missed atomic.Bool
+	// deciding reports whether the store decides through Redis (set by
+	// async mode, which also needs a synced view); default: the breaker
+	// is closed.
+	deciding func() bool
+}
+
+// forgetMissed drops every cached denial if resets may have been missed
+// and the store decides through Redis again.
+func (s *Store) forgetMissed() {
+	if !s.resets.missed.Load() {
+		return
+	}
+	ok, _ := s.breaker.health()
+	if ok && s.resets.deciding != nil {
+		ok = s.resets.deciding()
+	}
+	if ok && s.resets.missed.CompareAndSwap(true, false) {
+		s.logger.Debug("subscribed to resets again; dropping cached denials")
+		s.forget("", "", true)
+	}
 }
 
 func (s *Store) resetsChannel() string { return s.opts.KeyPrefix + "resets" }
@@ -98,7 +124,6 @@ func (s *Store) subscribeLoop(ps *redis.PubSub) {
 	// An error here is remembered by ps: Receive connects and subscribes
 	// again.
 	_ = ps.Subscribe(s.ctx, s.resetsChannel())
-	subscribed := false
 	for {
 		msg, err := ps.Receive(s.ctx)
 		if err != nil {
@@ -107,7 +132,6 @@ func (s *Store) subscribeLoop(ps *redis.PubSub) {
 			}
 			// The next Receive reconnects and subscribes again; what
 			// was published meanwhile is lost.
-			subscribed = false
 			select {
 			case <-time.After(resubscribeEvery):
 			case <-s.done:
@@ -118,13 +142,10 @@ func (s *Store) subscribeLoop(ps *redis.PubSub) {
 		switch m := msg.(type) {
 		case *redis.Subscription:
 			if m.Kind == "subscribe" {
-				if subscribed {
-					s.logger.Debug("subscribed to resets again; dropping cached denials")
-				}
 				// The first subscription too: resets made before it,
 				// after the store opened, were not heard.
-				s.forget("", "", true)
-				subscribed = true
+				s.resets.missed.Store(true)
+				s.forgetMissed()
 			}
 		case *redis.Message:
 			zone, key, ok := strings.Cut(m.Payload, "\x00")

@@ -107,6 +107,12 @@ type Store struct {
 // contact Redis: Caddy must start during a Redis outage, and the zones'
 // fail policy covers it. Errors (bad addresses) never contain a password.
 func Open(opts Options, logger *zap.Logger) (*Store, error) {
+	return open(opts, logger, nil)
+}
+
+// open is Open with a hook that sets up the store for its mode before any
+// of its goroutines starts.
+func open(opts Options, logger *zap.Logger, setup func(*Store)) (*Store, error) {
 	opts = opts.withDefaults()
 	uopts, err := opts.universalOptions()
 	if err != nil {
@@ -140,6 +146,9 @@ func Open(opts Options, logger *zap.Logger) (*Store, error) {
 	s.zoneSep = ":"
 	s.instances.Store(1)
 	s.slots.init()
+	if setup != nil {
+		setup(s)
+	}
 	s.register()
 	s.wg.Add(workers + 3)
 	for range workers {
