@@ -76,7 +76,7 @@ type matrixFault struct {
 	// down: Redis cannot serve for some of the phase; outage: for long
 	// enough that the breaker opens; lossy: Redis loses its state.
 	down, outage, lossy bool
-	start, stop   func(t *testing.T, rs *redisServer)
+	start, stop         func(t *testing.T, rs *redisServer)
 }
 
 func waitRedisAnswers(t *testing.T, rs *redisServer) {
