@@ -898,7 +898,8 @@ func (a *Async) restore(items []item) {
 // failed, so the items not done wait for the next sync (their reports are
 // sent again, unchanged), items with traffic first (sync sorts them). A
 // pipeline that times out after Redis answered the sync's first (small)
-// one means Redis is busy, not down: the sync stops there without an error.
+// one, or part of itself, means Redis is busy, not down: the sync stops
+// there without an error.
 // A flood of keys thus slows syncs down and is never taken for an outage.
 func (a *Async) send(ctx context.Context, items []item, take bool) error {
 	n := int64(a.Instances())
@@ -910,11 +911,12 @@ func (a *Async) send(ctx context.Context, items []item, take bool) error {
 			break
 		}
 		chunk := items[lo:min(lo+size, len(items))]
-		if err := a.sendChunk(ctx, timeout, chunk, n, take); err != nil {
+		answered, err := a.sendChunk(ctx, timeout, chunk, n, take)
+		if err != nil {
 			a.restore(items[lo+len(chunk):])
-			if lo > 0 && (errors.Is(err, context.DeadlineExceeded) || isTimeout(err)) {
-				// Redis answered this sync's first pipeline in time:
-				// it is busy, not down.
+			if (lo > 0 || answered > 0) && (errors.Is(err, context.DeadlineExceeded) || isTimeout(err)) {
+				// Redis answered this sync's first pipeline, or part of
+				// this one, before the timeout: it is busy, not down.
 				return nil
 			}
 			return err
@@ -931,8 +933,9 @@ func isTimeout(err error) bool {
 }
 
 // sendChunk runs one pipeline of items, bounded by timeout, and adopts the
-// replies; it returns the first error that says Redis cannot serve.
-func (a *Async) sendChunk(ctx context.Context, timeout time.Duration, chunk []item, n int64, take bool) error {
+// replies; it returns how many Redis answered and the first error that says
+// Redis cannot serve.
+func (a *Async) sendChunk(ctx context.Context, timeout time.Duration, chunk []item, n int64, take bool) (answered int, err error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var firstErr error
@@ -975,9 +978,10 @@ func (a *Async) sendChunk(ctx context.Context, timeout time.Duration, chunk []it
 			a.restore(chunk[i : i+1])
 			continue
 		}
+		answered++
 		a.adopt(it, rep.vals, now)
 	}
-	return firstErr
+	return answered, firstErr
 }
 
 // syncArgs is async.lua's ARGV for one report (take is false at Close; a
