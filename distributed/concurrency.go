@@ -240,8 +240,17 @@ func (s *Store) renew() {
 	}
 	sl.mu.Unlock()
 
-	ok, probe := s.breaker.allow()
-	if !ok {
+	// Each Cluster master's breaker decides for its keys (one allow and
+	// one record per breaker and round): a dead master must not stop the
+	// renewal of slots on the others, whose leases would end under
+	// requests still running.
+	var gates breakerGates
+	for g := range groups {
+		if !gates.allow(s.breakerFor(g.rkey)) {
+			delete(groups, g)
+		}
+	}
+	if len(groups) == 0 {
 		return
 	}
 	start := time.Now()
@@ -262,13 +271,18 @@ func (s *Store) renew() {
 			err = send()
 		}
 	}
-	s.breaker.record(probe, err)
+	for g, c := range cmds {
+		gates.note(s.breakerFor(g.rkey), c.Err())
+	}
+	gates.record()
 	if err != nil {
 		s.logger.Debug("renewing concurrency slots failed", zap.Error(err))
-		return
 	}
 	sl.mu.Lock()
 	for g, args := range groups {
+		if cmds[g].Err() != nil {
+			continue
+		}
 		for _, id := range args[3:] {
 			slot := heldSlot{g.rkey, id.(string)}
 			if l, ok := sl.held[slot]; ok {
@@ -278,6 +292,54 @@ func (s *Store) renew() {
 		}
 	}
 	sl.mu.Unlock()
+}
+
+// breakerGates lets a background pipeline over many keys through their
+// breakers: one allow and one record per breaker (the store's, or on a
+// Cluster each master's), as if each master's share were one call.
+type breakerGates struct {
+	gates []breakerGate
+}
+
+type breakerGate struct {
+	b      *breaker
+	ok     bool
+	probe  bool
+	err    error
+	noting bool
+}
+
+// allow reports whether calls guarded by b may go, asking b once.
+func (g *breakerGates) allow(b *breaker) bool {
+	for _, x := range g.gates {
+		if x.b == b {
+			return x.ok
+		}
+	}
+	ok, probe := b.allow()
+	g.gates = append(g.gates, breakerGate{b: b, ok: ok, probe: probe})
+	return ok
+}
+
+// note keeps the first error among b's calls.
+func (g *breakerGates) note(b *breaker, err error) {
+	for i := range g.gates {
+		if x := &g.gates[i]; x.b == b && x.ok {
+			x.noting = true
+			if x.err == nil {
+				x.err = err
+			}
+		}
+	}
+}
+
+// record feeds each breaker that let calls through their outcome.
+func (g *breakerGates) record() {
+	for _, x := range g.gates {
+		if x.noting {
+			x.b.record(x.probe, x.err)
+		}
+	}
 }
 
 // sendReleases removes the released slots from Redis, one ZREM each in one
@@ -299,23 +361,33 @@ func (s *Store) sendReleases(ctx context.Context) {
 	if len(live) == 0 {
 		return
 	}
-	ok, probe := s.breaker.allow()
+	var gates breakerGates
 	var failed []pendingRelease
-	if !ok {
-		failed = live
-	} else {
-		pipe := s.client.Pipeline()
-		cmds := make([]*redis.IntCmd, len(live))
-		for i, r := range live {
-			cmds[i] = pipe.ZRem(ctx, r.rkey, r.id)
+	pipe := s.client.Pipeline()
+	cmds := make([]*redis.IntCmd, len(live))
+	for i, r := range live {
+		if !gates.allow(s.breakerFor(r.rkey)) {
+			failed = append(failed, r)
+			continue
 		}
-		_, err := pipe.Exec(ctx)
-		s.breaker.record(probe, err)
+		cmds[i] = pipe.ZRem(ctx, r.rkey, r.id)
+	}
+	if pipe.Len() > 0 {
+		_, _ = pipe.Exec(ctx) // errors are per command
 		for i, c := range cmds {
-			if c.Err() != nil && !errors.Is(c.Err(), redis.Nil) {
+			if c == nil {
+				continue
+			}
+			err := c.Err()
+			if errors.Is(err, redis.Nil) {
+				err = nil
+			}
+			gates.note(s.breakerFor(live[i].rkey), err)
+			if err != nil {
 				failed = append(failed, live[i])
 			}
 		}
+		gates.record()
 	}
 	if len(failed) > 0 {
 		sl.mu.Lock()

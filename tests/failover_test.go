@@ -638,3 +638,74 @@ func TestDeadSeedAddressesCostNothingOnCluster(t *testing.T) {
 		t.Errorf("%d 'unreachable' log entries, want none: %v", n, logs.FilterMessage(unreachableMsg).All())
 	}
 }
+
+// Concurrency slots live on the master of their key: while one master is
+// down, the slots held on the others keep being renewed past their lease
+// and released on time, and the outage stays the dead master's alone.
+func TestClusterMasterDownKeepsOtherMastersSlots(t *testing.T) {
+	t.Parallel()
+	rc := startReplicatedCluster(t)
+	ctx := context.Background()
+	victim := rc.masters[0]
+	opts := distributed.Options{Addresses: rc.addrs(), Timeout: 500 * time.Millisecond}
+	store := openStore(t, opts, nil)
+	observer := openStore(t, opts, nil)
+	view := redis.NewClusterClient(&redis.ClusterOptions{Addrs: rc.addrs()[1:]})
+	defer view.Close()
+	var masterAddrs []string
+	for _, m := range rc.masters {
+		masterAddrs = append(masterAddrs, m.Addr)
+	}
+	// keysOnEveryNode places keys by their "tally:api:" name, which is
+	// also where zone api's slots live.
+	keys, owner := keysOnEveryNode(t, ctx, view, masterAddrs, 1)
+	const lease = 900 * time.Millisecond
+	ids := map[string]string{}
+	for _, k := range keys {
+		id, _, err := store.Acquire(ctx, "api", k, 5, lease)
+		if err != nil || id == "" {
+			t.Fatalf("acquiring a slot of %s: %q %v", k, id, err)
+		}
+		ids[k] = id
+	}
+
+	victim.Kill()
+	// Several leases long, through the failures of the dead master's
+	// renewals: every slot on a healthy master stays held.
+	until := time.Now().Add(5 * lease)
+	for time.Now().Before(until) {
+		for _, k := range keys {
+			if owner[k] == victim.Addr {
+				continue
+			}
+			n, err := observer.Slots(ctx, "api", k)
+			if err != nil {
+				t.Fatalf("reading the slots of %s on healthy master %s: %v", k, owner[k], err)
+			}
+			if n != 1 {
+				t.Fatalf("key %s on healthy master %s holds %d slots %v after the kill, want its 1 slot renewed",
+					k, owner[k], n, time.Since(until.Add(-5*lease)).Round(time.Millisecond))
+			}
+		}
+		for _, o := range store.Outages() {
+			if o.Node != victim.Addr {
+				t.Fatalf("outage %+v: only the killed master %s is down", o, victim.Addr)
+			}
+		}
+		time.Sleep(50 * time.Millisecond) // the sampling period of a check over time
+	}
+	for _, k := range keys {
+		if owner[k] != victim.Addr {
+			store.Release("api", k, ids[k])
+		}
+	}
+	for _, k := range keys {
+		if owner[k] == victim.Addr {
+			continue
+		}
+		waitFor(t, 2*time.Second, "the release of "+k+" on a healthy master", func() bool {
+			n, err := observer.Slots(ctx, "api", k)
+			return err == nil && n == 0
+		})
+	}
+}
