@@ -189,13 +189,15 @@ type nodeBreakers struct {
 
 	logger *zap.Logger
 	redis  string
+	hint   func(error) string
 }
 
-// init sets the breakers up for client, which is a Cluster client or not.
-func (n *nodeBreakers) init(client redis.UniversalClient, logger *zap.Logger, redacted string) {
+// init sets the breakers up for client, which is a Cluster client or not,
+// logging like the store's breaker.
+func (n *nodeBreakers) init(client redis.UniversalClient, store *breaker) {
 	n.cluster, _ = client.(*redis.ClusterClient)
-	n.logger, n.redis = logger, redacted
-	n.unmapped.logger, n.unmapped.redis = logger, redacted
+	n.logger, n.redis, n.hint = store.logger, store.redis, store.hint
+	n.unmapped.logger, n.unmapped.redis, n.unmapped.hint = store.logger, store.redis, store.hint
 	n.unmapped.onFailure = n.reload
 }
 
@@ -225,7 +227,7 @@ func (n *nodeBreakers) breakerFor(ctx context.Context, key string, store *breake
 	if old != nil && (*old)[addr] != nil {
 		return (*old)[addr]
 	}
-	b := &breaker{logger: n.logger, redis: n.redis + " node " + addr, node: addr, sample: key, onFailure: n.reload}
+	b := &breaker{logger: n.logger, redis: n.redis + " node " + addr, hint: n.hint, node: addr, sample: key, onFailure: n.reload}
 	m := make(map[string]*breaker)
 	if old != nil {
 		maps.Copy(m, *old)

@@ -140,8 +140,8 @@ func open(opts Options, logger *zap.Logger, setup func(*Store)) (*Store, error) 
 	_, s.cluster = s.client.(*redis.ClusterClient)
 	s.breaker.logger = logger
 	s.breaker.redis = opts.Redacted()
-	s.nodes.init(s.client, logger, opts.Redacted())
 	s.breaker.hint = opts.hint
+	s.nodes.init(s.client, &s.breaker)
 	s.problems.logger = logger
 	s.zoneSep = ":"
 	s.instances.Store(1)
