@@ -219,6 +219,7 @@ type zoneHandler struct {
 	// directly, as Caddy's replacer would, but without boxing the value
 	// into an interface (an allocation per request).
 	keyHeader string
+	nameValue any // the zone's name as a placeholder value, boxed once
 	vars      planVars
 	costs     costVars
 	dryRun    bool
@@ -373,6 +374,7 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 		denyErr: fmt.Errorf("rate limit exceeded in zone %s", name),
 	}
 	zh.keyHeader = headerPlaceholder(zh.keyVar)
+	zh.nameValue = name
 	if len(zc.MatcherSetsRaw) > 0 {
 		mods, err := ctx.LoadModule(zc, "MatcherSetsRaw")
 		if err != nil {

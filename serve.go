@@ -207,7 +207,11 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 		retry = time.Duration(min(float64(retry)*(1+rand.Float64()*h.Jitter), float64(math.MaxInt64/2)))
 	}
 	w.Header().Set("Retry-After", strconv.FormatInt(max(1, ceilSeconds(retry), minSeconds), 10))
-	repl.Set("http.rate_limit.exceeded.name", v.zone.Name)
+	name := v.zone.nameValue // boxed once when provisioned
+	if name == nil {
+		name = v.zone.Name
+	}
+	repl.Set("http.rate_limit.exceeded.name", name)
 	repl.Set("http.rate_limit.exceeded.key", v.key)
 	if h.events.ShouldEmit(eventExceeded) {
 		h.events.Emit(h.ctx, eventExceeded, map[string]any{

@@ -14,6 +14,11 @@ import (
 // benchHandler provisions a handler with one literal-limit zone keyed by a
 // request header, in the given headers mode, as Caddy would.
 func benchHandler(tb testing.TB, headers string) *Handler {
+	return benchHandlerWith(tb, headers, 1_000_000, time.Second)
+}
+
+// benchHandlerWith is benchHandler with another limit.
+func benchHandlerWith(tb testing.TB, headers string, events int, window time.Duration) *Handler {
 	tb.Helper()
 	// A running (empty) config gives the context its apps: the events app
 	// the handler emits to is provisioned on first use, as in Caddy.
@@ -26,8 +31,8 @@ func benchHandler(tb testing.TB, headers string) *Handler {
 	h := &Handler{
 		RateLimits: map[string]*Zone{"api": {
 			Key:       "{http.request.header.X-Api-Key}",
-			MaxEvents: 1_000_000,
-			Window:    caddy.Duration(time.Second),
+			MaxEvents: events,
+			Window:    caddy.Duration(window),
 		}},
 		Headers: headers,
 	}
@@ -40,11 +45,14 @@ func benchHandler(tb testing.TB, headers string) *Handler {
 
 // headerRecorder is a ResponseWriter that only keeps headers, cleared by
 // the benchmark between requests as a new response's would be.
-type headerRecorder struct{ h http.Header }
+type headerRecorder struct {
+	h      http.Header
+	status int
+}
 
 func (w *headerRecorder) Header() http.Header         { return w.h }
 func (w *headerRecorder) Write(b []byte) (int, error) { return len(b), nil }
-func (w *headerRecorder) WriteHeader(int)             {}
+func (w *headerRecorder) WriteHeader(status int)      { w.status = status }
 
 // BenchmarkServeHTTPAllowedExistingKey measures the whole request path of an
 // allowed request on a key the zone already tracks, per headers mode: key
@@ -81,5 +89,27 @@ func BenchmarkServeHTTPAllowedExistingKey(b *testing.B) {
 				i = (i + 1) % len(keys)
 			}
 		})
+	}
+}
+
+// BenchmarkServeHTTPDeniedFlood measures a request from a key that is over
+// its limit, answered from the deny cache (the flood case): decision,
+// Retry-After, placeholders, offenders, the direct 429.
+func BenchmarkServeHTTPDeniedFlood(b *testing.B) {
+	h := benchHandlerWith(b, "both", 1, time.Hour)
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.Header.Set("X-Api-Key", "flooder-00000001")
+	caddyhttp.NewTestReplacer(r)
+	w := &headerRecorder{h: http.Header{}}
+	next := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })
+	if err := h.ServeHTTP(w, r, next); err != nil { // the burst of one
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		clear(w.h)
+		if h.ServeHTTP(w, r, next) == nil {
+			b.Fatal("allowed: the key is meant to be over its limit")
+		}
 	}
 }
