@@ -466,6 +466,62 @@ func TestStoreBatchesDecisionsIntoOneScriptCall(t *testing.T) {
 	}
 }
 
+// A batch sent after Redis lost its scripts (SCRIPT FLUSH, a restart) is
+// sent again with EVAL, whole: no decision fails and none counts twice.
+func TestStoreBatchAfterScriptFlushFallsBackToEval(t *testing.T) {
+	srv := startRedis(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	s := openStore(t, distributed.Options{Addresses: []string{srv.Addr}, Timeout: 10 * time.Second}, nil)
+	limit := algorithms.NewLimit(3, int64(time.Hour), 0)
+	if _, err := s.Decide(ctx, "flush", "warm", limit, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	const callers = 128
+	allowed := make([]int, callers)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for g := range callers {
+		wg.Go(func() {
+			<-start
+			for range 5 {
+				r, err := s.Decide(ctx, "flush", "k"+strconv.Itoa(g%32), limit, 1)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if r.Allowed {
+					allowed[g]++
+				}
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	perKey := make([]int, 32)
+	for g, n := range allowed {
+		perKey[g%32] += n
+	}
+	for k, n := range perKey {
+		if n != 3 {
+			t.Errorf("key k%d admitted %d of 20 after the flush, want exactly 3", k, n)
+		}
+	}
+	info, err := rdb.Info(ctx, "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(info, "cmdstat_eval:") {
+		t.Errorf("no EVAL after SCRIPT FLUSH: the NOSCRIPT fallback did not run\n%s", info)
+	}
+}
+
 // The results of Decide are in nanoseconds, converted from Redis's
 // microseconds, and Refund gives back what Decide took.
 func TestStoreDecideRefundPeekReset(t *testing.T) {
