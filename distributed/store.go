@@ -15,6 +15,8 @@
 //     included, with ErrTimeout if Redis has not answered;
 //   - a breaker (breaker.go): after 5 consecutive failures calls fail at
 //     once with ErrUnavailable for a second, then one probe tests Redis.
+//     On a Cluster each master has its own, so a dead master costs only
+//     the keys it serves, until the slot map names its promoted replica.
 //
 // The zone applies its fail policy to any error.
 package distributed
