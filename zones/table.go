@@ -89,3 +89,6 @@ func (t *Table) Sweep(now int64) int { return t.kt.Sweep(now) }
 
 // Len returns the number of keys held, expired ones included.
 func (t *Table) Len() int { return t.kt.Len() }
+
+// Bytes returns the memory the table's entries and keys hold.
+func (t *Table) Bytes() int { return t.kt.Bytes() }
