@@ -33,7 +33,10 @@ func init() {
 //	DELETE /rate_limit/zones/<zone>/keys/<key>  reset the key (local table, deny cache, Redis)
 //	GET    /rate_limit/zones/<zone>/top?n=20    the keys this instance denied most lately
 //
-// Keys are path-escaped (url.PathEscape) in the URL.
+// Keys are path-escaped (url.PathEscape) in the URL. Every key, including
+// the empty key (requests without the key's header share it) and keys that
+// are "." or "..", which a URL path cannot hold as they are, also has the
+// address /rate_limit/zones/<zone>/keys?key=<query-escaped key>.
 type AdminAPI struct{}
 
 // CaddyModule returns the Caddy module information.
@@ -105,15 +108,17 @@ func lookupZone(name string) *zones.Zone {
 
 // zoneInfo is a zone as GET /rate_limit/zones shows it.
 type zoneInfo struct {
-	Name       string     `json:"name"`
-	Events     int64      `json:"events"`
-	Window     string     `json:"window"`
-	Burst      int64      `json:"burst"`
-	Mode       string     `json:"mode"`
-	FailPolicy string     `json:"fail_policy"`
-	DryRun     bool       `json:"dry_run"`
-	LocalKeys  int        `json:"local_keys"`
-	Store      *storeInfo `json:"store,omitempty"`
+	Name   string `json:"name"`
+	Events int64  `json:"events"`
+	// The window as a duration (e.g. "1m", "1h30m") and in seconds.
+	Window        string     `json:"window"`
+	WindowSeconds float64    `json:"window_seconds"`
+	Burst         int64      `json:"burst"`
+	Mode          string     `json:"mode"`
+	FailPolicy    string     `json:"fail_policy"`
+	DryRun        bool       `json:"dry_run"`
+	LocalKeys     int        `json:"local_keys"`
+	Store         *storeInfo `json:"store,omitempty"`
 
 	Concurrency int64 `json:"concurrency,omitempty"` // concurrency zones only
 }
@@ -148,9 +153,13 @@ type keyInfo struct {
 	ResetAfter float64 `json:"reset_after"`
 	// The limit the key was last decided under: the zone's literal one, or
 	// the plan its last request carried (events/window/burst placeholders).
-	Events int64  `json:"events"`
-	Window string `json:"window"`
-	Burst  int64  `json:"burst"`
+	Events        int64   `json:"events"`
+	Window        string  `json:"window"`
+	WindowSeconds float64 `json:"window_seconds"`
+	Burst         int64   `json:"burst"`
+	// Where the answer comes from: "local" (this instance's table) or
+	// "redis" (the state every instance shares).
+	Source string `json:"source"`
 }
 
 // outageReporter is what a store that can tell which Redis nodes are down
@@ -174,9 +183,16 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 			return methodNotAllowed(w, http.MethodGet)
 		}
 		return writeJSON(w, listZones())
-	case len(parts) == 4 && parts[0] == "zones" && parts[2] == "keys":
+	case len(parts) == 4 && parts[0] == "zones" && parts[2] == "keys",
+		len(parts) == 3 && parts[0] == "zones" && parts[2] == "keys" && r.URL.Query().Has("key"):
 		zoneName, err1 := url.PathUnescape(parts[1])
-		key, err2 := url.PathUnescape(parts[3])
+		var key string
+		var err2 error
+		if len(parts) == 4 {
+			key, err2 = url.PathUnescape(parts[3])
+		} else {
+			key = r.URL.Query().Get("key")
+		}
 		if err := errors.Join(err1, err2); err != nil {
 			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
 		}
@@ -203,7 +219,7 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 		return a.top(w, r, z)
 	}
 	return caddy.APIError{HTTPStatus: http.StatusNotFound,
-		Err: errors.New("unknown path: use /rate_limit/zones, /rate_limit/zones/<zone>/keys/<key> or /rate_limit/zones/<zone>/top")}
+		Err: errors.New("unknown path: use /rate_limit/zones, /rate_limit/zones/<zone>/keys/<key> (or .../keys?key=<key>, for any key including the empty one) or /rate_limit/zones/<zone>/top")}
 }
 
 func listZones() []zoneInfo {
@@ -213,13 +229,14 @@ func listZones() []zoneInfo {
 		zi := zoneInfo{
 			Name:       z.Name,
 			Events:     z.Events,
-			Window:     z.Window.String(),
+			Window:     shortDuration(z.Window.String()),
 			Burst:      z.Limit().Burst,
 			Mode:       z.Mode(),
 			FailPolicy: z.FailPolicy.String(),
 			DryRun:     z.DryRun,
 			LocalKeys:  z.Keys(),
 		}
+		zi.WindowSeconds = z.Window.Seconds()
 		zi.Concurrency = z.Concurrency
 		if s := z.Store(); s != nil {
 			zi.Store = &storeInfo{OK: true, Instances: s.Instances()}
@@ -255,20 +272,28 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone,
 	d, err := z.Peek(r.Context(), key, now)
 	switch {
 	case errors.Is(err, zones.ErrUnknownKey):
-		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s has no state for key %q (it is at its full limit)", z.Name, key)}
+		// Caddy logs admin errors: the message leaves the key out (keys
+		// can be personal data; log_key governs them).
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s has no state for this key (it is at its full limit)", z.Name)}
 	case err != nil:
-		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("reading key: %v", err)}
+		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("reading the key from Redis: %v", err)}
+	}
+	source := "local"
+	if z.Store() != nil {
+		source = "redis"
 	}
 	plan := z.LastPlan(key, now)
 	return writeJSON(w, keyInfo{
-		Zone:       z.Name,
-		Key:        key,
-		Remaining:  d.Remaining,
-		RetryAfter: d.RetryAfter.Seconds(),
-		ResetAfter: d.ResetAfter.Seconds(),
-		Events:     plan.Events,
-		Window:     plan.Window.String(),
-		Burst:      plan.Burst,
+		Zone:          z.Name,
+		Key:           key,
+		Remaining:     d.Remaining,
+		RetryAfter:    d.RetryAfter.Seconds(),
+		ResetAfter:    d.ResetAfter.Seconds(),
+		Events:        plan.Events,
+		Window:        shortDuration(plan.Window.String()),
+		WindowSeconds: plan.Window.Seconds(),
+		Burst:         plan.Burst,
+		Source:        source,
 	})
 }
 
@@ -277,13 +302,31 @@ func (a *AdminAPI) resetKey(w http.ResponseWriter, r *http.Request, z *zones.Zon
 		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errResetSlots}
 	}
 	if _, err := z.Peek(r.Context(), key, monotime.Now()); errors.Is(err, zones.ErrUnknownKey) {
-		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s has no state for key %q", z.Name, key)}
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s has no state for this key", z.Name)}
 	}
 	if err := z.Reset(r.Context(), key); err != nil {
-		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("resetting key in the store: %v", err)}
+		// This instance's state is gone; Redis's is not. Say so: the key
+		// is still limited by every instance until a DELETE succeeds or
+		// the key expires in Redis.
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return json.NewEncoder(w).Encode(partialReset{
+			Error: fmt.Sprintf("reset this instance's state for the key, but not Redis's (%v): "+
+				"the key keeps its limit in Redis, for every instance, until a DELETE succeeds or the key expires there", err),
+			Reset:    []string{"local"},
+			NotReset: []string{"redis"},
+		})
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
+}
+
+// partialReset is the answer to a DELETE that reset this instance's state but
+// could not reach Redis.
+type partialReset struct {
+	Error    string   `json:"error"`
+	Reset    []string `json:"reset"`
+	NotReset []string `json:"not_reset"`
 }
 
 func methodNotAllowed(w http.ResponseWriter, allowed ...string) error {
@@ -291,9 +334,13 @@ func methodNotAllowed(w http.ResponseWriter, allowed ...string) error {
 	return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: errors.New("method not allowed: use " + strings.Join(allowed, " or "))}
 }
 
+// writeJSON writes v as plain JSON: keys such as "<zone>" are not
+// HTML-escaped, the admin API is not a web page.
 func writeJSON(w http.ResponseWriter, v any) error {
 	w.Header().Set("Content-Type", "application/json")
-	return json.NewEncoder(w).Encode(v)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
 }
 
 // Interface guards

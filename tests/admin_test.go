@@ -4,24 +4,27 @@ package tests
 // address.
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 )
 
 // adminZone is a zone as GET /rate_limit/zones lists it.
 type adminZone struct {
-	Name       string `json:"name"`
-	Events     int64  `json:"events"`
-	Window     string `json:"window"`
-	Burst      int64  `json:"burst"`
-	Mode       string `json:"mode"`
-	FailPolicy string `json:"fail_policy"`
-	DryRun     bool   `json:"dry_run"`
-	LocalKeys  int    `json:"local_keys"`
-	Store      *struct {
+	Name          string  `json:"name"`
+	Events        int64   `json:"events"`
+	Window        string  `json:"window"`
+	WindowSeconds float64 `json:"window_seconds"`
+	Burst         int64   `json:"burst"`
+	Mode          string  `json:"mode"`
+	FailPolicy    string  `json:"fail_policy"`
+	DryRun        bool    `json:"dry_run"`
+	LocalKeys     int     `json:"local_keys"`
+	Store         *struct {
 		OK        bool `json:"ok"`
 		Instances int  `json:"instances"`
 	} `json:"store"`
@@ -37,6 +40,7 @@ type adminKey struct {
 	Events     int64   `json:"events"`
 	Window     string  `json:"window"`
 	Burst      int64   `json:"burst"`
+	Source     string  `json:"source"`
 }
 
 const adminSite = `http:// {
@@ -75,11 +79,11 @@ func TestAdminListsZonesWithTheirLimits(t *testing.T) {
 		t.Fatalf("GET /rate_limit/zones: %+v, want zones api and login", zones)
 	}
 	api, login := zones[0], zones[1]
-	if api.Name != "api" || api.Events != 3 || api.Window != "1h0m0s" || api.Burst != 3 ||
+	if api.Name != "api" || api.Events != 3 || api.Window != "1h" || api.WindowSeconds != 3600 || api.Burst != 3 ||
 		api.Mode != "local" || api.FailPolicy != "local" || api.DryRun || api.Store != nil {
 		t.Errorf("zone api listed as %+v", api)
 	}
-	if login.Name != "login" || login.Events != 5 || login.Window != "1m0s" || login.Burst != 2 ||
+	if login.Name != "login" || login.Events != 5 || login.Window != "1m" || login.WindowSeconds != 60 || login.Burst != 2 ||
 		login.Mode != "local" || login.FailPolicy != "closed" || !login.DryRun {
 		t.Errorf("zone login listed as %+v", login)
 	}
@@ -101,7 +105,7 @@ func TestAdminShowsAUsedKey(t *testing.T) {
 	var k adminKey
 	c.adminJSON(keyPath("api", key), &k)
 	// 2 of 3 used, at one per 20 minutes: one left, full again in 40m.
-	if k.Zone != "api" || k.Key != key || k.Remaining != 1 || k.RetryAfter != 0 ||
+	if k.Zone != "api" || k.Key != key || k.Remaining != 1 || k.RetryAfter != 0 || k.Source != "local" ||
 		k.ResetAfter < 2390 || k.ResetAfter > 2400 {
 		t.Fatalf("GET %s: %+v, want remaining 1, retry_after 0, reset_after about 2400", keyPath("api", key), k)
 	}
@@ -300,5 +304,147 @@ http://localhost {
 	}
 	if got := c.Send(1, withKey("alice")); got[0] != 429 {
 		t.Errorf("alice after a reload that kept api unchanged: %v, want still denied", got)
+	}
+}
+
+// Keys a URL path cannot hold as they are have an address too: the empty key
+// (requests without the key's header share it), "." and "..". The JSON is
+// plain (no HTML escaping), and the 404 for an unused key, which Caddy logs
+// at ERROR, does not log the key.
+func TestAdminAddressesEveryKey(t *testing.T) {
+	t.Parallel()
+	c := startCaddy(t, adminSite)
+	c.Send(2, request{})             // no X-API-Key: the empty key
+	c.Send(1, withKey("."))          // keys a path cleaner would eat
+	c.Send(1, withKey("<b>&co</b>")) // HTML in a key
+	for key, remaining := range map[string]int64{"": 1, ".": 2, "<b>&co</b>": 2} {
+		path := "/rate_limit/zones/api/keys?key=" + url.QueryEscape(key)
+		status, body := c.adminDo(http.MethodGet, path)
+		var k adminKey
+		if status != http.StatusOK || json.Unmarshal([]byte(body), &k) != nil || k.Key != key || k.Remaining != remaining {
+			t.Errorf("GET %s: %d %s, want key %q with %d remaining", path, status, body, key, remaining)
+		}
+		if strings.Contains(body, `\u003c`) || strings.Contains(body, `\u0026`) {
+			t.Errorf("GET %s: HTML-escaped JSON %s", path, body)
+		}
+	}
+	// The empty key is reset through its address, and only it.
+	if status, body := c.adminDo(http.MethodDelete, "/rate_limit/zones/api/keys?key="); status != http.StatusNoContent {
+		t.Fatalf("DELETE the empty key: %d %s, want 204", status, body)
+	}
+	if status, _ := c.adminDo(http.MethodGet, "/rate_limit/zones/api/keys?key="); status != http.StatusNotFound {
+		t.Errorf("the empty key after its reset: %d, want 404 (full again)", status)
+	}
+	if status, _ := c.adminDo(http.MethodGet, "/rate_limit/zones/api/keys?key=."); status != http.StatusOK {
+		t.Errorf("key . after the empty key's reset: %d, want it untouched", status)
+	}
+	// The path form still works for ordinary keys and %2E.
+	if status, body := c.adminDo(http.MethodGet, "/rate_limit/zones/api/keys/%2E"); status != http.StatusOK {
+		t.Errorf("GET .../keys/%%2E: %d %s", status, body)
+	}
+
+	const secret = "never-seen-sk-8d1e"
+	if status, _ := c.adminDo(http.MethodGet, keyPath("api", secret)); status != http.StatusNotFound {
+		t.Fatalf("unused key: %d, want 404", status)
+	}
+	waitFor(t, 5*time.Second, "Caddy to log the admin error", func() bool {
+		return strings.Contains(c.Output(), "has no state for this key")
+	})
+	for _, line := range strings.Split(c.Output(), "\n") {
+		if strings.Contains(line, `"level":"error"`) && strings.Contains(line, secret) {
+			t.Errorf("the key appears in an error log line: %s", line)
+		}
+	}
+}
+
+// The admin API reads and resets keys where every instance keeps them: in
+// Redis, in strict and async mode. A DELETE that cannot reach Redis says what
+// it reset (this instance's state) and what it did not (Redis's).
+func TestAdminReadsAndResetsKeysInRedis(t *testing.T) {
+	for _, mode := range []string{"strict", "async"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			r := startRedis(t)
+			c := startCaddy(t, `http:// {
+	rate_limit {
+		zone api {
+			key {http.request.header.X-API-Key}
+			events 3
+			window 1h
+		}
+		distributed {
+			redis redis://`+r.Addr+`
+			mode `+mode+`
+			timeout 500ms
+		}
+	}
+	respond "ok"
+}
+`)
+			rc := r.Client()
+			ctx := context.Background()
+			if got := c.Send(4, withKey("alice")); got[2] != 200 || got[3] != 429 {
+				t.Fatalf("alice: %v, want 3×200 then 429", got)
+			}
+			// Async mode reports to Redis at its next sync.
+			var k adminKey
+			waitFor(t, 5*time.Second, "alice's state in Redis", func() bool {
+				status, body := c.adminDo(http.MethodGet, keyPath("api", "alice"))
+				return status == http.StatusOK && json.Unmarshal([]byte(body), &k) == nil && k.Remaining == 0
+			})
+			if k.Source != "redis" || k.RetryAfter <= 0 || k.RetryAfter > 1200 {
+				t.Errorf("GET alice: %+v, want source redis, remaining 0, retry_after within 1200s", k)
+			}
+			// The key's TTL in Redis is its reset time (rounded up to a
+			// millisecond), not just any positive TTL.
+			before := time.Now()
+			pttl, err := rc.PTTL(ctx, "tally:api:alice").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, body := c.adminDo(http.MethodGet, keyPath("api", "alice"))
+			if err := json.Unmarshal([]byte(body), &k); err != nil {
+				t.Fatal(err)
+			}
+			elapsed := time.Since(before)
+			reset := time.Duration(k.ResetAfter * float64(time.Second))
+			if pttl < reset-time.Millisecond || pttl > reset+elapsed+time.Millisecond {
+				t.Errorf("PTTL of tally:api:alice = %v, want alice's reset_after %v (+%v between the reads, ±1ms)", pttl, reset, elapsed)
+			}
+
+			if status, body := c.adminDo(http.MethodDelete, keyPath("api", "alice")); status != http.StatusNoContent {
+				t.Fatalf("DELETE alice: %d %s, want 204", status, body)
+			}
+			if n, err := rc.Exists(ctx, "tally:api:alice").Result(); err != nil || n != 0 {
+				t.Fatalf("after DELETE, tally:api:alice exists (%d, %v): Redis was not reset", n, err)
+			}
+			if got := c.Send(4, withKey("alice")); got[0] != 200 || got[2] != 200 || got[3] != 429 {
+				t.Fatalf("alice after DELETE: %v, want a full limit again", got)
+			}
+
+			// Redis frozen: this instance's state is reset, Redis's is not,
+			// and the answer says exactly that.
+			waitFor(t, 5*time.Second, "alice's new state in Redis", func() bool {
+				n, _ := rc.Exists(ctx, "tally:api:alice").Result()
+				return n == 1
+			})
+			r.Pause()
+			defer r.Resume()
+			status, body := c.adminDo(http.MethodDelete, keyPath("api", "alice"))
+			var partial struct {
+				Error    string   `json:"error"`
+				Reset    []string `json:"reset"`
+				NotReset []string `json:"not_reset"`
+			}
+			if status != http.StatusServiceUnavailable || json.Unmarshal([]byte(body), &partial) != nil ||
+				strings.Join(partial.Reset, ",") != "local" || strings.Join(partial.NotReset, ",") != "redis" ||
+				!strings.Contains(partial.Error, "but not Redis's") {
+				t.Errorf("DELETE while Redis is frozen: %d %s, want 503 saying local was reset and redis was not", status, body)
+			}
+			r.Resume()
+			if n, err := rc.Exists(ctx, "tally:api:alice").Result(); err != nil || n != 1 {
+				t.Errorf("after the failed DELETE, tally:api:alice exists = %d (%v), want still there", n, err)
+			}
+		})
 	}
 }

@@ -400,6 +400,33 @@ func TestStatusAndHandleErrorsShapeTheDenial(t *testing.T) {
 	}
 }
 
+// Without handle_errors routes the denial is written directly: with the
+// configured status all the same.
+func TestStatusIsUsedWithoutHandleErrors(t *testing.T) {
+	t.Parallel()
+	c := startCaddy(t, apiKeySite(1, "1h", "status 503"))
+	if got := c.Send(2, withKey("alice")); got[0] != 200 || got[1] != 503 {
+		t.Fatalf("alice: %v, want 200 then 503 (status 503, no handle_errors)", got)
+	}
+}
+
+// max_keys reaches the zone's state through Caddy: 300 keys in a zone of at
+// most 100 leave exactly 100 (the window is long, so none has expired).
+func TestMaxKeysBoundsTheZonesKeysThroughCaddy(t *testing.T) {
+	t.Parallel()
+	c := startCaddy(t, strings.Replace(apiKeySite(5, "1h", ""), "window 1h", "window 1h\n\t\t\tmax_keys 100", 1))
+	for i := range 300 {
+		if res := c.Do(withKey("k" + strconv.Itoa(i))); res.Status != 200 {
+			t.Fatalf("key %d: %d, want 200", i, res.Status)
+		}
+	}
+	var zones []adminZone
+	c.adminJSON("/rate_limit/zones", &zones)
+	if len(zones) != 1 || zones[0].LocalKeys != 100 {
+		t.Fatalf("after 300 keys, zone api holds %+v, want exactly max_keys = 100", zones)
+	}
+}
+
 func TestStateSurvivesAReloadWithTheSameZone(t *testing.T) {
 	t.Parallel()
 	site := func(body string) string {

@@ -145,7 +145,7 @@ func TestUpgradeAndDowngradeMidWindow(t *testing.T) {
 		t.Fatalf("after upgrading to pro: %v, want exactly 50×200 (pro's 100 minus the half hour used)", got)
 	}
 	c.adminJSON(keyPath("per_customer", "upgrader"), &k)
-	if k.Events != 100 || k.Window != "1h0m0s" || k.Burst != 100 || k.Remaining != 0 {
+	if k.Events != 100 || k.Window != "1h" || k.Burst != 100 || k.Remaining != 0 {
 		t.Fatalf("admin API after the upgrade: %+v, want the pro plan (events 100, window 1h, burst 100), remaining 0", k)
 	}
 

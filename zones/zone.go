@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
 
@@ -168,7 +169,7 @@ func (c Config) Plan() (Plan, error) { return NewPlan(c.Events, c.Window, c.Burs
 
 // Key turns the expanded key template into the key the zone stores: IP
 // addresses are masked to the configured prefix, and keys longer than
-// MaxKeyLength are replaced by a hash.
+// MaxKeyLength (or that start with HashedKeyPrefix) are replaced by a hash.
 func (c Config) Key(raw string) string {
 	if c.IPv4Prefix > 0 || c.IPv6Prefix > 0 {
 		if ip, err := netip.ParseAddr(raw); err == nil {
@@ -183,12 +184,20 @@ func (c Config) Key(raw string) string {
 			}
 		}
 	}
-	if len(raw) > MaxKeyLength {
+	// A raw key that starts like a hashed one is hashed too, so that the
+	// two spaces are disjoint: a client sending "sha256:<hex>" cannot
+	// share the bucket of the long key with that hash.
+	if len(raw) > MaxKeyLength || strings.HasPrefix(raw, HashedKeyPrefix) {
 		sum := sha256.Sum256([]byte(raw))
-		return "sha256:" + hex.EncodeToString(sum[:])
+		return HashedKeyPrefix + hex.EncodeToString(sum[:])
 	}
 	return raw
 }
+
+// HashedKeyPrefix starts every hashed key: keys longer than MaxKeyLength and
+// keys that start with it are stored as it followed by the hex SHA-256 of the
+// key.
+const HashedKeyPrefix = "sha256:"
 
 // State is a zone's in-process state. It is shared by every handler that
 // defines the zone the same way and outlives config reloads.

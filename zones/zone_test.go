@@ -2,6 +2,8 @@ package zones
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -110,8 +112,35 @@ func TestKey(t *testing.T) {
 	}
 	t.Run("long keys are hashed to a bounded size", func(t *testing.T) {
 		a, b := Config{}.Key(long), Config{}.Key(long+"b")
-		if len(a) > 100 || a == b || a != (Config{}).Key(long) {
-			t.Errorf("hashed keys %q and %q: want short, distinct and stable", a, b)
+		// The SHA-256 of the whole key, in hex: not a raw prefix, not
+		// some other digest.
+		sum := sha256.Sum256([]byte(long))
+		if want := "sha256:" + hex.EncodeToString(sum[:]); a != want {
+			t.Errorf("Key(257 bytes) = %q, want %q", a, want)
+		}
+		if a == b {
+			t.Errorf("hashed keys of two long keys are both %q", a)
+		}
+	})
+	t.Run("a short key cannot alias a hashed long one", func(t *testing.T) {
+		hashed := Config{}.Key(long)
+		if got := (Config{}).Key(hashed); got == hashed || !strings.HasPrefix(got, "sha256:") || len(got) != len(hashed) {
+			t.Errorf("the literal key %q maps to %q: it must not share the long key's bucket", hashed, got)
+		}
+		if got := (Config{}).Key("sha256:"); got == "sha256:" {
+			t.Errorf("the literal key \"sha256:\" kept as is")
+		}
+	})
+	t.Run("IP prefixes mask exactly their bits", func(t *testing.T) {
+		for bits, want := range map[int]string{8: "10.0.0.0/8", 16: "10.1.0.0/16", 24: "10.1.2.0/24", 31: "10.1.2.2/31", 32: "10.1.2.3/32"} {
+			if got := (Config{IPv4Prefix: bits}).Key("10.1.2.3"); got != want {
+				t.Errorf("ipv4_prefix %d: Key(10.1.2.3) = %q, want %q", bits, got, want)
+			}
+		}
+		for bits, want := range map[int]string{32: "2001:db8::/32", 48: "2001:db8:1::/48", 56: "2001:db8:1:200::/56", 64: "2001:db8:1:2ff::/64"} {
+			if got := (Config{IPv6Prefix: bits}).Key("2001:db8:1:2ff:3:4:5:6"); got != want {
+				t.Errorf("ipv6_prefix %d: Key = %q, want %q", bits, got, want)
+			}
 		}
 	})
 }
