@@ -1,6 +1,6 @@
 # make run   builds ./caddy with tally (xcaddy) and serves Caddyfile.example
 # make test  everything CI runs: installs redis-server if missing, checks
-#            formatting and vet, unit tests, then integration tests against a
+#            formatting, vet and staticcheck, unit tests, then integration tests against a
 #            real Caddy and real redis-server processes, all under -race
 # make bench prints the benchmark table quoted in the README
 
@@ -29,10 +29,16 @@ deps:
 		systemctl disable --now prometheus >/dev/null 2>&1 || true; }
 	@promtool --version | head -1
 
+# staticcheck runs pinned through `go run`, as xcaddy does in xcaddy-build.sh:
+# nothing to install, the same version everywhere.
+STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
 lint:
 	@bad=$$(gofmt -l . ); if [ -n "$$bad" ]; then echo "gofmt needed: $$bad"; exit 1; fi
 	$(GO) vet ./...
 	cd tests && $(GO) vet ./...
+	$(STATICCHECK) ./...
+	cd tests && $(STATICCHECK) ./...
 
 unit:
 	$(GO) test -race -count=1 ./...

@@ -305,16 +305,15 @@ func (a *AdminAPI) resetKey(w http.ResponseWriter, r *http.Request, z *zones.Zon
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s has no state for this key", z.Name)}
 	}
 	if err := z.Reset(r.Context(), key); err != nil {
-		// This instance's state is gone; Redis's is not. Say so: the key
-		// is still limited by every instance until a DELETE succeeds or
-		// the key expires in Redis.
+		// This instance's state is gone; whether Redis's is, is not known
+		// (a command that timed out may still run). Say exactly that.
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusServiceUnavailable)
 		return json.NewEncoder(w).Encode(partialReset{
-			Error: fmt.Sprintf("reset this instance's state for the key, but not Redis's (%v): "+
-				"the key keeps its limit in Redis, for every instance, until a DELETE succeeds or the key expires there", err),
-			Reset:    []string{"local"},
-			NotReset: []string{"redis"},
+			Error: fmt.Sprintf("reset this instance's state for the key, but Redis did not confirm its reset (%v): "+
+				"until a DELETE succeeds, the key may keep its limit in Redis, for every instance, until it expires there", err),
+			Reset:       []string{"local"},
+			Unconfirmed: []string{"redis"},
 		})
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -322,11 +321,11 @@ func (a *AdminAPI) resetKey(w http.ResponseWriter, r *http.Request, z *zones.Zon
 }
 
 // partialReset is the answer to a DELETE that reset this instance's state but
-// could not reach Redis.
+// got no answer from Redis.
 type partialReset struct {
-	Error    string   `json:"error"`
-	Reset    []string `json:"reset"`
-	NotReset []string `json:"not_reset"`
+	Error       string   `json:"error"`
+	Reset       []string `json:"reset"`
+	Unconfirmed []string `json:"unconfirmed"`
 }
 
 func methodNotAllowed(w http.ResponseWriter, allowed ...string) error {

@@ -6,6 +6,7 @@ package tests
 
 import (
 	"context"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -107,14 +108,20 @@ func TestStrictModeIsExactAcrossThreeInstancesOnRedisCluster(t *testing.T) {
 // address of their master.
 func keysOnEveryNode(t *testing.T, ctx context.Context, cluster *redis.ClusterClient, addrs []string, perNode int) ([]string, map[string]string) {
 	t.Helper()
-	slots, err := cluster.ClusterSlots(ctx).Result()
+	shards, err := cluster.ClusterShards(ctx).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
 	ownerOf := func(slot int64) string {
-		for _, s := range slots {
-			if int64(s.Start) <= slot && slot <= int64(s.End) && len(s.Nodes) > 0 {
-				return s.Nodes[0].Addr
+		for _, sh := range shards {
+			for _, r := range sh.Slots {
+				if r.Start <= slot && slot <= r.End {
+					for _, n := range sh.Nodes {
+						if n.Role == "master" {
+							return net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10))
+						}
+					}
+				}
 			}
 		}
 		return ""
@@ -130,7 +137,7 @@ func keysOnEveryNode(t *testing.T, ctx context.Context, cluster *redis.ClusterCl
 		}
 		node := ownerOf(slot)
 		if node == "" {
-			t.Fatalf("no master owns slot %d: %+v", slot, slots)
+			t.Fatalf("no master owns slot %d: %+v", slot, shards)
 		}
 		if count[node] < perNode {
 			count[node]++

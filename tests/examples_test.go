@@ -4,8 +4,11 @@ package tests
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -167,6 +170,30 @@ func TestReadmeCaddyfilesAdapt(t *testing.T) {
 			if strings.Contains(b.text, "rate_limit") && !strings.Contains(json, `"rate_limit"`) {
 				t.Errorf("the block at README.md:%d uses rate_limit but its JSON has no rate_limit handler:\n%s", b.line, json)
 			}
+			// In `caddy fmt` form, so that a copied block adapts without
+			// "input is not formatted".
+			if formatted := caddyFmt(t, b.text); formatted != b.text {
+				t.Errorf("the block at README.md:%d is not in caddy fmt form; caddy fmt makes it:\n%s", b.line, formatted)
+			}
 		})
 	}
+}
+
+// caddyFmt returns what `caddy fmt` makes of text.
+func caddyFmt(t *testing.T, text string) string {
+	t.Helper()
+	dir := t.TempDir()
+	file := filepath.Join(dir, "Caddyfile")
+	if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(caddyBinary(t), "fmt", file)
+	cmd.Env = []string{"HOME=" + dir, "PATH=" + os.Getenv("PATH")}
+	var stdout bytes.Buffer
+	cmd.Stdout = &stdout
+	_ = cmd.Run() // exits 1 when the input is not formatted; stdout has the formatted text either way
+	if stdout.Len() == 0 {
+		t.Fatalf("caddy fmt printed nothing for:\n%s", text)
+	}
+	return stdout.String()
 }
