@@ -296,3 +296,42 @@ func TestRedisOutageAppliesEachZonesFailPolicy(t *testing.T) {
 		}
 	}
 }
+
+// In strict mode a key that Redis blocked (and every instance remembers as
+// blocked) is allowed again once its retry time has passed, on every instance:
+// not before, and not much after.
+func TestStrictBlockedKeyIsAllowedAgainAfterItsRetryTime(t *testing.T) {
+	t.Parallel()
+	rs := startRedis(t)
+	fleet := startFleet(t, 2, rs.Addr, `
+		zone api {
+			key {http.request.header.X-API-Key}
+			events 1
+			window 2s
+		}`)
+	start := time.Now()
+	if res := fleet[0].Do(withKey("alice")); res.Status != 200 {
+		t.Fatalf("first request: %d, want 200", res.Status)
+	}
+	for _, c := range fleet {
+		if res := c.Do(withKey("alice")); res.Status != 429 || res.Header.Get("Retry-After") != "2" {
+			t.Fatalf("second request on %s: %d Retry-After %q, want 429 and 2", c.URL, res.Status, res.Header.Get("Retry-After"))
+		}
+	}
+	// Blocked on both instances (the second one from its deny cache too)
+	// until 2s after the first request; then each lets one through.
+	var allowedAt time.Duration
+	waitFor(t, 5*time.Second, "alice to be allowed again", func() bool {
+		if fleet[1].Do(withKey("alice")).Status == 200 {
+			allowedAt = time.Since(start)
+			return true
+		}
+		return false
+	})
+	if allowedAt < 2*time.Second-50*time.Millisecond {
+		t.Fatalf("alice allowed again %v after her first request, want no sooner than the 2s window", allowedAt)
+	}
+	if res := fleet[0].Do(withKey("alice")); res.Status != 429 {
+		t.Errorf("right after the allowed one, on the other instance: %d, want 429 (one per 2s, shared)", res.Status)
+	}
+}

@@ -4,6 +4,8 @@ package tests
 // sees from the outside.
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"net/http"
 	"regexp"
@@ -261,6 +263,18 @@ func TestIPv4PrefixMakesANetworkShareOneLimit(t *testing.T) {
 	got = append(got, c.Do(request{Client: from2}).Status, c.Do(request{Client: from1}).Status)
 	if fmt.Sprint(got) != "[200 200 200 429 429]" {
 		t.Fatalf("statuses from one /24 = %v, want [200 200 200 429 429]", got)
+	}
+	// The key is the /24 itself: a /16 or the bare address would be
+	// another key.
+	var k adminKey
+	c.adminJSON(keyPath("net", "127.0.0.0/24"), &k)
+	if k.Remaining != 0 {
+		t.Errorf("key 127.0.0.0/24: %+v, want the spent network", k)
+	}
+	for _, other := range []string{"127.0.0.0/16", "127.0.0.1"} {
+		if status, body := c.adminDo(http.MethodGet, keyPath("net", other)); status != http.StatusNotFound {
+			t.Errorf("zone net has state for %s: %d %s, want only the /24", other, status, body)
+		}
 	}
 }
 
@@ -709,5 +723,20 @@ func TestLongKeysAreHashedButStayDistinct(t *testing.T) {
 		if got := c.Send(3, withKey(key)); fmt.Sprint(got) != "[200 200 429]" {
 			t.Errorf("a %d-byte key: %v, want [200 200 429] on its own limit", len(key), got)
 		}
+		// Stored under the SHA-256 of the whole key, not the raw key.
+		sum := sha256.Sum256([]byte(key))
+		var k adminKey
+		c.adminJSON(keyPath("api", "sha256:"+hex.EncodeToString(sum[:])), &k)
+		if k.Remaining != 0 {
+			t.Errorf("the hashed key of a %d-byte key: %+v, want spent", len(key), k)
+		}
+		if status, _ := c.adminDo(http.MethodGet, keyPath("api", key)); status != http.StatusNotFound {
+			t.Errorf("the raw %d-byte key has state: %d, want it stored only hashed", len(key), status)
+		}
+	}
+	// A short key spelled like a hash has its own bucket.
+	sum := sha256.Sum256([]byte(prefix + "-a"))
+	if got := c.Send(1, withKey("sha256:"+hex.EncodeToString(sum[:]))); got[0] != 200 {
+		t.Errorf("the literal key sha256:<hex of a spent long key>: %v, want 200 (its own bucket)", got)
 	}
 }
