@@ -169,6 +169,9 @@ func dropZoneSeries(name string) {
 	collectors.failPolicy.DeletePartialMatch(l)
 	collectors.latency.DeletePartialMatch(l)
 	collectors.plans.DeletePartialMatch(l)
+	collectors.cost.DeletePartialMatch(l)
+	collectors.costFalls.DeletePartialMatch(l)
+	collectors.chargeFails.DeletePartialMatch(l)
 }
 
 // keysCollector reports, at scrape time, how many keys each live zone holds.
