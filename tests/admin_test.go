@@ -383,6 +383,10 @@ func TestAdminReadsAndResetsKeysInRedis(t *testing.T) {
 `)
 			rc := r.Client()
 			ctx := context.Background()
+			rkey := "tally:api:alice" // the key schema of the README
+			if mode == "async" {
+				rkey = "tally:api.async:alice"
+			}
 			if got := c.Send(4, withKey("alice")); got[2] != 200 || got[3] != 429 {
 				t.Fatalf("alice: %v, want 3×200 then 429", got)
 			}
@@ -398,7 +402,7 @@ func TestAdminReadsAndResetsKeysInRedis(t *testing.T) {
 			// The key's TTL in Redis is its reset time (rounded up to a
 			// millisecond), not just any positive TTL.
 			before := time.Now()
-			pttl, err := rc.PTTL(ctx, "tally:api:alice").Result()
+			pttl, err := rc.PTTL(ctx, rkey).Result()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -409,14 +413,14 @@ func TestAdminReadsAndResetsKeysInRedis(t *testing.T) {
 			elapsed := time.Since(before)
 			reset := time.Duration(k.ResetAfter * float64(time.Second))
 			if pttl < reset-time.Millisecond || pttl > reset+elapsed+time.Millisecond {
-				t.Errorf("PTTL of tally:api:alice = %v, want alice's reset_after %v (+%v between the reads, ±1ms)", pttl, reset, elapsed)
+				t.Errorf("PTTL of %s = %v, want alice's reset_after %v (+%v between the reads, ±1ms)", rkey, pttl, reset, elapsed)
 			}
 
 			if status, body := c.adminDo(http.MethodDelete, keyPath("api", "alice")); status != http.StatusNoContent {
 				t.Fatalf("DELETE alice: %d %s, want 204", status, body)
 			}
-			if n, err := rc.Exists(ctx, "tally:api:alice").Result(); err != nil || n != 0 {
-				t.Fatalf("after DELETE, tally:api:alice exists (%d, %v): Redis was not reset", n, err)
+			if n, err := rc.Exists(ctx, rkey).Result(); err != nil || n != 0 {
+				t.Fatalf("after DELETE, %s exists (%d, %v): Redis was not reset", rkey, n, err)
 			}
 			if got := c.Send(4, withKey("alice")); got[0] != 200 || got[2] != 200 || got[3] != 429 {
 				t.Fatalf("alice after DELETE: %v, want a full limit again", got)
@@ -425,7 +429,7 @@ func TestAdminReadsAndResetsKeysInRedis(t *testing.T) {
 			// Redis frozen: this instance's state is reset, Redis's is not,
 			// and the answer says exactly that.
 			waitFor(t, 5*time.Second, "alice's new state in Redis", func() bool {
-				n, _ := rc.Exists(ctx, "tally:api:alice").Result()
+				n, _ := rc.Exists(ctx, rkey).Result()
 				return n == 1
 			})
 			r.Pause()
@@ -449,8 +453,8 @@ func TestAdminReadsAndResetsKeysInRedis(t *testing.T) {
 				status, _ := c.adminDo(http.MethodDelete, keyPath("api", "alice"))
 				return status == http.StatusNoContent || status == http.StatusNotFound
 			})
-			if n, err := rc.Exists(ctx, "tally:api:alice").Result(); err != nil || n != 0 {
-				t.Errorf("after a DELETE once Redis answers, tally:api:alice exists = %d (%v)", n, err)
+			if n, err := rc.Exists(ctx, rkey).Result(); err != nil || n != 0 {
+				t.Errorf("after a DELETE once Redis answers, %s exists = %d (%v)", rkey, n, err)
 			}
 		})
 	}
