@@ -511,28 +511,27 @@ const dormantAfter = 1
 // the fleet's next token, whichever is later.
 func (r *record) decide(now, nextSync int64, l algorithms.Limit, cost int64) algorithms.Result {
 	r.limit, r.used = l, true
-	if r.allow >= cost {
-		r.allow -= cost
-		if !r.reserved {
-			r.pending += cost
-		}
-		return algorithms.Result{
-			Allowed:    true,
-			Remaining:  r.allow,
-			ResetAfter: max(r.resetAt-now, 0) + r.pending*l.EmissionInterval,
-		}
+	if r.allow < cost {
+		return r.result(now, nextSync, l, false)
 	}
-	retry := max(r.retryAt-now, nextSync-now, 1)
-	return algorithms.Result{
-		RetryAfter: retry,
-		ResetAfter: max(r.resetAt-now+r.pending*l.EmissionInterval, retry),
+	r.allow -= cost
+	if !r.reserved {
+		r.pending += cost
 	}
+	return r.result(now, nextSync, l, true)
 }
 
 // check reports whether the allowance has a unit left, consuming nothing.
 func (r *record) check(now, nextSync int64, l algorithms.Limit) algorithms.Result {
 	r.limit, r.used = l, true
-	if r.allow >= 1 {
+	return r.result(now, nextSync, l, r.allow >= 1)
+}
+
+// result describes the record as it stands: what is left when allowed;
+// when denied, a wait until the next sync or the fleet's next token,
+// whichever is later.
+func (r *record) result(now, nextSync int64, l algorithms.Limit, allowed bool) algorithms.Result {
+	if allowed {
 		return algorithms.Result{
 			Allowed:    true,
 			Remaining:  r.allow,
