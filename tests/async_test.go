@@ -98,12 +98,19 @@ func TestAsyncStoresStayWithinTheBoundForOneKey(t *testing.T) {
 		wg.Go(func() { decide(g) })
 	}
 	wg.Wait()
-	burst := allowed.Load()
+	burst, d := allowed.Load(), time.Since(start)
 	// Every store has seen 3 instances, so each admits its fresh share of
 	// ⌊100/3⌋ = 33 at most: a store that took B/1 (a late heartbeat reply
-	// overwriting the count) admits 166.
-	if b := asyncBurstBound(limit, time.Since(start), interval); burst > b {
-		t.Fatalf("the concurrent burst admitted %d, want at most %d (B + ⌊(d+I)/T⌋): every store sees 3 instances", burst, b)
+	// overwriting the count) admits 166. That holds while the burst ends
+	// within one sync interval; a burst the machine stretched past a sync
+	// is held to the documented bound, whose (N−1)·share term covers first
+	// reports that land mid-burst (seen once: 116 in a 120ms burst).
+	if d < interval {
+		if b := asyncBurstBound(limit, d, interval); burst > b {
+			t.Fatalf("the concurrent burst admitted %d in %v, want at most %d (B + ⌊(d+I)/T⌋): every store sees 3 instances", burst, d, b)
+		}
+	} else if b := asyncBound(limit, d, interval, len(stores)); burst > b {
+		t.Fatalf("the concurrent burst admitted %d in %v (longer than a sync interval), want at most %d (the documented bound)", burst, d, b)
 	}
 	// Keep asking, across syncs, until every store has adopted what the
 	// others admitted: the leases then hand out what is left.
