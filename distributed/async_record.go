@@ -1,0 +1,212 @@
+package distributed
+
+// Async mode's record: one instance's allowance for one key, the decisions
+// made from it, and the arithmetic of a sync's report and reply (the scheme
+// and its bound are in async.go).
+
+import (
+	"sync/atomic"
+
+	"github.com/caddy-tally/ratelimit/algorithms"
+)
+
+// freshShare is what an instance may admit for a key it has never synced:
+// its share of a full burst among n instances, at least 1.
+func freshShare(burst int64, n int) int64 {
+	return max(1, burst/int64(max(1, n)))
+}
+
+// record is one instance's view of one key. Guarded by its shard's lock.
+type record struct {
+	limit algorithms.Limit // ns, as the last decision gave it
+	// allow is what this instance may still admit before its next sync.
+	allow int64
+	// pending is cost admitted and not yet counted in Redis.
+	pending int64
+	// reserved: allow is a lease Redis counts as spent (the key has
+	// synced); otherwise it is a fresh share Redis knows nothing about and
+	// every admission adds to pending.
+	reserved bool
+	// used: decided or refunded since the last snapshot.
+	used bool
+	// retryAt and resetAt (Unix ns, local clock) are when, as of the last
+	// sync, the fleet has one token back and the key is full again.
+	retryAt, resetAt int64
+	// unacked is the last report taken for a sync whose reply has not been
+	// adopted; while set, every sync sends it again, unchanged, with its
+	// sequence number, and Redis applies it at most once.
+	unacked    sent
+	hasUnacked bool
+	// syncErr is an error Redis gave about this key alone in the last
+	// sync; the key's next decision returns it, so the zone applies its
+	// fail policy (and counts it) once per failed sync.
+	syncErr error
+	// idleSyncs counts the consecutive syncs that found the record idle;
+	// at dormantAfter the next one hands its whole lease back and takes
+	// none, and the record is dormant: no sync until a request needs it
+	// (see wake).
+	idleSyncs int
+	dormant   bool
+	waking    chan struct{} // closed when a wake in flight ends
+}
+
+// dormantAfter is the number of idle syncs (each parking a small lease) a
+// record has before its next sync hands everything back and it goes
+// dormant. A key seen once costs Redis dormantAfter+2 scripts, not one per
+// interval until it refills.
+const dormantAfter = 1
+
+// decide admits cost from the allowance, or denies until the next sync or
+// the fleet's next token, whichever is later.
+func (r *record) decide(now, nextSync int64, l algorithms.Limit, cost int64) algorithms.Result {
+	r.limit, r.used = l, true
+	if r.allow < cost {
+		return r.result(now, nextSync, l, false)
+	}
+	r.allow -= cost
+	if !r.reserved {
+		r.pending += cost
+	}
+	return r.result(now, nextSync, l, true)
+}
+
+// check reports whether the allowance has a unit left, consuming nothing.
+func (r *record) check(now, nextSync int64, l algorithms.Limit) algorithms.Result {
+	r.limit, r.used = l, true
+	return r.result(now, nextSync, l, r.allow >= 1)
+}
+
+// result describes the record as it stands: what is left when allowed;
+// when denied, a wait until the next sync or the fleet's next token,
+// whichever is later.
+func (r *record) result(now, nextSync int64, l algorithms.Limit, allowed bool) algorithms.Result {
+	if allowed {
+		return algorithms.Result{
+			Allowed:    true,
+			Remaining:  r.allow,
+			ResetAfter: max(r.resetAt-now, 0) + r.pending*l.EmissionInterval,
+		}
+	}
+	retry := max(r.retryAt-now, nextSync-now, 1)
+	return algorithms.Result{
+		RetryAfter: retry,
+		ResetAfter: max(r.resetAt-now+r.pending*l.EmissionInterval, retry),
+	}
+}
+
+// charge takes cost from the allowance after the fact, whatever is left:
+// on a fresh share all of it is pending (Redis knows nothing yet); on a
+// lease, what the lease does not cover is, and the next sync counts it in
+// Redis past the burst.
+func (r *record) charge(cost int64) {
+	r.used = true
+	spent := min(cost, r.allow)
+	r.allow -= spent
+	if r.reserved {
+		r.pending += cost - spent
+	} else {
+		r.pending += cost
+	}
+}
+
+// refund gives cost back to the allowance.
+func (r *record) refund(cost int64) {
+	r.used = true
+	r.allow += cost
+	if !r.reserved {
+		r.pending = max(0, r.pending-cost)
+	}
+}
+
+// sent is what a sync reported for a record, taken under its shard's lock.
+type sent struct {
+	limit          algorithms.Limit
+	allow, pending int64
+	reserved, idle bool
+	final          bool   // hand the whole lease back, take none: the record goes dormant
+	seq            uint64 // unique per report, store-wide
+}
+
+// snapshot takes what the next sync reports for r, and whether r needs a
+// sync at all: a key that has nothing to report, no lease to hand back and
+// no token coming before the next sync is skipped (a blocked key costs
+// Redis nothing until it refills).
+//
+// A report whose reply was lost (a sync that failed or timed out, perhaps
+// after Redis applied it) is sent again unchanged: Redis recognises its
+// sequence number and replays the reply instead of counting it twice.
+// Decisions made meanwhile are reported by the sync after it is adopted.
+func (r *record) snapshot(now, interval int64, seq *atomic.Uint64) (sent, bool) {
+	if r.hasUnacked {
+		return r.unacked, true
+	}
+	s := sent{limit: r.limit, allow: r.allow, pending: r.pending, reserved: r.reserved, idle: !r.used && r.pending == 0}
+	if r.reserved && s.idle && (r.dormant || r.allow == 0 && r.retryAt > now+interval) {
+		return s, false
+	}
+	s.final = s.idle && s.reserved && r.idleSyncs >= dormantAfter
+	r.used = false
+	s.seq = seq.Add(1)
+	r.unacked, r.hasUnacked = s, true
+	return s, true
+}
+
+// delta is the cost the sync reports: admitted and not counted, minus the
+// unused lease it hands back. The unused part of a fresh share is reserved
+// instead (it is added), so that what the instance admits from it while the
+// sync is in flight is counted before any other instance's lease.
+func (s sent) delta() int64 {
+	if s.reserved {
+		return s.pending - s.allow
+	}
+	return s.pending + s.allow
+}
+
+// syncReply is the script's answer for one key, times in ns.
+type syncReply struct {
+	lease, avail, retry, reset int64
+}
+
+// apply adopts a sync's reply. Decisions made while the sync was in flight
+// stay counted: on a lease they came out of the lease the sync handed back,
+// so they come out of the new one (or stay pending); on a fresh share they
+// came out of the part the sync reserved, which the record keeps. It reports
+// whether the record carries no information any more and should be dropped:
+// the key is full in Redis and the instance had no traffic for it, before or
+// during the sync.
+//
+// When Redis forgot the key (it was full and this instance idle, so no lease
+// came back) but requests arrived while the sync was in flight, the record
+// carries on as a fresh one, which counts them: keeping it reserved with no
+// lease denied the key's next requests until the following sync although
+// the fleet had its whole burst (0.5-4% spurious 429s at 2% of the limit).
+func (r *record) apply(s sent, rep syncReply, now, burst, fresh int64) (drop bool) {
+	var allow, pending int64
+	if s.reserved {
+		allow = rep.lease + r.allow - s.allow
+		pending = r.pending - s.pending
+	} else {
+		allow = rep.lease + r.allow
+		pending = r.pending - s.pending - (s.allow - r.allow)
+	}
+	if allow < 0 {
+		pending -= allow
+		allow = 0
+	}
+	r.allow, r.pending, r.reserved = allow, max(0, pending), true
+	r.retryAt, r.resetAt = now+rep.retry, now+rep.reset
+	r.hasUnacked = false
+	if s.idle {
+		r.idleSyncs++
+	} else {
+		r.idleSyncs = 0
+	}
+	r.dormant = s.final && !r.used && r.pending == 0 && r.allow == 0
+	forgotten := s.reserved && s.idle && rep.lease == 0 && rep.avail >= burst
+	if forgotten && r.used {
+		r.reserved = false
+		r.allow = max(0, fresh-r.pending)
+		return false
+	}
+	return forgotten && r.pending == 0
+}

@@ -1,0 +1,135 @@
+package distributed
+
+// Async mode's records by zone: a sharded map per zone, capped by max_keys.
+
+import (
+	"hash/maphash"
+	"strings"
+	"sync"
+	"sync/atomic"
+)
+
+// asyncZone holds one zone's records, sharded like zones.Table.
+type asyncZone struct {
+	name     string
+	seed     maphash.Seed
+	shards   []asyncShard
+	mask     uint64
+	shardCap atomic.Int64 // a reload may change max_keys
+}
+
+type asyncShard struct {
+	mu sync.Mutex
+	m  map[string]*record
+	_  [40]byte // keep neighbouring shards' locks off one cache line
+}
+
+func newAsyncZone(name string, maxKeys int) *asyncZone {
+	n := 1
+	for n < 64 && n*2*256 <= maxKeys {
+		n *= 2
+	}
+	z := &asyncZone{name: name, seed: maphash.MakeSeed(), shards: make([]asyncShard, n), mask: uint64(n - 1)}
+	z.shardCap.Store(int64(max(1, maxKeys/n)))
+	for i := range z.shards {
+		z.shards[i].m = make(map[string]*record)
+	}
+	return z
+}
+
+func (z *asyncZone) shard(key string) *asyncShard {
+	return &z.shards[maphash.String(z.seed, key)&z.mask]
+}
+
+// insert adds r for key to a locked shard, making room first when the shard
+// is full: from a sample, a record with nothing pending goes first (losing
+// it loses at most an unused lease: undershoot), else the one with least
+// pending. The key is cloned so the map never pins a request's buffer.
+func (z *asyncZone) insert(s *asyncShard, key string, r *record) {
+	if int64(len(s.m)) >= z.shardCap.Load() {
+		victim, least, seen := "", int64(-1), 0
+		for k, v := range s.m {
+			if least < 0 || v.pending < least {
+				victim, least = k, v.pending
+			}
+			if seen++; least == 0 || seen == evictionSample {
+				break
+			}
+		}
+		delete(s.m, victim)
+	}
+	s.m[strings.Clone(key)] = r
+}
+
+// evictionSample is how many records a full shard looks at to make room.
+const evictionSample = 16
+
+// zone returns the records of zone, creating them on first use. The lookup
+// of an existing zone takes no lock and allocates nothing.
+func (a *Async) zone(name string) *asyncZone {
+	if z := (*a.zones.Load())[name]; z != nil {
+		return z
+	}
+	a.zonesMu.Lock()
+	defer a.zonesMu.Unlock()
+	old := *a.zones.Load()
+	if z := old[name]; z != nil {
+		return z
+	}
+	m := make(map[string]*asyncZone, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	maxKeys := a.maxKeys
+	if n := a.caps[name]; n > 0 {
+		maxKeys = n
+	}
+	z := newAsyncZone(strings.Clone(name), maxKeys)
+	m[z.name] = z
+	a.zones.Store(&m)
+	return z
+}
+
+// SetMaxKeys caps the records the store keeps for zone (its max_keys): a
+// full shard evicts to make room, as zones.Table does. A zone created
+// before keeps its shards and takes the new cap for its next insertions.
+func (a *Async) SetMaxKeys(zone string, maxKeys int) {
+	if maxKeys <= 0 {
+		return
+	}
+	a.zonesMu.Lock()
+	a.caps[strings.Clone(zone)] = maxKeys
+	a.zonesMu.Unlock()
+	z := a.zone(zone)
+	z.shardCap.Store(int64(max(1, maxKeys/len(z.shards))))
+}
+
+// Keys is the number of records the store holds for zone.
+func (a *Async) Keys(zone string) int {
+	z := (*a.zones.Load())[zone]
+	if z == nil {
+		return 0
+	}
+	n := 0
+	for i := range z.shards {
+		s := &z.shards[i]
+		s.mu.Lock()
+		n += len(s.m)
+		s.mu.Unlock()
+	}
+	return n
+}
+
+// Len is the number of records the store holds, in every zone.
+func (a *Async) Len() int {
+	n := 0
+	for _, z := range *a.zones.Load() {
+		for i := range z.shards {
+			s := &z.shards[i]
+			s.mu.Lock()
+			n += len(s.m)
+			s.mu.Unlock()
+		}
+	}
+	return n
+}

@@ -1,0 +1,93 @@
+package distributed
+
+// Async mode's wake: a dormant record synced alone on the request path.
+
+import (
+	"context"
+	"errors"
+
+	"github.com/caddy-tally/ratelimit/algorithms"
+	"github.com/caddy-tally/ratelimit/internal/monotime"
+)
+
+// wake syncs a dormant record alone, on the request path, so that a key
+// quiet for a while gets a lease instead of a denial (a dormant record holds
+// none, and no sync looks at it): one script call, bounded by the timeout
+// and through the breaker, as in strict mode. Concurrent requests for the
+// key wait for the first one's call. A dormant record whose key was blocked
+// at its last sync is not woken before the fleet's next token: it denies
+// locally, at no cost. Called and returns with s locked; the record
+// returned is key's (another one if a reset replaced it).
+func (a *Async) wake(ctx context.Context, z *asyncZone, s *asyncShard, key string, r *record, limit algorithms.Limit) (*record, error) {
+	ctx, cancel := a.bound(ctx)
+	defer cancel()
+	for range 3 { // a final report in flight is sent again first
+		if r == nil {
+			r = &record{allow: freshShare(limit.Burst, a.Instances())}
+			z.insert(s, key, r)
+		}
+		if !r.dormant || r.retryAt > monotime.Now() {
+			return r, nil
+		}
+		if w := r.waking; w != nil {
+			s.mu.Unlock()
+			select {
+			case <-w:
+			case <-ctx.Done():
+			}
+			s.mu.Lock()
+			if err := ctx.Err(); err != nil {
+				return nil, ErrTimeout
+			}
+			r = s.m[key]
+			continue
+		}
+		if !r.hasUnacked {
+			r.limit = limit
+			r.unacked = sent{limit: limit, allow: r.allow, pending: r.pending, reserved: r.reserved, seq: a.seq.Add(1)}
+			r.hasUnacked = true
+		}
+		st := r.unacked
+		w := make(chan struct{})
+		r.waking = w
+		s.mu.Unlock()
+		rep, err := a.syncOne(ctx, z.name, key, st)
+		s.mu.Lock()
+		r.waking = nil
+		close(w)
+		if err != nil {
+			return nil, err
+		}
+		if s.m[key] == r && r.hasUnacked && r.unacked.seq == st.seq {
+			r.apply(st, rep, monotime.Now(), st.limit.Burst, freshShare(st.limit.Burst, a.Instances()))
+		}
+		r = s.m[key]
+	}
+	if r == nil {
+		r = &record{allow: freshShare(limit.Burst, a.Instances())}
+		z.insert(s, key, r)
+	}
+	return r, nil
+}
+
+// syncOne sends one report alone (a wake), bounded by ctx and through the
+// breaker.
+func (a *Async) syncOne(ctx context.Context, zone, key string, st sent) (syncReply, error) {
+	ok, probe := a.breaker.allow()
+	if !ok {
+		return syncReply{}, ErrUnavailable
+	}
+	n := int64(a.Instances())
+	res := parseReply(a.script.Run(ctx, a.client, []string{a.RedisKey(zone, key)}, a.syncArgs(st, n, true)...))
+	err := res.err
+	if errors.Is(err, context.DeadlineExceeded) {
+		err = ErrTimeout
+	}
+	a.breaker.record(probe, err)
+	if err != nil {
+		a.problems.note(zone, err)
+		return syncReply{}, err
+	}
+	v := res.vals
+	return syncReply{lease: v[0], avail: v[1], retry: v[2] * 1000, reset: v[3] * 1000}, nil
+}
