@@ -284,6 +284,15 @@ func (a *Async) step(ctx context.Context, zone, key string, limit algorithms.Lim
 		s.mu.Unlock()
 		return algorithms.Result{}, err
 	}
+	if since := r.failedSince; since != 0 && now-since > a.stale {
+		// Syncs have not reached the key's master for too long (on a
+		// Cluster, the other masters' keys are unaffected).
+		s.mu.Unlock()
+		if ok, _ := a.breakerFor(a.RedisKey(zone, key)).health(); !ok {
+			return algorithms.Result{}, ErrUnavailable
+		}
+		return algorithms.Result{}, ErrStale
+	}
 	if r.dormant && r.retryAt <= now {
 		var err error
 		if r, err = a.wake(ctx, z, s, key, r, limit); err != nil {

@@ -1,30 +1,37 @@
--- One async-mode sync of one key, atomically (see async.go for the scheme and
--- its bound). The instance reports what it did since its last sync and takes
--- a lease: tokens reserved for it in the fleet's GCRA state, which it may
--- admit locally until its next sync.
+-- One async-mode sync of many keys, atomically (see async.go for the scheme
+-- and its bound): one TIME, one dispatch, one reply for all of them. For each
+-- key the instance reports what it did since the key's last sync and takes a
+-- lease: tokens reserved for it in the fleet's GCRA state, which it may admit
+-- locally until the key's next sync. On a Cluster every key of one call is in
+-- one hash slot (the caller groups them).
 --
--- KEYS[1]  the key: a hash {t = TAT µs, c = episode start µs, m:<id> = 1 ...}
--- ARGV[1]  T, emission interval in microseconds (>= 1)
--- ARGV[2]  B, burst in units of cost (>= 1)
--- ARGV[3]  N, live instances as this instance last saw them (>= 1)
--- ARGV[4]  delta: cost admitted and not yet counted, minus the unused lease
---          handed back (may be negative)
--- ARGV[5]  idle: 1 when the instance admitted nothing since its last sync:
---          its lease is at most ⌈spare/N²⌉, and none when the key is full
---          (the instance then forgets the key)
--- ARGV[6]  hold, µs: how long after an episode starts instances may still
---          hold unreported fresh shares (2 sync intervals plus 2 sync time bounds, at least 1s)
--- ARGV[7]  fresh: the share an instance admits for a key it has never synced
--- ARGV[8]  take: 1 to take a lease, 0 to only report (closing)
--- ARGV[9]  the instance id
--- ARGV[10] the report's sequence number: a report whose reply was lost is
+-- KEYS[i]  a key: a hash {t = TAT µs, c = episode start µs, m:<id> = ...}
+-- ARGV[1]  N, live instances as this instance last saw them (>= 1)
+-- ARGV[2]  hold, µs: how long after an episode starts instances may still
+--          hold unreported fresh shares (2 sync intervals plus 2 sync time
+--          bounds, at least 1s)
+-- ARGV[3]  the instance id
+-- then 7 per key, key i's at ARGV[3 + 7(i-1) + 1 ...]:
+--   T      emission interval in microseconds (>= 1)
+--   B      burst in units of cost (>= 1)
+--   delta  cost admitted and not yet counted, minus the unused lease handed
+--          back (may be negative)
+--   idle   1 when the instance admitted nothing since its last look at the
+--          key: its lease is at most ⌈spare/N²⌉, and none when the key is
+--          full (the instance then forgets the key)
+--   fresh  the share an instance admits for a key it has never synced
+--   take   1 to take a lease, 0 to only report (closing, or going dormant)
+--   seq    the report's sequence number: a report whose reply was lost is
 --          sent again with the same number, and gets the lease it was
 --          granted back instead of being applied twice
 --
--- Returns {lease, avail, retry_us, reset_us}: the tokens now reserved for
--- the instance, the fleet's tokens left after that (<= B, may be negative),
--- how long until one more token is back (0 when avail >= 1), and how long
--- until the key is back to full (its TTL).
+-- Returns 4 integers per key, in KEYS order: {lease, avail, retry_us,
+-- reset_us}: the tokens now reserved for the instance, the fleet's tokens
+-- left after that (<= B, may be negative), how long until one more token is
+-- back (0 when avail >= 1), and how long until the key is back to full (its
+-- TTL). A key that held a value tally did not write is deleted and answered
+-- {-1, 0, 0, 0}: an error for that key alone (see gcra.lua), whose report the
+-- next sync sends again, on a fresh key.
 --
 -- An episode starts when a key with no outstanding reservation (TAT <= now)
 -- is written. For `hold` after that, instances that have not yet reported
@@ -41,89 +48,103 @@ local function idiv(a, b) -- floor(a / b) for b > 0, exactly
   return q
 end
 
-local key = KEYS[1]
-local T = tonumber(ARGV[1])
-local B = tonumber(ARGV[2])
-local N = tonumber(ARGV[3])
-local delta = tonumber(ARGV[4])
-local idle = ARGV[5] == '1'
-local hold = tonumber(ARGV[6])
-local fresh = tonumber(ARGV[7])
-local take = ARGV[8] == '1'
-local id = ARGV[9]
-local seq = ARGV[10]
+local N = tonumber(ARGV[1])
+local hold = tonumber(ARGV[2])
+local mine = 'm:' .. ARGV[3]
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
--- A value tally did not write is deleted and reported (see gcra.lua); the
--- report is sent again by the next sync, on a fresh key.
-local v = redis.pcall('HMGET', key, 't', 'c', 'm:' .. id)
-if v.err then
-  redis.call('DEL', key)
-  return redis.error_reply('TALLYFOREIGN a value of another type was at a tally key; deleted')
-end
-local tat = tonumber(v[1]) or 0
-local created = tonumber(v[2]) or 0
+local out = {}
 
--- m:<id> holds "<seq> <lease>" of this instance's last applied report.
-if v[3] then
-  local done, granted = string.match(v[3], '^(%d+) (%d+)$')
-  if done == seq then
-    -- Applied already; the reply was lost. Grant the same lease again,
-    -- and report the key as it stands now.
-    local cur = tat
-    if cur < now then cur = now end
-    local avail = idiv(now + B * T - cur, T)
-    local retry = 0
-    if avail < 1 then retry = cur - B * T + T - now end
-    return {tonumber(granted), avail, retry, cur - now}
+local function sync(key, T, B, delta, idle, fresh, take, seq)
+  local v = redis.pcall('HMGET', key, 't', 'c', mine)
+  if v.err then
+    redis.call('DEL', key)
+    return -1, 0, 0, 0
   end
-end
-if tat <= now then
-  -- Nothing outstanding: a new episode, with no instance known yet.
-  redis.call('DEL', key)
-  tat = now
-  created = now
-end
+  local tat = tonumber(v[1]) or 0
+  local created = tonumber(v[2]) or 0
 
--- Already admitted: counted even beyond the burst (the key goes into debt).
-tat = tat + delta * T
-if tat < now then tat = now end
-local avail = idiv(now + B * T - tat, T)
-
-local spare = avail
-if now - created < hold then
-  redis.call('HSET', key, 'm:' .. id, '1', 't', string.format('%d', tat), 'c', string.format('%d', created))
-  local known = redis.call('HLEN', key) - 2
-  if known < N then spare = avail - (N - known) * fresh end
-end
-
-local lease = 0
-if take and spare >= 1 and not (idle and avail >= B) then
-  lease = idiv(spare + N - 1, N) -- ceil: reserved, so rounding up takes nothing twice
-  if idle then
-    -- No traffic here: park a small lease, 1/N of a share (at least one
-    -- token), so that the idle instances together hold at most 1/N of
-    -- what is left, and a burst after a quiet spell is not denied until
-    -- the next sync (one token was too few: 0.5-4% spurious 429s for keys
-    -- at 2% of their limit).
-    local small = idiv(spare + N * N - 1, N * N)
-    if small < 1 then small = 1 end
-    if lease > small then lease = small end
+  -- m:<id> holds "<seq> <lease>" of this instance's last applied report.
+  local known = v[3]
+  if known then
+    local done, granted = string.match(known, '^(%d+) (%d+)$')
+    if done == seq then
+      -- Applied already; the reply was lost. Grant the same lease again,
+      -- and report the key as it stands now.
+      local cur = tat
+      if cur < now then cur = now end
+      local avail = idiv(now + B * T - cur, T)
+      local retry = 0
+      if avail < 1 then retry = cur - B * T + T - now end
+      return tonumber(granted), avail, retry, cur - now
+    end
   end
-end
-tat = tat + lease * T
-avail = avail - lease
+  local fields = 0 -- fields of the hash as it stands (0 when it is gone)
+  if tat <= now then
+    -- Nothing outstanding: a new episode, with no instance known yet.
+    if v[1] or v[2] or known then redis.call('DEL', key) end
+    tat = now
+    created = now
+    known = nil
+  elseif now - created < hold then
+    fields = redis.call('HLEN', key)
+  end
 
-if tat <= now then
-  redis.call('DEL', key)
-  return {lease, avail, 0, 0}
+  -- Already admitted: counted even beyond the burst (the key goes into debt).
+  tat = tat + delta * T
+  if tat < now then tat = now end
+  local avail = idiv(now + B * T - tat, T)
+
+  local spare = avail
+  if now - created < hold then
+    -- Instances that reported the key this episode: its m:<id> fields
+    -- (the hash's fields but t and c), and this one.
+    local reported = 1
+    if fields > 0 then
+      reported = fields - 2
+      if not known then reported = reported + 1 end
+    end
+    if reported < N then spare = avail - (N - reported) * fresh end
+  end
+
+  local lease = 0
+  if take and spare >= 1 and not (idle and avail >= B) then
+    lease = idiv(spare + N - 1, N) -- ceil: reserved, so rounding up takes nothing twice
+    if idle then
+      -- No traffic here: park a small lease, 1/N of a share (at least one
+      -- token), so that the idle instances together hold at most 1/N of
+      -- what is left, and a burst after a quiet spell is not denied until
+      -- the next sync (one token was too few: 0.5-4% spurious 429s for keys
+      -- at 2% of their limit).
+      local small = idiv(spare + N * N - 1, N * N)
+      if small < 1 then small = 1 end
+      if lease > small then lease = small end
+    end
+  end
+  tat = tat + lease * T
+  avail = avail - lease
+
+  if tat <= now then
+    redis.call('DEL', key)
+    return lease, avail, 0, 0
+  end
+  redis.call('HSET', key, 't', string.format('%d', tat), 'c', string.format('%d', created),
+    mine, seq .. ' ' .. string.format('%d', lease))
+  redis.call('PEXPIRE', key, string.format('%d', idiv(tat - now + 999, 1000)))
+  local retry = 0
+  if avail < 1 then retry = tat - B * T + T - now end
+  return lease, avail, retry, tat - now
 end
-local ms = idiv(tat - now + 999, 1000)
-redis.call('HSET', key, 't', string.format('%d', tat), 'c', string.format('%d', created),
-  'm:' .. id, seq .. ' ' .. string.format('%d', lease))
-redis.call('PEXPIRE', key, string.format('%d', ms))
-local retry = 0
-if avail < 1 then retry = tat - B * T + T - now end
-return {lease, avail, retry, tat - now}
+
+for i = 1, #KEYS do
+  local a = 3 + 7 * (i - 1)
+  local lease, avail, retry, reset = sync(KEYS[i], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]),
+    tonumber(ARGV[a + 3]), ARGV[a + 4] == '1', tonumber(ARGV[a + 5]), ARGV[a + 6] == '1', ARGV[a + 7])
+  out[4 * i - 3] = lease
+  out[4 * i - 2] = avail
+  out[4 * i - 1] = retry
+  out[4 * i] = reset
+end
+return out

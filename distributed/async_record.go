@@ -41,6 +41,11 @@ type record struct {
 	// sync; the key's next decision returns it, so the zone applies its
 	// fail policy (and counts it) once per failed sync.
 	syncErr error
+	// failedSince (monotime, 0 when the last attempt succeeded) is when
+	// syncs first failed to reach the key's master since its last
+	// successful one: the record is stale from then on (on a Cluster, a
+	// dead master's keys alone).
+	failedSince int64
 	// idleSyncs counts the consecutive syncs that found the record idle;
 	// at dormantAfter the next one hands its whole lease back and takes
 	// none, and the record is dormant: no sync until a request needs it
@@ -196,6 +201,7 @@ func (r *record) apply(s sent, rep syncReply, now, burst, fresh int64) (drop boo
 	r.allow, r.pending, r.reserved = allow, max(0, pending), true
 	r.retryAt, r.resetAt = now+rep.retry, now+rep.reset
 	r.hasUnacked = false
+	r.failedSince = 0
 	if s.idle {
 		r.idleSyncs++
 	} else {

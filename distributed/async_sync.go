@@ -49,36 +49,104 @@ type item struct {
 	key  string
 	r    *record
 	sent sent
-	keys []string
-	args []any
-	cmd  *redis.Cmd
+	rkey string // its Redis key
+	slot int    // its hash slot, on a Cluster
 }
 
-// sync reports every record to Redis and adopts the replies; take is false
-// for the last sync at Close, which hands leases back and takes none. With
-// nothing to report, a PING keeps LastSync meaningful: Redis answered.
-// Each pipeline Redis must answer within the background timeout (see send).
+// asyncCall is one async.lua call of a sync: up to asyncCallKeys items, all
+// in one hash slot on a Cluster, behind the breaker of the master serving it.
+type asyncCall struct {
+	items []item
+	gate  *syncGate
+	keys  []string
+	args  []any
+	cmd   *redis.Cmd
+}
+
+// syncGate is one breaker's say in a sync: the store's, or on a Cluster one
+// master's. It is asked once per sync and told the outcome once, as if all
+// of its master's calls were one.
+type syncGate struct {
+	b         *breaker
+	ok, probe bool
+	err       error // the first error saying Redis cannot serve
+	answered  int   // keys Redis answered
+}
+
+// syncGates are the gates of one sync; a Cluster has a handful of masters.
+type syncGates []*syncGate
+
+func (gs *syncGates) get(b *breaker) *syncGate {
+	for _, g := range *gs {
+		if g.b == b {
+			return g
+		}
+	}
+	g := &syncGate{b: b}
+	g.ok, g.probe = b.allow()
+	*gs = append(*gs, g)
+	return g
+}
+
+// busy reports whether g's error is a busy Redis, not a down one: a timeout
+// after Redis answered part of the sync through g.
+func (g *syncGate) busy() bool {
+	return g.answered > 0 && (errors.Is(g.err, context.DeadlineExceeded) || isTimeout(g.err))
+}
+
+// record tells each breaker that let calls through how they went.
+func (gs syncGates) record() {
+	for _, g := range gs {
+		if !g.ok {
+			continue
+		}
+		err := g.err
+		if g.busy() {
+			err = nil
+		}
+		g.b.record(g.probe, err)
+	}
+}
+
+// sync reports the records that need it to Redis and adopts the replies;
+// take is false for the last sync at Close, which hands every lease back and
+// takes none. With nothing to report, a PING keeps LastSync meaningful:
+// Redis answered (on a Cluster, where no node stands for the whole, nothing
+// is sent). Each pipeline Redis must answer within the background timeout
+// (see send).
 func (a *Async) sync(ctx context.Context, take bool) error {
 	a.syncMu.Lock()
 	defer a.syncMu.Unlock()
 	start := monotime.Now()
 	items := a.snapshot(start)
-	slices.SortStableFunc(items, func(x, y item) int { return cmp.Compare(b2i(x.sent.idle), b2i(y.sent.idle)) })
-	ok, probe := a.breaker.allow()
-	if !ok {
-		a.restore(items)
-		a.syncFailed.Store(true)
-		return ErrUnavailable
+	for i := range items {
+		it := &items[i]
+		it.rkey = a.RedisKey(it.z.name, it.key)
+		if a.cluster {
+			it.slot = hashSlot(it.rkey)
+		}
 	}
+	// Items with traffic first (a sync that runs out of time leaves the
+	// idle ones for the next); on a Cluster, by slot, so that one call
+	// carries every key of a slot.
+	slices.SortStableFunc(items, func(x, y item) int {
+		return cmp.Or(cmp.Compare(b2i(x.sent.idle), b2i(y.sent.idle)), cmp.Compare(x.slot, y.slot))
+	})
 	var err error
-	if len(items) == 0 {
+	switch {
+	case len(items) > 0:
+		err = a.send(ctx, items, take, start)
+	case !a.cluster:
+		ok, probe := a.breaker.allow()
+		if !ok {
+			err = ErrUnavailable
+			break
+		}
 		ctx, cancel := context.WithTimeout(ctx, backgroundTimeout(a.opts))
 		err = a.client.Ping(ctx).Err()
 		cancel()
-	} else {
-		err = a.send(ctx, items, take)
+		a.breaker.record(probe, err)
 	}
-	a.breaker.record(probe, err)
 	a.syncFailed.Store(err != nil)
 	if err != nil {
 		return err
@@ -106,21 +174,32 @@ func (a *Async) snapshot(now int64) []item {
 }
 
 // restore marks records of a sync that did not happen as used again, so the
-// next sync does not take them for idle.
-func (a *Async) restore(items []item) {
+// next sync does not take them for idle. failed (monotime, or 0) is when a
+// sync first failed to reach their master: their view goes stale from then.
+func (a *Async) restore(items []item, failed int64) {
 	for _, it := range items {
 		it.s.mu.Lock()
 		if !it.sent.idle {
 			it.r.used = true
 		}
+		if failed != 0 && it.r.failedSince == 0 {
+			it.r.failedSince = failed
+		}
 		it.s.mu.Unlock()
 	}
 }
 
-// send runs the script for every item, syncChunk per pipeline, and adopts
-// each reply. It returns the first error that says Redis cannot serve (for
-// the breaker); items whose call failed keep their state for the next sync,
-// and an error about one key alone goes to that key's next decision.
+// send runs the script for every item, asyncCallKeys per call, up to
+// syncChunk keys per pipeline, and adopts each reply. It returns an error
+// when no call was answered and one failed in a way that says Redis cannot
+// serve (for the store's staleness); items whose call failed keep their
+// state for the next sync, and an error about one key alone goes to that
+// key's next decision.
+//
+// Each breaker (one per master on a Cluster) is asked once per sync: the
+// items of a master whose breaker is open, or whose calls failed, wait for
+// the next sync and go stale on their own, while the other masters' keys
+// sync on.
 //
 // Redis must answer each pipeline within the background timeout; a sync
 // starts no new pipeline once it has taken that long in all, nor after one
@@ -130,28 +209,39 @@ func (a *Async) restore(items []item) {
 // one, or part of itself, means Redis is busy, not down: the sync stops
 // there without an error.
 // A flood of keys thus slows syncs down and is never taken for an outage.
-func (a *Async) send(ctx context.Context, items []item, take bool) error {
+func (a *Async) send(ctx context.Context, items []item, take bool, start int64) error {
 	n := int64(a.Instances())
 	timeout := backgroundTimeout(a.opts)
 	budget := time.Now().Add(timeout)
+	var gates syncGates
+	defer func() { gates.record() }()
 	for lo, size := 0, firstSyncChunk; lo < len(items); lo, size = lo+size, syncChunk {
 		if lo > 0 && time.Now().After(budget) {
-			a.restore(items[lo:])
+			a.restore(items[lo:], 0)
 			break
 		}
 		chunk := items[lo:min(lo+size, len(items))]
-		answered, err := a.sendChunk(ctx, timeout, chunk, n, take)
-		if err != nil {
-			a.restore(items[lo+len(chunk):])
-			if (lo > 0 || answered > 0) && (errors.Is(err, context.DeadlineExceeded) || isTimeout(err)) {
-				// Redis answered this sync's first pipeline, or part of
-				// this one, before the timeout: it is busy, not down.
-				return nil
-			}
-			return err
+		a.sendChunk(ctx, timeout, chunk, &gates, n, take, start)
+		if !a.cluster && (!gates[0].ok || gates[0].err != nil) {
+			// Standalone or Sentinel: one server, which failed this
+			// pipeline; the rest waits for the next sync.
+			a.restore(items[lo+len(chunk):], 0)
+			break
 		}
 	}
-	return nil
+	var firstErr error
+	for _, g := range gates {
+		switch {
+		case g.answered > 0:
+			return nil // Redis (one of its masters) answered: not down
+		case firstErr != nil:
+		case !g.ok:
+			firstErr = ErrUnavailable
+		default:
+			firstErr = g.err
+		}
+	}
+	return firstErr
 }
 
 // isTimeout reports whether err is a network timeout (a pipeline Redis did
@@ -161,64 +251,133 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// sendChunk runs one pipeline of items, bounded by timeout, and adopts the
-// replies; it returns how many Redis answered and the first error that says
-// Redis cannot serve.
-func (a *Async) sendChunk(ctx context.Context, timeout time.Duration, chunk []item, n int64, take bool) (answered int, err error) {
+// asyncCallKeys is the most keys one async.lua call carries: enough that
+// the script's fixed cost (dispatch, TIME, reply) is small per key, few
+// enough that one call keeps Redis busy for well under a millisecond.
+const asyncCallKeys = 100
+
+// calls groups chunk into script calls: consecutive items, up to
+// asyncCallKeys, of one hash slot on a Cluster (sync sorted them by slot).
+func (a *Async) calls(chunk []item, gates *syncGates, n int64, take bool) []asyncCall {
+	var calls []asyncCall
+	for lo := 0; lo < len(chunk); {
+		hi := lo + 1
+		for hi < len(chunk) && hi-lo < asyncCallKeys && (!a.cluster || chunk[hi].slot == chunk[lo].slot) {
+			hi++
+		}
+		c := asyncCall{items: chunk[lo:hi], gate: gates.get(a.breakerFor(chunk[lo].rkey))}
+		c.keys = make([]string, 0, hi-lo)
+		c.args = make([]any, 0, 3+7*(hi-lo))
+		c.args = append(c.args, n, a.hold, a.instanceID)
+		for _, it := range c.items {
+			c.keys = append(c.keys, it.rkey)
+			c.args = a.appendSyncArgs(c.args, it.sent, n, take)
+		}
+		calls = append(calls, c)
+		lo = hi
+	}
+	return calls
+}
+
+// appendSyncArgs appends async.lua's 7 arguments for one report (take is
+// false at Close; a final report takes nothing either).
+func (a *Async) appendSyncArgs(args []any, st sent, n int64, take bool) []any {
+	l := micro(st.limit)
+	return append(args, l.EmissionInterval, l.Burst, st.delta(), b2i(st.idle),
+		freshShare(l.Burst, int(n)), b2i(take && !st.final), st.seq)
+}
+
+// sendChunk runs one pipeline of calls for chunk, bounded by timeout, and
+// adopts the replies, telling each call's gate how it went. Calls whose
+// breaker is open are not sent.
+func (a *Async) sendChunk(ctx context.Context, timeout time.Duration, chunk []item, gates *syncGates, n int64, take bool, start int64) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	var firstErr error
+	calls := a.calls(chunk, gates, n, take)
 	pipe := a.client.Pipeline()
-	for i := range chunk {
-		it := &chunk[i]
-		it.keys = []string{a.RedisKey(it.z.name, it.key)}
-		it.args = a.syncArgs(it.sent, n, take)
-		it.cmd = pipe.EvalSha(ctx, a.script.Hash(), it.keys, it.args...)
+	for i := range calls {
+		c := &calls[i]
+		if !c.gate.ok || c.gate.err != nil {
+			a.restore(c.items, start)
+			continue
+		}
+		c.cmd = pipe.EvalSha(ctx, a.script.Hash(), c.keys, c.args...)
+	}
+	if pipe.Len() == 0 {
+		return
 	}
 	_, _ = pipe.Exec(ctx) // errors are per command
 	var retry redis.Pipeliner
-	for i := range chunk {
-		it := &chunk[i]
-		if redis.HasErrorPrefix(it.cmd.Err(), "NOSCRIPT") {
+	for i := range calls {
+		c := &calls[i]
+		if c.cmd != nil && redis.HasErrorPrefix(c.cmd.Err(), "NOSCRIPT") {
 			if retry == nil {
 				retry = a.client.Pipeline()
 			}
-			it.cmd = retry.Eval(ctx, asyncScript, it.keys, it.args...)
+			c.cmd = retry.Eval(ctx, asyncScript, c.keys, c.args...)
 		}
 	}
 	if retry != nil {
 		_, _ = retry.Exec(ctx)
 	}
 	now := monotime.Now()
-	for i := range chunk {
-		it := &chunk[i]
-		rep := parseReply(it.cmd)
-		if rep.err != nil {
-			if unreachable(rep.err) {
-				if firstErr == nil {
-					firstErr = rep.err
-				}
-			} else {
-				a.problems.note(it.z.name, rep.err)
-				it.s.mu.Lock()
-				it.r.syncErr = rep.err
-				it.s.mu.Unlock()
-			}
-			a.restore(chunk[i : i+1])
-			continue
+	for i := range calls {
+		if c := &calls[i]; c.cmd != nil {
+			a.adoptCall(c, now, start)
 		}
-		answered++
-		a.adopt(it, rep.vals, now)
 	}
-	return answered, firstErr
 }
 
-// syncArgs is async.lua's ARGV for one report (take is false at Close; a
-// final report takes nothing either).
-func (a *Async) syncArgs(st sent, n int64, take bool) []any {
-	l := micro(st.limit)
-	return []any{l.EmissionInterval, l.Burst, n, st.delta(), b2i(st.idle),
-		a.hold, freshShare(l.Burst, int(n)), b2i(take && !st.final), a.instanceID, st.seq}
+// errAsyncForeign is async.lua's answer for a key that held a value tally
+// did not write (and which it deleted): an error for that key alone.
+const errAsyncForeign = scriptError("TALLYFOREIGN a value tally did not write was at a tally key; deleted")
+
+// adoptCall adopts the replies of one call, key by key. An error for the
+// whole call fails its keys: one saying Redis cannot serve goes to the
+// gate, any other to each key's next decision, as does a per-key error.
+func (a *Async) adoptCall(c *asyncCall, now, start int64) {
+	v, err := c.cmd.Result()
+	vals, ok := v.([]any)
+	if err == nil && (!ok || len(vals) != 4*len(c.items)) {
+		err = errBadReply
+	}
+	if err != nil && unreachable(err) {
+		if c.gate.err == nil {
+			c.gate.err = err
+		}
+		busy := c.gate.busy()
+		if busy {
+			a.restore(c.items, 0)
+		} else {
+			a.restore(c.items, start)
+		}
+		return
+	}
+	for i := range c.items {
+		it := &c.items[i]
+		var rep [4]int64
+		keyErr := err
+		for j := 0; keyErr == nil && j < 4; j++ {
+			x, ok := vals[4*i+j].(int64)
+			if !ok {
+				keyErr = errBadReply
+			}
+			rep[j] = x
+		}
+		if keyErr == nil && rep[0] < 0 {
+			keyErr = errAsyncForeign
+		}
+		if keyErr != nil {
+			a.problems.note(it.z.name, keyErr)
+			it.s.mu.Lock()
+			it.r.syncErr = keyErr
+			it.s.mu.Unlock()
+			a.restore(c.items[i:i+1], 0)
+			continue
+		}
+		c.gate.answered++
+		a.adopt(it, rep, now)
+	}
 }
 
 // adopt applies one reply to its record, if the record is still the one

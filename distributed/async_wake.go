@@ -71,19 +71,25 @@ func (a *Async) wake(ctx context.Context, z *asyncZone, s *asyncShard, key strin
 }
 
 // syncOne sends one report alone (a wake), bounded by ctx and through the
-// breaker.
+// breaker of the key's master.
 func (a *Async) syncOne(ctx context.Context, zone, key string, st sent) (syncReply, error) {
-	ok, probe := a.breaker.allow()
+	rkey := a.RedisKey(zone, key)
+	b := a.breakerFor(rkey)
+	ok, probe := b.allow()
 	if !ok {
 		return syncReply{}, ErrUnavailable
 	}
 	n := int64(a.Instances())
-	res := parseReply(a.script.Run(ctx, a.client, []string{a.RedisKey(zone, key)}, a.syncArgs(st, n, true)...))
+	args := a.appendSyncArgs([]any{n, a.hold, a.instanceID}, st, n, true)
+	res := parseReply(a.script.Run(ctx, a.client, []string{rkey}, args...))
 	err := res.err
+	if err == nil && res.vals[0] < 0 {
+		err = errAsyncForeign
+	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		err = ErrTimeout
 	}
-	a.breaker.record(probe, err)
+	b.record(probe, err)
 	if err != nil {
 		a.problems.note(zone, err)
 		return syncReply{}, err

@@ -234,10 +234,10 @@ func TestAsyncSyncReportSentTwiceIsCountedOnce(t *testing.T) {
 	ctx := context.Background()
 	const key = "tally:z:k"
 	T := int64(36_000_000) // 100 per hour, in µs
-	// T, B, N, delta, idle, hold µs, fresh, take, instance, seq
+	// N, hold µs, instance, then per key T, B, delta, idle, fresh, take, seq
 	report := func(delta, seq int64) []int64 {
 		t.Helper()
-		v, err := script.Run(ctx, c, []string{key}, T, 100, 2, delta, 0, 200_000, 50, 1, "i1", seq).Int64Slice()
+		v, err := script.Run(ctx, c, []string{key}, 2, 200_000, "i1", T, 100, delta, 0, 50, 1, seq).Int64Slice()
 		if err != nil {
 			t.Fatal(err)
 		}
