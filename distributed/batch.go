@@ -19,8 +19,9 @@ import (
 // The GCRA steps of a batch go to Redis as one call of gcra.lua with every key
 // (one dispatch, one TIME, one reply: most of what a single-key call costs
 // Redis is paid once per batch). On Redis Cluster a call's keys must share a
-// hash slot, so the batch is grouped by slot: one call per slot, all in one
-// pipeline. Keys without a hash tag spread over 16384 slots, so on Cluster
+// hash slot, so the batch is grouped by slot: one call per slot, and one
+// pipeline per master, the masters' pipelines running concurrently (see
+// send). Keys without a hash tag spread over 16384 slots, so on Cluster
 // most calls carry one key, as before batching. Other scripts (concurrency
 // acquisitions) ride the same pipeline, one call each.
 //
@@ -192,6 +193,15 @@ func (s *Store) worker() {
 // send runs b.batch in one round trip (two if Redis lost a script) and
 // replies to every request. Requests already past their deadline are
 // dropped: their callers have gone.
+//
+// On a Cluster each master's calls go in a pipeline of their own, run
+// concurrently, and the worker does not wait for them: each master's
+// replies are delivered as they arrive, so a master that hangs (frozen,
+// partitioned) until the deadline costs only its own keys, never the
+// healthy masters' keys of the same batch nor the batches after it. The
+// goroutines are bounded by the callers waiting (one request each) and
+// each ends by its requests' latest deadline; once the hung master's
+// breaker opens its keys are not even queued.
 func (s *Store) send(b *batcher) {
 	now := time.Now()
 	live := b.batch[:0]
@@ -207,8 +217,6 @@ func (s *Store) send(b *batcher) {
 	if len(live) == 0 {
 		return
 	}
-	ctx, cancel := context.WithDeadline(s.ctx, latest)
-	defer cancel()
 
 	// GCRA steps first (grouped by slot on Cluster), then the others.
 	gcra := 0
@@ -240,21 +248,87 @@ func (s *Store) send(b *batcher) {
 		calls = append(calls, batchCall{reqs: live[i : i+1]})
 	}
 
-	if len(calls) == 1 { // a plain command costs less than a pipeline
-		calls[0].cmd = b.eval(ctx, s.client, &calls[0], false)
+	if s.cluster {
+		s.sendByMaster(b, calls)
 	} else {
-		pipe := s.client.Pipeline()
-		for i := range calls {
-			calls[i].cmd = b.eval(ctx, pipe, &calls[i], false)
+		ctx, cancel := context.WithDeadline(s.ctx, latest)
+		if len(calls) == 1 { // a plain command costs less than a pipeline
+			calls[0].cmd = b.eval(ctx, s.client, &calls[0], false)
+			s.finish(ctx, b, calls)
+		} else {
+			pipe := s.client.Pipeline()
+			for i := range calls {
+				calls[i].cmd = b.eval(ctx, pipe, &calls[i], false)
+			}
+			_, _ = pipe.Exec(ctx) // errors are per command
+			s.finish(ctx, b, calls)
 		}
-		_, _ = pipe.Exec(ctx) // errors are per command
+		cancel()
 	}
+	clear(calls)
+	b.calls = calls
+}
 
+// masterCalls are the calls of a batch for one Cluster master ("" when the
+// client has no slot map yet) and their latest deadline.
+type masterCalls struct {
+	addr   string
+	calls  []batchCall
+	latest time.Time
+}
+
+// sendByMaster queues each master's calls in a pipeline of their own and
+// runs the pipelines concurrently (see send). The calls' requests are
+// copied out of b, which the worker reuses at once.
+func (s *Store) sendByMaster(b *batcher, calls []batchCall) {
+	var groups []masterCalls
+	for _, c := range calls {
+		addr := ""
+		if m, err := s.nodes.cluster.MasterForKey(s.ctx, c.reqs[0].keys[0]); err == nil {
+			addr = m.Options().Addr // the cached slot map: no round trip
+		}
+		i := slices.IndexFunc(groups, func(g masterCalls) bool { return g.addr == addr })
+		if i < 0 {
+			groups = append(groups, masterCalls{addr: addr})
+			i = len(groups) - 1
+		}
+		g := &groups[i]
+		c.reqs = slices.Clone(c.reqs)
+		g.calls = append(g.calls, c)
+		for _, r := range c.reqs {
+			if r.deadline.After(g.latest) {
+				g.latest = r.deadline
+			}
+		}
+	}
+	for _, g := range groups {
+		ctx, cancel := context.WithDeadline(s.ctx, g.latest)
+		pipe := s.client.Pipeline()
+		for i := range g.calls {
+			g.calls[i].cmd = b.eval(ctx, pipe, &g.calls[i], false)
+		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			defer cancel()
+			_, _ = pipe.Exec(ctx) // errors are per command
+			s.finish(ctx, nil, g.calls)
+		}()
+	}
+}
+
+// finish retries with EVAL the calls whose script Redis lost (NOSCRIPT),
+// in one pipeline, and replies to every request of calls. b's buffers
+// build the retries; nil makes new ones, only if one is needed.
+func (s *Store) finish(ctx context.Context, b *batcher, calls []batchCall) {
 	var pipe redis.Pipeliner
 	for i := range calls {
 		if redis.HasErrorPrefix(calls[i].cmd.Err(), "NOSCRIPT") {
 			if pipe == nil {
 				pipe = s.client.Pipeline()
+			}
+			if b == nil {
+				b = &batcher{}
 			}
 			calls[i].cmd = b.eval(ctx, pipe, &calls[i], true)
 		}
@@ -270,8 +344,6 @@ func (s *Store) send(b *batcher) {
 		}
 		parseReplies(c.cmd, c.reqs)
 	}
-	clear(calls)
-	b.calls = calls
 }
 
 // eval adds c's script call to cmdable: EVALSHA, or EVAL when Redis lost

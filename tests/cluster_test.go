@@ -22,10 +22,26 @@ import (
 func startRedisCluster(t testing.TB) []string {
 	t.Helper()
 	var addrs []string
+	for _, srv := range startRedisClusterNodes(t, 2*time.Second) {
+		addrs = append(addrs, srv.Addr)
+	}
+	return addrs
+}
+
+// startRedisClusterNodes is startRedisCluster with the servers, for tests
+// that stop or pause one, and the nodes' cluster-node-timeout: how long a
+// silent master may stay silent before the others mark it failed (and,
+// with no replica to promote, refuse every key).
+func startRedisClusterNodes(t testing.TB, nodeTimeout time.Duration) []*redisServer {
+	t.Helper()
+	var nodes []*redisServer
+	var addrs []string
 	for range 3 {
 		dir := t.TempDir()
 		srv := startRedis(t, "--cluster-enabled", "yes",
-			"--cluster-config-file", filepath.Join(dir, "nodes.conf"), "--cluster-node-timeout", "2000")
+			"--cluster-config-file", filepath.Join(dir, "nodes.conf"),
+			"--cluster-node-timeout", strconv.FormatInt(nodeTimeout.Milliseconds(), 10))
+		nodes = append(nodes, srv)
 		addrs = append(addrs, srv.Addr)
 	}
 	args := append([]string{"--cluster", "create"}, addrs...)
@@ -41,7 +57,7 @@ func startRedisCluster(t testing.TB) []string {
 			return err == nil && strings.Contains(info, "cluster_state:ok")
 		})
 	}
-	return addrs
+	return nodes
 }
 
 // Three instances on a three-node Redis Cluster are as exact as on one
