@@ -5,13 +5,25 @@ package distributed
 // # Scheme
 //
 // Each instance keeps, per (zone, key), an allowance: tokens it may admit on
-// its own until its next sync. A request is decided against it with no Redis
-// call. Every sync_interval, one pipelined batch of single-key scripts
-// (async.lua) reports, for every key the instance holds, the cost it
-// admitted that Redis has not counted yet and the allowance it did not use,
-// and takes a new lease: ⌈spare/N⌉ tokens, reserved in the key's GCRA state
-// (its TAT moves forward) before they are spent. N is the number of live
-// instances (heartbeat), spare the tokens the fleet has left.
+// its own. A request is decided against it with no Redis call. A sync
+// reports, for a key, the cost the instance admitted that Redis has not
+// counted yet and the allowance it did not use, and takes a new lease:
+// ⌈spare/N⌉ tokens, reserved in the key's GCRA state (its TAT moves forward)
+// before they are spent. N is the number of live instances (heartbeat),
+// spare the tokens the fleet has left. One async.lua call syncs up to 100
+// keys (one TIME, one dispatch, one reply; on a Cluster, the keys of one
+// hash slot), and a sync pipelines its calls.
+//
+// Redis work follows admissions, not keys: a sync every sync_interval looks
+// at every record but sends only those that need it (record.due): a key
+// with unreported admissions or charges, a lease running low (less than
+// twice what the key used in the last interval), a lease about to reach its
+// lifetime L (leaseLifetime sync intervals, less up to a quarter, so that
+// keys leased together do not all come due together), and every key whose
+// fleet is short of tokens (at its last sync the fleet had less left than
+// this instance's lease), whose leases must move to where the traffic is.
+// A key far below its limit is thus synced about once per L, whatever its
+// traffic.
 //
 // A key this instance has never synced is decided against a fresh share,
 // max(1, ⌊B/N⌋), which Redis does not know about until the first sync; that
@@ -25,51 +37,61 @@ package distributed
 //
 // # Bound
 //
-// With burst B, emission interval T, sync interval I and N instances, the
-// fleet admits over any interval of length d at most
+// With burst B, emission interval T, lease lifetime L (10 sync intervals)
+// and N instances, the fleet admits over any interval of length d at most
 //
-//	B + ⌊(d + I)/T⌋ + (N−1)·max(1, ⌊B/N⌋)
+//	B + ⌊(d + L)/T⌋ + (N−1)·max(1, ⌊B/N⌋)
 //
 // Leases are GCRA admissions in Redis, so leases reserved in any window of
-// length d+I number at most B + (d+I)/T (strict mode's bound), and a lease is
-// spent within one sync interval of being reserved. The last term is the
-// fresh shares of instances that first see a key already spent elsewhere
-// after its hold: at most one per instance per episode, and none for a burst
-// that reaches every instance within one sync interval, which therefore stays
-// within B + ⌊(d+I)/T⌋. Floor and ceiling rounding never add: a lease is
-// reserved before it is handed out.
+// length d+L number at most B + (d+L)/T (strict mode's bound), and a lease is
+// spent within L of being reserved: it is renewed (what is left of it handed
+// back) by the sync before it reaches L. The last term is the fresh shares
+// of instances that first see a key already spent elsewhere after its hold:
+// at most one per instance per episode, and none for a burst that reaches
+// every instance within one sync interval, which stays within
+// B + ⌊(d+I)/T⌋ (its fresh shares are spent within I of the first report).
+// Floor and ceiling rounding never add: a lease is reserved before it is
+// handed out. Syncing every key every interval gave d + I instead of d + L;
+// the price of syncing a key far below its limit once per L instead is
+// (L−I)/T more tokens in the worst case, which only keys whose fleet has
+// room can reach (a fleet short of tokens syncs every interval).
 //
-// Undershoot: an instance with no traffic for a key hands its lease back at
-// its next sync and parks at most ⌈spare/N²⌉ (at least one token, so that a
-// burst after a quiet spell is not denied until the next sync): idle
-// instances together hold at most about 1/N of what is left. Traffic
+// Undershoot: where the fleet is short of tokens, an instance with no
+// traffic for a key hands its lease back at its next sync and parks at most
+// ⌈spare/N²⌉ (at least one token, so that a burst after a quiet spell is not
+// denied until the next sync): idle instances together hold at most about
+// 1/N of what is left. Where it has room, an idle instance keeps its lease
+// until its lifetime: the others lose nothing meanwhile. Traffic
 // concentrated on one instance gets ⌈spare/N⌉ per sync, so it reaches what
 // is left of the budget over a few syncs, not at once.
 //
-// Quiet keys: a record idle for one sync parks a small lease; idle at the
-// next one too, it hands everything back, takes nothing and goes dormant: no
-// sync looks at it until it has traffic. Its next request, if the fleet had
-// tokens at its last sync, syncs it alone on the request path (wake: one
-// script call, bounded by the timeout, concurrent requests waiting for it);
-// if the key was blocked, it is denied locally until the fleet's next token.
-// So a key seen once costs Redis three scripts, not one per interval until
-// it refills, and a dormant key's request is never denied for want of a
-// lease. A dormant record holds no lease, so the bound is unchanged; it
-// stays (evicted first when the zone is full), since a dropped record would
-// take a fresh share again.
+// Quiet keys: a record idle at the sync that ends its lease (or, where the
+// fleet is short, at two syncs in a row) hands everything back, takes
+// nothing and goes dormant: no sync looks at it until it has traffic. Its
+// next request, if the fleet had tokens at its last sync, syncs it alone on
+// the request path (wake: one script call, bounded by the timeout,
+// concurrent requests waiting for it); if the key was blocked, it is denied
+// locally until the fleet's next token. So a key seen once is reported
+// twice (at most three times), not once per interval until it refills, and
+// a dormant key's request is never denied for want of a lease. A dormant
+// record holds no lease, so the bound is unchanged; it stays (evicted first
+// when the zone is full), since a dropped record would take a fresh share
+// again.
 //
 // # Failure
 //
 // A sync that cannot list every record within its time bound (a flood of
 // keys) is not a failure: see send. A sync that fails leaves the records
-// alone: the instance keeps deciding
-// from its stale view, at most its current allowance. When the last sync
-// failed and the last successful one is older than 2·sync_interval plus the
-// sync's timeout, Decide returns an error (ErrUnavailable when the breaker
-// is open, else ErrStale) and the zone applies its fail policy. Errors that
-// mean Redis cannot serve (no answer, OOM, NOPERM...) fail the sync and
-// count in the store's breaker, so an outage is logged once and Health
-// reports it. A sync merely delayed (a starved machine) keeps the view: its
+// alone: the instance keeps deciding from its stale view, at most its
+// current allowance. When the last sync failed and the last successful one
+// is older than 2·sync_interval plus the sync's timeout, Decide returns an
+// error (ErrUnavailable when the breaker is open, else ErrStale) and the
+// zone applies its fail policy; so does a key whose own reports have failed
+// for that long. Errors that mean Redis cannot serve (no answer, OOM,
+// NOPERM...) fail the sync and count in the breaker, so an outage is logged
+// once and Health reports it. On a Cluster each master has its breaker and
+// its keys alone go stale: a sync sends the other masters' keys as usual,
+// and fails only when no master answered. A sync merely delayed (a starved machine) keeps the view: its
 // allowances are leases Redis counts, and the fail policy would admit more.
 //
 // An error about one key (a value tally did not write, which the script
@@ -128,6 +150,11 @@ const (
 	asyncMaxKeys = 1_000_000
 	// asyncZoneSep joins zone and key in async keys (see RedisKey).
 	asyncZoneSep = ".async:"
+	// leaseLifetime is a lease's lifetime L in sync intervals: a key far
+	// below its limit is synced about once per L, not once per interval,
+	// and the bound's window grows from d+I to d+L. 10 keeps 100k such
+	// keys at 100ms within a tenth of a core of Redis.
+	leaseLifetime = 10
 )
 
 // Async is the async-mode implementation of zones.Store: decisions are made
@@ -138,6 +165,7 @@ type Async struct {
 	*Store
 	interval time.Duration
 	hold     int64 // µs: the script's hold (see OpenAsync)
+	life     int64 // ns: a lease's lifetime, leaseLifetime sync intervals
 	stale    int64 // ns: beyond this since the last sync, Decide errors
 	script   *redis.Script
 	maxKeys  int
@@ -188,6 +216,7 @@ func openAsync(opts Options, maxKeys int, logger *zap.Logger) (*Async, error) {
 	// the hold's length.
 	a.hold = max(time.Second, 2*interval+2*backgroundTimeout(s.opts)).Microseconds()
 	a.stale = int64(2*interval + backgroundTimeout(s.opts))
+	a.life = leaseLifetime * int64(interval)
 	a.script = redis.NewScript(asyncScript)
 	a.maxKeys = maxKeys
 	a.stop = make(chan struct{})
@@ -207,6 +236,10 @@ func (a *Async) Mode() string { return "async" }
 
 // SyncInterval is how often the store reconciles with Redis.
 func (a *Async) SyncInterval() time.Duration { return a.interval }
+
+// LeaseLifetime is the longest a lease is held before it is renewed or
+// handed back: the L of the bound.
+func (a *Async) LeaseLifetime() time.Duration { return time.Duration(a.life) }
 
 // LastSync is when the last successful sync started (its snapshot time).
 func (a *Async) LastSync() time.Time { return monotime.Time(a.lastSync.Load()) }

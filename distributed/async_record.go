@@ -27,8 +27,17 @@ type record struct {
 	// synced); otherwise it is a fresh share Redis knows nothing about and
 	// every admission adds to pending.
 	reserved bool
-	// used: decided or refunded since the last snapshot.
-	used bool
+	// used: decided or refunded since the last snapshot; spent: the cost
+	// admitted since then (what the lease must cover until the next one).
+	used  bool
+	spent int64
+	// renewAt (monotime) is when the lease must be renewed at the latest,
+	// so that it is spent within its lifetime of being reserved; roomy:
+	// at the last sync the fleet had at least this lease left besides it
+	// (or this is the only instance), so a lease this instance holds
+	// unused costs no other instance anything until then.
+	renewAt int64
+	roomy   bool
 	// retryAt and resetAt (Unix ns, local clock) are when, as of the last
 	// sync, the fleet has one token back and the key is full again.
 	retryAt, resetAt int64
@@ -69,6 +78,7 @@ func (r *record) decide(now, nextSync int64, l algorithms.Limit, cost int64) alg
 		return r.result(now, nextSync, l, false)
 	}
 	r.allow -= cost
+	r.spent += cost
 	if !r.reserved {
 		r.pending += cost
 	}
@@ -105,6 +115,7 @@ func (r *record) result(now, nextSync int64, l algorithms.Limit, allowed bool) a
 // Redis past the burst.
 func (r *record) charge(cost int64) {
 	r.used = true
+	r.spent += cost
 	spent := min(cost, r.allow)
 	r.allow -= spent
 	if r.reserved {
@@ -133,27 +144,60 @@ type sent struct {
 }
 
 // snapshot takes what the next sync reports for r, and whether r needs a
-// sync at all: a key that has nothing to report, no lease to hand back and
-// no token coming before the next sync is skipped (a blocked key costs
-// Redis nothing until it refills).
+// sync at all (see due). all is set for the last sync at Close, which hands
+// every lease back.
 //
 // A report whose reply was lost (a sync that failed or timed out, perhaps
 // after Redis applied it) is sent again unchanged: Redis recognises its
 // sequence number and replays the reply instead of counting it twice.
 // Decisions made meanwhile are reported by the sync after it is adopted.
-func (r *record) snapshot(now, interval int64, seq *atomic.Uint64) (sent, bool) {
+func (r *record) snapshot(now, interval int64, all bool, seq *atomic.Uint64) (sent, bool) {
 	if r.hasUnacked {
 		return r.unacked, true
 	}
 	s := sent{limit: r.limit, allow: r.allow, pending: r.pending, reserved: r.reserved, idle: !r.used && r.pending == 0}
-	if r.reserved && s.idle && (r.dormant || r.allow == 0 && r.retryAt > now+interval) {
+	spent := r.spent
+	r.used, r.spent = false, 0
+	if r.reserved && r.pending == 0 && !r.due(now, interval, spent, s.idle, all) {
+		if s.idle {
+			r.idleSyncs++
+		} else {
+			r.idleSyncs = 0
+		}
 		return s, false
 	}
 	s.final = s.idle && s.reserved && r.idleSyncs >= dormantAfter
-	r.used = false
 	s.seq = seq.Add(1)
 	r.unacked, r.hasUnacked = s, true
 	return s, true
+}
+
+// due reports whether a record holding a lease, with nothing to report but
+// its use of it, needs this sync: Redis work follows admissions, not keys.
+// It does when
+//   - its lease reaches its lifetime before the next sync (renewAt): the
+//     lease is renewed, or handed back if the key went quiet;
+//   - the fleet is short of tokens (not roomy): every sync, as leases must
+//     move between instances to the one with traffic, and an idle
+//     instance's lease goes back at once;
+//   - the lease runs low: less than twice what the key used since the
+//     last sync, so it may run out before the next one (or is empty and
+//     the fleet has tokens).
+//
+// A dormant record (no lease) waits for a request to wake it, and an idle
+// one whose key is blocked until after the next sync waits for its token:
+// a key seen once and a blocked key cost Redis nothing in between.
+func (r *record) due(now, interval, spent int64, idle, all bool) bool {
+	switch {
+	case all:
+		return r.allow > 0
+	case idle && (r.dormant || r.allow == 0 && r.retryAt > now+interval):
+		return false
+	case now+interval >= r.renewAt, !r.roomy:
+		return true
+	default:
+		return r.allow < max(1, 2*spent)
+	}
 }
 
 // delta is the cost the sync reports: admitted and not counted, minus the

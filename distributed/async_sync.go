@@ -118,7 +118,7 @@ func (a *Async) sync(ctx context.Context, take bool) error {
 	a.syncMu.Lock()
 	defer a.syncMu.Unlock()
 	start := monotime.Now()
-	items := a.snapshot(start)
+	items := a.snapshot(start, !take)
 	for i := range items {
 		it := &items[i]
 		it.rkey = a.RedisKey(it.z.name, it.key)
@@ -155,15 +155,16 @@ func (a *Async) sync(ctx context.Context, take bool) error {
 	return nil
 }
 
-// snapshot lists the records that need a sync, with what to report.
-func (a *Async) snapshot(now int64) []item {
+// snapshot lists the records that need a sync, with what to report; all
+// for the last sync at Close, which hands every lease back.
+func (a *Async) snapshot(now int64, all bool) []item {
 	var items []item
 	for _, z := range *a.zones.Load() {
 		for i := range z.shards {
 			s := &z.shards[i]
 			s.mu.Lock()
 			for k, r := range s.m {
-				if st, need := r.snapshot(now, int64(a.interval), &a.seq); need {
+				if st, need := r.snapshot(now, int64(a.interval), all, &a.seq); need {
 					items = append(items, item{z: z, s: s, key: k, r: r, sent: st})
 				}
 			}
@@ -385,11 +386,21 @@ func (a *Async) adoptCall(c *asyncCall, now, start int64) {
 func (a *Async) adopt(it *item, v [4]int64, now int64) {
 	rep := syncReply{lease: v[0], avail: v[1], retry: v[2] * 1000, reset: v[3] * 1000}
 	it.s.mu.Lock()
-	fresh := freshShare(it.sent.limit.Burst, a.Instances())
 	// A wake (or this sync) may have adopted the same report already.
-	r := it.r
-	if it.s.m[it.key] == r && r.hasUnacked && r.unacked.seq == it.sent.seq && r.apply(it.sent, rep, now, it.sent.limit.Burst, fresh) {
+	if r := it.r; it.s.m[it.key] == r && r.hasUnacked && r.unacked.seq == it.sent.seq && a.applyReply(r, it.sent, rep, now) {
 		delete(it.s.m, it.key)
 	}
 	it.s.mu.Unlock()
+}
+
+// applyReply adopts rep for r (see record.apply) and sets when its new lease
+// must be renewed: before its lifetime ends, a little earlier for some
+// records than others, so that keys leased in one sync do not all come due
+// in one later sync. Called with r's shard locked.
+func (a *Async) applyReply(r *record, st sent, rep syncReply, now int64) (drop bool) {
+	n := a.Instances()
+	drop = r.apply(st, rep, now, st.limit.Burst, freshShare(st.limit.Burst, n))
+	r.renewAt = now + a.life - rand.Int64N(a.life/4+1)
+	r.roomy = n == 1 || rep.avail >= rep.lease
+	return drop
 }

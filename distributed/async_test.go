@@ -111,7 +111,7 @@ func TestDecisionsDuringASyncStayCounted(t *testing.T) {
 	const now = int64(1e18)
 	t.Run("lease", func(t *testing.T) {
 		r := &record{allow: 10, reserved: true, limit: hundredPerHour}
-		s, _ := r.snapshot(now, int64(time.Second), new(atomic.Uint64))
+		s, _ := r.snapshot(now, int64(time.Second), false, new(atomic.Uint64))
 		for range 3 {
 			r.decide(now, now, hundredPerHour, 1) // in flight: out of the lease handed back
 		}
@@ -119,7 +119,7 @@ func TestDecisionsDuringASyncStayCounted(t *testing.T) {
 		if r.allow != 2 || r.pending != 0 {
 			t.Fatalf("allow %d pending %d, want 2 (lease 5 minus 3 admitted in flight) and 0", r.allow, r.pending)
 		}
-		s, _ = r.snapshot(now, int64(time.Second), new(atomic.Uint64))
+		s, _ = r.snapshot(now, int64(time.Second), false, new(atomic.Uint64))
 		r.decide(now, now, hundredPerHour, 1)
 		r.decide(now, now, hundredPerHour, 1)
 		r.apply(s, syncReply{lease: 1}, now, 100, 100)
@@ -132,7 +132,7 @@ func TestDecisionsDuringASyncStayCounted(t *testing.T) {
 		for range 5 {
 			r.decide(now, now, hundredPerHour, 1)
 		}
-		s, _ := r.snapshot(now, int64(time.Second), new(atomic.Uint64))
+		s, _ := r.snapshot(now, int64(time.Second), false, new(atomic.Uint64))
 		r.decide(now, now, hundredPerHour, 1)
 		r.decide(now, now, hundredPerHour, 1)
 		r.apply(s, syncReply{lease: 4}, now, 100, 100)
@@ -146,7 +146,7 @@ func TestDecisionsDuringASyncStayCounted(t *testing.T) {
 func TestRecordOfAFullKeyWithoutTrafficIsDropped(t *testing.T) {
 	const now = int64(1e18)
 	r := &record{allow: 1, reserved: true, limit: hundredPerHour}
-	s, need := r.snapshot(now, int64(time.Second), new(atomic.Uint64))
+	s, need := r.snapshot(now, int64(time.Second), false, new(atomic.Uint64))
 	if !need || !s.idle {
 		t.Fatalf("snapshot need %v idle %v, want an idle record that syncs (it holds a lease)", need, s.idle)
 	}
@@ -154,7 +154,7 @@ func TestRecordOfAFullKeyWithoutTrafficIsDropped(t *testing.T) {
 		t.Fatal("an idle record of a full key was kept")
 	}
 	r = &record{allow: 1, reserved: true, limit: hundredPerHour}
-	s, _ = r.snapshot(now, int64(time.Second), new(atomic.Uint64))
+	s, _ = r.snapshot(now, int64(time.Second), false, new(atomic.Uint64))
 	r.decide(now, now, hundredPerHour, 1)
 	if r.apply(s, syncReply{avail: 100}, now, 100, 50) {
 		t.Fatal("a record used while its sync was in flight was dropped")
@@ -172,10 +172,10 @@ func TestRecordOfAFullKeyWithoutTrafficIsDropped(t *testing.T) {
 func TestBlockedKeyWithoutTrafficIsNotSyncedUntilItRefills(t *testing.T) {
 	const now, interval = int64(1e18), int64(100 * time.Millisecond)
 	r := &record{reserved: true, retryAt: now + int64(30*time.Second)}
-	if _, need := r.snapshot(now, interval, new(atomic.Uint64)); need {
+	if _, need := r.snapshot(now, interval, false, new(atomic.Uint64)); need {
 		t.Fatal("a blocked idle key was synced 30s before its next token")
 	}
-	if _, need := r.snapshot(now+int64(30*time.Second), interval, new(atomic.Uint64)); !need {
+	if _, need := r.snapshot(now+int64(30*time.Second), interval, false, new(atomic.Uint64)); !need {
 		t.Fatal("a blocked idle key was not synced once its next token is due")
 	}
 }
@@ -283,15 +283,15 @@ func TestAReportWhoseReplyWasLostIsSentAgainUnchanged(t *testing.T) {
 	var seq atomic.Uint64
 	r := &record{allow: 10, reserved: true, limit: hundredPerHour}
 	r.decide(now, now, hundredPerHour, 1)
-	first, _ := r.snapshot(now, int64(time.Second), &seq)
+	first, _ := r.snapshot(now, int64(time.Second), false, &seq)
 	// The sync fails; meanwhile more requests are admitted.
 	r.decide(now, now, hundredPerHour, 1)
-	again, need := r.snapshot(now, int64(time.Second), &seq)
+	again, need := r.snapshot(now, int64(time.Second), false, &seq)
 	if !need || again != first {
 		t.Fatalf("after a lost reply the next sync sends %+v (need %v), want the same report %+v", again, need, first)
 	}
 	r.apply(again, syncReply{lease: 4}, now, 100, 100)
-	next, _ := r.snapshot(now, int64(time.Second), &seq)
+	next, _ := r.snapshot(now, int64(time.Second), false, &seq)
 	if next.seq == first.seq {
 		t.Fatal("a new report reuses the acknowledged report's sequence number")
 	}
@@ -314,7 +314,7 @@ func TestChargesPastTheAllowanceAreReportedAtTheNextSync(t *testing.T) {
 		if res := r.check(now, now+int64(time.Second), hundredPerHour); res.Allowed {
 			t.Fatalf("check after the lease is spent: %+v, want denied until the next sync", res)
 		}
-		s, _ := r.snapshot(now, int64(time.Second), new(atomic.Uint64))
+		s, _ := r.snapshot(now, int64(time.Second), false, new(atomic.Uint64))
 		if d := s.delta(); d != 15 {
 			t.Fatalf("the sync reports %d, want the 15 charged beyond the lease", d)
 		}
@@ -330,7 +330,7 @@ func TestChargesPastTheAllowanceAreReportedAtTheNextSync(t *testing.T) {
 		if r.allow != 0 || r.pending != 40 {
 			t.Fatalf("allow %d pending %d, want 0 and 40: Redis knows nothing of a fresh share", r.allow, r.pending)
 		}
-		s, _ := r.snapshot(now, int64(time.Second), new(atomic.Uint64))
+		s, _ := r.snapshot(now, int64(time.Second), false, new(atomic.Uint64))
 		if d := s.delta(); d != 40 {
 			t.Fatalf("the sync reports %d, want 40", d)
 		}

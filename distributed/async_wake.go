@@ -59,7 +59,7 @@ func (a *Async) wake(ctx context.Context, z *asyncZone, s *asyncShard, key strin
 			return nil, err
 		}
 		if s.m[key] == r && r.hasUnacked && r.unacked.seq == st.seq {
-			r.apply(st, rep, monotime.Now(), st.limit.Burst, freshShare(st.limit.Burst, a.Instances()))
+			a.applyReply(r, st, rep, monotime.Now())
 		}
 		r = s.m[key]
 	}

@@ -17,9 +17,12 @@ import (
 )
 
 // settledScriptCalls polls INFO commandstats until the script calls stop
-// growing (no sync sends any for several intervals, heartbeats aside) and
+// growing (no sync sends any for longer than a lease's lifetime, heartbeats
+// aside: every lease taken has been renewed or handed back meanwhile) and
 // returns their number.
-func settledScriptCalls(t *testing.T, srv *redisServer, a *distributed.Async, interval time.Duration) int64 {
+// beating is how many stores beat on srv: their heartbeats (one script a
+// second each, often in the same instant) do not count as syncs.
+func settledScriptCalls(t *testing.T, srv *redisServer, a *distributed.Async, interval time.Duration, beating int) int64 {
 	t.Helper()
 	rdb := srv.Client()
 	var last int64 = -1
@@ -29,15 +32,15 @@ func settledScriptCalls(t *testing.T, srv *redisServer, a *distributed.Async, in
 		if err != nil {
 			t.Fatal(err)
 		}
-		// A heartbeat is one script a second: a change of at most 1 is
-		// steady.
-		if last < 0 || calls-last > 1 {
+		// A heartbeat is one script a second per store: a change of at
+		// most one per store is steady.
+		if last < 0 || calls-last > int64(beating) {
 			last, steadySince = calls, time.Now()
 			return false
 		}
 		last = calls
 		// Steady, and syncs succeeded meanwhile: not stalled.
-		return time.Since(steadySince) > 5*interval && a.LastSync().After(steadySince.Add(interval))
+		return time.Since(steadySince) > a.LeaseLifetime()+2*interval && a.LastSync().After(steadySince.Add(interval))
 	})
 	return last
 }
@@ -119,7 +122,7 @@ func TestAsyncFloodOfNewKeysCostsBoundedRedisWorkAndNoOutage(t *testing.T) {
 	wg.Wait()
 	keys := min(next.Load(), floodKeys)
 	// Keep checking while the syncs work through the flood.
-	calls := settledScriptCalls(t, srv, a, interval)
+	calls := settledScriptCalls(t, srv, a, interval, 1)
 	close(stop)
 	<-checker
 
@@ -136,11 +139,13 @@ func TestAsyncFloodOfNewKeysCostsBoundedRedisWorkAndNoOutage(t *testing.T) {
 	if n := blockedAllowed.Load(); n != 0 {
 		t.Errorf("the blocked key was allowed %d times of %d during the flood", n, blockedChecks.Load())
 	}
-	// A key seen once costs three scripts (report, park, hand back), plus
-	// a resend when a busy Redis answered its pipeline too late, and then
-	// none: not one per interval until it refills (36,000 in the hour).
-	if calls > 5*keys {
-		t.Errorf("%d script calls for %d keys seen once: more than 5 per key", calls, keys)
+	// A key seen once is reported twice (its admission with the rest of
+	// its share as a lease, then the lease handed back at its lifetime),
+	// up to 100 keys per script call, plus a resend when a busy Redis
+	// answered a pipeline too late, and then never: not one script per
+	// interval until it refills (36,000 in the hour), nor one per report.
+	if calls > keys/20 {
+		t.Errorf("%d script calls for %d keys seen once: more than one per 20 keys", calls, keys)
 	}
 	if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
 		t.Fatal(err)
@@ -166,7 +171,7 @@ func TestAsyncDormantKeyIsWokenByItsNextRequest(t *testing.T) {
 	if r, err := stores[0].Decide(ctx, "z", "sparse", limit, 1); err != nil || !r.Allowed {
 		t.Fatalf("first request: %+v, %v", r, err)
 	}
-	settledScriptCalls(t, srv, stores[0], interval)
+	settledScriptCalls(t, srv, stores[0], interval, len(stores))
 	// 16 requests at once on one instance: one wakes the record, the others
 	// wait for it, and the lease it brings admits them.
 	var woken atomic.Int64
@@ -201,9 +206,11 @@ func TestAsyncDormantKeyIsWokenByItsNextRequest(t *testing.T) {
 			}
 		}
 	}
-	// 10 in an hour: 9 left after the first, and at most one more token
-	// per instance on top (the bound's fresh-share term for 2 instances).
-	if allowed < 5 || allowed > 9+1 {
-		t.Errorf("%d allowed after the quiet spell, want 9 (at most 10)", allowed)
+	// 10 in an hour: 9 left after the first, plus the bound's fresh-share
+	// term for 2 instances: the second instance first sees the key after
+	// its hold (the first one's lease outlived it before going dormant),
+	// so its fresh share of 5 was not set aside.
+	if allowed < 5 || allowed > 9+5 {
+		t.Errorf("%d allowed after the quiet spell, want 9 (at most 9 + a fresh share of 5)", allowed)
 	}
 }

@@ -56,12 +56,18 @@ func waitForSyncs(t *testing.T, stores []*distributed.Async, interval time.Durat
 }
 
 // asyncBound is the documented bound (async.go) on what a fleet of n admits
-// over elapsed: B + ⌊(d + I)/T⌋ + (n−1)·max(1, ⌊B/n⌋). The last term is the
-// fresh shares of instances whose first report lands after the hold, which a
-// starved machine can produce.
+// over elapsed with sync interval I: B + ⌊(d + L)/T⌋ + (n−1)·max(1, ⌊B/n⌋),
+// where L, a lease's lifetime, is asyncLeaseLifetime intervals. The last
+// term is the fresh shares of instances whose first report lands after the
+// hold, which a starved machine can produce.
 func asyncBound(l algorithms.Limit, elapsed, interval time.Duration, n int) int64 {
-	return asyncBurstBound(l, elapsed, interval) + int64(n-1)*max(1, l.Burst/int64(n))
+	return asyncBurstBound(l, elapsed, asyncLeaseLifetime*interval) + int64(n-1)*max(1, l.Burst/int64(n))
 }
+
+// asyncLeaseLifetime is a lease's lifetime in sync intervals (the store's
+// LeaseLifetime, which TestAsyncLeaseLifetimeIsTenSyncIntervals checks, for
+// the Caddy fleets whose stores the tests cannot reach).
+const asyncLeaseLifetime = 10
 
 // asyncBurstBound is the bound for a burst that reaches every instance while
 // each still decides from its fresh share (within one sync interval):
