@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -49,6 +50,12 @@ type breaker struct {
 	onFailure    func()
 	// hint, when set, adds a likely cause to the outage's WARN line.
 	hint func(error) string
+	// master, when set (Sentinel), is the address of the master the
+	// client last connected to: the WARN line names the master that went
+	// away, the INFO line the one that answered again (after a failover,
+	// the promoted replica). downMaster is the first, kept for Outages.
+	master     func() string
+	downMaster string
 }
 
 // allow reports whether a call may go to Redis, and whether it is the probe
@@ -108,8 +115,16 @@ func (b *breaker) record(probe bool, err error) {
 	case probe && !failed:
 		b.failures.Store(0)
 		b.state.Store(stateClosed)
-		b.logger.Info("redis reachable again", zap.String("redis", b.redis),
-			zap.Duration("outage", now.Sub(b.openSince)))
+		fields := []zap.Field{zap.String("redis", b.redis), zap.Duration("outage", now.Sub(b.openSince))}
+		if b.master != nil {
+			if m := b.master(); m != "" {
+				fields = append(fields, zap.String("master", m))
+				if b.downMaster != "" && b.downMaster != m {
+					fields = append(fields, zap.String("previous_master", b.downMaster))
+				}
+			}
+		}
+		b.logger.Info("redis reachable again", fields...)
 	case probe:
 		b.retryAt = now.Add(coolDown)
 		b.state.Store(stateOpen)
@@ -118,6 +133,12 @@ func (b *breaker) record(probe bool, err error) {
 		b.retryAt = now.Add(coolDown)
 		b.state.Store(stateOpen)
 		fields := []zap.Field{zap.String("redis", b.redis), zap.Error(err)}
+		if b.master != nil {
+			b.downMaster = b.master()
+			if b.downMaster != "" {
+				fields = append(fields, zap.String("master", b.downMaster))
+			}
+		}
 		if b.hint != nil {
 			if h := b.hint(err); h != "" {
 				fields = append(fields, zap.String("hint", h))
@@ -125,6 +146,14 @@ func (b *breaker) record(probe bool, err error) {
 		}
 		b.logger.Warn("redis unreachable; zones apply their fail_policy", fields...)
 	}
+}
+
+// outageNode is the node of the current outage: the master a Sentinel
+// setting was connected to when it opened, or "".
+func (b *breaker) outageNode() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.downMaster
 }
 
 // health reports whether the breaker is closed, and since when it is not.
@@ -302,8 +331,43 @@ func (n *nodeBreakers) drop(addr string, b *breaker) bool {
 
 // NodeOutage is a Redis node the store cannot reach: a Cluster master
 // (Node is its address; "" before the slot map is known), or the whole
-// setting for a standalone server or Sentinel (Node is "").
+// setting for a standalone server (Node is "") or Sentinel (Node is the
+// master it was connected to when the outage began, "" if none yet).
 type NodeOutage struct {
 	Node  string
 	Since time.Time
+}
+
+// masterDials records the address each new connection of a Sentinel
+// setting's client reached: go-redis asks the Sentinels where the master is
+// before each dial, and a hook on the client sees its connections only,
+// not those to the Sentinels. The breaker's lines name it.
+type masterDials struct{ addr atomic.Pointer[string] }
+
+func (m *masterDials) last() string {
+	if p := m.addr.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// DialHook records the remote address of each connection made.
+func (m *masterDials) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := next(ctx, network, addr)
+		if err == nil {
+			if a := c.RemoteAddr().String(); a != m.last() {
+				m.addr.Store(&a)
+			}
+		}
+		return c, err
+	}
+}
+
+// ProcessHook leaves commands alone.
+func (*masterDials) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+// ProcessPipelineHook leaves pipelines alone.
+func (*masterDials) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }

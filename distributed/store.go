@@ -143,6 +143,11 @@ func open(opts Options, logger *zap.Logger, setup func(*Store)) (*Store, error) 
 	s.breaker.logger = logger
 	s.breaker.redis = opts.Redacted()
 	s.breaker.hint = opts.hint
+	if opts.SentinelMaster != "" {
+		dials := &masterDials{}
+		s.client.AddHook(dials)
+		s.breaker.master = dials.last
+	}
 	s.nodes.init(s.client, &s.breaker)
 	s.problems.logger = logger
 	s.zoneSep = ":"
@@ -204,11 +209,11 @@ func (s *Store) Health() (ok bool, openSince time.Time) {
 // Outages lists what the store cannot reach now: on a Cluster, each master
 // still serving slots whose breaker is open (a master replaced by its
 // replica is dropped, logged once); otherwise the whole setting, as one
-// outage with no node.
+// outage naming, on Sentinel, the master it was connected to.
 func (s *Store) Outages() []NodeOutage {
 	down := s.nodes.retire(s.ctx)
 	if ok, since := s.breaker.health(); !ok {
-		down = append(down, NodeOutage{Since: since})
+		down = append(down, NodeOutage{Node: s.breaker.outageNode(), Since: since})
 	}
 	return down
 }

@@ -476,6 +476,9 @@ func TestSentinelFailoverFollowsTheNewMaster(t *testing.T) {
 		ok, _ := store.Health()
 		return !ok
 	})
+	if out := store.Outages(); len(out) != 1 || out[0].Node != master.Addr {
+		t.Errorf("Outages: %+v, want the killed master %s", out, master.Addr)
+	}
 	sc := redis.NewSentinelClient(&redis.Options{Addr: sentinels[0]})
 	defer sc.Close()
 	waitFor(t, 20*time.Second, "the replica's promotion", func() bool {
@@ -509,6 +512,19 @@ func TestSentinelFailoverFollowsTheNewMaster(t *testing.T) {
 	}
 	if n := logs.FilterMessage("redis reachable again").Len(); n != 1 {
 		t.Errorf("%d 'reachable again' log entries, want exactly 1", n)
+	}
+	// The lines name the master set (in "redis") and the master's
+	// address: the one that went away, then the promoted replica.
+	for _, want := range []struct{ msg, field, addr string }{
+		{unreachableMsg, "redis", "sentinel mymaster@"},
+		{unreachableMsg, "master", master.Addr},
+		{"redis reachable again", "redis", "sentinel mymaster@"},
+		{"redis reachable again", "master", replica.Addr},
+		{"redis reachable again", "previous_master", master.Addr},
+	} {
+		if logsAbout(logs, want.msg, want.field, want.addr) != 1 {
+			t.Errorf("no %q line with %s %s: %v", want.msg, want.field, want.addr, logs.FilterMessage(want.msg).All())
+		}
 	}
 
 	fleet := exactFleet(t, opts)
