@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -160,6 +162,23 @@ func (p *caddyProcess) cpuProfile(ctx context.Context, seconds int, path string)
 		return err
 	}
 	return f.Close()
+}
+
+// memStats reads Go's memory statistics of the Caddy process from its admin
+// endpoint (/debug/vars, expvar's memstats).
+func (p *caddyProcess) memStats() (runtime.MemStats, error) {
+	var vars struct{ Memstats runtime.MemStats }
+	c := http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get("http://" + p.adminAddr + "/debug/vars")
+	if err != nil {
+		return vars.Memstats, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return vars.Memstats, fmt.Errorf("/debug/vars: %s", resp.Status)
+	}
+	err = json.NewDecoder(resp.Body).Decode(&vars)
+	return vars.Memstats, err
 }
 
 // stop asks Caddy to stop through its admin endpoint and kills its process

@@ -163,10 +163,18 @@ func loadRow(r scenarioResult) row {
 	}
 	rw.tally = fmt.Sprintf("**%.2f** (%.0f vs %.0f req/s, medians of %d alternating runs)", r.ratio(), r.candidateRate, r.baselineRate, r.runs)
 	if r.candidateCPU > 0 {
-		rw.tally += fmt.Sprintf("; by Caddy CPU per request: %.2f (%.1f vs %.1f µs)", r.cpuRatio(),
+		rw.tally += fmt.Sprintf("; by Caddy CPU per request: %.2f (rounds %s; %.1f vs %.1f µs)", r.cpuRatio(), spread(r.cpuRatios),
 			float64(r.candidateCPU)/1e3, float64(r.baselineCPU)/1e3)
 	}
+	if r.candidateAllocs.count > 0 {
+		rw.tally += fmt.Sprintf("; Caddy allocations per request: %.1f (%.0f B) vs %.1f (%.0f B)",
+			r.candidateAllocs.count, r.candidateAllocs.bytes, r.baselineAllocs.count, r.baselineAllocs.bytes)
+	}
 	rw.met = yesNo(r.ratio() >= r.target)
+	if r.byCPU && r.candidateCPU > 0 {
+		rw.target += " by CPU per request"
+		rw.met = yesNo(r.cpuRatio() >= r.target)
+	}
 	return rw
 }
 
