@@ -91,13 +91,13 @@ func TestConcurrencyZonesAreDecidedAfterRateZones(t *testing.T) {
 func TestConcurrencyPolicyHeader(t *testing.T) {
 	z := &zoneHandler{Zone: zones.New(zones.Config{Name: "uploads", Concurrency: 4}, nil, nil)}
 	hdr := http.Header{}
-	(&Handler{}).setHeaders(hdr, []verdict{{zone: z, d: zones.Decision{Allowed: true, Remaining: 3}}}, false)
+	(&Handler{}).setHeaders(hdr, []verdict{{zone: z, d: zones.Decision{Allowed: true, Remaining: 3}}}, false, 0)
 	if p, s, l := hdr.Get("RateLimit-Policy"), hdr.Get("RateLimit"), hdr.Get("RateLimit-Limit"); p != `"uploads";q=4;qu="concurrent-requests"` || s != `"uploads";r=3` || l != "4" {
 		t.Fatalf("allowed: policy %s, state %s, limit %s", p, s, l)
 	}
 	// Denied: t is the retry time; when a slot frees otherwise is unknown.
 	hdr = http.Header{}
-	maxT := (&Handler{}).setHeaders(hdr, []verdict{{zone: z, d: zones.Decision{RetryAfter: zones.ConcurrencyRetryAfter, ResetAfter: zones.ConcurrencyRetryAfter}}}, true)
+	maxT := (&Handler{}).setHeaders(hdr, []verdict{{zone: z, d: zones.Decision{RetryAfter: zones.ConcurrencyRetryAfter, ResetAfter: zones.ConcurrencyRetryAfter}}}, true, zones.ConcurrencyRetryAfter)
 	if s, want := hdr.Get("RateLimit"), `"uploads";r=0;t=`+strconv.FormatInt(ceilSeconds(zones.ConcurrencyRetryAfter), 10); s != want || maxT != ceilSeconds(zones.ConcurrencyRetryAfter) {
 		t.Fatalf("denied: state %s (largest t %d), want %s", s, maxT, want)
 	}

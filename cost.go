@@ -147,6 +147,9 @@ func (h *Handler) serveAndCharge(w http.ResponseWriter, r *http.Request, repl *c
 		}
 		cost := v.cost
 		if z.costs.chargeVar != "" {
+			if repl == nil {
+				repl = requestReplacer(r)
+			}
 			cost = h.readCost(z, repl, z.costs.chargeVar, "charge")
 		}
 		cost = min(cost, zones.MaxCharge*v.plan.Burst)

@@ -3,7 +3,6 @@ package ratelimit
 import (
 	"fmt"
 	"hash/maphash"
-	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -40,9 +39,10 @@ func parseHeaderMode(s string) (headerMode, error) {
 const maxSFInteger = 999_999_999_999_999
 
 // setHeaders writes the rate limit headers for the zones that applied and
-// returns the largest t (seconds) the RateLimit field now carries, which a
-// denial's Retry-After must not undercut (draft-ietf-httpapi-ratelimit-
-// headers-10 §6). denied says whether the response is a denial.
+// returns the largest t (seconds) the RateLimit field now carries. On a
+// denial it also writes Retry-After, in every headers mode: retry in whole
+// seconds, rounded up, at least 1 and never earlier than any t of the
+// RateLimit field (draft-ietf-httpapi-ratelimit-headers-10 §6).
 //
 // The fields follow draft-10 and RFC 9651:
 //
@@ -60,20 +60,104 @@ const maxSFInteger = 999_999_999_999_999
 // could succeed. w is omitted for a window that is not whole seconds, which
 // the draft cannot express.
 //
-// All values are written into one buffer and become one string, which the
-// header values are slices of; the string comes from h's value cache when an
-// earlier response rendered the same bytes (the usual case: the values
-// depend on the zone, remaining and whole seconds only), so a response
-// allocates only its header slice. The numbers
-// come from each verdict's plan and decision, so a limit read from the
-// request renders like a literal one.
-func (h *Handler) setHeaders(hdr http.Header, verdicts []verdict, denied bool) (maxT int64) {
-	if h.headers == headersOff || len(verdicts) == 0 {
+// The usual response (one zone, no earlier rate_limit handler on the route)
+// is rendered from the handler's render cache: its values depend only on
+// the zone, the plan and a few whole numbers, so the numbers are the cache's
+// key and a hit renders nothing. Otherwise all values are written into one
+// buffer and become one string (the one in h's value cache when an earlier
+// response rendered the same bytes). Either way a response allocates only
+// its header values' backing array, its own: a later handler that edits a
+// value in place (Caddy's header directive does) changes this response's
+// headers and no other's. The numbers come from each verdict's plan and
+// decision, so a limit read from the request renders like a literal one.
+func (h *Handler) setHeaders(hdr http.Header, verdicts []verdict, denied bool, retry time.Duration) (maxT int64) {
+	if len(verdicts) == 0 {
 		return 0
 	}
+	if h.headers == headersOff {
+		if denied {
+			hdr["Retry-After"] = []string{h.values.seconds(retryAfterSeconds(retry, 0))}
+		}
+		return 0
+	}
+	if len(verdicts) == 1 && h.rendered != nil && !h.earlierHeaders(hdr) {
+		k := newRenderKey(&verdicts[0], denied, retry)
+		e := h.rendered.get(&k)
+		if e == nil {
+			e = &renderedHeaders{key: k}
+			h.render(e, hdr, verdicts, denied, retry)
+			h.rendered.put(e)
+		}
+		return e.set(hdr, h.headers)
+	}
+	var e renderedHeaders
+	h.render(&e, hdr, verdicts, denied, retry)
+	return e.set(hdr, h.headers)
+}
+
+// earlierHeaders reports whether an earlier rate_limit handler on the route
+// wrote headers this one merges with.
+func (h *Handler) earlierHeaders(hdr http.Header) bool {
+	switch h.headers {
+	case headersIETF:
+		return hdr["Ratelimit"] != nil
+	case headersLegacy:
+		return hdr["Ratelimit-Remaining"] != nil
+	}
+	return hdr["Ratelimit"] != nil || hdr["Ratelimit-Remaining"] != nil
+}
+
+// retryAfterSeconds is Retry-After for a denial whose retry time is retry
+// and whose RateLimit field's largest t is maxT.
+func retryAfterSeconds(retry time.Duration, maxT int64) int64 {
+	return max(1, ceilSeconds(retry), maxT)
+}
+
+// renderedHeaders are the header values of one response, as substrings of
+// one string, in the order set writes them: RateLimit-Policy and RateLimit
+// (not in legacy mode), the legacy trio (when a zone of this handler is the
+// most restrictive; not in ietf mode), Retry-After (on a denial). Immutable
+// once published in a render cache.
+type renderedHeaders struct {
+	key    renderKey
+	vals   [6]string
+	n      int
+	legacy bool // the legacy trio is among vals
+	denied bool // Retry-After is the last of vals
+	maxT   int64
+}
+
+// set writes e into hdr under a backing array of the response's own, and
+// returns e's largest t.
+func (e *renderedHeaders) set(hdr http.Header, mode headerMode) int64 {
+	vals := make([]string, e.n)
+	copy(vals, e.vals[:e.n])
+	i := 0
+	if mode != headersLegacy {
+		hdr["Ratelimit-Policy"] = vals[0:1:1]
+		hdr["Ratelimit"] = vals[1:2:2]
+		i = 2
+	}
+	if e.legacy {
+		hdr["Ratelimit-Limit"] = vals[i : i+1 : i+1]
+		hdr["Ratelimit-Remaining"] = vals[i+1 : i+2 : i+2]
+		hdr["Ratelimit-Reset"] = vals[i+2 : i+3 : i+3]
+		i += 3
+	}
+	if e.denied {
+		hdr["Retry-After"] = vals[i : i+1 : i+1]
+	}
+	return e.maxT
+}
+
+// render renders into e the headers of verdicts (merged with an earlier
+// handler's in hdr), as one string, the one in h's value cache when there
+// is one.
+func (h *Handler) render(e *renderedHeaders, hdr http.Header, verdicts []verdict, denied bool, retry time.Duration) {
+	e.denied = denied
 	var stack [192]byte
 	buf := stack[:0]
-	var policyEnd, stateEnd int
+	var ends [6]int
 	if h.headers != headersLegacy {
 		prevPolicy, prevState := hdr["Ratelimit-Policy"], hdr["Ratelimit"]
 		if len(prevState) == 1 && len(prevPolicy) == 1 {
@@ -88,11 +172,12 @@ func (h *Handler) setHeaders(hdr http.Header, verdicts []verdict, denied bool) (
 			}
 			buf = appendPolicy(buf, &verdicts[i])
 		}
-		policyEnd = len(buf)
+		ends[e.n] = len(buf)
+		e.n++
 		if len(prevState) == 1 && len(prevPolicy) == 1 {
 			var t int64
 			buf, t = appendEarlierMembers(buf, prevState[0], denied)
-			maxT = max(maxT, t)
+			e.maxT = max(e.maxT, t)
 			buf = append(buf, ", "...)
 		}
 		for i := range verdicts {
@@ -101,9 +186,10 @@ func (h *Handler) setHeaders(hdr http.Header, verdicts []verdict, denied bool) (
 			}
 			var t int64
 			buf, t = appendState(buf, &verdicts[i], denied)
-			maxT = max(maxT, t)
+			e.maxT = max(e.maxT, t)
 		}
-		stateEnd = len(buf)
+		ends[e.n] = len(buf)
+		e.n++
 	}
 	var legacy *verdict
 	if h.headers != headersIETF {
@@ -122,39 +208,81 @@ func (h *Handler) setHeaders(hdr http.Header, verdicts []verdict, denied bool) (
 			}
 		}
 	}
-	var limitEnd, remainingEnd int
 	if legacy != nil {
+		e.legacy = true
 		buf = strconv.AppendInt(buf, sfInt(legacy.quota()), 10)
-		limitEnd = len(buf)
+		ends[e.n] = len(buf)
 		buf = strconv.AppendInt(buf, sfInt(legacy.d.Remaining), 10)
-		remainingEnd = len(buf)
+		ends[e.n+1] = len(buf)
 		buf = strconv.AppendInt(buf, sfInt(ceilSeconds(legacy.d.ResetAfter)), 10)
+		ends[e.n+2] = len(buf)
+		e.n += 3
+	}
+	if denied {
+		buf = strconv.AppendInt(buf, retryAfterSeconds(retry, e.maxT), 10)
+		ends[e.n] = len(buf)
+		e.n++
 	}
 
 	all := h.values.intern(buf)
-	var vals []string // one backing array for every header's value
-	switch {
-	case h.headers == headersLegacy:
-		vals = make([]string, 0, 3)
-	case legacy == nil:
-		vals = make([]string, 0, 2)
-	default:
-		vals = make([]string, 0, 5)
+	for i, start := 0, 0; i < e.n; i++ {
+		e.vals[i] = all[start:ends[i]]
+		start = ends[i]
 	}
-	if h.headers != headersLegacy {
-		vals = append(vals, all[:policyEnd], all[policyEnd:stateEnd])
-		hdr["Ratelimit-Policy"] = vals[0:1:1]
-		hdr["Ratelimit"] = vals[1:2:2]
-	}
-	if legacy != nil {
-		n := len(vals)
-		vals = append(vals, all[stateEnd:limitEnd], all[limitEnd:remainingEnd], all[remainingEnd:])
-		hdr["Ratelimit-Limit"] = vals[n : n+1 : n+1]
-		hdr["Ratelimit-Remaining"] = vals[n+1 : n+2 : n+2]
-		hdr["Ratelimit-Reset"] = vals[n+2 : n+3 : n+3]
-	}
-	return maxT
 }
+
+// renderKey is what the headers of one verdict depend on: the zone (its
+// name, kind and cost parameters), the plan's q and w, and the numbers the
+// response carries. The handler's headers mode is fixed per render cache.
+type renderKey struct {
+	zone           *zoneHandler
+	events, window int64
+	remaining      int64
+	t              int64 // the RateLimit member's t in seconds, -1 for none
+	reset          int64 // RateLimit-Reset in seconds
+	retryAfter     int64 // Retry-After in seconds, 0 for an allowed request
+}
+
+func newRenderKey(v *verdict, denied bool, retry time.Duration) renderKey {
+	k := renderKey{zone: v.zone, events: v.plan.Events, window: int64(v.plan.Window),
+		remaining: v.d.Remaining, t: -1, reset: ceilSeconds(v.d.ResetAfter)}
+	if t, ok := moreQuotaIn(v); ok && !(denied && v.d.Remaining > 0) {
+		k.t = sfInt(ceilSeconds(t))
+	}
+	if denied {
+		k.retryAfter = retryAfterSeconds(retry, max(k.t, 0))
+	}
+	return k
+}
+
+// renderCacheSize is how many rendered responses a handler remembers: a
+// zone's responses differ by remaining and a few seconds' values, so a
+// busy zone uses a few dozen.
+const renderCacheSize = 256
+
+// renderCache is a direct-mapped cache of rendered headers, keyed by the
+// numbers they render. Entries are immutable and published atomically, so
+// lookups never lock; a collision only costs a render.
+type renderCache struct {
+	slots [renderCacheSize]atomic.Pointer[renderedHeaders]
+}
+
+func (c *renderCache) slot(k *renderKey) *atomic.Pointer[renderedHeaders] {
+	// The numbers that change between responses of a zone, mixed; the
+	// zone and plan are compared, not hashed.
+	x := uint64(k.remaining)*0x9e3779b97f4a7c15 ^ uint64(k.t)*0xc2b2ae3d27d4eb4f ^
+		uint64(k.reset)*0x165667b19e3779f9 ^ uint64(k.retryAfter)*0x27d4eb2f165667c5 ^ uint64(k.events)
+	return &c.slots[(x^x>>29)%renderCacheSize]
+}
+
+func (c *renderCache) get(k *renderKey) *renderedHeaders {
+	if e := c.slot(k).Load(); e != nil && e.key == *k {
+		return e
+	}
+	return nil
+}
+
+func (c *renderCache) put(e *renderedHeaders) { c.slot(&e.key).Store(e) }
 
 // valueCacheSize is how many rendered header values a handler remembers.
 const valueCacheSize = 512
@@ -184,6 +312,12 @@ func (c *valueCache) intern(b []byte) string {
 	s := string(b)
 	slot.Store(&s)
 	return s
+}
+
+// seconds returns n in decimal, interned.
+func (c *valueCache) seconds(n int64) string {
+	var b [20]byte
+	return c.intern(strconv.AppendInt(b[:0], n, 10))
 }
 
 // appendPolicy appends v's zone as a RateLimit-Policy list member.
@@ -290,10 +424,10 @@ func appendEarlierMembers(buf []byte, prev string, denied bool) ([]byte, int64) 
 // sfInt clamps n to what a Structured Field Integer can carry.
 func sfInt(n int64) int64 { return min(max(n, 0), maxSFInteger) }
 
-// ceilSeconds rounds d up to whole seconds.
+// ceilSeconds rounds d up to whole seconds, exactly (in integers).
 func ceilSeconds(d time.Duration) int64 {
 	if d <= 0 {
 		return 0
 	}
-	return int64(math.Ceil(d.Seconds()))
+	return int64((d-1)/time.Second) + 1
 }

@@ -67,7 +67,7 @@ func TestHeadersFollowDraft10(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := &Handler{}
 			hdr := http.Header{}
-			maxT := h.setHeaders(hdr, tc.verdicts, tc.denied)
+			maxT := h.setHeaders(hdr, tc.verdicts, tc.denied, tc.verdicts[0].d.RetryAfter)
 			if got := hdr.Get("RateLimit-Policy"); got != tc.policy {
 				t.Errorf("RateLimit-Policy = %q, want %q", got, tc.policy)
 			}
@@ -81,6 +81,13 @@ func TestHeadersFollowDraft10(t *testing.T) {
 			if maxT != tc.minRetryAt {
 				t.Errorf("largest t = %d, want %d", maxT, tc.minRetryAt)
 			}
+			wantRetry := ""
+			if tc.denied {
+				wantRetry = strconv.FormatInt(tc.minRetryAt, 10)
+			}
+			if got := hdr.Get("Retry-After"); got != wantRetry {
+				t.Errorf("Retry-After = %q, want %q", got, wantRetry)
+			}
 		})
 	}
 }
@@ -93,8 +100,8 @@ func TestHeadersOfTwoHandlersMerge(t *testing.T) {
 	hdr := http.Header{}
 	first := testZone("daily", 1000, 24*time.Hour, 0)
 	second := testZone("z", 10, time.Minute, 0)
-	h.setHeaders(hdr, []verdict{{zone: first, plan: first.Plan(), d: zones.Decision{Allowed: true, Remaining: 990, ResetAfter: 864 * time.Second}}}, false)
-	maxT := h.setHeaders(hdr, []verdict{{zone: second, plan: second.Plan(), d: zones.Decision{RetryAfter: 2 * time.Second, ResetAfter: 56 * time.Second}}}, true)
+	h.setHeaders(hdr, []verdict{{zone: first, plan: first.Plan(), d: zones.Decision{Allowed: true, Remaining: 990, ResetAfter: 864 * time.Second}}}, false, 0)
+	maxT := h.setHeaders(hdr, []verdict{{zone: second, plan: second.Plan(), d: zones.Decision{RetryAfter: 2 * time.Second, ResetAfter: 56 * time.Second}}}, true, 1500*time.Millisecond)
 	if got, want := hdr.Get("RateLimit-Policy"), `"daily";q=1000;w=86400, "z";q=10;w=60`; got != want {
 		t.Errorf("RateLimit-Policy = %q, want %q", got, want)
 	}
@@ -103,6 +110,9 @@ func TestHeadersOfTwoHandlersMerge(t *testing.T) {
 	}
 	if maxT != 2 {
 		t.Errorf("largest t = %d, want 2", maxT)
+	}
+	if got := hdr.Get("Retry-After"); got != "2" {
+		t.Errorf("Retry-After = %q, want 2: never earlier than t", got)
 	}
 	if got := hdr.Get("RateLimit-Remaining"); got != "0" {
 		t.Errorf("RateLimit-Remaining = %q, want the denying zone's 0", got)
@@ -114,8 +124,8 @@ func TestHeadersOfTwoHandlersMerge(t *testing.T) {
 func TestHeaderIntegersStayWithinStructuredFieldRange(t *testing.T) {
 	z := testZone("big", 1<<40, zones.MaxSpan, 0)
 	hdr := http.Header{}
-	(&Handler{}).setHeaders(hdr, []verdict{{zone: z, plan: z.Plan(), d: zones.Decision{RetryAfter: zones.MaxSpan, ResetAfter: 1<<63 - 1}}}, true)
-	for _, name := range []string{"RateLimit-Policy", "RateLimit", "RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"} {
+	(&Handler{}).setHeaders(hdr, []verdict{{zone: z, plan: z.Plan(), d: zones.Decision{RetryAfter: zones.MaxSpan, ResetAfter: 1<<63 - 1}}}, true, zones.MaxSpan)
+	for _, name := range []string{"RateLimit-Policy", "RateLimit", "RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset", "Retry-After"} {
 		for _, f := range strings.FieldsFunc(hdr.Get(name), func(r rune) bool { return r < '0' || r > '9' }) {
 			if n, err := strconv.ParseInt(f, 10, 64); err != nil || len(f) > 15 || n < 0 {
 				t.Errorf("%s: %q carries %q, not an sf-integer", name, hdr.Get(name), f)
@@ -132,16 +142,17 @@ func BenchmarkSetHeaders(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		clear(hdr)
-		h.setHeaders(hdr, vs, false)
+		h.setHeaders(hdr, vs, false, 0)
 	}
 }
 
 // Responses rendered at once from many goroutines each get their own values,
-// whether the cache holds them, another goroutine just replaced them, or
-// two values share a slot.
+// whether the caches hold them, another goroutine just replaced them, two
+// values share a slot, or two zones' responses carry the same numbers.
 func TestHeaderValueCacheUnderConcurrency(t *testing.T) {
-	h := &Handler{values: newValueCache()}
+	h := &Handler{values: newValueCache(), rendered: new(renderCache)}
 	api := testZone("api", 100, time.Minute, 0)
+	web := testZone("web", 100, time.Minute, 0) // the same numbers, another name
 	var wg sync.WaitGroup
 	for g := range 32 {
 		wg.Add(1)
@@ -150,15 +161,38 @@ func TestHeaderValueCacheUnderConcurrency(t *testing.T) {
 			hdr := http.Header{}
 			for i := range 2000 {
 				remaining := int64((g*7 + i) % 100) // far more values than slots' worth of collisions
+				z := api
+				if i%2 == 1 {
+					z = web
+				}
 				clear(hdr)
-				h.setHeaders(hdr, []verdict{{zone: api, plan: api.Plan(), d: zones.Decision{Allowed: true, Remaining: remaining, ResetAfter: 35 * time.Second}}}, false)
-				want := `"api";r=` + strconv.FormatInt(remaining, 10) + ";t=1" // T = 0.6s: 35s is 0.2s into an interval
+				denied := remaining == 0
+				d := zones.Decision{Allowed: !denied, Remaining: remaining, ResetAfter: 35 * time.Second}
+				retry := time.Duration(0)
+				if denied {
+					d.RetryAfter, retry = 200*time.Millisecond, time.Duration(i%3)*time.Second
+				}
+				h.setHeaders(hdr, []verdict{{zone: z, plan: z.Plan(), d: d}}, denied, retry)
+				// T = 0.6s: 35s is 0.2s into an interval.
+				want := `"` + z.Name + `";r=` + strconv.FormatInt(remaining, 10) + ";t=1"
 				if got := hdr.Get("RateLimit"); got != want {
 					t.Errorf("RateLimit %q, want %q", got, want)
 					return
 				}
+				if got := hdr.Get("RateLimit-Policy"); got != `"`+z.Name+`";q=100;w=60` {
+					t.Errorf("RateLimit-Policy %q for zone %s", got, z.Name)
+					return
+				}
 				if got := hdr.Get("RateLimit-Remaining"); got != strconv.FormatInt(remaining, 10) {
 					t.Errorf("RateLimit-Remaining %q, want %d", got, remaining)
+					return
+				}
+				wantRetry := ""
+				if denied {
+					wantRetry = strconv.Itoa(max(1, i%3))
+				}
+				if got := hdr.Get("Retry-After"); got != wantRetry {
+					t.Errorf("Retry-After %q, want %q", got, wantRetry)
 					return
 				}
 			}

@@ -78,14 +78,18 @@ type Handler struct {
 	zones    []*zoneHandler // tightest first
 	weighted bool           // a zone counts cost in metrics
 	headers  headerMode
-	values   *valueCache // header values rendered before
+	values   *valueCache  // header values rendered before
+	rendered *renderCache // responses' headers rendered before; nil with headers off
 	events   *caddyevents.App
 	ctx      caddy.Context
 	logger   *zap.Logger
-	denyLog  *zap.Logger
-	stateIDs []stateID
-	store    zones.Store // nil in local mode
-	storeKey string      // to release store from its pool
+	denyLog  *zap.Logger // sampled
+	// placeholders: some zone's key, limit or cost reads the replacer.
+	placeholders bool
+	live         *liveState // what requests update
+	stateIDs     []stateID
+	store        zones.Store // nil in local mode
+	storeKey     string      // to release store from its pool
 	// budget is, in strict mode, the most a request waits for Redis in
 	// all (see storeContext); 0 when decisions never wait for Redis.
 	budget time.Duration
@@ -223,7 +227,8 @@ type zoneHandler struct {
 	vars      planVars
 	costs     costVars
 	dryRun    bool
-	denyErr   error        // the error a denial returns
+	denyErr   error        // the error a denial wraps
+	denial    error        // the HandlerError a denial returns, boxed once
 	metrics   *zoneMetrics // nil when metrics are disabled
 	timed     bool         // metrics on and every decision asks Redis (strict)
 }
@@ -245,8 +250,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.headers, err = parseHeaderMode(h.Headers); err != nil {
 		return err
 	}
+	h.values = newValueCache()
+	h.live = new(liveState)
 	if h.headers != headersOff {
-		h.values = newValueCache()
+		h.rendered = new(renderCache)
 	}
 	if h.StatusCode == 0 {
 		h.StatusCode = http.StatusTooManyRequests
@@ -290,6 +297,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return err
 		}
 		h.zones = append(h.zones, z)
+		h.placeholders = h.placeholders || z.keyHeader == "" || z.vars.any() || z.costs.costVar != ""
 		h.weighted = h.weighted || (z.metrics != nil && z.metrics.cost != nil)
 	}
 	// Tightest first: the zone most likely to deny decides before the
@@ -373,6 +381,7 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 		dryRun:  cfg.DryRun,
 		denyErr: fmt.Errorf("rate limit exceeded in zone %s", name),
 	}
+	zh.denial = caddyhttp.HandlerError{StatusCode: h.StatusCode, Err: zh.denyErr}
 	zh.keyHeader = headerPlaceholder(zh.keyVar)
 	zh.nameValue = name
 	if len(zc.MatcherSetsRaw) > 0 {

@@ -5,7 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
-	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -33,8 +33,14 @@ type verdict struct {
 // ServeHTTP decides the request in every zone that applies to it, tightest
 // first, and either calls next or returns the denial.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	now := monotime.Now()
+	// The replacer is deep in the request's context: looked up only by
+	// handlers whose keys, limits or costs read placeholders, and on a
+	// denial.
+	var repl *caddy.Replacer
+	if h.placeholders {
+		repl = requestReplacer(r)
+	}
 
 	var stack [maxStackZones]verdict
 	applicable, err := h.applicable(r, repl, stack[:0])
@@ -42,8 +48,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return err
 	}
 	if v := h.cachedDenial(applicable, now); v >= 0 {
-		maxT := h.setHeaders(w.Header(), applicable[v:v+1], true)
-		return h.deny(w, r, repl, &applicable[v], maxT)
+		return h.deny(w, r, applicable[v:v+1], &applicable[v], now)
 	}
 	ctx, cancel := h.storeContext(r, now)
 
@@ -84,7 +89,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		verdicts = append(verdicts, verdict{zone: z, key: key, d: d, plan: plan, slot: slot, cost: cost})
 		if !d.Allowed {
 			if z.dryRun {
-				h.logDenial(z, key, d, true)
+				if h.live.dryRunLogs.allow(now) {
+					h.logDenial(z, key, d, true)
+				}
 				continue
 			}
 			denied = &verdicts[len(verdicts)-1]
@@ -112,8 +119,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 	}
 	cancel()
-	maxT := h.setHeaders(w.Header(), verdicts, denied != nil)
 	if denied == nil {
+		h.setHeaders(w.Header(), verdicts, false, 0)
 		if h.weighted {
 			countCost(verdicts)
 		}
@@ -125,7 +132,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		return next.ServeHTTP(w, r)
 	}
-	return h.deny(w, r, repl, denied, maxT)
+	return h.deny(w, r, verdicts, denied, now)
+}
+
+// requestReplacer is the request's placeholder replacer.
+func requestReplacer(r *http.Request) *caddy.Replacer {
+	return r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 }
 
 // applicable appends to verdicts the zones whose matchers accept r, with
@@ -191,22 +203,21 @@ func (h *Handler) storeContext(r *http.Request, now int64) (context.Context, con
 // every store call of the request must be answered.
 const storeDeadlineVar = "rate_limit.store_deadline"
 
-// deny answers a denied request: Retry-After, placeholders, the
-// rate_limit_exceeded event, a sampled log line, and the error for
-// handle_errors to shape. The error is a plain caddyhttp.HandlerError:
-// caddyhttp.Error would record a stack trace and an error id on every
-// denial. Denying must stay cheaper than serving.
-//
-// Retry-After is never earlier than any t of the RateLimit field (minSeconds,
-// draft-ietf-httpapi-ratelimit-headers-10 §6).
-func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, v *verdict, minSeconds int64) error {
+// deny answers a request that v, one of verdicts, denied: the headers with
+// Retry-After, placeholders, the rate_limit_exceeded event, a sampled log
+// line, and the error for handle_errors to shape. The error is a plain
+// caddyhttp.HandlerError, boxed once per zone: caddyhttp.Error would record
+// a stack trace and an error id on every denial. Denying must stay cheaper
+// than serving.
+func (h *Handler) deny(w http.ResponseWriter, r *http.Request, verdicts []verdict, v *verdict, now int64) error {
 	retry := v.d.RetryAfter
 	if h.Jitter > 0 {
 		// In floating point and clamped: a wait near the largest
 		// Duration must not wrap.
 		retry = time.Duration(min(float64(retry)*(1+rand.Float64()*h.Jitter), float64(math.MaxInt64/2)))
 	}
-	w.Header().Set("Retry-After", strconv.FormatInt(max(1, ceilSeconds(retry), minSeconds), 10))
+	h.setHeaders(w.Header(), verdicts, true, retry)
+	repl := requestReplacer(r)
 	name := v.zone.nameValue // boxed once when provisioned
 	if name == nil {
 		name = v.zone.Name
@@ -221,17 +232,81 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 			"remote_addr": r.RemoteAddr,
 		})
 	}
-	h.logDenial(v.zone, v.key, v.d, false)
+	if h.live.denialLogs.allow(now) {
+		h.logDenial(v.zone, v.key, v.d, false)
+	}
 	v.zone.State().Offenders.Record(v.key, time.Now().UnixNano())
-	if srv, ok := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok &&
-		(srv.Errors == nil || len(srv.Errors.Routes) == 0) {
+	if h.answersDirectly(r) {
 		// Nothing would shape the error: answer directly. Caddy's error
 		// path would encode the whole request for a debug log line on
 		// every denial, which under a flood costs more than serving.
 		w.WriteHeader(h.StatusCode)
 		return nil
 	}
+	if v.zone.denial != nil {
+		return v.zone.denial
+	}
 	return caddyhttp.HandlerError{StatusCode: h.StatusCode, Err: v.zone.denyErr}
+}
+
+// answersDirectly reports whether the server serving r has no error routes,
+// so that a denial is written rather than returned. A handler belongs to
+// one server, whose error routes are fixed for the handler's life: the
+// answer is looked up (deep in the request's context) once.
+func (h *Handler) answersDirectly(r *http.Request) bool {
+	switch h.live.errorRoutes.Load() {
+	case errorRoutesNone:
+		return true
+	case errorRoutesSome:
+		return false
+	}
+	srv, ok := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
+	if !ok {
+		return false // not served by Caddy (tests): return the error
+	}
+	if srv.Errors == nil || len(srv.Errors.Routes) == 0 {
+		h.live.errorRoutes.Store(errorRoutesNone)
+		return true
+	}
+	h.live.errorRoutes.Store(errorRoutesSome)
+	return false
+}
+
+// liveState is what the request path of a handler updates.
+type liveState struct {
+	// Denial log lines, sampled as denyLog is but cheaper.
+	denialLogs, dryRunLogs logSampler
+	errorRoutes            atomic.Int32 // errorRoutesUnknown, None or Some
+}
+
+// What a handler knows of its server's error routes.
+const (
+	errorRoutesUnknown int32 = iota
+	errorRoutesNone
+	errorRoutesSome
+)
+
+// logSampler lets through the first logFirst events of each second, then
+// one in logThereafter, as zap's sampler with those settings would, for
+// one atomic add per event: a flood of denials cannot flood the log, nor
+// pay for zap's per-entry clock read and message hash.
+type logSampler struct {
+	second atomic.Int64 // monotime seconds of the current second
+	count  atomic.Int64 // events in it
+}
+
+const (
+	logFirst      = 10
+	logThereafter = 1000
+)
+
+func (s *logSampler) allow(now int64) bool {
+	sec := now / int64(time.Second)
+	if old := s.second.Load(); old != sec && s.second.CompareAndSwap(old, sec) {
+		s.count.Store(0)
+	}
+	n := s.count.Add(1)
+	return n <= logFirst || (n-logFirst)%logThereafter == 0
 }
 
 const eventExceeded = "rate_limit_exceeded"
@@ -241,7 +316,7 @@ func (h *Handler) logDenial(z *zoneHandler, key string, d zones.Decision, dryRun
 	if dryRun {
 		msg = "rate limit would deny (dry run)"
 	}
-	if c := h.denyLog.Check(zapcore.InfoLevel, msg); c != nil {
+	if c := h.logger.Check(zapcore.InfoLevel, msg); c != nil {
 		fields := []zap.Field{zap.String("zone", z.Name), zap.Duration("retry_after", d.RetryAfter)}
 		if h.LogKey {
 			fields = append(fields, zap.String("key", key))

@@ -1,8 +1,10 @@
 package ratelimit
 
 import (
+	"maps"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"testing"
 	"time"
 
@@ -79,5 +81,91 @@ func TestRequestPathKeepsLocalStateOnTheMonotonicClock(t *testing.T) {
 	// machine.
 	if ahead := time.Duration(tat - now); ahead > 6*time.Minute || ahead < 6*time.Minute-time.Second {
 		t.Fatalf("the stored TAT is %v ahead of monotime.Now(), want 6m (one emission interval): the request path is not on the monotonic clock", ahead)
+	}
+}
+
+// The header values of a response are its own: a handler after rate_limit
+// that edits them in place (Caddy's header directive replaces that way) or
+// appends to them changes nothing in the next response that carries the
+// same numbers, which the render cache answers from the same entry.
+func TestHeaderValuesAreTheResponsesOwn(t *testing.T) {
+	for _, mode := range []string{"both", "ietf", "legacy", "off"} {
+		t.Run(mode, func(t *testing.T) {
+			h := benchHandlerWith(t, mode, 1, time.Hour)
+			// serve returns the headers as rate_limit wrote them, then
+			// defaces them: in the handler after it, or after a denial
+			// (as handle_errors might).
+			serve := func(key string) (http.Header, error) {
+				r := httptest.NewRequest(http.MethodGet, "/", nil)
+				r.Header.Set("X-Api-Key", key)
+				caddyhttp.NewTestReplacer(r)
+				w := &headerRecorder{h: http.Header{}}
+				var written http.Header
+				err := h.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
+					written = w.Header().Clone()
+					deface(w.Header())
+					return nil
+				}))
+				if written == nil {
+					written = w.h.Clone()
+					deface(w.h)
+				}
+				return written, err
+			}
+			// Two fresh keys get the same allowance, then the same denial
+			// (within the same second of Retry-After).
+			first, err := serve("alice")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if mode != "off" && first.Get("RateLimit-Policy")+first.Get("RateLimit-Limit") == "" {
+				t.Fatalf("no rate limit headers: %v", first)
+			}
+			second, err := serve("bob")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !maps.EqualFunc(first, second, slices.Equal) {
+				t.Fatalf("allowed: headers after another response was edited\n%v\nwant\n%v", second, first)
+			}
+			firstDenial, err := serve("alice")
+			if err == nil || firstDenial.Get("Retry-After") == "" {
+				t.Fatalf("alice's second request: %v, headers %v, want a denial with Retry-After", err, firstDenial)
+			}
+			secondDenial, _ := serve("bob")
+			if !maps.EqualFunc(firstDenial, secondDenial, slices.Equal) {
+				t.Fatalf("denied: headers after another response was edited\n%v\nwant\n%v", secondDenial, firstDenial)
+			}
+		})
+	}
+}
+
+// deface edits every header value in place and appends to every field.
+func deface(hdr http.Header) {
+	for name, vals := range hdr {
+		for i := range vals {
+			vals[i] = "edited"
+		}
+		hdr[name] = append(vals, "appended")
+	}
+}
+
+// The denial log lets through the first 10 denials of each second, then one
+// in 1000, as zap's sampler configured that way would.
+func TestDenialLogSampling(t *testing.T) {
+	var s logSampler
+	const second = int64(time.Second)
+	start := 42 * second
+	logged := 0
+	for i := range 10_010 {
+		if s.allow(start + int64(i)) {
+			logged++
+		}
+	}
+	if logged != 10+10 {
+		t.Fatalf("%d of 10010 denials in one second logged, want the first 10 and one in each 1000 after", logged)
+	}
+	if !s.allow(start+second) || !s.allow(start+second+1) {
+		t.Fatal("the next second does not start again with its first 10")
 	}
 }
