@@ -163,7 +163,7 @@ func (o Options) universalOptions() (*redis.UniversalOptions, error) {
 		WriteTimeout:          backgroundTimeout(o),
 		PoolTimeout:           o.Timeout,
 		ContextTimeoutEnabled: true,
-		PoolSize:              workers + idleCallers + 4, // + heartbeat, admin, NOSCRIPT retries
+		PoolSize:              workers + idleCallers + 7, // + heartbeat, admin, NOSCRIPT retries, async syncs, a Cluster's pipelines left running by send
 		// On a Cluster, a pipeline waits for its slowest node, and go-redis
 		// retries a dead node's commands up to MaxRedirects times with a
 		// backoff, holding the healthy masters' replies in the same batch.
