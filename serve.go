@@ -217,13 +217,24 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, verdicts []verdic
 		retry = time.Duration(min(float64(retry)*(1+rand.Float64()*h.Jitter), float64(math.MaxInt64/2)))
 	}
 	h.setHeaders(w.Header(), verdicts, true, retry)
-	repl := requestReplacer(r)
 	name := v.zone.nameValue // boxed once when provisioned
 	if name == nil {
 		name = v.zone.Name
 	}
-	repl.Set("http.rate_limit.exceeded.name", name)
-	repl.Set("http.rate_limit.exceeded.key", v.key)
+	// A provider, as Caddy's map handler adds one, rather than two Sets:
+	// the replacer's static map is usually still empty here, and its
+	// first entry would allocate its table; the key is boxed only if a
+	// placeholder is read.
+	key := v.key
+	requestReplacer(r).Map(func(placeholder string) (any, bool) {
+		switch placeholder {
+		case "http.rate_limit.exceeded.name":
+			return name, true
+		case "http.rate_limit.exceeded.key":
+			return key, true
+		}
+		return nil, false
+	})
 	if h.events.ShouldEmit(eventExceeded) {
 		h.events.Emit(h.ctx, eventExceeded, map[string]any{
 			"zone":        v.zone.Name,

@@ -397,7 +397,7 @@ func TestStatusAndHandleErrorsShapeTheDenial(t *testing.T) {
 	}
 	respond "ok"
 	handle_errors 503 {
-		respond "limited by {http.rate_limit.exceeded.name}, retry in {http.response.header.Retry-After}s" 503
+		respond "{http.rate_limit.exceeded.key} limited by {http.rate_limit.exceeded.name}, retry in {http.response.header.Retry-After}s" 503
 	}
 }
 `)
@@ -408,7 +408,7 @@ func TestStatusAndHandleErrorsShapeTheDenial(t *testing.T) {
 	if res.Status != 503 {
 		t.Fatalf("second request: status %d, want 503 (status 503)", res.Status)
 	}
-	want := "limited by api, retry in " + res.Header.Get("Retry-After") + "s"
+	want := "alice limited by api, retry in " + res.Header.Get("Retry-After") + "s"
 	if res.Header.Get("Retry-After") != "3600" || res.Body != want {
 		t.Fatalf("denial: Retry-After %q body %q, want 3600 and %q", res.Header.Get("Retry-After"), res.Body, want)
 	}
