@@ -116,6 +116,43 @@ func TestDefaultHeadersSendBothFamiliesWithDecreasingRemaining(t *testing.T) {
 	}
 }
 
+// Caddy's header directive edits response header values in place (a
+// deferred replace runs when the response is written, after rate_limit set
+// them). Responses that carry the same numbers come from one cached
+// rendering; each must still get its own copy: a replace that is not
+// idempotent (q= becomes q=7) shows up exactly once on every response, on
+// allowed requests and on 429s alike.
+func TestHeaderDirectiveEditsOnlyItsOwnResponse(t *testing.T) {
+	t.Parallel()
+	c := startCaddy(t, `http:// {
+	header >RateLimit-Policy "q=" "q=7"
+	header >RateLimit-Limit "1" "71"
+	rate_limit {
+		zone api {
+			key {http.request.header.X-API-Key}
+			events 1
+			window 1h
+		}
+	}
+	respond "ok"
+}
+`)
+	for round := range 3 {
+		for _, key := range []string{"alice", "bob", "carol"} {
+			res := c.Do(withKey(key))
+			if want := []int{200, 429, 429}[round]; res.Status != want {
+				t.Fatalf("%s, request %d: status %d, want %d", key, round+1, res.Status, want)
+			}
+			if got, want := res.Header.Get("RateLimit-Policy"), `"api";q=71;w=3600`; got != want {
+				t.Fatalf("%s, request %d: RateLimit-Policy %q, want %q (edited once)", key, round+1, got, want)
+			}
+			if got := res.Header.Get("RateLimit-Limit"); got != "71" {
+				t.Fatalf("%s, request %d: RateLimit-Limit %q, want 71 (edited once)", key, round+1, got)
+			}
+		}
+	}
+}
+
 func TestHeadersModeSendsOnlyItsFamily(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
