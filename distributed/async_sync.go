@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -146,6 +147,12 @@ func (a *Async) sync(ctx context.Context, take bool) error {
 		err = a.client.Ping(ctx).Err()
 		cancel()
 		a.breaker.record(probe, err)
+	}
+	if a.cluster && err != nil {
+		// No master answered this sync, which may have sent only one
+		// master's keys: each record it failed goes stale on its own
+		// (failedSince), the others keep deciding from their leases.
+		return err
 	}
 	a.syncFailed.Store(err != nil)
 	if err != nil {
@@ -288,30 +295,54 @@ func (a *Async) appendSyncArgs(args []any, st sent, n int64, take bool) []any {
 		freshShare(l.Burst, int(n)), b2i(take && !st.final), st.seq)
 }
 
-// sendChunk runs one pipeline of calls for chunk, bounded by timeout, and
-// adopts the replies, telling each call's gate how it went. Calls whose
-// breaker is open are not sent.
+// sendChunk runs the calls for chunk, bounded by timeout, and adopts the
+// replies, telling each call's gate how it went. Calls whose breaker is open
+// are not sent. On a Cluster each master's calls go in a pipeline of their
+// own, all at once, so that a master that hangs delays and fails only its
+// own keys.
 func (a *Async) sendChunk(ctx context.Context, timeout time.Duration, chunk []item, gates *syncGates, n int64, take bool, start int64) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	calls := a.calls(chunk, gates, n, take)
-	pipe := a.client.Pipeline()
+	byGate := map[*syncGate][]*asyncCall{}
 	for i := range calls {
 		c := &calls[i]
 		if !c.gate.ok || c.gate.err != nil {
 			a.restore(c.items, start)
 			continue
 		}
-		c.cmd = pipe.EvalSha(ctx, a.script.Hash(), c.keys, c.args...)
+		byGate[c.gate] = append(byGate[c.gate], c)
 	}
-	if pipe.Len() == 0 {
-		return
+	if len(byGate) == 1 || !a.cluster {
+		for _, cs := range byGate {
+			a.run(ctx, cs)
+		}
+	} else {
+		var wg sync.WaitGroup
+		for _, cs := range byGate {
+			wg.Go(func() { a.run(ctx, cs) })
+		}
+		wg.Wait()
+	}
+	now := monotime.Now()
+	for i := range calls {
+		if c := &calls[i]; c.cmd != nil {
+			a.adoptCall(c, now, start)
+		}
+	}
+}
+
+// run sends calls in one pipeline, again with the script's source for those
+// Redis had lost it for.
+func (a *Async) run(ctx context.Context, calls []*asyncCall) {
+	pipe := a.client.Pipeline()
+	for _, c := range calls {
+		c.cmd = pipe.EvalSha(ctx, a.script.Hash(), c.keys, c.args...)
 	}
 	_, _ = pipe.Exec(ctx) // errors are per command
 	var retry redis.Pipeliner
-	for i := range calls {
-		c := &calls[i]
-		if c.cmd != nil && redis.HasErrorPrefix(c.cmd.Err(), "NOSCRIPT") {
+	for _, c := range calls {
+		if redis.HasErrorPrefix(c.cmd.Err(), "NOSCRIPT") {
 			if retry == nil {
 				retry = a.client.Pipeline()
 			}
@@ -320,12 +351,6 @@ func (a *Async) sendChunk(ctx context.Context, timeout time.Duration, chunk []it
 	}
 	if retry != nil {
 		_, _ = retry.Exec(ctx)
-	}
-	now := monotime.Now()
-	for i := range calls {
-		if c := &calls[i]; c.cmd != nil {
-			a.adoptCall(c, now, start)
-		}
 	}
 }
 
@@ -346,9 +371,14 @@ func (a *Async) adoptCall(c *asyncCall, now, start int64) {
 		if c.gate.err == nil {
 			c.gate.err = err
 		}
-		busy := c.gate.busy()
-		if busy {
+		if c.gate.busy() {
+			// Its master answered part of this sync: alive, only busy.
 			a.restore(c.items, 0)
+			for _, it := range c.items {
+				it.s.mu.Lock()
+				it.r.failedSince = 0
+				it.s.mu.Unlock()
+			}
 		} else {
 			a.restore(c.items, start)
 		}

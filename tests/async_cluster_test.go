@@ -1,0 +1,219 @@
+package tests
+
+// Async mode on a Redis Cluster: syncs go through each master's breaker,
+// so a dead master makes only its own keys stale (and their zones apply
+// their fail policy), while the other masters' keys keep syncing.
+
+import (
+	"context"
+	"net"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-tally/ratelimit/algorithms"
+	"github.com/caddy-tally/ratelimit/distributed"
+)
+
+// asyncKeysOnEveryMaster picks perNode keys of zone whose async Redis keys
+// hash to slots owned by each master, with the address of their master.
+func asyncKeysOnEveryMaster(t *testing.T, ctx context.Context, a *distributed.Async, cluster *redis.ClusterClient, zone string, masters []string, perNode int) ([]string, map[string]string) {
+	t.Helper()
+	shards, err := cluster.ClusterShards(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ownerOf := func(slot int64) string {
+		for _, sh := range shards {
+			for _, r := range sh.Slots {
+				if r.Start <= slot && slot <= r.End {
+					for _, n := range sh.Nodes {
+						if n.Role == "master" {
+							return net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10))
+						}
+					}
+				}
+			}
+		}
+		return ""
+	}
+	count := map[string]int{}
+	owner := map[string]string{}
+	var keys []string
+	for i := 0; i < 1000 && len(keys) < perNode*len(masters); i++ {
+		k := "key-" + strconv.Itoa(i)
+		slot, err := cluster.ClusterKeySlot(ctx, a.RedisKey(zone, k)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		node := ownerOf(slot)
+		if count[node] < perNode {
+			count[node]++
+			owner[k] = node
+			keys = append(keys, k)
+		}
+	}
+	for _, m := range masters {
+		if count[m] != perNode {
+			t.Fatalf("found %d keys on master %s, want %d", count[m], m, perNode)
+		}
+	}
+	return keys, owner
+}
+
+// asyncKeyStats is what a key's decisions gave during the run.
+type asyncKeyStats struct {
+	failures, allowed int
+	lastErr           error
+	lastFail          time.Time
+	allowedAt         []time.Time
+}
+
+// A master killed (connections refused) or hung (SIGSTOP: connections
+// accepted, nothing answered) under async load: the other masters' keys
+// never go to the fail policy and keep syncing at the refill rate; the
+// failed master's keys go stale, and are decided in Redis again soon after
+// its replica is promoted.
+func TestAsyncClusterMasterDownCostsOnlyItsKeys(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"killed", "hung"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			testAsyncClusterMasterDown(t, how == "hung")
+		})
+	}
+}
+
+func testAsyncClusterMasterDown(t *testing.T, hang bool) {
+	rc := startReplicatedCluster(t)
+	ctx := context.Background()
+	victim := rc.masters[0]
+	heir := rc.replicaOf[victim.Addr]
+	const interval = 100 * time.Millisecond
+	a, err := distributed.OpenAsync(distributed.Options{Addresses: rc.addrs(), Mode: "async",
+		SyncInterval: interval, Timeout: 500 * time.Millisecond, Instance: nextTestInstance()}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	view := redis.NewClusterClient(&redis.ClusterOptions{Addrs: rc.addrs()[1:]})
+	defer view.Close()
+	var masters []string
+	for _, m := range rc.masters {
+		masters = append(masters, m.Addr)
+	}
+	keys, owner := asyncKeysOnEveryMaster(t, ctx, a, view, "api", masters, 4)
+
+	// 20 a second per key, asked for far more often: every key is short of
+	// tokens, so every sync sends every key (leases move with the refill),
+	// and a key whose syncs stop is soon denied or stale.
+	limit := algorithms.NewLimit(20, int64(time.Second), 0)
+	var mu sync.Mutex
+	stats := map[string]*asyncKeyStats{}
+	for _, k := range keys {
+		stats[k] = &asyncKeyStats{}
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for i := w; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				k := keys[i%len(keys)]
+				r, err := a.Decide(ctx, "api", k, limit, 1)
+				now := time.Now()
+				mu.Lock()
+				st := stats[k]
+				switch {
+				case err != nil:
+					st.failures++
+					st.lastErr, st.lastFail = err, now
+				case r.Allowed:
+					st.allowed++
+					st.allowedAt = append(st.allowedAt, now)
+				}
+				mu.Unlock()
+				time.Sleep(time.Millisecond) // pacing the load, not a synchronisation
+			}
+		})
+	}
+	halt := sync.OnceFunc(func() { close(stop); wg.Wait() })
+	t.Cleanup(halt)
+	allowedBetween := func(k string, from, to time.Time) int {
+		mu.Lock()
+		defer mu.Unlock()
+		n := 0
+		for _, at := range stats[k].allowedAt {
+			if at.After(from) && at.Before(to) {
+				n++
+			}
+		}
+		return n
+	}
+	waitForSyncs(t, []*distributed.Async{a}, interval)
+	time.Sleep(time.Second) // the steady state before the kill, being measured
+
+	killedAt := time.Now()
+	if hang {
+		victim.Pause()
+		t.Cleanup(victim.Resume)
+	} else {
+		victim.Kill()
+	}
+	waitFor(t, 5*time.Second, "Outages to name the killed master", func() bool {
+		out := a.Outages()
+		return len(out) == 1 && out[0].Node == victim.Addr
+	})
+	heirClient := heir.Client()
+	waitFor(t, 20*time.Second, "the replica's promotion", func() bool { return promoted(ctx, heirClient) })
+	promotedAt := time.Now()
+	// The victim's keys are decided in Redis again: allowed beyond what a
+	// stale view could hold.
+	for _, k := range keys {
+		if owner[k] != victim.Addr {
+			continue
+		}
+		waitFor(t, 10*time.Second, "key "+k+" of the failed master to be allowed again", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			st := stats[k]
+			return len(st.allowedAt) > 0 && st.allowedAt[len(st.allowedAt)-1].After(promotedAt) && time.Since(st.lastFail) > interval
+		})
+	}
+	halt()
+	outage := promotedAt.Sub(killedAt)
+	t.Logf("promotion %v after the kill", outage.Round(time.Millisecond))
+
+	for _, k := range keys {
+		st := stats[k]
+		if owner[k] != victim.Addr {
+			if st.failures > 0 {
+				t.Errorf("key %s on healthy master %s: %d decisions failed (last: %v), want none", k, owner[k], st.failures, st.lastErr)
+			}
+			// Its syncs went on: leases kept coming at the refill rate
+			// (20/s) while the other master was down.
+			if n := allowedBetween(k, killedAt, promotedAt); float64(n) < 20*outage.Seconds()/2 {
+				t.Errorf("key %s on healthy master %s: %d allowed in the %v of the outage, want about %.0f (its syncs stopped)",
+					k, owner[k], n, outage.Round(time.Millisecond), 20*outage.Seconds())
+			}
+			continue
+		}
+		if st.failures == 0 {
+			t.Errorf("key %s on the killed master never failed: its view did not go stale (or the kill was not under load)", k)
+		}
+		if late := st.lastFail.Sub(promotedAt); late > resumeBound {
+			t.Errorf("key %s on the killed master still failed %v after the promotion (last: %v), want within %v",
+				k, late.Round(time.Millisecond), st.lastErr, resumeBound)
+		}
+	}
+	if out := a.Outages(); len(out) != 0 {
+		t.Errorf("Outages after the promotion: %+v, want none", out)
+	}
+}
