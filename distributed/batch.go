@@ -110,7 +110,12 @@ func (s *Store) directScript(ctx context.Context, script *redis.Script, key stri
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	keys := [1]string{key}
-	rep := parseReply(script.Run(ctx, s.client, keys[:], args[:]...))
+	cmd := script.Run(ctx, s.client, keys[:], args[:]...)
+	if script == s.script {
+		rep := parseStepReply(cmd)
+		return rep.vals, rep.err
+	}
+	rep := parseReply(cmd)
 	return rep.vals, rep.err
 }
 
@@ -387,12 +392,12 @@ func parseReply(c *redis.Cmd) reply {
 	return parseVals(a)
 }
 
-// parseReplies answers reqs from one gcra.lua reply: 4 integers each, in
+// parseReplies answers reqs from one gcra.lua reply: 2 integers each, in
 // order. An error (Redis's, or a bad reply) answers every request.
 func parseReplies(c *redis.Cmd, reqs []*request) {
 	v, err := c.Result()
 	a, ok := v.([]any)
-	if err == nil && (!ok || len(a) != 4*len(reqs)) {
+	if err == nil && (!ok || len(a) != 2*len(reqs)) {
 		err = errBadReply
 	}
 	for i, r := range reqs {
@@ -400,12 +405,44 @@ func parseReplies(c *redis.Cmd, reqs []*request) {
 			r.reply <- reply{err: err}
 			continue
 		}
-		r.reply <- parseVals(a[4*i : 4*i+4])
+		r.reply <- parseStep(a[2*i : 2*i+2])
 	}
 }
 
-// parseVals reads {allowed, remaining, retry, reset}; gcra.lua's allowed
-// of -1 or -2 reports a foreign value it deleted.
+// parseStepReply reads a gcra.lua reply for one key.
+func parseStepReply(c *redis.Cmd) reply {
+	v, err := c.Result()
+	if err != nil {
+		return reply{err: err}
+	}
+	a, ok := v.([]any)
+	if !ok || len(a) != 2 {
+		return reply{err: errBadReply}
+	}
+	return parseStep(a)
+}
+
+// parseStep reads one key's {r, reset} of gcra.lua as {allowed, remaining,
+// retry, reset}: r >= 0 is allowed with r remaining, r < 0 denied with a
+// retry time of -r; a reset of -1 or -2 reports a foreign value deleted.
+func parseStep(a []any) reply {
+	r, ok := a[0].(int64)
+	reset, ok2 := a[1].(int64)
+	switch {
+	case !ok || !ok2:
+		return reply{err: errBadReply}
+	case reset == -1:
+		return reply{err: errForeignType}
+	case reset == -2:
+		return reply{err: errForeignValue}
+	case r < 0:
+		return reply{vals: [4]int64{0, 0, -r, reset}}
+	}
+	return reply{vals: [4]int64{1, r, 0, reset}}
+}
+
+// parseVals reads {allowed, remaining, retry, reset}, the reply of the
+// other scripts; an allowed of -1 or -2 reports a foreign value deleted.
 func parseVals(a []any) reply {
 	var rep reply
 	for i, x := range a {

@@ -342,7 +342,7 @@ func (s *Store) EvalAt(ctx context.Context, op Op, zone, key string, limit algor
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	args := scriptArgs(op, limit, cost, nowUs)
-	rep := parseReply(s.script.Run(ctx, s.client, []string{s.RedisKey(zone, key)}, args[:]...))
+	rep := parseStepReply(s.script.Run(ctx, s.client, []string{s.RedisKey(zone, key)}, args[:]...))
 	if rep.err != nil {
 		return algorithms.Result{}, rep.err
 	}
@@ -378,12 +378,12 @@ func (s *Store) EvalManyAt(ctx context.Context, steps []Step, nowUs int64) (resu
 	if err != nil {
 		return nil, nil, err
 	}
-	if len(v) != 4*len(steps) {
+	if len(v) != 2*len(steps) {
 		return nil, nil, errBadReply
 	}
 	results, errs = make([]algorithms.Result, len(steps)), make([]error, len(steps))
 	for i := range steps {
-		rep := parseVals(v[4*i : 4*i+4])
+		rep := parseStep(v[2*i : 2*i+2])
 		errs[i] = rep.err
 		results[i] = algorithms.Result{Allowed: rep.vals[0] == 1, Remaining: rep.vals[1], RetryAfter: rep.vals[2], ResetAfter: rep.vals[3]}
 	}
