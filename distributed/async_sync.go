@@ -356,7 +356,7 @@ func (a *Async) run(ctx context.Context, calls []*asyncCall) {
 
 // errAsyncForeign is async.lua's answer for a key that held a value tally
 // did not write (and which it deleted): an error for that key alone.
-const errAsyncForeign = scriptError("TALLYFOREIGN a value tally did not write was at a tally key; deleted")
+const errAsyncForeign = scriptError("TALLYFOREIGN a value of another type was at a tally key; deleted")
 
 // adoptCall adopts the replies of one call, key by key. An error for the
 // whole call fails its keys: one saying Redis cannot serve goes to the
