@@ -370,3 +370,57 @@ func TestConcurrentChecksAndChargesOnOneKeyAllCount(t *testing.T) {
 		t.Fatalf("allow %d pending %d after 640 charges of 2, want 0 and 1280", r.allow, r.pending)
 	}
 }
+
+// A record holding a lease is sent only when the lease needs Redis: running
+// low, at its lifetime, or while the fleet is short of tokens; at Close
+// every lease goes back.
+func TestRecordWithALeaseIsSentOnlyWhenTheLeaseNeedsIt(t *testing.T) {
+	const now, interval = int64(1e18), int64(100 * time.Millisecond)
+	far := now + int64(time.Hour) // a lifetime that does not end in the case
+	cases := []struct {
+		name  string
+		r     record
+		spent int64 // admitted since the last sync
+		all   bool
+		want  bool
+	}{
+		{"plenty left for its use, fleet has room", record{allow: 50, renewAt: far, roomy: true}, 3, false, false},
+		{"idle with a lease, fleet has room", record{allow: 50, renewAt: far, roomy: true}, 0, false, false},
+		{"less left than twice the last interval's use", record{allow: 5, renewAt: far, roomy: true}, 3, false, true},
+		{"exactly twice the last interval's use left", record{allow: 6, renewAt: far, roomy: true}, 3, false, false},
+		{"empty and idle, the fleet has a token", record{allow: 0, renewAt: far, roomy: true, retryAt: now}, 0, false, true},
+		{"lifetime ends before the next sync", record{allow: 50, renewAt: now + interval, roomy: true}, 3, false, true},
+		{"lifetime ends after the next sync", record{allow: 50, renewAt: now + interval + 1, roomy: true}, 3, false, false},
+		{"fleet short of tokens", record{allow: 50, renewAt: far}, 3, false, true},
+		{"dormant", record{dormant: true, renewAt: now, roomy: true}, 0, false, false},
+		{"closing with a lease", record{allow: 1, renewAt: far, roomy: true}, 0, true, true},
+		{"closing without one", record{allow: 0, renewAt: far, roomy: true}, 0, true, false},
+	}
+	for _, c := range cases {
+		r := c.r
+		r.reserved, r.limit = true, hundredPerHour
+		r.used, r.spent = c.spent > 0, c.spent
+		if _, got := r.snapshot(now, interval, c.all, new(atomic.Uint64)); got != c.want {
+			t.Errorf("%s: sent %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// A report at the end of a lease's lifetime from a record idle since the
+// sync before hands everything back and leaves the record dormant.
+func TestIdleRecordAtItsLifetimeGoesDormant(t *testing.T) {
+	const now, interval = int64(1e18), int64(100 * time.Millisecond)
+	r := &record{allow: 40, reserved: true, roomy: true, renewAt: now + int64(time.Hour), limit: hundredPerHour}
+	if _, need := r.snapshot(now, interval, false, new(atomic.Uint64)); need {
+		t.Fatal("an idle record with a live lease and room in the fleet was sent")
+	}
+	r.renewAt = now
+	s, need := r.snapshot(now+interval, interval, false, new(atomic.Uint64))
+	if !need || !s.final || s.delta() != -40 {
+		t.Fatalf("at its lifetime: sent %v final %v delta %d, want the whole lease of 40 handed back", need, s.final, s.delta())
+	}
+	r.apply(s, syncReply{avail: 90}, now+interval, 100, 100)
+	if !r.dormant || r.allow != 0 {
+		t.Fatalf("after handing back: dormant %v allow %d, want dormant with nothing", r.dormant, r.allow)
+	}
+}
