@@ -137,10 +137,35 @@ func strictRows(m microResults) []row {
 		rw := row{metric: "Strict mode: " + strings.TrimPrefix(name, "Benchmark"), tally: figure(r, true, r.units...), target: "—", met: "—"}
 		if other, ok := m.byName[strings.Replace(name, "/tally", "/redis_rate", 1)]; ok && strings.Contains(name, "/tally") {
 			rw.comparison = "go-redis/redis_rate: " + figure(other, true, other.units...)
+			_, callers, _ := strings.Cut(name, "/tally/")
+			if t, ok := strictTargets[callers]; ok && other.metrics["decisions/s"] > 0 {
+				ratio := r.metrics["decisions/s"] / other.metrics["decisions/s"]
+				rw.tally = fmt.Sprintf("**%.2f×** redis_rate's decisions/s in the same run; ", ratio) + rw.tally
+				rw.target = fmt.Sprintf("≥ %.1f×", t.ratio)
+				met := ratio >= t.ratio
+				if t.redisUs > 0 {
+					rw.target += fmt.Sprintf(", ≤ %g Redis µs per decision", t.redisUs)
+					met = met && r.metrics["redis-µs/decision"] <= t.redisUs
+				}
+				if t.p99Us > 0 {
+					rw.target += fmt.Sprintf(", p99 ≤ %g µs", t.p99Us)
+					met = met && r.metrics["p99-µs"] <= t.p99Us
+				}
+				rw.met = yesNo(met)
+			}
 		}
 		rows = append(rows, rw)
 	}
 	return rows
+}
+
+// strictTargets are issue 12's targets for BenchmarkStrictDecide by
+// callers: tally's decisions/s over redis_rate's in the same run, and where
+// set (not 0) Redis's µs per decision and the p99 of one decision.
+var strictTargets = map[string]struct{ ratio, redisUs, p99Us float64 }{
+	"callers=1":   {ratio: 1.0},
+	"callers=16":  {ratio: 1.5, p99Us: 1000},
+	"callers=256": {ratio: 3.0, redisUs: 3},
 }
 
 func loadRow(r scenarioResult) row {
