@@ -261,7 +261,7 @@ func (s *Store) send(b *batcher) {
 	}
 
 	if s.cluster {
-		s.sendByMaster(b, calls)
+		s.sendByMaster(b, calls, latest)
 	} else {
 		ctx, cancel := context.WithDeadline(s.ctx, latest)
 		if len(calls) == 1 { // a plain command costs less than a pipeline
@@ -291,13 +291,17 @@ type masterCalls struct {
 
 // sendByMaster queues each master's calls in a pipeline of their own and
 // runs the pipelines concurrently (see send). The calls' requests are
-// copied out of b, which the worker reuses at once.
-func (s *Store) sendByMaster(b *batcher, calls []batchCall) {
+// copied out of b, which the worker reuses at once. Finding a key's master
+// reads the client's slot map; only a client that never had one asks a
+// node for it, bounded by the batch's latest deadline.
+func (s *Store) sendByMaster(b *batcher, calls []batchCall, latest time.Time) {
+	lookup, cancel := context.WithDeadline(s.ctx, latest)
+	defer cancel()
 	var groups []masterCalls
 	for _, c := range calls {
 		addr := ""
-		if m, err := s.nodes.cluster.MasterForKey(s.ctx, c.reqs[0].keys[0]); err == nil {
-			addr = m.Options().Addr // the cached slot map: no round trip
+		if m, err := s.nodes.cluster.MasterForKey(lookup, c.reqs[0].keys[0]); err == nil {
+			addr = m.Options().Addr
 		}
 		i := slices.IndexFunc(groups, func(g masterCalls) bool { return g.addr == addr })
 		if i < 0 {
