@@ -37,7 +37,7 @@ package distributed
 //
 // # Bound
 //
-// With burst B, emission interval T, lease lifetime L (20 sync intervals)
+// With burst B, emission interval T, lease lifetime L (30 sync intervals)
 // and N instances, the fleet admits over any interval of length d at most
 //
 //	B + ⌊(d + L)/T⌋ + (N−1)·max(1, ⌊B/N⌋)
@@ -53,12 +53,13 @@ package distributed
 // Floor and ceiling rounding never add: a lease is reserved before it is
 // handed out. Syncing every key every interval gave d + I instead of d + L.
 // For keys whose L/T is large (fast limits) the lifetime's extra is capped
-// anyway: what the fleet admits in the window from leases reserved more
-// than I before it is at most what the instances held then, one allowance
-// each of at most a fresh share plus ⌈B/N⌉, so the fleet also stays within
-// B + ⌊(d+I)/T⌋ + N·(⌊B/N⌋ + ⌈B/N⌉) + the fresh-share term: the price of
+// anyway: what the fleet admits in the window from leases reserved before
+// it is at most what the instances held when it began, one allowance each
+// of at most a fresh share plus ⌈B/N⌉, so the fleet also stays within
+// B + ⌊d/T⌋ + N·(⌊B/N⌋ + ⌈B/N⌉) + the fresh-share term: the price of
 // syncing a key far below its limit once per L is at most about two bursts
-// in the worst case, and (L−I)/T tokens for slow limits.
+// in the worst case, and (L−I)/T tokens for slow limits, for which the
+// lifetime is what keeps the bound near one burst.
 //
 // Undershoot: where the fleet is short of tokens, an instance with no
 // traffic for a key hands its lease back at its next sync and parks at most
@@ -158,10 +159,11 @@ const (
 	// leaseLifetime is a lease's lifetime L in sync intervals: a key far
 	// below its limit is synced about once per L, not once per interval,
 	// and the bound's window grows from d+I to d+L (the extra capped by
-	// the leases instances hold, about one burst). At 100ms, 100k such keys
-	// cost Redis about 60k keys a second at ~6.5µs each (async.lua's
-	// HMGET, HSET, PEXPIRE per key): 0.4 core; at 10 intervals it was 0.8.
-	leaseLifetime = 20
+	// the leases instances hold, about two bursts). At 100ms, 100k such
+	// keys cost Redis about 38k reports a second at ~10µs each (async.lua's
+	// HMGET, HSET, PEXPIRE and arithmetic per key on a 2-core machine):
+	// 0.4 core; at 20 intervals it was 0.55-0.6.
+	leaseLifetime = 30
 )
 
 // Async is the async-mode implementation of zones.Store: decisions are made

@@ -28,9 +28,13 @@ type record struct {
 	// every admission adds to pending.
 	reserved bool
 	// used: decided or refunded since the last snapshot; spent: the cost
-	// admitted since then (what the lease must cover until the next one).
-	used  bool
-	spent int64
+	// admitted since then (what the lease must cover until the next one);
+	// active: used since the last report. A report is idle (the instance
+	// parks a small lease, or goes dormant) only if the key had no traffic
+	// since the report before, not merely since the last sync: a key used
+	// every few syncs keeps its lease when it renews it.
+	used, active bool
+	spent        int64
 	// renewAt (monotime) is when the lease must be renewed at the latest,
 	// so that it is spent within its lifetime of being reserved; roomy:
 	// at the last sync the fleet had at least this lease left besides it
@@ -73,7 +77,7 @@ const dormantAfter = 1
 // decide admits cost from the allowance, or denies until the next sync or
 // the fleet's next token, whichever is later.
 func (r *record) decide(now, nextSync int64, l algorithms.Limit, cost int64) algorithms.Result {
-	r.limit, r.used = l, true
+	r.limit, r.used, r.active = l, true, true
 	if r.allow < cost {
 		return r.result(now, nextSync, l, false)
 	}
@@ -87,7 +91,7 @@ func (r *record) decide(now, nextSync int64, l algorithms.Limit, cost int64) alg
 
 // check reports whether the allowance has a unit left, consuming nothing.
 func (r *record) check(now, nextSync int64, l algorithms.Limit) algorithms.Result {
-	r.limit, r.used = l, true
+	r.limit, r.used, r.active = l, true, true
 	return r.result(now, nextSync, l, r.allow >= 1)
 }
 
@@ -114,7 +118,7 @@ func (r *record) result(now, nextSync int64, l algorithms.Limit, allowed bool) a
 // lease, what the lease does not cover is, and the next sync counts it in
 // Redis past the burst.
 func (r *record) charge(cost int64) {
-	r.used = true
+	r.used, r.active = true, true
 	r.spent += cost
 	spent := min(cost, r.allow)
 	r.allow -= spent
@@ -127,7 +131,7 @@ func (r *record) charge(cost int64) {
 
 // refund gives cost back to the allowance.
 func (r *record) refund(cost int64) {
-	r.used = true
+	r.used, r.active = true, true
 	r.allow += cost
 	if !r.reserved {
 		r.pending = max(0, r.pending-cost)
@@ -155,11 +159,12 @@ func (r *record) snapshot(now, interval int64, all bool, seq *atomic.Uint64) (se
 	if r.hasUnacked {
 		return r.unacked, true
 	}
-	s := sent{limit: r.limit, allow: r.allow, pending: r.pending, reserved: r.reserved, idle: !r.used && r.pending == 0}
+	idle := !r.used && r.pending == 0 // since the last sync
+	s := sent{limit: r.limit, allow: r.allow, pending: r.pending, reserved: r.reserved, idle: !r.active && r.pending == 0}
 	spent := r.spent
 	r.used, r.spent = false, 0
-	if r.reserved && r.pending == 0 && !r.due(now, interval, spent, s.idle, all) {
-		if s.idle {
+	if r.reserved && r.pending == 0 && !r.due(now, interval, spent, idle, all) {
+		if idle {
 			r.idleSyncs++
 		} else {
 			r.idleSyncs = 0
@@ -167,6 +172,7 @@ func (r *record) snapshot(now, interval int64, all bool, seq *atomic.Uint64) (se
 		return s, false
 	}
 	s.final = s.idle && s.reserved && r.idleSyncs >= dormantAfter
+	r.active = false
 	s.seq = seq.Add(1)
 	r.unacked, r.hasUnacked = s, true
 	return s, true
@@ -184,16 +190,25 @@ func (r *record) snapshot(now, interval int64, all bool, seq *atomic.Uint64) (se
 //     last sync, so it may run out before the next one (or is empty and
 //     the fleet has tokens).
 //
-// A dormant record (no lease) waits for a request to wake it, and an idle
-// one whose key is blocked until after the next sync waits for its token:
-// a key seen once and a blocked key cost Redis nothing in between.
+// A dormant record (no lease) waits for a request to wake it, and one whose
+// key is blocked until after the next sync waits for its token (or, if its
+// requests keep coming, for its lifetime): a key seen once and a blocked
+// key cost Redis nothing in between, however hard the blocked key is hit.
 func (r *record) due(now, interval, spent int64, idle, all bool) bool {
+	blocked := r.allow == 0 && r.retryAt > now+interval
 	switch {
 	case all:
 		return r.allow > 0
-	case idle && (r.dormant || r.allow == 0 && r.retryAt > now+interval):
+	case idle && (r.dormant || blocked):
 		return false
-	case now+interval >= r.renewAt, !r.roomy:
+	case now+interval >= r.renewAt:
+		return true
+	case blocked:
+		// Its requests are denied: as of its last report the fleet has
+		// no token before retryAt. It looks again then, or at its
+		// lifetime for tokens other instances hand back.
+		return false
+	case !r.roomy:
 		return true
 	default:
 		return r.allow < max(1, 2*spent)

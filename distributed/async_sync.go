@@ -188,7 +188,7 @@ func (a *Async) restore(items []item, failed int64) {
 	for _, it := range items {
 		it.s.mu.Lock()
 		if !it.sent.idle {
-			it.r.used = true
+			it.r.used, it.r.active = true, true
 		}
 		if failed != 0 && it.r.failedSince == 0 {
 			it.r.failedSince = failed

@@ -393,13 +393,15 @@ func TestRecordWithALeaseIsSentOnlyWhenTheLeaseNeedsIt(t *testing.T) {
 		{"lifetime ends after the next sync", record{allow: 50, renewAt: now + interval + 1, roomy: true}, 3, false, false},
 		{"fleet short of tokens", record{allow: 50, renewAt: far}, 3, false, true},
 		{"dormant", record{dormant: true, renewAt: now, roomy: true}, 0, false, false},
+		{"blocked, its requests denied", record{allow: 0, renewAt: far, retryAt: now + int64(time.Minute), used: true}, 0, false, false},
+		{"blocked, its requests denied, at its lifetime", record{allow: 0, renewAt: now, retryAt: now + int64(time.Minute), used: true}, 0, false, true},
 		{"closing with a lease", record{allow: 1, renewAt: far, roomy: true}, 0, true, true},
 		{"closing without one", record{allow: 0, renewAt: far, roomy: true}, 0, true, false},
 	}
 	for _, c := range cases {
 		r := c.r
 		r.reserved, r.limit = true, hundredPerHour
-		r.used, r.spent = c.spent > 0, c.spent
+		r.used, r.spent = r.used || c.spent > 0, c.spent
 		if _, got := r.snapshot(now, interval, c.all, new(atomic.Uint64)); got != c.want {
 			t.Errorf("%s: sent %v, want %v", c.name, got, c.want)
 		}

@@ -98,7 +98,7 @@ func TestAsyncKeyFarBelowItsLimitIsSyncedOncePerLeaseLifetime(t *testing.T) {
 	// 20 requests a second against 1,000 an hour: the lease covers years of
 	// this, so only its lifetime brings the key back to Redis.
 	limit := algorithms.NewLimit(1000, int64(time.Hour), 0)
-	const run = 5 * time.Second
+	const run = 7 * time.Second
 	var denied, failed int
 	start := time.Now()
 	w := watchReports(t, srv.Client(), a, "z", "steady", run, func(stop <-chan struct{}) {
@@ -118,7 +118,7 @@ func TestAsyncKeyFarBelowItsLimitIsSyncedOncePerLeaseLifetime(t *testing.T) {
 		t.Errorf("%d denied, %d failed: want every request allowed", denied, failed)
 	}
 	// The first report, then one per lifetime (renewed up to a quarter
-	// before it ends): 3 or 4 in 5s, where syncing every interval made 50.
+	// before it ends): 3 or 4 in 7s, where syncing every interval made 70.
 	if n := len(w.seqs); n < 3 || n > 5 {
 		t.Errorf("%d reports in %v: want about one per lease lifetime (%v), no more, no fewer", n, run, life)
 	}

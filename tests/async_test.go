@@ -67,7 +67,7 @@ func asyncBound(l algorithms.Limit, elapsed, interval time.Duration, n int) int6
 // asyncLeaseLifetime is a lease's lifetime in sync intervals (the store's
 // LeaseLifetime, which TestAsyncKeyFarBelowItsLimitIsSyncedOncePerLeaseLifetime checks, for
 // the Caddy fleets whose stores the tests cannot reach).
-const asyncLeaseLifetime = 20
+const asyncLeaseLifetime = 30
 
 // asyncBurstBound is the bound for a burst that reaches every instance while
 // each still decides from its fresh share (within one sync interval):
