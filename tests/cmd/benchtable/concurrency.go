@@ -15,16 +15,11 @@ func init() {
 			name:   "concurrency-allowed",
 			metric: "Caddy throughput with a local concurrency zone (concurrency 1000, never reached), 100k keys (ratio to the same route without rate_limit)",
 			routes: func(*env) string {
-				return plainRoute + `	handle /concurrency {
-		rate_limit {
-			zone uploads {
-				key {http.request.header.X-Key}
-				concurrency 1000
-			}
+				return limited("/concurrency", `		zone uploads {
+			key {http.request.header.X-Key}
+			concurrency 1000
 		}
-		respond "ok" 200
-	}
-`
+`)
 			},
 			baseline:   route{path: "/plain", key: cycleKeys, status: 200},
 			candidate:  route{path: "/concurrency", key: cycleKeys, status: 200},

@@ -84,10 +84,30 @@ var manyKeyValues = func() []string {
 func cycleKeys(i int64) string { return manyKeyValues[i%manyKeys] }
 func oneKey(int64) string      { return "flooder-00000001" }
 
-// plainRoute answers without a limiter: the baseline of the local scenarios.
-const plainRoute = `	handle /plain {
-		respond "ok" 200
+// limited returns the routes of a local scenario: for each path, a
+// rate_limit handler with the given body (zones and options) under a path
+// matcher, then one respond for every path, /plain included. Every request
+// evaluates the same matchers, so two routes differ by their rate_limit
+// handler only: with a handle block per path, requests for one path would
+// also pay a failed match of the other's (Caddy tries handle blocks longest
+// path first), which flattered or penalised one side of the ratio.
+func limited(pathBodies ...string) string {
+	var b strings.Builder
+	for i := 0; i+1 < len(pathBodies); i += 2 {
+		name := strings.TrimPrefix(pathBodies[i], "/")
+		fmt.Fprintf(&b, "\t@%s path %s\n\trate_limit @%s {\n%s\t}\n", name, pathBodies[i], name, pathBodies[i+1])
 	}
+	b.WriteString("\trespond \"ok\" 200\n")
+	return b.String()
+}
+
+// manyZone is the zone of the allowed scenarios: 100k keys far below their
+// limit.
+const manyZone = `		zone many {
+			key {http.request.header.X-Key}
+			events 1000
+			window 1s
+		}
 `
 
 var scenarios = []scenario{
@@ -95,17 +115,7 @@ var scenarios = []scenario{
 		name:   "allowed",
 		metric: "Caddy throughput, every request allowed, 100k keys (ratio to the same route without rate_limit)",
 		routes: func(*env) string {
-			return plainRoute + `	handle /allowed {
-		rate_limit {
-			zone many {
-				key {http.request.header.X-Key}
-				events 1000
-				window 1s
-			}
-		}
-		respond "ok" 200
-	}
-`
+			return limited("/allowed", manyZone)
 		},
 		baseline:   route{path: "/plain", key: cycleKeys, status: 200},
 		candidate:  route{path: "/allowed", key: cycleKeys, status: 200},
@@ -120,18 +130,7 @@ var scenarios = []scenario{
 		name:   "allowed-noheaders",
 		metric: "Same, `headers off` (how much of the above is the RateLimit headers)",
 		routes: func(*env) string {
-			return plainRoute + `	handle /allowed {
-		rate_limit {
-			zone many {
-				key {http.request.header.X-Key}
-				events 1000
-				window 1s
-			}
-			headers off
-		}
-		respond "ok" 200
-	}
-`
+			return limited("/allowed", manyZone+"\t\theaders off\n")
 		},
 		baseline:   route{path: "/plain", key: cycleKeys, status: 200},
 		candidate:  route{path: "/allowed", key: cycleKeys, status: 200},
@@ -147,28 +146,7 @@ var scenarios = []scenario{
 		name:   "headers-cost",
 		metric: "Default `headers both` vs `headers off`, every request allowed, 100k keys (ratio of the two rate-limited routes)",
 		routes: func(*env) string {
-			return `	handle /allowed {
-		rate_limit {
-			zone many {
-				key {http.request.header.X-Key}
-				events 1000
-				window 1s
-			}
-		}
-		respond "ok" 200
-	}
-	handle /noheaders {
-		rate_limit {
-			zone many_noheaders {
-				key {http.request.header.X-Key}
-				events 1000
-				window 1s
-			}
-			headers off
-		}
-		respond "ok" 200
-	}
-`
+			return limited("/allowed", manyZone, "/noheaders", strings.Replace(manyZone, "zone many", "zone many_noheaders", 1)+"\t\theaders off\n")
 		},
 		baseline:  route{path: "/noheaders", key: cycleKeys, status: 200},
 		candidate: route{path: "/allowed", key: cycleKeys, status: 200},
@@ -188,17 +166,12 @@ var scenarios = []scenario{
 		name:   "flood",
 		metric: "Caddy flood from one blocked key: 429 throughput / plain route's 200 throughput",
 		routes: func(*env) string {
-			return plainRoute + `	handle /blocked {
-		rate_limit {
-			zone flood {
-				key {http.request.header.X-Key}
-				events 1
-				window 1h
-			}
+			return limited("/blocked", `		zone flood {
+			key {http.request.header.X-Key}
+			events 1
+			window 1h
 		}
-		respond "ok" 200
-	}
-`
+`)
 		},
 		baseline:  route{path: "/plain", key: oneKey, status: 200},
 		candidate: route{path: "/blocked", key: oneKey, status: 429},
