@@ -163,6 +163,24 @@ var scenarios = []scenario{
 		comparison: "net/http writing five more header lines",
 	},
 	{
+		// The decision against Caddy's cheapest handler (log_skip sets
+		// one variable) on the same workload: what tally itself costs,
+		// beside what Caddy costs to run any handler in a matched route
+		// (it builds the route's middleware chain per request: four
+		// allocations).
+		name:   "decision-cost",
+		metric: "`headers off` vs Caddy's cheapest handler (`log_skip`) under the same matcher, every request allowed, 100k keys",
+		routes: func(*env) string {
+			return "\t@noop path /noop\n\tlog_skip @noop\n" + limited("/allowed", manyZone+"\t\theaders off\n")
+		},
+		baseline:   route{path: "/noop", key: cycleKeys, status: 200},
+		candidate:  route{path: "/allowed", key: cycleKeys, status: 200},
+		warmup:     warmManyKeys,
+		target:     0.97,
+		byCPU:      true,
+		comparison: "any Caddy handler pays the route's chain",
+	},
+	{
 		name:   "flood",
 		metric: "Caddy flood from one blocked key: 429 throughput / plain route's 200 throughput",
 		routes: func(*env) string {
