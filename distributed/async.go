@@ -70,8 +70,9 @@ package distributed
 // concentrated on one instance gets ⌈spare/N⌉ per sync, so it reaches what
 // is left of the budget over a few syncs, not at once.
 //
-// Quiet keys: a record idle at the sync that ends its lease (or, where the
-// fleet is short, at two syncs in a row) hands everything back, takes
+// Quiet keys: a record with no traffic since its last report at the sync
+// that ends its lease (or, where the fleet is short, idle at two syncs in a
+// row) hands everything back, takes
 // nothing and goes dormant: no sync looks at it until it has traffic. Its
 // next request, if the fleet had tokens at its last sync, syncs it alone on
 // the request path (wake: one script call, bounded by the timeout,
