@@ -52,26 +52,25 @@ func (s *Store) instancesKey() string { return s.opts.KeyPrefix + "instances" }
 
 // Heartbeat registers this instance now and returns the number of live
 // instances, which Instances reports from then on. The background loop calls
-// it every second; tests call it to avoid waiting.
+// it every second; tests call it to avoid waiting. One beat runs at a time
+// (see beats).
 func (s *Store) Heartbeat(ctx context.Context) (int, error) {
-	if s.isClosed() {
-		return 0, ErrClosed
-	}
-	b := s.breakerFor(s.instancesKey())
-	ok, probe := b.allow()
-	if !ok {
-		return 0, ErrUnavailable
-	}
-	ctx, cancel := context.WithTimeout(ctx, backgroundTimeout(s.opts))
-	defer cancel()
-	seq := s.beats.sent.Add(1)
-	n, err := heartbeatScript.Run(ctx, s.client, []string{s.instancesKey()},
-		s.member, instanceTTL.Milliseconds()).Int64()
-	b.record(probe, err)
-	if err != nil {
-		return 0, err
-	}
-	return s.beats.apply(seq, n, &s.instances), nil
+	return s.beats.run(&s.instances, func() (int64, error) {
+		if s.isClosed() {
+			return 0, ErrClosed
+		}
+		b := s.breakerFor(s.instancesKey())
+		ok, probe := b.allow()
+		if !ok {
+			return 0, ErrUnavailable
+		}
+		ctx, cancel := context.WithTimeout(ctx, backgroundTimeout(s.opts))
+		defer cancel()
+		n, err := heartbeatScript.Run(ctx, s.client, []string{s.instancesKey()},
+			s.member, instanceTTL.Milliseconds()).Int64()
+		b.record(probe, err)
+		return n, err
+	})
 }
 
 // A process is one instance, however many stores it has on one instances
@@ -116,28 +115,32 @@ func (s *Store) unregister() (last bool) {
 	return true
 }
 
-// beats orders heartbeat replies. Beats run concurrently (the loop's, and a
-// caller's such as a test's) and a reply can arrive late: one sent while two
-// of three instances were registered may come back after one that saw all
-// three. Only a reply to a beat sent after the last one applied may set the
-// count, so the count never goes back to an older view.
+// beats runs one heartbeat at a time, so that the last reply applied is
+// the last beat Redis ran: the count never goes back to an older view of
+// the fleet. Beats come from the loop and from callers such as tests, and
+// two in flight at once, on two connections, may run in Redis in either
+// order, whatever order they were sent in: numbering beats as they were sent
+// and applying only replies to later ones did not order them (a beat
+// numbered after another ran first, while 2 of 3 instances were
+// registered, and its reply of 2 was applied last: the store took fresh
+// shares of B/2 with 3 instances live, and a burst over three stores
+// admitted 33+33+50 of a burst of 100).
 type beats struct {
-	sent    atomic.Uint64
-	mu      sync.Mutex
-	applied uint64
-	last    int64
+	mu sync.Mutex
 }
 
-// apply records the reply n to beat seq in instances, unless a later beat's
-// reply was applied already, and returns the count in force.
-func (b *beats) apply(seq uint64, n int64, instances *atomic.Int64) int {
+// run runs beat alone and stores the live instances it returns (at least
+// one: this instance) in instances.
+func (b *beats) run(instances *atomic.Int64, beat func() (int64, error)) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if seq > b.applied {
-		b.applied, b.last = seq, max(n, 1)
-		instances.Store(b.last)
+	n, err := beat()
+	if err != nil {
+		return 0, err
 	}
-	return int(b.last)
+	n = max(n, 1)
+	instances.Store(n)
+	return int(n), nil
 }
 
 // heartbeatLoop beats at once, then every heartbeatEvery until Close. While
