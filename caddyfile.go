@@ -297,6 +297,8 @@ func (dist *Distributed) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if dist.KeyPrefix, err = oneArg(d); err == nil && len(dist.KeyPrefix) > maxKeyPrefix {
 				err = d.Errf("key_prefix is longer than %d bytes: use a shorter one", maxKeyPrefix)
 			}
+		case redisBlockSubdirective(sub):
+			err = d.Errf("%s belongs in the redis block: redis { addresses <host:port>...; %s ... }", sub, sub)
 		default:
 			err = d.Errf("unknown subdirective %q: expected redis, mode, sync_interval, timeout or key_prefix", sub)
 		}
@@ -312,6 +314,16 @@ func (dist *Distributed) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return fmt.Errorf("distributed: sync_interval only applies to mode async (strict mode asks Redis on every request): remove it or add mode async, at %s:%d", d.File(), syncLine)
 	}
 	return nil
+}
+
+// redisBlockSubdirective reports whether sub is a subdirective of the redis
+// block, so that one written directly in distributed gets told where it goes.
+func redisBlockSubdirective(sub string) bool {
+	switch sub {
+	case "addresses", "username", "password", "db", "sentinel_master", "tls", "tls_ca", "tls_client":
+		return true
+	}
+	return false
 }
 
 func (r *Redis) unmarshalCaddyfile(d *caddyfile.Dispenser) error {

@@ -276,6 +276,9 @@ func TestCaddyfileErrorsNameTheLineAndTheFix(t *testing.T) {
 		{"redis without port", "rate_limit {\n\tdistributed {\n\t\tredis 127.0.0.1\n\t}\n}", 3, `address 127.0.0.1 must be host:port`},
 		{"key_prefix too long", "rate_limit {\n\tdistributed {\n\t\tredis 127.0.0.1:6379\n\t\tkey_prefix " + strings.Repeat("p", 129) + "\n\t}\n}", 4, "distributed: key_prefix is longer than 128 bytes"},
 		{"sync_interval in strict mode", "rate_limit {\n\tdistributed {\n\t\tredis 127.0.0.1:6379\n\t\tsync_interval 50ms\n\t}\n}", 4, "distributed: sync_interval only applies to mode async"},
+		{"sentinel_master outside the redis block", "rate_limit {\n\tdistributed {\n\t\tredis 127.0.0.1:26379\n\t\tsentinel_master mymaster\n\t}\n}", 4,
+			"distributed: sentinel_master belongs in the redis block: redis { addresses <host:port>...; sentinel_master ... }"},
+		{"password outside the redis block", "rate_limit {\n\tdistributed {\n\t\tpassword secret\n\t}\n}", 3, "distributed: password belongs in the redis block"},
 		{"distributed subdirective twice", "rate_limit {\n\tdistributed {\n\t\tredis 127.0.0.1:6379\n\t\ttimeout 1s\n\t\ttimeout 2s\n\t}\n}", 5, "distributed: timeout is given twice"},
 	}
 	for _, tc := range tests {
