@@ -6,8 +6,6 @@ package tests
 
 import (
 	"context"
-	"net"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -22,46 +20,7 @@ import (
 // hash to slots owned by each master, with the address of their master.
 func asyncKeysOnEveryMaster(t *testing.T, ctx context.Context, a *distributed.Async, cluster *redis.ClusterClient, zone string, masters []string, perNode int) ([]string, map[string]string) {
 	t.Helper()
-	shards, err := cluster.ClusterShards(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ownerOf := func(slot int64) string {
-		for _, sh := range shards {
-			for _, r := range sh.Slots {
-				if r.Start <= slot && slot <= r.End {
-					for _, n := range sh.Nodes {
-						if n.Role == "master" {
-							return net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10))
-						}
-					}
-				}
-			}
-		}
-		return ""
-	}
-	count := map[string]int{}
-	owner := map[string]string{}
-	var keys []string
-	for i := 0; i < 1000 && len(keys) < perNode*len(masters); i++ {
-		k := "key-" + strconv.Itoa(i)
-		slot, err := cluster.ClusterKeySlot(ctx, a.RedisKey(zone, k)).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		node := ownerOf(slot)
-		if count[node] < perNode {
-			count[node]++
-			owner[k] = node
-			keys = append(keys, k)
-		}
-	}
-	for _, m := range masters {
-		if count[m] != perNode {
-			t.Fatalf("found %d keys on master %s, want %d", count[m], m, perNode)
-		}
-	}
-	return keys, owner
+	return keysOnEveryMaster(t, ctx, cluster, masters, perNode, func(k string) string { return a.RedisKey(zone, k) })
 }
 
 // asyncKeyStats is what a key's decisions gave during the run.

@@ -108,6 +108,13 @@ func TestStrictModeIsExactAcrossThreeInstancesOnRedisCluster(t *testing.T) {
 // address of their master.
 func keysOnEveryNode(t *testing.T, ctx context.Context, cluster *redis.ClusterClient, addrs []string, perNode int) ([]string, map[string]string) {
 	t.Helper()
+	return keysOnEveryMaster(t, ctx, cluster, addrs, perNode, func(k string) string { return "tally:api:" + k })
+}
+
+// keysOnEveryMaster picks perNode keys whose Redis key names (redisKey)
+// hash to slots owned by each of addrs, with the address of their master.
+func keysOnEveryMaster(t *testing.T, ctx context.Context, cluster *redis.ClusterClient, addrs []string, perNode int, redisKey func(string) string) ([]string, map[string]string) {
+	t.Helper()
 	shards, err := cluster.ClusterShards(ctx).Result()
 	if err != nil {
 		t.Fatal(err)
@@ -131,7 +138,7 @@ func keysOnEveryNode(t *testing.T, ctx context.Context, cluster *redis.ClusterCl
 	var keys []string
 	for i := 0; i < 1000 && len(keys) < perNode*len(addrs); i++ {
 		k := "key-" + strconv.Itoa(i)
-		slot, err := cluster.ClusterKeySlot(ctx, "tally:api:"+k).Result()
+		slot, err := cluster.ClusterKeySlot(ctx, redisKey(k)).Result()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -34,31 +34,7 @@ func TestClusterFailoverThroughCaddy(t *testing.T) {
 				redis ` + strings.Join(urls, " ") + `
 				timeout 500ms
 			}`
-	site := `http:// {
-	handle /exact {
-		rate_limit {
-			zone exact {
-				key {http.request.header.X-API-Key}
-				events 50
-				window 1h
-				fail_policy closed
-			}` + distributedBlock + `
-		}
-		respond "ok"
-	}
-	handle {
-		rate_limit {
-			zone api {
-				key {http.request.header.X-API-Key}
-				events 1000000
-				window 1h
-				fail_policy closed
-			}` + distributedBlock + `
-		}
-		respond "ok"
-	}
-}
-`
+	site := failoverSite(distributedBlock)
 	fleet := make([]*caddyInstance, 3)
 	for i := range fleet {
 		fleet[i] = startCaddy(t, site)
@@ -155,4 +131,36 @@ func TestClusterFailoverThroughCaddy(t *testing.T) {
 	if counts[200] != 50 || counts[429] != 250 {
 		t.Fatalf("300 requests for a key on the promoted shard over 3 instances at events 50: %v, want exactly 50×200 250×429", counts)
 	}
+}
+
+// failoverSite is the site of the failover tests through Caddy: zone exact
+// (50 per hour) on /exact, zone api (a limit no key reaches) on every other
+// path, both with fail_policy closed, so that every 429 of zone api is a
+// decision the store could not make.
+func failoverSite(distributedBlock string) string {
+	return `http:// {
+	handle /exact {
+		rate_limit {
+			zone exact {
+				key {http.request.header.X-API-Key}
+				events 50
+				window 1h
+				fail_policy closed
+			}` + distributedBlock + `
+		}
+		respond "ok"
+	}
+	handle {
+		rate_limit {
+			zone api {
+				key {http.request.header.X-API-Key}
+				events 1000000
+				window 1h
+				fail_policy closed
+			}` + distributedBlock + `
+		}
+		respond "ok"
+	}
+}
+`
 }

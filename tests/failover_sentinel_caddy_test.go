@@ -41,31 +41,7 @@ func TestSentinelFailoverThroughCaddy(t *testing.T) {
 				}
 				timeout 500ms
 			}`
-	site := `http:// {
-	handle /exact {
-		rate_limit {
-			zone exact {
-				key {http.request.header.X-API-Key}
-				events 50
-				window 1h
-				fail_policy closed
-			}` + distributedBlock + `
-		}
-		respond "ok"
-	}
-	handle {
-		rate_limit {
-			zone api {
-				key {http.request.header.X-API-Key}
-				events 1000000
-				window 1h
-				fail_policy closed
-			}` + distributedBlock + `
-		}
-		respond "ok"
-	}
-}
-`
+	site := failoverSite(distributedBlock)
 	fleet := make([]*caddyInstance, 3)
 	for i := range fleet {
 		fleet[i] = startCaddy(t, site)
