@@ -110,26 +110,26 @@ func (a *Async) Keys(zone string) int {
 	if z == nil {
 		return 0
 	}
-	n := 0
-	for i := range z.shards {
-		s := &z.shards[i]
-		s.mu.Lock()
-		n += len(s.m)
-		s.mu.Unlock()
-	}
-	return n
+	return z.len()
 }
 
 // Len is the number of records the store holds, in every zone.
 func (a *Async) Len() int {
 	n := 0
 	for _, z := range *a.zones.Load() {
-		for i := range z.shards {
-			s := &z.shards[i]
-			s.mu.Lock()
-			n += len(s.m)
-			s.mu.Unlock()
-		}
+		n += z.len()
+	}
+	return n
+}
+
+// len is the number of records the zone holds.
+func (z *asyncZone) len() int {
+	n := 0
+	for i := range z.shards {
+		s := &z.shards[i]
+		s.mu.Lock()
+		n += len(s.m)
+		s.mu.Unlock()
 	}
 	return n
 }
