@@ -9,8 +9,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // The Sentinel failover through real Caddy processes (issue 16): one master,
@@ -103,17 +101,7 @@ func TestSentinelFailoverThroughCaddy(t *testing.T) {
 		}
 		return true
 	})
-	sc := redis.NewSentinelClient(&redis.Options{Addr: sentinels[0]})
-	defer sc.Close()
-	waitFor(t, 20*time.Second, "the replica's promotion", func() bool {
-		m, err := sc.GetMasterAddrByName(ctx, "mymaster").Result()
-		if err != nil || len(m) != 2 || m[1] != strconv.Itoa(replica.Port) {
-			return false
-		}
-		repl, err := rc.Info(ctx, "replication").Result()
-		return err == nil && strings.Contains(repl, "role:master")
-	})
-	promotedAt := time.Now()
+	promotedAt := waitForSentinelPromotion(t, sentinels[0], replica)
 	waitFor(t, 10*time.Second, "a 200 for every key after the promotion", func() bool {
 		return load.allSucceededSince(keys, promotedAt)
 	})

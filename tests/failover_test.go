@@ -336,24 +336,7 @@ func TestClusterFailoverCostsOnlyTheFailedMastersKeys(t *testing.T) {
 	fleet := exactFleet(t, opts)
 	exactKey := victimKeys[0]
 	limit := algorithms.NewLimit(50, int64(time.Hour), 0)
-	var allowed, failed atomic.Int64
-	var wg sync.WaitGroup
-	for i := range 300 {
-		wg.Go(func() {
-			r, err := fleet[i%3].Decide(ctx, "exact", exactKey, limit, 1)
-			switch {
-			case err != nil:
-				failed.Add(1)
-			case r.Allowed:
-				allowed.Add(1)
-			}
-		})
-	}
-	wg.Wait()
-	if allowed.Load() != 50 || failed.Load() != 0 {
-		t.Fatalf("300 decisions over 3 instances on the promoted shard at 50/h: %d allowed, %d failed, want exactly 50 and 0",
-			allowed.Load(), failed.Load())
-	}
+	requireExactAcrossFleet(t, fleet, "exact", exactKey, limit, 50, "on the promoted shard at 50/h")
 
 	// The old master comes back, learns it was replaced and follows its
 	// old replica. No decision reaches it meanwhile: the key stays spent.
@@ -479,17 +462,7 @@ func TestSentinelFailoverFollowsTheNewMaster(t *testing.T) {
 	if out := store.Outages(); len(out) != 1 || out[0].Node != master.Addr {
 		t.Errorf("Outages: %+v, want the killed master %s", out, master.Addr)
 	}
-	sc := redis.NewSentinelClient(&redis.Options{Addr: sentinels[0]})
-	defer sc.Close()
-	waitFor(t, 20*time.Second, "the replica's promotion", func() bool {
-		m, err := sc.GetMasterAddrByName(ctx, "mymaster").Result()
-		if err != nil || len(m) != 2 || m[1] != strconv.Itoa(replica.Port) {
-			return false
-		}
-		repl, err := rc.Info(ctx, "replication").Result()
-		return err == nil && strings.Contains(repl, "role:master")
-	})
-	promotedAt := time.Now()
+	promotedAt := waitForSentinelPromotion(t, sentinels[0], replica)
 	waitFor(t, 10*time.Second, "a decision in Redis for every key after the promotion", func() bool {
 		return load.allSucceededSince(keys, promotedAt)
 	})
@@ -529,24 +502,7 @@ func TestSentinelFailoverFollowsTheNewMaster(t *testing.T) {
 
 	fleet := exactFleet(t, opts)
 	limit := algorithms.NewLimit(50, int64(time.Hour), 0)
-	var allowed, failed atomic.Int64
-	var wg sync.WaitGroup
-	for i := range 300 {
-		wg.Go(func() {
-			r, err := fleet[i%3].Decide(ctx, "exact", "k", limit, 1)
-			switch {
-			case err != nil:
-				failed.Add(1)
-			case r.Allowed:
-				allowed.Add(1)
-			}
-		})
-	}
-	wg.Wait()
-	if allowed.Load() != 50 || failed.Load() != 0 {
-		t.Fatalf("300 decisions over 3 instances on the new master at 50/h: %d allowed, %d failed, want exactly 50 and 0",
-			allowed.Load(), failed.Load())
-	}
+	requireExactAcrossFleet(t, fleet, "exact", "k", limit, 50, "on the new master at 50/h")
 
 	var staleAllowed atomic.Int64
 	spent := startKeyLoad(t, []string{"k"}, 4, func(k string) (bool, error) {
@@ -723,5 +679,51 @@ func TestClusterMasterDownKeepsOtherMastersSlots(t *testing.T) {
 			n, err := observer.Slots(ctx, "api", k)
 			return err == nil && n == 0
 		})
+	}
+}
+
+// waitForSentinelPromotion polls until the sentinel at sentinel names
+// replica as mymaster's master and replica says it is a master, and returns
+// when it saw both.
+func waitForSentinelPromotion(t *testing.T, sentinel string, replica *redisServer) time.Time {
+	t.Helper()
+	ctx := context.Background()
+	sc := redis.NewSentinelClient(&redis.Options{Addr: sentinel})
+	defer sc.Close()
+	rc := replica.Client()
+	waitFor(t, 20*time.Second, "the replica's promotion", func() bool {
+		m, err := sc.GetMasterAddrByName(ctx, "mymaster").Result()
+		if err != nil || len(m) != 2 || m[1] != strconv.Itoa(replica.Port) {
+			return false
+		}
+		repl, err := rc.Info(ctx, "replication").Result()
+		return err == nil && strings.Contains(repl, "role:master")
+	})
+	return time.Now()
+}
+
+// requireExactAcrossFleet sends 300 concurrent decisions for key of zone,
+// spread over the stores of fleet, and fails unless exactly want of them
+// are allowed and none fails.
+func requireExactAcrossFleet(t *testing.T, fleet []*distributed.Store, zone, key string, limit algorithms.Limit, want int64, where string) {
+	t.Helper()
+	ctx := context.Background()
+	var allowed, failed atomic.Int64
+	var wg sync.WaitGroup
+	for i := range 300 {
+		wg.Go(func() {
+			r, err := fleet[i%len(fleet)].Decide(ctx, zone, key, limit, 1)
+			switch {
+			case err != nil:
+				failed.Add(1)
+			case r.Allowed:
+				allowed.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if allowed.Load() != want || failed.Load() != 0 {
+		t.Fatalf("300 decisions over %d instances %s: %d allowed, %d failed, want exactly %d and 0",
+			len(fleet), where, allowed.Load(), failed.Load(), want)
 	}
 }
