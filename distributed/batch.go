@@ -384,16 +384,22 @@ func (b *batcher) eval(ctx context.Context, cmdable redis.Scripter, c *batchCall
 }
 
 // parseReply reads one script reply of four integers.
-func parseReply(c *redis.Cmd) reply {
+func parseReply(c *redis.Cmd) reply { return parseOne(c, 4, parseVals) }
+
+// parseStepReply reads a gcra.lua reply for one key.
+func parseStepReply(c *redis.Cmd) reply { return parseOne(c, 2, parseStep) }
+
+// parseOne reads a reply of n integers with parse.
+func parseOne(c *redis.Cmd, n int, parse func([]any) reply) reply {
 	v, err := c.Result()
 	if err != nil {
 		return reply{err: err}
 	}
 	a, ok := v.([]any)
-	if !ok || len(a) != 4 {
+	if !ok || len(a) != n {
 		return reply{err: errBadReply}
 	}
-	return parseVals(a)
+	return parse(a)
 }
 
 // parseReplies answers reqs from one gcra.lua reply: 2 integers each, in
@@ -411,19 +417,6 @@ func parseReplies(c *redis.Cmd, reqs []*request) {
 		}
 		r.reply <- parseStep(a[2*i : 2*i+2])
 	}
-}
-
-// parseStepReply reads a gcra.lua reply for one key.
-func parseStepReply(c *redis.Cmd) reply {
-	v, err := c.Result()
-	if err != nil {
-		return reply{err: err}
-	}
-	a, ok := v.([]any)
-	if !ok || len(a) != 2 {
-		return reply{err: errBadReply}
-	}
-	return parseStep(a)
 }
 
 // parseStep reads one key's {r, reset} of gcra.lua as {allowed, remaining,
