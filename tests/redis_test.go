@@ -1,7 +1,9 @@
 package tests
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -24,7 +26,13 @@ type redisServer struct {
 	dir  string
 	args []string
 	cmd  *exec.Cmd
+	// exited is closed when cmd's process has ended.
+	exited chan struct{}
 }
+
+// errPortTaken: the port freePort gave was taken (by another test's server,
+// or as a client connection's local port) before redis-server bound it.
+var errPortTaken = errors.New("port taken before redis-server bound it")
 
 // startRedis starts a redis-server with persistence off. Extra arguments are
 // passed through (e.g. "--cluster-enabled", "yes").
@@ -34,35 +42,71 @@ func startRedis(t testing.TB, extra ...string) *redisServer {
 	if err != nil {
 		t.Fatalf("redis-server is not installed: run `make test`, which installs it (apt-get install redis-server): %v", err)
 	}
-	port := freePort(t)
 	dir := t.TempDir()
-	r := &redisServer{t: t, Port: port, Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), dir: dir}
-	r.args = append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", dir, "--enable-debug-command", "yes"}, extra...)
-	_ = path
-	r.Start()
+	r := &redisServer{t: t, dir: dir}
 	t.Cleanup(r.Kill)
+	for attempt := 1; ; attempt++ {
+		r.Port = freePort(t)
+		r.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(r.Port))
+		r.args = append([]string{"--port", strconv.Itoa(r.Port), "--bind", "127.0.0.1",
+			"--save", "", "--appendonly", "no", "--dir", dir, "--enable-debug-command", "yes"}, extra...)
+		err := r.start()
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, errPortTaken) || attempt == 3 {
+			t.Fatal(err)
+		}
+	}
+	_ = path
 	return r
 }
 
 // Start (re)starts the server on its port and waits until it answers PING.
 func (r *redisServer) Start() {
 	r.t.Helper()
-	cmd := exec.Command("redis-server", r.args...)
-	logf, err := os.Create(filepath.Join(r.dir, fmt.Sprintf("redis-%d.log", time.Now().UnixNano())))
-	if err != nil {
+	if err := r.start(); err != nil {
 		r.t.Fatal(err)
 	}
+}
+
+// start starts the server and waits until it answers PING; a server that
+// exits first fails at once, with its log (errPortTaken if its port was
+// taken), rather than after the timeout.
+func (r *redisServer) start() error {
+	logPath := filepath.Join(r.dir, fmt.Sprintf("redis-%d.log", time.Now().UnixNano()))
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.Command("redis-server", r.args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
-		r.t.Fatalf("starting redis-server: %v", err)
+		return fmt.Errorf("starting redis-server: %w", err)
 	}
-	r.cmd = cmd
-	c := redis.NewClient(&redis.Options{Addr: r.Addr})
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	r.cmd, r.exited = cmd, exited
+	c := redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1})
 	defer c.Close()
-	waitFor(r.t, 10*time.Second, "redis-server to answer PING on "+r.Addr, func() bool {
-		return c.Ping(context.Background()).Err() == nil
-	})
+	deadline := time.Now().Add(10 * time.Second)
+	for c.Ping(context.Background()).Err() != nil {
+		select {
+		case <-exited:
+			r.cmd = nil
+			out, _ := os.ReadFile(logPath)
+			if bytes.Contains(out, []byte("Address already in use")) {
+				return fmt.Errorf("redis-server on %s: %w", r.Addr, errPortTaken)
+			}
+			return fmt.Errorf("redis-server on %s exited before answering PING:\n%s", r.Addr, out)
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("timed out after 10s waiting for redis-server to answer PING on %s", r.Addr)
+		}
+	}
+	return nil
 }
 
 // Kill stops the server for good (SIGKILL), as a crash would.
@@ -72,7 +116,7 @@ func (r *redisServer) Kill() {
 	}
 	_ = r.cmd.Process.Signal(syscall.SIGCONT)
 	_ = r.cmd.Process.Kill()
-	_ = r.cmd.Wait()
+	<-r.exited
 	r.cmd = nil
 }
 
