@@ -116,7 +116,11 @@ func (r *redisServer) Kill() {
 	}
 	_ = r.cmd.Process.Signal(syscall.SIGCONT)
 	_ = r.cmd.Process.Kill()
-	<-r.exited
+	if r.exited != nil {
+		<-r.exited // start's goroutine waits for the process
+	} else {
+		_ = r.cmd.Wait() // started elsewhere (the TLS server)
+	}
 	r.cmd = nil
 }
 
