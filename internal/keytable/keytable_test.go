@@ -94,6 +94,55 @@ func TestCollidingHashesKeepKeysApart(t *testing.T) {
 	}
 }
 
+// Keys on either side of the inline length (kept in their slot up to 16
+// bytes, in the arena beyond), keys that differ only by trailing zero bytes
+// and the empty key, all with one hash, stay apart through deletes,
+// compaction and eviction.
+func TestKeysAroundTheInlineLengthStayApart(t *testing.T) {
+	keys := []string{"", "a", "a\x00", "a\x00\x00", strings.Repeat("\x00", 16), strings.Repeat("\x00", 17),
+		strings.Repeat("k", 15), strings.Repeat("k", 16), strings.Repeat("k", 17), strings.Repeat("k", 16) + "\x00",
+		strings.Repeat("k", 300)}
+	s := &shard{}
+	const tag = 0x2468ace1
+	for i, k := range keys {
+		s.insert(tag, k, int64(i+1))
+	}
+	check := func(stage string, gone map[string]bool) {
+		t.Helper()
+		for i, k := range keys {
+			j := s.find(tag, k)
+			switch {
+			case gone[k] && j >= 0:
+				t.Fatalf("%s: %q found after it was deleted", stage, k)
+			case !gone[k] && (j < 0 || s.slots[j].value != int64(i+1)):
+				t.Fatalf("%s: %q at slot %d, want value %d", stage, k, j, i+1)
+			}
+		}
+	}
+	check("inserted", nil)
+	gone := map[string]bool{}
+	for _, k := range []string{"a", strings.Repeat("k", 17), strings.Repeat("\x00", 17), strings.Repeat("\x00", 16)} {
+		s.deleteAt(s.find(tag, k))
+		gone[k] = true
+	}
+	check("deleted", gone)
+	if s.dead != 34 {
+		t.Fatalf("%d dead arena bytes, want 34 (the two 17-byte keys; short keys take none)", s.dead)
+	}
+	s.compact(0)
+	if len(s.keys) != 16+1+300 {
+		t.Fatalf("arena of %d bytes after compaction, want the 317 of the two long keys left", len(s.keys))
+	}
+	check("compacted", gone)
+	// Each entry evicted by its copy is the entry copied, not an earlier
+	// one sharing its hash and slot bytes but not its length.
+	for _, k := range []string{"a\x00\x00", strings.Repeat("k", 16)} {
+		s.deleteAt(s.slotOf(s.slots[s.find(tag, k)]))
+		gone[k] = true
+	}
+	check("evicted", gone)
+}
+
 func TestNeverHoldsMoreThanMaxKeys(t *testing.T) {
 	for _, maxKeys := range []int{1, 10, 1000, 100_000} {
 		tab := New(maxKeys)
@@ -227,6 +276,32 @@ func BenchmarkUpdateExistingKey(b *testing.B) {
 	for i := range keys {
 		keys[i] = fmt.Sprintf("key-%012d", i)
 		set(tab, keys[i], 1, 0)
+	}
+	i := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		tab.Update(keys[i], 0, func(v int64, _ bool) (int64, Op) { return v + 1, Store })
+		if i++; i == len(keys) {
+			i = 0
+		}
+	}
+}
+
+// BenchmarkUpdateRandomExistingKey is the per-request operation in the order
+// requests come, at random over 100k keys of 16 bytes: one slot and (for
+// keys kept out of line) one key lookup that miss the CPU's caches.
+func BenchmarkUpdateRandomExistingKey(b *testing.B) {
+	tab := New(1_000_000)
+	keys := make([]string, 100_000)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("key-%012d", i)
+		set(tab, keys[i], 1, 0)
+	}
+	rand.New(rand.NewPCG(3, 4)).Shuffle(len(keys), func(i, j int) { keys[i], keys[j] = keys[j], keys[i] })
+	for i, k := range keys {
+		// Laid out in the new order, as a request's key is in cache: the
+		// misses measured are the table's own.
+		keys[i] = strings.Clone(k)
 	}
 	i := 0
 	b.ReportAllocs()
