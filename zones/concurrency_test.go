@@ -232,6 +232,40 @@ func TestConcurrencyFailPolicies(t *testing.T) {
 	}
 }
 
+// A request taking and giving back a slot of a key nobody else holds (the
+// usual case: the key's entry is added and deleted by each request)
+// allocates nothing, and the sweeper gives the emptied table's memory back.
+func TestLocalSlotOfANewKeyAllocatesNothing(t *testing.T) {
+	c := Config{Name: "uploads", Concurrency: 4}
+	st := NewState(c, 20*time.Millisecond)
+	t.Cleanup(func() { _ = st.Destruct() })
+	z := New(c, st, nil)
+	keys := makeBenchKeys(10_000)
+	ctx := context.Background()
+	for _, k := range keys {
+		_, s := z.Acquire(ctx, k)
+		z.Release(s)
+	}
+	i := 0
+	if n := testing.AllocsPerRun(10_000, func() {
+		d, s := z.Acquire(ctx, keys[i])
+		if !d.Allowed {
+			t.Fatal("denied a key with no request in flight")
+		}
+		z.Release(s)
+		i = (i + 1) % len(keys)
+	}); n != 0 {
+		t.Fatalf("%v allocations per request, want 0", n)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for st.conc.local.kt.Bytes() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the sweeper left %d bytes in an empty concurrency table", st.conc.local.kt.Bytes())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // BenchmarkZoneAcquireReleaseParallel measures a local concurrency zone's
 // per-request cost, Acquire then Release, from every P at once over 100k
 // keys that are not in flight (the common case: the entry is created and

@@ -87,6 +87,11 @@ func (t *Table) Clear() { t.kt.Clear() }
 // comes back after a peak.
 func (t *Table) Sweep(now int64) int { return t.kt.Sweep(now) }
 
+// Shrink gives back the memory of the table's empty shards, and of those
+// mostly empty, without deleting anything: for tables of counts (a
+// concurrency zone's requests in flight), which Sweep would empty.
+func (t *Table) Shrink() { t.kt.Shrink() }
+
 // Len returns the number of keys held, expired ones included.
 func (t *Table) Len() int { return t.kt.Len() }
 

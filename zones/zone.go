@@ -256,6 +256,10 @@ func (s *State) sweep(interval time.Duration) {
 			if s.plans != nil {
 				s.plans.keys.Sweep(now)
 			}
+			if s.conc != nil {
+				s.conc.local.Shrink()
+				s.conc.fallback.Shrink()
+			}
 		}
 	}
 }

@@ -171,7 +171,8 @@ func (t *Table) Clear() {
 }
 
 // Sweep deletes every entry whose value is <= now and returns how many keys
-// remain. A shard left less than 1/8 full is rebuilt at its new size.
+// remain. A shard left empty gives its memory back; one left less than 1/8
+// full is rebuilt at its new size.
 func (t *Table) Sweep(now int64) int {
 	n := 0
 	for i := range t.shards {
@@ -184,16 +185,36 @@ func (t *Table) Sweep(now int64) int {
 			}
 			j++
 		}
-		if len(s.slots) > minSlots && s.n*8 < len(s.slots) {
-			s.resize(slotsFor(s.n))
-		}
-		if s.dead > 0 && s.dead*2 >= len(s.keys) {
-			s.compact(0)
-		}
+		s.shrink()
 		n += s.n
 		s.mu.Unlock()
 	}
 	return n
+}
+
+// Shrink gives back the memory of empty shards and rebuilds those left
+// less than 1/8 full at their size, as Sweep does, without deleting
+// anything: for tables whose values are not times.
+func (t *Table) Shrink() {
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.mu.Lock()
+		s.shrink()
+		s.mu.Unlock()
+	}
+}
+
+func (s *shard) shrink() {
+	switch {
+	case s.n == 0:
+		s.slots, s.keys, s.dead = nil, nil, 0
+		return
+	case len(s.slots) > minSlots && s.n*8 < len(s.slots):
+		s.resize(slotsFor(s.n))
+	}
+	if s.dead > 0 && s.dead*2 >= len(s.keys) {
+		s.compact(0)
+	}
 }
 
 // Len returns the number of keys held, expired ones included.
@@ -319,7 +340,11 @@ func (s *shard) deleteAt(i int) {
 	}
 	s.slots[i] = slot{}
 	if s.n == 0 {
-		s.slots, s.keys, s.dead = nil, nil, 0
+		// No key is left in the arena: it fills again from the start.
+		// The slots stay for the next key (a concurrency zone's keys
+		// come and go with each request); Sweep and Shrink give an
+		// empty shard's memory back.
+		s.keys, s.dead = s.keys[:0], 0
 	}
 }
 

@@ -204,6 +204,67 @@ func TestSweepGivesMemoryBack(t *testing.T) {
 	}
 }
 
+// A key added and deleted again, as a concurrency zone's key is by each
+// request, allocates nothing once its shard has held a key: an emptied
+// shard keeps its slots (and arena) until a sweep or Shrink.
+func TestAKeyComingAndGoingAllocatesNothing(t *testing.T) {
+	tab := New(1 << 20)
+	keys := make([]string, 4096)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("request-%08d", i)
+		if i%2 == 1 {
+			keys[i] += strings.Repeat("x", 40) // kept in the arena
+		}
+		set(tab, keys[i], 1, 0)
+		tab.Delete(keys[i])
+	}
+	i := 0
+	if n := testing.AllocsPerRun(10_000, func() {
+		set(tab, keys[i], 1, 0)
+		tab.Delete(keys[i])
+		i = (i + 1) % len(keys)
+	}); n != 0 {
+		t.Fatalf("%v allocations per key added and deleted, want 0", n)
+	}
+	if tab.Len() != 0 {
+		t.Fatalf("%d keys left", tab.Len())
+	}
+}
+
+// Shrink gives an emptied table's memory back and rebuilds a sparse shard
+// smaller, deleting nothing.
+func TestShrinkGivesMemoryBackAndKeepsEveryKey(t *testing.T) {
+	tab := New(1 << 20)
+	for i := range 300_000 {
+		set(tab, fmt.Sprintf("key-%012d", i), 1, 0)
+	}
+	full := tab.Bytes()
+	for i := range 300_000 {
+		if i%1000 != 0 {
+			tab.Delete(fmt.Sprintf("key-%012d", i))
+		}
+	}
+	if kept := tab.Bytes(); kept < full/2 {
+		t.Fatalf("deletes alone gave memory back (%d of %d bytes): the request path should not", kept, full)
+	}
+	tab.Shrink()
+	if after := tab.Bytes(); after > full/20 {
+		t.Fatalf("after Shrink the table holds %d bytes for 300 keys (%d when full)", after, full)
+	}
+	for i := 0; i < 300_000; i += 1000 {
+		if v, ok := tab.Get(fmt.Sprintf("key-%012d", i)); !ok || v != 1 {
+			t.Fatalf("key %d: %d %v after Shrink", i, v, ok)
+		}
+	}
+	for i := 0; i < 300_000; i += 1000 {
+		tab.Delete(fmt.Sprintf("key-%012d", i))
+	}
+	tab.Shrink()
+	if after := tab.Bytes(); after != 0 {
+		t.Fatalf("an empty table holds %d bytes after Shrink", after)
+	}
+}
+
 // Many goroutines count on shared keys while others churn short-lived keys
 // through the same shards and sweeps rebuild them: every count is exact
 // (-race).
