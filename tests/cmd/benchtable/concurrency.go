@@ -24,6 +24,7 @@ func init() {
 			baseline:   route{path: "/plain", key: cycleKeys, status: 200},
 			candidate:  route{path: "/concurrency", key: cycleKeys, status: 200},
 			target:     0.95,
+			byCPU:      true,
 			comparison: "a per-key counter taken before next and released after",
 		},
 		scenario{

@@ -233,6 +233,7 @@ var scenarios = []scenario{
 		baseline:   route{path: "/literal", key: cycleKeys, status: 200},
 		candidate:  route{path: "/plan", key: cycleKeys, status: 200},
 		target:     0.95,
+		byCPU:      true,
 		comparison: "no Caddy module has per-request limits",
 	},
 	{
@@ -270,6 +271,7 @@ var scenarios = []scenario{
 		baseline:   route{path: "/plain-zone", key: cycleKeys, status: 200},
 		candidate:  route{path: "/count-zone", key: cycleKeys, status: 200},
 		target:     0.95,
+		byCPU:      true,
 		comparison: "no Caddy module counts only some responses",
 	},
 	{
