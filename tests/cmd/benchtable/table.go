@@ -188,7 +188,7 @@ func loadRow(r scenarioResult) row {
 	}
 	rw.tally = fmt.Sprintf("**%.2f** (%.0f vs %.0f req/s, medians of %d alternating runs)", r.ratio(), r.candidateRate, r.baselineRate, r.runs)
 	if r.candidateCPU > 0 {
-		rw.tally += fmt.Sprintf("; by Caddy CPU per request: %.2f (%d rounds: %s; %.1f vs %.1f µs)", r.cpuRatio(), len(r.cpuRatios), spread(r.cpuRatios),
+		rw.tally += fmt.Sprintf("; by Caddy CPU per request: %.2f (median of %d rounds, spread %s; %.1f vs %.1f µs over all rounds)", r.cpuRatio(), len(r.cpuRatios), spread(r.cpuRatios),
 			float64(r.candidateCPU)/1e3, float64(r.baselineCPU)/1e3)
 	}
 	if r.candidateAllocs.count > 0 {
