@@ -2,7 +2,7 @@
 // each, laid out for memory and for the CPU's caches: every entry is a fixed
 // 32-byte slot in an open-addressing array (the value, a 32-bit tag of the
 // key's hash, the key's length, and the key itself when it is at most 16
-// bytes: an IP address, a short API key), so that finding a short key
+// bytes: an IPv4 address, a short API key), so that finding a short key
 // touches one cache line. A longer key's bytes are stored once, in a
 // per-shard byte arena that holds no pointers, and its slot holds their
 // offset. Against a Go map of strings that is under half the memory per key,
