@@ -36,7 +36,7 @@ type Table struct {
 
 type shard struct {
 	mu    sync.Mutex
-	slots []slot   // linear probing; nil when empty
+	slots []slot   // linear probing; nil until a key comes, and once Sweep or Shrink finds none
 	keys  []byte   // the bytes of the keys longer than inlineKey
 	n     int      // entries held
 	dead  int      // arena bytes of keys no longer held
