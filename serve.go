@@ -47,34 +47,40 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if err != nil {
 		return err
 	}
-	if v := h.cachedDenial(applicable, now); v >= 0 {
-		return h.deny(w, r, applicable[v:v+1], &applicable[v], now)
+	if h.store != nil {
+		// Only a store's denials are cached: in local mode the
+		// decision is the table lookup a cache would be.
+		if v := h.cachedDenial(applicable, now); v >= 0 {
+			return h.deny(w, r, applicable[v:v+1], &applicable[v], now)
+		}
 	}
 	ctx, cancel := h.storeContext(r, now)
 
+	// Each zone's decision is written into its verdict in place: the
+	// verdicts so far are applicable's first ones.
 	verdicts := applicable[:0]
 	var denied *verdict
 	holding := false
 	postCharged := false
-	for _, v := range applicable {
-		z, key, plan, cost := v.zone, v.key, v.plan, v.cost
+	for i := range applicable {
+		v := &applicable[i]
+		z, key, cost := v.zone, v.key, v.cost
 		var start time.Time
 		if z.timed {
 			start = time.Now()
 		}
 		var d zones.Decision
-		var slot zones.Slot
 		switch {
 		case z.IsConcurrency():
-			d, slot = z.Acquire(ctx, key)
-			holding = holding || slot.Held()
+			d, v.slot = z.Acquire(ctx, key)
+			holding = holding || v.slot.Held()
 		case z.costs.postCharged():
-			d = z.Check(ctx, key, now, &plan)
+			d = z.Check(ctx, key, now, &v.plan)
 			postCharged = true
-		case cost > plan.Burst:
-			d = h.neverPasses(z, &plan, cost)
+		case cost > v.plan.Burst:
+			d = h.neverPasses(z, &v.plan, cost)
 		default:
-			d = z.DecideWith(ctx, key, now, &plan, cost)
+			d = z.DecideWith(ctx, key, now, &v.plan, cost)
 		}
 		if z.metrics != nil {
 			var wait time.Duration
@@ -86,7 +92,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if d.Err != nil {
 			h.logStoreError(z, d)
 		}
-		verdicts = append(verdicts, verdict{zone: z, key: key, d: d, plan: plan, slot: slot, cost: cost})
+		v.d = d
+		verdicts = applicable[:i+1]
 		if !d.Allowed {
 			if z.dryRun {
 				if h.live.dryRunLogs.allow(now) {
@@ -94,7 +101,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				}
 				continue
 			}
-			denied = &verdicts[len(verdicts)-1]
+			denied = v
 			break
 		}
 	}
