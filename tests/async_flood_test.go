@@ -98,14 +98,7 @@ func TestAsyncFloodOfNewKeysCostsBoundedRedisWorkAndNoOutage(t *testing.T) {
 	checker := make(chan struct{})
 	go func() {
 		defer close(checker)
-		tick := time.NewTicker(5 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-			}
+		steadily(5*time.Millisecond, stop, func() {
 			r, err := a.Decide(ctx, "z", "blocked", blocked, 1)
 			blockedChecks.Add(1)
 			if err != nil {
@@ -117,7 +110,7 @@ func TestAsyncFloodOfNewKeysCostsBoundedRedisWorkAndNoOutage(t *testing.T) {
 			if ok, _ := a.Health(); !ok {
 				unhealthy.Store(true)
 			}
-		}
+		})
 	}()
 	wg.Wait()
 	keys := min(next.Load(), floodKeys)

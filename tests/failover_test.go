@@ -210,6 +210,61 @@ func (l *keyLoad) snapshot(k string) keyStats {
 	return *l.stats[k]
 }
 
+// rejoin restarts old, a master that heir replaced, while four workers keep
+// deciding key (spent by then) in zone "exact" through fleet[0], and waits
+// within the given time until old follows heir as its replica. It returns
+// how many of those decisions were allowed, and the key's stats.
+func rejoin(t *testing.T, fleet []*distributed.Store, key string, limit algorithms.Limit, old, heir *redisServer, within time.Duration) (allowed int64, st keyStats) {
+	t.Helper()
+	ctx := context.Background()
+	var staleAllowed atomic.Int64
+	load := startKeyLoad(t, []string{key}, 4, func(k string) (bool, error) {
+		r, err := fleet[0].Decide(ctx, "exact", k, limit, 1)
+		if err == nil && r.Allowed {
+			staleAllowed.Add(1)
+		}
+		return r.Allowed, err
+	})
+	old.Start()
+	oc := old.Client()
+	waitFor(t, within, "the old master to follow the one that replaced it", func() bool {
+		repl, err := oc.Info(ctx, "replication").Result()
+		return err == nil && strings.Contains(repl, "role:slave") &&
+			infoField(repl, "master_port") == strconv.Itoa(heir.Port) &&
+			strings.Contains(repl, "master_link_status:up")
+	})
+	load.halt()
+	return staleAllowed.Load(), load.snapshot(key)
+}
+
+// requireFailedThenResumed checks key k of a master killed under load: it
+// failed (the kill did happen under load) and failed no more than
+// resumeBound after the promotion.
+func requireFailedThenResumed(t *testing.T, k string, st keyStats, promotedAt time.Time) {
+	t.Helper()
+	if st.failures == 0 {
+		t.Errorf("key %s on the killed master never failed: the kill did not happen under load", k)
+	}
+	if late := st.lastFail.Sub(promotedAt); late > resumeBound {
+		t.Errorf("key %s on the killed master still failed %v after the promotion (last: %v), want within %v",
+			k, late.Round(time.Millisecond), st.lastErr, resumeBound)
+	}
+}
+
+// startSentinelSet starts a master, a replica in sync with it and three
+// Sentinels (quorum 2, down after 1s) watching it as "mymaster".
+func startSentinelSet(t *testing.T) (master, replica *redisServer, sentinels []string) {
+	t.Helper()
+	master = startRedis(t)
+	replica = startRedis(t, "--replicaof", "127.0.0.1", strconv.Itoa(master.Port))
+	rc := replica.Client()
+	waitFor(t, 10*time.Second, "the replica in sync", func() bool {
+		repl, err := rc.Info(context.Background(), "replication").Result()
+		return err == nil && strings.Contains(repl, "master_link_status:up")
+	})
+	return master, replica, startSentinels(t, master, 3, 2, 1, time.Second)
+}
+
 // logsAbout counts the log entries with message msg whose field names addr.
 func logsAbout(logs *observer.ObservedLogs, msg, field, addr string) int {
 	n := 0
@@ -307,14 +362,7 @@ func TestClusterFailoverCostsOnlyTheFailedMastersKeys(t *testing.T) {
 		}
 	}
 	for _, k := range victimKeys {
-		st := load.snapshot(k)
-		if st.failures == 0 {
-			t.Errorf("key %s on the killed master never failed: the kill did not happen under load", k)
-		}
-		if late := st.lastFail.Sub(promotedAt); late > resumeBound {
-			t.Errorf("key %s on the killed master still failed %v after the promotion (last: %v), want within %v",
-				k, late.Round(time.Millisecond), st.lastErr, resumeBound)
-		}
+		requireFailedThenResumed(t, k, load.snapshot(k), promotedAt)
 	}
 	if out := store.Outages(); len(out) != 0 {
 		t.Errorf("Outages after the promotion: %+v, want none", out)
@@ -340,26 +388,9 @@ func TestClusterFailoverCostsOnlyTheFailedMastersKeys(t *testing.T) {
 
 	// The old master comes back, learns it was replaced and follows its
 	// old replica. No decision reaches it meanwhile: the key stays spent.
-	var staleAllowed atomic.Int64
-	exhausted := startKeyLoad(t, []string{exactKey}, 4, func(k string) (bool, error) {
-		r, err := fleet[0].Decide(ctx, "exact", k, limit, 1)
-		if err == nil && r.Allowed {
-			staleAllowed.Add(1)
-		}
-		return r.Allowed, err
-	})
-	victim.Start()
-	vc := victim.Client()
-	waitFor(t, 20*time.Second, "the old master to follow the promoted replica", func() bool {
-		repl, err := vc.Info(ctx, "replication").Result()
-		return err == nil && strings.Contains(repl, "role:slave") &&
-			infoField(repl, "master_port") == strconv.Itoa(heir.Port) &&
-			strings.Contains(repl, "master_link_status:up")
-	})
-	exhausted.halt()
-	if st := exhausted.snapshot(exactKey); st.decisions == 0 || staleAllowed.Load() != 0 {
+	if staleAllowed, st := rejoin(t, fleet, exactKey, limit, victim, heir, 20*time.Second); st.decisions == 0 || staleAllowed != 0 {
 		t.Errorf("while the old master rejoined: %d of %d decisions on a spent key allowed, want none of at least one",
-			staleAllowed.Load(), st.decisions)
+			staleAllowed, st.decisions)
 	}
 	// Every key on the masters serving slots now expires (a replica would
 	// redirect PTTL to its master). The load's keys may have expired
@@ -429,14 +460,7 @@ func startSentinels(t *testing.T, master *redisServer, n, quorum, replicas int, 
 func TestSentinelFailoverFollowsTheNewMaster(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	master := startRedis(t)
-	replica := startRedis(t, "--replicaof", "127.0.0.1", strconv.Itoa(master.Port))
-	rc := replica.Client()
-	waitFor(t, 10*time.Second, "the replica in sync", func() bool {
-		repl, err := rc.Info(ctx, "replication").Result()
-		return err == nil && strings.Contains(repl, "master_link_status:up")
-	})
-	sentinels := startSentinels(t, master, 3, 2, 1, time.Second)
+	master, replica, sentinels := startSentinelSet(t)
 	logger, logs := observedLogger()
 	opts := distributed.Options{Addresses: sentinels, SentinelMaster: "mymaster", Timeout: 500 * time.Millisecond}
 	store := openStore(t, opts, logger)
@@ -504,28 +528,12 @@ func TestSentinelFailoverFollowsTheNewMaster(t *testing.T) {
 	limit := algorithms.NewLimit(50, int64(time.Hour), 0)
 	requireExactAcrossFleet(t, fleet, "exact", "k", limit, 50, "on the new master at 50/h")
 
-	var staleAllowed atomic.Int64
-	spent := startKeyLoad(t, []string{"k"}, 4, func(k string) (bool, error) {
-		r, err := fleet[0].Decide(ctx, "exact", k, limit, 1)
-		if err == nil && r.Allowed {
-			staleAllowed.Add(1)
-		}
-		return r.Allowed, err
-	})
-	master.Start()
-	mc := master.Client()
-	waitFor(t, 30*time.Second, "the old master to follow the new one", func() bool {
-		repl, err := mc.Info(ctx, "replication").Result()
-		return err == nil && strings.Contains(repl, "role:slave") &&
-			infoField(repl, "master_port") == strconv.Itoa(replica.Port) &&
-			strings.Contains(repl, "master_link_status:up")
-	})
-	spent.halt()
-	if st := spent.snapshot("k"); st.decisions == 0 || staleAllowed.Load() != 0 || st.failures != 0 {
+	if staleAllowed, st := rejoin(t, fleet, "k", limit, master, replica, 30*time.Second); st.decisions == 0 || staleAllowed != 0 || st.failures != 0 {
 		t.Errorf("while the old master rejoined: %d allowed and %d failed of %d decisions on a spent key, want none of at least one",
-			staleAllowed.Load(), st.failures, st.decisions)
+			staleAllowed, st.failures, st.decisions)
 	}
 	replica.requireEveryKeyExpires(t, 1)
+	mc := master.Client()
 	waitFor(t, 5*time.Second, "the spent key replicated to the old master", func() bool {
 		n, err := mc.Exists(ctx, store.RedisKey("exact", "k")).Result()
 		return err == nil && n == 1
