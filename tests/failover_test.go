@@ -528,7 +528,12 @@ func TestSentinelFailoverFollowsTheNewMaster(t *testing.T) {
 	limit := algorithms.NewLimit(50, int64(time.Hour), 0)
 	requireExactAcrossFleet(t, fleet, "exact", "k", limit, 50, "on the new master at 50/h")
 
-	if staleAllowed, st := rejoin(t, fleet, "k", limit, master, replica, 30*time.Second); st.decisions == 0 || staleAllowed != 0 || st.failures != 0 {
+	// Sentinel turns the old master into a replica after up to one INFO
+	// period (10s) and 8s of it reporting the wrong role, and 30s later if
+	// a late timer put it in TILT mode meanwhile. One of 20 runs beside a
+	// CPU hog timed out at 30s (the cause not seen); 20 more took at most
+	// 27s for the whole test with this bound.
+	if staleAllowed, st := rejoin(t, fleet, "k", limit, master, replica, 60*time.Second); st.decisions == 0 || staleAllowed != 0 || st.failures != 0 {
 		t.Errorf("while the old master rejoined: %d allowed and %d failed of %d decisions on a spent key, want none of at least one",
 			staleAllowed, st.failures, st.decisions)
 	}
