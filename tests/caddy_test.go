@@ -91,6 +91,11 @@ type caddyInstance struct {
 	AdminPort int
 	Dir       string // HOME, XDG dirs, config files and logs
 
+	// httpsPort is only named (https_port), never listened on; Caddy
+	// refuses a config whose http:// site would listen on it, so it must
+	// not be HTTPPort.
+	httpsPort int
+
 	client *http.Client
 	cmd    *exec.Cmd
 	exited chan struct{}
@@ -120,15 +125,13 @@ func (b *lockedBuffer) String() string {
 func newCaddyInstance(t testing.TB) *caddyInstance {
 	t.Helper()
 	c := &caddyInstance{
-		t:         t,
-		HTTPPort:  freePort(t),
-		AdminPort: freePort(t),
-		Dir:       t.TempDir(),
-		stderr:    new(lockedBuffer),
+		t:        t,
+		HTTPPort: freePort(t),
+		Dir:      t.TempDir(),
+		stderr:   new(lockedBuffer),
 	}
-	for c.AdminPort == c.HTTPPort { // a port freed a moment ago can come back at once
-		c.AdminPort = freePort(t)
-	}
+	c.AdminPort = freePortExcept(t, c.HTTPPort)
+	c.httpsPort = freePortExcept(t, c.HTTPPort, c.AdminPort)
 	c.URL = "http://127.0.0.1:" + strconv.Itoa(c.HTTPPort)
 	c.AdminURL = "http://127.0.0.1:" + strconv.Itoa(c.AdminPort)
 	c.client = &http.Client{
@@ -155,7 +158,7 @@ func (c *caddyInstance) globalOptions(extra string) string {
 	persist_config off
 %s
 }
-`, c.AdminPort, c.HTTPPort, freePort(c.t), extra)
+`, c.AdminPort, c.HTTPPort, c.httpsPort, extra)
 }
 
 // Caddyfile returns a whole Caddyfile: the global options, then sites. A

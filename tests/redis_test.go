@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"syscall"
 	"testing"
@@ -146,6 +147,17 @@ func freePort(t testing.TB) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// freePortExcept is freePort, never one of taken: a port freed a moment ago
+// can come back at once.
+func freePortExcept(t testing.TB, taken ...int) int {
+	t.Helper()
+	for {
+		if p := freePort(t); !slices.Contains(taken, p) {
+			return p
+		}
+	}
 }
 
 // waitFor polls cond every 10ms until it holds or timeout passes.
