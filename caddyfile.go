@@ -168,7 +168,7 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 			z.Key, err = oneArg(d)
 		case sub == "events":
 			if z.MaxEventsPlaceholder, err = placeholderArg(d, true); err == nil {
-				z.MaxEvents, err = intArgOf(d, "events", 1, 1<<40)
+				z.MaxEvents, err = int64ArgOf(d, "events", 1, zones.MaxEvents)
 			}
 		case sub == "window":
 			if z.WindowPlaceholder, err = placeholderArg(d, true); err == nil {
@@ -176,11 +176,11 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 			}
 		case sub == "burst":
 			if z.BurstPlaceholder, err = placeholderArg(d, false); err == nil && (z.BurstPlaceholder == "" || d.CountRemainingArgs() > 0) {
-				z.Burst, err = intArgOf(d, "burst", 1, 1<<40)
+				z.Burst, err = int64ArgOf(d, "burst", 1, zones.MaxEvents)
 			}
 		case sub == "cost":
 			if z.CostPlaceholder, err = placeholderArg(d, false); err == nil && (z.CostPlaceholder == "" || d.CountRemainingArgs() > 0) {
-				z.Cost, err = intArgOf(d, "cost", 1, 1<<40)
+				z.Cost, err = int64ArgOf(d, "cost", 1, zones.MaxEvents)
 			}
 		case sub == "count":
 			m := map[string]caddyhttp.ResponseMatcher{}
@@ -197,7 +197,7 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 				case z.Charge == "":
 					err = d.Err("charge takes a placeholder read after the response, e.g. charge {http.response.header.X-Tokens-Used}")
 				case d.CountRemainingArgs() > 0:
-					z.Cost, err = intArgOf(d, "charge", 1, 1<<40)
+					z.Cost, err = int64ArgOf(d, "charge", 1, zones.MaxEvents)
 				}
 			}
 		case sub == "match":
@@ -212,11 +212,11 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 		case sub == "fail_policy":
 			z.FailPolicy, err = oneOf(d, "open", "closed", "local")
 		case sub == "max_keys":
-			z.MaxKeys, err = intArg(d, 1, 1<<40)
+			z.MaxKeys, err = int64Arg(d, 1, zones.MaxMaxKeys)
 		case sub == "dry_run":
 			err = noArgs(d, &z.DryRun)
 		case sub == "concurrency":
-			z.Concurrency, err = intArg(d, 1, 1<<30)
+			z.Concurrency, err = int64Arg(d, 1, zones.MaxConcurrency)
 		case sub == "lease":
 			if z.Lease, err = durationArg(d); err == nil && z.Lease < caddy.Duration(zones.MinLease) {
 				err = d.Errf("lease must be at least %v: slots are renewed every lease/3", zones.MinLease)
@@ -243,7 +243,7 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 		return d.Errf("zone %s: cost {placeholder} and charge both say what a request costs: keep one (charge for a cost known after the response)", name)
 	}
 	// What provisioning would refuse, refused here with the line at fault.
-	cfg := zones.Config{Name: name, Concurrency: int64(z.Concurrency), Events: int64(z.MaxEvents), Window: time.Duration(z.Window), Burst: int64(z.Burst),
+	cfg := zones.Config{Name: name, Concurrency: z.Concurrency, Events: z.MaxEvents, Window: time.Duration(z.Window), Burst: z.Burst,
 		IPv4Prefix: z.IPv4Prefix, IPv6Prefix: z.IPv6Prefix, MaxKeys: z.MaxKeys}
 	if setting, err := cfg.Check(); err != nil && z.Concurrency == 0 {
 		line, ok := lines[setting]
@@ -454,17 +454,23 @@ func oneOf(d *caddyfile.Dispenser, allowed ...string) (string, error) {
 }
 
 func intArg(d *caddyfile.Dispenser, lo, hi int) (int, error) {
-	return intArgOf(d, d.Val(), lo, hi)
+	n, err := int64ArgOf(d, d.Val(), int64(lo), int64(hi))
+	return int(n), err
 }
 
-// intArgOf is intArg for the setting dir, whose value is the next argument
-// (after a placeholder, its fallback).
-func intArgOf(d *caddyfile.Dispenser, dir string, lo, hi int) (int, error) {
+func int64Arg(d *caddyfile.Dispenser, lo, hi int64) (int64, error) {
+	return int64ArgOf(d, d.Val(), lo, hi)
+}
+
+// int64ArgOf reads the setting dir, whose value is the next argument
+// (after a placeholder, its fallback), as a whole number from lo to hi: in
+// 64 bits whatever int is, so that every platform has the same limits.
+func int64ArgOf(d *caddyfile.Dispenser, dir string, lo, hi int64) (int64, error) {
 	s, err := oneArg(d)
 	if err != nil {
 		return 0, err
 	}
-	n, err := strconv.Atoi(s)
+	n, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || n < lo || n > hi {
 		return 0, d.Errf("%s must be a whole number from %d to %d, not %q", dir, lo, hi, s)
 	}

@@ -267,6 +267,10 @@ func TestCaddyfileErrorsNameTheLineAndTheFix(t *testing.T) {
 		{"window of two centuries", zone("\t\tevents 10\n\t\twindow 1752000h"), 5, "zone z: window 1752000h0m0s is longer than the 100 years"},
 		{"finer than a microsecond", zone("\t\tevents 1\n\t\twindow 1ns"), 5, "zone z: 1 events per 1ns is more than one per microsecond"},
 		{"a million per 999ms", zone("\t\tevents 1000000\n\t\twindow 999ms"), 5, "zone z: 1000000 events per 999ms is more than one per microsecond"},
+		// The same limits on every platform, whatever int is.
+		{"events over 2^40", zone("\t\tevents 1099511627777\n\t\twindow 8760h"), 4, "zone z: events must be a whole number from 1 to 1099511627776"},
+		{"max_keys over 2^40", zone("\t\tevents 1\n\t\twindow 1s\n\t\tmax_keys 1099511627777"), 6, "zone z: max_keys must be a whole number from 1 to 1099511627776"},
+		{"concurrency over 2^30", zone("\t\tconcurrency 1073741825"), 4, "zone z: concurrency must be a whole number from 1 to 1073741824"},
 		{"jitter NaN", "rate_limit {\n\tjitter NaN\n}", 2, `jitter must be a fraction between 0 and 1 (e.g. jitter 0.2), not "NaN"`},
 		{"jitter Inf", "rate_limit {\n\tjitter +Inf\n}", 2, `jitter must be a fraction between 0 and 1`},
 		{"redis port 0", "rate_limit {\n\tdistributed {\n\t\tredis 127.0.0.1:0\n\t}\n}", 3, `distributed: redis: address 127.0.0.1:0: port "0" must be a number from 1 to 65535`},
@@ -298,6 +302,34 @@ func TestCaddyfileErrorsNameTheLineAndTheFix(t *testing.T) {
 				t.Errorf("error %q repeats its prefix or shows the password", msg)
 			}
 		})
+	}
+}
+
+// Limits are 64-bit values on every platform: a Caddyfile that Caddy on a
+// 64-bit machine accepts, a 32-bit one (386, arm) accepts the same, with the
+// same values (make test runs the unit tests under GOARCH=386 too).
+func TestCaddyfileLimitsAre64BitEverywhere(t *testing.T) {
+	h, err := parse(t, `rate_limit {
+		zone big {
+			key {client_ip}
+			events 1099511627776
+			window 876000h
+			burst 1099511627776
+			cost 1099511627776
+			max_keys 1099511627776
+		}
+	}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	z := h.RateLimits["big"]
+	if z.MaxEvents != 1<<40 || z.Burst != 1<<40 || z.Cost != 1<<40 || z.MaxKeys != 1<<40 {
+		t.Errorf("parsed events %d, burst %d, cost %d, max_keys %d; want 2^40 each", z.MaxEvents, z.Burst, z.Cost, z.MaxKeys)
+	}
+	var back Zone
+	raw, _ := json.Marshal(z)
+	if err := json.Unmarshal(raw, &back); err != nil || back.MaxEvents != 1<<40 || back.MaxKeys != 1<<40 {
+		t.Errorf("JSON round trip %s: %+v, %v", raw, back, err)
 	}
 }
 

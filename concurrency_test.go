@@ -68,6 +68,21 @@ func TestCaddyfileConcurrencyErrorsNameTheLineAndTheFix(t *testing.T) {
 	}
 }
 
+// Zones of one rate are ordered by burst, however far apart the bursts
+// are: a comparison by difference would wrap where int is 32 bits.
+func TestZonesOfOneRateAreOrderedBySmallerBurst(t *testing.T) {
+	mk := func(name string, burst int64) *zoneHandler {
+		return &zoneHandler{Zone: zones.New(zones.Config{Name: name, Events: 1 << 33, Window: 1 << 33 * time.Microsecond, Burst: burst}, nil, nil)}
+	}
+	huge, tiny := mk("a_huge", 1<<33), mk("b_tiny", 1)
+	if got := compareZones(tiny, huge); got != -1 {
+		t.Errorf("compareZones(burst 1, burst 2^33) = %d, want -1", got)
+	}
+	if got := compareZones(huge, tiny); got != 1 {
+		t.Errorf("compareZones(burst 2^33, burst 1) = %d, want 1", got)
+	}
+}
+
 // Rate zones decide before concurrency zones, so that a request a rate zone
 // denies never takes a slot; among concurrency zones the smallest goes
 // first.

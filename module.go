@@ -9,6 +9,7 @@
 package ratelimit
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -110,7 +111,7 @@ type Zone struct {
 
 	// How many requests a key may make per window. Required (except in a
 	// concurrency zone): with max_events_placeholder, it is the fallback.
-	MaxEvents int `json:"max_events,omitempty"`
+	MaxEvents int64 `json:"max_events,omitempty"`
 
 	// The window. Required (except in a concurrency zone): with
 	// window_placeholder, it is the fallback.
@@ -119,7 +120,7 @@ type Zone struct {
 	// How many requests a key may make at once. Default: max_events, so a
 	// fresh key may send max_events at once and then one every
 	// window/max_events. 1 gives a perfectly smooth rate.
-	Burst int `json:"burst,omitempty"`
+	Burst int64 `json:"burst,omitempty"`
 
 	// A placeholder, such as {plan_rpm} set by a `map` of the customer's
 	// plan or a JWT claim, whose value is this request's max_events: limits
@@ -141,7 +142,7 @@ type Zone struct {
 	// may not exceed burst: such a request could never pass. With
 	// cost_placeholder it is the fallback; in a post-charged zone it is
 	// what a counted response charges.
-	Cost int `json:"cost,omitempty"`
+	Cost int64 `json:"cost,omitempty"`
 
 	// A placeholder whose value is this request's cost, such as
 	// {http.request.header.X-Search-Cost}. A value that is empty, not a
@@ -183,7 +184,7 @@ type Zone struct {
 
 	// The most keys this zone keeps in memory. When full, expired keys
 	// are evicted first. Default: 1000000.
-	MaxKeys int `json:"max_keys,omitempty"`
+	MaxKeys int64 `json:"max_keys,omitempty"`
 
 	// Decide and report, but never deny.
 	DryRun bool `json:"dry_run,omitempty"`
@@ -193,7 +194,7 @@ type Zone struct {
 	// be left out). A request holds its slot until the handlers after this
 	// one return, whatever happens to it (error, panic, client gone,
 	// hijacked connection closed). Denials carry Retry-After: 1.
-	Concurrency int `json:"concurrency,omitempty"`
+	Concurrency int64 `json:"concurrency,omitempty"`
 
 	// With distributed: how long a slot held in Redis outlives the last
 	// renewal of the instance that took it, so that an instance that dies
@@ -302,24 +303,30 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	// Tightest first: the zone most likely to deny decides before the
 	// others spend anything (a refund, a Redis round trip).
-	slices.SortFunc(h.zones, func(a, b *zoneHandler) int {
-		if a.IsConcurrency() || b.IsConcurrency() {
-			return compareConcurrency(a, b)
-		}
-		ra := float64(a.Events) / float64(a.Window)
-		rb := float64(b.Events) / float64(b.Window)
-		switch {
-		case ra != rb:
-			if ra < rb {
-				return -1
-			}
-			return 1
-		case a.Limit().Burst != b.Limit().Burst:
-			return int(a.Limit().Burst - b.Limit().Burst)
-		}
-		return strings.Compare(a.Name, b.Name)
-	})
+	slices.SortFunc(h.zones, compareZones)
 	return nil
+}
+
+// compareZones orders zones tightest first: by rate, then burst, then name;
+// concurrency zones after every rate zone (compareConcurrency).
+func compareZones(a, b *zoneHandler) int {
+	if a.IsConcurrency() || b.IsConcurrency() {
+		return compareConcurrency(a, b)
+	}
+	ra := float64(a.Events) / float64(a.Window)
+	rb := float64(b.Events) / float64(b.Window)
+	switch {
+	case ra != rb:
+		if ra < rb {
+			return -1
+		}
+		return 1
+	case a.Limit().Burst != b.Limit().Burst:
+		// Not the difference: as an int it would wrap where int is
+		// 32 bits (bursts go to 2^40).
+		return cmp.Compare(a.Limit().Burst, b.Limit().Burst)
+	}
+	return strings.Compare(a.Name, b.Name)
 }
 
 func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zoneHandler, error) {
@@ -329,16 +336,16 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 	}
 	cfg := zones.Config{
 		Name:       name,
-		Events:     int64(zc.MaxEvents),
+		Events:     zc.MaxEvents,
 		Window:     time.Duration(zc.Window),
-		Burst:      int64(zc.Burst),
+		Burst:      zc.Burst,
 		IPv4Prefix: zc.IPv4Prefix,
 		IPv6Prefix: zc.IPv6Prefix,
 		FailPolicy: policy,
 		MaxKeys:    zc.MaxKeys,
 		DryRun:     zc.DryRun || h.DryRun,
 
-		Concurrency: int64(zc.Concurrency),
+		Concurrency: zc.Concurrency,
 		Lease:       time.Duration(zc.Lease),
 	}
 	vars := planVars{events: zc.MaxEventsPlaceholder, window: zc.WindowPlaceholder, burst: zc.BurstPlaceholder}
@@ -504,7 +511,7 @@ var states = caddy.NewUsagePool()
 type stateID struct {
 	name                  string
 	events, window, burst int64
-	maxKeys               int
+	maxKeys               int64
 	vars                  planVars
 }
 

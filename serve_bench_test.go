@@ -33,7 +33,7 @@ func benchHandlerWith(tb testing.TB, headers string, events int, window time.Dur
 	h := &Handler{
 		RateLimits: map[string]*Zone{"api": {
 			Key:       "{http.request.header.X-Api-Key}",
-			MaxEvents: events,
+			MaxEvents: int64(events),
 			Window:    caddy.Duration(window),
 		}},
 		Headers: headers,

@@ -12,6 +12,7 @@ require (
 	github.com/throttled/throttled/v2 v2.15.0
 	go.uber.org/zap v1.28.0
 	golang.org/x/time v0.16.0
+	golang.org/x/tools v0.50.0
 )
 
 require (
@@ -164,6 +165,7 @@ require (
 	golang.org/x/crypto v0.57.0 // indirect
 	golang.org/x/crypto/x509roots/fallback v0.0.0-20261030153154-30a33513ff6d // indirect
 	golang.org/x/exp v0.0.0-20260908205506-85c1c2202aba // indirect
+	golang.org/x/mod v0.41.0 // indirect
 	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/oauth2 v0.37.0 // indirect
 	golang.org/x/sync v0.23.0 // indirect

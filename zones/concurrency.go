@@ -63,6 +63,9 @@ func newConcurrencyState(maxKeys int) *concurrencyState {
 	return &concurrencyState{local: NewTable(maxKeys), fallback: NewTable(maxKeys)}
 }
 
+// MaxConcurrency is the largest concurrency a zone may have.
+const MaxConcurrency = 1 << 30
+
 // IsConcurrency reports whether the zone limits requests in flight rather
 // than a rate.
 func (c Config) IsConcurrency() bool { return c.Concurrency > 0 }
@@ -72,6 +75,8 @@ func (c Config) validateConcurrency() error {
 	switch {
 	case !ValidName(c.Name):
 		return fmt.Errorf("zone name %q is invalid: use letters, digits, '_' and '-' only", c.Name)
+	case c.Concurrency > MaxConcurrency:
+		return fmt.Errorf("zone %s: concurrency must be a whole number from 1 to %d", c.Name, MaxConcurrency)
 	case c.Concurrency <= 0:
 		return fmt.Errorf("zone %s: lease only applies to concurrency zones: add e.g. concurrency 4, or remove lease", c.Name)
 	case c.Events != 0 || c.Window != 0 || c.Burst != 0 || c.PerRequest:
@@ -82,8 +87,8 @@ func (c Config) validateConcurrency() error {
 		return fmt.Errorf("zone %s: ipv4_prefix must be between 1 and 32", c.Name)
 	case c.IPv6Prefix < 0 || c.IPv6Prefix > 128:
 		return fmt.Errorf("zone %s: ipv6_prefix must be between 1 and 128", c.Name)
-	case c.MaxKeys < 0:
-		return fmt.Errorf("zone %s: max_keys must be positive", c.Name)
+	case c.MaxKeys < 0 || c.MaxKeys > MaxMaxKeys:
+		return fmt.Errorf("zone %s: max_keys must be a whole number from 1 to %d", c.Name, int64(MaxMaxKeys))
 	}
 	return nil
 }

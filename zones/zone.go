@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 	"strings"
 	"sync"
@@ -71,6 +72,11 @@ const OffendersPeriod = 5 * time.Minute
 // DefaultMaxKeys caps a zone's local table when max_keys is not set.
 const DefaultMaxKeys = 1_000_000
 
+// MaxMaxKeys is the largest max_keys, the same on every platform. Where int
+// is 32 bits a table holds at most math.MaxInt keys, far more than such a
+// machine's memory would anyway.
+const MaxMaxKeys = 1 << 40
+
 // ValidName reports whether name is a valid zone name: letters, digits, '_'
 // and '-', so that it is safe in a Redis key and a metric label.
 func ValidName(name string) bool {
@@ -91,7 +97,7 @@ type Config struct {
 	IPv4Prefix int   // 0 = no masking
 	IPv6Prefix int   // 0 = no masking
 	FailPolicy FailPolicy
-	MaxKeys    int // 0 = DefaultMaxKeys
+	MaxKeys    int64 // 0 = DefaultMaxKeys; at most MaxMaxKeys
 	DryRun     bool
 	// PerRequest: the handler may decide some requests under a plan read
 	// from the request; the zone then remembers each key's last plan.
@@ -148,8 +154,8 @@ func (c Config) Check() (setting string, err error) {
 		return "ipv4_prefix", errors.New("ipv4_prefix must be between 1 and 32")
 	case c.IPv6Prefix < 0 || c.IPv6Prefix > 128:
 		return "ipv6_prefix", errors.New("ipv6_prefix must be between 1 and 128")
-	case c.MaxKeys < 0:
-		return "max_keys", errors.New("max_keys must be positive")
+	case c.MaxKeys < 0 || c.MaxKeys > MaxMaxKeys:
+		return "max_keys", fmt.Errorf("max_keys must be a whole number from 1 to %d", int64(MaxMaxKeys))
 	}
 	return "", nil
 }
@@ -337,7 +343,7 @@ func (c Config) maxKeys() int {
 	if c.MaxKeys == 0 {
 		return DefaultMaxKeys
 	}
-	return c.MaxKeys
+	return int(min(c.MaxKeys, math.MaxInt))
 }
 
 // Keys is the number of keys this instance holds for the zone in memory:
