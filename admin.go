@@ -6,10 +6,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -50,60 +48,6 @@ func (AdminAPI) CaddyModule() caddy.ModuleInfo {
 // Routes returns the admin routes.
 func (a *AdminAPI) Routes() []caddy.AdminRoute {
 	return []caddy.AdminRoute{{Pattern: "/rate_limit/", Handler: caddy.AdminHandlerFunc(a.serve)}}
-}
-
-// registry holds, by name, the zones of every loaded config, for the admin
-// API and the keys metric. A name maps to its registrations in the order they
-// were made; the last one is shown. A reload provisions the new config (its
-// zones go last) before it cleans up the old one; a load that fails is
-// cleaned up instead, taking only its own registrations with it. Either way
-// what is shown is the running config's zones, through failed loads and
-// handlers whose provisioning failed half-way.
-var registry = struct {
-	sync.Mutex
-	zones map[string][]*zones.Zone
-}{zones: make(map[string][]*zones.Zone)}
-
-func registerZone(z *zones.Zone) {
-	registry.Lock()
-	registry.zones[z.Name] = append(registry.zones[z.Name], z)
-	registry.Unlock()
-}
-
-// unregisterZone removes z's registration. When it was the last one of its
-// name, no config defines the zone any more and its metric series go too.
-func unregisterZone(z *zones.Zone) {
-	registry.Lock()
-	defer registry.Unlock()
-	regs := registry.zones[z.Name]
-	if i := slices.Index(regs, z); i >= 0 {
-		regs = slices.Delete(regs, i, i+1)
-	}
-	if len(regs) > 0 {
-		registry.zones[z.Name] = regs
-		return
-	}
-	delete(registry.zones, z.Name)
-	dropZoneSeries(z.Name)
-}
-
-func liveZones() map[string]*zones.Zone {
-	registry.Lock()
-	defer registry.Unlock()
-	m := make(map[string]*zones.Zone, len(registry.zones))
-	for k, v := range registry.zones {
-		m[k] = v[len(v)-1]
-	}
-	return m
-}
-
-func lookupZone(name string) *zones.Zone {
-	registry.Lock()
-	defer registry.Unlock()
-	if regs := registry.zones[name]; len(regs) > 0 {
-		return regs[len(regs)-1]
-	}
-	return nil
 }
 
 // zoneInfo is a zone as GET /rate_limit/zones shows it.

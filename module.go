@@ -10,14 +10,12 @@ package ratelimit
 
 import (
 	"cmp"
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/textproto"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -496,69 +494,6 @@ func (h *Handler) Cleanup() error {
 		releaseStore(h.storeKey)
 		h.store = nil
 	}
-	return nil
-}
-
-// states holds every zone's in-process state, shared by handlers that define
-// the zone the same way and kept across config reloads (the new config takes
-// its references before the old one lets go of its own).
-var states = caddy.NewUsagePool()
-
-// stateID identifies a zone definition: handlers with the same one share
-// state, the same name with another one in one config is an error, and a
-// changed limit starts from a fresh state rather than reinterpreting old
-// TATs under new limits.
-type stateID struct {
-	name                  string
-	events, window, burst int64
-	maxKeys               int64
-	vars                  planVars
-}
-
-func newStateID(cfg zones.Config, vars planVars) stateID {
-	return stateID{cfg.Name, cfg.Events, int64(cfg.Window), cfg.Limit().Burst, cfg.MaxKeys, vars}
-}
-
-func loadState(cfg zones.Config, vars planVars, sweep time.Duration) (*zones.State, stateID, error) {
-	id := newStateID(cfg, vars)
-	v, _, err := states.LoadOrNew(id, func() (caddy.Destructor, error) {
-		return zones.NewState(cfg, sweep), nil
-	})
-	if err != nil {
-		return nil, id, err
-	}
-	return v.(*zones.State), id, nil
-}
-
-// claims records, for each loaded config, which definition each zone name
-// has, so that one name with two different limits in one config is an error.
-// A config is told apart by its context's Done channel, which every module
-// of that config shares.
-var claims = struct {
-	sync.Mutex
-	byConfig map[<-chan struct{}]map[string]stateID
-}{byConfig: make(map[<-chan struct{}]map[string]stateID)}
-
-func claimZoneName(ctx caddy.Context, cfg zones.Config, vars planVars) error {
-	done := ctx.Done()
-	claims.Lock()
-	defer claims.Unlock()
-	names, ok := claims.byConfig[done]
-	if !ok {
-		names = make(map[string]stateID)
-		claims.byConfig[done] = names
-		context.AfterFunc(ctx, func() {
-			claims.Lock()
-			delete(claims.byConfig, done)
-			claims.Unlock()
-		})
-	}
-	id := newStateID(cfg, vars)
-	if prev, ok := names[cfg.Name]; ok && prev != id {
-		return fmt.Errorf("zone %s is defined twice with different limits (%d per %v and %d per %v): give one of them another name",
-			cfg.Name, prev.events, time.Duration(prev.window), cfg.Events, cfg.Window)
-	}
-	names[cfg.Name] = id
 	return nil
 }
 
