@@ -238,20 +238,6 @@ func cliZones(c *cli) error {
 	return tw.Flush()
 }
 
-// shortDuration turns Go's "1h0m0s" into "1h".
-func shortDuration(s string) string {
-	if d, err := time.ParseDuration(s); err == nil {
-		s = d.String()
-		if strings.HasSuffix(s, "m0s") {
-			s = s[:len(s)-2]
-		}
-		if strings.HasSuffix(s, "h0m") {
-			s = s[:len(s)-2]
-		}
-	}
-	return s
-}
-
 // seconds renders an admin API duration in seconds for people.
 func seconds(s float64) string {
 	d := time.Duration(s * float64(time.Second))

@@ -184,3 +184,22 @@ func (c *keysCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(z.Keys()), name)
 	}
 }
+
+// inFlightCollector reports, at scrape time, the requests each live
+// concurrency zone has in flight in this process.
+type inFlightCollector struct{ desc *prometheus.Desc }
+
+func (c *inFlightCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *inFlightCollector) Collect(ch chan<- prometheus.Metric) {
+	for name, z := range liveZones() {
+		if z.IsConcurrency() {
+			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(z.InFlight()), name)
+		}
+	}
+}
+
+func newInFlightCollector() *inFlightCollector {
+	return &inFlightCollector{desc: prometheus.NewDesc("caddy_rate_limit_in_flight",
+		"Requests holding a slot of a concurrency zone in this instance.", []string{"zone"}, nil)}
+}

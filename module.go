@@ -327,6 +327,24 @@ func compareZones(a, b *zoneHandler) int {
 	return strings.Compare(a.Name, b.Name)
 }
 
+// compareConcurrency orders concurrency zones after rate zones, smallest
+// concurrency first: a request a rate zone denies never takes a slot, and a
+// slot, unlike a GCRA step, has to be given back.
+func compareConcurrency(a, b *zoneHandler) int {
+	switch {
+	case !a.IsConcurrency():
+		return -1
+	case !b.IsConcurrency():
+		return 1
+	case a.Concurrency != b.Concurrency:
+		if a.Concurrency < b.Concurrency {
+			return -1
+		}
+		return 1
+	}
+	return strings.Compare(a.Name, b.Name)
+}
+
 func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zoneHandler, error) {
 	policy, err := zones.ParseFailPolicy(zc.FailPolicy)
 	if err != nil {
