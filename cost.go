@@ -62,17 +62,18 @@ func (c costVars) policyParams() string {
 }
 
 // costFor is the cost of the request before it runs; math.MaxInt64 for a
-// value too large to represent (it can never pass).
-func (z *zoneHandler) costFor(h *Handler, repl *caddy.Replacer) int64 {
+// value too large to represent (it can never pass). now (monotime) is for
+// the sampled log of a fallback.
+func (z *zoneHandler) costFor(repl *caddy.Replacer, now int64) int64 {
 	if z.costs.costVar == "" {
 		return z.costs.cost
 	}
-	return h.readCost(z, repl, z.costs.costVar, "cost")
+	return z.readCost(repl, now, z.costs.costVar, "cost")
 }
 
 // readCost reads a cost placeholder: a whole number >= 0, math.MaxInt64 for
 // one too large to represent, else the literal cost, counted and logged.
-func (h *Handler) readCost(z *zoneHandler, repl *caddy.Replacer, name, setting string) int64 {
+func (z *zoneHandler) readCost(repl *caddy.Replacer, now int64, name, setting string) int64 {
 	s, _ := repl.GetString(name)
 	s = strings.TrimSpace(s)
 	n, err := strconv.ParseInt(s, 10, 64)
@@ -85,7 +86,7 @@ func (h *Handler) readCost(z *zoneHandler, repl *caddy.Replacer, name, setting s
 	if z.metrics != nil && z.metrics.costFallbacks != nil {
 		z.metrics.costFallbacks.Inc()
 	}
-	if c := h.denyLog.Check(zapcore.WarnLevel, "request cost is empty or invalid; using the zone's literal cost"); c != nil {
+	if c := z.logs.costFallback.check(z.logger, now, zapcore.WarnLevel, "request cost is empty or invalid; using the zone's literal cost"); c != nil {
 		c.Write(zap.String("zone", z.Name), zap.String("setting", setting), zap.String("value", s), zap.Int64("cost", z.costs.cost))
 	}
 	return z.costs.cost
@@ -93,9 +94,9 @@ func (h *Handler) readCost(z *zoneHandler, repl *caddy.Replacer, name, setting s
 
 // neverPasses is the decision for a request whose cost is more than the
 // zone's burst: no wait would let it pass, so it is denied without asking
-// anyone, and logged.
-func (h *Handler) neverPasses(z *zoneHandler, p *zones.Plan, cost int64) zones.Decision {
-	if c := h.denyLog.Check(zapcore.WarnLevel, "request cost exceeds the zone's burst: it can never pass"); c != nil {
+// anyone, and logged (sampled).
+func (z *zoneHandler) neverPasses(now int64, p *zones.Plan, cost int64) zones.Decision {
+	if c := z.logs.costOverBurst.check(z.logger, now, zapcore.WarnLevel, "request cost exceeds the zone's burst: it can never pass"); c != nil {
 		c.Write(zap.String("zone", z.Name), zap.Int64("cost", cost), zap.Int64("burst", p.Burst))
 	}
 	return zones.Decision{RetryAfter: p.Window, Source: zones.SourceLocal}
@@ -118,7 +119,7 @@ func countCost(verdicts []verdict) {
 // An error returned down the chain counts with its status (what
 // handle_errors sees as {err.status_code}) unless a status was written.
 // Concurrency zones' slots, when holding, are released after the charges.
-func (h *Handler) serveAndCharge(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, verdicts []verdict, holding bool) error {
+func serveAndCharge(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, verdicts []verdict, holding bool) error {
 	if holding {
 		defer releaseSlots(verdicts)
 	}
@@ -150,7 +151,7 @@ func (h *Handler) serveAndCharge(w http.ResponseWriter, r *http.Request, repl *c
 			if repl == nil {
 				repl = requestReplacer(r)
 			}
-			cost = h.readCost(z, repl, z.costs.chargeVar, "charge")
+			cost = z.readCost(repl, now, z.costs.chargeVar, "charge")
 		}
 		cost = min(cost, zones.MaxCharge*v.plan.Burst)
 		if cost <= 0 {
@@ -162,6 +163,17 @@ func (h *Handler) serveAndCharge(w http.ResponseWriter, r *http.Request, repl *c
 		}
 	}
 	return err
+}
+
+// chargeFailed counts and logs (sampled) a charge after the response that
+// did not reach Redis: the zone's fail policy applied to it.
+func (z *zoneHandler) chargeFailed(err error) {
+	if z.metrics != nil {
+		z.metrics.chargeFailures.Inc()
+	}
+	if c := z.logs.chargeFailure.check(z.logger, monotime.Now(), zapcore.WarnLevel, "charge after the response did not reach Redis; fail policy applied"); c != nil {
+		c.Write(zap.String("zone", z.Name), zap.String("fail_policy", z.FailPolicy.String()), zap.Error(err))
+	}
 }
 
 // zoneCosts checks and resolves a zone's cost settings.

@@ -29,8 +29,8 @@ func (v planVars) any() bool { return v.events != "" || v.window != "" || v.burs
 
 // planFor returns the plan the request is decided under: the zone's
 // literal plan (no lookup, no allocation) unless it reads one from the
-// request.
-func (z *zoneHandler) planFor(h *Handler, repl *caddy.Replacer) zones.Plan {
+// request. now (monotime) is for the sampled log of a fallback.
+func (z *zoneHandler) planFor(repl *caddy.Replacer, now int64) zones.Plan {
 	lit := z.Plan()
 	if !z.vars.any() {
 		return lit
@@ -72,18 +72,18 @@ func (z *zoneHandler) planFor(h *Handler, repl *caddy.Replacer) zones.Plan {
 		}
 	}
 	if bad != "" {
-		h.planFallback(z, bad, badValue, err)
+		z.planFallback(now, bad, badValue, err)
 	}
 	return p
 }
 
 // planFallback counts and logs (sampled) a request whose per-request limit
 // was unusable.
-func (h *Handler) planFallback(z *zoneHandler, setting, value string, err error) {
+func (z *zoneHandler) planFallback(now int64, setting, value string, err error) {
 	if z.metrics != nil {
 		z.metrics.planFallbacks.Inc()
 	}
-	if c := h.denyLog.Check(zapcore.WarnLevel, "per-request limit is empty or invalid; using the zone's literal value"); c != nil {
+	if c := z.logs.planFallback.check(z.logger, now, zapcore.WarnLevel, "per-request limit is empty or invalid; using the zone's literal value"); c != nil {
 		fields := []zap.Field{zap.String("zone", z.Name), zap.String("setting", setting), zap.String("value", value)}
 		if err != nil {
 			fields = append(fields, zap.Error(err))

@@ -43,7 +43,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 
 	var stack [maxStackZones]verdict
-	applicable, err := h.applicable(r, repl, stack[:0])
+	applicable, err := h.applicable(r, repl, now, stack[:0])
 	if err != nil {
 		return err
 	}
@@ -78,7 +78,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			d = z.Check(ctx, key, now, &v.plan)
 			postCharged = true
 		case cost > v.plan.Burst:
-			d = h.neverPasses(z, &v.plan, cost)
+			d = z.neverPasses(now, &v.plan, cost)
 		default:
 			d = z.DecideWith(ctx, key, now, &v.plan, cost)
 		}
@@ -90,15 +90,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			z.metrics.observe(d, z.dryRun, wait)
 		}
 		if d.Err != nil {
-			h.logStoreError(z, d)
+			z.logStoreError(now, d)
 		}
 		v.d = d
 		verdicts = applicable[:i+1]
 		if !d.Allowed {
 			if z.dryRun {
-				if h.live.dryRunLogs.allow(now) {
-					h.logDenial(z, key, d, true)
-				}
+				h.logDenial(now, z, key, d, true)
 				continue
 			}
 			denied = v
@@ -132,7 +130,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			countCost(verdicts)
 		}
 		if postCharged {
-			return h.serveAndCharge(w, r, repl, next, verdicts, holding)
+			return serveAndCharge(w, r, repl, next, verdicts, holding)
 		}
 		if holding {
 			return serveHoldingSlots(w, r, next, verdicts)
@@ -149,7 +147,7 @@ func requestReplacer(r *http.Request) *caddy.Replacer {
 
 // applicable appends to verdicts the zones whose matchers accept r, with
 // the request's key in each, tightest first; nothing is decided yet.
-func (h *Handler) applicable(r *http.Request, repl *caddy.Replacer, verdicts []verdict) ([]verdict, error) {
+func (h *Handler) applicable(r *http.Request, repl *caddy.Replacer, now int64, verdicts []verdict) ([]verdict, error) {
 	for _, z := range h.zones {
 		if len(z.matchers) > 0 {
 			match, err := z.matchers.AnyMatchWithError(r)
@@ -161,7 +159,7 @@ func (h *Handler) applicable(r *http.Request, repl *caddy.Replacer, verdicts []v
 			}
 		}
 		verdicts = append(verdicts, verdict{zone: z, key: z.Config.Key(z.expandKey(r, repl)),
-			plan: z.planFor(h, repl), cost: z.costFor(h, repl)})
+			plan: z.planFor(repl, now), cost: z.costFor(repl, now)})
 	}
 	return verdicts, nil
 }
@@ -255,9 +253,7 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, verdicts []verdic
 			"remote_addr": r.RemoteAddr,
 		})
 	}
-	if h.live.denialLogs.allow(now) {
-		h.logDenial(v.zone, v.key, v.d, false)
-	}
+	h.logDenial(now, v.zone, v.key, v.d, false)
 	v.zone.State().Offenders.Record(v.key, time.Now().UnixNano())
 	if h.answersDirectly(r) {
 		// Nothing would shape the error: answer directly. Caddy's error
@@ -297,9 +293,8 @@ func (h *Handler) answersDirectly(r *http.Request) bool {
 
 // liveState is what the request path of a handler updates.
 type liveState struct {
-	// Denial log lines, sampled as denyLog is but cheaper.
-	denialLogs, dryRunLogs logSampler
-	errorRoutes            atomic.Int32 // errorRoutesUnknown, None or Some
+	logs        logSamplers  // shared by the handler's zones
+	errorRoutes atomic.Int32 // errorRoutesUnknown, None or Some
 }
 
 // What a handler knows of its server's error routes.
@@ -309,47 +304,20 @@ const (
 	errorRoutesSome
 )
 
-// logSampler lets through the first logFirst events of each second, then
-// one in logThereafter, as zap's sampler with those settings would, for
-// one atomic add per event: a flood of denials cannot flood the log, nor
-// pay for zap's per-entry clock read and message hash.
-type logSampler struct {
-	second atomic.Int64 // monotime seconds of the current second
-	count  atomic.Int64 // events in it
-}
-
-const (
-	logFirst      = 10
-	logThereafter = 1000
-)
-
-func (s *logSampler) allow(now int64) bool {
-	sec := now / int64(time.Second)
-	if old := s.second.Load(); old != sec && s.second.CompareAndSwap(old, sec) {
-		s.count.Store(0)
-	}
-	n := s.count.Add(1)
-	return n <= logFirst || (n-logFirst)%logThereafter == 0
-}
-
 const eventExceeded = "rate_limit_exceeded"
 
-func (h *Handler) logDenial(z *zoneHandler, key string, d zones.Decision, dryRun bool) {
-	msg := "rate limit exceeded"
+// logDenial logs (sampled) a denial, or in a dry-run zone the denial it
+// would have been; the key only with log_key.
+func (h *Handler) logDenial(now int64, z *zoneHandler, key string, d zones.Decision, dryRun bool) {
+	s, msg := &h.live.logs.denial, "rate limit exceeded"
 	if dryRun {
-		msg = "rate limit would deny (dry run)"
+		s, msg = &h.live.logs.dryRunDenial, "rate limit would deny (dry run)"
 	}
-	if c := h.logger.Check(zapcore.InfoLevel, msg); c != nil {
+	if c := s.check(h.logger, now, zapcore.InfoLevel, msg); c != nil {
 		fields := []zap.Field{zap.String("zone", z.Name), zap.Duration("retry_after", d.RetryAfter)}
 		if h.LogKey {
 			fields = append(fields, zap.String("key", key))
 		}
 		c.Write(fields...)
-	}
-}
-
-func (h *Handler) logStoreError(z *zoneHandler, d zones.Decision) {
-	if c := h.denyLog.Check(zapcore.DebugLevel, "store unavailable; fail policy applied"); c != nil {
-		c.Write(zap.String("zone", z.Name), zap.String("fail_policy", z.FailPolicy.String()), zap.Error(d.Err))
 	}
 }
