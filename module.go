@@ -2,10 +2,26 @@
 // which limits requests in named zones keyed by placeholders, with GCRA
 // enforced in-process or, across Caddy instances, in Redis.
 //
-// The handler's lifecycle is in this file, the request path (ServeHTTP)
-// in serve.go and header rendering in headers.go; the maths is in package
-// algorithms; a zone's state and fail policy are in package zones; Redis is
-// spoken to only in package distributed.
+// This package is the Caddy side, a file per concern:
+//
+//	module.go       the handler's config (Handler) and lifecycle: Provision, Validate, Cleanup
+//	zone.go         a zone's config (Zone) and provisioned form: matchers, key, order
+//	serve.go        ServeHTTP: where a request is decided, and the denial
+//	plans.go        limits read from each request's placeholders
+//	cost.go         what a request costs, and charging after the response
+//	concurrency.go  holding concurrency slots while the next handlers run
+//	headers.go      the RateLimit and Retry-After headers
+//	log.go          the log lines a request can cause, and their one sampling rule
+//	metrics.go      the Prometheus metrics
+//	registry.go     the zone tables the process keeps across handlers and reloads
+//	redis.go        the distributed config and the pool of Redis clients
+//	caddyfile.go    the Caddyfile syntax
+//	admin.go        the admin API, admin.api.rate_limit
+//	command.go      the caddy rate-limit command
+//
+// The maths is in package algorithms; a zone's state, deny cache and fail
+// policy are in package zones; Redis is spoken to only in package
+// distributed.
 package ratelimit
 
 import (
@@ -32,7 +48,29 @@ func init() {
 // allowed only when every zone whose matchers accept it allows it; a request
 // one zone denies consumes nothing in the others. Denials are returned as
 // errors with the configured status (429 by default), so `handle_errors` can
-// shape the response.
+// shape the response; on a server without error routes the status is
+// written directly.
+//
+// On a denial, this module sets the following placeholders (which can be
+// used after this handler; for example, in `handle_errors` or in response
+// headers):
+//
+// Placeholder | Description
+// ------------|-------------
+// `{http.rate_limit.exceeded.name}` | The name of the zone that denied the request
+// `{http.rate_limit.exceeded.key}` | The key the zone denied, as the zone stores it: the expanded key template, masked to ipv4_prefix/ipv6_prefix, hashed when over 256 bytes
+//
+// and emits the event `rate_limit_exceeded`, whose data is:
+//
+// Field | Description
+// ------|-------------
+// `zone` | The name of the zone that denied the request
+// `key` | The key it denied, as in the placeholder (whatever log_key says: event handlers see it)
+// `retry_after` | How long the key has to wait, jitter included (a time.Duration); the Retry-After header carries it in whole seconds, rounded up
+// `remote_addr` | The address of the client's connection (the request's RemoteAddr)
+//
+// A zone in dry run denies nothing: its would-be denials set no
+// placeholder and emit no event; they are counted and logged.
 type Handler struct {
 	// The rate limit zones, by name. Zone names use letters, digits, '_'
 	// and '-'. A zone name defined in several handlers with the same limits

@@ -30,9 +30,14 @@ type Distributed struct {
 	// How often async mode reconciles with Redis. Default: 100ms.
 	SyncInterval caddy.Duration `json:"sync_interval,omitempty"`
 
-	// mholt/caddy-ratelimit's names for sync_interval, accepted so that
-	// its configs load unchanged.
-	ReadInterval  caddy.Duration `json:"read_interval,omitempty"`
+	// mholt/caddy-ratelimit's name for how often it reads the shared
+	// state, accepted for sync_interval: in async mode, without
+	// sync_interval, the larger of read_interval and write_interval is the
+	// sync interval. Unused in strict mode.
+	ReadInterval caddy.Duration `json:"read_interval,omitempty"`
+
+	// mholt/caddy-ratelimit's name for how often it writes the shared
+	// state, accepted for sync_interval as read_interval is.
 	WriteInterval caddy.Duration `json:"write_interval,omitempty"`
 
 	// The longest a request waits for Redis before the zone's fail policy
@@ -51,9 +56,22 @@ type Redis struct {
 	// password and db). Several addresses are a Redis Cluster, or the
 	// Sentinels when sentinel_master is set.
 	Addresses []string `json:"addresses,omitempty"`
-	Username  string   `json:"username,omitempty"`
-	Password  string   `json:"password,omitempty"`
-	DB        int      `json:"db,omitempty"`
+
+	// The ACL user to log in as (Redis 6 and later), instead of the
+	// default user; overrides a user in the URLs. With Sentinel, the
+	// master's user.
+	Username string `json:"username,omitempty"`
+
+	// The password to log in with (AUTH); overrides a password in the
+	// URLs. Use a placeholder such as {env.REDIS_PASSWORD}: Caddy shows
+	// the config, this field included, in GET /config/ and its autosave
+	// file. With Sentinel, the master's password.
+	Password string `json:"password,omitempty"`
+
+	// The database number (SELECT); overrides one in the URLs. Default: 0.
+	// A Redis Cluster has only database 0.
+	DB int `json:"db,omitempty"`
+
 	// The name of the master the Sentinels at addresses watch.
 	SentinelMaster string `json:"sentinel_master,omitempty"`
 	// Use TLS (implied by rediss:// URLs and by the tls_* files).
@@ -61,10 +79,12 @@ type Redis struct {
 	// A PEM file of the CAs that sign Redis's certificate, when it is not
 	// signed by one the system trusts.
 	TLSCA string `json:"tls_ca,omitempty"`
-	// A client certificate and its key (PEM files), for a Redis started
-	// with tls-auth-clients.
+	// A client certificate (PEM file), for a Redis started with
+	// tls-auth-clients; tls_key is its key.
 	TLSCert string `json:"tls_cert,omitempty"`
-	TLSKey  string `json:"tls_key,omitempty"`
+
+	// The private key (PEM file) of tls_cert.
+	TLSKey string `json:"tls_key,omitempty"`
 }
 
 // stores shares one Redis client per distinct setting between all handlers,
