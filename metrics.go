@@ -65,7 +65,8 @@ func initCollectors() {
 	}, []string{"zone"})
 	collectors.keys = &keysCollector{desc: prometheus.NewDesc(ns+"_"+sub+"_keys",
 		"Keys the zone holds in this instance's memory.", []string{"zone"}, nil)}
-	collectors.inFlight = newInFlightCollector()
+	collectors.inFlight = &inFlightCollector{desc: prometheus.NewDesc(ns+"_"+sub+"_in_flight",
+		"Requests holding a slot of a concurrency zone in this instance.", []string{"zone"}, nil)}
 }
 
 // registerMetrics makes the collectors visible in ctx's registry.
@@ -199,7 +200,8 @@ func (c *inFlightCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-func newInFlightCollector() *inFlightCollector {
-	return &inFlightCollector{desc: prometheus.NewDesc("caddy_rate_limit_in_flight",
-		"Requests holding a slot of a concurrency zone in this instance.", []string{"zone"}, nil)}
-}
+// Interface guards
+var (
+	_ prometheus.Collector = (*keysCollector)(nil)
+	_ prometheus.Collector = (*inFlightCollector)(nil)
+)
