@@ -13,36 +13,6 @@ import (
 	"time"
 )
 
-// adminZone is a zone as GET /rate_limit/zones lists it.
-type adminZone struct {
-	Name          string  `json:"name"`
-	Events        int64   `json:"events"`
-	Window        string  `json:"window"`
-	WindowSeconds float64 `json:"window_seconds"`
-	Burst         int64   `json:"burst"`
-	Mode          string  `json:"mode"`
-	FailPolicy    string  `json:"fail_policy"`
-	DryRun        bool    `json:"dry_run"`
-	LocalKeys     int     `json:"local_keys"`
-	Store         *struct {
-		OK        bool `json:"ok"`
-		Instances int  `json:"instances"`
-	} `json:"store"`
-}
-
-// adminKey is a key as GET /rate_limit/zones/<zone>/keys/<key> shows it.
-type adminKey struct {
-	Zone       string  `json:"zone"`
-	Key        string  `json:"key"`
-	Remaining  int64   `json:"remaining"`
-	RetryAfter float64 `json:"retry_after"`
-	ResetAfter float64 `json:"reset_after"`
-	Events     int64   `json:"events"`
-	Window     string  `json:"window"`
-	Burst      int64   `json:"burst"`
-	Source     string  `json:"source"`
-}
-
 const adminSite = `http:// {
 	rate_limit {
 		zone api {
@@ -65,10 +35,6 @@ const adminSite = `http:// {
 	respond "ok"
 }
 `
-
-func keyPath(zone, key string) string {
-	return "/rate_limit/zones/" + url.PathEscape(zone) + "/keys/" + url.PathEscape(key)
-}
 
 func TestAdminListsZonesWithTheirLimits(t *testing.T) {
 	t.Parallel()
@@ -455,6 +421,47 @@ func TestAdminReadsAndResetsKeysInRedis(t *testing.T) {
 			})
 			if n, err := rc.Exists(ctx, rkey).Result(); err != nil || n != 0 {
 				t.Errorf("after a DELETE once Redis answers, %s exists = %d (%v)", rkey, n, err)
+			}
+		})
+	}
+}
+
+// The README says a DELETE lets the key through on every instance at once.
+// The deny cache of the other instances must hear of it: a reset is
+// published, and reaches them within resetBound.
+func TestAdminResetUnblocksTheKeyOnEveryInstance(t *testing.T) {
+	t.Parallel()
+	const resetBound = time.Second
+	for _, mode := range []string{"strict", "async"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			rs := startRedis(t)
+			site := distributedSite(rs.Addr, `
+		zone api {
+			key {http.request.header.X-API-Key}
+			events 10
+			window 1h
+		}`, "\t\t\tmode "+mode+"\n\t\t\ttimeout 1s")
+			a, b := startCaddy(t, site), startCaddy(t, site)
+			for _, c := range []*caddyInstance{a, b} {
+				waitFor(t, 10*time.Second, c.URL+" to deny cust", func() bool { return c.Do(withKey("cust")).Status == 429 })
+			}
+			// Both instances now deny cust from their own state.
+			if got := b.Do(withKey("cust")); got.Status != 429 {
+				t.Fatalf("B before the reset: %d, want 429", got.Status)
+			}
+			if status, body := a.adminDo("DELETE", keyPath("api", "cust")); status != 204 {
+				t.Fatalf("DELETE on A: %d %s", status, body)
+			}
+			reset := time.Now()
+			if got := a.Do(withKey("cust")); got.Status != 200 {
+				t.Fatalf("A after its own reset: %d, want 200", got.Status)
+			}
+			waitFor(t, 10*time.Second, "B to let cust through after the reset on A", func() bool {
+				return b.Do(withKey("cust")).Status == 200
+			})
+			if d := time.Since(reset); d > resetBound {
+				t.Errorf("B let cust through %v after the reset on A, want within %v", d.Round(time.Millisecond), resetBound)
 			}
 		})
 	}

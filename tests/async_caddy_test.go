@@ -1,9 +1,11 @@
 package tests
 
 // Async mode through three real Caddy processes sharing one real
-// redis-server: the fleet stays near the limit and within the stated bound.
+// redis-server: the fleet stays near the limit and within the stated bound,
+// and a zone's records stay within its max_keys.
 
 import (
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,46 +13,6 @@ import (
 
 	"github.com/caddy-tally/ratelimit/zones"
 )
-
-// startAsyncFleet starts n Caddy instances whose rate_limit handler has the
-// given zones, shared through the Redis at redisAddr in async mode.
-func startAsyncFleet(t *testing.T, n int, redisAddr, interval, zoneBlocks string) []*caddyInstance {
-	t.Helper()
-	site := `http:// {
-	rate_limit {
-` + zoneBlocks + `
-		distributed {
-			redis redis://` + redisAddr + `
-			mode async
-			sync_interval ` + interval + `
-		}
-	}
-	respond "ok"
-}
-`
-	fleet := make([]*caddyInstance, n)
-	for i := range fleet {
-		fleet[i] = startCaddy(t, site)
-	}
-	return fleet
-}
-
-// asyncZoneStore is the store part of an async zone in GET /rate_limit/zones.
-func asyncZoneStore(t *testing.T, c *caddyInstance, zone string) (ok bool, instances int) {
-	t.Helper()
-	var list []adminZone
-	c.adminJSON("/rate_limit/zones", &list)
-	for _, z := range list {
-		if z.Name == zone {
-			if z.Store == nil || z.Mode != "async" {
-				t.Fatalf("zone %s in GET /rate_limit/zones: mode %q store %v, want an async store", zone, z.Mode, z.Store)
-			}
-			return z.Store.OK, z.Store.Instances
-		}
-	}
-	t.Fatalf("zone %s not listed", zone)
-	return false, 0
-}
 
 // Not parallel: Go runs it before the parallel tests, on a quieter machine.
 func TestAsyncModeStaysNearTheLimitAcrossThreeInstances(t *testing.T) {
@@ -170,5 +132,30 @@ func checkAsyncSteadyFlow(t *testing.T, fleet []*caddyInstance, interval time.Du
 	}
 	if got < ideal*3/4 {
 		t.Errorf("the fleet admitted %d across %v, less than 3/4 of the %d the limit allows", got, elapsed.Round(time.Millisecond), ideal)
+	}
+}
+
+// Async mode keeps a zone's records within its max_keys, and reports them
+// in the keys metric and the admin zone list.
+func TestAsyncZoneHoldsAtMostMaxKeys(t *testing.T) {
+	t.Parallel()
+	rs := startRedis(t)
+	inst := startCaddyWith(t, "metrics", distributedSite(rs.Addr, `
+		zone z {
+			key {http.request.header.X-API-Key}
+			events 10
+			window 1h
+			max_keys 100
+			fail_policy open
+		}`, "\t\t\tmode async\n\t\t\tsync_interval 1h"))
+	sendConcurrently(t, 400, 8, func(i int) (response, error) {
+		return inst.try(withKey("k" + strconv.Itoa(i)))
+	}, nil)
+	h := zoneHealthOf(t, inst, "z")
+	if h.LocalKeys != 100 {
+		t.Errorf("400 keys in an async zone with max_keys 100: local_keys %d, want 100: the cap, and the records counted", h.LocalKeys)
+	}
+	if v, ok := metricValue(inst.scrape(), "caddy_rate_limit_keys", map[string]string{"zone": "z"}); !ok || v != float64(h.LocalKeys) {
+		t.Errorf("caddy_rate_limit_keys{zone=z} = %v (present %v), want %d as the admin API says", v, ok, h.LocalKeys)
 	}
 }

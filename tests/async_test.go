@@ -7,12 +7,13 @@ package tests
 import (
 	"context"
 	"errors"
-	"github.com/redis/go-redis/v9"
 	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-tally/ratelimit/algorithms"
 	"github.com/caddy-tally/ratelimit/distributed"
@@ -20,40 +21,6 @@ import (
 )
 
 var _ zones.Store = (*distributed.Async)(nil)
-
-// openAsyncStores opens n async stores on one Redis and waits until each
-// has seen all n through the heartbeat, so fresh shares are B/n.
-// timeout is the store's Timeout (0: the default, 20ms).
-func openAsyncStores(t *testing.T, n int, addr string, interval, timeout time.Duration) []*distributed.Async {
-	t.Helper()
-	stores := make([]*distributed.Async, n)
-	for i := range stores {
-		a, err := distributed.OpenAsync(distributed.Options{Addresses: []string{addr}, Mode: "async",
-			SyncInterval: interval, Timeout: timeout, Instance: nextTestInstance()}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { a.Close() })
-		stores[i] = a
-	}
-	for _, a := range stores {
-		waitFor(t, 10*time.Second, "every async store to see the others", func() bool {
-			got, _ := a.Heartbeat(context.Background())
-			return got == n
-		})
-	}
-	return stores
-}
-
-// waitForSyncs polls until every store has synced at least twice since
-// since: its view includes what the others reported.
-func waitForSyncs(t *testing.T, stores []*distributed.Async, interval time.Duration) {
-	t.Helper()
-	after := time.Now().Add(interval)
-	for _, a := range stores {
-		waitFor(t, 10*time.Second, "an async store to sync", func() bool { return a.LastSync().After(after) })
-	}
-}
 
 // asyncBound is the documented bound (async.go) on what a fleet of n admits
 // over elapsed with sync interval I: B + ⌊(d + L)/T⌋ + (n−1)·max(1, ⌊B/n⌋),

@@ -6,8 +6,6 @@ package tests
 
 import (
 	"context"
-	"net"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -101,59 +99,4 @@ func TestStrictModeIsExactAcrossThreeInstancesOnRedisCluster(t *testing.T) {
 			t.Errorf("Redis key tally:api:%s is not on %s, the master owning its slot", k, owner[k])
 		}
 	}
-}
-
-// keysOnEveryNode picks perNode API keys whose Redis keys (zone api, default
-// prefix) hash to slots owned by each master, and returns them with the
-// address of their master.
-func keysOnEveryNode(t *testing.T, ctx context.Context, cluster *redis.ClusterClient, addrs []string, perNode int) ([]string, map[string]string) {
-	t.Helper()
-	return keysOnEveryMaster(t, ctx, cluster, addrs, perNode, func(k string) string { return "tally:api:" + k })
-}
-
-// keysOnEveryMaster picks perNode keys whose Redis key names (redisKey)
-// hash to slots owned by each of addrs, with the address of their master.
-func keysOnEveryMaster(t *testing.T, ctx context.Context, cluster *redis.ClusterClient, addrs []string, perNode int, redisKey func(string) string) ([]string, map[string]string) {
-	t.Helper()
-	shards, err := cluster.ClusterShards(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ownerOf := func(slot int64) string {
-		for _, sh := range shards {
-			for _, r := range sh.Slots {
-				if r.Start <= slot && slot <= r.End {
-					for _, n := range sh.Nodes {
-						if n.Role == "master" {
-							return net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10))
-						}
-					}
-				}
-			}
-		}
-		return ""
-	}
-	count := map[string]int{}
-	owner := map[string]string{}
-	var keys []string
-	for i := 0; i < 1000 && len(keys) < perNode*len(addrs); i++ {
-		k := "key-" + strconv.Itoa(i)
-		slot, err := cluster.ClusterKeySlot(ctx, redisKey(k)).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		node := ownerOf(slot)
-		if node == "" {
-			t.Fatalf("no master owns slot %d: %+v", slot, shards)
-		}
-		if count[node] < perNode {
-			count[node]++
-			owner[k] = node
-			keys = append(keys, k)
-		}
-	}
-	if len(count) != len(addrs) || len(keys) != perNode*len(addrs) {
-		t.Fatalf("found keys on %d masters (%v), want %d on each of %v", len(count), count, perNode, addrs)
-	}
-	return keys, owner
 }

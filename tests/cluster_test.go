@@ -2,10 +2,7 @@ package tests
 
 import (
 	"context"
-	"os/exec"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,49 +13,6 @@ import (
 	"github.com/caddy-tally/ratelimit/algorithms"
 	"github.com/caddy-tally/ratelimit/distributed"
 )
-
-// startRedisCluster starts three masters with no replicas and waits until
-// every node reports cluster_state:ok. It returns their addresses.
-func startRedisCluster(t testing.TB) []string {
-	t.Helper()
-	var addrs []string
-	for _, srv := range startRedisClusterNodes(t, 2*time.Second) {
-		addrs = append(addrs, srv.Addr)
-	}
-	return addrs
-}
-
-// startRedisClusterNodes is startRedisCluster with the servers, for tests
-// that stop or pause one, and the nodes' cluster-node-timeout: how long a
-// silent master may stay silent before the others mark it failed (and,
-// with no replica to promote, refuse every key).
-func startRedisClusterNodes(t testing.TB, nodeTimeout time.Duration) []*redisServer {
-	t.Helper()
-	var nodes []*redisServer
-	var addrs []string
-	for range 3 {
-		dir := t.TempDir()
-		srv := startRedis(t, "--cluster-enabled", "yes",
-			"--cluster-config-file", filepath.Join(dir, "nodes.conf"),
-			"--cluster-node-timeout", strconv.FormatInt(nodeTimeout.Milliseconds(), 10))
-		nodes = append(nodes, srv)
-		addrs = append(addrs, srv.Addr)
-	}
-	args := append([]string{"--cluster", "create"}, addrs...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
-	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
-		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
-	}
-	for _, a := range addrs {
-		c := redis.NewClient(&redis.Options{Addr: a})
-		defer c.Close()
-		waitFor(t, 20*time.Second, "cluster_state:ok on "+a, func() bool {
-			info, err := c.ClusterInfo(context.Background()).Result()
-			return err == nil && strings.Contains(info, "cluster_state:ok")
-		})
-	}
-	return nodes
-}
 
 // Three instances on a three-node Redis Cluster are as exact as on one
 // server, and keys on every node work (a batch is one script call per hash

@@ -1,86 +1,19 @@
 package tests
 
 // Strict mode through real Caddy processes sharing one real redis-server:
-// exactness across instances, each fail policy during an outage, recovery,
-// the deny cache, and TTLs on every key.
+// exactness across instances, each fail policy during an outage (local
+// starting from what Redis last said), recovery, the deny cache (a cached
+// denial costs no Redis call in any zone), TTLs on every key, and values
+// tally did not write, deleted and reported.
 
 import (
 	"context"
 	"fmt"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 )
-
-// startFleet starts n Caddy instances whose rate_limit handler has the given
-// zones and shares them through the Redis at redisAddr.
-func startFleet(t *testing.T, n int, redisAddr, zones string) []*caddyInstance {
-	t.Helper()
-	return startFleetWith(t, n, "", redisAddr, zones)
-}
-
-// startFleetWith is startFleet with extra global options.
-func startFleetWith(t *testing.T, n int, global, redisAddr, zones string) []*caddyInstance {
-	t.Helper()
-	site := `http:// {
-	rate_limit {
-` + zones + `
-		distributed {
-			redis redis://` + redisAddr + `
-		}
-	}
-	respond "ok"
-}
-`
-	fleet := make([]*caddyInstance, n)
-	for i := range fleet {
-		fleet[i] = startCaddyWith(t, global, site)
-	}
-	return fleet
-}
-
-// zoneStore is the store part of a zone in GET /rate_limit/zones.
-func zoneStore(t *testing.T, c *caddyInstance, zone string) (ok bool, instances int) {
-	t.Helper()
-	var zones []adminZone
-	c.adminJSON("/rate_limit/zones", &zones)
-	for _, z := range zones {
-		if z.Name == zone {
-			if z.Store == nil {
-				t.Fatalf("zone %s has no store in GET /rate_limit/zones: %+v", zone, z)
-			}
-			if z.Mode != "strict" {
-				t.Fatalf("zone %s mode %q, want strict", zone, z.Mode)
-			}
-			return z.Store.OK, z.Store.Instances
-		}
-	}
-	t.Fatalf("zone %s not listed", zone)
-	return false, 0
-}
-
-// sendAcross sends n requests with r, request i to fleet[i%len(fleet)], from
-// workers goroutines; every response must come within maxLatency.
-func sendAcross(t *testing.T, fleet []*caddyInstance, n, workers int, r request, maxLatency time.Duration) statusCounts {
-	t.Helper()
-	var slow atomic.Int64
-	counts := sendConcurrently(t, n, workers, func(i int) (response, error) {
-		return fleet[i%len(fleet)].try(r)
-	}, func(res response) {
-		if res.Elapsed > maxLatency {
-			slow.Add(1)
-		}
-	})
-	if n := slow.Load(); n > 0 {
-		t.Errorf("%d responses took longer than %v", n, maxLatency)
-	}
-	if n := counts.serverErrors(); n > 0 {
-		t.Errorf("%d server errors: %v", n, counts)
-	}
-	return counts
-}
 
 func TestStrictModeIsExactAcrossThreeInstances(t *testing.T) {
 	t.Parallel()
@@ -125,29 +58,6 @@ func TestEveryRedisKeyHasATTL(t *testing.T) {
 			t.Errorf("Redis key %q does not start with the default prefix tally:", k)
 		}
 	}
-}
-
-// evalCalls is how many scripts Redis has run (EVALSHA and EVAL).
-func evalCalls(t *testing.T, rs *redisServer) int64 {
-	t.Helper()
-	info, err := rs.Client().Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var total int64
-	for _, line := range strings.Split(info, "\n") {
-		for _, cmd := range []string{"cmdstat_evalsha:", "cmdstat_eval:"} {
-			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), cmd); ok {
-				calls, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
-				n, err := strconv.ParseInt(calls, 10, 64)
-				if err != nil {
-					t.Fatalf("unparsable %q", line)
-				}
-				total += n
-			}
-		}
-	}
-	return total
 }
 
 func TestBlockedKeyFloodMakesNoRedisCalls(t *testing.T) {
@@ -362,5 +272,161 @@ func TestStrictBlockedKeyIsAllowedAgainAfterItsRetryTime(t *testing.T) {
 	}
 	if res := fleet[0].Do(withKey("alice")); res.Status != 429 && time.Since(start) < sentAt+window {
 		t.Errorf("right after the allowed one, on the other instance: %d, want 429 (one per window, shared)", res.Status)
+	}
+}
+
+// A value tally did not write at one of its keys (here a SET or HSET by
+// someone else, with no TTL) must neither block nor free the key for good:
+// the decision that finds it goes to the fail policy, the value is deleted,
+// the key is limited again from its next request, and the problem shows in
+// the log (once), the store errors metric and the admin zone list.
+func TestForeignValueAtATallyKeyIsDeletedAndReported(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		mode, policy, redisKey, plant string
+		// the foreign value costs one decision, by the fail policy
+		wantAllowed int
+	}{
+		{"strict", "open", "tally:z:w", "hset", 11},
+		{"strict", "closed", "tally:z:w", "hset", 10},
+		{"async", "closed", "tally:z.async:w", "set", 10},
+	} {
+		t.Run(c.mode+"/"+c.policy, func(t *testing.T) {
+			t.Parallel()
+			rs := startRedis(t)
+			inst := startCaddyWith(t, "metrics", distributedSite(rs.Addr, `
+		zone z {
+			key {http.request.header.X-API-Key}
+			events 10
+			window 1h
+			fail_policy `+c.policy+`
+		}`, "\t\t\tmode "+c.mode+"\n\t\t\ttimeout 1s"+map[string]string{"async": "\n\t\t\tsync_interval 50ms"}[c.mode]))
+			ctx := context.Background()
+			rc := rs.Client()
+			if c.plant == "hset" {
+				rc.HSet(ctx, c.redisKey, "a", "b")
+			} else {
+				rc.Set(ctx, c.redisKey, "x", 0)
+			}
+			allowed := 0
+			for i := 0; i < 30; i++ {
+				res := inst.Do(withKey("w"))
+				if res.Status >= 500 {
+					t.Fatalf("request %d: %d", i, res.Status)
+				}
+				if res.Status == 200 {
+					allowed++
+				}
+				if c.mode == "async" && i == 0 {
+					// Let a sync find the value before the fresh share
+					// is spent.
+					waitFor(t, 5*time.Second, "the sync to report the foreign value", func() bool {
+						return zoneHealthOf(t, inst, "z").Store.LastProblem != ""
+					})
+				}
+			}
+			if c.mode == "async" {
+				// Async admits from local allowances: what is checked is
+				// that the key is limited at all (10 per hour), not starved.
+				if allowed < 9 || allowed > 11 {
+					t.Errorf("30 requests for a key whose Redis value was foreign: %d allowed, want 10 (±1)", allowed)
+				}
+			} else if allowed != c.wantAllowed {
+				t.Errorf("30 requests for a key whose Redis value was foreign, fail_policy %s: %d allowed, want %d", c.policy, allowed, c.wantAllowed)
+			}
+			want := map[string]string{"strict": "string", "async": "hash"}[c.mode]
+			waitFor(t, 5*time.Second, "tally's own value at "+c.redisKey, func() bool {
+				return rc.Type(ctx, c.redisKey).Val() == want
+			})
+			if ttl := rc.PTTL(ctx, c.redisKey).Val(); ttl <= 0 {
+				t.Errorf("the key has no TTL after the requests (%v)", ttl)
+			}
+			h := zoneHealthOf(t, inst, "z")
+			if h.Store == nil || !strings.Contains(h.Store.LastProblem, "tally did not write") && !strings.Contains(h.Store.LastProblem, "another type") {
+				t.Errorf("admin zone list: store %+v, want last_problem naming the foreign value", h.Store)
+			}
+			if v, ok := metricValue(inst.scrape(), "caddy_rate_limit_store_errors_total", map[string]string{"zone": "z"}); !ok || v < 1 {
+				t.Errorf("caddy_rate_limit_store_errors_total{zone=z} = %v (present %v), want >= 1", v, ok)
+			}
+			if n := strings.Count(inst.Output(), "a value tally did not write"); n != 1 {
+				t.Errorf("the log has %d lines about the foreign value, want 1", n)
+			}
+		})
+	}
+}
+
+// fail_policy local must start from what this instance last learned of a
+// key, not from a full share: a key used up in Redis stays used up when
+// Redis stops answering.
+func TestFailLocalStartsFromWhatRedisLastSaid(t *testing.T) {
+	t.Parallel()
+	rs := startRedis(t)
+	inst := startCaddy(t, distributedSite(rs.Addr, `
+		zone z {
+			key {http.request.header.X-API-Key}
+			events 100
+			window 100s
+		}`, "\t\t\ttimeout 300ms"))
+	waitFor(t, 10*time.Second, "the store to see this instance", func() bool {
+		h := zoneHealthOf(t, inst, "z")
+		return h.Store.OK && h.Store.Instances == 1
+	})
+	got := countStatuses(inst.Send(100, withKey("k")))
+	if got[200] != 100 {
+		t.Fatalf("100 requests with Redis up: %v, want 100×200", got)
+	}
+	rs.Pause()
+	defer rs.Resume()
+	start := time.Now()
+	statuses := inst.Send(60, withKey("k"))
+	elapsed := time.Since(start)
+	after := countStatuses(statuses)
+	// One token per second refills; the run takes a few seconds.
+	if want := int(elapsed/time.Second) + 2; after[200] > want || after.serverErrors() > 0 {
+		t.Errorf("a used-up key during an outage, over %v: %v, want at most %d allowed (refill at 1/s), no 5xx", elapsed.Round(time.Millisecond), after, want)
+	}
+}
+
+// A request that a zone's deny cache already denies costs no Redis call in
+// the other zones: no decision, no refund.
+func TestRequestDeniedByACachedZoneCostsNoRedisCall(t *testing.T) {
+	t.Parallel()
+	rs := startRedis(t)
+	// hourly (100/h) is the tighter rate and is checked first; burst5
+	// (360/h, burst 5) denies after 5 and then for 10s.
+	inst := startCaddy(t, distributedSite(rs.Addr, `
+		zone hourly {
+			key {http.request.header.X-API-Key}
+			events 100
+			window 1h
+		}
+		zone burst5 {
+			key {http.request.header.X-API-Key}
+			events 360
+			window 1h
+			burst 5
+		}`, "\t\t\ttimeout 1s"))
+	// Load the scripts (a first call may be NOSCRIPT and then EVAL) and
+	// let the first heartbeat run before counting.
+	if got := inst.Do(withKey("warm-up")); got.Status != 200 {
+		t.Fatalf("warm-up request: %d", got.Status)
+	}
+	waitFor(t, 10*time.Second, "the first heartbeat", func() bool {
+		h := zoneHealthOf(t, inst, "hourly")
+		return h.Store.OK && rs.Client().Exists(context.Background(), "tally:instances").Val() == 1
+	})
+	before := evalCalls(t, rs)
+	start := time.Now()
+	got := countStatuses(inst.Send(100, withKey("k")))
+	elapsed := time.Since(start)
+	calls := evalCalls(t, rs) - before
+	if got[200] != 5 || got[429] != 95 {
+		t.Fatalf("100 requests: %v, want 5×200 95×429", got)
+	}
+	// 5 allowed × 2 zones, the first denial (hourly decided, burst5
+	// denied, hourly refunded), then nothing; plus a heartbeat a second.
+	want := int64(5*2+3) + int64(elapsed/time.Second) + 1
+	if calls > want {
+		t.Errorf("100 requests, 95 denied by burst5's deny cache, ran %d scripts in %v, want at most %d: cached denials must cost no decision or refund in hourly", calls, elapsed.Round(time.Millisecond), want)
 	}
 }

@@ -6,10 +6,6 @@ package tests
 
 import (
 	"context"
-	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,107 +23,6 @@ import (
 // resumeBound is how soon after a promotion every key of the failed master
 // must be decided in Redis again.
 const resumeBound = 2 * time.Second
-
-// replicatedCluster is three masters with one replica each, as redis-cli
-// --cluster create built it.
-type replicatedCluster struct {
-	masters   []*redisServer
-	replicaOf map[string]*redisServer // by master address
-	all       []*redisServer
-}
-
-// startReplicatedCluster starts 3 masters + 3 replicas with
-// cluster-node-timeout 1000 and waits until every node reports
-// cluster_state:ok and every replica is in sync. Coverage is not required
-// (cluster-require-full-coverage no): with the default, Redis itself refuses
-// every key on every master while one master is down and not yet replaced.
-func startReplicatedCluster(t *testing.T) *replicatedCluster {
-	t.Helper()
-	rc := &replicatedCluster{replicaOf: map[string]*redisServer{}}
-	var addrs []string
-	for range 6 {
-		dir := t.TempDir()
-		srv := startRedis(t, "--cluster-enabled", "yes",
-			"--cluster-config-file", filepath.Join(dir, "nodes.conf"),
-			"--cluster-node-timeout", "1000", "--cluster-require-full-coverage", "no")
-		rc.all = append(rc.all, srv)
-		addrs = append(addrs, srv.Addr)
-	}
-	args := append([]string{"--cluster", "create"}, addrs...)
-	args = append(args, "--cluster-replicas", "1", "--cluster-yes")
-	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
-		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
-	}
-	ctx := context.Background()
-	byPort := map[string]*redisServer{}
-	for _, s := range rc.all {
-		byPort[strconv.Itoa(s.Port)] = s
-	}
-	for _, s := range rc.all {
-		c := s.Client()
-		waitFor(t, 30*time.Second, "cluster_state:ok and a settled role on "+s.Addr, func() bool {
-			info, err := c.ClusterInfo(ctx).Result()
-			if err != nil || !strings.Contains(info, "cluster_state:ok") {
-				return false
-			}
-			repl, err := c.Info(ctx, "replication").Result()
-			if err != nil {
-				return false
-			}
-			if strings.Contains(repl, "role:master") {
-				return strings.Contains(repl, "connected_slaves:1")
-			}
-			return strings.Contains(repl, "master_link_status:up")
-		})
-		repl, _ := c.Info(ctx, "replication").Result()
-		if strings.Contains(repl, "role:master") {
-			rc.masters = append(rc.masters, s)
-			continue
-		}
-		port := infoField(repl, "master_port")
-		if byPort[port] == nil {
-			t.Fatalf("replica %s follows port %q, not a node of the cluster", s.Addr, port)
-		}
-		rc.replicaOf[byPort[port].Addr] = s
-	}
-	if len(rc.masters) != 3 || len(rc.replicaOf) != 3 {
-		t.Fatalf("%d masters and %d replicated masters, want 3 and 3", len(rc.masters), len(rc.replicaOf))
-	}
-	return rc
-}
-
-// infoField reads field from an INFO reply.
-func infoField(info, field string) string {
-	for line := range strings.SplitSeq(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
-			return v
-		}
-	}
-	return ""
-}
-
-// addrs returns every node's address, masters first.
-func (rc *replicatedCluster) addrs() []string {
-	var out []string
-	for _, m := range rc.masters {
-		out = append(out, m.Addr)
-	}
-	for _, m := range rc.masters {
-		out = append(out, rc.replicaOf[m.Addr].Addr)
-	}
-	return out
-}
-
-// promoted reports whether replica has become a master and the cluster,
-// as it sees it, is ok again.
-func promoted(ctx context.Context, replica *redis.Client) bool {
-	repl, err := replica.Info(ctx, "replication").Result()
-	if err != nil || !strings.Contains(repl, "role:master") {
-		return false
-	}
-	info, err := replica.ClusterInfo(ctx).Result()
-	return err == nil && strings.Contains(info, "cluster_state:ok")
-}
 
 // keyLoad decides keys in a loop from several goroutines and records, per
 // key, how many decisions failed (went to the fail policy) and when the last
@@ -249,20 +144,6 @@ func requireFailedThenResumed(t *testing.T, k string, st keyStats, promotedAt ti
 		t.Errorf("key %s on the killed master still failed %v after the promotion (last: %v), want within %v",
 			k, late.Round(time.Millisecond), st.lastErr, resumeBound)
 	}
-}
-
-// startSentinelSet starts a master, a replica in sync with it and three
-// Sentinels (quorum 2, down after 1s) watching it as "mymaster".
-func startSentinelSet(t *testing.T) (master, replica *redisServer, sentinels []string) {
-	t.Helper()
-	master = startRedis(t)
-	replica = startRedis(t, "--replicaof", "127.0.0.1", strconv.Itoa(master.Port))
-	rc := replica.Client()
-	waitFor(t, 10*time.Second, "the replica in sync", func() bool {
-		repl, err := rc.Info(context.Background(), "replication").Result()
-		return err == nil && strings.Contains(repl, "master_link_status:up")
-	})
-	return master, replica, startSentinels(t, master, 3, 2, 1, time.Second)
 }
 
 // logsAbout counts the log entries with message msg whose field names addr.
@@ -399,56 +280,6 @@ func TestClusterFailoverCostsOnlyTheFailedMastersKeys(t *testing.T) {
 	for _, m := range rc.masters[1:] {
 		m.requireEveryKeyExpires(t, 0)
 	}
-}
-
-// startSentinels starts n Sentinels watching master as "mymaster" with
-// the given quorum, declaring it down after downAfter without an answer,
-// and waits until each knows the master and its replicas.
-func startSentinels(t *testing.T, master *redisServer, n, quorum, replicas int, downAfter time.Duration) []string {
-	t.Helper()
-	var addrs []string
-	for range n {
-		port := freePort(t)
-		dir := t.TempDir()
-		conf := filepath.Join(dir, "sentinel.conf")
-		body := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\n"+
-			"sentinel monitor mymaster 127.0.0.1 %d %d\n"+
-			"sentinel down-after-milliseconds mymaster %d\n"+
-			"sentinel failover-timeout mymaster 10000\n",
-			port, dir, master.Port, quorum, downAfter.Milliseconds())
-		if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		cmd := exec.Command("redis-server", conf, "--sentinel")
-		logf, err := os.Create(filepath.Join(dir, "sentinel.log"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd.Stdout, cmd.Stderr = logf, logf
-		if err := cmd.Start(); err != nil {
-			t.Fatalf("starting redis-server --sentinel: %v", err)
-		}
-		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-		addrs = append(addrs, "127.0.0.1:"+strconv.Itoa(port))
-	}
-	ctx := context.Background()
-	for _, a := range addrs {
-		s := redis.NewSentinelClient(&redis.Options{Addr: a})
-		defer s.Close()
-		waitFor(t, 20*time.Second, "sentinel "+a+" to know mymaster, its replicas and the other sentinels", func() bool {
-			m, err := s.GetMasterAddrByName(ctx, "mymaster").Result()
-			if err != nil || len(m) != 2 || m[1] != strconv.Itoa(master.Port) {
-				return false
-			}
-			r, err := s.Replicas(ctx, "mymaster").Result()
-			if err != nil || len(r) != replicas {
-				return false
-			}
-			others, err := s.Sentinels(ctx, "mymaster").Result()
-			return err == nil && len(others) == n-1
-		})
-	}
-	return addrs
 }
 
 // Killing a Sentinel-watched master under load: decisions fail only until
@@ -693,26 +524,6 @@ func TestClusterMasterDownKeepsOtherMastersSlots(t *testing.T) {
 			return err == nil && n == 0
 		})
 	}
-}
-
-// waitForSentinelPromotion polls until the sentinel at sentinel names
-// replica as mymaster's master and replica says it is a master, and returns
-// when it saw both.
-func waitForSentinelPromotion(t *testing.T, sentinel string, replica *redisServer) time.Time {
-	t.Helper()
-	ctx := context.Background()
-	sc := redis.NewSentinelClient(&redis.Options{Addr: sentinel})
-	defer sc.Close()
-	rc := replica.Client()
-	waitFor(t, 20*time.Second, "the replica's promotion", func() bool {
-		m, err := sc.GetMasterAddrByName(ctx, "mymaster").Result()
-		if err != nil || len(m) != 2 || m[1] != strconv.Itoa(replica.Port) {
-			return false
-		}
-		repl, err := rc.Info(ctx, "replication").Result()
-		return err == nil && strings.Contains(repl, "role:master")
-	})
-	return time.Now()
 }
 
 // requireExactAcrossFleet sends 300 concurrent decisions for key of zone,

@@ -304,9 +304,9 @@ func runFaultCell(t *testing.T, f matrixFault) {
 	t.Logf("%s: admitted during the phase (blocked key, fresh key): %s", f.name, formatCounts(counts))
 }
 
-func listHealth(t *testing.T, c *caddyInstance) []zoneHealth {
+func listHealth(t *testing.T, c *caddyInstance) []adminZone {
 	t.Helper()
-	var list []zoneHealth
+	var list []adminZone
 	c.adminJSON("/rate_limit/zones", &list)
 	return list
 }

@@ -14,9 +14,11 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,21 +31,6 @@ var caddyBuild struct {
 	dir  string // the temporary directory TestMain made for the binary
 	path string
 	err  error
-}
-
-// TestMain only owns the directory the Caddy binary is built into. The binary
-// is built on first use (caddyBinary), so the tests that need no Caddy do not
-// wait for the build or fail when the root package does not compile.
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "tally-caddy-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "creating the Caddy build directory:", err)
-		os.Exit(1)
-	}
-	caddyBuild.dir = dir
-	code := m.Run()
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
 }
 
 // caddyBinary builds ./cmd/tally-caddy once per test run and returns its path.
@@ -587,4 +574,116 @@ func lineOf(t testing.TB, text, substr string) int {
 // admin errors, so that tests can look for the message as written.
 func unescapeJSON(s string) string {
 	return strings.NewReplacer(`\"`, `"`, `\\`, `\`).Replace(s)
+}
+
+// adminZone is a zone as GET /rate_limit/zones lists it.
+type adminZone struct {
+	Name          string  `json:"name"`
+	Events        int64   `json:"events"`
+	Window        string  `json:"window"`
+	WindowSeconds float64 `json:"window_seconds"`
+	Burst         int64   `json:"burst"`
+	Mode          string  `json:"mode"`
+	FailPolicy    string  `json:"fail_policy"`
+	DryRun        bool    `json:"dry_run"`
+	LocalKeys     int     `json:"local_keys"`
+	Store         *struct {
+		OK          bool   `json:"ok"`
+		Instances   int    `json:"instances"`
+		LastProblem string `json:"last_problem"`
+	} `json:"store"`
+}
+
+// adminKey is a key as GET /rate_limit/zones/<zone>/keys/<key> shows it.
+type adminKey struct {
+	Zone       string  `json:"zone"`
+	Key        string  `json:"key"`
+	Remaining  int64   `json:"remaining"`
+	RetryAfter float64 `json:"retry_after"`
+	ResetAfter float64 `json:"reset_after"`
+	Events     int64   `json:"events"`
+	Window     string  `json:"window"`
+	Burst      int64   `json:"burst"`
+	Source     string  `json:"source"`
+}
+
+func keyPath(zone, key string) string {
+	return "/rate_limit/zones/" + url.PathEscape(zone) + "/keys/" + url.PathEscape(key)
+}
+
+// zoneHealthOf is zone as GET /rate_limit/zones lists it now.
+func zoneHealthOf(t *testing.T, c *caddyInstance, zone string) adminZone {
+	t.Helper()
+	var list []adminZone
+	c.adminJSON("/rate_limit/zones", &list)
+	for _, z := range list {
+		if z.Name == zone {
+			return z
+		}
+	}
+	t.Fatalf("zone %s not listed by %s", zone, c.AdminURL)
+	return adminZone{}
+}
+
+func withKey(key string) request { return request{Header: map[string]string{"X-API-Key": key}} }
+
+// metricSample is one sample line of the Prometheus text format.
+type metricSample struct {
+	name   string
+	labels map[string]string
+	value  float64
+}
+
+var (
+	sampleLine = regexp.MustCompile(`^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)`)
+	labelPair  = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"`)
+)
+
+// scrape GETs /metrics from the admin API and parses the samples.
+func (c *caddyInstance) scrape() []metricSample {
+	c.t.Helper()
+	status, body := c.adminDo(http.MethodGet, "/metrics")
+	if status != http.StatusOK {
+		c.t.Fatalf("GET /metrics: %d %s", status, body)
+	}
+	var out []metricSample
+	sc := bufio.NewScanner(strings.NewReader(body))
+	sc.Buffer(make([]byte, 0, 64*1024), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "#") || line == "" {
+			continue
+		}
+		m := sampleLine.FindStringSubmatch(line)
+		if m == nil {
+			c.t.Fatalf("unparsable /metrics line %q", line)
+		}
+		v, err := strconv.ParseFloat(m[3], 64)
+		if err != nil {
+			c.t.Fatalf("unparsable value in /metrics line %q", line)
+		}
+		s := metricSample{name: m[1], labels: map[string]string{}, value: v}
+		for _, l := range labelPair.FindAllStringSubmatch(m[2], -1) {
+			s.labels[l[1]] = l[2]
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// metricValue finds the sample of name whose labels include want.
+func metricValue(samples []metricSample, name string, want map[string]string) (float64, bool) {
+next:
+	for _, s := range samples {
+		if s.name != name {
+			continue
+		}
+		for k, v := range want {
+			if s.labels[k] != v {
+				continue next
+			}
+		}
+		return s.value, true
+	}
+	return 0, false
 }

@@ -1,5 +1,9 @@
 package tests
 
+// The harness for a real redis-server: one process per test on a free
+// loopback port, stopped, paused or killed on demand; the TTL invariant;
+// script calls counted from INFO commandstats.
+
 import (
 	"bytes"
 	"context"
@@ -9,8 +13,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -138,40 +142,6 @@ func (r *redisServer) Client() *redis.Client {
 	return c
 }
 
-// freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-// freePortExcept is freePort, never one of taken: a port freed a moment ago
-// can come back at once.
-func freePortExcept(t testing.TB, taken ...int) int {
-	t.Helper()
-	for {
-		if p := freePort(t); !slices.Contains(taken, p) {
-			return p
-		}
-	}
-}
-
-// waitFor polls cond every 10ms until it holds or timeout passes.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // requireEveryKeyExpires scans every key of the server and fails the test for
 // any without a TTL: the invariant that every key tally writes expires. It
 // returns the keys, and fails when there are fewer than minKeys (so that an
@@ -204,4 +174,46 @@ func (r *redisServer) requireEveryKeyExpires(t testing.TB, minKeys int) []string
 		}
 	}
 	return keys
+}
+
+// scriptStats is the Redis CPU spent in scripts since the last CONFIG
+// RESETSTAT, and the number of script calls: the usec and calls of
+// cmdstat_evalsha and cmdstat_eval.
+func scriptStats(rdb *redis.Client) (usec, calls int64, err error) {
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || (name != "cmdstat_evalsha" && name != "cmdstat_eval") {
+			continue
+		}
+		for _, field := range strings.Split(rest, ",") {
+			name, v, _ := strings.Cut(field, "=")
+			if name != "usec" && name != "calls" {
+				continue
+			}
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return 0, 0, fmt.Errorf("commandstats %q: %w", line, err)
+			}
+			if name == "usec" {
+				usec += n
+			} else {
+				calls += n
+			}
+		}
+	}
+	return usec, calls, nil
+}
+
+// evalCalls is how many scripts Redis has run (EVALSHA and EVAL).
+func evalCalls(t *testing.T, rs *redisServer) int64 {
+	t.Helper()
+	_, calls, err := scriptStats(rs.Client())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return calls
 }

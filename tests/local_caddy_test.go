@@ -32,8 +32,6 @@ func apiKeySite(events int, window, options string) string {
 `, events, window, options)
 }
 
-func withKey(key string) request { return request{Header: map[string]string{"X-API-Key": key}} }
-
 func TestSequentialRunAllowsExactlyEventsThenDenies(t *testing.T) {
 	t.Parallel()
 	c := startCaddy(t, apiKeySite(10, "1h", ""))

@@ -3,75 +3,10 @@ package tests
 // Prometheus metrics, scraped from Caddy's admin endpoint /metrics.
 
 import (
-	"bufio"
-	"net/http"
-	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 )
-
-// metricSample is one sample line of the Prometheus text format.
-type metricSample struct {
-	name   string
-	labels map[string]string
-	value  float64
-}
-
-var (
-	sampleLine = regexp.MustCompile(`^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)`)
-	labelPair  = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"`)
-)
-
-// scrape GETs /metrics from the admin API and parses the samples.
-func (c *caddyInstance) scrape() []metricSample {
-	c.t.Helper()
-	status, body := c.adminDo(http.MethodGet, "/metrics")
-	if status != http.StatusOK {
-		c.t.Fatalf("GET /metrics: %d %s", status, body)
-	}
-	var out []metricSample
-	sc := bufio.NewScanner(strings.NewReader(body))
-	sc.Buffer(make([]byte, 0, 64*1024), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, "#") || line == "" {
-			continue
-		}
-		m := sampleLine.FindStringSubmatch(line)
-		if m == nil {
-			c.t.Fatalf("unparsable /metrics line %q", line)
-		}
-		v, err := strconv.ParseFloat(m[3], 64)
-		if err != nil {
-			c.t.Fatalf("unparsable value in /metrics line %q", line)
-		}
-		s := metricSample{name: m[1], labels: map[string]string{}, value: v}
-		for _, l := range labelPair.FindAllStringSubmatch(m[2], -1) {
-			s.labels[l[1]] = l[2]
-		}
-		out = append(out, s)
-	}
-	return out
-}
-
-// metricValue finds the sample of name whose labels include want.
-func metricValue(samples []metricSample, name string, want map[string]string) (float64, bool) {
-next:
-	for _, s := range samples {
-		if s.name != name {
-			continue
-		}
-		for k, v := range want {
-			if s.labels[k] != v {
-				continue next
-			}
-		}
-		return s.value, true
-	}
-	return 0, false
-}
 
 func requestsTotal(t *testing.T, samples []metricSample, zone, decision string) float64 {
 	t.Helper()

@@ -2,7 +2,8 @@ package tests
 
 // A Redis that accepts connections but does not answer (frozen with SIGSTOP,
 // or busy in DEBUG SLEEP) must cost each request at most the configured
-// timeout: every zone then applies its fail policy, and none answers 5xx.
+// timeout: every zone then applies its fail policy, and none answers 5xx;
+// through several handlers and zones, a request waits one timeout in all.
 
 import (
 	"context"
@@ -201,4 +202,45 @@ func waitRedisDecides(t *testing.T, c *caddyInstance, tag string) {
 		}
 		return fmt.Sprint(got) == "[200 429 200]"
 	})
+}
+
+// "A request waits at most timeout for Redis" holds per request: through
+// two rate_limit handlers (and their zones) with Redis frozen, a request
+// waits one timeout, not one per handler or zone.
+func TestOneRequestWaitsForRedisAtMostOneTimeout(t *testing.T) {
+	t.Parallel()
+	rs := startRedis(t)
+	const timeout = 800 * time.Millisecond
+	handler := func(zone string) string {
+		return `
+	rate_limit {
+		zone ` + zone + ` {
+			key {http.request.header.X-API-Key}
+			events 100
+			window 1h
+			fail_policy open
+		}
+		distributed {
+			redis redis://` + rs.Addr + `
+			timeout 800ms
+		}
+	}`
+	}
+	inst := startCaddy(t, "http:// {\n\troute {"+handler("first")+handler("second")+"\n\t\trespond \"ok\"\n\t}\n}\n")
+	if got := inst.Do(withKey("k")); got.Status != 200 {
+		t.Fatalf("with Redis up: %d", got.Status)
+	}
+	rs.Pause()
+	defer rs.Resume()
+	// The breaker opens after a few failures; the first requests wait.
+	res := inst.Do(withKey("k"))
+	if res.Status != 200 {
+		t.Fatalf("fail_policy open with Redis frozen: %d, want 200", res.Status)
+	}
+	if res.Elapsed < timeout*3/4 {
+		t.Fatalf("the first request with Redis frozen took %v: it did not wait for Redis, so this test proves nothing", res.Elapsed)
+	}
+	if res.Elapsed > timeout+timeout/2 {
+		t.Errorf("a request through two handlers with Redis frozen took %v, want one timeout (%v) and a margin, not one per handler", res.Elapsed.Round(time.Millisecond), timeout)
+	}
 }

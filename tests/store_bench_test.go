@@ -2,10 +2,8 @@ package tests
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -119,36 +117,4 @@ func runDecisions(b *testing.B, rdb *redis.Client, callers int, decide func(key 
 	}
 	b.ReportMetric(float64(usec)/float64(b.N), "redis-µs/decision")
 	b.ReportMetric(float64(b.N)/float64(max(calls, 1)), "decisions/call")
-}
-
-// scriptStats is the Redis CPU spent in scripts since the last CONFIG
-// RESETSTAT, and the number of script calls: the usec and calls of
-// cmdstat_evalsha and cmdstat_eval.
-func scriptStats(rdb *redis.Client) (usec, calls int64, err error) {
-	info, err := rdb.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		return 0, 0, err
-	}
-	for _, line := range strings.Split(info, "\n") {
-		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok || (name != "cmdstat_evalsha" && name != "cmdstat_eval") {
-			continue
-		}
-		for _, field := range strings.Split(rest, ",") {
-			name, v, _ := strings.Cut(field, "=")
-			if name != "usec" && name != "calls" {
-				continue
-			}
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil {
-				return 0, 0, fmt.Errorf("commandstats %q: %w", line, err)
-			}
-			if name == "usec" {
-				usec += n
-			} else {
-				calls += n
-			}
-		}
-	}
-	return usec, calls, nil
 }

@@ -13,9 +13,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-tally/ratelimit/algorithms"
 	"github.com/caddy-tally/ratelimit/distributed"
@@ -25,28 +22,6 @@ import (
 // The Redis store is what zones decide against (distributed does not import
 // zones, so the guard lives here).
 var _ zones.Store = (*distributed.Store)(nil)
-
-// openStore opens a Store on the given addresses, closed with the test.
-//
-// Each store plays its own instance (a process counts once in the
-// heartbeat set, however many stores it opens).
-func openStore(t testing.TB, opts distributed.Options, logger *zap.Logger) *distributed.Store {
-	t.Helper()
-	if opts.Instance == "" {
-		opts.Instance = nextTestInstance()
-	}
-	s, err := distributed.Open(opts, logger)
-	if err != nil {
-		t.Fatalf("Open(%s): %v", opts.Redacted(), err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s
-}
-
-var testInstances atomic.Int64
-
-// nextTestInstance names one more instance played by this test process.
-func nextTestInstance() string { return "test-instance-" + strconv.FormatInt(testInstances.Add(1), 10) }
 
 // A fixed "now" in microseconds since the epoch, in the range Redis TIME
 // gives, so the script's double arithmetic is exercised at full size.
@@ -609,12 +584,6 @@ func TestStoreKeysAllHaveTTL(t *testing.T) {
 	wg.Wait()
 
 	srv.requireEveryKeyExpires(t, 100)
-}
-
-// observedLogger records log entries so tests can count them.
-func observedLogger() (*zap.Logger, *observer.ObservedLogs) {
-	core, logs := observer.New(zapcore.DebugLevel)
-	return zap.New(core), logs
 }
 
 // When Redis dies, calls fail within the timeout, then the breaker opens and
