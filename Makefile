@@ -1,7 +1,8 @@
 # make run   builds ./caddy with tally (xcaddy) and serves Caddyfile.example
 # make test  everything CI runs: installs redis-server if missing, checks
-#            formatting, vet and staticcheck, unit tests, then integration tests against a
-#            real Caddy and real redis-server processes, all under -race
+#            formatting, vet, staticcheck and DESIGN.md's import arrows, unit tests,
+#            then integration tests against a real Caddy and real redis-server
+#            processes, all under -race
 # make bench prints the benchmark table quoted in the README
 
 GO ?= go
@@ -33,12 +34,17 @@ deps:
 # nothing to install, the same version everywhere.
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
+# TREE_CHECKS read the tree, not a running Caddy: DESIGN.md §1's import
+# arrows, from go list.
+TREE_CHECKS = TestImportArrows|TestImportArrowsCatchEachBreach
+
 lint: cross
 	@bad=$$(gofmt -l . ); if [ -n "$$bad" ]; then echo "gofmt needed: $$bad"; exit 1; fi
 	$(GO) vet ./...
 	cd tests && $(GO) vet ./...
 	$(STATICCHECK) ./...
 	cd tests && $(STATICCHECK) ./...
+	cd tests && $(GO) test -count=1 -run '^($(TREE_CHECKS))$$' .
 
 # Every platform Caddy ships: the shipped module type-checks for each
 # (tests/cmd/crosscheck lists them), and its unit tests build and pass where

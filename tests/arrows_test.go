@@ -1,0 +1,184 @@
+package tests
+
+// DESIGN.md §1's import arrows, checked on what `go list` says the shipped
+// module's packages depend on (transitively, test files left out): the pure
+// core stays pure however the code moves.
+
+import (
+	"bytes"
+	"cmp"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const modulePath = "github.com/caddy-tally/ratelimit"
+
+// An arrowRule forbids the packages that from matches to depend on what
+// forbid matches. Patterns are module-relative ("zones", "" for the root
+// package, "internal/..." for a tree, "..." for every package but the
+// root), or an import path prefix ending in "/..." outside the module.
+type arrowRule struct {
+	from   []string
+	forbid []string
+	why    string
+}
+
+var importArrows = []arrowRule{
+	{[]string{"algorithms"}, []string{"", "..."},
+		"algorithms is pure maths: it imports nothing of the project"},
+	{[]string{"algorithms", "zones", "distributed", "internal/..."}, []string{"github.com/caddyserver/..."},
+		"zones, distributed, algorithms and internal/* import no Caddy"},
+	{[]string{"distributed"}, []string{"zones/..."},
+		"distributed implements the capabilities zones declares, and may name them, but does not reach into zones' internals"},
+	{[]string{"zones"}, []string{"distributed"},
+		"the arrows point one way: zones declares the store capabilities, distributed implements them"},
+	{[]string{"internal/..."}, []string{"", "zones", "distributed"},
+		"internal/* is below zones and distributed: they import it, never the other way"},
+	{[]string{"..."}, []string{""},
+		"nothing imports the root package"},
+}
+
+// listedPackage is what `go list -json` says of a package, the fields read here.
+type listedPackage struct {
+	ImportPath string
+	Deps       []string
+}
+
+// matches reports whether pkg (an import path) matches a pattern of arrowRule.
+func matches(pattern, pkg string) bool {
+	if !strings.HasPrefix(pattern, "github.com/") {
+		rel, ok := strings.CutPrefix(pkg, modulePath)
+		if !ok || (rel != "" && rel[0] != '/') {
+			return false
+		}
+		rel = strings.TrimPrefix(rel, "/")
+		switch {
+		case pattern == "...":
+			return rel != ""
+		case strings.HasSuffix(pattern, "/..."):
+			return strings.HasPrefix(rel, strings.TrimSuffix(pattern, "..."))
+		default:
+			return rel == pattern
+		}
+	}
+	return strings.HasPrefix(pkg, strings.TrimSuffix(pattern, "..."))
+}
+
+// arrowViolations lists every dependency of pkgs that a rule forbids, and
+// every rule whose from matches no package (renamed away: it would guard
+// nothing).
+func arrowViolations(pkgs []listedPackage, rules []arrowRule) []string {
+	var out []string
+	for _, r := range rules {
+		for _, from := range r.from {
+			seen := false
+			for _, p := range pkgs {
+				if !matches(from, p.ImportPath) {
+					continue
+				}
+				seen = true
+				var bad []string
+				for _, dep := range p.Deps {
+					for _, forbid := range r.forbid {
+						if matches(forbid, dep) {
+							bad = append(bad, dep)
+						}
+					}
+				}
+				if len(bad) > 0 {
+					// The shortest is most likely the one imported.
+					first := slices.MinFunc(bad, func(a, b string) int { return cmp.Compare(len(a), len(b)) })
+					more := ""
+					if len(bad) > 1 {
+						more = fmt.Sprintf(" (and %d more forbidden packages)", len(bad)-1)
+					}
+					out = append(out, p.ImportPath+" depends on "+first+more+": "+r.why)
+				}
+			}
+			if !seen {
+				out = append(out, "no package matches "+from+" (renamed?): update importArrows and DESIGN.md §1 ("+r.why+")")
+			}
+		}
+	}
+	return out
+}
+
+func TestImportArrows(t *testing.T) {
+	t.Parallel()
+	cmd := exec.Command("go", "list", "-json=ImportPath,Deps", "./...")
+	cmd.Dir = ".."
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list ./... in the shipped module: %v\n%s", err, stderr.String())
+	}
+	var pkgs []listedPackage
+	for dec := json.NewDecoder(bytes.NewReader(out)); ; {
+		var p listedPackage
+		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	if len(pkgs) < 5 {
+		t.Fatalf("go list found %d packages in the shipped module: %+v", len(pkgs), pkgs)
+	}
+	for _, v := range arrowViolations(pkgs, importArrows) {
+		t.Error(v)
+	}
+}
+
+// Each rule catches the dependency it forbids, and only that.
+func TestImportArrowsCatchEachBreach(t *testing.T) {
+	t.Parallel()
+	m := func(rel string) string {
+		if rel == "" {
+			return modulePath
+		}
+		return modulePath + "/" + rel
+	}
+	const caddy = "github.com/caddyserver/caddy/v2"
+	good := []listedPackage{
+		{m(""), []string{m("zones"), m("distributed"), m("algorithms"), m("internal/topk"), caddy}},
+		{m("zones"), []string{m("algorithms"), m("internal/keytable"), "strings"}},
+		{m("distributed"), []string{m("zones"), m("algorithms"), m("internal/monotime"), "github.com/redis/go-redis/v9"}},
+		{m("algorithms"), []string{"math"}},
+		{m("internal/keytable"), []string{m("internal/monotime")}},
+		{m("internal/monotime"), []string{"time"}},
+	}
+	if v := arrowViolations(good, importArrows); len(v) != 0 {
+		t.Fatalf("the layout DESIGN.md draws breaks the rules: %v", v)
+	}
+	for _, c := range []struct{ pkg, dep, rule string }{
+		{"algorithms", m("internal/monotime"), "imports nothing of the project"},
+		{"algorithms", m(""), "imports nothing of the project"},
+		{"zones", caddy + "/modules/caddyhttp", "import no Caddy"},
+		{"distributed", caddy, "import no Caddy"},
+		{"internal/keytable", caddy, "import no Caddy"},
+		{"distributed", m("zones/internal/table"), "zones' internals"},
+		{"zones", m("distributed"), "point one way"},
+		{"internal/monotime", m("zones"), "internal/* is below"},
+		{"distributed", m(""), "nothing imports the root"},
+	} {
+		pkgs := make([]listedPackage, len(good))
+		for i, p := range good {
+			pkgs[i] = listedPackage{p.ImportPath, append([]string(nil), p.Deps...)}
+			if p.ImportPath == m(c.pkg) {
+				pkgs[i].Deps = append(pkgs[i].Deps, c.dep)
+			}
+		}
+		v := arrowViolations(pkgs, importArrows)
+		if len(v) == 0 || !strings.Contains(strings.Join(v, "\n"), c.rule) {
+			t.Errorf("%s depending on %s: violations %q, want one saying %q", c.pkg, c.dep, v, c.rule)
+		}
+	}
+}
