@@ -3,7 +3,7 @@
 #            formatting, vet, staticcheck and DESIGN.md's import arrows, unit tests,
 #            then integration tests against a real Caddy and real redis-server
 #            processes, all under -race
-# make bench prints the benchmark table quoted in the README
+# make bench prints the benchmark table of docs/performance.md
 
 GO ?= go
 TEST_TIMEOUT ?= 25m
@@ -35,8 +35,9 @@ deps:
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
 # TREE_CHECKS read the tree, not a running Caddy: DESIGN.md §1's import
-# arrows, from go list.
-TREE_CHECKS = TestImportArrows|TestImportArrowsCatchEachBreach
+# arrows (go list), the README's Layout table, the tests/ file names, the
+# links of the README and docs/*.md.
+TREE_CHECKS = TestImportArrows|TestImportArrowsCatchEachBreach|TestReadmeLayoutNamesEveryPackageAndRootFile|TestFileNamesSayWhichTestsStartCaddy|TestDocsLinksResolve|TestDocsACLLineIsTheTestedOne
 
 lint: cross
 	@bad=$$(gofmt -l . ); if [ -n "$$bad" ]; then echo "gofmt needed: $$bad"; exit 1; fi

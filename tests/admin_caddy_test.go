@@ -349,7 +349,7 @@ func TestAdminReadsAndResetsKeysInRedis(t *testing.T) {
 `)
 			rc := r.Client()
 			ctx := context.Background()
-			rkey := "tally:api:alice" // the key schema of the README
+			rkey := "tally:api:alice" // the key schema of docs/distributed.md
 			if mode == "async" {
 				rkey = "tally:api.async:alice"
 			}
@@ -426,7 +426,7 @@ func TestAdminReadsAndResetsKeysInRedis(t *testing.T) {
 	}
 }
 
-// The README says a DELETE lets the key through on every instance at once.
+// docs/operations.md says a DELETE lets the key through on every instance at once.
 // The deny cache of the other instances must hear of it: a reset is
 // published, and reaches them within resetBound.
 func TestAdminResetUnblocksTheKeyOnEveryInstance(t *testing.T) {

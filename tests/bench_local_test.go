@@ -21,7 +21,7 @@ import (
 // reach for instead, on the same workload in the same run: 100k keys of 16
 // bytes, a limit high enough that every decision allows, one decision per op
 // on a key already tracked, each op reading the clock once (as a request
-// would). cmd/benchtable turns their output into the README table.
+// would). cmd/benchtable turns their output into the table of docs/performance.md.
 
 // localKeys is how many distinct keys the local benchmarks spread over.
 const localKeys = 100_000

@@ -1,6 +1,7 @@
 package tests
 
-// The Caddyfiles users copy: Caddyfile.example and the README's examples.
+// The Caddyfiles users copy: Caddyfile.example and the ```caddyfile blocks
+// of the README and docs/*.md.
 
 import (
 	"bufio"
@@ -94,17 +95,37 @@ func TestCaddyfileExampleAdaptsToJSONThatRuns(t *testing.T) {
 	checkExampleLimits(t, c)
 }
 
-// caddyfileBlock is a ```caddyfile fenced block of the README.
+// caddyfileBlock is a ```caddyfile fenced block of a Markdown file.
 type caddyfileBlock struct {
-	line int // where its first line is in README.md
-	text string
+	where string // file:line of its first line, the file relative to the repository
+	text  string
 }
 
-func readmeCaddyfileBlocks(t *testing.T) []caddyfileBlock {
+// userDocs are the Markdown files users read: the README and docs/*.md,
+// relative to the repository.
+func userDocs(t *testing.T) []string {
 	t.Helper()
-	f, err := os.Open("../README.md")
+	docs, err := filepath.Glob("../docs/*.md")
 	if err != nil {
-		t.Fatalf("the README's Caddyfile examples cannot be checked: %v", err)
+		t.Fatal(err)
+	}
+	if len(docs) == 0 {
+		t.Fatal("no docs/*.md: the reference the README links to is missing")
+	}
+	files := []string{"README.md"}
+	for _, d := range docs {
+		files = append(files, strings.TrimPrefix(filepath.ToSlash(d), "../"))
+	}
+	return files
+}
+
+// caddyfileBlocks returns the ```caddyfile blocks of file (relative to the
+// repository).
+func caddyfileBlocks(t *testing.T, file string) []caddyfileBlock {
+	t.Helper()
+	f, err := os.Open(filepath.Join("..", file))
+	if err != nil {
+		t.Fatalf("the Caddyfile examples of %s cannot be checked: %v", file, err)
 	}
 	defer f.Close()
 	var (
@@ -117,7 +138,7 @@ func readmeCaddyfileBlocks(t *testing.T) []caddyfileBlock {
 		trimmed := strings.TrimSpace(line)
 		switch {
 		case cur == nil && strings.HasPrefix(trimmed, "```") && strings.EqualFold(strings.TrimSpace(strings.TrimPrefix(trimmed, "```")), "caddyfile"):
-			cur = &caddyfileBlock{line: n + 1}
+			cur = &caddyfileBlock{where: fmt.Sprintf("%s:%d", file, n+1)}
 		case cur != nil && strings.HasPrefix(trimmed, "```"):
 			blocks = append(blocks, *cur)
 			cur = nil
@@ -129,15 +150,12 @@ func readmeCaddyfileBlocks(t *testing.T) []caddyfileBlock {
 		t.Fatal(err)
 	}
 	if cur != nil {
-		t.Fatalf("README.md:%d: a ```caddyfile block is never closed", cur.line-1)
-	}
-	if len(blocks) == 0 {
-		t.Fatal("README.md has no ```caddyfile blocks: it should show a Caddyfile for each common case")
+		t.Fatalf("%s: a ```caddyfile block starts here and is never closed", cur.where)
 	}
 	return blocks
 }
 
-// asWholeCaddyfile makes a README snippet adaptable on its own: a bare
+// asWholeCaddyfile makes a snippet adaptable on its own: a bare
 // rate_limit directive (or other directive) goes inside a site, a bare zone
 // inside a rate_limit. Whole Caddyfiles are left alone.
 func asWholeCaddyfile(snippet string) string {
@@ -158,22 +176,32 @@ func asWholeCaddyfile(snippet string) string {
 	return snippet
 }
 
-func TestReadmeCaddyfilesAdapt(t *testing.T) {
+// Every ```caddyfile block of the README and docs/*.md adapts, and is in
+// caddy fmt form.
+func TestReadmeAndDocsCaddyfilesAdapt(t *testing.T) {
 	t.Parallel()
-	for _, b := range readmeCaddyfileBlocks(t) {
-		t.Run(fmt.Sprintf("README.md:%d", b.line), func(t *testing.T) {
+	var blocks []caddyfileBlock
+	for _, file := range userDocs(t) {
+		found := caddyfileBlocks(t, file)
+		if file == "README.md" && len(found) == 0 {
+			t.Fatal("README.md has no ```caddyfile blocks: it should show a Caddyfile for each common case")
+		}
+		blocks = append(blocks, found...)
+	}
+	for _, b := range blocks {
+		t.Run(b.where, func(t *testing.T) {
 			t.Parallel()
 			json, stderr, err := adapt(t, asWholeCaddyfile(b.text))
 			if err != nil {
-				t.Fatalf("the ```caddyfile block at README.md:%d does not adapt: %v\n%s\nblock:\n%s", b.line, err, stderr, b.text)
+				t.Fatalf("the ```caddyfile block at %s does not adapt: %v\n%s\nblock:\n%s", b.where, err, stderr, b.text)
 			}
 			if strings.Contains(b.text, "rate_limit") && !strings.Contains(json, `"rate_limit"`) {
-				t.Errorf("the block at README.md:%d uses rate_limit but its JSON has no rate_limit handler:\n%s", b.line, json)
+				t.Errorf("the block at %s uses rate_limit but its JSON has no rate_limit handler:\n%s", b.where, json)
 			}
 			// In `caddy fmt` form, so that a copied block adapts without
 			// "input is not formatted".
 			if formatted := caddyFmt(t, b.text); formatted != b.text {
-				t.Errorf("the block at README.md:%d is not in caddy fmt form; caddy fmt makes it:\n%s", b.line, formatted)
+				t.Errorf("the block at %s is not in caddy fmt form; caddy fmt makes it:\n%s", b.where, formatted)
 			}
 		})
 	}

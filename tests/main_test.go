@@ -5,7 +5,7 @@
 //
 // File names say what a file's tests need:
 //
-//   - *_caddy_test.go: tests that start Caddy (./cmd/tally-caddy, built
+//   - *_caddy_test.go: files with tests that start Caddy (./cmd/tally-caddy, built
 //     once per run, or TALLY_CADDY_BIN), named for the feature they test;
 //   - harness_*_test.go: the harness, no tests: harness_caddy (one Caddy,
 //     requests, the admin API and /metrics), harness_fleet (several Caddy
@@ -16,8 +16,10 @@
 //     (free ports, polling);
 //   - every other *_test.go: tests that drive the shipped packages
 //     in-process against a real redis-server (store_test.go, async_*,
-//     failover_test.go, ...), benchmarks, and checks of the repository's
-//     own files (docs_test.go, arrows_test.go).
+//     failover_test.go, ...), benchmarks, and checks that read the
+//     repository (arrows_test.go: DESIGN.md's import arrows; layout_test.go:
+//     the README's Layout table and these rules; docs_test.go: the docs'
+//     links), which make lint runs too.
 //
 // TestFileNamesSayWhichTestsStartCaddy keeps the first two rules.
 package tests

@@ -21,7 +21,7 @@ import (
 // beside go-redis/redis_rate (one EVALSHA per decision) in the same run.
 // Every caller has its own key and the limit is high, so every decision is
 // an allowed write. It reports decisions/s, the p99, p99.9 and maximum
-// latency of one call (the README's choice of the default timeout rests on
+// latency of one call (docs/distributed.md's choice of the default timeout rests on
 // them, measured beside a CPU hog) and the Redis CPU each decision cost:
 // the usec INFO commandstats counts for scripts (EVALSHA and EVAL,
 // heartbeats included) over the run, divided by the decisions.

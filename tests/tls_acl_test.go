@@ -264,7 +264,7 @@ func warnText(logs *observer.ObservedLogs) string {
 	return b.String()
 }
 
-// leastPrivilegeACL is the README's ACL line for tally's user, with the
+// leastPrivilegeACL is docs/distributed.md's ACL line for tally's user, with the
 // default key_prefix: the commands tally's scripts and calls use, its keys
 // and its reset channel, nothing else.
 const leastPrivilegeACL = "on >tally-secret resetchannels &tally:resets resetkeys ~tally:* -@all +evalsha +eval +get +set +del +pexpire +hget +hmget +hset +hlen +time +zadd +zrem +zremrangebyscore +zcard +zrange +zscore +publish +subscribe +ping"

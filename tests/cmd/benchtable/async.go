@@ -122,7 +122,7 @@ func asyncOvershootRoutes(e *env) string {
 // round-robin across the three and counts the 200s. Afterwards it asks each
 // instance once more until all three deny (every one has synced the spent
 // budget), counting any further 200. The row is met when the burst's 200s
-// are within 10% of the limit and, with those after it, within the README's
+// are within 10% of the limit and, with those after it, within docs/async.md's
 // bound.
 func measureAsyncOvershoot(_ options, e *env, c *caddyProcess) (customResult, error) {
 	fleet := []*caddyProcess{c}
@@ -178,7 +178,7 @@ func measureAsyncOvershoot(_ options, e *env, c *caddyProcess) (customResult, er
 		return customResult{}, fmt.Errorf("after the burst: the instances still allowed %s 10s later", overshootKey)
 	}
 
-	// The README's bound: B + ⌊(d + I)/T⌋, d the burst's duration. The
+	// docs/async.md's bound: B + ⌊(d + I)/T⌋, d the burst's duration. The
 	// fresh-share term (N−1)·max(1, ⌊B/N⌋) is for instances that first see
 	// a key after another spent it; here the burst's first requests reach
 	// all three at once, so it does not apply.

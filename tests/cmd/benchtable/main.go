@@ -1,5 +1,5 @@
 // Command benchtable runs tally's benchmarks and prints the table quoted in
-// the README: the micro benchmarks (go test -bench) of the GCRA step, the
+// docs/performance.md: the micro benchmarks (go test -bench) of the GCRA step, the
 // zone table and the other limiters, then load scenarios against a real
 // Caddy built from the working tree. Every figure it compares was measured in
 // the same run, since the machines it runs on are noisy: ratios, not absolute
