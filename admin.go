@@ -120,6 +120,13 @@ type healthReporter interface {
 	LastProblem() (string, time.Time)
 }
 
+var (
+	_ healthReporter = (*distributed.Store)(nil)
+	_ healthReporter = (*distributed.Async)(nil)
+	_ outageReporter = (*distributed.Store)(nil)
+	_ outageReporter = (*distributed.Async)(nil)
+)
+
 func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 	rest, _ := strings.CutPrefix(r.URL.EscapedPath(), "/rate_limit/")
 	parts := strings.Split(strings.TrimSuffix(rest, "/"), "/")

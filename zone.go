@@ -157,6 +157,17 @@ type zoneHandler struct {
 	stopReset func() // nil without a store that shares resets
 }
 
+// resetNotifier is a store that tells of every reset of a key, made on any
+// instance sharing its Redis: each zone forgets the key too.
+type resetNotifier interface {
+	OnReset(zone string, l distributed.ResetListener) (remove func())
+}
+
+var (
+	_ resetNotifier = (*distributed.Store)(nil)
+	_ resetNotifier = (*distributed.Async)(nil)
+)
+
 // provision checks and sets up the zone named name of handler h, whose
 // settings (dry_run, status, sweep_interval, disable_metrics, its store,
 // logger and samplers) it reads. It takes a shared resource only once
@@ -235,9 +246,7 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 	}
 	zh.stateID = id
 	zh.Zone = zones.New(cfg, state, h.store)
-	if n, ok := h.store.(interface {
-		OnReset(zone string, l distributed.ResetListener) func()
-	}); ok {
+	if n, ok := h.store.(resetNotifier); ok {
 		// A key reset on another instance is forgotten here too.
 		zh.stopReset = n.OnReset(name, zh.Zone)
 	}

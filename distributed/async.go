@@ -134,6 +134,7 @@ import (
 
 	"github.com/caddy-tally/ratelimit/algorithms"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
+	"github.com/caddy-tally/ratelimit/zones"
 )
 
 //go:embed async.lua
@@ -241,7 +242,7 @@ func openAsync(opts Options, maxKeys int, logger *zap.Logger) (*Async, error) {
 	return a, nil
 }
 
-// Mode reports "async" (zones.Zone.Mode, for the admin API).
+// Mode reports "async" (zones.ModeStore, for the admin API).
 func (a *Async) Mode() string { return "async" }
 
 // SyncInterval is how often the store reconciles with Redis.
@@ -425,3 +426,11 @@ func b2i(b bool) int64 {
 	}
 	return 0
 }
+
+// Interface guards: what zones asks of an async store.
+var (
+	_ zones.Store       = (*Async)(nil)
+	_ zones.SlotStore   = (*Async)(nil)
+	_ zones.ModeStore   = (*Async)(nil)
+	_ zones.RecordStore = (*Async)(nil)
+)

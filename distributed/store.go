@@ -37,6 +37,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-tally/ratelimit/algorithms"
+	"github.com/caddy-tally/ratelimit/zones"
 )
 
 // Errors returned by the store, besides Redis's own.
@@ -192,6 +193,9 @@ func (s *Store) Close() error {
 // Destruct closes the store; it makes a Store a caddy.Destructor for
 // sharing through a caddy.UsagePool.
 func (s *Store) Destruct() error { return s.Close() }
+
+// Mode reports "strict" (zones.ModeStore, for the admin API).
+func (s *Store) Mode() string { return "strict" }
 
 // Health reports whether Redis is considered reachable and, when it is not,
 // since when (the earliest open breaker opened then). On a Cluster it is
@@ -442,3 +446,10 @@ func resultNanos(v [4]int64) algorithms.Result {
 		ResetAfter: v[3] * 1000,
 	}
 }
+
+// Interface guards: what zones asks of a strict store.
+var (
+	_ zones.Store     = (*Store)(nil)
+	_ zones.SlotStore = (*Store)(nil)
+	_ zones.ModeStore = (*Store)(nil)
+)

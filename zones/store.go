@@ -36,3 +36,24 @@ type Store interface {
 	// them under fail_policy local.
 	Instances() int
 }
+
+// What a Store may offer besides Store. A zone asks its store for each
+// when it needs it; each implementation in package distributed asserts the
+// ones it offers at compile time, so that a renamed method breaks the
+// build instead of quietly reading as absent.
+
+// RecordStore is a Store that keeps records of keys in this process (async
+// mode's leases, package distributed's Async): the zone caps them at its
+// max_keys and counts them among its keys.
+type RecordStore interface {
+	// SetMaxKeys caps the records kept for zone at n.
+	SetMaxKeys(zone string, n int)
+	// Keys is the number of records kept for zone.
+	Keys(zone string) int
+}
+
+// ModeStore is a Store that names its mode (the admin API's and the
+// metrics' "strict" or "async"); a Store that does not is "strict".
+type ModeStore interface {
+	Mode() string
+}

@@ -328,7 +328,7 @@ type Zone struct {
 // that keeps per-zone records of its own (async mode) is given the zone's
 // max_keys.
 func New(c Config, state *State, store Store) *Zone {
-	if s, ok := store.(interface{ SetMaxKeys(zone string, n int) }); ok {
+	if s, ok := store.(RecordStore); ok {
 		s.SetMaxKeys(c.Name, c.maxKeys())
 	}
 	l := c.Limit()
@@ -350,7 +350,7 @@ func (c Config) maxKeys() int {
 // its tables and, in async mode, the store's records for the zone.
 func (z *Zone) Keys() int {
 	n := z.state.Len()
-	if s, ok := z.store.(interface{ Keys(zone string) int }); ok {
+	if s, ok := z.store.(RecordStore); ok {
 		n += s.Keys(z.Name)
 	}
 	return n
@@ -508,7 +508,7 @@ func (z *Zone) Mode() string {
 	if z.store == nil {
 		return "local"
 	}
-	if m, ok := z.store.(interface{ Mode() string }); ok {
+	if m, ok := z.store.(ModeStore); ok {
 		return m.Mode()
 	}
 	return "strict"
