@@ -398,18 +398,21 @@ return {tonumber(t[1]) * 1000000 + tonumber(t[2]), tonumber(redis.call('HGET', K
 
 // Peek reports the fleet's view of key in zone as Redis holds it: leases
 // count as spent, what instances admitted since their last sync does not.
+// It goes through the breaker of the key's master, as strict mode's does.
 func (a *Async) Peek(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, error) {
 	if a.Store.isClosed() {
 		return algorithms.Result{}, ErrClosed
 	}
-	ok, probe := a.breaker.allow()
+	rkey := a.RedisKey(zone, key)
+	b := a.breakerFor(rkey)
+	ok, probe := b.allow()
 	if !ok {
 		return algorithms.Result{}, ErrUnavailable
 	}
 	ctx, cancel := a.bound(ctx)
 	defer cancel()
-	v, err := peekScript.Run(ctx, a.client, []string{a.RedisKey(zone, key)}).Int64Slice()
-	a.breaker.record(probe, err)
+	v, err := peekScript.Run(ctx, a.client, []string{rkey}).Int64Slice()
+	b.record(probe, err)
 	if err != nil {
 		return algorithms.Result{}, err
 	}
