@@ -169,11 +169,12 @@ const (
 )
 
 // Async is the async-mode implementation of zones.Store: decisions are made
-// in-process and reconciled with Redis every SyncInterval (see the comment
-// at the top of this file for the scheme and its bound). It reuses Store's
-// client, key prefix, breaker, heartbeat, Peek and Reset.
+// in-process and reconciled with Redis every SyncInterval (see the package
+// documentation for the scheme and its bound). It shares nothing with the
+// strict Store but the connection: client, breakers, heartbeat, resets and
+// concurrency slots.
 type Async struct {
-	*Store
+	*conn
 	interval time.Duration
 	hold     int64 // µs: the script's hold (see OpenAsync)
 	life     int64 // ns: a lease's lifetime, leaseLifetime sync intervals
@@ -196,48 +197,43 @@ type Async struct {
 	closed   sync.Once
 }
 
-// OpenAsync opens a Store for opts and starts the sync loop. Like Open, it
-// does not contact Redis.
+// OpenAsync opens an async store for opts and starts its sync loop. Like
+// Open, it does not contact Redis.
 func OpenAsync(opts Options, logger *zap.Logger) (*Async, error) {
 	return openAsync(opts, asyncMaxKeys, logger)
 }
 
 func openAsync(opts Options, maxKeys int, logger *zap.Logger) (*Async, error) {
-	a := &Async{}
-	s, err := open(opts, logger, func(s *Store) {
-		s.zoneSep = asyncZoneSep
-		s.resets.record = a.dropRecord
-		s.resets.deciding = func() bool { return !a.syncFailed.Load() }
-	})
+	c, err := newConn(opts, logger)
 	if err != nil {
 		return nil, err
 	}
-	interval := s.opts.SyncInterval
-	// Field by field: the store's goroutines may already read zones and
-	// syncFailed through the hooks above.
-	a.Store = s
-	a.interval = interval
-	// An instance that admitted a fresh share reports it by its next sync,
-	// or the one after if that one fails: within two intervals and two
-	// sync bounds of the episode's start, and at least a second, for syncs
-	// delayed on a loaded machine. Until then leases keep its share aside.
-	// A report later than the hold lands after leases were handed out: up
-	// to (N−1) extra shares (the bound's last term). The price of a long
-	// hold: a key only one instance sees gets about 1/N of its burst for
-	// the hold's length.
-	a.hold = max(time.Second, 2*interval+2*backgroundTimeout(s.opts)).Microseconds()
-	a.stale = int64(2*interval + backgroundTimeout(s.opts))
-	a.life = leaseLifetime * int64(interval)
-	a.script = redis.NewScript(asyncScript)
-	a.maxKeys = maxKeys
-	a.stop = make(chan struct{})
-	a.loopDone = make(chan struct{})
-	a.caps = make(map[string]int)
-	empty := map[string]*asyncZone{}
-	a.zones.Store(&empty)
+	interval := c.opts.SyncInterval
+	a := &Async{
+		conn:     c,
+		interval: interval,
+		// An instance that admitted a fresh share reports it by its next
+		// sync, or the one after if that one fails: within two intervals
+		// and two sync bounds of the episode's start, and at least a
+		// second, for syncs delayed on a loaded machine. Until then leases
+		// keep its share aside. A report later than the hold lands after
+		// leases were handed out: up to (N−1) extra shares (the bound's
+		// last term). The price of a long hold: a key only one instance
+		// sees gets about 1/N of its burst for the hold's length.
+		hold:     max(time.Second, 2*interval+2*backgroundTimeout(c.opts)).Microseconds(),
+		stale:    int64(2*interval + backgroundTimeout(c.opts)),
+		life:     leaseLifetime * int64(interval),
+		script:   redis.NewScript(asyncScript),
+		maxKeys:  maxKeys,
+		caps:     make(map[string]int),
+		stop:     make(chan struct{}),
+		loopDone: make(chan struct{}),
+	}
+	a.zones.Store(&map[string]*asyncZone{})
 	now := monotime.Now()
 	a.lastSync.Store(now) // a stale view may be used for 2 intervals from the start
 	a.nextSync.Store(now + int64(interval))
+	c.start(a)
 	go a.loop()
 	return a, nil
 }
@@ -257,7 +253,7 @@ func (a *Async) LastSync() time.Time { return monotime.Time(a.lastSync.Load()) }
 
 // Close stops the sync loop, reports what this instance admitted and hands
 // back its leases in a last sync (bounded by the sync timeout), then closes
-// the Store.
+// the connection.
 func (a *Async) Close() error {
 	var err error
 	a.closed.Do(func() {
@@ -266,7 +262,7 @@ func (a *Async) Close() error {
 		ctx, cancel := context.WithTimeout(context.Background(), backgroundTimeout(a.opts))
 		_ = a.sync(ctx, false)
 		cancel()
-		err = a.Store.Close()
+		err = a.conn.close()
 	})
 	return err
 }
@@ -312,7 +308,7 @@ func (a *Async) step(ctx context.Context, zone, key string, limit algorithms.Lim
 		}
 		return algorithms.Result{}, ErrStale
 	}
-	if a.Store.isClosed() {
+	if a.isClosed() {
 		return algorithms.Result{}, ErrClosed
 	}
 	z := a.zone(zone)
@@ -353,7 +349,7 @@ func (a *Async) step(ctx context.Context, zone, key string, limit algorithms.Lim
 
 // Refund gives cost back to this instance's allowance.
 func (a *Async) Refund(_ context.Context, zone, key string, _ algorithms.Limit, cost int64) error {
-	if a.Store.isClosed() {
+	if a.isClosed() {
 		return ErrClosed
 	}
 	z := a.zone(zone)
@@ -369,18 +365,21 @@ func (a *Async) Refund(_ context.Context, zone, key string, _ algorithms.Limit, 
 // Reset forgets key in zone here, deletes it in Redis and tells the other
 // instances, which drop their records of it (see resets.go).
 func (a *Async) Reset(ctx context.Context, zone, key string) error {
-	a.dropRecord(zone, key)
-	return a.Store.Reset(ctx, zone, key)
+	a.forgetRecord(zone, key)
+	return a.reset(ctx, a.RedisKey(zone, key), zone, key)
 }
 
-// dropRecord forgets this instance's record of key in zone: the key was
+// RedisKey is the Redis key holding the state of key in zone:
+// <key_prefix><zone>.async:<key>, never the name of a strict-mode key (see
+// Store.RedisKey).
+func (a *Async) RedisKey(zone, key string) string {
+	return a.opts.KeyPrefix + zone + asyncZoneSep + key
+}
+
+// forgetRecord forgets this instance's record of key in zone: the key was
 // reset (here or elsewhere), and its next request starts a fresh share.
-func (a *Async) dropRecord(zone, key string) {
-	zones := a.zones.Load()
-	if zones == nil {
-		return // a reset heard before openAsync finished: no records yet
-	}
-	z := (*zones)[zone]
+func (a *Async) forgetRecord(zone, key string) {
+	z := (*a.zones.Load())[zone]
 	if z == nil {
 		return
 	}
@@ -389,6 +388,10 @@ func (a *Async) dropRecord(zone, key string) {
 	delete(s.m, key)
 	s.mu.Unlock()
 }
+
+// synced reports whether the last sync succeeded: cached denials dropped
+// after missed resets wait for it (see resets.go).
+func (a *Async) synced() bool { return !a.syncFailed.Load() }
 
 // peekScript reads a key's TAT and Redis's clock, in µs.
 var peekScript = redis.NewScript(`
@@ -400,19 +403,12 @@ return {tonumber(t[1]) * 1000000 + tonumber(t[2]), tonumber(redis.call('HGET', K
 // count as spent, what instances admitted since their last sync does not.
 // It goes through the breaker of the key's master, as strict mode's does.
 func (a *Async) Peek(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, error) {
-	if a.Store.isClosed() {
-		return algorithms.Result{}, ErrClosed
-	}
 	rkey := a.RedisKey(zone, key)
-	b := a.breakerFor(rkey)
-	ok, probe := b.allow()
-	if !ok {
-		return algorithms.Result{}, ErrUnavailable
-	}
-	ctx, cancel := a.bound(ctx)
-	defer cancel()
-	v, err := peekScript.Run(ctx, a.client, []string{rkey}).Int64Slice()
-	b.record(probe, err)
+	var v []int64
+	err := a.unbatched(ctx, rkey, func(ctx context.Context) (err error) {
+		v, err = peekScript.Run(ctx, a.client, []string{rkey}).Int64Slice()
+		return err
+	})
 	if err != nil {
 		return algorithms.Result{}, err
 	}

@@ -70,14 +70,14 @@ var requests = sync.Pool{New: func() any {
 
 // call runs the GCRA script for one key through the batcher and waits at
 // most until deadline (the earlier of ctx's and now+Timeout).
-func (s *Store) call(ctx context.Context, key string, args [5]any) ([4]int64, error) {
-	return s.callScript(ctx, s.script, key, args)
+func (c *conn) call(ctx context.Context, key string, args [5]any) ([4]int64, error) {
+	return c.callScript(ctx, c.gcra, key, args)
 }
 
 // callScript is call for any single-key script whose reply is four
 // integers.
-func (s *Store) callScript(ctx context.Context, script *redis.Script, key string, args [5]any) ([4]int64, error) {
-	b := s.breakerFor(key)
+func (c *conn) callScript(ctx context.Context, script *redis.Script, key string, args [5]any) ([4]int64, error) {
+	b := c.breakerFor(key)
 	ok, probe := b.allow()
 	if !ok {
 		return [4]int64{}, ErrUnavailable
@@ -85,16 +85,16 @@ func (s *Store) callScript(ctx context.Context, script *redis.Script, key string
 	var vals [4]int64
 	var err error
 	select {
-	case s.idle <- struct{}{}:
-		if len(s.queue) == 0 {
-			vals, err = s.directScript(ctx, script, key, args)
-			<-s.idle
+	case c.idle <- struct{}{}:
+		if len(c.queue) == 0 {
+			vals, err = c.directScript(ctx, script, key, args)
+			<-c.idle
 			break
 		}
-		<-s.idle
-		vals, err = s.enqueue(ctx, script, key, args)
+		<-c.idle
+		vals, err = c.enqueue(ctx, script, key, args)
 	default:
-		vals, err = s.enqueue(ctx, script, key, args)
+		vals, err = c.enqueue(ctx, script, key, args)
 	}
 	b.record(probe, err)
 	return vals, err
@@ -102,16 +102,16 @@ func (s *Store) callScript(ctx context.Context, script *redis.Script, key string
 
 // direct runs the script at once, bounded by the timeout. On an idle store
 // this saves the hand-off to a worker, which costs a goroutine wake-up.
-func (s *Store) direct(ctx context.Context, key string, args [5]any) ([4]int64, error) {
-	return s.directScript(ctx, s.script, key, args)
+func (c *conn) direct(ctx context.Context, key string, args [5]any) ([4]int64, error) {
+	return c.directScript(ctx, c.gcra, key, args)
 }
 
-func (s *Store) directScript(ctx context.Context, script *redis.Script, key string, args [5]any) ([4]int64, error) {
-	ctx, cancel := s.bound(ctx)
+func (c *conn) directScript(ctx context.Context, script *redis.Script, key string, args [5]any) ([4]int64, error) {
+	ctx, cancel := c.bound(ctx)
 	defer cancel()
 	keys := [1]string{key}
-	cmd := script.Run(ctx, s.client, keys[:], args[:]...)
-	if script == s.script {
+	cmd := script.Run(ctx, c.client, keys[:], args[:]...)
+	if script == c.gcra {
 		rep := parseStepReply(cmd)
 		return rep.vals, rep.err
 	}
@@ -119,16 +119,16 @@ func (s *Store) directScript(ctx context.Context, script *redis.Script, key stri
 	return rep.vals, rep.err
 }
 
-func (s *Store) enqueue(ctx context.Context, script *redis.Script, key string, args [5]any) ([4]int64, error) {
+func (c *conn) enqueue(ctx context.Context, script *redis.Script, key string, args [5]any) ([4]int64, error) {
 	r := requests.Get().(*request)
 	r.script, r.keys[0], r.args = script, key, args
-	r.deadline = time.Now().Add(s.opts.Timeout)
+	r.deadline = time.Now().Add(c.opts.Timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(r.deadline) {
 		r.deadline = d
 	}
 	r.timer.Reset(time.Until(r.deadline))
 	select {
-	case s.queue <- r:
+	case c.queue <- r:
 	case <-r.timer.C:
 		r.timer.Stop()
 		r.keys[0], r.args = "", [5]any{}
@@ -139,7 +139,7 @@ func (s *Store) enqueue(ctx context.Context, script *redis.Script, key string, a
 		r.keys[0], r.args = "", [5]any{}
 		requests.Put(r)
 		return [4]int64{}, ctx.Err()
-	case <-s.done:
+	case <-c.done:
 		r.timer.Stop()
 		return [4]int64{}, ErrClosed
 	}
@@ -174,8 +174,8 @@ type batchCall struct {
 }
 
 // worker sends queued requests in batches until the store closes.
-func (s *Store) worker() {
-	defer s.wg.Done()
+func (c *conn) worker() {
+	defer c.wg.Done()
 	b := &batcher{
 		batch: make([]*request, 0, maxBatch),
 		keys:  make([]string, 0, maxBatch),
@@ -183,21 +183,21 @@ func (s *Store) worker() {
 	}
 	for {
 		select {
-		case r := <-s.queue:
+		case r := <-c.queue:
 			b.batch = append(b.batch[:0], r)
-		case <-s.done:
+		case <-c.done:
 			return
 		}
 	drain:
 		for len(b.batch) < maxBatch {
 			select {
-			case r := <-s.queue:
+			case r := <-c.queue:
 				b.batch = append(b.batch, r)
 			default:
 				break drain
 			}
 		}
-		s.send(b)
+		c.send(b)
 		clear(b.batch)
 	}
 }
@@ -214,7 +214,7 @@ func (s *Store) worker() {
 // goroutines are bounded by the callers waiting (one request each) and
 // each ends by its requests' latest deadline; once the hung master's
 // breaker opens its keys are not even queued.
-func (s *Store) send(b *batcher) {
+func (c *conn) send(b *batcher) {
 	now := time.Now()
 	live := b.batch[:0]
 	var latest time.Time
@@ -233,12 +233,12 @@ func (s *Store) send(b *batcher) {
 	// GCRA steps first (grouped by slot on Cluster), then the others.
 	gcra := 0
 	for i, r := range live {
-		if r.script == s.script {
+		if r.script == c.gcra {
 			live[gcra], live[i] = live[i], live[gcra]
 			gcra++
 		}
 	}
-	if s.cluster && gcra > 1 {
+	if c.cluster && gcra > 1 {
 		for _, r := range live[:gcra] {
 			r.slot = hashSlot(r.keys[0])
 		}
@@ -247,10 +247,10 @@ func (s *Store) send(b *batcher) {
 	calls := b.calls[:0]
 	for i := 0; i < gcra; {
 		j := i + 1
-		for s.cluster && j < gcra && live[j].slot == live[i].slot {
+		for c.cluster && j < gcra && live[j].slot == live[i].slot {
 			j++
 		}
-		if !s.cluster {
+		if !c.cluster {
 			j = gcra
 		}
 		calls = append(calls, batchCall{reqs: live[i:j], gcra: true})
@@ -260,20 +260,20 @@ func (s *Store) send(b *batcher) {
 		calls = append(calls, batchCall{reqs: live[i : i+1]})
 	}
 
-	if s.cluster {
-		s.sendByMaster(b, calls, latest)
+	if c.cluster {
+		c.sendByMaster(b, calls, latest)
 	} else {
-		ctx, cancel := context.WithDeadline(s.ctx, latest)
+		ctx, cancel := context.WithDeadline(c.ctx, latest)
 		if len(calls) == 1 { // a plain command costs less than a pipeline
-			calls[0].cmd = b.eval(ctx, s.client, &calls[0], false)
-			s.finish(ctx, b, calls)
+			calls[0].cmd = b.eval(ctx, c.client, &calls[0], false)
+			c.finish(ctx, b, calls)
 		} else {
-			pipe := s.client.Pipeline()
+			pipe := c.client.Pipeline()
 			for i := range calls {
 				calls[i].cmd = b.eval(ctx, pipe, &calls[i], false)
 			}
 			_, _ = pipe.Exec(ctx) // errors are per command
-			s.finish(ctx, b, calls)
+			c.finish(ctx, b, calls)
 		}
 		cancel()
 	}
@@ -294,13 +294,13 @@ type masterCalls struct {
 // copied out of b, which the worker reuses at once. Finding a key's master
 // reads the client's slot map; only a client that never had one asks a
 // node for it, bounded by the batch's latest deadline.
-func (s *Store) sendByMaster(b *batcher, calls []batchCall, latest time.Time) {
-	lookup, cancel := context.WithDeadline(s.ctx, latest)
+func (c *conn) sendByMaster(b *batcher, calls []batchCall, latest time.Time) {
+	lookup, cancel := context.WithDeadline(c.ctx, latest)
 	defer cancel()
 	var groups []masterCalls
-	for _, c := range calls {
+	for _, call := range calls {
 		addr := ""
-		if m, err := s.nodes.cluster.MasterForKey(lookup, c.reqs[0].keys[0]); err == nil {
+		if m, err := c.nodes.cluster.MasterForKey(lookup, call.reqs[0].keys[0]); err == nil {
 			addr = m.Options().Addr
 		}
 		i := slices.IndexFunc(groups, func(g masterCalls) bool { return g.addr == addr })
@@ -309,26 +309,26 @@ func (s *Store) sendByMaster(b *batcher, calls []batchCall, latest time.Time) {
 			i = len(groups) - 1
 		}
 		g := &groups[i]
-		c.reqs = slices.Clone(c.reqs)
-		g.calls = append(g.calls, c)
-		for _, r := range c.reqs {
+		call.reqs = slices.Clone(call.reqs)
+		g.calls = append(g.calls, call)
+		for _, r := range call.reqs {
 			if r.deadline.After(g.latest) {
 				g.latest = r.deadline
 			}
 		}
 	}
 	for _, g := range groups {
-		ctx, cancel := context.WithDeadline(s.ctx, g.latest)
-		pipe := s.client.Pipeline()
+		ctx, cancel := context.WithDeadline(c.ctx, g.latest)
+		pipe := c.client.Pipeline()
 		for i := range g.calls {
 			g.calls[i].cmd = b.eval(ctx, pipe, &g.calls[i], false)
 		}
-		s.wg.Add(1)
+		c.wg.Add(1)
 		go func() {
-			defer s.wg.Done()
+			defer c.wg.Done()
 			defer cancel()
 			_, _ = pipe.Exec(ctx) // errors are per command
-			s.finish(ctx, nil, g.calls)
+			c.finish(ctx, nil, g.calls)
 		}()
 	}
 }
@@ -336,12 +336,12 @@ func (s *Store) sendByMaster(b *batcher, calls []batchCall, latest time.Time) {
 // finish retries with EVAL the calls whose script Redis lost (NOSCRIPT),
 // in one pipeline, and replies to every request of calls. b's buffers
 // build the retries; nil makes new ones, only if one is needed.
-func (s *Store) finish(ctx context.Context, b *batcher, calls []batchCall) {
+func (c *conn) finish(ctx context.Context, b *batcher, calls []batchCall) {
 	var pipe redis.Pipeliner
 	for i := range calls {
 		if redis.HasErrorPrefix(calls[i].cmd.Err(), "NOSCRIPT") {
 			if pipe == nil {
-				pipe = s.client.Pipeline()
+				pipe = c.client.Pipeline()
 			}
 			if b == nil {
 				b = &batcher{}
@@ -353,12 +353,12 @@ func (s *Store) finish(ctx context.Context, b *batcher, calls []batchCall) {
 		_, _ = pipe.Exec(ctx)
 	}
 
-	for _, c := range calls {
-		if !c.gcra {
-			c.reqs[0].reply <- parseReply(c.cmd)
+	for _, call := range calls {
+		if !call.gcra {
+			call.reqs[0].reply <- parseReply(call.cmd)
 			continue
 		}
-		parseReplies(c.cmd, c.reqs)
+		parseReplies(call.cmd, call.reqs)
 	}
 }
 

@@ -76,15 +76,15 @@ func (sl *slots) poke() {
 // timed out may still have taken its slot in Redis: it is released like any
 // other (and if the release overtakes the script, the slot, never renewed,
 // ends with its lease).
-func (s *Store) Acquire(ctx context.Context, zone, key string, limit int64, lease time.Duration) (string, int64, error) {
-	if s.isClosed() {
+func (c *conn) Acquire(ctx context.Context, zone, key string, limit int64, lease time.Duration) (string, int64, error) {
+	if c.isClosed() {
 		return "", 0, ErrClosed
 	}
-	sl := &s.slots
-	slot := heldSlot{rkey: s.slotsKey(zone, key), id: s.instanceID + ":" + strconv.FormatUint(sl.seq.Add(1), 36)}
+	sl := &c.slots
+	slot := heldSlot{rkey: c.slotsKey(zone, key), id: c.instanceID + ":" + strconv.FormatUint(sl.seq.Add(1), 36)}
 
 	start := time.Now()
-	v, err := s.callScript(ctx, concurrencyScript, slot.rkey, [5]any{"a", limit, lease.Milliseconds(), slot.id, ""})
+	v, err := c.callScript(ctx, concurrencyScript, slot.rkey, [5]any{"a", limit, lease.Milliseconds(), slot.id, ""})
 	if err != nil {
 		if !errors.Is(err, ErrUnavailable) {
 			sl.release(slot, start.Add(lease))
@@ -109,14 +109,14 @@ func (s *Store) Acquire(ctx context.Context, zone, key string, limit int64, leas
 
 // Release frees a slot Acquire returned (zones.SlotStore) without waiting:
 // the background loop removes it from Redis.
-func (s *Store) Release(zone, key, id string) {
-	slot := heldSlot{rkey: s.slotsKey(zone, key), id: id}
-	s.slots.mu.Lock()
-	l, ok := s.slots.held[slot]
-	delete(s.slots.held, slot)
-	s.slots.mu.Unlock()
+func (c *conn) Release(zone, key, id string) {
+	slot := heldSlot{rkey: c.slotsKey(zone, key), id: id}
+	c.slots.mu.Lock()
+	l, ok := c.slots.held[slot]
+	delete(c.slots.held, slot)
+	c.slots.mu.Unlock()
 	if ok {
-		s.slots.release(slot, l.expires)
+		c.slots.release(slot, l.expires)
 	}
 }
 
@@ -129,22 +129,16 @@ func (sl *slots) release(slot heldSlot, expires time.Time) {
 
 // Slots returns the live slots held for key in zone, by every instance
 // (zones.SlotStore). It is for the admin API.
-func (s *Store) Slots(ctx context.Context, zone, key string) (int64, error) {
-	if s.isClosed() {
-		return 0, ErrClosed
-	}
-	b := s.breakerFor(s.slotsKey(zone, key))
-	ok, probe := b.allow()
-	if !ok {
-		return 0, ErrUnavailable
-	}
-	ctx, cancel := s.bound(ctx)
-	defer cancel()
-	v, err := concurrencyScript.Run(ctx, s.client, []string{s.slotsKey(zone, key)}, "p").Int64Slice()
-	if err == nil && len(v) != 4 {
-		err = errBadReply
-	}
-	b.record(probe, err)
+func (c *conn) Slots(ctx context.Context, zone, key string) (int64, error) {
+	rkey := c.slotsKey(zone, key)
+	var v []int64
+	err := c.unbatched(ctx, rkey, func(ctx context.Context) (err error) {
+		v, err = concurrencyScript.Run(ctx, c.client, []string{rkey}, "p").Int64Slice()
+		if err == nil && len(v) != 4 {
+			err = errBadReply
+		}
+		return err
+	})
 	if err != nil {
 		return 0, err
 	}
@@ -153,10 +147,10 @@ func (s *Store) Slots(ctx context.Context, zone, key string) (int64, error) {
 
 // HeldSlots is how many slots this instance holds in Redis and how many
 // releases have not reached Redis yet.
-func (s *Store) HeldSlots() (held, pending int) {
-	s.slots.mu.Lock()
-	defer s.slots.mu.Unlock()
-	return len(s.slots.held), len(s.slots.releases)
+func (c *conn) HeldSlots() (held, pending int) {
+	c.slots.mu.Lock()
+	defer c.slots.mu.Unlock()
+	return len(c.slots.held), len(c.slots.releases)
 }
 
 // releaseRetry is how soon releases Redis did not take are sent again.
@@ -164,9 +158,9 @@ const releaseRetry = 250 * time.Millisecond
 
 // slotLoop renews and releases slots until the store closes, then sends the
 // releases still pending once more.
-func (s *Store) slotLoop() {
-	defer s.wg.Done()
-	sl := &s.slots
+func (c *conn) slotLoop() {
+	defer c.wg.Done()
+	sl := &c.slots
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	var nextRenew time.Time
@@ -190,9 +184,9 @@ func (s *Store) slotLoop() {
 		select {
 		case <-sl.wake:
 		case <-timer.C:
-		case <-s.done:
-			ctx, cancel := context.WithTimeout(context.Background(), s.opts.Timeout)
-			s.sendReleases(ctx)
+		case <-c.done:
+			ctx, cancel := context.WithTimeout(context.Background(), c.opts.Timeout)
+			c.sendReleases(ctx)
 			cancel()
 			return
 		}
@@ -203,11 +197,11 @@ func (s *Store) slotLoop() {
 			}
 		}
 		if every > 0 && !time.Now().Before(nextRenew) {
-			s.renew()
+			c.renew()
 			nextRenew = time.Now().Add(every)
 		}
-		ctx, cancel := context.WithTimeout(s.ctx, backgroundTimeout(s.opts))
-		s.sendReleases(ctx)
+		ctx, cancel := context.WithTimeout(c.ctx, backgroundTimeout(c.opts))
+		c.sendReleases(ctx)
 		cancel()
 	}
 }
@@ -222,8 +216,8 @@ type renewGroup struct {
 // renew extends the lease of every slot this instance holds: one script call
 // per key, all in one pipeline. When none is held, the renewal period resets
 // so that it follows the leases of the slots taken next.
-func (s *Store) renew() {
-	sl := &s.slots
+func (c *conn) renew() {
+	sl := &c.slots
 	sl.mu.Lock()
 	if len(sl.held) == 0 {
 		sl.every = 0
@@ -246,7 +240,7 @@ func (s *Store) renew() {
 	// requests still running.
 	var gates breakerGates
 	for g := range groups {
-		if !gates.allow(s.breakerFor(g.rkey)) {
+		if !gates.allow(c.breakerFor(g.rkey)) {
 			delete(groups, g)
 		}
 	}
@@ -254,11 +248,11 @@ func (s *Store) renew() {
 		return
 	}
 	start := time.Now()
-	ctx, cancel := context.WithTimeout(s.ctx, backgroundTimeout(s.opts))
+	ctx, cancel := context.WithTimeout(c.ctx, backgroundTimeout(c.opts))
 	defer cancel()
 	cmds := make(map[renewGroup]*redis.Cmd, len(groups))
 	send := func() error {
-		pipe := s.client.Pipeline()
+		pipe := c.client.Pipeline()
 		for g, args := range groups {
 			cmds[g] = concurrencyScript.EvalSha(ctx, pipe, []string{g.rkey}, args...)
 		}
@@ -267,16 +261,16 @@ func (s *Store) renew() {
 	}
 	err := send()
 	if redis.HasErrorPrefix(err, "NOSCRIPT") {
-		if err = concurrencyScript.Load(ctx, s.client).Err(); err == nil {
+		if err = concurrencyScript.Load(ctx, c.client).Err(); err == nil {
 			err = send()
 		}
 	}
-	for g, c := range cmds {
-		gates.note(s.breakerFor(g.rkey), c.Err())
+	for g, cmd := range cmds {
+		gates.note(c.breakerFor(g.rkey), cmd.Err())
 	}
 	gates.record()
 	if err != nil {
-		s.logger.Debug("renewing concurrency slots failed", zap.Error(err))
+		c.logger.Debug("renewing concurrency slots failed", zap.Error(err))
 	}
 	sl.mu.Lock()
 	for g, args := range groups {
@@ -345,8 +339,8 @@ func (g *breakerGates) record() {
 // sendReleases removes the released slots from Redis, one ZREM each in one
 // pipeline. Those Redis did not take are kept for the next try, unless their
 // lease has ended by then.
-func (s *Store) sendReleases(ctx context.Context) {
-	sl := &s.slots
+func (c *conn) sendReleases(ctx context.Context) {
+	sl := &c.slots
 	sl.mu.Lock()
 	batch := sl.releases
 	sl.releases = nil
@@ -363,10 +357,10 @@ func (s *Store) sendReleases(ctx context.Context) {
 	}
 	var gates breakerGates
 	var failed []pendingRelease
-	pipe := s.client.Pipeline()
+	pipe := c.client.Pipeline()
 	cmds := make([]*redis.IntCmd, len(live))
 	for i, r := range live {
-		if !gates.allow(s.breakerFor(r.rkey)) {
+		if !gates.allow(c.breakerFor(r.rkey)) {
 			failed = append(failed, r)
 			continue
 		}
@@ -374,15 +368,15 @@ func (s *Store) sendReleases(ctx context.Context) {
 	}
 	if pipe.Len() > 0 {
 		_, _ = pipe.Exec(ctx) // errors are per command
-		for i, c := range cmds {
-			if c == nil {
+		for i, cmd := range cmds {
+			if cmd == nil {
 				continue
 			}
-			err := c.Err()
+			err := cmd.Err()
 			if errors.Is(err, redis.Nil) {
 				err = nil
 			}
-			gates.note(s.breakerFor(live[i].rkey), err)
+			gates.note(c.breakerFor(live[i].rkey), err)
 			if err != nil {
 				failed = append(failed, live[i])
 			}

@@ -48,26 +48,26 @@ func backgroundTimeout(o Options) time.Duration {
 	return max(o.Timeout, o.SyncInterval)
 }
 
-func (s *Store) instancesKey() string { return s.opts.KeyPrefix + "instances" }
+func (c *conn) instancesKey() string { return c.opts.KeyPrefix + "instances" }
 
 // Heartbeat registers this instance now and returns the number of live
 // instances, which Instances reports from then on. The background loop calls
 // it every second; tests call it to avoid waiting. One beat runs at a time
 // (see beats).
-func (s *Store) Heartbeat(ctx context.Context) (int, error) {
-	return s.beats.run(&s.instances, func() (int64, error) {
-		if s.isClosed() {
+func (c *conn) Heartbeat(ctx context.Context) (int, error) {
+	return c.beats.run(&c.instances, func() (int64, error) {
+		if c.isClosed() {
 			return 0, ErrClosed
 		}
-		b := s.breakerFor(s.instancesKey())
+		b := c.breakerFor(c.instancesKey())
 		ok, probe := b.allow()
 		if !ok {
 			return 0, ErrUnavailable
 		}
-		ctx, cancel := context.WithTimeout(ctx, backgroundTimeout(s.opts))
+		ctx, cancel := context.WithTimeout(ctx, backgroundTimeout(c.opts))
 		defer cancel()
-		n, err := heartbeatScript.Run(ctx, s.client, []string{s.instancesKey()},
-			s.member, instanceTTL.Milliseconds()).Int64()
+		n, err := heartbeatScript.Run(ctx, c.client, []string{c.instancesKey()},
+			c.member, instanceTTL.Milliseconds()).Int64()
 		b.record(probe, err)
 		return n, err
 	})
@@ -91,22 +91,22 @@ var live = struct {
 }{members: make(map[string]int)}
 
 // memberKey identifies the member a store beats as, in its set.
-func (s *Store) memberKey() string {
-	return strings.Join(s.opts.Addresses, ",") + "\x00" + strconv.Itoa(s.opts.DB) + "\x00" + s.instancesKey() + "\x00" + s.member
+func (c *conn) memberKey() string {
+	return strings.Join(c.opts.Addresses, ",") + "\x00" + strconv.Itoa(c.opts.DB) + "\x00" + c.instancesKey() + "\x00" + c.member
 }
 
-func (s *Store) register() {
+func (c *conn) register() {
 	live.Lock()
-	live.members[s.memberKey()]++
+	live.members[c.memberKey()]++
 	live.Unlock()
 }
 
 // unregister reports whether s was the last open store beating as its
 // member, which must then leave the set.
-func (s *Store) unregister() (last bool) {
+func (c *conn) unregister() (last bool) {
 	live.Lock()
 	defer live.Unlock()
-	k := s.memberKey()
+	k := c.memberKey()
 	live.members[k]--
 	if live.members[k] > 0 {
 		return false
@@ -146,17 +146,17 @@ func (b *beats) run(instances *atomic.Int64, beat func() (int64, error)) (int, e
 // heartbeatLoop beats at once, then every heartbeatEvery until Close. While
 // the breaker is open the beats double as its probes, so Health recovers
 // without traffic.
-func (s *Store) heartbeatLoop() {
-	defer s.wg.Done()
+func (c *conn) heartbeatLoop() {
+	defer c.wg.Done()
 	t := time.NewTicker(heartbeatEvery)
 	defer t.Stop()
 	for {
-		_, _ = s.Heartbeat(s.ctx)
-		_ = s.Outages() // retires (and logs) Cluster masters replaced by a replica
-		s.forgetMissed()
+		_, _ = c.Heartbeat(c.ctx)
+		_ = c.Outages() // retires (and logs) Cluster masters replaced by a replica
+		c.forgetMissed()
 		select {
 		case <-t.C:
-		case <-s.done:
+		case <-c.done:
 			return
 		}
 	}

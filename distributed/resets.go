@@ -39,75 +39,77 @@ type ResetListener interface {
 type resets struct {
 	mu        sync.Mutex
 	listeners map[string][]*ResetListener
-	// record, when set (async mode), drops the store's own record.
-	record func(zone, key string)
 	// missed: resets may have been missed since the last subscription;
 	// cached denials are dropped when the store decides through Redis.
 	missed atomic.Bool
-	// deciding reports whether the store decides through Redis (set by
-	// async mode, which also needs a synced view); default: the breaker
-	// is closed.
-	deciding func() bool
+}
+
+// modeState is what a store's mode keeps of its own, as resets reach it:
+// strict mode nothing (strictMode), async mode its records (Async).
+type modeState interface {
+	// forgetRecord drops the mode's own state of key in zone: the key
+	// was reset, here or on another instance.
+	forgetRecord(zone, key string)
+	// synced reports whether the mode's view agrees with Redis, besides
+	// the breaker being closed (async mode: its last sync succeeded).
+	synced() bool
 }
 
 // forgetMissed drops every cached denial if resets may have been missed
 // and the store decides through Redis again.
-func (s *Store) forgetMissed() {
-	if !s.resets.missed.Load() {
+func (c *conn) forgetMissed() {
+	if !c.resets.missed.Load() {
 		return
 	}
-	ok, _ := s.breaker.health()
-	if ok && s.resets.deciding != nil {
-		ok = s.resets.deciding()
-	}
-	if ok && s.resets.missed.CompareAndSwap(true, false) {
-		s.logger.Debug("subscribed to resets again; dropping cached denials")
-		s.forget("", "", true)
+	ok, _ := c.breaker.health()
+	if ok && c.mode.synced() && c.resets.missed.CompareAndSwap(true, false) {
+		c.logger.Debug("subscribed to resets again; dropping cached denials")
+		c.forget("", "", true)
 	}
 }
 
-func (s *Store) resetsChannel() string { return s.opts.KeyPrefix + "resets" }
+func (c *conn) resetsChannel() string { return c.opts.KeyPrefix + "resets" }
 
 // OnReset makes l hear of every reset of a key in zone, made by this
 // instance or another one sharing the Redis and key_prefix, until the
 // returned function is called.
-func (s *Store) OnReset(zone string, l ResetListener) (remove func()) {
+func (c *conn) OnReset(zone string, l ResetListener) (remove func()) {
 	p := &l
-	s.resets.mu.Lock()
-	if s.resets.listeners == nil {
-		s.resets.listeners = make(map[string][]*ResetListener)
+	c.resets.mu.Lock()
+	if c.resets.listeners == nil {
+		c.resets.listeners = make(map[string][]*ResetListener)
 	}
-	s.resets.listeners[zone] = append(s.resets.listeners[zone], p)
-	s.resets.mu.Unlock()
+	c.resets.listeners[zone] = append(c.resets.listeners[zone], p)
+	c.resets.mu.Unlock()
 	return func() {
-		s.resets.mu.Lock()
-		defer s.resets.mu.Unlock()
-		ls := s.resets.listeners[zone]
+		c.resets.mu.Lock()
+		defer c.resets.mu.Unlock()
+		ls := c.resets.listeners[zone]
 		for i, q := range ls {
 			if q == p {
-				s.resets.listeners[zone] = append(ls[:i:i], ls[i+1:]...)
+				c.resets.listeners[zone] = append(ls[:i:i], ls[i+1:]...)
 				break
 			}
 		}
-		if len(s.resets.listeners[zone]) == 0 {
-			delete(s.resets.listeners, zone)
+		if len(c.resets.listeners[zone]) == 0 {
+			delete(c.resets.listeners, zone)
 		}
 	}
 }
 
 // forget tells the listeners of zone (every zone when all) to forget key.
-func (s *Store) forget(zone, key string, all bool) {
-	if !all && s.resets.record != nil {
-		s.resets.record(zone, key)
+func (c *conn) forget(zone, key string, all bool) {
+	if !all {
+		c.mode.forgetRecord(zone, key)
 	}
-	s.resets.mu.Lock()
+	c.resets.mu.Lock()
 	var ls []*ResetListener
-	for z, zl := range s.resets.listeners {
+	for z, zl := range c.resets.listeners {
 		if all || z == zone {
 			ls = append(ls, zl...)
 		}
 	}
-	s.resets.mu.Unlock()
+	c.resets.mu.Unlock()
 	for _, l := range ls {
 		if all {
 			(*l).ForgetDenials()
@@ -119,22 +121,22 @@ func (s *Store) forget(zone, key string, all bool) {
 
 // subscribeLoop receives resets on ps until Close, which closes ps (a
 // blocked Receive does not watch its context).
-func (s *Store) subscribeLoop(ps *redis.PubSub) {
-	defer s.wg.Done()
+func (c *conn) subscribeLoop(ps *redis.PubSub) {
+	defer c.wg.Done()
 	// An error here is remembered by ps: Receive connects and subscribes
 	// again.
-	_ = ps.Subscribe(s.ctx, s.resetsChannel())
+	_ = ps.Subscribe(c.ctx, c.resetsChannel())
 	for {
-		msg, err := ps.Receive(s.ctx)
+		msg, err := ps.Receive(c.ctx)
 		if err != nil {
-			if s.ctx.Err() != nil {
+			if c.ctx.Err() != nil {
 				return
 			}
 			// The next Receive reconnects and subscribes again; what
 			// was published meanwhile is lost.
 			select {
 			case <-time.After(resubscribeEvery):
-			case <-s.done:
+			case <-c.done:
 				return
 			}
 			continue
@@ -144,16 +146,16 @@ func (s *Store) subscribeLoop(ps *redis.PubSub) {
 			if m.Kind == "subscribe" {
 				// The first subscription too: resets made before it,
 				// after the store opened, were not heard.
-				s.resets.missed.Store(true)
-				s.forgetMissed()
+				c.resets.missed.Store(true)
+				c.forgetMissed()
 			}
 		case *redis.Message:
 			zone, key, ok := strings.Cut(m.Payload, "\x00")
 			if !ok {
-				s.logger.Debug("ignoring a malformed reset message", zap.Int("bytes", len(m.Payload)))
+				c.logger.Debug("ignoring a malformed reset message", zap.Int("bytes", len(m.Payload)))
 				continue
 			}
-			s.forget(zone, key, false)
+			c.forget(zone, key, false)
 		}
 	}
 }

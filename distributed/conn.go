@@ -1,0 +1,226 @@
+package distributed
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+)
+
+// conn is one Redis setting as a store of either mode uses it: the client,
+// its breakers (one per master on a Cluster), the batcher, the heartbeat,
+// resets and concurrency slots. Store (strict) and Async each hold one;
+// nothing in it depends on the mode but what the mode hands to start.
+type conn struct {
+	opts    Options
+	client  redis.UniversalClient
+	gcra    *redis.Script // gcra.lua: the batcher's GCRA steps
+	cluster bool          // a batch's GCRA steps go in one call per hash slot
+	logger  *zap.Logger
+	// breaker guards the whole setting: on one server or Sentinel every
+	// call; on a Cluster only calls about no key. A call about a key goes
+	// through breakerFor(its Redis key).
+	breaker breaker
+	nodes   nodeBreakers // on a Cluster, one breaker per master (breaker.go)
+
+	queue chan *request
+	idle  chan struct{} // slots for calls that skip the idle queue
+
+	instanceID string // this store's: async reports, concurrency slots
+	member     string // this process's, in the instances set
+	instances  atomic.Int64
+	beats      beats
+
+	problems problems
+	resets   resets
+	mode     modeState // what the store's mode keeps of its own (resets.go)
+	pubsub   *redis.PubSub
+
+	slots slots // concurrency slots this instance holds (concurrency.go)
+
+	ctx       context.Context // cancelled by close
+	cancel    context.CancelFunc
+	done      chan struct{}
+	closeOnce sync.Once
+	wg        sync.WaitGroup
+}
+
+// newConn sets up the connection for opts without contacting Redis (Caddy
+// must start during a Redis outage, and the zones' fail policy covers it)
+// and without starting anything: start does. Errors (bad addresses) never
+// contain a password.
+func newConn(opts Options, logger *zap.Logger) (*conn, error) {
+	opts = opts.withDefaults()
+	uopts, err := opts.universalOptions()
+	if err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = zap.NewNop()
+	}
+	var id [8]byte
+	_, _ = rand.Read(id[:])
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &conn{
+		opts:       opts,
+		client:     redis.NewUniversalClient(uopts),
+		gcra:       redis.NewScript(gcraScript),
+		logger:     logger,
+		queue:      make(chan *request, queueDepth),
+		idle:       make(chan struct{}, idleCallers),
+		instanceID: hex.EncodeToString(id[:]),
+		member:     cmp.Or(opts.Instance, processMember),
+		ctx:        ctx,
+		cancel:     cancel,
+		done:       make(chan struct{}),
+	}
+	_, c.cluster = c.client.(*redis.ClusterClient)
+	c.breaker.logger = logger
+	c.breaker.redis = opts.Redacted()
+	c.breaker.hint = opts.hint
+	if opts.SentinelMaster != "" {
+		dials := &masterDials{}
+		c.client.AddHook(dials)
+		c.breaker.master = dials.last
+	}
+	c.nodes.init(c.client, &c.breaker)
+	c.problems.logger = logger
+	c.instances.Store(1)
+	c.slots.init()
+	return c, nil
+}
+
+// start starts the batcher's workers, the heartbeat, the slot loop and the
+// resets subscriber, for a store whose mode keeps mode.
+func (c *conn) start(mode modeState) {
+	c.mode = mode
+	c.register()
+	c.wg.Add(workers + 3)
+	for range workers {
+		go c.worker()
+	}
+	go c.heartbeatLoop()
+	go c.slotLoop()
+	c.pubsub = c.client.Subscribe(c.ctx) // no channel yet: no connection
+	go c.subscribeLoop(c.pubsub)
+}
+
+// close stops the workers and the heartbeat, removes this instance from the
+// instances set (best effort, bounded by the timeout) and closes the client.
+// Calls made after close return ErrClosed.
+func (c *conn) close() error {
+	var err error
+	c.closeOnce.Do(func() {
+		close(c.done)
+		c.cancel()
+		_ = c.pubsub.Close()
+		c.wg.Wait()
+		last := c.unregister()
+		if ok, _ := c.breakerFor(c.instancesKey()).health(); ok && last {
+			ctx, cancel := context.WithTimeout(context.Background(), c.opts.Timeout)
+			c.client.ZRem(ctx, c.instancesKey(), c.member)
+			cancel()
+		}
+		err = c.client.Close()
+	})
+	return err
+}
+
+func (c *conn) isClosed() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Health reports whether Redis is considered reachable and, when it is not,
+// since when (the earliest open breaker opened then). On a Cluster it is
+// false while any master serving slots is unreachable; Outages says which.
+func (c *conn) Health() (ok bool, openSince time.Time) {
+	ok = true
+	for _, o := range c.Outages() {
+		if ok || o.Since.Before(openSince) {
+			ok, openSince = false, o.Since
+		}
+	}
+	return ok, openSince
+}
+
+// Outages lists what the store cannot reach now: on a Cluster, each master
+// still serving slots whose breaker is open (a master replaced by its
+// replica is dropped, logged once); otherwise the whole setting, as one
+// outage naming, on Sentinel, the master it was connected to.
+func (c *conn) Outages() []NodeOutage {
+	down := c.nodes.retire(c.ctx)
+	if ok, since := c.breaker.health(); !ok {
+		down = append(down, NodeOutage{Node: c.breaker.outageNode(), Since: since})
+	}
+	return down
+}
+
+// LastProblem is the last per-key error Redis reported (a value tally did
+// not write, found at one of its keys and deleted) and when, or "" if none
+// since the store opened. Outages are reported by Health instead.
+func (c *conn) LastProblem() (string, time.Time) { return c.problems.last() }
+
+// Instances is the number of live instances sharing this Redis that the
+// last successful heartbeat saw; 1 before the first one. During an outage
+// it keeps the last value.
+func (c *conn) Instances() int { return int(c.instances.Load()) }
+
+// breakerFor is the breaker guarding calls about rkey (a Redis key): on a
+// Cluster, that of the master serving its slot; otherwise the store's.
+func (c *conn) breakerFor(rkey string) *breaker {
+	return c.nodes.breakerFor(c.ctx, rkey, &c.breaker)
+}
+
+// bound limits ctx to the store's timeout.
+func (c *conn) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, c.opts.Timeout)
+}
+
+// unbatched runs f, a call about rkey that skips the batcher (the admin
+// API's reads, resets), through the breaker of rkey's master and bounded by
+// the timeout.
+func (c *conn) unbatched(ctx context.Context, rkey string, f func(ctx context.Context) error) error {
+	if c.isClosed() {
+		return ErrClosed
+	}
+	b := c.breakerFor(rkey)
+	ok, probe := b.allow()
+	if !ok {
+		return ErrUnavailable
+	}
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
+	err := f(ctx)
+	b.record(probe, err)
+	return err
+}
+
+// reset deletes rkey, the state of key in zone, and tells every instance
+// to forget what it holds about the key (see resets.go).
+func (c *conn) reset(ctx context.Context, rkey, zone, key string) error {
+	return c.unbatched(ctx, rkey, func(ctx context.Context) error {
+		pipe := c.client.Pipeline()
+		pipe.Del(ctx, rkey)
+		pipe.Publish(ctx, c.resetsChannel(), zone+"\x00"+key)
+		_, err := pipe.Exec(ctx)
+		return err
+	})
+}
+
+// slotsKey is the Redis key of key's concurrency slots in zone:
+// <key_prefix><zone>:<key> in either mode (a concurrency zone has no GCRA
+// state, so its name never meets one).
+func (c *conn) slotsKey(zone, key string) string {
+	return c.opts.KeyPrefix + zone + ":" + key
+}
