@@ -415,8 +415,7 @@ func (a *Async) Peek(ctx context.Context, zone, key string, limit algorithms.Lim
 	if len(v) != 2 {
 		return algorithms.Result{}, errBadReply
 	}
-	r := micro(limit).Peek(v[1], v[0])
-	return resultNanos([4]int64{b2i(r.Allowed), r.Remaining, r.RetryAfter, r.ResetAfter}), nil
+	return nanos(micro(limit).Peek(v[1], v[0])), nil
 }
 
 func b2i(b bool) int64 {

@@ -386,17 +386,9 @@ func (a *Async) adoptCall(c *asyncCall, now, start int64) {
 	}
 	for i := range c.items {
 		it := &c.items[i]
-		var rep [4]int64
-		keyErr := err
-		for j := 0; keyErr == nil && j < 4; j++ {
-			x, ok := vals[4*i+j].(int64)
-			if !ok {
-				keyErr = errBadReply
-			}
-			rep[j] = x
-		}
-		if keyErr == nil && rep[0] < 0 {
-			keyErr = errAsyncForeign
+		rep, keyErr := syncReply{}, err
+		if keyErr == nil {
+			rep, keyErr = parseSyncReply(vals[4*i : 4*i+4])
 		}
 		if keyErr != nil {
 			a.problems.note(it.z.name, keyErr)
@@ -411,10 +403,29 @@ func (a *Async) adoptCall(c *asyncCall, now, start int64) {
 	}
 }
 
+// parseSyncReply reads one key's {lease, avail, retry_us, reset_us} of
+// async.lua (times in nanoseconds after); a negative lease reports a value
+// tally did not write, deleted.
+func parseSyncReply(a []any) (syncReply, error) {
+	var rep syncReply
+	for i, f := range [...]*int64{&rep.lease, &rep.avail, &rep.retry, &rep.reset} {
+		n, ok := a[i].(int64)
+		if !ok {
+			return syncReply{}, errBadReply
+		}
+		*f = n
+	}
+	if rep.lease < 0 {
+		return syncReply{}, errAsyncForeign
+	}
+	rep.retry *= 1000
+	rep.reset *= 1000
+	return rep, nil
+}
+
 // adopt applies one reply to its record, if the record is still the one
 // that was sent (Reset or eviction may have replaced it).
-func (a *Async) adopt(it *item, v [4]int64, now int64) {
-	rep := syncReply{lease: v[0], avail: v[1], retry: v[2] * 1000, reset: v[3] * 1000}
+func (a *Async) adopt(it *item, rep syncReply, now int64) {
 	it.s.mu.Lock()
 	// A wake (or this sync) may have adopted the same report already.
 	if r := it.r; it.s.m[it.key] == r && r.hasUnacked && r.unacked.seq == it.sent.seq && a.applyReply(r, it.sent, rep, now) {

@@ -6,6 +6,8 @@ import (
 	"context"
 	"errors"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/caddy-tally/ratelimit/algorithms"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 )
@@ -81,11 +83,7 @@ func (a *Async) syncOne(ctx context.Context, zone, key string, st sent) (syncRep
 	}
 	n := int64(a.Instances())
 	args := a.appendSyncArgs([]any{n, a.hold, a.instanceID}, st, n, true)
-	res := parseReply(a.script.Run(ctx, a.client, []string{rkey}, args...))
-	err := res.err
-	if err == nil && res.vals[0] < 0 {
-		err = errAsyncForeign
-	}
+	rep, err := syncOneReply(a.script.Run(ctx, a.client, []string{rkey}, args...))
 	if errors.Is(err, context.DeadlineExceeded) {
 		err = ErrTimeout
 	}
@@ -94,6 +92,18 @@ func (a *Async) syncOne(ctx context.Context, zone, key string, st sent) (syncRep
 		a.problems.note(zone, err)
 		return syncReply{}, err
 	}
-	v := res.vals
-	return syncReply{lease: v[0], avail: v[1], retry: v[2] * 1000, reset: v[3] * 1000}, nil
+	return rep, nil
+}
+
+// syncOneReply reads async.lua's reply for one key.
+func syncOneReply(cmd *redis.Cmd) (syncReply, error) {
+	v, err := cmd.Result()
+	if err != nil {
+		return syncReply{}, err
+	}
+	a, ok := v.([]any)
+	if !ok || len(a) != 4 {
+		return syncReply{}, errBadReply
+	}
+	return parseSyncReply(a)
 }

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-tally/ratelimit/algorithms"
 )
 
 // Batching: callers put requests on a queue; each of a few workers takes one
@@ -57,9 +59,18 @@ type request struct {
 	timer    *time.Timer
 }
 
+// reply answers one request: the result of its script for its key, or the
+// error that answers it. Which result depends on the script.
 type reply struct {
-	vals [4]int64 // allowed, remaining, retry_after_us, reset_after_us
-	err  error
+	step    algorithms.Result // gcra.lua: the GCRA step, in µs (TAT not filled in)
+	acquire acquireReply      // concurrency.lua: a slot's acquisition
+	err     error
+}
+
+// acquireReply is concurrency.lua's answer to an acquisition.
+type acquireReply struct {
+	taken bool
+	inUse int64 // live slots held after the call
 }
 
 var requests = sync.Pool{New: func() any {
@@ -68,58 +79,46 @@ var requests = sync.Pool{New: func() any {
 	return &request{reply: make(chan reply, 1), timer: t}
 }}
 
-// call runs the GCRA script for one key through the batcher and waits at
-// most until deadline (the earlier of ctx's and now+Timeout).
-func (c *conn) call(ctx context.Context, key string, args [5]any) ([4]int64, error) {
-	return c.callScript(ctx, c.gcra, key, args)
-}
-
-// callScript is call for any single-key script whose reply is four
-// integers.
-func (c *conn) callScript(ctx context.Context, script *redis.Script, key string, args [5]any) ([4]int64, error) {
+// call runs script (gcra.lua, or concurrency.lua's acquire) for one key
+// through the key's breaker and the batcher, and waits at most until the
+// earlier of ctx's deadline and now+Timeout.
+func (c *conn) call(ctx context.Context, script *redis.Script, key string, args [5]any) reply {
 	b := c.breakerFor(key)
 	ok, probe := b.allow()
 	if !ok {
-		return [4]int64{}, ErrUnavailable
+		return reply{err: ErrUnavailable}
 	}
-	var vals [4]int64
-	var err error
+	var rep reply
 	select {
 	case c.idle <- struct{}{}:
 		if len(c.queue) == 0 {
-			vals, err = c.directScript(ctx, script, key, args)
+			rep = c.direct(ctx, script, key, args)
 			<-c.idle
 			break
 		}
 		<-c.idle
-		vals, err = c.enqueue(ctx, script, key, args)
+		rep = c.enqueue(ctx, script, key, args)
 	default:
-		vals, err = c.enqueue(ctx, script, key, args)
+		rep = c.enqueue(ctx, script, key, args)
 	}
-	b.record(probe, err)
-	return vals, err
+	b.record(probe, rep.err)
+	return rep
 }
 
 // direct runs the script at once, bounded by the timeout. On an idle store
 // this saves the hand-off to a worker, which costs a goroutine wake-up.
-func (c *conn) direct(ctx context.Context, key string, args [5]any) ([4]int64, error) {
-	return c.directScript(ctx, c.gcra, key, args)
-}
-
-func (c *conn) directScript(ctx context.Context, script *redis.Script, key string, args [5]any) ([4]int64, error) {
+func (c *conn) direct(ctx context.Context, script *redis.Script, key string, args [5]any) reply {
 	ctx, cancel := c.bound(ctx)
 	defer cancel()
 	keys := [1]string{key}
 	cmd := script.Run(ctx, c.client, keys[:], args[:]...)
 	if script == c.gcra {
-		rep := parseStepReply(cmd)
-		return rep.vals, rep.err
+		return parseStepReply(cmd)
 	}
-	rep := parseReply(cmd)
-	return rep.vals, rep.err
+	return parseAcquireReply(cmd)
 }
 
-func (c *conn) enqueue(ctx context.Context, script *redis.Script, key string, args [5]any) ([4]int64, error) {
+func (c *conn) enqueue(ctx context.Context, script *redis.Script, key string, args [5]any) reply {
 	r := requests.Get().(*request)
 	r.script, r.keys[0], r.args = script, key, args
 	r.deadline = time.Now().Add(c.opts.Timeout)
@@ -133,26 +132,26 @@ func (c *conn) enqueue(ctx context.Context, script *redis.Script, key string, ar
 		r.timer.Stop()
 		r.keys[0], r.args = "", [5]any{}
 		requests.Put(r) // never queued: safe to reuse
-		return [4]int64{}, ErrTimeout
+		return reply{err: ErrTimeout}
 	case <-ctx.Done():
 		r.timer.Stop()
 		r.keys[0], r.args = "", [5]any{}
 		requests.Put(r)
-		return [4]int64{}, ctx.Err()
+		return reply{err: ctx.Err()}
 	case <-c.done:
 		r.timer.Stop()
-		return [4]int64{}, ErrClosed
+		return reply{err: ErrClosed}
 	}
 	select {
 	case rep := <-r.reply:
 		r.timer.Stop()
 		r.keys[0], r.args = "", [5]any{}
 		requests.Put(r)
-		return rep.vals, rep.err
+		return rep
 	case <-r.timer.C:
-		return [4]int64{}, ErrTimeout
+		return reply{err: ErrTimeout}
 	case <-ctx.Done():
-		return [4]int64{}, ctx.Err()
+		return reply{err: ctx.Err()}
 	}
 }
 
@@ -165,8 +164,8 @@ type batcher struct {
 }
 
 // batchCall is one script call of a batch and the requests it answers: a
-// run of GCRA steps (one gcra.lua call, 4 reply values per request), or one
-// request of another script.
+// run of GCRA steps (one gcra.lua call, 2 reply values per request), or one
+// request of another script (an acquisition).
 type batchCall struct {
 	cmd  *redis.Cmd
 	reqs []*request
@@ -355,7 +354,7 @@ func (c *conn) finish(ctx context.Context, b *batcher, calls []batchCall) {
 
 	for _, call := range calls {
 		if !call.gcra {
-			call.reqs[0].reply <- parseReply(call.cmd)
+			call.reqs[0].reply <- parseAcquireReply(call.cmd)
 			continue
 		}
 		parseReplies(call.cmd, call.reqs)
@@ -383,11 +382,11 @@ func (b *batcher) eval(ctx context.Context, cmdable redis.Scripter, c *batchCall
 	return r.script.EvalSha(ctx, cmdable, keys, argv...)
 }
 
-// parseReply reads one script reply of four integers.
-func parseReply(c *redis.Cmd) reply { return parseOne(c, 4, parseVals) }
-
 // parseStepReply reads a gcra.lua reply for one key.
 func parseStepReply(c *redis.Cmd) reply { return parseOne(c, 2, parseStep) }
+
+// parseAcquireReply reads concurrency.lua's reply to an acquisition.
+func parseAcquireReply(c *redis.Cmd) reply { return parseOne(c, 2, parseAcquire) }
 
 // parseOne reads a reply of n integers with parse.
 func parseOne(c *redis.Cmd, n int, parse func([]any) reply) reply {
@@ -419,9 +418,9 @@ func parseReplies(c *redis.Cmd, reqs []*request) {
 	}
 }
 
-// parseStep reads one key's {r, reset} of gcra.lua as {allowed, remaining,
-// retry, reset}: r >= 0 is allowed with r remaining, r < 0 denied with a
-// retry time of -r; a reset of -1 or -2 reports a foreign value deleted.
+// parseStep reads one key's {r, reset} of gcra.lua: r >= 0 is allowed with
+// r remaining, r < 0 denied with a retry time of -r; a reset of -1 or -2
+// reports a foreign value deleted.
 func parseStep(a []any) reply {
 	r, ok := a[0].(int64)
 	reset, ok2 := a[1].(int64)
@@ -433,29 +432,19 @@ func parseStep(a []any) reply {
 	case reset == -2:
 		return reply{err: errForeignValue}
 	case r < 0:
-		return reply{vals: [4]int64{0, 0, -r, reset}}
+		return reply{step: algorithms.Result{RetryAfter: -r, ResetAfter: reset}}
 	}
-	return reply{vals: [4]int64{1, r, 0, reset}}
+	return reply{step: algorithms.Result{Allowed: true, Remaining: r, ResetAfter: reset}}
 }
 
-// parseVals reads {allowed, remaining, retry, reset}, the reply of the
-// other scripts; an allowed of -1 or -2 reports a foreign value deleted.
-func parseVals(a []any) reply {
-	var rep reply
-	for i, x := range a {
-		n, ok := x.(int64)
-		if !ok {
-			return reply{err: errBadReply}
-		}
-		rep.vals[i] = n
+// parseAcquire reads concurrency.lua's {taken, in use} of an acquisition.
+func parseAcquire(a []any) reply {
+	taken, ok := a[0].(int64)
+	n, ok2 := a[1].(int64)
+	if !ok || !ok2 {
+		return reply{err: errBadReply}
 	}
-	switch rep.vals[0] {
-	case -1:
-		return reply{err: errForeignType}
-	case -2:
-		return reply{err: errForeignValue}
-	}
-	return rep
+	return reply{acquire: acquireReply{taken: taken == 1, inUse: n}}
 }
 
 // scriptError is a per-key error a script reported in its reply: a

@@ -84,15 +84,15 @@ func (c *conn) Acquire(ctx context.Context, zone, key string, limit int64, lease
 	slot := heldSlot{rkey: c.slotsKey(zone, key), id: c.instanceID + ":" + strconv.FormatUint(sl.seq.Add(1), 36)}
 
 	start := time.Now()
-	v, err := c.callScript(ctx, concurrencyScript, slot.rkey, [5]any{"a", limit, lease.Milliseconds(), slot.id, ""})
-	if err != nil {
+	rep := c.call(ctx, concurrencyScript, slot.rkey, [5]any{"a", limit, lease.Milliseconds(), slot.id, ""})
+	if err := rep.err; err != nil {
 		if !errors.Is(err, ErrUnavailable) {
 			sl.release(slot, start.Add(lease))
 		}
 		return "", 0, err
 	}
-	if v[0] != 1 {
-		return "", v[1], nil
+	if !rep.acquire.taken {
+		return "", rep.acquire.inUse, nil
 	}
 	sl.mu.Lock()
 	sl.held[slot] = heldLease{limit: limit, lease: lease, expires: start.Add(lease)}
@@ -104,7 +104,7 @@ func (c *conn) Acquire(ctx context.Context, zone, key string, limit int64, lease
 	if shorter {
 		sl.poke()
 	}
-	return slot.id, v[1], nil
+	return slot.id, rep.acquire.inUse, nil
 }
 
 // Release frees a slot Acquire returned (zones.SlotStore) without waiting:
@@ -134,7 +134,7 @@ func (c *conn) Slots(ctx context.Context, zone, key string) (int64, error) {
 	var v []int64
 	err := c.unbatched(ctx, rkey, func(ctx context.Context) (err error) {
 		v, err = concurrencyScript.Run(ctx, c.client, []string{rkey}, "p").Int64Slice()
-		if err == nil && len(v) != 4 {
+		if err == nil && len(v) != 2 {
 			err = errBadReply
 		}
 		return err

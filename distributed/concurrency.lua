@@ -15,8 +15,8 @@
 --       running is counted again; without room it stays gone.
 --   "p" peek -> {0, slots in use}
 --
--- Replies are padded to four integers, the shape of gcra.lua's, so that
--- acquisitions share the store's batched pipelines with GCRA decisions.
+-- Every reply is two integers. Acquisitions ride the store's batched
+-- pipelines beside gcra.lua's calls, one call each.
 
 local key = KEYS[1]
 local op = ARGV[1]
@@ -35,11 +35,11 @@ local n = redis.call('ZCARD', key)
 
 if op == 'a' then
   if n >= tonumber(ARGV[2]) then
-    return {0, n, 0, 0}
+    return {0, n}
   end
   redis.call('ZADD', key, string.format('%d', now + tonumber(ARGV[3])), ARGV[4])
   expire()
-  return {1, n + 1, 0, 0}
+  return {1, n + 1}
 end
 
 if op == 'r' then
@@ -55,7 +55,7 @@ if op == 'r' then
     end
   end
   if renewed > 0 then expire() end
-  return {renewed, n, 0, 0}
+  return {renewed, n}
 end
 
-return {0, n, 0, 0}
+return {0, n}

@@ -114,24 +114,12 @@ func (s *Store) RedisKey(zone, key string) string {
 // nanoseconds, like the result; Redis works in microseconds, so T is
 // rounded down to a whole microsecond (at least 1).
 func (s *Store) Decide(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) (algorithms.Result, error) {
-	if s.isClosed() {
-		return algorithms.Result{}, ErrClosed
-	}
-	v, err := s.call(ctx, s.RedisKey(zone, key), scriptArgs(OpDecide, micro(limit), cost, ""))
-	if err != nil {
-		s.problems.note(zone, err)
-		return algorithms.Result{}, err
-	}
-	return resultNanos(v), nil
+	return s.step(ctx, zone, key, scriptArgs(OpDecide, micro(limit), cost, ""))
 }
 
 // Refund gives back cost for key in zone (see algorithms.Limit.Refund).
 func (s *Store) Refund(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) error {
-	if s.isClosed() {
-		return ErrClosed
-	}
-	_, err := s.call(ctx, s.RedisKey(zone, key), scriptArgs(OpRefund, micro(limit), cost, ""))
-	s.problems.note(zone, err)
+	_, err := s.step(ctx, zone, key, scriptArgs(OpRefund, micro(limit), cost, ""))
 	return err
 }
 
@@ -139,45 +127,45 @@ func (s *Store) Refund(ctx context.Context, zone, key string, limit algorithms.L
 // Peek does, through the batcher: a post-charged zone's check before the
 // request.
 func (s *Store) Check(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, error) {
-	if s.isClosed() {
-		return algorithms.Result{}, ErrClosed
-	}
-	v, err := s.call(ctx, s.RedisKey(zone, key), scriptArgs(OpPeek, micro(limit), 1, ""))
-	if err != nil {
-		s.problems.note(zone, err)
-		return algorithms.Result{}, err
-	}
-	return resultNanos(v), nil
+	return s.step(ctx, zone, key, scriptArgs(OpPeek, micro(limit), 1, ""))
 }
 
 // Charge adds cost to key in zone after the response, whatever the burst
 // (see algorithms.Limit.Charge), through the batcher, and reports the key
 // as it stands afterwards.
 func (s *Store) Charge(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) (algorithms.Result, error) {
+	return s.step(ctx, zone, key, scriptArgs(OpCharge, micro(limit), cost, ""))
+}
+
+// step runs one GCRA step (args: scriptArgs, with the limit in µs) through
+// the batcher, returns its result in nanoseconds and notes a per-key error
+// Redis reported. The callers build args with a constant op: converting a
+// variable one to an interface would allocate on every decision.
+func (s *Store) step(ctx context.Context, zone, key string, args [5]any) (algorithms.Result, error) {
 	if s.isClosed() {
 		return algorithms.Result{}, ErrClosed
 	}
-	v, err := s.call(ctx, s.RedisKey(zone, key), scriptArgs(OpCharge, micro(limit), cost, ""))
-	if err != nil {
-		s.problems.note(zone, err)
-		return algorithms.Result{}, err
+	rep := s.call(ctx, s.gcra, s.RedisKey(zone, key), args)
+	if rep.err != nil {
+		s.problems.note(zone, rep.err)
+		return algorithms.Result{}, rep.err
 	}
-	return resultNanos(v), nil
+	return nanos(rep.step), nil
 }
 
 // Peek reports the state of key in zone without consuming anything. It is
 // for the admin API and bypasses the batcher.
 func (s *Store) Peek(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, error) {
 	rkey := s.RedisKey(zone, key)
-	var v [4]int64
-	err := s.unbatched(ctx, rkey, func(ctx context.Context) (err error) {
-		v, err = s.direct(ctx, rkey, scriptArgs(OpPeek, micro(limit), 1, ""))
-		return err
+	var rep reply
+	err := s.unbatched(ctx, rkey, func(ctx context.Context) error {
+		rep = s.direct(ctx, s.gcra, rkey, scriptArgs(OpPeek, micro(limit), 1, ""))
+		return rep.err
 	})
 	if err != nil {
 		return algorithms.Result{}, err
 	}
-	return resultNanos(v), nil
+	return nanos(rep.step), nil
 }
 
 // Reset deletes the state of key in zone and tells every instance to
@@ -196,11 +184,7 @@ func (s *Store) EvalAt(ctx context.Context, op Op, zone, key string, limit algor
 	defer cancel()
 	args := scriptArgs(op, limit, cost, nowUs)
 	rep := parseStepReply(s.gcra.Run(ctx, s.client, []string{s.RedisKey(zone, key)}, args[:]...))
-	if rep.err != nil {
-		return algorithms.Result{}, rep.err
-	}
-	v := rep.vals
-	return algorithms.Result{Allowed: v[0] == 1, Remaining: v[1], RetryAfter: v[2], ResetAfter: v[3]}, nil
+	return rep.step, rep.err
 }
 
 // Step is one key's GCRA step for EvalManyAt.
@@ -237,8 +221,7 @@ func (s *Store) EvalManyAt(ctx context.Context, steps []Step, nowUs int64) (resu
 	results, errs = make([]algorithms.Result, len(steps)), make([]error, len(steps))
 	for i := range steps {
 		rep := parseStep(v[2*i : 2*i+2])
-		errs[i] = rep.err
-		results[i] = algorithms.Result{Allowed: rep.vals[0] == 1, Remaining: rep.vals[1], RetryAfter: rep.vals[2], ResetAfter: rep.vals[3]}
+		results[i], errs[i] = rep.step, rep.err
 	}
 	return results, errs, nil
 }
@@ -256,13 +239,14 @@ func scriptArgs(op Op, l algorithms.Limit, cost int64, now any) [5]any {
 	return [5]any{now, l.EmissionInterval, l.Burst, cost, string(op)}
 }
 
-// resultNanos converts the script's reply to a Result in nanoseconds.
-func resultNanos(v [4]int64) algorithms.Result {
+// nanos converts a result in microseconds (Redis's) to nanoseconds. Its TAT
+// is left out: it lives in Redis, on Redis's clock.
+func nanos(r algorithms.Result) algorithms.Result {
 	return algorithms.Result{
-		Allowed:    v[0] == 1,
-		Remaining:  v[1],
-		RetryAfter: v[2] * 1000,
-		ResetAfter: v[3] * 1000,
+		Allowed:    r.Allowed,
+		Remaining:  r.Remaining,
+		RetryAfter: r.RetryAfter * 1000,
+		ResetAfter: r.ResetAfter * 1000,
 	}
 }
 
