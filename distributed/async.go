@@ -241,16 +241,6 @@ func openAsync(opts Options, maxKeys int, logger *zap.Logger) (*Async, error) {
 // Mode reports "async" (zones.ModeStore, for the admin API).
 func (a *Async) Mode() string { return "async" }
 
-// SyncInterval is how often the store reconciles with Redis.
-func (a *Async) SyncInterval() time.Duration { return a.interval }
-
-// LeaseLifetime is the longest a lease is held before it is renewed or
-// handed back: the L of the bound.
-func (a *Async) LeaseLifetime() time.Duration { return time.Duration(a.life) }
-
-// LastSync is when the last successful sync started (its snapshot time).
-func (a *Async) LastSync() time.Time { return monotime.Time(a.lastSync.Load()) }
-
 // Close stops the sync loop, reports what this instance admitted and hands
 // back its leases in a last sync (bounded by the sync timeout), then closes
 // the connection.

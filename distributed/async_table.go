@@ -113,15 +113,6 @@ func (a *Async) Keys(zone string) int {
 	return z.len()
 }
 
-// Len is the number of records the store holds, in every zone.
-func (a *Async) Len() int {
-	n := 0
-	for _, z := range *a.zones.Load() {
-		n += z.len()
-	}
-	return n
-}
-
 // len is the number of records the zone holds.
 func (z *asyncZone) len() int {
 	n := 0

@@ -145,14 +145,6 @@ func (c *conn) Slots(ctx context.Context, zone, key string) (int64, error) {
 	return v[1], nil
 }
 
-// HeldSlots is how many slots this instance holds in Redis and how many
-// releases have not reached Redis yet.
-func (c *conn) HeldSlots() (held, pending int) {
-	c.slots.mu.Lock()
-	defer c.slots.mu.Unlock()
-	return len(c.slots.held), len(c.slots.releases)
-}
-
 // releaseRetry is how soon releases Redis did not take are sent again.
 const releaseRetry = 250 * time.Millisecond
 

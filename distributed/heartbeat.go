@@ -50,11 +50,10 @@ func backgroundTimeout(o Options) time.Duration {
 
 func (c *conn) instancesKey() string { return c.opts.KeyPrefix + "instances" }
 
-// Heartbeat registers this instance now and returns the number of live
+// heartbeat registers this instance now and returns the number of live
 // instances, which Instances reports from then on. The background loop calls
-// it every second; tests call it to avoid waiting. One beat runs at a time
-// (see beats).
-func (c *conn) Heartbeat(ctx context.Context) (int, error) {
+// it every second. One beat runs at a time (see beats).
+func (c *conn) heartbeat(ctx context.Context) (int, error) {
 	return c.beats.run(&c.instances, func() (int64, error) {
 		if c.isClosed() {
 			return 0, ErrClosed
@@ -151,7 +150,7 @@ func (c *conn) heartbeatLoop() {
 	t := time.NewTicker(heartbeatEvery)
 	defer t.Stop()
 	for {
-		_, _ = c.Heartbeat(c.ctx)
+		_, _ = c.heartbeat(c.ctx)
 		_ = c.Outages() // retires (and logs) Cluster masters replaced by a replica
 		c.forgetMissed()
 		select {

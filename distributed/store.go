@@ -52,17 +52,6 @@ func foreign(err error) bool { return redis.HasErrorPrefix(err, "TALLYFOREIGN") 
 //go:embed gcra.lua
 var gcraScript string
 
-// Op selects what the GCRA script does to a key (see EvalAt).
-type Op string
-
-// The script's operations, mirroring algorithms.Limit's methods.
-const (
-	OpDecide Op = "d"
-	OpRefund Op = "r"
-	OpPeek   Op = "p"
-	OpCharge Op = "c"
-)
-
 // Store is the strict-mode implementation of zones.Store: every decision
 // is a step of gcra.lua in Redis. It is safe for concurrent use; one Store
 // per Redis setting is shared by every handler (see Options.Key) and closed
@@ -172,58 +161,6 @@ func (s *Store) Peek(ctx context.Context, zone, key string, limit algorithms.Lim
 // forget what it holds about the key (see resets.go).
 func (s *Store) Reset(ctx context.Context, zone, key string) error {
 	return s.reset(ctx, s.RedisKey(zone, key), zone, key)
-}
-
-// EvalAt runs the GCRA script directly (no batcher, no breaker) with an
-// explicit clock: limit, nowUs and the result are in microseconds, as Redis
-// stores them. Production calls leave the clock to Redis TIME; EvalAt exists
-// for the test that checks the script against algorithms.Limit, and for
-// tools. Result.TAT is not filled in (read the key).
-func (s *Store) EvalAt(ctx context.Context, op Op, zone, key string, limit algorithms.Limit, cost, nowUs int64) (algorithms.Result, error) {
-	ctx, cancel := s.bound(ctx)
-	defer cancel()
-	args := scriptArgs(op, limit, cost, nowUs)
-	rep := parseStepReply(s.gcra.Run(ctx, s.client, []string{s.RedisKey(zone, key)}, args[:]...))
-	return rep.step, rep.err
-}
-
-// Step is one key's GCRA step for EvalManyAt.
-type Step struct {
-	Op    Op
-	Zone  string
-	Key   string
-	Limit algorithms.Limit // in microseconds
-	Cost  int64
-}
-
-// EvalManyAt runs steps in one call of the GCRA script, in order, as the
-// batcher sends a batch, with an explicit clock (microseconds, as EvalAt).
-// A step's error (a foreign value found and deleted) is in errs; err is the
-// call's. It exists for the test that checks the script against
-// algorithms.Limit; Result.TAT is not filled in.
-func (s *Store) EvalManyAt(ctx context.Context, steps []Step, nowUs int64) (results []algorithms.Result, errs []error, err error) {
-	ctx, cancel := s.bound(ctx)
-	defer cancel()
-	keys := make([]string, len(steps))
-	argv := []any{nowUs}
-	for i, st := range steps {
-		keys[i] = s.RedisKey(st.Zone, st.Key)
-		a := scriptArgs(st.Op, st.Limit, st.Cost, nowUs)
-		argv = append(argv, a[1:]...)
-	}
-	v, err := s.gcra.Run(ctx, s.client, keys, argv...).Slice()
-	if err != nil {
-		return nil, nil, err
-	}
-	if len(v) != 2*len(steps) {
-		return nil, nil, errBadReply
-	}
-	results, errs = make([]algorithms.Result, len(steps)), make([]error, len(steps))
-	for i := range steps {
-		rep := parseStep(v[2*i : 2*i+2])
-		results[i], errs[i] = rep.step, rep.err
-	}
-	return results, errs, nil
 }
 
 // micro converts a limit in nanoseconds to microseconds.

@@ -1,0 +1,108 @@
+package distributed
+
+// The testing seam: what the integration tests need of the stores besides
+// zones.Store and what Caddy uses. They live in their own module (tests/),
+// which reaches exported names only: the Lua-versus-Go agreement test runs
+// gcra.lua with an explicit clock (EvalAt, EvalManyAt), and the Redis tests
+// beat without waiting for the loop and read what a store holds in memory.
+// Nothing here is on the request path; tests/ relies on these signatures.
+
+import (
+	"context"
+	"time"
+
+	"github.com/caddy-tally/ratelimit/algorithms"
+	"github.com/caddy-tally/ratelimit/internal/monotime"
+)
+
+// Op selects what the GCRA script does to a key: in the store's own calls,
+// and in EvalAt's.
+type Op string
+
+// The script's operations, mirroring algorithms.Limit's methods.
+const (
+	OpDecide Op = "d"
+	OpRefund Op = "r"
+	OpPeek   Op = "p"
+	OpCharge Op = "c"
+)
+
+// EvalAt runs the GCRA script directly (no batcher, no breaker) with an
+// explicit clock: limit, nowUs and the result are in microseconds, as Redis
+// stores them. Production calls leave the clock to Redis TIME; EvalAt exists
+// for the test that checks the script against algorithms.Limit, and for
+// tools. Result.TAT is not filled in (read the key).
+func (s *Store) EvalAt(ctx context.Context, op Op, zone, key string, limit algorithms.Limit, cost, nowUs int64) (algorithms.Result, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	args := scriptArgs(op, limit, cost, nowUs)
+	rep := parseStepReply(s.gcra.Run(ctx, s.client, []string{s.RedisKey(zone, key)}, args[:]...))
+	return rep.step, rep.err
+}
+
+// Step is one key's GCRA step for EvalManyAt.
+type Step struct {
+	Op    Op
+	Zone  string
+	Key   string
+	Limit algorithms.Limit // in microseconds
+	Cost  int64
+}
+
+// EvalManyAt runs steps in one call of the GCRA script, in order, as the
+// batcher sends a batch, with an explicit clock (microseconds, as EvalAt).
+// A step's error (a foreign value found and deleted) is in errs; err is the
+// call's. It exists for the test that checks the script against
+// algorithms.Limit; Result.TAT is not filled in.
+func (s *Store) EvalManyAt(ctx context.Context, steps []Step, nowUs int64) (results []algorithms.Result, errs []error, err error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	keys := make([]string, len(steps))
+	argv := []any{nowUs}
+	for i, st := range steps {
+		keys[i] = s.RedisKey(st.Zone, st.Key)
+		a := scriptArgs(st.Op, st.Limit, st.Cost, nowUs)
+		argv = append(argv, a[1:]...)
+	}
+	v, err := s.gcra.Run(ctx, s.client, keys, argv...).Slice()
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(v) != 2*len(steps) {
+		return nil, nil, errBadReply
+	}
+	results, errs = make([]algorithms.Result, len(steps)), make([]error, len(steps))
+	for i := range steps {
+		rep := parseStep(v[2*i : 2*i+2])
+		results[i], errs[i] = rep.step, rep.err
+	}
+	return results, errs, nil
+}
+
+// Heartbeat beats now (see heartbeat) instead of waiting for the loop, and
+// returns the number of live instances.
+func (c *conn) Heartbeat(ctx context.Context) (int, error) { return c.heartbeat(ctx) }
+
+// HeldSlots is how many slots this instance holds in Redis and how many
+// releases have not reached Redis yet.
+func (c *conn) HeldSlots() (held, pending int) {
+	c.slots.mu.Lock()
+	defer c.slots.mu.Unlock()
+	return len(c.slots.held), len(c.slots.releases)
+}
+
+// LeaseLifetime is the longest a lease is held before it is renewed or
+// handed back: the L of the bound.
+func (a *Async) LeaseLifetime() time.Duration { return time.Duration(a.life) }
+
+// LastSync is when the last successful sync started (its snapshot time).
+func (a *Async) LastSync() time.Time { return monotime.Time(a.lastSync.Load()) }
+
+// Len is the number of records the store holds, in every zone.
+func (a *Async) Len() int {
+	n := 0
+	for _, z := range *a.zones.Load() {
+		n += z.len()
+	}
+	return n
+}
