@@ -383,11 +383,11 @@ func (a *Async) forgetRecord(zone, key string) {
 // after missed resets wait for it (see resets.go).
 func (a *Async) synced() bool { return !a.syncFailed.Load() }
 
+//go:embed async_peek.lua
+var asyncPeekLua string
+
 // peekScript reads a key's TAT and Redis's clock, in µs.
-var peekScript = redis.NewScript(`
-local t = redis.call('TIME')
-return {tonumber(t[1]) * 1000000 + tonumber(t[2]), tonumber(redis.call('HGET', KEYS[1], 't')) or 0}
-`)
+var peekScript = redis.NewScript(asyncPeekLua)
 
 // Peek reports the fleet's view of key in zone as Redis holds it: leases
 // count as spent, what instances admitted since their last sync does not.

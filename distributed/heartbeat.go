@@ -3,6 +3,7 @@ package distributed
 import (
 	"context"
 	"crypto/rand"
+	_ "embed"
 	"encoding/hex"
 	"strconv"
 	"strings"
@@ -25,18 +26,11 @@ const (
 	instanceTTL = 10 * time.Second
 )
 
-// heartbeatScript registers ARGV[1] until now+ARGV[2] ms, drops expired ids,
-// gives the set itself a TTL (the store writes no key without one), and
-// returns the number of live ids.
-var heartbeatScript = redis.NewScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ttl = tonumber(ARGV[2])
-redis.call('ZADD', KEYS[1], string.format('%d', now + ttl), ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now))
-redis.call('PEXPIRE', KEYS[1], ttl)
-return redis.call('ZCARD', KEYS[1])
-`)
+//go:embed heartbeat.lua
+var heartbeatLua string
+
+// heartbeatScript registers this instance and counts the live ones.
+var heartbeatScript = redis.NewScript(heartbeatLua)
 
 // backgroundTimeout bounds the calls no request waits for: heartbeats and
 // async syncs. They get a sync interval (or the decision timeout, if
