@@ -1,9 +1,9 @@
--- One async-mode sync of many keys, atomically (see async.go for the scheme
--- and its bound): one TIME, one dispatch, one reply for all of them. For each
--- key the instance reports what it did since the key's last sync and takes a
--- lease: tokens reserved for it in the fleet's GCRA state, which it may admit
--- locally until the key's next sync. On a Cluster every key of one call is in
--- one hash slot (the caller groups them).
+-- One async-mode sync of many keys, atomically (the scheme and its bound are
+-- in the package documentation, doc.go): one TIME, one dispatch, one reply
+-- for all of them. For each key the instance reports what it did since the
+-- key's last sync and takes a lease: tokens reserved for it in the fleet's
+-- GCRA state, which it may admit locally until the key's next sync. On a
+-- Cluster every key of one call is in one hash slot (the caller groups them).
 --
 -- KEYS[i]  a key: a hash {t = TAT µs, c = episode start µs, m:<id> = ...}
 -- ARGV[1]  N, live instances as this instance last saw them (>= 1)

@@ -1,21 +1,7 @@
 package distributed
 
-// Concurrency slots in Redis (zones.SlotStore).
-//
-// A key's slots are one sorted set, slot id -> the instant its lease ends in
-// Redis TIME milliseconds (concurrency.lua). Acquire is one script call on
-// the request path. Everything else is off it, in one background loop per
-// store:
-//   - renewals: every lease/3 (the shortest lease held), one pipeline renews
-//     every slot this instance holds, one script call per key; a slot whose
-//     instance died is renewed by nobody and ends within its lease. A slot
-//     Redis lost (a restart) is taken again while there is room, so that
-//     requests running across an outage are counted again after it;
-//   - releases: Release only records the slot and wakes the loop, which
-//     removes it with ZREM (pipelined with the other releases pending). A
-//     release Redis did not take is retried at the next wake-up, until the
-//     slot's lease has ended anyway: an outage leaks no slot past its lease,
-//     and a recovery sees none counted twice.
+// Concurrency slots in Redis (zones.SlotStore); how they live there is in
+// the package documentation.
 
 import (
 	"context"

@@ -1,24 +1,3 @@
-// Package distributed is tally's Redis store: the shared GCRA state that
-// every Caddy instance of a fleet decides against.
-//
-// Every decision is a step of one Lua script (gcra.lua, the twin of
-// algorithms.Limit), atomic in Redis and timed by Redis TIME, so decisions
-// are exact across any number of instances; one call decides a whole batch
-// (grouped by hash slot on Redis Cluster, which needs no hash tags). The
-// key's value is its TAT in microseconds, written with a TTL equal to its
-// resetAfter: every key the store writes expires on its own.
-//
-// Three things keep it fast and safe:
-//   - batching: concurrent decisions share one script call (batch.go), with
-//     no added wait when idle;
-//   - a deadline: every call returns within Options.Timeout, queueing
-//     included, with ErrTimeout if Redis has not answered;
-//   - a breaker (breaker.go): after 5 consecutive failures calls fail at
-//     once with ErrUnavailable for a second, then one probe tests Redis.
-//     On a Cluster each master has its own, so a dead master costs only
-//     the keys it serves, until the slot map names its promoted replica.
-//
-// The zone applies its fail policy to any error.
 package distributed
 
 import (

@@ -22,7 +22,7 @@ import (
 
 var _ zones.Store = (*distributed.Async)(nil)
 
-// asyncBound is the documented bound (async.go) on what a fleet of n admits
+// asyncBound is the documented bound (doc.go) on what a fleet of n admits
 // over elapsed with sync interval I: B + ⌊(d + L)/T⌋ + (n−1)·max(1, ⌊B/n⌋),
 // where L, a lease's lifetime, is asyncLeaseLifetime intervals. The last
 // term is the fresh shares of instances whose first report lands after the
