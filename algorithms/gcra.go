@@ -6,6 +6,26 @@
 // same code decides in nanoseconds in-process and is checked against the Redis
 // script in microseconds.
 //
+// # The algorithm
+//
+// A key's whole state is one number, its TAT (theoretical arrival time; 0
+// for a key never seen). A limit has burst B and emission interval T (a
+// window W of N events: T = W/N). A request of cost c arriving at now:
+//
+//	tat        = max(TAT, now)
+//	newTAT     = tat + c·T
+//	allowAt    = newTAT − B·T
+//	allowed    = allowAt <= now               (then newTAT is stored)
+//	remaining  = ⌊(now − allowAt)/T⌋          (allowed: after this request; denied: 0)
+//	retryAfter = allowAt − now                (denied only; > 0)
+//	resetAfter = newTAT − now (allowed), tat − now (denied)
+//
+// resetAfter is when the key is back to its full burst: a stored TAT <= now
+// carries no information, so it is also the key's time to live. A refund
+// moves the TAT back by c·T, never below now (Limit.Refund); a charge
+// after the response moves it on by c·T whatever the burst, but not past
+// now + 2·B·T unless it was already (Limit.Charge).
+//
 // # Guarantee
 //
 // A limit of burst B and emission interval T admits, over any interval of

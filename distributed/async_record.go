@@ -42,7 +42,7 @@ type record struct {
 	// unused costs no other instance anything until then.
 	renewAt int64
 	roomy   bool
-	// retryAt and resetAt (Unix ns, local clock) are when, as of the last
+	// retryAt and resetAt (monotime) are when, as of the last
 	// sync, the fleet has one token back and the key is full again.
 	retryAt, resetAt int64
 	// unacked is the last report taken for a sync whose reply has not been

@@ -28,6 +28,8 @@
 -- it forever, with no TTL). The next step starts the key fresh. Reporting
 -- it per key keeps one planted value from failing the other keys of the
 -- batch.
+
+-- How it is written (the interface above is all a caller needs):
 --
 -- Lua numbers are doubles. Microseconds since the epoch and every sum below
 -- stay under 2^53, so all values are exact integers; divisions are floored
@@ -35,16 +37,16 @@
 -- with '%d': a number passed to redis.call is formatted with '%.17g' (exact,
 -- but slower in Redis 7.0 than Lua's own '%d').
 --
--- Cost, counted in instructions Redis runs (valgrind --tool=callgrind on
--- redis-server 7.0): one key per call 58.0k (68.0k before this layout;
--- go-redis/redis_rate's script: 63.8k); 16 keys per call 27.5k per key
--- (36.0k before; a bare GET and SET ... PX per key: 22.1k). Hence its
--- shape: one loop and no local functions (each closure, made anew on every
--- call, cost about 1.5k); a batch's keys mostly share a limit, so a limit
--- is parsed (strtod) only when its string differs from the previous key's
--- (interned strings: comparing is free); a TTL is formatted only when it
--- differs from the last one written; the reply table starts sized for one
--- key, and two integers per key instead of four save 4%.
+-- Its shape is for what Redis runs, counted in instructions (valgrind
+-- --tool=callgrind on redis-server 7.0): one key per call costs 58.0k
+-- (go-redis/redis_rate's script: 63.8k), 16 keys per call 27.5k per key (a
+-- bare GET and SET ... PX per key: 22.1k). So: one loop and no local
+-- functions (each closure, made anew on every call, costs about 1.5k); a
+-- batch's keys mostly share a limit, so a limit is parsed (strtod) only
+-- when its string differs from the previous key's (interned strings:
+-- comparing is free); a TTL is formatted only when it differs from the last
+-- one written; the reply table starts sized for one key, and holds two
+-- integers per key (four cost 4% more).
 
 local floor, format, tonumber = math.floor, string.format, tonumber
 

@@ -128,7 +128,8 @@ func (ps *plans) intern(p Plan) (int64, bool) {
 // rest is the expiry, rounded up to 2^planBits ns (about 4ms).
 const planBits = 22
 
-// record notes that key was decided under p, until expires (Unix ns).
+// record notes that key was decided under p, until expires (monotime, like
+// now).
 func (ps *plans) record(key string, p Plan, expires, now int64) {
 	i, ok := ps.intern(p)
 	if !ok {
