@@ -48,10 +48,10 @@ const (
 )
 
 // Async is the async-mode implementation of zones.Store: decisions are made
-// in-process and reconciled with Redis every SyncInterval (see the package
-// documentation for the scheme and its bound). It shares nothing with the
-// strict Store but the connection: client, breakers, heartbeat, resets and
-// concurrency slots.
+// in-process and reconciled with Redis every Options.SyncInterval (see the
+// package documentation for the scheme and its bound). It shares nothing
+// with the strict Store but the connection: client, breakers, heartbeat,
+// resets and concurrency slots.
 type Async struct {
 	*conn
 	interval time.Duration
