@@ -1,0 +1,23 @@
+package zones
+
+// Denies reports whether the zone denies or bans key now, from what this
+// instance holds and with no store call: whether a unit-cost request of key
+// would be denied at now (monotime) under the plan the key was last decided
+// under. A local zone answers from its table, a zone with a store from its
+// deny cache (the denials the store gave, until their retry time), so a
+// distributed zone's denial is seen here once a request of the key was denied
+// on this instance. Bans, once zones have them, deny here too.
+//
+// It consumes nothing and costs one table lookup: the connection layer's
+// deny_while asks it for every new connection. A concurrency zone never
+// denies here: its slots free as requests end, not with time.
+func (z *Zone) Denies(key string, now int64) bool {
+	if z.IsConcurrency() {
+		return false
+	}
+	if z.store == nil {
+		return !z.state.Local.Peek(key, now, z.LastPlan(key, now).limit).Allowed
+	}
+	_, denied := z.state.Denied.Get(key, now)
+	return denied
+}
