@@ -67,6 +67,10 @@ type zoneInfo struct {
 	Store         *storeInfo `json:"store,omitempty"`
 
 	Concurrency int64 `json:"concurrency,omitempty"` // concurrency zones only
+
+	// "connection" for a listener wrapper's zone, which counts new
+	// connections (concurrency: connections open), not requests.
+	Layer string `json:"layer,omitempty"`
 }
 
 type storeInfo struct {
@@ -191,6 +195,9 @@ func listZones() []zoneInfo {
 		}
 		zi.WindowSeconds = z.Window.Seconds()
 		zi.Concurrency = z.Concurrency
+		if isConnectionZone(z) {
+			zi.Layer = "connection"
+		}
 		if s := z.Store(); s != nil {
 			zi.Store = &storeInfo{OK: true, Instances: s.Instances()}
 			if hr, ok := s.(healthReporter); ok {

@@ -137,18 +137,35 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 }
 
 func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
+	name, z, _, err := parseZone(d, h.RateLimits, "handler", "{client_ip}")
+	if err != nil {
+		return err
+	}
+	if h.RateLimits == nil {
+		h.RateLimits = make(map[string]*Zone)
+	}
+	h.RateLimits[name] = z
+	return nil
+}
+
+// parseZone reads one zone block, whose `zone` token d is on, into a Zone.
+// defined holds the zones of the same block so far (in: "handler"), which
+// the name must not repeat; keyExample is the key a missing key's error
+// suggests. lines says where each subdirective was, for checks made
+// afterwards (the listener wrapper's).
+func parseZone(d *caddyfile.Dispenser, defined map[string]*Zone, in, keyExample string) (string, *Zone, map[string]int, error) {
 	if !d.NextArg() {
-		return d.Err("zone needs a name: zone <name> { ... }")
+		return "", nil, nil, d.Err("zone needs a name: zone <name> { ... }")
 	}
 	name := d.Val()
 	if !zones.ValidName(name) {
-		return d.Errf("zone name %q is invalid: use letters, digits, '_' and '-' only", name)
+		return "", nil, nil, d.Errf("zone name %q is invalid: use letters, digits, '_' and '-' only", name)
 	}
 	if d.NextArg() {
-		return d.ArgErr()
+		return "", nil, nil, d.ArgErr()
 	}
-	if _, dup := h.RateLimits[name]; dup {
-		return d.Errf("zone %s is defined twice in this handler: give the second one another name", name)
+	if _, dup := defined[name]; dup {
+		return "", nil, nil, d.Errf("zone %s is defined twice in this %s: give the second one another name", name, in)
 	}
 	z := new(Zone)
 	seen := map[string]bool{}
@@ -225,22 +242,22 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 			err = d.Errf("unknown subdirective %q: expected key, events, window, burst, cost, count, charge, concurrency, lease, match, ipv4_prefix, ipv6_prefix, fail_policy, max_keys or dry_run", sub)
 		}
 		if err != nil {
-			return fmt.Errorf("zone %s: %w", name, err)
+			return "", nil, nil, fmt.Errorf("zone %s: %w", name, err)
 		}
 		seen[sub] = true
 	}
 	switch {
 	case z.Key == "":
-		return d.Errf("zone %s: key is missing: add e.g. key {client_ip}", name)
+		return "", nil, nil, d.Errf("zone %s: key is missing: add e.g. key %s", name, keyExample)
 	case z.Concurrency == 0 && seen["lease"]:
-		return d.Errf("zone %s: lease only applies to concurrency zones: add e.g. concurrency 4, or remove lease", name)
+		return "", nil, nil, d.Errf("zone %s: lease only applies to concurrency zones: add e.g. concurrency 4, or remove lease", name)
 	case z.Concurrency > 0:
 	case z.MaxEvents == 0:
-		return d.Errf("zone %s: events is missing: add e.g. events 100", name)
+		return "", nil, nil, d.Errf("zone %s: events is missing: add e.g. events 100", name)
 	case z.Window == 0:
-		return d.Errf("zone %s: window is missing: add e.g. window 1m", name)
+		return "", nil, nil, d.Errf("zone %s: window is missing: add e.g. window 1m", name)
 	case z.CostPlaceholder != "" && z.Charge != "":
-		return d.Errf("zone %s: cost {placeholder} and charge both say what a request costs: keep one (charge for a cost known after the response)", name)
+		return "", nil, nil, d.Errf("zone %s: cost {placeholder} and charge both say what a request costs: keep one (charge for a cost known after the response)", name)
 	}
 	// What provisioning would refuse, refused here with the line at fault.
 	cfg := zones.Config{Name: name, Concurrency: z.Concurrency, Events: z.MaxEvents, Window: time.Duration(z.Window), Burst: z.Burst,
@@ -250,13 +267,9 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 		if !ok {
 			line = zoneLine
 		}
-		return fmt.Errorf("zone %s: %w, at %s:%d", name, err, d.File(), line)
+		return "", nil, nil, fmt.Errorf("zone %s: %w, at %s:%d", name, err, d.File(), line)
 	}
-	if h.RateLimits == nil {
-		h.RateLimits = make(map[string]*Zone)
-	}
-	h.RateLimits[name] = z
-	return nil
+	return name, z, lines, nil
 }
 
 func (dist *Distributed) unmarshalCaddyfile(d *caddyfile.Dispenser) error {

@@ -29,7 +29,7 @@ func init() {
 		Long: `
 Talks to the admin API of a running Caddy (tally's /rate_limit/ routes):
 
-  caddy rate-limit zones                   every zone: limits, mode, keys, Redis health
+  caddy rate-limit zones                   every zone (connection zones too): limits, mode, keys, Redis health
   caddy rate-limit key <zone> <key>        a key's remaining quota and retry time
   caddy rate-limit top <zone> [-n 20]      the keys this instance denied most lately
   caddy rate-limit reset <zone> <key>      give a key its full limit back
@@ -217,8 +217,13 @@ func cliZones(c *cli) error {
 	fmt.Fprintln(tw, "ZONE\tLIMIT\tBURST\tMODE\tFAIL POLICY\tKEYS\tREDIS")
 	for _, z := range zs {
 		limit, burst := strconv.FormatInt(z.Events, 10)+"/"+shortDuration(z.Window), strconv.FormatInt(z.Burst, 10)
-		if z.Concurrency > 0 {
+		switch {
+		case z.Concurrency > 0 && z.Layer == "connection":
+			limit, burst = strconv.FormatInt(z.Concurrency, 10)+" connections open", "-"
+		case z.Concurrency > 0:
 			limit, burst = strconv.FormatInt(z.Concurrency, 10)+" in flight", "-"
+		case z.Layer == "connection":
+			limit += " connections"
 		}
 		if z.DryRun {
 			limit += " (dry run)"

@@ -26,6 +26,8 @@ var collectors = struct {
 	cost        *prometheus.CounterVec
 	costFalls   *prometheus.CounterVec
 	chargeFails *prometheus.CounterVec
+	connections *prometheus.CounterVec
+	connsOpen   *connectionsCollector
 }{}
 
 func initCollectors() {
@@ -63,10 +65,16 @@ func initCollectors() {
 		Namespace: ns, Subsystem: sub, Name: "charge_failures_total",
 		Help: "Charges after the response that Redis did not take within the retry bound (the zone's fail policy then applied).",
 	}, []string{"zone"})
+	collectors.connections = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "connections_total",
+		Help: "New TCP connections decided by a connection zone or a deny_while zone (listener wrapper rate_limit), by decision: allowed, denied, dry_run_denied.",
+	}, []string{"zone", "decision"})
 	collectors.keys = &keysCollector{desc: prometheus.NewDesc(ns+"_"+sub+"_keys",
 		"Keys the zone holds in this instance's memory.", []string{"zone"}, nil)}
 	collectors.inFlight = &inFlightCollector{desc: prometheus.NewDesc(ns+"_"+sub+"_in_flight",
 		"Requests holding a slot of a concurrency zone in this instance.", []string{"zone"}, nil)}
+	collectors.connsOpen = &connectionsCollector{desc: prometheus.NewDesc(ns+"_"+sub+"_connections_in_flight",
+		"Connections holding a slot of a connection concurrency zone (listener wrapper rate_limit) in this instance.", []string{"zone"}, nil)}
 }
 
 // registerMetrics makes the collectors visible in ctx's registry.
@@ -78,7 +86,7 @@ func registerMetrics(ctx caddy.Context) error {
 	}
 	for _, c := range []prometheus.Collector{collectors.requests, collectors.storeErrors,
 		collectors.failPolicy, collectors.latency, collectors.keys, collectors.plans, collectors.inFlight,
-		collectors.cost, collectors.costFalls, collectors.chargeFails} {
+		collectors.cost, collectors.costFalls, collectors.chargeFails, collectors.connections, collectors.connsOpen} {
 		if err := reg.Register(c); err != nil {
 			if are := (prometheus.AlreadyRegisteredError{}); !errors.As(err, &are) {
 				return err
@@ -173,6 +181,7 @@ func dropZoneSeries(name string) {
 	collectors.cost.DeletePartialMatch(l)
 	collectors.costFalls.DeletePartialMatch(l)
 	collectors.chargeFails.DeletePartialMatch(l)
+	collectors.connections.DeletePartialMatch(l)
 }
 
 // keysCollector reports, at scrape time, how many keys each live zone holds.
@@ -194,14 +203,46 @@ func (c *inFlightCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc 
 
 func (c *inFlightCollector) Collect(ch chan<- prometheus.Metric) {
 	for name, z := range liveZones() {
-		if z.IsConcurrency() {
+		if z.IsConcurrency() && !isConnectionZone(z) {
 			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(z.InFlight()), name)
 		}
 	}
+}
+
+// connectionsCollector reports, at scrape time, the connections each live
+// connection concurrency zone holds open in this process.
+type connectionsCollector struct{ desc *prometheus.Desc }
+
+func (c *connectionsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *connectionsCollector) Collect(ch chan<- prometheus.Metric) {
+	for name, z := range liveZones() {
+		if z.IsConcurrency() && isConnectionZone(z) {
+			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(z.InFlight()), name)
+		}
+	}
+}
+
+// connectionMetrics are a connection zone's (or deny_while zone's) series of
+// caddy_rate_limit_connections_total, bound once; dryRunDenied is nil unless
+// the zone is in dry run, denied nil when it is.
+type connectionMetrics struct {
+	allowed, denied, dryRunDenied prometheus.Counter
+}
+
+func newConnectionMetrics(zone string, dryRun bool) *connectionMetrics {
+	m := &connectionMetrics{allowed: collectors.connections.WithLabelValues(zone, "allowed")}
+	if dryRun {
+		m.dryRunDenied = collectors.connections.WithLabelValues(zone, "dry_run_denied")
+	} else {
+		m.denied = collectors.connections.WithLabelValues(zone, "denied")
+	}
+	return m
 }
 
 // Interface guards
 var (
 	_ prometheus.Collector = (*keysCollector)(nil)
 	_ prometheus.Collector = (*inFlightCollector)(nil)
+	_ prometheus.Collector = (*connectionsCollector)(nil)
 )

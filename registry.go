@@ -49,21 +49,35 @@ func loadState(cfg zones.Config, vars planVars, sweep time.Duration) (*zones.Sta
 }
 
 // claims records, for each loaded config, which definition each zone name
-// has, so that one name with two different limits in one config is an error.
-// A config is told apart by its context's Done channel, which every module
-// of that config shares.
+// has, so that one name with two different limits in one config is an error,
+// whether the zones are HTTP zones or connection zones (the listener
+// wrapper's). A config is told apart by its context's Done channel, which
+// every module of that config shares.
 var claims = struct {
 	sync.Mutex
-	byConfig map[<-chan struct{}]map[string]stateID
-}{byConfig: make(map[<-chan struct{}]map[string]stateID)}
+	byConfig map[<-chan struct{}]map[string]zoneClaim
+}{byConfig: make(map[<-chan struct{}]map[string]zoneClaim)}
 
-func claimZoneName(ctx caddy.Context, cfg zones.Config, vars planVars) error {
+// zoneClaim is a zone name's definition in one config.
+type zoneClaim struct {
+	id          stateID
+	connection  bool   // a connection zone (caddy.listeners.rate_limit)
+	key         string // the key template
+	concurrency bool
+}
+
+// claimZoneName claims cfg's name for an HTTP zone whose key template is key.
+func claimZoneName(ctx caddy.Context, cfg zones.Config, vars planVars, key string) error {
+	return claimZone(ctx, cfg, zoneClaim{id: newStateID(cfg, vars), key: key, concurrency: cfg.IsConcurrency()})
+}
+
+func claimZone(ctx caddy.Context, cfg zones.Config, c zoneClaim) error {
 	done := ctx.Done()
 	claims.Lock()
 	defer claims.Unlock()
 	names, ok := claims.byConfig[done]
 	if !ok {
-		names = make(map[string]stateID)
+		names = make(map[string]zoneClaim)
 		claims.byConfig[done] = names
 		context.AfterFunc(ctx, func() {
 			claims.Lock()
@@ -71,13 +85,31 @@ func claimZoneName(ctx caddy.Context, cfg zones.Config, vars planVars) error {
 			claims.Unlock()
 		})
 	}
-	id := newStateID(cfg, vars)
-	if prev, ok := names[cfg.Name]; ok && prev != id {
+	prev, ok := names[cfg.Name]
+	switch {
+	case ok && prev.id != c.id && prev.connection != c.connection:
+		return fmt.Errorf("zone %s is both a connection zone (listener_wrappers rate_limit) and an HTTP zone, with other limits: give one of them another name", cfg.Name)
+	case ok && prev.id != c.id:
 		return fmt.Errorf("zone %s is defined twice with different limits (%d per %v and %d per %v): give one of them another name",
-			cfg.Name, prev.events, time.Duration(prev.window), cfg.Events, cfg.Window)
+			cfg.Name, prev.id.events, time.Duration(prev.id.window), cfg.Events, cfg.Window)
+	case ok && prev.connection != c.connection:
+		// The same definition in both layers shares its state, as two
+		// handlers' would; the HTTP zone's claim is kept, for deny_while.
+		if !prev.connection {
+			return nil
+		}
 	}
-	names[cfg.Name] = id
+	names[cfg.Name] = c
 	return nil
+}
+
+// claimedHTTPZone returns the claim of the HTTP zone name in ctx's config,
+// when a handler of that config has provisioned it already.
+func claimedHTTPZone(ctx caddy.Context, name string) (zoneClaim, bool) {
+	claims.Lock()
+	defer claims.Unlock()
+	c, ok := claims.byConfig[ctx.Done()][name]
+	return c, ok && !c.connection
 }
 
 // registry holds, by name, the zones of every loaded config, for the admin
@@ -87,10 +119,13 @@ func claimZoneName(ctx caddy.Context, cfg zones.Config, vars planVars) error {
 // cleaned up instead, taking only its own registrations with it. Either way
 // what is shown is the running config's zones, through failed loads and
 // handlers whose provisioning failed half-way.
+// Connection zones (the listener wrapper's) are registered as HTTP zones
+// are, and marked as such.
 var registry = struct {
 	sync.Mutex
-	zones map[string][]*zones.Zone
-}{zones: make(map[string][]*zones.Zone)}
+	zones      map[string][]*zones.Zone
+	connection map[*zones.Zone]bool
+}{zones: make(map[string][]*zones.Zone), connection: make(map[*zones.Zone]bool)}
 
 func registerZone(z *zones.Zone) {
 	registry.Lock()
@@ -98,11 +133,27 @@ func registerZone(z *zones.Zone) {
 	registry.Unlock()
 }
 
+// registerConnectionZone registers a listener wrapper's zone.
+func registerConnectionZone(z *zones.Zone) {
+	registry.Lock()
+	registry.zones[z.Name] = append(registry.zones[z.Name], z)
+	registry.connection[z] = true
+	registry.Unlock()
+}
+
+// isConnectionZone reports whether z is a listener wrapper's zone.
+func isConnectionZone(z *zones.Zone) bool {
+	registry.Lock()
+	defer registry.Unlock()
+	return registry.connection[z]
+}
+
 // unregisterZone removes z's registration. When it was the last one of its
 // name, no config defines the zone any more and its metric series go too.
 func unregisterZone(z *zones.Zone) {
 	registry.Lock()
 	defer registry.Unlock()
+	delete(registry.connection, z)
 	regs := registry.zones[z.Name]
 	if i := slices.Index(regs, z); i >= 0 {
 		regs = slices.Delete(regs, i, i+1)
@@ -130,6 +181,20 @@ func lookupZone(name string) *zones.Zone {
 	defer registry.Unlock()
 	if regs := registry.zones[name]; len(regs) > 0 {
 		return regs[len(regs)-1]
+	}
+	return nil
+}
+
+// lookupHTTPZone is lookupZone for HTTP zones only: the last registration of
+// name that is not a connection zone.
+func lookupHTTPZone(name string) *zones.Zone {
+	registry.Lock()
+	defer registry.Unlock()
+	regs := registry.zones[name]
+	for i := len(regs) - 1; i >= 0; i-- {
+		if !registry.connection[regs[i]] {
+			return regs[i]
+		}
 	}
 	return nil
 }

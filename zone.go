@@ -214,7 +214,7 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 	if zc.Key == "" {
 		return nil, fmt.Errorf("zone %s: key is required (e.g. key {client_ip})", name)
 	}
-	if err := claimZoneName(ctx, cfg, vars); err != nil {
+	if err := claimZoneName(ctx, cfg, vars, zc.Key); err != nil {
 		return nil, err
 	}
 

@@ -1,0 +1,742 @@
+package ratelimit
+
+// The connection layer: the listener wrapper caddy.listeners.rate_limit,
+// which decides each new TCP connection, before its TLS handshake, in
+// connection zones (rate and concurrency, local to this instance) and
+// against HTTP zones through deny_while. Its Caddyfile syntax is in
+// listener_caddyfile.go.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/caddy-tally/ratelimit/internal/monotime"
+	"github.com/caddy-tally/ratelimit/zones"
+)
+
+func init() {
+	caddy.RegisterModule(ListenerWrapper{})
+}
+
+// ListenerWrapper limits new connections per client before the TLS
+// handshake: a refused connection costs an accept and a reset, not a
+// handshake. It must be listed before `tls` in the server's
+// listener_wrappers (and after `proxy_protocol`, when there is one);
+// anywhere else the config is refused.
+//
+// A connection is decided by the client's address, `{remote_ip}`: the
+// socket's peer, or the PROXY protocol's source behind `proxy_protocol`.
+// `{client_ip}` and `trusted_proxies` are request-level and not known here.
+// A refused connection is reset (TCP RST) before anything is read from it:
+// it never gets a TLS handshake, an HTTP request or an access log line.
+// Without `proxy_protocol` it is decided as it is accepted; with it, on its
+// first read, in the connection's own goroutine, so that a client that is
+// slow to send its PROXY header delays no one else.
+//
+// Connection zones are local to this instance, whatever the HTTP zones'
+// distributed settings. Their state survives config reloads as HTTP zones'
+// does. HTTP/3 (QUIC) connections never pass through listener wrappers.
+type ListenerWrapper struct {
+	// The connection zones, by name: rate zones (events per window per
+	// key, with burst) and concurrency zones (connections of a key open
+	// at once). Their key is a template of `{remote_ip}`; ipv4_prefix,
+	// ipv6_prefix, max_keys and dry_run apply as in the handler's zones.
+	// Request-level settings (match, cost, count, charge, placeholders in
+	// limits, fail_policy, lease) are refused. A name shared with an HTTP
+	// zone must have the same limits, and then shares its state.
+	RateLimits map[string]*Zone `json:"rate_limits,omitempty"`
+
+	// HTTP zones (of rate_limit handlers in this config, keyed by the
+	// client's address: {client_ip} or {remote_host}) whose denial refuses
+	// the client's new connections: while such a zone denies (or bans) the
+	// key, a new connection of that address is reset. Read from the zone's
+	// local state and deny cache, with no Redis call.
+	DenyWhile []string `json:"deny_while,omitempty"`
+
+	// Include the client's key in refusal logs (personal data: left out
+	// by default).
+	LogKey bool `json:"log_key,omitempty"`
+
+	// Decide, count and log, but refuse nothing.
+	DryRun bool `json:"dry_run,omitempty"`
+
+	logger    *zap.Logger
+	zones     []*connZone // rate zones tightest first, then concurrency zones
+	slotZones bool        // some zone is a concurrency zone: connections hold slots
+	live      *connLive
+}
+
+// connZone is a provisioned connection zone.
+type connZone struct {
+	*zones.Zone
+	key     string // the key template
+	keyIsIP bool   // the template is {remote_ip} alone
+	metrics *connectionMetrics
+	stateID stateID
+}
+
+// denyWhileZone is an HTTP zone a deny_while names, as the wrapper uses it.
+type denyWhileZone struct {
+	*zones.Zone
+	dryRun  bool
+	metrics *connectionMetrics
+}
+
+// connLive is what the wrapper's connections update and read.
+type connLive struct {
+	refused, dryRunRefused logSampler // log.go's rule
+	denyOnce               sync.Once
+	denyZones              []*denyWhileZone // resolved by the first WrapListener
+}
+
+// CaddyModule returns the Caddy module information.
+func (ListenerWrapper) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "caddy.listeners.rate_limit",
+		New: func() caddy.Module { return new(ListenerWrapper) },
+	}
+}
+
+// remoteIPPlaceholder is the one placeholder a connection zone's key knows.
+const remoteIPPlaceholder = "{remote_ip}"
+
+// Provision checks the wrapper's place among the server's listener
+// wrappers, sets up its zones and checks that every deny_while zone is an
+// HTTP zone of this config keyed by the client's address.
+func (w *ListenerWrapper) Provision(ctx caddy.Context) error {
+	w.logger = ctx.Logger()
+	w.live = new(connLive)
+	if err := checkPlacement(ctx); err != nil {
+		return err
+	}
+	if len(w.RateLimits) == 0 && len(w.DenyWhile) == 0 {
+		return errors.New("listener wrapper rate_limit needs a zone or a deny_while: zone <name> { key {remote_ip}; events 20; window 1s }")
+	}
+	if err := registerMetrics(ctx); err != nil {
+		return fmt.Errorf("registering metrics: %v", err)
+	}
+	for name, zc := range w.RateLimits {
+		if zc == nil {
+			return fmt.Errorf("zone %s: empty definition", name)
+		}
+		z, err := zc.provisionConnection(ctx, name, w.DryRun)
+		if err != nil {
+			return err
+		}
+		w.zones = append(w.zones, z)
+		w.slotZones = w.slotZones || z.IsConcurrency()
+	}
+	slices.SortFunc(w.zones, compareConnZones)
+	for _, name := range w.DenyWhile {
+		if err := checkDenyWhile(ctx, name, w.RateLimits); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Cleanup releases the zones' registrations and state references; the
+// connections still open release their slots into the states they took
+// them from as they close.
+func (w *ListenerWrapper) Cleanup() error {
+	for _, z := range w.zones {
+		unregisterZone(z.Zone)
+		_, _ = states.Delete(z.stateID)
+	}
+	w.zones = nil
+	return nil
+}
+
+// provisionConnection sets up a connection zone: the handler's zone grammar,
+// without what needs a request (connectionProblem), local to this instance.
+func (zc *Zone) provisionConnection(ctx caddy.Context, name string, dryRun bool) (*connZone, error) {
+	if _, err := zc.connectionProblem(); err != nil {
+		return nil, fmt.Errorf("zone %s: %v", name, err)
+	}
+	cfg := zones.Config{
+		Name:        name,
+		Events:      zc.MaxEvents,
+		Window:      time.Duration(zc.Window),
+		Burst:       zc.Burst,
+		IPv4Prefix:  zc.IPv4Prefix,
+		IPv6Prefix:  zc.IPv6Prefix,
+		MaxKeys:     zc.MaxKeys,
+		DryRun:      zc.DryRun || dryRun,
+		Concurrency: zc.Concurrency,
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	c := zoneClaim{id: newStateID(cfg, planVars{}), connection: true, key: zc.Key, concurrency: cfg.IsConcurrency()}
+	if err := claimZone(ctx, cfg, c); err != nil {
+		return nil, err
+	}
+	state, id, err := loadState(cfg, planVars{}, DefaultSweepInterval)
+	if err != nil {
+		return nil, err
+	}
+	z := &connZone{
+		Zone:    zones.New(cfg, state, nil),
+		key:     zc.Key,
+		keyIsIP: zc.Key == remoteIPPlaceholder,
+		metrics: newConnectionMetrics(name, cfg.DryRun),
+		stateID: id,
+	}
+	registerConnectionZone(z.Zone)
+	return z, nil
+}
+
+// connectionProblem returns the first setting of zc that a connection zone
+// cannot have, and why, with the fix.
+func (zc *Zone) connectionProblem() (setting string, err error) {
+	const request = "reads the request, which a connection has not sent yet"
+	switch {
+	case zc.Key == "":
+		return "key", errors.New("key is missing: add key {remote_ip}")
+	case strings.ContainsAny(strings.ReplaceAll(zc.Key, remoteIPPlaceholder, ""), "{}"):
+		return "key", fmt.Errorf("key %q: a connection zone's key knows only {remote_ip} (the client's address, or the PROXY protocol's source); "+
+			"{client_ip} and other request placeholders are not known before the request: use key {remote_ip}, or put the zone in the rate_limit handler", zc.Key)
+	case len(zc.MatcherSetsRaw) > 0:
+		return "match", fmt.Errorf("match %s: remove it, or put the zone in the rate_limit handler (a server of its own limits connections to its address only)", request)
+	case zc.MaxEventsPlaceholder != "":
+		return "events", fmt.Errorf("events %s %s: write a number", zc.MaxEventsPlaceholder, request)
+	case zc.WindowPlaceholder != "":
+		return "window", fmt.Errorf("window %s %s: write a duration", zc.WindowPlaceholder, request)
+	case zc.BurstPlaceholder != "":
+		return "burst", fmt.Errorf("burst %s %s: write a number", zc.BurstPlaceholder, request)
+	case zc.Count != nil:
+		return "count", errors.New("count weighs responses, which a connection does not have: put the zone in the rate_limit handler")
+	case zc.Charge != "":
+		return "charge", errors.New("charge weighs responses, which a connection does not have: put the zone in the rate_limit handler")
+	case zc.Cost != 0 || zc.CostPlaceholder != "":
+		return "cost", errors.New("a connection costs 1: remove cost")
+	case zc.FailPolicy != "":
+		return "fail_policy", errors.New("connection zones are local to this instance, with no Redis to fail: remove fail_policy")
+	case zc.Lease != 0:
+		return "lease", errors.New("connection zones are local to this instance, with no Redis to hold slots: remove lease")
+	}
+	return "", nil
+}
+
+// compareConnZones orders rate zones tightest first, then concurrency zones
+// smallest first: a connection a rate zone refuses never takes a slot.
+func compareConnZones(a, b *connZone) int {
+	switch {
+	case a.IsConcurrency() != b.IsConcurrency():
+		if a.IsConcurrency() {
+			return 1
+		}
+		return -1
+	case a.IsConcurrency():
+		if a.Concurrency != b.Concurrency {
+			if a.Concurrency < b.Concurrency {
+				return -1
+			}
+			return 1
+		}
+	default:
+		ra := float64(a.Events) / float64(a.Window)
+		rb := float64(b.Events) / float64(b.Window)
+		if ra != rb {
+			if ra < rb {
+				return -1
+			}
+			return 1
+		}
+	}
+	return strings.Compare(a.Name, b.Name)
+}
+
+// checkPlacement refuses a rate_limit wrapper that would not see raw
+// connections: listed after tls, or with tls left out (Caddy then puts tls
+// first), it would see TLS connections not yet handshaken, and wrapping
+// those breaks {http.request.scheme}. proxy_protocol, when listed, must come
+// before it, or every connection would be keyed by the proxy's address.
+//
+// It reads the server's listener_wrappers list, which is what the HTTP app
+// orders the wrappers by: the app provisions a server's wrappers (this one
+// among them) before anything else of the server, with the server in the
+// context and its list still whole. Outside an HTTP server there is no list
+// and nothing to check.
+func checkPlacement(ctx caddy.Context) error {
+	srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
+	if !ok || srv == nil {
+		return nil
+	}
+	names := make([]string, 0, len(srv.ListenerWrappersRaw))
+	for _, raw := range srv.ListenerWrappersRaw {
+		var m struct {
+			Wrapper string `json:"wrapper"`
+		}
+		_ = json.Unmarshal(raw, &m)
+		names = append(names, m.Wrapper)
+	}
+	return placementProblem(names)
+}
+
+// placementProblem checks the listener wrappers' names, in order.
+func placementProblem(names []string) error {
+	rl := slices.Index(names, "rate_limit")
+	if rl < 0 {
+		return nil
+	}
+	if slices.Contains(names[rl+1:], "rate_limit") {
+		return errors.New("listener wrapper rate_limit is listed twice in this server's listener_wrappers: put every zone in one")
+	}
+	tls := slices.Index(names, "tls")
+	if tls < 0 || tls > rl {
+		if pp := slices.Index(names, "proxy_protocol"); pp > rl && (tls < 0 || pp < tls) {
+			return errors.New("listener wrapper proxy_protocol must come before rate_limit in listener_wrappers, or every connection is keyed by the proxy's address: list proxy_protocol, then rate_limit, then tls")
+		}
+		if tls >= 0 {
+			return nil
+		}
+		return errors.New("listener wrapper rate_limit needs tls listed after it in listener_wrappers: without tls, Caddy puts TLS first " +
+			"and rate_limit would decide connections after their handshake (and break {http.request.scheme}); write listener_wrappers { rate_limit { ... } tls }")
+	}
+	return errors.New("listener wrapper rate_limit must come before tls in listener_wrappers: after it, rate_limit would decide connections after their handshake " +
+		"(and break {http.request.scheme}); move rate_limit above tls")
+}
+
+// checkDenyWhile checks that name is an HTTP zone of the config being loaded
+// that deny_while can read: a rate zone keyed by the client's address.
+// Handlers of servers provisioned already have claimed their zones; the
+// others' routes are still JSON, and so is this server's (its listener
+// wrappers come first).
+func checkDenyWhile(ctx caddy.Context, name string, own map[string]*Zone) error {
+	if _, ok := own[name]; ok {
+		return fmt.Errorf("deny_while %s: %s is a zone of this listener wrapper; deny_while names an HTTP zone (of a rate_limit handler)", name, name)
+	}
+	key, concurrency, found := "", false, false
+	if c, ok := claimedHTTPZone(ctx, name); ok {
+		key, concurrency, found = c.key, c.concurrency, true
+	} else if app, err := ctx.AppIfConfigured("http"); err == nil {
+		if app, ok := app.(*caddyhttp.App); ok {
+			key, concurrency, found = httpZoneInJSON(app, name)
+		}
+	}
+	switch {
+	case !found:
+		return fmt.Errorf("deny_while %s: no rate_limit handler of this config has a zone %s: name one of the HTTP zones (e.g. zone %s { key {client_ip} ... } in a rate_limit handler)", name, name, name)
+	case concurrency:
+		return fmt.Errorf("deny_while %s: %s is a concurrency zone, whose slots free as requests end: deny_while reads rate zones; limit open connections with a concurrency zone of this wrapper instead", name, name)
+	case !keyedByClientAddress(key):
+		return fmt.Errorf("deny_while %s: zone %s is keyed by %s, which a connection does not carry: deny_while reads zones keyed by the client's address ({client_ip} or {remote_host})", name, name, key)
+	}
+	return nil
+}
+
+// keyedByClientAddress reports whether an HTTP zone's key template is the
+// client's address, as a connection's {remote_ip} is.
+func keyedByClientAddress(key string) bool {
+	switch key {
+	case "{client_ip}", "{http.vars.client_ip}", "{remote_host}", "{http.request.remote.host}":
+		return true
+	}
+	return false
+}
+
+// httpZoneInJSON looks for the HTTP zone name in the routes of the app's
+// servers that are still JSON, and returns its key template and whether it
+// is a concurrency zone.
+func httpZoneInJSON(app *caddyhttp.App, name string) (key string, concurrency, found bool) {
+	for _, srv := range app.Servers {
+		raw, err := json.Marshal(struct {
+			Routes any `json:"routes"`
+			Errors any `json:"errors"`
+			Named  any `json:"named_routes"`
+		}{srv.Routes, srv.Errors, srv.NamedRoutes})
+		if err != nil {
+			continue
+		}
+		var v any
+		if json.Unmarshal(raw, &v) != nil {
+			continue
+		}
+		if key, concurrency, found = findZoneJSON(v, name); found {
+			return key, concurrency, true
+		}
+	}
+	return "", false, false
+}
+
+// findZoneJSON walks a decoded JSON config for a rate_limit handler with the
+// zone name, at any depth (subroutes, named routes, error routes).
+func findZoneJSON(v any, name string) (key string, concurrency, found bool) {
+	switch v := v.(type) {
+	case map[string]any:
+		if v["handler"] == "rate_limit" {
+			if zs, ok := v["rate_limits"].(map[string]any); ok {
+				if z, ok := zs[name].(map[string]any); ok {
+					key, _ := z["key"].(string)
+					n, _ := z["concurrency"].(float64)
+					return key, n > 0, true
+				}
+			}
+		}
+		for _, c := range v {
+			if key, concurrency, found = findZoneJSON(c, name); found {
+				return
+			}
+		}
+	case []any:
+		for _, c := range v {
+			if key, concurrency, found = findZoneJSON(c, name); found {
+				return
+			}
+		}
+	}
+	return "", false, false
+}
+
+// WrapListener wraps l so that every connection it accepts is decided first.
+// The deny_while zones are looked up on the first call: the HTTP app starts
+// listening once every handler of the config is provisioned.
+func (w *ListenerWrapper) WrapListener(l net.Listener) net.Listener {
+	w.live.denyOnce.Do(w.resolveDenyWhile)
+	return &listener{Listener: l, w: w}
+}
+
+func (w *ListenerWrapper) resolveDenyWhile() {
+	for _, name := range w.DenyWhile {
+		z := lookupHTTPZone(name)
+		if z == nil {
+			// Provision found it in this config; only a wrapper
+			// outside an HTTP server can get here.
+			w.logger.Error("deny_while names a zone no rate_limit handler defines: it refuses nothing", zap.String("zone", name))
+			continue
+		}
+		dryRun := z.DryRun || w.DryRun
+		w.live.denyZones = append(w.live.denyZones, &denyWhileZone{Zone: z, dryRun: dryRun, metrics: newConnectionMetrics(name, dryRun)})
+	}
+}
+
+// listener decides the connections of one listener.
+type listener struct {
+	net.Listener
+	w *ListenerWrapper
+}
+
+// Accept returns the next connection that is not refused. It never returns
+// an error for a refused connection (a non-temporary error would stop the
+// server, a temporary one make it back off): it resets the connection and
+// accepts the next. It never waits for a client: a plain TCP connection's
+// address is known at once; any other (a PROXY protocol connection, whose
+// address waits for its header) is decided on its first read.
+func (l *listener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		tc, ok := c.(*net.TCPConn)
+		if !ok {
+			return &conn{Conn: c, w: l.w, pending: true}, nil
+		}
+		ip := clientIP(tc.RemoteAddr())
+		if ip == "" {
+			return c, nil
+		}
+		if !l.w.slotZones {
+			if l.w.decide(ip, monotime.Now(), nil) {
+				return c, nil
+			}
+			reset(c)
+			continue
+		}
+		lc := &conn{Conn: c, w: l.w}
+		lc.slots = lc.inline[:0]
+		if !l.w.decide(ip, monotime.Now(), &lc.slots) {
+			reset(c)
+			continue
+		}
+		if len(lc.slots) == 0 { // only dry-run zones refused a slot
+			return c, nil
+		}
+		lc.state.Store(connHolding)
+		return lc, nil
+	}
+}
+
+// decide decides a new connection of ip at now: the deny_while zones first,
+// which change nothing, then the rate zones, then the concurrency zones,
+// whose slots it appends to slots. A refused connection consumes nothing:
+// the zones that allowed it before the one that refused are refunded and its
+// slots released.
+func (w *ListenerWrapper) decide(ip string, now int64, slots *[]heldSlot) bool {
+	for _, dz := range w.live.denyZones {
+		key := dz.Config.Key(ip)
+		if !dz.Denies(key, now) {
+			dz.metrics.allowed.Inc()
+			continue
+		}
+		w.logRefusal(now, dz.Name, key, dz.dryRun)
+		if dz.dryRun {
+			dz.metrics.dryRunDenied.Inc()
+			continue
+		}
+		dz.metrics.denied.Inc()
+		return false
+	}
+	var stack [4]zones.Decision
+	decided := stack[:0]
+	for i, z := range w.zones {
+		key := z.keyOf(ip)
+		var d zones.Decision
+		if z.IsConcurrency() {
+			var s zones.Slot
+			if d, s = z.Acquire(background, key); s.Held() {
+				*slots = append(*slots, heldSlot{z.Zone, s})
+			}
+		} else {
+			d = z.Decide(background, key, now)
+		}
+		decided = append(decided, d)
+		if d.Allowed {
+			z.metrics.allowed.Inc()
+			continue
+		}
+		w.logRefusal(now, z.Name, key, z.DryRun)
+		if z.DryRun {
+			z.metrics.dryRunDenied.Inc()
+			continue
+		}
+		z.metrics.denied.Inc()
+		z.State().Offenders.Record(key, time.Now().UnixNano())
+		for j, d := range decided[:i] {
+			if prev := w.zones[j]; d.Allowed && !prev.IsConcurrency() {
+				_, _ = prev.Refund(background, prev.keyOf(ip), now, d)
+			}
+		}
+		if slots != nil {
+			releaseHeld(*slots)
+			*slots = (*slots)[:0]
+		}
+		return false
+	}
+	return true
+}
+
+// background is the context of connection zones' decisions, which never
+// wait: the zones have no store.
+var background = context.Background()
+
+// keyOf is the zone's key for a connection from ip.
+func (z *connZone) keyOf(ip string) string {
+	if z.keyIsIP {
+		return z.Config.Key(ip)
+	}
+	return z.Config.Key(strings.ReplaceAll(z.key, remoteIPPlaceholder, ip))
+}
+
+// logRefusal logs (sampled) a refused connection, or in dry run the refusal
+// it would have been; the key only with log_key.
+func (w *ListenerWrapper) logRefusal(now int64, zone, key string, dryRun bool) {
+	s, msg := &w.live.refused, "connection refused"
+	if dryRun {
+		s, msg = &w.live.dryRunRefused, "connection would be refused (dry run)"
+	}
+	if c := s.check(w.logger, now, zapcore.InfoLevel, msg); c != nil {
+		fields := []zap.Field{zap.String("zone", zone)}
+		if w.LogKey {
+			fields = append(fields, zap.String("key", key))
+		}
+		c.Write(fields...)
+	}
+}
+
+// clientIP formats a connection's remote address as Caddy formats a
+// request's client IP ({client_ip} without trusted proxies): the host
+// without port and IPv6 zone, IPv4 in IPv6 unmapped, in netip's form. It is
+// "" for an address that is not an IP (a Unix socket's peer): such
+// connections are not limited.
+func clientIP(a net.Addr) string {
+	switch a := a.(type) {
+	case nil:
+		return ""
+	case *net.TCPAddr:
+		// net.IP prints an IPv4-mapped address as IPv4, which is what
+		// Caddy parses from RemoteAddr.
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok {
+			return ""
+		}
+		return ip.Unmap().String()
+	}
+	host, _, err := net.SplitHostPort(a.String())
+	if err != nil {
+		return ""
+	}
+	host, _, _ = strings.Cut(host, "%")
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return ""
+	}
+	return ip.String()
+}
+
+// reset closes a refused connection with an RST rather than a FIN (linger
+// 0), so the client sees the refusal at once and the socket skips
+// TIME_WAIT. Unread bytes (the ClientHello) are dropped unread.
+func reset(c net.Conn) {
+	if l := lingerer(c); l != nil {
+		_ = l.SetLinger(0)
+	}
+	_ = c.Close()
+}
+
+// lingerer finds the TCP connection under c (go-proxyproto's Raw, tls's
+// NetConn), a few layers deep at most.
+func lingerer(c net.Conn) interface{ SetLinger(int) error } {
+	for range 4 {
+		switch u := c.(type) {
+		case interface{ SetLinger(int) error }:
+			return u
+		case interface{ Raw() net.Conn }:
+			c = u.Raw()
+		case interface{ NetConn() net.Conn }:
+			c = u.NetConn()
+		default:
+			return nil
+		}
+	}
+	return nil
+}
+
+// heldSlot is a concurrency slot a connection holds until it closes.
+type heldSlot struct {
+	zone *zones.Zone
+	slot zones.Slot
+}
+
+func releaseHeld(slots []heldSlot) {
+	for _, s := range slots {
+		s.zone.Release(s.slot)
+	}
+}
+
+// A conn's slots: taken (connHolding) are released by the first Close, and
+// only once whatever ends the connection (a failed handshake, a reset, a
+// hijacked connection's close, a double Close).
+const (
+	connOpen uint32 = iota
+	connHolding
+	connClosed
+)
+
+// conn is a connection that holds concurrency slots, or whose decision waits
+// for its first read or write (pending).
+type conn struct {
+	net.Conn
+	w       *ListenerWrapper
+	pending bool
+	once    sync.Once
+	refused bool // set by decideFirst, read after once
+	state   atomic.Uint32
+	slots   []heldSlot
+	inline  [1]heldSlot
+}
+
+// errRefused is what a pending connection's first read returns once it is
+// refused (and reset); net/http logs it as a TLS handshake error (at DEBUG
+// in Caddy).
+var errRefused = errors.New("connection refused by rate_limit")
+
+// decideFirst decides a pending connection, on its first read or write, in
+// the connection's goroutine: RemoteAddr may wait for a PROXY header there
+// without holding up the accept loop.
+func (c *conn) decideFirst() {
+	if c.state.Load() == connClosed {
+		return
+	}
+	ip := clientIP(c.Conn.RemoteAddr())
+	if ip == "" {
+		return
+	}
+	c.slots = c.inline[:0]
+	if !c.w.decide(ip, monotime.Now(), &c.slots) {
+		c.refused = true
+		c.state.Store(connClosed)
+		reset(c.Conn)
+		return
+	}
+	if len(c.slots) > 0 && !c.state.CompareAndSwap(connOpen, connHolding) {
+		releaseHeld(c.slots) // closed meanwhile
+	}
+}
+
+// ready decides a pending connection once; false when it is refused.
+func (c *conn) ready() bool {
+	if !c.pending {
+		return true
+	}
+	c.once.Do(c.decideFirst)
+	return !c.refused
+}
+
+func (c *conn) Read(p []byte) (int, error) {
+	if !c.ready() {
+		return 0, errRefused
+	}
+	return c.Conn.Read(p)
+}
+
+func (c *conn) Write(p []byte) (int, error) {
+	if !c.ready() {
+		return 0, errRefused
+	}
+	return c.Conn.Write(p)
+}
+
+// Close releases the connection's slots, once, and closes it.
+func (c *conn) Close() error {
+	if c.state.Swap(connClosed) == connHolding {
+		releaseHeld(c.slots)
+	}
+	return c.Conn.Close()
+}
+
+// ReadFrom keeps sendfile for plain HTTP responses (net/http looks for
+// io.ReaderFrom on the connection).
+func (c *conn) ReadFrom(r io.Reader) (int64, error) {
+	if !c.ready() {
+		return 0, errRefused
+	}
+	if rf, ok := c.Conn.(io.ReaderFrom); ok {
+		return rf.ReadFrom(r)
+	}
+	return io.Copy(struct{ io.Writer }{c.Conn}, r)
+}
+
+// CloseWrite half-closes the connection when the one under it can (net/http
+// and reverse_proxy's upgraded connections use it).
+func (c *conn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return errors.New("the connection cannot half-close")
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner     = (*ListenerWrapper)(nil)
+	_ caddy.CleanerUpper    = (*ListenerWrapper)(nil)
+	_ caddy.ListenerWrapper = (*ListenerWrapper)(nil)
+	_ net.Conn              = (*conn)(nil)
+	_ io.ReaderFrom         = (*conn)(nil)
+)
