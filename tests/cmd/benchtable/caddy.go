@@ -54,6 +54,27 @@ func freeLoopbackAddr() (string, error) {
 // given site routes (the body of one http:// site block), and waits until
 // both the site and the admin endpoint answer.
 func startCaddy(bin, dir, routes string) (*caddyProcess, error) {
+	return startCaddyFile(bin, dir, func(addr, adminAddr, runtimeLog string) string {
+		return fmt.Sprintf(`{
+	admin %s
+	auto_https off
+	persist_config off
+	log {
+		output file %s
+	}
+}
+
+http://%s {
+%s
+}
+`, adminAddr, runtimeLog, addr, routes)
+	})
+}
+
+// startCaddyFile runs bin with the Caddyfile caddyfile returns for free
+// loopback addresses (an http:// site at addr, which must answer, and the
+// admin endpoint) and the runtime log's path, and waits until both answer.
+func startCaddyFile(bin, dir string, caddyfile func(addr, adminAddr, runtimeLog string) string) (*caddyProcess, error) {
 	addr, err := freeLoopbackAddr()
 	if err != nil {
 		return nil, err
@@ -67,21 +88,8 @@ func startCaddy(bin, dir, routes string) (*caddyProcess, error) {
 			return nil, err
 		}
 	}
-	caddyfile := fmt.Sprintf(`{
-	admin %s
-	auto_https off
-	persist_config off
-	log {
-		output file %s
-	}
-}
-
-http://%s {
-%s
-}
-`, adminAddr, filepath.Join(dir, "caddy-runtime.log"), addr, routes)
 	config := filepath.Join(dir, "Caddyfile")
-	if err := os.WriteFile(config, []byte(caddyfile), 0o600); err != nil {
+	if err := os.WriteFile(config, []byte(caddyfile(addr, adminAddr, filepath.Join(dir, "caddy-runtime.log"))), 0o600); err != nil {
 		return nil, err
 	}
 	logPath := filepath.Join(dir, "caddy.log")

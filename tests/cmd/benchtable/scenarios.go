@@ -46,6 +46,11 @@ type scenario struct {
 	// the row is met when that figure is at most target.
 	custom     func(o options, e *env, c *caddyProcess) (customResult, error)
 	targetText string // the target as printed, for custom scenarios
+
+	// standalone, when set, replaces everything after setup: it starts the
+	// Caddy (bin) it needs itself, with a config of its own (TLS sites,
+	// listener wrappers), and measures as custom does.
+	standalone func(o options, e *env, bin string) (customResult, error)
 }
 
 // customResult is the figure of a custom scenario and how to print it.
@@ -704,6 +709,11 @@ func runScenario(o options, bin, dir string, s scenario) scenarioResult {
 			return res
 		}
 		defer cleanup()
+	}
+	if s.standalone != nil {
+		cr, err := s.standalone(o, e, bin)
+		res.measured, res.err = &cr, err
+		return res
 	}
 	c, err := startCaddy(bin, dir, s.routes(e))
 	if err != nil {

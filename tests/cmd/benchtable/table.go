@@ -170,7 +170,7 @@ var strictTargets = map[string]struct{ ratio, redisUs, p99Us float64 }{
 
 func loadRow(r scenarioResult) row {
 	rw := row{metric: r.metric, comparison: r.comparison, target: "≥ " + strconv.FormatFloat(r.target, 'f', 2, 64)}
-	if r.custom != nil {
+	if r.custom != nil || r.standalone != nil {
 		rw.target = r.targetText
 	}
 	if r.err != nil {
