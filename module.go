@@ -1,6 +1,8 @@
 // Package ratelimit is tally: the Caddy HTTP handler http.handlers.rate_limit,
 // which limits requests in named zones keyed by placeholders, with GCRA
-// enforced in-process or, across Caddy instances, in Redis.
+// enforced in-process or, across Caddy instances, in Redis; and the listener
+// wrapper caddy.listeners.rate_limit, which limits new connections with the
+// same zones before their TLS handshake.
 //
 // This package is the Caddy side, a file per concern:
 //
@@ -16,6 +18,8 @@
 //	registry.go     the zone tables the process keeps across handlers and reloads
 //	redis.go        the distributed config and the pool of Redis clients
 //	caddyfile.go    the Caddyfile syntax
+//	listener.go     the listener wrapper caddy.listeners.rate_limit: connections
+//	                decided before the TLS handshake (listener_caddyfile.go: its syntax)
 //	admin.go        the admin API, admin.api.rate_limit
 //	command.go      the caddy rate-limit command
 //
