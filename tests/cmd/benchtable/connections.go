@@ -192,8 +192,6 @@ type connResult struct {
 	elapsed         time.Duration
 }
 
-func (r connResult) total() int64 { return r.served + r.refused + r.failed }
-
 var tlsClient = &tls.Config{InsecureSkipVerify: true, ServerName: "127.0.0.1", NextProtos: []string{"http/1.1"}}
 
 func (l connLoad) run(stop *atomic.Bool) connResult {
