@@ -465,7 +465,7 @@ func measureFloodVictims(o options, e *env, bin string) (customResult, error) {
 	return customResult{
 		value: ratio,
 		met:   &met,
-		text: fmt.Sprintf("**%.0f** vs %.0f connections/s (**%.1f×**; %.0f with no flood; the flood itself got %.0f vs %.0f handshakes/s), medians of %d rounds; the flood's client shares the 2 cores",
-			median(with), median(without), ratio, median(alone), median(floodWith), median(floodWithout), o.rounds),
+		text: fmt.Sprintf("**%.0f** vs %.0f connections/s, %.0f with no flood (medians of %d rounds; ratio per round: median **%.1f×**, spread %s); the flood itself got %.0f vs %.0f handshakes/s; its client shares the 2 cores",
+			median(with), median(without), median(alone), o.rounds, ratio, spread(ratios), median(floodWith), median(floodWithout)),
 	}, nil
 }
