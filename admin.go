@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -36,7 +38,12 @@ func init() {
 // Keys are path-escaped (url.PathEscape) in the URL. Every key, including
 // the empty key (requests without the key's header share it) and keys that
 // are "." or "..", which a URL path cannot hold as they are, also has the
-// address /rate_limit/zones/<zone>/keys?key=<query-escaped key>.
+// address /rate_limit/zones/<zone>/keys?key=<query-escaped key>, and
+// .../keys?key_base64=<the key's bytes in standard base64>.
+//
+// Answers name a key by "key", the key as text; a key that is not valid
+// UTF-8 (a header or a percent-escape can put any bytes in one), which JSON
+// cannot carry as it is, also has "key_base64", its bytes (keyName).
 type AdminAPI struct{}
 
 // CaddyModule returns the Caddy module information.
@@ -96,8 +103,8 @@ type nodeOutage struct {
 // keyInfo is a key as GET /rate_limit/zones/<zone>/keys/<key> shows it.
 // Durations are in seconds.
 type keyInfo struct {
-	Zone       string  `json:"zone"`
-	Key        string  `json:"key"`
+	Zone string `json:"zone"`
+	keyName
 	Remaining  int64   `json:"remaining"`
 	RetryAfter float64 `json:"retry_after"`
 	ResetAfter float64 `json:"reset_after"`
@@ -110,6 +117,44 @@ type keyInfo struct {
 	// Where the answer comes from: "local" (this instance's table) or
 	// "redis" (the state every instance shares).
 	Source string `json:"source"`
+}
+
+// keyName is how the admin API names a key in its answers: "key" is the key
+// as text, which is the key itself when it is valid UTF-8; JSON would turn
+// any other byte into U+FFFD, so such a key also has "key_base64", its bytes
+// in standard base64 (RFC 4648 §4, padded), which GET and DELETE take back as
+// ?key_base64= and `caddy rate-limit key|reset --base64` as the key.
+type keyName struct {
+	Key       string `json:"key"`
+	KeyBase64 string `json:"key_base64,omitempty"`
+}
+
+func newKeyName(key string) keyName {
+	if utf8.ValidString(key) {
+		return keyName{Key: key}
+	}
+	return keyName{Key: strings.ToValidUTF8(key, "\uFFFD"), KeyBase64: base64.StdEncoding.EncodeToString([]byte(key))}
+}
+
+// raw is the key itself.
+func (k keyName) raw() string {
+	if k.KeyBase64 != "" {
+		if b, err := base64.StdEncoding.DecodeString(k.KeyBase64); err == nil {
+			return string(b)
+		}
+	}
+	return k.Key
+}
+
+// decodeKeyBase64 reads a key given as ?key_base64=. A '+' that reached us
+// unescaped in a query string reads as a space, which base64 never holds:
+// it is taken back.
+func decodeKeyBase64(s string) (string, error) {
+	b, err := base64.StdEncoding.DecodeString(strings.ReplaceAll(s, " ", "+"))
+	if err != nil {
+		return "", fmt.Errorf("key_base64=%q is not standard base64 (RFC 4648 §4, padded, query-escaped): %v", s, err)
+	}
+	return string(b), nil
 }
 
 // outageReporter is what a store that can tell which Redis nodes are down
@@ -141,14 +186,17 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 		}
 		return writeJSON(w, listZones())
 	case len(parts) == 4 && parts[0] == "zones" && parts[2] == "keys",
-		len(parts) == 3 && parts[0] == "zones" && parts[2] == "keys" && r.URL.Query().Has("key"):
+		len(parts) == 3 && parts[0] == "zones" && parts[2] == "keys" && (r.URL.Query().Has("key") || r.URL.Query().Has("key_base64")):
 		zoneName, err1 := url.PathUnescape(parts[1])
 		var key string
 		var err2 error
-		if len(parts) == 4 {
+		switch q := r.URL.Query(); {
+		case len(parts) == 4:
 			key, err2 = url.PathUnescape(parts[3])
-		} else {
-			key = r.URL.Query().Get("key")
+		case q.Has("key_base64"):
+			key, err2 = decodeKeyBase64(q.Get("key_base64"))
+		default:
+			key = q.Get("key")
 		}
 		if err := errors.Join(err1, err2); err != nil {
 			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
@@ -176,7 +224,7 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 		return a.top(w, r, z)
 	}
 	return caddy.APIError{HTTPStatus: http.StatusNotFound,
-		Err: errors.New("unknown path: use /rate_limit/zones, /rate_limit/zones/<zone>/keys/<key> (or .../keys?key=<key>, for any key including the empty one) or /rate_limit/zones/<zone>/top")}
+		Err: errors.New("unknown path: use /rate_limit/zones, /rate_limit/zones/<zone>/keys/<key> (or .../keys?key=<key>, for any key including the empty one, or .../keys?key_base64=<base64>) or /rate_limit/zones/<zone>/top")}
 }
 
 func listZones() []zoneInfo {
@@ -245,7 +293,7 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone,
 	plan := z.LastPlan(key, now)
 	return writeJSON(w, keyInfo{
 		Zone:          z.Name,
-		Key:           key,
+		keyName:       newKeyName(key),
 		Remaining:     d.Remaining,
 		RetryAfter:    d.RetryAfter.Seconds(),
 		ResetAfter:    d.ResetAfter.Seconds(),
@@ -260,11 +308,11 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone,
 // slotsInfo is a concurrency zone's key as GET /rate_limit/zones/<zone>/keys/<key>
 // shows it.
 type slotsInfo struct {
-	Zone        string `json:"zone"`
-	Key         string `json:"key"`
-	InUse       int64  `json:"in_use"`
-	Concurrency int64  `json:"concurrency"`
-	Remaining   int64  `json:"remaining"`
+	Zone string `json:"zone"`
+	keyName
+	InUse       int64 `json:"in_use"`
+	Concurrency int64 `json:"concurrency"`
+	Remaining   int64 `json:"remaining"`
 }
 
 // getSlots answers GET for a key of a concurrency zone: the slots it holds,
@@ -275,9 +323,9 @@ func (a *AdminAPI) getSlots(w http.ResponseWriter, r *http.Request, z *zones.Zon
 	case err != nil:
 		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("reading slots: %v", err)}
 	case n == 0:
-		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s: key %q holds no slot", z.Name, key)}
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s: this key holds no slot", z.Name)}
 	}
-	return writeJSON(w, slotsInfo{Zone: z.Name, Key: key, InUse: n, Concurrency: z.Concurrency, Remaining: max(0, z.Concurrency-n)})
+	return writeJSON(w, slotsInfo{Zone: z.Name, keyName: newKeyName(key), InUse: n, Concurrency: z.Concurrency, Remaining: max(0, z.Concurrency-n)})
 }
 
 func (a *AdminAPI) resetKey(w http.ResponseWriter, r *http.Request, z *zones.Zone, key string) error {
@@ -333,7 +381,7 @@ type topInfo struct {
 
 // offenderInfo is one key of the top list, with its state now.
 type offenderInfo struct {
-	Key        string  `json:"key"`
+	keyName
 	Denials    uint64  `json:"denials"`
 	Error      uint64  `json:"error"`
 	Limited    bool    `json:"limited"`   // denied if it sent a request now (concurrency zones: no slot free)
@@ -371,7 +419,7 @@ func (a *AdminAPI) top(w http.ResponseWriter, r *http.Request, z *zones.Zone) er
 	}
 	for _, e := range sum.Top {
 		o := offenderState(r.Context(), z, e.Key, monotime.Now())
-		o.Key, o.Denials, o.Error = e.Key, e.Count, e.Error
+		o.keyName, o.Denials, o.Error = newKeyName(e.Key), e.Count, e.Error
 		out.Keys = append(out.Keys, o)
 	}
 	return writeJSON(w, out)

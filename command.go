@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +14,9 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"github.com/caddyserver/caddy/v2"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
@@ -39,6 +43,11 @@ The admin address is --address, else the one in --config, else Caddy's default
 merges the instances' lists into the fleet's, reset resets the key on each
 (what local mode needs). Output is for people; --json prints JSON.
 Keys are personal data: the admin API is the only place they are shown.
+
+Keys are printed in Go's double quotes, with anything a terminal would act
+on (control and bidi characters, invalid UTF-8) escaped. A key that is not
+valid UTF-8 is also shown as (--base64 <its bytes in base64>): give key and
+reset --base64 and that value to name it.
 `,
 		CobraFunc: func(cmd *cobra.Command) {
 			cmd.PersistentFlags().StringArray("address", nil, "The address of Caddy's admin API (default: from --config, else "+caddy.DefaultAdminListen+"); top and reset take several")
@@ -52,13 +61,22 @@ Keys are personal data: the admin API is the only place they are shown.
 				Args:  cobra.NoArgs,
 				RunE:  func(cmd *cobra.Command, _ []string) error { return cliZones(newCLI(cmd)) },
 			})
-			cmd.AddCommand(&cobra.Command{
+			key := &cobra.Command{
 				Use:     "key <zone> <key>",
 				Short:   "Shows a key's remaining quota and when it may send again",
-				Example: "caddy rate-limit key api_key alice",
+				Example: "caddy rate-limit key api_key alice\ncaddy rate-limit key api_key --base64 //4=",
 				Args:    cobra.ExactArgs(2),
-				RunE:    func(cmd *cobra.Command, args []string) error { return cliKey(newCLI(cmd), args[0], args[1]) },
-			})
+				RunE: func(cmd *cobra.Command, args []string) error {
+					c := newCLI(cmd)
+					key, err := c.keyArg(args[1])
+					if err != nil {
+						return err
+					}
+					return cliKey(c, args[0], key)
+				},
+			}
+			key.Flags().Bool("base64", false, "<key> is the key's bytes in standard base64, as top shows a key that is not UTF-8")
+			cmd.AddCommand(key)
 			top := &cobra.Command{
 				Use:     "top <zone>",
 				Short:   "Shows the keys this instance denied most in the last 5 to 10 minutes",
@@ -71,13 +89,22 @@ Keys are personal data: the admin API is the only place they are shown.
 			}
 			top.Flags().IntP("n", "n", defaultTopN, "How many keys to show")
 			cmd.AddCommand(top)
-			cmd.AddCommand(&cobra.Command{
+			reset := &cobra.Command{
 				Use:     "reset <zone> <key>",
 				Short:   "Gives a key its full limit back (in Redis too when distributed)",
-				Example: "caddy rate-limit reset api_key alice",
+				Example: "caddy rate-limit reset api_key alice\ncaddy rate-limit reset api_key --base64 //4=",
 				Args:    cobra.ExactArgs(2),
-				RunE:    func(cmd *cobra.Command, args []string) error { return cliReset(newCLI(cmd), args[0], args[1]) },
-			})
+				RunE: func(cmd *cobra.Command, args []string) error {
+					c := newCLI(cmd)
+					key, err := c.keyArg(args[1])
+					if err != nil {
+						return err
+					}
+					return cliReset(c, args[0], key)
+				},
+			}
+			reset.Flags().Bool("base64", false, "<key> is the key's bytes in standard base64, as top shows a key that is not UTF-8")
+			cmd.AddCommand(reset)
 		},
 	})
 }
@@ -103,6 +130,64 @@ func newCLI(cmd *cobra.Command) *cli {
 	c.adapter, _ = cmd.Flags().GetString("adapter")
 	c.json, _ = cmd.Flags().GetBool("json")
 	return c
+}
+
+// keyArg is the key the command line names: the argument itself, or with
+// --base64 the bytes it encodes.
+func (c *cli) keyArg(arg string) (string, error) {
+	if b64, _ := c.cmd.Flags().GetBool("base64"); !b64 {
+		return arg, nil
+	}
+	b, err := base64.StdEncoding.DecodeString(arg)
+	if err != nil {
+		return "", fmt.Errorf("--base64 %s: not standard base64 (as top shows it, e.g. //4=): %v", printable(arg), err)
+	}
+	return string(b), nil
+}
+
+// quoteKey is a key as the CLI prints it: in Go's double quotes, every
+// character a terminal would act on escaped (controls, bidi and other
+// format characters, invalid bytes as \xff), so that a hostile key can
+// neither move the cursor, retitle the window, reorder the line nor start a
+// row of its own. A key that is not UTF-8 also gets its base64, which key
+// and reset take with --base64.
+func quoteKey(key string) string {
+	q := strconv.Quote(key)
+	if !utf8.ValidString(key) {
+		q += " (--base64 " + base64.StdEncoding.EncodeToString([]byte(key)) + ")"
+	}
+	return q
+}
+
+// printable is s, a text from the admin API or the command line (a zone
+// name, an error), with every character a terminal would act on escaped as
+// quoteKey escapes it; the rest, quotes included, is left as it is.
+func printable(s string) string {
+	clean := true
+	for _, r := range s {
+		if r == utf8.RuneError || !unicode.IsPrint(r) {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && n == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case unicode.IsPrint(r):
+			b.WriteString(s[i : i+n])
+		default:
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+		}
+		i += n
+	}
+	return b.String()
 }
 
 // single refuses several --address for subcommands that read one instance.
@@ -147,7 +232,7 @@ func (c *cli) call(method, path string) ([]byte, error) {
 	if err != nil {
 		m := apiErrorLine.FindStringSubmatch(strings.TrimSpace(err.Error()))
 		if m == nil {
-			return nil, fmt.Errorf("cannot reach Caddy's admin API at %s (is Caddy running? is --address right?): %v", addr, err)
+			return nil, fmt.Errorf("cannot reach Caddy's admin API at %s (is Caddy running? is --address right?): %s", addr, printable(err.Error()))
 		}
 		msg := m[2]
 		var apiErr struct {
@@ -156,6 +241,7 @@ func (c *cli) call(method, path string) ([]byte, error) {
 		if json.Unmarshal([]byte(msg), &apiErr) == nil && apiErr.Error != "" {
 			msg = apiErr.Error
 		}
+		msg = printable(msg)
 		switch m[1] {
 		case "404":
 			if strings.HasPrefix(msg, "unknown path") {
@@ -189,17 +275,44 @@ func (c *cli) get(path string, v any) (printed bool, err error) {
 	return false, nil
 }
 
+// printJSON prints body indented. JSON escapes control characters but not
+// bidi and other format characters, which a terminal would act on: they
+// are written as \u escapes, which JSON reads back as the same string.
 func (c *cli) printJSON(body []byte) error {
 	var b bytes.Buffer
 	if err := json.Indent(&b, bytes.TrimSpace(body), "", "  "); err != nil {
 		return fmt.Errorf("reading the admin API's answer: %v", err)
 	}
 	b.WriteByte('\n')
-	_, err := c.out.Write(b.Bytes())
+	out := b.Bytes()
+	if !utf8.Valid(out) || bytes.IndexFunc(out, func(r rune) bool { return r >= utf8.RuneSelf && !unicode.IsPrint(r) }) >= 0 {
+		var e bytes.Buffer
+		for len(out) > 0 {
+			r, n := utf8.DecodeRune(out)
+			switch {
+			case r < utf8.RuneSelf || unicode.IsPrint(r):
+				e.Write(out[:n])
+			case r == utf8.RuneError && n == 1: // Go's encoder never writes it
+				fmt.Fprintf(&e, `\u%04x`, utf8.RuneError)
+			case r > 0xFFFF:
+				hi, lo := utf16.EncodeRune(r)
+				fmt.Fprintf(&e, `\u%04x\u%04x`, hi, lo)
+			default:
+				fmt.Fprintf(&e, `\u%04x`, r)
+			}
+			out = out[n:]
+		}
+		out = e.Bytes()
+	}
+	_, err := c.out.Write(out)
 	return err
 }
 
 func zonePath(zone string) string { return "/rate_limit/zones/" + url.PathEscape(zone) }
+
+// keyPath is the admin address of a key: in the query, which holds any key,
+// the empty one, "." and bytes that are not UTF-8 included.
+func keyPath(zone, key string) string { return zonePath(zone) + "/keys?key=" + url.QueryEscape(key) }
 
 func cliZones(c *cli) error {
 	if err := c.single(); err != nil {
@@ -238,7 +351,7 @@ func cliZones(c *cli) error {
 				}
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", z.Name, limit, burst, z.Mode, z.FailPolicy, z.LocalKeys, redis)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", printable(z.Name), limit, burst, printable(z.Mode), printable(z.FailPolicy), z.LocalKeys, redis)
 	}
 	return tw.Flush()
 }
@@ -261,7 +374,7 @@ func cliKey(c *cli, zone, key string) error {
 		InUse       int64 `json:"in_use"`      // concurrency zones
 		Concurrency int64 `json:"concurrency"` // concurrency zones
 	}
-	printed, err := c.get(zonePath(zone)+"/keys/"+url.PathEscape(key), &k)
+	printed, err := c.get(keyPath(zone, key), &k)
 	var nf errNotFound
 	if errors.As(err, &nf) {
 		// Unknown zone, or a key with no state: at its full limit.
@@ -271,15 +384,15 @@ func cliKey(c *cli, zone, key string) error {
 		}
 		if z.Concurrency > 0 {
 			if c.json {
-				return c.printJSONValue(slotsInfo{Zone: zone, Key: key, Concurrency: z.Concurrency, Remaining: z.Concurrency})
+				return c.printJSONValue(slotsInfo{Zone: zone, keyName: newKeyName(key), Concurrency: z.Concurrency, Remaining: z.Concurrency})
 			}
-			_, err := fmt.Fprintf(c.out, "zone %s, key %q: not limited, 0 of %d slots in use\n", zone, key, z.Concurrency)
+			_, err := fmt.Fprintf(c.out, "zone %s, key %s: not limited, 0 of %d slots in use\n", printable(zone), quoteKey(key), z.Concurrency)
 			return err
 		}
 		if c.json {
-			return c.printJSONValue(keyInfo{Zone: zone, Key: key, Remaining: z.Burst})
+			return c.printJSONValue(keyInfo{Zone: zone, keyName: newKeyName(key), Remaining: z.Burst})
 		}
-		_, err := fmt.Fprintf(c.out, "zone %s, key %q: not limited, %d of %d remaining (no state: full limit)\n", zone, key, z.Burst, z.Burst)
+		_, err := fmt.Fprintf(c.out, "zone %s, key %s: not limited, %d of %d remaining (no state: full limit)\n", printable(zone), quoteKey(key), z.Burst, z.Burst)
 		return err
 	}
 	if printed || err != nil {
@@ -290,15 +403,15 @@ func cliKey(c *cli, zone, key string) error {
 		if k.InUse >= k.Concurrency {
 			state = "LIMITED"
 		}
-		_, err = fmt.Fprintf(c.out, "zone %s, key %q: %s, %d of %d slots in use\n", zone, key, state, k.InUse, k.Concurrency)
+		_, err = fmt.Fprintf(c.out, "zone %s, key %s: %s, %d of %d slots in use\n", printable(zone), quoteKey(key), state, k.InUse, k.Concurrency)
 		return err
 	}
 	if k.RetryAfter > 0 {
-		_, err = fmt.Fprintf(c.out, "zone %s, key %q: LIMITED, 0 remaining, may send again in %s, full again in %s\n",
-			zone, key, seconds(k.RetryAfter), seconds(k.ResetAfter))
+		_, err = fmt.Fprintf(c.out, "zone %s, key %s: LIMITED, 0 remaining, may send again in %s, full again in %s\n",
+			printable(zone), quoteKey(key), seconds(k.RetryAfter), seconds(k.ResetAfter))
 		return err
 	}
-	_, err = fmt.Fprintf(c.out, "zone %s, key %q: not limited, %d remaining, full again in %s\n", zone, key, k.Remaining, seconds(k.ResetAfter))
+	_, err = fmt.Fprintf(c.out, "zone %s, key %s: not limited, %d remaining, full again in %s\n", printable(zone), quoteKey(key), k.Remaining, seconds(k.ResetAfter))
 	return err
 }
 
@@ -320,7 +433,7 @@ func (c *cli) findZone(name string) (zoneInfo, error) {
 		}
 		names = append(names, z.Name)
 	}
-	return zoneInfo{}, fmt.Errorf("unknown zone %q: the running config has %s", name, orNone(names))
+	return zoneInfo{}, fmt.Errorf("unknown zone %s: the running config has %s", strconv.Quote(name), printable(orNone(names)))
 }
 
 func orNone(names []string) string {
@@ -364,7 +477,7 @@ func cliTop(c *cli, zone string, n int) error {
 	if len(top.Addresses) > 1 {
 		where = fmt.Sprintf("on %d instances", len(top.Addresses))
 	}
-	fmt.Fprintf(c.out, "zone %s: %d denials %s since %s\n", top.Zone, top.Denials, where, top.Since.Local().Format(time.TimeOnly))
+	fmt.Fprintf(c.out, "zone %s: %d denials %s since %s\n", printable(top.Zone), top.Denials, where, top.Since.Local().Format(time.TimeOnly))
 	if len(top.Keys) == 0 {
 		_, err := fmt.Fprintln(c.out, "no key was denied")
 		return err
@@ -383,9 +496,9 @@ func cliTop(c *cli, zone string, n int) error {
 		case k.Limited: // a concurrency zone: until a request ends
 			state = "LIMITED"
 		case k.StateError != "":
-			state = "unknown: " + k.StateError
+			state = "unknown: " + printable(k.StateError)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\n", k.Key, denials, state)
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", quoteKey(k.raw()), denials, state)
 	}
 	return tw.Flush()
 }
@@ -414,13 +527,14 @@ func (c *cli) mergedTop(zone string, n int) (topInfo, error) {
 		}
 		sum := topk.Summary{Since: t.Since.UnixNano(), Total: t.Denials, Floor: t.Floor}
 		for _, k := range t.Keys {
-			sum.Top = append(sum.Top, topk.Entry{Key: k.Key, Count: k.Denials, Error: k.Error})
-			s, seen := state[k.Key]
+			key := k.raw() // keys that are not UTF-8 are told apart by their bytes
+			sum.Top = append(sum.Top, topk.Entry{Key: key, Count: k.Denials, Error: k.Error})
+			s, seen := state[key]
 			switch {
 			case !seen || k.StateError == "" && s.StateError != "":
-				state[k.Key] = k
+				state[key] = k
 			case k.StateError == "" && k.Limited && (!s.Limited || k.RetryAfter > s.RetryAfter):
-				state[k.Key] = k
+				state[key] = k
 			}
 		}
 		sums = append(sums, sum)
@@ -443,7 +557,7 @@ func (c *cli) mergedTop(zone string, n int) (topInfo, error) {
 
 func cliReset(c *cli, zone, key string) error {
 	err := c.each(func(one *cli) error {
-		_, err := one.call(http.MethodDelete, zonePath(zone)+"/keys/"+url.PathEscape(key))
+		_, err := one.call(http.MethodDelete, keyPath(zone, key))
 		if errors.As(err, new(errNotFound)) {
 			// Unknown zone, or a key with no state: it has its full limit.
 			_, err = one.findZone(zone)
@@ -454,12 +568,17 @@ func cliReset(c *cli, zone, key string) error {
 		return err
 	}
 	if c.json {
-		return c.printJSONValue(map[string]any{"zone": zone, "key": key, "reset": true, "instances": max(1, len(c.addresses))})
+		k := newKeyName(key)
+		out := map[string]any{"zone": zone, "key": k.Key, "reset": true, "instances": max(1, len(c.addresses))}
+		if k.KeyBase64 != "" {
+			out["key_base64"] = k.KeyBase64
+		}
+		return c.printJSONValue(out)
 	}
 	where := ""
 	if len(c.addresses) > 1 {
 		where = fmt.Sprintf(" on %d instances", len(c.addresses))
 	}
-	_, err = fmt.Fprintf(c.out, "zone %s, key %q: reset to its full limit%s\n", zone, key, where)
+	_, err = fmt.Fprintf(c.out, "zone %s, key %s: reset to its full limit%s\n", printable(zone), quoteKey(key), where)
 	return err
 }

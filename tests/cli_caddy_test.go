@@ -6,14 +6,20 @@ package tests
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"net/http"
+	"net/url"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 // cliRun is what one `caddy rate-limit` run printed and its exit code.
@@ -162,12 +168,12 @@ func TestCLITopShowsTheHeavyKeys(t *testing.T) {
 	if want := "zone api: " + strconv.Itoa(sum(denied)) + " denials on this instance since "; !strings.HasPrefix(lines[0], want) {
 		t.Errorf("summary %q, want %q...", lines[0], want)
 	}
-	if f := strings.Fields(lines[2]); len(f) < 5 || f[0] != "heavy-0" || f[1] != strconv.FormatUint(denied["heavy-0"], 10) ||
+	if f := strings.Fields(lines[2]); len(f) < 5 || f[0] != `"heavy-0"` || f[1] != strconv.FormatUint(denied["heavy-0"], 10) ||
 		f[2] != "LIMITED" || f[3] != "for" {
 		t.Errorf("first key %q, want heavy-0 with its %d denials, LIMITED", lines[2], denied["heavy-0"])
 	}
 	for i := 1; i < 5; i++ {
-		if row(lines, "heavy-"+strconv.Itoa(i)) == nil {
+		if row(lines, `"heavy-`+strconv.Itoa(i)+`"`) == nil {
 			t.Errorf("heavy-%d missing:\n%s", i, strings.Join(lines, "\n"))
 		}
 	}
@@ -234,9 +240,9 @@ func TestCLITopAndResetAcrossInstances(t *testing.T) {
 		t.Fatalf("top across two instances, want %q, a header and 3 keys:\n%s", want, strings.Join(lines, "\n"))
 	}
 	wantRows := []string{
-		"heavy-0 " + strconv.FormatUint(deniedA["heavy-0"]+99, 10) + " LIMITED for",
-		"heavy-1 " + strconv.FormatUint(deniedA["heavy-1"]+299, 10) + " LIMITED for",
-		"heavy-2 " + strconv.FormatUint(deniedA["heavy-2"], 10) + " LIMITED for",
+		`"heavy-0" ` + strconv.FormatUint(deniedA["heavy-0"]+99, 10) + " LIMITED for",
+		`"heavy-1" ` + strconv.FormatUint(deniedA["heavy-1"]+299, 10) + " LIMITED for",
+		`"heavy-2" ` + strconv.FormatUint(deniedA["heavy-2"], 10) + " LIMITED for",
 	}
 	for i, want := range wantRows {
 		if got := strings.Join(strings.Fields(lines[2+i]), " "); !strings.HasPrefix(got, want) {
@@ -260,5 +266,187 @@ func TestCLITopAndResetAcrossInstances(t *testing.T) {
 	}
 	if r := runCLI(t, a, append([]string{"zones"}, addrs...)...); r.code != 1 || !strings.Contains(r.stderr, "give --address once") {
 		t.Errorf("zones with two addresses: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
+// hostileKeys are keys any client can choose (here in a query string,
+// ?k=%1B%5D0%3BPWNED%07): printed raw to a terminal they set the window
+// title, clear the screen and recolour it, reverse or isolate the rest of
+// the line, move the cursor back over it, or forge a row of their own.
+var hostileKeys = []string{
+	"\x1b]0;PWNED\x07",
+	"evil\nfake\t999999\tok",
+	"\u202egnp.exe",
+	"\x1b[2J\x1b[31mred",
+	"\u2066isolate\u2069\u200f",
+	"\r\x08\x08over",
+}
+
+// queryKeySite keys zone q by the query's k, or else the X-K header: a
+// client puts any bytes in either (percent-escapes, obs-text).
+const queryKeySite = `http:// {
+	rate_limit {
+		zone q {
+			key {http.request.uri.query.k}{http.request.header.X-K}
+			events 1
+			window 1h
+		}
+	}
+	respond "ok"
+}
+`
+
+// terminalSafe fails the test when out holds anything a terminal acts on:
+// a control character other than the newline, a bidi or other format
+// character, bytes that are not UTF-8.
+func terminalSafe(t *testing.T, what, out string) {
+	t.Helper()
+	if !utf8.ValidString(out) {
+		t.Errorf("%s: the output is not UTF-8: %q", what, out)
+		return
+	}
+	for _, r := range out {
+		if r != '\n' && (unicode.IsControl(r) || unicode.Is(unicode.Cf, r) || unicode.Is(unicode.Bidi_Control, r)) {
+			t.Errorf("%s: %U reaches the terminal raw: %q", what, r, out)
+			return
+		}
+	}
+}
+
+// denyTwice sends two requests of key (in the query) and wants the second
+// denied, so that the key is in the zone's top list.
+func denyTwice(t *testing.T, c *caddyInstance, r request) {
+	t.Helper()
+	if got := c.Send(2, r); got[0] != 200 || got[1] != 429 {
+		t.Fatalf("%+v: %v, want 200 then 429", r, got)
+	}
+}
+
+func TestCLIPrintsHostileKeysQuotedOneRowEach(t *testing.T) {
+	t.Parallel()
+	c := startCaddy(t, queryKeySite)
+	keys := append(slices.Clone(hostileKeys), "\xff\xfe")
+	for _, k := range keys {
+		denyTwice(t, c, request{Path: "/?k=" + url.QueryEscape(k)})
+	}
+
+	r := rateLimitCLI(t, c, "top", "q")
+	terminalSafe(t, "top q", r.stdout)
+	lines := r.ok(t, "top q")
+	if len(lines) != 2+len(keys) {
+		t.Fatalf("top q: %d lines, want a summary, a header and one row per key (%d):\n%s", len(lines), len(keys), r.stdout)
+	}
+	for _, k := range keys {
+		want := strconv.Quote(k)
+		if !utf8.ValidString(k) {
+			want += " (--base64 " + base64.StdEncoding.EncodeToString([]byte(k)) + ")"
+		}
+		var rows []string
+		for _, l := range lines[2:] {
+			if rest, ok := strings.CutPrefix(l, want+" "); ok {
+				rows = append(rows, strings.Join(strings.Fields(rest), " "))
+			}
+		}
+		if len(rows) != 1 || !strings.HasPrefix(rows[0], "1 LIMITED for ") {
+			t.Errorf("key %q: rows %q, want one row %s with 1 denial, LIMITED:\n%s", k, rows, want, r.stdout)
+		}
+
+		r := rateLimitCLI(t, c, "key", "q", k)
+		terminalSafe(t, "key q "+strconv.Quote(k), r.stdout)
+		if out := r.ok(t, "key"); len(out) != 1 || !strings.HasPrefix(out[0], "zone q, key "+want+": LIMITED, 0 remaining") {
+			t.Errorf("key q %q: %q, want one line: zone q, key %s: LIMITED, ...", k, out, want)
+		}
+	}
+
+	// The JSON for scripts is terminal-safe too (JSON escapes controls, the
+	// CLI the bidi and format characters), and reads back as the keys.
+	r = rateLimitCLI(t, c, "top", "q", "--json")
+	terminalSafe(t, "top q --json", r.stdout)
+	var top adminTop
+	if err := json.Unmarshal([]byte(r.stdout), &top); err != nil || len(top.Keys) != len(keys) {
+		t.Fatalf("top q --json: %v, %d keys:\n%s", err, len(top.Keys), r.stdout)
+	}
+	got := map[string]bool{}
+	for _, k := range top.Keys {
+		got[k.raw(t)] = true
+	}
+	for _, k := range keys {
+		if !got[k] {
+			t.Errorf("top q --json lost key %q: %+v", k, top.Keys)
+		}
+	}
+
+	for _, k := range hostileKeys[:2] {
+		r := rateLimitCLI(t, c, "reset", "q", k)
+		terminalSafe(t, "reset q "+strconv.Quote(k), r.stdout)
+		if out := r.ok(t, "reset"); len(out) != 1 || out[0] != "zone q, key "+strconv.Quote(k)+": reset to its full limit" {
+			t.Errorf("reset q %q: %q", k, out)
+		}
+	}
+}
+
+// A key that is not UTF-8, which JSON cannot carry as it is, is shown by top
+// with its bytes in base64, and key, reset and the admin API take it back:
+// the key top shows is the key that is limited and that a reset frees.
+func TestKeyThatIsNotUTF8IsReadAndResetAsTopShowsIt(t *testing.T) {
+	t.Parallel()
+	c := startCaddy(t, queryKeySite)
+	fromQuery, fromHeader := "\xfb\xef\xbe", "\xc3\x28" // base64 ++++ (which a query turns into spaces) and wyg=
+	denyTwice(t, c, request{Path: "/?k=%FB%EF%BE"})
+	denyTwice(t, c, request{Header: map[string]string{"X-K": fromHeader}})
+
+	var top adminTop
+	if out := rateLimitCLI(t, c, "top", "q", "--json"); json.Unmarshal([]byte(out.stdout), &top) != nil || len(top.Keys) != 2 {
+		t.Fatalf("top --json: %+v, want the two keys:\n%s", top, out.stdout)
+	}
+	shown := map[string]string{} // raw key -> key_base64
+	for _, k := range top.Keys {
+		if k.KeyBase64 == "" || !utf8.ValidString(k.Key) {
+			t.Errorf("top --json: %+v, want the text and key_base64 of a key that is not UTF-8", k)
+		}
+		shown[k.raw(t)] = k.KeyBase64
+	}
+	lines := rateLimitCLI(t, c, "top", "q").ok(t, "top")
+	for _, key := range []string{fromQuery, fromHeader} {
+		b64, ok := shown[key]
+		if !ok {
+			t.Fatalf("top --json does not show %q: %+v", key, top.Keys)
+		}
+		want := strconv.Quote(key) + " (--base64 " + b64 + ")"
+		if !slices.ContainsFunc(lines, func(l string) bool { return strings.HasPrefix(l, want+" ") }) {
+			t.Errorf("top does not show %s:\n%s", want, strings.Join(lines, "\n"))
+		}
+
+		out := rateLimitCLI(t, c, "key", "q", "--base64", b64).ok(t, "key --base64")[0]
+		if !strings.HasPrefix(out, "zone q, key "+want+": LIMITED, 0 remaining, may send again in ") {
+			t.Errorf("key q --base64 %s: %q, want LIMITED", b64, out)
+		}
+		// The admin API takes it as ?key_base64=, escaped or not.
+		for _, q := range []string{url.QueryEscape(b64), b64} {
+			var k struct {
+				adminKey
+				KeyBase64 string `json:"key_base64"`
+			}
+			c.adminJSON("/rate_limit/zones/q/keys?key_base64="+q, &k)
+			if k.KeyBase64 != b64 || k.RetryAfter < 3000 {
+				t.Errorf("GET ...?key_base64=%s: %+v, want key_base64 %s and about an hour to wait", q, k, b64)
+			}
+		}
+
+		if out := rateLimitCLI(t, c, "reset", "q", "--base64", b64).ok(t, "reset --base64")[0]; out != "zone q, key "+want+": reset to its full limit" {
+			t.Errorf("reset q --base64 %s: %q", b64, out)
+		}
+		if status, body := c.adminDo(http.MethodGet, "/rate_limit/zones/q/keys?key_base64="+url.QueryEscape(b64)); status != http.StatusNotFound {
+			t.Errorf("GET %q after its reset: %d %s, want 404: no state", key, status, body)
+		}
+	}
+	if got := c.Send(1, request{Path: "/?k=%FB%EF%BE"}); got[0] != 200 {
+		t.Errorf("the query key after its reset: %v, want 200", got)
+	}
+	if got := c.Send(1, request{Header: map[string]string{"X-K": fromHeader}}); got[0] != 200 {
+		t.Errorf("the header key after its reset: %v, want 200", got)
+	}
+	if r := rateLimitCLI(t, c, "key", "q", "--base64", "not base64!"); r.code != 1 || !strings.Contains(r.stderr, "--base64 not base64!: not standard base64") {
+		t.Errorf("key --base64 with a bad value: exit %d, stderr %q", r.code, r.stderr)
 	}
 }

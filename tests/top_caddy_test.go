@@ -4,6 +4,7 @@ package tests
 // fixed-size sketch fed by the deny path.
 
 import (
+	"encoding/base64"
 	"net/http"
 	"strconv"
 	"strings"
@@ -13,21 +14,39 @@ import (
 
 // adminTop is GET /rate_limit/zones/<zone>/top.
 type adminTop struct {
-	Zone     string    `json:"zone"`
-	View     string    `json:"view"`
-	Since    time.Time `json:"since"`
-	Denials  uint64    `json:"denials"`
-	Capacity int       `json:"capacity"`
-	Keys     []struct {
-		Key        string  `json:"key"`
-		Denials    uint64  `json:"denials"`
-		Error      uint64  `json:"error"`
-		Limited    bool    `json:"limited"`
-		Remaining  int64   `json:"remaining"`
-		RetryAfter float64 `json:"retry_after"`
-		ResetAfter float64 `json:"reset_after"`
-		StateError string  `json:"state_error"`
-	} `json:"keys"`
+	Zone     string          `json:"zone"`
+	View     string          `json:"view"`
+	Since    time.Time       `json:"since"`
+	Denials  uint64          `json:"denials"`
+	Capacity int             `json:"capacity"`
+	Floor    uint64          `json:"floor"`
+	Keys     []adminOffender `json:"keys"`
+}
+
+// adminOffender is one key of the top list.
+type adminOffender struct {
+	Key        string  `json:"key"`
+	KeyBase64  string  `json:"key_base64"` // keys that are not UTF-8
+	Denials    uint64  `json:"denials"`
+	Error      uint64  `json:"error"`
+	Limited    bool    `json:"limited"`
+	Remaining  int64   `json:"remaining"`
+	RetryAfter float64 `json:"retry_after"`
+	ResetAfter float64 `json:"reset_after"`
+	StateError string  `json:"state_error"`
+}
+
+// raw is the key itself: key_base64's bytes when it is there.
+func (k adminOffender) raw(t *testing.T) string {
+	t.Helper()
+	if k.KeyBase64 == "" {
+		return k.Key
+	}
+	b, err := base64.StdEncoding.DecodeString(k.KeyBase64)
+	if err != nil {
+		t.Fatalf("key_base64 %q: %v", k.KeyBase64, err)
+	}
+	return string(b)
 }
 
 // skewedKey is the key of request i of the issue's flood: half the requests
@@ -214,8 +233,8 @@ func TestTopAndCLIShowAConcurrencyZonesSlots(t *testing.T) {
 		t.Fatalf("top of the concurrency zone: %+v, want alice, 3 denials, limited", top.Keys)
 	}
 	lines := rateLimitCLI(t, c, "top", "uploads").ok(t, "top uploads")
-	if got := strings.Join(row(lines, "alice"), " "); got != "alice 3 LIMITED" {
-		t.Errorf("top uploads row %q, want alice 3 LIMITED\n%s", got, strings.Join(lines, "\n"))
+	if got := strings.Join(row(lines, `"alice"`), " "); got != `"alice" 3 LIMITED` {
+		t.Errorf("top uploads row %q, want \"alice\" 3 LIMITED\n%s", got, strings.Join(lines, "\n"))
 	}
 	if out := rateLimitCLI(t, c, "key", "uploads", "alice").ok(t, "key uploads alice")[0]; out != `zone uploads, key "alice": LIMITED, 1 of 1 slots in use` {
 		t.Errorf("key uploads alice: %q", out)
