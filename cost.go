@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -93,13 +94,18 @@ func (z *zoneHandler) readCost(repl *caddy.Replacer, now int64, name, setting st
 }
 
 // neverPasses is the decision for a request whose cost is more than the
-// zone's burst: no wait would let it pass, so it is denied without asking
-// anyone, and logged (sampled).
-func (z *zoneHandler) neverPasses(now int64, p *zones.Plan, cost int64) zones.Decision {
+// zone's burst: no wait would let it pass, so it is denied, consuming
+// nothing, and logged (sampled). Its RateLimit-Reset is the key's time to
+// full, as any denial's: the key is read without consuming anything, as a
+// post-charged zone's check reads it (a store call in strict mode, the
+// fail policy's view when the store cannot answer). Retry-After is one
+// window; r is 0, as for every denial.
+func (z *zoneHandler) neverPasses(ctx context.Context, key string, now int64, p *zones.Plan, cost int64) zones.Decision {
 	if c := z.logs.costOverBurst.check(z.logger, now, zapcore.WarnLevel, "request cost exceeds the zone's burst: it can never pass"); c != nil {
 		c.Write(zap.String("zone", z.Name), zap.Int64("cost", cost), zap.Int64("burst", p.Burst))
 	}
-	return zones.Decision{RetryAfter: p.Window, Source: zones.SourceLocal}
+	state := z.Check(ctx, key, now, p)
+	return zones.Decision{RetryAfter: p.Window, ResetAfter: state.ResetAfter, Source: zones.SourceLocal}
 }
 
 // countCost counts the cost of an allowed request in its weighted,

@@ -78,7 +78,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			d = z.Check(ctx, key, now, &v.plan)
 			postCharged = true
 		case cost > v.plan.Burst:
-			d = z.neverPasses(now, &v.plan, cost)
+			d = z.neverPasses(ctx, key, now, &v.plan, cost)
 		default:
 			d = z.DecideWith(ctx, key, now, &v.plan, cost)
 		}

@@ -300,6 +300,36 @@ func TestUnusableCostsHaveTheirDocumentedOutcome(t *testing.T) {
 	}
 }
 
+// checkCostOverBurstReportsTheKeysReset spends 4 of alice's 10 per hour
+// (1440 s of debt at 360 s a unit), then sends a cost of 11, which can never
+// pass: it is denied, consuming nothing, and its RateLimit-Reset is alice's
+// time to full, 1440 s, as any denial of the key reports it, not 0.
+func checkCostOverBurstReportsTheKeysReset(t *testing.T, c *caddyInstance) {
+	t.Helper()
+	if got := c.Send(1, weighted("alice", "4", "g")); got[0] != 200 {
+		t.Fatalf("cost 4: %v, want 200", got)
+	}
+	res := c.Do(weighted("alice", "11", "g"))
+	reset, _ := strconv.Atoi(res.Header.Get("RateLimit-Reset"))
+	if res.Status != 429 || res.Header.Get("Retry-After") != "3600" || reset < 1438 || reset > 1440 ||
+		res.Header.Get("RateLimit-Remaining") != "0" || !strings.HasPrefix(res.Header.Get("RateLimit"), `"weighted";r=0;t=3600`) {
+		t.Errorf("cost 11 over the burst after 4 spent: %d, RateLimit-Reset %q, Retry-After %q, RateLimit %q; want 429, Reset 1440 (the key's time to full), Retry-After 3600, r=0",
+			res.Status, res.Header.Get("RateLimit-Reset"), res.Header.Get("Retry-After"), res.Header.Get("RateLimit"))
+	}
+	// A fresh key's cost over the burst: full, so Reset 0.
+	if res := c.Do(weighted("bob", "11", "g")); res.Status != 429 || res.Header.Get("RateLimit-Reset") != "0" {
+		t.Errorf("cost 11 for a fresh key: %d RateLimit-Reset %q, want 429 and 0", res.Status, res.Header.Get("RateLimit-Reset"))
+	}
+	if got := c.Send(2, weighted("alice", "6", "g")); fmt.Sprint(got) != "[200 429]" {
+		t.Errorf("cost 6 twice after the denial: %v, want [200 429]: the denial consumed nothing", got)
+	}
+}
+
+func TestCostOverTheBurstReportsTheKeysTimeToFull(t *testing.T) {
+	t.Parallel()
+	checkCostOverBurstReportsTheKeysReset(t, startCaddy(t, weightedSite))
+}
+
 // A streaming response is charged once, when it ends, and reaches the
 // client as it is written.
 func TestStreamingResponseIsChargedOnceWhenItEnds(t *testing.T) {

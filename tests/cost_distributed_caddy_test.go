@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -67,6 +68,15 @@ func TestWeightedCostIsExactAcrossThreeStrictInstances(t *testing.T) {
 	if got := sendAcross(t, fleet, 200, 48, r, 10*time.Second); got[200] != 33 || got[429] != 167 {
 		t.Fatalf("200 concurrent requests of cost 3 at events 100 over 3 instances: %v, want exactly 33×200", got)
 	}
+}
+
+func TestCostOverTheBurstReportsTheKeysTimeToFullFromRedis(t *testing.T) {
+	t.Parallel()
+	rs := startRedis(t)
+	site := strings.Replace(weightedSite, `
+		zone gate {`, strictBlock(rs.Addr)+`
+		zone gate {`, 1)
+	checkCostOverBurstReportsTheKeysReset(t, startCaddy(t, site))
 }
 
 func TestPostChargedZoneInAsyncModeStaysWithinTheBound(t *testing.T) {
