@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -35,9 +36,14 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        window     <duration>         # required
 //	        burst      <n>                # default: events
 //	        # events, window and burst also take a placeholder and the
-//	        # literal fallback for requests where it is empty or invalid:
-//	        #   events {plan_rpm} 60      (limits per plan, e.g. from map)
-//	        #   burst  {plan_burst}       (fallback: burst, else events)
+//	        # literal fallback for requests where it is empty or invalid,
+//	        # and optionally a bound beyond which a value falls back too:
+//	        #   events {plan_rpm} 60 [at_most <n>]   (limits per plan, e.g. from map)
+//	        #   window {plan_window} 1m [at_least <duration>]
+//	        #   burst  {plan_burst} [<n>] [at_most <n>]  (fallback: burst, else events)
+//	        # A placeholder the client sets (a request header) lets it pick
+//	        # its limit: take plans from the operator (map, a verified JWT
+//	        # claim), or bound them.
 //	        cost       <n>|<placeholder> [<fallback n>]  # default: 1
 //	        count      { <response matchers> }  # post-charged: count only
 //	                                            # matching responses, e.g.
@@ -184,16 +190,52 @@ func parseZone(d *caddyfile.Dispenser, defined map[string]*Zone, in, keyExample 
 		case sub == "key":
 			z.Key, err = oneArg(d)
 		case sub == "events":
-			if z.MaxEventsPlaceholder, err = placeholderArg(d, true); err == nil {
+			var a planArgs
+			switch a, err = readPlanArgs(d, "at_most", true); {
+			case err != nil:
+			case a.placeholder == "":
 				z.MaxEvents, err = int64ArgOf(d, "events", 1, zones.MaxEvents)
+			default:
+				z.MaxEventsPlaceholder = a.placeholder
+				if z.MaxEvents, err = parseInt64(d, "events", a.fallback, 1, zones.MaxEvents); err == nil && a.bound != "" {
+					z.MaxEventsAtMost, err = parseInt64(d, "events at_most", a.bound, 1, zones.MaxEvents)
+					if err == nil && z.MaxEventsAtMost < z.MaxEvents {
+						err = d.Errf("events at_most %d is less than the fallback %d: the fallback must be within the bound", z.MaxEventsAtMost, z.MaxEvents)
+					}
+				}
 			}
 		case sub == "window":
-			if z.WindowPlaceholder, err = placeholderArg(d, true); err == nil {
+			var a planArgs
+			switch a, err = readPlanArgs(d, "at_least", true); {
+			case err != nil:
+			case a.placeholder == "":
 				z.Window, err = durationArgOf(d, "window")
+			default:
+				z.WindowPlaceholder = a.placeholder
+				if z.Window, err = parseDuration(d, "window", a.fallback); err == nil && a.bound != "" {
+					z.WindowAtLeast, err = parseDuration(d, "window at_least", a.bound)
+					if err == nil && z.WindowAtLeast > z.Window {
+						err = d.Errf("window at_least %v is longer than the fallback %v: the fallback must be within the bound", time.Duration(z.WindowAtLeast), time.Duration(z.Window))
+					}
+				}
 			}
 		case sub == "burst":
-			if z.BurstPlaceholder, err = placeholderArg(d, false); err == nil && (z.BurstPlaceholder == "" || d.CountRemainingArgs() > 0) {
+			var a planArgs
+			switch a, err = readPlanArgs(d, "at_most", false); {
+			case err != nil:
+			case a.placeholder == "":
 				z.Burst, err = int64ArgOf(d, "burst", 1, zones.MaxEvents)
+			default:
+				z.BurstPlaceholder = a.placeholder
+				if a.fallback != "" {
+					z.Burst, err = parseInt64(d, "burst", a.fallback, 1, zones.MaxEvents)
+				}
+				if err == nil && a.bound != "" {
+					z.BurstAtMost, err = parseInt64(d, "burst at_most", a.bound, 1, zones.MaxEvents)
+					if err == nil && z.BurstAtMost < z.Burst {
+						err = d.Errf("burst at_most %d is less than the fallback %d: the fallback must be within the bound", z.BurstAtMost, z.Burst)
+					}
+				}
 			}
 		case sub == "cost":
 			if z.CostPlaceholder, err = placeholderArg(d, false); err == nil && (z.CostPlaceholder == "" || d.CountRemainingArgs() > 0) {
@@ -426,6 +468,53 @@ func placeholderArg(d *caddyfile.Dispenser, needFallback bool) (string, error) {
 	return v, nil
 }
 
+// planArgs are the arguments of `events`, `window` or `burst` given a
+// placeholder: `<setting> <placeholder> [<fallback>] [<keyword> <bound>]`.
+type planArgs struct {
+	placeholder string // its name; "" when the setting is a literal
+	fallback    string // "" when not given
+	bound       string // the value after keyword; "" when not given
+}
+
+// readPlanArgs reads a plan setting's arguments. For a literal it returns
+// no placeholder and leaves the dispenser on the setting's name, so that
+// the literal is read as before; keyword (at_most, at_least) is refused
+// there, with the fix. needFallback says whether the fallback is required.
+func readPlanArgs(d *caddyfile.Dispenser, keyword string, needFallback bool) (planArgs, error) {
+	dir := d.Val()
+	args := d.RemainingArgs()
+	if len(args) == 0 || !strings.HasPrefix(args[0], "{") {
+		if slices.Contains(args, keyword) {
+			return planArgs{}, d.Errf("%s %s bounds the values of a placeholder: write %s {plan_value} <fallback> %s <bound>, or the literal alone", dir, keyword, dir, keyword)
+		}
+		for range args {
+			d.Prev()
+		}
+		return planArgs{}, nil
+	}
+	a := planArgs{placeholder: args[0]}
+	if singlePlaceholder(a.placeholder) == "" {
+		return a, d.Errf("%s takes a number or one placeholder such as {plan_rpm}, not %q", dir, a.placeholder)
+	}
+	rest := args[1:]
+	if n := len(rest); n >= 2 && rest[n-2] == keyword {
+		a.bound, rest = rest[n-1], rest[:n-2]
+	}
+	example := "60"
+	if dir == "window" {
+		example = "1m"
+	}
+	switch {
+	case len(rest) > 1 || slices.Contains(rest, keyword):
+		return a, d.Errf("%s %s takes a fallback and, optionally, %s and a bound: %s %s %s %s <bound>", dir, a.placeholder, keyword, dir, a.placeholder, example, keyword)
+	case len(rest) == 1:
+		a.fallback = rest[0]
+	case needFallback:
+		return a, d.Errf("%s %s needs a fallback for requests where it is empty or invalid: %s %s %s", dir, a.placeholder, dir, a.placeholder, example)
+	}
+	return a, nil
+}
+
 // checkAddresses refuses, at the line they are on, Redis addresses that cannot
 // work. Addresses with placeholders are checked at provision time instead.
 func checkAddresses(d *caddyfile.Dispenser, addrs []string) error {
@@ -483,6 +572,12 @@ func int64ArgOf(d *caddyfile.Dispenser, dir string, lo, hi int64) (int64, error)
 	if err != nil {
 		return 0, err
 	}
+	return parseInt64(d, dir, s, lo, hi)
+}
+
+// parseInt64 reads s, the value of setting dir, as a whole number from lo
+// to hi.
+func parseInt64(d *caddyfile.Dispenser, dir, s string, lo, hi int64) (int64, error) {
 	n, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || n < lo || n > hi {
 		return 0, d.Errf("%s must be a whole number from %d to %d, not %q", dir, lo, hi, s)
@@ -499,6 +594,11 @@ func durationArgOf(d *caddyfile.Dispenser, dir string) (caddy.Duration, error) {
 	if err != nil {
 		return 0, err
 	}
+	return parseDuration(d, dir, s)
+}
+
+// parseDuration reads s, the value of setting dir, as a positive duration.
+func parseDuration(d *caddyfile.Dispenser, dir, s string) (caddy.Duration, error) {
 	dur, err := caddy.ParseDuration(s)
 	if err != nil || dur <= 0 {
 		return 0, d.Errf("%s must be a positive duration such as 500ms, 10s, 1m or 1h, not %q", dir, s)

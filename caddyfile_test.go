@@ -137,6 +137,36 @@ func TestCaddyfilePlaceholderLimitsWithFallbacks(t *testing.T) {
 	}
 }
 
+// A plan a client could set is bounded on the setting's line: at_most for
+// events and burst, at_least for window, after the fallback.
+func TestCaddyfilePlaceholderLimitsWithBounds(t *testing.T) {
+	h, err := parse(t, `rate_limit {
+		zone bounded {
+			key    {http.request.header.X-API-Key}
+			events {http.request.header.X-Events} 60 at_most 6000
+			window {http.request.header.X-Window} 1m at_least 1s
+			burst  {http.request.header.X-Burst} 10 at_most 100
+		}
+		zone burst_bound_only {
+			key    {client_ip}
+			events 10
+			window 1s
+			burst  {plan_burst} at_most 20
+		}
+	}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	z := h.RateLimits["bounded"]
+	if z.MaxEvents != 60 || z.MaxEventsAtMost != 6000 || time.Duration(z.Window) != time.Minute || time.Duration(z.WindowAtLeast) != time.Second ||
+		z.Burst != 10 || z.BurstAtMost != 100 || z.MaxEventsPlaceholder != "{http.request.header.X-Events}" {
+		t.Errorf("zone bounded = %+v", z)
+	}
+	if z := h.RateLimits["burst_bound_only"]; z.BurstPlaceholder != "{plan_burst}" || z.Burst != 0 || z.BurstAtMost != 20 {
+		t.Errorf("zone burst_bound_only = %+v", z)
+	}
+}
+
 func TestCaddyfileCostCountAndCharge(t *testing.T) {
 	h, err := parse(t, `rate_limit {
 		zone failed_logins {
@@ -255,6 +285,14 @@ func TestCaddyfileErrorsNameTheLineAndTheFix(t *testing.T) {
 		{"placeholder window without fallback", zone("\t\tevents 1\n\t\twindow {plan_window}"), 5, "window {plan_window} 1m"},
 		{"bad fallback", zone("\t\tevents {plan_rpm} many\n\t\twindow 1s"), 4, `events must be a whole number from 1`},
 		{"two placeholders", zone("\t\tevents {a}{b} 5\n\t\twindow 1s"), 4, "events takes a number or one placeholder"},
+		{"bound on a literal", zone("\t\tevents 60 at_most 100\n\t\twindow 1s"), 4, "events at_most bounds the values of a placeholder"},
+		{"bound without a value", zone("\t\tevents {p} 60 at_most\n\t\twindow 1s"), 4, "events {p} takes a fallback and, optionally, at_most and a bound: events {p} 60 at_most <bound>"},
+		{"bound without a fallback", zone("\t\tevents {p} at_most 100\n\t\twindow 1s"), 4, "events {p} needs a fallback"},
+		{"bad bound", zone("\t\tevents {p} 60 at_most lots\n\t\twindow 1s"), 4, `events at_most must be a whole number from 1 to 1099511627776, not "lots"`},
+		{"fallback over the bound", zone("\t\tevents {p} 60 at_most 30\n\t\twindow 1s"), 4, "events at_most 30 is less than the fallback 60"},
+		{"window bound over the fallback", zone("\t\tevents 1\n\t\twindow {p} 1m at_least 2m"), 5, "window at_least 2m0s is longer than the fallback 1m0s"},
+		{"window bound of the wrong kind", zone("\t\tevents 1\n\t\twindow {p} 1m at_most 2m"), 5, "window {p} takes a fallback and, optionally, at_least and a bound"},
+		{"burst fallback over the bound", zone("\t\tevents 10\n\t\twindow 1s\n\t\tburst {p} 8 at_most 5"), 6, "burst at_most 5 is less than the fallback 8"},
 		{"zero cost", zone("\t\tevents 5\n\t\twindow 1s\n\t\tcost 0"), 6, "cost must be a whole number from 1"},
 		{"empty count", zone("\t\tevents 5\n\t\twindow 1s\n\t\tcount {\n\t\t}"), 7, "count needs response matchers"},
 		{"unknown response matcher", zone("\t\tevents 5\n\t\twindow 1s\n\t\tcount {\n\t\t\tpath /x\n\t\t}"), 7, "unrecognized response matcher path"},

@@ -1,8 +1,11 @@
 package ratelimit
 
 import (
+	"errors"
+	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
@@ -17,12 +20,88 @@ import (
 // invalid; that is counted (caddy_rate_limit_plan_fallbacks_total) and
 // logged, sampled, so that a misconfigured map is visible. A value is
 // validated per request as the Caddyfile validates literals, so an invalid
-// one never becomes a 500 or an unlimited key.
+// one never becomes a 500.
+//
+// A valid value is still whatever its source says: a placeholder the client
+// sets (a request header, a query string) lets it pick 2^40 events per
+// 100 years, or 5 per 5µs. Plans must come from the operator (a `map` of a
+// verified value, a JWT claim an auth module checked); a zone may also bound
+// them (events at_most, window at_least, burst at_most), and a value beyond
+// its bound falls back as an unusable one does. A zone that reads its limit
+// from the request without a bound logs a warning when provisioned.
 
 // planVars names the placeholders a zone reads its limit from ("" when the
-// setting is a literal).
+// setting is a literal) and the bounds on their values (0: none).
 type planVars struct {
 	events, window, burst string
+	eventsMax, burstMax   int64
+	windowMin             time.Duration
+}
+
+// Why a per-request value fell back, beyond "not a number or duration".
+var (
+	errAboveAtMost  = errors.New("above the zone's at_most")
+	errBelowAtLeast = errors.New("below the zone's at_least")
+)
+
+// newPlanVars checks and resolves zone name's plan settings: each
+// placeholder one placeholder, each bound on a placeholder and within
+// range, and each fallback within its bound. It logs a warning for a
+// placeholder a client can set (http.request.*) that has no bound.
+func newPlanVars(name string, zc *Zone, logger *zap.Logger) (planVars, error) {
+	v := planVars{
+		events: zc.MaxEventsPlaceholder, window: zc.WindowPlaceholder, burst: zc.BurstPlaceholder,
+		eventsMax: zc.MaxEventsAtMost, windowMin: time.Duration(zc.WindowAtLeast), burstMax: zc.BurstAtMost,
+	}
+	for _, ph := range []*string{&v.events, &v.window, &v.burst} {
+		if *ph == "" {
+			continue
+		}
+		name1 := singlePlaceholder(*ph)
+		if name1 == "" {
+			return v, fmt.Errorf("zone %s: %q is not a placeholder: write one placeholder such as {plan_rpm}", name, *ph)
+		}
+		*ph = name1
+	}
+	for _, b := range []struct {
+		setting, ph string
+		set         bool
+		bad         string // what is wrong with the bound, "" when nothing
+	}{
+		{"events at_most", v.events, v.eventsMax != 0, boundError(v.eventsMax < 0 || v.eventsMax > zones.MaxEvents,
+			"must be a whole number from 1 to 2^40", v.eventsMax != 0 && v.eventsMax < zc.MaxEvents,
+			fmt.Sprintf("%d is less than the fallback, events %d", v.eventsMax, zc.MaxEvents))},
+		{"window at_least", v.window, v.windowMin != 0, boundError(v.windowMin < 0,
+			"must be a positive duration", v.windowMin > time.Duration(zc.Window),
+			fmt.Sprintf("%v is longer than the fallback, window %v", v.windowMin, time.Duration(zc.Window)))},
+		{"burst at_most", v.burst, v.burstMax != 0, boundError(v.burstMax < 0 || v.burstMax > zones.MaxEvents,
+			"must be a whole number from 1 to 2^40", v.burstMax != 0 && v.burstMax < zc.Burst,
+			fmt.Sprintf("%d is less than the fallback, burst %d", v.burstMax, zc.Burst))},
+	} {
+		switch {
+		case b.set && b.ph == "":
+			return v, fmt.Errorf("zone %s: %s bounds the values of a placeholder: give the setting one, e.g. events {plan_rpm} 60 at_most 6000", name, b.setting)
+		case b.bad != "":
+			return v, fmt.Errorf("zone %s: %s %s", name, b.setting, b.bad)
+		case b.ph != "" && !b.set && strings.HasPrefix(b.ph, "http.request."):
+			logger.Warn("a zone's limit comes from the request, which the client sets, with no bound: it can pick any limit tally can represent (2^40 events, one per microsecond); "+
+				"take plans from the operator (map, a verified JWT claim) or bound them (events at_most, window at_least, burst at_most)",
+				zap.String("zone", name), zap.String("setting", strings.Fields(b.setting)[0]), zap.String("placeholder", "{"+b.ph+"}"))
+		}
+	}
+	return v, nil
+}
+
+// boundError says what is wrong with a bound: outOfRange's text, else
+// beyondFallback's, else "".
+func boundError(outOfRange bool, rangeText string, beyondFallback bool, fallbackText string) string {
+	switch {
+	case outOfRange:
+		return rangeText
+	case beyondFallback:
+		return fallbackText + ": the fallback is what the zone allows without a usable value, so it must be within the bound"
+	}
+	return ""
 }
 
 func (v planVars) any() bool { return v.events != "" || v.window != "" || v.burst != "" }
@@ -38,28 +117,43 @@ func (z *zoneHandler) planFor(repl *caddy.Replacer, now int64) zones.Plan {
 	events, window, burst := lit.Events, lit.Window, z.Config.Burst
 	var bad string // the first setting that fell back, for the log
 	var badValue string
+	var why error
+	fellBack := func(setting, value string, err error) {
+		if bad == "" {
+			bad, badValue, why = setting, value, err
+		}
+	}
 	if z.vars.events != "" {
 		s, _ := repl.GetString(z.vars.events)
-		if n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64); err == nil && n >= 1 && n <= zones.MaxEvents {
+		switch n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64); {
+		case err != nil || n < 1 || n > zones.MaxEvents:
+			fellBack("events", s, nil)
+		case z.vars.eventsMax > 0 && n > z.vars.eventsMax:
+			fellBack("events", s, errAboveAtMost)
+		default:
 			events = n
-		} else {
-			bad, badValue = "events", s
 		}
 	}
 	if z.vars.window != "" {
 		s, _ := repl.GetString(z.vars.window)
-		if d, err := caddy.ParseDuration(strings.TrimSpace(s)); err == nil && d > 0 {
+		switch d, err := caddy.ParseDuration(strings.TrimSpace(s)); {
+		case err != nil || d <= 0:
+			fellBack("window", s, nil)
+		case d < z.vars.windowMin:
+			fellBack("window", s, errBelowAtLeast)
+		default:
 			window = d
-		} else if bad == "" {
-			bad, badValue = "window", s
 		}
 	}
 	if z.vars.burst != "" {
 		s, _ := repl.GetString(z.vars.burst)
-		if n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64); err == nil && n >= 1 && n <= zones.MaxEvents {
+		switch n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64); {
+		case err != nil || n < 1 || n > zones.MaxEvents:
+			fellBack("burst", s, nil)
+		case z.vars.burstMax > 0 && n > z.vars.burstMax:
+			fellBack("burst", s, errAboveAtMost)
+		default:
 			burst = n
-		} else if bad == "" {
-			bad, badValue = "burst", s
 		}
 	}
 	p, err := zones.NewPlan(events, window, burst)
@@ -67,12 +161,10 @@ func (z *zoneHandler) planFor(repl *caddy.Replacer, now int64) zones.Plan {
 		// Each value is fine alone but not together (more than one event
 		// per microsecond, B·T over 100 years): the literal plan.
 		p = lit
-		if bad == "" {
-			bad, badValue = "plan", strconv.FormatInt(events, 10)+"/"+window.String()
-		}
+		fellBack("plan", strconv.FormatInt(events, 10)+"/"+window.String(), err)
 	}
 	if bad != "" {
-		z.planFallback(now, bad, badValue, err)
+		z.planFallback(now, bad, badValue, why)
 	}
 	return p
 }

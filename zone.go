@@ -50,8 +50,10 @@ type Zone struct {
 	// A placeholder, such as {plan_rpm} set by a `map` of the customer's
 	// plan or a JWT claim, whose value is this request's max_events: limits
 	// per plan. A value that is empty, not a whole number or out of range
-	// (1 to 2^40) is replaced by max_events, counted in
-	// caddy_rate_limit_plan_fallbacks_total and logged (sampled).
+	// (1 to 2^40, and max_events_at_most) is replaced by max_events, counted
+	// in caddy_rate_limit_plan_fallbacks_total and logged (sampled). The
+	// value must come from the operator, not the client: see
+	// max_events_at_most.
 	MaxEventsPlaceholder string `json:"max_events_placeholder,omitempty"`
 
 	// A placeholder whose value (a duration such as 1m or 1h) is this
@@ -61,6 +63,23 @@ type Zone struct {
 	// A placeholder whose value is this request's burst; burst (or the
 	// request's max_events when burst is not set) is the fallback.
 	BurstPlaceholder string `json:"burst_placeholder,omitempty"`
+
+	// With max_events_placeholder, the most events a request's value may
+	// give: a larger one falls back to max_events, counted and logged as an
+	// unusable value. A placeholder the client sets (a request header, a
+	// query string) can otherwise pick up to 2^40 events: plans should come
+	// from the operator (a map, a verified JWT claim), and this bounds them.
+	// At least max_events.
+	MaxEventsAtMost int64 `json:"max_events_at_most,omitempty"`
+
+	// With window_placeholder, the shortest window a request's value may
+	// give: a shorter one falls back to window, as max_events_at_most does.
+	// At most window.
+	WindowAtLeast caddy.Duration `json:"window_at_least,omitempty"`
+
+	// With burst_placeholder, the largest burst a request's value may give:
+	// a larger one falls back, as max_events_at_most does. At least burst.
+	BurstAtMost int64 `json:"burst_at_most,omitempty"`
 
 	// What one request costs, in the units max_events counts, when it is
 	// known before the request runs (a weighted endpoint). Default: 1. It
@@ -191,16 +210,9 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 		Concurrency: zc.Concurrency,
 		Lease:       time.Duration(zc.Lease),
 	}
-	vars := planVars{events: zc.MaxEventsPlaceholder, window: zc.WindowPlaceholder, burst: zc.BurstPlaceholder}
-	for _, v := range []*string{&vars.events, &vars.window, &vars.burst} {
-		if *v == "" {
-			continue
-		}
-		ph := singlePlaceholder(*v)
-		if ph == "" {
-			return nil, fmt.Errorf("zone %s: %q is not a placeholder: write one placeholder such as {plan_rpm}", name, *v)
-		}
-		*v = ph
+	vars, err := newPlanVars(name, zc, h.logger)
+	if err != nil {
+		return nil, err
 	}
 	cfg.PerRequest = vars.any()
 	if err := cfg.Validate(); err != nil {

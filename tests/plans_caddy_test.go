@@ -220,3 +220,86 @@ func TestUnusablePlanValuesFallBackToTheLiteralLimit(t *testing.T) {
 		return strings.Contains(c.Output(), "per-request limit is empty or invalid")
 	})
 }
+
+// A client that sets its own plan (here X-Events and X-Window, request
+// headers) would pick 2^40 per 100 years, or 5 per 5µs: the zone's bounds
+// make such values fall back, counted and logged like unusable ones, and a
+// zone that reads its limit from the request without a bound is warned about
+// when it loads.
+func TestPlanBoundsMakeOutOfBoundValuesFallBack(t *testing.T) {
+	t.Parallel()
+	c := startCaddyWith(t, "metrics", `http:// {
+	handle /burst {
+		rate_limit {
+			zone burst_bounded {
+				key   {http.request.header.X-API-Key}
+				events 10
+				window 1h
+				burst {http.request.header.X-Burst} at_most 4
+			}
+		}
+		respond "ok"
+	}
+	handle /unbounded {
+		rate_limit {
+			zone unbounded {
+				key    {http.request.header.X-API-Key}
+				events {http.request.header.X-Events} 3
+				window 1h
+			}
+		}
+		respond "ok"
+	}
+	handle {
+		rate_limit {
+			zone bounded {
+				key    {http.request.header.X-API-Key}
+				events {http.request.header.X-Events} 3 at_most 10
+				window {http.request.header.X-Window} 1h at_least 1m
+			}
+		}
+		respond "ok"
+	}
+}
+`)
+	cases := []struct {
+		name, path, events, window, burst string // "" = header not sent
+		allowed                           int    // of 12 sent one after the other
+	}{
+		{"5 per 5µs", "/", "5", "5us", "", 5},
+		{"2^40 per 100 years", "/", "1099511627776", "876000h", "", 3},
+		{"events over at_most", "/", "11", "1h", "", 3},
+		{"events at at_most", "/", "10", "1h", "", 10},
+		{"window at at_least", "/", "3", "1m", "", 3},
+		{"burst over at_most", "/burst", "", "", "5", 10}, // falls back to the events
+		{"burst at at_most", "/burst", "", "", "4", 4},
+	}
+	for _, tc := range cases {
+		r := request{Path: tc.path, Header: map[string]string{"X-API-Key": tc.name}}
+		for h, v := range map[string]string{"X-Events": tc.events, "X-Window": tc.window, "X-Burst": tc.burst} {
+			if v != "" {
+				r.Header[h] = v
+			}
+		}
+		if got := countStatuses(c.Send(12, r)); got[200] != tc.allowed || got[429] != 12-tc.allowed {
+			t.Errorf("%s (events %q, window %q, burst %q): %v, want %d×200", tc.name, tc.events, tc.window, tc.burst, got, tc.allowed)
+		}
+	}
+	samples := c.scrape()
+	for zone, want := range map[string]float64{"bounded": 36, "burst_bounded": 12} {
+		if v, _ := metricValue(samples, "caddy_rate_limit_plan_fallbacks_total", map[string]string{"zone": zone}); v != want {
+			t.Errorf("zone %s: plan_fallbacks_total = %v, want %v: one per request with a value beyond its bound", zone, v, want)
+		}
+	}
+	// Logged as unusable values are, sampled: the first case's lines at
+	// least.
+	waitFor(t, 5*time.Second, "the fallback below at_least to be logged", func() bool {
+		return strings.Contains(c.Output(), `"setting":"window","value":"5us","error":"below the zone's at_least"`)
+	})
+	// The zone with no bound was warned about when it loaded; the bounded
+	// ones were not.
+	warning := regexp.MustCompile(`"msg":"a zone's limit comes from the request, which the client sets, with no bound[^"]*","zone":"([a-z_]+)"`)
+	if m := warning.FindAllStringSubmatch(c.Output(), -1); len(m) != 1 || m[0][1] != "unbounded" {
+		t.Errorf("warnings for client-set plans without a bound: %q, want one, for zone unbounded", m)
+	}
+}
