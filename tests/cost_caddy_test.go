@@ -399,3 +399,81 @@ func TestStreamingResponseIsChargedOnceWhenItEnds(t *testing.T) {
 		t.Errorf("after a stream charging 7: remaining %d, want 93 (charged exactly once)", k.Remaining)
 	}
 }
+
+// inFlightChargeSite counts every successful response of a key against 20
+// per hour (T = 3 min), after the response; /held/* goes to the upstream
+// (held at its gate, or for its hold), everything else is answered at once.
+func inFlightChargeSite(u *countingUpstream) string {
+	return `http:// {
+	rate_limit {
+		zone counted {
+			key    {http.request.header.X-API-Key}
+			events 20
+			window 1h
+			count {
+				status 2xx
+			}
+		}
+	}
+	handle /held/* {
+		reverse_proxy ` + u.Addr + `
+	}
+	respond "ok"
+}
+`
+}
+
+// A post-charged zone checks before and charges after: requests in flight
+// when the quota runs out have all passed their check. The documented bound
+// is burst + (requests in flight − 1): with 19 held and a 20th client
+// sending one request after another, 39 of a burst of 20 pass, the 40th is
+// denied, and every one of the 39 is charged once the held ones end.
+func TestPostChargedZoneAdmitsAtMostInFlightMinusOneOverTheBurst(t *testing.T) {
+	t.Parallel()
+	u := startCountingUpstream(t)
+	c := startCaddy(t, inFlightChargeSite(u))
+	held := make([]<-chan response, 19)
+	for i := range held {
+		held[i] = inBackground(c, keyRequest("alice", "/held/x?gate=g"))
+	}
+	u.waitInFlight(19)
+	if got := c.Send(21, withKey("alice")); countStatuses(got)[200] != 20 || got[20] != 429 {
+		t.Fatalf("a 20th client while 19 are in flight: %v, want 20×200 then 429 (19 + 20 = 39 = burst + in flight − 1)", got)
+	}
+	u.open("g")
+	for i, ch := range held {
+		if res := <-ch; res.Status != 200 {
+			t.Fatalf("held request %d: %d, want 200", i, res.Status)
+		}
+	}
+	// All 39 charged: 39 × 3 min of debt, under the cap of two bursts.
+	var k adminKey
+	waitFor(t, 5*time.Second, "the held requests' charges", func() bool {
+		c.adminJSON(keyPath("counted", "alice"), &k)
+		return k.ResetAfter > 39*180-30
+	})
+	// The next request passes once 20 of the 39 intervals are paid.
+	if k.ResetAfter > 39*180 || k.Remaining != 0 || k.RetryAfter > 20*180 || k.RetryAfter < 20*180-30 {
+		t.Errorf("alice after 39 charges: %+v, want reset_after 7020 s (39 × 180), remaining 0, retry_after 3600 s (20 × 180)", k)
+	}
+}
+
+// 20 clients at once, each sending one request after another: whatever the
+// interleaving, at least the burst and at most burst + in flight − 1 pass,
+// and every request that passed is charged, none lost or counted twice
+// (the race-built Caddy checks the zone's shared state meanwhile).
+func TestPostChargedZoneUnderTwentyConcurrentClientsStaysWithinTheInFlightBound(t *testing.T) {
+	t.Parallel()
+	u := startCountingUpstream(t)
+	c := startCaddy(t, inFlightChargeSite(u))
+	got := c.SendConcurrently(400, 20, keyRequest("bob", "/held/x?hold=5ms"), nil)
+	if got[200] < 20 || got[200] > 39 || got[200]+got[429] != 400 {
+		t.Fatalf("400 requests from 20 clients at burst 20: %v, want 20 to 39 ×200 (burst + in flight − 1), the rest 429", got)
+	}
+	var k adminKey
+	c.adminJSON(keyPath("counted", "bob"), &k)
+	if want := float64(got[200] * 180); k.ResetAfter > want || k.ResetAfter < want-30 {
+		t.Errorf("bob after %d admitted: reset_after %.0f s, want %.0f (each admitted request charged once, 180 s each)", got[200], k.ResetAfter, want)
+	}
+	t.Logf("20 concurrent clients admitted %d of a burst of 20", got[200])
+}
