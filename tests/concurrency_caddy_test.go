@@ -10,6 +10,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -424,6 +425,49 @@ func TestConcurrencySlotIsReleasedHoweverTheRequestEnds(t *testing.T) {
 		}
 		conn.Close()
 		requireFree("the upgraded connection closed")
+	})
+}
+
+// A client that sends one byte of its body and then nothing holds its slot
+// for as long as the upstream waits for the rest: until a server timeout
+// ends the read. With `timeouts { read_body_idle 1s }` (Caddy's default is
+// 1m, reset on every read) the slot frees once the read has stalled for 1s.
+func TestStalledUploadHoldsItsSlotUntilTheServersBodyTimeout(t *testing.T) {
+	t.Parallel()
+	var reading atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reading.Add(1)
+		defer reading.Add(-1)
+		_, _ = io.Copy(io.Discard, r.Body)
+		fmt.Fprint(w, "ok")
+	}))
+	t.Cleanup(up.Close)
+	c := startCaddyWith(t, `	servers {
+		timeouts {
+			read_body_idle 1s
+		}
+	}`, `http:// {
+	rate_limit {
+		zone uploads {
+			key {http.request.header.X-API-Key}
+			concurrency 1
+		}
+	}
+	reverse_proxy `+strings.TrimPrefix(up.URL, "http://")+`
+}
+`)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(c.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprint(conn, "POST /upload HTTP/1.1\r\nHost: localhost\r\nX-API-Key: alice\r\nContent-Length: 10\r\n\r\nA")
+	waitFor(t, 5*time.Second, "the upstream to be reading the stalled body", func() bool { return reading.Load() == 1 })
+	if res := c.Do(keyRequest("alice", "/")); res.Status != 429 {
+		t.Fatalf("while alice's upload is stalled: %d, want 429 (its slot is held)", res.Status)
+	}
+	waitFor(t, 10*time.Second, "the stalled upload's slot to be freed by read_body_idle", func() bool {
+		return c.Do(keyRequest("alice", "/")).Status == 200
 	})
 }
 
