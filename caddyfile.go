@@ -71,7 +71,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	                                      # tls_ca <pem file>,
 //	                                      # tls_client <cert file> <key file>
 //	        mode          strict|async    # default: strict
-//	        sync_interval <duration>      # async; aliases read_interval, write_interval
+//	        sync_interval <duration>      # async; default 100ms
+//	        read_interval, write_interval <duration>  # mholt/caddy-ratelimit's: in async
+//	                                      # mode without sync_interval the larger is
+//	                                      # the sync interval; ignored in strict mode
 //	        timeout       <duration>      # default: 50ms
 //	        key_prefix    <string>        # default: tally:
 //	    }
@@ -323,12 +326,8 @@ func (dist *Distributed) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	var err error
 	for nest := d.Nesting(); d.NextBlock(nest); {
 		sub := d.Val()
-		key := sub
-		if sub == "read_interval" || sub == "write_interval" {
-			key = "sync_interval" // mholt/caddy-ratelimit's names for it
-		}
 		switch {
-		case seen[key] && sub != "read_interval" && sub != "write_interval":
+		case seen[sub]:
 			err = d.Errf("%s is given twice: keep one", sub)
 		case sub == "redis":
 			dist.Redis = new(Redis)
@@ -338,10 +337,14 @@ func (dist *Distributed) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case sub == "sync_interval":
 			syncLine = d.Line()
 			dist.SyncInterval, err = durationArg(d)
-		case sub == "read_interval" || sub == "write_interval":
+		case sub == "read_interval":
 			// mholt/caddy-ratelimit's names, accepted in either mode so
-			// that its configs load unchanged.
-			dist.SyncInterval, err = durationArg(d)
+			// that its configs load unchanged: in async mode the sync
+			// interval when sync_interval is not given, ignored in strict
+			// mode (see Distributed.ReadInterval).
+			dist.ReadInterval, err = durationArg(d)
+		case sub == "write_interval":
+			dist.WriteInterval, err = durationArg(d)
 		case sub == "purge_age":
 			// mholt/caddy-ratelimit's clean-up age: every tally key has a
 			// TTL instead, so it is accepted and has no effect.
@@ -360,7 +363,7 @@ func (dist *Distributed) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		if err != nil {
 			return fmt.Errorf("distributed: %w", err)
 		}
-		seen[key] = true
+		seen[sub] = true
 	}
 	if dist.Redis == nil {
 		return d.Err("distributed needs Redis: tally shares state through Redis, not Caddy's storage; add e.g. redis redis://127.0.0.1:6379")

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 func parse(t *testing.T, input string) (*Handler, error) {
@@ -251,8 +253,45 @@ func TestCaddyfileRedisBlock(t *testing.T) {
 		r.SentinelMaster != "mymaster" || !r.TLS {
 		t.Errorf("redis = %+v", r)
 	}
-	if time.Duration(h.Distributed.SyncInterval) != 200*time.Millisecond {
-		t.Errorf("read_interval did not set sync_interval: %v", h.Distributed.SyncInterval)
+	if time.Duration(h.Distributed.ReadInterval) != 200*time.Millisecond || h.Distributed.SyncInterval != 0 {
+		t.Errorf("read_interval 200ms: read_interval %v, sync_interval %v", h.Distributed.ReadInterval, h.Distributed.SyncInterval)
+	}
+}
+
+// mholt/caddy-ratelimit's read_interval and write_interval load in either
+// mode, as its configs carry them whatever the mode: in async mode the
+// larger is the sync interval unless sync_interval is given, in strict mode
+// they are ignored (and logged), while tally's own sync_interval is refused
+// there with its line.
+func TestMholtIntervalsAreTheAsyncSyncIntervalAndIgnoredInStrictMode(t *testing.T) {
+	for _, tc := range []struct {
+		name, block string
+		want        time.Duration
+		ignored     bool
+	}{
+		{"strict", "read_interval 200ms\n\t\twrite_interval 300ms", 0, true},
+		{"async", "mode async\n\t\tread_interval 200ms\n\t\twrite_interval 300ms", 300 * time.Millisecond, false},
+		{"async, sync_interval wins", "mode async\n\t\tread_interval 200ms\n\t\tsync_interval 50ms", 50 * time.Millisecond, false},
+		{"async, default", "mode async", 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, err := parse(t, "rate_limit {\n\tzone z {\n\t\tkey {client_ip}\n\t\tevents 1\n\t\twindow 1s\n\t}\n\tdistributed {\n\t\tredis 127.0.0.1:6379\n\t\t"+tc.block+"\n\t}\n}")
+			if err != nil {
+				t.Fatal(err)
+			}
+			core, logs := observer.New(zap.InfoLevel)
+			got, err := h.Distributed.syncInterval(zap.New(core))
+			if err != nil || got != tc.want {
+				t.Errorf("sync interval %v (%v), want %v", got, err, tc.want)
+			}
+			if n := logs.FilterMessageSnippet("have no effect in strict mode").Len(); (n == 1) != tc.ignored {
+				t.Errorf("%d lines saying the intervals are ignored, want ignored=%v", n, tc.ignored)
+			}
+		})
+	}
+	if _, err := parse(t, "rate_limit {\n\tzone z {\n\t\tkey {client_ip}\n\t\tevents 1\n\t\twindow 1s\n\t}\n\tdistributed {\n\t\tredis 127.0.0.1:6379\n\t\tread_interval 1s\n\t\tread_interval 2s\n\t}\n}"); err == nil ||
+		!strings.Contains(err.Error(), "read_interval is given twice") {
+		t.Errorf("read_interval twice: %v", err)
 	}
 }
 

@@ -31,13 +31,15 @@ type Distributed struct {
 	SyncInterval caddy.Duration `json:"sync_interval,omitempty"`
 
 	// mholt/caddy-ratelimit's name for how often it reads the shared
-	// state, accepted for sync_interval: in async mode, without
-	// sync_interval, the larger of read_interval and write_interval is the
-	// sync interval. Unused in strict mode.
+	// state, accepted so that its configs load unchanged: in async mode,
+	// without sync_interval, the larger of read_interval and write_interval
+	// is the sync interval; in strict mode, which asks Redis on every
+	// request, it is accepted and ignored (unlike sync_interval, which
+	// strict mode refuses).
 	ReadInterval caddy.Duration `json:"read_interval,omitempty"`
 
 	// mholt/caddy-ratelimit's name for how often it writes the shared
-	// state, accepted for sync_interval as read_interval is.
+	// state, accepted as read_interval is (and ignored in strict mode).
 	WriteInterval caddy.Duration `json:"write_interval,omitempty"`
 
 	// The longest a request waits for Redis before the zone's fail policy
@@ -108,8 +110,9 @@ func (dist *Distributed) open(ctx caddy.Context, logger *zap.Logger) (zones.Stor
 	if len(dist.KeyPrefix) > maxKeyPrefix {
 		return nil, "", fmt.Errorf("distributed: key_prefix is longer than %d bytes: use a shorter one", maxKeyPrefix)
 	}
-	if dist.Mode != "async" && dist.SyncInterval != 0 {
-		return nil, "", errors.New("distributed: sync_interval only applies to mode async (strict mode asks Redis on every request): remove it or set mode async")
+	syncInterval, err := dist.syncInterval(logger)
+	if err != nil {
+		return nil, "", err
 	}
 	repl := caddy.NewReplacer()
 	opts := distributed.Options{
@@ -124,17 +127,7 @@ func (dist *Distributed) open(ctx caddy.Context, logger *zap.Logger) (zones.Stor
 		Timeout:        time.Duration(dist.Timeout),
 		KeyPrefix:      dist.KeyPrefix,
 		Mode:           dist.Mode,
-	}
-	if dist.Mode == "async" {
-		if dist.SyncInterval < 0 || dist.ReadInterval < 0 || dist.WriteInterval < 0 {
-			return nil, "", errors.New("distributed: sync_interval must be a positive duration, e.g. 100ms")
-		}
-		// read_interval and write_interval are mholt/caddy-ratelimit's
-		// names for it; 0 is the default, 100ms.
-		opts.SyncInterval = time.Duration(dist.SyncInterval)
-		if opts.SyncInterval == 0 {
-			opts.SyncInterval = time.Duration(max(dist.ReadInterval, dist.WriteInterval))
-		}
+		SyncInterval:   syncInterval,
 	}
 	for _, raw := range dist.Redis.Addresses {
 		a := repl.ReplaceAll(raw, "")
@@ -162,6 +155,30 @@ func (dist *Distributed) open(ctx caddy.Context, logger *zap.Logger) (zones.Stor
 		return nil, "", err
 	}
 	return v.(zones.Store), key, nil
+}
+
+// syncInterval is the async sync interval the settings give: sync_interval,
+// else the larger of mholt/caddy-ratelimit's read_interval and
+// write_interval, else 0 (the default, 100ms). Strict mode refuses
+// sync_interval, tally's own setting, and ignores the other two, which
+// mholt's configs carry whatever the mode, saying so in the log.
+func (dist *Distributed) syncInterval(logger *zap.Logger) (time.Duration, error) {
+	if dist.Mode != "async" {
+		if dist.SyncInterval != 0 {
+			return 0, errors.New("distributed: sync_interval only applies to mode async (strict mode asks Redis on every request): remove it or set mode async")
+		}
+		if dist.ReadInterval != 0 || dist.WriteInterval != 0 {
+			logger.Info("read_interval and write_interval have no effect in strict mode, which asks Redis on every request; with mode async they set the sync interval")
+		}
+		return 0, nil
+	}
+	if dist.SyncInterval < 0 || dist.ReadInterval < 0 || dist.WriteInterval < 0 {
+		return 0, errors.New("distributed: sync_interval must be a positive duration, e.g. 100ms")
+	}
+	if dist.SyncInterval != 0 {
+		return time.Duration(dist.SyncInterval), nil
+	}
+	return time.Duration(max(dist.ReadInterval, dist.WriteInterval)), nil
 }
 
 // maxKeyPrefix is the longest key_prefix.

@@ -430,3 +430,35 @@ func TestRequestDeniedByACachedZoneCostsNoRedisCall(t *testing.T) {
 		t.Errorf("100 requests, 95 denied by burst5's deny cache, ran %d scripts in %v, want at most %d: cached denials must cost no decision or refund in hourly", calls, elapsed.Round(time.Millisecond), want)
 	}
 }
+
+// A distributed block written for mholt/caddy-ratelimit (read_interval,
+// write_interval, purge_age, no mode) loads in strict mode, which ignores the
+// intervals (it asks Redis on every request) and says so in the log; it
+// failed to load while the Caddyfile turned them into sync_interval, which
+// strict mode refuses.
+func TestMholtIntervalsLoadInStrictModeAndAreIgnored(t *testing.T) {
+	t.Parallel()
+	rs := startRedis(t)
+	c := startCaddy(t, distributedSite(rs.Addr, `
+		zone api {
+			key {http.request.header.X-API-Key}
+			events 2
+			window 1h
+		}`, `
+			read_interval 500ms
+			write_interval 1s
+			purge_age 1h
+			timeout 2s`))
+	if got := c.Send(3, withKey("alice")); fmt.Sprint(got) != "[200 200 429]" {
+		t.Fatalf("alice: %v, want [200 200 429]", got)
+	}
+	if z := zoneHealthOf(t, c, "api"); z.Mode != "strict" {
+		t.Errorf("mode %q, want strict", z.Mode)
+	}
+	if n, err := rs.Client().Exists(context.Background(), "tally:api:alice").Result(); err != nil || n != 1 {
+		t.Errorf("tally:api:alice in Redis: %d %v, want the strict-mode key", n, err)
+	}
+	if !strings.Contains(c.Output(), "read_interval and write_interval have no effect in strict mode") {
+		t.Error("the ignored intervals were not logged")
+	}
+}
