@@ -62,6 +62,12 @@ func TestHeadersFollowDraft10(t *testing.T) {
 				{zone: daily, plan: daily.Plan(), d: zones.Decision{Allowed: true, Remaining: 990, ResetAfter: 864 * time.Second}},
 			}, false,
 			`"z";q=10;w=60, "daily";q=1000;w=86400`, `"z";r=3;t=4, "daily";r=990;t=87`, [3]string{"10", "3", "40"}, 87},
+		{"two zones with as many remaining: legacy trio from the one that is full again later, whichever comes first",
+			[]verdict{
+				{zone: perMin, plan: perMin.Plan(), d: zones.Decision{Allowed: true, Remaining: 3, ResetAfter: 40 * time.Second}},
+				{zone: daily, plan: daily.Plan(), d: zones.Decision{Allowed: true, Remaining: 3, ResetAfter: 2520 * time.Second}},
+			}, false,
+			`"z";q=10;w=60, "daily";q=1000;w=86400`, `"z";r=3;t=4, "daily";r=3;t=15`, [3]string{"1000", "3", "2520"}, 15},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

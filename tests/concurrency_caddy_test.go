@@ -471,6 +471,39 @@ func TestStalledUploadHoldsItsSlotUntilTheServersBodyTimeout(t *testing.T) {
 	})
 }
 
+// A request's slot is given back when its handlers return also when the
+// handler has a post-charged zone (count or charge), whose path charges
+// after the response: one request after another, all pass.
+func TestConcurrencySlotIsFreedBesideAPostChargedZone(t *testing.T) {
+	t.Parallel()
+	for _, post := range []string{
+		`count {
+				status 401
+			}`,
+		`charge {http.response.header.X-Tokens}`,
+	} {
+		c := startCaddy(t, `http:// {
+	rate_limit {
+		zone one_at_a_time {
+			key {http.request.header.X-API-Key}
+			concurrency 1
+		}
+		zone post_charged {
+			key {http.request.header.X-API-Key}
+			events 100
+			window 1h
+			`+post+`
+		}
+	}
+	respond "ok"
+}
+`)
+		if got := c.Send(5, withKey("alice")); fmt.Sprint(got) != "[200 200 200 200 200]" {
+			t.Errorf("5 requests one after another with concurrency 1 beside %q: %v, want every one allowed (a 429 is a slot never given back)", post, got)
+		}
+	}
+}
+
 // With two concurrency zones, a request the later one denies gives back the
 // slot the earlier one gave it, at once.
 func TestConcurrencyDeniedByALaterZoneReleasesItsSlot(t *testing.T) {

@@ -303,3 +303,76 @@ func TestPlanBoundsMakeOutOfBoundValuesFallBack(t *testing.T) {
 		t.Errorf("warnings for client-set plans without a bound: %q, want one, for zone unbounded", m)
 	}
 }
+
+// The headers of a response are rendered once and cached by the numbers
+// they carry, the plan's window among them: two plans that differ only in
+// their window (q=10 per 1h and per 2h) each show their own w, also when
+// everything else about the two responses is the same (cost 0 on a fresh
+// key: full, no t, RateLimit-Reset 0).
+func TestPlansThatDifferOnlyInWindowEachShowTheirOwnW(t *testing.T) {
+	t.Parallel()
+	c := startCaddy(t, `http:// {
+	rate_limit {
+		zone per_window {
+			key    {http.request.header.X-API-Key}
+			events 10
+			window {http.request.header.X-Window} 1h
+			cost   {http.request.header.X-Cost}
+		}
+	}
+	respond "ok"
+}
+`)
+	for _, w := range []string{"1h", "2h", "1h", "2h"} {
+		res := c.Do(request{Header: map[string]string{"X-API-Key": "probe", "X-Window": w, "X-Cost": "0"}})
+		want := `"per_window";q=10;w=3600;tally-cost`
+		if w == "2h" {
+			want = `"per_window";q=10;w=7200;tally-cost`
+		}
+		if got := res.Header.Get("RateLimit-Policy"); res.Status != 200 || got != want {
+			t.Errorf("window %s: %d RateLimit-Policy %q, want 200 and %q", w, res.Status, got, want)
+		}
+	}
+}
+
+// burst and window read from placeholders decide, not only parse: a request
+// giving burst 2 gets 200, 200, 429 where the fallback (the events, 10)
+// would allow all three, and a valid window changes the answer (one per
+// microsecond never waits; the fallback hour does).
+func TestBurstAndWindowPlaceholdersChangeTheDecision(t *testing.T) {
+	t.Parallel()
+	c := startCaddy(t, `http:// {
+	rate_limit {
+		zone per_plan {
+			key    {http.request.header.X-API-Key}
+			events 10
+			window {http.request.header.X-Window} 1h
+			burst  {http.request.header.X-Burst}
+		}
+	}
+	respond "ok"
+}
+`)
+	send := func(key, burst, window string, n int) string {
+		r := request{Header: map[string]string{"X-API-Key": key}}
+		if burst != "" {
+			r.Header["X-Burst"] = burst
+		}
+		if window != "" {
+			r.Header["X-Window"] = window
+		}
+		return fmt.Sprint(c.Send(n, r))
+	}
+	if got := send("two", "2", "", 3); got != "[200 200 429]" {
+		t.Errorf("burst 2: %v, want [200 200 429]", got)
+	}
+	if got := send("fallback", "", "", 3); got != "[200 200 200]" {
+		t.Errorf("no burst (fallback: the events, 10): %v, want [200 200 200]", got)
+	}
+	if got := send("hourly", "1", "", 2); got != "[200 429]" {
+		t.Errorf("burst 1 per the fallback hour: %v, want [200 429]", got)
+	}
+	if got := send("fast", "1", "10us", 5); got != "[200 200 200 200 200]" {
+		t.Errorf("burst 1 at 10 per 10µs (one request per microsecond): %v, want every request allowed", got)
+	}
+}

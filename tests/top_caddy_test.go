@@ -261,3 +261,26 @@ func TestTopAndCLIShowAConcurrencyZonesSlots(t *testing.T) {
 		t.Errorf("key uploads alice after her request ended: %q", out)
 	}
 }
+
+// floor is the most any key left out of the list was denied, which is what
+// lets `caddy rate-limit top` merge instances soundly: in a top 20 of 30 keys
+// denied 1 to 30 times, the first key cut off was denied 10 times, so floor
+// is at least 10 (and at most 11, the least listed).
+func TestTopFloorBoundsTheKeysItCutOff(t *testing.T) {
+	t.Parallel()
+	c := startCaddy(t, topSite)
+	for i := 0; i < 30; i++ {
+		key := "k-" + strconv.Itoa(i)
+		if got := countStatuses(c.Send(i+2, withKey(key))); got[429] != i+1 {
+			t.Fatalf("%s: %v, want %d denials", key, got, i+1)
+		}
+	}
+	var top adminTop
+	c.adminJSON("/rate_limit/zones/api/top?n=20", &top)
+	if len(top.Keys) != 20 || top.Keys[0].Key != "k-29" || top.Keys[19].Key != "k-10" || top.Keys[19].Denials != 11 {
+		t.Fatalf("top 20 of 30: %+v, want k-29 (30 denials) down to k-10 (11)", top.Keys)
+	}
+	if top.Floor < 10 || top.Floor > 11 {
+		t.Errorf("floor %d, want 10 or 11: k-9, cut off, was denied 10 times", top.Floor)
+	}
+}
