@@ -116,6 +116,7 @@ func TestListenerCaddyfileRefusesWhatAConnectionHasNotAndNamesTheLine(t *testing
 func TestListenerJSONZoneRefusesRequestSettings(t *testing.T) {
 	for _, zc := range []*Zone{
 		{Key: "{remote_ip}", MaxEvents: 1, Window: caddy.Duration(time.Second), CostPlaceholder: "{x}"},
+		{Key: "{remote_ip}", MaxEvents: 1, Window: caddy.Duration(time.Second), MaxEventsAtMost: 10},
 		{Key: "{client_ip}", MaxEvents: 1, Window: caddy.Duration(time.Second)},
 		{Key: "{remote_ip}", Concurrency: 1, FailPolicy: "closed"},
 	} {
