@@ -8,7 +8,9 @@ package algorithms
 // quota on the 1st of the month waits for the 1st of the next. Inputs are
 // non-negative; sums saturate at math.MaxInt64.
 type Quota struct {
-	Limit int64 // units per period; at least 1
+	// Units per period. 0 admits nothing but cost 0: a quota read from a
+	// request that gave none, in a zone with no fallback.
+	Limit int64
 }
 
 // QuotaResult is the outcome of one quota step.

@@ -198,6 +198,9 @@ func (c *charger) wait(ctx context.Context, key string) {
 // Check decides a post-charged zone's request before it runs: allowed
 // unless the key has no quota left under plan p; it consumes nothing.
 func (z *Zone) Check(ctx context.Context, key string, now int64, p *Plan) Decision {
+	if z.state.quota != nil {
+		return z.checkQuota(ctx, key, now, p)
+	}
 	var d Decision
 	switch {
 	case z.store == nil:
@@ -254,6 +257,10 @@ func (z *Zone) Charge(ctx context.Context, key string, now int64, p *Plan, cost 
 	if cost <= 0 {
 		return
 	}
+	if z.state.quota != nil {
+		z.chargeQuota(ctx, key, now, p, cost)
+		return
+	}
 	switch {
 	case z.store == nil:
 		z.state.Local.Charge(key, now, p.limit, cost)
@@ -266,16 +273,21 @@ func (z *Zone) Charge(ctx context.Context, key string, now int64, p *Plan, cost 
 			z.state.Denied.Set(key, now+r.RetryAfter, now)
 		}
 	default:
-		c := &z.state.charger
-		c.start(z.state.stop, &z.state.chargers)
-		c.add(key)
-		select {
-		case c.queue <- charge{zone: z, key: key, plan: *p, cost: cost, at: time.Now()}:
-		default:
-			// The queue is full (Redis far slower than traffic): charge
-			// here rather than drop it; this response waits.
-			z.sendCharge(charge{zone: z, key: key, plan: *p, cost: cost, at: time.Now()}, c)
-		}
+		z.queueCharge(key, p, cost)
+	}
+}
+
+// queueCharge queues a strict-mode charge for the chargers.
+func (z *Zone) queueCharge(key string, p *Plan, cost int64) {
+	c := &z.state.charger
+	c.start(z.state.stop, &z.state.chargers)
+	c.add(key)
+	select {
+	case c.queue <- charge{zone: z, key: key, plan: *p, cost: cost, at: time.Now()}:
+	default:
+		// The queue is full (Redis far slower than traffic): charge
+		// here rather than drop it; this response waits.
+		z.sendCharge(charge{zone: z, key: key, plan: *p, cost: cost, at: time.Now()}, c)
 	}
 }
 
@@ -300,6 +312,11 @@ func (z *Zone) sendCharge(ch charge, c *charger) {
 
 // tryCharge makes one attempt to land ch in the store, noting its error.
 func (z *Zone) tryCharge(ch *charge) bool {
+	if z.state.quota != nil {
+		_, err := z.tryChargeQuota(context.Background(), ch.key, monotime.Now(), &ch.plan, ch.cost)
+		ch.err = err
+		return err == nil
+	}
 	r, err := z.store.Charge(context.Background(), z.Name, ch.key, ch.plan.limit, ch.cost)
 	if err != nil {
 		ch.err = err
@@ -353,6 +370,10 @@ func (c *charger) retryLoop(stop <-chan struct{}) {
 // key's checks during the outage see the debt; `open` and `closed` have
 // nothing to charge (their checks allow or deny everything meanwhile).
 func (z *Zone) chargeFallback(key string, now int64, p *Plan, cost int64) {
+	if z.FailPolicy == FailLocal && z.state.quota != nil {
+		z.chargeQuotaFallback(key, now, p, cost)
+		return
+	}
 	if z.FailPolicy == FailLocal {
 		z.state.Fallback.Charge(key, now, z.shareLimit(p), cost)
 	}

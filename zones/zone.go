@@ -106,6 +106,13 @@ type Config struct {
 	// that many requests of a key in flight, instead of Events per Window.
 	Concurrency int64
 	Lease       time.Duration // concurrency slots in a store; 0 = DefaultLease
+	// Period != 0 makes a quota zone (quota.go): at most Quota units of
+	// cost per calendar period in Location (nil: UTC), instead of Events
+	// per Window. Quota 0 with PerRequest: requests whose plan gives none
+	// are denied.
+	Quota    int64
+	Period   algorithms.Period
+	Location *time.Location
 }
 
 // MinEmissionInterval is the shortest window/events tally enforces: Redis
@@ -116,6 +123,9 @@ const MinEmissionInterval = time.Microsecond
 // Validate reports the first thing wrong with the definition, saying how to
 // fix it.
 func (c Config) Validate() error {
+	if c.IsQuota() {
+		return c.validateQuota()
+	}
 	if c.Concurrency != 0 || c.Lease != 0 {
 		return c.validateConcurrency()
 	}
@@ -160,10 +170,13 @@ func (c Config) Check() (setting string, err error) {
 	return "", nil
 }
 
-// Limit is the zone's GCRA limit in nanoseconds. A concurrency zone has no
-// rate; its Limit is its concurrency as a burst, so that two definitions with
-// different concurrency differ.
+// Limit is the zone's GCRA limit in nanoseconds. A concurrency or quota
+// zone has no rate; its Limit is its concurrency or quota as a burst, so
+// that two definitions with different limits differ.
 func (c Config) Limit() algorithms.Limit {
+	if c.IsQuota() {
+		return algorithms.Limit{EmissionInterval: 1, Burst: c.Quota}
+	}
 	if c.IsConcurrency() {
 		return algorithms.Limit{EmissionInterval: 1, Burst: c.Concurrency}
 	}
@@ -171,7 +184,12 @@ func (c Config) Limit() algorithms.Limit {
 }
 
 // Plan is the zone's literal limit as a Plan.
-func (c Config) Plan() (Plan, error) { return NewPlan(c.Events, c.Window, c.Burst) }
+func (c Config) Plan() (Plan, error) {
+	if c.IsQuota() {
+		return QuotaPlan(c.Quota), nil
+	}
+	return NewPlan(c.Events, c.Window, c.Burst)
+}
 
 // Key turns the expanded key template into the key the zone stores: IP
 // addresses are masked to the configured prefix, and keys longer than
@@ -221,7 +239,8 @@ type State struct {
 	// to two OffendersPeriods, in fixed memory (not sized by max_keys).
 	Offenders *topk.Recent
 
-	conc *concurrencyState // concurrency zones only: requests in flight
+	conc  *concurrencyState // concurrency zones only: requests in flight
+	quota *quotaState       // quota zones only: units used per period
 }
 
 // NewState returns an empty state whose expired entries are swept every
@@ -241,6 +260,9 @@ func NewState(c Config, sweepInterval time.Duration) *State {
 	}
 	if c.IsConcurrency() {
 		s.conc = newConcurrencyState(maxKeys)
+	}
+	if c.IsQuota() {
+		s.quota = newQuotaState(c, maxKeys)
 	}
 	go s.sweep(sweepInterval)
 	return s
@@ -266,6 +288,9 @@ func (s *State) sweep(interval time.Duration) {
 				s.conc.local.Shrink()
 				s.conc.fallback.Shrink()
 			}
+			if s.quota != nil {
+				s.quota.sweep(now)
+			}
 		}
 	}
 }
@@ -275,6 +300,9 @@ func (s *State) Len() int {
 	n := s.Local.Len() + s.Denied.Len() + s.Fallback.Len()
 	if s.conc != nil {
 		n += s.conc.local.Len() + s.conc.fallback.Len()
+	}
+	if s.quota != nil {
+		n += s.quota.len()
 	}
 	return n
 }
@@ -305,7 +333,8 @@ type Decision struct {
 	Allowed    bool
 	Remaining  int64
 	RetryAfter time.Duration // > 0 when denied
-	ResetAfter time.Duration // until the key is back to its full burst
+	ResetAfter time.Duration // until the key is back to its full burst (quota zones: until the period ends)
+	Period     time.Duration // quota zones: the length of the period decided in
 	Source     Source
 	Err        error // the store's error, when a fail policy decided
 }
@@ -333,6 +362,9 @@ func New(c Config, state *State, store Store) *Zone {
 	}
 	l := c.Limit()
 	plan := Plan{Events: c.Events, Window: c.Window, Burst: l.Burst, limit: l}
+	if c.IsQuota() {
+		plan = QuotaPlan(c.Quota)
+	}
 	return &Zone{Config: c, plan: plan, state: state, store: store}
 }
 
@@ -373,6 +405,9 @@ func (z *Zone) Decide(ctx context.Context, key string, now int64) Decision {
 // store gave earlier is answered locally until it ends, so a flood from a
 // blocked key costs the store nothing.
 func (z *Zone) DecideWith(ctx context.Context, key string, now int64, p *Plan, cost int64) Decision {
+	if z.state.quota != nil {
+		return z.decideQuota(ctx, key, now, p, cost)
+	}
 	var d Decision
 	if z.store == nil {
 		d = fromResult(z.state.Local.Decide(key, now, p.limit, cost), SourceLocal)
@@ -406,6 +441,9 @@ func (z *Zone) DecideWith(ctx context.Context, key string, now int64, p *Plan, c
 func (z *Zone) CachedDenial(key string, now int64, p *Plan) (Decision, bool) {
 	if z.store == nil {
 		return Decision{}, false
+	}
+	if q := z.state.quota; q != nil {
+		return z.cachedQuotaDenial(key, now, q.clock.at(now))
 	}
 	until, ok := z.state.Denied.Get(key, now)
 	if !ok {
@@ -450,6 +488,9 @@ func (z *Zone) Refund(ctx context.Context, key string, now int64, d Decision) (D
 // decision as it stands after the refund (cost more remaining, cost
 // intervals less to reset), for the headers.
 func (z *Zone) RefundWith(ctx context.Context, key string, now int64, d Decision, p *Plan, cost int64) (Decision, error) {
+	if z.state.quota != nil {
+		return z.refundQuota(ctx, key, now, d, p, cost)
+	}
 	l := p.limit
 	switch d.Source {
 	case SourceLocal:
@@ -484,6 +525,9 @@ func (z *Zone) LastPlan(key string, now int64) Plan {
 // without consuming anything, or ErrUnknownKey when the key has no state
 // (it is at its full limit).
 func (z *Zone) Peek(ctx context.Context, key string, now int64) (Decision, error) {
+	if z.state.quota != nil {
+		return z.peekQuota(ctx, key, now)
+	}
 	var r algorithms.Result
 	l := z.LastPlan(key, now).limit
 	src := SourceLocal
@@ -517,6 +561,9 @@ func (z *Zone) Mode() string {
 // Reset forgets key everywhere this instance can: its tables and the store
 // (which tells the other instances, see Forget).
 func (z *Zone) Reset(ctx context.Context, key string) error {
+	if z.state.quota != nil {
+		return z.resetQuota(ctx, key)
+	}
 	z.Forget(key)
 	if z.store != nil {
 		return z.store.Reset(ctx, z.Name, key)
@@ -533,6 +580,10 @@ func (z *Zone) Forget(key string) {
 	z.state.Fallback.Delete(key)
 	if z.state.plans != nil {
 		z.state.plans.keys.Delete(key)
+	}
+	if q := z.state.quota; q != nil {
+		q.used.Delete(key)
+		q.fallback.Delete(key)
 	}
 }
 

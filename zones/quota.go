@@ -1,0 +1,639 @@
+package zones
+
+// Quota zones (`quota <n> per minute|hour|day|week|month [<time zone>]`): at
+// most n units of cost per calendar period of a time zone, counted from 0
+// at each period's start (algorithms.Period, algorithms.Quota).
+//
+// A key's state is the units it used in the current period. Locally it is
+// one int64 in a Table, packed with the period it counts (gen, below), so
+// that a new period starts every key at 0 without touching the table, and
+// the old period's entries are the first a full table evicts and the next
+// sweep drops. With a store (QuotaStore), the count lives in the store,
+// which picks the period by its own clock among the three the zone hands
+// it: the current one and its neighbours, in Unix microseconds, since a
+// script cannot do time zones.
+//
+// The local clock of a quota (periodClock) maps the wall clock's period
+// boundaries onto the monotonic clock: at each boundary it reads the wall
+// clock, finds the period it is in and when that period ends, and waits for
+// that end on the monotonic clock. A step of the wall clock in the middle
+// of a period therefore neither resets nor prolongs it; the next boundary
+// follows the wall clock again. A wall clock found behind the period the
+// zone is in keeps that period until the wall clock reaches its end: a step
+// back never starts a period twice.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddy-tally/ratelimit/algorithms"
+	"github.com/caddy-tally/ratelimit/internal/keytable"
+	"github.com/caddy-tally/ratelimit/internal/monotime"
+)
+
+// QuotaStore is what a quota zone needs from its shared store (Redis, in
+// package distributed). The store's clock alone says which of q's periods
+// a step falls in.
+type QuotaStore interface {
+	// DecideQuota runs algorithms.Quota.Decide for key in zone in the
+	// period of q.Periods that contains the store's now.
+	DecideQuota(ctx context.Context, zone, key string, q QuotaLimit, cost int64) (QuotaResult, error)
+	// RefundQuota gives back cost (algorithms.Quota.Refund).
+	RefundQuota(ctx context.Context, zone, key string, q QuotaLimit, cost int64) error
+	// CheckQuota is a post-charged zone's check (algorithms.Quota.Check).
+	CheckQuota(ctx context.Context, zone, key string, q QuotaLimit) (QuotaResult, error)
+	// ChargeQuota counts cost after the response (algorithms.Quota.Charge).
+	ChargeQuota(ctx context.Context, zone, key string, q QuotaLimit, cost int64) (QuotaResult, error)
+	// PeekQuota reports the key's use of the period, fleet-wide, for the
+	// admin API.
+	PeekQuota(ctx context.Context, zone, key string, q QuotaLimit) (QuotaResult, error)
+	// ResetQuota deletes the key's count and tells the other instances.
+	ResetQuota(ctx context.Context, zone, key string) error
+}
+
+// QuotaLimit is one quota step's limit: units per period, and the periods
+// the store's clock may be in.
+type QuotaLimit struct {
+	Limit   int64
+	Periods *Periods
+}
+
+// Periods are three consecutive periods of a quota zone, the previous, the
+// current and the next as the zone's clock sees them, for a store to pick
+// from with its own clock.
+type Periods struct {
+	// Bounds are the periods' edges in Unix microseconds: the previous
+	// period is [Bounds[0], Bounds[1]), the current [Bounds[1],
+	// Bounds[2]), the next [Bounds[2], Bounds[3]).
+	Bounds [4]int64
+	// Arg is Bounds as a script argument, "b0 b1 b2 b3", made (and boxed)
+	// once per period rather than per call.
+	Arg any
+	loc *time.Location
+}
+
+func newPeriods(p algorithms.Period, start, end time.Time, loc *time.Location) Periods {
+	prev, _ := p.Bounds(start.Add(-time.Nanosecond), loc)
+	_, next := p.Bounds(end, loc)
+	ps := Periods{Bounds: [4]int64{prev.UnixMicro(), start.UnixMicro(), end.UnixMicro(), next.UnixMicro()}, loc: loc}
+	var b []byte
+	for i, v := range ps.Bounds {
+		if i > 0 {
+			b = append(b, ' ')
+		}
+		b = strconv.AppendInt(b, v, 10)
+	}
+	ps.Arg = string(b)
+	return ps
+}
+
+// Period returns the i-th period's start and end in the zone's time zone
+// (0 previous, 1 current, 2 next).
+func (ps *Periods) Period(i int) (start, end time.Time) {
+	i = min(max(i, 0), 2)
+	return time.UnixMicro(ps.Bounds[i]).In(ps.loc), time.UnixMicro(ps.Bounds[i+1]).In(ps.loc)
+}
+
+// length is the i-th period's length.
+func (ps *Periods) length(i int) time.Duration {
+	i = min(max(i, 0), 2)
+	return time.Duration(ps.Bounds[i+1]-ps.Bounds[i]) * time.Microsecond
+}
+
+// QuotaResult is a store's answer to a quota step.
+type QuotaResult struct {
+	Allowed bool
+	Used    int64         // units used in the period after the step (async mode: as far as this instance can tell)
+	ToEnd   time.Duration // until the period ends, on the store's clock
+	Period  int           // which of the QuotaLimit's Periods: 0 previous, 1 current, 2 next
+}
+
+// QuotaClockError is a store's report that its clock is in none of the
+// periods it was given: the zone's clock is a period or more away from the
+// store's. The step is not made (the fail policy answers it), and the zone
+// moves its clock to Now, the store's, for the next ones.
+type QuotaClockError struct {
+	Now time.Time // the store's clock
+}
+
+func (e *QuotaClockError) Error() string {
+	return fmt.Sprintf("the store's clock (%s) is outside the periods this instance computed: its wall clock is a period or more off; following the store's from now on", e.Now.UTC().Format(time.RFC3339))
+}
+
+// errNoQuotaStore is the error a quota zone reports (and hands to its fail
+// policy) when its store cannot keep quotas.
+var errNoQuotaStore = errors.New("the store cannot keep calendar quotas")
+
+// QuotaDenyCacheFor is the longest a quota denial the store gave is
+// answered from the deny cache (it ends at the period's end anyway): a
+// blocked key's flood then costs the store one call a second per instance,
+// and a quota raised by a plan change, or units refunded, are seen within
+// that.
+const QuotaDenyCacheFor = time.Second
+
+// IsQuota reports whether the zone limits units per calendar period rather
+// than a rate.
+func (c Config) IsQuota() bool { return c.Period != 0 }
+
+// validateQuota is Validate for a quota zone.
+func (c Config) validateQuota() error {
+	switch {
+	case !ValidName(c.Name):
+		return fmt.Errorf("zone name %q is invalid: use letters, digits, '_' and '-' only", c.Name)
+	case c.Period < algorithms.Minute || c.Period > algorithms.Month:
+		return fmt.Errorf("zone %s: quota needs a period: per minute, hour, day, week or month", c.Name)
+	case c.Events != 0 || c.Window != 0 || c.Burst != 0:
+		return fmt.Errorf("zone %s: a zone has either a quota or a rate: remove events, window and burst, or put the rate in a zone of its own", c.Name)
+	case c.Concurrency != 0 || c.Lease != 0:
+		return fmt.Errorf("zone %s: a zone has either a quota or a concurrency limit: put the concurrency limit in a zone of its own", c.Name)
+	case c.Quota < 0 || c.Quota > MaxEvents || c.Quota == 0 && !c.PerRequest:
+		return fmt.Errorf("zone %s: quota must be a whole number from 1 to %d", c.Name, int64(MaxEvents))
+	case c.IPv4Prefix < 0 || c.IPv4Prefix > 32:
+		return fmt.Errorf("zone %s: ipv4_prefix must be between 1 and 32", c.Name)
+	case c.IPv6Prefix < 0 || c.IPv6Prefix > 128:
+		return fmt.Errorf("zone %s: ipv6_prefix must be between 1 and 128", c.Name)
+	case c.MaxKeys < 0 || c.MaxKeys > MaxMaxKeys:
+		return fmt.Errorf("zone %s: max_keys must be a whole number from 1 to %d", c.Name, int64(MaxMaxKeys))
+	}
+	return nil
+}
+
+// QuotaPlan is the plan of a request to a quota zone: n units per period
+// (0: the request's placeholder gave none and the zone has no fallback, so
+// nothing but cost 0 passes). Events and Burst are n; Window is 0, the
+// period's length being a matter of the calendar.
+func QuotaPlan(n int64) Plan { return Plan{Events: n, Burst: n} }
+
+// quotaState is a quota zone's in-process state.
+type quotaState struct {
+	clock    periodClock
+	used     *Table // local mode: units used per key, packed with their period
+	fallback *Table // fail_policy local: the same, at this instance's share
+}
+
+func newQuotaState(c Config, maxKeys int) *quotaState {
+	q := &quotaState{used: NewTable(maxKeys), fallback: NewTable(maxKeys)}
+	q.clock.init(c.Period, c.Location)
+	q.clock.onWrap = func() { q.used.Clear(); q.fallback.Clear() }
+	return q
+}
+
+// sweep drops the entries of earlier periods.
+func (q *quotaState) sweep(now int64) {
+	gen := q.clock.at(now).gen
+	q.used.Sweep(staleBelow(gen))
+	q.fallback.Sweep(staleBelow(gen))
+}
+
+func (q *quotaState) len() int { return q.used.Len() + q.fallback.Len() }
+
+// A local count is packed with its period: gen<<quotaUsedBits | used. gen
+// counts this process's periods from 1; a count of another gen is 0. used
+// is at most the limit and one charge of two limits, under 3·2^40. After
+// maxQuotaGen periods (4 years of minutes) gen starts again at 1 and the
+// tables are cleared.
+const (
+	quotaUsedBits = 42
+	quotaUsedMask = 1<<quotaUsedBits - 1
+	maxQuotaGen   = 1<<(63-quotaUsedBits) - 1
+)
+
+// staleBelow is the table value at or below which an entry counts an
+// earlier period than gen: the "expired" of Sweep and of eviction.
+func staleBelow(gen int64) int64 { return gen<<quotaUsedBits - 1 }
+
+// periodClock is a quota zone's clock: the period it is in, and when on the
+// monotonic clock that period ends (see the top of this file).
+type periodClock struct {
+	period algorithms.Period
+	loc    *time.Location
+	mu     sync.Mutex // serialises rollovers
+	cur    atomic.Pointer[periodNow]
+	// offset is added to the wall clock: 0 until a store reported its
+	// clock a period or more away (QuotaClockError).
+	offset atomic.Int64
+	onWrap func() // gen starts again at 1
+
+	// Tests replace the clocks.
+	wall func() time.Time
+	mono func() int64
+}
+
+// periodNow is the period a clock is in. Immutable once published.
+type periodNow struct {
+	gen        int64
+	start, end time.Time // in the zone's time zone
+	endMono    int64     // monotime when it ends
+	length     time.Duration
+	periods    Periods // it and its neighbours, for stores
+}
+
+func (c *periodClock) init(p algorithms.Period, loc *time.Location) {
+	if loc == nil {
+		loc = time.UTC
+	}
+	c.period, c.loc = p, loc
+	c.wall, c.mono = time.Now, monotime.Now
+}
+
+// at is the period the clock is in at now (monotime). On the request path
+// it is one atomic load and a comparison; only the first call after a
+// boundary reads the wall clock.
+func (c *periodClock) at(now int64) *periodNow {
+	if p := c.cur.Load(); p != nil && now < p.endMono {
+		return p
+	}
+	return c.roll(now)
+}
+
+func (c *periodClock) roll(now int64) *periodNow {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p := c.cur.Load()
+	if p != nil && now < p.endMono {
+		return p
+	}
+	wall := c.wall().Add(time.Duration(c.offset.Load()))
+	mono := c.mono()
+	start, end := c.period.Bounds(wall, c.loc)
+	gen := int64(1)
+	if p != nil {
+		switch {
+		case start.Equal(p.start):
+			gen = p.gen // the wall clock is behind the monotonic one: the period goes on
+		case start.Before(p.start):
+			// The wall clock went back past the period's start: stay in
+			// it until the wall clock reaches its end again.
+			gen, start, end = p.gen, p.start, p.end
+		case p.gen >= maxQuotaGen:
+			if c.onWrap != nil {
+				c.onWrap()
+			}
+		default:
+			gen = p.gen + 1
+		}
+	}
+	n := &periodNow{gen: gen, start: start, end: end, endMono: mono + int64(end.Sub(wall)),
+		length: end.Sub(start), periods: newPeriods(c.period, start, end, c.loc)}
+	c.cur.Store(n)
+	return n
+}
+
+// follow moves the clock to the store's: from the next call on, the
+// periods are the store clock's. The period in force locally goes on if
+// the store's clock is in it still.
+func (c *periodClock) follow(store time.Time) {
+	c.mu.Lock()
+	c.offset.Store(int64(store.Sub(c.wall())))
+	if p := c.cur.Load(); p != nil {
+		stale := *p
+		stale.endMono = math.MinInt64
+		c.cur.Store(&stale)
+	}
+	c.mu.Unlock()
+}
+
+// decision is the Decision of a local step in the period.
+func (pn *periodNow) decision(r algorithms.QuotaResult, now int64, src Source) Decision {
+	toEnd := time.Duration(max(1, pn.endMono-now))
+	d := Decision{Allowed: r.Allowed, Remaining: r.Remaining, ResetAfter: toEnd, Period: pn.length, Source: src}
+	if !r.Allowed {
+		d.RetryAfter = toEnd
+	}
+	return d
+}
+
+// quotaOp is what a local quota step does.
+type quotaOp uint8
+
+const (
+	quotaDecide quotaOp = iota
+	quotaCheck
+	quotaCharge
+	quotaRefund
+	quotaPeek
+)
+
+// quotaStep runs op on key's count in period gen and stores what it wrote.
+func (t *Table) quotaStep(key string, gen int64, op quotaOp, q algorithms.Quota, cost int64) (r algorithms.QuotaResult) {
+	t.kt.Update(key, staleBelow(gen), func(v int64, found bool) (int64, keytable.Op) {
+		var used int64
+		if found && v>>quotaUsedBits == gen {
+			used = v & quotaUsedMask
+		}
+		write := false
+		switch op {
+		case quotaDecide:
+			r = q.Decide(used, cost)
+			write = r.Allowed && r.Used != used
+		case quotaCharge:
+			r, write = q.Charge(used, cost), true
+		case quotaRefund:
+			r, write = q.Refund(used, cost), found
+		default:
+			r = q.Check(used)
+		}
+		switch {
+		case !write:
+			return 0, keytable.Keep
+		case r.Used == 0:
+			return 0, keytable.Delete
+		}
+		return gen<<quotaUsedBits | min(r.Used, quotaUsedMask), keytable.Store
+	})
+	return r
+}
+
+// setQuotaUsed stores used as key's count in period gen.
+func (t *Table) setQuotaUsed(key string, gen, used int64) {
+	t.kt.Update(key, staleBelow(gen), func(int64, bool) (int64, keytable.Op) {
+		if used <= 0 {
+			return 0, keytable.Delete
+		}
+		return gen<<quotaUsedBits | min(used, quotaUsedMask), keytable.Store
+	})
+}
+
+// quotaUsed is key's count in period gen.
+func (t *Table) quotaUsed(key string, gen int64) int64 {
+	v, ok := t.kt.Get(key)
+	if !ok || v>>quotaUsedBits != gen {
+		return 0
+	}
+	return v & quotaUsedMask
+}
+
+// decideQuota is DecideWith for a quota zone.
+func (z *Zone) decideQuota(ctx context.Context, key string, now int64, p *Plan, cost int64) Decision {
+	d := z.quotaStep(ctx, key, now, p, quotaDecide, cost)
+	z.recordPlan(key, p, now, d)
+	return d
+}
+
+// checkQuota is Check for a quota zone.
+func (z *Zone) checkQuota(ctx context.Context, key string, now int64, p *Plan) Decision {
+	d := z.quotaStep(ctx, key, now, p, quotaCheck, 1)
+	z.recordPlan(key, p, now, d)
+	return d
+}
+
+func (z *Zone) recordPlan(key string, p *Plan, now int64, d Decision) {
+	if z.state.plans != nil {
+		z.state.plans.record(key, *p, now+int64(d.ResetAfter), now)
+	}
+}
+
+// quotaStep decides a decide or check step: locally, from the deny cache,
+// or in the store, with the fail policy when the store cannot answer.
+func (z *Zone) quotaStep(ctx context.Context, key string, now int64, p *Plan, op quotaOp, cost int64) Decision {
+	q := z.state.quota
+	pn := q.clock.at(now)
+	if z.store == nil {
+		return pn.decision(q.used.quotaStep(key, pn.gen, op, algorithms.Quota{Limit: p.Events}, cost), now, SourceLocal)
+	}
+	if d, ok := z.cachedQuotaDenial(key, now, pn); ok {
+		return d
+	}
+	qs, ok := z.store.(QuotaStore)
+	if !ok {
+		return z.failQuota(key, now, pn, p, op, cost, errNoQuotaStore)
+	}
+	ql := QuotaLimit{Limit: p.Events, Periods: &pn.periods}
+	var r QuotaResult
+	var err error
+	if op == quotaCheck {
+		z.state.charger.wait(ctx, key)
+		r, err = qs.CheckQuota(ctx, z.Name, key, ql)
+	} else {
+		r, err = qs.DecideQuota(ctx, z.Name, key, ql, cost)
+	}
+	if err != nil {
+		return z.failQuota(key, now, pn, p, op, cost, err)
+	}
+	return z.storeQuotaDecision(key, now, pn, p.Events, r)
+}
+
+// storeQuotaDecision turns the store's answer into a Decision, remembers a
+// denial with nothing left in the deny cache, and notes the key's use for
+// fail_policy local.
+func (z *Zone) storeQuotaDecision(key string, now int64, pn *periodNow, limit int64, r QuotaResult) Decision {
+	toEnd := max(r.ToEnd, 1)
+	d := Decision{Allowed: r.Allowed, Remaining: max(0, limit-r.Used), ResetAfter: toEnd,
+		Period: pn.periods.length(r.Period), Source: SourceStore}
+	if !r.Allowed {
+		d.RetryAfter = toEnd
+		if d.Remaining == 0 {
+			// Until the period's end on this instance's clock, and at
+			// most QuotaDenyCacheFor; never for a weighted request denied
+			// with units left, which a cheaper one may use.
+			z.state.Denied.Set(key, min(pn.endMono, now+int64(QuotaDenyCacheFor)), now)
+		}
+	}
+	if z.FailPolicy == FailLocal && r.Period == 1 {
+		// What the fleet used is where fail_policy local starts from:
+		// this instance's share of it.
+		n := int64(max(1, z.store.Instances()))
+		z.state.quota.fallback.setQuotaUsed(key, pn.gen, (r.Used+n-1)/n)
+	}
+	return d
+}
+
+// cachedQuotaDenial answers for a key the store found out of quota, while
+// the cached denial lasts.
+func (z *Zone) cachedQuotaDenial(key string, now int64, pn *periodNow) (Decision, bool) {
+	until, ok := z.state.Denied.Get(key, now)
+	if !ok || until > pn.endMono {
+		return Decision{}, false
+	}
+	toEnd := time.Duration(max(1, pn.endMono-now))
+	return Decision{RetryAfter: toEnd, ResetAfter: toEnd, Period: pn.length, Source: SourceDenyCache}, true
+}
+
+// failQuota applies the zone's fail policy to a quota step the store could
+// not make: open allows, closed denies with a short Retry-After, local
+// counts the key in this instance's fallback table at its share of the
+// quota, ⌊n/N⌋ and at least 1, starting from its share of what the fleet
+// had used (see storeQuotaDecision). A store whose clock is a period or
+// more from the zone's moves the zone's clock to its own.
+func (z *Zone) failQuota(key string, now int64, pn *periodNow, p *Plan, op quotaOp, cost int64, err error) Decision {
+	var ce *QuotaClockError
+	if errors.As(err, &ce) {
+		z.state.quota.clock.follow(ce.Now)
+	}
+	switch z.FailPolicy {
+	case FailOpen:
+		return Decision{Allowed: true, Remaining: p.Events, ResetAfter: time.Duration(max(1, pn.endMono-now)),
+			Period: pn.length, Source: SourceFailOpen, Err: err}
+	case FailClosed:
+		return Decision{RetryAfter: FailClosedRetryAfter, ResetAfter: FailClosedRetryAfter, Period: pn.length, Source: SourceFailClosed, Err: err}
+	}
+	r := z.state.quota.fallback.quotaStep(key, pn.gen, op, z.quotaShare(p), cost)
+	d := pn.decision(r, now, SourceFailLocal)
+	d.Err = err
+	return d
+}
+
+// quotaShare is this instance's share of p's quota while the store is
+// unavailable.
+func (z *Zone) quotaShare(p *Plan) algorithms.Quota {
+	if p.Events == 0 {
+		return algorithms.Quota{}
+	}
+	return algorithms.Quota{Limit: max(1, p.Events/int64(max(1, z.store.Instances())))}
+}
+
+// refundQuota is RefundWith for a quota zone.
+func (z *Zone) refundQuota(ctx context.Context, key string, now int64, d Decision, p *Plan, cost int64) (Decision, error) {
+	q := z.state.quota
+	pn := q.clock.at(now)
+	limit := p.Events
+	switch d.Source {
+	case SourceLocal:
+		q.used.quotaStep(key, pn.gen, quotaRefund, algorithms.Quota{Limit: p.Events}, cost)
+	case SourceFailLocal:
+		share := z.quotaShare(p)
+		limit = share.Limit
+		q.fallback.quotaStep(key, pn.gen, quotaRefund, share, cost)
+	case SourceStore:
+		qs, ok := z.store.(QuotaStore)
+		if !ok {
+			return d, errNoQuotaStore
+		}
+		if err := qs.RefundQuota(ctx, z.Name, key, QuotaLimit{Limit: p.Events, Periods: &pn.periods}, cost); err != nil {
+			return d, err
+		}
+	default:
+		return d, nil
+	}
+	d.Remaining = min(d.Remaining+cost, limit)
+	return d, nil
+}
+
+// chargeQuota is Charge for a quota zone (cost already capped, > 0).
+func (z *Zone) chargeQuota(ctx context.Context, key string, now int64, p *Plan, cost int64) {
+	q := z.state.quota
+	switch {
+	case z.store == nil:
+		pn := q.clock.at(now)
+		q.used.quotaStep(key, pn.gen, quotaCharge, algorithms.Quota{Limit: p.Events}, cost)
+	case z.Mode() != "strict":
+		// Async: an in-process step on the instance's lease.
+		if _, err := z.tryChargeQuota(ctx, key, now, p, cost); err != nil {
+			z.chargeFallback(key, now, p, cost)
+			z.chargeFailed(err)
+		}
+	default:
+		z.queueCharge(key, p, cost)
+	}
+}
+
+// tryChargeQuota makes one attempt to charge a quota zone's store, and
+// caches the denial it may answer.
+func (z *Zone) tryChargeQuota(ctx context.Context, key string, now int64, p *Plan, cost int64) (QuotaResult, error) {
+	qs, ok := z.store.(QuotaStore)
+	if !ok {
+		return QuotaResult{}, errNoQuotaStore
+	}
+	pn := z.state.quota.clock.at(now)
+	r, err := qs.ChargeQuota(ctx, z.Name, key, QuotaLimit{Limit: p.Events, Periods: &pn.periods}, cost)
+	if err != nil {
+		var ce *QuotaClockError
+		if errors.As(err, &ce) {
+			z.state.quota.clock.follow(ce.Now)
+		}
+		return r, err
+	}
+	z.storeQuotaDecision(key, now, pn, p.Events, r)
+	return r, nil
+}
+
+// chargeQuotaFallback is chargeFallback for a quota zone: fail_policy
+// local charges this instance's share.
+func (z *Zone) chargeQuotaFallback(key string, now int64, p *Plan, cost int64) {
+	q := z.state.quota
+	q.fallback.quotaStep(key, q.clock.at(now).gen, quotaCharge, z.quotaShare(p), cost)
+}
+
+// QuotaState is a quota zone's key as the admin API shows it.
+type QuotaState struct {
+	Used, Limit, Remaining int64
+	// The period counted, in the zone's time zone.
+	PeriodStart, PeriodEnd time.Time
+	Source                 Source // SourceLocal or SourceStore
+}
+
+// PeekQuota reports a quota zone's key (fleet-wide with a store) under the
+// plan it was last decided under, counting nothing.
+func (z *Zone) PeekQuota(ctx context.Context, key string, now int64) (QuotaState, error) {
+	q := z.state.quota
+	if q == nil {
+		return QuotaState{}, errors.New("not a quota zone")
+	}
+	pn := q.clock.at(now)
+	limit := z.LastPlan(key, now).Events
+	s := QuotaState{Limit: limit, PeriodStart: pn.start, PeriodEnd: pn.end, Source: SourceLocal}
+	if z.store == nil {
+		s.Used = q.used.quotaUsed(key, pn.gen)
+	} else {
+		qs, ok := z.store.(QuotaStore)
+		if !ok {
+			return QuotaState{}, errNoQuotaStore
+		}
+		r, err := qs.PeekQuota(ctx, z.Name, key, QuotaLimit{Limit: limit, Periods: &pn.periods})
+		if err != nil {
+			var ce *QuotaClockError
+			if errors.As(err, &ce) {
+				q.clock.follow(ce.Now)
+			}
+			return QuotaState{}, err
+		}
+		s.Used, s.Source = r.Used, SourceStore
+		s.PeriodStart, s.PeriodEnd = pn.periods.Period(r.Period)
+	}
+	s.Remaining = max(0, limit-s.Used)
+	return s, nil
+}
+
+// peekQuota is Peek for a quota zone: ErrUnknownKey when the key used
+// nothing this period.
+func (z *Zone) peekQuota(ctx context.Context, key string, now int64) (Decision, error) {
+	s, err := z.PeekQuota(ctx, key, now)
+	if err != nil {
+		return Decision{}, err
+	}
+	if s.Used == 0 {
+		return Decision{}, ErrUnknownKey
+	}
+	toEnd := max(time.Duration(1), time.Until(s.PeriodEnd))
+	d := Decision{Allowed: s.Remaining > 0, Remaining: s.Remaining, ResetAfter: toEnd, Period: s.PeriodEnd.Sub(s.PeriodStart), Source: s.Source}
+	if s.Remaining == 0 {
+		d.RetryAfter = toEnd
+	}
+	return d, nil
+}
+
+// resetQuota is Reset for a quota zone.
+func (z *Zone) resetQuota(ctx context.Context, key string) error {
+	z.Forget(key)
+	if z.store == nil {
+		return nil
+	}
+	qs, ok := z.store.(QuotaStore)
+	if !ok {
+		return errNoQuotaStore
+	}
+	return qs.ResetQuota(ctx, z.Name, key)
+}
+
+// PeriodNow is the period a quota zone is in on this instance's clock, and
+// its start and end in the zone's time zone.
+func (z *Zone) PeriodNow(now int64) (start, end time.Time) {
+	pn := z.state.quota.clock.at(now)
+	return pn.start, pn.end
+}
