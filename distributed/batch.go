@@ -20,8 +20,10 @@ import (
 //
 // The GCRA steps of a batch go to Redis as one call of gcra.lua with every key
 // (one dispatch, one TIME, one reply: most of what a single-key call costs
-// Redis is paid once per batch). On Redis Cluster a call's keys must share a
-// hash slot, so the batch is grouped by slot: one call per slot, and one
+// Redis is paid once per batch), and its quota steps as one call of
+// quota.lua, whose ARGV has the same shape. On Redis Cluster a call's keys
+// must share a hash slot, so the batch is grouped by slot: one call per
+// script and slot, and one
 // pipeline per master, the masters' pipelines running concurrently (see
 // send). Keys without a hash tag spread over 16384 slots, so on Cluster
 // most calls carry one key, as before batching. Other scripts (concurrency
@@ -50,9 +52,9 @@ const (
 // out, cancellation) leaves it to the garbage collector instead, since a
 // worker may still reply to it.
 type request struct {
-	script   *redis.Script // gcra.lua, or concurrency.lua's acquire
+	script   *redis.Script // gcra.lua, quota.lua, or concurrency.lua's acquire
 	keys     [1]string
-	args     [5]any // gcra.lua: now, T, B, cost, op
+	args     [5]any // gcra.lua: now, T, B, cost, op; quota.lua: now, bounds, limit, cost, op
 	slot     int    // the key's hash slot (Cluster only; set by the worker)
 	deadline time.Time
 	reply    chan reply // capacity 1: a worker never blocks on it
@@ -63,6 +65,7 @@ type request struct {
 // error that answers it. Which result depends on the script.
 type reply struct {
 	step    algorithms.Result // gcra.lua: the GCRA step, in µs (TAT not filled in)
+	quota   quotaReply        // quota.lua: the quota step
 	acquire acquireReply      // concurrency.lua: a slot's acquisition
 	err     error
 }
@@ -79,7 +82,7 @@ var requests = sync.Pool{New: func() any {
 	return &request{reply: make(chan reply, 1), timer: t}
 }}
 
-// call runs script (gcra.lua, or concurrency.lua's acquire) for one key
+// call runs script (gcra.lua, quota.lua, or concurrency.lua's acquire) for one key
 // through the key's breaker and the batcher, and waits at most until the
 // earlier of ctx's deadline and now+Timeout.
 func (c *conn) call(ctx context.Context, script *redis.Script, key string, args [5]any) reply {
@@ -111,9 +114,16 @@ func (c *conn) direct(ctx context.Context, script *redis.Script, key string, arg
 	ctx, cancel := c.bound(ctx)
 	defer cancel()
 	keys := [1]string{key}
-	cmd := script.Run(ctx, c.client, keys[:], args[:]...)
-	if script == c.gcra {
+	return c.parseReply(script, script.Run(ctx, c.client, keys[:], args[:]...))
+}
+
+// parseReply reads script's reply for one key.
+func (c *conn) parseReply(script *redis.Script, cmd *redis.Cmd) reply {
+	switch script {
+	case c.gcra:
 		return parseStepReply(cmd)
+	case c.quota:
+		return parseOne(cmd, 3, parseQuotaStep)
 	}
 	return parseAcquireReply(cmd)
 }
@@ -164,12 +174,13 @@ type batcher struct {
 }
 
 // batchCall is one script call of a batch and the requests it answers: a
-// run of GCRA steps (one gcra.lua call, 2 reply values per request), or one
-// request of another script (an acquisition).
+// run of GCRA steps (one gcra.lua call, 2 reply values per request) or of
+// quota steps (one quota.lua call, 3 per request), or one request of
+// another script (an acquisition).
 type batchCall struct {
-	cmd  *redis.Cmd
-	reqs []*request
-	gcra bool
+	cmd     *redis.Cmd
+	reqs    []*request
+	batched bool
 }
 
 // worker sends queued requests in batches until the store closes.
@@ -229,33 +240,35 @@ func (c *conn) send(b *batcher) {
 		return
 	}
 
-	// GCRA steps first (grouped by slot on Cluster), then the others.
-	gcra := 0
-	for i, r := range live {
-		if r.script == c.gcra {
-			live[gcra], live[i] = live[i], live[gcra]
-			gcra++
-		}
-	}
-	if c.cluster && gcra > 1 {
-		for _, r := range live[:gcra] {
-			r.slot = hashSlot(r.keys[0])
-		}
-		slices.SortFunc(live[:gcra], func(a, b *request) int { return cmp.Compare(a.slot, b.slot) })
-	}
+	// GCRA steps first, then quota steps (each grouped by slot on
+	// Cluster), then the others.
 	calls := b.calls[:0]
-	for i := 0; i < gcra; {
-		j := i + 1
-		for c.cluster && j < gcra && live[j].slot == live[i].slot {
-			j++
+	n := 0
+	for _, script := range [2]*redis.Script{c.gcra, c.quota} {
+		from := n
+		for i, r := range live {
+			if i >= n && r.script == script {
+				live[n], live[i] = live[i], live[n]
+				n++
+			}
 		}
-		if !c.cluster {
-			j = gcra
+		run := live[from:n]
+		if c.cluster && len(run) > 1 {
+			for _, r := range run {
+				r.slot = hashSlot(r.keys[0])
+			}
+			slices.SortFunc(run, func(a, b *request) int { return cmp.Compare(a.slot, b.slot) })
 		}
-		calls = append(calls, batchCall{reqs: live[i:j], gcra: true})
-		i = j
+		for i := 0; i < len(run); {
+			j := i + 1
+			for j < len(run) && (!c.cluster || run[j].slot == run[i].slot) {
+				j++
+			}
+			calls = append(calls, batchCall{reqs: run[i:j], batched: true})
+			i = j
+		}
 	}
-	for i := gcra; i < len(live); i++ {
+	for i := n; i < len(live); i++ {
 		calls = append(calls, batchCall{reqs: live[i : i+1]})
 	}
 
@@ -353,21 +366,25 @@ func (c *conn) finish(ctx context.Context, b *batcher, calls []batchCall) {
 	}
 
 	for _, call := range calls {
-		if !call.gcra {
-			call.reqs[0].reply <- parseAcquireReply(call.cmd)
-			continue
+		switch {
+		case !call.batched:
+			call.reqs[0].reply <- c.parseReply(call.reqs[0].script, call.cmd)
+		case call.reqs[0].script == c.quota:
+			parseReplies(call.cmd, call.reqs, 3, parseQuotaStep)
+		default:
+			parseReplies(call.cmd, call.reqs, 2, parseStep)
 		}
-		parseReplies(call.cmd, call.reqs)
 	}
 }
 
 // eval adds c's script call to cmdable: EVALSHA, or EVAL when Redis lost
-// the script. A GCRA call's ARGV is the shared now (Redis TIME: every
-// batched request leaves it "") and each request's T, B, cost and op.
+// the script. A batched call's ARGV is the shared now (Redis TIME: every
+// batched request leaves it "") and each request's four arguments (GCRA:
+// T, B, cost and op; quota: bounds, limit, cost and op).
 func (b *batcher) eval(ctx context.Context, cmdable redis.Scripter, c *batchCall, full bool) *redis.Cmd {
 	r := c.reqs[0]
 	keys, argv := r.keys[:], r.args[:]
-	if c.gcra && len(c.reqs) > 1 {
+	if c.batched && len(c.reqs) > 1 {
 		b.keys, b.argv = b.keys[:0], append(b.argv[:0], "")
 		for _, r := range c.reqs {
 			b.keys = append(b.keys, r.keys[0])
@@ -401,12 +418,13 @@ func parseOne(c *redis.Cmd, n int, parse func([]any) reply) reply {
 	return parse(a)
 }
 
-// parseReplies answers reqs from one gcra.lua reply: 2 integers each, in
-// order. An error (Redis's, or a bad reply) answers every request.
-func parseReplies(c *redis.Cmd, reqs []*request) {
+// parseReplies answers reqs from one batched call's reply: n integers each
+// (gcra.lua 2, quota.lua 3), in order, read by parse. An error (Redis's,
+// or a bad reply) answers every request.
+func parseReplies(c *redis.Cmd, reqs []*request, n int, parse func([]any) reply) {
 	v, err := c.Result()
 	a, ok := v.([]any)
-	if err == nil && (!ok || len(a) != 2*len(reqs)) {
+	if err == nil && (!ok || len(a) != n*len(reqs)) {
 		err = errBadReply
 	}
 	for i, r := range reqs {
@@ -414,7 +432,7 @@ func parseReplies(c *redis.Cmd, reqs []*request) {
 			r.reply <- reply{err: err}
 			continue
 		}
-		r.reply <- parseStep(a[2*i : 2*i+2])
+		r.reply <- parse(a[n*i : n*i+n])
 	}
 }
 

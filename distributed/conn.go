@@ -21,6 +21,7 @@ type conn struct {
 	opts    Options
 	client  redis.UniversalClient
 	gcra    *redis.Script // gcra.lua: the batcher's GCRA steps
+	quota   *redis.Script // quota.lua: its quota steps
 	cluster bool          // a batch's GCRA steps go in one call per hash slot
 	logger  *zap.Logger
 	// breaker guards the whole setting: on one server or Sentinel every
@@ -71,6 +72,7 @@ func newConn(opts Options, logger *zap.Logger) (*conn, error) {
 		opts:       opts,
 		client:     redis.NewUniversalClient(uopts),
 		gcra:       redis.NewScript(gcraScript),
+		quota:      redis.NewScript(quotaScript),
 		logger:     logger,
 		queue:      make(chan *request, queueDepth),
 		idle:       make(chan struct{}, idleCallers),

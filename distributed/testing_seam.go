@@ -3,7 +3,8 @@ package distributed
 // The testing seam: what the integration tests need of the stores besides
 // zones.Store and what Caddy uses. They live in their own module (tests/),
 // which reaches exported names only: the Lua-versus-Go agreement test runs
-// gcra.lua with an explicit clock (EvalAt, EvalManyAt), and the Redis tests
+// gcra.lua and quota.lua with an explicit clock (EvalAt, EvalManyAt,
+// EvalQuotaAt, EvalQuotaManyAt), and the Redis tests
 // beat without waiting for the loop and read what a store holds in memory.
 // Nothing here is on the request path; tests/ relies on these signatures.
 
@@ -13,6 +14,7 @@ import (
 
 	"github.com/caddy-tally/ratelimit/algorithms"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
+	"github.com/caddy-tally/ratelimit/zones"
 )
 
 // Op selects what the GCRA script does to a key: in the store's own calls,
@@ -75,6 +77,54 @@ func (s *Store) EvalManyAt(ctx context.Context, steps []Step, nowUs int64) (resu
 	for i := range steps {
 		rep := parseStep(v[2*i : 2*i+2])
 		results[i], errs[i] = rep.step, rep.err
+	}
+	return results, errs, nil
+}
+
+// QuotaStep is one key's quota step for EvalQuotaManyAt.
+type QuotaStep struct {
+	Op    Op
+	Zone  string
+	Key   string
+	Limit zones.QuotaLimit
+	Cost  int64
+}
+
+// EvalQuotaAt runs the quota script directly (no batcher, no breaker) with
+// an explicit clock in microseconds, for the test that checks it against
+// algorithms.Quota.
+func (s *Store) EvalQuotaAt(ctx context.Context, op Op, zone, key string, q zones.QuotaLimit, cost, nowUs int64) (zones.QuotaResult, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	args := quotaArgs(op, q, cost, nowUs)
+	rep := s.parseReply(s.quota, s.quota.Run(ctx, s.client, []string{s.QuotaKey(zone, key)}, args[:]...))
+	return rep.quota.result(), rep.err
+}
+
+// EvalQuotaManyAt runs steps in one call of the quota script, in order, as
+// the batcher sends a batch, with an explicit clock (see EvalQuotaAt). A
+// step's error is in errs; err is the call's.
+func (s *Store) EvalQuotaManyAt(ctx context.Context, steps []QuotaStep, nowUs int64) (results []zones.QuotaResult, errs []error, err error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	keys := make([]string, len(steps))
+	argv := []any{nowUs}
+	for i, st := range steps {
+		keys[i] = s.QuotaKey(st.Zone, st.Key)
+		a := quotaArgs(st.Op, st.Limit, st.Cost, nowUs)
+		argv = append(argv, a[1:]...)
+	}
+	v, err := s.quota.Run(ctx, s.client, keys, argv...).Slice()
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(v) != 3*len(steps) {
+		return nil, nil, errBadReply
+	}
+	results, errs = make([]zones.QuotaResult, len(steps)), make([]error, len(steps))
+	for i := range steps {
+		rep := parseQuotaStep(v[3*i : 3*i+3])
+		results[i], errs[i] = rep.quota.result(), rep.err
 	}
 	return results, errs, nil
 }

@@ -78,6 +78,13 @@ type Periods struct {
 	loc *time.Location
 }
 
+// PeriodsAt returns the period of p in loc that contains t and its
+// neighbours.
+func PeriodsAt(p algorithms.Period, t time.Time, loc *time.Location) Periods {
+	start, end := p.Bounds(t, loc)
+	return newPeriods(p, start, end, loc)
+}
+
 func newPeriods(p algorithms.Period, start, end time.Time, loc *time.Location) Periods {
 	prev, _ := p.Bounds(start.Add(-time.Nanosecond), loc)
 	_, next := p.Bounds(end, loc)

@@ -1,0 +1,144 @@
+package distributed
+
+// Strict mode's calendar quotas (zones.QuotaStore): every step is one
+// quota.lua step, batched with the GCRA steps' calls (see doc.go).
+
+import (
+	"context"
+	_ "embed"
+	"time"
+
+	"github.com/caddy-tally/ratelimit/zones"
+)
+
+//go:embed quota.lua
+var quotaScript string
+
+// quotaZoneSep joins zone and key in quota keys, in both modes:
+// <key_prefix><zone>.quota:<key>. Zone names cannot contain '.', so no
+// quota key is a rate zone's key (strict or async) or the instances set.
+const quotaZoneSep = ".quota:"
+
+// QuotaKey is the Redis key holding the count of key in quota zone zone:
+// <key_prefix><zone>.quota:<key>, the same in strict and async mode.
+func (c *conn) QuotaKey(zone, key string) string {
+	return c.opts.KeyPrefix + zone + quotaZoneSep + key
+}
+
+// quotaReply is quota.lua's answer for one key.
+type quotaReply struct {
+	allowed bool
+	used    int64
+	toEnd   int64 // µs
+	period  int   // 0, 1 or 2
+}
+
+func (r quotaReply) result() zones.QuotaResult {
+	return zones.QuotaResult{Allowed: r.allowed, Used: r.used, ToEnd: time.Duration(r.toEnd) * time.Microsecond, Period: r.period}
+}
+
+// DecideQuota runs one quota step for key in zone in Redis, in the period
+// of q.Periods that contains Redis TIME.
+func (s *Store) DecideQuota(ctx context.Context, zone, key string, q zones.QuotaLimit, cost int64) (zones.QuotaResult, error) {
+	return s.quotaStep(ctx, zone, key, quotaArgs(OpDecide, q, cost, ""))
+}
+
+// RefundQuota gives back cost for key in zone.
+func (s *Store) RefundQuota(ctx context.Context, zone, key string, q zones.QuotaLimit, cost int64) error {
+	_, err := s.quotaStep(ctx, zone, key, quotaArgs(OpRefund, q, cost, ""))
+	return err
+}
+
+// CheckQuota reports whether key has a unit left in zone's period,
+// counting nothing: a post-charged zone's check.
+func (s *Store) CheckQuota(ctx context.Context, zone, key string, q zones.QuotaLimit) (zones.QuotaResult, error) {
+	return s.quotaStep(ctx, zone, key, quotaArgs(OpPeek, q, 0, ""))
+}
+
+// ChargeQuota counts cost for key in zone after the response, from at most
+// the limit (the key's debt is at most one charge).
+func (s *Store) ChargeQuota(ctx context.Context, zone, key string, q zones.QuotaLimit, cost int64) (zones.QuotaResult, error) {
+	return s.quotaStep(ctx, zone, key, quotaArgs(OpCharge, q, cost, ""))
+}
+
+// PeekQuota reads key's count in zone for the admin API, bypassing the
+// batcher.
+func (s *Store) PeekQuota(ctx context.Context, zone, key string, q zones.QuotaLimit) (zones.QuotaResult, error) {
+	return s.peekQuota(ctx, zone, key, q)
+}
+
+// ResetQuota deletes key's count in zone and tells every instance.
+func (s *Store) ResetQuota(ctx context.Context, zone, key string) error {
+	return s.reset(ctx, s.QuotaKey(zone, key), zone, key)
+}
+
+func (s *Store) quotaStep(ctx context.Context, zone, key string, args [5]any) (zones.QuotaResult, error) {
+	if s.isClosed() {
+		return zones.QuotaResult{}, ErrClosed
+	}
+	rep := s.call(ctx, s.quota, s.QuotaKey(zone, key), args)
+	if rep.err != nil {
+		s.problems.note(zone, rep.err)
+		return zones.QuotaResult{}, rep.err
+	}
+	return rep.quota.result(), nil
+}
+
+// peekQuota reads key's count in zone with quota.lua's check, unbatched, in
+// either mode: async leases count as used.
+func (c *conn) peekQuota(ctx context.Context, zone, key string, q zones.QuotaLimit) (zones.QuotaResult, error) {
+	rkey := c.QuotaKey(zone, key)
+	var rep reply
+	err := c.unbatched(ctx, rkey, func(ctx context.Context) error {
+		rep = c.direct(ctx, c.quota, rkey, quotaArgs(OpPeek, q, 0, ""))
+		return rep.err
+	})
+	if err != nil {
+		return zones.QuotaResult{}, err
+	}
+	return rep.quota.result(), nil
+}
+
+// quotaArgs builds ARGV for one key's quota.lua call; now is "" (Redis
+// TIME) or int64 µs. Build it with a constant op (see Store.step).
+func quotaArgs(op Op, q zones.QuotaLimit, cost int64, now any) [5]any {
+	return [5]any{now, q.Periods.Arg, q.Limit, cost, string(op)}
+}
+
+// parseQuotaStep reads one key's {u, to_end, period} of quota.lua.
+func parseQuotaStep(a []any) reply {
+	u, ok := a[0].(int64)
+	toEnd, ok2 := a[1].(int64)
+	period, ok3 := a[2].(int64)
+	switch {
+	case !ok || !ok2 || !ok3:
+		return reply{err: errBadReply}
+	case period == -1:
+		return reply{err: clockError{&zones.QuotaClockError{Now: time.UnixMicro(toEnd)}}}
+	case period == -2:
+		return reply{err: errForeignType}
+	case period == -3:
+		return reply{err: errForeignQuota}
+	case period < 0 || period > 2:
+		return reply{err: errBadReply}
+	}
+	r := quotaReply{allowed: u >= 0, used: u, toEnd: toEnd, period: int(period)}
+	if u < 0 {
+		r.used = -u - 1
+	}
+	return reply{quota: r}
+}
+
+// clockError is a zones.QuotaClockError that Redis answered: a redis.Error,
+// so that it counts as Redis up, not as an outage.
+type clockError struct{ err *zones.QuotaClockError }
+
+func (e clockError) Error() string { return e.err.Error() }
+func (e clockError) Unwrap() error { return e.err }
+func (clockError) RedisError()     {}
+
+// errForeignQuota: a quota key held a hash tally did not write.
+const errForeignQuota = scriptError("TALLYFOREIGN a hash that is not a quota count was at a tally quota key; deleted")
+
+// Interface guard: what zones asks of a strict store's quotas.
+var _ zones.QuotaStore = (*Store)(nil)
