@@ -31,7 +31,8 @@ func init() {
 //
 //	GET    /rate_limit/zones                    every zone, its limits and store health
 //	GET    /rate_limit/zones/<zone>/keys/<key>  a key's remaining, retry_after, reset_after
-//	                                            (concurrency zones: in_use, remaining)
+//	                                            (concurrency zones: in_use, remaining;
+//	                                            quota zones: used, remaining, period_end)
 //	DELETE /rate_limit/zones/<zone>/keys/<key>  reset the key (local table, deny cache, Redis)
 //	GET    /rate_limit/zones/<zone>/top?n=20    the keys this instance denied most lately
 //
@@ -73,11 +74,42 @@ type zoneInfo struct {
 	LocalKeys     int        `json:"local_keys"`
 	Store         *storeInfo `json:"store,omitempty"`
 
-	Concurrency int64 `json:"concurrency,omitempty"` // concurrency zones only
+	Concurrency int64      `json:"concurrency,omitempty"` // concurrency zones only
+	Quota       *quotaInfo `json:"quota,omitempty"`       // quota zones only
 
 	// "connection" for a listener wrapper's zone, which counts new
 	// connections (concurrency: connections open), not requests.
 	Layer string `json:"layer,omitempty"`
+}
+
+// quotaInfo is a quota zone's limit and the period it is in on this
+// instance's clock, times in RFC 3339 with the zone's offset.
+type quotaInfo struct {
+	Limit       int64  `json:"limit"`
+	Per         string `json:"per"`
+	TimeZone    string `json:"time_zone"`
+	PeriodStart string `json:"period_start"`
+	PeriodEnd   string `json:"period_end"`
+}
+
+// quotaKeyInfo is a quota zone's key as GET /rate_limit/zones/<zone>/keys/<key>
+// shows it: its use of the current period (fleet-wide with distributed;
+// async mode counts the leases instances hold as used), times in RFC 3339
+// with the time zone's offset. reset_after is the seconds to the period's
+// end; retry_after the same once nothing is left, else 0.
+type quotaKeyInfo struct {
+	Zone        string  `json:"zone"`
+	Key         string  `json:"key"`
+	Used        int64   `json:"used"`
+	Quota       int64   `json:"quota"` // the limit the key was last decided under
+	Remaining   int64   `json:"remaining"`
+	Per         string  `json:"per"`
+	TimeZone    string  `json:"time_zone"`
+	PeriodStart string  `json:"period_start"`
+	PeriodEnd   string  `json:"period_end"`
+	RetryAfter  float64 `json:"retry_after"`
+	ResetAfter  float64 `json:"reset_after"`
+	Source      string  `json:"source"` // "local" or "redis"
 }
 
 type storeInfo struct {
@@ -246,6 +278,12 @@ func listZones() []zoneInfo {
 		if isConnectionZone(z) {
 			zi.Layer = "connection"
 		}
+		if z.IsQuota() {
+			start, end := z.PeriodNow(monotime.Now())
+			zi.Events = z.Quota
+			zi.Quota = &quotaInfo{Limit: z.Quota, Per: z.Period.String(), TimeZone: z.Location.String(),
+				PeriodStart: start.Format(time.RFC3339), PeriodEnd: end.Format(time.RFC3339)}
+		}
 		if s := z.Store(); s != nil {
 			zi.Store = &storeInfo{OK: true, Instances: s.Instances()}
 			if hr, ok := s.(healthReporter); ok {
@@ -276,6 +314,9 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone,
 	if z.IsConcurrency() {
 		return a.getSlots(w, r, z, key)
 	}
+	if z.IsQuota() {
+		return a.getQuota(w, r, z, key)
+	}
 	now := monotime.Now()
 	d, err := z.Peek(r.Context(), key, now)
 	switch {
@@ -303,6 +344,28 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone,
 		Burst:         plan.Burst,
 		Source:        source,
 	})
+}
+
+// getQuota answers GET for a key of a quota zone, whether or not it used
+// anything yet.
+func (a *AdminAPI) getQuota(w http.ResponseWriter, r *http.Request, z *zones.Zone, key string) error {
+	s, err := z.PeekQuota(r.Context(), key, monotime.Now())
+	if err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("reading the key from Redis: %v", err)}
+	}
+	source := "local"
+	if s.Source == zones.SourceStore {
+		source = "redis"
+	}
+	toEnd := max(0, time.Until(s.PeriodEnd).Seconds())
+	info := quotaKeyInfo{Zone: z.Name, Key: key, Used: s.Used, Quota: s.Limit, Remaining: s.Remaining,
+		Per: z.Period.String(), TimeZone: z.Location.String(),
+		PeriodStart: s.PeriodStart.Format(time.RFC3339), PeriodEnd: s.PeriodEnd.Format(time.RFC3339),
+		ResetAfter: toEnd, Source: source}
+	if s.Remaining == 0 {
+		info.RetryAfter = toEnd
+	}
+	return writeJSON(w, info)
 }
 
 // slotsInfo is a concurrency zone's key as GET /rate_limit/zones/<zone>/keys/<key>

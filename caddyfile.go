@@ -57,6 +57,16 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        max_keys   <n>                # default: 1000000
 //	        dry_run
 //	    }
+//	    zone <name> {                     # a quota zone
+//	        key         <placeholders>    # required
+//	        quota <n>|<placeholder> [<fallback n>] per minute|hour|day|week|month [<IANA time zone>]
+//	                                      # at most n units per calendar period
+//	                                      # (default time zone UTC), instead of
+//	                                      # events, window and burst, e.g.
+//	                                      # quota {plan_quota} 100000 per month Europe/Berlin
+//	        cost, count, charge, match, ipv4_prefix, ipv6_prefix, fail_policy,
+//	        max_keys, dry_run as above
+//	    }
 //	    zone <name> {                     # a concurrency zone
 //	        key         <placeholders>    # required
 //	        concurrency <n>               # at most n requests of a key in flight,
@@ -187,6 +197,12 @@ func parseZone(d *caddyfile.Dispenser, defined map[string]*Zone, in, keyExample 
 		switch {
 		case sub != "match" && seen[sub]:
 			err = d.Errf("%s is given twice: keep one", sub)
+		case sub == "quota" && (seen["events"] || seen["window"] || seen["burst"]),
+			(sub == "events" || sub == "window" || sub == "burst") && seen["quota"]:
+			err = d.Err("a zone has either a quota or a rate: remove events, window and burst, or put the rate in a zone of its own (a rate and a quota for the same key are two zones)")
+		case sub == "quota" && (seen["concurrency"] || seen["lease"]),
+			(sub == "concurrency" || sub == "lease") && seen["quota"]:
+			err = d.Err("a zone has either a quota or a concurrency limit: put each in a zone of its own")
 		case sub == "concurrency" && (seen["events"] || seen["window"] || seen["burst"]),
 			(sub == "events" || sub == "window" || sub == "burst") && seen["concurrency"]:
 			err = d.Err("concurrency replaces events, window and burst: remove them, or put the rate limit in a zone of its own")
@@ -277,6 +293,8 @@ func parseZone(d *caddyfile.Dispenser, defined map[string]*Zone, in, keyExample 
 			z.MaxKeys, err = int64Arg(d, 1, zones.MaxMaxKeys)
 		case sub == "dry_run":
 			err = noArgs(d, &z.DryRun)
+		case sub == "quota":
+			z.Quota, err = unmarshalQuota(d)
 		case sub == "concurrency":
 			z.Concurrency, err = int64Arg(d, 1, zones.MaxConcurrency)
 		case sub == "lease":
@@ -284,7 +302,7 @@ func parseZone(d *caddyfile.Dispenser, defined map[string]*Zone, in, keyExample 
 				err = d.Errf("lease must be at least %v: slots are renewed every lease/3", zones.MinLease)
 			}
 		default:
-			err = d.Errf("unknown subdirective %q: expected key, events, window, burst, cost, count, charge, concurrency, lease, match, ipv4_prefix, ipv6_prefix, fail_policy, max_keys or dry_run", sub)
+			err = d.Errf("unknown subdirective %q: expected key, events, window, burst, quota, cost, count, charge, concurrency, lease, match, ipv4_prefix, ipv6_prefix, fail_policy, max_keys or dry_run", sub)
 		}
 		if err != nil {
 			return "", nil, nil, fmt.Errorf("zone %s: %w", name, err)
@@ -297,8 +315,13 @@ func parseZone(d *caddyfile.Dispenser, defined map[string]*Zone, in, keyExample 
 	case z.Concurrency == 0 && seen["lease"]:
 		return "", nil, nil, d.Errf("zone %s: lease only applies to concurrency zones: add e.g. concurrency 4, or remove lease", name)
 	case z.Concurrency > 0:
+	case z.Quota != nil:
+		if z.Cost > z.Quota.Limit && z.Quota.Limit > 0 && z.Charge == "" && z.Count == nil {
+			return "", nil, nil, fmt.Errorf("zone %s: cost %d is more than the quota (%d): such requests could never pass; lower cost or raise the quota, at %s:%d",
+				name, z.Cost, z.Quota.Limit, d.File(), lines["cost"])
+		}
 	case z.MaxEvents == 0:
-		return "", nil, nil, d.Errf("zone %s: events is missing: add e.g. events 100", name)
+		return "", nil, nil, d.Errf("zone %s: events is missing: add e.g. events 100 (or a calendar quota: quota 1000 per day)", name)
 	case z.Window == 0:
 		return "", nil, nil, d.Errf("zone %s: window is missing: add e.g. window 1m", name)
 	case z.CostPlaceholder != "" && z.Charge != "":
@@ -307,7 +330,7 @@ func parseZone(d *caddyfile.Dispenser, defined map[string]*Zone, in, keyExample 
 	// What provisioning would refuse, refused here with the line at fault.
 	cfg := zones.Config{Name: name, Concurrency: z.Concurrency, Events: z.MaxEvents, Window: time.Duration(z.Window), Burst: z.Burst,
 		IPv4Prefix: z.IPv4Prefix, IPv6Prefix: z.IPv6Prefix, MaxKeys: z.MaxKeys}
-	if setting, err := cfg.Check(); err != nil && z.Concurrency == 0 {
+	if setting, err := cfg.Check(); err != nil && z.Concurrency == 0 && z.Quota == nil {
 		line, ok := lines[setting]
 		if !ok {
 			line = zoneLine

@@ -338,6 +338,12 @@ func cliZones(c *cli) error {
 		case z.Layer == "connection":
 			limit += " connections"
 		}
+		if q := z.Quota; q != nil {
+			limit, burst = strconv.FormatInt(q.Limit, 10)+"/"+q.Per, "-"
+			if q.TimeZone != "UTC" {
+				limit += " " + q.TimeZone
+			}
+		}
 		if z.DryRun {
 			limit += " (dry run)"
 		}
@@ -373,6 +379,10 @@ func cliKey(c *cli, zone, key string) error {
 		keyInfo
 		InUse       int64 `json:"in_use"`      // concurrency zones
 		Concurrency int64 `json:"concurrency"` // concurrency zones
+		// quota zones:
+		Used      int64  `json:"used"`
+		Quota     int64  `json:"quota"`
+		PeriodEnd string `json:"period_end"`
 	}
 	printed, err := c.get(keyPath(zone, key), &k)
 	var nf errNotFound
@@ -396,6 +406,15 @@ func cliKey(c *cli, zone, key string) error {
 		return err
 	}
 	if printed || err != nil {
+		return err
+	}
+	if k.PeriodEnd != "" {
+		state := "not limited"
+		if k.Remaining == 0 {
+			state = "LIMITED"
+		}
+		_, err = fmt.Fprintf(c.out, "zone %s, key %q: %s, %d of %d used, %d remaining until %s (in %s)\n",
+			zone, key, state, k.Used, k.Quota, k.Remaining, k.PeriodEnd, seconds(k.ResetAfter))
 		return err
 	}
 	if k.Concurrency > 0 {

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -101,6 +102,16 @@ func (z *zoneHandler) readCost(repl *caddy.Replacer, now int64, name, setting st
 // fail policy's view when the store cannot answer). Retry-After is one
 // window; r is 0, as for every denial.
 func (z *zoneHandler) neverPasses(ctx context.Context, key string, now int64, p *zones.Plan, cost int64) zones.Decision {
+	if z.IsQuota() {
+		// More than the key's quota: denied until the period's end,
+		// when the request's plan may give more.
+		if c := z.logs.costOverBurst.check(z.logger, now, zapcore.WarnLevel, "request cost exceeds the key's quota: it can never pass"); c != nil {
+			c.Write(zap.String("zone", z.Name), zap.Int64("cost", cost), zap.Int64("quota", p.Events))
+		}
+		state := z.Check(ctx, key, now, p)
+		toEnd := max(state.ResetAfter, time.Nanosecond)
+		return zones.Decision{RetryAfter: toEnd, ResetAfter: toEnd, Period: state.Period, Source: zones.SourceLocal}
+	}
 	if c := z.logs.costOverBurst.check(z.logger, now, zapcore.WarnLevel, "request cost exceeds the zone's burst: it can never pass"); c != nil {
 		c.Write(zap.String("zone", z.Name), zap.Int64("cost", cost), zap.Int64("burst", p.Burst))
 	}
@@ -197,6 +208,10 @@ func zoneCosts(name string, zc *Zone, plan zones.Plan) (costVars, error) {
 	switch {
 	case zc.Cost < 0:
 		return c, fmt.Errorf("zone %s: cost must be a whole number of at least 1", name)
+	case zc.Quota != nil:
+		if c.cost > plan.Burst && plan.Burst > 0 && !c.postCharged() && zc.Charge == "" {
+			return c, fmt.Errorf("zone %s: cost %d is more than the quota (%d): such requests could never pass; lower cost or raise the quota", name, c.cost, plan.Burst)
+		}
 	case c.cost > plan.Burst:
 		return c, fmt.Errorf("zone %s: cost %d is more than the burst (%d): such requests could never pass; lower cost or raise burst", name, c.cost, plan.Burst)
 	}

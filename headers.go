@@ -50,7 +50,12 @@ const maxSFInteger = 999_999_999_999_999
 //	RateLimit:        "<zone>";r=<remaining>;t=<seconds until more quota>
 //
 // and, for a concurrency zone, "<zone>";q=<n>;qu="concurrent-requests", with
-// a t only on a denial (its retry time): when a slot frees is not known.
+// a t only on a denial (its retry time): when a slot frees is not known. A
+// quota zone's w is the length of the period the request was counted in (a
+// 23-hour day is w=82800), and its t the seconds to the period's end, only
+// once the key has nothing left: before that no more quota is coming, since
+// nothing refills until the boundary. Its legacy RateLimit-Reset is the
+// seconds to the boundary, always.
 //
 // t is the time until at least one more unit of quota is available, rounded
 // up: within one emission interval while below the burst, the retry time of a
@@ -244,7 +249,7 @@ type renderKey struct {
 }
 
 func newRenderKey(v *verdict, denied bool, retry time.Duration) renderKey {
-	k := renderKey{zone: v.zone, events: v.plan.Events, window: int64(v.plan.Window),
+	k := renderKey{zone: v.zone, events: v.plan.Events, window: int64(v.window()),
 		remaining: v.d.Remaining, t: -1, reset: ceilSeconds(v.d.ResetAfter)}
 	if t, ok := moreQuotaIn(v); ok && !(denied && v.d.Remaining > 0) {
 		k.t = sfInt(ceilSeconds(t))
@@ -331,7 +336,7 @@ func appendPolicy(buf []byte, v *verdict) []byte {
 		return append(buf, `;qu="concurrent-requests"`...)
 	}
 	buf = strconv.AppendInt(buf, sfInt(v.plan.Events), 10)
-	if w := v.plan.Window; w%time.Second == 0 {
+	if w := v.window(); w > 0 && w%time.Second == 0 {
 		buf = append(buf, ";w="...)
 		buf = strconv.AppendInt(buf, sfInt(int64(w/time.Second)), 10)
 	}
@@ -366,6 +371,9 @@ func moreQuotaIn(v *verdict) (time.Duration, bool) {
 	case v.d.ResetAfter <= 0 || v.zone.IsConcurrency():
 		// At its full burst, or slots that free when requests end.
 		return 0, false
+	case v.zone.IsQuota():
+		// Nothing comes back before the period's end.
+		return v.d.ResetAfter, v.d.Remaining == 0
 	}
 	// One more unit frees each time resetAfter drops past a multiple of
 	// the emission interval.
@@ -379,6 +387,15 @@ func (v *verdict) quota() int64 {
 		return v.zone.Concurrency
 	}
 	return v.plan.Events
+}
+
+// window is the w of v's zone: the plan's window, or a quota zone's
+// current period.
+func (v *verdict) window() time.Duration {
+	if v.zone.IsQuota() {
+		return v.d.Period
+	}
+	return v.plan.Window
 }
 
 // emissionInterval is the interval at which v's key frees one unit, under

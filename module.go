@@ -12,6 +12,7 @@
 //	plans.go        limits read from each request's placeholders
 //	cost.go         what a request costs, and charging after the response
 //	concurrency.go  holding concurrency slots while the next handlers run
+//	quota.go        calendar quotas: their syntax, time zone and per-plan limit
 //	headers.go      the RateLimit and Retry-After headers
 //	log.go          the log lines a request can cause, and their one sampling rule
 //	metrics.go      the Prometheus metrics

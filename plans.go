@@ -36,6 +36,8 @@ type planVars struct {
 	events, window, burst string
 	eventsMax, burstMax   int64
 	windowMin             time.Duration
+	quota                 string // a quota zone's limit (quota.go)
+	quotaMax              int64
 }
 
 // Why a per-request value fell back, beyond "not a number or duration".
@@ -104,7 +106,9 @@ func boundError(outOfRange bool, rangeText string, beyondFallback bool, fallback
 	return ""
 }
 
-func (v planVars) any() bool { return v.events != "" || v.window != "" || v.burst != "" }
+func (v planVars) any() bool {
+	return v.events != "" || v.window != "" || v.burst != "" || v.quota != ""
+}
 
 // planFor returns the plan the request is decided under: the zone's
 // literal plan (no lookup, no allocation) unless it reads one from the
@@ -113,6 +117,9 @@ func (z *zoneHandler) planFor(repl *caddy.Replacer, now int64) zones.Plan {
 	lit := z.Plan()
 	if !z.vars.any() {
 		return lit
+	}
+	if z.vars.quota != "" {
+		return z.quotaPlanFor(repl, now, lit)
 	}
 	events, window, burst := lit.Events, lit.Window, z.Config.Burst
 	var bad string // the first setting that fell back, for the log

@@ -14,6 +14,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/caddy-tally/ratelimit/algorithms"
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
@@ -31,10 +32,26 @@ type stateID struct {
 	events, window, burst int64
 	maxKeys               int64
 	vars                  planVars
+	// Quota zones: the period and its time zone (the quota is burst).
+	period   algorithms.Period
+	timeZone string
 }
 
 func newStateID(cfg zones.Config, vars planVars) stateID {
-	return stateID{cfg.Name, cfg.Events, int64(cfg.Window), cfg.Limit().Burst, cfg.MaxKeys, vars}
+	id := stateID{name: cfg.Name, events: cfg.Events, window: int64(cfg.Window), burst: cfg.Limit().Burst, maxKeys: cfg.MaxKeys, vars: vars}
+	if cfg.IsQuota() {
+		id.period, id.timeZone = cfg.Period, cfg.Location.String()
+	}
+	return id
+}
+
+// limit describes the definition's limit for people.
+func (id stateID) limit() string {
+	if id.period != 0 {
+		loc, _ := time.LoadLocation(id.timeZone)
+		return "a quota of " + quotaLimitText(id.burst, id.period, loc)
+	}
+	return fmt.Sprintf("%d per %v", id.events, time.Duration(id.window))
 }
 
 func loadState(cfg zones.Config, vars planVars, sweep time.Duration) (*zones.State, stateID, error) {
@@ -90,8 +107,8 @@ func claimZone(ctx caddy.Context, cfg zones.Config, c zoneClaim) error {
 	case ok && prev.id != c.id && prev.connection != c.connection:
 		return fmt.Errorf("zone %s is both a connection zone (listener_wrappers rate_limit) and an HTTP zone, with other limits: give one of them another name", cfg.Name)
 	case ok && prev.id != c.id:
-		return fmt.Errorf("zone %s is defined twice with different limits (%d per %v and %d per %v): give one of them another name",
-			cfg.Name, prev.id.events, time.Duration(prev.id.window), cfg.Events, cfg.Window)
+		return fmt.Errorf("zone %s is defined twice with different limits (%s and %s): give one of them another name",
+			cfg.Name, prev.id.limit(), c.id.limit())
 	case ok && prev.connection != c.connection:
 		// The same definition in both layers shares its state, as two
 		// handlers' would; the HTTP zone's claim is kept, for deny_while.

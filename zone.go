@@ -23,7 +23,8 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// Zone is one named limit: events per window per key.
+// Zone is one named limit: events per window per key, a calendar quota
+// per key, or requests in flight per key.
 type Zone struct {
 	// The key template: placeholders such as {client_ip} or
 	// {http.request.header.Authorization}. Requests with the same expanded
@@ -146,6 +147,15 @@ type Zone struct {
 	// renew their slots every lease/3 while the requests run. At least 1s.
 	// Default: 30s.
 	Lease caddy.Duration `json:"lease,omitempty"`
+
+	// Makes this a quota zone: at most quota.limit units of cost per
+	// calendar period (a minute, hour, day, ISO week or month of a time
+	// zone), counted from 0 at each period's start, instead of max_events
+	// per window (which must then be left out). cost, count and charge
+	// count units as in a rate zone; a post-charged quota ends a period in
+	// debt by at most one charge. Denials carry Retry-After: the seconds to
+	// the period's end.
+	Quota *Quota `json:"quota,omitempty"`
 }
 
 // zoneHandler is a provisioned zone: its matchers, key template and the
@@ -214,6 +224,11 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 	if err != nil {
 		return nil, err
 	}
+	if zc.Quota != nil {
+		if err := zc.Quota.configure(name, &cfg, &vars, h.logger); err != nil {
+			return nil, err
+		}
+	}
 	cfg.PerRequest = vars.any()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -268,6 +283,10 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 		// zeros.
 		zh.timed = h.store != nil && zh.Mode() == "strict"
 		zh.metrics = newZoneMetrics(name, policy, cfg.DryRun, h.store != nil, zh.timed, cfg.PerRequest, costs)
+		if cfg.IsQuota() && zh.metrics.cost == nil {
+			// A quota zone's use, in units, whatever its cost.
+			zh.metrics.cost = collectors.cost.WithLabelValues(name)
+		}
 	}
 	zh.Zone.OnChargeFailed = zh.chargeFailed
 	registerZone(zh.Zone)
@@ -285,10 +304,14 @@ func (z *zoneHandler) release() {
 }
 
 // compareZones orders zones tightest first: by rate, then burst, then name;
-// concurrency zones after every rate zone (compareConcurrency).
+// quota zones after every rate zone (compareQuota) and concurrency zones
+// after those (compareConcurrency).
 func compareZones(a, b *zoneHandler) int {
 	if a.IsConcurrency() || b.IsConcurrency() {
 		return compareConcurrency(a, b)
+	}
+	if a.IsQuota() || b.IsQuota() {
+		return compareQuota(a, b)
 	}
 	ra := float64(a.Events) / float64(a.Window)
 	rb := float64(b.Events) / float64(b.Window)

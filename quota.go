@@ -1,0 +1,223 @@
+package ratelimit
+
+// Calendar quotas, the handler side: `quota <n|placeholder [fallback]> per
+// minute|hour|day|week|month [<IANA time zone>]` in a zone, instead of
+// events and window (the counting is package zones', quota.go).
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+	// The time zones ship in the module (about 450 KB): a quota in
+	// Europe/Berlin must load in a container without /usr/share/zoneinfo
+	// rather than fail there after working on the developer's machine. The
+	// system's zoneinfo still comes first where there is one (Go's
+	// time.LoadLocation order), so the embedded copy only fills a gap.
+	_ "time/tzdata"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"go.uber.org/zap"
+
+	"github.com/caddy-tally/ratelimit/algorithms"
+	"github.com/caddy-tally/ratelimit/zones"
+)
+
+// Quota is a zone's calendar quota: at most limit units of cost per
+// calendar period of a time zone, counted from 0 at each period's start. A
+// zone has either a quota or events and window, never both.
+type Quota struct {
+	// Units of cost a key may use per period (requests, with the default
+	// cost of 1). With limit_placeholder, the fallback for requests whose
+	// placeholder is empty or invalid; 0 there denies such requests.
+	Limit int64 `json:"limit,omitempty"`
+
+	// A placeholder, such as {plan_quota} set by a `map` of the customer's
+	// plan, whose value is this request's limit: quotas per plan. A value
+	// that is empty, not a whole number or out of range (1 to 2^40) is
+	// replaced by limit, counted in caddy_rate_limit_plan_fallbacks_total
+	// and logged (sampled). It must come from the operator (a map, a
+	// verified JWT claim), not from what a client sends, or be bounded.
+	LimitPlaceholder string `json:"limit_placeholder,omitempty"`
+
+	// The largest value limit_placeholder may give; a larger one falls
+	// back to limit, as an unusable one does. 0: no bound.
+	LimitAtMost int64 `json:"limit_at_most,omitempty"`
+
+	// The period: "minute", "hour", "day", "week" (ISO 8601: from Monday
+	// 00:00) or "month". Required. Periods follow the time zone's wall
+	// clock: a day where clocks go forward is 23 hours long, and months
+	// have their real lengths.
+	Per string `json:"per,omitempty"`
+
+	// The IANA time zone whose calendar the periods follow, such as
+	// Europe/Berlin. Default: UTC.
+	TimeZone string `json:"time_zone,omitempty"`
+}
+
+// unmarshalQuota reads `quota <n|placeholder [fallback] [at_most <n>]>
+// per <period> [<time zone>]`.
+func unmarshalQuota(d *caddyfile.Dispenser) (*Quota, error) {
+	const usage = "quota <n> per minute|hour|day|week|month [<time zone>], e.g. quota 100000 per month Europe/Berlin"
+	args := d.RemainingArgs()
+	per := -1
+	for i, a := range args {
+		if a == "per" {
+			per = i
+			break
+		}
+	}
+	q := &Quota{}
+	if at := per - 2; at >= 1 && args[at] == "at_most" {
+		if !strings.HasPrefix(args[0], "{") {
+			return nil, d.Errf("quota at_most bounds the values of a placeholder: quota {plan_quota} 100000 at_most 1000000 per month")
+		}
+		n, err := strconv.ParseInt(args[at+1], 10, 64)
+		if err != nil || n < 1 || n > zones.MaxEvents {
+			return nil, d.Errf("quota at_most must be a whole number from 1 to %d, not %q", int64(zones.MaxEvents), args[at+1])
+		}
+		q.LimitAtMost = n
+		args = append(args[:at:at], args[per:]...)
+		per = at
+	}
+	if per < 1 || per > 2 || len(args)-per < 2 || len(args)-per > 3 {
+		return nil, d.Errf("quota needs a number and a period: %s", usage)
+	}
+	q.Per = args[per+1]
+	limit := args[0]
+	if strings.HasPrefix(limit, "{") {
+		if singlePlaceholder(limit) == "" {
+			return nil, d.Errf("quota takes a number or one placeholder such as {plan_quota}, not %q", limit)
+		}
+		q.LimitPlaceholder, limit = limit, ""
+		if per == 2 {
+			limit = args[1]
+		}
+	} else if per == 2 {
+		return nil, d.Errf("quota %s %s: only a placeholder takes a fallback: %s", args[0], args[1], usage)
+	}
+	if limit != "" {
+		n, err := strconv.ParseInt(limit, 10, 64)
+		if err != nil || n < 1 || n > zones.MaxEvents {
+			return nil, d.Errf("quota must be a whole number from 1 to %d, not %q", int64(zones.MaxEvents), limit)
+		}
+		q.Limit = n
+	}
+	if q.LimitAtMost > 0 && q.Limit > q.LimitAtMost {
+		return nil, d.Errf("quota at_most %d is less than the fallback, %d: the fallback is what the zone allows without a usable value, so it must be within the bound", q.LimitAtMost, q.Limit)
+	}
+	if _, err := algorithms.ParsePeriod(q.Per); err != nil {
+		return nil, d.Errf("quota: %v", err)
+	}
+	if len(args)-per == 3 {
+		q.TimeZone = args[per+2]
+	}
+	if _, err := q.location(); err != nil {
+		return nil, d.Errf("quota: %v", err)
+	}
+	return q, nil
+}
+
+// location loads the quota's time zone.
+func (q *Quota) location() (*time.Location, error) {
+	switch q.TimeZone {
+	case "":
+		return time.UTC, nil
+	case "Local":
+		// Instances configured alike must agree on the periods.
+		return nil, fmt.Errorf("time zone %q differs from machine to machine: name the zone, e.g. Europe/Berlin, or UTC", q.TimeZone)
+	}
+	loc, err := time.LoadLocation(q.TimeZone)
+	if err != nil {
+		return nil, fmt.Errorf("unknown time zone %q: use an IANA name such as Europe/Berlin, America/New_York or UTC", q.TimeZone)
+	}
+	return loc, nil
+}
+
+// configure sets the quota into a zone's config, and its placeholder and
+// bound into vars; a placeholder the client sets with no bound is logged.
+func (q *Quota) configure(name string, cfg *zones.Config, vars *planVars, logger *zap.Logger) error {
+	p, err := algorithms.ParsePeriod(q.Per)
+	if err != nil {
+		return fmt.Errorf("zone %s: quota: %v", name, err)
+	}
+	loc, err := q.location()
+	if err != nil {
+		return fmt.Errorf("zone %s: quota: %v", name, err)
+	}
+	cfg.Quota, cfg.Period, cfg.Location = q.Limit, p, loc
+	switch {
+	case q.LimitAtMost != 0 && q.LimitPlaceholder == "":
+		return fmt.Errorf("zone %s: quota limit_at_most bounds the values of limit_placeholder: give one, or remove the bound", name)
+	case q.LimitAtMost < 0 || q.LimitAtMost > zones.MaxEvents:
+		return fmt.Errorf("zone %s: quota limit_at_most must be a whole number from 1 to 2^40", name)
+	case q.LimitAtMost != 0 && q.Limit > q.LimitAtMost:
+		return fmt.Errorf("zone %s: quota limit_at_most %d is less than the fallback, limit %d", name, q.LimitAtMost, q.Limit)
+	}
+	if q.LimitPlaceholder != "" {
+		if vars.quota = singlePlaceholder(q.LimitPlaceholder); vars.quota == "" {
+			return fmt.Errorf("zone %s: %q is not a placeholder: write one placeholder such as {plan_quota}", name, q.LimitPlaceholder)
+		}
+		vars.quotaMax = q.LimitAtMost
+		if q.LimitAtMost == 0 && strings.HasPrefix(vars.quota, "http.request.") {
+			logger.Warn("a zone's quota comes from the request, which the client sets, with no bound: it can pick any quota up to 2^40; "+
+				"take plans from the operator (map, a verified JWT claim) or bound them (quota {placeholder} <fallback> at_most <n> per ...)",
+				zap.String("zone", name), zap.String("placeholder", q.LimitPlaceholder))
+		}
+	}
+	return nil
+}
+
+// quotaPlanFor is planFor for a quota zone whose limit comes from the
+// request: its value when it is a whole number from 1 to 2^40, else the
+// literal fallback (which may be 0: nothing passes), counted and logged.
+func (z *zoneHandler) quotaPlanFor(repl *caddy.Replacer, now int64, lit zones.Plan) zones.Plan {
+	s, _ := repl.GetString(z.vars.quota)
+	switch n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64); {
+	case err != nil || n < 1 || n > zones.MaxEvents:
+		z.planFallback(now, "quota", s, nil)
+	case z.vars.quotaMax > 0 && n > z.vars.quotaMax:
+		z.planFallback(now, "quota", s, errAboveAtMost)
+	default:
+		return zones.QuotaPlan(n)
+	}
+	return lit
+}
+
+// nominalSeconds orders quota periods: their usual lengths.
+var nominalSeconds = map[algorithms.Period]float64{
+	algorithms.Minute: 60, algorithms.Hour: 3600, algorithms.Day: 86400,
+	algorithms.Week: 7 * 86400, algorithms.Month: 30.436875 * 86400,
+}
+
+// compareQuota orders quota zones after rate zones and before concurrency
+// zones (compareZones), tightest first: a request a rate zone denies never
+// counts in a quota, whose refunds are Redis round trips too.
+func compareQuota(a, b *zoneHandler) int {
+	switch {
+	case !a.IsQuota():
+		return -1
+	case !b.IsQuota():
+		return 1
+	}
+	ra := float64(a.Quota) / nominalSeconds[a.Period]
+	rb := float64(b.Quota) / nominalSeconds[b.Period]
+	switch {
+	case ra < rb:
+		return -1
+	case ra > rb:
+		return 1
+	}
+	return strings.Compare(a.Name, b.Name)
+}
+
+// quotaLimitText describes a quota for people: "100000 per month in
+// Europe/Berlin".
+func quotaLimitText(n int64, p algorithms.Period, loc *time.Location) string {
+	s := fmt.Sprintf("%d per %v", n, p)
+	if loc != nil && loc != time.UTC {
+		s += " in " + loc.String()
+	}
+	return s
+}
