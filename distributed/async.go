@@ -131,6 +131,9 @@ func (a *Async) Close() error {
 		ctx, cancel := context.WithTimeout(context.Background(), backgroundTimeout(a.opts))
 		_ = a.sync(ctx, false)
 		cancel()
+		ctx, cancel = context.WithTimeout(context.Background(), backgroundTimeout(a.opts))
+		a.syncQuotas(ctx, true)
+		cancel()
 		err = a.conn.close()
 	})
 	return err
@@ -255,6 +258,7 @@ func (a *Async) forgetRecord(zone, key string) {
 	s := z.shard(key)
 	s.mu.Lock()
 	delete(s.m, key)
+	delete(s.q, key)
 	s.mu.Unlock()
 }
 

@@ -35,6 +35,7 @@ func (a *Async) loop() {
 	for {
 		a.nextSync.Store(monotime.Now() + int64(a.interval))
 		_ = a.sync(a.ctx, true)
+		a.syncQuotas(a.ctx, false)
 		select {
 		case <-t.C:
 		case <-a.stop:

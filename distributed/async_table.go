@@ -21,7 +21,8 @@ type asyncZone struct {
 type asyncShard struct {
 	mu sync.Mutex
 	m  map[string]*record
-	_  [40]byte // keep neighbouring shards' locks off one cache line
+	q  map[string]*quotaRecord // a quota zone's leases (quota_async.go)
+	_  [32]byte                // keep neighbouring shards' locks off one cache line
 }
 
 func newAsyncZone(name string, maxKeys int) *asyncZone {
@@ -33,6 +34,7 @@ func newAsyncZone(name string, maxKeys int) *asyncZone {
 	z.shardCap.Store(int64(max(1, maxKeys/n)))
 	for i := range z.shards {
 		z.shards[i].m = make(map[string]*record)
+		z.shards[i].q = make(map[string]*quotaRecord)
 	}
 	return z
 }
@@ -119,7 +121,7 @@ func (z *asyncZone) len() int {
 	for i := range z.shards {
 		s := &z.shards[i]
 		s.mu.Lock()
-		n += len(s.m)
+		n += len(s.m) + len(s.q)
 		s.mu.Unlock()
 	}
 	return n

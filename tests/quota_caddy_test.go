@@ -186,6 +186,33 @@ func TestQuotaIsExactAcrossStrictInstances(t *testing.T) {
 	srv.requireEveryKeyExpires(t, 1)
 }
 
+// Three async instances, 64 concurrent clients, one key: leases are taken
+// from the period's count before they are spent, so at most the quota is
+// admitted, and at most a lease per instance (⌈quota/(16·3)⌉ beyond the
+// request) less while the instances still hold leases.
+func TestQuotaAsyncFleetStaysWithinItsBound(t *testing.T) {
+	t.Parallel()
+	srv := startRedis(t)
+	const quota = 200
+	fleet := startAsyncFleet(t, 3, srv.Addr, "100ms", `
+		zone monthly {
+			key    {http.request.header.X-API-Key}
+			quota  `+strconv.Itoa(quota)+` per month
+		}`)
+	for _, c := range fleet {
+		waitFor(t, 10*time.Second, "each instance to see the fleet", func() bool {
+			_, n := asyncZoneStore(t, c, "monthly")
+			return n == 3
+		})
+	}
+	counts := sendAcross(t, fleet, 3*quota, 64, withKey("shared"), 5*time.Second)
+	lease := (quota + 16*3 - 1) / (16 * 3)
+	if counts[200] > quota || counts[200] < quota-3*(lease+1) || counts[200]+counts[429] != 3*quota {
+		t.Fatalf("statuses %v, want at most %d×200 (and at least %d) and the rest 429", counts, quota, quota-3*(lease+1))
+	}
+	srv.requireEveryKeyExpires(t, 1)
+}
+
 // A token quota: each response says what it used, charged after it; the
 // key is let through while units remain, so it ends the minute in debt by
 // at most one charge, is denied until the boundary, and starts afresh then.

@@ -1,0 +1,443 @@
+package distributed
+
+// Async mode's calendar quotas (zones.QuotaStore): leases taken from the
+// period's count in Redis, spent in-process, never past the period's end
+// (the scheme and its bound are in doc.go; the script is quota_async.lua).
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-tally/ratelimit/internal/monotime"
+	"github.com/caddy-tally/ratelimit/zones"
+)
+
+//go:embed quota_async.lua
+var quotaAsyncLua string
+
+var quotaAsyncScript = redis.NewScript(quotaAsyncLua)
+
+// quotaLeaseDivisor bounds a lease: at most ⌈limit/(quotaLeaseDivisor·N)⌉
+// units beyond what the request needs, and at most the instance's fair
+// share of what is left. Small enough that an instance that dies with its
+// lease unspent loses the fleet at most 1/16 of the key's quota for the
+// rest of the period; large enough that a busy key costs Redis one call
+// per instance per 1/(16N) of the quota.
+const quotaLeaseDivisor = 16
+
+// quotaRecord is one instance's lease for one key. Guarded by its shard's
+// lock.
+type quotaRecord struct {
+	end     int64 // µs: the end of the period the record counts, as Redis's bounds gave it
+	endMono int64 // monotime by which its lease must be spent: the period's end, early by a round trip at most
+	// used is what this instance admitted (and charged) in the period;
+	// held what Redis counts for it there, used and lease, as of the
+	// last reply; room what the fleet had left besides. used > held is a
+	// debt (charges past the lease) the next sync reports.
+	used, held, room int64
+	// known: used is Redis's view too. A new record does not know what
+	// the instance used before (it forgot a record, or it is new): its
+	// first report takes what Redis holds for the instance as used.
+	known bool
+	// active: decided since the last sync; an idle record hands its
+	// lease back and is dropped.
+	active bool
+	// blockedUntil (monotime): the fleet had nothing left at the last
+	// take; requests are denied locally until then (one sync interval,
+	// for leases handed back meanwhile) rather than each taking.
+	blockedUntil int64
+	taking       chan struct{} // closed when a call in flight for the record ends
+	// The limit and periods of the record's last step, for the syncs.
+	limit   int64
+	periods *zones.Periods
+}
+
+// quotaReport is what one quota_async.lua call says for a record.
+type quotaReport struct {
+	end         int64
+	used, extra int64 // used -1: not known, extra charged since
+	keep, want  int64
+	usedAt      int64 // the record's used when the report was taken
+}
+
+// quotaAsyncReply is quota_async.lua's answer.
+type quotaAsyncReply struct {
+	held, used, counted int64
+	toEnd               time.Duration
+	period              int
+}
+
+// DecideQuota admits cost from this instance's lease for key in zone,
+// taking one from Redis (one call, on the request path) when it has too
+// little: once per lease, not per request.
+func (a *Async) DecideQuota(ctx context.Context, zone, key string, q zones.QuotaLimit, cost int64) (zones.QuotaResult, error) {
+	return a.quotaStep(ctx, zone, key, q, cost, true)
+}
+
+// CheckQuota reports whether this instance's lease has a unit left for key,
+// taking one when it has none, and counts nothing.
+func (a *Async) CheckQuota(ctx context.Context, zone, key string, q zones.QuotaLimit) (zones.QuotaResult, error) {
+	return a.quotaStep(ctx, zone, key, q, 1, false)
+}
+
+// ChargeQuota counts cost after the response, from at most the lease: the
+// instance's debt past its lease is at most one charge, reported at the
+// next sync.
+func (a *Async) ChargeQuota(_ context.Context, zone, key string, q zones.QuotaLimit, cost int64) (zones.QuotaResult, error) {
+	if a.isClosed() {
+		return zones.QuotaResult{}, ErrClosed
+	}
+	z := a.zone(zone)
+	s := z.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := monotime.Now()
+	r := a.quotaRecordFor(z, s, key, q, now)
+	if r.known {
+		r.used = min(r.used, r.held) + cost
+	} else {
+		r.used += cost // Redis adds it to what it holds for the instance
+	}
+	r.active = true
+	return r.result(now, q, r.held-r.used >= 1), nil
+}
+
+// RefundQuota gives cost back to this instance's lease.
+func (a *Async) RefundQuota(_ context.Context, zone, key string, _ zones.QuotaLimit, cost int64) error {
+	if a.isClosed() {
+		return ErrClosed
+	}
+	z := a.zone(zone)
+	s := z.shard(key)
+	s.mu.Lock()
+	if r := s.q[key]; r != nil {
+		r.used = max(0, r.used-cost)
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+// PeekQuota reads the fleet's count of key in zone as Redis holds it:
+// leases count as used.
+func (a *Async) PeekQuota(ctx context.Context, zone, key string, q zones.QuotaLimit) (zones.QuotaResult, error) {
+	return a.peekQuota(ctx, zone, key, q)
+}
+
+// ResetQuota forgets key here, deletes its count in Redis and tells the
+// other instances, which drop their leases of it.
+func (a *Async) ResetQuota(ctx context.Context, zone, key string) error {
+	a.forgetRecord(zone, key)
+	return a.reset(ctx, a.QuotaKey(zone, key), zone, key)
+}
+
+// quotaStep decides need units (consumed when consume) for key from the
+// lease, taking one at most once.
+func (a *Async) quotaStep(ctx context.Context, zone, key string, q zones.QuotaLimit, need int64, consume bool) (zones.QuotaResult, error) {
+	if a.isClosed() {
+		return zones.QuotaResult{}, ErrClosed
+	}
+	z := a.zone(zone)
+	s := z.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	took := false
+	for range 4 { // a take of our own, and waits for calls in flight
+		now := monotime.Now()
+		r := a.quotaRecordFor(z, s, key, q, now)
+		r.active = true
+		if r.known && r.held-r.used >= need || need == 0 {
+			if consume {
+				r.used += need
+			}
+			return r.result(now, q, true), nil
+		}
+		if w := r.taking; w != nil {
+			s.mu.Unlock()
+			select {
+			case <-w:
+			case <-ctx.Done():
+			}
+			s.mu.Lock()
+			if ctx.Err() != nil {
+				return zones.QuotaResult{}, ErrTimeout
+			}
+			continue
+		}
+		if took || r.known && now < r.blockedUntil {
+			return r.result(now, q, false), nil
+		}
+		took = true
+		n := int64(a.Instances())
+		want := need + (q.Limit+quotaLeaseDivisor*n-1)/(quotaLeaseDivisor*n)
+		if err := a.takeQuota(ctx, zone, s, key, r, q, want); err != nil {
+			return zones.QuotaResult{}, err
+		}
+	}
+	r := s.q[key]
+	if r == nil {
+		return zones.QuotaResult{}, ErrTimeout
+	}
+	return r.result(monotime.Now(), q, false), nil
+}
+
+// quotaRecordFor returns key's record, created (or started afresh) for the
+// zone's current period when there is none or its period is over. Called
+// with s locked.
+func (a *Async) quotaRecordFor(z *asyncZone, s *asyncShard, key string, q zones.QuotaLimit, now int64) *quotaRecord {
+	r := s.q[key]
+	if r != nil && (now < r.endMono || r.taking != nil) {
+		// Its period goes on, or a call in flight will say whether it
+		// does: wait for it like any.
+		r.limit, r.periods = q.Limit, q.Periods
+		return r
+	}
+	end := q.Periods.Bounds[2]
+	fresh := &quotaRecord{end: end, endMono: now + (end-time.Now().UnixMicro())*1000, limit: q.Limit, periods: q.Periods}
+	if r == nil {
+		z.insertQuota(s, key, fresh)
+	} else {
+		s.q[key] = fresh
+	}
+	return fresh
+}
+
+// takeQuota reports r and takes a lease of up to want units, unlocking s
+// for the call (bounded by the timeout, through the key's breaker).
+// Requests for the key meanwhile wait for it, or spend what r keeps.
+func (a *Async) takeQuota(ctx context.Context, zone string, s *asyncShard, key string, r *quotaRecord, q zones.QuotaLimit, want int64) error {
+	st := r.report(want, max(0, r.held-r.used))
+	w := make(chan struct{})
+	r.taking = w
+	sent := monotime.Now()
+	s.mu.Unlock()
+	ctx, cancel := a.bound(ctx)
+	rep, err := a.runQuota(ctx, zone, a.QuotaKey(zone, key), q, st)
+	cancel()
+	s.mu.Lock()
+	r.taking = nil
+	close(w)
+	if err != nil {
+		return err
+	}
+	if s.q[key] == r {
+		r.adopt(st, rep, q, sent, monotime.Now(), a.interval)
+	}
+	return nil
+}
+
+// report is what the next call says for r.
+func (r *quotaRecord) report(want, keep int64) quotaReport {
+	st := quotaReport{end: r.end, used: r.used, keep: keep, want: want, usedAt: r.used}
+	if !r.known {
+		st.used, st.extra = -1, r.used
+	}
+	return st
+}
+
+// adopt takes a reply: the lease, the fleet's room, the period's end as
+// Redis sees it. What the instance admitted during the call stays counted
+// when the call was about the same period.
+func (r *quotaRecord) adopt(st quotaReport, rep quotaAsyncReply, q zones.QuotaLimit, sent, now int64, interval time.Duration) {
+	end := q.Periods.Bounds[rep.period+1]
+	if end == st.end {
+		r.used = rep.used + (r.used - st.usedAt)
+	} else {
+		r.used = rep.used // a new period; what was admitted during the call was the old one's
+	}
+	r.end, r.known = end, true
+	r.held, r.room = rep.held, max(0, q.Limit-rep.counted)
+	r.endMono = sent + int64(rep.toEnd)
+	r.blockedUntil = 0
+	if r.held-r.used < 1 && r.room == 0 {
+		r.blockedUntil = min(now+int64(interval), r.endMono)
+	}
+}
+
+// result describes r for the zone: allowed or not, what the instance can
+// still admit (its lease and the fleet's room at the last take) as the
+// complement of used, and the time to the period's end.
+func (r *quotaRecord) result(now int64, q zones.QuotaLimit, allowed bool) zones.QuotaResult {
+	left := max(0, r.held-r.used) + r.room
+	if !r.known {
+		left = q.Limit
+	}
+	period := 1
+	for i := range 3 {
+		if q.Periods.Bounds[i+1] == r.end {
+			period = i
+		}
+	}
+	return zones.QuotaResult{Allowed: allowed, Used: max(0, q.Limit-left), ToEnd: time.Duration(max(1, r.endMono-now)), Period: period}
+}
+
+// runQuota runs quota_async.lua for one record through the key's breaker.
+func (a *Async) runQuota(ctx context.Context, zone, rkey string, q zones.QuotaLimit, st quotaReport) (quotaAsyncReply, error) {
+	b := a.breakerFor(rkey)
+	ok, probe := b.allow()
+	if !ok {
+		return quotaAsyncReply{}, ErrUnavailable
+	}
+	cmd := quotaAsyncScript.Run(ctx, a.client, []string{rkey}, a.quotaArgs(q, st)...)
+	rep, err := parseQuotaAsync(cmd)
+	if errors.Is(err, context.DeadlineExceeded) {
+		err = ErrTimeout
+	}
+	b.record(probe, err)
+	if err != nil {
+		a.problems.note(zone, err)
+	}
+	return rep, err
+}
+
+func (a *Async) quotaArgs(q zones.QuotaLimit, st quotaReport) []any {
+	return []any{"", q.Periods.Arg, q.Limit, a.instanceID, st.end, st.used, st.extra, st.keep, st.want, int64(a.Instances())}
+}
+
+// parseQuotaAsync reads quota_async.lua's reply.
+func parseQuotaAsync(cmd *redis.Cmd) (quotaAsyncReply, error) {
+	v, err := cmd.Int64Slice()
+	if err != nil {
+		return quotaAsyncReply{}, err
+	}
+	if len(v) != 5 {
+		return quotaAsyncReply{}, errBadReply
+	}
+	switch v[4] {
+	case -1:
+		return quotaAsyncReply{}, clockError{&zones.QuotaClockError{Now: time.UnixMicro(v[3])}}
+	case -2:
+		return quotaAsyncReply{}, errForeignType
+	case -3:
+		return quotaAsyncReply{}, errForeignQuota
+	case 0, 1, 2:
+	default:
+		return quotaAsyncReply{}, errBadReply
+	}
+	return quotaAsyncReply{held: v[0], used: v[1], counted: v[2], toEnd: time.Duration(v[3]) * time.Microsecond, period: int(v[4])}, nil
+}
+
+// syncQuotas reports, once a sync interval, the records that need it: an
+// idle one hands its lease back and is dropped (its next request takes
+// again), one in debt or with charges Redis has not seen reports them, and
+// one whose period is over is dropped. final (Close) hands every lease
+// back. The calls are pipelined, bounded by the background timeout; a
+// record whose report failed is reported again by the next sync.
+func (a *Async) syncQuotas(ctx context.Context, final bool) {
+	type item struct {
+		s     *asyncShard
+		key   string
+		rkey  string
+		r     *quotaRecord
+		q     zones.QuotaLimit
+		st    quotaReport
+		w     chan struct{}
+		sent  int64
+		cmd   *redis.Cmd
+		b     *breaker
+		ok    bool
+		probe bool
+	}
+	var items []item
+	now := monotime.Now()
+	for _, z := range *a.zones.Load() {
+		for i := range z.shards {
+			s := &z.shards[i]
+			s.mu.Lock()
+			for key, r := range s.q {
+				if r.taking != nil {
+					continue
+				}
+				if now >= r.endMono {
+					delete(s.q, key) // its period is over: nothing it says would count
+					continue
+				}
+				idle := !r.active || final
+				r.active = false
+				handBack := idle && r.held > r.used
+				unreported := r.used > r.held // a debt, or charges of a record that never took
+				if !handBack && !unreported {
+					if idle {
+						delete(s.q, key) // nothing held, nothing to say
+					}
+					continue
+				}
+				it := item{s: s, key: key, rkey: a.QuotaKey(z.name, key), r: r, q: zones.QuotaLimit{Limit: r.limit, Periods: r.periods}}
+				it.st = r.report(0, 0)
+				r.held = min(r.held, r.used) // it spends nothing more until the reply
+				it.w = make(chan struct{})
+				r.taking = it.w
+				items = append(items, it)
+			}
+			s.mu.Unlock()
+		}
+	}
+	if len(items) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, backgroundTimeout(a.opts))
+	defer cancel()
+	pipe := a.client.Pipeline()
+	for i := range items {
+		it := &items[i]
+		it.b = a.breakerFor(it.rkey)
+		if it.ok, it.probe = it.b.allow(); it.ok {
+			it.sent = monotime.Now()
+			it.cmd = quotaAsyncScript.EvalSha(ctx, pipe, []string{it.rkey}, a.quotaArgs(it.q, it.st)...)
+		}
+	}
+	if _, err := pipe.Exec(ctx); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		_ = quotaAsyncScript.Load(ctx, a.client).Err()
+	}
+	for i := range items {
+		it := &items[i]
+		var rep quotaAsyncReply
+		err := ErrUnavailable
+		if it.ok {
+			if redis.HasErrorPrefix(it.cmd.Err(), "NOSCRIPT") {
+				it.cmd = quotaAsyncScript.Run(ctx, a.client, []string{it.rkey}, a.quotaArgs(it.q, it.st)...)
+			}
+			rep, err = parseQuotaAsync(it.cmd)
+			if errors.Is(err, context.DeadlineExceeded) {
+				err = ErrTimeout
+			}
+			it.b.record(it.probe, err)
+		}
+		it.s.mu.Lock()
+		it.r.taking = nil
+		close(it.w)
+		if err == nil && it.s.q[it.key] == it.r {
+			it.r.adopt(it.st, rep, it.q, it.sent, monotime.Now(), a.interval)
+			if !it.r.active && it.r.held == it.r.used {
+				delete(it.s.q, it.key) // idle, nothing held: its next request takes again
+			}
+		}
+		it.s.mu.Unlock()
+	}
+}
+
+// insertQuota adds r for key to a locked shard, making room first when the
+// shard is full, as insert does: a record holding no lease goes first (it
+// loses nothing Redis does not know), else one from a sample. A record
+// dropped with a lease leaves it counted in Redis until the period ends
+// (undershoot); its next take counts it as used.
+func (z *asyncZone) insertQuota(s *asyncShard, key string, r *quotaRecord) {
+	if int64(len(s.q)) >= z.shardCap.Load() {
+		victim, seen := "", 0
+		for k, v := range s.q {
+			victim = k
+			if seen++; v.held <= v.used && v.taking == nil || seen == evictionSample {
+				break
+			}
+		}
+		delete(s.q, victim)
+	}
+	s.q[strings.Clone(key)] = r
+}
+
+// Interface guard: what zones asks of an async store's quotas.
+var _ zones.QuotaStore = (*Async)(nil)
