@@ -16,6 +16,9 @@ func (z *Zone) Denies(key string, now int64) bool {
 		return false
 	}
 	if z.store == nil {
+		if q := z.state.quota; q != nil {
+			return q.denies(key, now, z.LastPlan(key, now).Events)
+		}
 		return !z.state.Local.Peek(key, now, z.LastPlan(key, now).limit).Allowed
 	}
 	_, denied := z.state.Denied.Get(key, now)

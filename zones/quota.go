@@ -200,6 +200,12 @@ func (q *quotaState) sweep(now int64) {
 
 func (q *quotaState) len() int { return q.used.Len() + q.fallback.Len() }
 
+// denies reports whether key has nothing left of limit in the period (local
+// mode), counting nothing.
+func (q *quotaState) denies(key string, now, limit int64) bool {
+	return q.used.quotaUsed(key, q.clock.at(now).gen) >= limit
+}
+
 // A local count is packed with its period: gen<<quotaUsedBits | used. gen
 // counts this process's periods from 1; a count of another gen is 0. used
 // is at most the limit and one charge of two limits, under 3·2^40. After

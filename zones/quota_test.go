@@ -382,3 +382,23 @@ func TestQuotaConfigValidateNamesTheFix(t *testing.T) {
 		t.Errorf("a per-request quota without fallback: %v", err)
 	}
 }
+
+// deny_while asks a quota zone whether it denies a key now: locally, when
+// the key has nothing left in the period; counting nothing.
+func TestQuotaZoneDeniesOnceNothingIsLeft(t *testing.T) {
+	ctx := context.Background()
+	z, clk := newQuotaZone(t, minuteQuota(2), nil, "2026-03-15T10:00:00Z")
+	for range 2 {
+		if z.Denies("k", clk.now()) {
+			t.Fatal("denies with units left")
+		}
+		z.Decide(ctx, "k", clk.now())
+	}
+	if !z.Denies("k", clk.now()) {
+		t.Fatal("does not deny with nothing left")
+	}
+	clk.advance(time.Minute)
+	if z.Denies("k", clk.now()) {
+		t.Fatal("denies in the next period")
+	}
+}
