@@ -384,7 +384,14 @@ func (t *Table) quotaUsed(key string, gen int64) int64 {
 
 // decideQuota is DecideWith for a quota zone.
 func (z *Zone) decideQuota(ctx context.Context, key string, now int64, p *Plan, cost int64) Decision {
-	d := z.quotaStep(ctx, key, now, p, quotaDecide, cost)
+	var d Decision
+	if q := z.state.quota; z.store == nil {
+		// The local path, the common one, on its own.
+		pn := q.clock.at(now)
+		d = pn.decision(q.used.quotaStep(key, pn.gen, quotaDecide, algorithms.Quota{Limit: p.Events}, cost), now, SourceLocal)
+	} else {
+		d = z.quotaStep(ctx, key, now, p, quotaDecide, cost)
+	}
 	z.recordPlan(key, p, now, d)
 	return d
 }

@@ -212,6 +212,31 @@ var scenarios = []scenario{
 		byCPU:      true,
 		comparison: "any Caddy handler pays the route's chain",
 	},
+	{
+		// A calendar quota zone against a rate zone on the same
+		// workload in one Caddy: what counting per period costs over
+		// GCRA on the allowed path (issue 27: within 1%).
+		name:   "quota-allowed",
+		metric: "A calendar quota zone (`quota 1000000000000 per day`) vs a rate zone (`events 1000`, `window 1s`), every request allowed, 100k keys (ratio of the two rate-limited routes)",
+		routes: func(*env) string {
+			return limited("/allowed", manyZone, "/quota", `		zone many_quota {
+			key {http.request.header.X-Key}
+			quota 1000000000000 per day
+		}
+`)
+		},
+		baseline:  route{path: "/allowed", key: cycleKeys, status: 200},
+		candidate: route{path: "/quota", key: cycleKeys, status: 200},
+		warmup: func(e *env, c *caddyProcess) error {
+			if err := warmManyKeys(e, c); err != nil {
+				return err
+			}
+			return warmManyKeysAt(c, "/quota")
+		},
+		target:     0.99,
+		byCPU:      true,
+		comparison: "a GCRA zone on the same keys",
+	},
 	// A 429 with its headers should cost less than serving.
 	floodRow("flood",
 		"Caddy flood from one blocked key: 429 throughput / plain route's 200 throughput",

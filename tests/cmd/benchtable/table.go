@@ -116,7 +116,29 @@ func (t table) microRows() []row {
 		target:     "≤ 96 B + key bytes (≤ 112)",
 		met:        yesNo(tok && tm.metrics["state-bytes/key"] <= 96),
 	})
-	return append(rows, strictRows(m)...)
+	rows = append(rows, strictRows(m)...)
+	return append(rows, quotaRows(m)...)
+}
+
+// quotaRows reports tests/quota_bench_test.go: strict-mode quota decisions
+// beside GCRA decisions of the same run, by callers; issue 27's target is a
+// quota decision's Redis CPU at most a GCRA decision's, at 256 callers.
+func quotaRows(m microResults) []row {
+	var rows []row
+	for _, callers := range []string{"1", "16", "256"} {
+		q, qok := m.get("BenchmarkStrictQuotaDecide/quota/callers=" + callers)
+		g, gok := m.get("BenchmarkStrictQuotaDecide/gcra/callers=" + callers)
+		rw := row{metric: "Strict mode: a calendar quota decision vs a GCRA decision, " + callers + " callers (`tests` BenchmarkStrictQuotaDecide, same run)",
+			tally:      figure(q, qok, "decisions/s", "redis-µs/decision", "decisions/call", "p99-µs"),
+			comparison: "GCRA: " + figure(g, gok, "decisions/s", "redis-µs/decision", "decisions/call", "p99-µs"),
+			target:     "—", met: "—"}
+		if callers == "256" {
+			rw.target = "Redis µs per decision ≤ GCRA's"
+			rw.met = yesNo(qok && gok && q.metrics["redis-µs/decision"] <= g.metrics["redis-µs/decision"])
+		}
+		rows = append(rows, rw)
+	}
+	return rows
 }
 
 // strictRows reports the strict-mode benchmarks of tests/store_bench_test.go:
@@ -125,7 +147,8 @@ func (t table) microRows() []row {
 func strictRows(m microResults) []row {
 	var rows []row
 	for _, name := range m.order {
-		if !strings.HasPrefix(name, "BenchmarkStrict") && !strings.HasPrefix(name, "BenchmarkRedisRate") {
+		if !strings.HasPrefix(name, "BenchmarkStrict") && !strings.HasPrefix(name, "BenchmarkRedisRate") ||
+			strings.HasPrefix(name, "BenchmarkStrictQuotaDecide") { // quotaRows
 			continue
 		}
 		r := m.byName[name]
