@@ -55,7 +55,7 @@ func initCollectors() {
 	}, []string{"zone"})
 	collectors.cost = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "cost_total",
-		Help: "Units of cost counted by weighted and post-charged zones: the cost of allowed requests, and what was charged after responses.",
+		Help: "Units of cost counted by weighted, post-charged and quota zones: the cost of allowed requests, and what was charged after responses.",
 	}, []string{"zone"})
 	collectors.costFalls = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "cost_fallbacks_total",

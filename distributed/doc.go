@@ -161,6 +161,50 @@
 // Times kept in-process (records, lastSync, nextSync) are monotonic
 // (internal/monotime); Redis TIME times everything in Redis.
 //
+// # Calendar quotas
+//
+// A quota zone (zones.QuotaStore) counts units per calendar period. A Lua
+// script cannot do time zones, so the zone hands the store the period its
+// clock is in and both neighbours (zones.Periods: four instants in µs, one
+// string argument made once per period), and the script counts in the one
+// that contains Redis TIME: Redis's clock alone decides when a period
+// ends, and a zone clock a period or more away from it gets an error for
+// that step (the fail policy answers it) carrying Redis's time, which the
+// zone follows from then on.
+//
+// A key's count, in both modes, is a hash {e: the end of the period it
+// counts, in µs; u: units} at <key_prefix><zone>.quota:<key>. It expires at
+// exactly that end (PEXPIREAT, set by the period's first write): the margin
+// is 0, since the period is in the value and a count whose period Redis's
+// clock has left reads as 0 whether or not it has expired yet.
+//
+// Strict mode (quota.go, quota.lua): every step is one quota.lua step,
+// batched with the GCRA steps (one call per script per batch, per hash slot
+// on Cluster; the script's ARGV has gcra.lua's shape, now and four
+// arguments per key). A step is HMGET and, when it counts something,
+// HSET: at 256 callers 2.19 Redis µs per decision against GCRA's 2.37 in
+// the same run.
+//
+// Async mode (quota_async.go, quota_async.lua): an instance admits from a
+// lease, units reserved for it in the period's count before it spends them
+// (field g:<instance>, what it used plus its lease; u is the sum). When a
+// lease has too little for a request, the request takes another (one call,
+// bounded by the timeout; concurrent requests for the key wait): at most
+// the instance's fair share of what is left, ⌈left/N⌉, and ⌈n/(16N)⌉ beyond
+// the request. So the fleet admits at most n per period; a post-charged
+// zone's charges count from at most the lease, so each instance ends a
+// period in debt by at most one charge. The reply says how long the period
+// has left on Redis's clock; the instance stops spending the lease that
+// long after it sent the call, on the monotonic clock: early by a round
+// trip at most, never past the boundary. Every sync interval an idle record
+// hands its lease back and is dropped, and a debt or a charge Redis has not
+// seen is reported. Reports are absolute (what the instance used in the
+// period and keeps), so a report sent again after a lost reply replaces
+// what it said instead of adding to it; a record the instance forgot (or a
+// new instance) counts what Redis holds for it as used, so forgetting can
+// lose units, never admit them twice. An instance that dies leaves its
+// lease counted until the period ends.
+//
 // # Concurrency slots
 //
 // A concurrency zone's slots (zones.SlotStore, either mode) live in Redis:
@@ -199,6 +243,7 @@
 //	heartbeat.go        live instances
 //	resets.go           resets through pub/sub
 //	concurrency.go      concurrency slots
+//	quota.go            strict mode's calendar quotas; quota_async.go async mode's
 //	options.go          Options: addresses, TLS, timeouts
 //	problems.go         per-key errors Redis reports, logged sampled
 //	logging.go          go-redis's own log lines, sent to Caddy's log
