@@ -184,6 +184,13 @@ func TestQuotaIsExactAcrossStrictInstances(t *testing.T) {
 		t.Errorf("top offenders %+v, want the shared key, limited", top.Keys)
 	}
 	srv.requireEveryKeyExpires(t, 1)
+	// A reset on one instance gives the key its quota back on all.
+	if code, body := fleet[1].adminDo("DELETE", keyPath("monthly", "shared")); code != 204 {
+		t.Fatalf("DELETE: %d %s", code, body)
+	}
+	for i, c := range fleet {
+		waitFor(t, 5*time.Second, fmt.Sprintf("instance %d to admit the reset key", i), func() bool { return c.Do(withKey("shared")).Status == 200 })
+	}
 }
 
 // Three async instances, 64 concurrent clients, one key: leases are taken
@@ -206,6 +213,7 @@ func TestQuotaAsyncFleetStaysWithinItsBound(t *testing.T) {
 		})
 	}
 	counts := sendAcross(t, fleet, 3*quota, 64, withKey("shared"), 5*time.Second)
+	t.Logf("statuses %v", counts)
 	lease := (quota + 16*3 - 1) / (16 * 3)
 	if counts[200] > quota || counts[200] < quota-3*(lease+1) || counts[200]+counts[429] != 3*quota {
 		t.Fatalf("statuses %v, want at most %d×200 (and at least %d) and the rest 429", counts, quota, quota-3*(lease+1))

@@ -332,3 +332,113 @@ func TestStoreQuotaKeysExpireAtTheirPeriodsEnd(t *testing.T) {
 		}
 	}
 }
+
+// Quota steps share the batcher with GCRA steps: 256 callers deciding a
+// rate and a quota each, concurrently, cost far fewer script calls than
+// decisions, and both stay exact.
+func TestStoreBatchesQuotaStepsBesideGCRASteps(t *testing.T) {
+	srv := startRedis(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	s := openStore(t, distributed.Options{Addresses: []string{srv.Addr}, Timeout: 10 * time.Second}, nil)
+	periods := zones.PeriodsAt(algorithms.Day, time.Now(), time.UTC)
+	shared := zones.QuotaLimit{Limit: 500, Periods: &periods}
+	own := zones.QuotaLimit{Limit: 3, Periods: &periods}
+	rate := algorithms.NewLimit(1000, int64(time.Hour), 0)
+	if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	const callers, rounds = 256, 5
+	var sharedAllowed, rateAllowed atomic.Int64
+	ownAllowed := make([]int64, callers)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for g := range callers {
+		wg.Go(func() {
+			<-start
+			for range rounds {
+				if r, err := s.DecideQuota(ctx, "bq", "shared", shared, 1); err != nil {
+					t.Error(err)
+					return
+				} else if r.Allowed {
+					sharedAllowed.Add(1)
+				}
+				if r, err := s.DecideQuota(ctx, "bq", "own-"+strconv.Itoa(g), own, 1); err != nil {
+					t.Error(err)
+					return
+				} else if r.Allowed {
+					ownAllowed[g]++
+				}
+				if r, err := s.Decide(ctx, "br", "shared", rate, 1); err != nil {
+					t.Error(err)
+					return
+				} else if r.Allowed {
+					rateAllowed.Add(1)
+				}
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	if n := sharedAllowed.Load(); n != 500 {
+		t.Errorf("the shared quota admitted %d of %d, want exactly 500", n, callers*rounds)
+	}
+	if n := rateAllowed.Load(); n != 1000 {
+		t.Errorf("the shared rate admitted %d of %d, want exactly 1000", n, callers*rounds)
+	}
+	for g, n := range ownAllowed {
+		if n != 3 {
+			t.Errorf("caller %d's own quota admitted %d of %d, want exactly 3", g, n, rounds)
+		}
+	}
+	decisions := int64(3 * callers * rounds)
+	if calls := evalCalls(t, srv); calls > decisions/3 {
+		t.Errorf("%d script calls for %d decisions: want batches of several decisions each", calls, decisions)
+	}
+}
+
+// On a Redis Cluster quota steps are batched per hash slot and exact: keys
+// on every node, one shared key decided by three stores.
+func TestStoreQuotaOnRedisCluster(t *testing.T) {
+	addrs := startRedisCluster(t)
+	opts := distributed.Options{Addresses: addrs, Timeout: 5 * time.Second}
+	var stores []*distributed.Store
+	for range 3 {
+		stores = append(stores, openStore(t, opts, nil))
+	}
+	ctx := context.Background()
+	periods := zones.PeriodsAt(algorithms.Day, time.Now(), time.UTC)
+	q := zones.QuotaLimit{Limit: 4, Periods: &periods}
+	const keys = 60
+	allowed := make([]atomic.Int64, keys)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i, s := range stores {
+		for c := range 30 {
+			wg.Go(func() {
+				<-start
+				for k := range keys {
+					key := (k + c + i) % keys
+					r, err := s.DecideQuota(ctx, "cq", "key-"+strconv.Itoa(key), q, 1)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if r.Allowed {
+						allowed[key].Add(1)
+					}
+				}
+			})
+		}
+	}
+	close(start)
+	wg.Wait()
+	for k := range allowed {
+		if n := allowed[k].Load(); n != 4 {
+			t.Errorf("key-%d admitted %d of 90 on the cluster, want exactly 4", k, n)
+		}
+	}
+}
