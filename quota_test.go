@@ -129,9 +129,9 @@ func TestHeadersOfAQuotaZone(t *testing.T) {
 		{"denied: t and Retry-After are the boundary",
 			[]verdict{{zone: daily, plan: daily.Plan(), d: zones.Decision{RetryAfter: 90 * time.Second, ResetAfter: 90 * time.Second, Period: short}}}, true,
 			`"daily";q=1000;w=82800`, `"daily";r=0;t=90`, [3]string{"1000", "0", "90"}, "90"},
-		{"a weighted request denied with units left: no t, Retry-After the boundary",
-			[]verdict{{zone: daily, plan: daily.Plan(), d: zones.Decision{Remaining: 3, RetryAfter: 90 * time.Second, ResetAfter: 90 * time.Second, Period: day}}}, true,
-			`"daily";q=1000;w=86400`, `"daily";r=3`, [3]string{"1000", "3", "90"}, "90"},
+		{"a weighted request denied with units left: r=0, t and Retry-After the boundary",
+			[]verdict{{zone: daily, plan: daily.Plan(), d: zones.Decision{RetryAfter: 90 * time.Second, ResetAfter: 90 * time.Second, Period: day}}}, true,
+			`"daily";q=1000;w=86400`, `"daily";r=0;t=90`, [3]string{"1000", "0", "90"}, "90"},
 		{"a rate zone denies beside a quota with units left",
 			[]verdict{
 				{zone: perMin, plan: perMin.Plan(), d: zones.Decision{RetryAfter: 2 * time.Second, ResetAfter: 56 * time.Second}},

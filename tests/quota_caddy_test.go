@@ -336,3 +336,65 @@ func TestQuotaFailPoliciesWhenRedisDies(t *testing.T) {
 		})
 	}
 }
+
+// Quotas per plan: a map of the customer's plan sets each request's
+// quota; a quota the client sends is bounded by at_most, beyond which it
+// falls back; the admin API reads the key under the plan it last had.
+func TestQuotaPerPlan(t *testing.T) {
+	t.Parallel()
+	c := startCaddy(t, `http:// {
+	map {http.request.header.X-Plan} {plan_quota} {
+		pro 5
+		default 2
+	}
+	@bounded path /bounded
+	rate_limit @bounded {
+		zone bounded {
+			key   {http.request.header.X-API-Key}
+			quota {http.request.header.X-Quota} 3 at_most 4 per month
+		}
+	}
+	rate_limit {
+		zone monthly {
+			key   {http.request.header.X-API-Key}
+			quota {plan_quota} 2 per month
+		}
+	}
+	respond "ok"
+}
+`)
+	send := func(path, key string, hdr map[string]string) []int {
+		h := map[string]string{"X-API-Key": key}
+		for k, v := range hdr {
+			h[k] = v
+		}
+		return c.Send(7, request{Path: path, Header: h})
+	}
+	count := func(statuses []int) int {
+		n := 0
+		for _, s := range statuses {
+			if s == 200 {
+				n++
+			}
+		}
+		return n
+	}
+	if n := count(send("/", "pro-key", map[string]string{"X-Plan": "pro"})); n != 5 {
+		t.Errorf("pro plan: %d of 7 allowed, want 5", n)
+	}
+	if n := count(send("/", "free-key", nil)); n != 2 {
+		t.Errorf("default plan: %d of 7 allowed, want 2", n)
+	}
+	var k quotaKey
+	c.adminJSON(keyPath("monthly", "pro-key"), &k)
+	if k.Quota != 5 || k.Used != 5 || k.Remaining != 0 {
+		t.Errorf("pro key %+v, want 5 of 5 used", k)
+	}
+	// The bounded zone: 4 is within at_most, 100 is not and falls back to 3.
+	if n := count(send("/bounded", "b-within", map[string]string{"X-Quota": "4", "X-Plan": "pro"})); n != 4 {
+		t.Errorf("X-Quota 4: %d of 7 allowed, want 4", n)
+	}
+	if n := count(send("/bounded", "b-beyond", map[string]string{"X-Quota": "100", "X-Plan": "pro"})); n != 3 {
+		t.Errorf("X-Quota 100 (at_most 4): %d of 7 allowed, want the fallback 3", n)
+	}
+}

@@ -312,12 +312,14 @@ func (c *periodClock) follow(store time.Time) {
 	c.mu.Unlock()
 }
 
-// decision is the Decision of a local step in the period.
+// decision is the Decision of a local step in the period. A denial
+// reports 0 remaining, as every denial does (a weighted request denied with
+// units left included: the headers' r is read against the denied request).
 func (pn *periodNow) decision(r algorithms.QuotaResult, now int64, src Source) Decision {
 	toEnd := time.Duration(max(1, pn.endMono-now))
 	d := Decision{Allowed: r.Allowed, Remaining: r.Remaining, ResetAfter: toEnd, Period: pn.length, Source: src}
 	if !r.Allowed {
-		d.RetryAfter = toEnd
+		d.RetryAfter, d.Remaining = toEnd, 0
 	}
 	return d
 }
@@ -444,11 +446,12 @@ func (z *Zone) quotaStep(ctx context.Context, key string, now int64, p *Plan, op
 // fail_policy local.
 func (z *Zone) storeQuotaDecision(key string, now int64, pn *periodNow, limit int64, r QuotaResult) Decision {
 	toEnd := max(r.ToEnd, 1)
-	d := Decision{Allowed: r.Allowed, Remaining: max(0, limit-r.Used), ResetAfter: toEnd,
+	left := max(0, limit-r.Used)
+	d := Decision{Allowed: r.Allowed, Remaining: left, ResetAfter: toEnd,
 		Period: pn.periods.length(r.Period), Source: SourceStore}
 	if !r.Allowed {
-		d.RetryAfter = toEnd
-		if d.Remaining == 0 {
+		d.RetryAfter, d.Remaining = toEnd, 0 // see periodNow.decision
+		if left == 0 {
 			// Until the period's end on this instance's clock, and at
 			// most QuotaDenyCacheFor; never for a weighted request denied
 			// with units left, which a cheaper one may use.

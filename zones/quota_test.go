@@ -402,3 +402,18 @@ func TestQuotaZoneDeniesOnceNothingIsLeft(t *testing.T) {
 		t.Fatal("denies in the next period")
 	}
 }
+
+// A weighted request denied with units left reports 0 remaining, as every
+// denial does; the units are there for the next, cheaper request.
+func TestQuotaDenialReportsNothingRemaining(t *testing.T) {
+	ctx := context.Background()
+	z, clk := newQuotaZone(t, minuteQuota(5), nil, "2026-03-15T10:00:00Z")
+	p := z.Plan()
+	z.DecideWith(ctx, "k", clk.now(), &p, 3)
+	if d := z.DecideWith(ctx, "k", clk.now(), &p, 3); d.Allowed || d.Remaining != 0 || d.RetryAfter != time.Minute {
+		t.Fatalf("cost 3 with 2 left: %+v, want denied, 0 remaining, until the minute's end", d)
+	}
+	if d := z.DecideWith(ctx, "k", clk.now(), &p, 2); !d.Allowed || d.Remaining != 0 {
+		t.Fatalf("cost 2 with 2 left: %+v, want allowed", d)
+	}
+}
