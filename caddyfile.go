@@ -59,7 +59,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    }
 //	    zone <name> {                     # a quota zone
 //	        key         <placeholders>    # required
-//	        quota <n>|<placeholder> [<fallback n>] per minute|hour|day|week|month [<IANA time zone>]
+//	        quota <n>|<placeholder> [<fallback n>] [at_most <n>] per minute|hour|day|week|month [<IANA time zone>]
 //	                                      # at most n units per calendar period
 //	                                      # (default time zone UTC), instead of
 //	                                      # events, window and burst, e.g.
