@@ -26,7 +26,7 @@ var states = caddy.NewUsagePool()
 // stateID identifies a zone definition: handlers with the same one share
 // state, the same name with another one in one config is an error, and a
 // changed limit starts from a fresh state rather than reinterpreting old
-// TATs under new limits.
+// TATs under new limits. A concurrency zone is the exception (see pooled).
 type stateID struct {
 	name                  string
 	events, window, burst int64
@@ -35,12 +35,29 @@ type stateID struct {
 	// Quota zones: the period and its time zone (the quota is burst).
 	period   algorithms.Period
 	timeZone string
+	// A concurrency zone (burst is its concurrency).
+	concurrency bool
 }
 
 func newStateID(cfg zones.Config, vars planVars) stateID {
-	id := stateID{name: cfg.Name, events: cfg.Events, window: int64(cfg.Window), burst: cfg.Limit().Burst, maxKeys: cfg.MaxKeys, vars: vars}
+	id := stateID{name: cfg.Name, events: cfg.Events, window: int64(cfg.Window), burst: cfg.Limit().Burst, maxKeys: cfg.MaxKeys, vars: vars,
+		concurrency: cfg.IsConcurrency()}
 	if cfg.IsQuota() {
 		id.period, id.timeZone = cfg.Period, cfg.Location.String()
+	}
+	return id
+}
+
+// pooled is the key of the definition's state in states. A concurrency
+// zone's state is pooled by its name alone: its counts of requests in flight
+// mean the same whatever the zone's concurrency or max_keys, and requests
+// still running when a reload changes them must go on being counted (issue
+// 23: a fresh table let 5 in flight for a limit of 3). The zone's current
+// concurrency is checked against them, and its max_keys bounds the keys it
+// adds (zones.New).
+func (id stateID) pooled() stateID {
+	if id.concurrency {
+		return stateID{name: id.name, concurrency: true}
 	}
 	return id
 }
@@ -54,8 +71,9 @@ func (id stateID) limit() string {
 	return fmt.Sprintf("%d per %v", id.events, time.Duration(id.window))
 }
 
+// loadState returns the state of cfg's definition and its key in states.
 func loadState(cfg zones.Config, vars planVars, sweep time.Duration) (*zones.State, stateID, error) {
-	id := newStateID(cfg, vars)
+	id := newStateID(cfg, vars).pooled()
 	v, _, err := states.LoadOrNew(id, func() (caddy.Destructor, error) {
 		return zones.NewState(cfg, sweep), nil
 	})

@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -52,16 +53,96 @@ type SlotStore interface {
 var errNoSlotStore = errors.New("the store cannot hold concurrency slots")
 
 // concurrencyState is the in-process part of a concurrency zone, shared like
-// State by every handler that defines the zone the same way.
+// State by every handler that defines the zone, and kept across reloads
+// whatever its concurrency or max_keys (the root package pools a
+// concurrency zone's State by name): requests still in flight stay counted.
+//
+// The counts live in generations of tables, one per max_keys: a reload that
+// changes max_keys starts a new generation, sized by it, where every slot is
+// taken from then on; the slots taken before are released in the table they
+// were taken in (Slot.table), and count against the limit until then. An
+// old generation only empties, and is dropped once empty (by the sweeper).
 type concurrencyState struct {
-	local    *Table       // local mode: requests in flight per key
-	fallback *Table       // fail_policy local: the same, at this instance's share
-	inFlight atomic.Int64 // requests of this zone in flight in this process
+	gens     atomic.Pointer[[]*slotTables] // oldest first; never empty
+	mu       sync.Mutex                    // serialises changes of gens
+	inFlight atomic.Int64                  // requests of this zone in flight in this process
+}
+
+// slotTables is one generation's tables of requests in flight per key.
+type slotTables struct {
+	maxKeys  int
+	local    *Table // local mode: requests in flight per key
+	fallback *Table // fail_policy local: the same, at this instance's share
+}
+
+func newSlotTables(maxKeys int) *slotTables {
+	return &slotTables{maxKeys: maxKeys, local: NewTable(maxKeys), fallback: NewTable(maxKeys)}
 }
 
 func newConcurrencyState(maxKeys int) *concurrencyState {
-	return &concurrencyState{local: NewTable(maxKeys), fallback: NewTable(maxKeys)}
+	c := new(concurrencyState)
+	c.gens.Store(&[]*slotTables{newSlotTables(maxKeys)})
+	return c
 }
+
+// current is the generation slots are taken in, and the older ones.
+func (c *concurrencyState) current() (*slotTables, []*slotTables) {
+	g := *c.gens.Load()
+	return g[len(g)-1], g[:len(g)-1]
+}
+
+// useMaxKeys makes maxKeys the bound of the keys slots are taken for from
+// now on, starting a generation when it changed.
+func (c *concurrencyState) useMaxKeys(maxKeys int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	g := *c.gens.Load()
+	if g[len(g)-1].maxKeys == maxKeys {
+		return
+	}
+	next := append(g[:len(g):len(g)], newSlotTables(maxKeys))
+	c.gens.Store(&next)
+}
+
+// sweep shrinks the tables and drops the old generations left empty.
+func (c *concurrencyState) sweep() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	g := *c.gens.Load()
+	keep := make([]*slotTables, 0, len(g))
+	for i, t := range g {
+		t.local.Shrink()
+		t.fallback.Shrink()
+		if i == len(g)-1 || t.local.Len()+t.fallback.Len() > 0 {
+			keep = append(keep, t)
+		}
+	}
+	if len(keep) < len(g) {
+		c.gens.Store(&keep)
+	}
+}
+
+// len is the number of keys the tables hold.
+func (c *concurrencyState) len() int {
+	n := 0
+	for _, t := range *c.gens.Load() {
+		n += t.local.Len() + t.fallback.Len()
+	}
+	return n
+}
+
+// heldBefore is what key holds in the old generations' table chosen by
+// which: slots taken before max_keys last changed.
+func heldBefore(old []*slotTables, which func(*slotTables) *Table, key string) int64 {
+	var n int64
+	for _, t := range old {
+		n += which(t).slots(key)
+	}
+	return n
+}
+
+func localTable(t *slotTables) *Table    { return t.local }
+func fallbackTable(t *slotTables) *Table { return t.fallback }
 
 // MaxConcurrency is the largest concurrency a zone may have.
 const MaxConcurrency = 1 << 30
@@ -120,7 +201,7 @@ func (s Slot) Held() bool { return s.zone != nil }
 func (z *Zone) Acquire(ctx context.Context, key string) (Decision, Slot) {
 	c := z.state.conc
 	if z.store == nil {
-		return z.acquireIn(c.local, key, z.Concurrency, SourceLocal, nil)
+		return z.acquireIn(localTable, key, z.Concurrency, SourceLocal, nil)
 	}
 	ss, ok := z.store.(SlotStore)
 	if !ok {
@@ -138,14 +219,24 @@ func (z *Zone) Acquire(ctx context.Context, key string) (Decision, Slot) {
 		Slot{zone: z, key: key, id: id}
 }
 
-// acquireIn takes a slot in an in-process table, at most limit per key.
-func (z *Zone) acquireIn(t *Table, key string, limit int64, src Source, err error) (Decision, Slot) {
-	inUse, ok := t.acquireSlot(key, limit)
+// acquireIn takes a slot in an in-process table (which, of the current
+// generation), at most limit per key counting the slots the key still holds
+// in older generations.
+func (z *Zone) acquireIn(which func(*slotTables) *Table, key string, limit int64, src Source, err error) (Decision, Slot) {
+	cur, old := z.state.conc.current()
+	var before int64
+	if len(old) > 0 {
+		// Old generations only empty: this may count a slot released
+		// meanwhile, never miss one.
+		before = heldBefore(old, which, key)
+	}
+	t := which(cur)
+	inUse, ok := t.acquireSlot(key, limit-before)
 	if !ok {
 		return slotDenied(src, err), Slot{}
 	}
 	z.state.conc.inFlight.Add(1)
-	return Decision{Allowed: true, Remaining: limit - inUse, Source: src, Err: err},
+	return Decision{Allowed: true, Remaining: limit - before - inUse, Source: src, Err: err},
 		Slot{zone: z, table: t, key: key}
 }
 
@@ -164,7 +255,7 @@ func (z *Zone) failSlot(key string, err error) (Decision, Slot) {
 		return slotDenied(SourceFailClosed, err), Slot{}
 	}
 	share := max(1, z.Concurrency/int64(max(1, z.store.Instances())))
-	return z.acquireIn(z.state.conc.fallback, key, share, SourceFailLocal, err)
+	return z.acquireIn(fallbackTable, key, share, SourceFailLocal, err)
 }
 
 func slotDenied(src Source, err error) Decision {
@@ -197,7 +288,8 @@ func (z *Zone) InFlight() int64 {
 // (every instance's), else in this process.
 func (z *Zone) SlotsInUse(ctx context.Context, key string) (int64, error) {
 	if z.store == nil {
-		return z.state.conc.local.slots(key), nil
+		cur, old := z.state.conc.current()
+		return cur.local.slots(key) + heldBefore(old, localTable, key), nil
 	}
 	ss, ok := z.store.(SlotStore)
 	if !ok {

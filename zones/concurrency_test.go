@@ -258,9 +258,9 @@ func TestLocalSlotOfANewKeyAllocatesNothing(t *testing.T) {
 		t.Fatalf("%v allocations per request, want 0", n)
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for st.conc.local.kt.Bytes() != 0 {
+	for localBytes(st) != 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("the sweeper left %d bytes in an empty concurrency table", st.conc.local.kt.Bytes())
+			t.Fatalf("the sweeper left %d bytes in an empty concurrency table", localBytes(st))
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -293,4 +293,59 @@ func BenchmarkZoneAcquireReleaseParallel(b *testing.B) {
 			}
 		}
 	})
+}
+
+// localBytes is the memory of st's current local in-flight table.
+func localBytes(st *State) int {
+	cur, _ := st.conc.current()
+	return cur.local.kt.Bytes()
+}
+
+// A state whose zone is redefined with another concurrency or max_keys (a
+// reload: the root package pools a concurrency zone's state by name) keeps
+// counting the slots taken before: they count against the new limit until
+// released, in the table they were taken in, and the old table goes once
+// empty.
+func TestLocalSlotsCountAcrossRedefinitionsOfTheZone(t *testing.T) {
+	ctx := context.Background()
+	c := Config{Name: "uploads", Concurrency: 2, MaxKeys: 5000}
+	st := NewState(c, time.Hour)
+	t.Cleanup(func() { _ = st.Destruct() })
+	z := New(c, st, nil)
+	var held []Slot
+	for range 2 {
+		_, s := z.Acquire(ctx, "alice")
+		held = append(held, s)
+	}
+	c.Concurrency = 3
+	z3 := New(c, st, nil)
+	if d, s := z3.Acquire(ctx, "alice"); !d.Allowed || d.Remaining != 0 {
+		t.Fatalf("concurrency 2 -> 3 with 2 held: %+v, want allowed with 0 remaining", d)
+	} else {
+		held = append(held, s)
+	}
+	if d, _ := z3.Acquire(ctx, "alice"); d.Allowed {
+		t.Fatal("a 4th slot at concurrency 3")
+	}
+	c.MaxKeys = 6000
+	z6 := New(c, st, nil)
+	if d, _ := z6.Acquire(ctx, "alice"); d.Allowed {
+		t.Fatal("a 4th slot at concurrency 3 after max_keys 5000 -> 6000")
+	}
+	if n, _ := z6.SlotsInUse(ctx, "alice"); n != 3 || z6.InFlight() != 3 {
+		t.Fatalf("slots in use %d, in flight %d, want 3 and 3", n, z6.InFlight())
+	}
+	z.Release(held[0])
+	d, s := z6.Acquire(ctx, "alice")
+	if !d.Allowed || d.Remaining != 0 {
+		t.Fatalf("after one of 3 released: %+v, want allowed with 0 remaining", d)
+	}
+	held = append(held[1:], s)
+	for _, s := range held {
+		z6.Release(s)
+	}
+	st.conc.sweep()
+	if g := len(*st.conc.gens.Load()); g != 1 || st.Len() != 0 || z6.InFlight() != 0 {
+		t.Fatalf("after every slot was released: %d generations, %d keys, %d in flight; want 1, 0, 0", g, st.Len(), z6.InFlight())
+	}
 }

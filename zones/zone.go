@@ -285,8 +285,7 @@ func (s *State) sweep(interval time.Duration) {
 				s.plans.keys.Sweep(now)
 			}
 			if s.conc != nil {
-				s.conc.local.Shrink()
-				s.conc.fallback.Shrink()
+				s.conc.sweep()
 			}
 			if s.quota != nil {
 				s.quota.sweep(now)
@@ -299,7 +298,7 @@ func (s *State) sweep(interval time.Duration) {
 func (s *State) Len() int {
 	n := s.Local.Len() + s.Denied.Len() + s.Fallback.Len()
 	if s.conc != nil {
-		n += s.conc.local.Len() + s.conc.fallback.Len()
+		n += s.conc.len()
 	}
 	if s.quota != nil {
 		n += s.quota.len()
@@ -359,6 +358,9 @@ type Zone struct {
 func New(c Config, state *State, store Store) *Zone {
 	if s, ok := store.(RecordStore); ok {
 		s.SetMaxKeys(c.Name, c.maxKeys())
+	}
+	if state != nil && state.conc != nil {
+		state.conc.useMaxKeys(c.maxKeys())
 	}
 	l := c.Limit()
 	plan := Plan{Events: c.Events, Window: c.Window, Burst: l.Burst, limit: l}
