@@ -146,3 +146,37 @@ func TestSlotIsReleasedWhenNextPanics(t *testing.T) {
 		t.Fatal("alice's only slot was not released by the panicking request")
 	}
 }
+
+// A handler's shared resources are released once, by the last of its
+// users: the config (Cleanup) and the requests and charges holding them;
+// once released, nothing can hold them again.
+func TestHandlerResourcesOutliveCleanupUntilTheLastUser(t *testing.T) {
+	released := make(chan struct{}, 2)
+	u := newHandlerUsers(func() { released <- struct{}{} })
+	for range 2 {
+		if !u.hold() {
+			t.Fatal("a request could not hold a live handler's resources")
+		}
+	}
+	u.cleanup()
+	u.done()
+	select {
+	case <-released:
+		t.Fatal("released while a request still holds them")
+	case <-time.After(20 * time.Millisecond):
+	}
+	u.done()
+	select {
+	case <-released:
+	case <-time.After(5 * time.Second):
+		t.Fatal("not released after the last request let go")
+	}
+	if u.hold() {
+		t.Fatal("released resources were held again")
+	}
+	select {
+	case <-released:
+		t.Fatal("released twice")
+	case <-time.After(20 * time.Millisecond):
+	}
+}

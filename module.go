@@ -34,6 +34,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -126,6 +127,12 @@ type Handler struct {
 	live         *liveState  // what requests update
 	store        zones.Store // nil in local mode
 	storeKey     string      // to release store from its pool
+	// users keeps the zone states and the store the handler took until
+	// what uses them is done (see handlerUsers); holds says whether a
+	// request must hold them too: with a store, when a zone takes slots
+	// or charges after the response.
+	users *handlerUsers
+	holds bool
 	// budget is, in strict mode, the most a request waits for Redis in
 	// all (see storeContext); 0 when decisions never wait for Redis.
 	budget time.Duration
@@ -144,6 +151,7 @@ const DefaultSweepInterval = time.Minute
 
 // Provision sets up the handler.
 func (h *Handler) Provision(ctx caddy.Context) error {
+	h.users = newHandlerUsers(h.releaseShared)
 	h.ctx = ctx
 	h.logger = ctx.Logger()
 
@@ -200,6 +208,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.zones = append(h.zones, z)
 		h.placeholders = h.placeholders || z.readsReplacer()
 		h.weighted = h.weighted || (z.metrics != nil && z.metrics.cost != nil)
+		if h.store != nil && (z.IsConcurrency() || z.costs.postCharged()) {
+			h.holds = true
+			z.Zone.Hold, z.Zone.Done = h.users.hold, h.users.done
+		}
 	}
 	// Tightest first: the zone most likely to deny decides before the
 	// others spend anything (a refund, a Redis round trip).
@@ -218,20 +230,85 @@ func (h *Handler) Validate() error {
 	return nil
 }
 
-// Cleanup releases the handler's zone states and store. Caddy calls it once
-// the handler's config is replaced, when the config it belongs to fails to
-// load, and on a handler whose Provision or Validate failed (half-way,
-// possibly): it releases exactly what was taken, and only once.
+// Cleanup unregisters the handler's zones and lets go of its zone states
+// and store, which are released once nothing uses them any more (see
+// handlerUsers). Caddy calls it once the handler's config is replaced, when
+// the config it belongs to fails to load, and on a handler whose Provision
+// or Validate failed (half-way, possibly): it releases exactly what was
+// taken, and only once.
 func (h *Handler) Cleanup() error {
 	for _, z := range h.zones {
-		z.release()
+		z.unregister()
 	}
-	h.zones = nil
-	if h.store != nil {
-		releaseStore(h.storeKey)
-		h.store = nil
+	if h.users != nil {
+		h.users.cleanup()
 	}
 	return nil
+}
+
+// releaseShared releases the zone states and the store the handler took,
+// once nothing uses them.
+func (h *Handler) releaseShared() {
+	for _, z := range h.zones {
+		z.releaseState()
+	}
+	if h.store != nil {
+		releaseStore(h.storeKey)
+	}
+}
+
+// handlerUsers counts what still uses the shared resources a handler took
+// (its zones' states and its store, pooled across handlers and reloads):
+// the handler's config, which lets go in Cleanup, each request in flight
+// that holds concurrency slots or owes a charge after its response, and
+// each strict-mode charge not yet landed. The last to let go releases them.
+//
+// Caddy returns from a reload before the old config's servers drain, and
+// cleans up the old handlers meanwhile: a reload that changes a distributed
+// setting (the store's pool key) would otherwise close the store under
+// requests still running, stopping their slots' renewals and releases and
+// failing their charges (issue 23: 4 in flight for a limit of 2, a key
+// locked out for the rest of its lease, a stream's charges lost).
+type handlerUsers struct {
+	n       atomic.Int64
+	release func()
+}
+
+// newHandlerUsers holds the config's reference; release is what the last
+// user calls.
+func newHandlerUsers(release func()) *handlerUsers {
+	u := &handlerUsers{release: release}
+	u.n.Store(1)
+	return u
+}
+
+// hold takes a reference, unless the resources were released already
+// (then the request goes on with a closed store, whose calls fail and take
+// the zones' fail policies).
+func (u *handlerUsers) hold() bool {
+	for n := u.n.Load(); n > 0; n = u.n.Load() {
+		if u.n.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+	return false
+}
+
+// done lets go of a reference hold took. The last one releases the
+// resources off the caller's goroutine: closing a store waits for Redis,
+// and the caller is a response or a charger.
+func (u *handlerUsers) done() {
+	if u.n.Add(-1) == 0 {
+		go u.release()
+	}
+}
+
+// cleanup lets go of the config's reference; when it is the last, the
+// resources are released before it returns, as Cleanup always did.
+func (u *handlerUsers) cleanup() {
+	if u.n.Add(-1) == 0 {
+		u.release()
+	}
 }
 
 // Interface guards

@@ -54,6 +54,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			return h.deny(w, r, applicable[v:v+1], &applicable[v], now)
 		}
 	}
+	if h.holds && h.users.hold() {
+		// The slots and charges this request may take live in the
+		// store, which must outlive a reload that unloads this handler.
+		defer h.users.done()
+	}
 	ctx, cancel := h.storeContext(r, now)
 
 	// Each zone's decision is written into its verdict in place: the

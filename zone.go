@@ -293,13 +293,18 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 	return zh, nil
 }
 
-// release gives back what provision took: the registration, the reset
-// subscription and the reference to the zone's state.
-func (z *zoneHandler) release() {
+// unregister gives back the registration and the reset subscription that
+// provision took, when the handler's config goes.
+func (z *zoneHandler) unregister() {
 	unregisterZone(z.Zone)
 	if z.stopReset != nil {
 		z.stopReset()
 	}
+}
+
+// releaseState gives back the reference to the zone's state that provision
+// took, once the handler's requests and charges are done with it.
+func (z *zoneHandler) releaseState() {
 	_, _ = states.Delete(z.stateID)
 }
 

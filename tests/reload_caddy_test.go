@@ -6,6 +6,8 @@ package tests
 // and charged after it, whatever the reload changed.
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -104,4 +106,127 @@ func TestLocalConcurrencyCountsSurviveReloadsThatChangeTheZone(t *testing.T) {
 	if counts := c.SendConcurrently(3, 3, keyRequest("alice", "/slow?gather=3&hold=100ms"), nil); counts[200] != 3 {
 		t.Fatalf("3 requests after the held ones ended: %v, want 3×200", counts)
 	}
+}
+
+// A reload that changes a distributed setting (here the timeout, part of
+// what the Redis clients are pooled by) while requests are in flight: the
+// store their slots and charges live in stays open until the last of them
+// ends, so their slots are renewed past the lease and released when they
+// end, and the charges of their responses land in Redis.
+func TestReloadChangingDistributedKeepsInFlightSlotsAndCharges(t *testing.T) {
+	t.Parallel()
+	// Timeouts of seconds: this test is about the reload; with the default
+	// a loaded machine would hand some decisions to fail_policy local.
+	distributed := func(rs *redisServer, timeout string) string {
+		return `
+		distributed {
+			redis redis://` + rs.Addr + `
+			timeout ` + timeout + `
+		}`
+	}
+	t.Run("renewals", func(t *testing.T) {
+		t.Parallel()
+		const lease = 3 * time.Second
+		rs := startRedis(t)
+		u := startCountingUpstream(t)
+		zone := `
+		zone uploads {
+			key {http.request.header.X-API-Key}
+			concurrency 2
+			lease 3s
+		}`
+		c := startCaddy(t, genSite(u, 1, zone+distributed(rs, "2s")))
+		var held []<-chan response
+		for range 2 {
+			held = append(held, inBackground(c, keyRequest("alice", "/held?gate=long")))
+		}
+		u.waitInFlight(2)
+		reloadTo(t, c, "", 2, genSite(u, 2, zone+distributed(rs, "3s")))
+		start := time.Now()
+		for time.Since(start) < lease+lease/2 {
+			if res := c.Do(keyRequest("alice", "/fast")); res.Status != 429 {
+				t.Fatalf("%v after the reload, beside alice's 2 requests in flight (concurrency 2, lease %v): %d, want 429",
+					time.Since(start).Round(time.Millisecond), lease, res.Status)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		u.open("long")
+		for i, ch := range held {
+			if res := <-ch; res.Status != 200 {
+				t.Fatalf("held request %d: %d, want 200", i, res.Status)
+			}
+		}
+		ended := time.Now()
+		waitFor(t, 2*time.Second, "alice's slots to be released", func() bool {
+			return c.Do(keyRequest("alice", "/fast")).Status == 200
+		})
+		t.Logf("alice admitted %v after her requests ended", time.Since(ended).Round(time.Millisecond))
+	})
+	t.Run("releases", func(t *testing.T) {
+		t.Parallel()
+		rs := startRedis(t)
+		u := startCountingUpstream(t)
+		zone := `
+		zone uploads {
+			key {http.request.header.X-API-Key}
+			concurrency 2
+		}`
+		c := startCaddy(t, genSite(u, 1, zone+distributed(rs, "2s")))
+		var held []<-chan response
+		for range 2 {
+			held = append(held, inBackground(c, keyRequest("alice", "/held?gate=short")))
+		}
+		u.waitInFlight(2)
+		reloadTo(t, c, "", 2, genSite(u, 2, zone+distributed(rs, "3s")))
+		u.open("short")
+		for i, ch := range held {
+			if res := <-ch; res.Status != 200 {
+				t.Fatalf("held request %d: %d, want 200", i, res.Status)
+			}
+		}
+		// With the default lease of 30s, slots never released would
+		// lock alice out for half a minute.
+		waitFor(t, 2*time.Second, "alice's slots to leave Redis", func() bool {
+			return rs.Client().Exists(context.Background(), "tally:uploads:alice").Val() == 0
+		})
+		if res := c.Do(keyRequest("alice", "/fast")); res.Status != 200 {
+			t.Fatalf("alice after her requests ended: %d, want 200", res.Status)
+		}
+	})
+	t.Run("charges", func(t *testing.T) {
+		t.Parallel()
+		rs := startRedis(t)
+		u := startCountingUpstream(t)
+		zone := `
+		zone api {
+			key {http.request.header.X-API-Key}
+			events 5
+			window 1h
+			count {
+				status 200
+			}
+		}`
+		c := startCaddy(t, genSite(u, 1, zone+distributed(rs, "2s")))
+		var held []<-chan response
+		for range 5 {
+			held = append(held, inBackground(c, keyRequest("alice", "/stream?gate=stream")))
+		}
+		u.waitInFlight(5)
+		reloadTo(t, c, "", 2, genSite(u, 2, zone+distributed(rs, "3s")))
+		u.open("stream")
+		for i, ch := range held {
+			if res := <-ch; res.Status != 200 {
+				t.Fatalf("held request %d: %d, want 200", i, res.Status)
+			}
+		}
+		// The 5 responses' charges land in Redis: alice has nothing left.
+		waitFor(t, 3*time.Second, "alice's 5 charges to land in Redis", func() bool {
+			var k adminKey
+			status, body := c.adminDo(http.MethodGet, keyPath("api", "alice"))
+			return status == http.StatusOK && json.Unmarshal([]byte(body), &k) == nil && k.Remaining == 0
+		})
+		if res := c.Do(keyRequest("alice", "/fast")); res.Status != 429 {
+			t.Fatalf("alice after 5 counted responses of 5 per hour: %d, want 429", res.Status)
+		}
+	})
 }

@@ -50,6 +50,14 @@ type charge struct {
 	cost int64
 	at   time.Time // when it was queued: retries stop ChargeRetryFor later
 	err  error     // the last attempt's error, for retries
+	held bool      // zone.Hold returned true: zone.Done once it is over
+}
+
+// over is called once ch has landed or failed for good.
+func (ch *charge) over() {
+	if ch.held {
+		ch.zone.Done()
+	}
 }
 
 // charger sends a state's strict-mode charges in the background and tracks,
@@ -142,8 +150,10 @@ func (c *charger) fail() {
 			ch.zone.chargeFallback(ch.key, monotime.Now(), &ch.plan, ch.cost)
 			ch.zone.chargeFailed(errStateClosed)
 			c.landed(ch.key)
+			ch.over()
 		case ch := <-c.retries:
 			ch.zone.chargeFailed(errStateClosed)
+			ch.over()
 		default:
 			return
 		}
@@ -282,12 +292,13 @@ func (z *Zone) queueCharge(key string, p *Plan, cost int64) {
 	c := &z.state.charger
 	c.start(z.state.stop, &z.state.chargers)
 	c.add(key)
+	ch := charge{zone: z, key: key, plan: *p, cost: cost, at: time.Now(), held: z.Hold != nil && z.Hold()}
 	select {
-	case c.queue <- charge{zone: z, key: key, plan: *p, cost: cost, at: time.Now()}:
+	case c.queue <- ch:
 	default:
 		// The queue is full (Redis far slower than traffic): charge
 		// here rather than drop it; this response waits.
-		z.sendCharge(charge{zone: z, key: key, plan: *p, cost: cost, at: time.Now()}, c)
+		z.sendCharge(ch, c)
 	}
 }
 
@@ -300,14 +311,17 @@ func (z *Zone) queueCharge(key string, p *Plan, cost int64) {
 func (z *Zone) sendCharge(ch charge, c *charger) {
 	defer c.landed(ch.key)
 	if z.tryCharge(&ch) {
+		ch.over()
 		return
 	}
 	z.chargeFallback(ch.key, monotime.Now(), &ch.plan, ch.cost)
 	select {
 	case c.retries <- ch:
+		return // retryLoop's now
 	default:
 		z.chargeFailed(ch.err) // more failed charges than can be held
 	}
+	ch.over()
 }
 
 // tryCharge makes one attempt to land ch in the store, noting its error.
@@ -352,13 +366,16 @@ func (c *charger) retryLoop(stop <-chan struct{}) {
 					ch.zone.chargeFailed(ch.err)
 				case !ch.zone.tryCharge(&ch):
 					keep = append(keep, ch)
+					continue
 				}
+				ch.over() // landed, or failed for good
 			}
 			clear(failed[len(keep):])
 			failed = keep
 		case <-stop:
 			for _, ch := range failed {
 				ch.zone.chargeFailed(errStateClosed)
+				ch.over()
 			}
 			return
 		}

@@ -349,6 +349,13 @@ type Zone struct {
 	// OnChargeFailed, when set, is called for each charge of a post-charged
 	// zone that the store did not take (strict mode, after retries).
 	OnChargeFailed func(error)
+
+	// Hold and Done, when set, are called for each strict-mode charge
+	// queued (Hold) and once it has landed or failed for good (Done, when
+	// Hold returned true): the zone's owner keeps what the charge needs, the
+	// zone's state and store, until then, whatever reloads happen.
+	Hold func() bool
+	Done func()
 }
 
 // New returns a zone deciding with state and, when store is not nil, store.
