@@ -29,6 +29,7 @@ type slots struct {
 	releases []pendingRelease
 	every    time.Duration // the renewal period: the shortest lease held / 3
 	wake     chan struct{} // capacity 1: releases are pending or every shrank
+	now      atomic.Bool   // renew at once: Redis lost its data (see slotsRecovery)
 }
 
 type heldSlot struct{ rkey, id string }
@@ -47,6 +48,12 @@ type pendingRelease struct {
 func (sl *slots) init() {
 	sl.held = make(map[heldSlot]heldLease)
 	sl.wake = make(chan struct{}, 1)
+}
+
+// renewNow makes the loop renew every slot held at once.
+func (sl *slots) renewNow() {
+	sl.now.Store(true)
+	sl.poke()
 }
 
 func (sl *slots) poke() {
@@ -69,8 +76,14 @@ func (c *conn) Acquire(ctx context.Context, zone, key string, limit int64, lease
 	sl := &c.slots
 	slot := heldSlot{rkey: c.slotsKey(zone, key), id: c.instanceID + ":" + strconv.FormatUint(sl.seq.Add(1), 36)}
 
+	// Where the instances set lives on the key's server, an acquisition
+	// checks Redis did not lose its data since this instance's last beat.
+	checkLoss := ""
+	if !c.cluster && c.beatRecently() {
+		checkLoss = c.opts.KeyPrefix
+	}
 	start := time.Now()
-	rep := c.call(ctx, concurrencyScript, slot.rkey, [5]any{"a", limit, lease.Milliseconds(), slot.id, ""})
+	rep := c.call(ctx, concurrencyScript, slot.rkey, [5]any{"a", limit, lease.Milliseconds(), slot.id, checkLoss})
 	if err := rep.err; err != nil {
 		if !errors.Is(err, ErrUnavailable) {
 			sl.release(slot, start.Add(lease))
@@ -174,7 +187,8 @@ func (c *conn) slotLoop() {
 			default:
 			}
 		}
-		if every > 0 && !time.Now().Before(nextRenew) {
+		asked := sl.now.Swap(false)
+		if every > 0 && (asked || !time.Now().Before(nextRenew)) {
 			c.renew()
 			nextRenew = time.Now().Add(every)
 		}

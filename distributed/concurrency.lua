@@ -6,8 +6,15 @@
 --
 -- KEYS[1]  the key's sorted set
 -- ARGV[1]  op:
---   "a" acquire: ARGV[2] limit, ARGV[3] lease ms, ARGV[4] slot id
---       -> {1, slots in use after} or {0, slots in use}
+--   "a" acquire: ARGV[2] limit, ARGV[3] lease ms, ARGV[4] slot id,
+--       ARGV[5] the key prefix when the instances set (<prefix>instances)
+--       must exist, as this instance beat recently; else "" (always on a
+--       Cluster, where the set lives on another node)
+--       -> {1, slots in use after} or {0, slots in use}. Refused while
+--       Redis is found to have lost its data: the instances set gone, or
+--       a recovery on (heartbeat.lua marks it when it finds the set gone),
+--       during which every instance takes back the slots of its requests
+--       still running before anyone takes a new one.
 --   "r" renew: ARGV[2] lease ms, ARGV[3] limit, ARGV[4..] slot ids of this
 --       instance -> {slots renewed, slots in use after}. A slot the set lost
 --       (Redis restarted empty, or the lease ended while this instance could
@@ -35,6 +42,11 @@ local n = redis.call('ZCARD', key)
 
 if op == 'a' then
   if n >= tonumber(ARGV[2]) then
+    return {0, n}
+  end
+  local prefix = ARGV[5]
+  if prefix ~= '' and (redis.call('ZCARD', prefix .. 'instances') == 0 or
+      redis.call('GET', prefix .. '{' .. prefix .. 'instances}slots-recovery')) then
     return {0, n}
   end
   redis.call('ZADD', key, string.format('%d', now + tonumber(ARGV[3])), ARGV[4])

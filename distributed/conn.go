@@ -36,6 +36,7 @@ type conn struct {
 	instanceID string // this store's: async reports, concurrency slots
 	member     string // this process's, in the instances set
 	instances  atomic.Int64
+	lastBeat   atomic.Int64 // monotime of the last successful heartbeat; 0 before
 	beats      beats
 
 	problems problems

@@ -215,9 +215,16 @@
 // background loop per store:
 //   - renewals: every lease/3 (the shortest lease held), one pipeline renews
 //     every slot this instance holds, one script call per key; a slot whose
-//     instance died is renewed by nobody and ends within its lease. A slot
-//     Redis lost (a restart) is taken again while there is room, so that
-//     requests running across an outage are counted again after it;
+//     instance died is renewed by nobody and ends within its lease; the
+//     period follows the shortest lease the store holds. A slot Redis lost
+//     (a restart) is taken again while there is room, so that requests
+//     running across an outage are counted again after it;
+//   - data loss: an acquisition refuses while the instances set this
+//     instance beat into lately is gone, and heartbeat.lua, finding it gone,
+//     marks a recovery (slotsRecovery, 3s) during which every acquisition
+//     refuses and every instance renews at its next beat: slots Redis lost
+//     with its data (FLUSHALL, a restart without it) are taken back before
+//     new ones (not on a Cluster, where the set is another node's key);
 //   - releases: Release only records the slot and wakes the loop, which
 //     removes it with ZREM (pipelined with the other releases pending). A
 //     release Redis did not take is retried at the next wake-up, until the

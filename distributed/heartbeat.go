@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-tally/ratelimit/internal/monotime"
 )
 
 // Every instance beats every heartbeatEvery into a sorted set of instance ids
@@ -44,11 +46,29 @@ func backgroundTimeout(o Options) time.Duration {
 
 func (c *conn) instancesKey() string { return c.opts.KeyPrefix + "instances" }
 
+// recoveryKey marks a recovery of the concurrency slots after Redis lost
+// its data (see heartbeat.lua; concurrency.lua builds the same name from
+// the prefix): under the key prefix, as an ACL of ~<prefix>* allows, and in
+// the instances set's hash slot (its hash tag is the set's name, unless the
+// prefix has a tag of its own, which the set's name then has too).
+func (c *conn) recoveryKey() string {
+	return c.opts.KeyPrefix + "{" + c.instancesKey() + "}slots-recovery"
+}
+
+// slotsRecovery is how long, after Redis was found to have lost its data,
+// no instance takes a new concurrency slot, while each takes back the slots
+// of its requests still running: every instance's next heartbeat (at most
+// heartbeatEvery later) sees the recovery and renews at once. It allows a
+// heartbeat two seconds late on a loaded machine.
+const slotsRecovery = 3 * time.Second
+
 // heartbeat registers this instance now and returns the number of live
 // instances, which Instances reports from then on. The background loop calls
-// it every second. One beat runs at a time (see beats).
+// it every second. One beat runs at a time (see beats). A beat that finds a
+// recovery of the slots on (see slotsRecovery) renews them at once.
 func (c *conn) heartbeat(ctx context.Context) (int, error) {
-	return c.beats.run(&c.instances, func() (int64, error) {
+	recovering := false
+	n, err := c.beats.run(&c.instances, func() (int64, error) {
 		if c.isClosed() {
 			return 0, ErrClosed
 		}
@@ -59,11 +79,35 @@ func (c *conn) heartbeat(ctx context.Context) (int, error) {
 		}
 		ctx, cancel := context.WithTimeout(ctx, backgroundTimeout(c.opts))
 		defer cancel()
-		n, err := heartbeatScript.Run(ctx, c.client, []string{c.instancesKey()},
-			c.member, instanceTTL.Milliseconds()).Int64()
+		expect := "0"
+		if c.beatRecently() {
+			expect = "1"
+		}
+		v, err := heartbeatScript.Run(ctx, c.client, []string{c.instancesKey(), c.recoveryKey()},
+			c.member, instanceTTL.Milliseconds(), expect, slotsRecovery.Milliseconds()).Int64Slice()
+		if err == nil && len(v) != 2 {
+			err = errBadReply
+		}
 		b.record(probe, err)
-		return n, err
+		if err != nil {
+			return 0, err
+		}
+		c.lastBeat.Store(max(1, monotime.Now()))
+		recovering = v[1] == 1
+		return v[0], nil
 	})
+	if recovering {
+		c.slots.renewNow()
+	}
+	return n, err
+}
+
+// beatRecently reports whether this store's last successful heartbeat was
+// recent enough that the instances set must still exist, its own
+// registration in it included, unless Redis lost its data.
+func (c *conn) beatRecently() bool {
+	last := c.lastBeat.Load()
+	return last != 0 && monotime.Since(last) < instanceTTL/2
 }
 
 // A process is one instance, however many stores it has on one instances

@@ -650,8 +650,14 @@ func TestConcurrencyFailPoliciesWhileRedisIsDown(t *testing.T) {
 		status, body := b.adminDo(http.MethodGet, keyPath("local_zone", "alice"))
 		return status == 200 && strings.Contains(body, `"in_use":1`)
 	})
-	// Redis decides again: 3 more fit, across both instances, and none of
-	// the outage's slots counts.
+	// Redis came back without its data: for the recovery (3s) no slot is
+	// taken, while the instances take back those of their requests still
+	// running. Then Redis decides again: 3 more fit, across both
+	// instances, and none of the outage's slots counts.
+	waitFor(t, 10*time.Second, "the recovery after the empty restart to end", func() bool {
+		n, err := rs.Client().Exists(context.Background(), "tally:{tally:instances}slots-recovery").Result()
+		return err == nil && n == 0
+	})
 	var after []<-chan response
 	inFlight = 1
 	for i := range 3 {
