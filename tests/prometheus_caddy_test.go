@@ -245,11 +245,25 @@ var grafanaVars = strings.NewReplacer(`"$zone"`, `".*"`, "$__rate_interval", "1m
 
 func TestDashboardAndAlertQueriesReturnSeriesFromARealPrometheus(t *testing.T) {
 	t.Parallel()
-	_, panels := dashboardQueries(t)
+	d, panels := dashboardQueries(t)
 	r := startRedis(t)
-	// One zone of each kind, so that every series the dashboard reads
-	// exists (tally binds only the series a zone can move).
-	c := startCaddyWith(t, "metrics", `http:// {
+	// One zone of each kind, HTTP and connection, so that every series the
+	// dashboard reads exists (tally binds only the series a zone can move).
+	e := newEdge(t)
+	c := e.caddyInstance
+	global := "\tmetrics\n" + e.wrappersOnTLS(`			rate_limit {
+				zone conn_rate {
+					key {remote_ip}
+					events 100
+					window 1m
+				}
+				zone conn_open {
+					key {remote_ip}
+					concurrency 1
+				}
+			}
+			tls`)
+	c.Start(c.Caddyfile(global, `http:// {
 	rate_limit {
 		zone api {
 			key {http.request.header.X-API-Key}
@@ -306,7 +320,12 @@ func TestDashboardAndAlertQueriesReturnSeriesFromARealPrometheus(t *testing.T) {
 	header X-Tokens-Used 7
 	respond "ok"
 }
-`)
+
+https://`+e.tlsAddr+` {
+	tls `+e.cert+` `+e.key+`
+	respond "ok"
+}
+`), "caddyfile")
 	// Allowed and denied decisions, costs, charges, plans and a slot, all
 	// through Redis.
 	c.Send(8, withKey("alice"))
@@ -315,6 +334,16 @@ func TestDashboardAndAlertQueriesReturnSeriesFromARealPrometheus(t *testing.T) {
 	c.Send(2, request{Path: "/tokens"})
 	c.Send(2, request{Path: "/plan", Header: map[string]string{"X-Plan-RPM": "10"}})
 	c.Send(1, request{Path: "/upload"})
+	// A connection held open (in flight) and a second one from its address
+	// refused by conn_open.
+	held := e.conn(t, "127.0.0.1", "")
+	if held == nil {
+		t.Fatal("the first connection from 127.0.0.1 was refused")
+	}
+	defer held.Close()
+	if e.conn(t, "127.0.0.1", "") != nil {
+		t.Fatal("a second connection from 127.0.0.1 was served beside the one conn_open holds")
+	}
 	p := startPrometheus(t, c)
 
 	// Enough scrapes for rates over a minute, and every rule evaluated.
@@ -332,8 +361,8 @@ func TestDashboardAndAlertQueriesReturnSeriesFromARealPrometheus(t *testing.T) {
 	})
 
 	rules := p.rules()
-	if len(rules) != 3 {
-		t.Fatalf("prometheus loaded %d rules from %s, want 3: %+v", len(rules), rulesFile, rules)
+	if len(rules) != 4 {
+		t.Fatalf("prometheus loaded %d rules from %s, want 4: %+v", len(rules), rulesFile, rules)
 	}
 	for _, rule := range rules {
 		// An alert's expression returns series only while it fires; with
@@ -355,10 +384,17 @@ func TestDashboardAndAlertQueriesReturnSeriesFromARealPrometheus(t *testing.T) {
 		}
 	}
 
-	// The zone variable lists the zones.
+	// The zone variable lists the zones, HTTP and connection: Grafana runs
+	// label_values(<selector>, zone) as this query.
+	var selector string
+	for _, v := range d.Templating.List {
+		if v.Name == "zone" {
+			selector = strings.TrimSuffix(strings.TrimPrefix(v.Definition, "label_values("), ", zone)")
+		}
+	}
 	var zones []string
-	if err := p.api("label/zone/values", url.Values{"match[]": {"caddy_rate_limit_requests_total"}}, &zones); err != nil ||
-		strings.Join(zones, ",") != "api,login,plans,search,tokens,uploads" {
-		t.Errorf("label_values(caddy_rate_limit_requests_total, zone) = %v (%v), want every zone", zones, err)
+	if err := p.api("label/zone/values", url.Values{"match[]": {selector}}, &zones); err != nil ||
+		strings.Join(zones, ",") != "api,conn_open,conn_rate,login,plans,search,tokens,uploads" {
+		t.Errorf("label_values(%s, zone) = %v (%v), want every zone", selector, zones, err)
 	}
 }
