@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddy-tally/ratelimit/algorithms"
@@ -241,6 +242,19 @@ type State struct {
 
 	conc  *concurrencyState // concurrency zones only: requests in flight
 	quota *quotaState       // quota zones only: units used per period
+
+	final atomic.Pointer[func(*State)] // SetFinalSnapshot's
+}
+
+// SetFinalSnapshot makes Destruct call f (nil: nothing) once the state is
+// no longer used, before it is dropped: the last snapshot of a zone that
+// persists. Only the last f set is called.
+func (s *State) SetFinalSnapshot(f func(*State)) {
+	if f == nil {
+		s.final.Store(nil)
+		return
+	}
+	s.final.Store(&f)
 }
 
 // NewState returns an empty state whose expired entries are swept every
@@ -312,6 +326,9 @@ func (s *State) Destruct() error {
 	<-s.done
 	s.chargers.Wait()
 	s.charger.fail()
+	if f := s.final.Load(); f != nil {
+		(*f)(s)
+	}
 	return nil
 }
 

@@ -425,3 +425,69 @@ func (s *shard) compact(extra int) {
 	}
 	s.keys, s.dead = keys, 0
 }
+
+// Shards is the number of shards, for CopyShard.
+func (t *Table) Shards() int { return len(t.shards) }
+
+// Copy holds entries copied out of a table by CopyShard: entry i's key is
+// Keys[Ends[i-1]:Ends[i]] (from 0 for the first) and its value Values[i].
+// It is reused from shard to shard so that copying a whole table grows its
+// buffers only a few times.
+type Copy struct {
+	Keys   []byte
+	Ends   []int
+	Values []int64
+}
+
+// Reset empties c, keeping its buffers.
+func (c *Copy) Reset() { c.Keys, c.Ends, c.Values = c.Keys[:0], c.Ends[:0], c.Values[:0] }
+
+// Len is the number of entries c holds.
+func (c *Copy) Len() int { return len(c.Values) }
+
+// Key returns entry i's key bytes (valid until c is reset).
+func (c *Copy) Key(i int) []byte {
+	from := 0
+	if i > 0 {
+		from = c.Ends[i-1]
+	}
+	return c.Keys[from:c.Ends[i]]
+}
+
+// CopyShard appends to c every entry of shard i whose value is > after.
+// The shard's lock is held only while its slots are copied: c's buffers are
+// grown to the shard's size before the lock is taken (and, should the shard
+// grow meanwhile, while it is held, at most once), so that a snapshot of the
+// table never stalls the requests of a shard for longer than a copy of it.
+func (t *Table) CopyShard(i int, after int64, c *Copy) {
+	s := &t.shards[i]
+	s.mu.Lock()
+	n, arena := s.n, len(s.keys)
+	s.mu.Unlock()
+	c.reserve(n, n*inlineKey+arena)
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c.reserve(s.n, s.n*inlineKey+len(s.keys))
+	for j := range s.slots {
+		sl := &s.slots[j]
+		if sl.tag == 0 || sl.value <= after {
+			continue
+		}
+		c.Keys = append(c.Keys, s.keyOf(sl)...)
+		c.Ends = append(c.Ends, len(c.Keys))
+		c.Values = append(c.Values, sl.value)
+	}
+}
+
+// reserve grows c so that n more entries of keys bytes in all fit without
+// another allocation.
+func (c *Copy) reserve(n, keys int) {
+	if cap(c.Keys)-len(c.Keys) < keys {
+		c.Keys = append(make([]byte, 0, len(c.Keys)+keys), c.Keys...)
+	}
+	if cap(c.Values)-len(c.Values) < n {
+		c.Ends = append(make([]int, 0, len(c.Ends)+n), c.Ends...)
+		c.Values = append(make([]int64, 0, len(c.Values)+n), c.Values...)
+	}
+}

@@ -3,6 +3,7 @@ package keytable
 import (
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -360,5 +361,43 @@ func BenchmarkUpdateExistingKey(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// CopyShard, over every shard, copies each entry in force (inline and arena
+// keys alike) exactly once, and none that has expired.
+func TestCopyShardCopiesEveryEntryInForce(t *testing.T) {
+	tbl := New(4096)
+	want := map[string]int64{}
+	for i := range 3000 {
+		key := strconv.Itoa(i)
+		if i%3 == 0 {
+			key = strings.Repeat("long-", 8) + key // in the arena
+		}
+		v := int64(i % 10)
+		tbl.Update(key, 0, func(int64, bool) (int64, Op) { return v, Store })
+		if v > 4 {
+			want[key] = v
+		}
+	}
+	var c Copy
+	got := map[string]int64{}
+	for i := range tbl.Shards() {
+		c.Reset()
+		tbl.CopyShard(i, 4, &c)
+		for j := range c.Len() {
+			if _, dup := got[string(c.Key(j))]; dup {
+				t.Fatalf("%q copied twice", c.Key(j))
+			}
+			got[string(c.Key(j))] = c.Values[j]
+		}
+	}
+	if len(got) != len(want) {
+		t.Fatalf("copied %d entries, want %d", len(got), len(want))
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Fatalf("%q copied as %d, want %d", k, got[k], v)
+		}
 	}
 }

@@ -1,0 +1,246 @@
+package zones
+
+// Snapshots of a zone's in-process state, so that a local zone resumes
+// after a restart (the root package's persist setting writes them to
+// Caddy's storage). A snapshot holds, for every key that still carries
+// information, the time it has left, which does not depend on any clock,
+// and the wall-clock time the snapshot was taken, the only time two
+// processes share; a restore subtracts the wall time that passed.
+//
+// Layout (integers little-endian, uvarint where said):
+//
+//	magic     "TALLYSN" + version byte 1
+//	id        uvarint length + bytes: the zone definition's identity
+//	wall      int64, Unix nanoseconds when the snapshot was taken
+//	sections  each: kind byte, count uint64, then count entries of
+//	          uvarint key length, key bytes, uvarint nanoseconds left;
+//	          kind 0 ends the list
+//	checksum  uint32, CRC-32C of everything before it
+//
+// A snapshot is checked whole (length, checksum, every entry) before any of
+// it is applied: a truncated or corrupt one is refused, never half-loaded.
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"time"
+
+	"github.com/caddy-tally/ratelimit/internal/keytable"
+)
+
+// SnapshotKind names a table a snapshot section holds.
+type SnapshotKind uint8
+
+const (
+	snapshotEnd SnapshotKind = iota
+	// SnapshotTATs: a local rate zone's TATs (post-charge debt included:
+	// it is a TAT in the future).
+	SnapshotTATs
+	// Bans (issue 24) will be a section of their own: a kind here, a table
+	// in State.snapshotTables, a case in Restore.
+)
+
+const snapshotMagic = "TALLYSN\x01"
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// ErrSnapshotCorrupt is wrapped by every error DecodeSnapshot returns for
+// bytes that are not a whole snapshot.
+var ErrSnapshotCorrupt = errors.New("snapshot corrupt or truncated")
+
+// Persists reports whether the zone's state is what a snapshot can resume:
+// a local rate zone. A distributed zone's state is in Redis; a concurrency
+// zone's slots belong to requests that a restart ended; a quota zone's
+// counters are not snapshot (yet).
+func (z *Zone) Persists() bool {
+	return z.store == nil && !z.IsConcurrency() && !z.IsQuota()
+}
+
+// MaxDebt is the most time a key of the zone can have left: two bursts
+// (a post-charged zone's debt is capped one burst beyond empty), or, for a
+// zone whose limits come from requests, twice the longest span tally
+// represents. Restore caps a key's time left at it.
+func (z *Zone) MaxDebt() time.Duration {
+	if z.PerRequest {
+		return 2 * MaxSpan
+	}
+	l := z.plan.limit
+	return 2 * time.Duration(l.Burst) * time.Duration(l.EmissionInterval)
+}
+
+// snapshotTables are the tables a snapshot of the state holds, by kind.
+func (s *State) snapshotTables() []struct {
+	kind  SnapshotKind
+	table *Table
+} {
+	return []struct {
+		kind  SnapshotKind
+		table *Table
+	}{{SnapshotTATs, s.Local}}
+}
+
+// AppendSnapshot appends to dst a snapshot of the state at now (monotime)
+// and wall (the same instant on the wall clock), identified by id, and
+// returns it with the number of keys it holds. Each shard of each table is
+// copied under its lock, then encoded outside it: taking a snapshot never
+// holds a lock for longer than a copy of one shard.
+func (s *State) AppendSnapshot(dst []byte, id string, now int64, wall time.Time) ([]byte, int) {
+	start := len(dst)
+	dst = append(dst, snapshotMagic...)
+	dst = binary.AppendUvarint(dst, uint64(len(id)))
+	dst = append(dst, id...)
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(wall.UnixNano()))
+	var c keytable.Copy
+	keys := 0
+	for _, t := range s.snapshotTables() {
+		dst = append(dst, byte(t.kind))
+		countAt := len(dst)
+		dst = binary.LittleEndian.AppendUint64(dst, 0)
+		n := 0
+		for i := range t.table.kt.Shards() {
+			c.Reset()
+			t.table.kt.CopyShard(i, now, &c)
+			for j := range c.Len() {
+				k := c.Key(j)
+				dst = binary.AppendUvarint(dst, uint64(len(k)))
+				dst = append(dst, k...)
+				dst = binary.AppendUvarint(dst, uint64(c.Values[j]-now))
+			}
+			n += c.Len()
+		}
+		binary.LittleEndian.PutUint64(dst[countAt:], uint64(n))
+		keys += n
+	}
+	dst = append(dst, byte(snapshotEnd))
+	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli)), keys
+}
+
+// Snapshot is a decoded, checked snapshot.
+type Snapshot struct {
+	ID   string    // the zone definition it was taken of
+	Wall time.Time // when it was taken
+	Keys int       // entries, all sections together
+
+	data     []byte
+	sections []snapshotSection
+}
+
+type snapshotSection struct {
+	kind       SnapshotKind
+	count      int
+	start, end int // the entries' bytes in data
+}
+
+// DecodeSnapshot checks data whole and returns the snapshot it holds, or an
+// error wrapping ErrSnapshotCorrupt. The snapshot refers to data, which must
+// not change while it is used.
+func DecodeSnapshot(data []byte) (*Snapshot, error) {
+	corrupt := func(what string) (*Snapshot, error) {
+		return nil, fmt.Errorf("%w: %s", ErrSnapshotCorrupt, what)
+	}
+	if len(data) < len(snapshotMagic)+4 || string(data[:len(snapshotMagic)]) != snapshotMagic {
+		return corrupt("not a tally snapshot of this version")
+	}
+	body := data[:len(data)-4]
+	if crc32.Checksum(body, castagnoli) != binary.LittleEndian.Uint32(data[len(body):]) {
+		return corrupt("checksum mismatch")
+	}
+	p := len(snapshotMagic)
+	idLen, n := binary.Uvarint(body[p:])
+	if n <= 0 || idLen > uint64(len(body)-p-n) {
+		return corrupt("bad identity")
+	}
+	p += n
+	snap := &Snapshot{ID: string(body[p : p+int(idLen)]), data: data}
+	p += int(idLen)
+	if len(body)-p < 8 {
+		return corrupt("no time")
+	}
+	snap.Wall = time.Unix(0, int64(binary.LittleEndian.Uint64(body[p:])))
+	p += 8
+	for {
+		if p >= len(body) {
+			return corrupt("sections do not end")
+		}
+		kind := SnapshotKind(body[p])
+		p++
+		if kind == snapshotEnd {
+			break
+		}
+		if kind != SnapshotTATs {
+			return corrupt(fmt.Sprintf("unknown section %d", kind))
+		}
+		if len(body)-p < 8 {
+			return corrupt("section without a count")
+		}
+		count := binary.LittleEndian.Uint64(body[p:])
+		p += 8
+		sec := snapshotSection{kind: kind, start: p}
+		for ; uint64(sec.count) < count; sec.count++ {
+			kl, n := binary.Uvarint(body[p:])
+			if n <= 0 || kl > MaxKeyLength || kl > uint64(len(body)-p-n) {
+				return corrupt("bad key")
+			}
+			p += n + int(kl)
+			left, n := binary.Uvarint(body[p:])
+			if n <= 0 || left > uint64(MaxSpan)*2 {
+				return corrupt("bad time left")
+			}
+			p += n
+		}
+		sec.end = p
+		snap.sections = append(snap.sections, sec)
+		snap.Keys += sec.count
+	}
+	if p != len(body) {
+		return corrupt("bytes after the end")
+	}
+	return snap, nil
+}
+
+// Restore merges snap into the state at now (monotime) and wall (the same
+// instant on the wall clock) and returns how many keys it restored. Each
+// key's time left is reduced by the wall time that passed since the
+// snapshot (none when the clock went back) and capped at maxDebt, the most
+// a key of the zone can owe, so that a clock that moved between runs never
+// makes a key owe more than it could have owed. A key whose time ran out is
+// skipped; one the state already holds keeps the later of its two times.
+func (s *State) Restore(snap *Snapshot, now int64, wall time.Time, maxDebt time.Duration) int {
+	elapsed := max(0, wall.Sub(snap.Wall))
+	restored := 0
+	for _, sec := range snap.sections {
+		var t *Table
+		for _, st := range s.snapshotTables() {
+			if st.kind == sec.kind {
+				t = st.table
+			}
+		}
+		if t == nil {
+			continue
+		}
+		body := snap.data[sec.start:sec.end]
+		for p := 0; p < len(body); {
+			kl, n := binary.Uvarint(body[p:])
+			p += n
+			key := string(body[p : p+int(kl)])
+			p += int(kl)
+			left, n := binary.Uvarint(body[p:])
+			p += n
+			rem := min(time.Duration(left), maxDebt) - elapsed
+			if rem <= 0 {
+				continue
+			}
+			until := now + int64(rem)
+			t.kt.Update(key, now, func(v int64, _ bool) (int64, keytable.Op) {
+				if v >= until {
+					return 0, keytable.Keep // what happened since says more
+				}
+				restored++
+				return until, keytable.Store
+			})
+		}
+	}
+	return restored
+}
