@@ -88,6 +88,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        timeout       <duration>      # default: 50ms
 //	        key_prefix    <string>        # default: tally:
 //	    }
+//	    persist {                         # local rate zones resume after a restart
+//	        interval <duration>           # periodic snapshot; default 30s, >= 1s
+//	        max_age  <duration>           # an older snapshot is ignored; default 24h
+//	    }
 //	    headers both|ietf|legacy|off      # default: both
 //	    status <code>                     # default: 429
 //	    jitter <fraction>
@@ -136,6 +140,9 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 		case "sweep_interval":
 			h.SweepInterval, err = durationArg(d)
+		case "persist":
+			h.Persist = new(Persist)
+			err = h.Persist.unmarshalCaddyfile(d)
 		case "log_key":
 			err = noArgs(d, &h.LogKey)
 		case "disable_metrics":
@@ -143,7 +150,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "dry_run":
 			err = noArgs(d, &h.DryRun)
 		default:
-			err = d.Errf("unknown subdirective %q: expected zone, distributed, headers, status, jitter, sweep_interval, log_key, disable_metrics or dry_run", sub)
+			err = d.Errf("unknown subdirective %q: expected zone, distributed, persist, headers, status, jitter, sweep_interval, log_key, disable_metrics or dry_run", sub)
 		}
 		if err != nil {
 			return err
@@ -338,6 +345,34 @@ func parseZone(d *caddyfile.Dispenser, defined map[string]*Zone, in, keyExample 
 		return "", nil, nil, fmt.Errorf("zone %s: %w, at %s:%d", name, err, d.File(), line)
 	}
 	return name, z, lines, nil
+}
+
+func (p *Persist) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	seen := map[string]bool{}
+	for nest := d.Nesting(); d.NextBlock(nest); {
+		sub := d.Val()
+		var err error
+		switch {
+		case seen[sub]:
+			err = d.Errf("%s is given twice: keep one", sub)
+		case sub == "interval":
+			if p.Interval, err = durationArg(d); err == nil && time.Duration(p.Interval) < MinPersistInterval {
+				err = d.Errf("persist interval must be at least %v, not %v", MinPersistInterval, time.Duration(p.Interval))
+			}
+		case sub == "max_age":
+			p.MaxAge, err = durationArg(d)
+		default:
+			err = d.Errf("unknown persist subdirective %q: expected interval or max_age", sub)
+		}
+		if err != nil {
+			return err
+		}
+		seen[sub] = true
+	}
+	return nil
 }
 
 func (dist *Distributed) unmarshalCaddyfile(d *caddyfile.Dispenser) error {

@@ -186,7 +186,7 @@ func (zc *Zone) provisionConnection(ctx caddy.Context, name string, dryRun bool)
 	if err := claimZone(ctx, cfg, c); err != nil {
 		return nil, err
 	}
-	state, id, err := loadState(cfg, planVars{}, DefaultSweepInterval)
+	state, id, _, err := loadState(cfg, planVars{}, DefaultSweepInterval)
 	if err != nil {
 		return nil, err
 	}

@@ -28,6 +28,11 @@ var collectors = struct {
 	chargeFails *prometheus.CounterVec
 	connections *prometheus.CounterVec
 	connsOpen   *connectionsCollector
+
+	snapshotSeconds *prometheus.HistogramVec
+	snapshotKeys    *prometheus.CounterVec
+	restoredKeys    *prometheus.CounterVec
+	snapshotFails   *prometheus.CounterVec
 }{}
 
 func initCollectors() {
@@ -69,6 +74,23 @@ func initCollectors() {
 		Namespace: ns, Subsystem: sub, Name: "connections_total",
 		Help: "New TCP connections decided by a connection zone or a deny_while zone (listener wrapper rate_limit), by decision: allowed, denied, dry_run_denied.",
 	}, []string{"zone", "decision"})
+	collectors.snapshotSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: ns, Subsystem: sub, Name: "snapshot_duration_seconds",
+		Help:    "Time taken to copy, encode and store a persisted zone's snapshot.",
+		Buckets: []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+	}, []string{"zone"})
+	collectors.snapshotKeys = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "snapshot_keys_written_total",
+		Help: "Keys written in a persisted zone's snapshots, every snapshot counted.",
+	}, []string{"zone"})
+	collectors.restoredKeys = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "snapshot_keys_restored_total",
+		Help: "Keys a persisted zone resumed from its snapshot when Caddy started.",
+	}, []string{"zone"})
+	collectors.snapshotFails = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "snapshot_failures_total",
+		Help: "Snapshots not written (stage write: storage error or timeout) or not restored (stage restore: corrupt, truncated, storage error or timeout).",
+	}, []string{"zone", "stage"})
 	collectors.keys = &keysCollector{desc: prometheus.NewDesc(ns+"_"+sub+"_keys",
 		"Keys the zone holds in this instance's memory.", []string{"zone"}, nil)}
 	collectors.inFlight = &inFlightCollector{desc: prometheus.NewDesc(ns+"_"+sub+"_in_flight",
@@ -86,7 +108,8 @@ func registerMetrics(ctx caddy.Context) error {
 	}
 	for _, c := range []prometheus.Collector{collectors.requests, collectors.storeErrors,
 		collectors.failPolicy, collectors.latency, collectors.keys, collectors.plans, collectors.inFlight,
-		collectors.cost, collectors.costFalls, collectors.chargeFails, collectors.connections, collectors.connsOpen} {
+		collectors.cost, collectors.costFalls, collectors.chargeFails, collectors.connections, collectors.connsOpen,
+		collectors.snapshotSeconds, collectors.snapshotKeys, collectors.restoredKeys, collectors.snapshotFails} {
 		if err := reg.Register(c); err != nil {
 			if are := (prometheus.AlreadyRegisteredError{}); !errors.As(err, &are) {
 				return err
@@ -182,6 +205,10 @@ func dropZoneSeries(name string) {
 	collectors.costFalls.DeletePartialMatch(l)
 	collectors.chargeFails.DeletePartialMatch(l)
 	collectors.connections.DeletePartialMatch(l)
+	collectors.snapshotSeconds.DeletePartialMatch(l)
+	collectors.snapshotKeys.DeletePartialMatch(l)
+	collectors.restoredKeys.DeletePartialMatch(l)
+	collectors.snapshotFails.DeletePartialMatch(l)
 }
 
 // keysCollector reports, at scrape time, how many keys each live zone holds.
@@ -246,3 +273,47 @@ var (
 	_ prometheus.Collector = (*inFlightCollector)(nil)
 	_ prometheus.Collector = (*connectionsCollector)(nil)
 )
+
+// snapshotMetrics are a persisted zone's series (persist.go); a nil one
+// records nothing (metrics disabled).
+type snapshotMetrics struct {
+	duration                       prometheus.Observer
+	keysWritten, keysRestored      prometheus.Counter
+	writeFailures, restoreFailures prometheus.Counter
+}
+
+func newSnapshotMetrics(zone string) *snapshotMetrics {
+	return &snapshotMetrics{
+		duration:        collectors.snapshotSeconds.WithLabelValues(zone),
+		keysWritten:     collectors.snapshotKeys.WithLabelValues(zone),
+		keysRestored:    collectors.restoredKeys.WithLabelValues(zone),
+		writeFailures:   collectors.snapshotFails.WithLabelValues(zone, "write"),
+		restoreFailures: collectors.snapshotFails.WithLabelValues(zone, "restore"),
+	}
+}
+
+func (m *snapshotMetrics) written(keys int, took time.Duration) {
+	if m != nil {
+		m.duration.Observe(took.Seconds())
+		m.keysWritten.Add(float64(keys))
+	}
+}
+
+func (m *snapshotMetrics) restored(keys int) {
+	if m != nil {
+		m.keysRestored.Add(float64(keys))
+	}
+}
+
+// failed counts a snapshot that was not written (stage "write") or not
+// restored for another reason than there being none ("restore").
+func (m *snapshotMetrics) failed(stage string) {
+	if m == nil {
+		return
+	}
+	if stage == "write" {
+		m.writeFailures.Inc()
+	} else {
+		m.restoreFailures.Inc()
+	}
+}

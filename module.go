@@ -17,6 +17,7 @@
 //	log.go          the log lines a request can cause, and their one sampling rule
 //	metrics.go      the Prometheus metrics
 //	registry.go     the zone tables the process keeps across handlers and reloads
+//	persist.go      snapshots of local zones to Caddy's storage, resumed at start
 //	redis.go        the distributed config and the pool of Redis clients
 //	caddyfile.go    the Caddyfile syntax
 //	listener.go     the listener wrapper caddy.listeners.rate_limit: connections
@@ -30,6 +31,7 @@
 package ratelimit
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -107,6 +109,11 @@ type Handler struct {
 	// (IP addresses, API keys), so they are left out by default.
 	LogKey bool `json:"log_key,omitempty"`
 
+	// Snapshot the handler's local rate zones to Caddy's storage and
+	// resume them when Caddy starts again. Without it a restart empties
+	// every local zone.
+	Persist *Persist `json:"persist,omitempty"`
+
 	// Do not record metrics for this handler.
 	DisableMetrics bool `json:"disable_metrics,omitempty"`
 
@@ -125,6 +132,7 @@ type Handler struct {
 	// placeholders: some zone's key, limit or cost reads the replacer.
 	placeholders bool
 	live         *liveState  // what requests update
+	persister    *persister  // nil without persist
 	store        zones.Store // nil in local mode
 	storeKey     string      // to release store from its pool
 	// users keeps the zone states and the store the handler took until
@@ -216,6 +224,47 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	// Tightest first: the zone most likely to deny decides before the
 	// others spend anything (a refund, a Redis round trip).
 	slices.SortFunc(h.zones, compareZones)
+	if h.Persist != nil {
+		return h.provisionPersist(ctx)
+	}
+	return nil
+}
+
+// provisionPersist restores the zones' snapshots and subscribes to the
+// events that write them: `started` arms the writes (a config that never
+// starts writes nothing), `stopping` writes them before Caddy waits for
+// the requests in flight.
+func (h *Handler) provisionPersist(ctx caddy.Context) error {
+	fresh := make(map[*zoneHandler]bool, len(h.zones))
+	for _, z := range h.zones {
+		fresh[z] = z.freshState
+	}
+	p, err := newPersister(ctx, h, fresh)
+	if err != nil {
+		return err
+	}
+	h.persister = p
+	if len(p.zones) == 0 {
+		return nil
+	}
+	p.restore()
+	if err := h.events.On("started", eventHandler(func(context.Context, caddy.Event) error {
+		p.start()
+		return nil
+	})); err != nil {
+		return fmt.Errorf("persist: subscribing to the started event: %v", err)
+	}
+	if err := h.events.On("stopping", eventHandler(func(context.Context, caddy.Event) error {
+		// A reload stops the old config too: its zones' states either go
+		// on in the new one or are dropped, which writes their final
+		// snapshot. Only an exit needs one now.
+		if caddy.Exiting() {
+			p.writeAll("stopping")
+		}
+		return nil
+	})); err != nil {
+		return fmt.Errorf("persist: subscribing to the stopping event: %v", err)
+	}
 	return nil
 }
 
@@ -237,6 +286,10 @@ func (h *Handler) Validate() error {
 // or Validate failed (half-way, possibly): it releases exactly what was
 // taken, and only once.
 func (h *Handler) Cleanup() error {
+	if h.persister != nil {
+		h.persister.close()
+		h.persister = nil
+	}
 	for _, z := range h.zones {
 		z.unregister()
 	}

@@ -71,16 +71,18 @@ func (id stateID) limit() string {
 	return fmt.Sprintf("%d per %v", id.events, time.Duration(id.window))
 }
 
-// loadState returns the state of cfg's definition and its key in states.
-func loadState(cfg zones.Config, vars planVars, sweep time.Duration) (*zones.State, stateID, error) {
+// loadState returns the state of cfg's definition, its key in states, and
+// whether it was created for this call (no handler held it: nothing live
+// to merge a snapshot with).
+func loadState(cfg zones.Config, vars planVars, sweep time.Duration) (*zones.State, stateID, bool, error) {
 	id := newStateID(cfg, vars).pooled()
-	v, _, err := states.LoadOrNew(id, func() (caddy.Destructor, error) {
+	v, loaded, err := states.LoadOrNew(id, func() (caddy.Destructor, error) {
 		return zones.NewState(cfg, sweep), nil
 	})
 	if err != nil {
-		return nil, id, err
+		return nil, id, false, err
 	}
-	return v.(*zones.State), id, nil
+	return v.(*zones.State), id, !loaded, nil
 }
 
 // claims records, for each loaded config, which definition each zone name

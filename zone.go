@@ -182,8 +182,9 @@ type zoneHandler struct {
 	logs      *logSamplers // the handler's, which all its zones share
 
 	// What provision took, for release.
-	stateID   stateID
-	stopReset func() // nil without a store that shares resets
+	stateID    stateID
+	freshState bool   // provision created the state (persist restores into it)
+	stopReset  func() // nil without a store that shares resets
 }
 
 // resetNotifier is a store that tells of every reset of a key, made on any
@@ -267,11 +268,11 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 			return nil, fmt.Errorf("zone %s: %v", name, err)
 		}
 	}
-	state, id, err := loadState(cfg, vars, time.Duration(h.SweepInterval))
+	state, id, fresh, err := loadState(cfg, vars, time.Duration(h.SweepInterval))
 	if err != nil {
 		return nil, err
 	}
-	zh.stateID = id
+	zh.stateID, zh.freshState = id, fresh
 	zh.Zone = zones.New(cfg, state, h.store)
 	if n, ok := h.store.(resetNotifier); ok {
 		// A key reset on another instance is forgotten here too.

@@ -1,0 +1,342 @@
+package ratelimit
+
+// persist: local rate zones that survive a restart. Each zone's state is
+// snapshot to Caddy's storage (ctx.Storage(): the file system under Caddy's
+// data directory by default) on the `stopping` event, every interval while
+// the config runs, and once more when the zone's state is finally
+// destroyed; a handler restores its zones' snapshots when it is
+// provisioned. Nothing is written before the config has started, so
+// `caddy validate` and a config that fails to load change nothing.
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/certmagic"
+	"go.uber.org/zap"
+
+	"github.com/caddy-tally/ratelimit/internal/monotime"
+	"github.com/caddy-tally/ratelimit/zones"
+)
+
+// Persist snapshots the handler's local rate zones to Caddy's storage so
+// that they resume after a restart: a key denied before it is denied after,
+// with the same Retry-After. Snapshots are written when Caddy stops (`caddy
+// stop`, SIGINT, SIGTERM), every interval, and when a zone's state is
+// dropped; Caddy writes nothing on SIGKILL, on a second SIGINT or on
+// SIGQUIT, so there the last periodic snapshot is what survives. The keys
+// stored are personal data (IP addresses, API keys). Distributed zones
+// keep their state in Redis and concurrency and quota zones are not
+// snapshot.
+type Persist struct {
+	// How often each zone's snapshot is written while Caddy runs: what a
+	// kill that leaves no time to clean up can lose. At least 1s.
+	// Default: 30s.
+	Interval caddy.Duration `json:"interval,omitempty"`
+
+	// A snapshot older than this when Caddy starts is ignored. Default: 24h.
+	MaxAge caddy.Duration `json:"max_age,omitempty"`
+}
+
+// Defaults and bounds of persist.
+const (
+	DefaultPersistInterval = 30 * time.Second
+	DefaultPersistMaxAge   = 24 * time.Hour
+	MinPersistInterval     = time.Second
+	// RestoreTimeout bounds how long a handler's provisioning waits for its
+	// snapshots (load and decode): a slow or unreachable storage delays a
+	// start by at most this, and the zones then start empty.
+	RestoreTimeout = 2 * time.Second
+	// snapshotTimeout bounds how long one write waits for the storage, so
+	// that a hung storage cannot hold Caddy's shutdown.
+	snapshotTimeout = 10 * time.Second
+)
+
+func (p *Persist) validate() error {
+	if p.Interval != 0 && time.Duration(p.Interval) < MinPersistInterval {
+		return fmt.Errorf("persist: interval must be at least %v, not %v", MinPersistInterval, time.Duration(p.Interval))
+	}
+	if p.MaxAge < 0 {
+		return fmt.Errorf("persist: max_age must be positive, not %v", time.Duration(p.MaxAge))
+	}
+	return nil
+}
+
+// persister snapshots and restores one handler's persisted zones.
+type persister struct {
+	logger   *zap.Logger
+	storage  certmagic.Storage
+	interval time.Duration
+	maxAge   time.Duration
+	zones    []*persistedZone
+
+	startOnce sync.Once
+	stopOnce  sync.Once
+	stop      chan struct{}
+	done      chan struct{}
+}
+
+// persistedZone is one zone a persister snapshots.
+type persistedZone struct {
+	zh    *zoneHandler
+	id    string // the definition's identity, written in the snapshot
+	file  string // the name under the instance's directory: zone and limits
+	fresh bool   // provision created the zone's state: restore into it
+	m     *snapshotMetrics
+	size  int // the last snapshot's size, to allocate the next one at once
+}
+
+// snapshotPrefix is where snapshots are kept in Caddy's storage:
+// <prefix>/<instance id>/<zone>-<hash of its limits>.
+const snapshotPrefix = "tally/snapshots"
+
+// newPersister sets up persist for the zones of h that persist. fresh says,
+// by zone, whether provision created its state.
+func newPersister(ctx caddy.Context, h *Handler, fresh map[*zoneHandler]bool) (*persister, error) {
+	if err := h.Persist.validate(); err != nil {
+		return nil, err
+	}
+	p := &persister{
+		logger:   h.logger.Named("persist"),
+		storage:  ctx.Storage(),
+		interval: time.Duration(h.Persist.Interval),
+		maxAge:   time.Duration(h.Persist.MaxAge),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	if p.interval == 0 {
+		p.interval = DefaultPersistInterval
+	}
+	if p.maxAge == 0 {
+		p.maxAge = DefaultPersistMaxAge
+	}
+	for _, zh := range h.zones {
+		if !zh.Persists() {
+			continue
+		}
+		id := snapshotID(zh)
+		sum := sha256.Sum256([]byte(id))
+		pz := &persistedZone{zh: zh, id: id, file: zh.Name + "-" + hex.EncodeToString(sum[:8]), fresh: fresh[zh]}
+		if !h.DisableMetrics {
+			pz.m = newSnapshotMetrics(zh.Name)
+		}
+		p.zones = append(p.zones, pz)
+	}
+	if len(p.zones) == 0 {
+		p.logger.Warn("persist has no zone to snapshot: only local rate zones persist (not distributed, concurrency or quota zones)")
+	}
+	return p, nil
+}
+
+// snapshotID identifies a zone definition in its snapshots: its name and
+// everything its TATs depend on, so that a zone whose limits changed does
+// not resume from a snapshot of the old ones.
+func snapshotID(zh *zoneHandler) string {
+	l := zh.Limit()
+	v := zh.vars
+	return fmt.Sprintf("zone=%s interval=%d burst=%d plans=%q,%q,%q,%d,%d,%d",
+		zh.Name, l.EmissionInterval, l.Burst, v.events, v.window, v.burst, v.eventsMax, v.burstMax, v.windowMin)
+}
+
+// instanceID is Caddy's instance id (instance.uuid in Caddy's data
+// directory), read without creating it: a restore changes nothing. An
+// instance without one has written no snapshot yet.
+func instanceID() (string, bool) {
+	b, err := os.ReadFile(filepath.Join(caddy.AppDataDir(), "instance.uuid"))
+	if err != nil {
+		return "", false
+	}
+	return strings.TrimSpace(string(b)), true
+}
+
+func (p *persister) key(instance string, pz *persistedZone) string {
+	return snapshotPrefix + "/" + instance + "/" + pz.file
+}
+
+type restored struct {
+	pz   *persistedZone
+	snap *zones.Snapshot
+	err  error
+}
+
+// restore loads and merges the snapshots of the zones whose state
+// provision created, waiting for them at most RestoreTimeout in all. It
+// only reads the storage.
+func (p *persister) restore() {
+	instance, ok := instanceID()
+	if !ok {
+		return
+	}
+	var pending []*persistedZone
+	for _, pz := range p.zones {
+		if pz.fresh {
+			pending = append(pending, pz)
+		}
+	}
+	if len(pending) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), RestoreTimeout)
+	defer cancel()
+	results := make(chan restored, len(pending))
+	for _, pz := range pending {
+		go func() {
+			data, err := p.storage.Load(ctx, p.key(instance, pz))
+			if err != nil {
+				results <- restored{pz: pz, err: err}
+				return
+			}
+			snap, err := zones.DecodeSnapshot(data)
+			results <- restored{pz: pz, snap: snap, err: err}
+		}()
+	}
+	waiting := map[*persistedZone]bool{}
+	for _, pz := range pending {
+		waiting[pz] = true
+	}
+	for len(waiting) > 0 {
+		select {
+		case r := <-results:
+			delete(waiting, r.pz)
+			p.apply(r)
+		case <-ctx.Done():
+			for pz := range waiting {
+				pz.m.failed("restore")
+				p.logger.Warn("snapshot not restored: the storage did not answer in time; the zone starts empty",
+					zap.String("zone", pz.zh.Name), zap.Duration("timeout", RestoreTimeout))
+			}
+			return
+		}
+	}
+}
+
+// apply merges one loaded snapshot into its zone's state, or says why not.
+func (p *persister) apply(r restored) {
+	zone := zap.String("zone", r.pz.zh.Name)
+	switch {
+	case errors.Is(r.err, fs.ErrNotExist):
+		return
+	case errors.Is(r.err, zones.ErrSnapshotCorrupt):
+		r.pz.m.failed("restore")
+		p.logger.Warn("snapshot ignored: it is corrupt or truncated; the zone starts empty", zone, zap.Error(r.err))
+		return
+	case r.err != nil:
+		r.pz.m.failed("restore")
+		p.logger.Warn("snapshot not restored: the storage failed; the zone starts empty", zone, zap.Error(r.err))
+		return
+	case r.snap.ID != r.pz.id:
+		p.logger.Warn("snapshot ignored: it is of another zone definition", zone)
+		return
+	}
+	wall, now := time.Now(), monotime.Now()
+	if age := wall.Sub(r.snap.Wall); age > p.maxAge {
+		p.logger.Info("snapshot ignored: older than max_age", zone, zap.Duration("age", age), zap.Duration("max_age", p.maxAge))
+		return
+	}
+	n := r.pz.zh.State().Restore(r.snap, now, wall, r.pz.zh.MaxDebt())
+	r.pz.m.restored(n)
+	p.logger.Info("zone restored from its snapshot", zone, zap.Int("keys", n),
+		zap.Time("taken", r.snap.Wall), zap.Duration("age", max(0, wall.Sub(r.snap.Wall))))
+}
+
+// start arms the snapshots once the config runs: the periodic writes and
+// the final one when a zone's state is dropped.
+func (p *persister) start() {
+	p.startOnce.Do(func() {
+		for _, pz := range p.zones {
+			pz.zh.State().SetFinalSnapshot(func(*zones.State) { p.write(pz, "final") })
+		}
+		go p.run()
+	})
+}
+
+func (p *persister) run() {
+	defer close(p.done)
+	tick := time.NewTicker(p.interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-tick.C:
+			p.writeAll("periodic")
+		}
+	}
+}
+
+// writeAll writes every zone's snapshot.
+func (p *persister) writeAll(why string) {
+	for _, pz := range p.zones {
+		p.write(pz, why)
+	}
+}
+
+// close stops the periodic writes (Cleanup), waiting for one in progress.
+func (p *persister) close() {
+	p.stopOnce.Do(func() {
+		close(p.stop)
+		p.startOnce.Do(func() { close(p.done) }) // never started: nothing runs
+		<-p.done
+	})
+}
+
+// writing serializes the writes of one snapshot name, so that a periodic
+// write never lands after (and over) a later one.
+var writing sync.Map // storage key -> *sync.Mutex
+
+// write takes and stores one snapshot of pz; why is for the log.
+func (p *persister) write(pz *persistedZone, why string) {
+	instance, err := caddy.InstanceID() // created on the first write
+	if err != nil {
+		pz.m.failed("write")
+		p.logger.Error("snapshot not written: no instance id", zap.String("zone", pz.zh.Name), zap.Error(err))
+		return
+	}
+	key := p.key(instance.String(), pz)
+	mu, _ := writing.LoadOrStore(key, new(sync.Mutex))
+	mu.(*sync.Mutex).Lock()
+	defer mu.(*sync.Mutex).Unlock()
+
+	start := time.Now()
+	data, keys := pz.zh.State().AppendSnapshot(make([]byte, 0, pz.size+pz.size/8), pz.id, monotime.Now(), start)
+	pz.size = len(data)
+	ctx, cancel := context.WithTimeout(context.Background(), snapshotTimeout)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- p.storage.Store(ctx, key, data) }()
+	select {
+	case err = <-errc:
+	case <-ctx.Done():
+		err = fmt.Errorf("the storage did not answer within %v", snapshotTimeout)
+	}
+	took := time.Since(start)
+	zone := zap.String("zone", pz.zh.Name)
+	if err != nil {
+		pz.m.failed("write")
+		p.logger.Error("snapshot not written", zone, zap.String("when", why), zap.Error(err))
+		return
+	}
+	pz.m.written(keys, took)
+	level := zap.DebugLevel
+	if why != "periodic" {
+		level = zap.InfoLevel
+	}
+	if ce := p.logger.Check(level, "snapshot written"); ce != nil {
+		ce.Write(zone, zap.String("when", why), zap.Int("keys", keys), zap.Int("bytes", len(data)), zap.Duration("took", took))
+	}
+}
+
+// eventHandler adapts a function to caddyevents.Handler.
+type eventHandler func(context.Context, caddy.Event) error
+
+func (f eventHandler) Handle(ctx context.Context, e caddy.Event) error { return f(ctx, e) }
