@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"time"
+	"unsafe"
 
 	"github.com/caddy-tally/ratelimit/internal/keytable"
 )
@@ -224,7 +225,9 @@ func (s *State) Restore(snap *Snapshot, now int64, wall time.Time, maxDebt time.
 		for p := 0; p < len(body); {
 			kl, n := binary.Uvarint(body[p:])
 			p += n
-			key := string(body[p : p+int(kl)])
+			// The table copies a key's bytes when it adds it and keeps
+			// no reference to the string: no copy is needed here.
+			key := unsafe.String(unsafe.SliceData(body[p:]), int(kl))
 			p += int(kl)
 			left, n := binary.Uvarint(body[p:])
 			p += n

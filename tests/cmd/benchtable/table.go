@@ -116,8 +116,32 @@ func (t table) microRows() []row {
 		target:     "≤ 96 B + key bytes (≤ 112)",
 		met:        yesNo(tok && tm.metrics["state-bytes/key"] <= 96),
 	})
+	rows = append(rows, snapshotRows(m)...)
 	rows = append(rows, strictRows(m)...)
 	return append(rows, quotaRows(m)...)
+}
+
+// snapshotRows reports zones/snapshot_bench_test.go: persist's snapshots of
+// 1M keys (issue 28), and decisions while one is taken.
+func snapshotRows(m microResults) []row {
+	var rows []row
+	for _, ks := range []struct{ name, what string }{{"ipv4", "IPv4 keys"}, {"apikey40", "40-byte API keys"}} {
+		r, ok := m.get("BenchmarkSnapshot1M/" + ks.name)
+		rows = append(rows, row{
+			metric: "persist snapshot of 1M " + ks.what + ": take (copy + encode), write (temp file, fsync, rename), restore (check + merge), size (`zones`)",
+			tally:  figure(r, ok, "snapshot-ms", "write-ms", "restore-ms", "MB"),
+			target: "restore within the 2 s start bound",
+			met:    yesNo(ok && r.metrics["restore-ms"] < 2000),
+		})
+	}
+	r, ok := m.get("BenchmarkDecideDuringSnapshot")
+	rows = append(rows, row{
+		metric: "p99 of local decisions on a zone of 1M keys while snapshots are taken back to back vs without (`zones`, same run)",
+		tally:  figure(r, ok, "p99-snapshot-ns", "p99-ns", "ratio"),
+		target: "≤ 2× the p99 without",
+		met:    yesNo(ok && r.metrics["ratio"] <= 2),
+	})
+	return rows
 }
 
 // quotaRows reports tests/quota_bench_test.go: strict-mode quota decisions
