@@ -110,7 +110,7 @@ func TestPersistedDenialSurvivesStopAndSIGTERM(t *testing.T) {
 	for _, how := range []string{"stop", "SIGTERM"} {
 		t.Run(how, func(t *testing.T) {
 			c := newCaddyInstance(t)
-			config := c.Caddyfile("", persistSite(3, "30s", "24h", ""))
+			config := c.Caddyfile("metrics", persistSite(3, "30s", "24h", ""))
 			c.Start(config, "caddyfile")
 			before := denyLogin(t, c)
 			stopped := time.Now()
@@ -138,6 +138,10 @@ func TestPersistedDenialSurvivesStopAndSIGTERM(t *testing.T) {
 			}
 			if !strings.Contains(c.Output(), "zone restored from its snapshot") {
 				t.Errorf("no restore logged:\n%s", tail(c.Output(), 20))
+			}
+			zone := map[string]string{"zone": "login_ip"}
+			if v, ok := metricValue(c.scrape(), "caddy_rate_limit_snapshot_keys_restored_total", zone); !ok || v != 1 {
+				t.Errorf("caddy_rate_limit_snapshot_keys_restored_total = %v (%v), want 1", v, ok)
 			}
 		})
 	}
