@@ -293,3 +293,27 @@ func TestValidateWithPersistWritesNothing(t *testing.T) {
 		t.Errorf("caddy validate wrote to the data directory: %v %v", entries, err)
 	}
 }
+
+// A reload that keeps a zone keeps its live state and reads no snapshot: a
+// key reset through the admin API after a snapshot stays reset.
+func TestReloadKeepsLiveStateOverTheSnapshot(t *testing.T) {
+	c := newCaddyInstance(t)
+	c.Start(c.Caddyfile("", persistSite(3, "1s", "24h", "")), "caddyfile")
+	denyLogin(t, c)
+	denied := time.Now()
+	waitFor(t, 5*time.Second, "a periodic snapshot after the denial", func() bool {
+		files := snapshotFiles(t, c)
+		if len(files) != 1 {
+			return false
+		}
+		fi, err := os.Stat(files[0])
+		return err == nil && fi.ModTime().After(denied)
+	})
+	if status, body := c.adminDo(http.MethodDelete, keyPath("login_ip", "127.0.0.1")); status != http.StatusNoContent {
+		t.Fatalf("admin reset: %d %s", status, body)
+	}
+	load(t, c, "", strings.Replace(persistSite(3, "1s", "24h", ""), `respond "ok"`, `respond "ok again"`, 1))
+	if r := c.Do(request{Path: "/login"}); r.Status != http.StatusOK || r.Body != "ok again" {
+		t.Fatalf("the reset key after a reload: %d %q, want 200 from the new config", r.Status, r.Body)
+	}
+}
