@@ -32,7 +32,8 @@ var collectors = struct {
 	snapshotSeconds *prometheus.HistogramVec
 	snapshotKeys    *prometheus.CounterVec
 	restoredKeys    *prometheus.CounterVec
-	snapshotFails   *prometheus.CounterVec
+	writeFails      *prometheus.CounterVec
+	restoreFails    *prometheus.CounterVec
 }{}
 
 func initCollectors() {
@@ -87,10 +88,14 @@ func initCollectors() {
 		Namespace: ns, Subsystem: sub, Name: "snapshot_keys_restored_total",
 		Help: "Keys a persisted zone resumed from its snapshot when Caddy started.",
 	}, []string{"zone"})
-	collectors.snapshotFails = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "snapshot_failures_total",
-		Help: "Snapshots not written (stage write: storage error or timeout) or not restored (stage restore: corrupt, truncated, storage error or timeout).",
-	}, []string{"zone", "stage"})
+	collectors.writeFails = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "snapshot_write_failures_total",
+		Help: "Snapshots of a persisted zone not written: storage error or timeout.",
+	}, []string{"zone"})
+	collectors.restoreFails = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "snapshot_restore_failures_total",
+		Help: "Snapshots of a persisted zone not restored at start though one may exist: corrupt, truncated, storage error or timeout.",
+	}, []string{"zone"})
 	collectors.keys = &keysCollector{desc: prometheus.NewDesc(ns+"_"+sub+"_keys",
 		"Keys the zone holds in this instance's memory.", []string{"zone"}, nil)}
 	collectors.inFlight = &inFlightCollector{desc: prometheus.NewDesc(ns+"_"+sub+"_in_flight",
@@ -109,7 +114,7 @@ func registerMetrics(ctx caddy.Context) error {
 	for _, c := range []prometheus.Collector{collectors.requests, collectors.storeErrors,
 		collectors.failPolicy, collectors.latency, collectors.keys, collectors.plans, collectors.inFlight,
 		collectors.cost, collectors.costFalls, collectors.chargeFails, collectors.connections, collectors.connsOpen,
-		collectors.snapshotSeconds, collectors.snapshotKeys, collectors.restoredKeys, collectors.snapshotFails} {
+		collectors.snapshotSeconds, collectors.snapshotKeys, collectors.restoredKeys, collectors.writeFails, collectors.restoreFails} {
 		if err := reg.Register(c); err != nil {
 			if are := (prometheus.AlreadyRegisteredError{}); !errors.As(err, &are) {
 				return err
@@ -208,7 +213,8 @@ func dropZoneSeries(name string) {
 	collectors.snapshotSeconds.DeletePartialMatch(l)
 	collectors.snapshotKeys.DeletePartialMatch(l)
 	collectors.restoredKeys.DeletePartialMatch(l)
-	collectors.snapshotFails.DeletePartialMatch(l)
+	collectors.writeFails.DeletePartialMatch(l)
+	collectors.restoreFails.DeletePartialMatch(l)
 }
 
 // keysCollector reports, at scrape time, how many keys each live zone holds.
@@ -287,8 +293,8 @@ func newSnapshotMetrics(zone string) *snapshotMetrics {
 		duration:        collectors.snapshotSeconds.WithLabelValues(zone),
 		keysWritten:     collectors.snapshotKeys.WithLabelValues(zone),
 		keysRestored:    collectors.restoredKeys.WithLabelValues(zone),
-		writeFailures:   collectors.snapshotFails.WithLabelValues(zone, "write"),
-		restoreFailures: collectors.snapshotFails.WithLabelValues(zone, "restore"),
+		writeFailures:   collectors.writeFails.WithLabelValues(zone),
+		restoreFailures: collectors.restoreFails.WithLabelValues(zone),
 	}
 }
 

@@ -206,14 +206,14 @@ func TestPersistedSnapshotIgnoredWhenStale(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newCaddyInstance(t)
-			c.Start(c.Caddyfile("", persistSite(3, "30s", tc.maxAge, "")), "caddyfile")
+			c.Start(c.Caddyfile("metrics", persistSite(3, "30s", tc.maxAge, "")), "caddyfile")
 			denyLogin(t, c)
 			c.stopWith("SIGTERM", syscall.SIGTERM)
 			if len(snapshotFiles(t, c)) != 1 {
 				t.Fatal("no snapshot written")
 			}
 			tc.spoil(t, c)
-			c.restart(c.Caddyfile("", persistSite(tc.events, "30s", tc.maxAge, "")))
+			c.restart(c.Caddyfile("metrics", persistSite(tc.events, "30s", tc.maxAge, "")))
 			if r := c.Do(request{Path: "/login"}); r.Status != http.StatusOK {
 				t.Fatalf("after the restart: %d, want 200 (the snapshot not resumed)", r.Status)
 			}
@@ -222,6 +222,13 @@ func TestPersistedSnapshotIgnoredWhenStale(t *testing.T) {
 			}
 			if tc.wantLog != "" && !strings.Contains(c.Output(), tc.wantLog) {
 				t.Errorf("no %q in the log:\n%s", tc.wantLog, tail(c.Output(), 20))
+			}
+			want := 0.0 // a snapshot of other limits, or too old, is not a failure
+			if strings.Contains(tc.wantLog, "corrupt") {
+				want = 1
+			}
+			if v, _ := metricValue(c.scrape(), "caddy_rate_limit_snapshot_restore_failures_total", map[string]string{"zone": "login_ip"}); v != want {
+				t.Errorf("caddy_rate_limit_snapshot_restore_failures_total = %v, want %v", v, want)
 			}
 		})
 	}
