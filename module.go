@@ -259,7 +259,7 @@ func (h *Handler) provisionPersist(ctx caddy.Context) error {
 		// on in the new one or are dropped, which writes their final
 		// snapshot. Only an exit needs one now.
 		if caddy.Exiting() {
-			p.writeAll("stopping")
+			p.writeAllAtOnce("stopping")
 		}
 		return nil
 	})); err != nil {

@@ -274,11 +274,22 @@ func (p *persister) run() {
 	}
 }
 
-// writeAll writes every zone's snapshot.
+// writeAll writes every zone's snapshot, one after the other.
 func (p *persister) writeAll(why string) {
 	for _, pz := range p.zones {
 		p.write(pz, why)
 	}
+}
+
+// writeAllAtOnce writes every zone's snapshot concurrently and waits for
+// them: on the stopping event, so that a storage that hangs holds Caddy's
+// shutdown for one snapshotTimeout, not one per zone.
+func (p *persister) writeAllAtOnce(why string) {
+	var wg sync.WaitGroup
+	for _, pz := range p.zones {
+		wg.Go(func() { p.write(pz, why) })
+	}
+	wg.Wait()
 }
 
 // close stops the periodic writes (Cleanup), waiting for one in progress.
