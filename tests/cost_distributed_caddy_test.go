@@ -5,6 +5,7 @@ package tests
 // each fail policy with Redis killed.
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -264,5 +265,49 @@ func TestWeightedCostInAsyncModeStaysWithinTheBound(t *testing.T) {
 	t.Logf("async, 3 instances, events 300, cost 3: 600 concurrent requests in %v: %v; %d units spent, bound %d", elapsed, counts, spent, bound)
 	if spent < 270 || spent > bound {
 		t.Fatalf("600 requests of cost 3 over 3 async instances at events 300: %v, %d units spent, want 270 to %d", counts, spent, bound)
+	}
+}
+
+// A post-charged zone's fail_policy local starts an outage from what Redis
+// last said of the key, as a plain zone does: its check and its charges
+// tell the fallback, not only a decision (issue 23, item 3). A key with 1
+// of 20 left lets 1 more failure through during the outage, not a fresh
+// 20.
+func TestPostChargedZoneFallsBackFromWhatRedisLastSaid(t *testing.T) {
+	t.Parallel()
+	rs := startRedis(t)
+	up, hits := loginUpstream(t)
+	site := loginSite(up, `
+		zone failures {
+			key    {http.request.header.X-User}
+			events 20
+			window 1h
+			count {
+				status 401
+			}
+			fail_policy local
+		}`, strictBlock(rs.Addr))
+	c := startCaddy(t, site)
+	waitFor(t, 10*time.Second, "the instance to see itself through Redis", func() bool {
+		ok, n := zoneStore(t, c, "failures")
+		return ok && n == 1
+	})
+	wrong := request{Header: map[string]string{"X-User": "mallory", "X-Password": "wrong"}}
+	if got := countStatuses(c.Send(19, wrong)); got[401] != 19 {
+		t.Fatalf("19 failures with Redis up: %v, want 19×401", got)
+	}
+	waitFor(t, 10*time.Second, "the 19 charges to land in Redis", func() bool {
+		var k adminKey
+		status, body := c.adminDo(http.MethodGet, keyPath("failures", "mallory"))
+		return status == http.StatusOK && json.Unmarshal([]byte(body), &k) == nil && k.Remaining == 1
+	})
+	rs.Kill()
+	before := hits.Load()
+	got := countStatuses(c.Send(30, wrong))
+	if got[401] != 1 || got[429] != 29 {
+		t.Errorf("30 failures during the outage for a key with 1 of 20 left: %v, want 1×401 29×429", got)
+	}
+	if n := hits.Load() - before; n != int64(got[401]) {
+		t.Errorf("%d reached the upstream, %d were answered 401", n, got[401])
 	}
 }

@@ -230,9 +230,7 @@ func (z *Zone) Check(ctx context.Context, key string, now int64, p *Plan) Decisi
 			d = z.failCheck(key, now, p, err)
 			break
 		}
-		if !r.Allowed {
-			z.state.Denied.Set(key, now+r.RetryAfter, now)
-		}
+		z.heard(key, now, r)
 		d = fromResult(r, SourceStore)
 	}
 	if z.state.plans != nil {
@@ -279,8 +277,8 @@ func (z *Zone) Charge(ctx context.Context, key string, now int64, p *Plan, cost 
 		if r, err := z.store.Charge(ctx, z.Name, key, p.limit, cost); err != nil {
 			z.chargeFallback(key, now, p, cost)
 			z.chargeFailed(err)
-		} else if !r.Allowed {
-			z.state.Denied.Set(key, now+r.RetryAfter, now)
+		} else {
+			z.heard(key, now, r)
 		}
 	default:
 		z.queueCharge(key, p, cost)
@@ -336,10 +334,7 @@ func (z *Zone) tryCharge(ch *charge) bool {
 		ch.err = err
 		return false
 	}
-	if !r.Allowed {
-		now := monotime.Now()
-		z.state.Denied.Set(ch.key, now+r.RetryAfter, now)
-	}
+	z.heard(ch.key, monotime.Now(), r)
 	return true
 }
 

@@ -442,23 +442,33 @@ func (z *Zone) DecideWith(ctx context.Context, key string, now int64, p *Plan, c
 	} else if r, err := z.store.Decide(ctx, z.Name, key, p.limit, cost); err != nil {
 		d = z.fail(key, now, p, cost, err)
 	} else {
-		if !r.Allowed {
-			z.state.Denied.Set(key, now+r.RetryAfter, now)
-		}
-		if z.FailPolicy == FailLocal && r.ResetAfter > 0 {
-			// What the store said of the key is where fail_policy
-			// local starts from if the store goes away: the key is
-			// back to full at the same moment on this instance's share
-			// (B/N tokens of N·T each span the same B·T), rather than
-			// with a fresh share.
-			z.state.Fallback.Set(key, now+r.ResetAfter, now)
-		}
+		z.heard(key, now, r)
 		d = fromResult(r, SourceStore)
 	}
 	if z.state.plans != nil {
 		z.state.plans.record(key, *p, now+int64(d.ResetAfter), now)
 	}
 	return d
+}
+
+// heard notes what the store said of key at now, on every path that asks
+// it (a decision, a post-charged zone's check and its charge): a denial is
+// cached until its retry time, and under fail_policy local the key's state
+// is where the fallback starts from if the store goes away: the key is back
+// to full at the same moment on this instance's share (B/N tokens of N·T
+// each span the same B·T), rather than with a fresh share.
+func (z *Zone) heard(key string, now int64, r algorithms.Result) {
+	if !r.Allowed {
+		z.state.Denied.Set(key, now+r.RetryAfter, now)
+	}
+	if z.FailPolicy != FailLocal {
+		return
+	}
+	if r.ResetAfter > 0 {
+		z.state.Fallback.Set(key, now+r.ResetAfter, now)
+	} else {
+		z.state.Fallback.Delete(key)
+	}
 }
 
 // CachedDenial answers, without the store, for a key the store denied
