@@ -212,10 +212,13 @@ func (c *conn) unbatched(ctx context.Context, rkey string, f func(ctx context.Co
 // reset deletes rkey, the state of key in zone, and tells every instance
 // to forget what it holds about the key (see resets.go).
 func (c *conn) reset(ctx context.Context, rkey, zone, key string) error {
+	msg := zone + "\x00" + key
 	return c.unbatched(ctx, rkey, func(ctx context.Context) error {
 		pipe := c.client.Pipeline()
 		pipe.Del(ctx, rkey)
-		pipe.Publish(ctx, c.resetsChannel(), zone+"\x00"+key)
+		// Noted even if the reply is lost: Redis may have published it.
+		c.resets.published(msg)
+		pipe.Publish(ctx, c.resetsChannel(), msg)
 		_, err := pipe.Exec(ctx)
 		return err
 	})

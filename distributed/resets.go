@@ -13,7 +13,8 @@ import (
 // Resets reach every instance through Redis pub/sub. Reset deletes the key
 // and publishes "<zone>\x00<key>" on <key_prefix>resets; every store is
 // subscribed and makes its listeners forget the key (deny cache, fallback
-// state, async record). The bound: a reset reaches every instance connected
+// state, async record). The store that resets forgets the key before it
+// deletes it and skips its own message when it comes back. The bound: a reset reaches every instance connected
 // to Redis as fast as Redis delivers a message (milliseconds). Pub/sub does
 // not keep messages for a subscriber that is away, so a store whose
 // subscription dropped (Redis restarted, the connection broke, the
@@ -42,6 +43,52 @@ type resets struct {
 	// missed: resets may have been missed since the last subscription;
 	// cached denials are dropped when the store decides through Redis.
 	missed atomic.Bool
+	// own counts, by message, the resets this store published and has not
+	// heard back yet. The store forgot the key before deleting it, so its
+	// own message is skipped: heard late, it would drop the record of
+	// requests admitted after the reset, which Redis would then never
+	// count (an undercount; the flaky admin test of issue 23).
+	ownMu sync.Mutex
+	own   map[string]int
+}
+
+// maxOwnResets bounds the resets awaited back (each is dropped at the next
+// subscription anyway): past it, the store forgets on hearing its own.
+const maxOwnResets = 10_000
+
+// published notes that this store is publishing the reset msg.
+func (r *resets) published(msg string) {
+	r.ownMu.Lock()
+	if r.own == nil || len(r.own) >= maxOwnResets {
+		r.own = make(map[string]int)
+	}
+	r.own[msg]++
+	r.ownMu.Unlock()
+}
+
+// heardOwn reports whether msg is one of this store's own resets coming
+// back, and counts it as heard.
+func (r *resets) heardOwn(msg string) bool {
+	r.ownMu.Lock()
+	defer r.ownMu.Unlock()
+	n := r.own[msg]
+	switch {
+	case n == 0:
+		return false
+	case n == 1:
+		delete(r.own, msg)
+	default:
+		r.own[msg] = n - 1
+	}
+	return true
+}
+
+// subscribed drops the resets awaited back: what was published while the
+// store was not subscribed never comes.
+func (r *resets) subscribed() {
+	r.ownMu.Lock()
+	r.own = nil
+	r.ownMu.Unlock()
 }
 
 // modeState is what a store's mode keeps of its own, as resets reach it:
@@ -146,6 +193,7 @@ func (c *conn) subscribeLoop(ps *redis.PubSub) {
 			if m.Kind == "subscribe" {
 				// The first subscription too: resets made before it,
 				// after the store opened, were not heard.
+				c.resets.subscribed()
 				c.resets.missed.Store(true)
 				c.forgetMissed()
 			}
@@ -154,6 +202,9 @@ func (c *conn) subscribeLoop(ps *redis.PubSub) {
 			if !ok {
 				c.logger.Debug("ignoring a malformed reset message", zap.Int("bytes", len(m.Payload)))
 				continue
+			}
+			if c.resets.heardOwn(m.Payload) {
+				continue // forgotten before the key was deleted
 			}
 			c.forget(zone, key, false)
 		}
