@@ -12,7 +12,8 @@
 //     instances sharing one Redis), harness_redis (redis-server, INFO
 //     commandstats), harness_cluster (Redis Cluster, with and without
 //     replicas), harness_sentinel (Sentinels and failover),
-//     harness_store (distributed stores opened in-process), harness_test.go
+//     harness_store (distributed stores opened in-process), harness_proxy (a
+//     loopback proxy that holds back pub/sub), harness_test.go
 //     (free ports, polling);
 //   - every other *_test.go: tests that drive the shipped packages
 //     in-process against a real redis-server (store_test.go, async_*,
