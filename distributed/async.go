@@ -215,8 +215,66 @@ func (a *Async) step(ctx context.Context, zone, key string, limit algorithms.Lim
 		now = monotime.Now()
 	}
 	res := f(r, now, a.nextSync.Load())
+	if !res.Allowed && r.allow < 1 {
+		r.deniedUntil = now + res.RetryAfter
+	}
 	s.mu.Unlock()
 	return res, nil
+}
+
+// DeniedUntil is the deny cache kept in key's record (zones.RecordStore):
+// when its last denial with no unit left ends, if it is in force at now.
+func (a *Async) DeniedUntil(zone, key string, now int64) (int64, bool) {
+	z := (*a.zones.Load())[zone]
+	if z == nil {
+		return 0, false
+	}
+	s := z.shard(key)
+	s.mu.Lock()
+	var until int64
+	if r := s.m[key]; r != nil {
+		until = r.deniedUntil
+	}
+	s.mu.Unlock()
+	return until, until > now
+}
+
+// Fallback runs one step of fail_policy local in key's record
+// (zones.RecordStore; see record.fallbackStep), creating the record, with
+// no allowance, for a key it has none of. Only a charge or an admission
+// creates one.
+func (a *Async) Fallback(zone, key string, now int64, limit, share algorithms.Limit, op zones.FallbackOp, cost int64) algorithms.Result {
+	z := a.zone(zone)
+	s := z.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.m[key]
+	if r == nil {
+		if op == zones.FallbackPeek || op == zones.FallbackRefund {
+			return share.Peek(0, now)
+		}
+		r = &record{limit: limit}
+		if op == zones.FallbackDecide && !share.Decide(0, now, cost).Allowed {
+			return share.Decide(0, now, cost)
+		}
+		z.insert(s, key, r)
+	}
+	return r.fallbackStep(now, limit, share, op, cost)
+}
+
+// forgetDenials drops the deny cache of every record (resets may have been
+// missed).
+func (a *Async) forgetDenials() {
+	for _, z := range *a.zones.Load() {
+		for i := range z.shards {
+			s := &z.shards[i]
+			s.mu.Lock()
+			for _, r := range s.m {
+				r.deniedUntil = 0
+			}
+			s.mu.Unlock()
+		}
+	}
 }
 
 // Refund gives cost back to this instance's allowance.

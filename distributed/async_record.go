@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/caddy-tally/ratelimit/algorithms"
+	"github.com/caddy-tally/ratelimit/zones"
 )
 
 // freshShare is what an instance may admit for a key it has never synced:
@@ -66,6 +67,16 @@ type record struct {
 	idleSyncs int
 	dormant   bool
 	waking    chan struct{} // closed when a wake in flight ends
+	// deniedUntil (monotime) is the zone's deny cache for the key: its
+	// last denial with no unit left ends then (zones.RecordStore).
+	deniedUntil int64
+	// fallback (monotime) is fail_policy local's TAT for the key at this
+	// instance's share, from fallbackAt on, while the store cannot decide:
+	// it starts from what the record last heard from Redis, and what it
+	// admits is pending, which the next successful sync counts in Redis
+	// (see fallbackStep).
+	fallback   int64
+	inFallback bool
 }
 
 // dormantAfter is the number of idle syncs (each parking a small lease) a
@@ -261,6 +272,7 @@ func (r *record) apply(s sent, rep syncReply, now, burst, fresh int64) (drop boo
 	r.retryAt, r.resetAt = now+rep.retry, now+rep.reset
 	r.hasUnacked = false
 	r.failedSince = 0
+	r.inFallback = false
 	if s.idle {
 		r.idleSyncs++
 	} else {
@@ -274,4 +286,45 @@ func (r *record) apply(s sent, rep syncReply, now, burst, fresh int64) (drop boo
 		return false
 	}
 	return forgotten && r.pending == 0
+}
+
+// fallbackStep runs one step of fail_policy local on the record at share,
+// this instance's share of its limit l. The first step of an outage starts
+// from what the record last heard: the key is full again when Redis said at
+// the last sync, less the unused lease this instance will hand back, plus
+// what it admitted that Redis has not counted; a record with nothing heard
+// starts full. What the
+// fallback admits or charges is added to pending: the sync after the
+// outage counts it in Redis, once (the report's sequence number), so the
+// outage costs the fleet the fallback's own bound once, instead of the key
+// getting its Redis quota again.
+func (r *record) fallbackStep(now int64, l, share algorithms.Limit, op zones.FallbackOp, cost int64) algorithms.Result {
+	if !r.inFallback {
+		r.inFallback = true
+		full := r.resetAt // as Redis said at the last sync, leases included
+		if r.reserved {
+			full -= r.allow * r.limit.EmissionInterval // the unused lease goes back
+		}
+		r.fallback = max(full, now) + r.pending*l.EmissionInterval
+	}
+	r.limit = l
+	var res algorithms.Result
+	switch op {
+	case zones.FallbackPeek:
+		return share.Peek(r.fallback, now)
+	case zones.FallbackRefund:
+		r.fallback = share.Refund(r.fallback, now, cost)
+		r.pending = max(0, r.pending-cost)
+		return res
+	case zones.FallbackCharge:
+		res = share.Charge(r.fallback, now, cost)
+	default:
+		if res = share.Decide(r.fallback, now, cost); !res.Allowed {
+			return res
+		}
+	}
+	r.fallback = res.TAT
+	r.pending += cost
+	r.used, r.active = true, true
+	return res
 }

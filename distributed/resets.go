@@ -100,6 +100,9 @@ type modeState interface {
 	// synced reports whether the mode's view agrees with Redis, besides
 	// the breaker being closed (async mode: its last sync succeeded).
 	synced() bool
+	// forgetDenials drops the deny cache the mode keeps of its own (async
+	// mode's records hold their zones').
+	forgetDenials()
 }
 
 // forgetMissed drops every cached denial if resets may have been missed
@@ -146,7 +149,9 @@ func (c *conn) OnReset(zone string, l ResetListener) (remove func()) {
 
 // forget tells the listeners of zone (every zone when all) to forget key.
 func (c *conn) forget(zone, key string, all bool) {
-	if !all {
+	if all {
+		c.mode.forgetDenials()
+	} else {
 		c.mode.forgetRecord(zone, key)
 	}
 	c.resets.mu.Lock()

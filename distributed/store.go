@@ -57,6 +57,7 @@ type strictMode struct{}
 
 func (strictMode) forgetRecord(zone, key string) {}
 func (strictMode) synced() bool                  { return true }
+func (strictMode) forgetDenials()                {}
 
 // Close stops the workers and the heartbeat, removes this instance from the
 // instances set (best effort, bounded by the timeout) and closes the client.

@@ -136,26 +136,37 @@ func checkAsyncSteadyFlow(t *testing.T, fleet []*caddyInstance, interval time.Du
 }
 
 // Async mode keeps a zone's records within its max_keys, and reports them
-// in the keys metric and the admin zone list.
+// in the keys metric and the admin zone list. A key counts once whatever
+// the zone holds of it: its record, its denial and its fail_policy local
+// state are one entry (issue 23, item 6: records and the fallback table
+// were each capped and summed, 2×max_keys).
 func TestAsyncZoneHoldsAtMostMaxKeys(t *testing.T) {
-	t.Parallel()
-	rs := startRedis(t)
-	inst := startCaddyWith(t, "metrics", distributedSite(rs.Addr, `
+	for _, policy := range []string{"open", "local"} {
+		t.Run(policy, func(t *testing.T) {
+			t.Parallel()
+			rs := startRedis(t)
+			inst := startCaddyWith(t, "metrics", distributedSite(rs.Addr, `
 		zone z {
 			key {http.request.header.X-API-Key}
-			events 10
+			events 1
 			window 1h
 			max_keys 100
-			fail_policy open
+			fail_policy `+policy+`
 		}`, "\t\t\tmode async\n\t\t\tsync_interval 1h"))
-	sendConcurrently(t, 400, 8, func(i int) (response, error) {
-		return inst.try(withKey("k" + strconv.Itoa(i)))
-	}, nil)
-	h := zoneHealthOf(t, inst, "z")
-	if h.LocalKeys != 100 {
-		t.Errorf("400 keys in an async zone with max_keys 100: local_keys %d, want 100: the cap, and the records counted", h.LocalKeys)
-	}
-	if v, ok := metricValue(inst.scrape(), "caddy_rate_limit_keys", map[string]string{"zone": "z"}); !ok || v != float64(h.LocalKeys) {
-		t.Errorf("caddy_rate_limit_keys{zone=z} = %v (present %v), want %d as the admin API says", v, ok, h.LocalKeys)
+			// Each key twice: allowed, then denied (its deny cache).
+			got := sendConcurrently(t, 800, 8, func(i int) (response, error) {
+				return inst.try(withKey("k" + strconv.Itoa(i/2)))
+			}, nil)
+			if got[429] == 0 {
+				t.Errorf("400 keys sent twice at events 1: %v, want denials", got)
+			}
+			h := zoneHealthOf(t, inst, "z")
+			if h.LocalKeys != 100 {
+				t.Errorf("400 keys in an async zone with max_keys 100: local_keys %d, want 100: the cap, and each key counted once", h.LocalKeys)
+			}
+			if v, ok := metricValue(inst.scrape(), "caddy_rate_limit_keys", map[string]string{"zone": "z"}); !ok || v != float64(h.LocalKeys) {
+				t.Errorf("caddy_rate_limit_keys{zone=z} = %v (present %v), want %d as the admin API says", v, ok, h.LocalKeys)
+			}
+		})
 	}
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/caddy-tally/ratelimit/algorithms"
 	"github.com/caddy-tally/ratelimit/distributed"
+	"github.com/caddy-tally/ratelimit/internal/monotime"
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
@@ -304,4 +305,59 @@ func TestAsyncStoreHearingItsOwnResetLateKeepsWhatItAdmittedSince(t *testing.T) 
 		r, err := a.Peek(ctx, "api", "alice", limit)
 		return err == nil && r.Remaining == 0
 	})
+}
+
+// fail_policy local in async mode runs in the key's record, from what it
+// last heard of Redis (less its unused lease), and what it admits is
+// pending: the first sync after the outage counts it in Redis, so the key
+// does not get its quota again (issue 23, items 6 and 7). Redis is killed
+// and restarted from its append-only file.
+func TestAsyncFallbackStartsFromTheRecordAndIsCountedAfterTheOutage(t *testing.T) {
+	t.Parallel()
+	rs := startRedis(t, "--appendonly", "yes", "--appendfsync", "always")
+	const interval = 50 * time.Millisecond
+	stores := openAsyncStores(t, 1, rs.Addr, interval, 200*time.Millisecond)
+	a := stores[0]
+	cfg := zones.Config{Name: "api", Events: 20, Window: time.Hour, FailPolicy: zones.FailLocal}
+	state := zones.NewState(cfg, time.Minute)
+	t.Cleanup(func() { _ = state.Destruct() })
+	z := zones.New(cfg, state, a)
+	ctx := context.Background()
+	admit := func(n int) (allowed int, fallback int) {
+		for range n {
+			d := z.Decide(ctx, "alice", monotime.Now())
+			if d.Allowed {
+				allowed++
+				if d.Source == zones.SourceFailLocal {
+					fallback++
+				}
+			}
+		}
+		return allowed, fallback
+	}
+	if got, _ := admit(10); got != 10 {
+		t.Fatalf("10 of 20 with Redis up: %d allowed", got)
+	}
+	waitForSyncs(t, stores, interval)
+	rs.Kill()
+	waitFor(t, 5*time.Second, "the view to go stale", func() bool {
+		_, err := a.Decide(ctx, "api", "probe", cfg.Limit(), 1)
+		return err != nil
+	})
+	if got, fb := admit(20); got != 10 || fb != 10 {
+		t.Errorf("20 requests during the outage: %d allowed (%d by the fallback), want the 10 left, all by the fallback", got, fb)
+	}
+	if n := z.Keys(); n != 2 {
+		t.Errorf("the zone holds %d keys (alice and the probe), want 2: the fallback is in alice's record", n)
+	}
+	rs.Start()
+	waitFor(t, 10*time.Second, "syncs to succeed again and count the outage's admissions", func() bool {
+		r, err := a.Peek(ctx, "api", "alice", cfg.Limit())
+		_, derr := a.Decide(ctx, "api", "probe", cfg.Limit(), 1)
+		return err == nil && derr == nil && r.Remaining == 0 && a.LastSync().After(time.Now().Add(-interval))
+	})
+	waitForSyncs(t, stores, interval)
+	if got, _ := admit(10); got != 0 {
+		t.Errorf("alice after the outage (10 before, 10 during): %d of 10 allowed, want 0", got)
+	}
 }

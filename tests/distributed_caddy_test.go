@@ -8,6 +8,7 @@ package tests
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -460,5 +461,61 @@ func TestMholtIntervalsLoadInStrictModeAndAreIgnored(t *testing.T) {
 	}
 	if !strings.Contains(c.Output(), "read_interval and write_interval have no effect in strict mode") {
 		t.Error("the ignored intervals were not logged")
+	}
+}
+
+// What fail_policy local admits during an outage is charged to Redis when it
+// returns, so the key does not get its quota again (issue 23, item 7: a
+// strict zone of 20 per hour admitted 32 across an outage). Redis is killed
+// and restarted from its append-only file, so it comes back with the state
+// it had.
+func TestFallbackAdmissionsAreChargedToRedisWhenItReturns(t *testing.T) {
+	t.Parallel()
+	rs := startRedis(t, "--appendonly", "yes", "--appendfsync", "always")
+	fleet := startFleet(t, 2, rs.Addr+`
+			timeout 500ms`, `
+		zone api {
+			key {http.request.header.X-API-Key}
+			events 20
+			window 1h
+			fail_policy local
+		}`)
+	for _, c := range fleet {
+		waitFor(t, 10*time.Second, c.URL+" to see 2 instances", func() bool {
+			ok, n := zoneStore(t, c, "api")
+			return ok && n == 2
+		})
+	}
+	alice := withKey("alice")
+	if got := sendAcross(t, fleet, 10, 1, alice, 5*time.Second); got[200] != 10 {
+		t.Fatalf("10 of alice's 20 with Redis up: %v, want 10×200", got)
+	}
+	rs.Kill()
+	outage := 0
+	for i, c := range fleet {
+		got := countStatuses(c.Send(20, alice))
+		// Each instance's share: 10 at 2 intervals each, full again when
+		// Redis said: 5 left.
+		if got[200] != 5 {
+			t.Errorf("instance %d during the outage: %v, want 5×200 (its share of the 10 left)", i, got)
+		}
+		outage += got[200]
+	}
+	rs.Start()
+	rc := rs.Client()
+	if n, err := rc.Exists(context.Background(), "tally:api:alice").Result(); err != nil || n != 1 {
+		t.Fatalf("Redis came back without alice's key (%d, %v): the test needs it restored from the AOF", n, err)
+	}
+	// Any answer from Redis starts the reconciliation (here bob's).
+	waitFor(t, 10*time.Second, "what the fallback admitted to be charged to Redis", func() bool {
+		for _, c := range fleet {
+			c.Do(withKey("bob"))
+		}
+		var k adminKey
+		status, body := fleet[0].adminDo("GET", keyPath("api", "alice"))
+		return status == 200 && json.Unmarshal([]byte(body), &k) == nil && k.Source == "redis" && k.Remaining == 0
+	})
+	if got := sendAcross(t, fleet, 10, 1, alice, 5*time.Second); got[200] != 0 {
+		t.Errorf("alice after the outage (10 before, %d during): %v, want 0×200: the fleet forgot what it admitted", outage, got)
 	}
 }

@@ -216,7 +216,7 @@ func (z *Zone) Check(ctx context.Context, key string, now int64, p *Plan) Decisi
 	case z.store == nil:
 		d = fromResult(z.state.Local.Peek(key, now, p.limit), SourceLocal)
 	default:
-		if until, ok := z.state.Denied.Get(key, now); ok {
+		if until, ok := z.deniedUntil(key, now); ok {
 			retry := until - now
 			return Decision{
 				RetryAfter: time.Duration(retry),
@@ -247,7 +247,7 @@ func (z *Zone) failCheck(key string, now int64, p *Plan, err error) Decision {
 	case FailClosed:
 		return Decision{RetryAfter: FailClosedRetryAfter, ResetAfter: FailClosedRetryAfter, Source: SourceFailClosed, Err: err}
 	}
-	d := fromResult(z.state.Fallback.Peek(key, now, z.shareLimit(p)), SourceFailLocal)
+	d := fromResult(z.fallback(key, now, p, FallbackPeek, 0), SourceFailLocal)
 	d.Err = err
 	return d
 }
@@ -317,7 +317,9 @@ func (z *Zone) sendCharge(ch charge, c *charger) {
 	case c.retries <- ch:
 		return // retryLoop's now
 	default:
-		z.chargeFailed(ch.err) // more failed charges than can be held
+		// More failed charges than can be held: owed now.
+		z.owe(ch.key, &ch.plan, ch.cost)
+		z.chargeFailed(ch.err)
 	}
 	ch.over()
 }
@@ -358,6 +360,7 @@ func (c *charger) retryLoop(stop <-chan struct{}) {
 			for _, ch := range failed {
 				switch {
 				case time.Since(ch.at) > ChargeRetryFor:
+					ch.zone.owe(ch.key, &ch.plan, ch.cost)
 					ch.zone.chargeFailed(ch.err)
 				case !ch.zone.tryCharge(&ch):
 					keep = append(keep, ch)
@@ -387,7 +390,7 @@ func (z *Zone) chargeFallback(key string, now int64, p *Plan, cost int64) {
 		return
 	}
 	if z.FailPolicy == FailLocal {
-		z.state.Fallback.Charge(key, now, z.shareLimit(p), cost)
+		z.fallback(key, now, p, FallbackCharge, cost)
 	}
 }
 

@@ -21,6 +21,10 @@ func (z *Zone) Denies(key string, now int64) bool {
 		}
 		return !z.state.Local.Peek(key, now, z.LastPlan(key, now).limit).Allowed
 	}
-	_, denied := z.state.Denied.Get(key, now)
+	if z.state.quota != nil {
+		_, denied := z.state.Denied.Get(key, now)
+		return denied
+	}
+	_, denied := z.deniedUntil(key, now)
 	return denied
 }

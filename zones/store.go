@@ -44,13 +44,35 @@ type Store interface {
 
 // RecordStore is a Store that keeps records of keys in this process (async
 // mode's leases, package distributed's Async): the zone caps them at its
-// max_keys and counts them among its keys.
+// max_keys and counts them among its keys. A rate zone keeps its deny cache
+// and its fail_policy local state in the same record, so that max_keys
+// bounds one structure and a key counts once.
 type RecordStore interface {
 	// SetMaxKeys caps the records kept for zone at n.
 	SetMaxKeys(zone string, n int)
 	// Keys is the number of records kept for zone.
 	Keys(zone string) int
+	// DeniedUntil is the deny cache kept in key's record: when the
+	// store's last denial of key ends (monotime), if it is in force at now.
+	DeniedUntil(zone, key string, now int64) (until int64, ok bool)
+	// Fallback runs one step of fail_policy local for key at now: op of
+	// cost at share, this instance's share of limit, in key's record,
+	// starting from what the record last heard from Redis (a fresh share
+	// for a key it has no record of). What it admits or charges is owed
+	// to Redis: the next sync that succeeds counts it there.
+	Fallback(zone, key string, now int64, limit, share algorithms.Limit, op FallbackOp, cost int64) algorithms.Result
 }
+
+// FallbackOp is what a fail_policy local step does to the key's state.
+type FallbackOp uint8
+
+// The fallback's steps, mirroring algorithms.Limit's methods.
+const (
+	FallbackDecide FallbackOp = iota
+	FallbackPeek
+	FallbackCharge
+	FallbackRefund
+)
 
 // ModeStore is a Store that names its mode (the admin API's and the
 // metrics' "strict" or "async"); a Store that does not is "strict".

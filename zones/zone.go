@@ -232,6 +232,7 @@ type State struct {
 	Fallback *Table         // fail_policy local: TAT per key at this instance's share
 	plans    *plans         // PerRequest zones: the plan each key was last decided under
 	charger  charger        // strict mode, post-charged zones: charges in flight
+	owed     owed           // fail_policy local: what the fallback admitted, owed to the store
 	chargers sync.WaitGroup // the charger's goroutines, once started
 	stop     chan struct{}
 	done     chan struct{}
@@ -268,6 +269,7 @@ func NewState(c Config, sweepInterval time.Duration) *State {
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 	}
+	s.owed.max = maxKeys
 	s.Offenders = topk.NewRecent(topk.DefaultCapacity, int64(OffendersPeriod))
 	if c.PerRequest {
 		s.plans = newPlans(maxKeys)
@@ -310,7 +312,7 @@ func (s *State) sweep(interval time.Duration) {
 
 // Len is the number of keys the state holds.
 func (s *State) Len() int {
-	n := s.Local.Len() + s.Denied.Len() + s.Fallback.Len()
+	n := s.Local.Len() + s.Denied.Len() + s.Fallback.Len() + s.owed.len()
 	if s.conc != nil {
 		n += s.conc.len()
 	}
@@ -359,9 +361,10 @@ type Decision struct {
 // when distributed, its Store.
 type Zone struct {
 	Config
-	plan  Plan // the literal one
-	state *State
-	store Store
+	plan    Plan // the literal one
+	state   *State
+	store   Store
+	records RecordStore // store, when it keeps records (async mode)
 
 	// OnChargeFailed, when set, is called for each charge of a post-charged
 	// zone that the store did not take (strict mode, after retries).
@@ -391,7 +394,11 @@ func New(c Config, state *State, store Store) *Zone {
 	if c.IsQuota() {
 		plan = QuotaPlan(c.Quota)
 	}
-	return &Zone{Config: c, plan: plan, state: state, store: store}
+	z := &Zone{Config: c, plan: plan, state: state, store: store}
+	if s, ok := store.(RecordStore); ok && !c.IsQuota() {
+		z.records = s
+	}
+	return z
 }
 
 // Plan is the zone's literal limit.
@@ -458,6 +465,10 @@ func (z *Zone) DecideWith(ctx context.Context, key string, now int64, p *Plan, c
 // to full at the same moment on this instance's share (B/N tokens of N·T
 // each span the same B·T), rather than with a fresh share.
 func (z *Zone) heard(key string, now int64, r algorithms.Result) {
+	if z.records != nil {
+		return // the store's record of the key holds both
+	}
+	z.reconcile()
 	if !r.Allowed {
 		z.state.Denied.Set(key, now+r.RetryAfter, now)
 	}
@@ -481,7 +492,7 @@ func (z *Zone) CachedDenial(key string, now int64, p *Plan) (Decision, bool) {
 	if q := z.state.quota; q != nil {
 		return z.cachedQuotaDenial(key, now, q.clock.at(now))
 	}
-	until, ok := z.state.Denied.Get(key, now)
+	until, ok := z.deniedUntil(key, now)
 	if !ok {
 		return Decision{}, false
 	}
@@ -501,9 +512,42 @@ func (z *Zone) fail(key string, now int64, p *Plan, cost int64, err error) Decis
 	case FailClosed:
 		return Decision{RetryAfter: FailClosedRetryAfter, ResetAfter: FailClosedRetryAfter, Source: SourceFailClosed, Err: err}
 	}
-	d := fromResult(z.state.Fallback.Decide(key, now, z.shareLimit(p), cost), SourceFailLocal)
+	d := fromResult(z.fallback(key, now, p, FallbackDecide, cost), SourceFailLocal)
 	d.Err = err
+	if d.Allowed {
+		z.owe(key, p, cost)
+	}
 	return d
+}
+
+// deniedUntil is the zone's deny cache: when the store's last denial of key
+// ends, if it is in force at now.
+func (z *Zone) deniedUntil(key string, now int64) (int64, bool) {
+	if z.records != nil {
+		return z.records.DeniedUntil(z.Name, key, now)
+	}
+	return z.state.Denied.Get(key, now)
+}
+
+// fallback runs one step of fail_policy local for key under plan p at this
+// instance's share: in the Fallback table, or in the store's record of the
+// key when it keeps one (async mode), which also owes Redis what it admits.
+func (z *Zone) fallback(key string, now int64, p *Plan, op FallbackOp, cost int64) algorithms.Result {
+	share := z.shareLimit(p)
+	if z.records != nil {
+		return z.records.Fallback(z.Name, key, now, p.limit, share, op, cost)
+	}
+	t := z.state.Fallback
+	switch op {
+	case FallbackPeek:
+		return t.Peek(key, now, share)
+	case FallbackCharge:
+		return t.Charge(key, now, share, cost)
+	case FallbackRefund:
+		t.Refund(key, now, share, cost)
+		return algorithms.Result{}
+	}
+	return t.Decide(key, now, share, cost)
 }
 
 // shareLimit is this instance's share of p while the store is unavailable:
@@ -533,7 +577,8 @@ func (z *Zone) RefundWith(ctx context.Context, key string, now int64, d Decision
 		z.state.Local.Refund(key, now, l, cost)
 	case SourceFailLocal:
 		l = z.shareLimit(p)
-		z.state.Fallback.Refund(key, now, l, cost)
+		z.fallback(key, now, p, FallbackRefund, cost)
+		z.owe(key, p, -cost)
 	case SourceStore:
 		if err := z.store.Refund(ctx, z.Name, key, l, cost); err != nil {
 			return d, err

@@ -1,0 +1,142 @@
+package zones
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+
+	"github.com/caddy-tally/ratelimit/internal/monotime"
+)
+
+// What fail_policy local admits during an outage is owed to the store: when
+// the store answers again, each instance charges it, key by key, with what
+// it admitted under the fallback (and the post-charged zones' charges that
+// never landed), so that the key does not get its quota again. An outage
+// thus costs the fleet at most the fallback's own bound, once: each
+// instance admits at most its share of what the key had left, and whatever
+// it admits counts in the store afterwards.
+//
+// A charge is sent at most once: one that timed out may have run, and is
+// not sent again (an undercount of that key alone); one the store refused
+// without running (its breaker open, an error reply) is kept for the next
+// attempt, at most owedAttempts times. A key owes at most MaxCharge bursts
+// (the store caps a key's debt at that anyway), and at most max_keys keys
+// are owed. Async mode's records do this themselves (their pending cost,
+// counted by the next sync); quota zones are not reconciled.
+
+// owedAttempts is how many times an owed charge the store refused is tried.
+const owedAttempts = 5
+
+// owedBatch is how many owed charges are in flight at once: they share the
+// store's pipelines.
+const owedBatch = 64
+
+// owed is a state's charges owed to the store.
+type owed struct {
+	mu      sync.Mutex
+	m       map[string]*owedCharge
+	max     int
+	any     atomic.Bool // m is not empty
+	running atomic.Bool // a reconcile is under way
+}
+
+type owedCharge struct {
+	plan     Plan
+	cost     int64
+	attempts int
+}
+
+// owe notes that this instance admitted (or charged) cost for key under
+// plan p without the store, under fail_policy local; a negative cost is a
+// refund of such an admission.
+func (z *Zone) owe(key string, p *Plan, cost int64) {
+	if z.FailPolicy != FailLocal || z.records != nil || z.state.quota != nil || z.store == nil {
+		return
+	}
+	o := &z.state.owed
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	c := o.m[key]
+	if c == nil {
+		if cost <= 0 || len(o.m) >= o.max {
+			return
+		}
+		if o.m == nil {
+			o.m = make(map[string]*owedCharge)
+		}
+		c = &owedCharge{}
+		o.m[key] = c
+		o.any.Store(true)
+	}
+	c.plan = *p
+	c.cost = min(c.cost+cost, MaxCharge*p.Burst)
+	if c.cost <= 0 {
+		delete(o.m, key)
+		o.any.Store(len(o.m) > 0)
+	}
+}
+
+// reconcile charges the store, in the background, with what this instance
+// owes it, once the store answered again (the caller just heard from it).
+func (z *Zone) reconcile() {
+	o := &z.state.owed
+	if !o.any.Load() || !o.running.CompareAndSwap(false, true) {
+		return
+	}
+	z.state.chargers.Add(1)
+	go func() {
+		defer z.state.chargers.Done()
+		defer o.running.Store(false)
+		o.mu.Lock()
+		taken := o.m
+		o.m = nil
+		o.any.Store(false)
+		o.mu.Unlock()
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, owedBatch)
+		for key, c := range taken {
+			sem <- struct{}{}
+			wg.Add(1)
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				z.payOwed(key, c)
+			}()
+		}
+		wg.Wait()
+	}()
+}
+
+// payOwed sends one owed charge; one the store refused without running it
+// is owed again.
+func (z *Zone) payOwed(key string, c *owedCharge) {
+	r, err := z.store.Charge(context.Background(), z.Name, key, c.plan.limit, c.cost)
+	if err == nil {
+		z.heard(key, monotime.Now(), r)
+		return
+	}
+	if errors.Is(err, context.DeadlineExceeded) || c.attempts+1 >= owedAttempts {
+		return
+	}
+	o := &z.state.owed
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.m == nil {
+		o.m = make(map[string]*owedCharge)
+	}
+	if cur := o.m[key]; cur != nil {
+		cur.cost = min(cur.cost+c.cost, MaxCharge*c.plan.Burst)
+		cur.attempts = max(cur.attempts, c.attempts+1)
+		return
+	}
+	c.attempts++
+	o.m[key] = c
+	o.any.Store(true)
+}
+
+// len is the number of keys owed.
+func (o *owed) len() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.m)
+}
