@@ -426,3 +426,34 @@ func TestIdleRecordAtItsLifetimeGoesDormant(t *testing.T) {
 		t.Fatalf("after handing back: dormant %v allow %d, want dormant with nothing", r.dormant, r.allow)
 	}
 }
+
+// With every record of a full shard pending, the one with least pending
+// goes (losing it loses the fewest admissions Redis has not counted). The
+// shard's 4 records are all in the eviction sample, so the choice does not
+// depend on map order.
+func TestFullZoneEvictsTheRecordWithLeastPending(t *testing.T) {
+	for run := range 20 { // map order differs between runs
+		a := openUnreachable(t, 4)
+		ctx := context.Background()
+		limit := algorithms.NewLimit(100, int64(time.Hour), 0)
+		for i, n := range []int{3, 1, 2, 4} {
+			for range n {
+				if _, err := a.Decide(ctx, "z", "k"+strconv.Itoa(i), limit, 1); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if _, err := a.Decide(ctx, "z", "new", limit, 1); err != nil {
+			t.Fatal(err)
+		}
+		z := a.zone("z")
+		s := z.shard("k1")
+		s.mu.Lock()
+		_, kept := s.m["k1"]
+		n := len(s.m)
+		s.mu.Unlock()
+		if kept || n != 4 {
+			t.Fatalf("run %d: a 5th key in a zone capped at 4 whose keys have 3, 1, 2 and 4 pending: the one with 1 kept %v, %d keys; want it evicted, 4 keys", run, kept, n)
+		}
+	}
+}
