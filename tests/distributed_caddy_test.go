@@ -519,3 +519,46 @@ func TestFallbackAdmissionsAreChargedToRedisWhenItReturns(t *testing.T) {
 		t.Errorf("alice after the outage (10 before, %d during): %v, want 0×200: the fleet forgot what it admitted", outage, got)
 	}
 }
+
+// An instance whose subscription to resets dropped drops its cached denials
+// once it is subscribed again, so a reset it missed lets the key through
+// within a few seconds, not at the denial's retry time, an hour away (issue
+// 23: the fault matrix bounded how often a blocked key got through, nothing
+// checked that it got through again). The first instance reaches Redis
+// through a proxy that drops its pub/sub connection while the second one
+// resets the key.
+func TestInstanceThatMissedAResetLetsTheKeyThroughOnceSubscribedAgain(t *testing.T) {
+	t.Parallel()
+	rs := startRedis(t)
+	p := startRedisProxy(t, rs.Addr)
+	zone := `
+		zone api {
+			key {http.request.header.X-API-Key}
+			events 2
+			window 1h
+		}`
+	a := startCaddy(t, distributedSite(p.Addr, zone, ""))
+	b := startCaddy(t, distributedSite(rs.Addr, zone, ""))
+	for _, c := range []*caddyInstance{a, b} {
+		waitFor(t, 10*time.Second, c.URL+" to see 2 instances", func() bool {
+			ok, n := zoneStore(t, c, "api")
+			return ok && n == 2
+		})
+	}
+	if got := a.Send(3, withKey("alice")); got[1] != 200 || got[2] != 429 {
+		t.Fatalf("alice on the first instance: %v, want 200, 200, 429", got)
+	}
+	p.DropPubSub()
+	if status, body := b.adminDo("DELETE", keyPath("api", "alice")); status != 204 {
+		t.Fatalf("DELETE alice on the second instance: %d %s", status, body)
+	}
+	p.AllowPubSub()
+	// Resubscribing is tried every 250ms; cached denials go within a
+	// heartbeat (1s) of the store deciding through Redis again.
+	const within = 3 * time.Second
+	start := time.Now()
+	waitFor(t, within, "alice to be let through by the instance that missed her reset", func() bool {
+		return a.Do(withKey("alice")).Status == 200
+	})
+	t.Logf("alice let through %v after the reset", time.Since(start).Round(time.Millisecond))
+}

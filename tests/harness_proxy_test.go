@@ -1,8 +1,9 @@
 package tests
 
 // A loopback TCP proxy in front of a redis-server that can hold back what
-// Redis sends to its pub/sub connections (those that sent SUBSCRIBE), so
-// that a test can have a store hear a reset late, deterministically.
+// Redis sends to its pub/sub connections (those that sent SUBSCRIBE), or
+// drop them, so that a test can have a store hear a reset late, or miss it,
+// deterministically.
 
 import (
 	"bytes"
@@ -16,10 +17,12 @@ type redisProxy struct {
 	upstream string
 	ln       net.Listener
 
-	mu    sync.Mutex
-	held  bool
-	cond  *sync.Cond
-	conns []net.Conn
+	mu      sync.Mutex
+	held    bool
+	dropped bool       // pub/sub connections are closed, and refused
+	pubsubs []net.Conn // the client side of pub/sub connections
+	cond    *sync.Cond
+	conns   []net.Conn
 }
 
 // startRedisProxy listens on a free loopback port and forwards every
@@ -48,6 +51,22 @@ func (p *redisProxy) ReleasePubSub() {
 	p.cond.Broadcast()
 	p.mu.Unlock()
 }
+
+// DropPubSub closes every pub/sub connection, and every connection that
+// subscribes until AllowPubSub: the store's subscription is down, and what
+// is published meanwhile never reaches it.
+func (p *redisProxy) DropPubSub() {
+	p.mu.Lock()
+	p.dropped = true
+	for _, c := range p.pubsubs {
+		c.Close()
+	}
+	p.pubsubs = nil
+	p.mu.Unlock()
+}
+
+// AllowPubSub undoes DropPubSub.
+func (p *redisProxy) AllowPubSub() { p.mu.Lock(); p.dropped = false; p.mu.Unlock() }
 
 func (p *redisProxy) close() {
 	p.ln.Close()
@@ -82,6 +101,16 @@ func (p *redisProxy) accept() {
 				if n > 0 {
 					if bytes.Contains(bytes.ToLower(buf[:n]), []byte("subscribe")) {
 						subscribed.Do(func() { close(pubsub) })
+						p.mu.Lock()
+						dropped := p.dropped
+						if !dropped {
+							p.pubsubs = append(p.pubsubs, c)
+						}
+						p.mu.Unlock()
+						if dropped {
+							c.Close()
+							break
+						}
 					}
 					if _, werr := u.Write(buf[:n]); werr != nil {
 						break

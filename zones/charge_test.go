@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-tally/ratelimit/algorithms"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 )
 
@@ -84,5 +85,43 @@ func TestStrictChargesThatCannotLandFallBackAtOnceAndAreCountedAfterRetries(t *t
 	share := int64(time.Hour) / 50
 	if d.Allowed || d.Source != SourceFailLocal || d.RetryAfter > time.Duration(15*share) || d.RetryAfter < time.Duration(15*share)-5*time.Second {
 		t.Fatalf("check after 64 failed charges: %+v, want denied by the local share for about 15 of its intervals", d)
+	}
+}
+
+// slowChargeStore keeps a GCRA table, like Redis would, whose charges land
+// only after a delay: a strict store under load.
+type slowChargeStore struct {
+	faultStore
+	table *Table
+	delay time.Duration
+}
+
+func (s *slowChargeStore) Check(ctx context.Context, zone, key string, l algorithms.Limit) (algorithms.Result, error) {
+	return s.table.Peek(key, monotime.Now(), l), nil
+}
+
+func (s *slowChargeStore) Charge(ctx context.Context, zone, key string, l algorithms.Limit, cost int64) (algorithms.Result, error) {
+	time.Sleep(s.delay) // the round trip, not synchronisation
+	return s.table.Charge(key, monotime.Now(), l, cost), nil
+}
+
+// A strict check waits for this instance's own charges of the key still on
+// their way to Redis: a client cannot slip past its own unrecorded debt
+// (issue 23: multi-instance tests waited on the admin API before each
+// request, so nothing checked it).
+func TestStrictCheckWaitsForThisInstancesPendingCharges(t *testing.T) {
+	c := Config{Name: "z", Events: 3, Window: time.Hour}
+	st := &slowChargeStore{table: NewTable(10), delay: 30 * time.Millisecond}
+	z := New(c, newTestState(t, c), st)
+	p := z.Plan()
+	ctx := context.Background()
+	for i := range 3 {
+		if d := z.Check(ctx, "k", monotime.Now(), &p); !d.Allowed {
+			t.Fatalf("check %d of 3: %+v, want allowed", i+1, d)
+		}
+		z.Charge(ctx, "k", monotime.Now(), &p, 1)
+	}
+	if d := z.Check(ctx, "k", monotime.Now(), &p); d.Allowed {
+		t.Fatalf("a check right after the whole burst was charged: %+v, want denied (it must wait for the charges in flight)", d)
 	}
 }
