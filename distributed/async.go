@@ -70,6 +70,9 @@ type Async struct {
 	nextSync   atomic.Int64  // monotime when the next sync is due
 	syncFailed atomic.Bool   // the last sync attempt failed
 
+	epochMu sync.Mutex
+	epochs  map[int]int64 // the epoch last seen, by hash slot (0 off a Cluster); see async_epoch.go
+
 	syncMu   sync.Mutex // one sync at a time (the loop, Close's last one)
 	stop     chan struct{}
 	loopDone chan struct{}

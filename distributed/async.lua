@@ -6,12 +6,18 @@
 -- Cluster every key of one call is in one hash slot (the caller groups them).
 --
 -- KEYS[i]  a key: a hash {t = TAT µs, c = episode start µs, m:<id> = ...}
+-- KEYS[#KEYS]  the epoch key (<key_prefix>epoch, on a Cluster one per hash
+--          slot, in the call's slot): Redis's data generation, an integer
+--          written when missing. An instance that knew another one knows
+--          Redis lost its data (FLUSHALL, a restart without persistence, a
+--          failover to an empty replica) since its last sync.
 -- ARGV[1]  N, live instances as this instance last saw them (>= 1)
 -- ARGV[2]  hold, µs: how long after an episode starts instances may still
 --          hold unreported fresh shares (2 sync intervals plus 2 sync time
 --          bounds, at least 1s)
 -- ARGV[3]  the instance id
--- then 7 per key, key i's at ARGV[3 + 7(i-1) + 1 ...]:
+-- ARGV[4]  the epoch this instance last saw (0: none yet)
+-- then 9 per key, key i's at ARGV[4 + 9(i-1) + 1 ...]:
 --   T      emission interval in microseconds (>= 1)
 --   B      burst in units of cost (>= 1)
 --   delta  cost admitted and not yet counted, minus the unused lease handed
@@ -24,9 +30,18 @@
 --   seq    the report's sequence number: a report whose reply was lost is
 --          sent again with the same number, and gets the lease it was
 --          granted back instead of being applied twice
+--   floor  µs: how long the key had to full as this instance last heard
+--          (its TAT then, less now)
+--   restore 1 when this instance learnt earlier that Redis lost its data
+--          and has not restored this key yet
 --
--- Returns 4 integers per key, in KEYS order: {lease, avail, retry_us,
--- reset_us}: the tokens now reserved for the instance, the fleet's tokens
+-- When Redis lost its data (the epoch differs) or restore is set, a key's
+-- TAT is restored to at least now + floor before the report is applied:
+-- a blank Redis is not trusted to be a full one. Every instance restores
+-- what it last heard, so the key ends at the latest of their views.
+--
+-- Returns 4 integers per key, in KEYS order, then the epoch: {lease, avail,
+-- retry_us, reset_us}: the tokens now reserved for the instance, the fleet's tokens
 -- left after that (<= B, may be negative), how long until one more token is
 -- back (0 when avail >= 1), and how long until the key is back to full (its
 -- TTL). A key that held a value tally did not write is deleted and answered
@@ -51,13 +66,23 @@ end
 local N = tonumber(ARGV[1])
 local hold = tonumber(ARGV[2])
 local mine = 'm:' .. ARGV[3]
+local knownEpoch = ARGV[4]
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
+local epochKey = KEYS[#KEYS]
+local epoch = redis.call('GET', epochKey)
+if not epoch then
+  epoch = string.format('%d', now)
+  redis.call('SET', epochKey, epoch)
+end
+redis.call('PEXPIRE', epochKey, 7 * 86400 * 1000)
+local lost = knownEpoch ~= '0' and knownEpoch ~= epoch
+
 local out = {}
 
-local function sync(key, T, B, delta, idle, fresh, take, seq)
+local function sync(key, T, B, delta, idle, fresh, take, seq, floor, restore)
   local v = redis.pcall('HMGET', key, 't', 'c', mine)
   if v.err then
     redis.call('DEL', key)
@@ -82,6 +107,12 @@ local function sync(key, T, B, delta, idle, fresh, take, seq)
     end
   end
   local fields = 0 -- fields of the hash as it stands (0 when it is gone)
+  if (lost or restore) and tat < now + floor then
+    -- Redis lost the key: it stands at least where this instance last
+    -- heard, not at full.
+    tat = now + floor
+    if created == 0 then created = now - hold end
+  end
   if tat <= now then
     -- Nothing outstanding: a new episode, with no instance known yet.
     if v[1] or v[2] or known then redis.call('DEL', key) end
@@ -138,13 +169,15 @@ local function sync(key, T, B, delta, idle, fresh, take, seq)
   return lease, avail, retry, tat - now
 end
 
-for i = 1, #KEYS do
-  local a = 3 + 7 * (i - 1)
+for i = 1, #KEYS - 1 do
+  local a = 4 + 9 * (i - 1)
   local lease, avail, retry, reset = sync(KEYS[i], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]),
-    tonumber(ARGV[a + 3]), ARGV[a + 4] == '1', tonumber(ARGV[a + 5]), ARGV[a + 6] == '1', ARGV[a + 7])
+    tonumber(ARGV[a + 3]), ARGV[a + 4] == '1', tonumber(ARGV[a + 5]), ARGV[a + 6] == '1', ARGV[a + 7],
+    tonumber(ARGV[a + 8]), ARGV[a + 9] == '1')
   out[4 * i - 3] = lease
   out[4 * i - 2] = avail
   out[4 * i - 1] = retry
   out[4 * i] = reset
 end
+out[4 * (#KEYS - 1) + 1] = tonumber(epoch)
 return out

@@ -77,6 +77,9 @@ type record struct {
 	// (see fallbackStep).
 	fallback   int64
 	inFallback bool
+	// restore: Redis lost its data since the last sync (async_epoch.go);
+	// the next report restores the key to what this record last heard.
+	restore bool
 }
 
 // dormantAfter is the number of idle syncs (each parking a small lease) a
@@ -156,6 +159,8 @@ type sent struct {
 	reserved, idle bool
 	final          bool   // hand the whole lease back, take none: the record goes dormant
 	seq            uint64 // unique per report, store-wide
+	floor          int64  // µs: the key's time to full as last heard (restored from, see async_epoch.go)
+	restore        bool
 }
 
 // snapshot takes what the next sync reports for r, and whether r needs a
@@ -171,10 +176,11 @@ func (r *record) snapshot(now, interval int64, all bool, seq *atomic.Uint64) (se
 		return r.unacked, true
 	}
 	idle := !r.used && r.pending == 0 // since the last sync
-	s := sent{limit: r.limit, allow: r.allow, pending: r.pending, reserved: r.reserved, idle: !r.active && r.pending == 0}
+	s := sent{limit: r.limit, allow: r.allow, pending: r.pending, reserved: r.reserved, idle: !r.active && r.pending == 0,
+		floor: r.floor(now), restore: r.restore}
 	spent := r.spent
 	r.used, r.spent = false, 0
-	if r.reserved && r.pending == 0 && !r.due(now, interval, spent, idle, all) {
+	if r.reserved && r.pending == 0 && !r.restore && !r.due(now, interval, spent, idle, all) {
 		if idle {
 			r.idleSyncs++
 		} else {
@@ -187,6 +193,16 @@ func (r *record) snapshot(now, interval int64, all bool, seq *atomic.Uint64) (se
 	s.seq = seq.Add(1)
 	r.unacked, r.hasUnacked = s, true
 	return s, true
+}
+
+// floor is the key's time to full in µs as this record last heard it (0
+// for a key it never synced): what a report restores the key to when Redis
+// lost its data.
+func (r *record) floor(now int64) int64 {
+	if !r.reserved {
+		return 0
+	}
+	return max(0, r.resetAt-now) / 1000
 }
 
 // due reports whether a record holding a lease, with nothing to report but
@@ -273,6 +289,9 @@ func (r *record) apply(s sent, rep syncReply, now, burst, fresh int64) (drop boo
 	r.hasUnacked = false
 	r.failedSince = 0
 	r.inFallback = false
+	if s.restore {
+		r.restore = false
+	}
 	if s.idle {
 		r.idleSyncs++
 	} else {

@@ -59,6 +59,7 @@ type item struct {
 // in one hash slot on a Cluster, behind the breaker of the master serving it.
 type asyncCall struct {
 	items []item
+	slot  int // the hash slot of its keys, on a Cluster
 	gate  *syncGate
 	keys  []string
 	args  []any
@@ -224,13 +225,16 @@ func (a *Async) send(ctx context.Context, items []item, take bool, start int64) 
 	budget := time.Now().Add(timeout)
 	var gates syncGates
 	defer func() { gates.record() }()
+	// The epochs as of the sync's start: every call of the sync that finds
+	// another one restores its keys (async_epoch.go).
+	known := a.knownEpochs()
 	for lo, size := 0, firstSyncChunk; lo < len(items); lo, size = lo+size, syncChunk {
 		if lo > 0 && time.Now().After(budget) {
 			a.restore(items[lo:], 0)
 			break
 		}
 		chunk := items[lo:min(lo+size, len(items))]
-		a.sendChunk(ctx, timeout, chunk, &gates, n, take, start)
+		a.sendChunk(ctx, timeout, chunk, &gates, n, take, start, known)
 		if !a.cluster && (!gates[0].ok || gates[0].err != nil) {
 			// Standalone or Sentinel: one server, which failed this
 			// pipeline; the rest waits for the next sync.
@@ -267,33 +271,34 @@ const asyncCallKeys = 100
 
 // calls groups chunk into script calls: consecutive items, up to
 // asyncCallKeys, of one hash slot on a Cluster (sync sorted them by slot).
-func (a *Async) calls(chunk []item, gates *syncGates, n int64, take bool) []asyncCall {
+func (a *Async) calls(chunk []item, gates *syncGates, n int64, take bool, known map[int]int64) []asyncCall {
 	var calls []asyncCall
 	for lo := 0; lo < len(chunk); {
 		hi := lo + 1
 		for hi < len(chunk) && hi-lo < asyncCallKeys && (!a.cluster || chunk[hi].slot == chunk[lo].slot) {
 			hi++
 		}
-		c := asyncCall{items: chunk[lo:hi], gate: gates.get(a.breakerFor(chunk[lo].rkey))}
-		c.keys = make([]string, 0, hi-lo)
-		c.args = make([]any, 0, 3+7*(hi-lo))
-		c.args = append(c.args, n, a.hold, a.instanceID)
+		c := asyncCall{items: chunk[lo:hi], gate: gates.get(a.breakerFor(chunk[lo].rkey)), slot: chunk[lo].slot}
+		c.keys = make([]string, 0, hi-lo+1)
+		c.args = make([]any, 0, 4+9*(hi-lo))
+		c.args = append(c.args, n, a.hold, a.instanceID, known[c.slot])
 		for _, it := range c.items {
 			c.keys = append(c.keys, it.rkey)
 			c.args = a.appendSyncArgs(c.args, it.sent, n, take)
 		}
+		c.keys = append(c.keys, a.epochKey(c.slot))
 		calls = append(calls, c)
 		lo = hi
 	}
 	return calls
 }
 
-// appendSyncArgs appends async.lua's 7 arguments for one report (take is
+// appendSyncArgs appends async.lua's 9 arguments for one report (take is
 // false at Close; a final report takes nothing either).
 func (a *Async) appendSyncArgs(args []any, st sent, n int64, take bool) []any {
 	l := micro(st.limit)
 	return append(args, l.EmissionInterval, l.Burst, st.delta(), b2i(st.idle),
-		freshShare(l.Burst, int(n)), b2i(take && !st.final), st.seq)
+		freshShare(l.Burst, int(n)), b2i(take && !st.final), st.seq, st.floor, b2i(st.restore))
 }
 
 // sendChunk runs the calls for chunk, bounded by timeout, and adopts the
@@ -301,10 +306,10 @@ func (a *Async) appendSyncArgs(args []any, st sent, n int64, take bool) []any {
 // are not sent. On a Cluster each master's calls go in a pipeline of their
 // own, all at once, so that a master that hangs delays and fails only its
 // own keys.
-func (a *Async) sendChunk(ctx context.Context, timeout time.Duration, chunk []item, gates *syncGates, n int64, take bool, start int64) {
+func (a *Async) sendChunk(ctx context.Context, timeout time.Duration, chunk []item, gates *syncGates, n int64, take bool, start int64, known map[int]int64) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	calls := a.calls(chunk, gates, n, take)
+	calls := a.calls(chunk, gates, n, take, known)
 	byGate := map[*syncGate][]*asyncCall{}
 	for i := range calls {
 		c := &calls[i]
@@ -365,8 +370,16 @@ const errAsyncForeign = scriptError("TALLYFOREIGN a value of another type was at
 func (a *Async) adoptCall(c *asyncCall, now, start int64) {
 	v, err := c.cmd.Result()
 	vals, ok := v.([]any)
-	if err == nil && (!ok || len(vals) != 4*len(c.items)) {
+	if err == nil && (!ok || len(vals) != 4*len(c.items)+1) {
 		err = errBadReply
+	}
+	if err == nil {
+		epoch, isInt := vals[len(vals)-1].(int64)
+		if !isInt {
+			err = errBadReply
+		} else {
+			defer a.sawEpoch(c.slot, epoch) // after this call's replies are adopted
+		}
 	}
 	if err != nil && unreachable(err) {
 		if c.gate.err == nil {

@@ -46,7 +46,8 @@ func (a *Async) wake(ctx context.Context, z *asyncZone, s *asyncShard, key strin
 		}
 		if !r.hasUnacked {
 			r.limit = limit
-			r.unacked = sent{limit: limit, allow: r.allow, pending: r.pending, reserved: r.reserved, seq: a.seq.Add(1)}
+			r.unacked = sent{limit: limit, allow: r.allow, pending: r.pending, reserved: r.reserved, seq: a.seq.Add(1),
+				floor: r.floor(monotime.Now()), restore: r.restore}
 			r.hasUnacked = true
 		}
 		st := r.unacked
@@ -82,8 +83,15 @@ func (a *Async) syncOne(ctx context.Context, zone, key string, st sent) (syncRep
 		return syncReply{}, ErrUnavailable
 	}
 	n := int64(a.Instances())
-	args := a.appendSyncArgs([]any{n, a.hold, a.instanceID}, st, n, true)
-	rep, err := syncOneReply(a.script.Run(ctx, a.client, []string{rkey}, args...))
+	slot := 0
+	if a.cluster {
+		slot = hashSlot(rkey)
+	}
+	args := a.appendSyncArgs([]any{n, a.hold, a.instanceID, a.knownEpoch(slot)}, st, n, true)
+	rep, epoch, err := syncOneReply(a.script.Run(ctx, a.client, []string{rkey, a.epochKey(slot)}, args...))
+	if err == nil {
+		defer a.sawEpoch(slot, epoch)
+	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		err = ErrTimeout
 	}
@@ -95,15 +103,20 @@ func (a *Async) syncOne(ctx context.Context, zone, key string, st sent) (syncRep
 	return rep, nil
 }
 
-// syncOneReply reads async.lua's reply for one key.
-func syncOneReply(cmd *redis.Cmd) (syncReply, error) {
+// syncOneReply reads async.lua's reply for one key, and the epoch.
+func syncOneReply(cmd *redis.Cmd) (syncReply, int64, error) {
 	v, err := cmd.Result()
 	if err != nil {
-		return syncReply{}, err
+		return syncReply{}, 0, err
 	}
 	a, ok := v.([]any)
-	if !ok || len(a) != 4 {
-		return syncReply{}, errBadReply
+	if !ok || len(a) != 5 {
+		return syncReply{}, 0, errBadReply
 	}
-	return parseSyncReply(a)
+	epoch, ok := a[4].(int64)
+	if !ok {
+		return syncReply{}, 0, errBadReply
+	}
+	rep, err := parseSyncReply(a[:4])
+	return rep, epoch, err
 }

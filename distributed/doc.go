@@ -75,6 +75,13 @@
 // instance has no traffic for it, so an instance takes a fresh share at most
 // once per key per episode (from full to full again).
 //
+// A key's record also holds the zone's deny cache for it and, while the
+// store cannot decide, its fail_policy local state, whose admissions are
+// pending like any other and counted by the first sync that succeeds. A
+// Redis that lost its data is told from a full one by an epoch key
+// (async_epoch.go): the keys are restored from what the instances last
+// heard.
+//
 // # Async mode: the bound
 //
 // With burst B, emission interval T, lease lifetime L (30 sync intervals)

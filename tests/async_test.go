@@ -219,10 +219,11 @@ func TestAsyncSyncReportSentTwiceIsCountedOnce(t *testing.T) {
 	ctx := context.Background()
 	const key = "tally:z:k"
 	T := int64(36_000_000) // 100 per hour, in µs
-	// N, hold µs, instance, then per key T, B, delta, idle, fresh, take, seq
+	// N, hold µs, instance, known epoch, then per key T, B, delta, idle,
+	// fresh, take, seq, floor, restore; the epoch key last
 	report := func(delta, seq int64) []int64 {
 		t.Helper()
-		v, err := script.Run(ctx, c, []string{key}, 2, 200_000, "i1", T, 100, delta, 0, 50, 1, seq).Int64Slice()
+		v, err := script.Run(ctx, c, []string{key, "tally:epoch"}, 2, 200_000, "i1", 0, T, 100, delta, 0, 50, 1, seq, 0, 0).Int64Slice()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -415,4 +416,48 @@ func TestAsyncIdleSyncOnAFullKeyDropsTheRecordAndTheKey(t *testing.T) {
 		n, _ := rc.Exists(ctx, a.RedisKey("z", "k")).Result()
 		return n == 0 && a.Keys("z") == 0
 	})
+}
+
+// When Redis loses its data (FLUSHALL here; a restart without persistence
+// or a failover to an empty replica alike), the async fleet notices by the
+// epoch and restores each key from what its instances last heard instead of
+// trusting a blank Redis: the leases they hold stay counted, and the key
+// does not get its budget again (issue 23, item 8: 178 and 185 admitted of
+// 150 after a FLUSHALL).
+func TestAsyncFleetRestoresKeysAfterRedisLosesItsData(t *testing.T) {
+	t.Parallel()
+	rs := startRedis(t)
+	const interval = 50 * time.Millisecond
+	stores := openAsyncStores(t, 3, rs.Addr, interval, time.Second)
+	limit := zones.Config{Events: 150, Window: time.Hour}.Limit()
+	ctx := context.Background()
+	var allowed atomic.Int64
+	round := func(n int) {
+		var wg sync.WaitGroup
+		for g := range n {
+			wg.Go(func() {
+				if r, err := stores[g%len(stores)].Decide(ctx, "api", "alice", limit, 1); err == nil && r.Allowed {
+					allowed.Add(1)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	start := time.Now()
+	round(75) // half the budget; the syncs lease out the rest
+	waitForSyncs(t, stores, interval)
+	waitForSyncs(t, stores, interval)
+	if err := rs.Client().FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	flushed := allowed.Load()
+	for range 10 {
+		round(30)
+		waitForSyncs(t, stores, interval)
+	}
+	got, refill := allowed.Load(), int64(time.Since(start))/limit.EmissionInterval
+	t.Logf("3 async stores, 150/hour: %d allowed before the FLUSHALL, %d in all after 300 more requests", flushed, got)
+	if got > limit.Burst+refill+1 {
+		t.Errorf("across a FLUSHALL the fleet allowed %d of a key's 150 (%d before it): it trusted a blank Redis", got, flushed)
+	}
 }

@@ -1,0 +1,98 @@
+package distributed
+
+// Async mode's epoch: how an instance tells that Redis lost its data
+// (FLUSHALL, a restart without persistence, a failover to an empty replica)
+// instead of trusting a blank Redis to be a full one. Every async.lua call
+// reads <key_prefix>epoch (on a Cluster one per hash slot, named with a hash
+// tag of the call's slot, since a master can lose its slots alone), an
+// integer written when missing, and returns it. An instance that saw
+// another epoch before knows the data went: that call restores each of its
+// keys to at least the TAT the instance last heard, and every other record
+// of the slot is marked to restore its key the same way in its next report
+// (sent at the next sync, whatever its lease). Every instance restores what
+// it heard, so each key ends at the latest of their views plus what they
+// report: the fleet admits what it would have admitted had Redis kept its
+// data, but for what no instance had heard yet when the data went (at most
+// one sync's reports).
+
+import (
+	"strconv"
+	"sync"
+)
+
+// epochSlots are the hash tags of the per-slot epoch keys on a Cluster.
+var epochSlots struct {
+	once sync.Once
+	tags [16384]string
+}
+
+// epochTag is a short string whose hash slot is slot.
+func epochTag(slot int) string {
+	epochSlots.once.Do(func() {
+		left := len(epochSlots.tags)
+		for i := 0; left > 0; i++ {
+			s := strconv.Itoa(i)
+			if sl := hashSlot(s); epochSlots.tags[sl] == "" {
+				epochSlots.tags[sl] = s
+				left--
+			}
+		}
+	})
+	return epochSlots.tags[slot]
+}
+
+// epochKey is the epoch key of slot (every key's, off a Cluster).
+func (a *Async) epochKey(slot int) string {
+	if !a.cluster {
+		return a.opts.KeyPrefix + "epoch"
+	}
+	return a.opts.KeyPrefix + "epoch{" + epochTag(slot) + "}"
+}
+
+// knownEpoch is the epoch this instance last saw for slot, 0 for none.
+func (a *Async) knownEpoch(slot int) int64 {
+	a.epochMu.Lock()
+	defer a.epochMu.Unlock()
+	return a.epochs[slot]
+}
+
+// knownEpochs copies the epochs this instance last saw, by slot.
+func (a *Async) knownEpochs() map[int]int64 {
+	a.epochMu.Lock()
+	defer a.epochMu.Unlock()
+	m := make(map[int]int64, len(a.epochs))
+	for k, v := range a.epochs {
+		m[k] = v
+	}
+	return m
+}
+
+// sawEpoch notes the epoch a call reported for slot. A change from one
+// this instance knew means Redis lost the slot's data: every record of the
+// slot (every record, off a Cluster) restores its key in its next report;
+// the keys of the call that saw it were restored by the call.
+func (a *Async) sawEpoch(slot int, epoch int64) {
+	a.epochMu.Lock()
+	old := a.epochs[slot]
+	if a.epochs == nil {
+		a.epochs = make(map[int]int64)
+	}
+	a.epochs[slot] = epoch
+	a.epochMu.Unlock()
+	if old == 0 || old == epoch {
+		return
+	}
+	a.logger.Warn("redis lost its data (its epoch changed): async keys are restored from what this instance last heard")
+	for _, z := range *a.zones.Load() {
+		for i := range z.shards {
+			s := &z.shards[i]
+			s.mu.Lock()
+			for k, r := range s.m {
+				if r.reserved && (!a.cluster || hashSlot(a.RedisKey(z.name, k)) == slot) {
+					r.restore = true
+				}
+			}
+			s.mu.Unlock()
+		}
+	}
+}
