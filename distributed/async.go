@@ -256,10 +256,12 @@ func (a *Async) Fallback(zone, key string, now int64, limit, share algorithms.Li
 		if op == zones.FallbackPeek || op == zones.FallbackRefund {
 			return share.Peek(0, now)
 		}
-		r = &record{limit: limit}
-		if op == zones.FallbackDecide && !share.Decide(0, now, cost).Allowed {
-			return share.Decide(0, now, cost)
+		if op == zones.FallbackDecide {
+			if res := share.Decide(0, now, cost); !res.Allowed {
+				return res // a cost over the share's burst
+			}
 		}
+		r = &record{limit: limit}
 		z.insert(s, key, r)
 	}
 	return r.fallbackStep(now, limit, share, op, cost)
