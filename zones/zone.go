@@ -364,7 +364,7 @@ type Zone struct {
 	plan    Plan // the literal one
 	state   *State
 	store   Store
-	records RecordStore // store, when it keeps records (async mode)
+	records RecordStore // store, when it keeps a rate zone's records (async mode)
 
 	// OnChargeFailed, when set, is called for each charge of a post-charged
 	// zone that the store did not take (strict mode, after retries).
@@ -395,7 +395,7 @@ func New(c Config, state *State, store Store) *Zone {
 		plan = QuotaPlan(c.Quota)
 	}
 	z := &Zone{Config: c, plan: plan, state: state, store: store}
-	if s, ok := store.(RecordStore); ok && !c.IsQuota() {
+	if s, ok := store.(RecordStore); ok && !c.IsQuota() && !c.IsConcurrency() {
 		z.records = s
 	}
 	return z
