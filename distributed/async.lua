@@ -38,7 +38,9 @@
 -- When Redis lost its data (the epoch differs) or restore is set, a key's
 -- TAT is restored to at least now + floor before the report is applied:
 -- a blank Redis is not trusted to be a full one. Every instance restores
--- what it last heard, so the key ends at the latest of their views.
+-- what it last heard, so the key ends at the latest of their views; for a
+-- hold from the first restore (field r) no lease is handed out, so that none
+-- comes from a part another instance has not restored yet.
 --
 -- Returns 4 integers per key, in KEYS order, then the epoch: {lease, avail,
 -- retry_us, reset_us}: the tokens now reserved for the instance, the fleet's tokens
@@ -83,7 +85,7 @@ local lost = knownEpoch ~= '0' and knownEpoch ~= epoch
 local out = {}
 
 local function sync(key, T, B, delta, idle, fresh, take, seq, floor, restore)
-  local v = redis.pcall('HMGET', key, 't', 'c', mine)
+  local v = redis.pcall('HMGET', key, 't', 'c', mine, 'r')
   if v.err then
     redis.call('DEL', key)
     return -1, 0, 0, 0
@@ -107,12 +109,18 @@ local function sync(key, T, B, delta, idle, fresh, take, seq, floor, restore)
     end
   end
   local fields = 0 -- fields of the hash as it stands (0 when it is gone)
-  if (lost or restore) and tat < now + floor then
-    -- Redis lost the key: it stands at least where this instance last
-    -- heard, not at full.
-    tat = now + floor
-    if created == 0 then created = now - hold end
+  -- r: until when the key is being restored after Redis lost its data.
+  local restoring = tonumber(v[4]) or 0
+  if lost or restore then
+    if tat < now + floor then
+      -- Redis lost the key: it stands at least where this instance last
+      -- heard, not at full.
+      tat = now + floor
+      if created == 0 then created = now - hold end
+    end
+    if restoring == 0 then restoring = now + hold end
   end
+  if restoring <= now then restoring = 0 end
   if tat <= now then
     -- Nothing outstanding: a new episode, with no instance known yet.
     if v[1] or v[2] or known then redis.call('DEL', key) end
@@ -135,13 +143,18 @@ local function sync(key, T, B, delta, idle, fresh, take, seq, floor, restore)
     local reported = 1
     if fields > 0 then
       reported = fields - 2
+      if v[4] then reported = reported - 1 end
       if not known then reported = reported + 1 end
     end
     if reported < N then spare = avail - (N - reported) * fresh end
   end
 
   local lease = 0
-  if take and spare >= 1 and not (idle and avail >= B) then
+  -- While the key is restored, every instance that held it reports what it
+  -- last heard (within a hold: the next sync of each, whatever its lease),
+  -- and no lease is handed out: a lease taken from a part that another
+  -- instance's report has not restored yet would be counted nowhere.
+  if take and spare >= 1 and not (idle and avail >= B) and restoring == 0 then
     lease = idiv(spare + N - 1, N) -- ceil: reserved, so rounding up takes nothing twice
     if idle then
       -- No traffic here: park a small lease, 1/N of a share (at least one
@@ -163,6 +176,11 @@ local function sync(key, T, B, delta, idle, fresh, take, seq, floor, restore)
   end
   redis.call('HSET', key, 't', string.format('%d', tat), 'c', string.format('%d', created),
     mine, seq .. ' ' .. string.format('%d', lease))
+  if restoring > 0 then
+    redis.call('HSET', key, 'r', string.format('%d', restoring))
+  elseif v[4] then
+    redis.call('HDEL', key, 'r')
+  end
   redis.call('PEXPIRE', key, string.format('%d', idiv(tat - now + 999, 1000)))
   local retry = 0
   if avail < 1 then retry = tat - B * T + T - now end

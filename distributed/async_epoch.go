@@ -11,9 +11,11 @@ package distributed
 // of the slot is marked to restore its key the same way in its next report
 // (sent at the next sync, whatever its lease). Every instance restores what
 // it heard, so each key ends at the latest of their views plus what they
-// report: the fleet admits what it would have admitted had Redis kept its
-// data, but for what no instance had heard yet when the data went (at most
-// one sync's reports).
+// report, and for a hold after its first restore async.lua hands out no
+// lease for it (none may come from a part not restored yet): the fleet
+// admits no more than had Redis kept its data, but for what no instance
+// had heard yet when the data went (at most one sync's reports), and may
+// admit less (a lease handed back that a later-restored view counts).
 
 import (
 	"strconv"
