@@ -84,6 +84,13 @@ func (a *Async) sawEpoch(slot int, epoch int64) {
 	if old == 0 || old == epoch {
 		return
 	}
+	if epoch == 0 {
+		// Read missing (a sync with nothing to report): the next call
+		// writes a new one, and this instance's records restore.
+		a.epochMu.Lock()
+		delete(a.epochs, slot)
+		a.epochMu.Unlock()
+	}
 	a.logger.Warn("redis lost its data (its epoch changed): async keys are restored from what this instance last heard")
 	for _, z := range *a.zones.Load() {
 		for i := range z.shards {

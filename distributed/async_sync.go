@@ -113,8 +113,8 @@ func (gs syncGates) record() {
 
 // sync reports the records that need it to Redis and adopts the replies;
 // take is false for the last sync at Close, which hands every lease back and
-// takes none. With nothing to report, a PING keeps LastSync meaningful:
-// Redis answered (on a Cluster, where no node stands for the whole, nothing
+// takes none. With nothing to report, a GET of the epoch keeps LastSync
+// meaningful: Redis answered (on a Cluster, where no node stands for the whole, nothing
 // is sent). Each pipeline Redis must answer within the background timeout
 // (see send).
 func (a *Async) sync(ctx context.Context, take bool) error {
@@ -145,9 +145,20 @@ func (a *Async) sync(ctx context.Context, take bool) error {
 			err = ErrUnavailable
 			break
 		}
+		// The epoch, read instead of a PING: an instance whose keys are
+		// all blocked or dormant learns too that Redis lost its data, and
+		// its records restore their keys in the next sync (async_epoch.go).
 		ctx, cancel := context.WithTimeout(ctx, backgroundTimeout(a.opts))
-		err = a.client.Ping(ctx).Err()
+		epoch, gerr := a.client.Get(ctx, a.epochKey(0)).Int64()
 		cancel()
+		switch {
+		case gerr == nil:
+			a.sawEpoch(0, epoch)
+		case errors.Is(gerr, redis.Nil):
+			a.sawEpoch(0, 0) // gone: the data went, or was never marked
+		default:
+			err = gerr
+		}
 		a.breaker.record(probe, err)
 	}
 	if a.cluster && err != nil {

@@ -5,6 +5,8 @@ package tests
 // and a zone's records stay within its max_keys.
 
 import (
+	"context"
+	"encoding/json"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -168,5 +170,49 @@ func TestAsyncZoneHoldsAtMostMaxKeys(t *testing.T) {
 				t.Errorf("caddy_rate_limit_keys{zone=z} = %v (present %v), want %d as the admin API says", v, ok, h.LocalKeys)
 			}
 		})
+	}
+}
+
+// A FLUSHALL under an async fleet's traffic does not give a key its budget
+// again: the instances notice by the epoch and restore the key from what
+// they last heard (issue 23, item 8: 178 and 185 of 150 admitted).
+func TestAsyncFleetKeepsAKeysBudgetAcrossAFlushAll(t *testing.T) {
+	t.Parallel()
+	rs := startRedis(t)
+	fleet := startAsyncFleet(t, 3, rs.Addr, "100ms", `
+		zone api {
+			key {http.request.header.X-API-Key}
+			events 150
+			window 1h
+		}`)
+	for _, c := range fleet {
+		waitFor(t, 10*time.Second, c.URL+" to see 3 instances", func() bool {
+			_, n := asyncZoneStore(t, c, "api")
+			return n == 3
+		})
+	}
+	r := withKey("alice")
+	var allowed atomic.Int64
+	send := func(n int) {
+		got := sendAcross(t, fleet, n, 6, r, 5*time.Second)
+		allowed.Add(int64(got[200]))
+	}
+	send(75) // half the budget; the syncs lease out the rest
+	waitFor(t, 5*time.Second, "the rest of alice's budget to be leased out", func() bool {
+		var k adminKey
+		status, body := fleet[0].adminDo("GET", keyPath("api", "alice"))
+		return status == 200 && json.Unmarshal([]byte(body), &k) == nil && k.Remaining == 0
+	})
+	if err := rs.Client().FlushAll(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	flushedAt := time.Now()
+	for time.Since(flushedAt) < 3*time.Second { // past the restore's hold
+		send(30)
+	}
+	got := allowed.Load()
+	t.Logf("async, 3 instances, 150 per hour: %d allowed across a FLUSHALL", got)
+	if got > 150+1 {
+		t.Errorf("the fleet allowed %d of a key's 150 across a FLUSHALL: it trusted a blank Redis", got)
 	}
 }
