@@ -6,7 +6,6 @@ package tests
 
 import (
 	"context"
-	"encoding/json"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -198,12 +197,12 @@ func TestAsyncFleetKeepsAKeysBudgetAcrossAFlushAll(t *testing.T) {
 		allowed.Add(int64(got[200]))
 	}
 	send(75) // half the budget; the syncs lease out the rest
-	waitFor(t, 5*time.Second, "the rest of alice's budget to be leased out", func() bool {
-		var k adminKey
-		status, body := fleet[0].adminDo("GET", keyPath("api", "alice"))
-		return status == 200 && json.Unmarshal([]byte(body), &k) == nil && k.Remaining == 0
+	rc := rs.Client()
+	waitFor(t, 10*time.Second, "every instance to report alice (t, c and one field each)", func() bool {
+		n, _ := rc.HLen(context.Background(), "tally:api.async:alice").Result()
+		return n == 5
 	})
-	if err := rs.Client().FlushAll(context.Background()).Err(); err != nil {
+	if err := rc.FlushAll(context.Background()).Err(); err != nil {
 		t.Fatal(err)
 	}
 	flushedAt := time.Now()
