@@ -55,6 +55,11 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        ipv6_prefix <bits>
 //	        fail_policy open|closed|local # default: local
 //	        max_keys   <n>                # default: 1000000
+//	        ban <duration> [<max>]        # a key the zone denies is then denied
+//	                                      # for duration (ban 1h); with max, bans
+//	                                      # escalate: ban 10m 24h bans for 10m,
+//	                                      # 20m, 40m ... at most 24h, a key not
+//	                                      # banned for max starting over
 //	        dry_run
 //	    }
 //	    zone <name> {                     # a quota zone
@@ -302,6 +307,8 @@ func parseZone(d *caddyfile.Dispenser, defined map[string]*Zone, in, keyExample 
 			err = noArgs(d, &z.DryRun)
 		case sub == "quota":
 			z.Quota, err = unmarshalQuota(d)
+		case sub == "ban":
+			z.Ban, z.BanMax, err = banArgs(d)
 		case sub == "concurrency":
 			z.Concurrency, err = int64Arg(d, 1, zones.MaxConcurrency)
 		case sub == "lease":
@@ -309,7 +316,7 @@ func parseZone(d *caddyfile.Dispenser, defined map[string]*Zone, in, keyExample 
 				err = d.Errf("lease must be at least %v: slots are renewed every lease/3", zones.MinLease)
 			}
 		default:
-			err = d.Errf("unknown subdirective %q: expected key, events, window, burst, quota, cost, count, charge, concurrency, lease, match, ipv4_prefix, ipv6_prefix, fail_policy, max_keys or dry_run", sub)
+			err = d.Errf("unknown subdirective %q: expected key, events, window, burst, quota, cost, count, charge, ban, concurrency, lease, match, ipv4_prefix, ipv6_prefix, fail_policy, max_keys or dry_run", sub)
 		}
 		if err != nil {
 			return "", nil, nil, fmt.Errorf("zone %s: %w", name, err)
@@ -319,6 +326,12 @@ func parseZone(d *caddyfile.Dispenser, defined map[string]*Zone, in, keyExample 
 	switch {
 	case z.Key == "":
 		return "", nil, nil, d.Errf("zone %s: key is missing: add e.g. key %s", name, keyExample)
+	case seen["ban"] && (z.Concurrency > 0 || z.Quota != nil):
+		kind := "a concurrency zone's denials end as requests finish, not with time"
+		if z.Quota != nil {
+			kind = "a quota zone's denial already lasts until its period ends"
+		}
+		return "", nil, nil, fmt.Errorf("zone %s: ban is for rate zones: %s; remove ban (or put a rate zone with ban beside it), at %s:%d", name, kind, d.File(), lines["ban"])
 	case z.Concurrency == 0 && seen["lease"]:
 		return "", nil, nil, d.Errf("zone %s: lease only applies to concurrency zones: add e.g. concurrency 4, or remove lease", name)
 	case z.Concurrency > 0:
@@ -588,6 +601,29 @@ func checkAddresses(d *caddyfile.Dispenser, addrs []string) error {
 		}
 	}
 	return nil
+}
+
+// banArgs reads ban <first> [<max>].
+func banArgs(d *caddyfile.Dispenser) (first, most caddy.Duration, err error) {
+	args := d.RemainingArgs()
+	if len(args) == 0 || len(args) > 2 {
+		return 0, 0, d.Err("ban takes a duration and optionally the longest escalated ban: ban 1h, or ban 10m 24h")
+	}
+	if first, err = parseDuration(d, "ban", args[0]); err != nil {
+		return 0, 0, err
+	}
+	if len(args) == 2 {
+		if most, err = parseDuration(d, "ban's longest", args[1]); err != nil {
+			return 0, 0, err
+		}
+		if most < first {
+			return 0, 0, d.Errf("ban %s %s: the longest ban is shorter than the first; write ban <first> <max> with max >= first", args[0], args[1])
+		}
+	}
+	if time.Duration(max(first, most)) > zones.MaxBan {
+		return 0, 0, d.Errf("ban %s: longer than the 100 years tally can represent", strings.Join(args, " "))
+	}
+	return first, most, nil
 }
 
 func oneArg(d *caddyfile.Dispenser) (string, error) {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
@@ -337,6 +338,11 @@ func TestCaddyfileErrorsNameTheLineAndTheFix(t *testing.T) {
 		{"unknown response matcher", zone("\t\tevents 5\n\t\twindow 1s\n\t\tcount {\n\t\t\tpath /x\n\t\t}"), 7, "unrecognized response matcher path"},
 		{"charge without placeholder", zone("\t\tevents 5\n\t\twindow 1s\n\t\tcharge 5"), 6, "charge takes a placeholder read after the response"},
 		{"cost placeholder and charge", zone("\t\tevents 5\n\t\twindow 1s\n\t\tcost {a}\n\t\tcharge {b}"), 8, "keep one"},
+		{"ban in a concurrency zone", zone("\t\tconcurrency 4\n\t\tban 1h"), 5, "zone z: ban is for rate zones: a concurrency zone's denials end as requests finish"},
+		{"ban in a quota zone", zone("\t\tban 1h\n\t\tquota 100 per day"), 4, "zone z: ban is for rate zones: a quota zone's denial already lasts until its period ends"},
+		{"ban without a duration", zone("\t\tevents 5\n\t\twindow 1s\n\t\tban"), 6, "ban takes a duration and optionally the longest escalated ban: ban 1h, or ban 10m 24h"},
+		{"ban max under its first", zone("\t\tevents 5\n\t\twindow 1s\n\t\tban 1h 10m"), 6, "ban 1h 10m: the longest ban is shorter than the first"},
+		{"ban of 200 years", zone("\t\tevents 5\n\t\twindow 1s\n\t\tban 1752000h"), 6, "longer than the 100 years"},
 		// Limits whose arithmetic would overflow, at the line at fault.
 		{"burst that takes 1000 years to refill", zone("\t\tevents 1\n\t\twindow 8760h\n\t\tburst 1000"), 6,
 			"zone z: burst 1000 at one request per 8760h0m0s takes longer to refill than the 100 years"},
@@ -446,5 +452,35 @@ func TestCaddyfileRedisTLSFiles(t *testing.T) {
 	}`)
 	if err == nil || !strings.Contains(err.Error(), "tls_client takes a certificate file and its key file") || !strings.Contains(err.Error(), ":10") {
 		t.Errorf("tls_client with one file: %v, want the fix and line 10", err)
+	}
+}
+
+// The issue's syntax, as written: ban <d> and ban <first> <max>.
+func TestCaddyfileBan(t *testing.T) {
+	h, err := parse(t, `rate_limit { # (rate_limit /login in a site: the matcher is the site's)
+	zone failed_logins {
+		key {client_ip}
+		events 5
+		window 15m
+		count {
+			status 401
+		}
+		ban 1h              # a key this zone denies is then denied for 1h
+	}
+	zone scrapers {
+		key {client_ip}
+		events 100
+		window 1m
+		ban 10m 24h         # escalating: 10m, 20m, 40m ... at most 24h
+	}
+}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if z := h.RateLimits["failed_logins"]; z.Ban != caddy.Duration(time.Hour) || z.BanMax != 0 {
+		t.Errorf("failed_logins: ban %v %v", z.Ban, z.BanMax)
+	}
+	if z := h.RateLimits["scrapers"]; z.Ban != caddy.Duration(10*time.Minute) || z.BanMax != caddy.Duration(24*time.Hour) {
+		t.Errorf("scrapers: ban %v %v", z.Ban, z.BanMax)
 	}
 }

@@ -231,6 +231,8 @@ func (zc *Zone) connectionProblem() (setting string, err error) {
 		return "fail_policy", errors.New("connection zones are local to this instance, with no Redis to fail: remove fail_policy")
 	case zc.Lease != 0:
 		return "lease", errors.New("connection zones are local to this instance, with no Redis to hold slots: remove lease")
+	case zc.Ban != 0 || zc.BanMax != 0:
+		return "ban", errors.New("connection zones do not ban: put ban in an HTTP zone and name it in deny_while, which refuses a banned key's connections")
 	case zc.Quota != nil:
 		return "quota", errors.New("a calendar quota counts requests: put the zone in the rate_limit handler (deny_while <zone> refuses connections while it denies)")
 	}

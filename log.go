@@ -49,6 +49,7 @@ type logSamplers struct {
 	costFallback         logSampler
 	costOverBurst        logSampler
 	chargeFailure        logSampler
+	ban, dryRunBan       logSampler
 }
 
 // allow reports whether the event at now (monotime) is logged.

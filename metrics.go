@@ -8,6 +8,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/caddy-tally/ratelimit/internal/monotime"
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
@@ -34,6 +35,9 @@ var collectors = struct {
 	restoredKeys    *prometheus.CounterVec
 	writeFails      *prometheus.CounterVec
 	restoreFails    *prometheus.CounterVec
+	bans            *prometheus.CounterVec
+	dryRunBans      *prometheus.CounterVec
+	banned          *bannedCollector
 }{}
 
 func initCollectors() {
@@ -96,6 +100,16 @@ func initCollectors() {
 		Namespace: ns, Subsystem: sub, Name: "snapshot_restore_failures_total",
 		Help: "Snapshots of a persisted zone not restored at start though one may exist: corrupt, truncated, storage error or timeout.",
 	}, []string{"zone"})
+	collectors.bans = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "bans_total",
+		Help: "Bans started by a zone with ban on this instance (a key it denied for lack of quota, then denied for the ban).",
+	}, []string{"zone"})
+	collectors.dryRunBans = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "dry_run_bans_total",
+		Help: "Bans a dry-run zone with ban would have started.",
+	}, []string{"zone"})
+	collectors.banned = &bannedCollector{desc: prometheus.NewDesc(ns+"_"+sub+"_banned_keys",
+		"Keys this instance knows to be banned in the zone (at most 1000 per zone).", []string{"zone"}, nil)}
 	collectors.keys = &keysCollector{desc: prometheus.NewDesc(ns+"_"+sub+"_keys",
 		"Keys the zone holds in this instance's memory.", []string{"zone"}, nil)}
 	collectors.inFlight = &inFlightCollector{desc: prometheus.NewDesc(ns+"_"+sub+"_in_flight",
@@ -114,7 +128,8 @@ func registerMetrics(ctx caddy.Context) error {
 	for _, c := range []prometheus.Collector{collectors.requests, collectors.storeErrors,
 		collectors.failPolicy, collectors.latency, collectors.keys, collectors.plans, collectors.inFlight,
 		collectors.cost, collectors.costFalls, collectors.chargeFails, collectors.connections, collectors.connsOpen,
-		collectors.snapshotSeconds, collectors.snapshotKeys, collectors.restoredKeys, collectors.writeFails, collectors.restoreFails} {
+		collectors.snapshotSeconds, collectors.snapshotKeys, collectors.restoredKeys, collectors.writeFails, collectors.restoreFails,
+		collectors.bans, collectors.dryRunBans, collectors.banned} {
 		if err := reg.Register(c); err != nil {
 			if are := (prometheus.AlreadyRegisteredError{}); !errors.As(err, &are) {
 				return err
@@ -137,12 +152,13 @@ type zoneMetrics struct {
 	planFallbacks                 prometheus.Counter // nil unless the zone reads its limit from requests
 	// nil unless the zone is weighted or post-charged:
 	cost, costFallbacks, chargeFailures prometheus.Counter
+	bans                                prometheus.Counter // nil unless the zone bans (dry run: would-be bans)
 }
 
 // newZoneMetrics binds the series of a zone. distributed says whether the
 // zone has a store, timed whether its decisions wait for it, perRequest
-// whether it reads its limit from requests.
-func newZoneMetrics(name string, policy zones.FailPolicy, dryRun, distributed, timed, perRequest bool, costs costVars) *zoneMetrics {
+// whether it reads its limit from requests, bans whether it has ban.
+func newZoneMetrics(name string, policy zones.FailPolicy, dryRun, distributed, timed, perRequest, bans bool, costs costVars) *zoneMetrics {
 	m := &zoneMetrics{allowed: collectors.requests.WithLabelValues(name, "allowed")}
 	if dryRun {
 		m.dryRunDenied = collectors.requests.WithLabelValues(name, "dry_run_denied")
@@ -167,6 +183,11 @@ func newZoneMetrics(name string, policy zones.FailPolicy, dryRun, distributed, t
 	}
 	if costs.postCharged() {
 		m.chargeFailures = collectors.chargeFails.WithLabelValues(name)
+	}
+	if bans && dryRun {
+		m.bans = collectors.dryRunBans.WithLabelValues(name)
+	} else if bans {
+		m.bans = collectors.bans.WithLabelValues(name)
 	}
 	return m
 }
@@ -215,6 +236,23 @@ func dropZoneSeries(name string) {
 	collectors.restoredKeys.DeletePartialMatch(l)
 	collectors.writeFails.DeletePartialMatch(l)
 	collectors.restoreFails.DeletePartialMatch(l)
+	collectors.bans.DeletePartialMatch(l)
+	collectors.dryRunBans.DeletePartialMatch(l)
+}
+
+// bannedCollector reports, at scrape time, the keys each live zone with ban
+// knows to be banned.
+type bannedCollector struct{ desc *prometheus.Desc }
+
+func (c *bannedCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *bannedCollector) Collect(ch chan<- prometheus.Metric) {
+	now := monotime.Now()
+	for name, z := range liveZones() {
+		if z.Ban > 0 {
+			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(z.BannedKeys(now)), name)
+		}
+	}
 }
 
 // keysCollector reports, at scrape time, how many keys each live zone holds.
@@ -278,6 +316,7 @@ var (
 	_ prometheus.Collector = (*keysCollector)(nil)
 	_ prometheus.Collector = (*inFlightCollector)(nil)
 	_ prometheus.Collector = (*connectionsCollector)(nil)
+	_ prometheus.Collector = (*bannedCollector)(nil)
 )
 
 // snapshotMetrics are a persisted zone's series (persist.go); a nil one

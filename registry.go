@@ -37,11 +37,14 @@ type stateID struct {
 	timeZone string
 	// A concurrency zone (burst is its concurrency).
 	concurrency bool
+	// Zones with ban: its first and longest length (a zone's ban state
+	// lives in its State).
+	ban, banMax time.Duration
 }
 
 func newStateID(cfg zones.Config, vars planVars) stateID {
 	id := stateID{name: cfg.Name, events: cfg.Events, window: int64(cfg.Window), burst: cfg.Limit().Burst, maxKeys: cfg.MaxKeys, vars: vars,
-		concurrency: cfg.IsConcurrency()}
+		concurrency: cfg.IsConcurrency(), ban: cfg.Ban, banMax: cfg.BanMax}
 	if cfg.IsQuota() {
 		id.period, id.timeZone = cfg.Period, cfg.Location.String()
 	}
@@ -68,7 +71,14 @@ func (id stateID) limit() string {
 		loc, _ := time.LoadLocation(id.timeZone)
 		return "a quota of " + quotaLimitText(id.burst, id.period, loc)
 	}
-	return fmt.Sprintf("%d per %v", id.events, time.Duration(id.window))
+	s := fmt.Sprintf("%d per %v", id.events, time.Duration(id.window))
+	switch {
+	case id.banMax > id.ban:
+		s += fmt.Sprintf(" with ban %v %v", id.ban, id.banMax)
+	case id.ban > 0:
+		s += fmt.Sprintf(" with ban %v", id.ban)
+	}
+	return s
 }
 
 // loadState returns the state of cfg's definition, its key in states, and

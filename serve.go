@@ -102,6 +102,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if !d.Allowed {
 			if z.dryRun {
 				h.logDenial(now, z, key, d, true)
+				if d.BanStarted > 0 {
+					h.banStarted(now, z, key, d, true)
+				}
 				continue
 			}
 			denied = v
@@ -259,6 +262,9 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, verdicts []verdic
 		})
 	}
 	h.logDenial(now, v.zone, v.key, v.d, false)
+	if v.d.BanStarted > 0 {
+		h.banStarted(now, v.zone, v.key, v.d, false)
+	}
 	v.zone.State().Offenders.Record(v.key, time.Now().UnixNano())
 	if h.answersDirectly(r) {
 		// Nothing would shape the error: answer directly. Caddy's error
@@ -309,7 +315,41 @@ const (
 	errorRoutesSome
 )
 
-const eventExceeded = "rate_limit_exceeded"
+const (
+	eventExceeded = "rate_limit_exceeded"
+	eventBanned   = "rate_limit_banned"
+)
+
+// banStarted tells of a ban the decision d of key in z started (in dry
+// run: would have started): the rate_limit_banned event (real bans; the
+// key with log_key), an INFO log line, sampled under floods like denials,
+// and the bans counter.
+func (h *Handler) banStarted(now int64, z *zoneHandler, key string, d zones.Decision, dryRun bool) {
+	if z.metrics != nil && z.metrics.bans != nil {
+		z.metrics.bans.Inc()
+	}
+	if !dryRun && h.events.ShouldEmit(eventBanned) {
+		data := map[string]any{"zone": z.Name, "ban": d.BanStarted, "level": d.BanLevel}
+		if h.LogKey {
+			data["key"] = key
+		}
+		h.events.Emit(h.ctx, eventBanned, data)
+	}
+	s, msg := &h.live.logs.ban, "rate limit ban started"
+	if dryRun {
+		s, msg = &h.live.logs.dryRunBan, "rate limit would ban (dry run)"
+	}
+	if c := s.check(h.logger, now, zapcore.InfoLevel, msg); c != nil {
+		fields := []zap.Field{zap.String("zone", z.Name), zap.Duration("ban", d.BanStarted)}
+		if d.BanLevel > 0 {
+			fields = append(fields, zap.Int("level", d.BanLevel))
+		}
+		if h.LogKey {
+			fields = append(fields, zap.String("key", key))
+		}
+		c.Write(fields...)
+	}
+}
 
 // logDenial logs (sampled) a denial, or in a dry-run zone the denial it
 // would have been; the key only with log_key.

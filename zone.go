@@ -156,6 +156,19 @@ type Zone struct {
 	// debt by at most one charge. Denials carry Retry-After: the seconds to
 	// the period's end.
 	Quota *Quota `json:"quota,omitempty"`
+
+	// A key this zone denies for lack of quota is then denied for this
+	// long (a ban), fleet-wide with distributed, whatever the rate gives
+	// back meanwhile: Retry-After is the ban's remaining time. A ban never
+	// admits more than the zone without one: after it, the key has what
+	// the rate gave back. Not in concurrency or quota zones. Dry run only
+	// logs and counts the bans it would start.
+	Ban caddy.Duration `json:"ban,omitempty"`
+
+	// With ban, makes bans escalate: each ban of a key that starts within
+	// ban_max of its last ban's end lasts twice the last one, at most
+	// ban_max; a key not banned for ban_max starts over at ban.
+	BanMax caddy.Duration `json:"ban_max,omitempty"`
 }
 
 // zoneHandler is a provisioned zone: its matchers, key template and the
@@ -220,6 +233,8 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 
 		Concurrency: zc.Concurrency,
 		Lease:       time.Duration(zc.Lease),
+		Ban:         time.Duration(zc.Ban),
+		BanMax:      time.Duration(zc.BanMax),
 	}
 	vars, err := newPlanVars(name, zc, h.logger)
 	if err != nil {
@@ -283,7 +298,7 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 		// reads per request and fill the store latency histogram with
 		// zeros.
 		zh.timed = h.store != nil && zh.Mode() == "strict"
-		zh.metrics = newZoneMetrics(name, policy, cfg.DryRun, h.store != nil, zh.timed, cfg.PerRequest, costs)
+		zh.metrics = newZoneMetrics(name, policy, cfg.DryRun, h.store != nil, zh.timed, cfg.PerRequest, cfg.Ban > 0, costs)
 		if cfg.IsQuota() && zh.metrics.cost == nil {
 			// A quota zone's use, in units, whatever its cost.
 			zh.metrics.cost = collectors.cost.WithLabelValues(name)

@@ -212,9 +212,17 @@ func (z *Zone) Check(ctx context.Context, key string, now int64, p *Plan) Decisi
 		return z.checkQuota(ctx, key, now, p)
 	}
 	var d Decision
+	if z.state.Bans != nil {
+		if end, level, banned := z.banIn(key, now); banned {
+			return z.bannedDecision(key, now, p, end, level)
+		}
+	}
 	switch {
 	case z.store == nil:
 		d = fromResult(z.state.Local.Peek(key, now, p.limit), SourceLocal)
+		if !d.Allowed && z.state.Bans != nil {
+			z.banOnDenial(key, now, &d)
+		}
 	default:
 		if until, ok := z.deniedUntil(key, now); ok {
 			retry := until - now

@@ -6,7 +6,7 @@ package zones
 // under. A local zone answers from its table, a zone with a store from its
 // deny cache (the denials the store gave, until their retry time), so a
 // distributed zone's denial is seen here once a request of the key was denied
-// on this instance. Bans, once zones have them, deny here too.
+// on this instance. A ban this instance knows of denies here until it ends.
 //
 // It consumes nothing and costs one table lookup: the connection layer's
 // deny_while asks it for every new connection. A concurrency zone never
@@ -14,6 +14,11 @@ package zones
 func (z *Zone) Denies(key string, now int64) bool {
 	if z.IsConcurrency() {
 		return false
+	}
+	if z.state.Bans != nil {
+		if _, _, banned := z.banIn(key, now); banned {
+			return true
+		}
 	}
 	if z.store == nil {
 		if q := z.state.quota; q != nil {

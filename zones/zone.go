@@ -114,6 +114,10 @@ type Config struct {
 	Quota    int64
 	Period   algorithms.Period
 	Location *time.Location
+	// Ban > 0: a key the zone denies for lack of quota is then denied for
+	// Ban (ban.go); BanMax > Ban makes bans escalate up to it.
+	Ban    time.Duration
+	BanMax time.Duration
 }
 
 // MinEmissionInterval is the shortest window/events tally enforces: Redis
@@ -124,6 +128,9 @@ const MinEmissionInterval = time.Microsecond
 // Validate reports the first thing wrong with the definition, saying how to
 // fix it.
 func (c Config) Validate() error {
+	if err := c.validateBan(); err != nil {
+		return fmt.Errorf("zone %s: %v", c.Name, err)
+	}
 	if c.IsQuota() {
 		return c.validateQuota()
 	}
@@ -230,6 +237,8 @@ type State struct {
 	Local    *Table         // local mode: TAT per key
 	Denied   *Table         // with a Store: keys the store denied, until when
 	Fallback *Table         // fail_policy local: TAT per key at this instance's share
+	Bans     *Table         // zones with ban: each key's ban and escalation (ban.go); else nil
+	banList  banList        // the keys of current bans, bounded, for the admin list
 	plans    *plans         // PerRequest zones: the plan each key was last decided under
 	charger  charger        // strict mode, post-charged zones: charges in flight
 	owed     owed           // fail_policy local: what the fallback admitted, owed to the store
@@ -274,6 +283,9 @@ func NewState(c Config, sweepInterval time.Duration) *State {
 	if c.PerRequest {
 		s.plans = newPlans(maxKeys)
 	}
+	if c.Ban > 0 {
+		s.Bans = NewTable(maxKeys)
+	}
 	if c.IsConcurrency() {
 		s.conc = newConcurrencyState(maxKeys)
 	}
@@ -297,6 +309,9 @@ func (s *State) sweep(interval time.Duration) {
 			s.Local.Sweep(now)
 			s.Denied.Sweep(now)
 			s.Fallback.Sweep(now)
+			if s.Bans != nil {
+				s.Bans.Sweep(now)
+			}
 			if s.plans != nil {
 				s.plans.keys.Sweep(now)
 			}
@@ -313,6 +328,9 @@ func (s *State) sweep(interval time.Duration) {
 // Len is the number of keys the state holds.
 func (s *State) Len() int {
 	n := s.Local.Len() + s.Denied.Len() + s.Fallback.Len() + s.owed.len()
+	if s.Bans != nil {
+		n += s.Bans.Len()
+	}
 	if s.conc != nil {
 		n += s.conc.len()
 	}
@@ -355,6 +373,13 @@ type Decision struct {
 	Period     time.Duration // quota zones: the length of the period decided in
 	Source     Source
 	Err        error // the store's error, when a fail policy decided
+	// Banned: denied by a ban (RetryAfter is then at least the ban's
+	// remaining time), of escalation level BanLevel (0 when unknown).
+	// BanStarted is the length of the ban this decision started (in dry
+	// run: would have started), else 0.
+	Banned     bool
+	BanLevel   int
+	BanStarted time.Duration
 }
 
 // Zone decides requests for one zone definition, with its shared state and,
@@ -442,8 +467,16 @@ func (z *Zone) DecideWith(ctx context.Context, key string, now int64, p *Plan, c
 		return z.decideQuota(ctx, key, now, p, cost)
 	}
 	var d Decision
+	if z.state.Bans != nil {
+		if end, level, banned := z.banIn(key, now); banned {
+			return z.bannedDecision(key, now, p, end, level)
+		}
+	}
 	if z.store == nil {
 		d = fromResult(z.state.Local.Decide(key, now, p.limit, cost), SourceLocal)
+		if !d.Allowed && z.state.Bans != nil {
+			z.banOnDenial(key, now, &d)
+		}
 	} else if cached, ok := z.CachedDenial(key, now, p); ok {
 		return cached
 	} else if r, err := z.store.Decide(ctx, z.Name, key, p.limit, cost); err != nil {
@@ -656,6 +689,10 @@ func (z *Zone) Reset(ctx context.Context, key string) error {
 // denial and fallback state. A store calls it when another instance resets
 // the key.
 func (z *Zone) Forget(key string) {
+	if z.state.Bans != nil {
+		z.state.Bans.Delete(key)
+		z.state.banList.remove(key)
+	}
 	z.state.Local.Delete(key)
 	z.state.Denied.Delete(key)
 	z.state.Fallback.Delete(key)
@@ -671,7 +708,16 @@ func (z *Zone) Forget(key string) {
 // ForgetDenials drops every cached denial. A store calls it when it may
 // have missed resets (its subscription to them was down): the cache is only
 // a shortcut, and the store answers for those keys again.
-func (z *Zone) ForgetDenials() { z.state.Denied.Clear() }
+//
+// Bans learnt from the store go too: the store teaches them again on the
+// key's next decision.
+func (z *Zone) ForgetDenials() {
+	z.state.Denied.Clear()
+	if z.state.Bans != nil {
+		z.state.Bans.Clear()
+		z.state.banList.clear()
+	}
+}
 
 // ErrUnknownKey is returned by Peek for a key with no state.
 var ErrUnknownKey = errors.New("no state for this key")

@@ -1,0 +1,312 @@
+package zones
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/caddy-tally/ratelimit/internal/keytable"
+)
+
+// Bans (`ban <first> [<max>]`): a key the zone denies for lack of quota is
+// then denied for the ban's length, whatever the zone's rate gives back in
+// the meantime. A ban is a floor on the key's retry time and nothing else:
+// banned requests consume nothing, so after the ban the key has what the
+// rate gave back meanwhile, and a ban never admits more than the zone
+// without one.
+//
+// Escalation (max > first): the n-th ban of a key lasts first·2^(n-1), at
+// most max. The memory rule: a key is remembered for max after its last ban
+// ends; a ban that starts while it is remembered is one level up, a key
+// banned again only after that starts over at first. A lifted ban (admin
+// reset) forgets the level too. Memory is bounded per key (one table entry)
+// and per zone (max_keys; a full table evicts entries past their memory
+// first).
+//
+// The state of a key is one entry of State.Bans, a Table like the others,
+// whose value is in the same monotonic clock as a TAT: the end of what is
+// remembered (the ban's end plus the memory, 0 without escalation) rounded
+// up to a multiple of banLevels, with the ban's level in its low bits (see
+// BanEntry). Something that moves the values to another clock (a snapshot)
+// should move them by multiples of banLevels, or unpack and pack them.
+
+// banLevels is one more than the highest escalation level; levels live in
+// the low bits of a ban entry. first·2^62 is past any representable ban.
+const banLevels = 64
+
+// MaxBan is the longest ban: the longest span tally represents.
+const MaxBan = MaxSpan
+
+// BanEntry is a key's ban as State.Bans holds it: end is when the ban ends,
+// level its escalation level (1 for the first), memory the zone's
+// (BanMemory).
+func BanEntry(end int64, level int, memory time.Duration) int64 {
+	v := satAdd(end, int64(memory))
+	if r := v % banLevels; r != 0 {
+		v = satAdd(v, banLevels-r)
+	}
+	return v - v%banLevels + int64(min(max(level, 1), banLevels-1))
+}
+
+// ParseBanEntry is BanEntry's inverse, to within banLevels nanoseconds of
+// the end (never earlier).
+func ParseBanEntry(v int64, memory time.Duration) (end int64, level int) {
+	return v - v%banLevels - int64(memory), int(v % banLevels)
+}
+
+func satAdd(a, b int64) int64 {
+	if s := a + b; (s > a) == (b > 0) {
+		return s
+	}
+	if b > 0 {
+		return 1<<63 - 1 - banLevels
+	}
+	return -1 << 63
+}
+
+// validateBan checks the zone's ban settings.
+func (c Config) validateBan() error {
+	switch {
+	case c.Ban == 0 && c.BanMax == 0:
+		return nil
+	case c.IsConcurrency():
+		return errors.New("ban is for rate zones: a concurrency zone's denials end as requests finish, not with time; remove ban")
+	case c.IsQuota():
+		return errors.New("ban is for rate zones: a quota zone's denial already lasts until its period ends; remove ban, or put a rate zone with ban beside it")
+	case c.Ban <= 0:
+		return errors.New("ban must be a positive duration (e.g. ban 1h)")
+	case c.Ban > MaxBan || c.BanMax > MaxBan:
+		return fmt.Errorf("a ban longer than the %d years tally can represent", MaxBan/(365*24*time.Hour))
+	case c.BanMax != 0 && c.BanMax < c.Ban:
+		return fmt.Errorf("ban %v %v: the longest ban is shorter than the first; write ban <first> <max> with max >= first", c.Ban, c.BanMax)
+	}
+	return nil
+}
+
+// BanMemory is how long after its last ban ends a key is remembered for
+// escalation: max, or 0 without escalation.
+func (c Config) BanMemory() time.Duration {
+	if c.BanMax > c.Ban {
+		return c.BanMax
+	}
+	return 0
+}
+
+// banLength is the length of a ban at level (1 for the first).
+func (c Config) banLength(level int) time.Duration {
+	if c.BanMax <= c.Ban {
+		return c.Ban
+	}
+	d := c.Ban
+	for i := 1; i < level && d < c.BanMax; i++ {
+		d *= 2
+	}
+	return min(d, c.BanMax)
+}
+
+// banIn reports the end of key's ban when it is banned at now.
+func (z *Zone) banIn(key string, now int64) (end int64, level int, ok bool) {
+	v, found := z.state.Bans.kt.Get(key)
+	if !found {
+		return 0, 0, false
+	}
+	end, level = ParseBanEntry(v, z.BanMemory())
+	return end, level, end > now
+}
+
+// startBan bans key from now, one level above its last ban when that is
+// still remembered, and returns the ban. A key already banned keeps its ban
+// (started false).
+func (z *Zone) startBan(key string, now int64) (end int64, level int, started bool) {
+	memory := z.BanMemory()
+	z.state.Bans.kt.Update(key, now, func(v int64, found bool) (int64, keytable.Op) {
+		level = 1
+		if found && v > now {
+			prevEnd, prev := ParseBanEntry(v, memory)
+			if prevEnd > now {
+				end, level = prevEnd, prev
+				return 0, keytable.Keep
+			}
+			level = min(prev+1, banLevels-1)
+		}
+		end, started = satAdd(now, int64(z.banLength(level))), true
+		return BanEntry(end, level, memory), keytable.Store
+	})
+	if started {
+		z.state.banList.add(key, end, now)
+	}
+	return end, level, started
+}
+
+// learnBan records a ban the store reports for key (its end and level),
+// so that it holds on this instance through a store outage.
+func (z *Zone) learnBan(key string, end int64, level int, now int64) {
+	if end <= now {
+		return
+	}
+	z.state.Bans.Set(key, BanEntry(end, level, z.BanMemory()), now)
+	z.state.banList.add(key, end, now)
+}
+
+// banDecision is the denial of a key banned until end.
+func banDecision(end, now int64, level int, reset time.Duration, src Source) Decision {
+	retry := time.Duration(end - now)
+	return Decision{RetryAfter: retry, ResetAfter: max(retry, reset), Source: src, Banned: true, BanLevel: level}
+}
+
+// bannedDecision is the denial of key, banned until end at level, under
+// plan p: the ban's remaining time, or the rate's own retry time when that
+// is later (a ban is a floor). It asks no store: a banned flood costs
+// nothing but this.
+func (z *Zone) bannedDecision(key string, now int64, p *Plan, end int64, level int) Decision {
+	if z.store != nil {
+		return banDecision(end, now, level, 0, SourceDenyCache)
+	}
+	r := z.state.Local.Peek(key, now, p.limit)
+	d := banDecision(max(end, now+r.RetryAfter), now, level, time.Duration(r.ResetAfter), SourceLocal)
+	return d
+}
+
+// banOnDenial starts a ban for a key the zone just denied for lack of
+// quota, unless the zone is in dry run, and makes d the ban's denial. In dry
+// run it only reports the ban that would start (d.BanStarted, d stays as
+// it was).
+func (z *Zone) banOnDenial(key string, now int64, d *Decision) {
+	if z.DryRun {
+		if _, _, banned := z.banIn(key, now); !banned {
+			d.BanStarted = z.banLength(1)
+		}
+		return
+	}
+	end, level, started := z.startBan(key, now)
+	retry := max(d.RetryAfter, time.Duration(end-now))
+	d.RetryAfter, d.ResetAfter = retry, max(d.ResetAfter, retry)
+	d.Banned, d.BanLevel = true, level
+	if started {
+		d.BanStarted = time.Duration(end - now)
+	}
+}
+
+// Ban is a current ban, as the admin API lists it.
+type Ban struct {
+	Key   string
+	Left  time.Duration // until it ends
+	Level int           // 1 for the first ban of the key; 0 when the store does not say
+}
+
+// BanOf reports key's ban at now on this instance, ok false when it is not
+// banned.
+func (z *Zone) BanOf(key string, now int64) (Ban, bool) {
+	if z.state.Bans == nil {
+		return Ban{}, false
+	}
+	end, level, ok := z.banIn(key, now)
+	if !ok {
+		return Ban{}, false
+	}
+	return Ban{Key: key, Left: time.Duration(end - now), Level: level}, true
+}
+
+// Bans lists the bans this instance knows of at now, longest left first, at
+// most MaxListedBans.
+func (z *Zone) Bans(now int64) []Ban {
+	if z.state.Bans == nil {
+		return nil
+	}
+	keys := z.state.banList.current(now)
+	out := make([]Ban, 0, len(keys))
+	for _, k := range keys {
+		if b, ok := z.BanOf(k, now); ok {
+			out = append(out, b)
+		}
+	}
+	slices.SortFunc(out, func(a, b Ban) int { return cmp.Or(cmp.Compare(b.Left, a.Left), strings.Compare(a.Key, b.Key)) })
+	return out
+}
+
+// BannedKeys is the number of keys this instance knows to be banned at now
+// (of those listed: at most MaxListedBans).
+func (z *Zone) BannedKeys(now int64) int {
+	if z.state.Bans == nil {
+		return 0
+	}
+	return z.state.banList.count(now)
+}
+
+// MaxListedBans bounds the bans a zone lists, locally and in a store: the
+// longest-lasting ones are kept.
+const MaxListedBans = 1000
+
+// banList is the keys of a zone's current bans, for the admin list and the
+// gauge: touched only when a ban starts or is lifted, at most
+// MaxListedBans keys, those ending soonest dropped first.
+type banList struct {
+	mu   sync.Mutex
+	ends map[string]int64
+}
+
+func (l *banList) add(key string, end, now int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ends == nil {
+		l.ends = make(map[string]int64)
+	}
+	if _, ok := l.ends[key]; !ok && len(l.ends) >= MaxListedBans {
+		l.dropEndedLocked(now)
+		if len(l.ends) >= MaxListedBans {
+			soonest, at := "", int64(1<<63-1)
+			for k, e := range l.ends {
+				if e < at {
+					soonest, at = k, e
+				}
+			}
+			if at > end {
+				return // this one ends before every listed one
+			}
+			delete(l.ends, soonest)
+		}
+	}
+	l.ends[key] = end
+}
+
+func (l *banList) remove(key string) {
+	l.mu.Lock()
+	delete(l.ends, key)
+	l.mu.Unlock()
+}
+
+func (l *banList) clear() {
+	l.mu.Lock()
+	clear(l.ends)
+	l.mu.Unlock()
+}
+
+func (l *banList) dropEndedLocked(now int64) {
+	for k, e := range l.ends {
+		if e <= now {
+			delete(l.ends, k)
+		}
+	}
+}
+
+func (l *banList) current(now int64) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.dropEndedLocked(now)
+	keys := make([]string, 0, len(l.ends))
+	for k := range l.ends {
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+func (l *banList) count(now int64) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.dropEndedLocked(now)
+	return len(l.ends)
+}
