@@ -18,6 +18,17 @@
 --   op    "d" decide, "r" refund, "p" peek, "c" charge (after the
 --         response: the TAT moves on by cost*T whatever the burst, and the
 --         key is reported as peek would report it afterwards)
+--         "b<first>,<max>" decide and "B<first>,<max>" peek (a
+--         post-charged check) in a zone with ban: a key banned is denied
+--         until the ban's end without a step; a key the step denies is
+--         banned from now for first µs, escalating (max > first) to
+--         first·2^(level-1), at most max, while the key is remembered from
+--         its last ban (until max µs after that ban's end)
+--
+-- A key with a ban holds "TAT,ban end,remembered until,level" (µs, the TAT
+-- 0 when it has none) instead of "TAT", with a TTL that reaches the later
+-- of its TAT and the end of what is remembered (the ban's end without
+-- escalation); every op keeps the ban as it writes the TAT.
 --
 -- Returns 2 integers per key, flat: {r, reset_after_us}. r >= 0: allowed,
 -- with r remaining (a refund: 0); r < 0: denied, retry after -r µs (a
@@ -28,6 +39,9 @@
 -- it forever, with no TTL). The next step starts the key fresh. Reporting
 -- it per key keeps one planted value from failing the other keys of the
 -- batch.
+-- A ban op's denial of a banned key has reset = -(8 + 2·level + started),
+-- started 1 when this step started the ban: its retry is at least the
+-- ban's remaining time.
 
 -- How it is written (the interface above is all a caller needs):
 --
@@ -48,7 +62,7 @@
 -- one written; the reply table starts sized for one key, and holds two
 -- integers per key (four cost 4% more).
 
-local floor, format, tonumber = math.floor, string.format, tonumber
+local floor, format, tonumber, match, byte = math.floor, string.format, tonumber, string.match, string.byte
 
 local now = tonumber(ARGV[1])
 if not now then
@@ -58,28 +72,55 @@ end
 local out = {0, 0}
 local sT, sB, sC, T, B, cost -- the last limit parsed, as sent and as numbers
 local lastMs, lastPX -- the last TTL written, as a number and as sent
+local sOp, bFirst, bMax -- the last ban op parsed
 for i = 1, #KEYS do
   local key, a, j = KEYS[i], 4 * i - 2, 2 * i - 1
   if ARGV[a] ~= sT then sT = ARGV[a]; T = tonumber(sT) end
   if ARGV[a + 1] ~= sB then sB = ARGV[a + 1]; B = tonumber(sB) end
   if ARGV[a + 2] ~= sC then sC = ARGV[a + 2]; cost = tonumber(sC) end
   local op = ARGV[a + 3]
+  local ban -- a ban op: 'd' or 'p' is what it does when the key is not banned
+  if op ~= 'd' and op ~= 'r' and op ~= 'p' and op ~= 'c' then
+    if op ~= sOp then
+      sOp = op
+      bFirst, bMax = match(op, '^%a(%d+),(%d+)$')
+      bFirst, bMax = tonumber(bFirst), tonumber(bMax)
+    end
+    if byte(op) == 98 then op = 'd' else op = 'p' end -- 'b' or 'B'
+    ban = true
+  end
   local raw = redis.pcall('GET', key)
   local stored = 0
+  local bEnd, bMem, bLvl -- the key's ban, if it has one
   if raw then
     stored = tonumber(raw) -- nil for an error reply (a table) or a foreign string
+    if not stored and type(raw) == 'string' then
+      local t, e, m, l = match(raw, '^(%d+),(%d+),(%d+),(%d+)$')
+      if t then stored, bEnd, bMem, bLvl = tonumber(t), tonumber(e), tonumber(m), tonumber(l) end
+    end
   end
   local r, reset = 0, 0 -- the reply: remaining, or -retry; resetAfter
   local write -- the TAT to store, if any
+  local gone -- the TAT is to go (the key too, unless it keeps a ban)
+  if bMem and bMem <= now then bEnd, bMem, bLvl = nil, nil, nil end
   if not stored then
     redis.call('DEL', key)
     if type(raw) == 'table' then reset = -1 else reset = -2 end
+  elseif ban and bEnd and bEnd > now then
+    -- Banned: denied until the ban's end, or the rate's own retry time if
+    -- later; nothing is consumed.
+    local tat = stored
+    if tat < now then tat = now end
+    local retry = bEnd - now
+    local d = tat + cost * T - B * T - now
+    if d > retry then retry = d end
+    r, reset = -retry, -(8 + 2 * bLvl)
   elseif op == 'r' then
     local tat = stored - cost * T
     if tat > now then
       write, reset = tat, tat - now
     else
-      redis.call('DEL', key)
+      gone = true
     end
   else
     local tat = stored
@@ -89,7 +130,7 @@ for i = 1, #KEYS do
       if tat > cap then cap = tat end
       tat = tat + cost * T
       if tat > cap then tat = cap end
-      if tat > now then write = tat else redis.call('DEL', key) end
+      if tat > now then write = tat else gone = true end
       op = 'p' -- reported as a peek reports it afterwards
     end
     if op == 'p' then cost = 1; sC = nil end
@@ -97,6 +138,24 @@ for i = 1, #KEYS do
     local d = now - (newTAT - B * T) -- now - allowAt
     if d < 0 then
       r, reset = d, tat - now -- d < 0: -d is the retry time
+      if ban then -- a denial starts a ban, one level up while remembered
+        if bLvl then bLvl = bLvl + 1 else bLvl = 1 end
+        local len = bFirst
+        if bMax > bFirst then
+          for _ = 2, bLvl do
+            if len >= bMax then break end
+            len = len * 2
+          end
+          if len > bMax then len = bMax end
+          bMem = now + len + bMax
+        else
+          bMem = now + len
+        end
+        bEnd = now + len
+        if len > -d then r = -len end
+        reset = -(9 + 2 * bLvl)
+        write = stored
+      end
     else
       local q = floor(d / T) -- exactly: the quotient may be one off
       if q * T > d then q = q - 1 elseif (q + 1) * T <= d then q = q + 1 end
@@ -107,7 +166,15 @@ for i = 1, #KEYS do
       end
     end
   end
-  if write then -- with a TTL of its resetAfter, rounded up to whole ms, at least 1
+  if bMem and (write or gone) then
+    -- The key keeps its ban (and what is remembered of it) as its TAT
+    -- changes: its TTL reaches the later of the two.
+    local w = write
+    if not w or w < now then w = 0 end
+    local left = bMem - now
+    if w - now > left then left = w - now end
+    redis.call('SET', key, format('%d,%d,%d,%d', w, bEnd, bMem, bLvl), 'PX', format('%d', floor((left + 999) / 1000)))
+  elseif write then -- with a TTL of its resetAfter, rounded up to whole ms, at least 1
     local left = write - now
     local ms = floor(left / 1000) -- the quotient may round up to an integer,
     if ms * 1000 > left then ms = ms - 1 end -- never down: now it is floored,
@@ -115,6 +182,8 @@ for i = 1, #KEYS do
     if ms < 1 then ms = 1 end
     if ms ~= lastMs then lastMs, lastPX = ms, format('%d', ms) end
     redis.call('SET', key, format('%d', write), 'PX', lastPX)
+  elseif gone then
+    redis.call('DEL', key)
   end
   out[j], out[j + 1] = r, reset
 end

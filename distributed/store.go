@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
@@ -37,6 +38,10 @@ var gcraScript string
 // when the last one goes.
 type Store struct {
 	*conn
+	banOps struct { // banOp's strings, by rule
+		sync.RWMutex
+		m map[banOpKey]any
+	}
 }
 
 // Open creates the store and starts its workers and heartbeat. It does not
@@ -84,6 +89,65 @@ func (s *Store) RedisKey(zone, key string) string {
 // rounded down to a whole microsecond (at least 1).
 func (s *Store) Decide(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) (algorithms.Result, error) {
 	return s.step(ctx, zone, key, scriptArgs(OpDecide, micro(limit), cost, ""))
+}
+
+// DecideBan is Decide in a zone with a ban (zones.BanStore): a key
+// banned in Redis is denied until the ban's end, and a denial starts the
+// ban in the same script step, with the key's TTL reaching its end.
+func (s *Store) DecideBan(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64, rule zones.BanRule) (algorithms.Result, zones.StoreBan, error) {
+	l := micro(limit)
+	return s.banStep(ctx, zone, key, [5]any{"", l.EmissionInterval, l.Burst, cost, s.banOp('b', rule)})
+}
+
+// CheckBan is Check in a zone with a ban: a post-charged check that finds
+// no quota starts the ban.
+func (s *Store) CheckBan(ctx context.Context, zone, key string, limit algorithms.Limit, rule zones.BanRule) (algorithms.Result, zones.StoreBan, error) {
+	l := micro(limit)
+	return s.banStep(ctx, zone, key, [5]any{"", l.EmissionInterval, l.Burst, int64(1), s.banOp('B', rule)})
+}
+
+func (s *Store) banStep(ctx context.Context, zone, key string, args [5]any) (algorithms.Result, zones.StoreBan, error) {
+	if s.isClosed() {
+		return algorithms.Result{}, zones.StoreBan{}, ErrClosed
+	}
+	rep := s.call(ctx, s.gcra, s.RedisKey(zone, key), args)
+	if rep.err != nil {
+		s.problems.note(zone, rep.err)
+		return algorithms.Result{}, zones.StoreBan{}, rep.err
+	}
+	var b zones.StoreBan
+	if code := -rep.step.ResetAfter - 8; !rep.step.Allowed && code >= 0 {
+		// gcra.lua's ban reply: reset = -(8 + 2·level + started).
+		b = zones.StoreBan{Banned: true, Started: code%2 == 1, Level: int(code / 2)}
+		rep.step.ResetAfter = rep.step.RetryAfter
+	}
+	return nanos(rep.step), b, nil
+}
+
+// banOp is gcra.lua's op for a ban zone's decide ('b') or check ('B'),
+// "<op><first µs>,<max µs>", boxed once per rule: a zone's decisions
+// allocate nothing for it.
+func (s *Store) banOp(op byte, rule zones.BanRule) any {
+	k := banOpKey{op, rule}
+	s.banOps.RLock()
+	v, ok := s.banOps.m[k]
+	s.banOps.RUnlock()
+	if ok {
+		return v
+	}
+	s.banOps.Lock()
+	defer s.banOps.Unlock()
+	if s.banOps.m == nil {
+		s.banOps.m = make(map[banOpKey]any)
+	}
+	v = fmt.Sprintf("%c%d,%d", op, max(1, rule.First.Microseconds()), max(rule.First, rule.Max).Microseconds())
+	s.banOps.m[k] = v
+	return v
+}
+
+type banOpKey struct {
+	op   byte
+	rule zones.BanRule
 }
 
 // Refund gives back cost for key in zone (see algorithms.Limit.Refund).
@@ -172,4 +236,5 @@ var (
 	_ zones.Store     = (*Store)(nil)
 	_ zones.SlotStore = (*Store)(nil)
 	_ zones.ModeStore = (*Store)(nil)
+	_ zones.BanStore  = (*Store)(nil)
 )

@@ -2,6 +2,7 @@ package zones
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -9,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/caddy-tally/ratelimit/algorithms"
 	"github.com/caddy-tally/ratelimit/internal/keytable"
 )
 
@@ -170,6 +172,50 @@ func (z *Zone) bannedDecision(key string, now int64, p *Plan, end int64, level i
 	d := banDecision(max(end, now+r.RetryAfter), now, level, time.Duration(r.ResetAfter), SourceLocal)
 	return d
 }
+
+// decideBanInStore is DecideWith's store step in a zone with ban. A
+// BanStore keeps the ban with the decision; another store's denial starts
+// a ban on this instance only (see banOnDenial).
+func (z *Zone) decideBanInStore(ctx context.Context, key string, now int64, p *Plan, cost int64) Decision {
+	var r algorithms.Result
+	var b StoreBan
+	var err error
+	if bs, ok := z.store.(BanStore); ok {
+		r, b, err = bs.DecideBan(ctx, z.Name, key, p.limit, cost, z.banRule())
+	} else {
+		r, err = z.store.Decide(ctx, z.Name, key, p.limit, cost)
+	}
+	if err != nil {
+		return z.fail(key, now, p, cost, err)
+	}
+	return z.storeBanDecision(key, now, r, b)
+}
+
+// storeBanDecision is the decision of a store's answer r, b in a zone with
+// ban: a ban is remembered here until its end, so that it holds through a
+// store outage and the key's flood costs the store nothing.
+func (z *Zone) storeBanDecision(key string, now int64, r algorithms.Result, b StoreBan) Decision {
+	z.heard(key, now, r)
+	d := fromResult(r, SourceStore)
+	switch {
+	case b.Banned:
+		z.learnBan(key, now+r.RetryAfter, b.Level, now)
+		d.Banned, d.BanLevel = true, b.Level
+		if b.Started {
+			d.BanStarted = time.Duration(r.RetryAfter)
+		}
+	case !r.Allowed:
+		if _, ok := z.store.(BanStore); !ok {
+			z.banOnDenial(key, now, &d)
+			if d.Banned {
+				z.state.Denied.Set(key, now+int64(d.RetryAfter), now)
+			}
+		}
+	}
+	return d
+}
+
+func (z *Zone) banRule() BanRule { return BanRule{First: z.Ban, Max: z.BanMax} }
 
 // banOnDenial starts a ban for a key the zone just denied for lack of
 // quota, unless the zone is in dry run, and makes d the ban's denial. In dry

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/caddy-tally/ratelimit/algorithms"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 )
 
@@ -233,6 +234,22 @@ func (z *Zone) Check(ctx context.Context, key string, now int64, p *Plan) Decisi
 			}
 		}
 		z.state.charger.wait(ctx, key)
+		if z.state.Bans != nil {
+			var r algorithms.Result
+			var b StoreBan
+			var err error
+			if bs, ok := z.store.(BanStore); ok {
+				r, b, err = bs.CheckBan(ctx, z.Name, key, p.limit, z.banRule())
+			} else {
+				r, err = z.store.Check(ctx, z.Name, key, p.limit)
+			}
+			if err != nil {
+				d = z.failCheck(key, now, p, err)
+				break
+			}
+			d = z.storeBanDecision(key, now, r, b)
+			break
+		}
 		r, err := z.store.Check(ctx, z.Name, key, p.limit)
 		if err != nil {
 			d = z.failCheck(key, now, p, err)

@@ -2,6 +2,7 @@ package zones
 
 import (
 	"context"
+	"time"
 
 	"github.com/caddy-tally/ratelimit/algorithms"
 )
@@ -78,4 +79,28 @@ const (
 // metrics' "strict" or "async"); a Store that does not is "strict".
 type ModeStore interface {
 	Mode() string
+}
+
+// BanStore is a Store that keeps a zone's bans with its decisions (strict
+// mode): a denial starts the ban in the same atomic step, and a banned key
+// is denied by every instance from its next decision on.
+type BanStore interface {
+	// DecideBan is Decide in a zone with ban rule.
+	DecideBan(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64, rule BanRule) (algorithms.Result, StoreBan, error)
+	// CheckBan is Check in a zone with ban rule.
+	CheckBan(ctx context.Context, zone, key string, limit algorithms.Limit, rule BanRule) (algorithms.Result, StoreBan, error)
+}
+
+// BanRule is a zone's ban: its first length and, when longer, the longest
+// an escalated ban lasts.
+type BanRule struct {
+	First, Max time.Duration
+}
+
+// StoreBan is what a BanStore says of a denial: whether the key is banned
+// (the result's RetryAfter then lasts at least to the ban's end), the ban's
+// level, and whether this step started it.
+type StoreBan struct {
+	Banned, Started bool
+	Level           int
 }

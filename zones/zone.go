@@ -479,6 +479,8 @@ func (z *Zone) DecideWith(ctx context.Context, key string, now int64, p *Plan, c
 		}
 	} else if cached, ok := z.CachedDenial(key, now, p); ok {
 		return cached
+	} else if z.state.Bans != nil {
+		d = z.decideBanInStore(ctx, key, now, p, cost)
 	} else if r, err := z.store.Decide(ctx, z.Name, key, p.limit, cost); err != nil {
 		d = z.fail(key, now, p, cost, err)
 	} else {
@@ -524,6 +526,11 @@ func (z *Zone) CachedDenial(key string, now int64, p *Plan) (Decision, bool) {
 	}
 	if q := z.state.quota; q != nil {
 		return z.cachedQuotaDenial(key, now, q.clock.at(now))
+	}
+	if z.state.Bans != nil {
+		if end, level, banned := z.banIn(key, now); banned {
+			return z.bannedDecision(key, now, p, end, level), true
+		}
 	}
 	until, ok := z.deniedUntil(key, now)
 	if !ok {
