@@ -149,6 +149,10 @@ type keyInfo struct {
 	// Where the answer comes from: "local" (this instance's table) or
 	// "redis" (the state every instance shares).
 	Source string `json:"source"`
+	// Zones with ban: the seconds the key's ban has left, and its
+	// escalation level (1 for a first ban; 0 when not banned).
+	BannedFor float64 `json:"banned_for,omitempty"`
+	BanLevel  int     `json:"ban_level,omitempty"`
 }
 
 // keyName is how the admin API names a key in its answers: "key" is the key
@@ -254,9 +258,19 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 			return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("unknown zone %q", zoneName)}
 		}
 		return a.top(w, r, z)
+	case len(parts) == 3 && parts[0] == "zones" && parts[2] == "bans":
+		zoneName, err := url.PathUnescape(parts[1])
+		if err != nil {
+			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
+		}
+		z := lookupZone(zoneName)
+		if z == nil {
+			return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("unknown zone %q", zoneName)}
+		}
+		return a.bans(w, r, z)
 	}
 	return caddy.APIError{HTTPStatus: http.StatusNotFound,
-		Err: errors.New("unknown path: use /rate_limit/zones, /rate_limit/zones/<zone>/keys/<key> (or .../keys?key=<key>, for any key including the empty one, or .../keys?key_base64=<base64>) or /rate_limit/zones/<zone>/top")}
+		Err: errors.New("unknown path: use /rate_limit/zones, /rate_limit/zones/<zone>/keys/<key> (or .../keys?key=<key>, for any key including the empty one, or .../keys?key_base64=<base64>) /rate_limit/zones/<zone>/top or /rate_limit/zones/<zone>/bans")}
 }
 
 func listZones() []zoneInfo {
@@ -343,7 +357,54 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone,
 		WindowSeconds: plan.Window.Seconds(),
 		Burst:         plan.Burst,
 		Source:        source,
+		BannedFor:     banLeft(d),
+		BanLevel:      d.BanLevel,
 	})
+}
+
+// banLeft is the seconds a peeked key's ban has left, 0 when not banned.
+func banLeft(d zones.Decision) float64 {
+	if !d.Banned {
+		return 0
+	}
+	return d.RetryAfter.Seconds()
+}
+
+// bansInfo is GET /rate_limit/zones/<zone>/bans: the zone's current bans,
+// longest left first, at most 1000 (those ending last).
+type bansInfo struct {
+	Zone string `json:"zone"`
+	// "fleet": every instance's bans, from Redis; "instance": the bans
+	// this instance knows of (local mode).
+	View string    `json:"view"`
+	Bans []banInfo `json:"bans"`
+}
+
+type banInfo struct {
+	keyName
+	BannedFor float64 `json:"banned_for"`          // seconds left
+	BanLevel  int     `json:"ban_level,omitempty"` // when known
+}
+
+func (a *AdminAPI) bans(w http.ResponseWriter, r *http.Request, z *zones.Zone) error {
+	if r.Method != http.MethodGet {
+		return methodNotAllowed(w, http.MethodGet)
+	}
+	if z.Ban == 0 {
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s does not ban: add e.g. ban 1h to it", z.Name)}
+	}
+	list, fleet, err := z.ListBans(r.Context(), monotime.Now())
+	if err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("reading the bans from Redis: %v", err)}
+	}
+	out := bansInfo{Zone: z.Name, View: "instance", Bans: make([]banInfo, 0, len(list))}
+	if fleet {
+		out.View = "fleet"
+	}
+	for _, b := range list {
+		out.Bans = append(out.Bans, banInfo{keyName: newKeyName(b.Key), BannedFor: b.Left.Seconds(), BanLevel: b.Level})
+	}
+	return writeJSON(w, out)
 }
 
 // getQuota answers GET for a key of a quota zone, whether or not it used
@@ -451,6 +512,7 @@ type offenderInfo struct {
 	Remaining  int64   `json:"remaining"` // quota left (concurrency zones: free slots)
 	RetryAfter float64 `json:"retry_after"`
 	ResetAfter float64 `json:"reset_after"`
+	BannedFor  float64 `json:"banned_for,omitempty"`  // zones with ban: the seconds its ban has left
 	StateError string  `json:"state_error,omitempty"` // the store could not be read
 }
 
@@ -514,6 +576,7 @@ func offenderState(ctx context.Context, z *zones.Zone, key string, now int64) of
 		o.Remaining = d.Remaining
 		o.RetryAfter = d.RetryAfter.Seconds()
 		o.ResetAfter = d.ResetAfter.Seconds()
+		o.BannedFor = banLeft(d)
 	}
 	return o
 }

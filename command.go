@@ -28,7 +28,7 @@ import (
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "rate-limit",
-		Usage: "zones|key|top|reset [--address <admin>] [--json]",
+		Usage: "zones|key|top|bans|reset [--address <admin>] [--json]",
 		Short: "Inspects and resets rate limits in a running Caddy",
 		Long: `
 Talks to the admin API of a running Caddy (tally's /rate_limit/ routes):
@@ -36,6 +36,7 @@ Talks to the admin API of a running Caddy (tally's /rate_limit/ routes):
   caddy rate-limit zones                   every zone (connection zones too): limits, mode, keys, Redis health
   caddy rate-limit key <zone> <key>        a key's remaining quota and retry time
   caddy rate-limit top <zone> [-n 20]      the keys this instance denied most lately
+  caddy rate-limit bans <zone>             the zone's current bans (fleet-wide when distributed)
   caddy rate-limit reset <zone> <key>      give a key its full limit back
 
 The admin address is --address, else the one in --config, else Caddy's default
@@ -89,6 +90,13 @@ reset --base64 and that value to name it.
 			}
 			top.Flags().IntP("n", "n", defaultTopN, "How many keys to show")
 			cmd.AddCommand(top)
+			cmd.AddCommand(&cobra.Command{
+				Use:     "bans <zone>",
+				Short:   "Lists a zone's current bans, longest left first (fleet-wide when distributed)",
+				Example: "caddy rate-limit bans failed_logins",
+				Args:    cobra.ExactArgs(1),
+				RunE:    func(cmd *cobra.Command, args []string) error { return cliBans(newCLI(cmd), args[0]) },
+			})
 			reset := &cobra.Command{
 				Use:     "reset <zone> <key>",
 				Short:   "Gives a key its full limit back (in Redis too when distributed)",
@@ -425,6 +433,11 @@ func cliKey(c *cli, zone, key string) error {
 		_, err = fmt.Fprintf(c.out, "zone %s, key %s: %s, %d of %d slots in use\n", printable(zone), quoteKey(key), state, k.InUse, k.Concurrency)
 		return err
 	}
+	if k.BannedFor > 0 {
+		_, err = fmt.Fprintf(c.out, "zone %s, key %s: BANNED for %s (level %d), 0 remaining\n",
+			printable(zone), quoteKey(key), seconds(k.BannedFor), k.BanLevel)
+		return err
+	}
 	if k.RetryAfter > 0 {
 		_, err = fmt.Fprintf(c.out, "zone %s, key %s: LIMITED, 0 remaining, may send again in %s, full again in %s\n",
 			printable(zone), quoteKey(key), seconds(k.RetryAfter), seconds(k.ResetAfter))
@@ -572,6 +585,34 @@ func (c *cli) mergedTop(zone string, n int) (topInfo, error) {
 		out.Keys = append(out.Keys, k)
 	}
 	return out, nil
+}
+
+func cliBans(c *cli, zone string) error {
+	if err := c.single(); err != nil {
+		return err
+	}
+	var b bansInfo
+	printed, err := c.get(zonePath(zone)+"/bans", &b)
+	if printed || err != nil {
+		return err
+	}
+	where := "on this instance"
+	if b.View == "fleet" {
+		where = "fleet-wide"
+	}
+	if _, err := fmt.Fprintf(c.out, "zone %s: %d banned %s\n", printable(zone), len(b.Bans), where); err != nil {
+		return err
+	}
+	for _, ban := range b.Bans {
+		level := ""
+		if ban.BanLevel > 0 {
+			level = fmt.Sprintf(" (level %d)", ban.BanLevel)
+		}
+		if _, err := fmt.Fprintf(c.out, "  %s  banned for %s%s\n", quoteKey(ban.Key), seconds(ban.BannedFor), level); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func cliReset(c *cli, zone, key string) error {

@@ -23,7 +23,8 @@
 --         until the ban's end without a step; a key the step denies is
 --         banned from now for first µs, escalating (max > first) to
 --         first·2^(level-1), at most max, while the key is remembered from
---         its last ban (until max µs after that ban's end)
+--         its last ban (until max µs after that ban's end); "P0,0" is a
+--         peek that reports a ban as the ban ops do and starts none
 --
 -- A key with a ban holds "TAT,ban end,remembered until,level" (µs, the TAT
 -- 0 when it has none) instead of "TAT", with a TTL that reaches the later
@@ -79,15 +80,17 @@ for i = 1, #KEYS do
   if ARGV[a + 1] ~= sB then sB = ARGV[a + 1]; B = tonumber(sB) end
   if ARGV[a + 2] ~= sC then sC = ARGV[a + 2]; cost = tonumber(sC) end
   local op = ARGV[a + 3]
-  local ban -- a ban op: 'd' or 'p' is what it does when the key is not banned
+  local ban, peekOnly -- a ban op: 'd' or 'p' is what it does when the key is not banned
   if op ~= 'd' and op ~= 'r' and op ~= 'p' and op ~= 'c' then
     if op ~= sOp then
       sOp = op
       bFirst, bMax = match(op, '^%a(%d+),(%d+)$')
       bFirst, bMax = tonumber(bFirst), tonumber(bMax)
     end
-    if byte(op) == 98 then op = 'd' else op = 'p' end -- 'b' or 'B'
-    ban = true
+    local c = byte(op)
+    if c == 98 then op = 'd' else op = 'p' end -- 'b', or 'B' (and 'P': a peek
+    ban = true                                 -- that reports the ban and
+    peekOnly = c == 80                         -- starts none)
   end
   local raw = redis.pcall('GET', key)
   local stored = 0
@@ -138,7 +141,7 @@ for i = 1, #KEYS do
     local d = now - (newTAT - B * T) -- now - allowAt
     if d < 0 then
       r, reset = d, tat - now -- d < 0: -d is the retry time
-      if ban then -- a denial starts a ban, one level up while remembered
+      if ban and not peekOnly then -- a denial starts a ban, one level up while remembered
         if bLvl then bLvl = bLvl + 1 else bLvl = 1 end
         local len = bFirst
         if bMax > bFirst then

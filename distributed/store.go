@@ -106,6 +106,22 @@ func (s *Store) CheckBan(ctx context.Context, zone, key string, limit algorithms
 	return s.banStep(ctx, zone, key, [5]any{"", l.EmissionInterval, l.Burst, int64(1), s.banOp('B', rule)})
 }
 
+// PeekBan is Peek with the key's ban, for the admin API: it bypasses the
+// batcher and starts nothing.
+func (s *Store) PeekBan(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, zones.StoreBan, error) {
+	rkey := s.RedisKey(zone, key)
+	var rep reply
+	l := micro(limit)
+	err := s.unbatched(ctx, rkey, func(ctx context.Context) error {
+		rep = s.direct(ctx, s.gcra, rkey, [5]any{"", l.EmissionInterval, l.Burst, int64(1), "P0,0"})
+		return rep.err
+	})
+	if err != nil {
+		return algorithms.Result{}, zones.StoreBan{}, err
+	}
+	return banResult(rep)
+}
+
 func (s *Store) banStep(ctx context.Context, zone, key string, args [5]any) (algorithms.Result, zones.StoreBan, error) {
 	if s.isClosed() {
 		return algorithms.Result{}, zones.StoreBan{}, ErrClosed
@@ -115,6 +131,11 @@ func (s *Store) banStep(ctx context.Context, zone, key string, args [5]any) (alg
 		s.problems.note(zone, rep.err)
 		return algorithms.Result{}, zones.StoreBan{}, rep.err
 	}
+	return banResult(rep)
+}
+
+// banResult reads a ban op's reply.
+func banResult(rep reply) (algorithms.Result, zones.StoreBan, error) {
 	var b zones.StoreBan
 	if code := -rep.step.ResetAfter - 8; !rep.step.Allowed && code >= 0 {
 		// gcra.lua's ban reply: reset = -(8 + 2·level + started).

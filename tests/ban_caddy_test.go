@@ -67,6 +67,24 @@ func TestLocalBanOutlastsWhatTheRateGivesBack(t *testing.T) {
 	if res.Status != 429 || retryAfter(t, res) != 5 {
 		t.Fatalf("4th: %d Retry-After %q, want 429 and the ban's 5", res.Status, res.Header.Get("Retry-After"))
 	}
+	var k struct {
+		BannedFor float64 `json:"banned_for"`
+		BanLevel  int     `json:"ban_level"`
+	}
+	c.adminJSON(keyPath("banned", "k"), &k)
+	if k.BannedFor < 4 || k.BannedFor > 5 || k.BanLevel != 1 {
+		t.Errorf("GET of the banned key: banned_for %v level %d, want ~5 and 1", k.BannedFor, k.BanLevel)
+	}
+	var l struct {
+		View string `json:"view"`
+		Bans []struct {
+			Key string `json:"key"`
+		} `json:"bans"`
+	}
+	c.adminJSON("/rate_limit/zones/banned/bans", &l)
+	if l.View != "instance" || len(l.Bans) != 1 || l.Bans[0].Key != "k" {
+		t.Errorf("bans list: %+v, want k on this instance", l)
+	}
 	time.Sleep(time.Until(start.Add(2 * time.Second)))
 	res = c.Do(r)
 	if ra := retryAfter(t, res); res.Status != 429 || ra < 2 || ra > 4 {

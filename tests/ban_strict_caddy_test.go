@@ -6,6 +6,7 @@ package tests
 
 import (
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 )
@@ -44,9 +45,55 @@ func TestStrictBanIsFleetWideAndLiftedEverywhere(t *testing.T) {
 	if d, allowance := evalCalls(t, rs)-before, int64(3*(int(elapsed/time.Second)+2)); d > allowance {
 		t.Fatalf("a flood of 300 banned requests ran %d scripts in %v (heartbeats: at most %d): bans must be answered locally", d, elapsed, allowance)
 	}
-	rs.requireEveryKeyExpires(t, 1)
 	if ttl := rs.Client().PTTL(t.Context(), "tally:login:mallory").Val(); ttl < 59*time.Minute {
 		t.Errorf("the banned key's TTL is %v, want the ban's end (1h)", ttl)
+	}
+
+	// The admin API: the key's ban on an instance that did not start it,
+	// the fleet's bans list, the CLI, the metric, top offenders.
+	var k struct {
+		BannedFor float64 `json:"banned_for"`
+		BanLevel  int     `json:"ban_level"`
+	}
+	b.adminJSON(keyPath("login", "mallory"), &k)
+	if k.BannedFor < 3590 || k.BanLevel != 1 {
+		t.Errorf("GET of the key on B: banned_for %v level %d, want ~3600 and 1", k.BannedFor, k.BanLevel)
+	}
+	type bansList struct {
+		View string `json:"view"`
+		Bans []struct {
+			Key       string  `json:"key"`
+			BannedFor float64 `json:"banned_for"`
+		} `json:"bans"`
+	}
+	listed := func(inst *caddyInstance) bansList {
+		var l bansList
+		inst.adminJSON("/rate_limit/zones/login/bans", &l)
+		return l
+	}
+	waitFor(t, 2*time.Second, "the ban in C's list", func() bool {
+		l := listed(c)
+		return l.View == "fleet" && len(l.Bans) == 1 && l.Bans[0].Key == "mallory" && l.Bans[0].BannedFor > 3590
+	})
+	rs.requireEveryKeyExpires(t, 2) // the key and the bans list
+	if out := rateLimitCLI(t, c, "bans", "login").ok(t, "bans"); len(out) != 2 || !strings.Contains(out[0], "1 banned fleet-wide") || !strings.Contains(out[1], `"mallory"`) {
+		t.Errorf("caddy rate-limit bans login: %q", out)
+	}
+	if v, _ := metricValue(a.scrape(), "caddy_rate_limit_bans_total", map[string]string{"zone": "login"}); v != 1 {
+		t.Errorf("caddy_rate_limit_bans_total on A = %v, want 1", v)
+	}
+	if v, _ := metricValue(b.scrape(), "caddy_rate_limit_banned_keys", map[string]string{"zone": "login"}); v != 1 {
+		t.Errorf("caddy_rate_limit_banned_keys on B = %v, want 1", v)
+	}
+	var top struct {
+		Keys []struct {
+			Key       string  `json:"key"`
+			BannedFor float64 `json:"banned_for"`
+		} `json:"keys"`
+	}
+	a.adminJSON("/rate_limit/zones/login/top", &top)
+	if len(top.Keys) == 0 || top.Keys[0].Key != "mallory" || top.Keys[0].BannedFor < 3590 {
+		t.Errorf("top offenders on A: %+v, want mallory banned", top.Keys)
 	}
 
 	if status, body := c.adminDo(http.MethodDelete, keyPath("login", "mallory")); status != http.StatusNoContent {
@@ -55,6 +102,9 @@ func TestStrictBanIsFleetWideAndLiftedEverywhere(t *testing.T) {
 	lifted := time.Now()
 	for _, inst := range []*caddyInstance{a, b, c} {
 		waitFor(t, time.Second-time.Since(lifted), "the ban lifted on "+inst.URL, func() bool { return inst.Do(withKey("mallory")).Status == 200 })
+	}
+	if l := listed(a); len(l.Bans) != 0 {
+		t.Errorf("bans list after the DELETE: %+v", l.Bans)
 	}
 
 	// A ban an instance knows holds through a Redis outage, even under

@@ -212,6 +212,11 @@ func (z *Zone) storeBanDecision(key string, now int64, r algorithms.Result, b St
 			}
 		}
 	}
+	if d.BanStarted > 0 && !z.DryRun {
+		if l, ok := z.store.(BanLister); ok {
+			l.RecordBan(z.Name, key, d.BanStarted, max(z.Ban, z.BanMax))
+		}
+	}
 	return d
 }
 
@@ -272,6 +277,35 @@ func (z *Zone) Bans(now int64) []Ban {
 	}
 	slices.SortFunc(out, func(a, b Ban) int { return cmp.Or(cmp.Compare(b.Left, a.Left), strings.Compare(a.Key, b.Key)) })
 	return out
+}
+
+// peekBan adds key's ban to d, a peek of its state: the store's view when
+// it keeps bans, else this instance's.
+func (z *Zone) peekBan(ctx context.Context, key string, now int64, l algorithms.Limit, d *Decision) {
+	left, level := time.Duration(0), 0
+	if bs, ok := z.store.(BanStore); ok {
+		if r, b, err := bs.PeekBan(ctx, z.Name, key, l); err == nil && b.Banned {
+			left, level = time.Duration(r.RetryAfter), b.Level
+		}
+	} else if b, ok := z.BanOf(key, now); ok {
+		left, level = b.Left, b.Level
+	}
+	if left > 0 {
+		d.Banned, d.BanLevel = true, level
+		d.RetryAfter = max(d.RetryAfter, left)
+		d.ResetAfter = max(d.ResetAfter, left)
+		d.Remaining = 0
+	}
+}
+
+// ListBans lists the zone's current bans: fleet-wide (true) when its store
+// lists them, else those this instance knows of.
+func (z *Zone) ListBans(ctx context.Context, now int64) ([]Ban, bool, error) {
+	if l, ok := z.store.(BanLister); ok && z.state.Bans != nil {
+		bans, err := l.ListBans(ctx, z.Name)
+		return bans, true, err
+	}
+	return z.Bans(now), false, nil
 }
 
 // BannedKeys is the number of keys this instance knows to be banned at now

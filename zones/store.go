@@ -89,6 +89,8 @@ type BanStore interface {
 	DecideBan(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64, rule BanRule) (algorithms.Result, StoreBan, error)
 	// CheckBan is Check in a zone with ban rule.
 	CheckBan(ctx context.Context, zone, key string, limit algorithms.Limit, rule BanRule) (algorithms.Result, StoreBan, error)
+	// PeekBan is Peek with the key's ban (the admin API).
+	PeekBan(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, StoreBan, error)
 }
 
 // BanRule is a zone's ban: its first length and, when longer, the longest
@@ -103,4 +105,16 @@ type BanRule struct {
 type StoreBan struct {
 	Banned, Started bool
 	Level           int
+}
+
+// BanLister is a Store that lists a zone's bans fleet-wide, in a bounded
+// structure updated when a ban starts or is lifted.
+type BanLister interface {
+	// RecordBan adds key's ban, left to run, to zone's list without
+	// waiting; longest bounds every ban of the zone.
+	RecordBan(zone, key string, left, longest time.Duration)
+	// LiftBan takes key off zone's list.
+	LiftBan(ctx context.Context, zone, key string) error
+	// ListBans lists zone's current bans, longest left first.
+	ListBans(ctx context.Context, zone string) ([]Ban, error)
 }

@@ -661,10 +661,14 @@ func (z *Zone) Peek(ctx context.Context, key string, now int64) (Decision, error
 		}
 		src = SourceStore
 	}
-	if r.ResetAfter <= 0 {
+	d := fromResult(r, src)
+	if z.state.Bans != nil {
+		z.peekBan(ctx, key, now, l, &d)
+	}
+	if d.ResetAfter <= 0 {
 		return Decision{}, ErrUnknownKey
 	}
-	return fromResult(r, src), nil
+	return d, nil
 }
 
 // Mode is "local" without a store, else the store's mode ("strict" unless
@@ -686,10 +690,14 @@ func (z *Zone) Reset(ctx context.Context, key string) error {
 		return z.resetQuota(ctx, key)
 	}
 	z.Forget(key)
-	if z.store != nil {
-		return z.store.Reset(ctx, z.Name, key)
+	if z.store == nil {
+		return nil
 	}
-	return nil
+	err := z.store.Reset(ctx, z.Name, key)
+	if l, ok := z.store.(BanLister); ok && z.state.Bans != nil && err == nil {
+		err = l.LiftBan(ctx, z.Name, key)
+	}
+	return err
 }
 
 // Forget drops what this instance holds about key: its local TAT, cached

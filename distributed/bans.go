@@ -1,0 +1,81 @@
+package distributed
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-tally/ratelimit/zones"
+)
+
+// A zone's current bans, fleet-wide, for the admin list: a sorted set
+// <key_prefix><zone>.bans of key → the ban's end (Unix ms, the clock of the
+// instance that started it), written only when a ban starts (RecordBan) or
+// is lifted (LiftBan), never scanned for. Each write drops the bans that
+// ended and keeps the zones.MaxListedBans that end last, and sets the set's
+// TTL to the zone's longest ban, which no ban it holds outlasts. The ban
+// itself lives in the key's state (gcra.lua, async.lua); the list is
+// bookkeeping beside it, best effort: a write that fails leaves a ban out
+// of the list, never lifts one.
+
+// bansKey is the sorted set of zone's bans; zone names have no '.', so it
+// is no key's state.
+func (c *conn) bansKey(zone string) string { return c.opts.KeyPrefix + zone + ".bans" }
+
+// RecordBan adds key's ban, left to run, to zone's list, in the
+// background (off the request path, bounded by the timeout).
+func (c *conn) RecordBan(zone, key string, left, longest time.Duration) {
+	if c.isClosed() {
+		return
+	}
+	end := time.Now().Add(left).UnixMilli()
+	go func() {
+		rkey := c.bansKey(zone)
+		_ = c.unbatched(context.Background(), rkey, func(ctx context.Context) error {
+			pipe := c.client.Pipeline()
+			pipe.ZAdd(ctx, rkey, redis.Z{Score: float64(end), Member: key})
+			pipe.ZRemRangeByScore(ctx, rkey, "-inf", strconv.FormatInt(time.Now().UnixMilli(), 10))
+			pipe.ZRemRangeByRank(ctx, rkey, 0, -zones.MaxListedBans-1)
+			pipe.PExpire(ctx, rkey, longest+time.Second)
+			_, err := pipe.Exec(ctx)
+			return err
+		})
+	}()
+}
+
+// LiftBan removes key from zone's list of bans.
+func (c *conn) LiftBan(ctx context.Context, zone, key string) error {
+	rkey := c.bansKey(zone)
+	return c.unbatched(ctx, rkey, func(ctx context.Context) error {
+		return c.client.ZRem(ctx, rkey, key).Err()
+	})
+}
+
+// ListBans reads zone's current bans, longest left first.
+func (c *conn) ListBans(ctx context.Context, zone string) ([]zones.Ban, error) {
+	rkey := c.bansKey(zone)
+	var got []redis.Z
+	now := time.Now().UnixMilli()
+	err := c.unbatched(ctx, rkey, func(ctx context.Context) error {
+		var err error
+		got, err = c.client.ZRevRangeByScoreWithScores(ctx, rkey, &redis.ZRangeBy{
+			Min: "(" + strconv.FormatInt(now, 10), Max: "+inf", Count: zones.MaxListedBans}).Result()
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]zones.Ban, 0, len(got))
+	for _, z := range got {
+		k, _ := z.Member.(string)
+		out = append(out, zones.Ban{Key: k, Left: time.Duration(int64(z.Score)-now) * time.Millisecond})
+	}
+	return out, nil
+}
+
+var (
+	_ zones.BanLister = (*Store)(nil)
+	_ zones.BanLister = (*Async)(nil)
+)
