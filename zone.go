@@ -8,6 +8,7 @@ package ratelimit
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"net/http"
 	"net/textproto"
@@ -20,6 +21,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/caddy-tally/ratelimit/distributed"
+	"github.com/caddy-tally/ratelimit/internal/monotime"
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
@@ -196,8 +198,9 @@ type zoneHandler struct {
 
 	// What provision took, for release.
 	stateID    stateID
-	freshState bool   // provision created the state (persist restores into it)
-	stopReset  func() // nil without a store that shares resets
+	freshState bool          // provision created the state (persist restores into it)
+	stopReset  func()        // nil without a store that shares resets
+	stopBans   chan struct{} // async zones with ban: stops learnBans
 }
 
 // resetNotifier is a store that tells of every reset of a key, made on any
@@ -305,16 +308,42 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 		}
 	}
 	zh.Zone.OnChargeFailed = zh.chargeFailed
+	if a, ok := h.store.(*distributed.Async); ok && cfg.Ban > 0 {
+		zh.stopBans = make(chan struct{})
+		go zh.learnBans(a, a.SyncInterval())
+	}
 	registerZone(zh.Zone)
 	return zh, nil
 }
 
+// learnBans reads the zone's fleet-wide bans every interval (async mode:
+// the bans other instances started), until unregister.
+func (z *zoneHandler) learnBans(l zones.BanLister, interval time.Duration) {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-z.stopBans:
+			return
+		case <-tick.C:
+		}
+		start := z.BanSyncStart()
+		bans, err := l.ListBans(context.Background(), z.Name)
+		if err == nil {
+			z.LearnBans(start, bans, monotime.Now())
+		}
+	}
+}
+
 // unregister gives back the registration and the reset subscription that
-// provision took, when the handler's config goes.
+// provision took, when the handler's config goes, and stops reading bans.
 func (z *zoneHandler) unregister() {
 	unregisterZone(z.Zone)
 	if z.stopReset != nil {
 		z.stopReset()
+	}
+	if z.stopBans != nil {
+		close(z.stopBans)
 	}
 }
 

@@ -10,15 +10,23 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// A zone's current bans, fleet-wide, for the admin list: a sorted set
-// <key_prefix><zone>.bans of key → the ban's end (Unix ms, the clock of the
-// instance that started it), written only when a ban starts (RecordBan) or
+// A zone's current bans, fleet-wide, for the admin list and async mode: a
+// sorted set <key_prefix><zone>.bans of key → the ban's end (Unix ms, the
+// clock of the instance that started it) × 64 + its level, written only when a ban starts (RecordBan) or
 // is lifted (LiftBan), never scanned for. Each write drops the bans that
 // ended and keeps the zones.MaxListedBans that end last, and sets the set's
 // TTL to the zone's longest ban, which no ban it holds outlasts. The ban
-// itself lives in the key's state (gcra.lua, async.lua); the list is
-// bookkeeping beside it, best effort: a write that fails leaves a ban out
-// of the list, never lifts one.
+// itself lives in the key's state in strict mode (gcra.lua), and the list
+// is bookkeeping beside it, best effort: a write that fails leaves a ban
+// out of the list, never lifts one. In async mode the list is how the
+// other instances learn a ban: each reads it every sync interval
+// (SyncInterval), so a ban reaches every instance within one sync
+// interval and two round trips (the write, the read: each within the
+// timeout) of its start.
+
+// banScore is a ban's score: its end in Unix ms × 64 + its level (< 64),
+// exact in a double for any end before the year 30,000.
+func banScore(endMs int64, level int) float64 { return float64(endMs*64 + int64(min(max(level, 0), 63))) }
 
 // bansKey is the sorted set of zone's bans; zone names have no '.', so it
 // is no key's state.
@@ -26,7 +34,7 @@ func (c *conn) bansKey(zone string) string { return c.opts.KeyPrefix + zone + ".
 
 // RecordBan adds key's ban, left to run, to zone's list, in the
 // background (off the request path, bounded by the timeout).
-func (c *conn) RecordBan(zone, key string, left, longest time.Duration) {
+func (c *conn) RecordBan(zone, key string, left, longest time.Duration, level int) {
 	if c.isClosed() {
 		return
 	}
@@ -35,8 +43,8 @@ func (c *conn) RecordBan(zone, key string, left, longest time.Duration) {
 		rkey := c.bansKey(zone)
 		_ = c.unbatched(context.Background(), rkey, func(ctx context.Context) error {
 			pipe := c.client.Pipeline()
-			pipe.ZAdd(ctx, rkey, redis.Z{Score: float64(end), Member: key})
-			pipe.ZRemRangeByScore(ctx, rkey, "-inf", strconv.FormatInt(time.Now().UnixMilli(), 10))
+			pipe.ZAdd(ctx, rkey, redis.Z{Score: banScore(end, level), Member: key})
+			pipe.ZRemRangeByScore(ctx, rkey, "-inf", strconv.FormatInt(time.Now().UnixMilli()*64+63, 10))
 			pipe.ZRemRangeByRank(ctx, rkey, 0, -zones.MaxListedBans-1)
 			pipe.PExpire(ctx, rkey, longest+time.Second)
 			_, err := pipe.Exec(ctx)
@@ -61,7 +69,7 @@ func (c *conn) ListBans(ctx context.Context, zone string) ([]zones.Ban, error) {
 	err := c.unbatched(ctx, rkey, func(ctx context.Context) error {
 		var err error
 		got, err = c.client.ZRevRangeByScoreWithScores(ctx, rkey, &redis.ZRangeBy{
-			Min: "(" + strconv.FormatInt(now, 10), Max: "+inf", Count: zones.MaxListedBans}).Result()
+			Min: "(" + strconv.FormatInt(now*64+63, 10), Max: "+inf", Count: zones.MaxListedBans}).Result()
 		return err
 	})
 	if err != nil {
@@ -70,10 +78,15 @@ func (c *conn) ListBans(ctx context.Context, zone string) ([]zones.Ban, error) {
 	out := make([]zones.Ban, 0, len(got))
 	for _, z := range got {
 		k, _ := z.Member.(string)
-		out = append(out, zones.Ban{Key: k, Left: time.Duration(int64(z.Score)-now) * time.Millisecond})
+		v := int64(z.Score)
+		out = append(out, zones.Ban{Key: k, Left: time.Duration(v/64-now) * time.Millisecond, Level: int(v % 64)})
 	}
 	return out, nil
 }
+
+// SyncInterval is how often the async store syncs, and reads its zones'
+// bans.
+func (a *Async) SyncInterval() time.Duration { return a.interval }
 
 var (
 	_ zones.BanLister = (*Store)(nil)

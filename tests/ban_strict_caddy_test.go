@@ -5,6 +5,7 @@ package tests
 // lifted everywhere by one reset, held through a Redis outage.
 
 import (
+	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
@@ -124,4 +125,60 @@ func TestStrictBanIsFleetWideAndLiftedEverywhere(t *testing.T) {
 	if got := a.Do(withKey("someone-else")).Status; got != 200 {
 		t.Errorf("another key during the outage under fail_policy open: %d, want 200", got)
 	}
+}
+
+// Async mode: the other instances learn a ban from the zone's bans list
+// within one sync interval and two round trips (seen here in the admin API,
+// without a request of the key there, which could start a ban of its own);
+// one DELETE lifts it on every instance, and no instance learns it back.
+func TestAsyncBanReachesTheFleetWithinASync(t *testing.T) {
+	t.Parallel()
+	rs := startRedis(t)
+	fleet := startAsyncFleet(t, 3, rs.Addr, "100ms", banZone)
+	a, b, c := fleet[0], fleet[1], fleet[2]
+	r := withKey("mallory")
+	for a.Do(r).Status == 200 {
+	}
+	started := time.Now()
+	bannedFor := func(inst *caddyInstance) (float64, int) {
+		var k struct {
+			BannedFor float64 `json:"banned_for"`
+			BanLevel  int     `json:"ban_level"`
+		}
+		if status, body := inst.adminDo(http.MethodGet, keyPath("login", "mallory")); status == http.StatusOK {
+			if err := json.Unmarshal([]byte(body), &k); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return k.BannedFor, k.BanLevel
+	}
+	// The bound: 100ms + two round trips; 1s leaves the race-built
+	// binaries room on a loaded machine.
+	for _, inst := range []*caddyInstance{b, c} {
+		waitFor(t, time.Second-time.Since(started), "the ban known on "+inst.URL, func() bool {
+			left, level := bannedFor(inst)
+			return left > 3590 && level == 1
+		})
+	}
+	t.Logf("the ban reached B and C %v after it started", time.Since(started).Round(time.Millisecond))
+	if res := b.Do(r); res.Status != 429 || retryAfter(t, res) < 3590 {
+		t.Fatalf("B: %d, want the ban", res.Status)
+	}
+	if status, body := c.adminDo(http.MethodDelete, keyPath("login", "mallory")); status != http.StatusNoContent {
+		t.Fatalf("DELETE on C: %d %s", status, body)
+	}
+	lifted := time.Now()
+	for _, inst := range []*caddyInstance{a, b, c} {
+		waitFor(t, time.Second-time.Since(lifted), "the ban lifted on "+inst.URL, func() bool { left, _ := bannedFor(inst); return left == 0 })
+	}
+	time.Sleep(300 * time.Millisecond) // three reads of the list
+	for _, inst := range []*caddyInstance{a, b, c} {
+		if left, _ := bannedFor(inst); left != 0 {
+			t.Errorf("%s banned again after the lift", inst.URL)
+		}
+		if got := inst.Do(r).Status; got != 200 {
+			t.Errorf("%s after the lift: %d", inst.URL, got)
+		}
+	}
+	rs.requireEveryKeyExpires(t, 1)
 }

@@ -214,7 +214,7 @@ func (z *Zone) storeBanDecision(key string, now int64, r algorithms.Result, b St
 	}
 	if d.BanStarted > 0 && !z.DryRun {
 		if l, ok := z.store.(BanLister); ok {
-			l.RecordBan(z.Name, key, d.BanStarted, max(z.Ban, z.BanMax))
+			l.RecordBan(z.Name, key, d.BanStarted, max(z.Ban, z.BanMax), d.BanLevel)
 		}
 	}
 	return d
@@ -306,6 +306,26 @@ func (z *Zone) ListBans(ctx context.Context, now int64) ([]Ban, bool, error) {
 		return bans, true, err
 	}
 	return z.Bans(now), false, nil
+}
+
+// BanSyncStart is where a LearnBans starts: read it before reading the
+// bans.
+func (z *Zone) BanSyncStart() uint64 { return z.state.forgets.Load() }
+
+// LearnBans records bans read from the store's list (async mode: how an
+// instance hears of the bans others started), unless a key was forgotten
+// (reset) since start: a list read before a lift must not bring the ban
+// back; the next read will do.
+func (z *Zone) LearnBans(start uint64, bans []Ban, now int64) {
+	if z.state.Bans == nil || z.state.forgets.Load() != start {
+		return
+	}
+	for _, b := range bans {
+		if _, _, banned := z.banIn(b.Key, now); !banned {
+			z.learnBan(b.Key, now+int64(b.Left), b.Level, now)
+			z.state.Denied.Set(b.Key, now+int64(b.Left), now)
+		}
+	}
 }
 
 // BannedKeys is the number of keys this instance knows to be banned at now

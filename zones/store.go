@@ -112,7 +112,7 @@ type StoreBan struct {
 type BanLister interface {
 	// RecordBan adds key's ban, left to run, to zone's list without
 	// waiting; longest bounds every ban of the zone.
-	RecordBan(zone, key string, left, longest time.Duration)
+	RecordBan(zone, key string, left, longest time.Duration, level int)
 	// LiftBan takes key off zone's list.
 	LiftBan(ctx context.Context, zone, key string) error
 	// ListBans lists zone's current bans, longest left first.

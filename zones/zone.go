@@ -239,6 +239,7 @@ type State struct {
 	Fallback *Table         // fail_policy local: TAT per key at this instance's share
 	Bans     *Table         // zones with ban: each key's ban and escalation (ban.go); else nil
 	banList  banList        // the keys of current bans, bounded, for the admin list
+	forgets  atomic.Uint64  // keys forgotten (reset) so far: see LearnBans
 	plans    *plans         // PerRequest zones: the plan each key was last decided under
 	charger  charger        // strict mode, post-charged zones: charges in flight
 	owed     owed           // fail_policy local: what the fallback admitted, owed to the store
@@ -693,17 +694,21 @@ func (z *Zone) Reset(ctx context.Context, key string) error {
 	if z.store == nil {
 		return nil
 	}
-	err := z.store.Reset(ctx, z.Name, key)
-	if l, ok := z.store.(BanLister); ok && z.state.Bans != nil && err == nil {
-		err = l.LiftBan(ctx, z.Name, key)
+	if l, ok := z.store.(BanLister); ok && z.state.Bans != nil {
+		// Off the list first: an instance that reads it (async mode)
+		// after hearing of the reset must not find the ban there.
+		if err := l.LiftBan(ctx, z.Name, key); err != nil {
+			return err
+		}
 	}
-	return err
+	return z.store.Reset(ctx, z.Name, key)
 }
 
 // Forget drops what this instance holds about key: its local TAT, cached
 // denial and fallback state. A store calls it when another instance resets
 // the key.
 func (z *Zone) Forget(key string) {
+	z.state.forgets.Add(1)
 	if z.state.Bans != nil {
 		z.state.Bans.Delete(key)
 		z.state.banList.remove(key)
