@@ -26,7 +26,9 @@ import (
 
 // banScore is a ban's score: its end in Unix ms × 64 + its level (< 64),
 // exact in a double for any end before the year 30,000.
-func banScore(endMs int64, level int) float64 { return float64(endMs*64 + int64(min(max(level, 0), 63))) }
+func banScore(endMs int64, level int) float64 {
+	return float64(endMs*64 + int64(min(max(level, 0), 63)))
+}
 
 // bansKey is the sorted set of zone's bans; zone names have no '.', so it
 // is no key's state.
