@@ -212,6 +212,25 @@
 // lose units, never admit them twice. An instance that dies leaves its
 // lease counted until the period ends.
 //
+// # Bans
+//
+// A zone with ban (zones.BanStore, strict mode; store.go, bans.go) sends
+// its rule with each step as gcra.lua's op (b<first µs>,<max µs> decides,
+// B... checks, P0,0 peeks): the step that denies a key for lack of quota
+// bans it, atomically, the key then holding "TAT,ban end,remembered
+// until,level" with a TTL that reaches the later of its TAT and the end of
+// what is remembered. A banned key's reply is -retry, -(8 + 2·level +
+// started); its instance keeps the ban's end in its deny cache and ban
+// table, so the key's flood costs nothing and the ban holds through an
+// outage. Bans are listed (zones.BanLister, either mode) in a sorted set
+// <key_prefix><zone>.bans, key → end ms × 64 + level, written only when a
+// ban starts or is lifted, at most 1000, expiring with the zone's longest
+// ban. Async mode has no ban in the key's state: the list is how the
+// instances learn each other's bans, each reading it every sync interval
+// (the bound: one sync interval and two round trips). A lift takes the key
+// off the list before the reset is published, and a list read a reset
+// overtook is dropped, so no instance learns a lifted ban back.
+//
 // # Concurrency slots
 //
 // A concurrency zone's slots (zones.SlotStore, either mode) live in Redis:

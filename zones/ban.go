@@ -36,6 +36,17 @@ import (
 // BanEntry). Something that moves the values to another clock (a snapshot)
 // should move them by multiples of banLevels, or unpack and pack them.
 
+// sweepBans drops the entries past their memory; when none is left, ban
+// lookups are skipped until the next ban (anyBan), so that a zone with ban
+// and no key banned costs one atomic load per request.
+func (s *State) sweepBans(now int64) {
+	s.banMu.Lock()
+	defer s.banMu.Unlock()
+	if s.Bans.Sweep(now) == 0 {
+		s.anyBan.Store(false)
+	}
+}
+
 // banLevels is one more than the highest escalation level; levels live in
 // the low bits of a ban entry. first·2^62 is past any representable ban.
 const banLevels = 64
@@ -112,6 +123,9 @@ func (c Config) banLength(level int) time.Duration {
 
 // banIn reports the end of key's ban when it is banned at now.
 func (z *Zone) banIn(key string, now int64) (end int64, level int, ok bool) {
+	if !z.state.anyBan.Load() {
+		return 0, 0, false // no ban since the last sweep found none: no lookup
+	}
 	v, found := z.state.Bans.kt.Get(key)
 	if !found {
 		return 0, 0, false
@@ -125,6 +139,9 @@ func (z *Zone) banIn(key string, now int64) (end int64, level int, ok bool) {
 // (started false).
 func (z *Zone) startBan(key string, now int64) (end int64, level int, started bool) {
 	memory := z.BanMemory()
+	z.state.banMu.Lock()
+	defer z.state.banMu.Unlock()
+	z.state.anyBan.Store(true)
 	z.state.Bans.kt.Update(key, now, func(v int64, found bool) (int64, keytable.Op) {
 		level = 1
 		if found && v > now {
@@ -150,7 +167,10 @@ func (z *Zone) learnBan(key string, end int64, level int, now int64) {
 	if end <= now {
 		return
 	}
+	z.state.banMu.Lock()
+	z.state.anyBan.Store(true)
 	z.state.Bans.Set(key, BanEntry(end, level, z.BanMemory()), now)
+	z.state.banMu.Unlock()
 	z.state.banList.add(key, end, now)
 }
 
@@ -175,12 +195,13 @@ func (z *Zone) bannedDecision(key string, now int64, p *Plan, end int64, level i
 
 // decideBanInStore is DecideWith's store step in a zone with ban. A
 // BanStore keeps the ban with the decision; another store's denial starts
-// a ban on this instance only (see banOnDenial).
+// a ban on this instance only (see banOnDenial), listed for the others. A
+// dry-run zone sends plain steps: it bans nobody, in Redis either.
 func (z *Zone) decideBanInStore(ctx context.Context, key string, now int64, p *Plan, cost int64) Decision {
 	var r algorithms.Result
 	var b StoreBan
 	var err error
-	if bs, ok := z.store.(BanStore); ok {
+	if bs, ok := z.store.(BanStore); ok && !z.DryRun {
 		r, b, err = bs.DecideBan(ctx, z.Name, key, p.limit, cost, z.banRule())
 	} else {
 		r, err = z.store.Decide(ctx, z.Name, key, p.limit, cost)
@@ -205,7 +226,10 @@ func (z *Zone) storeBanDecision(key string, now int64, r algorithms.Result, b St
 			d.BanStarted = time.Duration(r.RetryAfter)
 		}
 	case !r.Allowed:
-		if _, ok := z.store.(BanStore); !ok {
+		// A BanStore's denial is a ban (above). Another store leaves the
+		// ban to this instance, as a dry run does (which only reports
+		// it).
+		if _, ok := z.store.(BanStore); !ok || z.DryRun {
 			z.banOnDenial(key, now, &d)
 			if d.Banned {
 				z.state.Denied.Set(key, now+int64(d.RetryAfter), now)

@@ -238,7 +238,7 @@ func (z *Zone) Check(ctx context.Context, key string, now int64, p *Plan) Decisi
 			var r algorithms.Result
 			var b StoreBan
 			var err error
-			if bs, ok := z.store.(BanStore); ok {
+			if bs, ok := z.store.(BanStore); ok && !z.DryRun {
 				r, b, err = bs.CheckBan(ctx, z.Name, key, p.limit, z.banRule())
 			} else {
 				r, err = z.store.Check(ctx, z.Name, key, p.limit)

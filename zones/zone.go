@@ -240,6 +240,8 @@ type State struct {
 	Bans     *Table         // zones with ban: each key's ban and escalation (ban.go); else nil
 	banList  banList        // the keys of current bans, bounded, for the admin list
 	forgets  atomic.Uint64  // keys forgotten (reset) so far: see LearnBans
+	anyBan   atomic.Bool    // Bans may hold an entry (false: none since the last sweep)
+	banMu    sync.Mutex     // orders ban starts with the sweep that clears anyBan
 	plans    *plans         // PerRequest zones: the plan each key was last decided under
 	charger  charger        // strict mode, post-charged zones: charges in flight
 	owed     owed           // fail_policy local: what the fallback admitted, owed to the store
@@ -311,7 +313,7 @@ func (s *State) sweep(interval time.Duration) {
 			s.Denied.Sweep(now)
 			s.Fallback.Sweep(now)
 			if s.Bans != nil {
-				s.Bans.Sweep(now)
+				s.sweepBans(now)
 			}
 			if s.plans != nil {
 				s.plans.keys.Sweep(now)

@@ -24,7 +24,7 @@ type benchRun struct {
 // bounded by count.
 var microRuns = []benchRun{
 	{dir: ".", packages: []string{"./algorithms", "./zones"},
-		pattern: "^(BenchmarkDecide|BenchmarkTableDecideExistingKey|BenchmarkZoneDecideParallel|BenchmarkTableBytesPerKey|BenchmarkTableBytesPerKeyAtMaxKeys)$", benchtime: "1s"},
+		pattern: "^(BenchmarkDecide|BenchmarkTableDecideExistingKey|BenchmarkZoneDecideParallel|BenchmarkZoneWithBanDecideParallel|BenchmarkTableBytesPerKey|BenchmarkTableBytesPerKeyAtMaxKeys)$", benchtime: "1s"},
 	{dir: ".", packages: []string{"."}, pattern: "^BenchmarkServeHTTPAllowedExistingKey$", benchtime: "1s"},
 	{dir: ".", packages: []string{"./zones"}, pattern: "^(BenchmarkSnapshot1M|BenchmarkDecideDuringSnapshot)$", benchtime: "3x"},
 	{dir: "tests", packages: []string{"."}, pattern: "^BenchmarkLocal", benchtime: "1s"},

@@ -247,6 +247,53 @@ var scenarios = []scenario{
 		"Same flood, `headers off` (a 429 with only Retry-After)",
 		"\t\theaders off\n", "mholt/caddy-ratelimit's 429 carries Retry-After only"),
 	{
+		// A banned key's flood against today's 429 flood (the same zone
+		// without ban) in one Caddy: a ban's denial must cost what a
+		// denial costs (issue 24: ≥ 0.98).
+		name:   "ban-flood",
+		metric: "Caddy flood from one banned key (`ban 1h`) vs the same flood from a key the zone without ban denies: 429 throughput ratio",
+		routes: func(*env) string {
+			return limited("/blocked", `		zone flood {
+			key {http.request.header.X-Key}
+			events 1
+			window 1h
+		}
+`, "/banned", `		zone flood_banned {
+			key {http.request.header.X-Key}
+			events 1
+			window 1h
+			ban 1h
+		}
+`)
+		},
+		baseline:   route{path: "/blocked", key: oneKey, status: 429},
+		candidate:  route{path: "/banned", key: oneKey, status: 429},
+		target:     0.98,
+		byCPU:      true,
+		comparison: "today's 429 flood",
+	},
+	{
+		// A zone with ban and no key banned against the same zone
+		// without it, every request allowed (issue 24: nothing
+		// measurable).
+		name:   "ban-allowed",
+		metric: "A zone with `ban 1h`, no key banned, vs the same zone without ban, every request allowed, 100k keys (ratio of the two rate-limited routes)",
+		routes: func(*env) string {
+			return limited("/allowed", manyZone, "/ban", strings.NewReplacer("zone many", "zone many_ban", "window 1s\n", "window 1s\n\t\t\tban 1h\n").Replace(manyZone))
+		},
+		baseline:  route{path: "/allowed", key: cycleKeys, status: 200},
+		candidate: route{path: "/ban", key: cycleKeys, status: 200},
+		warmup: func(e *env, c *caddyProcess) error {
+			if err := warmManyKeys(e, c); err != nil {
+				return err
+			}
+			return warmManyKeysAt(c, "/ban")
+		},
+		target:     0.99,
+		byCPU:      true,
+		comparison: "the same zone without ban",
+	},
+	{
 		// Limits per plan: the same zone with its events read from a map
 		// (one placeholder lookup and one parse per request), as a ratio of
 		// the literal limit.

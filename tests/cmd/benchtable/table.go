@@ -65,6 +65,15 @@ func (t table) microRows() []row {
 			met:    yesNo(ok && r.metrics["allocs/op"] == 0),
 		})
 	}
+	zd, zok := m.get("BenchmarkZoneDecideParallel")
+	zb, bok := m.get("BenchmarkZoneWithBanDecideParallel")
+	rows = append(rows, row{
+		metric:     "Zone decide with `ban 1h`, no key banned, existing key of 100k, all Ps (`zones`)",
+		tally:      figure(zb, bok, "ns/op", "allocs/op"),
+		comparison: "the same zone without ban, same run: " + figure(zd, zok, "ns/op", "allocs/op"),
+		target:     "0 allocs/op",
+		met:        yesNo(bok && zb.metrics["allocs/op"] == 0),
+	})
 	tb, ok := m.get("BenchmarkTableBytesPerKey")
 	rows = append(rows, row{
 		metric:     "Memory per tracked key, 100k keys of 16 B (`zones` Table)",
