@@ -4,20 +4,10 @@ package tests
 // denied for the ban, escalating, and tells of it.
 
 import (
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 )
-
-func retryAfter(t *testing.T, res response) int {
-	t.Helper()
-	n, err := strconv.Atoi(res.Header.Get("Retry-After"))
-	if err != nil {
-		t.Fatalf("Retry-After %q: %v", res.Header.Get("Retry-After"), err)
-	}
-	return n
-}
 
 // events 3 window 3s ban 5s: 3 allowed, the 4th denied and banned; 2s later
 // (when the plain zone would allow 2) still denied with Retry-After 3 ± 1;
