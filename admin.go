@@ -212,6 +212,14 @@ var (
 	_ outageReporter = (*distributed.Async)(nil)
 )
 
+// knownZone is the zone of that name, or the admin API's 404 for it.
+func knownZone(name string) (*zones.Zone, error) {
+	if z := lookupZone(name); z != nil {
+		return z, nil
+	}
+	return nil, caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("unknown zone %q", name)}
+}
+
 func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 	rest, _ := strings.CutPrefix(r.URL.EscapedPath(), "/rate_limit/")
 	parts := strings.Split(strings.TrimSuffix(rest, "/"), "/")
@@ -237,9 +245,9 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 		if err := errors.Join(err1, err2); err != nil {
 			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
 		}
-		z := lookupZone(zoneName)
-		if z == nil {
-			return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("unknown zone %q", zoneName)}
+		z, err := knownZone(zoneName)
+		if err != nil {
+			return err
 		}
 		switch r.Method {
 		case http.MethodGet:
@@ -253,9 +261,9 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 		if err != nil {
 			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
 		}
-		z := lookupZone(zoneName)
-		if z == nil {
-			return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("unknown zone %q", zoneName)}
+		z, err := knownZone(zoneName)
+		if err != nil {
+			return err
 		}
 		return a.top(w, r, z)
 	case len(parts) == 3 && parts[0] == "zones" && parts[2] == "bans":
@@ -263,9 +271,9 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 		if err != nil {
 			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
 		}
-		z := lookupZone(zoneName)
-		if z == nil {
-			return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("unknown zone %q", zoneName)}
+		z, err := knownZone(zoneName)
+		if err != nil {
+			return err
 		}
 		return a.bans(w, r, z)
 	}
