@@ -140,12 +140,18 @@ func newPersister(ctx caddy.Context, h *Handler, fresh map[*zoneHandler]bool) (*
 
 // snapshotID identifies a zone definition in its snapshots: its name and
 // everything its TATs depend on, so that a zone whose limits changed does
-// not resume from a snapshot of the old ones.
+// not resume from a snapshot of the old ones. A zone with ban adds its ban
+// settings (its bans' entries depend on them); a zone without keeps the
+// identity it had before bans were persisted.
 func snapshotID(zh *zoneHandler) string {
 	l := zh.Limit()
 	v := zh.vars
-	return fmt.Sprintf("zone=%s interval=%d burst=%d plans=%q,%q,%q,%d,%d,%d",
+	id := fmt.Sprintf("zone=%s interval=%d burst=%d plans=%q,%q,%q,%d,%d,%d",
 		zh.Name, l.EmissionInterval, l.Burst, v.events, v.window, v.burst, v.eventsMax, v.burstMax, v.windowMin)
+	if zh.Ban > 0 {
+		id += fmt.Sprintf(" ban=%d,%d", zh.Ban, zh.BanMax)
+	}
+	return id
 }
 
 // instanceID is Caddy's instance id (instance.uuid in Caddy's data

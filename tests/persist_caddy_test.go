@@ -324,3 +324,44 @@ func TestReloadKeepsLiveStateOverTheSnapshot(t *testing.T) {
 		t.Fatalf("the reset key after a reload: %d %q, want 200 from the new config", r.Status, r.Body)
 	}
 }
+
+// A ban survives `caddy stop` and a restart: the key banned for 1h by a
+// zone whose own window is 3s is still denied for about an hour, not for
+// what its TAT had left (issue 28, bans of issue 24).
+func TestPersistedBanSurvivesStop(t *testing.T) {
+	c := newCaddyInstance(t)
+	config := c.Caddyfile("", `http:// {
+	rate_limit /login {
+		zone login_ip {
+			key {client_ip}
+			events 3
+			window 3s
+			ban 1h
+		}
+		persist {
+			interval 30s
+			max_age  24h
+		}
+	}
+	respond "ok"
+}
+`)
+	c.Start(config, "caddyfile")
+	if before := denyLogin(t, c); before < 3595 {
+		t.Fatalf("Retry-After %d on the denial, want the 1h ban", before)
+	}
+	banned := time.Now()
+	c.stopWith("stop", nil)
+	c.restart(config)
+	r := c.Do(request{Path: "/login"})
+	if r.Status != http.StatusTooManyRequests {
+		t.Fatalf("after the restart: %d, want 429 (still banned)", r.Status)
+	}
+	want := 3600 - int(time.Since(banned).Seconds())
+	if got := retryAfter(t, r); got < want-5 || got > want+5 {
+		t.Errorf("Retry-After %d after the restart, want %d ± 5 (the ban's time left)", got, want)
+	}
+	if r := c.Do(request{Path: "/login", Client: clientFrom(t, "127.0.0.2")}); r.Status != http.StatusOK {
+		t.Errorf("another key after the restart: %d, want 200", r.Status)
+	}
+}

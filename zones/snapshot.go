@@ -13,8 +13,10 @@ package zones
 //	id        uvarint length + bytes: the zone definition's identity
 //	wall      int64, Unix nanoseconds when the snapshot was taken
 //	sections  each: kind byte, count uint64, then count entries of
-//	          uvarint key length, key bytes, uvarint nanoseconds left;
-//	          kind 0 ends the list
+//	          uvarint key length, key bytes, uvarint nanoseconds left
+//	          (a ban section: the time left until the key is forgotten,
+//	          rounded up to a multiple of 64, plus the ban's level, as
+//	          BanEntry packs them); kind 0 ends the list
 //	checksum  uint32, CRC-32C of everything before it
 //
 // A snapshot is checked whole (length, checksum, every entry) before any of
@@ -39,8 +41,10 @@ const (
 	// SnapshotTATs: a local rate zone's TATs (post-charge debt included:
 	// it is a TAT in the future).
 	SnapshotTATs
-	// Bans (issue 24) will be a section of their own: a kind here, a table
-	// in State.snapshotTables, a case in Restore.
+	// SnapshotBans: a zone with ban's bans and escalation memory (ban.go),
+	// each entry the time left until the key is forgotten with the level
+	// in its low bits.
+	SnapshotBans
 )
 
 const snapshotMagic = "TALLYSN\x01"
@@ -79,7 +83,21 @@ func (s *State) snapshotTables() []struct {
 	return []struct {
 		kind  SnapshotKind
 		table *Table
-	}{{SnapshotTATs, s.Local}}
+	}{{SnapshotTATs, s.Local}, {SnapshotBans, s.Bans}}
+}
+
+// banLeft is a ban entry v (BanEntry) as a snapshot writes it at now: the
+// time left until the key is forgotten, rounded up to a multiple of
+// banLevels, plus the level; false when nothing is left.
+func banLeft(v, now int64) (uint64, bool) {
+	left := v - v%banLevels - now
+	if left <= 0 {
+		return 0, false
+	}
+	if r := left % banLevels; r != 0 {
+		left += banLevels - r
+	}
+	return uint64(left + v%banLevels), true
 }
 
 // AppendSnapshot appends to dst a snapshot of the state at now (monotime)
@@ -96,6 +114,9 @@ func (s *State) AppendSnapshot(dst []byte, id string, now int64, wall time.Time)
 	var c keytable.Copy
 	keys := 0
 	for _, t := range s.snapshotTables() {
+		if t.table == nil {
+			continue // a zone without ban has no ban section
+		}
 		dst = append(dst, byte(t.kind))
 		countAt := len(dst)
 		dst = binary.LittleEndian.AppendUint64(dst, 0)
@@ -104,12 +125,19 @@ func (s *State) AppendSnapshot(dst []byte, id string, now int64, wall time.Time)
 			c.Reset()
 			t.table.kt.CopyShard(i, now, &c)
 			for j := range c.Len() {
+				left := uint64(c.Values[j] - now)
+				if t.kind == SnapshotBans {
+					var ok bool
+					if left, ok = banLeft(c.Values[j], now); !ok {
+						continue
+					}
+				}
 				k := c.Key(j)
 				dst = binary.AppendUvarint(dst, uint64(len(k)))
 				dst = append(dst, k...)
-				dst = binary.AppendUvarint(dst, uint64(c.Values[j]-now))
+				dst = binary.AppendUvarint(dst, left)
+				n++
 			}
-			n += c.Len()
 		}
 		binary.LittleEndian.PutUint64(dst[countAt:], uint64(n))
 		keys += n
@@ -170,7 +198,7 @@ func DecodeSnapshot(data []byte) (*Snapshot, error) {
 		if kind == snapshotEnd {
 			break
 		}
-		if kind != SnapshotTATs {
+		if kind != SnapshotTATs && kind != SnapshotBans {
 			return corrupt(fmt.Sprintf("unknown section %d", kind))
 		}
 		if len(body)-p < 8 {
@@ -186,8 +214,13 @@ func DecodeSnapshot(data []byte) (*Snapshot, error) {
 			}
 			p += n + int(kl)
 			left, n := binary.Uvarint(body[p:])
-			if n <= 0 || left > uint64(MaxSpan)*2 {
+			switch {
+			case n <= 0:
 				return corrupt("bad time left")
+			case kind == SnapshotTATs && left > uint64(MaxSpan)*2:
+				return corrupt("bad time left")
+			case kind == SnapshotBans && (left%banLevels == 0 || left > uint64(MaxBan)*2+2*banLevels):
+				return corrupt("bad ban")
 			}
 			p += n
 		}
@@ -208,6 +241,11 @@ func DecodeSnapshot(data []byte) (*Snapshot, error) {
 // a key of the zone can owe, so that a clock that moved between runs never
 // makes a key owe more than it could have owed. A key whose time ran out is
 // skipped; one the state already holds keeps the later of its two times.
+//
+// A ban is restored by the same rules: its time left less the wall time
+// that passed, capped at the length of a ban of its level (so a clock that
+// moved never lengthens it), its level kept, and the escalation memory
+// after it kept too; a key the state already holds keeps the later entry.
 func (s *State) Restore(snap *Snapshot, now int64, wall time.Time, maxDebt time.Duration) int {
 	elapsed := max(0, wall.Sub(snap.Wall))
 	restored := 0
@@ -221,19 +259,14 @@ func (s *State) Restore(snap *Snapshot, now int64, wall time.Time, maxDebt time.
 		if t == nil {
 			continue
 		}
-		body := snap.data[sec.start:sec.end]
-		for p := 0; p < len(body); {
-			kl, n := binary.Uvarint(body[p:])
-			p += n
-			// The table copies a key's bytes when it adds it and keeps
-			// no reference to the string: no copy is needed here.
-			key := unsafe.String(unsafe.SliceData(body[p:]), int(kl))
-			p += int(kl)
-			left, n := binary.Uvarint(body[p:])
-			p += n
+		if sec.kind == SnapshotBans {
+			restored += s.restoreBans(snap.data[sec.start:sec.end], now, elapsed)
+			continue
+		}
+		snapshotEntries(snap.data[sec.start:sec.end], func(key string, left uint64) {
 			rem := min(time.Duration(left), maxDebt) - elapsed
 			if rem <= 0 {
-				continue
+				return
 			}
 			until := now + int64(rem)
 			t.kt.Update(key, now, func(v int64, _ bool) (int64, keytable.Op) {
@@ -243,7 +276,51 @@ func (s *State) Restore(snap *Snapshot, now int64, wall time.Time, maxDebt time.
 				restored++
 				return until, keytable.Store
 			})
-		}
+		})
 	}
+	return restored
+}
+
+// snapshotEntries calls f with each entry of a checked section's bytes.
+func snapshotEntries(body []byte, f func(key string, left uint64)) {
+	for p := 0; p < len(body); {
+		kl, n := binary.Uvarint(body[p:])
+		p += n
+		// The table copies a key's bytes when it adds it and keeps no
+		// reference to the string: no copy is needed here.
+		key := unsafe.String(unsafe.SliceData(body[p:]), int(kl))
+		p += int(kl)
+		left, n := binary.Uvarint(body[p:])
+		p += n
+		f(key, left)
+	}
+}
+
+// restoreBans merges a checked ban section into s.Bans (see Restore).
+func (s *State) restoreBans(body []byte, now int64, elapsed time.Duration) int {
+	memory := s.banCfg.BanMemory()
+	restored := 0
+	s.banMu.Lock()
+	defer s.banMu.Unlock()
+	snapshotEntries(body, func(key string, packed uint64) {
+		level := int(packed % banLevels)
+		left := min(time.Duration(packed-packed%banLevels), s.banCfg.banLength(level)+memory) - elapsed
+		if left <= 0 {
+			return // forgotten meanwhile
+		}
+		end := satAdd(now, int64(left-memory)) // before now: only remembered
+		entry := BanEntry(end, level, memory)
+		s.anyBan.Store(true)
+		s.Bans.kt.Update(key, now, func(v int64, found bool) (int64, keytable.Op) {
+			if found && v >= entry {
+				return 0, keytable.Keep // what happened since says more
+			}
+			restored++
+			return entry, keytable.Store
+		})
+		if end > now {
+			s.banList.add(key, end, now)
+		}
+	})
 	return restored
 }

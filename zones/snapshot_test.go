@@ -67,14 +67,17 @@ func TestRestoredKeyIsDeniedWithTheSameRetryAfter(t *testing.T) {
 	}
 }
 
-// Every truncation and every flipped byte of a snapshot is refused as
-// corrupt, and nothing of it is applied.
+// Every truncation and every flipped byte of a snapshot (TATs and bans)
+// is refused as corrupt, and nothing of it is applied.
 func TestCorruptOrTruncatedSnapshotIsRefusedWhole(t *testing.T) {
-	old := newSnapZone(t)
+	old := newBanSnapZone(t)
 	for i := range 5 {
 		deny(t, old, "key-"+strconv.Itoa(i), 1_000)
 	}
-	data, _ := old.State().AppendSnapshot(nil, "zone login 3/1h", 1_000, time.Now())
+	data, keys := old.State().AppendSnapshot(nil, "zone login 3/1h", 1_000, time.Now())
+	if keys != 10 {
+		t.Fatalf("snapshot holds %d entries, want 10 (5 TATs, 5 bans)", keys)
+	}
 	for n := range len(data) {
 		if _, err := DecodeSnapshot(data[:n]); !errors.Is(err, ErrSnapshotCorrupt) {
 			t.Fatalf("truncated to %d of %d bytes: %v, want ErrSnapshotCorrupt", n, len(data), err)
@@ -205,5 +208,88 @@ func TestOnlyLocalRateZonesPersist(t *testing.T) {
 	defer st.Destruct()
 	if New(c, st, nil).Persists() {
 		t.Error("a concurrency zone persists")
+	}
+}
+
+var banSnapConfig = Config{Name: "login", Events: 3, Window: time.Hour, Ban: time.Hour, BanMax: 4 * time.Hour}
+
+func newBanSnapZone(t *testing.T) *Zone {
+	t.Helper()
+	st := NewState(banSnapConfig, time.Hour)
+	t.Cleanup(func() { _ = st.Destruct() })
+	return New(banSnapConfig, st, nil)
+}
+
+// near reports whether d is within a ban entry's rounding (banLevels ns)
+// of want.
+func near(d, want time.Duration) bool { return d >= want && d-want < banLevels }
+
+// A banned key is still banned after a snapshot and a restore into another
+// process's clock, at the same level, for its time left less the wall time
+// that passed; a key whose ban ended but that is still remembered is banned
+// one level up when it is denied again; a ban is never lengthened past the
+// length of its level, whatever the clocks say.
+func TestSnapshotKeepsBansTheirLevelAndMemory(t *testing.T) {
+	ctx := context.Background()
+	old := newBanSnapZone(t)
+	wall := time.Date(2026, 12, 2, 1, 0, 0, 0, time.UTC)
+	hour := int64(time.Hour)
+	deny(t, old, "twice", 0)
+	deny(t, old, "twice", hour+1) // its first ban ended: the second is level 2, 2h
+	deny(t, old, "remembered", 0) // its 1h ban ends at 1h: remembered for 4h more
+	now := hour + 1
+	if d := old.Decide(ctx, "twice", now); !d.Banned || d.BanLevel != 2 || !near(d.RetryAfter, 2*time.Hour) {
+		t.Fatalf("before the snapshot: %+v, want banned at level 2 for 2h", d)
+	}
+	data, _ := old.State().AppendSnapshot(nil, "id", now, wall)
+	snap, err := DecodeSnapshot(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	fresh := newBanSnapZone(t)
+	const other = 77_000_000_123 // another process's monotonic clock
+	fresh.State().Restore(snap, other, wall.Add(10*time.Second), fresh.MaxDebt())
+	d := fresh.Decide(ctx, "twice", other)
+	if !d.Banned || d.BanLevel != 2 || !near(d.RetryAfter, 2*time.Hour-10*time.Second) {
+		t.Fatalf("after the restore: %+v, want banned at level 2 for 2h less 10s", d)
+	}
+	if got := fresh.Bans(other); len(got) != 1 || got[0].Key != "twice" || got[0].Level != 2 {
+		t.Errorf("bans listed after the restore: %v, want [twice]", got)
+	}
+	// "remembered" is not banned (its ban ended) but a denial bans it at level 2.
+	if b, banned := fresh.BanOf("remembered", other); banned {
+		t.Fatalf("remembered after the restore: %+v, want its ban over", b)
+	}
+	if d := deny(t, fresh, "remembered", other); !near(d, 2*time.Hour) {
+		t.Errorf("remembered denied again after the restore: retry %v, want a level 2 ban of 2h", d)
+	}
+
+	// A clock that went back an hour: no time passed, and no longer a ban.
+	back := newBanSnapZone(t)
+	back.State().Restore(snap, 0, wall.Add(-time.Hour), back.MaxDebt())
+	if d := back.Decide(ctx, "twice", 0); !d.Banned || !near(d.RetryAfter, 2*time.Hour) {
+		t.Errorf("clock back: %+v, want banned for the 2h left when the snapshot was taken", d)
+	}
+	// An entry longer than its level's ban (as a clock that moved would
+	// leave it) is capped at that length.
+	long := newBanSnapZone(t)
+	long.State().Bans.Set("long", BanEntry(50*hour, 1, banSnapConfig.BanMemory()), 0)
+	data, _ = long.State().AppendSnapshot(nil, "id", 0, wall)
+	if snap, err = DecodeSnapshot(data); err != nil {
+		t.Fatal(err)
+	}
+	capped := newBanSnapZone(t)
+	capped.State().Restore(snap, 0, wall, capped.MaxDebt())
+	if d := capped.Decide(ctx, "long", 0); !d.Banned || !near(d.RetryAfter, time.Hour) {
+		t.Errorf("a level 1 ban with 50h left restored as %+v, want capped at 1h", d)
+	}
+	// Later entry wins: a live ban longer than the snapshot's is kept.
+	live := newBanSnapZone(t)
+	live.State().Bans.Set("long", BanEntry(3*hour, 3, banSnapConfig.BanMemory()), 0)
+	live.State().anyBan.Store(true)
+	live.State().Restore(snap, 0, wall, live.MaxDebt())
+	if d := live.Decide(ctx, "long", 0); !d.Banned || d.BanLevel != 3 || !near(d.RetryAfter, 3*time.Hour) {
+		t.Errorf("a live 3h ban after a restore of a 1h one: %+v, want the live one", d)
 	}
 }

@@ -242,6 +242,7 @@ type State struct {
 	forgets  atomic.Uint64  // keys forgotten (reset) so far: see LearnBans
 	anyBan   atomic.Bool    // Bans may hold an entry (false: none since the last sweep)
 	banMu    sync.Mutex     // orders ban starts with the sweep that clears anyBan
+	banCfg   Config         // the zone's ban settings (Ban, BanMax), for Restore
 	plans    *plans         // PerRequest zones: the plan each key was last decided under
 	charger  charger        // strict mode, post-charged zones: charges in flight
 	owed     owed           // fail_policy local: what the fallback admitted, owed to the store
@@ -288,6 +289,7 @@ func NewState(c Config, sweepInterval time.Duration) *State {
 	}
 	if c.Ban > 0 {
 		s.Bans = NewTable(maxKeys)
+		s.banCfg = Config{Ban: c.Ban, BanMax: c.BanMax}
 	}
 	if c.IsConcurrency() {
 		s.conc = newConcurrencyState(maxKeys)
