@@ -256,7 +256,7 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 			return a.resetKey(w, r, z, key)
 		}
 		return methodNotAllowed(w, http.MethodGet, http.MethodDelete)
-	case len(parts) == 3 && parts[0] == "zones" && parts[2] == "top":
+	case len(parts) == 3 && parts[0] == "zones" && (parts[2] == "top" || parts[2] == "bans"):
 		zoneName, err := url.PathUnescape(parts[1])
 		if err != nil {
 			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
@@ -264,18 +264,11 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 		z, err := knownZone(zoneName)
 		if err != nil {
 			return err
+		}
+		if parts[2] == "bans" {
+			return a.bans(w, r, z)
 		}
 		return a.top(w, r, z)
-	case len(parts) == 3 && parts[0] == "zones" && parts[2] == "bans":
-		zoneName, err := url.PathUnescape(parts[1])
-		if err != nil {
-			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
-		}
-		z, err := knownZone(zoneName)
-		if err != nil {
-			return err
-		}
-		return a.bans(w, r, z)
 	}
 	return caddy.APIError{HTTPStatus: http.StatusNotFound,
 		Err: errors.New("unknown path: use /rate_limit/zones, /rate_limit/zones/<zone>/keys/<key> (or .../keys?key=<key>, for any key including the empty one, or .../keys?key_base64=<base64>) /rate_limit/zones/<zone>/top or /rate_limit/zones/<zone>/bans")}
