@@ -482,7 +482,7 @@ func (z *Zone) DecideWith(ctx context.Context, key string, now int64, p *Plan, c
 		if !d.Allowed && z.state.Bans != nil {
 			z.banOnDenial(key, now, &d)
 		}
-	} else if cached, ok := z.CachedDenial(key, now, p); ok {
+	} else if cached, ok := z.cachedStoreDenial(key, now, p); ok {
 		return cached
 	} else if z.state.Bans != nil {
 		d = z.decideBanInStore(ctx, key, now, p, cost)
@@ -537,6 +537,12 @@ func (z *Zone) CachedDenial(key string, now int64, p *Plan) (Decision, bool) {
 			return z.bannedDecision(key, now, p, end, level), true
 		}
 	}
+	return z.cachedStoreDenial(key, now, p)
+}
+
+// cachedStoreDenial is CachedDenial's deny cache alone, for DecideWith,
+// which has looked for a ban already.
+func (z *Zone) cachedStoreDenial(key string, now int64, p *Plan) (Decision, bool) {
 	until, ok := z.deniedUntil(key, now)
 	if !ok {
 		return Decision{}, false
