@@ -60,6 +60,12 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	                                      # escalate: ban 10m 24h bans for 10m,
 //	                                      # 20m, 40m ... at most 24h, a key not
 //	                                      # banned for max starting over
+//	        delay <duration>              # a request the zone would deny waits
+//	                                      # for its turn when that is at most
+//	                                      # duration away (at most 1m): its slot
+//	                                      # is reserved, then it goes on
+//	        queue <n>                     # with delay: at most n of the zone's
+//	                                      # requests wait at once here; default 1000
 //	        dry_run
 //	    }
 //	    zone <name> {                     # a quota zone
@@ -309,6 +315,12 @@ func parseZone(d *caddyfile.Dispenser, defined map[string]*Zone, in, keyExample 
 			z.Quota, err = unmarshalQuota(d)
 		case sub == "ban":
 			z.Ban, z.BanMax, err = banArgs(d)
+		case sub == "delay":
+			if z.Delay, err = durationArg(d); err == nil && time.Duration(z.Delay) > zones.MaxDelay {
+				err = d.Errf("delay %v is longer than the %v a request may wait for its turn: use a shorter delay (a client further away is told Retry-After)", time.Duration(z.Delay), zones.MaxDelay)
+			}
+		case sub == "queue":
+			z.Queue, err = int64Arg(d, 1, zones.MaxQueue)
 		case sub == "concurrency":
 			z.Concurrency, err = int64Arg(d, 1, zones.MaxConcurrency)
 		case sub == "lease":
@@ -316,7 +328,7 @@ func parseZone(d *caddyfile.Dispenser, defined map[string]*Zone, in, keyExample 
 				err = d.Errf("lease must be at least %v: slots are renewed every lease/3", zones.MinLease)
 			}
 		default:
-			err = d.Errf("unknown subdirective %q: expected key, events, window, burst, quota, cost, count, charge, ban, concurrency, lease, match, ipv4_prefix, ipv6_prefix, fail_policy, max_keys or dry_run", sub)
+			err = d.Errf("unknown subdirective %q: expected key, events, window, burst, quota, cost, count, charge, ban, delay, queue, concurrency, lease, match, ipv4_prefix, ipv6_prefix, fail_policy, max_keys or dry_run", sub)
 		}
 		if err != nil {
 			return "", nil, nil, fmt.Errorf("zone %s: %w", name, err)
@@ -332,6 +344,16 @@ func parseZone(d *caddyfile.Dispenser, defined map[string]*Zone, in, keyExample 
 			kind = "a quota zone's denial already lasts until its period ends"
 		}
 		return "", nil, nil, fmt.Errorf("zone %s: ban is for rate zones: %s; remove ban (or put a rate zone with ban beside it), at %s:%d", name, kind, d.File(), lines["ban"])
+	case seen["delay"] && (z.Concurrency > 0 || z.Quota != nil):
+		kind := "a concurrency zone's slot frees when a request ends, at no time known in advance"
+		if z.Quota != nil {
+			kind = "a quota zone's next unit comes at the period's end"
+		}
+		return "", nil, nil, fmt.Errorf("zone %s: delay is for rate zones: %s; remove delay (or put a rate zone with delay beside it), at %s:%d", name, kind, d.File(), lines["delay"])
+	case seen["delay"] && (z.Count != nil || z.Charge != ""):
+		return "", nil, nil, fmt.Errorf("zone %s: delay is for zones that consume before the request: a post-charged zone (count, charge) only checks then, so there is no turn to wait for; remove delay, or put a rate zone with delay beside it, at %s:%d", name, d.File(), lines["delay"])
+	case seen["queue"] && !seen["delay"]:
+		return "", nil, nil, fmt.Errorf("zone %s: queue bounds the requests waiting for their turn, which only a zone with delay has: add e.g. delay 3s, or remove queue, at %s:%d", name, d.File(), lines["queue"])
 	case z.Concurrency == 0 && seen["lease"]:
 		return "", nil, nil, d.Errf("zone %s: lease only applies to concurrency zones: add e.g. concurrency 4, or remove lease", name)
 	case z.Concurrency > 0:

@@ -343,6 +343,13 @@ func TestCaddyfileErrorsNameTheLineAndTheFix(t *testing.T) {
 		{"ban without a duration", zone("\t\tevents 5\n\t\twindow 1s\n\t\tban"), 6, "ban takes a duration and optionally the longest escalated ban: ban 1h, or ban 10m 24h"},
 		{"ban max under its first", zone("\t\tevents 5\n\t\twindow 1s\n\t\tban 1h 10m"), 6, "ban 1h 10m: the longest ban is shorter than the first"},
 		{"ban of 200 years", zone("\t\tevents 5\n\t\twindow 1s\n\t\tban 1752000h"), 6, "longer than the 100 years"},
+		{"delay in a concurrency zone", zone("\t\tconcurrency 4\n\t\tdelay 1s"), 5, "zone z: delay is for rate zones: a concurrency zone's slot frees when a request ends"},
+		{"delay in a quota zone", zone("\t\tdelay 1s\n\t\tquota 100 per day"), 4, "zone z: delay is for rate zones: a quota zone's next unit comes at the period's end"},
+		{"delay in a post-charged zone", zone("\t\tevents 5\n\t\twindow 1s\n\t\tcount {\n\t\t\tstatus 401\n\t\t}\n\t\tdelay 1s"), 9, "delay is for zones that consume before the request"},
+		{"delay of an hour", zone("\t\tevents 5\n\t\twindow 1s\n\t\tdelay 1h"), 6, "delay 1h0m0s is longer than the 1m0s a request may wait for its turn"},
+		{"negative delay", zone("\t\tevents 5\n\t\twindow 1s\n\t\tdelay -3s"), 6, "delay must be a positive duration"},
+		{"queue without delay", zone("\t\tevents 5\n\t\twindow 1s\n\t\tqueue 10"), 6, "queue bounds the requests waiting for their turn, which only a zone with delay has"},
+		{"queue of zero", zone("\t\tevents 5\n\t\twindow 1s\n\t\tdelay 1s\n\t\tqueue 0"), 7, "queue must be a whole number from 1 to 1000000"},
 		// Limits whose arithmetic would overflow, at the line at fault.
 		{"burst that takes 1000 years to refill", zone("\t\tevents 1\n\t\twindow 8760h\n\t\tburst 1000"), 6,
 			"zone z: burst 1000 at one request per 8760h0m0s takes longer to refill than the 100 years"},
@@ -482,5 +489,25 @@ func TestCaddyfileBan(t *testing.T) {
 	}
 	if z := h.RateLimits["scrapers"]; z.Ban != caddy.Duration(10*time.Minute) || z.BanMax != caddy.Duration(24*time.Hour) {
 		t.Errorf("scrapers: ban %v %v", z.Ban, z.BanMax)
+	}
+}
+
+// The issue's syntax, as written: delay <d> and queue <n>.
+func TestCaddyfileDelay(t *testing.T) {
+	h, err := parse(t, `rate_limit { # (rate_limit /api/* in a site: the matcher is the site's)
+	zone smooth {
+		key {client_ip}
+		events 5
+		window 1s
+		burst 1
+		delay 3s            # a request that could pass within 3s waits for its turn
+		queue 100           # at most 100 requests of this zone waiting on this instance
+	}
+}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if z := h.RateLimits["smooth"]; z.Delay != caddy.Duration(3*time.Second) || z.Queue != 100 {
+		t.Errorf("smooth: delay %v queue %d", time.Duration(z.Delay), z.Queue)
 	}
 }

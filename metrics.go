@@ -38,6 +38,9 @@ var collectors = struct {
 	bans            *prometheus.CounterVec
 	dryRunBans      *prometheus.CounterVec
 	banned          *bannedCollector
+	delayed         *prometheus.HistogramVec
+	queueFull       *prometheus.CounterVec
+	waiting         *waitingCollector
 }{}
 
 func initCollectors() {
@@ -108,6 +111,18 @@ func initCollectors() {
 		Namespace: ns, Subsystem: sub, Name: "dry_run_bans_total",
 		Help: "Bans a dry-run zone with ban would have started.",
 	}, []string{"zone"})
+	collectors.delayed = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: ns, Subsystem: sub, Name: "delay_seconds",
+		Help: "How long the requests a zone with delay admitted for later waited for their turn (its count: the delayed requests).",
+		// From one 100 ms turn to the longest delay, a minute.
+		Buckets: []float64{.01, .05, .1, .25, .5, 1, 2, 3, 5, 10, 30, 60},
+	}, []string{"zone"})
+	collectors.queueFull = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "queue_full_total",
+		Help: "Requests a zone with delay denied though their turn was within the delay, because the zone's queue was full.",
+	}, []string{"zone"})
+	collectors.waiting = &waitingCollector{desc: prometheus.NewDesc(ns+"_"+sub+"_waiting",
+		"Requests of a zone with delay waiting for their turn in this instance now.", []string{"zone"}, nil)}
 	collectors.banned = &bannedCollector{desc: prometheus.NewDesc(ns+"_"+sub+"_banned_keys",
 		"Keys this instance knows to be banned in the zone (at most 1000 per zone).", []string{"zone"}, nil)}
 	collectors.keys = &keysCollector{desc: prometheus.NewDesc(ns+"_"+sub+"_keys",
@@ -129,7 +144,7 @@ func registerMetrics(ctx caddy.Context) error {
 		collectors.failPolicy, collectors.latency, collectors.keys, collectors.plans, collectors.inFlight,
 		collectors.cost, collectors.costFalls, collectors.chargeFails, collectors.connections, collectors.connsOpen,
 		collectors.snapshotSeconds, collectors.snapshotKeys, collectors.restoredKeys, collectors.writeFails, collectors.restoreFails,
-		collectors.bans, collectors.dryRunBans, collectors.banned} {
+		collectors.bans, collectors.dryRunBans, collectors.banned, collectors.delayed, collectors.queueFull, collectors.waiting} {
 		if err := reg.Register(c); err != nil {
 			if are := (prometheus.AlreadyRegisteredError{}); !errors.As(err, &are) {
 				return err
@@ -152,7 +167,9 @@ type zoneMetrics struct {
 	planFallbacks                 prometheus.Counter // nil unless the zone reads its limit from requests
 	// nil unless the zone is weighted or post-charged:
 	cost, costFallbacks, chargeFailures prometheus.Counter
-	bans                                prometheus.Counter // nil unless the zone bans (dry run: would-be bans)
+	bans                                prometheus.Counter  // nil unless the zone bans (dry run: would-be bans)
+	delayed                             prometheus.Observer // nil unless the zone has delay
+	queueFull                           prometheus.Counter  // nil unless the zone has delay
 }
 
 // newZoneMetrics binds the series of a zone. distributed says whether the
@@ -192,6 +209,13 @@ func newZoneMetrics(name string, policy zones.FailPolicy, dryRun, distributed, t
 	return m
 }
 
+// delays binds the series of a zone with delay (not in dry run, which
+// never waits).
+func (m *zoneMetrics) delays(name string) {
+	m.delayed = collectors.delayed.WithLabelValues(name)
+	m.queueFull = collectors.queueFull.WithLabelValues(name)
+}
+
 // observe counts one decision; storeWait is 0 when the decision was not
 // timed (local and async modes).
 func (m *zoneMetrics) observe(d zones.Decision, dryRun bool, storeWait time.Duration) {
@@ -202,6 +226,9 @@ func (m *zoneMetrics) observe(d zones.Decision, dryRun bool, storeWait time.Dura
 		m.dryRunDenied.Inc()
 	default:
 		m.denied.Inc()
+		if d.QueueFull && m.queueFull != nil {
+			m.queueFull.Inc()
+		}
 	}
 	switch d.Source {
 	case zones.SourceFailOpen, zones.SourceFailClosed, zones.SourceFailLocal:
@@ -238,6 +265,22 @@ func dropZoneSeries(name string) {
 	collectors.restoreFails.DeletePartialMatch(l)
 	collectors.bans.DeletePartialMatch(l)
 	collectors.dryRunBans.DeletePartialMatch(l)
+	collectors.delayed.DeletePartialMatch(l)
+	collectors.queueFull.DeletePartialMatch(l)
+}
+
+// waitingCollector reports, at scrape time, the requests each live zone
+// with delay has waiting for their turn in this process.
+type waitingCollector struct{ desc *prometheus.Desc }
+
+func (c *waitingCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *waitingCollector) Collect(ch chan<- prometheus.Metric) {
+	for name, z := range liveZones() {
+		if z.Delay > 0 && !z.DryRun {
+			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(z.Waiting()), name)
+		}
+	}
 }
 
 // bannedCollector reports, at scrape time, the keys each live zone with ban

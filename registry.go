@@ -40,11 +40,15 @@ type stateID struct {
 	// Zones with ban: its first and longest length (a zone's ban state
 	// lives in its State).
 	ban, banMax time.Duration
+	// Zones with delay: how long a request may wait, and how many wait
+	// at once (the waiting count lives in its State).
+	delay time.Duration
+	queue int64
 }
 
 func newStateID(cfg zones.Config, vars planVars) stateID {
 	id := stateID{name: cfg.Name, events: cfg.Events, window: int64(cfg.Window), burst: cfg.Limit().Burst, maxKeys: cfg.MaxKeys, vars: vars,
-		concurrency: cfg.IsConcurrency(), ban: cfg.Ban, banMax: cfg.BanMax}
+		concurrency: cfg.IsConcurrency(), ban: cfg.Ban, banMax: cfg.BanMax, delay: cfg.Delay, queue: cfg.Queue}
 	if cfg.IsQuota() {
 		id.period, id.timeZone = cfg.Period, cfg.Location.String()
 	}
@@ -77,6 +81,12 @@ func (id stateID) limit() string {
 		s += fmt.Sprintf(" with ban %v %v", id.ban, id.banMax)
 	case id.ban > 0:
 		s += fmt.Sprintf(" with ban %v", id.ban)
+	}
+	if id.delay > 0 {
+		s += fmt.Sprintf(" with delay %v", id.delay)
+		if id.queue > 0 {
+			s += fmt.Sprintf(" queue %d", id.queue)
+		}
 	}
 	return s
 }

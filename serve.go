@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"cmp"
 	"context"
 	"math"
 	"math/rand/v2"
@@ -67,9 +68,21 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	var denied *verdict
 	holding := false
 	postCharged := false
+	var turn int64 // zones with delay: when the request may go on (monotime), 0 if now
 	for i := range applicable {
 		v := &applicable[i]
 		z, key, cost := v.zone, v.key, v.cost
+		if turn != 0 && z.IsConcurrency() {
+			// The request waits for its turn before it takes a slot (the
+			// concurrency zones come last): a slot held while waiting
+			// would deny others for nothing.
+			cancel()
+			if !h.awaitTurn(r, verdicts, turn) {
+				return clientGone(w)
+			}
+			turn = 0
+			ctx, cancel = h.restartStoreContext(r)
+		}
 		var start time.Time
 		if z.timed {
 			start = time.Now()
@@ -97,6 +110,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if d.Err != nil {
 			z.logStoreError(now, d)
 		}
+		if d.Delay > 0 {
+			// Admitted for later: its turn counts from the answer.
+			turn = max(turn, monotime.Now()+int64(d.Delay))
+			if z.metrics != nil {
+				z.metrics.delayed.Observe(d.Delay.Seconds())
+			}
+		}
 		v.d = d
 		verdicts = applicable[:i+1]
 		if !d.Allowed {
@@ -116,22 +136,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		// A denied request consumes nothing: give back what the zones
 		// before the denying one took, at the cost they took it
 		// (post-charged zones only checked).
-		for i := range verdicts[:len(verdicts)-1] {
-			v := &verdicts[i]
-			if !v.d.Allowed || v.zone.costs.postCharged() {
-				continue
-			}
-			if v.slot.Held() {
-				releaseSlot(v)
-				continue
-			}
-			var err error
-			if v.d, err = v.zone.RefundWith(ctx, v.key, now, v.d, &v.plan, v.cost); err != nil {
-				h.logger.Debug("refund failed", zap.String("zone", v.zone.Name), zap.Error(err))
-			}
-		}
+		h.refund(ctx, verdicts[:len(verdicts)-1], now)
 	}
 	cancel()
+	if denied == nil && turn != 0 && !h.awaitTurn(r, verdicts, turn) {
+		return clientGone(w)
+	}
 	if denied == nil {
 		h.setHeaders(w.Header(), verdicts, false, 0)
 		if h.weighted {
@@ -146,6 +156,83 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return next.ServeHTTP(w, r)
 	}
 	return h.deny(w, r, verdicts, denied, now)
+}
+
+// refund gives back what verdicts took: each allowed zone's cost (a
+// reservation for later included) or its slot, and the queue places of
+// those that admitted for later. Post-charged zones only checked.
+func (h *Handler) refund(ctx context.Context, verdicts []verdict, now int64) {
+	for i := range verdicts {
+		v := &verdicts[i]
+		if !v.d.Allowed || v.zone.costs.postCharged() {
+			continue
+		}
+		if v.slot.Held() {
+			releaseSlot(v)
+			continue
+		}
+		delayed := v.d.Delay > 0
+		var err error
+		if v.d, err = v.zone.RefundWith(ctx, v.key, now, v.d, &v.plan, v.cost); err != nil {
+			h.logger.Debug("refund failed", zap.String("zone", v.zone.Name), zap.Error(err))
+		}
+		if delayed {
+			v.zone.EndWait()
+			v.d.Delay = 0
+		}
+	}
+}
+
+// awaitTurn makes the request wait until turn (monotime), the latest turn
+// its zones with delay reserved, and reports whether it may go on. A
+// request whose client goes away meanwhile (or that Caddy's own timeouts,
+// or a shutdown past its grace period, end) gives back what every zone
+// took, reservations included, and returns false at once. Either way the
+// zones' queue places are given back. On the way on, the delayed zones'
+// headers are those of an allowed request at its turn, and
+// {http.rate_limit.delay} is the time waited.
+func (h *Handler) awaitTurn(r *http.Request, verdicts []verdict, turn int64) bool {
+	start := time.Now()
+	t := time.NewTimer(time.Duration(turn - monotime.Now()))
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-r.Context().Done():
+		// Refunds outlive the request's context, bounded by the store's
+		// budget as any call of it.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), cmp.Or(h.budget, time.Second))
+		h.refund(ctx, verdicts, monotime.Now())
+		cancel()
+		return false
+	}
+	waited := time.Since(start)
+	for i := range verdicts {
+		v := &verdicts[i]
+		if v.d.Delay > 0 {
+			v.zone.EndWait()
+			v.d.ResetAfter = max(0, v.d.ResetAfter-waited)
+			v.d.Delay = 0
+		}
+	}
+	requestReplacer(r).Set("http.rate_limit.delay", waited)
+	return true
+}
+
+// clientGone answers a request whose client went away while it waited for
+// its turn, as Caddy's reverse proxy answers one: 499 (client closed
+// request), for the access log; nobody reads it.
+func clientGone(w http.ResponseWriter) error {
+	w.WriteHeader(499)
+	return nil
+}
+
+// restartStoreContext is storeContext for the store calls a request makes
+// after waiting for its turn: a budget of their own, from now.
+func (h *Handler) restartStoreContext(r *http.Request) (context.Context, context.CancelFunc) {
+	if h.budget > 0 {
+		caddyhttp.SetVar(r.Context(), storeDeadlineVar, monotime.Now()+int64(h.budget))
+	}
+	return h.storeContext(r, monotime.Now())
 }
 
 // requestReplacer is the request's placeholder replacer.

@@ -171,6 +171,21 @@ type Zone struct {
 	// ban_max of its last ban's end lasts twice the last one, at most
 	// ban_max; a key not banned for ban_max starts over at ban.
 	BanMax caddy.Duration `json:"ban_max,omitempty"`
+
+	// Lets a request the zone would deny wait for its turn instead, when
+	// that turn is at most this far away (at most 1m): its slot is reserved
+	// at once (fleet-wide in strict mode, in the same Redis step), the
+	// request waits, then goes on with the headers of an allowed one and
+	// {http.rate_limit.delay} set to its wait. A client that goes away
+	// while waiting gives its slot back. Requests further away are denied
+	// as without delay; Retry-After is when they would pass at once. Not
+	// in concurrency, quota or post-charged (count, charge) zones.
+	Delay caddy.Duration `json:"delay,omitempty"`
+
+	// With delay: at most this many requests of the zone wait at once on
+	// this instance; beyond it a request is decided as without delay
+	// (denied when over the limit). Default: 1000.
+	Queue int64 `json:"queue,omitempty"`
 }
 
 // zoneHandler is a provisioned zone: its matchers, key template and the
@@ -238,6 +253,8 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 		Lease:       time.Duration(zc.Lease),
 		Ban:         time.Duration(zc.Ban),
 		BanMax:      time.Duration(zc.BanMax),
+		Delay:       time.Duration(zc.Delay),
+		Queue:       zc.Queue,
 	}
 	vars, err := newPlanVars(name, zc, h.logger)
 	if err != nil {
@@ -256,6 +273,9 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 	costs, err := zoneCosts(name, zc, plan)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.Delay > 0 && costs.postCharged() {
+		return nil, fmt.Errorf("zone %s: delay is for zones that consume before the request: a post-charged zone (count, charge) only checks then, so there is no turn to wait for; remove delay, or put a rate zone with delay beside it", name)
 	}
 	if zc.Key == "" {
 		return nil, fmt.Errorf("zone %s: key is required (e.g. key {client_ip})", name)
@@ -302,6 +322,9 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 		// zeros.
 		zh.timed = h.store != nil && zh.Mode() == "strict"
 		zh.metrics = newZoneMetrics(name, policy, cfg.DryRun, h.store != nil, zh.timed, cfg.PerRequest, cfg.Ban > 0, costs)
+		if cfg.Delay > 0 && !cfg.DryRun {
+			zh.metrics.delays(name)
+		}
 		if cfg.IsQuota() && zh.metrics.cost == nil {
 			// A quota zone's use, in units, whatever its cost.
 			zh.metrics.cost = collectors.cost.WithLabelValues(name)

@@ -103,6 +103,9 @@ type Result struct {
 	// also the key's time to live: after it the stored TAT carries no
 	// information and may be dropped.
 	ResetAfter int64
+	// Delay is how long an allowed request waits for its turn (DecideAhead:
+	// admitted for later); 0 for a request that passes at once.
+	Delay int64
 }
 
 // Decide runs one GCRA step for a request of the given cost arriving at now,
@@ -135,6 +138,28 @@ func (l Limit) Decide(tat, now, cost int64) Result {
 		Remaining:  l.Burst - cost - busy,
 		ResetAfter: newTAT - now,
 	}
+}
+
+// DecideAhead is Decide for a limit that lets a request wait for its turn:
+// a request Decide would deny, whose allow time is at most ahead away, is
+// admitted for later. Its slot is reserved at once (the TAT moves as for an
+// allowed request) and Delay is how long it must wait, allowAt − now;
+// Remaining is then 0 and ResetAfter counts from now, as for any allowed
+// request. A request further away is denied as Decide denies it: its
+// RetryAfter, allowAt − now, counts the reservations already made, and is
+// when it would pass without waiting. With ahead 0 it is Decide.
+//
+// Over any interval of length d the limit still admits at most B + d/T
+// units: a reservation is an admission at its allow time, which GCRA
+// spaces by T like any other; the requests admitted for later are served
+// over d + ahead.
+func (l Limit) DecideAhead(tat, now, cost, ahead int64) Result {
+	r := l.Decide(tat, now, cost)
+	if r.Allowed || ahead <= 0 || cost > l.Burst || r.RetryAfter > ahead {
+		return r
+	}
+	newTAT := add(r.TAT, mul(cost, l.EmissionInterval))
+	return Result{Allowed: true, TAT: newTAT, ResetAfter: newTAT - now, Delay: r.RetryAfter}
 }
 
 // Refund gives back the cost of a request that was allowed but must not count

@@ -210,6 +210,9 @@ func FuzzDecideNeverWraps(f *testing.F) {
 		if !r.Allowed && (r.RetryAfter <= 0 || r.TAT != max(tat, now)) {
 			t.Fatalf("denied with retry %d, TAT %d", r.RetryAfter, r.TAT)
 		}
+		if a := l.DecideAhead(tat, now, cost, interval); a.Allowed && (a.Delay < 0 || a.Delay > interval || a.TAT < max(tat, now) || a.Remaining < 0) {
+			t.Fatalf("DecideAhead(%d, %d, %d, %d) with %+v = %+v", tat, now, cost, interval, l, a)
+		}
 		if got := l.Refund(tat, now, cost); got < now || got > max(tat, now) {
 			t.Fatalf("Refund(%d, %d, %d) = %d, outside [now, max(tat, now)]", tat, now, cost, got)
 		}
@@ -217,4 +220,71 @@ func FuzzDecideNeverWraps(f *testing.F) {
 			t.Fatalf("Peek(%d, %d) = %+v", tat, now, p)
 		}
 	})
+}
+
+func TestDecideAhead(t *testing.T) {
+	// 5 per 1000 with burst 1: T = 200; a request may wait up to 600.
+	l := NewLimit(5, 1000, 1)
+	tests := []struct {
+		name            string
+		tat, now, ahead int64
+		want            Result
+	}{
+		{"a fresh key passes at once", 0, 5000, 600,
+			Result{Allowed: true, TAT: 5200, ResetAfter: 200}},
+		{"the next waits one interval, its slot reserved", 5200, 5000, 600,
+			Result{Allowed: true, TAT: 5400, ResetAfter: 400, Delay: 200}},
+		{"exactly ahead away is admitted for later", 5600, 5000, 600,
+			Result{Allowed: true, TAT: 5800, ResetAfter: 800, Delay: 600}},
+		{"one µs further is denied, its retry counting the queue", 5601, 5000, 600,
+			Result{TAT: 5601, RetryAfter: 601, ResetAfter: 601}},
+		{"ahead 0 is Decide", 5200, 5000, 0,
+			Result{TAT: 5200, RetryAfter: 200, ResetAfter: 200}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := l.DecideAhead(tc.tat, tc.now, 1, tc.ahead); got != tc.want {
+				t.Errorf("DecideAhead(%d, %d, 1, %d) = %+v, want %+v", tc.tat, tc.now, tc.ahead, got, tc.want)
+			}
+		})
+	}
+	if r := l.DecideAhead(0, 5000, 2, 10_000); r.Allowed {
+		t.Errorf("a cost over the burst was admitted for later: %+v", r)
+	}
+}
+
+// TestDecideAheadServesAtMostTheRate admits a burst of requests arriving
+// together and checks the times they are served at (now + Delay): spaced by
+// T after the burst, never more than B + d/T in any interval d, and the
+// ones admitted are exactly those within ahead.
+func TestDecideAheadServesAtMostTheRate(t *testing.T) {
+	for _, burst := range []int64{1, 3} {
+		l := NewLimit(5, 1000, burst) // T = 200
+		const ahead = 3000
+		var tat int64
+		var served []int64
+		for i := range 40 {
+			now := int64(10_000 + i) // 40 requests within 40 units
+			r := l.DecideAhead(tat, now, 1, ahead)
+			if !r.Allowed {
+				if r.RetryAfter <= ahead {
+					t.Fatalf("burst %d: request %d denied with retry %d within ahead", burst, i, r.RetryAfter)
+				}
+				continue
+			}
+			tat = r.TAT
+			served = append(served, now+r.Delay)
+		}
+		// Served at once: burst; then one per T for ahead: ⌊ahead/T⌋ more.
+		if want := int(burst + ahead/200); len(served) != want {
+			t.Errorf("burst %d: %d admitted, want %d", burst, len(served), want)
+		}
+		for i := range served {
+			for j := i + 1; j < len(served); j++ {
+				if n, d := int64(j-i+1), served[j]-served[i]; n > burst+d/200 {
+					t.Fatalf("burst %d: %d served within %d, more than B + d/T = %d", burst, n, d, burst+d/200)
+				}
+			}
+		}
+	}
 }

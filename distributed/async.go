@@ -149,15 +149,25 @@ func (a *Async) Destruct() error { return a.Close() }
 // without calling Redis. limit is in nanoseconds, like the result.
 // Remaining is this instance's allowance, not the fleet's.
 func (a *Async) Decide(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) (algorithms.Result, error) {
-	return a.step(ctx, zone, key, limit, func(r *record, now, nextSync int64) algorithms.Result {
+	return a.step(ctx, zone, key, limit, 0, func(r *record, now, nextSync int64) algorithms.Result {
 		return r.decide(now, nextSync, limit, cost)
+	})
+}
+
+// DecideAhead is Decide in a zone with delay (zones.DelayStore): a request
+// the allowance cannot cover, whose turn is at most ahead (ns) away, is
+// admitted for later (see record.decideAhead). A denial's deny cache ends
+// when a request could be admitted for later again.
+func (a *Async) DecideAhead(ctx context.Context, zone, key string, limit algorithms.Limit, cost, ahead int64) (algorithms.Result, error) {
+	return a.step(ctx, zone, key, limit, ahead, func(r *record, now, nextSync int64) algorithms.Result {
+		return r.decideAhead(now, nextSync, limit, cost, ahead)
 	})
 }
 
 // Check reports, without consuming, whether this instance's allowance for
 // key has a unit left (a post-charged zone's check before the request).
 func (a *Async) Check(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, error) {
-	return a.step(ctx, zone, key, limit, func(r *record, now, nextSync int64) algorithms.Result {
+	return a.step(ctx, zone, key, limit, 0, func(r *record, now, nextSync int64) algorithms.Result {
 		return r.check(now, nextSync, limit)
 	})
 }
@@ -166,7 +176,7 @@ func (a *Async) Check(ctx context.Context, zone, key string, limit algorithms.Li
 // the allowance does not cover is reported at the next sync and counted in
 // Redis past the burst (the key goes into debt).
 func (a *Async) Charge(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) (algorithms.Result, error) {
-	return a.step(ctx, zone, key, limit, func(r *record, now, nextSync int64) algorithms.Result {
+	return a.step(ctx, zone, key, limit, 0, func(r *record, now, nextSync int64) algorithms.Result {
 		r.charge(cost)
 		return r.check(now, nextSync, limit)
 	})
@@ -175,7 +185,9 @@ func (a *Async) Charge(ctx context.Context, zone, key string, limit algorithms.L
 // step runs f on key's record (created with a fresh share), under its
 // shard's lock, when the local view is fresh enough to decide from. A
 // dormant record is woken first when the fleet had tokens at its last sync.
-func (a *Async) step(ctx context.Context, zone, key string, limit algorithms.Limit, f func(r *record, now, nextSync int64) algorithms.Result) (algorithms.Result, error) {
+// A denial is cached in the record until its retry time, less ahead (a zone
+// with delay admits for later from then).
+func (a *Async) step(ctx context.Context, zone, key string, limit algorithms.Limit, ahead int64, f func(r *record, now, nextSync int64) algorithms.Result) (algorithms.Result, error) {
 	now := monotime.Now()
 	if now-a.lastSync.Load() > a.stale && a.syncFailed.Load() {
 		if ok, _ := a.breaker.health(); !ok {
@@ -219,7 +231,7 @@ func (a *Async) step(ctx context.Context, zone, key string, limit algorithms.Lim
 	}
 	res := f(r, now, a.nextSync.Load())
 	if !res.Allowed && r.allow < 1 {
-		r.deniedUntil = now + res.RetryAfter
+		r.deniedUntil = now + res.RetryAfter - ahead
 	}
 	s.mu.Unlock()
 	return res, nil
@@ -246,7 +258,7 @@ func (a *Async) DeniedUntil(zone, key string, now int64) (int64, bool) {
 // (zones.RecordStore; see record.fallbackStep), creating the record, with
 // no allowance, for a key it has none of. Only a charge or an admission
 // creates one.
-func (a *Async) Fallback(zone, key string, now int64, limit, share algorithms.Limit, op zones.FallbackOp, cost int64) algorithms.Result {
+func (a *Async) Fallback(zone, key string, now int64, limit, share algorithms.Limit, op zones.FallbackOp, cost, ahead int64) algorithms.Result {
 	z := a.zone(zone)
 	s := z.shard(key)
 	s.mu.Lock()
@@ -264,7 +276,7 @@ func (a *Async) Fallback(zone, key string, now int64, limit, share algorithms.Li
 		r = &record{limit: limit}
 		z.insert(s, key, r)
 	}
-	return r.fallbackStep(now, limit, share, op, cost)
+	return r.fallbackStep(now, limit, share, op, cost, ahead)
 }
 
 // forgetDenials drops the deny cache of every record (resets may have been
@@ -367,4 +379,5 @@ var (
 	_ zones.SlotStore   = (*Async)(nil)
 	_ zones.ModeStore   = (*Async)(nil)
 	_ zones.RecordStore = (*Async)(nil)
+	_ zones.DelayStore  = (*Async)(nil)
 )

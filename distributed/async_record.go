@@ -77,6 +77,10 @@ type record struct {
 	// (see fallbackStep).
 	fallback   int64
 	inFallback bool
+	// turnAt (monotime, 0: none) is the turn of the last request a zone
+	// with delay admitted for later here that no sync has reported yet
+	// (see decideAhead).
+	turnAt int64
 	// restore: Redis lost its data since the last sync (async_epoch.go);
 	// the next report restores the key to what this record last heard.
 	restore bool
@@ -101,6 +105,44 @@ func (r *record) decide(now, nextSync int64, l algorithms.Limit, cost int64) alg
 		r.pending += cost
 	}
 	return r.result(now, nextSync, l, true)
+}
+
+// decideAhead is decide in a zone with delay: a request the allowance
+// cannot cover is admitted for later when its turn is at most ahead away.
+// Its turn is the fleet's next token as of the last sync, or the next sync
+// if later (no lease comes before it), or one emission interval per unit
+// after this instance's last reservation still unreported; what the
+// allowance does not cover is pending, counted in Redis at the next sync,
+// past the burst if need be (as a charge), so that the leases that follow
+// make room for it. Instances that reserve for the same key within one
+// sync interval do not see each other's reservations until that sync: the
+// fleet may serve up to N−1 reservations of the key per turn in that
+// interval (docs/distributed.md), and serves the debt off afterwards.
+//
+// A denial's retry is the turn it would have had: when a request would
+// pass at once.
+func (r *record) decideAhead(now, nextSync int64, l algorithms.Limit, cost, ahead int64) algorithms.Result {
+	if r.allow >= cost || ahead <= 0 || cost > l.Burst {
+		return r.decide(now, nextSync, l, cost)
+	}
+	turn := max(now, r.retryAt, nextSync)
+	if r.turnAt > 0 {
+		turn = max(turn, r.turnAt+cost*l.EmissionInterval)
+	}
+	if turn-now > ahead {
+		res := r.decide(now, nextSync, l, cost)
+		res.RetryAfter = max(res.RetryAfter, turn-now)
+		res.ResetAfter = max(res.ResetAfter, res.RetryAfter)
+		return res
+	}
+	r.limit = l
+	r.charge(cost)
+	r.turnAt = turn
+	return algorithms.Result{
+		Allowed:    true,
+		ResetAfter: max(r.resetAt-now, 0) + r.pending*l.EmissionInterval,
+		Delay:      turn - now,
+	}
 }
 
 // check reports whether the allowance has a unit left, consuming nothing.
@@ -286,6 +328,10 @@ func (r *record) apply(s sent, rep syncReply, now, burst, fresh int64) (drop boo
 	}
 	r.allow, r.pending, r.reserved = allow, max(0, pending), true
 	r.retryAt, r.resetAt = now+rep.retry, now+rep.reset
+	if r.pending == 0 {
+		// The reservations made here are in Redis's answer (retry).
+		r.turnAt = 0
+	}
 	r.hasUnacked = false
 	r.failedSince = 0
 	r.inFallback = false
@@ -317,7 +363,7 @@ func (r *record) apply(s sent, rep syncReply, now, burst, fresh int64) (drop boo
 // outage counts it in Redis, once (the report's sequence number), so the
 // outage costs the fleet the fallback's own bound once, instead of the key
 // getting its Redis quota again.
-func (r *record) fallbackStep(now int64, l, share algorithms.Limit, op zones.FallbackOp, cost int64) algorithms.Result {
+func (r *record) fallbackStep(now int64, l, share algorithms.Limit, op zones.FallbackOp, cost, ahead int64) algorithms.Result {
 	if !r.inFallback {
 		r.inFallback = true
 		full := r.resetAt // as Redis said at the last sync, leases included
@@ -338,7 +384,7 @@ func (r *record) fallbackStep(now int64, l, share algorithms.Limit, op zones.Fal
 	case zones.FallbackCharge:
 		res = share.Charge(r.fallback, now, cost)
 	default:
-		if res = share.Decide(r.fallback, now, cost); !res.Allowed {
+		if res = share.DecideAhead(r.fallback, now, cost, ahead); !res.Allowed {
 			return res
 		}
 	}

@@ -25,6 +25,11 @@
 --         first·2^(level-1), at most max, while the key is remembered from
 --         its last ban (until max µs after that ban's end); "P0,0" is a
 --         peek that reports a ban as the ban ops do and starts none
+--         "w<ahead>" decide in a zone with delay: a request the step would
+--         deny whose allow time is at most ahead µs away is admitted for
+--         later, its slot reserved (the TAT moves as for any admission),
+--         reported as allowed with 0 remaining; its wait is reset − B·T
+--         "b<first>,<max>,<ahead>" the ban decide of a zone with delay too
 --
 -- A key with a ban holds "TAT,ban end,remembered until,level" (µs, the TAT
 -- 0 when it has none) instead of "TAT", with a TTL that reaches the later
@@ -63,7 +68,7 @@
 -- one written; the reply table starts sized for one key, and holds two
 -- integers per key (four cost 4% more).
 
-local floor, format, tonumber, match, byte = math.floor, string.format, tonumber, string.match, string.byte
+local floor, format, tonumber, match, byte, sub = math.floor, string.format, tonumber, string.match, string.byte, string.sub
 
 local now = tonumber(ARGV[1])
 if not now then
@@ -73,7 +78,7 @@ end
 local out = {0, 0}
 local sT, sB, sC, T, B, cost -- the last limit parsed, as sent and as numbers
 local lastMs, lastPX -- the last TTL written, as a number and as sent
-local sOp, bFirst, bMax -- the last ban op parsed
+local sOp, bFirst, bMax, sAhead, sBan -- the last ban or delay op parsed
 for i = 1, #KEYS do
   local key, a, j = KEYS[i], 4 * i - 2, 2 * i - 1
   if ARGV[a] ~= sT then sT = ARGV[a]; T = tonumber(sT) end
@@ -81,16 +86,22 @@ for i = 1, #KEYS do
   if ARGV[a + 2] ~= sC then sC = ARGV[a + 2]; cost = tonumber(sC) end
   local op = ARGV[a + 3]
   local ban, peekOnly -- a ban op: 'd' or 'p' is what it does when the key is not banned
+  local ahead = 0 -- how far ahead a denied request may be admitted for later
   if op ~= 'd' and op ~= 'r' and op ~= 'p' and op ~= 'c' then
     if op ~= sOp then
       sOp = op
-      bFirst, bMax = match(op, '^%a(%d+),(%d+)$')
-      bFirst, bMax = tonumber(bFirst), tonumber(bMax)
+      if byte(op) == 119 then -- 'w'
+        sAhead, sBan = tonumber(sub(op, 2)), false
+      else
+        local f, m, w = match(op, '^%a(%d+),(%d+),?(%d*)$')
+        bFirst, bMax, sAhead, sBan = tonumber(f), tonumber(m), tonumber(w) or 0, true
+      end
     end
     local c = byte(op)
-    if c == 98 then op = 'd' else op = 'p' end -- 'b', or 'B' (and 'P': a peek
-    ban = true                                 -- that reports the ban and
-    peekOnly = c == 80                         -- starts none)
+    if c == 98 or c == 119 then op = 'd' else op = 'p' end -- 'b' or 'w', or 'B'
+    ban = sBan                                             -- (and 'P': a peek
+    peekOnly = c == 80                                     -- that reports the ban
+    if op == 'd' then ahead = sAhead end                   -- and starts none)
   end
   local raw = redis.pcall('GET', key)
   local stored = 0
@@ -139,7 +150,7 @@ for i = 1, #KEYS do
     if op == 'p' then cost = 1; sC = nil end
     local newTAT = tat + cost * T
     local d = now - (newTAT - B * T) -- now - allowAt
-    if d < 0 then
+    if d < -ahead or cost > B then -- (a cost over the burst never passes, even later)
       r, reset = d, tat - now -- d < 0: -d is the retry time
       if ban and not peekOnly then -- a denial starts a ban, one level up while remembered
         if bLvl then bLvl = bLvl + 1 else bLvl = 1 end
@@ -160,8 +171,11 @@ for i = 1, #KEYS do
         write = stored
       end
     else
-      local q = floor(d / T) -- exactly: the quotient may be one off
-      if q * T > d then q = q - 1 elseif (q + 1) * T <= d then q = q + 1 end
+      local q = 0 -- d < 0: admitted for later, nothing left
+      if d > 0 then
+        q = floor(d / T) -- exactly: the quotient may be one off
+        if q * T > d then q = q - 1 elseif (q + 1) * T <= d then q = q + 1 end
+      end
       if op == 'p' then
         r, reset = q + 1, tat - now
       else

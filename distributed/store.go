@@ -38,9 +38,9 @@ var gcraScript string
 // when the last one goes.
 type Store struct {
 	*conn
-	banOps struct { // banOp's strings, by rule
+	ops struct { // gcra.lua's ban and delay ops, by rule (see op)
 		sync.RWMutex
-		m map[banOpKey]any
+		m map[opKey]any
 	}
 }
 
@@ -96,14 +96,56 @@ func (s *Store) Decide(ctx context.Context, zone, key string, limit algorithms.L
 // ban in the same script step, with the key's TTL reaching its end.
 func (s *Store) DecideBan(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64, rule zones.BanRule) (algorithms.Result, zones.StoreBan, error) {
 	l := micro(limit)
-	return s.banStep(ctx, zone, key, [5]any{"", l.EmissionInterval, l.Burst, cost, s.banOp('b', rule)})
+	return s.banStep(ctx, zone, key, [5]any{"", l.EmissionInterval, l.Burst, cost, s.op('b', rule, 0)})
+}
+
+// DecideAhead is Decide in a zone with delay (zones.DelayStore): a request
+// whose allow time is at most ahead (ns) away is admitted for later in the
+// same script step, its slot reserved in Redis, so that every instance's
+// reservations of the key are spaced by its emission interval.
+func (s *Store) DecideAhead(ctx context.Context, zone, key string, limit algorithms.Limit, cost, ahead int64) (algorithms.Result, error) {
+	if s.isClosed() {
+		return algorithms.Result{}, ErrClosed
+	}
+	l := micro(limit)
+	rep := s.call(ctx, s.gcra, s.RedisKey(zone, key), [5]any{"", l.EmissionInterval, l.Burst, cost, s.op('w', zones.BanRule{}, ahead)})
+	if rep.err != nil {
+		s.problems.note(zone, rep.err)
+		return algorithms.Result{}, rep.err
+	}
+	return withDelay(rep.step, l), nil
+}
+
+// DecideBanAhead is DecideBan in a zone with delay too.
+func (s *Store) DecideBanAhead(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64, rule zones.BanRule, ahead int64) (algorithms.Result, zones.StoreBan, error) {
+	l := micro(limit)
+	r, b, err := s.banStep(ctx, zone, key, [5]any{"", l.EmissionInterval, l.Burst, cost, s.op('b', rule, ahead)})
+	if err == nil && r.Allowed {
+		// banStep converted to ns; the wait is reset − B·T, in µs as Redis
+		// reported it.
+		r = withDelay(algorithms.Result{Allowed: true, Remaining: r.Remaining, ResetAfter: r.ResetAfter / 1000}, l)
+	}
+	return r, b, err
+}
+
+// withDelay converts an allowed step of a delay op (µs, limit l in µs) to
+// nanoseconds with its wait: the reply's reset less the burst's span,
+// when positive (see gcra.lua).
+func withDelay(step algorithms.Result, l algorithms.Limit) algorithms.Result {
+	r := nanos(step)
+	if step.Allowed {
+		if wait := step.ResetAfter - l.Burst*l.EmissionInterval; wait > 0 {
+			r.Delay = wait * 1000
+		}
+	}
+	return r
 }
 
 // CheckBan is Check in a zone with a ban: a post-charged check that finds
 // no quota starts the ban.
 func (s *Store) CheckBan(ctx context.Context, zone, key string, limit algorithms.Limit, rule zones.BanRule) (algorithms.Result, zones.StoreBan, error) {
 	l := micro(limit)
-	return s.banStep(ctx, zone, key, [5]any{"", l.EmissionInterval, l.Burst, int64(1), s.banOp('B', rule)})
+	return s.banStep(ctx, zone, key, [5]any{"", l.EmissionInterval, l.Burst, int64(1), s.op('B', rule, 0)})
 }
 
 // PeekBan is Peek with the key's ban, for the admin API: it bypasses the
@@ -145,30 +187,40 @@ func banResult(rep reply) (algorithms.Result, zones.StoreBan, error) {
 	return nanos(rep.step), b, nil
 }
 
-// banOp is gcra.lua's op for a ban zone's decide ('b') or check ('B'),
-// "<op><first µs>,<max µs>", boxed once per rule: a zone's decisions
-// allocate nothing for it.
-func (s *Store) banOp(op byte, rule zones.BanRule) any {
-	k := banOpKey{op, rule}
-	s.banOps.RLock()
-	v, ok := s.banOps.m[k]
-	s.banOps.RUnlock()
+// op is gcra.lua's op for a ban zone's decide ('b') or check ('B'),
+// "<op><first µs>,<max µs>", with ",<ahead µs>" for a decide that admits
+// for later, or a delay zone's decide ('w'), "w<ahead µs>"; boxed once per
+// rule: a zone's decisions allocate nothing for it.
+func (s *Store) op(op byte, rule zones.BanRule, ahead int64) any {
+	k := opKey{op, rule, ahead}
+	s.ops.RLock()
+	v, ok := s.ops.m[k]
+	s.ops.RUnlock()
 	if ok {
 		return v
 	}
-	s.banOps.Lock()
-	defer s.banOps.Unlock()
-	if s.banOps.m == nil {
-		s.banOps.m = make(map[banOpKey]any)
+	s.ops.Lock()
+	defer s.ops.Unlock()
+	if s.ops.m == nil {
+		s.ops.m = make(map[opKey]any)
 	}
-	v = fmt.Sprintf("%c%d,%d", op, max(1, rule.First.Microseconds()), max(rule.First, rule.Max).Microseconds())
-	s.banOps.m[k] = v
+	aheadUs := (ahead + 999) / 1000 // a delay of part of a µs reserves that µs
+	switch {
+	case op == 'w':
+		v = fmt.Sprintf("w%d", aheadUs)
+	case ahead > 0:
+		v = fmt.Sprintf("%c%d,%d,%d", op, max(1, rule.First.Microseconds()), max(rule.First, rule.Max).Microseconds(), aheadUs)
+	default:
+		v = fmt.Sprintf("%c%d,%d", op, max(1, rule.First.Microseconds()), max(rule.First, rule.Max).Microseconds())
+	}
+	s.ops.m[k] = v
 	return v
 }
 
-type banOpKey struct {
-	op   byte
-	rule zones.BanRule
+type opKey struct {
+	op    byte
+	rule  zones.BanRule
+	ahead int64
 }
 
 // Refund gives back cost for key in zone (see algorithms.Limit.Refund).
@@ -254,8 +306,10 @@ func nanos(r algorithms.Result) algorithms.Result {
 
 // Interface guards: what zones asks of a strict store.
 var (
-	_ zones.Store     = (*Store)(nil)
-	_ zones.SlotStore = (*Store)(nil)
-	_ zones.ModeStore = (*Store)(nil)
-	_ zones.BanStore  = (*Store)(nil)
+	_ zones.Store         = (*Store)(nil)
+	_ zones.SlotStore     = (*Store)(nil)
+	_ zones.ModeStore     = (*Store)(nil)
+	_ zones.BanStore      = (*Store)(nil)
+	_ zones.DelayStore    = (*Store)(nil)
+	_ zones.DelayBanStore = (*Store)(nil)
 )

@@ -81,6 +81,14 @@ func TestLuaScriptAgreesWithGoGCRA(t *testing.T) {
 		{"charge of zero leaves the key", distributed.OpCharge, T, 5, 0, 2 * T},
 		{"charge with odd T", distributed.OpCharge, 7_000_003, 10, 4, 20_000_000},
 		{"charge stops at the debt cap", distributed.OpCharge, T, 5, 20, 2 * T},
+		{"delay: denied within ahead is admitted for later", "w3000000", T, 1, 1, 2 * T},
+		{"delay: exactly ahead away is admitted for later", "w2000000", T, 1, 1, 2 * T},
+		{"delay: one microsecond beyond ahead is denied", "w2000000", T, 1, 1, 2*T + 1},
+		{"delay: inside the burst passes at once", "w2000000", T, 5, 1, 2 * T},
+		{"delay: a fresh key passes at once", "w2000000", T, 1, 1, absent},
+		{"delay: cost above burst is never admitted", "w9000000", T, 2, 3, absent},
+		{"delay with odd T and cost 2", "w30000000", 7_000_003, 3, 2, 20_000_000},
+		{"delay in a ban zone, admitted for later", "b5000000,5000000,3000000", T, 1, 1, 2 * T},
 	}
 	// setup stores the case's TAT at key and returns it as Go sees it (0
 	// when absent); verify checks the script's result and what it stored.
@@ -113,6 +121,14 @@ func TestLuaScriptAgreesWithGoGCRA(t *testing.T) {
 		case distributed.OpCharge:
 			want = limit.Charge(tat, nowUs, c.cost)
 			writes = true
+		default: // a delay op, "w<ahead>" or "b<first>,<max>,<ahead>"
+			f := strings.FieldsFunc(string(c.op)[1:], func(r rune) bool { return r == ',' })
+			ahead, _ := strconv.ParseInt(f[len(f)-1], 10, 64)
+			want = limit.DecideAhead(tat, nowUs, c.cost, ahead)
+			writes = want.Allowed
+			if got.Allowed { // the store's reading of the reply (DecideAhead)
+				got.Delay = max(0, got.ResetAfter-c.b*c.t)
+			}
 		}
 		got.TAT = want.TAT // not returned by the script; checked in Redis below
 		if got != want {

@@ -197,17 +197,21 @@ func (z *Zone) bannedDecision(key string, now int64, p *Plan, end int64, level i
 // BanStore keeps the ban with the decision; another store's denial starts
 // a ban on this instance only (see banOnDenial), listed for the others. A
 // dry-run zone sends plain steps: it bans nobody, in Redis either.
-func (z *Zone) decideBanInStore(ctx context.Context, key string, now int64, p *Plan, cost int64) Decision {
+func (z *Zone) decideBanInStore(ctx context.Context, key string, now int64, p *Plan, cost, ahead int64) Decision {
 	var r algorithms.Result
 	var b StoreBan
 	var err error
 	if bs, ok := z.store.(BanStore); ok && !z.DryRun {
-		r, b, err = bs.DecideBan(ctx, z.Name, key, p.limit, cost, z.banRule())
+		if ds, ok := z.store.(DelayBanStore); ok && ahead > 0 {
+			r, b, err = ds.DecideBanAhead(ctx, z.Name, key, p.limit, cost, z.banRule(), ahead)
+		} else {
+			r, b, err = bs.DecideBan(ctx, z.Name, key, p.limit, cost, z.banRule())
+		}
 	} else {
-		r, err = z.store.Decide(ctx, z.Name, key, p.limit, cost)
+		r, err = z.decideInStore(ctx, key, p, cost, ahead)
 	}
 	if err != nil {
-		return z.fail(key, now, p, cost, err)
+		return z.fail(key, now, p, cost, ahead, err)
 	}
 	return z.storeBanDecision(key, now, r, b)
 }

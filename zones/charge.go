@@ -272,7 +272,7 @@ func (z *Zone) failCheck(key string, now int64, p *Plan, err error) Decision {
 	case FailClosed:
 		return Decision{RetryAfter: FailClosedRetryAfter, ResetAfter: FailClosedRetryAfter, Source: SourceFailClosed, Err: err}
 	}
-	d := fromResult(z.fallback(key, now, p, FallbackPeek, 0), SourceFailLocal)
+	d := fromResult(z.fallback(key, now, p, FallbackPeek, 0, 0), SourceFailLocal)
 	d.Err = err
 	return d
 }
@@ -415,7 +415,7 @@ func (z *Zone) chargeFallback(key string, now int64, p *Plan, cost int64) {
 		return
 	}
 	if z.FailPolicy == FailLocal {
-		z.fallback(key, now, p, FallbackCharge, cost)
+		z.fallback(key, now, p, FallbackCharge, cost, 0)
 	}
 }
 

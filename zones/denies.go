@@ -24,7 +24,9 @@ func (z *Zone) Denies(key string, now int64) bool {
 		if q := z.state.quota; q != nil {
 			return q.denies(key, now, z.LastPlan(key, now).Events)
 		}
-		return !z.state.Local.Peek(key, now, z.LastPlan(key, now).limit).Allowed
+		r := z.state.Local.Peek(key, now, z.LastPlan(key, now).limit)
+		// A zone with delay admits for later what is at most its delay away.
+		return !r.Allowed && (z.Delay == 0 || z.DryRun || r.RetryAfter > int64(z.Delay))
 	}
 	if z.state.quota != nil {
 		_, denied := z.state.Denied.Get(key, now)

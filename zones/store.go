@@ -61,7 +61,8 @@ type RecordStore interface {
 	// starting from what the record last heard from Redis (a fresh share
 	// for a key it has no record of). What it admits or charges is owed
 	// to Redis: the next sync that succeeds counts it there.
-	Fallback(zone, key string, now int64, limit, share algorithms.Limit, op FallbackOp, cost int64) algorithms.Result
+	// FallbackDecide admits for later up to ahead (ns; 0: not at all).
+	Fallback(zone, key string, now int64, limit, share algorithms.Limit, op FallbackOp, cost, ahead int64) algorithms.Result
 }
 
 // FallbackOp is what a fail_policy local step does to the key's state.

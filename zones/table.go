@@ -34,6 +34,21 @@ func (t *Table) Decide(key string, now int64, l algorithms.Limit, cost int64) (r
 	return r
 }
 
+// DecideAhead is Decide admitting for later up to ahead (see
+// algorithms.Limit.DecideAhead); with ahead 0 it is Decide.
+func (t *Table) DecideAhead(key string, now int64, l algorithms.Limit, cost, ahead int64) (r algorithms.Result) {
+	if ahead <= 0 {
+		return t.Decide(key, now, l, cost)
+	}
+	t.kt.Update(key, now, func(tat int64, _ bool) (int64, keytable.Op) {
+		if r = l.DecideAhead(tat, now, cost, ahead); r.Allowed {
+			return r.TAT, keytable.Store
+		}
+		return 0, keytable.Keep
+	})
+	return r
+}
+
 // Charge adds cost to key at now whatever the burst (see
 // algorithms.Limit.Charge) and reports the key as it stands afterwards.
 func (t *Table) Charge(key string, now int64, l algorithms.Limit, cost int64) (r algorithms.Result) {

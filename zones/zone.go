@@ -118,6 +118,11 @@ type Config struct {
 	// Ban (ban.go); BanMax > Ban makes bans escalate up to it.
 	Ban    time.Duration
 	BanMax time.Duration
+	// Delay > 0: a request the zone would deny whose allow time is at
+	// most Delay away is admitted for later (delay.go); at most Queue
+	// (0: DefaultQueue) of the zone's requests wait at once here.
+	Delay time.Duration
+	Queue int64
 }
 
 // MinEmissionInterval is the shortest window/events tally enforces: Redis
@@ -129,6 +134,9 @@ const MinEmissionInterval = time.Microsecond
 // fix it.
 func (c Config) Validate() error {
 	if err := c.validateBan(); err != nil {
+		return fmt.Errorf("zone %s: %v", c.Name, err)
+	}
+	if err := c.validateDelay(); err != nil {
 		return fmt.Errorf("zone %s: %v", c.Name, err)
 	}
 	if c.IsQuota() {
@@ -253,6 +261,8 @@ type State struct {
 	// Offenders counts this instance's denials per key over the last one
 	// to two OffendersPeriods, in fixed memory (not sized by max_keys).
 	Offenders *topk.Recent
+
+	waiting atomic.Int64 // zones with delay: requests admitted for later, waiting here
 
 	conc  *concurrencyState // concurrency zones only: requests in flight
 	quota *quotaState       // quota zones only: units used per period
@@ -385,6 +395,13 @@ type Decision struct {
 	Banned     bool
 	BanLevel   int
 	BanStarted time.Duration
+	// Delay > 0: admitted for later (a zone with delay): the request
+	// waits this long for its turn, which is reserved, then goes on; the
+	// decision then holds a place in the zone's queue (Zone.EndWait).
+	// QueueFull: denied because the zone's queue was full, though the
+	// request's turn was within the delay.
+	Delay     time.Duration
+	QueueFull bool
 }
 
 // Zone decides requests for one zone definition, with its shared state and,
@@ -477,25 +494,43 @@ func (z *Zone) DecideWith(ctx context.Context, key string, now int64, p *Plan, c
 			return z.bannedDecision(key, now, p, end, level)
 		}
 	}
+	var ahead int64
+	if z.Delay > 0 {
+		ahead = z.ahead()
+	}
 	if z.store == nil {
-		d = fromResult(z.state.Local.Decide(key, now, p.limit, cost), SourceLocal)
+		d = fromResult(z.state.Local.DecideAhead(key, now, p.limit, cost, ahead), SourceLocal)
 		if !d.Allowed && z.state.Bans != nil {
 			z.banOnDenial(key, now, &d)
 		}
 	} else if cached, ok := z.cachedStoreDenial(key, now, p); ok {
 		return cached
 	} else if z.state.Bans != nil {
-		d = z.decideBanInStore(ctx, key, now, p, cost)
-	} else if r, err := z.store.Decide(ctx, z.Name, key, p.limit, cost); err != nil {
-		d = z.fail(key, now, p, cost, err)
+		d = z.decideBanInStore(ctx, key, now, p, cost, ahead)
+	} else if r, err := z.decideInStore(ctx, key, p, cost, ahead); err != nil {
+		d = z.fail(key, now, p, cost, ahead, err)
 	} else {
 		z.heard(key, now, r)
 		d = fromResult(r, SourceStore)
+	}
+	if z.Delay > 0 {
+		d = z.delayed(ctx, key, now, p, cost, ahead, d)
 	}
 	if z.state.plans != nil {
 		z.state.plans.record(key, *p, now+int64(d.ResetAfter), now)
 	}
 	return d
+}
+
+// decideInStore is DecideWith's store step, admitting for later up to ahead
+// where the store can reserve.
+func (z *Zone) decideInStore(ctx context.Context, key string, p *Plan, cost, ahead int64) (algorithms.Result, error) {
+	if ahead > 0 {
+		if ds, ok := z.store.(DelayStore); ok {
+			return ds.DecideAhead(ctx, z.Name, key, p.limit, cost, ahead)
+		}
+	}
+	return z.store.Decide(ctx, z.Name, key, p.limit, cost)
 }
 
 // heard notes what the store said of key at now, on every path that asks
@@ -510,7 +545,7 @@ func (z *Zone) heard(key string, now int64, r algorithms.Result) {
 	}
 	z.reconcile()
 	if !r.Allowed {
-		z.state.Denied.Set(key, now+r.RetryAfter, now)
+		z.state.Denied.Set(key, z.denyCacheUntil(now, r.RetryAfter), now)
 	}
 	if z.FailPolicy != FailLocal {
 		return
@@ -548,6 +583,9 @@ func (z *Zone) cachedStoreDenial(key string, now int64, p *Plan) (Decision, bool
 		return Decision{}, false
 	}
 	retry := until - now
+	if z.Delay > 0 && !z.DryRun {
+		retry += int64(z.Delay) // the cache ends when a request could be admitted for later
+	}
 	return Decision{
 		RetryAfter: time.Duration(retry),
 		ResetAfter: time.Duration(retry + (p.limit.Burst-1)*p.limit.EmissionInterval),
@@ -555,15 +593,16 @@ func (z *Zone) cachedStoreDenial(key string, now int64, p *Plan) (Decision, bool
 	}, true
 }
 
-// fail applies the zone's fail policy.
-func (z *Zone) fail(key string, now int64, p *Plan, cost int64, err error) Decision {
+// fail applies the zone's fail policy; fail_policy local admits for later
+// up to ahead, at this instance's share.
+func (z *Zone) fail(key string, now int64, p *Plan, cost, ahead int64, err error) Decision {
 	switch z.FailPolicy {
 	case FailOpen:
 		return Decision{Allowed: true, Remaining: p.Burst, Source: SourceFailOpen, Err: err}
 	case FailClosed:
 		return Decision{RetryAfter: FailClosedRetryAfter, ResetAfter: FailClosedRetryAfter, Source: SourceFailClosed, Err: err}
 	}
-	d := fromResult(z.fallback(key, now, p, FallbackDecide, cost), SourceFailLocal)
+	d := fromResult(z.fallback(key, now, p, FallbackDecide, cost, ahead), SourceFailLocal)
 	d.Err = err
 	if d.Allowed {
 		z.owe(key, p, cost)
@@ -583,10 +622,10 @@ func (z *Zone) deniedUntil(key string, now int64) (int64, bool) {
 // fallback runs one step of fail_policy local for key under plan p at this
 // instance's share: in the Fallback table, or in the store's record of the
 // key when it keeps one (async mode), which also owes Redis what it admits.
-func (z *Zone) fallback(key string, now int64, p *Plan, op FallbackOp, cost int64) algorithms.Result {
+func (z *Zone) fallback(key string, now int64, p *Plan, op FallbackOp, cost, ahead int64) algorithms.Result {
 	share := z.shareLimit(p)
 	if z.records != nil {
-		return z.records.Fallback(z.Name, key, now, p.limit, share, op, cost)
+		return z.records.Fallback(z.Name, key, now, p.limit, share, op, cost, ahead)
 	}
 	t := z.state.Fallback
 	switch op {
@@ -598,7 +637,7 @@ func (z *Zone) fallback(key string, now int64, p *Plan, op FallbackOp, cost int6
 		t.Refund(key, now, share, cost)
 		return algorithms.Result{}
 	}
-	return t.Decide(key, now, share, cost)
+	return t.DecideAhead(key, now, share, cost, ahead)
 }
 
 // shareLimit is this instance's share of p while the store is unavailable:
@@ -628,7 +667,7 @@ func (z *Zone) RefundWith(ctx context.Context, key string, now int64, d Decision
 		z.state.Local.Refund(key, now, l, cost)
 	case SourceFailLocal:
 		l = z.shareLimit(p)
-		z.fallback(key, now, p, FallbackRefund, cost)
+		z.fallback(key, now, p, FallbackRefund, cost, 0)
 		z.owe(key, p, -cost)
 	case SourceStore:
 		if err := z.store.Refund(ctx, z.Name, key, l, cost); err != nil {
@@ -759,5 +798,6 @@ func fromResult(r algorithms.Result, src Source) Decision {
 		RetryAfter: time.Duration(r.RetryAfter),
 		ResetAfter: time.Duration(r.ResetAfter),
 		Source:     src,
+		Delay:      time.Duration(r.Delay),
 	}
 }

@@ -1,0 +1,139 @@
+package zones
+
+// Delay: a rate zone with `delay` admits for later the requests it would
+// deny whose allow time is at most the delay away. The slot is reserved
+// when the request is decided (the key's TAT moves as for an allowed
+// request; a store that offers it reserves in the same atomic step), the
+// request waits for its turn (the handler's part: serve.go), and a request
+// that does not go on gives its slot back with the zone's refund. Waiting
+// requests are counted per zone and instance, at most the zone's queue.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/caddy-tally/ratelimit/algorithms"
+)
+
+// MaxDelay is the longest a request may wait for its turn: beyond it a
+// client is better told when to come back (Retry-After) than kept on a
+// connection.
+const MaxDelay = time.Minute
+
+// DefaultQueue is how many requests of a zone with delay may wait at once
+// on one instance when the zone does not say: each waiting request holds a
+// goroutine and its connection (a few KiB), so 1,000 bound them to a few
+// MiB.
+const DefaultQueue = 1000
+
+// MaxQueue is the largest queue a zone may set.
+const MaxQueue = 1_000_000
+
+// DelayStore is a Store that reserves a slot for later in the decision's
+// own atomic step (strict mode): a request the key's rate would deny,
+// whose allow time is at most ahead away, is admitted with Delay set (see
+// algorithms.Limit.DecideAhead). Across instances the key is then served
+// at its rate, each reservation spaced by the emission interval.
+//
+// Async mode's store reserves from the key's lease instead: what the lease
+// does not cover is counted in Redis at the next sync, like a charge, and
+// its turn comes after the fleet's next token as of the last sync, spaced
+// by the emission interval on this instance.
+type DelayStore interface {
+	// DecideAhead is Decide, admitting for later up to ahead (ns).
+	DecideAhead(ctx context.Context, zone, key string, limit algorithms.Limit, cost, ahead int64) (algorithms.Result, error)
+}
+
+// DelayBanStore is a BanStore that reserves for later in its ban step too.
+type DelayBanStore interface {
+	// DecideBanAhead is DecideBan, admitting for later up to ahead (ns).
+	DecideBanAhead(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64, rule BanRule, ahead int64) (algorithms.Result, StoreBan, error)
+}
+
+// validateDelay checks the zone's delay settings.
+func (c Config) validateDelay() error {
+	switch {
+	case c.Delay == 0 && c.Queue == 0:
+		return nil
+	case c.IsConcurrency():
+		return errors.New("delay is for rate zones: a concurrency zone's slot frees when a request ends, at no time known in advance; remove delay")
+	case c.IsQuota():
+		return errors.New("delay is for rate zones: a quota zone's next unit comes at the period's end; remove delay, or put a rate zone with delay beside it")
+	case c.Delay <= 0:
+		return errors.New("delay must be a positive duration, the longest a request waits for its turn (e.g. delay 3s)")
+	case c.Delay > MaxDelay:
+		return fmt.Errorf("delay %v is longer than the %v a request may wait: use a shorter delay (clients are better told Retry-After)", c.Delay, MaxDelay)
+	case c.Queue < 0 || c.Queue > MaxQueue:
+		return fmt.Errorf("queue must be a whole number from 1 to %d", MaxQueue)
+	}
+	return nil
+}
+
+// queueCap is how many requests of the zone may wait at once here.
+func (c Config) queueCap() int64 {
+	if c.Queue > 0 {
+		return c.Queue
+	}
+	return DefaultQueue
+}
+
+// ahead is how far ahead the zone may reserve now: its delay, or 0 when it
+// has none or its queue is full (the request is then decided as without
+// delay).
+func (z *Zone) ahead() int64 {
+	if z.Delay <= 0 || z.DryRun {
+		return 0
+	}
+	if z.state.waiting.Load() >= z.queueCap() {
+		return 0
+	}
+	return int64(z.Delay)
+}
+
+// admitLater takes a place in the queue for the request d admitted for
+// later. When the queue filled meanwhile, the reservation is given back and
+// the request is denied as a full queue denies it.
+func (z *Zone) admitLater(ctx context.Context, key string, now int64, p *Plan, cost int64, d Decision) Decision {
+	if z.state.waiting.Add(1) <= z.queueCap() {
+		return d
+	}
+	z.state.waiting.Add(-1)
+	refunded, _ := z.RefundWith(ctx, key, now, d, p, cost)
+	retry := d.Delay
+	return Decision{RetryAfter: retry, ResetAfter: max(refunded.ResetAfter, retry), Source: d.Source, QueueFull: true}
+}
+
+// EndWait gives back the queue place of a request the zone admitted for
+// later (Decision.Delay > 0), once it stops waiting: served, refunded or
+// gone. Once per such decision.
+func (z *Zone) EndWait() { z.state.waiting.Add(-1) }
+
+// Waiting is how many requests of the zone wait for their turn on this
+// instance now.
+func (z *Zone) Waiting() int64 { return z.state.waiting.Load() }
+
+// delayed completes a decision of a zone with delay: an admission for later
+// takes its queue place; a denial whose retry is within the delay was
+// refused for a full queue; the deny cache holds a store's denial only until
+// a request could be admitted for later again.
+func (z *Zone) delayed(ctx context.Context, key string, now int64, p *Plan, cost, ahead int64, d Decision) Decision {
+	switch {
+	case d.Allowed && d.Delay > 0:
+		return z.admitLater(ctx, key, now, p, cost, d)
+	case !d.Allowed && !d.Banned && ahead == 0 && d.RetryAfter <= z.Delay && !z.DryRun:
+		d.QueueFull = true
+	}
+	return d
+}
+
+// denyCacheUntil is how long the deny cache may answer for a key the store
+// denied with retry: in a zone with delay, until the key could be admitted
+// for later again.
+func (z *Zone) denyCacheUntil(now int64, retry int64) int64 {
+	if z.Delay > 0 && !z.DryRun {
+		retry -= int64(z.Delay)
+	}
+	return now + retry
+}
