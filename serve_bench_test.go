@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -144,4 +146,183 @@ func allocsOf(f func()) (allocs, bytes float64) {
 	}
 	runtime.ReadMemStats(&after)
 	return float64(after.Mallocs-before.Mallocs) / runs, float64(after.TotalAlloc-before.TotalAlloc) / runs
+}
+
+// benchDelayHandler provisions a handler whose zone has delay: events per
+// second with burst 1, delay and queue as given.
+func benchDelayHandler(tb testing.TB, events int, delay time.Duration, queue int64) *Handler {
+	tb.Helper()
+	if err := caddy.Load([]byte(`{"admin":{"disabled":true,"config":{"persist":false}}}`), true); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = caddy.Stop() })
+	ctx, cancel := caddy.NewContext(caddy.ActiveContext())
+	tb.Cleanup(cancel)
+	h := &Handler{
+		RateLimits: map[string]*Zone{"smooth": {
+			Key:       "{http.request.header.X-Api-Key}",
+			MaxEvents: int64(events),
+			Window:    caddy.Duration(time.Second),
+			Burst:     1,
+			Delay:     caddy.Duration(delay),
+			Queue:     queue,
+		}},
+		Headers: "both",
+	}
+	if err := h.Provision(ctx); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = h.Cleanup() })
+	return h
+}
+
+// BenchmarkServeHTTPDelay measures a zone with delay (issue 25):
+//
+//   - allowed: requests the zone passes at once, on keys far below the
+//     limit, as BenchmarkServeHTTPAllowedExistingKey/headers=both does for
+//     a zone without delay: the same allocations are the target;
+//   - delayed: 64 goroutines on one key of 50,000/s, burst 1, so that
+//     nearly every request waits for its turn (delayed-share says how
+//     many); its cpu-ns/op is the process CPU per request (user + system),
+//     which ns/op (the rate's 20µs) is not;
+//   - at-once: the same harness (64 goroutines, a fresh request each) on
+//     keys far below the limit: delayed's cpu-ns/op less at-once's is what
+//     waiting costs.
+func BenchmarkServeHTTPDelay(b *testing.B) {
+	next := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })
+	// Provisioned once, here: Caddy's log line of each load would come
+	// between a sub-benchmark's name and its figures.
+	allowed := benchDelayHandler(b, 1_000_000, 3*time.Second, 0)
+	delayedH := benchDelayHandler(b, 50_000, time.Second, 1_000_000)
+	b.Run("allowed", func(b *testing.B) {
+		h := allowed
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		r.Header.Set("X-Api-Key", "")
+		caddyhttp.NewTestReplacer(r)
+		w := &headerRecorder{h: http.Header{}}
+		keys := make([]string, 1024)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("key-%012d", i)
+		}
+		i := 0
+		cpu := cpuTime()
+		b.ReportAllocs()
+		for b.Loop() {
+			clear(w.h)
+			r.Header["X-Api-Key"][0] = keys[i]
+			if err := h.ServeHTTP(w, r, next); err != nil {
+				b.Fatal(err)
+			}
+			i = (i + 1) % len(keys)
+		}
+		b.ReportMetric(float64(cpuTime()-cpu)/float64(b.N), "cpu-ns/op")
+	})
+	// at-once and delayed share a harness: 64 goroutines, a fresh request
+	// and replacer per request, as Caddy's server gives; at-once's keys
+	// are far below the limit, delayed's one key is not.
+	parallel := func(b *testing.B, h *Handler, key func(g, i int) string) {
+		var delayed, goroutine atomic.Int64
+		cpu := cpuTime()
+		b.SetParallelism(64 / max(1, runtime.GOMAXPROCS(0)))
+		b.RunParallel(func(pb *testing.PB) {
+			g := int(goroutine.Add(1))
+			w := &headerRecorder{h: http.Header{}}
+			for i := 0; pb.Next(); i++ {
+				r := httptest.NewRequest(http.MethodGet, "/", nil)
+				r.Header.Set("X-Api-Key", key(g, i))
+				repl := caddyhttp.NewTestReplacer(r)
+				clear(w.h)
+				if err := h.ServeHTTP(w, r, next); err != nil {
+					b.Fatal(err)
+				}
+				if _, ok := repl.Get("http.rate_limit.delay"); ok {
+					delayed.Add(1)
+				}
+			}
+		})
+		b.ReportMetric(float64(cpuTime()-cpu)/float64(b.N), "cpu-ns/op")
+		b.ReportMetric(float64(delayed.Load())/float64(b.N), "delayed-share")
+	}
+	keys := make([]string, 64*1024)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("key-%012d", i)
+	}
+	b.Run("at-once", func(b *testing.B) {
+		parallel(b, allowed, func(g, i int) string { return keys[(g*1024+i%1024)%len(keys)] })
+	})
+	b.Run("delayed", func(b *testing.B) {
+		parallel(b, delayedH, func(int, int) string { return "one-key" })
+	})
+}
+
+// BenchmarkDelayWaitingMemory measures what a request waiting for its turn
+// holds: 5,000 requests of one key whose turns are 10ms apart (up to 50s),
+// nearly all waiting at once; B/waiting is the heap and stack each holds
+// (its goroutine, the timer, the reservation, the request), less what the
+// same goroutines hold blocked on a channel with their requests built, as
+// requests of a zone without delay would be blocked on their connections.
+// Their clients then go away, which gives every slot back (checked).
+func BenchmarkDelayWaitingMemory(b *testing.B) {
+	const n = 5_000
+	next := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })
+	inUse := func() int64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return int64(m.HeapInuse + m.StackInuse)
+	}
+	request := func(ctx context.Context) *http.Request {
+		r := httptest.NewRequestWithContext(ctx, http.MethodGet, "/", nil)
+		r.Header.Set("X-Api-Key", "one-key")
+		caddyhttp.NewTestReplacer(r)
+		return r
+	}
+	for b.Loop() {
+		h := benchDelayHandler(b, 100, time.Minute, 2*n)
+		z := h.zones[0]
+		var wg sync.WaitGroup
+
+		// The baseline: n goroutines with their requests, blocked.
+		block := make(chan struct{})
+		before := inUse()
+		for range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r := request(context.Background())
+				<-block
+				runtime.KeepAlive(r)
+			}()
+		}
+		time.Sleep(100 * time.Millisecond) // (a benchmark: every goroutine parked)
+		blocked := inUse() - before
+		close(block)
+		wg.Wait()
+
+		ctx, cancel := context.WithCancel(context.Background())
+		var returned atomic.Int64
+		before = inUse()
+		for range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_ = h.ServeHTTP(&headerRecorder{h: http.Header{}}, request(ctx), next)
+				returned.Add(1)
+			}()
+		}
+		for deadline := time.Now().Add(30 * time.Second); z.Waiting()+returned.Load() < n; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				b.Fatalf("%d of %d requests waiting or served after 30s", z.Waiting()+returned.Load(), n)
+			}
+		}
+		waitingNow := z.Waiting()
+		waiting := inUse() - before
+		cancel()
+		wg.Wait()
+		if w := z.Waiting(); w != 0 {
+			b.Fatalf("%d still waiting after their clients left", w)
+		}
+		b.ReportMetric(float64(waiting-blocked)/float64(waitingNow), "B/waiting")
+		b.ReportMetric(float64(waiting)/float64(waitingNow), "B/waiting-total")
+	}
 }

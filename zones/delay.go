@@ -96,10 +96,15 @@ func (z *Zone) ahead() int64 {
 // later. When the queue filled meanwhile, the reservation is given back and
 // the request is denied as a full queue denies it.
 func (z *Zone) admitLater(ctx context.Context, key string, now int64, p *Plan, cost int64, d Decision) Decision {
-	if z.state.waiting.Add(1) <= z.queueCap() {
-		return d
+	for w, limit := &z.state.waiting, z.queueCap(); ; {
+		n := w.Load()
+		if n >= limit {
+			break
+		}
+		if w.CompareAndSwap(n, n+1) { // never past the cap, even for a moment
+			return d
+		}
 	}
-	z.state.waiting.Add(-1)
 	refunded, _ := z.RefundWith(ctx, key, now, d, p, cost)
 	retry := d.Delay
 	return Decision{RetryAfter: retry, ResetAfter: max(refunded.ResetAfter, retry), Source: d.Source, QueueFull: true}

@@ -195,3 +195,35 @@ func TestDelayConfigErrors(t *testing.T) {
 		t.Errorf("the issue's zone: %v", err)
 	}
 }
+
+// TestDelayTenThousandRequestsWaitAtMostTheDefaultQueue: 10,000 requests
+// at once on a zone without queue, every turn within the delay (1ms apart,
+// 60s): 1 passes at once, 1,000 wait (DefaultQueue), the other 8,999 are
+// denied for the full queue and take nothing.
+func TestDelayTenThousandRequestsWaitAtMostTheDefaultQueue(t *testing.T) {
+	c := Config{Name: "flood", Events: 1000, Window: time.Second, Burst: 1, Delay: time.Minute}
+	z := New(c, newTestState(t, c), nil)
+	now := monotime.Now()
+	var atOnce, delayed, full int
+	for range 10_000 {
+		switch d := z.Decide(context.Background(), "k", now); {
+		case d.Allowed && d.Delay == 0:
+			atOnce++
+		case d.Allowed:
+			delayed++
+		case d.QueueFull:
+			full++
+		}
+	}
+	if atOnce != 1 || delayed != DefaultQueue || full != 10_000-1-DefaultQueue {
+		t.Errorf("%d at once, %d waiting, %d denied for a full queue; want 1, %d, %d", atOnce, delayed, full, DefaultQueue, 10_000-1-DefaultQueue)
+	}
+	// Nothing was reserved for the denied: the key's next turn is right
+	// after the 1,000 waiting.
+	for range DefaultQueue {
+		z.EndWait()
+	}
+	if d := z.Decide(context.Background(), "k", now); d.Delay != time.Duration(DefaultQueue+1)*time.Millisecond {
+		t.Errorf("next turn %v, want %v", d.Delay, time.Duration(DefaultQueue+1)*time.Millisecond)
+	}
+}

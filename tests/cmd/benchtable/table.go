@@ -103,6 +103,32 @@ func (t table) microRows() []row {
 		})
 	}
 
+	da, dok := m.get("BenchmarkServeHTTPDelay/allowed")
+	plain, pok := m.get("BenchmarkServeHTTPAllowedExistingKey/headers=both")
+	rows = append(rows, row{
+		metric:     "Handler ServeHTTP, allowed at once by a zone with `delay 3s`, `headers both` (root package)",
+		tally:      figure(da, dok, "ns/op", "allocs/op", "cpu-ns/op"),
+		comparison: "a zone without delay, same run: " + figure(plain, pok, "ns/op", "allocs/op"),
+		target:     "no allocation more than without delay",
+		met:        yesNo(dok && pok && da.metrics["allocs/op"] <= plain.metrics["allocs/op"]),
+	})
+	dd, ddok := m.get("BenchmarkServeHTTPDelay/delayed")
+	rows = append(rows, row{
+		metric:     "Handler ServeHTTP, a request that waits for its turn (64 goroutines, one key of 50,000/s, burst 1; process CPU per request)",
+		tally:      figure(dd, ddok, "cpu-ns/op", "delayed-share", "allocs/op"),
+		comparison: "allowed at once, same run: " + figure(da, dok, "cpu-ns/op"),
+		target:     "—",
+		met:        "—",
+	})
+	dm, dmok := m.get("BenchmarkDelayWaitingMemory")
+	rows = append(rows, row{
+		metric:     "Memory per request waiting for its turn, 5,000 waiting (root package BenchmarkDelayWaitingMemory)",
+		tally:      figure(dm, dmok, "B/waiting-total"),
+		comparison: "beyond a goroutine blocked with its request: " + figure(dm, dmok, "B/waiting"),
+		target:     "bounded by queue (default 1000)",
+		met:        yesNo(dmok),
+	})
+
 	local := func(bench, name string) (benchResult, bool) { return m.get(bench + "/" + name) }
 	td, tok := local("BenchmarkLocalDecideParallel", "tally")
 	xd, xok := local("BenchmarkLocalDecideParallel", "x-time-rate")

@@ -1,0 +1,380 @@
+package tests
+
+// Delay (issue 25) through real Caddy processes: a request the zone would
+// deny whose turn is within `delay` waits for it and is served then,
+// measured where it arrives, at an upstream behind Caddy's reverse proxy.
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// arrivals is an upstream that notes when each request arrives.
+type arrivals struct {
+	Addr string
+	mu   sync.Mutex
+	at   []time.Time
+}
+
+func startArrivals(t *testing.T) *arrivals {
+	a := &arrivals{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		a.mu.Lock()
+		a.at = append(a.at, time.Now())
+		a.mu.Unlock()
+		w.Write([]byte("ok"))
+	}))
+	t.Cleanup(srv.Close)
+	a.Addr = srv.Listener.Addr().String()
+	return a
+}
+
+// take returns the arrivals so far, in order, and forgets them.
+func (a *arrivals) take() []time.Time {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := a.at
+	a.at = nil
+	slices.SortFunc(out, func(x, y time.Time) int { return x.Compare(y) })
+	return out
+}
+
+// checkSpacing fails unless arrivals come at least gap apart.
+func checkSpacing(t *testing.T, at []time.Time, gap time.Duration) {
+	t.Helper()
+	for i := 1; i < len(at); i++ {
+		if d := at[i].Sub(at[i-1]); d < gap {
+			t.Errorf("arrivals %d and %d at the upstream %v apart, want at least %v (all: %v)", i-1, i, d, gap, offsets(at))
+		}
+	}
+}
+
+// offsets are the arrivals as times after the first, for messages.
+func offsets(at []time.Time) []time.Duration {
+	var out []time.Duration
+	for _, a := range at {
+		out = append(out, a.Sub(at[0]).Round(time.Millisecond))
+	}
+	return out
+}
+
+// smoothZone is the issue's zone, as written, with queue n.
+func smoothZone(queue int) string {
+	return fmt.Sprintf(`
+	zone smooth {
+		key {client_ip}
+		events 5
+		window 1s
+		burst 1
+		delay 3s            # a request that could pass within 3s waits for its turn
+		queue %d           # at most %d requests of this zone waiting on this instance
+	}`, queue, queue)
+}
+
+// goroutines is Caddy's goroutine count, from the admin API's pprof.
+func goroutines(t *testing.T, c *caddyInstance) int {
+	t.Helper()
+	status, body := c.adminDo(http.MethodGet, "/debug/pprof/goroutine?debug=1")
+	m := regexp.MustCompile(`goroutine profile: total (\d+)`).FindStringSubmatch(body)
+	if status != http.StatusOK || m == nil {
+		t.Fatalf("GET /debug/pprof/goroutine: %d %.200s", status, body)
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n
+}
+
+// The issue's zone: 12 concurrent requests all get 200, the first at once
+// and the others 200ms apart at the upstream; 25 concurrent from another
+// client: 16 ± 1 served, the rest denied with a Retry-After; with queue 3,
+// at most 3 wait at once. A delayed response has the headers of an allowed
+// one, and the access log says how long it waited.
+func TestDelayServesABurstAtTheZonesRate(t *testing.T) {
+	t.Parallel()
+	up := startArrivals(t)
+	c := startCaddyWith(t, "metrics", `http:// {
+	log {
+		output stderr
+		format json
+	}
+	log_append delay {http.rate_limit.delay}
+	rate_limit /api/* {`+smoothZone(100)+`
+		headers ietf
+	}
+	rate_limit /small/* {`+strings.ReplaceAll(smoothZone(3), "smooth", "small")+`
+	}
+	reverse_proxy `+up.Addr+`
+}
+`)
+	start := time.Now()
+	var mu sync.Mutex
+	var delayed []response
+	got := c.SendConcurrently(12, 12, request{Path: "/api/x"}, func(r response) {
+		mu.Lock()
+		delayed = append(delayed, r)
+		mu.Unlock()
+	})
+	if got[200] != 12 {
+		t.Fatalf("12 concurrent: %v, want 12×200", got)
+	}
+	at := up.take()
+	if len(at) != 12 {
+		t.Fatalf("%d arrivals at the upstream, want 12", len(at))
+	}
+	if first := at[0].Sub(start); first > 150*time.Millisecond {
+		t.Errorf("the first request arrived %v after the burst started, want at once", first)
+	}
+	checkSpacing(t, at, 180*time.Millisecond)
+	if span := at[11].Sub(at[0]); span > 2500*time.Millisecond {
+		t.Errorf("12 requests took %v to arrive, want ~2.2s (11 intervals)", span)
+	}
+	for _, r := range delayed {
+		if r.Header.Get("Retry-After") != "" || !strings.HasPrefix(r.Header.Get("RateLimit"), `"smooth";r=`) {
+			t.Errorf("a served response's headers: RateLimit %q Retry-After %q, want an allowed one's", r.Header.Get("RateLimit"), r.Header.Get("Retry-After"))
+		}
+	}
+	waitFor(t, 5*time.Second, "the access log to tell the delays", func() bool {
+		return strings.Count(c.Output(), `"delay":`) >= 11
+	})
+	var waits []float64
+	for _, m := range regexp.MustCompile(`"delay":([0-9.e-]+)`).FindAllStringSubmatch(c.Output(), -1) {
+		v, _ := strconv.ParseFloat(m[1], 64)
+		waits = append(waits, v)
+	}
+	slices.Sort(waits)
+	if len(waits) != 11 || waits[10] < 2.0 || waits[10] > 2.5 || waits[0] < 0.1 || waits[0] > 0.4 {
+		t.Errorf("access log delays %v, want 11 from ~0.2s to ~2.2s", waits)
+	}
+	samples := c.scrape()
+	if n, _ := metricValue(samples, "caddy_rate_limit_delay_seconds_count", map[string]string{"zone": "smooth"}); n != 11 {
+		t.Errorf("caddy_rate_limit_delay_seconds_count %v, want 11", n)
+	}
+	if n, ok := metricValue(samples, "caddy_rate_limit_waiting", map[string]string{"zone": "smooth"}); !ok || n != 0 {
+		t.Errorf("caddy_rate_limit_waiting %v (%v) after every wait ended, want 0", n, ok)
+	}
+
+	// 25 at once from another address: 1 at once and 15 within 3s.
+	other := clientFrom(t, "127.0.0.2")
+	var retries []string
+	got = c.SendConcurrently(25, 25, request{Path: "/api/x", Client: other}, func(r response) {
+		if r.Status == 429 {
+			mu.Lock()
+			retries = append(retries, r.Header.Get("Retry-After"))
+			mu.Unlock()
+		}
+	})
+	if got[200] < 15 || got[200] > 17 || got[200]+got[429] != 25 {
+		t.Errorf("25 concurrent: %v, want 16 ± 1 served, the rest 429", got)
+	}
+	for _, ra := range retries {
+		if n, err := strconv.Atoi(ra); err != nil || n < 1 {
+			t.Errorf("a denial's Retry-After %q, want whole seconds >= 1", ra)
+		}
+	}
+	checkSpacing(t, up.take(), 180*time.Millisecond)
+
+	// queue 3: 10 at once from a third address: 1 at once, 3 waiting, 6
+	// denied for the full queue although their turns were within 3s.
+	third := clientFrom(t, "127.0.0.3")
+	most := 0
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for end := time.Now().Add(1500 * time.Millisecond); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+			if n, _ := metricValue(c.scrape(), "caddy_rate_limit_waiting", map[string]string{"zone": "small"}); int(n) > most {
+				most = int(n)
+			}
+		}
+	}()
+	got = c.SendConcurrently(10, 10, request{Path: "/small/x", Client: third}, nil)
+	<-done
+	if got[200] != 4 || got[429] != 6 {
+		t.Errorf("queue 3, 10 concurrent: %v, want 4×200 (1 at once, 3 waiting) and 6×429", got)
+	}
+	if most > 3 || most == 0 {
+		t.Errorf("caddy_rate_limit_waiting reached %d, want 1 to 3", most)
+	}
+	if n, _ := metricValue(c.scrape(), "caddy_rate_limit_queue_full_total", map[string]string{"zone": "small"}); n != 6 {
+		t.Errorf("caddy_rate_limit_queue_full_total %v, want 6", n)
+	}
+	up.take()
+}
+
+// A client that goes away while waiting gives its slot back: the next
+// request is served one interval earlier than it would have been, and no
+// goroutine is left behind.
+func TestDelayClientThatLeavesGivesItsTurnBack(t *testing.T) {
+	t.Parallel()
+	up := startArrivals(t)
+	c := startCaddyWith(t, "metrics", `http:// {
+	rate_limit {
+		zone slow {
+			key {client_ip}
+			events 2
+			window 1s
+			burst 1
+			delay 3s
+		}
+	}
+	reverse_proxy `+up.Addr+`
+}
+`)
+	if res := c.Do(request{}); res.Status != 200 { // at once; the next turn is 500ms away
+		t.Fatalf("first: %d", res.Status)
+	}
+	// Counted with the client's connection and the proxy's to the
+	// upstream open, which the third request reuses.
+	base := goroutines(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, c.URL+"/", nil)
+	if res, err := http.DefaultClient.Do(req); err == nil {
+		res.Body.Close()
+		t.Fatalf("the second request was answered (%d) before its turn", res.StatusCode)
+	}
+	cancel()
+	waitFor(t, 3*time.Second, "the waiting request to end", func() bool {
+		n, _ := metricValue(c.scrape(), "caddy_rate_limit_waiting", map[string]string{"zone": "slow"})
+		return n == 0
+	})
+	// Its turn (500ms after the first) is free again: the third request
+	// takes it, instead of the one after (1s).
+	res := c.Do(request{})
+	at := up.take()
+	if res.Status != 200 || len(at) != 2 {
+		t.Fatalf("third: %d, %d arrivals, want 200 and 2 (the second never reached the upstream)", res.Status, len(at))
+	}
+	if d := at[1].Sub(at[0]); d < 450*time.Millisecond || d > 800*time.Millisecond {
+		t.Errorf("third request served %v after the first, want its turn 500ms after it (1s if the slot was not given back)", d)
+	}
+	waitFor(t, 5*time.Second, "Caddy's goroutines back to where they were", func() bool {
+		return goroutines(t, c) <= base+1
+	})
+}
+
+// A reload while requests wait: every one is answered (served at its turn
+// by the config that admitted it), none gets a 5xx, and Caddy's goroutines
+// come back to where they were.
+func TestDelayWaitsEndCleanlyAcrossAReload(t *testing.T) {
+	t.Parallel()
+	up := startArrivals(t)
+	site := func(gen int) string {
+		return `http:// {
+	header X-Gen ` + strconv.Itoa(gen) + `
+	rate_limit {` + smoothZone(100) + `
+	}
+	reverse_proxy ` + up.Addr + `
+}
+`
+	}
+	c := startCaddyWith(t, "metrics", site(1))
+	base := goroutines(t, c)
+	results := make(chan statusCounts, 1)
+	go func() { results <- c.SendConcurrently(10, 10, request{}, nil) }()
+	waitFor(t, 3*time.Second, "requests to wait for their turn", func() bool {
+		n, _ := metricValue(c.scrape(), "caddy_rate_limit_waiting", map[string]string{"zone": "smooth"})
+		return n >= 5
+	})
+	load(t, c, "metrics", site(2))
+	var got statusCounts
+	select {
+	case got = <-results:
+	case <-time.After(10 * time.Second):
+		t.Fatal("requests waiting across the reload were not answered within 10s")
+	}
+	if got[200] != 10 {
+		t.Errorf("10 requests waiting across a reload: %v, want 10×200", got)
+	}
+	checkSpacing(t, up.take(), 180*time.Millisecond)
+	waitFor(t, 5*time.Second, "Caddy's goroutines back to where they were", func() bool {
+		return goroutines(t, c) <= base+4
+	})
+}
+
+// Strict mode, 3 instances, one key, 30 concurrent requests: the fleet
+// serves the key at its rate, no two requests closer than the emission
+// interval (200ms) less 40ms (each instance serves at its reply's arrival
+// plus the wait Redis gave, and the proxy hop to the upstream adds its own
+// jitter), and admits exactly the 16 whose turn was within the delay.
+func TestDelayStrictFleetServesOneKeyAtItsRate(t *testing.T) {
+	t.Parallel()
+	srv := startRedis(t)
+	up := startArrivals(t)
+	site := `http:// {
+	rate_limit {` + strings.ReplaceAll(smoothZone(100), "{client_ip}", "{http.request.header.X-API-Key}") + `
+		distributed {
+			redis redis://` + srv.Addr + `
+		}
+	}
+	reverse_proxy ` + up.Addr + `
+}
+`
+	fleet := []*caddyInstance{startCaddy(t, site), startCaddy(t, site), startCaddy(t, site)}
+	got := sendAcross(t, fleet, 30, 30, withKey("fleet"), 5*time.Second)
+	if got[200] != 16 || got[429] != 14 {
+		t.Errorf("30 concurrent across 3 instances: %v, want exactly 16×200 (1 at once, 15 within 3s) and 14×429", got)
+	}
+	at := up.take()
+	checkSpacing(t, at, 160*time.Millisecond)
+	if len(at) == 16 {
+		if span := at[15].Sub(at[0]); span < 2900*time.Millisecond || span > 3300*time.Millisecond {
+			t.Errorf("16 served over %v, want 3s (15 intervals)", span)
+		}
+	}
+}
+
+// A flood of waiting requests costs bounded memory: with queue 50, 200
+// concurrent requests whose turns are all within the delay: never more than
+// 50 wait on the instance, and every denial is one of a full queue.
+// (Without queue the default, 1000, holds the same way: zones'
+// TestDelayTenThousandRequestsWaitAtMostTheDefaultQueue.)
+func TestDelayFloodIsBoundedByTheQueue(t *testing.T) {
+	t.Parallel()
+	c := startCaddyWith(t, "metrics", `http:// {
+	rate_limit {
+		zone flood {
+			key {client_ip}
+			events 10
+			window 1s
+			burst 1
+			delay 30s
+			queue 50
+		}
+	}
+	respond "ok"
+}
+`)
+	most := 0.0
+	stop := make(chan struct{})
+	polled := make(chan struct{})
+	go func() {
+		defer close(polled)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			if n, _ := metricValue(c.scrape(), "caddy_rate_limit_waiting", map[string]string{"zone": "flood"}); n > most {
+				most = n
+			}
+		}
+	}()
+	got := c.SendConcurrently(200, 200, request{}, nil)
+	close(stop)
+	<-polled
+	full, _ := metricValue(c.scrape(), "caddy_rate_limit_queue_full_total", map[string]string{"zone": "flood"})
+	if got[200] < 51 || got[200]+got[429] != 200 || float64(got[429]) != full {
+		t.Errorf("200 concurrent, queue 50: %v with %v denied for a full queue, want at least 51×200 and every 429 a full queue's", got, full)
+	}
+	if most > 50 || most < 40 {
+		t.Errorf("caddy_rate_limit_waiting peaked at %v, want the queue (50) filled and never passed", most)
+	}
+}
