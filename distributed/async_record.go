@@ -77,10 +77,6 @@ type record struct {
 	// (see fallbackStep).
 	fallback   int64
 	inFallback bool
-	// turnAt (monotime, 0: none) is the turn of the last request a zone
-	// with delay admitted for later here that no sync has reported yet
-	// (see decideAhead).
-	turnAt int64
 	// restore: Redis lost its data since the last sync (async_epoch.go);
 	// the next report restores the key to what this record last heard.
 	restore bool
@@ -109,15 +105,16 @@ func (r *record) decide(now, nextSync int64, l algorithms.Limit, cost int64) alg
 
 // decideAhead is decide in a zone with delay: a request the allowance
 // cannot cover is admitted for later when its turn is at most ahead away.
-// Its turn is the fleet's next token as of the last sync, or the next sync
-// if later (no lease comes before it), or one emission interval per unit
-// after this instance's last reservation still unreported; what the
-// allowance does not cover is pending, counted in Redis at the next sync,
-// past the burst if need be (as a charge), so that the leases that follow
-// make room for it. Instances that reserve for the same key within one
-// sync interval do not see each other's reservations until that sync: the
-// fleet may serve up to N−1 reservations of the key per turn in that
-// interval (docs/distributed.md), and serves the debt off afterwards.
+// Its turn is when the key, as this instance knows it, has the request's
+// cost back: the key's TAT at the last sync (which counts the leases,
+// this instance's included), moved on by what this instance admitted since
+// that Redis has not counted (pending, its earlier reservations included),
+// less the burst. What the allowance does not cover is pending, counted in
+// Redis at the next sync, past the burst if need be (as a charge), so that
+// the leases and turns that follow make room for it. Instances that
+// reserve for the same key within one sync interval do not see each
+// other's reservations until that sync: the fleet may serve up to N−1 more
+// per turn meanwhile (docs/distributed.md), and serves the debt off after.
 //
 // A denial's retry is the turn it would have had: when a request would
 // pass at once.
@@ -125,10 +122,8 @@ func (r *record) decideAhead(now, nextSync int64, l algorithms.Limit, cost, ahea
 	if r.allow >= cost || ahead <= 0 || cost > l.Burst {
 		return r.decide(now, nextSync, l, cost)
 	}
-	turn := max(now, r.retryAt, nextSync)
-	if r.turnAt > 0 {
-		turn = max(turn, r.turnAt+cost*l.EmissionInterval)
-	}
+	tat := max(r.resetAt, now) + r.pending*l.EmissionInterval
+	turn := max(now, tat+(cost-l.Burst)*l.EmissionInterval)
 	if turn-now > ahead {
 		res := r.decide(now, nextSync, l, cost)
 		res.RetryAfter = max(res.RetryAfter, turn-now)
@@ -137,7 +132,6 @@ func (r *record) decideAhead(now, nextSync int64, l algorithms.Limit, cost, ahea
 	}
 	r.limit = l
 	r.charge(cost)
-	r.turnAt = turn
 	return algorithms.Result{
 		Allowed:    true,
 		ResetAfter: max(r.resetAt-now, 0) + r.pending*l.EmissionInterval,
@@ -328,10 +322,6 @@ func (r *record) apply(s sent, rep syncReply, now, burst, fresh int64) (drop boo
 	}
 	r.allow, r.pending, r.reserved = allow, max(0, pending), true
 	r.retryAt, r.resetAt = now+rep.retry, now+rep.reset
-	if r.pending == 0 {
-		// The reservations made here are in Redis's answer (retry).
-		r.turnAt = 0
-	}
 	r.hasUnacked = false
 	r.failedSince = 0
 	r.inFallback = false

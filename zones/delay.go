@@ -39,8 +39,7 @@ const MaxQueue = 1_000_000
 //
 // Async mode's store reserves from the key's lease instead: what the lease
 // does not cover is counted in Redis at the next sync, like a charge, and
-// its turn comes after the fleet's next token as of the last sync, spaced
-// by the emission interval on this instance.
+// its turn is when the key as the instance knows it has the cost back.
 type DelayStore interface {
 	// DecideAhead is Decide, admitting for later up to ahead (ns).
 	DecideAhead(ctx context.Context, zone, key string, limit algorithms.Limit, cost, ahead int64) (algorithms.Result, error)
