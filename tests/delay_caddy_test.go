@@ -48,12 +48,26 @@ func (a *arrivals) take() []time.Time {
 	return out
 }
 
-// checkSpacing fails unless arrivals come at least gap apart.
-func checkSpacing(t *testing.T, at []time.Time, gap time.Duration) {
+// checkSpacing fails unless arrivals at the upstream come at least gap
+// apart, one emission interval T on average. A request whose wake-up a
+// loaded machine made late (a CPU hog beside the test: 40ms seen) shortens
+// the next gap without moving the schedule: at most two gaps may be short,
+// each at least half of gap, as long as the whole run spans T per gap
+// (less 30ms).
+func checkSpacing(t *testing.T, at []time.Time, gap, T time.Duration) {
 	t.Helper()
+	short := 0
 	for i := 1; i < len(at); i++ {
 		if d := at[i].Sub(at[i-1]); d < gap {
-			t.Errorf("arrivals %d and %d at the upstream %v apart, want at least %v (all: %v)", i-1, i, d, gap, offsets(at))
+			short++
+			if d < gap/2 || short > 2 {
+				t.Errorf("arrivals %d and %d at the upstream %v apart, want at least %v (all: %v)", i-1, i, d, gap, offsets(at))
+			}
+		}
+	}
+	if n := len(at); n > 1 && short > 0 {
+		if span, want := at[n-1].Sub(at[0]), time.Duration(n-1)*T-30*time.Millisecond; span < want {
+			t.Errorf("%d arrivals over %v, want at least %v at one per %v (all: %v)", n, span, want, T, offsets(at))
 		}
 	}
 }
@@ -132,7 +146,7 @@ func TestDelayServesABurstAtTheZonesRate(t *testing.T) {
 	if first := at[0].Sub(start); first > 150*time.Millisecond {
 		t.Errorf("the first request arrived %v after the burst started, want at once", first)
 	}
-	checkSpacing(t, at, 180*time.Millisecond)
+	checkSpacing(t, at, 180*time.Millisecond, 200*time.Millisecond)
 	if span := at[11].Sub(at[0]); span > 2500*time.Millisecond {
 		t.Errorf("12 requests took %v to arrive, want ~2.2s (11 intervals)", span)
 	}
@@ -141,11 +155,14 @@ func TestDelayServesABurstAtTheZonesRate(t *testing.T) {
 			t.Errorf("a served response's headers: RateLimit %q Retry-After %q, want an allowed one's", r.Header.Get("RateLimit"), r.Header.Get("Retry-After"))
 		}
 	}
+	// Requests that did not wait log "delay":null (the placeholder is
+	// set only on those that did).
+	logged := regexp.MustCompile(`"delay":([0-9.e-]+)`)
 	waitFor(t, 5*time.Second, "the access log to tell the delays", func() bool {
-		return strings.Count(c.Output(), `"delay":`) >= 11
+		return len(logged.FindAllString(c.Output(), -1)) >= 11
 	})
 	var waits []float64
-	for _, m := range regexp.MustCompile(`"delay":([0-9.e-]+)`).FindAllStringSubmatch(c.Output(), -1) {
+	for _, m := range logged.FindAllStringSubmatch(c.Output(), -1) {
 		v, _ := strconv.ParseFloat(m[1], 64)
 		waits = append(waits, v)
 	}
@@ -179,7 +196,7 @@ func TestDelayServesABurstAtTheZonesRate(t *testing.T) {
 			t.Errorf("a denial's Retry-After %q, want whole seconds >= 1", ra)
 		}
 	}
-	checkSpacing(t, up.take(), 180*time.Millisecond)
+	checkSpacing(t, up.take(), 180*time.Millisecond, 200*time.Millisecond)
 
 	// queue 3: 10 at once from a third address: 1 at once, 3 waiting, 6
 	// denied for the full queue although their turns were within 3s.
@@ -292,7 +309,7 @@ func TestDelayWaitsEndCleanlyAcrossAReload(t *testing.T) {
 	if got[200] != 10 {
 		t.Errorf("10 requests waiting across a reload: %v, want 10×200", got)
 	}
-	checkSpacing(t, up.take(), 180*time.Millisecond)
+	checkSpacing(t, up.take(), 180*time.Millisecond, 200*time.Millisecond)
 	waitFor(t, 5*time.Second, "Caddy's goroutines back to where they were", func() bool {
 		return goroutines(t, c) <= base+4
 	})
@@ -322,7 +339,7 @@ func TestDelayStrictFleetServesOneKeyAtItsRate(t *testing.T) {
 		t.Errorf("30 concurrent across 3 instances: %v, want exactly 16×200 (1 at once, 15 within 3s) and 14×429", got)
 	}
 	at := up.take()
-	checkSpacing(t, at, 160*time.Millisecond)
+	checkSpacing(t, at, 160*time.Millisecond, 200*time.Millisecond)
 	if len(at) == 16 {
 		if span := at[15].Sub(at[0]); span < 2900*time.Millisecond || span > 3300*time.Millisecond {
 			t.Errorf("16 served over %v, want 3s (15 intervals)", span)

@@ -1,0 +1,69 @@
+package ratelimit
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-tally/ratelimit/internal/monotime"
+)
+
+// A request one zone admits for later and a later zone denies consumes
+// nothing: the reservation is given back, with its queue place, and the
+// key's next turn is the one the denied request had.
+func TestDelayReservationIsRefundedWhenALaterZoneDenies(t *testing.T) {
+	if err := caddy.Load([]byte(`{"admin":{"disabled":true,"config":{"persist":false}}}`), true); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	ctx, cancel := caddy.NewContext(caddy.ActiveContext())
+	t.Cleanup(cancel)
+	h := &Handler{RateLimits: map[string]*Zone{
+		// 5/s: decided first (tightest).
+		"smooth": {Key: "{http.request.header.X-A}", MaxEvents: 5, Window: caddy.Duration(time.Second), Burst: 1, Delay: caddy.Duration(3 * time.Second)},
+		// 100/s, burst 5: a request costing 10 never passes.
+		"weighted": {Key: "{http.request.header.X-A}", MaxEvents: 100, Window: caddy.Duration(time.Second), Burst: 5, CostPlaceholder: "{http.request.header.X-Cost}", Cost: 1},
+	}}
+	if err := h.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Cleanup() })
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error { w.WriteHeader(200); return nil })
+	serve := func(cost string) int {
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		r.Header.Set("X-A", "a")
+		r.Header.Set("X-Cost", cost)
+		caddyhttp.NewTestReplacer(r)
+		w := &headerRecorder{h: http.Header{}}
+		if err := h.ServeHTTP(w, r, next); err != nil {
+			if he, ok := err.(caddyhttp.HandlerError); ok {
+				return he.StatusCode
+			}
+			t.Fatal(err)
+		}
+		return w.status
+	}
+	if got := serve("1"); got != 200 {
+		t.Fatalf("first request: %d", got)
+	}
+	if got := serve("10"); got != 429 { // smooth reserves +200ms, weighted denies
+		t.Fatalf("a request weighted denies: %d, want 429", got)
+	}
+	smooth := h.zones[0]
+	if smooth.Name != "smooth" {
+		t.Fatalf("zones in order %s, %s: want smooth first", h.zones[0].Name, h.zones[1].Name)
+	}
+	if n := smooth.Waiting(); n != 0 {
+		t.Errorf("%d waiting after the denial, want 0 (its queue place given back)", n)
+	}
+	d := smooth.Decide(context.Background(), "a", monotime.Now())
+	if d.Delay < 150*time.Millisecond || d.Delay > 200*time.Millisecond {
+		t.Errorf("the next turn is %v away, want ~200ms (400ms if the denied request kept its reservation)", d.Delay)
+	}
+	smooth.EndWait()
+}
