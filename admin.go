@@ -76,6 +76,11 @@ type zoneInfo struct {
 
 	Concurrency int64      `json:"concurrency,omitempty"` // concurrency zones only
 	Quota       *quotaInfo `json:"quota,omitempty"`       // quota zones only
+	// Zones with delay: the longest a request waits for its turn (e.g.
+	// "3s"), the queue's size, and how many wait on this instance now.
+	Delay   string `json:"delay,omitempty"`
+	Queue   int64  `json:"queue,omitempty"`
+	Waiting *int64 `json:"waiting,omitempty"`
 
 	// "connection" for a listener wrapper's zone, which counts new
 	// connections (concurrency: connections open), not requests.
@@ -290,6 +295,10 @@ func listZones() []zoneInfo {
 		}
 		zi.WindowSeconds = z.Window.Seconds()
 		zi.Concurrency = z.Concurrency
+		if z.Delay > 0 {
+			waiting := z.Waiting()
+			zi.Delay, zi.Queue, zi.Waiting = shortDuration(z.Delay.String()), z.QueueSize(), &waiting
+		}
 		if isConnectionZone(z) {
 			zi.Layer = "connection"
 		}

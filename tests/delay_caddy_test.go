@@ -170,6 +170,18 @@ func TestDelayServesABurstAtTheZonesRate(t *testing.T) {
 	if len(waits) != 11 || waits[10] < 2.0 || waits[10] > 2.5 || waits[0] < 0.1 || waits[0] > 0.4 {
 		t.Errorf("access log delays %v, want 11 from ~0.2s to ~2.2s", waits)
 	}
+	var list []struct {
+		Name    string `json:"name"`
+		Delay   string `json:"delay"`
+		Queue   int64  `json:"queue"`
+		Waiting *int64 `json:"waiting"`
+	}
+	c.adminJSON("/rate_limit/zones", &list)
+	for _, z := range list {
+		if z.Name == "smooth" && (z.Delay != "3s" || z.Queue != 100 || z.Waiting == nil || *z.Waiting != 0) {
+			t.Errorf("GET /rate_limit/zones: smooth delay %q queue %d waiting %v, want 3s, 100 and 0", z.Delay, z.Queue, z.Waiting)
+		}
+	}
 	samples := c.scrape()
 	if n, _ := metricValue(samples, "caddy_rate_limit_delay_seconds_count", map[string]string{"zone": "smooth"}); n != 11 {
 		t.Errorf("caddy_rate_limit_delay_seconds_count %v, want 11", n)

@@ -114,6 +114,9 @@ func (z *Zone) admitLater(ctx context.Context, key string, now int64, p *Plan, c
 // gone. Once per such decision.
 func (z *Zone) EndWait() { z.state.waiting.Add(-1) }
 
+// QueueSize is how many requests of the zone may wait at once here.
+func (z *Zone) QueueSize() int64 { return z.queueCap() }
+
 // Waiting is how many requests of the zone wait for their turn on this
 // instance now.
 func (z *Zone) Waiting() int64 { return z.state.waiting.Load() }
