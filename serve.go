@@ -214,7 +214,15 @@ func (h *Handler) awaitTurn(r *http.Request, verdicts []verdict, turn int64) boo
 			v.d.Delay = 0
 		}
 	}
-	requestReplacer(r).Set("http.rate_limit.delay", waited)
+	// A provider, as for a denial's placeholders (deny): a Set would make
+	// the replacer's table on its first entry and box the value, which is
+	// then only boxed if the placeholder is read.
+	requestReplacer(r).Map(func(placeholder string) (any, bool) {
+		if placeholder == "http.rate_limit.delay" {
+			return waited, true
+		}
+		return nil, false
+	})
 	return true
 }
 

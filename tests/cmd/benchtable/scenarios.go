@@ -294,6 +294,26 @@ var scenarios = []scenario{
 		comparison: "the same zone without ban",
 	},
 	{
+		// A zone with delay whose requests all pass at once against the
+		// same zone without delay (issue 25: the allowed path unchanged).
+		name:   "delay-allowed",
+		metric: "A zone with `delay 3s`, every request allowed at once, vs the same zone without delay, 100k keys (ratio of the two rate-limited routes)",
+		routes: func(*env) string {
+			return limited("/allowed", manyZone, "/delay", strings.NewReplacer("zone many", "zone many_delay", "window 1s\n", "window 1s\n\t\t\tdelay 3s\n").Replace(manyZone))
+		},
+		baseline:  route{path: "/allowed", key: cycleKeys, status: 200},
+		candidate: route{path: "/delay", key: cycleKeys, status: 200},
+		warmup: func(e *env, c *caddyProcess) error {
+			if err := warmManyKeys(e, c); err != nil {
+				return err
+			}
+			return warmManyKeysAt(c, "/delay")
+		},
+		target:     0.99,
+		byCPU:      true,
+		comparison: "the same zone without delay",
+	},
+	{
 		// Limits per plan: the same zone with its events read from a map
 		// (one placeholder lookup and one parse per request), as a ratio of
 		// the literal limit.

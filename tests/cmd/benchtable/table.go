@@ -104,19 +104,20 @@ func (t table) microRows() []row {
 	}
 
 	da, dok := m.get("BenchmarkServeHTTPDelay/allowed")
-	plain, pok := m.get("BenchmarkServeHTTPAllowedExistingKey/headers=both")
+	plain, pok := m.get("BenchmarkServeHTTPDelay/allowed-without-delay")
 	rows = append(rows, row{
 		metric:     "Handler ServeHTTP, allowed at once by a zone with `delay 3s`, `headers both` (root package)",
 		tally:      figure(da, dok, "ns/op", "allocs/op", "cpu-ns/op"),
-		comparison: "a zone without delay, same run: " + figure(plain, pok, "ns/op", "allocs/op"),
+		comparison: "the same zone without delay, same run: " + figure(plain, pok, "ns/op", "allocs/op", "cpu-ns/op"),
 		target:     "no allocation more than without delay",
 		met:        yesNo(dok && pok && da.metrics["allocs/op"] <= plain.metrics["allocs/op"]),
 	})
 	dd, ddok := m.get("BenchmarkServeHTTPDelay/delayed")
+	ao, aok := m.get("BenchmarkServeHTTPDelay/at-once")
 	rows = append(rows, row{
 		metric:     "Handler ServeHTTP, a request that waits for its turn (64 goroutines, one key of 50,000/s, burst 1; process CPU per request)",
 		tally:      figure(dd, ddok, "cpu-ns/op", "delayed-share", "allocs/op"),
-		comparison: "allowed at once, same run: " + figure(da, dok, "cpu-ns/op"),
+		comparison: "the same harness allowed at once, same run: " + figure(ao, aok, "cpu-ns/op"),
 		target:     "—",
 		met:        "—",
 	})
