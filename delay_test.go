@@ -67,3 +67,53 @@ func TestDelayReservationIsRefundedWhenALaterZoneDenies(t *testing.T) {
 	}
 	smooth.EndWait()
 }
+
+// A request that waits for its turn takes its concurrency slots after the
+// wait, not during it: a slot held while waiting would deny others for
+// nothing.
+func TestDelayWaitsBeforeTakingAConcurrencySlot(t *testing.T) {
+	if err := caddy.Load([]byte(`{"admin":{"disabled":true,"config":{"persist":false}}}`), true); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	ctx, cancel := caddy.NewContext(caddy.ActiveContext())
+	t.Cleanup(cancel)
+	h := &Handler{RateLimits: map[string]*Zone{
+		"smooth": {Key: "{http.request.header.X-A}", MaxEvents: 5, Window: caddy.Duration(time.Second), Burst: 1, Delay: caddy.Duration(3 * time.Second)},
+		"one":    {Key: "{http.request.header.X-A}", Concurrency: 1},
+	}}
+	if err := h.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Cleanup() })
+	conc := h.zones[1]
+	var inFlightAtNext int64 = -1
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
+		inFlightAtNext = conc.InFlight()
+		w.WriteHeader(200)
+		return nil
+	})
+	serve := func() {
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		r.Header.Set("X-A", "a")
+		caddyhttp.NewTestReplacer(r)
+		if err := h.ServeHTTP(&headerRecorder{h: http.Header{}}, r, next); err != nil {
+			t.Error(err)
+		}
+	}
+	serve() // at once; the next turn is 200ms away
+	done := make(chan struct{})
+	go func() { defer close(done); serve() }()
+	for deadline := time.Now().Add(5 * time.Second); h.zones[0].Waiting() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the second request did not wait for its turn")
+		}
+	}
+	if n := conc.InFlight(); n != 0 {
+		t.Errorf("%d slots in use while the request waits for its turn, want 0", n)
+	}
+	<-done
+	if inFlightAtNext != 1 {
+		t.Errorf("the request held %d slots while served, want 1", inFlightAtNext)
+	}
+}
