@@ -48,27 +48,32 @@ func (a *arrivals) take() []time.Time {
 	return out
 }
 
-// checkSpacing fails unless arrivals at the upstream come at least gap
-// apart, one emission interval T on average. A request whose wake-up a
-// loaded machine made late (a CPU hog beside the test: 40ms seen) shortens
-// the next gap without moving the schedule: at most two gaps may be short,
-// each at least half of gap, as long as the whole run spans T per gap
-// (less 30ms).
-func checkSpacing(t *testing.T, at []time.Time, gap, T time.Duration) {
+// checkSpacing fails unless the arrivals at the upstream keep the zone's
+// rate, one per T (burst 1): over any stretch between two arrivals, at
+// most 1 + ⌊(d + late)/T⌋ arrive. late is how late a loaded machine may
+// serve a request after its turn (the test cannot see turns, only
+// arrivals): a request served late shortens the gap after it, never the
+// schedule, and nothing is ever served early. On a quiet machine every gap
+// is T within a few ms (logged); beside a CPU hog under -race, wake-ups
+// 120ms late were seen. A request served one turn early (an off-by-one),
+// two served at one turn, or a rate of 2/T fail it.
+func checkSpacing(t *testing.T, at []time.Time, T, late time.Duration) {
 	t.Helper()
-	short := 0
-	for i := 1; i < len(at); i++ {
-		if d := at[i].Sub(at[i-1]); d < gap {
-			short++
-			if d < gap/2 || short > 2 {
-				t.Errorf("arrivals %d and %d at the upstream %v apart, want at least %v (all: %v)", i-1, i, d, gap, offsets(at))
+	minGap := time.Duration(1 << 62)
+	for i := range at {
+		for j := i + 1; j < len(at); j++ {
+			d := at[j].Sub(at[i])
+			if j == i+1 {
+				minGap = min(minGap, d)
+			}
+			if n, most := j-i+1, 1+int((d+late)/T); n > most {
+				t.Errorf("%d arrivals at the upstream within %v, want at most %d at one per %v (a request at most %v late); all: %v", n, d, most, T, late, offsets(at))
+				return
 			}
 		}
 	}
-	if n := len(at); n > 1 && short > 0 {
-		if span, want := at[n-1].Sub(at[0]), time.Duration(n-1)*T-30*time.Millisecond; span < want {
-			t.Errorf("%d arrivals over %v, want at least %v at one per %v (all: %v)", n, span, want, T, offsets(at))
-		}
+	if len(at) > 1 {
+		t.Logf("%d arrivals, closest %v apart (T = %v): %v", len(at), minGap, T, offsets(at))
 	}
 }
 
@@ -146,7 +151,7 @@ func TestDelayServesABurstAtTheZonesRate(t *testing.T) {
 	if first := at[0].Sub(start); first > 150*time.Millisecond {
 		t.Errorf("the first request arrived %v after the burst started, want at once", first)
 	}
-	checkSpacing(t, at, 180*time.Millisecond, 200*time.Millisecond)
+	checkSpacing(t, at, 200*time.Millisecond, 150*time.Millisecond)
 	if span := at[11].Sub(at[0]); span > 2500*time.Millisecond {
 		t.Errorf("12 requests took %v to arrive, want ~2.2s (11 intervals)", span)
 	}
@@ -208,7 +213,7 @@ func TestDelayServesABurstAtTheZonesRate(t *testing.T) {
 			t.Errorf("a denial's Retry-After %q, want whole seconds >= 1", ra)
 		}
 	}
-	checkSpacing(t, up.take(), 180*time.Millisecond, 200*time.Millisecond)
+	checkSpacing(t, up.take(), 200*time.Millisecond, 150*time.Millisecond)
 
 	// queue 3: 10 at once from a third address: 1 at once, 3 waiting, 6
 	// denied for the full queue although their turns were within 3s.
@@ -247,16 +252,16 @@ func TestDelayClientThatLeavesGivesItsTurnBack(t *testing.T) {
 	rate_limit {
 		zone slow {
 			key {client_ip}
-			events 2
-			window 1s
+			events 1
+			window 2s
 			burst 1
-			delay 3s
+			delay 5s
 		}
 	}
 	reverse_proxy `+up.Addr+`
 }
 `)
-	if res := c.Do(request{}); res.Status != 200 { // at once; the next turn is 500ms away
+	if res := c.Do(request{}); res.Status != 200 { // at once; the next turn is 2s away
 		t.Fatalf("first: %d", res.Status)
 	}
 	// Counted with the client's connection and the proxy's to the
@@ -269,19 +274,19 @@ func TestDelayClientThatLeavesGivesItsTurnBack(t *testing.T) {
 		t.Fatalf("the second request was answered (%d) before its turn", res.StatusCode)
 	}
 	cancel()
-	waitFor(t, 3*time.Second, "the waiting request to end", func() bool {
+	waitFor(t, 1500*time.Millisecond, "the waiting request to end before its turn", func() bool {
 		n, _ := metricValue(c.scrape(), "caddy_rate_limit_waiting", map[string]string{"zone": "slow"})
 		return n == 0
 	})
-	// Its turn (500ms after the first) is free again: the third request
-	// takes it, instead of the one after (1s).
+	// Its turn (2s after the first) is free again: the third request takes
+	// it, instead of the one after (4s).
 	res := c.Do(request{})
 	at := up.take()
 	if res.Status != 200 || len(at) != 2 {
 		t.Fatalf("third: %d, %d arrivals, want 200 and 2 (the second never reached the upstream)", res.Status, len(at))
 	}
-	if d := at[1].Sub(at[0]); d < 450*time.Millisecond || d > 800*time.Millisecond {
-		t.Errorf("third request served %v after the first, want its turn 500ms after it (1s if the slot was not given back)", d)
+	if d := at[1].Sub(at[0]); d < 1900*time.Millisecond || d > 3*time.Second {
+		t.Errorf("third request served %v after the first, want its turn 2s after it (4s if the slot was not given back)", d)
 	}
 	waitFor(t, 5*time.Second, "Caddy's goroutines back to where they were", func() bool {
 		return goroutines(t, c) <= base+1
@@ -321,17 +326,21 @@ func TestDelayWaitsEndCleanlyAcrossAReload(t *testing.T) {
 	if got[200] != 10 {
 		t.Errorf("10 requests waiting across a reload: %v, want 10×200", got)
 	}
-	checkSpacing(t, up.take(), 180*time.Millisecond, 200*time.Millisecond)
+	checkSpacing(t, up.take(), 200*time.Millisecond, 150*time.Millisecond)
 	waitFor(t, 5*time.Second, "Caddy's goroutines back to where they were", func() bool {
 		return goroutines(t, c) <= base+4
 	})
 }
 
 // Strict mode, 3 instances, one key, 30 concurrent requests: the fleet
-// serves the key at its rate, no two requests closer than the emission
-// interval (200ms) less 40ms (each instance serves at its reply's arrival
-// plus the wait Redis gave, and the proxy hop to the upstream adds its own
-// jitter), and admits exactly the 16 whose turn was within the delay.
+// serves the key at its rate and admits exactly the 16 whose turn was
+// within the delay. The turns are Redis's, one emission interval apart; an
+// instance serves a request when Redis's answer has arrived and the wait
+// it gave has passed, so two requests are served T less the difference of
+// their answers' one-way latencies apart (a few ms on loopback), or less
+// when a loaded machine serves the first late (checkSpacing). The timeout
+// is long so that a slow answer under -race never goes to the fail policy,
+// which would decide it at this instance's share instead.
 func TestDelayStrictFleetServesOneKeyAtItsRate(t *testing.T) {
 	t.Parallel()
 	srv := startRedis(t)
@@ -340,6 +349,7 @@ func TestDelayStrictFleetServesOneKeyAtItsRate(t *testing.T) {
 	rate_limit {` + strings.ReplaceAll(smoothZone(100), "{client_ip}", "{http.request.header.X-API-Key}") + `
 		distributed {
 			redis redis://` + srv.Addr + `
+			timeout 2s
 		}
 	}
 	reverse_proxy ` + up.Addr + `
@@ -351,7 +361,7 @@ func TestDelayStrictFleetServesOneKeyAtItsRate(t *testing.T) {
 		t.Errorf("30 concurrent across 3 instances: %v, want exactly 16×200 (1 at once, 15 within 3s) and 14×429", got)
 	}
 	at := up.take()
-	checkSpacing(t, at, 160*time.Millisecond, 200*time.Millisecond)
+	checkSpacing(t, at, 200*time.Millisecond, 150*time.Millisecond)
 	if len(at) == 16 {
 		if span := at[15].Sub(at[0]); span < 2900*time.Millisecond || span > 3300*time.Millisecond {
 			t.Errorf("16 served over %v, want 3s (15 intervals)", span)
