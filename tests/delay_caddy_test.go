@@ -6,6 +6,7 @@ package tests
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -416,4 +417,41 @@ func TestDelayFloodIsBoundedByTheQueue(t *testing.T) {
 	if most > 50 || most < 40 {
 		t.Errorf("caddy_rate_limit_waiting peaked at %v, want the queue (50) filled and never passed", most)
 	}
+}
+
+// Async mode through Caddy: the issue's zone on one async instance serves
+// 12 concurrent requests at its rate, from the key's lease and the turns
+// reserved beyond it, and Redis counts the reservations at the next sync,
+// while the requests still wait: the admin GET (which reads Redis) finds
+// the key busy for about the 12 turns' 2.4s.
+func TestDelayAsyncServesABurstAtTheZonesRate(t *testing.T) {
+	t.Parallel()
+	srv := startRedis(t)
+	up := startArrivals(t)
+	site := `http:// {
+	rate_limit {` + strings.ReplaceAll(smoothZone(100), "{client_ip}", "{http.request.header.X-API-Key}") + `
+		distributed {
+			redis redis://` + srv.Addr + `
+			mode async
+			sync_interval 100ms
+		}
+	}
+	reverse_proxy ` + up.Addr + `
+}
+`
+	c := startCaddy(t, site)
+	start := time.Now()
+	results := make(chan statusCounts, 1)
+	go func() { results <- c.SendConcurrently(12, 12, withKey("async"), nil) }()
+	waitFor(t, 2*time.Second, "Redis to count the reservations", func() bool {
+		var k adminKey
+		status, body := c.adminDo(http.MethodGet, keyPath("smooth", "async"))
+		// 404 until the first sync writes the key.
+		return status == http.StatusOK && json.Unmarshal([]byte(body), &k) == nil &&
+			k.ResetAfter >= 2.4-time.Since(start).Seconds()-0.3
+	})
+	if got := <-results; got[200] != 12 {
+		t.Fatalf("12 concurrent on one async instance: %v, want 12×200", got)
+	}
+	checkSpacing(t, up.take(), 200*time.Millisecond, 150*time.Millisecond)
 }
