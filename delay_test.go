@@ -17,22 +17,12 @@ import (
 // nothing: the reservation is given back, with its queue place, and the
 // key's next turn is the one the denied request had.
 func TestDelayReservationIsRefundedWhenALaterZoneDenies(t *testing.T) {
-	if err := caddy.Load([]byte(`{"admin":{"disabled":true,"config":{"persist":false}}}`), true); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = caddy.Stop() })
-	ctx, cancel := caddy.NewContext(caddy.ActiveContext())
-	t.Cleanup(cancel)
-	h := &Handler{RateLimits: map[string]*Zone{
+	h := provisioned(t, &Handler{RateLimits: map[string]*Zone{
 		// 5/s: decided first (tightest).
 		"smooth": {Key: "{http.request.header.X-A}", MaxEvents: 5, Window: caddy.Duration(time.Second), Burst: 1, Delay: caddy.Duration(3 * time.Second)},
 		// 100/s, burst 5: a request costing 10 never passes.
 		"weighted": {Key: "{http.request.header.X-A}", MaxEvents: 100, Window: caddy.Duration(time.Second), Burst: 5, CostPlaceholder: "{http.request.header.X-Cost}", Cost: 1},
-	}}
-	if err := h.Provision(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = h.Cleanup() })
+	}})
 	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error { w.WriteHeader(200); return nil })
 	serve := func(cost string) int {
 		r := httptest.NewRequest(http.MethodGet, "/", nil)
@@ -72,20 +62,10 @@ func TestDelayReservationIsRefundedWhenALaterZoneDenies(t *testing.T) {
 // wait, not during it: a slot held while waiting would deny others for
 // nothing.
 func TestDelayWaitsBeforeTakingAConcurrencySlot(t *testing.T) {
-	if err := caddy.Load([]byte(`{"admin":{"disabled":true,"config":{"persist":false}}}`), true); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = caddy.Stop() })
-	ctx, cancel := caddy.NewContext(caddy.ActiveContext())
-	t.Cleanup(cancel)
-	h := &Handler{RateLimits: map[string]*Zone{
+	h := provisioned(t, &Handler{RateLimits: map[string]*Zone{
 		"smooth": {Key: "{http.request.header.X-A}", MaxEvents: 5, Window: caddy.Duration(time.Second), Burst: 1, Delay: caddy.Duration(3 * time.Second)},
 		"one":    {Key: "{http.request.header.X-A}", Concurrency: 1},
-	}}
-	if err := h.Provision(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = h.Cleanup() })
+	}})
 	conc := h.zones[1]
 	var inFlightAtNext int64 = -1
 	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {

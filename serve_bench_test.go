@@ -24,22 +24,27 @@ func benchHandler(tb testing.TB, headers string) *Handler {
 // benchHandlerWith is benchHandler with another limit.
 func benchHandlerWith(tb testing.TB, headers string, events int, window time.Duration) *Handler {
 	tb.Helper()
-	// A running (empty) config gives the context its apps: the events app
-	// the handler emits to is provisioned on first use, as in Caddy.
-	if err := caddy.Load([]byte(`{"admin":{"disabled":true,"config":{"persist":false}}}`), true); err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { _ = caddy.Stop() })
-	ctx, cancel := caddy.NewContext(caddy.ActiveContext())
-	tb.Cleanup(cancel)
-	h := &Handler{
+	return provisioned(tb, &Handler{
 		RateLimits: map[string]*Zone{"api": {
 			Key:       "{http.request.header.X-Api-Key}",
 			MaxEvents: int64(events),
 			Window:    caddy.Duration(window),
 		}},
 		Headers: headers,
+	})
+}
+
+// provisioned provisions h as Caddy would, in a running (empty) config,
+// which gives the context its apps (the events app the handler emits to is
+// provisioned on first use, as in Caddy), and cleans it up with tb.
+func provisioned(tb testing.TB, h *Handler) *Handler {
+	tb.Helper()
+	if err := caddy.Load([]byte(`{"admin":{"disabled":true,"config":{"persist":false}}}`), true); err != nil {
+		tb.Fatal(err)
 	}
+	tb.Cleanup(func() { _ = caddy.Stop() })
+	ctx, cancel := caddy.NewContext(caddy.ActiveContext())
+	tb.Cleanup(cancel)
 	if err := h.Provision(ctx); err != nil {
 		tb.Fatal(err)
 	}
@@ -152,13 +157,7 @@ func allocsOf(f func()) (allocs, bytes float64) {
 // second with burst 1, delay and queue as given.
 func benchDelayHandler(tb testing.TB, events int, delay time.Duration, queue int64) *Handler {
 	tb.Helper()
-	if err := caddy.Load([]byte(`{"admin":{"disabled":true,"config":{"persist":false}}}`), true); err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { _ = caddy.Stop() })
-	ctx, cancel := caddy.NewContext(caddy.ActiveContext())
-	tb.Cleanup(cancel)
-	h := &Handler{
+	return provisioned(tb, &Handler{
 		RateLimits: map[string]*Zone{"smooth": {
 			Key:       "{http.request.header.X-Api-Key}",
 			MaxEvents: int64(events),
@@ -168,12 +167,7 @@ func benchDelayHandler(tb testing.TB, events int, delay time.Duration, queue int
 			Queue:     queue,
 		}},
 		Headers: "both",
-	}
-	if err := h.Provision(ctx); err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { _ = h.Cleanup() })
-	return h
+	})
 }
 
 // BenchmarkServeHTTPDelay measures a zone with delay (issue 25):

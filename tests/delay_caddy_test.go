@@ -100,6 +100,21 @@ func smoothZone(queue int) string {
 	}`, queue, queue)
 }
 
+// delaySite is the issue's zone keyed by X-API-Key, distributed through
+// the Redis at addr with extra settings, in front of up.
+func delaySite(addr, extra string, up *arrivals) string {
+	return `http:// {
+	rate_limit {` + strings.ReplaceAll(smoothZone(100), "{client_ip}", "{http.request.header.X-API-Key}") + `
+		distributed {
+			redis redis://` + addr + `
+` + extra + `
+		}
+	}
+	reverse_proxy ` + up.Addr + `
+}
+`
+}
+
 // goroutines is Caddy's goroutine count, from the admin API's pprof.
 func goroutines(t *testing.T, c *caddyInstance) int {
 	t.Helper()
@@ -346,16 +361,7 @@ func TestDelayStrictFleetServesOneKeyAtItsRate(t *testing.T) {
 	t.Parallel()
 	srv := startRedis(t)
 	up := startArrivals(t)
-	site := `http:// {
-	rate_limit {` + strings.ReplaceAll(smoothZone(100), "{client_ip}", "{http.request.header.X-API-Key}") + `
-		distributed {
-			redis redis://` + srv.Addr + `
-			timeout 2s
-		}
-	}
-	reverse_proxy ` + up.Addr + `
-}
-`
+	site := delaySite(srv.Addr, "\t\t\ttimeout 2s", up)
 	fleet := []*caddyInstance{startCaddy(t, site), startCaddy(t, site), startCaddy(t, site)}
 	got := sendAcross(t, fleet, 30, 30, withKey("fleet"), 5*time.Second)
 	if got[200] != 16 || got[429] != 14 {
@@ -428,18 +434,7 @@ func TestDelayAsyncServesABurstAtTheZonesRate(t *testing.T) {
 	t.Parallel()
 	srv := startRedis(t)
 	up := startArrivals(t)
-	site := `http:// {
-	rate_limit {` + strings.ReplaceAll(smoothZone(100), "{client_ip}", "{http.request.header.X-API-Key}") + `
-		distributed {
-			redis redis://` + srv.Addr + `
-			mode async
-			sync_interval 100ms
-		}
-	}
-	reverse_proxy ` + up.Addr + `
-}
-`
-	c := startCaddy(t, site)
+	c := startCaddy(t, delaySite(srv.Addr, "\t\t\tmode async\n\t\t\tsync_interval 100ms", up))
 	start := time.Now()
 	results := make(chan statusCounts, 1)
 	go func() { results <- c.SendConcurrently(12, 12, withKey("async"), nil) }()
