@@ -312,6 +312,17 @@ func TestDashboardAndAlertQueriesReturnSeriesFromARealPrometheus(t *testing.T) {
 			key {client_ip}
 			concurrency 2
 		}
+		zone smooth {
+			match {
+				path /smooth
+			}
+			key {client_ip}
+			events 5
+			window 1s
+			burst 1
+			delay 3s
+			queue 1
+		}
 		distributed {
 			redis redis://`+r.Addr+`
 			timeout 2s
@@ -334,6 +345,9 @@ https://`+e.tlsAddr+` {
 	c.Send(2, request{Path: "/tokens"})
 	c.Send(2, request{Path: "/plan", Header: map[string]string{"X-Plan-RPM": "10"}})
 	c.Send(1, request{Path: "/upload"})
+	// One request at once, one waiting for its turn, one denied for the
+	// full queue (queue 1) while it waits.
+	c.SendConcurrently(3, 3, request{Path: "/smooth"}, nil)
 	// A connection held open (in flight) and a second one from its address
 	// refused by conn_open.
 	held := e.conn(t, "127.0.0.1", "")
@@ -394,7 +408,7 @@ https://`+e.tlsAddr+` {
 	}
 	var zones []string
 	if err := p.api("label/zone/values", url.Values{"match[]": {selector}}, &zones); err != nil ||
-		strings.Join(zones, ",") != "api,conn_open,conn_rate,login,plans,search,tokens,uploads" {
+		strings.Join(zones, ",") != "api,conn_open,conn_rate,login,plans,search,smooth,tokens,uploads" {
 		t.Errorf("label_values(%s, zone) = %v (%v), want every zone", selector, zones, err)
 	}
 }
