@@ -3,13 +3,18 @@ package tests
 // A loopback TCP proxy in front of a redis-server that can hold back what
 // Redis sends to its pub/sub connections (those that sent SUBSCRIBE), or
 // drop them, so that a test can have a store hear a reset late, or miss it,
-// deterministically.
+// deterministically. For the multi-region tests it can also stand for a
+// long-distance link: a latency each way, a hang (nothing passes until
+// Unhang), a cut (every connection closed and refused) and a share of
+// replies dropped (the connection closes instead of delivering one).
 
 import (
 	"bytes"
+	"math/rand/v2"
 	"net"
 	"sync"
 	"testing"
+	"time"
 )
 
 type redisProxy struct {
@@ -23,6 +28,63 @@ type redisProxy struct {
 	pubsubs []net.Conn // the client side of pub/sub connections
 	cond    *sync.Cond
 	conns   []net.Conn
+
+	latency  [2]time.Duration // each way: from latency[0] to latency[1]
+	hung     bool             // nothing passes either way
+	cut      bool             // connections are closed, and refused
+	dropRate float64          // a reply is dropped (its connection closed) at this rate
+}
+
+// SetLatency delays every chunk, each way, by a random duration from lo
+// to hi.
+func (p *redisProxy) SetLatency(lo, hi time.Duration) {
+	p.mu.Lock()
+	p.latency = [2]time.Duration{lo, hi}
+	p.mu.Unlock()
+}
+
+// Hang holds everything back, both ways, until Unhang: connections stay
+// open and nothing answers.
+func (p *redisProxy) Hang() { p.mu.Lock(); p.hung = true; p.mu.Unlock() }
+
+// Unhang undoes Hang.
+func (p *redisProxy) Unhang() { p.mu.Lock(); p.hung = false; p.cond.Broadcast(); p.mu.Unlock() }
+
+// Cut closes every connection and refuses new ones until Uncut.
+func (p *redisProxy) Cut() {
+	p.mu.Lock()
+	p.cut = true
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+	p.mu.Unlock()
+}
+
+// Uncut undoes Cut.
+func (p *redisProxy) Uncut() { p.mu.Lock(); p.cut = false; p.mu.Unlock() }
+
+// DropReplies drops this fraction of Redis's replies: the connection is
+// closed instead, after Redis ran the command.
+func (p *redisProxy) DropReplies(rate float64) { p.mu.Lock(); p.dropRate = rate; p.mu.Unlock() }
+
+// link applies the latency, a hang and a cut to one chunk; it reports
+// whether the chunk may pass, and, for a reply, whether to drop it.
+func (p *redisProxy) link(reply bool) (pass, drop bool) {
+	p.mu.Lock()
+	lat := p.latency
+	for p.hung && !p.cut {
+		p.cond.Wait()
+	}
+	cut, rate := p.cut, p.dropRate
+	p.mu.Unlock()
+	if cut {
+		return false, false
+	}
+	if lat[1] > 0 {
+		time.Sleep(lat[0] + time.Duration(rand.Int64N(int64(lat[1]-lat[0])+1)))
+	}
+	return true, reply && rate > 0 && rand.Float64() < rate
 }
 
 // startRedisProxy listens on a free loopback port and forwards every
@@ -72,6 +134,8 @@ func (p *redisProxy) close() {
 	p.ln.Close()
 	p.ReleasePubSub()
 	p.mu.Lock()
+	p.cut = true
+	p.cond.Broadcast()
 	for _, c := range p.conns {
 		c.Close()
 	}
@@ -83,6 +147,13 @@ func (p *redisProxy) accept() {
 		c, err := p.ln.Accept()
 		if err != nil {
 			return
+		}
+		p.mu.Lock()
+		cut := p.cut
+		p.mu.Unlock()
+		if cut {
+			c.Close()
+			continue
 		}
 		u, err := net.Dial("tcp", p.upstream)
 		if err != nil {
@@ -112,6 +183,9 @@ func (p *redisProxy) accept() {
 							break
 						}
 					}
+					if pass, _ := p.link(false); !pass {
+						break
+					}
 					if _, werr := u.Write(buf[:n]); werr != nil {
 						break
 					}
@@ -135,6 +209,9 @@ func (p *redisProxy) accept() {
 						}
 						p.mu.Unlock()
 					default:
+					}
+					if pass, drop := p.link(true); !pass || drop {
+						break
 					}
 					if _, werr := c.Write(buf[:n]); werr != nil {
 						break

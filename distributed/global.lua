@@ -1,0 +1,236 @@
+-- The global store's allocation of `scope global` keys between regions
+-- (see global.go). One call per coordinator sync; every key lives on this
+-- one Redis (standalone or Sentinel, not Cluster: the script names its own
+-- keys). Shares are in parts per million of a key's limit.
+--
+-- ARGV: 1 region, 2 fencing token, 3 epoch the region knows ("" none),
+-- 4 full (1: the region reports every holding and wants every grant),
+-- 5 lease ms, 6 sync interval ms, 7 regions "name:weight,...",
+-- 8 global key prefix, 9 number of zones, then per zone:
+-- name, n, and n triples key, wants (ppm, -1 none), held (ppm).
+--
+-- Reply: {"OK", epoch, learning, zone, n, key, grant, ..., zone, ...},
+-- {"EPOCH", epoch} (the region must report in full first) or {"FENCED"}.
+--
+-- Safety: a region's grant is raised only from
+-- C - sum over the others of max(acknowledged, granted); a cut is granted
+-- at once and the capacity moves only once the region acknowledged it by
+-- reporting what it holds. Hence sum of holdings <= C at every instant.
+local C = 1000000
+local region, token, known, full = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4] == '1'
+local lease, interval, prefix = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[8]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = 4 * lease
+
+-- regions and weights, as ppm of C
+local names, weight, floor, wsum = {}, {}, {}, 0
+for name, w in string.gmatch(ARGV[7], '([^:,]+):(%d+)') do
+	names[#names + 1] = name
+	weight[name] = tonumber(w)
+	wsum = wsum + tonumber(w)
+end
+for _, n in ipairs(names) do
+	weight[n] = math.floor(weight[n] * C / wsum)
+	floor[n] = math.floor(weight[n] / 10)
+end
+
+-- the epoch: a global store that lost its state has a new one
+local ekey, regs = prefix .. 'g.epoch', prefix .. 'g.regions'
+local epoch = redis.call('GET', ekey)
+if not epoch then
+	epoch = now .. '-' .. t[2]
+	redis.call('SET', ekey, epoch, 'PX', ttl)
+	redis.call('DEL', regs, prefix .. 'g.registered')
+else
+	redis.call('PEXPIRE', ekey, ttl)
+end
+if known ~= epoch and not full then
+	return {'EPOCH', epoch}
+end
+local born = tonumber(string.match(epoch, '^(%d+)'))
+
+-- fencing: a coordinator with an older token than the region's last one
+-- is stale (its lock expired and another took over)
+local seen = redis.call('HGET', regs, region .. '.tok')
+if seen and token < tonumber(seen) then
+	return {'FENCED'}
+end
+redis.call('HSET', regs, region .. '.tok', token, region .. '.seen', now)
+redis.call('PEXPIRE', regs, ttl)
+if full then
+	redis.call('SADD', prefix .. 'g.registered', region)
+	redis.call('PEXPIRE', prefix .. 'g.registered', ttl)
+end
+
+-- learning: a fresh store grants nothing beyond what regions hold until
+-- every region re-registered or one lease passed (an absent region is then
+-- at its floor by its own deadline)
+local learning = false
+if now - born < lease then
+	for _, n in ipairs(names) do
+		if redis.call('SISMEMBER', prefix .. 'g.registered', n) == 0 then
+			learning = true
+		end
+	end
+end
+
+-- live: heard from within 2 x lease; a region silent longer is at its
+-- floor (its own deadline, lease after its last send, came first)
+local live = {}
+for _, n in ipairs(names) do
+	local s = tonumber(redis.call('HGET', regs, n .. '.seen'))
+	live[n] = s ~= nil and now - s <= 2 * lease
+end
+
+local function target(demand)
+	-- weighted fair share (water-filling) among regions with demand,
+	-- idle regions at their floor, leftover to the demanding ones
+	local tg, want, left, wl = {}, {}, C, 0
+	for _, n in ipairs(names) do
+		if demand[n] > floor[n] then
+			want[#want + 1] = n
+			wl = wl + weight[n]
+		else
+			tg[n] = floor[n]
+			left = left - floor[n]
+		end
+	end
+	if #want == 0 then
+		for _, n in ipairs(names) do tg[n] = weight[n] end
+		return tg, false
+	end
+	table.sort(want, function(a, b) return demand[a] * weight[b] < demand[b] * weight[a] end)
+	local done = {}
+	for i, n in ipairs(want) do
+		local fair = math.floor(left * weight[n] / wl)
+		if demand[n] <= fair then
+			tg[n] = demand[n]
+			left, wl = left - demand[n], wl - weight[n]
+			done[#done + 1] = n
+		else
+			for j = i, #want do
+				local m = want[j]
+				tg[m] = math.floor(left * weight[m] / wl)
+			end
+			return tg, true
+		end
+	end
+	-- every demand met: the rest goes to the demanding regions by weight
+	local wd = 0
+	for _, n in ipairs(done) do wd = wd + weight[n] end
+	for _, n in ipairs(done) do tg[n] = tg[n] + math.floor(left * weight[n] / wd) end
+	return tg, true
+end
+
+local function pending(n, zone, key)
+	local p = prefix .. 'g.p:' .. zone .. ':' .. n
+	redis.call('SADD', p, key)
+	redis.call('PEXPIRE', p, ttl)
+end
+
+-- allocate one key the region reports; returns the region's grant
+local function allocate(zone, key, wants, held)
+	local rk = prefix .. 'g.z:' .. zone .. ':' .. key
+	local raw = redis.call('HGETALL', rk)
+	if #raw == 0 and wants < 0 and held == weight[region] then
+		return held -- a default holding no region pushes against
+	end
+	local h = {}
+	for i = 1, #raw, 2 do h[raw[i]] = tonumber(raw[i + 1]) end
+	local g, a, d = {}, {}, {}
+	for _, n in ipairs(names) do
+		local init = weight[n]
+		if not live[n] and not learning then init = floor[n] end
+		g[n] = h['g.' .. n] or init
+		a[n] = h['a.' .. n] or init
+		if not live[n] and not learning then
+			g[n], a[n] = floor[n], floor[n]
+		end
+		local dt = h['t.' .. n]
+		d[n] = 0
+		if dt and now - dt <= 3 * interval then d[n] = h['d.' .. n] or 0 end
+	end
+	a[region] = held
+	if wants >= 0 then
+		d[region] = math.min(C, wants)
+		redis.call('HSET', rk, 'd.' .. region, d[region], 't.' .. region, now)
+	else
+		d[region] = 0
+		redis.call('HDEL', rk, 'd.' .. region, 't.' .. region)
+	end
+	local tg, demanded = target(d)
+	if learning then
+		-- nothing beyond what each region holds
+		for _, n in ipairs(names) do tg[n] = math.min(tg[n], a[n]) end
+	end
+	for _, n in ipairs(names) do
+		if tg[n] < g[n] then
+			g[n] = tg[n]
+			if n ~= region then pending(n, zone, key) end
+		end
+	end
+	for _, n in ipairs(names) do
+		if tg[n] > g[n] then
+			local others = 0
+			for _, m in ipairs(names) do
+				if m ~= n then others = others + math.max(a[m], g[m]) end
+			end
+			local raised = math.min(tg[n], math.max(g[n], C - others))
+			if raised > g[n] then
+				g[n] = raised
+				if n ~= region then pending(n, zone, key) end
+			end
+		end
+	end
+	local default = not demanded
+	for _, n in ipairs(names) do
+		if g[n] ~= weight[n] or a[n] ~= weight[n] then default = false end
+	end
+	if default then
+		redis.call('DEL', rk)
+		redis.call('SREM', prefix .. 'g.zk:' .. zone, key)
+		return g[region]
+	end
+	for _, n in ipairs(names) do
+		redis.call('HSET', rk, 'g.' .. n, g[n], 'a.' .. n, a[n])
+	end
+	redis.call('PEXPIRE', rk, ttl)
+	redis.call('SADD', prefix .. 'g.zk:' .. zone, key)
+	redis.call('PEXPIRE', prefix .. 'g.zk:' .. zone, ttl)
+	return g[region]
+end
+
+local out = {'OK', epoch, learning and 1 or 0}
+local i = 10
+for _ = 1, tonumber(ARGV[9]) do
+	local zone, n = ARGV[i], tonumber(ARGV[i + 1])
+	i = i + 2
+	local grants, reported = {}, {}
+	for _ = 1, n do
+		local key = ARGV[i]
+		reported[key] = true
+		grants[#grants + 1] = key
+		grants[#grants + 1] = allocate(zone, key, tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]))
+		i = i + 3
+	end
+	-- what moved for this region since it last heard (or, in full, every
+	-- record): the region's grant, its weight where the record is gone
+	local p = prefix .. 'g.p:' .. zone .. ':' .. region
+	local extra = redis.call('SMEMBERS', p)
+	redis.call('DEL', p)
+	if full then extra = redis.call('SMEMBERS', prefix .. 'g.zk:' .. zone) end
+	for _, key in ipairs(extra) do
+		if not reported[key] then
+			reported[key] = true
+			local gr = tonumber(redis.call('HGET', prefix .. 'g.z:' .. zone .. ':' .. key, 'g.' .. region))
+			if gr == nil then gr = weight[region] end
+			grants[#grants + 1] = key
+			grants[#grants + 1] = gr
+		end
+	end
+	out[#out + 1] = zone
+	out[#out + 1] = #grants / 2
+	for _, v in ipairs(grants) do out[#out + 1] = v end
+end
+return out

@@ -1,0 +1,441 @@
+package distributed
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/caddy-tally/ratelimit/internal/monotime"
+	"github.com/caddy-tally/ratelimit/zones"
+)
+
+// Multi-region budgets (issue 29). A zone with `scope global` is enforced
+// in each region's own Redis at the region's share of its limit, per key;
+// one coordinator per region trades shares with the other regions through
+// a global Redis every sync interval (global.lua). No decision waits on the
+// global store.
+//
+// Shares are parts per million of a key's limit: a region with share s
+// decides the key at emission interval T/s and burst ⌊B·s⌋ (at least 1).
+// A key no region pushes against has no record anywhere and every region
+// holds its weight. The global store raises a region only from what the
+// others neither hold nor were granted, and a cut takes effect there only
+// once the losing region confirmed it: the regions' shares sum to at most 1
+// at every instant (see docs/distributed.md for the bound).
+
+// ShareScale is a whole key's limit in share units (parts per million).
+const ShareScale = 1_000_000
+
+//go:embed global.lua
+var globalScript string
+
+//go:embed region.lua
+var regionScript string
+
+// RegionWeight is one region of the global budget and its weight.
+type RegionWeight struct {
+	Name   string
+	Weight int64
+}
+
+// RegionOptions configures this instance's region.
+type RegionOptions struct {
+	// Region is this region's name, one of Regions.
+	Region string
+	// Regions are every region's weight (the default shares), the same in
+	// every region.
+	Regions []RegionWeight
+	// Global is the global Redis (standalone or Sentinel).
+	Global Options
+	// SyncInterval is how often the coordinator syncs with the global
+	// store (default 1s); instances read the region's shares four times
+	// as often.
+	SyncInterval time.Duration
+	// Lease is how long a region keeps its shares without contact before
+	// it falls back to its floor (default 5m, at least 2×SyncInterval).
+	Lease time.Duration
+	// Instance names this instance as a coordinator candidate (default:
+	// the regional store's instance name).
+	Instance string
+}
+
+// DefaultGlobalSyncInterval and DefaultGlobalLease are RegionOptions'
+// defaults.
+const (
+	DefaultGlobalSyncInterval = time.Second
+	DefaultGlobalLease        = 5 * time.Minute
+)
+
+// Check reports the first thing wrong with the options, naming the fix.
+func (o RegionOptions) Check() error {
+	if len(o.Regions) == 0 {
+		return errors.New("global: regions is required, e.g. regions eu:2 us:1")
+	}
+	found := false
+	names := make([]string, 0, len(o.Regions))
+	for _, r := range o.Regions {
+		if r.Weight <= 0 || r.Weight > 1_000_000 {
+			return fmt.Errorf("global: region %s's weight must be a whole number from 1 to 1000000, e.g. %s:1", r.Name, r.Name)
+		}
+		if !zones.ValidName(r.Name) {
+			return fmt.Errorf("global: region name %q is invalid: use letters, digits, '_' and '-'", r.Name)
+		}
+		for _, n := range names {
+			if n == r.Name {
+				return fmt.Errorf("global: region %s is listed twice: keep one", r.Name)
+			}
+		}
+		names = append(names, r.Name)
+		found = found || r.Name == o.Region
+	}
+	if o.Region == "" {
+		return fmt.Errorf("global: a region is required with a global block: add region <name>, one of %s", strings.Join(names, ", "))
+	}
+	if !found {
+		return fmt.Errorf("region %s is not one of the global block's regions (%s): add it there, e.g. regions %s:1, or fix its name", o.Region, strings.Join(names, ", "), o.Region)
+	}
+	o = o.withDefaults()
+	if o.Lease < 2*o.SyncInterval {
+		return fmt.Errorf("global: lease %v is shorter than twice sync_interval %v: use lease %v or more", o.Lease, o.SyncInterval, 2*o.SyncInterval)
+	}
+	return nil
+}
+
+func (o RegionOptions) withDefaults() RegionOptions {
+	if o.SyncInterval <= 0 {
+		o.SyncInterval = DefaultGlobalSyncInterval
+	}
+	if o.Lease <= 0 {
+		o.Lease = DefaultGlobalLease
+	}
+	o.Global = o.Global.withDefaults()
+	return o
+}
+
+// Key identifies the setting for sharing a Region (it contains passwords:
+// never log it).
+func (o RegionOptions) Key(regional string) string {
+	o = o.withDefaults()
+	var w []string
+	for _, r := range o.Regions {
+		w = append(w, r.Name+":"+strconv.FormatInt(r.Weight, 10))
+	}
+	return strings.Join([]string{regional, o.Region, strings.Join(w, ","), o.Global.Key(),
+		o.SyncInterval.String(), o.Lease.String(), o.Instance}, "\x01")
+}
+
+// Region is this instance's view of its region's global shares, and its
+// candidacy as the region's coordinator. It is safe for concurrent use.
+type Region struct {
+	opts     RegionOptions
+	spec     string  // "name:weight,..." for global.lua
+	weight   int64   // this region's default share (ppm)
+	floor    int64   // this region's share with no contact for a lease
+	weights  []int64 // every region's, in opts.Regions' order
+	regional redis.UniversalClient
+	global   redis.UniversalClient
+	prefix   string        // the regional key prefix
+	timeout  time.Duration // the regional store's
+	gprefix  string
+	rscript  *redis.Script
+	gscript  *redis.Script
+	logger   *zap.Logger
+	member   string
+
+	mu    sync.RWMutex
+	zones map[string]*regionZone
+	names []string // zones in a fixed order, for the scripts' KEYS
+
+	floored atomic.Bool  // the region had no contact for a lease
+	polled  atomic.Int64 // monotime of the last successful poll
+	// contactAt is the region's last contact with the global store as the
+	// last poll read it (monotime; 0: none).
+	contactAt atomic.Int64
+	version   string // of the shares last read (poll loop only)
+
+	coord coordinator // the coordinator's state (sync loop only)
+	stats RegionStats
+
+	stop chan struct{}
+	done sync.WaitGroup
+}
+
+// RegionStats counts the region's global work, for metrics.
+type RegionStats struct {
+	Syncs, Failures, ShareChanges atomic.Int64
+	LastLatency                   atomic.Int64 // ns
+	Coordinating                  atomic.Bool
+}
+
+type regionZone struct {
+	name     string
+	interval int64 // the zone's emission interval, ns (hot-key detection)
+	mu       sync.RWMutex
+	shares   map[string]int64 // applied by this instance
+	cmu      sync.Mutex
+	counts   map[string]*[2]int64 // admitted, denied since the last poll
+}
+
+// maxCounted bounds the keys a zone counts between two polls.
+const maxCounted = 10_000
+
+// OpenRegion starts this instance's region over its regional store, which
+// must be a *Store or an *Async. It does not contact either Redis.
+func OpenRegion(regional zones.Store, opts RegionOptions, logger *zap.Logger) (*Region, error) {
+	if err := opts.Check(); err != nil {
+		return nil, err
+	}
+	opts = opts.withDefaults()
+	var c *conn
+	switch s := regional.(type) {
+	case *Store:
+		c = s.conn
+	case *Async:
+		c = s.conn
+	default:
+		return nil, fmt.Errorf("global: the regional store is a %T, not a tally store", regional)
+	}
+	uopts, err := opts.Global.universalOptions()
+	if err != nil {
+		return nil, fmt.Errorf("global: %v", err)
+	}
+	r := &Region{
+		opts:     opts,
+		regional: c.client,
+		global:   redis.NewUniversalClient(uopts),
+		prefix:   c.opts.KeyPrefix,
+		timeout:  c.opts.Timeout,
+		gprefix:  opts.Global.KeyPrefix,
+		rscript:  redis.NewScript(regionScript),
+		gscript:  redis.NewScript(globalScript),
+		logger:   logger,
+		member:   opts.Instance,
+		zones:    map[string]*regionZone{},
+		stop:     make(chan struct{}),
+	}
+	if r.member == "" {
+		r.member = c.member
+	}
+	var sum int64
+	for _, w := range opts.Regions {
+		sum += w.Weight
+	}
+	var spec []string
+	for _, w := range opts.Regions {
+		ppm := w.Weight * ShareScale / sum
+		r.weights = append(r.weights, ppm)
+		if w.Name == opts.Region {
+			r.weight, r.floor = ppm, ppm/10
+		}
+		spec = append(spec, w.Name+":"+strconv.FormatInt(w.Weight, 10))
+	}
+	r.spec = strings.Join(spec, ",")
+	r.floored.Store(true) // until the first poll says otherwise
+	r.coord.init()
+	r.done.Add(2)
+	go r.pollLoop()
+	go r.syncLoop()
+	return r, nil
+}
+
+// Close stops the region's loops and closes the global client.
+func (r *Region) Close() error {
+	select {
+	case <-r.stop:
+		return nil
+	default:
+	}
+	close(r.stop)
+	r.done.Wait()
+	return r.global.Close()
+}
+
+// Destruct closes the region (caddy.Destructor, for a caddy.UsagePool).
+func (r *Region) Destruct() error { return r.Close() }
+
+// Stats is the region's counters.
+func (r *Region) Stats() *RegionStats { return &r.stats }
+
+// Name is this region's name.
+func (r *Region) Name() string { return r.opts.Region }
+
+// AddZone makes zone's keys global in this region; interval is the zone's
+// emission interval (ns).
+func (r *Region) AddZone(zone string, interval int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if z, ok := r.zones[zone]; ok {
+		z.interval = interval
+		return
+	}
+	r.zones[zone] = &regionZone{name: zone, interval: interval, shares: map[string]int64{}, counts: map[string]*[2]int64{}}
+	r.names = append(r.names, zone)
+}
+
+func (r *Region) zone(name string) *regionZone {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.zones[name]
+}
+
+// Share is this region's share of key in zone now (ppm): its floor while
+// the region has had no contact with the global store for a lease, else
+// what the global store granted, else the region's weight.
+func (r *Region) Share(zone, key string) int64 {
+	if r.floored.Load() {
+		return r.floor
+	}
+	z := r.zone(zone)
+	if z == nil {
+		return r.weight
+	}
+	z.mu.RLock()
+	s, ok := z.shares[key]
+	z.mu.RUnlock()
+	if !ok {
+		return r.weight
+	}
+	return s
+}
+
+// Weight is this region's default share (ppm).
+func (r *Region) Weight() int64 { return r.weight }
+
+// count notes one decision of key for the region's demand.
+func (r *Region) count(zone, key string, allowed bool, cost int64) {
+	z := r.zone(zone)
+	if z == nil {
+		return
+	}
+	z.cmu.Lock()
+	c := z.counts[key]
+	if c == nil {
+		if len(z.counts) >= maxCounted {
+			z.cmu.Unlock()
+			return
+		}
+		c = new([2]int64)
+		z.counts[key] = c
+	}
+	if allowed {
+		c[0] += cost
+	} else {
+		c[1] += cost
+	}
+	z.cmu.Unlock()
+}
+
+func (r *Region) keys() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	keys := []string{r.prefix + "global{r}.meta", r.prefix + "global{r}.lock"}
+	for _, n := range r.names {
+		keys = append(keys, r.prefix+"global{r}.demand:"+n, r.prefix+"global{r}.shares:"+n)
+	}
+	return keys
+}
+
+func (r *Region) zoneList() []*regionZone {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := make([]*regionZone, len(r.names))
+	for i, n := range r.names {
+		out[i] = r.zones[n]
+	}
+	return out
+}
+
+// pollInterval is how often instances read the region's shares and push
+// their counts: a quarter of the sync interval, so that a cut is in force
+// on every instance well within the margin the coordinator waits.
+func (r *Region) pollInterval() time.Duration {
+	return max(10*time.Millisecond, r.opts.SyncInterval/4)
+}
+
+// confirmMargin is how long after publishing a cut the coordinator still
+// reports the old share as held: two polls (one may fail) and the
+// regional timeout a poll in flight may take.
+func (r *Region) confirmMargin() time.Duration {
+	return 2*r.pollInterval() + r.timeout
+}
+
+func (r *Region) pollLoop() {
+	defer r.done.Done()
+	tick := time.NewTicker(r.pollInterval())
+	defer tick.Stop()
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-tick.C:
+			r.poll()
+		}
+	}
+}
+
+// poll pushes this instance's counts to the regional Redis and reads the
+// region's shares when they changed.
+func (r *Region) poll() {
+	zs := r.zoneList()
+	args := []any{"poll", r.version, (10 * r.opts.SyncInterval).Milliseconds(), len(zs)}
+	for _, z := range zs {
+		z.cmu.Lock()
+		counts := z.counts
+		z.counts = make(map[string]*[2]int64, len(counts))
+		z.cmu.Unlock()
+		args = append(args, len(counts))
+		for k, c := range counts {
+			args = append(args, k, c[0], c[1])
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.opts.Global.Timeout+r.pollInterval())
+	defer cancel()
+	v, err := r.rscript.Run(ctx, r.regional, r.keys(), args...).Slice()
+	now := monotime.Now()
+	if err != nil || len(v) < 3 {
+		if last := r.polled.Load(); last != 0 && time.Duration(now-last) > r.opts.Lease {
+			r.floored.Store(true)
+		}
+		return
+	}
+	r.polled.Store(now)
+	rnow, _ := v[0].(int64)
+	contact, _ := v[1].(int64)
+	r.floored.Store(contact < 0 || time.Duration(rnow-contact)*time.Millisecond > r.opts.Lease)
+	if contact >= 0 {
+		r.contactAt.Store(max(1, now-int64(time.Duration(rnow-contact)*time.Millisecond)))
+	}
+	version := fmt.Sprint(v[2])
+	if version == r.version || len(v) == 3 {
+		r.version = version
+		return
+	}
+	i := 3
+	for _, z := range zs {
+		if i >= len(v) {
+			break
+		}
+		n, _ := v[i].(int64)
+		i++
+		m := make(map[string]int64, n)
+		for j := int64(0); j < n && i+1 < len(v); j++ {
+			k, _ := v[i].(string)
+			s, _ := strconv.ParseInt(fmt.Sprint(v[i+1]), 10, 64)
+			m[k] = s
+			i += 2
+		}
+		z.mu.Lock()
+		z.shares = m
+		z.mu.Unlock()
+	}
+	r.version = version
+}

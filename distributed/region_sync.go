@@ -1,0 +1,371 @@
+package distributed
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/caddy-tally/ratelimit/internal/monotime"
+)
+
+// coordinator is the state of the region's coordinator, kept by whichever
+// instance holds the lock (sync loop only).
+type coordinator struct {
+	token     int64 // fencing token; 0: not the coordinator
+	lockedAt  int64 // monotime of the last lock renewal
+	held      map[string]map[string]*holding
+	epoch     string // of the global store, as last heard
+	full      bool   // the next sync reports in full
+	contact   int64  // monotime the last successful sync was sent; 0: none
+	lastSync  int64
+	confirmAt int64 // monotime a cut's margin ends (0: none pending)
+	down      bool  // an outage is being logged
+}
+
+// holding is one key's share as published in the region. After a cut the
+// old share is still reported as held until every instance has read the
+// new one (prevUntil): that report is the cut's confirmation.
+type holding struct {
+	cur, prev int64
+	prevUntil int64
+}
+
+func (c *coordinator) init() { c.held = map[string]map[string]*holding{} }
+
+func (h *holding) reported(now int64) int64 {
+	if now < h.prevUntil {
+		return max(h.cur, h.prev)
+	}
+	return h.cur
+}
+
+func (r *Region) syncLoop() {
+	defer r.done.Done()
+	tick := time.NewTicker(r.pollInterval())
+	defer tick.Stop()
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-tick.C:
+			r.tick(monotime.Now())
+		}
+	}
+}
+
+func (r *Region) tick(now int64) {
+	c := &r.coord
+	interval := int64(r.opts.SyncInterval)
+	if now-c.lockedAt >= interval || c.token == 0 && now-c.lockedAt >= int64(r.pollInterval()) {
+		r.lock(now)
+	}
+	if c.token == 0 {
+		return
+	}
+	if now-c.lastSync >= interval || c.confirmAt != 0 && now >= c.confirmAt {
+		r.sync(now)
+	}
+}
+
+// lock takes or renews the coordinator lock (SET NX PX 3×sync_interval in
+// the regional Redis); a new holder reports in full first.
+func (r *Region) lock(now int64) {
+	c := &r.coord
+	ctx, cancel := context.WithTimeout(context.Background(), r.opts.SyncInterval)
+	defer cancel()
+	tok, err := r.rscript.Run(ctx, r.regional, r.keys(), "lock", r.member, (3 * r.opts.SyncInterval).Milliseconds()).Int64()
+	if err != nil {
+		return // the lock expires; another instance may take it
+	}
+	c.lockedAt = now
+	if tok == 0 {
+		if c.token != 0 {
+			r.logger.Info("another instance coordinates this region's global shares now", zap.String("region", r.opts.Region))
+		}
+		c.token = 0
+		r.stats.Coordinating.Store(false)
+		return
+	}
+	if tok != c.token {
+		c.token, c.full = tok, true
+		c.init()
+		c.contact = r.contactAt.Load() // the last contact the region published
+		// Start from what the region has published, as this instance
+		// last read it.
+		for _, z := range r.zoneList() {
+			z.mu.RLock()
+			m := make(map[string]*holding, len(z.shares))
+			for k, s := range z.shares {
+				m[k] = &holding{cur: s}
+			}
+			z.mu.RUnlock()
+			c.held[z.name] = m
+		}
+		r.stats.Coordinating.Store(true)
+	}
+}
+
+type report struct {
+	zone  string
+	keys  []string
+	wants []int64
+	held  []int64
+}
+
+// sync reports the region's hot keys and holdings to the global store and
+// publishes what it grants.
+func (r *Region) sync(now int64) {
+	c := &r.coord
+	lockVal := r.member + "|" + strconv.FormatInt(c.token, 10)
+	ctx, cancel := context.WithTimeout(context.Background(), r.opts.SyncInterval)
+	defer cancel()
+	keys := r.keys()
+	raw, err := r.rscript.Run(ctx, r.regional, keys, "collect", lockVal).Slice()
+	if err != nil {
+		return
+	}
+	if len(raw) == 1 && raw[0] == int64(-1) {
+		c.token = 0
+		r.stats.Coordinating.Store(false)
+		return
+	}
+	elapsed := max(now-c.lastSync, int64(r.pollInterval()))
+	if c.lastSync == 0 {
+		elapsed = int64(r.opts.SyncInterval)
+	}
+	c.lastSync = now
+	// Past the lease (and the margin instances take to notice) every
+	// instance of the region applies its floor.
+	floored := c.contact == 0 || time.Duration(now-c.contact) > r.opts.Lease+r.confirmMargin()
+	if floored {
+		c.full = true
+	}
+	zs := r.zoneList()
+	reports := make([]report, len(zs))
+	i := 0
+	for zi, z := range zs {
+		rep := report{zone: z.name}
+		held := c.held[z.name]
+		if held == nil {
+			held = map[string]*holding{}
+			c.held[z.name] = held
+		}
+		hot := map[string]bool{}
+		n := 0
+		if i < len(raw) {
+			n64, _ := raw[i].(int64)
+			n = int(n64)
+			i++
+		}
+		for j := 0; j < n && i+2 < len(raw); j++ {
+			key, _ := raw[i].(string)
+			adm, _ := raw[i+1].(int64)
+			den, _ := raw[i+2].(int64)
+			i += 3
+			share := r.weight
+			if h := held[key]; h != nil {
+				share = h.cur
+			}
+			if floored {
+				share = r.floor
+			}
+			var wants int64 = -1
+			used := adm * z.interval // ns of the key's whole rate
+			switch {
+			case den > 0:
+				wants = ShareScale
+			case used*5*ShareScale >= 4*share*elapsed:
+				wants = min(ShareScale, used*12*ShareScale/(10*elapsed))
+			}
+			if wants < 0 {
+				continue
+			}
+			hot[key] = true
+			h := held[key]
+			hv := r.weight
+			if h != nil {
+				hv = h.reported(now)
+			}
+			if floored {
+				hv = r.floor
+			}
+			rep.keys = append(rep.keys, key)
+			rep.wants = append(rep.wants, wants)
+			rep.held = append(rep.held, hv)
+		}
+		for key, h := range held {
+			if hot[key] {
+				continue
+			}
+			hv := h.reported(now)
+			if floored {
+				hv = r.floor
+			}
+			rep.keys = append(rep.keys, key)
+			rep.wants = append(rep.wants, -1)
+			rep.held = append(rep.held, hv)
+		}
+		reports[zi] = rep
+	}
+	r.exchange(now, lockVal, keys, reports, floored, true)
+}
+
+// exchange sends the reports to the global store and publishes the grants;
+// retry says whether an epoch change may be answered by one more, full,
+// exchange at once.
+func (r *Region) exchange(now int64, lockVal string, keys []string, reports []report, floored, retry bool) {
+	c := &r.coord
+	args := []any{r.opts.Region, c.token, c.epoch, boolArg(c.full), r.opts.Lease.Milliseconds(),
+		r.opts.SyncInterval.Milliseconds(), r.spec, r.gprefix, len(reports)}
+	for _, rep := range reports {
+		args = append(args, rep.zone, len(rep.keys))
+		for j, k := range rep.keys {
+			args = append(args, k, rep.wants[j], rep.held[j])
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), max(r.opts.SyncInterval, r.opts.Global.Timeout))
+	defer cancel()
+	sent := monotime.Now()
+	r.stats.Syncs.Add(1)
+	v, err := r.gscript.Run(ctx, r.global, []string{r.gprefix + "g.epoch"}, args...).Slice()
+	r.stats.LastLatency.Store(monotime.Now() - sent)
+	if err != nil || len(v) < 1 {
+		r.stats.Failures.Add(1)
+		if !c.down {
+			c.down = true
+			r.logger.Warn("global store unreachable: this region keeps its last shares of global zones, falling back to its floor after the lease",
+				zap.String("region", r.opts.Region), zap.Duration("lease", r.opts.Lease), zap.Error(err))
+		}
+		r.publish(ctx, lockVal, keys, nil, -1, false)
+		return
+	}
+	switch fmt.Sprint(v[0]) {
+	case "FENCED":
+		r.logger.Warn("the global store refused this region's coordinator as stale (another took over)", zap.String("region", r.opts.Region))
+		c.token = 0
+		r.stats.Coordinating.Store(false)
+		return
+	case "EPOCH":
+		if len(v) > 1 {
+			c.epoch = fmt.Sprint(v[1])
+		}
+		c.full = true
+		if retry {
+			// every holding is in the reports already: only the flag
+			// changes
+			r.exchange(now, lockVal, keys, reports, floored, false)
+		}
+		return
+	}
+	if c.down {
+		c.down = false
+		r.logger.Info("global store reachable again", zap.String("region", r.opts.Region))
+	}
+	if len(v) < 3 {
+		return
+	}
+	c.epoch = fmt.Sprint(v[1])
+	now = monotime.Now()
+	full := c.full
+	reported := map[string]map[string]int64{}
+	for _, rep := range reports {
+		m := map[string]int64{}
+		for j, k := range rep.keys {
+			m[k] = rep.held[j]
+		}
+		reported[rep.zone] = m
+	}
+	var changes [][]any
+	i := 3
+	for i+1 < len(v) {
+		zone := fmt.Sprint(v[i])
+		n, _ := v[i+1].(int64)
+		i += 2
+		held := c.held[zone]
+		if held == nil {
+			held = map[string]*holding{}
+			c.held[zone] = held
+		}
+		var zc []any
+		for j := int64(0); j < n && i+1 < len(v); j++ {
+			key := fmt.Sprint(v[i])
+			g, _ := v[i+1].(int64)
+			i += 2
+			h := held[key]
+			cur := r.weight
+			if h != nil {
+				cur = h.cur
+			}
+			if floored {
+				cur = r.floor // what the region applied
+			}
+			if h == nil {
+				h = &holding{cur: cur}
+				held[key] = h
+			}
+			if g < cur {
+				h.prev, h.prevUntil = max(h.prev, cur), now+int64(r.confirmMargin())
+				if c.confirmAt == 0 || h.prevUntil < c.confirmAt {
+					c.confirmAt = h.prevUntil
+				}
+			}
+			if g != h.cur || floored || full {
+				if g != h.cur {
+					r.stats.ShareChanges.Add(1)
+				}
+				h.cur = g
+				pub := g
+				if g == r.weight {
+					pub = -1
+				}
+				zc = append(zc, key, pub)
+			}
+			if rep, ok := reported[zone][key]; ok && rep == r.weight && g == r.weight && now >= h.prevUntil {
+				delete(held, key) // the global store knows it is back to the weight
+			}
+		}
+		changes = append(changes, zc)
+	}
+	if c.confirmAt != 0 && now >= c.confirmAt {
+		c.confirmAt = 0
+		for _, held := range c.held {
+			for _, h := range held {
+				if h.prevUntil > now && (c.confirmAt == 0 || h.prevUntil < c.confirmAt) {
+					c.confirmAt = h.prevUntil
+				}
+			}
+		}
+	}
+	if r.publish(ctx, lockVal, keys, changes, (now-sent)/int64(time.Millisecond), full) {
+		c.contact = sent
+		c.full = false
+	}
+}
+
+// publish writes the coordinator's changes and its last contact (age ms
+// before now, -1 to keep the last) to the regional Redis, where every
+// instance of the region reads them.
+func (r *Region) publish(ctx context.Context, lockVal string, keys []string, changes [][]any, age int64, full bool) bool {
+	zs := r.zoneList()
+	args := []any{"publish", lockVal, age, (4 * r.opts.Lease).Milliseconds(), boolArg(full), len(zs)}
+	for zi := range zs {
+		if zi < len(changes) {
+			args = append(args, len(changes[zi])/2)
+			args = append(args, changes[zi]...)
+		} else {
+			args = append(args, 0)
+		}
+	}
+	v, err := r.rscript.Run(ctx, r.regional, keys, args...).Slice()
+	return err == nil && len(v) == 1 && v[0] == int64(1)
+}
+
+func boolArg(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
+}

@@ -1,0 +1,225 @@
+package tests
+
+// Multi-region budgets (issue 29) at the store level: two regions, each
+// with its own redis-server and two tally stores, share one global
+// redis-server reached through a proxy per region that adds 50–100 ms each
+// way and can hang, cut or drop replies.
+
+import (
+	"context"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddy-tally/ratelimit/algorithms"
+	"github.com/caddy-tally/ratelimit/distributed"
+	"github.com/caddy-tally/ratelimit/zones"
+)
+
+// The global limit of the tests: 600 per minute, burst 20.
+var globalLimit = algorithms.NewLimit(600, int64(time.Minute), 20)
+
+const globalZone = "api"
+
+type testRegion struct {
+	name    string
+	redis   *redisServer
+	proxy   *redisProxy // to the global store
+	stores  []*distributed.Store
+	regions []*distributed.Region
+	shared  []zones.Store
+}
+
+type globalFleet struct {
+	t        *testing.T
+	global   *redisServer
+	regions  []*testRegion
+	interval time.Duration
+	lease    time.Duration
+	admitted [][]int64 // per region: admission times, unix ns
+	mu       sync.Mutex
+}
+
+// startGlobalFleet starts the global store and two regions, eu and us, of
+// weight 1 each, with two instances each.
+func startGlobalFleet(t *testing.T, interval, lease time.Duration) *globalFleet {
+	t.Helper()
+	f := &globalFleet{t: t, global: startRedis(t), interval: interval, lease: lease}
+	for _, name := range []string{"eu", "us"} {
+		r := &testRegion{name: name, redis: startRedis(t)}
+		r.proxy = startRedisProxy(t, f.global.Addr)
+		r.proxy.SetLatency(50*time.Millisecond, 100*time.Millisecond)
+		for range 2 {
+			s := openStore(t, distributed.Options{Addresses: []string{r.redis.Addr}, Timeout: 200 * time.Millisecond}, nil)
+			reg, err := distributed.OpenRegion(s, distributed.RegionOptions{
+				Region:       name,
+				Regions:      []distributed.RegionWeight{{Name: "eu", Weight: 1}, {Name: "us", Weight: 1}},
+				Global:       distributed.Options{Addresses: []string{r.proxy.Addr}, Timeout: time.Second},
+				SyncInterval: interval,
+				Lease:        lease,
+			}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { reg.Close() })
+			r.stores = append(r.stores, s)
+			r.regions = append(r.regions, reg)
+			r.shared = append(r.shared, reg.Wrap(s, globalZone, globalLimit.EmissionInterval))
+		}
+		f.regions = append(f.regions, r)
+	}
+	f.admitted = make([][]int64, len(f.regions))
+	return f
+}
+
+// share is the most any instance of region i applies to key (ppm).
+func (f *globalFleet) share(i int, key string) int64 {
+	var s int64
+	for _, reg := range f.regions[i].regions {
+		s = max(s, reg.Share(globalZone, key))
+	}
+	return s
+}
+
+// drive sends rate requests per second for key through region i's
+// instances, in turn, until stop is closed, timestamping admissions.
+func (f *globalFleet) drive(i int, key string, rate int, stop <-chan struct{}, wg *sync.WaitGroup) {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tick := time.NewTicker(time.Second / time.Duration(rate))
+		defer tick.Stop()
+		for n := 0; ; n++ {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			sh := f.regions[i].shared[n%len(f.regions[i].shared)]
+			res, err := sh.Decide(context.Background(), globalZone, key, globalLimit, 1)
+			if err != nil {
+				f.t.Errorf("region %s: decision failed (a fail policy would have decided): %v", f.regions[i].name, err)
+				return
+			}
+			if res.Allowed {
+				f.mu.Lock()
+				f.admitted[i] = append(f.admitted[i], time.Now().UnixNano())
+				f.mu.Unlock()
+			}
+		}
+	}()
+}
+
+// sampleShares checks Σ shares ≤ 1 for key every 100 ms until stop.
+func (f *globalFleet) sampleShares(key string, stop <-chan struct{}, wg *sync.WaitGroup, worst *atomic.Int64) {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			var sum int64
+			for i := range f.regions {
+				sum += f.share(i, key)
+			}
+			if sum > worst.Load() {
+				worst.Store(sum)
+			}
+		}
+	}()
+}
+
+// checkBound compares every sliding window of the fleet's admissions with
+// the strict bound B + ⌊d/T⌋, for the window lengths given.
+func (f *globalFleet) checkBound(windows ...time.Duration) {
+	f.t.Helper()
+	f.mu.Lock()
+	var all []int64
+	for _, a := range f.admitted {
+		all = append(all, a...)
+	}
+	f.mu.Unlock()
+	sort.Slice(all, func(i, j int) bool { return all[i] < all[j] })
+	for _, d := range windows {
+		bound := globalLimit.Burst + int64(d)/globalLimit.EmissionInterval
+		most, j := 0, 0
+		for i := range all {
+			for all[i]-all[j] >= int64(d) {
+				j++
+			}
+			most = max(most, i-j+1)
+		}
+		if int64(most) > bound {
+			f.t.Errorf("%d admissions within %v fleet-wide, over the bound B + ⌊d/T⌋ = %d", most, d, bound)
+		} else {
+			f.t.Logf("at most %d admissions within %v fleet-wide (bound %d)", most, d, bound)
+		}
+	}
+}
+
+// waitShare polls until region i applies at least min of key on every
+// instance, and returns how long it took, failing after limit.
+func (f *globalFleet) waitShare(i int, key string, least int64, limit time.Duration) time.Duration {
+	f.t.Helper()
+	start := time.Now()
+	for {
+		ok := true
+		for _, reg := range f.regions[i].regions {
+			ok = ok && reg.Share(globalZone, key) >= least
+		}
+		if ok {
+			return time.Since(start)
+		}
+		if time.Since(start) > limit {
+			f.t.Fatalf("region %s did not reach share %d of %s within %v (share now %d)", f.regions[i].name, least, key, limit, f.share(i, key))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// waitContact waits until every instance left its start-up floor (the
+// coordinators reached the global store).
+func (f *globalFleet) waitContact() {
+	f.t.Helper()
+	for i := range f.regions {
+		f.waitShare(i, "probe", distributed.ShareScale/2, 10*time.Second)
+	}
+}
+
+func TestGlobalDemandMovesBetweenRegions(t *testing.T) {
+	const interval = 200 * time.Millisecond
+	f := startGlobalFleet(t, interval, 5*time.Second)
+	f.waitContact()
+	var wg, swg sync.WaitGroup
+	var worst atomic.Int64
+	sstop := make(chan struct{})
+	f.sampleShares("k", sstop, &swg, &worst)
+	// 2 × sync_interval, the cut's confirmation margin (two polls and the
+	// regional timeout) and four round trips of up to 200 ms.
+	reach := 2*interval + (2*interval/4 + 200*time.Millisecond) + 4*200*time.Millisecond
+	for phase, i := range []int{0, 1, 0} {
+		stop := make(chan struct{})
+		f.drive(i, "k", 40, stop, &wg)
+		took := f.waitShare(i, "k", distributed.ShareScale*9/10, 5*reach)
+		t.Logf("phase %d: region %s reached 90%% of the limit in %v", phase, f.regions[i].name, took)
+		if took > reach {
+			t.Errorf("phase %d: region %s took %v to reach 90%% of the limit, more than 2 × sync_interval + a few round trips (%v)", phase, f.regions[i].name, took, reach)
+		}
+		time.Sleep(time.Second)
+		close(stop)
+		wg.Wait()
+	}
+	close(sstop)
+	swg.Wait()
+	if w := worst.Load(); w > distributed.ShareScale {
+		t.Errorf("the regions' shares summed to %d ppm, over the whole limit", w)
+	}
+	f.checkBound(time.Second, 3*time.Second)
+}
