@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -170,13 +171,26 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if len(h.RateLimits) == 0 {
 		return d.Err("rate_limit needs at least one zone: zone <name> { key {client_ip}; events 100; window 1m }")
 	}
+	if h.Distributed == nil || h.Distributed.Global == nil {
+		for _, name := range slices.Sorted(maps.Keys(h.globalLines)) {
+			line := h.globalLines[name]
+			return fmt.Errorf("zone %s: scope global needs a global block in distributed: distributed { region <name>; global { redis <url>; regions <name>:<weight>... } }, or remove scope global, at %s:%d", name, d.File(), line)
+		}
+	}
+	h.globalLines = nil
 	return nil
 }
 
 func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
-	name, z, _, err := parseZone(d, h.RateLimits, "handler", "{client_ip}")
+	name, z, lines, err := parseZone(d, h.RateLimits, "handler", "{client_ip}")
 	if err != nil {
 		return err
+	}
+	if z.Scope == "global" {
+		if h.globalLines == nil {
+			h.globalLines = map[string]int{}
+		}
+		h.globalLines[name] = lines["scope"]
 	}
 	if h.RateLimits == nil {
 		h.RateLimits = make(map[string]*Zone)
@@ -311,6 +325,8 @@ func parseZone(d *caddyfile.Dispenser, defined map[string]*Zone, in, keyExample 
 			z.MaxKeys, err = int64Arg(d, 1, zones.MaxMaxKeys)
 		case sub == "dry_run":
 			err = noArgs(d, &z.DryRun)
+		case sub == "scope":
+			z.Scope, err = oneOf(d, "global", "region")
 		case sub == "quota":
 			z.Quota, err = unmarshalQuota(d)
 		case sub == "ban":
@@ -328,7 +344,7 @@ func parseZone(d *caddyfile.Dispenser, defined map[string]*Zone, in, keyExample 
 				err = d.Errf("lease must be at least %v: slots are renewed every lease/3", zones.MinLease)
 			}
 		default:
-			err = d.Errf("unknown subdirective %q: expected key, events, window, burst, quota, cost, count, charge, ban, delay, queue, concurrency, lease, match, ipv4_prefix, ipv6_prefix, fail_policy, max_keys or dry_run", sub)
+			err = d.Errf("unknown subdirective %q: expected key, events, window, burst, quota, cost, count, charge, ban, delay, queue, concurrency, lease, scope, match, ipv4_prefix, ipv6_prefix, fail_policy, max_keys or dry_run", sub)
 		}
 		if err != nil {
 			return "", nil, nil, fmt.Errorf("zone %s: %w", name, err)
@@ -354,6 +370,8 @@ func parseZone(d *caddyfile.Dispenser, defined map[string]*Zone, in, keyExample 
 		return "", nil, nil, fmt.Errorf("zone %s: delay is for zones that consume before the request: a post-charged zone (count, charge) only checks then, so there is no turn to wait for; remove delay, or put a rate zone with delay beside it, at %s:%d", name, d.File(), lines["delay"])
 	case seen["queue"] && !seen["delay"]:
 		return "", nil, nil, fmt.Errorf("zone %s: queue bounds the requests waiting for their turn, which only a zone with delay has: add e.g. delay 3s, or remove queue, at %s:%d", name, d.File(), lines["queue"])
+	case z.Scope == "global" && (z.Concurrency > 0 || z.Quota != nil):
+		return "", nil, nil, fmt.Errorf("zone %s: scope global applies to rate zones (events per window), not to concurrency or quota zones: remove scope global, at %s:%d", name, d.File(), lines["scope"])
 	case z.Concurrency == 0 && seen["lease"]:
 		return "", nil, nil, d.Errf("zone %s: lease only applies to concurrency zones: add e.g. concurrency 4, or remove lease", name)
 	case z.Concurrency > 0:
@@ -415,7 +433,7 @@ func (dist *Distributed) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return d.ArgErr()
 	}
 	seen := map[string]bool{}
-	var syncLine int
+	var syncLine, regionLine int
 	var err error
 	for nest := d.Nesting(); d.NextBlock(nest); {
 		sub := d.Val()
@@ -448,10 +466,18 @@ func (dist *Distributed) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if dist.KeyPrefix, err = oneArg(d); err == nil && len(dist.KeyPrefix) > maxKeyPrefix {
 				err = d.Errf("key_prefix is longer than %d bytes: use a shorter one", maxKeyPrefix)
 			}
+		case sub == "region":
+			regionLine = d.Line()
+			if dist.Region, err = oneArg(d); err == nil && !zones.ValidName(dist.Region) {
+				err = d.Errf("region name %q is invalid: use letters, digits, '_' and '-'", dist.Region)
+			}
+		case sub == "global":
+			dist.Global = new(Global)
+			err = dist.Global.unmarshalCaddyfile(d)
 		case redisBlockSubdirective(sub):
 			err = d.Errf("%s belongs in the redis block: redis { addresses <host:port>...; %s ... }", sub, sub)
 		default:
-			err = d.Errf("unknown subdirective %q: expected redis, mode, sync_interval, timeout or key_prefix", sub)
+			err = d.Errf("unknown subdirective %q: expected redis, mode, sync_interval, timeout, key_prefix, region or global", sub)
 		}
 		if err != nil {
 			return fmt.Errorf("distributed: %w", err)
@@ -463,6 +489,29 @@ func (dist *Distributed) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	}
 	if syncLine != 0 && dist.Mode != "async" {
 		return fmt.Errorf("distributed: sync_interval only applies to mode async (strict mode asks Redis on every request): remove it or add mode async, at %s:%d", d.File(), syncLine)
+	}
+	return dist.checkRegion(d, regionLine)
+}
+
+// checkRegion refuses a region without a global block, a global block
+// without a region, and a region not among the global block's.
+func (dist *Distributed) checkRegion(d *caddyfile.Dispenser, regionLine int) error {
+	switch {
+	case dist.Global == nil && dist.Region != "":
+		return fmt.Errorf("distributed: region only applies with a global block: add global { redis <url>; regions %s:1 ... } or remove region, at %s:%d", dist.Region, d.File(), regionLine)
+	case dist.Global == nil:
+		return nil
+	case dist.Region == "":
+		return d.Errf("distributed: global needs this region's name: add region <name>, one of the regions of global")
+	}
+	if _, ok := dist.Global.Regions[dist.Region]; !ok {
+		names := make([]string, 0, len(dist.Global.Regions))
+		for n := range dist.Global.Regions {
+			names = append(names, n)
+		}
+		slices.Sort(names)
+		return fmt.Errorf("distributed: region %s is not one of global's regions (%s): add it, e.g. regions %s %s:1, or fix its name, at %s:%d",
+			dist.Region, strings.Join(names, ", "), strings.Join(names, " "), dist.Region, d.File(), regionLine)
 	}
 	return nil
 }

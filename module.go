@@ -135,6 +135,13 @@ type Handler struct {
 	persister    *persister  // nil without persist
 	store        zones.Store // nil in local mode
 	storeKey     string      // to release store from its pool
+	// region shares scope global zones' limits with the other regions
+	// (nil without distributed's global block); regionKey releases it.
+	region    *distributed.Region
+	regionKey string
+	// globalLines: while parsing, the line of each scope global zone's
+	// scope, for the error when there is no global block.
+	globalLines map[string]int
 	// users keeps the zone states and the store the handler took until
 	// what uses them is done (see handlerUsers); holds says whether a
 	// request must hold them too: with a store, when a zone takes slots
@@ -191,6 +198,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.Distributed != nil {
 		if h.store, h.storeKey, err = h.Distributed.open(ctx, h.logger); err != nil {
 			return err
+		}
+		if h.Distributed.Global != nil {
+			if err := h.openRegion(); err != nil {
+				releaseStore(h.storeKey)
+				h.store = nil
+				return err
+			}
 		}
 		if h.Distributed.Mode != "async" {
 			h.budget = time.Duration(h.Distributed.Timeout)
@@ -305,6 +319,7 @@ func (h *Handler) releaseShared() {
 	for _, z := range h.zones {
 		z.releaseState()
 	}
+	h.releaseRegion()
 	if h.store != nil {
 		releaseStore(h.storeKey)
 	}

@@ -49,6 +49,15 @@ type Distributed struct {
 
 	// Starts every Redis key tally writes. Default: "tally:".
 	KeyPrefix string `json:"key_prefix,omitempty"`
+
+	// This region's name, one of global's regions: the Redis above is
+	// this region's, and zones with scope global share their limit with
+	// the other regions through global. Required with global.
+	Region string `json:"region,omitempty"`
+
+	// The global store that shares scope global zones' limits between
+	// regions (see Global).
+	Global *Global `json:"global,omitempty"`
 }
 
 // Redis says how to reach Redis. Every field may use global placeholders
@@ -114,32 +123,12 @@ func (dist *Distributed) open(ctx caddy.Context, logger *zap.Logger) (zones.Stor
 	if err != nil {
 		return nil, "", err
 	}
-	repl := caddy.NewReplacer()
-	opts := distributed.Options{
-		Username:       repl.ReplaceAll(dist.Redis.Username, ""),
-		Password:       repl.ReplaceAll(dist.Redis.Password, ""),
-		DB:             dist.Redis.DB,
-		SentinelMaster: repl.ReplaceAll(dist.Redis.SentinelMaster, ""),
-		TLS:            dist.Redis.TLS,
-		TLSCAFile:      repl.ReplaceAll(dist.Redis.TLSCA, ""),
-		TLSCertFile:    repl.ReplaceAll(dist.Redis.TLSCert, ""),
-		TLSKeyFile:     repl.ReplaceAll(dist.Redis.TLSKey, ""),
-		Timeout:        time.Duration(dist.Timeout),
-		KeyPrefix:      dist.KeyPrefix,
-		Mode:           dist.Mode,
-		SyncInterval:   syncInterval,
+	opts, err := dist.Redis.options(logger)
+	if err != nil {
+		return nil, "", err
 	}
-	for _, raw := range dist.Redis.Addresses {
-		a := repl.ReplaceAll(raw, "")
-		if err := checkAddress(a); err != nil {
-			return nil, "", fmt.Errorf("distributed: redis: %v", err)
-		}
-		if inlinePassword(raw) && !warnedInlinePassword.Swap(true) {
-			logger.Warn("a Redis URL carries its password inline, which Caddy shows in GET /config/, its autosave file and debug logs; " +
-				"use a placeholder such as redis://:{env.REDIS_PASSWORD}@host:6379 or the password subdirective with {env.REDIS_PASSWORD}")
-		}
-		opts.Addresses = append(opts.Addresses, a)
-	}
+	opts.Timeout, opts.KeyPrefix = time.Duration(dist.Timeout), dist.KeyPrefix
+	opts.Mode, opts.SyncInterval = dist.Mode, syncInterval
 	distributed.RouteClientLogs(caddy.Log().Named("redis"))
 	key := opts.Key()
 	v, _, err := stores.LoadOrNew(key, func() (caddy.Destructor, error) {
@@ -155,6 +144,35 @@ func (dist *Distributed) open(ctx caddy.Context, logger *zap.Logger) (zones.Stor
 		return nil, "", err
 	}
 	return v.(zones.Store), key, nil
+}
+
+// options is the connection part of the store's settings, placeholders
+// replaced and addresses checked (the redis block of distributed and of
+// its global block).
+func (r *Redis) options(logger *zap.Logger) (distributed.Options, error) {
+	repl := caddy.NewReplacer()
+	opts := distributed.Options{
+		Username:       repl.ReplaceAll(r.Username, ""),
+		Password:       repl.ReplaceAll(r.Password, ""),
+		DB:             r.DB,
+		SentinelMaster: repl.ReplaceAll(r.SentinelMaster, ""),
+		TLS:            r.TLS,
+		TLSCAFile:      repl.ReplaceAll(r.TLSCA, ""),
+		TLSCertFile:    repl.ReplaceAll(r.TLSCert, ""),
+		TLSKeyFile:     repl.ReplaceAll(r.TLSKey, ""),
+	}
+	for _, raw := range r.Addresses {
+		a := repl.ReplaceAll(raw, "")
+		if err := checkAddress(a); err != nil {
+			return opts, fmt.Errorf("distributed: redis: %v", err)
+		}
+		if inlinePassword(raw) && !warnedInlinePassword.Swap(true) {
+			logger.Warn("a Redis URL carries its password inline, which Caddy shows in GET /config/, its autosave file and debug logs; " +
+				"use a placeholder such as redis://:{env.REDIS_PASSWORD}@host:6379 or the password subdirective with {env.REDIS_PASSWORD}")
+		}
+		opts.Addresses = append(opts.Addresses, a)
+	}
+	return opts, nil
 }
 
 // syncInterval is the async sync interval the settings give: sync_interval,

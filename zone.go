@@ -136,6 +136,12 @@ type Zone struct {
 	// Decide and report, but never deny.
 	DryRun bool `json:"dry_run,omitempty"`
 
+	// "region" (default): with distributed, the limit holds in this
+	// region's Redis. "global": the limit holds across every region of
+	// distributed's global block, each region enforcing its share of each
+	// key in its own Redis. Rate zones only.
+	Scope string `json:"scope,omitempty"`
+
 	// Makes this a concurrency zone: at most this many requests of a key
 	// in flight at once, instead of max_events per window (which must then
 	// be left out). A request holds its slot until the handlers after this
@@ -306,12 +312,16 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 			return nil, fmt.Errorf("zone %s: %v", name, err)
 		}
 	}
+	store, err := h.globalStore(name, zc, cfg)
+	if err != nil {
+		return nil, err
+	}
 	state, id, fresh, err := loadState(cfg, vars, time.Duration(h.SweepInterval))
 	if err != nil {
 		return nil, err
 	}
 	zh.stateID, zh.freshState = id, fresh
-	zh.Zone = zones.New(cfg, state, h.store)
+	zh.Zone = zones.New(cfg, state, store)
 	if n, ok := h.store.(resetNotifier); ok {
 		// A key reset on another instance is forgotten here too.
 		zh.stopReset = n.OnReset(name, zh.Zone)
