@@ -166,6 +166,10 @@ local function allocate(zone, key, wants, held)
 	end
 	for _, n in ipairs(names) do
 		if tg[n] < g[n] then
+			-- another region may hold what it was granted until it
+			-- says otherwise: the cut moves nothing until it reports
+			-- (the reporting region just said what it holds)
+			if n ~= region then a[n] = math.max(a[n], g[n]) end
 			g[n] = tg[n]
 			if n ~= region then pending(n, zone, key) end
 		end

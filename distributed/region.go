@@ -162,7 +162,8 @@ type Region struct {
 	contactAt atomic.Int64
 	version   string // of the shares last read (poll loop only)
 
-	coord coordinator // the coordinator's state (sync loop only)
+	coord coordinator                        // the coordinator's state (sync loop only)
+	hold  atomic.Pointer[chan chan struct{}] // HoldNextSync's
 	stats RegionStats
 
 	stop chan struct{}
@@ -171,9 +172,14 @@ type Region struct {
 
 // RegionStats counts the region's global work, for metrics.
 type RegionStats struct {
-	Syncs, Failures, ShareChanges atomic.Int64
-	LastLatency                   atomic.Int64 // ns
-	Coordinating                  atomic.Bool
+	// Syncs counts the syncs sent, Contacts those the global store
+	// answered, Failures those it did not.
+	Syncs, Contacts, Failures, ShareChanges atomic.Int64
+	// Fenced counts syncs the global store refused as a stale
+	// coordinator's.
+	Fenced       atomic.Int64
+	LastLatency  atomic.Int64 // ns
+	Coordinating atomic.Bool
 }
 
 type regionZone struct {
@@ -195,6 +201,9 @@ func OpenRegion(regional zones.Store, opts RegionOptions, logger *zap.Logger) (*
 		return nil, err
 	}
 	opts = opts.withDefaults()
+	if logger == nil {
+		logger = zap.NewNop()
+	}
 	var c *conn
 	switch s := regional.(type) {
 	case *Store:

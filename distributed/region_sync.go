@@ -210,6 +210,17 @@ func (r *Region) sync(now int64) {
 		}
 		reports[zi] = rep
 	}
+	if c.confirmAt != 0 && now >= c.confirmAt {
+		// this sync confirms the cuts whose margin ended
+		c.confirmAt = 0
+		for _, held := range c.held {
+			for _, h := range held {
+				if h.prevUntil > now && (c.confirmAt == 0 || h.prevUntil < c.confirmAt) {
+					c.confirmAt = h.prevUntil
+				}
+			}
+		}
+	}
 	r.exchange(now, lockVal, keys, reports, floored, true)
 }
 
@@ -226,6 +237,11 @@ func (r *Region) exchange(now int64, lockVal string, keys []string, reports []re
 			args = append(args, k, rep.wants[j], rep.held[j])
 		}
 	}
+	if h := r.hold.Swap(nil); h != nil {
+		release := make(chan struct{})
+		*h <- release
+		<-release
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), max(r.opts.SyncInterval, r.opts.Global.Timeout))
 	defer cancel()
 	sent := monotime.Now()
@@ -239,11 +255,14 @@ func (r *Region) exchange(now int64, lockVal string, keys []string, reports []re
 			r.logger.Warn("global store unreachable: this region keeps its last shares of global zones, falling back to its floor after the lease",
 				zap.String("region", r.opts.Region), zap.Duration("lease", r.opts.Lease), zap.Error(err))
 		}
-		r.publish(ctx, lockVal, keys, nil, -1, false)
+		pctx, pcancel := context.WithTimeout(context.Background(), 2*r.timeout+r.pollInterval())
+		defer pcancel()
+		r.publish(pctx, lockVal, keys, nil, -1, false) // the TTLs only
 		return
 	}
 	switch fmt.Sprint(v[0]) {
 	case "FENCED":
+		r.stats.Fenced.Add(1)
 		r.logger.Warn("the global store refused this region's coordinator as stale (another took over)", zap.String("region", r.opts.Region))
 		c.token = 0
 		r.stats.Coordinating.Store(false)
@@ -260,6 +279,7 @@ func (r *Region) exchange(now int64, lockVal string, keys []string, reports []re
 		}
 		return
 	}
+	r.stats.Contacts.Add(1)
 	if c.down {
 		c.down = false
 		r.logger.Info("global store reachable again", zap.String("region", r.opts.Region))
@@ -278,7 +298,18 @@ func (r *Region) exchange(now int64, lockVal string, keys []string, reports []re
 		}
 		reported[rep.zone] = m
 	}
+	// The grants take effect once published: until then the region
+	// applies, and reports, what it held (a key new to the holdings is
+	// kept at that, so that it is reported, and granted, again).
+	type update struct {
+		held      map[string]*holding
+		zone, key string
+		h         *holding
+		g         int64
+		cut       bool
+	}
 	var changes [][]any
+	var updates []update
 	i := 3
 	for i+1 < len(v) {
 		zone := fmt.Sprint(v[i])
@@ -295,53 +326,51 @@ func (r *Region) exchange(now int64, lockVal string, keys []string, reports []re
 			g, _ := v[i+1].(int64)
 			i += 2
 			h := held[key]
-			cur := r.weight
-			if h != nil {
-				cur = h.cur
+			if h == nil {
+				h = &holding{cur: r.weight}
+				held[key] = h
 			}
+			cur := h.cur
 			if floored {
 				cur = r.floor // what the region applied
 			}
-			if h == nil {
-				h = &holding{cur: cur}
-				held[key] = h
-			}
-			if g < cur {
-				h.prev, h.prevUntil = max(h.prev, cur), now+int64(r.confirmMargin())
-				if c.confirmAt == 0 || h.prevUntil < c.confirmAt {
-					c.confirmAt = h.prevUntil
-				}
-			}
-			if g != h.cur || floored || full {
-				if g != h.cur {
-					r.stats.ShareChanges.Add(1)
-				}
-				h.cur = g
+			if g != cur || floored || full {
 				pub := g
 				if g == r.weight {
 					pub = -1
 				}
 				zc = append(zc, key, pub)
 			}
-			if rep, ok := reported[zone][key]; ok && rep == r.weight && g == r.weight && now >= h.prevUntil {
-				delete(held, key) // the global store knows it is back to the weight
-			}
+			updates = append(updates, update{held: held, zone: zone, key: key, h: h, g: g, cut: g < cur})
 		}
 		changes = append(changes, zc)
 	}
-	if c.confirmAt != 0 && now >= c.confirmAt {
-		c.confirmAt = 0
-		for _, held := range c.held {
-			for _, h := range held {
-				if h.prevUntil > now && (c.confirmAt == 0 || h.prevUntil < c.confirmAt) {
-					c.confirmAt = h.prevUntil
-				}
+	pctx, pcancel := context.WithTimeout(context.Background(), 2*r.timeout+r.pollInterval())
+	defer pcancel()
+	if !r.publish(pctx, lockVal, keys, changes, (now-sent)/int64(time.Millisecond), full) {
+		return
+	}
+	c.contact = sent
+	c.full = false
+	now = monotime.Now()
+	for _, u := range updates {
+		h := u.h
+		if u.cut {
+			h.prev, h.prevUntil = max(h.prev, h.cur, u.g), now+int64(r.confirmMargin())
+			if floored {
+				h.prev = max(h.prev, r.floor)
+			}
+			if c.confirmAt == 0 || h.prevUntil < c.confirmAt {
+				c.confirmAt = h.prevUntil
 			}
 		}
-	}
-	if r.publish(ctx, lockVal, keys, changes, (now-sent)/int64(time.Millisecond), full) {
-		c.contact = sent
-		c.full = false
+		if u.g != h.cur {
+			r.stats.ShareChanges.Add(1)
+		}
+		h.cur = u.g
+		if rep, ok := reported[u.zone][u.key]; ok && rep == r.weight && u.g == r.weight && now >= h.prevUntil {
+			delete(u.held, u.key) // the global store knows it is back to the weight
+		}
 	}
 }
 

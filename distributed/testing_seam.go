@@ -156,3 +156,13 @@ func (a *Async) Len() int {
 	}
 	return n
 }
+
+// HoldNextSync stops this region's next sync with the global store just
+// before it is sent, as a SIGSTOP of the coordinator would: held receives
+// a channel once the sync is stopped there, and closing that channel lets
+// it go on, with the fencing token it had.
+func (r *Region) HoldNextSync() (held <-chan chan struct{}) {
+	c := make(chan chan struct{}, 1)
+	r.hold.Store(&c)
+	return c
+}

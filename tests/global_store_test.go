@@ -126,11 +126,16 @@ func (f *globalFleet) sampleShares(key string, stop <-chan struct{}, wg *sync.Wa
 			case <-tick.C:
 			}
 			var sum int64
+			var each []int64
 			for i := range f.regions {
-				sum += f.share(i, key)
+				each = append(each, f.share(i, key))
+				sum += each[i]
 			}
 			if sum > worst.Load() {
 				worst.Store(sum)
+			}
+			if sum > distributed.ShareScale {
+				f.t.Logf("%s: shares of %s %v", time.Now().Format("15:04:05.000"), key, each)
 			}
 		}
 	}()

@@ -1,0 +1,199 @@
+package tests
+
+// Multi-region budgets under faults of the global store and its links:
+// hung, cut past the lease, replies dropped, restarted empty, and a stale
+// coordinator. Each bounds Σ shares ≤ 1 by sampling every instance's
+// applied share every 100 ms.
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddy-tally/ratelimit/distributed"
+)
+
+const testInterval = 200 * time.Millisecond
+
+// demandIn makes region i hold 90% of key and keeps it demanding until
+// the returned stop is called.
+func (f *globalFleet) demandIn(i int, key string) (stop func()) {
+	f.t.Helper()
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	f.drive(i, key, 40, done, &wg)
+	f.waitShare(i, key, distributed.ShareScale*9/10, 10*time.Second)
+	return func() { close(done); wg.Wait() }
+}
+
+// sumGuard samples Σ shares of key until the returned check is called,
+// which fails the test if the sum ever exceeded the whole limit.
+func (f *globalFleet) sumGuard(key string) (check func()) {
+	var wg sync.WaitGroup
+	var worst atomic.Int64
+	stop := make(chan struct{})
+	f.sampleShares(key, stop, &wg, &worst)
+	return func() {
+		f.t.Helper()
+		close(stop)
+		wg.Wait()
+		if w := worst.Load(); w > distributed.ShareScale {
+			f.t.Errorf("the regions' shares of %s summed to %d ppm, over the whole limit (%d)", key, w, distributed.ShareScale)
+		}
+	}
+}
+
+func TestGlobalStoreHungFreezesShares(t *testing.T) {
+	f := startGlobalFleet(t, testInterval, 10*time.Second)
+	f.waitContact()
+	stop := f.demandIn(0, "k")
+	defer stop()
+	check := f.sumGuard("k")
+	held := f.share(0, "k")
+	for _, r := range f.regions {
+		r.proxy.Hang()
+	}
+	// Demand in us meanwhile: it must get nothing, and eu keep its share.
+	var wg sync.WaitGroup
+	usStop := make(chan struct{})
+	f.drive(1, "k", 40, usStop, &wg)
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		if s := f.share(0, "k"); s != held {
+			t.Fatalf("eu's share moved from %d to %d while the global store hung", held, s)
+		}
+		if s := f.share(1, "k"); s > distributed.ShareScale-held {
+			t.Fatalf("us's share rose to %d while the global store hung", s)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, r := range f.regions {
+		r.proxy.Unhang()
+	}
+	close(usStop)
+	wg.Wait()
+	check()
+}
+
+func TestGlobalRegionCutPastLeaseFallsToFloorAndOthersGainAfterTwoLeases(t *testing.T) {
+	const lease = 2 * time.Second
+	f := startGlobalFleet(t, testInterval, lease)
+	f.waitContact()
+	stop := f.demandIn(0, "k")
+	stop()
+	check := f.sumGuard("k")
+	f.regions[0].proxy.Cut()
+	cut := time.Now()
+	var wg sync.WaitGroup
+	usStop := make(chan struct{})
+	f.drive(1, "k", 40, usStop, &wg)
+	defer func() { close(usStop); wg.Wait() }()
+	floor := distributed.ShareScale / 2 / 10
+	// eu falls to its floor a lease after its last contact: not before
+	// lease − one sync interval, not long after lease.
+	for f.share(0, "k") > int64(floor) {
+		if time.Since(cut) > lease+time.Second {
+			t.Fatalf("eu still holds %d of k %v after it was cut off (lease %v)", f.share(0, "k"), time.Since(cut), lease)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if took := time.Since(cut); took < lease-testInterval {
+		t.Errorf("eu fell to its floor %v after it was cut off, before its lease (%v) ran out", took, lease)
+	}
+	// us gains eu's share only 2 × lease after eu's last contact.
+	for f.share(1, "k") < distributed.ShareScale*9/10 {
+		if time.Since(cut) > 2*lease+3*time.Second {
+			t.Fatalf("us holds %d of k %v after eu was cut off (2 × lease = %v)", f.share(1, "k"), time.Since(cut), 2*lease)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if took := time.Since(cut); took < 2*lease-testInterval {
+		t.Errorf("us gained eu's share %v after eu was cut off, before 2 × lease (%v)", took, 2*lease)
+	} else {
+		t.Logf("eu cut off: us reached 90%% of k after %v (2 × lease = %v)", took, 2*lease)
+	}
+	check()
+	f.regions[0].proxy.Uncut()
+}
+
+func TestGlobalDroppedRepliesKeepSharesWithinTheLimit(t *testing.T) {
+	f := startGlobalFleet(t, testInterval, 5*time.Second)
+	f.waitContact()
+	check := f.sumGuard("k")
+	for _, r := range f.regions {
+		r.proxy.DropReplies(0.2)
+	}
+	var wg sync.WaitGroup
+	for _, i := range []int{0, 1, 0, 1} {
+		stop := make(chan struct{})
+		f.drive(i, "k", 40, stop, &wg)
+		time.Sleep(1500 * time.Millisecond)
+		close(stop)
+		wg.Wait()
+	}
+	for _, r := range f.regions {
+		r.proxy.DropReplies(0)
+	}
+	check()
+	f.checkBound(time.Second, 3*time.Second)
+	// The allocation still follows demand once replies get through.
+	stop := f.demandIn(1, "k")
+	stop()
+}
+
+func TestGlobalStoreRestartedEmptyRelearnsBeforeGranting(t *testing.T) {
+	f := startGlobalFleet(t, testInterval, 5*time.Second)
+	f.waitContact()
+	stop := f.demandIn(0, "k")
+	stop()
+	check := f.sumGuard("k")
+	f.global.Kill()
+	f.global.Start() // same port, no state
+	// us demands at once: the new store must learn that eu holds 95%
+	// before it grants us anything.
+	stop = f.demandIn(1, "k")
+	stop()
+	check()
+	f.checkBound(time.Second, 3*time.Second)
+}
+
+func TestGlobalStaleCoordinatorIsFenced(t *testing.T) {
+	f := startGlobalFleet(t, testInterval, 5*time.Second)
+	f.waitContact()
+	eu := f.regions[0]
+	var a, b *distributed.Region
+	for _, r := range eu.regions {
+		if r.Stats().Coordinating.Load() {
+			a = r
+		} else {
+			b = r
+		}
+	}
+	if a == nil || b == nil {
+		t.Fatal("eu has no single coordinator")
+	}
+	held := a.HoldNextSync() // a freezes mid-sync, as under SIGSTOP
+	release := <-held
+	// Its lock (3 × sync_interval) runs out; b takes over and syncs.
+	deadline := time.Now().Add(5 * time.Second)
+	for !b.Stats().Coordinating.Load() || b.Stats().Contacts.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("b did not take over from the frozen coordinator")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	close(release) // a wakes up and sends its sync with its old token
+	for a.Stats().Fenced.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the global store took the stale coordinator's sync (syncs %d, answered %d, failed %d)", a.Stats().Syncs.Load(), a.Stats().Contacts.Load(), a.Stats().Failures.Load())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if a.Stats().Coordinating.Load() {
+		t.Error("the fenced coordinator still thinks it coordinates")
+	}
+	// The region goes on: b serves demand.
+	stop := f.demandIn(0, "k")
+	stop()
+}
