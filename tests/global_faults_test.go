@@ -148,12 +148,20 @@ func TestGlobalStoreRestartedEmptyRelearnsBeforeGranting(t *testing.T) {
 	stop := f.demandIn(0, "k")
 	stop()
 	check := f.sumGuard("k")
+	f.regions[0].proxy.Hang() // eu cannot re-register for now
 	f.global.Kill()
 	f.global.Start() // same port, no state
-	// us demands at once: the new store must learn that eu holds 95%
-	// before it grants us anything.
-	stop = f.demandIn(1, "k")
-	stop()
+	// us demands at once: the new store does not know that eu holds 95%,
+	// and must grant us nothing beyond what it holds until eu is back (or
+	// a lease has passed).
+	var wg sync.WaitGroup
+	usStop := make(chan struct{})
+	f.drive(1, "k", 40, usStop, &wg)
+	time.Sleep(1500 * time.Millisecond)
+	f.regions[0].proxy.Unhang()
+	f.waitShare(1, "k", distributed.ShareScale*9/10, 10*time.Second)
+	close(usStop)
+	wg.Wait()
 	check()
 	f.checkBound(time.Second, 3*time.Second)
 }
