@@ -85,6 +85,11 @@ type zoneInfo struct {
 	// "connection" for a listener wrapper's zone, which counts new
 	// connections (concurrency: connections open), not requests.
 	Layer string `json:"layer,omitempty"`
+
+	// "global" for a zone whose limit regions share (scope global), with
+	// this instance's region; "region" for every other distributed zone.
+	Scope  string `json:"scope,omitempty"`
+	Region string `json:"region,omitempty"`
 }
 
 // quotaInfo is a quota zone's limit and the period it is in on this
@@ -158,6 +163,11 @@ type keyInfo struct {
 	// escalation level (1 for a first ban; 0 when not banned).
 	BannedFor float64 `json:"banned_for,omitempty"`
 	BanLevel  int     `json:"ban_level,omitempty"`
+	// Scope global zones: this region's share of the key's limit (0 to
+	// 1), which remaining, events and burst above are already scaled to,
+	// and the region's name.
+	Share  *float64 `json:"share,omitempty"`
+	Region string   `json:"region,omitempty"`
 }
 
 // keyName is how the admin API names a key in its answers: "key" is the key
@@ -309,6 +319,8 @@ func listZones() []zoneInfo {
 				PeriodStart: start.Format(time.RFC3339), PeriodEnd: end.Format(time.RFC3339)}
 		}
 		if s := z.Store(); s != nil {
+			zi.Scope, zi.Region = zoneScope(s)
+			s = regionalStore(s)
 			zi.Store = &storeInfo{OK: true, Instances: s.Instances()}
 			if hr, ok := s.(healthReporter); ok {
 				ok, since := hr.Health()
@@ -356,7 +368,10 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone,
 		source = "redis"
 	}
 	plan := z.LastPlan(key, now)
+	share, region := keyShare(z, key)
 	return writeJSON(w, keyInfo{
+		Share:         share,
+		Region:        region,
 		Zone:          z.Name,
 		keyName:       newKeyName(key),
 		Remaining:     d.Remaining,

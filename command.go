@@ -365,7 +365,12 @@ func cliZones(c *cli) error {
 				}
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", printable(z.Name), limit, burst, printable(z.Mode), printable(z.FailPolicy), z.LocalKeys, redis)
+		mode := printable(z.Mode)
+		if z.Scope == "global" {
+			// a limit regions share: its scope and this region
+			mode += " (global, region " + printable(z.Region) + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", printable(z.Name), limit, burst, mode, printable(z.FailPolicy), z.LocalKeys, redis)
 	}
 	return tw.Flush()
 }

@@ -200,3 +200,33 @@ func (g *Global) unmarshalRegions(d *caddyfile.Dispenser) error {
 	}
 	return nil
 }
+
+// zoneScope is what the admin API says of a distributed zone's scope:
+// "global" and the region, or "region".
+func zoneScope(s zones.Store) (scope, region string) {
+	if sh, ok := s.(interface{ Region() *distributed.Region }); ok {
+		return "global", sh.Region().Name()
+	}
+	return "region", ""
+}
+
+// regionalStore is the store a zone's decisions reach: the regional store
+// under a scope global zone's share of it (for its health).
+func regionalStore(s zones.Store) zones.Store {
+	if sh, ok := s.(interface{ Inner() zones.Store }); ok {
+		return sh.Inner()
+	}
+	return s
+}
+
+// keyShare is this region's share of key in a scope global zone (nil in
+// any other zone) and the region's name.
+func keyShare(z *zones.Zone, key string) (*float64, string) {
+	sh, ok := z.Store().(interface{ Region() *distributed.Region })
+	if !ok {
+		return nil, ""
+	}
+	r := sh.Region()
+	f := float64(r.Share(z.Name, key)) / distributed.ShareScale
+	return &f, r.Name()
+}
