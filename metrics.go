@@ -41,6 +41,7 @@ var collectors = struct {
 	delayed         *prometheus.HistogramVec
 	queueFull       *prometheus.CounterVec
 	waiting         *waitingCollector
+	global          *globalCollector
 }{}
 
 func initCollectors() {
@@ -125,6 +126,7 @@ func initCollectors() {
 		"Requests of a zone with delay waiting for their turn in this instance now.", []string{"zone"}, nil)}
 	collectors.banned = &bannedCollector{desc: prometheus.NewDesc(ns+"_"+sub+"_banned_keys",
 		"Keys this instance knows to be banned in the zone (at most 1000 per zone).", []string{"zone"}, nil)}
+	collectors.global = newGlobalCollector(ns + "_" + sub + "_global")
 	collectors.keys = &keysCollector{desc: prometheus.NewDesc(ns+"_"+sub+"_keys",
 		"Keys the zone holds in this instance's memory.", []string{"zone"}, nil)}
 	collectors.inFlight = &inFlightCollector{desc: prometheus.NewDesc(ns+"_"+sub+"_in_flight",
@@ -144,7 +146,8 @@ func registerMetrics(ctx caddy.Context) error {
 		collectors.failPolicy, collectors.latency, collectors.keys, collectors.plans, collectors.inFlight,
 		collectors.cost, collectors.costFalls, collectors.chargeFails, collectors.connections, collectors.connsOpen,
 		collectors.snapshotSeconds, collectors.snapshotKeys, collectors.restoredKeys, collectors.writeFails, collectors.restoreFails,
-		collectors.bans, collectors.dryRunBans, collectors.banned, collectors.delayed, collectors.queueFull, collectors.waiting} {
+		collectors.bans, collectors.dryRunBans, collectors.banned, collectors.delayed, collectors.queueFull, collectors.waiting,
+		collectors.global} {
 		if err := reg.Register(c); err != nil {
 			if are := (prometheus.AlreadyRegisteredError{}); !errors.As(err, &are) {
 				return err

@@ -10,6 +10,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/caddy-tally/ratelimit/distributed"
@@ -229,4 +230,46 @@ func keyShare(z *zones.Zone, key string) (*float64, string) {
 	r := sh.Region()
 	f := float64(r.Share(z.Name, key)) / distributed.ShareScale
 	return &f, r.Name()
+}
+
+// globalCollector reports, at scrape time, each live scope global zone's
+// coordination: its region's syncs with the global store (repeated for
+// every such zone of the region), their failures, the last one's latency,
+// the share changes applied, and the zone's keys whose share is not the
+// region's weight.
+type globalCollector struct {
+	syncs, failures, latency, changes, keys *prometheus.Desc
+}
+
+func newGlobalCollector(prefix string) *globalCollector {
+	zone := []string{"zone"}
+	return &globalCollector{
+		syncs:    prometheus.NewDesc(prefix+"_syncs_total", "Syncs this instance sent to the global store as its region's coordinator.", zone, nil),
+		failures: prometheus.NewDesc(prefix+"_sync_failures_total", "Syncs with the global store that got no answer (the region keeps its last shares).", zone, nil),
+		latency:  prometheus.NewDesc(prefix+"_sync_seconds", "How long the last sync with the global store took.", zone, nil),
+		changes:  prometheus.NewDesc(prefix+"_share_changes_total", "Shares of keys the global store changed for this region.", zone, nil),
+		keys:     prometheus.NewDesc(prefix+"_keys", "Keys of the zone whose region share is not the region's weight (coordinated keys).", zone, nil),
+	}
+}
+
+func (c *globalCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.syncs, c.failures, c.latency, c.changes, c.keys} {
+		ch <- d
+	}
+}
+
+func (c *globalCollector) Collect(ch chan<- prometheus.Metric) {
+	for name, z := range liveZones() {
+		sh, ok := z.Store().(interface{ Region() *distributed.Region })
+		if !ok {
+			continue
+		}
+		r := sh.Region()
+		st := r.Stats()
+		ch <- prometheus.MustNewConstMetric(c.syncs, prometheus.CounterValue, float64(st.Syncs.Load()), name)
+		ch <- prometheus.MustNewConstMetric(c.failures, prometheus.CounterValue, float64(st.Failures.Load()), name)
+		ch <- prometheus.MustNewConstMetric(c.latency, prometheus.GaugeValue, time.Duration(st.LastLatency.Load()).Seconds(), name)
+		ch <- prometheus.MustNewConstMetric(c.changes, prometheus.CounterValue, float64(st.ShareChanges.Load()), name)
+		ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(r.Coordinated(name)), name)
+	}
 }

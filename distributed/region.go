@@ -54,7 +54,8 @@ type RegionOptions struct {
 	// Regions are every region's weight (the default shares), the same in
 	// every region.
 	Regions []RegionWeight
-	// Global is the global Redis (standalone or Sentinel).
+	// Global is the global Redis (standalone or Sentinel). Its Timeout
+	// defaults to SyncInterval, and at least 1s.
 	Global Options
 	// SyncInterval is how often the coordinator syncs with the global
 	// store (default 1s); instances read the region's shares four times
@@ -116,6 +117,11 @@ func (o RegionOptions) withDefaults() RegionOptions {
 	}
 	if o.Lease <= 0 {
 		o.Lease = DefaultGlobalLease
+	}
+	if o.Global.Timeout <= 0 {
+		// Off the request path, across regions: a sync may take the
+		// whole interval, and a second at least.
+		o.Global.Timeout = max(o.SyncInterval, time.Second)
 	}
 	o.Global = o.Global.withDefaults()
 	return o
@@ -314,6 +320,18 @@ func (r *Region) Share(zone, key string) int64 {
 		return r.weight
 	}
 	return s
+}
+
+// Coordinated is the number of zone's keys with a share other than the
+// region's weight, as this instance applies them.
+func (r *Region) Coordinated(zone string) int {
+	z := r.zone(zone)
+	if z == nil {
+		return 0
+	}
+	z.mu.RLock()
+	defer z.mu.RUnlock()
+	return len(z.shares)
 }
 
 // Weight is this region's default share (ppm).
