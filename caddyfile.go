@@ -68,6 +68,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        queue <n>                     # with delay: at most n of the zone's
 //	                                      # requests wait at once here; default 1000
 //	        dry_run
+//	        scope global|region           # default region; global: the limit holds
+//	                                      # across distributed's global regions
 //	    }
 //	    zone <name> {                     # a quota zone
 //	        key         <placeholders>    # required
@@ -99,6 +101,16 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	                                      # the sync interval; ignored in strict mode
 //	        timeout       <duration>      # default: 50ms
 //	        key_prefix    <string>        # default: tally:
+//	        region        <name>          # with global: this region, one of regions
+//	        global {                      # zones with scope global share their limit
+//	                                      # between regions (docs/distributed.md)
+//	            redis <url>...            # the global Redis, or a redis { ... } block
+//	            regions <name>:<weight>...  # required; the default shares, the same
+//	                                      # in every region
+//	            sync_interval <duration>  # the coordinator's; default 1s
+//	            lease         <duration>  # a region without contact keeps its shares
+//	                                      # this long; default 5m, >= 2 × sync_interval
+//	        }
 //	    }
 //	    persist {                         # local rate zones resume after a restart
 //	        interval <duration>           # periodic snapshot; default 30s, >= 1s
