@@ -27,7 +27,6 @@ type testRegion struct {
 	name    string
 	redis   *redisServer
 	proxy   *redisProxy // to the global store
-	stores  []*distributed.Store
 	regions []*distributed.Region
 	shared  []zones.Store
 }
@@ -43,8 +42,15 @@ type globalFleet struct {
 }
 
 // startGlobalFleet starts the global store and two regions, eu and us, of
-// weight 1 each, with two instances each.
+// weight 1 each, with two strict instances each.
 func startGlobalFleet(t *testing.T, interval, lease time.Duration) *globalFleet {
+	t.Helper()
+	return startGlobalFleetIn(t, "strict", interval, lease)
+}
+
+// startGlobalFleetIn is startGlobalFleet with the regions' stores in mode
+// (strict or async, syncing with their regional Redis every 50 ms).
+func startGlobalFleetIn(t *testing.T, mode string, interval, lease time.Duration) *globalFleet {
 	t.Helper()
 	f := &globalFleet{t: t, global: startRedis(t), interval: interval, lease: lease}
 	for _, name := range []string{"eu", "us"} {
@@ -52,7 +58,18 @@ func startGlobalFleet(t *testing.T, interval, lease time.Duration) *globalFleet 
 		r.proxy = startRedisProxy(t, f.global.Addr)
 		r.proxy.SetLatency(50*time.Millisecond, 100*time.Millisecond)
 		for range 2 {
-			s := openStore(t, distributed.Options{Addresses: []string{r.redis.Addr}, Timeout: 200 * time.Millisecond}, nil)
+			var s zones.Store
+			if mode == "async" {
+				a, err := distributed.OpenAsync(distributed.Options{Addresses: []string{r.redis.Addr}, Mode: "async",
+					SyncInterval: 50 * time.Millisecond, Timeout: 200 * time.Millisecond, Instance: nextTestInstance()}, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { a.Close() })
+				s = a
+			} else {
+				s = openStore(t, distributed.Options{Addresses: []string{r.redis.Addr}, Timeout: 200 * time.Millisecond}, nil)
+			}
 			reg, err := distributed.OpenRegion(s, distributed.RegionOptions{
 				Region:       name,
 				Regions:      []distributed.RegionWeight{{Name: "eu", Weight: 1}, {Name: "us", Weight: 1}},
@@ -64,7 +81,6 @@ func startGlobalFleet(t *testing.T, interval, lease time.Duration) *globalFleet 
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { reg.Close() })
-			r.stores = append(r.stores, s)
 			r.regions = append(r.regions, reg)
 			r.shared = append(r.shared, reg.Wrap(s, globalZone, globalLimit.EmissionInterval))
 		}
@@ -145,6 +161,13 @@ func (f *globalFleet) sampleShares(key string, stop <-chan struct{}, wg *sync.Wa
 // the strict bound B + ⌊d/T⌋, for the window lengths given.
 func (f *globalFleet) checkBound(windows ...time.Duration) {
 	f.t.Helper()
+	f.checkBoundPlus(0, windows...)
+}
+
+// checkBoundPlus is checkBound with extra admissions allowed (async
+// mode's term).
+func (f *globalFleet) checkBoundPlus(extra int64, windows ...time.Duration) {
+	f.t.Helper()
 	f.mu.Lock()
 	var all []int64
 	for _, a := range f.admitted {
@@ -153,7 +176,7 @@ func (f *globalFleet) checkBound(windows ...time.Duration) {
 	f.mu.Unlock()
 	sort.Slice(all, func(i, j int) bool { return all[i] < all[j] })
 	for _, d := range windows {
-		bound := globalLimit.Burst + int64(d)/globalLimit.EmissionInterval
+		bound := globalLimit.Burst + int64(d)/globalLimit.EmissionInterval + extra
 		most, j := 0, 0
 		for i := range all {
 			for all[i]-all[j] >= int64(d) {
@@ -227,4 +250,20 @@ func TestGlobalDemandMovesBetweenRegions(t *testing.T) {
 		t.Errorf("the regions' shares summed to %d ppm, over the whole limit", w)
 	}
 	f.checkBound(time.Second, 3*time.Second)
+}
+
+func TestGlobalSharesApplyInAsyncMode(t *testing.T) {
+	f := startGlobalFleetIn(t, "async", testInterval, 5*time.Second)
+	f.waitContact()
+	check := f.sumGuard("k")
+	for _, i := range []int{0, 1} {
+		stop := f.demandIn(i, "k")
+		time.Sleep(time.Second)
+		stop()
+	}
+	check()
+	// Async's own bound, region by region: ⌊L/T⌋ more for the leases'
+	// lifetime L = 30 × 50 ms (once: the regions' rates sum to 1/T), and
+	// (N−1)·max(1, ⌊B_r/N⌋) per region, N = 2, B_r ≤ 19.
+	f.checkBoundPlus(1500/100+2*9, time.Second, 3*time.Second)
 }
