@@ -1,0 +1,54 @@
+package distributed
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddy-tally/ratelimit/algorithms"
+)
+
+func TestScaleSplitsRateAndBurstByShare(t *testing.T) {
+	l := algorithms.NewLimit(600, int64(time.Minute), 20) // T = 100 ms
+	for _, c := range []struct {
+		share    int64
+		interval int64
+		burst    int64
+	}{
+		{ShareScale, int64(100 * time.Millisecond), 20},
+		{ShareScale / 2, int64(200 * time.Millisecond), 10},
+		{ShareScale / 4, int64(400 * time.Millisecond), 5},
+		{ShareScale / 20, int64(2 * time.Second), 1},
+		{ShareScale / 100, int64(10 * time.Second), 1}, // a burst of 0 would admit nothing
+	} {
+		got := Scale(l, c.share)
+		if got.EmissionInterval != c.interval || got.Burst != c.burst {
+			t.Errorf("Scale(share %d) = T %v, burst %d; want T %v, burst %d", c.share,
+				time.Duration(got.EmissionInterval), got.Burst, time.Duration(c.interval), c.burst)
+		}
+	}
+}
+
+func TestRegionOptionsNameTheFix(t *testing.T) {
+	ok := RegionOptions{Region: "eu", Regions: []RegionWeight{{"eu", 2}, {"us", 1}}, SyncInterval: time.Second, Lease: time.Minute}
+	if err := ok.Check(); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		change func(*RegionOptions)
+		want   string
+	}{
+		{func(o *RegionOptions) { o.Region = "ap" }, "region ap is not one of the global block's regions (eu, us)"},
+		{func(o *RegionOptions) { o.Region = "" }, "a region is required"},
+		{func(o *RegionOptions) { o.Regions[1].Weight = 0 }, "weight must be a whole number from 1"},
+		{func(o *RegionOptions) { o.Lease = time.Second }, "lease 1s is shorter than twice sync_interval 1s: use lease 2s or more"},
+		{func(o *RegionOptions) { o.Regions = nil }, "regions is required"},
+	} {
+		o := ok
+		o.Regions = append([]RegionWeight(nil), ok.Regions...)
+		c.change(&o)
+		if err := o.Check(); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Check() = %v, want it to contain %q", err, c.want)
+		}
+	}
+}
