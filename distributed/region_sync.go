@@ -250,6 +250,10 @@ func (r *Region) exchange(now int64, lockVal string, keys []string, reports []re
 	r.stats.LastLatency.Store(monotime.Now() - sent)
 	if err != nil || len(v) < 1 {
 		r.stats.Failures.Add(1)
+		// The global store may have run the sync and lost its reply,
+		// with the changes it had queued for this region: the next
+		// sync asks for every grant.
+		c.full = true
 		if !c.down {
 			c.down = true
 			r.logger.Warn("global store unreachable: this region keeps its last shares of global zones, falling back to its floor after the lease",
@@ -348,6 +352,7 @@ func (r *Region) exchange(now int64, lockVal string, keys []string, reports []re
 	pctx, pcancel := context.WithTimeout(context.Background(), 2*r.timeout+r.pollInterval())
 	defer pcancel()
 	if !r.publish(pctx, lockVal, keys, changes, (now-sent)/int64(time.Millisecond), full) {
+		c.full = true // what was granted was not applied: ask for it all again
 		return
 	}
 	c.contact = sent
