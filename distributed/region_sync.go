@@ -70,13 +70,15 @@ func (r *Region) tick(now int64) {
 	}
 }
 
-// lock takes or renews the coordinator lock (SET NX PX 3×sync_interval in
-// the regional Redis); a new holder reports in full first.
+// lock takes or renews the coordinator lock in the regional Redis (SET NX
+// PX 3×sync_interval plus the global timeout, so that a slow sync does not
+// hand the region to another coordinator mid-outage); a new holder reports
+// in full first.
 func (r *Region) lock(now int64) {
 	c := &r.coord
 	ctx, cancel := context.WithTimeout(context.Background(), r.opts.SyncInterval)
 	defer cancel()
-	tok, err := r.rscript.Run(ctx, r.regional, r.keys(), "lock", r.member, (3 * r.opts.SyncInterval).Milliseconds()).Int64()
+	tok, err := r.rscript.Run(ctx, r.regional, r.keys(), "lock", r.member, (3*r.opts.SyncInterval + r.opts.Global.Timeout).Milliseconds()).Int64()
 	if err != nil {
 		return // the lock expires; another instance may take it
 	}

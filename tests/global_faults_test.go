@@ -45,7 +45,8 @@ func (f *globalFleet) sumGuard(key string) (check func()) {
 }
 
 func TestGlobalStoreHungFreezesShares(t *testing.T) {
-	f := startGlobalFleet(t, testInterval, 10*time.Second)
+	logger, logs := observedLogger()
+	f := startGlobalFleetIn(t, "strict", testInterval, 10*time.Second, logger)
 	f.waitContact()
 	stop := f.demandIn(0, "k")
 	defer stop()
@@ -74,6 +75,17 @@ func TestGlobalStoreHungFreezesShares(t *testing.T) {
 	close(usStop)
 	wg.Wait()
 	check()
+	// One WARN and one INFO per region's coordinator for the outage.
+	deadline = time.Now().Add(5 * time.Second)
+	for logs.FilterMessageSnippet("global store reachable again").Len() < 2 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := logs.FilterMessageSnippet("global store unreachable").Len(); n != 2 {
+		t.Errorf("%d WARN lines for the outage, want one per region (2)", n)
+	}
+	if n := logs.FilterMessageSnippet("global store reachable again").Len(); n != 2 {
+		t.Errorf("%d INFO lines for the end of the outage, want one per region (2)", n)
+	}
 }
 
 func TestGlobalRegionCutPastLeaseFallsToFloorAndOthersGainAfterTwoLeases(t *testing.T) {
@@ -183,7 +195,7 @@ func TestGlobalStaleCoordinatorIsFenced(t *testing.T) {
 	}
 	held := a.HoldNextSync() // a freezes mid-sync, as under SIGSTOP
 	release := <-held
-	// Its lock (3 × sync_interval) runs out; b takes over and syncs.
+	// Its lock (3 × sync_interval + the global timeout) runs out; b takes over and syncs.
 	deadline := time.Now().Add(5 * time.Second)
 	for !b.Stats().Coordinating.Load() || b.Stats().Contacts.Load() == 0 {
 		if time.Now().After(deadline) {

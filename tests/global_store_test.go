@@ -16,6 +16,7 @@ import (
 	"github.com/caddy-tally/ratelimit/algorithms"
 	"github.com/caddy-tally/ratelimit/distributed"
 	"github.com/caddy-tally/ratelimit/zones"
+	"go.uber.org/zap"
 )
 
 // The global limit of the tests: 600 per minute, burst 20.
@@ -45,12 +46,13 @@ type globalFleet struct {
 // weight 1 each, with two strict instances each.
 func startGlobalFleet(t *testing.T, interval, lease time.Duration) *globalFleet {
 	t.Helper()
-	return startGlobalFleetIn(t, "strict", interval, lease)
+	return startGlobalFleetIn(t, "strict", interval, lease, nil)
 }
 
 // startGlobalFleetIn is startGlobalFleet with the regions' stores in mode
 // (strict or async, syncing with their regional Redis every 50 ms).
-func startGlobalFleetIn(t *testing.T, mode string, interval, lease time.Duration) *globalFleet {
+// logger, when not nil, is every region's logger.
+func startGlobalFleetIn(t *testing.T, mode string, interval, lease time.Duration, logger *zap.Logger) *globalFleet {
 	t.Helper()
 	f := &globalFleet{t: t, global: startRedis(t), interval: interval, lease: lease}
 	for _, name := range []string{"eu", "us"} {
@@ -76,7 +78,7 @@ func startGlobalFleetIn(t *testing.T, mode string, interval, lease time.Duration
 				Global:       distributed.Options{Addresses: []string{r.proxy.Addr}, Timeout: time.Second},
 				SyncInterval: interval,
 				Lease:        lease,
-			}, nil)
+			}, logger)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -253,7 +255,7 @@ func TestGlobalDemandMovesBetweenRegions(t *testing.T) {
 }
 
 func TestGlobalSharesApplyInAsyncMode(t *testing.T) {
-	f := startGlobalFleetIn(t, "async", testInterval, 5*time.Second)
+	f := startGlobalFleetIn(t, "async", testInterval, 5*time.Second, nil)
 	f.waitContact()
 	check := f.sumGuard("k")
 	for _, i := range []int{0, 1} {
