@@ -303,10 +303,13 @@ func (r *Region) zone(name string) *regionZone {
 }
 
 // Share is this region's share of key in zone now (ppm): its floor while
-// the region has had no contact with the global store for a lease, else
+// the region has had no contact with the global store for a lease (or this
+// instance has not read the region's shares for confirmMargin), else
 // what the global store granted, else the region's weight.
 func (r *Region) Share(zone, key string) int64 {
-	if r.floored.Load() {
+	if r.floored.Load() || time.Duration(monotime.Now()-r.polled.Load()) > r.confirmMargin() {
+		// An instance that could not read the region's shares for the
+		// margin a cut waits may have missed one: it holds its floor.
 		return r.floor
 	}
 	z := r.zone(zone)
@@ -389,10 +392,12 @@ func (r *Region) pollInterval() time.Duration {
 }
 
 // confirmMargin is how long after publishing a cut the coordinator still
-// reports the old share as held: two polls (one may fail) and the
-// regional timeout a poll in flight may take.
+// reports the old share as held: two polls (one may fail) and twice the
+// regional timeout a poll in flight may take. An instance that has not
+// read the shares for that long holds its floor (see Share), so that every
+// instance applies a cut within the margin or is below it anyway.
 func (r *Region) confirmMargin() time.Duration {
-	return 2*r.pollInterval() + r.timeout
+	return 2*r.pollInterval() + 2*r.timeout
 }
 
 func (r *Region) pollLoop() {
@@ -424,17 +429,14 @@ func (r *Region) poll() {
 			args = append(args, k, c[0], c[1])
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), r.opts.Global.Timeout+r.pollInterval())
+	ctx, cancel := context.WithTimeout(context.Background(), r.timeout+r.pollInterval())
 	defer cancel()
+	began := monotime.Now()
 	v, err := r.rscript.Run(ctx, r.regional, r.keys(), args...).Slice()
 	now := monotime.Now()
 	if err != nil || len(v) < 3 {
-		if last := r.polled.Load(); last != 0 && time.Duration(now-last) > r.opts.Lease {
-			r.floored.Store(true)
-		}
-		return
+		return // Share floors this instance once the margin passes
 	}
-	r.polled.Store(now)
 	rnow, _ := v[0].(int64)
 	contact, _ := v[1].(int64)
 	r.floored.Store(contact < 0 || time.Duration(rnow-contact)*time.Millisecond > r.opts.Lease)
@@ -444,6 +446,7 @@ func (r *Region) poll() {
 	version := fmt.Sprint(v[2])
 	if version == r.version || len(v) == 3 {
 		r.version = version
+		r.polled.Store(began)
 		return
 	}
 	i := 3
@@ -465,4 +468,5 @@ func (r *Region) poll() {
 		z.mu.Unlock()
 	}
 	r.version = version
+	r.polled.Store(began)
 }

@@ -217,3 +217,26 @@ func TestGlobalStaleCoordinatorIsFenced(t *testing.T) {
 	stop := f.demandIn(0, "k")
 	stop()
 }
+
+func TestGlobalInstanceThatCannotReadItsRegionsSharesHoldsItsFloor(t *testing.T) {
+	f := startGlobalFleet(t, testInterval, 5*time.Second)
+	f.waitContact()
+	stop := f.demandIn(0, "k")
+	stop()
+	eu := f.regions[0]
+	// One eu instance's link to its regional Redis hangs: it could miss
+	// a cut, which the coordinator confirms after its margin.
+	eu.links[1].Hang()
+	defer eu.links[1].Unhang()
+	hung := time.Now()
+	floor := int64(distributed.ShareScale / 2 / 10)
+	for eu.regions[1].Share(globalZone, "k") != floor {
+		if time.Since(hung) > 2*time.Second {
+			t.Fatalf("an instance that cannot read its region's shares still applies %d of k after %v", eu.regions[1].Share(globalZone, "k"), time.Since(hung))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if s := eu.regions[0].Share(globalZone, "k"); s <= floor {
+		t.Errorf("the instance that still reads them applies %d, its floor too", s)
+	}
+}

@@ -27,7 +27,8 @@ const globalZone = "api"
 type testRegion struct {
 	name    string
 	redis   *redisServer
-	proxy   *redisProxy // to the global store
+	proxy   *redisProxy   // to the global store
+	links   []*redisProxy // each instance's to the regional Redis
 	regions []*distributed.Region
 	shared  []zones.Store
 }
@@ -61,8 +62,10 @@ func startGlobalFleetIn(t *testing.T, mode string, interval, lease time.Duration
 		r.proxy.SetLatency(50*time.Millisecond, 100*time.Millisecond)
 		for range 2 {
 			var s zones.Store
+			link := startRedisProxy(t, r.redis.Addr)
+			r.links = append(r.links, link)
 			if mode == "async" {
-				a, err := distributed.OpenAsync(distributed.Options{Addresses: []string{r.redis.Addr}, Mode: "async",
+				a, err := distributed.OpenAsync(distributed.Options{Addresses: []string{link.Addr}, Mode: "async",
 					SyncInterval: 50 * time.Millisecond, Timeout: 200 * time.Millisecond, Instance: nextTestInstance()}, nil)
 				if err != nil {
 					t.Fatal(err)
@@ -70,7 +73,7 @@ func startGlobalFleetIn(t *testing.T, mode string, interval, lease time.Duration
 				t.Cleanup(func() { a.Close() })
 				s = a
 			} else {
-				s = openStore(t, distributed.Options{Addresses: []string{r.redis.Addr}, Timeout: 200 * time.Millisecond}, nil)
+				s = openStore(t, distributed.Options{Addresses: []string{link.Addr}, Timeout: 200 * time.Millisecond}, nil)
 			}
 			reg, err := distributed.OpenRegion(s, distributed.RegionOptions{
 				Region:       name,
@@ -231,9 +234,9 @@ func TestGlobalDemandMovesBetweenRegions(t *testing.T) {
 	var worst atomic.Int64
 	sstop := make(chan struct{})
 	f.sampleShares("k", sstop, &swg, &worst)
-	// 2 × sync_interval, the cut's confirmation margin (two polls and the
-	// regional timeout) and four round trips of up to 200 ms.
-	reach := 2*interval + (2*interval/4 + 200*time.Millisecond) + 4*200*time.Millisecond
+	// 2 × sync_interval, the cut's confirmation margin (two polls and
+	// twice the regional timeout) and four round trips of up to 200 ms.
+	reach := 2*interval + (2*interval/4 + 400*time.Millisecond) + 4*200*time.Millisecond
 	for phase, i := range []int{0, 1, 0} {
 		stop := make(chan struct{})
 		f.drive(i, "k", 40, stop, &wg)
