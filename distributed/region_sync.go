@@ -175,12 +175,13 @@ func (r *Region) sync(now int64) {
 				share = r.floor
 			}
 			var wants int64 = -1
-			used := adm * z.interval // ns of the key's whole rate
+			// use: the fraction of the key's whole rate admitted
+			use := float64(adm) * float64(z.interval) / float64(elapsed)
 			switch {
 			case den > 0:
 				wants = ShareScale
-			case used*5*ShareScale >= 4*share*elapsed:
-				wants = min(ShareScale, used*12*ShareScale/(10*elapsed))
+			case use*ShareScale >= 0.8*float64(share):
+				wants = int64(min(ShareScale, 1.2*use*ShareScale))
 			}
 			if wants < 0 {
 				continue
