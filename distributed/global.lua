@@ -123,10 +123,29 @@ local function target(demand)
 	return tg, true
 end
 
+-- sets written once per call, in chunks (Lua's stack bounds unpack)
+local adds, rems = {}, {}
+local function later(set, t, key)
+	local l = t[set]
+	if not l then l = {}; t[set] = l end
+	l[#l + 1] = key
+end
+local function flush()
+	for set, l in pairs(adds) do
+		for j = 1, #l, 1000 do
+			redis.call('SADD', set, unpack(l, j, math.min(#l, j + 999)))
+		end
+		redis.call('PEXPIRE', set, ttl)
+	end
+	for set, l in pairs(rems) do
+		for j = 1, #l, 1000 do
+			redis.call('SREM', set, unpack(l, j, math.min(#l, j + 999)))
+		end
+	end
+end
+
 local function pending(n, zone, key)
-	local p = prefix .. 'g.p:' .. zone .. ':' .. n
-	redis.call('SADD', p, key)
-	redis.call('PEXPIRE', p, ttl)
+	later(prefix .. 'g.p:' .. zone .. ':' .. n, adds, key)
 end
 
 -- allocate one key the region reports; returns the region's grant
@@ -152,12 +171,13 @@ local function allocate(zone, key, wants, held)
 		if dt and now - dt <= 3 * interval then d[n] = h['d.' .. n] or 0 end
 	end
 	a[region] = held
+	local fields = {}
 	if wants >= 0 then
 		d[region] = math.min(C, wants)
-		redis.call('HSET', rk, 'd.' .. region, d[region], 't.' .. region, now)
+		fields = {'d.' .. region, d[region], 't.' .. region, now}
 	else
 		d[region] = 0
-		redis.call('HDEL', rk, 'd.' .. region, 't.' .. region)
+		if h['t.' .. region] then redis.call('HDEL', rk, 'd.' .. region, 't.' .. region) end
 	end
 	local tg, demanded = target(d)
 	if learning then
@@ -193,15 +213,18 @@ local function allocate(zone, key, wants, held)
 	end
 	if default then
 		redis.call('DEL', rk)
-		redis.call('SREM', prefix .. 'g.zk:' .. zone, key)
+		later(prefix .. 'g.zk:' .. zone, rems, key)
 		return g[region]
 	end
 	for _, n in ipairs(names) do
-		redis.call('HSET', rk, 'g.' .. n, g[n], 'a.' .. n, a[n])
+		fields[#fields + 1] = 'g.' .. n
+		fields[#fields + 1] = g[n]
+		fields[#fields + 1] = 'a.' .. n
+		fields[#fields + 1] = a[n]
 	end
+	redis.call('HSET', rk, unpack(fields))
 	redis.call('PEXPIRE', rk, ttl)
-	redis.call('SADD', prefix .. 'g.zk:' .. zone, key)
-	redis.call('PEXPIRE', prefix .. 'g.zk:' .. zone, ttl)
+	if #raw == 0 then later(prefix .. 'g.zk:' .. zone, adds, key) end
 	return g[region]
 end
 
@@ -218,6 +241,9 @@ for _ = 1, tonumber(ARGV[9]) do
 		grants[#grants + 1] = allocate(zone, key, tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]))
 		i = i + 3
 	end
+	flush()
+	adds, rems = {}, {}
+	redis.call('PEXPIRE', prefix .. 'g.zk:' .. zone, ttl)
 	-- what moved for this region since it last heard (or, in full, every
 	-- record): the region's grant, its weight where the record is gone
 	local p = prefix .. 'g.p:' .. zone .. ':' .. region
