@@ -77,6 +77,20 @@ func (s *Shared) Decide(ctx context.Context, zone, key string, limit algorithms.
 	return r, err
 }
 
+// DecideAhead is Decide in a zone with delay (zones.DelayStore), when the
+// regional store reserves for later; else Decide.
+func (s *Shared) DecideAhead(ctx context.Context, zone, key string, limit algorithms.Limit, cost, ahead int64) (algorithms.Result, error) {
+	ds, ok := s.inner.(zones.DelayStore)
+	if !ok {
+		return s.Decide(ctx, zone, key, limit, cost)
+	}
+	r, err := ds.DecideAhead(ctx, zone, key, s.limit(zone, key, limit), cost, ahead)
+	if err == nil {
+		s.region.count(zone, key, r.Allowed, cost)
+	}
+	return r, err
+}
+
 // Refund gives back cost at this region's share of limit.
 func (s *Shared) Refund(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) error {
 	return s.inner.Refund(ctx, zone, key, s.limit(zone, key, limit), cost)
@@ -142,13 +156,27 @@ func (s *SharedRecords) DeniedUntil(zone, key string, now int64) (int64, bool) {
 
 // Fallback is the async store's fail_policy local step at this region's
 // share of limit.
-func (s *SharedRecords) Fallback(zone, key string, now int64, limit, share algorithms.Limit, op zones.FallbackOp, cost int64) algorithms.Result {
-	return s.records.Fallback(zone, key, now, s.limit(zone, key, limit), share, op, cost)
+func (s *SharedRecords) Fallback(zone, key string, now int64, limit, share algorithms.Limit, op zones.FallbackOp, cost, ahead int64) algorithms.Result {
+	return s.records.Fallback(zone, key, now, s.limit(zone, key, limit), share, op, cost, ahead)
 }
 
 // DecideBan is Decide in a zone with a ban.
 func (s *SharedBans) DecideBan(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64, rule zones.BanRule) (algorithms.Result, zones.StoreBan, error) {
 	r, b, err := s.bans.DecideBan(ctx, zone, key, s.limit(zone, key, limit), cost, rule)
+	if err == nil {
+		s.region.count(zone, key, r.Allowed, cost)
+	}
+	return r, b, err
+}
+
+// DecideBanAhead is DecideBan in a zone with delay (zones.DelayBanStore),
+// when the regional store reserves for later; else DecideBan.
+func (s *SharedBans) DecideBanAhead(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64, rule zones.BanRule, ahead int64) (algorithms.Result, zones.StoreBan, error) {
+	ds, ok := s.bans.(zones.DelayBanStore)
+	if !ok {
+		return s.DecideBan(ctx, zone, key, limit, cost, rule)
+	}
+	r, b, err := ds.DecideBanAhead(ctx, zone, key, s.limit(zone, key, limit), cost, rule, ahead)
 	if err == nil {
 		s.region.count(zone, key, r.Allowed, cost)
 	}
@@ -167,8 +195,10 @@ func (s *SharedBans) PeekBan(ctx context.Context, zone, key string, limit algori
 
 // Interface guards.
 var (
-	_ zones.Store       = (*Shared)(nil)
-	_ zones.ModeStore   = (*Shared)(nil)
-	_ zones.RecordStore = (*SharedRecords)(nil)
-	_ zones.BanStore    = (*SharedBans)(nil)
+	_ zones.Store         = (*Shared)(nil)
+	_ zones.ModeStore     = (*Shared)(nil)
+	_ zones.RecordStore   = (*SharedRecords)(nil)
+	_ zones.BanStore      = (*SharedBans)(nil)
+	_ zones.DelayStore    = (*Shared)(nil)
+	_ zones.DelayBanStore = (*SharedBans)(nil)
 )
