@@ -352,6 +352,13 @@ func cliZones(c *cli) error {
 				limit += " " + q.TimeZone
 			}
 		}
+		if z.Delay != "" {
+			// requests within the delay wait for their turn
+			limit += " delay " + printable(z.Delay)
+			if z.Waiting != nil && *z.Waiting > 0 {
+				limit += fmt.Sprintf(" (%d waiting)", *z.Waiting)
+			}
+		}
 		if z.DryRun {
 			limit += " (dry run)"
 		}

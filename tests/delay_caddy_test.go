@@ -203,6 +203,9 @@ func TestDelayServesABurstAtTheZonesRate(t *testing.T) {
 			t.Errorf("GET /rate_limit/zones: smooth delay %q queue %d waiting %v, want 3s, 100 and 0", z.Delay, z.Queue, z.Waiting)
 		}
 	}
+	if row := rateLimitCLI(t, c, "zones").ok(t, "caddy rate-limit zones"); !strings.Contains(strings.Join(row, "\n"), "5/1s delay 3s") {
+		t.Errorf("caddy rate-limit zones shows no delay for smooth:\n%s", strings.Join(row, "\n"))
+	}
 	samples := c.scrape()
 	if n, _ := metricValue(samples, "caddy_rate_limit_delay_seconds_count", map[string]string{"zone": "smooth"}); n != 11 {
 		t.Errorf("caddy_rate_limit_delay_seconds_count %v, want 11", n)
