@@ -6,12 +6,15 @@ package tests
 // applied share every 100 ms.
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/caddy-tally/ratelimit/distributed"
+	"github.com/caddy-tally/ratelimit/internal/monotime"
+	"github.com/caddy-tally/ratelimit/zones"
 )
 
 const testInterval = 200 * time.Millisecond
@@ -239,5 +242,52 @@ func TestGlobalInstanceThatCannotReadItsRegionsSharesHoldsItsFloor(t *testing.T)
 	}
 	if s := eu.regions[0].Share(globalZone, "k"); s <= floor {
 		t.Errorf("the instance that still reads them applies %d, its floor too", s)
+	}
+}
+
+// A region's own Redis stopped: a scope global zone takes its fail policy
+// as any zone does: open admits, closed denies, local admits this
+// instance's part of the region's default share (its weight, 1/2, between
+// the region's 2 instances: a burst of 20/4 = 5), starting fresh. The
+// other region goes on deciding in its own Redis.
+func TestGlobalRegionalRedisDownTakesEachFailPolicy(t *testing.T) {
+	f := startGlobalFleet(t, 200*time.Millisecond, 2*time.Second)
+	f.waitContact()
+	eu := f.regions[0]
+	for _, s := range eu.shared {
+		waitFor(t, 5*time.Second, "eu's instances to see each other", func() bool { return s.Instances() >= 4 })
+	}
+	eu.redis.Kill()
+	now := monotime.Now()
+	for _, tc := range []struct {
+		policy  zones.FailPolicy
+		allowed int
+		src     zones.Source
+	}{
+		{zones.FailOpen, 25, zones.SourceFailOpen},
+		{zones.FailClosed, 0, zones.SourceFailClosed},
+		{zones.FailLocal, 5, zones.SourceFailLocal},
+	} {
+		cfg := zones.Config{Name: globalZone, Events: 600, Window: time.Minute, Burst: 20, FailPolicy: tc.policy}
+		state := zones.NewState(cfg, time.Minute)
+		t.Cleanup(func() { state.Destruct() })
+		z := zones.New(cfg, state, eu.shared[0])
+		allowed := 0
+		for i := range 25 {
+			d := z.Decide(context.Background(), "k-"+tc.policy.String(), now)
+			if d.Source != tc.src && !(tc.policy == zones.FailLocal && !d.Allowed) {
+				t.Errorf("%s: decision %d from %v, want %v", tc.policy, i, d.Source, tc.src)
+			}
+			if d.Allowed {
+				allowed++
+			}
+		}
+		if allowed != tc.allowed {
+			t.Errorf("fail_policy %s with eu's Redis down: %d of 25 allowed, want %d", tc.policy, allowed, tc.allowed)
+		}
+	}
+	// us decides in its own Redis meanwhile.
+	if r, err := f.regions[1].shared[0].Decide(context.Background(), globalZone, "k-us", globalLimit, 1); err != nil || !r.Allowed {
+		t.Errorf("us with eu's Redis down: %+v, %v; want allowed from its Redis", r, err)
 	}
 }
