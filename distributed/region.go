@@ -257,8 +257,8 @@ func OpenRegion(regional zones.Store, opts RegionOptions, logger *zap.Logger) (*
 	r.floored.Store(true) // until the first poll says otherwise
 	r.coord.init()
 	r.done.Add(2)
-	go r.pollLoop()
-	go r.syncLoop()
+	go r.every(r.poll)
+	go r.every(func() { r.tick(monotime.Now()) })
 	return r, nil
 }
 
@@ -400,7 +400,9 @@ func (r *Region) confirmMargin() time.Duration {
 	return 2*r.pollInterval() + 2*r.timeout
 }
 
-func (r *Region) pollLoop() {
+// every calls f every poll interval until Close: the region's two loops,
+// the poll and the coordinator's tick.
+func (r *Region) every(f func()) {
 	defer r.done.Done()
 	tick := time.NewTicker(r.pollInterval())
 	defer tick.Stop()
@@ -409,7 +411,7 @@ func (r *Region) pollLoop() {
 		case <-r.stop:
 			return
 		case <-tick.C:
-			r.poll()
+			f()
 		}
 	}
 }

@@ -42,20 +42,6 @@ func (h *holding) reported(now int64) int64 {
 	return h.cur
 }
 
-func (r *Region) syncLoop() {
-	defer r.done.Done()
-	tick := time.NewTicker(r.pollInterval())
-	defer tick.Stop()
-	for {
-		select {
-		case <-r.stop:
-			return
-		case <-tick.C:
-			r.tick(monotime.Now())
-		}
-	}
-}
-
 func (r *Region) tick(now int64) {
 	c := &r.coord
 	interval := int64(r.opts.SyncInterval)
