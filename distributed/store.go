@@ -113,29 +113,23 @@ func (s *Store) DecideAhead(ctx context.Context, zone, key string, limit algorit
 		s.problems.note(zone, rep.err)
 		return algorithms.Result{}, rep.err
 	}
-	return withDelay(rep.step, l), nil
+	return withDelay(nanos(rep.step), l), nil
 }
 
 // DecideBanAhead is DecideBan in a zone with delay too.
 func (s *Store) DecideBanAhead(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64, rule zones.BanRule, ahead int64) (algorithms.Result, zones.StoreBan, error) {
 	l := micro(limit)
 	r, b, err := s.banStep(ctx, zone, key, [5]any{"", l.EmissionInterval, l.Burst, cost, s.op('b', rule, ahead)})
-	if err == nil && r.Allowed {
-		// banStep converted to ns; the wait is reset − B·T, in µs as Redis
-		// reported it.
-		r = withDelay(algorithms.Result{Allowed: true, Remaining: r.Remaining, ResetAfter: r.ResetAfter / 1000}, l)
-	}
-	return r, b, err
+	return withDelay(r, l), b, err
 }
 
-// withDelay converts an allowed step of a delay op (µs, limit l in µs) to
-// nanoseconds with its wait: the reply's reset less the burst's span,
-// when positive (see gcra.lua).
-func withDelay(step algorithms.Result, l algorithms.Limit) algorithms.Result {
-	r := nanos(step)
-	if step.Allowed {
-		if wait := step.ResetAfter - l.Burst*l.EmissionInterval; wait > 0 {
-			r.Delay = wait * 1000
+// withDelay sets the wait of r, an allowed step of a delay op in
+// nanoseconds under l, the limit Redis decided with (µs): the reply's reset
+// less the burst's span, when positive (see gcra.lua).
+func withDelay(r algorithms.Result, l algorithms.Limit) algorithms.Result {
+	if r.Allowed {
+		if wait := r.ResetAfter - l.Burst*l.EmissionInterval*1000; wait > 0 {
+			r.Delay = wait
 		}
 	}
 	return r

@@ -70,8 +70,8 @@ func (c Config) validateDelay() error {
 	return nil
 }
 
-// queueCap is how many requests of the zone may wait at once here.
-func (c Config) queueCap() int64 {
+// QueueSize is how many requests of the zone may wait at once here.
+func (c Config) QueueSize() int64 {
 	if c.Queue > 0 {
 		return c.Queue
 	}
@@ -85,7 +85,7 @@ func (z *Zone) ahead() int64 {
 	if z.Delay <= 0 || z.DryRun {
 		return 0
 	}
-	if z.state.waiting.Load() >= z.queueCap() {
+	if z.state.waiting.Load() >= z.QueueSize() {
 		return 0
 	}
 	return int64(z.Delay)
@@ -95,7 +95,7 @@ func (z *Zone) ahead() int64 {
 // later. When the queue filled meanwhile, the reservation is given back and
 // the request is denied as a full queue denies it.
 func (z *Zone) admitLater(ctx context.Context, key string, now int64, p *Plan, cost int64, d Decision) Decision {
-	for w, limit := &z.state.waiting, z.queueCap(); ; {
+	for w, limit := &z.state.waiting, z.QueueSize(); ; {
 		n := w.Load()
 		if n >= limit {
 			break
@@ -113,9 +113,6 @@ func (z *Zone) admitLater(ctx context.Context, key string, now int64, p *Plan, c
 // later (Decision.Delay > 0), once it stops waiting: served, refunded or
 // gone. Once per such decision.
 func (z *Zone) EndWait() { z.state.waiting.Add(-1) }
-
-// QueueSize is how many requests of the zone may wait at once here.
-func (z *Zone) QueueSize() int64 { return z.queueCap() }
 
 // Waiting is how many requests of the zone wait for their turn on this
 // instance now.
