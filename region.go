@@ -114,7 +114,7 @@ func (h *Handler) globalStore(name string, zc *Zone, cfg zones.Config) (zones.St
 	if cfg.IsConcurrency() || cfg.IsQuota() {
 		return nil, fmt.Errorf("zone %s: scope global applies to rate zones (events per window), not to concurrency or quota zones: remove scope global", name)
 	}
-	return h.region.Wrap(h.store, name, cfg.Limit().EmissionInterval), nil
+	return h.region.Wrap(h.store, name, cfg.Limit()), nil
 }
 
 // unmarshalCaddyfile reads the global block of distributed:

@@ -30,6 +30,17 @@
 --         later, its slot reserved (the TAT moves as for any admission),
 --         reported as allowed with 0 remaining; its wait is reset − B·T
 --         "b<first>,<max>,<ahead>" the ban decide of a zone with delay too
+--         "s<share>:<op>" any op above on a key decided at a share of a
+--         global limit (ppm, see distributed/region.go): the key keeps
+--         the share its TAT was written at ("<value>/<share>"), and when
+--         the share has risen since, the TAT is rescaled first so that
+--         the key has as many tokens left as it had at the old share,
+--         refilled at the new rate from now on: debt' = B·T − (B·T −
+--         debt)·old/new, never less than debt (B·T, the burst's span, is
+--         the same at every share). A share change never adds tokens at
+--         once, so shares summing to at most 1 keep the fleet's bound. A
+--         fall keeps the TAT (the region's tokens shrink with its share).
+--         Every op but a peek writes the new share with the TAT.
 --
 -- A key with a ban holds "TAT,ban end,remembered until,level" (µs, the TAT
 -- 0 when it has none) instead of "TAT", with a TTL that reaches the later
@@ -79,12 +90,22 @@ local out = {0, 0}
 local sT, sB, sC, T, B, cost -- the last limit parsed, as sent and as numbers
 local lastMs, lastPX -- the last TTL written, as a number and as sent
 local sOp, bFirst, bMax, sAhead, sBan -- the last ban or delay op parsed
+local sSh, shShare, shOp -- the last shared op parsed
 for i = 1, #KEYS do
   local key, a, j = KEYS[i], 4 * i - 2, 2 * i - 1
   if ARGV[a] ~= sT then sT = ARGV[a]; T = tonumber(sT) end
   if ARGV[a + 1] ~= sB then sB = ARGV[a + 1]; B = tonumber(sB) end
   if ARGV[a + 2] ~= sC then sC = ARGV[a + 2]; cost = tonumber(sC) end
   local op = ARGV[a + 3]
+  local share -- a shared key's share now, from "s<share>:<op>"
+  if byte(op) == 115 then -- 's'
+    if op ~= sSh then
+      sSh = op
+      local p, o = match(op, '^s(%d+):(.+)$')
+      shShare, shOp = tonumber(p), o
+    end
+    share, op = shShare, shOp
+  end
   local ban, peekOnly -- a ban op: 'd' or 'p' is what it does when the key is not banned
   local ahead = 0 -- how far ahead a denied request may be admitted for later
   if op ~= 'd' and op ~= 'r' and op ~= 'p' and op ~= 'c' then
@@ -103,10 +124,16 @@ for i = 1, #KEYS do
     peekOnly = c == 80                                     -- that reports the ban
     if op == 'd' then ahead = sAhead end                   -- and starts none)
   end
+  local looks = op == 'p' -- a peek (or a check): writes nothing
   local raw = redis.pcall('GET', key)
   local stored = 0
   local bEnd, bMem, bLvl -- the key's ban, if it has one
+  local held -- a shared key's share when its TAT was written
   if raw then
+    if share and type(raw) == 'string' then
+      local v, h = match(raw, '^(.*)/(%d+)$')
+      if v then raw, held = v, tonumber(h) end
+    end
     stored = tonumber(raw) -- nil for an error reply (a table) or a foreign string
     if not stored and type(raw) == 'string' then
       local t, e, m, l = match(raw, '^(%d+),(%d+),(%d+),(%d+)$')
@@ -117,6 +144,16 @@ for i = 1, #KEYS do
   local write -- the TAT to store, if any
   local gone -- the TAT is to go (the key too, unless it keeps a ban)
   if bMem and bMem <= now then bEnd, bMem, bLvl = nil, nil, nil end
+  local retag -- a shared key written at another share (or at none)
+  if share and stored and held ~= share then
+    retag = true
+    if held and share > held then -- risen: the same tokens left, refilled faster
+      local debt, span = stored - now, B * T
+      if debt < 0 then debt = 0 end
+      local d = span - floor((span - debt) * held / share)
+      if d > debt then stored = now + d end
+    end
+  end
   if not stored then
     redis.call('DEL', key)
     if type(raw) == 'table' then reset = -1 else reset = -2 end
@@ -183,6 +220,9 @@ for i = 1, #KEYS do
       end
     end
   end
+  if retag and not write and not gone and not looks and stored > now then
+    write = stored -- the TAT at the key's new share
+  end
   if bMem and (write or gone) then
     -- The key keeps its ban (and what is remembered of it) as its TAT
     -- changes: its TTL reaches the later of the two.
@@ -190,7 +230,9 @@ for i = 1, #KEYS do
     if not w or w < now then w = 0 end
     local left = bMem - now
     if w - now > left then left = w - now end
-    redis.call('SET', key, format('%d,%d,%d,%d', w, bEnd, bMem, bLvl), 'PX', format('%d', floor((left + 999) / 1000)))
+    local v = format('%d,%d,%d,%d', w, bEnd, bMem, bLvl)
+    if share then v = v .. '/' .. format('%d', share) end
+    redis.call('SET', key, v, 'PX', format('%d', floor((left + 999) / 1000)))
   elseif write then -- with a TTL of its resetAfter, rounded up to whole ms, at least 1
     local left = write - now
     local ms = floor(left / 1000) -- the quotient may round up to an integer,
@@ -198,7 +240,11 @@ for i = 1, #KEYS do
     if ms * 1000 < left then ms = ms + 1 end -- and now rounded up
     if ms < 1 then ms = 1 end
     if ms ~= lastMs then lastMs, lastPX = ms, format('%d', ms) end
-    redis.call('SET', key, format('%d', write), 'PX', lastPX)
+    if share then
+      redis.call('SET', key, format('%d/%d', write, share), 'PX', lastPX)
+    else
+      redis.call('SET', key, format('%d', write), 'PX', lastPX)
+    end
   elseif gone then
     redis.call('DEL', key)
   end

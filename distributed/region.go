@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
+	"github.com/caddy-tally/ratelimit/algorithms"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 	"github.com/caddy-tally/ratelimit/zones"
 )
@@ -150,6 +151,7 @@ type Region struct {
 	regional redis.UniversalClient
 	global   redis.UniversalClient
 	prefix   string        // the regional key prefix
+	strict   bool          // the regional store is a *Store
 	timeout  time.Duration // the regional store's
 	gprefix  string
 	rscript  *redis.Script
@@ -191,6 +193,7 @@ type RegionStats struct {
 type regionZone struct {
 	name     string
 	interval int64 // the zone's emission interval, ns (hot-key detection)
+	burst    int64 // the zone's burst (raises in a strict region)
 	mu       sync.RWMutex
 	shares   map[string]int64 // applied by this instance
 	cmu      sync.Mutex
@@ -211,9 +214,11 @@ func OpenRegion(regional zones.Store, opts RegionOptions, logger *zap.Logger) (*
 		logger = zap.NewNop()
 	}
 	var c *conn
+	strict := false
 	switch s := regional.(type) {
 	case *Store:
 		c = s.conn
+		strict = true
 	case *Async:
 		c = s.conn
 	default:
@@ -228,6 +233,7 @@ func OpenRegion(regional zones.Store, opts RegionOptions, logger *zap.Logger) (*
 		regional: c.client,
 		global:   redis.NewUniversalClient(uopts),
 		prefix:   c.opts.KeyPrefix,
+		strict:   strict,
 		timeout:  c.opts.Timeout,
 		gprefix:  opts.Global.KeyPrefix,
 		rscript:  redis.NewScript(regionScript),
@@ -283,16 +289,16 @@ func (r *Region) Stats() *RegionStats { return &r.stats }
 // Name is this region's name.
 func (r *Region) Name() string { return r.opts.Region }
 
-// AddZone makes zone's keys global in this region; interval is the zone's
-// emission interval (ns).
-func (r *Region) AddZone(zone string, interval int64) {
+// AddZone makes zone's keys global in this region; limit is the zone's
+// whole limit (ns).
+func (r *Region) AddZone(zone string, limit algorithms.Limit) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if z, ok := r.zones[zone]; ok {
-		z.interval = interval
+		z.interval, z.burst = limit.EmissionInterval, limit.Burst
 		return
 	}
-	r.zones[zone] = &regionZone{name: zone, interval: interval, shares: map[string]int64{}, counts: map[string]*[2]int64{}}
+	r.zones[zone] = &regionZone{name: zone, interval: limit.EmissionInterval, burst: limit.Burst, shares: map[string]int64{}, counts: map[string]*[2]int64{}}
 	r.names = append(r.names, zone)
 }
 

@@ -31,10 +31,10 @@ type SharedBans struct {
 }
 
 // Wrap returns the store a `scope global` zone of the region decides
-// with, over the regional store inner, and makes the zone (whose emission
-// interval is interval, ns) global in the region.
-func (r *Region) Wrap(inner zones.Store, zone string, interval int64) zones.Store {
-	r.AddZone(zone, interval)
+// with, over the regional store inner, and makes the zone (whose whole
+// limit is limit, ns) global in the region.
+func (r *Region) Wrap(inner zones.Store, zone string, limit algorithms.Limit) zones.Store {
+	r.AddZone(zone, limit)
 	s := Shared{inner: inner, region: r}
 	if rec, ok := inner.(zones.RecordStore); ok {
 		return &SharedRecords{Shared: s, records: rec}
@@ -49,11 +49,14 @@ func (r *Region) Wrap(inner zones.Store, zone string, interval int64) zones.Stor
 func (s *Shared) Region() *Region { return s.region }
 
 // Scale is limit at share (ppm): the emission interval divided by the
-// share, the burst multiplied by it (at least 1). Shares summing to at most
-// ShareScale give rates summing to at most the limit's, and bursts to at
-// most its burst plus one per region whose share rounds it to 0.
+// share, the burst multiplied by it (at least 1), and the share noted
+// (Limit.Share) so that the strict store rescales a key's TAT when its
+// share rises. Shares summing to at most ShareScale give rates summing to
+// at most the limit's, and bursts to at most its burst plus one per region
+// whose share rounds it to 0.
 func Scale(limit algorithms.Limit, share int64) algorithms.Limit {
 	if share >= ShareScale {
+		limit.Share = ShareScale
 		return limit
 	}
 	share = max(1, share)
@@ -61,7 +64,7 @@ func Scale(limit algorithms.Limit, share int64) algorithms.Limit {
 	if t > math.MaxInt64/4 {
 		t = math.MaxInt64 / 4
 	}
-	return algorithms.Limit{EmissionInterval: int64(t), Burst: max(1, limit.Burst*share/ShareScale)}
+	return algorithms.Limit{EmissionInterval: int64(t), Burst: max(1, limit.Burst*share/ShareScale), Share: share}
 }
 
 func (s *Shared) limit(zone, key string, l algorithms.Limit) algorithms.Limit {

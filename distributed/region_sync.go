@@ -6,7 +6,10 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
+
+	"github.com/caddy-tally/ratelimit/algorithms"
 
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 )
@@ -303,6 +306,7 @@ func (r *Region) exchange(now int64, lockVal string, keys []string, reports []re
 	}
 	var changes [][]any
 	var updates []update
+	var raised []raise
 	i := 3
 	for i+1 < len(v) {
 		zone := fmt.Sprint(v[i])
@@ -335,12 +339,15 @@ func (r *Region) exchange(now int64, lockVal string, keys []string, reports []re
 				zc = append(zc, key, pub)
 			}
 			updates = append(updates, update{held: held, zone: zone, key: key, h: h, g: g, cut: g < cur})
+			if g > cur {
+				raised = append(raised, raise{zone: zone, key: key, from: cur, to: g})
+			}
 		}
 		changes = append(changes, zc)
 	}
 	pctx, pcancel := context.WithTimeout(context.Background(), 2*r.timeout+r.pollInterval())
 	defer pcancel()
-	if !r.publish(pctx, lockVal, keys, changes, (now-sent)/int64(time.Millisecond), full) {
+	if !r.plant(pctx, raised) || !r.publish(pctx, lockVal, keys, changes, (now-sent)/int64(time.Millisecond), full) {
 		c.full = true // what was granted was not applied: ask for it all again
 		return
 	}
@@ -366,6 +373,52 @@ func (r *Region) exchange(now int64, lockVal string, keys []string, reports []re
 			delete(u.held, u.key) // the global store knows it is back to the weight
 		}
 	}
+}
+
+// raise is a key's share rising, from what the region applied.
+type raise struct {
+	zone, key string
+	from, to  int64
+}
+
+// plantScript writes a strict key with no state in the regional Redis as
+// a full bucket at its old share (gcra.lua's shared value "<TAT>/<share>",
+// the TAT now), for as long as the key takes to fill up at its new share,
+// unless the key has state: an instance deciding the key at its new share
+// then starts from the tokens it had, not from a full bucket at the new
+// share (see gcra.lua's "s" op).
+var plantScript = redis.NewScript(`local t = redis.call('TIME')
+return redis.call('SET', KEYS[1], string.format('%d/%s', t[1] * 1000000 + t[2], ARGV[1]), 'NX', 'PX', ARGV[2])`)
+
+// plant prepares the raised keys of a strict region before their shares
+// are published (plantScript); false when the regional Redis did not
+// answer, and then the raises are not published either.
+func (r *Region) plant(ctx context.Context, raised []raise) bool {
+	if !r.strict || len(raised) == 0 {
+		return true
+	}
+	cmds, _ := r.regional.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, x := range raised {
+			z := r.zone(x.zone)
+			if z == nil {
+				continue
+			}
+			// what the key lacks at its new share: the span of the
+			// burst (the same at every share) less the part the old
+			// share fills, in ms rounded up
+			l := Scale(algorithms.Limit{EmissionInterval: z.interval, Burst: z.burst}, x.to)
+			span := max(1, l.EmissionInterval/1000) * l.Burst // µs, as gcra.lua sees it
+			ttl := max(1, (span*(x.to-x.from)/x.to+999)/1000)
+			plantScript.Eval(ctx, p, []string{r.prefix + x.zone + ":" + x.key}, x.from, ttl)
+		}
+		return nil
+	})
+	for _, c := range cmds {
+		if err := c.Err(); err != nil && err != redis.Nil { // nil: the key has state
+			return false
+		}
+	}
+	return true
 }
 
 // publish writes the coordinator's changes and its last contact (age ms

@@ -87,7 +87,7 @@ func startGlobalFleetIn(t *testing.T, mode string, interval, lease time.Duration
 			}
 			t.Cleanup(func() { reg.Close() })
 			r.regions = append(r.regions, reg)
-			r.shared = append(r.shared, reg.Wrap(s, globalZone, globalLimit.EmissionInterval))
+			r.shared = append(r.shared, reg.Wrap(s, globalZone, globalLimit))
 		}
 		f.regions = append(f.regions, r)
 	}
