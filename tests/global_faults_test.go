@@ -3,7 +3,7 @@ package tests
 // Multi-region budgets under faults of the global store and its links:
 // hung, cut past the lease, replies dropped, restarted empty, and a stale
 // coordinator. Each bounds Σ shares ≤ 1 by sampling every instance's
-// applied share every 100 ms.
+// applied share every 20 ms.
 
 import (
 	"context"

@@ -55,6 +55,13 @@ func startGlobalFleet(t *testing.T, interval, lease time.Duration) *globalFleet 
 // logger, when not nil, is every region's logger.
 func startGlobalFleetIn(t *testing.T, mode string, interval, lease time.Duration, logger *zap.Logger) *globalFleet {
 	t.Helper()
+	return startGlobalFleetTimeout(t, mode, interval, lease, 200*time.Millisecond, logger)
+}
+
+// startGlobalFleetTimeout is startGlobalFleetIn with the regional stores'
+// timeout.
+func startGlobalFleetTimeout(t *testing.T, mode string, interval, lease, timeout time.Duration, logger *zap.Logger) *globalFleet {
+	t.Helper()
 	f := &globalFleet{t: t, global: startRedis(t), interval: interval, lease: lease}
 	for _, name := range []string{"eu", "us"} {
 		r := &testRegion{name: name, redis: startRedis(t)}
@@ -66,14 +73,14 @@ func startGlobalFleetIn(t *testing.T, mode string, interval, lease time.Duration
 			r.links = append(r.links, link)
 			if mode == "async" {
 				a, err := distributed.OpenAsync(distributed.Options{Addresses: []string{link.Addr}, Mode: "async",
-					SyncInterval: 50 * time.Millisecond, Timeout: 200 * time.Millisecond, Instance: nextTestInstance()}, nil)
+					SyncInterval: 50 * time.Millisecond, Timeout: timeout, Instance: nextTestInstance()}, nil)
 				if err != nil {
 					t.Fatal(err)
 				}
 				t.Cleanup(func() { a.Close() })
 				s = a
 			} else {
-				s = openStore(t, distributed.Options{Addresses: []string{link.Addr}, Timeout: 200 * time.Millisecond}, nil)
+				s = openStore(t, distributed.Options{Addresses: []string{link.Addr}, Timeout: timeout}, nil)
 			}
 			reg, err := distributed.OpenRegion(s, distributed.RegionOptions{
 				Region:       name,
@@ -133,12 +140,12 @@ func (f *globalFleet) drive(i int, key string, rate int, stop <-chan struct{}, w
 	}()
 }
 
-// sampleShares checks Σ shares ≤ 1 for key every 100 ms until stop.
+// sampleShares checks Σ shares ≤ 1 for key every 20 ms until stop.
 func (f *globalFleet) sampleShares(key string, stop <-chan struct{}, wg *sync.WaitGroup, worst *atomic.Int64) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		tick := time.NewTicker(100 * time.Millisecond)
+		tick := time.NewTicker(20 * time.Millisecond)
 		defer tick.Stop()
 		for {
 			select {
