@@ -238,22 +238,23 @@ func keyShare(z *zones.Zone, key string) (*float64, string) {
 // the share changes applied, and the zone's keys whose share is not the
 // region's weight.
 type globalCollector struct {
-	syncs, failures, latency, changes, keys *prometheus.Desc
+	syncs, failures, latency, changes, keys, coordinator *prometheus.Desc
 }
 
 func newGlobalCollector(prefix string) *globalCollector {
 	zone := []string{"zone"}
 	return &globalCollector{
-		syncs:    prometheus.NewDesc(prefix+"_syncs_total", "Syncs this instance sent to the global store as its region's coordinator.", zone, nil),
-		failures: prometheus.NewDesc(prefix+"_sync_failures_total", "Syncs with the global store that got no answer (the region keeps its last shares).", zone, nil),
-		latency:  prometheus.NewDesc(prefix+"_sync_seconds", "How long the last sync with the global store took.", zone, nil),
-		changes:  prometheus.NewDesc(prefix+"_share_changes_total", "Shares of keys the global store changed for this region.", zone, nil),
-		keys:     prometheus.NewDesc(prefix+"_keys", "Keys of the zone whose region share is not the region's weight (coordinated keys).", zone, nil),
+		syncs:       prometheus.NewDesc(prefix+"_syncs_total", "Syncs this instance sent to the global store as its region's coordinator.", zone, nil),
+		failures:    prometheus.NewDesc(prefix+"_sync_failures_total", "Syncs with the global store that got no answer (the region keeps its last shares).", zone, nil),
+		latency:     prometheus.NewDesc(prefix+"_sync_seconds", "How long the last sync with the global store took.", zone, nil),
+		changes:     prometheus.NewDesc(prefix+"_share_changes_total", "Shares of keys the global store changed for this region.", zone, nil),
+		keys:        prometheus.NewDesc(prefix+"_keys", "Keys of the zone whose region share is not the region's weight (coordinated keys).", zone, nil),
+		coordinator: prometheus.NewDesc(prefix+"_coordinator", "1 while this instance coordinates its region's global shares (holds the region's lock), else 0.", zone, nil),
 	}
 }
 
 func (c *globalCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.syncs, c.failures, c.latency, c.changes, c.keys} {
+	for _, d := range []*prometheus.Desc{c.syncs, c.failures, c.latency, c.changes, c.keys, c.coordinator} {
 		ch <- d
 	}
 }
@@ -271,5 +272,10 @@ func (c *globalCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.latency, prometheus.GaugeValue, time.Duration(st.LastLatency.Load()).Seconds(), name)
 		ch <- prometheus.MustNewConstMetric(c.changes, prometheus.CounterValue, float64(st.ShareChanges.Load()), name)
 		ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(r.Coordinated(name)), name)
+		coordinating := 0.0
+		if st.Coordinating.Load() {
+			coordinating = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.coordinator, prometheus.GaugeValue, coordinating, name)
 	}
 }

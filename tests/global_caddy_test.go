@@ -22,29 +22,7 @@ func TestGlobalZoneSharedByCaddyInTwoRegions(t *testing.T) {
 		regional := startRedis(t)
 		link := startRedisProxy(t, global.Addr)
 		link.SetLatency(50*time.Millisecond, 100*time.Millisecond)
-		c := startCaddy(t, `http:// {
-	rate_limit {
-		zone api {
-			key {http.request.header.X-API-Key}
-			events 600
-			window 1m
-			burst 20
-			scope global
-		}
-		distributed {
-			redis redis://`+regional.Addr+`
-			region `+name+`
-			global {
-				redis redis://`+link.Addr+`
-				regions eu:1 us:1
-				sync_interval 200ms
-				lease 5s
-			}
-		}
-	}
-	respond "ok"
-}
-`)
+		c := startCaddy(t, globalSite(regional.Addr, name, link.Addr))
 		regions = append(regions, region{name, c})
 	}
 	var admitted []int64
@@ -104,6 +82,35 @@ func TestGlobalZoneSharedByCaddyInTwoRegions(t *testing.T) {
 	if v, ok := metricValue(samples, "caddy_rate_limit_global_syncs_total", map[string]string{"zone": "api"}); !ok || v == 0 {
 		t.Errorf("caddy_rate_limit_global_syncs_total{zone=api} = %v (%v), want > 0", v, ok)
 	}
+}
+
+// globalSite is the site of a Caddy in region name: the zone api of scope
+// global (600/min, burst 20) over the regional Redis at regional, the
+// global one at global (sync_interval 200ms, lease 5s).
+func globalSite(regional, name, global string) string {
+	return `http:// {
+	rate_limit {
+		zone api {
+			key {http.request.header.X-API-Key}
+			events 600
+			window 1m
+			burst 20
+			scope global
+		}
+		distributed {
+			redis redis://` + regional + `
+			region ` + name + `
+			global {
+				redis redis://` + global + `
+				regions eu:1 us:1
+				sync_interval 200ms
+				lease 5s
+			}
+		}
+	}
+	respond "ok"
+}
+`
 }
 
 func deref(f *float64) any {
