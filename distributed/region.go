@@ -364,6 +364,20 @@ func (r *Region) count(zone, key string, allowed bool, cost int64) {
 	z.cmu.Unlock()
 }
 
+// take returns the zone's counts (admitted, denied) since the last take
+// and starts afresh.
+func (z *regionZone) take() map[string][2]int64 {
+	z.cmu.Lock()
+	counts := z.counts
+	z.counts = make(map[string]*[2]int64, len(counts))
+	z.cmu.Unlock()
+	out := make(map[string][2]int64, len(counts))
+	for k, c := range counts {
+		out[k] = *c
+	}
+	return out
+}
+
 func (r *Region) keys() []string {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
@@ -422,10 +436,7 @@ func (r *Region) poll() {
 	zs := r.zoneList()
 	args := []any{"poll", r.version, (10 * r.opts.SyncInterval).Milliseconds(), len(zs)}
 	for _, z := range zs {
-		z.cmu.Lock()
-		counts := z.counts
-		z.counts = make(map[string]*[2]int64, len(counts))
-		z.cmu.Unlock()
+		counts := z.take()
 		args = append(args, len(counts))
 		for k, c := range counts {
 			args = append(args, k, c[0], c[1])
