@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -159,6 +160,9 @@ type Region struct {
 
 	mu    sync.RWMutex
 	zones map[string]*regionZone
+	// zlook is a copy of zones for the decisions' lookups, replaced on
+	// AddZone: a decision takes no lock the others share
+	zlook atomic.Pointer[map[string]*regionZone]
 	names []string // zones in a fixed order, for the scripts' KEYS
 
 	floored atomic.Bool  // the region had no contact for a lease
@@ -193,12 +197,26 @@ type regionZone struct {
 	interval int64 // the zone's emission interval, ns (hot-key detection)
 	mu       sync.RWMutex
 	shares   map[string]int64 // applied by this instance
-	cmu      sync.Mutex
-	counts   map[string]*[2]int64 // admitted, denied since the last poll
+	// counts are the admitted and denied since the last take, per key
+	// (*counter): a key decided in the last poll's time costs a lock-free
+	// load and one atomic add; a counter idle for a whole poll is retired.
+	counts  sync.Map
+	counted atomic.Int64 // counters in counts, at most maxCounted
 }
 
-// maxCounted bounds the keys a zone counts between two polls.
+// maxCounted bounds the keys a zone counts: a key not counted yet is
+// dropped while maxCounted others were decided since the last poll but one.
 const maxCounted = 10_000
+
+// counter is one key's admitted and denied cost since the last take; a
+// retired counter holds dead in both (an add to it stays below deadBelow,
+// and the decision is counted again on a fresh counter).
+type counter struct{ n [2]atomic.Int64 }
+
+const (
+	dead      = math.MinInt64 / 2
+	deadBelow = math.MinInt64 / 4
+)
 
 // OpenRegion starts this instance's region over its regional store, which
 // must be a *Store or an *Async. It does not contact either Redis.
@@ -292,14 +310,21 @@ func (r *Region) AddZone(zone string, interval int64) {
 		z.interval = interval
 		return
 	}
-	r.zones[zone] = &regionZone{name: zone, interval: interval, shares: map[string]int64{}, counts: map[string]*[2]int64{}}
+	r.zones[zone] = &regionZone{name: zone, interval: interval, shares: map[string]int64{}}
 	r.names = append(r.names, zone)
+	look := make(map[string]*regionZone, len(r.zones))
+	for n, z := range r.zones {
+		look[n] = z
+	}
+	r.zlook.Store(&look)
 }
 
 func (r *Region) zone(name string) *regionZone {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	return r.zones[name]
+	look := r.zlook.Load()
+	if look == nil {
+		return nil
+	}
+	return (*look)[name]
 }
 
 // Share is this region's share of key in zone now (ppm): its floor while
@@ -340,41 +365,59 @@ func (r *Region) Coordinated(zone string) int {
 // Weight is this region's default share (ppm).
 func (r *Region) Weight() int64 { return r.weight }
 
-// count notes one decision of key for the region's demand.
+// count notes one decision of key for the region's demand: on the hot
+// path, a sync.Map load and an atomic add, no lock shared by the keys.
 func (r *Region) count(zone, key string, allowed bool, cost int64) {
 	z := r.zone(zone)
 	if z == nil {
 		return
 	}
-	z.cmu.Lock()
-	c := z.counts[key]
-	if c == nil {
-		if len(z.counts) >= maxCounted {
-			z.cmu.Unlock()
+	i := 1
+	if allowed {
+		i = 0
+	}
+	for {
+		v, ok := z.counts.Load(key)
+		if !ok {
+			if z.counted.Add(1) > maxCounted {
+				z.counted.Add(-1)
+				return
+			}
+			var loaded bool
+			if v, loaded = z.counts.LoadOrStore(key, new(counter)); loaded {
+				z.counted.Add(-1)
+			}
+		}
+		c := v.(*counter)
+		if c.n[i].Add(cost) > deadBelow {
 			return
 		}
-		c = new([2]int64)
-		z.counts[key] = c
+		// take retired this counter after a poll without decisions:
+		// count on a fresh one
+		z.counts.CompareAndDelete(key, v)
 	}
-	if allowed {
-		c[0] += cost
-	} else {
-		c[1] += cost
-	}
-	z.cmu.Unlock()
 }
 
 // take returns the zone's counts (admitted, denied) since the last take
-// and starts afresh.
+// and starts afresh. Every add that found its counter live happened
+// before take swapped it: each decision is in exactly one take.
 func (z *regionZone) take() map[string][2]int64 {
-	z.cmu.Lock()
-	counts := z.counts
-	z.counts = make(map[string]*[2]int64, len(counts))
-	z.cmu.Unlock()
-	out := make(map[string][2]int64, len(counts))
-	for k, c := range counts {
-		out[k] = *c
-	}
+	out := make(map[string][2]int64)
+	z.counts.Range(func(k, v any) bool {
+		c := v.(*counter)
+		a, d := c.n[0].Swap(0), c.n[1].Swap(0)
+		if a == 0 && d == 0 {
+			// idle since the last take: retire it, with whatever came
+			// in meanwhile
+			a, d = c.n[0].Swap(dead), c.n[1].Swap(dead)
+			z.counts.CompareAndDelete(k, v)
+			z.counted.Add(-1)
+		}
+		if a != 0 || d != 0 {
+			out[k.(string)] = [2]int64{a, d}
+		}
+		return true
+	})
 	return out
 }
 
