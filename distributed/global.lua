@@ -5,9 +5,15 @@
 --
 -- ARGV: 1 region, 2 fencing token, 3 epoch the region knows ("" none),
 -- 4 full (1: the region reports every holding and wants every grant),
--- 5 lease ms, 6 sync interval ms, 7 regions "name:weight,...",
+-- 5 lease ms, 6 demand TTL ms (how long a key's reported demand counts
+-- unless the region reports it again), 7 regions "name:weight,...",
 -- 8 global key prefix, 9 number of zones, then per zone:
 -- name, n, and n triples key, wants (ppm, -1 none), held (ppm).
+--
+-- A region reports only the keys whose demand or holding changed, or whose
+-- last report is getting old (see region_sync.go); a record keeps what each
+-- region last reported. A full report is complete: a region's demand of a
+-- key it did not report is dropped.
 --
 -- Reply: {"OK", epoch, learning, zone, n, key, grant, ..., zone, ...},
 -- {"EPOCH", epoch} (the region must report in full first) or {"FENCED"}.
@@ -18,7 +24,7 @@
 -- reporting what it holds. Hence sum of holdings <= C at every instant.
 local C = 1000000
 local region, token, known, full = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4] == '1'
-local lease, interval, prefix = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[8]
+local lease, dttl, prefix = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[8]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = 4 * lease
@@ -166,18 +172,19 @@ local function allocate(zone, key, wants, held)
 		if not live[n] and not learning then
 			g[n], a[n] = floor[n], floor[n]
 		end
-		local dt = h['t.' .. n]
+		-- x: when the region's demand lapses unless reported again
+		local dx = h['x.' .. n]
 		d[n] = 0
-		if dt and now - dt <= 3 * interval then d[n] = h['d.' .. n] or 0 end
+		if dx and now <= dx then d[n] = h['d.' .. n] or 0 end
 	end
 	a[region] = held
 	local fields = {}
 	if wants >= 0 then
 		d[region] = math.min(C, wants)
-		fields = {'d.' .. region, d[region], 't.' .. region, now}
+		fields = {'d.' .. region, d[region], 'x.' .. region, now + dttl}
 	else
 		d[region] = 0
-		if h['t.' .. region] then redis.call('HDEL', rk, 'd.' .. region, 't.' .. region) end
+		if h['x.' .. region] then redis.call('HDEL', rk, 'd.' .. region, 'x.' .. region) end
 	end
 	local tg, demanded = target(d)
 	if learning then
@@ -253,7 +260,13 @@ for _ = 1, tonumber(ARGV[9]) do
 	for _, key in ipairs(extra) do
 		if not reported[key] then
 			reported[key] = true
-			local gr = tonumber(redis.call('HGET', prefix .. 'g.z:' .. zone .. ':' .. key, 'g.' .. region))
+			local rk = prefix .. 'g.z:' .. zone .. ':' .. key
+			local m = redis.call('HMGET', rk, 'g.' .. region, 'x.' .. region)
+			if full and m[2] then
+				-- a full report is complete: no demand of this key
+				redis.call('HDEL', rk, 'd.' .. region, 'x.' .. region)
+			end
+			local gr = tonumber(m[1])
 			if gr == nil then gr = weight[region] end
 			grants[#grants + 1] = key
 			grants[#grants + 1] = gr

@@ -68,6 +68,12 @@ type RegionOptions struct {
 	// Instance names this instance as a coordinator candidate (default:
 	// the regional store's instance name).
 	Instance string
+	// Refresh is the longest the coordinator goes without reporting a key
+	// whose demand and holding did not change (default 10×SyncInterval,
+	// at most Lease/2; at least SyncInterval). The global store forgets a
+	// region's demand of a key 2×Refresh plus the global timeout and a
+	// sync interval after the region last reported it.
+	Refresh time.Duration
 }
 
 // DefaultGlobalSyncInterval and DefaultGlobalLease are RegionOptions'
@@ -109,6 +115,9 @@ func (o RegionOptions) Check() error {
 	if o.Lease < 2*o.SyncInterval {
 		return fmt.Errorf("global: lease %v is shorter than twice sync_interval %v: use lease %v or more", o.Lease, o.SyncInterval, 2*o.SyncInterval)
 	}
+	if o.Refresh < o.SyncInterval || o.Refresh > o.Lease/2 {
+		return fmt.Errorf("global: refresh %v must be from sync_interval %v to half the lease %v", o.Refresh, o.SyncInterval, o.Lease/2)
+	}
 	return nil
 }
 
@@ -118,6 +127,9 @@ func (o RegionOptions) withDefaults() RegionOptions {
 	}
 	if o.Lease <= 0 {
 		o.Lease = DefaultGlobalLease
+	}
+	if o.Refresh <= 0 {
+		o.Refresh = max(o.SyncInterval, min(10*o.SyncInterval, o.Lease/2))
 	}
 	if o.Global.Timeout <= 0 {
 		// Off the request path, across regions: a sync may take the
@@ -137,7 +149,7 @@ func (o RegionOptions) Key(regional string) string {
 		w = append(w, r.Name+":"+strconv.FormatInt(r.Weight, 10))
 	}
 	return strings.Join([]string{regional, o.Region, strings.Join(w, ","), o.Global.Key(),
-		o.SyncInterval.String(), o.Lease.String(), o.Instance}, "\x01")
+		o.SyncInterval.String(), o.Lease.String(), o.Instance, o.Refresh.String()}, "\x01")
 }
 
 // Region is this instance's view of its region's global shares, and its

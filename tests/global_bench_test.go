@@ -43,7 +43,8 @@ func benchGlobalContested(b *testing.B) {
 	regions := []string{"eu", "us", "ap"}
 	args := make([][]any, len(regions))
 	for i, r := range regions {
-		a := []any{r, 1, "", "1", 300000, 1000, "eu:1,us:1,ap:1", "tally:", 1, "api", benchHotKeys}
+		// lease 5m, demand TTL 21s (sync_interval 1s's default)
+		a := []any{r, 1, "", "1", 300000, 21000, "eu:1,us:1,ap:1", "tally:", 1, "api", benchHotKeys}
 		for k := range benchHotKeys {
 			// the reporting region is denied (wants everything) and holds
 			// a third
