@@ -17,13 +17,14 @@ type coordinator struct {
 	token     int64 // fencing token; 0: not the coordinator
 	lockedAt  int64 // monotime of the last lock renewal
 	held      map[string]map[string]*holding
-	sent      map[string]map[string]*lastReport // per zone, what the global store last heard of each key
-	epoch     string                            // of the global store, as last heard
-	full      bool                              // the next sync reports in full
-	contact   int64                             // monotime the last successful sync was sent; 0: none
+	epoch     string // of the global store, as last heard
+	full      bool   // the next sync reports in full
+	contact   int64  // monotime the last successful sync was sent; 0: none
 	lastSync  int64
 	confirmAt int64 // monotime a cut's margin ends (0: none pending)
 	down      bool  // an outage is being logged
+	// sent is, per zone, what the global store last heard of each key
+	sent map[string]map[string]*lastReport
 }
 
 // holding is one key's share as published in the region. After a cut the
@@ -457,7 +458,10 @@ func (r *Region) exchange(now int64, lockVal string, keys []string, reports []re
 		return failed
 	}
 	c.contact = sent
-	c.full = false
+	// A store still learning grants nothing beyond what regions hold:
+	// report in full until it is done, so that every key is allocated
+	// again once it may grant more.
+	c.full = v[2] == int64(1)
 	now = monotime.Now()
 	for _, u := range updates {
 		h := u.h
