@@ -196,14 +196,14 @@ func (r *Region) sync(now int64) {
 	}
 	full := c.full
 	reports := r.reports(now, raw, elapsed, floored)
-	switch r.exchange(now, lockVal, keys, reports, floored) {
+	switch r.exchange(lockVal, keys, reports, floored) {
 	case exchanged:
 		r.noteSent(now, reports, full)
 	case epochChanged:
 		// the global store lost its state: every holding and demand, in
 		// full, at once
 		reports = r.reports(now, raw, elapsed, floored)
-		if r.exchange(now, lockVal, keys, reports, floored) == exchanged {
+		if r.exchange(lockVal, keys, reports, floored) == exchanged {
 			r.noteSent(now, reports, true)
 		}
 	}
@@ -333,7 +333,7 @@ const (
 )
 
 // exchange sends the reports to the global store and publishes the grants.
-func (r *Region) exchange(now int64, lockVal string, keys []string, reports []report, floored bool) int {
+func (r *Region) exchange(lockVal string, keys []string, reports []report, floored bool) int {
 	c := &r.coord
 	args := []any{r.opts.Region, c.token, c.epoch, boolArg(c.full), r.opts.Lease.Milliseconds(),
 		r.demandTTL().Milliseconds(), r.spec, r.gprefix, len(reports)}
@@ -394,7 +394,7 @@ func (r *Region) exchange(now int64, lockVal string, keys []string, reports []re
 		return failed
 	}
 	c.epoch = fmt.Sprint(v[1])
-	now = monotime.Now()
+	now := monotime.Now()
 	full := c.full
 	reported := map[string]map[string]int64{}
 	for _, rep := range reports {
