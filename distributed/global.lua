@@ -5,9 +5,15 @@
 --
 -- ARGV: 1 region, 2 fencing token, 3 epoch the region knows ("" none),
 -- 4 full (1: the region reports every holding and wants every grant),
--- 5 lease ms, 6 sync interval ms, 7 regions "name:weight,...",
+-- 5 lease ms, 6 demand TTL ms (how long a key's reported demand counts
+-- unless the region reports it again), 7 regions "name:weight,...",
 -- 8 global key prefix, 9 number of zones, then per zone:
 -- name, n, and n triples key, wants (ppm, -1 none), held (ppm).
+--
+-- A region reports only the keys whose demand or holding changed, or whose
+-- last report is getting old (see region_sync.go); a record keeps what each
+-- region last reported. A full report is complete: a region's demand of a
+-- key it did not report is dropped.
 --
 -- Reply: {"OK", epoch, learning, zone, n, key, grant, ..., zone, ...},
 -- {"EPOCH", epoch} (the region must report in full first) or {"FENCED"}.
@@ -18,7 +24,7 @@
 -- reporting what it holds. Hence sum of holdings <= C at every instant.
 local C = 1000000
 local region, token, known, full = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4] == '1'
-local lease, interval, prefix = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[8]
+local lease, dttl, prefix = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[8]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = 4 * lease
@@ -83,6 +89,14 @@ for _, n in ipairs(names) do
 	live[n] = s ~= nil and now - s <= 2 * lease
 end
 
+-- field names and the sort's order, made once per call (not per key)
+local gf, af, df, xf = {}, {}, {}, {}
+for _, n in ipairs(names) do
+	gf[n], af[n], df[n], xf[n] = 'g.' .. n, 'a.' .. n, 'd.' .. n, 'x.' .. n
+end
+local dem
+local function byDemand(a, b) return dem[a] * weight[b] < dem[b] * weight[a] end
+
 local function target(demand)
 	-- weighted fair share (water-filling) among regions with demand,
 	-- idle regions at their floor, leftover to the demanding ones
@@ -100,7 +114,8 @@ local function target(demand)
 		for _, n in ipairs(names) do tg[n] = weight[n] end
 		return tg, false
 	end
-	table.sort(want, function(a, b) return demand[a] * weight[b] < demand[b] * weight[a] end)
+	dem = demand
+	table.sort(want, byDemand)
 	local done = {}
 	for i, n in ipairs(want) do
 		local fair = math.floor(left * weight[n] / wl)
@@ -148,36 +163,42 @@ local function pending(n, zone, key)
 	later(prefix .. 'g.p:' .. zone .. ':' .. n, adds, key)
 end
 
--- allocate one key the region reports; returns the region's grant
-local function allocate(zone, key, wants, held)
-	local rk = prefix .. 'g.z:' .. zone .. ':' .. key
+-- allocate one key the region reports (its record is zp .. key); returns
+-- the region's grant. The record is written only where it changed, its TTL
+-- renewed once per lease (e: when it last was).
+local function allocate(zp, zone, key, wants, held)
+	local rk = zp .. key
 	local raw = redis.call('HGETALL', rk)
 	if #raw == 0 and wants < 0 and held == weight[region] then
 		return held -- a default holding no region pushes against
 	end
 	local h = {}
-	for i = 1, #raw, 2 do h[raw[i]] = tonumber(raw[i + 1]) end
-	local g, a, d = {}, {}, {}
+	for i = 1, #raw, 2 do h[raw[i]] = raw[i + 1] end
+	local g, a, d, g0, a0 = {}, {}, {}, {}, {}
 	for _, n in ipairs(names) do
-		local init = weight[n]
-		if not live[n] and not learning then init = floor[n] end
-		g[n] = h['g.' .. n] or init
-		a[n] = h['a.' .. n] or init
+		local gn, an = tonumber(h[gf[n]]), tonumber(h[af[n]])
+		g0[n], a0[n] = gn, an
 		if not live[n] and not learning then
-			g[n], a[n] = floor[n], floor[n]
+			gn, an = floor[n], floor[n]
 		end
-		local dt = h['t.' .. n]
+		g[n] = gn or weight[n]
+		a[n] = an or weight[n]
+		-- x: when the region's demand lapses unless reported again
+		local dx = tonumber(h[xf[n]])
 		d[n] = 0
-		if dt and now - dt <= 3 * interval then d[n] = h['d.' .. n] or 0 end
+		if dx and now <= dx then d[n] = tonumber(h[df[n]]) or 0 end
 	end
 	a[region] = held
-	local fields = {}
+	local fields, nf = {}, 0
 	if wants >= 0 then
 		d[region] = math.min(C, wants)
-		fields = {'d.' .. region, d[region], 't.' .. region, now}
+		if tonumber(h[df[region]]) ~= d[region] then
+			fields[1], fields[2], nf = df[region], d[region], 2
+		end
+		fields[nf + 1], fields[nf + 2], nf = xf[region], now + dttl, nf + 2
 	else
 		d[region] = 0
-		if h['t.' .. region] then redis.call('HDEL', rk, 'd.' .. region, 't.' .. region) end
+		if h[xf[region]] then redis.call('HDEL', rk, df[region], xf[region]) end
 	end
 	local tg, demanded = target(d)
 	if learning then
@@ -217,13 +238,18 @@ local function allocate(zone, key, wants, held)
 		return g[region]
 	end
 	for _, n in ipairs(names) do
-		fields[#fields + 1] = 'g.' .. n
-		fields[#fields + 1] = g[n]
-		fields[#fields + 1] = 'a.' .. n
-		fields[#fields + 1] = a[n]
+		if g[n] ~= g0[n] then
+			fields[nf + 1], fields[nf + 2], nf = gf[n], g[n], nf + 2
+		end
+		if a[n] ~= a0[n] then
+			fields[nf + 1], fields[nf + 2], nf = af[n], a[n], nf + 2
+		end
 	end
-	redis.call('HSET', rk, unpack(fields))
-	redis.call('PEXPIRE', rk, ttl)
+	local e = tonumber(h.e)
+	local renew = not e or now - e >= lease
+	if renew then fields[nf + 1], fields[nf + 2], nf = 'e', now, nf + 2 end
+	if nf > 0 then redis.call('HSET', rk, unpack(fields, 1, nf)) end
+	if renew then redis.call('PEXPIRE', rk, ttl) end
 	if #raw == 0 then later(prefix .. 'g.zk:' .. zone, adds, key) end
 	return g[region]
 end
@@ -234,11 +260,12 @@ for _ = 1, tonumber(ARGV[9]) do
 	local zone, n = ARGV[i], tonumber(ARGV[i + 1])
 	i = i + 2
 	local grants, reported = {}, {}
+	local zp = prefix .. 'g.z:' .. zone .. ':'
 	for _ = 1, n do
 		local key = ARGV[i]
 		reported[key] = true
 		grants[#grants + 1] = key
-		grants[#grants + 1] = allocate(zone, key, tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]))
+		grants[#grants + 1] = allocate(zp, zone, key, tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]))
 		i = i + 3
 	end
 	flush()
@@ -253,7 +280,13 @@ for _ = 1, tonumber(ARGV[9]) do
 	for _, key in ipairs(extra) do
 		if not reported[key] then
 			reported[key] = true
-			local gr = tonumber(redis.call('HGET', prefix .. 'g.z:' .. zone .. ':' .. key, 'g.' .. region))
+			local rk = prefix .. 'g.z:' .. zone .. ':' .. key
+			local m = redis.call('HMGET', rk, 'g.' .. region, 'x.' .. region)
+			if full and m[2] then
+				-- a full report is complete: no demand of this key
+				redis.call('HDEL', rk, 'd.' .. region, 'x.' .. region)
+			end
+			local gr = tonumber(m[1])
 			if gr == nil then gr = weight[region] end
 			grants[#grants + 1] = key
 			grants[#grants + 1] = gr

@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -68,6 +69,12 @@ type RegionOptions struct {
 	// Instance names this instance as a coordinator candidate (default:
 	// the regional store's instance name).
 	Instance string
+	// Refresh is the longest the coordinator goes without reporting a key
+	// whose demand and holding did not change (default 10×SyncInterval,
+	// at most Lease/2; at least SyncInterval). The global store forgets a
+	// region's demand of a key 2×Refresh plus the global timeout and a
+	// sync interval after the region last reported it.
+	Refresh time.Duration
 }
 
 // DefaultGlobalSyncInterval and DefaultGlobalLease are RegionOptions'
@@ -109,6 +116,9 @@ func (o RegionOptions) Check() error {
 	if o.Lease < 2*o.SyncInterval {
 		return fmt.Errorf("global: lease %v is shorter than twice sync_interval %v: use lease %v or more", o.Lease, o.SyncInterval, 2*o.SyncInterval)
 	}
+	if o.Refresh < o.SyncInterval || o.Refresh > o.Lease/2 {
+		return fmt.Errorf("global: refresh %v must be from sync_interval %v to half the lease %v", o.Refresh, o.SyncInterval, o.Lease/2)
+	}
 	return nil
 }
 
@@ -118,6 +128,9 @@ func (o RegionOptions) withDefaults() RegionOptions {
 	}
 	if o.Lease <= 0 {
 		o.Lease = DefaultGlobalLease
+	}
+	if o.Refresh <= 0 {
+		o.Refresh = max(o.SyncInterval, min(10*o.SyncInterval, o.Lease/2))
 	}
 	if o.Global.Timeout <= 0 {
 		// Off the request path, across regions: a sync may take the
@@ -137,7 +150,7 @@ func (o RegionOptions) Key(regional string) string {
 		w = append(w, r.Name+":"+strconv.FormatInt(r.Weight, 10))
 	}
 	return strings.Join([]string{regional, o.Region, strings.Join(w, ","), o.Global.Key(),
-		o.SyncInterval.String(), o.Lease.String(), o.Instance}, "\x01")
+		o.SyncInterval.String(), o.Lease.String(), o.Instance, o.Refresh.String()}, "\x01")
 }
 
 // Region is this instance's view of its region's global shares, and its
@@ -161,6 +174,9 @@ type Region struct {
 
 	mu    sync.RWMutex
 	zones map[string]*regionZone
+	// zlook is a copy of zones for the decisions' lookups, replaced on
+	// AddZone: a decision takes no lock the others share
+	zlook atomic.Pointer[map[string]*regionZone]
 	names []string // zones in a fixed order, for the scripts' KEYS
 
 	floored atomic.Bool  // the region had no contact for a lease
@@ -196,12 +212,26 @@ type regionZone struct {
 	burst    int64 // the zone's burst (raises in a strict region)
 	mu       sync.RWMutex
 	shares   map[string]int64 // applied by this instance
-	cmu      sync.Mutex
-	counts   map[string]*[2]int64 // admitted, denied since the last poll
+	// counts are the admitted and denied since the last take, per key
+	// (*counter): a key decided in the last poll's time costs a lock-free
+	// load and one atomic add; a counter idle for a whole poll is retired.
+	counts  sync.Map
+	counted atomic.Int64 // counters in counts, at most maxCounted
 }
 
-// maxCounted bounds the keys a zone counts between two polls.
+// maxCounted bounds the keys a zone counts: a key not counted yet is
+// dropped while maxCounted others were decided since the last poll but one.
 const maxCounted = 10_000
+
+// counter is one key's admitted and denied cost since the last take; a
+// retired counter holds dead in both (an add to it stays below deadBelow,
+// and the decision is counted again on a fresh counter).
+type counter struct{ n [2]atomic.Int64 }
+
+const (
+	dead      = math.MinInt64 / 2
+	deadBelow = math.MinInt64 / 4
+)
 
 // OpenRegion starts this instance's region over its regional store, which
 // must be a *Store or an *Async. It does not contact either Redis.
@@ -298,14 +328,21 @@ func (r *Region) AddZone(zone string, limit algorithms.Limit) {
 		z.interval, z.burst = limit.EmissionInterval, limit.Burst
 		return
 	}
-	r.zones[zone] = &regionZone{name: zone, interval: limit.EmissionInterval, burst: limit.Burst, shares: map[string]int64{}, counts: map[string]*[2]int64{}}
+	r.zones[zone] = &regionZone{name: zone, interval: limit.EmissionInterval, burst: limit.Burst, shares: map[string]int64{}}
 	r.names = append(r.names, zone)
+	look := make(map[string]*regionZone, len(r.zones))
+	for n, z := range r.zones {
+		look[n] = z
+	}
+	r.zlook.Store(&look)
 }
 
 func (r *Region) zone(name string) *regionZone {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	return r.zones[name]
+	look := r.zlook.Load()
+	if look == nil {
+		return nil
+	}
+	return (*look)[name]
 }
 
 // Share is this region's share of key in zone now (ppm): its floor while
@@ -346,28 +383,60 @@ func (r *Region) Coordinated(zone string) int {
 // Weight is this region's default share (ppm).
 func (r *Region) Weight() int64 { return r.weight }
 
-// count notes one decision of key for the region's demand.
+// count notes one decision of key for the region's demand: on the hot
+// path, a sync.Map load and an atomic add, no lock shared by the keys.
 func (r *Region) count(zone, key string, allowed bool, cost int64) {
 	z := r.zone(zone)
 	if z == nil {
 		return
 	}
-	z.cmu.Lock()
-	c := z.counts[key]
-	if c == nil {
-		if len(z.counts) >= maxCounted {
-			z.cmu.Unlock()
+	i := 1
+	if allowed {
+		i = 0
+	}
+	for {
+		v, ok := z.counts.Load(key)
+		if !ok {
+			if z.counted.Add(1) > maxCounted {
+				z.counted.Add(-1)
+				return
+			}
+			var loaded bool
+			if v, loaded = z.counts.LoadOrStore(key, new(counter)); loaded {
+				z.counted.Add(-1)
+			}
+		}
+		c := v.(*counter)
+		if c.n[i].Add(cost) > deadBelow {
 			return
 		}
-		c = new([2]int64)
-		z.counts[key] = c
+		// take retired this counter after a poll without decisions:
+		// count on a fresh one
+		z.counts.CompareAndDelete(key, v)
 	}
-	if allowed {
-		c[0] += cost
-	} else {
-		c[1] += cost
-	}
-	z.cmu.Unlock()
+}
+
+// take returns the zone's counts (admitted, denied) since the last take
+// and starts afresh. Every add that found its counter live happened
+// before take swapped it: each decision is in exactly one take.
+func (z *regionZone) take() map[string][2]int64 {
+	out := make(map[string][2]int64)
+	z.counts.Range(func(k, v any) bool {
+		c := v.(*counter)
+		a, d := c.n[0].Swap(0), c.n[1].Swap(0)
+		if a == 0 && d == 0 {
+			// idle since the last take: retire it, with whatever came
+			// in meanwhile
+			a, d = c.n[0].Swap(dead), c.n[1].Swap(dead)
+			z.counts.CompareAndDelete(k, v)
+			z.counted.Add(-1)
+		}
+		if a != 0 || d != 0 {
+			out[k.(string)] = [2]int64{a, d}
+		}
+		return true
+	})
+	return out
 }
 
 func (r *Region) keys() []string {
@@ -428,10 +497,7 @@ func (r *Region) poll() {
 	zs := r.zoneList()
 	args := []any{"poll", r.version, (10 * r.opts.SyncInterval).Milliseconds(), len(zs)}
 	for _, z := range zs {
-		z.cmu.Lock()
-		counts := z.counts
-		z.counts = make(map[string]*[2]int64, len(counts))
-		z.cmu.Unlock()
+		counts := z.take()
 		args = append(args, len(counts))
 		for k, c := range counts {
 			args = append(args, k, c[0], c[1])

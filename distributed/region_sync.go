@@ -26,6 +26,8 @@ type coordinator struct {
 	lastSync  int64
 	confirmAt int64 // monotime a cut's margin ends (0: none pending)
 	down      bool  // an outage is being logged
+	// sent is, per zone, what the global store last heard of each key
+	sent map[string]map[string]*lastReport
 }
 
 // holding is one key's share as published in the region. After a cut the
@@ -36,7 +38,57 @@ type holding struct {
 	prevUntil int64
 }
 
-func (c *coordinator) init() { c.held = map[string]map[string]*holding{} }
+// lastReport is what the coordinator last reported of a key, and when
+// (monotime): a sync reports only the keys whose report would differ
+// materially, or is due again (see due).
+type lastReport struct {
+	wants, held int64
+	at          int64
+}
+
+func (c *coordinator) init() {
+	c.held = map[string]map[string]*holding{}
+	c.sent = map[string]map[string]*lastReport{}
+}
+
+// due says whether a sync that is not in full reports key, from what the
+// region last reported of it (s, nil: nothing): a held share that changed
+// (a cut's confirmation among them), demand that appeared, disappeared or
+// moved by more than a tenth, or a last report older than the key's
+// refresh period (between 3/4 and all of Refresh, by the key's hash, so
+// that keys first reported together spread their refreshes).
+func (r *Region) due(s *lastReport, key string, wants, held, now int64) bool {
+	if s == nil || s.held != held || (s.wants < 0) != (wants < 0) {
+		return true
+	}
+	if wants >= 0 && 10*abs(wants-s.wants) > s.wants {
+		return true
+	}
+	refresh := int64(r.opts.Refresh)
+	return now-s.at >= refresh-int64(fnv32(key))%(refresh/4+1)
+}
+
+func abs(x int64) int64 {
+	if x < 0 {
+		return -x
+	}
+	return x
+}
+
+func fnv32(s string) uint32 {
+	h := uint32(2166136261)
+	for i := 0; i < len(s); i++ {
+		h = (h ^ uint32(s[i])) * 16777619
+	}
+	return h
+}
+
+// demandTTL is how long the global store keeps a region's reported demand
+// of a key: past two refresh periods, a sync's timeout and its interval,
+// a coordinator that still syncs has reported it again.
+func (r *Region) demandTTL() time.Duration {
+	return 2*r.opts.Refresh + r.opts.Global.Timeout + r.opts.SyncInterval
+}
 
 func (h *holding) reported(now int64) int64 {
 	if now < h.prevUntil {
@@ -134,6 +186,38 @@ func (r *Region) sync(now int64) {
 	if floored {
 		c.full = true
 	}
+	if c.confirmAt != 0 && now >= c.confirmAt {
+		// this sync confirms the cuts whose margin ended
+		c.confirmAt = 0
+		for _, held := range c.held {
+			for _, h := range held {
+				if h.prevUntil > now && (c.confirmAt == 0 || h.prevUntil < c.confirmAt) {
+					c.confirmAt = h.prevUntil
+				}
+			}
+		}
+	}
+	full := c.full
+	reports := r.reports(now, raw, elapsed, floored)
+	switch r.exchange(lockVal, keys, reports, floored) {
+	case exchanged:
+		r.noteSent(now, reports, full)
+	case epochChanged:
+		// the global store lost its state: every holding and demand, in
+		// full, at once
+		reports = r.reports(now, raw, elapsed, floored)
+		if r.exchange(lockVal, keys, reports, floored) == exchanged {
+			r.noteSent(now, reports, true)
+		}
+	}
+}
+
+// reports builds a sync's reports from the region's collected counts (raw)
+// and holdings: in full (c.full), every hot key and every holding;
+// otherwise only the keys due (see due), among them keys whose demand
+// disappeared since they were last reported.
+func (r *Region) reports(now int64, raw []any, elapsed int64, floored bool) []report {
+	c := &r.coord
 	zs := r.zoneList()
 	reports := make([]report, len(zs))
 	i := 0
@@ -143,6 +227,14 @@ func (r *Region) sync(now int64) {
 		if held == nil {
 			held = map[string]*holding{}
 			c.held[z.name] = held
+		}
+		last := c.sent[z.name]
+		add := func(key string, wants, hv int64) {
+			if c.full || r.due(last[key], key, wants, hv, now) {
+				rep.keys = append(rep.keys, key)
+				rep.wants = append(rep.wants, wants)
+				rep.held = append(rep.held, hv)
+			}
 		}
 		hot := map[string]bool{}
 		n := 0
@@ -184,9 +276,7 @@ func (r *Region) sync(now int64) {
 			if floored {
 				hv = r.floor
 			}
-			rep.keys = append(rep.keys, key)
-			rep.wants = append(rep.wants, wants)
-			rep.held = append(rep.held, hv)
+			add(key, wants, hv)
 		}
 		for key, h := range held {
 			if hot[key] {
@@ -196,33 +286,60 @@ func (r *Region) sync(now int64) {
 			if floored {
 				hv = r.floor
 			}
-			rep.keys = append(rep.keys, key)
-			rep.wants = append(rep.wants, -1)
-			rep.held = append(rep.held, hv)
+			add(key, -1, hv)
+		}
+		for key, s := range last {
+			if hot[key] || held[key] != nil || s.wants < 0 {
+				continue
+			}
+			// demand last reported, neither hot nor held now: gone
+			hv := r.weight
+			if floored {
+				hv = r.floor
+			}
+			add(key, -1, hv)
 		}
 		reports[zi] = rep
 	}
-	if c.confirmAt != 0 && now >= c.confirmAt {
-		// this sync confirms the cuts whose margin ended
-		c.confirmAt = 0
-		for _, held := range c.held {
-			for _, h := range held {
-				if h.prevUntil > now && (c.confirmAt == 0 || h.prevUntil < c.confirmAt) {
-					c.confirmAt = h.prevUntil
-				}
+	return reports
+}
+
+// noteSent records what the global store heard: after a full sync only
+// that, after another on top of what it had heard. A key with no demand
+// and no holding is forgotten (its record is at the defaults).
+func (r *Region) noteSent(now int64, reports []report, full bool) {
+	c := &r.coord
+	for _, rep := range reports {
+		last := c.sent[rep.zone]
+		if last == nil || full {
+			last = map[string]*lastReport{}
+			c.sent[rep.zone] = last
+		}
+		for j, k := range rep.keys {
+			last[k] = &lastReport{wants: rep.wants[j], held: rep.held[j], at: now}
+		}
+		held := c.held[rep.zone]
+		for k, s := range last {
+			if s.wants < 0 && held[k] == nil {
+				delete(last, k)
 			}
 		}
 	}
-	r.exchange(now, lockVal, keys, reports, floored, true)
 }
 
-// exchange sends the reports to the global store and publishes the grants;
-// retry says whether an epoch change may be answered by one more, full,
-// exchange at once.
-func (r *Region) exchange(now int64, lockVal string, keys []string, reports []report, floored, retry bool) {
+// The outcomes of an exchange.
+const (
+	exchanged    = iota // granted and published
+	failed              // no reply, or not published: the next sync is in full
+	epochChanged        // the global store has a new epoch: report in full
+	fenced              // another coordinator took over
+)
+
+// exchange sends the reports to the global store and publishes the grants.
+func (r *Region) exchange(lockVal string, keys []string, reports []report, floored bool) int {
 	c := &r.coord
 	args := []any{r.opts.Region, c.token, c.epoch, boolArg(c.full), r.opts.Lease.Milliseconds(),
-		r.opts.SyncInterval.Milliseconds(), r.spec, r.gprefix, len(reports)}
+		r.demandTTL().Milliseconds(), r.spec, r.gprefix, len(reports)}
 	for _, rep := range reports {
 		args = append(args, rep.zone, len(rep.keys))
 		for j, k := range rep.keys {
@@ -254,7 +371,7 @@ func (r *Region) exchange(now int64, lockVal string, keys []string, reports []re
 		pctx, pcancel := context.WithTimeout(context.Background(), 2*r.timeout+r.pollInterval())
 		defer pcancel()
 		r.publish(pctx, lockVal, keys, nil, -1, false) // the TTLs only
-		return
+		return failed
 	}
 	switch fmt.Sprint(v[0]) {
 	case "FENCED":
@@ -262,18 +379,13 @@ func (r *Region) exchange(now int64, lockVal string, keys []string, reports []re
 		r.logger.Warn("the global store refused this region's coordinator as stale (another took over)", zap.String("region", r.opts.Region))
 		c.token = 0
 		r.stats.Coordinating.Store(false)
-		return
+		return fenced
 	case "EPOCH":
 		if len(v) > 1 {
 			c.epoch = fmt.Sprint(v[1])
 		}
 		c.full = true
-		if retry {
-			// every holding is in the reports already: only the flag
-			// changes
-			r.exchange(now, lockVal, keys, reports, floored, false)
-		}
-		return
+		return epochChanged
 	}
 	r.stats.Contacts.Add(1)
 	if c.down {
@@ -281,10 +393,11 @@ func (r *Region) exchange(now int64, lockVal string, keys []string, reports []re
 		r.logger.Info("global store reachable again", zap.String("region", r.opts.Region))
 	}
 	if len(v) < 3 {
-		return
+		c.full = true
+		return failed
 	}
 	c.epoch = fmt.Sprint(v[1])
-	now = monotime.Now()
+	now := monotime.Now()
 	full := c.full
 	reported := map[string]map[string]int64{}
 	for _, rep := range reports {
@@ -349,10 +462,13 @@ func (r *Region) exchange(now int64, lockVal string, keys []string, reports []re
 	defer pcancel()
 	if !r.plant(pctx, raised) || !r.publish(pctx, lockVal, keys, changes, (now-sent)/int64(time.Millisecond), full) {
 		c.full = true // what was granted was not applied: ask for it all again
-		return
+		return failed
 	}
 	c.contact = sent
-	c.full = false
+	// A store still learning grants nothing beyond what regions hold:
+	// report in full until it is done, so that every key is allocated
+	// again once it may grant more.
+	c.full = v[2] == int64(1)
 	now = monotime.Now()
 	for _, u := range updates {
 		h := u.h
@@ -373,6 +489,7 @@ func (r *Region) exchange(now int64, lockVal string, keys []string, reports []re
 			delete(u.held, u.key) // the global store knows it is back to the weight
 		}
 	}
+	return exchanged
 }
 
 // raise is a key's share rising, from what the region applied.

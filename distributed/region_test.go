@@ -34,6 +34,12 @@ func TestRegionOptionsNameTheFix(t *testing.T) {
 	if err := ok.Check(); err != nil {
 		t.Fatal(err)
 	}
+	if d := ok.withDefaults().Refresh; d != 10*time.Second {
+		t.Errorf("default refresh %v, want 10 × sync_interval (10s)", d)
+	}
+	if d := (RegionOptions{SyncInterval: time.Second, Lease: 4 * time.Second}).withDefaults().Refresh; d != 2*time.Second {
+		t.Errorf("default refresh with lease 4s: %v, want half the lease (2s)", d)
+	}
 	for _, c := range []struct {
 		change func(*RegionOptions)
 		want   string
@@ -43,6 +49,8 @@ func TestRegionOptionsNameTheFix(t *testing.T) {
 		{func(o *RegionOptions) { o.Regions[1].Weight = 0 }, "weight must be a whole number from 1"},
 		{func(o *RegionOptions) { o.Lease = time.Second }, "lease 1s is shorter than twice sync_interval 1s: use lease 2s or more"},
 		{func(o *RegionOptions) { o.Regions = nil }, "regions is required"},
+		{func(o *RegionOptions) { o.Refresh = time.Hour }, "refresh 1h0m0s must be from sync_interval 1s to half the lease 30s"},
+		{func(o *RegionOptions) { o.Refresh = time.Millisecond }, "refresh 1ms must be from sync_interval 1s"},
 	} {
 		o := ok
 		o.Regions = append([]RegionWeight(nil), ok.Regions...)

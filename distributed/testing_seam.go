@@ -166,3 +166,27 @@ func (r *Region) HoldNextSync() (held <-chan chan struct{}) {
 	r.hold.Store(&c)
 	return c
 }
+
+// Count notes decisions of key in zone for the region's demand, as a scope
+// global decision through Wrap's store does, without deciding: for
+// benchmarks and tests that drive many keys.
+func (r *Region) Count(zone, key string, allowed bool, cost int64) {
+	r.count(zone, key, allowed, cost)
+}
+
+// SyncNow pushes this instance's counts, takes or renews the region's
+// coordinator lock and, when it holds it, syncs with the global store once
+// and reads back what it published; it reports whether it synced. It is
+// for benchmarks and tests whose SyncInterval is longer than they run: it
+// must not run alongside the region's own loops.
+func (r *Region) SyncNow() bool {
+	r.poll()
+	now := monotime.Now()
+	r.lock(now)
+	if r.coord.token == 0 {
+		return false
+	}
+	r.sync(now)
+	r.poll()
+	return true
+}

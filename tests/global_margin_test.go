@@ -21,7 +21,7 @@ import (
 // that; with none, us is raised within a second of the cut, while the slow
 // instance still applies its old share, and Σ shares passes the whole limit.
 func TestGlobalCutIsConfirmedOnlyOnceASlowInstanceAppliedIt(t *testing.T) {
-	f := startGlobalFleetTimeout(t, "strict", testInterval, 10*time.Second, 2500*time.Millisecond, nil)
+	f := startGlobalFleetWith(t, fleetOptions{mode: "strict", interval: testInterval, lease: 10 * time.Second, timeout: 2500 * time.Millisecond}, nil)
 	f.waitContact()
 	stop := f.demandIn(0, "k")
 	eu := f.regions[0]

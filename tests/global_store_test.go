@@ -8,6 +8,7 @@ package tests
 import (
 	"context"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -55,12 +56,23 @@ func startGlobalFleet(t *testing.T, interval, lease time.Duration) *globalFleet 
 // logger, when not nil, is every region's logger.
 func startGlobalFleetIn(t *testing.T, mode string, interval, lease time.Duration, logger *zap.Logger) *globalFleet {
 	t.Helper()
-	return startGlobalFleetTimeout(t, mode, interval, lease, 200*time.Millisecond, logger)
+	return startGlobalFleetWith(t, fleetOptions{mode: mode, interval: interval, lease: lease}, logger)
 }
 
-// startGlobalFleetTimeout is startGlobalFleetIn with the regional stores'
-// timeout.
-func startGlobalFleetTimeout(t *testing.T, mode string, interval, lease, timeout time.Duration, logger *zap.Logger) *globalFleet {
+// fleetOptions are a test fleet's settings beyond startGlobalFleetIn's:
+// the regional stores' timeout (0: 200 ms) and the regions' Refresh (0:
+// the default).
+type fleetOptions struct {
+	mode                              string
+	interval, lease, timeout, refresh time.Duration
+}
+
+// startGlobalFleetWith is startGlobalFleetIn with every setting.
+func startGlobalFleetWith(t *testing.T, o fleetOptions, logger *zap.Logger) *globalFleet {
+	mode, interval, lease, timeout, refresh := o.mode, o.interval, o.lease, o.timeout, o.refresh
+	if timeout == 0 {
+		timeout = 200 * time.Millisecond
+	}
 	t.Helper()
 	f := &globalFleet{t: t, global: startRedis(t), interval: interval, lease: lease}
 	for _, name := range []string{"eu", "us"} {
@@ -88,6 +100,7 @@ func startGlobalFleetTimeout(t *testing.T, mode string, interval, lease, timeout
 				Global:       distributed.Options{Addresses: []string{r.proxy.Addr}, Timeout: time.Second},
 				SyncInterval: interval,
 				Lease:        lease,
+				Refresh:      refresh,
 			}, logger)
 			if err != nil {
 				t.Fatal(err)
@@ -279,4 +292,133 @@ func TestGlobalSharesApplyInAsyncMode(t *testing.T) {
 	// lifetime L = 30 × 50 ms (once: the regions' rates sum to 1/T), and
 	// (N−1)·max(1, ⌊B_r/N⌋) per region, N = 2, B_r ≤ 19.
 	f.checkBoundPlus(1500/100+2*9, time.Second, 3*time.Second)
+}
+
+// A region that keeps demanding a key it was cut on reports nothing new but
+// the share it holds: that report alone confirms the cut and lets the
+// other region have its part. Refresh is a minute here, so the cut moves
+// within the test only if the confirmation is reported when the holding
+// changes.
+func TestGlobalCutIsConfirmedByTheHoldingAloneWhileDemandIsUnchanged(t *testing.T) {
+	f := startGlobalFleetWith(t, fleetOptions{mode: "strict", interval: testInterval, lease: 5 * time.Minute, refresh: time.Minute}, nil)
+	f.waitContact()
+	check := f.sumGuard("k")
+	euStop := f.demandIn(0, "k") // eu denied: it wants the whole limit
+	defer euStop()
+	var wg sync.WaitGroup
+	usStop := make(chan struct{})
+	f.drive(1, "k", 40, usStop, &wg)
+	defer func() { close(usStop); wg.Wait() }()
+	// Both want everything: half each, once eu confirmed its cut.
+	took := f.waitShare(1, "k", distributed.ShareScale*45/100, 15*time.Second)
+	t.Logf("us reached 45%% of the limit %v after it started demanding", took)
+	if s := f.share(0, "k"); s > distributed.ShareScale*55/100 {
+		t.Errorf("eu still holds %d of k while both regions demand it", s)
+	}
+	check()
+}
+
+// A region that keeps pushing a key with the same demand re-reports it
+// within Refresh: the global store never lets that demand lapse (its
+// record's x.<region>, the demand's deadline, stays ahead of Redis's
+// clock), however long the demand lasts.
+func TestGlobalUnchangedDemandDoesNotLapseWhileTheRegionPushes(t *testing.T) {
+	const refresh = 2 * testInterval
+	f := startGlobalFleetWith(t, fleetOptions{mode: "strict", interval: testInterval, lease: 5 * time.Second, refresh: refresh}, nil)
+	f.waitContact()
+	stop := f.demandIn(0, "k")
+	defer stop()
+	gdb := f.global.Client()
+	ctx := context.Background()
+	// The demand TTL is 2 × Refresh + the global timeout (1s) + a sync
+	// interval: 2s. Watch three of them.
+	deadline := time.Now().Add(6 * time.Second)
+	changes, last := 0, ""
+	for time.Now().Before(deadline) {
+		m, err := gdb.HMGet(ctx, "tally:g.z:api:k", "d.eu", "x.eu").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		now, err := gdb.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		x, _ := m[1].(string)
+		lapse, _ := strconv.ParseInt(x, 10, 64)
+		if m[0] == nil || lapse < now.UnixMilli() {
+			t.Fatalf("eu's demand of k lapsed in the global store while eu still pushed it (d.eu %v, deadline %v, now %d)", m[0], m[1], now.UnixMilli())
+		}
+		if x != last {
+			changes++
+			last = x
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("eu's demand deadline moved %d times in 6s (sync interval %v, refresh %v)", changes, testInterval, refresh)
+}
+
+// A sync of a region whose demand did not change reports nothing of it
+// (the record's deadline stays put); one whose demand is gone says so (the
+// record loses the region's demand) without waiting for it to lapse.
+func TestGlobalSyncReportsOnlyWhatChanged(t *testing.T) {
+	global := startRedis(t)
+	gdb := global.Client()
+	ctx := context.Background()
+	var regs []*distributed.Region
+	for _, name := range []string{"eu", "us"} {
+		rs := startRedis(t)
+		s := openStore(t, distributed.Options{Addresses: []string{rs.Addr}, Timeout: 2 * time.Second}, nil)
+		// The loops never tick within the test: SyncNow drives it.
+		reg, err := distributed.OpenRegion(s, distributed.RegionOptions{
+			Region:       name,
+			Regions:      []distributed.RegionWeight{{Name: "eu", Weight: 1}, {Name: "us", Weight: 1}},
+			Global:       distributed.Options{Addresses: []string{global.Addr}, Timeout: 5 * time.Second},
+			SyncInterval: time.Hour,
+			Lease:        3 * time.Hour,
+		}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { reg.Close() })
+		reg.AddZone("api", globalLimit)
+		regs = append(regs, reg)
+	}
+	eu := regs[0]
+	syncDenied := func() {
+		t.Helper()
+		eu.Count("api", "k", false, 1)
+		if !eu.SyncNow() {
+			t.Fatal("eu's only instance did not coordinate")
+		}
+	}
+	for _, reg := range regs {
+		if !reg.SyncNow() { // registered, out of the start-up floor
+			t.Fatal("a region's only instance did not coordinate")
+		}
+	}
+	syncDenied()
+	syncDenied() // eu now holds what it was granted
+	syncDenied()
+	before, err := gdb.HGetAll(ctx, "tally:g.z:api:k").Result()
+	if err != nil || before["x.eu"] == "" {
+		t.Fatalf("eu's demand of k is not in the global store: %v %v", before, err)
+	}
+	syncDenied()
+	after, err := gdb.HGetAll(ctx, "tally:g.z:api:k").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after["x.eu"] != before["x.eu"] {
+		t.Errorf("eu reported k again with the same demand and holding (deadline %s, then %s)", before["x.eu"], after["x.eu"])
+	}
+	if !eu.SyncNow() { // no decisions of k: its demand is gone
+		t.Fatal("eu's only instance did not coordinate")
+	}
+	gone, err := gdb.HGetAll(ctx, "tally:g.z:api:k").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gone["x.eu"] != "" || gone["d.eu"] != "" {
+		t.Errorf("eu's demand of k is still in the global store after eu stopped deciding it: %v", gone)
+	}
 }

@@ -1,0 +1,150 @@
+package distributed
+
+import (
+	"strconv"
+	"sync"
+	"testing"
+
+	"github.com/caddy-tally/ratelimit/algorithms"
+)
+
+func countingRegion() *Region {
+	r := &Region{zones: map[string]*regionZone{}}
+	r.AddZone("api", algorithms.Limit{EmissionInterval: 1, Burst: 1})
+	return r
+}
+
+// Many goroutines count one shared key and keys of their own while the
+// counts are taken again and again, as polls do: every decision is in
+// exactly one take.
+func TestRegionCountIsExactUnderConcurrency(t *testing.T) {
+	const workers, rounds, own = 16, 3000, 50
+	r := countingRegion()
+	z := r.zone("api")
+	totals := map[string][2]int64{}
+	add := func(m map[string][2]int64) {
+		for k, c := range m {
+			t := totals[k]
+			t[0] += c[0]
+			t[1] += c[1]
+			totals[k] = t
+		}
+	}
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	taken := make(chan struct{})
+	go func() {
+		defer close(taken)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				add(z.take())
+			}
+		}
+	}()
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range rounds {
+				r.count("api", "shared", true, 1)
+				r.count("api", "shared", false, 3)
+				r.count("api", "w"+strconv.Itoa(w)+"-"+strconv.Itoa(i%own), i%2 == 0, 2)
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	<-taken
+	add(z.take())
+	if got, want := totals["shared"], [2]int64{workers * rounds, 3 * workers * rounds}; got != want {
+		t.Errorf("shared key counted %v, want %v", got, want)
+	}
+	for w := range workers {
+		for j := range own {
+			k := "w" + strconv.Itoa(w) + "-" + strconv.Itoa(j)
+			want := [2]int64{2 * rounds / own, 0} // i ≡ j (mod own): even j, even i
+			if j%2 == 1 {
+				want = [2]int64{0, 2 * rounds / own}
+			}
+			if got := totals[k]; got != want {
+				t.Fatalf("key %s counted %v, want %v", k, got, want)
+			}
+		}
+	}
+	if len(totals) != workers*own+1 {
+		t.Errorf("%d keys counted, want %d", len(totals), workers*own+1)
+	}
+}
+
+// A zone counts at most maxCounted keys between two takes, however many
+// goroutines add new ones; the keys it counts are counted in full.
+func TestRegionCountKeepsItsBound(t *testing.T) {
+	const workers = 8
+	r := countingRegion()
+	z := r.zone("api")
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range maxCounted / 2 {
+				r.count("api", "k"+strconv.Itoa(w)+"-"+strconv.Itoa(i), true, 1)
+				r.count("api", "common", true, 1)
+			}
+		}()
+	}
+	wg.Wait()
+	m := z.take()
+	if len(m) != maxCounted {
+		t.Errorf("%d keys counted, want the bound %d", len(m), maxCounted)
+	}
+	for k, c := range m {
+		if k != "common" && c != [2]int64{1, 0} {
+			t.Fatalf("key %s counted %v, want [1 0]", k, c)
+		}
+	}
+	if n := len(z.take()); n != 0 {
+		t.Errorf("%d keys counted after a take with no decisions, want 0", n)
+	}
+	r.count("api", "again", true, 1)
+	if n := len(z.take()); n != 1 {
+		t.Errorf("%d keys counted after the take, want 1 (the bound is per take)", n)
+	}
+}
+
+// BenchmarkRegionCount is Region.count under parallel goroutines: every
+// goroutine the same hot key (same), or keys of its own (distinct). Run
+// with -cpu 1,2,… to see contention.
+func BenchmarkRegionCount(b *testing.B) {
+	b.Run("same", func(b *testing.B) {
+		r := countingRegion()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				r.count("api", "hot", true, 1)
+			}
+		})
+	})
+	b.Run("distinct", func(b *testing.B) {
+		r := countingRegion()
+		var mu sync.Mutex
+		next := 0
+		b.RunParallel(func(pb *testing.PB) {
+			mu.Lock()
+			g := next
+			next++
+			mu.Unlock()
+			keys := make([]string, 256)
+			for i := range keys {
+				keys[i] = "g" + strconv.Itoa(g) + "-" + strconv.Itoa(i)
+			}
+			i := 0
+			for pb.Next() {
+				r.count("api", keys[i&255], true, 1)
+				i++
+			}
+		})
+	})
+}
