@@ -61,7 +61,7 @@ var globalDecisionLimit = algorithms.NewLimit(1000, int64(time.Second), 1000)
 // script call, the share of decisions allowed, the global store's CPU per
 // decision, and after the rounds the region's fixed cost: the regional
 // server's CPU per second with no decision, the Region open (its loops,
-// its hot keys held) less the same with it closed:
+// its hot keys still held) less the same with it closed:
 //
 //	go test -run '^$' -bench '^BenchmarkGlobalDecisionRedisCPU$' -benchtime 3x .
 func BenchmarkGlobalDecisionRedisCPU(b *testing.B) {
@@ -161,11 +161,15 @@ func BenchmarkGlobalDecisionRedisCPU(b *testing.B) {
 	b.ReportMetric(float64(scopes[1].globalCPUUs)/float64(scopes[1].decisions), "global-store-cpu-µs/decision")
 	b.ReportMetric(float64(scopes[1].cpuUs)/float64(max(1, scopes[0].cpuUs)), "ratio")
 
-	// The region's fixed cost: 2s idle with the Region open, 2s without.
+	// The region's fixed cost: 2s idle with the Region open, 2s without,
+	// each after the last round's counts are pushed and collected (a
+	// poll and a sync) or the Region closed.
 	const idle = 2 * time.Second
 	var idleUs [2]int64
 	for i := range idleUs {
-		if i == 1 {
+		if i == 0 {
+			time.Sleep(1500 * time.Millisecond)
+		} else {
 			reg.Close()
 		}
 		cpu0, err := serverCPU(rdb)

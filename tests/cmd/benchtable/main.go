@@ -43,7 +43,7 @@ func main() {
 	opts.testsDir = testsDir
 	opts.rootDir = filepath.Dir(testsDir)
 
-	var t table
+	t := table{partial: opts.microOnly != ""}
 	if !opts.skipMicro {
 		t.micro = runMicro(opts)
 	}

@@ -11,6 +11,9 @@ import (
 type table struct {
 	micro microResults
 	load  []scenarioResult
+	// partial: only some micro benchmarks ran (-micro); the rows of the
+	// others are left out rather than shown as not run
+	partial bool
 }
 
 // row is one line of the table.
@@ -21,7 +24,11 @@ type row struct {
 func (t table) print(w io.Writer) {
 	var rows []row
 	if t.micro.byName != nil {
-		rows = append(rows, t.microRows()...)
+		for _, r := range t.microRows() {
+			if !t.partial || !strings.HasPrefix(r.tally, "not run") {
+				rows = append(rows, r)
+			}
+		}
 	}
 	for _, r := range t.load {
 		rows = append(rows, loadRow(r))
