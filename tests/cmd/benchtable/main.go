@@ -30,6 +30,7 @@ func main() {
 	flag.Int64Var(&opts.maxRequests, "max-requests", 2_000_000, "bound on the requests of one load run")
 	flag.BoolVar(&opts.skipMicro, "skip-micro", false, "skip the go test benchmarks")
 	flag.BoolVar(&opts.skipLoad, "skip-load", false, "skip the Caddy load scenarios")
+	flag.StringVar(&opts.microOnly, "micro", "", "run only the go test benchmarks whose -bench pattern contains this text (e.g. Global)")
 	flag.StringVar(&opts.only, "scenarios", "", "comma-separated scenario names to run (default: all)")
 	flag.StringVar(&opts.profileDir, "profile", "", "save a CPU profile of Caddy during each scenario's last candidate run to this directory")
 	flag.Parse()
@@ -42,7 +43,7 @@ func main() {
 	opts.testsDir = testsDir
 	opts.rootDir = filepath.Dir(testsDir)
 
-	var t table
+	t := table{partial: opts.microOnly != ""}
 	if !opts.skipMicro {
 		t.micro = runMicro(opts)
 	}
@@ -65,6 +66,7 @@ type options struct {
 	maxRequests int64
 	skipMicro   bool
 	skipLoad    bool
+	microOnly   string
 	only        string
 	profileDir  string
 	testsDir    string // the tests module

@@ -30,6 +30,12 @@ var microRuns = []benchRun{
 	{dir: ".", packages: []string{"./zones"}, pattern: "^(BenchmarkSnapshot1M|BenchmarkDecideDuringSnapshot)$", benchtime: "3x"},
 	{dir: "tests", packages: []string{"."}, pattern: "^BenchmarkLocal", benchtime: "1s"},
 	{dir: "tests", packages: []string{"."}, pattern: "^(BenchmarkStrict|BenchmarkRedisRate)", benchtime: "20000x"},
+	// Multi-region (issue 29), ~30s together: 3 alternating rounds of
+	// 150,000 decisions per scope, 9 syncs of 10k hot keys (3 per
+	// region), 4 demand moves.
+	{dir: "tests", packages: []string{"."}, pattern: "^BenchmarkGlobalDecisionRedisCPU$", benchtime: "3x"},
+	{dir: "tests", packages: []string{"."}, pattern: "^BenchmarkGlobalSyncHotKeys$", benchtime: "9x"},
+	{dir: "tests", packages: []string{"."}, pattern: "^BenchmarkGlobalSharesFollowDemand$", benchtime: "4x"},
 }
 
 // benchResult is one benchmark's line of output: its metrics by unit
@@ -56,6 +62,9 @@ func (m microResults) get(name string) (benchResult, bool) {
 func runMicro(o options) microResults {
 	res := microResults{byName: map[string]benchResult{}}
 	for _, run := range microRuns {
+		if !strings.Contains(run.pattern, o.microOnly) {
+			continue
+		}
 		args := append([]string{"test", "-run", "^$", "-bench", run.pattern, "-benchmem", "-benchtime", run.benchtime}, run.packages...)
 		cmd := exec.Command("go", args...)
 		cmd.Dir = o.rootDir + "/" + run.dir

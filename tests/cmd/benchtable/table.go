@@ -11,6 +11,9 @@ import (
 type table struct {
 	micro microResults
 	load  []scenarioResult
+	// partial: only some micro benchmarks ran (-micro); the rows of the
+	// others are left out rather than shown as not run
+	partial bool
 }
 
 // row is one line of the table.
@@ -21,7 +24,11 @@ type row struct {
 func (t table) print(w io.Writer) {
 	var rows []row
 	if t.micro.byName != nil {
-		rows = append(rows, t.microRows()...)
+		for _, r := range t.microRows() {
+			if !t.partial || !strings.HasPrefix(r.tally, "not run") {
+				rows = append(rows, r)
+			}
+		}
 	}
 	for _, r := range t.load {
 		rows = append(rows, loadRow(r))
@@ -154,7 +161,66 @@ func (t table) microRows() []row {
 	})
 	rows = append(rows, snapshotRows(m)...)
 	rows = append(rows, strictRows(m)...)
-	return append(rows, quotaRows(m)...)
+	rows = append(rows, quotaRows(m)...)
+	return append(rows, globalRows(m)...)
+}
+
+// globalRows reports the multi-region benchmarks (issue 29):
+// tests/global_decision_bench_test.go and tests/global_bench_test.go.
+func globalRows(m microResults) []row {
+	var rows []row
+	d, ok := m.get("BenchmarkGlobalDecisionRedisCPU")
+	rw := row{
+		metric: "Multi-region, strict: regional Redis CPU per decision of a `scope global` zone vs the same zone with `scope region` " +
+			"(1,000 keys, 10 hot, 256 callers, one store; a Region at sync_interval 1s, 3 regions; 3 alternating rounds of 150,000 decisions each; `tests` BenchmarkGlobalDecisionRedisCPU, same run)",
+		tally:  "not run",
+		target: "≤ 1.05 by Redis CPU",
+		met:    "no",
+	}
+	if ok {
+		v := d.metrics
+		rw.tally = fmt.Sprintf("**%.2f** by the whole server's CPU (INFO cpu): %s vs %s µs per decision; scripts (INFO commandstats) %s vs %s µs; "+
+			"%s vs %s decisions per script call; %s vs %s of decisions allowed; the Region's fixed cost %s µs of Redis CPU per second; the global store %s µs per decision",
+			v["ratio"], formatValue(v["global-redis-cpu-µs/decision"]), formatValue(v["region-redis-cpu-µs/decision"]),
+			formatValue(v["global-script-µs/decision"]), formatValue(v["region-script-µs/decision"]),
+			formatValue(v["global-decisions/call"]), formatValue(v["region-decisions/call"]),
+			formatValue(v["global-allowed-share"]), formatValue(v["region-allowed-share"]),
+			formatValue(v["region-fixed-cpu-µs/s"]), formatValue(v["global-store-cpu-µs/decision"]))
+		rw.comparison = "scope region: one GCRA step per decision in the regional Redis"
+		rw.met = yesNo(v["ratio"] <= 1.05)
+	}
+	rows = append(rows, rw)
+
+	s, ok := m.get("BenchmarkGlobalSyncHotKeys")
+	rw = row{
+		metric: "Multi-region: global store work for 10k hot keys reported by each of 3 regions (global.lua, one sync of 10,000 keys per op; `tests` BenchmarkGlobalSyncHotKeys)",
+		tally:  "not run",
+		target: "—", met: "—",
+	}
+	if ok {
+		perSync := s.metrics["redis-µs/sync"]
+		rw.tally = fmt.Sprintf("%s Redis µs per sync, %s per key: **%.2f core** of the global Redis at 1 sync/s per region × 3",
+			formatValue(perSync), formatValue(s.metrics["redis-µs/key"]), perSync*3/1e6)
+		rw.comparison = "a key no region pushes against costs the global store nothing"
+	}
+	rows = append(rows, rw)
+
+	f, ok := m.get("BenchmarkGlobalSharesFollowDemand")
+	rw = row{
+		metric: "Multi-region: time for a key's share to follow its demand to another region (≥ 90%), 2 regions, sync_interval 200ms, loopback (`tests` BenchmarkGlobalSharesFollowDemand, 4 moves)",
+		tally:  "not run",
+		target: "≤ 2 × sync_interval + the cut's margin + round trips",
+		met:    "no",
+	}
+	if ok {
+		v := f.metrics
+		rw.tally = fmt.Sprintf("**%s ms** per move (%s sync intervals), longest %s ms (%s)",
+			formatValue(v["ms/move"]), formatValue(v["sync-intervals/move"]), formatValue(v["max-ms/move"]), formatValue(v["max-sync-intervals/move"]))
+		rw.comparison = "Doorman: a client's capacity changes at its next lease refresh (1–5 s)"
+		rw.target = fmt.Sprintf("≤ 2 × sync_interval + the cut's margin (2 polls + 2 × regional timeout) + round trips: %s ms", formatValue(v["bound-ms"]))
+		rw.met = yesNo(v["max-ms/move"] <= v["bound-ms"])
+	}
+	return append(rows, rw)
 }
 
 // snapshotRows reports zones/snapshot_bench_test.go: persist's snapshots of
