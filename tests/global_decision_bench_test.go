@@ -101,11 +101,11 @@ func BenchmarkGlobalDecisionRedisCPU(b *testing.B) {
 	// store grants eu what they do not hold only once they have said so.
 	for _, name := range []string{"us", "ap"} {
 		other := openRegion(name, openStore(b, distributed.Options{Addresses: []string{startRedis(b).Addr}}, nil))
-		other.AddZone("global", globalDecisionLimit.EmissionInterval)
+		other.AddZone("global", globalDecisionLimit)
 	}
 	// Two zone names of one length, so that the scripts' keys are the
 	// same size.
-	shared := reg.Wrap(store, "global", globalDecisionLimit.EmissionInterval)
+	shared := reg.Wrap(store, "global", globalDecisionLimit)
 	decide := [2]func(string) (bool, error){
 		func(key string) (bool, error) {
 			r, err := store.Decide(ctx, "region", key, globalDecisionLimit, 1)
@@ -334,7 +334,7 @@ func BenchmarkGlobalSharesFollowDemand(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { reg.Close() })
-		regions = append(regions, region{reg: reg, shared: reg.Wrap(store, globalZone, globalLimit.EmissionInterval)})
+		regions = append(regions, region{reg: reg, shared: reg.Wrap(store, globalZone, globalLimit)})
 	}
 	// waitShare waits until region i's share of key is at least least, for
 	// at most limit, and returns how long it took.
