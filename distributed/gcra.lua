@@ -79,7 +79,7 @@
 -- one written; the reply table starts sized for one key, and holds two
 -- integers per key (four cost 4% more).
 
-local floor, format, tonumber, match, byte, sub = math.floor, string.format, tonumber, string.match, string.byte, string.sub
+local floor, format, tonumber, match, byte, sub, find = math.floor, string.format, tonumber, string.match, string.byte, string.sub, string.find
 
 local now = tonumber(ARGV[1])
 if not now then
@@ -88,23 +88,32 @@ if not now then
 end
 local out = {0, 0}
 local sT, sB, sC, T, B, cost -- the last limit parsed, as sent and as numbers
+local num = {} -- limits parsed, by string (a global zone's keys alternate)
 local lastMs, lastPX -- the last TTL written, as a number and as sent
 local sOp, bFirst, bMax, sAhead, sBan -- the last ban or delay op parsed
-local sSh, shShare, shOp -- the last shared op parsed
+local shShare, shOp = {}, {} -- shared ops parsed, by op: a batch of a
+-- global zone alternates between its hot keys' shares and the weight
 for i = 1, #KEYS do
   local key, a, j = KEYS[i], 4 * i - 2, 2 * i - 1
-  if ARGV[a] ~= sT then sT = ARGV[a]; T = tonumber(sT) end
-  if ARGV[a + 1] ~= sB then sB = ARGV[a + 1]; B = tonumber(sB) end
+  if ARGV[a] ~= sT then
+    sT = ARGV[a]; T = num[sT]
+    if not T then T = tonumber(sT); num[sT] = T end
+  end
+  if ARGV[a + 1] ~= sB then
+    sB = ARGV[a + 1]; B = num[sB]
+    if not B then B = tonumber(sB); num[sB] = B end
+  end
   if ARGV[a + 2] ~= sC then sC = ARGV[a + 2]; cost = tonumber(sC) end
   local op = ARGV[a + 3]
   local share -- a shared key's share now, from "s<share>:<op>"
   if byte(op) == 115 then -- 's'
-    if op ~= sSh then
-      sSh = op
+    share = shShare[op]
+    if not share then
       local p, o = match(op, '^s(%d+):(.+)$')
-      shShare, shOp = tonumber(p), o
+      share = tonumber(p)
+      shShare[op], shOp[op] = share, o
     end
-    share, op = shShare, shOp
+    op = shOp[op]
   end
   local ban, peekOnly -- a ban op: 'd' or 'p' is what it does when the key is not banned
   local ahead = 0 -- how far ahead a denied request may be admitted for later
@@ -131,8 +140,8 @@ for i = 1, #KEYS do
   local held -- a shared key's share when its TAT was written
   if raw then
     if share and type(raw) == 'string' then
-      local v, h = match(raw, '^(.*)/(%d+)$')
-      if v then raw, held = v, tonumber(h) end
+      local k = find(raw, '/', 1, true)
+      if k then raw, held = sub(raw, 1, k - 1), tonumber(sub(raw, k + 1)) end
     end
     stored = tonumber(raw) -- nil for an error reply (a table) or a foreign string
     if not stored and type(raw) == 'string' then
