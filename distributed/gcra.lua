@@ -91,7 +91,7 @@ local sT, sB, sC, T, B, cost -- the last limit parsed, as sent and as numbers
 local num = {} -- limits parsed, by string (a global zone's keys alternate)
 local lastMs, lastPX -- the last TTL written, as a number and as sent
 local sOp, bFirst, bMax, sAhead, sBan -- the last ban or delay op parsed
-local shShare, shOp = {}, {} -- shared ops parsed, by op: a batch of a
+local shShare, shOp, shSuf, shFmt = {}, {}, {}, {} -- shared ops parsed, by op: a batch of a
 -- global zone alternates between its hot keys' shares and the weight
 for i = 1, #KEYS do
   local key, a, j = KEYS[i], 4 * i - 2, 2 * i - 1
@@ -105,14 +105,15 @@ for i = 1, #KEYS do
   end
   if ARGV[a + 2] ~= sC then sC = ARGV[a + 2]; cost = tonumber(sC) end
   local op = ARGV[a + 3]
-  local share -- a shared key's share now, from "s<share>:<op>"
-  if byte(op) == 115 then -- 's'
+  local share, suf -- a shared key's share now, from "s<share>:<op>", and "/<share>"
+  if op ~= 'd' and op ~= 'r' and op ~= 'p' and op ~= 'c' and byte(op) == 115 then -- 's'
     share = shShare[op]
     if not share then
       local p, o = match(op, '^s(%d+):(.+)$')
       share = tonumber(p)
-      shShare[op], shOp[op] = share, o
+      shShare[op], shOp[op], shSuf[op], shFmt[op] = share, o, '/' .. p, '%d/' .. p
     end
+    suf = shSuf[op]
     op = shOp[op]
   end
   local ban, peekOnly -- a ban op: 'd' or 'p' is what it does when the key is not banned
@@ -140,8 +141,13 @@ for i = 1, #KEYS do
   local held -- a shared key's share when its TAT was written
   if raw then
     if share and type(raw) == 'string' then
-      local k = find(raw, '/', 1, true)
-      if k then raw, held = sub(raw, 1, k - 1), tonumber(sub(raw, k + 1)) end
+      local n = #suf
+      if sub(raw, -n) == suf then -- written at this share (the usual case)
+        raw, held = sub(raw, 1, -n - 1), share
+      else
+        local k = find(raw, '/', 1, true)
+        if k then raw, held = sub(raw, 1, k - 1), tonumber(sub(raw, k + 1)) end
+      end
     end
     stored = tonumber(raw) -- nil for an error reply (a table) or a foreign string
     if not stored and type(raw) == 'string' then
@@ -240,7 +246,7 @@ for i = 1, #KEYS do
     local left = bMem - now
     if w - now > left then left = w - now end
     local v = format('%d,%d,%d,%d', w, bEnd, bMem, bLvl)
-    if share then v = v .. '/' .. format('%d', share) end
+    if share then v = v .. suf end
     redis.call('SET', key, v, 'PX', format('%d', floor((left + 999) / 1000)))
   elseif write then -- with a TTL of its resetAfter, rounded up to whole ms, at least 1
     local left = write - now
@@ -250,7 +256,7 @@ for i = 1, #KEYS do
     if ms < 1 then ms = 1 end
     if ms ~= lastMs then lastMs, lastPX = ms, format('%d', ms) end
     if share then
-      redis.call('SET', key, format('%d/%d', write, share), 'PX', lastPX)
+      redis.call('SET', key, format(shFmt[ARGV[a + 3]], write), 'PX', lastPX)
     else
       redis.call('SET', key, format('%d', write), 'PX', lastPX)
     end

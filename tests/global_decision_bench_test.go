@@ -9,6 +9,7 @@ package tests
 import (
 	"context"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -413,4 +414,64 @@ func BenchmarkGlobalSharesFollowDemand(b *testing.B) {
 	b.ReportMetric(float64(mean)/float64(interval), "sync-intervals/move")
 	b.ReportMetric(float64(longest)/float64(interval), "max-sync-intervals/move")
 	b.ReportMetric(float64(bound)/float64(time.Millisecond), "bound-ms")
+}
+
+// BenchmarkGlobalScriptPerKey runs gcra.lua on one batch of 50 keys per
+// op, as the strict store sends it, for a zone of scope region (one limit,
+// plain ops) and of scope global (10 hot keys at 90 % of the limit between
+// 40 at the weight, shared ops), and reports the script's Redis time per
+// key (commandstats): the share's own cost, without the noise of a whole
+// load run.
+func BenchmarkGlobalScriptPerKey(b *testing.B) {
+	src, err := os.ReadFile("../distributed/gcra.lua")
+	if err != nil {
+		b.Fatal(err)
+	}
+	rdb := startRedis(b).Client()
+	script := redis.NewScript(string(src))
+	limit := algorithms.NewLimit(1000, int64(time.Second), 1_000_000_000) // every step admitted: each writes
+	batch := func(global bool) ([]string, []any) {
+		var keys []string
+		args := []any{""}
+		for k := range 50 {
+			keys = append(keys, "tally:api:key-"+strconv.Itoa(k))
+			l, op := micro(limit), "d"
+			if global {
+				share := int64(distributed.ShareScale / 3)
+				if k%5 == 0 {
+					share = distributed.ShareScale * 9 / 10
+				}
+				l = micro(distributed.Scale(limit, share))
+				op = "s" + strconv.FormatInt(share, 10) + ":d"
+			}
+			args = append(args, l.EmissionInterval, l.Burst, 1, op)
+		}
+		return keys, args
+	}
+	for _, c := range []struct {
+		name   string
+		global bool
+	}{{"region", false}, {"global", true}} {
+		b.Run(c.name, func(b *testing.B) {
+			keys, args := batch(c.global)
+			ctx := context.Background()
+			if err := script.Run(ctx, rdb, keys, args...).Err(); err != nil {
+				b.Fatal(err)
+			}
+			usec0, _, _ := scriptStats(rdb)
+			for b.Loop() {
+				if err := script.Run(ctx, rdb, keys, args...).Err(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			usec1, _, _ := scriptStats(rdb)
+			b.ReportMetric(float64(usec1-usec0)/float64(b.N)/50, "redis-µs/key")
+		})
+	}
+}
+
+// micro is a limit in µs, as the strict store sends it.
+func micro(l algorithms.Limit) algorithms.Limit {
+	l.EmissionInterval = max(1, l.EmissionInterval/1000)
+	return l
 }
