@@ -139,6 +139,9 @@ type Handler struct {
 	// (nil without distributed's global block); regionKey releases it.
 	region    *distributed.Region
 	regionKey string
+	// globalZones are the zones this handler made global in its region
+	// (released with it).
+	globalZones []string
 	// globalLines: while parsing, the line of each scope global zone's
 	// scope, for the error when there is no global block.
 	globalLines map[string]int

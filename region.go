@@ -94,6 +94,9 @@ func (h *Handler) openRegion() error {
 // releaseRegion lets go of the handler's region.
 func (h *Handler) releaseRegion() {
 	if h.region != nil {
+		for _, name := range h.globalZones {
+			h.region.ReleaseZone(name)
+		}
 		_, _ = regions.Delete(h.regionKey)
 	}
 }
@@ -114,6 +117,7 @@ func (h *Handler) globalStore(name string, zc *Zone, cfg zones.Config) (zones.St
 	if cfg.IsConcurrency() || cfg.IsQuota() {
 		return nil, fmt.Errorf("zone %s: scope global applies to rate zones (events per window), not to concurrency or quota zones: remove scope global", name)
 	}
+	h.globalZones = append(h.globalZones, name)
 	return h.region.Wrap(h.store, name, cfg.Limit()), nil
 }
 

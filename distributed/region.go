@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -177,6 +178,7 @@ type Region struct {
 	// zlook is a copy of zones for the decisions' lookups, replaced on
 	// AddZone: a decision takes no lock the others share
 	zlook atomic.Pointer[map[string]*regionZone]
+	set   atomic.Pointer[zoneSet]
 	names []string // zones in a fixed order, for the scripts' KEYS
 
 	floored atomic.Bool  // the region had no contact for a lease
@@ -208,8 +210,9 @@ type RegionStats struct {
 
 type regionZone struct {
 	name     string
-	interval int64 // the zone's emission interval, ns (hot-key detection)
-	burst    int64 // the zone's burst (raises in a strict region)
+	interval atomic.Int64 // the zone's emission interval, ns (hot-key detection)
+	burst    atomic.Int64 // the zone's burst (raises in a strict region)
+	users    int          // handlers that wrapped the zone (r.mu)
 	mu       sync.RWMutex
 	shares   map[string]int64 // applied by this instance
 	// counts are the admitted and denied since the last take, per key
@@ -319,22 +322,40 @@ func (r *Region) Stats() *RegionStats { return &r.stats }
 // Name is this region's name.
 func (r *Region) Name() string { return r.opts.Region }
 
-// AddZone makes zone's keys global in this region; limit is the zone's
-// whole limit (ns).
+// AddZone makes zone's keys global in this region, for one more user
+// (a handler; see ReleaseZone); limit is the zone's whole limit (ns).
 func (r *Region) AddZone(zone string, limit algorithms.Limit) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if z, ok := r.zones[zone]; ok {
-		z.interval, z.burst = limit.EmissionInterval, limit.Burst
+	z, ok := r.zones[zone]
+	if !ok {
+		z = &regionZone{name: zone, shares: map[string]int64{}}
+		r.zones[zone] = z
+		r.names = append(r.names, zone)
+		r.rebuild()
+	}
+	z.users++
+	z.interval.Store(limit.EmissionInterval)
+	z.burst.Store(limit.Burst)
+}
+
+// ReleaseZone is AddZone's undoing, when a handler that wrapped the zone
+// is cleaned up: the zone leaves the region with its last user, so that a
+// zone removed from the config stops being polled and synced (its records
+// in both Redis expire with their TTLs).
+func (r *Region) ReleaseZone(zone string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	z, ok := r.zones[zone]
+	if !ok {
 		return
 	}
-	r.zones[zone] = &regionZone{name: zone, interval: limit.EmissionInterval, burst: limit.Burst, shares: map[string]int64{}}
-	r.names = append(r.names, zone)
-	look := make(map[string]*regionZone, len(r.zones))
-	for n, z := range r.zones {
-		look[n] = z
+	if z.users--; z.users > 0 {
+		return
 	}
-	r.zlook.Store(&look)
+	delete(r.zones, zone)
+	r.names = slices.DeleteFunc(r.names, func(n string) bool { return n == zone })
+	r.rebuild()
 }
 
 func (r *Region) zone(name string) *regionZone {
@@ -439,25 +460,40 @@ func (z *regionZone) take() map[string][2]int64 {
 	return out
 }
 
-func (r *Region) keys() []string {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	keys := []string{r.prefix + "global{r}.meta", r.prefix + "global{r}.lock"}
-	for _, n := range r.names {
-		keys = append(keys, r.prefix+"global{r}.demand:"+n, r.prefix+"global{r}.shares:"+n)
-	}
-	return keys
+// zoneSet is the region's zones in a fixed order and the regional keys of
+// region.lua's calls for them (meta, lock, then each zone's demand and
+// shares): a poll or a sync takes one set for all its calls, so that a
+// zone added or released meanwhile never shifts one call's zones against
+// another's.
+type zoneSet struct {
+	zones []*regionZone
+	keys  []string
 }
 
-func (r *Region) zoneList() []*regionZone {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	out := make([]*regionZone, len(r.names))
-	for i, n := range r.names {
-		out[i] = r.zones[n]
+// zoneSet is the region's current set of zones.
+func (r *Region) zoneSet() *zoneSet {
+	if s := r.set.Load(); s != nil {
+		return s
 	}
-	return out
+	return &zoneSet{keys: []string{r.prefix + "global{r}.meta", r.prefix + "global{r}.lock"}}
 }
+
+// rebuild replaces the zone set and the decisions' lookup copy (r.mu
+// held).
+func (r *Region) rebuild() {
+	set := &zoneSet{keys: []string{r.prefix + "global{r}.meta", r.prefix + "global{r}.lock"}}
+	look := make(map[string]*regionZone, len(r.zones))
+	for _, n := range r.names {
+		z := r.zones[n]
+		set.zones = append(set.zones, z)
+		set.keys = append(set.keys, r.prefix+"global{r}.demand:"+n, r.prefix+"global{r}.shares:"+n)
+		look[n] = z
+	}
+	r.set.Store(set)
+	r.zlook.Store(&look)
+}
+
+func (r *Region) zoneList() []*regionZone { return r.zoneSet().zones }
 
 // pollInterval is how often instances read the region's shares and push
 // their counts: a quarter of the sync interval, so that a cut is in force
@@ -494,7 +530,8 @@ func (r *Region) every(f func()) {
 // poll pushes this instance's counts to the regional Redis and reads the
 // region's shares when they changed.
 func (r *Region) poll() {
-	zs := r.zoneList()
+	set := r.zoneSet() // one set of zones for the call and its reply
+	zs := set.zones
 	args := []any{"poll", r.version, (10 * r.opts.SyncInterval).Milliseconds(), len(zs)}
 	for _, z := range zs {
 		counts := z.take()
@@ -506,7 +543,7 @@ func (r *Region) poll() {
 	ctx, cancel := context.WithTimeout(context.Background(), r.timeout+r.pollInterval())
 	defer cancel()
 	began := monotime.Now()
-	v, err := r.rscript.Run(ctx, r.regional, r.keys(), args...).Slice()
+	v, err := r.rscript.Run(ctx, r.regional, set.keys, args...).Slice()
 	now := monotime.Now()
 	if err != nil || len(v) < 3 {
 		return // Share floors this instance once the margin passes

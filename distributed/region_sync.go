@@ -119,7 +119,7 @@ func (r *Region) lock(now int64) {
 	c := &r.coord
 	ctx, cancel := context.WithTimeout(context.Background(), r.opts.SyncInterval)
 	defer cancel()
-	tok, err := r.rscript.Run(ctx, r.regional, r.keys(), "lock", r.member, (3*r.opts.SyncInterval + r.opts.Global.Timeout).Milliseconds()).Int64()
+	tok, err := r.rscript.Run(ctx, r.regional, r.zoneSet().keys, "lock", r.member, (3*r.opts.SyncInterval + r.opts.Global.Timeout).Milliseconds()).Int64()
 	if err != nil {
 		return // the lock expires; another instance may take it
 	}
@@ -165,8 +165,8 @@ func (r *Region) sync(now int64) {
 	lockVal := r.member + "|" + strconv.FormatInt(c.token, 10)
 	ctx, cancel := context.WithTimeout(context.Background(), r.opts.SyncInterval)
 	defer cancel()
-	keys := r.keys()
-	raw, err := r.rscript.Run(ctx, r.regional, keys, "collect", lockVal).Slice()
+	set := r.zoneSet() // one set of zones for the whole sync
+	raw, err := r.rscript.Run(ctx, r.regional, set.keys, "collect", lockVal).Slice()
 	if err != nil {
 		return
 	}
@@ -198,15 +198,15 @@ func (r *Region) sync(now int64) {
 		}
 	}
 	full := c.full
-	reports := r.reports(now, raw, elapsed, floored)
-	switch r.exchange(lockVal, keys, reports, floored) {
+	reports := r.reports(set.zones, now, raw, elapsed, floored)
+	switch r.exchange(lockVal, set, reports, floored) {
 	case exchanged:
 		r.noteSent(now, reports, full)
 	case epochChanged:
 		// the global store lost its state: every holding and demand, in
 		// full, at once
-		reports = r.reports(now, raw, elapsed, floored)
-		if r.exchange(lockVal, keys, reports, floored) == exchanged {
+		reports = r.reports(set.zones, now, raw, elapsed, floored)
+		if r.exchange(lockVal, set, reports, floored) == exchanged {
 			r.noteSent(now, reports, true)
 		}
 	}
@@ -216,9 +216,8 @@ func (r *Region) sync(now int64) {
 // and holdings: in full (c.full), every hot key and every holding;
 // otherwise only the keys due (see due), among them keys whose demand
 // disappeared since they were last reported.
-func (r *Region) reports(now int64, raw []any, elapsed int64, floored bool) []report {
+func (r *Region) reports(zs []*regionZone, now int64, raw []any, elapsed int64, floored bool) []report {
 	c := &r.coord
-	zs := r.zoneList()
 	reports := make([]report, len(zs))
 	i := 0
 	for zi, z := range zs {
@@ -257,7 +256,7 @@ func (r *Region) reports(now int64, raw []any, elapsed int64, floored bool) []re
 			}
 			var wants int64 = -1
 			// use: the fraction of the key's whole rate admitted
-			use := float64(adm) * float64(z.interval) / float64(elapsed)
+			use := float64(adm) * float64(z.interval.Load()) / float64(elapsed)
 			switch {
 			case den > 0:
 				wants = ShareScale
@@ -336,7 +335,7 @@ const (
 )
 
 // exchange sends the reports to the global store and publishes the grants.
-func (r *Region) exchange(lockVal string, keys []string, reports []report, floored bool) int {
+func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floored bool) int {
 	c := &r.coord
 	args := []any{r.opts.Region, c.token, c.epoch, boolArg(c.full), r.opts.Lease.Milliseconds(),
 		r.demandTTL().Milliseconds(), r.spec, r.gprefix, len(reports)}
@@ -370,7 +369,7 @@ func (r *Region) exchange(lockVal string, keys []string, reports []report, floor
 		}
 		pctx, pcancel := context.WithTimeout(context.Background(), 2*r.timeout+r.pollInterval())
 		defer pcancel()
-		r.publish(pctx, lockVal, keys, nil, -1, false) // the TTLs only
+		r.publish(pctx, lockVal, set, nil, -1, false) // the TTLs only
 		return failed
 	}
 	switch fmt.Sprint(v[0]) {
@@ -460,7 +459,7 @@ func (r *Region) exchange(lockVal string, keys []string, reports []report, floor
 	}
 	pctx, pcancel := context.WithTimeout(context.Background(), 2*r.timeout+r.pollInterval())
 	defer pcancel()
-	if !r.plant(pctx, raised) || !r.publish(pctx, lockVal, keys, changes, (now-sent)/int64(time.Millisecond), full) {
+	if !r.plant(pctx, raised) || !r.publish(pctx, lockVal, set, changes, (now-sent)/int64(time.Millisecond), full) {
 		c.full = true // what was granted was not applied: ask for it all again
 		return failed
 	}
@@ -523,7 +522,7 @@ func (r *Region) plant(ctx context.Context, raised []raise) bool {
 			// what the key lacks at its new share: the span of the
 			// burst (the same at every share) less the part the old
 			// share fills, in ms rounded up
-			l := Scale(algorithms.Limit{EmissionInterval: z.interval, Burst: z.burst}, x.to)
+			l := Scale(algorithms.Limit{EmissionInterval: z.interval.Load(), Burst: z.burst.Load()}, x.to)
 			span := max(1, l.EmissionInterval/1000) * l.Burst // µs, as gcra.lua sees it
 			ttl := max(1, (span*(x.to-x.from)/x.to+999)/1000)
 			plantScript.Eval(ctx, p, []string{r.prefix + x.zone + ":" + x.key}, x.from, ttl)
@@ -541,8 +540,8 @@ func (r *Region) plant(ctx context.Context, raised []raise) bool {
 // publish writes the coordinator's changes and its last contact (age ms
 // before now, -1 to keep the last) to the regional Redis, where every
 // instance of the region reads them.
-func (r *Region) publish(ctx context.Context, lockVal string, keys []string, changes [][]any, age int64, full bool) bool {
-	zs := r.zoneList()
+func (r *Region) publish(ctx context.Context, lockVal string, set *zoneSet, changes [][]any, age int64, full bool) bool {
+	zs := set.zones
 	args := []any{"publish", lockVal, age, (4 * r.opts.Lease).Milliseconds(), boolArg(full), len(zs)}
 	for zi := range zs {
 		if zi < len(changes) {
@@ -552,7 +551,7 @@ func (r *Region) publish(ctx context.Context, lockVal string, keys []string, cha
 			args = append(args, 0)
 		}
 	}
-	v, err := r.rscript.Run(ctx, r.regional, keys, args...).Slice()
+	v, err := r.rscript.Run(ctx, r.regional, set.keys, args...).Slice()
 	return err == nil && len(v) == 1 && v[0] == int64(1)
 }
 

@@ -60,3 +60,32 @@ func TestRegionOptionsNameTheFix(t *testing.T) {
 		}
 	}
 }
+
+// A zone stays in the region while any handler that wrapped it lives, and
+// leaves with the last (a reload that drops it from the config): its
+// regional keys are no longer in the polls' and syncs' calls.
+func TestReleaseZoneRemovesAZoneWithItsLastUser(t *testing.T) {
+	r := &Region{zones: map[string]*regionZone{}, prefix: "tally:"}
+	l := algorithms.NewLimit(600, int64(time.Minute), 20)
+	r.AddZone("api", l)
+	r.AddZone("login", l)
+	r.AddZone("api", l) // the reloaded config's handler, before the old one's cleanup
+	r.ReleaseZone("api")
+	if got := len(r.zoneSet().zones); got != 2 || r.zone("api") == nil {
+		t.Fatalf("after one of api's two users left: %d zones, api %v; want both zones", got, r.zone("api"))
+	}
+	r.ReleaseZone("api")
+	set := r.zoneSet()
+	if len(set.zones) != 1 || set.zones[0].name != "login" || r.zone("api") != nil {
+		t.Fatalf("after api's last user left: zones %v", set.zones)
+	}
+	want := []string{"tally:global{r}.meta", "tally:global{r}.lock", "tally:global{r}.demand:login", "tally:global{r}.shares:login"}
+	if strings.Join(set.keys, " ") != strings.Join(want, " ") {
+		t.Errorf("region.lua's keys %v, want %v", set.keys, want)
+	}
+	r.ReleaseZone("api") // once more: nothing to release
+	r.ReleaseZone("login")
+	if set := r.zoneSet(); len(set.zones) != 0 || len(set.keys) != 2 {
+		t.Errorf("with no zones left: %v %v", set.zones, set.keys)
+	}
+}
