@@ -8,7 +8,6 @@ import (
 	"os"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/caddy-tally/ratelimit/distributed"
 	"github.com/redis/go-redis/v9"
@@ -76,25 +75,7 @@ func benchGlobalContested(b *testing.B) {
 func benchGlobalSteady(b *testing.B) {
 	global := startRedis(b)
 	gdb := global.Client()
-	var regs []*distributed.Region
-	for _, name := range []string{"eu", "us", "ap"} {
-		rs := startRedis(b)
-		s := openStore(b, distributed.Options{Addresses: []string{rs.Addr}, Timeout: 2 * time.Second}, nil)
-		// The loops never tick within the benchmark: SyncNow drives it.
-		reg, err := distributed.OpenRegion(s, distributed.RegionOptions{
-			Region:       name,
-			Regions:      []distributed.RegionWeight{{Name: "eu", Weight: 1}, {Name: "us", Weight: 1}, {Name: "ap", Weight: 1}},
-			Global:       distributed.Options{Addresses: []string{global.Addr}, Timeout: 5 * time.Second},
-			SyncInterval: time.Hour,
-			Lease:        3 * time.Hour,
-		}, nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { reg.Close() })
-		reg.AddZone("api", globalLimit)
-		regs = append(regs, reg)
-	}
+	regs := driven(b, global.Addr, "eu", "us", "ap")
 	keys := make([]string, benchHotKeys)
 	for k := range keys {
 		keys[k] = "key-" + strconv.Itoa(k)

@@ -364,25 +364,7 @@ func TestGlobalSyncReportsOnlyWhatChanged(t *testing.T) {
 	global := startRedis(t)
 	gdb := global.Client()
 	ctx := context.Background()
-	var regs []*distributed.Region
-	for _, name := range []string{"eu", "us"} {
-		rs := startRedis(t)
-		s := openStore(t, distributed.Options{Addresses: []string{rs.Addr}, Timeout: 2 * time.Second}, nil)
-		// The loops never tick within the test: SyncNow drives it.
-		reg, err := distributed.OpenRegion(s, distributed.RegionOptions{
-			Region:       name,
-			Regions:      []distributed.RegionWeight{{Name: "eu", Weight: 1}, {Name: "us", Weight: 1}},
-			Global:       distributed.Options{Addresses: []string{global.Addr}, Timeout: 5 * time.Second},
-			SyncInterval: time.Hour,
-			Lease:        3 * time.Hour,
-		}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { reg.Close() })
-		reg.AddZone("api", globalLimit)
-		regs = append(regs, reg)
-	}
+	regs := driven(t, global.Addr, "eu", "us")
 	eu := regs[0]
 	syncDenied := func() {
 		t.Helper()
@@ -421,4 +403,33 @@ func TestGlobalSyncReportsOnlyWhatChanged(t *testing.T) {
 	if gone["x.eu"] != "" || gone["d.eu"] != "" {
 		t.Errorf("eu's demand of k is still in the global store after eu stopped deciding it: %v", gone)
 	}
+}
+
+// driven opens a region of each name, weight 1 each, over its own
+// redis-server, sharing the global one at global, with the zone api: their
+// loops never tick (sync_interval 1h), SyncNow drives them.
+func driven(tb testing.TB, global string, names ...string) []*distributed.Region {
+	var weights []distributed.RegionWeight
+	for _, n := range names {
+		weights = append(weights, distributed.RegionWeight{Name: n, Weight: 1})
+	}
+	var regs []*distributed.Region
+	for _, name := range names {
+		rs := startRedis(tb)
+		s := openStore(tb, distributed.Options{Addresses: []string{rs.Addr}, Timeout: 2 * time.Second}, nil)
+		reg, err := distributed.OpenRegion(s, distributed.RegionOptions{
+			Region:       name,
+			Regions:      weights,
+			Global:       distributed.Options{Addresses: []string{global}, Timeout: 5 * time.Second},
+			SyncInterval: time.Hour,
+			Lease:        3 * time.Hour,
+		}, nil)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(func() { reg.Close() })
+		reg.AddZone("api", globalLimit)
+		regs = append(regs, reg)
+	}
+	return regs
 }
