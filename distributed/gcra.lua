@@ -91,8 +91,8 @@ local sT, sB, sC, T, B, cost -- the last limit parsed, as sent and as numbers
 local num = {} -- limits parsed, by string (a global zone's keys alternate)
 local lastMs, lastPX -- the last TTL written, as a number and as sent
 local sOp, bFirst, bMax, sAhead, sBan -- the last ban or delay op parsed
-local shShare, shOp, shSuf, shFmt = {}, {}, {}, {} -- shared ops parsed, by op: a batch of a
--- global zone alternates between its hot keys' shares and the weight
+local shParsed -- shared ops parsed, by op: {share, op, "/<share>", "%d/<share>"} (a
+-- batch of a global zone alternates between its hot keys' shares and the weight)
 for i = 1, #KEYS do
   local key, a, j = KEYS[i], 4 * i - 2, 2 * i - 1
   if ARGV[a] ~= sT then
@@ -105,16 +105,16 @@ for i = 1, #KEYS do
   end
   if ARGV[a + 2] ~= sC then sC = ARGV[a + 2]; cost = tonumber(sC) end
   local op = ARGV[a + 3]
-  local share, suf -- a shared key's share now, from "s<share>:<op>", and "/<share>"
+  local share, suf, sfmt -- a shared key's share now, from "s<share>:<op>"; "/<share>"; "%d/<share>"
   if op ~= 'd' and op ~= 'r' and op ~= 'p' and op ~= 'c' and byte(op) == 115 then -- 's'
-    share = shShare[op]
-    if not share then
+    if not shParsed then shParsed = {} end
+    local e = shParsed[op]
+    if not e then
       local p, o = match(op, '^s(%d+):(.+)$')
-      share = tonumber(p)
-      shShare[op], shOp[op], shSuf[op], shFmt[op] = share, o, '/' .. p, '%d/' .. p
+      e = {tonumber(p), o, '/' .. p, '%d/' .. p}
+      shParsed[op] = e
     end
-    suf = shSuf[op]
-    op = shOp[op]
+    share, op, suf, sfmt = e[1], e[2], e[3], e[4]
   end
   local ban, peekOnly -- a ban op: 'd' or 'p' is what it does when the key is not banned
   local ahead = 0 -- how far ahead a denied request may be admitted for later
@@ -256,7 +256,7 @@ for i = 1, #KEYS do
     if ms < 1 then ms = 1 end
     if ms ~= lastMs then lastMs, lastPX = ms, format('%d', ms) end
     if share then
-      redis.call('SET', key, format(shFmt[ARGV[a + 3]], write), 'PX', lastPX)
+      redis.call('SET', key, format(sfmt, write), 'PX', lastPX)
     else
       redis.call('SET', key, format('%d', write), 'PX', lastPX)
     end

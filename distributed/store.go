@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
@@ -220,7 +221,30 @@ func shared(l algorithms.Limit, op any) any {
 	if l.Share <= 0 {
 		return op
 	}
-	return "s" + strconv.FormatInt(l.Share, 10) + ":" + op.(string)
+	k := sharedKey{l.Share, op.(string)}
+	if v, ok := sharedOps.Load(k); ok {
+		return v // boxed once: a decision allocates nothing for it
+	}
+	v := any("s" + strconv.FormatInt(l.Share, 10) + ":" + k.op)
+	if sharedOpsN.Add(1) <= maxSharedOps {
+		sharedOps.Store(k, v)
+	}
+	return v
+}
+
+// sharedOps caches shared's ops, at most maxSharedOps of them (shares are
+// few in practice: the weights, the floors, what the global store grants;
+// past the bound an op is made per call).
+var (
+	sharedOps  sync.Map // sharedKey → any (string)
+	sharedOpsN atomic.Int64
+)
+
+const maxSharedOps = 4096
+
+type sharedKey struct {
+	share int64
+	op    string
 }
 
 type opKey struct {
