@@ -175,9 +175,9 @@ type Region struct {
 
 	mu    sync.RWMutex
 	zones map[string]*regionZone
-	// zlook is a copy of zones for the decisions' lookups, replaced on
-	// AddZone: a decision takes no lock the others share
-	zlook atomic.Pointer[map[string]*regionZone]
+	// set is a copy of zones for the decisions' lookups and the loops'
+	// calls, replaced on AddZone and ReleaseZone: a decision takes no
+	// lock the others share
 	set   atomic.Pointer[zoneSet]
 	names []string // zones in a fixed order, for the scripts' KEYS
 
@@ -359,11 +359,10 @@ func (r *Region) ReleaseZone(zone string) {
 }
 
 func (r *Region) zone(name string) *regionZone {
-	look := r.zlook.Load()
-	if look == nil {
-		return nil
+	if s := r.set.Load(); s != nil {
+		return s.byName[name]
 	}
-	return (*look)[name]
+	return nil
 }
 
 // Share is this region's share of key in zone now (ppm): its floor while
@@ -466,8 +465,9 @@ func (z *regionZone) take() map[string][2]int64 {
 // zone added or released meanwhile never shifts one call's zones against
 // another's.
 type zoneSet struct {
-	zones []*regionZone
-	keys  []string
+	zones  []*regionZone
+	keys   []string
+	byName map[string]*regionZone
 }
 
 // zoneSet is the region's current set of zones.
@@ -478,19 +478,17 @@ func (r *Region) zoneSet() *zoneSet {
 	return &zoneSet{keys: []string{r.prefix + "global{r}.meta", r.prefix + "global{r}.lock"}}
 }
 
-// rebuild replaces the zone set and the decisions' lookup copy (r.mu
-// held).
+// rebuild replaces the zone set (r.mu held).
 func (r *Region) rebuild() {
-	set := &zoneSet{keys: []string{r.prefix + "global{r}.meta", r.prefix + "global{r}.lock"}}
-	look := make(map[string]*regionZone, len(r.zones))
+	set := &zoneSet{keys: []string{r.prefix + "global{r}.meta", r.prefix + "global{r}.lock"},
+		byName: make(map[string]*regionZone, len(r.zones))}
 	for _, n := range r.names {
 		z := r.zones[n]
 		set.zones = append(set.zones, z)
 		set.keys = append(set.keys, r.prefix+"global{r}.demand:"+n, r.prefix+"global{r}.shares:"+n)
-		look[n] = z
+		set.byName[n] = z
 	}
 	r.set.Store(set)
-	r.zlook.Store(&look)
 }
 
 func (r *Region) zoneList() []*regionZone { return r.zoneSet().zones }

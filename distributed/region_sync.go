@@ -409,16 +409,8 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 	// The grants take effect once published: until then the region
 	// applies, and reports, what it held (a key new to the holdings is
 	// kept at that, so that it is reported, and granted, again).
-	type update struct {
-		held      map[string]*holding
-		zone, key string
-		h         *holding
-		g         int64
-		cut       bool
-	}
 	var changes [][]any
 	var updates []update
-	var raised []raise
 	i := 3
 	for i+1 < len(v) {
 		zone := fmt.Sprint(v[i])
@@ -450,16 +442,13 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 				}
 				zc = append(zc, key, pub)
 			}
-			updates = append(updates, update{held: held, zone: zone, key: key, h: h, g: g, cut: g < cur})
-			if g > cur {
-				raised = append(raised, raise{zone: zone, key: key, from: cur, to: g})
-			}
+			updates = append(updates, update{held: held, zone: zone, key: key, h: h, g: g, from: cur})
 		}
 		changes = append(changes, zc)
 	}
 	pctx, pcancel := context.WithTimeout(context.Background(), 2*r.timeout+r.pollInterval())
 	defer pcancel()
-	if !r.plant(pctx, raised) || !r.publish(pctx, lockVal, set, changes, (now-sent)/int64(time.Millisecond), full) {
+	if !r.plant(pctx, updates) || !r.publish(pctx, lockVal, set, changes, (now-sent)/int64(time.Millisecond), full) {
 		c.full = true // what was granted was not applied: ask for it all again
 		return failed
 	}
@@ -471,7 +460,7 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 	now = monotime.Now()
 	for _, u := range updates {
 		h := u.h
-		if u.cut {
+		if u.g < u.from { // a cut
 			h.prev, h.prevUntil = max(h.prev, h.cur, u.g), now+int64(r.confirmMargin())
 			if floored {
 				h.prev = max(h.prev, r.floor)
@@ -491,10 +480,13 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 	return exchanged
 }
 
-// raise is a key's share rising, from what the region applied.
-type raise struct {
+// update is a key's grant in a sync's reply: g, from what the region
+// applied (from); it takes effect once published.
+type update struct {
+	held      map[string]*holding
 	zone, key string
-	from, to  int64
+	h         *holding
+	g, from   int64
 }
 
 // plantScript writes a strict key with no state in the regional Redis as
@@ -509,12 +501,15 @@ return redis.call('SET', KEYS[1], string.format('%d/%s', t[1] * 1000000 + t[2], 
 // plant prepares the raised keys of a strict region before their shares
 // are published (plantScript); false when the regional Redis did not
 // answer, and then the raises are not published either.
-func (r *Region) plant(ctx context.Context, raised []raise) bool {
-	if !r.strict || len(raised) == 0 {
+func (r *Region) plant(ctx context.Context, updates []update) bool {
+	if !r.strict {
 		return true
 	}
 	cmds, _ := r.regional.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, x := range raised {
+		for _, x := range updates {
+			if x.g <= x.from {
+				continue // not a raise
+			}
 			z := r.zone(x.zone)
 			if z == nil {
 				continue
@@ -522,9 +517,9 @@ func (r *Region) plant(ctx context.Context, raised []raise) bool {
 			// what the key lacks at its new share: the span of the
 			// burst (the same at every share) less the part the old
 			// share fills, in ms rounded up
-			l := Scale(algorithms.Limit{EmissionInterval: z.interval.Load(), Burst: z.burst.Load()}, x.to)
+			l := Scale(algorithms.Limit{EmissionInterval: z.interval.Load(), Burst: z.burst.Load()}, x.g)
 			span := max(1, l.EmissionInterval/1000) * l.Burst // µs, as gcra.lua sees it
-			ttl := max(1, (span*(x.to-x.from)/x.to+999)/1000)
+			ttl := max(1, (span*(x.g-x.from)/x.g+999)/1000)
 			plantScript.Eval(ctx, p, []string{r.prefix + x.zone + ":" + x.key}, x.from, ttl)
 		}
 		return nil
