@@ -40,7 +40,10 @@
 --         the same at every share). A share change never adds tokens at
 --         once, so shares summing to at most 1 keep the fleet's bound. A
 --         fall keeps the TAT (the region's tokens shrink with its share).
---         Every op but a peek writes the new share with the TAT.
+--         Every op but a peek writes the new share with the TAT. A
+--         shared key's TTL is its resetAfter plus B·T: it outlives the
+--         TAT by the span, so that a key full at its share keeps it when
+--         the share rises (a lagging instance's write included).
 --
 -- A key with a ban holds "TAT,ban end,remembered until,level" (µs, the TAT
 -- 0 when it has none) instead of "TAT", with a TTL that reaches the later
@@ -243,13 +246,18 @@ for i = 1, #KEYS do
     -- changes: its TTL reaches the later of the two.
     local w = write
     if not w or w < now then w = 0 end
-    local left = bMem - now
-    if w - now > left then left = w - now end
+    local left, wl = bMem - now, w - now
+    if share then wl = wl + B * T end -- (see below)
+    if wl > left then left = wl end
     local v = format('%d,%d,%d,%d', w, bEnd, bMem, bLvl)
     if share then v = v .. suf end
     redis.call('SET', key, v, 'PX', format('%d', floor((left + 999) / 1000)))
   elseif write then -- with a TTL of its resetAfter, rounded up to whole ms, at least 1
     local left = write - now
+    -- a shared key one burst's span longer: a key full at its share
+    -- must still be there when its share rises, or it would come back
+    -- full at the new share (see region_sync.go's plant)
+    if share then left = left + B * T end
     local ms = floor(left / 1000) -- the quotient may round up to an integer,
     if ms * 1000 > left then ms = ms - 1 end -- never down: now it is floored,
     if ms * 1000 < left then ms = ms + 1 end -- and now rounded up

@@ -489,14 +489,20 @@ type update struct {
 	g, from   int64
 }
 
-// plantScript writes a strict key with no state in the regional Redis as
-// a full bucket at its old share (gcra.lua's shared value "<TAT>/<share>",
-// the TAT now), for as long as the key takes to fill up at its new share,
-// unless the key has state: an instance deciding the key at its new share
-// then starts from the tokens it had, not from a full bucket at the new
-// share (see gcra.lua's "s" op).
+// plantScript prepares a strict key for its raise. A key with no state
+// is written as a full bucket at its old share (gcra.lua's shared value
+// "<TAT>/<share>", the TAT now) for as long as the key takes to fill up at
+// its new share (ARGV[2], ms). A key with state keeps it, for at least the
+// burst's span (ARGV[3], ms: the longest a raised key takes to fill up): a
+// key full at its share, whose state would otherwise expire with its TTL
+// before its first decision at the new share, would come back as a full
+// bucket at the new share. An instance deciding the key at its new share
+// then starts from the tokens it had (see gcra.lua's "s" op).
 var plantScript = redis.NewScript(`local t = redis.call('TIME')
-return redis.call('SET', KEYS[1], string.format('%d/%s', t[1] * 1000000 + t[2], ARGV[1]), 'NX', 'PX', ARGV[2])`)
+if redis.call('SET', KEYS[1], string.format('%d/%s', t[1] * 1000000 + t[2], ARGV[1]), 'NX', 'PX', ARGV[2]) then return 1 end
+local left = redis.call('PTTL', KEYS[1])
+if left >= 0 and left < tonumber(ARGV[3]) then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
+return 0`)
 
 // plant prepares the raised keys of a strict region before their shares
 // are published (plantScript); false when the regional Redis did not
@@ -520,12 +526,12 @@ func (r *Region) plant(ctx context.Context, updates []update) bool {
 			l := Scale(algorithms.Limit{EmissionInterval: z.interval.Load(), Burst: z.burst.Load()}, x.g)
 			span := max(1, l.EmissionInterval/1000) * l.Burst // µs, as gcra.lua sees it
 			ttl := max(1, (span*(x.g-x.from)/x.g+999)/1000)
-			plantScript.Eval(ctx, p, []string{r.prefix + x.zone + ":" + x.key}, x.from, ttl)
+			plantScript.Eval(ctx, p, []string{r.prefix + x.zone + ":" + x.key}, x.from, ttl, (span+999)/1000)
 		}
 		return nil
 	})
 	for _, c := range cmds {
-		if err := c.Err(); err != nil && err != redis.Nil { // nil: the key has state
+		if err := c.Err(); err != nil {
 			return false
 		}
 	}

@@ -46,6 +46,11 @@ func TestSharedKeyKeepsItsTokensWhenItsShareRises(t *testing.T) {
 	if rem, _ := decideN(t, s, "k", half, 4); len(rem) != 4 || rem[3] != 6 {
 		t.Fatalf("at half the limit: remaining %v, want 9 8 7 6", rem)
 	}
+	// Its TTL is its resetAfter (4 × 12 s) plus the burst's span (10 × 12
+	// s): a key full at its share keeps its state for a raise.
+	if ttl := rs.Client().PTTL(context.Background(), s.RedisKey(globalZone, "k")).Val(); ttl <= 167*time.Second || ttl > 168*time.Second {
+		t.Errorf("the shared key's TTL is %v, want its resetAfter and the burst's span, 168 s", ttl)
+	}
 	// Raised to the whole limit (burst 20) the key still has 6 tokens: its
 	// debt of 4 × 12 s would be 8 of 20 tokens (12 left) without the
 	// rescale.
@@ -85,57 +90,103 @@ func TestSharedKeyKeepsItsTokensWhenItsShareRises(t *testing.T) {
 }
 
 func TestGlobalRaisedRegionGainsNoBurstAtOnce(t *testing.T) {
-	const interval = 200 * time.Millisecond
-	f := startGlobalFleet(t, interval, 5*time.Second)
+	// 600 in 10 minutes, burst 20: T = 1 s and a burst's span B·T = 20 s
+	// at every share, so that a raise from half to 0.95 takes 9.5 s to
+	// fill up at the new share, longer than any delay of the test.
+	limit := algorithms.NewLimit(600, int64(10*time.Minute), 20)
+	f := startGlobalFleetWith(t, fleetOptions{mode: "strict", interval: 200 * time.Millisecond, lease: 5 * time.Second, limit: limit}, nil)
 	f.waitContact()
 	us := f.regions[1]
-	// us pushes against its half of the limit (5 a second) while its
-	// bucket stays full and the key has no state in Redis: the drive's
-	// decisions use an emission interval of 1 ns, so the key expires a
-	// millisecond after each, but count for the region's demand as any.
-	tiny := algorithms.Limit{EmissionInterval: 1, Burst: globalLimit.Burst}
+	rc, ctx := us.redis.Client(), t.Context()
+	redisKey := func(key string) string { return "tally:" + globalZone + ":" + key }
+	serverNow := func() int64 {
+		now, err := rc.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return now.UnixMicro()
+	}
+	// "fresh" has no state in Redis. "old" was full at its half share 12 s
+	// ago, and its state, as a key last decided then keeps it, ends in 2 s:
+	// before its first decision at the new share.
+	start := serverNow()
+	if err := rc.Set(ctx, redisKey("old"), strconv.FormatInt(start-12e6, 10)+"/500000", 2*time.Second).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// us pushes against its half of the limit for both keys without
+	// deciding either, so that only the coordinator writes them, until the
+	// test ends (demand that stops lapses, and the shares go back).
 	stop := make(chan struct{})
 	done := make(chan struct{})
+	defer func() { close(stop); <-done }()
 	go func() {
 		defer close(done)
-		tick := time.NewTicker(200 * time.Millisecond)
+		tick := time.NewTicker(100 * time.Millisecond)
 		defer tick.Stop()
-		for n := 0; n < 500; n++ {
+		for n := 0; n < 1000; n++ {
 			select {
 			case <-stop:
 				return
 			case <-tick.C:
 			}
-			if _, err := us.shared[n%2].Decide(context.Background(), globalZone, "k", tiny, 1); err != nil {
-				t.Error(err)
-				return
+			for _, key := range []string{"fresh", "old"} {
+				us.regions[n%2].Count(globalZone, key, true, 1)
 			}
 		}
 	}()
-	f.waitShare(1, "k", distributed.ShareScale*9/10, 10*time.Second)
-	close(stop)
-	<-done
-	// At once, the whole burst: the region had a full bucket at half the
-	// limit (10), and gains 19 tokens only as its new rate refills them
-	// (9.5 a second). Without the coordinator's write of the raised key it
-	// would admit 19.
-	admitted := 0
-	for n := range 20 {
-		r, err := us.shared[n%2].Decide(context.Background(), globalZone, "k", globalLimit, 1)
-		if err != nil {
-			t.Fatal(err)
+	f.waitShare(1, "fresh", distributed.ShareScale*9/10, 10*time.Second)
+	f.waitShare(1, "old", distributed.ShareScale*9/10, 10*time.Second)
+
+	// The coordinator wrote the fresh key as a full bucket at its old
+	// share, and kept the old key's state for a burst's span.
+	v, err := rc.Get(ctx, redisKey("fresh")).Result()
+	planted, _ := strconv.ParseInt(strings.TrimSuffix(v, "/500000"), 10, 64)
+	if err != nil || !strings.HasSuffix(v, "/500000") || planted == 0 {
+		t.Fatalf("the raised key with no state holds %q (%v), want a TAT at the old share, <now>/500000", v, err)
+	}
+	if ttl := rc.PTTL(ctx, redisKey("old")).Val(); ttl < 10*time.Second {
+		t.Errorf("the raised key with state expires in %v, want it kept for the span (20 s), at least the 9.5 s it takes to fill at the new share", ttl)
+	}
+	// Past the end the old key's state had.
+	for serverNow() < start+2100000 {
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	// At once, the tokens each key had at the old share (10) and what the
+	// new rate refilled since its raise; without the coordinator's care, a
+	// key with no state would have the new share's whole burst (19).
+	burst := func(key string) int64 {
+		var admitted int64
+		for n := range 20 {
+			r, err := us.shared[n%2].Decide(ctx, globalZone, key, limit, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Allowed {
+				admitted++
+			}
 		}
-		if r.Allowed {
-			admitted++
+		return admitted
+	}
+	for _, c := range []struct {
+		key   string
+		since int64 // µs, Redis's clock: at or before the key's raise
+	}{{"fresh", planted}, {"old", start}} {
+		share := f.share(1, c.key)
+		if share < distributed.ShareScale*9/10 {
+			t.Fatalf("%s: the region's share fell back to %d before the burst", c.key, share)
 		}
+		raised := distributed.Scale(limit, share)
+		admitted := burst(c.key)
+		refilled := (serverNow() - c.since) / (raised.EmissionInterval / 1000)
+		if bound := 10 + 1 + refilled; admitted > bound {
+			t.Errorf("%s: the raised region admitted %d of a burst of 20 at once, want at most its old burst (10), one more, and %d refilled at the new rate since the raise", c.key, admitted, refilled)
+		}
+		if admitted < 10 {
+			t.Errorf("%s: the raised region admitted %d of a burst of 20, want at least the old burst (10)", c.key, admitted)
+		}
+		t.Logf("%s: admitted %d of 20 at once after the raise (%d refilled since)", c.key, admitted, refilled)
 	}
-	if admitted > 11 {
-		t.Errorf("the raised region admitted %d of a burst of 20 at once, want at most its old burst (10) and one refilled", admitted)
-	}
-	if admitted == 0 {
-		t.Error("the raised region admitted nothing")
-	}
-	t.Logf("admitted %d of 20 at once after the raise", admitted)
 }
 
 func equalInts(a, b []int64) bool {

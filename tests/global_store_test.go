@@ -60,18 +60,23 @@ func startGlobalFleetIn(t *testing.T, mode string, interval, lease time.Duration
 }
 
 // fleetOptions are a test fleet's settings beyond startGlobalFleetIn's:
-// the regional stores' timeout (0: 200 ms) and the regions' Refresh (0:
-// the default).
+// the regional stores' timeout (0: 200 ms), the regions' Refresh (0: the
+// default) and the zone's limit (zero: globalLimit; drive and checkBound
+// assume globalLimit).
 type fleetOptions struct {
 	mode                              string
 	interval, lease, timeout, refresh time.Duration
+	limit                             algorithms.Limit
 }
 
 // startGlobalFleetWith is startGlobalFleetIn with every setting.
 func startGlobalFleetWith(t *testing.T, o fleetOptions, logger *zap.Logger) *globalFleet {
-	mode, interval, lease, timeout, refresh := o.mode, o.interval, o.lease, o.timeout, o.refresh
+	mode, interval, lease, timeout, refresh, limit := o.mode, o.interval, o.lease, o.timeout, o.refresh, o.limit
 	if timeout == 0 {
 		timeout = 200 * time.Millisecond
+	}
+	if limit == (algorithms.Limit{}) {
+		limit = globalLimit
 	}
 	t.Helper()
 	f := &globalFleet{t: t, global: startRedis(t), interval: interval, lease: lease}
@@ -107,7 +112,7 @@ func startGlobalFleetWith(t *testing.T, o fleetOptions, logger *zap.Logger) *glo
 			}
 			t.Cleanup(func() { reg.Close() })
 			r.regions = append(r.regions, reg)
-			r.shared = append(r.shared, reg.Wrap(s, globalZone, globalLimit))
+			r.shared = append(r.shared, reg.Wrap(s, globalZone, limit))
 		}
 		f.regions = append(f.regions, r)
 	}
