@@ -109,16 +109,14 @@ for i = 1, #KEYS do
   if ARGV[a + 2] ~= sC then sC = ARGV[a + 2]; cost = tonumber(sC) end
   local op = ARGV[a + 3]
   local share, suf, sfmt -- a shared key's share now, from "s<share>:<op>"; "/<share>"; "%d/<share>"
-  if op ~= 'd' and op ~= 'r' and op ~= 'p' and op ~= 'c' and byte(op) == 115 then -- 's'
+  local e = shParsed and shParsed[op] -- a shared op parsed before (no call)
+  if not e and op ~= 'd' and op ~= 'r' and op ~= 'p' and op ~= 'c' and byte(op) == 115 then -- 's'
+    local p, o = match(op, '^s(%d+):(.+)$')
+    e = {tonumber(p), o, '/' .. p, '%d/' .. p}
     if not shParsed then shParsed = {} end
-    local e = shParsed[op]
-    if not e then
-      local p, o = match(op, '^s(%d+):(.+)$')
-      e = {tonumber(p), o, '/' .. p, '%d/' .. p}
-      shParsed[op] = e
-    end
-    share, op, suf, sfmt = e[1], e[2], e[3], e[4]
+    shParsed[op] = e
   end
+  if e then share, op, suf, sfmt = e[1], e[2], e[3], e[4] end
   local ban, peekOnly -- a ban op: 'd' or 'p' is what it does when the key is not banned
   local ahead = 0 -- how far ahead a denied request may be admitted for later
   if op ~= 'd' and op ~= 'r' and op ~= 'p' and op ~= 'c' then
