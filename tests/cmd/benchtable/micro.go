@@ -30,10 +30,12 @@ var microRuns = []benchRun{
 	{dir: ".", packages: []string{"./zones"}, pattern: "^(BenchmarkSnapshot1M|BenchmarkDecideDuringSnapshot)$", benchtime: "3x"},
 	{dir: "tests", packages: []string{"."}, pattern: "^BenchmarkLocal", benchtime: "1s"},
 	{dir: "tests", packages: []string{"."}, pattern: "^(BenchmarkStrict|BenchmarkRedisRate)", benchtime: "20000x"},
-	// Multi-region (issue 29), ~30s together: 3 alternating rounds of
-	// 150,000 decisions per scope, 9 syncs of 10k hot keys (3 per
+	// Multi-region (issue 29), ~40s together: 3 alternating rounds of
+	// 150,000 decisions per scope, 20 alternating rounds of 100 script
+	// calls per scope, 9 syncs of 10k hot keys (3 per
 	// region), 4 demand moves.
 	{dir: "tests", packages: []string{"."}, pattern: "^BenchmarkGlobalDecisionRedisCPU$", benchtime: "3x"},
+	{dir: "tests", packages: []string{"."}, pattern: "^BenchmarkGlobalScriptPerKey$", benchtime: "20x"},
 	{dir: "tests", packages: []string{"."}, pattern: "^BenchmarkGlobalSyncHotKeys$", benchtime: "9x"},
 	{dir: "tests", packages: []string{"."}, pattern: "^BenchmarkGlobalSharesFollowDemand$", benchtime: "4x"},
 }
