@@ -72,11 +72,6 @@ func add(a, b int64) int64 {
 type Limit struct {
 	EmissionInterval int64 // T = window / events
 	Burst            int64 // B, in units of cost; at least 1
-	// Share, when > 0, says that this limit is a region's share of a
-	// global one, in parts per million (distributed.Scale sets it): a
-	// store that keeps a key's state across share changes rescales it
-	// (see distributed/gcra.lua). The steps here ignore it.
-	Share int64
 }
 
 // NewLimit returns the limit of events per window with the given burst.

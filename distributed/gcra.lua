@@ -30,20 +30,6 @@
 --         later, its slot reserved (the TAT moves as for any admission),
 --         reported as allowed with 0 remaining; its wait is reset − B·T
 --         "b<first>,<max>,<ahead>" the ban decide of a zone with delay too
---         "s<share>:<op>" any op above on a key decided at a share of a
---         global limit (ppm, see distributed/region.go): the key keeps
---         the share its TAT was written at ("<value>/<share>"), and when
---         the share has risen since, the TAT is rescaled first so that
---         the key has as many tokens left as it had at the old share,
---         refilled at the new rate from now on: debt' = B·T − (B·T −
---         debt)·old/new, never less than debt (B·T, the burst's span, is
---         the same at every share). A share change never adds tokens at
---         once, so shares summing to at most 1 keep the fleet's bound. A
---         fall keeps the TAT (the region's tokens shrink with its share).
---         Every op but a peek writes the new share with the TAT. A
---         shared key's TTL is its resetAfter plus B·T: it outlives the
---         TAT by the span, so that a key full at its share keeps it when
---         the share rises (a lagging instance's write included).
 --
 -- A key with a ban holds "TAT,ban end,remembered until,level" (µs, the TAT
 -- 0 when it has none) instead of "TAT", with a TTL that reaches the later
@@ -82,7 +68,7 @@
 -- one written; the reply table starts sized for one key, and holds two
 -- integers per key (four cost 4% more).
 
-local floor, format, tonumber, match, byte, sub, find = math.floor, string.format, tonumber, string.match, string.byte, string.sub, string.find
+local floor, format, tonumber, match, byte, sub = math.floor, string.format, tonumber, string.match, string.byte, string.sub
 
 local now = tonumber(ARGV[1])
 if not now then
@@ -94,8 +80,6 @@ local sT, sB, sC, T, B, cost -- the last limit parsed, as sent and as numbers
 local num = {} -- limits parsed, by string (a global zone's keys alternate)
 local lastMs, lastPX -- the last TTL written, as a number and as sent
 local sOp, bFirst, bMax, sAhead, sBan -- the last ban or delay op parsed
-local shParsed -- shared ops parsed, by op: {share, op, "/<share>", "%d/<share>"} (a
--- batch of a global zone alternates between its hot keys' shares and the weight)
 for i = 1, #KEYS do
   local key, a, j = KEYS[i], 4 * i - 2, 2 * i - 1
   if ARGV[a] ~= sT then
@@ -108,15 +92,6 @@ for i = 1, #KEYS do
   end
   if ARGV[a + 2] ~= sC then sC = ARGV[a + 2]; cost = tonumber(sC) end
   local op = ARGV[a + 3]
-  local share, suf, sfmt -- a shared key's share now, from "s<share>:<op>"; "/<share>"; "%d/<share>"
-  local e = shParsed and shParsed[op] -- a shared op parsed before (no call)
-  if not e and op ~= 'd' and op ~= 'r' and op ~= 'p' and op ~= 'c' and byte(op) == 115 then -- 's'
-    local p, o = match(op, '^s(%d+):(.+)$')
-    e = {tonumber(p), o, '/' .. p, '%d/' .. p}
-    if not shParsed then shParsed = {} end
-    shParsed[op] = e
-  end
-  if e then share, op, suf, sfmt = e[1], e[2], e[3], e[4] end
   local ban, peekOnly -- a ban op: 'd' or 'p' is what it does when the key is not banned
   local ahead = 0 -- how far ahead a denied request may be admitted for later
   if op ~= 'd' and op ~= 'r' and op ~= 'p' and op ~= 'c' then
@@ -135,21 +110,10 @@ for i = 1, #KEYS do
     peekOnly = c == 80                                     -- that reports the ban
     if op == 'd' then ahead = sAhead end                   -- and starts none)
   end
-  local looks = op == 'p' -- a peek (or a check): writes nothing
   local raw = redis.pcall('GET', key)
   local stored = 0
   local bEnd, bMem, bLvl -- the key's ban, if it has one
-  local held -- a shared key's share when its TAT was written
   if raw then
-    if share and type(raw) == 'string' then
-      local n = #suf
-      if sub(raw, -n) == suf then -- written at this share (the usual case)
-        raw, held = sub(raw, 1, -n - 1), share
-      else
-        local k = find(raw, '/', 1, true)
-        if k then raw, held = sub(raw, 1, k - 1), tonumber(sub(raw, k + 1)) end
-      end
-    end
     stored = tonumber(raw) -- nil for an error reply (a table) or a foreign string
     if not stored and type(raw) == 'string' then
       local t, e, m, l = match(raw, '^(%d+),(%d+),(%d+),(%d+)$')
@@ -160,16 +124,6 @@ for i = 1, #KEYS do
   local write -- the TAT to store, if any
   local gone -- the TAT is to go (the key too, unless it keeps a ban)
   if bMem and bMem <= now then bEnd, bMem, bLvl = nil, nil, nil end
-  local retag -- a shared key written at another share (or at none)
-  if share and stored and held ~= share then
-    retag = true
-    if held and share > held then -- risen: the same tokens left, refilled faster
-      local debt, span = stored - now, B * T
-      if debt < 0 then debt = 0 end
-      local d = span - floor((span - debt) * held / share)
-      if d > debt then stored = now + d end
-    end
-  end
   if not stored then
     redis.call('DEL', key)
     if type(raw) == 'table' then reset = -1 else reset = -2 end
@@ -236,36 +190,22 @@ for i = 1, #KEYS do
       end
     end
   end
-  if retag and not write and not gone and not looks and stored > now then
-    write = stored -- the TAT at the key's new share
-  end
   if bMem and (write or gone) then
     -- The key keeps its ban (and what is remembered of it) as its TAT
     -- changes: its TTL reaches the later of the two.
     local w = write
     if not w or w < now then w = 0 end
-    local left, wl = bMem - now, w - now
-    if share then wl = wl + B * T end -- (see below)
-    if wl > left then left = wl end
-    local v = format('%d,%d,%d,%d', w, bEnd, bMem, bLvl)
-    if share then v = v .. suf end
-    redis.call('SET', key, v, 'PX', format('%d', floor((left + 999) / 1000)))
+    local left = bMem - now
+    if w - now > left then left = w - now end
+    redis.call('SET', key, format('%d,%d,%d,%d', w, bEnd, bMem, bLvl), 'PX', format('%d', floor((left + 999) / 1000)))
   elseif write then -- with a TTL of its resetAfter, rounded up to whole ms, at least 1
     local left = write - now
-    -- a shared key one burst's span longer: a key full at its share
-    -- must still be there when its share rises, or it would come back
-    -- full at the new share (see region_sync.go's plant)
-    if share then left = left + B * T end
     local ms = floor(left / 1000) -- the quotient may round up to an integer,
     if ms * 1000 > left then ms = ms - 1 end -- never down: now it is floored,
     if ms * 1000 < left then ms = ms + 1 end -- and now rounded up
     if ms < 1 then ms = 1 end
     if ms ~= lastMs then lastMs, lastPX = ms, format('%d', ms) end
-    if share then
-      redis.call('SET', key, format(sfmt, write), 'PX', lastPX)
-    else
-      redis.call('SET', key, format('%d', write), 'PX', lastPX)
-    end
+    redis.call('SET', key, format('%d', write), 'PX', lastPX)
   elseif gone then
     redis.call('DEL', key)
   end

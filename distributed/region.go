@@ -228,8 +228,15 @@ const maxCounted = 10_000
 
 // counter is one key's admitted and denied cost since the last take; a
 // retired counter holds dead in both (an add to it stays below deadBelow,
-// and the decision is counted again on a fresh counter).
-type counter struct{ n [2]atomic.Int64 }
+// and the decision is counted again on a fresh counter). span is the
+// longest burst span (B·T, ns) the key was decided with when it was not
+// the zone's own (a plan's limit), 0 otherwise: a raise rescales the key
+// with it (see plantScript). It is a hint: one lost to a take's race
+// leaves the zone's span.
+type counter struct {
+	n    [2]atomic.Int64
+	span atomic.Int64
+}
 
 const (
 	dead      = math.MinInt64 / 2
@@ -405,7 +412,7 @@ func (r *Region) Weight() int64 { return r.weight }
 
 // count notes one decision of key for the region's demand: on the hot
 // path, a sync.Map load and an atomic add, no lock shared by the keys.
-func (r *Region) count(zone, key string, allowed bool, cost int64) {
+func (r *Region) count(zone, key string, allowed bool, cost, span int64) {
 	z := r.zone(zone)
 	if z == nil {
 		return
@@ -413,6 +420,9 @@ func (r *Region) count(zone, key string, allowed bool, cost int64) {
 	i := 1
 	if allowed {
 		i = 0
+	}
+	if span == z.interval.Load()*z.burst.Load() {
+		span = 0 // the zone's own: nothing to note
 	}
 	for {
 		v, ok := z.counts.Load(key)
@@ -428,6 +438,8 @@ func (r *Region) count(zone, key string, allowed bool, cost int64) {
 		}
 		c := v.(*counter)
 		if c.n[i].Add(cost) > deadBelow {
+			for s := c.span.Load(); span > s && !c.span.CompareAndSwap(s, span); s = c.span.Load() {
+			}
 			return
 		}
 		// take retired this counter after a poll without decisions:
@@ -436,11 +448,11 @@ func (r *Region) count(zone, key string, allowed bool, cost int64) {
 	}
 }
 
-// take returns the zone's counts (admitted, denied) since the last take
-// and starts afresh. Every add that found its counter live happened
+// take returns the zone's counts (admitted, denied, span) since the last
+// take and starts afresh. Every add that found its counter live happened
 // before take swapped it: each decision is in exactly one take.
-func (z *regionZone) take() map[string][2]int64 {
-	out := make(map[string][2]int64)
+func (z *regionZone) take() map[string][3]int64 {
+	out := make(map[string][3]int64)
 	z.counts.Range(func(k, v any) bool {
 		c := v.(*counter)
 		a, d := c.n[0].Swap(0), c.n[1].Swap(0)
@@ -452,7 +464,7 @@ func (z *regionZone) take() map[string][2]int64 {
 			z.counted.Add(-1)
 		}
 		if a != 0 || d != 0 {
-			out[k.(string)] = [2]int64{a, d}
+			out[k.(string)] = [3]int64{a, d, c.span.Swap(0)}
 		}
 		return true
 	})
@@ -535,7 +547,7 @@ func (r *Region) poll() {
 		counts := z.take()
 		args = append(args, len(counts))
 		for k, c := range counts {
-			args = append(args, k, c[0], c[1])
+			args = append(args, k, c[0], c[1], c[2]/1000) // the span in µs, as Redis's TATs
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), r.timeout+r.pollInterval())

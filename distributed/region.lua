@@ -5,13 +5,14 @@
 -- zone its demand hash and its shares hash.
 -- ARGV[1] op:
 --   "poll"    every instance: ARGV 2 known version, 3 demand TTL ms, 4
---             number of zones, then per zone n and n triples key, admitted,
---             denied. Adds the counts; replies {now ms, contact ms or -1,
+--             number of zones, then per zone n and n quadruples key,
+--             admitted, denied, span (µs; 0: the zone's). Adds the counts,
+--             keeps the longest span; replies {now ms, contact ms or -1,
 --             version, then, when the version moved, per zone n, key, share...}.
 --   "lock"    ARGV 2 instance id, 3 lock TTL ms: the fencing token (Redis
 --             TIME µs when the lock was taken) or 0 when another holds it.
 --   "collect" the coordinator: ARGV 2 id|token; per zone n, key, admitted,
---             denied..., clearing the demand; {-1} when not the holder.
+--             denied, span..., clearing the demand; {-1} when not the holder.
 --   "publish" ARGV 2 id|token, 3 contact age ms (-1: keep), 4 TTL ms, 5
 --             full (1: replace), 6 number of zones, then per zone n and n
 --             pairs key, share (-1: back to the weight). {-1} when not the
@@ -44,7 +45,12 @@ if op == 'poll' then
 		for _ = 1, n do
 			redis.call('HINCRBY', dk, ARGV[i] .. '\0a', ARGV[i + 1])
 			if ARGV[i + 2] ~= '0' then redis.call('HINCRBY', dk, ARGV[i] .. '\0d', ARGV[i + 2]) end
-			i = i + 3
+			if ARGV[i + 3] ~= '0' then
+				local f = ARGV[i] .. '\0s'
+				local cur = tonumber(redis.call('HGET', dk, f))
+				if not cur or tonumber(ARGV[i + 3]) > cur then redis.call('HSET', dk, f, ARGV[i + 3]) end
+			end
+			i = i + 4
 		end
 		if n > 0 then redis.call('PEXPIRE', dk, ttl) end
 	end
@@ -73,8 +79,8 @@ if op == 'collect' then
 		for j = 1, #raw, 2 do
 			local key, kind = string.match(raw[j], '^(.*)%z(.)$')
 			if key then
-				if not acc[key] then acc[key] = {0, 0}; order[#order + 1] = key end
-				acc[key][kind == 'a' and 1 or 2] = tonumber(raw[j + 1])
+				if not acc[key] then acc[key] = {0, 0, 0}; order[#order + 1] = key end
+				acc[key][kind == 'a' and 1 or kind == 'd' and 2 or 3] = tonumber(raw[j + 1])
 			end
 		end
 		out[#out + 1] = #order
@@ -82,6 +88,7 @@ if op == 'collect' then
 			out[#out + 1] = key
 			out[#out + 1] = acc[key][1]
 			out[#out + 1] = acc[key][2]
+			out[#out + 1] = acc[key][3]
 		end
 	end
 	return out

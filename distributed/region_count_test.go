@@ -22,7 +22,7 @@ func TestRegionCountIsExactUnderConcurrency(t *testing.T) {
 	r := countingRegion()
 	z := r.zone("api")
 	totals := map[string][2]int64{}
-	add := func(m map[string][2]int64) {
+	add := func(m map[string][3]int64) {
 		for k, c := range m {
 			t := totals[k]
 			t[0] += c[0]
@@ -49,9 +49,9 @@ func TestRegionCountIsExactUnderConcurrency(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range rounds {
-				r.count("api", "shared", true, 1)
-				r.count("api", "shared", false, 3)
-				r.count("api", "w"+strconv.Itoa(w)+"-"+strconv.Itoa(i%own), i%2 == 0, 2)
+				r.count("api", "shared", true, 1, 0)
+				r.count("api", "shared", false, 3, 0)
+				r.count("api", "w"+strconv.Itoa(w)+"-"+strconv.Itoa(i%own), i%2 == 0, 2, 0)
 			}
 		}()
 	}
@@ -91,8 +91,8 @@ func TestRegionCountKeepsItsBound(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range maxCounted / 2 {
-				r.count("api", "k"+strconv.Itoa(w)+"-"+strconv.Itoa(i), true, 1)
-				r.count("api", "common", true, 1)
+				r.count("api", "k"+strconv.Itoa(w)+"-"+strconv.Itoa(i), true, 1, 0)
+				r.count("api", "common", true, 1, 0)
 			}
 		}()
 	}
@@ -102,14 +102,14 @@ func TestRegionCountKeepsItsBound(t *testing.T) {
 		t.Errorf("%d keys counted, want the bound %d", len(m), maxCounted)
 	}
 	for k, c := range m {
-		if k != "common" && c != [2]int64{1, 0} {
-			t.Fatalf("key %s counted %v, want [1 0]", k, c)
+		if k != "common" && c != [3]int64{1, 0, 0} {
+			t.Fatalf("key %s counted %v, want [1 0 0]", k, c)
 		}
 	}
 	if n := len(z.take()); n != 0 {
 		t.Errorf("%d keys counted after a take with no decisions, want 0", n)
 	}
-	r.count("api", "again", true, 1)
+	r.count("api", "again", true, 1, 0)
 	if n := len(z.take()); n != 1 {
 		t.Errorf("%d keys counted after the take, want 1 (the bound is per take)", n)
 	}
@@ -123,7 +123,7 @@ func BenchmarkRegionCount(b *testing.B) {
 		r := countingRegion()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				r.count("api", "hot", true, 1)
+				r.count("api", "hot", true, 1, 0)
 			}
 		})
 	})
@@ -142,9 +142,39 @@ func BenchmarkRegionCount(b *testing.B) {
 			}
 			i := 0
 			for pb.Next() {
-				r.count("api", keys[i&255], true, 1)
+				r.count("api", keys[i&255], true, 1, 0)
 				i++
 			}
 		})
 	})
+}
+
+// A key's span, counted by many goroutines at once, is the longest one
+// since the last take; a key decided at the zone's own limit has none (the
+// zone's span is 1·1 here).
+func TestRegionCountKeepsTheLongestSpan(t *testing.T) {
+	const workers, rounds = 16, 500
+	r := countingRegion()
+	z := r.zone("api")
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range rounds {
+				r.count("api", "planned", true, 1, int64(2+w*rounds+i))
+				r.count("api", "plain", true, 1, 1)
+			}
+		})
+	}
+	wg.Wait()
+	m := z.take()
+	if got, want := m["planned"], [3]int64{workers * rounds, 0, 1 + workers*rounds}; got != want {
+		t.Errorf("planned: taken %v, want %v (every count, the longest span)", got, want)
+	}
+	if got, want := m["plain"], [3]int64{workers * rounds, 0, 0}; got != want {
+		t.Errorf("plain: taken %v, want %v (no span of its own)", got, want)
+	}
+	r.count("api", "planned", true, 1, 5)
+	if got := z.take()["planned"][2]; got != 5 {
+		t.Errorf("after a take, the span is the next count's (5), got %d", got)
+	}
 }

@@ -49,14 +49,15 @@ func (r *Region) Wrap(inner zones.Store, zone string, limit algorithms.Limit) zo
 func (s *Shared) Region() *Region { return s.region }
 
 // Scale is limit at share (ppm): the emission interval divided by the
-// share, the burst multiplied by it (at least 1), and the share noted
-// (Limit.Share) so that the strict store rescales a key's TAT when its
-// share rises. Shares summing to at most ShareScale give rates summing to
-// at most the limit's, and bursts to at most its burst plus one per region
-// whose share rounds it to 0.
+// share, the burst multiplied by it (at least 1). Shares summing to at
+// most ShareScale give rates summing to at most the limit's, and bursts to
+// at most its burst plus one per region whose share rounds it to 0. The
+// burst's span B·T is the same at every share (but for rounding), so that
+// a key's debt means the same at every share: a cut takes tokens away at
+// once, and a raise, rescaled by the coordinator (see plantScript), adds
+// none.
 func Scale(limit algorithms.Limit, share int64) algorithms.Limit {
 	if share >= ShareScale {
-		limit.Share = ShareScale
 		return limit
 	}
 	share = max(1, share)
@@ -64,7 +65,7 @@ func Scale(limit algorithms.Limit, share int64) algorithms.Limit {
 	if t > math.MaxInt64/4 {
 		t = math.MaxInt64 / 4
 	}
-	return algorithms.Limit{EmissionInterval: int64(t), Burst: max(1, limit.Burst*share/ShareScale), Share: share}
+	return algorithms.Limit{EmissionInterval: int64(t), Burst: max(1, limit.Burst*share/ShareScale)}
 }
 
 func (s *Shared) limit(zone, key string, l algorithms.Limit) algorithms.Limit {
@@ -75,7 +76,7 @@ func (s *Shared) limit(zone, key string, l algorithms.Limit) algorithms.Limit {
 func (s *Shared) Decide(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) (algorithms.Result, error) {
 	r, err := s.inner.Decide(ctx, zone, key, s.limit(zone, key, limit), cost)
 	if err == nil {
-		s.region.count(zone, key, r.Allowed, cost)
+		s.region.count(zone, key, r.Allowed, cost, limit.Burst*limit.EmissionInterval)
 	}
 	return r, err
 }
@@ -89,7 +90,7 @@ func (s *Shared) DecideAhead(ctx context.Context, zone, key string, limit algori
 	}
 	r, err := ds.DecideAhead(ctx, zone, key, s.limit(zone, key, limit), cost, ahead)
 	if err == nil {
-		s.region.count(zone, key, r.Allowed, cost)
+		s.region.count(zone, key, r.Allowed, cost, limit.Burst*limit.EmissionInterval)
 	}
 	return r, err
 }
@@ -108,7 +109,7 @@ func (s *Shared) Peek(ctx context.Context, zone, key string, limit algorithms.Li
 func (s *Shared) Check(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, error) {
 	r, err := s.inner.Check(ctx, zone, key, s.limit(zone, key, limit))
 	if err == nil && !r.Allowed {
-		s.region.count(zone, key, false, 1)
+		s.region.count(zone, key, false, 1, limit.Burst*limit.EmissionInterval)
 	}
 	return r, err
 }
@@ -117,7 +118,7 @@ func (s *Shared) Check(ctx context.Context, zone, key string, limit algorithms.L
 func (s *Shared) Charge(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) (algorithms.Result, error) {
 	r, err := s.inner.Charge(ctx, zone, key, s.limit(zone, key, limit), cost)
 	if err == nil {
-		s.region.count(zone, key, true, cost)
+		s.region.count(zone, key, true, cost, limit.Burst*limit.EmissionInterval)
 	}
 	return r, err
 }
@@ -167,7 +168,7 @@ func (s *SharedRecords) Fallback(zone, key string, now int64, limit, share algor
 func (s *SharedBans) DecideBan(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64, rule zones.BanRule) (algorithms.Result, zones.StoreBan, error) {
 	r, b, err := s.bans.DecideBan(ctx, zone, key, s.limit(zone, key, limit), cost, rule)
 	if err == nil {
-		s.region.count(zone, key, r.Allowed, cost)
+		s.region.count(zone, key, r.Allowed, cost, limit.Burst*limit.EmissionInterval)
 	}
 	return r, b, err
 }
@@ -181,7 +182,7 @@ func (s *SharedBans) DecideBanAhead(ctx context.Context, zone, key string, limit
 	}
 	r, b, err := ds.DecideBanAhead(ctx, zone, key, s.limit(zone, key, limit), cost, rule, ahead)
 	if err == nil {
-		s.region.count(zone, key, r.Allowed, cost)
+		s.region.count(zone, key, r.Allowed, cost, limit.Burst*limit.EmissionInterval)
 	}
 	return r, b, err
 }

@@ -9,8 +9,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
-	"github.com/caddy-tally/ratelimit/algorithms"
-
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 )
 
@@ -28,6 +26,10 @@ type coordinator struct {
 	down      bool  // an outage is being logged
 	// sent is, per zone, what the global store last heard of each key
 	sent map[string]map[string]*lastReport
+	// spans is, per zone, the burst span (µs) of the keys last counted
+	// with another span than the zone's (plans): what plant rescales them
+	// with; kept while the key is sent or held
+	spans map[string]map[string]int64
 }
 
 // holding is one key's share as published in the region. After a cut the
@@ -49,6 +51,7 @@ type lastReport struct {
 func (c *coordinator) init() {
 	c.held = map[string]map[string]*holding{}
 	c.sent = map[string]map[string]*lastReport{}
+	c.spans = map[string]map[string]int64{}
 }
 
 // due says whether a sync that is not in full reports key, from what the
@@ -242,11 +245,21 @@ func (r *Region) reports(zs []*regionZone, now int64, raw []any, elapsed int64, 
 			n = int(n64)
 			i++
 		}
-		for j := 0; j < n && i+2 < len(raw); j++ {
+		spans := c.spans[z.name]
+		if spans == nil {
+			spans = map[string]int64{}
+			c.spans[z.name] = spans
+		}
+		for j := 0; j < n && i+3 < len(raw); j++ {
 			key, _ := raw[i].(string)
 			adm, _ := raw[i+1].(int64)
 			den, _ := raw[i+2].(int64)
-			i += 3
+			if span, _ := raw[i+3].(int64); span > 0 {
+				spans[key] = span
+			} else {
+				delete(spans, key)
+			}
+			i += 4
 			share := r.weight
 			if h := held[key]; h != nil {
 				share = h.cur
@@ -321,6 +334,12 @@ func (r *Region) noteSent(now int64, reports []report, full bool) {
 		for k, s := range last {
 			if s.wants < 0 && held[k] == nil {
 				delete(last, k)
+			}
+		}
+		spans := c.spans[rep.zone]
+		for k := range spans {
+			if last[k] == nil && held[k] == nil {
+				delete(spans, k)
 			}
 		}
 	}
@@ -489,24 +508,47 @@ type update struct {
 	g, from   int64
 }
 
-// plantScript prepares a strict key for its raise. A key with no state
-// is written as a full bucket at its old share (gcra.lua's shared value
-// "<TAT>/<share>", the TAT now) for as long as the key takes to fill up at
-// its new share (ARGV[2], ms). A key with state keeps it, for at least the
-// burst's span (ARGV[3], ms: the longest a raised key takes to fill up): a
-// key full at its share, whose state would otherwise expire with its TTL
-// before its first decision at the new share, would come back as a full
-// bucket at the new share. An instance deciding the key at its new share
-// then starts from the tokens it had (see gcra.lua's "s" op).
+// plantScript rescales a strict region's raised key before its raise is
+// published, so that a raise adds no tokens at once: the key keeps the
+// tokens it had at its old share and refills them at the new rate from
+// now on. Tokens are (B·T − debt)/T at every share, with debt = TAT − now
+// and B·T, the burst's span, the same at every share; so at the new share
+// debt' = B·T − (B·T − debt)·from/to, never less than debt. A key with no
+// state, a full bucket at its old share, is written as that (debt' =
+// B·T·(1 − from/to)). The key gets a TTL of its new resetAfter, or what
+// it had if longer (a ban remembered); a value tally did not write is left
+// alone. The decisions then need nothing of the share but its limit: a
+// key's TAT always holds at the share its region applies, and an instance
+// that still applies the old share (up to one of its polls) decides at
+// that share, with fewer tokens.
+//
+// KEYS[1]: the key; ARGV: from, to (ppm), span (µs). One key per call:
+// keys of a Cluster are in many slots.
 var plantScript = redis.NewScript(`local t = redis.call('TIME')
-if redis.call('SET', KEYS[1], string.format('%d/%s', t[1] * 1000000 + t[2], ARGV[1]), 'NX', 'PX', ARGV[2]) then return 1 end
+local now = t[1] * 1000000 + t[2]
+local from, to, span = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local raw = redis.pcall('GET', KEYS[1])
+local tat, rest = now, ''
+if raw then
+  local v
+  if type(raw) == 'string' then v, rest = string.match(raw, '^(%d+)(.*)$') end -- "TAT" or "TAT,<ban>"
+  tat = tonumber(v)
+end
+if not tat then return 0 end
+local debt = tat - now
+if debt < 0 then debt = 0 end
+local d = span - math.floor((span - debt) * (from / to))
+if d <= debt then return 0 end
+local ms = math.floor((d + 999) / 1000)
 local left = redis.call('PTTL', KEYS[1])
-if left >= 0 and left < tonumber(ARGV[3]) then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
-return 0`)
+if left > ms then ms = left end
+redis.call('SET', KEYS[1], string.format('%d', now + d) .. rest, 'PX', ms)
+return 1`)
 
-// plant prepares the raised keys of a strict region before their shares
+// plant rescales the raised keys of a strict region before their shares
 // are published (plantScript); false when the regional Redis did not
-// answer, and then the raises are not published either.
+// answer, and then the raises are not published either. A key is rescaled
+// with the span it was last counted with (a plan's), or the zone's.
 func (r *Region) plant(ctx context.Context, updates []update) bool {
 	if !r.strict {
 		return true
@@ -520,13 +562,11 @@ func (r *Region) plant(ctx context.Context, updates []update) bool {
 			if z == nil {
 				continue
 			}
-			// what the key lacks at its new share: the span of the
-			// burst (the same at every share) less the part the old
-			// share fills, in ms rounded up
-			l := Scale(algorithms.Limit{EmissionInterval: z.interval.Load(), Burst: z.burst.Load()}, x.g)
-			span := max(1, l.EmissionInterval/1000) * l.Burst // µs, as gcra.lua sees it
-			ttl := max(1, (span*(x.g-x.from)/x.g+999)/1000)
-			plantScript.Eval(ctx, p, []string{r.prefix + x.zone + ":" + x.key}, x.from, ttl, (span+999)/1000)
+			span := r.coord.spans[x.zone][x.key]
+			if span == 0 {
+				span = max(1, z.interval.Load()/1000) * z.burst.Load() // µs, as gcra.lua sees it
+			}
+			plantScript.Eval(ctx, p, []string{r.prefix + x.zone + ":" + x.key}, x.from, x.g, span)
 		}
 		return nil
 	})

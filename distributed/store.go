@@ -5,9 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
-	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
@@ -98,7 +96,7 @@ func (s *Store) Decide(ctx context.Context, zone, key string, limit algorithms.L
 // ban in the same script step, with the key's TTL reaching its end.
 func (s *Store) DecideBan(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64, rule zones.BanRule) (algorithms.Result, zones.StoreBan, error) {
 	l := micro(limit)
-	return s.banStep(ctx, zone, key, [5]any{"", l.EmissionInterval, l.Burst, cost, shared(l, s.op('b', rule, 0))})
+	return s.banStep(ctx, zone, key, [5]any{"", l.EmissionInterval, l.Burst, cost, s.op('b', rule, 0)})
 }
 
 // DecideAhead is Decide in a zone with delay (zones.DelayStore): a request
@@ -110,7 +108,7 @@ func (s *Store) DecideAhead(ctx context.Context, zone, key string, limit algorit
 		return algorithms.Result{}, ErrClosed
 	}
 	l := micro(limit)
-	rep := s.call(ctx, s.gcra, s.RedisKey(zone, key), [5]any{"", l.EmissionInterval, l.Burst, cost, shared(l, s.op('w', zones.BanRule{}, ahead))})
+	rep := s.call(ctx, s.gcra, s.RedisKey(zone, key), [5]any{"", l.EmissionInterval, l.Burst, cost, s.op('w', zones.BanRule{}, ahead)})
 	if rep.err != nil {
 		s.problems.note(zone, rep.err)
 		return algorithms.Result{}, rep.err
@@ -121,7 +119,7 @@ func (s *Store) DecideAhead(ctx context.Context, zone, key string, limit algorit
 // DecideBanAhead is DecideBan in a zone with delay too.
 func (s *Store) DecideBanAhead(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64, rule zones.BanRule, ahead int64) (algorithms.Result, zones.StoreBan, error) {
 	l := micro(limit)
-	r, b, err := s.banStep(ctx, zone, key, [5]any{"", l.EmissionInterval, l.Burst, cost, shared(l, s.op('b', rule, ahead))})
+	r, b, err := s.banStep(ctx, zone, key, [5]any{"", l.EmissionInterval, l.Burst, cost, s.op('b', rule, ahead)})
 	return withDelay(r, l), b, err
 }
 
@@ -141,7 +139,7 @@ func withDelay(r algorithms.Result, l algorithms.Limit) algorithms.Result {
 // no quota starts the ban.
 func (s *Store) CheckBan(ctx context.Context, zone, key string, limit algorithms.Limit, rule zones.BanRule) (algorithms.Result, zones.StoreBan, error) {
 	l := micro(limit)
-	return s.banStep(ctx, zone, key, [5]any{"", l.EmissionInterval, l.Burst, int64(1), shared(l, s.op('B', rule, 0))})
+	return s.banStep(ctx, zone, key, [5]any{"", l.EmissionInterval, l.Burst, int64(1), s.op('B', rule, 0)})
 }
 
 // PeekBan is Peek with the key's ban, for the admin API: it bypasses the
@@ -151,7 +149,7 @@ func (s *Store) PeekBan(ctx context.Context, zone, key string, limit algorithms.
 	var rep reply
 	l := micro(limit)
 	err := s.unbatched(ctx, rkey, func(ctx context.Context) error {
-		rep = s.direct(ctx, s.gcra, rkey, [5]any{"", l.EmissionInterval, l.Burst, int64(1), shared(l, "P0,0")})
+		rep = s.direct(ctx, s.gcra, rkey, [5]any{"", l.EmissionInterval, l.Burst, int64(1), "P0,0"})
 		return rep.err
 	})
 	if err != nil {
@@ -211,40 +209,6 @@ func (s *Store) op(op byte, rule zones.BanRule, ahead int64) any {
 	}
 	s.ops.m[k] = v
 	return v
-}
-
-// shared is op for a key decided at a share of a global limit
-// (Limit.Share > 0): "s<share>:<op>", so that gcra.lua keeps the share with
-// the key's TAT and rescales the TAT when the share has risen since (see
-// gcra.lua). Other keys' ops are op itself.
-func shared(l algorithms.Limit, op any) any {
-	if l.Share <= 0 {
-		return op
-	}
-	k := sharedKey{l.Share, op.(string)}
-	if v, ok := sharedOps.Load(k); ok {
-		return v // boxed once: a decision allocates nothing for it
-	}
-	v := any("s" + strconv.FormatInt(l.Share, 10) + ":" + k.op)
-	if sharedOpsN.Add(1) <= maxSharedOps {
-		sharedOps.Store(k, v)
-	}
-	return v
-}
-
-// sharedOps caches shared's ops, at most maxSharedOps of them (shares are
-// few in practice: the weights, the floors, what the global store grants;
-// past the bound an op is made per call).
-var (
-	sharedOps  sync.Map // sharedKey → any (string)
-	sharedOpsN atomic.Int64
-)
-
-const maxSharedOps = 4096
-
-type sharedKey struct {
-	share int64
-	op    string
 }
 
 type opKey struct {
@@ -320,9 +284,6 @@ func micro(l algorithms.Limit) algorithms.Limit {
 // TIME) or int64 µs. A batch shares ARGV[1] (now) and appends the other four
 // for each key.
 func scriptArgs(op Op, l algorithms.Limit, cost int64, now any) [5]any {
-	if l.Share > 0 {
-		return [5]any{now, l.EmissionInterval, l.Burst, cost, shared(l, string(op))}
-	}
 	return [5]any{now, l.EmissionInterval, l.Burst, cost, string(op)}
 }
 
