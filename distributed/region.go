@@ -215,6 +215,10 @@ type regionZone struct {
 	users    int          // handlers that wrapped the zone (r.mu)
 	mu       sync.RWMutex
 	shares   map[string]int64 // applied by this instance
+	// read: the region's shares of the zone were read since the zone was
+	// added; until then the zone is at the region's floor (a zone added
+	// by a reload may have cuts the other instances apply)
+	read atomic.Bool
 	// counts are the admitted and denied since the last take, per key
 	// (*counter): a key decided in the last poll's time costs a lock-free
 	// load and one atomic add; a counter idle for a whole poll is retired.
@@ -374,8 +378,9 @@ func (r *Region) zone(name string) *regionZone {
 
 // Share is this region's share of key in zone now (ppm): its floor while
 // the region has had no contact with the global store for a lease (or this
-// instance has not read the region's shares for confirmMargin), else
-// what the global store granted, else the region's weight.
+// instance has not read the region's shares for confirmMargin, or of this
+// zone since it was added), else what the global store granted, else the
+// region's weight.
 func (r *Region) Share(zone, key string) int64 {
 	if r.floored.Load() || time.Duration(monotime.Now()-r.polled.Load()) > r.confirmMargin() {
 		// An instance that could not read the region's shares for the
@@ -385,6 +390,9 @@ func (r *Region) Share(zone, key string) int64 {
 	z := r.zone(zone)
 	if z == nil {
 		return r.weight
+	}
+	if !z.read.Load() {
+		return r.floor
 	}
 	z.mu.RLock()
 	s, ok := z.shares[key]
@@ -409,6 +417,9 @@ func (r *Region) Coordinated(zone string) int {
 
 // Weight is this region's default share (ppm).
 func (r *Region) Weight() int64 { return r.weight }
+
+// Floor is the region's floor share (ppm): a tenth of its weight.
+func (r *Region) Floor() int64 { return r.floor }
 
 // count notes one decision of key for the region's demand: on the hot
 // path, a sync.Map load and an atomic add, no lock shared by the keys.
@@ -542,7 +553,13 @@ func (r *Region) every(f func()) {
 func (r *Region) poll() {
 	set := r.zoneSet() // one set of zones for the call and its reply
 	zs := set.zones
-	args := []any{"poll", r.version, (10 * r.opts.SyncInterval).Milliseconds(), len(zs)}
+	known := r.version
+	for _, z := range zs {
+		if !z.read.Load() {
+			known = "" // a zone added since: read every zone's shares
+		}
+	}
+	args := []any{"poll", known, (10 * r.opts.SyncInterval).Milliseconds(), len(zs)}
 	for _, z := range zs {
 		counts := z.take()
 		args = append(args, len(counts))
@@ -565,7 +582,7 @@ func (r *Region) poll() {
 		r.contactAt.Store(max(1, now-int64(time.Duration(rnow-contact)*time.Millisecond)))
 	}
 	version := fmt.Sprint(v[2])
-	if version == r.version || len(v) == 3 {
+	if version == known || len(v) == 3 {
 		r.version = version
 		r.polled.Store(began)
 		return
@@ -587,6 +604,7 @@ func (r *Region) poll() {
 		z.mu.Lock()
 		z.shares = m
 		z.mu.Unlock()
+		z.read.Store(true)
 	}
 	r.version = version
 	r.polled.Store(began)

@@ -438,3 +438,67 @@ func driven(tb testing.TB, global string, names ...string) []*distributed.Region
 	}
 	return regs
 }
+
+// A zone that a reload adds to one instance while another instance of its
+// region already applies a cut of it holds the region's floor until it has
+// read the region's shares, and then the cut: never the weight, which
+// would spend what the cut gave another region.
+func TestGlobalZoneAddedLaterStartsFromTheRegionsShares(t *testing.T) {
+	f := startGlobalFleet(t, 200*time.Millisecond, 5*time.Second)
+	f.waitContact()
+	eu, us := f.regions[0], f.regions[1]
+	const zone = "late"
+	var coord, other *distributed.Region
+	if err := waitUntil(5*time.Second, func() bool {
+		for i, reg := range us.regions {
+			if reg.Stats().Coordinating.Load() {
+				coord, other = reg, us.regions[1-i]
+				return true
+			}
+		}
+		return false
+	}); err != nil {
+		t.Fatalf("no instance of us coordinates: %v", err)
+	}
+	for _, reg := range append([]*distributed.Region{coord}, eu.regions...) {
+		reg.AddZone(zone, globalLimit)
+	}
+	// eu pushes against k and us against up: us is cut to its floor of
+	// k and raised for up, and its coordinator publishes both.
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	defer func() { close(stop); <-done }()
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for n := 0; n < 2000; n++ {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			eu.regions[n%2].Count(zone, "k", false, 1)
+			coord.Count(zone, "up", false, 1)
+		}
+	}()
+	floor := coord.Floor()
+	raised := int64(distributed.ShareScale * 9 / 10)
+	if err := waitUntil(10*time.Second, func() bool { return coord.Share(zone, "k") == floor && coord.Share(zone, "up") >= raised }); err != nil {
+		t.Fatalf("us's coordinator applies %d of k and %d of up, want its floor (%d) and at least %d", coord.Share(zone, "k"), coord.Share(zone, "up"), floor, raised)
+	}
+	// The other instance adds the zone: at its floor until it has read
+	// the shares, then what they are, within a second (five syncs, with
+	// no change of the region's shares meanwhile).
+	other.AddZone(zone, globalLimit)
+	read := false
+	for end := time.Now().Add(time.Second); time.Now().Before(end) && !read; time.Sleep(10 * time.Millisecond) {
+		if s := other.Share(zone, "k"); s != floor {
+			t.Fatalf("the instance that added the zone applies %d of k, want the region's cut to its floor (%d)", s, floor)
+		}
+		read = other.Share(zone, "up") >= raised
+	}
+	if !read {
+		t.Errorf("the instance that added the zone applies %d of up a second later, want the region's raise (at least %d): it never read the shares", other.Share(zone, "up"), raised)
+	}
+}
