@@ -67,28 +67,15 @@ func TestGlobalRaisedRegionGainsNoBurstAtOnce(t *testing.T) {
 	// deciding any, so that only the coordinator writes them, until the
 	// test ends (demand that stops lapses, and the shares go back).
 	keys := []string{"fresh", "used", "old", "banned", "planned"}
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	defer func() { close(stop); <-done }()
-	go func() {
-		defer close(done)
-		tick := time.NewTicker(100 * time.Millisecond)
-		defer tick.Stop()
-		for n := 0; n < 1000; n++ {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-			}
-			for _, key := range keys {
-				if key == "planned" {
-					us.regions[n%2].CountWith(globalZone, key, true, 1, plan)
-				} else {
-					us.regions[n%2].Count(globalZone, key, true, 1)
-				}
+	defer countEvery(100*time.Millisecond, func(n int) {
+		for _, key := range keys {
+			if key == "planned" {
+				us.regions[n%2].CountWith(globalZone, key, true, 1, plan)
+			} else {
+				us.regions[n%2].Count(globalZone, key, true, 1)
 			}
 		}
-	}()
+	})()
 	for _, key := range keys {
 		f.waitShare(1, key, distributed.ShareScale*9/10, 10*time.Second)
 	}

@@ -465,23 +465,10 @@ func TestGlobalZoneAddedLaterStartsFromTheRegionsShares(t *testing.T) {
 	}
 	// eu pushes against k and us against up: us is cut to its floor of
 	// k and raised for up, and its coordinator publishes both.
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	defer func() { close(stop); <-done }()
-	go func() {
-		defer close(done)
-		tick := time.NewTicker(50 * time.Millisecond)
-		defer tick.Stop()
-		for n := 0; n < 2000; n++ {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-			}
-			eu.regions[n%2].Count(zone, "k", false, 1)
-			coord.Count(zone, "up", false, 1)
-		}
-	}()
+	defer countEvery(50*time.Millisecond, func(n int) {
+		eu.regions[n%2].Count(zone, "k", false, 1)
+		coord.Count(zone, "up", false, 1)
+	})()
 	floor := coord.Floor()
 	raised := int64(distributed.ShareScale * 9 / 10)
 	if err := waitUntil(10*time.Second, func() bool { return coord.Share(zone, "k") == floor && coord.Share(zone, "up") >= raised }); err != nil {
@@ -501,4 +488,26 @@ func TestGlobalZoneAddedLaterStartsFromTheRegionsShares(t *testing.T) {
 	if !read {
 		t.Errorf("the instance that added the zone applies %d of up a second later, want the region's raise (at least %d): it never read the shares", other.Share(zone, "up"), raised)
 	}
+}
+
+// countEvery calls count(n), n = 0, 1, …, every period (at most 2000
+// times) until the stop it returns is called: demand a test drives by
+// Region.Count, with no decision.
+func countEvery(period time.Duration, count func(n int)) (stop func()) {
+	quit := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(period)
+		defer tick.Stop()
+		for n := 0; n < 2000; n++ {
+			select {
+			case <-quit:
+				return
+			case <-tick.C:
+			}
+			count(n)
+		}
+	}()
+	return func() { close(quit); <-done }
 }
