@@ -480,6 +480,9 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 	for _, u := range updates {
 		h := u.h
 		if u.g < u.from { // a cut
+			if now >= h.prevUntil {
+				h.prev = 0 // the last cut is in force everywhere: what it cut is gone
+			}
 			h.prev, h.prevUntil = max(h.prev, h.cur, u.g), now+int64(r.confirmMargin())
 			if floored {
 				h.prev = max(h.prev, r.floor)

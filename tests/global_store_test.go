@@ -511,3 +511,63 @@ func countEvery(period time.Duration, count func(n int)) (stop func()) {
 	}()
 	return func() { close(quit); <-done }
 }
+
+// A region cut twice, the second time after the first cut was confirmed,
+// reports as held what it may still apply: the first cut's share, not the
+// share it had before the first cut (which would hold back the other
+// region's raise for nothing, and count more than the region can spend).
+// The regional timeout of 200 ms makes a cut's margin (500 ms) span more
+// than one sync, so that the region reports while the second cut waits;
+// a limit of 1,000 a second lets us want a steady part of it (0.48).
+func TestGlobalSecondCutReportsTheFirstCutsShare(t *testing.T) {
+	f := startGlobalFleetWith(t, fleetOptions{mode: "strict", interval: 200 * time.Millisecond, lease: 5 * time.Second,
+		timeout: 200 * time.Millisecond, limit: algorithms.NewLimit(1000, int64(time.Second), 20)}, nil)
+	f.waitContact()
+	eu, us := f.regions[0], f.regions[1]
+	gdb, ctx := f.global.Client(), t.Context()
+	held := func() int64 { // what the global store counts as eu's of k
+		v, _ := gdb.HGet(ctx, "tally:g.z:"+globalZone+":k", "a.eu").Int64()
+		return v
+	}
+	var euDenied, usSome, usDenied atomic.Bool
+	euDenied.Store(true)
+	defer countEvery(25*time.Millisecond, func(n int) {
+		if euDenied.Load() {
+			eu.regions[n%2].Count(globalZone, "k", false, 1)
+		}
+		if usSome.Load() { // 400 a second: 0.4 of the limit
+			us.regions[n%2].Count(globalZone, "k", true, 10)
+		}
+		if usDenied.Load() {
+			us.regions[n%2].Count(globalZone, "k", false, 1)
+		}
+	})()
+	if err := waitUntil(10*time.Second, func() bool { return held() >= distributed.ShareScale*9/10 }); err != nil {
+		t.Fatalf("eu did not report holding 90%% of k: the global store counts %d", held())
+	}
+	// us wants 0.48: eu is cut to the rest, 0.52, and confirms it.
+	usSome.Store(true)
+	if err := waitUntil(10*time.Second, func() bool {
+		h := held()
+		return h > distributed.ShareScale/2 && h <= distributed.ShareScale*6/10
+	}); err != nil {
+		t.Fatalf("eu's first cut was not confirmed: the global store counts %d as eu's", held())
+	}
+	first := held()
+	// eu's demand goes, us wants it all: eu is cut to its floor.
+	euDenied.Store(false)
+	usSome.Store(false)
+	usDenied.Store(true)
+	most := first
+	if err := waitUntil(10*time.Second, func() bool {
+		most = max(most, held())
+		return f.share(1, "k") >= distributed.ShareScale*9/10
+	}); err != nil {
+		t.Fatalf("us did not reach 90%% of k: %v", err)
+	}
+	// (us's demand of 0.48 moves a little from sync to sync, and eu's
+	// share with it: not back to what it had before the first cut)
+	if most >= distributed.ShareScale*9/10 {
+		t.Errorf("after its first cut to %d was confirmed, eu reported holding %d of k, what it had before", first, most)
+	}
+}
