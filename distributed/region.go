@@ -421,9 +421,11 @@ func (r *Region) Weight() int64 { return r.weight }
 // Floor is the region's floor share (ppm): a tenth of its weight.
 func (r *Region) Floor() int64 { return r.floor }
 
-// count notes one decision of key for the region's demand: on the hot
-// path, a sync.Map load and an atomic add, no lock shared by the keys.
-func (r *Region) count(zone, key string, allowed bool, cost, span int64) {
+// count notes one decision of key, at limit (ns, before the share), for
+// the region's demand: on the hot path, a sync.Map load and an atomic add,
+// no lock shared by the keys; a limit other than the zone's (a plan's)
+// notes its span too.
+func (r *Region) count(zone, key string, allowed bool, cost int64, limit algorithms.Limit) {
 	z := r.zone(zone)
 	if z == nil {
 		return
@@ -432,8 +434,9 @@ func (r *Region) count(zone, key string, allowed bool, cost, span int64) {
 	if allowed {
 		i = 0
 	}
-	if span == z.interval.Load()*z.burst.Load() {
-		span = 0 // the zone's own: nothing to note
+	var span int64 // 0: the zone's own
+	if limit.EmissionInterval != z.interval.Load() || limit.Burst != z.burst.Load() {
+		span = limit.Burst * limit.EmissionInterval
 	}
 	for {
 		v, ok := z.counts.Load(key)
@@ -449,7 +452,9 @@ func (r *Region) count(zone, key string, allowed bool, cost, span int64) {
 		}
 		c := v.(*counter)
 		if c.n[i].Add(cost) > deadBelow {
-			for s := c.span.Load(); span > s && !c.span.CompareAndSwap(s, span); s = c.span.Load() {
+			if span > 0 {
+				for s := c.span.Load(); span > s && !c.span.CompareAndSwap(s, span); s = c.span.Load() {
+				}
 			}
 			return
 		}
@@ -513,8 +518,6 @@ func (r *Region) rebuild() {
 	}
 	r.set.Store(set)
 }
-
-func (r *Region) zoneList() []*regionZone { return r.zoneSet().zones }
 
 // pollInterval is how often instances read the region's shares and push
 // their counts: a quarter of the sync interval, so that a cut is in force

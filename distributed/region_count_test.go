@@ -8,9 +8,12 @@ import (
 	"github.com/caddy-tally/ratelimit/algorithms"
 )
 
+// zoneLimit is countingRegion's zone's limit.
+var zoneLimit = algorithms.Limit{EmissionInterval: 1, Burst: 1}
+
 func countingRegion() *Region {
 	r := &Region{zones: map[string]*regionZone{}}
-	r.AddZone("api", algorithms.Limit{EmissionInterval: 1, Burst: 1})
+	r.AddZone("api", zoneLimit)
 	return r
 }
 
@@ -49,9 +52,9 @@ func TestRegionCountIsExactUnderConcurrency(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range rounds {
-				r.count("api", "shared", true, 1, 0)
-				r.count("api", "shared", false, 3, 0)
-				r.count("api", "w"+strconv.Itoa(w)+"-"+strconv.Itoa(i%own), i%2 == 0, 2, 0)
+				r.count("api", "shared", true, 1, zoneLimit)
+				r.count("api", "shared", false, 3, zoneLimit)
+				r.count("api", "w"+strconv.Itoa(w)+"-"+strconv.Itoa(i%own), i%2 == 0, 2, zoneLimit)
 			}
 		}()
 	}
@@ -91,8 +94,8 @@ func TestRegionCountKeepsItsBound(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range maxCounted / 2 {
-				r.count("api", "k"+strconv.Itoa(w)+"-"+strconv.Itoa(i), true, 1, 0)
-				r.count("api", "common", true, 1, 0)
+				r.count("api", "k"+strconv.Itoa(w)+"-"+strconv.Itoa(i), true, 1, zoneLimit)
+				r.count("api", "common", true, 1, zoneLimit)
 			}
 		}()
 	}
@@ -109,7 +112,7 @@ func TestRegionCountKeepsItsBound(t *testing.T) {
 	if n := len(z.take()); n != 0 {
 		t.Errorf("%d keys counted after a take with no decisions, want 0", n)
 	}
-	r.count("api", "again", true, 1, 0)
+	r.count("api", "again", true, 1, zoneLimit)
 	if n := len(z.take()); n != 1 {
 		t.Errorf("%d keys counted after the take, want 1 (the bound is per take)", n)
 	}
@@ -123,7 +126,7 @@ func BenchmarkRegionCount(b *testing.B) {
 		r := countingRegion()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				r.count("api", "hot", true, 1, 0)
+				r.count("api", "hot", true, 1, zoneLimit)
 			}
 		})
 	})
@@ -142,7 +145,7 @@ func BenchmarkRegionCount(b *testing.B) {
 			}
 			i := 0
 			for pb.Next() {
-				r.count("api", keys[i&255], true, 1, 0)
+				r.count("api", keys[i&255], true, 1, zoneLimit)
 				i++
 			}
 		})
@@ -150,8 +153,7 @@ func BenchmarkRegionCount(b *testing.B) {
 }
 
 // A key's span, counted by many goroutines at once, is the longest one
-// since the last take; a key decided at the zone's own limit has none (the
-// zone's span is 1·1 here).
+// since the last take; a key decided at the zone's own limit has none.
 func TestRegionCountKeepsTheLongestSpan(t *testing.T) {
 	const workers, rounds = 16, 500
 	r := countingRegion()
@@ -160,8 +162,8 @@ func TestRegionCountKeepsTheLongestSpan(t *testing.T) {
 	for w := range workers {
 		wg.Go(func() {
 			for i := range rounds {
-				r.count("api", "planned", true, 1, int64(2+w*rounds+i))
-				r.count("api", "plain", true, 1, 1)
+				r.count("api", "planned", true, 1, algorithms.Limit{EmissionInterval: 1, Burst: int64(2 + w*rounds + i)})
+				r.count("api", "plain", true, 1, zoneLimit)
 			}
 		})
 	}
@@ -173,7 +175,7 @@ func TestRegionCountKeepsTheLongestSpan(t *testing.T) {
 	if got, want := m["plain"], [3]int64{workers * rounds, 0, 0}; got != want {
 		t.Errorf("plain: taken %v, want %v (no span of its own)", got, want)
 	}
-	r.count("api", "planned", true, 1, 5)
+	r.count("api", "planned", true, 1, algorithms.Limit{EmissionInterval: 5, Burst: 1})
 	if got := z.take()["planned"][2]; got != 5 {
 		t.Errorf("after a take, the span is the next count's (5), got %d", got)
 	}

@@ -76,7 +76,7 @@ func (s *Shared) limit(zone, key string, l algorithms.Limit) algorithms.Limit {
 func (s *Shared) Decide(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) (algorithms.Result, error) {
 	r, err := s.inner.Decide(ctx, zone, key, s.limit(zone, key, limit), cost)
 	if err == nil {
-		s.region.count(zone, key, r.Allowed, cost, limit.Burst*limit.EmissionInterval)
+		s.region.count(zone, key, r.Allowed, cost, limit)
 	}
 	return r, err
 }
@@ -90,7 +90,7 @@ func (s *Shared) DecideAhead(ctx context.Context, zone, key string, limit algori
 	}
 	r, err := ds.DecideAhead(ctx, zone, key, s.limit(zone, key, limit), cost, ahead)
 	if err == nil {
-		s.region.count(zone, key, r.Allowed, cost, limit.Burst*limit.EmissionInterval)
+		s.region.count(zone, key, r.Allowed, cost, limit)
 	}
 	return r, err
 }
@@ -109,7 +109,7 @@ func (s *Shared) Peek(ctx context.Context, zone, key string, limit algorithms.Li
 func (s *Shared) Check(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, error) {
 	r, err := s.inner.Check(ctx, zone, key, s.limit(zone, key, limit))
 	if err == nil && !r.Allowed {
-		s.region.count(zone, key, false, 1, limit.Burst*limit.EmissionInterval)
+		s.region.count(zone, key, false, 1, limit)
 	}
 	return r, err
 }
@@ -118,7 +118,7 @@ func (s *Shared) Check(ctx context.Context, zone, key string, limit algorithms.L
 func (s *Shared) Charge(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) (algorithms.Result, error) {
 	r, err := s.inner.Charge(ctx, zone, key, s.limit(zone, key, limit), cost)
 	if err == nil {
-		s.region.count(zone, key, true, cost, limit.Burst*limit.EmissionInterval)
+		s.region.count(zone, key, true, cost, limit)
 	}
 	return r, err
 }
@@ -168,7 +168,7 @@ func (s *SharedRecords) Fallback(zone, key string, now int64, limit, share algor
 func (s *SharedBans) DecideBan(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64, rule zones.BanRule) (algorithms.Result, zones.StoreBan, error) {
 	r, b, err := s.bans.DecideBan(ctx, zone, key, s.limit(zone, key, limit), cost, rule)
 	if err == nil {
-		s.region.count(zone, key, r.Allowed, cost, limit.Burst*limit.EmissionInterval)
+		s.region.count(zone, key, r.Allowed, cost, limit)
 	}
 	return r, b, err
 }
@@ -182,7 +182,7 @@ func (s *SharedBans) DecideBanAhead(ctx context.Context, zone, key string, limit
 	}
 	r, b, err := ds.DecideBanAhead(ctx, zone, key, s.limit(zone, key, limit), cost, rule, ahead)
 	if err == nil {
-		s.region.count(zone, key, r.Allowed, cost, limit.Burst*limit.EmissionInterval)
+		s.region.count(zone, key, r.Allowed, cost, limit)
 	}
 	return r, b, err
 }

@@ -141,7 +141,7 @@ func (r *Region) lock(now int64) {
 		c.contact = r.contactAt.Load() // the last contact the region published
 		// Start from what the region has published, as this instance
 		// last read it.
-		for _, z := range r.zoneList() {
+		for _, z := range r.zoneSet().zones {
 			z.mu.RLock()
 			m := make(map[string]*holding, len(z.shares))
 			for k, s := range z.shares {

@@ -171,13 +171,17 @@ func (r *Region) HoldNextSync() (held <-chan chan struct{}) {
 // global decision through Wrap's store does, without deciding: for
 // benchmarks and tests that drive many keys.
 func (r *Region) Count(zone, key string, allowed bool, cost int64) {
-	r.count(zone, key, allowed, cost, 0)
+	z := r.zone(zone)
+	if z == nil {
+		return
+	}
+	r.count(zone, key, allowed, cost, algorithms.Limit{EmissionInterval: z.interval.Load(), Burst: z.burst.Load()})
 }
 
 // CountWith is Count for a key decided at limit (ns), as a zone's plan
 // gives it.
 func (r *Region) CountWith(zone, key string, allowed bool, cost int64, limit algorithms.Limit) {
-	r.count(zone, key, allowed, cost, limit.Burst*limit.EmissionInterval)
+	r.count(zone, key, allowed, cost, limit)
 }
 
 // SyncNow pushes this instance's counts, takes or renews the region's
