@@ -467,7 +467,7 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 	}
 	pctx, pcancel := context.WithTimeout(context.Background(), 2*r.timeout+r.pollInterval())
 	defer pcancel()
-	if !r.plant(pctx, updates) || !r.publish(pctx, lockVal, set, changes, (now-sent)/int64(time.Millisecond), full) {
+	if !r.plant(pctx, set, updates) || !r.publish(pctx, lockVal, set, changes, (now-sent)/int64(time.Millisecond), full) {
 		c.full = true // what was granted was not applied: ask for it all again
 		return failed
 	}
@@ -552,7 +552,7 @@ return 1`)
 // are published (plantScript); false when the regional Redis did not
 // answer, and then the raises are not published either. A key is rescaled
 // with the span it was last counted with (a plan's), or the zone's.
-func (r *Region) plant(ctx context.Context, updates []update) bool {
+func (r *Region) plant(ctx context.Context, set *zoneSet, updates []update) bool {
 	if !r.strict {
 		return true
 	}
@@ -561,7 +561,7 @@ func (r *Region) plant(ctx context.Context, updates []update) bool {
 			if x.g <= x.from {
 				continue // not a raise
 			}
-			z := r.zone(x.zone)
+			z := set.byName[x.zone]
 			if z == nil {
 				continue
 			}
