@@ -77,18 +77,18 @@ if not now then
 end
 local out = {0, 0}
 local sT, sB, sC, T, B, cost -- the last limit parsed, as sent and as numbers
-local num = {} -- limits parsed, by string (a global zone's keys alternate)
+local num -- limits parsed, by string, once a batch has more than one (a global zone's keys alternate)
 local lastMs, lastPX -- the last TTL written, as a number and as sent
 local sOp, bFirst, bMax, sAhead, sBan -- the last ban or delay op parsed
 for i = 1, #KEYS do
   local key, a, j = KEYS[i], 4 * i - 2, 2 * i - 1
   if ARGV[a] ~= sT then
-    sT = ARGV[a]; T = num[sT]
-    if not T then T = tonumber(sT); num[sT] = T end
+    if sT then num = num or {}; num[sT] = T end
+    sT = ARGV[a]; T = num and num[sT] or tonumber(sT)
   end
   if ARGV[a + 1] ~= sB then
-    sB = ARGV[a + 1]; B = num[sB]
-    if not B then B = tonumber(sB); num[sB] = B end
+    if sB then num = num or {}; num[sB] = B end
+    sB = ARGV[a + 1]; B = num and num[sB] or tonumber(sB)
   end
   if ARGV[a + 2] ~= sC then sC = ARGV[a + 2]; cost = tonumber(sC) end
   local op = ARGV[a + 3]
