@@ -83,12 +83,18 @@ local sOp, bFirst, bMax, sAhead, sBan -- the last ban or delay op parsed
 for i = 1, #KEYS do
   local key, a, j = KEYS[i], 4 * i - 2, 2 * i - 1
   if ARGV[a] ~= sT then
-    if sT then num = num or {}; num[sT] = T end
-    sT = ARGV[a]; T = num and num[sT] or tonumber(sT)
+    sT = ARGV[a]; T = num and num[sT]
+    if not T then
+      T = tonumber(sT)
+      if i > 1 then num = num or {}; num[sT] = T end
+    end
   end
   if ARGV[a + 1] ~= sB then
-    if sB then num = num or {}; num[sB] = B end
-    sB = ARGV[a + 1]; B = num and num[sB] or tonumber(sB)
+    sB = ARGV[a + 1]; B = num and num[sB]
+    if not B then
+      B = tonumber(sB)
+      if i > 1 then num = num or {}; num[sB] = B end
+    end
   end
   if ARGV[a + 2] ~= sC then sC = ARGV[a + 2]; cost = tonumber(sC) end
   local op = ARGV[a + 3]
