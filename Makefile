@@ -37,7 +37,7 @@ STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # TREE_CHECKS read the tree, not a running Caddy: DESIGN.md §1's import
 # arrows (go list), the README's Layout table, the tests/ file names, the
 # links of the README and docs/*.md.
-TREE_CHECKS = TestImportArrows|TestImportArrowsCatchEachBreach|TestReadmeLayoutNamesEveryPackageAndRootFile|TestFileNamesSayWhichTestsStartCaddy|TestDocsLinksResolve|TestDocsACLLineIsTheTestedOne
+TREE_CHECKS = TestImportArrows|TestImportArrowsCatchEachBreach|TestReadmeLayoutNamesEveryPackageAndRootFile|TestFileNamesSayWhichTestsStartCaddy|TestDocsLinksResolve|TestDocsACLLineIsTheTestedOne|TestStoreContractIsSmall|TestNoStoreTypeAssertionAfterProvision
 
 lint: cross
 	@bad=$$(gofmt -l . ); if [ -n "$$bad" ]; then echo "gofmt needed: $$bad"; exit 1; fi

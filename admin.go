@@ -16,7 +16,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
-	"github.com/caddy-tally/ratelimit/distributed"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 	"github.com/caddy-tally/ratelimit/zones"
 )
@@ -208,25 +207,6 @@ func decodeKeyBase64(s string) (string, error) {
 	return string(b), nil
 }
 
-// outageReporter is what a store that can tell which Redis nodes are down
-// offers.
-type outageReporter interface {
-	Outages() []distributed.NodeOutage
-}
-
-// healthReporter is what a store that can tell its health offers.
-type healthReporter interface {
-	Health() (ok bool, openSince time.Time)
-	LastProblem() (string, time.Time)
-}
-
-var (
-	_ healthReporter = (*distributed.Store)(nil)
-	_ healthReporter = (*distributed.Async)(nil)
-	_ outageReporter = (*distributed.Store)(nil)
-	_ outageReporter = (*distributed.Async)(nil)
-)
-
 // knownZone is the zone of that name, or the admin API's 404 for it.
 func knownZone(name string) (*zones.Zone, error) {
 	if z := lookupZone(name); z != nil {
@@ -318,21 +298,21 @@ func listZones() []zoneInfo {
 			zi.Quota = &quotaInfo{Limit: z.Quota, Per: z.Period.String(), TimeZone: z.Location.String(),
 				PeriodStart: start.Format(time.RFC3339), PeriodEnd: end.Format(time.RFC3339)}
 		}
-		if s := z.Store(); s != nil {
-			zi.Scope, zi.Region = zoneScope(s)
-			s = regionalStore(s)
-			zi.Store = &storeInfo{OK: true, Instances: s.Instances()}
-			if hr, ok := s.(healthReporter); ok {
+		if v := viewOf(z); v.regional != nil {
+			zi.Scope, zi.Region = "region", ""
+			if v.shared != nil {
+				zi.Scope, zi.Region = "global", v.shared.Region().Name()
+			}
+			zi.Store = &storeInfo{OK: true, Instances: v.regional.Instances()}
+			if hr := v.health; hr != nil {
 				ok, since := hr.Health()
 				zi.Store.OK = ok
 				if !ok {
 					zi.Store.BreakerOpenSince = &since
 				}
-				if or, ok := s.(outageReporter); ok {
-					for _, o := range or.Outages() {
-						if o.Node != "" {
-							zi.Store.Unreachable = append(zi.Store.Unreachable, nodeOutage{o.Node, o.Since})
-						}
+				for _, o := range hr.Outages() {
+					if o.Node != "" {
+						zi.Store.Unreachable = append(zi.Store.Unreachable, nodeOutage{o.Node, o.Since})
 					}
 				}
 				if msg, at := hr.LastProblem(); msg != "" {

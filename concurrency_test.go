@@ -72,7 +72,7 @@ func TestCaddyfileConcurrencyErrorsNameTheLineAndTheFix(t *testing.T) {
 // are: a comparison by difference would wrap where int is 32 bits.
 func TestZonesOfOneRateAreOrderedBySmallerBurst(t *testing.T) {
 	mk := func(name string, burst int64) *zoneHandler {
-		return &zoneHandler{Zone: zones.New(zones.Config{Name: name, Events: 1 << 33, Window: 1 << 33 * time.Microsecond, Burst: burst}, nil, nil)}
+		return &zoneHandler{Zone: mustZone(zones.Config{Name: name, Events: 1 << 33, Window: 1 << 33 * time.Microsecond, Burst: burst}, nil, nil)}
 	}
 	huge, tiny := mk("a_huge", 1<<33), mk("b_tiny", 1)
 	if got := compareZones(tiny, huge); got != -1 {
@@ -89,7 +89,7 @@ func TestZonesOfOneRateAreOrderedBySmallerBurst(t *testing.T) {
 func TestConcurrencyZonesAreDecidedAfterRateZones(t *testing.T) {
 	mk := func(name string, c zones.Config) *zoneHandler {
 		c.Name = name
-		return &zoneHandler{Zone: zones.New(c, nil, nil)}
+		return &zoneHandler{Zone: mustZone(c, nil, nil)}
 	}
 	c8, c2 := mk("c8", zones.Config{Concurrency: 8}), mk("c2", zones.Config{Concurrency: 2})
 	rate := mk("rate", zones.Config{Events: 1, Window: time.Hour})
@@ -104,7 +104,7 @@ func TestConcurrencyZonesAreDecidedAfterRateZones(t *testing.T) {
 }
 
 func TestConcurrencyPolicyHeader(t *testing.T) {
-	z := &zoneHandler{Zone: zones.New(zones.Config{Name: "uploads", Concurrency: 4}, nil, nil)}
+	z := &zoneHandler{Zone: mustZone(zones.Config{Name: "uploads", Concurrency: 4}, nil, nil)}
 	hdr := http.Header{}
 	(&Handler{}).setHeaders(hdr, []verdict{{zone: z, d: zones.Decision{Allowed: true, Remaining: 3}}}, false, 0)
 	if p, s, l := hdr.Get("RateLimit-Policy"), hdr.Get("RateLimit"), hdr.Get("RateLimit-Limit"); p != `"uploads";q=4;qu="concurrent-requests"` || s != `"uploads";r=3` || l != "4" {
@@ -124,7 +124,7 @@ func TestSlotIsReleasedWhenNextPanics(t *testing.T) {
 	cfg := zones.Config{Name: "uploads", Concurrency: 1}
 	state := zones.NewState(cfg, time.Hour)
 	defer state.Destruct()
-	z := &zoneHandler{Zone: zones.New(cfg, state, nil)}
+	z := &zoneHandler{Zone: mustZone(cfg, state, nil)}
 	d, slot := z.Acquire(context.Background(), "alice")
 	if !d.Allowed {
 		t.Fatal("first request denied")

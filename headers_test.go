@@ -13,7 +13,7 @@ import (
 
 func testZone(name string, events int64, window time.Duration, burst int64) *zoneHandler {
 	cfg := zones.Config{Name: name, Events: events, Window: window, Burst: burst}
-	return &zoneHandler{Zone: zones.New(cfg, nil, nil)}
+	return &zoneHandler{Zone: mustZone(cfg, nil, nil)}
 }
 
 // The RateLimit fields to the letter of draft-ietf-httpapi-ratelimit-headers-10
@@ -205,4 +205,13 @@ func TestHeaderValueCacheUnderConcurrency(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+}
+
+// mustZone is zones.New for a zone the test knows its store accepts.
+func mustZone(c zones.Config, s *zones.State, store zones.Store) *zones.Zone {
+	z, err := zones.New(c, s, store)
+	if err != nil {
+		panic(err)
+	}
+	return z
 }

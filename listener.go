@@ -190,8 +190,13 @@ func (zc *Zone) provisionConnection(ctx caddy.Context, name string, dryRun bool)
 	if err != nil {
 		return nil, err
 	}
+	zone, err := zones.New(cfg, state, nil)
+	if err != nil {
+		_, _ = states.Delete(id)
+		return nil, err
+	}
 	z := &connZone{
-		Zone:    zones.New(cfg, state, nil),
+		Zone:    zone,
 		key:     zc.Key,
 		keyIsIP: zc.Key == remoteIPPlaceholder,
 		metrics: newConnectionMetrics(name, cfg.DryRun),

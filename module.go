@@ -134,6 +134,7 @@ type Handler struct {
 	live         *liveState  // what requests update
 	persister    *persister  // nil without persist
 	store        zones.Store // nil in local mode
+	backend      backend     // what else the handler needs of store
 	storeKey     string      // to release store from its pool
 	// region shares scope global zones' limits with the other regions
 	// (nil without distributed's global block); regionKey releases it.
@@ -199,7 +200,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.events = eventsApp.(*caddyevents.App)
 
 	if h.Distributed != nil {
-		if h.store, h.storeKey, err = h.Distributed.open(ctx, h.logger); err != nil {
+		if h.store, h.backend, h.storeKey, err = h.Distributed.open(ctx, h.logger); err != nil {
 			return err
 		}
 		if h.Distributed.Global != nil {

@@ -62,7 +62,7 @@ func TestCaddyfilePersistBlock(t *testing.T) {
 // not change with anything else.
 func TestSnapshotNameFollowsTheLimits(t *testing.T) {
 	name := func(events int64, window time.Duration, dryRun bool) string {
-		zh := &zoneHandler{Zone: zones.New(zones.Config{Name: "login", Events: events, Window: window, DryRun: dryRun}, nil, nil)}
+		zh := &zoneHandler{Zone: mustZone(zones.Config{Name: "login", Events: events, Window: window, DryRun: dryRun}, nil, nil)}
 		return snapshotID(zh)
 	}
 	base := name(3, time.Hour, false)
@@ -101,7 +101,7 @@ func TestRestoreFromASlowStorageGivesUpAfterTheBound(t *testing.T) {
 	defer st.Destruct()
 	core, logs := observer.New(zap.WarnLevel)
 	p := &persister{logger: zap.New(core), storage: slowStorage{}, maxAge: time.Hour}
-	p.zones = []*persistedZone{{zh: &zoneHandler{Zone: zones.New(cfg, st, nil)}, fresh: true}}
+	p.zones = []*persistedZone{{zh: &zoneHandler{Zone: mustZone(cfg, st, nil)}, fresh: true}}
 
 	start := time.Now()
 	p.restore()

@@ -101,7 +101,7 @@ func TestCaddyfileQuotaErrorsNameTheLineAndTheFix(t *testing.T) {
 
 func testQuotaZone(name string, n int64) *zoneHandler {
 	cfg := zones.Config{Name: name, Quota: n, Period: algorithms.Day}
-	return &zoneHandler{Zone: zones.New(cfg, nil, nil)}
+	return &zoneHandler{Zone: mustZone(cfg, nil, nil)}
 }
 
 // A quota zone's fields: q the quota, w the period it was counted in (a

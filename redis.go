@@ -105,9 +105,47 @@ var stores = caddy.NewUsagePool()
 // releaseStore lets go of a handler's reference to a pooled store.
 func releaseStore(poolKey string) { _, _ = stores.Delete(poolKey) }
 
+// backend is what a handler needs of its pooled store besides
+// zones.Store, found once when the store is opened: no code after
+// provision asks a store what it is.
+type backend struct {
+	health storeHealth
+	resets resetNotifier
+	async  *distributed.Async // async mode: its zones' bans are read from it
+}
+
+// storeHealth is what a store tells of its health, for the admin API.
+type storeHealth interface {
+	Health() (ok bool, openSince time.Time)
+	LastProblem() (string, time.Time)
+	Outages() []distributed.NodeOutage
+}
+
+// resetNotifier is a store that tells of every reset of a key, made on any
+// instance sharing its Redis: each zone forgets the key too.
+type resetNotifier interface {
+	OnReset(zone string, l distributed.ResetListener) (remove func())
+}
+
 // open returns the pooled store for this setting, a *distributed.Store
-// (strict) or *distributed.Async, and the key to release it with.
-func (dist *Distributed) open(ctx caddy.Context, logger *zap.Logger) (zones.Store, string, error) {
+// (strict) or *distributed.Async, what else the handler needs of it, and
+// the key to release it with.
+func (dist *Distributed) open(ctx caddy.Context, logger *zap.Logger) (zones.Store, backend, string, error) {
+	store, key, err := dist.openStore(ctx, logger)
+	if err != nil {
+		return nil, backend{}, "", err
+	}
+	switch s := store.(type) {
+	case *distributed.Store:
+		return s, backend{health: s, resets: s}, key, nil
+	case *distributed.Async:
+		return s, backend{health: s, resets: s, async: s}, key, nil
+	}
+	releaseStore(key)
+	return nil, backend{}, "", fmt.Errorf("distributed: a store of type %T", store)
+}
+
+func (dist *Distributed) openStore(ctx caddy.Context, logger *zap.Logger) (any, string, error) {
 	switch dist.Mode {
 	case "", "strict", "async":
 	default:
@@ -143,7 +181,7 @@ func (dist *Distributed) open(ctx caddy.Context, logger *zap.Logger) (zones.Stor
 		}
 		return nil, "", err
 	}
-	return v.(zones.Store), key, nil
+	return v, key, nil
 }
 
 // options is the connection part of the store's settings, placeholders

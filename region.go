@@ -102,23 +102,25 @@ func (h *Handler) releaseRegion() {
 }
 
 // globalStore is the store zone zc decides with: the handler's, or for a
-// scope global zone the region's share of it.
-func (h *Handler) globalStore(name string, zc *Zone, cfg zones.Config) (zones.Store, error) {
+// scope global zone the region's share of it (then also returned as
+// shared).
+func (h *Handler) globalStore(name string, zc *Zone, cfg zones.Config) (zones.Store, *distributed.Shared, error) {
 	switch zc.Scope {
 	case "", "region":
-		return h.store, nil
+		return h.store, nil, nil
 	case "global":
 	default:
-		return nil, fmt.Errorf("zone %s: unknown scope %q: use global or region", name, zc.Scope)
+		return nil, nil, fmt.Errorf("zone %s: unknown scope %q: use global or region", name, zc.Scope)
 	}
 	if h.region == nil {
-		return nil, fmt.Errorf("zone %s: scope global needs a global block in distributed: distributed { region <name>; global { redis <url>; regions <name>:<weight>... } }", name)
+		return nil, nil, fmt.Errorf("zone %s: scope global needs a global block in distributed: distributed { region <name>; global { redis <url>; regions <name>:<weight>... } }", name)
 	}
 	if cfg.IsConcurrency() || cfg.IsQuota() {
-		return nil, fmt.Errorf("zone %s: scope global applies to rate zones (events per window), not to concurrency or quota zones: remove scope global", name)
+		return nil, nil, fmt.Errorf("zone %s: scope global applies to rate zones (events per window), not to concurrency or quota zones: remove scope global", name)
 	}
 	h.globalZones = append(h.globalZones, name)
-	return h.region.Wrap(h.store, name, cfg.Limit()), nil
+	sh := h.region.Wrap(h.store, name, cfg.Limit())
+	return sh, sh, nil
 }
 
 // unmarshalCaddyfile reads the global block of distributed:
@@ -206,29 +208,11 @@ func (g *Global) unmarshalRegions(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-// zoneScope is what the admin API says of a distributed zone's scope:
-// "global" and the region, or "region".
-func zoneScope(s zones.Store) (scope, region string) {
-	if sh, ok := s.(interface{ Region() *distributed.Region }); ok {
-		return "global", sh.Region().Name()
-	}
-	return "region", ""
-}
-
-// regionalStore is the store a zone's decisions reach: the regional store
-// under a scope global zone's share of it (for its health).
-func regionalStore(s zones.Store) zones.Store {
-	if sh, ok := s.(interface{ Inner() zones.Store }); ok {
-		return sh.Inner()
-	}
-	return s
-}
-
 // keyShare is this region's share of key in a scope global zone (nil in
 // any other zone) and the region's name.
 func keyShare(z *zones.Zone, key string) (*float64, string) {
-	sh, ok := z.Store().(interface{ Region() *distributed.Region })
-	if !ok {
+	sh := viewOf(z).shared
+	if sh == nil {
 		return nil, ""
 	}
 	r := sh.Region()
@@ -265,8 +249,8 @@ func (c *globalCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *globalCollector) Collect(ch chan<- prometheus.Metric) {
 	for name, z := range liveZones() {
-		sh, ok := z.Store().(interface{ Region() *distributed.Region })
-		if !ok {
+		sh := viewOf(z).shared
+		if sh == nil {
 			continue
 		}
 		r := sh.Region()

@@ -15,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/caddy-tally/ratelimit/algorithms"
+	"github.com/caddy-tally/ratelimit/distributed"
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
@@ -182,12 +183,29 @@ var registry = struct {
 	sync.Mutex
 	zones      map[string][]*zones.Zone
 	connection map[*zones.Zone]bool
-}{zones: make(map[string][]*zones.Zone), connection: make(map[*zones.Zone]bool)}
+	views      map[*zones.Zone]storeView
+}{zones: make(map[string][]*zones.Zone), connection: make(map[*zones.Zone]bool), views: make(map[*zones.Zone]storeView)}
 
-func registerZone(z *zones.Zone) {
+// storeView is what the admin API shows of a zone's store, found when the
+// zone was provisioned.
+type storeView struct {
+	regional zones.Store         // the store decisions reach (nil in local mode)
+	shared   *distributed.Shared // a scope global zone's share of it, else nil
+	health   storeHealth         // the regional store's health, if it tells it
+}
+
+func registerZone(z *zones.Zone, v storeView) {
 	registry.Lock()
 	registry.zones[z.Name] = append(registry.zones[z.Name], z)
+	registry.views[z] = v
 	registry.Unlock()
+}
+
+// viewOf is z's store as registered (the zero view for a local zone).
+func viewOf(z *zones.Zone) storeView {
+	registry.Lock()
+	defer registry.Unlock()
+	return registry.views[z]
 }
 
 // registerConnectionZone registers a listener wrapper's zone.
@@ -211,6 +229,7 @@ func unregisterZone(z *zones.Zone) {
 	registry.Lock()
 	defer registry.Unlock()
 	delete(registry.connection, z)
+	delete(registry.views, z)
 	regs := registry.zones[z.Name]
 	if i := slices.Index(regs, z); i >= 0 {
 		regs = slices.Delete(regs, i, i+1)

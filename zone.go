@@ -20,7 +20,6 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/caddy-tally/ratelimit/distributed"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 	"github.com/caddy-tally/ratelimit/zones"
 )
@@ -224,17 +223,6 @@ type zoneHandler struct {
 	stopBans   chan struct{} // async zones with ban: stops learnBans
 }
 
-// resetNotifier is a store that tells of every reset of a key, made on any
-// instance sharing its Redis: each zone forgets the key too.
-type resetNotifier interface {
-	OnReset(zone string, l distributed.ResetListener) (remove func())
-}
-
-var (
-	_ resetNotifier = (*distributed.Store)(nil)
-	_ resetNotifier = (*distributed.Async)(nil)
-)
-
 // provision checks and sets up the zone named name of handler h, whose
 // settings (dry_run, status, sweep_interval, disable_metrics, its store,
 // logger and samplers) it reads. It takes a shared resource only once
@@ -312,7 +300,7 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 			return nil, fmt.Errorf("zone %s: %v", name, err)
 		}
 	}
-	store, err := h.globalStore(name, zc, cfg)
+	store, shared, err := h.globalStore(name, zc, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -321,8 +309,11 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 		return nil, err
 	}
 	zh.stateID, zh.freshState = id, fresh
-	zh.Zone = zones.New(cfg, state, store)
-	if n, ok := h.store.(resetNotifier); ok {
+	if zh.Zone, err = zones.New(cfg, state, store); err != nil {
+		zh.releaseState()
+		return nil, err
+	}
+	if n := h.backend.resets; n != nil {
 		// A key reset on another instance is forgotten here too.
 		zh.stopReset = n.OnReset(name, zh.Zone)
 	}
@@ -341,17 +332,17 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 		}
 	}
 	zh.Zone.OnChargeFailed = zh.chargeFailed
-	if a, ok := h.store.(*distributed.Async); ok && cfg.Ban > 0 {
+	if a := h.backend.async; a != nil && cfg.Ban > 0 {
 		zh.stopBans = make(chan struct{})
 		go zh.learnBans(a, a.SyncInterval())
 	}
-	registerZone(zh.Zone)
+	registerZone(zh.Zone, storeView{regional: h.store, shared: shared, health: h.backend.health})
 	return zh, nil
 }
 
 // learnBans reads the zone's fleet-wide bans every interval (async mode:
 // the bans other instances started), until unregister.
-func (z *zoneHandler) learnBans(l zones.BanLister, interval time.Duration) {
+func (z *zoneHandler) learnBans(l zones.BanList, interval time.Duration) {
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {

@@ -4,6 +4,7 @@ import (
 	"context"
 	_ "embed"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -120,8 +121,42 @@ func openAsync(opts Options, maxKeys int, logger *zap.Logger) (*Async, error) {
 	return a, nil
 }
 
-// Mode reports "async" (zones.ModeStore, for the admin API).
-func (a *Async) Mode() string { return "async" }
+// Offers says what an async store offers besides its steps: its records
+// of keys, quotas, the fleet-wide ban list and concurrency slots. Bans are
+// the zones' own (listed for the other instances), not kept with the
+// decisions.
+func (a *Async) Offers() zones.Offers {
+	return zones.Offers{Mode: "async", Quotas: true, Records: a, BanList: a.conn, Slots: a.conn}
+}
+
+// Rate runs one step of a rate zone's key (zones.Store) on this instance's
+// allowance (a peek and a reset reach Redis). A step's ban rule is not
+// for this store: Offers says so, and zones sends none.
+func (a *Async) Rate(ctx context.Context, zone, key string, st zones.RateStep) (zones.RateReply, error) {
+	var rep zones.RateReply
+	var err error
+	switch st.Op {
+	case zones.OpDecide:
+		if st.Ahead > 0 {
+			rep.Result, err = a.decideAhead(ctx, zone, key, st.Limit, st.Cost, st.Ahead)
+		} else {
+			rep.Result, err = a.decide(ctx, zone, key, st.Limit, st.Cost)
+		}
+	case zones.OpCheck:
+		rep.Result, err = a.check(ctx, zone, key, st.Limit)
+	case zones.OpCharge:
+		rep.Result, err = a.charge(ctx, zone, key, st.Limit, st.Cost)
+	case zones.OpRefund:
+		err = a.refund(ctx, zone, key, st.Limit, st.Cost)
+	case zones.OpPeek:
+		rep.Result, err = a.peek(ctx, zone, key, st.Limit)
+	case zones.OpReset:
+		err = a.resetKey(ctx, zone, key)
+	default:
+		err = fmt.Errorf("distributed: unknown rate op %d", st.Op)
+	}
+	return rep, err
+}
 
 // Close stops the sync loop, reports what this instance admitted and hands
 // back its leases in a last sync (bounded by the sync timeout), then closes
@@ -148,7 +183,7 @@ func (a *Async) Destruct() error { return a.Close() }
 // Decide decides one request for key in zone from this instance's allowance,
 // without calling Redis. limit is in nanoseconds, like the result.
 // Remaining is this instance's allowance, not the fleet's.
-func (a *Async) Decide(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) (algorithms.Result, error) {
+func (a *Async) decide(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) (algorithms.Result, error) {
 	return a.step(ctx, zone, key, limit, 0, func(r *record, now, nextSync int64) algorithms.Result {
 		return r.decide(now, nextSync, limit, cost)
 	})
@@ -158,7 +193,7 @@ func (a *Async) Decide(ctx context.Context, zone, key string, limit algorithms.L
 // the allowance cannot cover, whose turn is at most ahead (ns) away, is
 // admitted for later (see record.decideAhead). A denial's deny cache ends
 // when a request could be admitted for later again.
-func (a *Async) DecideAhead(ctx context.Context, zone, key string, limit algorithms.Limit, cost, ahead int64) (algorithms.Result, error) {
+func (a *Async) decideAhead(ctx context.Context, zone, key string, limit algorithms.Limit, cost, ahead int64) (algorithms.Result, error) {
 	return a.step(ctx, zone, key, limit, ahead, func(r *record, now, nextSync int64) algorithms.Result {
 		return r.decideAhead(now, nextSync, limit, cost, ahead)
 	})
@@ -166,7 +201,7 @@ func (a *Async) DecideAhead(ctx context.Context, zone, key string, limit algorit
 
 // Check reports, without consuming, whether this instance's allowance for
 // key has a unit left (a post-charged zone's check before the request).
-func (a *Async) Check(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, error) {
+func (a *Async) check(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, error) {
 	return a.step(ctx, zone, key, limit, 0, func(r *record, now, nextSync int64) algorithms.Result {
 		return r.check(now, nextSync, limit)
 	})
@@ -175,7 +210,7 @@ func (a *Async) Check(ctx context.Context, zone, key string, limit algorithms.Li
 // Charge takes cost from this instance's allowance after the response; what
 // the allowance does not cover is reported at the next sync and counted in
 // Redis past the burst (the key goes into debt).
-func (a *Async) Charge(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) (algorithms.Result, error) {
+func (a *Async) charge(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) (algorithms.Result, error) {
 	return a.step(ctx, zone, key, limit, 0, func(r *record, now, nextSync int64) algorithms.Result {
 		r.charge(cost)
 		return r.check(now, nextSync, limit)
@@ -258,17 +293,17 @@ func (a *Async) DeniedUntil(zone, key string, now int64) (int64, bool) {
 // (zones.RecordStore; see record.fallbackStep), creating the record, with
 // no allowance, for a key it has none of. Only a charge or an admission
 // creates one.
-func (a *Async) Fallback(zone, key string, now int64, limit, share algorithms.Limit, op zones.FallbackOp, cost, ahead int64) algorithms.Result {
+func (a *Async) Fallback(zone, key string, now int64, limit, share algorithms.Limit, op zones.Op, cost, ahead int64) algorithms.Result {
 	z := a.zone(zone)
 	s := z.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r := s.m[key]
 	if r == nil {
-		if op == zones.FallbackPeek || op == zones.FallbackRefund {
+		if op == zones.OpCheck || op == zones.OpPeek || op == zones.OpRefund {
 			return share.Peek(0, now)
 		}
-		if op == zones.FallbackDecide {
+		if op == zones.OpDecide {
 			if res := share.Decide(0, now, cost); !res.Allowed {
 				return res // a cost over the share's burst
 			}
@@ -295,7 +330,7 @@ func (a *Async) forgetDenials() {
 }
 
 // Refund gives cost back to this instance's allowance.
-func (a *Async) Refund(_ context.Context, zone, key string, _ algorithms.Limit, cost int64) error {
+func (a *Async) refund(_ context.Context, zone, key string, _ algorithms.Limit, cost int64) error {
 	if a.isClosed() {
 		return ErrClosed
 	}
@@ -311,7 +346,7 @@ func (a *Async) Refund(_ context.Context, zone, key string, _ algorithms.Limit, 
 
 // Reset forgets key in zone here, deletes it in Redis and tells the other
 // instances, which drop their records of it (see resets.go).
-func (a *Async) Reset(ctx context.Context, zone, key string) error {
+func (a *Async) resetKey(ctx context.Context, zone, key string) error {
 	a.forgetRecord(zone, key)
 	return a.reset(ctx, a.RedisKey(zone, key), zone, key)
 }
@@ -350,7 +385,7 @@ var peekScript = redis.NewScript(asyncPeekLua)
 // Peek reports the fleet's view of key in zone as Redis holds it: leases
 // count as spent, what instances admitted since their last sync does not.
 // It goes through the breaker of the key's master, as strict mode's does.
-func (a *Async) Peek(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, error) {
+func (a *Async) peek(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, error) {
 	rkey := a.RedisKey(zone, key)
 	var v []int64
 	err := a.unbatched(ctx, rkey, func(ctx context.Context) (err error) {
@@ -375,9 +410,6 @@ func b2i(b bool) int64 {
 
 // Interface guards: what zones asks of an async store.
 var (
-	_ zones.Store       = (*Async)(nil)
-	_ zones.SlotStore   = (*Async)(nil)
-	_ zones.ModeStore   = (*Async)(nil)
-	_ zones.RecordStore = (*Async)(nil)
-	_ zones.DelayStore  = (*Async)(nil)
+	_ zones.Store   = (*Async)(nil)
+	_ zones.Records = (*Async)(nil)
 )

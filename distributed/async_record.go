@@ -353,7 +353,7 @@ func (r *record) apply(s sent, rep syncReply, now, burst, fresh int64) (drop boo
 // outage counts it in Redis, once (the report's sequence number), so the
 // outage costs the fleet the fallback's own bound once, instead of the key
 // getting its Redis quota again.
-func (r *record) fallbackStep(now int64, l, share algorithms.Limit, op zones.FallbackOp, cost, ahead int64) algorithms.Result {
+func (r *record) fallbackStep(now int64, l, share algorithms.Limit, op zones.Op, cost, ahead int64) algorithms.Result {
 	if !r.inFallback {
 		r.inFallback = true
 		full := r.resetAt // as Redis said at the last sync, leases included
@@ -365,13 +365,13 @@ func (r *record) fallbackStep(now int64, l, share algorithms.Limit, op zones.Fal
 	r.limit = l
 	var res algorithms.Result
 	switch op {
-	case zones.FallbackPeek:
+	case zones.OpCheck, zones.OpPeek:
 		return share.Peek(r.fallback, now)
-	case zones.FallbackRefund:
+	case zones.OpRefund:
 		r.fallback = share.Refund(r.fallback, now, cost)
 		r.pending = max(0, r.pending-cost)
 		return res
-	case zones.FallbackCharge:
+	case zones.OpCharge:
 		res = share.Charge(r.fallback, now, cost)
 	default:
 		if res = share.DecideAhead(r.fallback, now, cost, ahead); !res.Allowed {

@@ -183,17 +183,17 @@ func TestBlockedKeyWithoutTrafficIsNotSyncedUntilItRefills(t *testing.T) {
 func TestStaleViewMakesDecideFailOnceASyncHasFailed(t *testing.T) {
 	a := openUnreachable(t, asyncMaxKeys)
 	ctx := context.Background()
-	if r, err := a.Decide(ctx, "z", "k", hundredPerHour, 1); err != nil || !r.Allowed {
+	if r, err := a.decide(ctx, "z", "k", hundredPerHour, 1); err != nil || !r.Allowed {
 		t.Fatalf("Decide right after Open: %+v, %v; want allowed from a fresh share", r, err)
 	}
 	a.lastSync.Store(monotime.Now() - int64(3*time.Hour))
 	// A sync merely late (a starved machine) keeps the view: its
 	// allowances are leases, and the fail policy would admit more.
-	if r, err := a.Decide(ctx, "z", "k", hundredPerHour, 1); err != nil || !r.Allowed {
+	if r, err := a.decide(ctx, "z", "k", hundredPerHour, 1); err != nil || !r.Allowed {
 		t.Fatalf("Decide with a view 3h old and no failed sync: %+v, %v; want allowed from the view", r, err)
 	}
 	a.syncFailed.Store(true)
-	_, err := a.Decide(ctx, "z", "k", hundredPerHour, 1)
+	_, err := a.decide(ctx, "z", "k", hundredPerHour, 1)
 	if !errors.Is(err, ErrStale) && !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("Decide with a view 3h old after a failed sync: %v, want ErrStale or ErrUnavailable", err)
 	}
@@ -210,7 +210,7 @@ func TestAsyncZoneKeepsAtMostItsMaxKeys(t *testing.T) {
 	for g := range 8 {
 		wg.Go(func() {
 			for i := range 1100 {
-				if _, err := a.Decide(ctx, "capped", strconv.Itoa(g)+"-"+strconv.Itoa(i), limit, 1); err != nil {
+				if _, err := a.decide(ctx, "capped", strconv.Itoa(g)+"-"+strconv.Itoa(i), limit, 1); err != nil {
 					t.Error(err)
 					return
 				}
@@ -222,7 +222,7 @@ func TestAsyncZoneKeepsAtMostItsMaxKeys(t *testing.T) {
 	if n := a.Keys("capped"); n > 1000 || n < 900 {
 		t.Fatalf("8800 keys in a zone with max_keys 1000: %d records, want at most 1000 (and the table used)", n)
 	}
-	if _, err := a.Decide(ctx, "other", "k", limit, 1); err != nil {
+	if _, err := a.decide(ctx, "other", "k", limit, 1); err != nil {
 		t.Fatal(err)
 	}
 	if n := a.Keys("other"); n != 1 {
@@ -238,11 +238,11 @@ func TestDecideOnAKnownKeyAllocatesNothing(t *testing.T) {
 	ctx := context.Background()
 	limit := algorithms.NewLimit(1_000_000_000, int64(time.Second), 0)
 	key := string([]byte("known-key")) // not a constant: the lookup must not need one
-	if _, err := a.Decide(ctx, "zone", key, limit, 1); err != nil {
+	if _, err := a.decide(ctx, "zone", key, limit, 1); err != nil {
 		t.Fatal(err)
 	}
 	allocs := testing.AllocsPerRun(1000, func() {
-		if _, err := a.Decide(ctx, "zone", key, limit, 1); err != nil {
+		if _, err := a.decide(ctx, "zone", key, limit, 1); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -257,7 +257,7 @@ func TestFullZoneEvictsRecordsWithNothingPendingFirst(t *testing.T) {
 	limit := algorithms.NewLimit(100, int64(time.Hour), 0)
 	// Three keys with admitted cost Redis has not seen, one without.
 	for i := range 3 {
-		if _, err := a.Decide(ctx, "z", "busy"+strconv.Itoa(i), limit, 1); err != nil {
+		if _, err := a.decide(ctx, "z", "busy"+strconv.Itoa(i), limit, 1); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -266,7 +266,7 @@ func TestFullZoneEvictsRecordsWithNothingPendingFirst(t *testing.T) {
 	s.mu.Lock()
 	z.insert(s, "idle", &record{reserved: true})
 	s.mu.Unlock()
-	if _, err := a.Decide(ctx, "z", "new", limit, 1); err != nil {
+	if _, err := a.decide(ctx, "z", "new", limit, 1); err != nil {
 		t.Fatal(err)
 	}
 	s.mu.Lock()
@@ -347,11 +347,11 @@ func TestConcurrentChecksAndChargesOnOneKeyAllCount(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range 10 {
-				if _, err := a.Check(ctx, "z", "k", limit); err != nil {
+				if _, err := a.check(ctx, "z", "k", limit); err != nil {
 					t.Error(err)
 					return
 				}
-				if _, err := a.Charge(ctx, "z", "k", limit, 2); err != nil {
+				if _, err := a.charge(ctx, "z", "k", limit, 2); err != nil {
 					t.Error(err)
 					return
 				}
@@ -438,12 +438,12 @@ func TestFullZoneEvictsTheRecordWithLeastPending(t *testing.T) {
 		limit := algorithms.NewLimit(100, int64(time.Hour), 0)
 		for i, n := range []int{3, 1, 2, 4} {
 			for range n {
-				if _, err := a.Decide(ctx, "z", "k"+strconv.Itoa(i), limit, 1); err != nil {
+				if _, err := a.decide(ctx, "z", "k"+strconv.Itoa(i), limit, 1); err != nil {
 					t.Fatal(err)
 				}
 			}
 		}
-		if _, err := a.Decide(ctx, "z", "new", limit, 1); err != nil {
+		if _, err := a.decide(ctx, "z", "new", limit, 1); err != nil {
 			t.Fatal(err)
 		}
 		z := a.zone("z")

@@ -89,8 +89,3 @@ func (c *conn) ListBans(ctx context.Context, zone string) ([]zones.Ban, error) {
 // SyncInterval is how often the async store syncs, and reads its zones'
 // bans.
 func (a *Async) SyncInterval() time.Duration { return a.interval }
-
-var (
-	_ zones.BanLister = (*Store)(nil)
-	_ zones.BanLister = (*Async)(nil)
-)

@@ -6,6 +6,7 @@ package distributed
 import (
 	"context"
 	_ "embed"
+	"fmt"
 	"time"
 
 	"github.com/caddy-tally/ratelimit/zones"
@@ -37,39 +38,28 @@ func (r quotaReply) result() zones.QuotaResult {
 	return zones.QuotaResult{Allowed: r.allowed, Used: r.used, ToEnd: time.Duration(r.toEnd) * time.Microsecond, Period: r.period}
 }
 
-// DecideQuota runs one quota step for key in zone in Redis, in the period
-// of q.Periods that contains Redis TIME.
-func (s *Store) DecideQuota(ctx context.Context, zone, key string, q zones.QuotaLimit, cost int64) (zones.QuotaResult, error) {
-	return s.quotaStep(ctx, zone, key, quotaArgs(OpDecide, q, cost, ""))
-}
-
-// RefundQuota gives back cost for key in zone.
-func (s *Store) RefundQuota(ctx context.Context, zone, key string, q zones.QuotaLimit, cost int64) error {
-	_, err := s.quotaStep(ctx, zone, key, quotaArgs(OpRefund, q, cost, ""))
-	return err
-}
-
-// CheckQuota reports whether key has a unit left in zone's period,
-// counting nothing: a post-charged zone's check.
-func (s *Store) CheckQuota(ctx context.Context, zone, key string, q zones.QuotaLimit) (zones.QuotaResult, error) {
-	return s.quotaStep(ctx, zone, key, quotaArgs(OpPeek, q, 0, ""))
-}
-
-// ChargeQuota counts cost for key in zone after the response, from at most
-// the limit (the key's debt is at most one charge).
-func (s *Store) ChargeQuota(ctx context.Context, zone, key string, q zones.QuotaLimit, cost int64) (zones.QuotaResult, error) {
-	return s.quotaStep(ctx, zone, key, quotaArgs(OpCharge, q, cost, ""))
-}
-
-// PeekQuota reads key's count in zone for the admin API, bypassing the
-// batcher.
-func (s *Store) PeekQuota(ctx context.Context, zone, key string, q zones.QuotaLimit) (zones.QuotaResult, error) {
-	return s.peekQuota(ctx, zone, key, q)
-}
-
-// ResetQuota deletes key's count in zone and tells every instance.
-func (s *Store) ResetQuota(ctx context.Context, zone, key string) error {
-	return s.reset(ctx, s.QuotaKey(zone, key), zone, key)
+// Quota runs one step of a quota zone's key in Redis (zones.Store), in
+// the period of its limit's Periods that contains Redis TIME: through the
+// batcher but for a peek, which reads the key's count for the admin API. A
+// charge counts from at most the limit (the key's debt is at most one
+// charge); a check counts nothing.
+func (s *Store) Quota(ctx context.Context, zone, key string, st zones.QuotaStep) (zones.QuotaResult, error) {
+	q := st.Limit
+	switch st.Op {
+	case zones.OpDecide:
+		return s.quotaStep(ctx, zone, key, quotaArgs(OpDecide, q, st.Cost, ""))
+	case zones.OpRefund:
+		return s.quotaStep(ctx, zone, key, quotaArgs(OpRefund, q, st.Cost, ""))
+	case zones.OpCheck:
+		return s.quotaStep(ctx, zone, key, quotaArgs(OpPeek, q, 0, ""))
+	case zones.OpCharge:
+		return s.quotaStep(ctx, zone, key, quotaArgs(OpCharge, q, st.Cost, ""))
+	case zones.OpPeek:
+		return s.peekQuota(ctx, zone, key, q)
+	case zones.OpReset:
+		return zones.QuotaResult{}, s.reset(ctx, s.QuotaKey(zone, key), zone, key)
+	}
+	return zones.QuotaResult{}, fmt.Errorf("distributed: unknown quota op %d", st.Op)
 }
 
 func (s *Store) quotaStep(ctx context.Context, zone, key string, args [5]any) (zones.QuotaResult, error) {
@@ -141,4 +131,3 @@ func (clockError) RedisError()     {}
 const errForeignQuota = scriptError("TALLYFOREIGN a hash that is not a quota count was at a tally quota key; deleted")
 
 // Interface guard: what zones asks of a strict store's quotas.
-var _ zones.QuotaStore = (*Store)(nil)

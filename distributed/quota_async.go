@@ -8,6 +8,7 @@ import (
 	"context"
 	_ "embed"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 
@@ -72,23 +73,37 @@ type quotaAsyncReply struct {
 	period              int
 }
 
-// DecideQuota admits cost from this instance's lease for key in zone,
-// taking one from Redis (one call, on the request path) when it has too
-// little: once per lease, not per request.
-func (a *Async) DecideQuota(ctx context.Context, zone, key string, q zones.QuotaLimit, cost int64) (zones.QuotaResult, error) {
-	return a.quotaStep(ctx, zone, key, q, cost, true)
+// Quota runs one step of a quota zone's key (zones.Store) on this
+// instance's lease: a decide admits cost from it, taking a lease from
+// Redis (one call, on the request path) when it has too little, once per
+// lease, not per request; a check reports whether it has a unit left,
+// taking one when it has none, and counts nothing. A peek reads the fleet's
+// count as Redis holds it (leases count as used); a reset forgets the key
+// here, deletes its count in Redis and tells the other instances, which
+// drop their leases of it.
+func (a *Async) Quota(ctx context.Context, zone, key string, st zones.QuotaStep) (zones.QuotaResult, error) {
+	switch st.Op {
+	case zones.OpDecide:
+		return a.quotaStep(ctx, zone, key, st.Limit, st.Cost, true)
+	case zones.OpCheck:
+		return a.quotaStep(ctx, zone, key, st.Limit, 1, false)
+	case zones.OpCharge:
+		return a.chargeQuota(zone, key, st.Limit, st.Cost)
+	case zones.OpRefund:
+		return zones.QuotaResult{}, a.refundQuota(zone, key, st.Cost)
+	case zones.OpPeek:
+		return a.peekQuota(ctx, zone, key, st.Limit)
+	case zones.OpReset:
+		a.forgetRecord(zone, key)
+		return zones.QuotaResult{}, a.reset(ctx, a.QuotaKey(zone, key), zone, key)
+	}
+	return zones.QuotaResult{}, fmt.Errorf("distributed: unknown quota op %d", st.Op)
 }
 
-// CheckQuota reports whether this instance's lease has a unit left for key,
-// taking one when it has none, and counts nothing.
-func (a *Async) CheckQuota(ctx context.Context, zone, key string, q zones.QuotaLimit) (zones.QuotaResult, error) {
-	return a.quotaStep(ctx, zone, key, q, 1, false)
-}
-
-// ChargeQuota counts cost after the response, from at most the lease: the
+// chargeQuota counts cost after the response, from at most the lease: the
 // instance's debt past its lease is at most one charge, reported at the
 // next sync.
-func (a *Async) ChargeQuota(_ context.Context, zone, key string, q zones.QuotaLimit, cost int64) (zones.QuotaResult, error) {
+func (a *Async) chargeQuota(zone, key string, q zones.QuotaLimit, cost int64) (zones.QuotaResult, error) {
 	if a.isClosed() {
 		return zones.QuotaResult{}, ErrClosed
 	}
@@ -107,8 +122,8 @@ func (a *Async) ChargeQuota(_ context.Context, zone, key string, q zones.QuotaLi
 	return r.result(now, q, r.held-r.used >= 1), nil
 }
 
-// RefundQuota gives cost back to this instance's lease.
-func (a *Async) RefundQuota(_ context.Context, zone, key string, _ zones.QuotaLimit, cost int64) error {
+// refundQuota gives cost back to this instance's lease.
+func (a *Async) refundQuota(zone, key string, cost int64) error {
 	if a.isClosed() {
 		return ErrClosed
 	}
@@ -120,19 +135,6 @@ func (a *Async) RefundQuota(_ context.Context, zone, key string, _ zones.QuotaLi
 	}
 	s.mu.Unlock()
 	return nil
-}
-
-// PeekQuota reads the fleet's count of key in zone as Redis holds it:
-// leases count as used.
-func (a *Async) PeekQuota(ctx context.Context, zone, key string, q zones.QuotaLimit) (zones.QuotaResult, error) {
-	return a.peekQuota(ctx, zone, key, q)
-}
-
-// ResetQuota forgets key here, deletes its count in Redis and tells the
-// other instances, which drop their leases of it.
-func (a *Async) ResetQuota(ctx context.Context, zone, key string) error {
-	a.forgetRecord(zone, key)
-	return a.reset(ctx, a.QuotaKey(zone, key), zone, key)
 }
 
 // quotaStep decides need units (consumed when consume) for key from the
@@ -440,4 +442,3 @@ func (z *asyncZone) insertQuota(s *asyncShard, key string, r *quotaRecord) {
 }
 
 // Interface guard: what zones asks of an async store's quotas.
-var _ zones.QuotaStore = (*Async)(nil)

@@ -73,8 +73,49 @@ func (s *Store) Close() error { return s.close() }
 // sharing through a caddy.UsagePool.
 func (s *Store) Destruct() error { return s.Close() }
 
-// Mode reports "strict" (zones.ModeStore, for the admin API).
-func (s *Store) Mode() string { return "strict" }
+// Offers says what a strict store offers besides its steps: bans kept
+// with the decisions, quotas, the fleet-wide ban list and concurrency
+// slots.
+func (s *Store) Offers() zones.Offers {
+	return zones.Offers{Mode: "strict", BanSteps: true, Quotas: true, BanList: s.conn, Slots: s.conn}
+}
+
+// Rate runs one step of a rate zone's key in Redis (zones.Store): one
+// gcra.lua op, through the batcher but for a peek. limit is in
+// nanoseconds, like the result; Redis works in microseconds, so T is
+// rounded down to a whole microsecond (at least 1).
+func (s *Store) Rate(ctx context.Context, zone, key string, st zones.RateStep) (zones.RateReply, error) {
+	var rep zones.RateReply
+	var err error
+	banned := st.Ban != zones.BanRule{}
+	switch {
+	case st.Op == zones.OpDecide && banned && st.Ahead > 0:
+		rep.Result, rep.Ban, err = s.decideBanAhead(ctx, zone, key, st.Limit, st.Cost, st.Ban, st.Ahead)
+	case st.Op == zones.OpDecide && banned:
+		rep.Result, rep.Ban, err = s.decideBan(ctx, zone, key, st.Limit, st.Cost, st.Ban)
+	case st.Op == zones.OpDecide && st.Ahead > 0:
+		rep.Result, err = s.decideAhead(ctx, zone, key, st.Limit, st.Cost, st.Ahead)
+	case st.Op == zones.OpDecide:
+		rep.Result, err = s.decide(ctx, zone, key, st.Limit, st.Cost)
+	case st.Op == zones.OpCheck && banned:
+		rep.Result, rep.Ban, err = s.checkBan(ctx, zone, key, st.Limit, st.Ban)
+	case st.Op == zones.OpCheck:
+		rep.Result, err = s.check(ctx, zone, key, st.Limit)
+	case st.Op == zones.OpCharge:
+		rep.Result, err = s.charge(ctx, zone, key, st.Limit, st.Cost)
+	case st.Op == zones.OpRefund:
+		err = s.refund(ctx, zone, key, st.Limit, st.Cost)
+	case st.Op == zones.OpPeek && banned:
+		rep.Result, rep.Ban, err = s.peekBan(ctx, zone, key, st.Limit)
+	case st.Op == zones.OpPeek:
+		rep.Result, err = s.peek(ctx, zone, key, st.Limit)
+	case st.Op == zones.OpReset:
+		err = s.resetKey(ctx, zone, key)
+	default:
+		err = fmt.Errorf("distributed: unknown rate op %d", st.Op)
+	}
+	return rep, err
+}
 
 // RedisKey is the Redis key holding the state of key in zone:
 // <key_prefix><zone>:<key> (async mode's are <key_prefix><zone>.async:<key>).
@@ -87,14 +128,14 @@ func (s *Store) RedisKey(zone, key string) string {
 // Decide runs one GCRA step for key in zone in Redis. limit is in
 // nanoseconds, like the result; Redis works in microseconds, so T is
 // rounded down to a whole microsecond (at least 1).
-func (s *Store) Decide(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) (algorithms.Result, error) {
+func (s *Store) decide(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) (algorithms.Result, error) {
 	return s.step(ctx, zone, key, scriptArgs(OpDecide, micro(limit), cost, ""))
 }
 
 // DecideBan is Decide in a zone with a ban (zones.BanStore): a key
 // banned in Redis is denied until the ban's end, and a denial starts the
 // ban in the same script step, with the key's TTL reaching its end.
-func (s *Store) DecideBan(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64, rule zones.BanRule) (algorithms.Result, zones.StoreBan, error) {
+func (s *Store) decideBan(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64, rule zones.BanRule) (algorithms.Result, zones.StoreBan, error) {
 	l := micro(limit)
 	return s.banStep(ctx, zone, key, [5]any{"", l.EmissionInterval, l.Burst, cost, s.op('b', rule, 0)})
 }
@@ -103,7 +144,7 @@ func (s *Store) DecideBan(ctx context.Context, zone, key string, limit algorithm
 // whose allow time is at most ahead (ns) away is admitted for later in the
 // same script step, its slot reserved in Redis, so that every instance's
 // reservations of the key are spaced by its emission interval.
-func (s *Store) DecideAhead(ctx context.Context, zone, key string, limit algorithms.Limit, cost, ahead int64) (algorithms.Result, error) {
+func (s *Store) decideAhead(ctx context.Context, zone, key string, limit algorithms.Limit, cost, ahead int64) (algorithms.Result, error) {
 	if s.isClosed() {
 		return algorithms.Result{}, ErrClosed
 	}
@@ -117,7 +158,7 @@ func (s *Store) DecideAhead(ctx context.Context, zone, key string, limit algorit
 }
 
 // DecideBanAhead is DecideBan in a zone with delay too.
-func (s *Store) DecideBanAhead(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64, rule zones.BanRule, ahead int64) (algorithms.Result, zones.StoreBan, error) {
+func (s *Store) decideBanAhead(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64, rule zones.BanRule, ahead int64) (algorithms.Result, zones.StoreBan, error) {
 	l := micro(limit)
 	r, b, err := s.banStep(ctx, zone, key, [5]any{"", l.EmissionInterval, l.Burst, cost, s.op('b', rule, ahead)})
 	return withDelay(r, l), b, err
@@ -137,14 +178,14 @@ func withDelay(r algorithms.Result, l algorithms.Limit) algorithms.Result {
 
 // CheckBan is Check in a zone with a ban: a post-charged check that finds
 // no quota starts the ban.
-func (s *Store) CheckBan(ctx context.Context, zone, key string, limit algorithms.Limit, rule zones.BanRule) (algorithms.Result, zones.StoreBan, error) {
+func (s *Store) checkBan(ctx context.Context, zone, key string, limit algorithms.Limit, rule zones.BanRule) (algorithms.Result, zones.StoreBan, error) {
 	l := micro(limit)
 	return s.banStep(ctx, zone, key, [5]any{"", l.EmissionInterval, l.Burst, int64(1), s.op('B', rule, 0)})
 }
 
 // PeekBan is Peek with the key's ban, for the admin API: it bypasses the
 // batcher and starts nothing.
-func (s *Store) PeekBan(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, zones.StoreBan, error) {
+func (s *Store) peekBan(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, zones.StoreBan, error) {
 	rkey := s.RedisKey(zone, key)
 	var rep reply
 	l := micro(limit)
@@ -218,7 +259,7 @@ type opKey struct {
 }
 
 // Refund gives back cost for key in zone (see algorithms.Limit.Refund).
-func (s *Store) Refund(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) error {
+func (s *Store) refund(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) error {
 	_, err := s.step(ctx, zone, key, scriptArgs(OpRefund, micro(limit), cost, ""))
 	return err
 }
@@ -226,14 +267,14 @@ func (s *Store) Refund(ctx context.Context, zone, key string, limit algorithms.L
 // Check reports the state of key in zone without consuming anything, as
 // Peek does, through the batcher: a post-charged zone's check before the
 // request.
-func (s *Store) Check(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, error) {
+func (s *Store) check(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, error) {
 	return s.step(ctx, zone, key, scriptArgs(OpPeek, micro(limit), 1, ""))
 }
 
 // Charge adds cost to key in zone after the response, whatever the burst
 // (see algorithms.Limit.Charge), through the batcher, and reports the key
 // as it stands afterwards.
-func (s *Store) Charge(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) (algorithms.Result, error) {
+func (s *Store) charge(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) (algorithms.Result, error) {
 	return s.step(ctx, zone, key, scriptArgs(OpCharge, micro(limit), cost, ""))
 }
 
@@ -255,7 +296,7 @@ func (s *Store) step(ctx context.Context, zone, key string, args [5]any) (algori
 
 // Peek reports the state of key in zone without consuming anything. It is
 // for the admin API and bypasses the batcher.
-func (s *Store) Peek(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, error) {
+func (s *Store) peek(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, error) {
 	rkey := s.RedisKey(zone, key)
 	var rep reply
 	err := s.unbatched(ctx, rkey, func(ctx context.Context) error {
@@ -270,7 +311,7 @@ func (s *Store) Peek(ctx context.Context, zone, key string, limit algorithms.Lim
 
 // Reset deletes the state of key in zone and tells every instance to
 // forget what it holds about the key (see resets.go).
-func (s *Store) Reset(ctx context.Context, zone, key string) error {
+func (s *Store) resetKey(ctx context.Context, zone, key string) error {
 	return s.reset(ctx, s.RedisKey(zone, key), zone, key)
 }
 
@@ -300,10 +341,7 @@ func nanos(r algorithms.Result) algorithms.Result {
 
 // Interface guards: what zones asks of a strict store.
 var (
-	_ zones.Store         = (*Store)(nil)
-	_ zones.SlotStore     = (*Store)(nil)
-	_ zones.ModeStore     = (*Store)(nil)
-	_ zones.BanStore      = (*Store)(nil)
-	_ zones.DelayStore    = (*Store)(nil)
-	_ zones.DelayBanStore = (*Store)(nil)
+	_ zones.Store   = (*Store)(nil)
+	_ zones.Slots   = (*conn)(nil)
+	_ zones.BanList = (*conn)(nil)
 )

@@ -36,7 +36,7 @@ func BenchmarkAsyncDecide(b *testing.B) {
 	limit := algorithms.NewLimit(localEvents, int64(time.Second), 0)
 	keys := localBenchKeys()[:asyncBenchKeys]
 	for _, k := range keys {
-		if _, err := store.Decide(ctx, "bench", k, limit, 1); err != nil {
+		if _, err := stepDecide(store, ctx, "bench", k, limit, 1); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -48,7 +48,7 @@ func BenchmarkAsyncDecide(b *testing.B) {
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
 				k := keys[next.Add(1)%uint64(len(keys))]
-				if r, err := store.Decide(ctx, "bench", k, limit, 1); err != nil || !r.Allowed {
+				if r, err := stepDecide(store, ctx, "bench", k, limit, 1); err != nil || !r.Allowed {
 					b.Errorf("async decide: %+v, %v", r, err)
 					return
 				}
@@ -60,7 +60,7 @@ func BenchmarkAsyncDecide(b *testing.B) {
 	cfg := zones.Config{Name: "bench", Events: localEvents, Window: time.Second}
 	state := zones.NewState(cfg, time.Minute)
 	defer state.Destruct()
-	zone := zones.New(cfg, state, store)
+	zone := mustZone(cfg, state, store)
 	b.Run("async-zone", func(b *testing.B) {
 		b.ReportAllocs()
 		var next atomic.Uint64

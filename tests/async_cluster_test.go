@@ -86,7 +86,7 @@ func testAsyncClusterMasterDown(t *testing.T, hang bool) {
 				default:
 				}
 				k := keys[i%len(keys)]
-				r, err := a.Decide(ctx, "api", k, limit, 1)
+				r, err := stepDecide(a, ctx, "api", k, limit, 1)
 				now := time.Now()
 				mu.Lock()
 				st := stats[k]

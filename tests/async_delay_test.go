@@ -31,7 +31,7 @@ func TestAsyncDelayReservesFromTheLeaseAndRedisCountsIt(t *testing.T) {
 	var turns []time.Time
 	denied := 0
 	for range 20 {
-		r, err := a.DecideAhead(ctx, "smooth", "k", limit, 1, ahead)
+		r, err := stepDecideAhead(a, ctx, "smooth", "k", limit, 1, ahead)
 		switch {
 		case err != nil:
 			t.Fatal(err)
@@ -75,7 +75,7 @@ func TestAsyncDelayReservesFromTheLeaseAndRedisCountsIt(t *testing.T) {
 		t.Errorf("Redis has the key's TAT %v ahead, want ~%v (16 intervals from the first request)", ahead16, want.Round(time.Millisecond))
 	}
 	// The next request's turn comes after every reservation.
-	r, err := a.DecideAhead(ctx, "smooth", "k", limit, 1, ahead)
+	r, err := stepDecideAhead(a, ctx, "smooth", "k", limit, 1, ahead)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -56,7 +56,7 @@ func TestAsyncFloodOfNewKeysCostsBoundedRedisWorkAndNoOutage(t *testing.T) {
 	a := openAsyncStores(t, 1, srv.Addr, interval, 250*time.Millisecond)[0]
 	blocked := algorithms.NewLimit(5, int64(time.Hour), 0)
 	for range 5 {
-		if r, err := a.Decide(ctx, "z", "blocked", blocked, 1); err != nil || !r.Allowed {
+		if r, err := stepDecide(a, ctx, "z", "blocked", blocked, 1); err != nil || !r.Allowed {
 			t.Fatalf("spending the blocked key's burst: %+v, %v", r, err)
 		}
 	}
@@ -82,7 +82,7 @@ func TestAsyncFloodOfNewKeysCostsBoundedRedisWorkAndNoOutage(t *testing.T) {
 				if i > floodKeys {
 					return
 				}
-				r, err := a.Decide(ctx, "z", "flood-"+strconv.FormatInt(i, 10), limit, 1)
+				r, err := stepDecide(a, ctx, "z", "flood-"+strconv.FormatInt(i, 10), limit, 1)
 				if err != nil {
 					failed.Add(1)
 					firstErr.CompareAndSwap(nil, err.Error())
@@ -99,7 +99,7 @@ func TestAsyncFloodOfNewKeysCostsBoundedRedisWorkAndNoOutage(t *testing.T) {
 	go func() {
 		defer close(checker)
 		steadily(5*time.Millisecond, stop, func() {
-			r, err := a.Decide(ctx, "z", "blocked", blocked, 1)
+			r, err := stepDecide(a, ctx, "z", "blocked", blocked, 1)
 			blockedChecks.Add(1)
 			if err != nil {
 				failed.Add(1)
@@ -161,7 +161,7 @@ func TestAsyncDormantKeyIsWokenByItsNextRequest(t *testing.T) {
 	const interval = 100 * time.Millisecond
 	stores := openAsyncStores(t, 2, srv.Addr, interval, 500*time.Millisecond)
 	limit := algorithms.NewLimit(10, int64(time.Hour), 0)
-	if r, err := stores[0].Decide(ctx, "z", "sparse", limit, 1); err != nil || !r.Allowed {
+	if r, err := stepDecide(stores[0], ctx, "z", "sparse", limit, 1); err != nil || !r.Allowed {
 		t.Fatalf("first request: %+v, %v", r, err)
 	}
 	settledScriptCalls(t, srv, stores[0], interval, len(stores))
@@ -171,7 +171,7 @@ func TestAsyncDormantKeyIsWokenByItsNextRequest(t *testing.T) {
 	var wg sync.WaitGroup
 	for range 16 {
 		wg.Go(func() {
-			r, err := stores[0].Decide(ctx, "z", "sparse", limit, 1)
+			r, err := stepDecide(stores[0], ctx, "z", "sparse", limit, 1)
 			if err != nil {
 				t.Error(err)
 			} else if r.Allowed {
@@ -185,7 +185,7 @@ func TestAsyncDormantKeyIsWokenByItsNextRequest(t *testing.T) {
 	}
 	allowed := woken.Load()
 	for range 4 {
-		if r, err := stores[1].Decide(ctx, "z", "sparse", limit, 1); err != nil {
+		if r, err := stepDecide(stores[1], ctx, "z", "sparse", limit, 1); err != nil {
 			t.Fatal(err)
 		} else if r.Allowed {
 			allowed++
@@ -194,7 +194,7 @@ func TestAsyncDormantKeyIsWokenByItsNextRequest(t *testing.T) {
 	waitForSyncs(t, []*distributed.Async{stores[0], stores[1]}, interval)
 	for _, a := range stores {
 		for range 3 {
-			if r, err := a.Decide(ctx, "z", "sparse", limit, 1); err == nil && r.Allowed {
+			if r, err := stepDecide(a, ctx, "z", "sparse", limit, 1); err == nil && r.Allowed {
 				allowed++
 			}
 		}

@@ -103,7 +103,7 @@ func TestAsyncKeyFarBelowItsLimitIsSyncedOncePerLeaseLifetime(t *testing.T) {
 	start := time.Now()
 	w := watchReports(t, srv.Client(), a, "z", "steady", run, func(stop <-chan struct{}) {
 		steadily(50*time.Millisecond, stop, func() {
-			r, err := a.Decide(ctx, "z", "steady", limit, 1)
+			r, err := stepDecide(a, ctx, "z", "steady", limit, 1)
 			switch {
 			case err != nil:
 				failed++
@@ -141,7 +141,7 @@ func TestAsyncLeaseRunningLowIsRenewedBeforeItRunsOut(t *testing.T) {
 	var allowed, denied, failed int
 	w := watchReports(t, srv.Client(), a, "z", "busy", 2500*time.Millisecond, func(stop <-chan struct{}) {
 		steadily(12500*time.Microsecond, stop, func() {
-			r, err := a.Decide(ctx, "z", "busy", limit, 1)
+			r, err := stepDecide(a, ctx, "z", "busy", limit, 1)
 			switch {
 			case err != nil:
 				failed++

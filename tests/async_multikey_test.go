@@ -32,7 +32,7 @@ func TestAsyncSyncReportsManyKeysPerScriptCall(t *testing.T) {
 	limit := algorithms.NewLimit(10, int64(time.Hour), 0)
 	for i := range keys {
 		for range 3 {
-			if r, err := a.Decide(ctx, "z", "k"+strconv.Itoa(i), limit, 1); err != nil || !r.Allowed {
+			if r, err := stepDecide(a, ctx, "z", "k"+strconv.Itoa(i), limit, 1); err != nil || !r.Allowed {
 				t.Fatalf("key %d: %+v, %v", i, r, err)
 			}
 		}
@@ -56,7 +56,7 @@ func TestAsyncSyncReportsManyKeysPerScriptCall(t *testing.T) {
 	// lease is back.
 	peek := openAsyncStores(t, 1, srv.Addr, interval, time.Second)[0]
 	for i := range keys {
-		r, err := peek.Peek(ctx, "z", "k"+strconv.Itoa(i), limit)
+		r, err := stepPeek(peek, ctx, "z", "k"+strconv.Itoa(i), limit)
 		if err != nil || r.Remaining != 10-3 {
 			t.Fatalf("key %d in Redis: %+v, %v; want 7 remaining", i, r, err)
 		}
@@ -78,7 +78,7 @@ func TestAsyncErrorAboutOneKeyOfACallFailsThatKeyAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 20 {
-		if r, err := a.Decide(ctx, "z", "k"+strconv.Itoa(i), limit, 1); err != nil || !r.Allowed {
+		if r, err := stepDecide(a, ctx, "z", "k"+strconv.Itoa(i), limit, 1); err != nil || !r.Allowed {
 			t.Fatalf("key %d: %+v, %v", i, r, err)
 		}
 	}
@@ -90,7 +90,7 @@ func TestAsyncErrorAboutOneKeyOfACallFailsThatKeyAlone(t *testing.T) {
 	var failed []string
 	for i := range 20 {
 		k := "k" + strconv.Itoa(i)
-		if _, err := a.Decide(ctx, "z", k, limit, 1); err != nil {
+		if _, err := stepDecide(a, ctx, "z", k, limit, 1); err != nil {
 			failed = append(failed, k)
 			if errors.Is(err, distributed.ErrStale) || errors.Is(err, distributed.ErrUnavailable) {
 				t.Errorf("key %s: %v, want the key's own error, not an outage", k, err)
@@ -106,10 +106,10 @@ func TestAsyncErrorAboutOneKeyOfACallFailsThatKeyAlone(t *testing.T) {
 	// The report is sent again, on a fresh key: the key is counted in
 	// Redis (its 2 admissions) and decides again.
 	waitFor(t, 10*time.Second, "the bad key's report to land", func() bool {
-		r, err := a.Peek(ctx, "z", bad, limit)
+		r, err := stepPeek(a, ctx, "z", bad, limit)
 		return err == nil && r.Remaining < 10-1
 	})
-	if r, err := a.Decide(ctx, "z", bad, limit, 1); err != nil || !r.Allowed {
+	if r, err := stepDecide(a, ctx, "z", bad, limit, 1); err != nil || !r.Allowed {
 		t.Errorf("the bad key after its report landed: %+v, %v", r, err)
 	}
 }

@@ -58,7 +58,7 @@ func TestAsyncStoresStayWithinTheBoundForOneKey(t *testing.T) {
 
 	var allowed, errs atomic.Int64
 	decide := func(i int) {
-		r, err := stores[i%len(stores)].Decide(ctx, "api", "alice", limit, 1)
+		r, err := stepDecide(stores[i%len(stores)], ctx, "api", "alice", limit, 1)
 		switch {
 		case err != nil:
 			errs.Add(1)
@@ -119,7 +119,7 @@ func TestAsyncStoresStayWithinTheBoundForOneKey(t *testing.T) {
 	// Every store has synced the spent budget: nobody allows more.
 	waitForSyncs(t, stores, interval)
 	for i, a := range stores {
-		if r, err := a.Decide(ctx, "api", "alice", limit, 1); err != nil || r.Allowed {
+		if r, err := stepDecide(a, ctx, "api", "alice", limit, 1); err != nil || r.Allowed {
 			t.Errorf("store %d after the budget is spent and synced: %+v, %v; want denied", i, r, err)
 		} else if r.RetryAfter <= 0 {
 			t.Errorf("store %d denied with RetryAfter %v", i, r.RetryAfter)
@@ -140,15 +140,15 @@ func TestAsyncKeysAllHaveATTL(t *testing.T) {
 		for k := range 10 {
 			key := "key-" + string(rune('a'+k))
 			for range 4 {
-				if _, err := a.Decide(ctx, "slow", key, slow, 1); err != nil {
+				if _, err := stepDecide(a, ctx, "slow", key, slow, 1); err != nil {
 					t.Fatal(err)
 				}
 			}
-			if _, err := a.Decide(ctx, "fast", key, fast, 1); err != nil {
+			if _, err := stepDecide(a, ctx, "fast", key, fast, 1); err != nil {
 				t.Fatal(err)
 			}
 			if k%2 == i {
-				_ = a.Refund(ctx, "fast", key, fast, 1)
+				_ = stepRefund(a, ctx, "fast", key, fast, 1)
 			}
 		}
 	}
@@ -164,20 +164,20 @@ func TestAsyncOutageTurnsIntoErrorsAfterAStaleViewThenRecovers(t *testing.T) {
 	a := stores[0]
 	ctx := context.Background()
 	limit := algorithms.NewLimit(1_000_000, int64(time.Hour), 0)
-	if _, err := a.Decide(ctx, "z", "k", limit, 1); err != nil {
+	if _, err := stepDecide(a, ctx, "z", "k", limit, 1); err != nil {
 		t.Fatal(err)
 	}
 	waitForSyncs(t, stores, interval)
 
 	rs.Kill()
 	killed := time.Now()
-	if _, err := a.Decide(ctx, "z", "k", limit, 1); err != nil {
+	if _, err := stepDecide(a, ctx, "z", "k", limit, 1); err != nil {
 		t.Fatalf("Decide right after Redis died: %v; want an answer from the local view", err)
 	}
 	var staleFor time.Duration
 	waitFor(t, 5*time.Second, "Decide to report the stale view", func() bool {
 		t0 := time.Now()
-		_, err := a.Decide(ctx, "z", "k", limit, 1)
+		_, err := stepDecide(a, ctx, "z", "k", limit, 1)
 		if d := time.Since(t0); d > 50*time.Millisecond {
 			t.Fatalf("Decide took %v during the outage: it must never wait for Redis", d)
 		}
@@ -196,7 +196,7 @@ func TestAsyncOutageTurnsIntoErrorsAfterAStaleViewThenRecovers(t *testing.T) {
 
 	rs.Start()
 	waitFor(t, 20*time.Second, "async syncs to succeed again", func() bool {
-		_, err := a.Decide(ctx, "z", "k", limit, 1)
+		_, err := stepDecide(a, ctx, "z", "k", limit, 1)
 		return err == nil
 	})
 	if ok, _ := a.Health(); !ok {
@@ -270,7 +270,7 @@ func TestAsyncStoreHearingItsOwnResetLateKeepsWhatItAdmittedSince(t *testing.T) 
 	limit := algorithms.NewLimit(3, int64(time.Hour), 0)
 	admit := func(key string, n int) (allowed int) {
 		for range n {
-			if r, err := a.Decide(ctx, "api", key, limit, 1); err == nil && r.Allowed {
+			if r, err := stepDecide(a, ctx, "api", key, limit, 1); err == nil && r.Allowed {
 				allowed++
 			}
 		}
@@ -285,7 +285,7 @@ func TestAsyncStoreHearingItsOwnResetLateKeepsWhatItAdmittedSince(t *testing.T) 
 		return n == 2
 	})
 	p.HoldPubSub()
-	if err := a.Reset(ctx, "api", "alice"); err != nil {
+	if err := stepReset(a, ctx, "api", "alice"); err != nil {
 		t.Fatal(err)
 	}
 	if got := admit("alice", 3); got != 3 {
@@ -303,7 +303,7 @@ func TestAsyncStoreHearingItsOwnResetLateKeepsWhatItAdmittedSince(t *testing.T) 
 		t.Errorf("alice's 4th request since the reset was allowed: the store dropped what it admitted after its own reset")
 	}
 	waitFor(t, 5*time.Second, "alice's 3 requests since the reset to reach Redis", func() bool {
-		r, err := a.Peek(ctx, "api", "alice", limit)
+		r, err := stepPeek(a, ctx, "api", "alice", limit)
 		return err == nil && r.Remaining == 0
 	})
 }
@@ -322,7 +322,7 @@ func TestAsyncFallbackStartsFromTheRecordAndIsCountedAfterTheOutage(t *testing.T
 	cfg := zones.Config{Name: "api", Events: 20, Window: time.Hour, FailPolicy: zones.FailLocal}
 	state := zones.NewState(cfg, time.Minute)
 	t.Cleanup(func() { _ = state.Destruct() })
-	z := zones.New(cfg, state, a)
+	z := mustZone(cfg, state, a)
 	ctx := context.Background()
 	admit := func(n int) (allowed int, fallback int) {
 		for range n {
@@ -342,7 +342,7 @@ func TestAsyncFallbackStartsFromTheRecordAndIsCountedAfterTheOutage(t *testing.T
 	waitForSyncs(t, stores, interval)
 	rs.Kill()
 	waitFor(t, 5*time.Second, "the view to go stale", func() bool {
-		_, err := a.Decide(ctx, "api", "probe", cfg.Limit(), 1)
+		_, err := stepDecide(a, ctx, "api", "probe", cfg.Limit(), 1)
 		return err != nil
 	})
 	if got, fb := admit(20); got != 10 || fb != 10 {
@@ -353,8 +353,8 @@ func TestAsyncFallbackStartsFromTheRecordAndIsCountedAfterTheOutage(t *testing.T
 	}
 	rs.Start()
 	waitFor(t, 10*time.Second, "syncs to succeed again and count the outage's admissions", func() bool {
-		r, err := a.Peek(ctx, "api", "alice", cfg.Limit())
-		_, derr := a.Decide(ctx, "api", "probe", cfg.Limit(), 1)
+		r, err := stepPeek(a, ctx, "api", "alice", cfg.Limit())
+		_, derr := stepDecide(a, ctx, "api", "probe", cfg.Limit(), 1)
 		return err == nil && derr == nil && r.Remaining == 0 && a.LastSync().After(time.Now().Add(-interval))
 	})
 	waitForSyncs(t, stores, interval)
@@ -376,7 +376,7 @@ func TestAsyncHoldSetsTheOtherInstancesFreshSharesAside(t *testing.T) {
 	a := stores[0]
 	ctx := context.Background()
 	limit := algorithms.NewLimit(30, int64(time.Hour), 0) // fresh share 10
-	if r, err := a.Decide(ctx, "z", "k", limit, 1); err != nil || !r.Allowed {
+	if r, err := stepDecide(a, ctx, "z", "k", limit, 1); err != nil || !r.Allowed {
 		t.Fatalf("the first request: %+v, %v", r, err)
 	}
 	rc := rs.Client()
@@ -384,7 +384,7 @@ func TestAsyncHoldSetsTheOtherInstancesFreshSharesAside(t *testing.T) {
 		n, _ := rc.Exists(ctx, a.RedisKey("z", "k")).Result()
 		return n == 1
 	})
-	r, err := a.Peek(ctx, "z", "k", limit)
+	r, err := stepPeek(a, ctx, "z", "k", limit)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -405,7 +405,7 @@ func TestAsyncIdleSyncOnAFullKeyDropsTheRecordAndTheKey(t *testing.T) {
 	ctx := context.Background()
 	limit := algorithms.NewLimit(2, int64(100*time.Millisecond), 0)
 	for range 2 {
-		if r, err := a.Decide(ctx, "z", "k", limit, 1); err != nil || !r.Allowed {
+		if r, err := stepDecide(a, ctx, "z", "k", limit, 1); err != nil || !r.Allowed {
 			t.Fatalf("k: %+v, %v", r, err)
 		}
 	}
@@ -436,7 +436,7 @@ func TestAsyncFleetRestoresKeysAfterRedisLosesItsData(t *testing.T) {
 		var wg sync.WaitGroup
 		for g := range n {
 			wg.Go(func() {
-				if r, err := stores[g%len(stores)].Decide(ctx, "api", "alice", limit, 1); err == nil && r.Allowed {
+				if r, err := stepDecide(stores[g%len(stores)], ctx, "api", "alice", limit, 1); err == nil && r.Allowed {
 					allowed.Add(1)
 				}
 			})

@@ -53,7 +53,7 @@ var localContenders = []struct {
 		cfg := zones.Config{Name: "bench", Events: localEvents, Window: time.Second}
 		state := zones.NewState(cfg, time.Hour)
 		tb.Cleanup(func() { _ = state.Destruct() })
-		zone := zones.New(cfg, state, nil)
+		zone := mustZone(cfg, state, nil)
 		ctx := context.Background()
 		return func(key string) bool {
 			return zone.Decide(ctx, key, time.Now().UnixNano()).Allowed

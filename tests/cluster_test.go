@@ -34,7 +34,7 @@ func TestStoreOnRedisCluster(t *testing.T) {
 		for range 100 {
 			wg.Go(func() {
 				<-start
-				r, err := s.Decide(ctx, "api", "one-key", limit, 1)
+				r, err := stepDecide(s, ctx, "api", "one-key", limit, 1)
 				if err != nil {
 					t.Error(err)
 					return
@@ -63,7 +63,7 @@ func TestStoreOnRedisCluster(t *testing.T) {
 				key = "{tagged}" + key
 			}
 			for j := range 3 {
-				r, err := stores[i%3].Decide(ctx, "spread", key, algorithms.NewLimit(2, int64(time.Minute), 0), 1)
+				r, err := stepDecide(stores[i%3], ctx, "spread", key, algorithms.NewLimit(2, int64(time.Minute), 0), 1)
 				if err != nil {
 					t.Error(err)
 					return

@@ -34,9 +34,9 @@ func TestStrictDelayReservesInTheScriptStep(t *testing.T) {
 			var banned zones.StoreBan
 			var err error
 			if ban {
-				r, banned, err = s.DecideBanAhead(ctx, "smooth", key, limit, 1, rule, ahead)
+				r, banned, err = stepDecideBanAhead(s, ctx, "smooth", key, limit, 1, rule, ahead)
 			} else {
-				r, err = s.DecideAhead(ctx, "smooth", key, limit, 1, ahead)
+				r, err = stepDecideAhead(s, ctx, "smooth", key, limit, 1, ahead)
 			}
 			if err != nil {
 				t.Fatal(err)

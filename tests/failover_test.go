@@ -114,7 +114,7 @@ func rejoin(t *testing.T, fleet []*distributed.Store, key string, limit algorith
 	ctx := context.Background()
 	var staleAllowed atomic.Int64
 	load := startKeyLoad(t, []string{key}, 4, func(k string) (bool, error) {
-		r, err := fleet[0].Decide(ctx, "exact", k, limit, 1)
+		r, err := stepDecide(fleet[0], ctx, "exact", k, limit, 1)
 		if err == nil && r.Allowed {
 			staleAllowed.Add(1)
 		}
@@ -216,7 +216,7 @@ func TestClusterFailoverCostsOnlyTheFailedMastersKeys(t *testing.T) {
 	}
 	plenty := algorithms.NewLimit(1_000_000, int64(time.Hour), 0)
 	load := startKeyLoad(t, keys, 8, func(k string) (bool, error) {
-		r, err := store.Decide(ctx, "api", k, plenty, 1)
+		r, err := stepDecide(store, ctx, "api", k, plenty, 1)
 		return r.Allowed, err
 	})
 	waitFor(t, 10*time.Second, "a decision in Redis for every key", func() bool {
@@ -302,7 +302,7 @@ func TestSentinelFailoverFollowsTheNewMaster(t *testing.T) {
 	}
 	plenty := algorithms.NewLimit(1_000_000, int64(time.Hour), 0)
 	load := startKeyLoad(t, keys, 8, func(k string) (bool, error) {
-		r, err := store.Decide(ctx, "api", k, plenty, 1)
+		r, err := stepDecide(store, ctx, "api", k, plenty, 1)
 		return r.Allowed, err
 	})
 	waitFor(t, 10*time.Second, "a decision in Redis for every key", func() bool {
@@ -394,7 +394,7 @@ func BenchmarkStrictDecideOnCluster(b *testing.B) {
 	for i := range keys {
 		keys[i] = "k" + strconv.Itoa(i)
 	}
-	if _, err := store.Decide(ctx, "bench", keys[0], limit, 1); err != nil {
+	if _, err := stepDecide(store, ctx, "bench", keys[0], limit, 1); err != nil {
 		b.Fatal(err)
 	}
 	var next atomic.Int64
@@ -402,7 +402,7 @@ func BenchmarkStrictDecideOnCluster(b *testing.B) {
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			if _, err := store.Decide(ctx, "bench", keys[next.Add(1)%int64(len(keys))], limit, 1); err != nil {
+			if _, err := stepDecide(store, ctx, "bench", keys[next.Add(1)%int64(len(keys))], limit, 1); err != nil {
 				b.Error(err)
 				return
 			}
@@ -427,7 +427,7 @@ func TestDeadSeedAddressesCostNothingOnCluster(t *testing.T) {
 	ctx := context.Background()
 	limit := algorithms.NewLimit(1_000_000, int64(time.Hour), 0)
 	waitFor(t, 10*time.Second, "the topology from the live nodes", func() bool {
-		_, err := store.Decide(ctx, "api", "first", limit, 1)
+		_, err := stepDecide(store, ctx, "api", "first", limit, 1)
 		return err == nil
 	})
 	var failed atomic.Int64
@@ -436,7 +436,7 @@ func TestDeadSeedAddressesCostNothingOnCluster(t *testing.T) {
 	for g := range 16 {
 		wg.Go(func() {
 			for i := range 100 {
-				if _, err := store.Decide(ctx, "api", "k"+strconv.Itoa(g*100+i), limit, 1); err != nil {
+				if _, err := stepDecide(store, ctx, "api", "k"+strconv.Itoa(g*100+i), limit, 1); err != nil {
 					failed.Add(1)
 					lastErr.Store(err)
 				}
@@ -536,7 +536,7 @@ func requireExactAcrossFleet(t *testing.T, fleet []*distributed.Store, zone, key
 	var wg sync.WaitGroup
 	for i := range 300 {
 		wg.Go(func() {
-			r, err := fleet[i%len(fleet)].Decide(ctx, zone, key, limit, 1)
+			r, err := stepDecide(fleet[i%len(fleet)], ctx, zone, key, limit, 1)
 			switch {
 			case err != nil:
 				failed.Add(1)

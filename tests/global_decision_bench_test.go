@@ -109,11 +109,11 @@ func BenchmarkGlobalDecisionRedisCPU(b *testing.B) {
 	shared := reg.Wrap(store, "global", globalDecisionLimit)
 	decide := [2]func(string) (bool, error){
 		func(key string) (bool, error) {
-			r, err := store.Decide(ctx, "region", key, globalDecisionLimit, 1)
+			r, err := stepDecide(store, ctx, "region", key, globalDecisionLimit, 1)
 			return r.Allowed, err
 		},
 		func(key string) (bool, error) {
-			r, err := shared.Decide(ctx, "global", key, globalDecisionLimit, 1)
+			r, err := stepDecide(shared, ctx, "global", key, globalDecisionLimit, 1)
 			return r.Allowed, err
 		},
 	}
@@ -366,7 +366,7 @@ func BenchmarkGlobalSharesFollowDemand(b *testing.B) {
 					return
 				case <-tick.C:
 				}
-				if _, err := regions[i].shared.Decide(context.Background(), globalZone, "k", globalLimit, 1); err != nil {
+				if _, err := stepDecide(regions[i].shared, context.Background(), globalZone, "k", globalLimit, 1); err != nil {
 					b.Errorf("region %s: decision failed: %v", regions[i].reg.Name(), err)
 					return
 				}

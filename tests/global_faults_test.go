@@ -107,7 +107,7 @@ func (f *globalFleet) decisionLatency(i int, key string) time.Duration {
 	var took []time.Duration
 	for n := range 51 {
 		start := time.Now()
-		if _, err := f.regions[i].shared[n%2].Decide(context.Background(), globalZone, key, globalLimit, 1); err != nil {
+		if _, err := stepDecide(f.regions[i].shared[n%2], context.Background(), globalZone, key, globalLimit, 1); err != nil {
 			f.t.Fatalf("region %s: decision failed (a fail policy would have decided): %v", f.regions[i].name, err)
 		}
 		took = append(took, time.Since(start))
@@ -296,7 +296,7 @@ func TestGlobalRegionalRedisDownTakesEachFailPolicy(t *testing.T) {
 		cfg := zones.Config{Name: globalZone, Events: 600, Window: time.Minute, Burst: 20, FailPolicy: tc.policy}
 		state := zones.NewState(cfg, time.Minute)
 		t.Cleanup(func() { state.Destruct() })
-		z := zones.New(cfg, state, eu.shared[0])
+		z := mustZone(cfg, state, eu.shared[0])
 		allowed := 0
 		for i := range 25 {
 			d := z.Decide(context.Background(), "k-"+tc.policy.String(), now)
@@ -312,7 +312,7 @@ func TestGlobalRegionalRedisDownTakesEachFailPolicy(t *testing.T) {
 		}
 	}
 	// us decides in its own Redis meanwhile.
-	if r, err := f.regions[1].shared[0].Decide(context.Background(), globalZone, "k-us", globalLimit, 1); err != nil || !r.Allowed {
+	if r, err := stepDecide(f.regions[1].shared[0], context.Background(), globalZone, "k-us", globalLimit, 1); err != nil || !r.Allowed {
 		t.Errorf("us with eu's Redis down: %+v, %v; want allowed from its Redis", r, err)
 	}
 }

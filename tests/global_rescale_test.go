@@ -37,7 +37,7 @@ func TestGlobalRaisedRegionGainsNoBurstAtOnce(t *testing.T) {
 	}
 	decide := func(key string, l algorithms.Limit, n int) (admitted int64) {
 		for i := range n {
-			r, err := us.shared[i%2].Decide(ctx, globalZone, key, l, 1)
+			r, err := stepDecide(us.shared[i%2], ctx, globalZone, key, l, 1)
 			if err != nil {
 				t.Fatal(err)
 			}

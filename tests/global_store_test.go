@@ -144,7 +144,7 @@ func (f *globalFleet) drive(i int, key string, rate int, stop <-chan struct{}, w
 			case <-tick.C:
 			}
 			sh := f.regions[i].shared[n%len(f.regions[i].shared)]
-			res, err := sh.Decide(context.Background(), globalZone, key, globalLimit, 1)
+			res, err := stepDecide(sh, context.Background(), globalZone, key, globalLimit, 1)
 			if err != nil {
 				f.t.Errorf("region %s: decision failed (a fail policy would have decided): %v", f.regions[i].name, err)
 				return

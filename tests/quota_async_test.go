@@ -28,7 +28,7 @@ func TestAsyncQuotaNeverAdmitsMoreThanTheQuota(t *testing.T) {
 	for c := range callers {
 		wg.Go(func() {
 			for i := range each {
-				r, err := stores[(c+i)%len(stores)].DecideQuota(ctx, "aq", "shared", q, 1)
+				r, err := stepDecideQuota(stores[(c+i)%len(stores)], ctx, "aq", "shared", q, 1)
 				if err != nil {
 					t.Error(err)
 					return
@@ -63,19 +63,19 @@ func TestAsyncQuotaIdleLeaseGoesBack(t *testing.T) {
 	ctx := context.Background()
 	periods := zones.PeriodsAt(algorithms.Month, time.Now(), time.UTC)
 	q := zones.QuotaLimit{Limit: 64, Periods: &periods}
-	if r, err := stores[0].DecideQuota(ctx, "idle", "k", q, 1); err != nil || !r.Allowed {
+	if r, err := stepDecideQuota(stores[0], ctx, "idle", "k", q, 1); err != nil || !r.Allowed {
 		t.Fatalf("first decision: %+v, %v", r, err)
 	}
 	// Store 0 holds a lease beyond its one unit; after it hands it back,
 	// store 1 may spend all 63 that are left.
 	waitForSyncs(t, stores, 50*time.Millisecond)
 	waitFor(t, 5*time.Second, "the idle lease to go back", func() bool {
-		r, err := stores[1].PeekQuota(ctx, "idle", "k", q)
+		r, err := stepPeekQuota(stores[1], ctx, "idle", "k", q)
 		return err == nil && r.Used == 1
 	})
 	n := 0
 	for range 100 {
-		if r, err := stores[1].DecideQuota(ctx, "idle", "k", q, 1); err == nil && r.Allowed {
+		if r, err := stepDecideQuota(stores[1], ctx, "idle", "k", q, 1); err == nil && r.Allowed {
 			n++
 		}
 	}
@@ -94,23 +94,23 @@ func TestAsyncQuotaChargesAreCountedFleetWide(t *testing.T) {
 	periods := zones.PeriodsAt(algorithms.Month, time.Now(), time.UTC)
 	q := zones.QuotaLimit{Limit: 1000, Periods: &periods}
 	for i := range 3 {
-		r, err := stores[0].CheckQuota(ctx, "tokens", "k", q)
+		r, err := stepCheckQuota(stores[0], ctx, "tokens", "k", q)
 		if err != nil || !r.Allowed {
 			t.Fatalf("check %d: %+v, %v", i+1, r, err)
 		}
-		if _, err := stores[0].ChargeQuota(ctx, "tokens", "k", q, 400); err != nil {
+		if _, err := stepChargeQuota(stores[0], ctx, "tokens", "k", q, 400); err != nil {
 			t.Fatal(err)
 		}
 	}
 	waitFor(t, 5*time.Second, "the debt to reach Redis", func() bool {
-		r, err := stores[1].PeekQuota(ctx, "tokens", "k", q)
+		r, err := stepPeekQuota(stores[1], ctx, "tokens", "k", q)
 		return err == nil && r.Used >= 1000
 	})
-	r, err := stores[1].PeekQuota(ctx, "tokens", "k", q)
+	r, err := stepPeekQuota(stores[1], ctx, "tokens", "k", q)
 	if err != nil || r.Used > 1000+400 {
 		t.Fatalf("Redis counts %+v, %v; want at most the quota and one charge", r, err)
 	}
-	if r, err := stores[1].CheckQuota(ctx, "tokens", "k", q); err != nil || r.Allowed {
+	if r, err := stepCheckQuota(stores[1], ctx, "tokens", "k", q); err != nil || r.Allowed {
 		t.Fatalf("the other store's check: %+v, %v; want denied", r, err)
 	}
 }
@@ -132,13 +132,13 @@ func TestAsyncQuotaUnderConcurrency(t *testing.T) {
 				key := "k" + strconv.Itoa(i%7)
 				switch i % 5 {
 				case 0:
-					_, _ = s.ChargeQuota(ctx, "mixed", key, q, 2)
+					_, _ = stepChargeQuota(s, ctx, "mixed", key, q, 2)
 				case 1:
-					_ = s.RefundQuota(ctx, "mixed", key, q, 1)
+					_ = stepRefundQuota(s, ctx, "mixed", key, q, 1)
 				case 2:
-					_, _ = s.CheckQuota(ctx, "mixed", key, q)
+					_, _ = stepCheckQuota(s, ctx, "mixed", key, q)
 				default:
-					if _, err := s.DecideQuota(ctx, "mixed", key, q, 1); err != nil {
+					if _, err := stepDecideQuota(s, ctx, "mixed", key, q, 1); err != nil {
 						t.Error(err)
 						return
 					}

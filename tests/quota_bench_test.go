@@ -39,13 +39,13 @@ func BenchmarkStrictQuotaDecide(b *testing.B) {
 		n := strconv.Itoa(callers)
 		b.Run("gcra/callers="+n, func(b *testing.B) {
 			runDecisions(b, rdb, callers, func(key string) (bool, error) {
-				r, err := store.Decide(ctx, "bench", key, limit, 1)
+				r, err := stepDecide(store, ctx, "bench", key, limit, 1)
 				return r.Allowed, err
 			})
 		})
 		b.Run("quota/callers="+n, func(b *testing.B) {
 			runDecisions(b, rdb, callers, func(key string) (bool, error) {
-				r, err := store.DecideQuota(ctx, "bench", key, quota, 1)
+				r, err := stepDecideQuota(store, ctx, "bench", key, quota, 1)
 				return r.Allowed, err
 			})
 		})

@@ -262,7 +262,7 @@ func TestStoreQuotaIsExactAcrossInstances(t *testing.T) {
 		wg.Go(func() {
 			s := ss[c%stores]
 			for range each {
-				r, err := s.DecideQuota(ctx, "exact", "shared", q, 1)
+				r, err := stepDecideQuota(s, ctx, "exact", "shared", q, 1)
 				if err != nil {
 					t.Error(err)
 					return
@@ -277,7 +277,7 @@ func TestStoreQuotaIsExactAcrossInstances(t *testing.T) {
 	if n := allowed.Load(); n != quota {
 		t.Fatalf("%d allowed of %d decisions, want exactly the quota %d", n, callers*each, quota)
 	}
-	r, err := ss[0].PeekQuota(ctx, "exact", "shared", q)
+	r, err := stepPeekQuota(ss[0], ctx, "exact", "shared", q)
 	if err != nil || r.Used != quota || r.Allowed {
 		t.Fatalf("PeekQuota = %+v, %v; want %d used, nothing left", r, err, quota)
 	}
@@ -303,12 +303,12 @@ func TestStoreQuotaKeysExpireAtTheirPeriodsEnd(t *testing.T) {
 			for i := range 20 {
 				wg.Go(func() {
 					k := "k" + strconv.Itoa(i)
-					if _, err := s.DecideQuota(ctx, zone, k, q, 3); err != nil {
+					if _, err := stepDecideQuota(s, ctx, zone, k, q, 3); err != nil {
 						t.Error(err)
 					}
 					if i%2 == 0 {
-						_, _ = s.ChargeQuota(ctx, zone, k, q, 200)
-						_ = s.RefundQuota(ctx, zone, k, q, 1)
+						_, _ = stepChargeQuota(s, ctx, zone, k, q, 200)
+						_ = stepRefundQuota(s, ctx, zone, k, q, 1)
 					}
 				})
 			}
@@ -357,19 +357,19 @@ func TestStoreBatchesQuotaStepsBesideGCRASteps(t *testing.T) {
 		wg.Go(func() {
 			<-start
 			for range rounds {
-				if r, err := s.DecideQuota(ctx, "bq", "shared", shared, 1); err != nil {
+				if r, err := stepDecideQuota(s, ctx, "bq", "shared", shared, 1); err != nil {
 					t.Error(err)
 					return
 				} else if r.Allowed {
 					sharedAllowed.Add(1)
 				}
-				if r, err := s.DecideQuota(ctx, "bq", "own-"+strconv.Itoa(g), own, 1); err != nil {
+				if r, err := stepDecideQuota(s, ctx, "bq", "own-"+strconv.Itoa(g), own, 1); err != nil {
 					t.Error(err)
 					return
 				} else if r.Allowed {
 					ownAllowed[g]++
 				}
-				if r, err := s.Decide(ctx, "br", "shared", rate, 1); err != nil {
+				if r, err := stepDecide(s, ctx, "br", "shared", rate, 1); err != nil {
 					t.Error(err)
 					return
 				} else if r.Allowed {
@@ -422,7 +422,7 @@ func TestStoreQuotaOnRedisCluster(t *testing.T) {
 				<-start
 				for k := range keys {
 					key := (k + c + i) % keys
-					r, err := s.DecideQuota(ctx, "cq", "key-"+strconv.Itoa(key), q, 1)
+					r, err := stepDecideQuota(s, ctx, "cq", "key-"+strconv.Itoa(key), q, 1)
 					if err != nil {
 						t.Error(err)
 						return

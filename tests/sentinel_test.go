@@ -27,7 +27,7 @@ func TestStrictModeThroughSentinelIsExact(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range 3 {
-				r, err := stores[g%2].Decide(context.Background(), "sentinel", "k", limit, 1)
+				r, err := stepDecide(stores[g%2], context.Background(), "sentinel", "k", limit, 1)
 				if err != nil {
 					t.Error(err)
 					return

@@ -50,7 +50,7 @@ func BenchmarkStrictDecide(b *testing.B) {
 		n := strconv.Itoa(callers)
 		b.Run("tally/callers="+n, func(b *testing.B) {
 			runDecisions(b, rdb, callers, func(key string) (bool, error) {
-				r, err := store.Decide(ctx, "bench", key, tallyLimit, 1)
+				r, err := stepDecide(store, ctx, "bench", key, tallyLimit, 1)
 				return r.Allowed, err
 			})
 		})

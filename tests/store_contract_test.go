@@ -64,7 +64,7 @@ func TestAdminReadsOnAClusterFailOnlyForTheDeadMastersKeys(t *testing.T) {
 		keys, owner := keysOnEveryMaster(t, ctx, view, addrs, 2, func(k string) string { return s.store.RedisKey("api", k) })
 		p := placed{mode: s.mode, store: s.store}
 		for _, k := range keys {
-			if _, err := s.store.Peek(ctx, "api", k, limit); err != nil {
+			if _, err := stepPeek(s.store, ctx, "api", k, limit); err != nil {
 				t.Fatalf("%s: peeking %s before the kill: %v", s.mode, k, err)
 			}
 			if owner[k] == victim.Addr {
@@ -80,7 +80,7 @@ func TestAdminReadsOnAClusterFailOnlyForTheDeadMastersKeys(t *testing.T) {
 	requireHealthyReads := func(p placed, when string) {
 		t.Helper()
 		for _, k := range p.healthy {
-			if _, err := p.store.Peek(ctx, "api", k, limit); err != nil {
+			if _, err := stepPeek(p.store, ctx, "api", k, limit); err != nil {
 				t.Fatalf("%s: peeking %s on a healthy master %s: %v", p.mode, k, when, err)
 			}
 		}
@@ -90,7 +90,7 @@ func TestAdminReadsOnAClusterFailOnlyForTheDeadMastersKeys(t *testing.T) {
 		// opens (a handful of failures in a row) and refuses them at once.
 		refused := false
 		for i := 0; i < 50 && !refused; i++ {
-			_, err := p.store.Peek(ctx, "api", p.dead[i%len(p.dead)], limit)
+			_, err := stepPeek(p.store, ctx, "api", p.dead[i%len(p.dead)], limit)
 			if err == nil {
 				t.Fatalf("%s: peeking %s on the killed master succeeded", p.mode, p.dead[i%len(p.dead)])
 			}
@@ -104,7 +104,7 @@ func TestAdminReadsOnAClusterFailOnlyForTheDeadMastersKeys(t *testing.T) {
 		until := time.Now().Add(1500 * time.Millisecond)
 		for time.Now().Before(until) {
 			requireHealthyReads(p, "while the killed master's breaker is open")
-			if _, err := p.store.Peek(ctx, "api", p.dead[0], limit); err == nil {
+			if _, err := stepPeek(p.store, ctx, "api", p.dead[0], limit); err == nil {
 				t.Fatalf("%s: peeking %s on the killed master succeeded", p.mode, p.dead[0])
 			}
 			time.Sleep(10 * time.Millisecond) // pacing the reads, not a synchronisation

@@ -348,7 +348,7 @@ func TestStoreIsExactAcrossInstances(t *testing.T) {
 		for range 100 {
 			wg.Go(func() {
 				<-start
-				r, err := s.Decide(context.Background(), "api", "one-key", limit, 1)
+				r, err := stepDecide(s, context.Background(), "api", "one-key", limit, 1)
 				if err != nil {
 					t.Error(err)
 					return
@@ -392,7 +392,7 @@ func TestStoreBatchesDecisionsIntoOneScriptCall(t *testing.T) {
 			<-start
 			key := "own-" + strconv.Itoa(g)
 			for range rounds {
-				r, err := s.Decide(ctx, "batch", "shared", shared, 1)
+				r, err := stepDecide(s, ctx, "batch", "shared", shared, 1)
 				if err != nil {
 					t.Error(err)
 					return
@@ -400,7 +400,7 @@ func TestStoreBatchesDecisionsIntoOneScriptCall(t *testing.T) {
 				if r.Allowed {
 					sharedAllowed.Add(1)
 				}
-				if r, err = s.Decide(ctx, "batch", key, own, 1); err != nil {
+				if r, err = stepDecide(s, ctx, "batch", key, own, 1); err != nil {
 					t.Error(err)
 					return
 				}
@@ -470,7 +470,7 @@ func TestStoreBatchAfterScriptFlushFallsBackToEval(t *testing.T) {
 	ctx := context.Background()
 	s := openStore(t, distributed.Options{Addresses: []string{srv.Addr}, Timeout: 10 * time.Second}, nil)
 	limit := algorithms.NewLimit(3, int64(time.Hour), 0)
-	if _, err := s.Decide(ctx, "flush", "warm", limit, 1); err != nil {
+	if _, err := stepDecide(s, ctx, "flush", "warm", limit, 1); err != nil {
 		t.Fatal(err)
 	}
 	if err := rdb.ScriptFlush(ctx).Err(); err != nil {
@@ -487,7 +487,7 @@ func TestStoreBatchAfterScriptFlushFallsBackToEval(t *testing.T) {
 		wg.Go(func() {
 			<-start
 			for range 5 {
-				r, err := s.Decide(ctx, "flush", "k"+strconv.Itoa(g%32), limit, 1)
+				r, err := stepDecide(s, ctx, "flush", "k"+strconv.Itoa(g%32), limit, 1)
 				if err != nil {
 					t.Error(err)
 					return
@@ -528,12 +528,12 @@ func TestStoreDecideRefundPeekReset(t *testing.T) {
 
 	start := time.Now()
 	for i := range 10 {
-		r, err := s.Decide(ctx, "z", "k", limit, 1)
+		r, err := stepDecide(s, ctx, "z", "k", limit, 1)
 		if err != nil || !r.Allowed || r.Remaining != int64(9-i) {
 			t.Fatalf("decision %d: %+v, %v", i, r, err)
 		}
 	}
-	r, err := s.Decide(ctx, "z", "k", limit, 1)
+	r, err := stepDecide(s, ctx, "z", "k", limit, 1)
 	if err != nil || r.Allowed {
 		t.Fatalf("11th decision: %+v, %v; want denied", r, err)
 	}
@@ -545,17 +545,17 @@ func TestStoreDecideRefundPeekReset(t *testing.T) {
 	if r.ResetAfter <= int64(54*time.Second) || r.ResetAfter > int64(time.Minute) {
 		t.Errorf("ResetAfter %v, want about 1m", time.Duration(r.ResetAfter))
 	}
-	if err := s.Refund(ctx, "z", "k", limit, 2); err != nil {
+	if err := stepRefund(s, ctx, "z", "k", limit, 2); err != nil {
 		t.Fatal(err)
 	}
-	p, err := s.Peek(ctx, "z", "k", limit)
+	p, err := stepPeek(s, ctx, "z", "k", limit)
 	if err != nil || !p.Allowed || p.Remaining != 2 {
 		t.Fatalf("Peek after refunding 2: %+v, %v; want allowed with 2 remaining", p, err)
 	}
-	if err := s.Reset(ctx, "z", "k"); err != nil {
+	if err := stepReset(s, ctx, "z", "k"); err != nil {
 		t.Fatal(err)
 	}
-	p, err = s.Peek(ctx, "z", "k", limit)
+	p, err = stepPeek(s, ctx, "z", "k", limit)
 	if err != nil || p.Remaining != 10 || p.ResetAfter != 0 {
 		t.Fatalf("Peek after Reset: %+v, %v; want a full key", p, err)
 	}
@@ -586,12 +586,12 @@ func TestStoreKeysAllHaveTTL(t *testing.T) {
 			l := limits[i%len(limits)]
 			key := "k" + string(rune('a'+i%26)) + string(rune('a'+i/26))
 			for j := range 3 {
-				if _, err := s.Decide(ctx, "ttl", key, l, int64(1+j)); err != nil {
+				if _, err := stepDecide(s, ctx, "ttl", key, l, int64(1+j)); err != nil {
 					t.Error(err)
 				}
 			}
 			if i%2 == 0 {
-				if err := s.Refund(ctx, "ttl", key, l, 1); err != nil {
+				if err := stepRefund(s, ctx, "ttl", key, l, 1); err != nil {
 					t.Error(err)
 				}
 			}
@@ -614,7 +614,7 @@ func TestStoreBreakerOpensOnOutageAndClosesOnRecovery(t *testing.T) {
 	limit := algorithms.NewLimit(1000, int64(time.Second), 0)
 
 	waitFor(t, 5*time.Second, "a first decision", func() bool {
-		_, err := s.Decide(ctx, "b", "k", limit, 1)
+		_, err := stepDecide(s, ctx, "b", "k", limit, 1)
 		return err == nil
 	})
 	srv.Kill()
@@ -622,7 +622,7 @@ func TestStoreBreakerOpensOnOutageAndClosesOnRecovery(t *testing.T) {
 	var opened bool
 	for i := range 50 {
 		start := time.Now()
-		_, err := s.Decide(ctx, "b", "k", limit, 1)
+		_, err := stepDecide(s, ctx, "b", "k", limit, 1)
 		took := time.Since(start)
 		if err == nil {
 			t.Fatalf("call %d succeeded with Redis killed", i)
@@ -643,7 +643,7 @@ func TestStoreBreakerOpensOnOutageAndClosesOnRecovery(t *testing.T) {
 	}
 	// Open: calls fail without touching Redis.
 	for range 1000 {
-		if _, err := s.Decide(ctx, "b", "k", limit, 1); !errors.Is(err, distributed.ErrUnavailable) {
+		if _, err := stepDecide(s, ctx, "b", "k", limit, 1); !errors.Is(err, distributed.ErrUnavailable) {
 			t.Fatalf("with the breaker open: %v, want ErrUnavailable", err)
 		}
 	}
@@ -653,7 +653,7 @@ func TestStoreBreakerOpensOnOutageAndClosesOnRecovery(t *testing.T) {
 
 	srv.Start()
 	waitFor(t, 10*time.Second, "decisions to succeed after Redis restarts", func() bool {
-		_, err := s.Decide(ctx, "b", "k", limit, 1)
+		_, err := stepDecide(s, ctx, "b", "k", limit, 1)
 		return err == nil
 	})
 	if ok, _ := s.Health(); !ok {
@@ -676,7 +676,7 @@ func TestStorePausedRedisNeverHangs(t *testing.T) {
 	ctx := context.Background()
 	limit := algorithms.NewLimit(1000, int64(time.Second), 0)
 	waitFor(t, 5*time.Second, "a first decision", func() bool {
-		_, err := s.Decide(ctx, "p", "k", limit, 1)
+		_, err := stepDecide(s, ctx, "p", "k", limit, 1)
 		return err == nil
 	})
 	srv.Pause()
@@ -689,9 +689,9 @@ func TestStorePausedRedisNeverHangs(t *testing.T) {
 				start := time.Now()
 				var err error
 				if i%3 == 2 {
-					_, err = s.Peek(ctx, "p", "k", limit)
+					_, err = stepPeek(s, ctx, "p", "k", limit)
 				} else {
-					_, err = s.Decide(ctx, "p", "k", limit, 1)
+					_, err = stepDecide(s, ctx, "p", "k", limit, 1)
 				}
 				if took := time.Since(start); took > timeout+100*time.Millisecond {
 					t.Errorf("goroutine %d call %d took %v with a timeout of %v", g, i, took, timeout)
@@ -710,7 +710,7 @@ func TestStoreOpensWithRedisDown(t *testing.T) {
 	addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
 	s := openStore(t, distributed.Options{Addresses: []string{addr}, Timeout: 20 * time.Millisecond}, nil)
 	limit := algorithms.NewLimit(10, int64(time.Second), 0)
-	if _, err := s.Decide(context.Background(), "z", "k", limit, 1); err == nil {
+	if _, err := stepDecide(s, context.Background(), "z", "k", limit, 1); err == nil {
 		t.Fatal("Decide succeeded with nothing listening")
 	}
 	if n := s.Instances(); n != 1 {
@@ -744,7 +744,7 @@ func TestStoreNeverRevealsThePassword(t *testing.T) {
 	s := openStore(t, opts, logger)
 	limit := algorithms.NewLimit(10, int64(time.Second), 0)
 	for range 10 {
-		_, err := s.Decide(context.Background(), "z", "k", limit, 1)
+		_, err := stepDecide(s, context.Background(), "z", "k", limit, 1)
 		if err == nil {
 			t.Fatal("Decide succeeded with a wrong password")
 		}
@@ -768,7 +768,7 @@ func TestStoreNeverRevealsThePassword(t *testing.T) {
 		t.Error("Key() is the same for different passwords")
 	}
 	s2 := openStore(t, right, nil)
-	if _, err := s2.Decide(context.Background(), "z", "k", limit, 1); err != nil {
+	if _, err := stepDecide(s2, context.Background(), "z", "k", limit, 1); err != nil {
 		t.Errorf("with the right password: %v", err)
 	}
 }

@@ -168,7 +168,7 @@ func TestTLSRedisWithTheRightCAAndClientCertificateIsExact(t *testing.T) {
 	limit := algorithms.NewLimit(5, int64(time.Hour), 0)
 	allowed := 0
 	for range 8 {
-		r, err := s.Decide(context.Background(), "tls", "k", limit, 1)
+		r, err := stepDecide(s, context.Background(), "tls", "k", limit, 1)
 		if err != nil {
 			t.Fatalf("Decide over TLS: %v", err)
 		}
@@ -221,13 +221,13 @@ func TestTLSAndACLMistakesAreOneClearErrorThenTheFailPolicy(t *testing.T) {
 			c.opts.Timeout = time.Second
 			s := openStore(t, c.opts, logger)
 			limit := algorithms.NewLimit(5, int64(time.Hour), 0)
-			_, err := s.Decide(ctx, "z", "k", limit, 1)
+			_, err := stepDecide(s, ctx, "z", "k", limit, 1)
 			if err == nil || !strings.Contains(err.Error(), c.wantErr) {
 				t.Fatalf("first Decide: %v, want an error about %q", err, c.wantErr)
 			}
 			var calls int
 			for calls = 1; calls < 50; calls++ {
-				if _, err = s.Decide(ctx, "z", "k", limit, 1); errors.Is(err, distributed.ErrUnavailable) {
+				if _, err = stepDecide(s, ctx, "z", "k", limit, 1); errors.Is(err, distributed.ErrUnavailable) {
 					break
 				}
 			}
@@ -235,7 +235,7 @@ func TestTLSAndACLMistakesAreOneClearErrorThenTheFailPolicy(t *testing.T) {
 				t.Fatalf("after %d failed calls the breaker is still closed: %v", calls, err)
 			}
 			for range 100 {
-				if _, err := s.Decide(ctx, "z", "k", limit, 1); !errors.Is(err, distributed.ErrUnavailable) {
+				if _, err := stepDecide(s, ctx, "z", "k", limit, 1); !errors.Is(err, distributed.ErrUnavailable) {
 					t.Fatalf("with the breaker open: %v, want ErrUnavailable (the fail policy, no call)", err)
 				}
 			}
@@ -284,21 +284,21 @@ func TestLeastPrivilegeACLUserCanDoEverythingTallyDoes(t *testing.T) {
 	s := openStore(t, distributed.Options{Addresses: []string{url}, Timeout: 2 * time.Second}, logger)
 	limit := algorithms.NewLimit(3, int64(time.Hour), 0)
 	for i := range 4 {
-		r, err := s.Decide(ctx, "acl", "k", limit, 1)
+		r, err := stepDecide(s, ctx, "acl", "k", limit, 1)
 		if err != nil || r.Allowed != (i < 3) {
 			t.Fatalf("strict decision %d as the ACL user: %+v, %v", i, r, err)
 		}
 	}
-	if err := s.Refund(ctx, "acl", "k", limit, 1); err != nil {
+	if err := stepRefund(s, ctx, "acl", "k", limit, 1); err != nil {
 		t.Fatalf("Refund: %v", err)
 	}
-	if _, err := s.Peek(ctx, "acl", "k", limit); err != nil {
+	if _, err := stepPeek(s, ctx, "acl", "k", limit); err != nil {
 		t.Fatalf("Peek: %v", err)
 	}
 	if n, err := s.Heartbeat(ctx); err != nil || n != 1 {
 		t.Fatalf("Heartbeat: %d, %v", n, err)
 	}
-	if err := s.Reset(ctx, "acl", "k"); err != nil {
+	if err := stepReset(s, ctx, "acl", "k"); err != nil {
 		t.Fatalf("Reset: %v", err)
 	}
 	id, inUse, err := s.Acquire(ctx, "slots", "k", 2, time.Minute)
@@ -313,15 +313,15 @@ func TestLeastPrivilegeACLUserCanDoEverythingTallyDoes(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { a.Close() })
-	if _, err := a.Decide(ctx, "acl", "k", limit, 1); err != nil {
+	if _, err := stepDecide(a, ctx, "acl", "k", limit, 1); err != nil {
 		t.Fatal(err)
 	}
 	after := time.Now()
 	waitFor(t, 5*time.Second, "an async sync as the ACL user", func() bool { return a.LastSync().After(after) })
-	if _, err := a.Peek(ctx, "acl", "k", limit); err != nil {
+	if _, err := stepPeek(a, ctx, "acl", "k", limit); err != nil {
 		t.Fatalf("async Peek: %v", err)
 	}
-	if err := a.Reset(ctx, "acl", "k"); err != nil {
+	if err := stepReset(a, ctx, "acl", "k"); err != nil {
 		t.Fatalf("async Reset: %v", err)
 	}
 	if logs.FilterLevelExact(zapcore.WarnLevel).Len() > 0 || logs.FilterMessageSnippet("NOPERM").Len() > 0 {

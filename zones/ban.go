@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/caddy-tally/ratelimit/algorithms"
 	"github.com/caddy-tally/ratelimit/internal/keytable"
 )
 
@@ -193,33 +192,14 @@ func (z *Zone) bannedDecision(key string, now int64, p *Plan, end int64, level i
 	return d
 }
 
-// decideBanInStore is DecideWith's store step in a zone with ban. A
-// BanStore keeps the ban with the decision; another store's denial starts
-// a ban on this instance only (see banOnDenial), listed for the others. A
-// dry-run zone sends plain steps: it bans nobody, in Redis either.
-func (z *Zone) decideBanInStore(ctx context.Context, key string, now int64, p *Plan, cost, ahead int64) Decision {
-	var r algorithms.Result
-	var b StoreBan
-	var err error
-	if bs, ok := z.store.(BanStore); ok && !z.DryRun {
-		if ds, ok := z.store.(DelayBanStore); ok && ahead > 0 {
-			r, b, err = ds.DecideBanAhead(ctx, z.Name, key, p.limit, cost, z.banRule(), ahead)
-		} else {
-			r, b, err = bs.DecideBan(ctx, z.Name, key, p.limit, cost, z.banRule())
-		}
-	} else {
-		r, err = z.decideInStore(ctx, key, p, cost, ahead)
-	}
-	if err != nil {
-		return z.fail(key, now, p, cost, ahead, err)
-	}
-	return z.storeBanDecision(key, now, r, b)
-}
-
-// storeBanDecision is the decision of a store's answer r, b in a zone with
-// ban: a ban is remembered here until its end, so that it holds through a
-// store outage and the key's flood costs the store nothing.
-func (z *Zone) storeBanDecision(key string, now int64, r algorithms.Result, b StoreBan) Decision {
+// storeBanDecision is the decision of a store's answer in a zone with ban:
+// a ban is remembered here until its end, so that it holds through a store
+// outage and the key's flood costs the store nothing. A store that keeps
+// bans (the step carried the zone's ban rule) started it; another store's
+// denial starts a ban on this instance only (see banOnDenial), listed for
+// the others.
+func (z *Zone) storeBanDecision(key string, now int64, rep RateReply) Decision {
+	r, b := rep.Result, rep.Ban
 	z.heard(key, now, r)
 	d := fromResult(r, SourceStore)
 	switch {
@@ -230,25 +210,21 @@ func (z *Zone) storeBanDecision(key string, now int64, r algorithms.Result, b St
 			d.BanStarted = time.Duration(r.RetryAfter)
 		}
 	case !r.Allowed:
-		// A BanStore's denial is a ban (above). Another store leaves the
-		// ban to this instance, as a dry run does (which only reports
-		// it).
-		if _, ok := z.store.(BanStore); !ok || z.DryRun {
+		// A denial of a step with a ban rule is a ban (above). Another
+		// store leaves the ban to this instance, as a dry run does (which
+		// only reports it).
+		if z.banRule == (BanRule{}) {
 			z.banOnDenial(key, now, &d)
 			if d.Banned {
 				z.state.Denied.Set(key, now+int64(d.RetryAfter), now)
 			}
 		}
 	}
-	if d.BanStarted > 0 && !z.DryRun {
-		if l, ok := z.store.(BanLister); ok {
-			l.RecordBan(z.Name, key, d.BanStarted, max(z.Ban, z.BanMax), d.BanLevel)
-		}
+	if l := z.offers.BanList; l != nil && d.BanStarted > 0 && !z.DryRun {
+		l.RecordBan(z.Name, key, d.BanStarted, max(z.Ban, z.BanMax), d.BanLevel)
 	}
 	return d
 }
-
-func (z *Zone) banRule() BanRule { return BanRule{First: z.Ban, Max: z.BanMax} }
 
 // banOnDenial starts a ban for a key the zone just denied for lack of
 // quota, unless the zone is in dry run, and makes d the ban's denial. In dry
@@ -307,17 +283,9 @@ func (z *Zone) Bans(now int64) []Ban {
 	return out
 }
 
-// peekBan adds key's ban to d, a peek of its state: the store's view when
-// it keeps bans, else this instance's.
-func (z *Zone) peekBan(ctx context.Context, key string, now int64, l algorithms.Limit, d *Decision) {
-	left, level := time.Duration(0), 0
-	if bs, ok := z.store.(BanStore); ok {
-		if r, b, err := bs.PeekBan(ctx, z.Name, key, l); err == nil && b.Banned {
-			left, level = time.Duration(r.RetryAfter), b.Level
-		}
-	} else if b, ok := z.BanOf(key, now); ok {
-		left, level = b.Left, b.Level
-	}
+// withBan adds a ban with left to run, of level, to d, a peek of the key's
+// state: the store's view when it keeps bans, else this instance's.
+func (z *Zone) withBan(d *Decision, left time.Duration, level int) {
 	if left > 0 {
 		d.Banned, d.BanLevel = true, level
 		d.RetryAfter = max(d.RetryAfter, left)
@@ -329,7 +297,7 @@ func (z *Zone) peekBan(ctx context.Context, key string, now int64, l algorithms.
 // ListBans lists the zone's current bans: fleet-wide (true) when its store
 // lists them, else those this instance knows of.
 func (z *Zone) ListBans(ctx context.Context, now int64) ([]Ban, bool, error) {
-	if l, ok := z.store.(BanLister); ok && z.state.Bans != nil {
+	if l := z.offers.BanList; l != nil && z.state.Bans != nil {
 		bans, err := l.ListBans(ctx, z.Name)
 		return bans, true, err
 	}

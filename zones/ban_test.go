@@ -16,7 +16,7 @@ func banZone(t *testing.T, events int64, window, ban, banMax time.Duration) *Zon
 	}
 	s := NewState(c, time.Hour)
 	t.Cleanup(func() { _ = s.Destruct() })
-	return New(c, s, nil)
+	return mustNew(c, s, nil)
 }
 
 // The local case, on a clock of our own: events 3 window 3s ban 5s.
@@ -105,7 +105,7 @@ func TestDryRunBansNothing(t *testing.T) {
 	c := Config{Name: "z", Events: 1, Window: time.Second, Ban: time.Hour, DryRun: true}
 	s := NewState(c, time.Hour)
 	defer func() { _ = s.Destruct() }()
-	z := New(c, s, nil)
+	z := mustNew(c, s, nil)
 	ctx, now := context.Background(), 100*sec
 	z.Decide(ctx, "k", now)
 	if d := z.Decide(ctx, "k", now); d.Banned || d.BanStarted != time.Hour {

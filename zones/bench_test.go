@@ -73,7 +73,7 @@ func benchZoneDecideParallel(b *testing.B, c Config) {
 	keys := makeBenchKeys(benchKeys)
 	state := NewState(c, time.Hour)
 	defer state.Destruct()
-	z := New(c, state, nil)
+	z := mustNew(c, state, nil)
 	ctx := context.Background()
 	now := monotime.Now()
 	for _, k := range keys {
@@ -156,7 +156,7 @@ func BenchmarkQuotaZoneDecideParallel(b *testing.B) {
 	c := Config{Name: "bench", Quota: MaxEvents, Period: algorithms.Day}
 	state := NewState(c, time.Hour)
 	defer state.Destruct()
-	z := New(c, state, nil)
+	z := mustNew(c, state, nil)
 	ctx := context.Background()
 	for _, k := range keys {
 		z.Decide(ctx, k, monotime.Now())

@@ -7,7 +7,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/caddy-tally/ratelimit/algorithms"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 )
 
@@ -234,46 +233,11 @@ func (z *Zone) Check(ctx context.Context, key string, now int64, p *Plan) Decisi
 			}
 		}
 		z.state.charger.wait(ctx, key)
-		if z.state.Bans != nil {
-			var r algorithms.Result
-			var b StoreBan
-			var err error
-			if bs, ok := z.store.(BanStore); ok && !z.DryRun {
-				r, b, err = bs.CheckBan(ctx, z.Name, key, p.limit, z.banRule())
-			} else {
-				r, err = z.store.Check(ctx, z.Name, key, p.limit)
-			}
-			if err != nil {
-				d = z.failCheck(key, now, p, err)
-				break
-			}
-			d = z.storeBanDecision(key, now, r, b)
-			break
-		}
-		r, err := z.store.Check(ctx, z.Name, key, p.limit)
-		if err != nil {
-			d = z.failCheck(key, now, p, err)
-			break
-		}
-		z.heard(key, now, r)
-		d = fromResult(r, SourceStore)
+		d = z.storeStep(ctx, OpCheck, key, now, p, 1, 0)
 	}
 	if z.state.plans != nil {
 		z.state.plans.record(key, *p, now+int64(d.ResetAfter), now)
 	}
-	return d
-}
-
-// failCheck applies the fail policy to a check the store could not answer.
-func (z *Zone) failCheck(key string, now int64, p *Plan, err error) Decision {
-	switch z.FailPolicy {
-	case FailOpen:
-		return Decision{Allowed: true, Remaining: p.Burst, Source: SourceFailOpen, Err: err}
-	case FailClosed:
-		return Decision{RetryAfter: FailClosedRetryAfter, ResetAfter: FailClosedRetryAfter, Source: SourceFailClosed, Err: err}
-	}
-	d := fromResult(z.fallback(key, now, p, FallbackPeek, 0, 0), SourceFailLocal)
-	d.Err = err
 	return d
 }
 
@@ -297,13 +261,13 @@ func (z *Zone) Charge(ctx context.Context, key string, now int64, p *Plan, cost 
 	switch {
 	case z.store == nil:
 		z.state.Local.Charge(key, now, p.limit, cost)
-	case z.Mode() != "strict":
+	case z.records != nil:
 		// Async: an in-process step, reported at the next sync.
-		if r, err := z.store.Charge(ctx, z.Name, key, p.limit, cost); err != nil {
+		if rep, err := z.store.Rate(ctx, z.Name, key, RateStep{Op: OpCharge, Limit: p.limit, Cost: cost}); err != nil {
 			z.chargeFallback(key, now, p, cost)
 			z.chargeFailed(err)
 		} else {
-			z.heard(key, now, r)
+			z.heard(key, now, rep.Result)
 		}
 	default:
 		z.queueCharge(key, p, cost)
@@ -356,12 +320,12 @@ func (z *Zone) tryCharge(ch *charge) bool {
 		ch.err = err
 		return err == nil
 	}
-	r, err := z.store.Charge(context.Background(), z.Name, ch.key, ch.plan.limit, ch.cost)
+	rep, err := z.store.Rate(context.Background(), z.Name, ch.key, RateStep{Op: OpCharge, Limit: ch.plan.limit, Cost: ch.cost})
 	if err != nil {
 		ch.err = err
 		return false
 	}
-	z.heard(ch.key, monotime.Now(), r)
+	z.heard(ch.key, monotime.Now(), rep.Result)
 	return true
 }
 
@@ -410,13 +374,14 @@ func (c *charger) retryLoop(stop <-chan struct{}) {
 // key's checks during the outage see the debt; `open` and `closed` have
 // nothing to charge (their checks allow or deny everything meanwhile).
 func (z *Zone) chargeFallback(key string, now int64, p *Plan, cost int64) {
-	if z.FailPolicy == FailLocal && z.state.quota != nil {
-		z.chargeQuotaFallback(key, now, p, cost)
-		return
-	}
-	if z.FailPolicy == FailLocal {
-		z.fallback(key, now, p, FallbackCharge, cost, 0)
-	}
+	z.failPolicy(nil, Decision{}, func() Decision {
+		if z.state.quota != nil {
+			z.chargeQuotaFallback(key, now, p, cost)
+		} else {
+			z.fallback(key, now, p, OpCharge, cost, 0)
+		}
+		return Decision{}
+	})
 }
 
 // chargeFailed reports a charge the store did not take within the retry

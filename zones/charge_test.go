@@ -8,13 +8,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddy-tally/ratelimit/algorithms"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 )
 
 func TestChargesFromManyGoroutinesAllCountAndMayPassTheBurst(t *testing.T) {
 	c := Config{Name: "z", Events: 100, Window: time.Hour}
-	z := New(c, newTestState(t, c), nil)
+	z := mustNew(c, newTestState(t, c), nil)
 	p := z.Plan()
 	T := int64(time.Hour) / 100
 	now := monotime.Now()
@@ -48,7 +47,7 @@ func TestChargesFromManyGoroutinesAllCountAndMayPassTheBurst(t *testing.T) {
 func TestStrictChargesThatCannotLandFallBackAtOnceAndAreCountedAfterRetries(t *testing.T) {
 	c := Config{Name: "z", Events: 100, Window: time.Hour, FailPolicy: FailLocal}
 	st := &faultStore{err: errors.New("redis down"), instances: 2}
-	z := New(c, newTestState(t, c), st)
+	z := mustNew(c, newTestState(t, c), st)
 	var failed atomic.Int64
 	z.OnChargeFailed = func(error) { failed.Add(1) }
 	p := z.Plan()
@@ -96,13 +95,15 @@ type slowChargeStore struct {
 	delay time.Duration
 }
 
-func (s *slowChargeStore) Check(ctx context.Context, zone, key string, l algorithms.Limit) (algorithms.Result, error) {
-	return s.table.Peek(key, monotime.Now(), l), nil
-}
-
-func (s *slowChargeStore) Charge(ctx context.Context, zone, key string, l algorithms.Limit, cost int64) (algorithms.Result, error) {
-	time.Sleep(s.delay) // the round trip, not synchronisation
-	return s.table.Charge(key, monotime.Now(), l, cost), nil
+func (s *slowChargeStore) Rate(ctx context.Context, zone, key string, st RateStep) (RateReply, error) {
+	switch st.Op {
+	case OpCheck:
+		return RateReply{Result: s.table.Peek(key, monotime.Now(), st.Limit)}, nil
+	case OpCharge:
+		time.Sleep(s.delay) // the round trip, not synchronisation
+		return RateReply{Result: s.table.Charge(key, monotime.Now(), st.Limit, st.Cost)}, nil
+	}
+	return s.faultStore.Rate(ctx, zone, key, st)
 }
 
 // A strict check waits for this instance's own charges of the key still on
@@ -112,7 +113,7 @@ func (s *slowChargeStore) Charge(ctx context.Context, zone, key string, l algori
 func TestStrictCheckWaitsForThisInstancesPendingCharges(t *testing.T) {
 	c := Config{Name: "z", Events: 3, Window: time.Hour}
 	st := &slowChargeStore{table: NewTable(10), delay: 30 * time.Millisecond}
-	z := New(c, newTestState(t, c), st)
+	z := mustNew(c, newTestState(t, c), st)
 	p := z.Plan()
 	ctx := context.Background()
 	for i := range 3 {

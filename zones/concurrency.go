@@ -8,11 +8,10 @@ package zones
 // only while the count is above zero, so memory is bounded by the keys in
 // flight (and by max_keys: when that many keys are in flight, a new key is
 // denied until one finishes). With a store, slots live in the store (see
-// SlotStore) and expire after the zone's lease unless renewed.
+// Slots) and expire after the zone's lease unless renewed.
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -32,25 +31,6 @@ const MinLease = time.Second
 // ConcurrencyRetryAfter is the Retry-After of a concurrency denial: nothing
 // says when a request in flight will finish, so clients try again soon.
 const ConcurrencyRetryAfter = time.Second
-
-// SlotStore is what a concurrency zone needs from its shared store (Redis, in
-// package distributed). The store's clock alone decides when a lease ends.
-type SlotStore interface {
-	// Acquire takes a slot of key in zone when fewer than limit live slots
-	// are held, and returns its id ("" when denied) and the live slots held
-	// after the call. The slot expires after lease unless the store renews
-	// it, which it does until Release.
-	Acquire(ctx context.Context, zone, key string, limit int64, lease time.Duration) (slot string, inUse int64, err error)
-	// Release frees the slot. It must not wait for the store: the response
-	// path calls it.
-	Release(zone, key, slot string)
-	// Slots returns the live slots held for key in zone.
-	Slots(ctx context.Context, zone, key string) (int64, error)
-}
-
-// errNoSlotStore is the error a concurrency zone reports (and hands to its
-// fail policy) when its store cannot hold slots.
-var errNoSlotStore = errors.New("the store cannot hold concurrency slots")
 
 // concurrencyState is the in-process part of a concurrency zone, shared like
 // State by every handler that defines the zone, and kept across reloads
@@ -203,11 +183,7 @@ func (z *Zone) Acquire(ctx context.Context, key string) (Decision, Slot) {
 	if z.store == nil {
 		return z.acquireIn(localTable, key, z.Concurrency, SourceLocal, nil)
 	}
-	ss, ok := z.store.(SlotStore)
-	if !ok {
-		return z.failSlot(key, errNoSlotStore)
-	}
-	id, inUse, err := ss.Acquire(ctx, z.Name, key, z.Concurrency, z.LeaseOrDefault())
+	id, inUse, err := z.offers.Slots.Acquire(ctx, z.Name, key, z.Concurrency, z.LeaseOrDefault())
 	switch {
 	case err != nil:
 		return z.failSlot(key, err)
@@ -247,15 +223,21 @@ func (z *Zone) acquireIn(which func(*slotTables) *Table, key string, limit int64
 // taken in the fallback table are released there, so a store that comes back
 // neither leaks nor double-counts them (it does not see them either).
 func (z *Zone) failSlot(key string, err error) (Decision, Slot) {
-	switch z.FailPolicy {
-	case FailOpen:
+	var slot Slot
+	d := z.failPolicy(err, Decision{Remaining: z.Concurrency}, func() Decision {
+		share := max(1, z.Concurrency/int64(max(1, z.store.Instances())))
+		var d Decision
+		d, slot = z.acquireIn(fallbackTable, key, share, SourceFailLocal, err)
+		return d
+	})
+	switch d.Source {
+	case SourceFailOpen:
 		z.state.conc.inFlight.Add(1)
-		return Decision{Allowed: true, Remaining: z.Concurrency, Source: SourceFailOpen, Err: err}, Slot{zone: z, key: key}
-	case FailClosed:
-		return slotDenied(SourceFailClosed, err), Slot{}
+		slot = Slot{zone: z, key: key}
+	case SourceFailClosed:
+		d.RetryAfter, d.ResetAfter = ConcurrencyRetryAfter, ConcurrencyRetryAfter
 	}
-	share := max(1, z.Concurrency/int64(max(1, z.store.Instances())))
-	return z.acquireIn(fallbackTable, key, share, SourceFailLocal, err)
+	return d, slot
 }
 
 func slotDenied(src Source, err error) Decision {
@@ -271,7 +253,7 @@ func (z *Zone) Release(s Slot) {
 	case s.table != nil:
 		s.table.releaseSlot(s.key)
 	case s.id != "":
-		z.store.(SlotStore).Release(z.Name, s.key, s.id)
+		z.offers.Slots.Release(z.Name, s.key, s.id)
 	}
 	z.state.conc.inFlight.Add(-1)
 }
@@ -291,11 +273,7 @@ func (z *Zone) SlotsInUse(ctx context.Context, key string) (int64, error) {
 		cur, old := z.state.conc.current()
 		return cur.local.slots(key) + heldBefore(old, localTable, key), nil
 	}
-	ss, ok := z.store.(SlotStore)
-	if !ok {
-		return 0, errNoSlotStore
-	}
-	return ss.Slots(ctx, z.Name, key)
+	return z.offers.Slots.Slots(ctx, z.Name, key)
 }
 
 // acquireSlot counts one more request in flight for key if fewer than limit

@@ -10,8 +10,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/caddy-tally/ratelimit/algorithms"
 )
 
 func concurrencyZone(t *testing.T, c Config, store Store) *Zone {
@@ -24,7 +22,7 @@ func concurrencyZone(t *testing.T, c Config, store Store) *Zone {
 	}
 	st := NewState(c, time.Hour)
 	t.Cleanup(func() { _ = st.Destruct() })
-	return New(c, st, store)
+	return mustNew(c, st, store)
 }
 
 // Many goroutines hammer one key (and others sharing its shards): the count
@@ -162,22 +160,13 @@ type brokenSlotStore struct{ instances int }
 
 var errDown = errors.New("store down")
 
-func (b brokenSlotStore) Decide(context.Context, string, string, algorithms.Limit, int64) (algorithms.Result, error) {
-	return algorithms.Result{}, errDown
+func (b brokenSlotStore) Rate(context.Context, string, string, RateStep) (RateReply, error) {
+	return RateReply{}, errDown
 }
-func (b brokenSlotStore) Refund(context.Context, string, string, algorithms.Limit, int64) error {
-	return errDown
+func (b brokenSlotStore) Quota(context.Context, string, string, QuotaStep) (QuotaResult, error) {
+	return QuotaResult{}, errDown
 }
-func (b brokenSlotStore) Peek(context.Context, string, string, algorithms.Limit) (algorithms.Result, error) {
-	return algorithms.Result{}, errDown
-}
-func (b brokenSlotStore) Reset(context.Context, string, string) error { return errDown }
-func (b brokenSlotStore) Check(context.Context, string, string, algorithms.Limit) (algorithms.Result, error) {
-	return algorithms.Result{}, errDown
-}
-func (b brokenSlotStore) Charge(context.Context, string, string, algorithms.Limit, int64) (algorithms.Result, error) {
-	return algorithms.Result{}, errDown
-}
+func (b brokenSlotStore) Offers() Offers { return Offers{Mode: "strict", Slots: b} }
 func (b brokenSlotStore) Instances() int { return b.instances }
 func (b brokenSlotStore) Acquire(context.Context, string, string, int64, time.Duration) (string, int64, error) {
 	return "", 0, errDown
@@ -239,7 +228,7 @@ func TestLocalSlotOfANewKeyAllocatesNothing(t *testing.T) {
 	c := Config{Name: "uploads", Concurrency: 4}
 	st := NewState(c, 20*time.Millisecond)
 	t.Cleanup(func() { _ = st.Destruct() })
-	z := New(c, st, nil)
+	z := mustNew(c, st, nil)
 	keys := makeBenchKeys(10_000)
 	ctx := context.Background()
 	for _, k := range keys {
@@ -275,7 +264,7 @@ func BenchmarkZoneAcquireReleaseParallel(b *testing.B) {
 	c := Config{Name: "bench", Concurrency: 4}
 	state := NewState(c, time.Hour)
 	defer state.Destruct()
-	z := New(c, state, nil)
+	z := mustNew(c, state, nil)
 	ctx := context.Background()
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -311,14 +300,14 @@ func TestLocalSlotsCountAcrossRedefinitionsOfTheZone(t *testing.T) {
 	c := Config{Name: "uploads", Concurrency: 2, MaxKeys: 5000}
 	st := NewState(c, time.Hour)
 	t.Cleanup(func() { _ = st.Destruct() })
-	z := New(c, st, nil)
+	z := mustNew(c, st, nil)
 	var held []Slot
 	for range 2 {
 		_, s := z.Acquire(ctx, "alice")
 		held = append(held, s)
 	}
 	c.Concurrency = 3
-	z3 := New(c, st, nil)
+	z3 := mustNew(c, st, nil)
 	if d, s := z3.Acquire(ctx, "alice"); !d.Allowed || d.Remaining != 0 {
 		t.Fatalf("concurrency 2 -> 3 with 2 held: %+v, want allowed with 0 remaining", d)
 	} else {
@@ -328,7 +317,7 @@ func TestLocalSlotsCountAcrossRedefinitionsOfTheZone(t *testing.T) {
 		t.Fatal("a 4th slot at concurrency 3")
 	}
 	c.MaxKeys = 6000
-	z6 := New(c, st, nil)
+	z6 := mustNew(c, st, nil)
 	if d, _ := z6.Acquire(ctx, "alice"); d.Allowed {
 		t.Fatal("a 4th slot at concurrency 3 after max_keys 5000 -> 6000")
 	}

@@ -13,8 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/caddy-tally/ratelimit/algorithms"
 )
 
 // MaxDelay is the longest a request may wait for its turn: beyond it a
@@ -30,26 +28,6 @@ const DefaultQueue = 1000
 
 // MaxQueue is the largest queue a zone may set.
 const MaxQueue = 1_000_000
-
-// DelayStore is a Store that reserves a slot for later in the decision's
-// own atomic step (strict mode): a request the key's rate would deny,
-// whose allow time is at most ahead away, is admitted with Delay set (see
-// algorithms.Limit.DecideAhead). Across instances the key is then served
-// at its rate, each reservation spaced by the emission interval.
-//
-// Async mode's store reserves from the key's lease instead: what the lease
-// does not cover is counted in Redis at the next sync, like a charge, and
-// its turn is when the key as the instance knows it has the cost back.
-type DelayStore interface {
-	// DecideAhead is Decide, admitting for later up to ahead (ns).
-	DecideAhead(ctx context.Context, zone, key string, limit algorithms.Limit, cost, ahead int64) (algorithms.Result, error)
-}
-
-// DelayBanStore is a BanStore that reserves for later in its ban step too.
-type DelayBanStore interface {
-	// DecideBanAhead is DecideBan, admitting for later up to ahead (ns).
-	DecideBanAhead(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64, rule BanRule, ahead int64) (algorithms.Result, StoreBan, error)
-}
 
 // validateDelay checks the zone's delay settings.
 func (c Config) validateDelay() error {

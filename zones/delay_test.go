@@ -19,7 +19,7 @@ func smooth(queue int64) Config {
 
 func TestDelayAdmitsForLaterUpToTheDelay(t *testing.T) {
 	c := smooth(0)
-	z := New(c, newTestState(t, c), nil)
+	z := mustNew(c, newTestState(t, c), nil)
 	now := monotime.Now()
 	const T = 200 * time.Millisecond
 	var delays []time.Duration
@@ -55,7 +55,7 @@ func TestDelayAdmitsForLaterUpToTheDelay(t *testing.T) {
 
 func TestDelayRefundGivesTheTurnBack(t *testing.T) {
 	c := smooth(0)
-	z := New(c, newTestState(t, c), nil)
+	z := mustNew(c, newTestState(t, c), nil)
 	now := monotime.Now()
 	z.Decide(context.Background(), "k", now) // at once
 	z.Decide(context.Background(), "k", now) // +200ms
@@ -80,7 +80,7 @@ func TestDelayRefundGivesTheTurnBack(t *testing.T) {
 // queue.
 func TestDelayQueueHoldsUnderConcurrency(t *testing.T) {
 	c := smooth(3)
-	z := New(c, newTestState(t, c), nil)
+	z := mustNew(c, newTestState(t, c), nil)
 	now := monotime.Now()
 	var wg sync.WaitGroup
 	var delayed, atOnce, full, most atomic.Int64
@@ -130,7 +130,7 @@ func TestDelayQueueHoldsUnderConcurrency(t *testing.T) {
 func TestDelayStoreDenialIsCachedOnlyUntilATurnIsWithinTheDelay(t *testing.T) {
 	c := smooth(0)
 	st := &faultStore{} // denies with a retry of 30s
-	z := New(c, newTestState(t, c), st)
+	z := mustNew(c, newTestState(t, c), st)
 	now := monotime.Now()
 	d := z.Decide(context.Background(), "k", now)
 	if d.Allowed || d.RetryAfter != 30*time.Second {
@@ -149,7 +149,7 @@ func TestDelayStoreDenialIsCachedOnlyUntilATurnIsWithinTheDelay(t *testing.T) {
 func TestDelayInDryRunNeverWaits(t *testing.T) {
 	c := smooth(0)
 	c.DryRun = true
-	z := New(c, newTestState(t, c), nil)
+	z := mustNew(c, newTestState(t, c), nil)
 	now := monotime.Now()
 	z.Decide(context.Background(), "k", now)
 	if d := z.Decide(context.Background(), "k", now); d.Allowed || d.Delay != 0 || d.QueueFull {
@@ -159,7 +159,7 @@ func TestDelayInDryRunNeverWaits(t *testing.T) {
 
 func TestDelayFailLocalAdmitsForLaterAtTheShare(t *testing.T) {
 	c := smooth(0)
-	z := New(c, newTestState(t, c), &faultStore{err: errors.New("down"), instances: 2})
+	z := mustNew(c, newTestState(t, c), &faultStore{err: errors.New("down"), instances: 2})
 	now := monotime.Now()
 	// Two instances: this one's share is ⌊5/2⌋ = 2 per second.
 	var waits []time.Duration
@@ -202,7 +202,7 @@ func TestDelayConfigErrors(t *testing.T) {
 // denied for the full queue and take nothing.
 func TestDelayTenThousandRequestsWaitAtMostTheDefaultQueue(t *testing.T) {
 	c := Config{Name: "flood", Events: 1000, Window: time.Second, Burst: 1, Delay: time.Minute}
-	z := New(c, newTestState(t, c), nil)
+	z := mustNew(c, newTestState(t, c), nil)
 	now := monotime.Now()
 	var atOnce, delayed, full int
 	for range 10_000 {

@@ -11,7 +11,7 @@ import (
 
 func TestDeniesSaysWhatTheNextRequestWouldGetAndConsumesNothing(t *testing.T) {
 	c := Config{Name: "z", Events: 2, Window: time.Second}
-	z := New(c, newTestState(t, c), nil)
+	z := mustNew(c, newTestState(t, c), nil)
 	now := monotime.Now()
 	for i := range 2 {
 		if z.Denies("k", now) {
@@ -40,7 +40,7 @@ func TestDeniesSaysWhatTheNextRequestWouldGetAndConsumesNothing(t *testing.T) {
 func TestDeniesReadsTheDenyCacheWithoutCallingTheStore(t *testing.T) {
 	c := Config{Name: "z", Events: 3, Window: time.Hour}
 	st := &faultStore{}
-	z := New(c, newTestState(t, c), st)
+	z := mustNew(c, newTestState(t, c), st)
 	now := monotime.Now()
 	if z.Denies("k", now) {
 		t.Fatal("denies a key the store never denied")
@@ -60,7 +60,7 @@ func TestDeniesReadsTheDenyCacheWithoutCallingTheStore(t *testing.T) {
 
 func TestDeniesNeverForAConcurrencyZone(t *testing.T) {
 	c := Config{Name: "z", Concurrency: 1}
-	z := New(c, newTestState(t, c), nil)
+	z := mustNew(c, newTestState(t, c), nil)
 	if _, s := z.Acquire(context.Background(), "k"); !s.Held() {
 		t.Fatal("first slot refused")
 	}
@@ -71,7 +71,7 @@ func TestDeniesNeverForAConcurrencyZone(t *testing.T) {
 
 func TestDeniesUnderConcurrentDecisions(t *testing.T) {
 	c := Config{Name: "z", Events: 1000, Window: time.Hour}
-	z := New(c, newTestState(t, c), nil)
+	z := mustNew(c, newTestState(t, c), nil)
 	now := monotime.Now()
 	var wg sync.WaitGroup
 	for g := range 8 {

@@ -110,9 +110,9 @@ func (z *Zone) reconcile() {
 // payOwed sends one owed charge; one the store refused without running it
 // is owed again.
 func (z *Zone) payOwed(key string, c *owedCharge) {
-	r, err := z.store.Charge(context.Background(), z.Name, key, c.plan.limit, c.cost)
+	rep, err := z.store.Rate(context.Background(), z.Name, key, RateStep{Op: OpCharge, Limit: c.plan.limit, Cost: c.cost})
 	if err == nil {
-		z.heard(key, monotime.Now(), r)
+		z.heard(key, monotime.Now(), rep.Result)
 		return
 	}
 	if errors.Is(err, context.DeadlineExceeded) || c.attempts+1 >= owedAttempts {

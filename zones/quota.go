@@ -37,26 +37,6 @@ import (
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 )
 
-// QuotaStore is what a quota zone needs from its shared store (Redis, in
-// package distributed). The store's clock alone says which of q's periods
-// a step falls in.
-type QuotaStore interface {
-	// DecideQuota runs algorithms.Quota.Decide for key in zone in the
-	// period of q.Periods that contains the store's now.
-	DecideQuota(ctx context.Context, zone, key string, q QuotaLimit, cost int64) (QuotaResult, error)
-	// RefundQuota gives back cost (algorithms.Quota.Refund).
-	RefundQuota(ctx context.Context, zone, key string, q QuotaLimit, cost int64) error
-	// CheckQuota is a post-charged zone's check (algorithms.Quota.Check).
-	CheckQuota(ctx context.Context, zone, key string, q QuotaLimit) (QuotaResult, error)
-	// ChargeQuota counts cost after the response (algorithms.Quota.Charge).
-	ChargeQuota(ctx context.Context, zone, key string, q QuotaLimit, cost int64) (QuotaResult, error)
-	// PeekQuota reports the key's use of the period, fleet-wide, for the
-	// admin API.
-	PeekQuota(ctx context.Context, zone, key string, q QuotaLimit) (QuotaResult, error)
-	// ResetQuota deletes the key's count and tells the other instances.
-	ResetQuota(ctx context.Context, zone, key string) error
-}
-
 // QuotaLimit is one quota step's limit: units per period, and the periods
 // the store's clock may be in.
 type QuotaLimit struct {
@@ -132,10 +112,6 @@ type QuotaClockError struct {
 func (e *QuotaClockError) Error() string {
 	return fmt.Sprintf("the store's clock (%s) is outside the periods this instance computed: its wall clock is a period or more off; following the store's from now on", e.Now.UTC().Format(time.RFC3339))
 }
-
-// errNoQuotaStore is the error a quota zone reports (and hands to its fail
-// policy) when its store cannot keep quotas.
-var errNoQuotaStore = errors.New("the store cannot keep calendar quotas")
 
 // QuotaDenyCacheFor is the longest a quota denial the store gave is
 // answered from the deny cache (it ends at the period's end anyway): a
@@ -324,19 +300,8 @@ func (pn *periodNow) decision(r algorithms.QuotaResult, now int64, src Source) D
 	return d
 }
 
-// quotaOp is what a local quota step does.
-type quotaOp uint8
-
-const (
-	quotaDecide quotaOp = iota
-	quotaCheck
-	quotaCharge
-	quotaRefund
-	quotaPeek
-)
-
 // quotaStep runs op on key's count in period gen and stores what it wrote.
-func (t *Table) quotaStep(key string, gen int64, op quotaOp, q algorithms.Quota, cost int64) (r algorithms.QuotaResult) {
+func (t *Table) quotaStep(key string, gen int64, op Op, q algorithms.Quota, cost int64) (r algorithms.QuotaResult) {
 	t.kt.Update(key, staleBelow(gen), func(v int64, found bool) (int64, keytable.Op) {
 		var used int64
 		if found && v>>quotaUsedBits == gen {
@@ -344,12 +309,12 @@ func (t *Table) quotaStep(key string, gen int64, op quotaOp, q algorithms.Quota,
 		}
 		write := false
 		switch op {
-		case quotaDecide:
+		case OpDecide:
 			r = q.Decide(used, cost)
 			write = r.Allowed && r.Used != used
-		case quotaCharge:
+		case OpCharge:
 			r, write = q.Charge(used, cost), true
-		case quotaRefund:
+		case OpRefund:
 			r, write = q.Refund(used, cost), found
 		default:
 			r = q.Check(used)
@@ -390,9 +355,9 @@ func (z *Zone) decideQuota(ctx context.Context, key string, now int64, p *Plan, 
 	if q := z.state.quota; z.store == nil {
 		// The local path, the common one, on its own.
 		pn := q.clock.at(now)
-		d = pn.decision(q.used.quotaStep(key, pn.gen, quotaDecide, algorithms.Quota{Limit: p.Events}, cost), now, SourceLocal)
+		d = pn.decision(q.used.quotaStep(key, pn.gen, OpDecide, algorithms.Quota{Limit: p.Events}, cost), now, SourceLocal)
 	} else {
-		d = z.quotaStep(ctx, key, now, p, quotaDecide, cost)
+		d = z.quotaStep(ctx, key, now, p, OpDecide, cost)
 	}
 	z.recordPlan(key, p, now, d)
 	return d
@@ -400,7 +365,7 @@ func (z *Zone) decideQuota(ctx context.Context, key string, now int64, p *Plan, 
 
 // checkQuota is Check for a quota zone.
 func (z *Zone) checkQuota(ctx context.Context, key string, now int64, p *Plan) Decision {
-	d := z.quotaStep(ctx, key, now, p, quotaCheck, 1)
+	d := z.quotaStep(ctx, key, now, p, OpCheck, 1)
 	z.recordPlan(key, p, now, d)
 	return d
 }
@@ -413,7 +378,7 @@ func (z *Zone) recordPlan(key string, p *Plan, now int64, d Decision) {
 
 // quotaStep decides a decide or check step: locally, from the deny cache,
 // or in the store, with the fail policy when the store cannot answer.
-func (z *Zone) quotaStep(ctx context.Context, key string, now int64, p *Plan, op quotaOp, cost int64) Decision {
+func (z *Zone) quotaStep(ctx context.Context, key string, now int64, p *Plan, op Op, cost int64) Decision {
 	q := z.state.quota
 	pn := q.clock.at(now)
 	if z.store == nil {
@@ -422,19 +387,10 @@ func (z *Zone) quotaStep(ctx context.Context, key string, now int64, p *Plan, op
 	if d, ok := z.cachedQuotaDenial(key, now, pn); ok {
 		return d
 	}
-	qs, ok := z.store.(QuotaStore)
-	if !ok {
-		return z.failQuota(key, now, pn, p, op, cost, errNoQuotaStore)
-	}
-	ql := QuotaLimit{Limit: p.Events, Periods: &pn.periods}
-	var r QuotaResult
-	var err error
-	if op == quotaCheck {
+	if op == OpCheck {
 		z.state.charger.wait(ctx, key)
-		r, err = qs.CheckQuota(ctx, z.Name, key, ql)
-	} else {
-		r, err = qs.DecideQuota(ctx, z.Name, key, ql, cost)
 	}
+	r, err := z.store.Quota(ctx, z.Name, key, QuotaStep{Op: op, Limit: QuotaLimit{Limit: p.Events, Periods: &pn.periods}, Cost: cost})
 	if err != nil {
 		return z.failQuota(key, now, pn, p, op, cost, err)
 	}
@@ -484,22 +440,21 @@ func (z *Zone) cachedQuotaDenial(key string, now int64, pn *periodNow) (Decision
 // quota, ⌊n/N⌋ and at least 1, starting from its share of what the fleet
 // had used (see storeQuotaDecision). A store whose clock is a period or
 // more from the zone's moves the zone's clock to its own.
-func (z *Zone) failQuota(key string, now int64, pn *periodNow, p *Plan, op quotaOp, cost int64, err error) Decision {
+func (z *Zone) failQuota(key string, now int64, pn *periodNow, p *Plan, op Op, cost int64, err error) Decision {
+	z.followClock(err)
+	open := Decision{Remaining: p.Events, ResetAfter: time.Duration(max(1, pn.endMono-now)), Period: pn.length}
+	return z.failPolicy(err, open, func() Decision {
+		return pn.decision(z.state.quota.fallback.quotaStep(key, pn.gen, op, z.quotaShare(p), cost), now, SourceFailLocal)
+	})
+}
+
+// followClock moves the zone's clock to the store's when err says that the
+// store's is a period or more from it.
+func (z *Zone) followClock(err error) {
 	var ce *QuotaClockError
 	if errors.As(err, &ce) {
 		z.state.quota.clock.follow(ce.Now)
 	}
-	switch z.FailPolicy {
-	case FailOpen:
-		return Decision{Allowed: true, Remaining: p.Events, ResetAfter: time.Duration(max(1, pn.endMono-now)),
-			Period: pn.length, Source: SourceFailOpen, Err: err}
-	case FailClosed:
-		return Decision{RetryAfter: FailClosedRetryAfter, ResetAfter: FailClosedRetryAfter, Period: pn.length, Source: SourceFailClosed, Err: err}
-	}
-	r := z.state.quota.fallback.quotaStep(key, pn.gen, op, z.quotaShare(p), cost)
-	d := pn.decision(r, now, SourceFailLocal)
-	d.Err = err
-	return d
 }
 
 // quotaShare is this instance's share of p's quota while the store is
@@ -518,17 +473,13 @@ func (z *Zone) refundQuota(ctx context.Context, key string, now int64, d Decisio
 	limit := p.Events
 	switch d.Source {
 	case SourceLocal:
-		q.used.quotaStep(key, pn.gen, quotaRefund, algorithms.Quota{Limit: p.Events}, cost)
+		q.used.quotaStep(key, pn.gen, OpRefund, algorithms.Quota{Limit: p.Events}, cost)
 	case SourceFailLocal:
 		share := z.quotaShare(p)
 		limit = share.Limit
-		q.fallback.quotaStep(key, pn.gen, quotaRefund, share, cost)
+		q.fallback.quotaStep(key, pn.gen, OpRefund, share, cost)
 	case SourceStore:
-		qs, ok := z.store.(QuotaStore)
-		if !ok {
-			return d, errNoQuotaStore
-		}
-		if err := qs.RefundQuota(ctx, z.Name, key, QuotaLimit{Limit: p.Events, Periods: &pn.periods}, cost); err != nil {
+		if _, err := z.store.Quota(ctx, z.Name, key, QuotaStep{Op: OpRefund, Limit: QuotaLimit{Limit: p.Events, Periods: &pn.periods}, Cost: cost}); err != nil {
 			return d, err
 		}
 	default:
@@ -544,8 +495,8 @@ func (z *Zone) chargeQuota(ctx context.Context, key string, now int64, p *Plan, 
 	switch {
 	case z.store == nil:
 		pn := q.clock.at(now)
-		q.used.quotaStep(key, pn.gen, quotaCharge, algorithms.Quota{Limit: p.Events}, cost)
-	case z.Mode() != "strict":
+		q.used.quotaStep(key, pn.gen, OpCharge, algorithms.Quota{Limit: p.Events}, cost)
+	case z.offers.Records != nil:
 		// Async: an in-process step on the instance's lease.
 		if _, err := z.tryChargeQuota(ctx, key, now, p, cost); err != nil {
 			z.chargeFallback(key, now, p, cost)
@@ -559,17 +510,10 @@ func (z *Zone) chargeQuota(ctx context.Context, key string, now int64, p *Plan, 
 // tryChargeQuota makes one attempt to charge a quota zone's store, and
 // caches the denial it may answer.
 func (z *Zone) tryChargeQuota(ctx context.Context, key string, now int64, p *Plan, cost int64) (QuotaResult, error) {
-	qs, ok := z.store.(QuotaStore)
-	if !ok {
-		return QuotaResult{}, errNoQuotaStore
-	}
 	pn := z.state.quota.clock.at(now)
-	r, err := qs.ChargeQuota(ctx, z.Name, key, QuotaLimit{Limit: p.Events, Periods: &pn.periods}, cost)
+	r, err := z.store.Quota(ctx, z.Name, key, QuotaStep{Op: OpCharge, Limit: QuotaLimit{Limit: p.Events, Periods: &pn.periods}, Cost: cost})
 	if err != nil {
-		var ce *QuotaClockError
-		if errors.As(err, &ce) {
-			z.state.quota.clock.follow(ce.Now)
-		}
+		z.followClock(err)
 		return r, err
 	}
 	z.storeQuotaDecision(key, now, pn, p.Events, r)
@@ -580,7 +524,7 @@ func (z *Zone) tryChargeQuota(ctx context.Context, key string, now int64, p *Pla
 // local charges this instance's share.
 func (z *Zone) chargeQuotaFallback(key string, now int64, p *Plan, cost int64) {
 	q := z.state.quota
-	q.fallback.quotaStep(key, q.clock.at(now).gen, quotaCharge, z.quotaShare(p), cost)
+	q.fallback.quotaStep(key, q.clock.at(now).gen, OpCharge, z.quotaShare(p), cost)
 }
 
 // QuotaState is a quota zone's key as the admin API shows it.
@@ -604,16 +548,9 @@ func (z *Zone) PeekQuota(ctx context.Context, key string, now int64) (QuotaState
 	if z.store == nil {
 		s.Used = q.used.quotaUsed(key, pn.gen)
 	} else {
-		qs, ok := z.store.(QuotaStore)
-		if !ok {
-			return QuotaState{}, errNoQuotaStore
-		}
-		r, err := qs.PeekQuota(ctx, z.Name, key, QuotaLimit{Limit: limit, Periods: &pn.periods})
+		r, err := z.store.Quota(ctx, z.Name, key, QuotaStep{Op: OpPeek, Limit: QuotaLimit{Limit: limit, Periods: &pn.periods}})
 		if err != nil {
-			var ce *QuotaClockError
-			if errors.As(err, &ce) {
-				q.clock.follow(ce.Now)
-			}
+			z.followClock(err)
 			return QuotaState{}, err
 		}
 		s.Used, s.Source = r.Used, SourceStore
@@ -647,11 +584,8 @@ func (z *Zone) resetQuota(ctx context.Context, key string) error {
 	if z.store == nil {
 		return nil
 	}
-	qs, ok := z.store.(QuotaStore)
-	if !ok {
-		return errNoQuotaStore
-	}
-	return qs.ResetQuota(ctx, z.Name, key)
+	_, err := z.store.Quota(ctx, z.Name, key, QuotaStep{Op: OpReset})
+	return err
 }
 
 // PeriodNow is the period a quota zone is in on this instance's clock, and

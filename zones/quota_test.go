@@ -56,7 +56,7 @@ func newQuotaZone(t *testing.T, c Config, store Store, wall string) (*Zone, *tes
 		return clk.wall
 	}
 	s.quota.clock.mono = clk.now
-	return New(c, s, store), clk
+	return mustNew(c, s, store), clk
 }
 
 func minuteQuota(n int64) Config {
@@ -98,7 +98,7 @@ func TestQuotaZoneCountsUntilTheLimitAndStartsAgainAtTheBoundary(t *testing.T) {
 func TestQuotaZoneAdmitsExactlyTheQuotaUnderConcurrency(t *testing.T) {
 	const quota, goroutines, each = 1000, 64, 50
 	c := Config{Name: "q", Quota: quota, Period: algorithms.Day}
-	z := New(c, newTestState(t, c), nil)
+	z := mustNew(c, newTestState(t, c), nil)
 	var allowed atomic.Int64
 	var wg sync.WaitGroup
 	for range goroutines {
@@ -226,23 +226,20 @@ func (f *quotaFaultStore) step(q QuotaLimit, cost int64) (QuotaResult, error) {
 	return QuotaResult{Allowed: true, Used: used, ToEnd: 30 * time.Second, Period: f.period}, nil
 }
 
-func (f *quotaFaultStore) DecideQuota(_ context.Context, _, _ string, q QuotaLimit, cost int64) (QuotaResult, error) {
-	return f.step(q, cost)
+func (f *quotaFaultStore) Quota(_ context.Context, _, _ string, s QuotaStep) (QuotaResult, error) {
+	switch s.Op {
+	case OpDecide, OpCharge:
+		return f.step(s.Limit, s.Cost)
+	case OpRefund:
+		f.refunds.Add(1)
+		return QuotaResult{}, f.err
+	case OpReset:
+		return QuotaResult{}, f.err
+	}
+	return f.step(s.Limit, 0)
 }
-func (f *quotaFaultStore) CheckQuota(_ context.Context, _, _ string, q QuotaLimit) (QuotaResult, error) {
-	return f.step(q, 0)
-}
-func (f *quotaFaultStore) ChargeQuota(_ context.Context, _, _ string, q QuotaLimit, cost int64) (QuotaResult, error) {
-	return f.step(q, cost)
-}
-func (f *quotaFaultStore) PeekQuota(_ context.Context, _, _ string, q QuotaLimit) (QuotaResult, error) {
-	return f.step(q, 0)
-}
-func (f *quotaFaultStore) RefundQuota(context.Context, string, string, QuotaLimit, int64) error {
-	f.refunds.Add(1)
-	return f.err
-}
-func (f *quotaFaultStore) ResetQuota(context.Context, string, string) error { return f.err }
+
+func (f *quotaFaultStore) Offers() Offers { return Offers{Mode: "strict", Quotas: true} }
 
 func TestQuotaDenialIsCachedOnlyWhenNothingIsLeft(t *testing.T) {
 	ctx := context.Background()

@@ -116,7 +116,7 @@ func writeFile(b *testing.B, name string, data []byte) {
 func BenchmarkDecideDuringSnapshot(b *testing.B) {
 	now := monotime.Now()
 	st := fullState(b, snapshotKeys, snapshotKeySets[0].key, now)
-	z := New(snapBenchConfig, st, nil)
+	z := mustNew(snapBenchConfig, st, nil)
 	keys := make([]string, 1<<16)
 	for i := range keys {
 		keys[i] = snapshotKeySets[0].key(i * 15)

@@ -30,7 +30,7 @@ func newSnapZone(t *testing.T) *Zone {
 	t.Helper()
 	st := NewState(snapConfig, time.Hour)
 	t.Cleanup(func() { _ = st.Destruct() })
-	return New(snapConfig, st, nil)
+	return mustNew(snapConfig, st, nil)
 }
 
 // A denied key is still denied, with the same Retry-After less the wall time
@@ -206,7 +206,7 @@ func TestOnlyLocalRateZonesPersist(t *testing.T) {
 	c := Config{Name: "c", Concurrency: 2}
 	st := NewState(c, time.Hour)
 	defer st.Destruct()
-	if New(c, st, nil).Persists() {
+	if mustNew(c, st, nil).Persists() {
 		t.Error("a concurrency zone persists")
 	}
 }
@@ -217,7 +217,7 @@ func newBanSnapZone(t *testing.T) *Zone {
 	t.Helper()
 	st := NewState(banSnapConfig, time.Hour)
 	t.Cleanup(func() { _ = st.Destruct() })
-	return New(banSnapConfig, st, nil)
+	return mustNew(banSnapConfig, st, nil)
 }
 
 // near reports whether d is within a ban entry's rounding (banLevels ns)

@@ -408,10 +408,17 @@ type Decision struct {
 // when distributed, its Store.
 type Zone struct {
 	Config
-	plan    Plan // the literal one
-	state   *State
-	store   Store
-	records RecordStore // store, when it keeps a rate zone's records (async mode)
+	plan   Plan // the literal one
+	state  *State
+	store  Store
+	offers Offers // the store's, read once by New
+	// records is offers.Records for a rate zone (its deny cache and
+	// fallback live there), else nil.
+	records Records
+	// banRule is the ban rule the zone's rate steps carry: its ban when
+	// the store keeps bans and the zone is not in dry run (a dry-run zone
+	// sends plain steps: it bans nobody, in the store either), else zero.
+	banRule BanRule
 
 	// OnChargeFailed, when set, is called for each charge of a post-charged
 	// zone that the store did not take (strict mode, after retries).
@@ -426,26 +433,39 @@ type Zone struct {
 }
 
 // New returns a zone deciding with state and, when store is not nil, store.
-// c should be valid (Config.Validate); its limit is taken as it is. A store
-// that keeps per-zone records of its own (async mode) is given the zone's
-// max_keys.
-func New(c Config, state *State, store Store) *Zone {
-	if s, ok := store.(RecordStore); ok {
-		s.SetMaxKeys(c.Name, c.maxKeys())
-	}
-	if state != nil && state.conc != nil {
-		state.conc.useMaxKeys(c.maxKeys())
-	}
+// c should be valid (Config.Validate); its limit is taken as it is. The
+// store's Offers are read here, once: a store that lacks what the zone's
+// kind needs is an error, and a store that keeps per-zone records of its
+// own (async mode) is given the zone's max_keys.
+func New(c Config, state *State, store Store) (*Zone, error) {
 	l := c.Limit()
 	plan := Plan{Events: c.Events, Window: c.Window, Burst: l.Burst, limit: l}
 	if c.IsQuota() {
 		plan = QuotaPlan(c.Quota)
 	}
-	z := &Zone{Config: c, plan: plan, state: state, store: store}
-	if s, ok := store.(RecordStore); ok && !c.IsQuota() && !c.IsConcurrency() {
-		z.records = s
+	z := &Zone{Config: c, plan: plan, state: state, store: store, offers: Offers{Mode: "local"}}
+	if store != nil {
+		z.offers = store.Offers()
+		switch {
+		case c.IsQuota() && !z.offers.Quotas:
+			return nil, fmt.Errorf("zone %s: its %s store cannot keep calendar quotas: decide the zone locally or in a region's store", c.Name, z.offers.Mode)
+		case c.IsConcurrency() && z.offers.Slots == nil:
+			return nil, fmt.Errorf("zone %s: its %s store cannot hold concurrency slots: decide the zone locally or in a region's store", c.Name, z.offers.Mode)
+		}
+		if z.offers.Records != nil {
+			z.offers.Records.SetMaxKeys(c.Name, c.maxKeys())
+			if !c.IsQuota() && !c.IsConcurrency() {
+				z.records = z.offers.Records
+			}
+		}
+		if z.offers.BanSteps && c.Ban > 0 && !c.DryRun {
+			z.banRule = BanRule{First: c.Ban, Max: c.BanMax}
+		}
 	}
-	return z
+	if state != nil && state.conc != nil {
+		state.conc.useMaxKeys(c.maxKeys())
+	}
+	return z, nil
 }
 
 // Plan is the zone's literal limit.
@@ -462,8 +482,8 @@ func (c Config) maxKeys() int {
 // its tables and, in async mode, the store's records for the zone.
 func (z *Zone) Keys() int {
 	n := z.state.Len()
-	if s, ok := z.store.(RecordStore); ok {
-		n += s.Keys(z.Name)
+	if r := z.offers.Records; r != nil {
+		n += r.Keys(z.Name)
 	}
 	return n
 }
@@ -505,13 +525,8 @@ func (z *Zone) DecideWith(ctx context.Context, key string, now int64, p *Plan, c
 		}
 	} else if cached, ok := z.cachedStoreDenial(key, now, p); ok {
 		return cached
-	} else if z.state.Bans != nil {
-		d = z.decideBanInStore(ctx, key, now, p, cost, ahead)
-	} else if r, err := z.decideInStore(ctx, key, p, cost, ahead); err != nil {
-		d = z.fail(key, now, p, cost, ahead, err)
 	} else {
-		z.heard(key, now, r)
-		d = fromResult(r, SourceStore)
+		d = z.storeStep(ctx, OpDecide, key, now, p, cost, ahead)
 	}
 	if z.Delay > 0 {
 		d = z.delayed(ctx, key, now, p, cost, ahead, d)
@@ -522,15 +537,21 @@ func (z *Zone) DecideWith(ctx context.Context, key string, now int64, p *Plan, c
 	return d
 }
 
-// decideInStore is DecideWith's store step, admitting for later up to ahead
-// where the store can reserve.
-func (z *Zone) decideInStore(ctx context.Context, key string, p *Plan, cost, ahead int64) (algorithms.Result, error) {
-	if ahead > 0 {
-		if ds, ok := z.store.(DelayStore); ok {
-			return ds.DecideAhead(ctx, z.Name, key, p.limit, cost, ahead)
-		}
+// storeStep runs a decide or check step of key in the store under plan p
+// (the zone's ban rule with it) and makes its reply the zone's decision:
+// what the store said is noted (heard), a ban is learnt or started here
+// (storeBanDecision), and a step the store could not make goes to the fail
+// policy.
+func (z *Zone) storeStep(ctx context.Context, op Op, key string, now int64, p *Plan, cost, ahead int64) Decision {
+	rep, err := z.store.Rate(ctx, z.Name, key, RateStep{Op: op, Limit: p.limit, Cost: cost, Ahead: ahead, Ban: z.banRule})
+	switch {
+	case err != nil:
+		return z.failRate(op, key, now, p, cost, ahead, err)
+	case z.state.Bans != nil:
+		return z.storeBanDecision(key, now, rep)
 	}
-	return z.store.Decide(ctx, z.Name, key, p.limit, cost)
+	z.heard(key, now, rep.Result)
+	return fromResult(rep.Result, SourceStore)
 }
 
 // heard notes what the store said of key at now, on every path that asks
@@ -593,21 +614,39 @@ func (z *Zone) cachedStoreDenial(key string, now int64, p *Plan) (Decision, bool
 	}, true
 }
 
-// fail applies the zone's fail policy; fail_policy local admits for later
-// up to ahead, at this instance's share.
-func (z *Zone) fail(key string, now int64, p *Plan, cost, ahead int64, err error) Decision {
+// failPolicy is the zone's fail policy, the one place it is applied, to a
+// step of any kind that the store could not make (err): open allows, as
+// open says (the kind's full limit); closed denies with a short
+// Retry-After; local is the kind's own step at this instance's share, which
+// local runs. Steps with nothing to answer (a charge, a refund) pass open
+// as the zero Decision and ignore the result.
+func (z *Zone) failPolicy(err error, open Decision, local func() Decision) Decision {
+	var d Decision
 	switch z.FailPolicy {
 	case FailOpen:
-		return Decision{Allowed: true, Remaining: p.Burst, Source: SourceFailOpen, Err: err}
+		d = open
+		d.Allowed, d.Source = true, SourceFailOpen
 	case FailClosed:
-		return Decision{RetryAfter: FailClosedRetryAfter, ResetAfter: FailClosedRetryAfter, Source: SourceFailClosed, Err: err}
+		d = Decision{RetryAfter: FailClosedRetryAfter, ResetAfter: FailClosedRetryAfter, Period: open.Period, Source: SourceFailClosed}
+	default:
+		d = local()
+		d.Source = SourceFailLocal
 	}
-	d := fromResult(z.fallback(key, now, p, FallbackDecide, cost, ahead), SourceFailLocal)
 	d.Err = err
-	if d.Allowed {
-		z.owe(key, p, cost)
-	}
 	return d
+}
+
+// failRate is failPolicy for a rate zone's decide or check: fail_policy
+// local runs it at this instance's share (a decide admits for later up to
+// ahead), and what it admits is owed to the store.
+func (z *Zone) failRate(op Op, key string, now int64, p *Plan, cost, ahead int64, err error) Decision {
+	return z.failPolicy(err, Decision{Remaining: p.Burst}, func() Decision {
+		d := fromResult(z.fallback(key, now, p, op, cost, ahead), SourceFailLocal)
+		if op == OpDecide && d.Allowed {
+			z.owe(key, p, cost)
+		}
+		return d
+	})
 }
 
 // deniedUntil is the zone's deny cache: when the store's last denial of key
@@ -622,18 +661,18 @@ func (z *Zone) deniedUntil(key string, now int64) (int64, bool) {
 // fallback runs one step of fail_policy local for key under plan p at this
 // instance's share: in the Fallback table, or in the store's record of the
 // key when it keeps one (async mode), which also owes Redis what it admits.
-func (z *Zone) fallback(key string, now int64, p *Plan, op FallbackOp, cost, ahead int64) algorithms.Result {
+func (z *Zone) fallback(key string, now int64, p *Plan, op Op, cost, ahead int64) algorithms.Result {
 	share := z.shareLimit(p)
 	if z.records != nil {
 		return z.records.Fallback(z.Name, key, now, p.limit, share, op, cost, ahead)
 	}
 	t := z.state.Fallback
 	switch op {
-	case FallbackPeek:
+	case OpCheck, OpPeek:
 		return t.Peek(key, now, share)
-	case FallbackCharge:
+	case OpCharge:
 		return t.Charge(key, now, share, cost)
-	case FallbackRefund:
+	case OpRefund:
 		t.Refund(key, now, share, cost)
 		return algorithms.Result{}
 	}
@@ -667,10 +706,10 @@ func (z *Zone) RefundWith(ctx context.Context, key string, now int64, d Decision
 		z.state.Local.Refund(key, now, l, cost)
 	case SourceFailLocal:
 		l = z.shareLimit(p)
-		z.fallback(key, now, p, FallbackRefund, cost, 0)
+		z.fallback(key, now, p, OpRefund, cost, 0)
 		z.owe(key, p, -cost)
 	case SourceStore:
-		if err := z.store.Refund(ctx, z.Name, key, l, cost); err != nil {
+		if _, err := z.store.Rate(ctx, z.Name, key, RateStep{Op: OpRefund, Limit: l, Cost: cost}); err != nil {
 			return d, err
 		}
 	default:
@@ -699,21 +738,24 @@ func (z *Zone) Peek(ctx context.Context, key string, now int64) (Decision, error
 	if z.state.quota != nil {
 		return z.peekQuota(ctx, key, now)
 	}
-	var r algorithms.Result
+	var d Decision
 	l := z.LastPlan(key, now).limit
-	src := SourceLocal
 	if z.store == nil {
-		r = z.state.Local.Peek(key, now, l)
+		d = fromResult(z.state.Local.Peek(key, now, l), SourceLocal)
 	} else {
-		var err error
-		if r, err = z.store.Peek(ctx, z.Name, key, l); err != nil {
+		rep, err := z.store.Rate(ctx, z.Name, key, RateStep{Op: OpPeek, Limit: l, Cost: 1, Ban: z.banRule})
+		if err != nil {
 			return Decision{}, err
 		}
-		src = SourceStore
+		d = fromResult(rep.Result, SourceStore)
+		if rep.Ban.Banned {
+			z.withBan(&d, time.Duration(rep.RetryAfter), rep.Ban.Level)
+		}
 	}
-	d := fromResult(r, src)
-	if z.state.Bans != nil {
-		z.peekBan(ctx, key, now, l, &d)
+	if z.state.Bans != nil && z.banRule == (BanRule{}) {
+		if b, ok := z.BanOf(key, now); ok {
+			z.withBan(&d, b.Left, b.Level)
+		}
 	}
 	if d.ResetAfter <= 0 {
 		return Decision{}, ErrUnknownKey
@@ -721,17 +763,8 @@ func (z *Zone) Peek(ctx context.Context, key string, now int64) (Decision, error
 	return d, nil
 }
 
-// Mode is "local" without a store, else the store's mode ("strict" unless
-// the store says otherwise).
-func (z *Zone) Mode() string {
-	if z.store == nil {
-		return "local"
-	}
-	if m, ok := z.store.(ModeStore); ok {
-		return m.Mode()
-	}
-	return "strict"
-}
+// Mode is "local" without a store, else the store's mode.
+func (z *Zone) Mode() string { return z.offers.Mode }
 
 // Reset forgets key everywhere this instance can: its tables and the store
 // (which tells the other instances, see Forget).
@@ -743,14 +776,15 @@ func (z *Zone) Reset(ctx context.Context, key string) error {
 	if z.store == nil {
 		return nil
 	}
-	if l, ok := z.store.(BanLister); ok && z.state.Bans != nil {
+	if l := z.offers.BanList; l != nil && z.state.Bans != nil {
 		// Off the list first: an instance that reads it (async mode)
 		// after hearing of the reset must not find the ban there.
 		if err := l.LiftBan(ctx, z.Name, key); err != nil {
 			return err
 		}
 	}
-	return z.store.Reset(ctx, z.Name, key)
+	_, err := z.store.Rate(ctx, z.Name, key, RateStep{Op: OpReset})
+	return err
 }
 
 // Forget drops what this instance holds about key: its local TAT, cached

@@ -176,7 +176,7 @@ func newTestState(t *testing.T, c Config) *State {
 
 func TestLocalZoneDeniesAfterBurstAndDeniedConsumesNothing(t *testing.T) {
 	c := Config{Name: "z", Events: 3, Window: time.Hour}
-	z := New(c, newTestState(t, c), nil)
+	z := mustNew(c, newTestState(t, c), nil)
 	now := monotime.Now()
 	for i := range 3 {
 		if d := z.Decide(context.Background(), "k", now); !d.Allowed || d.Remaining != int64(2-i) {
@@ -207,7 +207,27 @@ type faultStore struct {
 	refunds   atomic.Int64
 }
 
-func (f *faultStore) Decide(ctx context.Context, zone, key string, l algorithms.Limit, cost int64) (algorithms.Result, error) {
+func (f *faultStore) Rate(ctx context.Context, zone, key string, s RateStep) (RateReply, error) {
+	switch s.Op {
+	case OpDecide, OpCheck:
+		r, err := f.decide(s.Limit)
+		return RateReply{Result: r}, err
+	case OpCharge:
+		f.calls.Add(1)
+		return RateReply{Result: algorithms.Result{Allowed: f.allowed}}, f.err
+	case OpRefund:
+		f.refunds.Add(1)
+	}
+	return RateReply{}, f.err
+}
+
+func (f *faultStore) Quota(context.Context, string, string, QuotaStep) (QuotaResult, error) {
+	return QuotaResult{}, f.err
+}
+
+func (f *faultStore) Offers() Offers { return Offers{Mode: "strict"} }
+
+func (f *faultStore) decide(l algorithms.Limit) (algorithms.Result, error) {
 	f.calls.Add(1)
 	if f.err != nil {
 		return algorithms.Result{}, f.err
@@ -218,21 +238,12 @@ func (f *faultStore) Decide(ctx context.Context, zone, key string, l algorithms.
 	return algorithms.Result{RetryAfter: 30 * int64(time.Second), ResetAfter: hour}, nil
 }
 
-func (f *faultStore) Refund(ctx context.Context, zone, key string, l algorithms.Limit, cost int64) error {
-	f.refunds.Add(1)
-	return f.err
-}
-
-func (f *faultStore) Peek(ctx context.Context, zone, key string, l algorithms.Limit) (algorithms.Result, error) {
-	return algorithms.Result{}, f.err
-}
-func (f *faultStore) Reset(ctx context.Context, zone, key string) error { return f.err }
-func (f *faultStore) Instances() int                                    { return f.instances }
+func (f *faultStore) Instances() int { return f.instances }
 
 func TestStoreDenialIsCachedSoAFloodMakesNoStoreCalls(t *testing.T) {
 	c := Config{Name: "z", Events: 3, Window: time.Hour}
 	st := &faultStore{}
-	z := New(c, newTestState(t, c), st)
+	z := mustNew(c, newTestState(t, c), st)
 	now := monotime.Now()
 	for i := range 1000 {
 		d := z.Decide(context.Background(), "blocked", now+int64(i))
@@ -255,7 +266,7 @@ func TestFailPolicies(t *testing.T) {
 	now := monotime.Now()
 	t.Run("open allows everything", func(t *testing.T) {
 		c := Config{Name: "z", Events: 2, Window: time.Hour, FailPolicy: FailOpen}
-		z := New(c, newTestState(t, c), &faultStore{err: outage})
+		z := mustNew(c, newTestState(t, c), &faultStore{err: outage})
 		for range 10 {
 			if d := z.Decide(context.Background(), "k", now); !d.Allowed || d.Source != SourceFailOpen || d.Err == nil {
 				t.Fatalf("%+v, want allowed by fail-open with the error", d)
@@ -264,14 +275,14 @@ func TestFailPolicies(t *testing.T) {
 	})
 	t.Run("closed denies with a short retry", func(t *testing.T) {
 		c := Config{Name: "z", Events: 100, Window: time.Hour, FailPolicy: FailClosed}
-		z := New(c, newTestState(t, c), &faultStore{err: outage})
+		z := mustNew(c, newTestState(t, c), &faultStore{err: outage})
 		if d := z.Decide(context.Background(), "k", now); d.Allowed || d.RetryAfter != FailClosedRetryAfter {
 			t.Fatalf("%+v, want denied with retry %v", d, FailClosedRetryAfter)
 		}
 	})
 	t.Run("local enforces this instance's share", func(t *testing.T) {
 		c := Config{Name: "z", Events: 30, Window: time.Hour, FailPolicy: FailLocal}
-		z := New(c, newTestState(t, c), &faultStore{err: outage, instances: 3})
+		z := mustNew(c, newTestState(t, c), &faultStore{err: outage, instances: 3})
 		allowed := 0
 		for range 100 {
 			if d := z.Decide(context.Background(), "k", now); d.Allowed {
@@ -284,7 +295,7 @@ func TestFailPolicies(t *testing.T) {
 	})
 	t.Run("local never goes below one", func(t *testing.T) {
 		c := Config{Name: "z", Events: 2, Window: time.Hour, FailPolicy: FailLocal}
-		z := New(c, newTestState(t, c), &faultStore{err: outage, instances: 5})
+		z := mustNew(c, newTestState(t, c), &faultStore{err: outage, instances: 5})
 		if d := z.Decide(context.Background(), "k", now); !d.Allowed {
 			t.Fatalf("%+v, want the first request allowed (share at least 1)", d)
 		}
@@ -294,7 +305,7 @@ func TestFailPolicies(t *testing.T) {
 func TestRefundGoesToWhoeverDecided(t *testing.T) {
 	c := Config{Name: "z", Events: 1, Window: time.Hour}
 	now := monotime.Now()
-	local := New(c, newTestState(t, c), nil)
+	local := mustNew(c, newTestState(t, c), nil)
 	d := local.Decide(context.Background(), "k", now)
 	if d, _ = local.Refund(context.Background(), "k", now, d); d.Remaining != 1 || d.ResetAfter != 0 {
 		t.Fatalf("decision after refund = %+v, want the key back to full", d)
@@ -304,7 +315,7 @@ func TestRefundGoesToWhoeverDecided(t *testing.T) {
 	}
 
 	st := &faultStore{allowed: true}
-	remote := New(c, newTestState(t, c), st)
+	remote := mustNew(c, newTestState(t, c), st)
 	d = remote.Decide(context.Background(), "k", now)
 	remote.Refund(context.Background(), "k", now, d) //nolint:errcheck // the fault store returns no error here
 	if st.refunds.Load() != 1 {
@@ -312,11 +323,11 @@ func TestRefundGoesToWhoeverDecided(t *testing.T) {
 	}
 }
 
-func (f *faultStore) Check(ctx context.Context, zone, key string, l algorithms.Limit) (algorithms.Result, error) {
-	return f.Decide(ctx, zone, key, l, 0)
-}
-
-func (f *faultStore) Charge(ctx context.Context, zone, key string, l algorithms.Limit, cost int64) (algorithms.Result, error) {
-	f.calls.Add(1)
-	return algorithms.Result{Allowed: f.allowed}, f.err
+// mustNew is New for a zone the test knows its store accepts.
+func mustNew(c Config, s *State, store Store) *Zone {
+	z, err := New(c, s, store)
+	if err != nil {
+		panic(err)
+	}
+	return z
 }

@@ -358,7 +358,8 @@ func measureAsyncManyKeys(_ options, e *env, _ *caddyProcess) (customResult, err
 		wg.Go(func() {
 			for round := time.Now(); ; round = round.Add(manyKeysEvery) {
 				for i := w; i < manyActiveKeys; i += manyKeysWorkers {
-					r, err := a.Decide(ctx, "many", manyKeyValues[i], limit, 1)
+					rep, err := a.Rate(ctx, "many", manyKeyValues[i], zones.RateStep{Op: zones.OpDecide, Limit: limit, Cost: 1})
+					r := rep.Result
 					switch {
 					case err != nil:
 						failed.Add(1)
