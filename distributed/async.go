@@ -189,7 +189,7 @@ func (a *Async) decide(ctx context.Context, zone, key string, limit algorithms.L
 	})
 }
 
-// DecideAhead is Decide in a zone with delay (zones.DelayStore): a request
+// decideAhead is decide in a zone with delay (a step with ahead): a request
 // the allowance cannot cover, whose turn is at most ahead (ns) away, is
 // admitted for later (see record.decideAhead). A denial's deny cache ends
 // when a request could be admitted for later again.
@@ -272,7 +272,7 @@ func (a *Async) step(ctx context.Context, zone, key string, limit algorithms.Lim
 	return res, nil
 }
 
-// DeniedUntil is the deny cache kept in key's record (zones.RecordStore):
+// DeniedUntil is the deny cache kept in key's record (zones.Records):
 // when its last denial with no unit left ends, if it is in force at now.
 func (a *Async) DeniedUntil(zone, key string, now int64) (int64, bool) {
 	z := (*a.zones.Load())[zone]
@@ -290,7 +290,7 @@ func (a *Async) DeniedUntil(zone, key string, now int64) (int64, bool) {
 }
 
 // Fallback runs one step of fail_policy local in key's record
-// (zones.RecordStore; see record.fallbackStep), creating the record, with
+// (zones.Records; see record.fallbackStep), creating the record, with
 // no allowance, for a key it has none of. Only a charge or an admission
 // creates one.
 func (a *Async) Fallback(zone, key string, now int64, limit, share algorithms.Limit, op zones.Op, cost, ahead int64) algorithms.Result {

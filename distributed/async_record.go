@@ -68,7 +68,7 @@ type record struct {
 	dormant   bool
 	waking    chan struct{} // closed when a wake in flight ends
 	// deniedUntil (monotime) is the zone's deny cache for the key: its
-	// last denial with no unit left ends then (zones.RecordStore).
+	// last denial with no unit left ends then (zones.Records).
 	deniedUntil int64
 	// fallback (monotime) is fail_policy local's TAT for the key at this
 	// instance's share, from fallbackAt on, while the store cannot decide:

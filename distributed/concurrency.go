@@ -1,6 +1,6 @@
 package distributed
 
-// Concurrency slots in Redis (zones.SlotStore); how they live there is in
+// Concurrency slots in Redis (zones.Slots); how they live there is in
 // the package documentation.
 
 import (
@@ -64,7 +64,7 @@ func (sl *slots) poke() {
 }
 
 // Acquire takes a slot of key in zone when fewer than limit live slots are
-// held (zones.SlotStore). It is one script call, batched with the store's
+// held (zones.Slots). It is one script call, batched with the store's
 // other calls, bounded by the timeout and through the breaker. A call that
 // timed out may still have taken its slot in Redis: it is released like any
 // other (and if the release overtakes the script, the slot, never renewed,
@@ -106,7 +106,7 @@ func (c *conn) Acquire(ctx context.Context, zone, key string, limit int64, lease
 	return slot.id, rep.acquire.inUse, nil
 }
 
-// Release frees a slot Acquire returned (zones.SlotStore) without waiting:
+// Release frees a slot Acquire returned (zones.Slots) without waiting:
 // the background loop removes it from Redis.
 func (c *conn) Release(zone, key, id string) {
 	slot := heldSlot{rkey: c.slotsKey(zone, key), id: id}
@@ -127,7 +127,7 @@ func (sl *slots) release(slot heldSlot, expires time.Time) {
 }
 
 // Slots returns the live slots held for key in zone, by every instance
-// (zones.SlotStore). It is for the admin API.
+// (zones.Slots). It is for the admin API.
 func (c *conn) Slots(ctx context.Context, zone, key string) (int64, error) {
 	rkey := c.slotsKey(zone, key)
 	var v []int64

@@ -1,8 +1,9 @@
 // Package distributed is tally's Redis store: the state every Caddy
 // instance of a fleet decides against, and the concurrency slots they
-// share. A zone (package zones) uses a store through zones.Store and the
-// capabilities zones names beside it, and applies its fail policy to any
-// error the store returns.
+// share. A zone (package zones) uses a store through zones.Store, one
+// operation per zone kind with the step as data, reads once what else the
+// store offers (zones.Offers), and applies its fail policy to any error the
+// store returns.
 //
 // A store works in one of two modes:
 //   - strict (Store, Open): every decision is a step of one Lua script in
@@ -136,7 +137,7 @@
 // keys) is not a failure: see send. A sync that fails leaves the records
 // alone: the instance keeps deciding from its stale view, at most its
 // current allowance. When the last sync failed and the last successful one
-// is older than 2·sync_interval plus the sync's timeout, Decide returns an
+// is older than 2·sync_interval plus the sync's timeout, a decision returns an
 // error (ErrUnavailable when the breaker is open, else ErrStale) and the
 // zone applies its fail policy; so does a key whose own reports have failed
 // for that long. Errors that mean Redis cannot serve (no answer, OOM,
@@ -170,7 +171,7 @@
 //
 // # Calendar quotas
 //
-// A quota zone (zones.QuotaStore) counts units per calendar period. A Lua
+// A quota zone (zones.Store.Quota) counts units per calendar period. A Lua
 // script cannot do time zones, so the zone hands the store the period its
 // clock is in and both neighbours (zones.Periods: four instants in µs, one
 // string argument made once per period), and the script counts in the one
@@ -214,7 +215,7 @@
 //
 // # Bans
 //
-// A zone with ban (zones.BanStore, strict mode; store.go, bans.go) sends
+// A zone with ban (a rate step with a ban rule, strict mode; store.go, bans.go) sends
 // its rule with each step as gcra.lua's op (b<first µs>,<max µs> decides,
 // B... checks, P0,0 peeks): the step that denies a key for lack of quota
 // bans it, atomically, the key then holding "TAT,ban end,remembered
@@ -222,7 +223,7 @@
 // what is remembered. A banned key's reply is -retry, -(8 + 2·level +
 // started); its instance keeps the ban's end in its deny cache and ban
 // table, so the key's flood costs nothing and the ban holds through an
-// outage. Bans are listed (zones.BanLister, either mode) in a sorted set
+// outage. Bans are listed (zones.BanList, either mode) in a sorted set
 // <key_prefix><zone>.bans, key → end ms × 64 + level, written only when a
 // ban starts or is lifted, at most 1000, expiring with the zone's longest
 // ban. Async mode has no ban in the key's state: the list is how the
@@ -233,7 +234,7 @@
 //
 // # Concurrency slots
 //
-// A concurrency zone's slots (zones.SlotStore, either mode) live in Redis:
+// A concurrency zone's slots (zones.Slots, either mode) live in Redis:
 // a key's slots are one sorted set, slot id -> the instant its lease ends
 // in Redis TIME milliseconds (concurrency.lua), at <key_prefix><zone>:<key>
 // in both modes. Acquire is one script call on the request path, batched

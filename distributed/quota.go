@@ -1,6 +1,6 @@
 package distributed
 
-// Strict mode's calendar quotas (zones.QuotaStore): every step is one
+// Strict mode's calendar quotas (zones.Store.Quota): every step is one
 // quota.lua step, batched with the GCRA steps' calls (see doc.go).
 
 import (

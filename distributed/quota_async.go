@@ -1,6 +1,6 @@
 package distributed
 
-// Async mode's calendar quotas (zones.QuotaStore): leases taken from the
+// Async mode's calendar quotas (zones.Store.Quota): leases taken from the
 // period's count in Redis, spent in-process, never past the period's end
 // (the scheme and its bound are in doc.go; the script is quota_async.lua).
 

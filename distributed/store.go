@@ -132,7 +132,7 @@ func (s *Store) decide(ctx context.Context, zone, key string, limit algorithms.L
 	return s.step(ctx, zone, key, scriptArgs(OpDecide, micro(limit), cost, ""))
 }
 
-// DecideBan is Decide in a zone with a ban (zones.BanStore): a key
+// decideBan is decide in a zone with a ban (a step with a ban rule): a key
 // banned in Redis is denied until the ban's end, and a denial starts the
 // ban in the same script step, with the key's TTL reaching its end.
 func (s *Store) decideBan(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64, rule zones.BanRule) (algorithms.Result, zones.StoreBan, error) {
@@ -140,7 +140,7 @@ func (s *Store) decideBan(ctx context.Context, zone, key string, limit algorithm
 	return s.banStep(ctx, zone, key, [5]any{"", l.EmissionInterval, l.Burst, cost, s.op('b', rule, 0)})
 }
 
-// DecideAhead is Decide in a zone with delay (zones.DelayStore): a request
+// decideAhead is decide in a zone with delay (a step with ahead): a request
 // whose allow time is at most ahead (ns) away is admitted for later in the
 // same script step, its slot reserved in Redis, so that every instance's
 // reservations of the key are spaced by its emission interval.
@@ -157,7 +157,7 @@ func (s *Store) decideAhead(ctx context.Context, zone, key string, limit algorit
 	return withDelay(nanos(rep.step), l), nil
 }
 
-// DecideBanAhead is DecideBan in a zone with delay too.
+// decideBanAhead is decideBan in a zone with delay too.
 func (s *Store) decideBanAhead(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64, rule zones.BanRule, ahead int64) (algorithms.Result, zones.StoreBan, error) {
 	l := micro(limit)
 	r, b, err := s.banStep(ctx, zone, key, [5]any{"", l.EmissionInterval, l.Burst, cost, s.op('b', rule, ahead)})
@@ -176,14 +176,14 @@ func withDelay(r algorithms.Result, l algorithms.Limit) algorithms.Result {
 	return r
 }
 
-// CheckBan is Check in a zone with a ban: a post-charged check that finds
+// checkBan is check in a zone with a ban: a post-charged check that finds
 // no quota starts the ban.
 func (s *Store) checkBan(ctx context.Context, zone, key string, limit algorithms.Limit, rule zones.BanRule) (algorithms.Result, zones.StoreBan, error) {
 	l := micro(limit)
 	return s.banStep(ctx, zone, key, [5]any{"", l.EmissionInterval, l.Burst, int64(1), s.op('B', rule, 0)})
 }
 
-// PeekBan is Peek with the key's ban, for the admin API: it bypasses the
+// peekBan is peek with the key's ban, for the admin API: it bypasses the
 // batcher and starts nothing.
 func (s *Store) peekBan(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, zones.StoreBan, error) {
 	rkey := s.RedisKey(zone, key)

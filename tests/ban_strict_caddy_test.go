@@ -125,6 +125,21 @@ func TestStrictBanIsFleetWideAndLiftedEverywhere(t *testing.T) {
 	if got := a.Do(withKey("someone-else")).Status; got != 200 {
 		t.Errorf("another key during the outage under fail_policy open: %d, want 200", got)
 	}
+
+	// And once Redis is back without its data: subscribing to resets again
+	// drops the instances' deny caches (resets may have been missed), not
+	// the bans they know, which Redis no longer holds.
+	rs.Start()
+	waitFor(t, 10*time.Second, "the fleet subscribed to resets again", func() bool {
+		return rs.Client().PubSubNumSub(t.Context(), "tally:resets").Val()["tally:resets"] >= 3
+	})
+	for watch := time.Now().Add(time.Second); time.Now().Before(watch); {
+		for _, inst := range []*caddyInstance{a, b} {
+			if res := inst.Do(r); res.Status != 429 {
+				t.Fatalf("%s after Redis came back empty: %d, want the known ban to hold", inst.URL, res.Status)
+			}
+		}
+	}
 }
 
 // Async mode: the other instances learn a ban from the zone's bans list

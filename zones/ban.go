@@ -375,12 +375,6 @@ func (l *banList) remove(key string) {
 	l.mu.Unlock()
 }
 
-func (l *banList) clear() {
-	l.mu.Lock()
-	clear(l.ends)
-	l.mu.Unlock()
-}
-
 func (l *banList) dropEndedLocked(now int64) {
 	for k, e := range l.ends {
 		if e <= now {

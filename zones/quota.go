@@ -8,7 +8,7 @@ package zones
 // one int64 in a Table, packed with the period it counts (gen, below), so
 // that a new period starts every key at 0 without touching the table, and
 // the old period's entries are the first a full table evicts and the next
-// sweep drops. With a store (QuotaStore), the count lives in the store,
+// sweep drops. With a store (Store.Quota), the count lives in the store,
 // which picks the period by its own clock among the three the zone hands
 // it: the current one and its neighbours, in Unix microseconds, since a
 // script cannot do time zones.

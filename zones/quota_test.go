@@ -204,7 +204,7 @@ func TestPeriodClockFollowsTheWallClockOnlyAtBoundaries(t *testing.T) {
 	}
 }
 
-// quotaFaultStore is a QuotaStore whose answers the test dictates: it only
+// quotaFaultStore is a Store whose quota steps answers the test dictates: it only
 // injects errors and counts calls; Redis's behaviour is tested in tests/.
 type quotaFaultStore struct {
 	faultStore

@@ -812,14 +812,12 @@ func (z *Zone) Forget(key string) {
 // have missed resets (its subscription to them was down): the cache is only
 // a shortcut, and the store answers for those keys again.
 //
-// Bans learnt from the store go too: the store teaches them again on the
-// key's next decision.
+// The bans this instance knows stay: a store that comes back without its
+// data (an empty restart) no longer holds them, and a ban an instance knows
+// holds through an outage. A lift missed meanwhile is the price: the key
+// stays banned here until its ban ends or is lifted again.
 func (z *Zone) ForgetDenials() {
 	z.state.Denied.Clear()
-	if z.state.Bans != nil {
-		z.state.Bans.Clear()
-		z.state.banList.clear()
-	}
 }
 
 // ErrUnknownKey is returned by Peek for a key with no state.
