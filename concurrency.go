@@ -10,8 +10,6 @@ import (
 	"net/http"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-
-	"github.com/caddy-tally/ratelimit/zones"
 )
 
 // serveHoldingSlots calls next while the request holds concurrency slots,
@@ -27,16 +25,8 @@ func serveHoldingSlots(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 
 func releaseSlots(verdicts []verdict) {
 	for i := range verdicts {
-		if verdicts[i].slot.Held() {
-			releaseSlot(&verdicts[i])
+		if verdicts[i].Holds() {
+			verdicts[i].Release()
 		}
 	}
-}
-
-// releaseSlot gives v's slot back, and counts it as remaining again for the
-// headers of a denial by a later zone.
-func releaseSlot(v *verdict) {
-	v.zone.Release(v.slot)
-	v.slot = zones.Slot{}
-	v.d.Remaining = min(v.d.Remaining+1, v.zone.Concurrency)
 }

@@ -106,13 +106,13 @@ func TestConcurrencyZonesAreDecidedAfterRateZones(t *testing.T) {
 func TestConcurrencyPolicyHeader(t *testing.T) {
 	z := &zoneHandler{Zone: mustZone(zones.Config{Name: "uploads", Concurrency: 4}, nil, nil)}
 	hdr := http.Header{}
-	(&Handler{}).setHeaders(hdr, []verdict{{zone: z, d: zones.Decision{Allowed: true, Remaining: 3}}}, false, 0)
+	(&Handler{}).setHeaders(hdr, []verdict{{Owner: z, Zone: z.Zone, Decision: zones.Decision{Allowed: true, Remaining: 3}}}, false, 0)
 	if p, s, l := hdr.Get("RateLimit-Policy"), hdr.Get("RateLimit"), hdr.Get("RateLimit-Limit"); p != `"uploads";q=4;qu="concurrent-requests"` || s != `"uploads";r=3` || l != "4" {
 		t.Fatalf("allowed: policy %s, state %s, limit %s", p, s, l)
 	}
 	// Denied: t is the retry time; when a slot frees otherwise is unknown.
 	hdr = http.Header{}
-	maxT := (&Handler{}).setHeaders(hdr, []verdict{{zone: z, d: zones.Decision{RetryAfter: zones.ConcurrencyRetryAfter, ResetAfter: zones.ConcurrencyRetryAfter}}}, true, zones.ConcurrencyRetryAfter)
+	maxT := (&Handler{}).setHeaders(hdr, []verdict{{Owner: z, Zone: z.Zone, Decision: zones.Decision{RetryAfter: zones.ConcurrencyRetryAfter, ResetAfter: zones.ConcurrencyRetryAfter}}}, true, zones.ConcurrencyRetryAfter)
 	if s, want := hdr.Get("RateLimit"), `"uploads";r=0;t=`+strconv.FormatInt(ceilSeconds(zones.ConcurrencyRetryAfter), 10); s != want || maxT != ceilSeconds(zones.ConcurrencyRetryAfter) {
 		t.Fatalf("denied: state %s (largest t %d), want %s", s, maxT, want)
 	}
@@ -125,11 +125,10 @@ func TestSlotIsReleasedWhenNextPanics(t *testing.T) {
 	state := zones.NewState(cfg, time.Hour)
 	defer state.Destruct()
 	z := &zoneHandler{Zone: mustZone(cfg, state, nil)}
-	d, slot := z.Acquire(context.Background(), "alice")
-	if !d.Allowed {
+	verdicts := []verdict{{Owner: z, Zone: z.Zone, Key: "alice"}}
+	if verdicts[0].Admit(context.Background(), 0); !verdicts[0].Allowed {
 		t.Fatal("first request denied")
 	}
-	verdicts := []verdict{{zone: z, key: "alice", d: d, slot: slot}}
 	next := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { panic("boom") })
 	func() {
 		defer func() {

@@ -1,14 +1,12 @@
 package ratelimit
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"math"
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -94,29 +92,16 @@ func (z *zoneHandler) readCost(repl *caddy.Replacer, now int64, name, setting st
 	return z.costs.cost
 }
 
-// neverPasses is the decision for a request whose cost is more than the
-// zone's burst: no wait would let it pass, so it is denied, consuming
-// nothing, and logged (sampled). Its RateLimit-Reset is the key's time to
-// full, as any denial's: the key is read without consuming anything, as a
-// post-charged zone's check reads it (a store call in strict mode, the
-// fail policy's view when the store cannot answer). Retry-After is one
-// window; r is 0, as for every denial.
-func (z *zoneHandler) neverPasses(ctx context.Context, key string, now int64, p *zones.Plan, cost int64) zones.Decision {
+// logOverBurst logs (sampled) a request whose cost is more than the key
+// can ever have (zones.Ticket.OverBurst): it is denied at once.
+func (z *zoneHandler) logOverBurst(now int64, cost int64, p zones.Plan) {
+	msg, limit, what := "request cost exceeds the zone's burst: it can never pass", p.Burst, "burst"
 	if z.IsQuota() {
-		// More than the key's quota: denied until the period's end,
-		// when the request's plan may give more.
-		if c := z.logs.costOverBurst.check(z.logger, now, zapcore.WarnLevel, "request cost exceeds the key's quota: it can never pass"); c != nil {
-			c.Write(zap.String("zone", z.Name), zap.Int64("cost", cost), zap.Int64("quota", p.Events))
-		}
-		state := z.Check(ctx, key, now, p)
-		toEnd := max(state.ResetAfter, time.Nanosecond)
-		return zones.Decision{RetryAfter: toEnd, ResetAfter: toEnd, Period: state.Period, Source: zones.SourceLocal}
+		msg, limit, what = "request cost exceeds the key's quota: it can never pass", p.Events, "quota"
 	}
-	if c := z.logs.costOverBurst.check(z.logger, now, zapcore.WarnLevel, "request cost exceeds the zone's burst: it can never pass"); c != nil {
-		c.Write(zap.String("zone", z.Name), zap.Int64("cost", cost), zap.Int64("burst", p.Burst))
+	if c := z.logs.costOverBurst.check(z.logger, now, zapcore.WarnLevel, msg); c != nil {
+		c.Write(zap.String("zone", z.Name), zap.Int64("cost", cost), zap.Int64(what, limit))
 	}
-	state := z.Check(ctx, key, now, p)
-	return zones.Decision{RetryAfter: p.Window, ResetAfter: state.ResetAfter, Source: zones.SourceLocal}
 }
 
 // countCost counts the cost of an allowed request in its weighted,
@@ -124,8 +109,8 @@ func (z *zoneHandler) neverPasses(ctx context.Context, key string, now int64, p 
 func countCost(verdicts []verdict) {
 	for i := range verdicts {
 		v := &verdicts[i]
-		if v.d.Allowed && v.zone.metrics != nil && v.zone.metrics.cost != nil && !v.zone.costs.postCharged() {
-			v.zone.metrics.cost.Add(float64(v.cost))
+		if v.Allowed && v.Owner.metrics != nil && v.Owner.metrics.cost != nil && !v.Owner.costs.postCharged() {
+			v.Owner.metrics.cost.Add(float64(v.Cost))
 		}
 	}
 }
@@ -156,25 +141,25 @@ func serveAndCharge(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer
 	now := monotime.Now()
 	for i := range verdicts {
 		v := &verdicts[i]
-		z := v.zone
+		z := v.Owner
 		if !z.costs.postCharged() {
 			continue
 		}
 		if z.costs.count != nil && !z.costs.count.Match(status, w.Header()) {
 			continue
 		}
-		cost := v.cost
+		cost := v.Cost
 		if z.costs.chargeVar != "" {
 			if repl == nil {
 				repl = requestReplacer(r)
 			}
 			cost = z.readCost(repl, now, z.costs.chargeVar, "charge")
 		}
-		cost = min(cost, zones.MaxCharge*v.plan.Burst)
+		cost = min(cost, zones.MaxCharge*v.Plan.Burst)
 		if cost <= 0 {
 			continue
 		}
-		z.Charge(r.Context(), v.key, now, &v.plan, cost)
+		z.Charge(r.Context(), v.Key, now, &v.Plan, cost)
 		if z.metrics != nil && z.metrics.cost != nil {
 			z.metrics.cost.Add(float64(cost))
 		}

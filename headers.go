@@ -202,24 +202,24 @@ func (h *Handler) render(e *renderedHeaders, hdr http.Header, verdicts []verdict
 		legacy = &verdicts[0]
 		for i := range verdicts[1:] {
 			v := &verdicts[i+1]
-			if v.d.Remaining < legacy.d.Remaining || (v.d.Remaining == legacy.d.Remaining && v.d.ResetAfter > legacy.d.ResetAfter) {
+			if v.Decision.Remaining < legacy.Decision.Remaining || (v.Decision.Remaining == legacy.Decision.Remaining && v.Decision.ResetAfter > legacy.Decision.ResetAfter) {
 				legacy = v
 			}
 		}
 		if prev := hdr["Ratelimit-Remaining"]; len(prev) == 1 {
 			// An earlier rate_limit handler's zone is more restrictive.
-			if n, err := strconv.ParseInt(prev[0], 10, 64); err == nil && n <= legacy.d.Remaining {
+			if n, err := strconv.ParseInt(prev[0], 10, 64); err == nil && n <= legacy.Decision.Remaining {
 				legacy = nil
 			}
 		}
 	}
 	if legacy != nil {
 		e.legacy = true
-		buf = strconv.AppendInt(buf, sfInt(legacy.quota()), 10)
+		buf = strconv.AppendInt(buf, sfInt(legacy.Quota()), 10)
 		ends[e.n] = len(buf)
-		buf = strconv.AppendInt(buf, sfInt(legacy.d.Remaining), 10)
+		buf = strconv.AppendInt(buf, sfInt(legacy.Decision.Remaining), 10)
 		ends[e.n+1] = len(buf)
-		buf = strconv.AppendInt(buf, sfInt(ceilSeconds(legacy.d.ResetAfter)), 10)
+		buf = strconv.AppendInt(buf, sfInt(ceilSeconds(legacy.Decision.ResetAfter)), 10)
 		ends[e.n+2] = len(buf)
 		e.n += 3
 	}
@@ -249,9 +249,9 @@ type renderKey struct {
 }
 
 func newRenderKey(v *verdict, denied bool, retry time.Duration) renderKey {
-	k := renderKey{zone: v.zone, events: v.plan.Events, window: int64(v.window()),
-		remaining: v.d.Remaining, t: -1, reset: ceilSeconds(v.d.ResetAfter)}
-	if t, ok := moreQuotaIn(v); ok && !(denied && v.d.Remaining > 0) {
+	k := renderKey{zone: v.Owner, events: v.Plan.Events, window: int64(v.Window()),
+		remaining: v.Decision.Remaining, t: -1, reset: ceilSeconds(v.Decision.ResetAfter)}
+	if t, ok := v.MoreQuotaIn(); ok && !(denied && v.Decision.Remaining > 0) {
 		k.t = sfInt(ceilSeconds(t))
 	}
 	if denied {
@@ -328,80 +328,36 @@ func (c *valueCache) seconds(n int64) string {
 // appendPolicy appends v's zone as a RateLimit-Policy list member.
 func appendPolicy(buf []byte, v *verdict) []byte {
 	buf = append(buf, '"')
-	buf = append(buf, v.zone.Name...) // [A-Za-z0-9_-]: nothing to escape
+	buf = append(buf, v.Owner.Name...) // [A-Za-z0-9_-]: nothing to escape
 	buf = append(buf, `";q=`...)
-	if v.zone.IsConcurrency() {
-		// A quota of requests in flight: it has no window.
-		buf = strconv.AppendInt(buf, sfInt(v.zone.Concurrency), 10)
-		return append(buf, `;qu="concurrent-requests"`...)
+	buf = strconv.AppendInt(buf, sfInt(v.Quota()), 10)
+	if u := v.QuotaUnit(); u != "" {
+		buf = append(buf, `;qu="`...)
+		buf = append(buf, u...)
+		buf = append(buf, '"')
 	}
-	buf = strconv.AppendInt(buf, sfInt(v.plan.Events), 10)
-	if w := v.window(); w > 0 && w%time.Second == 0 {
+	if w := v.Window(); w > 0 && w%time.Second == 0 {
 		buf = append(buf, ";w="...)
 		buf = strconv.AppendInt(buf, sfInt(int64(w/time.Second)), 10)
 	}
-	return append(buf, v.zone.costs.params...) // how a weighted or post-charged zone counts
+	return append(buf, v.Owner.costs.params...) // how a weighted or post-charged zone counts
 }
 
 // appendState appends v as a RateLimit list member and returns its t, 0
 // when it has none.
 func appendState(buf []byte, v *verdict, denied bool) ([]byte, int64) {
 	buf = append(buf, '"')
-	buf = append(buf, v.zone.Name...)
+	buf = append(buf, v.Owner.Name...)
 	buf = append(buf, `";r=`...)
-	buf = strconv.AppendInt(buf, sfInt(v.d.Remaining), 10)
-	t, ok := moreQuotaIn(v)
-	if !ok || (denied && v.d.Remaining > 0) {
+	buf = strconv.AppendInt(buf, sfInt(v.Decision.Remaining), 10)
+	t, ok := v.MoreQuotaIn()
+	if !ok || (denied && v.Decision.Remaining > 0) {
 		return buf, 0
 	}
 	secs := sfInt(ceilSeconds(t))
 	buf = append(buf, ";t="...)
 	buf = strconv.AppendInt(buf, secs, 10)
 	return buf, secs
-}
-
-// moreQuotaIn is how long until v's key has at least one more unit of quota
-// than the verdict reports: the retry time when it has none, else the time
-// until the next emission interval frees; false when the key is at its full
-// burst and no more quota can become available.
-func moreQuotaIn(v *verdict) (time.Duration, bool) {
-	switch {
-	case v.d.RetryAfter > 0: // denied: none left until then
-		return v.d.RetryAfter, true
-	case v.d.ResetAfter <= 0 || v.zone.IsConcurrency():
-		// At its full burst, or slots that free when requests end.
-		return 0, false
-	case v.zone.IsQuota():
-		// Nothing comes back before the period's end.
-		return v.d.ResetAfter, v.d.Remaining == 0
-	}
-	// One more unit frees each time resetAfter drops past a multiple of
-	// the emission interval.
-	return (v.d.ResetAfter-1)%v.emissionInterval() + 1, true
-}
-
-// quota is the q of v's zone: the events of the plan the request was
-// decided under, or a concurrency zone's limit of requests in flight.
-func (v *verdict) quota() int64 {
-	if v.zone.IsConcurrency() {
-		return v.zone.Concurrency
-	}
-	return v.plan.Events
-}
-
-// window is the w of v's zone: the plan's window, or a quota zone's
-// current period.
-func (v *verdict) window() time.Duration {
-	if v.zone.IsQuota() {
-		return v.d.Period
-	}
-	return v.plan.Window
-}
-
-// emissionInterval is the interval at which v's key frees one unit, under
-// the plan the request was decided with.
-func (v *verdict) emissionInterval() time.Duration {
-	return time.Duration(v.plan.Limit().EmissionInterval)
 }
 
 // appendEarlierMembers appends the RateLimit members an earlier handler on

@@ -487,10 +487,10 @@ func (l *listener) Accept() (net.Conn, error) {
 }
 
 // decide decides a new connection of ip at now: the deny_while zones first,
-// which change nothing, then the rate zones, then the concurrency zones,
-// whose slots it appends to slots. A refused connection consumes nothing:
-// the zones that allowed it before the one that refused are refunded and its
-// slots released.
+// which change nothing, then the rate zones, then the concurrency zones
+// (zones.Admit), whose slots it appends to slots. A refused connection
+// consumes nothing: the zones that allowed it before the one that refused
+// are refunded and their slots released.
 func (w *ListenerWrapper) decide(ip string, now int64, slots *[]heldSlot) bool {
 	for _, dz := range w.live.denyZones {
 		key := dz.Config.Key(ip)
@@ -506,44 +506,42 @@ func (w *ListenerWrapper) decide(ip string, now int64, slots *[]heldSlot) bool {
 		dz.metrics.denied.Inc()
 		return false
 	}
-	var stack [4]zones.Decision
-	decided := stack[:0]
-	for i, z := range w.zones {
-		key := z.keyOf(ip)
-		var d zones.Decision
-		if z.IsConcurrency() {
-			var s zones.Slot
-			if d, s = z.Acquire(background, key); s.Held() {
-				*slots = append(*slots, heldSlot{z.Zone, s})
-			}
-		} else {
-			d = z.Decide(background, key, now)
-		}
-		decided = append(decided, d)
-		if d.Allowed {
-			z.metrics.allowed.Inc()
-			continue
-		}
-		w.logRefusal(now, z.Name, key, z.DryRun)
-		if z.DryRun {
-			z.metrics.dryRunDenied.Inc()
-			continue
-		}
-		z.metrics.denied.Inc()
-		z.State().Offenders.Record(key, time.Now().UnixNano())
-		for j, d := range decided[:i] {
-			if prev := w.zones[j]; d.Allowed && !prev.IsConcurrency() {
-				_, _ = prev.Refund(background, prev.keyOf(ip), now, d)
-			}
-		}
-		if slots != nil {
-			releaseHeld(*slots)
-			*slots = (*slots)[:0]
-		}
+	var stack [4]zones.Ticket[*connZone]
+	tickets := stack[:0]
+	for _, z := range w.zones {
+		tickets = append(tickets, zones.Ticket[*connZone]{Owner: z, Zone: z.Zone, Key: z.keyOf(ip), Plan: z.Plan(), Cost: 1})
+	}
+	adm := zones.Admit(background, tickets, now, func(i int) { w.seen(&tickets[i], now) }, noTurns)
+	if adm.Denied >= 0 {
 		return false
+	}
+	for i := range tickets {
+		if t := &tickets[i]; t.Holds() {
+			*slots = append(*slots, heldSlot{t.Zone, t.Slot()})
+		}
 	}
 	return true
 }
+
+// seen counts and logs a connection zone's decision t, as zones.Admit
+// makes it.
+func (w *ListenerWrapper) seen(t *zones.Ticket[*connZone], now int64) {
+	z := t.Owner
+	switch {
+	case t.Allowed:
+		z.metrics.allowed.Inc()
+		return
+	case z.DryRun:
+		z.metrics.dryRunDenied.Inc()
+	default:
+		z.metrics.denied.Inc()
+		z.State().Offenders.Record(t.Key, time.Now().UnixNano())
+	}
+	w.logRefusal(now, z.Name, t.Key, z.DryRun)
+}
+
+// noTurns is zones.Admit's wait for connection zones, which have no delay.
+func noTurns(int64) (context.Context, bool) { return background, true }
 
 // background is the context of connection zones' decisions, which never
 // wait: the zones have no store.

@@ -121,21 +121,21 @@ func TestHeadersOfAQuotaZone(t *testing.T) {
 		retry    string
 	}{
 		{"quota left: no t, Reset at the boundary",
-			[]verdict{{zone: daily, plan: daily.Plan(), d: zones.Decision{Allowed: true, Remaining: 990, ResetAfter: 3*time.Hour + time.Millisecond, Period: day}}}, false,
+			[]verdict{{Owner: daily, Zone: daily.Zone, Plan: daily.Plan(), Decision: zones.Decision{Allowed: true, Remaining: 990, ResetAfter: 3*time.Hour + time.Millisecond, Period: day}}}, false,
 			`"daily";q=1000;w=86400`, `"daily";r=990`, [3]string{"1000", "990", "10801"}, ""},
 		{"the last unit: t is the boundary",
-			[]verdict{{zone: daily, plan: daily.Plan(), d: zones.Decision{Allowed: true, Remaining: 0, ResetAfter: 3 * time.Hour, Period: day}}}, false,
+			[]verdict{{Owner: daily, Zone: daily.Zone, Plan: daily.Plan(), Decision: zones.Decision{Allowed: true, Remaining: 0, ResetAfter: 3 * time.Hour, Period: day}}}, false,
 			`"daily";q=1000;w=86400`, `"daily";r=0;t=10800`, [3]string{"1000", "0", "10800"}, ""},
 		{"denied: t and Retry-After are the boundary",
-			[]verdict{{zone: daily, plan: daily.Plan(), d: zones.Decision{RetryAfter: 90 * time.Second, ResetAfter: 90 * time.Second, Period: short}}}, true,
+			[]verdict{{Owner: daily, Zone: daily.Zone, Plan: daily.Plan(), Decision: zones.Decision{RetryAfter: 90 * time.Second, ResetAfter: 90 * time.Second, Period: short}}}, true,
 			`"daily";q=1000;w=82800`, `"daily";r=0;t=90`, [3]string{"1000", "0", "90"}, "90"},
 		{"a weighted request denied with units left: r=0, t and Retry-After the boundary",
-			[]verdict{{zone: daily, plan: daily.Plan(), d: zones.Decision{RetryAfter: 90 * time.Second, ResetAfter: 90 * time.Second, Period: day}}}, true,
+			[]verdict{{Owner: daily, Zone: daily.Zone, Plan: daily.Plan(), Decision: zones.Decision{RetryAfter: 90 * time.Second, ResetAfter: 90 * time.Second, Period: day}}}, true,
 			`"daily";q=1000;w=86400`, `"daily";r=0;t=90`, [3]string{"1000", "0", "90"}, "90"},
 		{"a rate zone denies beside a quota with units left",
 			[]verdict{
-				{zone: perMin, plan: perMin.Plan(), d: zones.Decision{RetryAfter: 2 * time.Second, ResetAfter: 56 * time.Second}},
-				{zone: daily, plan: daily.Plan(), d: zones.Decision{Allowed: true, Remaining: 990, ResetAfter: 3 * time.Hour, Period: day}},
+				{Owner: perMin, Zone: perMin.Zone, Plan: perMin.Plan(), Decision: zones.Decision{RetryAfter: 2 * time.Second, ResetAfter: 56 * time.Second}},
+				{Owner: daily, Zone: daily.Zone, Plan: daily.Plan(), Decision: zones.Decision{Allowed: true, Remaining: 990, ResetAfter: 3 * time.Hour, Period: day}},
 			}, true,
 			`"z";q=10;w=60, "daily";q=1000;w=86400`, `"z";r=0;t=2, "daily";r=990`, [3]string{"10", "0", "56"}, "2"},
 	}
@@ -143,7 +143,7 @@ func TestHeadersOfAQuotaZone(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, h := range []*Handler{{}, {rendered: new(renderCache), values: newValueCache()}} {
 				hdr := http.Header{}
-				h.setHeaders(hdr, tc.verdicts, tc.denied, tc.verdicts[0].d.RetryAfter)
+				h.setHeaders(hdr, tc.verdicts, tc.denied, tc.verdicts[0].Decision.RetryAfter)
 				if got := hdr.Get("RateLimit-Policy"); got != tc.policy {
 					t.Errorf("RateLimit-Policy = %q, want %q", got, tc.policy)
 				}
@@ -163,7 +163,7 @@ func TestHeadersOfAQuotaZone(t *testing.T) {
 	h := &Handler{rendered: new(renderCache), values: newValueCache()}
 	for _, p := range []time.Duration{day, short, day} {
 		hdr := http.Header{}
-		h.setHeaders(hdr, []verdict{{zone: daily, plan: daily.Plan(), d: zones.Decision{Allowed: true, Remaining: 5, ResetAfter: time.Hour, Period: p}}}, false, 0)
+		h.setHeaders(hdr, []verdict{{Owner: daily, Zone: daily.Zone, Plan: daily.Plan(), Decision: zones.Decision{Allowed: true, Remaining: 5, ResetAfter: time.Hour, Period: p}}}, false, 0)
 		if want := `"daily";q=1000;w=` + strconv.Itoa(int(p/time.Second)); hdr.Get("RateLimit-Policy") != want {
 			t.Errorf("RateLimit-Policy = %q, want %q", hdr.Get("RateLimit-Policy"), want)
 		}

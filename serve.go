@@ -21,15 +21,9 @@ import (
 // maxStackZones is how many zone verdicts ServeHTTP keeps on the stack.
 const maxStackZones = 4
 
-// verdict is one zone's decision on the request being served.
-type verdict struct {
-	zone *zoneHandler
-	key  string
-	d    zones.Decision
-	plan zones.Plan // the limit the request was decided under
-	slot zones.Slot // a concurrency zone's slot, held until next returns
-	cost int64      // what it cost (post-charged zones: the default charge)
-}
+// verdict is one zone's ticket for the request being served; its Owner is
+// the zone's handler side (its metrics, logs and costs).
+type verdict = zones.Ticket[*zoneHandler]
 
 // ServeHTTP decides the request in every zone that applies to it, tightest
 // first, and either calls next or returns the denial.
@@ -42,17 +36,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if h.placeholders {
 		repl = requestReplacer(r)
 	}
-
 	var stack [maxStackZones]verdict
-	applicable, err := h.applicable(r, repl, now, stack[:0])
+	verdicts, err := h.applicable(r, repl, now, stack[:0])
 	if err != nil {
 		return err
 	}
 	if h.store != nil {
 		// Only a store's denials are cached: in local mode the
 		// decision is the table lookup a cache would be.
-		if v := h.cachedDenial(applicable, now); v >= 0 {
-			return h.deny(w, r, applicable[v:v+1], &applicable[v], now)
+		if v := h.cachedDenial(verdicts, now); v >= 0 {
+			return h.deny(w, r, verdicts[v:v+1], &verdicts[v], now)
 		}
 	}
 	if h.holds && h.users.hold() {
@@ -61,126 +54,81 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		defer h.users.done()
 	}
 	ctx, cancel := h.storeContext(r, now)
-
-	// Each zone's decision is written into its verdict in place: the
-	// verdicts so far are applicable's first ones.
-	verdicts := applicable[:0]
-	var denied *verdict
-	holding := false
-	postCharged := false
-	var turn int64 // zones with delay: when the request may go on (monotime), 0 if now
-	for i := range applicable {
-		v := &applicable[i]
-		z, key, cost := v.zone, v.key, v.cost
-		if turn != 0 && z.IsConcurrency() {
-			// The request waits for its turn before it takes a slot (the
-			// concurrency zones come last): a slot held while waiting
-			// would deny others for nothing.
+	mark := now // the end of the last zone's decision, for the store's latency
+	adm := zones.Admit(ctx, verdicts, now,
+		func(i int) { h.seen(&verdicts[i], now, &mark) },
+		func(turn int64) (context.Context, bool) {
 			cancel()
 			if !h.awaitTurn(r, verdicts, turn) {
-				return clientGone(w)
+				return nil, false
 			}
-			turn = 0
 			ctx, cancel = h.restartStoreContext(r)
-		}
-		var start time.Time
-		if z.timed {
-			start = time.Now()
-		}
-		var d zones.Decision
-		switch {
-		case z.IsConcurrency():
-			d, v.slot = z.Acquire(ctx, key)
-			holding = holding || v.slot.Held()
-		case z.costs.postCharged():
-			d = z.Check(ctx, key, now, &v.plan)
-			postCharged = true
-		case cost > v.plan.Burst:
-			d = z.neverPasses(ctx, key, now, &v.plan, cost)
-		default:
-			d = z.DecideWith(ctx, key, now, &v.plan, cost)
-		}
-		if z.metrics != nil {
-			var wait time.Duration
-			if !start.IsZero() {
-				wait = time.Since(start)
-			}
-			z.metrics.observe(d, z.dryRun, wait)
-		}
-		if d.Err != nil {
-			z.logStoreError(now, d)
-		}
-		if d.Delay > 0 {
-			// Admitted for later: its turn counts from the answer.
-			turn = max(turn, monotime.Now()+int64(d.Delay))
-			if z.metrics != nil {
-				z.metrics.delayed.Observe(d.Delay.Seconds())
-			}
-		}
-		v.d = d
-		verdicts = applicable[:i+1]
-		if !d.Allowed {
-			if z.dryRun {
-				h.logDenial(now, z, key, d, true)
-				if d.BanStarted > 0 {
-					h.banStarted(now, z, key, d, true)
-				}
-				continue
-			}
-			denied = v
-			break
-		}
-	}
-
-	if denied != nil {
-		// A denied request consumes nothing: give back what the zones
-		// before the denying one took, at the cost they took it
-		// (post-charged zones only checked).
-		h.refund(ctx, verdicts[:len(verdicts)-1], now)
-	}
+			mark = monotime.Now()
+			return ctx, true
+		})
 	cancel()
-	if denied == nil && turn != 0 && !h.awaitTurn(r, verdicts, turn) {
+	switch {
+	case adm.Gone:
+		return clientGone(w)
+	case adm.Denied >= 0:
+		return h.deny(w, r, verdicts[:adm.Denied+1], &verdicts[adm.Denied], now)
+	case adm.Turn != 0 && !h.awaitTurn(r, verdicts, adm.Turn):
 		return clientGone(w)
 	}
-	if denied == nil {
-		h.setHeaders(w.Header(), verdicts, false, 0)
-		if h.weighted {
-			countCost(verdicts)
-		}
-		if postCharged {
-			return serveAndCharge(w, r, repl, next, verdicts, holding)
-		}
-		if holding {
-			return serveHoldingSlots(w, r, next, verdicts)
-		}
-		return next.ServeHTTP(w, r)
+	h.setHeaders(w.Header(), verdicts, false, 0)
+	if h.weighted {
+		countCost(verdicts)
 	}
-	return h.deny(w, r, verdicts, denied, now)
+	return h.serve(w, r, repl, next, verdicts)
 }
 
-// refund gives back what verdicts took: each allowed zone's cost (a
-// reservation for later included) or its slot, and the queue places of
-// those that admitted for later. Post-charged zones only checked.
-func (h *Handler) refund(ctx context.Context, verdicts []verdict, now int64) {
-	for i := range verdicts {
-		v := &verdicts[i]
-		if !v.d.Allowed || v.zone.costs.postCharged() {
-			continue
-		}
-		if v.slot.Held() {
-			releaseSlot(v)
-			continue
-		}
-		delayed := v.d.Delay > 0
-		var err error
-		if v.d, err = v.zone.RefundWith(ctx, v.key, now, v.d, &v.plan, v.cost); err != nil {
-			h.logger.Debug("refund failed", zap.String("zone", v.zone.Name), zap.Error(err))
-		}
-		if delayed {
-			v.zone.EndWait()
-			v.d.Delay = 0
+// seen counts and logs v's zone's decision, as Admit makes it: its metrics
+// (for a zone whose decisions ask the store, how long it waited for it:
+// since mark, the end of the last decision, which seen moves), a store
+// error, a turn reserved for later, a request that can never pass, and in a
+// dry-run zone the denial (or ban) it would have been.
+func (h *Handler) seen(v *verdict, now int64, mark *int64) {
+	z, d := v.Owner, &v.Decision
+	var took time.Duration
+	if z.timed {
+		t := monotime.Now()
+		took, *mark = time.Duration(t-*mark), t
+	}
+	if z.metrics != nil {
+		z.metrics.observe(*d, z.dryRun, took)
+		if d.Delay > 0 {
+			z.metrics.delayed.Observe(d.Delay.Seconds())
 		}
 	}
+	if d.Err != nil {
+		z.logStoreError(now, *d)
+	}
+	if v.OverBurst() {
+		z.logOverBurst(now, v.Cost, v.Plan)
+	}
+	if !d.Allowed && z.dryRun {
+		h.logDenial(now, z, v.Key, *d, true)
+		if d.BanStarted > 0 {
+			h.banStarted(now, z, v.Key, *d, true)
+		}
+	}
+}
+
+// serve calls next for an allowed request: the post-charged zones charge
+// after it, and the slots the request holds are released when it returns.
+func (h *Handler) serve(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, verdicts []verdict) error {
+	holding, postCharged := false, false
+	for i := range verdicts {
+		holding = holding || verdicts[i].Holds()
+		postCharged = postCharged || verdicts[i].PostCharged
+	}
+	if postCharged {
+		return serveAndCharge(w, r, repl, next, verdicts, holding)
+	}
+	if holding {
+		return serveHoldingSlots(w, r, next, verdicts)
+	}
+	return next.ServeHTTP(w, r)
 }
 
 // awaitTurn makes the request wait until turn (monotime), the latest turn
@@ -201,18 +149,18 @@ func (h *Handler) awaitTurn(r *http.Request, verdicts []verdict, turn int64) boo
 		// Refunds outlive the request's context, bounded by the store's
 		// budget as any call of it.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), cmp.Or(h.budget, time.Second))
-		h.refund(ctx, verdicts, monotime.Now())
+		now := monotime.Now()
+		for i := range verdicts {
+			if err := verdicts[i].Cancel(ctx, now); err != nil {
+				h.logger.Debug("refund failed", zap.String("zone", verdicts[i].Owner.Name), zap.Error(err))
+			}
+		}
 		cancel()
 		return false
 	}
 	waited := time.Since(start)
 	for i := range verdicts {
-		v := &verdicts[i]
-		if v.d.Delay > 0 {
-			v.zone.EndWait()
-			v.d.ResetAfter = max(0, v.d.ResetAfter-waited)
-			v.d.Delay = 0
-		}
+		verdicts[i].Served(waited)
 	}
 	// A provider, as for a denial's placeholders (deny): a Set would make
 	// the replacer's table on its first entry and box the value, which is
@@ -261,8 +209,8 @@ func (h *Handler) applicable(r *http.Request, repl *caddy.Replacer, now int64, v
 				continue
 			}
 		}
-		verdicts = append(verdicts, verdict{zone: z, key: z.Config.Key(z.expandKey(r, repl)),
-			plan: z.planFor(repl, now), cost: z.costFor(repl, now)})
+		verdicts = append(verdicts, verdict{Owner: z, Zone: z.Zone, Key: z.Config.Key(z.expandKey(r, repl)),
+			Plan: z.planFor(repl, now), Cost: z.costFor(repl, now), PostCharged: z.costs.postCharged()})
 	}
 	return verdicts, nil
 }
@@ -275,13 +223,13 @@ func (h *Handler) applicable(r *http.Request, repl *caddy.Replacer, now int64, v
 func (h *Handler) cachedDenial(verdicts []verdict, now int64) int {
 	for i := range verdicts {
 		v := &verdicts[i]
-		if v.zone.dryRun || v.zone.IsConcurrency() {
+		if v.Owner.dryRun || v.Owner.IsConcurrency() {
 			continue
 		}
-		if d, ok := v.zone.CachedDenial(v.key, now, &v.plan); ok {
-			v.d = d
-			if v.zone.metrics != nil {
-				v.zone.metrics.observe(d, false, 0)
+		if d, ok := v.Owner.CachedDenial(v.Key, now, &v.Plan); ok {
+			v.Decision = d
+			if v.Owner.metrics != nil {
+				v.Owner.metrics.observe(d, false, 0)
 			}
 			return i
 		}
@@ -323,22 +271,22 @@ const storeDeadlineVar = "rate_limit.store_deadline"
 // a stack trace and an error id on every denial. Denying must stay cheaper
 // than serving.
 func (h *Handler) deny(w http.ResponseWriter, r *http.Request, verdicts []verdict, v *verdict, now int64) error {
-	retry := v.d.RetryAfter
+	retry := v.Decision.RetryAfter
 	if h.Jitter > 0 {
 		// In floating point and clamped: a wait near the largest
 		// Duration must not wrap.
 		retry = time.Duration(min(float64(retry)*(1+rand.Float64()*h.Jitter), float64(math.MaxInt64/2)))
 	}
 	h.setHeaders(w.Header(), verdicts, true, retry)
-	name := v.zone.nameValue // boxed once when provisioned
+	name := v.Owner.nameValue // boxed once when provisioned
 	if name == nil {
-		name = v.zone.Name
+		name = v.Owner.Name
 	}
 	// A provider, as Caddy's map handler adds one, rather than two Sets:
 	// the replacer's static map is usually still empty here, and its
 	// first entry would allocate its table; the key is boxed only if a
 	// placeholder is read.
-	key := v.key
+	key := v.Key
 	requestReplacer(r).Map(func(placeholder string) (any, bool) {
 		switch placeholder {
 		case "http.rate_limit.exceeded.name":
@@ -350,17 +298,17 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, verdicts []verdic
 	})
 	if h.events.ShouldEmit(eventExceeded) {
 		h.events.Emit(h.ctx, eventExceeded, map[string]any{
-			"zone":        v.zone.Name,
-			"key":         v.key,
+			"zone":        v.Owner.Name,
+			"key":         v.Key,
 			"retry_after": retry,
 			"remote_addr": r.RemoteAddr,
 		})
 	}
-	h.logDenial(now, v.zone, v.key, v.d, false)
-	if v.d.BanStarted > 0 {
-		h.banStarted(now, v.zone, v.key, v.d, false)
+	h.logDenial(now, v.Owner, v.Key, v.Decision, false)
+	if v.Decision.BanStarted > 0 {
+		h.banStarted(now, v.Owner, v.Key, v.Decision, false)
 	}
-	v.zone.State().Offenders.Record(v.key, time.Now().UnixNano())
+	v.Owner.State().Offenders.Record(v.Key, time.Now().UnixNano())
 	if h.answersDirectly(r) {
 		// Nothing would shape the error: answer directly. Caddy's error
 		// path would encode the whole request for a debug log line on
@@ -368,10 +316,10 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, verdicts []verdic
 		w.WriteHeader(h.StatusCode)
 		return nil
 	}
-	if v.zone.denial != nil {
-		return v.zone.denial
+	if v.Owner.denial != nil {
+		return v.Owner.denial
 	}
-	return caddyhttp.HandlerError{StatusCode: h.StatusCode, Err: v.zone.denyErr}
+	return caddyhttp.HandlerError{StatusCode: h.StatusCode, Err: v.Owner.denyErr}
 }
 
 // answersDirectly reports whether the server serving r has no error routes,

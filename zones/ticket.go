@@ -1,0 +1,225 @@
+package zones
+
+import (
+	"context"
+	"time"
+
+	"github.com/caddy-tally/ratelimit/internal/monotime"
+)
+
+// Ticket is one zone's admission of one request, a value like
+// x/time/rate's Reservation: what the zone took (cost, a turn reserved for
+// later, a slot, a quota unit, a ban started) and what the request's
+// headers need, each computed by the zone's kind. A request holds one
+// ticket per zone that applies to it; Admit decides them all. Owner is the
+// caller's side of the zone (its handler: metrics, logs), carried along so
+// that a request's tickets are one array.
+type Ticket[O any] struct {
+	Owner O
+	Zone  *Zone
+	Key   string
+	Plan  Plan  // the limit the request is decided under
+	Cost  int64 // what it costs (a post-charged zone: what it is charged by default)
+	// PostCharged: the zone only checks before the request and charges
+	// after it (the caller's Charge).
+	PostCharged bool
+	Decision
+	slot Slot
+}
+
+// OverBurst reports whether the request costs more than the key can ever
+// have: it is denied at once, consuming nothing.
+func (t *Ticket[O]) OverBurst() bool { return !t.Zone.IsConcurrency() && t.Cost > t.Plan.Burst }
+
+// Admit decides the request in the ticket's zone alone, by its kind: a
+// concurrency zone takes a slot, a post-charged zone checks, a request that
+// can never pass is denied, any other is decided (and may be admitted for
+// later, Delay).
+func (t *Ticket[O]) Admit(ctx context.Context, now int64) {
+	z := t.Zone
+	switch {
+	case z.IsConcurrency():
+		t.Decision, t.slot = z.Acquire(ctx, t.Key)
+	case t.PostCharged:
+		t.Decision = z.Check(ctx, t.Key, now, &t.Plan)
+	case t.Cost > t.Plan.Burst:
+		t.Decision = z.neverPasses(ctx, t.Key, now, &t.Plan)
+	default:
+		t.Decision = z.DecideWith(ctx, t.Key, now, &t.Plan, t.Cost)
+	}
+}
+
+// neverPasses is the decision for a request whose cost is more than the
+// key can ever have: no wait would let it pass, so it is denied, consuming
+// nothing. Its reset is the key's time to full, as any denial's, read as a
+// post-charged zone's check reads it (a store call in strict mode, the fail
+// policy's view when the store cannot answer); a rate zone's Retry-After is
+// one window, a quota zone's the period's end, when the request's plan may
+// give more.
+func (z *Zone) neverPasses(ctx context.Context, key string, now int64, p *Plan) Decision {
+	state := z.Check(ctx, key, now, p)
+	if z.IsQuota() {
+		toEnd := max(state.ResetAfter, time.Nanosecond)
+		return Decision{RetryAfter: toEnd, ResetAfter: toEnd, Period: state.Period, Source: SourceLocal}
+	}
+	return Decision{RetryAfter: p.Window, ResetAfter: state.ResetAfter, Source: SourceLocal}
+}
+
+// Holds reports whether the ticket holds a concurrency slot, to Release
+// once the request ends.
+func (t *Ticket[O]) Holds() bool { return t.slot.Held() }
+
+// Slot is the ticket's slot, for a caller that releases it later itself
+// (Zone.Release): a connection holds its slots until it closes.
+func (t *Ticket[O]) Slot() Slot { return t.slot }
+
+// Release gives the ticket's slot back (the request ended, or a later zone
+// denied it) and counts it as remaining again for the headers.
+func (t *Ticket[O]) Release() {
+	t.Zone.Release(t.slot)
+	t.slot = Slot{}
+	t.Remaining = min(t.Remaining+1, t.Zone.Concurrency)
+}
+
+// Cancel gives back what the ticket took: its cost (a turn reserved for
+// later included) or its slot, and its queue place: a later zone denied the
+// request, or its client left while waiting. A post-charged zone only
+// checked, and a denial took nothing. The decision is then as it stands
+// after the refund, for the headers; a refund the store could not take is
+// returned (the ticket is cancelled all the same).
+func (t *Ticket[O]) Cancel(ctx context.Context, now int64) error {
+	if !t.Allowed || t.PostCharged {
+		return nil
+	}
+	if t.slot.Held() {
+		t.Release()
+		return nil
+	}
+	delayed := t.Delay > 0
+	d, err := t.Zone.RefundWith(ctx, t.Key, now, t.Decision, &t.Plan, t.Cost)
+	t.Decision = d
+	if delayed {
+		t.Zone.EndWait()
+		t.Delay = 0
+	}
+	return err
+}
+
+// Served ends a ticket's wait for its turn, waited long: its queue place is
+// given back, and its headers are those of a request allowed at its turn.
+func (t *Ticket[O]) Served(waited time.Duration) {
+	if t.Delay > 0 {
+		t.Zone.EndWait()
+		t.ResetAfter = max(0, t.ResetAfter-waited)
+		t.Delay = 0
+	}
+}
+
+// The header inputs of draft-10's RateLimit-Policy and RateLimit (q, w, r,
+// t), by the zone's kind.
+
+// Quota is q: the events of the plan the request was decided under, or a
+// concurrency zone's limit of requests in flight.
+func (t *Ticket[O]) Quota() int64 {
+	if t.Zone.IsConcurrency() {
+		return t.Zone.Concurrency
+	}
+	return t.Plan.Events
+}
+
+// QuotaUnit is qu when it is not draft-10's default ("requests"):
+// "concurrent-requests" for a concurrency zone.
+func (t *Ticket[O]) QuotaUnit() string {
+	if t.Zone.IsConcurrency() {
+		return "concurrent-requests"
+	}
+	return ""
+}
+
+// Window is w: the plan's window, a quota zone's current period, or 0 for
+// a concurrency zone, whose quota has no window.
+func (t *Ticket[O]) Window() time.Duration {
+	switch {
+	case t.Zone.IsConcurrency():
+		return 0
+	case t.Zone.IsQuota():
+		return t.Period
+	}
+	return t.Plan.Window
+}
+
+// MoreQuotaIn is t: how long until the key has at least one more unit of
+// quota than the decision reports: the retry time when it has none, else
+// the time until the next emission interval frees; false when the key is
+// at its full burst and no more quota can become available (slots free
+// when requests end, at no time known).
+func (t *Ticket[O]) MoreQuotaIn() (time.Duration, bool) {
+	switch {
+	case t.RetryAfter > 0: // denied: none left until then
+		return t.RetryAfter, true
+	case t.ResetAfter <= 0 || t.Zone.IsConcurrency():
+		return 0, false
+	case t.Zone.IsQuota():
+		// Nothing comes back before the period's end.
+		return t.ResetAfter, t.Remaining == 0
+	}
+	// One more unit frees each time resetAfter drops past a multiple of
+	// the emission interval.
+	return (t.ResetAfter-1)%time.Duration(t.Plan.limit.EmissionInterval) + 1, true
+}
+
+// Admission is how a request's admission in its zones went.
+type Admission struct {
+	// Denied is the index of the ticket that denied the request, -1 when
+	// every zone allowed it (or only dry-run zones denied it).
+	Denied int
+	// Turn is the latest turn a zone with delay reserved (monotime), 0 if
+	// none: the request waits for it before it goes on.
+	Turn int64
+	// Gone: the client left while the request waited for its turn; every
+	// ticket was cancelled.
+	Gone bool
+}
+
+// Admit admits a request in the zones of its tickets, in order (tightest
+// first, concurrency zones last; each kept in the caller's records), the
+// one multi-zone loop of HTTP requests and connections alike:
+//   - each ticket is admitted, then seen(i) (the caller's metrics and logs);
+//   - a denial by a zone in dry run goes on; any other stops the loop and
+//     cancels the tickets admitted before it: a denied request consumes
+//     nothing;
+//   - zones with delay reserve turns; before a concurrency zone takes a slot
+//     (a slot held while waiting would deny others for nothing), the
+//     request waits for the latest turn (wait; it returns the context of
+//     the store calls after the wait, and false when the client left, whose
+//     tickets wait cancels).
+//
+// The turn still to wait for once every zone allowed is the Admission's.
+func Admit[O any](ctx context.Context, tickets []Ticket[O], now int64, seen func(i int), wait func(turn int64) (context.Context, bool)) Admission {
+	adm := Admission{Denied: -1}
+	for i := range tickets {
+		t := &tickets[i]
+		if adm.Turn != 0 && t.Zone.IsConcurrency() {
+			var ok bool
+			if ctx, ok = wait(adm.Turn); !ok {
+				adm.Gone = true
+				return adm
+			}
+			adm.Turn = 0
+		}
+		t.Admit(ctx, now)
+		if t.Delay > 0 {
+			// Admitted for later: its turn counts from the answer.
+			adm.Turn = max(adm.Turn, monotime.Now()+int64(t.Delay))
+		}
+		seen(i)
+		if !t.Allowed && !t.Zone.DryRun {
+			adm.Denied = i
+			for j := range i {
+				_ = tickets[j].Cancel(ctx, now)
+			}
+			return adm
+		}
+	}
+	return adm
+}
