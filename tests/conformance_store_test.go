@@ -77,9 +77,9 @@ type confWant struct {
 // confStep is one operation and its answer; async and local, when set,
 // replace want in that mode (the documented differences).
 type confStep struct {
-	op    confOp
-	cost  int64
-	want  confWant
+	op     confOp
+	cost   int64
+	want   confWant
 	async  *confWant
 	local  *confWant
 	strict *confWant
