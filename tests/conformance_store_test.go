@@ -11,10 +11,10 @@ package tests
 // otherwise, the step says so in its own field (async, local), never by
 // loosening the common expectation.
 //
-// Limits are slow (a token every 12 or 50 minutes... or 50 seconds for
-// delay, whose wait is at most a minute) so that nothing refills while a
-// scenario runs, even on a loaded machine; conditions are polled, never
-// slept for.
+// Limits are slow (a token every 12 minutes; every 50 seconds for delay,
+// whose wait is at most a minute; a quota per day) so that nothing refills
+// while a scenario runs, even on a loaded machine; conditions are polled,
+// never slept for.
 
 import (
 	"context"
@@ -74,8 +74,11 @@ type confWant struct {
 	remAtMost bool   // remaining is an upper bound, allowed and Retry-After follow it (async's peek counts leases as spent)
 }
 
-// confStep is one operation and its answer; async and local, when set,
-// replace want in that mode (the documented differences).
+// confStep is one operation and its answer; async, local and strict, when
+// set, replace want in that mode (strict: scope global over strict too):
+// async's documented differences, and the undocumented divergences this
+// suite found, each pinned where it is written with a note, so that the
+// re-cut keeps or fixes them knowingly.
 type confStep struct {
 	op     confOp
 	cost   int64
