@@ -463,13 +463,14 @@ func confScenarios() []confScenario {
 			step(opReset),
 			decide(allow(4)),
 		)},
+		// A check's denial starts a ban. Not after a charge (noted in the
+		// suite's report): a charge's reply fills the deny cache, which a
+		// check consults before it waits for the key's pending charges,
+		// so whether the check right after starts a ban depends on
+		// whether the charge has landed.
 		{name: "ban_on_check", cfg: with(rateZone(), func(c *zones.Config) { c.Ban = time.Hour }), rateOnly: true, steps: []confStep{
 			check(allow(5)),
-			charge(6),
-			// Async: the charge's denial is cached in the record until the
-			// next sync, a check meanwhile starts no ban (the fleet learns
-			// of the debt at the sync).
-			step(opSettle),
+			decide(allow(4)), decide(allow(3)), decide(allow(2)), decide(allow(1)), decide(allow(0)),
 			check(banned(time.Hour)),
 			check(banned(0)),
 			decide(banned(0)),
