@@ -148,7 +148,7 @@ func openConfZone(t *testing.T, kind confStoreKind, cfg zones.Config) *confEnv {
 	if kind.global {
 		store = globalOver(t, store, e.redis.Addr, cfg)
 	}
-	e.zone = zones.New(cfg, state, store)
+	e.zone = mustZone(cfg, state, store)
 	e.plan = e.zone.Plan()
 	return e
 }

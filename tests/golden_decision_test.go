@@ -134,7 +134,7 @@ func TestGoldenDryRunSendsPlainStepsToRedis(t *testing.T) {
 	// never is.
 	liveState := zones.NewState(dry, time.Minute)
 	t.Cleanup(func() { _ = liveState.Destruct() })
-	live := zones.New(with(dry, func(c *zones.Config) { c.DryRun = false }), liveState, e.zone.Store())
+	live := mustZone(with(dry, func(c *zones.Config) { c.DryRun = false }), liveState, e.zone.Store())
 	for range 4 {
 		if d := live.Decide(ctx, "real", monotime.Now()); d.Delay > 0 {
 			live.EndWait()
@@ -164,7 +164,7 @@ func TestGoldenPostChargedCheckWaitsForItsPendingCharges(t *testing.T) {
 	state := zones.NewState(cfg, time.Minute)
 	t.Cleanup(func() { _ = state.Destruct() })
 	store := openStore(t, distributed.Options{Addresses: []string{proxy.Addr}, Timeout: 2 * time.Second}, nil)
-	z := zones.New(cfg, state, store)
+	z := mustZone(cfg, state, store)
 	p := z.Plan()
 	ctx := context.Background()
 	for i := range 5 {
