@@ -127,7 +127,7 @@ type resetNotifier interface {
 	OnReset(zone string, l distributed.ResetListener) (remove func())
 }
 
-// open returns the pooled store for this setting, a *distributed.Store
+// open returns the pooled store for this setting, a *distributed.Strict
 // (strict) or *distributed.Async, what else the handler needs of it, and
 // the key to release it with.
 func (dist *Distributed) open(ctx caddy.Context, logger *zap.Logger) (zones.Store, backend, string, error) {
@@ -136,7 +136,7 @@ func (dist *Distributed) open(ctx caddy.Context, logger *zap.Logger) (zones.Stor
 		return nil, backend{}, "", err
 	}
 	switch s := store.(type) {
-	case *distributed.Store:
+	case *distributed.Strict:
 		return s, backend{health: s, resets: s}, key, nil
 	case *distributed.Async:
 		return s, backend{health: s, resets: s, async: s}, key, nil

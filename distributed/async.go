@@ -51,10 +51,10 @@ const (
 // Async is the async-mode implementation of zones.Store: decisions are made
 // in-process and reconciled with Redis every Options.SyncInterval (see the
 // package documentation for the scheme and its bound). It shares nothing
-// with the strict Store but the connection: client, breakers, heartbeat,
+// with Strict but the connection: client, breakers, heartbeat,
 // resets and concurrency slots.
 type Async struct {
-	*conn
+	*link
 	interval time.Duration
 	hold     int64 // µs: the script's hold (see OpenAsync)
 	life     int64 // ns: a lease's lifetime, leaseLifetime sync intervals
@@ -87,13 +87,13 @@ func OpenAsync(opts Options, logger *zap.Logger) (*Async, error) {
 }
 
 func openAsync(opts Options, maxKeys int, logger *zap.Logger) (*Async, error) {
-	c, err := newConn(opts, logger)
+	c, err := newLink(opts, logger)
 	if err != nil {
 		return nil, err
 	}
 	interval := c.opts.SyncInterval
 	a := &Async{
-		conn:     c,
+		link:     c,
 		interval: interval,
 		// An instance that admitted a fresh share reports it by its next
 		// sync, or the one after if that one fails: within two intervals
@@ -126,7 +126,7 @@ func openAsync(opts Options, maxKeys int, logger *zap.Logger) (*Async, error) {
 // the zones' own (listed for the other instances), not kept with the
 // decisions.
 func (a *Async) Offers() zones.Offers {
-	return zones.Offers{Mode: "async", Quotas: true, Records: a, BanList: a.conn, Slots: a.conn}
+	return zones.Offers{Mode: "async", Quotas: true, Records: a, BanList: a.link, Slots: a.link}
 }
 
 // Rate runs one step of a rate zone's key (zones.Store) on this instance's
@@ -172,7 +172,7 @@ func (a *Async) Close() error {
 		ctx, cancel = context.WithTimeout(context.Background(), backgroundTimeout(a.opts))
 		a.syncQuotas(ctx, true)
 		cancel()
-		err = a.conn.close()
+		err = a.link.close()
 	})
 	return err
 }
@@ -353,7 +353,7 @@ func (a *Async) resetKey(ctx context.Context, zone, key string) error {
 
 // RedisKey is the Redis key holding the state of key in zone:
 // <key_prefix><zone>.async:<key>, never the name of a strict-mode key (see
-// Store.RedisKey).
+// Strict.RedisKey).
 func (a *Async) RedisKey(zone, key string) string {
 	return a.opts.KeyPrefix + zone + asyncZoneSep + key
 }

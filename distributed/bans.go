@@ -32,11 +32,11 @@ func banScore(endMs int64, level int) float64 {
 
 // bansKey is the sorted set of zone's bans; zone names have no '.', so it
 // is no key's state.
-func (c *conn) bansKey(zone string) string { return c.opts.KeyPrefix + zone + ".bans" }
+func (c *link) bansKey(zone string) string { return c.opts.KeyPrefix + zone + ".bans" }
 
 // RecordBan adds key's ban, left to run, to zone's list, in the
 // background (off the request path, bounded by the timeout).
-func (c *conn) RecordBan(zone, key string, left, longest time.Duration, level int) {
+func (c *link) RecordBan(zone, key string, left, longest time.Duration, level int) {
 	if c.isClosed() {
 		return
 	}
@@ -56,7 +56,7 @@ func (c *conn) RecordBan(zone, key string, left, longest time.Duration, level in
 }
 
 // LiftBan removes key from zone's list of bans.
-func (c *conn) LiftBan(ctx context.Context, zone, key string) error {
+func (c *link) LiftBan(ctx context.Context, zone, key string) error {
 	rkey := c.bansKey(zone)
 	return c.unbatched(ctx, rkey, func(ctx context.Context) error {
 		return c.client.ZRem(ctx, rkey, key).Err()
@@ -64,7 +64,7 @@ func (c *conn) LiftBan(ctx context.Context, zone, key string) error {
 }
 
 // ListBans reads zone's current bans, longest left first.
-func (c *conn) ListBans(ctx context.Context, zone string) ([]zones.Ban, error) {
+func (c *link) ListBans(ctx context.Context, zone string) ([]zones.Ban, error) {
 	rkey := c.bansKey(zone)
 	var got []redis.Z
 	now := time.Now().UnixMilli()

@@ -85,7 +85,7 @@ var requests = sync.Pool{New: func() any {
 // call runs script (gcra.lua, quota.lua, or concurrency.lua's acquire) for one key
 // through the key's breaker and the batcher, and waits at most until the
 // earlier of ctx's deadline and now+Timeout.
-func (c *conn) call(ctx context.Context, script *redis.Script, key string, args [5]any) reply {
+func (c *link) call(ctx context.Context, script *redis.Script, key string, args [5]any) reply {
 	b := c.breakerFor(key)
 	ok, probe := b.allow()
 	if !ok {
@@ -110,7 +110,7 @@ func (c *conn) call(ctx context.Context, script *redis.Script, key string, args 
 
 // direct runs the script at once, bounded by the timeout. On an idle store
 // this saves the hand-off to a worker, which costs a goroutine wake-up.
-func (c *conn) direct(ctx context.Context, script *redis.Script, key string, args [5]any) reply {
+func (c *link) direct(ctx context.Context, script *redis.Script, key string, args [5]any) reply {
 	ctx, cancel := c.bound(ctx)
 	defer cancel()
 	keys := [1]string{key}
@@ -118,7 +118,7 @@ func (c *conn) direct(ctx context.Context, script *redis.Script, key string, arg
 }
 
 // parseReply reads script's reply for one key.
-func (c *conn) parseReply(script *redis.Script, cmd *redis.Cmd) reply {
+func (c *link) parseReply(script *redis.Script, cmd *redis.Cmd) reply {
 	switch script {
 	case c.gcra:
 		return parseStepReply(cmd)
@@ -128,7 +128,7 @@ func (c *conn) parseReply(script *redis.Script, cmd *redis.Cmd) reply {
 	return parseAcquireReply(cmd)
 }
 
-func (c *conn) enqueue(ctx context.Context, script *redis.Script, key string, args [5]any) reply {
+func (c *link) enqueue(ctx context.Context, script *redis.Script, key string, args [5]any) reply {
 	r := requests.Get().(*request)
 	r.script, r.keys[0], r.args = script, key, args
 	r.deadline = time.Now().Add(c.opts.Timeout)
@@ -184,7 +184,7 @@ type batchCall struct {
 }
 
 // worker sends queued requests in batches until the store closes.
-func (c *conn) worker() {
+func (c *link) worker() {
 	defer c.wg.Done()
 	b := &batcher{
 		batch: make([]*request, 0, maxBatch),
@@ -224,7 +224,7 @@ func (c *conn) worker() {
 // goroutines are bounded by the callers waiting (one request each) and
 // each ends by its requests' latest deadline; once the hung master's
 // breaker opens its keys are not even queued.
-func (c *conn) send(b *batcher) {
+func (c *link) send(b *batcher) {
 	now := time.Now()
 	live := b.batch[:0]
 	var latest time.Time
@@ -306,7 +306,7 @@ type masterCalls struct {
 // copied out of b, which the worker reuses at once. Finding a key's master
 // reads the client's slot map; only a client that never had one asks a
 // node for it, bounded by the batch's latest deadline.
-func (c *conn) sendByMaster(b *batcher, calls []batchCall, latest time.Time) {
+func (c *link) sendByMaster(b *batcher, calls []batchCall, latest time.Time) {
 	lookup, cancel := context.WithDeadline(c.ctx, latest)
 	defer cancel()
 	var groups []masterCalls
@@ -348,7 +348,7 @@ func (c *conn) sendByMaster(b *batcher, calls []batchCall, latest time.Time) {
 // finish retries with EVAL the calls whose script Redis lost (NOSCRIPT),
 // in one pipeline, and replies to every request of calls. b's buffers
 // build the retries; nil makes new ones, only if one is needed.
-func (c *conn) finish(ctx context.Context, b *batcher, calls []batchCall) {
+func (c *link) finish(ctx context.Context, b *batcher, calls []batchCall) {
 	var pipe redis.Pipeliner
 	for i := range calls {
 		if redis.HasErrorPrefix(calls[i].cmd.Err(), "NOSCRIPT") {

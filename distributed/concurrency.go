@@ -69,7 +69,7 @@ func (sl *slots) poke() {
 // timed out may still have taken its slot in Redis: it is released like any
 // other (and if the release overtakes the script, the slot, never renewed,
 // ends with its lease).
-func (c *conn) Acquire(ctx context.Context, zone, key string, limit int64, lease time.Duration) (string, int64, error) {
+func (c *link) Acquire(ctx context.Context, zone, key string, limit int64, lease time.Duration) (string, int64, error) {
 	if c.isClosed() {
 		return "", 0, ErrClosed
 	}
@@ -108,7 +108,7 @@ func (c *conn) Acquire(ctx context.Context, zone, key string, limit int64, lease
 
 // Release frees a slot Acquire returned (zones.Slots) without waiting:
 // the background loop removes it from Redis.
-func (c *conn) Release(zone, key, id string) {
+func (c *link) Release(zone, key, id string) {
 	slot := heldSlot{rkey: c.slotsKey(zone, key), id: id}
 	c.slots.mu.Lock()
 	l, ok := c.slots.held[slot]
@@ -128,7 +128,7 @@ func (sl *slots) release(slot heldSlot, expires time.Time) {
 
 // Slots returns the live slots held for key in zone, by every instance
 // (zones.Slots). It is for the admin API.
-func (c *conn) Slots(ctx context.Context, zone, key string) (int64, error) {
+func (c *link) Slots(ctx context.Context, zone, key string) (int64, error) {
 	rkey := c.slotsKey(zone, key)
 	var v []int64
 	err := c.unbatched(ctx, rkey, func(ctx context.Context) (err error) {
@@ -149,7 +149,7 @@ const releaseRetry = 250 * time.Millisecond
 
 // slotLoop renews and releases slots until the store closes, then sends the
 // releases still pending once more.
-func (c *conn) slotLoop() {
+func (c *link) slotLoop() {
 	defer c.wg.Done()
 	sl := &c.slots
 	timer := time.NewTimer(time.Hour)
@@ -208,7 +208,7 @@ type renewGroup struct {
 // renew extends the lease of every slot this instance holds: one script call
 // per key, all in one pipeline. When none is held, the renewal period resets
 // so that it follows the leases of the slots taken next.
-func (c *conn) renew() {
+func (c *link) renew() {
 	sl := &c.slots
 	sl.mu.Lock()
 	if len(sl.held) == 0 {
@@ -331,7 +331,7 @@ func (g *breakerGates) record() {
 // sendReleases removes the released slots from Redis, one ZREM each in one
 // pipeline. Those Redis did not take are kept for the next try, unless their
 // lease has ended by then.
-func (c *conn) sendReleases(ctx context.Context) {
+func (c *link) sendReleases(ctx context.Context) {
 	sl := &c.slots
 	sl.mu.Lock()
 	batch := sl.releases

@@ -6,7 +6,7 @@
 // store returns.
 //
 // A store works in one of two modes:
-//   - strict (Store, Open): every decision is a step of one Lua script in
+//   - strict (Strict, Open): every decision is a step of one Lua script in
 //     Redis, exact across any number of instances, a round trip per batch
 //     of concurrent decisions;
 //   - async (Async, OpenAsync): decisions are made in-process from leases
@@ -15,7 +15,7 @@
 //     the limit.
 //
 // Both hold the same kind of connection to one Redis setting (standalone,
-// Sentinel or Cluster; conn.go): the client, the breakers, the batcher,
+// Sentinel or Cluster; link.go): the client, the breakers, the batcher,
 // the heartbeat that counts live instances, the resets channel and the
 // concurrency slots. One store per setting is shared by every handler of
 // a Caddy process (Options.Key) and survives reloads.
@@ -271,7 +271,7 @@
 //
 //	store.go            strict mode
 //	async*.go           async mode: the store, its records, the sync, the wake
-//	conn.go             the connection both modes hold
+//	link.go             the link to Redis both modes hold
 //	batch.go            the batcher and the script replies
 //	breaker.go          breakers, one per Cluster master
 //	heartbeat.go        live instances

@@ -44,14 +44,14 @@ func backgroundTimeout(o Options) time.Duration {
 	return max(o.Timeout, o.SyncInterval)
 }
 
-func (c *conn) instancesKey() string { return c.opts.KeyPrefix + "instances" }
+func (c *link) instancesKey() string { return c.opts.KeyPrefix + "instances" }
 
 // recoveryKey marks a recovery of the concurrency slots after Redis lost
 // its data (see heartbeat.lua; concurrency.lua builds the same name from
 // the prefix): under the key prefix, as an ACL of ~<prefix>* allows, and in
 // the instances set's hash slot (its hash tag is the set's name, unless the
 // prefix has a tag of its own, which the set's name then has too).
-func (c *conn) recoveryKey() string {
+func (c *link) recoveryKey() string {
 	return c.opts.KeyPrefix + "{" + c.instancesKey() + "}slots-recovery"
 }
 
@@ -66,7 +66,7 @@ const slotsRecovery = 3 * time.Second
 // instances, which Instances reports from then on. The background loop calls
 // it every second. One beat runs at a time (see beats). A beat that finds a
 // recovery of the slots on (see slotsRecovery) renews them at once.
-func (c *conn) heartbeat(ctx context.Context) (int, error) {
+func (c *link) heartbeat(ctx context.Context) (int, error) {
 	recovering := false
 	n, err := c.beats.run(&c.instances, func() (int64, error) {
 		if c.isClosed() {
@@ -105,7 +105,7 @@ func (c *conn) heartbeat(ctx context.Context) (int, error) {
 // beatRecently reports whether this store's last successful heartbeat was
 // recent enough that the instances set must still exist, its own
 // registration in it included, unless Redis lost its data.
-func (c *conn) beatRecently() bool {
+func (c *link) beatRecently() bool {
 	last := c.lastBeat.Load()
 	return last != 0 && monotime.Since(last) < instanceTTL/2
 }
@@ -128,11 +128,11 @@ var live = struct {
 }{members: make(map[string]int)}
 
 // memberKey identifies the member a store beats as, in its set.
-func (c *conn) memberKey() string {
+func (c *link) memberKey() string {
 	return strings.Join(c.opts.Addresses, ",") + "\x00" + strconv.Itoa(c.opts.DB) + "\x00" + c.instancesKey() + "\x00" + c.member
 }
 
-func (c *conn) register() {
+func (c *link) register() {
 	live.Lock()
 	live.members[c.memberKey()]++
 	live.Unlock()
@@ -140,7 +140,7 @@ func (c *conn) register() {
 
 // unregister reports whether s was the last open store beating as its
 // member, which must then leave the set.
-func (c *conn) unregister() (last bool) {
+func (c *link) unregister() (last bool) {
 	live.Lock()
 	defer live.Unlock()
 	k := c.memberKey()
@@ -183,7 +183,7 @@ func (b *beats) run(instances *atomic.Int64, beat func() (int64, error)) (int, e
 // heartbeatLoop beats at once, then every heartbeatEvery until Close. While
 // the breaker is open the beats double as its probes, so Health recovers
 // without traffic.
-func (c *conn) heartbeatLoop() {
+func (c *link) heartbeatLoop() {
 	defer c.wg.Done()
 	t := time.NewTicker(heartbeatEvery)
 	defer t.Stop()

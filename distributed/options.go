@@ -85,7 +85,7 @@ func (o Options) withDefaults() Options {
 }
 
 // Key identifies the setting: two Options with the same Key can share one
-// Store (through a caddy.UsagePool). It contains the password, so it must
+// Strict (through a caddy.UsagePool). It contains the password, so it must
 // never be logged or returned to a client; log Redacted instead.
 func (o Options) Key() string {
 	o = o.withDefaults()

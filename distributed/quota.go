@@ -22,7 +22,7 @@ const quotaZoneSep = ".quota:"
 
 // QuotaKey is the Redis key holding the count of key in quota zone zone:
 // <key_prefix><zone>.quota:<key>, the same in strict and async mode.
-func (c *conn) QuotaKey(zone, key string) string {
+func (c *link) QuotaKey(zone, key string) string {
 	return c.opts.KeyPrefix + zone + quotaZoneSep + key
 }
 
@@ -43,7 +43,7 @@ func (r quotaReply) result() zones.QuotaResult {
 // batcher but for a peek, which reads the key's count for the admin API. A
 // charge counts from at most the limit (the key's debt is at most one
 // charge); a check counts nothing.
-func (s *Store) Quota(ctx context.Context, zone, key string, st zones.QuotaStep) (zones.QuotaResult, error) {
+func (s *Strict) Quota(ctx context.Context, zone, key string, st zones.QuotaStep) (zones.QuotaResult, error) {
 	q := st.Limit
 	switch st.Op {
 	case zones.OpDecide:
@@ -62,7 +62,7 @@ func (s *Store) Quota(ctx context.Context, zone, key string, st zones.QuotaStep)
 	return zones.QuotaResult{}, fmt.Errorf("distributed: unknown quota op %d", st.Op)
 }
 
-func (s *Store) quotaStep(ctx context.Context, zone, key string, args [5]any) (zones.QuotaResult, error) {
+func (s *Strict) quotaStep(ctx context.Context, zone, key string, args [5]any) (zones.QuotaResult, error) {
 	if s.isClosed() {
 		return zones.QuotaResult{}, ErrClosed
 	}
@@ -76,7 +76,7 @@ func (s *Store) quotaStep(ctx context.Context, zone, key string, args [5]any) (z
 
 // peekQuota reads key's count in zone with quota.lua's check, unbatched, in
 // either mode: async leases count as used.
-func (c *conn) peekQuota(ctx context.Context, zone, key string, q zones.QuotaLimit) (zones.QuotaResult, error) {
+func (c *link) peekQuota(ctx context.Context, zone, key string, q zones.QuotaLimit) (zones.QuotaResult, error) {
 	rkey := c.QuotaKey(zone, key)
 	var rep reply
 	err := c.unbatched(ctx, rkey, func(ctx context.Context) error {
@@ -90,7 +90,7 @@ func (c *conn) peekQuota(ctx context.Context, zone, key string, q zones.QuotaLim
 }
 
 // quotaArgs builds ARGV for one key's quota.lua call; now is "" (Redis
-// TIME) or int64 µs. Build it with a constant op (see Store.step).
+// TIME) or int64 µs. Build it with a constant op (see Strict.step).
 func quotaArgs(op Op, q zones.QuotaLimit, cost int64, now any) [5]any {
 	return [5]any{now, q.Periods.Arg, q.Limit, cost, string(op)}
 }

@@ -165,7 +165,7 @@ type Region struct {
 	regional redis.UniversalClient
 	global   redis.UniversalClient
 	prefix   string        // the regional key prefix
-	strict   bool          // the regional store is a *Store
+	strict   bool          // the regional store is a *Strict
 	timeout  time.Duration // the regional store's
 	gprefix  string
 	rscript  *redis.Script
@@ -248,7 +248,7 @@ const (
 )
 
 // OpenRegion starts this instance's region over its regional store, which
-// must be a *Store or an *Async. It does not contact either Redis.
+// must be a *Strict or an *Async. It does not contact either Redis.
 func OpenRegion(regional zones.Store, opts RegionOptions, logger *zap.Logger) (*Region, error) {
 	if err := opts.Check(); err != nil {
 		return nil, err
@@ -257,14 +257,14 @@ func OpenRegion(regional zones.Store, opts RegionOptions, logger *zap.Logger) (*
 	if logger == nil {
 		logger = zap.NewNop()
 	}
-	var c *conn
+	var c *link
 	strict := false
 	switch s := regional.(type) {
-	case *Store:
-		c = s.conn
+	case *Strict:
+		c = s.link
 		strict = true
 	case *Async:
-		c = s.conn
+		c = s.link
 	default:
 		return nil, fmt.Errorf("global: the regional store is a %T, not a tally store", regional)
 	}

@@ -107,7 +107,7 @@ type modeState interface {
 
 // forgetMissed drops every cached denial if resets may have been missed
 // and the store decides through Redis again.
-func (c *conn) forgetMissed() {
+func (c *link) forgetMissed() {
 	if !c.resets.missed.Load() {
 		return
 	}
@@ -118,12 +118,12 @@ func (c *conn) forgetMissed() {
 	}
 }
 
-func (c *conn) resetsChannel() string { return c.opts.KeyPrefix + "resets" }
+func (c *link) resetsChannel() string { return c.opts.KeyPrefix + "resets" }
 
 // OnReset makes l hear of every reset of a key in zone, made by this
 // instance or another one sharing the Redis and key_prefix, until the
 // returned function is called.
-func (c *conn) OnReset(zone string, l ResetListener) (remove func()) {
+func (c *link) OnReset(zone string, l ResetListener) (remove func()) {
 	p := &l
 	c.resets.mu.Lock()
 	if c.resets.listeners == nil {
@@ -148,7 +148,7 @@ func (c *conn) OnReset(zone string, l ResetListener) (remove func()) {
 }
 
 // forget tells the listeners of zone (every zone when all) to forget key.
-func (c *conn) forget(zone, key string, all bool) {
+func (c *link) forget(zone, key string, all bool) {
 	if all {
 		c.mode.forgetDenials()
 	} else {
@@ -173,7 +173,7 @@ func (c *conn) forget(zone, key string, all bool) {
 
 // subscribeLoop receives resets on ps until Close, which closes ps (a
 // blocked Receive does not watch its context).
-func (c *conn) subscribeLoop(ps *redis.PubSub) {
+func (c *link) subscribeLoop(ps *redis.PubSub) {
 	defer c.wg.Done()
 	// An error here is remembered by ps: Receive connects and subscribes
 	// again.

@@ -32,12 +32,12 @@ func foreign(err error) bool { return redis.HasErrorPrefix(err, "TALLYFOREIGN") 
 //go:embed gcra.lua
 var gcraScript string
 
-// Store is the strict-mode implementation of zones.Store: every decision
-// is a step of gcra.lua in Redis. It is safe for concurrent use; one Store
+// Strict is the strict-mode implementation of zones.Store: every decision
+// is a step of gcra.lua in Redis. It is safe for concurrent use; one Strict
 // per Redis setting is shared by every handler (see Options.Key) and closed
 // when the last one goes.
-type Store struct {
-	*conn
+type Strict struct {
+	*link
 	ops struct { // gcra.lua's ban and delay ops, by rule (see op)
 		sync.RWMutex
 		m map[opKey]any
@@ -47,13 +47,13 @@ type Store struct {
 // Open creates the store and starts its workers and heartbeat. It does not
 // contact Redis: Caddy must start during a Redis outage, and the zones'
 // fail policy covers it. Errors (bad addresses) never contain a password.
-func Open(opts Options, logger *zap.Logger) (*Store, error) {
-	c, err := newConn(opts, logger)
+func Open(opts Options, logger *zap.Logger) (*Strict, error) {
+	c, err := newLink(opts, logger)
 	if err != nil {
 		return nil, err
 	}
 	c.start(strictMode{})
-	return &Store{conn: c}, nil
+	return &Strict{link: c}, nil
 }
 
 // strictMode keeps nothing of its own: every decision is Redis's, and the
@@ -67,24 +67,24 @@ func (strictMode) forgetDenials()                {}
 // Close stops the workers and the heartbeat, removes this instance from the
 // instances set (best effort, bounded by the timeout) and closes the client.
 // Calls made after Close return ErrClosed.
-func (s *Store) Close() error { return s.close() }
+func (s *Strict) Close() error { return s.close() }
 
-// Destruct closes the store; it makes a Store a caddy.Destructor for
+// Destruct closes the store; it makes a Strict a caddy.Destructor for
 // sharing through a caddy.UsagePool.
-func (s *Store) Destruct() error { return s.Close() }
+func (s *Strict) Destruct() error { return s.Close() }
 
 // Offers says what a strict store offers besides its steps: bans kept
 // with the decisions, quotas, the fleet-wide ban list and concurrency
 // slots.
-func (s *Store) Offers() zones.Offers {
-	return zones.Offers{Mode: "strict", BanSteps: true, Quotas: true, BanList: s.conn, Slots: s.conn}
+func (s *Strict) Offers() zones.Offers {
+	return zones.Offers{Mode: "strict", BanSteps: true, Quotas: true, BanList: s.link, Slots: s.link}
 }
 
 // Rate runs one step of a rate zone's key in Redis (zones.Store): one
 // gcra.lua op, through the batcher but for a peek. limit is in
 // nanoseconds, like the result; Redis works in microseconds, so T is
 // rounded down to a whole microsecond (at least 1).
-func (s *Store) Rate(ctx context.Context, zone, key string, st zones.RateStep) (zones.RateReply, error) {
+func (s *Strict) Rate(ctx context.Context, zone, key string, st zones.RateStep) (zones.RateReply, error) {
 	var rep zones.RateReply
 	var err error
 	banned := st.Ban != zones.BanRule{}
@@ -121,21 +121,21 @@ func (s *Store) Rate(ctx context.Context, zone, key string, st zones.RateStep) (
 // <key_prefix><zone>:<key> (async mode's are <key_prefix><zone>.async:<key>).
 // Zone names cannot contain '.' or ':', so no key of one mode is a key of
 // the other, and no key is the instances set.
-func (s *Store) RedisKey(zone, key string) string {
+func (s *Strict) RedisKey(zone, key string) string {
 	return s.opts.KeyPrefix + zone + ":" + key
 }
 
 // Decide runs one GCRA step for key in zone in Redis. limit is in
 // nanoseconds, like the result; Redis works in microseconds, so T is
 // rounded down to a whole microsecond (at least 1).
-func (s *Store) decide(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) (algorithms.Result, error) {
+func (s *Strict) decide(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) (algorithms.Result, error) {
 	return s.step(ctx, zone, key, scriptArgs(OpDecide, micro(limit), cost, ""))
 }
 
 // decideBan is decide in a zone with a ban (a step with a ban rule): a key
 // banned in Redis is denied until the ban's end, and a denial starts the
 // ban in the same script step, with the key's TTL reaching its end.
-func (s *Store) decideBan(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64, rule zones.BanRule) (algorithms.Result, zones.StoreBan, error) {
+func (s *Strict) decideBan(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64, rule zones.BanRule) (algorithms.Result, zones.StoreBan, error) {
 	l := micro(limit)
 	return s.banStep(ctx, zone, key, [5]any{"", l.EmissionInterval, l.Burst, cost, s.op('b', rule, 0)})
 }
@@ -144,7 +144,7 @@ func (s *Store) decideBan(ctx context.Context, zone, key string, limit algorithm
 // whose allow time is at most ahead (ns) away is admitted for later in the
 // same script step, its slot reserved in Redis, so that every instance's
 // reservations of the key are spaced by its emission interval.
-func (s *Store) decideAhead(ctx context.Context, zone, key string, limit algorithms.Limit, cost, ahead int64) (algorithms.Result, error) {
+func (s *Strict) decideAhead(ctx context.Context, zone, key string, limit algorithms.Limit, cost, ahead int64) (algorithms.Result, error) {
 	if s.isClosed() {
 		return algorithms.Result{}, ErrClosed
 	}
@@ -158,7 +158,7 @@ func (s *Store) decideAhead(ctx context.Context, zone, key string, limit algorit
 }
 
 // decideBanAhead is decideBan in a zone with delay too.
-func (s *Store) decideBanAhead(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64, rule zones.BanRule, ahead int64) (algorithms.Result, zones.StoreBan, error) {
+func (s *Strict) decideBanAhead(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64, rule zones.BanRule, ahead int64) (algorithms.Result, zones.StoreBan, error) {
 	l := micro(limit)
 	r, b, err := s.banStep(ctx, zone, key, [5]any{"", l.EmissionInterval, l.Burst, cost, s.op('b', rule, ahead)})
 	return withDelay(r, l), b, err
@@ -178,14 +178,14 @@ func withDelay(r algorithms.Result, l algorithms.Limit) algorithms.Result {
 
 // checkBan is check in a zone with a ban: a post-charged check that finds
 // no quota starts the ban.
-func (s *Store) checkBan(ctx context.Context, zone, key string, limit algorithms.Limit, rule zones.BanRule) (algorithms.Result, zones.StoreBan, error) {
+func (s *Strict) checkBan(ctx context.Context, zone, key string, limit algorithms.Limit, rule zones.BanRule) (algorithms.Result, zones.StoreBan, error) {
 	l := micro(limit)
 	return s.banStep(ctx, zone, key, [5]any{"", l.EmissionInterval, l.Burst, int64(1), s.op('B', rule, 0)})
 }
 
 // peekBan is peek with the key's ban, for the admin API: it bypasses the
 // batcher and starts nothing.
-func (s *Store) peekBan(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, zones.StoreBan, error) {
+func (s *Strict) peekBan(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, zones.StoreBan, error) {
 	rkey := s.RedisKey(zone, key)
 	var rep reply
 	l := micro(limit)
@@ -199,7 +199,7 @@ func (s *Store) peekBan(ctx context.Context, zone, key string, limit algorithms.
 	return banResult(rep)
 }
 
-func (s *Store) banStep(ctx context.Context, zone, key string, args [5]any) (algorithms.Result, zones.StoreBan, error) {
+func (s *Strict) banStep(ctx context.Context, zone, key string, args [5]any) (algorithms.Result, zones.StoreBan, error) {
 	if s.isClosed() {
 		return algorithms.Result{}, zones.StoreBan{}, ErrClosed
 	}
@@ -226,7 +226,7 @@ func banResult(rep reply) (algorithms.Result, zones.StoreBan, error) {
 // "<op><first µs>,<max µs>", with ",<ahead µs>" for a decide that admits
 // for later, or a delay zone's decide ('w'), "w<ahead µs>"; boxed once per
 // rule: a zone's decisions allocate nothing for it.
-func (s *Store) op(op byte, rule zones.BanRule, ahead int64) any {
+func (s *Strict) op(op byte, rule zones.BanRule, ahead int64) any {
 	k := opKey{op, rule, ahead}
 	s.ops.RLock()
 	v, ok := s.ops.m[k]
@@ -259,7 +259,7 @@ type opKey struct {
 }
 
 // Refund gives back cost for key in zone (see algorithms.Limit.Refund).
-func (s *Store) refund(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) error {
+func (s *Strict) refund(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) error {
 	_, err := s.step(ctx, zone, key, scriptArgs(OpRefund, micro(limit), cost, ""))
 	return err
 }
@@ -267,14 +267,14 @@ func (s *Store) refund(ctx context.Context, zone, key string, limit algorithms.L
 // Check reports the state of key in zone without consuming anything, as
 // Peek does, through the batcher: a post-charged zone's check before the
 // request.
-func (s *Store) check(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, error) {
+func (s *Strict) check(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, error) {
 	return s.step(ctx, zone, key, scriptArgs(OpPeek, micro(limit), 1, ""))
 }
 
 // Charge adds cost to key in zone after the response, whatever the burst
 // (see algorithms.Limit.Charge), through the batcher, and reports the key
 // as it stands afterwards.
-func (s *Store) charge(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) (algorithms.Result, error) {
+func (s *Strict) charge(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) (algorithms.Result, error) {
 	return s.step(ctx, zone, key, scriptArgs(OpCharge, micro(limit), cost, ""))
 }
 
@@ -282,7 +282,7 @@ func (s *Store) charge(ctx context.Context, zone, key string, limit algorithms.L
 // the batcher, returns its result in nanoseconds and notes a per-key error
 // Redis reported. The callers build args with a constant op: converting a
 // variable one to an interface would allocate on every decision.
-func (s *Store) step(ctx context.Context, zone, key string, args [5]any) (algorithms.Result, error) {
+func (s *Strict) step(ctx context.Context, zone, key string, args [5]any) (algorithms.Result, error) {
 	if s.isClosed() {
 		return algorithms.Result{}, ErrClosed
 	}
@@ -296,7 +296,7 @@ func (s *Store) step(ctx context.Context, zone, key string, args [5]any) (algori
 
 // Peek reports the state of key in zone without consuming anything. It is
 // for the admin API and bypasses the batcher.
-func (s *Store) peek(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, error) {
+func (s *Strict) peek(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, error) {
 	rkey := s.RedisKey(zone, key)
 	var rep reply
 	err := s.unbatched(ctx, rkey, func(ctx context.Context) error {
@@ -311,7 +311,7 @@ func (s *Store) peek(ctx context.Context, zone, key string, limit algorithms.Lim
 
 // Reset deletes the state of key in zone and tells every instance to
 // forget what it holds about the key (see resets.go).
-func (s *Store) resetKey(ctx context.Context, zone, key string) error {
+func (s *Strict) resetKey(ctx context.Context, zone, key string) error {
 	return s.reset(ctx, s.RedisKey(zone, key), zone, key)
 }
 
@@ -320,6 +320,19 @@ func micro(l algorithms.Limit) algorithms.Limit {
 	l.EmissionInterval = max(1, l.EmissionInterval/1000)
 	return l
 }
+
+// Op is the op argument of gcra.lua and quota.lua: what a step does to a
+// key, in the store's own calls and in the testing seam's (EvalAt). A
+// zones.Op becomes one of these, or a ban or delay op (see op).
+type Op string
+
+// The scripts' plain operations, mirroring algorithms.Limit's methods.
+const (
+	OpDecide Op = "d"
+	OpRefund Op = "r"
+	OpPeek   Op = "p"
+	OpCharge Op = "c"
+)
 
 // scriptArgs builds ARGV for one key's gcra.lua call; now is "" (Redis
 // TIME) or int64 µs. A batch shares ARGV[1] (now) and appends the other four
@@ -341,7 +354,7 @@ func nanos(r algorithms.Result) algorithms.Result {
 
 // Interface guards: what zones asks of a strict store.
 var (
-	_ zones.Store   = (*Store)(nil)
-	_ zones.Slots   = (*conn)(nil)
-	_ zones.BanList = (*conn)(nil)
+	_ zones.Store   = (*Strict)(nil)
+	_ zones.Slots   = (*link)(nil)
+	_ zones.BanList = (*link)(nil)
 )

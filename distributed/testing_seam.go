@@ -17,24 +17,12 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// Op selects what the GCRA script does to a key: in the store's own calls,
-// and in EvalAt's.
-type Op string
-
-// The script's operations, mirroring algorithms.Limit's methods.
-const (
-	OpDecide Op = "d"
-	OpRefund Op = "r"
-	OpPeek   Op = "p"
-	OpCharge Op = "c"
-)
-
 // EvalAt runs the GCRA script directly (no batcher, no breaker) with an
 // explicit clock: limit, nowUs and the result are in microseconds, as Redis
 // stores them. Production calls leave the clock to Redis TIME; EvalAt exists
 // for the test that checks the script against algorithms.Limit, and for
 // tools. Result.TAT is not filled in (read the key).
-func (s *Store) EvalAt(ctx context.Context, op Op, zone, key string, limit algorithms.Limit, cost, nowUs int64) (algorithms.Result, error) {
+func (s *Strict) EvalAt(ctx context.Context, op Op, zone, key string, limit algorithms.Limit, cost, nowUs int64) (algorithms.Result, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	args := scriptArgs(op, limit, cost, nowUs)
@@ -56,7 +44,7 @@ type Step struct {
 // A step's error (a foreign value found and deleted) is in errs; err is the
 // call's. It exists for the test that checks the script against
 // algorithms.Limit; Result.TAT is not filled in.
-func (s *Store) EvalManyAt(ctx context.Context, steps []Step, nowUs int64) (results []algorithms.Result, errs []error, err error) {
+func (s *Strict) EvalManyAt(ctx context.Context, steps []Step, nowUs int64) (results []algorithms.Result, errs []error, err error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	keys := make([]string, len(steps))
@@ -93,7 +81,7 @@ type QuotaStep struct {
 // EvalQuotaAt runs the quota script directly (no batcher, no breaker) with
 // an explicit clock in microseconds, for the test that checks it against
 // algorithms.Quota.
-func (s *Store) EvalQuotaAt(ctx context.Context, op Op, zone, key string, q zones.QuotaLimit, cost, nowUs int64) (zones.QuotaResult, error) {
+func (s *Strict) EvalQuotaAt(ctx context.Context, op Op, zone, key string, q zones.QuotaLimit, cost, nowUs int64) (zones.QuotaResult, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	args := quotaArgs(op, q, cost, nowUs)
@@ -104,7 +92,7 @@ func (s *Store) EvalQuotaAt(ctx context.Context, op Op, zone, key string, q zone
 // EvalQuotaManyAt runs steps in one call of the quota script, in order, as
 // the batcher sends a batch, with an explicit clock (see EvalQuotaAt). A
 // step's error is in errs; err is the call's.
-func (s *Store) EvalQuotaManyAt(ctx context.Context, steps []QuotaStep, nowUs int64) (results []zones.QuotaResult, errs []error, err error) {
+func (s *Strict) EvalQuotaManyAt(ctx context.Context, steps []QuotaStep, nowUs int64) (results []zones.QuotaResult, errs []error, err error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	keys := make([]string, len(steps))
@@ -131,11 +119,11 @@ func (s *Store) EvalQuotaManyAt(ctx context.Context, steps []QuotaStep, nowUs in
 
 // Heartbeat beats now (see heartbeat) instead of waiting for the loop, and
 // returns the number of live instances.
-func (c *conn) Heartbeat(ctx context.Context) (int, error) { return c.heartbeat(ctx) }
+func (c *link) Heartbeat(ctx context.Context) (int, error) { return c.heartbeat(ctx) }
 
 // HeldSlots is how many slots this instance holds in Redis and how many
 // releases have not reached Redis yet.
-func (c *conn) HeldSlots() (held, pending int) {
+func (c *link) HeldSlots() (held, pending int) {
 	c.slots.mu.Lock()
 	defer c.slots.mu.Unlock()
 	return len(c.slots.held), len(c.slots.releases)

@@ -20,7 +20,7 @@ import (
 func TestStoreOnRedisCluster(t *testing.T) {
 	addrs := startRedisCluster(t)
 	opts := distributed.Options{Addresses: addrs, Timeout: 5 * time.Second}
-	var stores []*distributed.Store
+	var stores []*distributed.Strict
 	for range 3 {
 		stores = append(stores, openStore(t, opts, nil))
 	}

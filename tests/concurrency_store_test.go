@@ -1,6 +1,6 @@
 package tests
 
-// The Redis side of concurrency zones, through distributed.Store against a
+// The Redis side of concurrency zones, through distributed.Strict against a
 // real redis-server: slots, their TTLs, renewals and releases.
 
 import (
@@ -21,7 +21,7 @@ func TestSlotStoreNeverHoldsMoreThanTheLimitUnderRace(t *testing.T) {
 	t.Parallel()
 	rs := startRedis(t)
 	opts := distributed.Options{Addresses: []string{rs.Addr}, Timeout: 2 * time.Second}
-	stores := []*distributed.Store{openStore(t, opts, nil), openStore(t, opts, nil)}
+	stores := []*distributed.Strict{openStore(t, opts, nil), openStore(t, opts, nil)}
 	ctx := context.Background()
 	var inFlight, peak, admitted atomic.Int64
 	var wg sync.WaitGroup

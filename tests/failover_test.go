@@ -109,7 +109,7 @@ func (l *keyLoad) snapshot(k string) keyStats {
 // deciding key (spent by then) in zone "exact" through fleet[0], and waits
 // within the given time until old follows heir as its replica. It returns
 // how many of those decisions were allowed, and the key's stats.
-func rejoin(t *testing.T, fleet []*distributed.Store, key string, limit algorithms.Limit, old, heir *redisServer, within time.Duration) (allowed int64, st keyStats) {
+func rejoin(t *testing.T, fleet []*distributed.Strict, key string, limit algorithms.Limit, old, heir *redisServer, within time.Duration) (allowed int64, st keyStats) {
 	t.Helper()
 	ctx := context.Background()
 	var staleAllowed atomic.Int64
@@ -163,10 +163,10 @@ const unreachableMsg = "redis unreachable; zones apply their fail_policy"
 // a timeout a loaded machine meets even while the stores connect (the check
 // is about Redis's answers, not its latency), each having answered a
 // heartbeat.
-func exactFleet(t *testing.T, opts distributed.Options) []*distributed.Store {
+func exactFleet(t *testing.T, opts distributed.Options) []*distributed.Strict {
 	t.Helper()
 	opts.Timeout = 2 * time.Second
-	var fleet []*distributed.Store
+	var fleet []*distributed.Strict
 	for range 3 {
 		s := openStore(t, opts, nil)
 		waitFor(t, 10*time.Second, "a new store's heartbeat", func() bool {
@@ -529,7 +529,7 @@ func TestClusterMasterDownKeepsOtherMastersSlots(t *testing.T) {
 // requireExactAcrossFleet sends 300 concurrent decisions for key of zone,
 // spread over the stores of fleet, and fails unless exactly want of them
 // are allowed and none fails.
-func requireExactAcrossFleet(t *testing.T, fleet []*distributed.Store, zone, key string, limit algorithms.Limit, want int64, where string) {
+func requireExactAcrossFleet(t *testing.T, fleet []*distributed.Strict, zone, key string, limit algorithms.Limit, want int64, where string) {
 	t.Helper()
 	ctx := context.Background()
 	var allowed, failed atomic.Int64

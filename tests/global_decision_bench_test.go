@@ -83,7 +83,7 @@ func BenchmarkGlobalDecisionRedisCPU(b *testing.B) {
 		}
 		return keys[globalHotKeys+(n/2)%(globalDecisionKeys-globalHotKeys)]
 	}
-	openRegion := func(name string, store *distributed.Store) *distributed.Region {
+	openRegion := func(name string, store *distributed.Strict) *distributed.Region {
 		reg, err := distributed.OpenRegion(store, distributed.RegionOptions{
 			Region:       name,
 			Regions:      []distributed.RegionWeight{{Name: "eu", Weight: 1}, {Name: "us", Weight: 1}, {Name: "ap", Weight: 1}},

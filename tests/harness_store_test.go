@@ -22,7 +22,7 @@ import (
 //
 // Each store plays its own instance (a process counts once in the
 // heartbeat set, however many stores it opens).
-func openStore(t testing.TB, opts distributed.Options, logger *zap.Logger) *distributed.Store {
+func openStore(t testing.TB, opts distributed.Options, logger *zap.Logger) *distributed.Strict {
 	t.Helper()
 	if opts.Instance == "" {
 		opts.Instance = nextTestInstance()

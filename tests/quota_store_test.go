@@ -252,7 +252,7 @@ func TestStoreQuotaIsExactAcrossInstances(t *testing.T) {
 	const quota, stores, callers, each = 500, 3, 64, 12
 	periods := zones.PeriodsAt(algorithms.Day, time.Now(), time.UTC)
 	q := zones.QuotaLimit{Limit: quota, Periods: &periods}
-	var ss []*distributed.Store
+	var ss []*distributed.Strict
 	for range stores {
 		ss = append(ss, openStore(t, distributed.Options{Addresses: []string{srv.Addr}, Timeout: 2 * time.Second}, nil))
 	}
@@ -405,7 +405,7 @@ func TestStoreBatchesQuotaStepsBesideGCRASteps(t *testing.T) {
 func TestStoreQuotaOnRedisCluster(t *testing.T) {
 	addrs := startRedisCluster(t)
 	opts := distributed.Options{Addresses: addrs, Timeout: 5 * time.Second}
-	var stores []*distributed.Store
+	var stores []*distributed.Strict
 	for range 3 {
 		stores = append(stores, openStore(t, opts, nil))
 	}

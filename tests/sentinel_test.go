@@ -18,7 +18,7 @@ func TestStrictModeThroughSentinelIsExact(t *testing.T) {
 	master := startRedis(t)
 	sentinel := startSentinels(t, master, 1, 1, 0, 30*time.Second)[0]
 	opts := distributed.Options{Addresses: []string{sentinel}, SentinelMaster: "mymaster", Timeout: 2 * time.Second}
-	stores := []*distributed.Store{openStore(t, opts, nil), openStore(t, opts, nil)}
+	stores := []*distributed.Strict{openStore(t, opts, nil), openStore(t, opts, nil)}
 	limit := algorithms.NewLimit(20, int64(time.Hour), 0)
 	var allowed atomic.Int64
 	var wg sync.WaitGroup

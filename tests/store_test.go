@@ -21,7 +21,7 @@ import (
 
 // The Redis store is what zones decide against (distributed does not import
 // zones, so the guard lives here).
-var _ zones.Store = (*distributed.Store)(nil)
+var _ zones.Store = (*distributed.Strict)(nil)
 
 // A fixed "now" in microseconds since the epoch, in the range Redis TIME
 // gives, so the script's double arithmetic is exercised at full size.
@@ -336,7 +336,7 @@ func TestLuaScriptAgreesWithGoGCRA(t *testing.T) {
 func TestStoreIsExactAcrossInstances(t *testing.T) {
 	srv := startRedis(t)
 	limit := algorithms.NewLimit(50, int64(time.Hour), 0)
-	var stores []*distributed.Store
+	var stores []*distributed.Strict
 	for range 3 {
 		// A generous timeout: this test is about exactness, not latency.
 		stores = append(stores, openStore(t, distributed.Options{Addresses: []string{srv.Addr}, Timeout: 5 * time.Second}, nil))
@@ -776,7 +776,7 @@ func TestStoreNeverRevealsThePassword(t *testing.T) {
 // Instances counts live stores through the heartbeat set, which expires.
 func TestStoreHeartbeatCountsInstances(t *testing.T) {
 	srv := startRedis(t)
-	var stores []*distributed.Store
+	var stores []*distributed.Strict
 	for range 3 {
 		stores = append(stores, openStore(t, distributed.Options{Addresses: []string{srv.Addr}, Timeout: time.Second}, nil))
 	}

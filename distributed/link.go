@@ -13,11 +13,11 @@ import (
 	"go.uber.org/zap"
 )
 
-// conn is one Redis setting as a store of either mode uses it: the client,
+// link is one Redis setting as a store of either mode uses it: the client,
 // its breakers (one per master on a Cluster), the batcher, the heartbeat,
-// resets and concurrency slots. Store (strict) and Async each hold one;
+// resets and concurrency slots. Strict and Async each hold one;
 // nothing in it depends on the mode but what the mode hands to start.
-type conn struct {
+type link struct {
 	opts    Options
 	client  redis.UniversalClient
 	gcra    *redis.Script // gcra.lua: the batcher's GCRA steps
@@ -57,7 +57,7 @@ type conn struct {
 // must start during a Redis outage, and the zones' fail policy covers it)
 // and without starting anything: start does. Errors (bad addresses) never
 // contain a password.
-func newConn(opts Options, logger *zap.Logger) (*conn, error) {
+func newLink(opts Options, logger *zap.Logger) (*link, error) {
 	opts = opts.withDefaults()
 	uopts, err := opts.universalOptions()
 	if err != nil {
@@ -69,7 +69,7 @@ func newConn(opts Options, logger *zap.Logger) (*conn, error) {
 	var id [8]byte
 	_, _ = rand.Read(id[:])
 	ctx, cancel := context.WithCancel(context.Background())
-	c := &conn{
+	c := &link{
 		opts:       opts,
 		client:     redis.NewUniversalClient(uopts),
 		gcra:       redis.NewScript(gcraScript),
@@ -101,7 +101,7 @@ func newConn(opts Options, logger *zap.Logger) (*conn, error) {
 
 // start starts the batcher's workers, the heartbeat, the slot loop and the
 // resets subscriber, for a store whose mode keeps mode.
-func (c *conn) start(mode modeState) {
+func (c *link) start(mode modeState) {
 	c.mode = mode
 	c.register()
 	c.wg.Add(workers + 3)
@@ -117,7 +117,7 @@ func (c *conn) start(mode modeState) {
 // close stops the workers and the heartbeat, removes this instance from the
 // instances set (best effort, bounded by the timeout) and closes the client.
 // Calls made after close return ErrClosed.
-func (c *conn) close() error {
+func (c *link) close() error {
 	var err error
 	c.closeOnce.Do(func() {
 		close(c.done)
@@ -135,7 +135,7 @@ func (c *conn) close() error {
 	return err
 }
 
-func (c *conn) isClosed() bool {
+func (c *link) isClosed() bool {
 	select {
 	case <-c.done:
 		return true
@@ -147,7 +147,7 @@ func (c *conn) isClosed() bool {
 // Health reports whether Redis is considered reachable and, when it is not,
 // since when (the earliest open breaker opened then). On a Cluster it is
 // false while any master serving slots is unreachable; Outages says which.
-func (c *conn) Health() (ok bool, openSince time.Time) {
+func (c *link) Health() (ok bool, openSince time.Time) {
 	ok = true
 	for _, o := range c.Outages() {
 		if ok || o.Since.Before(openSince) {
@@ -161,7 +161,7 @@ func (c *conn) Health() (ok bool, openSince time.Time) {
 // still serving slots whose breaker is open (a master replaced by its
 // replica is dropped, logged once); otherwise the whole setting, as one
 // outage naming, on Sentinel, the master it was connected to.
-func (c *conn) Outages() []NodeOutage {
+func (c *link) Outages() []NodeOutage {
 	down := c.nodes.retire(c.ctx)
 	if ok, since := c.breaker.health(); !ok {
 		down = append(down, NodeOutage{Node: c.breaker.outageNode(), Since: since})
@@ -172,28 +172,28 @@ func (c *conn) Outages() []NodeOutage {
 // LastProblem is the last per-key error Redis reported (a value tally did
 // not write, found at one of its keys and deleted) and when, or "" if none
 // since the store opened. Outages are reported by Health instead.
-func (c *conn) LastProblem() (string, time.Time) { return c.problems.last() }
+func (c *link) LastProblem() (string, time.Time) { return c.problems.last() }
 
 // Instances is the number of live instances sharing this Redis that the
 // last successful heartbeat saw; 1 before the first one. During an outage
 // it keeps the last value.
-func (c *conn) Instances() int { return int(c.instances.Load()) }
+func (c *link) Instances() int { return int(c.instances.Load()) }
 
 // breakerFor is the breaker guarding calls about rkey (a Redis key): on a
 // Cluster, that of the master serving its slot; otherwise the store's.
-func (c *conn) breakerFor(rkey string) *breaker {
+func (c *link) breakerFor(rkey string) *breaker {
 	return c.nodes.breakerFor(c.ctx, rkey, &c.breaker)
 }
 
 // bound limits ctx to the store's timeout.
-func (c *conn) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+func (c *link) bound(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, c.opts.Timeout)
 }
 
 // unbatched runs f, a call about rkey that skips the batcher (the admin
 // API's reads, resets), through the breaker of rkey's master and bounded by
 // the timeout.
-func (c *conn) unbatched(ctx context.Context, rkey string, f func(ctx context.Context) error) error {
+func (c *link) unbatched(ctx context.Context, rkey string, f func(ctx context.Context) error) error {
 	if c.isClosed() {
 		return ErrClosed
 	}
@@ -211,7 +211,7 @@ func (c *conn) unbatched(ctx context.Context, rkey string, f func(ctx context.Co
 
 // reset deletes rkey, the state of key in zone, and tells every instance
 // to forget what it holds about the key (see resets.go).
-func (c *conn) reset(ctx context.Context, rkey, zone, key string) error {
+func (c *link) reset(ctx context.Context, rkey, zone, key string) error {
 	msg := zone + "\x00" + key
 	return c.unbatched(ctx, rkey, func(ctx context.Context) error {
 		pipe := c.client.Pipeline()
@@ -227,6 +227,6 @@ func (c *conn) reset(ctx context.Context, rkey, zone, key string) error {
 // slotsKey is the Redis key of key's concurrency slots in zone:
 // <key_prefix><zone>:<key> in either mode (a concurrency zone has no GCRA
 // state, so its name never meets one).
-func (c *conn) slotsKey(zone, key string) string {
+func (c *link) slotsKey(zone, key string) string {
 	return c.opts.KeyPrefix + zone + ":" + key
 }
