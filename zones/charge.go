@@ -206,39 +206,11 @@ func (c *charger) wait(ctx context.Context, key string) {
 }
 
 // Check decides a post-charged zone's request before it runs: allowed
-// unless the key has no quota left under plan p; it consumes nothing.
+// unless the key has no quota left under plan p; it consumes nothing. A
+// strict-mode check waits for this instance's charges of the key still on
+// their way (see the top of this file).
 func (z *Zone) Check(ctx context.Context, key string, now int64, p *Plan) Decision {
-	if z.state.quota != nil {
-		return z.checkQuota(ctx, key, now, p)
-	}
-	var d Decision
-	if z.state.Bans != nil {
-		if end, level, banned := z.banIn(key, now); banned {
-			return z.bannedDecision(key, now, p, end, level)
-		}
-	}
-	switch {
-	case z.store == nil:
-		d = fromResult(z.state.Local.Peek(key, now, p.limit), SourceLocal)
-		if !d.Allowed && z.state.Bans != nil {
-			z.banOnDenial(key, now, &d)
-		}
-	default:
-		if until, ok := z.deniedUntil(key, now); ok {
-			retry := until - now
-			return Decision{
-				RetryAfter: time.Duration(retry),
-				ResetAfter: time.Duration(retry + (p.limit.Burst-1)*p.limit.EmissionInterval),
-				Source:     SourceDenyCache,
-			}
-		}
-		z.state.charger.wait(ctx, key)
-		d = z.storeStep(ctx, OpCheck, key, now, p, 1, 0)
-	}
-	if z.state.plans != nil {
-		z.state.plans.record(key, *p, now+int64(d.ResetAfter), now)
-	}
-	return d
+	return z.step(ctx, OpCheck, key, now, p, 1)
 }
 
 // MaxCharge is the most one charge counts, in bursts: a larger cost is

@@ -349,27 +349,8 @@ func (t *Table) quotaUsed(key string, gen int64) int64 {
 	return v & quotaUsedMask
 }
 
-// decideQuota is DecideWith for a quota zone.
-func (z *Zone) decideQuota(ctx context.Context, key string, now int64, p *Plan, cost int64) Decision {
-	var d Decision
-	if q := z.state.quota; z.store == nil {
-		// The local path, the common one, on its own.
-		pn := q.clock.at(now)
-		d = pn.decision(q.used.quotaStep(key, pn.gen, OpDecide, algorithms.Quota{Limit: p.Events}, cost), now, SourceLocal)
-	} else {
-		d = z.quotaStep(ctx, key, now, p, OpDecide, cost)
-	}
-	z.recordPlan(key, p, now, d)
-	return d
-}
-
-// checkQuota is Check for a quota zone.
-func (z *Zone) checkQuota(ctx context.Context, key string, now int64, p *Plan) Decision {
-	d := z.quotaStep(ctx, key, now, p, OpCheck, 1)
-	z.recordPlan(key, p, now, d)
-	return d
-}
-
+// recordPlan remembers the plan key was decided under, for a zone that
+// reads plans from requests.
 func (z *Zone) recordPlan(key string, p *Plan, now int64, d Decision) {
 	if z.state.plans != nil {
 		z.state.plans.record(key, *p, now+int64(d.ResetAfter), now)

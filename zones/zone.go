@@ -505,35 +505,50 @@ func (z *Zone) Decide(ctx context.Context, key string, now int64) Decision {
 // store gave earlier is answered locally until it ends, so a flood from a
 // blocked key costs the store nothing.
 func (z *Zone) DecideWith(ctx context.Context, key string, now int64, p *Plan, cost int64) Decision {
-	if z.state.quota != nil {
-		return z.decideQuota(ctx, key, now, p, cost)
-	}
+	return z.step(ctx, OpDecide, key, now, p, cost)
+}
+
+// step is a rate or quota zone's decide or check step (see DecideWith and
+// Check): a ban first, then the deny cache, then the key's state, here or
+// in the store; a decide admits for later in a zone with delay. The key's
+// plan is remembered for a zone that reads plans from requests.
+func (z *Zone) step(ctx context.Context, op Op, key string, now int64, p *Plan, cost int64) Decision {
 	var d Decision
+	if z.state.quota != nil {
+		d = z.quotaStep(ctx, key, now, p, op, cost)
+		z.recordPlan(key, p, now, d)
+		return d
+	}
 	if z.state.Bans != nil {
 		if end, level, banned := z.banIn(key, now); banned {
 			return z.bannedDecision(key, now, p, end, level)
 		}
 	}
 	var ahead int64
-	if z.Delay > 0 {
+	if op == OpDecide && z.Delay > 0 {
 		ahead = z.ahead()
 	}
-	if z.store == nil {
+	switch {
+	case z.store == nil && op == OpCheck:
+		d = fromResult(z.state.Local.Peek(key, now, p.limit), SourceLocal)
+	case z.store == nil:
 		d = fromResult(z.state.Local.DecideAhead(key, now, p.limit, cost, ahead), SourceLocal)
-		if !d.Allowed && z.state.Bans != nil {
-			z.banOnDenial(key, now, &d)
+	default:
+		if cached, ok := z.cachedStoreDenial(key, now, p); ok {
+			return cached
 		}
-	} else if cached, ok := z.cachedStoreDenial(key, now, p); ok {
-		return cached
-	} else {
-		d = z.storeStep(ctx, OpDecide, key, now, p, cost, ahead)
+		if op == OpCheck {
+			z.state.charger.wait(ctx, key)
+		}
+		d = z.storeStep(ctx, op, key, now, p, cost, ahead)
 	}
-	if z.Delay > 0 {
+	if z.store == nil && !d.Allowed && z.state.Bans != nil {
+		z.banOnDenial(key, now, &d)
+	}
+	if op == OpDecide && z.Delay > 0 {
 		d = z.delayed(ctx, key, now, p, cost, ahead, d)
 	}
-	if z.state.plans != nil {
-		z.state.plans.record(key, *p, now+int64(d.ResetAfter), now)
-	}
+	z.recordPlan(key, p, now, d)
 	return d
 }
 
