@@ -15,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
 
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 	"github.com/caddy-tally/ratelimit/zones"
@@ -56,7 +57,30 @@ func (AdminAPI) CaddyModule() caddy.ModuleInfo {
 
 // Routes returns the admin routes.
 func (a *AdminAPI) Routes() []caddy.AdminRoute {
-	return []caddy.AdminRoute{{Pattern: "/rate_limit/", Handler: caddy.AdminHandlerFunc(a.serve)}}
+	return []caddy.AdminRoute{{Pattern: "/rate_limit/", Handler: caddy.AdminHandlerFunc(a.serveJSON)}}
+}
+
+// serveJSON is serve with its errors written as plain JSON, as its answers
+// are: Caddy's admin server would HTML-escape them ("unknown zone
+// \"\u003cz\u003e\""), and the admin API is not a web page. The error is
+// logged as Caddy logs the admin errors it writes.
+func (a *AdminAPI) serveJSON(w http.ResponseWriter, r *http.Request) error {
+	err := a.serve(w, r)
+	if err == nil {
+		return nil
+	}
+	var apiErr caddy.APIError
+	if !errors.As(err, &apiErr) {
+		apiErr = caddy.APIError{HTTPStatus: http.StatusInternalServerError, Err: err}
+	}
+	if apiErr.HTTPStatus == 0 {
+		apiErr.HTTPStatus = http.StatusInternalServerError
+	}
+	if apiErr.Message == "" && apiErr.Err != nil {
+		apiErr.Message = apiErr.Err.Error()
+	}
+	caddy.Log().Named("admin.api").Error("request error", zap.Error(err), zap.Int("status_code", apiErr.HTTPStatus))
+	return writeJSONStatus(w, apiErr.HTTPStatus, apiErr)
 }
 
 // zoneInfo is a zone as GET /rate_limit/zones shows it.
@@ -467,9 +491,7 @@ func (a *AdminAPI) resetKey(w http.ResponseWriter, r *http.Request, z *zones.Zon
 	if err := z.Reset(r.Context(), key); err != nil {
 		// This instance's state is gone; whether Redis's is, is not known
 		// (a command that timed out may still run). Say exactly that.
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusServiceUnavailable)
-		return json.NewEncoder(w).Encode(partialReset{
+		return writeJSONStatus(w, http.StatusServiceUnavailable, partialReset{
 			Error: fmt.Sprintf("reset this instance's state for the key, but Redis did not confirm its reset (%v): "+
 				"until a DELETE succeeds, the key may keep its limit in Redis, for every instance, until it expires there", err),
 			Reset:       []string{"local"},
@@ -594,7 +616,13 @@ func methodNotAllowed(w http.ResponseWriter, allowed ...string) error {
 // writeJSON writes v as plain JSON: keys such as "<zone>" are not
 // HTML-escaped, the admin API is not a web page.
 func writeJSON(w http.ResponseWriter, v any) error {
+	return writeJSONStatus(w, http.StatusOK, v)
+}
+
+// writeJSONStatus is writeJSON with the status code.
+func writeJSONStatus(w http.ResponseWriter, status int, v any) error {
 	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
 	return enc.Encode(v)

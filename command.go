@@ -487,12 +487,15 @@ func orNone(names []string) string {
 	return "zones " + strings.Join(names, ", ")
 }
 
+// printJSONValue prints v as the admin API writes JSON: not HTML-escaped.
 func (c *cli) printJSONValue(v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
 		return err
 	}
-	return c.printJSON(b)
+	return c.printJSON(b.Bytes())
 }
 
 func cliTop(c *cli, zone string, n int) error {

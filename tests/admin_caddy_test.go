@@ -466,3 +466,19 @@ func TestAdminResetUnblocksTheKeyOnEveryInstance(t *testing.T) {
 		})
 	}
 }
+
+// The admin API's errors are plain JSON, as its answers are: a zone or key
+// with <, > or & reads as written, not \u003c (docs/operations.md), and so
+// does `caddy rate-limit --json`.
+func TestAdminErrorsAndCLIJSONAreNotHTMLEscaped(t *testing.T) {
+	t.Parallel()
+	c := startCaddy(t, adminSite)
+	status, body := c.adminDo(http.MethodGet, "/rate_limit/zones/"+url.PathEscape("<z>&")+"/keys/alice")
+	if status != http.StatusNotFound || !strings.Contains(body, `unknown zone \"<z>&\"`) || strings.Contains(body, `\u00`) {
+		t.Errorf("GET of zone <z>&: %d %s, want a 404 naming \"<z>&\" as written", status, body)
+	}
+	out := rateLimitCLI(t, c, "key", "api", "<b>&", "--json")
+	if !strings.Contains(out.stdout, `"key": "<b>&"`) || strings.Contains(out.stdout, `\u00`) {
+		t.Errorf("caddy rate-limit key api '<b>&' --json: exit %d, stdout %q, stderr %q; want the key as written", out.code, out.stdout, out.stderr)
+	}
+}
