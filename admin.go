@@ -84,15 +84,20 @@ func (a *AdminAPI) serveJSON(w http.ResponseWriter, r *http.Request) error {
 }
 
 // zoneInfo is a zone as GET /rate_limit/zones shows it.
+//
+// Fields that mean nothing for a zone's kind are left out: events, window
+// and burst for concurrency and quota zones (concurrency and quota hold
+// their limits), fail_policy for connection zones (local to the instance,
+// with no Redis to fail).
 type zoneInfo struct {
 	Name   string `json:"name"`
-	Events int64  `json:"events"`
+	Events int64  `json:"events,omitempty"`
 	// The window as a duration (e.g. "1m", "1h30m") and in seconds.
-	Window        string     `json:"window"`
-	WindowSeconds float64    `json:"window_seconds"`
-	Burst         int64      `json:"burst"`
+	Window        string     `json:"window,omitempty"`
+	WindowSeconds float64    `json:"window_seconds,omitempty"`
+	Burst         int64      `json:"burst,omitempty"`
 	Mode          string     `json:"mode"`
-	FailPolicy    string     `json:"fail_policy"`
+	FailPolicy    string     `json:"fail_policy,omitempty"`
 	DryRun        bool       `json:"dry_run"`
 	LocalKeys     int        `json:"local_keys"`
 	Store         *storeInfo `json:"store,omitempty"`
@@ -299,26 +304,25 @@ func listZones() []zoneInfo {
 	for _, z := range live {
 		zi := zoneInfo{
 			Name:       z.Name,
-			Events:     z.Events,
-			Window:     shortDuration(z.Window.String()),
-			Burst:      z.Limit().Burst,
 			Mode:       z.Mode(),
 			FailPolicy: z.FailPolicy.String(),
 			DryRun:     z.DryRun,
 			LocalKeys:  z.Keys(),
 		}
-		zi.WindowSeconds = z.Window.Seconds()
+		if !z.IsConcurrency() && !z.IsQuota() {
+			zi.Events, zi.Burst = z.Events, z.Limit().Burst
+			zi.Window, zi.WindowSeconds = shortDuration(z.Window.String()), z.Window.Seconds()
+		}
 		zi.Concurrency = z.Concurrency
 		if z.Delay > 0 {
 			waiting := z.Waiting()
 			zi.Delay, zi.Queue, zi.Waiting = shortDuration(z.Delay.String()), z.QueueSize(), &waiting
 		}
 		if isConnectionZone(z) {
-			zi.Layer = "connection"
+			zi.Layer, zi.FailPolicy = "connection", ""
 		}
 		if z.IsQuota() {
 			start, end := z.PeriodNow(monotime.Now())
-			zi.Events = z.Quota
 			zi.Quota = &quotaInfo{Limit: z.Quota, Per: z.Period.String(), TimeZone: z.Location.String(),
 				PeriodStart: start.Format(time.RFC3339), PeriodEnd: end.Format(time.RFC3339)}
 		}

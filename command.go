@@ -377,7 +377,11 @@ func cliZones(c *cli) error {
 			// a limit regions share: its scope and this region
 			mode += " (global, region " + printable(z.Region) + ")"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", printable(z.Name), limit, burst, mode, printable(z.FailPolicy), z.LocalKeys, redis)
+		policy := printable(z.FailPolicy)
+		if z.Layer == "connection" || policy == "" {
+			policy = "-" // local to the instance: no Redis to fail
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", printable(z.Name), limit, burst, mode, policy, z.LocalKeys, redis)
 	}
 	return tw.Flush()
 }

@@ -482,3 +482,79 @@ func TestAdminErrorsAndCLIJSONAreNotHTMLEscaped(t *testing.T) {
 		t.Errorf("caddy rate-limit key api '<b>&' --json: exit %d, stdout %q, stderr %q; want the key as written", out.code, out.stdout, out.stderr)
 	}
 }
+
+// GET /rate_limit/zones gives each zone the fields its kind has: a
+// concurrency or quota zone no events, window or burst (not 0 and "0s"), a
+// connection zone no fail_policy; `caddy rate-limit zones` shows "-" as
+// the connection zone's fail policy.
+func TestAdminListsOnlyTheFieldsOfEachZonesKind(t *testing.T) {
+	t.Parallel()
+	c := startCaddyWith(t, `	servers {
+		listener_wrappers {
+			rate_limit {
+				zone conns {
+					key {remote_ip}
+					events 50
+					window 10s
+				}
+			}
+			tls
+		}
+	}`, `http:// {
+	rate_limit {
+		zone rate {
+			key {http.request.header.X-API-Key}
+			events 3
+			window 1h
+		}
+		zone uploads {
+			key {http.request.header.X-API-Key}
+			concurrency 2
+		}
+		zone monthly {
+			key {http.request.header.X-API-Key}
+			quota 100 per month
+		}
+	}
+	respond "ok"
+}
+`)
+	_, body := c.adminDo(http.MethodGet, "/rate_limit/zones")
+	var zones []map[string]any
+	if err := json.Unmarshal([]byte(body), &zones); err != nil {
+		t.Fatalf("GET /rate_limit/zones: %v in %s", err, body)
+	}
+	byName := map[string]map[string]any{}
+	for _, z := range zones {
+		byName[z["name"].(string)] = z
+	}
+	for _, tc := range []struct {
+		zone          string
+		want, without []string
+	}{
+		{"rate", []string{"events", "window", "window_seconds", "burst", "fail_policy"}, nil},
+		{"uploads", []string{"concurrency", "fail_policy"}, []string{"events", "window", "window_seconds", "burst"}},
+		{"monthly", []string{"quota", "fail_policy"}, []string{"events", "window", "window_seconds", "burst"}},
+		{"conns", []string{"events", "window", "burst", "layer"}, []string{"fail_policy"}},
+	} {
+		z, ok := byName[tc.zone]
+		if !ok {
+			t.Errorf("zone %s not listed in %s", tc.zone, body)
+			continue
+		}
+		for _, f := range tc.want {
+			if _, ok := z[f]; !ok {
+				t.Errorf("zone %s has no %q: %v", tc.zone, f, z)
+			}
+		}
+		for _, f := range tc.without {
+			if v, ok := z[f]; ok {
+				t.Errorf("zone %s has %q: %v, which means nothing for its kind", tc.zone, f, v)
+			}
+		}
+	}
+	lines := rateLimitCLI(t, c, "zones").ok(t, "zones")
+	if got := strings.Join(row(lines, "conns"), " "); !strings.HasPrefix(got, "conns 50/10s connections 50 local - ") {
+		t.Errorf("caddy rate-limit zones row %q, want the fail policy shown as -\n%s", got, strings.Join(lines, "\n"))
+	}
+}
