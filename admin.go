@@ -138,6 +138,7 @@ type quotaInfo struct {
 type quotaKeyInfo struct {
 	Zone        string  `json:"zone"`
 	Key         string  `json:"key"`
+	StoredAs    string  `json:"stored_as,omitempty"` // as keyInfo's
 	Used        int64   `json:"used"`
 	Quota       int64   `json:"quota"` // the limit the key was last decided under
 	Remaining   int64   `json:"remaining"`
@@ -175,6 +176,10 @@ type nodeOutage struct {
 type keyInfo struct {
 	Zone string `json:"zone"`
 	keyName
+	// The key as the zone stores it, when it is not the key given: an
+	// address masked to ipv4_prefix/ipv6_prefix ("127.0.0.0/24"), a long
+	// key's hash ("sha256:<hex>").
+	StoredAs   string  `json:"stored_as,omitempty"`
 	Remaining  int64   `json:"remaining"`
 	RetryAfter float64 `json:"retry_after"`
 	ResetAfter float64 `json:"reset_after"`
@@ -362,12 +367,12 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone,
 		return a.getQuota(w, r, z, key)
 	}
 	now := monotime.Now()
-	d, err := z.Peek(r.Context(), key, now)
+	stored, d, err := peekStored(r.Context(), z, key, now)
 	switch {
 	case errors.Is(err, zones.ErrUnknownKey):
 		// Caddy logs admin errors: the message leaves the key out (keys
 		// can be personal data; log_key governs them).
-		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s has no state for this key (it is at its full limit)", z.Name)}
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s: key not tracked (%s)", z.Name, noState(z))}
 	case err != nil:
 		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("reading the key from Redis: %v", err)}
 	}
@@ -375,13 +380,14 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone,
 	if z.Store() != nil {
 		source = "redis"
 	}
-	plan := z.LastPlan(key, now)
-	share, region := keyShare(z, key)
+	plan := z.LastPlan(stored, now)
+	share, region := keyShare(z, stored)
 	return writeJSON(w, keyInfo{
 		Share:         share,
 		Region:        region,
 		Zone:          z.Name,
 		keyName:       newKeyName(key),
+		StoredAs:      storedAs(key, stored),
 		Remaining:     d.Remaining,
 		RetryAfter:    d.RetryAfter.Seconds(),
 		ResetAfter:    d.ResetAfter.Seconds(),
@@ -443,7 +449,14 @@ func (a *AdminAPI) bans(w http.ResponseWriter, r *http.Request, z *zones.Zone) e
 // getQuota answers GET for a key of a quota zone, whether or not it used
 // anything yet.
 func (a *AdminAPI) getQuota(w http.ResponseWriter, r *http.Request, z *zones.Zone, key string) error {
-	s, err := z.PeekQuota(r.Context(), key, monotime.Now())
+	var s zones.QuotaState
+	var stored string
+	var err error
+	for _, stored = range storedForms(z, key) {
+		if s, err = z.PeekQuota(r.Context(), stored, monotime.Now()); err != nil || s.Used > 0 {
+			break
+		}
+	}
 	if err != nil {
 		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("reading the key from Redis: %v", err)}
 	}
@@ -452,7 +465,7 @@ func (a *AdminAPI) getQuota(w http.ResponseWriter, r *http.Request, z *zones.Zon
 		source = "redis"
 	}
 	toEnd := max(0, time.Until(s.PeriodEnd).Seconds())
-	info := quotaKeyInfo{Zone: z.Name, Key: key, Used: s.Used, Quota: s.Limit, Remaining: s.Remaining,
+	info := quotaKeyInfo{Zone: z.Name, Key: key, StoredAs: storedAs(key, stored), Used: s.Used, Quota: s.Limit, Remaining: s.Remaining,
 		Per: z.Period.String(), TimeZone: z.Location.String(),
 		PeriodStart: s.PeriodStart.Format(time.RFC3339), PeriodEnd: s.PeriodEnd.Format(time.RFC3339),
 		ResetAfter: toEnd, Source: source}
@@ -467,32 +480,41 @@ func (a *AdminAPI) getQuota(w http.ResponseWriter, r *http.Request, z *zones.Zon
 type slotsInfo struct {
 	Zone string `json:"zone"`
 	keyName
-	InUse       int64 `json:"in_use"`
-	Concurrency int64 `json:"concurrency"`
-	Remaining   int64 `json:"remaining"`
+	StoredAs    string `json:"stored_as,omitempty"` // as keyInfo's
+	InUse       int64  `json:"in_use"`
+	Concurrency int64  `json:"concurrency"`
+	Remaining   int64  `json:"remaining"`
 }
 
 // getSlots answers GET for a key of a concurrency zone: the slots it holds,
 // fleet-wide with distributed.
 func (a *AdminAPI) getSlots(w http.ResponseWriter, r *http.Request, z *zones.Zone, key string) error {
-	n, err := z.SlotsInUse(r.Context(), key)
+	var n int64
+	var stored string
+	var err error
+	for _, stored = range storedForms(z, key) {
+		if n, err = z.SlotsInUse(r.Context(), stored); err != nil || n > 0 {
+			break
+		}
+	}
 	switch {
 	case err != nil:
 		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("reading slots: %v", err)}
 	case n == 0:
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s: this key holds no slot", z.Name)}
 	}
-	return writeJSON(w, slotsInfo{Zone: z.Name, keyName: newKeyName(key), InUse: n, Concurrency: z.Concurrency, Remaining: max(0, z.Concurrency-n)})
+	return writeJSON(w, slotsInfo{Zone: z.Name, keyName: newKeyName(key), StoredAs: storedAs(key, stored), InUse: n, Concurrency: z.Concurrency, Remaining: max(0, z.Concurrency-n)})
 }
 
 func (a *AdminAPI) resetKey(w http.ResponseWriter, r *http.Request, z *zones.Zone, key string) error {
 	if z.IsConcurrency() {
 		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errResetSlots}
 	}
-	if _, err := z.Peek(r.Context(), key, monotime.Now()); errors.Is(err, zones.ErrUnknownKey) {
-		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s has no state for this key", z.Name)}
+	stored, _, err := peekStored(r.Context(), z, key, monotime.Now())
+	if errors.Is(err, zones.ErrUnknownKey) {
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s: key not tracked, nothing to reset (%s)", z.Name, noState(z))}
 	}
-	if err := z.Reset(r.Context(), key); err != nil {
+	if err := z.Reset(r.Context(), stored); err != nil {
 		// This instance's state is gone; whether Redis's is, is not known
 		// (a command that timed out may still run). Say exactly that.
 		return writeJSONStatus(w, http.StatusServiceUnavailable, partialReset{
@@ -610,6 +632,56 @@ func offenderState(ctx context.Context, z *zones.Zone, key string, now int64) of
 		o.BannedFor = banLeft(d)
 	}
 	return o
+}
+
+// noState is what "not tracked" means, in the 404 of a key with no state.
+// A key the zone tracks that is back to its full limit is a 200 (remaining
+// = burst): the zone may drop such a key at any time, after which it is not
+// tracked, and its next request is decided the same either way.
+func noState(z *zones.Zone) string {
+	where := "on this instance"
+	if z.Store() != nil {
+		where = "in Redis"
+	}
+	return "no state " + where + ": its next request is decided as a new key's, with the full limit"
+}
+
+// storedForms are the keys the zone may store a key given to GET or DELETE
+// as, most likely first: the key a request carried (a client's address in
+// a prefix zone, a long Authorization header), which the zone transforms
+// as it does a request's key (zones.Config.Key: masked, hashed); and, for
+// a key that reads like a hashed one, the key as given, since top, bans
+// and {http.rate_limit.exceeded.key} show keys as stored and Key would
+// hash "sha256:<hex>" again. A masked key ("127.0.0.0/24") is no address
+// and stays as it is.
+func storedForms(z *zones.Zone, key string) []string {
+	stored := z.Config.Key(key)
+	if stored != key && strings.HasPrefix(key, zones.HashedKeyPrefix) {
+		return []string{stored, key}
+	}
+	return []string{stored}
+}
+
+// peekStored peeks the first of key's stored forms that has state, and
+// returns it; zones.ErrUnknownKey when none has (the key is not tracked).
+func peekStored(ctx context.Context, z *zones.Zone, key string, now int64) (string, zones.Decision, error) {
+	var d zones.Decision
+	var err error
+	forms := storedForms(z, key)
+	for _, stored := range forms {
+		if d, err = z.Peek(ctx, stored, now); !errors.Is(err, zones.ErrUnknownKey) {
+			return stored, d, err
+		}
+	}
+	return forms[0], d, err
+}
+
+// storedAs is keyInfo's StoredAs: stored when it is not key.
+func storedAs(key, stored string) string {
+	if stored == key {
+		return ""
+	}
+	return stored
 }
 
 func methodNotAllowed(w http.ResponseWriter, allowed ...string) error {

@@ -411,7 +411,8 @@ func cliKey(c *cli, zone, key string) error {
 	printed, err := c.get(keyPath(zone, key), &k)
 	var nf errNotFound
 	if errors.As(err, &nf) {
-		// Unknown zone, or a key with no state: at its full limit.
+		// Unknown zone, or a key not tracked: no state, so its next
+		// request has the full limit.
 		z, zerr := c.findZone(zone)
 		if zerr != nil {
 			return zerr
@@ -426,7 +427,7 @@ func cliKey(c *cli, zone, key string) error {
 		if c.json {
 			return c.printJSONValue(keyInfo{Zone: zone, keyName: newKeyName(key), Remaining: z.Burst})
 		}
-		_, err := fmt.Fprintf(c.out, "zone %s, key %s: not limited, %d of %d remaining (no state: full limit)\n", printable(zone), quoteKey(key), z.Burst, z.Burst)
+		_, err := fmt.Fprintf(c.out, "zone %s, key %s: not tracked (no state: its next request has the full limit, %d)\n", printable(zone), quoteKey(key), z.Burst)
 		return err
 	}
 	if printed || err != nil {
@@ -455,11 +456,23 @@ func cliKey(c *cli, zone, key string) error {
 		return err
 	}
 	if k.RetryAfter > 0 {
-		_, err = fmt.Fprintf(c.out, "zone %s, key %s: LIMITED, 0 remaining, may send again in %s, full again in %s\n",
-			printable(zone), quoteKey(key), seconds(k.RetryAfter), seconds(k.ResetAfter))
+		stored := ""
+		if k.StoredAs != "" {
+			stored = " (stored as " + quoteKey(k.StoredAs) + ")"
+		}
+		_, err = fmt.Fprintf(c.out, "zone %s, key %s%s: LIMITED, 0 remaining, may send again in %s, full again in %s\n",
+			printable(zone), quoteKey(key), stored, seconds(k.RetryAfter), seconds(k.ResetAfter))
 		return err
 	}
-	_, err = fmt.Fprintf(c.out, "zone %s, key %s: not limited, %d remaining, full again in %s\n", printable(zone), quoteKey(key), k.Remaining, seconds(k.ResetAfter))
+	stored := ""
+	if k.StoredAs != "" {
+		stored = " (stored as " + quoteKey(k.StoredAs) + ")"
+	}
+	if k.ResetAfter <= 0 && k.Remaining >= k.Burst {
+		_, err = fmt.Fprintf(c.out, "zone %s, key %s%s: at its full limit, %d remaining\n", printable(zone), quoteKey(key), stored, k.Remaining)
+		return err
+	}
+	_, err = fmt.Fprintf(c.out, "zone %s, key %s%s: not limited, %d remaining, full again in %s\n", printable(zone), quoteKey(key), stored, k.Remaining, seconds(k.ResetAfter))
 	return err
 }
 
@@ -637,9 +650,12 @@ func cliBans(c *cli, zone string) error {
 func cliReset(c *cli, zone, key string) error {
 	err := c.each(func(one *cli) error {
 		_, err := one.call(http.MethodDelete, keyPath(zone, key))
-		if errors.As(err, new(errNotFound)) {
-			// Unknown zone, or a key with no state: it has its full limit.
-			_, err = one.findZone(zone)
+		var nf errNotFound
+		if errors.As(err, &nf) {
+			// Unknown zone, or a key not tracked: nothing was reset.
+			if _, zerr := one.findZone(zone); zerr != nil {
+				return zerr
+			}
 		}
 		return err
 	})

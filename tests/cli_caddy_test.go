@@ -132,7 +132,7 @@ func TestCLIShowsAndResetsAKey(t *testing.T) {
 		t.Errorf("key of a used key: %q", out)
 	}
 	out = rateLimitCLI(t, c, "key", "api", "carol").ok(t, "key api carol")[0]
-	if out != `zone api, key "carol": not limited, 3 of 3 remaining (no state: full limit)` {
+	if out != `zone api, key "carol": not tracked (no state: its next request has the full limit, 3)` {
 		t.Errorf("key of an unused key: %q", out)
 	}
 	var k adminKey
@@ -148,8 +148,12 @@ func TestCLIShowsAndResetsAKey(t *testing.T) {
 	if got := c.Send(1, withKey("team a/1")); got[0] != 200 {
 		t.Errorf("team a/1 after reset: %v, want 200", got)
 	}
-	// Resetting a key with no state is not an error: it has its full limit.
-	rateLimitCLI(t, c, "reset", "api", "carol").ok(t, "reset of an unused key")
+	// Resetting a key that is not tracked resets nothing: an error, so
+	// that a key given wrong (not as the zone keys it) is not taken for
+	// reset.
+	if r := rateLimitCLI(t, c, "reset", "api", "carol"); r.code != 1 || !strings.Contains(r.stderr, "key not tracked, nothing to reset") || r.stdout != "" {
+		t.Errorf("reset of an unused key: exit %d, stderr %q, stdout %q; want exit 1 and not tracked", r.code, r.stderr, r.stdout)
+	}
 }
 
 func TestCLITopShowsTheHeavyKeys(t *testing.T) {
