@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -130,7 +131,14 @@ type cli struct {
 
 func newCLI(cmd *cobra.Command) *cli {
 	c := &cli{cmd: cmd, out: cmd.OutOrStdout()}
-	c.addresses, _ = cmd.Flags().GetStringArray("address")
+	addresses, _ := cmd.Flags().GetStringArray("address")
+	for _, a := range addresses {
+		// An instance given twice is one instance: top would count its
+		// denials twice.
+		if !slices.Contains(c.addresses, a) {
+			c.addresses = append(c.addresses, a)
+		}
+	}
 	if len(c.addresses) > 0 {
 		c.address = c.addresses[0]
 	}
@@ -647,33 +655,102 @@ func cliBans(c *cli, zone string) error {
 	return nil
 }
 
+// resetOutcome is what one instance answered to a reset.
+type resetOutcome struct {
+	Address string `json:"address"`
+	Outcome string `json:"outcome"` // "reset", "not tracked" or "failed"
+	Error   string `json:"error,omitempty"`
+}
+
+// cliReset resets the key on each --address. With several, it prints each
+// instance's outcome, and fails when an instance failed (unreachable, an
+// unknown zone, Redis's reset unconfirmed) or when no instance tracked the
+// key: one that does not track it gives the key its full limit already,
+// which in local mode is most of them.
 func cliReset(c *cli, zone, key string) error {
-	err := c.each(func(one *cli) error {
-		_, err := one.call(http.MethodDelete, keyPath(zone, key))
-		var nf errNotFound
-		if errors.As(err, &nf) {
-			// Unknown zone, or a key not tracked: nothing was reset.
-			if _, zerr := one.findZone(zone); zerr != nil {
-				return zerr
-			}
+	if len(c.addresses) <= 1 {
+		if err := resetOn(c, zone, key); err != nil {
+			return err
 		}
+		if c.json {
+			return c.printJSONValue(resetJSON(zone, key, 1, nil))
+		}
+		_, err := fmt.Fprintf(c.out, "zone %s, key %s: reset to its full limit\n", printable(zone), quoteKey(key))
 		return err
-	})
-	if err != nil {
-		return err
+	}
+	var outcomes []resetOutcome
+	var reset, failed []string
+	for _, addr := range c.addresses {
+		one := *c
+		one.address, one.addresses = addr, []string{addr}
+		o := resetOutcome{Address: addr, Outcome: "reset"}
+		switch err := resetOn(&one, zone, key); {
+		case errors.As(err, new(errNotTracked)):
+			o.Outcome = "not tracked"
+		case err != nil:
+			o.Outcome, o.Error = "failed", err.Error()
+			failed = append(failed, addr)
+		default:
+			reset = append(reset, addr)
+		}
+		outcomes = append(outcomes, o)
 	}
 	if c.json {
-		k := newKeyName(key)
-		out := map[string]any{"zone": zone, "key": k.Key, "reset": true, "instances": max(1, len(c.addresses))}
-		if k.KeyBase64 != "" {
-			out["key_base64"] = k.KeyBase64
+		if err := c.printJSONValue(resetJSON(zone, key, len(reset), outcomes)); err != nil {
+			return err
 		}
-		return c.printJSONValue(out)
+	} else {
+		on := fmt.Sprintf("%d instances", len(reset))
+		if len(reset) < len(c.addresses) {
+			on = fmt.Sprintf("%d of %d instances", len(reset), len(c.addresses))
+		}
+		fmt.Fprintf(c.out, "zone %s, key %s: reset to its full limit on %s\n", printable(zone), quoteKey(key), on)
+		for _, o := range outcomes {
+			line := "  " + printable(o.Address) + ": " + o.Outcome
+			if o.Error != "" {
+				line = "  " + printable(o.Address) + ": FAILED: " + printable(o.Error)
+			}
+			if _, err := fmt.Fprintln(c.out, line); err != nil {
+				return err
+			}
+		}
 	}
-	where := ""
-	if len(c.addresses) > 1 {
-		where = fmt.Sprintf(" on %d instances", len(c.addresses))
+	switch {
+	case len(failed) > 0:
+		return fmt.Errorf("the reset failed on %d of %d instances (%s): run it again for them", len(failed), len(c.addresses), printable(strings.Join(failed, ", ")))
+	case len(reset) == 0:
+		return fmt.Errorf("zone %s: key not tracked on any of the %d instances, nothing to reset", printable(zone), len(c.addresses))
 	}
-	_, err = fmt.Fprintf(c.out, "zone %s, key %s: reset to its full limit%s\n", printable(zone), quoteKey(key), where)
+	return nil
+}
+
+// resetOn resets the key on c's one instance. A key the instance does not
+// track is an errNotTracked: nothing was reset there.
+func resetOn(c *cli, zone, key string) error {
+	_, err := c.call(http.MethodDelete, keyPath(zone, key))
+	var nf errNotFound
+	if errors.As(err, &nf) {
+		// Unknown zone, or a key not tracked.
+		if _, zerr := c.findZone(zone); zerr != nil {
+			return zerr
+		}
+		return errNotTracked{nf}
+	}
 	return err
+}
+
+// errNotTracked is the 404 of a key the zone has no state for.
+type errNotTracked struct{ errNotFound }
+
+// resetJSON is what reset --json prints.
+func resetJSON(zone, key string, instances int, outcomes []resetOutcome) map[string]any {
+	k := newKeyName(key)
+	out := map[string]any{"zone": zone, "key": k.Key, "reset": instances > 0, "instances": instances}
+	if k.KeyBase64 != "" {
+		out["key_base64"] = k.KeyBase64
+	}
+	if outcomes != nil {
+		out["addresses"] = outcomes
+	}
+	return out
 }
