@@ -278,6 +278,8 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 		return nil, err
 	}
 
+	zc.warn(name, h.store != nil, h.logger)
+
 	zh := &zoneHandler{
 		key:     zc.Key,
 		keyVar:  singlePlaceholder(zc.Key),
@@ -338,6 +340,16 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 	}
 	registerZone(zh.Zone, storeView{regional: h.store, shared: shared, health: h.backend.health})
 	return zh, nil
+}
+
+// warn logs, at provision, what the zone's config accepts but that cannot
+// do what it says: a fail policy with no store to fail (distributed says
+// whether the handler has one).
+func (zc *Zone) warn(name string, distributed bool, logger *zap.Logger) {
+	if !distributed && (zc.FailPolicy == "open" || zc.FailPolicy == "closed") {
+		logger.Warn("fail_policy has no effect without distributed: a zone in this process has no Redis to fail, and is always enforced; remove fail_policy, or add distributed",
+			zap.String("zone", name), zap.String("fail_policy", zc.FailPolicy))
+	}
 }
 
 // learnBans reads the zone's fleet-wide bans every interval (async mode:
