@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/textproto"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -215,6 +216,8 @@ type zoneHandler struct {
 	timed     bool         // metrics on and every decision asks Redis (strict)
 	logger    *zap.Logger  // the handler's
 	logs      *logSamplers // the handler's, which all its zones share
+	// loggedEmptyKey: a request's key was empty, and that was logged.
+	loggedEmptyKey atomic.Bool
 
 	// What provision took, for release.
 	stateID    stateID
@@ -325,6 +328,9 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 		// zeros.
 		zh.timed = h.store != nil && zh.Mode() == "strict"
 		zh.metrics = newZoneMetrics(name, policy, cfg.DryRun, h.store != nil, zh.timed, cfg.PerRequest, cfg.Ban > 0, costs)
+		if canBeEmpty(zc.Key) {
+			zh.metrics.emptyKeys = collectors.emptyKeys.WithLabelValues(name)
+		}
 		if cfg.Delay > 0 && !cfg.DryRun {
 			zh.metrics.delays(name)
 		}
@@ -350,6 +356,51 @@ func (zc *Zone) warn(name string, distributed bool, logger *zap.Logger) {
 		logger.Warn("fail_policy has no effect without distributed: a zone in this process has no Redis to fail, and is always enforced; remove fail_policy, or add distributed",
 			zap.String("zone", name), zap.String("fail_policy", zc.FailPolicy))
 	}
+	if !hasPlaceholder(zc.Key) && zc.Key != ConstantKey {
+		fix := "write the placeholder in braces, e.g. key {client_ip}"
+		if strings.Trim(zc.Key, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") == "" {
+			fix = "did you mean key {" + zc.Key + "}?"
+		}
+		logger.Warn("a zone's key has no placeholder: every request shares one bucket; "+fix+" (for one bucket on purpose, write key "+ConstantKey+")",
+			zap.String("zone", name), zap.String("key", zc.Key))
+	}
+}
+
+// ConstantKey is the key template that says "one bucket for every request"
+// on purpose: any other template without a placeholder is warned about at
+// load (key client_ip, without braces, is a typo).
+const ConstantKey = "static"
+
+// hasPlaceholder reports whether the template has a placeholder, {name},
+// whose brace is not escaped.
+func hasPlaceholder(tpl string) bool {
+	for i := 0; i < len(tpl); i++ {
+		switch tpl[i] {
+		case '\\':
+			i++
+		case '{':
+			if end := strings.IndexByte(tpl[i+1:], '}'); end > 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// canBeEmpty reports whether the template can expand to nothing: it is
+// placeholders only, each of which may be unset or empty.
+func canBeEmpty(tpl string) bool {
+	for i := 0; i < len(tpl); i++ {
+		if tpl[i] != '{' {
+			return false
+		}
+		end := strings.IndexByte(tpl[i:], '}')
+		if end < 0 {
+			return false
+		}
+		i += end
+	}
+	return tpl != ""
 }
 
 // learnBans reads the zone's fleet-wide bans every interval (async mode:
@@ -452,8 +503,31 @@ func headerPlaceholder(name string) string {
 	return ""
 }
 
-// expandKey expands the zone's key template for the request.
+// expandKey expands the zone's key template for the request. A key that
+// expands to nothing (a missing header, a misspelt placeholder) is counted
+// and logged once: such requests share one bucket.
 func (z *zoneHandler) expandKey(r *http.Request, repl *caddy.Replacer) string {
+	key := z.expandTemplate(r, repl)
+	if key == "" {
+		z.emptyKey()
+	}
+	return key
+}
+
+// emptyKey counts a request whose key is empty, and logs the first.
+func (z *zoneHandler) emptyKey() {
+	if z.metrics != nil && z.metrics.emptyKeys != nil {
+		z.metrics.emptyKeys.Inc()
+	}
+	if !z.loggedEmptyKey.Load() && z.loggedEmptyKey.CompareAndSwap(false, true) {
+		z.logger.Warn("a request's key is empty: every request whose key is empty shares one bucket (counted in caddy_rate_limit_empty_keys_total; logged once per zone and load); "+
+			"check the key's placeholders, reject such requests before rate_limit, or key them by another value",
+			zap.String("zone", z.Name), zap.String("key", z.key))
+	}
+}
+
+// expandTemplate is the zone's key template expanded for the request.
+func (z *zoneHandler) expandTemplate(r *http.Request, repl *caddy.Replacer) string {
 	if z.keyHeader != "" {
 		// What {http.request.header.*} gives: the values joined by ",".
 		switch vals := r.Header[z.keyHeader]; len(vals) {

@@ -46,3 +46,44 @@ func TestFailPolicyWithoutDistributedIsWarnedAbout(t *testing.T) {
 		}
 	}
 }
+
+func TestKeyWithoutPlaceholderIsWarnedAboutUnlessStatic(t *testing.T) {
+	for _, tc := range []struct {
+		key, want string // want: "" = no warning
+	}{
+		{"{client_ip}", ""},
+		{"{http.request.header.X-API-Key}", ""},
+		{"user-{http.auth.user.id}", ""},
+		{"static", ""},
+		{"client_ip", "did you mean key {client_ip}?"},
+		{"http.request.header.X-API-Key", "did you mean key {http.request.header.X-API-Key}?"},
+		{"every one", "write the placeholder in braces"},
+		{`\{client_ip}`, "write the placeholder in braces"},
+		{"{}", "write the placeholder in braces"},
+	} {
+		zc := Zone{Key: tc.key, MaxEvents: 5, Window: caddy.Duration(time.Minute)}
+		got := warnings(t, zc, false)
+		switch {
+		case tc.want == "" && len(got) != 0:
+			t.Errorf("key %q: warnings %q, want none", tc.key, got)
+		case tc.want != "" && (len(got) != 1 || !strings.Contains(got[0], "key has no placeholder: every request shares one bucket") ||
+			!strings.Contains(got[0], tc.want) || !strings.Contains(got[0], "write key static")):
+			t.Errorf("key %q: warnings %q, want one saying %q and the opt-out", tc.key, got, tc.want)
+		}
+	}
+}
+
+func TestKeyTemplateOfPlaceholdersOnlyCanBeEmpty(t *testing.T) {
+	for tpl, want := range map[string]bool{
+		"{client_ip}":              true,
+		"{a}{b}":                   true,
+		"user-{http.auth.user.id}": false,
+		"{a}:{b}":                  false,
+		"static":                   false,
+		"":                         false,
+	} {
+		if got := canBeEmpty(tpl); got != want {
+			t.Errorf("canBeEmpty(%q) = %v, want %v", tpl, got, want)
+		}
+	}
+}
