@@ -318,6 +318,16 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 		zh.releaseState()
 		return nil, err
 	}
+	if fresh && store == nil {
+		// A local zone's keys live in its state alone: a reload that
+		// replaces the definition gives every key its full limit back.
+		// (Distributed zones keep theirs in Redis, read under the new
+		// limit.)
+		if old, ok := replacedDefinition(id); ok {
+			h.logger.Info("zone starts afresh: a reload changed its limits, so every key has its full limit again",
+				zap.String("zone", name), zap.String("changed", id.changesFrom(old)))
+		}
+	}
 	if n := h.backend.resets; n != nil {
 		// A key reset on another instance is forgotten here too.
 		zh.stopReset = n.OnReset(name, zh.Zone)
