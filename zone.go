@@ -374,7 +374,42 @@ func (zc *Zone) warn(name string, distributed bool, logger *zap.Logger) {
 		logger.Warn("a zone's key has no placeholder: every request shares one bucket; "+fix+" (for one bucket on purpose, write key "+ConstantKey+")",
 			zap.String("zone", name), zap.String("key", zc.Key))
 	}
+	// Where the handler runs is not known here (a route's order is the
+	// config's, not the handler's): the warning is given whenever an auth
+	// placeholder is read, and a request without it is logged once more
+	// (emptyKey).
+	if setting, tpl := zc.readsAuth(); setting != "" {
+		logger.Warn("a zone reads a placeholder that authentication sets: "+authOrder+" (when it already runs after authentication, this line is only a reminder)",
+			zap.String("zone", name), zap.String("setting", setting), zap.String("placeholder", tpl))
+	}
 }
+
+// authPlaceholder is how the placeholders authentication handlers set
+// begin: {http.auth.user.id}, {http.auth.user.*} (basic_auth, JWT modules).
+const authPlaceholder = "{http.auth."
+
+// readsAuth returns the first of the zone's key and per-request templates
+// that reads a placeholder authentication sets, and its setting's name.
+func (zc *Zone) readsAuth() (setting, tpl string) {
+	templates := []struct{ setting, tpl string }{
+		{"key", zc.Key}, {"events", zc.MaxEventsPlaceholder}, {"window", zc.WindowPlaceholder},
+		{"burst", zc.BurstPlaceholder}, {"cost", zc.CostPlaceholder},
+	}
+	if zc.Quota != nil {
+		templates = append(templates, struct{ setting, tpl string }{"quota", zc.Quota.LimitPlaceholder})
+	}
+	for _, t := range templates {
+		if strings.Contains(t.tpl, authPlaceholder) {
+			return t.setting, t.tpl
+		}
+	}
+	return "", ""
+}
+
+// authOrder is how to make rate_limit run after authentication, which the
+// Caddyfile orders it before.
+const authOrder = "rate_limit must run after authentication, or the placeholder is empty for every request (one bucket for everyone, one plan for all); " +
+	"the Caddyfile orders rate_limit before basic_auth and other authentication: put both in route { basic_auth … rate_limit … }, or add the global option order rate_limit after basic_auth"
 
 // ConstantKey is the key template that says "one bucket for every request"
 // on purpose: any other template without a placeholder is warned about at
@@ -530,8 +565,13 @@ func (z *zoneHandler) emptyKey() {
 		z.metrics.emptyKeys.Inc()
 	}
 	if !z.loggedEmptyKey.Load() && z.loggedEmptyKey.CompareAndSwap(false, true) {
-		z.logger.Warn("a request's key is empty: every request whose key is empty shares one bucket (counted in caddy_rate_limit_empty_keys_total; logged once per zone and load); "+
-			"check the key's placeholders, reject such requests before rate_limit, or key them by another value",
+		fix := "check the key's placeholders, reject such requests before rate_limit, or key them by another value"
+		if strings.Contains(z.key, authPlaceholder) {
+			// An authenticated request carries the placeholder: this
+			// one reached rate_limit before authentication.
+			fix = "the key reads what authentication sets, and this request reached rate_limit without it: " + authOrder
+		}
+		z.logger.Warn("a request's key is empty: every request whose key is empty shares one bucket (counted in caddy_rate_limit_empty_keys_total; logged once per zone and load); "+fix,
 			zap.String("zone", z.Name), zap.String("key", z.key))
 	}
 }

@@ -53,7 +53,7 @@ func TestKeyWithoutPlaceholderIsWarnedAboutUnlessStatic(t *testing.T) {
 	}{
 		{"{client_ip}", ""},
 		{"{http.request.header.X-API-Key}", ""},
-		{"user-{http.auth.user.id}", ""},
+		{"user-{http.request.header.X-User}", ""},
 		{"static", ""},
 		{"client_ip", "did you mean key {client_ip}?"},
 		{"http.request.header.X-API-Key", "did you mean key {http.request.header.X-API-Key}?"},
@@ -85,5 +85,38 @@ func TestKeyTemplateOfPlaceholdersOnlyCanBeEmpty(t *testing.T) {
 		if got := canBeEmpty(tpl); got != want {
 			t.Errorf("canBeEmpty(%q) = %v, want %v", tpl, got, want)
 		}
+	}
+}
+
+func TestTemplatesReadingAuthPlaceholdersAreWarnedAbout(t *testing.T) {
+	minute := caddy.Duration(time.Minute)
+	for _, tc := range []struct {
+		name string
+		zone Zone
+		want string // the setting named; "" = no warning
+	}{
+		{"key", Zone{Key: "{http.auth.user.id}", MaxEvents: 5, Window: minute}, "key"},
+		{"key with text", Zone{Key: "user:{http.auth.user.id}", MaxEvents: 5, Window: minute}, "key"},
+		{"plan", Zone{Key: "{client_ip}", MaxEvents: 5, MaxEventsPlaceholder: "{http.auth.user.plan_rpm}", Window: minute}, "events"},
+		{"cost", Zone{Key: "{client_ip}", MaxEvents: 5, Window: minute, CostPlaceholder: "{http.auth.user.cost}"}, "cost"},
+		{"quota", Zone{Key: "{client_ip}", Quota: &Quota{LimitPlaceholder: "{http.auth.user.quota}"}}, "quota"},
+		{"no auth", Zone{Key: "{http.request.header.X-API-Key}", MaxEvents: 5, MaxEventsPlaceholder: "{plan_rpm}", Window: minute}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			core, logs := observer.New(zap.WarnLevel)
+			tc.zone.warn("z", false, zap.New(core))
+			got := logs.FilterMessageSnippet("a zone reads a placeholder that authentication sets").All()
+			switch {
+			case tc.want == "" && len(got) != 0:
+				t.Fatalf("warned: %v", got)
+			case tc.want != "" && len(got) != 1:
+				t.Fatalf("%d warnings, want 1", len(got))
+			case tc.want != "":
+				msg := got[0].Message
+				if got[0].ContextMap()["setting"] != tc.want || !strings.Contains(msg, "route { basic_auth … rate_limit … }") || !strings.Contains(msg, "order rate_limit after basic_auth") {
+					t.Errorf("warning %q %v, want setting %s and both fixes", msg, got[0].ContextMap(), tc.want)
+				}
+			}
+		})
 	}
 }
