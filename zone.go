@@ -366,12 +366,12 @@ func (zc *Zone) warn(name string, distributed bool, logger *zap.Logger) {
 		logger.Warn("fail_policy has no effect without distributed: a zone in this process has no Redis to fail, and is always enforced; remove fail_policy, or add distributed",
 			zap.String("zone", name), zap.String("fail_policy", zc.FailPolicy))
 	}
-	if !hasPlaceholder(zc.Key) && zc.Key != ConstantKey {
+	if !hasPlaceholder(zc.Key) && zc.Key != constantKey {
 		fix := "write the placeholder in braces, e.g. key {client_ip}"
 		if strings.Trim(zc.Key, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") == "" {
 			fix = "did you mean key {" + zc.Key + "}?"
 		}
-		logger.Warn("a zone's key has no placeholder: every request shares one bucket; "+fix+" (for one bucket on purpose, write key "+ConstantKey+")",
+		logger.Warn("a zone's key has no placeholder: every request shares one bucket; "+fix+" (for one bucket on purpose, write key "+constantKey+")",
 			zap.String("zone", name), zap.String("key", zc.Key))
 	}
 	// Where the handler runs is not known here (a route's order is the
@@ -411,10 +411,10 @@ func (zc *Zone) readsAuth() (setting, tpl string) {
 const authOrder = "rate_limit must run after authentication, or the placeholder is empty for every request (one bucket for everyone, one plan for all); " +
 	"the Caddyfile orders rate_limit before basic_auth and other authentication: put both in route { basic_auth … rate_limit … }, or add the global option order rate_limit after basic_auth"
 
-// ConstantKey is the key template that says "one bucket for every request"
+// constantKey is the key template that says "one bucket for every request"
 // on purpose: any other template without a placeholder is warned about at
 // load (key client_ip, without braces, is a typo).
-const ConstantKey = "static"
+const constantKey = "static"
 
 // hasPlaceholder reports whether the template has a placeholder, {name},
 // whose brace is not escaped.
@@ -563,6 +563,9 @@ func (z *zoneHandler) expandKey(r *http.Request, repl *caddy.Replacer) string {
 func (z *zoneHandler) emptyKey() {
 	if z.metrics != nil && z.metrics.emptyKeys != nil {
 		z.metrics.emptyKeys.Inc()
+	}
+	if z.logger == nil { // not provisioned (a unit test's zoneHandler)
+		return
 	}
 	if !z.loggedEmptyKey.Load() && z.loggedEmptyKey.CompareAndSwap(false, true) {
 		fix := "check the key's placeholders, reject such requests before rate_limit, or key them by another value"
