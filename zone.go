@@ -360,7 +360,9 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 
 // warn logs, at provision, what the zone's config accepts but that cannot
 // do what it says: a fail policy with no store to fail (distributed says
-// whether the handler has one).
+// whether the handler has one), a key with no placeholder (one bucket for
+// everyone, unless written key static), and a template that reads what
+// authentication sets, which the Caddyfile runs after rate_limit.
 func (zc *Zone) warn(name string, distributed bool, logger *zap.Logger) {
 	if !distributed && (zc.FailPolicy == "open" || zc.FailPolicy == "closed") {
 		logger.Warn("fail_policy has no effect without distributed: a zone in this process has no Redis to fail, and is always enforced; remove fail_policy, or add distributed",
