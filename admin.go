@@ -15,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
 
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 	"github.com/caddy-tally/ratelimit/zones"
@@ -56,19 +57,47 @@ func (AdminAPI) CaddyModule() caddy.ModuleInfo {
 
 // Routes returns the admin routes.
 func (a *AdminAPI) Routes() []caddy.AdminRoute {
-	return []caddy.AdminRoute{{Pattern: "/rate_limit/", Handler: caddy.AdminHandlerFunc(a.serve)}}
+	return []caddy.AdminRoute{{Pattern: "/rate_limit/", Handler: caddy.AdminHandlerFunc(a.serveJSON)}}
+}
+
+// serveJSON is serve with its errors written as plain JSON, as its answers
+// are: Caddy's admin server would HTML-escape them ("unknown zone
+// \"\u003cz\u003e\""), and the admin API is not a web page. The error is
+// logged as Caddy logs the admin errors it writes.
+func (a *AdminAPI) serveJSON(w http.ResponseWriter, r *http.Request) error {
+	err := a.serve(w, r)
+	if err == nil {
+		return nil
+	}
+	var apiErr caddy.APIError
+	if !errors.As(err, &apiErr) {
+		apiErr = caddy.APIError{HTTPStatus: http.StatusInternalServerError, Err: err}
+	}
+	if apiErr.HTTPStatus == 0 {
+		apiErr.HTTPStatus = http.StatusInternalServerError
+	}
+	if apiErr.Message == "" && apiErr.Err != nil {
+		apiErr.Message = apiErr.Err.Error()
+	}
+	caddy.Log().Named("admin.api").Error("request error", zap.Error(err), zap.Int("status_code", apiErr.HTTPStatus))
+	return writeJSONStatus(w, apiErr.HTTPStatus, apiErr)
 }
 
 // zoneInfo is a zone as GET /rate_limit/zones shows it.
+//
+// Fields that mean nothing for a zone's kind are left out: events, window
+// and burst for concurrency and quota zones (concurrency and quota hold
+// their limits), fail_policy for connection zones (local to the instance,
+// with no Redis to fail).
 type zoneInfo struct {
 	Name   string `json:"name"`
-	Events int64  `json:"events"`
+	Events int64  `json:"events,omitempty"`
 	// The window as a duration (e.g. "1m", "1h30m") and in seconds.
-	Window        string     `json:"window"`
-	WindowSeconds float64    `json:"window_seconds"`
-	Burst         int64      `json:"burst"`
+	Window        string     `json:"window,omitempty"`
+	WindowSeconds float64    `json:"window_seconds,omitempty"`
+	Burst         int64      `json:"burst,omitempty"`
 	Mode          string     `json:"mode"`
-	FailPolicy    string     `json:"fail_policy"`
+	FailPolicy    string     `json:"fail_policy,omitempty"`
 	DryRun        bool       `json:"dry_run"`
 	LocalKeys     int        `json:"local_keys"`
 	Store         *storeInfo `json:"store,omitempty"`
@@ -109,6 +138,7 @@ type quotaInfo struct {
 type quotaKeyInfo struct {
 	Zone        string  `json:"zone"`
 	Key         string  `json:"key"`
+	StoredAs    string  `json:"stored_as,omitempty"` // as keyInfo's
 	Used        int64   `json:"used"`
 	Quota       int64   `json:"quota"` // the limit the key was last decided under
 	Remaining   int64   `json:"remaining"`
@@ -146,6 +176,10 @@ type nodeOutage struct {
 type keyInfo struct {
 	Zone string `json:"zone"`
 	keyName
+	// The key as the zone stores it, when it is not the key given: an
+	// address masked to ipv4_prefix/ipv6_prefix ("127.0.0.0/24"), a long
+	// key's hash ("sha256:<hex>").
+	StoredAs   string  `json:"stored_as,omitempty"`
 	Remaining  int64   `json:"remaining"`
 	RetryAfter float64 `json:"retry_after"`
 	ResetAfter float64 `json:"reset_after"`
@@ -275,26 +309,25 @@ func listZones() []zoneInfo {
 	for _, z := range live {
 		zi := zoneInfo{
 			Name:       z.Name,
-			Events:     z.Events,
-			Window:     shortDuration(z.Window.String()),
-			Burst:      z.Limit().Burst,
 			Mode:       z.Mode(),
 			FailPolicy: z.FailPolicy.String(),
 			DryRun:     z.DryRun,
 			LocalKeys:  z.Keys(),
 		}
-		zi.WindowSeconds = z.Window.Seconds()
+		if !z.IsConcurrency() && !z.IsQuota() {
+			zi.Events, zi.Burst = z.Events, z.Limit().Burst
+			zi.Window, zi.WindowSeconds = shortDuration(z.Window.String()), z.Window.Seconds()
+		}
 		zi.Concurrency = z.Concurrency
 		if z.Delay > 0 {
 			waiting := z.Waiting()
 			zi.Delay, zi.Queue, zi.Waiting = shortDuration(z.Delay.String()), z.QueueSize(), &waiting
 		}
 		if isConnectionZone(z) {
-			zi.Layer = "connection"
+			zi.Layer, zi.FailPolicy = "connection", ""
 		}
 		if z.IsQuota() {
 			start, end := z.PeriodNow(monotime.Now())
-			zi.Events = z.Quota
 			zi.Quota = &quotaInfo{Limit: z.Quota, Per: z.Period.String(), TimeZone: z.Location.String(),
 				PeriodStart: start.Format(time.RFC3339), PeriodEnd: end.Format(time.RFC3339)}
 		}
@@ -334,12 +367,12 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone,
 		return a.getQuota(w, r, z, key)
 	}
 	now := monotime.Now()
-	d, err := z.Peek(r.Context(), key, now)
+	stored, d, err := peekStored(r.Context(), z, key, now)
 	switch {
 	case errors.Is(err, zones.ErrUnknownKey):
 		// Caddy logs admin errors: the message leaves the key out (keys
 		// can be personal data; log_key governs them).
-		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s has no state for this key (it is at its full limit)", z.Name)}
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s: key not tracked (%s)", z.Name, noState(z))}
 	case err != nil:
 		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("reading the key from Redis: %v", err)}
 	}
@@ -347,13 +380,14 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone,
 	if z.Store() != nil {
 		source = "redis"
 	}
-	plan := z.LastPlan(key, now)
-	share, region := keyShare(z, key)
+	plan := z.LastPlan(stored, now)
+	share, region := keyShare(z, stored)
 	return writeJSON(w, keyInfo{
 		Share:         share,
 		Region:        region,
 		Zone:          z.Name,
 		keyName:       newKeyName(key),
+		StoredAs:      storedAs(key, stored),
 		Remaining:     d.Remaining,
 		RetryAfter:    d.RetryAfter.Seconds(),
 		ResetAfter:    d.ResetAfter.Seconds(),
@@ -415,7 +449,14 @@ func (a *AdminAPI) bans(w http.ResponseWriter, r *http.Request, z *zones.Zone) e
 // getQuota answers GET for a key of a quota zone, whether or not it used
 // anything yet.
 func (a *AdminAPI) getQuota(w http.ResponseWriter, r *http.Request, z *zones.Zone, key string) error {
-	s, err := z.PeekQuota(r.Context(), key, monotime.Now())
+	var s zones.QuotaState
+	var stored string
+	var err error
+	for _, stored = range storedForms(z, key) {
+		if s, err = z.PeekQuota(r.Context(), stored, monotime.Now()); err != nil || s.Used > 0 {
+			break
+		}
+	}
 	if err != nil {
 		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("reading the key from Redis: %v", err)}
 	}
@@ -424,7 +465,7 @@ func (a *AdminAPI) getQuota(w http.ResponseWriter, r *http.Request, z *zones.Zon
 		source = "redis"
 	}
 	toEnd := max(0, time.Until(s.PeriodEnd).Seconds())
-	info := quotaKeyInfo{Zone: z.Name, Key: key, Used: s.Used, Quota: s.Limit, Remaining: s.Remaining,
+	info := quotaKeyInfo{Zone: z.Name, Key: key, StoredAs: storedAs(key, stored), Used: s.Used, Quota: s.Limit, Remaining: s.Remaining,
 		Per: z.Period.String(), TimeZone: z.Location.String(),
 		PeriodStart: s.PeriodStart.Format(time.RFC3339), PeriodEnd: s.PeriodEnd.Format(time.RFC3339),
 		ResetAfter: toEnd, Source: source}
@@ -439,37 +480,44 @@ func (a *AdminAPI) getQuota(w http.ResponseWriter, r *http.Request, z *zones.Zon
 type slotsInfo struct {
 	Zone string `json:"zone"`
 	keyName
-	InUse       int64 `json:"in_use"`
-	Concurrency int64 `json:"concurrency"`
-	Remaining   int64 `json:"remaining"`
+	StoredAs    string `json:"stored_as,omitempty"` // as keyInfo's
+	InUse       int64  `json:"in_use"`
+	Concurrency int64  `json:"concurrency"`
+	Remaining   int64  `json:"remaining"`
 }
 
 // getSlots answers GET for a key of a concurrency zone: the slots it holds,
 // fleet-wide with distributed.
 func (a *AdminAPI) getSlots(w http.ResponseWriter, r *http.Request, z *zones.Zone, key string) error {
-	n, err := z.SlotsInUse(r.Context(), key)
+	var n int64
+	var stored string
+	var err error
+	for _, stored = range storedForms(z, key) {
+		if n, err = z.SlotsInUse(r.Context(), stored); err != nil || n > 0 {
+			break
+		}
+	}
 	switch {
 	case err != nil:
 		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("reading slots: %v", err)}
 	case n == 0:
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s: this key holds no slot", z.Name)}
 	}
-	return writeJSON(w, slotsInfo{Zone: z.Name, keyName: newKeyName(key), InUse: n, Concurrency: z.Concurrency, Remaining: max(0, z.Concurrency-n)})
+	return writeJSON(w, slotsInfo{Zone: z.Name, keyName: newKeyName(key), StoredAs: storedAs(key, stored), InUse: n, Concurrency: z.Concurrency, Remaining: max(0, z.Concurrency-n)})
 }
 
 func (a *AdminAPI) resetKey(w http.ResponseWriter, r *http.Request, z *zones.Zone, key string) error {
 	if z.IsConcurrency() {
 		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errResetSlots}
 	}
-	if _, err := z.Peek(r.Context(), key, monotime.Now()); errors.Is(err, zones.ErrUnknownKey) {
-		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s has no state for this key", z.Name)}
+	stored, _, err := peekStored(r.Context(), z, key, monotime.Now())
+	if errors.Is(err, zones.ErrUnknownKey) {
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s: key not tracked, nothing to reset (%s)", z.Name, noState(z))}
 	}
-	if err := z.Reset(r.Context(), key); err != nil {
+	if err := z.Reset(r.Context(), stored); err != nil {
 		// This instance's state is gone; whether Redis's is, is not known
 		// (a command that timed out may still run). Say exactly that.
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusServiceUnavailable)
-		return json.NewEncoder(w).Encode(partialReset{
+		return writeJSONStatus(w, http.StatusServiceUnavailable, partialReset{
 			Error: fmt.Sprintf("reset this instance's state for the key, but Redis did not confirm its reset (%v): "+
 				"until a DELETE succeeds, the key may keep its limit in Redis, for every instance, until it expires there", err),
 			Reset:       []string{"local"},
@@ -586,6 +634,56 @@ func offenderState(ctx context.Context, z *zones.Zone, key string, now int64) of
 	return o
 }
 
+// noState is what "not tracked" means, in the 404 of a key with no state.
+// A key the zone tracks that is back to its full limit is a 200 (remaining
+// = burst): the zone may drop such a key at any time, after which it is not
+// tracked, and its next request is decided the same either way.
+func noState(z *zones.Zone) string {
+	where := "on this instance"
+	if z.Store() != nil {
+		where = "in Redis"
+	}
+	return "no state " + where + ": its next request is decided as a new key's, with the full limit"
+}
+
+// storedForms are the keys the zone may store a key given to GET or DELETE
+// as, most likely first: the key a request carried (a client's address in
+// a prefix zone, a long Authorization header), which the zone transforms
+// as it does a request's key (zones.Config.Key: masked, hashed); and, for
+// a key that reads like a hashed one, the key as given, since top, bans
+// and {http.rate_limit.exceeded.key} show keys as stored and Key would
+// hash "sha256:<hex>" again. A masked key ("127.0.0.0/24") is no address
+// and stays as it is.
+func storedForms(z *zones.Zone, key string) []string {
+	stored := z.Config.Key(key)
+	if stored != key && strings.HasPrefix(key, zones.HashedKeyPrefix) {
+		return []string{stored, key}
+	}
+	return []string{stored}
+}
+
+// peekStored peeks the first of key's stored forms that has state, and
+// returns it; zones.ErrUnknownKey when none has (the key is not tracked).
+func peekStored(ctx context.Context, z *zones.Zone, key string, now int64) (string, zones.Decision, error) {
+	var d zones.Decision
+	var err error
+	forms := storedForms(z, key)
+	for _, stored := range forms {
+		if d, err = z.Peek(ctx, stored, now); !errors.Is(err, zones.ErrUnknownKey) {
+			return stored, d, err
+		}
+	}
+	return forms[0], d, err
+}
+
+// storedAs is keyInfo's StoredAs: stored when it is not key.
+func storedAs(key, stored string) string {
+	if stored == key {
+		return ""
+	}
+	return stored
+}
+
 func methodNotAllowed(w http.ResponseWriter, allowed ...string) error {
 	w.Header().Set("Allow", strings.Join(allowed, ", "))
 	return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: errors.New("method not allowed: use " + strings.Join(allowed, " or "))}
@@ -594,7 +692,13 @@ func methodNotAllowed(w http.ResponseWriter, allowed ...string) error {
 // writeJSON writes v as plain JSON: keys such as "<zone>" are not
 // HTML-escaped, the admin API is not a web page.
 func writeJSON(w http.ResponseWriter, v any) error {
+	return writeJSONStatus(w, http.StatusOK, v)
+}
+
+// writeJSONStatus is writeJSON with the status code.
+func writeJSONStatus(w http.ResponseWriter, status int, v any) error {
 	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
 	return enc.Encode(v)

@@ -709,6 +709,8 @@ func banArgs(d *caddyfile.Dispenser) (first, most caddy.Duration, err error) {
 	return first, most, nil
 }
 
+// oneArg reads the one value of a setting whose value is text (a key
+// template, a prefix, a name), which may hold spaces when quoted.
 func oneArg(d *caddyfile.Dispenser) (string, error) {
 	dir := d.Val()
 	if !d.NextArg() {
@@ -721,18 +723,30 @@ func oneArg(d *caddyfile.Dispenser) (string, error) {
 	return v, nil
 }
 
+// oneWord reads the one value of setting dir when it is a number, a
+// duration or a keyword, none of which holds a space, quoted or not: the
+// error for "window 1 m" says what to write (window 1m), not to quote it.
+func oneWord(d *caddyfile.Dispenser, dir string) (string, error) {
+	if !d.NextArg() {
+		return "", d.Errf("%s needs a value", dir)
+	}
+	args := append([]string{d.Val()}, d.RemainingArgs()...)
+	if len(args) > 1 {
+		return "", d.Errf("%s takes one value, written without spaces: %s %s", dir, dir, strings.Join(args, ""))
+	}
+	return args[0], nil
+}
+
 func oneOf(d *caddyfile.Dispenser, allowed ...string) (string, error) {
 	dir := d.Val()
-	v, err := oneArg(d)
-	if err != nil {
-		return "", err
+	args := d.RemainingArgs()
+	if len(args) == 1 && slices.Contains(allowed, args[0]) {
+		return args[0], nil
 	}
-	for _, a := range allowed {
-		if v == a {
-			return v, nil
-		}
+	if len(args) == 0 {
+		return "", d.Errf("%s needs a value: one of %s", dir, strings.Join(allowed, ", "))
 	}
-	return "", d.Errf("%s must be one of %s, not %q", dir, strings.Join(allowed, ", "), v)
+	return "", d.Errf("%s must be one of %s, not %q", dir, strings.Join(allowed, ", "), strings.Join(args, " "))
 }
 
 func intArg(d *caddyfile.Dispenser, lo, hi int) (int, error) {
@@ -748,7 +762,7 @@ func int64Arg(d *caddyfile.Dispenser, lo, hi int64) (int64, error) {
 // (after a placeholder, its fallback), as a whole number from lo to hi: in
 // 64 bits whatever int is, so that every platform has the same limits.
 func int64ArgOf(d *caddyfile.Dispenser, dir string, lo, hi int64) (int64, error) {
-	s, err := oneArg(d)
+	s, err := oneWord(d, dir)
 	if err != nil {
 		return 0, err
 	}
@@ -770,7 +784,7 @@ func durationArg(d *caddyfile.Dispenser) (caddy.Duration, error) {
 }
 
 func durationArgOf(d *caddyfile.Dispenser, dir string) (caddy.Duration, error) {
-	s, err := oneArg(d)
+	s, err := oneWord(d, dir)
 	if err != nil {
 		return 0, err
 	}

@@ -511,3 +511,33 @@ func TestCaddyfileDelay(t *testing.T) {
 		t.Errorf("smooth: delay %v queue %d", time.Duration(z.Delay), z.Queue)
 	}
 }
+
+// A number or a duration holds no space, quoted or not: the error for one
+// written with spaces says how to write it, and never to quote it (a quoted
+// "1 m" is no duration either).
+func TestCaddyfileValuesWithSpacesAreToldHowToWriteThem(t *testing.T) {
+	zone := func(body string) string {
+		return "rate_limit {\n\tzone z {\n\t\tkey {client_ip}\n" + body + "\n\t}\n}"
+	}
+	for _, tc := range []struct{ name, input, want string }{
+		{"window 1 m", zone("\t\tevents 1\n\t\twindow 1 m"), "window takes one value, written without spaces: window 1m"},
+		{"quoted window", zone("\t\tevents 1\n\t\twindow \"1 m\""), `window must be a positive duration such as 500ms, 10s, 1m or 1h, not "1 m"`},
+		{"events 1 000", zone("\t\tevents 1 000\n\t\twindow 1m"), "events takes one value, written without spaces: events 1000"},
+		{"delay 3 s", zone("\t\tevents 1\n\t\twindow 1m\n\t\tdelay 3 s"), "delay takes one value, written without spaces: delay 3s"},
+		{"fail_policy open closed", zone("\t\tevents 1\n\t\twindow 1m\n\t\tfail_policy open closed"), `fail_policy must be one of open, closed, local, not "open closed"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := parse(t, tc.input)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "quote") {
+				t.Fatalf("error %v, want %q and no advice to quote", err, tc.want)
+			}
+		})
+	}
+	// A key template is text: quoting is how it holds a space.
+	if _, err := parse(t, "rate_limit {\n\tzone z {\n\t\tkey {a} {b}\n\t\tevents 1\n\t\twindow 1m\n\t}\n}"); err == nil || !strings.Contains(err.Error(), "to use spaces, quote it") {
+		t.Errorf("key {a} {b}: %v, want the advice to quote it", err)
+	}
+	if h, err := parse(t, "rate_limit {\n\tzone z {\n\t\tkey \"{a} {b}\"\n\t\tevents 1\n\t\twindow 1m\n\t}\n}"); err != nil || h.RateLimits["z"].Key != "{a} {b}" {
+		t.Errorf(`key "{a} {b}": %v`, err)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -130,7 +131,14 @@ type cli struct {
 
 func newCLI(cmd *cobra.Command) *cli {
 	c := &cli{cmd: cmd, out: cmd.OutOrStdout()}
-	c.addresses, _ = cmd.Flags().GetStringArray("address")
+	addresses, _ := cmd.Flags().GetStringArray("address")
+	for _, a := range addresses {
+		// An instance given twice is one instance: top would count its
+		// denials twice.
+		if !slices.Contains(c.addresses, a) {
+			c.addresses = append(c.addresses, a)
+		}
+	}
 	if len(c.addresses) > 0 {
 		c.address = c.addresses[0]
 	}
@@ -377,7 +385,11 @@ func cliZones(c *cli) error {
 			// a limit regions share: its scope and this region
 			mode += " (global, region " + printable(z.Region) + ")"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", printable(z.Name), limit, burst, mode, printable(z.FailPolicy), z.LocalKeys, redis)
+		policy := printable(z.FailPolicy)
+		if z.Layer == "connection" || policy == "" {
+			policy = "-" // local to the instance: no Redis to fail
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", printable(z.Name), limit, burst, mode, policy, z.LocalKeys, redis)
 	}
 	return tw.Flush()
 }
@@ -407,7 +419,8 @@ func cliKey(c *cli, zone, key string) error {
 	printed, err := c.get(keyPath(zone, key), &k)
 	var nf errNotFound
 	if errors.As(err, &nf) {
-		// Unknown zone, or a key with no state: at its full limit.
+		// Unknown zone, or a key not tracked: no state, so its next
+		// request has the full limit.
 		z, zerr := c.findZone(zone)
 		if zerr != nil {
 			return zerr
@@ -422,7 +435,7 @@ func cliKey(c *cli, zone, key string) error {
 		if c.json {
 			return c.printJSONValue(keyInfo{Zone: zone, keyName: newKeyName(key), Remaining: z.Burst})
 		}
-		_, err := fmt.Fprintf(c.out, "zone %s, key %s: not limited, %d of %d remaining (no state: full limit)\n", printable(zone), quoteKey(key), z.Burst, z.Burst)
+		_, err := fmt.Fprintf(c.out, "zone %s, key %s: not tracked (no state: its next request has the full limit, %d)\n", printable(zone), quoteKey(key), z.Burst)
 		return err
 	}
 	if printed || err != nil {
@@ -451,11 +464,23 @@ func cliKey(c *cli, zone, key string) error {
 		return err
 	}
 	if k.RetryAfter > 0 {
-		_, err = fmt.Fprintf(c.out, "zone %s, key %s: LIMITED, 0 remaining, may send again in %s, full again in %s\n",
-			printable(zone), quoteKey(key), seconds(k.RetryAfter), seconds(k.ResetAfter))
+		stored := ""
+		if k.StoredAs != "" {
+			stored = " (stored as " + quoteKey(k.StoredAs) + ")"
+		}
+		_, err = fmt.Fprintf(c.out, "zone %s, key %s%s: LIMITED, 0 remaining, may send again in %s, full again in %s\n",
+			printable(zone), quoteKey(key), stored, seconds(k.RetryAfter), seconds(k.ResetAfter))
 		return err
 	}
-	_, err = fmt.Fprintf(c.out, "zone %s, key %s: not limited, %d remaining, full again in %s\n", printable(zone), quoteKey(key), k.Remaining, seconds(k.ResetAfter))
+	stored := ""
+	if k.StoredAs != "" {
+		stored = " (stored as " + quoteKey(k.StoredAs) + ")"
+	}
+	if k.ResetAfter <= 0 && k.Remaining >= k.Burst {
+		_, err = fmt.Fprintf(c.out, "zone %s, key %s%s: at its full limit, %d remaining\n", printable(zone), quoteKey(key), stored, k.Remaining)
+		return err
+	}
+	_, err = fmt.Fprintf(c.out, "zone %s, key %s%s: not limited, %d remaining, full again in %s\n", printable(zone), quoteKey(key), stored, k.Remaining, seconds(k.ResetAfter))
 	return err
 }
 
@@ -487,12 +512,15 @@ func orNone(names []string) string {
 	return "zones " + strings.Join(names, ", ")
 }
 
+// printJSONValue prints v as the admin API writes JSON: not HTML-escaped.
 func (c *cli) printJSONValue(v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
 		return err
 	}
-	return c.printJSON(b)
+	return c.printJSON(b.Bytes())
 }
 
 func cliTop(c *cli, zone string, n int) error {
@@ -627,30 +655,102 @@ func cliBans(c *cli, zone string) error {
 	return nil
 }
 
+// resetOutcome is what one instance answered to a reset.
+type resetOutcome struct {
+	Address string `json:"address"`
+	Outcome string `json:"outcome"` // "reset", "not tracked" or "failed"
+	Error   string `json:"error,omitempty"`
+}
+
+// cliReset resets the key on each --address. With several, it prints each
+// instance's outcome, and fails when an instance failed (unreachable, an
+// unknown zone, Redis's reset unconfirmed) or when no instance tracked the
+// key: one that does not track it gives the key its full limit already,
+// which in local mode is most of them.
 func cliReset(c *cli, zone, key string) error {
-	err := c.each(func(one *cli) error {
-		_, err := one.call(http.MethodDelete, keyPath(zone, key))
-		if errors.As(err, new(errNotFound)) {
-			// Unknown zone, or a key with no state: it has its full limit.
-			_, err = one.findZone(zone)
+	if len(c.addresses) <= 1 {
+		if err := resetOn(c, zone, key); err != nil {
+			return err
 		}
+		if c.json {
+			return c.printJSONValue(resetJSON(zone, key, 1, nil))
+		}
+		_, err := fmt.Fprintf(c.out, "zone %s, key %s: reset to its full limit\n", printable(zone), quoteKey(key))
 		return err
-	})
-	if err != nil {
-		return err
+	}
+	var outcomes []resetOutcome
+	var reset, failed []string
+	for _, addr := range c.addresses {
+		one := *c
+		one.address, one.addresses = addr, []string{addr}
+		o := resetOutcome{Address: addr, Outcome: "reset"}
+		switch err := resetOn(&one, zone, key); {
+		case errors.As(err, new(errNotTracked)):
+			o.Outcome = "not tracked"
+		case err != nil:
+			o.Outcome, o.Error = "failed", err.Error()
+			failed = append(failed, addr)
+		default:
+			reset = append(reset, addr)
+		}
+		outcomes = append(outcomes, o)
 	}
 	if c.json {
-		k := newKeyName(key)
-		out := map[string]any{"zone": zone, "key": k.Key, "reset": true, "instances": max(1, len(c.addresses))}
-		if k.KeyBase64 != "" {
-			out["key_base64"] = k.KeyBase64
+		if err := c.printJSONValue(resetJSON(zone, key, len(reset), outcomes)); err != nil {
+			return err
 		}
-		return c.printJSONValue(out)
+	} else {
+		on := fmt.Sprintf("%d instances", len(reset))
+		if len(reset) < len(c.addresses) {
+			on = fmt.Sprintf("%d of %d instances", len(reset), len(c.addresses))
+		}
+		fmt.Fprintf(c.out, "zone %s, key %s: reset to its full limit on %s\n", printable(zone), quoteKey(key), on)
+		for _, o := range outcomes {
+			line := "  " + printable(o.Address) + ": " + o.Outcome
+			if o.Error != "" {
+				line = "  " + printable(o.Address) + ": FAILED: " + printable(o.Error)
+			}
+			if _, err := fmt.Fprintln(c.out, line); err != nil {
+				return err
+			}
+		}
 	}
-	where := ""
-	if len(c.addresses) > 1 {
-		where = fmt.Sprintf(" on %d instances", len(c.addresses))
+	switch {
+	case len(failed) > 0:
+		return fmt.Errorf("the reset failed on %d of %d instances (%s): run it again for them", len(failed), len(c.addresses), printable(strings.Join(failed, ", ")))
+	case len(reset) == 0:
+		return fmt.Errorf("zone %s: key not tracked on any of the %d instances, nothing to reset", printable(zone), len(c.addresses))
 	}
-	_, err = fmt.Fprintf(c.out, "zone %s, key %s: reset to its full limit%s\n", printable(zone), quoteKey(key), where)
+	return nil
+}
+
+// resetOn resets the key on c's one instance. A key the instance does not
+// track is an errNotTracked: nothing was reset there.
+func resetOn(c *cli, zone, key string) error {
+	_, err := c.call(http.MethodDelete, keyPath(zone, key))
+	var nf errNotFound
+	if errors.As(err, &nf) {
+		// Unknown zone, or a key not tracked.
+		if _, zerr := c.findZone(zone); zerr != nil {
+			return zerr
+		}
+		return errNotTracked{nf}
+	}
 	return err
+}
+
+// errNotTracked is the 404 of a key the zone has no state for.
+type errNotTracked struct{ errNotFound }
+
+// resetJSON is what reset --json prints.
+func resetJSON(zone, key string, instances int, outcomes []resetOutcome) map[string]any {
+	k := newKeyName(key)
+	out := map[string]any{"zone": zone, "key": k.Key, "reset": instances > 0, "instances": instances}
+	if k.KeyBase64 != "" {
+		out["key_base64"] = k.KeyBase64
+	}
+	if outcomes != nil {
+		out["addresses"] = outcomes
+	}
+	return out
 }

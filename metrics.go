@@ -42,6 +42,7 @@ var collectors = struct {
 	queueFull       *prometheus.CounterVec
 	waiting         *waitingCollector
 	global          *globalCollector
+	emptyKeys       *prometheus.CounterVec
 }{}
 
 func initCollectors() {
@@ -112,6 +113,10 @@ func initCollectors() {
 		Namespace: ns, Subsystem: sub, Name: "dry_run_bans_total",
 		Help: "Bans a dry-run zone with ban would have started.",
 	}, []string{"zone"})
+	collectors.emptyKeys = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "empty_keys_total",
+		Help: "Requests whose key expanded to nothing (a missing header, a misspelt placeholder): they share one bucket, the empty key.",
+	}, []string{"zone"})
 	collectors.delayed = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: ns, Subsystem: sub, Name: "delay_seconds",
 		Help: "How long the requests a zone with delay admitted for later waited for their turn (its count: the delayed requests).",
@@ -147,7 +152,7 @@ func registerMetrics(ctx caddy.Context) error {
 		collectors.cost, collectors.costFalls, collectors.chargeFails, collectors.connections, collectors.connsOpen,
 		collectors.snapshotSeconds, collectors.snapshotKeys, collectors.restoredKeys, collectors.writeFails, collectors.restoreFails,
 		collectors.bans, collectors.dryRunBans, collectors.banned, collectors.delayed, collectors.queueFull, collectors.waiting,
-		collectors.global} {
+		collectors.global, collectors.emptyKeys} {
 		if err := reg.Register(c); err != nil {
 			if are := (prometheus.AlreadyRegisteredError{}); !errors.As(err, &are) {
 				return err
@@ -173,6 +178,7 @@ type zoneMetrics struct {
 	bans                                prometheus.Counter  // nil unless the zone bans (dry run: would-be bans)
 	delayed                             prometheus.Observer // nil unless the zone has delay
 	queueFull                           prometheus.Counter  // nil unless the zone has delay
+	emptyKeys                           prometheus.Counter  // nil unless the key template can expand to nothing
 }
 
 // newZoneMetrics binds the series of a zone. distributed says whether the
@@ -270,6 +276,7 @@ func dropZoneSeries(name string) {
 	collectors.dryRunBans.DeletePartialMatch(l)
 	collectors.delayed.DeletePartialMatch(l)
 	collectors.queueFull.DeletePartialMatch(l)
+	collectors.emptyKeys.DeletePartialMatch(l)
 }
 
 // waitingCollector reports, at scrape time, the requests each live zone

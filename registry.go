@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -104,6 +105,50 @@ func loadState(cfg zones.Config, vars planVars, sweep time.Duration) (*zones.Sta
 		return nil, id, false, err
 	}
 	return v.(*zones.State), id, !loaded, nil
+}
+
+// replacedDefinition returns another definition of id's zone name whose
+// state a loaded config still holds: when provision has just created id's
+// state, the definition a reload replaces, whose state does not carry over.
+func replacedDefinition(id stateID) (stateID, bool) {
+	var old stateID
+	found := false
+	states.Range(func(k, _ any) bool {
+		if o, ok := k.(stateID); ok && o.name == id.name && o != id && !o.concurrency {
+			old, found = o, true
+			return false
+		}
+		return true
+	})
+	return old, found
+}
+
+// changesFrom says, for people, what differs between old and id: why a
+// reload starts the zone afresh (e.g. "events 3 → 5, burst 3 → 5").
+func (id stateID) changesFrom(old stateID) string {
+	var out []string
+	add := func(what string, from, to any) {
+		if from != to {
+			out = append(out, fmt.Sprintf("%s %v → %v", what, from, to))
+		}
+	}
+	add("events", old.events, id.events)
+	add("window", time.Duration(old.window), time.Duration(id.window))
+	add("burst", old.burst, id.burst)
+	add("max_keys", old.maxKeys, id.maxKeys)
+	add("period", old.period, id.period)
+	add("time zone", old.timeZone, id.timeZone)
+	add("ban", old.ban, id.ban)
+	add("ban's longest", old.banMax, id.banMax)
+	add("delay", old.delay, id.delay)
+	add("queue", old.queue, id.queue)
+	if old.vars != id.vars {
+		out = append(out, "the placeholders of its limits or their bounds")
+	}
+	if len(out) == 0 {
+		return "its definition"
+	}
+	return strings.Join(out, ", ")
 }
 
 // claims records, for each loaded config, which definition each zone name

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/textproto"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -215,6 +216,8 @@ type zoneHandler struct {
 	timed     bool         // metrics on and every decision asks Redis (strict)
 	logger    *zap.Logger  // the handler's
 	logs      *logSamplers // the handler's, which all its zones share
+	// loggedEmptyKey: a request's key was empty, and that was logged.
+	loggedEmptyKey atomic.Bool
 
 	// What provision took, for release.
 	stateID    stateID
@@ -278,6 +281,8 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 		return nil, err
 	}
 
+	zc.warn(name, h.store != nil, h.logger)
+
 	zh := &zoneHandler{
 		key:     zc.Key,
 		keyVar:  singlePlaceholder(zc.Key),
@@ -313,6 +318,16 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 		zh.releaseState()
 		return nil, err
 	}
+	if fresh && store == nil {
+		// A local zone's keys live in its state alone: a reload that
+		// replaces the definition gives every key its full limit back.
+		// (Distributed zones keep theirs in Redis, read under the new
+		// limit.)
+		if old, ok := replacedDefinition(id); ok {
+			h.logger.Info("zone starts afresh: a reload changed its limits, so every key has its full limit again",
+				zap.String("zone", name), zap.String("changed", id.changesFrom(old)))
+		}
+	}
 	if n := h.backend.resets; n != nil {
 		// A key reset on another instance is forgotten here too.
 		zh.stopReset = n.OnReset(name, zh.Zone)
@@ -323,6 +338,9 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 		// zeros.
 		zh.timed = h.store != nil && zh.Mode() == "strict"
 		zh.metrics = newZoneMetrics(name, policy, cfg.DryRun, h.store != nil, zh.timed, cfg.PerRequest, cfg.Ban > 0, costs)
+		if canBeEmpty(zc.Key) {
+			zh.metrics.emptyKeys = collectors.emptyKeys.WithLabelValues(name)
+		}
 		if cfg.Delay > 0 && !cfg.DryRun {
 			zh.metrics.delays(name)
 		}
@@ -338,6 +356,98 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 	}
 	registerZone(zh.Zone, storeView{regional: h.store, shared: shared, health: h.backend.health})
 	return zh, nil
+}
+
+// warn logs, at provision, what the zone's config accepts but that cannot
+// do what it says: a fail policy with no store to fail (distributed says
+// whether the handler has one), a key with no placeholder (one bucket for
+// everyone, unless written key static), and a template that reads what
+// authentication sets, which the Caddyfile runs after rate_limit.
+func (zc *Zone) warn(name string, distributed bool, logger *zap.Logger) {
+	if !distributed && (zc.FailPolicy == "open" || zc.FailPolicy == "closed") {
+		logger.Warn("fail_policy has no effect without distributed: a zone in this process has no Redis to fail, and is always enforced; remove fail_policy, or add distributed",
+			zap.String("zone", name), zap.String("fail_policy", zc.FailPolicy))
+	}
+	if !hasPlaceholder(zc.Key) && zc.Key != constantKey {
+		fix := "write the placeholder in braces, e.g. key {client_ip}"
+		if strings.Trim(zc.Key, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") == "" {
+			fix = "did you mean key {" + zc.Key + "}?"
+		}
+		logger.Warn("a zone's key has no placeholder: every request shares one bucket; "+fix+" (for one bucket on purpose, write key "+constantKey+")",
+			zap.String("zone", name), zap.String("key", zc.Key))
+	}
+	// Where the handler runs is not known here (a route's order is the
+	// config's, not the handler's): the warning is given whenever an auth
+	// placeholder is read, and a request without it is logged once more
+	// (emptyKey).
+	if setting, tpl := zc.readsAuth(); setting != "" {
+		logger.Warn("a zone reads a placeholder that authentication sets: "+authOrder+" (when it already runs after authentication, this line is only a reminder)",
+			zap.String("zone", name), zap.String("setting", setting), zap.String("placeholder", tpl))
+	}
+}
+
+// authPlaceholder is how the placeholders authentication handlers set
+// begin: {http.auth.user.id}, {http.auth.user.*} (basic_auth, JWT modules).
+const authPlaceholder = "{http.auth."
+
+// readsAuth returns the first of the zone's key and per-request templates
+// that reads a placeholder authentication sets, and its setting's name.
+func (zc *Zone) readsAuth() (setting, tpl string) {
+	templates := []struct{ setting, tpl string }{
+		{"key", zc.Key}, {"events", zc.MaxEventsPlaceholder}, {"window", zc.WindowPlaceholder},
+		{"burst", zc.BurstPlaceholder}, {"cost", zc.CostPlaceholder},
+	}
+	if zc.Quota != nil {
+		templates = append(templates, struct{ setting, tpl string }{"quota", zc.Quota.LimitPlaceholder})
+	}
+	for _, t := range templates {
+		if strings.Contains(t.tpl, authPlaceholder) {
+			return t.setting, t.tpl
+		}
+	}
+	return "", ""
+}
+
+// authOrder is how to make rate_limit run after authentication, which the
+// Caddyfile orders it before.
+const authOrder = "rate_limit must run after authentication, or the placeholder is empty for every request (one bucket for everyone, one plan for all); " +
+	"the Caddyfile orders rate_limit before basic_auth and other authentication: put both in route { basic_auth … rate_limit … }, or add the global option order rate_limit after basic_auth"
+
+// constantKey is the key template that says "one bucket for every request"
+// on purpose: any other template without a placeholder is warned about at
+// load (key client_ip, without braces, is a typo).
+const constantKey = "static"
+
+// hasPlaceholder reports whether the template has a placeholder, {name},
+// whose brace is not escaped.
+func hasPlaceholder(tpl string) bool {
+	for i := 0; i < len(tpl); i++ {
+		switch tpl[i] {
+		case '\\':
+			i++
+		case '{':
+			if end := strings.IndexByte(tpl[i+1:], '}'); end > 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// canBeEmpty reports whether the template can expand to nothing: it is
+// placeholders only, each of which may be unset or empty.
+func canBeEmpty(tpl string) bool {
+	for i := 0; i < len(tpl); i++ {
+		if tpl[i] != '{' {
+			return false
+		}
+		end := strings.IndexByte(tpl[i:], '}')
+		if end < 0 {
+			return false
+		}
+		i += end
+	}
+	return tpl != ""
 }
 
 // learnBans reads the zone's fleet-wide bans every interval (async mode:
@@ -440,8 +550,39 @@ func headerPlaceholder(name string) string {
 	return ""
 }
 
-// expandKey expands the zone's key template for the request.
+// expandKey expands the zone's key template for the request. A key that
+// expands to nothing (a missing header, a misspelt placeholder) is counted
+// and logged once: such requests share one bucket.
 func (z *zoneHandler) expandKey(r *http.Request, repl *caddy.Replacer) string {
+	key := z.expandTemplate(r, repl)
+	if key == "" {
+		z.emptyKey()
+	}
+	return key
+}
+
+// emptyKey counts a request whose key is empty, and logs the first.
+func (z *zoneHandler) emptyKey() {
+	if z.metrics != nil && z.metrics.emptyKeys != nil {
+		z.metrics.emptyKeys.Inc()
+	}
+	if z.logger == nil { // not provisioned (a unit test's zoneHandler)
+		return
+	}
+	if !z.loggedEmptyKey.Load() && z.loggedEmptyKey.CompareAndSwap(false, true) {
+		fix := "check the key's placeholders, reject such requests before rate_limit, or key them by another value"
+		if strings.Contains(z.key, authPlaceholder) {
+			// An authenticated request carries the placeholder: this
+			// one reached rate_limit before authentication.
+			fix = "the key reads what authentication sets, and this request reached rate_limit without it: " + authOrder
+		}
+		z.logger.Warn("a request's key is empty: every request whose key is empty shares one bucket (counted in caddy_rate_limit_empty_keys_total; logged once per zone and load); "+fix,
+			zap.String("zone", z.Name), zap.String("key", z.key))
+	}
+}
+
+// expandTemplate is the zone's key template expanded for the request.
+func (z *zoneHandler) expandTemplate(r *http.Request, repl *caddy.Replacer) string {
 	if z.keyHeader != "" {
 		// What {http.request.header.*} gives: the values joined by ",".
 		switch vals := r.Header[z.keyHeader]; len(vals) {

@@ -314,7 +314,7 @@ func TestAdminAddressesEveryKey(t *testing.T) {
 		t.Fatalf("unused key: %d, want 404", status)
 	}
 	waitFor(t, 5*time.Second, "Caddy to log the admin error", func() bool {
-		return strings.Contains(c.Output(), "has no state for this key")
+		return strings.Contains(c.Output(), "key not tracked")
 	})
 	for _, line := range strings.Split(c.Output(), "\n") {
 		if strings.Contains(line, `"level":"error"`) && strings.Contains(line, secret) {
@@ -464,5 +464,188 @@ func TestAdminResetUnblocksTheKeyOnEveryInstance(t *testing.T) {
 				t.Errorf("B let cust through %v after the reset on A, want within %v", d.Round(time.Millisecond), resetBound)
 			}
 		})
+	}
+}
+
+// The admin API's errors are plain JSON, as its answers are: a zone or key
+// with <, > or & reads as written, not \u003c (docs/operations.md), and so
+// does `caddy rate-limit --json`.
+func TestAdminErrorsAndCLIJSONAreNotHTMLEscaped(t *testing.T) {
+	t.Parallel()
+	c := startCaddy(t, adminSite)
+	status, body := c.adminDo(http.MethodGet, "/rate_limit/zones/"+url.PathEscape("<z>&")+"/keys/alice")
+	if status != http.StatusNotFound || !strings.Contains(body, `unknown zone \"<z>&\"`) || strings.Contains(body, `\u00`) {
+		t.Errorf("GET of zone <z>&: %d %s, want a 404 naming \"<z>&\" as written", status, body)
+	}
+	out := rateLimitCLI(t, c, "key", "api", "<b>&", "--json")
+	if !strings.Contains(out.stdout, `"key": "<b>&"`) || strings.Contains(out.stdout, `\u00`) {
+		t.Errorf("caddy rate-limit key api '<b>&' --json: exit %d, stdout %q, stderr %q; want the key as written", out.code, out.stdout, out.stderr)
+	}
+}
+
+// GET /rate_limit/zones gives each zone the fields its kind has: a
+// concurrency or quota zone no events, window or burst (not 0 and "0s"), a
+// connection zone no fail_policy; `caddy rate-limit zones` shows "-" as
+// the connection zone's fail policy.
+func TestAdminListsOnlyTheFieldsOfEachZonesKind(t *testing.T) {
+	t.Parallel()
+	c := startCaddyWith(t, `	servers {
+		listener_wrappers {
+			rate_limit {
+				zone conns {
+					key {remote_ip}
+					events 50
+					window 10s
+				}
+			}
+			tls
+		}
+	}`, `http:// {
+	rate_limit {
+		zone rate {
+			key {http.request.header.X-API-Key}
+			events 3
+			window 1h
+		}
+		zone uploads {
+			key {http.request.header.X-API-Key}
+			concurrency 2
+		}
+		zone monthly {
+			key {http.request.header.X-API-Key}
+			quota 100 per month
+		}
+	}
+	respond "ok"
+}
+`)
+	_, body := c.adminDo(http.MethodGet, "/rate_limit/zones")
+	var zones []map[string]any
+	if err := json.Unmarshal([]byte(body), &zones); err != nil {
+		t.Fatalf("GET /rate_limit/zones: %v in %s", err, body)
+	}
+	byName := map[string]map[string]any{}
+	for _, z := range zones {
+		byName[z["name"].(string)] = z
+	}
+	for _, tc := range []struct {
+		zone          string
+		want, without []string
+	}{
+		{"rate", []string{"events", "window", "window_seconds", "burst", "fail_policy"}, nil},
+		{"uploads", []string{"concurrency", "fail_policy"}, []string{"events", "window", "window_seconds", "burst"}},
+		{"monthly", []string{"quota", "fail_policy"}, []string{"events", "window", "window_seconds", "burst"}},
+		{"conns", []string{"events", "window", "burst", "layer"}, []string{"fail_policy"}},
+	} {
+		z, ok := byName[tc.zone]
+		if !ok {
+			t.Errorf("zone %s not listed in %s", tc.zone, body)
+			continue
+		}
+		for _, f := range tc.want {
+			if _, ok := z[f]; !ok {
+				t.Errorf("zone %s has no %q: %v", tc.zone, f, z)
+			}
+		}
+		for _, f := range tc.without {
+			if v, ok := z[f]; ok {
+				t.Errorf("zone %s has %q: %v, which means nothing for its kind", tc.zone, f, v)
+			}
+		}
+	}
+	lines := rateLimitCLI(t, c, "zones").ok(t, "zones")
+	if got := strings.Join(row(lines, "conns"), " "); !strings.HasPrefix(got, "conns 50/10s connections 50 local - ") {
+		t.Errorf("caddy rate-limit zones row %q, want the fail policy shown as -\n%s", got, strings.Join(lines, "\n"))
+	}
+}
+
+// prefixAndLongKeySite keys zone net by the client's address masked to its
+// /24, and zone long by the Authorization header, which a long token makes
+// longer than the 256 bytes a zone stores as they are.
+const prefixAndLongKeySite = `http:// {
+	rate_limit {
+		zone net {
+			match {
+				path /net
+			}
+			key {remote_host}
+			events 2
+			window 1h
+			ipv4_prefix 24
+		}
+		zone long {
+			match {
+				path /long
+			}
+			key {http.request.header.Authorization}
+			events 2
+			window 1h
+		}
+	}
+	respond "ok"
+}
+`
+
+// A key is read and reset as a request carries it: the admin API and the
+// CLI transform it as the zone does (masked to the prefix, hashed when
+// long), and also take it as stored ("sha256:<hex>", as top shows it). A key
+// with no state is "not tracked", and resetting it is an error.
+func TestAdminReadsAndResetsKeysAsTheZoneStoresThem(t *testing.T) {
+	t.Parallel()
+	c := startCaddy(t, prefixAndLongKeySite)
+
+	if got := c.Send(3, request{Path: "/net"}); got[1] != 200 || got[2] != 429 {
+		t.Fatalf("/net from 127.0.0.1: %v, want 2 allowed then 429", got)
+	}
+	var k struct {
+		adminKey
+		StoredAs string `json:"stored_as"`
+	}
+	c.adminJSON(keyPath("net", "127.0.0.1"), &k)
+	if k.Key != "127.0.0.1" || k.StoredAs != "127.0.0.0/24" || k.Remaining != 0 || k.RetryAfter <= 0 {
+		t.Errorf("GET net/127.0.0.1: %+v, want the limited 127.0.0.0/24", k)
+	}
+	if out := rateLimitCLI(t, c, "key", "net", "127.0.0.1").ok(t, "key net 127.0.0.1")[0]; !strings.HasPrefix(out, `zone net, key "127.0.0.1" (stored as "127.0.0.0/24"): LIMITED`) {
+		t.Errorf("key net 127.0.0.1: %q", out)
+	}
+	rateLimitCLI(t, c, "reset", "net", "127.0.0.1").ok(t, "reset net 127.0.0.1")
+	if got := c.Send(1, request{Path: "/net"}); got[0] != 200 {
+		t.Errorf("/net after the reset of 127.0.0.1: %v, want 200", got)
+	}
+
+	long := "Bearer " + strings.Repeat("x", 403)
+	auth := request{Path: "/long", Header: map[string]string{"Authorization": long}}
+	if got := c.Send(3, auth); got[1] != 200 || got[2] != 429 {
+		t.Fatalf("/long with a 410-byte key: %v, want 2 allowed then 429", got)
+	}
+	c.adminJSON("/rate_limit/zones/long/keys?key="+url.QueryEscape(long), &k)
+	if !strings.HasPrefix(k.StoredAs, "sha256:") || k.Remaining != 0 || k.RetryAfter <= 0 {
+		t.Fatalf("GET of the 410-byte key: stored_as %q, remaining %d, retry_after %v; want the limited sha256: key", k.StoredAs, k.Remaining, k.RetryAfter)
+	}
+	hashed := k.StoredAs
+	var top adminTop
+	c.adminJSON("/rate_limit/zones/long/top", &top)
+	if len(top.Keys) != 1 || top.Keys[0].Key != hashed {
+		t.Errorf("top of zone long: %+v, want the key as stored, %s", top.Keys, hashed)
+	}
+	// As top shows it: the stored key itself.
+	c.adminJSON(keyPath("long", hashed), &k)
+	if k.Remaining != 0 || k.RetryAfter <= 0 {
+		t.Errorf("GET of %s: %+v, want the limited key", hashed, k)
+	}
+	if status, body := c.adminDo(http.MethodDelete, "/rate_limit/zones/long/keys?key="+url.QueryEscape(long)); status != http.StatusNoContent {
+		t.Fatalf("DELETE of the 410-byte key: %d %s, want 204", status, body)
+	}
+	if got := c.Send(1, auth); got[0] != 200 {
+		t.Errorf("/long after the reset of the 410-byte key: %v, want 200", got)
+	}
+
+	// Nothing tracked: a 404 that says so, and a reset that fails.
+	status, body := c.adminDo(http.MethodGet, keyPath("net", "10.9.9.9"))
+	if status != http.StatusNotFound || !strings.Contains(body, "key not tracked") || strings.Contains(body, "at its full limit") {
+		t.Errorf("GET of a key never seen: %d %s, want 404 not tracked", status, body)
+	}
+	if r := rateLimitCLI(t, c, "reset", "net", "10.9.9.9"); r.code != 1 || !strings.Contains(r.stderr, "key not tracked, nothing to reset") || strings.Contains(r.stdout, "reset to its full limit") {
+		t.Errorf("reset of a key never seen: exit %d, stdout %q, stderr %q; want exit 1, not tracked", r.code, r.stdout, r.stderr)
 	}
 }

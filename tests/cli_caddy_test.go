@@ -132,7 +132,7 @@ func TestCLIShowsAndResetsAKey(t *testing.T) {
 		t.Errorf("key of a used key: %q", out)
 	}
 	out = rateLimitCLI(t, c, "key", "api", "carol").ok(t, "key api carol")[0]
-	if out != `zone api, key "carol": not limited, 3 of 3 remaining (no state: full limit)` {
+	if out != `zone api, key "carol": not tracked (no state: its next request has the full limit, 3)` {
 		t.Errorf("key of an unused key: %q", out)
 	}
 	var k adminKey
@@ -148,8 +148,12 @@ func TestCLIShowsAndResetsAKey(t *testing.T) {
 	if got := c.Send(1, withKey("team a/1")); got[0] != 200 {
 		t.Errorf("team a/1 after reset: %v, want 200", got)
 	}
-	// Resetting a key with no state is not an error: it has its full limit.
-	rateLimitCLI(t, c, "reset", "api", "carol").ok(t, "reset of an unused key")
+	// Resetting a key that is not tracked resets nothing: an error, so
+	// that a key given wrong (not as the zone keys it) is not taken for
+	// reset.
+	if r := rateLimitCLI(t, c, "reset", "api", "carol"); r.code != 1 || !strings.Contains(r.stderr, "key not tracked, nothing to reset") || r.stdout != "" {
+		t.Errorf("reset of an unused key: exit %d, stderr %q, stdout %q; want exit 1 and not tracked", r.code, r.stderr, r.stdout)
+	}
 }
 
 func TestCLITopShowsTheHeavyKeys(t *testing.T) {
@@ -448,5 +452,39 @@ func TestKeyThatIsNotUTF8IsReadAndResetAsTopShowsIt(t *testing.T) {
 	}
 	if r := rateLimitCLI(t, c, "key", "q", "--base64", "not base64!"); r.code != 1 || !strings.Contains(r.stderr, "--base64 not base64!: not standard base64") {
 		t.Errorf("key --base64 with a bad value: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
+// reset across instances prints each instance's outcome and fails when one
+// failed, though it reset the others; top and reset count an instance given
+// twice once.
+func TestCLIResetReportsEachInstanceAndTopCountsEachOnce(t *testing.T) {
+	t.Parallel()
+	c := startCaddy(t, adminSite)
+	up := "127.0.0.1:" + strconv.Itoa(c.AdminPort)
+	down := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	if got := c.Send(5, withKey("alice")); got[2] != 200 || got[3] != 429 || got[4] != 429 {
+		t.Fatalf("alice: %v, want 3 allowed then 2 denied", got)
+	}
+
+	r := runCLI(t, c, "reset", "api", "alice", "--address", up, "--address", down)
+	lines := strings.Split(strings.TrimRight(r.stdout, "\n"), "\n")
+	if r.code != 1 || !strings.Contains(r.stderr, "the reset failed on 1 of 2 instances ("+down+")") || len(lines) != 3 ||
+		lines[0] != `zone api, key "alice": reset to its full limit on 1 of 2 instances` ||
+		lines[1] != "  "+up+": reset" || !strings.HasPrefix(lines[2], "  "+down+": FAILED: cannot reach Caddy's admin API") {
+		t.Fatalf("reset on a live and a dead instance: exit %d, stdout:\n%s\nstderr %q; want each instance's outcome and exit 1", r.code, r.stdout, r.stderr)
+	}
+	if got := c.Send(1, withKey("alice")); got[0] != 200 {
+		t.Errorf("alice after the reset on the live instance: %v, want 200", got)
+	}
+	// Tracked nowhere: nothing was reset, an error.
+	if r := runCLI(t, c, "reset", "api", "nobody", "--address", up, "--address", down); r.code != 1 || !strings.Contains(r.stdout, "  "+up+": not tracked") {
+		t.Errorf("reset of a key no instance tracks: exit %d, stdout %q", r.code, r.stdout)
+	}
+
+	once := rateLimitCLI(t, c, "top", "api").ok(t, "top api")[0]
+	twice := runCLI(t, c, "top", "api", "--address", up, "--address", up).ok(t, "top with one address twice")[0]
+	if !strings.HasPrefix(once, "zone api: 2 denials on this instance") || twice != once {
+		t.Errorf("top with the same --address twice: %q, want what top with it once says: %q (2 denials)", twice, once)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -229,4 +230,50 @@ func TestReloadChangingDistributedKeepsInFlightSlotsAndCharges(t *testing.T) {
 			t.Fatalf("alice after 5 counted responses of 5 per hour: %d, want 429", res.Status)
 		}
 	})
+}
+
+// reloadSite has zone api at events, and zone steady, which no reload
+// below changes.
+func reloadSite(events int) string {
+	return fmt.Sprintf(`http:// {
+	rate_limit {
+		zone api {
+			key {http.request.header.X-API-Key}
+			events %d
+			window 1h
+		}
+		zone steady {
+			key {http.request.header.X-API-Key}
+			events 100
+			window 1h
+		}
+	}
+	respond "ok"
+}
+`, events)
+}
+
+// A reload that changes a local zone's limits starts its state afresh
+// (every key has its full limit again): one INFO line per such zone says so,
+// and why; a zone the reload leaves as it was says nothing, nor does a
+// reload that changes no limit.
+func TestReloadThatStartsAZoneAfreshSaysSoAndWhy(t *testing.T) {
+	t.Parallel()
+	c := startCaddy(t, reloadSite(3))
+	if got := c.Send(4, withKey("alice")); got[3] != 429 {
+		t.Fatalf("alice: %v, want the fourth denied", got)
+	}
+	const afresh = `"msg":"zone starts afresh: a reload changed its limits, so every key has its full limit again"`
+	load(t, c, "", reloadSite(5))
+	waitFor(t, 5*time.Second, "the INFO line of zone api starting afresh", func() bool {
+		return strings.Contains(c.Output(), afresh+`,"zone":"api","changed":"events 3 → 5, burst 3 → 5"}`)
+	})
+	if got := c.Send(1, withKey("alice")); got[0] != 200 {
+		t.Errorf("alice after the reload: %v, want 200 (a fresh state)", got)
+	}
+	load(t, c, "", strings.Replace(reloadSite(5), `respond "ok"`, `respond "still ok"`, 1))
+	waitFor(t, 5*time.Second, "the reloaded config to serve", func() bool { return c.Do(request{}).Body == "still ok" })
+	if n := strings.Count(c.Output(), afresh); n != 1 {
+		t.Errorf("%d lines of a zone starting afresh, want 1 (zone api's first reload; not zone steady, not a reload that changes no limit):\n%s", n, c.Output())
+	}
 }
