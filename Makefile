@@ -49,10 +49,17 @@ lint: cross
 
 # Every platform Caddy ships: the shipped module type-checks for each
 # (tests/cmd/crosscheck lists them), and its unit tests build and pass where
-# int is 32 bits (386 binaries run on amd64 Linux).
+# int is 32 bits (386 binaries run on amd64 Linux). A kernel built without
+# 32-bit emulation (ia32_emulation off, as on some VMs) cannot run them: the
+# tests are then built for 386, not run, and the output says so.
 cross:
 	cd tests && $(GO) run ./cmd/crosscheck
-	GOARCH=386 $(GO) test -count=1 ./...
+	@if GOARCH=386 $(GO) test -count=1 -run '^$$' ./internal/monotime >/dev/null 2>&1; then \
+		echo "GOARCH=386 $(GO) test -count=1 ./..."; GOARCH=386 $(GO) test -count=1 ./...; \
+	else \
+		echo "this kernel cannot run 32-bit binaries (ia32 emulation off): building the unit tests for 386 without running them"; \
+		out=$$(mktemp -d) && GOARCH=386 $(GO) test -count=1 -c -o $$out/ ./... && rm -rf $$out && echo "386 unit tests built"; \
+	fi
 
 unit:
 	$(GO) test -race -count=1 ./...
