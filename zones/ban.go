@@ -229,11 +229,16 @@ func (z *Zone) storeBanDecision(key string, now int64, rep RateReply) Decision {
 // banOnDenial starts a ban for a key the zone just denied for lack of
 // quota, unless the zone is in dry run, and makes d the ban's denial. In dry
 // run it only reports the ban that would start (d.BanStarted, d stays as
-// it was).
+// it was), once per would-be ban.
 func (z *Zone) banOnDenial(key string, now int64, d *Decision) {
 	if z.DryRun {
-		if _, _, banned := z.banIn(key, now); !banned {
-			d.BanStarted = z.banLength(1)
+		// A would-be ban is remembered, never enforced, so that one that
+		// would be running is not reported as starting again.
+		if _, running := z.state.wouldBan.Get(key, now); !running {
+			if _, _, banned := z.banIn(key, now); !banned {
+				d.BanStarted = z.banLength(1)
+				z.state.wouldBan.Set(key, now+int64(d.BanStarted), now)
+			}
 		}
 		return
 	}

@@ -116,6 +116,39 @@ func TestDryRunBansNothing(t *testing.T) {
 	}
 }
 
+// A dry-run zone reports each ban that would start once, not every
+// would-deny of a key whose would-be ban is running: the dry-run bans
+// counter counts bans, as the real one does.
+func TestDryRunReportsEachWouldBeBanOnce(t *testing.T) {
+	c := Config{Name: "z", Events: 1, Window: time.Minute, Ban: 10 * time.Second, DryRun: true}
+	s := NewState(c, time.Hour)
+	defer func() { _ = s.Destruct() }()
+	z := mustNew(c, s, nil)
+	ctx, now := context.Background(), 100*sec
+	started := func(at int64, n int) int {
+		count := 0
+		for range n {
+			if d := z.Decide(ctx, "k", at); d.BanStarted > 0 {
+				count++
+			}
+		}
+		return count
+	}
+	if n := started(now, 5); n != 1 {
+		t.Fatalf("1 allowed and 4 would-denies in one would-be ban reported %d bans, want 1", n)
+	}
+	if n := started(now+9*sec, 3); n != 0 {
+		t.Fatalf("would-denies 9s into the 10s would-be ban reported %d bans, want 0", n)
+	}
+	if n := started(now+10*sec, 3); n != 1 {
+		t.Fatalf("would-denies once the would-be ban ended reported %d bans, want 1", n)
+	}
+	z.Forget("k")
+	if n := started(now+11*sec, 2); n != 1 {
+		t.Fatalf("a reset key's next would-deny reported %d bans, want 1 (the reset forgets the would-be ban)", n)
+	}
+}
+
 func TestBanEntryRoundTrips(t *testing.T) {
 	for _, end := range []int64{1, 63, 64, 65, 1 << 40, 1<<62 + 7} {
 		for _, level := range []int{1, 2, 17, 63} {

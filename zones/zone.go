@@ -246,6 +246,7 @@ type State struct {
 	Denied   *Table         // with a Store: keys the store denied, until when
 	Fallback *Table         // fail_policy local: TAT per key at this instance's share
 	Bans     *Table         // zones with ban: each key's ban and escalation (ban.go); else nil
+	wouldBan *Table         // zones with ban in dry run: when each key's would-be ban ends
 	banList  banList        // the keys of current bans, bounded, for the admin list
 	forgets  atomic.Uint64  // keys forgotten (reset) so far: see LearnBans
 	anyBan   atomic.Bool    // Bans may hold an entry (false: none since the last sweep)
@@ -298,7 +299,7 @@ func NewState(c Config, sweepInterval time.Duration) *State {
 		s.plans = newPlans(maxKeys)
 	}
 	if c.Ban > 0 {
-		s.Bans = NewTable(maxKeys)
+		s.Bans, s.wouldBan = NewTable(maxKeys), NewTable(maxKeys)
 		s.banCfg = Config{Ban: c.Ban, BanMax: c.BanMax}
 	}
 	if c.IsConcurrency() {
@@ -326,6 +327,7 @@ func (s *State) sweep(interval time.Duration) {
 			s.Fallback.Sweep(now)
 			if s.Bans != nil {
 				s.sweepBans(now)
+				s.wouldBan.Sweep(now)
 			}
 			if s.plans != nil {
 				s.plans.keys.Sweep(now)
@@ -344,7 +346,7 @@ func (s *State) sweep(interval time.Duration) {
 func (s *State) Len() int {
 	n := s.Local.Len() + s.Denied.Len() + s.Fallback.Len() + s.owed.len()
 	if s.Bans != nil {
-		n += s.Bans.Len()
+		n += s.Bans.Len() + s.wouldBan.Len()
 	}
 	if s.conc != nil {
 		n += s.conc.len()
@@ -809,6 +811,7 @@ func (z *Zone) Forget(key string) {
 	z.state.forgets.Add(1)
 	if z.state.Bans != nil {
 		z.state.Bans.Delete(key)
+		z.state.wouldBan.Delete(key)
 		z.state.banList.remove(key)
 	}
 	z.state.Local.Delete(key)
