@@ -3,7 +3,7 @@ package ratelimit
 // The request path of concurrency zones (zones/concurrency.go takes and
 // gives back the slots): a request holds its slots while next runs, and a
 // denial by a later zone gives them back. Their order among zones is in
-// zone.go, their headers in headers.go, their gauge in metrics.go and the
+// zoneconfig.go, their headers in headers.go, their gauge in metrics.go and the
 // admin view of a key's slots in admin.go.
 
 import (

@@ -186,9 +186,13 @@ func (zc *Zone) provisionConnection(ctx caddy.Context, name string, dryRun bool)
 	if err := claimZone(ctx, cfg, c); err != nil {
 		return nil, err
 	}
-	state, id, _, err := loadState(cfg, planVars{}, DefaultSweepInterval)
+	state, id, fresh, err := loadState(cfg, planVars{}, DefaultSweepInterval)
 	if err != nil {
 		return nil, err
+	}
+	if old, ok := replacedDefinition(id); ok && fresh {
+		ctx.Logger().Info("zone starts afresh: a reload changed its limits, so every key has its full limit again",
+			zap.String("zone", name), zap.String("changed", id.changesFrom(old)))
 	}
 	zone, err := zones.New(cfg, state, nil)
 	if err != nil {

@@ -15,7 +15,7 @@ import (
 //
 //	INFO  rate limit exceeded                    a denial (serve.go)
 //	INFO  rate limit would deny (dry run)        a dry-run zone's denial (serve.go)
-//	DEBUG store unavailable; fail policy applied a decision Redis did not make (zone.go)
+//	DEBUG store unavailable; fail policy applied a decision Redis did not make (zones/zone.go)
 //	WARN  per-request limit is empty or invalid; ...  a limit placeholder fell back (plans.go)
 //	WARN  request cost is empty or invalid; ...  a cost or charge placeholder fell back (cost.go)
 //	WARN  request cost exceeds the zone's burst  a request that can never pass (cost.go)

@@ -7,8 +7,8 @@
 // This package is the Caddy side, a file per concern:
 //
 //	module.go       the handler's config (Handler) and lifecycle: Provision, Validate, Cleanup
-//	zone.go         a zone's config (Zone) and provisioned form: matchers, key, order
-//	serve.go        ServeHTTP: where a request is decided, and the denial
+//	zoneconfig.go   a zone's config (Zone) and provisioned form: matchers, key, order
+//	serve.go        ServeHTTP: a request's tickets through zones.Admit, and the denial
 //	plans.go        limits read from each request's placeholders
 //	cost.go         what a request costs, and charging after the response
 //	concurrency.go  holding concurrency slots while the next handlers run

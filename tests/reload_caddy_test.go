@@ -277,3 +277,29 @@ func TestReloadThatStartsAZoneAfreshSaysSoAndWhy(t *testing.T) {
 		t.Errorf("%d lines of a zone starting afresh, want 1 (zone api's first reload; not zone steady, not a reload that changes no limit):\n%s", n, c.Output())
 	}
 }
+
+// The same for a connection zone (the listener wrapper's): a reload that
+// changes its limits says it starts afresh, and why.
+func TestReloadThatStartsAConnectionZoneAfreshSaysSo(t *testing.T) {
+	t.Parallel()
+	global := func(events int) string {
+		return fmt.Sprintf(`	servers {
+		listener_wrappers {
+			rate_limit {
+				zone conn {
+					key {remote_ip}
+					events %d
+					window 1h
+				}
+			}
+			tls
+		}
+	}`, events)
+	}
+	const site = "http:// {\n\trespond \"ok\"\n}\n"
+	c := startCaddyWith(t, global(50), site)
+	load(t, c, global(60), site)
+	waitFor(t, 5*time.Second, "the INFO line of connection zone conn starting afresh", func() bool {
+		return strings.Contains(c.Output(), `"msg":"zone starts afresh: a reload changed its limits, so every key has its full limit again","zone":"conn","changed":"events 50 → 60, burst 50 → 60"}`)
+	})
+}
