@@ -125,7 +125,7 @@ type Zone struct {
 	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
 
 	// What to do when Redis cannot answer: "local" (default) enforces this
-	// instance's share of the limit in-process, "open" allows, "closed"
+	// instance's part of the limit in-process, "open" allows, "closed"
 	// denies. Only meaningful with distributed.
 	FailPolicy string `json:"fail_policy,omitempty"`
 

@@ -264,7 +264,7 @@ func (z *Zone) queueCharge(key string, p *Plan, cost int64) {
 // sendCharge makes the first attempt to land a strict-mode charge. The
 // key's waiting checks are released (c.landed) once the charge is in Redis
 // or, when the attempt failed, in the fail policy's view (fail_policy local
-// charges this instance's share at once, so that checks during an outage
+// charges this instance's part at once, so that checks during an outage
 // see the debt without waiting for retries); a failed charge is then
 // retried by retryLoop.
 func (z *Zone) sendCharge(ch charge, c *charger) {
@@ -342,7 +342,7 @@ func (c *charger) retryLoop(stop <-chan struct{}) {
 }
 
 // chargeFallback applies the fail policy to a charge the store did not
-// take: `local` charges this instance's share of the limit, so that the
+// take: `local` charges this instance's part of the limit, so that the
 // key's checks during the outage see the debt; `open` and `closed` have
 // nothing to charge (their checks allow or deny everything meanwhile).
 func (z *Zone) chargeFallback(key string, now int64, p *Plan, cost int64) {

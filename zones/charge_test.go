@@ -65,7 +65,7 @@ func TestStrictChargesThatCannotLandFallBackAtOnceAndAreCountedAfterRetries(t *t
 	if d := time.Since(start); d > time.Second {
 		t.Errorf("64 charges with Redis down took %v: a charge must never wait for Redis", d)
 	}
-	// Each instance's share while Redis is down is 50 (2 instances); the
+	// Each instance's part while Redis is down is 50 (2 instances); the
 	// 64 charges land in it, so the key owes 14 of them plus one unit.
 	deadline := time.Now().Add(5 * time.Second)
 	for failed.Load() < 64 {

@@ -52,7 +52,7 @@ type concurrencyState struct {
 type slotTables struct {
 	maxKeys  int
 	local    *Table // local mode: requests in flight per key
-	fallback *Table // fail_policy local: the same, at this instance's share
+	fallback *Table // fail_policy local: the same, at this instance's part
 }
 
 func newSlotTables(maxKeys int) *slotTables {
@@ -218,16 +218,16 @@ func (z *Zone) acquireIn(which func(*slotTables) *Table, key string, limit int64
 
 // failSlot applies the zone's fail policy to a slot the store could not
 // give: open admits without a slot anywhere, closed denies, local counts the
-// request in this instance's fallback table at its share of the limit,
+// request in this instance's fallback table at its part of the limit,
 // ⌊concurrency / N⌋ and at least 1 (N = live instances last seen). Slots
 // taken in the fallback table are released there, so a store that comes back
 // neither leaks nor double-counts them (it does not see them either).
 func (z *Zone) failSlot(key string, err error) (Decision, Slot) {
 	var slot Slot
 	d := z.failPolicy(err, Decision{Remaining: z.Concurrency}, func() Decision {
-		share := max(1, z.Concurrency/int64(max(1, z.store.Instances())))
+		part := max(1, z.Concurrency/int64(max(1, z.store.Instances())))
 		var d Decision
-		d, slot = z.acquireIn(fallbackTable, key, share, SourceFailLocal, err)
+		d, slot = z.acquireIn(fallbackTable, key, part, SourceFailLocal, err)
 		return d
 	})
 	switch d.Source {

@@ -14,7 +14,7 @@ import (
 // it admitted under the fallback (and the post-charged zones' charges that
 // never landed), so that the key does not get its quota again. An outage
 // thus costs the fleet at most the fallback's own bound, once: each
-// instance admits at most its share of what the key had left, and whatever
+// instance admits at most its part of what the key had left, and whatever
 // it admits counts in the store afterwards.
 //
 // A charge is sent at most once: one that timed out may have run, and is

@@ -157,7 +157,7 @@ func QuotaPlan(n int64) Plan { return Plan{Events: n, Burst: n} }
 type quotaState struct {
 	clock    periodClock
 	used     *Table // local mode: units used per key, packed with their period
-	fallback *Table // fail_policy local: the same, at this instance's share
+	fallback *Table // fail_policy local: the same, at this instance's part
 }
 
 func newQuotaState(c Config, maxKeys int) *quotaState {
@@ -397,7 +397,7 @@ func (z *Zone) storeQuotaDecision(key string, now int64, pn *periodNow, limit in
 	}
 	if z.FailPolicy == FailLocal && r.Period == 1 {
 		// What the fleet used is where fail_policy local starts from:
-		// this instance's share of it.
+		// this instance's part of it.
 		n := int64(max(1, z.store.Instances()))
 		z.state.quota.fallback.setQuotaUsed(key, pn.gen, (r.Used+n-1)/n)
 	}
@@ -417,15 +417,15 @@ func (z *Zone) cachedQuotaDenial(key string, now int64, pn *periodNow) (Decision
 
 // failQuota applies the zone's fail policy to a quota step the store could
 // not make: open allows, closed denies with a short Retry-After, local
-// counts the key in this instance's fallback table at its share of the
-// quota, ⌊n/N⌋ and at least 1, starting from its share of what the fleet
+// counts the key in this instance's fallback table at its part of the
+// quota, ⌊n/N⌋ and at least 1, starting from its part of what the fleet
 // had used (see storeQuotaDecision). A store whose clock is a period or
 // more from the zone's moves the zone's clock to its own.
 func (z *Zone) failQuota(key string, now int64, pn *periodNow, p *Plan, op Op, cost int64, err error) Decision {
 	z.followClock(err)
 	open := Decision{Remaining: p.Events, ResetAfter: time.Duration(max(1, pn.endMono-now)), Period: pn.length}
 	return z.failPolicy(err, open, func() Decision {
-		return pn.decision(z.state.quota.fallback.quotaStep(key, pn.gen, op, z.quotaShare(p), cost), now, SourceFailLocal)
+		return pn.decision(z.state.quota.fallback.quotaStep(key, pn.gen, op, z.quotaPart(p), cost), now, SourceFailLocal)
 	})
 }
 
@@ -438,9 +438,9 @@ func (z *Zone) followClock(err error) {
 	}
 }
 
-// quotaShare is this instance's share of p's quota while the store is
+// quotaPart is this instance's part of p's quota while the store is
 // unavailable.
-func (z *Zone) quotaShare(p *Plan) algorithms.Quota {
+func (z *Zone) quotaPart(p *Plan) algorithms.Quota {
 	if p.Events == 0 {
 		return algorithms.Quota{}
 	}
@@ -456,9 +456,9 @@ func (z *Zone) refundQuota(ctx context.Context, key string, now int64, d Decisio
 	case SourceLocal:
 		q.used.quotaStep(key, pn.gen, OpRefund, algorithms.Quota{Limit: p.Events}, cost)
 	case SourceFailLocal:
-		share := z.quotaShare(p)
-		limit = share.Limit
-		q.fallback.quotaStep(key, pn.gen, OpRefund, share, cost)
+		part := z.quotaPart(p)
+		limit = part.Limit
+		q.fallback.quotaStep(key, pn.gen, OpRefund, part, cost)
 	case SourceStore:
 		if _, err := z.store.Quota(ctx, z.Name, key, QuotaStep{Op: OpRefund, Limit: QuotaLimit{Limit: p.Events, Periods: &pn.periods}, Cost: cost}); err != nil {
 			return d, err
@@ -502,10 +502,10 @@ func (z *Zone) tryChargeQuota(ctx context.Context, key string, now int64, p *Pla
 }
 
 // chargeQuotaFallback is chargeFallback for a quota zone: fail_policy
-// local charges this instance's share.
+// local charges this instance's part.
 func (z *Zone) chargeQuotaFallback(key string, now int64, p *Plan, cost int64) {
 	q := z.state.quota
-	q.fallback.quotaStep(key, q.clock.at(now).gen, OpCharge, z.quotaShare(p), cost)
+	q.fallback.quotaStep(key, q.clock.at(now).gen, OpCharge, z.quotaPart(p), cost)
 }
 
 // QuotaState is a quota zone's key as the admin API shows it.

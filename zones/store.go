@@ -131,13 +131,13 @@ type Records interface {
 	// store's last denial of key ends (monotime), if it is in force at now.
 	DeniedUntil(zone, key string, now int64) (until int64, ok bool)
 	// Fallback runs one step of fail_policy local for key at now: op
-	// (OpDecide, OpCheck, OpCharge or OpRefund) of cost at share, this
-	// instance's share of limit, in key's record, starting from what the
-	// record last heard from the store (a fresh share for a key it has no
+	// (OpDecide, OpCheck, OpCharge or OpRefund) of cost at part, this
+	// instance's part of limit, in key's record, starting from what the
+	// record last heard from the store (a fresh part for a key it has no
 	// record of). What it admits or charges is owed to the store: the
 	// next sync that succeeds counts it there. OpDecide admits for later
 	// up to ahead (ns; 0: not at all).
-	Fallback(zone, key string, now int64, limit, share algorithms.Limit, op Op, cost, ahead int64) algorithms.Result
+	Fallback(zone, key string, now int64, limit, part algorithms.Limit, op Op, cost, ahead int64) algorithms.Result
 }
 
 // BanList lists a zone's bans fleet-wide, in a bounded structure updated

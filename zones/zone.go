@@ -26,7 +26,7 @@ import (
 type FailPolicy uint8
 
 const (
-	// FailLocal enforces the zone in-process at this instance's share of the
+	// FailLocal enforces the zone in-process at this instance's part of the
 	// limit (events/N, burst/N, at least 1, N = live instances last seen).
 	FailLocal FailPolicy = iota
 	// FailOpen allows the request.
@@ -244,7 +244,7 @@ const HashedKeyPrefix = "sha256:"
 type State struct {
 	Local    *Table         // local mode: TAT per key
 	Denied   *Table         // with a Store: keys the store denied, until when
-	Fallback *Table         // fail_policy local: TAT per key at this instance's share
+	Fallback *Table         // fail_policy local: TAT per key at this instance's part
 	Bans     *Table         // zones with ban: each key's ban and escalation (ban.go); else nil
 	wouldBan *Table         // zones with ban in dry run: when each key's would-be ban ends
 	banList  banList        // the keys of current bans, bounded, for the admin list
@@ -575,8 +575,8 @@ func (z *Zone) storeStep(ctx context.Context, op Op, key string, now int64, p *P
 // it (a decision, a post-charged zone's check and its charge): a denial is
 // cached until its retry time, and under fail_policy local the key's state
 // is where the fallback starts from if the store goes away: the key is back
-// to full at the same moment on this instance's share (B/N tokens of N·T
-// each span the same B·T), rather than with a fresh share.
+// to full at the same moment on this instance's part (B/N tokens of N·T
+// each span the same B·T), rather than with a fresh part.
 func (z *Zone) heard(key string, now int64, r algorithms.Result) {
 	if z.records != nil {
 		return // the store's record of the key holds both
@@ -634,7 +634,7 @@ func (z *Zone) cachedStoreDenial(key string, now int64, p *Plan) (Decision, bool
 // failPolicy is the zone's fail policy, the one place it is applied, to a
 // step of any kind that the store could not make (err): open allows, as
 // open says (the kind's full limit); closed denies with a short
-// Retry-After; local is the kind's own step at this instance's share, which
+// Retry-After; local is the kind's own step at this instance's part, which
 // local runs. Steps with nothing to answer (a charge, a refund) pass open
 // as the zero Decision and ignore the result.
 func (z *Zone) failPolicy(err error, open Decision, local func() Decision) Decision {
@@ -654,7 +654,7 @@ func (z *Zone) failPolicy(err error, open Decision, local func() Decision) Decis
 }
 
 // failRate is failPolicy for a rate zone's decide or check: fail_policy
-// local runs it at this instance's share (a decide admits for later up to
+// local runs it at this instance's part (a decide admits for later up to
 // ahead), and what it admits is owed to the store.
 func (z *Zone) failRate(op Op, key string, now int64, p *Plan, cost, ahead int64, err error) Decision {
 	return z.failPolicy(err, Decision{Remaining: p.Burst}, func() Decision {
@@ -676,31 +676,31 @@ func (z *Zone) deniedUntil(key string, now int64) (int64, bool) {
 }
 
 // fallback runs one step of fail_policy local for key under plan p at this
-// instance's share: in the Fallback table, or in the store's record of the
+// instance's part: in the Fallback table, or in the store's record of the
 // key when it keeps one (async mode), which also owes Redis what it admits.
 func (z *Zone) fallback(key string, now int64, p *Plan, op Op, cost, ahead int64) algorithms.Result {
-	share := z.shareLimit(p)
+	part := z.partLimit(p)
 	if z.records != nil {
-		return z.records.Fallback(z.Name, key, now, p.limit, share, op, cost, ahead)
+		return z.records.Fallback(z.Name, key, now, p.limit, part, op, cost, ahead)
 	}
 	t := z.state.Fallback
 	switch op {
 	case OpCheck, OpPeek:
-		return t.Peek(key, now, share)
+		return t.Peek(key, now, part)
 	case OpCharge:
-		return t.Charge(key, now, share, cost)
+		return t.Charge(key, now, part, cost)
 	case OpRefund:
-		t.Refund(key, now, share, cost)
+		t.Refund(key, now, part, cost)
 		return algorithms.Result{}
 	}
-	return t.DecideAhead(key, now, share, cost, ahead)
+	return t.DecideAhead(key, now, part, cost, ahead)
 }
 
-// shareLimit is this instance's share of p while the store is unavailable:
+// partLimit is this instance's part of p while the store is unavailable:
 // events/N and burst/N (at least 1), N the live instances last seen through
 // the store.
-func (z *Zone) shareLimit(p *Plan) algorithms.Limit {
-	return p.share(int64(max(1, z.store.Instances())))
+func (z *Zone) partLimit(p *Plan) algorithms.Limit {
+	return p.part(int64(max(1, z.store.Instances())))
 }
 
 // Refund gives back a unit-cost request under the zone's literal limit
@@ -722,7 +722,7 @@ func (z *Zone) RefundWith(ctx context.Context, key string, now int64, d Decision
 	case SourceLocal:
 		z.state.Local.Refund(key, now, l, cost)
 	case SourceFailLocal:
-		l = z.shareLimit(p)
+		l = z.partLimit(p)
 		z.fallback(key, now, p, OpRefund, cost, 0)
 		z.owe(key, p, -cost)
 	case SourceStore:

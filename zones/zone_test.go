@@ -280,7 +280,7 @@ func TestFailPolicies(t *testing.T) {
 			t.Fatalf("%+v, want denied with retry %v", d, FailClosedRetryAfter)
 		}
 	})
-	t.Run("local enforces this instance's share", func(t *testing.T) {
+	t.Run("local enforces this instance's part", func(t *testing.T) {
 		c := Config{Name: "z", Events: 30, Window: time.Hour, FailPolicy: FailLocal}
 		z := mustNew(c, newTestState(t, c), &faultStore{err: outage, instances: 3})
 		allowed := 0
