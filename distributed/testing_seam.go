@@ -188,3 +188,16 @@ func (r *Region) SyncNow() bool {
 	r.poll()
 	return true
 }
+
+// Demand is what this instance counted of key in zone for the region's
+// demand since its last poll (admitted and denied units), read without
+// taking it: for tests of which steps count.
+func (r *Region) Demand(zone, key string) (admitted, denied int64) {
+	if z := r.zone(zone); z != nil {
+		if v, ok := z.counts.Load(key); ok {
+			c := v.(*counter)
+			return max(0, c.n[0].Load()), max(0, c.n[1].Load())
+		}
+	}
+	return 0, 0
+}
