@@ -331,3 +331,30 @@ func mustNew(c Config, s *State, store Store) *Zone {
 	}
 	return z
 }
+
+// A store says once what it offers; a zone whose kind needs what its store
+// lacks is refused when it is made, never decided "without" it.
+func TestNewRefusesAZoneItsStoreCannotServe(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		c    Config
+		want string
+	}{
+		{"quota", Config{Name: "q", Quota: 10, Period: algorithms.Day}, "cannot keep calendar quotas"},
+		{"concurrency", Config{Name: "c", Concurrency: 3}, "cannot hold concurrency slots"},
+	} {
+		if err := tc.c.Validate(); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		s := NewState(tc.c, time.Hour)
+		_, err := New(tc.c, s, &faultStore{})
+		_ = s.Destruct()
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "zone "+tc.c.Name) {
+			t.Errorf("%s zone over a store that offers neither: %v, want an error naming the zone and %q", tc.name, err, tc.want)
+		}
+	}
+	c := Config{Name: "r", Events: 5, Window: time.Minute}
+	if _, err := New(c, nil, &faultStore{}); err != nil {
+		t.Errorf("a rate zone over a plain store: %v", err)
+	}
+}
