@@ -66,14 +66,8 @@ func (s *Strict) Quota(ctx context.Context, zone, key string, st zones.QuotaStep
 // peekQuota reads key's count in zone with quota.lua's check, unbatched, in
 // either mode: async leases count as used.
 func (c *link) peekQuota(ctx context.Context, zone, key string, q zones.QuotaLimit) (zones.QuotaResult, error) {
-	rep, err := c.run(ctx, c.quota, zone, c.QuotaKey(zone, key), true, quotaArgs(OpPeek, q, 0, ""))
+	rep, err := c.run(ctx, c.quota, zone, c.QuotaKey(zone, key), true, [5]any{"", q.Periods.Arg, q.Limit, int64(0), string(OpPeek)})
 	return rep.quota.result(), err
-}
-
-// quotaArgs builds ARGV for one key's quota.lua call; now is "" (Redis
-// TIME) or int64 µs. Build it with a constant op (see Strict.Rate).
-func quotaArgs(op Op, q zones.QuotaLimit, cost int64, now any) [5]any {
-	return [5]any{now, q.Periods.Arg, q.Limit, cost, string(op)}
 }
 
 // parseQuotaStep reads one key's {u, to_end, period} of quota.lua.

@@ -216,13 +216,6 @@ const (
 	OpCharge Op = "c"
 )
 
-// scriptArgs builds ARGV for one key's gcra.lua call; now is "" (Redis
-// TIME) or int64 µs. A batch shares ARGV[1] (now) and appends the other four
-// for each key.
-func scriptArgs(op Op, l algorithms.Limit, cost int64, now any) [5]any {
-	return [5]any{now, l.EmissionInterval, l.Burst, cost, string(op)}
-}
-
 // nanos converts a result in microseconds (Redis's) to nanoseconds. Its TAT
 // is left out: it lives in Redis, on Redis's clock.
 func nanos(r algorithms.Result) algorithms.Result {
