@@ -20,6 +20,12 @@ import (
 //go:embed async.lua
 var asyncScript string
 
+//go:embed async_peek.lua
+var asyncPeekLua string
+
+// peekScript reads a key's TAT and Redis's clock, in µs.
+var peekScript = redis.NewScript(asyncPeekLua)
+
 // ErrStale: an async store has not synced with Redis for too long to keep
 // deciding from its local view.
 var ErrStale = errors.New("distributed: async view is stale (no successful sync with redis)")
@@ -130,15 +136,20 @@ func (a *Async) Offers() zones.Offers {
 }
 
 // Rate runs one step of a rate zone's key (zones.Store) on this instance's
-// allowance, without calling Redis (a peek and a reset reach it). limit is
-// in nanoseconds, like the result; Remaining is this instance's allowance,
-// not the fleet's. A decide with ahead admits a request the allowance
-// cannot cover for later, when its turn is at most ahead (ns) away (see
+// allowance, without calling Redis. limit is in nanoseconds, like the
+// result; Remaining is this instance's allowance, not the fleet's. A
+// decide with ahead admits a request the allowance cannot cover for
+// later, when its turn is at most ahead (ns) away (see
 // record.decideAhead). A check reports, without consuming, whether the
 // allowance has a unit left; a charge takes cost from it after the
 // response, and what it does not cover is reported at the next sync and
-// counted in Redis past the burst (the key goes into debt). A step's ban
-// rule is not for this store: Offers says so, and zones sends none.
+// counted in Redis past the burst (the key goes into debt). A peek reports
+// the fleet's view of the key as Redis holds it (leases count as spent,
+// what instances admitted since their last sync does not), through the
+// breaker of the key's master as strict mode's does; a reset forgets the
+// key here, deletes it in Redis and tells the other instances, which drop
+// their records of it. A step's ban rule is not for this store: Offers
+// says so, and zones sends none.
 func (a *Async) Rate(ctx context.Context, zone, key string, st zones.RateStep) (zones.RateReply, error) {
 	switch st.Op {
 	case zones.OpDecide, zones.OpCheck, zones.OpCharge:
@@ -156,8 +167,19 @@ func (a *Async) Rate(ctx context.Context, zone, key string, st zones.RateStep) (
 		s.mu.Unlock()
 		return zones.RateReply{}, nil
 	case zones.OpPeek:
-		res, err := a.peek(ctx, zone, key, st.Limit)
-		return zones.RateReply{Result: res}, err
+		rkey := a.RedisKey(zone, key)
+		var v []int64 // the key's TAT and Redis's clock, in µs
+		err := a.unbatched(ctx, rkey, func(ctx context.Context) (err error) {
+			v, err = peekScript.Run(ctx, a.client, []string{rkey}).Int64Slice()
+			return err
+		})
+		if err == nil && len(v) != 2 {
+			err = errBadReply
+		}
+		if err != nil {
+			return zones.RateReply{}, err
+		}
+		return zones.RateReply{Result: nanos(micro(st.Limit).Peek(v[1], v[0]))}, nil
 	case zones.OpReset:
 		a.forgetRecord(zone, key)
 		return zones.RateReply{}, a.reset(ctx, a.RedisKey(zone, key), zone, key)
@@ -336,31 +358,6 @@ func (a *Async) forgetRecord(zone, key string) {
 // synced reports whether the last sync succeeded: cached denials dropped
 // after missed resets wait for it (see resets.go).
 func (a *Async) synced() bool { return !a.syncFailed.Load() }
-
-//go:embed async_peek.lua
-var asyncPeekLua string
-
-// peekScript reads a key's TAT and Redis's clock, in µs.
-var peekScript = redis.NewScript(asyncPeekLua)
-
-// Peek reports the fleet's view of key in zone as Redis holds it: leases
-// count as spent, what instances admitted since their last sync does not.
-// It goes through the breaker of the key's master, as strict mode's does.
-func (a *Async) peek(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, error) {
-	rkey := a.RedisKey(zone, key)
-	var v []int64
-	err := a.unbatched(ctx, rkey, func(ctx context.Context) (err error) {
-		v, err = peekScript.Run(ctx, a.client, []string{rkey}).Int64Slice()
-		return err
-	})
-	if err != nil {
-		return algorithms.Result{}, err
-	}
-	if len(v) != 2 {
-		return algorithms.Result{}, errBadReply
-	}
-	return nanos(micro(limit).Peek(v[1], v[0])), nil
-}
 
 func b2i(b bool) int64 {
 	if b {

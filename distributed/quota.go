@@ -104,5 +104,3 @@ func (clockError) RedisError()     {}
 
 // errForeignQuota: a quota key held a hash tally did not write.
 const errForeignQuota = scriptError("TALLYFOREIGN a hash that is not a quota count was at a tally quota key; deleted")
-
-// Interface guard: what zones asks of a strict store's quotas.

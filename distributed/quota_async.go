@@ -258,11 +258,7 @@ func (a *Async) runQuota(ctx context.Context, zone, rkey string, q zones.QuotaLi
 	if !ok {
 		return quotaAsyncReply{}, ErrUnavailable
 	}
-	cmd := quotaAsyncScript.Run(ctx, a.client, []string{rkey}, a.quotaArgs(q, st)...)
-	rep, err := parseQuotaAsync(cmd)
-	if errors.Is(err, context.DeadlineExceeded) {
-		err = ErrTimeout
-	}
+	rep, err := parseQuotaAsync(quotaAsyncScript.Run(ctx, a.client, []string{rkey}, a.quotaArgs(q, st)...))
 	b.record(probe, err)
 	if err != nil {
 		a.problems.note(zone, err)
@@ -274,9 +270,13 @@ func (a *Async) quotaArgs(q zones.QuotaLimit, st quotaReport) []any {
 	return []any{"", q.Periods.Arg, q.Limit, a.instanceID, st.end, st.used, st.extra, st.keep, st.want, int64(a.Instances())}
 }
 
-// parseQuotaAsync reads quota_async.lua's reply.
+// parseQuotaAsync reads quota_async.lua's reply; a call past its deadline
+// is ErrTimeout.
 func parseQuotaAsync(cmd *redis.Cmd) (quotaAsyncReply, error) {
 	v, err := cmd.Int64Slice()
+	if errors.Is(err, context.DeadlineExceeded) {
+		err = ErrTimeout
+	}
 	if err != nil {
 		return quotaAsyncReply{}, err
 	}
@@ -378,9 +378,6 @@ func (a *Async) syncQuotas(ctx context.Context, final bool) {
 				it.cmd = quotaAsyncScript.Run(ctx, a.client, []string{it.rkey}, a.quotaArgs(it.q, it.st)...)
 			}
 			rep, err = parseQuotaAsync(it.cmd)
-			if errors.Is(err, context.DeadlineExceeded) {
-				err = ErrTimeout
-			}
 			it.b.record(it.probe, err)
 		}
 		it.s.mu.Lock()
@@ -414,5 +411,3 @@ func (z *asyncZone) insertQuota(s *asyncShard, key string, r *quotaRecord) {
 	}
 	s.q[strings.Clone(key)] = r
 }
-
-// Interface guard: what zones asks of an async store's quotas.
