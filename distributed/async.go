@@ -20,6 +20,12 @@ import (
 //go:embed async.lua
 var asyncScript string
 
+//go:embed async_peek.lua
+var asyncPeekLua string
+
+// peekScript reads a key's TAT and Redis's clock, in µs.
+var peekScript = redis.NewScript(asyncPeekLua)
+
 // ErrStale: an async store has not synced with Redis for too long to keep
 // deciding from its local view.
 var ErrStale = errors.New("distributed: async view is stale (no successful sync with redis)")
@@ -130,32 +136,55 @@ func (a *Async) Offers() zones.Offers {
 }
 
 // Rate runs one step of a rate zone's key (zones.Store) on this instance's
-// allowance (a peek and a reset reach Redis). A step's ban rule is not
-// for this store: Offers says so, and zones sends none.
+// allowance, without calling Redis. limit is in nanoseconds, like the
+// result; Remaining is this instance's allowance, not the fleet's. A
+// decide with ahead admits a request the allowance cannot cover for
+// later, when its turn is at most ahead (ns) away (see
+// record.decideAhead). A check reports, without consuming, whether the
+// allowance has a unit left; a charge takes cost from it after the
+// response, and what it does not cover is reported at the next sync and
+// counted in Redis past the burst (the key goes into debt). A peek reports
+// the fleet's view of the key as Redis holds it (leases count as spent,
+// what instances admitted since their last sync does not), through the
+// breaker of the key's master as strict mode's does; a reset forgets the
+// key here, deletes it in Redis and tells the other instances, which drop
+// their records of it. A step's ban rule is not for this store: Offers
+// says so, and zones sends none.
 func (a *Async) Rate(ctx context.Context, zone, key string, st zones.RateStep) (zones.RateReply, error) {
-	var rep zones.RateReply
-	var err error
 	switch st.Op {
-	case zones.OpDecide:
-		if st.Ahead > 0 {
-			rep.Result, err = a.decideAhead(ctx, zone, key, st.Limit, st.Cost, st.Ahead)
-		} else {
-			rep.Result, err = a.decide(ctx, zone, key, st.Limit, st.Cost)
-		}
-	case zones.OpCheck:
-		rep.Result, err = a.check(ctx, zone, key, st.Limit)
-	case zones.OpCharge:
-		rep.Result, err = a.charge(ctx, zone, key, st.Limit, st.Cost)
+	case zones.OpDecide, zones.OpCheck, zones.OpCharge:
+		res, err := a.step(ctx, zone, key, st)
+		return zones.RateReply{Result: res}, err
 	case zones.OpRefund:
-		err = a.refund(ctx, zone, key, st.Limit, st.Cost)
+		if a.isClosed() {
+			return zones.RateReply{}, ErrClosed
+		}
+		s := a.zone(zone).shard(key)
+		s.mu.Lock()
+		if r := s.m[key]; r != nil {
+			r.refund(st.Cost)
+		}
+		s.mu.Unlock()
+		return zones.RateReply{}, nil
 	case zones.OpPeek:
-		rep.Result, err = a.peek(ctx, zone, key, st.Limit)
+		rkey := a.RedisKey(zone, key)
+		var v []int64 // the key's TAT and Redis's clock, in µs
+		err := a.unbatched(ctx, rkey, func(ctx context.Context) (err error) {
+			v, err = peekScript.Run(ctx, a.client, []string{rkey}).Int64Slice()
+			return err
+		})
+		if err == nil && len(v) != 2 {
+			err = errBadReply
+		}
+		if err != nil {
+			return zones.RateReply{}, err
+		}
+		return zones.RateReply{Result: nanos(micro(st.Limit).Peek(v[1], v[0]))}, nil
 	case zones.OpReset:
-		err = a.resetKey(ctx, zone, key)
-	default:
-		err = fmt.Errorf("distributed: unknown rate op %d", st.Op)
+		a.forgetRecord(zone, key)
+		return zones.RateReply{}, a.reset(ctx, a.RedisKey(zone, key), zone, key)
 	}
-	return rep, err
+	return zones.RateReply{}, fmt.Errorf("distributed: unknown rate op %d", st.Op)
 }
 
 // Close stops the sync loop, reports what this instance admitted and hands
@@ -180,49 +209,16 @@ func (a *Async) Close() error {
 // Destruct closes the store (caddy.Destructor, for caddy.UsagePool).
 func (a *Async) Destruct() error { return a.Close() }
 
-// Decide decides one request for key in zone from this instance's allowance,
-// without calling Redis. limit is in nanoseconds, like the result.
-// Remaining is this instance's allowance, not the fleet's.
-func (a *Async) decide(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) (algorithms.Result, error) {
-	return a.step(ctx, zone, key, limit, 0, func(r *record, now, nextSync int64) algorithms.Result {
-		return r.decide(now, nextSync, limit, cost)
-	})
-}
-
-// decideAhead is decide in a zone with delay (a step with ahead): a request
-// the allowance cannot cover, whose turn is at most ahead (ns) away, is
-// admitted for later (see record.decideAhead). A denial's deny cache ends
-// when a request could be admitted for later again.
-func (a *Async) decideAhead(ctx context.Context, zone, key string, limit algorithms.Limit, cost, ahead int64) (algorithms.Result, error) {
-	return a.step(ctx, zone, key, limit, ahead, func(r *record, now, nextSync int64) algorithms.Result {
-		return r.decideAhead(now, nextSync, limit, cost, ahead)
-	})
-}
-
-// Check reports, without consuming, whether this instance's allowance for
-// key has a unit left (a post-charged zone's check before the request).
-func (a *Async) check(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, error) {
-	return a.step(ctx, zone, key, limit, 0, func(r *record, now, nextSync int64) algorithms.Result {
-		return r.check(now, nextSync, limit)
-	})
-}
-
-// Charge takes cost from this instance's allowance after the response; what
-// the allowance does not cover is reported at the next sync and counted in
-// Redis past the burst (the key goes into debt).
-func (a *Async) charge(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) (algorithms.Result, error) {
-	return a.step(ctx, zone, key, limit, 0, func(r *record, now, nextSync int64) algorithms.Result {
-		r.charge(cost)
-		return r.check(now, nextSync, limit)
-	})
-}
-
-// step runs f on key's record (created with a fresh share), under its
-// shard's lock, when the local view is fresh enough to decide from. A
-// dormant record is woken first when the fleet had tokens at its last sync.
-// A denial is cached in the record until its retry time, less ahead (a zone
-// with delay admits for later from then).
-func (a *Async) step(ctx context.Context, zone, key string, limit algorithms.Limit, ahead int64, f func(r *record, now, nextSync int64) algorithms.Result) (algorithms.Result, error) {
+// step runs st (a decide, check or charge) on key's record (created with a
+// fresh share), under its shard's lock, when the local view is fresh
+// enough to decide from. A dormant record is woken first when the fleet had
+// tokens at its last sync. A denial is cached in the record until its retry
+// time, less ahead (a zone with delay admits for later from then).
+func (a *Async) step(ctx context.Context, zone, key string, st zones.RateStep) (algorithms.Result, error) {
+	limit, ahead := st.Limit, int64(0)
+	if st.Op == zones.OpDecide {
+		ahead = max(0, st.Ahead)
+	}
 	now := monotime.Now()
 	if now-a.lastSync.Load() > a.stale && a.syncFailed.Load() {
 		if ok, _ := a.breaker.health(); !ok {
@@ -264,7 +260,16 @@ func (a *Async) step(ctx context.Context, zone, key string, limit algorithms.Lim
 		}
 		now = monotime.Now()
 	}
-	res := f(r, now, a.nextSync.Load())
+	var res algorithms.Result
+	switch st.Op {
+	case zones.OpDecide:
+		res = r.decideAhead(now, a.nextSync.Load(), limit, st.Cost, ahead) // a decide when ahead is 0
+	case zones.OpCharge:
+		r.charge(st.Cost)
+		fallthrough
+	case zones.OpCheck:
+		res = r.check(now, a.nextSync.Load(), limit)
+	}
 	if !res.Allowed && r.allow < 1 {
 		r.deniedUntil = now + res.RetryAfter - ahead
 	}
@@ -329,28 +334,6 @@ func (a *Async) forgetDenials() {
 	}
 }
 
-// Refund gives cost back to this instance's allowance.
-func (a *Async) refund(_ context.Context, zone, key string, _ algorithms.Limit, cost int64) error {
-	if a.isClosed() {
-		return ErrClosed
-	}
-	z := a.zone(zone)
-	s := z.shard(key)
-	s.mu.Lock()
-	if r := s.m[key]; r != nil {
-		r.refund(cost)
-	}
-	s.mu.Unlock()
-	return nil
-}
-
-// Reset forgets key in zone here, deletes it in Redis and tells the other
-// instances, which drop their records of it (see resets.go).
-func (a *Async) resetKey(ctx context.Context, zone, key string) error {
-	a.forgetRecord(zone, key)
-	return a.reset(ctx, a.RedisKey(zone, key), zone, key)
-}
-
 // RedisKey is the Redis key holding the state of key in zone:
 // <key_prefix><zone>.async:<key>, never the name of a strict-mode key (see
 // Strict.RedisKey).
@@ -375,31 +358,6 @@ func (a *Async) forgetRecord(zone, key string) {
 // synced reports whether the last sync succeeded: cached denials dropped
 // after missed resets wait for it (see resets.go).
 func (a *Async) synced() bool { return !a.syncFailed.Load() }
-
-//go:embed async_peek.lua
-var asyncPeekLua string
-
-// peekScript reads a key's TAT and Redis's clock, in µs.
-var peekScript = redis.NewScript(asyncPeekLua)
-
-// Peek reports the fleet's view of key in zone as Redis holds it: leases
-// count as spent, what instances admitted since their last sync does not.
-// It goes through the breaker of the key's master, as strict mode's does.
-func (a *Async) peek(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, error) {
-	rkey := a.RedisKey(zone, key)
-	var v []int64
-	err := a.unbatched(ctx, rkey, func(ctx context.Context) (err error) {
-		v, err = peekScript.Run(ctx, a.client, []string{rkey}).Int64Slice()
-		return err
-	})
-	if err != nil {
-		return algorithms.Result{}, err
-	}
-	if len(v) != 2 {
-		return algorithms.Result{}, errBadReply
-	}
-	return nanos(micro(limit).Peek(v[1], v[0])), nil
-}
 
 func b2i(b bool) int64 {
 	if b {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/caddy-tally/ratelimit/algorithms"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
+	"github.com/caddy-tally/ratelimit/zones"
 )
 
 // The local half of async mode: what a record admits between syncs and how
@@ -183,17 +184,17 @@ func TestBlockedKeyWithoutTrafficIsNotSyncedUntilItRefills(t *testing.T) {
 func TestStaleViewMakesDecideFailOnceASyncHasFailed(t *testing.T) {
 	a := openUnreachable(t, asyncMaxKeys)
 	ctx := context.Background()
-	if r, err := a.decide(ctx, "z", "k", hundredPerHour, 1); err != nil || !r.Allowed {
+	if r, err := a.Rate(ctx, "z", "k", zones.RateStep{Op: zones.OpDecide, Limit: hundredPerHour, Cost: 1}); err != nil || !r.Allowed {
 		t.Fatalf("Decide right after Open: %+v, %v; want allowed from a fresh share", r, err)
 	}
 	a.lastSync.Store(monotime.Now() - int64(3*time.Hour))
 	// A sync merely late (a starved machine) keeps the view: its
 	// allowances are leases, and the fail policy would admit more.
-	if r, err := a.decide(ctx, "z", "k", hundredPerHour, 1); err != nil || !r.Allowed {
+	if r, err := a.Rate(ctx, "z", "k", zones.RateStep{Op: zones.OpDecide, Limit: hundredPerHour, Cost: 1}); err != nil || !r.Allowed {
 		t.Fatalf("Decide with a view 3h old and no failed sync: %+v, %v; want allowed from the view", r, err)
 	}
 	a.syncFailed.Store(true)
-	_, err := a.decide(ctx, "z", "k", hundredPerHour, 1)
+	_, err := a.Rate(ctx, "z", "k", zones.RateStep{Op: zones.OpDecide, Limit: hundredPerHour, Cost: 1})
 	if !errors.Is(err, ErrStale) && !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("Decide with a view 3h old after a failed sync: %v, want ErrStale or ErrUnavailable", err)
 	}
@@ -210,7 +211,7 @@ func TestAsyncZoneKeepsAtMostItsMaxKeys(t *testing.T) {
 	for g := range 8 {
 		wg.Go(func() {
 			for i := range 1100 {
-				if _, err := a.decide(ctx, "capped", strconv.Itoa(g)+"-"+strconv.Itoa(i), limit, 1); err != nil {
+				if _, err := a.Rate(ctx, "capped", strconv.Itoa(g)+"-"+strconv.Itoa(i), zones.RateStep{Op: zones.OpDecide, Limit: limit, Cost: 1}); err != nil {
 					t.Error(err)
 					return
 				}
@@ -222,7 +223,7 @@ func TestAsyncZoneKeepsAtMostItsMaxKeys(t *testing.T) {
 	if n := a.Keys("capped"); n > 1000 || n < 900 {
 		t.Fatalf("8800 keys in a zone with max_keys 1000: %d records, want at most 1000 (and the table used)", n)
 	}
-	if _, err := a.decide(ctx, "other", "k", limit, 1); err != nil {
+	if _, err := a.Rate(ctx, "other", "k", zones.RateStep{Op: zones.OpDecide, Limit: limit, Cost: 1}); err != nil {
 		t.Fatal(err)
 	}
 	if n := a.Keys("other"); n != 1 {
@@ -238,11 +239,11 @@ func TestDecideOnAKnownKeyAllocatesNothing(t *testing.T) {
 	ctx := context.Background()
 	limit := algorithms.NewLimit(1_000_000_000, int64(time.Second), 0)
 	key := string([]byte("known-key")) // not a constant: the lookup must not need one
-	if _, err := a.decide(ctx, "zone", key, limit, 1); err != nil {
+	if _, err := a.Rate(ctx, "zone", key, zones.RateStep{Op: zones.OpDecide, Limit: limit, Cost: 1}); err != nil {
 		t.Fatal(err)
 	}
 	allocs := testing.AllocsPerRun(1000, func() {
-		if _, err := a.decide(ctx, "zone", key, limit, 1); err != nil {
+		if _, err := a.Rate(ctx, "zone", key, zones.RateStep{Op: zones.OpDecide, Limit: limit, Cost: 1}); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -257,7 +258,7 @@ func TestFullZoneEvictsRecordsWithNothingPendingFirst(t *testing.T) {
 	limit := algorithms.NewLimit(100, int64(time.Hour), 0)
 	// Three keys with admitted cost Redis has not seen, one without.
 	for i := range 3 {
-		if _, err := a.decide(ctx, "z", "busy"+strconv.Itoa(i), limit, 1); err != nil {
+		if _, err := a.Rate(ctx, "z", "busy"+strconv.Itoa(i), zones.RateStep{Op: zones.OpDecide, Limit: limit, Cost: 1}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -266,7 +267,7 @@ func TestFullZoneEvictsRecordsWithNothingPendingFirst(t *testing.T) {
 	s.mu.Lock()
 	z.insert(s, "idle", &record{reserved: true})
 	s.mu.Unlock()
-	if _, err := a.decide(ctx, "z", "new", limit, 1); err != nil {
+	if _, err := a.Rate(ctx, "z", "new", zones.RateStep{Op: zones.OpDecide, Limit: limit, Cost: 1}); err != nil {
 		t.Fatal(err)
 	}
 	s.mu.Lock()
@@ -347,11 +348,11 @@ func TestConcurrentChecksAndChargesOnOneKeyAllCount(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range 10 {
-				if _, err := a.check(ctx, "z", "k", limit); err != nil {
+				if _, err := a.Rate(ctx, "z", "k", zones.RateStep{Op: zones.OpCheck, Limit: limit}); err != nil {
 					t.Error(err)
 					return
 				}
-				if _, err := a.charge(ctx, "z", "k", limit, 2); err != nil {
+				if _, err := a.Rate(ctx, "z", "k", zones.RateStep{Op: zones.OpCharge, Limit: limit, Cost: 2}); err != nil {
 					t.Error(err)
 					return
 				}
@@ -438,12 +439,12 @@ func TestFullZoneEvictsTheRecordWithLeastPending(t *testing.T) {
 		limit := algorithms.NewLimit(100, int64(time.Hour), 0)
 		for i, n := range []int{3, 1, 2, 4} {
 			for range n {
-				if _, err := a.decide(ctx, "z", "k"+strconv.Itoa(i), limit, 1); err != nil {
+				if _, err := a.Rate(ctx, "z", "k"+strconv.Itoa(i), zones.RateStep{Op: zones.OpDecide, Limit: limit, Cost: 1}); err != nil {
 					t.Fatal(err)
 				}
 			}
 		}
-		if _, err := a.decide(ctx, "z", "new", limit, 1); err != nil {
+		if _, err := a.Rate(ctx, "z", "new", zones.RateStep{Op: zones.OpDecide, Limit: limit, Cost: 1}); err != nil {
 			t.Fatal(err)
 		}
 		z := a.zone("z")

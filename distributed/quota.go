@@ -44,55 +44,30 @@ func (r quotaReply) result() zones.QuotaResult {
 // charge counts from at most the limit (the key's debt is at most one
 // charge); a check counts nothing.
 func (s *Strict) Quota(ctx context.Context, zone, key string, st zones.QuotaStep) (zones.QuotaResult, error) {
-	q := st.Limit
+	var op any // a constant: converting a variable would allocate
 	switch st.Op {
 	case zones.OpDecide:
-		return s.quotaStep(ctx, zone, key, quotaArgs(OpDecide, q, st.Cost, ""))
+		op = string(OpDecide)
 	case zones.OpRefund:
-		return s.quotaStep(ctx, zone, key, quotaArgs(OpRefund, q, st.Cost, ""))
-	case zones.OpCheck:
-		return s.quotaStep(ctx, zone, key, quotaArgs(OpPeek, q, 0, ""))
+		op = string(OpRefund)
+	case zones.OpCheck, zones.OpPeek:
+		op, st.Cost = string(OpPeek), 0
 	case zones.OpCharge:
-		return s.quotaStep(ctx, zone, key, quotaArgs(OpCharge, q, st.Cost, ""))
-	case zones.OpPeek:
-		return s.peekQuota(ctx, zone, key, q)
+		op = string(OpCharge)
 	case zones.OpReset:
 		return zones.QuotaResult{}, s.reset(ctx, s.QuotaKey(zone, key), zone, key)
+	default:
+		return zones.QuotaResult{}, fmt.Errorf("distributed: unknown quota op %d", st.Op)
 	}
-	return zones.QuotaResult{}, fmt.Errorf("distributed: unknown quota op %d", st.Op)
-}
-
-func (s *Strict) quotaStep(ctx context.Context, zone, key string, args [5]any) (zones.QuotaResult, error) {
-	if s.isClosed() {
-		return zones.QuotaResult{}, ErrClosed
-	}
-	rep := s.call(ctx, s.quota, s.QuotaKey(zone, key), args)
-	if rep.err != nil {
-		s.problems.note(zone, rep.err)
-		return zones.QuotaResult{}, rep.err
-	}
-	return rep.quota.result(), nil
+	rep, err := s.run(ctx, s.quota, zone, s.QuotaKey(zone, key), st.Op == zones.OpPeek, [5]any{"", st.Limit.Periods.Arg, st.Limit.Limit, st.Cost, op})
+	return rep.quota.result(), err
 }
 
 // peekQuota reads key's count in zone with quota.lua's check, unbatched, in
 // either mode: async leases count as used.
 func (c *link) peekQuota(ctx context.Context, zone, key string, q zones.QuotaLimit) (zones.QuotaResult, error) {
-	rkey := c.QuotaKey(zone, key)
-	var rep reply
-	err := c.unbatched(ctx, rkey, func(ctx context.Context) error {
-		rep = c.direct(ctx, c.quota, rkey, quotaArgs(OpPeek, q, 0, ""))
-		return rep.err
-	})
-	if err != nil {
-		return zones.QuotaResult{}, err
-	}
-	return rep.quota.result(), nil
-}
-
-// quotaArgs builds ARGV for one key's quota.lua call; now is "" (Redis
-// TIME) or int64 µs. Build it with a constant op (see Strict.step).
-func quotaArgs(op Op, q zones.QuotaLimit, cost int64, now any) [5]any {
-	return [5]any{now, q.Periods.Arg, q.Limit, cost, string(op)}
+	rep, err := c.run(ctx, c.quota, zone, c.QuotaKey(zone, key), true, [5]any{"", q.Periods.Arg, q.Limit, int64(0), string(OpPeek)})
+	return rep.quota.result(), err
 }
 
 // parseQuotaStep reads one key's {u, to_end, period} of quota.lua.
@@ -129,5 +104,3 @@ func (clockError) RedisError()     {}
 
 // errForeignQuota: a quota key held a hash tally did not write.
 const errForeignQuota = scriptError("TALLYFOREIGN a hash that is not a quota count was at a tally quota key; deleted")
-
-// Interface guard: what zones asks of a strict store's quotas.

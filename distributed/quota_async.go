@@ -77,33 +77,26 @@ type quotaAsyncReply struct {
 // instance's lease: a decide admits cost from it, taking a lease from
 // Redis (one call, on the request path) when it has too little, once per
 // lease, not per request; a check reports whether it has a unit left,
-// taking one when it has none, and counts nothing. A peek reads the fleet's
-// count as Redis holds it (leases count as used); a reset forgets the key
-// here, deletes its count in Redis and tells the other instances, which
-// drop their leases of it.
+// taking one when it has none, and counts nothing. A charge counts cost
+// after the response, from at most the lease: the instance's debt past its
+// lease is at most one charge, reported at the next sync. A peek reads the
+// fleet's count as Redis holds it (leases count as used); a reset forgets
+// the key here, deletes its count in Redis and tells the other instances,
+// which drop their leases of it.
 func (a *Async) Quota(ctx context.Context, zone, key string, st zones.QuotaStep) (zones.QuotaResult, error) {
+	q, need, consume := st.Limit, st.Cost, true
 	switch st.Op {
-	case zones.OpDecide:
-		return a.quotaStep(ctx, zone, key, st.Limit, st.Cost, true)
 	case zones.OpCheck:
-		return a.quotaStep(ctx, zone, key, st.Limit, 1, false)
-	case zones.OpCharge:
-		return a.chargeQuota(zone, key, st.Limit, st.Cost)
-	case zones.OpRefund:
-		return zones.QuotaResult{}, a.refundQuota(zone, key, st.Cost)
+		need, consume = 1, false
 	case zones.OpPeek:
-		return a.peekQuota(ctx, zone, key, st.Limit)
+		return a.peekQuota(ctx, zone, key, q)
 	case zones.OpReset:
 		a.forgetRecord(zone, key)
 		return zones.QuotaResult{}, a.reset(ctx, a.QuotaKey(zone, key), zone, key)
+	case zones.OpDecide, zones.OpCharge, zones.OpRefund:
+	default:
+		return zones.QuotaResult{}, fmt.Errorf("distributed: unknown quota op %d", st.Op)
 	}
-	return zones.QuotaResult{}, fmt.Errorf("distributed: unknown quota op %d", st.Op)
-}
-
-// chargeQuota counts cost after the response, from at most the lease: the
-// instance's debt past its lease is at most one charge, reported at the
-// next sync.
-func (a *Async) chargeQuota(zone, key string, q zones.QuotaLimit, cost int64) (zones.QuotaResult, error) {
 	if a.isClosed() {
 		return zones.QuotaResult{}, ErrClosed
 	}
@@ -111,43 +104,24 @@ func (a *Async) chargeQuota(zone, key string, q zones.QuotaLimit, cost int64) (z
 	s := z.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := monotime.Now()
-	r := a.quotaRecordFor(z, s, key, q, now)
-	if r.known {
-		r.used = min(r.used, r.held) + cost
-	} else {
-		r.used += cost // Redis adds it to what it holds for the instance
+	switch st.Op {
+	case zones.OpRefund:
+		if r := s.q[key]; r != nil {
+			r.used = max(0, r.used-st.Cost)
+		}
+		return zones.QuotaResult{}, nil
+	case zones.OpCharge:
+		now := monotime.Now()
+		r := a.quotaRecordFor(z, s, key, q, now)
+		if r.known {
+			r.used = min(r.used, r.held) + st.Cost
+		} else {
+			r.used += st.Cost // Redis adds it to what it holds for the instance
+		}
+		r.active = true
+		return r.result(now, q, r.held-r.used >= 1), nil
 	}
-	r.active = true
-	return r.result(now, q, r.held-r.used >= 1), nil
-}
-
-// refundQuota gives cost back to this instance's lease.
-func (a *Async) refundQuota(zone, key string, cost int64) error {
-	if a.isClosed() {
-		return ErrClosed
-	}
-	z := a.zone(zone)
-	s := z.shard(key)
-	s.mu.Lock()
-	if r := s.q[key]; r != nil {
-		r.used = max(0, r.used-cost)
-	}
-	s.mu.Unlock()
-	return nil
-}
-
-// quotaStep decides need units (consumed when consume) for key from the
-// lease, taking one at most once.
-func (a *Async) quotaStep(ctx context.Context, zone, key string, q zones.QuotaLimit, need int64, consume bool) (zones.QuotaResult, error) {
-	if a.isClosed() {
-		return zones.QuotaResult{}, ErrClosed
-	}
-	z := a.zone(zone)
-	s := z.shard(key)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	took := false
+	took := false // a decide or check takes a lease at most once
 	for range 4 { // a take of our own, and waits for calls in flight
 		now := monotime.Now()
 		r := a.quotaRecordFor(z, s, key, q, now)
@@ -284,11 +258,7 @@ func (a *Async) runQuota(ctx context.Context, zone, rkey string, q zones.QuotaLi
 	if !ok {
 		return quotaAsyncReply{}, ErrUnavailable
 	}
-	cmd := quotaAsyncScript.Run(ctx, a.client, []string{rkey}, a.quotaArgs(q, st)...)
-	rep, err := parseQuotaAsync(cmd)
-	if errors.Is(err, context.DeadlineExceeded) {
-		err = ErrTimeout
-	}
+	rep, err := parseQuotaAsync(quotaAsyncScript.Run(ctx, a.client, []string{rkey}, a.quotaArgs(q, st)...))
 	b.record(probe, err)
 	if err != nil {
 		a.problems.note(zone, err)
@@ -300,9 +270,13 @@ func (a *Async) quotaArgs(q zones.QuotaLimit, st quotaReport) []any {
 	return []any{"", q.Periods.Arg, q.Limit, a.instanceID, st.end, st.used, st.extra, st.keep, st.want, int64(a.Instances())}
 }
 
-// parseQuotaAsync reads quota_async.lua's reply.
+// parseQuotaAsync reads quota_async.lua's reply; a call past its deadline
+// is ErrTimeout.
 func parseQuotaAsync(cmd *redis.Cmd) (quotaAsyncReply, error) {
 	v, err := cmd.Int64Slice()
+	if errors.Is(err, context.DeadlineExceeded) {
+		err = ErrTimeout
+	}
 	if err != nil {
 		return quotaAsyncReply{}, err
 	}
@@ -404,9 +378,6 @@ func (a *Async) syncQuotas(ctx context.Context, final bool) {
 				it.cmd = quotaAsyncScript.Run(ctx, a.client, []string{it.rkey}, a.quotaArgs(it.q, it.st)...)
 			}
 			rep, err = parseQuotaAsync(it.cmd)
-			if errors.Is(err, context.DeadlineExceeded) {
-				err = ErrTimeout
-			}
 			it.b.record(it.probe, err)
 		}
 		it.s.mu.Lock()
@@ -440,5 +411,3 @@ func (z *asyncZone) insertQuota(s *asyncShard, key string, r *quotaRecord) {
 	}
 	s.q[strings.Clone(key)] = r
 }
-
-// Interface guard: what zones asks of an async store's quotas.

@@ -80,43 +80,6 @@ func (s *Strict) Offers() zones.Offers {
 	return zones.Offers{Mode: "strict", BanSteps: true, Quotas: true, BanList: s.link, Slots: s.link}
 }
 
-// Rate runs one step of a rate zone's key in Redis (zones.Store): one
-// gcra.lua op, through the batcher but for a peek. limit is in
-// nanoseconds, like the result; Redis works in microseconds, so T is
-// rounded down to a whole microsecond (at least 1).
-func (s *Strict) Rate(ctx context.Context, zone, key string, st zones.RateStep) (zones.RateReply, error) {
-	var rep zones.RateReply
-	var err error
-	banned := st.Ban != zones.BanRule{}
-	switch {
-	case st.Op == zones.OpDecide && banned && st.Ahead > 0:
-		rep.Result, rep.Ban, err = s.decideBanAhead(ctx, zone, key, st.Limit, st.Cost, st.Ban, st.Ahead)
-	case st.Op == zones.OpDecide && banned:
-		rep.Result, rep.Ban, err = s.decideBan(ctx, zone, key, st.Limit, st.Cost, st.Ban)
-	case st.Op == zones.OpDecide && st.Ahead > 0:
-		rep.Result, err = s.decideAhead(ctx, zone, key, st.Limit, st.Cost, st.Ahead)
-	case st.Op == zones.OpDecide:
-		rep.Result, err = s.decide(ctx, zone, key, st.Limit, st.Cost)
-	case st.Op == zones.OpCheck && banned:
-		rep.Result, rep.Ban, err = s.checkBan(ctx, zone, key, st.Limit, st.Ban)
-	case st.Op == zones.OpCheck:
-		rep.Result, err = s.check(ctx, zone, key, st.Limit)
-	case st.Op == zones.OpCharge:
-		rep.Result, err = s.charge(ctx, zone, key, st.Limit, st.Cost)
-	case st.Op == zones.OpRefund:
-		err = s.refund(ctx, zone, key, st.Limit, st.Cost)
-	case st.Op == zones.OpPeek && banned:
-		rep.Result, rep.Ban, err = s.peekBan(ctx, zone, key, st.Limit)
-	case st.Op == zones.OpPeek:
-		rep.Result, err = s.peek(ctx, zone, key, st.Limit)
-	case st.Op == zones.OpReset:
-		err = s.resetKey(ctx, zone, key)
-	default:
-		err = fmt.Errorf("distributed: unknown rate op %d", st.Op)
-	}
-	return rep, err
-}
-
 // RedisKey is the Redis key holding the state of key in zone:
 // <key_prefix><zone>:<key> (async mode's are <key_prefix><zone>.async:<key>).
 // Zone names cannot contain '.' or ':', so no key of one mode is a key of
@@ -125,107 +88,83 @@ func (s *Strict) RedisKey(zone, key string) string {
 	return s.opts.KeyPrefix + zone + ":" + key
 }
 
-// Decide runs one GCRA step for key in zone in Redis. limit is in
-// nanoseconds, like the result; Redis works in microseconds, so T is
-// rounded down to a whole microsecond (at least 1).
-func (s *Strict) decide(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) (algorithms.Result, error) {
-	return s.step(ctx, zone, key, scriptArgs(OpDecide, micro(limit), cost, ""))
-}
-
-// decideBan is decide in a zone with a ban (a step with a ban rule): a key
-// banned in Redis is denied until the ban's end, and a denial starts the
-// ban in the same script step, with the key's TTL reaching its end.
-func (s *Strict) decideBan(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64, rule zones.BanRule) (algorithms.Result, zones.StoreBan, error) {
-	l := micro(limit)
-	return s.banStep(ctx, zone, key, [5]any{"", l.EmissionInterval, l.Burst, cost, s.op('b', rule, 0)})
-}
-
-// decideAhead is decide in a zone with delay (a step with ahead): a request
-// whose allow time is at most ahead (ns) away is admitted for later in the
-// same script step, its slot reserved in Redis, so that every instance's
-// reservations of the key are spaced by its emission interval.
-func (s *Strict) decideAhead(ctx context.Context, zone, key string, limit algorithms.Limit, cost, ahead int64) (algorithms.Result, error) {
-	if s.isClosed() {
-		return algorithms.Result{}, ErrClosed
+// Rate runs one step of a rate zone's key in Redis (zones.Store): one
+// gcra.lua op, through the batcher but for a peek, which is for the admin
+// API and bypasses it. limit is in nanoseconds, like the result; Redis
+// works in microseconds, so T is rounded down to a whole microsecond (at
+// least 1). A step with a ban rule denies a key banned in Redis until the
+// ban's end, and a denial starts the ban in the same script step, with the
+// key's TTL reaching its end; a peek starts none. A decide with ahead
+// admits for later in the same script step, its slot reserved in Redis, so
+// that every instance's reservations of the key are spaced by its emission
+// interval.
+func (s *Strict) Rate(ctx context.Context, zone, key string, st zones.RateStep) (zones.RateReply, error) {
+	banned := st.Ban != zones.BanRule{}
+	var op any // a constant or boxed once (see op): converting a variable would allocate
+	switch {
+	case st.Op == zones.OpDecide && (banned || st.Ahead > 0):
+		op = s.op('b', st.Ban, st.Ahead)
+	case st.Op == zones.OpDecide:
+		op = string(OpDecide)
+	case st.Op == zones.OpCheck && banned:
+		op, st.Cost = s.op('B', st.Ban, 0), 1
+	case st.Op == zones.OpCheck, st.Op == zones.OpPeek && !banned:
+		op, st.Cost = string(OpPeek), 1 // a check consumes nothing, as a peek
+	case st.Op == zones.OpPeek:
+		op, st.Cost = "P0,0", 1
+	case st.Op == zones.OpCharge:
+		op = string(OpCharge)
+	case st.Op == zones.OpRefund:
+		op = string(OpRefund)
+	case st.Op == zones.OpReset:
+		return zones.RateReply{}, s.reset(ctx, s.RedisKey(zone, key), zone, key)
+	default:
+		return zones.RateReply{}, fmt.Errorf("distributed: unknown rate op %d", st.Op)
 	}
-	l := micro(limit)
-	rep := s.call(ctx, s.gcra, s.RedisKey(zone, key), [5]any{"", l.EmissionInterval, l.Burst, cost, s.op('w', zones.BanRule{}, ahead)})
-	if rep.err != nil {
-		s.problems.note(zone, rep.err)
-		return algorithms.Result{}, rep.err
+	l := micro(st.Limit)
+	rep, err := s.run(ctx, s.gcra, zone, s.RedisKey(zone, key), st.Op == zones.OpPeek, [5]any{"", l.EmissionInterval, l.Burst, st.Cost, op})
+	if err != nil || st.Op == zones.OpRefund { // a refund's reply means nothing
+		return zones.RateReply{}, err
 	}
-	return withDelay(nanos(rep.step), l), nil
-}
-
-// decideBanAhead is decideBan in a zone with delay too.
-func (s *Strict) decideBanAhead(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64, rule zones.BanRule, ahead int64) (algorithms.Result, zones.StoreBan, error) {
-	l := micro(limit)
-	r, b, err := s.banStep(ctx, zone, key, [5]any{"", l.EmissionInterval, l.Burst, cost, s.op('b', rule, ahead)})
-	return withDelay(r, l), b, err
-}
-
-// withDelay sets the wait of r, an allowed step of a delay op in
-// nanoseconds under l, the limit Redis decided with (µs): the reply's reset
-// less the burst's span, when positive (see gcra.lua).
-func withDelay(r algorithms.Result, l algorithms.Limit) algorithms.Result {
-	if r.Allowed {
-		if wait := r.ResetAfter - l.Burst*l.EmissionInterval*1000; wait > 0 {
-			r.Delay = wait
-		}
-	}
-	return r
-}
-
-// checkBan is check in a zone with a ban: a post-charged check that finds
-// no quota starts the ban.
-func (s *Strict) checkBan(ctx context.Context, zone, key string, limit algorithms.Limit, rule zones.BanRule) (algorithms.Result, zones.StoreBan, error) {
-	l := micro(limit)
-	return s.banStep(ctx, zone, key, [5]any{"", l.EmissionInterval, l.Burst, int64(1), s.op('B', rule, 0)})
-}
-
-// peekBan is peek with the key's ban, for the admin API: it bypasses the
-// batcher and starts nothing.
-func (s *Strict) peekBan(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, zones.StoreBan, error) {
-	rkey := s.RedisKey(zone, key)
-	var rep reply
-	l := micro(limit)
-	err := s.unbatched(ctx, rkey, func(ctx context.Context) error {
-		rep = s.direct(ctx, s.gcra, rkey, [5]any{"", l.EmissionInterval, l.Burst, int64(1), "P0,0"})
-		return rep.err
-	})
-	if err != nil {
-		return algorithms.Result{}, zones.StoreBan{}, err
-	}
-	return banResult(rep)
-}
-
-func (s *Strict) banStep(ctx context.Context, zone, key string, args [5]any) (algorithms.Result, zones.StoreBan, error) {
-	if s.isClosed() {
-		return algorithms.Result{}, zones.StoreBan{}, ErrClosed
-	}
-	rep := s.call(ctx, s.gcra, s.RedisKey(zone, key), args)
-	if rep.err != nil {
-		s.problems.note(zone, rep.err)
-		return algorithms.Result{}, zones.StoreBan{}, rep.err
-	}
-	return banResult(rep)
-}
-
-// banResult reads a ban op's reply.
-func banResult(rep reply) (algorithms.Result, zones.StoreBan, error) {
-	var b zones.StoreBan
+	var out zones.RateReply
 	if code := -rep.step.ResetAfter - 8; !rep.step.Allowed && code >= 0 {
 		// gcra.lua's ban reply: reset = -(8 + 2·level + started).
-		b = zones.StoreBan{Banned: true, Started: code%2 == 1, Level: int(code / 2)}
+		out.Ban = zones.StoreBan{Banned: true, Started: code%2 == 1, Level: int(code / 2)}
 		rep.step.ResetAfter = rep.step.RetryAfter
 	}
-	return nanos(rep.step), b, nil
+	out.Result = nanos(rep.step)
+	if wait := out.ResetAfter - l.Burst*l.EmissionInterval*1000; out.Allowed && st.Op == zones.OpDecide && st.Ahead > 0 && wait > 0 {
+		out.Delay = wait // admitted for later: the reply's reset less the burst's span (see gcra.lua)
+	}
+	return out, nil
+}
+
+// run runs script (gcra.lua or quota.lua) for rkey with args: through the
+// batcher, noting a per-key error Redis reported, or, for the admin API
+// (peek), at once.
+func (c *link) run(ctx context.Context, script *redis.Script, zone, rkey string, peek bool, args [5]any) (reply, error) {
+	if peek {
+		var rep reply
+		err := c.unbatched(ctx, rkey, func(ctx context.Context) error {
+			rep = c.direct(ctx, script, rkey, args)
+			return rep.err
+		})
+		return rep, err
+	}
+	if c.isClosed() {
+		return reply{}, ErrClosed
+	}
+	rep := c.call(ctx, script, rkey, args)
+	if rep.err != nil {
+		c.problems.note(zone, rep.err)
+	}
+	return rep, rep.err
 }
 
 // op is gcra.lua's op for a ban zone's decide ('b') or check ('B'),
 // "<op><first µs>,<max µs>", with ",<ahead µs>" for a decide that admits
-// for later, or a delay zone's decide ('w'), "w<ahead µs>"; boxed once per
-// rule: a zone's decisions allocate nothing for it.
+// for later, or, with no rule, a delay zone's decide, "w<ahead µs>"; boxed
+// once per rule: a zone's decisions allocate nothing for it.
 func (s *Strict) op(op byte, rule zones.BanRule, ahead int64) any {
 	k := opKey{op, rule, ahead}
 	s.ops.RLock()
@@ -241,7 +180,7 @@ func (s *Strict) op(op byte, rule zones.BanRule, ahead int64) any {
 	}
 	aheadUs := (ahead + 999) / 1000 // a delay of part of a µs reserves that µs
 	switch {
-	case op == 'w':
+	case rule == zones.BanRule{}:
 		v = fmt.Sprintf("w%d", aheadUs)
 	case ahead > 0:
 		v = fmt.Sprintf("%c%d,%d,%d", op, max(1, rule.First.Microseconds()), max(rule.First, rule.Max).Microseconds(), aheadUs)
@@ -256,63 +195,6 @@ type opKey struct {
 	op    byte
 	rule  zones.BanRule
 	ahead int64
-}
-
-// Refund gives back cost for key in zone (see algorithms.Limit.Refund).
-func (s *Strict) refund(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) error {
-	_, err := s.step(ctx, zone, key, scriptArgs(OpRefund, micro(limit), cost, ""))
-	return err
-}
-
-// Check reports the state of key in zone without consuming anything, as
-// Peek does, through the batcher: a post-charged zone's check before the
-// request.
-func (s *Strict) check(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, error) {
-	return s.step(ctx, zone, key, scriptArgs(OpPeek, micro(limit), 1, ""))
-}
-
-// Charge adds cost to key in zone after the response, whatever the burst
-// (see algorithms.Limit.Charge), through the batcher, and reports the key
-// as it stands afterwards.
-func (s *Strict) charge(ctx context.Context, zone, key string, limit algorithms.Limit, cost int64) (algorithms.Result, error) {
-	return s.step(ctx, zone, key, scriptArgs(OpCharge, micro(limit), cost, ""))
-}
-
-// step runs one GCRA step (args: scriptArgs, with the limit in µs) through
-// the batcher, returns its result in nanoseconds and notes a per-key error
-// Redis reported. The callers build args with a constant op: converting a
-// variable one to an interface would allocate on every decision.
-func (s *Strict) step(ctx context.Context, zone, key string, args [5]any) (algorithms.Result, error) {
-	if s.isClosed() {
-		return algorithms.Result{}, ErrClosed
-	}
-	rep := s.call(ctx, s.gcra, s.RedisKey(zone, key), args)
-	if rep.err != nil {
-		s.problems.note(zone, rep.err)
-		return algorithms.Result{}, rep.err
-	}
-	return nanos(rep.step), nil
-}
-
-// Peek reports the state of key in zone without consuming anything. It is
-// for the admin API and bypasses the batcher.
-func (s *Strict) peek(ctx context.Context, zone, key string, limit algorithms.Limit) (algorithms.Result, error) {
-	rkey := s.RedisKey(zone, key)
-	var rep reply
-	err := s.unbatched(ctx, rkey, func(ctx context.Context) error {
-		rep = s.direct(ctx, s.gcra, rkey, scriptArgs(OpPeek, micro(limit), 1, ""))
-		return rep.err
-	})
-	if err != nil {
-		return algorithms.Result{}, err
-	}
-	return nanos(rep.step), nil
-}
-
-// Reset deletes the state of key in zone and tells every instance to
-// forget what it holds about the key (see resets.go).
-func (s *Strict) resetKey(ctx context.Context, zone, key string) error {
-	return s.reset(ctx, s.RedisKey(zone, key), zone, key)
 }
 
 // micro converts a limit in nanoseconds to microseconds.
@@ -333,13 +215,6 @@ const (
 	OpPeek   Op = "p"
 	OpCharge Op = "c"
 )
-
-// scriptArgs builds ARGV for one key's gcra.lua call; now is "" (Redis
-// TIME) or int64 µs. A batch shares ARGV[1] (now) and appends the other four
-// for each key.
-func scriptArgs(op Op, l algorithms.Limit, cost int64, now any) [5]any {
-	return [5]any{now, l.EmissionInterval, l.Burst, cost, string(op)}
-}
 
 // nanos converts a result in microseconds (Redis's) to nanoseconds. Its TAT
 // is left out: it lives in Redis, on Redis's clock.

@@ -12,6 +12,8 @@ import (
 	"context"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/caddy-tally/ratelimit/algorithms"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 	"github.com/caddy-tally/ratelimit/zones"
@@ -23,11 +25,11 @@ import (
 // for the test that checks the script against algorithms.Limit, and for
 // tools. Result.TAT is not filled in (read the key).
 func (s *Strict) EvalAt(ctx context.Context, op Op, zone, key string, limit algorithms.Limit, cost, nowUs int64) (algorithms.Result, error) {
-	ctx, cancel := s.bound(ctx)
-	defer cancel()
-	args := scriptArgs(op, limit, cost, nowUs)
-	rep := parseStepReply(s.gcra.Run(ctx, s.client, []string{s.RedisKey(zone, key)}, args[:]...))
-	return rep.step, rep.err
+	res, errs, err := s.EvalManyAt(ctx, []Step{{op, zone, key, limit, cost}}, nowUs)
+	if err != nil {
+		return algorithms.Result{}, err
+	}
+	return res[0], errs[0]
 }
 
 // Step is one key's GCRA step for EvalManyAt.
@@ -45,28 +47,16 @@ type Step struct {
 // call's. It exists for the test that checks the script against
 // algorithms.Limit; Result.TAT is not filled in.
 func (s *Strict) EvalManyAt(ctx context.Context, steps []Step, nowUs int64) (results []algorithms.Result, errs []error, err error) {
-	ctx, cancel := s.bound(ctx)
-	defer cancel()
-	keys := make([]string, len(steps))
-	argv := []any{nowUs}
+	keys, argv := make([]string, len(steps)), []any{nowUs}
 	for i, st := range steps {
 		keys[i] = s.RedisKey(st.Zone, st.Key)
-		a := scriptArgs(st.Op, st.Limit, st.Cost, nowUs)
-		argv = append(argv, a[1:]...)
+		argv = append(argv, st.Limit.EmissionInterval, st.Limit.Burst, st.Cost, string(st.Op))
 	}
-	v, err := s.gcra.Run(ctx, s.client, keys, argv...).Slice()
-	if err != nil {
-		return nil, nil, err
+	reps, err := s.evalMany(ctx, s.gcra, keys, argv, 2, parseStep)
+	for _, rep := range reps {
+		results, errs = append(results, rep.step), append(errs, rep.err)
 	}
-	if len(v) != 2*len(steps) {
-		return nil, nil, errBadReply
-	}
-	results, errs = make([]algorithms.Result, len(steps)), make([]error, len(steps))
-	for i := range steps {
-		rep := parseStep(v[2*i : 2*i+2])
-		results[i], errs[i] = rep.step, rep.err
-	}
-	return results, errs, nil
+	return results, errs, err
 }
 
 // QuotaStep is one key's quota step for EvalQuotaManyAt.
@@ -82,39 +72,46 @@ type QuotaStep struct {
 // an explicit clock in microseconds, for the test that checks it against
 // algorithms.Quota.
 func (s *Strict) EvalQuotaAt(ctx context.Context, op Op, zone, key string, q zones.QuotaLimit, cost, nowUs int64) (zones.QuotaResult, error) {
-	ctx, cancel := s.bound(ctx)
-	defer cancel()
-	args := quotaArgs(op, q, cost, nowUs)
-	rep := s.parseReply(s.quota, s.quota.Run(ctx, s.client, []string{s.QuotaKey(zone, key)}, args[:]...))
-	return rep.quota.result(), rep.err
+	res, errs, err := s.EvalQuotaManyAt(ctx, []QuotaStep{{op, zone, key, q, cost}}, nowUs)
+	if err != nil {
+		return zones.QuotaResult{}, err
+	}
+	return res[0], errs[0]
 }
 
 // EvalQuotaManyAt runs steps in one call of the quota script, in order, as
 // the batcher sends a batch, with an explicit clock (see EvalQuotaAt). A
 // step's error is in errs; err is the call's.
 func (s *Strict) EvalQuotaManyAt(ctx context.Context, steps []QuotaStep, nowUs int64) (results []zones.QuotaResult, errs []error, err error) {
-	ctx, cancel := s.bound(ctx)
-	defer cancel()
-	keys := make([]string, len(steps))
-	argv := []any{nowUs}
+	keys, argv := make([]string, len(steps)), []any{nowUs}
 	for i, st := range steps {
 		keys[i] = s.QuotaKey(st.Zone, st.Key)
-		a := quotaArgs(st.Op, st.Limit, st.Cost, nowUs)
-		argv = append(argv, a[1:]...)
+		argv = append(argv, st.Limit.Periods.Arg, st.Limit.Limit, st.Cost, string(st.Op))
 	}
-	v, err := s.quota.Run(ctx, s.client, keys, argv...).Slice()
+	reps, err := s.evalMany(ctx, s.quota, keys, argv, 3, parseQuotaStep)
+	for _, rep := range reps {
+		results, errs = append(results, rep.quota.result()), append(errs, rep.err)
+	}
+	return results, errs, err
+}
+
+// evalMany runs script once for keys with argv, bounded by the timeout, and
+// reads n integers of its reply per key with parse.
+func (s *Strict) evalMany(ctx context.Context, script *redis.Script, keys []string, argv []any, n int, parse func([]any) reply) ([]reply, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	v, err := script.Run(ctx, s.client, keys, argv...).Slice()
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	if len(v) != 3*len(steps) {
-		return nil, nil, errBadReply
+	if len(v) != n*len(keys) {
+		return nil, errBadReply
 	}
-	results, errs = make([]zones.QuotaResult, len(steps)), make([]error, len(steps))
-	for i := range steps {
-		rep := parseQuotaStep(v[3*i : 3*i+3])
-		results[i], errs[i] = rep.quota.result(), rep.err
+	reps := make([]reply, len(keys))
+	for i := range reps {
+		reps[i] = parse(v[n*i : n*i+n])
 	}
-	return results, errs, nil
+	return reps, nil
 }
 
 // Heartbeat beats now (see heartbeat) instead of waiting for the loop, and
