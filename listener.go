@@ -152,13 +152,14 @@ func (w *ListenerWrapper) Provision(ctx caddy.Context) error {
 
 // Cleanup releases the zones' registrations and state references; the
 // connections still open release their slots into the states they took
-// them from as they close.
+// them from as they close. The zones stay readable: the old listener's
+// accept loop may still decide a connection while a reload cleans up (its
+// read of w.zones raced Cleanup's reset of them).
 func (w *ListenerWrapper) Cleanup() error {
 	for _, z := range w.zones {
 		unregisterZone(z.Zone)
 		_, _ = states.Delete(z.stateID)
 	}
-	w.zones = nil
 	return nil
 }
 

@@ -605,6 +605,7 @@ type adminKey struct {
 	Window     string  `json:"window"`
 	Burst      int64   `json:"burst"`
 	Source     string  `json:"source"`
+	StoredAs   string  `json:"stored_as"`
 }
 
 func keyPath(zone, key string) string {
