@@ -112,3 +112,36 @@ func TestOwedChargeThatTimedOutIsNeverSentAgain(t *testing.T) {
 		})
 	}
 }
+
+// One key's refund of its outage admission (a later zone denied the
+// request) leaves what other keys owe: when the store answers again, their
+// outage admissions are charged, and the refunded key's is not.
+func TestOwedChargesOfOtherKeysArePaidAfterOneKeysRefund(t *testing.T) {
+	c := Config{Name: "z", Events: 10, Window: time.Hour, FailPolicy: FailLocal}
+	st := &outageStore{table: NewTable(100)}
+	z := mustNew(c, newTestState(t, c), st)
+	ctx := context.Background()
+	now := monotime.Now()
+	p := z.Plan()
+	for range 3 {
+		if d := z.Decide(ctx, "alice", now); !d.Allowed || d.Source != SourceFailLocal {
+			t.Fatalf("alice during the outage: %+v, want admitted by fail_policy local", d)
+		}
+	}
+	d := z.Decide(ctx, "bob", now)
+	if !d.Allowed || d.Source != SourceFailLocal {
+		t.Fatalf("bob during the outage: %+v, want admitted by fail_policy local", d)
+	}
+	if _, err := z.RefundWith(ctx, "bob", now, d, &p, 1); err != nil {
+		t.Fatalf("refund of bob's outage admission: %v", err)
+	}
+	st.up.Store(true)
+	hearFromStore(t, z, "carol")
+	if sent := st.sent(); len(sent) != 1 || sent[0] != (owedSent{"alice", 3}) {
+		t.Fatalf("owed charges sent once the store answered: %v, want alice's 3 alone (bob's was refunded)", sent)
+	}
+	// Alice's outage admissions count in the store: 7 of her 10 are left.
+	if r := st.table.Peek("alice", monotime.Now(), p.limit); !r.Allowed || r.Remaining != 7 {
+		t.Fatalf("alice in the store after the reconciliation: %+v, want 7 remaining", r)
+	}
+}
