@@ -152,7 +152,9 @@ type quotaKeyInfo struct {
 }
 
 type storeInfo struct {
-	OK               bool       `json:"ok"`
+	OK bool `json:"ok"`
+	// When not ok: the outage's first failed call (the breaker may not be
+	// open yet; the name is kept for compatibility).
 	BreakerOpenSince *time.Time `json:"breaker_open_since,omitempty"`
 	Instances        int        `json:"instances"`
 	// The last error Redis gave about one key (e.g. a value tally did not
@@ -189,9 +191,17 @@ type keyInfo struct {
 	Window        string  `json:"window"`
 	WindowSeconds float64 `json:"window_seconds"`
 	Burst         int64   `json:"burst"`
-	// Where the answer comes from: "local" (this instance's table) or
-	// "redis" (the state every instance shares).
+	// Where the answer comes from: "local" (this instance's table),
+	// "redis" (the state every instance shares) or, in async mode,
+	// "instance" (this instance's lease of the key, from which it decides
+	// the key's next request here; Fleet then has Redis's view).
 	Source string `json:"source"`
+	// Async mode, when Source is "instance": the key as Redis holds it,
+	// the leases every instance holds counted as spent (what they admitted
+	// since their last sync not yet), or FleetError when Redis could not
+	// be read.
+	Fleet      *fleetView `json:"fleet,omitempty"`
+	FleetError string     `json:"fleet_error,omitempty"`
 	// Zones with ban: the seconds the key's ban has left, and its
 	// escalation level (1 for a first ban; 0 when not banned).
 	BannedFor float64 `json:"banned_for,omitempty"`
@@ -201,6 +211,14 @@ type keyInfo struct {
 	// and the region's name.
 	Share  *float64 `json:"share,omitempty"`
 	Region string   `json:"region,omitempty"`
+}
+
+// fleetView is a key of an async zone as Redis holds it. Durations are in
+// seconds.
+type fleetView struct {
+	Remaining  int64   `json:"remaining"`
+	RetryAfter float64 `json:"retry_after"`
+	ResetAfter float64 `json:"reset_after"`
 }
 
 // keyName is how the admin API names a key in its answers: "key" is the key
@@ -381,8 +399,23 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone,
 		source = "redis"
 	}
 	plan := z.LastPlan(stored, now)
+	var fleet *fleetView
+	var fleetErr string
+	if d.Source == zones.SourceRecord {
+		source = "instance"
+		switch f, err := z.PeekStore(r.Context(), stored, now); {
+		case errors.Is(err, zones.ErrUnknownKey):
+			fleet = &fleetView{Remaining: plan.Burst}
+		case err != nil:
+			fleetErr = "reading the key from Redis: " + err.Error()
+		default:
+			fleet = &fleetView{Remaining: f.Remaining, RetryAfter: f.RetryAfter.Seconds(), ResetAfter: f.ResetAfter.Seconds()}
+		}
+	}
 	share, region := keyShare(z, stored)
 	return writeJSON(w, keyInfo{
+		Fleet:         fleet,
+		FleetError:    fleetErr,
 		Share:         share,
 		Region:        region,
 		Zone:          z.Name,

@@ -45,7 +45,11 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        # A placeholder the client sets (a request header) lets it pick
 //	        # its limit: take plans from the operator (map, a verified JWT
 //	        # claim), or bound them.
-//	        cost       <n>|<placeholder> [<fallback n>]  # default: 1
+//	        cost       <n>|<placeholder> [<fallback n>] [at_least <n>] [at_most <n>]
+//	                                      # default: 1; a placeholder's value below
+//	                                      # at_least costs at_least, above at_most
+//	                                      # at_most, e.g. cost
+//	                                      # {http.request.header.X-Search-Cost} 1 at_least 1 at_most 100
 //	        count      { <response matchers> }  # post-charged: count only
 //	                                            # matching responses, e.g.
 //	                                            # count { status 401 403 }
@@ -301,9 +305,7 @@ func parseZone(d *caddyfile.Dispenser, defined map[string]*Zone, in, keyExample 
 				}
 			}
 		case sub == "cost":
-			if z.CostPlaceholder, err = placeholderArg(d, false); err == nil && (z.CostPlaceholder == "" || d.CountRemainingArgs() > 0) {
-				z.Cost, err = int64ArgOf(d, "cost", 1, zones.MaxEvents)
-			}
+			err = readCostArgs(d, z)
 		case sub == "count":
 			m := map[string]caddyhttp.ResponseMatcher{}
 			if err = caddyhttp.ParseNamedResponseMatcher(d.NewFromNextSegment(), m); err == nil {
@@ -670,6 +672,64 @@ func readPlanArgs(d *caddyfile.Dispenser, keyword string, needFallback bool) (pl
 		return a, d.Errf("%s %s needs a fallback for requests where it is empty or invalid: %s %s %s", dir, a.placeholder, dir, a.placeholder, example)
 	}
 	return a, nil
+}
+
+// readCostArgs reads `cost <n>` or `cost <placeholder> [<fallback n>]
+// [at_least <n>] [at_most <n>]`, the bounds in either order, each at most
+// once, the fallback within them.
+func readCostArgs(d *caddyfile.Dispenser, z *Zone) error {
+	args := d.RemainingArgs()
+	const example = "cost {http.request.header.X-Search-Cost} 1 at_least 1 at_most 100"
+	if len(args) == 0 || !strings.HasPrefix(args[0], "{") {
+		if slices.Contains(args, "at_least") || slices.Contains(args, "at_most") {
+			return d.Errf("cost at_least and at_most bound the values of a placeholder: write %s, or the literal alone", example)
+		}
+		for range args {
+			d.Prev()
+		}
+		var err error
+		z.Cost, err = int64ArgOf(d, "cost", 1, zones.MaxEvents)
+		return err
+	}
+	if singlePlaceholder(args[0]) == "" {
+		return d.Errf("cost takes a number or one placeholder such as {http.request.header.X-Search-Cost}, not %q", args[0])
+	}
+	z.CostPlaceholder = args[0]
+	rest := args[1:]
+	if len(rest)%2 == 1 {
+		n, err := parseInt64(d, "cost", rest[0], 1, zones.MaxEvents)
+		if err != nil {
+			return err
+		}
+		z.Cost, rest = n, rest[1:]
+	}
+	for ; len(rest) >= 2; rest = rest[2:] {
+		var dst *int64
+		switch rest[0] {
+		case "at_least":
+			dst = &z.CostAtLeast
+		case "at_most":
+			dst = &z.CostAtMost
+		default:
+			return d.Errf("cost %s takes a fallback and, optionally, at_least and at_most with a bound each: %s", args[0], example)
+		}
+		if *dst != 0 {
+			return d.Errf("cost %s is given twice: keep one", rest[0])
+		}
+		n, err := parseInt64(d, "cost "+rest[0], rest[1], 1, zones.MaxEvents)
+		if err != nil {
+			return err
+		}
+		*dst = n
+	}
+	cost := max(z.Cost, 1)
+	switch {
+	case z.CostAtLeast != 0 && z.CostAtMost != 0 && z.CostAtLeast > z.CostAtMost:
+		return d.Errf("cost at_least %d is more than at_most %d", z.CostAtLeast, z.CostAtMost)
+	case z.CostAtLeast > cost || (z.CostAtMost != 0 && z.CostAtMost < cost):
+		return d.Errf("cost's fallback %d is outside at_least and at_most: the fallback is what a request costs without a usable value, so it must be within the bounds", cost)
+	}
+	return nil
 }
 
 // checkAddresses refuses, at the line they are on, Redis addresses that cannot

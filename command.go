@@ -470,7 +470,7 @@ func cliKey(c *cli, zone, key string) error {
 		}
 		_, err = fmt.Fprintf(c.out, "zone %s, key %s%s: LIMITED, 0 remaining, may send again in %s, full again in %s\n",
 			printable(zone), quoteKey(key), stored, seconds(k.RetryAfter), seconds(k.ResetAfter))
-		return err
+		return c.printFleet(k.keyInfo, err)
 	}
 	stored := ""
 	if k.StoredAs != "" {
@@ -478,9 +478,27 @@ func cliKey(c *cli, zone, key string) error {
 	}
 	if k.ResetAfter <= 0 && k.Remaining >= k.Burst {
 		_, err = fmt.Fprintf(c.out, "zone %s, key %s%s: at its full limit, %d remaining\n", printable(zone), quoteKey(key), stored, k.Remaining)
-		return err
+		return c.printFleet(k.keyInfo, err)
 	}
 	_, err = fmt.Fprintf(c.out, "zone %s, key %s%s: not limited, %d remaining, full again in %s\n", printable(zone), quoteKey(key), stored, k.Remaining, seconds(k.ResetAfter))
+	return c.printFleet(k.keyInfo, err)
+}
+
+// printFleet adds an async zone's fleet view of a key under the line that
+// said what its next request on this instance gets (after err, the first
+// line's error, which it returns unless it has one of its own).
+func (c *cli) printFleet(k keyInfo, err error) error {
+	if err != nil || k.Source != "instance" {
+		return err
+	}
+	switch {
+	case k.FleetError != "":
+		_, err = fmt.Fprintf(c.out, "  (this instance's lease; fleet-wide: unknown, %s)\n", k.FleetError)
+	case k.Fleet != nil && k.Fleet.RetryAfter > 0:
+		_, err = fmt.Fprintf(c.out, "  (this instance's lease; fleet-wide in Redis, every instance's lease counted as spent: 0 remaining, more in %s)\n", seconds(k.Fleet.RetryAfter))
+	case k.Fleet != nil:
+		_, err = fmt.Fprintf(c.out, "  (this instance's lease; fleet-wide in Redis, every instance's lease counted as spent: %d remaining)\n", k.Fleet.Remaining)
+	}
 	return err
 }
 

@@ -22,9 +22,13 @@ import (
 //   - `cost <n|placeholder>`: known before the request; one GCRA step of
 //     that cost, refunded at that cost when a later zone denies. A cost
 //     placeholder that is empty, not a whole number or negative falls back
-//     to the literal (default 1), counted and logged; 0 passes without
-//     consuming; more than the burst can never pass and is denied at once,
-//     with a warning in the log.
+//     to the literal (default 1), counted (and logged, sampled, unless it
+//     is empty: a missing header is routine); a value beyond the zone's
+//     at_least or at_most costs that bound, counted and logged, sampled
+//     (clamped, not the fallback: asking for more must never cost less);
+//     0 passes without consuming unless at_least says otherwise; more than
+//     the burst can never pass and is denied at once, with a warning in
+//     the log.
 //   - `count { <response matchers> }` and/or `charge <placeholder>`: the zone
 //     is post-charged. Before the request it is only checked (denied when
 //     the key has no quota left); after the response, if it matches count
@@ -36,8 +40,10 @@ type costVars struct {
 	cost      int64  // literal cost, the fallback of the placeholders; default 1
 	costVar   string // placeholder name of `cost`, "" for a literal
 	chargeVar string // placeholder name of `charge`, read after the response
-	count     *caddyhttp.ResponseMatcher
-	params    string // policyParams, for the headers
+	// costMin and costMax bound costVar's values (0: no bound).
+	costMin, costMax int64
+	count            *caddyhttp.ResponseMatcher
+	params           string // policyParams, for the headers
 }
 
 // postCharged: the zone charges after the response.
@@ -68,11 +74,33 @@ func (z *zoneHandler) costFor(repl *caddy.Replacer, now int64) int64 {
 	if z.costs.costVar == "" {
 		return z.costs.cost
 	}
-	return z.readCost(repl, now, z.costs.costVar, "cost")
+	n := z.readCost(repl, now, z.costs.costVar, "cost")
+	switch c := z.costs; {
+	case n < c.costMin:
+		z.costClamped(now, n, c.costMin, "at_least")
+		return c.costMin
+	case c.costMax > 0 && n > c.costMax:
+		z.costClamped(now, n, c.costMax, "at_most")
+		return c.costMax
+	}
+	return n
+}
+
+// costClamped counts and logs (sampled) a cost placeholder's value n
+// beyond the zone's bound, which the request costs instead.
+func (z *zoneHandler) costClamped(now, n, bound int64, setting string) {
+	if z.metrics != nil && z.metrics.costFallbacks != nil {
+		z.metrics.costFallbacks.Inc()
+	}
+	if c := z.logs.costFallback.check(z.logger, now, zapcore.WarnLevel, "request cost is beyond the zone's bound; the request costs the bound"); c != nil {
+		c.Write(zap.String("zone", z.Name), zap.Int64("value", n), zap.String("bound", setting), zap.Int64("cost", bound))
+	}
 }
 
 // readCost reads a cost placeholder: a whole number >= 0, math.MaxInt64 for
-// one too large to represent, else the literal cost, counted and logged.
+// one too large to represent, else the literal cost, counted and, unless
+// the value is empty (a header the client did not send: routine, the
+// counter is enough), logged.
 func (z *zoneHandler) readCost(repl *caddy.Replacer, now int64, name, setting string) int64 {
 	s, _ := repl.GetString(name)
 	s = strings.TrimSpace(s)
@@ -85,6 +113,9 @@ func (z *zoneHandler) readCost(repl *caddy.Replacer, now int64, name, setting st
 	}
 	if z.metrics != nil && z.metrics.costFallbacks != nil {
 		z.metrics.costFallbacks.Inc()
+	}
+	if s == "" {
+		return z.costs.cost
 	}
 	if c := z.logs.costFallback.check(z.logger, now, zapcore.WarnLevel, "request cost is empty or invalid; using the zone's literal cost"); c != nil {
 		c.Write(zap.String("zone", z.Name), zap.String("setting", setting), zap.String("value", s), zap.Int64("cost", z.costs.cost))
@@ -179,13 +210,13 @@ func (z *zoneHandler) chargeFailed(err error) {
 }
 
 // zoneCosts checks and resolves a zone's cost settings.
-func zoneCosts(name string, zc *Zone, plan zones.Plan) (costVars, error) {
-	c := costVars{cost: int64(zc.Cost), count: zc.Count}
+func zoneCosts(name string, zc *Zone, plan zones.Plan, logger *zap.Logger) (costVars, error) {
+	c := costVars{cost: int64(zc.Cost), count: zc.Count, costMin: zc.CostAtLeast, costMax: zc.CostAtMost}
 	if c.cost == 0 {
 		c.cost = 1
 	}
 	if zc.Concurrency > 0 {
-		if zc.Cost != 0 || zc.CostPlaceholder != "" || zc.Count != nil || zc.Charge != "" {
+		if zc.Cost != 0 || zc.CostPlaceholder != "" || zc.CostAtLeast != 0 || zc.CostAtMost != 0 || zc.Count != nil || zc.Charge != "" {
 			return c, fmt.Errorf("zone %s: cost, count and charge apply to events/window zones, not concurrency zones", name)
 		}
 		return c, nil
@@ -216,6 +247,20 @@ func zoneCosts(name string, zc *Zone, plan zones.Plan) (costVars, error) {
 	}
 	if c.costVar != "" && c.chargeVar != "" {
 		return c, fmt.Errorf("zone %s: cost {placeholder} and charge both say what a request costs: keep one (charge for a cost known after the response)", name)
+	}
+	switch {
+	case (c.costMin != 0 || c.costMax != 0) && c.costVar == "":
+		return c, fmt.Errorf("zone %s: cost_at_least and cost_at_most bound the values of cost_placeholder: give one, e.g. cost {http.request.header.X-Search-Cost} 1 at_least 1 at_most 100", name)
+	case c.costMin < 0 || c.costMin > zones.MaxEvents || c.costMax < 0 || c.costMax > zones.MaxEvents:
+		return c, fmt.Errorf("zone %s: cost_at_least and cost_at_most must be whole numbers from 1 to 2^40", name)
+	case c.costMax != 0 && c.costMin > c.costMax:
+		return c, fmt.Errorf("zone %s: cost_at_least %d is more than cost_at_most %d", name, c.costMin, c.costMax)
+	case c.costMin > c.cost || (c.costMax != 0 && c.costMax < c.cost):
+		return c, fmt.Errorf("zone %s: cost %d is outside cost_at_least and cost_at_most: the fallback is what a request costs without a usable value, so it must be within the bounds", name, c.cost)
+	case strings.HasPrefix(c.costVar, "http.request.") && c.costMin == 0:
+		logger.Warn("a zone's cost comes from the request, which the client sets, with no floor: a client that sends 0 passes without consuming; "+
+			"bound it: cost {placeholder} <fallback> at_least 1 [at_most <n>]",
+			zap.String("zone", name), zap.String("placeholder", "{"+c.costVar+"}"))
 	}
 	c.params = c.policyParams()
 	return c, nil

@@ -268,6 +268,7 @@ func (p *persister) start() {
 
 func (p *persister) run() {
 	defer close(p.done)
+	p.removeStaleTemps()
 	tick := time.NewTicker(p.interval)
 	defer tick.Stop()
 	for {
@@ -279,6 +280,54 @@ func (p *persister) run() {
 		}
 	}
 }
+
+// removeStaleTemps deletes what writes interrupted by a SIGKILL (or a
+// crash) left in this instance's snapshot directory of a file storage:
+// certmagic writes a snapshot to a temporary file beside it (os.CreateTemp,
+// a name of digits only; a snapshot's name never is) and renames it over
+// the snapshot, and a process killed in between leaves the temporary file,
+// as large as a snapshot, under a new name each time. A file younger than
+// staleTempAge may be a write in flight (another handler's, or a process
+// sharing the data directory) and stays. Runs once the config has started:
+// provisioning only reads the storage.
+func (p *persister) removeStaleTemps() {
+	fsStorage, ok := p.storage.(*certmagic.FileStorage)
+	if !ok || len(p.zones) == 0 {
+		return
+	}
+	instance, ok := instanceID()
+	if !ok {
+		return
+	}
+	dir := filepath.Dir(fsStorage.Filename(p.key(instance, p.zones[0])))
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return // no directory yet: nothing was ever written
+	}
+	var removed int
+	var bytes int64
+	for _, e := range entries {
+		if !e.Type().IsRegular() || strings.Trim(e.Name(), "0123456789") != "" {
+			continue
+		}
+		info, err := e.Info()
+		if err != nil || time.Since(info.ModTime()) < staleTempAge {
+			continue
+		}
+		if os.Remove(filepath.Join(dir, e.Name())) == nil {
+			removed++
+			bytes += info.Size()
+		}
+	}
+	if removed > 0 {
+		p.logger.Info("removed the temporary files of snapshot writes that were interrupted (a SIGKILL or a crash during a write)",
+			zap.String("dir", dir), zap.Int("files", removed), zap.Int64("bytes", bytes))
+	}
+}
+
+// staleTempAge is how old a temporary snapshot file must be to be removed
+// at start: a write in flight takes at most snapshotTimeout.
+const staleTempAge = 2 * snapshotTimeout
 
 // writeAll writes every zone's snapshot, one after the other.
 func (p *persister) writeAll(why string) {

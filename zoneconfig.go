@@ -99,6 +99,18 @@ type Zone struct {
 	// pass) with a warning in the log.
 	CostPlaceholder string `json:"cost_placeholder,omitempty"`
 
+	// A floor on cost_placeholder's values: a value below it costs
+	// cost_at_least (so that a client cannot make its requests free with
+	// 0), counted in caddy_rate_limit_cost_fallbacks_total. At most cost.
+	// A cost the client sets (http.request.*) without it logs a warning
+	// when the zone is provisioned.
+	CostAtLeast int64 `json:"cost_at_least,omitempty"`
+
+	// A bound on cost_placeholder's values: a value above it costs
+	// cost_at_most (not the fallback: asking for more never costs less),
+	// counted in caddy_rate_limit_cost_fallbacks_total. At least cost.
+	CostAtMost int64 `json:"cost_at_most,omitempty"`
+
 	// Makes the zone post-charged, counting only responses that match:
 	// status codes or classes and headers, as Caddy's response matchers
 	// (e.g. status 401 403 to limit failed logins). Before the request the
@@ -267,7 +279,7 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 		return nil, err
 	}
 	plan, _ := cfg.Plan()
-	costs, err := zoneCosts(name, zc, plan)
+	costs, err := zoneCosts(name, zc, plan, h.logger)
 	if err != nil {
 		return nil, err
 	}

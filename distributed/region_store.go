@@ -123,6 +123,11 @@ func (s *Shared) Fallback(zone, key string, now int64, limit, share algorithms.L
 	return s.offers.Records.Fallback(zone, key, now, s.limit(zone, key, limit), share, op, cost, ahead)
 }
 
+// Peek is the async store's record of key at this region's share of limit.
+func (s *Shared) Peek(zone, key string, now int64, limit algorithms.Limit) (algorithms.Result, bool) {
+	return s.offers.Records.Peek(zone, key, now, s.limit(zone, key, limit))
+}
+
 // Interface guards.
 var (
 	_ zones.Store   = (*Shared)(nil)

@@ -6,8 +6,10 @@ package tests
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -356,14 +358,20 @@ func TestAdminReadsAndResetsKeysInRedis(t *testing.T) {
 			if got := c.Send(4, withKey("alice")); got[2] != 200 || got[3] != 429 {
 				t.Fatalf("alice: %v, want 3×200 then 429", got)
 			}
-			// Async mode reports to Redis at its next sync.
+			// Async mode reports to Redis at its next sync; its read
+			// answers from this instance's lease, Redis's view beside it.
 			var k adminKey
 			waitFor(t, 5*time.Second, "alice's state in Redis", func() bool {
+				n, _ := rc.Exists(ctx, rkey).Result()
 				status, body := c.adminDo(http.MethodGet, keyPath("api", "alice"))
-				return status == http.StatusOK && json.Unmarshal([]byte(body), &k) == nil && k.Remaining == 0
+				return n == 1 && status == http.StatusOK && json.Unmarshal([]byte(body), &k) == nil && k.Remaining == 0
 			})
-			if k.Source != "redis" || k.RetryAfter <= 0 || k.RetryAfter > 1200 {
-				t.Errorf("GET alice: %+v, want source redis, remaining 0, retry_after within 1200s", k)
+			wantSource := "redis"
+			if mode == "async" {
+				wantSource = "instance"
+			}
+			if k.Source != wantSource || k.RetryAfter <= 0 || k.RetryAfter > 1200 {
+				t.Errorf("GET alice: %+v, want source %s, remaining 0, retry_after within 1200s", k, wantSource)
 			}
 			// The key's TTL in Redis is its reset time (rounded up to a
 			// millisecond), not just any positive TTL.
@@ -375,6 +383,15 @@ func TestAdminReadsAndResetsKeysInRedis(t *testing.T) {
 			_, body := c.adminDo(http.MethodGet, keyPath("api", "alice"))
 			if err := json.Unmarshal([]byte(body), &k); err != nil {
 				t.Fatal(err)
+			}
+			if mode == "async" {
+				var f struct {
+					Fleet adminKey `json:"fleet"`
+				}
+				if err := json.Unmarshal([]byte(body), &f); err != nil {
+					t.Fatal(err)
+				}
+				k.ResetAfter = f.Fleet.ResetAfter // Redis's view, whose TTL this is
 			}
 			elapsed := time.Since(before)
 			reset := time.Duration(k.ResetAfter * float64(time.Second))
@@ -647,5 +664,74 @@ func TestAdminReadsAndResetsKeysAsTheZoneStoresThem(t *testing.T) {
 	}
 	if r := rateLimitCLI(t, c, "reset", "net", "10.9.9.9"); r.code != 1 || !strings.Contains(r.stderr, "key not tracked, nothing to reset") || strings.Contains(r.stdout, "reset to its full limit") {
 		t.Errorf("reset of a key never seen: exit %d, stdout %q, stderr %q; want exit 1, not tracked", r.code, r.stdout, r.stderr)
+	}
+}
+
+// An async zone's key read (GET …/keys/<key>, `caddy rate-limit key`) says
+// what the key's next request on this instance gets: the lease this
+// instance decides from, not Redis's view, in which the lease counts as
+// spent (one instance, example 13 of the docs: a client at r=96 was shown
+// "LIMITED, 0 remaining"). Redis's view is given beside it, as the fleet's.
+func TestAsyncKeyReadSaysWhatTheNextRequestGets(t *testing.T) {
+	t.Parallel()
+	r := startRedis(t)
+	c := startCaddy(t, `http:// {
+	rate_limit {
+		zone api {
+			key {http.request.header.X-API-Key}
+			events 100
+			window 1m
+		}
+		distributed {
+			redis redis://`+r.Addr+`
+			mode async
+			sync_interval 100ms
+			timeout 500ms
+		}
+		headers legacy
+	}
+	respond "ok"
+}
+`)
+	var last response
+	for range 4 {
+		if last = c.Do(withKey("alice")); last.Status != http.StatusOK {
+			t.Fatalf("alice: %d, want 200", last.Status)
+		}
+	}
+	left, err := strconv.ParseInt(last.Header.Get("RateLimit-Remaining"), 10, 64)
+	if err != nil {
+		t.Fatalf("RateLimit-Remaining %q: %v", last.Header.Get("RateLimit-Remaining"), err)
+	}
+	// Once a sync has taken the key's lease, Redis counts the lease as
+	// spent: the read must still answer from the lease.
+	rc := r.Client()
+	waitFor(t, 10*time.Second, "alice's lease in Redis", func() bool {
+		n, _ := rc.Exists(context.Background(), "tally:api.async:alice").Result()
+		return n == 1
+	})
+	var k struct {
+		adminKey
+		Fleet *struct {
+			Remaining  int64   `json:"remaining"`
+			RetryAfter float64 `json:"retry_after"`
+		} `json:"fleet"`
+	}
+	status, body := c.adminDo(http.MethodGet, keyPath("api", "alice"))
+	if status != http.StatusOK || json.Unmarshal([]byte(body), &k) != nil {
+		t.Fatalf("GET alice: %d %s", status, body)
+	}
+	if k.Remaining != left || k.RetryAfter != 0 || k.Source != "instance" {
+		t.Errorf("GET alice: %s\nwant remaining %d (the client's last RateLimit-Remaining), retry_after 0, source instance", body, left)
+	}
+	if k.Fleet == nil || k.Fleet.Remaining > left {
+		t.Errorf("GET alice: %s\nwant the fleet's view (Redis, the lease counted as spent) beside it", body)
+	}
+	out := strings.Join(rateLimitCLI(t, c, "key", "api", "alice").ok(t, "caddy rate-limit key"), "\n")
+	if want := fmt.Sprintf("not limited, %d remaining", left); !strings.Contains(out, want) || strings.Contains(out, "LIMITED") {
+		t.Errorf("caddy rate-limit key api alice printed:\n%s\nwant %q", out, want)
+	}
+	if next := c.Do(withKey("alice")); next.Status != http.StatusOK || next.Header.Get("RateLimit-Remaining") != strconv.FormatInt(left-1, 10) {
+		t.Errorf("alice's next request: %d, RateLimit-Remaining %q, want 200 and %d as the read said", next.Status, next.Header.Get("RateLimit-Remaining"), left-1)
 	}
 }

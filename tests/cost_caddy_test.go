@@ -477,3 +477,62 @@ func TestPostChargedZoneUnderTwentyConcurrentClientsStaysWithinTheInFlightBound(
 	}
 	t.Logf("20 concurrent clients admitted %d of a burst of 20", got[200])
 }
+
+// A cost the client sets is bounded as plans are: a value below at_least
+// costs at_least (X-Cost: 0 is not free), one above at_most costs at_most,
+// each counted; a missing header costs the fallback, counted, with no
+// warning per request; the unbounded zone is warned about once, at load.
+func TestClientSetCostIsBoundedByAtLeastAndAtMost(t *testing.T) {
+	t.Parallel()
+	c := startCaddyWith(t, "metrics", `http:// {
+	rate_limit {
+		zone bounded {
+			key    {http.request.header.X-API-Key}
+			events 10
+			window 1h
+			cost   {http.request.header.X-Cost} 2 at_least 1 at_most 4
+		}
+		zone unbounded {
+			key    {http.request.header.X-Other}
+			events 10
+			window 1h
+			cost   {http.request.header.X-Other-Cost}
+		}
+	}
+	respond "ok"
+}
+`)
+	bounded := func(key, cost string) request {
+		r := request{Header: map[string]string{"X-API-Key": key, "X-Other": key}}
+		if cost != "-" {
+			r.Header["X-Cost"] = cost
+		}
+		return r
+	}
+	if got := countStatuses(c.Send(11, bounded("zero", "0"))); got[200] != 10 || got[429] != 1 {
+		t.Errorf("X-Cost 0 at_least 1, 10 per hour: %v, want 10×200 then 429 (cost 1 each, not free)", got)
+	}
+	if got := countStatuses(c.Send(3, bounded("huge", "9"))); got[200] != 2 || got[429] != 1 {
+		t.Errorf("X-Cost 9 at_most 4, 10 per hour: %v, want 2×200 then 429 (cost 4 each)", got)
+	}
+	if got := countStatuses(c.Send(6, bounded("missing", "-"))); got[200] != 5 || got[429] != 1 {
+		t.Errorf("no X-Cost, fallback 2, 10 per hour: %v, want 5×200 then 429", got)
+	}
+	samples := c.scrape()
+	if v, _ := metricValue(samples, "caddy_rate_limit_cost_fallbacks_total", map[string]string{"zone": "bounded"}); v != 11+3+6 {
+		t.Errorf("cost_fallbacks_total = %v, want 20 (11 below at_least, 3 above at_most, 6 missing)", v)
+	}
+	out := c.Output()
+	if strings.Contains(out, "request cost is empty or invalid") {
+		t.Errorf("a missing cost header was logged per request; the counter is enough:\n%s", tail(out, 20))
+	}
+	var warned []string
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, `"level":"warn"`) && strings.Contains(line, "with no floor") {
+			warned = append(warned, line)
+		}
+	}
+	if len(warned) != 1 || !strings.Contains(warned[0], `"zone":"unbounded"`) {
+		t.Errorf("want one warning at load for zone unbounded's cost with no floor, got %q", warned)
+	}
+}

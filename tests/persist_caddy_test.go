@@ -365,3 +365,39 @@ func TestPersistedBanSurvivesStop(t *testing.T) {
 		t.Errorf("another key after the restart: %d, want 200", r.Status)
 	}
 }
+
+// A SIGKILL during a snapshot write leaves certmagic's temporary file (a
+// name of digits beside the snapshot, as large as it) in the instance's
+// snapshot directory; the next start removes it once the config runs,
+// instead of leaving one more at every kill. The snapshot itself stays.
+func TestStaleSnapshotTempFileIsRemovedAtStart(t *testing.T) {
+	c := newCaddyInstance(t)
+	config := c.Caddyfile("", persistSite(3, "1s", "24h", ""))
+	c.Start(config, "caddyfile")
+	denyLogin(t, c)
+	waitFor(t, 5*time.Second, "a periodic snapshot", func() bool { return len(snapshotFiles(t, c)) == 1 })
+	c.stopWith("SIGKILL", syscall.SIGKILL)
+
+	// What a write killed between create and rename leaves: os.CreateTemp's
+	// name, from a write long enough ago that it cannot be in flight.
+	snapshot := snapshotFiles(t, c)[0]
+	temp := filepath.Join(filepath.Dir(snapshot), "2849571632")
+	if err := os.WriteFile(temp, make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-time.Hour)
+	if err := os.Chtimes(temp, old, old); err != nil {
+		t.Fatal(err)
+	}
+	c.restart(config)
+	waitFor(t, 10*time.Second, "the interrupted write's temporary file to be removed", func() bool {
+		_, err := os.Stat(temp)
+		return os.IsNotExist(err)
+	})
+	if _, err := os.Stat(snapshot); err != nil {
+		t.Errorf("the snapshot itself: %v, want it kept", err)
+	}
+	if r := c.Do(request{Path: "/login"}); r.Status != http.StatusTooManyRequests {
+		t.Errorf("after the restart: %d, want 429 (the snapshot restored)", r.Status)
+	}
+}

@@ -138,6 +138,13 @@ type Records interface {
 	// next sync that succeeds counts it there. OpDecide admits for later
 	// up to ahead (ns; 0: not at all).
 	Fallback(zone, key string, now int64, limit, part algorithms.Limit, op Op, cost, ahead int64) algorithms.Result
+	// Peek is what key's record would decide for a unit-cost request at
+	// now under limit, consuming nothing (the admin API's read: what the
+	// next request on this instance gets). ok is false when the next
+	// request would not be decided from the record alone: there is none
+	// (it gets a fresh share), or it must first hear from the store (a
+	// dormant record the request wakes).
+	Peek(zone, key string, now int64, limit algorithms.Limit) (r algorithms.Result, ok bool)
 }
 
 // BanList lists a zone's bans fleet-wide, in a bounded structure updated

@@ -379,6 +379,7 @@ const (
 	SourceFailOpen                 // store unavailable, fail_policy open
 	SourceFailClosed               // store unavailable, fail_policy closed
 	SourceFailLocal                // store unavailable, fail_policy local
+	SourceRecord                   // the store's record of the key in this process (async mode's lease): a peek only
 )
 
 // Decision is a zone's verdict on one request. Durations are nanoseconds.
@@ -750,7 +751,11 @@ func (z *Zone) LastPlan(key string, now int64) Plan {
 
 // Peek reports key's state, under the plan it was last decided under,
 // without consuming anything, or ErrUnknownKey when the key has no state
-// (it is at its full limit).
+// (it is at its full limit): what its next request on this instance would
+// get. A store that keeps records (async mode) answers from this
+// instance's record of the key, which decides that request (Source
+// SourceRecord), and from the store only for a key it has no record of
+// or must wake; the store's own view, the fleet's, is PeekStore.
 func (z *Zone) Peek(ctx context.Context, key string, now int64) (Decision, error) {
 	if z.state.quota != nil {
 		return z.peekQuota(ctx, key, now)
@@ -759,16 +764,57 @@ func (z *Zone) Peek(ctx context.Context, key string, now int64) (Decision, error
 	l := z.LastPlan(key, now).limit
 	if z.store == nil {
 		d = fromResult(z.state.Local.Peek(key, now, l), SourceLocal)
+	} else if r, ok := z.peekRecord(key, now, l); ok {
+		d = fromResult(r, SourceRecord)
 	} else {
-		rep, err := z.store.Rate(ctx, z.Name, key, RateStep{Op: OpPeek, Limit: l, Cost: 1, Ban: z.banRule})
-		if err != nil {
+		var err error
+		if d, err = z.peekStore(ctx, key, l); err != nil {
 			return Decision{}, err
 		}
-		d = fromResult(rep.Result, SourceStore)
-		if rep.Ban.Banned {
-			z.withBan(&d, time.Duration(rep.RetryAfter), rep.Ban.Level)
-		}
 	}
+	return z.peeked(key, now, d)
+}
+
+// PeekStore reports key's state as the store holds it, consuming nothing,
+// or ErrUnknownKey: in async mode the fleet's view, in which the leases
+// every instance holds count as spent and what instances admitted since
+// their last sync does not. Without a store it is Peek.
+func (z *Zone) PeekStore(ctx context.Context, key string, now int64) (Decision, error) {
+	if z.store == nil || z.state.quota != nil {
+		return z.Peek(ctx, key, now)
+	}
+	d, err := z.peekStore(ctx, key, z.LastPlan(key, now).limit)
+	if err != nil {
+		return Decision{}, err
+	}
+	return z.peeked(key, now, d)
+}
+
+// peekRecord is what the store's record of key would decide (Records.Peek),
+// for a store that keeps records.
+func (z *Zone) peekRecord(key string, now int64, l algorithms.Limit) (algorithms.Result, bool) {
+	if z.records == nil {
+		return algorithms.Result{}, false
+	}
+	return z.records.Peek(z.Name, key, now, l)
+}
+
+// peekStore is the store's peek step of key under l, with its ban.
+func (z *Zone) peekStore(ctx context.Context, key string, l algorithms.Limit) (Decision, error) {
+	rep, err := z.store.Rate(ctx, z.Name, key, RateStep{Op: OpPeek, Limit: l, Cost: 1, Ban: z.banRule})
+	if err != nil {
+		return Decision{}, err
+	}
+	d := fromResult(rep.Result, SourceStore)
+	if rep.Ban.Banned {
+		z.withBan(&d, time.Duration(rep.RetryAfter), rep.Ban.Level)
+	}
+	return d, nil
+}
+
+// peeked adds the zone's own ban of key to a peek's d, or says the key has
+// no state.
+func (z *Zone) peeked(key string, now int64, d Decision) (Decision, error) {
 	if z.state.Bans != nil && z.banRule == (BanRule{}) {
 		if b, ok := z.BanOf(key, now); ok {
 			z.withBan(&d, b.Left, b.Level)
