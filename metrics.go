@@ -37,6 +37,7 @@ var collectors = struct {
 	restoreFails    *prometheus.CounterVec
 	bans            *prometheus.CounterVec
 	dryRunBans      *prometheus.CounterVec
+	droppedBans     *prometheus.CounterVec
 	banned          *bannedCollector
 	delayed         *prometheus.HistogramVec
 	queueFull       *prometheus.CounterVec
@@ -113,6 +114,10 @@ func initCollectors() {
 		Namespace: ns, Subsystem: sub, Name: "dry_run_bans_total",
 		Help: "Bans a dry-run zone with ban would have started.",
 	}, []string{"zone"})
+	collectors.droppedBans = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "bans_dropped_total",
+		Help: "Bans not kept: from=table, a ban this instance did not start or learn because the zone's ban table (max_keys) was full of running bans (the key had the rate without the ban); from=list, running bans the fleet-wide list (1000 per zone, the longest kept) dropped, which async instances other than the one that started them do not learn.",
+	}, []string{"zone", "from"})
 	collectors.emptyKeys = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "empty_keys_total",
 		Help: "Requests whose key expanded to nothing (a missing header, a misspelt placeholder): they share one bucket, the empty key.",
@@ -130,7 +135,7 @@ func initCollectors() {
 	collectors.waiting = &waitingCollector{desc: prometheus.NewDesc(ns+"_"+sub+"_waiting",
 		"Requests of a zone with delay waiting for their turn in this instance now.", []string{"zone"}, nil)}
 	collectors.banned = &bannedCollector{desc: prometheus.NewDesc(ns+"_"+sub+"_banned_keys",
-		"Keys this instance knows to be banned in the zone (at most 1000 per zone).", []string{"zone"}, nil)}
+		"Keys this instance bans in the zone now: the running bans of its ban table, each enforced (at most max_keys).", []string{"zone"}, nil)}
 	collectors.global = newGlobalCollector(ns + "_" + sub + "_global")
 	collectors.keys = &keysCollector{desc: prometheus.NewDesc(ns+"_"+sub+"_keys",
 		"Keys the zone holds in this instance's memory.", []string{"zone"}, nil)}
@@ -151,7 +156,7 @@ func registerMetrics(ctx caddy.Context) error {
 		collectors.failPolicy, collectors.latency, collectors.keys, collectors.plans, collectors.inFlight,
 		collectors.cost, collectors.costFalls, collectors.chargeFails, collectors.connections, collectors.connsOpen,
 		collectors.snapshotSeconds, collectors.snapshotKeys, collectors.restoredKeys, collectors.writeFails, collectors.restoreFails,
-		collectors.bans, collectors.dryRunBans, collectors.banned, collectors.delayed, collectors.queueFull, collectors.waiting,
+		collectors.bans, collectors.dryRunBans, collectors.droppedBans, collectors.banned, collectors.delayed, collectors.queueFull, collectors.waiting,
 		collectors.global, collectors.emptyKeys} {
 		if err := reg.Register(c); err != nil {
 			if are := (prometheus.AlreadyRegisteredError{}); !errors.As(err, &are) {
@@ -175,10 +180,11 @@ type zoneMetrics struct {
 	planFallbacks                 prometheus.Counter // nil unless the zone reads its limit from requests
 	// nil unless the zone is weighted or post-charged:
 	cost, costFallbacks, chargeFailures prometheus.Counter
-	bans                                prometheus.Counter  // nil unless the zone bans (dry run: would-be bans)
-	delayed                             prometheus.Observer // nil unless the zone has delay
-	queueFull                           prometheus.Counter  // nil unless the zone has delay
-	emptyKeys                           prometheus.Counter  // nil unless the key template can expand to nothing
+	bans                                prometheus.Counter    // nil unless the zone bans (dry run: would-be bans)
+	droppedBans                         [2]prometheus.Counter // from the table, the list; nil unless the zone bans
+	delayed                             prometheus.Observer   // nil unless the zone has delay
+	queueFull                           prometheus.Counter    // nil unless the zone has delay
+	emptyKeys                           prometheus.Counter    // nil unless the key template can expand to nothing
 }
 
 // newZoneMetrics binds the series of a zone. distributed says whether the
@@ -214,6 +220,7 @@ func newZoneMetrics(name string, policy zones.FailPolicy, dryRun, distributed, t
 		m.bans = collectors.dryRunBans.WithLabelValues(name)
 	} else if bans {
 		m.bans = collectors.bans.WithLabelValues(name)
+		m.droppedBans = [2]prometheus.Counter{collectors.droppedBans.WithLabelValues(name, "table"), collectors.droppedBans.WithLabelValues(name, "list")}
 	}
 	return m
 }
@@ -274,6 +281,7 @@ func dropZoneSeries(name string) {
 	collectors.restoreFails.DeletePartialMatch(l)
 	collectors.bans.DeletePartialMatch(l)
 	collectors.dryRunBans.DeletePartialMatch(l)
+	collectors.droppedBans.DeletePartialMatch(l)
 	collectors.delayed.DeletePartialMatch(l)
 	collectors.queueFull.DeletePartialMatch(l)
 	collectors.emptyKeys.DeletePartialMatch(l)

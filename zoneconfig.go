@@ -230,6 +230,9 @@ type zoneHandler struct {
 	logs      *logSamplers // the handler's, which all its zones share
 	// loggedEmptyKey: a request's key was empty, and that was logged.
 	loggedEmptyKey atomic.Bool
+	// loggedDroppedBans: a ban was not kept, from the table or the list
+	// (banDropped), and that was logged.
+	loggedDroppedBans [2]atomic.Bool
 
 	// What provision took, for release.
 	stateID    stateID
@@ -362,6 +365,9 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 		}
 	}
 	zh.Zone.OnChargeFailed = zh.chargeFailed
+	if cfg.Ban > 0 && !cfg.DryRun {
+		zh.Zone.OnBanDropped = zh.banDropped
+	}
 	if a := h.backend.async; a != nil && cfg.Ban > 0 {
 		zh.stopBans = make(chan struct{})
 		go zh.learnBans(a, a.SyncInterval())
@@ -590,6 +596,21 @@ func (z *zoneHandler) emptyKey() {
 		}
 		z.logger.Warn("a request's key is empty: every request whose key is empty shares one bucket (counted in caddy_rate_limit_empty_keys_total; logged once per zone and load); "+fix,
 			zap.String("zone", z.Name), zap.String("key", z.key))
+	}
+}
+
+// banDropped counts the bans the zone did not keep (zones.Zone.OnBanDropped)
+// and logs the first of each kind.
+func (z *zoneHandler) banDropped(fromList bool, n int64) {
+	from, msg := 0, "a ban was not kept: the zone's ban table is full of running bans (max_keys), and running bans are never evicted; the key has the zone's rate without the ban (counted in caddy_rate_limit_bans_dropped_total{from=\"table\"}; logged once per zone and load); raise max_keys"
+	if fromList {
+		from, msg = 1, "running bans were dropped from the zone's fleet-wide list of bans, which keeps the 1000 that end last: the instance that started them enforces them, in async mode the others do not learn them (counted in caddy_rate_limit_bans_dropped_total{from=\"list\"}; logged once per zone and load)"
+	}
+	if z.metrics != nil && z.metrics.droppedBans[from] != nil {
+		z.metrics.droppedBans[from].Add(float64(n))
+	}
+	if z.logger != nil && !z.loggedDroppedBans[from].Load() && z.loggedDroppedBans[from].CompareAndSwap(false, true) {
+		z.logger.Warn(msg, zap.String("zone", z.Name), zap.Int64("dropped", n))
 	}
 }
 

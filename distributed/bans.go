@@ -18,7 +18,10 @@ import (
 // TTL to the zone's longest ban, which no ban it holds outlasts. The ban
 // itself lives in the key's state in strict mode (gcra.lua), and the list
 // is bookkeeping beside it, best effort: a write that fails leaves a ban
-// out of the list, never lifts one. In async mode the list is how the
+// out of the list, never lifts one. The running bans a write pushes off
+// the list, and a ban whose write failed, are reported to the zone
+// (RecordBan's dropped), which counts and logs them: in async mode they
+// reach no other instance. In async mode the list is how the
 // other instances learn a ban: each reads it every sync interval
 // (SyncInterval), so a ban reaches every instance within one sync
 // interval and two round trips (the write, the read: each within the
@@ -36,22 +39,28 @@ func (c *link) bansKey(zone string) string { return c.opts.KeyPrefix + zone + ".
 
 // RecordBan adds key's ban, left to run, to zone's list, in the
 // background (off the request path, bounded by the timeout).
-func (c *link) RecordBan(zone, key string, left, longest time.Duration, level int) {
+func (c *link) RecordBan(zone, key string, left, longest time.Duration, level int, dropped func(n int64)) {
 	if c.isClosed() {
 		return
 	}
 	end := time.Now().Add(left).UnixMilli()
 	go func() {
 		rkey := c.bansKey(zone)
-		_ = c.unbatched(context.Background(), rkey, func(ctx context.Context) error {
+		err := c.unbatched(context.Background(), rkey, func(ctx context.Context) error {
 			pipe := c.client.Pipeline()
 			pipe.ZAdd(ctx, rkey, redis.Z{Score: banScore(end, level), Member: key})
 			pipe.ZRemRangeByScore(ctx, rkey, "-inf", strconv.FormatInt(time.Now().UnixMilli()*64+63, 10))
-			pipe.ZRemRangeByRank(ctx, rkey, 0, -zones.MaxListedBans-1)
+			over := pipe.ZRemRangeByRank(ctx, rkey, 0, -zones.MaxListedBans-1)
 			pipe.PExpire(ctx, rkey, longest+time.Second)
 			_, err := pipe.Exec(ctx)
+			if n := over.Val(); err == nil && n > 0 && dropped != nil {
+				dropped(n) // running bans: the ended ones went first
+			}
 			return err
 		})
+		if err != nil && dropped != nil {
+			dropped(1) // this ban, most likely not listed
+		}
 	}()
 }
 

@@ -25,8 +25,12 @@ import (
 // ends; a ban that starts while it is remembered is one level up, a key
 // banned again only after that starts over at first. A lifted ban (admin
 // reset) forgets the level too. Memory is bounded per key (one table entry)
-// and per zone (max_keys; a full table evicts entries past their memory
-// first).
+// and per zone (max_keys). A running ban is never evicted: a full table
+// makes room only from the entries whose ban has ended (those remembered
+// for escalation, which lose their level), and a ban that finds none is not
+// kept: the key has the zone's rate without the ban, and the ban is counted
+// (DroppedBans), so that a flood of banned keys cannot lift the bans
+// already running.
 //
 // The state of a key is one entry of State.Bans, a Table like the others,
 // whose value is in the same monotonic clock as a TAT: the end of what is
@@ -135,13 +139,14 @@ func (z *Zone) banIn(key string, now int64) (end int64, level int, ok bool) {
 
 // startBan bans key from now, one level above its last ban when that is
 // still remembered, and returns the ban. A key already banned keeps its ban
-// (started false).
-func (z *Zone) startBan(key string, now int64) (end int64, level int, started bool) {
+// (started false); ok is false when the ban could not be kept (a table full
+// of running bans: see above).
+func (z *Zone) startBan(key string, now int64) (end int64, level int, started, ok bool) {
 	memory := z.BanMemory()
 	z.state.banMu.Lock()
 	defer z.state.banMu.Unlock()
 	z.state.anyBan.Store(true)
-	z.state.Bans.kt.Update(key, now, func(v int64, found bool) (int64, keytable.Op) {
+	ok = z.state.Bans.kt.Update(key, banEnded(now, memory), func(v int64, found bool) (int64, keytable.Op) {
 		level = 1
 		if found && v > now {
 			prevEnd, prev := ParseBanEntry(v, memory)
@@ -152,24 +157,40 @@ func (z *Zone) startBan(key string, now int64) (end int64, level int, started bo
 			level = min(prev+1, banLevels-1)
 		}
 		end, started = satAdd(now, int64(z.banLength(level))), true
-		return BanEntry(end, level, memory), keytable.Store
+		return BanEntry(end, level, memory), keytable.StoreIfExpired
 	})
+	if !ok {
+		z.droppedBans(droppedFromTable, 1)
+		return 0, 0, false, false
+	}
 	if started {
 		z.state.banList.add(key, end, now)
 	}
-	return end, level, started
+	return end, level, started, true
 }
 
+// banEnded is the value at or below which a ban entry's ban has ended at
+// now: what a full ban table may evict (keytable.StoreIfExpired).
+func banEnded(now int64, memory time.Duration) int64 { return satAdd(now, int64(memory)) }
+
 // learnBan records a ban the store reports for key (its end and level),
-// so that it holds on this instance through a store outage.
+// so that it holds on this instance through a store outage. A ban that
+// finds the table full of running bans is not kept (and counted).
 func (z *Zone) learnBan(key string, end int64, level int, now int64) {
 	if end <= now {
 		return
 	}
+	memory := z.BanMemory()
 	z.state.banMu.Lock()
 	z.state.anyBan.Store(true)
-	z.state.Bans.Set(key, BanEntry(end, level, z.BanMemory()), now)
+	ok := z.state.Bans.kt.Update(key, banEnded(now, memory), func(int64, bool) (int64, keytable.Op) {
+		return BanEntry(end, level, memory), keytable.StoreIfExpired
+	})
 	z.state.banMu.Unlock()
+	if !ok {
+		z.droppedBans(droppedFromTable, 1)
+		return
+	}
 	z.state.banList.add(key, end, now)
 }
 
@@ -215,13 +236,10 @@ func (z *Zone) storeBanDecision(key string, now int64, rep RateReply) Decision {
 		// only reports it).
 		if z.banRule == (BanRule{}) {
 			z.banOnDenial(key, now, &d)
-			if d.Banned {
-				z.state.Denied.Set(key, now+int64(d.RetryAfter), now)
-			}
 		}
 	}
 	if l := z.offers.BanList; l != nil && d.BanStarted > 0 && !z.DryRun {
-		l.RecordBan(z.Name, key, d.BanStarted, max(z.Ban, z.BanMax), d.BanLevel)
+		l.RecordBan(z.Name, key, d.BanStarted, max(z.Ban, z.BanMax), d.BanLevel, z.unlisted)
 	}
 	return d
 }
@@ -242,7 +260,10 @@ func (z *Zone) banOnDenial(key string, now int64, d *Decision) {
 		}
 		return
 	}
-	end, level, started := z.startBan(key, now)
+	end, level, started, ok := z.startBan(key, now)
+	if !ok {
+		return // the rate's denial, without a ban
+	}
 	retry := max(d.RetryAfter, time.Duration(end-now))
 	d.RetryAfter, d.ResetAfter = retry, max(d.ResetAfter, retry)
 	d.Banned, d.BanLevel = true, level
@@ -324,22 +345,58 @@ func (z *Zone) LearnBans(start uint64, bans []Ban, now int64) {
 	for _, b := range bans {
 		if _, _, banned := z.banIn(b.Key, now); !banned {
 			z.learnBan(b.Key, now+int64(b.Left), b.Level, now)
-			z.state.Denied.Set(b.Key, now+int64(b.Left), now)
 		}
 	}
 }
 
-// BannedKeys is the number of keys this instance knows to be banned at now
-// (of those listed: at most MaxListedBans).
+// BannedKeys is the number of keys this instance bans at now: the running
+// bans of its ban table, every one enforced (at most max_keys). It reads
+// the whole table: for a scrape, not for requests.
 func (z *Zone) BannedKeys(now int64) int {
 	if z.state.Bans == nil {
 		return 0
 	}
-	return z.state.banList.count(now)
+	// An entry's ban is running when its value is past the end of what a
+	// ban ending now is remembered for (exact to banLevels nanoseconds).
+	return z.state.Bans.kt.CountAbove(satAdd(banEnded(now, z.BanMemory()), banLevels-1))
+}
+
+// DroppedBans reports the bans the zone did not keep on this instance
+// since its state began: table, bans not started or learnt because the
+// ban table (max_keys) was full of running bans; list, bans the
+// fleet-wide list (MaxListedBans) dropped while they were running, pushed
+// off by bans that end later (in async mode the other instances do not
+// learn them).
+func (z *Zone) DroppedBans() (table, list uint64) {
+	return z.state.droppedBans[droppedFromTable].Load(), z.state.droppedBans[droppedFromList].Load()
+}
+
+const (
+	droppedFromTable = iota
+	droppedFromList
+)
+
+// unlisted counts n running bans the fleet-wide list dropped (RecordBan's
+// report).
+func (z *Zone) unlisted(n int64) { z.droppedBans(droppedFromList, n) }
+
+// droppedBans counts n bans not kept, from the table or the list, and tells
+// OnBanDropped.
+func (z *Zone) droppedBans(from int, n int64) {
+	if n <= 0 {
+		return
+	}
+	z.state.droppedBans[from].Add(uint64(n))
+	if f := z.OnBanDropped; f != nil {
+		f(from == droppedFromList, n)
+	}
 }
 
 // MaxListedBans bounds the bans a zone lists, locally and in a store: the
-// longest-lasting ones are kept.
+// longest-lasting ones are kept. The bans of an instance's table past it
+// are enforced but not listed; in async mode the list is how the others
+// learn a ban, so the bans it drops are enforced only where they started
+// (and counted: DroppedBans).
 const MaxListedBans = 1000
 
 // banList is the keys of a zone's current bans, for the admin list and the

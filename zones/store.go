@@ -151,8 +151,10 @@ type Records interface {
 // when a ban starts or is lifted.
 type BanList interface {
 	// RecordBan adds key's ban, left to run, to zone's list without
-	// waiting; longest bounds every ban of the zone.
-	RecordBan(zone, key string, left, longest time.Duration, level int)
+	// waiting; longest bounds every ban of the zone. The list is bounded
+	// (MaxListedBans, the longest-lasting kept): dropped is called with
+	// the number of running bans the write pushed off it, when any.
+	RecordBan(zone, key string, left, longest time.Duration, level int, dropped func(n int64))
 	// LiftBan takes key off zone's list.
 	LiftBan(ctx context.Context, zone, key string) error
 	// ListBans lists zone's current bans, longest left first.

@@ -242,22 +242,23 @@ const HashedKeyPrefix = "sha256:"
 // State is a zone's in-process state. It is shared by every handler that
 // defines the zone the same way and outlives config reloads.
 type State struct {
-	Local    *Table         // local mode: TAT per key
-	Denied   *Table         // with a Store: keys the store denied, until when
-	Fallback *Table         // fail_policy local: TAT per key at this instance's part
-	Bans     *Table         // zones with ban: each key's ban and escalation (ban.go); else nil
-	wouldBan *Table         // zones with ban in dry run: when each key's would-be ban ends
-	banList  banList        // the keys of current bans, bounded, for the admin list
-	forgets  atomic.Uint64  // keys forgotten (reset) so far: see LearnBans
-	anyBan   atomic.Bool    // Bans may hold an entry (false: none since the last sweep)
-	banMu    sync.Mutex     // orders ban starts with the sweep that clears anyBan
-	banCfg   Config         // the zone's ban settings (Ban, BanMax), for Restore
-	plans    *plans         // PerRequest zones: the plan each key was last decided under
-	charger  charger        // strict mode, post-charged zones: charges in flight
-	owed     owed           // fail_policy local: what the fallback admitted, owed to the store
-	chargers sync.WaitGroup // the charger's goroutines, once started
-	stop     chan struct{}
-	done     chan struct{}
+	Local       *Table           // local mode: TAT per key
+	Denied      *Table           // with a Store: keys the store denied, until when
+	Fallback    *Table           // fail_policy local: TAT per key at this instance's part
+	Bans        *Table           // zones with ban: each key's ban and escalation (ban.go); else nil
+	wouldBan    *Table           // zones with ban in dry run: when each key's would-be ban ends
+	banList     banList          // the keys of current bans, bounded, for the admin list
+	droppedBans [2]atomic.Uint64 // bans not kept: see DroppedBans
+	forgets     atomic.Uint64    // keys forgotten (reset) so far: see LearnBans
+	anyBan      atomic.Bool      // Bans may hold an entry (false: none since the last sweep)
+	banMu       sync.Mutex       // orders ban starts with the sweep that clears anyBan
+	banCfg      Config           // the zone's ban settings (Ban, BanMax), for Restore
+	plans       *plans           // PerRequest zones: the plan each key was last decided under
+	charger     charger          // strict mode, post-charged zones: charges in flight
+	owed        owed             // fail_policy local: what the fallback admitted, owed to the store
+	chargers    sync.WaitGroup   // the charger's goroutines, once started
+	stop        chan struct{}
+	done        chan struct{}
 
 	// Offenders counts this instance's denials per key over the last one
 	// to two OffendersPeriods, in fixed memory (not sized by max_keys).
@@ -342,12 +343,11 @@ func (s *State) sweep(interval time.Duration) {
 	}
 }
 
-// Len is the number of keys the state holds.
+// Len is the number of keys whose rate state the state holds; the ban
+// table, a table of its own bounded by max_keys too, is not counted (its
+// running bans are BannedKeys).
 func (s *State) Len() int {
 	n := s.Local.Len() + s.Denied.Len() + s.Fallback.Len() + s.owed.len()
-	if s.Bans != nil {
-		n += s.Bans.Len() + s.wouldBan.Len()
-	}
 	if s.conc != nil {
 		n += s.conc.len()
 	}
@@ -426,6 +426,11 @@ type Zone struct {
 	// OnChargeFailed, when set, is called for each charge of a post-charged
 	// zone that the store did not take (strict mode, after retries).
 	OnChargeFailed func(error)
+
+	// OnBanDropped, when set, is called with the bans this instance did
+	// not keep (see DroppedBans): n bans pushed off the fleet-wide list
+	// (fromList), or one a ban table full of running bans refused.
+	OnBanDropped func(fromList bool, n int64)
 
 	// Hold and Done, when set, are called for each strict-mode charge
 	// queued (Hold) and once it has landed or failed for good (Done, when

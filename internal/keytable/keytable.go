@@ -75,6 +75,13 @@ const (
 	// refused, not added, when its shard is full: for values that must not
 	// be evicted.
 	StoreIfRoom
+	// StoreIfExpired is Store, except that a full shard makes room only
+	// from the entries of its eviction sample whose value is <= the now
+	// given to Update, and a key the table does not hold is refused when
+	// the sample has none: for values that may be evicted only once they
+	// no longer matter (a ban past its end), whose caller passes as now
+	// the value below which an entry no longer matters.
+	StoreIfExpired
 	// Delete forgets the key.
 	Delete
 )
@@ -130,9 +137,11 @@ func (t *Table) Update(key string, now int64, f func(value int64, found bool) (i
 		s.slots[i].value = v
 	case op == StoreIfRoom && s.n >= t.shardCap:
 		return false
+	case op == StoreIfExpired && s.n >= t.shardCap && !s.evict(now, true):
+		return false
 	default:
 		if s.n >= t.shardCap {
-			s.evict(now)
+			s.evict(now, false)
 		}
 		s.insert(tag, key, v)
 	}
@@ -350,10 +359,11 @@ func (s *shard) deleteAt(i int) {
 
 // evict makes room in a full shard: the expired entries of a sample go
 // first; when the sample has none, the sampled entry closest to expiry (the
-// one that carries the least information).
-func (s *shard) evict(now int64) {
+// one that carries the least information), unless onlyExpired. It reports
+// whether it made room.
+func (s *shard) evict(now int64, onlyExpired bool) bool {
 	if s.n == 0 {
-		return
+		return true
 	}
 	s.rng ^= s.rng << 13
 	s.rng ^= s.rng >> 7
@@ -373,13 +383,17 @@ func (s *shard) evict(now int64) {
 			victim = i
 		}
 	}
-	if nExpired == 0 {
+	switch {
+	case nExpired > 0:
+		for _, e := range expired[:nExpired] {
+			s.deleteAt(s.slotOf(e))
+		}
+	case onlyExpired:
+		return false
+	default:
 		s.deleteAt(victim)
-		return
 	}
-	for _, e := range expired[:nExpired] {
-		s.deleteAt(s.slotOf(e))
-	}
+	return true
 }
 
 // slotOf returns where entry e (which may have moved since it was copied)
@@ -424,6 +438,22 @@ func (s *shard) compact(extra int) {
 		binary.LittleEndian.PutUint32(sl.key[:4], off)
 	}
 	s.keys, s.dead = keys, 0
+}
+
+// CountAbove returns the number of entries whose value is > v.
+func (t *Table) CountAbove(v int64) int {
+	n := 0
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.mu.Lock()
+		for j := range s.slots {
+			if sl := &s.slots[j]; sl.tag != 0 && sl.value > v {
+				n++
+			}
+		}
+		s.mu.Unlock()
+	}
+	return n
 }
 
 // Shards is the number of shards, for CopyShard.

@@ -186,6 +186,38 @@ func TestStoreIfRoomNeverEvicts(t *testing.T) {
 	}
 }
 
+// StoreIfExpired makes room only from expired entries (<= the now given):
+// a full shard of live ones refuses a new key and keeps every entry.
+func TestStoreIfExpiredEvictsOnlyExpiredEntries(t *testing.T) {
+	tab := New(10) // one shard of 10
+	for i := range 10 {
+		set(tab, fmt.Sprint("live", i), 1000, 0)
+	}
+	store := func(key string, now int64) bool {
+		return tab.Update(key, now, func(int64, bool) (int64, Op) { return 2000, StoreIfExpired })
+	}
+	if store("late", 999) {
+		t.Fatal("a key was added to a shard full of live entries")
+	}
+	if tab.Len() != 10 {
+		t.Fatalf("%d keys held, want the 10 live ones", tab.Len())
+	}
+	if !store("live3", 999) {
+		t.Fatal("a key the full shard holds could not be updated")
+	}
+	if !store("after", 1000) { // all but live3 have expired at 1000
+		t.Fatal("no room made from expired entries")
+	}
+	for _, k := range []string{"live3", "after"} {
+		if _, ok := tab.Get(k); !ok {
+			t.Errorf("%s, not expired, was evicted", k)
+		}
+	}
+	if got := tab.CountAbove(1000); got != 2 {
+		t.Errorf("CountAbove(1000) = %d, want 2", got)
+	}
+}
+
 // A sweep that empties the table gives back the memory its keys took.
 func TestSweepGivesMemoryBack(t *testing.T) {
 	tab := New(1 << 20)
