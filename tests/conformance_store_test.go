@@ -377,8 +377,6 @@ func step(op confOp) confStep { return confStep{op: op} }
 
 func (s confStep) inAsync(w *confWant) confStep { s.async = w; return s }
 
-func (s confStep) inLocal(w confWant) confStep { s.local = &w; return s }
-
 func (s confStep) inStrict(w confWant) confStep { s.strict = &w; return s }
 
 // The scenarios' limits.

@@ -455,10 +455,3 @@ func (l *banList) current(now int64) []string {
 	}
 	return keys
 }
-
-func (l *banList) count(now int64) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.dropEndedLocked(now)
-	return len(l.ends)
-}
