@@ -152,9 +152,7 @@ type quotaKeyInfo struct {
 }
 
 type storeInfo struct {
-	OK bool `json:"ok"`
-	// When not ok: the outage's first failed call (the breaker may not be
-	// open yet; the name is kept for compatibility).
+	OK               bool       `json:"ok"`
 	BreakerOpenSince *time.Time `json:"breaker_open_since,omitempty"`
 	Instances        int        `json:"instances"`
 	// The last error Redis gave about one key (e.g. a value tally did not

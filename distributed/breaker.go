@@ -27,10 +27,8 @@ const (
 	stateProbing              // one probe is in flight; other calls fail
 )
 
-// breaker stops an outage from costing every request its full timeout. An
-// outage starts at the first failed call after a success (the breaker opens
-// at the tripAfter-th) and ends at the next success: it logs one WARN at
-// its start and one INFO at its end, never per request.
+// breaker stops an outage from costing every request its full timeout. It
+// logs once when it opens and once when it closes, never per request.
 //
 // The closed state, which is the hot path, costs one atomic load per call and
 // one atomic store per success after a failure.
@@ -40,8 +38,7 @@ type breaker struct {
 
 	mu        sync.Mutex
 	retryAt   time.Time // when open: the earliest probe
-	openSince time.Time // start of the current outage (its first failed call)
-	warned    bool      // the current outage's WARN is logged
+	openSince time.Time // start of the current outage
 
 	logger *zap.Logger
 	redis  string // redacted address, for the log lines
@@ -103,15 +100,11 @@ func (b *breaker) record(probe bool, err error) {
 		}
 		if !failed {
 			if b.failures.Load() != 0 {
-				b.recovered()
+				b.failures.Store(0)
 			}
 			return
 		}
-		n := b.failures.Add(1)
-		if n == 1 {
-			b.failing(err)
-		}
-		if n < tripAfter {
+		if b.failures.Add(1) < tripAfter {
 			return
 		}
 	}
@@ -122,93 +115,37 @@ func (b *breaker) record(probe bool, err error) {
 	case probe && !failed:
 		b.failures.Store(0)
 		b.state.Store(stateClosed)
-		b.reachable(now)
+		fields := []zap.Field{zap.String("redis", b.redis), zap.Duration("outage", now.Sub(b.openSince))}
+		if b.master != nil {
+			if m := b.master(); m != "" {
+				fields = append(fields, zap.String("master", m))
+				if b.downMaster != "" && b.downMaster != m {
+					fields = append(fields, zap.String("previous_master", b.downMaster))
+				}
+			}
+		}
+		b.logger.Info("redis reachable again", fields...)
 	case probe:
 		b.retryAt = now.Add(coolDown)
 		b.state.Store(stateOpen)
 	case b.state.Load() == stateClosed:
+		b.openSince = now
 		b.retryAt = now.Add(coolDown)
 		b.state.Store(stateOpen)
-		b.unreachable(now, err)
-	}
-}
-
-// failing starts an outage at a closed breaker's first failed call: the
-// calls that fail before the breaker opens are the outage's too (logged,
-// and shown by outage).
-func (b *breaker) failing(err error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.state.Load() == stateClosed && b.failures.Load() > 0 {
-		b.unreachable(time.Now(), err)
-	}
-}
-
-// recovered ends, at a success, an outage whose failed calls did not open
-// the breaker.
-func (b *breaker) recovered() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.state.Load() != stateClosed || b.failures.Load() == 0 {
-		return
-	}
-	b.failures.Store(0)
-	b.reachable(time.Now())
-}
-
-// unreachable logs the start of an outage once. Called with mu held.
-func (b *breaker) unreachable(now time.Time, err error) {
-	if b.warned {
-		return
-	}
-	b.warned, b.openSince = true, now
-	fields := []zap.Field{zap.String("redis", b.redis), zap.Error(err)}
-	if b.master != nil {
-		b.downMaster = b.master()
-		if b.downMaster != "" {
-			fields = append(fields, zap.String("master", b.downMaster))
-		}
-	}
-	if b.hint != nil {
-		if h := b.hint(err); h != "" {
-			fields = append(fields, zap.String("hint", h))
-		}
-	}
-	b.logger.Warn("redis unreachable; zones apply their fail_policy", fields...)
-}
-
-// reachable logs the end of the outage logged by unreachable. Called with
-// mu held.
-func (b *breaker) reachable(now time.Time) {
-	if !b.warned {
-		return
-	}
-	b.warned = false
-	fields := []zap.Field{zap.String("redis", b.redis), zap.Duration("outage", now.Sub(b.openSince))}
-	if b.master != nil {
-		if m := b.master(); m != "" {
-			fields = append(fields, zap.String("master", m))
-			if b.downMaster != "" && b.downMaster != m {
-				fields = append(fields, zap.String("previous_master", b.downMaster))
+		fields := []zap.Field{zap.String("redis", b.redis), zap.Error(err)}
+		if b.master != nil {
+			b.downMaster = b.master()
+			if b.downMaster != "" {
+				fields = append(fields, zap.String("master", b.downMaster))
 			}
 		}
+		if b.hint != nil {
+			if h := b.hint(err); h != "" {
+				fields = append(fields, zap.String("hint", h))
+			}
+		}
+		b.logger.Warn("redis unreachable; zones apply their fail_policy", fields...)
 	}
-	b.logger.Info("redis reachable again", fields...)
-}
-
-// outage reports whether calls are failing, with the breaker open or not
-// yet, and since when (the outage's first failed call): what the admin API
-// shows. health, by contrast, is the breaker's state alone.
-func (b *breaker) outage() (bool, time.Time) {
-	if b.state.Load() == stateClosed && b.failures.Load() == 0 {
-		return false, time.Time{}
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if !b.warned {
-		return false, time.Time{}
-	}
-	return true, b.openSince
 }
 
 // outageNode is the node of the current outage: the master a Sentinel
@@ -350,7 +287,7 @@ func (n *nodeBreakers) retire(ctx context.Context) (down []NodeOutage) {
 	if n.cluster == nil {
 		return nil
 	}
-	if down1, since := n.unmapped.outage(); down1 {
+	if ok, since := n.unmapped.health(); !ok {
 		down = append(down, NodeOutage{Node: "", Since: since})
 	}
 	m := n.nodes.Load()
@@ -358,8 +295,8 @@ func (n *nodeBreakers) retire(ctx context.Context) (down []NodeOutage) {
 		return down
 	}
 	for addr, b := range *m {
-		failing, since := b.outage()
-		if !failing {
+		ok, since := b.health()
+		if ok {
 			continue
 		}
 		c, err := n.cluster.MasterForKey(ctx, b.sample)

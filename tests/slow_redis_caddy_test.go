@@ -9,7 +9,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -243,62 +242,5 @@ func TestOneRequestWaitsForRedisAtMostOneTimeout(t *testing.T) {
 	}
 	if res.Elapsed > timeout+timeout/2 {
 		t.Errorf("a request through two handlers with Redis frozen took %v, want one timeout (%v) and a margin, not one per handler", res.Elapsed.Round(time.Millisecond), timeout)
-	}
-}
-
-// The first failed calls of an outage, before the breaker opens (it opens
-// at the fifth in a row), are the outage's: one WARN line at the first, and
-// /rate_limit/zones shows the store not ok from then on, not "ok" while
-// requests take the fail policy; the first success ends the outage, with
-// its INFO line.
-func TestFirstFailedRedisCallsAreAnOutageBeforeTheBreakerOpens(t *testing.T) {
-	t.Parallel()
-	rs := startRedis(t)
-	inst := startCaddy(t, `http:// {
-	rate_limit {
-		zone api {
-			key {http.request.header.X-API-Key}
-			events 100
-			window 1h
-			fail_policy open
-		}
-		distributed {
-			redis redis://`+rs.Addr+`
-			timeout 300ms
-		}
-	}
-	respond "ok"
-}
-`)
-	if got := inst.Do(withKey("k")); got.Status != 200 {
-		t.Fatalf("with Redis up: %d", got.Status)
-	}
-	if z := zoneHealthOf(t, inst, "api"); z.Store == nil || !z.Store.OK {
-		t.Fatalf("with Redis up, the zone's store: %+v, want ok", z.Store)
-	}
-	rs.Pause()
-	defer rs.Resume()
-	// One request's call fails (and at most one heartbeat's meanwhile):
-	// fewer than the breaker needs to open.
-	if res := inst.Do(withKey("k")); res.Status != 200 || res.Elapsed < 200*time.Millisecond {
-		t.Fatalf("fail_policy open with Redis frozen: %d after %v, want 200 after the timeout", res.Status, res.Elapsed)
-	}
-	waitFor(t, 2*time.Second, "the outage's WARN line", func() bool {
-		return strings.Contains(inst.Output(), "redis unreachable; zones apply their fail_policy")
-	})
-	if z := zoneHealthOf(t, inst, "api"); z.Store == nil || z.Store.OK {
-		t.Errorf("with a call to Redis failed, the zone's store: %+v, want not ok", z.Store)
-	}
-	rs.Resume()
-	waitFor(t, 10*time.Second, "a request decided in Redis again", func() bool {
-		inst.Do(withKey("k"))
-		z := zoneHealthOf(t, inst, "api")
-		return z.Store != nil && z.Store.OK
-	})
-	if n := strings.Count(inst.Output(), "redis reachable again"); n != 1 {
-		t.Errorf("%d 'reachable again' lines for one outage, want 1", n)
-	}
-	if n := strings.Count(inst.Output(), "redis unreachable; zones apply their fail_policy"); n != 1 {
-		t.Errorf("%d WARN lines for one outage, want 1", n)
 	}
 }
