@@ -1,7 +1,7 @@
 package distributed
 
 // Async mode's sync loop: what each sync sends to Redis and how the replies
-// are adopted (the scheme is in doc.go).
+// are adopted (the scheme is in docs/async.md).
 
 import (
 	"cmp"

@@ -2,7 +2,7 @@ package distributed
 
 // Async mode's calendar quotas (zones.Store.Quota): leases taken from the
 // period's count in Redis, spent in-process, never past the period's end
-// (the scheme and its bound are in doc.go; the script is quota_async.lua).
+// (the scheme and its bound are in docs/async.md; the script is quota_async.lua).
 
 import (
 	"context"
