@@ -322,16 +322,11 @@ func (a *Async) Fallback(zone, key string, now int64, limit, share algorithms.Li
 // forgetDenials drops the deny cache of every record (resets may have been
 // missed).
 func (a *Async) forgetDenials() {
-	for _, z := range *a.zones.Load() {
-		for i := range z.shards {
-			s := &z.shards[i]
-			s.mu.Lock()
-			for _, r := range s.m {
-				r.deniedUntil = 0
-			}
-			s.mu.Unlock()
+	a.eachShard(func(_ *asyncZone, s *asyncShard) {
+		for _, r := range s.m {
+			r.deniedUntil = 0
 		}
-	}
+	})
 }
 
 // RedisKey is the Redis key holding the state of key in zone:

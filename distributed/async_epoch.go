@@ -92,16 +92,11 @@ func (a *Async) sawEpoch(slot int, epoch int64) {
 		a.epochMu.Unlock()
 	}
 	a.logger.Warn("redis lost its data (its epoch changed): async keys are restored from what this instance last heard")
-	for _, z := range *a.zones.Load() {
-		for i := range z.shards {
-			s := &z.shards[i]
-			s.mu.Lock()
-			for k, r := range s.m {
-				if r.reserved && (!a.cluster || hashSlot(a.RedisKey(z.name, k)) == slot) {
-					r.restore = true
-				}
+	a.eachShard(func(z *asyncZone, s *asyncShard) {
+		for k, r := range s.m {
+			if r.reserved && (!a.cluster || hashSlot(a.RedisKey(z.name, k)) == slot) {
+				r.restore = true
 			}
-			s.mu.Unlock()
 		}
-	}
+	})
 }

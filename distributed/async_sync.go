@@ -179,18 +179,13 @@ func (a *Async) sync(ctx context.Context, take bool) error {
 // for the last sync at Close, which hands every lease back.
 func (a *Async) snapshot(now int64, all bool) []item {
 	var items []item
-	for _, z := range *a.zones.Load() {
-		for i := range z.shards {
-			s := &z.shards[i]
-			s.mu.Lock()
-			for k, r := range s.m {
-				if st, need := r.snapshot(now, int64(a.interval), all, &a.seq); need {
-					items = append(items, item{z: z, s: s, key: k, r: r, sent: st})
-				}
+	a.eachShard(func(z *asyncZone, s *asyncShard) {
+		for k, r := range s.m {
+			if st, need := r.snapshot(now, int64(a.interval), all, &a.seq); need {
+				items = append(items, item{z: z, s: s, key: k, r: r, sent: st})
 			}
-			s.mu.Unlock()
 		}
-	}
+	})
 	return items
 }
 

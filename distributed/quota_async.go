@@ -320,38 +320,33 @@ func (a *Async) syncQuotas(ctx context.Context, final bool) {
 	}
 	var items []item
 	now := monotime.Now()
-	for _, z := range *a.zones.Load() {
-		for i := range z.shards {
-			s := &z.shards[i]
-			s.mu.Lock()
-			for key, r := range s.q {
-				if r.taking != nil {
-					continue
-				}
-				if now >= r.endMono {
-					delete(s.q, key) // its period is over: nothing it says would count
-					continue
-				}
-				idle := !r.active || final
-				r.active = false
-				handBack := idle && r.held > r.used
-				unreported := r.used > r.held // a debt, or charges of a record that never took
-				if !handBack && !unreported {
-					if idle {
-						delete(s.q, key) // nothing held, nothing to say
-					}
-					continue
-				}
-				it := item{s: s, key: key, rkey: a.QuotaKey(z.name, key), r: r, q: zones.QuotaLimit{Limit: r.limit, Periods: r.periods}}
-				it.st = r.report(0, 0)
-				r.held = min(r.held, r.used) // it spends nothing more until the reply
-				it.w = make(chan struct{})
-				r.taking = it.w
-				items = append(items, it)
+	a.eachShard(func(z *asyncZone, s *asyncShard) {
+		for key, r := range s.q {
+			if r.taking != nil {
+				continue
 			}
-			s.mu.Unlock()
+			if now >= r.endMono {
+				delete(s.q, key) // its period is over: nothing it says would count
+				continue
+			}
+			idle := !r.active || final
+			r.active = false
+			handBack := idle && r.held > r.used
+			unreported := r.used > r.held // a debt, or charges of a record that never took
+			if !handBack && !unreported {
+				if idle {
+					delete(s.q, key) // nothing held, nothing to say
+				}
+				continue
+			}
+			it := item{s: s, key: key, rkey: a.QuotaKey(z.name, key), r: r, q: zones.QuotaLimit{Limit: r.limit, Periods: r.periods}}
+			it.st = r.report(0, 0)
+			r.held = min(r.held, r.used) // it spends nothing more until the reply
+			it.w = make(chan struct{})
+			r.taking = it.w
+			items = append(items, it)
 		}
-	}
+	})
 	if len(items) == 0 {
 		return
 	}
