@@ -121,11 +121,11 @@ func (c *link) direct(ctx context.Context, script *redis.Script, key string, arg
 func (c *link) parseReply(script *redis.Script, cmd *redis.Cmd) reply {
 	switch script {
 	case c.gcra:
-		return parseStepReply(cmd)
+		return parseOne(cmd, 2, parseStep)
 	case c.quota:
 		return parseOne(cmd, 3, parseQuotaStep)
 	}
-	return parseAcquireReply(cmd)
+	return parseOne(cmd, 2, parseAcquire)
 }
 
 func (c *link) enqueue(ctx context.Context, script *redis.Script, key string, args [5]any) reply {
@@ -136,28 +136,25 @@ func (c *link) enqueue(ctx context.Context, script *redis.Script, key string, ar
 		r.deadline = d
 	}
 	r.timer.Reset(time.Until(r.deadline))
-	select {
-	case c.queue <- r:
-	case <-r.timer.C:
-		r.timer.Stop()
-		r.keys[0], r.args = "", [5]any{}
-		requests.Put(r) // never queued: safe to reuse
-		return reply{err: ErrTimeout}
-	case <-ctx.Done():
+	recycle := func(rep reply) reply {
 		r.timer.Stop()
 		r.keys[0], r.args = "", [5]any{}
 		requests.Put(r)
-		return reply{err: ctx.Err()}
+		return rep
+	}
+	select {
+	case c.queue <- r:
+	case <-r.timer.C:
+		return recycle(reply{err: ErrTimeout}) // never queued: safe to reuse
+	case <-ctx.Done():
+		return recycle(reply{err: ctx.Err()})
 	case <-c.done:
 		r.timer.Stop()
 		return reply{err: ErrClosed}
 	}
 	select {
 	case rep := <-r.reply:
-		r.timer.Stop()
-		r.keys[0], r.args = "", [5]any{}
-		requests.Put(r)
-		return rep
+		return recycle(rep)
 	case <-r.timer.C:
 		return reply{err: ErrTimeout}
 	case <-ctx.Done():
@@ -278,15 +275,14 @@ func (c *link) send(b *batcher) {
 		ctx, cancel := context.WithDeadline(c.ctx, latest)
 		if len(calls) == 1 { // a plain command costs less than a pipeline
 			calls[0].cmd = b.eval(ctx, c.client, &calls[0], false)
-			c.finish(ctx, b, calls)
 		} else {
 			pipe := c.client.Pipeline()
 			for i := range calls {
 				calls[i].cmd = b.eval(ctx, pipe, &calls[i], false)
 			}
 			_, _ = pipe.Exec(ctx) // errors are per command
-			c.finish(ctx, b, calls)
 		}
+		c.finish(ctx, b, calls)
 		cancel()
 	}
 	clear(calls)
@@ -398,12 +394,6 @@ func (b *batcher) eval(ctx context.Context, cmdable redis.Scripter, c *batchCall
 	}
 	return r.script.EvalSha(ctx, cmdable, keys, argv...)
 }
-
-// parseStepReply reads a gcra.lua reply for one key.
-func parseStepReply(c *redis.Cmd) reply { return parseOne(c, 2, parseStep) }
-
-// parseAcquireReply reads concurrency.lua's reply to an acquisition.
-func parseAcquireReply(c *redis.Cmd) reply { return parseOne(c, 2, parseAcquire) }
 
 // parseOne reads a reply of n integers with parse.
 func parseOne(c *redis.Cmd, n int, parse func([]any) reply) reply {
