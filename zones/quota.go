@@ -470,44 +470,6 @@ func (z *Zone) refundQuota(ctx context.Context, key string, now int64, d Decisio
 	return d, nil
 }
 
-// chargeQuota is Charge for a quota zone (cost already capped, > 0).
-func (z *Zone) chargeQuota(ctx context.Context, key string, now int64, p *Plan, cost int64) {
-	q := z.state.quota
-	switch {
-	case z.store == nil:
-		pn := q.clock.at(now)
-		q.used.quotaStep(key, pn.gen, OpCharge, algorithms.Quota{Limit: p.Events}, cost)
-	case z.offers.Records != nil:
-		// Async: an in-process step on the instance's lease.
-		if _, err := z.tryChargeQuota(ctx, key, now, p, cost); err != nil {
-			z.chargeFallback(key, now, p, cost)
-			z.chargeFailed(err)
-		}
-	default:
-		z.queueCharge(key, p, cost)
-	}
-}
-
-// tryChargeQuota makes one attempt to charge a quota zone's store, and
-// caches the denial it may answer.
-func (z *Zone) tryChargeQuota(ctx context.Context, key string, now int64, p *Plan, cost int64) (QuotaResult, error) {
-	pn := z.state.quota.clock.at(now)
-	r, err := z.store.Quota(ctx, z.Name, key, QuotaStep{Op: OpCharge, Limit: QuotaLimit{Limit: p.Events, Periods: &pn.periods}, Cost: cost})
-	if err != nil {
-		z.followClock(err)
-		return r, err
-	}
-	z.storeQuotaDecision(key, now, pn, p.Events, r)
-	return r, nil
-}
-
-// chargeQuotaFallback is chargeFallback for a quota zone: fail_policy
-// local charges this instance's part.
-func (z *Zone) chargeQuotaFallback(key string, now int64, p *Plan, cost int64) {
-	q := z.state.quota
-	q.fallback.quotaStep(key, q.clock.at(now).gen, OpCharge, z.quotaPart(p), cost)
-}
-
 // QuotaState is a quota zone's key as the admin API shows it.
 type QuotaState struct {
 	Used, Limit, Remaining int64
