@@ -18,6 +18,7 @@ package distributed
 // admit less (a lease handed back that a later-restored view counts).
 
 import (
+	"maps"
 	"strconv"
 	"sync"
 )
@@ -62,11 +63,7 @@ func (a *Async) knownEpoch(slot int) int64 {
 func (a *Async) knownEpochs() map[int]int64 {
 	a.epochMu.Lock()
 	defer a.epochMu.Unlock()
-	m := make(map[int]int64, len(a.epochs))
-	for k, v := range a.epochs {
-		m[k] = v
-	}
-	return m
+	return maps.Clone(a.epochs)
 }
 
 // sawEpoch notes the epoch a call reported for slot. A change from one

@@ -4,6 +4,7 @@ package distributed
 
 import (
 	"hash/maphash"
+	"maps"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -78,10 +79,7 @@ func (a *Async) zone(name string) *asyncZone {
 	if z := old[name]; z != nil {
 		return z
 	}
-	m := make(map[string]*asyncZone, len(old)+1)
-	for k, v := range old {
-		m[k] = v
-	}
+	m := maps.Clone(old)
 	maxKeys := a.maxKeys
 	if n := a.caps[name]; n > 0 {
 		maxKeys = n
