@@ -55,8 +55,8 @@ const (
 )
 
 // Async is the async-mode implementation of zones.Store: decisions are made
-// in-process and reconciled with Redis every Options.SyncInterval (see the
-// package documentation for the scheme and its bound). It shares nothing
+// in-process and reconciled with Redis every Options.SyncInterval (see
+// docs/async.md for the scheme and its bound). It shares nothing
 // with Strict but the connection: client, breakers, heartbeat,
 // resets and concurrency slots.
 type Async struct {
