@@ -13,21 +13,13 @@ import (
 	"github.com/caddy-tally/ratelimit/algorithms"
 )
 
-// Batching: callers put requests on a queue; each of a few workers takes one
-// (blocking), then whatever else is already queued (not waiting for more), and
-// sends them all in one round trip. An idle store therefore adds no delay, and
-// a busy one sends one round trip for up to maxBatch decisions.
-//
-// The GCRA steps of a batch go to Redis as one call of gcra.lua with every key
-// (one dispatch, one TIME, one reply: most of what a single-key call costs
-// Redis is paid once per batch), and its quota steps as one call of
-// quota.lua, whose ARGV has the same shape. On Redis Cluster a call's keys
-// must share a hash slot, so the batch is grouped by slot: one call per
-// script and slot, and one
-// pipeline per master, the masters' pipelines running concurrently (see
-// send). Keys without a hash tag spread over 16384 slots, so on Cluster
-// most calls carry one key, as before batching. Other scripts (concurrency
-// acquisitions) ride the same pipeline, one call each.
+// Batching (docs/distributed.md, strict mode): each of a few workers takes
+// one queued request (blocking), then whatever else is already queued, and
+// sends them all in one round trip: an idle store adds no delay, a busy one
+// sends one round trip for up to maxBatch decisions. A batch's GCRA steps
+// are one gcra.lua call with every key, its quota steps one quota.lua call
+// (same ARGV shape), grouped by hash slot on a Cluster, one pipeline per
+// master (see send); other scripts (acquisitions) ride the same pipeline.
 //
 // When nothing is queued and fewer than idleCallers calls are running
 // directly, a caller skips the queue and runs its script itself: that saves
