@@ -11,21 +11,13 @@ import (
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 )
 
-// Post-charged zones (`count`, `charge`): before the request the key is
-// checked without consuming anything, denied only when it has no quota
-// left; after the response its cost is charged, TAT = max(TAT, now) + c·T,
-// which may run past the burst, so that the key is denied until the debt is
-// paid.
-//
-// Locally and in async mode a charge is an in-process step. In strict mode
-// it is a Redis round trip that must not hold the response: the charge is
-// queued to a few background chargers, which send it through the store's
-// batcher and retry it for ChargeRetryFor before giving up, counting the
-// failure and applying the fail policy (`local` charges this instance's
-// share). A check for a key whose charge this instance has not yet landed
-// waits for it (at most ChargeWait), so that one instance never lets a
-// client past its own unrecorded debt; across instances a charge counts from
-// the moment it reaches Redis, a round trip after the response.
+// Post-charged zones (`count`, `charge`; docs/configuration.md): a check
+// before the request consumes nothing; the charge after the response may
+// run past the burst, so that the key is denied until the debt is paid. In
+// strict mode a charge must not hold the response: it is queued to a few
+// background chargers, and a check for a key whose charge this instance has
+// not landed yet waits for it (at most ChargeWait), so that one instance
+// never lets a client past its own unrecorded debt.
 
 // Strict-mode charging bounds.
 const (
