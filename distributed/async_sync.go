@@ -210,21 +210,16 @@ func (a *Async) restore(items []item, failed int64) {
 // when no call was answered and one failed in a way that says Redis cannot
 // serve (for the store's staleness); items whose call failed keep their
 // state for the next sync, and an error about one key alone goes to that
-// key's next decision.
+// key's next decision. Each breaker (one per master on a Cluster) is asked
+// once per sync: an open or failing master's items wait and go stale on
+// their own, while the other masters' keys sync on.
 //
-// Each breaker (one per master on a Cluster) is asked once per sync: the
-// items of a master whose breaker is open, or whose calls failed, wait for
-// the next sync and go stale on their own, while the other masters' keys
-// sync on.
-//
-// Redis must answer each pipeline within the background timeout; a sync
-// starts no new pipeline once it has taken that long in all, nor after one
-// failed, so the items not done wait for the next sync (their reports are
-// sent again, unchanged), items with traffic first (sync sorts them). A
-// pipeline that times out after Redis answered the sync's first (small)
-// one, or part of itself, means Redis is busy, not down: the sync stops
-// there without an error.
-// A flood of keys thus slows syncs down and is never taken for an outage.
+// A sync starts no new pipeline once it has taken the background timeout
+// in all, nor after one failed: the items not done wait for the next sync
+// (traffic first), their reports sent again unchanged. A pipeline that
+// times out after Redis answered an earlier one, or part of itself, means
+// Redis is busy, not down: a flood of keys slows syncs down and is never
+// taken for an outage.
 func (a *Async) send(ctx context.Context, items []item, take bool, start int64) error {
 	n := int64(a.Instances())
 	timeout := backgroundTimeout(a.opts)
