@@ -116,11 +116,14 @@ func (c *link) beatRecently() bool {
 // member (processMember, unless Options.Instance names another), and only
 // the last of them to close takes the member out of the set. Counting a
 // process twice would halve every fail_policy local share.
-var processMember = func() string {
+var processMember = randomID()
+
+// randomID is 8 random bytes in hex: an instance's or a store's name.
+func randomID() string {
 	var id [8]byte
 	_, _ = rand.Read(id[:])
 	return hex.EncodeToString(id[:])
-}()
+}
 
 var live = struct {
 	sync.Mutex

@@ -3,8 +3,6 @@ package distributed
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -66,8 +64,6 @@ func newLink(opts Options, logger *zap.Logger) (*link, error) {
 	if logger == nil {
 		logger = zap.NewNop()
 	}
-	var id [8]byte
-	_, _ = rand.Read(id[:])
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &link{
 		opts:       opts,
@@ -77,7 +73,7 @@ func newLink(opts Options, logger *zap.Logger) (*link, error) {
 		logger:     logger,
 		queue:      make(chan *request, queueDepth),
 		idle:       make(chan struct{}, idleCallers),
-		instanceID: hex.EncodeToString(id[:]),
+		instanceID: randomID(),
 		member:     cmp.Or(opts.Instance, processMember),
 		ctx:        ctx,
 		cancel:     cancel,
