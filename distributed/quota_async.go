@@ -74,15 +74,11 @@ type quotaAsyncReply struct {
 }
 
 // Quota runs one step of a quota zone's key (zones.Store) on this
-// instance's lease: a decide admits cost from it, taking a lease from
-// Redis (one call, on the request path) when it has too little, once per
-// lease, not per request; a check reports whether it has a unit left,
-// taking one when it has none, and counts nothing. A charge counts cost
-// after the response, from at most the lease: the instance's debt past its
-// lease is at most one charge, reported at the next sync. A peek reads the
-// fleet's count as Redis holds it (leases count as used); a reset forgets
-// the key here, deletes its count in Redis and tells the other instances,
-// which drop their leases of it.
+// instance's lease, taking a lease from Redis (one call, on the request
+// path) when a decide or check finds too little, once per lease, not per
+// request. A charge counts from at most the lease: the instance's debt past
+// it is at most one charge, reported at the next sync. A peek reads the
+// fleet's count in Redis (leases count as used).
 func (a *Async) Quota(ctx context.Context, zone, key string, st zones.QuotaStep) (zones.QuotaResult, error) {
 	q, need, consume := st.Limit, st.Cost, true
 	switch st.Op {
