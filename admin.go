@@ -259,7 +259,7 @@ func decodeKeyBase64(s string) (string, error) {
 
 // knownZone is the zone of that name, or the admin API's 404 for it.
 func knownZone(name string) (*zones.Zone, error) {
-	if z := lookupZone(name); z != nil {
+	if z := lookupZone(name, false); z != nil {
 		return z, nil
 	}
 	return nil, caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("unknown zone %q", name)}
@@ -268,55 +268,50 @@ func knownZone(name string) (*zones.Zone, error) {
 func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 	rest, _ := strings.CutPrefix(r.URL.EscapedPath(), "/rate_limit/")
 	parts := strings.Split(strings.TrimSuffix(rest, "/"), "/")
+	q := r.URL.Query()
+	zoneRoute := (len(parts) == 3 || len(parts) == 4) && parts[0] == "zones"
+	keys := zoneRoute && parts[2] == "keys" && (len(parts) == 4 || q.Has("key") || q.Has("key_base64"))
 	switch {
 	case len(parts) == 1 && parts[0] == "zones":
 		if r.Method != http.MethodGet {
 			return methodNotAllowed(w, http.MethodGet)
 		}
 		return writeJSON(w, listZones())
-	case len(parts) == 4 && parts[0] == "zones" && parts[2] == "keys",
-		len(parts) == 3 && parts[0] == "zones" && parts[2] == "keys" && (r.URL.Query().Has("key") || r.URL.Query().Has("key_base64")):
-		zoneName, err1 := url.PathUnescape(parts[1])
-		var key string
-		var err2 error
-		switch q := r.URL.Query(); {
-		case len(parts) == 4:
-			key, err2 = url.PathUnescape(parts[3])
-		case q.Has("key_base64"):
-			key, err2 = decodeKeyBase64(q.Get("key_base64"))
-		default:
-			key = q.Get("key")
-		}
-		if err := errors.Join(err1, err2); err != nil {
-			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
-		}
-		z, err := knownZone(zoneName)
-		if err != nil {
-			return err
-		}
-		switch r.Method {
-		case http.MethodGet:
-			return a.getKey(w, r, z, key)
-		case http.MethodDelete:
-			return a.resetKey(w, r, z, key)
-		}
-		return methodNotAllowed(w, http.MethodGet, http.MethodDelete)
-	case len(parts) == 3 && parts[0] == "zones" && (parts[2] == "top" || parts[2] == "bans"):
-		zoneName, err := url.PathUnescape(parts[1])
-		if err != nil {
-			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
-		}
-		z, err := knownZone(zoneName)
-		if err != nil {
-			return err
-		}
-		if parts[2] == "bans" {
-			return a.bans(w, r, z)
-		}
-		return a.top(w, r, z)
+	case !keys && !(zoneRoute && len(parts) == 3 && (parts[2] == "top" || parts[2] == "bans")):
+		return caddy.APIError{HTTPStatus: http.StatusNotFound,
+			Err: errors.New("unknown path: use /rate_limit/zones, /rate_limit/zones/<zone>/keys/<key> (or .../keys?key=<key>, for any key including the empty one, or .../keys?key_base64=<base64>) /rate_limit/zones/<zone>/top or /rate_limit/zones/<zone>/bans")}
 	}
-	return caddy.APIError{HTTPStatus: http.StatusNotFound,
-		Err: errors.New("unknown path: use /rate_limit/zones, /rate_limit/zones/<zone>/keys/<key> (or .../keys?key=<key>, for any key including the empty one, or .../keys?key_base64=<base64>) /rate_limit/zones/<zone>/top or /rate_limit/zones/<zone>/bans")}
+	zoneName, err1 := url.PathUnescape(parts[1])
+	var key string
+	var err2 error
+	switch {
+	case !keys:
+	case len(parts) == 4:
+		key, err2 = url.PathUnescape(parts[3])
+	case q.Has("key_base64"):
+		key, err2 = decodeKeyBase64(q.Get("key_base64"))
+	default:
+		key = q.Get("key")
+	}
+	if err := errors.Join(err1, err2); err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
+	}
+	z, err := knownZone(zoneName)
+	switch {
+	case err != nil:
+		return err
+	case !keys && r.Method != http.MethodGet:
+		return methodNotAllowed(w, http.MethodGet)
+	case parts[2] == "top":
+		return a.top(w, r, z)
+	case parts[2] == "bans":
+		return a.bans(w, r, z)
+	case r.Method == http.MethodGet:
+		return a.getKey(w, r, z, key)
+	case r.Method == http.MethodDelete:
+		return a.resetKey(w, r, z, key)
+	}
+	return methodNotAllowed(w, http.MethodGet, http.MethodDelete)
 }
 
 func listZones() []zoneInfo {
@@ -457,9 +452,6 @@ type banInfo struct {
 }
 
 func (a *AdminAPI) bans(w http.ResponseWriter, r *http.Request, z *zones.Zone) error {
-	if r.Method != http.MethodGet {
-		return methodNotAllowed(w, http.MethodGet)
-	}
 	if z.Ban == 0 {
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s does not ban: add e.g. ban 1h to it", z.Name)}
 	}
@@ -604,9 +596,6 @@ type offenderInfo struct {
 const defaultTopN = 20
 
 func (a *AdminAPI) top(w http.ResponseWriter, r *http.Request, z *zones.Zone) error {
-	if r.Method != http.MethodGet {
-		return methodNotAllowed(w, http.MethodGet)
-	}
 	offenders := z.State().Offenders
 	n := defaultTopN
 	if s := r.URL.Query().Get("n"); s != "" {

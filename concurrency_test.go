@@ -97,8 +97,8 @@ func TestConcurrencyZonesAreDecidedAfterRateZones(t *testing.T) {
 		a, b *zoneHandler
 		want int
 	}{{rate, c2, -1}, {c2, rate, 1}, {c2, c8, -1}, {c8, c2, 1}, {c2, c2, 0}} {
-		if got := compareConcurrency(tc.a, tc.b); got != tc.want {
-			t.Errorf("compareConcurrency(%s, %s) = %d, want %d", tc.a.Name, tc.b.Name, got, tc.want)
+		if got := compareZones(tc.a, tc.b); got != tc.want {
+			t.Errorf("compareZones(%s, %s) = %d, want %d", tc.a.Name, tc.b.Name, got, tc.want)
 		}
 	}
 }

@@ -292,7 +292,7 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 	if zc.Key == "" {
 		return nil, fmt.Errorf("zone %s: key is required (e.g. key {client_ip})", name)
 	}
-	if err := claimZoneName(ctx, cfg, vars, zc.Key); err != nil {
+	if err := claimZone(ctx, cfg, zoneClaim{id: newStateID(cfg, vars), key: zc.Key, concurrency: cfg.IsConcurrency()}); err != nil {
 		return nil, err
 	}
 
@@ -505,48 +505,39 @@ func (z *zoneHandler) releaseState() {
 	_, _ = states.Delete(z.stateID)
 }
 
-// compareZones orders zones tightest first: by rate, then burst, then name;
-// quota zones after every rate zone (compareQuota) and concurrency zones
-// after those (compareConcurrency).
+// compareZones orders zones by kind, then tightest first (compareKinds),
+// then rate zones by burst, then by name.
 func compareZones(a, b *zoneHandler) int {
-	if a.IsConcurrency() || b.IsConcurrency() {
-		return compareConcurrency(a, b)
-	}
-	if a.IsQuota() || b.IsQuota() {
-		return compareQuota(a, b)
-	}
-	ra := float64(a.Events) / float64(a.Window)
-	rb := float64(b.Events) / float64(b.Window)
-	switch {
-	case ra != rb:
-		if ra < rb {
-			return -1
-		}
-		return 1
-	case a.Limit().Burst != b.Limit().Burst:
+	burst := 0
+	if kind, _ := tightness(a.Zone); kind == 0 {
 		// Not the difference: as an int it would wrap where int is
 		// 32 bits (bursts go to 2^40).
-		return cmp.Compare(a.Limit().Burst, b.Limit().Burst)
+		burst = cmp.Compare(a.Limit().Burst, b.Limit().Burst)
 	}
-	return strings.Compare(a.Name, b.Name)
+	return cmp.Or(compareKinds(a.Zone, b.Zone), burst, strings.Compare(a.Name, b.Name))
 }
 
-// compareConcurrency orders concurrency zones after rate zones, smallest
-// concurrency first: a request a rate zone denies never takes a slot, and a
-// slot, unlike a GCRA step, has to be given back.
-func compareConcurrency(a, b *zoneHandler) int {
+// compareKinds orders rate zones first, by rate; then quota zones, by their
+// usual rate: a request a rate zone denies never counts in a quota, whose
+// refunds are Redis round trips too; then concurrency zones, smallest
+// first: a request a rate zone denies never takes a slot, and a slot, unlike
+// a GCRA step, has to be given back.
+func compareKinds(a, b *zones.Zone) int {
+	ka, ta := tightness(a)
+	kb, tb := tightness(b)
+	return cmp.Or(cmp.Compare(ka, kb), cmp.Compare(ta, tb))
+}
+
+// tightness is z's kind in compareKinds's order and its limit per second
+// (a concurrency zone's: its concurrency).
+func tightness(z *zones.Zone) (kind int, limit float64) {
 	switch {
-	case !a.IsConcurrency():
-		return -1
-	case !b.IsConcurrency():
-		return 1
-	case a.Concurrency != b.Concurrency:
-		if a.Concurrency < b.Concurrency {
-			return -1
-		}
-		return 1
+	case z.IsConcurrency():
+		return 2, float64(z.Concurrency)
+	case z.IsQuota():
+		return 1, float64(z.Quota) / nominalSeconds[z.Period]
 	}
-	return strings.Compare(a.Name, b.Name)
+	return 0, float64(z.Events) / float64(z.Window)
 }
 
 // singlePlaceholder returns the name of the placeholder when the template is
