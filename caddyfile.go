@@ -284,8 +284,7 @@ func parseZone(d *caddyfile.Dispenser, defined map[string]*Zone, in, keyExample 
 		return "", nil, nil, d.Errf("zone %s: cost {placeholder} and charge both say what a request costs: keep one (charge for a cost known after the response)", name)
 	}
 	// What provisioning would refuse, refused here with the line at fault.
-	cfg := zones.Config{Name: name, Concurrency: z.Concurrency, Events: z.MaxEvents, Window: time.Duration(z.Window), Burst: z.Burst,
-		IPv4Prefix: z.IPv4Prefix, IPv6Prefix: z.IPv6Prefix, MaxKeys: z.MaxKeys}
+	cfg := z.limits(name)
 	if setting, err := cfg.Check(); err != nil && z.Concurrency == 0 && z.Quota == nil {
 		line, ok := lines[setting]
 		if !ok {

@@ -136,7 +136,7 @@ func TestSlotIsReleasedWhenNextPanics(t *testing.T) {
 				t.Fatal("the panic did not propagate")
 			}
 		}()
-		_ = serveHoldingSlots(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/", nil), next, verdicts)
+		_ = (&Handler{}).serve(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/", nil), nil, next, verdicts)
 	}()
 	if n := z.InFlight(); n != 0 {
 		t.Fatalf("%d requests in flight after the panic, want 0", n)

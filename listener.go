@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -172,17 +173,8 @@ func (zc *Zone) provisionConnection(ctx caddy.Context, name string, dryRun bool)
 	if _, err := zc.connectionProblem(); err != nil {
 		return nil, fmt.Errorf("zone %s: %v", name, err)
 	}
-	cfg := zones.Config{
-		Name:        name,
-		Events:      zc.MaxEvents,
-		Window:      time.Duration(zc.Window),
-		Burst:       zc.Burst,
-		IPv4Prefix:  zc.IPv4Prefix,
-		IPv6Prefix:  zc.IPv6Prefix,
-		MaxKeys:     zc.MaxKeys,
-		DryRun:      zc.DryRun || dryRun,
-		Concurrency: zc.Concurrency,
-	}
+	cfg := zc.limits(name)
+	cfg.DryRun = zc.DryRun || dryRun
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -194,9 +186,8 @@ func (zc *Zone) provisionConnection(ctx caddy.Context, name string, dryRun bool)
 	if err != nil {
 		return nil, err
 	}
-	if old, ok := replacedDefinition(id); ok && fresh {
-		ctx.Logger().Info("zone starts afresh: a reload changed its limits, so every key has its full limit again",
-			zap.String("zone", name), zap.String("changed", id.changesFrom(old)))
+	if fresh {
+		logAfresh(ctx.Logger(), id)
 	}
 	zone, err := zones.New(cfg, state, nil)
 	if err != nil {
@@ -370,10 +361,10 @@ func httpZoneInJSON(app *caddyhttp.App, name string) (key string, concurrency, f
 // findZoneJSON walks a decoded JSON config for a rate_limit handler with the
 // zone name, at any depth (subroutes, named routes, error routes).
 func findZoneJSON(v any, name string) (key string, concurrency, found bool) {
-	switch v := v.(type) {
-	case map[string]any:
-		if v["handler"] == "rate_limit" {
-			if zs, ok := v["rate_limits"].(map[string]any); ok {
+	children, _ := v.([]any)
+	if m, ok := v.(map[string]any); ok {
+		if m["handler"] == "rate_limit" {
+			if zs, ok := m["rate_limits"].(map[string]any); ok {
 				if z, ok := zs[name].(map[string]any); ok {
 					key, _ := z["key"].(string)
 					n, _ := z["concurrency"].(float64)
@@ -381,16 +372,11 @@ func findZoneJSON(v any, name string) (key string, concurrency, found bool) {
 				}
 			}
 		}
-		for _, c := range v {
-			if key, concurrency, found = findZoneJSON(c, name); found {
-				return
-			}
-		}
-	case []any:
-		for _, c := range v {
-			if key, concurrency, found = findZoneJSON(c, name); found {
-				return
-			}
+		children = slices.Collect(maps.Values(m))
+	}
+	for _, c := range children {
+		if key, concurrency, found = findZoneJSON(c, name); found {
+			return
 		}
 	}
 	return "", false, false

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
 
 	"github.com/caddy-tally/ratelimit/algorithms"
 	"github.com/caddy-tally/ratelimit/distributed"
@@ -107,20 +108,19 @@ func loadState(cfg zones.Config, vars planVars, sweep time.Duration) (*zones.Sta
 	return v.(*zones.State), id, !loaded, nil
 }
 
-// replacedDefinition returns another definition of id's zone name whose
-// state a loaded config still holds: when provision has just created id's
-// state, the definition a reload replaces, whose state does not carry over.
-func replacedDefinition(id stateID) (stateID, bool) {
-	var old stateID
-	found := false
+// logAfresh logs, when provision has just created id's state, another
+// definition of its zone name whose state a loaded config still holds: the
+// definition a reload replaces, whose state does not carry over.
+func logAfresh(logger *zap.Logger, id stateID) {
 	states.Range(func(k, _ any) bool {
-		if o, ok := k.(stateID); ok && o.name == id.name && o != id && !o.concurrency {
-			old, found = o, true
+		o, ok := k.(stateID)
+		if ok && o.name == id.name && o != id && !o.concurrency {
+			logger.Info("zone starts afresh: a reload changed its limits, so every key has its full limit again",
+				zap.String("zone", id.name), zap.String("changed", id.changesFrom(o)))
 			return false
 		}
 		return true
 	})
-	return old, found
 }
 
 // changesFrom says, for people, what differs between old and id: why a

@@ -250,24 +250,10 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 	if err != nil {
 		return nil, fmt.Errorf("zone %s: %v", name, err)
 	}
-	cfg := zones.Config{
-		Name:       name,
-		Events:     zc.MaxEvents,
-		Window:     time.Duration(zc.Window),
-		Burst:      zc.Burst,
-		IPv4Prefix: zc.IPv4Prefix,
-		IPv6Prefix: zc.IPv6Prefix,
-		FailPolicy: policy,
-		MaxKeys:    zc.MaxKeys,
-		DryRun:     zc.DryRun || h.DryRun,
-
-		Concurrency: zc.Concurrency,
-		Lease:       time.Duration(zc.Lease),
-		Ban:         time.Duration(zc.Ban),
-		BanMax:      time.Duration(zc.BanMax),
-		Delay:       time.Duration(zc.Delay),
-		Queue:       zc.Queue,
-	}
+	cfg := zc.limits(name)
+	cfg.FailPolicy, cfg.DryRun = policy, zc.DryRun || h.DryRun
+	cfg.Lease, cfg.Ban, cfg.BanMax = time.Duration(zc.Lease), time.Duration(zc.Ban), time.Duration(zc.BanMax)
+	cfg.Delay, cfg.Queue = time.Duration(zc.Delay), zc.Queue
 	vars, err := newPlanVars(name, zc, h.logger)
 	if err != nil {
 		return nil, err
@@ -338,10 +324,7 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 		// replaces the definition gives every key its full limit back.
 		// (Distributed zones keep theirs in Redis, read under the new
 		// limit.)
-		if old, ok := replacedDefinition(id); ok {
-			h.logger.Info("zone starts afresh: a reload changed its limits, so every key has its full limit again",
-				zap.String("zone", name), zap.String("changed", id.changesFrom(old)))
-		}
+		logAfresh(h.logger, id)
 	}
 	if n := h.backend.resets; n != nil {
 		// A key reset on another instance is forgotten here too.
@@ -374,6 +357,12 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 	}
 	registerZone(zh.Zone, storeView{regional: h.store, shared: shared, health: h.backend.health})
 	return zh, nil
+}
+
+// limits is the part of the zone's config that connection zones have too.
+func (zc *Zone) limits(name string) zones.Config {
+	return zones.Config{Name: name, Concurrency: zc.Concurrency, Events: zc.MaxEvents, Window: time.Duration(zc.Window), Burst: zc.Burst,
+		IPv4Prefix: zc.IPv4Prefix, IPv6Prefix: zc.IPv6Prefix, MaxKeys: zc.MaxKeys}
 }
 
 // warn logs, at provision, what the zone's config accepts but that cannot
@@ -563,7 +552,16 @@ func headerPlaceholder(name string) string {
 // expands to nothing (a missing header, a misspelt placeholder) is counted
 // and logged once: such requests share one bucket.
 func (z *zoneHandler) expandKey(r *http.Request, repl *caddy.Replacer) string {
-	key := z.expandTemplate(r, repl)
+	var key string
+	switch {
+	case z.keyHeader != "":
+		// What {http.request.header.*} gives: the values joined by ",".
+		key = strings.Join(r.Header[z.keyHeader], ",")
+	case z.keyVar != "":
+		key, _ = repl.GetString(z.keyVar)
+	default:
+		key = repl.ReplaceAll(z.key, "")
+	}
 	if key == "" {
 		z.emptyKey()
 	}
@@ -603,26 +601,6 @@ func (z *zoneHandler) banDropped(fromList bool, n int64) {
 	if z.logger != nil && !z.loggedDroppedBans[from].Load() && z.loggedDroppedBans[from].CompareAndSwap(false, true) {
 		z.logger.Warn(msg, zap.String("zone", z.Name), zap.Int64("dropped", n))
 	}
-}
-
-// expandTemplate is the zone's key template expanded for the request.
-func (z *zoneHandler) expandTemplate(r *http.Request, repl *caddy.Replacer) string {
-	if z.keyHeader != "" {
-		// What {http.request.header.*} gives: the values joined by ",".
-		switch vals := r.Header[z.keyHeader]; len(vals) {
-		case 0:
-			return ""
-		case 1:
-			return vals[0]
-		default:
-			return strings.Join(vals, ",")
-		}
-	}
-	if z.keyVar != "" {
-		v, _ := repl.GetString(z.keyVar)
-		return v
-	}
-	return repl.ReplaceAll(z.key, "")
 }
 
 // readsReplacer reports whether the zone's key, limit or cost reads the
