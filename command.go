@@ -170,16 +170,6 @@ func quoteKey(key string) string {
 // name, an error), with every character a terminal would act on escaped as
 // quoteKey escapes it; the rest, quotes included, is left as it is.
 func printable(s string) string {
-	clean := true
-	for _, r := range s {
-		if r == utf8.RuneError || !unicode.IsPrint(r) {
-			clean = false
-			break
-		}
-	}
-	if clean {
-		return s
-	}
 	var b strings.Builder
 	for i := 0; i < len(s); {
 		r, n := utf8.DecodeRuneInString(s[i:])
@@ -205,19 +195,11 @@ func (c *cli) single() error {
 	return nil
 }
 
-// each runs f once per --address (once with the default when none is given).
-func (c *cli) each(f func(c *cli) error) error {
-	if len(c.addresses) <= 1 {
-		return f(c)
-	}
-	for _, addr := range c.addresses {
-		one := *c
-		one.address, one.addresses = addr, []string{addr}
-		if err := f(&one); err != nil {
-			return fmt.Errorf("%s: %w", addr, err)
-		}
-	}
-	return nil
+// at is c for the one instance at addr.
+func (c *cli) at(addr string) *cli {
+	one := *c
+	one.address, one.addresses = addr, []string{addr}
+	return &one
 }
 
 // errNotFound is an admin API 404, with the API's message.
@@ -594,14 +576,14 @@ func (c *cli) mergedTop(zone string, n int) (topInfo, error) {
 		state = map[string]offenderInfo{}
 		out   = topInfo{Zone: zone, View: "merged", Addresses: c.addresses}
 	)
-	err := c.each(func(one *cli) error {
+	for _, addr := range c.addresses {
 		var t topInfo
-		err := one.fetch(zonePath(zone)+"/top?n="+strconv.Itoa(max(2*n, 40)), &t)
+		err := c.at(addr).fetch(zonePath(zone)+"/top?n="+strconv.Itoa(max(2*n, 40)), &t)
 		if errors.As(err, new(errNotFound)) {
-			_, err = one.findZone(zone)
+			_, err = c.at(addr).findZone(zone)
 		}
 		if err != nil {
-			return err
+			return out, fmt.Errorf("%s: %w", addr, err)
 		}
 		sum := topk.Summary{Since: t.Since.UnixNano(), Total: t.Denials, Floor: t.Floor}
 		for _, k := range t.Keys {
@@ -617,10 +599,6 @@ func (c *cli) mergedTop(zone string, n int) (topInfo, error) {
 		}
 		sums = append(sums, sum)
 		out.Capacity = t.Capacity
-		return nil
-	})
-	if err != nil {
-		return out, err
 	}
 	fleet := topk.Merge(n, sums...)
 	out.Since, out.Denials, out.Floor = time.Unix(0, fleet.Since), fleet.Total, fleet.Floor
@@ -687,10 +665,8 @@ func cliReset(c *cli, zone, key string) error {
 	var outcomes []resetOutcome
 	var reset, failed []string
 	for _, addr := range c.addresses {
-		one := *c
-		one.address, one.addresses = addr, []string{addr}
 		o := resetOutcome{Address: addr, Outcome: "reset"}
-		switch err := resetOn(&one, zone, key); {
+		switch err := resetOn(c.at(addr), zone, key); {
 		case errors.As(err, new(errNotTracked)):
 			o.Outcome = "not tracked"
 		case err != nil:
