@@ -7,11 +7,13 @@ package ratelimit
 // listener_caddyfile.go.
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -86,7 +88,7 @@ type connZone struct {
 	*zones.Zone
 	key     string // the key template
 	keyIsIP bool   // the template is {remote_ip} alone
-	metrics *connectionMetrics
+	metrics decisions
 	stateID stateID
 }
 
@@ -94,7 +96,7 @@ type connZone struct {
 type denyWhileZone struct {
 	*zones.Zone
 	dryRun  bool
-	metrics *connectionMetrics
+	metrics decisions
 }
 
 // connLive is what the wrapper's connections update and read.
@@ -141,7 +143,9 @@ func (w *ListenerWrapper) Provision(ctx caddy.Context) error {
 		w.zones = append(w.zones, z)
 		w.slotZones = w.slotZones || z.IsConcurrency()
 	}
-	slices.SortFunc(w.zones, compareConnZones)
+	// Rate zones tightest first, then concurrency zones smallest first: a
+	// connection a rate zone refuses never takes a slot.
+	slices.SortFunc(w.zones, func(a, b *connZone) int { return cmp.Or(compareKinds(a.Zone, b.Zone), strings.Compare(a.Name, b.Name)) })
 	for _, name := range w.DenyWhile {
 		if err := checkDenyWhile(ctx, name, w.RateLimits); err != nil {
 			return err
@@ -169,17 +173,8 @@ func (zc *Zone) provisionConnection(ctx caddy.Context, name string, dryRun bool)
 	if _, err := zc.connectionProblem(); err != nil {
 		return nil, fmt.Errorf("zone %s: %v", name, err)
 	}
-	cfg := zones.Config{
-		Name:        name,
-		Events:      zc.MaxEvents,
-		Window:      time.Duration(zc.Window),
-		Burst:       zc.Burst,
-		IPv4Prefix:  zc.IPv4Prefix,
-		IPv6Prefix:  zc.IPv6Prefix,
-		MaxKeys:     zc.MaxKeys,
-		DryRun:      zc.DryRun || dryRun,
-		Concurrency: zc.Concurrency,
-	}
+	cfg := zc.limits(name)
+	cfg.DryRun = zc.DryRun || dryRun
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -191,9 +186,8 @@ func (zc *Zone) provisionConnection(ctx caddy.Context, name string, dryRun bool)
 	if err != nil {
 		return nil, err
 	}
-	if old, ok := replacedDefinition(id); ok && fresh {
-		ctx.Logger().Info("zone starts afresh: a reload changed its limits, so every key has its full limit again",
-			zap.String("zone", name), zap.String("changed", id.changesFrom(old)))
+	if fresh {
+		logAfresh(ctx.Logger(), id)
 	}
 	zone, err := zones.New(cfg, state, nil)
 	if err != nil {
@@ -204,10 +198,10 @@ func (zc *Zone) provisionConnection(ctx caddy.Context, name string, dryRun bool)
 		Zone:    zone,
 		key:     zc.Key,
 		keyIsIP: zc.Key == remoteIPPlaceholder,
-		metrics: newConnectionMetrics(name, cfg.DryRun),
+		metrics: newDecisions(collectors.connections, name, cfg.DryRun),
 		stateID: id,
 	}
-	registerConnectionZone(z.Zone)
+	registerZone(z.Zone, storeView{connection: true})
 	return z, nil
 }
 
@@ -249,35 +243,6 @@ func (zc *Zone) connectionProblem() (setting string, err error) {
 		return "quota", errors.New("a calendar quota counts requests: put the zone in the rate_limit handler (deny_while <zone> refuses connections while it denies)")
 	}
 	return "", nil
-}
-
-// compareConnZones orders rate zones tightest first, then concurrency zones
-// smallest first: a connection a rate zone refuses never takes a slot.
-func compareConnZones(a, b *connZone) int {
-	switch {
-	case a.IsConcurrency() != b.IsConcurrency():
-		if a.IsConcurrency() {
-			return 1
-		}
-		return -1
-	case a.IsConcurrency():
-		if a.Concurrency != b.Concurrency {
-			if a.Concurrency < b.Concurrency {
-				return -1
-			}
-			return 1
-		}
-	default:
-		ra := float64(a.Events) / float64(a.Window)
-		rb := float64(b.Events) / float64(b.Window)
-		if ra != rb {
-			if ra < rb {
-				return -1
-			}
-			return 1
-		}
-	}
-	return strings.Compare(a.Name, b.Name)
 }
 
 // checkPlacement refuses a rate_limit wrapper that would not see raw
@@ -396,10 +361,10 @@ func httpZoneInJSON(app *caddyhttp.App, name string) (key string, concurrency, f
 // findZoneJSON walks a decoded JSON config for a rate_limit handler with the
 // zone name, at any depth (subroutes, named routes, error routes).
 func findZoneJSON(v any, name string) (key string, concurrency, found bool) {
-	switch v := v.(type) {
-	case map[string]any:
-		if v["handler"] == "rate_limit" {
-			if zs, ok := v["rate_limits"].(map[string]any); ok {
+	children, _ := v.([]any)
+	if m, ok := v.(map[string]any); ok {
+		if m["handler"] == "rate_limit" {
+			if zs, ok := m["rate_limits"].(map[string]any); ok {
 				if z, ok := zs[name].(map[string]any); ok {
 					key, _ := z["key"].(string)
 					n, _ := z["concurrency"].(float64)
@@ -407,16 +372,11 @@ func findZoneJSON(v any, name string) (key string, concurrency, found bool) {
 				}
 			}
 		}
-		for _, c := range v {
-			if key, concurrency, found = findZoneJSON(c, name); found {
-				return
-			}
-		}
-	case []any:
-		for _, c := range v {
-			if key, concurrency, found = findZoneJSON(c, name); found {
-				return
-			}
+		children = slices.Collect(maps.Values(m))
+	}
+	for _, c := range children {
+		if key, concurrency, found = findZoneJSON(c, name); found {
+			return
 		}
 	}
 	return "", false, false
@@ -432,7 +392,7 @@ func (w *ListenerWrapper) WrapListener(l net.Listener) net.Listener {
 
 func (w *ListenerWrapper) resolveDenyWhile() {
 	for _, name := range w.DenyWhile {
-		z := lookupHTTPZone(name)
+		z := lookupZone(name, true)
 		if z == nil {
 			// Provision found it in this config; only a wrapper
 			// outside an HTTP server can get here.
@@ -440,7 +400,7 @@ func (w *ListenerWrapper) resolveDenyWhile() {
 			continue
 		}
 		dryRun := z.DryRun || w.DryRun
-		w.live.denyZones = append(w.live.denyZones, &denyWhileZone{Zone: z, dryRun: dryRun, metrics: newConnectionMetrics(name, dryRun)})
+		w.live.denyZones = append(w.live.denyZones, &denyWhileZone{Zone: z, dryRun: dryRun, metrics: newDecisions(collectors.connections, name, dryRun)})
 	}
 }
 
@@ -499,17 +459,14 @@ func (l *listener) Accept() (net.Conn, error) {
 func (w *ListenerWrapper) decide(ip string, now int64, slots *[]heldSlot) bool {
 	for _, dz := range w.live.denyZones {
 		key := dz.Config.Key(ip)
-		if !dz.Denies(key, now) {
-			dz.metrics.allowed.Inc()
-			continue
+		denies := dz.Denies(key, now)
+		dz.metrics.count(!denies, dz.dryRun)
+		if denies {
+			w.logRefusal(now, dz.Name, key, dz.dryRun)
+			if !dz.dryRun {
+				return false
+			}
 		}
-		w.logRefusal(now, dz.Name, key, dz.dryRun)
-		if dz.dryRun {
-			dz.metrics.dryRunDenied.Inc()
-			continue
-		}
-		dz.metrics.denied.Inc()
-		return false
 	}
 	var stack [4]zones.Ticket[*connZone]
 	tickets := stack[:0]
@@ -532,14 +489,11 @@ func (w *ListenerWrapper) decide(ip string, now int64, slots *[]heldSlot) bool {
 // makes it.
 func (w *ListenerWrapper) seen(t *zones.Ticket[*connZone], now int64) {
 	z := t.Owner
-	switch {
-	case t.Allowed:
-		z.metrics.allowed.Inc()
+	z.metrics.count(t.Allowed, z.DryRun)
+	if t.Allowed {
 		return
-	case z.DryRun:
-		z.metrics.dryRunDenied.Inc()
-	default:
-		z.metrics.denied.Inc()
+	}
+	if !z.DryRun {
 		z.State().Offenders.Record(t.Key, time.Now().UnixNano())
 	}
 	w.logRefusal(now, z.Name, t.Key, z.DryRun)

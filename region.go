@@ -123,43 +123,32 @@ func (h *Handler) globalStore(name string, zc *Zone, cfg zones.Config) (zones.St
 	return sh, sh, nil
 }
 
-// unmarshalCaddyfile reads the global block of distributed:
-//
-//	global {
-//	    redis <url> | redis { ... }
-//	    regions <name>:<weight>...
-//	    sync_interval <duration>   # default 1s
-//	    lease <duration>           # default 5m, at least 2 × sync_interval
-//	}
+// unmarshalCaddyfile reads the global block of distributed
+// (docs/distributed.md).
 func (g *Global) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
-	seen := map[string]bool{}
 	var leaseLine int
-	var err error
-	for nest := d.Nesting(); d.NextBlock(nest); {
-		sub := d.Val()
-		switch {
-		case seen[sub]:
-			err = d.Errf("%s is given twice: keep one", sub)
-		case sub == "redis":
+	err := subdirectives(d, nil, "", func(sub string) (err error) {
+		switch sub {
+		case "redis":
 			g.Redis = new(Redis)
 			err = g.Redis.unmarshalCaddyfile(d)
-		case sub == "regions":
+		case "regions":
 			err = g.unmarshalRegions(d)
-		case sub == "sync_interval":
+		case "sync_interval":
 			g.SyncInterval, err = durationArg(d)
-		case sub == "lease":
+		case "lease":
 			leaseLine = d.Line()
 			g.Lease, err = durationArg(d)
 		default:
 			err = d.Errf("unknown subdirective %q: expected redis, regions, sync_interval or lease", sub)
 		}
-		if err != nil {
-			return fmt.Errorf("global: %w", err)
-		}
-		seen[sub] = true
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("global: %w", err)
 	}
 	switch {
 	case g.Redis == nil:
