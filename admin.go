@@ -152,7 +152,10 @@ type quotaKeyInfo struct {
 }
 
 type storeInfo struct {
-	OK               bool       `json:"ok"`
+	OK bool `json:"ok"`
+	// Failing: calls fail (twice in a row or more) but the breaker still
+	// lets them through. BreakerOpenSince is when the outage began.
+	Failing          bool       `json:"failing,omitempty"`
 	BreakerOpenSince *time.Time `json:"breaker_open_since,omitempty"`
 	Instances        int        `json:"instances"`
 	// The last error Redis gave about one key (e.g. a value tally did not
@@ -357,9 +360,10 @@ func listZones() []zoneInfo {
 				ok, since := hr.Health()
 				zi.Store.OK = ok
 				if !ok {
-					zi.Store.BreakerOpenSince = &since
+					zi.Store.BreakerOpenSince, zi.Store.Failing = &since, true
 				}
 				for _, o := range hr.Outages() {
+					zi.Store.Failing = zi.Store.Failing && !o.Open
 					if o.Node != "" {
 						zi.Store.Unreachable = append(zi.Store.Unreachable, nodeOutage{o.Node, o.Since})
 					}

@@ -375,6 +375,9 @@ func cliZones(c *cli) error {
 			redis = fmt.Sprintf("ok, %d instance(s)", s.Instances)
 			if !s.OK {
 				redis = "UNREACHABLE"
+				if s.Failing {
+					redis = "FAILING" // calls fail; the breaker is not open yet
+				}
 				if s.BreakerOpenSince != nil {
 					redis += " since " + s.BreakerOpenSince.Local().Format(time.TimeOnly)
 				}

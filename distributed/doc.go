@@ -36,7 +36,8 @@
 //     no added wait when idle;
 //   - a deadline: every call returns within Options.Timeout, queueing
 //     included, with ErrTimeout if Redis has not answered;
-//   - a breaker (breaker.go): after 5 consecutive failures calls fail at
+//   - a breaker (breaker.go): 2 consecutive failures are an outage
+//     (logged, and shown by Outages); after 5 consecutive failures calls fail at
 //     once with ErrUnavailable for a second, then one probe tests Redis.
 //     On a Cluster each master has its own, and every call about a key
 //     goes through its master's, so a dead master costs only the keys it
