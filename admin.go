@@ -588,6 +588,7 @@ type topInfo struct {
 	Denials   uint64         `json:"denials"`             // every denial in the window, all keys
 	Floor     uint64         `json:"floor"`               // most denials of a key not listed
 	Capacity  int            `json:"capacity"`            // keys tracked per period
+	DryRun    bool           `json:"dry_run,omitempty"`   // the denials are a dry run's would-be denials
 	Keys      []offenderInfo `json:"keys"`
 }
 
@@ -628,6 +629,7 @@ func (a *AdminAPI) top(w http.ResponseWriter, r *http.Request, z *zones.Zone) er
 		Denials:  sum.Total,
 		Floor:    sum.Floor,
 		Capacity: offenders.Capacity(),
+		DryRun:   z.DryRun,
 		Keys:     make([]offenderInfo, 0, len(sum.Top)),
 	}
 	for _, e := range sum.Top {

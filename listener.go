@@ -537,8 +537,8 @@ func (w *ListenerWrapper) seen(t *zones.Ticket[*connZone], now int64) {
 		z.metrics.dryRunDenied.Inc()
 	default:
 		z.metrics.denied.Inc()
-		z.State().Offenders.Record(t.Key, time.Now().UnixNano())
 	}
+	z.State().Offenders.Record(t.Key, time.Now().UnixNano())
 	w.logRefusal(now, z.Name, t.Key, z.DryRun)
 }
 
