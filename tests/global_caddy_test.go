@@ -191,6 +191,9 @@ func TestGlobalDenialsFromTheDenyCacheAreDemand(t *testing.T) {
 	if got < 9 {
 		t.Errorf("us admitted %d in 22 s of contention, want ≥ 9 (half its fair share): its demand answered by the deny cache went unreported", got)
 	}
+	if v, ok := metricValue(cs[1].scrape(), "caddy_rate_limit_global_demand_dropped_total", map[string]string{"zone": "api"}); !ok || v != 0 {
+		t.Errorf("caddy_rate_limit_global_demand_dropped_total{zone=api} = %v (%v), want 0", v, ok)
+	}
 }
 
 func deref0(f *float64) float64 {
