@@ -7,6 +7,7 @@ package tests
 import (
 	"encoding/json"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -201,4 +202,27 @@ func deref0(f *float64) float64 {
 		return 0
 	}
 	return *f
+}
+
+// A scope global zone's RateLimit-Policy says what a client can get in
+// this region: q is the region's share of the limit (600/min at eu's
+// weight, 0.5: q=300), as the legacy RateLimit-Limit, so that a client
+// pacing itself by q is not denied; r is already at the share.
+func TestGlobalPolicySaysTheRegionsShare(t *testing.T) {
+	global := startRedis(t).Addr
+	c := startCaddy(t, globalSite(startRedis(t).Addr, "eu", global))
+	startCaddy(t, globalSite(startRedis(t).Addr, "us", global))
+	var res response
+	i := 0
+	waitFor(t, 20*time.Second, "eu to apply its weight (0.5) of a fresh key", func() bool {
+		i++
+		res = c.Do(withKey("fresh" + strconv.Itoa(i)))
+		return strings.HasPrefix(res.Header.Get("RateLimit"), `"api";r=9;`) // 10 at 0.5, one spent
+	})
+	if got := res.Header.Get("RateLimit-Policy"); got != `"api";q=300;w=60` {
+		t.Errorf("RateLimit-Policy %q, want q=300 (eu's share of 600)", got)
+	}
+	if got := res.Header.Get("RateLimit-Limit"); got != "300" {
+		t.Errorf("RateLimit-Limit %q, want 300", got)
+	}
 }
