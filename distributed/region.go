@@ -224,6 +224,7 @@ type regionZone struct {
 	// load and one atomic add; a counter idle for a whole poll is retired.
 	counts  sync.Map
 	counted atomic.Int64 // counters in counts, at most maxCounted
+	dropped atomic.Int64 // decisions not counted: maxCounted other keys were
 }
 
 // maxCounted bounds the keys a zone counts: a key not counted yet is
@@ -415,6 +416,16 @@ func (r *Region) Coordinated(zone string) int {
 	return len(z.shares)
 }
 
+// DemandDropped is the number of zone's decisions left out of the
+// region's demand since the zone was added: their keys came while
+// maxCounted others were counted.
+func (r *Region) DemandDropped(zone string) int64 {
+	if z := r.zone(zone); z != nil {
+		return z.dropped.Load()
+	}
+	return 0
+}
+
 // Weight is this region's default share (ppm).
 func (r *Region) Weight() int64 { return r.weight }
 
@@ -443,6 +454,10 @@ func (r *Region) count(zone, key string, allowed bool, cost int64, limit algorit
 		if !ok {
 			if z.counted.Add(1) > maxCounted {
 				z.counted.Add(-1)
+				if z.dropped.Add(1) == 1 {
+					r.logger.Warn("global zone decides more keys in a poll than its demand counts: the others' demand is not reported",
+						zap.String("zone", zone), zap.Int("most", maxCounted), zap.Duration("poll", r.pollInterval()))
+				}
 				return
 			}
 			var loaded bool

@@ -139,19 +139,23 @@ func (r *Region) lock(now int64) {
 		c.token, c.full = tok, true
 		c.init()
 		c.contact = r.contactAt.Load() // the last contact the region published
-		// Start from what the region has published, as this instance
-		// last read it.
 		for _, z := range r.zoneSet().zones {
-			z.mu.RLock()
-			m := make(map[string]*holding, len(z.shares))
-			for k, s := range z.shares {
-				m[k] = &holding{cur: s}
-			}
-			z.mu.RUnlock()
-			c.held[z.name] = m
+			c.adopt(z)
 		}
 		r.stats.Coordinating.Store(true)
 	}
+}
+
+// adopt starts the coordinator's holdings of z from what the region has
+// published, as this instance last read it.
+func (c *coordinator) adopt(z *regionZone) {
+	z.mu.RLock()
+	m := make(map[string]*holding, len(z.shares))
+	for k, s := range z.shares {
+		m[k] = &holding{cur: s}
+	}
+	z.mu.RUnlock()
+	c.held[z.name] = m
 }
 
 type report struct {
@@ -169,6 +173,21 @@ func (r *Region) sync(now int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), r.opts.SyncInterval)
 	defer cancel()
 	set := r.zoneSet() // one set of zones for the whole sync
+	for name := range c.held {
+		if set.byName[name] == nil { // released (a reload dropped it)
+			delete(c.held, name)
+			delete(c.sent, name)
+			delete(c.spans, name)
+		}
+	}
+	for _, z := range set.zones {
+		if c.held[z.name] == nil { // added (again) since
+			if !z.read.Load() {
+				return // until this instance has read what the region published of it
+			}
+			c.adopt(z)
+		}
+	}
 	raw, err := r.rscript.Run(ctx, r.regional, set.keys, "collect", lockVal).Slice()
 	if err != nil {
 		return
