@@ -23,7 +23,11 @@ type coordinator struct {
 	contact   int64  // monotime the last successful sync was sent; 0: none
 	lastSync  int64
 	confirmAt int64 // monotime a cut's margin ends (0: none pending)
-	down      bool  // an outage is being logged
+	// waitUntil (monotime): a raise waits on another region's cut, whose
+	// confirmation grants it; the coordinator syncs every poll until then
+	// or until a raise comes, instead of every interval
+	waitUntil int64
+	down      bool // an outage is being logged
 	// sent is, per zone, what the global store last heard of each key
 	sent map[string]map[string]*lastReport
 	// spans is, per zone, the burst span (µs) of the keys last counted
@@ -109,7 +113,7 @@ func (r *Region) tick(now int64) {
 	if c.token == 0 {
 		return
 	}
-	if now-c.lastSync >= interval || c.confirmAt != 0 && now >= c.confirmAt {
+	if now-c.lastSync >= interval || c.confirmAt != 0 && now >= c.confirmAt || now < c.waitUntil {
 		r.sync(now)
 	}
 }
@@ -410,7 +414,7 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 		c.down = false
 		r.logger.Info("global store reachable again", zap.String("region", r.opts.Region))
 	}
-	if len(v) < 3 {
+	if len(v) < 4 {
 		c.full = true
 		return failed
 	}
@@ -430,7 +434,7 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 	// kept at that, so that it is reported, and granted, again).
 	var changes [][]any
 	var updates []update
-	i := 3
+	i := 4
 	for i+1 < len(v) {
 		zone := fmt.Sprint(v[i])
 		n, _ := v[i+1].(int64)
@@ -477,8 +481,15 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 	// again once it may grant more.
 	c.full = v[2] == int64(1)
 	now = monotime.Now()
+	if v[3] == int64(1) && c.waitUntil == 0 {
+		// the other region's next sync and its cut's margin, round trips
+		c.waitUntil = now + int64(r.opts.SyncInterval+r.confirmMargin()) + 2*(now-sent)
+	}
 	for _, u := range updates {
 		h := u.h
+		if u.g > u.from && v[3] != int64(1) {
+			c.waitUntil = 0 // the raise came
+		}
 		if u.g < u.from { // a cut
 			if now >= h.prevUntil {
 				h.prev = 0 // the last cut is in force everywhere: what it cut is gone
