@@ -165,7 +165,7 @@ type Region struct {
 	regional redis.UniversalClient
 	global   redis.UniversalClient
 	prefix   string        // the regional key prefix
-	strict   bool          // the regional store is a *Strict
+	async    bool          // the regional store is an *Async
 	timeout  time.Duration // the regional store's
 	gprefix  string
 	rscript  *redis.Script
@@ -259,13 +259,12 @@ func OpenRegion(regional zones.Store, opts RegionOptions, logger *zap.Logger) (*
 		logger = zap.NewNop()
 	}
 	var c *link
-	strict := false
+	async := false
 	switch s := regional.(type) {
 	case *Strict:
 		c = s.link
-		strict = true
 	case *Async:
-		c = s.link
+		c, async = s.link, true
 	default:
 		return nil, fmt.Errorf("global: the regional store is a %T, not a tally store", regional)
 	}
@@ -278,7 +277,7 @@ func OpenRegion(regional zones.Store, opts RegionOptions, logger *zap.Logger) (*
 		regional: c.client,
 		global:   redis.NewUniversalClient(uopts),
 		prefix:   c.opts.KeyPrefix,
-		strict:   strict,
+		async:    async,
 		timeout:  c.opts.Timeout,
 		gprefix:  opts.Global.KeyPrefix,
 		rscript:  redis.NewScript(regionScript),
