@@ -493,14 +493,11 @@ func (c *cli) findZone(name string) (zoneInfo, error) {
 		}
 		names = append(names, z.Name)
 	}
-	return zoneInfo{}, fmt.Errorf("unknown zone %s: the running config has %s", strconv.Quote(name), printable(orNone(names)))
-}
-
-func orNone(names []string) string {
-	if len(names) == 0 {
-		return "no rate_limit zones"
+	has := "no rate_limit zones"
+	if len(names) > 0 {
+		has = "zones " + strings.Join(names, ", ")
 	}
-	return "zones " + strings.Join(names, ", ")
+	return zoneInfo{}, fmt.Errorf("unknown zone %s: the running config has %s", strconv.Quote(name), printable(has))
 }
 
 // printJSONValue prints v as the admin API writes JSON: not HTML-escaped.

@@ -1,12 +1,8 @@
 package ratelimit
 
-// persist: local rate zones that survive a restart. Each zone's state is
-// snapshot to Caddy's storage (ctx.Storage(): the file system under Caddy's
-// data directory by default) on the `stopping` event, every interval while
-// the config runs, and once more when the zone's state is finally
-// destroyed; a handler restores its zones' snapshots when it is
-// provisioned. Nothing is written before the config has started, so
-// `caddy validate` and a config that fails to load change nothing.
+// persist: local rate zones that survive a restart (Persist). Nothing is
+// written before the config has started, so `caddy validate` and a config
+// that fails to load change nothing.
 
 import (
 	"context"

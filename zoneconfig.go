@@ -335,17 +335,7 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 		// reads per request and fill the store latency histogram with
 		// zeros.
 		zh.timed = h.store != nil && zh.Mode() == "strict"
-		zh.metrics = newZoneMetrics(name, policy, cfg.DryRun, h.store != nil, zh.timed, cfg.PerRequest, cfg.Ban > 0, costs)
-		if canBeEmpty(zc.Key) {
-			zh.metrics.emptyKeys = collectors.emptyKeys.WithLabelValues(name)
-		}
-		if cfg.Delay > 0 && !cfg.DryRun {
-			zh.metrics.delays(name)
-		}
-		if cfg.IsQuota() && zh.metrics.cost == nil {
-			// A quota zone's use, in units, whatever its cost.
-			zh.metrics.cost = collectors.cost.WithLabelValues(name)
-		}
+		zh.metrics = newZoneMetrics(cfg, zc.Key, h.store != nil, zh.timed, costs)
 	}
 	zh.Zone.OnChargeFailed = zh.chargeFailed
 	if cfg.Ban > 0 && !cfg.DryRun {
