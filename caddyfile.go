@@ -331,10 +331,7 @@ func (dist *Distributed) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			syncLine = d.Line()
 			dist.SyncInterval, err = durationArg(d)
 		case sub == "read_interval":
-			// mholt/caddy-ratelimit's names, accepted in either mode so
-			// that its configs load unchanged: in async mode the sync
-			// interval when sync_interval is not given, ignored in strict
-			// mode (see Distributed.ReadInterval).
+			// mholt/caddy-ratelimit's names: see Distributed.ReadInterval.
 			dist.ReadInterval, err = durationArg(d)
 		case sub == "write_interval":
 			dist.WriteInterval, err = durationArg(d)

@@ -1,11 +1,5 @@
 package ratelimit
 
-// A zone as configured (Zone) and as provisioned (zoneHandler): its
-// matchers, how its key is expanded from a request, its limit and cost
-// settings resolved, the zones.Zone that decides, and the logger, samplers
-// and metric series its requests use. plans.go reads a request's limit,
-// cost.go its cost; both log and count through the zone's own fields.
-
 import (
 	"cmp"
 	"context"
@@ -278,7 +272,7 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 	if zc.Key == "" {
 		return nil, fmt.Errorf("zone %s: key is required (e.g. key {client_ip})", name)
 	}
-	if err := claimZone(ctx, cfg, zoneClaim{id: newStateID(cfg, vars), key: zc.Key, concurrency: cfg.IsConcurrency()}); err != nil {
+	if err := claimZone(ctx, cfg, vars, zc.Key, false); err != nil {
 		return nil, err
 	}
 
