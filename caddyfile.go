@@ -174,7 +174,7 @@ func parseZone(d *caddyfile.Dispenser, defined map[string]*Zone, in, keyExample 
 			switch a, err = readPlanArgs(d, "at_least", true); {
 			case err != nil:
 			case a.placeholder == "":
-				z.Window, err = durationArgOf(d, "window")
+				z.Window, err = durationArg(d)
 			default:
 				z.WindowPlaceholder = a.placeholder
 				if z.Window, err = parseDuration(d, "window", a.fallback); err == nil && a.bound != "" {
@@ -708,10 +708,7 @@ func parseInt64(d *caddyfile.Dispenser, dir, s string, lo, hi int64) (int64, err
 }
 
 func durationArg(d *caddyfile.Dispenser) (caddy.Duration, error) {
-	return durationArgOf(d, d.Val())
-}
-
-func durationArgOf(d *caddyfile.Dispenser, dir string) (caddy.Duration, error) {
+	dir := d.Val()
 	s, err := oneWord(d, dir)
 	if err != nil {
 		return 0, err
