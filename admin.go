@@ -132,7 +132,10 @@ type quotaKeyInfo struct {
 }
 
 type storeInfo struct {
-	OK               bool       `json:"ok"`
+	OK bool `json:"ok"`
+	// Failing: calls fail (twice in a row or more) but the breaker still
+	// lets them through. BreakerOpenSince is when the outage began.
+	Failing          bool       `json:"failing,omitempty"`
 	BreakerOpenSince *time.Time `json:"breaker_open_since,omitempty"`
 	Instances        int        `json:"instances"`
 	// The last error Redis gave about one key, and when.
@@ -309,9 +312,10 @@ func listZones() []zoneInfo {
 				ok, since := hr.Health()
 				zi.Store.OK = ok
 				if !ok {
-					zi.Store.BreakerOpenSince = &since
+					zi.Store.BreakerOpenSince, zi.Store.Failing = &since, true
 				}
 				for _, o := range hr.Outages() {
+					zi.Store.Failing = zi.Store.Failing && !o.Open
 					if o.Node != "" {
 						zi.Store.Unreachable = append(zi.Store.Unreachable, nodeOutage{o.Node, o.Since})
 					}
@@ -533,6 +537,7 @@ type topInfo struct {
 	Denials   uint64         `json:"denials"`             // every denial in the window, all keys
 	Floor     uint64         `json:"floor"`               // most denials of a key not listed
 	Capacity  int            `json:"capacity"`            // keys tracked per period
+	DryRun    bool           `json:"dry_run,omitempty"`   // the denials are a dry run's would-be denials
 	Keys      []offenderInfo `json:"keys"`
 }
 
@@ -570,6 +575,7 @@ func (a *AdminAPI) top(w http.ResponseWriter, r *http.Request, z *zones.Zone) er
 		Denials:  sum.Total,
 		Floor:    sum.Floor,
 		Capacity: offenders.Capacity(),
+		DryRun:   z.DryRun,
 		Keys:     make([]offenderInfo, 0, len(sum.Top)),
 	}
 	for _, e := range sum.Top {

@@ -357,6 +357,9 @@ func cliZones(c *cli) error {
 			redis = fmt.Sprintf("ok, %d instance(s)", s.Instances)
 			if !s.OK {
 				redis = "UNREACHABLE"
+				if s.Failing {
+					redis = "FAILING" // calls fail; the breaker is not open yet
+				}
 				if s.BreakerOpenSince != nil {
 					redis += " since " + s.BreakerOpenSince.Local().Format(time.TimeOnly)
 				}
@@ -532,13 +535,17 @@ func cliTop(c *cli, zone string, n int) error {
 	if len(top.Addresses) > 1 {
 		where = fmt.Sprintf("on %d instances", len(top.Addresses))
 	}
-	fmt.Fprintf(c.out, "zone %s: %d denials %s since %s\n", printable(top.Zone), top.Denials, where, top.Since.Local().Format(time.TimeOnly))
+	what, column := "denials", "DENIALS"
+	if top.DryRun { // nothing was denied: these are the zone's would-be denials
+		what, column = "would-be denials (dry run)", "WOULD DENY"
+	}
+	fmt.Fprintf(c.out, "zone %s: %d %s %s since %s\n", printable(top.Zone), top.Denials, what, where, top.Since.Local().Format(time.TimeOnly))
 	if len(top.Keys) == 0 {
 		_, err := fmt.Fprintln(c.out, "no key was denied")
 		return err
 	}
 	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "KEY\tDENIALS\tSTATE")
+	fmt.Fprintln(tw, "KEY\t"+column+"\tSTATE")
 	for _, k := range top.Keys {
 		denials := strconv.FormatUint(k.Denials, 10)
 		if k.Error > 0 {
@@ -590,7 +597,7 @@ func (c *cli) mergedTop(zone string, n int) (topInfo, error) {
 			}
 		}
 		sums = append(sums, sum)
-		out.Capacity = t.Capacity
+		out.Capacity, out.DryRun = t.Capacity, out.DryRun || t.DryRun
 	}
 	fleet := topk.Merge(n, sums...)
 	out.Since, out.Denials, out.Floor = time.Unix(0, fleet.Since), fleet.Total, fleet.Floor

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/caddy-tally/ratelimit/distributed"
 )
 
 type headerMode uint8
@@ -188,7 +190,7 @@ func (h *Handler) render(e *renderedHeaders, hdr http.Header, verdicts []verdict
 	}
 	if legacy != nil {
 		e.legacy = true
-		buf = strconv.AppendInt(buf, sfInt(legacy.Quota()), 10)
+		buf = strconv.AppendInt(buf, sfInt(quota(legacy)), 10)
 		ends[e.n] = len(buf)
 		buf = strconv.AppendInt(buf, sfInt(legacy.Decision.Remaining), 10)
 		ends[e.n+1] = len(buf)
@@ -222,7 +224,7 @@ type renderKey struct {
 }
 
 func newRenderKey(v *verdict, denied bool, retry time.Duration) renderKey {
-	k := renderKey{zone: v.Owner, events: v.Plan.Events, window: int64(v.Window()),
+	k := renderKey{zone: v.Owner, events: quota(v), window: int64(v.Window()),
 		remaining: v.Decision.Remaining, t: -1, reset: ceilSeconds(v.Decision.ResetAfter)}
 	if t, ok := v.MoreQuotaIn(); ok && !(denied && v.Decision.Remaining > 0) {
 		k.t = sfInt(ceilSeconds(t))
@@ -298,12 +300,21 @@ func (c *valueCache) seconds(n int64) string {
 	return c.intern(strconv.AppendInt(b[:0], n, 10))
 }
 
+// quota is v's q: the zone's, or in a scope global zone the region's share
+// of it, rounded down: what a client that paces itself by q gets here.
+func quota(v *verdict) int64 {
+	if r := v.Owner.region; r != nil {
+		return int64(float64(v.Quota()) * float64(r.Share(v.Owner.Name, v.Key)) / distributed.ShareScale)
+	}
+	return v.Quota()
+}
+
 // appendPolicy appends v's zone as a RateLimit-Policy list member.
 func appendPolicy(buf []byte, v *verdict) []byte {
 	buf = append(buf, '"')
 	buf = append(buf, v.Owner.Name...) // [A-Za-z0-9_-]: nothing to escape
 	buf = append(buf, `";q=`...)
-	buf = strconv.AppendInt(buf, sfInt(v.Quota()), 10)
+	buf = strconv.AppendInt(buf, sfInt(quota(v)), 10)
 	if u := v.QuotaUnit(); u != "" {
 		buf = append(buf, `;qu="`...)
 		buf = append(buf, u...)

@@ -37,7 +37,8 @@ func init() {
 //
 // A connection is decided by the client's address, `{remote_ip}`: the
 // socket's peer, or the PROXY protocol's source behind `proxy_protocol`.
-// `{client_ip}` and `trusted_proxies` are request-level and not known here.
+// `{client_ip}` and `trusted_proxies` are request-level and not known here:
+// a deny_while zone must be keyed by `{remote_host}`.
 // A refused connection is reset (TCP RST) before anything is read from it:
 // it never gets a TLS handshake, an HTTP request or an access log line.
 // Without `proxy_protocol` it is decided as it is accepted; with it, on its
@@ -58,7 +59,7 @@ type ListenerWrapper struct {
 	RateLimits map[string]*Zone `json:"rate_limits,omitempty"`
 
 	// HTTP zones (of rate_limit handlers in this config, keyed by the
-	// client's address: {client_ip} or {remote_host}) whose denial refuses
+	// connection's address: {remote_host}) whose denial refuses
 	// the client's new connections: while such a zone denies (or bans) the
 	// key, a new connection of that address is reset. Read from the zone's
 	// local state and deny cache, with no Redis call.
@@ -113,7 +114,7 @@ const remoteIPPlaceholder = "{remote_ip}"
 
 // Provision checks the wrapper's place among the server's listener
 // wrappers, sets up its zones and checks that every deny_while zone is an
-// HTTP zone of this config keyed by the client's address.
+// HTTP zone of this config keyed by {remote_host}.
 func (w *ListenerWrapper) Provision(ctx caddy.Context) error {
 	w.logger = ctx.Logger()
 	w.live = new(connLive)
@@ -290,7 +291,7 @@ func placementProblem(names []string) error {
 }
 
 // checkDenyWhile checks that name is an HTTP zone of the config being loaded
-// that deny_while can read: a rate zone keyed by the client's address.
+// that deny_while can read: a rate zone keyed by {remote_host}.
 // Handlers of servers provisioned already have claimed their zones; the
 // others' routes are still JSON, and so is this server's (its listener
 // wrappers come first).
@@ -308,23 +309,19 @@ func checkDenyWhile(ctx caddy.Context, name string, own map[string]*Zone) error 
 	}
 	switch {
 	case !found:
-		return fmt.Errorf("deny_while %s: no rate_limit handler of this config has a zone %s: name one of the HTTP zones (e.g. zone %s { key {client_ip} ... } in a rate_limit handler)", name, name, name)
+		return fmt.Errorf("deny_while %s: no rate_limit handler of this config has a zone %s: name one of the HTTP zones (e.g. zone %s { key {remote_host} ... } in a rate_limit handler)", name, name, name)
 	case concurrency:
 		return fmt.Errorf("deny_while %s: %s is a concurrency zone, whose slots free as requests end: deny_while reads rate zones; limit open connections with a concurrency zone of this wrapper instead", name, name)
-	case !keyedByClientAddress(key):
-		return fmt.Errorf("deny_while %s: zone %s is keyed by %s, which a connection does not carry: deny_while reads zones keyed by the client's address ({client_ip} or {remote_host})", name, name, key)
+	case key == "{client_ip}" || key == "{http.vars.client_ip}":
+		// Behind trusted_proxies it is what X-Forwarded-For says, and a
+		// client naming the proxy's address would have every connection
+		// through the proxy reset; without them it is {remote_host}.
+		return fmt.Errorf("deny_while %s: zone %s is keyed by %s, which behind trusted_proxies is X-Forwarded-For's address while a connection has the proxy's "+
+			"(a client sending X-Forwarded-For: <the proxy's address> would get every client behind it reset): key zone %s by {remote_host}, the connection's address, or do not use deny_while behind a proxy", name, name, key, name)
+	case key != "{remote_host}" && key != "{http.request.remote.host}":
+		return fmt.Errorf("deny_while %s: zone %s is keyed by %s, which a connection does not carry: deny_while reads zones keyed by the connection's address, {remote_host}", name, name, key)
 	}
 	return nil
-}
-
-// keyedByClientAddress reports whether an HTTP zone's key template is the
-// client's address, as a connection's {remote_ip} is.
-func keyedByClientAddress(key string) bool {
-	switch key {
-	case "{client_ip}", "{http.vars.client_ip}", "{remote_host}", "{http.request.remote.host}":
-		return true
-	}
-	return false
 }
 
 // httpZoneInJSON looks for the HTTP zone name in the routes of the app's
@@ -486,9 +483,7 @@ func (w *ListenerWrapper) seen(t *zones.Ticket[*connZone], now int64) {
 	if t.Allowed {
 		return
 	}
-	if !z.DryRun {
-		z.State().Offenders.Record(t.Key, time.Now().UnixNano())
-	}
+	z.State().Offenders.Record(t.Key, time.Now().UnixNano())
 	w.logRefusal(now, z.Name, t.Key, z.DryRun)
 }
 

@@ -211,7 +211,7 @@ func keyShare(z *zones.Zone, key string) (*float64, string) {
 // the share changes applied, and the zone's keys whose share is not the
 // region's weight.
 type globalCollector struct {
-	syncs, failures, latency, changes, keys, coordinator *prometheus.Desc
+	syncs, failures, latency, changes, keys, coordinator, dropped *prometheus.Desc
 }
 
 func newGlobalCollector(prefix string) *globalCollector {
@@ -223,11 +223,12 @@ func newGlobalCollector(prefix string) *globalCollector {
 		changes:     prometheus.NewDesc(prefix+"_share_changes_total", "Shares of keys the global store changed for this region.", zone, nil),
 		keys:        prometheus.NewDesc(prefix+"_keys", "Keys of the zone whose region share is not the region's weight (coordinated keys).", zone, nil),
 		coordinator: prometheus.NewDesc(prefix+"_coordinator", "1 while this instance coordinates its region's global shares (holds the region's lock), else 0.", zone, nil),
+		dropped:     prometheus.NewDesc(prefix+"_demand_dropped_total", "Decisions this instance left out of its region's demand: their keys came while it counted 10,000 others in one poll.", zone, nil),
 	}
 }
 
 func (c *globalCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.syncs, c.failures, c.latency, c.changes, c.keys, c.coordinator} {
+	for _, d := range []*prometheus.Desc{c.syncs, c.failures, c.latency, c.changes, c.keys, c.coordinator, c.dropped} {
 		ch <- d
 	}
 }
@@ -245,6 +246,7 @@ func (c *globalCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.latency, prometheus.GaugeValue, time.Duration(st.LastLatency.Load()).Seconds(), name)
 		ch <- prometheus.MustNewConstMetric(c.changes, prometheus.CounterValue, float64(st.ShareChanges.Load()), name)
 		ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(r.Coordinated(name)), name)
+		ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.CounterValue, float64(r.DemandDropped(name)), name)
 		coordinating := 0.0
 		if st.Coordinating.Load() {
 			coordinating = 1

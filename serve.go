@@ -86,7 +86,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // (for a zone whose decisions ask the store, how long it waited for it:
 // since mark, the end of the last decision, which seen moves), a store
 // error, a turn reserved for later, a request that can never pass, and in a
-// dry-run zone the denial (or ban) it would have been.
+// dry-run zone the denial (or ban) it would have been, in top as well.
 func (h *Handler) seen(v *verdict, now int64, mark *int64) {
 	z, d := v.Owner, &v.Decision
 	var took time.Duration
@@ -107,6 +107,7 @@ func (h *Handler) seen(v *verdict, now int64, mark *int64) {
 		z.logOverBurst(now, v.Cost, v.Plan)
 	}
 	if !d.Allowed && z.dryRun {
+		z.State().Offenders.Record(v.Key, time.Now().UnixNano()) // top tells what headers do
 		h.logDenial(now, z, v.Key, *d, true)
 		if d.BanStarted > 0 {
 			h.banStarted(now, z, v.Key, *d, true)

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/caddy-tally/ratelimit/distributed"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 	"github.com/caddy-tally/ratelimit/zones"
 )
@@ -216,12 +217,13 @@ type zoneHandler struct {
 	vars      planVars
 	costs     costVars
 	dryRun    bool
-	denyErr   error        // the error a denial wraps
-	denial    error        // the HandlerError a denial returns, boxed once
-	metrics   *zoneMetrics // nil when metrics are disabled
-	timed     bool         // metrics on and every decision asks Redis (strict)
-	logger    *zap.Logger  // the handler's
-	logs      *logSamplers // the handler's, which all its zones share
+	region    *distributed.Region // scope global: its share is the q a client can get here
+	denyErr   error               // the error a denial wraps
+	denial    error               // the HandlerError a denial returns, boxed once
+	metrics   *zoneMetrics        // nil when metrics are disabled
+	timed     bool                // metrics on and every decision asks Redis (strict)
+	logger    *zap.Logger         // the handler's
+	logs      *logSamplers        // the handler's, which all its zones share
 	// loggedEmptyKey: a request's key was empty, and that was logged.
 	loggedEmptyKey atomic.Bool
 	// loggedDroppedBans: a ban was not kept, from the table or the list
@@ -303,6 +305,9 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 	store, shared, err := h.globalStore(name, zc, cfg)
 	if err != nil {
 		return nil, err
+	}
+	if shared != nil {
+		zh.region = shared.Region()
 	}
 	state, id, fresh, err := loadState(cfg, vars, time.Duration(h.SweepInterval))
 	if err != nil {

@@ -55,8 +55,8 @@ const (
 )
 
 // Async is the async-mode implementation of zones.Store: decisions are made
-// in-process and reconciled with Redis every Options.SyncInterval (see the
-// package documentation for the scheme and its bound). It shares nothing
+// in-process and reconciled with Redis every Options.SyncInterval (see
+// docs/async.md for the scheme and its bound). It shares nothing
 // with Strict but the connection: client, breakers, heartbeat,
 // resets and concurrency slots.
 type Async struct {
@@ -136,20 +136,13 @@ func (a *Async) Offers() zones.Offers {
 }
 
 // Rate runs one step of a rate zone's key (zones.Store) on this instance's
-// allowance, without calling Redis. limit is in nanoseconds, like the
-// result; Remaining is this instance's allowance, not the fleet's. A
-// decide with ahead admits a request the allowance cannot cover for
-// later, when its turn is at most ahead (ns) away (see
-// record.decideAhead). A check reports, without consuming, whether the
-// allowance has a unit left; a charge takes cost from it after the
-// response, and what it does not cover is reported at the next sync and
-// counted in Redis past the burst (the key goes into debt). A peek reports
-// the fleet's view of the key as Redis holds it (leases count as spent,
-// what instances admitted since their last sync does not), through the
-// breaker of the key's master as strict mode's does; a reset forgets the
-// key here, deletes it in Redis and tells the other instances, which drop
-// their records of it. A step's ban rule is not for this store: Offers
-// says so, and zones sends none.
+// allowance, without calling Redis: Remaining is this instance's
+// allowance, not the fleet's. What a charge does not cover is reported at
+// the next sync and counted in Redis past the burst; a decide with ahead
+// admits for later as record.decideAhead says. A peek reads the fleet's
+// view in Redis (leases count as spent, what instances admitted since
+// their last sync does not); a reset also drops every instance's record.
+// A step's ban rule is not for this store: Offers says so.
 func (a *Async) Rate(ctx context.Context, zone, key string, st zones.RateStep) (zones.RateReply, error) {
 	switch st.Op {
 	case zones.OpDecide, zones.OpCheck, zones.OpCharge:
@@ -322,16 +315,11 @@ func (a *Async) Fallback(zone, key string, now int64, limit, share algorithms.Li
 // forgetDenials drops the deny cache of every record (resets may have been
 // missed).
 func (a *Async) forgetDenials() {
-	for _, z := range *a.zones.Load() {
-		for i := range z.shards {
-			s := &z.shards[i]
-			s.mu.Lock()
-			for _, r := range s.m {
-				r.deniedUntil = 0
-			}
-			s.mu.Unlock()
+	a.eachShard(func(_ *asyncZone, s *asyncShard) {
+		for _, r := range s.m {
+			r.deniedUntil = 0
 		}
-	}
+	})
 }
 
 // RedisKey is the Redis key holding the state of key in zone:

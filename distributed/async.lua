@@ -1,5 +1,5 @@
 -- One async-mode sync of many keys, atomically (the scheme and its bound are
--- in the package documentation, doc.go): one TIME, one dispatch, one reply
+-- in docs/async.md): one TIME, one dispatch, one reply
 -- for all of them. For each key the instance reports what it did since the
 -- key's last sync and takes a lease: tokens reserved for it in the fleet's
 -- GCRA state, which it may admit locally until the key's next sync. On a

@@ -1,23 +1,14 @@
 package distributed
 
 // Async mode's epoch: how an instance tells that Redis lost its data
-// (FLUSHALL, a restart without persistence, a failover to an empty replica)
 // instead of trusting a blank Redis to be a full one. Every async.lua call
-// reads <key_prefix>epoch (on a Cluster one per hash slot, named with a hash
-// tag of the call's slot, since a master can lose its slots alone), an
-// integer written when missing, and returns it. An instance that saw
-// another epoch before knows the data went: that call restores each of its
-// keys to at least the TAT the instance last heard, and every other record
-// of the slot is marked to restore its key the same way in its next report
-// (sent at the next sync, whatever its lease). Every instance restores what
-// it heard, so each key ends at the latest of their views plus what they
-// report, and for a hold after its first restore async.lua hands out no
-// lease for it (none may come from a part not restored yet): the fleet
-// admits no more than had Redis kept its data, but for what no instance
-// had heard yet when the data went (at most one sync's reports), and may
-// admit less (a lease handed back that a later-restored view counts).
+// reads <key_prefix>epoch (on a Cluster one per hash slot), an integer
+// written when missing; an instance that saw another epoch before restores
+// its keys to what it last heard (the scheme and its bound:
+// docs/async.md, Redis losing its data).
 
 import (
+	"maps"
 	"strconv"
 	"sync"
 )
@@ -62,11 +53,7 @@ func (a *Async) knownEpoch(slot int) int64 {
 func (a *Async) knownEpochs() map[int]int64 {
 	a.epochMu.Lock()
 	defer a.epochMu.Unlock()
-	m := make(map[int]int64, len(a.epochs))
-	for k, v := range a.epochs {
-		m[k] = v
-	}
-	return m
+	return maps.Clone(a.epochs)
 }
 
 // sawEpoch notes the epoch a call reported for slot. A change from one
@@ -92,16 +79,11 @@ func (a *Async) sawEpoch(slot int, epoch int64) {
 		a.epochMu.Unlock()
 	}
 	a.logger.Warn("redis lost its data (its epoch changed): async keys are restored from what this instance last heard")
-	for _, z := range *a.zones.Load() {
-		for i := range z.shards {
-			s := &z.shards[i]
-			s.mu.Lock()
-			for k, r := range s.m {
-				if r.reserved && (!a.cluster || hashSlot(a.RedisKey(z.name, k)) == slot) {
-					r.restore = true
-				}
+	a.eachShard(func(z *asyncZone, s *asyncShard) {
+		for k, r := range s.m {
+			if r.reserved && (!a.cluster || hashSlot(a.RedisKey(z.name, k)) == slot) {
+				r.restore = true
 			}
-			s.mu.Unlock()
 		}
-	}
+	})
 }

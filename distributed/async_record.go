@@ -2,7 +2,7 @@ package distributed
 
 // Async mode's record: one instance's allowance for one key, the decisions
 // made from it, and the arithmetic of a sync's report and reply (the scheme
-// and its bound are in doc.go).
+// and its bound are in docs/async.md).
 
 import (
 	"sync/atomic"

@@ -1,7 +1,7 @@
 package distributed
 
 // Async mode's sync loop: what each sync sends to Redis and how the replies
-// are adopted (the scheme is in doc.go).
+// are adopted (the scheme is in docs/async.md).
 
 import (
 	"cmp"
@@ -179,18 +179,13 @@ func (a *Async) sync(ctx context.Context, take bool) error {
 // for the last sync at Close, which hands every lease back.
 func (a *Async) snapshot(now int64, all bool) []item {
 	var items []item
-	for _, z := range *a.zones.Load() {
-		for i := range z.shards {
-			s := &z.shards[i]
-			s.mu.Lock()
-			for k, r := range s.m {
-				if st, need := r.snapshot(now, int64(a.interval), all, &a.seq); need {
-					items = append(items, item{z: z, s: s, key: k, r: r, sent: st})
-				}
+	a.eachShard(func(z *asyncZone, s *asyncShard) {
+		for k, r := range s.m {
+			if st, need := r.snapshot(now, int64(a.interval), all, &a.seq); need {
+				items = append(items, item{z: z, s: s, key: k, r: r, sent: st})
 			}
-			s.mu.Unlock()
 		}
-	}
+	})
 	return items
 }
 
@@ -215,21 +210,16 @@ func (a *Async) restore(items []item, failed int64) {
 // when no call was answered and one failed in a way that says Redis cannot
 // serve (for the store's staleness); items whose call failed keep their
 // state for the next sync, and an error about one key alone goes to that
-// key's next decision.
+// key's next decision. Each breaker (one per master on a Cluster) is asked
+// once per sync: an open or failing master's items wait and go stale on
+// their own, while the other masters' keys sync on.
 //
-// Each breaker (one per master on a Cluster) is asked once per sync: the
-// items of a master whose breaker is open, or whose calls failed, wait for
-// the next sync and go stale on their own, while the other masters' keys
-// sync on.
-//
-// Redis must answer each pipeline within the background timeout; a sync
-// starts no new pipeline once it has taken that long in all, nor after one
-// failed, so the items not done wait for the next sync (their reports are
-// sent again, unchanged), items with traffic first (sync sorts them). A
-// pipeline that times out after Redis answered the sync's first (small)
-// one, or part of itself, means Redis is busy, not down: the sync stops
-// there without an error.
-// A flood of keys thus slows syncs down and is never taken for an outage.
+// A sync starts no new pipeline once it has taken the background timeout
+// in all, nor after one failed: the items not done wait for the next sync
+// (traffic first), their reports sent again unchanged. A pipeline that
+// times out after Redis answered an earlier one, or part of itself, means
+// Redis is busy, not down: a flood of keys slows syncs down and is never
+// taken for an outage.
 func (a *Async) send(ctx context.Context, items []item, take bool, start int64) error {
 	n := int64(a.Instances())
 	timeout := backgroundTimeout(a.opts)

@@ -4,6 +4,7 @@ package distributed
 
 import (
 	"hash/maphash"
+	"maps"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -78,10 +79,7 @@ func (a *Async) zone(name string) *asyncZone {
 	if z := old[name]; z != nil {
 		return z
 	}
-	m := make(map[string]*asyncZone, len(old)+1)
-	for k, v := range old {
-		m[k] = v
-	}
+	m := maps.Clone(old)
 	maxKeys := a.maxKeys
 	if n := a.caps[name]; n > 0 {
 		maxKeys = n
@@ -116,13 +114,24 @@ func (a *Async) Keys(zone string) int {
 }
 
 // len is the number of records the zone holds.
-func (z *asyncZone) len() int {
-	n := 0
+func (z *asyncZone) len() (n int) {
+	z.eachShard(func(s *asyncShard) { n += len(s.m) + len(s.q) })
+	return n
+}
+
+// eachShard calls f with every shard of z, under the shard's lock.
+func (z *asyncZone) eachShard(f func(*asyncShard)) {
 	for i := range z.shards {
 		s := &z.shards[i]
 		s.mu.Lock()
-		n += len(s.m) + len(s.q)
+		f(s)
 		s.mu.Unlock()
 	}
-	return n
+}
+
+// eachShard calls f with every shard of every zone, under the shard's lock.
+func (a *Async) eachShard(f func(*asyncZone, *asyncShard)) {
+	for _, z := range *a.zones.Load() {
+		z.eachShard(func(s *asyncShard) { f(z, s) })
+	}
 }

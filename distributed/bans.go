@@ -11,21 +11,14 @@ import (
 )
 
 // A zone's current bans, fleet-wide, for the admin list and async mode: a
-// sorted set <key_prefix><zone>.bans of key → the ban's end (Unix ms, the
-// clock of the instance that started it) × 64 + its level, written only when a ban starts (RecordBan) or
-// is lifted (LiftBan), never scanned for. Each write drops the bans that
-// ended and keeps the zones.MaxListedBans that end last, and sets the set's
-// TTL to the zone's longest ban, which no ban it holds outlasts. The ban
-// itself lives in the key's state in strict mode (gcra.lua), and the list
-// is bookkeeping beside it, best effort: a write that fails leaves a ban
-// out of the list, never lifts one. The running bans a write pushes off
-// the list, and a ban whose write failed, are reported to the zone
-// (RecordBan's dropped), which counts and logs them: in async mode they
-// reach no other instance. In async mode the list is how the
-// other instances learn a ban: each reads it every sync interval
-// (SyncInterval), so a ban reaches every instance within one sync
-// interval and two round trips (the write, the read: each within the
-// timeout) of its start.
+// sorted set <key_prefix><zone>.bans written only when a ban starts
+// (RecordBan) or is lifted (LiftBan), never scanned for; its layout and
+// bounds are in docs/distributed.md (Bans). The list is bookkeeping, best
+// effort: a write that fails leaves a ban out of it, never lifts one. The
+// running bans a write pushes off the list, and a ban whose write failed,
+// are reported to the zone (RecordBan's dropped), which counts and logs
+// them: in async mode, where the list is how the instances learn each
+// other's bans, they reach no other instance.
 
 // banScore is a ban's score: its end in Unix ms × 64 + its level (< 64),
 // exact in a double for any end before the year 30,000.

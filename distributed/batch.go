@@ -13,21 +13,13 @@ import (
 	"github.com/caddy-tally/ratelimit/algorithms"
 )
 
-// Batching: callers put requests on a queue; each of a few workers takes one
-// (blocking), then whatever else is already queued (not waiting for more), and
-// sends them all in one round trip. An idle store therefore adds no delay, and
-// a busy one sends one round trip for up to maxBatch decisions.
-//
-// The GCRA steps of a batch go to Redis as one call of gcra.lua with every key
-// (one dispatch, one TIME, one reply: most of what a single-key call costs
-// Redis is paid once per batch), and its quota steps as one call of
-// quota.lua, whose ARGV has the same shape. On Redis Cluster a call's keys
-// must share a hash slot, so the batch is grouped by slot: one call per
-// script and slot, and one
-// pipeline per master, the masters' pipelines running concurrently (see
-// send). Keys without a hash tag spread over 16384 slots, so on Cluster
-// most calls carry one key, as before batching. Other scripts (concurrency
-// acquisitions) ride the same pipeline, one call each.
+// Batching (docs/distributed.md, strict mode): each of a few workers takes
+// one queued request (blocking), then whatever else is already queued, and
+// sends them all in one round trip: an idle store adds no delay, a busy one
+// sends one round trip for up to maxBatch decisions. A batch's GCRA steps
+// are one gcra.lua call with every key, its quota steps one quota.lua call
+// (same ARGV shape), grouped by hash slot on a Cluster, one pipeline per
+// master (see send); other scripts (acquisitions) ride the same pipeline.
 //
 // When nothing is queued and fewer than idleCallers calls are running
 // directly, a caller skips the queue and runs its script itself: that saves
@@ -121,11 +113,11 @@ func (c *link) direct(ctx context.Context, script *redis.Script, key string, arg
 func (c *link) parseReply(script *redis.Script, cmd *redis.Cmd) reply {
 	switch script {
 	case c.gcra:
-		return parseStepReply(cmd)
+		return parseOne(cmd, 2, parseStep)
 	case c.quota:
 		return parseOne(cmd, 3, parseQuotaStep)
 	}
-	return parseAcquireReply(cmd)
+	return parseOne(cmd, 2, parseAcquire)
 }
 
 func (c *link) enqueue(ctx context.Context, script *redis.Script, key string, args [5]any) reply {
@@ -136,28 +128,25 @@ func (c *link) enqueue(ctx context.Context, script *redis.Script, key string, ar
 		r.deadline = d
 	}
 	r.timer.Reset(time.Until(r.deadline))
-	select {
-	case c.queue <- r:
-	case <-r.timer.C:
-		r.timer.Stop()
-		r.keys[0], r.args = "", [5]any{}
-		requests.Put(r) // never queued: safe to reuse
-		return reply{err: ErrTimeout}
-	case <-ctx.Done():
+	recycle := func(rep reply) reply {
 		r.timer.Stop()
 		r.keys[0], r.args = "", [5]any{}
 		requests.Put(r)
-		return reply{err: ctx.Err()}
+		return rep
+	}
+	select {
+	case c.queue <- r:
+	case <-r.timer.C:
+		return recycle(reply{err: ErrTimeout}) // never queued: safe to reuse
+	case <-ctx.Done():
+		return recycle(reply{err: ctx.Err()})
 	case <-c.done:
 		r.timer.Stop()
 		return reply{err: ErrClosed}
 	}
 	select {
 	case rep := <-r.reply:
-		r.timer.Stop()
-		r.keys[0], r.args = "", [5]any{}
-		requests.Put(r)
-		return rep
+		return recycle(rep)
 	case <-r.timer.C:
 		return reply{err: ErrTimeout}
 	case <-ctx.Done():
@@ -278,15 +267,14 @@ func (c *link) send(b *batcher) {
 		ctx, cancel := context.WithDeadline(c.ctx, latest)
 		if len(calls) == 1 { // a plain command costs less than a pipeline
 			calls[0].cmd = b.eval(ctx, c.client, &calls[0], false)
-			c.finish(ctx, b, calls)
 		} else {
 			pipe := c.client.Pipeline()
 			for i := range calls {
 				calls[i].cmd = b.eval(ctx, pipe, &calls[i], false)
 			}
 			_, _ = pipe.Exec(ctx) // errors are per command
-			c.finish(ctx, b, calls)
 		}
+		c.finish(ctx, b, calls)
 		cancel()
 	}
 	clear(calls)
@@ -398,12 +386,6 @@ func (b *batcher) eval(ctx context.Context, cmdable redis.Scripter, c *batchCall
 	}
 	return r.script.EvalSha(ctx, cmdable, keys, argv...)
 }
-
-// parseStepReply reads a gcra.lua reply for one key.
-func parseStepReply(c *redis.Cmd) reply { return parseOne(c, 2, parseStep) }
-
-// parseAcquireReply reads concurrency.lua's reply to an acquisition.
-func parseAcquireReply(c *redis.Cmd) reply { return parseOne(c, 2, parseAcquire) }
 
 // parseOne reads a reply of n integers with parse.
 func parseOne(c *redis.Cmd, n int, parse func([]any) reply) reply {

@@ -1,7 +1,7 @@
 package distributed
 
 // Concurrency slots in Redis (zones.Slots); how they live there is in
-// the package documentation.
+// docs/configuration.md (concurrency zones) and concurrency.lua.
 
 import (
 	"context"

@@ -116,11 +116,14 @@ func (c *link) beatRecently() bool {
 // member (processMember, unless Options.Instance names another), and only
 // the last of them to close takes the member out of the set. Counting a
 // process twice would halve every fail_policy local share.
-var processMember = func() string {
+var processMember = randomID()
+
+// randomID is 8 random bytes in hex: an instance's or a store's name.
+func randomID() string {
 	var id [8]byte
 	_, _ = rand.Read(id[:])
 	return hex.EncodeToString(id[:])
-}()
+}
 
 var live = struct {
 	sync.Mutex
@@ -154,14 +157,9 @@ func (c *link) unregister() (last bool) {
 
 // beats runs one heartbeat at a time, so that the last reply applied is
 // the last beat Redis ran: the count never goes back to an older view of
-// the fleet. Beats come from the loop and from callers such as tests, and
-// two in flight at once, on two connections, may run in Redis in either
-// order, whatever order they were sent in: numbering beats as they were sent
-// and applying only replies to later ones did not order them (a beat
-// numbered after another ran first, while 2 of 3 instances were
-// registered, and its reply of 2 was applied last: the store took fresh
-// shares of B/2 with 3 instances live, and a burst over three stores
-// admitted 33+33+50 of a burst of 100).
+// the fleet. Two beats in flight on two connections may run in Redis in
+// either order, whatever their numbering, and an older count applied last
+// would have the store take fresh shares too large for the live instances.
 type beats struct {
 	mu sync.Mutex
 }

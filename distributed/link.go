@@ -3,8 +3,6 @@ package distributed
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -66,8 +64,6 @@ func newLink(opts Options, logger *zap.Logger) (*link, error) {
 	if logger == nil {
 		logger = zap.NewNop()
 	}
-	var id [8]byte
-	_, _ = rand.Read(id[:])
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &link{
 		opts:       opts,
@@ -77,7 +73,7 @@ func newLink(opts Options, logger *zap.Logger) (*link, error) {
 		logger:     logger,
 		queue:      make(chan *request, queueDepth),
 		idle:       make(chan struct{}, idleCallers),
-		instanceID: hex.EncodeToString(id[:]),
+		instanceID: randomID(),
 		member:     cmp.Or(opts.Instance, processMember),
 		ctx:        ctx,
 		cancel:     cancel,
@@ -145,7 +141,7 @@ func (c *link) isClosed() bool {
 }
 
 // Health reports whether Redis is considered reachable and, when it is not,
-// since when (the earliest open breaker opened then). On a Cluster it is
+// since when (the earliest outage began then). On a Cluster it is
 // false while any master serving slots is unreachable; Outages says which.
 func (c *link) Health() (ok bool, openSince time.Time) {
 	ok = true
@@ -158,13 +154,13 @@ func (c *link) Health() (ok bool, openSince time.Time) {
 }
 
 // Outages lists what the store cannot reach now: on a Cluster, each master
-// still serving slots whose breaker is open (a master replaced by its
+// still serving slots whose calls fail (a master replaced by its
 // replica is dropped, logged once); otherwise the whole setting, as one
 // outage naming, on Sentinel, the master it was connected to.
 func (c *link) Outages() []NodeOutage {
 	down := c.nodes.retire(c.ctx)
-	if ok, since := c.breaker.health(); !ok {
-		down = append(down, NodeOutage{Node: c.breaker.outageNode(), Since: since})
+	if failing, open, since := c.breaker.outage(); failing {
+		down = append(down, NodeOutage{Node: c.breaker.outageNode(), Since: since, Open: open})
 	}
 	return down
 }

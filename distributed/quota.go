@@ -1,7 +1,7 @@
 package distributed
 
 // Strict mode's calendar quotas (zones.Store.Quota): every step is one
-// quota.lua step, batched with the GCRA steps' calls (see doc.go).
+// quota.lua step, batched with the GCRA steps' calls (see docs/distributed.md).
 
 import (
 	"context"

@@ -2,7 +2,7 @@ package distributed
 
 // Async mode's calendar quotas (zones.Store.Quota): leases taken from the
 // period's count in Redis, spent in-process, never past the period's end
-// (the scheme and its bound are in doc.go; the script is quota_async.lua).
+// (the scheme and its bound are in docs/async.md; the script is quota_async.lua).
 
 import (
 	"context"
@@ -74,15 +74,11 @@ type quotaAsyncReply struct {
 }
 
 // Quota runs one step of a quota zone's key (zones.Store) on this
-// instance's lease: a decide admits cost from it, taking a lease from
-// Redis (one call, on the request path) when it has too little, once per
-// lease, not per request; a check reports whether it has a unit left,
-// taking one when it has none, and counts nothing. A charge counts cost
-// after the response, from at most the lease: the instance's debt past its
-// lease is at most one charge, reported at the next sync. A peek reads the
-// fleet's count as Redis holds it (leases count as used); a reset forgets
-// the key here, deletes its count in Redis and tells the other instances,
-// which drop their leases of it.
+// instance's lease, taking a lease from Redis (one call, on the request
+// path) when a decide or check finds too little, once per lease, not per
+// request. A charge counts from at most the lease: the instance's debt past
+// it is at most one charge, reported at the next sync. A peek reads the
+// fleet's count in Redis (leases count as used).
 func (a *Async) Quota(ctx context.Context, zone, key string, st zones.QuotaStep) (zones.QuotaResult, error) {
 	q, need, consume := st.Limit, st.Cost, true
 	switch st.Op {
@@ -320,38 +316,33 @@ func (a *Async) syncQuotas(ctx context.Context, final bool) {
 	}
 	var items []item
 	now := monotime.Now()
-	for _, z := range *a.zones.Load() {
-		for i := range z.shards {
-			s := &z.shards[i]
-			s.mu.Lock()
-			for key, r := range s.q {
-				if r.taking != nil {
-					continue
-				}
-				if now >= r.endMono {
-					delete(s.q, key) // its period is over: nothing it says would count
-					continue
-				}
-				idle := !r.active || final
-				r.active = false
-				handBack := idle && r.held > r.used
-				unreported := r.used > r.held // a debt, or charges of a record that never took
-				if !handBack && !unreported {
-					if idle {
-						delete(s.q, key) // nothing held, nothing to say
-					}
-					continue
-				}
-				it := item{s: s, key: key, rkey: a.QuotaKey(z.name, key), r: r, q: zones.QuotaLimit{Limit: r.limit, Periods: r.periods}}
-				it.st = r.report(0, 0)
-				r.held = min(r.held, r.used) // it spends nothing more until the reply
-				it.w = make(chan struct{})
-				r.taking = it.w
-				items = append(items, it)
+	a.eachShard(func(z *asyncZone, s *asyncShard) {
+		for key, r := range s.q {
+			if r.taking != nil {
+				continue
 			}
-			s.mu.Unlock()
+			if now >= r.endMono {
+				delete(s.q, key) // its period is over: nothing it says would count
+				continue
+			}
+			idle := !r.active || final
+			r.active = false
+			handBack := idle && r.held > r.used
+			unreported := r.used > r.held // a debt, or charges of a record that never took
+			if !handBack && !unreported {
+				if idle {
+					delete(s.q, key) // nothing held, nothing to say
+				}
+				continue
+			}
+			it := item{s: s, key: key, rkey: a.QuotaKey(z.name, key), r: r, q: zones.QuotaLimit{Limit: r.limit, Periods: r.periods}}
+			it.st = r.report(0, 0)
+			r.held = min(r.held, r.used) // it spends nothing more until the reply
+			it.w = make(chan struct{})
+			r.taking = it.w
+			items = append(items, it)
 		}
-	}
+	})
 	if len(items) == 0 {
 		return
 	}

@@ -1,7 +1,7 @@
 -- Async mode's calendar quota, one instance and one key, atomically: the
 -- instance reports what it used of the period and takes a lease, units of
 -- the period's quota it may then admit on its own (the scheme and its
--- bound are in doc.go). Its count is the strict script's, quota.lua's, in
+-- bound are in docs/async.md). Its count is the strict script's, quota.lua's, in
 -- the period that contains Redis TIME, chosen among the caller's bounds the
 -- same way.
 --

@@ -17,9 +17,10 @@ import (
 // slots (scope global is for rate zones); over an async store it keeps the
 // records there, and their fallback steps are at the region's share too.
 type Shared struct {
-	inner  zones.Store
-	offers zones.Offers // inner's
-	region *Region
+	zones.Records // inner's (async mode), or nil; Fallback and Peek at the share
+	inner         zones.Store
+	offers        zones.Offers // inner's
+	region        *Region
 }
 
 // Wrap returns the store a `scope global` zone of the region decides
@@ -27,7 +28,8 @@ type Shared struct {
 // limit is limit, ns) global in the region.
 func (r *Region) Wrap(inner zones.Store, zone string, limit algorithms.Limit) *Shared {
 	r.AddZone(zone, limit)
-	return &Shared{inner: inner, offers: inner.Offers(), region: r}
+	o := inner.Offers()
+	return &Shared{Records: o.Records, inner: inner, offers: o, region: r}
 }
 
 // Region is the region whose share the store applies.
@@ -88,10 +90,13 @@ func (s *Shared) Quota(context.Context, string, string, zones.QuotaStep) (zones.
 
 // Offers is the regional store's, without quotas and slots, with this
 // store's records (at the region's share) in place of the regional
-// store's.
+// store's; a denial the zone's deny cache answers counts for the region's
+// demand as the store's own would (at a small share its retry time is
+// longer than a sync interval).
 func (s *Shared) Offers() zones.Offers {
 	o := s.offers
 	o.Quotas, o.Slots = false, nil
+	o.Denied = func(zone, key string, l algorithms.Limit) { s.region.count(zone, key, false, 1, l) }
 	if o.Records != nil {
 		o.Records = s
 	}
@@ -106,26 +111,15 @@ func (s *Shared) Instances() int {
 	return int(min(math.MaxInt32, (n*ShareScale+s.region.weight-1)/max(1, s.region.weight)))
 }
 
-// SetMaxKeys caps the async store's records for zone.
-func (s *Shared) SetMaxKeys(zone string, n int) { s.offers.Records.SetMaxKeys(zone, n) }
-
-// Keys is the number of records the async store keeps for zone.
-func (s *Shared) Keys(zone string) int { return s.offers.Records.Keys(zone) }
-
-// DeniedUntil is the async store's deny cache.
-func (s *Shared) DeniedUntil(zone, key string, now int64) (int64, bool) {
-	return s.offers.Records.DeniedUntil(zone, key, now)
-}
-
 // Fallback is the async store's fail_policy local step at this region's
 // share of limit.
 func (s *Shared) Fallback(zone, key string, now int64, limit, share algorithms.Limit, op zones.Op, cost, ahead int64) algorithms.Result {
-	return s.offers.Records.Fallback(zone, key, now, s.limit(zone, key, limit), share, op, cost, ahead)
+	return s.Records.Fallback(zone, key, now, s.limit(zone, key, limit), share, op, cost, ahead)
 }
 
 // Peek is the async store's record of key at this region's share of limit.
 func (s *Shared) Peek(zone, key string, now int64, limit algorithms.Limit) (algorithms.Result, bool) {
-	return s.offers.Records.Peek(zone, key, now, s.limit(zone, key, limit))
+	return s.Records.Peek(zone, key, now, s.limit(zone, key, limit))
 }
 
 // Interface guards.

@@ -10,19 +10,15 @@ import (
 	"go.uber.org/zap"
 )
 
-// Resets reach every instance through Redis pub/sub. Reset deletes the key
-// and publishes "<zone>\x00<key>" on <key_prefix>resets; every store is
-// subscribed and makes its listeners forget the key (deny cache, fallback
-// state, async record). The store that resets forgets the key before it
-// deletes it and skips its own message when it comes back. The bound: a reset reaches every instance connected
-// to Redis as fast as Redis delivers a message (milliseconds). Pub/sub does
-// not keep messages for a subscriber that is away, so a store whose
-// subscription dropped (Redis restarted, the connection broke, the
-// subscriber fell behind) drops every cached denial once it is subscribed
-// again and decides through Redis again (breaker closed, async view
-// synced): within a heartbeat (1s) of that. The cache is a shortcut, and
-// Redis answers for those keys again; dropping it earlier, while the fail
-// policy still decides, would let blocked keys through under open.
+// Resets reach every instance through Redis pub/sub (docs/operations.md has
+// the bound): Reset deletes the key and publishes "<zone>\x00<key>" on
+// <key_prefix>resets; every store is subscribed and makes its listeners
+// forget the key (deny cache, fallback state, async record). The store
+// that resets forgets the key before it deletes it and skips its own
+// message. A store whose subscription dropped drops every cached denial
+// once it is subscribed again and decides through Redis again (breaker
+// closed, async view synced), not earlier: while the fail policy decides,
+// the cache is what keeps blocked keys blocked under open.
 
 // resubscribeEvery is the pause between attempts to subscribe again.
 const resubscribeEvery = 250 * time.Millisecond

@@ -89,15 +89,10 @@ func (s *Strict) RedisKey(zone, key string) string {
 }
 
 // Rate runs one step of a rate zone's key in Redis (zones.Store): one
-// gcra.lua op, through the batcher but for a peek, which is for the admin
-// API and bypasses it. limit is in nanoseconds, like the result; Redis
+// gcra.lua op, through the batcher but for a peek (the admin API's). Redis
 // works in microseconds, so T is rounded down to a whole microsecond (at
-// least 1). A step with a ban rule denies a key banned in Redis until the
-// ban's end, and a denial starts the ban in the same script step, with the
-// key's TTL reaching its end; a peek starts none. A decide with ahead
-// admits for later in the same script step, its slot reserved in Redis, so
-// that every instance's reservations of the key are spaced by its emission
-// interval.
+// least 1). A ban rule and ahead are applied in the same script step, so
+// that a ban and every instance's reservations of the key hold fleet-wide.
 func (s *Strict) Rate(ctx context.Context, zone, key string, st zones.RateStep) (zones.RateReply, error) {
 	banned := st.Ban != zones.BanRule{}
 	var op any // a constant or boxed once (see op): converting a variable would allocate

@@ -13,31 +13,22 @@ import (
 	"github.com/caddy-tally/ratelimit/internal/keytable"
 )
 
-// Bans (`ban <first> [<max>]`): a key the zone denies for lack of quota is
-// then denied for the ban's length, whatever the zone's rate gives back in
-// the meantime. A ban is a floor on the key's retry time and nothing else:
-// banned requests consume nothing, so after the ban the key has what the
-// rate gave back meanwhile, and a ban never admits more than the zone
-// without one.
+// Bans (`ban <first> [<max>]`, docs/configuration.md#bans): a key the zone
+// denies for lack of quota is then denied for the ban's length. A ban is a
+// floor on the key's retry time: banned requests consume nothing, so a ban
+// never admits more than the zone without one. With max > first the n-th
+// ban lasts first·2^(n-1), at most max, while the key is remembered (for
+// max after its last ban ends; a lift forgets the level too).
 //
-// Escalation (max > first): the n-th ban of a key lasts first·2^(n-1), at
-// most max. The memory rule: a key is remembered for max after its last ban
-// ends; a ban that starts while it is remembered is one level up, a key
-// banned again only after that starts over at first. A lifted ban (admin
-// reset) forgets the level too. Memory is bounded per key (one table entry)
-// and per zone (max_keys). A running ban is never evicted: a full table
-// makes room only from the entries whose ban has ended (those remembered
-// for escalation, which lose their level), and a ban that finds none is not
-// kept: the key has the zone's rate without the ban, and the ban is counted
-// (DroppedBans), so that a flood of banned keys cannot lift the bans
-// already running.
+// A running ban is never evicted: a full table (max_keys) makes room only
+// from entries whose ban has ended, and a ban that finds none is not kept
+// but counted (DroppedBans), so that a flood of banned keys cannot lift the
+// bans already running.
 //
-// The state of a key is one entry of State.Bans, a Table like the others,
-// whose value is in the same monotonic clock as a TAT: the end of what is
-// remembered (the ban's end plus the memory, 0 without escalation) rounded
-// up to a multiple of banLevels, with the ban's level in its low bits (see
-// BanEntry). Something that moves the values to another clock (a snapshot)
-// should move them by multiples of banLevels, or unpack and pack them.
+// A key's state is one entry of State.Bans, in the monotonic clock of a
+// TAT: the end of what is remembered rounded up to a multiple of banLevels,
+// with the level in its low bits (BanEntry). A snapshot moves the values by
+// multiples of banLevels, or unpacks and packs them.
 
 // sweepBans drops the entries past their memory; when none is left, ban
 // lookups are skipped until the next ban (anyBan), so that a zone with ban
@@ -209,8 +200,7 @@ func (z *Zone) bannedDecision(key string, now int64, p *Plan, end int64, level i
 		return banDecision(end, now, level, 0, SourceDenyCache)
 	}
 	r := z.state.Local.Peek(key, now, p.limit)
-	d := banDecision(max(end, now+r.RetryAfter), now, level, time.Duration(r.ResetAfter), SourceLocal)
-	return d
+	return banDecision(max(end, now+r.RetryAfter), now, level, time.Duration(r.ResetAfter), SourceLocal)
 }
 
 // storeBanDecision is the decision of a store's answer in a zone with ban:

@@ -7,24 +7,17 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/caddy-tally/ratelimit/algorithms"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 )
 
-// Post-charged zones (`count`, `charge`): before the request the key is
-// checked without consuming anything, denied only when it has no quota
-// left; after the response its cost is charged, TAT = max(TAT, now) + c·T,
-// which may run past the burst, so that the key is denied until the debt is
-// paid.
-//
-// Locally and in async mode a charge is an in-process step. In strict mode
-// it is a Redis round trip that must not hold the response: the charge is
-// queued to a few background chargers, which send it through the store's
-// batcher and retry it for ChargeRetryFor before giving up, counting the
-// failure and applying the fail policy (`local` charges this instance's
-// share). A check for a key whose charge this instance has not yet landed
-// waits for it (at most ChargeWait), so that one instance never lets a
-// client past its own unrecorded debt; across instances a charge counts from
-// the moment it reaches Redis, a round trip after the response.
+// Post-charged zones (`count`, `charge`; docs/configuration.md): a check
+// before the request consumes nothing; the charge after the response may
+// run past the burst, so that the key is denied until the debt is paid. In
+// strict mode a charge must not hold the response: it is queued to a few
+// background chargers, and a check for a key whose charge this instance has
+// not landed yet waits for it (at most ChargeWait), so that one instance
+// never lets a client past its own unrecorded debt.
 
 // Strict-mode charging bounds.
 const (
@@ -223,23 +216,17 @@ const MaxCharge = 2
 // file) and reported through OnChargeFailed if it cannot land.
 func (z *Zone) Charge(ctx context.Context, key string, now int64, p *Plan, cost int64) {
 	cost = min(cost, MaxCharge*p.Burst)
-	if cost <= 0 {
-		return
-	}
-	if z.state.quota != nil {
-		z.chargeQuota(ctx, key, now, p, cost)
-		return
-	}
-	switch {
+	switch q := z.state.quota; {
+	case cost <= 0:
+	case z.store == nil && q != nil:
+		q.used.quotaStep(key, q.clock.at(now).gen, OpCharge, algorithms.Quota{Limit: p.Events}, cost)
 	case z.store == nil:
 		z.state.Local.Charge(key, now, p.limit, cost)
-	case z.records != nil:
+	case z.offers.Records != nil:
 		// Async: an in-process step, reported at the next sync.
-		if rep, err := z.store.Rate(ctx, z.Name, key, RateStep{Op: OpCharge, Limit: p.limit, Cost: cost}); err != nil {
+		if ch := (charge{key: key, plan: *p, cost: cost}); !z.tryCharge(ctx, now, &ch) {
 			z.chargeFallback(key, now, p, cost)
-			z.chargeFailed(err)
-		} else {
-			z.heard(key, now, rep.Result)
+			z.chargeFailed(ch.err)
 		}
 	default:
 		z.queueCharge(key, p, cost)
@@ -269,7 +256,7 @@ func (z *Zone) queueCharge(key string, p *Plan, cost int64) {
 // retried by retryLoop.
 func (z *Zone) sendCharge(ch charge, c *charger) {
 	defer c.landed(ch.key)
-	if z.tryCharge(&ch) {
+	if z.tryCharge(context.Background(), monotime.Now(), &ch) {
 		ch.over()
 		return
 	}
@@ -285,19 +272,24 @@ func (z *Zone) sendCharge(ch charge, c *charger) {
 	ch.over()
 }
 
-// tryCharge makes one attempt to land ch in the store, noting its error.
-func (z *Zone) tryCharge(ch *charge) bool {
-	if z.state.quota != nil {
-		_, err := z.tryChargeQuota(context.Background(), ch.key, monotime.Now(), &ch.plan, ch.cost)
-		ch.err = err
-		return err == nil
+// tryCharge makes one attempt to land ch in the store, noting its error;
+// a quota zone's reply may be a denial to cache.
+func (z *Zone) tryCharge(ctx context.Context, now int64, ch *charge) bool {
+	if q := z.state.quota; q != nil {
+		pn := q.clock.at(now)
+		r, err := z.store.Quota(ctx, z.Name, ch.key, QuotaStep{Op: OpCharge, Limit: QuotaLimit{Limit: ch.plan.Events, Periods: &pn.periods}, Cost: ch.cost})
+		if ch.err = err; err != nil {
+			z.followClock(err)
+			return false
+		}
+		z.storeQuotaDecision(ch.key, now, pn, ch.plan.Events, r)
+		return true
 	}
-	rep, err := z.store.Rate(context.Background(), z.Name, ch.key, RateStep{Op: OpCharge, Limit: ch.plan.limit, Cost: ch.cost})
-	if err != nil {
-		ch.err = err
+	rep, err := z.store.Rate(ctx, z.Name, ch.key, RateStep{Op: OpCharge, Limit: ch.plan.limit, Cost: ch.cost})
+	if ch.err = err; err != nil {
 		return false
 	}
-	z.heard(ch.key, monotime.Now(), rep.Result)
+	z.heard(ch.key, now, rep.Result)
 	return true
 }
 
@@ -323,7 +315,7 @@ func (c *charger) retryLoop(stop <-chan struct{}) {
 				case time.Since(ch.at) > ChargeRetryFor:
 					ch.zone.owe(ch.key, &ch.plan, ch.cost)
 					ch.zone.chargeFailed(ch.err)
-				case !ch.zone.tryCharge(&ch):
+				case !ch.zone.tryCharge(context.Background(), monotime.Now(), &ch):
 					keep = append(keep, ch)
 					continue
 				}
@@ -347,8 +339,8 @@ func (c *charger) retryLoop(stop <-chan struct{}) {
 // nothing to charge (their checks allow or deny everything meanwhile).
 func (z *Zone) chargeFallback(key string, now int64, p *Plan, cost int64) {
 	z.failPolicy(nil, Decision{}, func() Decision {
-		if z.state.quota != nil {
-			z.chargeQuotaFallback(key, now, p, cost)
+		if q := z.state.quota; q != nil {
+			q.fallback.quotaStep(key, q.clock.at(now).gen, OpCharge, z.quotaPart(p), cost)
 		} else {
 			z.fallback(key, now, p, OpCharge, cost, 0)
 		}

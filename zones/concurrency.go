@@ -200,12 +200,9 @@ func (z *Zone) Acquire(ctx context.Context, key string) (Decision, Slot) {
 // in older generations.
 func (z *Zone) acquireIn(which func(*slotTables) *Table, key string, limit int64, src Source, err error) (Decision, Slot) {
 	cur, old := z.state.conc.current()
-	var before int64
-	if len(old) > 0 {
-		// Old generations only empty: this may count a slot released
-		// meanwhile, never miss one.
-		before = heldBefore(old, which, key)
-	}
+	// Old generations only empty: this may count a slot released
+	// meanwhile, never miss one.
+	before := heldBefore(old, which, key)
 	t := which(cur)
 	inUse, ok := t.acquireSlot(key, limit-before)
 	if !ok {

@@ -60,10 +60,7 @@ func (c Config) QueueSize() int64 {
 // has none or its queue is full (the request is then decided as without
 // delay).
 func (z *Zone) ahead() int64 {
-	if z.Delay <= 0 || z.DryRun {
-		return 0
-	}
-	if z.state.waiting.Load() >= z.QueueSize() {
+	if z.Delay <= 0 || z.DryRun || z.state.waiting.Load() >= z.QueueSize() {
 		return 0
 	}
 	return int64(z.Delay)
@@ -83,8 +80,7 @@ func (z *Zone) admitLater(ctx context.Context, key string, now int64, p *Plan, c
 		}
 	}
 	refunded, _ := z.RefundWith(ctx, key, now, d, p, cost)
-	retry := d.Delay
-	return Decision{RetryAfter: retry, ResetAfter: max(refunded.ResetAfter, retry), Source: d.Source, QueueFull: true}
+	return Decision{RetryAfter: d.Delay, ResetAfter: max(refunded.ResetAfter, d.Delay), Source: d.Source, QueueFull: true}
 }
 
 // EndWait gives back the queue place of a request the zone admitted for

@@ -9,21 +9,14 @@ import (
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 )
 
-// What fail_policy local admits during an outage is owed to the store: when
-// the store answers again, each instance charges it, key by key, with what
-// it admitted under the fallback (and the post-charged zones' charges that
-// never landed), so that the key does not get its quota again. An outage
-// thus costs the fleet at most the fallback's own bound, once: each
-// instance admits at most its part of what the key had left, and whatever
-// it admits counts in the store afterwards.
-//
-// A charge is sent at most once: one that timed out may have run, and is
-// not sent again (an undercount of that key alone); one the store refused
-// without running (its breaker open, an error reply) is kept for the next
-// attempt, at most owedAttempts times. A key owes at most MaxCharge bursts
-// (the store caps a key's debt at that anyway), and at most max_keys keys
-// are owed. Async mode's records do this themselves (their pending cost,
-// counted by the next sync); quota zones are not reconciled.
+// What fail_policy local admits during an outage is owed to the store:
+// when the store answers again, each instance charges it, key by key, so
+// that the key does not get its quota again (the bounds are in
+// docs/distributed.md, After the outage). A charge is sent at most once:
+// one that timed out may have run; one the store refused without running
+// (breaker open, an error reply) is kept for the next attempt, at most
+// owedAttempts times. Async mode's records do this themselves (their
+// pending cost, counted by the next sync); quota zones are not reconciled.
 
 // owedAttempts is how many times an owed charge the store refused is tried.
 const owedAttempts = 5

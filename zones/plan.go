@@ -2,6 +2,7 @@ package zones
 
 import (
 	"errors"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -113,10 +114,7 @@ func (ps *plans) intern(p Plan) (int64, bool) {
 		return 0, false
 	}
 	i := int64(len(list))
-	index := make(map[Plan]int64, len(old)+1)
-	for k, v := range old {
-		index[k] = v
-	}
+	index := maps.Clone(old)
 	index[p] = i
 	next := append(list[:len(list):len(list)], p)
 	ps.list.Store(&next) // before the index, so that an index found is in the list

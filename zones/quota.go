@@ -2,25 +2,15 @@ package zones
 
 // Quota zones (`quota <n> per minute|hour|day|week|month [<time zone>]`): at
 // most n units of cost per calendar period of a time zone, counted from 0
-// at each period's start (algorithms.Period, algorithms.Quota).
+// at each period's start (algorithms.Period, algorithms.Quota; the rules
+// are in docs/configuration.md, Calendar quotas).
 //
-// A key's state is the units it used in the current period. Locally it is
-// one int64 in a Table, packed with the period it counts (gen, below), so
-// that a new period starts every key at 0 without touching the table, and
-// the old period's entries are the first a full table evicts and the next
-// sweep drops. With a store (Store.Quota), the count lives in the store,
-// which picks the period by its own clock among the three the zone hands
-// it: the current one and its neighbours, in Unix microseconds, since a
-// script cannot do time zones.
-//
-// The local clock of a quota (periodClock) maps the wall clock's period
-// boundaries onto the monotonic clock: at each boundary it reads the wall
-// clock, finds the period it is in and when that period ends, and waits for
-// that end on the monotonic clock. A step of the wall clock in the middle
-// of a period therefore neither resets nor prolongs it; the next boundary
-// follows the wall clock again. A wall clock found behind the period the
-// zone is in keeps that period until the wall clock reaches its end: a step
-// back never starts a period twice.
+// Locally a key's count is one int64 in a Table, packed with the period it
+// counts (gen, below). With a store the count lives in the store, which
+// picks the period by its own clock among the three the zone hands it, in
+// Unix microseconds, since a script cannot do time zones. The zone's clock
+// (periodClock) follows the wall clock's boundaries on the monotonic clock:
+// a wall-clock step never resets, prolongs or repeats a period.
 
 import (
 	"context"
@@ -468,44 +458,6 @@ func (z *Zone) refundQuota(ctx context.Context, key string, now int64, d Decisio
 	}
 	d.Remaining = min(d.Remaining+cost, limit)
 	return d, nil
-}
-
-// chargeQuota is Charge for a quota zone (cost already capped, > 0).
-func (z *Zone) chargeQuota(ctx context.Context, key string, now int64, p *Plan, cost int64) {
-	q := z.state.quota
-	switch {
-	case z.store == nil:
-		pn := q.clock.at(now)
-		q.used.quotaStep(key, pn.gen, OpCharge, algorithms.Quota{Limit: p.Events}, cost)
-	case z.offers.Records != nil:
-		// Async: an in-process step on the instance's lease.
-		if _, err := z.tryChargeQuota(ctx, key, now, p, cost); err != nil {
-			z.chargeFallback(key, now, p, cost)
-			z.chargeFailed(err)
-		}
-	default:
-		z.queueCharge(key, p, cost)
-	}
-}
-
-// tryChargeQuota makes one attempt to charge a quota zone's store, and
-// caches the denial it may answer.
-func (z *Zone) tryChargeQuota(ctx context.Context, key string, now int64, p *Plan, cost int64) (QuotaResult, error) {
-	pn := z.state.quota.clock.at(now)
-	r, err := z.store.Quota(ctx, z.Name, key, QuotaStep{Op: OpCharge, Limit: QuotaLimit{Limit: p.Events, Periods: &pn.periods}, Cost: cost})
-	if err != nil {
-		z.followClock(err)
-		return r, err
-	}
-	z.storeQuotaDecision(key, now, pn, p.Events, r)
-	return r, nil
-}
-
-// chargeQuotaFallback is chargeFallback for a quota zone: fail_policy
-// local charges this instance's part.
-func (z *Zone) chargeQuotaFallback(key string, now int64, p *Plan, cost int64) {
-	q := z.state.quota
-	q.fallback.quotaStep(key, q.clock.at(now).gen, OpCharge, z.quotaPart(p), cost)
 }
 
 // QuotaState is a quota zone's key as the admin API shows it.

@@ -250,26 +250,20 @@ func (s *State) Restore(snap *Snapshot, now int64, wall time.Time, maxDebt time.
 	elapsed := max(0, wall.Sub(snap.Wall))
 	restored := 0
 	for _, sec := range snap.sections {
-		var t *Table
-		for _, st := range s.snapshotTables() {
-			if st.kind == sec.kind {
-				t = st.table
-			}
-		}
-		if t == nil {
-			continue
-		}
+		body := snap.data[sec.start:sec.end]
 		if sec.kind == SnapshotBans {
-			restored += s.restoreBans(snap.data[sec.start:sec.end], now, elapsed)
+			if s.Bans != nil { // else the zone lost its ban: a section to skip
+				restored += s.restoreBans(body, now, elapsed)
+			}
 			continue
 		}
-		snapshotEntries(snap.data[sec.start:sec.end], func(key string, left uint64) {
+		snapshotEntries(body, func(key string, left uint64) {
 			rem := min(time.Duration(left), maxDebt) - elapsed
 			if rem <= 0 {
 				return
 			}
 			until := now + int64(rem)
-			t.kt.Update(key, now, func(v int64, _ bool) (int64, keytable.Op) {
+			s.Local.kt.Update(key, now, func(v int64, _ bool) (int64, keytable.Op) {
 				if v >= until {
 					return 0, keytable.Keep // what happened since says more
 				}

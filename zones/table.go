@@ -24,22 +24,13 @@ func NewTable(maxKeys int) *Table {
 
 // Decide runs one GCRA step for key at now and stores the new TAT when the
 // request is allowed.
-func (t *Table) Decide(key string, now int64, l algorithms.Limit, cost int64) (r algorithms.Result) {
-	t.kt.Update(key, now, func(tat int64, _ bool) (int64, keytable.Op) {
-		if r = l.Decide(tat, now, cost); r.Allowed {
-			return r.TAT, keytable.Store
-		}
-		return 0, keytable.Keep
-	})
-	return r
+func (t *Table) Decide(key string, now int64, l algorithms.Limit, cost int64) algorithms.Result {
+	return t.DecideAhead(key, now, l, cost, 0)
 }
 
 // DecideAhead is Decide admitting for later up to ahead (see
-// algorithms.Limit.DecideAhead); with ahead 0 it is Decide.
+// algorithms.Limit.DecideAhead, which at ahead 0 is Decide).
 func (t *Table) DecideAhead(key string, now int64, l algorithms.Limit, cost, ahead int64) (r algorithms.Result) {
-	if ahead <= 0 {
-		return t.Decide(key, now, l, cost)
-	}
 	t.kt.Update(key, now, func(tat int64, _ bool) (int64, keytable.Op) {
 		if r = l.DecideAhead(tat, now, cost, ahead); r.Allowed {
 			return r.TAT, keytable.Store

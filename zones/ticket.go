@@ -95,13 +95,9 @@ func (t *Ticket[O]) Cancel(ctx context.Context, now int64) error {
 		t.Release()
 		return nil
 	}
-	delayed := t.Delay > 0
-	d, err := t.Zone.RefundWith(ctx, t.Key, now, t.Decision, &t.Plan, t.Cost)
-	t.Decision = d
-	if delayed {
-		t.Zone.EndWait()
-		t.Delay = 0
-	}
+	var err error
+	t.Decision, err = t.Zone.RefundWith(ctx, t.Key, now, t.Decision, &t.Plan, t.Cost)
+	t.Served(0) // its queue place, if it waited
 	return err
 }
 

@@ -35,27 +35,23 @@ const (
 	FailClosed
 )
 
+var failPolicyNames = [...]string{FailLocal: "local", FailOpen: "open", FailClosed: "closed"}
+
 // ParseFailPolicy reads "open", "closed" or "local" ("" is local).
 func ParseFailPolicy(s string) (FailPolicy, error) {
-	switch s {
-	case "", "local":
-		return FailLocal, nil
-	case "open":
-		return FailOpen, nil
-	case "closed":
-		return FailClosed, nil
+	for p, name := range failPolicyNames {
+		if s == name || s == "" {
+			return FailPolicy(p), nil
+		}
 	}
 	return 0, fmt.Errorf("unknown fail_policy %q: use open, closed or local", s)
 }
 
 func (p FailPolicy) String() string {
-	switch p {
-	case FailOpen:
-		return "open"
-	case FailClosed:
-		return "closed"
+	if int(p) >= len(failPolicyNames) {
+		p = FailLocal
 	}
-	return "local"
+	return failPolicyNames[p]
 }
 
 // FailClosedRetryAfter is the Retry-After a fail-closed zone sends while its
@@ -625,6 +621,9 @@ func (z *Zone) cachedStoreDenial(key string, now int64, p *Plan) (Decision, bool
 	until, ok := z.deniedUntil(key, now)
 	if !ok {
 		return Decision{}, false
+	}
+	if z.offers.Denied != nil {
+		z.offers.Denied(z.Name, key, p.limit)
 	}
 	retry := until - now
 	if z.Delay > 0 && !z.DryRun {

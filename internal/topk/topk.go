@@ -207,41 +207,19 @@ func (r *Recent) Top(n int, now int64) Summary {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.rotate(now)
-	// A key's count is the sum over both sketches; where a full sketch
-	// does not track the key, it may have counted up to its floor there.
-	curFloor, prevFloor := r.cur.floor(), r.prev.floor()
-	type bounds struct{ upper, lower uint64 }
-	merged := make(map[string]bounds, len(r.cur.slots)+len(r.prev.slots))
-	for _, c := range r.cur.slots {
-		merged[c.key] = bounds{c.count, c.count - c.err}
+	// A key's count is the sum over both sketches, bounded as Merge bounds
+	// the sum over instances.
+	since := r.curStart - r.period
+	return Merge(n, r.cur.summary(since), r.prev.summary(since))
+}
+
+// summary is everything the sketch tracks, as a Summary from since.
+func (s *Sketch) summary(since int64) Summary {
+	top := make([]Entry, 0, len(s.slots))
+	for _, c := range s.slots {
+		top = append(top, Entry{Key: c.key, Count: c.count, Error: c.err})
 	}
-	for _, c := range r.prev.slots {
-		b, ok := merged[c.key]
-		if !ok {
-			b.upper = curFloor
-		}
-		b.upper += c.count
-		b.lower += c.count - c.err
-		merged[c.key] = b
-	}
-	for _, c := range r.cur.slots {
-		if _, tracked := r.prev.index[c.key]; !tracked {
-			b := merged[c.key]
-			b.upper += prevFloor
-			merged[c.key] = b
-		}
-	}
-	top := make([]Entry, 0, len(merged))
-	for k, b := range merged {
-		top = append(top, Entry{Key: k, Count: b.upper, Error: b.upper - b.lower})
-	}
-	sortEntries(top)
-	s := Summary{Top: top, Since: r.curStart - r.period, Total: r.cur.total + r.prev.total, Floor: curFloor + prevFloor}
-	if n >= 0 && len(top) > n {
-		s.Floor = max(s.Floor, top[max(n, 1)-1].Count)
-		s.Top = top[:n]
-	}
-	return s
+	return Summary{Top: top, Since: since, Total: s.total, Floor: s.floor()}
 }
 
 func sortEntries(top []Entry) {
