@@ -225,14 +225,6 @@ func decodeKeyBase64(s string) (string, error) {
 	return string(b), nil
 }
 
-// knownZone is the zone of that name, or the admin API's 404 for it.
-func knownZone(name string) (*zones.Zone, error) {
-	if z := lookupZone(name, false); z != nil {
-		return z, nil
-	}
-	return nil, caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("unknown zone %q", name)}
-}
-
 func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 	rest, _ := strings.CutPrefix(r.URL.EscapedPath(), "/rate_limit/")
 	parts := strings.Split(strings.TrimSuffix(rest, "/"), "/")
@@ -264,10 +256,10 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 	if err := errors.Join(err1, err2); err != nil {
 		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
 	}
-	z, err := knownZone(zoneName)
+	z := lookupZone(zoneName, false)
 	switch {
-	case err != nil:
-		return err
+	case z == nil:
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("unknown zone %q", zoneName)}
 	case !keys && r.Method != http.MethodGet:
 		return methodNotAllowed(w, http.MethodGet)
 	case parts[2] == "top":

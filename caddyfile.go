@@ -174,7 +174,7 @@ func parseZone(d *caddyfile.Dispenser, defined map[string]*Zone, in, keyExample 
 			switch a, err = readPlanArgs(d, "at_least", true); {
 			case err != nil:
 			case a.placeholder == "":
-				z.Window, err = durationArgOf(d, "window")
+				z.Window, err = durationArg(d)
 			default:
 				z.WindowPlaceholder = a.placeholder
 				if z.Window, err = parseDuration(d, "window", a.fallback); err == nil && a.bound != "" {
@@ -218,7 +218,7 @@ func parseZone(d *caddyfile.Dispenser, defined map[string]*Zone, in, keyExample 
 		case sub == "fail_policy":
 			z.FailPolicy, err = oneOf(d, "open", "closed", "local")
 		case sub == "max_keys":
-			z.MaxKeys, err = int64Arg(d, 1, zones.MaxMaxKeys)
+			z.MaxKeys, err = intArg[int64](d, 1, zones.MaxMaxKeys)
 		case sub == "dry_run":
 			err = noArgs(d, &z.DryRun)
 		case sub == "scope":
@@ -232,9 +232,9 @@ func parseZone(d *caddyfile.Dispenser, defined map[string]*Zone, in, keyExample 
 				err = d.Errf("delay %v is longer than the %v a request may wait for its turn: use a shorter delay (a client further away is told Retry-After)", time.Duration(z.Delay), zones.MaxDelay)
 			}
 		case sub == "queue":
-			z.Queue, err = int64Arg(d, 1, zones.MaxQueue)
+			z.Queue, err = intArg[int64](d, 1, zones.MaxQueue)
 		case sub == "concurrency":
-			z.Concurrency, err = int64Arg(d, 1, zones.MaxConcurrency)
+			z.Concurrency, err = intArg[int64](d, 1, zones.MaxConcurrency)
 		case sub == "lease":
 			if z.Lease, err = durationArg(d); err == nil && z.Lease < caddy.Duration(zones.MinLease) {
 				err = d.Errf("lease must be at least %v: slots are renewed every lease/3", zones.MinLease)
@@ -331,10 +331,7 @@ func (dist *Distributed) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			syncLine = d.Line()
 			dist.SyncInterval, err = durationArg(d)
 		case sub == "read_interval":
-			// mholt/caddy-ratelimit's names, accepted in either mode so
-			// that its configs load unchanged: in async mode the sync
-			// interval when sync_interval is not given, ignored in strict
-			// mode (see Distributed.ReadInterval).
+			// mholt/caddy-ratelimit's names: see Distributed.ReadInterval.
 			dist.ReadInterval, err = durationArg(d)
 		case sub == "write_interval":
 			dist.WriteInterval, err = durationArg(d)
@@ -387,11 +384,7 @@ func (dist *Distributed) checkRegion(d *caddyfile.Dispenser, regionLine int) err
 		return d.Errf("distributed: global needs this region's name: add region <name>, one of the regions of global")
 	}
 	if _, ok := dist.Global.Regions[dist.Region]; !ok {
-		names := make([]string, 0, len(dist.Global.Regions))
-		for n := range dist.Global.Regions {
-			names = append(names, n)
-		}
-		slices.Sort(names)
+		names := slices.Sorted(maps.Keys(dist.Global.Regions))
 		return fmt.Errorf("distributed: region %s is not one of global's regions (%s): add it, e.g. regions %s %s:1, or fix its name, at %s:%d",
 			dist.Region, strings.Join(names, ", "), strings.Join(names, " "), dist.Region, d.File(), regionLine)
 	}
@@ -688,13 +681,9 @@ func oneOf(d *caddyfile.Dispenser, allowed ...string) (string, error) {
 	return "", d.Errf("%s must be one of %s, not %q", dir, strings.Join(allowed, ", "), strings.Join(args, " "))
 }
 
-func intArg(d *caddyfile.Dispenser, lo, hi int) (int, error) {
+func intArg[T int | int64](d *caddyfile.Dispenser, lo, hi T) (T, error) {
 	n, err := int64ArgOf(d, d.Val(), int64(lo), int64(hi))
-	return int(n), err
-}
-
-func int64Arg(d *caddyfile.Dispenser, lo, hi int64) (int64, error) {
-	return int64ArgOf(d, d.Val(), lo, hi)
+	return T(n), err
 }
 
 // int64ArgOf reads the setting dir, whose value is the next argument
@@ -719,10 +708,7 @@ func parseInt64(d *caddyfile.Dispenser, dir, s string, lo, hi int64) (int64, err
 }
 
 func durationArg(d *caddyfile.Dispenser) (caddy.Duration, error) {
-	return durationArgOf(d, d.Val())
-}
-
-func durationArgOf(d *caddyfile.Dispenser, dir string) (caddy.Duration, error) {
+	dir := d.Val()
 	s, err := oneWord(d, dir)
 	if err != nil {
 		return 0, err

@@ -426,33 +426,28 @@ func cliKey(c *cli, zone, key string) error {
 	if printed || err != nil {
 		return err
 	}
-	if k.PeriodEnd != "" {
-		state := "not limited"
+	stored, state := "", "not limited"
+	if k.StoredAs != "" {
+		stored = " (stored as " + quoteKey(k.StoredAs) + ")"
+	}
+	switch {
+	case k.PeriodEnd != "":
 		if k.Remaining == 0 {
 			state = "LIMITED"
 		}
 		_, err = fmt.Fprintf(c.out, "zone %s, key %q: %s, %d of %d used, %d remaining until %s (in %s)\n",
 			zone, key, state, k.Used, k.Quota, k.Remaining, k.PeriodEnd, seconds(k.ResetAfter))
 		return err
-	}
-	if k.Concurrency > 0 {
-		state := "not limited"
+	case k.Concurrency > 0:
 		if k.InUse >= k.Concurrency {
 			state = "LIMITED"
 		}
 		_, err = fmt.Fprintf(c.out, "zone %s, key %s: %s, %d of %d slots in use\n", printable(zone), quoteKey(key), state, k.InUse, k.Concurrency)
 		return err
-	}
-	if k.BannedFor > 0 {
+	case k.BannedFor > 0:
 		_, err = fmt.Fprintf(c.out, "zone %s, key %s: BANNED for %s (level %d), 0 remaining\n",
 			printable(zone), quoteKey(key), seconds(k.BannedFor), k.BanLevel)
 		return err
-	}
-	stored := ""
-	if k.StoredAs != "" {
-		stored = " (stored as " + quoteKey(k.StoredAs) + ")"
-	}
-	switch {
 	case k.RetryAfter > 0:
 		_, err = fmt.Fprintf(c.out, "zone %s, key %s%s: LIMITED, 0 remaining, may send again in %s, full again in %s\n",
 			printable(zone), quoteKey(key), stored, seconds(k.RetryAfter), seconds(k.ResetAfter))
@@ -496,14 +491,11 @@ func (c *cli) findZone(name string) (zoneInfo, error) {
 		}
 		names = append(names, z.Name)
 	}
-	return zoneInfo{}, fmt.Errorf("unknown zone %s: the running config has %s", strconv.Quote(name), printable(orNone(names)))
-}
-
-func orNone(names []string) string {
-	if len(names) == 0 {
-		return "no rate_limit zones"
+	has := "no rate_limit zones"
+	if len(names) > 0 {
+		has = "zones " + strings.Join(names, ", ")
 	}
-	return "zones " + strings.Join(names, ", ")
+	return zoneInfo{}, fmt.Errorf("unknown zone %s: the running config has %s", strconv.Quote(name), printable(has))
 }
 
 // printJSONValue prints v as the admin API writes JSON: not HTML-escaped.

@@ -1,9 +1,11 @@
 package ratelimit
 
 import (
+	"cmp"
 	"fmt"
 	"hash/maphash"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -22,15 +24,8 @@ const (
 )
 
 func parseHeaderMode(s string) (headerMode, error) {
-	switch s {
-	case "", "both":
-		return headersBoth, nil
-	case "ietf":
-		return headersIETF, nil
-	case "legacy":
-		return headersLegacy, nil
-	case "off":
-		return headersOff, nil
+	if i := slices.Index([]string{"both", "ietf", "legacy", "off"}, cmp.Or(s, "both")); i >= 0 {
+		return headerMode(i), nil // the constants' order
 	}
 	return 0, fmt.Errorf("unknown headers mode %q: use both, ietf, legacy or off", s)
 }

@@ -1,11 +1,5 @@
 package ratelimit
 
-// The connection layer: the listener wrapper caddy.listeners.rate_limit,
-// which decides each new TCP connection, before its TLS handshake, in
-// connection zones (rate and concurrency, local to this instance) and
-// against HTTP zones through deny_while. Its Caddyfile syntax is in
-// listener_caddyfile.go.
-
 import (
 	"cmp"
 	"context"
@@ -179,8 +173,7 @@ func (zc *Zone) provisionConnection(ctx caddy.Context, name string, dryRun bool)
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	c := zoneClaim{id: newStateID(cfg, planVars{}), connection: true, key: zc.Key, concurrency: cfg.IsConcurrency()}
-	if err := claimZone(ctx, cfg, c); err != nil {
+	if err := claimZone(ctx, cfg, planVars{}, zc.Key, true); err != nil {
 		return nil, err
 	}
 	state, id, fresh, err := loadState(cfg, planVars{}, DefaultSweepInterval)
@@ -308,7 +301,7 @@ func checkDenyWhile(ctx caddy.Context, name string, own map[string]*Zone) error 
 	}
 	key, concurrency, found := "", false, false
 	if c, ok := claimedHTTPZone(ctx, name); ok {
-		key, concurrency, found = c.key, c.concurrency, true
+		key, concurrency, found = c.key, c.id.concurrency, true
 	} else if app, err := ctx.AppIfConfigured("http"); err == nil {
 		if app, ok := app.(*caddyhttp.App); ok {
 			key, concurrency, found = httpZoneInJSON(app, name)

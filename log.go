@@ -8,24 +8,13 @@ import (
 	"go.uber.org/zap/zapcore"
 )
 
-// The lines a request can log are sampled by one rule, so that a flood of
-// requests cannot flood the log: in each second, for each handler and each
-// line, the first logFirst lines, then one in logThereafter (the listener
-// wrapper's lines: for each wrapper and line). They are
-//
-//	INFO  rate limit exceeded                    a denial (serve.go)
-//	INFO  rate limit would deny (dry run)        a dry-run zone's denial (serve.go)
-//	DEBUG store unavailable; fail policy applied a decision Redis did not make (zones/zone.go)
-//	WARN  per-request limit is empty or invalid; ...  a limit placeholder fell back (plans.go)
-//	WARN  request cost is empty or invalid; ...  a cost or charge placeholder fell back (cost.go)
-//	WARN  request cost exceeds the zone's burst  a request that can never pass (cost.go)
-//	WARN  charge after the response did not reach Redis; ...  (cost.go)
-//	INFO  connection refused                     a connection zone's or deny_while's refusal (listener.go)
-//	INFO  connection would be refused (dry run)  the same in dry run (listener.go)
-//
-// Lines no request causes (provisioning, and Redis outages, which package
-// distributed logs once per outage) are not sampled, nor the DEBUG line of a
-// refund that failed.
+// The lines a request or a connection can log (each logSamplers field, and
+// the listener wrapper's refusals) are sampled by one rule, so that a flood
+// of requests cannot flood the log: in each second, for each handler (or
+// wrapper) and each line, the first logFirst lines, then one in
+// logThereafter. Lines no request causes (provisioning, and Redis outages,
+// which package distributed logs once per outage) are not sampled, nor the
+// DEBUG line of a refund that failed.
 //
 // It is zap's sampler's rule with those settings, for one atomic add per
 // line: zap's sampler reads the clock and hashes the message of every entry

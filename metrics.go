@@ -174,22 +174,24 @@ type zoneMetrics struct {
 	emptyKeys                           prometheus.Counter    // nil unless the key template can expand to nothing
 }
 
-// newZoneMetrics binds the series of a zone. distributed says whether the
-// zone has a store, timed whether its decisions wait for it, perRequest
-// whether it reads its limit from requests, bans whether it has ban.
-func newZoneMetrics(name string, policy zones.FailPolicy, dryRun, distributed, timed, perRequest, bans bool, costs costVars) *zoneMetrics {
+// newZoneMetrics binds the series of zone cfg, whose key template is key.
+// distributed says whether the zone has a store, timed whether its
+// decisions wait for it.
+func newZoneMetrics(cfg zones.Config, key string, distributed, timed bool, costs costVars) *zoneMetrics {
+	name, dryRun, bans := cfg.Name, cfg.DryRun, cfg.Ban > 0
 	m := &zoneMetrics{decisions: newDecisions(collectors.requests, name, dryRun)}
 	if distributed {
 		m.storeErrors = collectors.storeErrors.WithLabelValues(name)
-		m.failPolicy = collectors.failPolicy.WithLabelValues(name, policy.String())
+		m.failPolicy = collectors.failPolicy.WithLabelValues(name, cfg.FailPolicy.String())
 	}
 	if timed {
 		m.latency = collectors.latency.WithLabelValues(name)
 	}
-	if perRequest {
+	if cfg.PerRequest {
 		m.planFallbacks = collectors.plans.WithLabelValues(name)
 	}
-	if costs.weighted() || costs.postCharged() {
+	// A quota zone counts its use, in units, whatever its cost.
+	if costs.weighted() || costs.postCharged() || cfg.IsQuota() {
 		m.cost = collectors.cost.WithLabelValues(name)
 	}
 	if costs.costVar != "" || costs.chargeVar != "" {
@@ -204,14 +206,14 @@ func newZoneMetrics(name string, policy zones.FailPolicy, dryRun, distributed, t
 		m.bans = collectors.bans.WithLabelValues(name)
 		m.droppedBans = [2]prometheus.Counter{collectors.droppedBans.WithLabelValues(name, "table"), collectors.droppedBans.WithLabelValues(name, "list")}
 	}
+	if cfg.Delay > 0 && !dryRun { // a dry run never waits
+		m.delayed = collectors.delayed.WithLabelValues(name)
+		m.queueFull = collectors.queueFull.WithLabelValues(name)
+	}
+	if canBeEmpty(key) {
+		m.emptyKeys = collectors.emptyKeys.WithLabelValues(name)
+	}
 	return m
-}
-
-// delays binds the series of a zone with delay (not in dry run, which
-// never waits).
-func (m *zoneMetrics) delays(name string) {
-	m.delayed = collectors.delayed.WithLabelValues(name)
-	m.queueFull = collectors.queueFull.WithLabelValues(name)
 }
 
 // observe counts one decision; storeWait is 0 when the decision was not

@@ -11,6 +11,7 @@
 package ratelimit
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/http"
@@ -162,12 +163,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.headers != headersOff {
 		h.rendered = new(renderCache)
 	}
-	if h.StatusCode == 0 {
-		h.StatusCode = http.StatusTooManyRequests
-	}
-	if h.SweepInterval == 0 {
-		h.SweepInterval = caddy.Duration(DefaultSweepInterval)
-	}
+	h.StatusCode = cmp.Or(h.StatusCode, http.StatusTooManyRequests)
+	h.SweepInterval = cmp.Or(h.SweepInterval, caddy.Duration(DefaultSweepInterval))
 	if len(h.RateLimits) == 0 {
 		return errors.New("rate_limit: at least one zone is required")
 	}

@@ -1,14 +1,11 @@
 package ratelimit
 
-// persist: local rate zones that survive a restart. Each zone's state is
-// snapshot to Caddy's storage (ctx.Storage(): the file system under Caddy's
-// data directory by default) on the `stopping` event, every interval while
-// the config runs, and once more when the zone's state is finally
-// destroyed; a handler restores its zones' snapshots when it is
-// provisioned. Nothing is written before the config has started, so
-// `caddy validate` and a config that fails to load change nothing.
+// persist: local rate zones that survive a restart (Persist). Nothing is
+// written before the config has started, so `caddy validate` and a config
+// that fails to load change nothing.
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -108,16 +105,10 @@ func newPersister(ctx caddy.Context, h *Handler) (*persister, error) {
 	p := &persister{
 		logger:   h.logger.Named("persist"),
 		storage:  ctx.Storage(),
-		interval: time.Duration(h.Persist.Interval),
-		maxAge:   time.Duration(h.Persist.MaxAge),
+		interval: cmp.Or(time.Duration(h.Persist.Interval), DefaultPersistInterval),
+		maxAge:   cmp.Or(time.Duration(h.Persist.MaxAge), DefaultPersistMaxAge),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
-	}
-	if p.interval == 0 {
-		p.interval = DefaultPersistInterval
-	}
-	if p.maxAge == 0 {
-		p.maxAge = DefaultPersistMaxAge
 	}
 	for _, zh := range h.zones {
 		if !zh.Persists() {
@@ -182,32 +173,23 @@ func (p *persister) restore() {
 	if !ok {
 		return
 	}
-	var pending []*persistedZone
-	for _, pz := range p.zones {
-		if pz.fresh {
-			pending = append(pending, pz)
-		}
-	}
-	if len(pending) == 0 {
-		return
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), RestoreTimeout)
 	defer cancel()
-	results := make(chan restored, len(pending))
-	for _, pz := range pending {
+	results := make(chan restored, len(p.zones))
+	waiting := map[*persistedZone]bool{}
+	for _, pz := range p.zones {
+		if !pz.fresh {
+			continue
+		}
+		waiting[pz] = true
 		go func() {
 			data, err := p.storage.Load(ctx, p.key(instance, pz))
-			if err != nil {
-				results <- restored{pz: pz, err: err}
-				return
+			var snap *zones.Snapshot
+			if err == nil {
+				snap, err = zones.DecodeSnapshot(data)
 			}
-			snap, err := zones.DecodeSnapshot(data)
 			results <- restored{pz: pz, snap: snap, err: err}
 		}()
-	}
-	waiting := map[*persistedZone]bool{}
-	for _, pz := range pending {
-		waiting[pz] = true
 	}
 	for len(waiting) > 0 {
 		select {

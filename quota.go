@@ -1,8 +1,6 @@
 package ratelimit
 
-// Calendar quotas, the handler side: `quota <n|placeholder [fallback]> per
-// minute|hour|day|week|month [<IANA time zone>]` in a zone, instead of
-// events and window (the counting is package zones', quota.go).
+// Calendar quotas, the handler side (the counting is package zones').
 
 import (
 	"fmt"

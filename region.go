@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -60,12 +61,7 @@ func (dist *Distributed) regionOptions(logger *zap.Logger) (distributed.RegionOp
 	gopts.KeyPrefix = dist.KeyPrefix
 	opts := distributed.RegionOptions{Region: dist.Region, Global: gopts,
 		SyncInterval: time.Duration(g.SyncInterval), Lease: time.Duration(g.Lease)}
-	names := make([]string, 0, len(g.Regions))
-	for n := range g.Regions {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	for _, n := range names {
+	for _, n := range slices.Sorted(maps.Keys(g.Regions)) {
 		opts.Regions = append(opts.Regions, distributed.RegionWeight{Name: n, Weight: g.Regions[n]})
 	}
 	if err := opts.Check(); err != nil {

@@ -1,10 +1,5 @@
 package ratelimit
 
-// The process's tables of zones, which outlive any one handler: the state
-// each zone definition keeps across config reloads (states), the one
-// definition a zone name may have in a config (claims), and the zones of the
-// running config that the admin API and the metrics read (registry).
-
 import (
 	"context"
 	"fmt"
@@ -163,14 +158,15 @@ var claims = struct {
 
 // zoneClaim is a zone name's definition in one config.
 type zoneClaim struct {
-	id          stateID
-	connection  bool   // a connection zone (caddy.listeners.rate_limit)
-	key         string // the key template
-	concurrency bool
+	id         stateID
+	connection bool   // a connection zone (caddy.listeners.rate_limit)
+	key        string // the key template
 }
 
-// claimZone claims cfg's name in ctx's config for the definition c.
-func claimZone(ctx caddy.Context, cfg zones.Config, c zoneClaim) error {
+// claimZone claims cfg's name in ctx's config for its definition, whose key
+// template is key.
+func claimZone(ctx caddy.Context, cfg zones.Config, vars planVars, key string, connection bool) error {
+	c := zoneClaim{id: newStateID(cfg, vars), connection: connection, key: key}
 	done := ctx.Done()
 	claims.Lock()
 	defer claims.Unlock()

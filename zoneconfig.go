@@ -1,11 +1,5 @@
 package ratelimit
 
-// A zone as configured (Zone) and as provisioned (zoneHandler): its
-// matchers, how its key is expanded from a request, its limit and cost
-// settings resolved, the zones.Zone that decides, and the logger, samplers
-// and metric series its requests use. plans.go reads a request's limit,
-// cost.go its cost; both log and count through the zone's own fields.
-
 import (
 	"cmp"
 	"context"
@@ -280,7 +274,7 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 	if zc.Key == "" {
 		return nil, fmt.Errorf("zone %s: key is required (e.g. key {client_ip})", name)
 	}
-	if err := claimZone(ctx, cfg, zoneClaim{id: newStateID(cfg, vars), key: zc.Key, concurrency: cfg.IsConcurrency()}); err != nil {
+	if err := claimZone(ctx, cfg, vars, zc.Key, false); err != nil {
 		return nil, err
 	}
 
@@ -340,17 +334,7 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 		// reads per request and fill the store latency histogram with
 		// zeros.
 		zh.timed = h.store != nil && zh.Mode() == "strict"
-		zh.metrics = newZoneMetrics(name, policy, cfg.DryRun, h.store != nil, zh.timed, cfg.PerRequest, cfg.Ban > 0, costs)
-		if canBeEmpty(zc.Key) {
-			zh.metrics.emptyKeys = collectors.emptyKeys.WithLabelValues(name)
-		}
-		if cfg.Delay > 0 && !cfg.DryRun {
-			zh.metrics.delays(name)
-		}
-		if cfg.IsQuota() && zh.metrics.cost == nil {
-			// A quota zone's use, in units, whatever its cost.
-			zh.metrics.cost = collectors.cost.WithLabelValues(name)
-		}
+		zh.metrics = newZoneMetrics(cfg, zc.Key, h.store != nil, zh.timed, costs)
 	}
 	zh.Zone.OnChargeFailed = zh.chargeFailed
 	if cfg.Ban > 0 && !cfg.DryRun {
