@@ -35,16 +35,10 @@ func init() {
 //	                                            quota zones: used, remaining, period_end)
 //	DELETE /rate_limit/zones/<zone>/keys/<key>  reset the key (local table, deny cache, Redis)
 //	GET    /rate_limit/zones/<zone>/top?n=20    the keys this instance denied most lately
+//	GET    /rate_limit/zones/<zone>/bans        the zone's current bans
 //
-// Keys are path-escaped (url.PathEscape) in the URL. Every key, including
-// the empty key (requests without the key's header share it) and keys that
-// are "." or "..", which a URL path cannot hold as they are, also has the
-// address /rate_limit/zones/<zone>/keys?key=<query-escaped key>, and
-// .../keys?key_base64=<the key's bytes in standard base64>.
-//
-// Answers name a key by "key", the key as text; a key that is not valid
-// UTF-8 (a header or a percent-escape can put any bytes in one), which JSON
-// cannot carry as it is, also has "key_base64", its bytes (keyName).
+// Keys are path-escaped in the URL, or in the query (...keys?key=, or
+// ?key_base64=): docs/operations.md, with every field of the answers.
 type AdminAPI struct{}
 
 // CaddyModule returns the Caddy module information.
@@ -83,16 +77,12 @@ func (a *AdminAPI) serveJSON(w http.ResponseWriter, r *http.Request) error {
 	return writeJSONStatus(w, apiErr.HTTPStatus, apiErr)
 }
 
-// zoneInfo is a zone as GET /rate_limit/zones shows it.
-//
-// Fields that mean nothing for a zone's kind are left out: events, window
-// and burst for concurrency and quota zones (concurrency and quota hold
-// their limits), fail_policy for connection zones (local to the instance,
-// with no Redis to fail).
+// zoneInfo is a zone as GET /rate_limit/zones shows it. Fields that mean
+// nothing for a zone's kind are left out: events, window and burst for
+// concurrency and quota zones, fail_policy for connection zones.
 type zoneInfo struct {
-	Name   string `json:"name"`
-	Events int64  `json:"events,omitempty"`
-	// The window as a duration (e.g. "1m", "1h30m") and in seconds.
+	Name          string     `json:"name"`
+	Events        int64      `json:"events,omitempty"`
 	Window        string     `json:"window,omitempty"`
 	WindowSeconds float64    `json:"window_seconds,omitempty"`
 	Burst         int64      `json:"burst,omitempty"`
@@ -104,20 +94,12 @@ type zoneInfo struct {
 
 	Concurrency int64      `json:"concurrency,omitempty"` // concurrency zones only
 	Quota       *quotaInfo `json:"quota,omitempty"`       // quota zones only
-	// Zones with delay: the longest a request waits for its turn (e.g.
-	// "3s"), the queue's size, and how many wait on this instance now.
-	Delay   string `json:"delay,omitempty"`
-	Queue   int64  `json:"queue,omitempty"`
-	Waiting *int64 `json:"waiting,omitempty"`
-
-	// "connection" for a listener wrapper's zone, which counts new
-	// connections (concurrency: connections open), not requests.
-	Layer string `json:"layer,omitempty"`
-
-	// "global" for a zone whose limit regions share (scope global), with
-	// this instance's region; "region" for every other distributed zone.
-	Scope  string `json:"scope,omitempty"`
-	Region string `json:"region,omitempty"`
+	Delay       string     `json:"delay,omitempty"`       // zones with delay, with queue and waiting
+	Queue       int64      `json:"queue,omitempty"`
+	Waiting     *int64     `json:"waiting,omitempty"`
+	Layer       string     `json:"layer,omitempty"`  // "connection" for a listener wrapper's zone
+	Scope       string     `json:"scope,omitempty"`  // "global" (with Region) or "region" when distributed
+	Region      string     `json:"region,omitempty"` // this instance's
 }
 
 // quotaInfo is a quota zone's limit and the period it is in on this
@@ -131,10 +113,8 @@ type quotaInfo struct {
 }
 
 // quotaKeyInfo is a quota zone's key as GET /rate_limit/zones/<zone>/keys/<key>
-// shows it: its use of the current period (fleet-wide with distributed;
-// async mode counts the leases instances hold as used), times in RFC 3339
-// with the time zone's offset. reset_after is the seconds to the period's
-// end; retry_after the same once nothing is left, else 0.
+// shows it: its use of the current period. reset_after is the seconds to
+// the period's end; retry_after the same once nothing is left, else 0.
 type quotaKeyInfo struct {
 	Zone        string  `json:"zone"`
 	Key         string  `json:"key"`
@@ -152,16 +132,16 @@ type quotaKeyInfo struct {
 }
 
 type storeInfo struct {
-	OK               bool       `json:"ok"`
+	OK bool `json:"ok"`
+	// Failing: calls fail (twice in a row or more) but the breaker still
+	// lets them through. BreakerOpenSince is when the outage began.
+	Failing          bool       `json:"failing,omitempty"`
 	BreakerOpenSince *time.Time `json:"breaker_open_since,omitempty"`
 	Instances        int        `json:"instances"`
-	// The last error Redis gave about one key (e.g. a value tally did not
-	// write, found at a tally key and deleted), and when.
+	// The last error Redis gave about one key, and when.
 	LastProblem   string     `json:"last_problem,omitempty"`
 	LastProblemAt *time.Time `json:"last_problem_at,omitempty"`
-	// On a Redis Cluster, the masters the store cannot reach now and since
-	// when; their keys use the fail policy, every other key is decided in
-	// Redis. A master replaced by its promoted replica leaves the list.
+	// On a Redis Cluster, the masters the store cannot reach now.
 	Unreachable []nodeOutage `json:"unreachable_nodes,omitempty"`
 }
 
@@ -176,37 +156,26 @@ type nodeOutage struct {
 type keyInfo struct {
 	Zone string `json:"zone"`
 	keyName
-	// The key as the zone stores it, when it is not the key given: an
-	// address masked to ipv4_prefix/ipv6_prefix ("127.0.0.0/24"), a long
-	// key's hash ("sha256:<hex>").
+	// The key as the zone stores it (masked, hashed), when it is not the
+	// key given.
 	StoredAs   string  `json:"stored_as,omitempty"`
 	Remaining  int64   `json:"remaining"`
 	RetryAfter float64 `json:"retry_after"`
 	ResetAfter float64 `json:"reset_after"`
-	// The limit the key was last decided under: the zone's literal one, or
-	// the plan its last request carried (events/window/burst placeholders).
+	// The limit the key was last decided under (its plan).
 	Events        int64   `json:"events"`
 	Window        string  `json:"window"`
 	WindowSeconds float64 `json:"window_seconds"`
 	Burst         int64   `json:"burst"`
-	// Where the answer comes from: "local" (this instance's table),
-	// "redis" (the state every instance shares) or, in async mode,
-	// "instance" (this instance's lease of the key, from which it decides
-	// the key's next request here; Fleet then has Redis's view).
-	Source string `json:"source"`
-	// Async mode, when Source is "instance": the key as Redis holds it,
-	// the leases every instance holds counted as spent (what they admitted
-	// since their last sync not yet), or FleetError when Redis could not
-	// be read.
+	// "local", "redis" or, in async mode, "instance": this instance's
+	// lease of the key, with Redis's view in Fleet (or FleetError).
+	Source     string     `json:"source"`
 	Fleet      *fleetView `json:"fleet,omitempty"`
 	FleetError string     `json:"fleet_error,omitempty"`
-	// Zones with ban: the seconds the key's ban has left, and its
-	// escalation level (1 for a first ban; 0 when not banned).
-	BannedFor float64 `json:"banned_for,omitempty"`
-	BanLevel  int     `json:"ban_level,omitempty"`
+	BannedFor  float64    `json:"banned_for,omitempty"` // zones with ban
+	BanLevel   int        `json:"ban_level,omitempty"`
 	// Scope global zones: this region's share of the key's limit (0 to
-	// 1), which remaining, events and burst above are already scaled to,
-	// and the region's name.
+	// 1), which remaining, events and burst are scaled to.
 	Share  *float64 `json:"share,omitempty"`
 	Region string   `json:"region,omitempty"`
 }
@@ -220,9 +189,8 @@ type fleetView struct {
 }
 
 // keyName is how the admin API names a key in its answers: "key" is the key
-// as text, which is the key itself when it is valid UTF-8; JSON would turn
-// any other byte into U+FFFD, so such a key also has "key_base64", its bytes
-// in standard base64 (RFC 4648 §4, padded), which GET and DELETE take back as
+// as text; JSON would turn a byte that is not UTF-8 into U+FFFD, so such a
+// key also has "key_base64", its bytes, which GET and DELETE take back as
 // ?key_base64= and `caddy rate-limit key|reset --base64` as the key.
 type keyName struct {
 	Key       string `json:"key"`
@@ -259,7 +227,7 @@ func decodeKeyBase64(s string) (string, error) {
 
 // knownZone is the zone of that name, or the admin API's 404 for it.
 func knownZone(name string) (*zones.Zone, error) {
-	if z := lookupZone(name); z != nil {
+	if z := lookupZone(name, false); z != nil {
 		return z, nil
 	}
 	return nil, caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("unknown zone %q", name)}
@@ -268,55 +236,50 @@ func knownZone(name string) (*zones.Zone, error) {
 func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 	rest, _ := strings.CutPrefix(r.URL.EscapedPath(), "/rate_limit/")
 	parts := strings.Split(strings.TrimSuffix(rest, "/"), "/")
+	q := r.URL.Query()
+	zoneRoute := (len(parts) == 3 || len(parts) == 4) && parts[0] == "zones"
+	keys := zoneRoute && parts[2] == "keys" && (len(parts) == 4 || q.Has("key") || q.Has("key_base64"))
 	switch {
 	case len(parts) == 1 && parts[0] == "zones":
 		if r.Method != http.MethodGet {
 			return methodNotAllowed(w, http.MethodGet)
 		}
 		return writeJSON(w, listZones())
-	case len(parts) == 4 && parts[0] == "zones" && parts[2] == "keys",
-		len(parts) == 3 && parts[0] == "zones" && parts[2] == "keys" && (r.URL.Query().Has("key") || r.URL.Query().Has("key_base64")):
-		zoneName, err1 := url.PathUnescape(parts[1])
-		var key string
-		var err2 error
-		switch q := r.URL.Query(); {
-		case len(parts) == 4:
-			key, err2 = url.PathUnescape(parts[3])
-		case q.Has("key_base64"):
-			key, err2 = decodeKeyBase64(q.Get("key_base64"))
-		default:
-			key = q.Get("key")
-		}
-		if err := errors.Join(err1, err2); err != nil {
-			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
-		}
-		z, err := knownZone(zoneName)
-		if err != nil {
-			return err
-		}
-		switch r.Method {
-		case http.MethodGet:
-			return a.getKey(w, r, z, key)
-		case http.MethodDelete:
-			return a.resetKey(w, r, z, key)
-		}
-		return methodNotAllowed(w, http.MethodGet, http.MethodDelete)
-	case len(parts) == 3 && parts[0] == "zones" && (parts[2] == "top" || parts[2] == "bans"):
-		zoneName, err := url.PathUnescape(parts[1])
-		if err != nil {
-			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
-		}
-		z, err := knownZone(zoneName)
-		if err != nil {
-			return err
-		}
-		if parts[2] == "bans" {
-			return a.bans(w, r, z)
-		}
-		return a.top(w, r, z)
+	case !keys && !(zoneRoute && len(parts) == 3 && (parts[2] == "top" || parts[2] == "bans")):
+		return caddy.APIError{HTTPStatus: http.StatusNotFound,
+			Err: errors.New("unknown path: use /rate_limit/zones, /rate_limit/zones/<zone>/keys/<key> (or .../keys?key=<key>, for any key including the empty one, or .../keys?key_base64=<base64>) /rate_limit/zones/<zone>/top or /rate_limit/zones/<zone>/bans")}
 	}
-	return caddy.APIError{HTTPStatus: http.StatusNotFound,
-		Err: errors.New("unknown path: use /rate_limit/zones, /rate_limit/zones/<zone>/keys/<key> (or .../keys?key=<key>, for any key including the empty one, or .../keys?key_base64=<base64>) /rate_limit/zones/<zone>/top or /rate_limit/zones/<zone>/bans")}
+	zoneName, err1 := url.PathUnescape(parts[1])
+	var key string
+	var err2 error
+	switch {
+	case !keys:
+	case len(parts) == 4:
+		key, err2 = url.PathUnescape(parts[3])
+	case q.Has("key_base64"):
+		key, err2 = decodeKeyBase64(q.Get("key_base64"))
+	default:
+		key = q.Get("key")
+	}
+	if err := errors.Join(err1, err2); err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
+	}
+	z, err := knownZone(zoneName)
+	switch {
+	case err != nil:
+		return err
+	case !keys && r.Method != http.MethodGet:
+		return methodNotAllowed(w, http.MethodGet)
+	case parts[2] == "top":
+		return a.top(w, r, z)
+	case parts[2] == "bans":
+		return a.bans(w, r, z)
+	case r.Method == http.MethodGet:
+		return a.getKey(w, r, z, key)
+	case r.Method == http.MethodDelete:
+		return a.resetKey(w, r, z, key)
+	}
+	return methodNotAllowed(w, http.MethodGet, http.MethodDelete)
 }
 
 func listZones() []zoneInfo {
@@ -357,9 +320,10 @@ func listZones() []zoneInfo {
 				ok, since := hr.Health()
 				zi.Store.OK = ok
 				if !ok {
-					zi.Store.BreakerOpenSince = &since
+					zi.Store.BreakerOpenSince, zi.Store.Failing = &since, true
 				}
 				for _, o := range hr.Outages() {
+					zi.Store.Failing = zi.Store.Failing && !o.Open
 					if o.Node != "" {
 						zi.Store.Unreachable = append(zi.Store.Unreachable, nodeOutage{o.Node, o.Since})
 					}
@@ -457,9 +421,6 @@ type banInfo struct {
 }
 
 func (a *AdminAPI) bans(w http.ResponseWriter, r *http.Request, z *zones.Zone) error {
-	if r.Method != http.MethodGet {
-		return methodNotAllowed(w, http.MethodGet)
-	}
 	if z.Ban == 0 {
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s does not ban: add e.g. ban 1h to it", z.Name)}
 	}
@@ -584,6 +545,7 @@ type topInfo struct {
 	Denials   uint64         `json:"denials"`             // every denial in the window, all keys
 	Floor     uint64         `json:"floor"`               // most denials of a key not listed
 	Capacity  int            `json:"capacity"`            // keys tracked per period
+	DryRun    bool           `json:"dry_run,omitempty"`   // the denials are a dry run's would-be denials
 	Keys      []offenderInfo `json:"keys"`
 }
 
@@ -604,9 +566,6 @@ type offenderInfo struct {
 const defaultTopN = 20
 
 func (a *AdminAPI) top(w http.ResponseWriter, r *http.Request, z *zones.Zone) error {
-	if r.Method != http.MethodGet {
-		return methodNotAllowed(w, http.MethodGet)
-	}
 	offenders := z.State().Offenders
 	n := defaultTopN
 	if s := r.URL.Query().Get("n"); s != "" {
@@ -624,6 +583,7 @@ func (a *AdminAPI) top(w http.ResponseWriter, r *http.Request, z *zones.Zone) er
 		Denials:  sum.Total,
 		Floor:    sum.Floor,
 		Capacity: offenders.Capacity(),
+		DryRun:   z.DryRun,
 		Keys:     make([]offenderInfo, 0, len(sum.Top)),
 	}
 	for _, e := range sum.Top {

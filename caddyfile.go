@@ -28,124 +28,17 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 	return &handler, err
 }
 
-// UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
-//
-//	rate_limit [<matcher>] {
-//	    zone <name> {
-//	        key        <placeholders>     # required, e.g. {client_ip}
-//	        events     <n>                # required
-//	        window     <duration>         # required
-//	        burst      <n>                # default: events
-//	        # events, window and burst also take a placeholder and the
-//	        # literal fallback for requests where it is empty or invalid,
-//	        # and optionally a bound beyond which a value falls back too:
-//	        #   events {plan_rpm} 60 [at_most <n>]   (limits per plan, e.g. from map)
-//	        #   window {plan_window} 1m [at_least <duration>]
-//	        #   burst  {plan_burst} [<n>] [at_most <n>]  (fallback: burst, else events)
-//	        # A placeholder the client sets (a request header) lets it pick
-//	        # its limit: take plans from the operator (map, a verified JWT
-//	        # claim), or bound them.
-//	        cost       <n>|<placeholder> [<fallback n>] [at_least <n>] [at_most <n>]
-//	                                      # default: 1; a placeholder's value below
-//	                                      # at_least costs at_least, above at_most
-//	                                      # at_most, e.g. cost
-//	                                      # {http.request.header.X-Search-Cost} 1 at_least 1 at_most 100
-//	        count      { <response matchers> }  # post-charged: count only
-//	                                            # matching responses, e.g.
-//	                                            # count { status 401 403 }
-//	        charge     <placeholder> [<fallback n>]  # post-charged: cost read
-//	                                            # after the response
-//	        match      { <matchers> }     # repeatable; default: every request
-//	        ipv4_prefix <bits>
-//	        ipv6_prefix <bits>
-//	        fail_policy open|closed|local # default: local
-//	        max_keys   <n>                # default: 1000000
-//	        ban <duration> [<max>]        # a key the zone denies is then denied
-//	                                      # for duration (ban 1h); with max, bans
-//	                                      # escalate: ban 10m 24h bans for 10m,
-//	                                      # 20m, 40m ... at most 24h, a key not
-//	                                      # banned for max starting over
-//	        delay <duration>              # a request the zone would deny waits
-//	                                      # for its turn when that is at most
-//	                                      # duration away (at most 1m): its slot
-//	                                      # is reserved, then it goes on
-//	        queue <n>                     # with delay: at most n of the zone's
-//	                                      # requests wait at once here; default 1000
-//	        dry_run
-//	        scope global|region           # default region; global: the limit holds
-//	                                      # across distributed's global regions
-//	    }
-//	    zone <name> {                     # a quota zone
-//	        key         <placeholders>    # required
-//	        quota <n>|<placeholder> [<fallback n>] [at_most <n>] per minute|hour|day|week|month [<IANA time zone>]
-//	                                      # at most n units per calendar period
-//	                                      # (default time zone UTC), instead of
-//	                                      # events, window and burst, e.g.
-//	                                      # quota {plan_quota} 100000 per month Europe/Berlin
-//	        cost, count, charge, match, ipv4_prefix, ipv6_prefix, fail_policy,
-//	        max_keys, dry_run as above
-//	    }
-//	    zone <name> {                     # a concurrency zone
-//	        key         <placeholders>    # required
-//	        concurrency <n>               # at most n requests of a key in flight,
-//	                                      # instead of events, window and burst
-//	        lease       <duration>        # distributed: a dead instance's slots
-//	                                      # free after this; default 30s, >= 1s
-//	        match, ipv4_prefix, ipv6_prefix, fail_policy, max_keys, dry_run as above
-//	    }
-//	    distributed {
-//	        redis <url>...                # or a block: addresses, username,
-//	                                      # password, db, sentinel_master, tls,
-//	                                      # tls_ca <pem file>,
-//	                                      # tls_client <cert file> <key file>
-//	        mode          strict|async    # default: strict
-//	        sync_interval <duration>      # async; default 100ms
-//	        read_interval, write_interval <duration>  # mholt/caddy-ratelimit's: in async
-//	                                      # mode without sync_interval the larger is
-//	                                      # the sync interval; ignored in strict mode
-//	        timeout       <duration>      # default: 50ms
-//	        key_prefix    <string>        # default: tally:
-//	        region        <name>          # with global: this region, one of regions
-//	        global {                      # zones with scope global share their limit
-//	                                      # between regions (docs/distributed.md)
-//	            redis <url>...            # the global Redis, or a redis { ... } block
-//	            regions <name>:<weight>...  # required; the default shares, the same
-//	                                      # in every region
-//	            sync_interval <duration>  # the coordinator's; default 1s
-//	            lease         <duration>  # a region without contact keeps its shares
-//	                                      # this long; default 5m, >= 2 × sync_interval
-//	        }
-//	    }
-//	    persist {                         # local rate zones resume after a restart
-//	        interval <duration>           # periodic snapshot; default 30s, >= 1s
-//	        max_age  <duration>           # an older snapshot is ignored; default 24h
-//	    }
-//	    headers both|ietf|legacy|off      # default: both
-//	    status <code>                     # default: 429
-//	    jitter <fraction>
-//	    sweep_interval <duration>         # default: 1m
-//	    log_key
-//	    disable_metrics
-//	    dry_run
-//	}
-//
-// Every subdirective may appear once per block (zone and match excepted), and
-// every error names the file and line.
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens. The syntax,
+// every subdirective with its default, is in docs/configuration.md (the
+// redis and global blocks in docs/distributed.md). Every subdirective may
+// appear once per block (zone and match excepted), and every error names
+// the file and line.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the directive name
 	if d.NextArg() {
 		return d.ArgErr()
 	}
-	seen := map[string]bool{}
-	for d.NextBlock(0) {
-		sub := d.Val()
-		if sub != "zone" {
-			if seen[sub] {
-				return d.Errf("%s is given twice: keep one", sub)
-			}
-			seen[sub] = true
-		}
-		var err error
+	err := subdirectives(d, nil, "", func(sub string) (err error) {
 		switch sub {
 		case "zone":
 			err = h.unmarshalZone(d)
@@ -180,9 +73,10 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		default:
 			err = d.Errf("unknown subdirective %q: expected zone, distributed, persist, headers, status, jitter, sweep_interval, log_key, disable_metrics or dry_run", sub)
 		}
-		if err != nil {
-			return err
-		}
+		return err
+	}, "zone")
+	if err != nil {
+		return err
 	}
 	if len(h.RateLimits) == 0 {
 		return d.Err("rate_limit needs at least one zone: zone <name> { key {client_ip}; events 100; window 1m }")
@@ -194,6 +88,27 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 	}
 	h.globalLines = nil
+	return nil
+}
+
+// subdirectives calls f for each subdirective of the block d's token opens,
+// refusing one given twice (twice starts that error) unless it is
+// repeatable, and returns f's first error. seen, when not nil, records the
+// subdirectives.
+func subdirectives(d *caddyfile.Dispenser, seen map[string]bool, twice string, f func(sub string) error, repeatable ...string) error {
+	if seen == nil {
+		seen = map[string]bool{}
+	}
+	for nest := d.Nesting(); d.NextBlock(nest); {
+		sub := d.Val()
+		if seen[sub] && !slices.Contains(repeatable, sub) {
+			return d.Errf("%s%s is given twice: keep one", twice, sub)
+		}
+		seen[sub] = true
+		if err := f(sub); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -235,16 +150,12 @@ func parseZone(d *caddyfile.Dispenser, defined map[string]*Zone, in, keyExample 
 		return "", nil, nil, d.Errf("zone %s is defined twice in this %s: give the second one another name", name, in)
 	}
 	z := new(Zone)
-	seen := map[string]bool{}
 	lines := map[string]int{} // where each subdirective is, for errors found later
 	zoneLine := d.Line()
-	var err error
-	for nest := d.Nesting(); d.NextBlock(nest); {
-		sub := d.Val()
+	seen := map[string]bool{}
+	err := subdirectives(d, seen, "", func(sub string) (err error) {
 		lines[sub] = d.Line()
 		switch {
-		case sub != "match" && seen[sub]:
-			err = d.Errf("%s is given twice: keep one", sub)
 		case sub == "quota" && (seen["events"] || seen["window"] || seen["burst"]),
 			(sub == "events" || sub == "window" || sub == "burst") && seen["quota"]:
 			err = d.Err("a zone has either a quota or a rate: remove events, window and burst, or put the rate in a zone of its own (a rate and a quota for the same key are two zones)")
@@ -257,20 +168,7 @@ func parseZone(d *caddyfile.Dispenser, defined map[string]*Zone, in, keyExample 
 		case sub == "key":
 			z.Key, err = oneArg(d)
 		case sub == "events":
-			var a planArgs
-			switch a, err = readPlanArgs(d, "at_most", true); {
-			case err != nil:
-			case a.placeholder == "":
-				z.MaxEvents, err = int64ArgOf(d, "events", 1, zones.MaxEvents)
-			default:
-				z.MaxEventsPlaceholder = a.placeholder
-				if z.MaxEvents, err = parseInt64(d, "events", a.fallback, 1, zones.MaxEvents); err == nil && a.bound != "" {
-					z.MaxEventsAtMost, err = parseInt64(d, "events at_most", a.bound, 1, zones.MaxEvents)
-					if err == nil && z.MaxEventsAtMost < z.MaxEvents {
-						err = d.Errf("events at_most %d is less than the fallback %d: the fallback must be within the bound", z.MaxEventsAtMost, z.MaxEvents)
-					}
-				}
-			}
+			z.MaxEventsPlaceholder, err = planInt(d, true, &z.MaxEvents, &z.MaxEventsAtMost)
 		case sub == "window":
 			var a planArgs
 			switch a, err = readPlanArgs(d, "at_least", true); {
@@ -287,23 +185,7 @@ func parseZone(d *caddyfile.Dispenser, defined map[string]*Zone, in, keyExample 
 				}
 			}
 		case sub == "burst":
-			var a planArgs
-			switch a, err = readPlanArgs(d, "at_most", false); {
-			case err != nil:
-			case a.placeholder == "":
-				z.Burst, err = int64ArgOf(d, "burst", 1, zones.MaxEvents)
-			default:
-				z.BurstPlaceholder = a.placeholder
-				if a.fallback != "" {
-					z.Burst, err = parseInt64(d, "burst", a.fallback, 1, zones.MaxEvents)
-				}
-				if err == nil && a.bound != "" {
-					z.BurstAtMost, err = parseInt64(d, "burst at_most", a.bound, 1, zones.MaxEvents)
-					if err == nil && z.BurstAtMost < z.Burst {
-						err = d.Errf("burst at_most %d is less than the fallback %d: the fallback must be within the bound", z.BurstAtMost, z.Burst)
-					}
-				}
-			}
+			z.BurstPlaceholder, err = planInt(d, false, &z.Burst, &z.BurstAtMost)
 		case sub == "cost":
 			err = readCostArgs(d, z)
 		case sub == "count":
@@ -316,7 +198,7 @@ func parseZone(d *caddyfile.Dispenser, defined map[string]*Zone, in, keyExample 
 				z.Count = &rm
 			}
 		case sub == "charge":
-			if z.Charge, err = placeholderArg(d, false); err == nil {
+			if z.Charge, err = placeholderArg(d); err == nil {
 				switch {
 				case z.Charge == "":
 					err = d.Err("charge takes a placeholder read after the response, e.g. charge {http.response.header.X-Tokens-Used}")
@@ -360,10 +242,10 @@ func parseZone(d *caddyfile.Dispenser, defined map[string]*Zone, in, keyExample 
 		default:
 			err = d.Errf("unknown subdirective %q: expected key, events, window, burst, quota, cost, count, charge, ban, delay, queue, concurrency, lease, scope, match, ipv4_prefix, ipv6_prefix, fail_policy, max_keys or dry_run", sub)
 		}
-		if err != nil {
-			return "", nil, nil, fmt.Errorf("zone %s: %w", name, err)
-		}
-		seen[sub] = true
+		return err
+	}, "match")
+	if err != nil {
+		return "", nil, nil, fmt.Errorf("zone %s: %w", name, err)
 	}
 	switch {
 	case z.Key == "":
@@ -402,8 +284,7 @@ func parseZone(d *caddyfile.Dispenser, defined map[string]*Zone, in, keyExample 
 		return "", nil, nil, d.Errf("zone %s: cost {placeholder} and charge both say what a request costs: keep one (charge for a cost known after the response)", name)
 	}
 	// What provisioning would refuse, refused here with the line at fault.
-	cfg := zones.Config{Name: name, Concurrency: z.Concurrency, Events: z.MaxEvents, Window: time.Duration(z.Window), Burst: z.Burst,
-		IPv4Prefix: z.IPv4Prefix, IPv6Prefix: z.IPv6Prefix, MaxKeys: z.MaxKeys}
+	cfg := z.limits(name)
 	if setting, err := cfg.Check(); err != nil && z.Concurrency == 0 && z.Quota == nil {
 		line, ok := lines[setting]
 		if !ok {
@@ -418,42 +299,29 @@ func (p *Persist) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
-	seen := map[string]bool{}
-	for nest := d.Nesting(); d.NextBlock(nest); {
-		sub := d.Val()
-		var err error
-		switch {
-		case seen[sub]:
-			err = d.Errf("%s is given twice: keep one", sub)
-		case sub == "interval":
+	err := subdirectives(d, nil, "", func(sub string) (err error) {
+		switch sub {
+		case "interval":
 			if p.Interval, err = durationArg(d); err == nil && time.Duration(p.Interval) < MinPersistInterval {
 				err = d.Errf("persist interval must be at least %v, not %v", MinPersistInterval, time.Duration(p.Interval))
 			}
-		case sub == "max_age":
+		case "max_age":
 			p.MaxAge, err = durationArg(d)
 		default:
 			err = d.Errf("unknown persist subdirective %q: expected interval or max_age", sub)
 		}
-		if err != nil {
-			return err
-		}
-		seen[sub] = true
-	}
-	return nil
+		return err
+	})
+	return err
 }
 
 func (dist *Distributed) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
-	seen := map[string]bool{}
 	var syncLine, regionLine int
-	var err error
-	for nest := d.Nesting(); d.NextBlock(nest); {
-		sub := d.Val()
+	err := subdirectives(d, nil, "", func(sub string) (err error) {
 		switch {
-		case seen[sub]:
-			err = d.Errf("%s is given twice: keep one", sub)
 		case sub == "redis":
 			dist.Redis = new(Redis)
 			err = dist.Redis.unmarshalCaddyfile(d)
@@ -493,10 +361,10 @@ func (dist *Distributed) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		default:
 			err = d.Errf("unknown subdirective %q: expected redis, mode, sync_interval, timeout, key_prefix, region or global", sub)
 		}
-		if err != nil {
-			return fmt.Errorf("distributed: %w", err)
-		}
-		seen[sub] = true
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("distributed: %w", err)
 	}
 	if dist.Redis == nil {
 		return d.Err("distributed needs Redis: tally shares state through Redis, not Caddy's storage; add e.g. redis redis://127.0.0.1:6379")
@@ -551,14 +419,7 @@ func (r *Redis) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 		return nil
 	}
-	seen := map[string]bool{}
-	var err error
-	for nest := d.Nesting(); d.NextBlock(nest); {
-		sub := d.Val()
-		if seen[sub] {
-			return d.Errf("redis: %s is given twice: keep one", sub)
-		}
-		seen[sub] = true
+	err := subdirectives(d, nil, "redis: ", func(sub string) (err error) {
 		switch sub {
 		case "addresses":
 			if r.Addresses = d.RemainingArgs(); len(r.Addresses) == 0 {
@@ -588,9 +449,10 @@ func (r *Redis) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		default:
 			err = d.Errf("redis: unknown subdirective %q: expected addresses, username, password, db, sentinel_master, tls, tls_ca or tls_client", sub)
 		}
-		if err != nil {
-			return err
-		}
+		return err
+	})
+	if err != nil {
+		return err
 	}
 	if len(r.Addresses) == 0 {
 		return d.Err("redis needs an address: redis redis://127.0.0.1:6379, or addresses inside its block")
@@ -601,9 +463,8 @@ func (r *Redis) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // placeholderArg reads `<setting> <placeholder> [<fallback>]`: when the
 // setting's value is a placeholder, it returns it and leaves the dispenser
 // on the setting's name again, so that the literal fallback is read from
-// the rest of the line as the setting itself would be. needFallback says
-// whether the fallback is required.
-func placeholderArg(d *caddyfile.Dispenser, needFallback bool) (string, error) {
+// the rest of the line as the setting itself would be.
+func placeholderArg(d *caddyfile.Dispenser) (string, error) {
 	dir := d.Val()
 	if d.CountRemainingArgs() < 1 {
 		return "", nil
@@ -617,14 +478,32 @@ func placeholderArg(d *caddyfile.Dispenser, needFallback bool) (string, error) {
 	if singlePlaceholder(v) == "" {
 		return "", d.Errf("%s takes a number or one placeholder such as {plan_rpm}, not %q", dir, v)
 	}
-	if needFallback && d.CountRemainingArgs() == 0 {
-		example := "60"
-		if dir == "window" {
-			example = "1m"
-		}
-		return "", d.Errf("%s %s needs a fallback for requests where it is empty or invalid: %s %s %s", dir, v, dir, v, example)
-	}
 	return v, nil
+}
+
+// planInt reads events or burst, the setting d is on: a literal into lit,
+// or a placeholder, which it returns, with its fallback (needFallback: a
+// required one) into lit and its at_most bound into atMost.
+func planInt(d *caddyfile.Dispenser, needFallback bool, lit, atMost *int64) (string, error) {
+	dir := d.Val()
+	a, err := readPlanArgs(d, "at_most", needFallback)
+	switch {
+	case err != nil:
+		return "", err
+	case a.placeholder == "":
+		*lit, err = int64ArgOf(d, dir, 1, zones.MaxEvents)
+		return "", err
+	case a.fallback != "":
+		if *lit, err = parseInt64(d, dir, a.fallback, 1, zones.MaxEvents); err != nil {
+			return "", err
+		}
+	}
+	if a.bound != "" {
+		if *atMost, err = parseInt64(d, dir+" at_most", a.bound, 1, zones.MaxEvents); err == nil && *atMost < *lit {
+			err = d.Errf("%s at_most %d is less than the fallback %d: the fallback must be within the bound", dir, *atMost, *lit)
+		}
+	}
+	return a.placeholder, err
 }
 
 // planArgs are the arguments of `events`, `window` or `burst` given a

@@ -63,22 +63,7 @@ reset --base64 and that value to name it.
 				Args:  cobra.NoArgs,
 				RunE:  func(cmd *cobra.Command, _ []string) error { return cliZones(newCLI(cmd)) },
 			})
-			key := &cobra.Command{
-				Use:     "key <zone> <key>",
-				Short:   "Shows a key's remaining quota and when it may send again",
-				Example: "caddy rate-limit key api_key alice\ncaddy rate-limit key api_key --base64 //4=",
-				Args:    cobra.ExactArgs(2),
-				RunE: func(cmd *cobra.Command, args []string) error {
-					c := newCLI(cmd)
-					key, err := c.keyArg(args[1])
-					if err != nil {
-						return err
-					}
-					return cliKey(c, args[0], key)
-				},
-			}
-			key.Flags().Bool("base64", false, "<key> is the key's bytes in standard base64, as top shows a key that is not UTF-8")
-			cmd.AddCommand(key)
+			cmd.AddCommand(keyCommand("key <zone> <key>", "Shows a key's remaining quota and when it may send again", "key", cliKey))
 			top := &cobra.Command{
 				Use:     "top <zone>",
 				Short:   "Shows the keys this instance denied most in the last 5 to 10 minutes",
@@ -98,24 +83,30 @@ reset --base64 and that value to name it.
 				Args:    cobra.ExactArgs(1),
 				RunE:    func(cmd *cobra.Command, args []string) error { return cliBans(newCLI(cmd), args[0]) },
 			})
-			reset := &cobra.Command{
-				Use:     "reset <zone> <key>",
-				Short:   "Gives a key its full limit back (in Redis too when distributed)",
-				Example: "caddy rate-limit reset api_key alice\ncaddy rate-limit reset api_key --base64 //4=",
-				Args:    cobra.ExactArgs(2),
-				RunE: func(cmd *cobra.Command, args []string) error {
-					c := newCLI(cmd)
-					key, err := c.keyArg(args[1])
-					if err != nil {
-						return err
-					}
-					return cliReset(c, args[0], key)
-				},
-			}
-			reset.Flags().Bool("base64", false, "<key> is the key's bytes in standard base64, as top shows a key that is not UTF-8")
-			cmd.AddCommand(reset)
+			cmd.AddCommand(keyCommand("reset <zone> <key>", "Gives a key its full limit back (in Redis too when distributed)", "reset", cliReset))
 		},
 	})
+}
+
+// keyCommand is the subcommand name (key, reset), which takes a zone and a
+// key, the key in base64 with --base64.
+func keyCommand(use, short, name string, run func(c *cli, zone, key string) error) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     use,
+		Short:   short,
+		Example: "caddy rate-limit " + name + " api_key alice\ncaddy rate-limit " + name + " api_key --base64 //4=",
+		Args:    cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c := newCLI(cmd)
+			key, err := c.keyArg(args[1])
+			if err != nil {
+				return err
+			}
+			return run(c, args[0], key)
+		},
+	}
+	cmd.Flags().Bool("base64", false, "<key> is the key's bytes in standard base64, as top shows a key that is not UTF-8")
+	return cmd
 }
 
 // cli is one run of a rate-limit subcommand.
@@ -179,16 +170,6 @@ func quoteKey(key string) string {
 // name, an error), with every character a terminal would act on escaped as
 // quoteKey escapes it; the rest, quotes included, is left as it is.
 func printable(s string) string {
-	clean := true
-	for _, r := range s {
-		if r == utf8.RuneError || !unicode.IsPrint(r) {
-			clean = false
-			break
-		}
-	}
-	if clean {
-		return s
-	}
 	var b strings.Builder
 	for i := 0; i < len(s); {
 		r, n := utf8.DecodeRuneInString(s[i:])
@@ -214,19 +195,11 @@ func (c *cli) single() error {
 	return nil
 }
 
-// each runs f once per --address (once with the default when none is given).
-func (c *cli) each(f func(c *cli) error) error {
-	if len(c.addresses) <= 1 {
-		return f(c)
-	}
-	for _, addr := range c.addresses {
-		one := *c
-		one.address, one.addresses = addr, []string{addr}
-		if err := f(&one); err != nil {
-			return fmt.Errorf("%s: %w", addr, err)
-		}
-	}
-	return nil
+// at is c for the one instance at addr.
+func (c *cli) at(addr string) *cli {
+	one := *c
+	one.address, one.addresses = addr, []string{addr}
+	return &one
 }
 
 // errNotFound is an admin API 404, with the API's message.
@@ -278,17 +251,26 @@ func (c *cli) call(method, path string) ([]byte, error) {
 // get GETs path and decodes it into v; with --json it prints the body as is
 // (indented) instead and v is left alone.
 func (c *cli) get(path string, v any) (printed bool, err error) {
+	if !c.json {
+		return false, c.fetch(path, v)
+	}
 	body, err := c.call(http.MethodGet, path)
 	if err != nil {
 		return false, err
 	}
-	if c.json {
-		return true, c.printJSON(body)
+	return true, c.printJSON(body)
+}
+
+// fetch GETs path and decodes it into v, whatever --json says.
+func (c *cli) fetch(path string, v any) error {
+	body, err := c.call(http.MethodGet, path)
+	if err != nil {
+		return err
 	}
 	if err := json.Unmarshal(body, v); err != nil {
-		return false, fmt.Errorf("reading the admin API's answer: %v", err)
+		return fmt.Errorf("reading the admin API's answer: %v", err)
 	}
-	return false, nil
+	return nil
 }
 
 // printJSON prints body indented. JSON escapes control characters but not
@@ -375,6 +357,9 @@ func cliZones(c *cli) error {
 			redis = fmt.Sprintf("ok, %d instance(s)", s.Instances)
 			if !s.OK {
 				redis = "UNREACHABLE"
+				if s.Failing {
+					redis = "FAILING" // calls fail; the breaker is not open yet
+				}
 				if s.BreakerOpenSince != nil {
 					redis += " since " + s.BreakerOpenSince.Local().Format(time.TimeOnly)
 				}
@@ -463,24 +448,19 @@ func cliKey(c *cli, zone, key string) error {
 			printable(zone), quoteKey(key), seconds(k.BannedFor), k.BanLevel)
 		return err
 	}
-	if k.RetryAfter > 0 {
-		stored := ""
-		if k.StoredAs != "" {
-			stored = " (stored as " + quoteKey(k.StoredAs) + ")"
-		}
-		_, err = fmt.Fprintf(c.out, "zone %s, key %s%s: LIMITED, 0 remaining, may send again in %s, full again in %s\n",
-			printable(zone), quoteKey(key), stored, seconds(k.RetryAfter), seconds(k.ResetAfter))
-		return c.printFleet(k.keyInfo, err)
-	}
 	stored := ""
 	if k.StoredAs != "" {
 		stored = " (stored as " + quoteKey(k.StoredAs) + ")"
 	}
-	if k.ResetAfter <= 0 && k.Remaining >= k.Burst {
+	switch {
+	case k.RetryAfter > 0:
+		_, err = fmt.Fprintf(c.out, "zone %s, key %s%s: LIMITED, 0 remaining, may send again in %s, full again in %s\n",
+			printable(zone), quoteKey(key), stored, seconds(k.RetryAfter), seconds(k.ResetAfter))
+	case k.ResetAfter <= 0 && k.Remaining >= k.Burst:
 		_, err = fmt.Fprintf(c.out, "zone %s, key %s%s: at its full limit, %d remaining\n", printable(zone), quoteKey(key), stored, k.Remaining)
-		return c.printFleet(k.keyInfo, err)
+	default:
+		_, err = fmt.Fprintf(c.out, "zone %s, key %s%s: not limited, %d remaining, full again in %s\n", printable(zone), quoteKey(key), stored, k.Remaining, seconds(k.ResetAfter))
 	}
-	_, err = fmt.Fprintf(c.out, "zone %s, key %s%s: not limited, %d remaining, full again in %s\n", printable(zone), quoteKey(key), stored, k.Remaining, seconds(k.ResetAfter))
 	return c.printFleet(k.keyInfo, err)
 }
 
@@ -505,13 +485,9 @@ func (c *cli) printFleet(k keyInfo, err error) error {
 // findZone returns the zone named name, or an error listing the zones there
 // are.
 func (c *cli) findZone(name string) (zoneInfo, error) {
-	body, err := c.call(http.MethodGet, "/rate_limit/zones")
-	if err != nil {
-		return zoneInfo{}, err
-	}
 	var zs []zoneInfo
-	if err := json.Unmarshal(body, &zs); err != nil {
-		return zoneInfo{}, fmt.Errorf("reading the admin API's answer: %v", err)
+	if err := c.fetch("/rate_limit/zones", &zs); err != nil {
+		return zoneInfo{}, err
 	}
 	names := make([]string, 0, len(zs))
 	for _, z := range zs {
@@ -567,13 +543,17 @@ func cliTop(c *cli, zone string, n int) error {
 	if len(top.Addresses) > 1 {
 		where = fmt.Sprintf("on %d instances", len(top.Addresses))
 	}
-	fmt.Fprintf(c.out, "zone %s: %d denials %s since %s\n", printable(top.Zone), top.Denials, where, top.Since.Local().Format(time.TimeOnly))
+	what, column := "denials", "DENIALS"
+	if top.DryRun { // nothing was denied: these are the zone's would-be denials
+		what, column = "would-be denials (dry run)", "WOULD DENY"
+	}
+	fmt.Fprintf(c.out, "zone %s: %d %s %s since %s\n", printable(top.Zone), top.Denials, what, where, top.Since.Local().Format(time.TimeOnly))
 	if len(top.Keys) == 0 {
 		_, err := fmt.Fprintln(c.out, "no key was denied")
 		return err
 	}
 	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "KEY\tDENIALS\tSTATE")
+	fmt.Fprintln(tw, "KEY\t"+column+"\tSTATE")
 	for _, k := range top.Keys {
 		denials := strconv.FormatUint(k.Denials, 10)
 		if k.Error > 0 {
@@ -603,17 +583,14 @@ func (c *cli) mergedTop(zone string, n int) (topInfo, error) {
 		state = map[string]offenderInfo{}
 		out   = topInfo{Zone: zone, View: "merged", Addresses: c.addresses}
 	)
-	err := c.each(func(one *cli) error {
-		body, err := one.call(http.MethodGet, zonePath(zone)+"/top?n="+strconv.Itoa(max(2*n, 40)))
+	for _, addr := range c.addresses {
+		var t topInfo
+		err := c.at(addr).fetch(zonePath(zone)+"/top?n="+strconv.Itoa(max(2*n, 40)), &t)
 		if errors.As(err, new(errNotFound)) {
-			_, err = one.findZone(zone)
+			_, err = c.at(addr).findZone(zone)
 		}
 		if err != nil {
-			return err
-		}
-		var t topInfo
-		if err := json.Unmarshal(body, &t); err != nil {
-			return fmt.Errorf("reading the admin API's answer: %v", err)
+			return out, fmt.Errorf("%s: %w", addr, err)
 		}
 		sum := topk.Summary{Since: t.Since.UnixNano(), Total: t.Denials, Floor: t.Floor}
 		for _, k := range t.Keys {
@@ -628,11 +605,7 @@ func (c *cli) mergedTop(zone string, n int) (topInfo, error) {
 			}
 		}
 		sums = append(sums, sum)
-		out.Capacity = t.Capacity
-		return nil
-	})
-	if err != nil {
-		return out, err
+		out.Capacity, out.DryRun = t.Capacity, out.DryRun || t.DryRun
 	}
 	fleet := topk.Merge(n, sums...)
 	out.Since, out.Denials, out.Floor = time.Unix(0, fleet.Since), fleet.Total, fleet.Floor
@@ -699,10 +672,8 @@ func cliReset(c *cli, zone, key string) error {
 	var outcomes []resetOutcome
 	var reset, failed []string
 	for _, addr := range c.addresses {
-		one := *c
-		one.address, one.addresses = addr, []string{addr}
 		o := resetOutcome{Address: addr, Outcome: "reset"}
-		switch err := resetOn(&one, zone, key); {
+		switch err := resetOn(c.at(addr), zone, key); {
 		case errors.As(err, new(errNotTracked)):
 			o.Outcome = "not tracked"
 		case err != nil:

@@ -97,8 +97,8 @@ func TestConcurrencyZonesAreDecidedAfterRateZones(t *testing.T) {
 		a, b *zoneHandler
 		want int
 	}{{rate, c2, -1}, {c2, rate, 1}, {c2, c8, -1}, {c8, c2, 1}, {c2, c2, 0}} {
-		if got := compareConcurrency(tc.a, tc.b); got != tc.want {
-			t.Errorf("compareConcurrency(%s, %s) = %d, want %d", tc.a.Name, tc.b.Name, got, tc.want)
+		if got := compareZones(tc.a, tc.b); got != tc.want {
+			t.Errorf("compareZones(%s, %s) = %d, want %d", tc.a.Name, tc.b.Name, got, tc.want)
 		}
 	}
 }
@@ -136,7 +136,7 @@ func TestSlotIsReleasedWhenNextPanics(t *testing.T) {
 				t.Fatal("the panic did not propagate")
 			}
 		}()
-		_ = serveHoldingSlots(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/", nil), next, verdicts)
+		_ = (&Handler{}).serve(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/", nil), nil, next, verdicts)
 	}()
 	if n := z.InFlight(); n != 0 {
 		t.Fatalf("%d requests in flight after the panic, want 0", n)

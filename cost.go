@@ -17,23 +17,10 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// What a request costs (issue 10):
-//
-//   - `cost <n|placeholder>`: known before the request; one GCRA step of
-//     that cost, refunded at that cost when a later zone denies. A cost
-//     placeholder that is empty, not a whole number or negative falls back
-//     to the literal (default 1), counted (and logged, sampled, unless it
-//     is empty: a missing header is routine); a value beyond the zone's
-//     at_least or at_most costs that bound, counted and logged, sampled
-//     (clamped, not the fallback: asking for more must never cost less);
-//     0 passes without consuming unless at_least says otherwise; more than
-//     the burst can never pass and is denied at once, with a warning in
-//     the log.
-//   - `count { <response matchers> }` and/or `charge <placeholder>`: the zone
-//     is post-charged. Before the request it is only checked (denied when
-//     the key has no quota left); after the response, if it matches count
-//     (every response with charge alone), the cost is charged: the literal
-//     cost, or charge's placeholder read after the response.
+// What a request costs (issue 10; docs/configuration.md, "What a request
+// costs"): `cost` is known before the request, one GCRA step of that cost,
+// refunded when a later zone denies; `count` and `charge` make the zone
+// post-charged: checked before the request, charged after the response.
 
 // costVars are a zone's cost settings, resolved at provision.
 type costVars struct {
@@ -151,11 +138,7 @@ func countCost(verdicts []verdict) {
 // returns, charges the post-charged zones whose count matches the response.
 // An error returned down the chain counts with its status (what
 // handle_errors sees as {err.status_code}) unless a status was written.
-// Concurrency zones' slots, when holding, are released after the charges.
-func serveAndCharge(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, verdicts []verdict, holding bool) error {
-	if holding {
-		defer releaseSlots(verdicts)
-	}
+func serveAndCharge(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, verdicts []verdict) error {
 	rec := caddyhttp.NewResponseRecorder(w, nil, nil)
 	err := next.ServeHTTP(rec, r)
 	status := rec.Status()

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/caddy-tally/ratelimit/distributed"
 )
 
 type headerMode uint8
@@ -40,30 +42,9 @@ const maxSFInteger = 999_999_999_999_999
 
 // setHeaders writes the rate limit headers for the zones that applied and
 // returns the largest t (seconds) the RateLimit field now carries. On a
-// denial it also writes Retry-After, in every headers mode: retry in whole
-// seconds, rounded up, at least 1 and never earlier than any t of the
-// RateLimit field (draft-ietf-httpapi-ratelimit-headers-10 §6).
-//
-// The fields follow draft-10 and RFC 9651:
-//
-//	RateLimit-Policy: "<zone>";q=<events>;w=<window seconds>
-//	RateLimit:        "<zone>";r=<remaining>;t=<seconds until more quota>
-//
-// and, for a concurrency zone, "<zone>";q=<n>;qu="concurrent-requests", with
-// a t only on a denial (its retry time): when a slot frees is not known. A
-// quota zone's w is the length of the period the request was counted in (a
-// 23-hour day is w=82800), and its t the seconds to the period's end, only
-// once the key has nothing left: before that no more quota is coming, since
-// nothing refills until the boundary. Its legacy RateLimit-Reset is the
-// seconds to the boundary, always.
-//
-// t is the time until at least one more unit of quota is available, rounded
-// up: within one emission interval while below the burst, the retry time of a
-// zone with none left. It is omitted when the key is at its full burst (no
-// more quota can become available), and, on a denial, for zones that still
-// have quota, whose t would only push Retry-After later than the request
-// could succeed. w is omitted for a window that is not whole seconds, which
-// the draft cannot express.
+// denial it also writes Retry-After, in every headers mode. The fields and
+// their rules (draft-ietf-httpapi-ratelimit-headers-10, RFC 9651) are in
+// docs/headers.md.
 //
 // The usual response (one zone, no earlier rate_limit handler on the route)
 // is rendered from the handler's render cache: its values depend only on
@@ -73,8 +54,7 @@ const maxSFInteger = 999_999_999_999_999
 // response rendered the same bytes). Either way a response allocates only
 // its header values' backing array, its own: a later handler that edits a
 // value in place (Caddy's header directive does) changes this response's
-// headers and no other's. The numbers come from each verdict's plan and
-// decision, so a limit read from the request renders like a literal one.
+// headers and no other's.
 func (h *Handler) setHeaders(hdr http.Header, verdicts []verdict, denied bool, retry time.Duration) (maxT int64) {
 	if len(verdicts) == 0 {
 		return 0
@@ -215,7 +195,7 @@ func (h *Handler) render(e *renderedHeaders, hdr http.Header, verdicts []verdict
 	}
 	if legacy != nil {
 		e.legacy = true
-		buf = strconv.AppendInt(buf, sfInt(legacy.Quota()), 10)
+		buf = strconv.AppendInt(buf, sfInt(quota(legacy)), 10)
 		ends[e.n] = len(buf)
 		buf = strconv.AppendInt(buf, sfInt(legacy.Decision.Remaining), 10)
 		ends[e.n+1] = len(buf)
@@ -249,7 +229,7 @@ type renderKey struct {
 }
 
 func newRenderKey(v *verdict, denied bool, retry time.Duration) renderKey {
-	k := renderKey{zone: v.Owner, events: v.Plan.Events, window: int64(v.Window()),
+	k := renderKey{zone: v.Owner, events: quota(v), window: int64(v.Window()),
 		remaining: v.Decision.Remaining, t: -1, reset: ceilSeconds(v.Decision.ResetAfter)}
 	if t, ok := v.MoreQuotaIn(); ok && !(denied && v.Decision.Remaining > 0) {
 		k.t = sfInt(ceilSeconds(t))
@@ -325,12 +305,21 @@ func (c *valueCache) seconds(n int64) string {
 	return c.intern(strconv.AppendInt(b[:0], n, 10))
 }
 
+// quota is v's q: the zone's, or in a scope global zone the region's share
+// of it, rounded down: what a client that paces itself by q gets here.
+func quota(v *verdict) int64 {
+	if r := v.Owner.region; r != nil {
+		return int64(float64(v.Quota()) * float64(r.Share(v.Owner.Name, v.Key)) / distributed.ShareScale)
+	}
+	return v.Quota()
+}
+
 // appendPolicy appends v's zone as a RateLimit-Policy list member.
 func appendPolicy(buf []byte, v *verdict) []byte {
 	buf = append(buf, '"')
 	buf = append(buf, v.Owner.Name...) // [A-Za-z0-9_-]: nothing to escape
 	buf = append(buf, `";q=`...)
-	buf = strconv.AppendInt(buf, sfInt(v.Quota()), 10)
+	buf = strconv.AppendInt(buf, sfInt(quota(v)), 10)
 	if u := v.QuotaUnit(); u != "" {
 		buf = append(buf, `;qu="`...)
 		buf = append(buf, u...)

@@ -7,11 +7,13 @@ package ratelimit
 // listener_caddyfile.go.
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -41,7 +43,8 @@ func init() {
 //
 // A connection is decided by the client's address, `{remote_ip}`: the
 // socket's peer, or the PROXY protocol's source behind `proxy_protocol`.
-// `{client_ip}` and `trusted_proxies` are request-level and not known here.
+// `{client_ip}` and `trusted_proxies` are request-level and not known here:
+// a deny_while zone must be keyed by `{remote_host}`.
 // A refused connection is reset (TCP RST) before anything is read from it:
 // it never gets a TLS handshake, an HTTP request or an access log line.
 // Without `proxy_protocol` it is decided as it is accepted; with it, on its
@@ -62,7 +65,7 @@ type ListenerWrapper struct {
 	RateLimits map[string]*Zone `json:"rate_limits,omitempty"`
 
 	// HTTP zones (of rate_limit handlers in this config, keyed by the
-	// client's address: {client_ip} or {remote_host}) whose denial refuses
+	// connection's address: {remote_host}) whose denial refuses
 	// the client's new connections: while such a zone denies (or bans) the
 	// key, a new connection of that address is reset. Read from the zone's
 	// local state and deny cache, with no Redis call.
@@ -86,7 +89,7 @@ type connZone struct {
 	*zones.Zone
 	key     string // the key template
 	keyIsIP bool   // the template is {remote_ip} alone
-	metrics *connectionMetrics
+	metrics decisions
 	stateID stateID
 }
 
@@ -94,7 +97,7 @@ type connZone struct {
 type denyWhileZone struct {
 	*zones.Zone
 	dryRun  bool
-	metrics *connectionMetrics
+	metrics decisions
 }
 
 // connLive is what the wrapper's connections update and read.
@@ -117,7 +120,7 @@ const remoteIPPlaceholder = "{remote_ip}"
 
 // Provision checks the wrapper's place among the server's listener
 // wrappers, sets up its zones and checks that every deny_while zone is an
-// HTTP zone of this config keyed by the client's address.
+// HTTP zone of this config keyed by {remote_host}.
 func (w *ListenerWrapper) Provision(ctx caddy.Context) error {
 	w.logger = ctx.Logger()
 	w.live = new(connLive)
@@ -141,7 +144,9 @@ func (w *ListenerWrapper) Provision(ctx caddy.Context) error {
 		w.zones = append(w.zones, z)
 		w.slotZones = w.slotZones || z.IsConcurrency()
 	}
-	slices.SortFunc(w.zones, compareConnZones)
+	// Rate zones tightest first, then concurrency zones smallest first: a
+	// connection a rate zone refuses never takes a slot.
+	slices.SortFunc(w.zones, func(a, b *connZone) int { return cmp.Or(compareKinds(a.Zone, b.Zone), strings.Compare(a.Name, b.Name)) })
 	for _, name := range w.DenyWhile {
 		if err := checkDenyWhile(ctx, name, w.RateLimits); err != nil {
 			return err
@@ -169,17 +174,8 @@ func (zc *Zone) provisionConnection(ctx caddy.Context, name string, dryRun bool)
 	if _, err := zc.connectionProblem(); err != nil {
 		return nil, fmt.Errorf("zone %s: %v", name, err)
 	}
-	cfg := zones.Config{
-		Name:        name,
-		Events:      zc.MaxEvents,
-		Window:      time.Duration(zc.Window),
-		Burst:       zc.Burst,
-		IPv4Prefix:  zc.IPv4Prefix,
-		IPv6Prefix:  zc.IPv6Prefix,
-		MaxKeys:     zc.MaxKeys,
-		DryRun:      zc.DryRun || dryRun,
-		Concurrency: zc.Concurrency,
-	}
+	cfg := zc.limits(name)
+	cfg.DryRun = zc.DryRun || dryRun
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -191,9 +187,8 @@ func (zc *Zone) provisionConnection(ctx caddy.Context, name string, dryRun bool)
 	if err != nil {
 		return nil, err
 	}
-	if old, ok := replacedDefinition(id); ok && fresh {
-		ctx.Logger().Info("zone starts afresh: a reload changed its limits, so every key has its full limit again",
-			zap.String("zone", name), zap.String("changed", id.changesFrom(old)))
+	if fresh {
+		logAfresh(ctx.Logger(), id)
 	}
 	zone, err := zones.New(cfg, state, nil)
 	if err != nil {
@@ -204,10 +199,10 @@ func (zc *Zone) provisionConnection(ctx caddy.Context, name string, dryRun bool)
 		Zone:    zone,
 		key:     zc.Key,
 		keyIsIP: zc.Key == remoteIPPlaceholder,
-		metrics: newConnectionMetrics(name, cfg.DryRun),
+		metrics: newDecisions(collectors.connections, name, cfg.DryRun),
 		stateID: id,
 	}
-	registerConnectionZone(z.Zone)
+	registerZone(z.Zone, storeView{connection: true})
 	return z, nil
 }
 
@@ -249,35 +244,6 @@ func (zc *Zone) connectionProblem() (setting string, err error) {
 		return "quota", errors.New("a calendar quota counts requests: put the zone in the rate_limit handler (deny_while <zone> refuses connections while it denies)")
 	}
 	return "", nil
-}
-
-// compareConnZones orders rate zones tightest first, then concurrency zones
-// smallest first: a connection a rate zone refuses never takes a slot.
-func compareConnZones(a, b *connZone) int {
-	switch {
-	case a.IsConcurrency() != b.IsConcurrency():
-		if a.IsConcurrency() {
-			return 1
-		}
-		return -1
-	case a.IsConcurrency():
-		if a.Concurrency != b.Concurrency {
-			if a.Concurrency < b.Concurrency {
-				return -1
-			}
-			return 1
-		}
-	default:
-		ra := float64(a.Events) / float64(a.Window)
-		rb := float64(b.Events) / float64(b.Window)
-		if ra != rb {
-			if ra < rb {
-				return -1
-			}
-			return 1
-		}
-	}
-	return strings.Compare(a.Name, b.Name)
 }
 
 // checkPlacement refuses a rate_limit wrapper that would not see raw
@@ -332,7 +298,7 @@ func placementProblem(names []string) error {
 }
 
 // checkDenyWhile checks that name is an HTTP zone of the config being loaded
-// that deny_while can read: a rate zone keyed by the client's address.
+// that deny_while can read: a rate zone keyed by {remote_host}.
 // Handlers of servers provisioned already have claimed their zones; the
 // others' routes are still JSON, and so is this server's (its listener
 // wrappers come first).
@@ -350,23 +316,19 @@ func checkDenyWhile(ctx caddy.Context, name string, own map[string]*Zone) error 
 	}
 	switch {
 	case !found:
-		return fmt.Errorf("deny_while %s: no rate_limit handler of this config has a zone %s: name one of the HTTP zones (e.g. zone %s { key {client_ip} ... } in a rate_limit handler)", name, name, name)
+		return fmt.Errorf("deny_while %s: no rate_limit handler of this config has a zone %s: name one of the HTTP zones (e.g. zone %s { key {remote_host} ... } in a rate_limit handler)", name, name, name)
 	case concurrency:
 		return fmt.Errorf("deny_while %s: %s is a concurrency zone, whose slots free as requests end: deny_while reads rate zones; limit open connections with a concurrency zone of this wrapper instead", name, name)
-	case !keyedByClientAddress(key):
-		return fmt.Errorf("deny_while %s: zone %s is keyed by %s, which a connection does not carry: deny_while reads zones keyed by the client's address ({client_ip} or {remote_host})", name, name, key)
+	case key == "{client_ip}" || key == "{http.vars.client_ip}":
+		// Behind trusted_proxies it is what X-Forwarded-For says, and a
+		// client naming the proxy's address would have every connection
+		// through the proxy reset; without them it is {remote_host}.
+		return fmt.Errorf("deny_while %s: zone %s is keyed by %s, which behind trusted_proxies is X-Forwarded-For's address while a connection has the proxy's "+
+			"(a client sending X-Forwarded-For: <the proxy's address> would get every client behind it reset): key zone %s by {remote_host}, the connection's address, or do not use deny_while behind a proxy", name, name, key, name)
+	case key != "{remote_host}" && key != "{http.request.remote.host}":
+		return fmt.Errorf("deny_while %s: zone %s is keyed by %s, which a connection does not carry: deny_while reads zones keyed by the connection's address, {remote_host}", name, name, key)
 	}
 	return nil
-}
-
-// keyedByClientAddress reports whether an HTTP zone's key template is the
-// client's address, as a connection's {remote_ip} is.
-func keyedByClientAddress(key string) bool {
-	switch key {
-	case "{client_ip}", "{http.vars.client_ip}", "{remote_host}", "{http.request.remote.host}":
-		return true
-	}
-	return false
 }
 
 // httpZoneInJSON looks for the HTTP zone name in the routes of the app's
@@ -396,10 +358,10 @@ func httpZoneInJSON(app *caddyhttp.App, name string) (key string, concurrency, f
 // findZoneJSON walks a decoded JSON config for a rate_limit handler with the
 // zone name, at any depth (subroutes, named routes, error routes).
 func findZoneJSON(v any, name string) (key string, concurrency, found bool) {
-	switch v := v.(type) {
-	case map[string]any:
-		if v["handler"] == "rate_limit" {
-			if zs, ok := v["rate_limits"].(map[string]any); ok {
+	children, _ := v.([]any)
+	if m, ok := v.(map[string]any); ok {
+		if m["handler"] == "rate_limit" {
+			if zs, ok := m["rate_limits"].(map[string]any); ok {
 				if z, ok := zs[name].(map[string]any); ok {
 					key, _ := z["key"].(string)
 					n, _ := z["concurrency"].(float64)
@@ -407,16 +369,11 @@ func findZoneJSON(v any, name string) (key string, concurrency, found bool) {
 				}
 			}
 		}
-		for _, c := range v {
-			if key, concurrency, found = findZoneJSON(c, name); found {
-				return
-			}
-		}
-	case []any:
-		for _, c := range v {
-			if key, concurrency, found = findZoneJSON(c, name); found {
-				return
-			}
+		children = slices.Collect(maps.Values(m))
+	}
+	for _, c := range children {
+		if key, concurrency, found = findZoneJSON(c, name); found {
+			return
 		}
 	}
 	return "", false, false
@@ -432,7 +389,7 @@ func (w *ListenerWrapper) WrapListener(l net.Listener) net.Listener {
 
 func (w *ListenerWrapper) resolveDenyWhile() {
 	for _, name := range w.DenyWhile {
-		z := lookupHTTPZone(name)
+		z := lookupZone(name, true)
 		if z == nil {
 			// Provision found it in this config; only a wrapper
 			// outside an HTTP server can get here.
@@ -440,7 +397,7 @@ func (w *ListenerWrapper) resolveDenyWhile() {
 			continue
 		}
 		dryRun := z.DryRun || w.DryRun
-		w.live.denyZones = append(w.live.denyZones, &denyWhileZone{Zone: z, dryRun: dryRun, metrics: newConnectionMetrics(name, dryRun)})
+		w.live.denyZones = append(w.live.denyZones, &denyWhileZone{Zone: z, dryRun: dryRun, metrics: newDecisions(collectors.connections, name, dryRun)})
 	}
 }
 
@@ -499,17 +456,14 @@ func (l *listener) Accept() (net.Conn, error) {
 func (w *ListenerWrapper) decide(ip string, now int64, slots *[]heldSlot) bool {
 	for _, dz := range w.live.denyZones {
 		key := dz.Config.Key(ip)
-		if !dz.Denies(key, now) {
-			dz.metrics.allowed.Inc()
-			continue
+		denies := dz.Denies(key, now)
+		dz.metrics.count(!denies, dz.dryRun)
+		if denies {
+			w.logRefusal(now, dz.Name, key, dz.dryRun)
+			if !dz.dryRun {
+				return false
+			}
 		}
-		w.logRefusal(now, dz.Name, key, dz.dryRun)
-		if dz.dryRun {
-			dz.metrics.dryRunDenied.Inc()
-			continue
-		}
-		dz.metrics.denied.Inc()
-		return false
 	}
 	var stack [4]zones.Ticket[*connZone]
 	tickets := stack[:0]
@@ -532,16 +486,11 @@ func (w *ListenerWrapper) decide(ip string, now int64, slots *[]heldSlot) bool {
 // makes it.
 func (w *ListenerWrapper) seen(t *zones.Ticket[*connZone], now int64) {
 	z := t.Owner
-	switch {
-	case t.Allowed:
-		z.metrics.allowed.Inc()
+	z.metrics.count(t.Allowed, z.DryRun)
+	if t.Allowed {
 		return
-	case z.DryRun:
-		z.metrics.dryRunDenied.Inc()
-	default:
-		z.metrics.denied.Inc()
-		z.State().Offenders.Record(t.Key, time.Now().UnixNano())
 	}
+	z.State().Offenders.Record(t.Key, time.Now().UnixNano())
 	w.logRefusal(now, z.Name, t.Key, z.DryRun)
 }
 

@@ -9,62 +9,20 @@ import (
 )
 
 // UnmarshalCaddyfile sets up the listener wrapper from Caddyfile tokens, in
-// the global option servers { listener_wrappers { ... } }. Syntax:
-//
-//	rate_limit {
-//	    zone <name> {                 # new connections per client
-//	        key    {remote_ip}        # the client's address (or the PROXY
-//	                                  # protocol's source); a template of
-//	                                  # {remote_ip} and text
-//	        events <n>
-//	        window <duration>
-//	        burst  <n>                # default: events
-//	        ipv4_prefix <bits>
-//	        ipv6_prefix <bits>
-//	        max_keys <n>              # default: 1000000
-//	        dry_run
-//	    }
-//	    zone <name> {                 # connections open at once per client
-//	        key         {remote_ip}
-//	        concurrency <n>
-//	        ipv4_prefix, ipv6_prefix, max_keys, dry_run as above
-//	    }
-//	    deny_while <http zone>...     # refuse new connections while a rate_limit
-//	                                  # handler's zone denies (or bans) the
-//	                                  # client's address
-//	    log_key
-//	    dry_run
-//	}
-//
-// It goes before tls, and after proxy_protocol when there is one:
-//
-//	listener_wrappers {
-//	    proxy_protocol { ... }
-//	    rate_limit { ... }
-//	    tls
-//	}
-//
-// The zone grammar is the handler's; what needs a request (match, cost,
-// count, charge, placeholders in limits) or Redis (fail_policy, lease,
-// distributed) is refused with its line.
+// the global option servers { listener_wrappers { ... } }, before tls and
+// after proxy_protocol when there is one. The syntax is in
+// docs/connections.md: the handler's zone grammar, where what needs a
+// request (match, cost, count, charge, placeholders in limits) or Redis
+// (fail_policy, lease, distributed) is refused with its line.
 func (w *ListenerWrapper) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the wrapper's name
 	if d.NextArg() {
 		return d.ArgErr()
 	}
-	seen := map[string]bool{}
-	for d.NextBlock(0) {
-		sub := d.Val()
-		if sub != "zone" && sub != "deny_while" {
-			if seen[sub] {
-				return d.Errf("%s is given twice: keep one", sub)
-			}
-			seen[sub] = true
-		}
-		var err error
+	err := subdirectives(d, nil, "", func(sub string) error {
 		switch sub {
 		case "zone":
-			err = w.unmarshalZone(d)
+			return w.unmarshalZone(d)
 		case "deny_while":
 			args := d.RemainingArgs()
 			if len(args) == 0 {
@@ -76,20 +34,20 @@ func (w *ListenerWrapper) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				}
 			}
 			w.DenyWhile = append(w.DenyWhile, args...)
+			return nil
 		case "log_key":
-			err = noArgs(d, &w.LogKey)
+			return noArgs(d, &w.LogKey)
 		case "dry_run":
-			err = noArgs(d, &w.DryRun)
+			return noArgs(d, &w.DryRun)
 		case "distributed":
-			err = d.Err("connection zones are local to this instance: remove distributed (a distributed HTTP zone's denials reach deny_while through its deny cache)")
+			return d.Err("connection zones are local to this instance: remove distributed (a distributed HTTP zone's denials reach deny_while through its deny cache)")
 		case "headers", "status", "jitter":
-			err = d.Errf("%s shapes HTTP responses, and a refused connection gets none (it is reset): remove it", sub)
-		default:
-			err = d.Errf("unknown subdirective %q: expected zone, deny_while, log_key or dry_run", sub)
+			return d.Errf("%s shapes HTTP responses, and a refused connection gets none (it is reset): remove it", sub)
 		}
-		if err != nil {
-			return err
-		}
+		return d.Errf("unknown subdirective %q: expected zone, deny_while, log_key or dry_run", sub)
+	}, "zone", "deny_while")
+	if err != nil {
+		return err
 	}
 	if len(w.RateLimits) == 0 && len(w.DenyWhile) == 0 {
 		return d.Err("listener wrapper rate_limit needs a zone or a deny_while: zone <name> { key {remote_ip}; events 20; window 1s }")

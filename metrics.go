@@ -15,134 +15,98 @@ import (
 // The collectors are created once per process and registered into each
 // config's registry, so counts survive reloads and a second registration is
 // not an error.
-var collectors = struct {
-	once        sync.Once
-	requests    *prometheus.CounterVec
-	storeErrors *prometheus.CounterVec
-	failPolicy  *prometheus.CounterVec
-	latency     *prometheus.HistogramVec
-	keys        *keysCollector
-	plans       *prometheus.CounterVec
-	inFlight    *inFlightCollector
-	cost        *prometheus.CounterVec
-	costFalls   *prometheus.CounterVec
-	chargeFails *prometheus.CounterVec
-	connections *prometheus.CounterVec
-	connsOpen   *connectionsCollector
+var collectors struct {
+	once sync.Once
+	all  []prometheus.Collector  // registered into each config's registry
+	vecs []*prometheus.MetricVec // a zone's series go with the zone (dropZoneSeries)
 
-	snapshotSeconds *prometheus.HistogramVec
-	snapshotKeys    *prometheus.CounterVec
-	restoredKeys    *prometheus.CounterVec
-	writeFails      *prometheus.CounterVec
-	restoreFails    *prometheus.CounterVec
-	bans            *prometheus.CounterVec
-	dryRunBans      *prometheus.CounterVec
-	droppedBans     *prometheus.CounterVec
-	banned          *bannedCollector
-	delayed         *prometheus.HistogramVec
-	queueFull       *prometheus.CounterVec
-	waiting         *waitingCollector
-	global          *globalCollector
-	emptyKeys       *prometheus.CounterVec
-}{}
+	requests, storeErrors, failPolicy, plans, cost, costFalls, chargeFails, connections *prometheus.CounterVec
+	snapshotKeys, restoredKeys, writeFails, restoreFails                                *prometheus.CounterVec
+	bans, dryRunBans, droppedBans, queueFull, emptyKeys                                 *prometheus.CounterVec
+	latency, snapshotSeconds, delayed                                                   *prometheus.HistogramVec
+}
+
+const metricPrefix = "caddy_rate_limit_"
+
+// counterVec makes and lists a counter labelled by zone, then labels.
+func counterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	v := prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricPrefix + name, Help: help}, append([]string{"zone"}, labels...))
+	collectors.all, collectors.vecs = append(collectors.all, v), append(collectors.vecs, v.MetricVec)
+	return v
+}
+
+// histogramVec makes and lists a histogram labelled by zone.
+func histogramVec(name, help string, buckets ...float64) *prometheus.HistogramVec {
+	v := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: metricPrefix + name, Help: help, Buckets: buckets}, []string{"zone"})
+	collectors.all, collectors.vecs = append(collectors.all, v), append(collectors.vecs, v.MetricVec)
+	return v
+}
+
+// zoneGauge reports, at scrape time, value of each live zone it applies to
+// (ok).
+type zoneGauge struct {
+	desc  *prometheus.Desc
+	value func(z *zones.Zone, now int64) (v float64, ok bool)
+}
+
+func gauge(name, help string, value func(z *zones.Zone, now int64) (float64, bool)) {
+	collectors.all = append(collectors.all, &zoneGauge{prometheus.NewDesc(metricPrefix+name, help, []string{"zone"}, nil), value})
+}
+
+func (g *zoneGauge) Describe(ch chan<- *prometheus.Desc) { ch <- g.desc }
+
+func (g *zoneGauge) Collect(ch chan<- prometheus.Metric) {
+	now := monotime.Now()
+	for name, z := range liveZones() {
+		if v, ok := g.value(z, now); ok {
+			ch <- prometheus.MustNewConstMetric(g.desc, prometheus.GaugeValue, v, name)
+		}
+	}
+}
 
 func initCollectors() {
-	const ns, sub = "caddy", "rate_limit"
-	collectors.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "requests_total",
-		Help: "Requests decided by a zone, by decision: allowed, denied, dry_run_denied.",
-	}, []string{"zone", "decision"})
-	collectors.storeErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "store_errors_total",
-		Help: "Decisions the shared store (Redis) could not answer: errors, timeouts, open breaker.",
-	}, []string{"zone"})
-	collectors.failPolicy = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "fail_policy_total",
-		Help: "Decisions made by a zone's fail policy while the store was unavailable, by policy.",
-	}, []string{"zone", "policy"})
-	collectors.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Namespace: ns, Subsystem: sub, Name: "store_latency_seconds",
-		Help:    "Time a decision spent waiting for the shared store.",
-		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1},
-	}, []string{"zone"})
-	collectors.plans = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "plan_fallbacks_total",
-		Help: "Requests whose per-request events, window or burst was empty or invalid, decided under the zone's literal limit.",
-	}, []string{"zone"})
-	collectors.cost = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "cost_total",
-		Help: "Units of cost counted by weighted, post-charged and quota zones: the cost of allowed requests, and what was charged after responses.",
-	}, []string{"zone"})
-	collectors.costFalls = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "cost_fallbacks_total",
-		Help: "Requests whose cost or charge placeholder was empty or invalid, counted at the zone's literal cost.",
-	}, []string{"zone"})
-	collectors.chargeFails = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "charge_failures_total",
-		Help: "Charges after the response that Redis did not take within the retry bound (the zone's fail policy then applied).",
-	}, []string{"zone"})
-	collectors.connections = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "connections_total",
-		Help: "New TCP connections decided by a connection zone or a deny_while zone (listener wrapper rate_limit), by decision: allowed, denied, dry_run_denied.",
-	}, []string{"zone", "decision"})
-	collectors.snapshotSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Namespace: ns, Subsystem: sub, Name: "snapshot_duration_seconds",
-		Help:    "Time taken to copy, encode and store a persisted zone's snapshot.",
-		Buckets: []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
-	}, []string{"zone"})
-	collectors.snapshotKeys = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "snapshot_keys_written_total",
-		Help: "Keys written in a persisted zone's snapshots, every snapshot counted.",
-	}, []string{"zone"})
-	collectors.restoredKeys = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "snapshot_keys_restored_total",
-		Help: "Keys a persisted zone resumed from its snapshot when Caddy started.",
-	}, []string{"zone"})
-	collectors.writeFails = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "snapshot_write_failures_total",
-		Help: "Snapshots of a persisted zone not written: storage error or timeout.",
-	}, []string{"zone"})
-	collectors.restoreFails = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "snapshot_restore_failures_total",
-		Help: "Snapshots of a persisted zone not restored at start though one may exist: corrupt, truncated, storage error or timeout.",
-	}, []string{"zone"})
-	collectors.bans = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "bans_total",
-		Help: "Bans started by a zone with ban on this instance (a key it denied for lack of quota, then denied for the ban).",
-	}, []string{"zone"})
-	collectors.dryRunBans = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "dry_run_bans_total",
-		Help: "Bans a dry-run zone with ban would have started.",
-	}, []string{"zone"})
-	collectors.droppedBans = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "bans_dropped_total",
-		Help: "Bans not kept: from=table, a ban this instance did not start or learn because the zone's ban table (max_keys) was full of running bans (the key had the rate without the ban); from=list, running bans the fleet-wide list (1000 per zone, the longest kept) dropped, which async instances other than the one that started them do not learn.",
-	}, []string{"zone", "from"})
-	collectors.emptyKeys = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "empty_keys_total",
-		Help: "Requests whose key expanded to nothing (a missing header, a misspelt placeholder): they share one bucket, the empty key.",
-	}, []string{"zone"})
-	collectors.delayed = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Namespace: ns, Subsystem: sub, Name: "delay_seconds",
-		Help: "How long the requests a zone with delay admitted for later waited for their turn (its count: the delayed requests).",
-		// From one 100 ms turn to the longest delay, a minute.
-		Buckets: []float64{.01, .05, .1, .25, .5, 1, 2, 3, 5, 10, 30, 60},
-	}, []string{"zone"})
-	collectors.queueFull = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "queue_full_total",
-		Help: "Requests a zone with delay denied though their turn was within the delay, because the zone's queue was full.",
-	}, []string{"zone"})
-	collectors.waiting = &waitingCollector{desc: prometheus.NewDesc(ns+"_"+sub+"_waiting",
-		"Requests of a zone with delay waiting for their turn in this instance now.", []string{"zone"}, nil)}
-	collectors.banned = &bannedCollector{desc: prometheus.NewDesc(ns+"_"+sub+"_banned_keys",
-		"Keys this instance bans in the zone now: the running bans of its ban table, each enforced (at most max_keys).", []string{"zone"}, nil)}
-	collectors.global = newGlobalCollector(ns + "_" + sub + "_global")
-	collectors.keys = &keysCollector{desc: prometheus.NewDesc(ns+"_"+sub+"_keys",
-		"Keys the zone holds in this instance's memory.", []string{"zone"}, nil)}
-	collectors.inFlight = &inFlightCollector{desc: prometheus.NewDesc(ns+"_"+sub+"_in_flight",
-		"Requests holding a slot of a concurrency zone in this instance.", []string{"zone"}, nil)}
-	collectors.connsOpen = &connectionsCollector{desc: prometheus.NewDesc(ns+"_"+sub+"_connections_in_flight",
-		"Connections holding a slot of a connection concurrency zone (listener wrapper rate_limit) in this instance.", []string{"zone"}, nil)}
+	c := &collectors
+	c.requests = counterVec("requests_total", "Requests decided by a zone, by decision: allowed, denied, dry_run_denied.", "decision")
+	c.storeErrors = counterVec("store_errors_total", "Decisions the shared store (Redis) could not answer: errors, timeouts, open breaker.")
+	c.failPolicy = counterVec("fail_policy_total", "Decisions made by a zone's fail policy while the store was unavailable, by policy.", "policy")
+	c.latency = histogramVec("store_latency_seconds", "Time a decision spent waiting for the shared store.",
+		.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1)
+	c.plans = counterVec("plan_fallbacks_total", "Requests whose per-request events, window or burst was empty or invalid, decided under the zone's literal limit.")
+	c.cost = counterVec("cost_total", "Units of cost counted by weighted, post-charged and quota zones: the cost of allowed requests, and what was charged after responses.")
+	c.costFalls = counterVec("cost_fallbacks_total", "Requests whose cost or charge placeholder was empty or invalid, counted at the zone's literal cost.")
+	c.chargeFails = counterVec("charge_failures_total", "Charges after the response that Redis did not take within the retry bound (the zone's fail policy then applied).")
+	c.connections = counterVec("connections_total", "New TCP connections decided by a connection zone or a deny_while zone (listener wrapper rate_limit), by decision: allowed, denied, dry_run_denied.", "decision")
+	c.snapshotSeconds = histogramVec("snapshot_duration_seconds", "Time taken to copy, encode and store a persisted zone's snapshot.",
+		.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10)
+	c.snapshotKeys = counterVec("snapshot_keys_written_total", "Keys written in a persisted zone's snapshots, every snapshot counted.")
+	c.restoredKeys = counterVec("snapshot_keys_restored_total", "Keys a persisted zone resumed from its snapshot when Caddy started.")
+	c.writeFails = counterVec("snapshot_write_failures_total", "Snapshots of a persisted zone not written: storage error or timeout.")
+	c.restoreFails = counterVec("snapshot_restore_failures_total", "Snapshots of a persisted zone not restored at start though one may exist: corrupt, truncated, storage error or timeout.")
+	c.bans = counterVec("bans_total", "Bans started by a zone with ban on this instance (a key it denied for lack of quota, then denied for the ban).")
+	c.dryRunBans = counterVec("dry_run_bans_total", "Bans a dry-run zone with ban would have started.")
+	c.droppedBans = counterVec("bans_dropped_total", "Bans not kept: from=table, a ban this instance did not start or learn because the zone's ban table (max_keys) was full of running bans (the key had the rate without the ban); from=list, running bans the fleet-wide list (1000 per zone, the longest kept) dropped, which async instances other than the one that started them do not learn.", "from")
+	c.emptyKeys = counterVec("empty_keys_total", "Requests whose key expanded to nothing (a missing header, a misspelt placeholder): they share one bucket, the empty key.")
+	// From one 100 ms turn to the longest delay, a minute.
+	c.delayed = histogramVec("delay_seconds", "How long the requests a zone with delay admitted for later waited for their turn (its count: the delayed requests).",
+		.01, .05, .1, .25, .5, 1, 2, 3, 5, 10, 30, 60)
+	c.queueFull = counterVec("queue_full_total", "Requests a zone with delay denied though their turn was within the delay, because the zone's queue was full.")
+	gauge("waiting", "Requests of a zone with delay waiting for their turn in this instance now.", func(z *zones.Zone, _ int64) (float64, bool) {
+		return float64(z.Waiting()), z.Delay > 0 && !z.DryRun
+	})
+	gauge("banned_keys", "Keys this instance bans in the zone now: the running bans of its ban table, each enforced (at most max_keys).", func(z *zones.Zone, now int64) (float64, bool) {
+		if z.Ban == 0 {
+			return 0, false
+		}
+		return float64(z.BannedKeys(now)), true
+	})
+	c.all = append(c.all, newGlobalCollector(metricPrefix+"global"))
+	gauge("keys", "Keys the zone holds in this instance's memory.", func(z *zones.Zone, _ int64) (float64, bool) { return float64(z.Keys()), true })
+	gauge("in_flight", "Requests holding a slot of a concurrency zone in this instance.", func(z *zones.Zone, _ int64) (float64, bool) {
+		return float64(z.InFlight()), z.IsConcurrency() && !isConnectionZone(z)
+	})
+	gauge("connections_in_flight", "Connections holding a slot of a connection concurrency zone (listener wrapper rate_limit) in this instance.", func(z *zones.Zone, _ int64) (float64, bool) {
+		return float64(z.InFlight()), z.IsConcurrency() && isConnectionZone(z)
+	})
 }
 
 // registerMetrics makes the collectors visible in ctx's registry.
@@ -152,12 +116,7 @@ func registerMetrics(ctx caddy.Context) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{collectors.requests, collectors.storeErrors,
-		collectors.failPolicy, collectors.latency, collectors.keys, collectors.plans, collectors.inFlight,
-		collectors.cost, collectors.costFalls, collectors.chargeFails, collectors.connections, collectors.connsOpen,
-		collectors.snapshotSeconds, collectors.snapshotKeys, collectors.restoredKeys, collectors.writeFails, collectors.restoreFails,
-		collectors.bans, collectors.dryRunBans, collectors.droppedBans, collectors.banned, collectors.delayed, collectors.queueFull, collectors.waiting,
-		collectors.global, collectors.emptyKeys} {
+	for _, c := range collectors.all {
 		if err := reg.Register(c); err != nil {
 			if are := (prometheus.AlreadyRegisteredError{}); !errors.As(err, &are) {
 				return err
@@ -167,17 +126,45 @@ func registerMetrics(ctx caddy.Context) error {
 	return nil
 }
 
-// zoneMetrics are one zone's series, bound once so that the request path only
-// adds to counters. Only series that can move are bound: a dry-run zone never
-// denies and a zone that always enforces never dry-run-denies; a local zone
-// has no store to fail or wait for; only strict mode waits for Redis on the
-// request path. A nil field is a series the zone does not have.
-type zoneMetrics struct {
+// decisions are a zone's series of one decision counter, by decision; only
+// those that can move are bound: dryRunDenied is nil unless the zone is in
+// dry run, denied nil when it is.
+type decisions struct {
 	allowed, denied, dryRunDenied prometheus.Counter
-	storeErrors                   prometheus.Counter
-	failPolicy                    prometheus.Counter
-	latency                       prometheus.Observer
-	planFallbacks                 prometheus.Counter // nil unless the zone reads its limit from requests
+}
+
+func newDecisions(v *prometheus.CounterVec, zone string, dryRun bool) decisions {
+	m := decisions{allowed: v.WithLabelValues(zone, "allowed")}
+	if dryRun {
+		m.dryRunDenied = v.WithLabelValues(zone, "dry_run_denied")
+	} else {
+		m.denied = v.WithLabelValues(zone, "denied")
+	}
+	return m
+}
+
+// count counts one decision.
+func (m *decisions) count(allowed, dryRun bool) {
+	switch {
+	case allowed:
+		m.allowed.Inc()
+	case dryRun:
+		m.dryRunDenied.Inc()
+	default:
+		m.denied.Inc()
+	}
+}
+
+// zoneMetrics are one zone's series, bound once so that the request path only
+// adds to counters. Only series that can move are bound: a local zone has no
+// store to fail or wait for; only strict mode waits for Redis on the request
+// path. A nil field is a series the zone does not have.
+type zoneMetrics struct {
+	decisions
+	storeErrors   prometheus.Counter
+	failPolicy    prometheus.Counter
+	latency       prometheus.Observer
+	planFallbacks prometheus.Counter // nil unless the zone reads its limit from requests
 	// nil unless the zone is weighted or post-charged:
 	cost, costFallbacks, chargeFailures prometheus.Counter
 	bans                                prometheus.Counter    // nil unless the zone bans (dry run: would-be bans)
@@ -191,12 +178,7 @@ type zoneMetrics struct {
 // zone has a store, timed whether its decisions wait for it, perRequest
 // whether it reads its limit from requests, bans whether it has ban.
 func newZoneMetrics(name string, policy zones.FailPolicy, dryRun, distributed, timed, perRequest, bans bool, costs costVars) *zoneMetrics {
-	m := &zoneMetrics{allowed: collectors.requests.WithLabelValues(name, "allowed")}
-	if dryRun {
-		m.dryRunDenied = collectors.requests.WithLabelValues(name, "dry_run_denied")
-	} else {
-		m.denied = collectors.requests.WithLabelValues(name, "denied")
-	}
+	m := &zoneMetrics{decisions: newDecisions(collectors.requests, name, dryRun)}
 	if distributed {
 		m.storeErrors = collectors.storeErrors.WithLabelValues(name)
 		m.failPolicy = collectors.failPolicy.WithLabelValues(name, policy.String())
@@ -235,16 +217,9 @@ func (m *zoneMetrics) delays(name string) {
 // observe counts one decision; storeWait is 0 when the decision was not
 // timed (local and async modes).
 func (m *zoneMetrics) observe(d zones.Decision, dryRun bool, storeWait time.Duration) {
-	switch {
-	case d.Allowed:
-		m.allowed.Inc()
-	case dryRun:
-		m.dryRunDenied.Inc()
-	default:
-		m.denied.Inc()
-		if d.QueueFull && m.queueFull != nil {
-			m.queueFull.Inc()
-		}
+	m.count(d.Allowed, dryRun)
+	if !d.Allowed && !dryRun && d.QueueFull && m.queueFull != nil {
+		m.queueFull.Inc()
 	}
 	switch d.Source {
 	case zones.SourceFailOpen, zones.SourceFailClosed, zones.SourceFailLocal:
@@ -264,121 +239,10 @@ func (m *zoneMetrics) observe(d zones.Decision, dryRun bool, storeWait time.Dura
 // more, so that a reload that removes a zone leaves nothing behind.
 func dropZoneSeries(name string) {
 	collectors.once.Do(initCollectors)
-	l := prometheus.Labels{"zone": name}
-	collectors.requests.DeletePartialMatch(l)
-	collectors.storeErrors.DeletePartialMatch(l)
-	collectors.failPolicy.DeletePartialMatch(l)
-	collectors.latency.DeletePartialMatch(l)
-	collectors.plans.DeletePartialMatch(l)
-	collectors.cost.DeletePartialMatch(l)
-	collectors.costFalls.DeletePartialMatch(l)
-	collectors.chargeFails.DeletePartialMatch(l)
-	collectors.connections.DeletePartialMatch(l)
-	collectors.snapshotSeconds.DeletePartialMatch(l)
-	collectors.snapshotKeys.DeletePartialMatch(l)
-	collectors.restoredKeys.DeletePartialMatch(l)
-	collectors.writeFails.DeletePartialMatch(l)
-	collectors.restoreFails.DeletePartialMatch(l)
-	collectors.bans.DeletePartialMatch(l)
-	collectors.dryRunBans.DeletePartialMatch(l)
-	collectors.droppedBans.DeletePartialMatch(l)
-	collectors.delayed.DeletePartialMatch(l)
-	collectors.queueFull.DeletePartialMatch(l)
-	collectors.emptyKeys.DeletePartialMatch(l)
-}
-
-// waitingCollector reports, at scrape time, the requests each live zone
-// with delay has waiting for their turn in this process.
-type waitingCollector struct{ desc *prometheus.Desc }
-
-func (c *waitingCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
-
-func (c *waitingCollector) Collect(ch chan<- prometheus.Metric) {
-	for name, z := range liveZones() {
-		if z.Delay > 0 && !z.DryRun {
-			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(z.Waiting()), name)
-		}
+	for _, v := range collectors.vecs {
+		v.DeletePartialMatch(prometheus.Labels{"zone": name})
 	}
 }
-
-// bannedCollector reports, at scrape time, the keys each live zone with ban
-// knows to be banned.
-type bannedCollector struct{ desc *prometheus.Desc }
-
-func (c *bannedCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
-
-func (c *bannedCollector) Collect(ch chan<- prometheus.Metric) {
-	now := monotime.Now()
-	for name, z := range liveZones() {
-		if z.Ban > 0 {
-			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(z.BannedKeys(now)), name)
-		}
-	}
-}
-
-// keysCollector reports, at scrape time, how many keys each live zone holds.
-type keysCollector struct{ desc *prometheus.Desc }
-
-func (c *keysCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
-
-func (c *keysCollector) Collect(ch chan<- prometheus.Metric) {
-	for name, z := range liveZones() {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(z.Keys()), name)
-	}
-}
-
-// inFlightCollector reports, at scrape time, the requests each live
-// concurrency zone has in flight in this process.
-type inFlightCollector struct{ desc *prometheus.Desc }
-
-func (c *inFlightCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
-
-func (c *inFlightCollector) Collect(ch chan<- prometheus.Metric) {
-	for name, z := range liveZones() {
-		if z.IsConcurrency() && !isConnectionZone(z) {
-			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(z.InFlight()), name)
-		}
-	}
-}
-
-// connectionsCollector reports, at scrape time, the connections each live
-// connection concurrency zone holds open in this process.
-type connectionsCollector struct{ desc *prometheus.Desc }
-
-func (c *connectionsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
-
-func (c *connectionsCollector) Collect(ch chan<- prometheus.Metric) {
-	for name, z := range liveZones() {
-		if z.IsConcurrency() && isConnectionZone(z) {
-			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(z.InFlight()), name)
-		}
-	}
-}
-
-// connectionMetrics are a connection zone's (or deny_while zone's) series of
-// caddy_rate_limit_connections_total, bound once; dryRunDenied is nil unless
-// the zone is in dry run, denied nil when it is.
-type connectionMetrics struct {
-	allowed, denied, dryRunDenied prometheus.Counter
-}
-
-func newConnectionMetrics(zone string, dryRun bool) *connectionMetrics {
-	m := &connectionMetrics{allowed: collectors.connections.WithLabelValues(zone, "allowed")}
-	if dryRun {
-		m.dryRunDenied = collectors.connections.WithLabelValues(zone, "dry_run_denied")
-	} else {
-		m.denied = collectors.connections.WithLabelValues(zone, "denied")
-	}
-	return m
-}
-
-// Interface guards
-var (
-	_ prometheus.Collector = (*keysCollector)(nil)
-	_ prometheus.Collector = (*inFlightCollector)(nil)
-	_ prometheus.Collector = (*connectionsCollector)(nil)
-	_ prometheus.Collector = (*bannedCollector)(nil)
-)
 
 // snapshotMetrics are a persisted zone's series (persist.go); a nil one
 // records nothing (metrics disabled).
@@ -414,12 +278,14 @@ func (m *snapshotMetrics) restored(keys int) {
 // failed counts a snapshot that was not written (stage "write") or not
 // restored for another reason than there being none ("restore").
 func (m *snapshotMetrics) failed(stage string) {
-	if m == nil {
-		return
-	}
-	if stage == "write" {
+	switch {
+	case m == nil:
+	case stage == "write":
 		m.writeFailures.Inc()
-	} else {
+	default:
 		m.restoreFailures.Inc()
 	}
 }
+
+// Interface guard
+var _ prometheus.Collector = (*zoneGauge)(nil)

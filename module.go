@@ -4,34 +4,13 @@
 // wrapper caddy.listeners.rate_limit, which limits new connections with the
 // same zones before their TLS handshake.
 //
-// This package is the Caddy side, a file per concern:
-//
-//	module.go       the handler's config (Handler) and lifecycle: Provision, Validate, Cleanup
-//	zoneconfig.go   a zone's config (Zone) and provisioned form: matchers, key, order
-//	serve.go        ServeHTTP: a request's tickets through zones.Admit, and the denial
-//	plans.go        limits read from each request's placeholders
-//	cost.go         what a request costs, and charging after the response
-//	concurrency.go  holding concurrency slots while the next handlers run
-//	quota.go        calendar quotas: their syntax, time zone and per-plan limit
-//	headers.go      the RateLimit and Retry-After headers
-//	log.go          the log lines a request can cause, and their one sampling rule
-//	metrics.go      the Prometheus metrics
-//	registry.go     the zone tables the process keeps across handlers and reloads
-//	persist.go      snapshots of local zones to Caddy's storage, resumed at start
-//	redis.go        the distributed config and the pool of Redis clients
-//	caddyfile.go    the Caddyfile syntax
-//	listener.go     the listener wrapper caddy.listeners.rate_limit: connections
-//	                decided before the TLS handshake (listener_caddyfile.go: its syntax)
-//	admin.go        the admin API, admin.api.rate_limit
-//	command.go      the caddy rate-limit command
-//
-// The maths is in package algorithms; a zone's state, deny cache and fail
-// policy are in package zones; Redis is spoken to only in package
+// This package is the Caddy side, a file per concern (the README's Layout
+// table): the maths is in package algorithms; a zone's state, deny cache and
+// fail policy are in package zones; Redis is spoken to only in package
 // distributed.
 package ratelimit
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -253,11 +232,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 // starts writes nothing), `stopping` writes them before Caddy waits for
 // the requests in flight.
 func (h *Handler) provisionPersist(ctx caddy.Context) error {
-	fresh := make(map[*zoneHandler]bool, len(h.zones))
-	for _, z := range h.zones {
-		fresh[z] = z.freshState
-	}
-	p, err := newPersister(ctx, h, fresh)
+	p, err := newPersister(ctx, h)
 	if err != nil {
 		return err
 	}
@@ -266,22 +241,20 @@ func (h *Handler) provisionPersist(ctx caddy.Context) error {
 		return nil
 	}
 	p.restore()
-	if err := h.events.On("started", eventHandler(func(context.Context, caddy.Event) error {
-		p.start()
-		return nil
-	})); err != nil {
-		return fmt.Errorf("persist: subscribing to the started event: %v", err)
-	}
-	if err := h.events.On("stopping", eventHandler(func(context.Context, caddy.Event) error {
+	for event, f := range map[string]func(){
+		"started": p.start,
 		// A reload stops the old config too: its zones' states either go
 		// on in the new one or are dropped, which writes their final
 		// snapshot. Only an exit needs one now.
-		if caddy.Exiting() {
-			p.writeAllAtOnce("stopping")
+		"stopping": func() {
+			if caddy.Exiting() {
+				p.writeAllAtOnce("stopping")
+			}
+		},
+	} {
+		if err := h.events.On(event, eventHandler(f)); err != nil {
+			return fmt.Errorf("persist: subscribing to the %s event: %v", event, err)
 		}
-		return nil
-	})); err != nil {
-		return fmt.Errorf("persist: subscribing to the stopping event: %v", err)
 	}
 	return nil
 }

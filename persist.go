@@ -100,9 +100,8 @@ type persistedZone struct {
 // <prefix>/<instance id>/<zone>-<hash of its limits>.
 const snapshotPrefix = "tally/snapshots"
 
-// newPersister sets up persist for the zones of h that persist. fresh says,
-// by zone, whether provision created its state.
-func newPersister(ctx caddy.Context, h *Handler, fresh map[*zoneHandler]bool) (*persister, error) {
+// newPersister sets up persist for the zones of h that persist.
+func newPersister(ctx caddy.Context, h *Handler) (*persister, error) {
 	if err := h.Persist.validate(); err != nil {
 		return nil, err
 	}
@@ -126,7 +125,7 @@ func newPersister(ctx caddy.Context, h *Handler, fresh map[*zoneHandler]bool) (*
 		}
 		id := snapshotID(zh)
 		sum := sha256.Sum256([]byte(id))
-		pz := &persistedZone{zh: zh, id: id, file: zh.Name + "-" + hex.EncodeToString(sum[:8]), fresh: fresh[zh]}
+		pz := &persistedZone{zh: zh, id: id, file: zh.Name + "-" + hex.EncodeToString(sum[:8]), fresh: zh.freshState}
 		if !h.DisableMetrics {
 			pz.m = newSnapshotMetrics(zh.Name)
 		}
@@ -276,7 +275,9 @@ func (p *persister) run() {
 		case <-p.stop:
 			return
 		case <-tick.C:
-			p.writeAll("periodic")
+			for _, pz := range p.zones {
+				p.write(pz, "periodic")
+			}
 		}
 	}
 }
@@ -328,13 +329,6 @@ func (p *persister) removeStaleTemps() {
 // staleTempAge is how old a temporary snapshot file must be to be removed
 // at start: a write in flight takes at most snapshotTimeout.
 const staleTempAge = 2 * snapshotTimeout
-
-// writeAll writes every zone's snapshot, one after the other.
-func (p *persister) writeAll(why string) {
-	for _, pz := range p.zones {
-		p.write(pz, why)
-	}
-}
 
 // writeAllAtOnce writes every zone's snapshot concurrently and waits for
 // them: on the stopping event, so that a storage that hangs holds Caddy's
@@ -403,6 +397,6 @@ func (p *persister) write(pz *persistedZone, why string) {
 }
 
 // eventHandler adapts a function to caddyevents.Handler.
-type eventHandler func(context.Context, caddy.Event) error
+type eventHandler func()
 
-func (f eventHandler) Handle(ctx context.Context, e caddy.Event) error { return f(ctx, e) }
+func (f eventHandler) Handle(context.Context, caddy.Event) error { f(); return nil }

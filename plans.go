@@ -14,21 +14,11 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// Limits per plan: a zone's events, window and burst may each be a
-// placeholder (a `map` of the customer's plan, a JWT claim). The zone's
-// literal values are the fallback for a request whose value is empty or
-// invalid; that is counted (caddy_rate_limit_plan_fallbacks_total) and
-// logged, sampled, so that a misconfigured map is visible. A value is
-// validated per request as the Caddyfile validates literals, so an invalid
-// one never becomes a 500.
-//
-// A valid value is still whatever its source says: a placeholder the client
-// sets (a request header, a query string) lets it pick 2^40 events per
-// 100 years, or 5 per 5µs. Plans must come from the operator (a `map` of a
-// verified value, a JWT claim an auth module checked); a zone may also bound
-// them (events at_most, window at_least, burst at_most), and a value beyond
-// its bound falls back as an unusable one does. A zone that reads its limit
-// from the request without a bound logs a warning when provisioned.
+// Limits per plan (docs/configuration.md, "Limits per plan"): a zone's
+// events, window and burst may each be a placeholder, validated per request
+// as the Caddyfile validates literals, so an invalid one never becomes a
+// 500; the zone's literal values are the fallback, counted and logged
+// (sampled), so that a misconfigured map is visible.
 
 // planVars names the placeholders a zone reads its limit from ("" when the
 // setting is a literal) and the bounds on their values (0: none).

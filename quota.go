@@ -191,27 +191,6 @@ var nominalSeconds = map[algorithms.Period]float64{
 	algorithms.Week: 7 * 86400, algorithms.Month: 30.436875 * 86400,
 }
 
-// compareQuota orders quota zones after rate zones and before concurrency
-// zones (compareZones), tightest first: a request a rate zone denies never
-// counts in a quota, whose refunds are Redis round trips too.
-func compareQuota(a, b *zoneHandler) int {
-	switch {
-	case !a.IsQuota():
-		return -1
-	case !b.IsQuota():
-		return 1
-	}
-	ra := float64(a.Quota) / nominalSeconds[a.Period]
-	rb := float64(b.Quota) / nominalSeconds[b.Period]
-	switch {
-	case ra < rb:
-		return -1
-	case ra > rb:
-		return 1
-	}
-	return strings.Compare(a.Name, b.Name)
-}
-
 // quotaLimitText describes a quota for people: "100000 per month in
 // Europe/Berlin".
 func quotaLimitText(n int64, p algorithms.Period, loc *time.Location) string {

@@ -131,39 +131,24 @@ type resetNotifier interface {
 // (strict) or *distributed.Async, what else the handler needs of it, and
 // the key to release it with.
 func (dist *Distributed) open(ctx caddy.Context, logger *zap.Logger) (zones.Store, backend, string, error) {
-	store, key, err := dist.openStore(ctx, logger)
-	if err != nil {
-		return nil, backend{}, "", err
-	}
-	switch s := store.(type) {
-	case *distributed.Strict:
-		return s, backend{health: s, resets: s}, key, nil
-	case *distributed.Async:
-		return s, backend{health: s, resets: s, async: s}, key, nil
-	}
-	releaseStore(key)
-	return nil, backend{}, "", fmt.Errorf("distributed: a store of type %T", store)
-}
-
-func (dist *Distributed) openStore(ctx caddy.Context, logger *zap.Logger) (any, string, error) {
 	switch dist.Mode {
 	case "", "strict", "async":
 	default:
-		return nil, "", fmt.Errorf("distributed: unknown mode %q: use strict or async", dist.Mode)
+		return nil, backend{}, "", fmt.Errorf("distributed: unknown mode %q: use strict or async", dist.Mode)
 	}
 	if dist.Redis == nil || len(dist.Redis.Addresses) == 0 {
-		return nil, "", errors.New("distributed: redis needs at least one address, e.g. redis://127.0.0.1:6379")
+		return nil, backend{}, "", errors.New("distributed: redis needs at least one address, e.g. redis://127.0.0.1:6379")
 	}
 	if len(dist.KeyPrefix) > maxKeyPrefix {
-		return nil, "", fmt.Errorf("distributed: key_prefix is longer than %d bytes: use a shorter one", maxKeyPrefix)
+		return nil, backend{}, "", fmt.Errorf("distributed: key_prefix is longer than %d bytes: use a shorter one", maxKeyPrefix)
 	}
 	syncInterval, err := dist.syncInterval(logger)
 	if err != nil {
-		return nil, "", err
+		return nil, backend{}, "", err
 	}
 	opts, err := dist.Redis.options(logger)
 	if err != nil {
-		return nil, "", err
+		return nil, backend{}, "", err
 	}
 	opts.Timeout, opts.KeyPrefix = time.Duration(dist.Timeout), dist.KeyPrefix
 	opts.Mode, opts.SyncInterval = dist.Mode, syncInterval
@@ -179,9 +164,16 @@ func (dist *Distributed) openStore(ctx caddy.Context, logger *zap.Logger) (any, 
 		if !strings.HasPrefix(err.Error(), "distributed: ") {
 			err = fmt.Errorf("distributed: %v", err)
 		}
-		return nil, "", err
+		return nil, backend{}, "", err
 	}
-	return v, key, nil
+	switch s := v.(type) {
+	case *distributed.Strict:
+		return s, backend{health: s, resets: s}, key, nil
+	case *distributed.Async:
+		return s, backend{health: s, resets: s, async: s}, key, nil
+	}
+	releaseStore(key)
+	return nil, backend{}, "", fmt.Errorf("distributed: a store of type %T", v)
 }
 
 // options is the connection part of the store's settings, placeholders

@@ -123,43 +123,32 @@ func (h *Handler) globalStore(name string, zc *Zone, cfg zones.Config) (zones.St
 	return sh, sh, nil
 }
 
-// unmarshalCaddyfile reads the global block of distributed:
-//
-//	global {
-//	    redis <url> | redis { ... }
-//	    regions <name>:<weight>...
-//	    sync_interval <duration>   # default 1s
-//	    lease <duration>           # default 5m, at least 2 × sync_interval
-//	}
+// unmarshalCaddyfile reads the global block of distributed
+// (docs/distributed.md).
 func (g *Global) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
-	seen := map[string]bool{}
 	var leaseLine int
-	var err error
-	for nest := d.Nesting(); d.NextBlock(nest); {
-		sub := d.Val()
-		switch {
-		case seen[sub]:
-			err = d.Errf("%s is given twice: keep one", sub)
-		case sub == "redis":
+	err := subdirectives(d, nil, "", func(sub string) (err error) {
+		switch sub {
+		case "redis":
 			g.Redis = new(Redis)
 			err = g.Redis.unmarshalCaddyfile(d)
-		case sub == "regions":
+		case "regions":
 			err = g.unmarshalRegions(d)
-		case sub == "sync_interval":
+		case "sync_interval":
 			g.SyncInterval, err = durationArg(d)
-		case sub == "lease":
+		case "lease":
 			leaseLine = d.Line()
 			g.Lease, err = durationArg(d)
 		default:
 			err = d.Errf("unknown subdirective %q: expected redis, regions, sync_interval or lease", sub)
 		}
-		if err != nil {
-			return fmt.Errorf("global: %w", err)
-		}
-		seen[sub] = true
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("global: %w", err)
 	}
 	switch {
 	case g.Redis == nil:
@@ -226,7 +215,7 @@ func keyShare(z *zones.Zone, key string) (*float64, string) {
 // the share changes applied, and the zone's keys whose share is not the
 // region's weight.
 type globalCollector struct {
-	syncs, failures, latency, changes, keys, coordinator *prometheus.Desc
+	syncs, failures, latency, changes, keys, coordinator, dropped *prometheus.Desc
 }
 
 func newGlobalCollector(prefix string) *globalCollector {
@@ -238,11 +227,12 @@ func newGlobalCollector(prefix string) *globalCollector {
 		changes:     prometheus.NewDesc(prefix+"_share_changes_total", "Shares of keys the global store changed for this region.", zone, nil),
 		keys:        prometheus.NewDesc(prefix+"_keys", "Keys of the zone whose region share is not the region's weight (coordinated keys).", zone, nil),
 		coordinator: prometheus.NewDesc(prefix+"_coordinator", "1 while this instance coordinates its region's global shares (holds the region's lock), else 0.", zone, nil),
+		dropped:     prometheus.NewDesc(prefix+"_demand_dropped_total", "Decisions this instance left out of its region's demand: their keys came while it counted 10,000 others in one poll.", zone, nil),
 	}
 }
 
 func (c *globalCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.syncs, c.failures, c.latency, c.changes, c.keys, c.coordinator} {
+	for _, d := range []*prometheus.Desc{c.syncs, c.failures, c.latency, c.changes, c.keys, c.coordinator, c.dropped} {
 		ch <- d
 	}
 }
@@ -260,6 +250,7 @@ func (c *globalCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.latency, prometheus.GaugeValue, time.Duration(st.LastLatency.Load()).Seconds(), name)
 		ch <- prometheus.MustNewConstMetric(c.changes, prometheus.CounterValue, float64(st.ShareChanges.Load()), name)
 		ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(r.Coordinated(name)), name)
+		ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.CounterValue, float64(r.DemandDropped(name)), name)
 		coordinating := 0.0
 		if st.Coordinating.Load() {
 			coordinating = 1

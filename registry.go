@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
 
 	"github.com/caddy-tally/ratelimit/algorithms"
 	"github.com/caddy-tally/ratelimit/distributed"
@@ -107,20 +108,19 @@ func loadState(cfg zones.Config, vars planVars, sweep time.Duration) (*zones.Sta
 	return v.(*zones.State), id, !loaded, nil
 }
 
-// replacedDefinition returns another definition of id's zone name whose
-// state a loaded config still holds: when provision has just created id's
-// state, the definition a reload replaces, whose state does not carry over.
-func replacedDefinition(id stateID) (stateID, bool) {
-	var old stateID
-	found := false
+// logAfresh logs, when provision has just created id's state, another
+// definition of its zone name whose state a loaded config still holds: the
+// definition a reload replaces, whose state does not carry over.
+func logAfresh(logger *zap.Logger, id stateID) {
 	states.Range(func(k, _ any) bool {
-		if o, ok := k.(stateID); ok && o.name == id.name && o != id && !o.concurrency {
-			old, found = o, true
+		o, ok := k.(stateID)
+		if ok && o.name == id.name && o != id && !o.concurrency {
+			logger.Info("zone starts afresh: a reload changed its limits, so every key has its full limit again",
+				zap.String("zone", id.name), zap.String("changed", id.changesFrom(o)))
 			return false
 		}
 		return true
 	})
-	return old, found
 }
 
 // changesFrom says, for people, what differs between old and id: why a
@@ -169,11 +169,7 @@ type zoneClaim struct {
 	concurrency bool
 }
 
-// claimZoneName claims cfg's name for an HTTP zone whose key template is key.
-func claimZoneName(ctx caddy.Context, cfg zones.Config, vars planVars, key string) error {
-	return claimZone(ctx, cfg, zoneClaim{id: newStateID(cfg, vars), key: key, concurrency: cfg.IsConcurrency()})
-}
-
+// claimZone claims cfg's name in ctx's config for the definition c.
 func claimZone(ctx caddy.Context, cfg zones.Config, c zoneClaim) error {
 	done := ctx.Done()
 	claims.Lock()
@@ -222,21 +218,19 @@ func claimedHTTPZone(ctx caddy.Context, name string) (zoneClaim, bool) {
 // cleaned up instead, taking only its own registrations with it. Either way
 // what is shown is the running config's zones, through failed loads and
 // handlers whose provisioning failed half-way.
-// Connection zones (the listener wrapper's) are registered as HTTP zones
-// are, and marked as such.
 var registry = struct {
 	sync.Mutex
-	zones      map[string][]*zones.Zone
-	connection map[*zones.Zone]bool
-	views      map[*zones.Zone]storeView
-}{zones: make(map[string][]*zones.Zone), connection: make(map[*zones.Zone]bool), views: make(map[*zones.Zone]storeView)}
+	zones map[string][]*zones.Zone
+	views map[*zones.Zone]storeView
+}{zones: make(map[string][]*zones.Zone), views: make(map[*zones.Zone]storeView)}
 
 // storeView is what the admin API shows of a zone's store, found when the
-// zone was provisioned.
+// zone was provisioned, and its layer.
 type storeView struct {
-	regional zones.Store         // the store decisions reach (nil in local mode)
-	shared   *distributed.Shared // a scope global zone's share of it, else nil
-	health   storeHealth         // the regional store's health, if it tells it
+	regional   zones.Store         // the store decisions reach (nil in local mode)
+	shared     *distributed.Shared // a scope global zone's share of it, else nil
+	health     storeHealth         // the regional store's health, if it tells it
+	connection bool                // a listener wrapper's zone
 }
 
 func registerZone(z *zones.Zone, v storeView) {
@@ -253,27 +247,14 @@ func viewOf(z *zones.Zone) storeView {
 	return registry.views[z]
 }
 
-// registerConnectionZone registers a listener wrapper's zone.
-func registerConnectionZone(z *zones.Zone) {
-	registry.Lock()
-	registry.zones[z.Name] = append(registry.zones[z.Name], z)
-	registry.connection[z] = true
-	registry.Unlock()
-}
-
 // isConnectionZone reports whether z is a listener wrapper's zone.
-func isConnectionZone(z *zones.Zone) bool {
-	registry.Lock()
-	defer registry.Unlock()
-	return registry.connection[z]
-}
+func isConnectionZone(z *zones.Zone) bool { return viewOf(z).connection }
 
 // unregisterZone removes z's registration. When it was the last one of its
 // name, no config defines the zone any more and its metric series go too.
 func unregisterZone(z *zones.Zone) {
 	registry.Lock()
 	defer registry.Unlock()
-	delete(registry.connection, z)
 	delete(registry.views, z)
 	regs := registry.zones[z.Name]
 	if i := slices.Index(regs, z); i >= 0 {
@@ -297,23 +278,14 @@ func liveZones() map[string]*zones.Zone {
 	return m
 }
 
-func lookupZone(name string) *zones.Zone {
-	registry.Lock()
-	defer registry.Unlock()
-	if regs := registry.zones[name]; len(regs) > 0 {
-		return regs[len(regs)-1]
-	}
-	return nil
-}
-
-// lookupHTTPZone is lookupZone for HTTP zones only: the last registration of
-// name that is not a connection zone.
-func lookupHTTPZone(name string) *zones.Zone {
+// lookupZone is the last registration of name; with httpOnly, the last that
+// is not a connection zone.
+func lookupZone(name string, httpOnly bool) *zones.Zone {
 	registry.Lock()
 	defer registry.Unlock()
 	regs := registry.zones[name]
 	for i := len(regs) - 1; i >= 0; i-- {
-		if !registry.connection[regs[i]] {
+		if !httpOnly || !registry.views[regs[i]].connection {
 			return regs[i]
 		}
 	}

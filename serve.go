@@ -86,7 +86,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // (for a zone whose decisions ask the store, how long it waited for it:
 // since mark, the end of the last decision, which seen moves), a store
 // error, a turn reserved for later, a request that can never pass, and in a
-// dry-run zone the denial (or ban) it would have been.
+// dry-run zone the denial (or ban) it would have been, in top as well.
 func (h *Handler) seen(v *verdict, now int64, mark *int64) {
 	z, d := v.Owner, &v.Decision
 	var took time.Duration
@@ -107,6 +107,7 @@ func (h *Handler) seen(v *verdict, now int64, mark *int64) {
 		z.logOverBurst(now, v.Cost, v.Plan)
 	}
 	if !d.Allowed && z.dryRun {
+		z.State().Offenders.Record(v.Key, time.Now().UnixNano()) // top tells what headers do
 		h.logDenial(now, z, v.Key, *d, true)
 		if d.BanStarted > 0 {
 			h.banStarted(now, z, v.Key, *d, true)
@@ -115,20 +116,33 @@ func (h *Handler) seen(v *verdict, now int64, mark *int64) {
 }
 
 // serve calls next for an allowed request: the post-charged zones charge
-// after it, and the slots the request holds are released when it returns.
+// after it, and the concurrency slots the request holds are released when
+// it returns (after the charges), panics included. A client that goes away
+// cancels the request's context, which ends next (reverse_proxy returns
+// when its upstream call is cancelled); a hijacked connection (WebSocket)
+// holds its slot until the handler that hijacked it returns, which
+// reverse_proxy does when the connection ends.
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, verdicts []verdict) error {
 	holding, postCharged := false, false
 	for i := range verdicts {
 		holding = holding || verdicts[i].Holds()
 		postCharged = postCharged || verdicts[i].PostCharged
 	}
-	if postCharged {
-		return serveAndCharge(w, r, repl, next, verdicts, holding)
-	}
 	if holding {
-		return serveHoldingSlots(w, r, next, verdicts)
+		defer releaseSlots(verdicts)
+	}
+	if postCharged {
+		return serveAndCharge(w, r, repl, next, verdicts)
 	}
 	return next.ServeHTTP(w, r)
+}
+
+func releaseSlots(verdicts []verdict) {
+	for i := range verdicts {
+		if verdicts[i].Holds() {
+			verdicts[i].Release()
+		}
+	}
 }
 
 // awaitTurn makes the request wait until turn (monotime), the latest turn

@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/caddy-tally/ratelimit/distributed"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 	"github.com/caddy-tally/ratelimit/zones"
 )
@@ -222,12 +223,13 @@ type zoneHandler struct {
 	vars      planVars
 	costs     costVars
 	dryRun    bool
-	denyErr   error        // the error a denial wraps
-	denial    error        // the HandlerError a denial returns, boxed once
-	metrics   *zoneMetrics // nil when metrics are disabled
-	timed     bool         // metrics on and every decision asks Redis (strict)
-	logger    *zap.Logger  // the handler's
-	logs      *logSamplers // the handler's, which all its zones share
+	region    *distributed.Region // scope global: its share is the q a client can get here
+	denyErr   error               // the error a denial wraps
+	denial    error               // the HandlerError a denial returns, boxed once
+	metrics   *zoneMetrics        // nil when metrics are disabled
+	timed     bool                // metrics on and every decision asks Redis (strict)
+	logger    *zap.Logger         // the handler's
+	logs      *logSamplers        // the handler's, which all its zones share
 	// loggedEmptyKey: a request's key was empty, and that was logged.
 	loggedEmptyKey atomic.Bool
 	// loggedDroppedBans: a ban was not kept, from the table or the list
@@ -250,24 +252,10 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 	if err != nil {
 		return nil, fmt.Errorf("zone %s: %v", name, err)
 	}
-	cfg := zones.Config{
-		Name:       name,
-		Events:     zc.MaxEvents,
-		Window:     time.Duration(zc.Window),
-		Burst:      zc.Burst,
-		IPv4Prefix: zc.IPv4Prefix,
-		IPv6Prefix: zc.IPv6Prefix,
-		FailPolicy: policy,
-		MaxKeys:    zc.MaxKeys,
-		DryRun:     zc.DryRun || h.DryRun,
-
-		Concurrency: zc.Concurrency,
-		Lease:       time.Duration(zc.Lease),
-		Ban:         time.Duration(zc.Ban),
-		BanMax:      time.Duration(zc.BanMax),
-		Delay:       time.Duration(zc.Delay),
-		Queue:       zc.Queue,
-	}
+	cfg := zc.limits(name)
+	cfg.FailPolicy, cfg.DryRun = policy, zc.DryRun || h.DryRun
+	cfg.Lease, cfg.Ban, cfg.BanMax = time.Duration(zc.Lease), time.Duration(zc.Ban), time.Duration(zc.BanMax)
+	cfg.Delay, cfg.Queue = time.Duration(zc.Delay), zc.Queue
 	vars, err := newPlanVars(name, zc, h.logger)
 	if err != nil {
 		return nil, err
@@ -292,7 +280,7 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 	if zc.Key == "" {
 		return nil, fmt.Errorf("zone %s: key is required (e.g. key {client_ip})", name)
 	}
-	if err := claimZoneName(ctx, cfg, vars, zc.Key); err != nil {
+	if err := claimZone(ctx, cfg, zoneClaim{id: newStateID(cfg, vars), key: zc.Key, concurrency: cfg.IsConcurrency()}); err != nil {
 		return nil, err
 	}
 
@@ -324,6 +312,9 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 	if err != nil {
 		return nil, err
 	}
+	if shared != nil {
+		zh.region = shared.Region()
+	}
 	state, id, fresh, err := loadState(cfg, vars, time.Duration(h.SweepInterval))
 	if err != nil {
 		return nil, err
@@ -338,10 +329,7 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 		// replaces the definition gives every key its full limit back.
 		// (Distributed zones keep theirs in Redis, read under the new
 		// limit.)
-		if old, ok := replacedDefinition(id); ok {
-			h.logger.Info("zone starts afresh: a reload changed its limits, so every key has its full limit again",
-				zap.String("zone", name), zap.String("changed", id.changesFrom(old)))
-		}
+		logAfresh(h.logger, id)
 	}
 	if n := h.backend.resets; n != nil {
 		// A key reset on another instance is forgotten here too.
@@ -374,6 +362,12 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 	}
 	registerZone(zh.Zone, storeView{regional: h.store, shared: shared, health: h.backend.health})
 	return zh, nil
+}
+
+// limits is the part of the zone's config that connection zones have too.
+func (zc *Zone) limits(name string) zones.Config {
+	return zones.Config{Name: name, Concurrency: zc.Concurrency, Events: zc.MaxEvents, Window: time.Duration(zc.Window), Burst: zc.Burst,
+		IPv4Prefix: zc.IPv4Prefix, IPv6Prefix: zc.IPv6Prefix, MaxKeys: zc.MaxKeys}
 }
 
 // warn logs, at provision, what the zone's config accepts but that cannot
@@ -505,48 +499,39 @@ func (z *zoneHandler) releaseState() {
 	_, _ = states.Delete(z.stateID)
 }
 
-// compareZones orders zones tightest first: by rate, then burst, then name;
-// quota zones after every rate zone (compareQuota) and concurrency zones
-// after those (compareConcurrency).
+// compareZones orders zones by kind, then tightest first (compareKinds),
+// then rate zones by burst, then by name.
 func compareZones(a, b *zoneHandler) int {
-	if a.IsConcurrency() || b.IsConcurrency() {
-		return compareConcurrency(a, b)
-	}
-	if a.IsQuota() || b.IsQuota() {
-		return compareQuota(a, b)
-	}
-	ra := float64(a.Events) / float64(a.Window)
-	rb := float64(b.Events) / float64(b.Window)
-	switch {
-	case ra != rb:
-		if ra < rb {
-			return -1
-		}
-		return 1
-	case a.Limit().Burst != b.Limit().Burst:
+	burst := 0
+	if kind, _ := tightness(a.Zone); kind == 0 {
 		// Not the difference: as an int it would wrap where int is
 		// 32 bits (bursts go to 2^40).
-		return cmp.Compare(a.Limit().Burst, b.Limit().Burst)
+		burst = cmp.Compare(a.Limit().Burst, b.Limit().Burst)
 	}
-	return strings.Compare(a.Name, b.Name)
+	return cmp.Or(compareKinds(a.Zone, b.Zone), burst, strings.Compare(a.Name, b.Name))
 }
 
-// compareConcurrency orders concurrency zones after rate zones, smallest
-// concurrency first: a request a rate zone denies never takes a slot, and a
-// slot, unlike a GCRA step, has to be given back.
-func compareConcurrency(a, b *zoneHandler) int {
+// compareKinds orders rate zones first, by rate; then quota zones, by their
+// usual rate: a request a rate zone denies never counts in a quota, whose
+// refunds are Redis round trips too; then concurrency zones, smallest
+// first: a request a rate zone denies never takes a slot, and a slot, unlike
+// a GCRA step, has to be given back.
+func compareKinds(a, b *zones.Zone) int {
+	ka, ta := tightness(a)
+	kb, tb := tightness(b)
+	return cmp.Or(cmp.Compare(ka, kb), cmp.Compare(ta, tb))
+}
+
+// tightness is z's kind in compareKinds's order and its limit per second
+// (a concurrency zone's: its concurrency).
+func tightness(z *zones.Zone) (kind int, limit float64) {
 	switch {
-	case !a.IsConcurrency():
-		return -1
-	case !b.IsConcurrency():
-		return 1
-	case a.Concurrency != b.Concurrency:
-		if a.Concurrency < b.Concurrency {
-			return -1
-		}
-		return 1
+	case z.IsConcurrency():
+		return 2, float64(z.Concurrency)
+	case z.IsQuota():
+		return 1, float64(z.Quota) / nominalSeconds[z.Period]
 	}
-	return strings.Compare(a.Name, b.Name)
+	return 0, float64(z.Events) / float64(z.Window)
 }
 
 // singlePlaceholder returns the name of the placeholder when the template is
@@ -572,7 +557,16 @@ func headerPlaceholder(name string) string {
 // expands to nothing (a missing header, a misspelt placeholder) is counted
 // and logged once: such requests share one bucket.
 func (z *zoneHandler) expandKey(r *http.Request, repl *caddy.Replacer) string {
-	key := z.expandTemplate(r, repl)
+	var key string
+	switch {
+	case z.keyHeader != "":
+		// What {http.request.header.*} gives: the values joined by ",".
+		key = strings.Join(r.Header[z.keyHeader], ",")
+	case z.keyVar != "":
+		key, _ = repl.GetString(z.keyVar)
+	default:
+		key = repl.ReplaceAll(z.key, "")
+	}
 	if key == "" {
 		z.emptyKey()
 	}
@@ -612,26 +606,6 @@ func (z *zoneHandler) banDropped(fromList bool, n int64) {
 	if z.logger != nil && !z.loggedDroppedBans[from].Load() && z.loggedDroppedBans[from].CompareAndSwap(false, true) {
 		z.logger.Warn(msg, zap.String("zone", z.Name), zap.Int64("dropped", n))
 	}
-}
-
-// expandTemplate is the zone's key template expanded for the request.
-func (z *zoneHandler) expandTemplate(r *http.Request, repl *caddy.Replacer) string {
-	if z.keyHeader != "" {
-		// What {http.request.header.*} gives: the values joined by ",".
-		switch vals := r.Header[z.keyHeader]; len(vals) {
-		case 0:
-			return ""
-		case 1:
-			return vals[0]
-		default:
-			return strings.Join(vals, ",")
-		}
-	}
-	if z.keyVar != "" {
-		v, _ := repl.GetString(z.keyVar)
-		return v
-	}
-	return repl.ReplaceAll(z.key, "")
 }
 
 // readsReplacer reports whether the zone's key, limit or cost reads the

@@ -14,9 +14,11 @@ import (
 	"go.uber.org/zap"
 )
 
-// Breaker tuning: after tripAfter consecutive failures the store stops
-// calling Redis for coolDown, then lets one probe through.
+// Breaker tuning: warnAfter consecutive failures are an outage (one slow
+// call is not); after tripAfter the store stops calling Redis for coolDown,
+// then lets one probe through.
 const (
+	warnAfter = 2
 	tripAfter = 5
 	coolDown  = time.Second
 )
@@ -27,8 +29,10 @@ const (
 	stateProbing              // one probe is in flight; other calls fail
 )
 
-// breaker stops an outage from costing every request its full timeout. It
-// logs once when it opens and once when it closes, never per request.
+// breaker stops an outage from costing every request its full timeout. An
+// outage starts at the warnAfter-th consecutive failed call (the breaker
+// opens at the tripAfter-th) and ends at the next success: one WARN at its
+// start and one INFO at its end, never per request.
 //
 // The closed state, which is the hot path, costs one atomic load per call and
 // one atomic store per success after a failure.
@@ -39,6 +43,7 @@ type breaker struct {
 	mu        sync.Mutex
 	retryAt   time.Time // when open: the earliest probe
 	openSince time.Time // start of the current outage
+	warned    bool      // an outage is logged and not yet over
 
 	logger *zap.Logger
 	redis  string // redacted address, for the log lines
@@ -98,13 +103,15 @@ func (b *breaker) record(probe bool, err error) {
 		if b.state.Load() != stateClosed {
 			return // a late result from before the outage was detected
 		}
-		if !failed {
-			if b.failures.Load() != 0 {
-				b.failures.Store(0)
-			}
+		n := int32(0)
+		if failed {
+			n = b.failures.Add(1)
+		} else if b.failures.Load() != 0 {
+			b.failures.Store(0)
+		} else {
 			return
 		}
-		if b.failures.Add(1) < tripAfter {
+		if n < tripAfter && n != warnAfter && n != 0 {
 			return
 		}
 	}
@@ -112,9 +119,16 @@ func (b *breaker) record(probe bool, err error) {
 	defer b.mu.Unlock()
 	now := time.Now()
 	switch {
-	case probe && !failed:
+	case !failed:
+		if !probe && b.state.Load() != stateClosed {
+			return
+		}
 		b.failures.Store(0)
 		b.state.Store(stateClosed)
+		if !b.warned {
+			return
+		}
+		b.warned = false
 		fields := []zap.Field{zap.String("redis", b.redis), zap.Duration("outage", now.Sub(b.openSince))}
 		if b.master != nil {
 			if m := b.master(); m != "" {
@@ -128,10 +142,15 @@ func (b *breaker) record(probe bool, err error) {
 	case probe:
 		b.retryAt = now.Add(coolDown)
 		b.state.Store(stateOpen)
-	case b.state.Load() == stateClosed:
-		b.openSince = now
-		b.retryAt = now.Add(coolDown)
-		b.state.Store(stateOpen)
+	case b.state.Load() == stateClosed && b.failures.Load() >= warnAfter:
+		if b.failures.Load() >= tripAfter {
+			b.retryAt = now.Add(coolDown)
+			b.state.Store(stateOpen)
+		}
+		if b.warned {
+			return // the outage's WARN is logged: the breaker opening adds none
+		}
+		b.warned, b.openSince = true, now
 		fields := []zap.Field{zap.String("redis", b.redis), zap.Error(err)}
 		if b.master != nil {
 			b.downMaster = b.master()
@@ -154,6 +173,18 @@ func (b *breaker) outageNode() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.downMaster
+}
+
+// outage reports whether calls are failing (an outage is logged), whether
+// the breaker is open, and since when: what the admin API shows. health,
+// by contrast, is the breaker's state alone.
+func (b *breaker) outage() (down, open bool, since time.Time) {
+	if b.state.Load() == stateClosed && b.failures.Load() < warnAfter {
+		return false, false, time.Time{}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.warned, b.state.Load() != stateClosed, b.openSince
 }
 
 // health reports whether the breaker is closed, and since when it is not.
@@ -287,16 +318,16 @@ func (n *nodeBreakers) retire(ctx context.Context) (down []NodeOutage) {
 	if n.cluster == nil {
 		return nil
 	}
-	if ok, since := n.unmapped.health(); !ok {
-		down = append(down, NodeOutage{Node: "", Since: since})
+	if down1, open, since := n.unmapped.outage(); down1 {
+		down = append(down, NodeOutage{Node: "", Since: since, Open: open})
 	}
 	m := n.nodes.Load()
 	if m == nil {
 		return down
 	}
 	for addr, b := range *m {
-		ok, since := b.health()
-		if ok {
+		failing, open, since := b.outage()
+		if !failing {
 			continue
 		}
 		c, err := n.cluster.MasterForKey(ctx, b.sample)
@@ -309,7 +340,7 @@ func (n *nodeBreakers) retire(ctx context.Context) (down []NodeOutage) {
 			continue
 		}
 		n.reload()
-		down = append(down, NodeOutage{Node: addr, Since: since})
+		down = append(down, NodeOutage{Node: addr, Since: since, Open: open})
 	}
 	return down
 }
@@ -333,9 +364,11 @@ func (n *nodeBreakers) drop(addr string, b *breaker) bool {
 // (Node is its address; "" before the slot map is known), or the whole
 // setting for a standalone server (Node is "") or Sentinel (Node is the
 // master it was connected to when the outage began, "" if none yet).
+// Open is false while calls fail but the breaker still lets them through.
 type NodeOutage struct {
 	Node  string
 	Since time.Time
+	Open  bool
 }
 
 // masterDials records the address each new connection of a Sentinel

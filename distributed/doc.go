@@ -18,7 +18,8 @@
 //
 // Both hold the same kind of connection to one Redis setting (standalone,
 // Sentinel or Cluster; link.go): the client, the breakers (one per Cluster
-// master: after 5 consecutive failures calls fail at once with
+// master: 2 consecutive failures are an outage, logged once and shown by
+// Outages; after 5 consecutive failures calls fail at once with
 // ErrUnavailable for a second, then one probe), the batcher, the heartbeat
 // that counts live instances, the resets channel and the concurrency slots.
 // Every call returns within Options.Timeout, queueing included. One store

@@ -15,7 +15,11 @@
 -- region last reported. A full report is complete: a region's demand of a
 -- key it did not report is dropped.
 --
--- Reply: {"OK", epoch, learning, zone, n, key, grant, ..., zone, ...},
+-- Reply: {"OK", epoch, learning, waiting, zone, n, key, grant, ...,
+-- zone, ...}, waiting 1 when a key the region reported is granted less than
+-- its fair share only because another region has not confirmed its cut yet
+-- (the region syncs again soon, to collect the raise that confirmation
+-- grants at once),
 -- {"EPOCH", epoch} (the region must report in full first) or {"FENCED"}.
 --
 -- Safety: a region's grant is raised only from
@@ -94,7 +98,7 @@ local gf, af, df, xf = {}, {}, {}, {}
 for _, n in ipairs(names) do
 	gf[n], af[n], df[n], xf[n] = 'g.' .. n, 'a.' .. n, 'd.' .. n, 'x.' .. n
 end
-local dem
+local dem, waiting
 local function byDemand(a, b) return dem[a] * weight[b] < dem[b] * weight[a] end
 
 local function target(demand)
@@ -228,6 +232,7 @@ local function allocate(zp, zone, key, wants, held)
 			end
 		end
 	end
+	waiting = waiting or g[region] < tg[region]
 	local default = not demanded
 	for _, n in ipairs(names) do
 		if g[n] ~= weight[n] or a[n] ~= weight[n] then default = false end
@@ -254,7 +259,7 @@ local function allocate(zp, zone, key, wants, held)
 	return g[region]
 end
 
-local out = {'OK', epoch, learning and 1 or 0}
+local out = {'OK', epoch, learning and 1 or 0, 0}
 local i = 10
 for _ = 1, tonumber(ARGV[9]) do
 	local zone, n = ARGV[i], tonumber(ARGV[i + 1])
@@ -296,4 +301,5 @@ for _ = 1, tonumber(ARGV[9]) do
 	out[#out + 1] = #grants / 2
 	for _, v in ipairs(grants) do out[#out + 1] = v end
 end
+if waiting then out[4] = 1 end
 return out

@@ -141,7 +141,7 @@ func (c *link) isClosed() bool {
 }
 
 // Health reports whether Redis is considered reachable and, when it is not,
-// since when (the earliest open breaker opened then). On a Cluster it is
+// since when (the earliest outage began then). On a Cluster it is
 // false while any master serving slots is unreachable; Outages says which.
 func (c *link) Health() (ok bool, openSince time.Time) {
 	ok = true
@@ -154,13 +154,13 @@ func (c *link) Health() (ok bool, openSince time.Time) {
 }
 
 // Outages lists what the store cannot reach now: on a Cluster, each master
-// still serving slots whose breaker is open (a master replaced by its
+// still serving slots whose calls fail (a master replaced by its
 // replica is dropped, logged once); otherwise the whole setting, as one
 // outage naming, on Sentinel, the master it was connected to.
 func (c *link) Outages() []NodeOutage {
 	down := c.nodes.retire(c.ctx)
-	if ok, since := c.breaker.health(); !ok {
-		down = append(down, NodeOutage{Node: c.breaker.outageNode(), Since: since})
+	if failing, open, since := c.breaker.outage(); failing {
+		down = append(down, NodeOutage{Node: c.breaker.outageNode(), Since: since, Open: open})
 	}
 	return down
 }

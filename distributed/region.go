@@ -165,7 +165,7 @@ type Region struct {
 	regional redis.UniversalClient
 	global   redis.UniversalClient
 	prefix   string        // the regional key prefix
-	strict   bool          // the regional store is a *Strict
+	async    bool          // the regional store is an *Async
 	timeout  time.Duration // the regional store's
 	gprefix  string
 	rscript  *redis.Script
@@ -224,6 +224,7 @@ type regionZone struct {
 	// load and one atomic add; a counter idle for a whole poll is retired.
 	counts  sync.Map
 	counted atomic.Int64 // counters in counts, at most maxCounted
+	dropped atomic.Int64 // decisions not counted: maxCounted other keys were
 }
 
 // maxCounted bounds the keys a zone counts: a key not counted yet is
@@ -258,13 +259,12 @@ func OpenRegion(regional zones.Store, opts RegionOptions, logger *zap.Logger) (*
 		logger = zap.NewNop()
 	}
 	var c *link
-	strict := false
+	async := false
 	switch s := regional.(type) {
 	case *Strict:
 		c = s.link
-		strict = true
 	case *Async:
-		c = s.link
+		c, async = s.link, true
 	default:
 		return nil, fmt.Errorf("global: the regional store is a %T, not a tally store", regional)
 	}
@@ -277,7 +277,7 @@ func OpenRegion(regional zones.Store, opts RegionOptions, logger *zap.Logger) (*
 		regional: c.client,
 		global:   redis.NewUniversalClient(uopts),
 		prefix:   c.opts.KeyPrefix,
-		strict:   strict,
+		async:    async,
 		timeout:  c.opts.Timeout,
 		gprefix:  opts.Global.KeyPrefix,
 		rscript:  redis.NewScript(regionScript),
@@ -415,6 +415,16 @@ func (r *Region) Coordinated(zone string) int {
 	return len(z.shares)
 }
 
+// DemandDropped is the number of zone's decisions left out of the
+// region's demand since the zone was added: their keys came while
+// maxCounted others were counted.
+func (r *Region) DemandDropped(zone string) int64 {
+	if z := r.zone(zone); z != nil {
+		return z.dropped.Load()
+	}
+	return 0
+}
+
 // Weight is this region's default share (ppm).
 func (r *Region) Weight() int64 { return r.weight }
 
@@ -443,6 +453,10 @@ func (r *Region) count(zone, key string, allowed bool, cost int64, limit algorit
 		if !ok {
 			if z.counted.Add(1) > maxCounted {
 				z.counted.Add(-1)
+				if z.dropped.Add(1) == 1 {
+					r.logger.Warn("global zone decides more keys in a poll than its demand counts: the others' demand is not reported",
+						zap.String("zone", zone), zap.Int("most", maxCounted), zap.Duration("poll", r.pollInterval()))
+				}
 				return
 			}
 			var loaded bool

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"testing"
 
+	"go.uber.org/zap"
+
 	"github.com/caddy-tally/ratelimit/algorithms"
 )
 
@@ -12,7 +14,7 @@ import (
 var zoneLimit = algorithms.Limit{EmissionInterval: 1, Burst: 1}
 
 func countingRegion() *Region {
-	r := &Region{zones: map[string]*regionZone{}}
+	r := &Region{zones: map[string]*regionZone{}, logger: zap.NewNop()}
 	r.AddZone("api", zoneLimit)
 	return r
 }

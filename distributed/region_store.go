@@ -90,10 +90,13 @@ func (s *Shared) Quota(context.Context, string, string, zones.QuotaStep) (zones.
 
 // Offers is the regional store's, without quotas and slots, with this
 // store's records (at the region's share) in place of the regional
-// store's.
+// store's; a denial the zone's deny cache answers counts for the region's
+// demand as the store's own would (at a small share its retry time is
+// longer than a sync interval).
 func (s *Shared) Offers() zones.Offers {
 	o := s.offers
 	o.Quotas, o.Slots = false, nil
+	o.Denied = func(zone, key string, l algorithms.Limit) { s.region.count(zone, key, false, 1, l) }
 	if o.Records != nil {
 		o.Records = s
 	}

@@ -23,7 +23,11 @@ type coordinator struct {
 	contact   int64  // monotime the last successful sync was sent; 0: none
 	lastSync  int64
 	confirmAt int64 // monotime a cut's margin ends (0: none pending)
-	down      bool  // an outage is being logged
+	// waitUntil (monotime): a raise waits on another region's cut, whose
+	// confirmation grants it; the coordinator syncs every poll until then
+	// or until a raise comes, instead of every interval
+	waitUntil int64
+	down      bool // an outage is being logged
 	// sent is, per zone, what the global store last heard of each key
 	sent map[string]map[string]*lastReport
 	// spans is, per zone, the burst span (µs) of the keys last counted
@@ -109,7 +113,7 @@ func (r *Region) tick(now int64) {
 	if c.token == 0 {
 		return
 	}
-	if now-c.lastSync >= interval || c.confirmAt != 0 && now >= c.confirmAt {
+	if now-c.lastSync >= interval || c.confirmAt != 0 && now >= c.confirmAt || now < c.waitUntil {
 		r.sync(now)
 	}
 }
@@ -139,19 +143,23 @@ func (r *Region) lock(now int64) {
 		c.token, c.full = tok, true
 		c.init()
 		c.contact = r.contactAt.Load() // the last contact the region published
-		// Start from what the region has published, as this instance
-		// last read it.
 		for _, z := range r.zoneSet().zones {
-			z.mu.RLock()
-			m := make(map[string]*holding, len(z.shares))
-			for k, s := range z.shares {
-				m[k] = &holding{cur: s}
-			}
-			z.mu.RUnlock()
-			c.held[z.name] = m
+			c.adopt(z)
 		}
 		r.stats.Coordinating.Store(true)
 	}
+}
+
+// adopt starts the coordinator's holdings of z from what the region has
+// published, as this instance last read it.
+func (c *coordinator) adopt(z *regionZone) {
+	z.mu.RLock()
+	m := make(map[string]*holding, len(z.shares))
+	for k, s := range z.shares {
+		m[k] = &holding{cur: s}
+	}
+	z.mu.RUnlock()
+	c.held[z.name] = m
 }
 
 type report struct {
@@ -169,6 +177,21 @@ func (r *Region) sync(now int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), r.opts.SyncInterval)
 	defer cancel()
 	set := r.zoneSet() // one set of zones for the whole sync
+	for name := range c.held {
+		if set.byName[name] == nil { // released (a reload dropped it)
+			delete(c.held, name)
+			delete(c.sent, name)
+			delete(c.spans, name)
+		}
+	}
+	for _, z := range set.zones {
+		if c.held[z.name] == nil { // added (again) since
+			if !z.read.Load() {
+				return // until this instance has read what the region published of it
+			}
+			c.adopt(z)
+		}
+	}
 	raw, err := r.rscript.Run(ctx, r.regional, set.keys, "collect", lockVal).Slice()
 	if err != nil {
 		return
@@ -410,7 +433,7 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 		c.down = false
 		r.logger.Info("global store reachable again", zap.String("region", r.opts.Region))
 	}
-	if len(v) < 3 {
+	if len(v) < 4 {
 		c.full = true
 		return failed
 	}
@@ -430,7 +453,7 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 	// kept at that, so that it is reported, and granted, again).
 	var changes [][]any
 	var updates []update
-	i := 3
+	i := 4
 	for i+1 < len(v) {
 		zone := fmt.Sprint(v[i])
 		n, _ := v[i+1].(int64)
@@ -477,8 +500,15 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 	// again once it may grant more.
 	c.full = v[2] == int64(1)
 	now = monotime.Now()
+	if v[3] == int64(1) && c.waitUntil == 0 {
+		// the other region's next sync and its cut's margin, round trips
+		c.waitUntil = now + int64(r.opts.SyncInterval+r.confirmMargin()) + 2*(now-sent)
+	}
 	for _, u := range updates {
 		h := u.h
+		if u.g > u.from && v[3] != int64(1) {
+			c.waitUntil = 0 // the raise came
+		}
 		if u.g < u.from { // a cut
 			if now >= h.prevUntil {
 				h.prev = 0 // the last cut is in force everywhere: what it cut is gone
@@ -511,7 +541,7 @@ type update struct {
 	g, from   int64
 }
 
-// plantScript rescales a strict region's raised key before its raise is
+// plantScript rescales a region's raised key before its raise is
 // published, so that a raise adds no tokens at once: the key keeps the
 // tokens it had at its old share and refills them at the new rate from
 // now on. Tokens are (B·T − debt)/T at every share, with debt = TAT − now
@@ -525,12 +555,19 @@ type update struct {
 // that still applies the old share (up to one of its polls) decides at
 // that share, with fewer tokens.
 //
-// KEYS[1]: the key; ARGV: from, to (ppm), span (µs). One key per call:
-// keys of a Cluster are in many slots.
+// An async key's TAT is its hash's field t, rescaled alike (a key with no
+// state starts its episode then, c, so that the instances' fresh shares
+// are held aside as for any new episode): the leases it reserved hold, and
+// what is left of the burst is the tokens it had.
+//
+// KEYS[1]: the key; ARGV: from, to (ppm), span (µs), 1 for an async key.
+// One key per call: keys of a Cluster are in many slots.
 var plantScript = redis.NewScript(`local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 local from, to, span = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local raw = redis.pcall('GET', KEYS[1])
+local hash = ARGV[4] == '1'
+local raw
+if hash then raw = redis.pcall('HGET', KEYS[1], 't') else raw = redis.pcall('GET', KEYS[1]) end
 local tat, rest = now, ''
 if raw then
   local v
@@ -545,17 +582,20 @@ if d <= debt then return 0 end
 local ms = math.floor((d + 999) / 1000)
 local left = redis.call('PTTL', KEYS[1])
 if left > ms then ms = left end
-redis.call('SET', KEYS[1], string.format('%d', now + d) .. rest, 'PX', ms)
+if not hash then
+  redis.call('SET', KEYS[1], string.format('%d', now + d) .. rest, 'PX', ms)
+  return 1
+end
+redis.call('HSET', KEYS[1], 't', string.format('%d', now + d))
+if not raw then redis.call('HSET', KEYS[1], 'c', string.format('%d', now)) end
+redis.call('PEXPIRE', KEYS[1], ms)
 return 1`)
 
-// plant rescales the raised keys of a strict region before their shares
+// plant rescales the raised keys of the region before their shares
 // are published (plantScript); false when the regional Redis did not
 // answer, and then the raises are not published either. A key is rescaled
 // with the span it was last counted with (a plan's), or the zone's.
 func (r *Region) plant(ctx context.Context, set *zoneSet, updates []update) bool {
-	if !r.strict {
-		return true
-	}
 	cmds, _ := r.regional.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, x := range updates {
 			if x.g <= x.from {
@@ -569,7 +609,11 @@ func (r *Region) plant(ctx context.Context, set *zoneSet, updates []update) bool
 			if span == 0 {
 				span = max(1, z.interval.Load()/1000) * z.burst.Load() // µs, as gcra.lua sees it
 			}
-			plantScript.Eval(ctx, p, []string{r.prefix + x.zone + ":" + x.key}, x.from, x.g, span)
+			key, hash := r.prefix+x.zone+":"+x.key, "0"
+			if r.async {
+				key, hash = r.prefix+x.zone+asyncZoneSep+x.key, "1"
+			}
+			plantScript.Eval(ctx, p, []string{key}, x.from, x.g, span, hash)
 		}
 		return nil
 	})

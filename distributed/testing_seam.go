@@ -152,6 +152,10 @@ func (r *Region) HoldNextSync() (held <-chan chan struct{}) {
 	return c
 }
 
+// CoordinatedZones is the number of zones the coordinator keeps state of
+// (holdings, reports): read it after Close.
+func (r *Region) CoordinatedZones() int { return len(r.coord.held) }
+
 // Count notes decisions of key in zone for the region's demand, as a scope
 // global decision through Wrap's store does, without deciding: for
 // benchmarks and tests that drive many keys.

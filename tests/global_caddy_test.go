@@ -5,8 +5,12 @@ package tests
 // 50–100 ms link per region.
 
 import (
+	"encoding/json"
 	"sort"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -128,4 +132,97 @@ func deref(f *float64) any {
 		return nil
 	}
 	return *f
+}
+
+// A slow limit (100/min) contended by both regions: the region raised
+// first (eu) must not keep the key while the other (us) is answered by its
+// deny cache. At us's floor (0.05) a denial's retry time is 12 s, sixty
+// sync intervals: the requests the deny cache denies meanwhile are demand,
+// or us reports none between two of its store's denials and eu is raised
+// back. Each region hammers the key (20 requests a second) in turn and
+// then together.
+func TestGlobalDenialsFromTheDenyCacheAreDemand(t *testing.T) {
+	global := startRedis(t)
+	var cs []*caddyInstance
+	for _, name := range []string{"eu", "us"} {
+		link := startRedisProxy(t, global.Addr)
+		link.SetLatency(20*time.Millisecond, 40*time.Millisecond)
+		site := strings.Replace(globalSite(startRedis(t).Addr, name, link.Addr), "events 600\n\t\t\twindow 1m\n\t\t\tburst 20", "events 100\n\t\t\twindow 1m", 1)
+		cs = append(cs, startCaddy(t, site))
+	}
+	share := func(c *caddyInstance) float64 {
+		var key struct {
+			Share *float64 `json:"share"`
+		}
+		if code, out := c.adminDo("GET", keyPath("api", "k")); code == 200 {
+			_ = json.Unmarshal([]byte(out), &key)
+		}
+		return deref0(key.Share)
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	var admitted [2]atomic.Int64
+	for i, c := range cs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for start := time.Now(); time.Since(start) < time.Minute; time.Sleep(50 * time.Millisecond) {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				if res, err := c.try(withKey("k")); err == nil && res.Status == 200 {
+					admitted[i].Add(1)
+				}
+			}
+		}()
+		if i == 0 {
+			waitFor(t, 15*time.Second, "eu's share of k to reach 0.9", func() bool { return share(c) >= 0.9 })
+		}
+	}
+	defer func() { close(done); wg.Wait() }()
+	// Measured from 3 s (us raised once, on its store's first denial) for
+	// 22 s: at its fair share (0.5: 50/min) us admits about 18.
+	time.Sleep(3 * time.Second)
+	from := admitted[1].Load()
+	time.Sleep(22 * time.Second)
+	got := admitted[1].Load() - from
+	t.Logf("us admitted %d in 22 s of contention (its fair share: about 18), eu %d in all; us's share at the end %.3f", got, admitted[0].Load(), share(cs[1]))
+	if got < 9 {
+		t.Errorf("us admitted %d in 22 s of contention, want ≥ 9 (half its fair share): its demand answered by the deny cache went unreported", got)
+	}
+	if v, ok := metricValue(cs[1].scrape(), "caddy_rate_limit_global_demand_dropped_total", map[string]string{"zone": "api"}); !ok || v != 0 {
+		t.Errorf("caddy_rate_limit_global_demand_dropped_total{zone=api} = %v (%v), want 0", v, ok)
+	}
+}
+
+func deref0(f *float64) float64 {
+	if f == nil {
+		return 0
+	}
+	return *f
+}
+
+// A scope global zone's RateLimit-Policy says what a client can get in
+// this region: q is the region's share of the limit (600/min at eu's
+// weight, 0.5: q=300), as the legacy RateLimit-Limit, so that a client
+// pacing itself by q is not denied; r is already at the share.
+func TestGlobalPolicySaysTheRegionsShare(t *testing.T) {
+	global := startRedis(t).Addr
+	c := startCaddy(t, globalSite(startRedis(t).Addr, "eu", global))
+	startCaddy(t, globalSite(startRedis(t).Addr, "us", global))
+	var res response
+	i := 0
+	waitFor(t, 20*time.Second, "eu to apply its weight (0.5) of a fresh key", func() bool {
+		i++
+		res = c.Do(withKey("fresh" + strconv.Itoa(i)))
+		return strings.HasPrefix(res.Header.Get("RateLimit"), `"api";r=9;`) // 10 at 0.5, one spent
+	})
+	if got := res.Header.Get("RateLimit-Policy"); got != `"api";q=300;w=60` {
+		t.Errorf("RateLimit-Policy %q, want q=300 (eu's share of 600)", got)
+	}
+	if got := res.Header.Get("RateLimit-Limit"); got != "300" {
+		t.Errorf("RateLimit-Limit %q, want 300", got)
+	}
 }

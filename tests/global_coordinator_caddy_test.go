@@ -15,6 +15,7 @@ import (
 // finds the region's lock another's (its late sync, if it had one in
 // flight, is refused by its older token) and stops coordinating.
 func TestGlobalFrozenCoordinatorCaddyIsReplacedAndFencedOff(t *testing.T) {
+	t.Parallel() // with the other faults at their real length
 	global, euRedis, usRedis := startRedis(t), startRedis(t), startRedis(t)
 	link := func() string {
 		p := startRedisProxy(t, global.Addr)

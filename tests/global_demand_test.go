@@ -2,8 +2,12 @@ package tests
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-tally/ratelimit/zones"
 )
@@ -43,5 +47,55 @@ func TestGlobalFailedChecksAreDemandWithOrWithoutABan(t *testing.T) {
 		if a, d := reg.Demand(globalZone, tc.key); a != a0 || d != 1 {
 			t.Errorf("%s (ban %v): after a failed check, a peek and a refund the region counted admitted %d, denied %d; want %d and 1 (the failed check alone)", tc.key, tc.ban.First, a, d, a0)
 		}
+	}
+}
+
+// A zone decides more keys in a poll than its demand counts (10,000): the
+// decisions left out are counted, and logged once per zone.
+func TestGlobalDemandOverTheKeyCapIsCountedAndLoggedOnce(t *testing.T) {
+	core, logs := observer.New(zap.WarnLevel)
+	f := startGlobalFleetWith(t, fleetOptions{mode: "strict", interval: time.Hour, lease: 2 * time.Hour}, zap.New(core))
+	reg := f.regions[0].regions[0]
+	for i := range 10_010 {
+		reg.Count(globalZone, "k"+strconv.Itoa(i), true, 1)
+	}
+	if got := reg.DemandDropped(globalZone); got != 10 {
+		t.Errorf("%d keys decided in one poll: %d decisions dropped from the demand, want 10", 10_010, got)
+	}
+	if n := logs.FilterMessageSnippet("than its demand counts").Len(); n != 1 {
+		t.Errorf("%d WARNs of demand dropped, want 1", n)
+	}
+}
+
+// A zone a reload dropped leaves the coordinator's state with its last
+// user (its holdings and reports are not kept for ever, reload after
+// reload).
+func TestGlobalReleasedZoneLeavesTheCoordinator(t *testing.T) {
+	f := startGlobalFleetWith(t, fleetOptions{mode: "strict", interval: 200 * time.Millisecond, lease: 5 * time.Second}, nil)
+	f.waitContact()
+	eu := f.regions[0].regions
+	syncs := func() int64 { return eu[0].Stats().Syncs.Load() + eu[1].Stats().Syncs.Load() }
+	for _, r := range eu {
+		r.AddZone("old", globalLimit)
+		r.Count("old", "k", false, 1)
+	}
+	twoSyncs := func() {
+		n := syncs()
+		if err := waitUntil(10*time.Second, func() bool { return syncs() >= n+2 }); err != nil {
+			t.Fatalf("eu did not sync: %v", err)
+		}
+	}
+	twoSyncs()
+	for _, r := range eu {
+		r.ReleaseZone("old")
+	}
+	twoSyncs()
+	most := 0
+	for _, r := range eu {
+		r.Close()
+		most = max(most, r.CoordinatedZones())
+	}
+	if most != 1 {
+		t.Errorf("eu's coordinator keeps the state of %d zones after old was released, want 1 (%s)", most, globalZone)
 	}
 }

@@ -49,6 +49,7 @@ func (f *globalFleet) sumGuard(key string) (check func()) {
 }
 
 func TestGlobalStoreHungFreezesShares(t *testing.T) {
+	t.Parallel() // 30 s, with the other faults at their real length
 	logger, logs := observedLogger()
 	// A lease longer than the hang (30 s, as the issue has it): shares
 	// freeze, and no region falls to its floor.
@@ -68,9 +69,12 @@ func TestGlobalStoreHungFreezesShares(t *testing.T) {
 	f.drive(1, "k", 40, usStop, &wg)
 	deadline := time.Now().Add(30 * time.Second)
 	during := f.decisionLatency(0, "other")
-	// Logged, not asserted (timing on a shared machine): the decisions
-	// never wait on the global store, by construction.
+	// The decisions never wait on the global store (a sync waits up to
+	// its timeout, 1 s): the margin is for a loaded machine.
 	t.Logf("median decision latency in eu: %v before the hang, %v during it", before, during)
+	if during > 2*before+50*time.Millisecond {
+		t.Errorf("median decision latency in eu rose from %v to %v while the global store hung", before, during)
+	}
 	for time.Now().Before(deadline) {
 		if s := f.share(0, "k"); s != held {
 			t.Fatalf("eu's share moved from %d to %d while the global store hung", held, s)
@@ -158,7 +162,11 @@ func TestGlobalRegionCutPastLeaseFallsToFloorAndOthersGainAfterTwoLeases(t *test
 	f.regions[0].proxy.Uncut()
 }
 
+// A fifth of the global store's replies lost for a minute while the demand
+// moves between the regions every 5 s: Σ shares ≤ 1 throughout (sampled
+// every 20 ms), and the fleet within the strict bound.
 func TestGlobalDroppedRepliesKeepSharesWithinTheLimit(t *testing.T) {
+	t.Parallel() // 60 s, with the other faults at their real length
 	f := startGlobalFleet(t, testInterval, 5*time.Second)
 	f.waitContact()
 	check := f.sumGuard("k")
@@ -166,10 +174,10 @@ func TestGlobalDroppedRepliesKeepSharesWithinTheLimit(t *testing.T) {
 		r.proxy.DropReplies(0.2)
 	}
 	var wg sync.WaitGroup
-	for _, i := range []int{0, 1, 0, 1} {
+	for n := range 12 {
 		stop := make(chan struct{})
-		f.drive(i, "k", 40, stop, &wg)
-		time.Sleep(1500 * time.Millisecond)
+		f.drive(n%2, "k", 40, stop, &wg)
+		time.Sleep(5 * time.Second)
 		close(stop)
 		wg.Wait()
 	}
@@ -177,7 +185,7 @@ func TestGlobalDroppedRepliesKeepSharesWithinTheLimit(t *testing.T) {
 		r.proxy.DropReplies(0)
 	}
 	check()
-	f.checkBound(time.Second, 3*time.Second)
+	f.checkBound(time.Second, 3*time.Second, 10*time.Second)
 	// The allocation still follows demand once replies get through.
 	stop := f.demandIn(1, "k")
 	stop()

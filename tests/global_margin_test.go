@@ -7,6 +7,7 @@ package tests
 
 import (
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -45,4 +46,57 @@ func TestGlobalCutIsConfirmedOnlyOnceASlowInstanceAppliedIt(t *testing.T) {
 	close(done)
 	wg.Wait()
 	check()
+}
+
+// The cut's own margin, as the global store sees it: eu reports the share
+// it had before a cut as held for two polls and twice the regional timeout
+// after publishing the cut, whatever the phase of its coordinator's ticks.
+// Sync interval 2 s (polls every 500 ms) and a regional timeout of 100 ms
+// make the margin 1.2 s, of which the polls are 1 s: a margin of the
+// timeouts alone is confirmed within a poll and a global round trip of
+// them (about 0.8 s).
+func TestGlobalCutIsConfirmedNoSoonerThanTheMargin(t *testing.T) {
+	const margin = 2*500*time.Millisecond + 2*100*time.Millisecond
+	f := startGlobalFleetWith(t, fleetOptions{mode: "strict", interval: 2 * time.Second, lease: 10 * time.Second, timeout: 100 * time.Millisecond}, nil)
+	f.waitContact()
+	eu, us := f.regions[0], f.regions[1]
+	ctx := t.Context()
+	published := func() int64 { // eu's share of k as its coordinator published it
+		v, err := eu.redis.Client().HGet(ctx, "tally:global{r}.shares:"+globalZone, "k").Int64()
+		if err != nil {
+			return eu.regions[0].Weight()
+		}
+		return v
+	}
+	held := func() int64 { // what the global store counts as eu's
+		v, _ := f.global.Client().HGet(ctx, "tally:g.z:"+globalZone+":k", "a.eu").Int64()
+		return v
+	}
+	var usWants atomic.Bool
+	defer countEvery(25*time.Millisecond, func(n int) {
+		if usWants.Load() {
+			us.regions[n%2].Count(globalZone, "k", false, 1)
+		} else {
+			eu.regions[n%2].Count(globalZone, "k", false, 1)
+		}
+	})()
+	if err := waitUntil(20*time.Second, func() bool { return held() >= distributed.ShareScale*9/10 }); err != nil {
+		t.Fatalf("eu was not raised to 90%% of k: it holds %d", held())
+	}
+	before := held()
+	usWants.Store(true)
+	var cut time.Time
+	if err := waitUntil(20*time.Second, func() bool {
+		if cut.IsZero() && published() < before {
+			cut = time.Now()
+		}
+		return held() < before
+	}); err != nil || cut.IsZero() {
+		t.Fatalf("eu's cut was not published and confirmed: published %d, held %d of k (%v)", published(), held(), err)
+	}
+	gap := time.Since(cut)
+	t.Logf("eu's cut from %d was confirmed %v after it was published (the margin: %v)", before, gap.Round(time.Millisecond), margin)
+	if gap < margin-50*time.Millisecond {
+		t.Errorf("eu's cut was confirmed %v after it was published, within the margin %v: an instance that missed a poll may still apply the old share", gap.Round(time.Millisecond), margin)
+	}
 }

@@ -125,3 +125,61 @@ func TestGlobalRaisedRegionGainsNoBurstAtOnce(t *testing.T) {
 		t.Logf("%s: admitted %d of 20 at once after the raise (%d tokens before, %d refilled since)", c.key, admitted, c.tokens, refilled)
 	}
 }
+
+// An async region's raise adds no tokens at once either: the coordinator
+// rescales the key's hash (its TAT, field t) as it does a strict key, so
+// the leases it reserved hold and what is left of the burst is the tokens
+// the key had at its old share.
+func TestGlobalRaisedAsyncRegionGainsNoBurstAtOnce(t *testing.T) {
+	// 600 in 10 minutes, burst 40: T = 1 s, a burst's span 40 s. At half
+	// the limit the key has 20 tokens at most; raised to 0.9 it would have
+	// 36 less its debt at once without the rescale.
+	limit := algorithms.NewLimit(600, int64(10*time.Minute), 40)
+	f := startGlobalFleetWith(t, fleetOptions{mode: "async", interval: 200 * time.Millisecond, lease: 5 * time.Second, limit: limit}, nil)
+	f.waitContact()
+	us := f.regions[1]
+	rc, ctx := us.redis.Client(), t.Context()
+	const key = "k"
+	redisKey := "tally:" + globalZone + ".async:" + key
+	for i := range 2 {
+		if r, err := stepDecide(us.shared[i], ctx, globalZone, key, limit, 1); err != nil || !r.Allowed {
+			t.Fatalf("the key's first decision at half the limit: %+v, %v", r, err)
+		}
+	}
+	// Until both instances handed back the rest of their fresh shares
+	// (their records are dormant): the key's tokens are in Redis, not in
+	// the instances' leases.
+	if err := waitUntil(20*time.Second, func() bool {
+		tat, err := strconv.ParseInt(rc.HGet(ctx, redisKey, "t").Val(), 10, 64)
+		now := rc.Time(ctx).Val().UnixMicro()
+		return err == nil && tat-now < 10e6
+	}); err != nil {
+		t.Fatalf("the instances kept their fresh shares of %s: %v", key, err)
+	}
+	start := time.Now()
+	defer countEvery(100*time.Millisecond, func(n int) {
+		us.regions[n%2].Count(globalZone, key, true, 1)
+	})()
+	f.waitShare(1, key, distributed.ShareScale*9/10, 10*time.Second)
+	raised := distributed.Scale(limit, f.share(1, key))
+	var admitted int64
+	for n := range 80 { // 2 s: every lease the key can give, many syncs
+		r, err := stepDecide(us.shared[n%2], ctx, globalZone, key, limit, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Allowed {
+			admitted++
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	// The old share's whole burst (20), one more, and what the new rate
+	// refilled since the raise was asked for; without the rescale the key
+	// has the new share's burst (36+) less its debt (2 tokens at the old
+	// share) at once.
+	refilled := int64(time.Since(start)) / raised.EmissionInterval
+	if bound := 20 + 1 + refilled; admitted > bound {
+		t.Errorf("the raised async region admitted %d at once, want at most the 20 tokens of its old share, one more, and %d refilled at the new rate", admitted, refilled)
+	}
+	t.Logf("admitted %d after the raise (%d refilled at the new rate since it was asked for)", admitted, refilled)
+}

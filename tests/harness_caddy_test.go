@@ -589,6 +589,7 @@ type adminZone struct {
 	LocalKeys     int     `json:"local_keys"`
 	Store         *struct {
 		OK          bool   `json:"ok"`
+		Failing     bool   `json:"failing"`
 		Instances   int    `json:"instances"`
 		LastProblem string `json:"last_problem"`
 	} `json:"store"`

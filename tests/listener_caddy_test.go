@@ -494,7 +494,7 @@ func TestDenyWhileRefusesConnectionsWhileTheHTTPZoneDenies(t *testing.T) {
 			}
 			tls`), `	rate_limit {
 		zone login_ip {
-			key {client_ip}
+			key {remote_host}
 			events 2
 			window 1h
 		}
@@ -549,7 +549,7 @@ func TestDenyWhileReadsADistributedZoneWithoutRedis(t *testing.T) {
 			}
 			tls`), `	rate_limit {
 		zone login_ip {
-			key {client_ip}
+			key {remote_host}
 			events 1
 			window 1h
 		}
@@ -612,7 +612,7 @@ func TestBehindProxyProtocolTheSourceIsTheKeyAndAnIdleClientDelaysNoOne(t *testi
 		}
 	}`, `	rate_limit {
 		zone login_ip {
-			key {client_ip}
+			key {remote_host}
 			events 1
 			window 1h
 		}
@@ -804,6 +804,8 @@ func TestConnectionZoneStateSurvivesAReloadAndItsNameIsClaimed(t *testing.T) {
 		{"conn_rate", "deny_while conn_rate: conn_rate is a zone of this listener wrapper"},
 		{"by_key", "deny_while by_key: zone by_key is keyed by {http.request.header.X-Api-Key}, which a connection does not carry"},
 		{"slots", "deny_while slots: slots is a concurrency zone"},
+		// behind trusted_proxies a client could spend the proxy's key
+		{"by_ip", "would get every client behind it reset): key zone by_ip by {remote_host}"},
 	} {
 		status, body := e.loadCaddyfile(e.config(e.wrappersOnTLS(`			rate_limit {
 				zone conn_rate {
@@ -822,6 +824,11 @@ func TestConnectionZoneStateSurvivesAReloadAndItsNameIsClaimed(t *testing.T) {
 		zone slots {
 			key {client_ip}
 			concurrency 2
+		}
+		zone by_ip {
+			key {client_ip}
+			events 1
+			window 1m
 		}
 	}
 	respond "ok"`))

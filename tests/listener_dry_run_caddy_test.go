@@ -17,7 +17,7 @@ func TestWrapperDryRunRefusesNoConnectionThroughDenyWhile(t *testing.T) {
 			}
 			tls`), `	rate_limit {
 		zone login_ip {
-			key {client_ip}
+			key {remote_host}
 			events 2
 			window 1h
 		}

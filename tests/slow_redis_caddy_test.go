@@ -8,7 +8,9 @@ package tests
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -242,5 +244,48 @@ func TestOneRequestWaitsForRedisAtMostOneTimeout(t *testing.T) {
 	}
 	if res.Elapsed > timeout+timeout/2 {
 		t.Errorf("a request through two handlers with Redis frozen took %v, want one timeout (%v) and a margin, not one per handler", res.Elapsed.Round(time.Millisecond), timeout)
+	}
+}
+
+// An outage starts at the second failed call in a row, before the breaker
+// opens (5 failures): the store's one WARN is logged then and the zone list
+// says the calls are failing; the next success ends it. (One slow call alone
+// is no outage: TestDeadSeedAddressesCostNothingOnCluster.)
+func TestRedisFailingBeforeTheBreakerOpensIsLoggedAndShown(t *testing.T) {
+	t.Parallel()
+	rs := startRedis(t)
+	c := startCaddy(t, slowRedisSite(rs.Addr))
+	waitRedisDecides(t, c, "start")
+	rs.Pause()
+	paused := true
+	defer func() {
+		if paused {
+			rs.Resume()
+		}
+	}()
+	// Two failed decisions; the heartbeat (one call a second) adds at most
+	// one more before the checks below, so the breaker stays closed.
+	for i := range 2 {
+		c.Do(request{Path: "/closed", Header: map[string]string{"X-API-Key": "failing-" + strconv.Itoa(i)}})
+	}
+	if n := strings.Count(c.Output(), unreachableMsg); n != 1 {
+		t.Errorf("%d WARN lines %q after two failed calls, want 1", n, unreachableMsg)
+	}
+	if f := row(rateLimitCLI(t, c, "zones").ok(t, "zones"), "closed"); !slices.Contains(f, "FAILING") {
+		t.Errorf("caddy rate-limit zones, zone closed: %q, want the REDIS column FAILING", f)
+	}
+	rs.Resume()
+	paused = false
+	waitRedisDecides(t, c, "failing")
+	for _, z := range listHealth(t, c) {
+		if z.Store == nil || !z.Store.OK || z.Store.Failing {
+			t.Errorf("zone %s after Redis answered again: store %+v, want ok", z.Name, z.Store)
+		}
+	}
+	if n := strings.Count(c.Output(), unreachableMsg); n != 1 {
+		t.Errorf("%d WARN lines %q for one outage, want 1", n, unreachableMsg)
+	}
+	if !strings.Contains(c.Output(), "redis reachable again") {
+		t.Error("no INFO line 'redis reachable again' after the outage")
 	}
 }

@@ -20,6 +20,7 @@ type adminTop struct {
 	Denials  uint64          `json:"denials"`
 	Capacity int             `json:"capacity"`
 	Floor    uint64          `json:"floor"`
+	DryRun   bool            `json:"dry_run"`
 	Keys     []adminOffender `json:"keys"`
 }
 
@@ -282,5 +283,26 @@ func TestTopFloorBoundsTheKeysItCutOff(t *testing.T) {
 	}
 	if top.Floor < 10 || top.Floor > 11 {
 		t.Errorf("floor %d, want 10 or 11: k-9, cut off, was denied 10 times", top.Floor)
+	}
+}
+
+// A dry-run zone's clients see RateLimit-Remaining: 0 on 200s; top tells the
+// same story: it counts the would-be denials, marked as a dry run's.
+func TestTopCountsADryRunZonesWouldBeDenials(t *testing.T) {
+	t.Parallel()
+	c := startCaddy(t, strings.Replace(topSite, "window 1h", "window 1h\n\t\t\tdry_run", 1))
+	for i, res := range []response{c.Do(withKey("alice")), c.Do(withKey("alice")), c.Do(withKey("alice"))} {
+		if res.Status != 200 {
+			t.Fatalf("request %d of alice to a dry-run zone: %d, want 200", i+1, res.Status)
+		}
+	}
+	var top adminTop
+	c.adminJSON("/rate_limit/zones/api/top", &top)
+	if !top.DryRun || top.Denials != 2 || len(top.Keys) != 1 || top.Keys[0].Key != "alice" || top.Keys[0].Denials != 2 {
+		t.Fatalf("top of a dry-run zone after 3 requests of alice at 1 per hour: %+v, want dry_run, alice with 2 would-be denials", top)
+	}
+	lines := rateLimitCLI(t, c, "top", "api").ok(t, "top api")
+	if !strings.Contains(lines[0], "2 would-be denials (dry run)") || row(lines, `"alice"`) == nil || row(lines, `"alice"`)[1] != "2" {
+		t.Errorf("caddy rate-limit top api:\n%s\nwant 2 would-be denials (dry run), alice 2", strings.Join(lines, "\n"))
 	}
 }

@@ -115,6 +115,10 @@ type Offers struct {
 	BanList BanList
 	// Slots, when not nil: the store holds concurrency slots.
 	Slots Slots
+	// Denied, when not nil, hears of each denial of a rate zone's key at
+	// limit that the deny cache answered without the store (a scope
+	// global zone's region counts it as demand).
+	Denied func(zone, key string, limit algorithms.Limit)
 }
 
 // Records are the per-key records a store keeps in this process (async

@@ -622,6 +622,9 @@ func (z *Zone) cachedStoreDenial(key string, now int64, p *Plan) (Decision, bool
 	if !ok {
 		return Decision{}, false
 	}
+	if z.offers.Denied != nil {
+		z.offers.Denied(z.Name, key, p.limit)
+	}
 	retry := until - now
 	if z.Delay > 0 && !z.DryRun {
 		retry += int64(z.Delay) // the cache ends when a request could be admitted for later
