@@ -358,3 +358,21 @@ func TestNewRefusesAZoneItsStoreCannotServe(t *testing.T) {
 		t.Errorf("a rate zone over a plain store: %v", err)
 	}
 }
+
+func TestFailPolicyReadsAndWritesEachName(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		want FailPolicy
+	}{{"", FailLocal}, {"local", FailLocal}, {"open", FailOpen}, {"closed", FailClosed}} {
+		p, err := ParseFailPolicy(c.name)
+		if err != nil || p != c.want {
+			t.Errorf("ParseFailPolicy(%q) = %v, %v; want %v", c.name, p, err, c.want)
+		}
+		if c.name != "" && p.String() != c.name {
+			t.Errorf("%v.String() = %q, want %q", p, p.String(), c.name)
+		}
+	}
+	if _, err := ParseFailPolicy("shut"); err == nil || !strings.Contains(err.Error(), "use open, closed or local") {
+		t.Errorf("ParseFailPolicy(shut): %v, want an error naming the choices", err)
+	}
+}
