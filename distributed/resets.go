@@ -42,8 +42,7 @@ type resets struct {
 	// own counts, by message, the resets this store published and has not
 	// heard back yet. The store forgot the key before deleting it, so its
 	// own message is skipped: heard late, it would drop the record of
-	// requests admitted after the reset, which Redis would then never
-	// count (an undercount; the flaky admin test of issue 23).
+	// requests admitted after the reset, which Redis would never count.
 	ownMu sync.Mutex
 	own   map[string]int
 }

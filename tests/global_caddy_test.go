@@ -150,15 +150,7 @@ func TestGlobalDenialsFromTheDenyCacheAreDemand(t *testing.T) {
 		site := strings.Replace(globalSite(startRedis(t).Addr, name, link.Addr), "events 600\n\t\t\twindow 1m\n\t\t\tburst 20", "events 100\n\t\t\twindow 1m", 1)
 		cs = append(cs, startCaddy(t, site))
 	}
-	share := func(c *caddyInstance) float64 {
-		var key struct {
-			Share *float64 `json:"share"`
-		}
-		if code, out := c.adminDo("GET", keyPath("api", "k")); code == 200 {
-			_ = json.Unmarshal([]byte(out), &key)
-		}
-		return deref0(key.Share)
-	}
+	share := func(c *caddyInstance) float64 { return globalShare(c, "k") }
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	var admitted [2]atomic.Int64
@@ -197,11 +189,60 @@ func TestGlobalDenialsFromTheDenyCacheAreDemand(t *testing.T) {
 	}
 }
 
-func deref0(f *float64) float64 {
-	if f == nil {
+// globalShare is the share of key in zone api that c applies (0 for a key
+// it does not track, or a zone it does not have).
+func globalShare(c *caddyInstance, key string) float64 {
+	var k struct {
+		Share *float64 `json:"share"`
+	}
+	if code, out := c.adminDo("GET", keyPath("api", key)); code == 200 {
+		_ = json.Unmarshal([]byte(out), &k)
+	}
+	if k.Share == nil {
 		return 0
 	}
-	return *f
+	return *k.Share
+}
+
+// A zone a reload removes and a later reload brings back: its coordinator
+// starts again from the shares the region published (as a new coordinator
+// does), not from the weights, which it would report as held while the
+// region's instances apply what was published. eu holds 0.95 of k; the
+// zone goes and comes back through /load; then both regions push: the
+// shares the two Caddies apply never sum past the whole limit.
+func TestGlobalZoneReloadedAwayAndBackKeepsItsShares(t *testing.T) {
+	global := startRedis(t)
+	var cs []*caddyInstance
+	var sites []string
+	for _, name := range []string{"eu", "us"} {
+		sites = append(sites, globalSite(startRedis(t).Addr, name, global.Addr))
+		cs = append(cs, startCaddy(t, sites[len(sites)-1]))
+	}
+	eu, us := cs[0], cs[1]
+	waitFor(t, 15*time.Second, "eu's share of k to reach 0.9", func() bool {
+		for range 10 {
+			eu.Do(withKey("k"))
+		}
+		return globalShare(eu, "k") >= 0.9
+	})
+	load(t, eu, "", strings.Replace(sites[0], "zone api", "zone other", 1))
+	syncs := func() float64 {
+		v, _ := metricValue(eu.scrape(), "caddy_rate_limit_global_syncs_total", map[string]string{"zone": "other"})
+		return v
+	}
+	n := syncs()
+	waitFor(t, 10*time.Second, "two syncs of eu without api", func() bool { return syncs() >= n+2 })
+	load(t, eu, "", sites[0])
+	worst := 0.0
+	for start := time.Now(); time.Since(start) < 5*time.Second; time.Sleep(20 * time.Millisecond) {
+		eu.Do(withKey("k"))
+		us.Do(withKey("k"))
+		worst = max(worst, globalShare(eu, "k")+globalShare(us, "k"))
+	}
+	t.Logf("the most the regions applied of k together: %.3f", worst)
+	if worst > 1.0001 {
+		t.Errorf("after api left eu and came back, the regions applied %.3f of k together, over the whole limit", worst)
+	}
 }
 
 // A scope global zone's RateLimit-Policy says what a client can get in

@@ -9,8 +9,11 @@ package tests
 
 import (
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/caddy-tally/ratelimit/distributed"
 )
 
 func TestGlobalMoveKeepsTheLimitInUse(t *testing.T) {
@@ -80,4 +83,86 @@ func TestGlobalMoveKeepsTheLimitInUse(t *testing.T) {
 		t.Errorf("both regions admitted %d in the last 6 s of contention, want at least 90%% of the limit (%d)", last, want)
 	}
 	f.checkBound(time.Second, 3*time.Second, 10*time.Second)
+}
+
+// The region whose raise waits on a cut collects it within a poll of the
+// cut's confirmation, not at its next interval. With sync_interval 6s the
+// losing region confirms its cut 3.4 s (its margin: two polls and twice the
+// regional timeout) and a few round trips after the gaining region
+// reported its demand; the gaining region's next regular sync is an
+// interval after that report, 1 to 2.5 s after the confirmation.
+func TestGlobalRaiseIsCollectedAtTheCutsConfirmation(t *testing.T) {
+	t.Parallel()
+	const interval = 6 * time.Second
+	f := startGlobalFleetWith(t, fleetOptions{mode: "strict", interval: interval, lease: 30 * time.Second}, nil)
+	for _, r := range f.regions {
+		r.proxy.SetLatency(5*time.Millisecond, 5*time.Millisecond)
+	}
+	f.waitContact()
+	// Demand as denials counted (no decisions): eu's from now on, us's
+	// once usDemands is set.
+	var usDemands atomic.Bool
+	defer countEvery(50*time.Millisecond, func(n int) {
+		f.regions[0].regions[n%2].Count(globalZone, "k", false, 1)
+		if usDemands.Load() {
+			f.regions[1].regions[n%2].Count(globalZone, "k", false, 1)
+		}
+	})()
+	f.waitShare(0, "k", distributed.ShareScale*9/10, 8*interval)
+	g, ctx := f.global.Client(), t.Context()
+	field := func(name string) int64 {
+		v, _ := g.HGet(ctx, "tally:g.z:"+globalZone+":k", name).Int64()
+		return v
+	}
+	var coord *distributed.Region
+	waitFor(t, 10*time.Second, "an eu coordinator", func() bool {
+		for _, r := range f.regions[0].regions {
+			if r.Stats().Coordinating.Load() {
+				coord = r
+			}
+		}
+		return coord != nil
+	})
+	// eu's next sync waits until us reported its demand, so that eu hears
+	// of its cut at once and confirms it a margin later.
+	release := <-coord.HoldNextSync()
+	usDemands.Store(true)
+	waitFor(t, 3*interval, "us's demand in the global store", func() bool { return field("d.us") == distributed.ShareScale })
+	changes := func() (n, syncs int64) {
+		for _, r := range f.regions[1].regions {
+			n += r.Stats().ShareChanges.Load()
+			syncs += r.Stats().Syncs.Load()
+		}
+		return n, syncs
+	}
+	before, syncsBefore := changes()
+	var syncs int64
+	close(release)
+	// When eu's confirmation reached the global store, and when us's
+	// coordinator applied the raise it granted (polled together: the
+	// raise may come within milliseconds).
+	var confirmed, raised time.Time
+	waitFor(t, 3*interval, "eu's confirmation of its cut and us's raise", func() bool {
+		if a := field("a.eu"); confirmed.IsZero() && a > 0 && a <= distributed.ShareScale*55/100 {
+			confirmed = time.Now()
+		}
+		if n, s := changes(); n > before {
+			raised, syncs = time.Now(), s-syncsBefore
+		}
+		return !raised.IsZero()
+	})
+	if confirmed.IsZero() {
+		confirmed = raised
+	}
+	took := raised.Sub(confirmed)
+	t.Logf("us collected its raise %v after eu confirmed its cut (a poll: %v), with the %d syncs since it reported its demand", took, interval/4, syncs)
+	// eu confirms 3.4 s (its margin) to 4.9 s (and a poll) after us
+	// reported its demand: us syncs at its polls in between, not only an
+	// interval after its report.
+	if syncs < 2 {
+		t.Errorf("us collected its raise with the %d syncs since it reported its demand, want it to sync at its polls while it waits (2 or more)", syncs)
+	}
+	if bound := interval/4 + 400*time.Millisecond; took > bound {
+		t.Errorf("us collected its raise %v after eu confirmed its cut, want within a poll and a round trip (%v)", took, bound)
+	}
 }
