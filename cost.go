@@ -30,7 +30,7 @@ type costVars struct {
 	// costMin and costMax bound costVar's values (0: no bound).
 	costMin, costMax int64
 	count            *caddyhttp.ResponseMatcher
-	params           string // policyParams, for the headers
+	params           string // RateLimit-Policy's parameters
 }
 
 // postCharged: the zone charges after the response.
@@ -38,21 +38,6 @@ func (c costVars) postCharged() bool { return c.count != nil || c.chargeVar != "
 
 // weighted: requests may cost other than 1, so q and r are in cost units.
 func (c costVars) weighted() bool { return c.cost != 1 || c.costVar != "" || c.chargeVar != "" }
-
-// policyParams are the RateLimit-Policy parameters that describe how a zone
-// counts, where draft-10 has no quota unit for it: tally-cost (quota and
-// remaining are units of cost, not requests) and tally-post-charged (the
-// zone counts after the response, only what count matches).
-func (c costVars) policyParams() string {
-	var s string
-	if c.weighted() {
-		s += ";tally-cost"
-	}
-	if c.postCharged() {
-		s += ";tally-post-charged"
-	}
-	return s
-}
 
 // costFor is the cost of the request before it runs; math.MaxInt64 for a
 // value too large to represent (it can never pass). now (monotime) is for
@@ -245,6 +230,15 @@ func zoneCosts(name string, zc *Zone, plan zones.Plan, logger *zap.Logger) (cost
 			"bound it: cost {placeholder} <fallback> at_least 1 [at_most <n>]",
 			zap.String("zone", name), zap.String("placeholder", "{"+c.costVar+"}"))
 	}
-	c.params = c.policyParams()
+	// RateLimit-Policy's parameters where draft-10 has no quota unit:
+	// tally-cost (quota and remaining are units of cost, not requests) and
+	// tally-post-charged (the zone counts after the response, only what
+	// count matches).
+	if c.weighted() {
+		c.params += ";tally-cost"
+	}
+	if c.postCharged() {
+		c.params += ";tally-post-charged"
+	}
 	return c, nil
 }
