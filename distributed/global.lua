@@ -10,22 +10,17 @@
 -- 8 global key prefix, 9 number of zones, then per zone:
 -- name, n, and n triples key, wants (ppm, -1 none), held (ppm).
 --
--- A region reports only the keys whose demand or holding changed, or whose
--- last report is getting old (see region_sync.go); a record keeps what each
--- region last reported. A full report is complete: a region's demand of a
--- key it did not report is dropped.
+-- A full report is complete: a region's demand of a key it did not report
+-- is dropped (docs/distributed.md, "What a sync reports").
 --
 -- Reply: {"OK", epoch, learning, waiting, zone, n, key, grant, ...,
--- zone, ...}, waiting 1 when a key the region reported is granted less than
--- its fair share only because another region has not confirmed its cut yet
--- (the region syncs again soon, to collect the raise that confirmation
--- grants at once),
+-- zone, ...}, waiting 1 when a reported key is below its fair share only
+-- because another region has not confirmed its cut yet;
 -- {"EPOCH", epoch} (the region must report in full first) or {"FENCED"}.
 --
--- Safety: a region's grant is raised only from
--- C - sum over the others of max(acknowledged, granted); a cut is granted
--- at once and the capacity moves only once the region acknowledged it by
--- reporting what it holds. Hence sum of holdings <= C at every instant.
+-- Safety: a raise comes only from C - sum over the others of
+-- max(acknowledged, granted), and a cut moves capacity only once its region
+-- acknowledged it: the holdings sum to at most C at every instant.
 local C = 1000000
 local region, token, known, full = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4] == '1'
 local lease, dttl, prefix = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[8]
@@ -150,21 +145,14 @@ local function later(set, t, key)
 	l[#l + 1] = key
 end
 local function flush()
-	for set, l in pairs(adds) do
-		for j = 1, #l, 1000 do
-			redis.call('SADD', set, unpack(l, j, math.min(#l, j + 999)))
-		end
-		redis.call('PEXPIRE', set, ttl)
-	end
-	for set, l in pairs(rems) do
-		for j = 1, #l, 1000 do
-			redis.call('SREM', set, unpack(l, j, math.min(#l, j + 999)))
+	for _, op in ipairs({{'SADD', adds}, {'SREM', rems}}) do
+		for set, l in pairs(op[2]) do
+			for j = 1, #l, 1000 do
+				redis.call(op[1], set, unpack(l, j, math.min(#l, j + 999)))
+			end
+			if op[1] == 'SADD' then redis.call('PEXPIRE', set, ttl) end
 		end
 	end
-end
-
-local function pending(n, zone, key)
-	later(prefix .. 'g.p:' .. zone .. ':' .. n, adds, key)
 end
 
 -- allocate one key the region reports (its record is zp .. key); returns
@@ -214,9 +202,11 @@ local function allocate(zp, zone, key, wants, held)
 			-- another region may hold what it was granted until it
 			-- says otherwise: the cut moves nothing until it reports
 			-- (the reporting region just said what it holds)
-			if n ~= region then a[n] = math.max(a[n], g[n]) end
+			if n ~= region then
+				a[n] = math.max(a[n], g[n])
+				later(prefix .. 'g.p:' .. zone .. ':' .. n, adds, key)
+			end
 			g[n] = tg[n]
-			if n ~= region then pending(n, zone, key) end
 		end
 	end
 	for _, n in ipairs(names) do
@@ -228,7 +218,7 @@ local function allocate(zp, zone, key, wants, held)
 			local raised = math.min(tg[n], math.max(g[n], C - others))
 			if raised > g[n] then
 				g[n] = raised
-				if n ~= region then pending(n, zone, key) end
+				if n ~= region then later(prefix .. 'g.p:' .. zone .. ':' .. n, adds, key) end
 			end
 		end
 	end
@@ -285,16 +275,13 @@ for _ = 1, tonumber(ARGV[9]) do
 	for _, key in ipairs(extra) do
 		if not reported[key] then
 			reported[key] = true
-			local rk = prefix .. 'g.z:' .. zone .. ':' .. key
-			local m = redis.call('HMGET', rk, 'g.' .. region, 'x.' .. region)
+			local m = redis.call('HMGET', zp .. key, gf[region], xf[region])
 			if full and m[2] then
 				-- a full report is complete: no demand of this key
-				redis.call('HDEL', rk, 'd.' .. region, 'x.' .. region)
+				redis.call('HDEL', zp .. key, df[region], xf[region])
 			end
-			local gr = tonumber(m[1])
-			if gr == nil then gr = weight[region] end
 			grants[#grants + 1] = key
-			grants[#grants + 1] = gr
+			grants[#grants + 1] = tonumber(m[1]) or weight[region]
 		end
 	end
 	out[#out + 1] = zone

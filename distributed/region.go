@@ -21,19 +21,10 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// Multi-region budgets (issue 29). A zone with `scope global` is enforced
-// in each region's own Redis at the region's share of its limit, per key;
-// one coordinator per region trades shares with the other regions through
-// a global Redis every sync interval (global.lua). No decision waits on the
-// global store.
-//
-// Shares are parts per million of a key's limit: a region with share s
-// decides the key at emission interval T/s and burst ⌊B·s⌋ (at least 1).
-// A key no region pushes against has no record anywhere and every region
-// holds its weight. The global store raises a region only from what the
-// others neither hold nor were granted, and a cut takes effect there only
-// once the losing region confirmed it: the regions' shares sum to at most 1
-// at every instant (see docs/distributed.md for the bound).
+// Multi-region budgets: a `scope global` zone is decided in each region's
+// Redis at the region's share of its limit, per key; one coordinator per
+// region trades shares through a global Redis (global.lua). Shares sum to
+// at most 1 at every instant: see docs/distributed.md, "Multi-region".
 
 // ShareScale is a whole key's limit in share units (parts per million).
 const ShareScale = 1_000_000
@@ -90,7 +81,6 @@ func (o RegionOptions) Check() error {
 	if len(o.Regions) == 0 {
 		return errors.New("global: regions is required, e.g. regions eu:2 us:1")
 	}
-	found := false
 	names := make([]string, 0, len(o.Regions))
 	for _, r := range o.Regions {
 		if r.Weight <= 0 || r.Weight > 1_000_000 {
@@ -99,18 +89,15 @@ func (o RegionOptions) Check() error {
 		if !zones.ValidName(r.Name) {
 			return fmt.Errorf("global: region name %q is invalid: use letters, digits, '_' and '-'", r.Name)
 		}
-		for _, n := range names {
-			if n == r.Name {
-				return fmt.Errorf("global: region %s is listed twice: keep one", r.Name)
-			}
+		if slices.Contains(names, r.Name) {
+			return fmt.Errorf("global: region %s is listed twice: keep one", r.Name)
 		}
 		names = append(names, r.Name)
-		found = found || r.Name == o.Region
 	}
 	if o.Region == "" {
 		return fmt.Errorf("global: a region is required with a global block: add region <name>, one of %s", strings.Join(names, ", "))
 	}
-	if !found {
+	if !slices.Contains(names, o.Region) {
 		return fmt.Errorf("region %s is not one of the global block's regions (%s): add it there, e.g. regions %s:1, or fix its name", o.Region, strings.Join(names, ", "), o.Region)
 	}
 	o = o.withDefaults()
@@ -142,15 +129,20 @@ func (o RegionOptions) withDefaults() RegionOptions {
 	return o
 }
 
+// spec is the regions as global.lua reads them: "name:weight,...".
+func (o RegionOptions) spec() string {
+	w := make([]string, 0, len(o.Regions))
+	for _, r := range o.Regions {
+		w = append(w, r.Name+":"+strconv.FormatInt(r.Weight, 10))
+	}
+	return strings.Join(w, ",")
+}
+
 // Key identifies the setting for sharing a Region (it contains passwords:
 // never log it).
 func (o RegionOptions) Key(regional string) string {
 	o = o.withDefaults()
-	var w []string
-	for _, r := range o.Regions {
-		w = append(w, r.Name+":"+strconv.FormatInt(r.Weight, 10))
-	}
-	return strings.Join([]string{regional, o.Region, strings.Join(w, ","), o.Global.Key(),
+	return strings.Join([]string{regional, o.Region, o.spec(), o.Global.Key(),
 		o.SyncInterval.String(), o.Lease.String(), o.Instance, o.Refresh.String()}, "\x01")
 }
 
@@ -158,10 +150,9 @@ func (o RegionOptions) Key(regional string) string {
 // candidacy as the region's coordinator. It is safe for concurrent use.
 type Region struct {
 	opts     RegionOptions
-	spec     string  // "name:weight,..." for global.lua
-	weight   int64   // this region's default share (ppm)
-	floor    int64   // this region's share with no contact for a lease
-	weights  []int64 // every region's, in opts.Regions' order
+	spec     string // "name:weight,..." for global.lua
+	weight   int64  // this region's default share (ppm)
+	floor    int64  // this region's share with no contact for a lease
 	regional redis.UniversalClient
 	global   redis.UniversalClient
 	prefix   string        // the regional key prefix
@@ -294,16 +285,14 @@ func OpenRegion(regional zones.Store, opts RegionOptions, logger *zap.Logger) (*
 	for _, w := range opts.Regions {
 		sum += w.Weight
 	}
-	var spec []string
 	for _, w := range opts.Regions {
-		ppm := w.Weight * ShareScale / sum
-		r.weights = append(r.weights, ppm)
 		if w.Name == opts.Region {
-			r.weight, r.floor = ppm, ppm/10
+			r.weight = w.Weight * ShareScale / sum
+			r.floor = r.weight / 10
 		}
-		spec = append(spec, w.Name+":"+strconv.FormatInt(w.Weight, 10))
 	}
-	r.spec = strings.Join(spec, ",")
+	r.spec = opts.spec()
+	r.rebuild()
 	r.floored.Store(true) // until the first poll says otherwise
 	r.coord.init()
 	r.done.Add(2)
@@ -369,22 +358,15 @@ func (r *Region) ReleaseZone(zone string) {
 	r.rebuild()
 }
 
-func (r *Region) zone(name string) *regionZone {
-	if s := r.set.Load(); s != nil {
-		return s.byName[name]
-	}
-	return nil
-}
+func (r *Region) zone(name string) *regionZone { return r.set.Load().byName[name] }
 
 // Share is this region's share of key in zone now (ppm): its floor while
-// the region has had no contact with the global store for a lease (or this
-// instance has not read the region's shares for confirmMargin, or of this
-// zone since it was added), else what the global store granted, else the
-// region's weight.
+// the region has had no contact with the global store for a lease, or this
+// instance has not read the region's shares for confirmMargin (it may have
+// missed a cut) or of this zone since it was added; else what the global
+// store granted, else the region's weight.
 func (r *Region) Share(zone, key string) int64 {
 	if r.floored.Load() || time.Duration(monotime.Now()-r.polled.Load()) > r.confirmMargin() {
-		// An instance that could not read the region's shares for the
-		// margin a cut waits may have missed one: it holds its floor.
 		return r.floor
 	}
 	z := r.zone(zone)
@@ -513,12 +495,7 @@ type zoneSet struct {
 }
 
 // zoneSet is the region's current set of zones.
-func (r *Region) zoneSet() *zoneSet {
-	if s := r.set.Load(); s != nil {
-		return s
-	}
-	return &zoneSet{keys: []string{r.prefix + "global{r}.meta", r.prefix + "global{r}.lock"}}
-}
+func (r *Region) zoneSet() *zoneSet { return r.set.Load() }
 
 // rebuild replaces the zone set (r.mu held).
 func (r *Region) rebuild() {
@@ -599,16 +576,8 @@ func (r *Region) poll() {
 		r.contactAt.Store(max(1, now-int64(time.Duration(rnow-contact)*time.Millisecond)))
 	}
 	version := fmt.Sprint(v[2])
-	if version == known || len(v) == 3 {
-		r.version = version
-		r.polled.Store(began)
-		return
-	}
-	i := 3
-	for _, z := range zs {
-		if i >= len(v) {
-			break
-		}
+	for i, zi := 3, 0; version != known && zi < len(zs) && i < len(v); zi++ {
+		z := zs[zi]
 		n, _ := v[i].(int64)
 		i++
 		m := make(map[string]int64, n)

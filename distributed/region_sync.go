@@ -3,6 +3,7 @@ package distributed
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"strconv"
 	"time"
 
@@ -68,33 +69,13 @@ func (r *Region) due(s *lastReport, key string, wants, held, now int64) bool {
 	if s == nil || s.held != held || (s.wants < 0) != (wants < 0) {
 		return true
 	}
-	if wants >= 0 && 10*abs(wants-s.wants) > s.wants {
+	if wants >= 0 && 10*max(wants-s.wants, s.wants-wants) > s.wants {
 		return true
 	}
+	h := fnv.New32a()
+	h.Write([]byte(key))
 	refresh := int64(r.opts.Refresh)
-	return now-s.at >= refresh-int64(fnv32(key))%(refresh/4+1)
-}
-
-func abs(x int64) int64 {
-	if x < 0 {
-		return -x
-	}
-	return x
-}
-
-func fnv32(s string) uint32 {
-	h := uint32(2166136261)
-	for i := 0; i < len(s); i++ {
-		h = (h ^ uint32(s[i])) * 16777619
-	}
-	return h
-}
-
-// demandTTL is how long the global store keeps a region's reported demand
-// of a key: past two refresh periods, a sync's timeout and its interval,
-// a coordinator that still syncs has reported it again.
-func (r *Region) demandTTL() time.Duration {
-	return 2*r.opts.Refresh + r.opts.Global.Timeout + r.opts.SyncInterval
+	return now-s.at >= refresh-int64(h.Sum32())%(refresh/4+1)
 }
 
 func (h *holding) reported(now int64) int64 {
@@ -254,7 +235,15 @@ func (r *Region) reports(zs []*regionZone, now int64, raw []any, elapsed int64, 
 			c.held[z.name] = held
 		}
 		last := c.sent[z.name]
-		add := func(key string, wants, hv int64) {
+		// add reports key if due, with what the region holds of it (h, nil:
+		// its weight), its floor while floored
+		add := func(key string, wants int64, h *holding) {
+			hv := r.weight
+			if floored {
+				hv = r.floor
+			} else if h != nil {
+				hv = h.reported(now)
+			}
 			if c.full || r.due(last[key], key, wants, hv, now) {
 				rep.keys = append(rep.keys, key)
 				rep.wants = append(rep.wants, wants)
@@ -303,36 +292,17 @@ func (r *Region) reports(zs []*regionZone, now int64, raw []any, elapsed int64, 
 				continue
 			}
 			hot[key] = true
-			h := held[key]
-			hv := r.weight
-			if h != nil {
-				hv = h.reported(now)
-			}
-			if floored {
-				hv = r.floor
-			}
-			add(key, wants, hv)
+			add(key, wants, held[key])
 		}
 		for key, h := range held {
-			if hot[key] {
-				continue
+			if !hot[key] {
+				add(key, -1, h)
 			}
-			hv := h.reported(now)
-			if floored {
-				hv = r.floor
-			}
-			add(key, -1, hv)
 		}
 		for key, s := range last {
-			if hot[key] || held[key] != nil || s.wants < 0 {
-				continue
+			if !hot[key] && held[key] == nil && s.wants >= 0 {
+				add(key, -1, nil) // demand last reported, neither hot nor held now: gone
 			}
-			// demand last reported, neither hot nor held now: gone
-			hv := r.weight
-			if floored {
-				hv = r.floor
-			}
-			add(key, -1, hv)
 		}
 		reports[zi] = rep
 	}
@@ -379,8 +349,11 @@ const (
 // exchange sends the reports to the global store and publishes the grants.
 func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floored bool) int {
 	c := &r.coord
+	// demand TTL: past two refresh periods, a sync's timeout and its
+	// interval, a coordinator that still syncs has reported the key again
+	demandTTL := 2*r.opts.Refresh + r.opts.Global.Timeout + r.opts.SyncInterval
 	args := []any{r.opts.Region, c.token, c.epoch, boolArg(c.full), r.opts.Lease.Milliseconds(),
-		r.demandTTL().Milliseconds(), r.spec, r.gprefix, len(reports)}
+		demandTTL.Milliseconds(), r.spec, r.gprefix, len(reports)}
 	for _, rep := range reports {
 		args = append(args, rep.zone, len(rep.keys))
 		for j, k := range rep.keys {
@@ -541,24 +514,12 @@ type update struct {
 	g, from   int64
 }
 
-// plantScript rescales a region's raised key before its raise is
-// published, so that a raise adds no tokens at once: the key keeps the
-// tokens it had at its old share and refills them at the new rate from
-// now on. Tokens are (B·T − debt)/T at every share, with debt = TAT − now
-// and B·T, the burst's span, the same at every share; so at the new share
-// debt' = B·T − (B·T − debt)·from/to, never less than debt. A key with no
-// state, a full bucket at its old share, is written as that (debt' =
-// B·T·(1 − from/to)). The key gets a TTL of its new resetAfter, or what
-// it had if longer (a ban remembered); a value tally did not write is left
-// alone. The decisions then need nothing of the share but its limit: a
-// key's TAT always holds at the share its region applies, and an instance
-// that still applies the old share (up to one of its polls) decides at
-// that share, with fewer tokens.
-//
-// An async key's TAT is its hash's field t, rescaled alike (a key with no
-// state starts its episode then, c, so that the instances' fresh shares
-// are held aside as for any new episode): the leases it reserved hold, and
-// what is left of the burst is the tokens it had.
+// plantScript rescales a raised key before its raise is published, so
+// that a raise adds no tokens at once: debt' = B·T − (B·T − debt)·from/to
+// (see docs/distributed.md, "The bound"). The TTL becomes the new
+// resetAfter or the old one if longer (a ban remembered); a value tally did
+// not write is left alone. An async key's TAT is its hash's field t (a key
+// with no state starts its episode, c, then).
 //
 // KEYS[1]: the key; ARGV: from, to (ppm), span (µs), 1 for an async key.
 // One key per call: keys of a Cluster are in many slots.
