@@ -43,29 +43,20 @@ type RegionWeight struct {
 
 // RegionOptions configures this instance's region.
 type RegionOptions struct {
-	// Region is this region's name, one of Regions.
-	Region string
-	// Regions are every region's weight (the default shares), the same in
-	// every region.
-	Regions []RegionWeight
-	// Global is the global Redis (standalone or Sentinel). Its Timeout
+	Region  string         // this region's name, one of Regions
+	Regions []RegionWeight // every region's weight, the same in every region
+	// Global is the global Redis (standalone or Sentinel); its Timeout
 	// defaults to SyncInterval, and at least 1s.
 	Global Options
-	// SyncInterval is how often the coordinator syncs with the global
-	// store (default 1s); instances read the region's shares four times
-	// as often.
+	// SyncInterval is how often the coordinator syncs (default 1s);
+	// instances poll the region's shares four times as often.
 	SyncInterval time.Duration
 	// Lease is how long a region keeps its shares without contact before
 	// it falls back to its floor (default 5m, at least 2×SyncInterval).
-	Lease time.Duration
-	// Instance names this instance as a coordinator candidate (default:
-	// the regional store's instance name).
-	Instance string
-	// Refresh is the longest the coordinator goes without reporting a key
-	// whose demand and holding did not change (default 10×SyncInterval,
-	// at most Lease/2; at least SyncInterval). The global store forgets a
-	// region's demand of a key 2×Refresh plus the global timeout and a
-	// sync interval after the region last reported it.
+	Lease    time.Duration
+	Instance string // the coordinator candidate's name (default: the regional store's)
+	// Refresh is the longest the coordinator goes without reporting an
+	// unchanged key (default 10×SyncInterval, from SyncInterval to Lease/2).
 	Refresh time.Duration
 }
 
@@ -120,9 +111,7 @@ func (o RegionOptions) withDefaults() RegionOptions {
 	if o.Refresh <= 0 {
 		o.Refresh = max(o.SyncInterval, min(10*o.SyncInterval, o.Lease/2))
 	}
-	if o.Global.Timeout <= 0 {
-		// Off the request path, across regions: a sync may take the
-		// whole interval, and a second at least.
+	if o.Global.Timeout <= 0 { // off the request path, across regions
 		o.Global.Timeout = max(o.SyncInterval, time.Second)
 	}
 	o.Global = o.Global.withDefaults()
@@ -172,12 +161,10 @@ type Region struct {
 	set   atomic.Pointer[zoneSet]
 	names []string // zones in a fixed order, for the scripts' KEYS
 
-	floored atomic.Bool  // the region had no contact for a lease
-	polled  atomic.Int64 // monotime of the last successful poll
-	// contactAt is the region's last contact with the global store as the
-	// last poll read it (monotime; 0: none).
-	contactAt atomic.Int64
-	version   string // of the shares last read (poll loop only)
+	floored   atomic.Bool  // the region had no contact for a lease
+	polled    atomic.Int64 // monotime of the last successful poll
+	contactAt atomic.Int64 // monotime of the region's last contact, as last polled (0: none)
+	version   string       // of the shares last read (poll loop only)
 
 	coord coordinator                        // the coordinator's state (sync loop only)
 	hold  atomic.Pointer[chan chan struct{}] // HoldNextSync's
@@ -189,14 +176,11 @@ type Region struct {
 
 // RegionStats counts the region's global work, for metrics.
 type RegionStats struct {
-	// Syncs counts the syncs sent, Contacts those the global store
-	// answered, Failures those it did not.
-	Syncs, Contacts, Failures, ShareChanges atomic.Int64
-	// Fenced counts syncs the global store refused as a stale
-	// coordinator's.
-	Fenced       atomic.Int64
-	LastLatency  atomic.Int64 // ns
-	Coordinating atomic.Bool
+	// syncs sent, answered, unanswered; share changes; syncs refused as
+	// a stale coordinator's
+	Syncs, Contacts, Failures, ShareChanges, Fenced atomic.Int64
+	LastLatency                                     atomic.Int64 // ns
+	Coordinating                                    atomic.Bool
 }
 
 type regionZone struct {
@@ -206,14 +190,10 @@ type regionZone struct {
 	users    int          // handlers that wrapped the zone (r.mu)
 	mu       sync.RWMutex
 	shares   map[string]int64 // applied by this instance
-	// read: the region's shares of the zone were read since the zone was
-	// added; until then the zone is at the region's floor (a zone added
-	// by a reload may have cuts the other instances apply)
-	read atomic.Bool
-	// counts are the admitted and denied since the last take, per key
-	// (*counter): a key decided in the last poll's time costs a lock-free
-	// load and one atomic add; a counter idle for a whole poll is retired.
-	counts  sync.Map
+	// read: the zone's shares were read since it was added; until then it
+	// is at the floor (a reload's zone may have cuts others apply)
+	read    atomic.Bool
+	counts  sync.Map     // per key, *counter; one idle for a whole poll is retired
 	counted atomic.Int64 // counters in counts, at most maxCounted
 	dropped atomic.Int64 // decisions not counted: maxCounted other keys were
 }
@@ -223,12 +203,9 @@ type regionZone struct {
 const maxCounted = 10_000
 
 // counter is one key's admitted and denied cost since the last take; a
-// retired counter holds dead in both (an add to it stays below deadBelow,
-// and the decision is counted again on a fresh counter). span is the
-// longest burst span (B·T, ns) the key was decided with when it was not
-// the zone's own (a plan's limit), 0 otherwise: a raise rescales the key
-// with it (see plantScript). It is a hint: one lost to a take's race
-// leaves the zone's span.
+// retired one holds dead in both (an add stays below deadBelow and counts
+// again on a fresh counter). span is the longest burst span (B·T, ns) of a
+// plan's limit the key was decided with (0: the zone's), plant's hint.
 type counter struct {
 	n    [2]atomic.Int64
 	span atomic.Int64
@@ -322,8 +299,8 @@ func (r *Region) Stats() *RegionStats { return &r.stats }
 // Name is this region's name.
 func (r *Region) Name() string { return r.opts.Region }
 
-// AddZone makes zone's keys global in this region, for one more user
-// (a handler; see ReleaseZone); limit is the zone's whole limit (ns).
+// AddZone makes zone's keys global in this region, for one more handler;
+// limit is the zone's whole limit (ns).
 func (r *Region) AddZone(zone string, limit algorithms.Limit) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -339,10 +316,8 @@ func (r *Region) AddZone(zone string, limit algorithms.Limit) {
 	z.burst.Store(limit.Burst)
 }
 
-// ReleaseZone is AddZone's undoing, when a handler that wrapped the zone
-// is cleaned up: the zone leaves the region with its last user, so that a
-// zone removed from the config stops being polled and synced (its records
-// in both Redis expire with their TTLs).
+// ReleaseZone undoes AddZone: with its last handler the zone stops being
+// polled and synced (its records expire with their TTLs).
 func (r *Region) ReleaseZone(zone string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -386,7 +361,7 @@ func (r *Region) Share(zone, key string) int64 {
 }
 
 // Coordinated is the number of zone's keys with a share other than the
-// region's weight, as this instance applies them.
+// region's weight here.
 func (r *Region) Coordinated(zone string) int {
 	z := r.zone(zone)
 	if z == nil {
@@ -397,9 +372,8 @@ func (r *Region) Coordinated(zone string) int {
 	return len(z.shares)
 }
 
-// DemandDropped is the number of zone's decisions left out of the
-// region's demand since the zone was added: their keys came while
-// maxCounted others were counted.
+// DemandDropped is the number of zone's decisions left out of the demand
+// since it was added (maxCounted other keys were counted).
 func (r *Region) DemandDropped(zone string) int64 {
 	if z := r.zone(zone); z != nil {
 		return z.dropped.Load()
@@ -413,10 +387,8 @@ func (r *Region) Weight() int64 { return r.weight }
 // Floor is the region's floor share (ppm): a tenth of its weight.
 func (r *Region) Floor() int64 { return r.floor }
 
-// count notes one decision of key, at limit (ns, before the share), for
-// the region's demand: on the hot path, a sync.Map load and an atomic add,
-// no lock shared by the keys; a limit other than the zone's (a plan's)
-// notes its span too.
+// count notes one decision of key at limit (ns, the whole) for the
+// region's demand: on the hot path, a sync.Map load and an atomic add.
 func (r *Region) count(zone, key string, allowed bool, cost int64, limit algorithms.Limit) {
 	z := r.zone(zone)
 	if z == nil {
@@ -454,8 +426,7 @@ func (r *Region) count(zone, key string, allowed bool, cost int64, limit algorit
 			}
 			return
 		}
-		// take retired this counter after a poll without decisions:
-		// count on a fresh one
+		// take retired this counter: count on a fresh one
 		z.counts.CompareAndDelete(key, v)
 	}
 }
@@ -469,8 +440,7 @@ func (z *regionZone) take() map[string][3]int64 {
 		c := v.(*counter)
 		a, d := c.n[0].Swap(0), c.n[1].Swap(0)
 		if a == 0 && d == 0 {
-			// idle since the last take: retire it, with whatever came
-			// in meanwhile
+			// idle since the last take: retire it, with what came meanwhile
 			a, d = c.n[0].Swap(dead), c.n[1].Swap(dead)
 			z.counts.CompareAndDelete(k, v)
 			z.counted.Add(-1)
@@ -483,11 +453,9 @@ func (z *regionZone) take() map[string][3]int64 {
 	return out
 }
 
-// zoneSet is the region's zones in a fixed order and the regional keys of
-// region.lua's calls for them (meta, lock, then each zone's demand and
-// shares): a poll or a sync takes one set for all its calls, so that a
-// zone added or released meanwhile never shifts one call's zones against
-// another's.
+// zoneSet is the region's zones in a fixed order and region.lua's KEYS
+// for them: a poll or a sync takes one set for all its calls, so that a
+// zone added or released meanwhile shifts no call's zones.
 type zoneSet struct {
 	zones  []*regionZone
 	keys   []string
@@ -510,24 +478,21 @@ func (r *Region) rebuild() {
 	r.set.Store(set)
 }
 
-// pollInterval is how often instances read the region's shares and push
-// their counts: a quarter of the sync interval, so that a cut is in force
-// on every instance well within the margin the coordinator waits.
+// pollInterval is how often instances push counts and read the shares:
+// a cut is in force everywhere well within the margin.
 func (r *Region) pollInterval() time.Duration {
 	return max(10*time.Millisecond, r.opts.SyncInterval/4)
 }
 
 // confirmMargin is how long after publishing a cut the coordinator still
 // reports the old share as held: two polls (one may fail) and twice the
-// regional timeout a poll in flight may take. An instance that has not
-// read the shares for that long holds its floor (see Share), so that every
-// instance applies a cut within the margin or is below it anyway.
+// regional timeout. An instance that did not read the shares for that long
+// holds its floor (Share): each applies a cut within it or is below it.
 func (r *Region) confirmMargin() time.Duration {
 	return 2*r.pollInterval() + 2*r.timeout
 }
 
-// every calls f every poll interval until Close: the region's two loops,
-// the poll and the coordinator's tick.
+// every calls f every poll interval until Close.
 func (r *Region) every(f func()) {
 	defer r.done.Done()
 	tick := time.NewTicker(r.pollInterval())

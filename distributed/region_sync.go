@@ -24,16 +24,11 @@ type coordinator struct {
 	contact   int64  // monotime the last successful sync was sent; 0: none
 	lastSync  int64
 	confirmAt int64 // monotime a cut's margin ends (0: none pending)
-	// waitUntil (monotime): a raise waits on another region's cut, whose
-	// confirmation grants it; the coordinator syncs every poll until then
-	// or until a raise comes, instead of every interval
-	waitUntil int64
-	down      bool // an outage is being logged
-	// sent is, per zone, what the global store last heard of each key
-	sent map[string]map[string]*lastReport
-	// spans is, per zone, the burst span (µs) of the keys last counted
-	// with another span than the zone's (plans): what plant rescales them
-	// with; kept while the key is sent or held
+	waitUntil int64 // monotime: sync every poll until then, a raise waits on another region's cut
+	down      bool  // an outage is being logged
+	// per zone: what the global store last heard of each key, and the
+	// burst span (µs) of keys last counted with a plan's (plant's)
+	sent  map[string]map[string]*lastReport
 	spans map[string]map[string]int64
 }
 
@@ -45,9 +40,7 @@ type holding struct {
 	prevUntil int64
 }
 
-// lastReport is what the coordinator last reported of a key, and when
-// (monotime): a sync reports only the keys whose report would differ
-// materially, or is due again (see due).
+// lastReport is what the coordinator last reported of a key, and when.
 type lastReport struct {
 	wants, held int64
 	at          int64
@@ -59,12 +52,9 @@ func (c *coordinator) init() {
 	c.spans = map[string]map[string]int64{}
 }
 
-// due says whether a sync that is not in full reports key, from what the
-// region last reported of it (s, nil: nothing): a held share that changed
-// (a cut's confirmation among them), demand that appeared, disappeared or
-// moved by more than a tenth, or a last report older than the key's
-// refresh period (between 3/4 and all of Refresh, by the key's hash, so
-// that keys first reported together spread their refreshes).
+// due says whether a sync not in full reports key, last reported as s
+// (nil: never): see docs/distributed.md, "What a sync reports"; the refresh
+// period is 3/4 to all of Refresh by the key's hash, to spread refreshes.
 func (r *Region) due(s *lastReport, key string, wants, held, now int64) bool {
 	if s == nil || s.held != held || (s.wants < 0) != (wants < 0) {
 		return true
@@ -99,10 +89,8 @@ func (r *Region) tick(now int64) {
 	}
 }
 
-// lock takes or renews the coordinator lock in the regional Redis (SET NX
-// PX 3×sync_interval plus the global timeout, so that a slow sync does not
-// hand the region to another coordinator mid-outage); a new holder reports
-// in full first.
+// lock takes or renews the coordinator lock (its TTL outlasts a slow sync);
+// a new holder reports in full first.
 func (r *Region) lock(now int64) {
 	c := &r.coord
 	ctx, cancel := context.WithTimeout(context.Background(), r.opts.SyncInterval)
@@ -131,8 +119,7 @@ func (r *Region) lock(now int64) {
 	}
 }
 
-// adopt starts the coordinator's holdings of z from what the region has
-// published, as this instance last read it.
+// adopt starts the holdings of z from the region's shares as last read.
 func (c *coordinator) adopt(z *regionZone) {
 	z.mu.RLock()
 	m := make(map[string]*holding, len(z.shares))
@@ -144,10 +131,9 @@ func (c *coordinator) adopt(z *regionZone) {
 }
 
 type report struct {
-	zone  string
-	keys  []string
-	wants []int64
-	held  []int64
+	zone        string
+	keys        []string
+	wants, held []int64
 }
 
 // sync reports the region's hot keys and holdings to the global store and
@@ -187,8 +173,7 @@ func (r *Region) sync(now int64) {
 		elapsed = int64(r.opts.SyncInterval)
 	}
 	c.lastSync = now
-	// Past the lease (and the margin instances take to notice) every
-	// instance of the region applies its floor.
+	// past the lease and the margin, every instance applies its floor
 	floored := c.contact == 0 || time.Duration(now-c.contact) > r.opts.Lease+r.confirmMargin()
 	if floored {
 		c.full = true
@@ -209,9 +194,7 @@ func (r *Region) sync(now int64) {
 	switch r.exchange(lockVal, set, reports, floored) {
 	case exchanged:
 		r.noteSent(now, reports, full)
-	case epochChanged:
-		// the global store lost its state: every holding and demand, in
-		// full, at once
+	case epochChanged: // the global store lost its state: report in full at once
 		reports = r.reports(set.zones, now, raw, elapsed, floored)
 		if r.exchange(lockVal, set, reports, floored) == exchanged {
 			r.noteSent(now, reports, true)
@@ -219,10 +202,8 @@ func (r *Region) sync(now int64) {
 	}
 }
 
-// reports builds a sync's reports from the region's collected counts (raw)
-// and holdings: in full (c.full), every hot key and every holding;
-// otherwise only the keys due (see due), among them keys whose demand
-// disappeared since they were last reported.
+// reports builds a sync's reports from the collected counts (raw) and the
+// holdings: in full, every hot key and holding; else only the keys due.
 func (r *Region) reports(zs []*regionZone, now int64, raw []any, elapsed int64, floored bool) []report {
 	c := &r.coord
 	reports := make([]report, len(zs))
@@ -235,8 +216,7 @@ func (r *Region) reports(zs []*regionZone, now int64, raw []any, elapsed int64, 
 			c.held[z.name] = held
 		}
 		last := c.sent[z.name]
-		// add reports key if due, with what the region holds of it (h, nil:
-		// its weight), its floor while floored
+		// add reports key if due, with what the region holds (h nil: its weight)
 		add := func(key string, wants int64, h *holding) {
 			hv := r.weight
 			if floored {
@@ -309,9 +289,8 @@ func (r *Region) reports(zs []*regionZone, now int64, raw []any, elapsed int64, 
 	return reports
 }
 
-// noteSent records what the global store heard: after a full sync only
-// that, after another on top of what it had heard. A key with no demand
-// and no holding is forgotten (its record is at the defaults).
+// noteSent records what the global store heard (after a full sync, only
+// that); a key with no demand nor holding is forgotten.
 func (r *Region) noteSent(now int64, reports []report, full bool) {
 	c := &r.coord
 	for _, rep := range reports {
@@ -371,19 +350,16 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 	r.stats.Syncs.Add(1)
 	v, err := r.gscript.Run(ctx, r.global, []string{r.gprefix + "g.epoch"}, args...).Slice()
 	r.stats.LastLatency.Store(monotime.Now() - sent)
+	pctx, pcancel := context.WithTimeout(context.Background(), 2*r.timeout+r.pollInterval())
+	defer pcancel()
 	if err != nil || len(v) < 1 {
 		r.stats.Failures.Add(1)
-		// The global store may have run the sync and lost its reply,
-		// with the changes it had queued for this region: the next
-		// sync asks for every grant.
-		c.full = true
+		c.full = true // the store may have run the sync and lost its reply
 		if !c.down {
 			c.down = true
 			r.logger.Warn("global store unreachable: this region keeps its last shares of global zones, falling back to its floor after the lease",
 				zap.String("region", r.opts.Region), zap.Duration("lease", r.opts.Lease), zap.Error(err))
 		}
-		pctx, pcancel := context.WithTimeout(context.Background(), 2*r.timeout+r.pollInterval())
-		defer pcancel()
 		r.publish(pctx, lockVal, set, nil, -1, false) // the TTLs only
 		return failed
 	}
@@ -421,9 +397,8 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 		}
 		reported[rep.zone] = m
 	}
-	// The grants take effect once published: until then the region
-	// applies, and reports, what it held (a key new to the holdings is
-	// kept at that, so that it is reported, and granted, again).
+	// The grants take effect once published; until then the region
+	// applies and reports what it held.
 	var changes [][]any
 	var updates []update
 	i := 4
@@ -461,16 +436,12 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 		}
 		changes = append(changes, zc)
 	}
-	pctx, pcancel := context.WithTimeout(context.Background(), 2*r.timeout+r.pollInterval())
-	defer pcancel()
 	if !r.plant(pctx, set, updates) || !r.publish(pctx, lockVal, set, changes, (now-sent)/int64(time.Millisecond), full) {
 		c.full = true // what was granted was not applied: ask for it all again
 		return failed
 	}
 	c.contact = sent
-	// A store still learning grants nothing beyond what regions hold:
-	// report in full until it is done, so that every key is allocated
-	// again once it may grant more.
+	// a learning store grants nothing beyond what regions hold: in full until done
 	c.full = v[2] == int64(1)
 	now = monotime.Now()
 	if v[3] == int64(1) && c.waitUntil == 0 {
@@ -505,8 +476,7 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 	return exchanged
 }
 
-// update is a key's grant in a sync's reply: g, from what the region
-// applied (from); it takes effect once published.
+// update is a key's grant g in a sync's reply, from what the region applied.
 type update struct {
 	held      map[string]*holding
 	zone, key string
@@ -552,10 +522,8 @@ if not raw then redis.call('HSET', KEYS[1], 'c', string.format('%d', now)) end
 redis.call('PEXPIRE', KEYS[1], ms)
 return 1`)
 
-// plant rescales the raised keys of the region before their shares
-// are published (plantScript); false when the regional Redis did not
-// answer, and then the raises are not published either. A key is rescaled
-// with the span it was last counted with (a plan's), or the zone's.
+// plant rescales the raised keys (plantScript) with the span a key was
+// last counted with (a plan's) or the zone's; false: not published.
 func (r *Region) plant(ctx context.Context, set *zoneSet, updates []update) bool {
 	cmds, _ := r.regional.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, x := range updates {
@@ -586,9 +554,8 @@ func (r *Region) plant(ctx context.Context, set *zoneSet, updates []update) bool
 	return true
 }
 
-// publish writes the coordinator's changes and its last contact (age ms
-// before now, -1 to keep the last) to the regional Redis, where every
-// instance of the region reads them.
+// publish writes the changes and the last contact (age ms, -1: keep) to
+// the regional Redis, for every instance of the region.
 func (r *Region) publish(ctx context.Context, lockVal string, set *zoneSet, changes [][]any, age int64, full bool) bool {
 	zs := set.zones
 	args := []any{"publish", lockVal, age, (4 * r.opts.Lease).Milliseconds(), boolArg(full), len(zs)}
