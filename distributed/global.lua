@@ -1,7 +1,6 @@
--- The global store's allocation of `scope global` keys between regions
--- (see global.go). One call per coordinator sync; every key lives on this
--- one Redis (standalone or Sentinel, not Cluster: the script names its own
--- keys). Shares are in parts per million of a key's limit.
+-- The global store's allocation of `scope global` keys between regions,
+-- one call per coordinator sync (region_sync.go); not Cluster: the script
+-- names its own keys. Shares are in parts per million of a key's limit.
 --
 -- ARGV: 1 region, 2 fencing token, 3 epoch the region knows ("" none),
 -- 4 full (1: the region reports every holding and wants every grant),
@@ -9,9 +8,6 @@
 -- unless the region reports it again), 7 regions "name:weight,...",
 -- 8 global key prefix, 9 number of zones, then per zone:
 -- name, n, and n triples key, wants (ppm, -1 none), held (ppm).
---
--- A full report is complete: a region's demand of a key it did not report
--- is dropped (docs/distributed.md, "What a sync reports").
 --
 -- Reply: {"OK", epoch, learning, waiting, zone, n, key, grant, ...,
 -- zone, ...}, waiting 1 when a reported key is below its fair share only
@@ -28,7 +24,6 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = 4 * lease
 
--- regions and weights, as ppm of C
 local names, weight, floor, wsum = {}, {}, {}, 0
 for name, w in string.gmatch(ARGV[7], '([^:,]+):(%d+)') do
 	names[#names + 1] = name
@@ -55,8 +50,7 @@ if known ~= epoch and not full then
 end
 local born = tonumber(string.match(epoch, '^(%d+)'))
 
--- fencing: a coordinator with an older token than the region's last one
--- is stale (its lock expired and another took over)
+-- fencing: a coordinator with an older token than the region's last is stale
 local seen = redis.call('HGET', regs, region .. '.tok')
 if seen and token < tonumber(seen) then
 	return {'FENCED'}
@@ -69,8 +63,7 @@ if full then
 end
 
 -- learning: a fresh store grants nothing beyond what regions hold until
--- every region re-registered or one lease passed (an absent region is then
--- at its floor by its own deadline)
+-- every region re-registered or one lease passed
 local learning = false
 if now - born < lease then
 	for _, n in ipairs(names) do
@@ -80,15 +73,14 @@ if now - born < lease then
 	end
 end
 
--- live: heard from within 2 x lease; a region silent longer is at its
--- floor (its own deadline, lease after its last send, came first)
+-- live: heard from within 2 x lease; one silent longer is at its floor
 local live = {}
 for _, n in ipairs(names) do
 	local s = tonumber(redis.call('HGET', regs, n .. '.seen'))
 	live[n] = s ~= nil and now - s <= 2 * lease
 end
 
--- field names and the sort's order, made once per call (not per key)
+-- field names, made once per call (not per key)
 local gf, af, df, xf = {}, {}, {}, {}
 for _, n in ipairs(names) do
 	gf[n], af[n], df[n], xf[n] = 'g.' .. n, 'a.' .. n, 'd.' .. n, 'x.' .. n
@@ -97,8 +89,8 @@ local dem, waiting
 local function byDemand(a, b) return dem[a] * weight[b] < dem[b] * weight[a] end
 
 local function target(demand)
-	-- weighted fair share (water-filling) among regions with demand,
-	-- idle regions at their floor, leftover to the demanding ones
+	-- weighted fair share (water-filling) among regions with demand, idle
+	-- ones at their floor, leftover to the demanding ones
 	local tg, want, left, wl = {}, {}, C, 0
 	for _, n in ipairs(names) do
 		if demand[n] > floor[n] then
@@ -123,10 +115,7 @@ local function target(demand)
 			left, wl = left - demand[n], wl - weight[n]
 			done[#done + 1] = n
 		else
-			for j = i, #want do
-				local m = want[j]
-				tg[m] = math.floor(left * weight[m] / wl)
-			end
+			for j = i, #want do tg[want[j]] = math.floor(left * weight[want[j]] / wl) end
 			return tg, true
 		end
 	end
@@ -155,9 +144,8 @@ local function flush()
 	end
 end
 
--- allocate one key the region reports (its record is zp .. key); returns
--- the region's grant. The record is written only where it changed, its TTL
--- renewed once per lease (e: when it last was).
+-- allocate one reported key (record zp .. key), returning the region's
+-- grant; a field is written only where it changed, the TTL once a lease (e).
 local function allocate(zp, zone, key, wants, held)
 	local rk = zp .. key
 	local raw = redis.call('HGETALL', rk)
@@ -199,9 +187,7 @@ local function allocate(zp, zone, key, wants, held)
 	end
 	for _, n in ipairs(names) do
 		if tg[n] < g[n] then
-			-- another region may hold what it was granted until it
-			-- says otherwise: the cut moves nothing until it reports
-			-- (the reporting region just said what it holds)
+			-- another region holds what it was granted until it reports
 			if n ~= region then
 				a[n] = math.max(a[n], g[n])
 				later(prefix .. 'g.p:' .. zone .. ':' .. n, adds, key)

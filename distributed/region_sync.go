@@ -46,6 +46,14 @@ type lastReport struct {
 	at          int64
 }
 
+// sub is m's map of zone, made if missing.
+func sub[V any](m map[string]map[string]V, zone string) map[string]V {
+	if m[zone] == nil {
+		m[zone] = map[string]V{}
+	}
+	return m[zone]
+}
+
 func (c *coordinator) init() {
 	c.held = map[string]map[string]*holding{}
 	c.sent = map[string]map[string]*lastReport{}
@@ -210,11 +218,7 @@ func (r *Region) reports(zs []*regionZone, now int64, raw []any, elapsed int64, 
 	i := 0
 	for zi, z := range zs {
 		rep := report{zone: z.name}
-		held := c.held[z.name]
-		if held == nil {
-			held = map[string]*holding{}
-			c.held[z.name] = held
-		}
+		held, spans := sub(c.held, z.name), sub(c.spans, z.name)
 		last := c.sent[z.name]
 		// add reports key if due, with what the region holds (h nil: its weight)
 		add := func(key string, wants int64, h *holding) {
@@ -236,11 +240,6 @@ func (r *Region) reports(zs []*regionZone, now int64, raw []any, elapsed int64, 
 			n64, _ := raw[i].(int64)
 			n = int(n64)
 			i++
-		}
-		spans := c.spans[z.name]
-		if spans == nil {
-			spans = map[string]int64{}
-			c.spans[z.name] = spans
 		}
 		for j := 0; j < n && i+3 < len(raw); j++ {
 			key, _ := raw[i].(string)
@@ -406,11 +405,7 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 		zone := fmt.Sprint(v[i])
 		n, _ := v[i+1].(int64)
 		i += 2
-		held := c.held[zone]
-		if held == nil {
-			held = map[string]*holding{}
-			c.held[zone] = held
-		}
+		held := sub(c.held, zone)
 		var zc []any
 		for j := int64(0); j < n && i+1 < len(v); j++ {
 			key := fmt.Sprint(v[i])
