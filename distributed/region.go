@@ -1,6 +1,7 @@
 package distributed
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"errors"
@@ -251,24 +252,20 @@ func OpenRegion(regional zones.Store, opts RegionOptions, logger *zap.Logger) (*
 		rscript:  redis.NewScript(regionScript),
 		gscript:  redis.NewScript(globalScript),
 		logger:   logger,
-		member:   opts.Instance,
+		member:   cmp.Or(opts.Instance, c.member),
+		spec:     opts.spec(),
 		zones:    map[string]*regionZone{},
 		stop:     make(chan struct{}),
 	}
-	if r.member == "" {
-		r.member = c.member
-	}
-	var sum int64
+	var sum, own int64
 	for _, w := range opts.Regions {
 		sum += w.Weight
-	}
-	for _, w := range opts.Regions {
 		if w.Name == opts.Region {
-			r.weight = w.Weight * ShareScale / sum
-			r.floor = r.weight / 10
+			own = w.Weight
 		}
 	}
-	r.spec = opts.spec()
+	r.weight = own * ShareScale / sum
+	r.floor = r.weight / 10
 	r.rebuild()
 	r.floored.Store(true) // until the first poll says otherwise
 	r.coord.init()

@@ -235,13 +235,12 @@ func (r *Region) reports(zs []*regionZone, now int64, raw []any, elapsed int64, 
 			}
 		}
 		hot := map[string]bool{}
-		n := 0
+		var n int64
 		if i < len(raw) {
-			n64, _ := raw[i].(int64)
-			n = int(n64)
+			n, _ = raw[i].(int64)
 			i++
 		}
-		for j := 0; j < n && i+3 < len(raw); j++ {
+		for j := int64(0); j < n && i+3 < len(raw); j++ {
 			key, _ := raw[i].(string)
 			adm, _ := raw[i+1].(int64)
 			den, _ := raw[i+2].(int64)
@@ -258,17 +257,14 @@ func (r *Region) reports(zs []*regionZone, now int64, raw []any, elapsed int64, 
 			if floored {
 				share = r.floor
 			}
-			var wants int64 = -1
 			// use: the fraction of the key's whole rate admitted
 			use := float64(adm) * float64(z.interval.Load()) / float64(elapsed)
-			switch {
-			case den > 0:
-				wants = ShareScale
-			case use*ShareScale >= 0.8*float64(share):
+			wants := int64(ShareScale)
+			if den <= 0 {
+				if use*ShareScale < 0.8*float64(share) {
+					continue
+				}
 				wants = int64(min(ShareScale, 1.2*use*ShareScale))
-			}
-			if wants < 0 {
-				continue
 			}
 			hot[key] = true
 			add(key, wants, held[key])
