@@ -30,11 +30,14 @@ import (
 // ShareScale is a whole key's limit in share units (parts per million).
 const ShareScale = 1_000_000
 
-//go:embed global.lua
-var globalScript string
-
-//go:embed region.lua
-var regionScript string
+var (
+	//go:embed global.lua
+	globalLua string
+	//go:embed region.lua
+	regionLua    string
+	globalScript = redis.NewScript(globalLua)
+	regionScript = redis.NewScript(regionLua)
+)
 
 // RegionWeight is one region of the global budget and its weight.
 type RegionWeight struct {
@@ -140,17 +143,13 @@ func (o RegionOptions) Key(regional string) string {
 // candidacy as the region's coordinator. It is safe for concurrent use.
 type Region struct {
 	opts     RegionOptions
-	spec     string // "name:weight,..." for global.lua
-	weight   int64  // this region's default share (ppm)
-	floor    int64  // this region's share with no contact for a lease
+	weight   int64 // this region's default share (ppm)
+	floor    int64 // this region's share with no contact for a lease
 	regional redis.UniversalClient
 	global   redis.UniversalClient
 	prefix   string        // the regional key prefix
 	async    bool          // the regional store is an *Async
 	timeout  time.Duration // the regional store's
-	gprefix  string
-	rscript  *redis.Script
-	gscript  *redis.Script
 	logger   *zap.Logger
 	member   string
 
@@ -248,12 +247,8 @@ func OpenRegion(regional zones.Store, opts RegionOptions, logger *zap.Logger) (*
 		prefix:   c.opts.KeyPrefix,
 		async:    async,
 		timeout:  c.opts.Timeout,
-		gprefix:  opts.Global.KeyPrefix,
-		rscript:  redis.NewScript(regionScript),
-		gscript:  redis.NewScript(globalScript),
 		logger:   logger,
 		member:   cmp.Or(opts.Instance, c.member),
-		spec:     opts.spec(),
 		zones:    map[string]*regionZone{},
 		stop:     make(chan struct{}),
 	}
@@ -526,7 +521,7 @@ func (r *Region) poll() {
 	ctx, cancel := context.WithTimeout(context.Background(), r.timeout+r.pollInterval())
 	defer cancel()
 	began := monotime.Now()
-	v, err := r.rscript.Run(ctx, r.regional, set.keys, args...).Slice()
+	v, err := regionScript.Run(ctx, r.regional, set.keys, args...).Slice()
 	now := monotime.Now()
 	if err != nil || len(v) < 3 {
 		return // Share floors this instance once the margin passes

@@ -103,7 +103,7 @@ func (r *Region) lock(now int64) {
 	c := &r.coord
 	ctx, cancel := context.WithTimeout(context.Background(), r.opts.SyncInterval)
 	defer cancel()
-	tok, err := r.rscript.Run(ctx, r.regional, r.zoneSet().keys, "lock", r.member, (3*r.opts.SyncInterval + r.opts.Global.Timeout).Milliseconds()).Int64()
+	tok, err := regionScript.Run(ctx, r.regional, r.zoneSet().keys, "lock", r.member, (3*r.opts.SyncInterval + r.opts.Global.Timeout).Milliseconds()).Int64()
 	if err != nil {
 		return // the lock expires; another instance may take it
 	}
@@ -167,7 +167,7 @@ func (r *Region) sync(now int64) {
 			c.adopt(z)
 		}
 	}
-	raw, err := r.rscript.Run(ctx, r.regional, set.keys, "collect", lockVal).Slice()
+	raw, err := regionScript.Run(ctx, r.regional, set.keys, "collect", lockVal).Slice()
 	if err != nil {
 		return
 	}
@@ -327,7 +327,7 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 	// interval, a coordinator that still syncs has reported the key again
 	demandTTL := 2*r.opts.Refresh + r.opts.Global.Timeout + r.opts.SyncInterval
 	args := []any{r.opts.Region, c.token, c.epoch, boolArg(c.full), r.opts.Lease.Milliseconds(),
-		demandTTL.Milliseconds(), r.spec, r.gprefix, len(reports)}
+		demandTTL.Milliseconds(), r.opts.spec(), r.opts.Global.KeyPrefix, len(reports)}
 	for _, rep := range reports {
 		args = append(args, rep.zone, len(rep.keys))
 		for j, k := range rep.keys {
@@ -343,7 +343,7 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 	defer cancel()
 	sent := monotime.Now()
 	r.stats.Syncs.Add(1)
-	v, err := r.gscript.Run(ctx, r.global, []string{r.gprefix + "g.epoch"}, args...).Slice()
+	v, err := globalScript.Run(ctx, r.global, []string{r.opts.Global.KeyPrefix + "g.epoch"}, args...).Slice()
 	r.stats.LastLatency.Store(monotime.Now() - sent)
 	pctx, pcancel := context.WithTimeout(context.Background(), 2*r.timeout+r.pollInterval())
 	defer pcancel()
@@ -384,13 +384,11 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 	c.epoch = fmt.Sprint(v[1])
 	now := monotime.Now()
 	full := c.full
-	reported := map[string]map[string]int64{}
+	reported := map[[2]string]int64{} // zone, key: the held reported
 	for _, rep := range reports {
-		m := map[string]int64{}
 		for j, k := range rep.keys {
-			m[k] = rep.held[j]
+			reported[[2]string{rep.zone, k}] = rep.held[j]
 		}
-		reported[rep.zone] = m
 	}
 	// The grants take effect once published; until then the region
 	// applies and reports what it held.
@@ -460,7 +458,7 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 			r.stats.ShareChanges.Add(1)
 		}
 		h.cur = u.g
-		if rep, ok := reported[u.zone][u.key]; ok && rep == r.weight && u.g == r.weight && now >= h.prevUntil {
+		if rep, ok := reported[[2]string{u.zone, u.key}]; ok && rep == r.weight && u.g == r.weight && now >= h.prevUntil {
 			delete(u.held, u.key) // the global store knows it is back to the weight
 		}
 	}
@@ -558,7 +556,7 @@ func (r *Region) publish(ctx context.Context, lockVal string, set *zoneSet, chan
 			args = append(args, 0)
 		}
 	}
-	v, err := r.rscript.Run(ctx, r.regional, set.keys, args...).Slice()
+	v, err := regionScript.Run(ctx, r.regional, set.keys, args...).Slice()
 	return err == nil && len(v) == 1 && v[0] == int64(1)
 }
 
