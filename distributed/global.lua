@@ -45,16 +45,12 @@ if not epoch then
 else
 	redis.call('PEXPIRE', ekey, ttl)
 end
-if known ~= epoch and not full then
-	return {'EPOCH', epoch}
-end
+if known ~= epoch and not full then return {'EPOCH', epoch} end
 local born = tonumber(string.match(epoch, '^(%d+)'))
 
 -- fencing: a coordinator with an older token than the region's last is stale
 local seen = redis.call('HGET', regs, region .. '.tok')
-if seen and token < tonumber(seen) then
-	return {'FENCED'}
-end
+if seen and token < tonumber(seen) then return {'FENCED'} end
 redis.call('HSET', regs, region .. '.tok', token, region .. '.seen', now)
 redis.call('PEXPIRE', regs, ttl)
 if full then
@@ -67,9 +63,7 @@ end
 local learning = false
 if now - born < lease then
 	for _, n in ipairs(names) do
-		if redis.call('SISMEMBER', prefix .. 'g.registered', n) == 0 then
-			learning = true
-		end
+		if redis.call('SISMEMBER', prefix .. 'g.registered', n) == 0 then learning = true end
 	end
 end
 
@@ -156,33 +150,28 @@ local function allocate(zp, zone, key, wants, held)
 	for i = 1, #raw, 2 do h[raw[i]] = raw[i + 1] end
 	local g, a, d, g0, a0 = {}, {}, {}, {}, {}
 	for _, n in ipairs(names) do
-		local gn, an = tonumber(h[gf[n]]), tonumber(h[af[n]])
-		g0[n], a0[n] = gn, an
-		if not live[n] and not learning then
-			gn, an = floor[n], floor[n]
-		end
-		g[n] = gn or weight[n]
-		a[n] = an or weight[n]
+		g0[n], a0[n] = tonumber(h[gf[n]]), tonumber(h[af[n]])
+		local silent = not live[n] and not learning -- at its floor
+		g[n] = silent and floor[n] or g0[n] or weight[n]
+		a[n] = silent and floor[n] or a0[n] or weight[n]
 		-- x: when the region's demand lapses unless reported again
 		local dx = tonumber(h[xf[n]])
 		d[n] = 0
 		if dx and now <= dx then d[n] = tonumber(h[df[n]]) or 0 end
 	end
 	a[region] = held
-	local fields, nf = {}, 0
+	local fields = {}
+	local function put(f, v) fields[#fields + 1] = f; fields[#fields + 1] = v end
 	if wants >= 0 then
 		d[region] = math.min(C, wants)
-		if tonumber(h[df[region]]) ~= d[region] then
-			fields[1], fields[2], nf = df[region], d[region], 2
-		end
-		fields[nf + 1], fields[nf + 2], nf = xf[region], now + dttl, nf + 2
+		if tonumber(h[df[region]]) ~= d[region] then put(df[region], d[region]) end
+		put(xf[region], now + dttl)
 	else
 		d[region] = 0
 		if h[xf[region]] then redis.call('HDEL', rk, df[region], xf[region]) end
 	end
 	local tg, demanded = target(d)
-	if learning then
-		-- nothing beyond what each region holds
+	if learning then -- nothing beyond what each region holds
 		for _, n in ipairs(names) do tg[n] = math.min(tg[n], a[n]) end
 	end
 	for _, n in ipairs(names) do
@@ -219,17 +208,13 @@ local function allocate(zp, zone, key, wants, held)
 		return g[region]
 	end
 	for _, n in ipairs(names) do
-		if g[n] ~= g0[n] then
-			fields[nf + 1], fields[nf + 2], nf = gf[n], g[n], nf + 2
-		end
-		if a[n] ~= a0[n] then
-			fields[nf + 1], fields[nf + 2], nf = af[n], a[n], nf + 2
-		end
+		if g[n] ~= g0[n] then put(gf[n], g[n]) end
+		if a[n] ~= a0[n] then put(af[n], a[n]) end
 	end
 	local e = tonumber(h.e)
 	local renew = not e or now - e >= lease
-	if renew then fields[nf + 1], fields[nf + 2], nf = 'e', now, nf + 2 end
-	if nf > 0 then redis.call('HSET', rk, unpack(fields, 1, nf)) end
+	if renew then put('e', now) end
+	if #fields > 0 then redis.call('HSET', rk, unpack(fields)) end
 	if renew then redis.call('PEXPIRE', rk, ttl) end
 	if #raw == 0 then later(prefix .. 'g.zk:' .. zone, adds, key) end
 	return g[region]

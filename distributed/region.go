@@ -64,8 +64,7 @@ type RegionOptions struct {
 	Refresh time.Duration
 }
 
-// DefaultGlobalSyncInterval and DefaultGlobalLease are RegionOptions'
-// defaults.
+// RegionOptions' defaults.
 const (
 	DefaultGlobalSyncInterval = time.Second
 	DefaultGlobalLease        = 5 * time.Minute
@@ -155,9 +154,8 @@ type Region struct {
 
 	mu    sync.RWMutex
 	zones map[string]*regionZone
-	// set is a copy of zones for the decisions' lookups and the loops'
-	// calls, replaced on AddZone and ReleaseZone: a decision takes no
-	// lock the others share
+	// set is a copy of zones, replaced on AddZone and ReleaseZone: a
+	// decision takes no lock the others share
 	set   atomic.Pointer[zoneSet]
 	names []string // zones in a fixed order, for the scripts' KEYS
 
@@ -170,8 +168,9 @@ type Region struct {
 	hold  atomic.Pointer[chan chan struct{}] // HoldNextSync's
 	stats RegionStats
 
-	stop chan struct{}
-	done sync.WaitGroup
+	stop   chan struct{}
+	done   sync.WaitGroup
+	closed sync.Once
 }
 
 // RegionStats counts the region's global work, for metrics.
@@ -271,15 +270,9 @@ func OpenRegion(regional zones.Store, opts RegionOptions, logger *zap.Logger) (*
 }
 
 // Close stops the region's loops and closes the global client.
-func (r *Region) Close() error {
-	select {
-	case <-r.stop:
-		return nil
-	default:
-	}
-	close(r.stop)
-	r.done.Wait()
-	return r.global.Close()
+func (r *Region) Close() (err error) {
+	r.closed.Do(func() { close(r.stop); r.done.Wait(); err = r.global.Close() })
+	return err
 }
 
 // Destruct closes the region (caddy.Destructor, for a caddy.UsagePool).
@@ -317,12 +310,11 @@ func (r *Region) ReleaseZone(zone string) {
 	if !ok {
 		return
 	}
-	if z.users--; z.users > 0 {
-		return
+	if z.users--; z.users == 0 {
+		delete(r.zones, zone)
+		r.names = slices.DeleteFunc(r.names, func(n string) bool { return n == zone })
+		r.rebuild()
 	}
-	delete(r.zones, zone)
-	r.names = slices.DeleteFunc(r.names, func(n string) bool { return n == zone })
-	r.rebuild()
 }
 
 func (r *Region) zone(name string) *regionZone { return r.set.Load().byName[name] }
@@ -505,10 +497,8 @@ func (r *Region) poll() {
 	set := r.zoneSet() // one set of zones for the call and its reply
 	zs := set.zones
 	known := r.version
-	for _, z := range zs {
-		if !z.read.Load() {
-			known = "" // a zone added since: read every zone's shares
-		}
+	if slices.ContainsFunc(zs, func(z *regionZone) bool { return !z.read.Load() }) {
+		known = "" // a zone added since: read every zone's shares
 	}
 	args := []any{"poll", known, (10 * r.opts.SyncInterval).Milliseconds(), len(zs)}
 	for _, z := range zs {

@@ -47,17 +47,13 @@ func Scale(limit algorithms.Limit, share int64) algorithms.Limit {
 	return algorithms.Limit{EmissionInterval: int64(t), Burst: max(1, limit.Burst*share/ShareScale)}
 }
 
-func (s *Shared) limit(zone, key string, l algorithms.Limit) algorithms.Limit {
-	return Scale(l, s.region.Share(zone, key))
-}
-
 // Rate runs st at this region's share of its limit. A decision, a failed
 // check and a charge count for the region's demand (a ban's denial too);
 // a peek, a refund and a reset do not.
 func (s *Shared) Rate(ctx context.Context, zone, key string, st zones.RateStep) (zones.RateReply, error) {
 	whole := st.Limit
 	if st.Op != zones.OpReset {
-		st.Limit = s.limit(zone, key, whole)
+		st.Limit = Scale(whole, s.region.Share(zone, key))
 	}
 	rep, err := s.inner.Rate(ctx, zone, key, st)
 	if err != nil {
@@ -100,12 +96,12 @@ func (s *Shared) Instances() int {
 // Fallback is the async store's fail_policy local step at this region's
 // share of limit.
 func (s *Shared) Fallback(zone, key string, now int64, limit, share algorithms.Limit, op zones.Op, cost, ahead int64) algorithms.Result {
-	return s.Records.Fallback(zone, key, now, s.limit(zone, key, limit), share, op, cost, ahead)
+	return s.Records.Fallback(zone, key, now, Scale(limit, s.region.Share(zone, key)), share, op, cost, ahead)
 }
 
 // Peek is the async store's record of key at this region's share of limit.
 func (s *Shared) Peek(zone, key string, now int64, limit algorithms.Limit) (algorithms.Result, bool) {
-	return s.Records.Peek(zone, key, now, s.limit(zone, key, limit))
+	return s.Records.Peek(zone, key, now, Scale(limit, s.region.Share(zone, key)))
 }
 
 // Interface guards.

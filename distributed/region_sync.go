@@ -35,16 +35,10 @@ type coordinator struct {
 // holding is one key's share as published in the region. After a cut the
 // old share is still reported as held until every instance has read the
 // new one (prevUntil): that report is the cut's confirmation.
-type holding struct {
-	cur, prev int64
-	prevUntil int64
-}
+type holding struct{ cur, prev, prevUntil int64 }
 
 // lastReport is what the coordinator last reported of a key, and when.
-type lastReport struct {
-	wants, held int64
-	at          int64
-}
+type lastReport struct{ wants, held, at int64 }
 
 // sub is m's map of zone, made if missing.
 func sub[V any](m map[string]map[string]V, zone string) map[string]V {
@@ -76,23 +70,13 @@ func (r *Region) due(s *lastReport, key string, wants, held, now int64) bool {
 	return now-s.at >= refresh-int64(h.Sum32())%(refresh/4+1)
 }
 
-func (h *holding) reported(now int64) int64 {
-	if now < h.prevUntil {
-		return max(h.cur, h.prev)
-	}
-	return h.cur
-}
-
 func (r *Region) tick(now int64) {
 	c := &r.coord
 	interval := int64(r.opts.SyncInterval)
 	if now-c.lockedAt >= interval || c.token == 0 && now-c.lockedAt >= int64(r.pollInterval()) {
 		r.lock(now)
 	}
-	if c.token == 0 {
-		return
-	}
-	if now-c.lastSync >= interval || c.confirmAt != 0 && now >= c.confirmAt || now < c.waitUntil {
+	if c.token != 0 && (now-c.lastSync >= interval || c.confirmAt != 0 && now >= c.confirmAt || now < c.waitUntil) {
 		r.sync(now)
 	}
 }
@@ -183,9 +167,7 @@ func (r *Region) sync(now int64) {
 	c.lastSync = now
 	// past the lease and the margin, every instance applies its floor
 	floored := c.contact == 0 || time.Duration(now-c.contact) > r.opts.Lease+r.confirmMargin()
-	if floored {
-		c.full = true
-	}
+	c.full = c.full || floored
 	if c.confirmAt != 0 && now >= c.confirmAt {
 		// this sync confirms the cuts whose margin ended
 		c.confirmAt = 0
@@ -226,7 +208,10 @@ func (r *Region) reports(zs []*regionZone, now int64, raw []any, elapsed int64, 
 			if floored {
 				hv = r.floor
 			} else if h != nil {
-				hv = h.reported(now)
+				hv = h.cur
+				if now < h.prevUntil { // a cut's old share, until its confirmation
+					hv = max(h.cur, h.prev)
+				}
 			}
 			if c.full || r.due(last[key], key, wants, hv, now) {
 				rep.keys = append(rep.keys, key)
@@ -289,11 +274,10 @@ func (r *Region) reports(zs []*regionZone, now int64, raw []any, elapsed int64, 
 func (r *Region) noteSent(now int64, reports []report, full bool) {
 	c := &r.coord
 	for _, rep := range reports {
-		last := c.sent[rep.zone]
-		if last == nil || full {
-			last = map[string]*lastReport{}
-			c.sent[rep.zone] = last
+		if full {
+			delete(c.sent, rep.zone)
 		}
+		last := sub(c.sent, rep.zone)
 		for j, k := range rep.keys {
 			last[k] = &lastReport{wants: rep.wants[j], held: rep.held[j], at: now}
 		}
@@ -421,7 +405,7 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 				}
 				zc = append(zc, key, pub)
 			}
-			updates = append(updates, update{held: held, zone: zone, key: key, h: h, g: g, from: cur})
+			updates = append(updates, update{zone: zone, key: key, h: h, g: g, from: cur})
 		}
 		changes = append(changes, zc)
 	}
@@ -459,7 +443,7 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 		}
 		h.cur = u.g
 		if rep, ok := reported[[2]string{u.zone, u.key}]; ok && rep == r.weight && u.g == r.weight && now >= h.prevUntil {
-			delete(u.held, u.key) // the global store knows it is back to the weight
+			delete(c.held[u.zone], u.key) // the global store knows it is back to the weight
 		}
 	}
 	return exchanged
@@ -467,7 +451,6 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 
 // update is a key's grant g in a sync's reply, from what the region applied.
 type update struct {
-	held      map[string]*holding
 	zone, key string
 	h         *holding
 	g, from   int64
@@ -514,7 +497,7 @@ return 1`)
 // plant rescales the raised keys (plantScript) with the span a key was
 // last counted with (a plan's) or the zone's; false: not published.
 func (r *Region) plant(ctx context.Context, set *zoneSet, updates []update) bool {
-	cmds, _ := r.regional.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, err := r.regional.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, x := range updates {
 			if x.g <= x.from {
 				continue // not a raise
@@ -535,12 +518,7 @@ func (r *Region) plant(ctx context.Context, set *zoneSet, updates []update) bool
 		}
 		return nil
 	})
-	for _, c := range cmds {
-		if err := c.Err(); err != nil {
-			return false
-		}
-	}
-	return true
+	return err == nil // the first failed command's error
 }
 
 // publish writes the changes and the last contact (age ms, -1: keep) to
@@ -550,8 +528,7 @@ func (r *Region) publish(ctx context.Context, lockVal string, set *zoneSet, chan
 	args := []any{"publish", lockVal, age, (4 * r.opts.Lease).Milliseconds(), boolArg(full), len(zs)}
 	for zi := range zs {
 		if zi < len(changes) {
-			args = append(args, len(changes[zi])/2)
-			args = append(args, changes[zi]...)
+			args = append(append(args, len(changes[zi])/2), changes[zi]...)
 		} else {
 			args = append(args, 0)
 		}
