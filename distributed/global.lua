@@ -83,8 +83,7 @@ local dem, waiting
 local function byDemand(a, b) return dem[a] * weight[b] < dem[b] * weight[a] end
 
 local function target(demand)
-	-- weighted fair share (water-filling) among regions with demand, idle
-	-- ones at their floor, leftover to the demanding ones
+	-- weighted water-filling among regions with demand, idle ones at their floor
 	local tg, want, left, wl = {}, {}, C, 0
 	for _, n in ipairs(names) do
 		if demand[n] > floor[n] then

@@ -320,10 +320,9 @@ func (r *Region) ReleaseZone(zone string) {
 func (r *Region) zone(name string) *regionZone { return r.set.Load().byName[name] }
 
 // Share is this region's share of key in zone now (ppm): its floor while
-// the region has had no contact with the global store for a lease, or this
-// instance has not read the region's shares for confirmMargin (it may have
-// missed a cut) or of this zone since it was added; else what the global
-// store granted, else the region's weight.
+// the region had no contact for a lease, or this instance did not read the
+// shares for confirmMargin (it may have missed a cut) or since the zone was
+// added; else what the global store granted, else the region's weight.
 func (r *Region) Share(zone, key string) int64 {
 	if r.floored.Load() || time.Duration(monotime.Now()-r.polled.Load()) > r.confirmMargin() {
 		return r.floor

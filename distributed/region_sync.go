@@ -307,8 +307,7 @@ const (
 // exchange sends the reports to the global store and publishes the grants.
 func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floored bool) int {
 	c := &r.coord
-	// demand TTL: past two refresh periods, a sync's timeout and its
-	// interval, a coordinator that still syncs has reported the key again
+	// demand TTL: a coordinator still syncing re-reports the key well before
 	demandTTL := 2*r.opts.Refresh + r.opts.Global.Timeout + r.opts.SyncInterval
 	args := []any{r.opts.Region, c.token, c.epoch, boolArg(c.full), r.opts.Lease.Milliseconds(),
 		demandTTL.Milliseconds(), r.opts.spec(), r.opts.Global.KeyPrefix, len(reports)}
