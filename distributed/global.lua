@@ -1,7 +1,6 @@
--- The global store's allocation of `scope global` keys between regions
--- (see global.go). One call per coordinator sync; every key lives on this
--- one Redis (standalone or Sentinel, not Cluster: the script names its own
--- keys). Shares are in parts per million of a key's limit.
+-- The global store's allocation of `scope global` keys between regions,
+-- one call per coordinator sync (region_sync.go); not Cluster: the script
+-- names its own keys. Shares are in parts per million of a key's limit.
 --
 -- ARGV: 1 region, 2 fencing token, 3 epoch the region knows ("" none),
 -- 4 full (1: the region reports every holding and wants every grant),
@@ -10,22 +9,14 @@
 -- 8 global key prefix, 9 number of zones, then per zone:
 -- name, n, and n triples key, wants (ppm, -1 none), held (ppm).
 --
--- A region reports only the keys whose demand or holding changed, or whose
--- last report is getting old (see region_sync.go); a record keeps what each
--- region last reported. A full report is complete: a region's demand of a
--- key it did not report is dropped.
---
 -- Reply: {"OK", epoch, learning, waiting, zone, n, key, grant, ...,
--- zone, ...}, waiting 1 when a key the region reported is granted less than
--- its fair share only because another region has not confirmed its cut yet
--- (the region syncs again soon, to collect the raise that confirmation
--- grants at once),
+-- zone, ...}, waiting 1 when a reported key is below its fair share only
+-- because another region has not confirmed its cut yet;
 -- {"EPOCH", epoch} (the region must report in full first) or {"FENCED"}.
 --
--- Safety: a region's grant is raised only from
--- C - sum over the others of max(acknowledged, granted); a cut is granted
--- at once and the capacity moves only once the region acknowledged it by
--- reporting what it holds. Hence sum of holdings <= C at every instant.
+-- Safety: a raise comes only from C - sum over the others of
+-- max(acknowledged, granted), and a cut moves capacity only once its region
+-- acknowledged it: the holdings sum to at most C at every instant.
 local C = 1000000
 local region, token, known, full = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4] == '1'
 local lease, dttl, prefix = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[8]
@@ -33,7 +24,6 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = 4 * lease
 
--- regions and weights, as ppm of C
 local names, weight, floor, wsum = {}, {}, {}, 0
 for name, w in string.gmatch(ARGV[7], '([^:,]+):(%d+)') do
 	names[#names + 1] = name
@@ -55,17 +45,12 @@ if not epoch then
 else
 	redis.call('PEXPIRE', ekey, ttl)
 end
-if known ~= epoch and not full then
-	return {'EPOCH', epoch}
-end
+if known ~= epoch and not full then return {'EPOCH', epoch} end
 local born = tonumber(string.match(epoch, '^(%d+)'))
 
--- fencing: a coordinator with an older token than the region's last one
--- is stale (its lock expired and another took over)
+-- fencing: a coordinator with an older token than the region's last is stale
 local seen = redis.call('HGET', regs, region .. '.tok')
-if seen and token < tonumber(seen) then
-	return {'FENCED'}
-end
+if seen and token < tonumber(seen) then return {'FENCED'} end
 redis.call('HSET', regs, region .. '.tok', token, region .. '.seen', now)
 redis.call('PEXPIRE', regs, ttl)
 if full then
@@ -74,26 +59,22 @@ if full then
 end
 
 -- learning: a fresh store grants nothing beyond what regions hold until
--- every region re-registered or one lease passed (an absent region is then
--- at its floor by its own deadline)
+-- every region re-registered or one lease passed
 local learning = false
 if now - born < lease then
 	for _, n in ipairs(names) do
-		if redis.call('SISMEMBER', prefix .. 'g.registered', n) == 0 then
-			learning = true
-		end
+		if redis.call('SISMEMBER', prefix .. 'g.registered', n) == 0 then learning = true end
 	end
 end
 
--- live: heard from within 2 x lease; a region silent longer is at its
--- floor (its own deadline, lease after its last send, came first)
+-- live: heard from within 2 x lease; one silent longer is at its floor
 local live = {}
 for _, n in ipairs(names) do
 	local s = tonumber(redis.call('HGET', regs, n .. '.seen'))
 	live[n] = s ~= nil and now - s <= 2 * lease
 end
 
--- field names and the sort's order, made once per call (not per key)
+-- field names, made once per call (not per key)
 local gf, af, df, xf = {}, {}, {}, {}
 for _, n in ipairs(names) do
 	gf[n], af[n], df[n], xf[n] = 'g.' .. n, 'a.' .. n, 'd.' .. n, 'x.' .. n
@@ -102,8 +83,7 @@ local dem, waiting
 local function byDemand(a, b) return dem[a] * weight[b] < dem[b] * weight[a] end
 
 local function target(demand)
-	-- weighted fair share (water-filling) among regions with demand,
-	-- idle regions at their floor, leftover to the demanding ones
+	-- weighted water-filling among regions with demand, idle ones at their floor
 	local tg, want, left, wl = {}, {}, C, 0
 	for _, n in ipairs(names) do
 		if demand[n] > floor[n] then
@@ -128,10 +108,7 @@ local function target(demand)
 			left, wl = left - demand[n], wl - weight[n]
 			done[#done + 1] = n
 		else
-			for j = i, #want do
-				local m = want[j]
-				tg[m] = math.floor(left * weight[m] / wl)
-			end
+			for j = i, #want do tg[want[j]] = math.floor(left * weight[want[j]] / wl) end
 			return tg, true
 		end
 	end
@@ -150,26 +127,18 @@ local function later(set, t, key)
 	l[#l + 1] = key
 end
 local function flush()
-	for set, l in pairs(adds) do
-		for j = 1, #l, 1000 do
-			redis.call('SADD', set, unpack(l, j, math.min(#l, j + 999)))
-		end
-		redis.call('PEXPIRE', set, ttl)
-	end
-	for set, l in pairs(rems) do
-		for j = 1, #l, 1000 do
-			redis.call('SREM', set, unpack(l, j, math.min(#l, j + 999)))
+	for _, op in ipairs({{'SADD', adds}, {'SREM', rems}}) do
+		for set, l in pairs(op[2]) do
+			for j = 1, #l, 1000 do
+				redis.call(op[1], set, unpack(l, j, math.min(#l, j + 999)))
+			end
+			if op[1] == 'SADD' then redis.call('PEXPIRE', set, ttl) end
 		end
 	end
 end
 
-local function pending(n, zone, key)
-	later(prefix .. 'g.p:' .. zone .. ':' .. n, adds, key)
-end
-
--- allocate one key the region reports (its record is zp .. key); returns
--- the region's grant. The record is written only where it changed, its TTL
--- renewed once per lease (e: when it last was).
+-- allocate one reported key (record zp .. key), returning the region's
+-- grant; a field is written only where it changed, the TTL once a lease (e).
 local function allocate(zp, zone, key, wants, held)
 	local rk = zp .. key
 	local raw = redis.call('HGETALL', rk)
@@ -180,43 +149,38 @@ local function allocate(zp, zone, key, wants, held)
 	for i = 1, #raw, 2 do h[raw[i]] = raw[i + 1] end
 	local g, a, d, g0, a0 = {}, {}, {}, {}, {}
 	for _, n in ipairs(names) do
-		local gn, an = tonumber(h[gf[n]]), tonumber(h[af[n]])
-		g0[n], a0[n] = gn, an
-		if not live[n] and not learning then
-			gn, an = floor[n], floor[n]
-		end
-		g[n] = gn or weight[n]
-		a[n] = an or weight[n]
+		g0[n], a0[n] = tonumber(h[gf[n]]), tonumber(h[af[n]])
+		local silent = not live[n] and not learning -- at its floor
+		g[n] = silent and floor[n] or g0[n] or weight[n]
+		a[n] = silent and floor[n] or a0[n] or weight[n]
 		-- x: when the region's demand lapses unless reported again
 		local dx = tonumber(h[xf[n]])
 		d[n] = 0
 		if dx and now <= dx then d[n] = tonumber(h[df[n]]) or 0 end
 	end
 	a[region] = held
-	local fields, nf = {}, 0
+	local fields = {}
+	local function put(f, v) fields[#fields + 1] = f; fields[#fields + 1] = v end
 	if wants >= 0 then
 		d[region] = math.min(C, wants)
-		if tonumber(h[df[region]]) ~= d[region] then
-			fields[1], fields[2], nf = df[region], d[region], 2
-		end
-		fields[nf + 1], fields[nf + 2], nf = xf[region], now + dttl, nf + 2
+		if tonumber(h[df[region]]) ~= d[region] then put(df[region], d[region]) end
+		put(xf[region], now + dttl)
 	else
 		d[region] = 0
 		if h[xf[region]] then redis.call('HDEL', rk, df[region], xf[region]) end
 	end
 	local tg, demanded = target(d)
-	if learning then
-		-- nothing beyond what each region holds
+	if learning then -- nothing beyond what each region holds
 		for _, n in ipairs(names) do tg[n] = math.min(tg[n], a[n]) end
 	end
 	for _, n in ipairs(names) do
 		if tg[n] < g[n] then
-			-- another region may hold what it was granted until it
-			-- says otherwise: the cut moves nothing until it reports
-			-- (the reporting region just said what it holds)
-			if n ~= region then a[n] = math.max(a[n], g[n]) end
+			-- another region holds what it was granted until it reports
+			if n ~= region then
+				a[n] = math.max(a[n], g[n])
+				later(prefix .. 'g.p:' .. zone .. ':' .. n, adds, key)
+			end
 			g[n] = tg[n]
-			if n ~= region then pending(n, zone, key) end
 		end
 	end
 	for _, n in ipairs(names) do
@@ -228,7 +192,7 @@ local function allocate(zp, zone, key, wants, held)
 			local raised = math.min(tg[n], math.max(g[n], C - others))
 			if raised > g[n] then
 				g[n] = raised
-				if n ~= region then pending(n, zone, key) end
+				if n ~= region then later(prefix .. 'g.p:' .. zone .. ':' .. n, adds, key) end
 			end
 		end
 	end
@@ -243,17 +207,13 @@ local function allocate(zp, zone, key, wants, held)
 		return g[region]
 	end
 	for _, n in ipairs(names) do
-		if g[n] ~= g0[n] then
-			fields[nf + 1], fields[nf + 2], nf = gf[n], g[n], nf + 2
-		end
-		if a[n] ~= a0[n] then
-			fields[nf + 1], fields[nf + 2], nf = af[n], a[n], nf + 2
-		end
+		if g[n] ~= g0[n] then put(gf[n], g[n]) end
+		if a[n] ~= a0[n] then put(af[n], a[n]) end
 	end
 	local e = tonumber(h.e)
 	local renew = not e or now - e >= lease
-	if renew then fields[nf + 1], fields[nf + 2], nf = 'e', now, nf + 2 end
-	if nf > 0 then redis.call('HSET', rk, unpack(fields, 1, nf)) end
+	if renew then put('e', now) end
+	if #fields > 0 then redis.call('HSET', rk, unpack(fields)) end
 	if renew then redis.call('PEXPIRE', rk, ttl) end
 	if #raw == 0 then later(prefix .. 'g.zk:' .. zone, adds, key) end
 	return g[region]
@@ -285,16 +245,13 @@ for _ = 1, tonumber(ARGV[9]) do
 	for _, key in ipairs(extra) do
 		if not reported[key] then
 			reported[key] = true
-			local rk = prefix .. 'g.z:' .. zone .. ':' .. key
-			local m = redis.call('HMGET', rk, 'g.' .. region, 'x.' .. region)
+			local m = redis.call('HMGET', zp .. key, gf[region], xf[region])
 			if full and m[2] then
 				-- a full report is complete: no demand of this key
-				redis.call('HDEL', rk, 'd.' .. region, 'x.' .. region)
+				redis.call('HDEL', zp .. key, df[region], xf[region])
 			end
-			local gr = tonumber(m[1])
-			if gr == nil then gr = weight[region] end
 			grants[#grants + 1] = key
-			grants[#grants + 1] = gr
+			grants[#grants + 1] = tonumber(m[1]) or weight[region]
 		end
 	end
 	out[#out + 1] = zone

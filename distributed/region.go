@@ -1,6 +1,7 @@
 package distributed
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"errors"
@@ -21,28 +22,22 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// Multi-region budgets (issue 29). A zone with `scope global` is enforced
-// in each region's own Redis at the region's share of its limit, per key;
-// one coordinator per region trades shares with the other regions through
-// a global Redis every sync interval (global.lua). No decision waits on the
-// global store.
-//
-// Shares are parts per million of a key's limit: a region with share s
-// decides the key at emission interval T/s and burst ⌊B·s⌋ (at least 1).
-// A key no region pushes against has no record anywhere and every region
-// holds its weight. The global store raises a region only from what the
-// others neither hold nor were granted, and a cut takes effect there only
-// once the losing region confirmed it: the regions' shares sum to at most 1
-// at every instant (see docs/distributed.md for the bound).
+// Multi-region budgets: a `scope global` zone is decided in each region's
+// Redis at the region's share of its limit, per key; one coordinator per
+// region trades shares through a global Redis (global.lua). Shares sum to
+// at most 1 at every instant: see docs/distributed.md, "Multi-region".
 
 // ShareScale is a whole key's limit in share units (parts per million).
 const ShareScale = 1_000_000
 
-//go:embed global.lua
-var globalScript string
-
-//go:embed region.lua
-var regionScript string
+var (
+	//go:embed global.lua
+	globalLua string
+	//go:embed region.lua
+	regionLua    string
+	globalScript = redis.NewScript(globalLua)
+	regionScript = redis.NewScript(regionLua)
+)
 
 // RegionWeight is one region of the global budget and its weight.
 type RegionWeight struct {
@@ -52,34 +47,24 @@ type RegionWeight struct {
 
 // RegionOptions configures this instance's region.
 type RegionOptions struct {
-	// Region is this region's name, one of Regions.
-	Region string
-	// Regions are every region's weight (the default shares), the same in
-	// every region.
-	Regions []RegionWeight
-	// Global is the global Redis (standalone or Sentinel). Its Timeout
+	Region  string         // this region's name, one of Regions
+	Regions []RegionWeight // every region's weight, the same in every region
+	// Global is the global Redis (standalone or Sentinel); its Timeout
 	// defaults to SyncInterval, and at least 1s.
 	Global Options
-	// SyncInterval is how often the coordinator syncs with the global
-	// store (default 1s); instances read the region's shares four times
-	// as often.
+	// SyncInterval is how often the coordinator syncs (default 1s);
+	// instances poll the region's shares four times as often.
 	SyncInterval time.Duration
 	// Lease is how long a region keeps its shares without contact before
 	// it falls back to its floor (default 5m, at least 2×SyncInterval).
-	Lease time.Duration
-	// Instance names this instance as a coordinator candidate (default:
-	// the regional store's instance name).
-	Instance string
-	// Refresh is the longest the coordinator goes without reporting a key
-	// whose demand and holding did not change (default 10×SyncInterval,
-	// at most Lease/2; at least SyncInterval). The global store forgets a
-	// region's demand of a key 2×Refresh plus the global timeout and a
-	// sync interval after the region last reported it.
+	Lease    time.Duration
+	Instance string // the coordinator candidate's name (default: the regional store's)
+	// Refresh is the longest the coordinator goes without reporting an
+	// unchanged key (default 10×SyncInterval, from SyncInterval to Lease/2).
 	Refresh time.Duration
 }
 
-// DefaultGlobalSyncInterval and DefaultGlobalLease are RegionOptions'
-// defaults.
+// RegionOptions' defaults.
 const (
 	DefaultGlobalSyncInterval = time.Second
 	DefaultGlobalLease        = 5 * time.Minute
@@ -90,7 +75,6 @@ func (o RegionOptions) Check() error {
 	if len(o.Regions) == 0 {
 		return errors.New("global: regions is required, e.g. regions eu:2 us:1")
 	}
-	found := false
 	names := make([]string, 0, len(o.Regions))
 	for _, r := range o.Regions {
 		if r.Weight <= 0 || r.Weight > 1_000_000 {
@@ -99,18 +83,15 @@ func (o RegionOptions) Check() error {
 		if !zones.ValidName(r.Name) {
 			return fmt.Errorf("global: region name %q is invalid: use letters, digits, '_' and '-'", r.Name)
 		}
-		for _, n := range names {
-			if n == r.Name {
-				return fmt.Errorf("global: region %s is listed twice: keep one", r.Name)
-			}
+		if slices.Contains(names, r.Name) {
+			return fmt.Errorf("global: region %s is listed twice: keep one", r.Name)
 		}
 		names = append(names, r.Name)
-		found = found || r.Name == o.Region
 	}
 	if o.Region == "" {
 		return fmt.Errorf("global: a region is required with a global block: add region <name>, one of %s", strings.Join(names, ", "))
 	}
-	if !found {
+	if !slices.Contains(names, o.Region) {
 		return fmt.Errorf("region %s is not one of the global block's regions (%s): add it there, e.g. regions %s:1, or fix its name", o.Region, strings.Join(names, ", "), o.Region)
 	}
 	o = o.withDefaults()
@@ -133,24 +114,27 @@ func (o RegionOptions) withDefaults() RegionOptions {
 	if o.Refresh <= 0 {
 		o.Refresh = max(o.SyncInterval, min(10*o.SyncInterval, o.Lease/2))
 	}
-	if o.Global.Timeout <= 0 {
-		// Off the request path, across regions: a sync may take the
-		// whole interval, and a second at least.
+	if o.Global.Timeout <= 0 { // off the request path, across regions
 		o.Global.Timeout = max(o.SyncInterval, time.Second)
 	}
 	o.Global = o.Global.withDefaults()
 	return o
 }
 
+// spec is the regions as global.lua reads them: "name:weight,...".
+func (o RegionOptions) spec() string {
+	w := make([]string, 0, len(o.Regions))
+	for _, r := range o.Regions {
+		w = append(w, r.Name+":"+strconv.FormatInt(r.Weight, 10))
+	}
+	return strings.Join(w, ",")
+}
+
 // Key identifies the setting for sharing a Region (it contains passwords:
 // never log it).
 func (o RegionOptions) Key(regional string) string {
 	o = o.withDefaults()
-	var w []string
-	for _, r := range o.Regions {
-		w = append(w, r.Name+":"+strconv.FormatInt(r.Weight, 10))
-	}
-	return strings.Join([]string{regional, o.Region, strings.Join(w, ","), o.Global.Key(),
+	return strings.Join([]string{regional, o.Region, o.spec(), o.Global.Key(),
 		o.SyncInterval.String(), o.Lease.String(), o.Instance, o.Refresh.String()}, "\x01")
 }
 
@@ -158,54 +142,44 @@ func (o RegionOptions) Key(regional string) string {
 // candidacy as the region's coordinator. It is safe for concurrent use.
 type Region struct {
 	opts     RegionOptions
-	spec     string  // "name:weight,..." for global.lua
-	weight   int64   // this region's default share (ppm)
-	floor    int64   // this region's share with no contact for a lease
-	weights  []int64 // every region's, in opts.Regions' order
+	weight   int64 // this region's default share (ppm)
+	floor    int64 // this region's share with no contact for a lease
 	regional redis.UniversalClient
 	global   redis.UniversalClient
 	prefix   string        // the regional key prefix
 	async    bool          // the regional store is an *Async
 	timeout  time.Duration // the regional store's
-	gprefix  string
-	rscript  *redis.Script
-	gscript  *redis.Script
 	logger   *zap.Logger
 	member   string
 
 	mu    sync.RWMutex
 	zones map[string]*regionZone
-	// set is a copy of zones for the decisions' lookups and the loops'
-	// calls, replaced on AddZone and ReleaseZone: a decision takes no
-	// lock the others share
+	// set is a copy of zones, replaced on AddZone and ReleaseZone: a
+	// decision takes no lock the others share
 	set   atomic.Pointer[zoneSet]
 	names []string // zones in a fixed order, for the scripts' KEYS
 
-	floored atomic.Bool  // the region had no contact for a lease
-	polled  atomic.Int64 // monotime of the last successful poll
-	// contactAt is the region's last contact with the global store as the
-	// last poll read it (monotime; 0: none).
-	contactAt atomic.Int64
-	version   string // of the shares last read (poll loop only)
+	floored   atomic.Bool  // the region had no contact for a lease
+	polled    atomic.Int64 // monotime of the last successful poll
+	contactAt atomic.Int64 // monotime of the region's last contact, as last polled (0: none)
+	version   string       // of the shares last read (poll loop only)
 
 	coord coordinator                        // the coordinator's state (sync loop only)
 	hold  atomic.Pointer[chan chan struct{}] // HoldNextSync's
 	stats RegionStats
 
-	stop chan struct{}
-	done sync.WaitGroup
+	stop   chan struct{}
+	done   sync.WaitGroup
+	closed sync.Once
 }
 
 // RegionStats counts the region's global work, for metrics.
 type RegionStats struct {
-	// Syncs counts the syncs sent, Contacts those the global store
-	// answered, Failures those it did not.
-	Syncs, Contacts, Failures, ShareChanges atomic.Int64
-	// Fenced counts syncs the global store refused as a stale
-	// coordinator's.
-	Fenced       atomic.Int64
-	LastLatency  atomic.Int64 // ns
-	Coordinating atomic.Bool
+	// syncs sent, answered, unanswered; share changes; syncs refused as
+	// a stale coordinator's
+	Syncs, Contacts, Failures, ShareChanges, Fenced atomic.Int64
+	LastLatency                                     atomic.Int64 // ns
+	Coordinating                                    atomic.Bool
 }
 
 type regionZone struct {
@@ -215,14 +189,10 @@ type regionZone struct {
 	users    int          // handlers that wrapped the zone (r.mu)
 	mu       sync.RWMutex
 	shares   map[string]int64 // applied by this instance
-	// read: the region's shares of the zone were read since the zone was
-	// added; until then the zone is at the region's floor (a zone added
-	// by a reload may have cuts the other instances apply)
-	read atomic.Bool
-	// counts are the admitted and denied since the last take, per key
-	// (*counter): a key decided in the last poll's time costs a lock-free
-	// load and one atomic add; a counter idle for a whole poll is retired.
-	counts  sync.Map
+	// read: the zone's shares were read since it was added; until then it
+	// is at the floor (a reload's zone may have cuts others apply)
+	read    atomic.Bool
+	counts  sync.Map     // per key, *counter; one idle for a whole poll is retired
 	counted atomic.Int64 // counters in counts, at most maxCounted
 	dropped atomic.Int64 // decisions not counted: maxCounted other keys were
 }
@@ -232,12 +202,9 @@ type regionZone struct {
 const maxCounted = 10_000
 
 // counter is one key's admitted and denied cost since the last take; a
-// retired counter holds dead in both (an add to it stays below deadBelow,
-// and the decision is counted again on a fresh counter). span is the
-// longest burst span (B·T, ns) the key was decided with when it was not
-// the zone's own (a plan's limit), 0 otherwise: a raise rescales the key
-// with it (see plantScript). It is a hint: one lost to a take's race
-// leaves the zone's span.
+// retired one holds dead in both (an add stays below deadBelow and counts
+// again on a fresh counter). span is the longest burst span (B·T, ns) of a
+// plan's limit the key was decided with (0: the zone's), plant's hint.
 type counter struct {
 	n    [2]atomic.Int64
 	span atomic.Int64
@@ -279,31 +246,21 @@ func OpenRegion(regional zones.Store, opts RegionOptions, logger *zap.Logger) (*
 		prefix:   c.opts.KeyPrefix,
 		async:    async,
 		timeout:  c.opts.Timeout,
-		gprefix:  opts.Global.KeyPrefix,
-		rscript:  redis.NewScript(regionScript),
-		gscript:  redis.NewScript(globalScript),
 		logger:   logger,
-		member:   opts.Instance,
+		member:   cmp.Or(opts.Instance, c.member),
 		zones:    map[string]*regionZone{},
 		stop:     make(chan struct{}),
 	}
-	if r.member == "" {
-		r.member = c.member
-	}
-	var sum int64
+	var sum, own int64
 	for _, w := range opts.Regions {
 		sum += w.Weight
-	}
-	var spec []string
-	for _, w := range opts.Regions {
-		ppm := w.Weight * ShareScale / sum
-		r.weights = append(r.weights, ppm)
 		if w.Name == opts.Region {
-			r.weight, r.floor = ppm, ppm/10
+			own = w.Weight
 		}
-		spec = append(spec, w.Name+":"+strconv.FormatInt(w.Weight, 10))
 	}
-	r.spec = strings.Join(spec, ",")
+	r.weight = own * ShareScale / sum
+	r.floor = r.weight / 10
+	r.rebuild()
 	r.floored.Store(true) // until the first poll says otherwise
 	r.coord.init()
 	r.done.Add(2)
@@ -313,15 +270,9 @@ func OpenRegion(regional zones.Store, opts RegionOptions, logger *zap.Logger) (*
 }
 
 // Close stops the region's loops and closes the global client.
-func (r *Region) Close() error {
-	select {
-	case <-r.stop:
-		return nil
-	default:
-	}
-	close(r.stop)
-	r.done.Wait()
-	return r.global.Close()
+func (r *Region) Close() (err error) {
+	r.closed.Do(func() { close(r.stop); r.done.Wait(); err = r.global.Close() })
+	return err
 }
 
 // Destruct closes the region (caddy.Destructor, for a caddy.UsagePool).
@@ -333,8 +284,8 @@ func (r *Region) Stats() *RegionStats { return &r.stats }
 // Name is this region's name.
 func (r *Region) Name() string { return r.opts.Region }
 
-// AddZone makes zone's keys global in this region, for one more user
-// (a handler; see ReleaseZone); limit is the zone's whole limit (ns).
+// AddZone makes zone's keys global in this region, for one more handler;
+// limit is the zone's whole limit (ns).
 func (r *Region) AddZone(zone string, limit algorithms.Limit) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -350,10 +301,8 @@ func (r *Region) AddZone(zone string, limit algorithms.Limit) {
 	z.burst.Store(limit.Burst)
 }
 
-// ReleaseZone is AddZone's undoing, when a handler that wrapped the zone
-// is cleaned up: the zone leaves the region with its last user, so that a
-// zone removed from the config stops being polled and synced (its records
-// in both Redis expire with their TTLs).
+// ReleaseZone undoes AddZone: with its last handler the zone stops being
+// polled and synced (its records expire with their TTLs).
 func (r *Region) ReleaseZone(zone string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -361,30 +310,21 @@ func (r *Region) ReleaseZone(zone string) {
 	if !ok {
 		return
 	}
-	if z.users--; z.users > 0 {
-		return
+	if z.users--; z.users == 0 {
+		delete(r.zones, zone)
+		r.names = slices.DeleteFunc(r.names, func(n string) bool { return n == zone })
+		r.rebuild()
 	}
-	delete(r.zones, zone)
-	r.names = slices.DeleteFunc(r.names, func(n string) bool { return n == zone })
-	r.rebuild()
 }
 
-func (r *Region) zone(name string) *regionZone {
-	if s := r.set.Load(); s != nil {
-		return s.byName[name]
-	}
-	return nil
-}
+func (r *Region) zone(name string) *regionZone { return r.set.Load().byName[name] }
 
 // Share is this region's share of key in zone now (ppm): its floor while
-// the region has had no contact with the global store for a lease (or this
-// instance has not read the region's shares for confirmMargin, or of this
-// zone since it was added), else what the global store granted, else the
-// region's weight.
+// the region had no contact for a lease, or this instance did not read the
+// shares for confirmMargin (it may have missed a cut) or since the zone was
+// added; else what the global store granted, else the region's weight.
 func (r *Region) Share(zone, key string) int64 {
 	if r.floored.Load() || time.Duration(monotime.Now()-r.polled.Load()) > r.confirmMargin() {
-		// An instance that could not read the region's shares for the
-		// margin a cut waits may have missed one: it holds its floor.
 		return r.floor
 	}
 	z := r.zone(zone)
@@ -404,7 +344,7 @@ func (r *Region) Share(zone, key string) int64 {
 }
 
 // Coordinated is the number of zone's keys with a share other than the
-// region's weight, as this instance applies them.
+// region's weight here.
 func (r *Region) Coordinated(zone string) int {
 	z := r.zone(zone)
 	if z == nil {
@@ -415,9 +355,8 @@ func (r *Region) Coordinated(zone string) int {
 	return len(z.shares)
 }
 
-// DemandDropped is the number of zone's decisions left out of the
-// region's demand since the zone was added: their keys came while
-// maxCounted others were counted.
+// DemandDropped is the number of zone's decisions left out of the demand
+// since it was added (maxCounted other keys were counted).
 func (r *Region) DemandDropped(zone string) int64 {
 	if z := r.zone(zone); z != nil {
 		return z.dropped.Load()
@@ -431,10 +370,8 @@ func (r *Region) Weight() int64 { return r.weight }
 // Floor is the region's floor share (ppm): a tenth of its weight.
 func (r *Region) Floor() int64 { return r.floor }
 
-// count notes one decision of key, at limit (ns, before the share), for
-// the region's demand: on the hot path, a sync.Map load and an atomic add,
-// no lock shared by the keys; a limit other than the zone's (a plan's)
-// notes its span too.
+// count notes one decision of key at limit (ns, the whole) for the
+// region's demand: on the hot path, a sync.Map load and an atomic add.
 func (r *Region) count(zone, key string, allowed bool, cost int64, limit algorithms.Limit) {
 	z := r.zone(zone)
 	if z == nil {
@@ -472,8 +409,7 @@ func (r *Region) count(zone, key string, allowed bool, cost int64, limit algorit
 			}
 			return
 		}
-		// take retired this counter after a poll without decisions:
-		// count on a fresh one
+		// take retired this counter: count on a fresh one
 		z.counts.CompareAndDelete(key, v)
 	}
 }
@@ -487,8 +423,7 @@ func (z *regionZone) take() map[string][3]int64 {
 		c := v.(*counter)
 		a, d := c.n[0].Swap(0), c.n[1].Swap(0)
 		if a == 0 && d == 0 {
-			// idle since the last take: retire it, with whatever came
-			// in meanwhile
+			// idle since the last take: retire it, with what came meanwhile
 			a, d = c.n[0].Swap(dead), c.n[1].Swap(dead)
 			z.counts.CompareAndDelete(k, v)
 			z.counted.Add(-1)
@@ -501,11 +436,9 @@ func (z *regionZone) take() map[string][3]int64 {
 	return out
 }
 
-// zoneSet is the region's zones in a fixed order and the regional keys of
-// region.lua's calls for them (meta, lock, then each zone's demand and
-// shares): a poll or a sync takes one set for all its calls, so that a
-// zone added or released meanwhile never shifts one call's zones against
-// another's.
+// zoneSet is the region's zones in a fixed order and region.lua's KEYS
+// for them: a poll or a sync takes one set for all its calls, so that a
+// zone added or released meanwhile shifts no call's zones.
 type zoneSet struct {
 	zones  []*regionZone
 	keys   []string
@@ -513,12 +446,7 @@ type zoneSet struct {
 }
 
 // zoneSet is the region's current set of zones.
-func (r *Region) zoneSet() *zoneSet {
-	if s := r.set.Load(); s != nil {
-		return s
-	}
-	return &zoneSet{keys: []string{r.prefix + "global{r}.meta", r.prefix + "global{r}.lock"}}
-}
+func (r *Region) zoneSet() *zoneSet { return r.set.Load() }
 
 // rebuild replaces the zone set (r.mu held).
 func (r *Region) rebuild() {
@@ -533,24 +461,21 @@ func (r *Region) rebuild() {
 	r.set.Store(set)
 }
 
-// pollInterval is how often instances read the region's shares and push
-// their counts: a quarter of the sync interval, so that a cut is in force
-// on every instance well within the margin the coordinator waits.
+// pollInterval is how often instances push counts and read the shares:
+// a cut is in force everywhere well within the margin.
 func (r *Region) pollInterval() time.Duration {
 	return max(10*time.Millisecond, r.opts.SyncInterval/4)
 }
 
 // confirmMargin is how long after publishing a cut the coordinator still
 // reports the old share as held: two polls (one may fail) and twice the
-// regional timeout a poll in flight may take. An instance that has not
-// read the shares for that long holds its floor (see Share), so that every
-// instance applies a cut within the margin or is below it anyway.
+// regional timeout. An instance that did not read the shares for that long
+// holds its floor (Share): each applies a cut within it or is below it.
 func (r *Region) confirmMargin() time.Duration {
 	return 2*r.pollInterval() + 2*r.timeout
 }
 
-// every calls f every poll interval until Close: the region's two loops,
-// the poll and the coordinator's tick.
+// every calls f every poll interval until Close.
 func (r *Region) every(f func()) {
 	defer r.done.Done()
 	tick := time.NewTicker(r.pollInterval())
@@ -571,10 +496,8 @@ func (r *Region) poll() {
 	set := r.zoneSet() // one set of zones for the call and its reply
 	zs := set.zones
 	known := r.version
-	for _, z := range zs {
-		if !z.read.Load() {
-			known = "" // a zone added since: read every zone's shares
-		}
+	if slices.ContainsFunc(zs, func(z *regionZone) bool { return !z.read.Load() }) {
+		known = "" // a zone added since: read every zone's shares
 	}
 	args := []any{"poll", known, (10 * r.opts.SyncInterval).Milliseconds(), len(zs)}
 	for _, z := range zs {
@@ -587,7 +510,7 @@ func (r *Region) poll() {
 	ctx, cancel := context.WithTimeout(context.Background(), r.timeout+r.pollInterval())
 	defer cancel()
 	began := monotime.Now()
-	v, err := r.rscript.Run(ctx, r.regional, set.keys, args...).Slice()
+	v, err := regionScript.Run(ctx, r.regional, set.keys, args...).Slice()
 	now := monotime.Now()
 	if err != nil || len(v) < 3 {
 		return // Share floors this instance once the margin passes
@@ -599,16 +522,8 @@ func (r *Region) poll() {
 		r.contactAt.Store(max(1, now-int64(time.Duration(rnow-contact)*time.Millisecond)))
 	}
 	version := fmt.Sprint(v[2])
-	if version == known || len(v) == 3 {
-		r.version = version
-		r.polled.Store(began)
-		return
-	}
-	i := 3
-	for _, z := range zs {
-		if i >= len(v) {
-			break
-		}
+	for i, zi := 3, 0; version != known && zi < len(zs) && i < len(v); zi++ {
+		z := zs[zi]
 		n, _ := v[i].(int64)
 		i++
 		m := make(map[string]int64, n)

@@ -9,13 +9,10 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// Shared is the store a `scope global` zone decides with: the regional
-// store (strict or async, exactly as for a zone of scope region), given the
-// key's limit scaled to this region's share of it, and counting each step
-// that says something of the key's demand for the region. Make one with
-// Region.Wrap. It offers what the regional store offers, but for quotas and
-// slots (scope global is for rate zones); over an async store it keeps the
-// records there, and their fallback steps are at the region's share too.
+// Shared is the store a `scope global` zone decides with (Region.Wrap):
+// the regional store at the region's share of the key's limit, counting
+// the steps that say something of the key's demand. It offers what the
+// regional store offers but quotas and slots, its records at the share.
 type Shared struct {
 	zones.Records // inner's (async mode), or nil; Fallback and Peek at the share
 	inner         zones.Store
@@ -36,13 +33,8 @@ func (r *Region) Wrap(inner zones.Store, zone string, limit algorithms.Limit) *S
 func (s *Shared) Region() *Region { return s.region }
 
 // Scale is limit at share (ppm): the emission interval divided by the
-// share, the burst multiplied by it (at least 1). Shares summing to at
-// most ShareScale give rates summing to at most the limit's, and bursts to
-// at most its burst plus one per region whose share rounds it to 0. The
-// burst's span B·T is the same at every share (but for rounding), so that
-// a key's debt means the same at every share: a cut takes tokens away at
-// once, and a raise, rescaled by the coordinator (see plantScript), adds
-// none.
+// share, the burst multiplied by it (at least 1). The span B·T is the same
+// at every share, so a key's debt means the same at each (see plantScript).
 func Scale(limit algorithms.Limit, share int64) algorithms.Limit {
 	if share >= ShareScale {
 		return limit
@@ -55,20 +47,13 @@ func Scale(limit algorithms.Limit, share int64) algorithms.Limit {
 	return algorithms.Limit{EmissionInterval: int64(t), Burst: max(1, limit.Burst*share/ShareScale)}
 }
 
-func (s *Shared) limit(zone, key string, l algorithms.Limit) algorithms.Limit {
-	return Scale(l, s.region.Share(zone, key))
-}
-
-// Rate runs st at this region's share of its limit in the regional store.
-// A step counts for the region's demand when it says something of it: a
-// decision (admitted or denied), a check the key failed (its client wants
-// more than it has), a charge; a peek, a refund and a reset do not. A
-// step with a ban rule counts as the same step without one: a banned key's
-// denial is demand as much as a denial for lack of tokens.
+// Rate runs st at this region's share of its limit. A decision, a failed
+// check and a charge count for the region's demand (a ban's denial too);
+// a peek, a refund and a reset do not.
 func (s *Shared) Rate(ctx context.Context, zone, key string, st zones.RateStep) (zones.RateReply, error) {
 	whole := st.Limit
 	if st.Op != zones.OpReset {
-		st.Limit = s.limit(zone, key, whole)
+		st.Limit = Scale(whole, s.region.Share(zone, key))
 	}
 	rep, err := s.inner.Rate(ctx, zone, key, st)
 	if err != nil {
@@ -88,11 +73,9 @@ func (s *Shared) Quota(context.Context, string, string, zones.QuotaStep) (zones.
 	return zones.QuotaResult{}, errors.New("distributed: scope global zones keep no quotas")
 }
 
-// Offers is the regional store's, without quotas and slots, with this
-// store's records (at the region's share) in place of the regional
-// store's; a denial the zone's deny cache answers counts for the region's
-// demand as the store's own would (at a small share its retry time is
-// longer than a sync interval).
+// Offers is the regional store's without quotas and slots, with this
+// store's records; a denial from the deny cache counts as demand too (at a
+// small share its retry time is longer than a sync interval).
 func (s *Shared) Offers() zones.Offers {
 	o := s.offers
 	o.Quotas, o.Slots = false, nil
@@ -104,8 +87,7 @@ func (s *Shared) Offers() zones.Offers {
 }
 
 // Instances is the regional instance count divided by the region's
-// weight: fail_policy local divides the region's default share between
-// the region's instances.
+// weight: fail_policy local splits the region's default share.
 func (s *Shared) Instances() int {
 	n := int64(max(1, s.inner.Instances()))
 	return int(min(math.MaxInt32, (n*ShareScale+s.region.weight-1)/max(1, s.region.weight)))
@@ -114,12 +96,12 @@ func (s *Shared) Instances() int {
 // Fallback is the async store's fail_policy local step at this region's
 // share of limit.
 func (s *Shared) Fallback(zone, key string, now int64, limit, share algorithms.Limit, op zones.Op, cost, ahead int64) algorithms.Result {
-	return s.Records.Fallback(zone, key, now, s.limit(zone, key, limit), share, op, cost, ahead)
+	return s.Records.Fallback(zone, key, now, Scale(limit, s.region.Share(zone, key)), share, op, cost, ahead)
 }
 
 // Peek is the async store's record of key at this region's share of limit.
 func (s *Shared) Peek(zone, key string, now int64, limit algorithms.Limit) (algorithms.Result, bool) {
-	return s.Records.Peek(zone, key, now, s.limit(zone, key, limit))
+	return s.Records.Peek(zone, key, now, Scale(limit, s.region.Share(zone, key)))
 }
 
 // Interface guards.

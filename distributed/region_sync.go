@@ -3,6 +3,7 @@ package distributed
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"strconv"
 	"time"
 
@@ -23,33 +24,28 @@ type coordinator struct {
 	contact   int64  // monotime the last successful sync was sent; 0: none
 	lastSync  int64
 	confirmAt int64 // monotime a cut's margin ends (0: none pending)
-	// waitUntil (monotime): a raise waits on another region's cut, whose
-	// confirmation grants it; the coordinator syncs every poll until then
-	// or until a raise comes, instead of every interval
-	waitUntil int64
-	down      bool // an outage is being logged
-	// sent is, per zone, what the global store last heard of each key
-	sent map[string]map[string]*lastReport
-	// spans is, per zone, the burst span (µs) of the keys last counted
-	// with another span than the zone's (plans): what plant rescales them
-	// with; kept while the key is sent or held
+	waitUntil int64 // monotime: sync every poll until then, a raise waits on another region's cut
+	down      bool  // an outage is being logged
+	// per zone: what the global store last heard of each key, and the
+	// burst span (µs) of keys last counted with a plan's (plant's)
+	sent  map[string]map[string]*lastReport
 	spans map[string]map[string]int64
 }
 
 // holding is one key's share as published in the region. After a cut the
 // old share is still reported as held until every instance has read the
 // new one (prevUntil): that report is the cut's confirmation.
-type holding struct {
-	cur, prev int64
-	prevUntil int64
-}
+type holding struct{ cur, prev, prevUntil int64 }
 
-// lastReport is what the coordinator last reported of a key, and when
-// (monotime): a sync reports only the keys whose report would differ
-// materially, or is due again (see due).
-type lastReport struct {
-	wants, held int64
-	at          int64
+// lastReport is what the coordinator last reported of a key, and when.
+type lastReport struct{ wants, held, at int64 }
+
+// sub is m's map of zone, made if missing.
+func sub[V any](m map[string]map[string]V, zone string) map[string]V {
+	if m[zone] == nil {
+		m[zone] = map[string]V{}
+	}
+	return m[zone]
 }
 
 func (c *coordinator) init() {
@@ -58,50 +54,20 @@ func (c *coordinator) init() {
 	c.spans = map[string]map[string]int64{}
 }
 
-// due says whether a sync that is not in full reports key, from what the
-// region last reported of it (s, nil: nothing): a held share that changed
-// (a cut's confirmation among them), demand that appeared, disappeared or
-// moved by more than a tenth, or a last report older than the key's
-// refresh period (between 3/4 and all of Refresh, by the key's hash, so
-// that keys first reported together spread their refreshes).
+// due says whether a sync not in full reports key, last reported as s
+// (nil: never): see docs/distributed.md, "What a sync reports"; the refresh
+// period is 3/4 to all of Refresh by the key's hash, to spread refreshes.
 func (r *Region) due(s *lastReport, key string, wants, held, now int64) bool {
 	if s == nil || s.held != held || (s.wants < 0) != (wants < 0) {
 		return true
 	}
-	if wants >= 0 && 10*abs(wants-s.wants) > s.wants {
+	if wants >= 0 && 10*max(wants-s.wants, s.wants-wants) > s.wants {
 		return true
 	}
+	h := fnv.New32a()
+	h.Write([]byte(key))
 	refresh := int64(r.opts.Refresh)
-	return now-s.at >= refresh-int64(fnv32(key))%(refresh/4+1)
-}
-
-func abs(x int64) int64 {
-	if x < 0 {
-		return -x
-	}
-	return x
-}
-
-func fnv32(s string) uint32 {
-	h := uint32(2166136261)
-	for i := 0; i < len(s); i++ {
-		h = (h ^ uint32(s[i])) * 16777619
-	}
-	return h
-}
-
-// demandTTL is how long the global store keeps a region's reported demand
-// of a key: past two refresh periods, a sync's timeout and its interval,
-// a coordinator that still syncs has reported it again.
-func (r *Region) demandTTL() time.Duration {
-	return 2*r.opts.Refresh + r.opts.Global.Timeout + r.opts.SyncInterval
-}
-
-func (h *holding) reported(now int64) int64 {
-	if now < h.prevUntil {
-		return max(h.cur, h.prev)
-	}
-	return h.cur
+	return now-s.at >= refresh-int64(h.Sum32())%(refresh/4+1)
 }
 
 func (r *Region) tick(now int64) {
@@ -110,23 +76,18 @@ func (r *Region) tick(now int64) {
 	if now-c.lockedAt >= interval || c.token == 0 && now-c.lockedAt >= int64(r.pollInterval()) {
 		r.lock(now)
 	}
-	if c.token == 0 {
-		return
-	}
-	if now-c.lastSync >= interval || c.confirmAt != 0 && now >= c.confirmAt || now < c.waitUntil {
+	if c.token != 0 && (now-c.lastSync >= interval || c.confirmAt != 0 && now >= c.confirmAt || now < c.waitUntil) {
 		r.sync(now)
 	}
 }
 
-// lock takes or renews the coordinator lock in the regional Redis (SET NX
-// PX 3×sync_interval plus the global timeout, so that a slow sync does not
-// hand the region to another coordinator mid-outage); a new holder reports
-// in full first.
+// lock takes or renews the coordinator lock (its TTL outlasts a slow sync);
+// a new holder reports in full first.
 func (r *Region) lock(now int64) {
 	c := &r.coord
 	ctx, cancel := context.WithTimeout(context.Background(), r.opts.SyncInterval)
 	defer cancel()
-	tok, err := r.rscript.Run(ctx, r.regional, r.zoneSet().keys, "lock", r.member, (3*r.opts.SyncInterval + r.opts.Global.Timeout).Milliseconds()).Int64()
+	tok, err := regionScript.Run(ctx, r.regional, r.zoneSet().keys, "lock", r.member, (3*r.opts.SyncInterval + r.opts.Global.Timeout).Milliseconds()).Int64()
 	if err != nil {
 		return // the lock expires; another instance may take it
 	}
@@ -150,8 +111,7 @@ func (r *Region) lock(now int64) {
 	}
 }
 
-// adopt starts the coordinator's holdings of z from what the region has
-// published, as this instance last read it.
+// adopt starts the holdings of z from the region's shares as last read.
 func (c *coordinator) adopt(z *regionZone) {
 	z.mu.RLock()
 	m := make(map[string]*holding, len(z.shares))
@@ -163,10 +123,9 @@ func (c *coordinator) adopt(z *regionZone) {
 }
 
 type report struct {
-	zone  string
-	keys  []string
-	wants []int64
-	held  []int64
+	zone        string
+	keys        []string
+	wants, held []int64
 }
 
 // sync reports the region's hot keys and holdings to the global store and
@@ -192,7 +151,7 @@ func (r *Region) sync(now int64) {
 			c.adopt(z)
 		}
 	}
-	raw, err := r.rscript.Run(ctx, r.regional, set.keys, "collect", lockVal).Slice()
+	raw, err := regionScript.Run(ctx, r.regional, set.keys, "collect", lockVal).Slice()
 	if err != nil {
 		return
 	}
@@ -206,12 +165,9 @@ func (r *Region) sync(now int64) {
 		elapsed = int64(r.opts.SyncInterval)
 	}
 	c.lastSync = now
-	// Past the lease (and the margin instances take to notice) every
-	// instance of the region applies its floor.
+	// past the lease and the margin, every instance applies its floor
 	floored := c.contact == 0 || time.Duration(now-c.contact) > r.opts.Lease+r.confirmMargin()
-	if floored {
-		c.full = true
-	}
+	c.full = c.full || floored
 	if c.confirmAt != 0 && now >= c.confirmAt {
 		// this sync confirms the cuts whose margin ended
 		c.confirmAt = 0
@@ -228,9 +184,7 @@ func (r *Region) sync(now int64) {
 	switch r.exchange(lockVal, set, reports, floored) {
 	case exchanged:
 		r.noteSent(now, reports, full)
-	case epochChanged:
-		// the global store lost its state: every holding and demand, in
-		// full, at once
+	case epochChanged: // the global store lost its state: report in full at once
 		reports = r.reports(set.zones, now, raw, elapsed, floored)
 		if r.exchange(lockVal, set, reports, floored) == exchanged {
 			r.noteSent(now, reports, true)
@@ -238,23 +192,27 @@ func (r *Region) sync(now int64) {
 	}
 }
 
-// reports builds a sync's reports from the region's collected counts (raw)
-// and holdings: in full (c.full), every hot key and every holding;
-// otherwise only the keys due (see due), among them keys whose demand
-// disappeared since they were last reported.
+// reports builds a sync's reports from the collected counts (raw) and the
+// holdings: in full, every hot key and holding; else only the keys due.
 func (r *Region) reports(zs []*regionZone, now int64, raw []any, elapsed int64, floored bool) []report {
 	c := &r.coord
 	reports := make([]report, len(zs))
 	i := 0
 	for zi, z := range zs {
 		rep := report{zone: z.name}
-		held := c.held[z.name]
-		if held == nil {
-			held = map[string]*holding{}
-			c.held[z.name] = held
-		}
+		held, spans := sub(c.held, z.name), sub(c.spans, z.name)
 		last := c.sent[z.name]
-		add := func(key string, wants, hv int64) {
+		// add reports key if due, with what the region holds (h nil: its weight)
+		add := func(key string, wants int64, h *holding) {
+			hv := r.weight
+			if floored {
+				hv = r.floor
+			} else if h != nil {
+				hv = h.cur
+				if now < h.prevUntil { // a cut's old share, until its confirmation
+					hv = max(h.cur, h.prev)
+				}
+			}
 			if c.full || r.due(last[key], key, wants, hv, now) {
 				rep.keys = append(rep.keys, key)
 				rep.wants = append(rep.wants, wants)
@@ -262,18 +220,12 @@ func (r *Region) reports(zs []*regionZone, now int64, raw []any, elapsed int64, 
 			}
 		}
 		hot := map[string]bool{}
-		n := 0
+		var n int64
 		if i < len(raw) {
-			n64, _ := raw[i].(int64)
-			n = int(n64)
+			n, _ = raw[i].(int64)
 			i++
 		}
-		spans := c.spans[z.name]
-		if spans == nil {
-			spans = map[string]int64{}
-			c.spans[z.name] = spans
-		}
-		for j := 0; j < n && i+3 < len(raw); j++ {
+		for j := int64(0); j < n && i+3 < len(raw); j++ {
 			key, _ := raw[i].(string)
 			adm, _ := raw[i+1].(int64)
 			den, _ := raw[i+2].(int64)
@@ -290,66 +242,42 @@ func (r *Region) reports(zs []*regionZone, now int64, raw []any, elapsed int64, 
 			if floored {
 				share = r.floor
 			}
-			var wants int64 = -1
 			// use: the fraction of the key's whole rate admitted
 			use := float64(adm) * float64(z.interval.Load()) / float64(elapsed)
-			switch {
-			case den > 0:
-				wants = ShareScale
-			case use*ShareScale >= 0.8*float64(share):
+			wants := int64(ShareScale)
+			if den <= 0 {
+				if use*ShareScale < 0.8*float64(share) {
+					continue
+				}
 				wants = int64(min(ShareScale, 1.2*use*ShareScale))
 			}
-			if wants < 0 {
-				continue
-			}
 			hot[key] = true
-			h := held[key]
-			hv := r.weight
-			if h != nil {
-				hv = h.reported(now)
-			}
-			if floored {
-				hv = r.floor
-			}
-			add(key, wants, hv)
+			add(key, wants, held[key])
 		}
 		for key, h := range held {
-			if hot[key] {
-				continue
+			if !hot[key] {
+				add(key, -1, h)
 			}
-			hv := h.reported(now)
-			if floored {
-				hv = r.floor
-			}
-			add(key, -1, hv)
 		}
 		for key, s := range last {
-			if hot[key] || held[key] != nil || s.wants < 0 {
-				continue
+			if !hot[key] && held[key] == nil && s.wants >= 0 {
+				add(key, -1, nil) // demand last reported, neither hot nor held now: gone
 			}
-			// demand last reported, neither hot nor held now: gone
-			hv := r.weight
-			if floored {
-				hv = r.floor
-			}
-			add(key, -1, hv)
 		}
 		reports[zi] = rep
 	}
 	return reports
 }
 
-// noteSent records what the global store heard: after a full sync only
-// that, after another on top of what it had heard. A key with no demand
-// and no holding is forgotten (its record is at the defaults).
+// noteSent records what the global store heard (after a full sync, only
+// that); a key with no demand nor holding is forgotten.
 func (r *Region) noteSent(now int64, reports []report, full bool) {
 	c := &r.coord
 	for _, rep := range reports {
-		last := c.sent[rep.zone]
-		if last == nil || full {
-			last = map[string]*lastReport{}
-			c.sent[rep.zone] = last
+		if full {
+			delete(c.sent, rep.zone)
 		}
+		last := sub(c.sent, rep.zone)
 		for j, k := range rep.keys {
 			last[k] = &lastReport{wants: rep.wants[j], held: rep.held[j], at: now}
 		}
@@ -379,8 +307,10 @@ const (
 // exchange sends the reports to the global store and publishes the grants.
 func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floored bool) int {
 	c := &r.coord
+	// demand TTL: a coordinator still syncing re-reports the key well before
+	demandTTL := 2*r.opts.Refresh + r.opts.Global.Timeout + r.opts.SyncInterval
 	args := []any{r.opts.Region, c.token, c.epoch, boolArg(c.full), r.opts.Lease.Milliseconds(),
-		r.demandTTL().Milliseconds(), r.spec, r.gprefix, len(reports)}
+		demandTTL.Milliseconds(), r.opts.spec(), r.opts.Global.KeyPrefix, len(reports)}
 	for _, rep := range reports {
 		args = append(args, rep.zone, len(rep.keys))
 		for j, k := range rep.keys {
@@ -396,21 +326,18 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 	defer cancel()
 	sent := monotime.Now()
 	r.stats.Syncs.Add(1)
-	v, err := r.gscript.Run(ctx, r.global, []string{r.gprefix + "g.epoch"}, args...).Slice()
+	v, err := globalScript.Run(ctx, r.global, []string{r.opts.Global.KeyPrefix + "g.epoch"}, args...).Slice()
 	r.stats.LastLatency.Store(monotime.Now() - sent)
+	pctx, pcancel := context.WithTimeout(context.Background(), 2*r.timeout+r.pollInterval())
+	defer pcancel()
 	if err != nil || len(v) < 1 {
 		r.stats.Failures.Add(1)
-		// The global store may have run the sync and lost its reply,
-		// with the changes it had queued for this region: the next
-		// sync asks for every grant.
-		c.full = true
+		c.full = true // the store may have run the sync and lost its reply
 		if !c.down {
 			c.down = true
 			r.logger.Warn("global store unreachable: this region keeps its last shares of global zones, falling back to its floor after the lease",
 				zap.String("region", r.opts.Region), zap.Duration("lease", r.opts.Lease), zap.Error(err))
 		}
-		pctx, pcancel := context.WithTimeout(context.Background(), 2*r.timeout+r.pollInterval())
-		defer pcancel()
 		r.publish(pctx, lockVal, set, nil, -1, false) // the TTLs only
 		return failed
 	}
@@ -440,17 +367,14 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 	c.epoch = fmt.Sprint(v[1])
 	now := monotime.Now()
 	full := c.full
-	reported := map[string]map[string]int64{}
+	reported := map[[2]string]int64{} // zone, key: the held reported
 	for _, rep := range reports {
-		m := map[string]int64{}
 		for j, k := range rep.keys {
-			m[k] = rep.held[j]
+			reported[[2]string{rep.zone, k}] = rep.held[j]
 		}
-		reported[rep.zone] = m
 	}
-	// The grants take effect once published: until then the region
-	// applies, and reports, what it held (a key new to the holdings is
-	// kept at that, so that it is reported, and granted, again).
+	// The grants take effect once published; until then the region
+	// applies and reports what it held.
 	var changes [][]any
 	var updates []update
 	i := 4
@@ -458,11 +382,7 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 		zone := fmt.Sprint(v[i])
 		n, _ := v[i+1].(int64)
 		i += 2
-		held := c.held[zone]
-		if held == nil {
-			held = map[string]*holding{}
-			c.held[zone] = held
-		}
+		held := sub(c.held, zone)
 		var zc []any
 		for j := int64(0); j < n && i+1 < len(v); j++ {
 			key := fmt.Sprint(v[i])
@@ -484,20 +404,16 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 				}
 				zc = append(zc, key, pub)
 			}
-			updates = append(updates, update{held: held, zone: zone, key: key, h: h, g: g, from: cur})
+			updates = append(updates, update{zone: zone, key: key, h: h, g: g, from: cur})
 		}
 		changes = append(changes, zc)
 	}
-	pctx, pcancel := context.WithTimeout(context.Background(), 2*r.timeout+r.pollInterval())
-	defer pcancel()
 	if !r.plant(pctx, set, updates) || !r.publish(pctx, lockVal, set, changes, (now-sent)/int64(time.Millisecond), full) {
 		c.full = true // what was granted was not applied: ask for it all again
 		return failed
 	}
 	c.contact = sent
-	// A store still learning grants nothing beyond what regions hold:
-	// report in full until it is done, so that every key is allocated
-	// again once it may grant more.
+	// a learning store grants nothing beyond what regions hold: in full until done
 	c.full = v[2] == int64(1)
 	now = monotime.Now()
 	if v[3] == int64(1) && c.waitUntil == 0 {
@@ -525,40 +441,26 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 			r.stats.ShareChanges.Add(1)
 		}
 		h.cur = u.g
-		if rep, ok := reported[u.zone][u.key]; ok && rep == r.weight && u.g == r.weight && now >= h.prevUntil {
-			delete(u.held, u.key) // the global store knows it is back to the weight
+		if rep, ok := reported[[2]string{u.zone, u.key}]; ok && rep == r.weight && u.g == r.weight && now >= h.prevUntil {
+			delete(c.held[u.zone], u.key) // the global store knows it is back to the weight
 		}
 	}
 	return exchanged
 }
 
-// update is a key's grant in a sync's reply: g, from what the region
-// applied (from); it takes effect once published.
+// update is a key's grant g in a sync's reply, from what the region applied.
 type update struct {
-	held      map[string]*holding
 	zone, key string
 	h         *holding
 	g, from   int64
 }
 
-// plantScript rescales a region's raised key before its raise is
-// published, so that a raise adds no tokens at once: the key keeps the
-// tokens it had at its old share and refills them at the new rate from
-// now on. Tokens are (B·T − debt)/T at every share, with debt = TAT − now
-// and B·T, the burst's span, the same at every share; so at the new share
-// debt' = B·T − (B·T − debt)·from/to, never less than debt. A key with no
-// state, a full bucket at its old share, is written as that (debt' =
-// B·T·(1 − from/to)). The key gets a TTL of its new resetAfter, or what
-// it had if longer (a ban remembered); a value tally did not write is left
-// alone. The decisions then need nothing of the share but its limit: a
-// key's TAT always holds at the share its region applies, and an instance
-// that still applies the old share (up to one of its polls) decides at
-// that share, with fewer tokens.
-//
-// An async key's TAT is its hash's field t, rescaled alike (a key with no
-// state starts its episode then, c, so that the instances' fresh shares
-// are held aside as for any new episode): the leases it reserved hold, and
-// what is left of the burst is the tokens it had.
+// plantScript rescales a raised key before its raise is published, so
+// that a raise adds no tokens at once: debt' = B·T − (B·T − debt)·from/to
+// (see docs/distributed.md, "The bound"). The TTL becomes the new
+// resetAfter or the old one if longer (a ban remembered); a value tally did
+// not write is left alone. An async key's TAT is its hash's field t (a key
+// with no state starts its episode, c, then).
 //
 // KEYS[1]: the key; ARGV: from, to (ppm), span (µs), 1 for an async key.
 // One key per call: keys of a Cluster are in many slots.
@@ -591,12 +493,10 @@ if not raw then redis.call('HSET', KEYS[1], 'c', string.format('%d', now)) end
 redis.call('PEXPIRE', KEYS[1], ms)
 return 1`)
 
-// plant rescales the raised keys of the region before their shares
-// are published (plantScript); false when the regional Redis did not
-// answer, and then the raises are not published either. A key is rescaled
-// with the span it was last counted with (a plan's), or the zone's.
+// plant rescales the raised keys (plantScript) with the span a key was
+// last counted with (a plan's) or the zone's; false: not published.
 func (r *Region) plant(ctx context.Context, set *zoneSet, updates []update) bool {
-	cmds, _ := r.regional.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, err := r.regional.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, x := range updates {
 			if x.g <= x.from {
 				continue // not a raise
@@ -617,29 +517,22 @@ func (r *Region) plant(ctx context.Context, set *zoneSet, updates []update) bool
 		}
 		return nil
 	})
-	for _, c := range cmds {
-		if err := c.Err(); err != nil {
-			return false
-		}
-	}
-	return true
+	return err == nil // the first failed command's error
 }
 
-// publish writes the coordinator's changes and its last contact (age ms
-// before now, -1 to keep the last) to the regional Redis, where every
-// instance of the region reads them.
+// publish writes the changes and the last contact (age ms, -1: keep) to
+// the regional Redis, for every instance of the region.
 func (r *Region) publish(ctx context.Context, lockVal string, set *zoneSet, changes [][]any, age int64, full bool) bool {
 	zs := set.zones
 	args := []any{"publish", lockVal, age, (4 * r.opts.Lease).Milliseconds(), boolArg(full), len(zs)}
 	for zi := range zs {
 		if zi < len(changes) {
-			args = append(args, len(changes[zi])/2)
-			args = append(args, changes[zi]...)
+			args = append(append(args, len(changes[zi])/2), changes[zi]...)
 		} else {
 			args = append(args, 0)
 		}
 	}
-	v, err := r.rscript.Run(ctx, r.regional, set.keys, args...).Slice()
+	v, err := regionScript.Run(ctx, r.regional, set.keys, args...).Slice()
 	return err == nil && len(v) == 1 && v[0] == int64(1)
 }
 
