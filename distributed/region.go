@@ -271,7 +271,11 @@ func OpenRegion(regional zones.Store, opts RegionOptions, logger *zap.Logger) (*
 
 // Close stops the region's loops and closes the global client.
 func (r *Region) Close() (err error) {
-	r.closed.Do(func() { close(r.stop); r.done.Wait(); err = r.global.Close() })
+	r.closed.Do(func() {
+		close(r.stop)
+		r.done.Wait()
+		err = r.global.Close()
+	})
 	return err
 }
 
