@@ -4,6 +4,7 @@ package ratelimit
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -59,23 +60,16 @@ type Quota struct {
 func unmarshalQuota(d *caddyfile.Dispenser) (*Quota, error) {
 	const usage = "quota <n> per minute|hour|day|week|month [<time zone>], e.g. quota 100000 per month Europe/Berlin"
 	args := d.RemainingArgs()
-	per := -1
-	for i, a := range args {
-		if a == "per" {
-			per = i
-			break
-		}
-	}
+	per := slices.Index(args, "per")
 	q := &Quota{}
 	if at := per - 2; at >= 1 && args[at] == "at_most" {
 		if !strings.HasPrefix(args[0], "{") {
 			return nil, d.Errf("quota at_most bounds the values of a placeholder: quota {plan_quota} 100000 at_most 1000000 per month")
 		}
-		n, err := strconv.ParseInt(args[at+1], 10, 64)
-		if err != nil || n < 1 || n > zones.MaxEvents {
-			return nil, d.Errf("quota at_most must be a whole number from 1 to %d, not %q", int64(zones.MaxEvents), args[at+1])
+		var err error
+		if q.LimitAtMost, err = parseInt64(d, "quota at_most", args[at+1], 1, zones.MaxEvents); err != nil {
+			return nil, err
 		}
-		q.LimitAtMost = n
 		args = append(args[:at:at], args[per:]...)
 		per = at
 	}
@@ -96,11 +90,10 @@ func unmarshalQuota(d *caddyfile.Dispenser) (*Quota, error) {
 		return nil, d.Errf("quota %s %s: only a placeholder takes a fallback: %s", args[0], args[1], usage)
 	}
 	if limit != "" {
-		n, err := strconv.ParseInt(limit, 10, 64)
-		if err != nil || n < 1 || n > zones.MaxEvents {
-			return nil, d.Errf("quota must be a whole number from 1 to %d, not %q", int64(zones.MaxEvents), limit)
+		var err error
+		if q.Limit, err = parseInt64(d, "quota", limit, 1, zones.MaxEvents); err != nil {
+			return nil, err
 		}
-		q.Limit = n
 	}
 	if q.LimitAtMost > 0 && q.Limit > q.LimitAtMost {
 		return nil, d.Errf("quota at_most %d is less than the fallback, %d: the fallback is what the zone allows without a usable value, so it must be within the bound", q.LimitAtMost, q.Limit)
