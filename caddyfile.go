@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"slices"
@@ -286,11 +287,7 @@ func parseZone(d *caddyfile.Dispenser, defined map[string]*Zone, in, keyExample 
 	// What provisioning would refuse, refused here with the line at fault.
 	cfg := z.limits(name)
 	if setting, err := cfg.Check(); err != nil && z.Concurrency == 0 && z.Quota == nil {
-		line, ok := lines[setting]
-		if !ok {
-			line = zoneLine
-		}
-		return "", nil, nil, fmt.Errorf("zone %s: %w, at %s:%d", name, err, d.File(), line)
+		return "", nil, nil, fmt.Errorf("zone %s: %w, at %s:%d", name, err, d.File(), cmp.Or(lines[setting], zoneLine))
 	}
 	return name, z, lines, nil
 }
@@ -299,7 +296,7 @@ func (p *Persist) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
-	err := subdirectives(d, nil, "", func(sub string) (err error) {
+	return subdirectives(d, nil, "", func(sub string) (err error) {
 		switch sub {
 		case "interval":
 			if p.Interval, err = durationArg(d); err == nil && time.Duration(p.Interval) < MinPersistInterval {
@@ -312,7 +309,6 @@ func (p *Persist) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 		return err
 	})
-	return err
 }
 
 func (dist *Distributed) unmarshalCaddyfile(d *caddyfile.Dispenser) error {

@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -179,10 +180,7 @@ func (z *zoneHandler) chargeFailed(err error) {
 
 // zoneCosts checks and resolves a zone's cost settings.
 func zoneCosts(name string, zc *Zone, plan zones.Plan, logger *zap.Logger) (costVars, error) {
-	c := costVars{cost: int64(zc.Cost), count: zc.Count, costMin: zc.CostAtLeast, costMax: zc.CostAtMost}
-	if c.cost == 0 {
-		c.cost = 1
-	}
+	c := costVars{cost: cmp.Or(zc.Cost, 1), count: zc.Count, costMin: zc.CostAtLeast, costMax: zc.CostAtMost}
 	if zc.Concurrency > 0 {
 		if zc.Cost != 0 || zc.CostPlaceholder != "" || zc.CostAtLeast != 0 || zc.CostAtMost != 0 || zc.Count != nil || zc.Charge != "" {
 			return c, fmt.Errorf("zone %s: cost, count and charge apply to events/window zones, not concurrency zones", name)

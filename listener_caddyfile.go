@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"cmp"
 	"fmt"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -64,11 +65,7 @@ func (w *ListenerWrapper) unmarshalZone(d *caddyfile.Dispenser) error {
 		return err
 	}
 	if setting, err := z.connectionProblem(); err != nil {
-		line, ok := lines[setting]
-		if !ok {
-			line = zoneLine
-		}
-		return fmt.Errorf("zone %s: %w, at %s:%d", name, err, d.File(), line)
+		return fmt.Errorf("zone %s: %w, at %s:%d", name, err, d.File(), cmp.Or(lines[setting], zoneLine))
 	}
 	if w.RateLimits == nil {
 		w.RateLimits = make(map[string]*Zone)
