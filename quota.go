@@ -5,7 +5,6 @@ package ratelimit
 import (
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 	// The time zones ship in the module (about 450 KB): a quota in
@@ -15,7 +14,6 @@ import (
 	// time.LoadLocation order), so the embedded copy only fills a gap.
 	_ "time/tzdata"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"go.uber.org/zap"
 
@@ -158,22 +156,6 @@ func (q *Quota) configure(name string, cfg *zones.Config, vars *planVars, logger
 		}
 	}
 	return nil
-}
-
-// quotaPlanFor is planFor for a quota zone whose limit comes from the
-// request: its value when it is a whole number from 1 to 2^40, else the
-// literal fallback (which may be 0: nothing passes), counted and logged.
-func (z *zoneHandler) quotaPlanFor(repl *caddy.Replacer, now int64, lit zones.Plan) zones.Plan {
-	s, _ := repl.GetString(z.vars.quota)
-	switch n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64); {
-	case err != nil || n < 1 || n > zones.MaxEvents:
-		z.planFallback(now, "quota", s, nil)
-	case z.vars.quotaMax > 0 && n > z.vars.quotaMax:
-		z.planFallback(now, "quota", s, errAboveAtMost)
-	default:
-		return zones.QuotaPlan(n)
-	}
-	return lit
 }
 
 // nominalSeconds orders quota periods: their usual lengths.
