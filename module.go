@@ -123,9 +123,6 @@ type Handler struct {
 	// globalZones are the zones this handler made global in its region
 	// (released with it).
 	globalZones []string
-	// globalLines: while parsing, the line of each scope global zone's
-	// scope, for the error when there is no global block.
-	globalLines map[string]int
 	// users keeps the zone states and the store the handler took until
 	// what uses them is done (see handlerUsers); holds says whether a
 	// request must hold them too: with a store, when a zone takes slots
