@@ -345,7 +345,8 @@ func (dist *Distributed) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case sub == "global":
 			dist.Global = new(Global)
 			err = dist.Global.unmarshalCaddyfile(d)
-		case redisBlockSubdirective(sub):
+		case slices.Contains([]string{"addresses", "username", "password", "db", "sentinel_master", "tls", "tls_ca", "tls_client"}, sub):
+			// Told where it goes: in the redis block.
 			err = d.Errf("%s belongs in the redis block: redis { addresses <host:port>...; %s ... }", sub, sub)
 		default:
 			err = d.Errf("unknown subdirective %q: expected redis, mode, sync_interval, timeout, key_prefix, region or global", sub)
@@ -381,16 +382,6 @@ func (dist *Distributed) checkRegion(d *caddyfile.Dispenser, regionLine int) err
 			dist.Region, strings.Join(names, ", "), strings.Join(names, " "), dist.Region, d.File(), regionLine)
 	}
 	return nil
-}
-
-// redisBlockSubdirective reports whether sub is a subdirective of the redis
-// block, so that one written directly in distributed gets told where it goes.
-func redisBlockSubdirective(sub string) bool {
-	switch sub {
-	case "addresses", "username", "password", "db", "sentinel_master", "tls", "tls_ca", "tls_client":
-		return true
-	}
-	return false
 }
 
 func (r *Redis) unmarshalCaddyfile(d *caddyfile.Dispenser) error {

@@ -281,18 +281,18 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 	zc.warn(name, h.store != nil, h.logger)
 
 	zh := &zoneHandler{
-		key:     zc.Key,
-		keyVar:  singlePlaceholder(zc.Key),
-		vars:    vars,
-		costs:   costs,
-		dryRun:  cfg.DryRun,
-		denyErr: fmt.Errorf("rate limit exceeded in zone %s", name),
-		logger:  h.logger,
-		logs:    &h.live.logs,
+		key:       zc.Key,
+		keyVar:    singlePlaceholder(zc.Key),
+		keyHeader: headerPlaceholder(singlePlaceholder(zc.Key)),
+		nameValue: name,
+		vars:      vars,
+		costs:     costs,
+		dryRun:    cfg.DryRun,
+		denyErr:   fmt.Errorf("rate limit exceeded in zone %s", name),
+		logger:    h.logger,
+		logs:      &h.live.logs,
 	}
 	zh.denial = caddyhttp.HandlerError{StatusCode: h.StatusCode, Err: zh.denyErr}
-	zh.keyHeader = headerPlaceholder(zh.keyVar)
-	zh.nameValue = name
 	if len(zc.MatcherSetsRaw) > 0 {
 		mods, err := ctx.LoadModule(zc, "MatcherSetsRaw")
 		if err != nil {
