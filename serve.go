@@ -293,9 +293,6 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, verdicts []verdic
 	}
 	h.setHeaders(w.Header(), verdicts, true, retry)
 	name := v.Owner.nameValue // boxed once when provisioned
-	if name == nil {
-		name = v.Owner.Name
-	}
 	// A provider, as Caddy's map handler adds one, rather than two Sets:
 	// the replacer's static map is usually still empty here, and its
 	// first entry would allocate its table; the key is boxed only if a
@@ -330,10 +327,7 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, verdicts []verdic
 		w.WriteHeader(h.StatusCode)
 		return nil
 	}
-	if v.Owner.denial != nil {
-		return v.Owner.denial
-	}
-	return caddyhttp.HandlerError{StatusCode: h.StatusCode, Err: v.Owner.denyErr}
+	return v.Owner.denial
 }
 
 // answersDirectly reports whether the server serving r has no error routes,

@@ -218,7 +218,6 @@ type zoneHandler struct {
 	costs     costVars
 	dryRun    bool
 	region    *distributed.Region // scope global: its share is the q a client can get here
-	denyErr   error               // the error a denial wraps
 	denial    error               // the HandlerError a denial returns, boxed once
 	metrics   *zoneMetrics        // nil when metrics are disabled
 	timed     bool                // metrics on and every decision asks Redis (strict)
@@ -288,11 +287,10 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 		vars:      vars,
 		costs:     costs,
 		dryRun:    cfg.DryRun,
-		denyErr:   fmt.Errorf("rate limit exceeded in zone %s", name),
+		denial:    caddyhttp.HandlerError{StatusCode: h.StatusCode, Err: fmt.Errorf("rate limit exceeded in zone %s", name)},
 		logger:    h.logger,
 		logs:      &h.live.logs,
 	}
-	zh.denial = caddyhttp.HandlerError{StatusCode: h.StatusCode, Err: zh.denyErr}
 	if len(zc.MatcherSetsRaw) > 0 {
 		mods, err := ctx.LoadModule(zc, "MatcherSetsRaw")
 		if err != nil {
