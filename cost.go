@@ -197,20 +197,12 @@ func zoneCosts(name string, zc *Zone, plan zones.Plan, logger *zap.Logger) (cost
 	case c.cost > plan.Burst:
 		return c, fmt.Errorf("zone %s: cost %d is more than the burst (%d): such requests could never pass; lower cost or raise burst", name, c.cost, plan.Burst)
 	}
-	for _, v := range []struct {
-		src, setting string
-		dst          *string
-	}{
-		{zc.CostPlaceholder, "cost", &c.costVar},
-		{zc.Charge, "charge", &c.chargeVar},
-	} {
-		if v.src == "" {
-			continue
-		}
-		if *v.dst = singlePlaceholder(v.src); *v.dst == "" {
-			return c, fmt.Errorf("zone %s: %s %q is not a placeholder: write one placeholder such as {http.response.header.X-Tokens-Used}", name, v.setting, v.src)
+	for _, s := range [][2]string{{"cost", zc.CostPlaceholder}, {"charge", zc.Charge}} {
+		if s[1] != "" && singlePlaceholder(s[1]) == "" {
+			return c, fmt.Errorf("zone %s: %s %q is not a placeholder: write one placeholder such as {http.response.header.X-Tokens-Used}", name, s[0], s[1])
 		}
 	}
+	c.costVar, c.chargeVar = singlePlaceholder(zc.CostPlaceholder), singlePlaceholder(zc.Charge)
 	if c.costVar != "" && c.chargeVar != "" {
 		return c, fmt.Errorf("zone %s: cost {placeholder} and charge both say what a request costs: keep one (charge for a cost known after the response)", name)
 	}

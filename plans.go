@@ -46,14 +46,10 @@ func newPlanVars(name string, zc *Zone, logger *zap.Logger) (planVars, error) {
 		eventsMax: zc.MaxEventsAtMost, windowMin: time.Duration(zc.WindowAtLeast), burstMax: zc.BurstAtMost,
 	}
 	for _, ph := range []*string{&v.events, &v.window, &v.burst} {
-		if *ph == "" {
-			continue
-		}
-		name1 := singlePlaceholder(*ph)
-		if name1 == "" {
+		if *ph != "" && singlePlaceholder(*ph) == "" {
 			return v, fmt.Errorf("zone %s: %q is not a placeholder: write one placeholder such as {plan_rpm}", name, *ph)
 		}
-		*ph = name1
+		*ph = singlePlaceholder(*ph)
 	}
 	for _, b := range []struct {
 		setting, ph string
