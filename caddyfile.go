@@ -346,7 +346,6 @@ func (dist *Distributed) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			dist.Global = new(Global)
 			err = dist.Global.unmarshalCaddyfile(d)
 		case slices.Contains([]string{"addresses", "username", "password", "db", "sentinel_master", "tls", "tls_ca", "tls_client"}, sub):
-			// Told where it goes: in the redis block.
 			err = d.Errf("%s belongs in the redis block: redis { addresses <host:port>...; %s ... }", sub, sub)
 		default:
 			err = d.Errf("unknown subdirective %q: expected redis, mode, sync_interval, timeout, key_prefix, region or global", sub)

@@ -332,7 +332,6 @@ func cliZones(c *cli) error {
 			}
 		}
 		if z.Delay != "" {
-			// requests within the delay wait for their turn
 			limit += " delay " + printable(z.Delay)
 			if z.Waiting != nil && *z.Waiting > 0 {
 				limit += fmt.Sprintf(" (%d waiting)", *z.Waiting)
@@ -694,7 +693,6 @@ func resetOn(c *cli, zone, key string) error {
 	_, err := c.call(http.MethodDelete, keyPath(zone, key))
 	var nf errNotFound
 	if errors.As(err, &nf) {
-		// Unknown zone, or a key not tracked.
 		if _, zerr := c.findZone(zone); zerr != nil {
 			return zerr
 		}
