@@ -705,14 +705,12 @@ func resetOn(c *cli, zone, key string) error {
 type errNotTracked struct{ errNotFound }
 
 // resetJSON is what reset --json prints.
-func resetJSON(zone, key string, instances int, outcomes []resetOutcome) map[string]any {
-	k := newKeyName(key)
-	out := map[string]any{"zone": zone, "key": k.Key, "reset": instances > 0, "instances": instances}
-	if k.KeyBase64 != "" {
-		out["key_base64"] = k.KeyBase64
-	}
-	if outcomes != nil {
-		out["addresses"] = outcomes
-	}
-	return out
+func resetJSON(zone, key string, instances int, outcomes []resetOutcome) any {
+	return struct {
+		Zone string `json:"zone"`
+		keyName
+		Reset     bool           `json:"reset"`
+		Instances int            `json:"instances"`
+		Addresses []resetOutcome `json:"addresses,omitempty"`
+	}{zone, newKeyName(key), instances > 0, instances, outcomes}
 }
