@@ -62,9 +62,7 @@ func (z *zoneHandler) costFor(repl *caddy.Replacer, now int64) int64 {
 // costClamped counts and logs (sampled) a cost placeholder's value n
 // beyond the zone's bound, which the request costs instead.
 func (z *zoneHandler) costClamped(now, n, bound int64, setting string) {
-	if z.metrics != nil && z.metrics.costFallbacks != nil {
-		z.metrics.costFallbacks.Inc()
-	}
+	add(z.metrics.costFallbacks, 1)
 	if c := z.logs.costFallback.check(z.logger, now, zapcore.WarnLevel, "request cost is beyond the zone's bound; the request costs the bound"); c != nil {
 		c.Write(zap.String("zone", z.Name), zap.Int64("value", n), zap.String("bound", setting), zap.Int64("cost", bound))
 	}
@@ -84,9 +82,7 @@ func (z *zoneHandler) readCost(repl *caddy.Replacer, now int64, name, setting st
 	case errors.Is(err, strconv.ErrRange) && !strings.HasPrefix(s, "-"):
 		return math.MaxInt64
 	}
-	if z.metrics != nil && z.metrics.costFallbacks != nil {
-		z.metrics.costFallbacks.Inc()
-	}
+	add(z.metrics.costFallbacks, 1)
 	if s == "" {
 		return z.costs.cost
 	}
@@ -113,7 +109,7 @@ func (z *zoneHandler) logOverBurst(now int64, cost int64, p zones.Plan) {
 func countCost(verdicts []verdict) {
 	for i := range verdicts {
 		v := &verdicts[i]
-		if v.Allowed && v.Owner.metrics != nil && v.Owner.metrics.cost != nil && !v.Owner.costs.postCharged() {
+		if v.Allowed && v.Owner.metrics.cost != nil && !v.Owner.costs.postCharged() {
 			v.Owner.metrics.cost.Add(float64(v.Cost))
 		}
 	}
@@ -160,9 +156,7 @@ func serveAndCharge(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer
 			continue
 		}
 		z.Charge(r.Context(), v.Key, now, &v.Plan, cost)
-		if z.metrics != nil && z.metrics.cost != nil {
-			z.metrics.cost.Add(float64(cost))
-		}
+		add(z.metrics.cost, float64(cost))
 	}
 	return err
 }
@@ -170,9 +164,7 @@ func serveAndCharge(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer
 // chargeFailed counts and logs (sampled) a charge after the response that
 // did not reach Redis: the zone's fail policy applied to it.
 func (z *zoneHandler) chargeFailed(err error) {
-	if z.metrics != nil {
-		z.metrics.chargeFailures.Inc()
-	}
+	add(z.metrics.chargeFailures, 1)
 	if c := z.logs.chargeFailure.check(z.logger, monotime.Now(), zapcore.WarnLevel, "charge after the response did not reach Redis; fail policy applied"); c != nil {
 		c.Write(zap.String("zone", z.Name), zap.String("fail_policy", z.FailPolicy.String()), zap.Error(err))
 	}

@@ -158,7 +158,8 @@ func (m *decisions) count(allowed, dryRun bool) {
 // zoneMetrics are one zone's series, bound once so that the request path only
 // adds to counters. Only series that can move are bound: a local zone has no
 // store to fail or wait for; only strict mode waits for Redis on the request
-// path. A nil field is a series the zone does not have.
+// path. A nil field is a series the zone does not have (none has, with
+// metrics disabled).
 type zoneMetrics struct {
 	decisions
 	storeErrors   prometheus.Counter
@@ -177,9 +178,9 @@ type zoneMetrics struct {
 // newZoneMetrics binds the series of zone cfg, whose key template is key.
 // distributed says whether the zone has a store, timed whether its
 // decisions wait for it.
-func newZoneMetrics(cfg zones.Config, key string, distributed, timed bool, costs costVars) *zoneMetrics {
+func newZoneMetrics(cfg zones.Config, key string, distributed, timed bool, costs costVars) zoneMetrics {
 	name, dryRun, bans := cfg.Name, cfg.DryRun, cfg.Ban > 0
-	m := &zoneMetrics{decisions: newDecisions(collectors.requests, name, dryRun)}
+	m := zoneMetrics{decisions: newDecisions(collectors.requests, name, dryRun)}
 	if distributed {
 		m.storeErrors = collectors.storeErrors.WithLabelValues(name)
 		m.failPolicy = collectors.failPolicy.WithLabelValues(name, cfg.FailPolicy.String())
@@ -219,7 +220,13 @@ func newZoneMetrics(cfg zones.Config, key string, distributed, timed bool, costs
 // observe counts one decision; storeWait is 0 when the decision was not
 // timed (local and async modes).
 func (m *zoneMetrics) observe(d zones.Decision, dryRun bool, storeWait time.Duration) {
+	if m.allowed == nil { // metrics disabled
+		return
+	}
 	m.count(d.Allowed, dryRun)
+	if d.Delay > 0 {
+		m.delayed.Observe(d.Delay.Seconds())
+	}
 	if !d.Allowed && !dryRun && d.QueueFull && m.queueFull != nil {
 		m.queueFull.Inc()
 	}
@@ -234,6 +241,13 @@ func (m *zoneMetrics) observe(d zones.Decision, dryRun bool, storeWait time.Dura
 		if storeWait > 0 && m.latency != nil {
 			m.latency.Observe(storeWait.Seconds())
 		}
+	}
+}
+
+// add adds n to c, a series a zone may not have (nil).
+func add(c prometheus.Counter, n float64) {
+	if c != nil {
+		c.Add(n)
 	}
 }
 

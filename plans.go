@@ -175,9 +175,7 @@ func (f *fellBack) limit(repl *caddy.Replacer, setting, ph string, atMost, lit i
 // planFallback counts and logs (sampled) a request whose per-request limit
 // was unusable.
 func (z *zoneHandler) planFallback(now int64, fb fellBack) {
-	if z.metrics != nil {
-		z.metrics.planFallbacks.Inc()
-	}
+	add(z.metrics.planFallbacks, 1)
 	if c := z.logs.planFallback.check(z.logger, now, zapcore.WarnLevel, "per-request limit is empty or invalid; using the zone's literal value"); c != nil {
 		fields := []zap.Field{zap.String("zone", z.Name), zap.String("setting", fb.setting), zap.String("value", fb.value)}
 		if fb.why != nil {

@@ -94,12 +94,7 @@ func (h *Handler) seen(v *verdict, now int64, mark *int64) {
 		t := monotime.Now()
 		took, *mark = time.Duration(t-*mark), t
 	}
-	if z.metrics != nil {
-		z.metrics.observe(*d, z.dryRun, took)
-		if d.Delay > 0 {
-			z.metrics.delayed.Observe(d.Delay.Seconds())
-		}
-	}
+	z.metrics.observe(*d, z.dryRun, took)
 	if d.Err != nil {
 		z.logStoreError(now, *d)
 	}
@@ -242,9 +237,7 @@ func (h *Handler) cachedDenial(verdicts []verdict, now int64) int {
 		}
 		if d, ok := v.Owner.CachedDenial(v.Key, now, &v.Plan); ok {
 			v.Decision = d
-			if v.Owner.metrics != nil {
-				v.Owner.metrics.observe(d, false, 0)
-			}
+			v.Owner.metrics.observe(d, false, 0)
 			return i
 		}
 	}
@@ -376,9 +369,7 @@ const (
 // key with log_key), an INFO log line, sampled under floods like denials,
 // and the bans counter.
 func (h *Handler) banStarted(now int64, z *zoneHandler, key string, d zones.Decision, dryRun bool) {
-	if z.metrics != nil && z.metrics.bans != nil {
-		z.metrics.bans.Inc()
-	}
+	add(z.metrics.bans, 1)
 	if !dryRun && h.events.ShouldEmit(eventBanned) {
 		data := map[string]any{"zone": z.Name, "ban": d.BanStarted, "level": d.BanLevel}
 		if h.LogKey {

@@ -219,7 +219,7 @@ type zoneHandler struct {
 	dryRun    bool
 	region    *distributed.Region // scope global: its share is the q a client can get here
 	denial    error               // the HandlerError a denial returns, boxed once
-	metrics   *zoneMetrics        // nil when metrics are disabled
+	metrics   zoneMetrics         // no series when metrics are disabled
 	timed     bool                // metrics on and every decision asks Redis (strict)
 	logger    *zap.Logger         // the handler's
 	logs      *logSamplers        // the handler's, which all its zones share
@@ -557,9 +557,7 @@ func (z *zoneHandler) expandKey(r *http.Request, repl *caddy.Replacer) string {
 
 // emptyKey counts a request whose key is empty, and logs the first.
 func (z *zoneHandler) emptyKey() {
-	if z.metrics != nil && z.metrics.emptyKeys != nil {
-		z.metrics.emptyKeys.Inc()
-	}
+	add(z.metrics.emptyKeys, 1)
 	if z.logger == nil { // not provisioned (a unit test's zoneHandler)
 		return
 	}
@@ -582,9 +580,7 @@ func (z *zoneHandler) banDropped(fromList bool, n int64) {
 	if fromList {
 		from, msg = 1, "running bans were dropped from the zone's fleet-wide list of bans, which keeps the 1000 that end last: the instance that started them enforces them, in async mode the others do not learn them (counted in caddy_rate_limit_bans_dropped_total{from=\"list\"}; logged once per zone and load)"
 	}
-	if z.metrics != nil && z.metrics.droppedBans[from] != nil {
-		z.metrics.droppedBans[from].Add(float64(n))
-	}
+	add(z.metrics.droppedBans[from], float64(n))
 	if z.logger != nil && !z.loggedDroppedBans[from].Load() && z.loggedDroppedBans[from].CompareAndSwap(false, true) {
 		z.logger.Warn(msg, zap.String("zone", z.Name), zap.Int64("dropped", n))
 	}
