@@ -260,16 +260,16 @@ func dropZoneSeries(name string) {
 	}
 }
 
-// snapshotMetrics are a persisted zone's series (persist.go); a nil one
-// records nothing (metrics disabled).
+// snapshotMetrics are a persisted zone's series (persist.go); none is bound
+// with metrics disabled.
 type snapshotMetrics struct {
 	duration                       prometheus.Observer
 	keysWritten, keysRestored      prometheus.Counter
 	writeFailures, restoreFailures prometheus.Counter
 }
 
-func newSnapshotMetrics(zone string) *snapshotMetrics {
-	return &snapshotMetrics{
+func newSnapshotMetrics(zone string) snapshotMetrics {
+	return snapshotMetrics{
 		duration:        collectors.snapshotSeconds.WithLabelValues(zone),
 		keysWritten:     collectors.snapshotKeys.WithLabelValues(zone),
 		keysRestored:    collectors.restoredKeys.WithLabelValues(zone),
@@ -278,29 +278,11 @@ func newSnapshotMetrics(zone string) *snapshotMetrics {
 	}
 }
 
-func (m *snapshotMetrics) written(keys int, took time.Duration) {
-	if m != nil {
+func (m snapshotMetrics) written(keys int, took time.Duration) {
+	if m.duration != nil {
 		m.duration.Observe(took.Seconds())
-		m.keysWritten.Add(float64(keys))
 	}
-}
-
-func (m *snapshotMetrics) restored(keys int) {
-	if m != nil {
-		m.keysRestored.Add(float64(keys))
-	}
-}
-
-// failed counts a snapshot that was not written (stage "write") or not
-// restored for another reason than there being none ("restore").
-func (m *snapshotMetrics) failed(stage string) {
-	switch {
-	case m == nil:
-	case stage == "write":
-		m.writeFailures.Inc()
-	default:
-		m.restoreFailures.Inc()
-	}
+	add(m.keysWritten, float64(keys))
 }
 
 // Interface guard
