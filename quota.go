@@ -110,14 +110,11 @@ func unmarshalQuota(d *caddyfile.Dispenser) (*Quota, error) {
 
 // location loads the quota's time zone.
 func (q *Quota) location() (*time.Location, error) {
-	switch q.TimeZone {
-	case "":
-		return time.UTC, nil
-	case "Local":
+	if q.TimeZone == "Local" {
 		// Instances configured alike must agree on the periods.
 		return nil, fmt.Errorf("time zone %q differs from machine to machine: name the zone, e.g. Europe/Berlin, or UTC", q.TimeZone)
 	}
-	loc, err := time.LoadLocation(q.TimeZone)
+	loc, err := time.LoadLocation(q.TimeZone) // "" is UTC
 	if err != nil {
 		return nil, fmt.Errorf("unknown time zone %q: use an IANA name such as Europe/Berlin, America/New_York or UTC", q.TimeZone)
 	}
