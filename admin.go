@@ -605,11 +605,8 @@ func offenderState(ctx context.Context, z *zones.Zone, key string, now int64) of
 	case err != nil:
 		o.StateError = err.Error()
 	default:
-		o.Limited = d.RetryAfter > 0
-		o.Remaining = d.Remaining
-		o.RetryAfter = d.RetryAfter.Seconds()
-		o.ResetAfter = d.ResetAfter.Seconds()
-		o.BannedFor = banLeft(d)
+		o = offenderInfo{Limited: d.RetryAfter > 0, Remaining: d.Remaining,
+			RetryAfter: d.RetryAfter.Seconds(), ResetAfter: d.ResetAfter.Seconds(), BannedFor: banLeft(d)}
 	}
 	return o
 }

@@ -355,7 +355,6 @@ func cliZones(c *cli) error {
 		}
 		mode := printable(z.Mode)
 		if z.Scope == "global" {
-			// a limit regions share: its scope and this region
 			mode += " (global, region " + printable(z.Region) + ")"
 		}
 		policy := printable(z.FailPolicy)
