@@ -590,10 +590,7 @@ func readCostArgs(d *caddyfile.Dispenser, z *Zone) error {
 // work. Addresses with placeholders are checked at provision time instead.
 func checkAddresses(d *caddyfile.Dispenser, addrs []string) error {
 	for _, a := range addrs {
-		if strings.Contains(a, "{") {
-			continue
-		}
-		if err := checkAddress(a); err != nil {
+		if err := checkAddress(a); err != nil && !strings.Contains(a, "{") {
 			return d.Errf("redis: %v", err)
 		}
 	}
