@@ -117,10 +117,8 @@ func registerMetrics(ctx caddy.Context) error {
 		return nil
 	}
 	for _, c := range collectors.all {
-		if err := reg.Register(c); err != nil {
-			if are := (prometheus.AlreadyRegisteredError{}); !errors.As(err, &are) {
-				return err
-			}
+		if err := reg.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
+			return err
 		}
 	}
 	return nil
