@@ -36,9 +36,6 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // the file and line.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the directive name
-	if d.NextArg() {
-		return d.ArgErr()
-	}
 	// The first zone with scope global, for the error when there is no
 	// global block (which may come after it).
 	var globalZone string
@@ -97,10 +94,13 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 }
 
 // subdirectives calls f for each subdirective of the block d's token opens,
-// refusing one given twice (twice starts that error) unless it is
-// repeatable, and returns f's first error. seen, when not nil, records the
-// subdirectives.
+// refusing an argument left on that token's line and a subdirective given
+// twice (twice starts that error) unless it is repeatable, and returns f's
+// first error. seen, when not nil, records the subdirectives.
 func subdirectives(d *caddyfile.Dispenser, seen map[string]bool, twice string, f func(sub string) error, repeatable ...string) error {
+	if d.NextArg() {
+		return d.ArgErr()
+	}
 	if seen == nil {
 		seen = map[string]bool{}
 	}
@@ -289,9 +289,6 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 }
 
 func (p *Persist) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	if d.NextArg() {
-		return d.ArgErr()
-	}
 	return subdirectives(d, nil, "", func(sub string) (err error) {
 		switch sub {
 		case "interval":
@@ -308,9 +305,6 @@ func (p *Persist) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 }
 
 func (dist *Distributed) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	if d.NextArg() {
-		return d.ArgErr()
-	}
 	var syncLine, regionLine int
 	err := subdirectives(d, nil, "", func(sub string) (err error) {
 		switch {

@@ -14,9 +14,6 @@ import (
 // (fail_policy, lease, distributed) is refused with its line.
 func (w *ListenerWrapper) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the wrapper's name
-	if d.NextArg() {
-		return d.ArgErr()
-	}
 	err := subdirectives(d, nil, "", func(sub string) error {
 		switch sub {
 		case "zone":

@@ -123,9 +123,6 @@ func (h *Handler) globalStore(name string, zc *Zone, cfg zones.Config) (zones.St
 // unmarshalCaddyfile reads the global block of distributed
 // (docs/distributed.md).
 func (g *Global) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	if d.NextArg() {
-		return d.ArgErr()
-	}
 	var leaseLine int
 	err := subdirectives(d, nil, "", func(sub string) (err error) {
 		switch sub {
