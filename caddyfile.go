@@ -130,9 +130,6 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 	if !zones.ValidName(name) {
 		return "", nil, d.Errf("zone name %q is invalid: use letters, digits, '_' and '-' only", name)
 	}
-	if d.NextArg() {
-		return "", nil, d.ArgErr()
-	}
 	if _, dup := (*into)[name]; dup {
 		return "", nil, d.Errf("zone %s is defined twice in this %s: give the second one another name", name, in)
 	}
