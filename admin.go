@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -63,13 +64,9 @@ func (a *AdminAPI) serveJSON(w http.ResponseWriter, r *http.Request) error {
 	if err == nil {
 		return nil
 	}
-	var apiErr caddy.APIError
-	if !errors.As(err, &apiErr) {
-		apiErr = caddy.APIError{HTTPStatus: http.StatusInternalServerError, Err: err}
-	}
-	if apiErr.HTTPStatus == 0 {
-		apiErr.HTTPStatus = http.StatusInternalServerError
-	}
+	apiErr := caddy.APIError{Err: err}
+	errors.As(err, &apiErr)
+	apiErr.HTTPStatus = cmp.Or(apiErr.HTTPStatus, http.StatusInternalServerError)
 	if apiErr.Message == "" && apiErr.Err != nil {
 		apiErr.Message = apiErr.Err.Error()
 	}
@@ -608,11 +605,8 @@ func offenderState(ctx context.Context, z *zones.Zone, key string, now int64) of
 	case err != nil:
 		o.StateError = err.Error()
 	default:
-		o.Limited = d.RetryAfter > 0
-		o.Remaining = d.Remaining
-		o.RetryAfter = d.RetryAfter.Seconds()
-		o.ResetAfter = d.ResetAfter.Seconds()
-		o.BannedFor = banLeft(d)
+		o = offenderInfo{Limited: d.RetryAfter > 0, Remaining: d.Remaining,
+			RetryAfter: d.RetryAfter.Seconds(), ResetAfter: d.ResetAfter.Seconds(), BannedFor: banLeft(d)}
 	}
 	return o
 }

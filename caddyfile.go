@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"slices"
@@ -35,13 +36,18 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // the file and line.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the directive name
-	if d.NextArg() {
-		return d.ArgErr()
-	}
+	// The first zone with scope global, for the error when there is no
+	// global block (which may come after it).
+	var globalZone string
+	var globalLine int
 	err := subdirectives(d, nil, "", func(sub string) (err error) {
 		switch sub {
 		case "zone":
-			err = h.unmarshalZone(d)
+			var name string
+			var lines map[string]int
+			if name, lines, err = parseZone(d, &h.RateLimits, "handler", "{client_ip}", nil); err == nil && h.RateLimits[name].Scope == "global" && globalLine == 0 {
+				globalZone, globalLine = name, lines["scope"]
+			}
 		case "distributed":
 			h.Distributed = new(Distributed)
 			err = h.Distributed.unmarshalCaddyfile(d)
@@ -81,21 +87,20 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if len(h.RateLimits) == 0 {
 		return d.Err("rate_limit needs at least one zone: zone <name> { key {client_ip}; events 100; window 1m }")
 	}
-	if h.Distributed == nil || h.Distributed.Global == nil {
-		for _, name := range slices.Sorted(maps.Keys(h.globalLines)) {
-			line := h.globalLines[name]
-			return fmt.Errorf("zone %s: scope global needs a global block in distributed: distributed { region <name>; global { redis <url>; regions <name>:<weight>... } }, or remove scope global, at %s:%d", name, d.File(), line)
-		}
+	if globalLine != 0 && (h.Distributed == nil || h.Distributed.Global == nil) {
+		return fmt.Errorf("zone %s: scope global needs a global block in distributed: distributed { region <name>; global { redis <url>; regions <name>:<weight>... } }, or remove scope global, at %s:%d", globalZone, d.File(), globalLine)
 	}
-	h.globalLines = nil
 	return nil
 }
 
 // subdirectives calls f for each subdirective of the block d's token opens,
-// refusing one given twice (twice starts that error) unless it is
-// repeatable, and returns f's first error. seen, when not nil, records the
-// subdirectives.
+// refusing an argument left on that token's line and a subdirective given
+// twice (twice starts that error) unless it is repeatable, and returns f's
+// first error. seen, when not nil, records the subdirectives.
 func subdirectives(d *caddyfile.Dispenser, seen map[string]bool, twice string, f func(sub string) error, repeatable ...string) error {
+	if d.NextArg() {
+		return d.ArgErr()
+	}
 	if seen == nil {
 		seen = map[string]bool{}
 	}
@@ -112,48 +117,27 @@ func subdirectives(d *caddyfile.Dispenser, seen map[string]bool, twice string, f
 	return nil
 }
 
-func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
-	name, z, lines, err := parseZone(d, h.RateLimits, "handler", "{client_ip}")
-	if err != nil {
-		return err
-	}
-	if z.Scope == "global" {
-		if h.globalLines == nil {
-			h.globalLines = map[string]int{}
-		}
-		h.globalLines[name] = lines["scope"]
-	}
-	if h.RateLimits == nil {
-		h.RateLimits = make(map[string]*Zone)
-	}
-	h.RateLimits[name] = z
-	return nil
-}
-
-// parseZone reads one zone block, whose `zone` token d is on, into a Zone.
-// defined holds the zones of the same block so far (in: "handler"), which
-// the name must not repeat; keyExample is the key a missing key's error
-// suggests. lines says where each subdirective was, for checks made
-// afterwards (the listener wrapper's).
-func parseZone(d *caddyfile.Dispenser, defined map[string]*Zone, in, keyExample string) (string, *Zone, map[string]int, error) {
+// parseZone reads one zone block, whose `zone` token d is on, into a Zone
+// that it adds to the zones of the same block (in: "handler"), whose names
+// it must not repeat. keyExample is the key a missing key's error suggests;
+// problem, when not nil, is what else the block's zones cannot have (the
+// listener wrapper's). lines says where each subdirective was.
+func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample string, problem func(*Zone) (string, error)) (name string, lines map[string]int, err error) {
 	if !d.NextArg() {
-		return "", nil, nil, d.Err("zone needs a name: zone <name> { ... }")
+		return "", nil, d.Err("zone needs a name: zone <name> { ... }")
 	}
-	name := d.Val()
+	name = d.Val()
 	if !zones.ValidName(name) {
-		return "", nil, nil, d.Errf("zone name %q is invalid: use letters, digits, '_' and '-' only", name)
+		return "", nil, d.Errf("zone name %q is invalid: use letters, digits, '_' and '-' only", name)
 	}
-	if d.NextArg() {
-		return "", nil, nil, d.ArgErr()
-	}
-	if _, dup := defined[name]; dup {
-		return "", nil, nil, d.Errf("zone %s is defined twice in this %s: give the second one another name", name, in)
+	if _, dup := (*into)[name]; dup {
+		return "", nil, d.Errf("zone %s is defined twice in this %s: give the second one another name", name, in)
 	}
 	z := new(Zone)
-	lines := map[string]int{} // where each subdirective is, for errors found later
+	lines = map[string]int{}
 	zoneLine := d.Line()
 	seen := map[string]bool{}
-	err := subdirectives(d, seen, "", func(sub string) (err error) {
+	err = subdirectives(d, seen, "", func(sub string) (err error) {
 		lines[sub] = d.Line()
 		switch {
 		case sub == "quota" && (seen["events"] || seen["window"] || seen["burst"]),
@@ -245,61 +229,64 @@ func parseZone(d *caddyfile.Dispenser, defined map[string]*Zone, in, keyExample 
 		return err
 	}, "match")
 	if err != nil {
-		return "", nil, nil, fmt.Errorf("zone %s: %w", name, err)
+		return "", nil, fmt.Errorf("zone %s: %w", name, err)
 	}
 	switch {
 	case z.Key == "":
-		return "", nil, nil, d.Errf("zone %s: key is missing: add e.g. key %s", name, keyExample)
+		return "", nil, d.Errf("zone %s: key is missing: add e.g. key %s", name, keyExample)
 	case seen["ban"] && (z.Concurrency > 0 || z.Quota != nil):
 		kind := "a concurrency zone's denials end as requests finish, not with time"
 		if z.Quota != nil {
 			kind = "a quota zone's denial already lasts until its period ends"
 		}
-		return "", nil, nil, fmt.Errorf("zone %s: ban is for rate zones: %s; remove ban (or put a rate zone with ban beside it), at %s:%d", name, kind, d.File(), lines["ban"])
+		return "", nil, fmt.Errorf("zone %s: ban is for rate zones: %s; remove ban (or put a rate zone with ban beside it), at %s:%d", name, kind, d.File(), lines["ban"])
 	case seen["delay"] && (z.Concurrency > 0 || z.Quota != nil):
 		kind := "a concurrency zone's slot frees when a request ends, at no time known in advance"
 		if z.Quota != nil {
 			kind = "a quota zone's next unit comes at the period's end"
 		}
-		return "", nil, nil, fmt.Errorf("zone %s: delay is for rate zones: %s; remove delay (or put a rate zone with delay beside it), at %s:%d", name, kind, d.File(), lines["delay"])
+		return "", nil, fmt.Errorf("zone %s: delay is for rate zones: %s; remove delay (or put a rate zone with delay beside it), at %s:%d", name, kind, d.File(), lines["delay"])
 	case seen["delay"] && (z.Count != nil || z.Charge != ""):
-		return "", nil, nil, fmt.Errorf("zone %s: delay is for zones that consume before the request: a post-charged zone (count, charge) only checks then, so there is no turn to wait for; remove delay, or put a rate zone with delay beside it, at %s:%d", name, d.File(), lines["delay"])
+		return "", nil, fmt.Errorf("zone %s: delay is for zones that consume before the request: a post-charged zone (count, charge) only checks then, so there is no turn to wait for; remove delay, or put a rate zone with delay beside it, at %s:%d", name, d.File(), lines["delay"])
 	case seen["queue"] && !seen["delay"]:
-		return "", nil, nil, fmt.Errorf("zone %s: queue bounds the requests waiting for their turn, which only a zone with delay has: add e.g. delay 3s, or remove queue, at %s:%d", name, d.File(), lines["queue"])
+		return "", nil, fmt.Errorf("zone %s: queue bounds the requests waiting for their turn, which only a zone with delay has: add e.g. delay 3s, or remove queue, at %s:%d", name, d.File(), lines["queue"])
 	case z.Scope == "global" && (z.Concurrency > 0 || z.Quota != nil):
-		return "", nil, nil, fmt.Errorf("zone %s: scope global applies to rate zones (events per window), not to concurrency or quota zones: remove scope global, at %s:%d", name, d.File(), lines["scope"])
+		return "", nil, fmt.Errorf("zone %s: scope global applies to rate zones (events per window), not to concurrency or quota zones: remove scope global, at %s:%d", name, d.File(), lines["scope"])
 	case z.Concurrency == 0 && seen["lease"]:
-		return "", nil, nil, d.Errf("zone %s: lease only applies to concurrency zones: add e.g. concurrency 4, or remove lease", name)
+		return "", nil, d.Errf("zone %s: lease only applies to concurrency zones: add e.g. concurrency 4, or remove lease", name)
 	case z.Concurrency > 0:
 	case z.Quota != nil:
 		if z.Cost > z.Quota.Limit && z.Quota.Limit > 0 && z.Charge == "" && z.Count == nil {
-			return "", nil, nil, fmt.Errorf("zone %s: cost %d is more than the quota (%d): such requests could never pass; lower cost or raise the quota, at %s:%d",
+			return "", nil, fmt.Errorf("zone %s: cost %d is more than the quota (%d): such requests could never pass; lower cost or raise the quota, at %s:%d",
 				name, z.Cost, z.Quota.Limit, d.File(), lines["cost"])
 		}
 	case z.MaxEvents == 0:
-		return "", nil, nil, d.Errf("zone %s: events is missing: add e.g. events 100 (or a calendar quota: quota 1000 per day)", name)
+		return "", nil, d.Errf("zone %s: events is missing: add e.g. events 100 (or a calendar quota: quota 1000 per day)", name)
 	case z.Window == 0:
-		return "", nil, nil, d.Errf("zone %s: window is missing: add e.g. window 1m", name)
+		return "", nil, d.Errf("zone %s: window is missing: add e.g. window 1m", name)
 	case z.CostPlaceholder != "" && z.Charge != "":
-		return "", nil, nil, d.Errf("zone %s: cost {placeholder} and charge both say what a request costs: keep one (charge for a cost known after the response)", name)
+		return "", nil, d.Errf("zone %s: cost {placeholder} and charge both say what a request costs: keep one (charge for a cost known after the response)", name)
 	}
 	// What provisioning would refuse, refused here with the line at fault.
-	cfg := z.limits(name)
-	if setting, err := cfg.Check(); err != nil && z.Concurrency == 0 && z.Quota == nil {
-		line, ok := lines[setting]
-		if !ok {
-			line = zoneLine
-		}
-		return "", nil, nil, fmt.Errorf("zone %s: %w, at %s:%d", name, err, d.File(), line)
+	var setting string
+	if z.Concurrency == 0 && z.Quota == nil {
+		setting, err = z.limits(name).Check()
 	}
-	return name, z, lines, nil
+	if err == nil && problem != nil {
+		setting, err = problem(z)
+	}
+	if err != nil {
+		return "", nil, fmt.Errorf("zone %s: %w, at %s:%d", name, err, d.File(), cmp.Or(lines[setting], zoneLine))
+	}
+	if *into == nil {
+		*into = make(map[string]*Zone)
+	}
+	(*into)[name] = z
+	return name, lines, nil
 }
 
 func (p *Persist) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	if d.NextArg() {
-		return d.ArgErr()
-	}
-	err := subdirectives(d, nil, "", func(sub string) (err error) {
+	return subdirectives(d, nil, "", func(sub string) (err error) {
 		switch sub {
 		case "interval":
 			if p.Interval, err = durationArg(d); err == nil && time.Duration(p.Interval) < MinPersistInterval {
@@ -312,13 +299,9 @@ func (p *Persist) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 		return err
 	})
-	return err
 }
 
 func (dist *Distributed) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	if d.NextArg() {
-		return d.ArgErr()
-	}
 	var syncLine, regionLine int
 	err := subdirectives(d, nil, "", func(sub string) (err error) {
 		switch {
@@ -353,7 +336,7 @@ func (dist *Distributed) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case sub == "global":
 			dist.Global = new(Global)
 			err = dist.Global.unmarshalCaddyfile(d)
-		case redisBlockSubdirective(sub):
+		case slices.Contains([]string{"addresses", "username", "password", "db", "sentinel_master", "tls", "tls_ca", "tls_client"}, sub):
 			err = d.Errf("%s belongs in the redis block: redis { addresses <host:port>...; %s ... }", sub, sub)
 		default:
 			err = d.Errf("unknown subdirective %q: expected redis, mode, sync_interval, timeout, key_prefix, region or global", sub)
@@ -389,16 +372,6 @@ func (dist *Distributed) checkRegion(d *caddyfile.Dispenser, regionLine int) err
 			dist.Region, strings.Join(names, ", "), strings.Join(names, " "), dist.Region, d.File(), regionLine)
 	}
 	return nil
-}
-
-// redisBlockSubdirective reports whether sub is a subdirective of the redis
-// block, so that one written directly in distributed gets told where it goes.
-func redisBlockSubdirective(sub string) bool {
-	switch sub {
-	case "addresses", "username", "password", "db", "sentinel_master", "tls", "tls_ca", "tls_client":
-		return true
-	}
-	return false
 }
 
 func (r *Redis) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
@@ -608,10 +581,7 @@ func readCostArgs(d *caddyfile.Dispenser, z *Zone) error {
 // work. Addresses with placeholders are checked at provision time instead.
 func checkAddresses(d *caddyfile.Dispenser, addrs []string) error {
 	for _, a := range addrs {
-		if strings.Contains(a, "{") {
-			continue
-		}
-		if err := checkAddress(a); err != nil {
+		if err := checkAddress(a); err != nil && !strings.Contains(a, "{") {
 			return d.Errf("redis: %v", err)
 		}
 	}

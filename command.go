@@ -187,14 +187,6 @@ func printable(s string) string {
 	return b.String()
 }
 
-// single refuses several --address for subcommands that read one instance.
-func (c *cli) single() error {
-	if len(c.addresses) > 1 {
-		return fmt.Errorf("%s reads one instance: give --address once (top and reset take several)", c.cmd.Name())
-	}
-	return nil
-}
-
 // at is c for the one instance at addr.
 func (c *cli) at(addr string) *cli {
 	one := *c
@@ -249,8 +241,12 @@ func (c *cli) call(method, path string) ([]byte, error) {
 }
 
 // get GETs path and decodes it into v; with --json it prints the body as is
-// (indented) instead and v is left alone.
+// (indented) instead and v is left alone. It is how the subcommands that
+// read one instance read it, and it refuses several --address.
 func (c *cli) get(path string, v any) (printed bool, err error) {
+	if len(c.addresses) > 1 {
+		return false, fmt.Errorf("%s reads one instance: give --address once (top and reset take several)", c.cmd.Name())
+	}
 	if !c.json {
 		return false, c.fetch(path, v)
 	}
@@ -282,27 +278,23 @@ func (c *cli) printJSON(body []byte) error {
 		return fmt.Errorf("reading the admin API's answer: %v", err)
 	}
 	b.WriteByte('\n')
-	out := b.Bytes()
-	if !utf8.Valid(out) || bytes.IndexFunc(out, func(r rune) bool { return r >= utf8.RuneSelf && !unicode.IsPrint(r) }) >= 0 {
-		var e bytes.Buffer
-		for len(out) > 0 {
-			r, n := utf8.DecodeRune(out)
-			switch {
-			case r < utf8.RuneSelf || unicode.IsPrint(r):
-				e.Write(out[:n])
-			case r == utf8.RuneError && n == 1: // Go's encoder never writes it
-				fmt.Fprintf(&e, `\u%04x`, utf8.RuneError)
-			case r > 0xFFFF:
-				hi, lo := utf16.EncodeRune(r)
-				fmt.Fprintf(&e, `\u%04x\u%04x`, hi, lo)
-			default:
-				fmt.Fprintf(&e, `\u%04x`, r)
-			}
-			out = out[n:]
+	var e bytes.Buffer
+	for out := b.Bytes(); len(out) > 0; {
+		r, n := utf8.DecodeRune(out)
+		switch {
+		case r < utf8.RuneSelf || unicode.IsPrint(r):
+			e.Write(out[:n])
+		case r == utf8.RuneError && n == 1: // Go's encoder never writes it
+			fmt.Fprintf(&e, `\u%04x`, utf8.RuneError)
+		case r > 0xFFFF:
+			hi, lo := utf16.EncodeRune(r)
+			fmt.Fprintf(&e, `\u%04x\u%04x`, hi, lo)
+		default:
+			fmt.Fprintf(&e, `\u%04x`, r)
 		}
-		out = e.Bytes()
+		out = out[n:]
 	}
-	_, err := c.out.Write(out)
+	_, err := c.out.Write(e.Bytes())
 	return err
 }
 
@@ -313,9 +305,6 @@ func zonePath(zone string) string { return "/rate_limit/zones/" + url.PathEscape
 func keyPath(zone, key string) string { return zonePath(zone) + "/keys?key=" + url.QueryEscape(key) }
 
 func cliZones(c *cli) error {
-	if err := c.single(); err != nil {
-		return err
-	}
 	var zs []zoneInfo
 	if printed, err := c.get("/rate_limit/zones", &zs); printed || err != nil {
 		return err
@@ -343,7 +332,6 @@ func cliZones(c *cli) error {
 			}
 		}
 		if z.Delay != "" {
-			// requests within the delay wait for their turn
 			limit += " delay " + printable(z.Delay)
 			if z.Waiting != nil && *z.Waiting > 0 {
 				limit += fmt.Sprintf(" (%d waiting)", *z.Waiting)
@@ -367,7 +355,6 @@ func cliZones(c *cli) error {
 		}
 		mode := printable(z.Mode)
 		if z.Scope == "global" {
-			// a limit regions share: its scope and this region
 			mode += " (global, region " + printable(z.Region) + ")"
 		}
 		policy := printable(z.FailPolicy)
@@ -389,9 +376,6 @@ func seconds(s float64) string {
 }
 
 func cliKey(c *cli, zone, key string) error {
-	if err := c.single(); err != nil {
-		return err
-	}
 	var k struct {
 		keyInfo
 		InUse       int64 `json:"in_use"`      // concurrency zones
@@ -611,9 +595,6 @@ func (c *cli) mergedTop(zone string, n int) (topInfo, error) {
 }
 
 func cliBans(c *cli, zone string) error {
-	if err := c.single(); err != nil {
-		return err
-	}
 	var b bansInfo
 	printed, err := c.get(zonePath(zone)+"/bans", &b)
 	if printed || err != nil {
@@ -711,7 +692,6 @@ func resetOn(c *cli, zone, key string) error {
 	_, err := c.call(http.MethodDelete, keyPath(zone, key))
 	var nf errNotFound
 	if errors.As(err, &nf) {
-		// Unknown zone, or a key not tracked.
 		if _, zerr := c.findZone(zone); zerr != nil {
 			return zerr
 		}
@@ -724,14 +704,12 @@ func resetOn(c *cli, zone, key string) error {
 type errNotTracked struct{ errNotFound }
 
 // resetJSON is what reset --json prints.
-func resetJSON(zone, key string, instances int, outcomes []resetOutcome) map[string]any {
-	k := newKeyName(key)
-	out := map[string]any{"zone": zone, "key": k.Key, "reset": instances > 0, "instances": instances}
-	if k.KeyBase64 != "" {
-		out["key_base64"] = k.KeyBase64
-	}
-	if outcomes != nil {
-		out["addresses"] = outcomes
-	}
-	return out
+func resetJSON(zone, key string, instances int, outcomes []resetOutcome) any {
+	return struct {
+		Zone string `json:"zone"`
+		keyName
+		Reset     bool           `json:"reset"`
+		Instances int            `json:"instances"`
+		Addresses []resetOutcome `json:"addresses,omitempty"`
+	}{zone, newKeyName(key), instances > 0, instances, outcomes}
 }

@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -61,9 +62,7 @@ func (z *zoneHandler) costFor(repl *caddy.Replacer, now int64) int64 {
 // costClamped counts and logs (sampled) a cost placeholder's value n
 // beyond the zone's bound, which the request costs instead.
 func (z *zoneHandler) costClamped(now, n, bound int64, setting string) {
-	if z.metrics != nil && z.metrics.costFallbacks != nil {
-		z.metrics.costFallbacks.Inc()
-	}
+	add(z.metrics.costFallbacks, 1)
 	if c := z.logs.costFallback.check(z.logger, now, zapcore.WarnLevel, "request cost is beyond the zone's bound; the request costs the bound"); c != nil {
 		c.Write(zap.String("zone", z.Name), zap.Int64("value", n), zap.String("bound", setting), zap.Int64("cost", bound))
 	}
@@ -83,9 +82,7 @@ func (z *zoneHandler) readCost(repl *caddy.Replacer, now int64, name, setting st
 	case errors.Is(err, strconv.ErrRange) && !strings.HasPrefix(s, "-"):
 		return math.MaxInt64
 	}
-	if z.metrics != nil && z.metrics.costFallbacks != nil {
-		z.metrics.costFallbacks.Inc()
-	}
+	add(z.metrics.costFallbacks, 1)
 	if s == "" {
 		return z.costs.cost
 	}
@@ -112,7 +109,7 @@ func (z *zoneHandler) logOverBurst(now int64, cost int64, p zones.Plan) {
 func countCost(verdicts []verdict) {
 	for i := range verdicts {
 		v := &verdicts[i]
-		if v.Allowed && v.Owner.metrics != nil && v.Owner.metrics.cost != nil && !v.Owner.costs.postCharged() {
+		if v.Allowed && v.Owner.metrics.cost != nil && !v.Owner.costs.postCharged() {
 			v.Owner.metrics.cost.Add(float64(v.Cost))
 		}
 	}
@@ -159,9 +156,7 @@ func serveAndCharge(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer
 			continue
 		}
 		z.Charge(r.Context(), v.Key, now, &v.Plan, cost)
-		if z.metrics != nil && z.metrics.cost != nil {
-			z.metrics.cost.Add(float64(cost))
-		}
+		add(z.metrics.cost, float64(cost))
 	}
 	return err
 }
@@ -169,9 +164,7 @@ func serveAndCharge(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer
 // chargeFailed counts and logs (sampled) a charge after the response that
 // did not reach Redis: the zone's fail policy applied to it.
 func (z *zoneHandler) chargeFailed(err error) {
-	if z.metrics != nil {
-		z.metrics.chargeFailures.Inc()
-	}
+	add(z.metrics.chargeFailures, 1)
 	if c := z.logs.chargeFailure.check(z.logger, monotime.Now(), zapcore.WarnLevel, "charge after the response did not reach Redis; fail policy applied"); c != nil {
 		c.Write(zap.String("zone", z.Name), zap.String("fail_policy", z.FailPolicy.String()), zap.Error(err))
 	}
@@ -179,10 +172,7 @@ func (z *zoneHandler) chargeFailed(err error) {
 
 // zoneCosts checks and resolves a zone's cost settings.
 func zoneCosts(name string, zc *Zone, plan zones.Plan, logger *zap.Logger) (costVars, error) {
-	c := costVars{cost: int64(zc.Cost), count: zc.Count, costMin: zc.CostAtLeast, costMax: zc.CostAtMost}
-	if c.cost == 0 {
-		c.cost = 1
-	}
+	c := costVars{cost: cmp.Or(zc.Cost, 1), count: zc.Count, costMin: zc.CostAtLeast, costMax: zc.CostAtMost}
 	if zc.Concurrency > 0 {
 		if zc.Cost != 0 || zc.CostPlaceholder != "" || zc.CostAtLeast != 0 || zc.CostAtMost != 0 || zc.Count != nil || zc.Charge != "" {
 			return c, fmt.Errorf("zone %s: cost, count and charge apply to events/window zones, not concurrency zones", name)
@@ -199,20 +189,12 @@ func zoneCosts(name string, zc *Zone, plan zones.Plan, logger *zap.Logger) (cost
 	case c.cost > plan.Burst:
 		return c, fmt.Errorf("zone %s: cost %d is more than the burst (%d): such requests could never pass; lower cost or raise burst", name, c.cost, plan.Burst)
 	}
-	for _, v := range []struct {
-		src, setting string
-		dst          *string
-	}{
-		{zc.CostPlaceholder, "cost", &c.costVar},
-		{zc.Charge, "charge", &c.chargeVar},
-	} {
-		if v.src == "" {
-			continue
-		}
-		if *v.dst = singlePlaceholder(v.src); *v.dst == "" {
-			return c, fmt.Errorf("zone %s: %s %q is not a placeholder: write one placeholder such as {http.response.header.X-Tokens-Used}", name, v.setting, v.src)
+	for _, s := range [][2]string{{"cost", zc.CostPlaceholder}, {"charge", zc.Charge}} {
+		if s[1] != "" && singlePlaceholder(s[1]) == "" {
+			return c, fmt.Errorf("zone %s: %s %q is not a placeholder: write one placeholder such as {http.response.header.X-Tokens-Used}", name, s[0], s[1])
 		}
 	}
+	c.costVar, c.chargeVar = singlePlaceholder(zc.CostPlaceholder), singlePlaceholder(zc.Charge)
 	if c.costVar != "" && c.chargeVar != "" {
 		return c, fmt.Errorf("zone %s: cost {placeholder} and charge both say what a request costs: keep one (charge for a cost known after the response)", name)
 	}

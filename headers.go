@@ -354,22 +354,14 @@ func appendEarlierMembers(buf []byte, prev string, denied bool) ([]byte, int64) 
 		if i > 0 {
 			buf = append(buf, ", "...)
 		}
-		if denied && !strings.Contains(m+";", ";r=0;") {
-			if j := strings.Index(m, ";t="); j >= 0 {
-				end := strings.IndexByte(m[j+1:], ';')
-				if end < 0 {
-					m = m[:j]
-				} else {
-					m = m[:j] + m[j+1+end:]
-				}
-			}
-		}
 		if j := strings.Index(m, ";t="); j >= 0 {
-			s := m[j+3:]
-			if end := strings.IndexByte(s, ';'); end >= 0 {
-				s = s[:end]
-			}
-			if n, err := strconv.ParseInt(s, 10, 64); err == nil {
+			t, rest, more := strings.Cut(m[j+3:], ";")
+			if denied && !strings.Contains(m+";", ";r=0;") {
+				m = m[:j]
+				if more {
+					m += ";" + rest
+				}
+			} else if n, err := strconv.ParseInt(t, 10, 64); err == nil {
 				maxT = max(maxT, n)
 			}
 		}

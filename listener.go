@@ -329,20 +329,11 @@ func checkDenyWhile(ctx caddy.Context, name string, own map[string]*Zone) error 
 // is a concurrency zone.
 func httpZoneInJSON(app *caddyhttp.App, name string) (key string, concurrency, found bool) {
 	for _, srv := range app.Servers {
-		raw, err := json.Marshal(struct {
-			Routes any `json:"routes"`
-			Errors any `json:"errors"`
-			Named  any `json:"named_routes"`
-		}{srv.Routes, srv.Errors, srv.NamedRoutes})
-		if err != nil {
-			continue
-		}
 		var v any
-		if json.Unmarshal(raw, &v) != nil {
-			continue
-		}
-		if key, concurrency, found = findZoneJSON(v, name); found {
-			return key, concurrency, true
+		if raw, err := json.Marshal([]any{srv.Routes, srv.Errors, srv.NamedRoutes}); err == nil && json.Unmarshal(raw, &v) == nil {
+			if key, concurrency, found = findZoneJSON(v, name); found {
+				return key, concurrency, true
+			}
 		}
 	}
 	return "", false, false

@@ -1,8 +1,6 @@
 package ratelimit
 
 import (
-	"fmt"
-
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	"github.com/caddy-tally/ratelimit/zones"
@@ -16,13 +14,11 @@ import (
 // (fail_policy, lease, distributed) is refused with its line.
 func (w *ListenerWrapper) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the wrapper's name
-	if d.NextArg() {
-		return d.ArgErr()
-	}
 	err := subdirectives(d, nil, "", func(sub string) error {
 		switch sub {
 		case "zone":
-			return w.unmarshalZone(d)
+			_, _, err := parseZone(d, &w.RateLimits, "listener wrapper", remoteIPPlaceholder, (*Zone).connectionProblem)
+			return err
 		case "deny_while":
 			args := d.RemainingArgs()
 			if len(args) == 0 {
@@ -52,28 +48,6 @@ func (w *ListenerWrapper) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if len(w.RateLimits) == 0 && len(w.DenyWhile) == 0 {
 		return d.Err("listener wrapper rate_limit needs a zone or a deny_while: zone <name> { key {remote_ip}; events 20; window 1s }")
 	}
-	return nil
-}
-
-// unmarshalZone reads a zone block with the handler's parser, then refuses,
-// at its line, what a connection zone cannot have.
-func (w *ListenerWrapper) unmarshalZone(d *caddyfile.Dispenser) error {
-	zoneLine := d.Line()
-	name, z, lines, err := parseZone(d, w.RateLimits, "listener wrapper", remoteIPPlaceholder)
-	if err != nil {
-		return err
-	}
-	if setting, err := z.connectionProblem(); err != nil {
-		line, ok := lines[setting]
-		if !ok {
-			line = zoneLine
-		}
-		return fmt.Errorf("zone %s: %w, at %s:%d", name, err, d.File(), line)
-	}
-	if w.RateLimits == nil {
-		w.RateLimits = make(map[string]*Zone)
-	}
-	w.RateLimits[name] = z
 	return nil
 }
 

@@ -117,10 +117,8 @@ func registerMetrics(ctx caddy.Context) error {
 		return nil
 	}
 	for _, c := range collectors.all {
-		if err := reg.Register(c); err != nil {
-			if are := (prometheus.AlreadyRegisteredError{}); !errors.As(err, &are) {
-				return err
-			}
+		if err := reg.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
+			return err
 		}
 	}
 	return nil
@@ -158,7 +156,8 @@ func (m *decisions) count(allowed, dryRun bool) {
 // zoneMetrics are one zone's series, bound once so that the request path only
 // adds to counters. Only series that can move are bound: a local zone has no
 // store to fail or wait for; only strict mode waits for Redis on the request
-// path. A nil field is a series the zone does not have.
+// path. A nil field is a series the zone does not have (none has, with
+// metrics disabled).
 type zoneMetrics struct {
 	decisions
 	storeErrors   prometheus.Counter
@@ -177,9 +176,9 @@ type zoneMetrics struct {
 // newZoneMetrics binds the series of zone cfg, whose key template is key.
 // distributed says whether the zone has a store, timed whether its
 // decisions wait for it.
-func newZoneMetrics(cfg zones.Config, key string, distributed, timed bool, costs costVars) *zoneMetrics {
+func newZoneMetrics(cfg zones.Config, key string, distributed, timed bool, costs costVars) zoneMetrics {
 	name, dryRun, bans := cfg.Name, cfg.DryRun, cfg.Ban > 0
-	m := &zoneMetrics{decisions: newDecisions(collectors.requests, name, dryRun)}
+	m := zoneMetrics{decisions: newDecisions(collectors.requests, name, dryRun)}
 	if distributed {
 		m.storeErrors = collectors.storeErrors.WithLabelValues(name)
 		m.failPolicy = collectors.failPolicy.WithLabelValues(name, cfg.FailPolicy.String())
@@ -219,7 +218,13 @@ func newZoneMetrics(cfg zones.Config, key string, distributed, timed bool, costs
 // observe counts one decision; storeWait is 0 when the decision was not
 // timed (local and async modes).
 func (m *zoneMetrics) observe(d zones.Decision, dryRun bool, storeWait time.Duration) {
+	if m.allowed == nil { // metrics disabled
+		return
+	}
 	m.count(d.Allowed, dryRun)
+	if d.Delay > 0 {
+		m.delayed.Observe(d.Delay.Seconds())
+	}
 	if !d.Allowed && !dryRun && d.QueueFull && m.queueFull != nil {
 		m.queueFull.Inc()
 	}
@@ -237,6 +242,13 @@ func (m *zoneMetrics) observe(d zones.Decision, dryRun bool, storeWait time.Dura
 	}
 }
 
+// add adds n to c, a series a zone may not have (nil).
+func add(c prometheus.Counter, n float64) {
+	if c != nil {
+		c.Add(n)
+	}
+}
+
 // dropZoneSeries deletes the series of a zone no loaded config defines any
 // more, so that a reload that removes a zone leaves nothing behind.
 func dropZoneSeries(name string) {
@@ -246,16 +258,16 @@ func dropZoneSeries(name string) {
 	}
 }
 
-// snapshotMetrics are a persisted zone's series (persist.go); a nil one
-// records nothing (metrics disabled).
+// snapshotMetrics are a persisted zone's series (persist.go); none is bound
+// with metrics disabled.
 type snapshotMetrics struct {
 	duration                       prometheus.Observer
 	keysWritten, keysRestored      prometheus.Counter
 	writeFailures, restoreFailures prometheus.Counter
 }
 
-func newSnapshotMetrics(zone string) *snapshotMetrics {
-	return &snapshotMetrics{
+func newSnapshotMetrics(zone string) snapshotMetrics {
+	return snapshotMetrics{
 		duration:        collectors.snapshotSeconds.WithLabelValues(zone),
 		keysWritten:     collectors.snapshotKeys.WithLabelValues(zone),
 		keysRestored:    collectors.restoredKeys.WithLabelValues(zone),
@@ -264,29 +276,11 @@ func newSnapshotMetrics(zone string) *snapshotMetrics {
 	}
 }
 
-func (m *snapshotMetrics) written(keys int, took time.Duration) {
-	if m != nil {
+func (m snapshotMetrics) written(keys int, took time.Duration) {
+	if m.duration != nil {
 		m.duration.Observe(took.Seconds())
-		m.keysWritten.Add(float64(keys))
 	}
-}
-
-func (m *snapshotMetrics) restored(keys int) {
-	if m != nil {
-		m.keysRestored.Add(float64(keys))
-	}
-}
-
-// failed counts a snapshot that was not written (stage "write") or not
-// restored for another reason than there being none ("restore").
-func (m *snapshotMetrics) failed(stage string) {
-	switch {
-	case m == nil:
-	case stage == "write":
-		m.writeFailures.Inc()
-	default:
-		m.restoreFailures.Inc()
-	}
+	add(m.keysWritten, float64(keys))
 }
 
 // Interface guard

@@ -123,9 +123,6 @@ type Handler struct {
 	// globalZones are the zones this handler made global in its region
 	// (released with it).
 	globalZones []string
-	// globalLines: while parsing, the line of each scope global zone's
-	// scope, for the error when there is no global block.
-	globalLines map[string]int
 	// users keeps the zone states and the store the handler took until
 	// what uses them is done (see handlerUsers); holds says whether a
 	// request must hold them too: with a store, when a zone takes slots
@@ -209,7 +206,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		h.zones = append(h.zones, z)
 		h.placeholders = h.placeholders || z.readsReplacer()
-		h.weighted = h.weighted || (z.metrics != nil && z.metrics.cost != nil)
+		h.weighted = h.weighted || z.metrics.cost != nil
 		if h.store != nil && (z.IsConcurrency() || z.costs.postCharged() || z.Delay > 0) {
 			h.holds = true
 			z.Zone.Hold, z.Zone.Done = h.users.hold, h.users.done

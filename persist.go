@@ -89,7 +89,7 @@ type persistedZone struct {
 	id    string // the definition's identity, written in the snapshot
 	file  string // the name under the instance's directory: zone and limits
 	fresh bool   // provision created the zone's state: restore into it
-	m     *snapshotMetrics
+	m     snapshotMetrics
 	size  int // the last snapshot's size, to allocate the next one at once
 }
 
@@ -198,7 +198,7 @@ func (p *persister) restore() {
 			p.apply(r)
 		case <-ctx.Done():
 			for pz := range waiting {
-				pz.m.failed("restore")
+				add(pz.m.restoreFailures, 1)
 				p.logger.Warn("snapshot not restored: the storage did not answer in time; the zone starts empty",
 					zap.String("zone", pz.zh.Name), zap.Duration("timeout", RestoreTimeout))
 			}
@@ -214,11 +214,11 @@ func (p *persister) apply(r restored) {
 	case errors.Is(r.err, fs.ErrNotExist):
 		return
 	case errors.Is(r.err, zones.ErrSnapshotCorrupt):
-		r.pz.m.failed("restore")
+		add(r.pz.m.restoreFailures, 1)
 		p.logger.Warn("snapshot ignored: it is corrupt or truncated; the zone starts empty", zone, zap.Error(r.err))
 		return
 	case r.err != nil:
-		r.pz.m.failed("restore")
+		add(r.pz.m.restoreFailures, 1)
 		p.logger.Warn("snapshot not restored: the storage failed; the zone starts empty", zone, zap.Error(r.err))
 		return
 	case r.snap.ID != r.pz.id:
@@ -231,7 +231,7 @@ func (p *persister) apply(r restored) {
 		return
 	}
 	n := r.pz.zh.State().Restore(r.snap, now, wall, r.pz.zh.MaxDebt())
-	r.pz.m.restored(n)
+	add(r.pz.m.keysRestored, float64(n))
 	p.logger.Info("zone restored from its snapshot", zone, zap.Int("keys", n),
 		zap.Time("taken", r.snap.Wall), zap.Duration("age", max(0, wall.Sub(r.snap.Wall))))
 }
@@ -340,7 +340,7 @@ var writing sync.Map // storage key -> *sync.Mutex
 func (p *persister) write(pz *persistedZone, why string) {
 	instance, err := caddy.InstanceID() // created on the first write
 	if err != nil {
-		pz.m.failed("write")
+		add(pz.m.writeFailures, 1)
 		p.logger.Error("snapshot not written: no instance id", zap.String("zone", pz.zh.Name), zap.Error(err))
 		return
 	}
@@ -364,7 +364,7 @@ func (p *persister) write(pz *persistedZone, why string) {
 	took := time.Since(start)
 	zone := zap.String("zone", pz.zh.Name)
 	if err != nil {
-		pz.m.failed("write")
+		add(pz.m.writeFailures, 1)
 		p.logger.Error("snapshot not written", zone, zap.String("when", why), zap.Error(err))
 		return
 	}

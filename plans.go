@@ -46,14 +46,10 @@ func newPlanVars(name string, zc *Zone, logger *zap.Logger) (planVars, error) {
 		eventsMax: zc.MaxEventsAtMost, windowMin: time.Duration(zc.WindowAtLeast), burstMax: zc.BurstAtMost,
 	}
 	for _, ph := range []*string{&v.events, &v.window, &v.burst} {
-		if *ph == "" {
-			continue
-		}
-		name1 := singlePlaceholder(*ph)
-		if name1 == "" {
+		if *ph != "" && singlePlaceholder(*ph) == "" {
 			return v, fmt.Errorf("zone %s: %q is not a placeholder: write one placeholder such as {plan_rpm}", name, *ph)
 		}
-		*ph = name1
+		*ph = singlePlaceholder(*ph)
 	}
 	for _, b := range []struct {
 		setting, ph string
@@ -108,74 +104,82 @@ func (z *zoneHandler) planFor(repl *caddy.Replacer, now int64) zones.Plan {
 	if !z.vars.any() {
 		return lit
 	}
+	var fb fellBack
 	if z.vars.quota != "" {
-		return z.quotaPlanFor(repl, now, lit)
+		// The literal quota may be 0: then nothing passes.
+		if n := fb.limit(repl, "quota", z.vars.quota, z.vars.quotaMax, 0); fb.setting == "" {
+			return zones.QuotaPlan(n)
+		}
+		z.planFallback(now, fb)
+		return lit
 	}
 	events, window, burst := lit.Events, lit.Window, z.Config.Burst
-	var bad string // the first setting that fell back, for the log
-	var badValue string
-	var why error
-	fellBack := func(setting, value string, err error) {
-		if bad == "" {
-			bad, badValue, why = setting, value, err
-		}
-	}
 	if z.vars.events != "" {
-		s, _ := repl.GetString(z.vars.events)
-		switch n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64); {
-		case err != nil || n < 1 || n > zones.MaxEvents:
-			fellBack("events", s, nil)
-		case z.vars.eventsMax > 0 && n > z.vars.eventsMax:
-			fellBack("events", s, errAboveAtMost)
-		default:
-			events = n
-		}
+		events = fb.limit(repl, "events", z.vars.events, z.vars.eventsMax, events)
 	}
 	if z.vars.window != "" {
 		s, _ := repl.GetString(z.vars.window)
 		switch d, err := caddy.ParseDuration(strings.TrimSpace(s)); {
 		case err != nil || d <= 0:
-			fellBack("window", s, nil)
+			fb.note("window", s, nil)
 		case d < z.vars.windowMin:
-			fellBack("window", s, errBelowAtLeast)
+			fb.note("window", s, errBelowAtLeast)
 		default:
 			window = d
 		}
 	}
 	if z.vars.burst != "" {
-		s, _ := repl.GetString(z.vars.burst)
-		switch n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64); {
-		case err != nil || n < 1 || n > zones.MaxEvents:
-			fellBack("burst", s, nil)
-		case z.vars.burstMax > 0 && n > z.vars.burstMax:
-			fellBack("burst", s, errAboveAtMost)
-		default:
-			burst = n
-		}
+		burst = fb.limit(repl, "burst", z.vars.burst, z.vars.burstMax, burst)
 	}
 	p, err := zones.NewPlan(events, window, burst)
 	if err != nil {
 		// Each value is fine alone but not together (more than one event
 		// per microsecond, B·T over 100 years): the literal plan.
 		p = lit
-		fellBack("plan", strconv.FormatInt(events, 10)+"/"+window.String(), err)
+		fb.note("plan", strconv.FormatInt(events, 10)+"/"+window.String(), err)
 	}
-	if bad != "" {
-		z.planFallback(now, bad, badValue, why)
+	if fb.setting != "" {
+		z.planFallback(now, fb)
 	}
 	return p
 }
 
+// fellBack is the first per-request setting of a request that fell back to
+// its literal value, for the log.
+type fellBack struct {
+	setting, value string
+	why            error
+}
+
+func (f *fellBack) note(setting, value string, why error) {
+	if f.setting == "" {
+		*f = fellBack{setting, value, why}
+	}
+}
+
+// limit is placeholder ph's value when it is a whole number from 1 to 2^40
+// and at most atMost (0: no bound), else lit, noted as setting's fallback.
+func (f *fellBack) limit(repl *caddy.Replacer, setting, ph string, atMost, lit int64) int64 {
+	s, _ := repl.GetString(ph)
+	switch n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64); {
+	case err != nil || n < 1 || n > zones.MaxEvents:
+		f.note(setting, s, nil)
+	case atMost > 0 && n > atMost:
+		f.note(setting, s, errAboveAtMost)
+	default:
+		return n
+	}
+	return lit
+}
+
 // planFallback counts and logs (sampled) a request whose per-request limit
 // was unusable.
-func (z *zoneHandler) planFallback(now int64, setting, value string, err error) {
-	if z.metrics != nil {
-		z.metrics.planFallbacks.Inc()
-	}
+func (z *zoneHandler) planFallback(now int64, fb fellBack) {
+	add(z.metrics.planFallbacks, 1)
 	if c := z.logs.planFallback.check(z.logger, now, zapcore.WarnLevel, "per-request limit is empty or invalid; using the zone's literal value"); c != nil {
-		fields := []zap.Field{zap.String("zone", z.Name), zap.String("setting", setting), zap.String("value", value)}
-		if err != nil {
-			fields = append(fields, zap.Error(err))
+		fields := []zap.Field{zap.String("zone", z.Name), zap.String("setting", fb.setting), zap.String("value", fb.value)}
+		if fb.why != nil {
+			fields = append(fields, zap.Error(fb.why))
 		}
 		c.Write(fields...)
 	}

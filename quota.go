@@ -4,7 +4,7 @@ package ratelimit
 
 import (
 	"fmt"
-	"strconv"
+	"slices"
 	"strings"
 	"time"
 	// The time zones ship in the module (about 450 KB): a quota in
@@ -14,7 +14,6 @@ import (
 	// time.LoadLocation order), so the embedded copy only fills a gap.
 	_ "time/tzdata"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"go.uber.org/zap"
 
@@ -59,23 +58,16 @@ type Quota struct {
 func unmarshalQuota(d *caddyfile.Dispenser) (*Quota, error) {
 	const usage = "quota <n> per minute|hour|day|week|month [<time zone>], e.g. quota 100000 per month Europe/Berlin"
 	args := d.RemainingArgs()
-	per := -1
-	for i, a := range args {
-		if a == "per" {
-			per = i
-			break
-		}
-	}
+	per := slices.Index(args, "per")
 	q := &Quota{}
 	if at := per - 2; at >= 1 && args[at] == "at_most" {
 		if !strings.HasPrefix(args[0], "{") {
 			return nil, d.Errf("quota at_most bounds the values of a placeholder: quota {plan_quota} 100000 at_most 1000000 per month")
 		}
-		n, err := strconv.ParseInt(args[at+1], 10, 64)
-		if err != nil || n < 1 || n > zones.MaxEvents {
-			return nil, d.Errf("quota at_most must be a whole number from 1 to %d, not %q", int64(zones.MaxEvents), args[at+1])
+		var err error
+		if q.LimitAtMost, err = parseInt64(d, "quota at_most", args[at+1], 1, zones.MaxEvents); err != nil {
+			return nil, err
 		}
-		q.LimitAtMost = n
 		args = append(args[:at:at], args[per:]...)
 		per = at
 	}
@@ -96,11 +88,10 @@ func unmarshalQuota(d *caddyfile.Dispenser) (*Quota, error) {
 		return nil, d.Errf("quota %s %s: only a placeholder takes a fallback: %s", args[0], args[1], usage)
 	}
 	if limit != "" {
-		n, err := strconv.ParseInt(limit, 10, 64)
-		if err != nil || n < 1 || n > zones.MaxEvents {
-			return nil, d.Errf("quota must be a whole number from 1 to %d, not %q", int64(zones.MaxEvents), limit)
+		var err error
+		if q.Limit, err = parseInt64(d, "quota", limit, 1, zones.MaxEvents); err != nil {
+			return nil, err
 		}
-		q.Limit = n
 	}
 	if q.LimitAtMost > 0 && q.Limit > q.LimitAtMost {
 		return nil, d.Errf("quota at_most %d is less than the fallback, %d: the fallback is what the zone allows without a usable value, so it must be within the bound", q.LimitAtMost, q.Limit)
@@ -119,14 +110,11 @@ func unmarshalQuota(d *caddyfile.Dispenser) (*Quota, error) {
 
 // location loads the quota's time zone.
 func (q *Quota) location() (*time.Location, error) {
-	switch q.TimeZone {
-	case "":
-		return time.UTC, nil
-	case "Local":
+	if q.TimeZone == "Local" {
 		// Instances configured alike must agree on the periods.
 		return nil, fmt.Errorf("time zone %q differs from machine to machine: name the zone, e.g. Europe/Berlin, or UTC", q.TimeZone)
 	}
-	loc, err := time.LoadLocation(q.TimeZone)
+	loc, err := time.LoadLocation(q.TimeZone) // "" is UTC
 	if err != nil {
 		return nil, fmt.Errorf("unknown time zone %q: use an IANA name such as Europe/Berlin, America/New_York or UTC", q.TimeZone)
 	}
@@ -165,22 +153,6 @@ func (q *Quota) configure(name string, cfg *zones.Config, vars *planVars, logger
 		}
 	}
 	return nil
-}
-
-// quotaPlanFor is planFor for a quota zone whose limit comes from the
-// request: its value when it is a whole number from 1 to 2^40, else the
-// literal fallback (which may be 0: nothing passes), counted and logged.
-func (z *zoneHandler) quotaPlanFor(repl *caddy.Replacer, now int64, lit zones.Plan) zones.Plan {
-	s, _ := repl.GetString(z.vars.quota)
-	switch n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64); {
-	case err != nil || n < 1 || n > zones.MaxEvents:
-		z.planFallback(now, "quota", s, nil)
-	case z.vars.quotaMax > 0 && n > z.vars.quotaMax:
-		z.planFallback(now, "quota", s, errAboveAtMost)
-	default:
-		return zones.QuotaPlan(n)
-	}
-	return lit
 }
 
 // nominalSeconds orders quota periods: their usual lengths.

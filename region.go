@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
@@ -122,9 +123,6 @@ func (h *Handler) globalStore(name string, zc *Zone, cfg zones.Config) (zones.St
 // unmarshalCaddyfile reads the global block of distributed
 // (docs/distributed.md).
 func (g *Global) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	if d.NextArg() {
-		return d.ArgErr()
-	}
 	var leaseLine int
 	err := subdirectives(d, nil, "", func(sub string) (err error) {
 		switch sub {
@@ -152,19 +150,10 @@ func (g *Global) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	case len(g.Regions) == 0:
 		return d.Err("global needs the regions and their weights: add e.g. regions eu:2 us:1")
 	}
-	sync, lease := time.Duration(g.SyncInterval), time.Duration(g.Lease)
-	if sync == 0 {
-		sync = distributed.DefaultGlobalSyncInterval
-	}
-	if lease == 0 {
-		lease = distributed.DefaultGlobalLease
-	}
+	sync := cmp.Or(time.Duration(g.SyncInterval), distributed.DefaultGlobalSyncInterval)
+	lease := cmp.Or(time.Duration(g.Lease), distributed.DefaultGlobalLease)
 	if lease < 2*sync {
-		line := leaseLine
-		if line == 0 {
-			line = d.Line()
-		}
-		return fmt.Errorf("global: lease %v is shorter than twice sync_interval %v: a region must outlive two syncs without contact; use lease %v or more, at %s:%d", lease, sync, 2*sync, d.File(), line)
+		return fmt.Errorf("global: lease %v is shorter than twice sync_interval %v: a region must outlive two syncs without contact; use lease %v or more, at %s:%d", lease, sync, 2*sync, d.File(), cmp.Or(leaseLine, d.Line()))
 	}
 	return nil
 }

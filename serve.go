@@ -94,12 +94,7 @@ func (h *Handler) seen(v *verdict, now int64, mark *int64) {
 		t := monotime.Now()
 		took, *mark = time.Duration(t-*mark), t
 	}
-	if z.metrics != nil {
-		z.metrics.observe(*d, z.dryRun, took)
-		if d.Delay > 0 {
-			z.metrics.delayed.Observe(d.Delay.Seconds())
-		}
-	}
+	z.metrics.observe(*d, z.dryRun, took)
 	if d.Err != nil {
 		z.logStoreError(now, *d)
 	}
@@ -242,9 +237,7 @@ func (h *Handler) cachedDenial(verdicts []verdict, now int64) int {
 		}
 		if d, ok := v.Owner.CachedDenial(v.Key, now, &v.Plan); ok {
 			v.Decision = d
-			if v.Owner.metrics != nil {
-				v.Owner.metrics.observe(d, false, 0)
-			}
+			v.Owner.metrics.observe(d, false, 0)
 			return i
 		}
 	}
@@ -293,9 +286,6 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, verdicts []verdic
 	}
 	h.setHeaders(w.Header(), verdicts, true, retry)
 	name := v.Owner.nameValue // boxed once when provisioned
-	if name == nil {
-		name = v.Owner.Name
-	}
 	// A provider, as Caddy's map handler adds one, rather than two Sets:
 	// the replacer's static map is usually still empty here, and its
 	// first entry would allocate its table; the key is boxed only if a
@@ -330,10 +320,7 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, verdicts []verdic
 		w.WriteHeader(h.StatusCode)
 		return nil
 	}
-	if v.Owner.denial != nil {
-		return v.Owner.denial
-	}
-	return caddyhttp.HandlerError{StatusCode: h.StatusCode, Err: v.Owner.denyErr}
+	return v.Owner.denial
 }
 
 // answersDirectly reports whether the server serving r has no error routes,
@@ -382,9 +369,7 @@ const (
 // key with log_key), an INFO log line, sampled under floods like denials,
 // and the bans counter.
 func (h *Handler) banStarted(now int64, z *zoneHandler, key string, d zones.Decision, dryRun bool) {
-	if z.metrics != nil && z.metrics.bans != nil {
-		z.metrics.bans.Inc()
-	}
+	add(z.metrics.bans, 1)
 	if !dryRun && h.events.ShouldEmit(eventBanned) {
 		data := map[string]any{"zone": z.Name, "ban": d.BanStarted, "level": d.BanLevel}
 		if h.LogKey {

@@ -218,9 +218,8 @@ type zoneHandler struct {
 	costs     costVars
 	dryRun    bool
 	region    *distributed.Region // scope global: its share is the q a client can get here
-	denyErr   error               // the error a denial wraps
 	denial    error               // the HandlerError a denial returns, boxed once
-	metrics   *zoneMetrics        // nil when metrics are disabled
+	metrics   zoneMetrics         // no series when metrics are disabled
 	timed     bool                // metrics on and every decision asks Redis (strict)
 	logger    *zap.Logger         // the handler's
 	logs      *logSamplers        // the handler's, which all its zones share
@@ -281,18 +280,17 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 	zc.warn(name, h.store != nil, h.logger)
 
 	zh := &zoneHandler{
-		key:     zc.Key,
-		keyVar:  singlePlaceholder(zc.Key),
-		vars:    vars,
-		costs:   costs,
-		dryRun:  cfg.DryRun,
-		denyErr: fmt.Errorf("rate limit exceeded in zone %s", name),
-		logger:  h.logger,
-		logs:    &h.live.logs,
+		key:       zc.Key,
+		keyVar:    singlePlaceholder(zc.Key),
+		keyHeader: headerPlaceholder(singlePlaceholder(zc.Key)),
+		nameValue: name,
+		vars:      vars,
+		costs:     costs,
+		dryRun:    cfg.DryRun,
+		denial:    caddyhttp.HandlerError{StatusCode: h.StatusCode, Err: fmt.Errorf("rate limit exceeded in zone %s", name)},
+		logger:    h.logger,
+		logs:      &h.live.logs,
 	}
-	zh.denial = caddyhttp.HandlerError{StatusCode: h.StatusCode, Err: zh.denyErr}
-	zh.keyHeader = headerPlaceholder(zh.keyVar)
-	zh.nameValue = name
 	if len(zc.MatcherSetsRaw) > 0 {
 		mods, err := ctx.LoadModule(zc, "MatcherSetsRaw")
 		if err != nil {
@@ -559,9 +557,7 @@ func (z *zoneHandler) expandKey(r *http.Request, repl *caddy.Replacer) string {
 
 // emptyKey counts a request whose key is empty, and logs the first.
 func (z *zoneHandler) emptyKey() {
-	if z.metrics != nil && z.metrics.emptyKeys != nil {
-		z.metrics.emptyKeys.Inc()
-	}
+	add(z.metrics.emptyKeys, 1)
 	if z.logger == nil { // not provisioned (a unit test's zoneHandler)
 		return
 	}
@@ -584,9 +580,7 @@ func (z *zoneHandler) banDropped(fromList bool, n int64) {
 	if fromList {
 		from, msg = 1, "running bans were dropped from the zone's fleet-wide list of bans, which keeps the 1000 that end last: the instance that started them enforces them, in async mode the others do not learn them (counted in caddy_rate_limit_bans_dropped_total{from=\"list\"}; logged once per zone and load)"
 	}
-	if z.metrics != nil && z.metrics.droppedBans[from] != nil {
-		z.metrics.droppedBans[from].Add(float64(n))
-	}
+	add(z.metrics.droppedBans[from], float64(n))
 	if z.logger != nil && !z.loggedDroppedBans[from].Load() && z.loggedDroppedBans[from].CompareAndSwap(false, true) {
 		z.logger.Warn(msg, zap.String("zone", z.Name), zap.Int64("dropped", n))
 	}
