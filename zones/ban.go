@@ -130,14 +130,10 @@ func (z *Zone) banIn(key string, now int64) (end int64, level int, ok bool) {
 
 // startBan bans key from now, one level above its last ban when that is
 // still remembered, and returns the ban. A key already banned keeps its ban
-// (started false); ok is false when the ban could not be kept (a table full
-// of running bans: see above).
+// (started false); ok is false when the ban could not be kept (storeBan).
 func (z *Zone) startBan(key string, now int64) (end int64, level int, started, ok bool) {
 	memory := z.BanMemory()
-	z.state.banMu.Lock()
-	defer z.state.banMu.Unlock()
-	z.state.anyBan.Store(true)
-	ok = z.state.Bans.kt.Update(key, banEnded(now, memory), func(v int64, found bool) (int64, keytable.Op) {
+	ok = z.storeBan(key, now, func(v int64, found bool) (int64, keytable.Op) {
 		level = 1
 		if found && v > now {
 			prevEnd, prev := ParseBanEntry(v, memory)
@@ -150,40 +146,41 @@ func (z *Zone) startBan(key string, now int64) (end int64, level int, started, o
 		end, started = satAdd(now, int64(z.banLength(level))), true
 		return BanEntry(end, level, memory), keytable.StoreIfExpired
 	})
-	if !ok {
-		z.droppedBans(droppedFromTable, 1)
-		return 0, 0, false, false
-	}
-	if started {
+	if ok && started {
 		z.state.banList.add(key, end, now)
 	}
-	return end, level, started, true
+	return end, level, started, ok
+}
+
+// learnBan records a ban the store reports for key (its end and level),
+// so that it holds on this instance through a store outage.
+func (z *Zone) learnBan(key string, end int64, level int, now int64) {
+	if end <= now {
+		return
+	}
+	entry := BanEntry(end, level, z.BanMemory())
+	if z.storeBan(key, now, func(int64, bool) (int64, keytable.Op) { return entry, keytable.StoreIfExpired }) {
+		z.state.banList.add(key, end, now)
+	}
+}
+
+// storeBan updates key's ban entry with f, ordered with the sweep that
+// clears anyBan. A ban that finds the table full of running bans is not
+// kept: false, and counted.
+func (z *Zone) storeBan(key string, now int64, f func(int64, bool) (int64, keytable.Op)) bool {
+	z.state.banMu.Lock()
+	z.state.anyBan.Store(true)
+	ok := z.state.Bans.kt.Update(key, banEnded(now, z.BanMemory()), f)
+	z.state.banMu.Unlock()
+	if !ok {
+		z.droppedBans(droppedFromTable, 1)
+	}
+	return ok
 }
 
 // banEnded is the value at or below which a ban entry's ban has ended at
 // now: what a full ban table may evict (keytable.StoreIfExpired).
 func banEnded(now int64, memory time.Duration) int64 { return satAdd(now, int64(memory)) }
-
-// learnBan records a ban the store reports for key (its end and level),
-// so that it holds on this instance through a store outage. A ban that
-// finds the table full of running bans is not kept (and counted).
-func (z *Zone) learnBan(key string, end int64, level int, now int64) {
-	if end <= now {
-		return
-	}
-	memory := z.BanMemory()
-	z.state.banMu.Lock()
-	z.state.anyBan.Store(true)
-	ok := z.state.Bans.kt.Update(key, banEnded(now, memory), func(int64, bool) (int64, keytable.Op) {
-		return BanEntry(end, level, memory), keytable.StoreIfExpired
-	})
-	z.state.banMu.Unlock()
-	if !ok {
-		z.droppedBans(droppedFromTable, 1)
-		return
-	}
-	z.state.banList.add(key, end, now)
-}
 
 // banDecision is the denial of a key banned until end.
 func banDecision(end, now int64, level int, reset time.Duration, src Source) Decision {

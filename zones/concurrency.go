@@ -12,6 +12,7 @@ package zones
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -131,27 +132,20 @@ const MaxConcurrency = 1 << 30
 // than a rate.
 func (c Config) IsConcurrency() bool { return c.Concurrency > 0 }
 
-// validateConcurrency is Validate for a zone that sets concurrency or lease.
+// validateConcurrency is validate for a zone that sets concurrency or lease.
 func (c Config) validateConcurrency() error {
 	switch {
-	case !ValidName(c.Name):
-		return fmt.Errorf("zone name %q is invalid: use letters, digits, '_' and '-' only", c.Name)
 	case c.Concurrency > MaxConcurrency:
-		return fmt.Errorf("zone %s: concurrency must be a whole number from 1 to %d", c.Name, MaxConcurrency)
+		return fmt.Errorf("concurrency must be a whole number from 1 to %d", MaxConcurrency)
 	case c.Concurrency <= 0:
-		return fmt.Errorf("zone %s: lease only applies to concurrency zones: add e.g. concurrency 4, or remove lease", c.Name)
+		return errors.New("lease only applies to concurrency zones: add e.g. concurrency 4, or remove lease")
 	case c.Events != 0 || c.Window != 0 || c.Burst != 0 || c.PerRequest:
-		return fmt.Errorf("zone %s: concurrency replaces events, window and burst: remove them, or put the rate limit in a zone of its own", c.Name)
+		return errors.New("concurrency replaces events, window and burst: remove them, or put the rate limit in a zone of its own")
 	case c.Lease != 0 && c.Lease < MinLease:
-		return fmt.Errorf("zone %s: lease must be at least %v (renewals run every lease/3)", c.Name, MinLease)
-	case c.IPv4Prefix < 0 || c.IPv4Prefix > 32:
-		return fmt.Errorf("zone %s: ipv4_prefix must be between 1 and 32", c.Name)
-	case c.IPv6Prefix < 0 || c.IPv6Prefix > 128:
-		return fmt.Errorf("zone %s: ipv6_prefix must be between 1 and 128", c.Name)
-	case c.MaxKeys < 0 || c.MaxKeys > MaxMaxKeys:
-		return fmt.Errorf("zone %s: max_keys must be a whole number from 1 to %d", c.Name, int64(MaxMaxKeys))
+		return fmt.Errorf("lease must be at least %v (renewals run every lease/3)", MinLease)
 	}
-	return nil
+	_, err := c.checkKeys()
+	return err
 }
 
 // LeaseOrDefault is the zone's lease, DefaultLease when not set.

@@ -44,10 +44,14 @@ type owedCharge struct {
 // plan p without the store, under fail_policy local; a negative cost is a
 // refund of such an admission.
 func (z *Zone) owe(key string, p *Plan, cost int64) {
-	if z.FailPolicy != FailLocal || z.records != nil || z.state.quota != nil || z.store == nil {
-		return
+	if z.FailPolicy == FailLocal && z.records == nil && z.state.quota == nil && z.store != nil {
+		z.state.owed.add(key, p, cost, 0)
 	}
-	o := &z.state.owed
+}
+
+// add adds cost under plan p to what is owed for key, a charge already
+// tried attempts times; at most max keys are owed.
+func (o *owed) add(key string, p *Plan, cost int64, attempts int) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	c := o.m[key]
@@ -64,6 +68,7 @@ func (z *Zone) owe(key string, p *Plan, cost int64) {
 	}
 	c.plan = *p
 	c.cost = min(c.cost+cost, MaxCharge*p.Burst)
+	c.attempts = max(c.attempts, attempts)
 	if c.cost <= 0 {
 		delete(o.m, key)
 		o.any.Store(len(o.m) > 0)
@@ -108,23 +113,9 @@ func (z *Zone) payOwed(key string, c *owedCharge) {
 		z.heard(key, monotime.Now(), rep.Result)
 		return
 	}
-	if errors.Is(err, context.DeadlineExceeded) || c.attempts+1 >= owedAttempts {
-		return
+	if !errors.Is(err, context.DeadlineExceeded) && c.attempts+1 < owedAttempts {
+		z.state.owed.add(key, &c.plan, c.cost, c.attempts+1)
 	}
-	o := &z.state.owed
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.m == nil {
-		o.m = make(map[string]*owedCharge)
-	}
-	if cur := o.m[key]; cur != nil {
-		cur.cost = min(cur.cost+c.cost, MaxCharge*c.plan.Burst)
-		cur.attempts = max(cur.attempts, c.attempts+1)
-		return
-	}
-	c.attempts++
-	o.m[key] = c
-	o.any.Store(true)
 }
 
 // len is the number of keys owed.

@@ -114,27 +114,20 @@ const QuotaDenyCacheFor = time.Second
 // than a rate.
 func (c Config) IsQuota() bool { return c.Period != 0 }
 
-// validateQuota is Validate for a quota zone.
+// validateQuota is validate for a quota zone.
 func (c Config) validateQuota() error {
 	switch {
-	case !ValidName(c.Name):
-		return fmt.Errorf("zone name %q is invalid: use letters, digits, '_' and '-' only", c.Name)
 	case c.Period < algorithms.Minute || c.Period > algorithms.Month:
-		return fmt.Errorf("zone %s: quota needs a period: per minute, hour, day, week or month", c.Name)
+		return errors.New("quota needs a period: per minute, hour, day, week or month")
 	case c.Events != 0 || c.Window != 0 || c.Burst != 0:
-		return fmt.Errorf("zone %s: a zone has either a quota or a rate: remove events, window and burst, or put the rate in a zone of its own", c.Name)
+		return errors.New("a zone has either a quota or a rate: remove events, window and burst, or put the rate in a zone of its own")
 	case c.Concurrency != 0 || c.Lease != 0:
-		return fmt.Errorf("zone %s: a zone has either a quota or a concurrency limit: put the concurrency limit in a zone of its own", c.Name)
+		return errors.New("a zone has either a quota or a concurrency limit: put the concurrency limit in a zone of its own")
 	case c.Quota < 0 || c.Quota > MaxEvents || c.Quota == 0 && !c.PerRequest:
-		return fmt.Errorf("zone %s: quota must be a whole number from 1 to %d", c.Name, int64(MaxEvents))
-	case c.IPv4Prefix < 0 || c.IPv4Prefix > 32:
-		return fmt.Errorf("zone %s: ipv4_prefix must be between 1 and 32", c.Name)
-	case c.IPv6Prefix < 0 || c.IPv6Prefix > 128:
-		return fmt.Errorf("zone %s: ipv6_prefix must be between 1 and 128", c.Name)
-	case c.MaxKeys < 0 || c.MaxKeys > MaxMaxKeys:
-		return fmt.Errorf("zone %s: max_keys must be a whole number from 1 to %d", c.Name, int64(MaxMaxKeys))
+		return fmt.Errorf("quota must be a whole number from 1 to %d", int64(MaxEvents))
 	}
-	return nil
+	_, err := c.checkKeys()
+	return err
 }
 
 // QuotaPlan is the plan of a request to a quota zone: n units per period

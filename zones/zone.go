@@ -129,33 +129,34 @@ const MinEmissionInterval = time.Microsecond
 // Validate reports the first thing wrong with the definition, saying how to
 // fix it.
 func (c Config) Validate() error {
-	if err := c.validateBan(); err != nil {
-		return fmt.Errorf("zone %s: %v", c.Name, err)
-	}
-	if err := c.validateDelay(); err != nil {
-		return fmt.Errorf("zone %s: %v", c.Name, err)
-	}
-	if c.IsQuota() {
-		return c.validateQuota()
-	}
-	if c.Concurrency != 0 || c.Lease != 0 {
-		return c.validateConcurrency()
-	}
 	if !ValidName(c.Name) {
 		return fmt.Errorf("zone name %q is invalid: use letters, digits, '_' and '-' only", c.Name)
 	}
-	if _, err := c.Check(); err != nil {
-		return fmt.Errorf("zone %s: %v", c.Name, err)
+	kind := c.validateRate
+	if c.IsQuota() {
+		kind = c.validateQuota
+	} else if c.Concurrency != 0 || c.Lease != 0 {
+		kind = c.validateConcurrency
 	}
-	if _, err := c.Plan(); err != nil {
-		return fmt.Errorf("zone %s: %v", c.Name, err)
+	for _, check := range []func() error{c.validateBan, c.validateDelay, kind} {
+		if err := check(); err != nil {
+			return fmt.Errorf("zone %s: %v", c.Name, err)
+		}
 	}
 	return nil
 }
 
-// Check is Validate for a zone whose name is known to be valid: it returns
-// what is wrong, without the zone's name, and the setting at fault (events,
-// window, burst, ipv4_prefix, ipv6_prefix or max_keys), so that a
+func (c Config) validateRate() error {
+	if _, err := c.Check(); err != nil {
+		return err
+	}
+	_, err := c.Plan()
+	return err
+}
+
+// Check is Validate for a rate zone whose name is known to be valid: it
+// returns what is wrong, without the zone's name, and the setting at fault
+// (events, window, burst, ipv4_prefix, ipv6_prefix or max_keys), so that a
 // configuration parser can point at its line.
 func (c Config) Check() (setting string, err error) {
 	switch {
@@ -172,6 +173,14 @@ func (c Config) Check() (setting string, err error) {
 	case c.Burst > int64(MaxSpan/(c.Window/time.Duration(c.Events))):
 		t := c.Window / time.Duration(c.Events)
 		return "burst", fmt.Errorf("burst %d at one request per %v takes longer to refill than the %d years tally can represent: use a smaller burst", c.Burst, t, MaxSpan/(365*24*time.Hour))
+	}
+	return c.checkKeys()
+}
+
+// checkKeys is Check for the settings every kind of zone has, those of its
+// keys.
+func (c Config) checkKeys() (setting string, err error) {
+	switch {
 	case c.IPv4Prefix < 0 || c.IPv4Prefix > 32:
 		return "ipv4_prefix", errors.New("ipv4_prefix must be between 1 and 32")
 	case c.IPv6Prefix < 0 || c.IPv6Prefix > 128:
