@@ -200,6 +200,67 @@ func (b *breaker) health() (bool, time.Time) {
 	return false, b.openSince
 }
 
+// gates lets a background pipeline over many keys (an async sync, slot
+// renewals and releases) through their breakers: one allow and one record
+// per breaker (the store's, or on a Cluster each master's) and round, as
+// if each master's share were one call.
+type gates []*gate
+
+type gate struct {
+	b         *breaker
+	ok, probe bool
+	err       error // the first error among b's calls
+	answered  int   // keys Redis answered (an async sync's)
+}
+
+// get is b's gate, asking b once.
+func (gs *gates) get(b *breaker) *gate {
+	for _, g := range *gs {
+		if g.b == b {
+			return g
+		}
+	}
+	g := &gate{b: b}
+	g.ok, g.probe = b.allow()
+	*gs = append(*gs, g)
+	return g
+}
+
+// note keeps the first error among g's calls.
+func (g *gate) note(err error) {
+	if g.err == nil {
+		g.err = err
+	}
+}
+
+// busy reports whether g's error is a busy Redis, not a down one: a timeout
+// after Redis answered part of the sync through g.
+func (g *gate) busy() bool {
+	return g.answered > 0 && (errors.Is(g.err, context.DeadlineExceeded) || isTimeout(g.err))
+}
+
+// record tells each breaker that let calls through how they went; a busy
+// Redis answered.
+func (gs gates) record() {
+	for _, g := range gs {
+		if !g.ok {
+			continue
+		}
+		err := g.err
+		if g.busy() {
+			err = nil
+		}
+		g.b.record(g.probe, err)
+	}
+}
+
+// isTimeout reports whether err is a network timeout (a pipeline Redis did
+// not answer in time).
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
 // unreachable tells failures of Redis (no answer, or an answer saying it
 // cannot serve) from errors about the request itself.
 func unreachable(err error) bool {

@@ -230,9 +230,9 @@ func (c *link) renew() {
 	// one record per breaker and round): a dead master must not stop the
 	// renewal of slots on the others, whose leases would end under
 	// requests still running.
-	var gates breakerGates
+	var gs gates
 	for g := range groups {
-		if !gates.allow(c.breakerFor(g.rkey)) {
+		if !gs.get(c.breakerFor(g.rkey)).ok {
 			delete(groups, g)
 		}
 	}
@@ -258,9 +258,9 @@ func (c *link) renew() {
 		}
 	}
 	for g, cmd := range cmds {
-		gates.note(c.breakerFor(g.rkey), cmd.Err())
+		gs.get(c.breakerFor(g.rkey)).note(cmd.Err())
 	}
-	gates.record()
+	gs.record()
 	if err != nil {
 		c.logger.Debug("renewing concurrency slots failed", zap.Error(err))
 	}
@@ -278,54 +278,6 @@ func (c *link) renew() {
 		}
 	}
 	sl.mu.Unlock()
-}
-
-// breakerGates lets a background pipeline over many keys through their
-// breakers: one allow and one record per breaker (the store's, or on a
-// Cluster each master's), as if each master's share were one call.
-type breakerGates struct {
-	gates []breakerGate
-}
-
-type breakerGate struct {
-	b      *breaker
-	ok     bool
-	probe  bool
-	err    error
-	noting bool
-}
-
-// allow reports whether calls guarded by b may go, asking b once.
-func (g *breakerGates) allow(b *breaker) bool {
-	for _, x := range g.gates {
-		if x.b == b {
-			return x.ok
-		}
-	}
-	ok, probe := b.allow()
-	g.gates = append(g.gates, breakerGate{b: b, ok: ok, probe: probe})
-	return ok
-}
-
-// note keeps the first error among b's calls.
-func (g *breakerGates) note(b *breaker, err error) {
-	for i := range g.gates {
-		if x := &g.gates[i]; x.b == b && x.ok {
-			x.noting = true
-			if x.err == nil {
-				x.err = err
-			}
-		}
-	}
-}
-
-// record feeds each breaker that let calls through their outcome.
-func (g *breakerGates) record() {
-	for _, x := range g.gates {
-		if x.noting {
-			x.b.record(x.probe, x.err)
-		}
-	}
 }
 
 // sendReleases removes the released slots from Redis, one ZREM each in one
@@ -347,12 +299,12 @@ func (c *link) sendReleases(ctx context.Context) {
 	if len(live) == 0 {
 		return
 	}
-	var gates breakerGates
+	var gs gates
 	var failed []pendingRelease
 	pipe := c.client.Pipeline()
 	cmds := make([]*redis.IntCmd, len(live))
 	for i, r := range live {
-		if !gates.allow(c.breakerFor(r.rkey)) {
+		if !gs.get(c.breakerFor(r.rkey)).ok {
 			failed = append(failed, r)
 			continue
 		}
@@ -368,12 +320,12 @@ func (c *link) sendReleases(ctx context.Context) {
 			if errors.Is(err, redis.Nil) {
 				err = nil
 			}
-			gates.note(c.breakerFor(live[i].rkey), err)
+			gs.get(c.breakerFor(live[i].rkey)).note(err)
 			if err != nil {
 				failed = append(failed, live[i])
 			}
 		}
-		gates.record()
+		gs.record()
 	}
 	if len(failed) > 0 {
 		sl.mu.Lock()
