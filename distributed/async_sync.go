@@ -308,10 +308,6 @@ func (a *Async) run(ctx context.Context, calls []*asyncCall) {
 	}
 }
 
-// errAsyncForeign is async.lua's answer for a key that held a value tally
-// did not write (and which it deleted): an error for that key alone.
-const errAsyncForeign = scriptError("TALLYFOREIGN a value of another type was at a tally key; deleted")
-
 // adoptCall adopts the replies of one call, key by key. An error for the
 // whole call fails its keys: one saying Redis cannot serve goes to the
 // gate, any other to each key's next decision, as does a per-key error.
@@ -376,7 +372,7 @@ func parseSyncReply(a []any) (syncReply, error) {
 		*f = n
 	}
 	if rep.lease < 0 {
-		return syncReply{}, errAsyncForeign
+		return syncReply{}, errForeignType
 	}
 	rep.retry *= 1000
 	rep.reset *= 1000

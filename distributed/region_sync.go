@@ -309,7 +309,7 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 	c := &r.coord
 	// demand TTL: a coordinator still syncing re-reports the key well before
 	demandTTL := 2*r.opts.Refresh + r.opts.Global.Timeout + r.opts.SyncInterval
-	args := []any{r.opts.Region, c.token, c.epoch, boolArg(c.full), r.opts.Lease.Milliseconds(),
+	args := []any{r.opts.Region, c.token, c.epoch, b2i(c.full), r.opts.Lease.Milliseconds(),
 		demandTTL.Milliseconds(), r.opts.spec(), r.opts.Global.KeyPrefix, len(reports)}
 	for _, rep := range reports {
 		args = append(args, rep.zone, len(rep.keys))
@@ -524,7 +524,7 @@ func (r *Region) plant(ctx context.Context, set *zoneSet, updates []update) bool
 // the regional Redis, for every instance of the region.
 func (r *Region) publish(ctx context.Context, lockVal string, set *zoneSet, changes [][]any, age int64, full bool) bool {
 	zs := set.zones
-	args := []any{"publish", lockVal, age, (4 * r.opts.Lease).Milliseconds(), boolArg(full), len(zs)}
+	args := []any{"publish", lockVal, age, (4 * r.opts.Lease).Milliseconds(), b2i(full), len(zs)}
 	for zi := range zs {
 		if zi < len(changes) {
 			args = append(append(args, len(changes[zi])/2), changes[zi]...)
@@ -534,11 +534,4 @@ func (r *Region) publish(ctx context.Context, lockVal string, set *zoneSet, chan
 	}
 	v, err := regionScript.Run(ctx, r.regional, set.keys, args...).Slice()
 	return err == nil && len(v) == 1 && v[0] == int64(1)
-}
-
-func boolArg(b bool) string {
-	if b {
-		return "1"
-	}
-	return "0"
 }

@@ -25,10 +25,6 @@ var (
 	errBadReply = errors.New("distributed: unexpected reply from the GCRA script")
 )
 
-// foreign reports whether err is a script's report that it found, and
-// deleted, a value tally did not write at one of its keys.
-func foreign(err error) bool { return redis.HasErrorPrefix(err, "TALLYFOREIGN") }
-
 //go:embed gcra.lua
 var gcraScript string
 
