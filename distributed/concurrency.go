@@ -181,12 +181,6 @@ func (c *link) slotLoop() {
 			cancel()
 			return
 		}
-		if !timer.Stop() {
-			select {
-			case <-timer.C:
-			default:
-			}
-		}
 		asked := sl.now.Swap(false)
 		if every > 0 && (asked || !time.Now().Before(nextRenew)) {
 			c.renew()
