@@ -1,6 +1,7 @@
 package distributed
 
 import (
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -129,13 +130,8 @@ func (c *link) OnReset(zone string, l ResetListener) (remove func()) {
 	return func() {
 		c.resets.mu.Lock()
 		defer c.resets.mu.Unlock()
-		ls := c.resets.listeners[zone]
-		for i, q := range ls {
-			if q == p {
-				c.resets.listeners[zone] = append(ls[:i:i], ls[i+1:]...)
-				break
-			}
-		}
+		// In place: forget copies the listeners under the lock.
+		c.resets.listeners[zone] = slices.DeleteFunc(c.resets.listeners[zone], func(q *ResetListener) bool { return q == p })
 		if len(c.resets.listeners[zone]) == 0 {
 			delete(c.resets.listeners, zone)
 		}
