@@ -23,12 +23,12 @@ import (
 func (a *Async) wake(ctx context.Context, z *asyncZone, s *asyncShard, key string, r *record, limit algorithms.Limit) (*record, error) {
 	ctx, cancel := a.bound(ctx)
 	defer cancel()
-	for range 3 { // a final report in flight is sent again first
+	for round := 0; ; round++ { // 3 at most: a final report in flight is sent again first
 		if r == nil {
 			r = &record{allow: freshShare(limit.Burst, a.Instances())}
 			z.insert(s, key, r)
 		}
-		if !r.dormant || r.retryAt > monotime.Now() {
+		if round == 3 || !r.dormant || r.retryAt > monotime.Now() {
 			return r, nil
 		}
 		if w := r.waking; w != nil {
@@ -66,11 +66,6 @@ func (a *Async) wake(ctx context.Context, z *asyncZone, s *asyncShard, key strin
 		}
 		r = s.m[key]
 	}
-	if r == nil {
-		r = &record{allow: freshShare(limit.Burst, a.Instances())}
-		z.insert(s, key, r)
-	}
-	return r, nil
 }
 
 // syncOne sends one report alone (a wake), bounded by ctx and through the
