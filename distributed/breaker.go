@@ -1,6 +1,7 @@
 package distributed
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"maps"
@@ -167,24 +168,17 @@ func (b *breaker) record(probe bool, err error) {
 	}
 }
 
-// outageNode is the node of the current outage: the master a Sentinel
-// setting was connected to when it opened, or "".
-func (b *breaker) outageNode() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.downMaster
-}
-
-// outage reports whether calls are failing (an outage is logged), whether
-// the breaker is open, and since when: what the admin API shows. health,
-// by contrast, is the breaker's state alone.
-func (b *breaker) outage() (down, open bool, since time.Time) {
+// outage reports whether calls are failing (an outage is logged) and the
+// outage, what the admin API shows: its node is the Cluster master b is
+// for, or the master a Sentinel setting was connected to when it began.
+// health, by contrast, is the breaker's state alone.
+func (b *breaker) outage() (NodeOutage, bool) {
 	if b.state.Load() == stateClosed && b.failures.Load() < warnAfter {
-		return false, false, time.Time{}
+		return NodeOutage{}, false
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.warned, b.state.Load() != stateClosed, b.openSince
+	return NodeOutage{Node: cmp.Or(b.node, b.downMaster), Since: b.openSince, Open: b.state.Load() != stateClosed}, b.warned
 }
 
 // health reports whether the breaker is closed, and since when it is not.
@@ -379,15 +373,15 @@ func (n *nodeBreakers) retire(ctx context.Context) (down []NodeOutage) {
 	if n.cluster == nil {
 		return nil
 	}
-	if down1, open, since := n.unmapped.outage(); down1 {
-		down = append(down, NodeOutage{Node: "", Since: since, Open: open})
+	if o, failing := n.unmapped.outage(); failing {
+		down = append(down, o)
 	}
 	m := n.nodes.Load()
 	if m == nil {
 		return down
 	}
 	for addr, b := range *m {
-		failing, open, since := b.outage()
+		o, failing := b.outage()
 		if !failing {
 			continue
 		}
@@ -396,12 +390,12 @@ func (n *nodeBreakers) retire(ctx context.Context) (down []NodeOutage) {
 			if n.drop(addr, b) {
 				n.logger.Info("redis node replaced: its slots are served by another master now",
 					zap.String("redis", n.redis), zap.String("node", addr),
-					zap.String("new_master", c.Options().Addr), zap.Duration("outage", time.Since(since)))
+					zap.String("new_master", c.Options().Addr), zap.Duration("outage", time.Since(o.Since)))
 			}
 			continue
 		}
 		n.reload()
-		down = append(down, NodeOutage{Node: addr, Since: since, Open: open})
+		down = append(down, o)
 	}
 	return down
 }

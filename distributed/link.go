@@ -159,8 +159,8 @@ func (c *link) Health() (ok bool, openSince time.Time) {
 // outage naming, on Sentinel, the master it was connected to.
 func (c *link) Outages() []NodeOutage {
 	down := c.nodes.retire(c.ctx)
-	if failing, open, since := c.breaker.outage(); failing {
-		down = append(down, NodeOutage{Node: c.breaker.outageNode(), Since: since, Open: open})
+	if o, failing := c.breaker.outage(); failing {
+		down = append(down, o)
 	}
 	return down
 }
