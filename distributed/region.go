@@ -262,7 +262,6 @@ func OpenRegion(regional zones.Store, opts RegionOptions, logger *zap.Logger) (*
 	r.floor = r.weight / 10
 	r.rebuild()
 	r.floored.Store(true) // until the first poll says otherwise
-	r.coord.init()
 	r.done.Add(2)
 	go r.every(r.poll)
 	go r.every(func() { r.tick(monotime.Now()) })

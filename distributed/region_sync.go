@@ -14,7 +14,7 @@ import (
 )
 
 // coordinator is the state of the region's coordinator, kept by whichever
-// instance holds the lock (sync loop only).
+// instance holds the lock, made afresh when it takes it (sync loop only).
 type coordinator struct {
 	token     int64 // fencing token; 0: not the coordinator
 	lockedAt  int64 // monotime of the last lock renewal
@@ -46,12 +46,6 @@ func sub[V any](m map[string]map[string]V, zone string) map[string]V {
 		m[zone] = map[string]V{}
 	}
 	return m[zone]
-}
-
-func (c *coordinator) init() {
-	c.held = map[string]map[string]*holding{}
-	c.sent = map[string]map[string]*lastReport{}
-	c.spans = map[string]map[string]int64{}
 }
 
 // due says whether a sync not in full reports key, last reported as s
@@ -102,7 +96,9 @@ func (r *Region) lock(now int64) {
 	}
 	if tok != c.token {
 		c.token, c.full = tok, true
-		c.init()
+		c.held = map[string]map[string]*holding{}
+		c.sent = map[string]map[string]*lastReport{}
+		c.spans = map[string]map[string]int64{}
 		c.contact = r.contactAt.Load() // the last contact the region published
 		for _, z := range r.zoneSet().zones {
 			c.adopt(z)
