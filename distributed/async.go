@@ -194,7 +194,7 @@ func (a *Async) Close() error {
 		ctx, cancel = context.WithTimeout(context.Background(), backgroundTimeout(a.opts))
 		a.syncQuotas(ctx, true)
 		cancel()
-		err = a.link.close()
+		err = a.link.Close()
 	})
 	return err
 }

@@ -110,10 +110,10 @@ func (c *link) start(mode modeState) {
 	go c.subscribeLoop(c.pubsub)
 }
 
-// close stops the workers and the heartbeat, removes this instance from the
+// Close stops the workers and the heartbeat, removes this instance from the
 // instances set (best effort, bounded by the timeout) and closes the client.
-// Calls made after close return ErrClosed.
-func (c *link) close() error {
+// Calls made after Close return ErrClosed. Async.Close syncs first.
+func (c *link) Close() error {
 	var err error
 	c.closeOnce.Do(func() {
 		close(c.done)

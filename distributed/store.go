@@ -60,11 +60,6 @@ func (strictMode) forgetRecord(zone, key string) {}
 func (strictMode) synced() bool                  { return true }
 func (strictMode) forgetDenials()                {}
 
-// Close stops the workers and the heartbeat, removes this instance from the
-// instances set (best effort, bounded by the timeout) and closes the client.
-// Calls made after Close return ErrClosed.
-func (s *Strict) Close() error { return s.close() }
-
 // Destruct closes the store; it makes a Strict a caddy.Destructor for
 // sharing through a caddy.UsagePool.
 func (s *Strict) Destruct() error { return s.Close() }
