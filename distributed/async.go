@@ -160,15 +160,7 @@ func (a *Async) Rate(ctx context.Context, zone, key string, st zones.RateStep) (
 		s.mu.Unlock()
 		return zones.RateReply{}, nil
 	case zones.OpPeek:
-		rkey := a.RedisKey(zone, key)
-		var v []int64 // the key's TAT and Redis's clock, in µs
-		err := a.unbatched(ctx, rkey, func(ctx context.Context) (err error) {
-			v, err = peekScript.Run(ctx, a.client, []string{rkey}).Int64Slice()
-			return err
-		})
-		if err == nil && len(v) != 2 {
-			err = errBadReply
-		}
+		v, err := a.ints(ctx, peekScript, a.RedisKey(zone, key), 2) // Redis's clock and the key's TAT, in µs
 		if err != nil {
 			return zones.RateReply{}, err
 		}

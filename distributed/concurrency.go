@@ -129,15 +129,7 @@ func (sl *slots) release(slot heldSlot, expires time.Time) {
 // Slots returns the live slots held for key in zone, by every instance
 // (zones.Slots). It is for the admin API.
 func (c *link) Slots(ctx context.Context, zone, key string) (int64, error) {
-	rkey := c.slotsKey(zone, key)
-	var v []int64
-	err := c.unbatched(ctx, rkey, func(ctx context.Context) (err error) {
-		v, err = concurrencyScript.Run(ctx, c.client, []string{rkey}, "p").Int64Slice()
-		if err == nil && len(v) != 2 {
-			err = errBadReply
-		}
-		return err
-	})
+	v, err := c.ints(ctx, concurrencyScript, c.slotsKey(zone, key), 2, "p")
 	if err != nil {
 		return 0, err
 	}

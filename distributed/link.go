@@ -205,6 +205,18 @@ func (c *link) unbatched(ctx context.Context, rkey string, f func(ctx context.Co
 	return err
 }
 
+// ints runs script for rkey unbatched (see unbatched) and reads its reply:
+// n integers.
+func (c *link) ints(ctx context.Context, script *redis.Script, rkey string, n int, args ...any) (v []int64, err error) {
+	err = c.unbatched(ctx, rkey, func(ctx context.Context) error {
+		if v, err = script.Run(ctx, c.client, []string{rkey}, args...).Int64Slice(); err == nil && len(v) != n {
+			err = errBadReply
+		}
+		return err
+	})
+	return v, err
+}
+
 // reset deletes rkey, the state of key in zone, and tells every instance
 // to forget what it holds about the key (see resets.go).
 func (c *link) reset(ctx context.Context, rkey, zone, key string) error {
