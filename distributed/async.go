@@ -115,6 +115,7 @@ func openAsync(opts Options, maxKeys int, logger *zap.Logger) (*Async, error) {
 		script:   redis.NewScript(asyncScript),
 		maxKeys:  maxKeys,
 		caps:     make(map[string]int),
+		epochs:   make(map[int]int64),
 		stop:     make(chan struct{}),
 		loopDone: make(chan struct{}),
 	}
