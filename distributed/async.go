@@ -263,6 +263,28 @@ func (a *Async) step(ctx context.Context, zone, key string, st zones.RateStep) (
 	return res, nil
 }
 
+// Peek is what key's record would decide for a unit-cost request at now
+// (zones.Records): its allowance left when it has a unit, else the wait
+// until the next sync or the fleet's next token, as record.result reports
+// them to the requests it decides. It consumes, creates and wakes nothing.
+// ok is false for a key with no record (its next request gets a fresh
+// share) and for a dormant record the next request wakes through Redis:
+// the store's own peek (the fleet's view) answers for those.
+func (a *Async) Peek(zone, key string, now int64, limit algorithms.Limit) (algorithms.Result, bool) {
+	z := (*a.zones.Load())[zone]
+	if z == nil {
+		return algorithms.Result{}, false
+	}
+	s := z.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.m[key]
+	if r == nil || (r.dormant && r.retryAt <= now) {
+		return algorithms.Result{}, false
+	}
+	return r.result(now, a.nextSync.Load(), limit, r.allow >= 1), true
+}
+
 // DeniedUntil is the deny cache kept in key's record (zones.Records):
 // when its last denial with no unit left ends, if it is in force at now.
 func (a *Async) DeniedUntil(zone, key string, now int64) (int64, bool) {
