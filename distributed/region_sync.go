@@ -81,7 +81,7 @@ func (r *Region) lock(now int64) {
 	c := &r.coord
 	ctx, cancel := context.WithTimeout(context.Background(), r.opts.SyncInterval)
 	defer cancel()
-	tok, err := regionScript.Run(ctx, r.regional, r.zoneSet().keys, "lock", r.member, (3*r.opts.SyncInterval + r.opts.Global.Timeout).Milliseconds()).Int64()
+	tok, err := regionScript.Run(ctx, r.regional, r.set.Load().keys, "lock", r.member, (3*r.opts.SyncInterval + r.opts.Global.Timeout).Milliseconds()).Int64()
 	if err != nil {
 		return // the lock expires; another instance may take it
 	}
@@ -100,7 +100,7 @@ func (r *Region) lock(now int64) {
 		c.sent = map[string]map[string]*lastReport{}
 		c.spans = map[string]map[string]int64{}
 		c.contact = r.contactAt.Load() // the last contact the region published
-		for _, z := range r.zoneSet().zones {
+		for _, z := range r.set.Load().zones {
 			c.adopt(z)
 		}
 		r.stats.Coordinating.Store(true)
@@ -131,7 +131,7 @@ func (r *Region) sync(now int64) {
 	lockVal := r.member + "|" + strconv.FormatInt(c.token, 10)
 	ctx, cancel := context.WithTimeout(context.Background(), r.opts.SyncInterval)
 	defer cancel()
-	set := r.zoneSet() // one set of zones for the whole sync
+	set := r.set.Load() // one set of zones for the whole sync
 	for name := range c.held {
 		if set.byName[name] == nil { // released (a reload dropped it)
 			delete(c.held, name)
