@@ -1,6 +1,7 @@
 package distributed
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"hash/fnv"
@@ -501,10 +502,8 @@ func (r *Region) plant(ctx context.Context, set *zoneSet, updates []update) bool
 			if z == nil {
 				continue
 			}
-			span := r.coord.spans[x.zone][x.key]
-			if span == 0 {
-				span = max(1, z.interval.Load()/1000) * z.burst.Load() // µs, as gcra.lua sees it
-			}
+			// the key's last counted span, else the zone's in µs, as gcra.lua sees it
+			span := cmp.Or(r.coord.spans[x.zone][x.key], max(1, z.interval.Load()/1000)*z.burst.Load())
 			key, hash := r.prefix+x.zone+":"+x.key, "0"
 			if r.async {
 				key, hash = r.prefix+x.zone+asyncZoneSep+x.key, "1"
