@@ -7,6 +7,7 @@ import (
 	"context"
 	_ "embed"
 	"errors"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -276,12 +277,7 @@ func (c *link) sendReleases(ctx context.Context) {
 	sl.releases = nil
 	sl.mu.Unlock()
 	now := time.Now()
-	live := batch[:0]
-	for _, r := range batch {
-		if r.expires.After(now) {
-			live = append(live, r)
-		}
-	}
+	live := slices.DeleteFunc(batch, func(r pendingRelease) bool { return !r.expires.After(now) })
 	if len(live) == 0 {
 		return
 	}
