@@ -92,6 +92,7 @@ func newLink(opts Options, logger *zap.Logger) (*link, error) {
 	c.problems.logger = logger
 	c.instances.Store(1)
 	c.slots.init()
+	c.resets.listeners = make(map[string][]*ResetListener)
 	return c, nil
 }
 

@@ -122,9 +122,6 @@ func (c *link) resetsChannel() string { return c.opts.KeyPrefix + "resets" }
 func (c *link) OnReset(zone string, l ResetListener) (remove func()) {
 	p := &l
 	c.resets.mu.Lock()
-	if c.resets.listeners == nil {
-		c.resets.listeners = make(map[string][]*ResetListener)
-	}
 	c.resets.listeners[zone] = append(c.resets.listeners[zone], p)
 	c.resets.mu.Unlock()
 	return func() {
