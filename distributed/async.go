@@ -184,9 +184,7 @@ func (a *Async) Close() error {
 		ctx, cancel := context.WithTimeout(context.Background(), backgroundTimeout(a.opts))
 		_ = a.sync(ctx, false)
 		cancel()
-		ctx, cancel = context.WithTimeout(context.Background(), backgroundTimeout(a.opts))
-		a.syncQuotas(ctx, true)
-		cancel()
+		a.syncQuotas(context.Background(), true) // bounded by the sync timeout itself
 		err = a.link.Close()
 	})
 	return err
