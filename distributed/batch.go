@@ -141,7 +141,7 @@ func (c *link) enqueue(ctx context.Context, script *redis.Script, key string, ar
 		return recycle(reply{err: ErrTimeout}) // never queued: safe to reuse
 	case <-ctx.Done():
 		return recycle(reply{err: ctx.Err()})
-	case <-c.done:
+	case <-c.ctx.Done():
 		r.timer.Stop()
 		return reply{err: ErrClosed}
 	}
@@ -184,7 +184,7 @@ func (c *link) worker() {
 		select {
 		case r := <-c.queue:
 			b.batch = append(b.batch[:0], r)
-		case <-c.done:
+		case <-c.ctx.Done():
 			return
 		}
 	drain:

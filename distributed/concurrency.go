@@ -168,7 +168,7 @@ func (c *link) slotLoop() {
 		select {
 		case <-sl.wake:
 		case <-timer.C:
-		case <-c.done:
+		case <-c.ctx.Done():
 			ctx, cancel := context.WithTimeout(context.Background(), c.opts.Timeout)
 			c.sendReleases(ctx)
 			cancel()

@@ -44,9 +44,8 @@ type link struct {
 
 	slots slots // concurrency slots this instance holds (concurrency.go)
 
-	ctx       context.Context // cancelled by close
+	ctx       context.Context // cancelled by Close: calls return ErrClosed, loops end
 	cancel    context.CancelFunc
-	done      chan struct{}
 	closeOnce sync.Once
 	wg        sync.WaitGroup
 }
@@ -77,7 +76,6 @@ func newLink(opts Options, logger *zap.Logger) (*link, error) {
 		member:     cmp.Or(opts.Instance, processMember),
 		ctx:        ctx,
 		cancel:     cancel,
-		done:       make(chan struct{}),
 	}
 	_, c.cluster = c.client.(*redis.ClusterClient)
 	c.breaker.logger = logger
@@ -117,7 +115,6 @@ func (c *link) start(mode modeState) {
 func (c *link) Close() error {
 	var err error
 	c.closeOnce.Do(func() {
-		close(c.done)
 		c.cancel()
 		_ = c.pubsub.Close()
 		c.wg.Wait()
@@ -132,14 +129,7 @@ func (c *link) Close() error {
 	return err
 }
 
-func (c *link) isClosed() bool {
-	select {
-	case <-c.done:
-		return true
-	default:
-		return false
-	}
-}
+func (c *link) isClosed() bool { return c.ctx.Err() != nil }
 
 // Health reports whether Redis is considered reachable and, when it is not,
 // since when (the earliest outage began then). On a Cluster it is

@@ -176,7 +176,7 @@ func (c *link) subscribeLoop(ps *redis.PubSub) {
 			// was published meanwhile is lost.
 			select {
 			case <-time.After(resubscribeEvery):
-			case <-c.done:
+			case <-c.ctx.Done():
 				return
 			}
 			continue
