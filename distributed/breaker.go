@@ -301,17 +301,14 @@ type nodeBreakers struct {
 	nodes      atomic.Pointer[map[string]*breaker]
 	nodesMu    sync.Mutex   // serialises writers of nodes
 	lastReload atomic.Int64 // unix nanoseconds of the last reload asked for
-
-	logger *zap.Logger
-	redis  string
-	hint   func(error) string
+	store      *breaker     // the store's, whose logger, address and hint every node's shares
 }
 
 // init sets the breakers up for client, which is a Cluster client or not,
 // logging like the store's breaker.
 func (n *nodeBreakers) init(client redis.UniversalClient, store *breaker) {
 	n.cluster, _ = client.(*redis.ClusterClient)
-	n.logger, n.redis, n.hint = store.logger, store.redis, store.hint
+	n.store = store
 	n.unmapped.logger, n.unmapped.redis, n.unmapped.hint = store.logger, store.redis, store.hint
 	n.unmapped.onFailure = n.reload
 }
@@ -342,7 +339,7 @@ func (n *nodeBreakers) breakerFor(ctx context.Context, key string, store *breake
 	if old != nil && (*old)[addr] != nil {
 		return (*old)[addr]
 	}
-	b := &breaker{logger: n.logger, redis: n.redis + " node " + addr, hint: n.hint, node: addr, sample: key, onFailure: n.reload}
+	b := &breaker{logger: n.store.logger, redis: n.store.redis + " node " + addr, hint: n.store.hint, node: addr, sample: key, onFailure: n.reload}
 	m := make(map[string]*breaker)
 	if old != nil {
 		maps.Copy(m, *old)
@@ -388,8 +385,8 @@ func (n *nodeBreakers) retire(ctx context.Context) (down []NodeOutage) {
 		c, err := n.cluster.MasterForKey(ctx, b.sample)
 		if err == nil && c.Options().Addr != addr {
 			if n.drop(addr, b) {
-				n.logger.Info("redis node replaced: its slots are served by another master now",
-					zap.String("redis", n.redis), zap.String("node", addr),
+				n.store.logger.Info("redis node replaced: its slots are served by another master now",
+					zap.String("redis", n.store.redis), zap.String("node", addr),
 					zap.String("new_master", c.Options().Addr), zap.Duration("outage", time.Since(o.Since)))
 			}
 			continue
