@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -252,10 +253,7 @@ func (o Options) tlsConfig() (*tls.Config, error) {
 // alone does not: a TLS Redis that wants a client certificate closes the
 // connection after the handshake (TLS 1.3), which reads as a reset.
 func (o Options) hint(err error) string {
-	tlsOn := o.TLS || o.TLSCAFile != ""
-	for _, a := range o.Addresses {
-		tlsOn = tlsOn || strings.HasPrefix(a, "rediss://")
-	}
+	tlsOn := o.TLS || o.TLSCAFile != "" || slices.ContainsFunc(o.Addresses, func(a string) bool { return strings.HasPrefix(a, "rediss://") })
 	if tlsOn && o.TLSCertFile == "" && (errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF) || strings.Contains(err.Error(), "certificate required")) {
 		return "the TLS connection was closed by Redis: if it requires client certificates (tls-auth-clients), set tls_client <cert file> <key file>"
 	}
