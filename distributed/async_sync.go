@@ -312,18 +312,9 @@ func (a *Async) run(ctx context.Context, calls []*asyncCall) {
 // whole call fails its keys: one saying Redis cannot serve goes to the
 // gate, any other to each key's next decision, as does a per-key error.
 func (a *Async) adoptCall(c *asyncCall, now, start int64) {
-	v, err := c.cmd.Result()
-	vals, ok := v.([]any)
-	if err == nil && (!ok || len(vals) != 4*len(c.items)+1) {
-		err = errBadReply
-	}
+	vals, epoch, err := syncValues(c.cmd, len(c.items))
 	if err == nil {
-		epoch, isInt := vals[len(vals)-1].(int64)
-		if !isInt {
-			err = errBadReply
-		} else {
-			defer a.sawEpoch(c.slot, epoch) // after this call's replies are adopted
-		}
+		defer a.sawEpoch(c.slot, epoch) // after this call's replies are adopted
 	}
 	if err != nil && unreachable(err) {
 		c.gate.note(err)
@@ -357,6 +348,24 @@ func (a *Async) adoptCall(c *asyncCall, now, start int64) {
 		c.gate.answered++
 		a.adopt(it, rep, now)
 	}
+}
+
+// syncValues reads async.lua's reply for n keys: 4 values each (see
+// parseSyncReply), then the epoch.
+func syncValues(cmd *redis.Cmd, n int) ([]any, int64, error) {
+	v, err := cmd.Result()
+	if err != nil {
+		return nil, 0, err
+	}
+	vals, ok := v.([]any)
+	if !ok || len(vals) != 4*n+1 {
+		return nil, 0, errBadReply
+	}
+	epoch, ok := vals[4*n].(int64)
+	if !ok {
+		return nil, 0, errBadReply
+	}
+	return vals, epoch, nil
 }
 
 // parseSyncReply reads one key's {lease, avail, retry_us, reset_us} of
