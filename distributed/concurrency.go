@@ -46,11 +46,6 @@ type pendingRelease struct {
 	expires time.Time
 }
 
-func (sl *slots) init() {
-	sl.held = make(map[heldSlot]heldLease)
-	sl.wake = make(chan struct{}, 1)
-}
-
 // renewNow makes the loop renew every slot held at once.
 func (sl *slots) renewNow() {
 	sl.now.Store(true)

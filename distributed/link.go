@@ -89,7 +89,8 @@ func newLink(opts Options, logger *zap.Logger) (*link, error) {
 	c.nodes.init(c.client, &c.breaker)
 	c.problems.logger = logger
 	c.instances.Store(1)
-	c.slots.init()
+	c.slots.held = make(map[heldSlot]heldLease)
+	c.slots.wake = make(chan struct{}, 1)
 	c.resets.listeners = make(map[string][]*ResetListener)
 	return c, nil
 }
