@@ -115,6 +115,7 @@ func openAsync(opts Options, maxKeys int, logger *zap.Logger) (*Async, error) {
 		script:   redis.NewScript(asyncScript),
 		maxKeys:  maxKeys,
 		caps:     make(map[string]int),
+		epochs:   make(map[int]int64),
 		stop:     make(chan struct{}),
 		loopDone: make(chan struct{}),
 	}
@@ -160,15 +161,7 @@ func (a *Async) Rate(ctx context.Context, zone, key string, st zones.RateStep) (
 		s.mu.Unlock()
 		return zones.RateReply{}, nil
 	case zones.OpPeek:
-		rkey := a.RedisKey(zone, key)
-		var v []int64 // the key's TAT and Redis's clock, in µs
-		err := a.unbatched(ctx, rkey, func(ctx context.Context) (err error) {
-			v, err = peekScript.Run(ctx, a.client, []string{rkey}).Int64Slice()
-			return err
-		})
-		if err == nil && len(v) != 2 {
-			err = errBadReply
-		}
+		v, err := a.ints(ctx, peekScript, a.RedisKey(zone, key), 2) // Redis's clock and the key's TAT, in µs
 		if err != nil {
 			return zones.RateReply{}, err
 		}
@@ -191,10 +184,8 @@ func (a *Async) Close() error {
 		ctx, cancel := context.WithTimeout(context.Background(), backgroundTimeout(a.opts))
 		_ = a.sync(ctx, false)
 		cancel()
-		ctx, cancel = context.WithTimeout(context.Background(), backgroundTimeout(a.opts))
-		a.syncQuotas(ctx, true)
-		cancel()
-		err = a.link.close()
+		a.syncQuotas(context.Background(), true) // bounded by the sync timeout itself
+		err = a.link.Close()
 	})
 	return err
 }
@@ -268,6 +259,28 @@ func (a *Async) step(ctx context.Context, zone, key string, st zones.RateStep) (
 	}
 	s.mu.Unlock()
 	return res, nil
+}
+
+// Peek is what key's record would decide for a unit-cost request at now
+// (zones.Records): its allowance left when it has a unit, else the wait
+// until the next sync or the fleet's next token, as record.result reports
+// them to the requests it decides. It consumes, creates and wakes nothing.
+// ok is false for a key with no record (its next request gets a fresh
+// share) and for a dormant record the next request wakes through Redis:
+// the store's own peek (the fleet's view) answers for those.
+func (a *Async) Peek(zone, key string, now int64, limit algorithms.Limit) (algorithms.Result, bool) {
+	z := (*a.zones.Load())[zone]
+	if z == nil {
+		return algorithms.Result{}, false
+	}
+	s := z.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.m[key]
+	if r == nil || (r.dormant && r.retryAt <= now) {
+		return algorithms.Result{}, false
+	}
+	return r.result(now, a.nextSync.Load(), limit, r.allow >= 1), true
 }
 
 // DeniedUntil is the deny cache kept in key's record (zones.Records):

@@ -189,13 +189,9 @@ end
 
 for i = 1, #KEYS - 1 do
   local a = 4 + 9 * (i - 1)
-  local lease, avail, retry, reset = sync(KEYS[i], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]),
-    tonumber(ARGV[a + 3]), ARGV[a + 4] == '1', tonumber(ARGV[a + 5]), ARGV[a + 6] == '1', ARGV[a + 7],
-    tonumber(ARGV[a + 8]), ARGV[a + 9] == '1')
-  out[4 * i - 3] = lease
-  out[4 * i - 2] = avail
-  out[4 * i - 1] = retry
-  out[4 * i] = reset
+  out[4 * i - 3], out[4 * i - 2], out[4 * i - 1], out[4 * i] = sync(KEYS[i], tonumber(ARGV[a + 1]),
+    tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), ARGV[a + 4] == '1', tonumber(ARGV[a + 5]), ARGV[a + 6] == '1',
+    ARGV[a + 7], tonumber(ARGV[a + 8]), ARGV[a + 9] == '1')
 end
 out[4 * (#KEYS - 1) + 1] = tonumber(epoch)
 return out

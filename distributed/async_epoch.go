@@ -63,20 +63,16 @@ func (a *Async) knownEpochs() map[int]int64 {
 func (a *Async) sawEpoch(slot int, epoch int64) {
 	a.epochMu.Lock()
 	old := a.epochs[slot]
-	if a.epochs == nil {
-		a.epochs = make(map[int]int64)
-	}
-	a.epochs[slot] = epoch
-	a.epochMu.Unlock()
-	if old == 0 || old == epoch {
-		return
-	}
 	if epoch == 0 {
 		// Read missing (a sync with nothing to report): the next call
 		// writes a new one, and this instance's records restore.
-		a.epochMu.Lock()
 		delete(a.epochs, slot)
-		a.epochMu.Unlock()
+	} else {
+		a.epochs[slot] = epoch
+	}
+	a.epochMu.Unlock()
+	if old == 0 || old == epoch {
+		return
 	}
 	a.logger.Warn("redis lost its data (its epoch changed): async keys are restored from what this instance last heard")
 	a.eachShard(func(z *asyncZone, s *asyncShard) {

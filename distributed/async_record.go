@@ -322,9 +322,7 @@ func (r *record) apply(s sent, rep syncReply, now, burst, fresh int64) (drop boo
 	}
 	r.allow, r.pending, r.reserved = allow, max(0, pending), true
 	r.retryAt, r.resetAt = now+rep.retry, now+rep.reset
-	r.hasUnacked = false
-	r.failedSince = 0
-	r.inFallback = false
+	r.hasUnacked, r.failedSince, r.inFallback = false, 0, false
 	if s.restore {
 		r.restore = false
 	}

@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
-	"net"
 	"slices"
 	"sync"
 	"time"
@@ -60,55 +59,10 @@ type item struct {
 type asyncCall struct {
 	items []item
 	slot  int // the hash slot of its keys, on a Cluster
-	gate  *syncGate
+	gate  *gate
 	keys  []string
 	args  []any
 	cmd   *redis.Cmd
-}
-
-// syncGate is one breaker's say in a sync: the store's, or on a Cluster one
-// master's. It is asked once per sync and told the outcome once, as if all
-// of its master's calls were one.
-type syncGate struct {
-	b         *breaker
-	ok, probe bool
-	err       error // the first error saying Redis cannot serve
-	answered  int   // keys Redis answered
-}
-
-// syncGates are the gates of one sync; a Cluster has a handful of masters.
-type syncGates []*syncGate
-
-func (gs *syncGates) get(b *breaker) *syncGate {
-	for _, g := range *gs {
-		if g.b == b {
-			return g
-		}
-	}
-	g := &syncGate{b: b}
-	g.ok, g.probe = b.allow()
-	*gs = append(*gs, g)
-	return g
-}
-
-// busy reports whether g's error is a busy Redis, not a down one: a timeout
-// after Redis answered part of the sync through g.
-func (g *syncGate) busy() bool {
-	return g.answered > 0 && (errors.Is(g.err, context.DeadlineExceeded) || isTimeout(g.err))
-}
-
-// record tells each breaker that let calls through how they went.
-func (gs syncGates) record() {
-	for _, g := range gs {
-		if !g.ok {
-			continue
-		}
-		err := g.err
-		if g.busy() {
-			err = nil
-		}
-		g.b.record(g.probe, err)
-	}
 }
 
 // sync reports the records that need it to Redis and adopts the replies;
@@ -224,8 +178,8 @@ func (a *Async) send(ctx context.Context, items []item, take bool, start int64) 
 	n := int64(a.Instances())
 	timeout := backgroundTimeout(a.opts)
 	budget := time.Now().Add(timeout)
-	var gates syncGates
-	defer func() { gates.record() }()
+	var gs gates
+	defer func() { gs.record() }()
 	// The epochs as of the sync's start: every call of the sync that finds
 	// another one restores its keys (async_epoch.go).
 	known := a.knownEpochs()
@@ -235,8 +189,8 @@ func (a *Async) send(ctx context.Context, items []item, take bool, start int64) 
 			break
 		}
 		chunk := items[lo:min(lo+size, len(items))]
-		a.sendChunk(ctx, timeout, chunk, &gates, n, take, start, known)
-		if !a.cluster && (!gates[0].ok || gates[0].err != nil) {
+		a.sendChunk(ctx, timeout, chunk, &gs, n, take, start, known)
+		if !a.cluster && (!gs[0].ok || gs[0].err != nil) {
 			// Standalone or Sentinel: one server, which failed this
 			// pipeline; the rest waits for the next sync.
 			a.restore(items[lo+len(chunk):], 0)
@@ -244,7 +198,7 @@ func (a *Async) send(ctx context.Context, items []item, take bool, start int64) 
 		}
 	}
 	var firstErr error
-	for _, g := range gates {
+	for _, g := range gs {
 		switch {
 		case g.answered > 0:
 			return nil // Redis (one of its masters) answered: not down
@@ -258,13 +212,6 @@ func (a *Async) send(ctx context.Context, items []item, take bool, start int64) 
 	return firstErr
 }
 
-// isTimeout reports whether err is a network timeout (a pipeline Redis did
-// not answer in time).
-func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
-}
-
 // asyncCallKeys is the most keys one async.lua call carries: enough that
 // the script's fixed cost (dispatch, TIME, reply) is small per key, few
 // enough that one call keeps Redis busy for well under a millisecond.
@@ -272,14 +219,14 @@ const asyncCallKeys = 100
 
 // calls groups chunk into script calls: consecutive items, up to
 // asyncCallKeys, of one hash slot on a Cluster (sync sorted them by slot).
-func (a *Async) calls(chunk []item, gates *syncGates, n int64, take bool, known map[int]int64) []asyncCall {
+func (a *Async) calls(chunk []item, gs *gates, n int64, take bool, known map[int]int64) []asyncCall {
 	var calls []asyncCall
 	for lo := 0; lo < len(chunk); {
 		hi := lo + 1
 		for hi < len(chunk) && hi-lo < asyncCallKeys && (!a.cluster || chunk[hi].slot == chunk[lo].slot) {
 			hi++
 		}
-		c := asyncCall{items: chunk[lo:hi], gate: gates.get(a.breakerFor(chunk[lo].rkey)), slot: chunk[lo].slot}
+		c := asyncCall{items: chunk[lo:hi], gate: gs.get(a.breakerFor(chunk[lo].rkey)), slot: chunk[lo].slot}
 		c.keys = make([]string, 0, hi-lo+1)
 		c.args = make([]any, 0, 4+9*(hi-lo))
 		c.args = append(c.args, n, a.hold, a.instanceID, known[c.slot])
@@ -307,11 +254,11 @@ func (a *Async) appendSyncArgs(args []any, st sent, n int64, take bool) []any {
 // are not sent. On a Cluster each master's calls go in a pipeline of their
 // own, all at once, so that a master that hangs delays and fails only its
 // own keys.
-func (a *Async) sendChunk(ctx context.Context, timeout time.Duration, chunk []item, gates *syncGates, n int64, take bool, start int64, known map[int]int64) {
+func (a *Async) sendChunk(ctx context.Context, timeout time.Duration, chunk []item, gs *gates, n int64, take bool, start int64, known map[int]int64) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	calls := a.calls(chunk, gates, n, take, known)
-	byGate := map[*syncGate][]*asyncCall{}
+	calls := a.calls(chunk, gs, n, take, known)
+	byGate := map[*gate][]*asyncCall{}
 	for i := range calls {
 		c := &calls[i]
 		if !c.gate.ok || c.gate.err != nil {
@@ -361,31 +308,16 @@ func (a *Async) run(ctx context.Context, calls []*asyncCall) {
 	}
 }
 
-// errAsyncForeign is async.lua's answer for a key that held a value tally
-// did not write (and which it deleted): an error for that key alone.
-const errAsyncForeign = scriptError("TALLYFOREIGN a value of another type was at a tally key; deleted")
-
 // adoptCall adopts the replies of one call, key by key. An error for the
 // whole call fails its keys: one saying Redis cannot serve goes to the
 // gate, any other to each key's next decision, as does a per-key error.
 func (a *Async) adoptCall(c *asyncCall, now, start int64) {
-	v, err := c.cmd.Result()
-	vals, ok := v.([]any)
-	if err == nil && (!ok || len(vals) != 4*len(c.items)+1) {
-		err = errBadReply
-	}
+	vals, epoch, err := syncValues(c.cmd, len(c.items))
 	if err == nil {
-		epoch, isInt := vals[len(vals)-1].(int64)
-		if !isInt {
-			err = errBadReply
-		} else {
-			defer a.sawEpoch(c.slot, epoch) // after this call's replies are adopted
-		}
+		defer a.sawEpoch(c.slot, epoch) // after this call's replies are adopted
 	}
 	if err != nil && unreachable(err) {
-		if c.gate.err == nil {
-			c.gate.err = err
-		}
+		c.gate.note(err)
 		if c.gate.busy() {
 			// Its master answered part of this sync: alive, only busy.
 			a.restore(c.items, 0)
@@ -418,6 +350,24 @@ func (a *Async) adoptCall(c *asyncCall, now, start int64) {
 	}
 }
 
+// syncValues reads async.lua's reply for n keys: 4 values each (see
+// parseSyncReply), then the epoch.
+func syncValues(cmd *redis.Cmd, n int) ([]any, int64, error) {
+	v, err := cmd.Result()
+	if err != nil {
+		return nil, 0, err
+	}
+	vals, ok := v.([]any)
+	if !ok || len(vals) != 4*n+1 {
+		return nil, 0, errBadReply
+	}
+	epoch, ok := vals[4*n].(int64)
+	if !ok {
+		return nil, 0, errBadReply
+	}
+	return vals, epoch, nil
+}
+
 // parseSyncReply reads one key's {lease, avail, retry_us, reset_us} of
 // async.lua (times in nanoseconds after); a negative lease reports a value
 // tally did not write, deleted.
@@ -431,7 +381,7 @@ func parseSyncReply(a []any) (syncReply, error) {
 		*f = n
 	}
 	if rep.lease < 0 {
-		return syncReply{}, errAsyncForeign
+		return syncReply{}, errForeignType
 	}
 	rep.retry *= 1000
 	rep.reset *= 1000

@@ -6,8 +6,6 @@ import (
 	"context"
 	"errors"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/caddy-tally/ratelimit/algorithms"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 )
@@ -23,12 +21,12 @@ import (
 func (a *Async) wake(ctx context.Context, z *asyncZone, s *asyncShard, key string, r *record, limit algorithms.Limit) (*record, error) {
 	ctx, cancel := a.bound(ctx)
 	defer cancel()
-	for range 3 { // a final report in flight is sent again first
+	for round := 0; ; round++ { // 3 at most: a final report in flight is sent again first
 		if r == nil {
 			r = &record{allow: freshShare(limit.Burst, a.Instances())}
 			z.insert(s, key, r)
 		}
-		if !r.dormant || r.retryAt > monotime.Now() {
+		if round == 3 || !r.dormant || r.retryAt > monotime.Now() {
 			return r, nil
 		}
 		if w := r.waking; w != nil {
@@ -66,11 +64,6 @@ func (a *Async) wake(ctx context.Context, z *asyncZone, s *asyncShard, key strin
 		}
 		r = s.m[key]
 	}
-	if r == nil {
-		r = &record{allow: freshShare(limit.Burst, a.Instances())}
-		z.insert(s, key, r)
-	}
-	return r, nil
 }
 
 // syncOne sends one report alone (a wake), bounded by ctx and through the
@@ -88,7 +81,11 @@ func (a *Async) syncOne(ctx context.Context, zone, key string, st sent) (syncRep
 		slot = hashSlot(rkey)
 	}
 	args := a.appendSyncArgs([]any{n, a.hold, a.instanceID, a.knownEpoch(slot)}, st, n, true)
-	rep, epoch, err := syncOneReply(a.script.Run(ctx, a.client, []string{rkey, a.epochKey(slot)}, args...))
+	vals, epoch, err := syncValues(a.script.Run(ctx, a.client, []string{rkey, a.epochKey(slot)}, args...), 1)
+	var rep syncReply
+	if err == nil {
+		rep, err = parseSyncReply(vals[:4])
+	}
 	if err == nil {
 		defer a.sawEpoch(slot, epoch)
 	}
@@ -101,22 +98,4 @@ func (a *Async) syncOne(ctx context.Context, zone, key string, st sent) (syncRep
 		return syncReply{}, err
 	}
 	return rep, nil
-}
-
-// syncOneReply reads async.lua's reply for one key, and the epoch.
-func syncOneReply(cmd *redis.Cmd) (syncReply, int64, error) {
-	v, err := cmd.Result()
-	if err != nil {
-		return syncReply{}, 0, err
-	}
-	a, ok := v.([]any)
-	if !ok || len(a) != 5 {
-		return syncReply{}, 0, errBadReply
-	}
-	epoch, ok := a[4].(int64)
-	if !ok {
-		return syncReply{}, 0, errBadReply
-	}
-	rep, err := parseSyncReply(a[:4])
-	return rep, epoch, err
 }

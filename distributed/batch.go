@@ -106,18 +106,19 @@ func (c *link) direct(ctx context.Context, script *redis.Script, key string, arg
 	ctx, cancel := c.bound(ctx)
 	defer cancel()
 	keys := [1]string{key}
-	return c.parseReply(script, script.Run(ctx, c.client, keys[:], args[:]...))
+	n, parse := c.parser(script)
+	return parseOne(script.Run(ctx, c.client, keys[:], args[:]...), n, parse)
 }
 
-// parseReply reads script's reply for one key.
-func (c *link) parseReply(script *redis.Script, cmd *redis.Cmd) reply {
+// parser is how script's reply reads for one key: n integers, read by parse.
+func (c *link) parser(script *redis.Script) (n int, parse func([]any) reply) {
 	switch script {
 	case c.gcra:
-		return parseOne(cmd, 2, parseStep)
+		return 2, parseStep
 	case c.quota:
-		return parseOne(cmd, 3, parseQuotaStep)
+		return 3, parseQuotaStep
 	}
-	return parseOne(cmd, 2, parseAcquire)
+	return 2, parseAcquire
 }
 
 func (c *link) enqueue(ctx context.Context, script *redis.Script, key string, args [5]any) reply {
@@ -140,7 +141,7 @@ func (c *link) enqueue(ctx context.Context, script *redis.Script, key string, ar
 		return recycle(reply{err: ErrTimeout}) // never queued: safe to reuse
 	case <-ctx.Done():
 		return recycle(reply{err: ctx.Err()})
-	case <-c.done:
+	case <-c.ctx.Done():
 		r.timer.Stop()
 		return reply{err: ErrClosed}
 	}
@@ -167,9 +168,8 @@ type batcher struct {
 // quota steps (one quota.lua call, 3 per request), or one request of
 // another script (an acquisition).
 type batchCall struct {
-	cmd     *redis.Cmd
-	reqs    []*request
-	batched bool
+	cmd  *redis.Cmd
+	reqs []*request
 }
 
 // worker sends queued requests in batches until the store closes.
@@ -184,7 +184,7 @@ func (c *link) worker() {
 		select {
 		case r := <-c.queue:
 			b.batch = append(b.batch[:0], r)
-		case <-c.done:
+		case <-c.ctx.Done():
 			return
 		}
 	drain:
@@ -253,7 +253,7 @@ func (c *link) send(b *batcher) {
 			for j < len(run) && (!c.cluster || run[j].slot == run[i].slot) {
 				j++
 			}
-			calls = append(calls, batchCall{reqs: run[i:j], batched: true})
+			calls = append(calls, batchCall{reqs: run[i:j]})
 			i = j
 		}
 	}
@@ -354,14 +354,8 @@ func (c *link) finish(ctx context.Context, b *batcher, calls []batchCall) {
 	}
 
 	for _, call := range calls {
-		switch {
-		case !call.batched:
-			call.reqs[0].reply <- c.parseReply(call.reqs[0].script, call.cmd)
-		case call.reqs[0].script == c.quota:
-			parseReplies(call.cmd, call.reqs, 3, parseQuotaStep)
-		default:
-			parseReplies(call.cmd, call.reqs, 2, parseStep)
-		}
+		n, parse := c.parser(call.reqs[0].script)
+		parseReplies(call.cmd, call.reqs, n, parse)
 	}
 }
 
@@ -372,7 +366,7 @@ func (c *link) finish(ctx context.Context, b *batcher, calls []batchCall) {
 func (b *batcher) eval(ctx context.Context, cmdable redis.Scripter, c *batchCall, full bool) *redis.Cmd {
 	r := c.reqs[0]
 	keys, argv := r.keys[:], r.args[:]
-	if c.batched && len(c.reqs) > 1 {
+	if len(c.reqs) > 1 {
 		b.keys, b.argv = b.keys[:0], append(b.argv[:0], "")
 		for _, r := range c.reqs {
 			b.keys = append(b.keys, r.keys[0])
@@ -400,8 +394,8 @@ func parseOne(c *redis.Cmd, n int, parse func([]any) reply) reply {
 	return parse(a)
 }
 
-// parseReplies answers reqs from one batched call's reply: n integers each
-// (gcra.lua 2, quota.lua 3), in order, read by parse. An error (Redis's,
+// parseReplies answers reqs from one call's reply: n integers each (see
+// parser), in order, read by parse. An error (Redis's,
 // or a bad reply) answers every request.
 func parseReplies(c *redis.Cmd, reqs []*request, n int, parse func([]any) reply) {
 	v, err := c.Result()

@@ -1,6 +1,7 @@
 package distributed
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"maps"
@@ -167,24 +168,17 @@ func (b *breaker) record(probe bool, err error) {
 	}
 }
 
-// outageNode is the node of the current outage: the master a Sentinel
-// setting was connected to when it opened, or "".
-func (b *breaker) outageNode() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.downMaster
-}
-
-// outage reports whether calls are failing (an outage is logged), whether
-// the breaker is open, and since when: what the admin API shows. health,
-// by contrast, is the breaker's state alone.
-func (b *breaker) outage() (down, open bool, since time.Time) {
+// outage reports whether calls are failing (an outage is logged) and the
+// outage, what the admin API shows: its node is the Cluster master b is
+// for, or the master a Sentinel setting was connected to when it began.
+// health, by contrast, is the breaker's state alone.
+func (b *breaker) outage() (NodeOutage, bool) {
 	if b.state.Load() == stateClosed && b.failures.Load() < warnAfter {
-		return false, false, time.Time{}
+		return NodeOutage{}, false
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.warned, b.state.Load() != stateClosed, b.openSince
+	return NodeOutage{Node: cmp.Or(b.node, b.downMaster), Since: b.openSince, Open: b.state.Load() != stateClosed}, b.warned
 }
 
 // health reports whether the breaker is closed, and since when it is not.
@@ -198,6 +192,67 @@ func (b *breaker) health() (bool, time.Time) {
 		return true, time.Time{}
 	}
 	return false, b.openSince
+}
+
+// gates lets a background pipeline over many keys (an async sync, slot
+// renewals and releases) through their breakers: one allow and one record
+// per breaker (the store's, or on a Cluster each master's) and round, as
+// if each master's share were one call.
+type gates []*gate
+
+type gate struct {
+	b         *breaker
+	ok, probe bool
+	err       error // the first error among b's calls
+	answered  int   // keys Redis answered (an async sync's)
+}
+
+// get is b's gate, asking b once.
+func (gs *gates) get(b *breaker) *gate {
+	for _, g := range *gs {
+		if g.b == b {
+			return g
+		}
+	}
+	g := &gate{b: b}
+	g.ok, g.probe = b.allow()
+	*gs = append(*gs, g)
+	return g
+}
+
+// note keeps the first error among g's calls.
+func (g *gate) note(err error) {
+	if g.err == nil {
+		g.err = err
+	}
+}
+
+// busy reports whether g's error is a busy Redis, not a down one: a timeout
+// after Redis answered part of the sync through g.
+func (g *gate) busy() bool {
+	return g.answered > 0 && (errors.Is(g.err, context.DeadlineExceeded) || isTimeout(g.err))
+}
+
+// record tells each breaker that let calls through how they went; a busy
+// Redis answered.
+func (gs gates) record() {
+	for _, g := range gs {
+		if !g.ok {
+			continue
+		}
+		err := g.err
+		if g.busy() {
+			err = nil
+		}
+		g.b.record(g.probe, err)
+	}
+}
+
+// isTimeout reports whether err is a network timeout (a pipeline Redis did
+// not answer in time).
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // unreachable tells failures of Redis (no answer, or an answer saying it
@@ -246,17 +301,14 @@ type nodeBreakers struct {
 	nodes      atomic.Pointer[map[string]*breaker]
 	nodesMu    sync.Mutex   // serialises writers of nodes
 	lastReload atomic.Int64 // unix nanoseconds of the last reload asked for
-
-	logger *zap.Logger
-	redis  string
-	hint   func(error) string
+	store      *breaker     // the store's, whose logger, address and hint every node's shares
 }
 
 // init sets the breakers up for client, which is a Cluster client or not,
 // logging like the store's breaker.
 func (n *nodeBreakers) init(client redis.UniversalClient, store *breaker) {
 	n.cluster, _ = client.(*redis.ClusterClient)
-	n.logger, n.redis, n.hint = store.logger, store.redis, store.hint
+	n.store = store
 	n.unmapped.logger, n.unmapped.redis, n.unmapped.hint = store.logger, store.redis, store.hint
 	n.unmapped.onFailure = n.reload
 }
@@ -287,7 +339,7 @@ func (n *nodeBreakers) breakerFor(ctx context.Context, key string, store *breake
 	if old != nil && (*old)[addr] != nil {
 		return (*old)[addr]
 	}
-	b := &breaker{logger: n.logger, redis: n.redis + " node " + addr, hint: n.hint, node: addr, sample: key, onFailure: n.reload}
+	b := &breaker{logger: n.store.logger, redis: n.store.redis + " node " + addr, hint: n.store.hint, node: addr, sample: key, onFailure: n.reload}
 	m := make(map[string]*breaker)
 	if old != nil {
 		maps.Copy(m, *old)
@@ -318,29 +370,29 @@ func (n *nodeBreakers) retire(ctx context.Context) (down []NodeOutage) {
 	if n.cluster == nil {
 		return nil
 	}
-	if down1, open, since := n.unmapped.outage(); down1 {
-		down = append(down, NodeOutage{Node: "", Since: since, Open: open})
+	if o, failing := n.unmapped.outage(); failing {
+		down = append(down, o)
 	}
 	m := n.nodes.Load()
 	if m == nil {
 		return down
 	}
 	for addr, b := range *m {
-		failing, open, since := b.outage()
+		o, failing := b.outage()
 		if !failing {
 			continue
 		}
 		c, err := n.cluster.MasterForKey(ctx, b.sample)
 		if err == nil && c.Options().Addr != addr {
 			if n.drop(addr, b) {
-				n.logger.Info("redis node replaced: its slots are served by another master now",
-					zap.String("redis", n.redis), zap.String("node", addr),
-					zap.String("new_master", c.Options().Addr), zap.Duration("outage", time.Since(since)))
+				n.store.logger.Info("redis node replaced: its slots are served by another master now",
+					zap.String("redis", n.store.redis), zap.String("node", addr),
+					zap.String("new_master", c.Options().Addr), zap.Duration("outage", time.Since(o.Since)))
 			}
 			continue
 		}
 		n.reload()
-		down = append(down, NodeOutage{Node: addr, Since: since, Open: open})
+		down = append(down, o)
 	}
 	return down
 }

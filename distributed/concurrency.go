@@ -7,6 +7,7 @@ import (
 	"context"
 	_ "embed"
 	"errors"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -43,11 +44,6 @@ type heldLease struct {
 type pendingRelease struct {
 	heldSlot
 	expires time.Time
-}
-
-func (sl *slots) init() {
-	sl.held = make(map[heldSlot]heldLease)
-	sl.wake = make(chan struct{}, 1)
 }
 
 // renewNow makes the loop renew every slot held at once.
@@ -129,15 +125,7 @@ func (sl *slots) release(slot heldSlot, expires time.Time) {
 // Slots returns the live slots held for key in zone, by every instance
 // (zones.Slots). It is for the admin API.
 func (c *link) Slots(ctx context.Context, zone, key string) (int64, error) {
-	rkey := c.slotsKey(zone, key)
-	var v []int64
-	err := c.unbatched(ctx, rkey, func(ctx context.Context) (err error) {
-		v, err = concurrencyScript.Run(ctx, c.client, []string{rkey}, "p").Int64Slice()
-		if err == nil && len(v) != 2 {
-			err = errBadReply
-		}
-		return err
-	})
+	v, err := c.ints(ctx, concurrencyScript, c.slotsKey(zone, key), 2, "p")
 	if err != nil {
 		return 0, err
 	}
@@ -175,17 +163,11 @@ func (c *link) slotLoop() {
 		select {
 		case <-sl.wake:
 		case <-timer.C:
-		case <-c.done:
+		case <-c.ctx.Done():
 			ctx, cancel := context.WithTimeout(context.Background(), c.opts.Timeout)
 			c.sendReleases(ctx)
 			cancel()
 			return
-		}
-		if !timer.Stop() {
-			select {
-			case <-timer.C:
-			default:
-			}
 		}
 		asked := sl.now.Swap(false)
 		if every > 0 && (asked || !time.Now().Before(nextRenew)) {
@@ -230,9 +212,9 @@ func (c *link) renew() {
 	// one record per breaker and round): a dead master must not stop the
 	// renewal of slots on the others, whose leases would end under
 	// requests still running.
-	var gates breakerGates
+	var gs gates
 	for g := range groups {
-		if !gates.allow(c.breakerFor(g.rkey)) {
+		if !gs.get(c.breakerFor(g.rkey)).ok {
 			delete(groups, g)
 		}
 	}
@@ -258,9 +240,9 @@ func (c *link) renew() {
 		}
 	}
 	for g, cmd := range cmds {
-		gates.note(c.breakerFor(g.rkey), cmd.Err())
+		gs.get(c.breakerFor(g.rkey)).note(cmd.Err())
 	}
-	gates.record()
+	gs.record()
 	if err != nil {
 		c.logger.Debug("renewing concurrency slots failed", zap.Error(err))
 	}
@@ -280,54 +262,6 @@ func (c *link) renew() {
 	sl.mu.Unlock()
 }
 
-// breakerGates lets a background pipeline over many keys through their
-// breakers: one allow and one record per breaker (the store's, or on a
-// Cluster each master's), as if each master's share were one call.
-type breakerGates struct {
-	gates []breakerGate
-}
-
-type breakerGate struct {
-	b      *breaker
-	ok     bool
-	probe  bool
-	err    error
-	noting bool
-}
-
-// allow reports whether calls guarded by b may go, asking b once.
-func (g *breakerGates) allow(b *breaker) bool {
-	for _, x := range g.gates {
-		if x.b == b {
-			return x.ok
-		}
-	}
-	ok, probe := b.allow()
-	g.gates = append(g.gates, breakerGate{b: b, ok: ok, probe: probe})
-	return ok
-}
-
-// note keeps the first error among b's calls.
-func (g *breakerGates) note(b *breaker, err error) {
-	for i := range g.gates {
-		if x := &g.gates[i]; x.b == b && x.ok {
-			x.noting = true
-			if x.err == nil {
-				x.err = err
-			}
-		}
-	}
-}
-
-// record feeds each breaker that let calls through their outcome.
-func (g *breakerGates) record() {
-	for _, x := range g.gates {
-		if x.noting {
-			x.b.record(x.probe, x.err)
-		}
-	}
-}
-
 // sendReleases removes the released slots from Redis, one ZREM each in one
 // pipeline. Those Redis did not take are kept for the next try, unless their
 // lease has ended by then.
@@ -338,21 +272,16 @@ func (c *link) sendReleases(ctx context.Context) {
 	sl.releases = nil
 	sl.mu.Unlock()
 	now := time.Now()
-	live := batch[:0]
-	for _, r := range batch {
-		if r.expires.After(now) {
-			live = append(live, r)
-		}
-	}
+	live := slices.DeleteFunc(batch, func(r pendingRelease) bool { return !r.expires.After(now) })
 	if len(live) == 0 {
 		return
 	}
-	var gates breakerGates
+	var gs gates
 	var failed []pendingRelease
 	pipe := c.client.Pipeline()
 	cmds := make([]*redis.IntCmd, len(live))
 	for i, r := range live {
-		if !gates.allow(c.breakerFor(r.rkey)) {
+		if !gs.get(c.breakerFor(r.rkey)).ok {
 			failed = append(failed, r)
 			continue
 		}
@@ -368,12 +297,12 @@ func (c *link) sendReleases(ctx context.Context) {
 			if errors.Is(err, redis.Nil) {
 				err = nil
 			}
-			gates.note(c.breakerFor(live[i].rkey), err)
+			gs.get(c.breakerFor(live[i].rkey)).note(err)
 			if err != nil {
 				failed = append(failed, live[i])
 			}
 		}
-		gates.record()
+		gs.record()
 	}
 	if len(failed) > 0 {
 		sl.mu.Lock()

@@ -191,7 +191,7 @@ func (c *link) heartbeatLoop() {
 		c.forgetMissed()
 		select {
 		case <-t.C:
-		case <-c.done:
+		case <-c.ctx.Done():
 			return
 		}
 	}

@@ -44,9 +44,8 @@ type link struct {
 
 	slots slots // concurrency slots this instance holds (concurrency.go)
 
-	ctx       context.Context // cancelled by close
+	ctx       context.Context // cancelled by Close: calls return ErrClosed, loops end
 	cancel    context.CancelFunc
-	done      chan struct{}
 	closeOnce sync.Once
 	wg        sync.WaitGroup
 }
@@ -77,7 +76,6 @@ func newLink(opts Options, logger *zap.Logger) (*link, error) {
 		member:     cmp.Or(opts.Instance, processMember),
 		ctx:        ctx,
 		cancel:     cancel,
-		done:       make(chan struct{}),
 	}
 	_, c.cluster = c.client.(*redis.ClusterClient)
 	c.breaker.logger = logger
@@ -91,7 +89,9 @@ func newLink(opts Options, logger *zap.Logger) (*link, error) {
 	c.nodes.init(c.client, &c.breaker)
 	c.problems.logger = logger
 	c.instances.Store(1)
-	c.slots.init()
+	c.slots.held = make(map[heldSlot]heldLease)
+	c.slots.wake = make(chan struct{}, 1)
+	c.resets.listeners = make(map[string][]*ResetListener)
 	return c, nil
 }
 
@@ -110,13 +110,12 @@ func (c *link) start(mode modeState) {
 	go c.subscribeLoop(c.pubsub)
 }
 
-// close stops the workers and the heartbeat, removes this instance from the
+// Close stops the workers and the heartbeat, removes this instance from the
 // instances set (best effort, bounded by the timeout) and closes the client.
-// Calls made after close return ErrClosed.
-func (c *link) close() error {
+// Calls made after Close return ErrClosed. Async.Close syncs first.
+func (c *link) Close() error {
 	var err error
 	c.closeOnce.Do(func() {
-		close(c.done)
 		c.cancel()
 		_ = c.pubsub.Close()
 		c.wg.Wait()
@@ -131,14 +130,7 @@ func (c *link) close() error {
 	return err
 }
 
-func (c *link) isClosed() bool {
-	select {
-	case <-c.done:
-		return true
-	default:
-		return false
-	}
-}
+func (c *link) isClosed() bool { return c.ctx.Err() != nil }
 
 // Health reports whether Redis is considered reachable and, when it is not,
 // since when (the earliest outage began then). On a Cluster it is
@@ -159,8 +151,8 @@ func (c *link) Health() (ok bool, openSince time.Time) {
 // outage naming, on Sentinel, the master it was connected to.
 func (c *link) Outages() []NodeOutage {
 	down := c.nodes.retire(c.ctx)
-	if failing, open, since := c.breaker.outage(); failing {
-		down = append(down, NodeOutage{Node: c.breaker.outageNode(), Since: since, Open: open})
+	if o, failing := c.breaker.outage(); failing {
+		down = append(down, o)
 	}
 	return down
 }
@@ -203,6 +195,18 @@ func (c *link) unbatched(ctx context.Context, rkey string, f func(ctx context.Co
 	err := f(ctx)
 	b.record(probe, err)
 	return err
+}
+
+// ints runs script for rkey unbatched (see unbatched) and reads its reply:
+// n integers.
+func (c *link) ints(ctx context.Context, script *redis.Script, rkey string, n int, args ...any) (v []int64, err error) {
+	err = c.unbatched(ctx, rkey, func(ctx context.Context) error {
+		if v, err = script.Run(ctx, c.client, []string{rkey}, args...).Int64Slice(); err == nil && len(v) != n {
+			err = errBadReply
+		}
+		return err
+	})
+	return v, err
 }
 
 // reset deletes rkey, the state of key in zone, and tells every instance

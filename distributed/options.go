@@ -1,6 +1,7 @@
 package distributed
 
 import (
+	"cmp"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"io"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -72,12 +74,8 @@ func (o Options) withDefaults() Options {
 	if o.Timeout <= 0 {
 		o.Timeout = DefaultTimeout
 	}
-	if o.KeyPrefix == "" {
-		o.KeyPrefix = DefaultKeyPrefix
-	}
-	if o.Mode == "" {
-		o.Mode = "strict"
-	}
+	o.KeyPrefix = cmp.Or(o.KeyPrefix, DefaultKeyPrefix)
+	o.Mode = cmp.Or(o.Mode, "strict")
 	if o.SyncInterval <= 0 {
 		o.SyncInterval = DefaultSyncInterval
 	}
@@ -204,19 +202,10 @@ func (o Options) universalOptions() (*redis.UniversalOptions, error) {
 		fromURL.set, fromURL.user, fromURL.pass, fromURL.db, fromURL.tls = true, p.Username, p.Password, p.DB, isTLS
 		u.Addrs = append(u.Addrs, p.Addr)
 	}
-	if fromURL.set {
-		if u.Username == "" {
-			u.Username = fromURL.user
-		}
-		if u.Password == "" {
-			u.Password = fromURL.pass
-		}
-		if u.DB == 0 {
-			u.DB = fromURL.db
-		}
-		tlsOn = tlsOn || fromURL.tls
-	}
-	if tlsOn {
+	u.Username = cmp.Or(u.Username, fromURL.user)
+	u.Password = cmp.Or(u.Password, fromURL.pass)
+	u.DB = cmp.Or(u.DB, fromURL.db)
+	if tlsOn || fromURL.tls {
 		// ServerName stays empty: crypto/tls takes it from each dialled
 		// address, which is what Cluster and Sentinel need.
 		cfg, err := o.tlsConfig()
@@ -264,10 +253,7 @@ func (o Options) tlsConfig() (*tls.Config, error) {
 // alone does not: a TLS Redis that wants a client certificate closes the
 // connection after the handshake (TLS 1.3), which reads as a reset.
 func (o Options) hint(err error) string {
-	tlsOn := o.TLS || o.TLSCAFile != ""
-	for _, a := range o.Addresses {
-		tlsOn = tlsOn || strings.HasPrefix(a, "rediss://")
-	}
+	tlsOn := o.TLS || o.TLSCAFile != "" || slices.ContainsFunc(o.Addresses, func(a string) bool { return strings.HasPrefix(a, "rediss://") })
 	if tlsOn && o.TLSCertFile == "" && (errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF) || strings.Contains(err.Error(), "certificate required")) {
 		return "the TLS connection was closed by Redis: if it requires client certificates (tls-auth-clients), set tls_client <cert file> <key file>"
 	}

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 )
 
@@ -35,7 +36,7 @@ func (p *problems) note(zone string, err error) {
 		return
 	}
 	msg := "redis refused a decision for one key; it used the fail_policy"
-	if foreign(err) {
+	if redis.HasErrorPrefix(err, "TALLYFOREIGN") { // a script found, and deleted, a value tally did not write
 		msg = "a value tally did not write was at one of its keys; deleted, the key starts fresh and this decision used the fail_policy"
 	}
 	now := time.Now()

@@ -307,7 +307,6 @@ func (a *Async) syncQuotas(ctx context.Context, final bool) {
 		r     *quotaRecord
 		q     zones.QuotaLimit
 		st    quotaReport
-		w     chan struct{}
 		sent  int64
 		cmd   *redis.Cmd
 		b     *breaker
@@ -338,8 +337,7 @@ func (a *Async) syncQuotas(ctx context.Context, final bool) {
 			it := item{s: s, key: key, rkey: a.QuotaKey(z.name, key), r: r, q: zones.QuotaLimit{Limit: r.limit, Periods: r.periods}}
 			it.st = r.report(0, 0)
 			r.held = min(r.held, r.used) // it spends nothing more until the reply
-			it.w = make(chan struct{})
-			r.taking = it.w
+			r.taking = make(chan struct{})
 			items = append(items, it)
 		}
 	})
@@ -372,8 +370,8 @@ func (a *Async) syncQuotas(ctx context.Context, final bool) {
 			it.b.record(it.probe, err)
 		}
 		it.s.mu.Lock()
+		close(it.r.taking) // still the sync's: a call for the record waits for it
 		it.r.taking = nil
-		close(it.w)
 		if err == nil && it.s.q[it.key] == it.r {
 			it.r.adopt(it.st, rep, it.q, it.sent, monotime.Now(), a.interval)
 			if !it.r.active && it.r.held == it.r.used {

@@ -262,7 +262,6 @@ func OpenRegion(regional zones.Store, opts RegionOptions, logger *zap.Logger) (*
 	r.floor = r.weight / 10
 	r.rebuild()
 	r.floored.Store(true) // until the first poll says otherwise
-	r.coord.init()
 	r.done.Add(2)
 	go r.every(r.poll)
 	go r.every(func() { r.tick(monotime.Now()) })
@@ -449,9 +448,6 @@ type zoneSet struct {
 	byName map[string]*regionZone
 }
 
-// zoneSet is the region's current set of zones.
-func (r *Region) zoneSet() *zoneSet { return r.set.Load() }
-
 // rebuild replaces the zone set (r.mu held).
 func (r *Region) rebuild() {
 	set := &zoneSet{keys: []string{r.prefix + "global{r}.meta", r.prefix + "global{r}.lock"},
@@ -497,7 +493,7 @@ func (r *Region) every(f func()) {
 // poll pushes this instance's counts to the regional Redis and reads the
 // region's shares when they changed.
 func (r *Region) poll() {
-	set := r.zoneSet() // one set of zones for the call and its reply
+	set := r.set.Load() // one set of zones for the call and its reply
 	zs := set.zones
 	known := r.version
 	if slices.ContainsFunc(zs, func(z *regionZone) bool { return !z.read.Load() }) {

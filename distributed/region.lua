@@ -85,10 +85,8 @@ if op == 'collect' then
 		end
 		out[#out + 1] = #order
 		for _, key in ipairs(order) do
-			out[#out + 1] = key
-			out[#out + 1] = acc[key][1]
-			out[#out + 1] = acc[key][2]
-			out[#out + 1] = acc[key][3]
+			local n = #out
+			out[n + 1], out[n + 2], out[n + 3], out[n + 4] = key, acc[key][1], acc[key][2], acc[key][3]
 		end
 	end
 	return out

@@ -40,10 +40,7 @@ func Scale(limit algorithms.Limit, share int64) algorithms.Limit {
 		return limit
 	}
 	share = max(1, share)
-	t := float64(limit.EmissionInterval) * ShareScale / float64(share)
-	if t > math.MaxInt64/4 {
-		t = math.MaxInt64 / 4
-	}
+	t := min(float64(limit.EmissionInterval)*ShareScale/float64(share), math.MaxInt64/4)
 	return algorithms.Limit{EmissionInterval: int64(t), Burst: max(1, limit.Burst*share/ShareScale)}
 }
 

@@ -1,6 +1,7 @@
 package distributed
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"hash/fnv"
@@ -14,7 +15,7 @@ import (
 )
 
 // coordinator is the state of the region's coordinator, kept by whichever
-// instance holds the lock (sync loop only).
+// instance holds the lock, made afresh when it takes it (sync loop only).
 type coordinator struct {
 	token     int64 // fencing token; 0: not the coordinator
 	lockedAt  int64 // monotime of the last lock renewal
@@ -46,12 +47,6 @@ func sub[V any](m map[string]map[string]V, zone string) map[string]V {
 		m[zone] = map[string]V{}
 	}
 	return m[zone]
-}
-
-func (c *coordinator) init() {
-	c.held = map[string]map[string]*holding{}
-	c.sent = map[string]map[string]*lastReport{}
-	c.spans = map[string]map[string]int64{}
 }
 
 // due says whether a sync not in full reports key, last reported as s
@@ -87,7 +82,7 @@ func (r *Region) lock(now int64) {
 	c := &r.coord
 	ctx, cancel := context.WithTimeout(context.Background(), r.opts.SyncInterval)
 	defer cancel()
-	tok, err := regionScript.Run(ctx, r.regional, r.zoneSet().keys, "lock", r.member, (3*r.opts.SyncInterval + r.opts.Global.Timeout).Milliseconds()).Int64()
+	tok, err := regionScript.Run(ctx, r.regional, r.set.Load().keys, "lock", r.member, (3*r.opts.SyncInterval + r.opts.Global.Timeout).Milliseconds()).Int64()
 	if err != nil {
 		return // the lock expires; another instance may take it
 	}
@@ -102,9 +97,11 @@ func (r *Region) lock(now int64) {
 	}
 	if tok != c.token {
 		c.token, c.full = tok, true
-		c.init()
+		c.held = map[string]map[string]*holding{}
+		c.sent = map[string]map[string]*lastReport{}
+		c.spans = map[string]map[string]int64{}
 		c.contact = r.contactAt.Load() // the last contact the region published
-		for _, z := range r.zoneSet().zones {
+		for _, z := range r.set.Load().zones {
 			c.adopt(z)
 		}
 		r.stats.Coordinating.Store(true)
@@ -135,7 +132,7 @@ func (r *Region) sync(now int64) {
 	lockVal := r.member + "|" + strconv.FormatInt(c.token, 10)
 	ctx, cancel := context.WithTimeout(context.Background(), r.opts.SyncInterval)
 	defer cancel()
-	set := r.zoneSet() // one set of zones for the whole sync
+	set := r.set.Load() // one set of zones for the whole sync
 	for name := range c.held {
 		if set.byName[name] == nil { // released (a reload dropped it)
 			delete(c.held, name)
@@ -309,7 +306,7 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 	c := &r.coord
 	// demand TTL: a coordinator still syncing re-reports the key well before
 	demandTTL := 2*r.opts.Refresh + r.opts.Global.Timeout + r.opts.SyncInterval
-	args := []any{r.opts.Region, c.token, c.epoch, boolArg(c.full), r.opts.Lease.Milliseconds(),
+	args := []any{r.opts.Region, c.token, c.epoch, b2i(c.full), r.opts.Lease.Milliseconds(),
 		demandTTL.Milliseconds(), r.opts.spec(), r.opts.Global.KeyPrefix, len(reports)}
 	for _, rep := range reports {
 		args = append(args, rep.zone, len(rep.keys))
@@ -505,10 +502,8 @@ func (r *Region) plant(ctx context.Context, set *zoneSet, updates []update) bool
 			if z == nil {
 				continue
 			}
-			span := r.coord.spans[x.zone][x.key]
-			if span == 0 {
-				span = max(1, z.interval.Load()/1000) * z.burst.Load() // µs, as gcra.lua sees it
-			}
+			// the key's last counted span, else the zone's in µs, as gcra.lua sees it
+			span := cmp.Or(r.coord.spans[x.zone][x.key], max(1, z.interval.Load()/1000)*z.burst.Load())
 			key, hash := r.prefix+x.zone+":"+x.key, "0"
 			if r.async {
 				key, hash = r.prefix+x.zone+asyncZoneSep+x.key, "1"
@@ -524,7 +519,7 @@ func (r *Region) plant(ctx context.Context, set *zoneSet, updates []update) bool
 // the regional Redis, for every instance of the region.
 func (r *Region) publish(ctx context.Context, lockVal string, set *zoneSet, changes [][]any, age int64, full bool) bool {
 	zs := set.zones
-	args := []any{"publish", lockVal, age, (4 * r.opts.Lease).Milliseconds(), boolArg(full), len(zs)}
+	args := []any{"publish", lockVal, age, (4 * r.opts.Lease).Milliseconds(), b2i(full), len(zs)}
 	for zi := range zs {
 		if zi < len(changes) {
 			args = append(append(args, len(changes[zi])/2), changes[zi]...)
@@ -534,11 +529,4 @@ func (r *Region) publish(ctx context.Context, lockVal string, set *zoneSet, chan
 	}
 	v, err := regionScript.Run(ctx, r.regional, set.keys, args...).Slice()
 	return err == nil && len(v) == 1 && v[0] == int64(1)
-}
-
-func boolArg(b bool) string {
-	if b {
-		return "1"
-	}
-	return "0"
 }

@@ -71,11 +71,11 @@ func TestReleaseZoneRemovesAZoneWithItsLastUser(t *testing.T) {
 	r.AddZone("login", l)
 	r.AddZone("api", l) // the reloaded config's handler, before the old one's cleanup
 	r.ReleaseZone("api")
-	if got := len(r.zoneSet().zones); got != 2 || r.zone("api") == nil {
+	if got := len(r.set.Load().zones); got != 2 || r.zone("api") == nil {
 		t.Fatalf("after one of api's two users left: %d zones, api %v; want both zones", got, r.zone("api"))
 	}
 	r.ReleaseZone("api")
-	set := r.zoneSet()
+	set := r.set.Load()
 	if len(set.zones) != 1 || set.zones[0].name != "login" || r.zone("api") != nil {
 		t.Fatalf("after api's last user left: zones %v", set.zones)
 	}
@@ -85,7 +85,7 @@ func TestReleaseZoneRemovesAZoneWithItsLastUser(t *testing.T) {
 	}
 	r.ReleaseZone("api") // once more: nothing to release
 	r.ReleaseZone("login")
-	if set := r.zoneSet(); len(set.zones) != 0 || len(set.keys) != 2 {
+	if set := r.set.Load(); len(set.zones) != 0 || len(set.keys) != 2 {
 		t.Errorf("with no zones left: %v %v", set.zones, set.keys)
 	}
 }

@@ -1,6 +1,7 @@
 package distributed
 
 import (
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -121,21 +122,13 @@ func (c *link) resetsChannel() string { return c.opts.KeyPrefix + "resets" }
 func (c *link) OnReset(zone string, l ResetListener) (remove func()) {
 	p := &l
 	c.resets.mu.Lock()
-	if c.resets.listeners == nil {
-		c.resets.listeners = make(map[string][]*ResetListener)
-	}
 	c.resets.listeners[zone] = append(c.resets.listeners[zone], p)
 	c.resets.mu.Unlock()
 	return func() {
 		c.resets.mu.Lock()
 		defer c.resets.mu.Unlock()
-		ls := c.resets.listeners[zone]
-		for i, q := range ls {
-			if q == p {
-				c.resets.listeners[zone] = append(ls[:i:i], ls[i+1:]...)
-				break
-			}
-		}
+		// In place: forget copies the listeners under the lock.
+		c.resets.listeners[zone] = slices.DeleteFunc(c.resets.listeners[zone], func(q *ResetListener) bool { return q == p })
 		if len(c.resets.listeners[zone]) == 0 {
 			delete(c.resets.listeners, zone)
 		}
@@ -183,7 +176,7 @@ func (c *link) subscribeLoop(ps *redis.PubSub) {
 			// was published meanwhile is lost.
 			select {
 			case <-time.After(resubscribeEvery):
-			case <-c.done:
+			case <-c.ctx.Done():
 				return
 			}
 			continue

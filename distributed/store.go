@@ -25,10 +25,6 @@ var (
 	errBadReply = errors.New("distributed: unexpected reply from the GCRA script")
 )
 
-// foreign reports whether err is a script's report that it found, and
-// deleted, a value tally did not write at one of its keys.
-func foreign(err error) bool { return redis.HasErrorPrefix(err, "TALLYFOREIGN") }
-
 //go:embed gcra.lua
 var gcraScript string
 
@@ -63,11 +59,6 @@ type strictMode struct{}
 func (strictMode) forgetRecord(zone, key string) {}
 func (strictMode) synced() bool                  { return true }
 func (strictMode) forgetDenials()                {}
-
-// Close stops the workers and the heartbeat, removes this instance from the
-// instances set (best effort, bounded by the timeout) and closes the client.
-// Calls made after Close return ErrClosed.
-func (s *Strict) Close() error { return s.close() }
 
 // Destruct closes the store; it makes a Strict a caddy.Destructor for
 // sharing through a caddy.UsagePool.

@@ -41,11 +41,9 @@ type Step struct {
 	Cost  int64
 }
 
-// EvalManyAt runs steps in one call of the GCRA script, in order, as the
-// batcher sends a batch, with an explicit clock (microseconds, as EvalAt).
-// A step's error (a foreign value found and deleted) is in errs; err is the
-// call's. It exists for the test that checks the script against
-// algorithms.Limit; Result.TAT is not filled in.
+// EvalManyAt is EvalAt for many steps, in one call of the GCRA script, in
+// order, as the batcher sends a batch. A step's error (a foreign value found
+// and deleted) is in errs; err is the call's.
 func (s *Strict) EvalManyAt(ctx context.Context, steps []Step, nowUs int64) (results []algorithms.Result, errs []error, err error) {
 	keys, argv := make([]string, len(steps)), []any{nowUs}
 	for i, st := range steps {
