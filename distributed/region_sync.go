@@ -198,6 +198,7 @@ func (r *Region) reports(zs []*regionZone, now int64, raw []any, elapsed int64, 
 	c := &r.coord
 	reports := make([]report, len(zs))
 	i := 0
+	short := elapsed < int64(r.opts.SyncInterval)
 	for zi, z := range zs {
 		rep := report{zone: z.name}
 		held, spans := sub(c.held, z.name), sub(c.spans, z.name)
@@ -254,14 +255,30 @@ func (r *Region) reports(zs []*regionZone, now int64, raw []any, elapsed int64, 
 			hot[key] = true
 			add(key, wants, held[key])
 		}
+		// gone is the demand of a key not hot in this collect: none,
+		// unless the collect spans less than a sync interval (a sync at a
+		// poll, while a raise waits on a cut or a cut's margin ends) and
+		// the key last reported demand. Instances push their counts once a
+		// poll, on tickers of their own, so a window of about one poll may
+		// hold no push at all: read as the demand gone, it dropped the
+		// region's demand in the global store, which gave the cut region
+		// its share back and started the move over (seen on a loaded
+		// machine, the raise two intervals late). A window of an interval
+		// holds several polls' pushes: only such a window says it is gone.
+		gone := func(key string) int64 {
+			if s := last[key]; short && s != nil && s.wants >= 0 {
+				return s.wants
+			}
+			return -1
+		}
 		for key, h := range held {
 			if !hot[key] {
-				add(key, -1, h)
+				add(key, gone(key), h)
 			}
 		}
 		for key, s := range last {
 			if !hot[key] && held[key] == nil && s.wants >= 0 {
-				add(key, -1, nil) // demand last reported, neither hot nor held now: gone
+				add(key, gone(key), nil) // demand last reported, neither hot nor held now: gone
 			}
 		}
 		reports[zi] = rep
