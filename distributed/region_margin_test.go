@@ -64,10 +64,11 @@ func TestGlobalSyncAtAPollKeepsADemandItHeardNoCountOf(t *testing.T) {
 	for _, c := range []struct {
 		name    string
 		elapsed time.Duration
+		atPoll  bool
 		gone    bool
 	}{
-		{"a sync at a poll", r.pollInterval(), false},
-		{"a sync an interval after the last", interval, true},
+		{"a sync at a poll", r.pollInterval(), true, false},
+		{"a sync an interval after the last", interval, false, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			r.coord.init()
@@ -76,7 +77,7 @@ func TestGlobalSyncAtAPollKeepsADemandItHeardNoCountOf(t *testing.T) {
 			sub(r.coord.held, "api")["k"] = &holding{cur: r.floor}
 			sub(r.coord.sent, "api")["k"] = &lastReport{wants: ShareScale, held: r.floor, at: now}
 			sub(r.coord.sent, "api")["j"] = &lastReport{wants: ShareScale, held: r.weight, at: now}
-			reps := r.reports(r.zoneSet().zones, now+int64(c.elapsed), noCounts, int64(c.elapsed), false)
+			reps := r.reports(r.zoneSet().zones, now+int64(c.elapsed), noCounts, int64(c.elapsed), false, c.atPoll)
 			withdrawn := map[string]bool{}
 			for _, rep := range reps {
 				for i, k := range rep.keys {
