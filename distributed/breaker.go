@@ -40,6 +40,10 @@ const (
 type breaker struct {
 	state    atomic.Int32
 	failures atomic.Int32 // consecutive, while closed
+	// refused: the last failure was Redis refusing the command to tally's
+	// user (see refusedToUser), which a heartbeat's success does not
+	// disprove (see recordBeat).
+	refused atomic.Bool
 
 	mu        sync.Mutex
 	retryAt   time.Time // when open: the earliest probe
@@ -91,13 +95,12 @@ func (b *breaker) record(probe bool, err error) {
 	if failed && b.onFailure != nil {
 		b.onFailure()
 	}
+	if failed {
+		b.refused.Store(refusedToUser(err))
+	}
 	if probe && errors.Is(err, context.Canceled) {
-		// The probe's caller gave up (or the store is closing): no verdict,
-		// so let the next call probe instead.
-		b.mu.Lock()
-		b.retryAt = time.Now()
-		b.state.Store(stateOpen)
-		b.mu.Unlock()
+		// The probe's caller gave up (or the store is closing): no verdict.
+		b.probeAgain()
 		return
 	}
 	if !probe {
@@ -166,6 +169,34 @@ func (b *breaker) record(probe bool, err error) {
 		}
 		b.logger.Warn("redis unreachable; zones apply their fail_policy", fields...)
 	}
+}
+
+// recordBeat feeds the outcome of a heartbeat that allow let through. A
+// failed beat counts like any call. A beat that succeeds proves that Redis
+// answers, and ends an outage of no answer (so that Health recovers without
+// traffic), but not that Redis runs tally's other commands: while the
+// failing calls are refused to tally's user (an ACL user without SET, which
+// the beat does not use), its success neither resets the count toward the
+// outage nor, as the probe, closes the breaker; the next call probes. Were
+// it otherwise, each beat would end the outage and the next calls would
+// start another: a WARN and an INFO line a second instead of one WARN.
+func (b *breaker) recordBeat(probe bool, err error) {
+	if err == nil && b.refused.Load() && (probe || b.failures.Load() != 0) {
+		if probe {
+			b.probeAgain()
+		}
+		return
+	}
+	b.record(probe, err)
+}
+
+// probeAgain ends a probe that gave no verdict: the breaker stays open and
+// the next call probes.
+func (b *breaker) probeAgain() {
+	b.mu.Lock()
+	b.retryAt = time.Now()
+	b.state.Store(stateOpen)
+	b.mu.Unlock()
 }
 
 // outage reports whether calls are failing (an outage is logged) and the
@@ -272,11 +303,22 @@ func unreachable(err error) bool {
 				return true
 			}
 		}
-		// A command a script calls that the ACL user may not run is
-		// reported as ERR, not NOPERM.
-		return strings.HasPrefix(msg, "ERR The user executing the script can't run")
+		return refusedToUser(err)
 	}
 	return true
+}
+
+// refusedToUser reports whether err is Redis refusing a command or key to
+// tally's ACL user: other commands (the heartbeat's) may still succeed.
+func refusedToUser(err error) bool {
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		return false
+	}
+	// A command a script calls that the ACL user may not run is reported
+	// as ERR, not NOPERM.
+	msg := rerr.Error()
+	return strings.HasPrefix(msg, "NOPERM") || strings.HasPrefix(msg, "ERR The user executing the script can't run")
 }
 
 // On Redis Cluster a dead master must cost only the keys whose slots it

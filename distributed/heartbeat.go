@@ -88,7 +88,7 @@ func (c *link) heartbeat(ctx context.Context) (int, error) {
 		if err == nil && len(v) != 2 {
 			err = errBadReply
 		}
-		b.record(probe, err)
+		b.recordBeat(probe, err)
 		if err != nil {
 			return 0, err
 		}

@@ -47,3 +47,52 @@ func TestGlobalInstanceThatMissesOnePollKeepsItsShare(t *testing.T) {
 		}
 	}
 }
+
+// A coordinator that syncs at a poll (a raise waits on another region's
+// cut) collects about one poll's counts, and its instances push theirs
+// once a poll on tickers of their own: such a window may hold no push of
+// a key whose demand goes on. It must not report that demand gone, which
+// would drop it in the global store and start the move over. A window of
+// a whole interval with no counts does say it is gone.
+func TestGlobalSyncAtAPollKeepsADemandItHeardNoCountOf(t *testing.T) {
+	const interval = 6 * time.Second
+	r := &Region{zones: map[string]*regionZone{}, prefix: "tally:", timeout: 200 * time.Millisecond,
+		opts: RegionOptions{SyncInterval: interval, Refresh: 15 * time.Second}, weight: ShareScale / 2, floor: ShareScale / 20}
+	r.AddZone("api", algorithms.NewLimit(600, int64(time.Minute), 20))
+	now := monotime.Now()
+	noCounts := []any{int64(0)} // the collect: no key counted in zone api
+	for _, c := range []struct {
+		name    string
+		elapsed time.Duration
+		atPoll  bool
+		gone    bool
+	}{
+		{"a sync at a poll", r.pollInterval(), true, false},
+		{"a sync an interval after the last", interval, false, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r.coord.held = map[string]map[string]*holding{}
+			r.coord.sent = map[string]map[string]*lastReport{}
+			r.coord.spans = map[string]map[string]int64{}
+			// us holds its floor and last reported demand for k; a held
+			// key, and one it holds nothing of (at its weight)
+			sub(r.coord.held, "api")["k"] = &holding{cur: r.floor}
+			sub(r.coord.sent, "api")["k"] = &lastReport{wants: ShareScale, held: r.floor, at: now}
+			sub(r.coord.sent, "api")["j"] = &lastReport{wants: ShareScale, held: r.weight, at: now}
+			reps := r.reports(r.set.Load().zones, now+int64(c.elapsed), noCounts, int64(c.elapsed), false, c.atPoll)
+			withdrawn := map[string]bool{}
+			for _, rep := range reps {
+				for i, k := range rep.keys {
+					if rep.wants[i] < 0 {
+						withdrawn[k] = true
+					}
+				}
+			}
+			for _, k := range []string{"k", "j"} {
+				if withdrawn[k] != c.gone {
+					t.Errorf("key %s: reported gone %v, want %v", k, withdrawn[k], c.gone)
+				}
+			}
+		})
+	}
+}

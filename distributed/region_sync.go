@@ -72,7 +72,7 @@ func (r *Region) tick(now int64) {
 		r.lock(now)
 	}
 	if c.token != 0 && (now-c.lastSync >= interval || c.confirmAt != 0 && now >= c.confirmAt || now < c.waitUntil) {
-		r.sync(now)
+		r.sync(now, now-c.lastSync < interval)
 	}
 }
 
@@ -126,8 +126,10 @@ type report struct {
 }
 
 // sync reports the region's hot keys and holdings to the global store and
-// publishes what it grants.
-func (r *Region) sync(now int64) {
+// publishes what it grants. atPoll: a sync less than an interval after the
+// last (a cut's margin ended, a raise waits on a cut), whose collect spans
+// about one poll and may hold none of the instances' pushes (see reports).
+func (r *Region) sync(now int64, atPoll bool) {
 	c := &r.coord
 	lockVal := r.member + "|" + strconv.FormatInt(c.token, 10)
 	ctx, cancel := context.WithTimeout(context.Background(), r.opts.SyncInterval)
@@ -177,12 +179,12 @@ func (r *Region) sync(now int64) {
 		}
 	}
 	full := c.full
-	reports := r.reports(set.zones, now, raw, elapsed, floored)
+	reports := r.reports(set.zones, now, raw, elapsed, floored, atPoll)
 	switch r.exchange(lockVal, set, reports, floored) {
 	case exchanged:
 		r.noteSent(now, reports, full)
 	case epochChanged: // the global store lost its state: report in full at once
-		reports = r.reports(set.zones, now, raw, elapsed, floored)
+		reports = r.reports(set.zones, now, raw, elapsed, floored, atPoll)
 		if r.exchange(lockVal, set, reports, floored) == exchanged {
 			r.noteSent(now, reports, true)
 		}
@@ -191,7 +193,7 @@ func (r *Region) sync(now int64) {
 
 // reports builds a sync's reports from the collected counts (raw) and the
 // holdings: in full, every hot key and holding; else only the keys due.
-func (r *Region) reports(zs []*regionZone, now int64, raw []any, elapsed int64, floored bool) []report {
+func (r *Region) reports(zs []*regionZone, now int64, raw []any, elapsed int64, floored, atPoll bool) []report {
 	c := &r.coord
 	reports := make([]report, len(zs))
 	i := 0
@@ -251,14 +253,29 @@ func (r *Region) reports(zs []*regionZone, now int64, raw []any, elapsed int64, 
 			hot[key] = true
 			add(key, wants, held[key])
 		}
+		// gone is the demand of a key not hot in this collect: none,
+		// unless this is a sync at a poll and the key last reported
+		// demand. Instances push their counts once a poll, on tickers of
+		// their own, so a collect a poll after the last may hold no push
+		// at all: read as the demand gone, it dropped the region's demand
+		// in the global store, which gave the cut region its share back
+		// and started the move over (seen on a loaded machine, the raise
+		// two intervals late). A collect an interval after the last holds
+		// several polls' pushes: only such a collect says it is gone.
+		gone := func(key string) int64 {
+			if s := last[key]; atPoll && s != nil && s.wants >= 0 {
+				return s.wants
+			}
+			return -1
+		}
 		for key, h := range held {
 			if !hot[key] {
-				add(key, -1, h)
+				add(key, gone(key), h)
 			}
 		}
 		for key, s := range last {
 			if !hot[key] && held[key] == nil && s.wants >= 0 {
-				add(key, -1, nil) // demand last reported, neither hot nor held now: gone
+				add(key, gone(key), nil) // demand last reported, neither hot nor held now: gone
 			}
 		}
 		reports[zi] = rep

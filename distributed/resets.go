@@ -40,6 +40,9 @@ type resets struct {
 	// missed: resets may have been missed since the last subscription;
 	// cached denials are dropped when the store decides through Redis.
 	missed atomic.Bool
+	// live: the subscription is up (its confirmation heard) and has
+	// not failed since.
+	live atomic.Bool
 	// own counts, by message, the resets this store published and has not
 	// heard back yet. The store forgot the key before deleting it, so its
 	// own message is skipped: heard late, it would drop the record of
@@ -172,6 +175,7 @@ func (c *link) subscribeLoop(ps *redis.PubSub) {
 			if c.ctx.Err() != nil {
 				return
 			}
+			c.resets.live.Store(false)
 			// The next Receive reconnects and subscribes again; what
 			// was published meanwhile is lost.
 			select {
@@ -189,6 +193,7 @@ func (c *link) subscribeLoop(ps *redis.PubSub) {
 				c.resets.subscribed()
 				c.resets.missed.Store(true)
 				c.forgetMissed()
+				c.resets.live.Store(true)
 			}
 		case *redis.Message:
 			zone, key, ok := strings.Cut(m.Payload, "\x00")

@@ -116,6 +116,14 @@ func (s *Strict) evalMany(ctx context.Context, script *redis.Script, keys []stri
 // returns the number of live instances.
 func (c *link) Heartbeat(ctx context.Context) (int, error) { return c.heartbeat(ctx) }
 
+// ResetsSubscribed reports whether the store is subscribed to resets and
+// has dropped the cached denials its subscription drops (resets.go): a
+// denial cached from then on lasts until its time, a reset, or the next
+// time the subscription drops. Until then any cached denial may go.
+func (c *link) ResetsSubscribed() bool {
+	return c.resets.live.Load() && !c.resets.missed.Load()
+}
+
 // HeldSlots is how many slots this instance holds in Redis and how many
 // releases have not reached Redis yet.
 func (c *link) HeldSlots() (held, pending int) {
@@ -183,7 +191,7 @@ func (r *Region) SyncNow() bool {
 	if r.coord.token == 0 {
 		return false
 	}
-	r.sync(now)
+	r.sync(now, false) // it pushed its counts just before: the collect holds them
 	r.poll()
 	return true
 }

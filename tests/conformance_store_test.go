@@ -134,7 +134,9 @@ func openConfZone(t *testing.T, kind confStoreKind, cfg zones.Config) *confEnv {
 	switch kind.mode {
 	case "strict":
 		e.redis = startRedis(t)
-		store = openStore(t, distributed.Options{Addresses: []string{e.redis.Addr}, Timeout: time.Second}, nil)
+		s := openStore(t, distributed.Options{Addresses: []string{e.redis.Addr}, Timeout: time.Second}, nil)
+		waitSubscribed(t, s.ResetsSubscribed)
+		store = s
 	case "async":
 		e.redis = startRedis(t)
 		a, err := distributed.OpenAsync(distributed.Options{Addresses: []string{e.redis.Addr}, Mode: "async",
@@ -143,6 +145,7 @@ func openConfZone(t *testing.T, kind confStoreKind, cfg zones.Config) *confEnv {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { a.Close() })
+		waitSubscribed(t, a.ResetsSubscribed)
 		e.async, store = a, a
 	}
 	if kind.global {
@@ -151,6 +154,15 @@ func openConfZone(t *testing.T, kind confStoreKind, cfg zones.Config) *confEnv {
 	e.zone = mustZone(cfg, state, store)
 	e.plan = e.zone.Plan()
 	return e
+}
+
+// waitSubscribed waits until a store is subscribed to resets: its first
+// subscription drops the denials cached before it (resets made meanwhile
+// were not heard), and on a loaded machine it landed between a scenario's
+// denial and its check of the deny cache.
+func waitSubscribed(t *testing.T, subscribed func() bool) {
+	t.Helper()
+	waitFor(t, 10*time.Second, "the store to subscribe to resets", subscribed)
 }
 
 // globalOver wraps store for a scope global zone cfg, in the only region

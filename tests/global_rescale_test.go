@@ -146,6 +146,16 @@ func TestGlobalRaisedAsyncRegionGainsNoBurstAtOnce(t *testing.T) {
 			t.Fatalf("the key's first decision at half the limit: %+v, %v", r, err)
 		}
 	}
+	// The two decisions are demand too: until the global store heard it
+	// and, once the region reported it gone, us is back at half the limit
+	// (the raise below must start from half, not from a raise for them).
+	demand := func() bool {
+		return f.global.Client().HExists(ctx, "tally:g.z:"+globalZone+":"+key, "x.us").Val()
+	}
+	waitFor(t, 10*time.Second, "the two decisions' demand in the global store", demand)
+	waitFor(t, 20*time.Second, "their demand gone and us back at half the limit", func() bool {
+		return !demand() && f.share(1, key) == distributed.ShareScale/2
+	})
 	// Until both instances handed back the rest of their fresh shares
 	// (their records are dormant): the key's tokens are in Redis, not in
 	// the instances' leases.

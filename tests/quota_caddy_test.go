@@ -200,14 +200,22 @@ func TestQuotaIsExactAcrossStrictInstances(t *testing.T) {
 }
 
 // Three async instances, 64 concurrent clients, one key: leases are taken
-// from the period's count before they are spent, so at most the quota is
-// admitted, and at most a lease per instance (⌈quota/(16·3)⌉ beyond the
-// request) less while the instances still hold leases.
+// from the period's count before they are spent, so the fleet admits at
+// most the quota, exactly (docs/async.md's bound: n per period, every
+// admission out of a lease Redis counted), and at most a lease per instance
+// (⌈quota/(16·3)⌉ beyond the request) less while the instances still hold
+// leases. A request whose lease call times out goes to the fail policy,
+// which the bound leaves out: with the default timeout (50 ms) a loaded
+// machine timed out 1 to 4 lease calls in some runs, and each run's
+// overshoot (201 to 204) was exactly its fail-policy decisions. The timeout
+// is 2 s, as in the strict fleet's test, and the test says so if the fail
+// policy still decided.
 func TestQuotaAsyncFleetStaysWithinItsBound(t *testing.T) {
 	t.Parallel()
 	srv := startRedis(t)
-	const quota = 200
-	fleet := startAsyncFleet(t, 3, srv.Addr, "100ms", `
+	const quota, instances = 200, 3
+	fleet := startAsyncFleet(t, instances, srv.Addr+`
+			timeout 2s`, "100ms", `
 		zone monthly {
 			key    {http.request.header.X-API-Key}
 			quota  `+strconv.Itoa(quota)+` per month
@@ -215,17 +223,27 @@ func TestQuotaAsyncFleetStaysWithinItsBound(t *testing.T) {
 	for _, c := range fleet {
 		waitFor(t, 10*time.Second, "each instance to see the fleet", func() bool {
 			_, n := asyncZoneStore(t, c, "monthly")
-			return n == 3
+			return n == instances
 		})
 	}
 	counts := sendAcross(t, fleet, 3*quota, 64, withKey("shared"), 5*time.Second)
 	t.Logf("statuses %v", counts)
-	lease := (quota + 16*3 - 1) / (16 * 3)
-	if counts[200] > quota || counts[200] < quota-3*(lease+1) || counts[200]+counts[429] != 3*quota {
-		t.Fatalf("statuses %v, want at most %d×200 (and at least %d) and the rest 429", counts, quota, quota-3*(lease+1))
+	for i, c := range fleet {
+		if n, _ := metricValue(c.scrape(), "caddy_rate_limit_fail_policy_total", map[string]string{"zone": "monthly"}); n != 0 {
+			t.Errorf("instance %d: the fail policy decided %v requests (a lease call failed or took over 2 s): the bound below leaves them out", i, n)
+		}
+	}
+	lease := (quota + quotaLeaseDivisor*instances - 1) / (quotaLeaseDivisor * instances) // ⌈n/(16·N)⌉
+	atMost, atLeast := quota, quota-instances*(lease+1)
+	if counts[200] > atMost || counts[200] < atLeast || counts[200]+counts[429] != 3*quota {
+		t.Fatalf("statuses %v, want at most %d×200 (and at least %d) and the rest 429", counts, atMost, atLeast)
 	}
 	srv.requireEveryKeyExpires(t, 1)
 }
+
+// quotaLeaseDivisor is distributed's: a lease is at most ⌈n/(16·N)⌉ units
+// beyond the request that took it (docs/async.md).
+const quotaLeaseDivisor = 16
 
 // A token quota: each response says what it used, charged after it; the
 // key is let through while units remain, so it ends the minute in debt by

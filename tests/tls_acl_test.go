@@ -17,6 +17,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"math/big"
 	"net"
 	"os"
@@ -241,13 +242,26 @@ func TestTLSAndACLMistakesAreOneClearErrorThenTheFailPolicy(t *testing.T) {
 			}
 			warns := logs.FilterLevelExact(zapcore.WarnLevel)
 			if n := warns.Len(); n != 1 {
-				t.Fatalf("%d WARN lines for %d failing decisions, want 1", n, calls+100)
+				t.Fatalf("%d WARN lines for %d failing decisions, want 1; the store logged:\n%s", n, calls+100, logText(logs))
 			}
 			if line := warnText(warns); !strings.Contains(line, c.want) {
 				t.Errorf("the WARN line %q does not say %q", line, c.want)
 			}
 		})
 	}
+}
+
+// logText is every line logs holds, one per line, for a failure message.
+func logText(logs *observer.ObservedLogs) string {
+	var b strings.Builder
+	for _, e := range logs.All() {
+		b.WriteString(e.Level.String() + " " + e.Message)
+		for k, v := range e.ContextMap() {
+			b.WriteString(" " + k + "=" + fmt.Sprint(v))
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
 }
 
 func warnText(logs *observer.ObservedLogs) string {
