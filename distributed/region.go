@@ -222,9 +222,7 @@ func OpenRegion(regional zones.Store, opts RegionOptions, logger *zap.Logger) (*
 		return nil, err
 	}
 	opts = opts.withDefaults()
-	if logger == nil {
-		logger = zap.NewNop()
-	}
+	logger = cmp.Or(logger, zap.NewNop())
 	var c *link
 	async := false
 	switch s := regional.(type) {
