@@ -71,7 +71,7 @@ func (a *AdminAPI) serveJSON(w http.ResponseWriter, r *http.Request) error {
 		apiErr.Message = apiErr.Err.Error()
 	}
 	caddy.Log().Named("admin.api").Error("request error", zap.Error(err), zap.Int("status_code", apiErr.HTTPStatus))
-	return writeJSONStatus(w, apiErr.HTTPStatus, apiErr)
+	return writeJSON(w, apiErr.HTTPStatus, apiErr)
 }
 
 // zoneInfo is a zone as GET /rate_limit/zones shows it. Fields that mean
@@ -233,7 +233,7 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 		if r.Method != http.MethodGet {
 			return methodNotAllowed(w, http.MethodGet)
 		}
-		return writeJSON(w, listZones())
+		return writeJSON(w, http.StatusOK, listZones())
 	case !keys && !(zoneRoute && len(parts) == 3 && (parts[2] == "top" || parts[2] == "bans")):
 		return caddy.APIError{HTTPStatus: http.StatusNotFound,
 			Err: errors.New("unknown path: use /rate_limit/zones, /rate_limit/zones/<zone>/keys/<key> (or .../keys?key=<key>, for any key including the empty one, or .../keys?key_base64=<base64>) /rate_limit/zones/<zone>/top or /rate_limit/zones/<zone>/bans")}
@@ -364,7 +364,7 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone,
 		}
 	}
 	share, region := keyShare(z, stored)
-	return writeJSON(w, keyInfo{
+	return writeJSON(w, http.StatusOK, keyInfo{
 		Fleet:         fleet,
 		FleetError:    fleetErr,
 		Share:         share,
@@ -424,7 +424,7 @@ func (a *AdminAPI) bans(w http.ResponseWriter, r *http.Request, z *zones.Zone) e
 	for _, b := range list {
 		out.Bans = append(out.Bans, banInfo{keyName: newKeyName(b.Key), BannedFor: b.Left.Seconds(), BanLevel: b.Level})
 	}
-	return writeJSON(w, out)
+	return writeJSON(w, http.StatusOK, out)
 }
 
 // getQuota answers GET for a key of a quota zone, whether or not it used
@@ -453,7 +453,7 @@ func (a *AdminAPI) getQuota(w http.ResponseWriter, r *http.Request, z *zones.Zon
 	if s.Remaining == 0 {
 		info.RetryAfter = toEnd
 	}
-	return writeJSON(w, info)
+	return writeJSON(w, http.StatusOK, info)
 }
 
 // slotsInfo is a concurrency zone's key as GET /rate_limit/zones/<zone>/keys/<key>
@@ -484,12 +484,13 @@ func (a *AdminAPI) getSlots(w http.ResponseWriter, r *http.Request, z *zones.Zon
 	case n == 0:
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s: this key holds no slot", z.Name)}
 	}
-	return writeJSON(w, slotsInfo{Zone: z.Name, keyName: newKeyName(key), StoredAs: storedAs(key, stored), InUse: n, Concurrency: z.Concurrency, Remaining: max(0, z.Concurrency-n)})
+	return writeJSON(w, http.StatusOK, slotsInfo{Zone: z.Name, keyName: newKeyName(key), StoredAs: storedAs(key, stored), InUse: n, Concurrency: z.Concurrency, Remaining: max(0, z.Concurrency-n)})
 }
 
 func (a *AdminAPI) resetKey(w http.ResponseWriter, r *http.Request, z *zones.Zone, key string) error {
 	if z.IsConcurrency() {
-		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errResetSlots}
+		return caddy.APIError{HTTPStatus: http.StatusBadRequest,
+			Err: errors.New("a concurrency zone's slots cannot be reset: they are freed when their requests end (or, with distributed, when their lease ends)")}
 	}
 	stored, _, err := peekStored(r.Context(), z, key, monotime.Now())
 	if errors.Is(err, zones.ErrUnknownKey) {
@@ -498,7 +499,7 @@ func (a *AdminAPI) resetKey(w http.ResponseWriter, r *http.Request, z *zones.Zon
 	if err := z.Reset(r.Context(), stored); err != nil {
 		// This instance's state is gone; whether Redis's is, is not known
 		// (a command that timed out may still run). Say exactly that.
-		return writeJSONStatus(w, http.StatusServiceUnavailable, partialReset{
+		return writeJSON(w, http.StatusServiceUnavailable, partialReset{
 			Error: fmt.Sprintf("reset this instance's state for the key, but Redis did not confirm its reset (%v): "+
 				"until a DELETE succeeds, the key may keep its limit in Redis, for every instance, until it expires there", err),
 			Reset:       []string{"local"},
@@ -516,10 +517,6 @@ type partialReset struct {
 	Reset       []string `json:"reset"`
 	Unconfirmed []string `json:"unconfirmed"`
 }
-
-// errResetSlots refuses DELETE on a concurrency zone's key: its slots belong
-// to requests still running, and end with them.
-var errResetSlots = errors.New("a concurrency zone's slots cannot be reset: they are freed when their requests end (or, with distributed, when their lease ends)")
 
 // topInfo is GET /rate_limit/zones/<zone>/top: the keys this instance denied
 // most over the last one to two zones.OffendersPeriod, from the zone's
@@ -580,7 +577,7 @@ func (a *AdminAPI) top(w http.ResponseWriter, r *http.Request, z *zones.Zone) er
 		o.keyName, o.Denials, o.Error = newKeyName(e.Key), e.Count, e.Error
 		out.Keys = append(out.Keys, o)
 	}
-	return writeJSON(w, out)
+	return writeJSON(w, http.StatusOK, out)
 }
 
 // offenderState reads key's state now, as GET .../keys/<key> does: a rate
@@ -666,14 +663,9 @@ func methodNotAllowed(w http.ResponseWriter, allowed ...string) error {
 	return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: errors.New("method not allowed: use " + strings.Join(allowed, " or "))}
 }
 
-// writeJSON writes v as plain JSON: keys such as "<zone>" are not
-// HTML-escaped, the admin API is not a web page.
-func writeJSON(w http.ResponseWriter, v any) error {
-	return writeJSONStatus(w, http.StatusOK, v)
-}
-
-// writeJSONStatus is writeJSON with the status code.
-func writeJSONStatus(w http.ResponseWriter, status int, v any) error {
+// writeJSON writes v with status as plain JSON: keys such as "<zone>" are
+// not HTML-escaped, the admin API is not a web page.
+func writeJSON(w http.ResponseWriter, status int, v any) error {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	enc := json.NewEncoder(w)

@@ -367,22 +367,20 @@ func findZoneJSON(v any, name string) (key string, concurrency, found bool) {
 // The deny_while zones are looked up on the first call: the HTTP app starts
 // listening once every handler of the config is provisioned.
 func (w *ListenerWrapper) WrapListener(l net.Listener) net.Listener {
-	w.live.denyOnce.Do(w.resolveDenyWhile)
-	return &listener{Listener: l, w: w}
-}
-
-func (w *ListenerWrapper) resolveDenyWhile() {
-	for _, name := range w.DenyWhile {
-		z := lookupZone(name, true)
-		if z == nil {
-			// Provision found it in this config; only a wrapper
-			// outside an HTTP server can get here.
-			w.logger.Error("deny_while names a zone no rate_limit handler defines: it refuses nothing", zap.String("zone", name))
-			continue
+	w.live.denyOnce.Do(func() {
+		for _, name := range w.DenyWhile {
+			z := lookupZone(name, true)
+			if z == nil {
+				// Provision found it in this config; only a wrapper
+				// outside an HTTP server can get here.
+				w.logger.Error("deny_while names a zone no rate_limit handler defines: it refuses nothing", zap.String("zone", name))
+				continue
+			}
+			dryRun := z.DryRun || w.DryRun
+			w.live.denyZones = append(w.live.denyZones, &denyWhileZone{Zone: z, dryRun: dryRun, metrics: newDecisions(collectors.connections, name, dryRun)})
 		}
-		dryRun := z.DryRun || w.DryRun
-		w.live.denyZones = append(w.live.denyZones, &denyWhileZone{Zone: z, dryRun: dryRun, metrics: newDecisions(collectors.connections, name, dryRun)})
-	}
+	})
+	return &listener{Listener: l, w: w}
 }
 
 // listener decides the connections of one listener.

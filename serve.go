@@ -124,20 +124,18 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 		postCharged = postCharged || verdicts[i].PostCharged
 	}
 	if holding {
-		defer releaseSlots(verdicts)
+		defer func() {
+			for i := range verdicts {
+				if verdicts[i].Holds() {
+					verdicts[i].Release()
+				}
+			}
+		}()
 	}
 	if postCharged {
 		return serveAndCharge(w, r, repl, next, verdicts)
 	}
 	return next.ServeHTTP(w, r)
-}
-
-func releaseSlots(verdicts []verdict) {
-	for i := range verdicts {
-		if verdicts[i].Holds() {
-			verdicts[i].Release()
-		}
-	}
 }
 
 // awaitTurn makes the request wait until turn (monotime), the latest turn

@@ -80,11 +80,7 @@ func NewLimit(events, window, burst int64) Limit {
 	if burst <= 0 {
 		burst = events
 	}
-	t := window / events
-	if t < 1 {
-		t = 1
-	}
-	return Limit{EmissionInterval: t, Burst: burst}
+	return Limit{EmissionInterval: max(1, window/events), Burst: burst}
 }
 
 // Result is the outcome of one GCRA step.
@@ -116,9 +112,7 @@ type Result struct {
 // max(TAT, now) − now, so that no intermediate exceeds what the result needs:
 // allowed when wait <= (B − cost)·T, remaining = B − cost − ⌈wait/T⌉.
 func (l Limit) Decide(tat, now, cost int64) Result {
-	if tat < now {
-		tat = now
-	}
+	tat = max(tat, now)
 	wait := tat - now
 	if cost > l.Burst { // never allowed, however long the key waits
 		return Result{TAT: tat, RetryAfter: add(wait, mul(cost-l.Burst, l.EmissionInterval)), ResetAfter: wait}
@@ -165,11 +159,7 @@ func (l Limit) DecideAhead(tat, now, cost, ahead int64) Result {
 // Refund gives back the cost of a request that was allowed but must not count
 // (a later zone denied it): TAT moves back by cost*T, never below now.
 func (l Limit) Refund(tat, now, cost int64) int64 {
-	tat -= mul(cost, l.EmissionInterval)
-	if tat < now {
-		tat = now
-	}
-	return tat
+	return max(tat-mul(cost, l.EmissionInterval), now)
 }
 
 // Peek reports the state of a key without consuming anything: what a

@@ -61,12 +61,11 @@ const (
 // resets and concurrency slots.
 type Async struct {
 	*link
-	interval time.Duration
-	hold     int64 // µs: the script's hold (see OpenAsync)
-	life     int64 // ns: a lease's lifetime, leaseLifetime sync intervals
-	stale    int64 // ns: beyond this since the last sync, Decide errors
-	script   *redis.Script
-	maxKeys  int
+	hold    int64 // µs: the script's hold (see OpenAsync)
+	life    int64 // ns: a lease's lifetime, leaseLifetime sync intervals
+	stale   int64 // ns: beyond this since the last sync, Decide errors
+	script  *redis.Script
+	maxKeys int
 
 	zonesMu sync.Mutex
 	zones   atomic.Pointer[map[string]*asyncZone] // copy on write
@@ -99,8 +98,7 @@ func openAsync(opts Options, maxKeys int, logger *zap.Logger) (*Async, error) {
 	}
 	interval := c.opts.SyncInterval
 	a := &Async{
-		link:     c,
-		interval: interval,
+		link: c,
 		// An instance that admitted a fresh share reports it by its next
 		// sync, or the one after if that one fails: within two intervals
 		// and two sync bounds of the episode's start, and at least a

@@ -22,17 +22,17 @@ import (
 // step.
 func (a *Async) loop() {
 	defer close(a.loopDone)
-	first := time.NewTimer(time.Duration(rand.Int64N(int64(a.interval)) + 1))
+	first := time.NewTimer(time.Duration(rand.Int64N(int64(a.opts.SyncInterval)) + 1))
 	select {
 	case <-first.C:
 	case <-a.stop:
 		first.Stop()
 		return
 	}
-	t := time.NewTicker(a.interval)
+	t := time.NewTicker(a.opts.SyncInterval)
 	defer t.Stop()
 	for {
-		a.nextSync.Store(monotime.Now() + int64(a.interval))
+		a.nextSync.Store(monotime.Now() + int64(a.opts.SyncInterval))
 		_ = a.sync(a.ctx, true)
 		a.syncQuotas(a.ctx, false)
 		select {
@@ -135,7 +135,7 @@ func (a *Async) snapshot(now int64, all bool) []item {
 	var items []item
 	a.eachShard(func(z *asyncZone, s *asyncShard) {
 		for k, r := range s.m {
-			if st, need := r.snapshot(now, int64(a.interval), all, &a.seq); need {
+			if st, need := r.snapshot(now, int64(a.opts.SyncInterval), all, &a.seq); need {
 				items = append(items, item{z: z, s: s, key: k, r: r, sent: st})
 			}
 		}

@@ -90,4 +90,4 @@ func (c *link) ListBans(ctx context.Context, zone string) ([]zones.Ban, error) {
 
 // SyncInterval is how often the async store syncs, and reads its zones'
 // bans.
-func (a *Async) SyncInterval() time.Duration { return a.interval }
+func (a *Async) SyncInterval() time.Duration { return a.opts.SyncInterval }

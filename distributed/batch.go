@@ -323,13 +323,11 @@ func (c *link) sendByMaster(b *batcher, calls []batchCall, latest time.Time) {
 		for i := range g.calls {
 			g.calls[i].cmd = b.eval(ctx, pipe, &g.calls[i], false)
 		}
-		c.wg.Add(1)
-		go func() {
-			defer c.wg.Done()
+		c.wg.Go(func() {
 			defer cancel()
 			_, _ = pipe.Exec(ctx) // errors are per command
 			c.finish(ctx, nil, g.calls)
-		}()
+		})
 	}
 }
 

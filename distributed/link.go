@@ -60,9 +60,7 @@ func newLink(opts Options, logger *zap.Logger) (*link, error) {
 	if err != nil {
 		return nil, err
 	}
-	if logger == nil {
-		logger = zap.NewNop()
-	}
+	logger = cmp.Or(logger, zap.NewNop())
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &link{
 		opts:       opts,

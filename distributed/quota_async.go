@@ -197,7 +197,7 @@ func (a *Async) takeQuota(ctx context.Context, zone string, s *asyncShard, key s
 		return err
 	}
 	if s.q[key] == r {
-		r.adopt(st, rep, q, sent, monotime.Now(), a.interval)
+		r.adopt(st, rep, q, sent, monotime.Now(), a.opts.SyncInterval)
 	}
 	return nil
 }
@@ -373,7 +373,7 @@ func (a *Async) syncQuotas(ctx context.Context, final bool) {
 		close(it.r.taking) // still the sync's: a call for the record waits for it
 		it.r.taking = nil
 		if err == nil && it.s.q[it.key] == it.r {
-			it.r.adopt(it.st, rep, it.q, it.sent, monotime.Now(), a.interval)
+			it.r.adopt(it.st, rep, it.q, it.sent, monotime.Now(), a.opts.SyncInterval)
 			if !it.r.active && it.r.held == it.r.used {
 				delete(it.s.q, it.key) // idle, nothing held: its next request takes again
 			}

@@ -222,9 +222,7 @@ func OpenRegion(regional zones.Store, opts RegionOptions, logger *zap.Logger) (*
 		return nil, err
 	}
 	opts = opts.withDefaults()
-	if logger == nil {
-		logger = zap.NewNop()
-	}
+	logger = cmp.Or(logger, zap.NewNop())
 	var c *link
 	async := false
 	switch s := regional.(type) {
@@ -262,9 +260,8 @@ func OpenRegion(regional zones.Store, opts RegionOptions, logger *zap.Logger) (*
 	r.floor = r.weight / 10
 	r.rebuild()
 	r.floored.Store(true) // until the first poll says otherwise
-	r.done.Add(2)
-	go r.every(r.poll)
-	go r.every(func() { r.tick(monotime.Now()) })
+	r.done.Go(func() { r.every(r.poll) })
+	r.done.Go(func() { r.every(func() { r.tick(monotime.Now()) }) })
 	return r, nil
 }
 
@@ -477,7 +474,6 @@ func (r *Region) confirmMargin() time.Duration {
 
 // every calls f every poll interval until Close.
 func (r *Region) every(f func()) {
-	defer r.done.Done()
 	tick := time.NewTicker(r.pollInterval())
 	defer tick.Stop()
 	for {

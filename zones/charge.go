@@ -76,10 +76,8 @@ func (c *charger) start(stop <-chan struct{}, wg *sync.WaitGroup) {
 		c.queue = make(chan charge, chargeQueue)
 		c.retries = make(chan charge, chargeQueue)
 		c.pending = make(map[string]*pendingCharges)
-		wg.Add(chargeWorkers + 1)
 		for range chargeWorkers {
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				batch := make([]charge, 0, chargeBatch)
 				for {
 					select {
@@ -100,12 +98,9 @@ func (c *charger) start(stop <-chan struct{}, wg *sync.WaitGroup) {
 					c.send(batch)
 					clear(batch)
 				}
-			}()
+			})
 		}
-		go func() {
-			defer wg.Done()
-			c.retryLoop(stop)
-		}()
+		wg.Go(func() { c.retryLoop(stop) })
 		c.started.Store(true)
 	})
 }
@@ -119,11 +114,7 @@ func (c *charger) send(batch []charge) {
 	}
 	var wg sync.WaitGroup
 	for _, ch := range batch {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ch.zone.sendCharge(ch, c)
-		}()
+		wg.Go(func() { ch.zone.sendCharge(ch, c) })
 	}
 	wg.Wait()
 }

@@ -82,9 +82,7 @@ func (z *Zone) reconcile() {
 	if !o.any.Load() || !o.running.CompareAndSwap(false, true) {
 		return
 	}
-	z.state.chargers.Add(1)
-	go func() {
-		defer z.state.chargers.Done()
+	z.state.chargers.Go(func() {
 		defer o.running.Store(false)
 		o.mu.Lock()
 		taken := o.m
@@ -95,14 +93,13 @@ func (z *Zone) reconcile() {
 		sem := make(chan struct{}, owedBatch)
 		for key, c := range taken {
 			sem <- struct{}{}
-			wg.Add(1)
-			go func() {
-				defer func() { <-sem; wg.Done() }()
+			wg.Go(func() {
+				defer func() { <-sem }()
 				z.payOwed(key, c)
-			}()
+			})
 		}
 		wg.Wait()
-	}()
+	})
 }
 
 // payOwed sends one owed charge; one the store refused without running it

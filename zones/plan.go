@@ -1,6 +1,7 @@
 package zones
 
 import (
+	"cmp"
 	"errors"
 	"maps"
 	"sync"
@@ -55,9 +56,7 @@ func NewPlan(events int64, window time.Duration, burst int64) (Plan, error) {
 	case burst < 0 || burst > MaxEvents:
 		return Plan{}, ErrBurst
 	}
-	if burst == 0 {
-		burst = events
-	}
+	burst = cmp.Or(burst, events)
 	l := algorithms.NewLimit(events, int64(window), burst)
 	if l.EmissionInterval > int64(MaxSpan)/l.Burst {
 		return Plan{}, ErrSpan

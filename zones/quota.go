@@ -13,6 +13,7 @@ package zones
 // a wall-clock step never resets, prolongs or repeats a period.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -207,10 +208,7 @@ type periodNow struct {
 }
 
 func (c *periodClock) init(p algorithms.Period, loc *time.Location) {
-	if loc == nil {
-		loc = time.UTC
-	}
-	c.period, c.loc = p, loc
+	c.period, c.loc = p, cmp.Or(loc, time.UTC)
 	c.wall, c.mono = time.Now, monotime.Now
 }
 

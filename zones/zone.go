@@ -4,6 +4,7 @@
 package zones
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -484,12 +485,7 @@ func New(c Config, state *State, store Store) (*Zone, error) {
 // Plan is the zone's literal limit.
 func (z *Zone) Plan() Plan { return z.plan }
 
-func (c Config) maxKeys() int {
-	if c.MaxKeys == 0 {
-		return DefaultMaxKeys
-	}
-	return int(min(c.MaxKeys, math.MaxInt))
-}
+func (c Config) maxKeys() int { return int(min(cmp.Or(c.MaxKeys, DefaultMaxKeys), math.MaxInt)) }
 
 // Keys is the number of keys this instance holds for the zone in memory:
 // its tables and, in async mode, the store's records for the zone.

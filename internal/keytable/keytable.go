@@ -171,22 +171,30 @@ func (t *Table) Delete(key string) {
 
 // Clear forgets every key and gives the memory back.
 func (t *Table) Clear() {
+	t.eachShard(func(s *shard) int {
+		s.slots, s.keys, s.n, s.dead = nil, nil, 0, 0
+		return 0
+	})
+}
+
+// eachShard calls f on every shard in turn, under the shard's lock, and
+// returns the sum of what f returned.
+func (t *Table) eachShard(f func(s *shard) int) int {
+	n := 0
 	for i := range t.shards {
 		s := &t.shards[i]
 		s.mu.Lock()
-		s.slots, s.keys, s.n, s.dead = nil, nil, 0, 0
+		n += f(s)
 		s.mu.Unlock()
 	}
+	return n
 }
 
 // Sweep deletes every entry whose value is <= now and returns how many keys
 // remain. A shard left empty gives its memory back; one left less than 1/8
 // full is rebuilt at its new size.
 func (t *Table) Sweep(now int64) int {
-	n := 0
-	for i := range t.shards {
-		s := &t.shards[i]
-		s.mu.Lock()
+	return t.eachShard(func(s *shard) int {
 		for j := 0; j < len(s.slots); {
 			if sl := &s.slots[j]; sl.tag != 0 && sl.value <= now {
 				s.deleteAt(j) // a later entry may move into j: look again
@@ -195,22 +203,18 @@ func (t *Table) Sweep(now int64) int {
 			j++
 		}
 		s.shrink()
-		n += s.n
-		s.mu.Unlock()
-	}
-	return n
+		return s.n
+	})
 }
 
 // Shrink gives back the memory of empty shards and rebuilds those left
 // less than 1/8 full at their size, as Sweep does, without deleting
 // anything: for tables whose values are not times.
 func (t *Table) Shrink() {
-	for i := range t.shards {
-		s := &t.shards[i]
-		s.mu.Lock()
+	t.eachShard(func(s *shard) int {
 		s.shrink()
-		s.mu.Unlock()
-	}
+		return 0
+	})
 }
 
 func (s *shard) shrink() {
@@ -227,27 +231,11 @@ func (s *shard) shrink() {
 }
 
 // Len returns the number of keys held, expired ones included.
-func (t *Table) Len() int {
-	n := 0
-	for i := range t.shards {
-		s := &t.shards[i]
-		s.mu.Lock()
-		n += s.n
-		s.mu.Unlock()
-	}
-	return n
-}
+func (t *Table) Len() int { return t.eachShard(func(s *shard) int { return s.n }) }
 
 // Bytes returns the memory the table's entries and keys hold.
 func (t *Table) Bytes() int {
-	n := 0
-	for i := range t.shards {
-		s := &t.shards[i]
-		s.mu.Lock()
-		n += cap(s.slots)*slotSize + cap(s.keys)
-		s.mu.Unlock()
-	}
-	return n
+	return t.eachShard(func(s *shard) int { return cap(s.slots)*slotSize + cap(s.keys) })
 }
 
 // slotsFor is the slot count for n entries after a rebuild: half full, so
@@ -442,18 +430,15 @@ func (s *shard) compact(extra int) {
 
 // CountAbove returns the number of entries whose value is > v.
 func (t *Table) CountAbove(v int64) int {
-	n := 0
-	for i := range t.shards {
-		s := &t.shards[i]
-		s.mu.Lock()
+	return t.eachShard(func(s *shard) int {
+		n := 0
 		for j := range s.slots {
 			if sl := &s.slots[j]; sl.tag != 0 && sl.value > v {
 				n++
 			}
 		}
-		s.mu.Unlock()
-	}
-	return n
+		return n
+	})
 }
 
 // Shards is the number of shards, for CopyShard.

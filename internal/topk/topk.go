@@ -222,12 +222,6 @@ func (s *Sketch) summary(since int64) Summary {
 	return Summary{Top: top, Since: since, Total: s.total, Floor: s.floor()}
 }
 
-func sortEntries(top []Entry) {
-	slices.SortFunc(top, func(a, b Entry) int {
-		return cmp.Or(cmp.Compare(b.Count, a.Count), cmp.Compare(b.Count-b.Error, a.Count-a.Error), strings.Compare(a.Key, b.Key))
-	})
-}
-
 // Merge adds up the summaries of several instances into one, keeping the
 // bounds: where an instance does not list a key, the key may have been
 // counted up to that instance's Floor there. The result lists up to n keys.
@@ -266,7 +260,9 @@ func Merge(n int, summaries ...Summary) Summary {
 	for k, b := range merged {
 		out.Top = append(out.Top, Entry{Key: k, Count: b.upper, Error: b.upper - b.lower})
 	}
-	sortEntries(out.Top)
+	slices.SortFunc(out.Top, func(a, b Entry) int {
+		return cmp.Or(cmp.Compare(b.Count, a.Count), cmp.Compare(b.Count-b.Error, a.Count-a.Error), strings.Compare(a.Key, b.Key))
+	})
 	if n >= 0 && len(out.Top) > n {
 		out.Floor = max(out.Floor, out.Top[max(n, 1)-1].Count)
 		out.Top = out.Top[:n]
