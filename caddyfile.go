@@ -14,6 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/caddy-tally/ratelimit/internal/usage"
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
@@ -182,14 +183,7 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 				z.Count = &rm
 			}
 		case sub == "charge":
-			if z.Charge, err = placeholderArg(d); err == nil {
-				switch {
-				case z.Charge == "":
-					err = d.Err("charge takes a placeholder read after the response, e.g. charge {http.response.header.X-Tokens-Used}")
-				case d.CountRemainingArgs() > 0:
-					z.Cost, err = int64ArgOf(d, "charge", 1, zones.MaxEvents)
-				}
-			}
+			err = parseCharge(d, z)
 		case sub == "match":
 			var set caddy.ModuleMap
 			if set, err = caddyhttp.ParseCaddyfileNestedMatcherSet(d); err == nil {
@@ -246,7 +240,7 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 			kind = "a quota zone's next unit comes at the period's end"
 		}
 		return "", nil, fmt.Errorf("zone %s: delay is for rate zones: %s; remove delay (or put a rate zone with delay beside it), at %s:%d", name, kind, d.File(), lines["delay"])
-	case seen["delay"] && (z.Count != nil || z.Charge != ""):
+	case seen["delay"] && (z.Count != nil || z.Charge != "" || z.ChargeJSON != nil):
 		return "", nil, fmt.Errorf("zone %s: delay is for zones that consume before the request: a post-charged zone (count, charge) only checks then, so there is no turn to wait for; remove delay, or put a rate zone with delay beside it, at %s:%d", name, d.File(), lines["delay"])
 	case seen["queue"] && !seen["delay"]:
 		return "", nil, fmt.Errorf("zone %s: queue bounds the requests waiting for their turn, which only a zone with delay has: add e.g. delay 3s, or remove queue, at %s:%d", name, d.File(), lines["queue"])
@@ -264,8 +258,8 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 		return "", nil, d.Errf("zone %s: events is missing: add e.g. events 100 (or a calendar quota: quota 1000 per day)", name)
 	case z.Window == 0:
 		return "", nil, d.Errf("zone %s: window is missing: add e.g. window 1m", name)
-	case z.CostPlaceholder != "" && z.Charge != "":
-		return "", nil, d.Errf("zone %s: cost {placeholder} and charge both say what a request costs: keep one (charge for a cost known after the response)", name)
+	case z.Charge != "" && z.ChargeJSON != nil:
+		return "", nil, fmt.Errorf("zone %s: charge is read from a placeholder or from the body (charge json), not both: keep one, at %s:%d", name, d.File(), lines["charge"])
 	}
 	// What provisioning would refuse, refused here with the line at fault.
 	var setting string
@@ -430,6 +424,47 @@ func (r *Redis) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // setting's value is a placeholder, it returns it and leaves the dispenser
 // on the setting's name again, so that the literal fallback is read from
 // the rest of the line as the setting itself would be.
+// parseCharge parses `charge <placeholder> [fallback]` or
+// `charge json <path> [+ <path>...]`.
+func parseCharge(d *caddyfile.Dispenser, z *Zone) error {
+	args := d.RemainingArgs()
+	if len(args) == 0 || args[0] != "json" {
+		for range args {
+			d.Prev()
+		}
+		var err error
+		if z.Charge, err = placeholderArg(d); err != nil {
+			return err
+		}
+		switch {
+		case z.Charge == "":
+			return d.Err("charge takes a placeholder read after the response, e.g. charge {http.response.header.X-Tokens-Used}, or paths in the response body, e.g. charge json usage.total_tokens")
+		case d.CountRemainingArgs() > 0:
+			z.Cost, err = int64ArgOf(d, "charge", 1, zones.MaxEvents)
+		}
+		return err
+	}
+	const example = "e.g. charge json usage.total_tokens, or charge json usage.input_tokens + usage.output_tokens"
+	paths := args[1:]
+	for i, a := range paths {
+		switch {
+		case i%2 == 1 && a != "+":
+			return d.Errf("charge json: %q where + was expected: join paths by + with spaces around it, %s", a, example)
+		case i%2 == 0 && a == "+":
+			return d.Errf("charge json: + where a path was expected, %s", example)
+		case i%2 == 0:
+			z.ChargeJSON = append(z.ChargeJSON, a)
+		}
+	}
+	if len(paths)%2 == 0 {
+		return d.Errf("charge json takes dot paths of the response's JSON joined by +, %s", example)
+	}
+	if _, err := usage.ParsePaths(z.ChargeJSON); err != nil {
+		return d.Errf("charge json: %v", err)
+	}
+	return nil
+}
+
 func placeholderArg(d *caddyfile.Dispenser) (string, error) {
 	dir := d.Val()
 	if d.CountRemainingArgs() < 1 {

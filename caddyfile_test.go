@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"encoding/json"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -205,6 +206,13 @@ func TestCaddyfileCostCountAndCharge(t *testing.T) {
 			window 1m
 			cost   10
 		}
+		zone llm {
+			key    {http.request.header.Authorization}
+			events 100000
+			window 1h
+			cost   {http.request.header.X-Max-Tokens} 1000 at_least 1
+			charge json usage.input_tokens + usage.output_tokens
+		}
 	}`)
 	if err != nil {
 		t.Fatal(err)
@@ -224,6 +232,10 @@ func TestCaddyfileCostCountAndCharge(t *testing.T) {
 	}
 	if z := h.RateLimits["heavy"]; z.CostPlaceholder != "" || z.Cost != 10 {
 		t.Errorf("zone heavy = %+v", z)
+	}
+	if z := h.RateLimits["llm"]; !slices.Equal(z.ChargeJSON, []string{"usage.input_tokens", "usage.output_tokens"}) ||
+		z.CostPlaceholder != "{http.request.header.X-Max-Tokens}" || z.Cost != 1000 || z.Charge != "" {
+		t.Errorf("zone llm = %+v", z)
 	}
 }
 
@@ -341,7 +353,10 @@ func TestCaddyfileErrorsNameTheLineAndTheFix(t *testing.T) {
 		{"empty count", zone("\t\tevents 5\n\t\twindow 1s\n\t\tcount {\n\t\t}"), 7, "count needs response matchers"},
 		{"unknown response matcher", zone("\t\tevents 5\n\t\twindow 1s\n\t\tcount {\n\t\t\tpath /x\n\t\t}"), 7, "unrecognized response matcher path"},
 		{"charge without placeholder", zone("\t\tevents 5\n\t\twindow 1s\n\t\tcharge 5"), 6, "charge takes a placeholder read after the response"},
-		{"cost placeholder and charge", zone("\t\tevents 5\n\t\twindow 1s\n\t\tcost {a}\n\t\tcharge {b}"), 8, "keep one"},
+		{"charge json without a path", zone("\t\tevents 5\n\t\twindow 1s\n\t\tcharge json"), 6, "charge json takes dot paths of the response's JSON joined by +"},
+		{"charge json paths without +", zone("\t\tevents 5\n\t\twindow 1s\n\t\tcharge json a.b c.d"), 6, `charge json: "c.d" where + was expected`},
+		{"charge json ending in +", zone("\t\tevents 5\n\t\twindow 1s\n\t\tcharge json a.b +"), 6, "charge json takes dot paths"},
+		{"charge json empty key", zone("\t\tevents 5\n\t\twindow 1s\n\t\tcharge json usage..total"), 6, `path "usage..total" has an empty key`},
 		{"ban in a concurrency zone", zone("\t\tconcurrency 4\n\t\tban 1h"), 5, "zone z: ban is for rate zones: a concurrency zone's denials end as requests finish"},
 		{"ban in a quota zone", zone("\t\tban 1h\n\t\tquota 100 per day"), 4, "zone z: ban is for rate zones: a quota zone's denial already lasts until its period ends"},
 		{"ban without a duration", zone("\t\tevents 5\n\t\twindow 1s\n\t\tban"), 6, "ban takes a duration and optionally the longest escalated ban: ban 1h, or ban 10m 24h"},

@@ -2,12 +2,14 @@ package ratelimit
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"math"
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -15,6 +17,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/caddy-tally/ratelimit/internal/monotime"
+	"github.com/caddy-tally/ratelimit/internal/usage"
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
@@ -28,6 +31,11 @@ type costVars struct {
 	cost      int64  // literal cost, the fallback of the placeholders; default 1
 	costVar   string // placeholder name of `cost`, "" for a literal
 	chargeVar string // placeholder name of `charge`, read after the response
+	// body are charge_json's paths, read from the response body.
+	body *usage.Paths
+	// estimate: costVar is taken before the request and settled after
+	// the response (the zone charges with chargeVar or body).
+	estimate bool
 	// costMin and costMax bound costVar's values (0: no bound).
 	costMin, costMax int64
 	count            *caddyhttp.ResponseMatcher
@@ -35,10 +43,12 @@ type costVars struct {
 }
 
 // postCharged: the zone charges after the response.
-func (c costVars) postCharged() bool { return c.count != nil || c.chargeVar != "" }
+func (c costVars) postCharged() bool { return c.count != nil || c.chargeVar != "" || c.body != nil }
 
 // weighted: requests may cost other than 1, so q and r are in cost units.
-func (c costVars) weighted() bool { return c.cost != 1 || c.costVar != "" || c.chargeVar != "" }
+func (c costVars) weighted() bool {
+	return c.cost != 1 || c.costVar != "" || c.chargeVar != "" || c.body != nil
+}
 
 // costFor is the cost of the request before it runs; math.MaxInt64 for a
 // value too large to represent (it can never pass). now (monotime) is for
@@ -47,7 +57,7 @@ func (z *zoneHandler) costFor(repl *caddy.Replacer, now int64) int64 {
 	if z.costs.costVar == "" {
 		return z.costs.cost
 	}
-	n := z.readCost(repl, now, z.costs.costVar, "cost")
+	n := z.readCost(repl, now, z.costs.costVar, "cost", z.costs.cost)
 	switch c := z.costs; {
 	case n < c.costMin:
 		z.costClamped(now, n, c.costMin, "at_least")
@@ -69,10 +79,10 @@ func (z *zoneHandler) costClamped(now, n, bound int64, setting string) {
 }
 
 // readCost reads a cost placeholder: a whole number >= 0, math.MaxInt64 for
-// one too large to represent, else the literal cost, counted and, unless
-// the value is empty (a header the client did not send: routine, the
-// counter is enough), logged.
-func (z *zoneHandler) readCost(repl *caddy.Replacer, now int64, name, setting string) int64 {
+// one too large to represent, else fallback, counted and, unless the value
+// is empty (a header the client did not send: routine, the counter is
+// enough), logged.
+func (z *zoneHandler) readCost(repl *caddy.Replacer, now int64, name, setting string, fallback int64) int64 {
 	s, _ := repl.GetString(name)
 	s = strings.TrimSpace(s)
 	n, err := strconv.ParseInt(s, 10, 64)
@@ -84,12 +94,12 @@ func (z *zoneHandler) readCost(repl *caddy.Replacer, now int64, name, setting st
 	}
 	add(z.metrics.costFallbacks, 1)
 	if s == "" {
-		return z.costs.cost
+		return fallback
 	}
-	if c := z.logs.costFallback.check(z.logger, now, zapcore.WarnLevel, "request cost is empty or invalid; using the zone's literal cost"); c != nil {
-		c.Write(zap.String("zone", z.Name), zap.String("setting", setting), zap.String("value", s), zap.Int64("cost", z.costs.cost))
+	if c := z.logs.costFallback.check(z.logger, now, zapcore.WarnLevel, "request cost is empty or invalid; using the zone's literal cost or the estimate"); c != nil {
+		c.Write(zap.String("zone", z.Name), zap.String("setting", setting), zap.String("value", s), zap.Int64("cost", fallback))
 	}
-	return z.costs.cost
+	return fallback
 }
 
 // logOverBurst logs (sampled) a request whose cost is more than the key
@@ -116,13 +126,37 @@ func countCost(verdicts []verdict) {
 }
 
 // serveAndCharge calls next with the response's status recorded (nothing
-// buffered: streaming, flushing and hijacking pass through) and, when it
-// returns, charges the post-charged zones whose count matches the response.
-// An error returned down the chain counts with its status (what
-// handle_errors sees as {err.status_code}) unless a status was written.
-func serveAndCharge(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, verdicts []verdict) error {
+// buffered: streaming, flushing and hijacking pass through; a body the
+// zones charge from is scanned on its way) and, when it returns, charges
+// the post-charged zones whose count matches the response, or settles
+// their estimate. An error returned down the chain counts with its status
+// (what handle_errors sees as {err.status_code}) unless a status was
+// written. A response next aborts with a panic (reverse_proxy does, with
+// http.ErrAbortHandler, when the upstream or the client breaks off a
+// response it has begun) is charged all the same, and the panic goes on.
+func (h *Handler) serveAndCharge(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, verdicts []verdict) error {
 	rec := caddyhttp.NewResponseRecorder(w, nil, nil)
-	err := next.ServeHTTP(rec, r)
+	out := http.ResponseWriter(rec)
+	var body *bodyWriter
+	if h.bodyCharged {
+		body = newBodyWriter(rec, verdicts)
+		out = body
+	}
+	returned := false
+	defer func() {
+		if !returned {
+			h.charge(w, r, repl, rec, body, verdicts, http.ErrAbortHandler)
+		}
+	}()
+	err := next.ServeHTTP(out, r)
+	returned = true
+	h.charge(w, r, repl, rec, body, verdicts, err)
+	return err
+}
+
+// charge charges the post-charged zones (or settles their estimates) once
+// next is over, err what it returned.
+func (h *Handler) charge(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, rec caddyhttp.ResponseRecorder, body *bodyWriter, verdicts []verdict, err error) {
 	status := rec.Status()
 	if status == 0 {
 		status = http.StatusOK
@@ -141,24 +175,45 @@ func serveAndCharge(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer
 		if !z.costs.postCharged() {
 			continue
 		}
-		if z.costs.count != nil && !z.costs.count.Match(status, w.Header()) {
-			continue
-		}
+		// What the response costs: by default what the zone took before
+		// it (its estimate) or its literal cost.
 		cost := v.Cost
-		if z.costs.chargeVar != "" {
+		switch {
+		case z.costs.count != nil && !z.costs.count.Match(status, w.Header()):
+			if !z.costs.estimate {
+				continue
+			}
+			cost = 0 // not counted: the estimate goes back
+		case z.costs.chargeVar != "":
 			if repl == nil {
 				repl = requestReplacer(r)
 			}
-			cost = z.readCost(repl, now, z.costs.chargeVar, "charge")
+			cost = z.readCost(repl, now, z.costs.chargeVar, "charge", v.Cost)
+		case z.costs.body != nil:
+			cost = body.total(r, i, status, err, now)
 		}
 		cost = min(cost, zones.MaxCharge*v.Plan.Burst)
-		if cost <= 0 {
-			continue
+		if z.costs.estimate {
+			h.settle(r, v, now, cost)
+		} else if cost > 0 {
+			z.Charge(r.Context(), v.Key, now, &v.Plan, cost)
 		}
-		z.Charge(r.Context(), v.Key, now, &v.Plan, cost)
 		add(z.metrics.cost, float64(cost))
 	}
-	return err
+}
+
+// settle settles v's estimate once its response cost cost: the difference
+// is charged, or refunded within the store's budget (the request's
+// context may be over: the client left).
+func (h *Handler) settle(r *http.Request, v *verdict, now, cost int64) {
+	if v.Allowed && cost == v.Cost {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), cmp.Or(h.budget, time.Second))
+	defer cancel()
+	if err := v.Settle(ctx, now, cost); err != nil {
+		v.Owner.chargeFailed(err)
+	}
 }
 
 // chargeFailed counts and logs (sampled) a charge after the response that
@@ -174,7 +229,7 @@ func (z *zoneHandler) chargeFailed(err error) {
 func zoneCosts(name string, zc *Zone, plan zones.Plan, logger *zap.Logger) (costVars, error) {
 	c := costVars{cost: cmp.Or(zc.Cost, 1), count: zc.Count, costMin: zc.CostAtLeast, costMax: zc.CostAtMost}
 	if zc.Concurrency > 0 {
-		if zc.Cost != 0 || zc.CostPlaceholder != "" || zc.CostAtLeast != 0 || zc.CostAtMost != 0 || zc.Count != nil || zc.Charge != "" {
+		if zc.Cost != 0 || zc.CostPlaceholder != "" || zc.CostAtLeast != 0 || zc.CostAtMost != 0 || zc.Count != nil || zc.Charge != "" || zc.ChargeJSON != nil {
 			return c, fmt.Errorf("zone %s: cost, count and charge apply to events/window zones, not concurrency zones", name)
 		}
 		return c, nil
@@ -183,7 +238,7 @@ func zoneCosts(name string, zc *Zone, plan zones.Plan, logger *zap.Logger) (cost
 	case zc.Cost < 0:
 		return c, fmt.Errorf("zone %s: cost must be a whole number of at least 1", name)
 	case zc.Quota != nil:
-		if c.cost > plan.Burst && plan.Burst > 0 && !c.postCharged() && zc.Charge == "" {
+		if c.cost > plan.Burst && plan.Burst > 0 && !c.postCharged() && zc.Charge == "" && zc.ChargeJSON == nil {
 			return c, fmt.Errorf("zone %s: cost %d is more than the quota (%d): such requests could never pass; lower cost or raise the quota", name, c.cost, plan.Burst)
 		}
 	case c.cost > plan.Burst:
@@ -195,9 +250,17 @@ func zoneCosts(name string, zc *Zone, plan zones.Plan, logger *zap.Logger) (cost
 		}
 	}
 	c.costVar, c.chargeVar = singlePlaceholder(zc.CostPlaceholder), singlePlaceholder(zc.Charge)
-	if c.costVar != "" && c.chargeVar != "" {
-		return c, fmt.Errorf("zone %s: cost {placeholder} and charge both say what a request costs: keep one (charge for a cost known after the response)", name)
+	if zc.ChargeJSON != nil {
+		if c.chargeVar != "" {
+			return c, fmt.Errorf("zone %s: charge is read from a placeholder or from the body (charge_json), not both: keep one", name)
+		}
+		p, err := usage.ParsePaths(zc.ChargeJSON)
+		if err != nil {
+			return c, fmt.Errorf("zone %s: charge_json: %v", name, err)
+		}
+		c.body = &p
 	}
+	c.estimate = c.costVar != "" && (c.chargeVar != "" || c.body != nil)
 	switch {
 	case (c.costMin != 0 || c.costMax != 0) && c.costVar == "":
 		return c, fmt.Errorf("zone %s: cost_at_least and cost_at_most bound the values of cost_placeholder: give one, e.g. cost {http.request.header.X-Search-Cost} 1 at_least 1 at_most 100", name)

@@ -223,7 +223,7 @@ func (zc *Zone) connectionProblem() (setting string, err error) {
 		return "scope", errors.New("scope: a connection zone is local to the instance (no Redis on the accept path): remove scope")
 	case zc.Count != nil:
 		return "count", errors.New("count weighs responses, which a connection does not have: put the zone in the rate_limit handler")
-	case zc.Charge != "":
+	case zc.Charge != "" || zc.ChargeJSON != nil:
 		return "charge", errors.New("charge weighs responses, which a connection does not have: put the zone in the rate_limit handler")
 	case zc.Cost != 0 || zc.CostPlaceholder != "":
 		return "cost", errors.New("a connection costs 1: remove cost")

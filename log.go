@@ -38,6 +38,7 @@ type logSamplers struct {
 	costFallback         logSampler
 	costOverBurst        logSampler
 	chargeFailure        logSampler
+	chargeFallback       logSampler
 	ban, dryRunBan       logSampler
 }
 

@@ -21,6 +21,7 @@ var collectors struct {
 	vecs []*prometheus.MetricVec // a zone's series go with the zone (dropZoneSeries)
 
 	requests, storeErrors, failPolicy, plans, cost, costFalls, chargeFails, connections *prometheus.CounterVec
+	chargeFalls                                                                         *prometheus.CounterVec
 	snapshotKeys, restoredKeys, writeFails, restoreFails                                *prometheus.CounterVec
 	bans, dryRunBans, droppedBans, queueFull, emptyKeys                                 *prometheus.CounterVec
 	latency, snapshotSeconds, delayed                                                   *prometheus.HistogramVec
@@ -74,6 +75,7 @@ func initCollectors() {
 	c.plans = counterVec("plan_fallbacks_total", "Requests whose per-request events, window or burst was empty or invalid, decided under the zone's literal limit.")
 	c.cost = counterVec("cost_total", "Units of cost counted by weighted, post-charged and quota zones: the cost of allowed requests, and what was charged after responses.")
 	c.costFalls = counterVec("cost_fallbacks_total", "Requests whose cost or charge placeholder was empty or invalid, counted at the zone's literal cost.")
+	c.chargeFalls = counterVec("charge_fallbacks_total", "Responses of a zone that charges from the body (charge json) that did not carry every path's value, by reason: client_gone, upstream_error, no_usage, malformed, too_large, encoded, not_json; each charged the estimate taken before (or the zone's cost).", "reason")
 	c.chargeFails = counterVec("charge_failures_total", "Charges after the response that Redis did not take within the retry bound (the zone's fail policy then applied).")
 	c.connections = counterVec("connections_total", "New TCP connections decided by a connection zone or a deny_while zone (listener wrapper rate_limit), by decision: allowed, denied, dry_run_denied.", "decision")
 	c.snapshotSeconds = histogramVec("snapshot_duration_seconds", "Time taken to copy, encode and store a persisted zone's snapshot.",
@@ -166,11 +168,12 @@ type zoneMetrics struct {
 	planFallbacks prometheus.Counter // nil unless the zone reads its limit from requests
 	// nil unless the zone is weighted or post-charged:
 	cost, costFallbacks, chargeFailures prometheus.Counter
-	bans                                prometheus.Counter    // nil unless the zone bans (dry run: would-be bans)
-	droppedBans                         [2]prometheus.Counter // from the table, the list; nil unless the zone bans
-	delayed                             prometheus.Observer   // nil unless the zone has delay
-	queueFull                           prometheus.Counter    // nil unless the zone has delay
-	emptyKeys                           prometheus.Counter    // nil unless the key template can expand to nothing
+	chargeFallbacks                     map[string]prometheus.Counter // by reason; nil unless the zone charges from the body
+	bans                                prometheus.Counter            // nil unless the zone bans (dry run: would-be bans)
+	droppedBans                         [2]prometheus.Counter         // from the table, the list; nil unless the zone bans
+	delayed                             prometheus.Observer           // nil unless the zone has delay
+	queueFull                           prometheus.Counter            // nil unless the zone has delay
+	emptyKeys                           prometheus.Counter            // nil unless the key template can expand to nothing
 }
 
 // newZoneMetrics binds the series of zone cfg, whose key template is key.
@@ -198,6 +201,12 @@ func newZoneMetrics(cfg zones.Config, key string, distributed, timed bool, costs
 	}
 	if costs.postCharged() {
 		m.chargeFailures = collectors.chargeFails.WithLabelValues(name)
+	}
+	if costs.body != nil {
+		m.chargeFallbacks = map[string]prometheus.Counter{}
+		for _, r := range chargeFallbackReasons() {
+			m.chargeFallbacks[r] = collectors.chargeFalls.WithLabelValues(name, r)
+		}
 	}
 	if bans && dryRun {
 		m.bans = collectors.dryRunBans.WithLabelValues(name)

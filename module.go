@@ -101,14 +101,15 @@ type Handler struct {
 	// limit on live traffic.
 	DryRun bool `json:"dry_run,omitempty"`
 
-	zones    []*zoneHandler // tightest first
-	weighted bool           // a zone counts cost in metrics
-	headers  headerMode
-	values   *valueCache  // header values rendered before
-	rendered *renderCache // responses' headers rendered before; nil with headers off
-	events   *caddyevents.App
-	ctx      caddy.Context
-	logger   *zap.Logger
+	zones       []*zoneHandler // tightest first
+	weighted    bool           // a zone counts cost in metrics
+	bodyCharged bool           // a zone charges from the response body
+	headers     headerMode
+	values      *valueCache  // header values rendered before
+	rendered    *renderCache // responses' headers rendered before; nil with headers off
+	events      *caddyevents.App
+	ctx         caddy.Context
+	logger      *zap.Logger
 	// placeholders: some zone's key, limit or cost reads the replacer.
 	placeholders bool
 	live         *liveState  // what requests update
@@ -207,6 +208,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.zones = append(h.zones, z)
 		h.placeholders = h.placeholders || z.readsReplacer()
 		h.weighted = h.weighted || z.metrics.cost != nil
+		h.bodyCharged = h.bodyCharged || z.costs.body != nil
 		if h.store != nil && (z.IsConcurrency() || z.costs.postCharged() || z.Delay > 0) {
 			h.holds = true
 			z.Zone.Hold, z.Zone.Done = h.users.hold, h.users.done

@@ -121,7 +121,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 	holding, postCharged := false, false
 	for i := range verdicts {
 		holding = holding || verdicts[i].Holds()
-		postCharged = postCharged || verdicts[i].PostCharged
+		postCharged = postCharged || verdicts[i].Owner.costs.postCharged()
 	}
 	if holding {
 		defer func() {
@@ -133,7 +133,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 		}()
 	}
 	if postCharged {
-		return serveAndCharge(w, r, repl, next, verdicts)
+		return h.serveAndCharge(w, r, repl, next, verdicts)
 	}
 	return next.ServeHTTP(w, r)
 }
@@ -217,7 +217,7 @@ func (h *Handler) applicable(r *http.Request, repl *caddy.Replacer, now int64, v
 			}
 		}
 		verdicts = append(verdicts, verdict{Owner: z, Zone: z.Zone, Key: z.Config.Key(z.expandKey(r, repl)),
-			Plan: z.planFor(repl, now), Cost: z.costFor(repl, now), PostCharged: z.costs.postCharged()})
+			Plan: z.planFor(repl, now), Cost: z.costFor(repl, now), PostCharged: z.costs.postCharged() && !z.costs.estimate})
 	}
 	return verdicts, nil
 }

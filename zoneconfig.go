@@ -91,7 +91,10 @@ type Zone struct {
 	// whole number or negative counts as cost (counted in
 	// caddy_rate_limit_cost_fallbacks_total and logged); 0 passes without
 	// consuming; more than the burst is denied at once (it could never
-	// pass) with a warning in the log.
+	// pass) with a warning in the log. With charge or charge_json it is an
+	// estimate: taken before the request (a key without the budget is
+	// refused before the upstream is called), and the difference with
+	// what the response charges is charged or refunded after it.
 	CostPlaceholder string `json:"cost_placeholder,omitempty"`
 
 	// A floor on cost_placeholder's values: a value below it costs
@@ -122,6 +125,18 @@ type Zone struct {
 	// caddy_rate_limit_cost_fallbacks_total); one charge counts at most two
 	// bursts.
 	Charge string `json:"charge,omitempty"`
+
+	// Makes the zone post-charged from the response body: what it charges
+	// is the sum of these dot paths of object keys (usage.total_tokens),
+	// read from an application/json response, or from a text/event-stream
+	// response's events (each path from the last event whose data carries
+	// it), while the body streams through untouched. Each path's value
+	// must be a whole number >= 0, and all of them must be found; when
+	// they are not (no usage, malformed JSON, a compressed body, the client
+	// left, an upstream error), the response charges cost_placeholder's
+	// estimate, or else cost, counted in
+	// caddy_rate_limit_charge_fallbacks_total by reason. Not with charge.
+	ChargeJSON []string `json:"charge_json,omitempty"`
 
 	// When the key is an IPv4 address, limit its /ipv4_prefix network
 	// instead of the address (e.g. 24).

@@ -2,6 +2,7 @@ package zones
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -49,5 +50,58 @@ func TestRequestThroughTwoDelayZonesWaitsForTheLaterTurn(t *testing.T) {
 				t.Fatalf("the request's turn is %v from now, want the slow zone's, 4s", time.Duration(adm.Turn-before))
 			}
 		})
+	}
+}
+
+// Estimates settled by many requests at once leave the key exactly where
+// their actual costs put it: each request takes its estimate, then is
+// charged or refunded the difference; nothing is lost between them.
+func TestSettledEstimatesLeaveTheSumOfActualCosts(t *testing.T) {
+	// 10000 a day: time stands still for the test's purpose (one unit
+	// frees every 8.64 s).
+	c := Config{Name: "tokens", Events: 10000, Window: 24 * time.Hour, Burst: 10000}
+	z := mustNew(c, newTestState(t, c), nil)
+	ctx, now := context.Background(), monotime.Now()
+	const workers, each = 16, 20
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range each {
+				// Estimate 5, actual 2 or 4 or 6: refunds and charges mixed.
+				tk := Ticket[struct{}]{Zone: z, Key: "k", Plan: z.Plan(), Cost: 5}
+				tk.Admit(ctx, now)
+				if !tk.Allowed {
+					t.Errorf("worker %d request %d: denied with %d left", w, i, tk.Remaining)
+					return
+				}
+				if err := tk.Settle(ctx, now, int64(2+2*((w+i)%3))); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	var want int64
+	for w := range workers {
+		for i := range each {
+			want += int64(2 + 2*((w+i)%3))
+		}
+	}
+	d, err := z.Peek(ctx, "k", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if used := c.Burst - d.Remaining; used != want {
+		t.Fatalf("after %d settled requests: %d used, want their actual costs' sum %d", workers*each, used, want)
+	}
+	// A denied ticket (a dry-run zone's: the request went on) took
+	// nothing, so all of its cost is charged.
+	tk := Ticket[struct{}]{Zone: z, Key: "k", Plan: z.Plan(), Cost: 5}
+	tk.Decision = Decision{Allowed: false}
+	if err := tk.Settle(ctx, now, 7); err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := z.Peek(ctx, "k", now); c.Burst-d.Remaining != want+7 {
+		t.Fatalf("a denied ticket settled at 7: %d used, want %d", c.Burst-d.Remaining, want+7)
 	}
 }

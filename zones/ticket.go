@@ -101,6 +101,28 @@ func (t *Ticket[O]) Cancel(ctx context.Context, now int64) error {
 	return err
 }
 
+// Settle finishes a ticket whose cost was an estimate, taken before the
+// request, once the response is known to cost cost: the difference is
+// charged (past the burst if need be, as a post-charged zone's charge) or
+// refunded. A ticket its zone denied (in dry run: the request went on)
+// took nothing, so all of cost is charged. A refund the store could not
+// take is returned.
+func (t *Ticket[O]) Settle(ctx context.Context, now, cost int64) error {
+	taken := t.Cost
+	if !t.Allowed {
+		taken = 0
+	}
+	switch d := cost - taken; {
+	case d > 0:
+		t.Zone.Charge(ctx, t.Key, now, &t.Plan, d)
+	case d < 0:
+		var err error
+		t.Decision, err = t.Zone.RefundWith(ctx, t.Key, now, t.Decision, &t.Plan, -d)
+		return err
+	}
+	return nil
+}
+
 // Served ends a ticket's wait for its turn, waited long: its queue place is
 // given back, and its headers are those of a request allowed at its turn.
 func (t *Ticket[O]) Served(waited time.Duration) {

@@ -1,0 +1,272 @@
+package usage
+
+import "math"
+
+// decoder is a resumable JSON tokenizer that keeps only what finding the
+// paths needs: the open containers (at most MaxDepth), the key being read
+// and the number being read. It checks the document's structure (a
+// truncated or broken document does not finish) but not every detail of
+// its tokens (escapes and number syntax are only read as far as finding
+// their end needs).
+type decoder struct {
+	paths *Paths
+	state state
+	depth int
+	// Per open container: whether it is an array, and the paths whose
+	// keys so far match the keys down to it (bit i: path i).
+	array [MaxDepth]bool
+	match [MaxDepth]uint16
+	// The member being read: its key (while it is no longer than any
+	// segment may be) and the paths it continues.
+	key     [maxSegment]byte
+	keyLen  int
+	escaped bool // the key or string holds a backslash escape
+	member  uint16
+	// The number being read, when a path ends at it.
+	num    int64
+	digits bool // num holds only digits so far
+
+	vals  [MaxPaths]int64
+	found uint16
+	done  bool // the top-level value ended
+	err   bool
+}
+
+type state uint8
+
+const (
+	sValue      state = iota // before a value
+	sKeyOrEnd                // after '{'
+	sKey                     // before a key, after ','
+	sInKey                   // in a key
+	sKeyEscape               // after a backslash in a key
+	sColon                   // after a key
+	sInString                // in a string value
+	sEscape                  // after a backslash in a string value
+	sNumber                  // in a number
+	sLiteral                 // in true, false or null
+	sAfter                   // after a value
+	sValueOrEnd              // after '['
+)
+
+func (d *decoder) reset(p *Paths) {
+	*d = decoder{paths: p}
+	d.member = uint16(1)<<p.Len() - 1 // the document's root continues every path
+}
+
+func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
+// feed reads the next bytes of the document.
+func (d *decoder) feed(b []byte) {
+	for i := 0; i < len(b) && !d.err; i++ {
+		c := b[i]
+		switch d.state {
+		case sValue, sValueOrEnd:
+			switch {
+			case isSpace(c):
+			case c == ']' && d.state == sValueOrEnd:
+				d.close(true)
+			default:
+				d.value(c)
+			}
+		case sKeyOrEnd, sKey:
+			switch {
+			case isSpace(c):
+			case c == '"':
+				d.state, d.keyLen, d.escaped = sInKey, 0, false
+			case c == '}' && d.state == sKeyOrEnd:
+				d.close(false)
+			default:
+				d.err = true
+			}
+		case sInKey:
+			// A run of plain key bytes at once.
+			j := i
+			for j < len(b) && b[j] != '"' && b[j] != '\\' {
+				j++
+			}
+			if n := j - i; d.keyLen+n <= maxSegment {
+				copy(d.key[d.keyLen:], b[i:j])
+			}
+			d.keyLen += j - i
+			i = j
+			switch {
+			case i == len(b):
+			case b[i] == '\\':
+				d.escaped, d.state = true, sKeyEscape
+			default:
+				d.state = sColon
+			}
+		case sKeyEscape:
+			d.state = sInKey
+		case sColon:
+			switch {
+			case isSpace(c):
+			case c == ':':
+				d.member = d.continues()
+				d.state = sValue
+			default:
+				d.err = true
+			}
+		case sInString:
+			j := i
+			for j < len(b) && b[j] != '"' && b[j] != '\\' {
+				j++
+			}
+			i = j
+			switch {
+			case i == len(b):
+			case b[i] == '\\':
+				d.state = sEscape
+			default:
+				d.state = sAfter
+				d.afterValue()
+			}
+		case sEscape:
+			d.state = sInString
+		case sNumber:
+			switch {
+			case c >= '0' && c <= '9':
+				if d.num > (math.MaxInt64-9)/10 {
+					d.num = math.MaxInt64 // saturated: charges are capped far below
+				} else {
+					d.num = d.num*10 + int64(c-'0')
+				}
+			case c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E':
+				d.digits = false
+			default:
+				d.endNumber()
+				i-- // c follows the number
+			}
+		case sLiteral:
+			if c < 'a' || c > 'z' {
+				d.state = sAfter
+				d.afterValue()
+				i--
+			}
+		case sAfter:
+			switch {
+			case isSpace(c):
+			case c == ',' && d.depth > 0:
+				if d.array[d.depth-1] {
+					d.state, d.member = sValue, 0
+				} else {
+					d.state = sKey
+				}
+			case c == '}' || c == ']':
+				d.close(c == ']')
+			default:
+				d.err = true
+			}
+		}
+	}
+}
+
+// value starts the value whose first byte is c.
+func (d *decoder) value(c byte) {
+	if d.done {
+		d.err = true // a second top-level value
+		return
+	}
+	switch {
+	case c == '{' || c == '[':
+		if d.depth == MaxDepth {
+			d.err = true
+			return
+		}
+		d.array[d.depth] = c == '['
+		d.match[d.depth] = 0
+		if c == '{' {
+			d.match[d.depth] = d.member &^ d.ends()
+		}
+		d.depth++
+		d.state = sKeyOrEnd
+		if c == '[' {
+			d.state, d.member = sValueOrEnd, 0
+		}
+	case c == '"':
+		d.state = sInString
+	case c == '-' || (c >= '0' && c <= '9'):
+		d.state, d.num, d.digits = sNumber, 0, c != '-'
+		if c != '-' {
+			d.num = int64(c - '0')
+		}
+	case c >= 'a' && c <= 'z':
+		d.state = sLiteral
+	default:
+		d.err = true
+	}
+}
+
+// ends are the paths among the member's that end at its value.
+func (d *decoder) ends() uint16 {
+	var e uint16
+	for i, segs := range d.paths.segs {
+		if d.member&(1<<i) != 0 && len(segs) == d.depth {
+			e |= 1 << i
+		}
+	}
+	return e
+}
+
+// continues is the paths the key just read continues: those of its object
+// whose segment at this depth is the key.
+func (d *decoder) continues() uint16 {
+	m := d.match[d.depth-1]
+	if m == 0 || d.escaped || d.keyLen > maxSegment {
+		return 0
+	}
+	key := d.key[:d.keyLen]
+	var c uint16
+	for i, segs := range d.paths.segs {
+		if m&(1<<i) != 0 && segs[d.depth-1] == string(key) {
+			c |= 1 << i
+		}
+	}
+	return c
+}
+
+// endNumber ends the number just read: a whole number >= 0 is the value of
+// the paths that end at it.
+func (d *decoder) endNumber() {
+	if e := d.ends(); e != 0 && d.digits {
+		for i := range d.paths.Len() {
+			if e&(1<<i) != 0 {
+				d.vals[i], d.found = d.num, d.found|1<<i
+			}
+		}
+	}
+	d.state = sAfter
+	d.afterValue()
+}
+
+// close ends the innermost container, an array or an object.
+func (d *decoder) close(array bool) {
+	if d.depth == 0 || d.array[d.depth-1] != array {
+		d.err = true
+		return
+	}
+	d.depth--
+	d.state = sAfter
+	d.afterValue()
+}
+
+// afterValue notes a top-level value's end.
+func (d *decoder) afterValue() {
+	if d.depth == 0 {
+		d.done = true
+	}
+}
+
+// finish reports whether the document ended complete and well formed; a
+// number at the very end has no byte after it to end it.
+func (d *decoder) finish() bool {
+	switch d.state {
+	case sNumber:
+		d.endNumber()
+	case sLiteral:
+		d.state = sAfter
+		d.afterValue()
+	}
+	return !d.err && d.done && d.state == sAfter
+}

@@ -1,0 +1,301 @@
+// Package usage reads numbers, such as an LLM server's token usage, from a
+// response body while it streams: a JSON document, or the data of
+// server-sent events, scanned in one pass over the bytes as they are
+// written, in memory bounded whatever the body's size. It imports nothing
+// of Caddy.
+//
+// A path is a dot path of object keys from the document's root
+// (usage.total_tokens); its value must be a whole number >= 0 (a null, a
+// string or a value inside an array is not one). Several paths are summed,
+// and every one of them must be found: a sum with a part missing is not
+// known. In a JSON document a path's value counts once the document has
+// parsed to its end. In an event stream each event's data is one JSON
+// document, and each path takes its value from the last event that
+// carries it, so that a sum may span events (Anthropic's input tokens in
+// message_start, its cumulative output tokens in the last message_delta);
+// events whose data is not JSON ("[DONE]") or carries none of the paths are
+// skipped.
+package usage
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+)
+
+// Limits of what a scanner reads.
+const (
+	// MaxPaths is how many paths one charge may sum.
+	MaxPaths = 8
+	// MaxDepth is how deeply a JSON document may nest: deeper is
+	// malformed, for the scanner's memory is fixed.
+	MaxDepth = 64
+	// MaxEvent is the most of one event's data kept: a larger event is
+	// skipped (Reason TooLarge if no later event carries the paths).
+	MaxEvent = 64 << 10
+
+	maxSegment = 128 // the longest key a path may name
+)
+
+// Paths are the dot paths a charge sums, checked once.
+type Paths struct {
+	segs   [][]string
+	quoted [][]byte // each path's last key, quoted: an event without one skips parsing
+}
+
+// ParsePaths checks and keeps paths, each a dot path of object keys.
+func ParsePaths(paths []string) (Paths, error) {
+	switch {
+	case len(paths) == 0:
+		return Paths{}, errors.New("no path: give one such as usage.total_tokens")
+	case len(paths) > MaxPaths:
+		return Paths{}, fmt.Errorf("%d paths: at most %d may be summed", len(paths), MaxPaths)
+	}
+	var p Paths
+	for _, path := range paths {
+		segs := strings.Split(path, ".")
+		for _, s := range segs {
+			switch {
+			case s == "":
+				return Paths{}, fmt.Errorf("path %q has an empty key: write object keys joined by dots, such as usage.total_tokens", path)
+			case len(s) > maxSegment:
+				return Paths{}, fmt.Errorf("path %q has a key longer than %d bytes", path, maxSegment)
+			case strings.ContainsAny(s, "\"\\ \t\r\n"):
+				return Paths{}, fmt.Errorf("path %q: keys may not hold quotes, backslashes or spaces", path)
+			}
+		}
+		if len(segs) > MaxDepth {
+			return Paths{}, fmt.Errorf("path %q is deeper than %d keys", path, MaxDepth)
+		}
+		p.segs = append(p.segs, segs)
+		p.quoted = append(p.quoted, []byte(`"`+segs[len(segs)-1]+`"`))
+	}
+	return p, nil
+}
+
+// Len is how many paths are summed.
+func (p *Paths) Len() int { return len(p.segs) }
+
+// Reason says why a scanner has no total.
+type Reason uint8
+
+// Why a scanner has no total.
+const (
+	OK        Reason = iota
+	NoUsage          // the body ended without every path's value
+	Malformed        // the JSON that should carry the values did not parse
+	TooLarge         // an event bigger than MaxEvent was skipped, and no total was found
+	Encoded          // the body is compressed (Content-Encoding): not scanned
+	NotJSON          // neither application/json nor text/event-stream: not scanned
+)
+
+var reasons = [...]string{"ok", "no_usage", "malformed", "too_large", "encoded", "not_json"}
+
+func (r Reason) String() string { return reasons[r] }
+
+// Reasons are the names of the reasons a scanner may give, OK excepted.
+func Reasons() []string { return reasons[1:] }
+
+type kind uint8
+
+const (
+	unknown kind = iota
+	jsonBody
+	eventBody
+	skipped
+)
+
+// Scanner reads one response body's total. Its zero value is not ready:
+// call Start with the response's headers first.
+type Scanner struct {
+	paths  *Paths
+	kind   kind
+	reason Reason // why the body is skipped
+	dec    decoder
+
+	// Event streams: buf holds the current event's data (the first
+	// dataLen bytes, each data line followed by \n) and then the current
+	// line so far.
+	buf       []byte
+	dataLen   int
+	lineLen   int  // the current line's length, kept or not
+	over      bool // the current event is larger than MaxEvent
+	sawOver   bool // some event was
+	malformed bool // some event that could carry a path did not parse
+	afterCR   bool // the last byte was \r: a \n next ends nothing
+	started   bool // past a leading byte order mark
+
+	vals  [MaxPaths]int64
+	found uint16 // bit i: vals[i] is known
+}
+
+// Start readies s for a body with these headers.
+func (s *Scanner) Start(p *Paths, contentType, contentEncoding string) {
+	*s = Scanner{paths: p, buf: s.buf[:0]}
+	mt, _, _ := strings.Cut(contentType, ";")
+	mt = strings.TrimSpace(mt)
+	switch {
+	case contentEncoding != "" && !strings.EqualFold(contentEncoding, "identity"):
+		s.kind, s.reason = skipped, Encoded
+	case strings.EqualFold(mt, "text/event-stream"):
+		s.kind = eventBody
+	case strings.EqualFold(mt, "application/json") || (len(mt) > 5 && strings.EqualFold(mt[len(mt)-5:], "+json")):
+		s.kind = jsonBody
+		s.dec.reset(p)
+	default:
+		s.kind, s.reason = skipped, NotJSON
+	}
+}
+
+// Write scans the next bytes of the body.
+func (s *Scanner) Write(b []byte) {
+	switch s.kind {
+	case jsonBody:
+		s.dec.feed(b)
+	case eventBody:
+		s.events(b)
+	}
+}
+
+// Total is the sum of the paths' values once the body has ended, or why
+// there is none.
+func (s *Scanner) Total() (int64, Reason) {
+	switch s.kind {
+	case skipped:
+		return 0, s.reason
+	case jsonBody:
+		if !s.dec.finish() {
+			return 0, Malformed
+		}
+		s.keep(&s.dec)
+	}
+	all := uint16(1)<<s.paths.Len() - 1
+	switch {
+	case s.found == all:
+		var sum int64
+		for _, v := range s.vals[:s.paths.Len()] {
+			sum = satAdd(sum, v)
+		}
+		return sum, OK
+	case s.malformed:
+		return 0, Malformed
+	case s.sawOver:
+		return 0, TooLarge
+	}
+	return 0, NoUsage
+}
+
+// keep takes the values a parsed document found as the latest.
+func (s *Scanner) keep(d *decoder) {
+	for i := range s.paths.Len() {
+		if d.found&(1<<i) != 0 {
+			s.vals[i] = d.vals[i]
+		}
+	}
+	s.found |= d.found
+}
+
+// events scans a text/event-stream chunk (the HTML standard's event stream
+// format): lines end with \r\n, \n or \r; an empty line dispatches the
+// event; a data line's value (after "data:" and one optional space) joins
+// the event's data; other fields and comments are dropped; an event the
+// stream ends in the middle of is not dispatched.
+func (s *Scanner) events(b []byte) {
+	if !s.started {
+		if len(s.buf) == 0 && bytes.HasPrefix(b, []byte("\xef\xbb\xbf")) {
+			b = b[3:]
+		}
+		s.started = len(b) > 0
+	}
+	for len(b) > 0 {
+		if s.afterCR {
+			s.afterCR = false
+			if b[0] == '\n' {
+				b = b[1:]
+				continue
+			}
+		}
+		i := bytes.IndexAny(b, "\r\n")
+		if i < 0 {
+			s.appendLine(b)
+			return
+		}
+		s.appendLine(b[:i])
+		s.afterCR = b[i] == '\r'
+		s.endLine()
+		b = b[i+1:]
+	}
+}
+
+// appendLine adds b to the current line, unless the event is already over
+// its bound.
+func (s *Scanner) appendLine(b []byte) {
+	s.lineLen += len(b)
+	if s.over || len(b) == 0 {
+		return
+	}
+	if len(s.buf)+len(b) > MaxEvent {
+		s.over, s.sawOver = true, true
+		return
+	}
+	if s.buf == nil {
+		s.buf = make([]byte, 0, 4<<10)
+	}
+	s.buf = append(s.buf, b...)
+}
+
+// endLine handles the line just ended.
+func (s *Scanner) endLine() {
+	empty := s.lineLen == 0
+	s.lineLen = 0
+	line := s.buf[s.dataLen:]
+	switch {
+	case empty:
+		if !s.over {
+			s.dispatch(s.buf[:s.dataLen])
+		}
+		s.over = false
+		s.buf, s.dataLen = s.buf[:0], 0
+	case !s.over && bytes.HasPrefix(line, []byte("data")) && (len(line) == 4 || line[4] == ':'):
+		v := line[min(5, len(line)):]
+		if len(v) > 0 && v[0] == ' ' {
+			v = v[1:]
+		}
+		n := copy(s.buf[s.dataLen:], v)
+		s.buf = append(s.buf[:s.dataLen+n], '\n')
+		s.dataLen += n + 1
+	default: // another field, a comment, or a line of an oversized event
+		s.buf = s.buf[:s.dataLen]
+	}
+}
+
+// dispatch parses one event's data if it may carry a path.
+func (s *Scanner) dispatch(data []byte) {
+	may := false
+	for _, q := range s.paths.quoted {
+		if bytes.Contains(data, q) {
+			may = true
+			break
+		}
+	}
+	if !may {
+		return
+	}
+	s.dec.reset(s.paths)
+	s.dec.feed(data)
+	if !s.dec.finish() {
+		s.malformed = true
+		return
+	}
+	s.keep(&s.dec)
+}
+
+// satAdd is a + b, at most math.MaxInt64 (both are >= 0).
+func satAdd(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}

@@ -1,0 +1,405 @@
+package tests
+
+// Charges from the response body (charge json) through a real Caddy, in
+// front of a model OpenAI-compatible upstream: JSON and server-sent event
+// responses carrying usage, and the responses that never do.
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// llmUpstream is a model OpenAI-compatible server. Every request's
+// X-Tokens (default 300) is the usage it reports:
+//   - /v1/chat/completions: a JSON completion with usage;
+//   - /stream: X-Chunks (default 5) events, one every 20 ms, each with
+//     "usage": null, then the usage event and data: [DONE];
+//   - /stream/no-usage: the same without the usage event;
+//   - /stream/held: one event, then nothing until the request ends;
+//   - /stream/flood?mb=N: N MiB of events (1 KiB each), then usage;
+//   - /broken: a JSON body cut short.
+type llmUpstream struct {
+	Addr string
+	hits atomic.Int64
+	// ended counts the held streams whose request context ended (the
+	// client left and Caddy passed it on).
+	ended atomic.Int64
+}
+
+func startLLMUpstream(t *testing.T) *llmUpstream {
+	t.Helper()
+	u := &llmUpstream{}
+	chunk := "data: {\"id\":\"c\",\"choices\":[{\"delta\":{\"content\":\"" + strings.Repeat("x", 960) + "\"}}],\"usage\":null}\n\n"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u.hits.Add(1)
+		tokens, _ := strconv.Atoi(r.Header.Get("X-Tokens"))
+		if tokens == 0 {
+			tokens = 300
+		}
+		usage := fmt.Sprintf(`{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}`, tokens/3, tokens-tokens/3, tokens)
+		flush := func() { _ = http.NewResponseController(w).Flush() }
+		switch {
+		case r.URL.Path == "/broken":
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprintf(w, `{"id":"c","usage":%s`, usage)
+		case strings.HasPrefix(r.URL.Path, "/stream"):
+			w.Header().Set("Content-Type", "text/event-stream")
+			chunks, _ := strconv.Atoi(r.Header.Get("X-Chunks"))
+			if chunks == 0 {
+				chunks = 5
+			}
+			switch r.URL.Path {
+			case "/stream/held":
+				fmt.Fprint(w, chunk)
+				flush()
+				<-r.Context().Done()
+				u.ended.Add(1)
+				return
+			case "/stream/flood":
+				mb, _ := strconv.Atoi(r.URL.Query().Get("mb"))
+				for range mb << 10 {
+					if _, err := io.WriteString(w, chunk[:1022]+"\n\n"); err != nil {
+						return
+					}
+				}
+			default:
+				for i := range chunks {
+					fmt.Fprintf(w, "data: {\"id\":\"c\",\"choices\":[{\"delta\":{\"content\":\"t%d\"}}],\"usage\":null}\n\n", i)
+					flush()
+					time.Sleep(20 * time.Millisecond) // the model's pace, not synchronisation
+				}
+			}
+			if r.URL.Path != "/stream/no-usage" {
+				fmt.Fprintf(w, "data: {\"id\":\"c\",\"choices\":[],\"usage\":%s}\n\n", usage)
+			}
+			fmt.Fprint(w, "data: [DONE]\n\n")
+		default:
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprintf(w, `{"id":"c","object":"chat.completion","choices":[{"message":{"role":"assistant","content":"hello"}}],"usage":%s}`, usage)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	u.Addr = strings.TrimPrefix(srv.URL, "http://")
+	return u
+}
+
+// llmZone allows each API key 1000 tokens an hour (3.6 s a token),
+// charged from the response's usage.total_tokens.
+const llmZone = `
+		zone tokens {
+			key    {http.request.header.Authorization}
+			events 1000
+			window 1h
+			charge json usage.total_tokens
+		}`
+
+func llmRequest(key, path string) request {
+	return request{Path: path, Header: map[string]string{"Authorization": key}}
+}
+
+// checkTokenBudget sends four responses of 300 tokens each: all pass (the
+// fourth with 900 used, as a post-charged zone admits while budget is
+// left); then every instance denies with Retry-After until one token is
+// free: the 200-token debt and one token, 201 × 3.6 s ≈ 724 s.
+func checkTokenBudget(t *testing.T, fleet []*caddyInstance, key, path string, u *llmUpstream) {
+	t.Helper()
+	before := u.hits.Load()
+	for i := range 4 {
+		if res := fleet[i%len(fleet)].Do(llmRequest(key, path)); res.Status != 200 {
+			t.Fatalf("request %d of 300 tokens: %d, want 200", i+1, res.Status)
+		}
+		if len(fleet) > 1 {
+			waitCharged(t, fleet[(i+1)%len(fleet)], "tokens", key, max(0, 1000-300*int64(i+1)))
+		}
+	}
+	for i := range fleet {
+		res := fleet[i].Do(llmRequest(key, path))
+		if res.Status != 429 {
+			t.Fatalf("after 1200 of 1000 tokens, instance %d: %d, want 429", i, res.Status)
+		}
+		if ra, _ := strconv.Atoi(res.Header.Get("Retry-After")); ra < 722 || ra > 725 {
+			t.Errorf("Retry-After %q, want 724 ± 2 s: the 200-token debt plus one token at 3.6 s a token", res.Header.Get("Retry-After"))
+		}
+	}
+	if n := u.hits.Load() - before; n != 4 {
+		t.Errorf("%d requests reached the upstream, want 4", n)
+	}
+}
+
+func TestBodyChargeFromJSONAndEventStreams(t *testing.T) {
+	t.Parallel()
+	u := startLLMUpstream(t)
+	c := startCaddyWith(t, "metrics", loginSite(u.Addr, llmZone, ""))
+	t.Run("json", func(t *testing.T) { checkTokenBudget(t, []*caddyInstance{c}, "Bearer json", "/v1/chat/completions", u) })
+	t.Run("event stream", func(t *testing.T) { checkTokenBudget(t, []*caddyInstance{c}, "Bearer sse", "/stream", u) })
+	res := c.Do(llmRequest("Bearer sse", "/stream"))
+	if !strings.Contains(res.Header.Get("RateLimit-Policy"), `"tokens";q=1000;w=3600;tally-cost;tally-post-charged`) {
+		t.Errorf("RateLimit-Policy %q does not describe the zone charged from the body", res.Header.Get("RateLimit-Policy"))
+	}
+	if v, _ := metricValue(c.scrape(), "caddy_rate_limit_cost_total", map[string]string{"zone": "tokens"}); v != 2400 {
+		t.Errorf("cost_total = %v, want the 8 responses' 2400 tokens", v)
+	}
+	for _, r := range []string{"no_usage", "malformed", "client_gone"} {
+		if v, ok := metricValue(c.scrape(), "caddy_rate_limit_charge_fallbacks_total", map[string]string{"zone": "tokens", "reason": r}); !ok || v != 0 {
+			t.Errorf("charge_fallbacks_total{reason=%s} = %v (present %v), want a 0 series", r, v, ok)
+		}
+	}
+}
+
+func TestBodyChargeIsExactAcrossThreeStrictInstances(t *testing.T) {
+	t.Parallel()
+	rs := startRedis(t)
+	u := startLLMUpstream(t)
+	site := loginSite(u.Addr, llmZone, strictBlock(rs.Addr))
+	fleet := []*caddyInstance{startCaddy(t, site), startCaddy(t, site), startCaddy(t, site)}
+	checkTokenBudget(t, fleet, "Bearer fleet-json", "/v1/chat/completions", u)
+	checkTokenBudget(t, fleet, "Bearer fleet-sse", "/stream", u)
+	rs.requireEveryKeyExpires(t, 2)
+}
+
+// estimateZone takes the request's X-Max-Tokens (at least 1) before the
+// upstream is called and settles it against the usage after.
+const estimateZone = `
+		zone tokens {
+			key    {http.request.header.Authorization}
+			events 1000
+			window 1h
+			cost   {http.request.header.X-Max-Tokens} 1 at_least 1
+			charge json usage.total_tokens
+		}`
+
+func estimateRequest(key, path string, estimate, tokens int) request {
+	return request{Path: path, Header: map[string]string{"Authorization": key, "X-Max-Tokens": strconv.Itoa(estimate), "X-Tokens": strconv.Itoa(tokens)}}
+}
+
+func checkEstimates(t *testing.T, c *caddyInstance, u *llmUpstream, strict bool) {
+	t.Helper()
+	remaining := func(key string, want int64) {
+		t.Helper()
+		if strict {
+			waitCharged(t, c, "tokens", key, want)
+			return
+		}
+		var k adminKey
+		c.adminJSON(keyPath("tokens", key), &k)
+		if k.Remaining != want {
+			t.Errorf("%s: remaining %d, want %d", key, k.Remaining, want)
+		}
+	}
+	// An estimate above the usage is refunded down to it; one below is
+	// charged up to it; the headers show the state after the estimate.
+	res := c.Do(estimateRequest("Bearer over", "/v1/chat/completions", 500, 300))
+	if res.Status != 200 || res.Header.Get("RateLimit") != `"tokens";r=500;t=4` {
+		t.Errorf("estimate 500: %d, RateLimit %q; want 200, r=500;t=4 (the state after the estimate)", res.Status, res.Header.Get("RateLimit"))
+	}
+	remaining("Bearer over", 700)
+	if res := c.Do(estimateRequest("Bearer under", "/stream", 100, 300)); res.Status != 200 {
+		t.Fatalf("estimate 100: %d", res.Status)
+	}
+	remaining("Bearer under", 700)
+
+	// An estimate the key cannot afford is refused before the upstream
+	// is called.
+	before := u.hits.Load()
+	if res := c.Do(estimateRequest("Bearer under", "/v1/chat/completions", 701, 1)); res.Status != 429 {
+		t.Errorf("estimate 701 with 700 left: %d, want 429", res.Status)
+	}
+	if res := c.Do(estimateRequest("Bearer big", "/v1/chat/completions", 5000, 1)); res.Status != 429 {
+		t.Errorf("estimate 5000 over a burst of 1000: %d, want 429", res.Status)
+	}
+	if n := u.hits.Load() - before; n != 0 {
+		t.Errorf("%d refused requests reached the upstream", n)
+	}
+
+	// A stream that never reports usage keeps its estimate charged.
+	if res := c.Do(estimateRequest("Bearer silent", "/stream/no-usage", 250, 300)); res.Status != 200 {
+		t.Fatalf("stream without usage: %d", res.Status)
+	}
+	remaining("Bearer silent", 750)
+}
+
+func TestBodyChargeSettlesTheEstimate(t *testing.T) {
+	t.Parallel()
+	u := startLLMUpstream(t)
+	c := startCaddyWith(t, "metrics", loginSite(u.Addr, estimateZone, ""))
+	checkEstimates(t, c, u, false)
+	if v, _ := metricValue(c.scrape(), "caddy_rate_limit_charge_fallbacks_total", map[string]string{"zone": "tokens", "reason": "no_usage"}); v != 1 {
+		t.Errorf("charge_fallbacks_total{reason=no_usage} = %v, want 1", v)
+	}
+	if !strings.Contains(c.Output(), `"msg":"response carried no usable usage to charge; the estimate (or the zone's cost) stays charged","zone":"tokens","reason":"no_usage"`) {
+		t.Errorf("no WARN names the zone and the reason:\n%s", tail(c.Output(), 20))
+	}
+}
+
+func TestBodyChargeSettlesTheEstimateInStrictMode(t *testing.T) {
+	t.Parallel()
+	rs := startRedis(t)
+	u := startLLMUpstream(t)
+	checkEstimates(t, startCaddy(t, loginSite(u.Addr, estimateZone, strictBlock(rs.Addr))), u, true)
+}
+
+// Usage that never comes: a broken JSON body and an upstream that is down
+// charge the zone's cost, a client that leaves mid-stream its estimate;
+// each is counted by reason, none is a 5xx of tally's making or a stalled
+// stream, and the abandoned stream's goroutines end.
+func TestBodyChargeFallsBackWhenUsageNeverComes(t *testing.T) {
+	t.Parallel()
+	u := startLLMUpstream(t)
+	c := startCaddyWith(t, "metrics", `http:// {
+	rate_limit {`+estimateZone+`
+	}
+	handle /down {
+		reverse_proxy 127.0.0.1:`+strconv.Itoa(freePort(t))+`
+	}
+	reverse_proxy `+u.Addr+`
+}
+`)
+	fallbacks := func(reason string) float64 {
+		v, _ := metricValue(c.scrape(), "caddy_rate_limit_charge_fallbacks_total", map[string]string{"zone": "tokens", "reason": reason})
+		return v
+	}
+	if res := c.Do(llmRequest("Bearer broken", "/broken")); res.Status != 200 {
+		t.Fatalf("broken JSON: %d, want the upstream's 200", res.Status)
+	}
+	if v := fallbacks("malformed"); v != 1 {
+		t.Errorf("charge_fallbacks_total{reason=malformed} = %v, want 1", v)
+	}
+	var k adminKey
+	c.adminJSON(keyPath("tokens", "Bearer broken"), &k)
+	if k.Remaining != 999 {
+		t.Errorf("after a broken body without an estimate header: remaining %d, want 999 (the zone's cost, 1)", k.Remaining)
+	}
+	if res := c.Do(estimateRequest("Bearer down", "/down", 40, 0)); res.Status != 502 {
+		t.Errorf("upstream down: %d, want reverse_proxy's 502", res.Status)
+	}
+	if v := fallbacks("upstream_error"); v != 1 {
+		t.Errorf("charge_fallbacks_total{reason=upstream_error} = %v, want 1", v)
+	}
+
+	// A client that leaves mid-stream.
+	goroutines := caddyGoroutines(t, c)
+	req, _ := http.NewRequest(http.MethodGet, c.URL+"/stream/held", nil)
+	req.Header.Set("Authorization", "Bearer leaver")
+	req.Header.Set("X-Max-Tokens", "120")
+	resp, err := c.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if line, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil || !strings.HasPrefix(line, "data: ") {
+		t.Fatalf("the first event did not reach the client: %q, %v", line, err)
+	}
+	resp.Body.Close() // the client leaves
+	waitFor(t, 10*time.Second, "the upstream to see the request end", func() bool { return u.ended.Load() == 1 })
+	waitFor(t, 10*time.Second, "the abandoned stream to be counted", func() bool { return fallbacks("client_gone") == 1 })
+	c.adminJSON(keyPath("tokens", "Bearer leaver"), &k)
+	if k.Remaining != 880 {
+		t.Errorf("after leaving mid-stream: remaining %d, want 880 (the estimate of 120 stays charged)", k.Remaining)
+	}
+	waitFor(t, 10*time.Second, fmt.Sprintf("Caddy's goroutines to come back to %d", goroutines), func() bool {
+		return caddyGoroutines(t, c) <= goroutines
+	})
+}
+
+var goroutineCount = regexp.MustCompile(`goroutine profile: total (\d+)`)
+
+// caddyGoroutines is how many goroutines c runs, from its admin API's
+// pprof endpoint.
+func caddyGoroutines(t *testing.T, c *caddyInstance) int {
+	t.Helper()
+	code, body := c.adminDo(http.MethodGet, "/debug/pprof/goroutine?debug=1")
+	m := goroutineCount.FindStringSubmatch(body)
+	if code != http.StatusOK || m == nil {
+		t.Fatalf("goroutine profile: %d %.200s", code, body)
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n
+}
+
+// A stream is scanned as it passes: each event reaches the client when the
+// upstream sends it, and a 100 MiB stream costs Caddy bounded memory.
+func TestBodyChargeStreamsUntouchedInBoundedMemory(t *testing.T) {
+	t.Parallel()
+	u := startLLMUpstream(t)
+	c := startCaddy(t, loginSite(u.Addr, llmZone, ""))
+
+	req, _ := http.NewRequest(http.MethodGet, c.URL+"/stream", nil)
+	req.Header.Set("Authorization", "Bearer paced")
+	req.Header.Set("X-Chunks", "10")
+	resp, err := c.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The 10 events come 20 ms apart: each is read as it is sent, long
+	// before the stream ends (200 ms), or the response is buffered.
+	r := bufio.NewReader(resp.Body)
+	var at []time.Time
+	for len(at) < 10 {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("after %d events: %v", len(at), err)
+		}
+		if strings.HasPrefix(line, "data: ") {
+			at = append(at, time.Now())
+		}
+	}
+	_, _ = io.Copy(io.Discard, r)
+	resp.Body.Close()
+	if spread := at[9].Sub(at[0]); spread < 100*time.Millisecond {
+		t.Errorf("10 events sent 20 ms apart arrived within %v: the stream was held back", spread)
+	}
+
+	client := &http.Client{Timeout: 3 * time.Minute} // a race-built Caddy on a loaded machine
+	stream := func(mb int) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, c.URL+"/stream/flood?mb="+strconv.Itoa(mb), nil)
+		req.Header.Set("Authorization", "Bearer flood")
+		req.Header.Set("X-Tokens", "1")
+		start := time.Now()
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 || n < int64(mb)<<20 {
+			t.Fatalf("a %d MiB stream: %d with %d bytes, %v", mb, resp.StatusCode, n, err)
+		}
+		t.Logf("a %d MiB stream took %v", mb, time.Since(start))
+	}
+	stream(10) // warm: buffers and pools at their working size
+	before := caddyRSS(t, c)
+	stream(100)
+	if grew := caddyRSS(t, c) - before; grew > 2<<20 {
+		t.Errorf("a 100 MiB stream grew Caddy's resident memory by %d KiB, want under 2 MiB", grew>>10)
+	}
+	var k adminKey
+	c.adminJSON(keyPath("tokens", "Bearer flood"), &k)
+	if k.Remaining != 998 {
+		t.Errorf("after two floods of 1 token each: remaining %d, want 998", k.Remaining)
+	}
+}
+
+// caddyRSS is c's resident memory in bytes.
+func caddyRSS(t *testing.T, c *caddyInstance) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", c.cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`VmRSS:\s+(\d+) kB`).FindSubmatch(b)
+	if m == nil {
+		t.Fatalf("no VmRSS in /proc/%d/status", c.cmd.Process.Pid)
+	}
+	kb, _ := strconv.ParseInt(string(m[1]), 10, 64)
+	return kb << 10
+}
