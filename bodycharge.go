@@ -45,8 +45,12 @@ func newBodyWriter(rec caddyhttp.ResponseRecorder, verdicts []verdict) *bodyWrit
 	return &bodyWriter{ResponseRecorder: rec, verdicts: verdicts, scans: make([]usage.Scanner, len(verdicts))}
 }
 
-// start readies the scanners once the headers are final, at the body's
-// first byte (or its end).
+// start readies the scanners once the headers are final: when the status
+// is written (or the body's first byte, or its end). The headers are read
+// then, before the writers outside this one see them: an encode handler
+// outside (route { encode; rate_limit; ... }) sets Content-Encoding later,
+// on bytes this writer saw plain; one inside (the default directive order)
+// has set it on the bytes it hands this writer.
 func (w *bodyWriter) start() {
 	w.started = true
 	h := w.Header()
@@ -56,6 +60,13 @@ func (w *bodyWriter) start() {
 			w.scans[i].Start(p, ct, enc)
 		}
 	}
+}
+
+func (w *bodyWriter) WriteHeader(code int) {
+	if !w.started && (code < 100 || code > 199) {
+		w.start()
+	}
+	w.ResponseRecorder.WriteHeader(code)
 }
 
 func (w *bodyWriter) Write(b []byte) (int, error) {
