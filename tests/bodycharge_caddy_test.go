@@ -408,3 +408,25 @@ func caddyMemStats(t *testing.T, c *caddyInstance) runtime.MemStats {
 	c.adminJSON("/debug/vars", &vars)
 	return vars.Memstats
 }
+
+// Three strict instances settling estimates of one key at once: each
+// request takes 50 before the upstream and is charged 30 by its body, so
+// once every refund has landed the key has spent exactly 30 a request,
+// whichever instance served it and however they interleaved.
+func TestBodyChargeEstimatesSettleExactlyUnderConcurrentLoad(t *testing.T) {
+	t.Parallel()
+	rs := startRedis(t)
+	u := startLLMUpstream(t)
+	// A token frees every 36 s: nothing comes back during the test.
+	zone := strings.Replace(estimateZone, "window 1h", "window 1000h", 1)
+	zone = strings.Replace(zone, "events 1000", "events 100000", 1)
+	site := loginSite(u.Addr, zone, strictBlock(rs.Addr))
+	fleet := []*caddyInstance{startCaddy(t, site), startCaddy(t, site), startCaddy(t, site)}
+	r := estimateRequest("Bearer hammer", "/v1/chat/completions", 50, 30)
+	if got := sendAcross(t, fleet, 120, 24, r, 10*time.Second); got[200] != 120 {
+		t.Fatalf("120 requests of estimate 50 within a budget of 100000: %v, want 120×200", got)
+	}
+	for _, c := range fleet {
+		waitCharged(t, c, "tokens", "Bearer hammer", 100000-120*30)
+	}
+}
