@@ -1,6 +1,9 @@
 package usage
 
-import "math"
+import (
+	"bytes"
+	"math"
+)
 
 // decoder is a resumable JSON tokenizer that keeps only what finding the
 // paths needs: the open containers (at most MaxDepth), the key being read
@@ -80,11 +83,7 @@ func (d *decoder) feed(b []byte) {
 				d.err = true
 			}
 		case sInKey:
-			// A run of plain key bytes at once.
-			j := i
-			for j < len(b) && b[j] != '"' && b[j] != '\\' {
-				j++
-			}
+			j := plainRun(b, i)
 			if n := j - i; d.keyLen+n <= maxSegment {
 				copy(d.key[d.keyLen:], b[i:j])
 			}
@@ -109,11 +108,7 @@ func (d *decoder) feed(b []byte) {
 				d.err = true
 			}
 		case sInString:
-			j := i
-			for j < len(b) && b[j] != '"' && b[j] != '\\' {
-				j++
-			}
-			i = j
+			i = plainRun(b, i)
 			switch {
 			case i == len(b):
 			case b[i] == '\\':
@@ -160,6 +155,15 @@ func (d *decoder) feed(b []byte) {
 			}
 		}
 	}
+}
+
+// plainRun is where the run of b from i without a quote or a backslash
+// ends: the bytes of a key or string read at once.
+func plainRun(b []byte, i int) int {
+	if k := bytes.IndexAny(b[i:], `"\\`); k >= 0 {
+		return i + k
+	}
+	return len(b)
 }
 
 // value starts the value whose first byte is c.

@@ -125,7 +125,7 @@ type Scanner struct {
 	sawOver   bool // some event was
 	malformed bool // some event that could carry a path did not parse
 	afterCR   bool // the last byte was \r: a \n next ends nothing
-	started   bool // past a leading byte order mark
+	started   bool // past the first line (and a byte order mark it began with)
 
 	vals  [MaxPaths]int64
 	found uint16 // bit i: vals[i] is known
@@ -203,12 +203,6 @@ func (s *Scanner) keep(d *decoder) {
 // the event's data; other fields and comments are dropped; an event the
 // stream ends in the middle of is not dispatched.
 func (s *Scanner) events(b []byte) {
-	if !s.started {
-		if len(s.buf) == 0 && bytes.HasPrefix(b, []byte("\xef\xbb\xbf")) {
-			b = b[3:]
-		}
-		s.started = len(b) > 0
-	}
 	for len(b) > 0 {
 		if s.afterCR {
 			s.afterCR = false
@@ -248,9 +242,13 @@ func (s *Scanner) appendLine(b []byte) {
 
 // endLine handles the line just ended.
 func (s *Scanner) endLine() {
-	empty := s.lineLen == 0
-	s.lineLen = 0
 	line := s.buf[s.dataLen:]
+	empty := s.lineLen == 0
+	if !s.started && !s.over {
+		line = bytes.TrimPrefix(line, []byte("\xef\xbb\xbf"))
+		empty = len(line) == 0
+	}
+	s.started, s.lineLen = true, 0
 	switch {
 	case empty:
 		if !s.over {
@@ -263,7 +261,7 @@ func (s *Scanner) endLine() {
 		if len(v) > 0 && v[0] == ' ' {
 			v = v[1:]
 		}
-		n := copy(s.buf[s.dataLen:], v)
+		n := copy(s.buf[s.dataLen:], v) // v lies at or after dataLen: copied down
 		s.buf = append(s.buf[:s.dataLen+n], '\n')
 		s.dataLen += n + 1
 	default: // another field, a comment, or a line of an oversized event

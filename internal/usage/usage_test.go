@@ -32,16 +32,28 @@ func scan(p *Paths, contentType, encoding, body string, n int) (int64, Reason) {
 	return s.Total()
 }
 
+// scanCase is a body and what its scan must give, at once and in chunks.
+type scanCase struct {
+	name   string
+	p      *Paths
+	body   string
+	want   int64
+	reason Reason
+}
+
+func (c scanCase) check(t *testing.T, contentType string, chunks ...int) {
+	t.Helper()
+	for _, n := range append([]int{0}, chunks...) {
+		if got, reason := scan(c.p, contentType, "", c.body, n); got != c.want || reason != c.reason {
+			t.Errorf("%s, in chunks of %d: %d, %v; want %d, %v", c.name, n, got, reason, c.want, c.reason)
+		}
+	}
+}
+
 func TestJSONBodies(t *testing.T) {
 	total := mustPaths(t, "usage.total_tokens")
 	sum := mustPaths(t, "usage.input_tokens", "usage.output_tokens")
-	for _, c := range []struct {
-		name   string
-		p      *Paths
-		body   string
-		want   int64
-		reason Reason
-	}{
+	for _, c := range []scanCase{
 		{"openai", total, `{"id":"x","choices":[{"message":{"content":"hi \"there\" {"}}],"usage":{"prompt_tokens":12,"completion_tokens":288,"total_tokens":300}}`, 300, OK},
 		{"usage first", total, `{"usage":{"total_tokens":7},"choices":[]}`, 7, OK},
 		{"whitespace", total, " {\n \"usage\" : {\t\"total_tokens\" :\r\n 42 } } \n", 42, OK},
@@ -70,12 +82,7 @@ func TestJSONBodies(t *testing.T) {
 		{"too deep", total, strings.Repeat("[", MaxDepth+1) + strings.Repeat("]", MaxDepth+1), 0, Malformed},
 		{"as deep as allowed", total, strings.Repeat("[", MaxDepth) + strings.Repeat("]", MaxDepth), 0, NoUsage},
 	} {
-		for _, n := range []int{0, 1, 2, 7} {
-			got, reason := scan(c.p, "application/json; charset=utf-8", "", c.body, n)
-			if got != c.want || reason != c.reason {
-				t.Errorf("%s, in chunks of %d: %d, %v; want %d, %v", c.name, n, got, reason, c.want, c.reason)
-			}
-		}
+		c.check(t, "application/json; charset=utf-8", 1, 2, 7)
 	}
 }
 
@@ -125,13 +132,7 @@ const anthropicStream = "event: message_start\n" +
 
 func TestEventStreams(t *testing.T) {
 	total := mustPaths(t, "usage.total_tokens")
-	for _, c := range []struct {
-		name   string
-		p      *Paths
-		body   string
-		want   int64
-		reason Reason
-	}{
+	for _, c := range []scanCase{
 		{"openai", total, openAIStream(5, 300), 300, OK},
 		{"crlf", total, strings.ReplaceAll(openAIStream(3, 300), "\n", "\r\n"), 300, OK},
 		{"cr", total, strings.ReplaceAll(openAIStream(3, 300), "\n", "\r"), 300, OK},
@@ -149,12 +150,7 @@ func TestEventStreams(t *testing.T) {
 		{"oversized event skipped", total, "data: " + strings.Repeat("x", MaxEvent) + "\"total_tokens\"\n\n", 0, TooLarge},
 		{"oversized event then usage", total, "data: " + strings.Repeat("x", MaxEvent) + "\n\ndata: {\"usage\":{\"total_tokens\":3}}\n\n", 3, OK},
 	} {
-		for _, n := range []int{0, 1, 3, 100} {
-			got, reason := scan(c.p, "text/event-stream", "", c.body, n)
-			if got != c.want || reason != c.reason {
-				t.Errorf("%s, in chunks of %d: %d, %v; want %d, %v", c.name, n, got, reason, c.want, c.reason)
-			}
-		}
+		c.check(t, "text/event-stream", 1, 3, 100)
 	}
 }
 
@@ -260,4 +256,20 @@ func pathValue(doc any) (int64, bool) {
 		return math.MaxInt64, true // saturated, as the scanner does
 	}
 	return v, true
+}
+
+// FuzzEvents checks that an event stream's answer does not depend on how
+// its bytes are split, and that nothing panics.
+func FuzzEvents(f *testing.F) {
+	f.Add(openAIStream(2, 30), 5)
+	f.Add(anthropicStream, 3)
+	f.Add("\xef\xbb\xbf"+openAIStream(1, 30), 1)
+	f.Add("data: {\"usage\":{\"total_tokens\":8}}\r\n\r\ndata:\n\n", 1)
+	p := mustPaths(f, "message.usage.input_tokens", "usage.output_tokens")
+	f.Fuzz(func(t *testing.T, body string, n int) {
+		got, reason := scan(p, "text/event-stream", "", body, 0)
+		if split, r := scan(p, "text/event-stream", "", body, n%23); split != got || r != reason {
+			t.Fatalf("split in %d: %d, %v; at once %d, %v", n%23, split, r, got, reason)
+		}
+	})
 }
