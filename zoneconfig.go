@@ -127,8 +127,9 @@ type Zone struct {
 	Charge string `json:"charge,omitempty"`
 
 	// Makes the zone post-charged from the response body: what it charges
-	// is the sum of these dot paths of object keys (usage.total_tokens),
-	// read from an application/json response, or from a text/event-stream
+	// is the sum of these dot paths of object keys (usage.total_tokens,
+	// from the document's root or else from below one of its top-level
+	// keys), read from an application/json response, or from a text/event-stream
 	// response's events (each path from the last event whose data carries
 	// it), while the body streams through untouched. Each path's value
 	// must be a whole number >= 0, and all of them must be found; when

@@ -25,6 +25,8 @@ import (
 //   - /stream: X-Chunks (default 5) events, one every 20 ms, each with
 //     "usage": null, then the usage event and data: [DONE];
 //   - /stream/no-usage: the same without the usage event;
+//   - /stream/anthropic: Anthropic's Messages events, input tokens in
+//     message_start, cumulative output tokens in three message_delta;
 //   - /stream/held: one event, then nothing until the request ends;
 //   - /stream/flood?mb=N: N MiB of events (1 KiB each), then usage;
 //   - /broken: a JSON body cut short.
@@ -59,6 +61,14 @@ func startLLMUpstream(t *testing.T) *llmUpstream {
 				chunks = 5
 			}
 			switch r.URL.Path {
+			case "/stream/anthropic":
+				fmt.Fprintf(w, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"usage\":{\"input_tokens\":%d,\"output_tokens\":1}}}\n\n", tokens/3)
+				for i := 1; i <= 3; i++ { // cumulative output tokens
+					fmt.Fprintf(w, "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":%d}}\n\n", (tokens-tokens/3)*i/3)
+					flush()
+				}
+				fmt.Fprint(w, "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n")
+				return
 			case "/stream/held":
 				fmt.Fprint(w, chunk)
 				flush()
@@ -143,6 +153,10 @@ func TestBodyChargeFromJSONAndEventStreams(t *testing.T) {
 	c := startCaddyWith(t, "metrics", loginSite(u.Addr, llmZone, ""))
 	t.Run("json", func(t *testing.T) { checkTokenBudget(t, []*caddyInstance{c}, "Bearer json", "/v1/chat/completions", u) })
 	t.Run("event stream", func(t *testing.T) { checkTokenBudget(t, []*caddyInstance{c}, "Bearer sse", "/stream", u) })
+	t.Run("anthropic event stream, summed across events", func(t *testing.T) {
+		a := startCaddy(t, loginSite(u.Addr, strings.Replace(llmZone, "usage.total_tokens", "usage.input_tokens + usage.output_tokens", 1), ""))
+		checkTokenBudget(t, []*caddyInstance{a}, "Bearer anthropic", "/stream/anthropic", u)
+	})
 	res := c.Do(llmRequest("Bearer sse", "/stream"))
 	if !strings.Contains(res.Header.Get("RateLimit-Policy"), `"tokens";q=1000;w=3600;tally-cost;tally-post-charged`) {
 		t.Errorf("RateLimit-Policy %q does not describe the zone charged from the body", res.Header.Get("RateLimit-Policy"))
@@ -428,5 +442,61 @@ func TestBodyChargeEstimatesSettleExactlyUnderConcurrentLoad(t *testing.T) {
 	}
 	for _, c := range fleet {
 		waitCharged(t, c, "tokens", "Bearer hammer", 100000-120*30)
+	}
+}
+
+// A body compressed before tally sees it is not decoded: with encode in the
+// same site in the default directive order (rate_limit runs first, so the
+// bytes reach it compressed) the charge falls back, counted as encoded;
+// with encode ahead of rate_limit in a route, the body is scanned plain.
+func TestBodyChargeWithEncode(t *testing.T) {
+	t.Parallel()
+	u := startLLMUpstream(t)
+	zone := func(name string) string { return strings.Replace(llmZone, "zone tokens", "zone "+name, 1) }
+	c := startCaddyWith(t, "metrics", `http:// {
+	handle_path /default/* {
+		encode gzip
+		rate_limit {`+zone("after_encode")+`
+		}
+		reverse_proxy `+u.Addr+`
+	}
+	handle_path /route/* {
+		route {
+			encode gzip
+			rate_limit {`+zone("before_encode")+`
+			}
+			reverse_proxy `+u.Addr+`
+		}
+	}
+}
+`)
+	gzipped := func(path string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, c.URL+path, nil)
+		req.Header.Set("Authorization", "Bearer gz")
+		req.Header.Set("Accept-Encoding", "gzip")
+		resp, err := c.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Header.Get("Content-Encoding") != "gzip" {
+			t.Fatalf("%s: %d, Content-Encoding %q; want 200, gzip", path, resp.StatusCode, resp.Header.Get("Content-Encoding"))
+		}
+	}
+	var k adminKey
+	gzipped("/default/v1/chat/completions")
+	c.adminJSON(keyPath("after_encode", "Bearer gz"), &k)
+	if k.Remaining != 999 {
+		t.Errorf("a compressed body: remaining %d, want 999 (the zone's cost, 1)", k.Remaining)
+	}
+	if v, _ := metricValue(c.scrape(), "caddy_rate_limit_charge_fallbacks_total", map[string]string{"zone": "after_encode", "reason": "encoded"}); v != 1 {
+		t.Errorf("charge_fallbacks_total{reason=encoded} = %v, want 1", v)
+	}
+	gzipped("/route/v1/chat/completions")
+	c.adminJSON(keyPath("before_encode", "Bearer gz"), &k)
+	if k.Remaining != 700 {
+		t.Errorf("encode ahead of rate_limit: remaining %d, want 700 (the 300 tokens read from the plain body)", k.Remaining)
 	}
 }

@@ -3,6 +3,7 @@ package usage
 import (
 	"bytes"
 	"math"
+	"math/bits"
 )
 
 // decoder is a resumable JSON tokenizer that keeps only what finding the
@@ -16,7 +17,9 @@ type decoder struct {
 	state state
 	depth int
 	// Per open container: whether it is an array, and the paths whose
-	// keys so far match the keys down to it (bit i: path i).
+	// keys so far match the keys down to it. Bit i is path i from the
+	// root, bit MaxPaths+i path i from below a top-level key (usage under
+	// Anthropic's message or the Responses API's response).
 	array [MaxDepth]bool
 	match [MaxDepth]uint16
 	// The member being read: its key (while it is no longer than any
@@ -29,7 +32,7 @@ type decoder struct {
 	num    int64
 	digits bool // num holds only digits so far
 
-	vals  [MaxPaths]int64
+	vals  [2 * MaxPaths]int64 // by bit
 	found uint16
 	done  bool // the top-level value ended
 	err   bool
@@ -54,7 +57,8 @@ const (
 
 func (d *decoder) reset(p *Paths) {
 	*d = decoder{paths: p}
-	d.member = uint16(1)<<p.Len() - 1 // the document's root continues every path
+	all := uint16(1)<<p.Len() - 1
+	d.member = all | all<<MaxPaths // the document's root continues every path
 }
 
 func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
@@ -202,42 +206,61 @@ func (d *decoder) value(c byte) {
 	}
 }
 
+// bitPath is bit b's path and how many keys come before it (0 from the
+// root, 1 from below a top-level key).
+func (d *decoder) bitPath(b int) (segs []string, skip int) {
+	if b < MaxPaths {
+		return d.paths.segs[b], 0
+	}
+	return d.paths.segs[b-MaxPaths], 1
+}
+
 // ends are the paths among the member's that end at its value.
 func (d *decoder) ends() uint16 {
 	var e uint16
-	for i, segs := range d.paths.segs {
-		if d.member&(1<<i) != 0 && len(segs) == d.depth {
-			e |= 1 << i
+	for m := d.member; m != 0; m &= m - 1 {
+		b := bits.TrailingZeros16(m)
+		if segs, skip := d.bitPath(b); len(segs)+skip == d.depth {
+			e |= 1 << b
 		}
 	}
 	return e
 }
 
 // continues is the paths the key just read continues: those of its object
-// whose segment at this depth is the key.
+// whose key at this depth is the key (any key, for the top-level key a
+// path from below one skips).
 func (d *decoder) continues() uint16 {
-	m := d.match[d.depth-1]
-	if m == 0 || d.escaped || d.keyLen > maxSegment {
-		return 0
-	}
-	key := d.key[:d.keyLen]
+	readable := !d.escaped && d.keyLen <= maxSegment
 	var c uint16
-	for i, segs := range d.paths.segs {
-		if m&(1<<i) != 0 && segs[d.depth-1] == string(key) {
-			c |= 1 << i
+	for m := d.match[d.depth-1]; m != 0; m &= m - 1 {
+		b := bits.TrailingZeros16(m)
+		segs, skip := d.bitPath(b)
+		if i := d.depth - 1 - skip; i < 0 || (readable && segs[i] == string(d.key[:d.keyLen])) {
+			c |= 1 << b
 		}
 	}
 	return c
 }
 
+// pathValue is path i's value in the document, found from the root first.
+func (d *decoder) pathValue(i int) (int64, bool) {
+	switch {
+	case d.found&(1<<i) != 0:
+		return d.vals[i], true
+	case d.found&(1<<(MaxPaths+i)) != 0:
+		return d.vals[MaxPaths+i], true
+	}
+	return 0, false
+}
+
 // endNumber ends the number just read: a whole number >= 0 is the value of
 // the paths that end at it.
 func (d *decoder) endNumber() {
-	if e := d.ends(); e != 0 && d.digits {
-		for i := range d.paths.Len() {
-			if e&(1<<i) != 0 {
-				d.vals[i], d.found = d.num, d.found|1<<i
-			}
+	if d.digits {
+		for e := d.ends(); e != 0; e &= e - 1 {
+			b := bits.TrailingZeros16(e)
+			d.vals[b], d.found = d.num, d.found|1<<b
 		}
 	}
 	d.state = sAfter

@@ -4,9 +4,12 @@
 // written, in memory bounded whatever the body's size. It imports nothing
 // of Caddy.
 //
-// A path is a dot path of object keys from the document's root
-// (usage.total_tokens); its value must be a whole number >= 0 (a null, a
-// string or a value inside an array is not one). Several paths are summed,
+// A path is a dot path of object keys (usage.total_tokens) from the
+// document's root or, where the root has none, from the object under one of
+// its top-level keys: Anthropic's message_start event and the Responses
+// API's response.completed event nest their usage one level down. Its value
+// must be a whole number >= 0 (a null, a string or a value inside an array
+// is not one). Several paths are summed,
 // and every one of them must be found: a sum with a part missing is not
 // known. In a JSON document a path's value counts once the document has
 // parsed to its end. In an event stream each event's data is one JSON
@@ -190,11 +193,10 @@ func (s *Scanner) Total() (int64, Reason) {
 // keep takes the values a parsed document found as the latest.
 func (s *Scanner) keep(d *decoder) {
 	for i := range s.paths.Len() {
-		if d.found&(1<<i) != 0 {
-			s.vals[i] = d.vals[i]
+		if v, ok := d.pathValue(i); ok {
+			s.vals[i], s.found = v, s.found|1<<i
 		}
 	}
-	s.found |= d.found
 }
 
 // events scans a text/event-stream chunk (the HTML standard's event stream
