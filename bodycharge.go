@@ -33,16 +33,22 @@ func chargeFallbackReasons() []string {
 
 // bodyWriter is the response writer of a request whose zones charge from
 // its body.
+// It keeps no reference to the request's verdicts, which would move them
+// from the stack to the heap on every request.
 type bodyWriter struct {
 	caddyhttp.ResponseRecorder
-	verdicts []verdict
-	scans    []usage.Scanner // by verdict, for those that charge from the body
-	started  bool            // the scanners saw the response's headers
-	failed   bool            // a write to the client failed: it left
+	paths   []*usage.Paths  // by verdict, nil for zones that do not charge from the body
+	scans   []usage.Scanner // by verdict
+	started bool            // the scanners saw the response's headers
+	failed  bool            // a write to the client failed: it left
 }
 
 func newBodyWriter(rec caddyhttp.ResponseRecorder, verdicts []verdict) *bodyWriter {
-	return &bodyWriter{ResponseRecorder: rec, verdicts: verdicts, scans: make([]usage.Scanner, len(verdicts))}
+	w := &bodyWriter{ResponseRecorder: rec, paths: make([]*usage.Paths, len(verdicts)), scans: make([]usage.Scanner, len(verdicts))}
+	for i := range verdicts {
+		w.paths[i] = verdicts[i].Owner.costs.body
+	}
+	return w
 }
 
 // start readies the scanners once the headers are final: when the status
@@ -55,8 +61,8 @@ func (w *bodyWriter) start() {
 	w.started = true
 	h := w.Header()
 	ct, enc := h.Get("Content-Type"), h.Get("Content-Encoding")
-	for i := range w.verdicts {
-		if p := w.verdicts[i].Owner.costs.body; p != nil {
+	for i, p := range w.paths {
+		if p != nil {
 			w.scans[i].Start(p, ct, enc)
 		}
 	}
@@ -91,11 +97,11 @@ func (w *bodyWriter) ReadFrom(r io.Reader) (int64, error) {
 // Unwrap is for http.ResponseController: flushes and hijacks pass through.
 func (w *bodyWriter) Unwrap() http.ResponseWriter { return w.ResponseRecorder }
 
-// total is what the response charges verdict i's zone: the sum of its
+// total is what the response charges verdict i, v: the sum of its zone's
 // paths, or, when the body did not carry them, the verdict's cost (the
 // estimate taken before, or the zone's literal cost), counted and logged
 // (sampled) by reason.
-func (w *bodyWriter) total(r *http.Request, i, status int, err error, now int64) int64 {
+func (w *bodyWriter) total(r *http.Request, i int, v *verdict, status int, err error, now int64) int64 {
 	if !w.started {
 		w.start()
 	}
@@ -110,7 +116,6 @@ func (w *bodyWriter) total(r *http.Request, i, status int, err error, now int64)
 	case err != nil || status >= 500:
 		reason = reasonUpstreamError
 	}
-	v := &w.verdicts[i]
 	z := v.Owner
 	add(z.metrics.chargeFallbacks[reason], 1)
 	if c := z.logs.chargeFallback.check(z.logger, now, zapcore.WarnLevel, "response carried no usable usage to charge; the estimate (or the zone's cost) stays charged"); c != nil {

@@ -190,7 +190,7 @@ func (h *Handler) charge(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 			}
 			cost = z.readCost(repl, now, z.costs.chargeVar, "charge", v.Cost)
 		case z.costs.body != nil:
-			cost = body.total(r, i, status, err, now)
+			cost = body.total(r, i, v, status, err, now)
 		}
 		cost = min(cost, zones.MaxCharge*v.Plan.Burst)
 		if z.costs.estimate {
