@@ -66,6 +66,7 @@ type route struct {
 	path   string
 	key    func(i int64) string
 	status int
+	every  bool // every response must have status, not 99%: a row that must see no denial
 }
 
 // env is what setups provide to routes: a temporary directory and named
@@ -961,11 +962,15 @@ func measure(c *caddyProcess, run func(route, time.Duration) (loadResult, error)
 }
 
 // checkStatuses fails a run in which under 99% of the responses had the
-// expected status (the flood's first request is allowed, for one).
+// expected status (the flood's first request is allowed, for one), or,
+// for a route that says every, a single response had another.
 func checkStatuses(r loadResult, rt route) error {
 	total := r.total()
 	if total == 0 {
 		return fmt.Errorf("no responses")
+	}
+	if got := r.byStatus[rt.status]; rt.every && got != total {
+		return fmt.Errorf("%d of %d responses were %d, want all: %v", got, total, rt.status, statusSummary(r.byStatus))
 	}
 	if got := r.byStatus[rt.status]; got*100 < total*99 {
 		return fmt.Errorf("%d of %d responses were %d, want nearly all: %v", got, total, rt.status, statusSummary(r.byStatus))
