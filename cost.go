@@ -195,7 +195,7 @@ func (h *Handler) charge(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 		cost = min(cost, zones.MaxCharge*v.Plan.Burst)
 		if z.costs.estimate {
 			h.settle(r, v, now, cost)
-		} else if cost > 0 {
+		} else if cost > 0 && !v.Waived() {
 			z.Charge(r.Context(), v.Key, now, &v.Plan, cost)
 		}
 		add(z.metrics.cost, float64(cost))

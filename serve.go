@@ -218,6 +218,7 @@ func (h *Handler) applicable(r *http.Request, repl *caddy.Replacer, now int64, v
 		}
 		verdicts = append(verdicts, verdict{Owner: z, Zone: z.Zone, Key: z.Config.Key(z.expandKey(r, repl)),
 			Plan: z.planFor(repl, now), Cost: z.costFor(repl, now), PostCharged: z.costs.postCharged() && !z.costs.estimate})
+		verdicts[len(verdicts)-1].Resolve()
 	}
 	return verdicts, nil
 }
@@ -230,7 +231,7 @@ func (h *Handler) applicable(r *http.Request, repl *caddy.Replacer, now int64, v
 func (h *Handler) cachedDenial(verdicts []verdict, now int64) int {
 	for i := range verdicts {
 		v := &verdicts[i]
-		if v.Owner.dryRun || v.Owner.IsConcurrency() {
+		if v.Owner.dryRun || v.Owner.IsConcurrency() || v.Waived() {
 			continue
 		}
 		if d, ok := v.Owner.CachedDenial(v.Key, now, &v.Plan); ok {

@@ -173,11 +173,16 @@ func (s Slot) Held() bool { return s.zone != nil }
 // store holds the slot and the zone's fail policy decides when it cannot.
 // An allowed decision comes with a Slot to Release when the request ends.
 func (z *Zone) Acquire(ctx context.Context, key string) (Decision, Slot) {
+	return z.acquire(ctx, key, z.Concurrency)
+}
+
+// acquire is Acquire at limit requests in flight (an override's).
+func (z *Zone) acquire(ctx context.Context, key string, limit int64) (Decision, Slot) {
 	c := z.state.conc
 	if z.store == nil {
-		return z.acquireIn(localTable, key, z.Concurrency, SourceLocal, nil)
+		return z.acquireIn(localTable, key, limit, SourceLocal, nil)
 	}
-	id, inUse, err := z.offers.Slots.Acquire(ctx, z.Name, key, z.Concurrency, z.LeaseOrDefault())
+	id, inUse, err := z.offers.Slots.Acquire(ctx, z.Name, key, limit, z.LeaseOrDefault())
 	switch {
 	case err != nil:
 		return z.failSlot(key, err)
@@ -185,7 +190,7 @@ func (z *Zone) Acquire(ctx context.Context, key string) (Decision, Slot) {
 		return slotDenied(SourceStore, nil), Slot{}
 	}
 	c.inFlight.Add(1)
-	return Decision{Allowed: true, Remaining: max(0, z.Concurrency-inUse), Source: SourceStore},
+	return Decision{Allowed: true, Remaining: max(0, limit-inUse), Source: SourceStore},
 		Slot{zone: z, key: key, id: id}
 }
 

@@ -23,13 +23,39 @@ type Ticket[O any] struct {
 	// PostCharged: the zone only checks before the request and charges
 	// after it (the caller's Charge).
 	PostCharged bool
+	// Override is the operator's override of the key, nil when none
+	// (Resolve).
+	Override *Override
 	Decision
 	slot Slot
 }
 
+// Resolve looks up the operator's override of the ticket's key, the step
+// before Admit: a limit becomes the ticket's plan (over the plan the
+// request carried), exempt and deny are decided by Admit. A zone without
+// overrides pays one atomic load.
+func (t *Ticket[O]) Resolve() {
+	o := t.Zone.Override(t.Key)
+	if o == nil {
+		return
+	}
+	t.Override = o
+	if !o.Exempt && !o.Deny {
+		t.Plan = o.Plan
+	}
+}
+
+// Waived reports whether an exempt or deny override decides the ticket:
+// no deny cache, no store.
+func (t *Ticket[O]) Waived() bool {
+	return t.Override != nil && (t.Override.Exempt || t.Override.Deny)
+}
+
 // OverBurst reports whether the request costs more than the key can ever
 // have: it is denied at once, consuming nothing.
-func (t *Ticket[O]) OverBurst() bool { return !t.Zone.IsConcurrency() && t.Cost > t.Plan.Burst }
+func (t *Ticket[O]) OverBurst() bool {
+	return !t.Zone.IsConcurrency() && !t.Waived() && t.Cost > t.Plan.Burst
+}
 
 // Admit decides the request in the ticket's zone alone, by its kind: a
 // concurrency zone takes a slot, a post-charged zone checks, a request that
@@ -38,8 +64,10 @@ func (t *Ticket[O]) OverBurst() bool { return !t.Zone.IsConcurrency() && t.Cost 
 func (t *Ticket[O]) Admit(ctx context.Context, now int64) {
 	z := t.Zone
 	switch {
+	case t.Waived():
+		t.Decision = t.waived()
 	case z.IsConcurrency():
-		t.Decision, t.slot = z.Acquire(ctx, t.Key)
+		t.Decision, t.slot = z.acquire(ctx, t.Key, t.Plan.Burst)
 	case t.PostCharged:
 		t.Decision = z.Check(ctx, t.Key, now, &t.Plan)
 	case t.Cost > t.Plan.Burst:
@@ -47,6 +75,16 @@ func (t *Ticket[O]) Admit(ctx context.Context, now int64) {
 	default:
 		t.Decision = z.DecideWith(ctx, t.Key, now, &t.Plan, t.Cost)
 	}
+}
+
+// waived is the decision of an exempt or deny override: admitted with the
+// full plan left, consuming nothing; or denied until the override lapses.
+func (t *Ticket[O]) waived() Decision {
+	if t.Override.Exempt {
+		return Decision{Allowed: true, Remaining: t.Plan.Burst, Source: SourceOverride}
+	}
+	d := t.Override.DenyFor(time.Now().UnixNano())
+	return Decision{RetryAfter: d, ResetAfter: d, Source: SourceOverride}
 }
 
 // neverPasses is the decision for a request whose cost is more than the
@@ -78,7 +116,7 @@ func (t *Ticket[O]) Slot() Slot { return t.slot }
 func (t *Ticket[O]) Release() {
 	t.Zone.Release(t.slot)
 	t.slot = Slot{}
-	t.Remaining = min(t.Remaining+1, t.Zone.Concurrency)
+	t.Remaining = min(t.Remaining+1, t.Plan.Burst)
 }
 
 // Cancel gives back what the ticket took: its cost (a turn reserved for
@@ -108,6 +146,9 @@ func (t *Ticket[O]) Cancel(ctx context.Context, now int64) error {
 // took nothing, so all of cost is charged. A refund the store could not
 // take is returned.
 func (t *Ticket[O]) Settle(ctx context.Context, now, cost int64) error {
+	if t.Waived() {
+		return nil
+	}
 	taken := t.Cost
 	if !t.Allowed {
 		taken = 0
@@ -140,7 +181,7 @@ func (t *Ticket[O]) Served(waited time.Duration) {
 // concurrency zone's limit of requests in flight.
 func (t *Ticket[O]) Quota() int64 {
 	if t.Zone.IsConcurrency() {
-		return t.Zone.Concurrency
+		return t.Plan.Burst
 	}
 	return t.Plan.Events
 }

@@ -386,6 +386,7 @@ const (
 	SourceFailClosed               // store unavailable, fail_policy closed
 	SourceFailLocal                // store unavailable, fail_policy local
 	SourceRecord                   // the store's record of the key in this process (async mode's lease): a peek only
+	SourceOverride                 // an operator's override: exempt or deny, nothing consumed
 )
 
 // Decision is a zone's verdict on one request. Durations are nanoseconds.
@@ -428,6 +429,9 @@ type Zone struct {
 	// the store keeps bans and the zone is not in dry run (a dry-run zone
 	// sends plain steps: it bans nobody, in the store either), else zero.
 	banRule BanRule
+	// overrides are the operator's overrides of the zone's limit (nil:
+	// the zone takes none).
+	overrides *Overrides
 
 	// OnChargeFailed, when set, is called for each charge of a post-charged
 	// zone that the store did not take (strict mode, after retries).
@@ -750,6 +754,9 @@ func (z *Zone) RefundWith(ctx context.Context, key string, now int64, d Decision
 // LastPlan is the plan key was last decided under: the zone's literal one
 // unless the zone reads limits from requests and remembers another.
 func (z *Zone) LastPlan(key string, now int64) Plan {
+	if o := z.Override(key); o != nil && !o.Exempt && !o.Deny {
+		return o.Plan
+	}
 	if z.state.plans != nil {
 		if p, ok := z.state.plans.last(key, now); ok {
 			return p

@@ -1,0 +1,193 @@
+package zones
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+)
+
+func mustPlan(t *testing.T, events int64, window time.Duration) Plan {
+	t.Helper()
+	p, err := NewPlan(events, window, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestOverridePrecedence(t *testing.T) {
+	now := time.Now().UnixNano()
+	p := func(n int64) Plan { return mustPlan(t, n, time.Minute) }
+	set, err := NewOverrideSet([]*Override{
+		{ID: "k", Key: "cust-42", Plan: p(1)},
+		{ID: "p1", Prefix: "cust-", Plan: p(2)},
+		{ID: "p2", Prefix: "cust-4", Plan: p(3)},
+		{ID: "c16", CIDR: netip.MustParsePrefix("10.1.0.0/16"), Plan: p(4)},
+		{ID: "c24", CIDR: netip.MustParsePrefix("10.1.2.0/24"), Plan: p(5)},
+		{ID: "c6", CIDR: netip.MustParsePrefix("2001:db8::/32"), Exempt: true},
+		{ID: "gone", Key: "old", Deny: true, Expires: now - 1},
+		{ID: "gonep", Prefix: "ol", Plan: p(6)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ key, want string }{
+		{"cust-42", "k"},
+		{"cust-43", "p2"},
+		{"cust-5", "p1"},
+		{"cust", ""},
+		{"10.1.2.3", "c24"},
+		{"10.1.2.0/24", "c24"},
+		{"10.1.3.0/24", "c16"},
+		{"10.1.0.0/8", ""}, // wider than every CIDR: not covered
+		{"10.2.0.1", ""},
+		{"2001:db8::1", "c6"},
+		{"::ffff:10.1.2.3", "c24"},
+		{"old", "gonep"}, // the exact override lapsed: the prefix applies
+		{"", ""},
+	} {
+		got := ""
+		if o := set.Lookup(c.key, now); o != nil {
+			got = o.ID
+		}
+		if got != c.want {
+			t.Errorf("Lookup(%q) = %q, want %q", c.key, got, c.want)
+		}
+	}
+	if _, err := NewOverrideSet([]*Override{{ID: "x"}}); err == nil {
+		t.Error("an override matching nothing was accepted")
+	}
+	if _, err := NewOverrideSet([]*Override{{ID: "x", Key: "a", Prefix: "b"}}); err == nil {
+		t.Error("an override with two matches was accepted")
+	}
+}
+
+// TestOverrideCarriesKeyState: a key that spent all of 5/min has none of
+// 50/min at once and one more every 1.2s; dropping the override puts it
+// back under 5/min with its debt.
+func TestOverrideCarriesKeyState(t *testing.T) {
+	c := Config{Name: "z", Events: 5, Window: time.Minute}
+	state := NewState(c, time.Hour)
+	defer state.Destruct()
+	z, err := New(c, state, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ov Overrides
+	z.UseOverrides(&ov)
+	ctx := context.Background()
+	now := int64(1e12)
+	admit := func(at int64) Ticket[int] {
+		tk := Ticket[int]{Zone: z, Key: "k", Plan: z.Plan(), Cost: 1}
+		tk.Resolve()
+		tk.Admit(ctx, at)
+		return tk
+	}
+	for i := range 5 {
+		if tk := admit(now); !tk.Allowed {
+			t.Fatalf("request %d denied", i)
+		}
+	}
+	if admit(now).Allowed {
+		t.Fatal("6th request allowed")
+	}
+	set, _ := NewOverrideSet([]*Override{{ID: "raise", Key: "k", Plan: mustPlan(t, 50, time.Minute)}})
+	ov.Store(set)
+	if tk := admit(now); tk.Allowed {
+		t.Fatalf("a raise gave a key with no quota a fresh bucket: %+v", tk.Decision)
+	}
+	later := now + int64(5*time.Second)
+	got := 0
+	for admit(later).Allowed {
+		got++
+	}
+	if got != 4 { // 5 s at one per 1.2 s
+		t.Errorf("after 5 s under 50/min: %d admitted, want 4", got)
+	}
+	ov.Store(nil)
+	if tk := admit(later); tk.Allowed || tk.Plan.Events != 5 {
+		t.Errorf("after the override went: %+v under %d/min, want denied under 5", tk.Decision, tk.Plan.Events)
+	}
+
+	deny, _ := NewOverrideSet([]*Override{{ID: "d", Key: "j", Deny: true, Expires: time.Now().Add(time.Minute).UnixNano()}, {ID: "e", Key: "k", Exempt: true}})
+	ov.Store(deny)
+	for range 20 {
+		if tk := admit(later); !tk.Allowed || tk.Remaining != 5 {
+			t.Fatalf("exempt key: %+v", tk.Decision)
+		}
+	}
+	tk := Ticket[int]{Zone: z, Key: "j", Plan: z.Plan(), Cost: 1}
+	tk.Resolve()
+	tk.Admit(ctx, later)
+	if tk.Allowed || tk.RetryAfter < 50*time.Second || tk.RetryAfter > time.Minute {
+		t.Errorf("deny override: %+v, want denied until it expires (~1m)", tk.Decision)
+	}
+	ov.Store(nil)
+	if tk := admit(later); tk.Allowed {
+		t.Error("exempt requests consumed nothing, yet the key is still in debt: want denied")
+	}
+}
+
+// TestOverridesConcurrentSwapAndLookup: lookups from many goroutines while
+// sets are swapped see either set, whole.
+func TestOverridesConcurrentSwapAndLookup(t *testing.T) {
+	var ov Overrides
+	c := Config{Name: "z", Events: 5, Window: time.Minute}
+	state := NewState(c, time.Hour)
+	defer state.Destruct()
+	z, _ := New(c, state, nil)
+	z.UseOverrides(&ov)
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				key := fmt.Sprintf("k%d", (g+i)%50)
+				if o := z.Override(key); o != nil && o.Key != key && o.Prefix != "k" {
+					t.Errorf("override %+v for %q", o, key)
+					return
+				}
+				_ = z.LastPlan(key, 0)
+			}
+		}()
+	}
+	for i := range 500 {
+		var list []*Override
+		for j := range i % 50 {
+			list = append(list, &Override{ID: fmt.Sprint(j), Key: fmt.Sprintf("k%d", j), Plan: mustPlan(t, int64(j+1), time.Minute)})
+		}
+		if i%7 == 0 {
+			list = append(list, &Override{ID: "p", Prefix: "k", Exempt: true})
+		}
+		s, err := NewOverrideSet(list)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ov.Store(s)
+	}
+	close(stop)
+	wg.Wait()
+}
+
+func BenchmarkOverrideLookup10kPrefixes(b *testing.B) {
+	var list []*Override
+	for i := range MaxOverrides {
+		list = append(list, &Override{ID: fmt.Sprint(i), Prefix: fmt.Sprintf("tenant-%05d-", i), Exempt: true})
+	}
+	s, _ := NewOverrideSet(list)
+	now := time.Now().UnixNano()
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = s.Lookup("tenant-04242-key", now)
+	}
+}
