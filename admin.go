@@ -37,6 +37,9 @@ func init() {
 //	DELETE /rate_limit/zones/<zone>/keys/<key>  reset the key (local table, deny cache, Redis)
 //	GET    /rate_limit/zones/<zone>/top?n=20    the keys this instance denied most lately
 //	GET    /rate_limit/zones/<zone>/bans        the zone's current bans
+//	GET    /rate_limit/zones/<zone>/overrides   the zone's overrides, who set them and when
+//	PUT    /rate_limit/zones/<zone>/overrides/<id>  set an override (overrides.go)
+//	DELETE /rate_limit/zones/<zone>/overrides/<id>  remove it
 //
 // Keys are path-escaped in the URL, or in the query (...keys?key=, or
 // ?key_base64=): docs/operations.md, with every field of the answers.
@@ -175,6 +178,9 @@ type keyInfo struct {
 	// 1), which remaining, events and burst are scaled to.
 	Share  *float64 `json:"share,omitempty"`
 	Region string   `json:"region,omitempty"`
+	// Override is the operator's override the key is decided under, when
+	// one covers it: events, window and burst are then its limit.
+	Override *overrideRecord `json:"override,omitempty"`
 }
 
 // fleetView is a key of an async zone as Redis holds it. Durations are in
@@ -227,6 +233,9 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 	parts := strings.Split(strings.TrimSuffix(rest, "/"), "/")
 	q := r.URL.Query()
 	zoneRoute := (len(parts) == 3 || len(parts) == 4) && parts[0] == "zones"
+	if zoneRoute && parts[2] == "overrides" {
+		return a.overrideRoute(w, r, parts)
+	}
 	keys := zoneRoute && parts[2] == "keys" && (len(parts) == 4 || q.Has("key") || q.Has("key_base64"))
 	switch {
 	case len(parts) == 1 && parts[0] == "zones":
@@ -236,7 +245,7 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 		return writeJSON(w, http.StatusOK, listZones())
 	case !keys && !(zoneRoute && len(parts) == 3 && (parts[2] == "top" || parts[2] == "bans")):
 		return caddy.APIError{HTTPStatus: http.StatusNotFound,
-			Err: errors.New("unknown path: use /rate_limit/zones, /rate_limit/zones/<zone>/keys/<key> (or .../keys?key=<key>, for any key including the empty one, or .../keys?key_base64=<base64>) /rate_limit/zones/<zone>/top or /rate_limit/zones/<zone>/bans")}
+			Err: errors.New("unknown path: use /rate_limit/zones, /rate_limit/zones/<zone>/keys/<key> (or .../keys?key=<key>, for any key including the empty one, or .../keys?key_base64=<base64>) /rate_limit/zones/<zone>/top, /rate_limit/zones/<zone>/bans or /rate_limit/zones/<zone>/overrides[/<id>]")}
 	}
 	zoneName, err1 := url.PathUnescape(parts[1])
 	var key string
@@ -269,6 +278,28 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 		return a.resetKey(w, r, z, key)
 	}
 	return methodNotAllowed(w, http.MethodGet, http.MethodDelete)
+}
+
+// overrideRoute answers /rate_limit/zones/<zone>/overrides[/<id>].
+func (a *AdminAPI) overrideRoute(w http.ResponseWriter, r *http.Request, parts []string) error {
+	zoneName, err := url.PathUnescape(parts[1])
+	if err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
+	}
+	var id string
+	if len(parts) == 4 {
+		if id, err = url.PathUnescape(parts[3]); err != nil {
+			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
+		}
+		if id == "" {
+			return checkOverrideID(id)
+		}
+	}
+	z := lookupZone(zoneName, true)
+	if z == nil {
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("unknown zone %q", zoneName)}
+	}
+	return a.serveOverrides(w, r, z, id)
 }
 
 func listZones() []zoneInfo {
@@ -337,6 +368,12 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone,
 	}
 	now := monotime.Now()
 	stored, d, err := peekStored(r.Context(), z, key, now)
+	if errors.Is(err, zones.ErrUnknownKey) && z.Override(stored) != nil {
+		// A key with no state that an override covers: shown at its
+		// override's full limit.
+		p := z.LastPlan(stored, now)
+		d, err = zones.Decision{Remaining: p.Burst}, nil
+	}
 	switch {
 	case errors.Is(err, zones.ErrUnknownKey):
 		// Caddy logs admin errors: the message leaves the key out (keys
@@ -364,7 +401,14 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone,
 		}
 	}
 	share, region := keyShare(z, stored)
+	var override *overrideRecord
+	if h := viewOf(z).overrides; h != nil {
+		if rec, ok := h.lookup(z, stored); ok {
+			override = &rec
+		}
+	}
 	return writeJSON(w, http.StatusOK, keyInfo{
+		Override:      override,
 		Fleet:         fleet,
 		FleetError:    fleetErr,
 		Share:         share,

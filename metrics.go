@@ -102,6 +102,9 @@ func initCollectors() {
 		return float64(z.BannedKeys(now)), true
 	})
 	c.all = append(c.all, newGlobalCollector(metricPrefix+"global"))
+	gauge("overrides", "Overrides of the zone's limit in force (set through the admin API; fleet-wide for distributed zones).", func(z *zones.Zone, _ int64) (float64, bool) {
+		return float64(z.OverrideCount()), !isConnectionZone(z)
+	})
 	gauge("keys", "Keys the zone holds in this instance's memory.", func(z *zones.Zone, _ int64) (float64, bool) { return float64(z.Keys()), true })
 	gauge("in_flight", "Requests holding a slot of a concurrency zone in this instance.", func(z *zones.Zone, _ int64) (float64, bool) {
 		return float64(z.InFlight()), z.IsConcurrency() && !isConnectionZone(z)

@@ -112,6 +112,8 @@ type backend struct {
 	health storeHealth
 	resets resetNotifier
 	async  *distributed.Async // async mode: its zones' bans are read from it
+	// overrides keeps the zones' overrides fleet-wide.
+	overrides overrideStore
 }
 
 // storeHealth is what a store tells of its health, for the admin API.
@@ -168,9 +170,9 @@ func (dist *Distributed) open(ctx caddy.Context, logger *zap.Logger) (zones.Stor
 	}
 	switch s := v.(type) {
 	case *distributed.Strict:
-		return s, backend{health: s, resets: s}, key, nil
+		return s, backend{health: s, resets: s, overrides: s}, key, nil
 	case *distributed.Async:
-		return s, backend{health: s, resets: s, async: s}, key, nil
+		return s, backend{health: s, resets: s, async: s, overrides: s}, key, nil
 	}
 	releaseStore(key)
 	return nil, backend{}, "", fmt.Errorf("distributed: a store of type %T", v)

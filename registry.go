@@ -227,6 +227,10 @@ type storeView struct {
 	shared     *distributed.Shared // a scope global zone's share of it, else nil
 	health     storeHealth         // the regional store's health, if it tells it
 	connection bool                // a listener wrapper's zone
+	// overrides are the zone's overrides (HTTP zones), emit its handler's
+	// events.
+	overrides *overrideHolder
+	emit      func(event string, data map[string]any)
 }
 
 func registerZone(z *zones.Zone, v storeView) {

@@ -250,6 +250,9 @@ type zoneHandler struct {
 	freshState bool          // provision created the state (persist restores into it)
 	stopReset  func()        // nil without a store that shares resets
 	stopBans   chan struct{} // async zones with ban: stops learnBans
+	// overridesKey is the zone's overrides in overrideHolders, "" when
+	// not taken.
+	overridesKey string
 }
 
 // provision checks and sets up the zone named name of handler h, whose
@@ -358,7 +361,16 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 		zh.stopBans = make(chan struct{})
 		go zh.learnBans(a, a.SyncInterval())
 	}
-	registerZone(zh.Zone, storeView{regional: h.store, shared: shared, health: h.backend.health})
+	ov, ovKey, err := loadOverrideHolder(ctx, cfg, h.backend.overrides, h.storeKey, h.logger)
+	if err != nil {
+		zh.unregister()
+		zh.releaseState()
+		return nil, err
+	}
+	zh.overridesKey = ovKey
+	zh.Zone.UseOverrides(&ov.set)
+	emit := func(event string, data map[string]any) { h.events.Emit(h.ctx, event, data) }
+	registerZone(zh.Zone, storeView{regional: h.store, shared: shared, health: h.backend.health, overrides: ov, emit: emit})
 	return zh, nil
 }
 
@@ -495,6 +507,9 @@ func (z *zoneHandler) unregister() {
 // took, once the handler's requests and charges are done with it.
 func (z *zoneHandler) releaseState() {
 	_, _ = states.Delete(z.stateID)
+	if z.overridesKey != "" {
+		_, _ = overrideHolders.Delete(z.overridesKey)
+	}
 }
 
 // compareZones orders zones by kind, then tightest first (compareKinds),

@@ -231,3 +231,12 @@ func (z *Zone) Override(key string) *Override {
 	}
 	return s.Lookup(key, time.Now().UnixNano())
 }
+
+// OverrideCount is the number of overrides the zone holds (lapsed ones
+// until they are swept).
+func (z *Zone) OverrideCount() int {
+	if z.overrides == nil {
+		return 0
+	}
+	return z.overrides.set.Load().Len()
+}

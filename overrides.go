@@ -1,0 +1,693 @@
+package ratelimit
+
+// Overrides: an operator's runtime exceptions to a zone's limit, set
+// through the admin API (PUT/GET/DELETE /rate_limit/zones/<zone>/overrides)
+// and resolved per request by package zones. Strict and async zones keep
+// them in Redis (distributed/overrides.go), every instance polling the
+// zone's version; local zones keep them per instance in Caddy's storage.
+// Either way a zone name's overrides live in one holder pooled by name and
+// store, so that a reload never drops them.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"maps"
+	"net/http"
+	"net/netip"
+	"path"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/certmagic"
+	"go.uber.org/zap"
+
+	"github.com/caddy-tally/ratelimit/distributed"
+	"github.com/caddy-tally/ratelimit/zones"
+)
+
+// Bounds on an override's fields.
+const (
+	maxOverrideBody   = 16 << 10
+	maxOverrideID     = 128
+	maxOverrideReason = 1024
+	maxOverrideExpiry = 100 * 365 * 24 * time.Hour
+	// overridePoll is how often an instance reads a distributed zone's
+	// overrides version (and drops lapsed overrides): a change made on
+	// another instance is enforced here within about this long.
+	overridePoll = 250 * time.Millisecond
+)
+
+// overrideMatch says which keys an override covers: exactly one field.
+type overrideMatch struct {
+	Key    *string `json:"key,omitempty"`
+	Prefix *string `json:"prefix,omitempty"`
+	CIDR   *string `json:"cidr,omitempty"`
+}
+
+// overrideRecord is an override as the admin API shows it and as it is
+// stored (in Redis or Caddy's storage).
+type overrideRecord struct {
+	ID     string        `json:"id"`
+	Match  overrideMatch `json:"match"`
+	Events int64         `json:"events,omitempty"`
+	Window string        `json:"window,omitempty"`
+	Burst  int64         `json:"burst,omitempty"`
+	Limit  int64         `json:"limit,omitempty"` // quota zones
+	N      int64         `json:"n,omitempty"`     // concurrency zones
+	Exempt bool          `json:"exempt,omitempty"`
+	Deny   bool          `json:"deny,omitempty"`
+	// Expires is RFC 3339, "" for never.
+	Expires string `json:"expires,omitempty"`
+	Reason  string `json:"reason,omitempty"`
+	SetBy   string `json:"set_by"` // the admin request's remote address
+	SetAt   string `json:"set_at"` // RFC 3339
+}
+
+// overrideBody is PUT's body: a record whose expires may also be a
+// duration from now.
+type overrideBody struct {
+	Match   *overrideMatch `json:"match"`
+	Events  *int64         `json:"events"`
+	Window  *string        `json:"window"`
+	Burst   *int64         `json:"burst"`
+	Limit   *int64         `json:"limit"`
+	N       *int64         `json:"n"`
+	Exempt  bool           `json:"exempt"`
+	Deny    bool           `json:"deny"`
+	Expires string         `json:"expires"`
+	Reason  string         `json:"reason"`
+}
+
+// fieldError is a bad body's 400: which field and why.
+func fieldError(field, why string, args ...any) error {
+	return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("%s: %s", field, fmt.Sprintf(why, args...))}
+}
+
+// checkText reports what is wrong with a text field: too long, not UTF-8,
+// or holding a control character.
+func checkText(field, s string, maxLen int) error {
+	switch {
+	case len(s) > maxLen:
+		return fieldError(field, "longer than %d bytes", maxLen)
+	case !utf8.ValidString(s):
+		return fieldError(field, "not valid UTF-8")
+	case strings.IndexFunc(s, unicode.IsControl) >= 0:
+		return fieldError(field, "holds a control character")
+	}
+	return nil
+}
+
+// checkOverrideID reports what is wrong with an override id: 1 to 128 of
+// letters, digits, '.', '_' and '-', not "." or "..".
+func checkOverrideID(id string) error {
+	ok := id != "" && len(id) <= maxOverrideID && id != "." && id != ".."
+	for _, c := range id {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
+			ok = false
+		}
+	}
+	if !ok {
+		return fieldError("id", "%q must be 1 to %d letters, digits, '.', '_' or '-' (not . or ..)", strings.ToValidUTF8(id, "?"), maxOverrideID)
+	}
+	return nil
+}
+
+// parseOverride reads a PUT body for zone z's override id, set by from at
+// now, into the record to store; a bad body is a 400 naming the field.
+func parseOverride(z *zones.Zone, id, from string, body io.Reader, now time.Time) (overrideRecord, error) {
+	if err := checkOverrideID(id); err != nil {
+		return overrideRecord{}, err
+	}
+	raw, err := io.ReadAll(io.LimitReader(body, maxOverrideBody+1))
+	if err != nil {
+		return overrideRecord{}, caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("reading the body: %v", err)}
+	}
+	if len(raw) > maxOverrideBody {
+		return overrideRecord{}, caddy.APIError{HTTPStatus: http.StatusRequestEntityTooLarge, Err: fmt.Errorf("body: larger than %d bytes", maxOverrideBody)}
+	}
+	var b overrideBody
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&b); err != nil {
+		return overrideRecord{}, fieldError("body", "not a JSON object of an override (match, events, window, burst, limit, n, exempt, deny, expires, reason): %v", err)
+	}
+	if dec.More() {
+		return overrideRecord{}, fieldError("body", "more than one JSON value")
+	}
+	rec := overrideRecord{ID: id, Exempt: b.Exempt, Deny: b.Deny, Reason: b.Reason, SetBy: from, SetAt: now.UTC().Format(time.RFC3339)}
+	if err := checkText("reason", b.Reason, maxOverrideReason); err != nil {
+		return rec, err
+	}
+	if rec.Match, err = checkMatch(z, b.Match); err != nil {
+		return rec, err
+	}
+	if rec.Expires, err = parseExpires(b.Expires, now); err != nil {
+		return rec, err
+	}
+	limits := b.Events != nil || b.Window != nil || b.Burst != nil || b.Limit != nil || b.N != nil
+	switch {
+	case b.Exempt && b.Deny:
+		return rec, fieldError("exempt", "an override is exempt or deny, not both")
+	case (b.Exempt || b.Deny) && limits:
+		return rec, fieldError("exempt", "exempt and deny take no limit: remove events, window, burst, limit and n")
+	case b.Exempt || b.Deny:
+		return rec, nil
+	}
+	switch {
+	case z.IsConcurrency():
+		if b.N == nil || b.Events != nil || b.Window != nil || b.Burst != nil || b.Limit != nil {
+			return rec, fieldError("n", "a concurrency zone's override takes n, the requests in flight per key (or exempt or deny)")
+		}
+		if *b.N < 1 || *b.N > zones.MaxEvents {
+			return rec, fieldError("n", "must be a whole number from 1 to 2^40")
+		}
+		rec.N = *b.N
+	case z.IsQuota():
+		if b.Limit == nil || b.Events != nil || b.Window != nil || b.Burst != nil || b.N != nil {
+			return rec, fieldError("limit", "a quota zone's override takes limit, the units per %s (or exempt or deny)", z.Period)
+		}
+		if *b.Limit < 1 || *b.Limit > zones.MaxEvents {
+			return rec, fieldError("limit", "must be a whole number from 1 to 2^40")
+		}
+		rec.Limit = *b.Limit
+	default:
+		if b.Limit != nil || b.N != nil {
+			return rec, fieldError("events", "a rate zone's override takes events and window (and burst), not limit or n")
+		}
+		if b.Events == nil || b.Window == nil {
+			return rec, fieldError("events", "a rate zone's override needs events and window (e.g. \"events\": 50, \"window\": \"1m\"), or exempt or deny")
+		}
+		var burst int64
+		if b.Burst != nil {
+			if burst = *b.Burst; burst < 1 {
+				return rec, fieldError("burst", "must be a whole number from 1 to 2^40")
+			}
+		}
+		w, err := caddy.ParseDuration(*b.Window)
+		if err != nil {
+			return rec, fieldError("window", "%q is not a duration such as 1m", *b.Window)
+		}
+		if _, err := zones.NewPlan(*b.Events, w, burst); err != nil {
+			field := "events"
+			switch {
+			case errors.Is(err, zones.ErrWindow):
+				field = "window"
+			case errors.Is(err, zones.ErrBurst), errors.Is(err, zones.ErrSpan):
+				field = "burst"
+			}
+			return rec, fieldError(field, "%v", err)
+		}
+		rec.Events, rec.Window, rec.Burst = *b.Events, shortDuration(w.String()), burst
+	}
+	return rec, nil
+}
+
+// checkMatch checks an override's match against zone z and returns it as
+// stored: an exact key as the zone stores it (masked, hashed), a CIDR
+// masked.
+func checkMatch(z *zones.Zone, m *overrideMatch) (overrideMatch, error) {
+	if m == nil {
+		return overrideMatch{}, fieldError("match", "required: {\"key\": …}, {\"prefix\": …} or {\"cidr\": …}")
+	}
+	n := 0
+	for _, p := range []*string{m.Key, m.Prefix, m.CIDR} {
+		if p != nil {
+			n++
+		}
+	}
+	if n != 1 {
+		return overrideMatch{}, fieldError("match", "give exactly one of key, prefix and cidr")
+	}
+	switch {
+	case m.Key != nil:
+		if err := checkText("match.key", *m.Key, zones.MaxKeyLength); err != nil {
+			return overrideMatch{}, err
+		}
+		k := z.Config.Key(*m.Key)
+		return overrideMatch{Key: &k}, nil
+	case m.Prefix != nil:
+		if *m.Prefix == "" {
+			return overrideMatch{}, fieldError("match.prefix", "empty: it would cover every key (set the zone's limit instead)")
+		}
+		return *m, checkText("match.prefix", *m.Prefix, zones.MaxKeyLength)
+	}
+	p, err := netip.ParsePrefix(*m.CIDR)
+	if err != nil {
+		return overrideMatch{}, fieldError("match.cidr", "%q is not a CIDR such as 203.0.113.0/24", strings.ToValidUTF8(*m.CIDR, "?"))
+	}
+	s := p.Masked().String()
+	return overrideMatch{CIDR: &s}, nil
+}
+
+// parseExpires reads expires: "" (never), a duration from now, or an RFC
+// 3339 time in the future; it returns RFC 3339.
+func parseExpires(s string, now time.Time) (string, error) {
+	if s == "" {
+		return "", nil
+	}
+	var at time.Time
+	if d, err := caddy.ParseDuration(s); err == nil {
+		if d <= 0 || d > maxOverrideExpiry {
+			return "", fieldError("expires", "%q must be a positive duration of at most 100 years", s)
+		}
+		at = now.Add(d)
+	} else if at, err = time.Parse(time.RFC3339Nano, s); err != nil {
+		return "", fieldError("expires", "%q is neither a duration such as 2h nor an RFC 3339 time", strings.ToValidUTF8(s, "?"))
+	} else if !at.After(now) || at.Sub(now) > maxOverrideExpiry {
+		return "", fieldError("expires", "%q must be in the future, within 100 years", s)
+	}
+	return at.UTC().Format(time.RFC3339Nano), nil
+}
+
+// expiresAt is the record's expiry, zero for never.
+func (r overrideRecord) expiresAt() time.Time {
+	t, _ := time.Parse(time.RFC3339Nano, r.Expires)
+	return t
+}
+
+// override is the record as zone c resolves it, or an error when it does
+// not fit c's kind (the zone changed kind since it was set).
+func (r overrideRecord) override(c zones.Config) (*zones.Override, error) {
+	o := &zones.Override{ID: r.ID, Exempt: r.Exempt, Deny: r.Deny}
+	if t := r.expiresAt(); !t.IsZero() {
+		o.Expires = t.UnixNano()
+	}
+	switch m := r.Match; {
+	case m.Key != nil:
+		o.Key = *m.Key
+	case m.Prefix != nil:
+		o.Prefix = *m.Prefix
+	case m.CIDR != nil:
+		p, err := netip.ParsePrefix(*m.CIDR)
+		if err != nil {
+			return nil, err
+		}
+		o.CIDR = p
+	default:
+		return nil, zones.ErrOverrideMatch
+	}
+	if r.Exempt || r.Deny {
+		return o, nil
+	}
+	var err error
+	switch {
+	case c.IsConcurrency() && r.N > 0:
+		o.Plan = zones.ConcurrencyPlan(r.N)
+	case c.IsQuota() && r.Limit > 0:
+		o.Plan = zones.QuotaPlan(r.Limit)
+	case !c.IsConcurrency() && !c.IsQuota() && r.Events > 0:
+		var w time.Duration
+		if w, err = caddy.ParseDuration(r.Window); err == nil {
+			o.Plan, err = zones.NewPlan(r.Events, w, r.Burst)
+		}
+	default:
+		err = errors.New("its limit does not fit the zone's kind")
+	}
+	return o, err
+}
+
+// overrideStore is a store that keeps zones' overrides fleet-wide
+// (distributed.Strict and Async), found once when the store is opened.
+type overrideStore interface {
+	PutOverride(ctx context.Context, zone, id string, record []byte, expires time.Time) (int64, error)
+	DeleteOverride(ctx context.Context, zone, id string) (bool, error)
+	OverrideVersion(ctx context.Context, zone string) (int64, error)
+	LoadOverrides(ctx context.Context, zone string) (int64, []distributed.StoredOverride, error)
+}
+
+// overrideHolders holds each zone name's overrides, by store, across
+// reloads.
+var overrideHolders = caddy.NewUsagePool()
+
+// overrideHolder is one zone name's overrides on one store (or in this
+// instance's storage): the records, the set requests read, and the loop
+// that follows changes and expiries.
+type overrideHolder struct {
+	name    string
+	set     zones.Overrides
+	logger  *zap.Logger
+	remote  overrideStore     // distributed zones, else nil
+	storage certmagic.Storage // local zones
+	file    string            // local zones: the records' path in storage
+
+	mu      sync.Mutex // serialises changes, loads and rebuilds
+	records map[string]overrideRecord
+	cfg     zones.Config // the zone's latest definition, which records resolve under
+	version int64        // distributed: the version last loaded
+	next    time.Time    // the earliest expiry among the records, zero if none
+
+	stop, done chan struct{}
+}
+
+// overrideDir is where local zones' overrides are kept in Caddy's storage:
+// <dir>/<instance id>/<zone>.json.
+const overrideDir = "tally/overrides"
+
+// loadOverrideHolder returns the holder of zone cfg's overrides on remote
+// (nil: local, in ctx's storage), and its key in the pool.
+func loadOverrideHolder(ctx caddy.Context, cfg zones.Config, remote overrideStore, storeKey string, logger *zap.Logger) (*overrideHolder, string, error) {
+	key := "local\x00" + cfg.Name
+	if remote != nil {
+		key = storeKey + "\x00" + cfg.Name
+	}
+	v, _, err := overrideHolders.LoadOrNew(key, func() (caddy.Destructor, error) {
+		h := &overrideHolder{name: cfg.Name, logger: logger.Named("overrides"), remote: remote, records: map[string]overrideRecord{},
+			cfg: cfg, stop: make(chan struct{}), done: make(chan struct{})}
+		if remote == nil {
+			instance, err := caddy.InstanceID()
+			if err != nil {
+				return nil, fmt.Errorf("zone %s: overrides: reading the instance id: %v", cfg.Name, err)
+			}
+			h.storage, h.file = ctx.Storage(), path.Join(overrideDir, instance.String(), cfg.Name+".json")
+		}
+		h.load(context.Background())
+		go h.loop()
+		return h, nil
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	h := v.(*overrideHolder)
+	h.mu.Lock()
+	if h.cfg != cfg {
+		h.cfg = cfg
+		h.rebuild(time.Now())
+	}
+	h.mu.Unlock()
+	return h, key, nil
+}
+
+// Destruct stops the holder's loop (caddy.Destructor).
+func (h *overrideHolder) Destruct() error {
+	close(h.stop)
+	<-h.done
+	return nil
+}
+
+func (h *overrideHolder) loop() {
+	defer close(h.done)
+	tick := time.NewTicker(overridePoll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-h.stop:
+			return
+		case <-tick.C:
+		}
+		if h.remote != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			v, err := h.remote.OverrideVersion(ctx, h.name)
+			h.mu.Lock()
+			moved := err == nil && v != h.version
+			h.mu.Unlock()
+			if moved {
+				h.load(ctx)
+			}
+			cancel()
+		}
+		h.mu.Lock()
+		if now := time.Now(); !h.next.IsZero() && !now.Before(h.next) {
+			h.rebuild(now) // an override lapsed
+			if h.remote == nil {
+				h.save()
+			}
+		}
+		h.mu.Unlock()
+	}
+}
+
+// load reads the records from the store or storage and rebuilds the set.
+func (h *overrideHolder) load(ctx context.Context) {
+	records := map[string]overrideRecord{}
+	var version int64
+	if h.remote != nil {
+		v, list, err := h.remote.LoadOverrides(ctx, h.name)
+		if err != nil {
+			h.logger.Warn("reading the zone's overrides from Redis", zap.String("zone", h.name), zap.Error(err))
+			return
+		}
+		version = v
+		for _, s := range list {
+			var r overrideRecord
+			if json.Unmarshal(s.Record, &r) == nil && r.ID == s.ID {
+				records[r.ID] = r
+			}
+		}
+	} else {
+		ctx, cancel := context.WithTimeout(ctx, RestoreTimeout)
+		data, err := h.storage.Load(ctx, h.file)
+		cancel()
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+		case err != nil:
+			h.logger.Warn("reading the zone's overrides from storage", zap.String("zone", h.name), zap.Error(err))
+		default:
+			var list []overrideRecord
+			if err := json.Unmarshal(data, &list); err != nil {
+				h.logger.Warn("the zone's overrides in storage are corrupt; starting without", zap.String("zone", h.name), zap.Error(err))
+			}
+			for _, r := range list {
+				records[r.ID] = r
+			}
+		}
+	}
+	h.mu.Lock()
+	h.records, h.version = records, version
+	h.rebuild(time.Now())
+	h.mu.Unlock()
+	forgetDenials(h.name)
+}
+
+// rebuild drops lapsed records and makes the set from the others; h.mu is
+// held.
+func (h *overrideHolder) rebuild(now time.Time) {
+	h.next = time.Time{}
+	list := make([]*zones.Override, 0, len(h.records))
+	for _, id := range slices.Sorted(maps.Keys(h.records)) {
+		r := h.records[id]
+		exp := r.expiresAt()
+		if !exp.IsZero() && !now.Before(exp) {
+			delete(h.records, id)
+			continue
+		}
+		if !exp.IsZero() && (h.next.IsZero() || exp.Before(h.next)) {
+			h.next = exp
+		}
+		o, err := r.override(h.cfg)
+		if err != nil {
+			h.logger.Warn("an override does not fit the zone; ignored", zap.String("zone", h.name), zap.String("id", id), zap.Error(err))
+			continue
+		}
+		list = append(list, o)
+	}
+	set, err := zones.NewOverrideSet(list)
+	if err != nil {
+		h.logger.Error("the zone's overrides", zap.String("zone", h.name), zap.Error(err))
+		return
+	}
+	h.set.Store(set)
+}
+
+// save writes a local zone's records to storage; h.mu is held.
+func (h *overrideHolder) save() error {
+	list := slices.SortedFunc(maps.Values(h.records), func(a, b overrideRecord) int { return strings.Compare(a.ID, b.ID) })
+	data, err := json.Marshal(list)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), snapshotTimeout)
+	defer cancel()
+	return h.storage.Store(ctx, h.file, data)
+}
+
+// errTooManyOverrides is the 4xx of a zone that holds the most overrides.
+var errTooManyOverrides = caddy.APIError{HTTPStatus: http.StatusConflict,
+	Err: fmt.Errorf("the zone holds %d overrides, the most it can: remove some (DELETE …/overrides/<id>) first", zones.MaxOverrides)}
+
+// put stores rec, replacing the override of its id.
+func (h *overrideHolder) put(ctx context.Context, rec overrideRecord) error {
+	if h.remote != nil {
+		data, err := json.Marshal(rec)
+		if err != nil {
+			return err
+		}
+		if _, err := h.remote.PutOverride(ctx, h.name, rec.ID, data, rec.expiresAt()); err != nil {
+			if errors.Is(err, distributed.ErrTooManyOverrides) {
+				return errTooManyOverrides
+			}
+			return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("storing the override in Redis: %v", err)}
+		}
+		h.load(ctx)
+		return nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.rebuild(time.Now()) // lapsed ones do not count
+	old, had := h.records[rec.ID]
+	if !had && len(h.records) >= zones.MaxOverrides {
+		return errTooManyOverrides
+	}
+	h.records[rec.ID] = rec
+	if err := h.save(); err != nil {
+		if had {
+			h.records[rec.ID] = old
+		} else {
+			delete(h.records, rec.ID)
+		}
+		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("storing the override in Caddy's storage: %v", err)}
+	}
+	h.rebuild(time.Now())
+	forgetDenials(h.name)
+	return nil
+}
+
+// remove deletes the override id; false when there is none.
+func (h *overrideHolder) remove(ctx context.Context, id string) (bool, error) {
+	if h.remote != nil {
+		found, err := h.remote.DeleteOverride(ctx, h.name, id)
+		if err != nil {
+			return false, caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("removing the override from Redis: %v", err)}
+		}
+		h.load(ctx)
+		return found, nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	old, ok := h.records[id]
+	if !ok {
+		return false, nil
+	}
+	delete(h.records, id)
+	if err := h.save(); err != nil {
+		h.records[id] = old
+		return false, caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("removing the override from Caddy's storage: %v", err)}
+	}
+	h.rebuild(time.Now())
+	forgetDenials(h.name)
+	return true, nil
+}
+
+// list is the overrides in force, by id.
+func (h *overrideHolder) list() []overrideRecord {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now := time.Now()
+	out := make([]overrideRecord, 0, len(h.records))
+	for _, id := range slices.Sorted(maps.Keys(h.records)) {
+		if r := h.records[id]; r.expiresAt().IsZero() || now.Before(r.expiresAt()) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// lookup is the record of the override in force for a stored key.
+func (h *overrideHolder) lookup(z *zones.Zone, key string) (overrideRecord, bool) {
+	o := z.Override(key)
+	if o == nil {
+		return overrideRecord{}, false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	r, ok := h.records[o.ID]
+	return r, ok
+}
+
+// forgetDenials drops the deny caches of every zone named name on this
+// instance: a denial cached under the old limit must not outlive it.
+func forgetDenials(name string) {
+	registry.Lock()
+	regs := slices.Clone(registry.zones[name])
+	registry.Unlock()
+	for _, z := range regs {
+		z.ForgetDenials()
+	}
+}
+
+// overridesInfo is GET /rate_limit/zones/<zone>/overrides.
+type overridesInfo struct {
+	Zone      string           `json:"zone"`
+	View      string           `json:"view"` // "fleet" (Redis) or "instance" (local zones)
+	Overrides []overrideRecord `json:"overrides"`
+}
+
+// serveOverrides answers the override routes of zone z: id "" lists them.
+func (a *AdminAPI) serveOverrides(w http.ResponseWriter, r *http.Request, z *zones.Zone, id string) error {
+	h := viewOf(z).overrides
+	if h == nil {
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s takes no overrides (a connection zone)", z.Name)}
+	}
+	if id == "" {
+		if r.Method != http.MethodGet {
+			return methodNotAllowed(w, http.MethodGet)
+		}
+		info := overridesInfo{Zone: z.Name, View: "instance", Overrides: h.list()}
+		if h.remote != nil {
+			info.View = "fleet"
+		}
+		return writeJSON(w, http.StatusOK, info)
+	}
+	if err := checkOverrideID(id); err != nil {
+		return err
+	}
+	switch r.Method {
+	case http.MethodGet:
+		for _, rec := range h.list() {
+			if rec.ID == id {
+				return writeJSON(w, http.StatusOK, rec)
+			}
+		}
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s has no override %q", z.Name, id)}
+	case http.MethodPut:
+		rec, err := parseOverride(z, id, r.RemoteAddr, r.Body, time.Now())
+		if err != nil {
+			return err
+		}
+		if err := h.put(r.Context(), rec); err != nil {
+			return err
+		}
+		overrideChanged(z, "set", rec)
+		return writeJSON(w, http.StatusOK, rec)
+	case http.MethodDelete:
+		found, err := h.remove(r.Context(), id)
+		switch {
+		case err != nil:
+			return err
+		case !found:
+			return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s has no override %q", z.Name, id)}
+		}
+		overrideChanged(z, "removed", overrideRecord{ID: id, SetBy: r.RemoteAddr, SetAt: time.Now().UTC().Format(time.RFC3339)})
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	}
+	return methodNotAllowed(w, http.MethodGet, http.MethodPut, http.MethodDelete)
+}
+
+const eventOverrideChanged = "rate_limit_override_changed"
+
+// overrideChanged tells of a change made through this instance: one INFO
+// line and the rate_limit_override_changed event (by the zone's handler).
+func overrideChanged(z *zones.Zone, change string, rec overrideRecord) {
+	v := viewOf(z)
+	fields := []zap.Field{zap.String("zone", z.Name), zap.String("id", rec.ID), zap.String("change", change), zap.String("by", rec.SetBy)}
+	if rec.Expires != "" {
+		fields = append(fields, zap.String("expires", rec.Expires))
+	}
+	if rec.Reason != "" {
+		fields = append(fields, zap.String("reason", rec.Reason))
+	}
+	caddy.Log().Named("http.handlers.rate_limit").Info("rate limit override "+change, fields...)
+	if v.emit != nil {
+		v.emit(eventOverrideChanged, map[string]any{"zone": z.Name, "id": rec.ID, "change": change, "by": rec.SetBy, "expires": rec.Expires, "reason": rec.Reason})
+	}
+}
