@@ -323,6 +323,7 @@ type overrideStore interface {
 	DeleteOverride(ctx context.Context, zone, id string) (bool, error)
 	OverrideVersion(ctx context.Context, zone string) (int64, error)
 	LoadOverrides(ctx context.Context, zone string) (int64, []distributed.StoredOverride, error)
+	OverridesChanged()
 }
 
 // overrideHolders holds each zone name's overrides, by store, across
@@ -338,7 +339,7 @@ type overrideHolder struct {
 	logger  *zap.Logger
 	remote  overrideStore     // distributed zones, else nil
 	storage certmagic.Storage // local zones
-	file    string            // local zones: the records' path in storage
+	dir     string            // local zones: the records' folder in storage, a file per override
 
 	mu      sync.Mutex // serialises changes, loads and rebuilds
 	records map[string]overrideRecord
@@ -350,7 +351,8 @@ type overrideHolder struct {
 }
 
 // overrideDir is where local zones' overrides are kept in Caddy's storage:
-// <dir>/<instance id>/<zone>.json.
+// <dir>/<instance id>/<zone>/<id>.json, a file per override, so that a
+// change writes one.
 const overrideDir = "tally/overrides"
 
 // loadOverrideHolder returns the holder of zone cfg's overrides on remote
@@ -368,7 +370,7 @@ func loadOverrideHolder(ctx caddy.Context, cfg zones.Config, remote overrideStor
 			if err != nil {
 				return nil, fmt.Errorf("zone %s: overrides: reading the instance id: %v", cfg.Name, err)
 			}
-			h.storage, h.file = ctx.Storage(), path.Join(overrideDir, instance.String(), cfg.Name+".json")
+			h.storage, h.dir = ctx.Storage(), path.Join(overrideDir, instance.String(), cfg.Name)
 		}
 		h.load(context.Background())
 		go h.loop()
@@ -418,9 +420,6 @@ func (h *overrideHolder) loop() {
 		h.mu.Lock()
 		if now := time.Now(); !h.next.IsZero() && !now.Before(h.next) {
 			h.rebuild(now) // an override lapsed
-			if h.remote == nil {
-				h.save()
-			}
 		}
 		h.mu.Unlock()
 	}
@@ -445,27 +444,32 @@ func (h *overrideHolder) load(ctx context.Context) {
 		}
 	} else {
 		ctx, cancel := context.WithTimeout(ctx, RestoreTimeout)
-		data, err := h.storage.Load(ctx, h.file)
-		cancel()
-		switch {
-		case errors.Is(err, fs.ErrNotExist):
-		case err != nil:
+		files, err := h.storage.List(ctx, h.dir, false)
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			h.logger.Warn("reading the zone's overrides from storage", zap.String("zone", h.name), zap.Error(err))
-		default:
-			var list []overrideRecord
-			if err := json.Unmarshal(data, &list); err != nil {
-				h.logger.Warn("the zone's overrides in storage are corrupt; starting without", zap.String("zone", h.name), zap.Error(err))
-			}
-			for _, r := range list {
-				records[r.ID] = r
-			}
 		}
+		for _, f := range files {
+			data, err := h.storage.Load(ctx, f)
+			var r overrideRecord
+			if err == nil {
+				err = json.Unmarshal(data, &r)
+			}
+			if err != nil || path.Base(f) != r.ID+".json" {
+				h.logger.Warn("an override in storage is unreadable; skipped", zap.String("zone", h.name), zap.String("file", f), zap.Error(err))
+				continue
+			}
+			records[r.ID] = r
+		}
+		cancel()
 	}
 	h.mu.Lock()
 	h.records, h.version = records, version
 	h.rebuild(time.Now())
 	h.mu.Unlock()
 	forgetDenials(h.name)
+	if h.remote != nil {
+		h.remote.OverridesChanged()
+	}
 }
 
 // rebuild drops lapsed records and makes the set from the others; h.mu is
@@ -478,6 +482,11 @@ func (h *overrideHolder) rebuild(now time.Time) {
 		exp := r.expiresAt()
 		if !exp.IsZero() && !now.Before(exp) {
 			delete(h.records, id)
+			if h.remote == nil {
+				if err := h.erase(id); err != nil {
+					h.logger.Warn("removing a lapsed override from storage", zap.String("zone", h.name), zap.String("id", id), zap.Error(err))
+				}
+			}
 			continue
 		}
 		if !exp.IsZero() && (h.next.IsZero() || exp.Before(h.next)) {
@@ -498,16 +507,28 @@ func (h *overrideHolder) rebuild(now time.Time) {
 	h.set.Store(set)
 }
 
-// save writes a local zone's records to storage; h.mu is held.
-func (h *overrideHolder) save() error {
-	list := slices.SortedFunc(maps.Values(h.records), func(a, b overrideRecord) int { return strings.Compare(a.ID, b.ID) })
-	data, err := json.Marshal(list)
+// file is where a local zone keeps override id.
+func (h *overrideHolder) file(id string) string { return path.Join(h.dir, id+".json") }
+
+// save writes a local zone's record to storage.
+func (h *overrideHolder) save(r overrideRecord) error {
+	data, err := json.Marshal(r)
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), snapshotTimeout)
 	defer cancel()
-	return h.storage.Store(ctx, h.file, data)
+	return h.storage.Store(ctx, h.file(r.ID), data)
+}
+
+// erase deletes a local zone's override id from storage.
+func (h *overrideHolder) erase(id string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), snapshotTimeout)
+	defer cancel()
+	if err := h.storage.Delete(ctx, h.file(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
 }
 
 // errTooManyOverrides is the 4xx of a zone that holds the most overrides.
@@ -533,19 +554,13 @@ func (h *overrideHolder) put(ctx context.Context, rec overrideRecord) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.rebuild(time.Now()) // lapsed ones do not count
-	old, had := h.records[rec.ID]
-	if !had && len(h.records) >= zones.MaxOverrides {
+	if _, had := h.records[rec.ID]; !had && len(h.records) >= zones.MaxOverrides {
 		return errTooManyOverrides
 	}
-	h.records[rec.ID] = rec
-	if err := h.save(); err != nil {
-		if had {
-			h.records[rec.ID] = old
-		} else {
-			delete(h.records, rec.ID)
-		}
+	if err := h.save(rec); err != nil {
 		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("storing the override in Caddy's storage: %v", err)}
 	}
+	h.records[rec.ID] = rec
 	h.rebuild(time.Now())
 	forgetDenials(h.name)
 	return nil
@@ -563,15 +578,13 @@ func (h *overrideHolder) remove(ctx context.Context, id string) (bool, error) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	old, ok := h.records[id]
-	if !ok {
+	if _, ok := h.records[id]; !ok {
 		return false, nil
 	}
-	delete(h.records, id)
-	if err := h.save(); err != nil {
-		h.records[id] = old
+	if err := h.erase(id); err != nil {
 		return false, caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("removing the override from Caddy's storage: %v", err)}
 	}
+	delete(h.records, id)
 	h.rebuild(time.Now())
 	forgetDenials(h.name)
 	return true, nil

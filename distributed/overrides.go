@@ -85,6 +85,11 @@ func (c *link) OverrideVersion(ctx context.Context, zone string) (int64, error) 
 	return v, err
 }
 
+// OverridesChanged drops the deny caches the store's mode keeps of its
+// own (async mode's records): a zone's overrides changed, and a denial
+// cached under the old limit must not outlive it.
+func (c *link) OverridesChanged() { c.mode.forgetDenials() }
+
 // StoredOverride is one override as the store holds it.
 type StoredOverride struct {
 	ID      string

@@ -1,9 +1,10 @@
 package tests
 
 import (
-	"encoding/json"
+	"context"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -197,29 +198,251 @@ func TestOverrideHostileBodiesChangeNothing(t *testing.T) {
 	}
 }
 
-// A zone holds at most 10,000 overrides: the 10,001st is refused, and
-// replacing one still works.
-func TestOverrideBound(t *testing.T) {
-	c := startCaddy(t, fmt.Sprintf(overrideLocalSite, "both"))
-	deadline := time.Now().Add(3 * time.Minute)
-	for i := range 10_000 {
-		mustPutOverride(t, c, "api", fmt.Sprint("o", i), fmt.Sprintf(`{"match":{"prefix":"t%05d-"},"exempt":true}`, i))
-		if time.Now().After(deadline) {
-			t.Fatalf("only %d overrides put in 3 minutes", i)
+// remainingOf is a response's RateLimit-Remaining.
+func remainingOf(t testing.TB, r response) int64 {
+	t.Helper()
+	n, err := strconv.ParseInt(r.Header.Get("RateLimit-Remaining"), 10, 64)
+	if err != nil {
+		t.Fatalf("RateLimit-Remaining %q: %v", r.Header.Get("RateLimit-Remaining"), err)
+	}
+	return n
+}
+
+// untilStatus sends r to c until it answers status, and returns when it
+// did (failing after limit).
+func untilStatus(t testing.TB, c *caddyInstance, r request, status int, limit time.Duration) (response, time.Time) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for {
+		res := c.Do(r)
+		if res.Status == status {
+			return res, time.Now()
 		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: still %d after %v, want %d", c.URL, res.Status, limit, status)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// untilOverrides polls c's list of zone's overrides until it holds n, and
+// returns when it did (failing after limit).
+func untilOverrides(t testing.TB, c *caddyInstance, zone string, n int, limit time.Duration) time.Time {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for {
+		l := listOverrides(t, c, zone)
+		if len(l.Overrides) == n {
+			return time.Now()
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d overrides after %v, want %d", c.URL, len(l.Overrides), limit, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// An override PUT on one of three strict instances is enforced by all
+// three within 1 s, with the key's debt carried (a key that spent 5/min
+// and waited 5 s has about 4 of 50/min); a deny override denies everywhere
+// and lapses everywhere; DELETE restores the zone's limit with the debt.
+func TestOverrideStrictFleetWithinOneSecond(t *testing.T) {
+	rs := startRedis(t)
+	fleet := startFleet(t, 3, rs.Addr, `		zone api {
+			key {http.request.header.X-API-Key}
+			events 5
+			window 1m
+		}`)
+	// Within 1 s as the issue says, with margin for a loaded 2-core
+	// machine under -race.
+	const bound = 2 * time.Second
+	k := withKey("grow")
+	if n := admitted(fleet[0], k, 10); n != 5 {
+		t.Fatalf("the zone's limit: %d admitted, want 5", n)
+	}
+	for _, c := range fleet {
+		if c.Do(k).Status != http.StatusTooManyRequests {
+			t.Fatal("a spent key admitted")
+		}
+	}
+	time.Sleep(5 * time.Second) // the scenario: the key waits 5 s
+	put := time.Now()
+	mustPutOverride(t, fleet[1], "api", "grow", `{"match":{"key":"grow"},"events":50,"window":"1m"}`)
+	total := 0
+	for i, c := range fleet {
+		res, at := untilStatus(t, c, k, http.StatusOK, bound)
+		total++
+		if took := at.Sub(put); took > bound {
+			t.Errorf("instance %d admitted the raised key %v after the PUT", i, took)
+		}
+		if i == 0 {
+			// 5 s at one per 1.2 s: 4 (a fifth by 6 s), this one taken.
+			if rem := remainingOf(t, res); rem < 2 || rem > 4 {
+				t.Errorf("first admission under 50/min: remaining %d, want about 3 (the debt carried, not a fresh 49)", rem)
+			}
+		}
+	}
+	total += admitted(fleet[0], k, 60)
+	if total < 4 || total > 6 {
+		t.Errorf("%d admitted under the raise, want about 4 (5 s / 1.2 s), not a fresh bucket", total)
+	}
+
+	// DELETE: back to 5/min, the debt of the raised key carried.
+	if status, body := fleet[2].adminDo(http.MethodDelete, "/rate_limit/zones/api/overrides/grow"); status != http.StatusNoContent {
+		t.Fatalf("DELETE: %d %s", status, body)
+	}
+	time.Sleep(bound) // every instance has reloaded (polled above for the PUT)
+	after := 0
+	for _, c := range fleet {
+		after += admitted(c, k, 6)
+	}
+	if after > 1 {
+		t.Errorf("after DELETE: %d admitted, want at most 1 (the debt carried, not a fresh 5)", after)
+	}
+
+	// A deny override with expiry 3 s denies everywhere, then lapses
+	// everywhere.
+	d := withKey("shut")
+	put = time.Now()
+	mustPutOverride(t, fleet[0], "api", "shut", `{"match":{"key":"shut"},"deny":true,"expires":"3s"}`)
+	for i, c := range fleet {
+		// Polled through the admin API: a request admitted meanwhile
+		// would consume.
+		if took := untilOverrides(t, c, "api", 1, bound).Sub(put); took > bound {
+			t.Errorf("instance %d denied %v after the PUT", i, took)
+		}
+		res := c.Do(d)
+		if res.Status != http.StatusTooManyRequests {
+			t.Errorf("instance %d: %d under a deny override", i, res.Status)
+		}
+		if ra, _ := strconv.Atoi(res.Header.Get("Retry-After")); ra < 1 || ra > 3 {
+			t.Errorf("deny override: Retry-After %q, want until it expires (≤ 3 s)", res.Header.Get("Retry-After"))
+		}
+	}
+	for i, c := range fleet {
+		_, at := untilStatus(t, c, d, http.StatusOK, 3*time.Second+bound)
+		if lapsed := at.Sub(put); lapsed < 3*time.Second-100*time.Millisecond || lapsed > 3*time.Second+bound {
+			t.Errorf("instance %d lapsed the deny %v after the PUT, want 3 s", i, lapsed)
+		}
+	}
+	var l overrideList
+	fleet[2].adminJSON("/rate_limit/zones/api/overrides", &l)
+	if len(l.Overrides) != 0 || l.View != "fleet" {
+		t.Errorf("after the lapse: %+v, want none, the fleet's view", l)
+	}
+	rs.requireEveryKeyExpires(t, 1)
+}
+
+// CIDR overrides on an ipv4_prefix 24 zone, prefix overrides on an API-key
+// zone, and an override's precedence over a plan placeholder.
+func TestOverrideCIDRPrefixAndPlanPrecedence(t *testing.T) {
+	rs := startRedis(t)
+	c := startCaddy(t, distributedSite(rs.Addr, `		zone ip {
+			key {remote_host}
+			ipv4_prefix 24
+			events 2
+			window 1m
+			match path /ip
+		}
+		zone api {
+			key {http.request.header.X-API-Key}
+			events {http.request.header.X-Plan} 2 at_most 100
+			window 1m
+			match path /api
+		}`, ""))
+	mustPutOverride(t, c, "ip", "lab", `{"match":{"cidr":"127.0.0.0/16"},"events":7,"window":"1m"}`)
+	mustPutOverride(t, c, "ip", "lab-narrow", `{"match":{"cidr":"127.0.9.0/24"},"events":4,"window":"1m"}`)
+	if n := admitted(c, request{Path: "/ip", Client: clientFrom(t, "127.0.0.5")}, 20); n != 7 {
+		t.Errorf("127.0.0.5 under the /16: %d admitted, want 7", n)
+	}
+	if n := admitted(c, request{Path: "/ip", Client: clientFrom(t, "127.0.9.5")}, 20); n != 4 {
+		t.Errorf("127.0.9.5 under the narrower /24: %d admitted, want 4", n)
+	}
+	mustPutOverride(t, c, "api", "tenant", `{"match":{"prefix":"tenant-a-"},"events":6,"window":"1m"}`)
+	mustPutOverride(t, c, "api", "one", `{"match":{"key":"tenant-a-1"},"events":3,"window":"1m"}`)
+	plan := func(key, p string) request {
+		return request{Path: "/api", Header: map[string]string{"X-API-Key": key, "X-Plan": p}}
+	}
+	for _, tc := range []struct {
+		key, plan string
+		want      int
+	}{
+		{"tenant-a-9", "10", 6}, // the prefix over the plan placeholder
+		{"tenant-a-1", "10", 3}, // the exact key over the prefix
+		{"tenant-b-1", "10", 10},
+		{"tenant-b-2", "", 2},
+	} {
+		if n := admitted(c, plan(tc.key, tc.plan), 30); n != tc.want {
+			t.Errorf("%s with plan %q: %d admitted, want %d", tc.key, tc.plan, n, tc.want)
+		}
+	}
+}
+
+// An async zone's override reaches every instance within its sync bound.
+func TestOverrideAsyncFleet(t *testing.T) {
+	rs := startRedis(t)
+	fleet := startAsyncFleet(t, 2, rs.Addr, "100ms", `		zone api {
+			key {http.request.header.X-API-Key}
+			events 3
+			window 1m
+		}`)
+	put := time.Now()
+	mustPutOverride(t, fleet[0], "api", "vip", `{"match":{"key":"vip"},"events":12,"window":"1m"}`)
+	mustPutOverride(t, fleet[0], "api", "gone", `{"match":{"key":"gone"},"deny":true}`)
+	for i, c := range fleet {
+		if took := untilOverrides(t, c, "api", 2, 2*time.Second).Sub(put); took > 2*time.Second {
+			t.Errorf("instance %d took %v to hear of the overrides", i, took)
+		}
+		if c.Do(withKey("gone")).Status != http.StatusTooManyRequests {
+			t.Errorf("instance %d admits a denied key", i)
+		}
+	}
+	total := 0
+	for range 2 {
+		for _, c := range fleet {
+			total += admitted(c, withKey("vip"), 20)
+		}
+	}
+	// 12, and at most the async bound's (N−1)·max(1, ⌊B/N⌋) = 6 beyond.
+	if total < 12 || total > 18 {
+		t.Errorf("async fleet under a 12/min override: %d admitted, want 12 to 18", total)
+	}
+}
+
+// A zone holds at most 10,000 overrides: the 10,001st is a 409 and
+// changes nothing.
+func TestOverrideBoundIsTenThousand(t *testing.T) {
+	rs := startRedis(t)
+	c := startCaddy(t, distributedSite(rs.Addr, `		zone api {
+			key {http.request.header.X-API-Key}
+			events 3
+			window 1m
+		}`, ""))
+	rc := rs.Client()
+	ctx := context.Background()
+	pipe := rc.Pipeline()
+	for i := range 10_000 {
+		rec := fmt.Sprintf(`{"id":"o%d","match":{"prefix":"t%05d-"},"exempt":true,"set_by":"test","set_at":"2026-01-01T00:00:00Z"}`, i, i)
+		pipe.HSet(ctx, "tally:api.overrides", fmt.Sprint("o:o", i), "0|"+rec)
+	}
+	pipe.HSet(ctx, "tally:api.overrides", "v", 1)
+	pipe.Expire(ctx, "tally:api.overrides", time.Hour)
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	untilOverrides(t, c, "api", 10_000, 2*time.Second)
+	if n := admitted(c, withKey("t00042-x"), 10); n != 10 {
+		t.Errorf("an exempt prefix among 10,000: %d of 10 admitted", n)
 	}
 	status, answer := putOverride(t, c, "api", "one-more", `{"match":{"key":"k"},"exempt":true}`)
 	if status != http.StatusConflict || !strings.Contains(answer, "10000") {
 		t.Fatalf("the 10,001st: %d %s; want 409 saying the bound", status, answer)
 	}
+	if n := rc.HLen(ctx, "tally:api.overrides").Val(); n != 10_001 {
+		t.Errorf("the hash holds %d fields after the refused PUT, want 10,001", n)
+	}
 	mustPutOverride(t, c, "api", "o0", `{"match":{"key":"k"},"deny":true}`)
-	if c.Do(withKey("k")).Status != http.StatusTooManyRequests || c.Do(withKey("t00042-x")).Status != http.StatusOK {
-		t.Error("the full set is not enforced")
+	if c.Do(withKey("k")).Status != http.StatusTooManyRequests {
+		t.Error("replacing an override of a full zone is not enforced")
 	}
-	var l overrideList
-	c.adminJSON("/rate_limit/zones/api/overrides", &l)
-	if len(l.Overrides) != 10_000 {
-		t.Errorf("%d overrides listed, want 10000", len(l.Overrides))
-	}
-	_ = json.Valid
 }
