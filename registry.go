@@ -231,6 +231,9 @@ type storeView struct {
 	// events.
 	overrides *overrideHolder
 	emit      func(event string, data map[string]any)
+	// handler is the zone's handler side (HTTP zones): its key template
+	// and plans, for rate_limit_status.
+	handler *zoneHandler
 }
 
 func registerZone(z *zones.Zone, v storeView) {

@@ -370,7 +370,7 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 	zh.overridesKey = ovKey
 	zh.Zone.UseOverrides(&ov.set)
 	emit := func(event string, data map[string]any) { h.events.Emit(h.ctx, event, data) }
-	registerZone(zh.Zone, storeView{regional: h.store, shared: shared, health: h.backend.health, overrides: ov, emit: emit})
+	registerZone(zh.Zone, storeView{regional: h.store, shared: shared, health: h.backend.health, overrides: ov, emit: emit, handler: zh})
 	return zh, nil
 }
 

@@ -462,12 +462,16 @@ type QuotaState struct {
 // PeekQuota reports a quota zone's key (fleet-wide with a store) under the
 // plan it was last decided under, counting nothing.
 func (z *Zone) PeekQuota(ctx context.Context, key string, now int64) (QuotaState, error) {
+	return z.peekQuotaUnder(ctx, key, now, z.LastPlan(key, now).Events)
+}
+
+// peekQuotaUnder is PeekQuota under limit.
+func (z *Zone) peekQuotaUnder(ctx context.Context, key string, now int64, limit int64) (QuotaState, error) {
 	q := z.state.quota
 	if q == nil {
 		return QuotaState{}, errors.New("not a quota zone")
 	}
 	pn := q.clock.at(now)
-	limit := z.LastPlan(key, now).Events
 	s := QuotaState{Limit: limit, PeriodStart: pn.start, PeriodEnd: pn.end, Source: SourceLocal}
 	if z.store == nil {
 		s.Used = q.used.quotaUsed(key, pn.gen)

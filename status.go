@@ -1,0 +1,174 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-tally/ratelimit/internal/monotime"
+	"github.com/caddy-tally/ratelimit/zones"
+)
+
+func init() {
+	caddy.RegisterModule(StatusHandler{})
+	httpcaddyfile.RegisterHandlerDirective("rate_limit_status", parseStatusCaddyfile)
+	// Just before rate_limit (which goes before basic_auth, right after
+	// try_files): asking for one's budget must not spend it.
+	httpcaddyfile.RegisterDirectiveOrder("rate_limit_status", httpcaddyfile.After, "try_files")
+}
+
+// StatusHandler answers a client with its own state in the named zones of
+// the running config, as GitHub's GET /rate_limit does, consuming nothing:
+// for each zone, the key the zone builds from this request (its key
+// template, its plan, the operator's overrides), and what the client's
+// next request would get there. It answers every request it handles:
+//
+//	{"zones":[{"zone":"api_key","limit":10,"window":60,"remaining":9,"reset":6,"banned_for":0}]}
+//
+// limit and window are the limit the key is under (a quota zone: its
+// limit and the current period's length, with "period" and "used"; a
+// concurrency zone: its requests in flight, with "in_flight" and window
+// 0); remaining is what the next request's RateLimit headers would say
+// (after it); reset the seconds until the key is back to full (a quota
+// zone: until the period ends); banned_for the seconds a ban has left.
+// Times are whole seconds, rounded up. A zone whose store could not be read
+// has "error" instead. Status 200, Cache-Control: no-store.
+type StatusHandler struct {
+	// The zones to report, by name: HTTP zones of a rate_limit handler of
+	// the same config.
+	Zones []string `json:"zones,omitempty"`
+}
+
+// CaddyModule returns the Caddy module information.
+func (StatusHandler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.rate_limit_status",
+		New: func() caddy.Module { return new(StatusHandler) },
+	}
+}
+
+// Provision checks that every zone named is an HTTP zone of this config.
+func (s *StatusHandler) Provision(ctx caddy.Context) error {
+	if len(s.Zones) == 0 {
+		return fmt.Errorf("rate_limit_status: name at least one zone, e.g. rate_limit_status api_key")
+	}
+	for _, name := range s.Zones {
+		if !zones.ValidName(name) {
+			return fmt.Errorf("rate_limit_status: zone name %q is invalid: use letters, digits, '_' and '-' only", name)
+		}
+		found := false
+		if _, ok := claimedHTTPZone(ctx, name); ok {
+			found = true
+		} else if app, err := ctx.AppIfConfigured("http"); err == nil {
+			if app, ok := app.(*caddyhttp.App); ok {
+				_, _, found = httpZoneInJSON(app, name)
+			}
+		}
+		if !found {
+			return fmt.Errorf("rate_limit_status %s: no rate_limit handler of this config has a zone %s: name one of its HTTP zones", name, name)
+		}
+	}
+	return nil
+}
+
+// UnmarshalCaddyfile reads
+//
+//	rate_limit_status <zone> [<zone>...]
+func (s *StatusHandler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // the directive name
+	s.Zones = d.RemainingArgs()
+	if len(s.Zones) == 0 {
+		return d.Err("rate_limit_status needs the zones to report, e.g. rate_limit_status api_key")
+	}
+	for _, name := range s.Zones {
+		if !zones.ValidName(name) {
+			return d.Errf("rate_limit_status: zone name %q is invalid: use letters, digits, '_' and '-' only", name)
+		}
+	}
+	if d.NextBlock(0) {
+		return d.Err("rate_limit_status takes no block: rate_limit_status <zone> [<zone>...]")
+	}
+	return nil
+}
+
+func parseStatusCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	var s StatusHandler
+	err := s.UnmarshalCaddyfile(h.Dispenser)
+	return &s, err
+}
+
+// zoneStatus is one zone of the answer.
+type zoneStatus struct {
+	Zone      string `json:"zone"`
+	Limit     int64  `json:"limit"`
+	Window    int64  `json:"window"`
+	Remaining int64  `json:"remaining"`
+	Reset     int64  `json:"reset"`
+	BannedFor int64  `json:"banned_for"`
+	Period    string `json:"period,omitempty"`    // quota zones
+	Used      *int64 `json:"used,omitempty"`      // quota zones
+	InFlight  *int64 `json:"in_flight,omitempty"` // concurrency zones
+	Error     string `json:"error,omitempty"`
+}
+
+// ServeHTTP answers the request's own state in each zone.
+func (s *StatusHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
+	repl := requestReplacer(r)
+	now := monotime.Now()
+	ctx, cancel := context.WithTimeout(r.Context(), time.Second)
+	defer cancel()
+	out := struct {
+		Zones []zoneStatus `json:"zones"`
+	}{Zones: make([]zoneStatus, 0, len(s.Zones))}
+	for _, name := range s.Zones {
+		out.Zones = append(out.Zones, zoneStatusOf(ctx, r, repl, name, now))
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	return writeJSON(w, http.StatusOK, out)
+}
+
+// zoneStatusOf is the request's state in zone name of the running config.
+func zoneStatusOf(ctx context.Context, r *http.Request, repl *caddy.Replacer, name string, now int64) zoneStatus {
+	st := zoneStatus{Zone: name}
+	z := lookupZone(name, true)
+	var zh *zoneHandler
+	if z != nil {
+		zh = viewOf(z).handler
+	}
+	if zh == nil {
+		st.Error = "the zone is not loaded"
+		return st
+	}
+	t := verdict{Owner: zh, Zone: z, Key: z.Config.Key(zh.expandKey(r, repl)), Plan: zh.planFor(repl, now), Cost: 1}
+	t.Resolve()
+	s, err := z.Status(ctx, t.Key, now, &t.Plan, t.Override)
+	if err != nil {
+		st.Error = "reading the zone's store: " + err.Error()
+		return st
+	}
+	st.Limit, st.Window = t.Quota(), ceilSeconds(t.Plan.Window)
+	st.Remaining, st.Reset = s.Remaining, ceilSeconds(s.ResetAfter)
+	if s.Banned {
+		st.BannedFor = ceilSeconds(s.RetryAfter)
+	}
+	switch {
+	case z.IsConcurrency():
+		st.Window, st.InFlight = 0, &s.InFlight
+	case z.IsQuota():
+		st.Window, st.Period, st.Used = ceilSeconds(s.PeriodEnd.Sub(s.PeriodStart)), z.Period.String(), &s.Used
+	}
+	return st
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*StatusHandler)(nil)
+	_ caddyfile.Unmarshaler       = (*StatusHandler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*StatusHandler)(nil)
+)

@@ -1,0 +1,146 @@
+package tests
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+type statusAnswer struct {
+	Zones []struct {
+		Zone      string `json:"zone"`
+		Limit     int64  `json:"limit"`
+		Window    int64  `json:"window"`
+		Remaining int64  `json:"remaining"`
+		Reset     int64  `json:"reset"`
+		BannedFor int64  `json:"banned_for"`
+		Period    string `json:"period"`
+		Used      *int64 `json:"used"`
+		InFlight  *int64 `json:"in_flight"`
+		Error     string `json:"error"`
+	} `json:"zones"`
+}
+
+func statusSite(distributed string) string {
+	return `http:// {
+	handle /rate_limit {
+		rate_limit_status api_key monthly conc
+	}
+	handle {
+		rate_limit {
+			zone api_key {
+				key {http.request.header.X-API-Key}
+				events 10
+				window 1m
+			}
+			zone monthly {
+				key {http.request.header.X-API-Key}
+				quota 1000 per month
+			}
+			zone conc {
+				key {http.request.header.X-API-Key}
+				concurrency 4
+			}
+` + distributed + `
+		}
+		respond "ok"
+	}
+}
+`
+}
+
+func askStatus(t testing.TB, c *caddyInstance, key string) statusAnswer {
+	t.Helper()
+	r := c.Do(request{Path: "/rate_limit", Header: map[string]string{"X-API-Key": key}})
+	if r.Status != http.StatusOK || r.Header.Get("Cache-Control") != "no-store" {
+		t.Fatalf("status endpoint: %d, Cache-Control %q: %s", r.Status, r.Header.Get("Cache-Control"), r.Body)
+	}
+	var a statusAnswer
+	if err := json.Unmarshal([]byte(r.Body), &a); err != nil || len(a.Zones) != 3 {
+		t.Fatalf("status endpoint: %v in %s", err, r.Body)
+	}
+	return a
+}
+
+// The status endpoint's numbers equal the headers of the next real
+// request, and it consumes nothing: after 1,000 status calls the whole
+// burst is still admitted. Local and strict.
+func TestStatusEndpointMatchesHeadersAndConsumesNothing(t *testing.T) {
+	for _, mode := range []string{"local", "strict"} {
+		t.Run(mode, func(t *testing.T) {
+			dist := ""
+			if mode == "strict" {
+				dist = "\t\t\tdistributed {\n\t\t\t\tredis redis://" + startRedis(t).Addr + "\n\t\t\t}"
+			}
+			c := startCaddy(t, statusSite(dist))
+			a := askStatus(t, c, "alice")
+			api, monthly, conc := a.Zones[0], a.Zones[1], a.Zones[2]
+			if api.Zone != "api_key" || api.Limit != 10 || api.Window != 60 || api.Remaining != 9 || api.Reset != 6 || api.BannedFor != 0 || api.Error != "" {
+				t.Errorf("a fresh key: %+v, want limit 10, window 60, remaining 9, reset 6", api)
+			}
+			if monthly.Period != "month" || monthly.Used == nil || *monthly.Used != 0 || monthly.Limit != 1000 || monthly.Remaining != 999 {
+				t.Errorf("quota zone: %+v", monthly)
+			}
+			if conc.InFlight == nil || *conc.InFlight != 0 || conc.Limit != 4 {
+				t.Errorf("concurrency zone: %+v", conc)
+			}
+			for i := range 3 {
+				before := askStatus(t, c, "alice").Zones[0]
+				r := c.Do(withKey("alice"))
+				if r.Status != http.StatusOK {
+					t.Fatalf("request %d: %d", i, r.Status)
+				}
+				var rem int64 = -1
+				if _, after, ok := strings.Cut(r.Header.Get("RateLimit"), `"api_key";r=`); ok {
+					rem, _ = strconv.ParseInt(strings.FieldsFunc(after, func(c rune) bool { return c == ';' || c == ',' })[0], 10, 64)
+				}
+				policy := r.Header.Get("RateLimit-Policy")
+				if rem != before.Remaining || !strings.Contains(policy, `"api_key";q=10;w=60`) {
+					t.Errorf("status said remaining %d; the next request's headers: r=%d (RateLimit %q), policy %q", before.Remaining, rem, r.Header.Get("RateLimit"), policy)
+				}
+			}
+			deadline := time.Now().Add(time.Minute)
+			for i := 0; i < 1000 && time.Now().Before(deadline); i++ {
+				askStatus(t, c, "bob")
+			}
+			if n := admitted(c, withKey("bob"), 20); n != 10 {
+				t.Errorf("after 1,000 status calls: %d admitted, want the whole burst, 10", n)
+			}
+			after := askStatus(t, c, "bob").Zones
+			if after[0].Remaining != 0 || after[0].Reset < 59 || *after[1].Used != 10 {
+				t.Errorf("a spent key: %+v / %+v, want remaining 0, reset ~60, used 10", after[0], after[1])
+			}
+			// An override shows in the status.
+			mustPutOverride(t, c, "api_key", "vip", `{"match":{"key":"carol"},"events":50,"window":"1m"}`)
+			if s := askStatus(t, c, "carol").Zones[0]; s.Limit != 50 || s.Remaining != 49 {
+				t.Errorf("under an override: %+v, want limit 50, remaining 49", s)
+			}
+		})
+	}
+}
+
+// A status directive naming a zone no rate_limit handler defines is
+// refused when the config loads.
+func TestStatusEndpointUnknownZoneIsAConfigError(t *testing.T) {
+	c := newCaddyInstance(t)
+	err := c.startProcess(c.Caddyfile("", `http:// {
+	handle /rate_limit {
+		rate_limit_status api_key nope
+	}
+	rate_limit {
+		zone api_key {
+			key {remote_host}
+			events 10
+			window 1m
+		}
+	}
+	respond "ok"
+}
+`), "caddyfile")
+	if err == nil || !strings.Contains(c.Output()+err.Error(), "rate_limit_status nope: no rate_limit handler of this config has a zone nope") {
+		t.Fatalf("Caddy started, or said otherwise: %v\n%s", err, tail(c.Output(), 10))
+	}
+}
