@@ -29,7 +29,7 @@ import (
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "rate-limit",
-		Usage: "zones|key|top|bans|reset [--address <admin>] [--json]",
+		Usage: "zones|key|top|bans|reset|override [--address <admin>] [--json]",
 		Short: "Inspects and resets rate limits in a running Caddy",
 		Long: `
 Talks to the admin API of a running Caddy (tally's /rate_limit/ routes):
@@ -39,6 +39,9 @@ Talks to the admin API of a running Caddy (tally's /rate_limit/ routes):
   caddy rate-limit top <zone> [-n 20]      the keys this instance denied most lately
   caddy rate-limit bans <zone>             the zone's current bans (fleet-wide when distributed)
   caddy rate-limit reset <zone> <key>      give a key its full limit back
+  caddy rate-limit override set <zone> <id> --key|--prefix|--cidr <match> (--events N --window W | --limit N | --n N | --exempt | --deny) [--expires 2h] [--reason …]
+  caddy rate-limit override list <zone>    the zone's overrides, who set them and when
+  caddy rate-limit override rm <zone> <id> remove one
 
 The admin address is --address, else the one in --config, else Caddy's default
 (localhost:2019). top and reset take --address once per instance: top then
@@ -84,6 +87,7 @@ reset --base64 and that value to name it.
 				RunE:    func(cmd *cobra.Command, args []string) error { return cliBans(newCLI(cmd), args[0]) },
 			})
 			cmd.AddCommand(keyCommand("reset <zone> <key>", "Gives a key its full limit back (in Redis too when distributed)", "reset", cliReset))
+			cmd.AddCommand(overrideCommand())
 		},
 	})
 }
@@ -204,12 +208,20 @@ func (e errNotFound) Error() string { return e.msg }
 var apiErrorLine = regexp.MustCompile(`(?s)caddy responded with error: HTTP (\d+): (.*)$`)
 
 // call sends method path to the admin API and returns the response body.
-func (c *cli) call(method, path string) ([]byte, error) {
+func (c *cli) call(method, path string) ([]byte, error) { return c.send(method, path, nil) }
+
+// send is call with a JSON body (nil: none).
+func (c *cli) send(method, path string, body []byte) ([]byte, error) {
 	addr, err := caddycmd.DetermineAdminAPIAddress(c.address, nil, c.config, c.adapter)
 	if err != nil {
 		return nil, fmt.Errorf("finding the admin address: %v", err)
 	}
-	resp, err := caddycmd.AdminAPIRequest(addr, method, path, nil, nil)
+	var headers http.Header
+	var reader io.Reader
+	if body != nil {
+		headers, reader = http.Header{"Content-Type": {"application/json"}}, bytes.NewReader(body)
+	}
+	resp, err := caddycmd.AdminAPIRequest(addr, method, path, headers, reader)
 	if err != nil {
 		m := apiErrorLine.FindStringSubmatch(strings.TrimSpace(err.Error()))
 		if m == nil {
@@ -233,11 +245,11 @@ func (c *cli) call(method, path string) ([]byte, error) {
 		return nil, fmt.Errorf("%s %s: HTTP %s: %s", method, path, m[1], msg)
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
+	answer, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return nil, fmt.Errorf("reading the admin API's answer: %v", err)
 	}
-	return body, nil
+	return answer, nil
 }
 
 // get GETs path and decodes it into v; with --json it prints the body as is

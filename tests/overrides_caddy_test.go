@@ -162,6 +162,26 @@ func TestOverrideLocalZoneSurvivesReloadAndRestart(t *testing.T) {
 	if status, _ := c.adminDo(http.MethodDelete, "/rate_limit/zones/api/overrides/abuser"); status != http.StatusNotFound {
 		t.Errorf("DELETE of a removed override: %d, want 404", status)
 	}
+
+	// The CLI sets, lists and removes the same.
+	out := rateLimitCLI(t, c, "override", "set", "api", "cli-vip", "--prefix", "cli-", "--events", "9", "--window", "1m", "--expires", "2h", "--reason", "from the CLI").ok(t, "override set")
+	if !strings.Contains(strings.Join(out, "\n"), `override cli-vip set: prefix "cli-" 9/1m, expires 20`) {
+		t.Errorf("override set printed %q", out)
+	}
+	if n := admitted(c, withKey("cli-1"), 20); n != 9 {
+		t.Errorf("under the CLI's override: %d admitted, want 9", n)
+	}
+	out = rateLimitCLI(t, c, "override", "list", "api").ok(t, "override list")
+	if len(out) != 5 || !strings.Contains(out[0], "3 override(s) on this instance") || !strings.Contains(strings.Join(out, "\n"), `"from the CLI"`) {
+		t.Errorf("override list printed %q", out)
+	}
+	rateLimitCLI(t, c, "override", "rm", "api", "cli-vip").ok(t, "override rm")
+	if run := rateLimitCLI(t, c, "override", "set", "api", "x", "--key", "k", "--events", "-1", "--window", "1m"); run.code != 1 || !strings.Contains(run.stderr, "events") {
+		t.Errorf("a bad override: exit %d, %q; want 1 naming events", run.code, run.stderr)
+	}
+	if n := len(listOverrides(t, c, "api").Overrides); n != 2 {
+		t.Errorf("after override rm: %d overrides, want 2", n)
+	}
 }
 
 // Hostile or malformed bodies are each a clear 4xx that names the field,
