@@ -67,7 +67,7 @@ func (t *Ticket[O]) Admit(ctx context.Context, now int64) {
 	case t.Waived():
 		t.Decision = t.waived()
 	case z.IsConcurrency():
-		t.Decision, t.slot = z.acquire(ctx, t.Key, t.Plan.Burst)
+		t.Decision, t.slot = z.acquire(ctx, t.Key, t.inFlightLimit())
 	case t.PostCharged:
 		t.Decision = z.Check(ctx, t.Key, now, &t.Plan)
 	case t.Cost > t.Plan.Burst:
@@ -103,6 +103,15 @@ func (z *Zone) neverPasses(ctx context.Context, key string, now int64, p *Plan) 
 	return Decision{RetryAfter: p.Window, ResetAfter: state.ResetAfter, Source: SourceLocal}
 }
 
+// inFlightLimit is a concurrency zone's limit for the ticket: its plan's
+// (an override's n), else the zone's.
+func (t *Ticket[O]) inFlightLimit() int64 {
+	if t.Plan.Burst > 0 {
+		return t.Plan.Burst
+	}
+	return t.Zone.Concurrency
+}
+
 // Holds reports whether the ticket holds a concurrency slot, to Release
 // once the request ends.
 func (t *Ticket[O]) Holds() bool { return t.slot.Held() }
@@ -116,7 +125,7 @@ func (t *Ticket[O]) Slot() Slot { return t.slot }
 func (t *Ticket[O]) Release() {
 	t.Zone.Release(t.slot)
 	t.slot = Slot{}
-	t.Remaining = min(t.Remaining+1, t.Plan.Burst)
+	t.Remaining = min(t.Remaining+1, t.inFlightLimit())
 }
 
 // Cancel gives back what the ticket took: its cost (a turn reserved for
@@ -181,7 +190,7 @@ func (t *Ticket[O]) Served(waited time.Duration) {
 // concurrency zone's limit of requests in flight.
 func (t *Ticket[O]) Quota() int64 {
 	if t.Zone.IsConcurrency() {
-		return t.Plan.Burst
+		return t.inFlightLimit()
 	}
 	return t.Plan.Events
 }
