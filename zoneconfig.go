@@ -363,7 +363,14 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 	}
 	ov, ovKey, err := loadOverrideHolder(ctx, cfg, h.backend.overrides, h.storeKey, h.logger)
 	if err != nil {
-		zh.unregister()
+		// Not registered yet: give back the reset subscription and the
+		// ban reader unregister would.
+		if zh.stopReset != nil {
+			zh.stopReset()
+		}
+		if zh.stopBans != nil {
+			close(zh.stopBans)
+		}
 		zh.releaseState()
 		return nil, err
 	}
