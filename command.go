@@ -426,6 +426,9 @@ func cliKey(c *cli, zone, key string) error {
 	if k.StoredAs != "" {
 		stored = " (stored as " + quoteKey(k.StoredAs) + ")"
 	}
+	if o := k.Override; o != nil {
+		stored += " under override " + printable(o.ID) + " (" + overrideLimitText(*o) + ")"
+	}
 	switch {
 	case k.PeriodEnd != "":
 		if k.Remaining == 0 {

@@ -163,6 +163,10 @@ func TestOverrideLocalZoneSurvivesReloadAndRestart(t *testing.T) {
 		t.Errorf("DELETE of a removed override: %d, want 404", status)
 	}
 
+	if out := rateLimitCLI(t, c, "key", "api", "vip").ok(t, "key"); !strings.Contains(strings.Join(out, "\n"), "under override vip (20/1m)") {
+		t.Errorf("caddy rate-limit key under an override printed %q", out)
+	}
+
 	// The CLI sets, lists and removes the same.
 	out := rateLimitCLI(t, c, "override", "set", "api", "cli-vip", "--prefix", "cli-", "--events", "9", "--window", "1m", "--expires", "2h", "--reason", "from the CLI").ok(t, "override set")
 	if !strings.Contains(strings.Join(out, "\n"), `override cli-vip set: prefix "cli-" 9/1m, expires 20`) {
