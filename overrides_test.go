@@ -120,3 +120,61 @@ func TestOverrideHolderDropsLapsed(t *testing.T) {
 		t.Error("a lapsed override is still held")
 	}
 }
+
+// Each kind of zone takes its own limit in an override, and refuses the
+// others', naming the field.
+func TestParseOverrideByZoneKind(t *testing.T) {
+	mk := func(c zones.Config) *zones.Zone {
+		state := zones.NewState(c, time.Hour)
+		t.Cleanup(func() { _ = state.Destruct() })
+		z, err := zones.New(c, state, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return z
+	}
+	rate := mk(zones.Config{Name: "rate", Events: 5, Window: time.Minute, IPv4Prefix: 24})
+	quota := mk(zones.Config{Name: "quota", Quota: 100, Period: 5})
+	conc := mk(zones.Config{Name: "conc", Concurrency: 2})
+	for _, tc := range []struct {
+		z          *zones.Zone
+		body, want string // want: "" accepted, else the field named
+	}{
+		{rate, `{"match":{"key":"10.1.2.3"},"events":50,"window":"1m","burst":10}`, ""},
+		{rate, `{"match":{"key":"k"},"limit":5}`, "events"},
+		{rate, `{"match":{"key":"k"},"events":5}`, "events"},
+		{rate, `{"match":{"key":"k"},"events":5,"window":"1m","burst":0}`, "burst"},
+		{rate, `{"match":{"key":"k"},"events":2000000,"window":"1s"}`, "window"},
+		{rate, `{"match":{"prefix":""},"exempt":true}`, "match.prefix"},
+		{rate, `{"match":{"cidr":"10.1.2.3/16"},"exempt":true}`, ""},
+		{rate, `{"match":{"key":"k"},"deny":true,"expires":"-1h"}`, "expires"},
+		{rate, `{"match":{"key":"k"},"exempt":true,"reason":"` + strings.Repeat("r", 1025) + `"}`, "reason"},
+		{quota, `{"match":{"key":"k"},"limit":500}`, ""},
+		{quota, `{"match":{"key":"k"},"events":5,"window":"1m"}`, "limit"},
+		{quota, `{"match":{"key":"k"},"limit":0}`, "limit"},
+		{conc, `{"match":{"key":"k"},"n":10}`, ""},
+		{conc, `{"match":{"key":"k"},"limit":10}`, "n"},
+		{conc, `{"match":{"key":"k"},"n":-1}`, "n"},
+	} {
+		rec, err := parseOverride(tc.z, "id", "test", strings.NewReader(tc.body), time.Now())
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s %s: %v", tc.z.Name, tc.body, err)
+		case tc.want != "" && (err == nil || !strings.HasPrefix(err.Error(), tc.want+":")):
+			t.Errorf("%s %s: error %v, want one naming %s", tc.z.Name, tc.body, err, tc.want)
+		case tc.want == "":
+			if _, err := rec.override(tc.z.Config); err != nil {
+				t.Errorf("%s %s: the record does not resolve: %v", tc.z.Name, tc.body, err)
+			}
+		}
+	}
+	// An exact key is stored as the zone stores it; a CIDR masked.
+	rec, _ := parseOverride(rate, "id", "t", strings.NewReader(`{"match":{"key":"10.1.2.3"},"exempt":true}`), time.Now())
+	if *rec.Match.Key != "10.1.2.0/24" {
+		t.Errorf("key stored as %q, want the zone's 10.1.2.0/24", *rec.Match.Key)
+	}
+	rec, _ = parseOverride(rate, "id", "t", strings.NewReader(`{"match":{"cidr":"10.1.2.3/16"},"exempt":true}`), time.Now())
+	if *rec.Match.CIDR != "10.1.0.0/16" {
+		t.Errorf("cidr stored as %q, want 10.1.0.0/16", *rec.Match.CIDR)
+	}
+}
