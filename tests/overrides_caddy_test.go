@@ -470,3 +470,26 @@ func TestOverrideBoundIsTenThousand(t *testing.T) {
 		t.Error("replacing an override of a full zone is not enforced")
 	}
 }
+
+// Each change emits rate_limit_override_changed and logs one INFO line.
+func TestOverrideChangeEmitsTheEventAndOneLogLine(t *testing.T) {
+	c := startCaddyWith(t, "\tlog {\n\t\tlevel DEBUG\n\t}", fmt.Sprintf(overrideLocalSite, "both"))
+	mustPutOverride(t, c, "api", "vip", `{"match":{"key":"vip"},"events":20,"window":"1m","reason":"pays more"}`)
+	if status, _ := c.adminDo(http.MethodDelete, "/rate_limit/zones/api/overrides/vip"); status != http.StatusNoContent {
+		t.Fatalf("DELETE: %d", status)
+	}
+	var events, sets, removals int
+	waitFor(t, 10e9, "two rate_limit_override_changed events in Caddy's debug log", func() bool {
+		out := c.Output()
+		events = strings.Count(out, `"name":"rate_limit_override_changed"`)
+		sets = strings.Count(out, `"msg":"rate limit override set"`)
+		removals = strings.Count(out, `"msg":"rate limit override removed"`)
+		return events >= 2
+	})
+	if events != 2 || sets != 1 || removals != 1 {
+		t.Errorf("%d events, %d set lines, %d removed lines; want 2, 1, 1", events, sets, removals)
+	}
+	if !strings.Contains(c.Output(), `"reason":"pays more"`) {
+		t.Error("the log line does not give the reason")
+	}
+}
