@@ -40,7 +40,7 @@ package algorithms
 // second or so (an exponential average, time constant AdaptiveDemandTau).
 // A request of class k is admitted when
 //
-//	inFlight + unusedAbove(k) < L + borrow(k)
+//	inFlight + round(unusedAbove(k)) < L + borrow(k)
 //
 // where unusedAbove(k) = Σ_{j<k} max(0, demand_j − inFlight_j), the places
 // the higher classes usually use and do not use now (kept free for them),
@@ -82,6 +82,7 @@ type Adaptive struct {
 	n       int   // latencies seen in the window
 	peak    int64 // the most requests in flight wanted in the window
 	settled bool  // a decrease happened: the slow start is over
+	lastP90 int64 // the p90 of the last window closed
 	samples [AdaptiveSamples]int64
 }
 
@@ -107,7 +108,8 @@ func (a *Adaptive) Observe(l AdaptiveLimit, now, latency int64) bool {
 	if !(a.n >= AdaptiveMinSamples && elapsed >= window || elapsed >= 4*window) {
 		return false
 	}
-	a.update(l, a.p90())
+	a.lastP90 = a.p90()
+	a.update(l, a.lastP90)
 	a.start, a.n, a.peak = now, 0, 0
 	return true
 }
@@ -131,6 +133,9 @@ func (a *Adaptive) update(l AdaptiveLimit, p int64) {
 	}
 	a.limit = min(max(lim, float64(l.Min)), float64(l.Max))
 }
+
+// LastP90 is the p90 latency of the last window closed (ns), 0 before one.
+func (a *Adaptive) LastP90() int64 { return a.lastP90 }
 
 // Rebound keeps the limit within l's bounds (a reload changed them).
 func (a *Adaptive) Rebound(l AdaptiveLimit) {
@@ -161,6 +166,25 @@ func NewClasses(n int, now int64) Classes {
 		c.last[i] = now
 	}
 	return c
+}
+
+// Resize makes n classes (at least 1) at now: new ones start empty, and
+// the requests in flight of classes dropped count in the last one kept
+// (where Done, which clamps the class, will count them out).
+func (c *Classes) Resize(n int, now int64) {
+	n = max(n, 1)
+	for k := range c.inFlight {
+		c.demand[k] = c.demandAt(k, now)
+		c.last[k] = max(c.last[k], now)
+	}
+	for len(c.inFlight) < n {
+		c.inFlight, c.demand, c.last = append(c.inFlight, 0), append(c.demand, 0), append(c.last, now)
+	}
+	for k := n; k < len(c.inFlight); k++ {
+		c.inFlight[n-1] += c.inFlight[k]
+		c.demand[n-1] += c.demand[k]
+	}
+	c.inFlight, c.demand, c.last = c.inFlight[:n], c.demand[:n], c.last[:n]
 }
 
 // Len is the number of classes.
@@ -196,7 +220,7 @@ func (c *Classes) Admit(k int, limit, now int64) bool {
 		}
 		borrow = min(max(1, limit/16), lower)
 	}
-	if float64(total)+unused >= float64(limit+borrow) {
+	if total+int64(math.Round(unused)) >= limit+borrow {
 		return false
 	}
 	c.move(k, now, 1)

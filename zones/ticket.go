@@ -23,8 +23,12 @@ type Ticket[O any] struct {
 	// PostCharged: the zone only checks before the request and charges
 	// after it (the caller's Charge).
 	PostCharged bool
+	// Class is the request's priority class in an adaptive zone: 0 the
+	// highest; beyond the zone's classes, the lowest.
+	Class int
 	Decision
-	slot Slot
+	slot  Slot
+	limit int64 // an adaptive zone's limit for the key when admitted
 }
 
 // OverBurst reports whether the request costs more than the key can ever
@@ -38,6 +42,8 @@ func (t *Ticket[O]) OverBurst() bool { return !t.Zone.IsConcurrency() && t.Cost 
 func (t *Ticket[O]) Admit(ctx context.Context, now int64) {
 	z := t.Zone
 	switch {
+	case z.IsAdaptive():
+		t.Decision, t.slot, t.limit = z.acquireAdaptive(t.Key, t.Class, now)
 	case z.IsConcurrency():
 		t.Decision, t.slot = z.Acquire(ctx, t.Key)
 	case t.PostCharged:
@@ -78,7 +84,16 @@ func (t *Ticket[O]) Slot() Slot { return t.slot }
 func (t *Ticket[O]) Release() {
 	t.Zone.Release(t.slot)
 	t.slot = Slot{}
-	t.Remaining = min(t.Remaining+1, t.Zone.Concurrency)
+	t.Remaining = min(t.Remaining+1, t.Quota())
+}
+
+// Finish gives the ticket's slot back once the request ended at now, as
+// Release does; an adaptive zone's controller takes latency, the time from
+// the upstream call's start to its response's headers, as a sample
+// (negative: none, the client left).
+func (t *Ticket[O]) Finish(now int64, latency time.Duration) {
+	t.Zone.ReleaseAfter(t.slot, now, latency)
+	t.slot = Slot{}
 }
 
 // Cancel gives back what the ticket took: its cost (a turn reserved for
@@ -139,6 +154,9 @@ func (t *Ticket[O]) Served(waited time.Duration) {
 // Quota is q: the events of the plan the request was decided under, or a
 // concurrency zone's limit of requests in flight.
 func (t *Ticket[O]) Quota() int64 {
+	if t.Zone.IsAdaptive() {
+		return t.limit
+	}
 	if t.Zone.IsConcurrency() {
 		return t.Zone.Concurrency
 	}
