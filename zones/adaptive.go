@@ -16,11 +16,13 @@ package zones
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/caddy-tally/ratelimit/algorithms"
+	"github.com/caddy-tally/ratelimit/internal/monotime"
 )
 
 // MaxAdaptiveTarget is the longest latency target: an upstream slower than
@@ -78,6 +80,18 @@ type adaptiveKey struct {
 	ctl     algorithms.Adaptive
 	classes algorithms.Classes
 	used    int64 // the last admission or release (monotime)
+	// Zones with delay: the requests waiting for a place, by class, each
+	// class first come first served, and since when the queue has not
+	// been empty (0: it is).
+	waiters    [][]*adaptiveWaiter
+	queueSince int64
+}
+
+// adaptiveWaiter is a request waiting for a place: a release that admits
+// it counts it in flight and signals granted.
+type adaptiveWaiter struct {
+	class   int
+	granted chan struct{} // buffered: the release never blocks
 }
 
 func newAdaptiveState() *adaptiveState {
@@ -129,8 +143,9 @@ func (s *adaptiveState) len() int {
 
 // acquireAdaptive admits a request of key and priority class (0 the
 // highest; beyond the zone's classes: the lowest) at now, or sheds it.
-// Shed or not, the request counts in the controller's demand.
-func (z *Zone) acquireAdaptive(key string, class int, now int64) (Decision, Slot, int64) {
+// Shed or not, the request counts in the controller's demand. In a zone
+// with delay, a request that finds no place waits for one (wait).
+func (z *Zone) acquireAdaptive(key string, class int, now int64, done <-chan struct{}) (Decision, Slot, int64) {
 	s := z.state.adaptive
 	k := s.key(z.Config, key, now)
 	if k == nil {
@@ -145,6 +160,14 @@ func (z *Zone) acquireAdaptive(key string, class int, now int64) (Decision, Slot
 	k.ctl.Want(total + 1)
 	limit := min(k.ctl.Limit(), z.Adaptive.Max)
 	ok := k.classes.Admit(class, limit, now)
+	if !ok && z.Delay > 0 && !z.DryRun {
+		var d Decision
+		if d, ok = z.wait(k, class, done); !ok {
+			k.mu.Unlock()
+			return d, Slot{}, limit
+		}
+		total = k.classes.InFlight(-1) - 1
+	}
 	k.mu.Unlock()
 	if !ok {
 		return slotDenied(SourceLocal, nil), Slot{}, limit
@@ -152,6 +175,113 @@ func (z *Zone) acquireAdaptive(key string, class int, now int64) (Decision, Slot
 	s.inFlight.Add(1)
 	return Decision{Allowed: true, Remaining: max(0, limit-total-1), Source: SourceLocal},
 		Slot{zone: z, key: key, adaptive: k, class: class}, limit
+}
+
+// wait makes a request of class that found no place in k, whose mutex is
+// held (and held again on return), wait for one, as a zone with delay
+// does: at most delay, and only while the zone's queue has room; under a
+// standing queue (not empty for a window, max(target, 100ms)) at most the
+// target: CoDel's idea, a queue that never drains is shed rather than
+// kept. A release hands places to the waiters, highest class first
+// (handOff). It reports whether the request got a place; if not, the
+// decision: shed (the queue full or the wait over), or Gone (done closed,
+// the client left).
+func (z *Zone) wait(k *adaptiveKey, class int, done <-chan struct{}) (Decision, bool) {
+	shed := slotDenied(SourceLocal, nil)
+	if !z.takeQueuePlace() {
+		shed.QueueFull = true
+		return shed, false
+	}
+	defer z.EndWait()
+	now := monotime.Now()
+	bound := z.Delay
+	if k.queueSince != 0 && now-k.queueSince >= max(z.Adaptive.Target, algorithms.AdaptiveMinWindow) {
+		bound = min(bound, time.Duration(z.Adaptive.Target))
+	}
+	class = min(max(class, 0), k.classes.Len()-1)
+	w := &adaptiveWaiter{class: class, granted: make(chan struct{}, 1)}
+	for len(k.waiters) < k.classes.Len() {
+		k.waiters = append(k.waiters, nil)
+	}
+	k.waiters[class] = append(k.waiters[class], w)
+	if k.queueSince == 0 {
+		k.queueSince = now
+	}
+	k.mu.Unlock()
+	t := time.NewTimer(bound)
+	var gone bool
+	select {
+	case <-w.granted:
+	case <-t.C:
+	case <-done:
+		gone = true
+	}
+	t.Stop()
+	k.mu.Lock()
+	if !k.dequeue(w) { // granted, maybe meanwhile: it holds a place
+		if gone {
+			k.classes.Done(class, monotime.Now())
+			k.handOff(min(k.ctl.Limit(), z.Adaptive.Max), monotime.Now())
+			shed.Gone = true
+			return shed, false
+		}
+		return Decision{}, true
+	}
+	shed.Gone = gone
+	return shed, false
+}
+
+// takeQueuePlace takes a place in the zone's queue of waiting requests if
+// it has room (EndWait gives it back).
+func (z *Zone) takeQueuePlace() bool {
+	for w, limit := &z.state.waiting, z.QueueSize(); ; {
+		n := w.Load()
+		if n >= limit {
+			return false
+		}
+		if w.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// dequeue takes w out of k's waiters, reporting whether it was there (not
+// granted a place yet). k's mutex is held.
+func (k *adaptiveKey) dequeue(w *adaptiveWaiter) bool {
+	q := k.waiters[w.class]
+	i := slices.Index(q, w)
+	if i < 0 {
+		return false
+	}
+	k.waiters[w.class] = slices.Delete(q, i, i+1)
+	k.noteEmpty()
+	return true
+}
+
+// handOff gives the places free under limit to the waiters, highest class
+// first, each class in arrival order. k's mutex is held.
+func (k *adaptiveKey) handOff(limit, now int64) {
+	for c := range k.waiters {
+		for len(k.waiters[c]) > 0 && k.classes.Admit(c, limit, now) {
+			w := k.waiters[c][0]
+			k.waiters[c][0] = nil
+			k.waiters[c] = k.waiters[c][1:]
+			w.granted <- struct{}{}
+		}
+		if len(k.waiters[c]) > 0 {
+			break // a lower class does not pass a higher one waiting
+		}
+	}
+	k.noteEmpty()
+}
+
+func (k *adaptiveKey) noteEmpty() {
+	for _, q := range k.waiters {
+		if len(q) > 0 {
+			return
+		}
+	}
+	k.queueSince = 0
 }
 
 // ReleaseAfter gives back a slot Acquire returned, as Release does; a slot
@@ -169,6 +299,9 @@ func (z *Zone) ReleaseAfter(s Slot, now int64, latency time.Duration) {
 	k.used = max(k.used, now)
 	if latency >= 0 && k.ctl.Observe(z.Adaptive, now, int64(latency)) {
 		z.state.adaptive.p90.Store(k.ctl.LastP90())
+	}
+	if k.queueSince != 0 {
+		k.handOff(min(k.ctl.Limit(), z.Adaptive.Max), now)
 	}
 	k.mu.Unlock()
 	z.state.adaptive.inFlight.Add(-1)

@@ -190,7 +190,17 @@ func TestAdaptiveLimitFollowsLatencyAndSurvivesAReload(t *testing.T) {
 // in flight never pass the limit plus a higher class's borrowed place, and
 // every place comes back.
 func TestAdaptiveInFlightBoundedUnderRace(t *testing.T) {
-	z := concurrencyZone(t, adaptiveConfig(8, 8, 3), nil)
+	for _, delay := range []time.Duration{0, 3 * time.Millisecond} {
+		t.Run(fmt.Sprintf("delay %v", delay), func(t *testing.T) { adaptiveUnderRace(t, delay) })
+	}
+}
+
+func adaptiveUnderRace(t *testing.T, delay time.Duration) {
+	c := adaptiveConfig(8, 8, 3)
+	if delay > 0 {
+		c.Delay, c.Queue = delay, 16
+	}
+	z := concurrencyZone(t, c, nil)
 	var inFlight, peak atomic.Int64
 	var wg sync.WaitGroup
 	for g := range 48 {
@@ -203,6 +213,11 @@ func TestAdaptiveInFlightBoundedUnderRace(t *testing.T) {
 					key = fmt.Sprintf("own-%d", g%4)
 				}
 				tk := adaptiveTicket(z, key, g%4) // class 3: unknown, the lowest
+				if g%8 == 7 {
+					done := make(chan struct{})
+					close(done) // a client already gone
+					tk.Done = done
+				}
 				tk.Admit(context.Background(), monotime.Now())
 				if tk.Allowed != tk.Holds() {
 					t.Errorf("allowed %v holds %v", tk.Allowed, tk.Holds())
@@ -228,8 +243,8 @@ func TestAdaptiveInFlightBoundedUnderRace(t *testing.T) {
 	if p := peak.Load(); p > 8+1 {
 		t.Fatalf("peak in flight %d, want at most the limit 8 plus one borrowed", p)
 	}
-	if n := z.InFlight(); n != 0 {
-		t.Fatalf("in flight after every request ended: %d, want 0", n)
+	if n, w := z.InFlight(), z.Waiting(); n != 0 || w != 0 {
+		t.Fatalf("in flight %d, waiting %d after every request ended, want 0", n, w)
 	}
 	if _, n, ok := z.KeyLimit("host"); !ok || n != 0 {
 		t.Fatalf("key in flight %d (known %v), want 0", n, ok)
@@ -265,4 +280,91 @@ func TestAdaptiveIdleKeysAreSwept(t *testing.T) {
 		t.Fatal("a key with a request in flight was swept")
 	}
 	tk.Finish(now, time.Millisecond)
+}
+
+func adaptiveDelayZone(t *testing.T, limit int64, delay time.Duration, queue int64) *Zone {
+	c := adaptiveConfig(limit, limit, 2)
+	c.Delay, c.Queue = delay, queue
+	return concurrencyZone(t, c, nil)
+}
+
+// A request that finds no place waits for one; a release hands it over,
+// the higher class first; a client that leaves gives its place in the
+// queue back; a full queue sheds at once.
+func TestAdaptiveDelayWaitsForAPlaceHigherClassFirst(t *testing.T) {
+	z := adaptiveDelayZone(t, 1, 30*time.Second, 2)
+	holder := adaptiveTicket(z, "host", 0)
+	holder.Admit(context.Background(), monotime.Now())
+	if !holder.Allowed {
+		t.Fatal("first request shed")
+	}
+	results := make(chan string, 3)
+	served := make(chan *Ticket[int], 3)
+	goneCh := make(chan struct{})
+	start := func(name string, class int, done <-chan struct{}) {
+		go func() {
+			tk := adaptiveTicket(z, "host", class)
+			tk.Done = done
+			tk.Admit(context.Background(), monotime.Now())
+			switch {
+			case tk.Gone:
+				results <- name + " gone"
+			case tk.Allowed:
+				results <- name + " served"
+				served <- &tk
+			default:
+				results <- name + " shed"
+			}
+		}()
+	}
+	start("anonymous", 1, goneCh)
+	waitUntil(t, func() bool { return z.Waiting() == 1 })
+	start("signed_in", 0, nil)
+	waitUntil(t, func() bool { return z.Waiting() == 2 })
+	// The queue is full: a third is shed at once.
+	third := adaptiveTicket(z, "host", 0)
+	third.Admit(context.Background(), monotime.Now())
+	if third.Allowed || !third.QueueFull {
+		t.Fatalf("third waiter: allowed %v queue full %v, want shed for a full queue", third.Allowed, third.QueueFull)
+	}
+	holder.Finish(monotime.Now(), time.Millisecond)
+	if got := <-results; got != "signed_in served" {
+		t.Fatalf("first handed a place: %q, want signed_in served", got)
+	}
+	close(goneCh)
+	if got := <-results; got != "anonymous gone" {
+		t.Fatalf("%q, want anonymous gone", got)
+	}
+	(<-served).Finish(monotime.Now(), time.Millisecond)
+	waitUntil(t, func() bool { return z.Waiting() == 0 && z.InFlight() == 0 })
+	if _, n, _ := z.KeyLimit("host"); n != 0 {
+		t.Fatalf("key in flight %d after every request left, want 0", n)
+	}
+}
+
+// A waiter whose wait ends is shed and holds nothing.
+func TestAdaptiveDelayShedsAfterTheWait(t *testing.T) {
+	z := adaptiveDelayZone(t, 1, 20*time.Millisecond, 10)
+	holder := adaptiveTicket(z, "host", 0)
+	holder.Admit(context.Background(), monotime.Now())
+	tk := adaptiveTicket(z, "host", 0)
+	tk.Admit(context.Background(), monotime.Now())
+	if tk.Allowed || tk.Gone || tk.Holds() {
+		t.Fatalf("waiter past its delay: allowed %v gone %v", tk.Allowed, tk.Gone)
+	}
+	holder.Finish(monotime.Now(), time.Millisecond)
+	if z.InFlight() != 0 || z.Waiting() != 0 {
+		t.Fatalf("in flight %d waiting %d, want 0 0", z.InFlight(), z.Waiting())
+	}
+}
+
+func waitUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+		time.Sleep(time.Millisecond)
+	}
 }

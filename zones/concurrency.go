@@ -179,7 +179,7 @@ func (s Slot) Held() bool { return s.zone != nil }
 // An allowed decision comes with a Slot to Release when the request ends.
 func (z *Zone) Acquire(ctx context.Context, key string) (Decision, Slot) {
 	if z.IsAdaptive() {
-		d, s, _ := z.acquireAdaptive(key, MaxClasses, monotime.Now())
+		d, s, _ := z.acquireAdaptive(key, MaxClasses, monotime.Now(), nil)
 		return d, s
 	}
 	c := z.state.conc

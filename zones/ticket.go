@@ -26,6 +26,9 @@ type Ticket[O any] struct {
 	// Class is the request's priority class in an adaptive zone: 0 the
 	// highest; beyond the zone's classes, the lowest.
 	Class int
+	// Done, when set, is closed when the request's client goes away: an
+	// adaptive zone with delay stops waiting for a place then.
+	Done <-chan struct{}
 	Decision
 	slot  Slot
 	limit int64 // an adaptive zone's limit for the key when admitted
@@ -43,7 +46,7 @@ func (t *Ticket[O]) Admit(ctx context.Context, now int64) {
 	z := t.Zone
 	switch {
 	case z.IsAdaptive():
-		t.Decision, t.slot, t.limit = z.acquireAdaptive(t.Key, t.Class, now)
+		t.Decision, t.slot, t.limit = z.acquireAdaptive(t.Key, t.Class, now, t.Done)
 	case z.IsConcurrency():
 		t.Decision, t.slot = z.Acquire(ctx, t.Key)
 	case t.PostCharged:
@@ -247,6 +250,13 @@ func Admit[O any](ctx context.Context, tickets []Ticket[O], now int64, seen func
 		if t.Delay > 0 {
 			// Admitted for later: its turn counts from the answer.
 			adm.Turn = max(adm.Turn, monotime.Now()+int64(t.Delay))
+		}
+		if t.Gone { // left while waiting for a place
+			for j := range i {
+				_ = tickets[j].Cancel(ctx, now)
+			}
+			adm.Gone = true
+			return adm
 		}
 		seen(i)
 		if !t.Allowed && !t.Zone.DryRun {

@@ -431,6 +431,9 @@ type Decision struct {
 	// request's turn was within the delay.
 	Delay     time.Duration
 	QueueFull bool
+	// Gone: the client left while the request waited for a place in an
+	// adaptive zone with delay; nothing is held.
+	Gone bool
 }
 
 // Zone decides requests for one zone definition, with its shared state and,
