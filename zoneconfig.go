@@ -309,9 +309,9 @@ type zoneHandler struct {
 	vars      planVars
 	costs     costVars
 	dryRun    bool
-	priority  *Priority // adaptive zones with priority classes, else nil
-	waits     bool      // an adaptive zone with delay: its requests may wait for a place
-	status    int       // the HTTP status of a denial
+	priority  *Priority           // adaptive zones with priority classes, else nil
+	waits     bool                // an adaptive zone with delay: its requests may wait for a place
+	status    int                 // the HTTP status of a denial
 	region    *distributed.Region // scope global: its share is the q a client can get here
 	denial    error               // the HandlerError a denial returns, boxed once
 	metrics   zoneMetrics         // no series when metrics are disabled

@@ -284,7 +284,7 @@ type State struct {
 
 	conc     *concurrencyState // concurrency zones only: requests in flight
 	adaptive *adaptiveState    // adaptive zones only: each key's limit and requests in flight
-	quota *quotaState       // quota zones only: units used per period
+	quota    *quotaState       // quota zones only: units used per period
 
 	final atomic.Pointer[func(*State)] // SetFinalSnapshot's
 }
