@@ -42,12 +42,16 @@ package algorithms
 //
 //	inFlight + round(unusedAbove(k)) < L + borrow(k)
 //
-// where unusedAbove(k) = Σ_{j<k} max(0, demand_j − inFlight_j), the places
-// the higher classes usually use and do not use now (kept free for them),
-// and borrow(k) = min(max(1, L/16), Σ_{j>k} inFlight_j) for every class but
+// where unusedAbove(k) = Σ_{j<k} max(0, demand_j + √demand_j − inFlight_j),
+// the places the higher classes usually use, with a margin for their
+// fluctuation (one standard deviation of a Poisson count), that they do
+// not use now: kept free for them. The controller makes up for the places
+// kept free: they are not in flight, so the latency stays low and the
+// limit grows until the upstream is busy again.
+// and borrow(k) = min(max(1, L/8), Σ_{j>k} inFlight_j) for every class but
 // the lowest: a higher class may take a place a lower one holds, going past
-// the limit by a sixteenth at most; the lower class's next arrivals then
-// find no place. Lower classes are shed first; a class never leaves places
+// the limit by an eighth at most; the lower class's next arrivals then find
+// no place, so what is in flight drains to the limit all the same. Lower classes are shed first; a class never leaves places
 // idle that a lower class could use once the higher ones' demand decays;
 // and with one class the rule is inFlight < L.
 
@@ -210,7 +214,8 @@ func (c *Classes) Admit(k int, limit, now int64) bool {
 	total := c.InFlight(-1)
 	var unused float64
 	for j := range k {
-		unused += max(0, c.demandAt(j, now)-float64(c.inFlight[j]))
+		d := c.demandAt(j, now)
+		unused += max(0, d+math.Sqrt(d)-float64(c.inFlight[j]))
 	}
 	var borrow int64
 	if k < len(c.inFlight)-1 {
@@ -218,7 +223,7 @@ func (c *Classes) Admit(k int, limit, now int64) bool {
 		for _, x := range c.inFlight[k+1:] {
 			lower += x
 		}
-		borrow = min(max(1, limit/16), lower)
+		borrow = min(max(1, limit/8), lower)
 	}
 	if total+int64(math.Round(unused)) >= limit+borrow {
 		return false
