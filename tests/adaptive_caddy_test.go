@@ -129,7 +129,7 @@ func (l *classLoad) worker(i int) {
 		class = "signed_in"
 	}
 	// Spread over the period, so that the workers do not send in step.
-	next := time.Now().Add(time.Duration(i*7919)*time.Millisecond%l.period)
+	next := time.Now().Add(time.Duration(i*7919) * time.Millisecond % l.period)
 	for {
 		if int64(i) >= l.active.Load() {
 			select { // idle until the rate needs this worker
@@ -137,7 +137,7 @@ func (l *classLoad) worker(i int) {
 				return
 			case <-time.After(20 * time.Millisecond):
 			}
-			next = time.Now().Add(time.Duration(i*7919)*time.Millisecond%l.period)
+			next = time.Now().Add(time.Duration(i*7919) * time.Millisecond % l.period)
 			continue
 		}
 		select {
@@ -368,7 +368,6 @@ func TestAdaptiveZoneFollowsTheUpstreamWithPriorities(t *testing.T) {
 	} else {
 		t.Logf("0.8× capacity for 15s: %v", s)
 	}
-
 
 	// Overload at 3×: after at most 5s the upstream holds about C; the
 	// signed_in are served, the anonymous shed; the upstream stays busy.
