@@ -219,7 +219,8 @@ type Zone struct {
 
 	// Makes this an adaptive concurrency zone: a concurrency zone whose
 	// limit of requests in flight per key is not fixed but follows the
-	// upstream's latency toward a target (see docs/adaptive.md), decided on
+	// upstream's latency toward a target (docs/configuration.md, adaptive
+	// concurrency zones), decided on
 	// this instance whatever distributed says. Shed requests get 503 with
 	// Retry-After: 1 (status_code changes it).
 	Adaptive *Adaptive `json:"adaptive,omitempty"`
