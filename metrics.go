@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"errors"
+	"strconv"
 	"sync"
 	"time"
 
@@ -107,7 +108,7 @@ func initCollectors() {
 	gauge("in_flight", "Requests holding a slot of a concurrency zone in this instance.", func(z *zones.Zone, _ int64) (float64, bool) {
 		return float64(z.InFlight()), z.IsConcurrency() && !isConnectionZone(z)
 	})
-	c.adaptive = counterVec("adaptive_requests_total", "Requests of an adaptive zone by priority class (all: the zone has no priority) and decision: served (admitted), shed, dry_run_shed (a dry run would have shed it).", "class", "decision")
+	c.adaptive = counterVec("adaptive_requests_total", "Requests of an adaptive zone by priority class (all: the zone has no priority), whether the class is the zone's lowest (lowest=\"false\": a class the zone sheds last), and decision: served (admitted), shed, dry_run_shed (a dry run would have shed it).", "class", "lowest", "decision")
 	gauge("adaptive_limit", "An adaptive zone's limit of requests in flight in this instance now, summed over its keys.", func(z *zones.Zone, _ int64) (float64, bool) {
 		l, _ := z.AdaptiveLimit()
 		return float64(l), z.IsAdaptive()
@@ -205,7 +206,8 @@ func newClassMetrics(zone string, prio *Priority, dryRun bool) []classMetrics {
 	}
 	m := make([]classMetrics, len(names))
 	for i, n := range names {
-		m[i] = classMetrics{collectors.adaptive.WithLabelValues(zone, n, "served"), collectors.adaptive.WithLabelValues(zone, n, shed)}
+		lowest := strconv.FormatBool(i == len(names)-1)
+		m[i] = classMetrics{collectors.adaptive.WithLabelValues(zone, n, lowest, "served"), collectors.adaptive.WithLabelValues(zone, n, lowest, shed)}
 	}
 	return m
 }
