@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -151,8 +152,8 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 // back with; none when the client left (its latency says nothing of the
 // upstream's).
 func (h *Handler) serveTimed(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, verdicts []verdict, postCharged bool) error {
-	tw := &headerTimer{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
-	tw.start = monotime.Now()
+	tw := headerTimers.Get().(*headerTimer)
+	tw.ResponseWriter, tw.start, tw.at = w, monotime.Now(), 0
 	defer func() {
 		end := monotime.Now()
 		latency := time.Duration(end - tw.start)
@@ -167,12 +168,21 @@ func (h *Handler) serveTimed(w http.ResponseWriter, r *http.Request, repl *caddy
 				verdicts[i].Finish(end, latency)
 			}
 		}
+		// Back to the pool only when nothing can hold it any more: a
+		// handler that kept the writer (a hijacked connection's) would
+		// then write to the next request's.
+		tw.ResponseWriter = nil
+		headerTimers.Put(tw)
 	}()
 	if postCharged {
 		return h.serveAndCharge(tw, r, repl, next, verdicts)
 	}
 	return next.ServeHTTP(tw, r)
 }
+
+// headerTimers recycles headerTimers: one per request of an adaptive
+// zone would be an allocation on its hot path.
+var headerTimers = sync.Pool{New: func() any { return new(headerTimer) }}
 
 // headerTimer notes when the response's headers are written (a 1xx
 // informational response aside; 101 Switching Protocols counts): the
@@ -276,7 +286,7 @@ func (h *Handler) applicable(r *http.Request, repl *caddy.Replacer, now int64, v
 		}
 		verdicts = append(verdicts, verdict{Owner: z, Zone: z.Zone, Key: z.Config.Key(z.expandKey(r, repl)),
 			Plan: z.planFor(repl, now), Cost: z.costFor(repl, now), PostCharged: z.costs.postCharged() && !z.costs.estimate,
-			Class: z.classFor(repl)})
+			Class: z.classFor(r, repl)})
 		if z.waits {
 			verdicts[len(verdicts)-1].Done = r.Context().Done()
 		}

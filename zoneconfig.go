@@ -310,15 +310,18 @@ type zoneHandler struct {
 	vars      planVars
 	costs     costVars
 	dryRun    bool
-	priority  *Priority           // adaptive zones with priority classes, else nil
-	waits     bool                // an adaptive zone with delay: its requests may wait for a place
-	status    int                 // the HTTP status of a denial
-	region    *distributed.Region // scope global: its share is the q a client can get here
-	denial    error               // the HandlerError a denial returns, boxed once
-	metrics   zoneMetrics         // no series when metrics are disabled
-	timed     bool                // metrics on and every decision asks Redis (strict)
-	logger    *zap.Logger         // the handler's
-	logs      *logSamplers        // the handler's, which all its zones share
+	priority  *Priority // adaptive zones with priority classes, else nil
+	waits     bool      // an adaptive zone with delay: its requests may wait for a place
+	// classHeader is, when priority's placeholder is one request header,
+	// the header's canonical name (see keyHeader).
+	classHeader string
+	status      int                 // the HTTP status of a denial
+	region      *distributed.Region // scope global: its share is the q a client can get here
+	denial      error               // the HandlerError a denial returns, boxed once
+	metrics     zoneMetrics         // no series when metrics are disabled
+	timed       bool                // metrics on and every decision asks Redis (strict)
+	logger      *zap.Logger         // the handler's
+	logs        *logSamplers        // the handler's, which all its zones share
 	// loggedEmptyKey: a request's key was empty, and that was logged.
 	loggedEmptyKey atomic.Bool
 	// loggedDroppedBans: a ban was not kept, from the table or the list
@@ -405,6 +408,9 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 		denial:    caddyhttp.HandlerError{StatusCode: status, Err: fmt.Errorf("rate limit exceeded in zone %s", name)},
 		logger:    h.logger,
 		logs:      &h.live.logs,
+	}
+	if zc.Priority != nil {
+		zh.classHeader = headerPlaceholder(singlePlaceholder(zc.Priority.Placeholder))
 	}
 	if len(zc.MatcherSetsRaw) > 0 {
 		mods, err := ctx.LoadModule(zc, "MatcherSetsRaw")
@@ -709,14 +715,26 @@ func (z *zoneHandler) banDropped(fromList bool, n int64) {
 // readsReplacer reports whether the zone's key, limit or cost reads the
 // request's replacer.
 func (z *zoneHandler) readsReplacer() bool {
-	return z.keyHeader == "" || z.vars.any() || z.costs.costVar != "" || z.priority != nil
+	return z.keyHeader == "" || z.vars.any() || z.costs.costVar != "" || z.priority != nil && z.classHeader == ""
 }
 
 // classFor is the request's priority class in an adaptive zone with
-// priority (0, the highest, in any other zone).
-func (z *zoneHandler) classFor(repl *caddy.Replacer) int {
-	if z.priority == nil {
+// priority (0, the highest, in any other zone). A class read from one
+// request header is read from the request directly, as the key is.
+func (z *zoneHandler) classFor(r *http.Request, repl *caddy.Replacer) int {
+	switch {
+	case z.priority == nil:
 		return 0
+	case z.classHeader != "":
+		var v string
+		switch vs := r.Header[z.classHeader]; len(vs) {
+		case 0:
+		case 1:
+			v = vs[0]
+		default:
+			v = strings.Join(vs, ",")
+		}
+		return z.priority.classOf(v)
 	}
 	return z.priority.classOf(repl.ReplaceAll(z.priority.Placeholder, ""))
 }
