@@ -2,10 +2,16 @@ package ratelimit
 
 import (
 	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
 // The syntax, as written, parses into an adaptive zone with its
@@ -87,5 +93,84 @@ func TestPriorityUnknownClassIsTheLowest(t *testing.T) {
 		if got := p.classOf(value); got != want {
 			t.Errorf("class of %q = %d, want %d", value, got, want)
 		}
+	}
+}
+
+// adaptiveHandler provisions a handler with one adaptive zone of limit 1
+// keyed by X-Api-Key, with the zone's extra settings.
+func adaptiveHandler(t *testing.T, zone Zone, dryRun bool) *Handler {
+	zone.Key = "{http.request.header.X-Api-Key}"
+	zone.Adaptive = &Adaptive{Latency: caddy.Duration(time.Second), Min: 1, Max: 1}
+	return provisioned(t, &Handler{RateLimits: map[string]*Zone{"backend": &zone}, DryRun: dryRun})
+}
+
+// serveHeld starts a request that holds its place until release is closed,
+// and returns once it is in flight.
+func serveHeld(t *testing.T, h *Handler, release chan struct{}) chan error {
+	inside := make(chan struct{})
+	done := make(chan error, 1)
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.Header.Set("X-Api-Key", "host")
+	caddyhttp.NewTestReplacer(r)
+	go func() {
+		done <- h.ServeHTTP(httptest.NewRecorder(), r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
+			close(inside)
+			<-release
+			w.WriteHeader(http.StatusOK)
+			return nil
+		}))
+	}()
+	<-inside
+	return done
+}
+
+func TestAdaptiveShedIs503WithRetryAfterAndTheZonesStatus(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		status int
+		want   int
+	}{{"default", 0, http.StatusServiceUnavailable}, {"zone status", http.StatusTooManyRequests, http.StatusTooManyRequests}} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := adaptiveHandler(t, Zone{StatusCode: tc.status}, false)
+			release := make(chan struct{})
+			done := serveHeld(t, h, release)
+			r := httptest.NewRequest(http.MethodGet, "/", nil)
+			r.Header.Set("X-Api-Key", "host")
+			caddyhttp.NewTestReplacer(r)
+			w := httptest.NewRecorder()
+			called := false
+			err := h.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { called = true; return nil }))
+			var he caddyhttp.HandlerError
+			if !errors.As(err, &he) || he.StatusCode != tc.want || called {
+				t.Fatalf("shed request: error %v (next called %v), want a HandlerError of %d", err, called, tc.want)
+			}
+			if got := w.Header().Get("Retry-After"); got != "1" {
+				t.Fatalf("Retry-After %q, want 1", got)
+			}
+			close(release)
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+func TestAdaptiveDryRunShedsNothing(t *testing.T) {
+	h := adaptiveHandler(t, Zone{}, true)
+	release := make(chan struct{})
+	done := serveHeld(t, h, release)
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.Header.Set("X-Api-Key", "host")
+	caddyhttp.NewTestReplacer(r)
+	called := false
+	if err := h.ServeHTTP(httptest.NewRecorder(), r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { called = true; return nil })); err != nil || !called {
+		t.Fatalf("dry run: error %v, next called %v; want the request served", err, called)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := h.zones[0].InFlight(); n != 0 {
+		t.Fatalf("in flight %d after both requests, want 0", n)
 	}
 }
