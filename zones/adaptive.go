@@ -325,6 +325,19 @@ func (z *Zone) AdaptiveLimit() (limit int64, p90 time.Duration) {
 	return limit, time.Duration(s.p90.Load())
 }
 
+// ConcurrencyOf is the limit of requests in flight key has now: the zone's
+// concurrency, or in an adaptive zone the key's current limit (min for a
+// key it holds no state for).
+func (z *Zone) ConcurrencyOf(key string) int64 {
+	if !z.IsAdaptive() {
+		return z.Concurrency
+	}
+	if l, _, ok := z.KeyLimit(key); ok {
+		return l
+	}
+	return z.Adaptive.Min
+}
+
 // KeyLimit is key's current adaptive limit and requests in flight; false
 // when the zone holds no state for key.
 func (z *Zone) KeyLimit(key string) (limit, inFlight int64, ok bool) {
