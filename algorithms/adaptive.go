@@ -13,7 +13,7 @@ package algorithms
 // window's 90th percentile and L the limit:
 //
 //	p > target:              L ← L·(1 + max(½, target/p))/2      (decrease)
-//	p ≤ target, peak ≥ L/2:  L ← L + max(1, L·min(target/p − 1, ⅒))  (increase)
+//	p ≤ target, peak ≥ L/2:  L ← L + max(¼, L·min(target/p − 1, ⅒))  (increase)
 //	                         (before the first decrease: L ← 2L, a slow start)
 //	otherwise:               L unchanged (demand does not reach the limit)
 //
@@ -26,8 +26,9 @@ package algorithms
 // re-measure it (the probe that sheds on purpose). A decrease is
 // proportional to the overshoot and halfway smoothed (a single slow window
 // costs at most a quarter of the limit); an increase needs the target met
-// and the limit in use, and is at most a tenth per window (at least one
-// place), so the limit settles just where the upstream's p90 crosses the
+// and the limit in use, and is at most a tenth per window (at least a
+// quarter of a place: a small limit near its target does not jump a whole
+// place past it each window), so the limit settles just where the upstream's p90 crosses the
 // target: an upstream of C places and service time S < target settles at
 // about C·target/S in flight. A limit not in use does not grow, so it stays
 // within about twice the peak demand and comes down in a few windows when
@@ -42,12 +43,13 @@ package algorithms
 //
 //	inFlight + round(unusedAbove(k)) < L + borrow(k)
 //
-// where unusedAbove(k) = Σ_{j<k} max(0, demand_j + √demand_j − inFlight_j),
-// the places the higher classes usually use, with a margin for their
-// fluctuation (one standard deviation of a Poisson count), that they do
-// not use now: kept free for them. The controller makes up for the places
-// kept free: they are not in flight, so the latency stays low and the
-// limit grows until the upstream is busy again.
+// where unusedAbove(k) = Σ_{j<k} max(0, demand_j − inFlight_j), the places
+// the higher classes use on average and do not use now: kept free for
+// them (a higher class's fluctuations above its average are what borrow
+// covers). No margin is kept beyond the average: places kept free are not
+// in flight, so the controller raises the limit to keep the upstream busy,
+// and a higher class that then uses them pushes what is in flight past
+// the upstream's target.
 // and borrow(k) = min(max(1, L/8), Σ_{j>k} inFlight_j) for every class but
 // the lowest: a higher class may take a place a lower one holds, going past
 // the limit by an eighth at most; the lower class's next arrivals then find
@@ -133,7 +135,7 @@ func (a *Adaptive) update(l AdaptiveLimit, p int64) {
 		if p > 0 {
 			gain = min(gain, target/float64(p)-1)
 		}
-		lim += max(1, lim*gain)
+		lim += max(0.25, lim*gain)
 	}
 	a.limit = min(max(lim, float64(l.Min)), float64(l.Max))
 }
@@ -214,8 +216,7 @@ func (c *Classes) Admit(k int, limit, now int64) bool {
 	total := c.InFlight(-1)
 	var unused float64
 	for j := range k {
-		d := c.demandAt(j, now)
-		unused += max(0, d+math.Sqrt(d)-float64(c.inFlight[j]))
+		unused += max(0, c.demandAt(j, now)-float64(c.inFlight[j]))
 	}
 	var borrow int64
 	if k < len(c.inFlight)-1 {

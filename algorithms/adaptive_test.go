@@ -22,14 +22,14 @@ func TestAdaptiveWindowUpdate(t *testing.T) {
 		{"over target: down halfway to limit·target/p", 20, true, 20, 125 * ms, target100, 18},
 		{"far over target: a quarter off at most", 20, true, 20, 1000 * ms, target100, 15},
 		{"within target and in use: a tenth up", 30, true, 30, 50 * ms, target100, 33},
-		{"just within target: at least one place up", 20, true, 20, 99 * ms, target100, 21},
+		{"just within target: at least a quarter place up", 20, true, 20, 99 * ms, target100, 20.25},
 		{"gain is target/p − 1 below a tenth", 100, true, 100, 95 * ms, target100, 100 + 100*(100.0/95-1)},
 		{"limit not in use: unchanged", 20, true, 9, 50 * ms, target100, 20},
 		{"half in use counts as in use", 20, true, 10, 50 * ms, target100, 22},
 		{"slow start doubles", 8, false, 8, 90 * ms, target100, 16},
 		{"never below min", 5, true, 5, 1000 * ms, target100, 4},
 		{"never above max", 1990, true, 2000, 10 * ms, target100, 2000},
-		{"exactly at target is within it", 20, true, 20, 100 * ms, target100, 21},
+		{"exactly at target is within it", 20, true, 20, 100 * ms, target100, 20.25},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -155,8 +155,9 @@ func TestClassesAdmit(t *testing.T) {
 		{"one class: at the limit", []class{{10, 0}}, 0, 10, false},
 		{"lowest class keeps the higher class's unused demand free", []class{{2, 5}, {5, 5}}, 1, 10, false},
 		{"lowest class gets what the higher class leaves", []class{{2, 5}, {2, 5}}, 1, 10, true},
-		{"the reserve has a margin of √demand", []class{{3, 4}, {4, 4}}, 1, 10, false},
-		{"the reserve is rounded to the nearest place", []class{{2, 3}, {5, 3}}, 1, 10, false},
+		{"the reserve is the higher class's average", []class{{3, 4}, {6, 6}}, 1, 10, false},
+		{"the reserve is rounded to the nearest place", []class{{2, 3.6}, {6, 6}}, 1, 10, false},
+		{"a reserve under half a place keeps none", []class{{2, 2.4}, {7, 6}}, 1, 10, true},
 		{"a higher class idle for long leaves no reserve", []class{{0, 0}, {9, 9}}, 1, 10, true},
 		{"higher class borrows a lower class's place", []class{{5, 5}, {5, 5}}, 0, 10, true},
 		{"borrowing is bounded by an eighth (at least one)", []class{{6, 5}, {5, 5}}, 0, 10, false},
@@ -165,7 +166,7 @@ func TestClassesAdmit(t *testing.T) {
 		{"borrowing only what lower classes hold", []class{{10, 10}, {0, 0}}, 0, 10, false},
 		{"after the limit fell: the lowest class is shed", []class{{0, 0}, {11, 11}}, 1, 10, false},
 		{"unknown class is the lowest", []class{{2, 5}, {5, 5}}, 7, 10, false},
-		{"middle class: reserve above, borrow below", []class{{1, 1}, {4, 4}, {4, 4}}, 1, 10, true},
+		{"middle class: reserve above, borrow below", []class{{1, 2}, {4, 4}, {4, 4}}, 1, 10, true},
 		{"middle class: reserve above binds", []class{{0, 3}, {4, 4}, {4, 4}}, 1, 10, false},
 	}
 	for _, tc := range tests {
