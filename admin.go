@@ -318,6 +318,10 @@ func listZones() []zoneInfo {
 			zi.Window, zi.WindowSeconds = shortDuration(z.Window.String()), z.Window.Seconds()
 		}
 		zi.Concurrency = z.Concurrency
+		if z.IsAdaptive() {
+			limit, _ := z.AdaptiveLimit()
+			zi.Concurrency = max(limit, z.Adaptive.Min) // the limit now, summed over its keys
+		}
 		if z.Delay > 0 {
 			waiting := z.Waiting()
 			zi.Delay, zi.Queue, zi.Waiting = shortDuration(z.Delay.String()), z.QueueSize(), &waiting
@@ -528,7 +532,7 @@ func (a *AdminAPI) getSlots(w http.ResponseWriter, r *http.Request, z *zones.Zon
 	case n == 0:
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s: this key holds no slot", z.Name)}
 	}
-	return writeJSON(w, http.StatusOK, slotsInfo{Zone: z.Name, keyName: newKeyName(key), StoredAs: storedAs(key, stored), InUse: n, Concurrency: z.Concurrency, Remaining: max(0, z.Concurrency-n)})
+	return writeJSON(w, http.StatusOK, slotsInfo{Zone: z.Name, keyName: newKeyName(key), StoredAs: storedAs(key, stored), InUse: n, Concurrency: z.ConcurrencyOf(key), Remaining: max(0, z.ConcurrencyOf(key)-n)})
 }
 
 func (a *AdminAPI) resetKey(w http.ResponseWriter, r *http.Request, z *zones.Zone, key string) error {
@@ -635,7 +639,7 @@ func offenderState(ctx context.Context, z *zones.Zone, key string, now int64) of
 			o.StateError = err.Error()
 			return o
 		}
-		o.Remaining = max(0, z.Concurrency-inUse)
+		o.Remaining = max(0, z.ConcurrencyOf(key)-inUse)
 		o.Limited = o.Remaining == 0
 		return o
 	}

@@ -94,6 +94,58 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
+// unmarshalAdaptive reads an adaptive block: adaptive { latency <d>; min
+// <n>; max <n> }, latency required.
+func unmarshalAdaptive(d *caddyfile.Dispenser) (*Adaptive, error) {
+	a := new(Adaptive)
+	line := d.Line()
+	err := subdirectives(d, nil, "adaptive: ", func(sub string) (err error) {
+		switch sub {
+		case "latency":
+			if a.Latency, err = durationArg(d); err == nil && (a.Latency <= 0 || time.Duration(a.Latency) > zones.MaxAdaptiveTarget) {
+				err = d.Errf("adaptive latency must be a positive duration of at most %v, the upstream's p90 latency when healthy (e.g. latency 250ms)", zones.MaxAdaptiveTarget)
+			}
+		case "min":
+			a.Min, err = intArg[int64](d, 1, zones.MaxConcurrency)
+		case "max":
+			a.Max, err = intArg[int64](d, 1, zones.MaxConcurrency)
+		default:
+			err = d.Errf("unknown adaptive setting %q: expected latency, min or max", sub)
+		}
+		return err
+	})
+	switch {
+	case err != nil:
+		return nil, err
+	case a.Latency == 0:
+		return nil, fmt.Errorf("adaptive needs a latency target, the upstream's p90 latency when healthy: adaptive { latency 250ms }, at %s:%d", d.File(), line)
+	case a.Max != 0 && a.Max < a.Min:
+		return nil, fmt.Errorf("adaptive max %d is below min %d: raise max or lower min, at %s:%d", a.Max, a.Min, d.File(), line)
+	}
+	return a, nil
+}
+
+// unmarshalPriority reads priority <placeholder> <class>..., highest class
+// first.
+func unmarshalPriority(d *caddyfile.Dispenser) (*Priority, error) {
+	args := d.RemainingArgs()
+	const example = "priority {http.vars.class} signed_in anonymous"
+	switch {
+	case len(args) < 3:
+		return nil, d.Errf("priority needs a placeholder and at least two classes, highest first: %s", example)
+	case !hasPlaceholder(args[0]):
+		return nil, d.Errf("priority's first argument is the placeholder the class is read from, in braces (%q has none): %s", args[0], example)
+	case len(args)-1 > zones.MaxClasses:
+		return nil, d.Errf("priority takes at most %d classes", zones.MaxClasses)
+	}
+	for i, c := range args[1:] {
+		if slices.Contains(args[1:i+1], c) {
+			return nil, d.Errf("priority class %q is given twice: keep one", c)
+		}
+	}
+	return &Priority{Placeholder: args[0], Classes: args[1:]}, nil
+}
+
 // subdirectives calls f for each subdirective of the block d's token opens,
 // refusing an argument left on that token's line and a subdirective given
 // twice (twice starts that error) unless it is repeatable, and returns f's
@@ -147,6 +199,9 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 		case sub == "quota" && (seen["concurrency"] || seen["lease"]),
 			(sub == "concurrency" || sub == "lease") && seen["quota"]:
 			err = d.Err("a zone has either a quota or a concurrency limit: put each in a zone of its own")
+		case sub == "adaptive" && (seen["concurrency"] || seen["lease"] || seen["quota"] || seen["events"] || seen["window"] || seen["burst"]),
+			(sub == "concurrency" || sub == "lease" || sub == "quota" || sub == "events" || sub == "window" || sub == "burst") && seen["adaptive"]:
+			err = d.Err("adaptive is a limit of requests in flight that follows the upstream's latency: it replaces concurrency, lease, quota, events, window and burst; remove them, or put that limit in a zone of its own")
 		case sub == "concurrency" && (seen["events"] || seen["window"] || seen["burst"]),
 			(sub == "events" || sub == "window" || sub == "burst") && seen["concurrency"]:
 			err = d.Err("concurrency replaces events, window and burst: remove them, or put the rate limit in a zone of its own")
@@ -213,12 +268,18 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 			z.Queue, err = intArg[int64](d, 1, zones.MaxQueue)
 		case sub == "concurrency":
 			z.Concurrency, err = intArg[int64](d, 1, zones.MaxConcurrency)
+		case sub == "adaptive":
+			z.Adaptive, err = unmarshalAdaptive(d)
+		case sub == "priority":
+			z.Priority, err = unmarshalPriority(d)
+		case sub == "status":
+			z.StatusCode, err = intArg(d, 400, 599)
 		case sub == "lease":
 			if z.Lease, err = durationArg(d); err == nil && z.Lease < caddy.Duration(zones.MinLease) {
 				err = d.Errf("lease must be at least %v: slots are renewed every lease/3", zones.MinLease)
 			}
 		default:
-			err = d.Errf("unknown subdirective %q: expected key, events, window, burst, quota, cost, count, charge, ban, delay, queue, concurrency, lease, scope, match, ipv4_prefix, ipv6_prefix, fail_policy, max_keys or dry_run", sub)
+			err = d.Errf("unknown subdirective %q: expected key, events, window, burst, quota, cost, count, charge, ban, delay, queue, concurrency, lease, adaptive, priority, status, scope, match, ipv4_prefix, ipv6_prefix, fail_policy, max_keys or dry_run", sub)
 		}
 		return err
 	}, "match")
@@ -228,6 +289,17 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 	switch {
 	case z.Key == "":
 		return "", nil, d.Errf("zone %s: key is missing: add e.g. key %s", name, keyExample)
+	case seen["priority"] && z.Adaptive == nil:
+		return "", nil, fmt.Errorf("zone %s: priority shares an adaptive zone's limit between classes: add adaptive { latency 250ms }, or remove priority, at %s:%d", name, d.File(), lines["priority"])
+	case z.Adaptive != nil && (seen["ban"] || seen["cost"] || seen["count"] || seen["charge"] || seen["scope"]):
+		var sub string
+		for _, s := range []string{"ban", "cost", "count", "charge", "scope"} {
+			if seen[s] {
+				sub = s
+			}
+		}
+		return "", nil, fmt.Errorf("zone %s: %s does not apply to an adaptive zone, which counts requests in flight on this instance: remove %s, or put it in a zone of its own, at %s:%d", name, sub, sub, d.File(), lines[sub])
+	case z.Adaptive != nil:
 	case seen["ban"] && (z.Concurrency > 0 || z.Quota != nil):
 		kind := "a concurrency zone's denials end as requests finish, not with time"
 		if z.Quota != nil {
@@ -263,7 +335,7 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 	}
 	// What provisioning would refuse, refused here with the line at fault.
 	var setting string
-	if z.Concurrency == 0 && z.Quota == nil {
+	if z.Concurrency == 0 && z.Quota == nil && z.Adaptive == nil {
 		setting, err = z.limits(name).Check()
 	}
 	if err == nil && problem != nil {

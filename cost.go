@@ -228,7 +228,7 @@ func (z *zoneHandler) chargeFailed(err error) {
 // zoneCosts checks and resolves a zone's cost settings.
 func zoneCosts(name string, zc *Zone, plan zones.Plan, logger *zap.Logger) (costVars, error) {
 	c := costVars{cost: cmp.Or(zc.Cost, 1), count: zc.Count, costMin: zc.CostAtLeast, costMax: zc.CostAtMost}
-	if zc.Concurrency > 0 {
+	if zc.Concurrency > 0 || zc.Adaptive != nil {
 		if zc.Cost != 0 || zc.CostPlaceholder != "" || zc.CostAtLeast != 0 || zc.CostAtMost != 0 || zc.Count != nil || zc.Charge != "" || zc.ChargeJSON != nil {
 			return c, fmt.Errorf("zone %s: cost, count and charge apply to events/window zones, not concurrency zones", name)
 		}

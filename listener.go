@@ -219,6 +219,10 @@ func (zc *Zone) connectionProblem() (setting string, err error) {
 		return "burst", fmt.Errorf("burst %s %s: write a number", zc.BurstPlaceholder, request)
 	case zc.MaxEventsAtMost != 0 || zc.WindowAtLeast != 0 || zc.BurstAtMost != 0:
 		return "events", errors.New("max_events_at_most, window_at_least and burst_at_most bound limits read from the request, which a connection zone cannot have: remove them")
+	case zc.Adaptive != nil || zc.Priority != nil:
+		return "adaptive", errors.New("adaptive follows an upstream's latency, which connections do not have: put the zone in the rate_limit handler")
+	case zc.StatusCode != 0:
+		return "status", errors.New("status shapes HTTP responses, and a refused connection gets none (it is reset): remove it")
 	case zc.Scope != "":
 		return "scope", errors.New("scope: a connection zone is local to the instance (no Redis on the accept path): remove scope")
 	case zc.Count != nil:

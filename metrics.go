@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"errors"
+	"strconv"
 	"sync"
 	"time"
 
@@ -24,6 +25,7 @@ var collectors struct {
 	chargeFalls                                                                         *prometheus.CounterVec
 	snapshotKeys, restoredKeys, writeFails, restoreFails                                *prometheus.CounterVec
 	bans, dryRunBans, droppedBans, queueFull, emptyKeys                                 *prometheus.CounterVec
+	adaptive                                                                            *prometheus.CounterVec
 	latency, snapshotSeconds, delayed                                                   *prometheus.HistogramVec
 }
 
@@ -109,6 +111,15 @@ func initCollectors() {
 	gauge("in_flight", "Requests holding a slot of a concurrency zone in this instance.", func(z *zones.Zone, _ int64) (float64, bool) {
 		return float64(z.InFlight()), z.IsConcurrency() && !isConnectionZone(z)
 	})
+	c.adaptive = counterVec("adaptive_requests_total", "Requests of an adaptive zone by priority class (all: the zone has no priority), whether the class is the zone's lowest (lowest=\"false\": a class the zone sheds last), and decision: served (admitted), shed, dry_run_shed (a dry run would have shed it).", "class", "lowest", "decision")
+	gauge("adaptive_limit", "An adaptive zone's limit of requests in flight in this instance now, summed over its keys.", func(z *zones.Zone, _ int64) (float64, bool) {
+		l, _ := z.AdaptiveLimit()
+		return float64(l), z.IsAdaptive()
+	})
+	gauge("adaptive_latency_seconds", "An adaptive zone's measured upstream latency: the p90 of the last window its controller closed (0 before one), any key.", func(z *zones.Zone, _ int64) (float64, bool) {
+		_, p90 := z.AdaptiveLimit()
+		return p90.Seconds(), z.IsAdaptive()
+	})
 	gauge("connections_in_flight", "Connections holding a slot of a connection concurrency zone (listener wrapper rate_limit) in this instance.", func(z *zones.Zone, _ int64) (float64, bool) {
 		return float64(z.InFlight()), z.IsConcurrency() && isConnectionZone(z)
 	})
@@ -177,6 +188,44 @@ type zoneMetrics struct {
 	delayed                             prometheus.Observer           // nil unless the zone has delay
 	queueFull                           prometheus.Counter            // nil unless the zone has delay
 	emptyKeys                           prometheus.Counter            // nil unless the key template can expand to nothing
+	classes                             []classMetrics                // adaptive zones: by priority class; else nil
+}
+
+// classMetrics are an adaptive zone's series of one priority class.
+type classMetrics struct {
+	served, shed prometheus.Counter // shed: dry_run_shed in dry run
+}
+
+// newClassMetrics binds an adaptive zone's series by class: the classes of
+// prio, or one, "all", without.
+func newClassMetrics(zone string, prio *Priority, dryRun bool) []classMetrics {
+	names := []string{"all"}
+	if prio != nil {
+		names = prio.Classes
+	}
+	shed := "shed"
+	if dryRun {
+		shed = "dry_run_shed"
+	}
+	m := make([]classMetrics, len(names))
+	for i, n := range names {
+		lowest := strconv.FormatBool(i == len(names)-1)
+		m[i] = classMetrics{collectors.adaptive.WithLabelValues(zone, n, lowest, "served"), collectors.adaptive.WithLabelValues(zone, n, lowest, shed)}
+	}
+	return m
+}
+
+// countClass counts an adaptive zone's decision of a request of class k.
+func (m *zoneMetrics) countClass(k int, allowed bool) {
+	if len(m.classes) == 0 {
+		return
+	}
+	c := &m.classes[min(max(k, 0), len(m.classes)-1)]
+	if allowed {
+		c.served.Inc()
+	} else {
+		c.shed.Inc()
+	}
 }
 
 // newZoneMetrics binds the series of zone cfg, whose key template is key.

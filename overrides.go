@@ -164,6 +164,8 @@ func parseOverride(z *zones.Zone, id, from string, body io.Reader, now time.Time
 		return rec, nil
 	}
 	switch {
+	case z.IsAdaptive():
+		return rec, fieldError("n", "an adaptive zone's limit follows the upstream: its override is exempt or deny")
 	case z.IsConcurrency():
 		if b.N == nil || b.Events != nil || b.Window != nil || b.Burst != nil || b.Limit != nil {
 			return rec, fieldError("n", "a concurrency zone's override takes n, the requests in flight per key (or exempt or deny)")

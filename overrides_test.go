@@ -11,6 +11,7 @@ import (
 	"github.com/caddyserver/certmagic"
 	"go.uber.org/zap"
 
+	"github.com/caddy-tally/ratelimit/algorithms"
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
@@ -136,6 +137,7 @@ func TestParseOverrideByZoneKind(t *testing.T) {
 	rate := mk(zones.Config{Name: "rate", Events: 5, Window: time.Minute, IPv4Prefix: 24})
 	quota := mk(zones.Config{Name: "quota", Quota: 100, Period: 5})
 	conc := mk(zones.Config{Name: "conc", Concurrency: 2})
+	adaptive := mk(zones.Config{Name: "adaptive", Adaptive: algorithms.AdaptiveLimit{Target: int64(100 * time.Millisecond), Min: 4, Max: 100}})
 	for _, tc := range []struct {
 		z          *zones.Zone
 		body, want string // want: "" accepted, else the field named
@@ -155,6 +157,9 @@ func TestParseOverrideByZoneKind(t *testing.T) {
 		{conc, `{"match":{"key":"k"},"n":10}`, ""},
 		{conc, `{"match":{"key":"k"},"limit":10}`, "n"},
 		{conc, `{"match":{"key":"k"},"n":-1}`, "n"},
+		{adaptive, `{"match":{"key":"k"},"n":10}`, "n"},
+		{adaptive, `{"match":{"key":"k"},"exempt":true}`, ""},
+		{adaptive, `{"match":{"prefix":"bot-"},"deny":true,"expires":"1h"}`, ""},
 	} {
 		rec, err := parseOverride(tc.z, "id", "test", strings.NewReader(tc.body), time.Now())
 		switch {

@@ -33,8 +33,8 @@ type stateID struct {
 	// Quota zones: the period and its time zone (the quota is burst).
 	period   algorithms.Period
 	timeZone string
-	// A concurrency zone (burst is its concurrency).
-	concurrency bool
+	// A concurrency zone (burst is its concurrency), adaptive or not.
+	concurrency, adaptive bool
 	// Zones with ban: its first and longest length (a zone's ban state
 	// lives in its State).
 	ban, banMax time.Duration
@@ -46,7 +46,7 @@ type stateID struct {
 
 func newStateID(cfg zones.Config, vars planVars) stateID {
 	id := stateID{name: cfg.Name, events: cfg.Events, window: int64(cfg.Window), burst: cfg.Limit().Burst, maxKeys: cfg.MaxKeys, vars: vars,
-		concurrency: cfg.IsConcurrency(), ban: cfg.Ban, banMax: cfg.BanMax, delay: cfg.Delay, queue: cfg.Queue}
+		concurrency: cfg.IsConcurrency(), adaptive: cfg.IsAdaptive(), ban: cfg.Ban, banMax: cfg.BanMax, delay: cfg.Delay, queue: cfg.Queue}
 	if cfg.IsQuota() {
 		id.period, id.timeZone = cfg.Period, cfg.Location.String()
 	}
@@ -62,7 +62,7 @@ func newStateID(cfg zones.Config, vars planVars) stateID {
 // adds (zones.New).
 func (id stateID) pooled() stateID {
 	if id.concurrency {
-		return stateID{name: id.name, concurrency: true}
+		return stateID{name: id.name, concurrency: true, adaptive: id.adaptive}
 	}
 	return id
 }

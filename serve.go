@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -95,6 +96,9 @@ func (h *Handler) seen(v *verdict, now int64, mark *int64) {
 		took, *mark = time.Duration(t-*mark), t
 	}
 	z.metrics.observe(*d, z.dryRun, took)
+	if z.metrics.classes != nil {
+		z.metrics.countClass(v.Class, d.Allowed)
+	}
 	if d.Err != nil {
 		z.logStoreError(now, *d)
 	}
@@ -118,10 +122,14 @@ func (h *Handler) seen(v *verdict, now int64, mark *int64) {
 // holds its slot until the handler that hijacked it returns, which
 // reverse_proxy does when the connection ends.
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, verdicts []verdict) error {
-	holding, postCharged := false, false
+	holding, postCharged, adaptive := false, false, false
 	for i := range verdicts {
 		holding = holding || verdicts[i].Holds()
 		postCharged = postCharged || verdicts[i].Owner.costs.postCharged()
+		adaptive = adaptive || verdicts[i].Holds() && verdicts[i].Zone.IsAdaptive()
+	}
+	if adaptive {
+		return h.serveTimed(w, r, repl, next, verdicts, postCharged)
 	}
 	if holding {
 		defer func() {
@@ -136,6 +144,66 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 		return h.serveAndCharge(w, r, repl, next, verdicts)
 	}
 	return next.ServeHTTP(w, r)
+}
+
+// serveTimed is serve for a request that holds a place in an adaptive
+// zone: the upstream's latency, from next's call to the response's headers
+// (or next's return, when it writes none), is the sample its slot is given
+// back with; none when the client left (its latency says nothing of the
+// upstream's).
+func (h *Handler) serveTimed(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, verdicts []verdict, postCharged bool) error {
+	tw := headerTimers.Get().(*headerTimer)
+	tw.ResponseWriter, tw.start, tw.at = w, monotime.Now(), 0
+	defer func() {
+		end := monotime.Now()
+		latency := time.Duration(end - tw.start)
+		if tw.at != 0 {
+			latency = time.Duration(tw.at - tw.start)
+		}
+		if r.Context().Err() != nil {
+			latency = -1
+		}
+		for i := range verdicts {
+			if verdicts[i].Holds() {
+				verdicts[i].Finish(end, latency)
+			}
+		}
+		// Back to the pool only when nothing can hold it any more: a
+		// handler that kept the writer (a hijacked connection's) would
+		// then write to the next request's.
+		tw.ResponseWriter = nil
+		headerTimers.Put(tw)
+	}()
+	if postCharged {
+		return h.serveAndCharge(tw, r, repl, next, verdicts)
+	}
+	return next.ServeHTTP(tw, r)
+}
+
+// headerTimers recycles headerTimers: one per request of an adaptive
+// zone would be an allocation on its hot path.
+var headerTimers = sync.Pool{New: func() any { return new(headerTimer) }}
+
+// headerTimer notes when the response's headers are written (a 1xx
+// informational response aside; 101 Switching Protocols counts): the
+// upstream's latency as an adaptive zone measures it.
+type headerTimer struct {
+	caddyhttp.ResponseWriterWrapper
+	start, at int64 // monotime
+}
+
+func (t *headerTimer) WriteHeader(code int) {
+	if t.at == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
+		t.at = monotime.Now()
+	}
+	t.ResponseWriter.WriteHeader(code)
+}
+
+func (t *headerTimer) Write(b []byte) (int, error) {
+	if t.at == 0 {
+		t.at = monotime.Now()
+	}
+	return t.ResponseWriter.Write(b)
 }
 
 // awaitTurn makes the request wait until turn (monotime), the latest turn
@@ -217,8 +285,12 @@ func (h *Handler) applicable(r *http.Request, repl *caddy.Replacer, now int64, v
 			}
 		}
 		verdicts = append(verdicts, verdict{Owner: z, Zone: z.Zone, Key: z.Config.Key(z.expandKey(r, repl)),
-			Plan: z.planFor(repl, now), Cost: z.costFor(repl, now), PostCharged: z.costs.postCharged() && !z.costs.estimate})
+			Plan: z.planFor(repl, now), Cost: z.costFor(repl, now), PostCharged: z.costs.postCharged() && !z.costs.estimate,
+			Class: z.classFor(r, repl)})
 		verdicts[len(verdicts)-1].Resolve()
+		if z.waits {
+			verdicts[len(verdicts)-1].Done = r.Context().Done()
+		}
 	}
 	return verdicts, nil
 }
@@ -316,7 +388,7 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, verdicts []verdic
 		// Nothing would shape the error: answer directly. Caddy's error
 		// path would encode the whole request for a debug log line on
 		// every denial, which under a flood costs more than serving.
-		w.WriteHeader(h.StatusCode)
+		w.WriteHeader(v.Owner.status)
 		return nil
 	}
 	return v.Owner.denial

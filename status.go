@@ -159,7 +159,7 @@ func zoneStatusOf(ctx context.Context, r *http.Request, repl *caddy.Replacer, na
 	}
 	switch {
 	case z.IsConcurrency():
-		st.Window, st.InFlight = 0, &s.InFlight
+		st.Limit, st.Window, st.InFlight = s.Limit, 0, &s.InFlight
 	case z.IsQuota():
 		st.Window, st.Period, st.Used = ceilSeconds(s.PeriodEnd.Sub(s.PeriodStart)), z.Period.String(), &s.Used
 	}

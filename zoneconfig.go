@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/caddy-tally/ratelimit/algorithms"
 	"github.com/caddy-tally/ratelimit/distributed"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 	"github.com/caddy-tally/ratelimit/zones"
@@ -215,6 +216,82 @@ type Zone struct {
 	// this instance; beyond it a request is decided as without delay
 	// (denied when over the limit). Default: 1000.
 	Queue int64 `json:"queue,omitempty"`
+
+	// Makes this an adaptive concurrency zone: a concurrency zone whose
+	// limit of requests in flight per key is not fixed but follows the
+	// upstream's latency toward a target (docs/configuration.md, adaptive
+	// concurrency zones), decided on
+	// this instance whatever distributed says. Shed requests get 503 with
+	// Retry-After: 1 (status_code changes it).
+	Adaptive *Adaptive `json:"adaptive,omitempty"`
+
+	// With adaptive: the requests' priority classes, read from a
+	// placeholder. When the limit is reached, the lowest class is shed
+	// first.
+	Priority *Priority `json:"priority,omitempty"`
+
+	// The HTTP status of this zone's denials. Default: the handler's
+	// status (429), and 503 in an adaptive zone (overload is not the
+	// client's fault).
+	StatusCode int `json:"status_code,omitempty"`
+}
+
+// Adaptive is an adaptive concurrency zone's controller settings.
+type Adaptive struct {
+	// The latency the upstream should keep at its 90th percentile: the
+	// time from the call of the handlers after rate_limit to the
+	// response's headers. Required.
+	Latency caddy.Duration `json:"latency,omitempty"`
+
+	// The fewest requests of a key allowed in flight, and where a key
+	// starts. Default: 1.
+	Min int64 `json:"min,omitempty"`
+
+	// The most requests of a key allowed in flight. Default: 1000.
+	Max int64 `json:"max,omitempty"`
+}
+
+// DefaultAdaptiveMax is an adaptive zone's max when it is not set.
+const DefaultAdaptiveMax = 1000
+
+// Priority is an adaptive zone's priority classes.
+type Priority struct {
+	// The placeholder whose value is the request's class, such as
+	// {http.vars.class} set by a map of a cookie or a JWT claim.
+	Placeholder string `json:"placeholder,omitempty"`
+
+	// The class names, highest first. A request whose value is none of
+	// them is of the last (lowest) class.
+	Classes []string `json:"classes,omitempty"`
+}
+
+// classOf is the index of the request's class: the position of value in
+// classes, the last class when it is none of them.
+func (p *Priority) classOf(value string) int {
+	for i, c := range p.Classes {
+		if c == value {
+			return i
+		}
+	}
+	return len(p.Classes) - 1
+}
+
+// configure sets cfg's adaptive settings, with defaults, from a.
+func (a *Adaptive) configure(name string, cfg *zones.Config, prio *Priority) error {
+	cfg.Adaptive = algorithms.AdaptiveLimit{Target: int64(a.Latency), Min: cmp.Or(a.Min, 1), Max: cmp.Or(a.Max, max(DefaultAdaptiveMax, a.Min))}
+	if a.Latency <= 0 {
+		return fmt.Errorf("zone %s: adaptive needs a latency target, the upstream's p90 latency when healthy: adaptive { latency 250ms }", name)
+	}
+	if prio != nil {
+		switch {
+		case !hasPlaceholder(prio.Placeholder):
+			return fmt.Errorf("zone %s: priority needs a placeholder and the classes, highest first: priority {http.vars.class} signed_in anonymous", name)
+		case len(prio.Classes) < 2:
+			return fmt.Errorf("zone %s: priority needs at least two classes, highest first: priority {http.vars.class} signed_in anonymous", name)
+		}
+		cfg.Classes = len(prio.Classes)
+	}
+	return nil
 }
 
 // zoneHandler is a provisioned zone: its matchers, key template and the
@@ -233,12 +310,18 @@ type zoneHandler struct {
 	vars      planVars
 	costs     costVars
 	dryRun    bool
-	region    *distributed.Region // scope global: its share is the q a client can get here
-	denial    error               // the HandlerError a denial returns, boxed once
-	metrics   zoneMetrics         // no series when metrics are disabled
-	timed     bool                // metrics on and every decision asks Redis (strict)
-	logger    *zap.Logger         // the handler's
-	logs      *logSamplers        // the handler's, which all its zones share
+	priority  *Priority // adaptive zones with priority classes, else nil
+	waits     bool      // an adaptive zone with delay: its requests may wait for a place
+	// classHeader is, when priority's placeholder is one request header,
+	// the header's canonical name (see keyHeader).
+	classHeader string
+	status      int                 // the HTTP status of a denial
+	region      *distributed.Region // scope global: its share is the q a client can get here
+	denial      error               // the HandlerError a denial returns, boxed once
+	metrics     zoneMetrics         // no series when metrics are disabled
+	timed       bool                // metrics on and every decision asks Redis (strict)
+	logger      *zap.Logger         // the handler's
+	logs        *logSamplers        // the handler's, which all its zones share
 	// loggedEmptyKey: a request's key was empty, and that was logged.
 	loggedEmptyKey atomic.Bool
 	// loggedDroppedBans: a ban was not kept, from the table or the list
@@ -268,6 +351,17 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 	cfg.FailPolicy, cfg.DryRun = policy, zc.DryRun || h.DryRun
 	cfg.Lease, cfg.Ban, cfg.BanMax = time.Duration(zc.Lease), time.Duration(zc.Ban), time.Duration(zc.BanMax)
 	cfg.Delay, cfg.Queue = time.Duration(zc.Delay), zc.Queue
+	switch {
+	case zc.Adaptive != nil:
+		if err := zc.Adaptive.configure(name, &cfg, zc.Priority); err != nil {
+			return nil, err
+		}
+	case zc.Priority != nil:
+		return nil, fmt.Errorf("zone %s: priority shares an adaptive zone's limit between classes: add adaptive { latency 250ms }, or remove priority", name)
+	}
+	if zc.StatusCode != 0 && (zc.StatusCode < 400 || zc.StatusCode > 599) {
+		return nil, fmt.Errorf("zone %s: status must be an HTTP error status (400-599), not %d", name, zc.StatusCode)
+	}
 	vars, err := newPlanVars(name, zc, h.logger)
 	if err != nil {
 		return nil, err
@@ -298,7 +392,15 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 
 	zc.warn(name, h.store != nil, h.logger)
 
+	status := h.StatusCode
+	if cfg.IsAdaptive() {
+		status = http.StatusServiceUnavailable
+	}
+	status = cmp.Or(zc.StatusCode, status)
 	zh := &zoneHandler{
+		priority:  zc.Priority,
+		waits:     cfg.IsAdaptive() && cfg.Delay > 0 && !cfg.DryRun,
+		status:    status,
 		key:       zc.Key,
 		keyVar:    singlePlaceholder(zc.Key),
 		keyHeader: headerPlaceholder(singlePlaceholder(zc.Key)),
@@ -306,9 +408,12 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 		vars:      vars,
 		costs:     costs,
 		dryRun:    cfg.DryRun,
-		denial:    caddyhttp.HandlerError{StatusCode: h.StatusCode, Err: fmt.Errorf("rate limit exceeded in zone %s", name)},
+		denial:    caddyhttp.HandlerError{StatusCode: status, Err: fmt.Errorf("rate limit exceeded in zone %s", name)},
 		logger:    h.logger,
 		logs:      &h.live.logs,
+	}
+	if zc.Priority != nil {
+		zh.classHeader = headerPlaceholder(singlePlaceholder(zc.Priority.Placeholder))
 	}
 	if len(zc.MatcherSetsRaw) > 0 {
 		mods, err := ctx.LoadModule(zc, "MatcherSetsRaw")
@@ -351,7 +456,10 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 		// reads per request and fill the store latency histogram with
 		// zeros.
 		zh.timed = h.store != nil && zh.Mode() == "strict"
-		zh.metrics = newZoneMetrics(cfg, zc.Key, h.store != nil, zh.timed, costs)
+		zh.metrics = newZoneMetrics(cfg, zc.Key, h.store != nil && !cfg.IsAdaptive(), zh.timed, costs)
+		if cfg.IsAdaptive() {
+			zh.metrics.classes = newClassMetrics(name, zc.Priority, cfg.DryRun)
+		}
 	}
 	zh.Zone.OnChargeFailed = zh.chargeFailed
 	if cfg.Ban > 0 && !cfg.DryRun {
@@ -546,6 +654,8 @@ func compareKinds(a, b *zones.Zone) int {
 // (a concurrency zone's: its concurrency).
 func tightness(z *zones.Zone) (kind int, limit float64) {
 	switch {
+	case z.IsAdaptive():
+		return 2, float64(z.Adaptive.Max)
 	case z.IsConcurrency():
 		return 2, float64(z.Concurrency)
 	case z.IsQuota():
@@ -627,7 +737,28 @@ func (z *zoneHandler) banDropped(fromList bool, n int64) {
 // readsReplacer reports whether the zone's key, limit or cost reads the
 // request's replacer.
 func (z *zoneHandler) readsReplacer() bool {
-	return z.keyHeader == "" || z.vars.any() || z.costs.costVar != ""
+	return z.keyHeader == "" || z.vars.any() || z.costs.costVar != "" || z.priority != nil && z.classHeader == ""
+}
+
+// classFor is the request's priority class in an adaptive zone with
+// priority (0, the highest, in any other zone). A class read from one
+// request header is read from the request directly, as the key is.
+func (z *zoneHandler) classFor(r *http.Request, repl *caddy.Replacer) int {
+	switch {
+	case z.priority == nil:
+		return 0
+	case z.classHeader != "":
+		var v string
+		switch vs := r.Header[z.classHeader]; len(vs) {
+		case 0:
+		case 1:
+			v = vs[0]
+		default:
+			v = strings.Join(vs, ",")
+		}
+		return z.priority.classOf(v)
+	}
+	return z.priority.classOf(repl.ReplaceAll(z.priority.Placeholder, ""))
 }
 
 // logStoreError logs (sampled) a decision the store could not make.

@@ -312,6 +312,16 @@ func TestDashboardAndAlertQueriesReturnSeriesFromARealPrometheus(t *testing.T) {
 			key {client_ip}
 			concurrency 2
 		}
+		zone backend {
+			match {
+				path /backend
+			}
+			key {http.request.host}
+			adaptive {
+				latency 1s
+			}
+			priority {http.request.header.X-Class} signed_in anonymous
+		}
 		zone smooth {
 			match {
 				path /smooth
@@ -345,6 +355,7 @@ https://`+e.tlsAddr+` {
 	c.Send(2, request{Path: "/tokens"})
 	c.Send(2, request{Path: "/plan", Header: map[string]string{"X-Plan-RPM": "10"}})
 	c.Send(1, request{Path: "/upload"})
+	c.Send(2, request{Path: "/backend", Header: map[string]string{"X-Class": "signed_in"}})
 	// One request at once, one waiting for its turn, one denied for the
 	// full queue (queue 1) while it waits.
 	c.SendConcurrently(3, 3, request{Path: "/smooth"}, nil)
@@ -375,8 +386,8 @@ https://`+e.tlsAddr+` {
 	})
 
 	rules := p.rules()
-	if len(rules) != 4 {
-		t.Fatalf("prometheus loaded %d rules from %s, want 4: %+v", len(rules), rulesFile, rules)
+	if len(rules) != 5 {
+		t.Fatalf("prometheus loaded %d rules from %s, want 5: %+v", len(rules), rulesFile, rules)
 	}
 	for _, rule := range rules {
 		// An alert's expression returns series only while it fires; with
@@ -408,7 +419,7 @@ https://`+e.tlsAddr+` {
 	}
 	var zones []string
 	if err := p.api("label/zone/values", url.Values{"match[]": {selector}}, &zones); err != nil ||
-		strings.Join(zones, ",") != "api,conn_open,conn_rate,login,plans,search,smooth,tokens,uploads" {
+		strings.Join(zones, ",") != "api,backend,conn_open,conn_rate,login,plans,search,smooth,tokens,uploads" {
 		t.Errorf("label_values(%s, zone) = %v (%v), want every zone", selector, zones, err)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/caddy-tally/ratelimit/internal/keytable"
+	"github.com/caddy-tally/ratelimit/internal/monotime"
 )
 
 // DefaultLease is how long a slot held in the store outlives the last
@@ -130,7 +131,7 @@ const MaxConcurrency = 1 << 30
 
 // IsConcurrency reports whether the zone limits requests in flight rather
 // than a rate.
-func (c Config) IsConcurrency() bool { return c.Concurrency > 0 }
+func (c Config) IsConcurrency() bool { return c.Concurrency > 0 || c.IsAdaptive() }
 
 // validateConcurrency is validate for a zone that sets concurrency or lease.
 func (c Config) validateConcurrency() error {
@@ -163,6 +164,10 @@ type Slot struct {
 	table *Table // the in-process counter it was taken in, if any
 	key   string
 	id    string // the store's slot id, if taken in the store
+	// adaptive zones: the key's state the slot was taken in, and the
+	// request's priority class
+	adaptive *adaptiveKey
+	class    int
 }
 
 // Held reports whether the slot must be released.
@@ -173,6 +178,10 @@ func (s Slot) Held() bool { return s.zone != nil }
 // store holds the slot and the zone's fail policy decides when it cannot.
 // An allowed decision comes with a Slot to Release when the request ends.
 func (z *Zone) Acquire(ctx context.Context, key string) (Decision, Slot) {
+	if z.IsAdaptive() {
+		d, s, _ := z.acquireAdaptive(key, MaxClasses, monotime.Now(), nil)
+		return d, s
+	}
 	return z.acquire(ctx, key, z.Concurrency)
 }
 
@@ -246,6 +255,9 @@ func (z *Zone) Release(s Slot) {
 		return
 	}
 	switch {
+	case s.adaptive != nil:
+		z.ReleaseAfter(s, monotime.Now(), -1)
+		return
 	case s.table != nil:
 		s.table.releaseSlot(s.key)
 	case s.id != "":
@@ -256,6 +268,9 @@ func (z *Zone) Release(s Slot) {
 
 // InFlight is the number of this zone's requests in flight in this process.
 func (z *Zone) InFlight() int64 {
+	if a := z.state.adaptive; a != nil {
+		return a.inFlight.Load()
+	}
 	if z.state.conc == nil {
 		return 0
 	}
@@ -265,6 +280,10 @@ func (z *Zone) InFlight() int64 {
 // SlotsInUse reports the slots key holds: in the store when the zone has one
 // (every instance's), else in this process.
 func (z *Zone) SlotsInUse(ctx context.Context, key string) (int64, error) {
+	if z.IsAdaptive() {
+		_, n, _ := z.KeyLimit(key)
+		return n, nil
+	}
 	if z.store == nil {
 		cur, old := z.state.conc.current()
 		return cur.local.slots(key) + heldBefore(old, localTable, key), nil

@@ -34,7 +34,7 @@ func (c Config) validateDelay() error {
 	switch {
 	case c.Delay == 0 && c.Queue == 0:
 		return nil
-	case c.IsConcurrency():
+	case c.IsConcurrency() && !c.IsAdaptive():
 		return errors.New("delay is for rate zones: a concurrency zone's slot frees when a request ends, at no time known in advance; remove delay")
 	case c.IsQuota():
 		return errors.New("delay is for rate zones: a quota zone's next unit comes at the period's end; remove delay, or put a rate zone with delay beside it")

@@ -12,8 +12,9 @@ type Status struct {
 	// Quota zones: the units used in the current period, and its bounds.
 	Used                   int64
 	PeriodStart, PeriodEnd time.Time
-	// Concurrency zones: the key's requests in flight.
-	InFlight int64
+	// Concurrency zones: the key's requests in flight, and its limit of
+	// them (an adaptive zone's: the key's limit now).
+	InFlight, Limit int64
 }
 
 // Status reports what a unit-cost request of key would get at now under
@@ -33,8 +34,14 @@ func (z *Zone) Status(ctx context.Context, key string, now int64, p *Plan, o *Ov
 		if err != nil {
 			return Status{}, err
 		}
-		left := max(0, p.Burst-n)
-		return Status{Decision: Decision{Allowed: left > 0, Remaining: max(0, left-1)}, InFlight: n}, nil
+		limit := p.Burst
+		if z.IsAdaptive() {
+			limit = z.ConcurrencyOf(key)
+		} else if limit <= 0 {
+			limit = z.Concurrency
+		}
+		left := max(0, limit-n)
+		return Status{Decision: Decision{Allowed: left > 0, Remaining: max(0, left-1)}, InFlight: n, Limit: limit}, nil
 	case z.state.quota != nil:
 		if d, ok := z.CachedDenial(key, now, p); ok {
 			start, end := z.PeriodNow(now)

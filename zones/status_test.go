@@ -18,6 +18,7 @@ func TestStatusIsTheNextDecisionAndConsumesNothing(t *testing.T) {
 		{Name: "banned", Events: 2, Window: time.Minute, Ban: time.Hour},
 		{Name: "quota", Quota: 4, Period: algorithms.Day},
 		{Name: "conc", Concurrency: 3},
+		{Name: "adaptive", Adaptive: algorithms.AdaptiveLimit{Target: int64(100 * time.Millisecond), Min: 3, Max: 10}},
 	} {
 		t.Run(c.Name, func(t *testing.T) {
 			state := NewState(c, time.Hour)
@@ -42,6 +43,9 @@ func TestStatusIsTheNextDecisionAndConsumesNothing(t *testing.T) {
 				}
 				if s.Remaining != tk.Remaining || s.Allowed != tk.Allowed {
 					t.Fatalf("request %d: status said allowed %v, remaining %d; the request got %v, %d", i, s.Allowed, s.Remaining, tk.Allowed, tk.Remaining)
+				}
+				if c.IsConcurrency() && s.Limit != 3 {
+					t.Errorf("request %d: status says a limit of %d in flight, want 3", i, s.Limit)
 				}
 				if c.Ban > 0 && !tk.Allowed && !s.Banned && i > 2 {
 					t.Errorf("request %d: a banned key's status does not say so: %+v", i, s)

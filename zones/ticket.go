@@ -26,8 +26,15 @@ type Ticket[O any] struct {
 	// Override is the operator's override of the key, nil when none
 	// (Resolve).
 	Override *Override
+	// Class is the request's priority class in an adaptive zone: 0 the
+	// highest; beyond the zone's classes, the lowest.
+	Class int
+	// Done, when set, is closed when the request's client goes away: an
+	// adaptive zone with delay stops waiting for a place then.
+	Done <-chan struct{}
 	Decision
-	slot Slot
+	slot  Slot
+	limit int64 // an adaptive zone's limit for the key when admitted
 }
 
 // Resolve looks up the operator's override of the ticket's key, the step
@@ -66,6 +73,8 @@ func (t *Ticket[O]) Admit(ctx context.Context, now int64) {
 	switch {
 	case t.Waived():
 		t.Decision = t.waived()
+	case z.IsAdaptive():
+		t.Decision, t.slot, t.limit = z.acquireAdaptive(t.Key, t.Class, now, t.Done)
 	case z.IsConcurrency():
 		t.Decision, t.slot = z.acquire(ctx, t.Key, t.inFlightLimit())
 	case t.PostCharged:
@@ -125,7 +134,16 @@ func (t *Ticket[O]) Slot() Slot { return t.slot }
 func (t *Ticket[O]) Release() {
 	t.Zone.Release(t.slot)
 	t.slot = Slot{}
-	t.Remaining = min(t.Remaining+1, t.inFlightLimit())
+	t.Remaining = min(t.Remaining+1, t.Quota())
+}
+
+// Finish gives the ticket's slot back once the request ended at now, as
+// Release does; an adaptive zone's controller takes latency, the time from
+// the upstream call's start to its response's headers, as a sample
+// (negative: none, the client left).
+func (t *Ticket[O]) Finish(now int64, latency time.Duration) {
+	t.Zone.ReleaseAfter(t.slot, now, latency)
+	t.slot = Slot{}
 }
 
 // Cancel gives back what the ticket took: its cost (a turn reserved for
@@ -189,6 +207,9 @@ func (t *Ticket[O]) Served(waited time.Duration) {
 // Quota is q: the events of the plan the request was decided under, or a
 // concurrency zone's limit of requests in flight.
 func (t *Ticket[O]) Quota() int64 {
+	if t.Zone.IsAdaptive() {
+		return t.limit
+	}
 	if t.Zone.IsConcurrency() {
 		return t.inFlightLimit()
 	}
@@ -279,6 +300,13 @@ func Admit[O any](ctx context.Context, tickets []Ticket[O], now int64, seen func
 		if t.Delay > 0 {
 			// Admitted for later: its turn counts from the answer.
 			adm.Turn = max(adm.Turn, monotime.Now()+int64(t.Delay))
+		}
+		if t.Gone { // left while waiting for a place
+			for j := range i {
+				_ = tickets[j].Cancel(ctx, now)
+			}
+			adm.Gone = true
+			return adm
 		}
 		seen(i)
 		if !t.Allowed && !t.Zone.DryRun {

@@ -120,6 +120,11 @@ type Config struct {
 	// (0: DefaultQueue) of the zone's requests wait at once here.
 	Delay time.Duration
 	Queue int64
+	// Adaptive.Target > 0 makes an adaptive concurrency zone (adaptive.go):
+	// a concurrency zone whose limit per key follows the upstream's
+	// latency, shared by Classes priority classes (0: one).
+	Adaptive algorithms.AdaptiveLimit
+	Classes  int
 }
 
 // MinEmissionInterval is the shortest window/events tally enforces: Redis
@@ -136,6 +141,8 @@ func (c Config) Validate() error {
 	kind := c.validateRate
 	if c.IsQuota() {
 		kind = c.validateQuota
+	} else if c.IsAdaptive() {
+		kind = c.validateAdaptive
 	} else if c.Concurrency != 0 || c.Lease != 0 {
 		kind = c.validateConcurrency
 	}
@@ -198,6 +205,9 @@ func (c Config) checkKeys() (setting string, err error) {
 func (c Config) Limit() algorithms.Limit {
 	if c.IsQuota() {
 		return algorithms.Limit{EmissionInterval: 1, Burst: c.Quota}
+	}
+	if c.IsAdaptive() {
+		return algorithms.Limit{EmissionInterval: 1, Burst: c.Adaptive.Max}
 	}
 	if c.IsConcurrency() {
 		return algorithms.Limit{EmissionInterval: 1, Burst: c.Concurrency}
@@ -272,8 +282,9 @@ type State struct {
 
 	waiting atomic.Int64 // zones with delay: requests admitted for later, waiting here
 
-	conc  *concurrencyState // concurrency zones only: requests in flight
-	quota *quotaState       // quota zones only: units used per period
+	conc     *concurrencyState // concurrency zones only: requests in flight
+	adaptive *adaptiveState    // adaptive zones only: each key's limit and requests in flight
+	quota    *quotaState       // quota zones only: units used per period
 
 	final atomic.Pointer[func(*State)] // SetFinalSnapshot's
 }
@@ -309,7 +320,10 @@ func NewState(c Config, sweepInterval time.Duration) *State {
 		s.Bans, s.wouldBan = NewTable(maxKeys), NewTable(maxKeys)
 		s.banCfg = Config{Ban: c.Ban, BanMax: c.BanMax}
 	}
-	if c.IsConcurrency() {
+	switch {
+	case c.IsAdaptive():
+		s.adaptive = newAdaptiveState()
+	case c.IsConcurrency():
 		s.conc = newConcurrencyState(maxKeys)
 	}
 	if c.IsQuota() {
@@ -342,6 +356,9 @@ func (s *State) sweep(interval time.Duration) {
 			if s.conc != nil {
 				s.conc.sweep()
 			}
+			if s.adaptive != nil {
+				s.adaptive.sweep(now)
+			}
 			if s.quota != nil {
 				s.quota.sweep(now)
 			}
@@ -356,6 +373,9 @@ func (s *State) Len() int {
 	n := s.Local.Len() + s.Denied.Len() + s.Fallback.Len() + s.owed.len()
 	if s.conc != nil {
 		n += s.conc.len()
+	}
+	if s.adaptive != nil {
+		n += s.adaptive.len()
 	}
 	if s.quota != nil {
 		n += s.quota.len()
@@ -412,6 +432,9 @@ type Decision struct {
 	// request's turn was within the delay.
 	Delay     time.Duration
 	QueueFull bool
+	// Gone: the client left while the request waited for a place in an
+	// adaptive zone with delay; nothing is held.
+	Gone bool
 }
 
 // Zone decides requests for one zone definition, with its shared state and,
@@ -460,6 +483,9 @@ func New(c Config, state *State, store Store) (*Zone, error) {
 	plan := Plan{Events: c.Events, Window: c.Window, Burst: l.Burst, limit: l}
 	if c.IsQuota() {
 		plan = QuotaPlan(c.Quota)
+	}
+	if c.IsAdaptive() {
+		store = nil // per instance by nature (adaptive.go)
 	}
 	z := &Zone{Config: c, plan: plan, state: state, store: store, offers: Offers{Mode: "local"}}
 	if store != nil {

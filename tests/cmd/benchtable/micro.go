@@ -25,7 +25,7 @@ type benchRun struct {
 var microRuns = []benchRun{
 	{dir: ".", packages: []string{"./algorithms", "./zones"},
 		pattern: "^(BenchmarkDecide|BenchmarkTableDecideExistingKey|BenchmarkZoneDecideParallel|BenchmarkZoneWithBanDecideParallel|BenchmarkTableBytesPerKey|BenchmarkTableBytesPerKeyAtMaxKeys)$", benchtime: "1s"},
-	{dir: ".", packages: []string{"."}, pattern: "^(BenchmarkServeHTTPAllowedExistingKey|BenchmarkServeHTTPDelay)$", benchtime: "1s"},
+	{dir: ".", packages: []string{"."}, pattern: "^(BenchmarkServeHTTPAllowedExistingKey|BenchmarkServeHTTPDelay|BenchmarkServeHTTPAdaptiveVsConcurrency)$", benchtime: "1s"},
 	{dir: ".", packages: []string{"."}, pattern: "^BenchmarkDelayWaitingMemory$", benchtime: "1x"},
 	{dir: ".", packages: []string{"./zones"}, pattern: "^(BenchmarkSnapshot1M|BenchmarkDecideDuringSnapshot)$", benchtime: "3x"},
 	{dir: "tests", packages: []string{"."}, pattern: "^BenchmarkLocal", benchtime: "1s"},

@@ -128,6 +128,15 @@ func (t table) microRows() []row {
 		target:     "—",
 		met:        "—",
 	})
+	ad, adok := m.get("BenchmarkServeHTTPAdaptiveVsConcurrency/adaptive")
+	cd, cdok := m.get("BenchmarkServeHTTPAdaptiveVsConcurrency/concurrency")
+	rows = append(rows, row{
+		metric:     "Handler ServeHTTP, allowed in an adaptive zone with two priority classes, `headers off` (root package)",
+		tally:      figure(ad, adok, "ns/op", "allocs/op"),
+		comparison: "a fixed concurrency zone of the same size, same run: " + figure(cd, cdok, "ns/op", "allocs/op"),
+		target:     "0 allocs/op",
+		met:        yesNo(adok && ad.metrics["allocs/op"] == 0),
+	})
 	dm, dmok := m.get("BenchmarkDelayWaitingMemory")
 	rows = append(rows, row{
 		metric:     "Memory per request waiting for its turn, 5,000 waiting (root package BenchmarkDelayWaitingMemory)",

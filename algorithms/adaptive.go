@@ -1,0 +1,259 @@
+package algorithms
+
+// Adaptive concurrency: a limit of requests in flight that follows an
+// upstream's latency toward a target the operator states, and the priority
+// classes that share it.
+//
+// # The controller
+//
+// Latency samples (the time from the upstream call's start to its
+// response's headers) are gathered in windows; a window closes once it has
+// AdaptiveMinSamples samples and lasts at least max(target, 100ms), or
+// after four such lengths with any sample. At each close, with p the
+// window's 90th percentile and L the limit:
+//
+//	p > target:              L ← L·(1 + max(½, target/p))/2      (decrease)
+//	p ≤ target, peak ≥ L/2:  L ← L + max(¼, L·min(target/p − 1, ⅒))  (increase)
+//	                         (before the first decrease: L ← 2L, a slow start)
+//	otherwise:               L unchanged (demand does not reach the limit)
+//
+// then L is kept within [min, max]. peak is the most requests that wanted
+// to be in flight at once during the window (shed ones included).
+//
+// Why this shape: it is the gradient of Envoy's and Netflix's controllers
+// (limit × baseline/sample) with the operator's target as the baseline, so
+// there is no minRTT to measure and no window that pins the limit low to
+// re-measure it (the probe that sheds on purpose). A decrease is
+// proportional to the overshoot and halfway smoothed (a single slow window
+// costs at most a quarter of the limit); an increase needs the target met
+// and the limit in use, and is at most a tenth per window (at least a
+// quarter of a place: a small limit near its target does not jump a whole
+// place past it each window), so the limit settles just where the upstream's p90 crosses the
+// target: an upstream of C places and service time S < target settles at
+// about C·target/S in flight. A limit not in use does not grow, so it stays
+// within about twice the peak demand and comes down in a few windows when
+// load jumps.
+//
+// # Priority classes
+//
+// Classes share one limit; class 0 is the highest. Each class's demand is
+// the time-weighted average of its requests in flight over the last
+// second or so (an exponential average, time constant AdaptiveDemandTau).
+// A request of class k is admitted when
+//
+//	inFlight + round(unusedAbove(k)) < L + borrow(k)
+//
+// where unusedAbove(k) = Σ_{j<k} max(0, demand_j − inFlight_j), the places
+// the higher classes use on average and do not use now: kept free for
+// them (a higher class's fluctuations above its average are what borrow
+// covers). No margin is kept beyond the average: places kept free are not
+// in flight, so the controller raises the limit to keep the upstream busy,
+// and a higher class that then uses them pushes what is in flight past
+// the upstream's target.
+// and borrow(k) = min(max(1, L/8), Σ_{j>k} inFlight_j) for every class but
+// the lowest: a higher class may take a place a lower one holds, going past
+// the limit by an eighth at most; the lower class's next arrivals then find
+// no place, so what is in flight drains to the limit all the same. Lower classes are shed first; a class never leaves places
+// idle that a lower class could use once the higher ones' demand decays;
+// and with one class the rule is inFlight < L.
+
+import (
+	"math"
+	"slices"
+)
+
+// AdaptiveLimit is an adaptive concurrency limit's configuration.
+type AdaptiveLimit struct {
+	Target int64 // the latency the upstream should keep at its p90, in ns
+	Min    int64 // the fewest requests in flight allowed (≥ 1)
+	Max    int64 // the most (≥ Min)
+}
+
+const (
+	// AdaptiveSamples is how many latencies a window keeps: its last ones.
+	AdaptiveSamples = 64
+	// AdaptiveMinSamples is how many a window needs to close in time.
+	AdaptiveMinSamples = 10
+	// AdaptiveMinWindow is the shortest window, in ns.
+	AdaptiveMinWindow = int64(100e6)
+	// AdaptiveDemandTau is the time constant of a class's demand, in ns.
+	AdaptiveDemandTau = int64(1e9)
+)
+
+// Adaptive is one adaptive limit's state. The zero value is not ready:
+// start from NewAdaptive.
+type Adaptive struct {
+	limit   float64
+	start   int64 // the current window's start
+	n       int   // latencies seen in the window
+	peak    int64 // the most requests in flight wanted in the window
+	settled bool  // a decrease happened: the slow start is over
+	lastP90 int64 // the p90 of the last window closed
+	samples [AdaptiveSamples]int64
+}
+
+// NewAdaptive returns a limit at l.Min whose first window starts at now.
+func NewAdaptive(l AdaptiveLimit, now int64) Adaptive {
+	return Adaptive{limit: float64(l.Min), start: now}
+}
+
+// Limit is the number of requests that may be in flight: at least 1.
+func (a *Adaptive) Limit() int64 { return max(1, int64(a.limit)) }
+
+// Want records that want requests wanted to be in flight at once (the ones
+// in flight and the one arriving), shed or not.
+func (a *Adaptive) Want(want int64) { a.peak = max(a.peak, want) }
+
+// Observe records one request's latency (ns) at now and, when that closes
+// the window, moves the limit within l's bounds and reports true.
+func (a *Adaptive) Observe(l AdaptiveLimit, now, latency int64) bool {
+	a.samples[a.n%AdaptiveSamples] = latency
+	a.n++
+	window := max(l.Target, AdaptiveMinWindow)
+	elapsed := now - a.start
+	if !(a.n >= AdaptiveMinSamples && elapsed >= window || elapsed >= 4*window) {
+		return false
+	}
+	a.lastP90 = a.p90()
+	a.update(l, a.lastP90)
+	a.start, a.n, a.peak = now, 0, 0
+	return true
+}
+
+// update moves the limit after a window of p90 latency p.
+func (a *Adaptive) update(l AdaptiveLimit, p int64) {
+	lim, target := a.limit, float64(l.Target)
+	switch {
+	case float64(p) > target:
+		lim *= (1 + max(0.5, target/float64(p))) / 2
+		a.settled = true
+	case float64(a.peak) < lim/2:
+	case !a.settled:
+		lim *= 2
+	default:
+		gain := 0.1
+		if p > 0 {
+			gain = min(gain, target/float64(p)-1)
+		}
+		lim += max(0.25, lim*gain)
+	}
+	a.limit = min(max(lim, float64(l.Min)), float64(l.Max))
+}
+
+// LastP90 is the p90 latency of the last window closed (ns), 0 before one.
+func (a *Adaptive) LastP90() int64 { return a.lastP90 }
+
+// Rebound keeps the limit within l's bounds (a reload changed them).
+func (a *Adaptive) Rebound(l AdaptiveLimit) {
+	a.limit = min(max(a.limit, float64(l.Min)), float64(l.Max))
+}
+
+// p90 is the 90th percentile of the window's kept latencies (nearest rank).
+func (a *Adaptive) p90() int64 {
+	var buf [AdaptiveSamples]int64
+	s := buf[:copy(buf[:], a.samples[:min(a.n, AdaptiveSamples)])]
+	slices.Sort(s)
+	return s[(len(s)*9+9)/10-1]
+}
+
+// Classes is the requests in flight of each priority class sharing one
+// limit, and each class's demand (see the package's Priority classes).
+type Classes struct {
+	inFlight []int64
+	demand   []float64
+	last     []int64 // when each demand was last brought up to date
+}
+
+// NewClasses returns n classes (at least 1) with nothing in flight at now.
+func NewClasses(n int, now int64) Classes {
+	n = max(n, 1)
+	c := Classes{inFlight: make([]int64, n), demand: make([]float64, n), last: make([]int64, n)}
+	for i := range c.last {
+		c.last[i] = now
+	}
+	return c
+}
+
+// Resize makes n classes (at least 1) at now: new ones start empty, and
+// the requests in flight of classes dropped count in the last one kept
+// (where Done, which clamps the class, will count them out).
+func (c *Classes) Resize(n int, now int64) {
+	n = max(n, 1)
+	for k := range c.inFlight {
+		c.demand[k] = c.demandAt(k, now)
+		c.last[k] = max(c.last[k], now)
+	}
+	for len(c.inFlight) < n {
+		c.inFlight, c.demand, c.last = append(c.inFlight, 0), append(c.demand, 0), append(c.last, now)
+	}
+	for k := n; k < len(c.inFlight); k++ {
+		c.inFlight[n-1] += c.inFlight[k]
+		c.demand[n-1] += c.demand[k]
+	}
+	c.inFlight, c.demand, c.last = c.inFlight[:n], c.demand[:n], c.last[:n]
+}
+
+// Len is the number of classes.
+func (c *Classes) Len() int { return len(c.inFlight) }
+
+// InFlight is the number of requests in flight, of class k or, with k < 0,
+// of every class.
+func (c *Classes) InFlight(k int) int64 {
+	if k >= 0 {
+		return c.inFlight[k]
+	}
+	var n int64
+	for _, x := range c.inFlight {
+		n += x
+	}
+	return n
+}
+
+// Admit admits one request of class k (clamped to the classes) at now
+// under limit, counting it in flight, and reports whether it did.
+func (c *Classes) Admit(k int, limit, now int64) bool {
+	k = min(max(k, 0), len(c.inFlight)-1)
+	total := c.InFlight(-1)
+	var unused float64
+	for j := range k {
+		unused += max(0, c.demandAt(j, now)-float64(c.inFlight[j]))
+	}
+	var borrow int64
+	if k < len(c.inFlight)-1 {
+		var lower int64
+		for _, x := range c.inFlight[k+1:] {
+			lower += x
+		}
+		borrow = min(max(1, limit/8), lower)
+	}
+	if total+int64(math.Round(unused)) >= limit+borrow {
+		return false
+	}
+	c.move(k, now, 1)
+	return true
+}
+
+// Done counts a request of class k, admitted by Admit, out of flight.
+func (c *Classes) Done(k int, now int64) {
+	c.move(min(max(k, 0), len(c.inFlight)-1), now, -1)
+}
+
+// Demand is class k's demand at now: its average in flight lately.
+func (c *Classes) Demand(k int, now int64) float64 { return c.demandAt(k, now) }
+
+func (c *Classes) move(k int, now, by int64) {
+	c.demand[k] = c.demandAt(k, now)
+	c.last[k] = max(c.last[k], now)
+	c.inFlight[k] += by
+}
+
+// demandAt is class k's demand brought up to now: the exponential average
+// moves toward the count in flight since the last change.
+func (c *Classes) demandAt(k int, now int64) float64 {
+	dt := now - c.last[k]
+	if dt <= 0 {
+		return c.demand[k]
+	}
+	x := float64(c.inFlight[k])
+	return x + (c.demand[k]-x)*math.Exp(-float64(dt)/float64(AdaptiveDemandTau))
+}

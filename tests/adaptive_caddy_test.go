@@ -1,0 +1,510 @@
+package tests
+
+// Adaptive concurrency zones through a real Caddy in front of an upstream
+// model on loopback that serves at most C requests at once in S each and
+// queues the rest (its latency grows with its queue), with C changed while
+// it runs. One upstream and one Caddy go through the issue's phases in
+// sequence, each asserted: underload sheds nothing, overload is held near C
+// with the high class served and the low class shed, a halved and a
+// doubled C are followed, a reload keeps the learned limit, and a load that
+// drops stops the shedding.
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// modelUpstream serves at most capacity requests at once, each in service
+// time, and queues the others.
+type modelUpstream struct {
+	Addr    string
+	service time.Duration
+
+	mu       sync.Mutex
+	cond     *sync.Cond
+	capacity int
+	running  int
+	inFlight atomic.Int64 // served and queued
+}
+
+func startModelUpstream(t *testing.T, capacity int, service time.Duration) *modelUpstream {
+	u := &modelUpstream{service: service, capacity: capacity}
+	u.cond = sync.NewCond(&u.mu)
+	srv := httptest.NewServer(u)
+	t.Cleanup(srv.Close)
+	u.Addr = srv.Listener.Addr().String()
+	return u
+}
+
+func (u *modelUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	u.inFlight.Add(1)
+	defer u.inFlight.Add(-1)
+	u.mu.Lock()
+	for u.running >= u.capacity {
+		u.cond.Wait()
+	}
+	u.running++
+	u.mu.Unlock()
+	time.Sleep(u.service) // the model's service time
+	u.mu.Lock()
+	u.running--
+	u.cond.Signal()
+	u.mu.Unlock()
+	w.WriteHeader(http.StatusOK)
+}
+
+func (u *modelUpstream) setCapacity(c int) {
+	u.mu.Lock()
+	u.capacity = c
+	u.cond.Broadcast()
+	u.mu.Unlock()
+}
+
+// outcome is one request the load generator sent.
+type outcome struct {
+	at      time.Time // sent
+	signed  bool
+	status  int
+	latency time.Duration
+}
+
+// classLoad sends paced requests of one class from workers, each waiting
+// for its answer: every active worker sends one request per period (or at
+// once after its answer, when that took longer); setRate activates the
+// workers that make a rate.
+type classLoad struct {
+	t      *testing.T
+	url    string
+	signed bool
+	client *http.Client
+	period time.Duration
+	active atomic.Int64
+	stop   chan struct{}
+	wg     sync.WaitGroup
+
+	mu       sync.Mutex
+	outcomes []outcome
+	errors   int
+}
+
+func startClassLoad(t *testing.T, url string, signed bool, workers int, period time.Duration) *classLoad {
+	l := &classLoad{t: t, url: url, signed: signed, period: period, stop: make(chan struct{}),
+		client: &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: workers, DisableCompression: true}}}
+	for i := range workers {
+		l.wg.Add(1)
+		go l.worker(i)
+	}
+	t.Cleanup(l.close)
+	return l
+}
+
+func (l *classLoad) close() {
+	select {
+	case <-l.stop:
+		return
+	default:
+	}
+	close(l.stop)
+	l.wg.Wait()
+	l.client.CloseIdleConnections()
+}
+
+// setRate makes the active workers send rate requests per second.
+func (l *classLoad) setRate(rate float64) {
+	l.active.Store(int64(rate*l.period.Seconds() + 0.5))
+}
+
+func (l *classLoad) worker(i int) {
+	defer l.wg.Done()
+	signed := l.signed
+	class := "anonymous"
+	if signed {
+		class = "signed_in"
+	}
+	// Spread over the period, so that the workers do not send in step.
+	next := time.Now().Add(time.Duration(i*7919) * time.Millisecond % l.period)
+	for {
+		if int64(i) >= l.active.Load() {
+			select { // idle until the rate needs this worker
+			case <-l.stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			next = time.Now().Add(time.Duration(i*7919) * time.Millisecond % l.period)
+			continue
+		}
+		select {
+		case <-l.stop:
+			return
+		case <-time.After(time.Until(next)):
+		}
+		next = next.Add(l.period)
+		if now := time.Now(); next.Before(now) {
+			next = now // a worker that fell behind does not catch up in a burst
+		}
+		req, _ := http.NewRequest(http.MethodGet, l.url, nil)
+		req.Header.Set("X-Class", class)
+		req.Header.Set("X-Client", strconv.Itoa(i))
+		start := time.Now()
+		resp, err := l.client.Do(req)
+		l.mu.Lock()
+		if err != nil {
+			l.errors++
+		} else {
+			resp.Body.Close()
+			l.outcomes = append(l.outcomes, outcome{at: start, signed: signed, status: resp.StatusCode, latency: time.Since(start)})
+		}
+		l.mu.Unlock()
+	}
+}
+
+// mixedLoad is the two classes: 20% of the requests signed_in, from
+// workers that send every 100ms (about as long as an answer takes, so each
+// has about one request in flight), 80% anonymous from workers that send
+// every 250ms.
+type mixedLoad struct{ signed, anonymous *classLoad }
+
+func startMixedLoad(t *testing.T, url string, maxRate float64) mixedLoad {
+	const fast, slow = 100 * time.Millisecond, 250 * time.Millisecond
+	return mixedLoad{
+		signed:    startClassLoad(t, url, true, int(0.2*maxRate*fast.Seconds())+2, fast),
+		anonymous: startClassLoad(t, url, false, int(0.8*maxRate*slow.Seconds())+2, slow),
+	}
+}
+
+func (m mixedLoad) setRate(rate float64) {
+	m.signed.setRate(0.2 * rate)
+	m.anonymous.setRate(0.8 * rate)
+}
+
+func (m mixedLoad) close() {
+	m.signed.close()
+	m.anonymous.close()
+}
+
+func (m mixedLoad) errors() int {
+	m.signed.mu.Lock()
+	defer m.signed.mu.Unlock()
+	m.anonymous.mu.Lock()
+	defer m.anonymous.mu.Unlock()
+	return m.signed.errors + m.anonymous.errors
+}
+
+func (m mixedLoad) stats(from, to time.Time) phaseStats {
+	s := m.signed.stats(from, to)
+	a := m.anonymous.stats(from, to)
+	for c := range 2 {
+		s.sent[c] += a.sent[c]
+		s.served[c] += a.served[c]
+		s.shed[c] += a.shed[c]
+		s.latencies[c] = append(s.latencies[c], a.latencies[c]...)
+	}
+	s.other += a.other
+	return s
+}
+
+// phaseStats sums up the requests sent in [from, to).
+type phaseStats struct {
+	sent, served, shed [2]int // by class: 0 signed_in, 1 anonymous
+	latencies          [2][]time.Duration
+	other              int // neither 200 nor 503
+	seconds            float64
+}
+
+func (l *classLoad) stats(from, to time.Time) phaseStats {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := phaseStats{seconds: to.Sub(from).Seconds()}
+	for _, o := range l.outcomes {
+		if o.at.Before(from) || !o.at.Before(to) {
+			continue
+		}
+		c := 1
+		if o.signed {
+			c = 0
+		}
+		s.sent[c]++
+		switch o.status {
+		case http.StatusOK:
+			s.served[c]++
+			s.latencies[c] = append(s.latencies[c], o.latency)
+		case http.StatusServiceUnavailable:
+			s.shed[c]++
+		default:
+			s.other++
+		}
+	}
+	return s
+}
+
+func percentile(d []time.Duration, p float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	d = slices.Clone(d)
+	slices.Sort(d)
+	return d[min(len(d)-1, int(float64(len(d))*p))]
+}
+
+func (s phaseStats) String() string {
+	return fmt.Sprintf("signed_in %d sent, %d served, %d shed, p99 %v; anonymous %d sent, %d served, %d shed, p99 %v; other %d; goodput %.0f/s",
+		s.sent[0], s.served[0], s.shed[0], percentile(s.latencies[0], .99), s.sent[1], s.served[1], s.shed[1], percentile(s.latencies[1], .99),
+		s.other, float64(s.served[0]+s.served[1])/s.seconds)
+}
+
+// inFlightSampler records the upstream's requests in flight every 10ms.
+type inFlightSampler struct {
+	mu      sync.Mutex
+	samples []struct {
+		at time.Time
+		n  int64
+	}
+}
+
+func sampleInFlight(t *testing.T, u *modelUpstream) *inFlightSampler {
+	s := new(inFlightSampler)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case now := <-tick.C:
+				s.mu.Lock()
+				s.samples = append(s.samples, struct {
+					at time.Time
+					n  int64
+				}{now, u.inFlight.Load()})
+				s.mu.Unlock()
+			}
+		}
+	}()
+	t.Cleanup(func() { close(stop); <-done })
+	return s
+}
+
+// maxIn is the most requests in flight sampled in [from, to), and the
+// share of samples above bound.
+func (s *inFlightSampler) maxIn(from, to time.Time, bound float64) (int64, float64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var peak int64
+	var n, over int
+	for _, x := range s.samples {
+		if x.at.Before(from) || !x.at.Before(to) {
+			continue
+		}
+		n++
+		peak = max(peak, x.n)
+		if float64(x.n) > bound {
+			over++
+		}
+	}
+	return peak, float64(over) / float64(max(n, 1))
+}
+
+func adaptiveSite(upstream string) string {
+	return `http:// {
+	rate_limit {
+		zone backend {
+			key {http.request.host}
+			adaptive {
+				latency 100ms
+				min 4
+				max 2000
+			}
+			priority {http.request.header.X-Class} signed_in anonymous
+		}
+	}
+	reverse_proxy ` + upstream + `
+}
+`
+}
+
+func adaptiveLimitOf(c *caddyInstance) float64 {
+	v, _ := metricValue(c.scrape(), "caddy_rate_limit_adaptive_limit", map[string]string{"zone": "backend"})
+	return v
+}
+
+// sleepPhase lets the load run for d: the phases are durations of load,
+// not synchronisation.
+func sleepPhase(d time.Duration) time.Time {
+	time.Sleep(d)
+	return time.Now()
+}
+
+func TestAdaptiveZoneFollowsTheUpstreamWithPriorities(t *testing.T) {
+	const (
+		capacity = 10
+		service  = 90 * time.Millisecond
+		target   = 100 * time.Millisecond
+	)
+	rate := float64(capacity) / service.Seconds() // the upstream's capacity, requests per second
+	u := startModelUpstream(t, capacity, service)
+	c := startCaddy(t, adaptiveSite(u.Addr))
+	inFlight := sampleInFlight(t, u)
+	gen := startMixedLoad(t, c.URL+"/", 3*rate)
+
+	// Warm-up from a cold start (min 4): the limit finds the load.
+	gen.setRate(0.5 * rate)
+	start := sleepPhase(4 * time.Second)
+
+	// Underload: nothing is shed, for there is no probe window.
+	gen.setRate(0.8 * rate)
+	end := sleepPhase(15 * time.Second)
+	if s := gen.stats(start, end); s.shed[0]+s.shed[1] != 0 || s.other != 0 || s.served[0]+s.served[1] == 0 {
+		t.Errorf("at 0.8× capacity: %v; want nothing shed", s)
+	} else {
+		t.Logf("0.8× capacity for 15s: %v", s)
+	}
+
+	// Overload at 3×: after at most 5s the upstream holds about C; the
+	// signed_in are served, the anonymous shed; the upstream stays busy.
+	gen.setRate(3 * rate)
+	start = sleepPhase(5 * time.Second)
+	end = sleepPhase(15 * time.Second)
+	s := gen.stats(start, end)
+	peak, over := inFlight.maxIn(start, end, 1.25*capacity)
+	t.Logf("3× capacity, 5s to 20s: %v; upstream in flight at most %d, %.1f%% of samples over 1.25·C; limit %.0f", s, peak, 100*over, adaptiveLimitOf(c))
+	if served := float64(s.served[0]) / float64(max(1, s.sent[0])); served < 0.99 {
+		t.Errorf("signed_in served %.3f of its requests under overload, want ≥ 0.99", served)
+	}
+	if p99 := percentile(s.latencies[0], .99); p99 > 2*target {
+		t.Errorf("signed_in p99 latency %v under overload, want ≤ 2 × target = %v", p99, 2*target)
+	}
+	if goodput := float64(s.served[0]+s.served[1]) / s.seconds; goodput < 0.9*rate {
+		t.Errorf("goodput %.0f/s under overload, want ≥ 90%% of the upstream's %.0f/s", goodput, rate)
+	}
+	if anon, signed := float64(s.shed[1])/float64(max(1, s.sent[1])), float64(s.shed[0])/float64(max(1, s.sent[0])); anon < 0.5 || signed > anon/10 {
+		t.Errorf("shed under overload: anonymous %.3f, signed_in %.3f; want the anonymous shed first", anon, signed)
+	}
+	if over > 0.01 {
+		t.Errorf("upstream in flight above 1.25·C in %.1f%% of samples (peak %d), want ≤ 1%%", 100*over, peak)
+	}
+
+	// C halves: the limit follows within 5s, and the latency target holds
+	// again.
+	u.setCapacity(capacity / 2)
+	halved := time.Now()
+	waitFor(t, 5*time.Second, "the limit to follow a halved C", func() bool { return adaptiveLimitOf(c) <= 1.25*capacity/2 })
+	t.Logf("limit %.0f %v after C halved", adaptiveLimitOf(c), time.Since(halved).Round(time.Millisecond))
+	start = sleepPhase(2 * time.Second)
+	end = sleepPhase(3 * time.Second)
+	s = gen.stats(start, end)
+	if p90 := percentile(append(s.latencies[0], s.latencies[1]...), .9); p90 > target*3/2 {
+		t.Errorf("served p90 latency %v after C halved, want the target %v again (≤ 1.5 × target)", p90, target)
+	}
+	if goodput := float64(s.served[0]+s.served[1]) / s.seconds; goodput < 0.8*rate/2 {
+		t.Errorf("goodput %.0f/s after C halved, want ≥ 80%% of %.0f/s", goodput, rate/2)
+	}
+
+	// C doubles back: the limit rises within 10s.
+	u.setCapacity(capacity)
+	doubled := time.Now()
+	waitFor(t, 10*time.Second, "the limit to rise after C doubled", func() bool { return adaptiveLimitOf(c) >= capacity })
+	t.Logf("limit %.0f %v after C doubled", adaptiveLimitOf(c), time.Since(doubled).Round(time.Millisecond))
+
+	// A reload keeps the learned limit (a fresh one would be min, 4).
+	before := adaptiveLimitOf(c)
+	load(t, c, "", adaptiveSite(u.Addr)+"\n# reloaded\n")
+	if after := adaptiveLimitOf(c); after < capacity*3/4 {
+		t.Errorf("limit %.0f right after a reload (%.0f before), want the learned limit kept", after, before)
+	}
+
+	// Load drops from 3× to 0.5×: no shedding after at most 3s.
+	gen.setRate(0.5 * rate)
+	start = sleepPhase(3 * time.Second)
+	end = sleepPhase(5 * time.Second)
+	if s := gen.stats(start, end); s.shed[0]+s.shed[1] != 0 || s.other != 0 {
+		t.Errorf("3s after load dropped to 0.5×: %v; want nothing shed", s)
+	}
+	gen.close()
+	if n := gen.errors(); n > 0 {
+		t.Errorf("%d requests failed at the transport", n)
+	}
+	if v, ok := metricValue(c.scrape(), "caddy_rate_limit_adaptive_requests_total", map[string]string{"zone": "backend", "class": "anonymous", "decision": "shed"}); !ok || v == 0 {
+		t.Errorf("anonymous shed counter %v (present %v), want the sheds counted", v, ok)
+	}
+}
+
+// A shed request is a 503 with Retry-After; with delay a request waits
+// for a place, and a client that leaves while waiting gives its place in
+// the queue back: the next waiter is served, the gone one never reaches
+// the upstream.
+func TestAdaptiveZoneShedsWith503AndWaitersThatLeaveFreeTheirPlace(t *testing.T) {
+	u := startCountingUpstream(t)
+	site := func(delay string) string {
+		return `http:// {
+	rate_limit {
+		zone backend {
+			key {http.request.host}
+			adaptive {
+				latency 1s
+				min 2
+				max 2
+			}
+` + delay + `
+		}
+	}
+	reverse_proxy ` + u.Addr + `
+}
+`
+	}
+	c := startCaddyWith(t, "metrics", site(""))
+	held := make(chan response, 2)
+	for range 2 {
+		go func() { held <- c.Do(request{Path: "/?gate=a"}) }()
+	}
+	u.waitInFlight(2)
+	shed := c.Do(request{Path: "/"})
+	if shed.Status != http.StatusServiceUnavailable || shed.Header.Get("Retry-After") != "1" {
+		t.Fatalf("request past the limit: %d Retry-After %q, want 503 Retry-After 1", shed.Status, shed.Header.Get("Retry-After"))
+	}
+	u.open("a")
+	for range 2 {
+		if r := <-held; r.Status != http.StatusOK {
+			t.Fatalf("held request: %d", r.Status)
+		}
+	}
+
+	load(t, c, "metrics", site("\t\t\tdelay 10s\n\t\t\tqueue 5"))
+	for range 2 {
+		go func() { held <- c.Do(request{Path: "/?gate=b"}) }()
+	}
+	u.waitInFlight(2)
+	impatient := &http.Client{Timeout: 300 * time.Millisecond}
+	if _, err := c.try(request{Path: "/?gate=gone", Client: impatient}); err == nil {
+		t.Fatal("the impatient client got an answer while every place was held")
+	}
+	waiting := func() float64 {
+		v, _ := metricValue(c.scrape(), "caddy_rate_limit_waiting", map[string]string{"zone": "backend"})
+		return v
+	}
+	waitFor(t, 5*time.Second, "the gone client's queue place back", func() bool { return waiting() == 0 })
+	patient := make(chan response, 1)
+	go func() { patient <- c.Do(request{Path: "/?gate=c"}) }()
+	waitFor(t, 5*time.Second, "the patient client waiting", func() bool { return waiting() == 1 })
+	u.open("b")
+	u.waitInFlight(1) // the patient one, at gate c
+	u.open("c")
+	if r := <-patient; r.Status != http.StatusOK {
+		t.Fatalf("the waiter after the gone one: %d, want 200", r.Status)
+	}
+	for range 2 {
+		<-held
+	}
+	if p := u.peak.Load(); p > 2 {
+		t.Fatalf("upstream saw %d in flight, want at most the limit 2 (the gone waiter never sent)", p)
+	}
+}

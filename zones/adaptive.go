@@ -1,0 +1,357 @@
+package zones
+
+// Adaptive concurrency zones: a concurrency zone whose limit per key is not
+// fixed but read from a controller (algorithms.Adaptive) that follows the
+// upstream's latency toward the zone's target, shared by priority classes
+// (algorithms.Classes). A request takes a place as in a concurrency zone
+// (Ticket.Admit) and gives it back with its latency, the time from the
+// upstream call's start to its response's headers (Zone.ReleaseAfter),
+// which the controller samples.
+//
+// Adaptive zones are per instance by nature: each Caddy limits what it
+// sends to the upstream it sees, whatever its mode; a store is never asked
+// (New drops it), and several instances in front of one upstream each
+// converge on their share, since each sees the latency all of them cause.
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddy-tally/ratelimit/algorithms"
+	"github.com/caddy-tally/ratelimit/internal/monotime"
+)
+
+// MaxAdaptiveTarget is the longest latency target: an upstream slower than
+// a minute at its p90 is not protected by counting its requests.
+const MaxAdaptiveTarget = time.Minute
+
+// MaxClasses is the most priority classes an adaptive zone may have.
+const MaxClasses = 16
+
+// AdaptiveKeyIdle is how long a key with nothing in flight keeps its
+// learned limit: longer than a reload or a quiet spell, short enough that
+// keys seen once do not pile up.
+const AdaptiveKeyIdle = 10 * time.Minute
+
+// IsAdaptive reports whether the zone's concurrency limit follows the
+// upstream's latency (adaptive.go).
+func (c Config) IsAdaptive() bool { return c.Adaptive.Target > 0 }
+
+// validateAdaptive is validate for an adaptive zone.
+func (c Config) validateAdaptive() error {
+	a := c.Adaptive
+	switch {
+	case c.Concurrency != 0 || c.Lease != 0:
+		return errors.New("adaptive replaces concurrency (a fixed limit) and lease: remove them")
+	case c.Events != 0 || c.Window != 0 || c.Burst != 0 || c.PerRequest:
+		return errors.New("adaptive replaces events, window and burst: remove them, or put the rate limit in a zone of its own")
+	case time.Duration(a.Target) > MaxAdaptiveTarget:
+		return fmt.Errorf("adaptive latency must be at most %v", MaxAdaptiveTarget)
+	case a.Min < 1 || a.Min > MaxConcurrency:
+		return fmt.Errorf("adaptive min must be a whole number from 1 to %d", MaxConcurrency)
+	case a.Max < a.Min || a.Max > MaxConcurrency:
+		return fmt.Errorf("adaptive max must be a whole number from min (%d) to %d", a.Min, MaxConcurrency)
+	case c.Classes < 0 || c.Classes > MaxClasses:
+		return fmt.Errorf("priority takes at most %d classes", MaxClasses)
+	}
+	_, err := c.checkKeys()
+	return err
+}
+
+// adaptiveState is an adaptive zone's in-process state: each key's
+// controller and classes. Like a concurrency zone's, it is pooled by the
+// zone's name, so a reload keeps every key's learned limit and counts the
+// requests still in flight.
+type adaptiveState struct {
+	mu       sync.RWMutex
+	keys     map[string]*adaptiveKey
+	inFlight atomic.Int64 // the zone's requests in flight in this process
+	p90      atomic.Int64 // the latest closed window's p90 latency (ns), any key
+}
+
+// adaptiveKey is one key's limit and requests in flight, under its mutex:
+// an admission and a release each take it once.
+type adaptiveKey struct {
+	mu      sync.Mutex
+	ctl     algorithms.Adaptive
+	classes algorithms.Classes
+	used    int64 // the last admission or release (monotime)
+	// Zones with delay: the requests waiting for a place, by class, each
+	// class first come first served, and since when the queue has not
+	// been empty (0: it is).
+	waiters    [][]*adaptiveWaiter
+	queueSince int64
+}
+
+// adaptiveWaiter is a request waiting for a place: a release that admits
+// it counts it in flight and signals granted.
+type adaptiveWaiter struct {
+	class   int
+	granted chan struct{} // buffered: the release never blocks
+}
+
+func newAdaptiveState() *adaptiveState {
+	return &adaptiveState{keys: map[string]*adaptiveKey{}}
+}
+
+// key is key's state, created at now under c when there is room for it
+// (max_keys); nil when there is not.
+func (s *adaptiveState) key(c Config, key string, now int64) *adaptiveKey {
+	s.mu.RLock()
+	k := s.keys[key]
+	s.mu.RUnlock()
+	if k != nil {
+		return k
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if k = s.keys[key]; k != nil {
+		return k
+	}
+	if len(s.keys) >= c.maxKeys() {
+		return nil
+	}
+	k = &adaptiveKey{ctl: algorithms.NewAdaptive(c.Adaptive, now), classes: algorithms.NewClasses(max(1, c.Classes), now), used: now}
+	s.keys[key] = k
+	return k
+}
+
+// sweep drops the keys with nothing in flight that were not used for
+// AdaptiveKeyIdle.
+func (s *adaptiveState) sweep(now int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for name, k := range s.keys {
+		k.mu.Lock()
+		idle := k.classes.InFlight(-1) == 0 && now-k.used > int64(AdaptiveKeyIdle)
+		k.mu.Unlock()
+		if idle {
+			delete(s.keys, name)
+		}
+	}
+}
+
+func (s *adaptiveState) len() int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return len(s.keys)
+}
+
+// acquireAdaptive admits a request of key and priority class (0 the
+// highest; beyond the zone's classes: the lowest) at now, or sheds it.
+// Shed or not, the request counts in the controller's demand. In a zone
+// with delay, a request that finds no place waits for one (wait).
+func (z *Zone) acquireAdaptive(key string, class int, now int64, done <-chan struct{}) (Decision, Slot, int64) {
+	s := z.state.adaptive
+	k := s.key(z.Config, key, now)
+	if k == nil {
+		return slotDenied(SourceLocal, nil), Slot{}, z.Adaptive.Min
+	}
+	k.mu.Lock()
+	if n := max(1, z.Classes); k.classes.Len() != n {
+		k.classes.Resize(n, now) // a reload changed the classes
+	}
+	k.used = max(k.used, now)
+	total := k.classes.InFlight(-1)
+	k.ctl.Want(total + 1)
+	limit := min(k.ctl.Limit(), z.Adaptive.Max)
+	ok := k.classes.Admit(class, limit, now)
+	if !ok && z.Delay > 0 && !z.DryRun {
+		var d Decision
+		if d, ok = z.wait(k, class, done); !ok {
+			k.mu.Unlock()
+			return d, Slot{}, limit
+		}
+		total = k.classes.InFlight(-1) - 1
+	}
+	k.mu.Unlock()
+	if !ok {
+		return slotDenied(SourceLocal, nil), Slot{}, limit
+	}
+	s.inFlight.Add(1)
+	return Decision{Allowed: true, Remaining: max(0, limit-total-1), Source: SourceLocal},
+		Slot{zone: z, key: key, adaptive: k, class: class}, limit
+}
+
+// wait makes a request of class that found no place in k, whose mutex is
+// held (and held again on return), wait for one, as a zone with delay
+// does: at most delay, and only while the zone's queue has room; under a
+// standing queue (not empty for a window, max(target, 100ms)) at most the
+// target: CoDel's idea, a queue that never drains is shed rather than
+// kept. A release hands places to the waiters, highest class first
+// (handOff). It reports whether the request got a place; if not, the
+// decision: shed (the queue full or the wait over), or Gone (done closed,
+// the client left).
+func (z *Zone) wait(k *adaptiveKey, class int, done <-chan struct{}) (Decision, bool) {
+	shed := slotDenied(SourceLocal, nil)
+	if !z.takeQueuePlace() {
+		shed.QueueFull = true
+		return shed, false
+	}
+	defer z.EndWait()
+	now := monotime.Now()
+	bound := z.Delay
+	if k.queueSince != 0 && now-k.queueSince >= max(z.Adaptive.Target, algorithms.AdaptiveMinWindow) {
+		bound = min(bound, time.Duration(z.Adaptive.Target))
+	}
+	class = min(max(class, 0), k.classes.Len()-1)
+	w := &adaptiveWaiter{class: class, granted: make(chan struct{}, 1)}
+	for len(k.waiters) < k.classes.Len() {
+		k.waiters = append(k.waiters, nil)
+	}
+	k.waiters[class] = append(k.waiters[class], w)
+	if k.queueSince == 0 {
+		k.queueSince = now
+	}
+	k.mu.Unlock()
+	t := time.NewTimer(bound)
+	var gone bool
+	select {
+	case <-w.granted:
+	case <-t.C:
+	case <-done:
+		gone = true
+	}
+	t.Stop()
+	k.mu.Lock()
+	if !k.dequeue(w) { // granted, maybe meanwhile: it holds a place
+		if gone {
+			k.classes.Done(class, monotime.Now())
+			k.handOff(min(k.ctl.Limit(), z.Adaptive.Max), monotime.Now())
+			shed.Gone = true
+			return shed, false
+		}
+		return Decision{}, true
+	}
+	shed.Gone = gone
+	return shed, false
+}
+
+// takeQueuePlace takes a place in the zone's queue of waiting requests if
+// it has room (EndWait gives it back).
+func (z *Zone) takeQueuePlace() bool {
+	for w, limit := &z.state.waiting, z.QueueSize(); ; {
+		n := w.Load()
+		if n >= limit {
+			return false
+		}
+		if w.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// dequeue takes w out of k's waiters, reporting whether it was there (not
+// granted a place yet). k's mutex is held.
+func (k *adaptiveKey) dequeue(w *adaptiveWaiter) bool {
+	q := k.waiters[w.class]
+	i := slices.Index(q, w)
+	if i < 0 {
+		return false
+	}
+	k.waiters[w.class] = slices.Delete(q, i, i+1)
+	k.noteEmpty()
+	return true
+}
+
+// handOff gives the places free under limit to the waiters, highest class
+// first, each class in arrival order. k's mutex is held.
+func (k *adaptiveKey) handOff(limit, now int64) {
+	for c := range k.waiters {
+		for len(k.waiters[c]) > 0 && k.classes.Admit(c, limit, now) {
+			w := k.waiters[c][0]
+			k.waiters[c][0] = nil
+			k.waiters[c] = k.waiters[c][1:]
+			w.granted <- struct{}{}
+		}
+		if len(k.waiters[c]) > 0 {
+			break // a lower class does not pass a higher one waiting
+		}
+	}
+	k.noteEmpty()
+}
+
+func (k *adaptiveKey) noteEmpty() {
+	for _, q := range k.waiters {
+		if len(q) > 0 {
+			return
+		}
+	}
+	k.queueSince = 0
+}
+
+// ReleaseAfter gives back a slot Acquire returned, as Release does; a slot
+// of an adaptive zone gives the controller latency, the time from the
+// upstream call's start to its response's headers (or the handler's
+// return), at now. A negative latency is no sample (the client left).
+func (z *Zone) ReleaseAfter(s Slot, now int64, latency time.Duration) {
+	k := s.adaptive
+	if k == nil {
+		z.Release(s)
+		return
+	}
+	k.mu.Lock()
+	k.classes.Done(s.class, now)
+	k.used = max(k.used, now)
+	if latency >= 0 && k.ctl.Observe(z.Adaptive, now, int64(latency)) {
+		z.state.adaptive.p90.Store(k.ctl.LastP90())
+	}
+	if k.queueSince != 0 {
+		k.handOff(min(k.ctl.Limit(), z.Adaptive.Max), now)
+	}
+	k.mu.Unlock()
+	z.state.adaptive.inFlight.Add(-1)
+}
+
+// AdaptiveLimit is the sum of the zone's keys' current limits (one key, a
+// host, is the common case), and the p90 latency of the latest window the
+// controller closed; 0, 0 for another kind of zone.
+func (z *Zone) AdaptiveLimit() (limit int64, p90 time.Duration) {
+	s := z.state.adaptive
+	if s == nil {
+		return 0, 0
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for _, k := range s.keys {
+		k.mu.Lock()
+		limit += min(k.ctl.Limit(), z.Adaptive.Max)
+		k.mu.Unlock()
+	}
+	return limit, time.Duration(s.p90.Load())
+}
+
+// ConcurrencyOf is the limit of requests in flight key has now: the zone's
+// concurrency, or in an adaptive zone the key's current limit (min for a
+// key it holds no state for).
+func (z *Zone) ConcurrencyOf(key string) int64 {
+	if !z.IsAdaptive() {
+		return z.Concurrency
+	}
+	if l, _, ok := z.KeyLimit(key); ok {
+		return l
+	}
+	return z.Adaptive.Min
+}
+
+// KeyLimit is key's current adaptive limit and requests in flight; false
+// when the zone holds no state for key.
+func (z *Zone) KeyLimit(key string) (limit, inFlight int64, ok bool) {
+	s := z.state.adaptive
+	if s == nil {
+		return 0, 0, false
+	}
+	s.mu.RLock()
+	k := s.keys[key]
+	s.mu.RUnlock()
+	if k == nil {
+		return 0, 0, false
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return min(k.ctl.Limit(), z.Adaptive.Max), k.classes.InFlight(-1), true
+}
