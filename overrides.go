@@ -341,7 +341,7 @@ type overrideHolder struct {
 	logger  *zap.Logger
 	remote  overrideStore     // distributed zones, else nil
 	storage certmagic.Storage // local zones
-	dir     string            // local zones: the records' folder in storage, a file per override
+	dir     string            // local zones: the records' folder in storage, a file per override ("": none stored yet, no instance id)
 
 	mu      sync.Mutex // serialises changes, loads and rebuilds
 	records map[string]overrideRecord
@@ -368,11 +368,12 @@ func loadOverrideHolder(ctx caddy.Context, cfg zones.Config, remote overrideStor
 		h := &overrideHolder{name: cfg.Name, logger: logger.Named("overrides"), remote: remote, records: map[string]overrideRecord{},
 			cfg: cfg, stop: make(chan struct{}), done: make(chan struct{})}
 		if remote == nil {
-			instance, err := caddy.InstanceID()
-			if err != nil {
-				return nil, fmt.Errorf("zone %s: overrides: reading the instance id: %v", cfg.Name, err)
+			// The instance id is read, not created: an instance without one
+			// has stored no override, and `caddy validate` writes nothing.
+			h.storage = ctx.Storage()
+			if instance, ok := instanceID(); ok {
+				h.dir = path.Join(overrideDir, instance, cfg.Name)
 			}
-			h.storage, h.dir = ctx.Storage(), path.Join(overrideDir, instance.String(), cfg.Name)
 		}
 		h.load(context.Background())
 		go h.loop()
@@ -445,6 +446,9 @@ func (h *overrideHolder) load(ctx context.Context) {
 			}
 		}
 	} else {
+		if h.dir == "" {
+			return
+		}
 		ctx, cancel := context.WithTimeout(ctx, RestoreTimeout)
 		files, err := h.storage.List(ctx, h.dir, false)
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -512,11 +516,19 @@ func (h *overrideHolder) rebuild(now time.Time) {
 // file is where a local zone keeps override id.
 func (h *overrideHolder) file(id string) string { return path.Join(h.dir, id+".json") }
 
-// save writes a local zone's record to storage.
+// save writes a local zone's record to storage, creating Caddy's instance
+// id on the first one; h.mu is held.
 func (h *overrideHolder) save(r overrideRecord) error {
 	data, err := json.Marshal(r)
 	if err != nil {
 		return err
+	}
+	if h.dir == "" {
+		instance, err := caddy.InstanceID()
+		if err != nil {
+			return fmt.Errorf("reading the instance id: %v", err)
+		}
+		h.dir = path.Join(overrideDir, instance.String(), h.name)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), snapshotTimeout)
 	defer cancel()
@@ -525,6 +537,9 @@ func (h *overrideHolder) save(r overrideRecord) error {
 
 // erase deletes a local zone's override id from storage.
 func (h *overrideHolder) erase(id string) error {
+	if h.dir == "" {
+		return nil // nothing was stored
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), snapshotTimeout)
 	defer cancel()
 	if err := h.storage.Delete(ctx, h.file(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {

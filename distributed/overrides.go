@@ -70,18 +70,24 @@ func (c *link) overridesStep(ctx context.Context, zone, id, record string, expir
 	return v, err
 }
 
-// OverrideVersion is zone's overrides version, 0 when it has none.
+// OverrideVersion is zone's overrides version, 0 when it has none. It is
+// a background poll, not a decision: it neither counts toward the breaker
+// nor probes it (an outage is the requests' and the heartbeat's to see, as
+// without overrides), and it waits while the breaker is open.
 func (c *link) OverrideVersion(ctx context.Context, zone string) (int64, error) {
+	if c.isClosed() {
+		return 0, ErrClosed
+	}
 	rkey := c.overridesKey(zone)
-	var v int64
-	err := c.unbatched(ctx, rkey, func(ctx context.Context) error {
-		var err error
-		v, err = c.client.HGet(ctx, rkey, "v").Int64()
-		if errors.Is(err, redis.Nil) {
-			v, err = 0, nil
-		}
-		return err
-	})
+	if c.breakerFor(rkey).state.Load() != stateClosed {
+		return 0, ErrUnavailable
+	}
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
+	v, err := c.client.HGet(ctx, rkey, "v").Int64()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
 	return v, err
 }
 
