@@ -169,15 +169,15 @@ type shot struct {
 // overloadResult sums up the requests of one config sent in the measured
 // window.
 type overloadResult struct {
-	goodput        float64 // 200s answered in the window, per second
-	sent, answered [2]int  // by class: 0 signed_in, 1 anonymous
-	ok, shed       [2]int  // 200; 429 or 503
-	p99            [2]time.Duration
-	other, errors  int // another status; no answer
-	dropped        int // paced sends that found every worker waiting
-	seconds        float64
-	modelMean      float64 // the model's requests in flight, sampled every 10ms
-	modelMax       int64
+	goodput       float64 // 200s answered in the window, per second
+	sent          [2]int  // by class: 0 signed_in, 1 anonymous
+	ok, shed      [2]int  // 200; 429 or 503
+	p99           [2]time.Duration
+	other, errors int // another status; no answer
+	dropped       int // paced sends that found every worker waiting
+	seconds       float64
+	modelMean     float64 // the model's requests in flight, sampled every 10ms
+	modelMax      int64
 }
 
 func (r overloadResult) served(class int) float64 {
