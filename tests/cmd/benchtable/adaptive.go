@@ -151,10 +151,10 @@ func measureAdaptiveOverload(o options, e *env, bin string) (customResult, error
 	goodput := a.goodput / overloadRate()
 	signedServed := a.served(0)
 	met := goodput >= 0.9 && signedServed >= 0.99
-	text := fmt.Sprintf("adaptive: goodput **%.0f%%** of capacity, signed_in **%.1f%%** served; %s", 100*goodput, 100*signedServed, a)
+	text := "adaptive: " + a.format("**")
 	var others []string
 	for i, r := range results[:len(results)-1] {
-		others = append(others, overloadConfigs[i].label+": "+r.String())
+		others = append(others, overloadConfigs[i].label+": "+r.format(""))
 	}
 	return customResult{value: goodput, text: text, met: &met, comparison: strings.Join(others, "; ")}, nil
 }
@@ -187,13 +187,21 @@ func (r overloadResult) served(class int) float64 {
 	return float64(r.ok[class]) / float64(r.sent[class])
 }
 
-func (r overloadResult) String() string {
+func (r overloadResult) String() string { return r.format("") }
+
+// format sums the result up, the figures the row is met by (the goodput
+// and the signed_in served) between the marks.
+func (r overloadResult) format(mark string) string {
 	class := func(name string, c int) string {
-		return fmt.Sprintf("%s %.1f%% served, p99 %v, %.1f%% shed", name, 100*r.served(c), r.p99[c].Round(time.Millisecond),
+		served := fmt.Sprintf("%.1f%%", 100*r.served(c))
+		if c == 0 {
+			served = mark + served + mark
+		}
+		return fmt.Sprintf("%s %s served, p99 %v, %.1f%% shed", name, served, r.p99[c].Round(time.Millisecond),
 			100*float64(r.shed[c])/float64(max(1, r.sent[c])))
 	}
-	s := fmt.Sprintf("goodput %.0f/s (%.0f%% of %.0f/s); %s; %s; model in flight mean %.1f, max %d; sent %.0f/s of %.0f/s",
-		r.goodput, 100*r.goodput/overloadRate(), overloadRate(), class("signed_in", 0), class("anonymous", 1),
+	s := fmt.Sprintf("goodput %s%.0f%%%s of capacity (%.0f/s of %.0f/s); %s; %s; model in flight mean %.1f, max %d; sent %.0f/s of %.0f/s",
+		mark, 100*r.goodput/overloadRate(), mark, r.goodput, overloadRate(), class("signed_in", 0), class("anonymous", 1),
 		r.modelMean, r.modelMax, float64(r.sent[0]+r.sent[1])/r.seconds, overloadFactor*overloadRate())
 	if r.dropped > 0 {
 		s += fmt.Sprintf(" (%d sends found all %d clients waiting)", r.dropped, overloadWorkers)
