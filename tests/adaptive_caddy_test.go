@@ -12,59 +12,22 @@ package tests
 import (
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/caddy-tally/ratelimit/tests/internal/upstreammodel"
 )
 
-// modelUpstream serves at most capacity requests at once, each in service
-// time, and queues the others.
-type modelUpstream struct {
-	Addr    string
-	service time.Duration
-
-	mu       sync.Mutex
-	cond     *sync.Cond
-	capacity int
-	running  int
-	inFlight atomic.Int64 // served and queued
-}
-
-func startModelUpstream(t *testing.T, capacity int, service time.Duration) *modelUpstream {
-	u := &modelUpstream{service: service, capacity: capacity}
-	u.cond = sync.NewCond(&u.mu)
-	srv := httptest.NewServer(u)
-	t.Cleanup(srv.Close)
-	u.Addr = srv.Listener.Addr().String()
+// startModelUpstream serves the upstream model on loopback until the test
+// ends.
+func startModelUpstream(t *testing.T, capacity int, service time.Duration) *upstreammodel.Server {
+	u := upstreammodel.Start(capacity, service)
+	t.Cleanup(u.Close)
 	return u
-}
-
-func (u *modelUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	u.inFlight.Add(1)
-	defer u.inFlight.Add(-1)
-	u.mu.Lock()
-	for u.running >= u.capacity {
-		u.cond.Wait()
-	}
-	u.running++
-	u.mu.Unlock()
-	time.Sleep(u.service) // the model's service time
-	u.mu.Lock()
-	u.running--
-	u.cond.Signal()
-	u.mu.Unlock()
-	w.WriteHeader(http.StatusOK)
-}
-
-func (u *modelUpstream) setCapacity(c int) {
-	u.mu.Lock()
-	u.capacity = c
-	u.cond.Broadcast()
-	u.mu.Unlock()
 }
 
 // outcome is one request the load generator sent.
@@ -268,7 +231,7 @@ type inFlightSampler struct {
 	}
 }
 
-func sampleInFlight(t *testing.T, u *modelUpstream) *inFlightSampler {
+func sampleInFlight(t *testing.T, u *upstreammodel.Server) *inFlightSampler {
 	s := new(inFlightSampler)
 	stop := make(chan struct{})
 	done := make(chan struct{})
@@ -285,7 +248,7 @@ func sampleInFlight(t *testing.T, u *modelUpstream) *inFlightSampler {
 				s.samples = append(s.samples, struct {
 					at time.Time
 					n  int64
-				}{now, u.inFlight.Load()})
+				}{now, u.InFlight()})
 				s.mu.Unlock()
 			}
 		}
@@ -395,7 +358,7 @@ func TestAdaptiveZoneFollowsTheUpstreamWithPriorities(t *testing.T) {
 
 	// C halves: the limit follows within 5s, and the latency target holds
 	// again.
-	u.setCapacity(capacity / 2)
+	u.SetCapacity(capacity / 2)
 	halved := time.Now()
 	waitFor(t, 5*time.Second, "the limit to follow a halved C", func() bool { return adaptiveLimitOf(c) <= 1.25*capacity/2 })
 	t.Logf("limit %.0f %v after C halved", adaptiveLimitOf(c), time.Since(halved).Round(time.Millisecond))
@@ -410,7 +373,7 @@ func TestAdaptiveZoneFollowsTheUpstreamWithPriorities(t *testing.T) {
 	}
 
 	// C doubles back: the limit rises within 10s.
-	u.setCapacity(capacity)
+	u.SetCapacity(capacity)
 	doubled := time.Now()
 	waitFor(t, 10*time.Second, "the limit to rise after C doubled", func() bool { return adaptiveLimitOf(c) >= capacity })
 	t.Logf("limit %.0f %v after C doubled", adaptiveLimitOf(c), time.Since(doubled).Round(time.Millisecond))

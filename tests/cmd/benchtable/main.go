@@ -8,7 +8,7 @@
 //	cd tests && go run ./cmd/benchtable
 //
 // Progress goes to stderr, the markdown table to stdout. -h lists the knobs;
-// the defaults keep the whole run to about nine minutes on two cores.
+// the defaults keep the whole run to about twelve minutes on two cores.
 package main
 
 import (

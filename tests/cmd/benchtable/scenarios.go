@@ -58,6 +58,9 @@ type customResult struct {
 	value float64
 	text  string
 	met   *bool // when set, whether the row is met (else value <= target)
+	// comparison, when set, replaces the scenario's: figures measured in
+	// the same run
+	comparison string
 }
 
 // route is a path of the Caddy under test, the X-Key header its requests

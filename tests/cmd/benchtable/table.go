@@ -365,6 +365,9 @@ func loadRow(r scenarioResult) row {
 		if r.measured.met != nil {
 			rw.met = yesNo(*r.measured.met)
 		}
+		if r.measured.comparison != "" {
+			rw.comparison = r.measured.comparison
+		}
 		return rw
 	}
 	rw.tally = fmt.Sprintf("**%.2f** (%.0f vs %.0f req/s, medians of %d alternating runs)", r.ratio(), r.candidateRate, r.baselineRate, r.runs)
