@@ -320,7 +320,9 @@ func TestOverrideStrictFleetWithinOneSecond(t *testing.T) {
 	if status, body := fleet[2].adminDo(http.MethodDelete, "/rate_limit/zones/api/overrides/grow"); status != http.StatusNoContent {
 		t.Fatalf("DELETE: %d %s", status, body)
 	}
-	time.Sleep(bound) // every instance has reloaded (polled above for the PUT)
+	for _, c := range fleet { // every instance has dropped it
+		untilOverrides(t, c, "api", 0, bound)
+	}
 	after := 0
 	for _, c := range fleet {
 		after += admitted(c, k, 6)
