@@ -524,11 +524,11 @@ func (h *overrideHolder) save(r overrideRecord) error {
 		return err
 	}
 	if h.dir == "" {
-		instance, err := caddy.InstanceID()
+		instance, err := createInstanceID()
 		if err != nil {
 			return fmt.Errorf("reading the instance id: %v", err)
 		}
-		h.dir = path.Join(overrideDir, instance.String(), h.name)
+		h.dir = path.Join(overrideDir, instance, h.name)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), snapshotTimeout)
 	defer cancel()

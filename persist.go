@@ -149,10 +149,34 @@ func snapshotID(zh *zoneHandler) string {
 // instance without one has written no snapshot yet.
 func instanceID() (string, bool) {
 	b, err := os.ReadFile(filepath.Join(caddy.AppDataDir(), "instance.uuid"))
-	if err != nil {
-		return "", false
+	id := strings.TrimSpace(string(b))
+	if err != nil || id == "" {
+		return "", false // none, or one being written
 	}
-	return strings.TrimSpace(string(b)), true
+	return id, true
+}
+
+// instanceIDMu serialises tally's creations of the instance id.
+var instanceIDMu sync.Mutex
+
+// createInstanceID returns Caddy's instance id, creating it when there is
+// none. caddy.InstanceID writes the file in place and Caddy's TLS app reads
+// or creates it too (its storage cleaning, at start), so a read can find it
+// empty for a moment: that read is retried, for a second at most.
+func createInstanceID() (string, error) {
+	instanceIDMu.Lock()
+	defer instanceIDMu.Unlock()
+	deadline := time.Now().Add(time.Second)
+	for {
+		id, err := caddy.InstanceID()
+		if err == nil {
+			return id.String(), nil
+		}
+		if time.Now().After(deadline) {
+			return "", err
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 func (p *persister) key(instance string, pz *persistedZone) string {
@@ -338,13 +362,13 @@ var writing sync.Map // storage key -> *sync.Mutex
 
 // write takes and stores one snapshot of pz; why is for the log.
 func (p *persister) write(pz *persistedZone, why string) {
-	instance, err := caddy.InstanceID() // created on the first write
+	instance, err := createInstanceID() // created on the first write
 	if err != nil {
 		add(pz.m.writeFailures, 1)
 		p.logger.Error("snapshot not written: no instance id", zap.String("zone", pz.zh.Name), zap.Error(err))
 		return
 	}
-	key := p.key(instance.String(), pz)
+	key := p.key(instance, pz)
 	mu, _ := writing.LoadOrStore(key, new(sync.Mutex))
 	mu.(*sync.Mutex).Lock()
 	defer mu.(*sync.Mutex).Unlock()
