@@ -62,7 +62,7 @@ func (c *link) DeleteOverride(ctx context.Context, zone, id string) (found bool,
 func (c *link) overridesStep(ctx context.Context, zone, id, record string, expiresMs int64) (int64, error) {
 	rkey := c.overridesKey(zone)
 	var v int64
-	err := c.unbatched(ctx, rkey, func(ctx context.Context) error {
+	err := c.background(ctx, rkey, func(ctx context.Context) error {
 		var err error
 		v, err = overridesLua.Run(ctx, c.client, []string{rkey}, id, record, expiresMs, zones.MaxOverrides, OverridesTTL.Milliseconds()).Int64()
 		return err
@@ -70,24 +70,40 @@ func (c *link) overridesStep(ctx context.Context, zone, id, record string, expir
 	return v, err
 }
 
-// OverrideVersion is zone's overrides version, 0 when it has none. It is
-// a background poll, not a decision: it neither counts toward the breaker
-// nor probes it (an outage is the requests' and the heartbeat's to see, as
-// without overrides), and it waits while the breaker is open.
-func (c *link) OverrideVersion(ctx context.Context, zone string) (int64, error) {
+// OverridesTimeout bounds a call about a zone's overrides. None is a
+// decision and no request waits for one, while reading a hash of
+// zones.MaxOverrides takes longer than a decision's timeout allows.
+const OverridesTimeout = 2 * time.Second
+
+// background runs f, a call about a zone's overrides (the admin API's
+// changes, an instance's poll and reload), bounded by OverridesTimeout. It
+// neither counts toward rkey's breaker nor probes it (an outage is the
+// requests' and the heartbeat's to see, as without overrides), and it
+// fails at once while the breaker is open.
+func (c *link) background(ctx context.Context, rkey string, f func(ctx context.Context) error) error {
 	if c.isClosed() {
-		return 0, ErrClosed
+		return ErrClosed
 	}
-	rkey := c.overridesKey(zone)
 	if c.breakerFor(rkey).state.Load() != stateClosed {
-		return 0, ErrUnavailable
+		return ErrUnavailable
 	}
-	ctx, cancel := c.bound(ctx)
+	ctx, cancel := context.WithTimeout(ctx, max(c.opts.Timeout, OverridesTimeout))
 	defer cancel()
-	v, err := c.client.HGet(ctx, rkey, "v").Int64()
-	if errors.Is(err, redis.Nil) {
-		return 0, nil
-	}
+	return f(ctx)
+}
+
+// OverrideVersion is zone's overrides version, 0 when it has none, read
+// in the background (see background).
+func (c *link) OverrideVersion(ctx context.Context, zone string) (int64, error) {
+	var v int64
+	err := c.background(ctx, c.overridesKey(zone), func(ctx context.Context) error {
+		var err error
+		v, err = c.client.HGet(ctx, c.overridesKey(zone), "v").Int64()
+		if errors.Is(err, redis.Nil) {
+			v, err = 0, nil
+		}
+		return err
+	})
 	return v, err
 }
 
@@ -108,7 +124,7 @@ type StoredOverride struct {
 func (c *link) LoadOverrides(ctx context.Context, zone string) (int64, []StoredOverride, error) {
 	rkey := c.overridesKey(zone)
 	var all map[string]string
-	err := c.unbatched(ctx, rkey, func(ctx context.Context) error {
+	err := c.background(ctx, rkey, func(ctx context.Context) error {
 		var err error
 		all, err = c.client.HGetAll(ctx, rkey).Result()
 		return err
