@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -11,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/caddy-tally/ratelimit/distributed"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 	"github.com/caddy-tally/ratelimit/zones"
 )
@@ -38,7 +40,9 @@ func init() {
 // (after it); reset the seconds until the key is back to full (a quota
 // zone: until the period ends); banned_for the seconds a ban has left.
 // Times are whole seconds, rounded up. A zone whose store could not be read
-// has "error" instead. Status 200, Cache-Control: no-store.
+// has "error" instead. Status 200, Cache-Control: no-store. The zones'
+// reads of Redis go in one round trip per Redis: deny caches and async
+// records first, then one batched read of the strict and quota keys left.
 type StatusHandler struct {
 	// The zones to report, by name: HTTP zones of a rate_limit handler of
 	// the same config.
@@ -125,28 +129,52 @@ func (s *StatusHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ cadd
 	defer cancel()
 	out := struct {
 		Zones []zoneStatus `json:"zones"`
-	}{Zones: make([]zoneStatus, 0, len(s.Zones))}
-	for _, name := range s.Zones {
-		out.Zones = append(out.Zones, zoneStatusOf(ctx, r, repl, name, now))
+	}{Zones: make([]zoneStatus, len(s.Zones))}
+	if len(s.Zones) == 1 {
+		out.Zones[0] = zoneStatusOf(ctx, s.Zones[0], statusTicket(r, repl, s.Zones[0], now), now)
+	} else {
+		// The zones' reads of Redis go in one round trip (distributed.Gather).
+		g := distributed.NewGather(len(s.Zones))
+		var wg sync.WaitGroup
+		for i, name := range s.Zones {
+			t := statusTicket(r, repl, name, now)
+			wg.Go(func() {
+				ctx, done := g.Caller(ctx)
+				defer done()
+				out.Zones[i] = zoneStatusOf(ctx, name, t, now)
+			})
+		}
+		wg.Wait()
 	}
 	w.Header().Set("Cache-Control", "no-store")
 	return writeJSON(w, http.StatusOK, out)
 }
 
-// zoneStatusOf is the request's state in zone name of the running config.
-func zoneStatusOf(ctx context.Context, r *http.Request, repl *caddy.Replacer, name string, now int64) zoneStatus {
-	st := zoneStatus{Zone: name}
+// statusTicket is the request's ticket in zone name of the running config,
+// resolved (nil when the zone is not loaded).
+func statusTicket(r *http.Request, repl *caddy.Replacer, name string, now int64) *verdict {
 	z := lookupZone(name, true)
-	var zh *zoneHandler
-	if z != nil {
-		zh = viewOf(z).handler
+	if z == nil {
+		return nil
 	}
+	zh := viewOf(z).handler
 	if zh == nil {
+		return nil
+	}
+	t := &verdict{Owner: zh, Zone: z, Key: z.Config.Key(zh.expandKey(r, repl)), Plan: zh.planFor(repl, now), Cost: 1}
+	t.Resolve()
+	return t
+}
+
+// zoneStatusOf is what the next request with ticket t (nil: the zone is
+// not loaded) would get in zone name.
+func zoneStatusOf(ctx context.Context, name string, t *verdict, now int64) zoneStatus {
+	st := zoneStatus{Zone: name}
+	if t == nil {
 		st.Error = "the zone is not loaded"
 		return st
 	}
-	t := verdict{Owner: zh, Zone: z, Key: z.Config.Key(zh.expandKey(r, repl)), Plan: zh.planFor(repl, now), Cost: 1}
-	t.Resolve()
+	z := t.Zone
 	s, err := z.Status(ctx, t.Key, now, &t.Plan, t.Override)
 	if err != nil {
 		st.Error = "reading the zone's store: " + err.Error()

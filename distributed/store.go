@@ -127,12 +127,15 @@ func (s *Strict) Rate(ctx context.Context, zone, key string, st zones.RateStep) 
 
 // run runs script (gcra.lua or quota.lua) for rkey with args: through the
 // batcher, noting a per-key error Redis reported, or, for the admin API
-// (peek), at once.
+// (peek), at once, or with the other peeks of ctx's Gather.
 func (c *link) run(ctx context.Context, script *redis.Script, zone, rkey string, peek bool, args [5]any) (reply, error) {
 	if peek {
 		var rep reply
 		err := c.unbatched(ctx, rkey, func(ctx context.Context) error {
-			rep = c.direct(ctx, script, rkey, args)
+			var ok bool
+			if rep, ok = c.gathered(ctx, script, rkey, args); !ok {
+				rep = c.direct(ctx, script, rkey, args)
+			}
 			return rep.err
 		})
 		return rep, err

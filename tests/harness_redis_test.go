@@ -217,3 +217,33 @@ func evalCalls(t *testing.T, rs *redisServer) int64 {
 	}
 	return calls
 }
+
+// logEveryCommand has rs log every command in its slow log from now on,
+// the earlier entries dropped, so that scriptsLogged can read them.
+func logEveryCommand(t testing.TB, rs *redisServer) {
+	t.Helper()
+	ctx := context.Background()
+	for _, cmd := range [][]any{{"config", "set", "slowlog-log-slower-than", "0"}, {"config", "set", "slowlog-max-len", "100000"}, {"slowlog", "reset"}} {
+		if err := rs.Client().Do(ctx, cmd...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// scriptsLogged is the script calls (EVALSHA, EVAL) in rs's slow log whose
+// arguments contain about, each as one line; a script's own commands are
+// logged too, and left out.
+func scriptsLogged(t testing.TB, rs *redisServer, about string) []string {
+	t.Helper()
+	log, err := rs.Client().SlowLogGet(context.Background(), -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls []string
+	for _, e := range log {
+		if line := strings.Join(e.Args, " "); strings.HasPrefix(strings.ToLower(line), "eval") && strings.Contains(line, about) {
+			calls = append(calls, line)
+		}
+	}
+	return calls
+}

@@ -3,6 +3,7 @@ package tests
 import (
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -119,6 +120,57 @@ func TestStatusEndpointMatchesHeadersAndConsumesNothing(t *testing.T) {
 				t.Errorf("under an override: %+v, want limit 50, remaining 49", s)
 			}
 		})
+	}
+}
+
+// The status of several strict zones reads Redis in one batch: the rate
+// zones' keys in one gcra.lua call, the quota zone's in one quota.lua call
+// beside it, not one call per zone.
+func TestStatusEndpointReadsStrictZonesInOneBatch(t *testing.T) {
+	rs := startRedis(t)
+	c := startCaddy(t, `http:// {
+	handle /rate_limit {
+		rate_limit_status first second monthly
+	}
+	handle {
+		rate_limit {
+			zone first {
+				key {http.request.header.X-API-Key}
+				events 10
+				window 1m
+			}
+			zone second {
+				key {http.request.header.X-API-Key}
+				events 20
+				window 1h
+			}
+			zone monthly {
+				key {http.request.header.X-API-Key}
+				quota 1000 per month
+			}
+			distributed {
+				redis redis://`+rs.Addr+`
+			}
+		}
+		respond "ok"
+	}
+}
+`)
+	if r := c.Do(withKey("dave")); r.Status != http.StatusOK {
+		t.Fatalf("a request: %d", r.Status)
+	}
+	logEveryCommand(t, rs)
+	r := c.Do(request{Path: "/rate_limit", Header: map[string]string{"X-API-Key": "dave"}})
+	var a statusAnswer
+	if err := json.Unmarshal([]byte(r.Body), &a); err != nil || len(a.Zones) != 3 {
+		t.Fatalf("status: %d %s", r.Status, r.Body)
+	}
+	if a.Zones[0].Remaining != 8 || a.Zones[1].Remaining != 18 || a.Zones[2].Used == nil || *a.Zones[2].Used != 1 {
+		t.Errorf("after one request: %+v, want remaining 8 and 18, used 1", a.Zones)
+	}
+	calls := scriptsLogged(t, rs, "dave")
+	if len(calls) != 2 || !slices.ContainsFunc(calls, func(l string) bool { return strings.Contains(l, "first") && strings.Contains(l, "second") }) {
+		t.Errorf("Redis ran %d scripts about the key, want 2 (the rate zones' in one call, the quota zone's):\n%s", len(calls), strings.Join(calls, "\n"))
 	}
 }
 
