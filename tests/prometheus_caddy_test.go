@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -246,6 +247,9 @@ var grafanaVars = strings.NewReplacer(`"$zone"`, `".*"`, "$__rate_interval", "1m
 func TestDashboardAndAlertQueriesReturnSeriesFromARealPrometheus(t *testing.T) {
 	t.Parallel()
 	d, panels := dashboardQueries(t)
+	if !slices.ContainsFunc(panels["Zones"], func(q string) bool { return strings.Contains(q, "caddy_rate_limit_overrides") }) {
+		t.Error("the dashboard's Zones table does not show the overrides in force")
+	}
 	r := startRedis(t)
 	// One zone of each kind, HTTP and connection, so that every series the
 	// dashboard reads exists (tally binds only the series a zone can move).
