@@ -47,6 +47,9 @@ type StatusHandler struct {
 	// The zones to report, by name: HTTP zones of a rate_limit handler of
 	// the same config.
 	Zones []string `json:"zones,omitempty"`
+	// Source is where the handler was written ("<file>:<line>"), which an
+	// error about its zones names; the Caddyfile adapter sets it.
+	Source string `json:"source,omitempty"`
 }
 
 // CaddyModule returns the Caddy module information.
@@ -75,7 +78,11 @@ func (s *StatusHandler) Provision(ctx caddy.Context) error {
 			}
 		}
 		if !found {
-			return fmt.Errorf("rate_limit_status %s: no rate_limit handler of this config has a zone %s: name one of its HTTP zones", name, name)
+			at := ""
+			if s.Source != "" {
+				at = s.Source + ": "
+			}
+			return fmt.Errorf("%srate_limit_status %s: no rate_limit handler of this config has a zone %s: name one of its HTTP zones", at, name, name)
 		}
 	}
 	return nil
@@ -102,7 +109,9 @@ func (s *StatusHandler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 }
 
 func parseStatusCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
-	var s StatusHandler
+	h.Next()
+	s := StatusHandler{Source: fmt.Sprintf("%s:%d", h.File(), h.Line())}
+	h.Reset()
 	err := s.UnmarshalCaddyfile(h.Dispenser)
 	return &s, err
 }

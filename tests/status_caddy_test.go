@@ -2,6 +2,7 @@ package tests
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"slices"
 	"strconv"
@@ -175,10 +176,10 @@ func TestStatusEndpointReadsStrictZonesInOneBatch(t *testing.T) {
 }
 
 // A status directive naming a zone no rate_limit handler defines is
-// refused when the config loads.
+// refused when the config loads, the error naming its Caddyfile line.
 func TestStatusEndpointUnknownZoneIsAConfigError(t *testing.T) {
 	c := newCaddyInstance(t)
-	err := c.startProcess(c.Caddyfile("", `http:// {
+	caddyfile := c.Caddyfile("", `http:// {
 	handle /rate_limit {
 		rate_limit_status api_key nope
 	}
@@ -191,8 +192,10 @@ func TestStatusEndpointUnknownZoneIsAConfigError(t *testing.T) {
 	}
 	respond "ok"
 }
-`), "caddyfile")
-	if err == nil || !strings.Contains(c.Output()+err.Error(), "rate_limit_status nope: no rate_limit handler of this config has a zone nope") {
+`)
+	line := 1 + strings.Count(caddyfile[:strings.Index(caddyfile, "rate_limit_status")], "\n")
+	err := c.startProcess(caddyfile, "caddyfile")
+	if want := fmt.Sprintf("Caddyfile:%d: rate_limit_status nope: no rate_limit handler of this config has a zone nope", line); err == nil || !strings.Contains(c.Output()+err.Error(), want) {
 		t.Fatalf("Caddy started, or said otherwise: %v\n%s", err, tail(c.Output(), 10))
 	}
 }
