@@ -12,7 +12,6 @@ package tests
 import (
 	"fmt"
 	"net/http"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -163,22 +162,14 @@ func (m mixedLoad) errors() int {
 func (m mixedLoad) stats(from, to time.Time) phaseStats {
 	s := m.signed.stats(from, to)
 	a := m.anonymous.stats(from, to)
-	for c := range 2 {
-		s.sent[c] += a.sent[c]
-		s.served[c] += a.served[c]
-		s.shed[c] += a.shed[c]
-		s.latencies[c] = append(s.latencies[c], a.latencies[c]...)
-	}
-	s.other += a.other
+	s.Merge(a.Tally)
 	return s
 }
 
 // phaseStats sums up the requests sent in [from, to).
 type phaseStats struct {
-	sent, served, shed [2]int // by class: 0 signed_in, 1 anonymous
-	latencies          [2][]time.Duration
-	other              int // neither 200 nor 503
-	seconds            float64
+	upstreammodel.Tally // by class: 0 signed_in, 1 anonymous
+	seconds             float64
 }
 
 func (l *classLoad) stats(from, to time.Time) phaseStats {
@@ -193,33 +184,18 @@ func (l *classLoad) stats(from, to time.Time) phaseStats {
 		if o.signed {
 			c = 0
 		}
-		s.sent[c]++
-		switch o.status {
-		case http.StatusOK:
-			s.served[c]++
-			s.latencies[c] = append(s.latencies[c], o.latency)
-		case http.StatusServiceUnavailable:
-			s.shed[c]++
-		default:
-			s.other++
-		}
+		s.Add(c, o.status, o.latency)
 	}
 	return s
 }
 
-func percentile(d []time.Duration, p float64) time.Duration {
-	if len(d) == 0 {
-		return 0
-	}
-	d = slices.Clone(d)
-	slices.Sort(d)
-	return d[min(len(d)-1, int(float64(len(d))*p))]
-}
+// other counts the answers that are neither served nor shed.
+func (s phaseStats) other() int { return s.Refused[0] + s.Refused[1] + s.Other + s.Errors }
 
 func (s phaseStats) String() string {
 	return fmt.Sprintf("signed_in %d sent, %d served, %d shed, p99 %v; anonymous %d sent, %d served, %d shed, p99 %v; other %d; goodput %.0f/s",
-		s.sent[0], s.served[0], s.shed[0], percentile(s.latencies[0], .99), s.sent[1], s.served[1], s.shed[1], percentile(s.latencies[1], .99),
-		s.other, float64(s.served[0]+s.served[1])/s.seconds)
+		s.Sent[0], s.Served[0], s.Shed[0], s.Percentile(.99, 0), s.Sent[1], s.Served[1], s.Shed[1], s.Percentile(.99, 1),
+		s.other(), float64(s.Served[0]+s.Served[1])/s.seconds)
 }
 
 // inFlightSampler records the upstream's requests in flight every 10ms.
@@ -326,7 +302,7 @@ func TestAdaptiveZoneFollowsTheUpstreamWithPriorities(t *testing.T) {
 	// Underload: nothing is shed, for there is no probe window.
 	gen.setRate(0.8 * rate)
 	end := sleepPhase(15 * time.Second)
-	if s := gen.stats(start, end); s.shed[0]+s.shed[1] != 0 || s.other != 0 || s.served[0]+s.served[1] == 0 {
+	if s := gen.stats(start, end); s.Shed[0]+s.Shed[1] != 0 || s.other() != 0 || s.Served[0]+s.Served[1] == 0 {
 		t.Errorf("at 0.8× capacity: %v; want nothing shed", s)
 	} else {
 		t.Logf("0.8× capacity for 15s: %v", s)
@@ -340,16 +316,16 @@ func TestAdaptiveZoneFollowsTheUpstreamWithPriorities(t *testing.T) {
 	s := gen.stats(start, end)
 	peak, over := inFlight.maxIn(start, end, 1.25*capacity)
 	t.Logf("3× capacity, 5s to 20s: %v; upstream in flight at most %d, %.1f%% of samples over 1.25·C; limit %.0f", s, peak, 100*over, adaptiveLimitOf(c))
-	if served := float64(s.served[0]) / float64(max(1, s.sent[0])); served < 0.99 {
+	if served := float64(s.Served[0]) / float64(max(1, s.Sent[0])); served < 0.99 {
 		t.Errorf("signed_in served %.3f of its requests under overload, want ≥ 0.99", served)
 	}
-	if p99 := percentile(s.latencies[0], .99); p99 > 2*target {
+	if p99 := s.Percentile(.99, 0); p99 > 2*target {
 		t.Errorf("signed_in p99 latency %v under overload, want ≤ 2 × target = %v", p99, 2*target)
 	}
-	if goodput := float64(s.served[0]+s.served[1]) / s.seconds; goodput < 0.9*rate {
+	if goodput := float64(s.Served[0]+s.Served[1]) / s.seconds; goodput < 0.9*rate {
 		t.Errorf("goodput %.0f/s under overload, want ≥ 90%% of the upstream's %.0f/s", goodput, rate)
 	}
-	if anon, signed := float64(s.shed[1])/float64(max(1, s.sent[1])), float64(s.shed[0])/float64(max(1, s.sent[0])); anon < 0.5 || signed > anon/10 {
+	if anon, signed := float64(s.Shed[1])/float64(max(1, s.Sent[1])), float64(s.Shed[0])/float64(max(1, s.Sent[0])); anon < 0.5 || signed > anon/10 {
 		t.Errorf("shed under overload: anonymous %.3f, signed_in %.3f; want the anonymous shed first", anon, signed)
 	}
 	if over > 0.01 {
@@ -365,10 +341,10 @@ func TestAdaptiveZoneFollowsTheUpstreamWithPriorities(t *testing.T) {
 	start = sleepPhase(2 * time.Second)
 	end = sleepPhase(3 * time.Second)
 	s = gen.stats(start, end)
-	if p90 := percentile(append(s.latencies[0], s.latencies[1]...), .9); p90 > target*3/2 {
+	if p90 := s.Percentile(.9, 0, 1); p90 > target*3/2 {
 		t.Errorf("served p90 latency %v after C halved, want the target %v again (≤ 1.5 × target)", p90, target)
 	}
-	if goodput := float64(s.served[0]+s.served[1]) / s.seconds; goodput < 0.8*rate/2 {
+	if goodput := float64(s.Served[0]+s.Served[1]) / s.seconds; goodput < 0.8*rate/2 {
 		t.Errorf("goodput %.0f/s after C halved, want ≥ 80%% of %.0f/s", goodput, rate/2)
 	}
 
@@ -389,7 +365,7 @@ func TestAdaptiveZoneFollowsTheUpstreamWithPriorities(t *testing.T) {
 	gen.setRate(0.5 * rate)
 	start = sleepPhase(3 * time.Second)
 	end = sleepPhase(5 * time.Second)
-	if s := gen.stats(start, end); s.shed[0]+s.shed[1] != 0 || s.other != 0 {
+	if s := gen.stats(start, end); s.Shed[0]+s.Shed[1] != 0 || s.other() != 0 {
 		t.Errorf("3s after load dropped to 0.5×: %v; want nothing shed", s)
 	}
 	gen.close()

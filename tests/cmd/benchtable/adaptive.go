@@ -8,7 +8,6 @@ package main
 import (
 	"fmt"
 	"net/http"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -169,23 +168,23 @@ type shot struct {
 // overloadResult sums up the requests of one config sent in the measured
 // window.
 type overloadResult struct {
-	goodput       float64 // 200s answered in the window, per second
-	sent          [2]int  // by class: 0 signed_in, 1 anonymous
-	ok, shed      [2]int  // 200; 429 or 503
-	p99           [2]time.Duration
-	other, errors int // another status; no answer
-	dropped       int // paced sends that found every worker waiting
-	seconds       float64
-	modelMean     float64 // the model's requests in flight, sampled every 10ms
-	modelMax      int64
+	upstreammodel.Tally         // by class: 0 signed_in, 1 anonymous
+	goodput             float64 // 200s answered in the window, per second
+	dropped             int     // paced sends that found every worker waiting
+	seconds             float64
+	modelMean           float64 // the model's requests in flight, sampled every 10ms
+	modelMax            int64
 }
 
 func (r overloadResult) served(class int) float64 {
-	if r.sent[class] == 0 {
+	if r.Sent[class] == 0 {
 		return 0
 	}
-	return float64(r.ok[class]) / float64(r.sent[class])
+	return float64(r.Served[class]) / float64(r.Sent[class])
 }
+
+// shed is class's requests shed (503) or refused (429).
+func (r overloadResult) shed(class int) int { return r.Shed[class] + r.Refused[class] }
 
 func (r overloadResult) String() string { return r.format("") }
 
@@ -197,17 +196,17 @@ func (r overloadResult) format(mark string) string {
 		if c == 0 {
 			served = mark + served + mark
 		}
-		return fmt.Sprintf("%s %s served, p99 %v, %.1f%% shed", name, served, r.p99[c].Round(time.Millisecond),
-			100*float64(r.shed[c])/float64(max(1, r.sent[c])))
+		return fmt.Sprintf("%s %s served, p99 %v, %.1f%% shed", name, served, r.Percentile(.99, c).Round(time.Millisecond),
+			100*float64(r.shed(c))/float64(max(1, r.Sent[c])))
 	}
 	s := fmt.Sprintf("goodput %s%.0f%%%s of capacity (%.0f/s of %.0f/s); %s; %s; model in flight mean %.1f, max %d; sent %.0f/s of %.0f/s",
 		mark, 100*r.goodput/overloadRate(), mark, r.goodput, overloadRate(), class("signed_in", 0), class("anonymous", 1),
-		r.modelMean, r.modelMax, float64(r.sent[0]+r.sent[1])/r.seconds, overloadFactor*overloadRate())
+		r.modelMean, r.modelMax, float64(r.Sent[0]+r.Sent[1])/r.seconds, overloadFactor*overloadRate())
 	if r.dropped > 0 {
 		s += fmt.Sprintf(" (%d sends found all %d clients waiting)", r.dropped, overloadWorkers)
 	}
-	if r.other+r.errors > 0 {
-		s += fmt.Sprintf("; %d other statuses, %d without answer", r.other, r.errors)
+	if r.Other+r.Errors > 0 {
+		s += fmt.Sprintf("; %d other statuses, %d without answer", r.Other, r.Errors)
 	}
 	return s
 }
@@ -271,7 +270,6 @@ func runOverload(url string, model *upstreammodel.Server, d time.Duration) overl
 	wg.Wait()
 
 	res.seconds = d.Seconds()
-	var latencies [2][]time.Duration
 	var good int
 	for _, ws := range shots {
 		for _, s := range ws {
@@ -285,27 +283,10 @@ func runOverload(url string, model *upstreammodel.Server, d time.Duration) overl
 			if s.signed {
 				c = 0
 			}
-			res.sent[c]++
-			switch s.status {
-			case http.StatusOK:
-				res.ok[c]++
-				latencies[c] = append(latencies[c], s.done.Sub(s.sent))
-			case http.StatusTooManyRequests, http.StatusServiceUnavailable:
-				res.shed[c]++
-			case 0:
-				res.errors++
-			default:
-				res.other++
-			}
+			res.Add(c, s.status, s.done.Sub(s.sent))
 		}
 	}
 	res.goodput = float64(good) / res.seconds
-	for c := range latencies {
-		if l := latencies[c]; len(l) > 0 {
-			slices.Sort(l)
-			res.p99[c] = l[min(len(l)-1, len(l)*99/100)]
-		}
-	}
 	var sum int64
 	for _, n := range samples {
 		sum += n
