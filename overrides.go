@@ -42,8 +42,9 @@ const (
 	maxOverrideReason = 1024
 	maxOverrideExpiry = 100 * 365 * 24 * time.Hour
 	// overridePoll is how often an instance reads a distributed zone's
-	// overrides version (and drops lapsed overrides): a change made on
-	// another instance is enforced here within about this long.
+	// overrides version (and drops lapsed overrides). A change made on
+	// another instance is heard at once on the resets channel; the poll
+	// bounds the wait when that message is lost (a subscription down).
 	overridePoll = 250 * time.Millisecond
 )
 
@@ -326,6 +327,7 @@ type overrideStore interface {
 	OverrideVersion(ctx context.Context, zone string) (int64, error)
 	LoadOverrides(ctx context.Context, zone string) (int64, []distributed.StoredOverride, error)
 	OverridesChanged()
+	OnOverridesMoved(zone string, moved chan<- struct{}) (remove func())
 }
 
 // overrideHolders holds each zone name's overrides, by store, across
@@ -350,6 +352,8 @@ type overrideHolder struct {
 	next    time.Time    // the earliest expiry among the records, zero if none
 
 	stop, done chan struct{}
+	moved      chan struct{} // distributed: another instance changed them
+	unlisten   func()
 }
 
 // overrideDir is where local zones' overrides are kept in Caddy's storage:
@@ -375,6 +379,10 @@ func loadOverrideHolder(ctx caddy.Context, cfg zones.Config, remote overrideStor
 				h.dir = path.Join(overrideDir, instance, cfg.Name)
 			}
 		}
+		if remote != nil {
+			h.moved = make(chan struct{}, 1)
+			h.unlisten = remote.OnOverridesMoved(cfg.Name, h.moved)
+		}
 		h.load(context.Background())
 		go h.loop()
 		return h, nil
@@ -394,6 +402,9 @@ func loadOverrideHolder(ctx caddy.Context, cfg zones.Config, remote overrideStor
 
 // Destruct stops the holder's loop (caddy.Destructor).
 func (h *overrideHolder) Destruct() error {
+	if h.unlisten != nil {
+		h.unlisten()
+	}
 	close(h.stop)
 	<-h.done
 	return nil
@@ -408,6 +419,7 @@ func (h *overrideHolder) loop() {
 		case <-h.stop:
 			return
 		case <-tick.C:
+		case <-h.moved: // nil for a local zone
 		}
 		if h.remote != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)

@@ -4,6 +4,7 @@ import (
 	"context"
 	_ "embed"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -65,9 +66,51 @@ func (c *link) overridesStep(ctx context.Context, zone, id, record string, expir
 	err := c.background(ctx, rkey, func(ctx context.Context) error {
 		var err error
 		v, err = overridesLua.Run(ctx, c.client, []string{rkey}, id, record, expiresMs, zones.MaxOverrides, OverridesTTL.Milliseconds()).Int64()
+		if err == nil && v > 0 {
+			// Every instance hears of it at once; one that does not
+			// (its subscription down) sees the version at its next poll.
+			_ = c.client.Publish(ctx, c.resetsChannel(), overridesMovedMsg+zone).Err()
+		}
 		return err
 	})
 	return v, err
+}
+
+// overridesMovedMsg starts the message that tells every instance on the
+// resets channel that a zone's overrides changed: "\x01<zone>" (a reset's
+// message starts with its zone's name, which has no control character).
+const overridesMovedMsg = "\x01"
+
+// OnOverridesMoved makes moved hear, without blocking (give it a buffer of
+// 1), of every change of zone's overrides made by any instance, until the
+// returned function is called.
+func (c *link) OnOverridesMoved(zone string, moved chan<- struct{}) (remove func()) {
+	c.resets.mu.Lock()
+	if c.resets.moved == nil {
+		c.resets.moved = make(map[string][]chan<- struct{})
+	}
+	c.resets.moved[zone] = append(c.resets.moved[zone], moved)
+	c.resets.mu.Unlock()
+	return func() {
+		c.resets.mu.Lock()
+		defer c.resets.mu.Unlock()
+		c.resets.moved[zone] = slices.DeleteFunc(c.resets.moved[zone], func(ch chan<- struct{}) bool { return ch == moved })
+		if len(c.resets.moved[zone]) == 0 {
+			delete(c.resets.moved, zone)
+		}
+	}
+}
+
+// overridesMoved tells zone's listeners that its overrides changed.
+func (c *link) overridesMoved(zone string) {
+	c.resets.mu.Lock()
+	defer c.resets.mu.Unlock()
+	for _, ch := range c.resets.moved[zone] {
+		select {
+		case ch <- struct{}{}:
+		default: // already told
+		}
+	}
 }
 
 // OverridesTimeout bounds a call about a zone's overrides. None is a

@@ -49,6 +49,8 @@ type resets struct {
 	// requests admitted after the reset, which Redis would never count.
 	ownMu sync.Mutex
 	own   map[string]int
+	// moved: by zone, the channels that hear of its overrides' changes.
+	moved map[string][]chan<- struct{}
 }
 
 // maxOwnResets bounds the resets awaited back (each is dropped at the next
@@ -196,6 +198,10 @@ func (c *link) subscribeLoop(ps *redis.PubSub) {
 				c.resets.live.Store(true)
 			}
 		case *redis.Message:
+			if zone, ok := strings.CutPrefix(m.Payload, overridesMovedMsg); ok {
+				c.overridesMoved(zone)
+				continue
+			}
 			zone, key, ok := strings.Cut(m.Payload, "\x00")
 			if !ok {
 				c.logger.Debug("ignoring a malformed reset message", zap.Int("bytes", len(m.Payload)))
