@@ -51,6 +51,13 @@ type scenario struct {
 	// Caddy (bin) it needs itself, with a config of its own (TLS sites,
 	// listener wrappers), and measures as custom does.
 	standalone func(o options, e *env, bin string) (customResult, error)
+
+	// baselineBinary, when set, builds another Caddy (e.g. tally at an
+	// earlier commit) that serves the baseline route, while the working
+	// tree's serves the candidate: both get the same routes, and the
+	// rounds alternate between the two processes. It returns the binary
+	// and the row's comparison text.
+	baselineBinary func(o options, e *env) (bin, comparison string, err error)
 }
 
 // customResult is the figure of a custom scenario and how to print it.
@@ -811,17 +818,44 @@ func runScenario(o options, bin, dir string, s scenario) scenarioResult {
 		res.measured, res.err = &cr, err
 		return res
 	}
+	// caddies[0] serves the baseline route, caddies[1] the candidate: one
+	// process unless the scenario builds a baseline binary of its own.
+	var baselineBin string
+	if s.baselineBinary != nil {
+		b, comparison, err := s.baselineBinary(o, e)
+		if err != nil {
+			res.err = fmt.Errorf("baseline binary: %v", err)
+			return res
+		}
+		baselineBin, res.comparison = b, comparison
+	}
 	c, err := startCaddy(bin, dir, s.routes(e))
 	if err != nil {
 		res.err = err
 		return res
 	}
 	defer c.stop()
+	caddies := [2]*caddyProcess{c, c}
+	if baselineBin != "" {
+		bc, err := startCaddy(baselineBin, filepath.Join(dir, "baseline"), s.routes(e))
+		if err != nil {
+			res.err = fmt.Errorf("baseline Caddy: %v", err)
+			return res
+		}
+		defer bc.stop()
+		caddies[0] = bc
+	}
 
 	if s.warmup != nil {
-		if err := s.warmup(e, c); err != nil {
-			res.err = fmt.Errorf("warmup: %v", err)
-			return res
+		warm := []*caddyProcess{c}
+		if caddies[0] != c {
+			warm = append(warm, caddies[0])
+		}
+		for _, c := range warm {
+			if err := s.warmup(e, c); err != nil {
+				res.err = fmt.Errorf("warmup: %v", err)
+				return res
+			}
 		}
 	}
 	if s.custom != nil {
@@ -829,12 +863,14 @@ func runScenario(o options, bin, dir string, s scenario) scenarioResult {
 		res.measured, res.err = &cr, err
 		return res
 	}
-	run := func(rt route, d time.Duration) (loadResult, error) {
-		return load{addr: c.addr, path: rt.path, key: rt.key, conns: o.conns, runFor: d, maxRequests: o.maxRequests}.run()
+	runOn := func(c *caddyProcess) func(route, time.Duration) (loadResult, error) {
+		return func(rt route, d time.Duration) (loadResult, error) {
+			return load{addr: c.addr, path: rt.path, key: rt.key, conns: o.conns, runFor: d, maxRequests: o.maxRequests}.run()
+		}
 	}
 	// A short run of each warms connections, pools and caches.
-	for _, rt := range []route{s.baseline, s.candidate} {
-		if _, err := run(rt, time.Second/2); err != nil {
+	for i, rt := range []route{s.baseline, s.candidate} {
+		if _, err := runOn(caddies[i])(rt, time.Second/2); err != nil {
 			res.err = fmt.Errorf("warming %s: %v", rt.path, err)
 			return res
 		}
@@ -848,6 +884,10 @@ func runScenario(o options, bin, dir string, s scenario) scenarioResult {
 	var allocs [2]struct {
 		mallocs, bytes uint64
 		requests       int64
+	}
+	sides := [2]string{s.baseline.path, s.candidate.path}
+	if baselineBin != "" {
+		sides = [2]string{"baseline binary " + sides[0], "candidate " + sides[1]}
 	}
 	rounds := o.rounds
 	if s.byCPU {
@@ -865,9 +905,10 @@ func runScenario(o options, bin, dir string, s scenario) scenarioResult {
 		var roundCPU [2]time.Duration
 		for i, rt := range []route{s.baseline, s.candidate} {
 			name := profile + "-" + [2]string{"baseline", "candidate"}[i] + ".pprof"
+			c := caddies[i]
 			mem0, memErr := c.memStats()
 			cpu0, cpuErr := c.cpuTime()
-			r, err := measure(c, run, rt, o.runFor, name, profile != "")
+			r, err := measure(c, runOn(c), rt, o.runFor, name, profile != "")
 			if err != nil {
 				res.err = err
 				return res
@@ -890,7 +931,7 @@ func runScenario(o options, bin, dir string, s scenario) scenarioResult {
 		b, cr := runs[0], runs[1]
 		base = append(base, b.rate(s.baseline.status))
 		cand = append(cand, cr.rate(s.candidate.status))
-		progressf("  %s round %d: %s %.0f/s, %s %.0f/s", s.name, round+1, s.baseline.path, base[round], s.candidate.path, cand[round])
+		progressf("  %s round %d: %s %.0f/s, %s %.0f/s", s.name, round+1, sides[0], base[round], sides[1], cand[round])
 	}
 	res.baselineRate, res.candidateRate, res.runs = median(base), median(cand), len(base)
 	if cpu[0].requests > 0 && cpu[1].requests > 0 {
