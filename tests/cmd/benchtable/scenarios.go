@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -20,6 +22,10 @@ import (
 // candidate) with another route of the same Caddy (the baseline), both loaded
 // by the same generator in alternating runs. The ratio of the medians is the
 // figure: noise on a shared machine moves both routes alike.
+//
+// A scenario with a baseline binary compares two Caddies instead, one built
+// from another commit, on the same routes; with simultaneous, each round
+// loads both at once, so that other work on the machine weighs on both.
 //
 // To add one (e.g. strict mode against Redis as a ratio of local mode): append
 // to scenarios with its routes, and when it needs a service, start it in
@@ -58,6 +64,10 @@ type scenario struct {
 	// rounds alternate between the two processes. It returns the binary
 	// and the row's comparison text.
 	baselineBinary func(o options, e *env) (bin, comparison string, err error)
+	// simultaneous: with a baseline binary, each round loads both Caddies
+	// at once (half the connections each) rather than one after the
+	// other, so that other work on the machine weighs on both alike.
+	simultaneous bool
 }
 
 // customResult is the figure of a custom scenario and how to print it.
@@ -863,14 +873,15 @@ func runScenario(o options, bin, dir string, s scenario) scenarioResult {
 		res.measured, res.err = &cr, err
 		return res
 	}
-	runOn := func(c *caddyProcess) func(route, time.Duration) (loadResult, error) {
+	runOn := func(c *caddyProcess, conns int) func(route, time.Duration) (loadResult, error) {
 		return func(rt route, d time.Duration) (loadResult, error) {
-			return load{addr: c.addr, path: rt.path, key: rt.key, conns: o.conns, runFor: d, maxRequests: o.maxRequests}.run()
+			return load{addr: c.addr, path: rt.path, key: rt.key, conns: conns, runFor: d, maxRequests: o.maxRequests}.run()
 		}
 	}
+	simultaneous := s.simultaneous && caddies[0] != caddies[1]
 	// A short run of each warms connections, pools and caches.
 	for i, rt := range []route{s.baseline, s.candidate} {
-		if _, err := runOn(caddies[i])(rt, time.Second/2); err != nil {
+		if _, err := runOn(caddies[i], o.conns)(rt, time.Second/2); err != nil {
 			res.err = fmt.Errorf("warming %s: %v", rt.path, err)
 			return res
 		}
@@ -903,15 +914,17 @@ func runScenario(o options, bin, dir string, s scenario) scenarioResult {
 		}
 		var runs [2]loadResult
 		var roundCPU [2]time.Duration
-		for i, rt := range []route{s.baseline, s.candidate} {
+		// side makes one measured run of route i on its Caddy; each
+		// touches only its own index of what it records.
+		side := func(i, conns int) error {
+			rt := [2]route{s.baseline, s.candidate}[i]
 			name := profile + "-" + [2]string{"baseline", "candidate"}[i] + ".pprof"
 			c := caddies[i]
 			mem0, memErr := c.memStats()
 			cpu0, cpuErr := c.cpuTime()
-			r, err := measure(c, runOn(c), rt, o.runFor, name, profile != "")
+			r, err := measure(c, runOn(c, conns), rt, o.runFor, name, profile != "")
 			if err != nil {
-				res.err = err
-				return res
+				return err
 			}
 			if cpu1, err := c.cpuTime(); err == nil && cpuErr == nil && profile == "" && r.total() > 0 {
 				cpu[i].used += cpu1 - cpu0
@@ -924,6 +937,27 @@ func runScenario(o options, bin, dir string, s scenario) scenarioResult {
 				allocs[i].requests += r.total()
 			}
 			runs[i] = r
+			return nil
+		}
+		var sideErrs [2]error
+		if simultaneous {
+			// Both Caddies at once, half the connections each: a
+			// burst of other work on the machine lands on both.
+			var wg sync.WaitGroup
+			for i := range 2 {
+				wg.Go(func() { sideErrs[i] = side(i, max(1, o.conns/2)) })
+			}
+			wg.Wait()
+		} else {
+			for i := range 2 {
+				if sideErrs[i] = side(i, o.conns); sideErrs[i] != nil {
+					break
+				}
+			}
+		}
+		if err := errors.Join(sideErrs[:]...); err != nil {
+			res.err = err
+			return res
 		}
 		if roundCPU[0] > 0 && roundCPU[1] > 0 {
 			res.cpuRatios = append(res.cpuRatios, float64(roundCPU[0])/float64(roundCPU[1]))
