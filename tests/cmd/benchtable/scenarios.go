@@ -60,9 +60,9 @@ type scenario struct {
 
 	// baselineBinary, when set, builds another Caddy (e.g. tally at an
 	// earlier commit) that serves the baseline route, while the working
-	// tree's serves the candidate: both get the same routes, and the
-	// rounds alternate between the two processes. It returns the binary
-	// and the row's comparison text.
+	// tree's serves the candidate: both get the same routes, and each
+	// round runs on both processes (one after the other, or at once with
+	// simultaneous). It returns the binary and the row's comparison text.
 	baselineBinary func(o options, e *env) (bin, comparison string, err error)
 	// simultaneous: with a baseline binary, each round loads both Caddies
 	// at once (half the connections each) rather than one after the
