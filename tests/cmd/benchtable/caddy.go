@@ -39,6 +39,74 @@ func buildCaddy(testsDir, dir string) (string, error) {
 	return bin, nil
 }
 
+// defaultBaselineRef is the commit before runtime overrides: tally as it was
+// when a zone had no override set to look at.
+const defaultBaselineRef = "f44cfb2"
+
+// buildBaselineCaddy builds cmd/tally-caddy as it was at o.baselineRef into
+// e.dir and returns the binary and the commit's short hash. The commit's tree
+// is exported with git archive (the repository's worktrees and refs stay as
+// they are) and built with buildCaddy, as the working tree is; the export is
+// removed once built.
+func buildBaselineCaddy(o options, e *env) (bin, commit string, err error) {
+	fail := func(format string, args ...any) (string, string, error) {
+		return "", "", fmt.Errorf("-baseline-ref %s: "+format, append([]any{o.baselineRef}, args...)...)
+	}
+	top, err := gitOutput(o.rootDir, "rev-parse", "--show-toplevel")
+	if err != nil {
+		return fail("%s is not in a git checkout: %v", o.rootDir, err)
+	}
+	commit, err = gitOutput(top, "rev-parse", "--verify", "--quiet", "--short=12", o.baselineRef+"^{commit}")
+	if err != nil {
+		return fail("no such commit in %s (in a shallow clone: git fetch --unshallow): %v", top, err)
+	}
+	rel, err := filepath.Rel(top, o.rootDir)
+	if err != nil {
+		return fail("%v", err)
+	}
+	src := filepath.Join(e.dir, "baseline-src")
+	if err := os.MkdirAll(src, 0o700); err != nil {
+		return fail("%v", err)
+	}
+	defer os.RemoveAll(src)
+	tarball := filepath.Join(e.dir, "baseline.tar")
+	if _, err := gitOutput(top, "archive", "--format=tar", "-o", tarball, commit); err != nil {
+		return fail("git archive: %v", err)
+	}
+	defer os.Remove(tarball)
+	if out, err := exec.Command("tar", "-xf", tarball, "-C", src).CombinedOutput(); err != nil {
+		return fail("tar -x: %v: %s", err, out)
+	}
+	binDir := filepath.Join(e.dir, "baseline-bin")
+	if err := os.MkdirAll(binDir, 0o700); err != nil {
+		return fail("%v", err)
+	}
+	progressf("building the baseline Caddy from %s (commit %s)", o.baselineRef, commit)
+	start := time.Now()
+	if bin, err = buildCaddy(filepath.Join(src, rel, "tests"), binDir); err != nil {
+		return fail("commit %s: %v", commit, err)
+	}
+	progressf("built the baseline Caddy in %v", time.Since(start).Round(100*time.Millisecond))
+	return bin, commit, nil
+}
+
+// gitOutput runs git in dir and returns its trimmed standard output, or an
+// error with its standard error.
+func gitOutput(dir string, args ...string) (string, error) {
+	cmd := exec.Command("git", args...)
+	cmd.Dir = dir
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		if msg := strings.TrimSpace(stderr.String()); msg != "" {
+			err = fmt.Errorf("%v: %s", err, msg)
+		}
+		return "", fmt.Errorf("git %s: %v", strings.Join(args, " "), err)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
 // freeLoopbackAddr returns 127.0.0.1:port for a port that was free a moment
 // ago.
 func freeLoopbackAddr() (string, error) {

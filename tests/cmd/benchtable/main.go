@@ -32,6 +32,7 @@ func main() {
 	flag.BoolVar(&opts.skipLoad, "skip-load", false, "skip the Caddy load scenarios")
 	flag.StringVar(&opts.microOnly, "micro", "", "run only the go test benchmarks whose -bench pattern contains this text (e.g. Global)")
 	flag.StringVar(&opts.only, "scenarios", "", "comma-separated scenario names to run (default: all)")
+	flag.StringVar(&opts.baselineRef, "baseline-ref", defaultBaselineRef, "git revision of this repository whose tally-caddy the scenarios that compare two binaries (override-none-vs-baseline) build as their baseline")
 	flag.StringVar(&opts.profileDir, "profile", "", "save a CPU profile of Caddy during each scenario's last candidate run to this directory")
 	flag.Parse()
 
@@ -69,6 +70,7 @@ type options struct {
 	microOnly   string
 	only        string
 	profileDir  string
+	baselineRef string
 	testsDir    string // the tests module
 	rootDir     string // the tally module
 }

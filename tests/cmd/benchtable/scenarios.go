@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -20,6 +22,10 @@ import (
 // candidate) with another route of the same Caddy (the baseline), both loaded
 // by the same generator in alternating runs. The ratio of the medians is the
 // figure: noise on a shared machine moves both routes alike.
+//
+// A scenario with a baseline binary compares two Caddies instead, one built
+// from another commit, on the same routes; with simultaneous, each round
+// loads both at once, so that other work on the machine weighs on both.
 //
 // To add one (e.g. strict mode against Redis as a ratio of local mode): append
 // to scenarios with its routes, and when it needs a service, start it in
@@ -51,6 +57,17 @@ type scenario struct {
 	// Caddy (bin) it needs itself, with a config of its own (TLS sites,
 	// listener wrappers), and measures as custom does.
 	standalone func(o options, e *env, bin string) (customResult, error)
+
+	// baselineBinary, when set, builds another Caddy (e.g. tally at an
+	// earlier commit) that serves the baseline route, while the working
+	// tree's serves the candidate: both get the same routes, and each
+	// round runs on both processes (one after the other, or at once with
+	// simultaneous). It returns the binary and the row's comparison text.
+	baselineBinary func(o options, e *env) (bin, comparison string, err error)
+	// simultaneous: with a baseline binary, each round loads both Caddies
+	// at once (half the connections each) rather than one after the
+	// other, so that other work on the machine weighs on both alike.
+	simultaneous bool
 }
 
 // customResult is the figure of a custom scenario and how to print it.
@@ -811,17 +828,44 @@ func runScenario(o options, bin, dir string, s scenario) scenarioResult {
 		res.measured, res.err = &cr, err
 		return res
 	}
+	// caddies[0] serves the baseline route, caddies[1] the candidate: one
+	// process unless the scenario builds a baseline binary of its own.
+	var baselineBin string
+	if s.baselineBinary != nil {
+		b, comparison, err := s.baselineBinary(o, e)
+		if err != nil {
+			res.err = fmt.Errorf("baseline binary: %v", err)
+			return res
+		}
+		baselineBin, res.comparison = b, comparison
+	}
 	c, err := startCaddy(bin, dir, s.routes(e))
 	if err != nil {
 		res.err = err
 		return res
 	}
 	defer c.stop()
+	caddies := [2]*caddyProcess{c, c}
+	if baselineBin != "" {
+		bc, err := startCaddy(baselineBin, filepath.Join(dir, "baseline"), s.routes(e))
+		if err != nil {
+			res.err = fmt.Errorf("baseline Caddy: %v", err)
+			return res
+		}
+		defer bc.stop()
+		caddies[0] = bc
+	}
 
 	if s.warmup != nil {
-		if err := s.warmup(e, c); err != nil {
-			res.err = fmt.Errorf("warmup: %v", err)
-			return res
+		warm := []*caddyProcess{c}
+		if caddies[0] != c {
+			warm = append(warm, caddies[0])
+		}
+		for _, c := range warm {
+			if err := s.warmup(e, c); err != nil {
+				res.err = fmt.Errorf("warmup: %v", err)
+				return res
+			}
 		}
 	}
 	if s.custom != nil {
@@ -829,12 +873,15 @@ func runScenario(o options, bin, dir string, s scenario) scenarioResult {
 		res.measured, res.err = &cr, err
 		return res
 	}
-	run := func(rt route, d time.Duration) (loadResult, error) {
-		return load{addr: c.addr, path: rt.path, key: rt.key, conns: o.conns, runFor: d, maxRequests: o.maxRequests}.run()
+	runOn := func(c *caddyProcess, conns int) func(route, time.Duration) (loadResult, error) {
+		return func(rt route, d time.Duration) (loadResult, error) {
+			return load{addr: c.addr, path: rt.path, key: rt.key, conns: conns, runFor: d, maxRequests: o.maxRequests}.run()
+		}
 	}
+	simultaneous := s.simultaneous && caddies[0] != caddies[1]
 	// A short run of each warms connections, pools and caches.
-	for _, rt := range []route{s.baseline, s.candidate} {
-		if _, err := run(rt, time.Second/2); err != nil {
+	for i, rt := range []route{s.baseline, s.candidate} {
+		if _, err := runOn(caddies[i], o.conns)(rt, time.Second/2); err != nil {
 			res.err = fmt.Errorf("warming %s: %v", rt.path, err)
 			return res
 		}
@@ -848,6 +895,10 @@ func runScenario(o options, bin, dir string, s scenario) scenarioResult {
 	var allocs [2]struct {
 		mallocs, bytes uint64
 		requests       int64
+	}
+	sides := [2]string{s.baseline.path, s.candidate.path}
+	if baselineBin != "" {
+		sides = [2]string{"baseline binary " + sides[0], "candidate " + sides[1]}
 	}
 	rounds := o.rounds
 	if s.byCPU {
@@ -863,14 +914,17 @@ func runScenario(o options, bin, dir string, s scenario) scenarioResult {
 		}
 		var runs [2]loadResult
 		var roundCPU [2]time.Duration
-		for i, rt := range []route{s.baseline, s.candidate} {
+		// side makes one measured run of route i on its Caddy; each
+		// touches only its own index of what it records.
+		side := func(i, conns int) error {
+			rt := [2]route{s.baseline, s.candidate}[i]
 			name := profile + "-" + [2]string{"baseline", "candidate"}[i] + ".pprof"
+			c := caddies[i]
 			mem0, memErr := c.memStats()
 			cpu0, cpuErr := c.cpuTime()
-			r, err := measure(c, run, rt, o.runFor, name, profile != "")
+			r, err := measure(c, runOn(c, conns), rt, o.runFor, name, profile != "")
 			if err != nil {
-				res.err = err
-				return res
+				return err
 			}
 			if cpu1, err := c.cpuTime(); err == nil && cpuErr == nil && profile == "" && r.total() > 0 {
 				cpu[i].used += cpu1 - cpu0
@@ -883,6 +937,27 @@ func runScenario(o options, bin, dir string, s scenario) scenarioResult {
 				allocs[i].requests += r.total()
 			}
 			runs[i] = r
+			return nil
+		}
+		var sideErrs [2]error
+		if simultaneous {
+			// Both Caddies at once, half the connections each: a
+			// burst of other work on the machine lands on both.
+			var wg sync.WaitGroup
+			for i := range 2 {
+				wg.Go(func() { sideErrs[i] = side(i, max(1, o.conns/2)) })
+			}
+			wg.Wait()
+		} else {
+			for i := range 2 {
+				if sideErrs[i] = side(i, o.conns); sideErrs[i] != nil {
+					break
+				}
+			}
+		}
+		if err := errors.Join(sideErrs[:]...); err != nil {
+			res.err = err
+			return res
 		}
 		if roundCPU[0] > 0 && roundCPU[1] > 0 {
 			res.cpuRatios = append(res.cpuRatios, float64(roundCPU[0])/float64(roundCPU[1]))
@@ -890,7 +965,7 @@ func runScenario(o options, bin, dir string, s scenario) scenarioResult {
 		b, cr := runs[0], runs[1]
 		base = append(base, b.rate(s.baseline.status))
 		cand = append(cand, cr.rate(s.candidate.status))
-		progressf("  %s round %d: %s %.0f/s, %s %.0f/s", s.name, round+1, s.baseline.path, base[round], s.candidate.path, cand[round])
+		progressf("  %s round %d: %s %.0f/s, %s %.0f/s", s.name, round+1, sides[0], base[round], sides[1], cand[round])
 	}
 	res.baselineRate, res.candidateRate, res.runs = median(base), median(cand), len(base)
 	if cpu[0].requests > 0 && cpu[1].requests > 0 {

@@ -370,7 +370,11 @@ func loadRow(r scenarioResult) row {
 		}
 		return rw
 	}
-	rw.tally = fmt.Sprintf("**%.2f** (%.0f vs %.0f req/s, medians of %d alternating runs)", r.ratio(), r.candidateRate, r.baselineRate, r.runs)
+	runs := "alternating"
+	if r.simultaneous && r.baselineBinary != nil {
+		runs = "simultaneous"
+	}
+	rw.tally = fmt.Sprintf("**%.2f** (%.0f vs %.0f req/s, medians of %d %s runs)", r.ratio(), r.candidateRate, r.baselineRate, r.runs, runs)
 	if r.candidateCPU > 0 {
 		rw.tally += fmt.Sprintf("; by Caddy CPU per request: %.2f (median of %d rounds, spread %s; %.1f vs %.1f µs over all rounds)", r.cpuRatio(), len(r.cpuRatios), spread(r.cpuRatios),
 			float64(r.candidateCPU)/1e3, float64(r.baselineCPU)/1e3)
