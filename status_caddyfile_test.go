@@ -15,19 +15,12 @@ import (
 func TestStatusCaddyfileUnknownZoneNamesItsLine(t *testing.T) {
 	const site = `http:// {
 	handle /rate_limit {
-		rate_limit_status api_key %s
-	}
-	rate_limit {
-		zone api_key {
-			key {remote_host}
-			events 10
-			window 1m
-		}
+		rate_limit_status api_key nope
 	}
 	respond "ok"
 }
 `
-	out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(strings.Replace(site, "%s", "nope", 1)), map[string]any{"filename": "Testfile"})
+	out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(site), map[string]any{"filename": "Testfile"})
 	if want := `{"handler":"rate_limit_status","source":"Testfile:3","zones":["api_key","nope"]}`; err != nil || !strings.Contains(string(out), want) {
 		t.Fatalf("adapted to %s, %v; want %s in it", out, err, want)
 	}
