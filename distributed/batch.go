@@ -48,6 +48,7 @@ type request struct {
 	keys     [1]string
 	args     [5]any // gcra.lua: now, T, B, cost, op; quota.lua: now, bounds, limit, cost, op
 	slot     int    // the key's hash slot (Cluster only; set by the worker)
+	raw      bool   // another script's two integers, read as they are (reply.ints; see Gather)
 	deadline time.Time
 	reply    chan reply // capacity 1: a worker never blocks on it
 	timer    *time.Timer
@@ -59,6 +60,7 @@ type reply struct {
 	step    algorithms.Result // gcra.lua: the GCRA step, in µs (TAT not filled in)
 	quota   quotaReply        // quota.lua: the quota step
 	acquire acquireReply      // concurrency.lua: a slot's acquisition
+	ints    [2]int64          // a raw request's
 	err     error
 }
 
@@ -353,6 +355,9 @@ func (c *link) finish(ctx context.Context, b *batcher, calls []batchCall) {
 
 	for _, call := range calls {
 		n, parse := c.parser(call.reqs[0].script)
+		if call.reqs[0].raw { // alone in its call
+			n, parse = 2, parseInts
+		}
 		parseReplies(call.cmd, call.reqs, n, parse)
 	}
 }
@@ -437,6 +442,16 @@ func parseAcquire(a []any) reply {
 		return reply{err: errBadReply}
 	}
 	return reply{acquire: acquireReply{taken: taken == 1, inUse: n}}
+}
+
+// parseInts reads a raw request's two integers.
+func parseInts(a []any) reply {
+	x, ok := a[0].(int64)
+	y, ok2 := a[1].(int64)
+	if !ok || !ok2 {
+		return reply{err: errBadReply}
+	}
+	return reply{ints: [2]int64{x, y}}
 }
 
 // scriptError is a per-key error a script reported in its reply: a

@@ -10,8 +10,9 @@ import (
 
 // A Gather sends the peeks of one read that spans zones (the
 // rate_limit_status handler) in one round trip per Redis: each of its
-// callers, run concurrently, parks its peek (gcra.lua or quota.lua, the
-// scripts the batcher groups) until every caller has parked one or
+// callers, run concurrently, parks its peek (a gcra.lua or quota.lua step,
+// which the batcher groups, or another script's read: link.ints) until
+// every caller has parked one or
 // finished, and the last to arrive sends them all as one batch, the
 // batcher's (see send). A caller's later peeks, and its other calls, go as
 // without a Gather.
@@ -89,13 +90,16 @@ func send(parked []parkedPeek) {
 }
 
 // gathered runs a peek of script for key through ctx's Gather, if it has
-// one that still waits for this caller's; ok is false otherwise.
-func (c *link) gathered(ctx context.Context, script *redis.Script, key string, args [5]any) (rep reply, ok bool) {
+// one that still waits for this caller's; ok is false otherwise. A raw
+// peek is another script's (not gcra.lua's or quota.lua's), which goes in
+// a call of its own in the batch's pipeline and replies two integers
+// (reply.ints).
+func (c *link) gathered(ctx context.Context, script *redis.Script, key string, args [5]any, raw bool) (rep reply, ok bool) {
 	gc, _ := ctx.Value(gatherKey{}).(*gatherCaller)
 	if gc == nil {
 		return reply{}, false
 	}
-	r := &request{script: script, keys: [1]string{key}, args: args, reply: make(chan reply, 1)}
+	r := &request{script: script, keys: [1]string{key}, args: args, raw: raw, reply: make(chan reply, 1)}
 	if d, has := ctx.Deadline(); has {
 		r.deadline = d
 	}

@@ -196,9 +196,17 @@ func (c *link) unbatched(ctx context.Context, rkey string, f func(ctx context.Co
 }
 
 // ints runs script for rkey unbatched (see unbatched) and reads its reply:
-// n integers.
+// n integers; two, for a peek of ctx's Gather, in the Gather's batch.
 func (c *link) ints(ctx context.Context, script *redis.Script, rkey string, n int, args ...any) (v []int64, err error) {
 	err = c.unbatched(ctx, rkey, func(ctx context.Context) error {
+		if n == 2 && len(args) <= 5 && script != c.gcra && script != c.quota {
+			var a [5]any
+			copy(a[:], args)
+			if rep, ok := c.gathered(ctx, script, rkey, a, true); ok {
+				v = rep.ints[:]
+				return rep.err
+			}
+		}
 		if v, err = script.Run(ctx, c.client, []string{rkey}, args...).Int64Slice(); err == nil && len(v) != n {
 			err = errBadReply
 		}

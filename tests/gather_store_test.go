@@ -11,10 +11,11 @@ import (
 	"github.com/caddy-tally/ratelimit/distributed"
 )
 
-// Many concurrent gathers, each of 4 callers (three peeking a key of their
-// own zone, one peeking twice, one finishing without a peek), on one
-// strict store: every peek reads its own key's state, and the Redis saw
-// fewer script calls than peeks. Under -race: the gather is shared state.
+// Many concurrent gathers, each of 5 callers (three peeking a key of their
+// own zone, the first of them twice, one reading a concurrency zone's
+// slots, one finishing without a read), on one strict store: every read
+// finds its own key's state, and the rate peeks went in one call. Under
+// -race: the gather is shared state.
 func TestGatherPeeksEachKeyInOneBatch(t *testing.T) {
 	rs := startRedis(t)
 	s := openStore(t, distributed.Options{Addresses: []string{rs.Addr}, Timeout: time.Second}, nil)
@@ -30,19 +31,33 @@ func TestGatherPeeksEachKeyInOneBatch(t *testing.T) {
 			}
 		}
 	}
+	// Key k holds k%3 concurrency slots of zone conc.
+	for k := range gathers {
+		for range k % 3 {
+			if slot, _, err := s.Acquire(ctx, "conc", fmt.Sprint("k", k), 10, time.Minute); err != nil || slot == "" {
+				t.Fatalf("acquire: %q, %v", slot, err)
+			}
+		}
+	}
 	logEveryCommand(t, rs)
 	var wg sync.WaitGroup
 	errs := make(chan error, gathers*4)
 	for k := range gathers {
-		g := distributed.NewGather(4)
-		for caller := range 4 {
+		g := distributed.NewGather(5)
+		for caller := range 5 {
 			wg.Go(func() {
 				ctx, done := g.Caller(ctx)
 				defer done()
-				if caller == 3 {
-					return // a zone answered without the store
-				}
 				key := fmt.Sprint("k", k)
+				switch caller {
+				case 3:
+					return // a zone answered without the store
+				case 4: // another script's read: a concurrency zone's slots
+					if n, err := s.Slots(ctx, "conc", key); err != nil || n != int64(k%3) {
+						errs <- fmt.Errorf("gather %d: %d slots, %v; want %d", k, n, err, k%3)
+					}
+					return
+				}
 				peeks := 1
 				if caller == 0 {
 					peeks = 2 // the second goes on its own
@@ -61,8 +76,9 @@ func TestGatherPeeksEachKeyInOneBatch(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	// 4 peeks per gather: 3 in one call and 1 alone, so 2 calls each.
-	if calls := len(scriptsLogged(t, rs, ":k")); calls != 2*gathers {
-		t.Errorf("%d script calls for %d gathers of 4 peeks, want %d", calls, gathers, 2*gathers)
+	// 5 reads per gather: 3 rate peeks in one call, the slots in one of
+	// their own beside it, and a second rate peek alone: 3 calls each.
+	if calls := len(scriptsLogged(t, rs, ":k")); calls != 3*gathers {
+		t.Errorf("%d script calls for %d gathers of 5 reads, want %d", calls, gathers, 3*gathers)
 	}
 }

@@ -33,6 +33,20 @@ type redisProxy struct {
 	hung     bool             // nothing passes either way
 	cut      bool             // connections are closed, and refused
 	dropRate float64          // a reply is dropped (its connection closed) at this rate
+	sent     [][]byte         // with record: what the clients sent, a read at a time
+	record   bool
+}
+
+// Record keeps what the clients send from now on, a read from a client's
+// connection at a time (a pipeline, written at once, is one), until Sent.
+func (p *redisProxy) Record() { p.mu.Lock(); p.record, p.sent = true, nil; p.mu.Unlock() }
+
+// Sent returns what was recorded since Record, and stops recording.
+func (p *redisProxy) Sent() [][]byte {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.record = false
+	return p.sent
 }
 
 // SetLatency delays every chunk, each way, by a random duration from lo
@@ -186,6 +200,11 @@ func (p *redisProxy) accept() {
 					if pass, _ := p.link(false); !pass {
 						break
 					}
+					p.mu.Lock()
+					if p.record {
+						p.sent = append(p.sent, bytes.Clone(buf[:n]))
+					}
+					p.mu.Unlock()
 					if _, werr := u.Write(buf[:n]); werr != nil {
 						break
 					}

@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -126,12 +127,13 @@ func TestStatusEndpointMatchesHeadersAndConsumesNothing(t *testing.T) {
 
 // The status of several strict zones reads Redis in one batch: the rate
 // zones' keys in one gcra.lua call, the quota zone's in one quota.lua call
-// beside it, not one call per zone.
+// and the concurrency zone's count beside it, not one call per zone.
 func TestStatusEndpointReadsStrictZonesInOneBatch(t *testing.T) {
 	rs := startRedis(t)
+	proxy := startRedisProxy(t, rs.Addr)
 	c := startCaddy(t, `http:// {
 	handle /rate_limit {
-		rate_limit_status first second monthly
+		rate_limit_status first second monthly conc
 	}
 	handle {
 		rate_limit {
@@ -149,8 +151,12 @@ func TestStatusEndpointReadsStrictZonesInOneBatch(t *testing.T) {
 				key {http.request.header.X-API-Key}
 				quota 1000 per month
 			}
+			zone conc {
+				key {http.request.header.X-API-Key}
+				concurrency 4
+			}
 			distributed {
-				redis redis://`+rs.Addr+`
+				redis redis://`+proxy.Addr+`
 			}
 		}
 		respond "ok"
@@ -161,17 +167,27 @@ func TestStatusEndpointReadsStrictZonesInOneBatch(t *testing.T) {
 		t.Fatalf("a request: %d", r.Status)
 	}
 	logEveryCommand(t, rs)
+	proxy.Record()
 	r := c.Do(request{Path: "/rate_limit", Header: map[string]string{"X-API-Key": "dave"}})
+	var trips []string
+	for _, b := range proxy.Sent() {
+		if bytes.Contains(b, []byte("dave")) {
+			trips = append(trips, strings.ReplaceAll(string(b), "\r\n", " "))
+		}
+	}
+	if len(trips) != 1 || !strings.Contains(trips[0], "first") || !strings.Contains(trips[0], "monthly") || !strings.Contains(trips[0], "conc") {
+		t.Errorf("Caddy wrote %d times about the key, want once (one pipeline of every zone's read):\n%s", len(trips), strings.Join(trips, "\n"))
+	}
 	var a statusAnswer
-	if err := json.Unmarshal([]byte(r.Body), &a); err != nil || len(a.Zones) != 3 {
+	if err := json.Unmarshal([]byte(r.Body), &a); err != nil || len(a.Zones) != 4 {
 		t.Fatalf("status: %d %s", r.Status, r.Body)
 	}
-	if a.Zones[0].Remaining != 8 || a.Zones[1].Remaining != 18 || a.Zones[2].Used == nil || *a.Zones[2].Used != 1 {
-		t.Errorf("after one request: %+v, want remaining 8 and 18, used 1", a.Zones)
+	if a.Zones[0].Remaining != 8 || a.Zones[1].Remaining != 18 || a.Zones[2].Used == nil || *a.Zones[2].Used != 1 || a.Zones[3].InFlight == nil || *a.Zones[3].InFlight != 0 {
+		t.Errorf("after one request: %+v, want remaining 8 and 18, used 1, none in flight", a.Zones)
 	}
 	calls := scriptsLogged(t, rs, "dave")
-	if len(calls) != 2 || !slices.ContainsFunc(calls, func(l string) bool { return strings.Contains(l, "first") && strings.Contains(l, "second") }) {
-		t.Errorf("Redis ran %d scripts about the key, want 2 (the rate zones' in one call, the quota zone's):\n%s", len(calls), strings.Join(calls, "\n"))
+	if len(calls) != 3 || !slices.ContainsFunc(calls, func(l string) bool { return strings.Contains(l, "first") && strings.Contains(l, "second") }) {
+		t.Errorf("Redis ran %d scripts about the key, want 3 (the rate zones' in one call, the quota zone's, the slots' count):\n%s", len(calls), strings.Join(calls, "\n"))
 	}
 }
 
