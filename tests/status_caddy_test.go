@@ -215,3 +215,29 @@ func TestStatusEndpointUnknownZoneIsAConfigError(t *testing.T) {
 		t.Fatalf("Caddy started, or said otherwise: %v\n%s", err, tail(c.Output(), 10))
 	}
 }
+
+// At a site's top level with a path matcher, the status directive runs
+// before rate_limit (its place in Caddy's order): asking never counts.
+func TestStatusEndpointAtTopLevelIsNotLimited(t *testing.T) {
+	c := startCaddy(t, `http:// {
+	rate_limit_status /rate_limit api_key
+	rate_limit {
+		zone api_key {
+			key {http.request.header.X-API-Key}
+			events 3
+			window 1m
+		}
+	}
+	respond "ok"
+}
+`)
+	for i := range 5 {
+		r := c.Do(request{Path: "/rate_limit", Header: map[string]string{"X-API-Key": "erin"}})
+		if r.Status != http.StatusOK || !strings.Contains(r.Body, `"remaining":2,`) || r.Header.Get("RateLimit") != "" {
+			t.Fatalf("ask %d: %d %q, RateLimit %q; want 200, remaining 2, no RateLimit header", i, r.Status, r.Body, r.Header.Get("RateLimit"))
+		}
+	}
+	if n := admitted(c, withKey("erin"), 5); n != 3 {
+		t.Errorf("after 5 asks: %d admitted, want the whole burst, 3", n)
+	}
+}
