@@ -12,10 +12,9 @@ import (
 // rate_limit_status handler) in one round trip per Redis: each of its
 // callers, run concurrently, parks its peek (a gcra.lua or quota.lua step,
 // which the batcher groups, or another script's read: link.ints) until
-// every caller has parked one or
-// finished, and the last to arrive sends them all as one batch, the
-// batcher's (see send). A caller's later peeks, and its other calls, go as
-// without a Gather.
+// every caller has parked one or finished, and the last to arrive sends
+// them all as one batch, the batcher's (see send). A caller's later peeks,
+// and its other calls, go as without a Gather.
 type Gather struct {
 	mu      sync.Mutex
 	waiting int // callers neither parked nor finished
