@@ -3,6 +3,7 @@ package tests
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 // A denial emits the Caddy event rate_limit_exceeded (visible to event
@@ -21,7 +22,11 @@ func TestDenialsEmitTheEventAndTheirLogIsSampled(t *testing.T) {
 	respond "ok"
 }
 `)
+	start := time.Now()
 	statuses := countStatuses(c.Send(301, withKey("flood")))
+	// At most 10 lines in each second the flood touched (the sampler's
+	// rule): under load the 300 denials may span a few seconds.
+	sample := 10 * (int(time.Since(start).Seconds()) + 2)
 	if statuses[200] != 1 || statuses[429] != 300 {
 		t.Fatalf("statuses %v, want 1 × 200 and 300 × 429", statuses)
 	}
@@ -33,8 +38,8 @@ func TestDenialsEmitTheEventAndTheirLogIsSampled(t *testing.T) {
 		denialLogs = strings.Count(out, `"msg":"rate limit exceeded"`)
 		return events >= 300
 	})
-	if denialLogs == 0 || denialLogs > 20 {
-		t.Errorf("%d denial log lines for 300 denials in well under a second, want a sample of at most ~10", denialLogs)
+	if denialLogs == 0 || denialLogs > min(sample, 100) {
+		t.Errorf("%d denial log lines for 300 denials, want a sample of at most %d (10 in each second they took)", denialLogs, min(sample, 100))
 	}
 	for _, line := range strings.Split(c.Output(), "\n") {
 		if strings.Contains(line, `"msg":"rate limit exceeded"`) && strings.Contains(line, "flood") {

@@ -335,6 +335,11 @@ func (c *caddyInstance) adminDo(method, path string) (int, string) {
 
 func (c *caddyInstance) admin(req *http.Request) (int, string) {
 	c.t.Helper()
+	// A connection of its own: a /load that changes the admin endpoint's
+	// settings (its origins come in map order) replaces its server, which
+	// closes the idle connections, and a POST sent on one as it closes
+	// fails with EOF (Go retries only idempotent requests).
+	req.Close = true
 	resp, err := c.client.Do(req)
 	if err != nil {
 		c.t.Fatalf("%s %s: %v", req.Method, req.URL, err)
