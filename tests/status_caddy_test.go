@@ -2,6 +2,7 @@ package tests
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -166,6 +167,11 @@ func TestStatusEndpointReadsStrictZonesInOneBatch(t *testing.T) {
 	if r := c.Do(withKey("dave")); r.Status != http.StatusOK {
 		t.Fatalf("a request: %d", r.Status)
 	}
+	// Its concurrency slot is released off the response path: a write of
+	// its own, which must not fall among the status's.
+	waitFor(t, 5e9, "the request's concurrency slot released", func() bool {
+		return rs.Client().ZCard(context.Background(), "tally:conc:dave").Val() == 0
+	})
 	logEveryCommand(t, rs)
 	proxy.Record()
 	r := c.Do(request{Path: "/rate_limit", Header: map[string]string{"X-API-Key": "dave"}})
