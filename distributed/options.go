@@ -156,10 +156,9 @@ func (o Options) universalOptions() (*redis.UniversalOptions, error) {
 		// and async syncs. go-redis applies the earlier of the context's
 		// deadline and these socket timeouts, so these must not be
 		// shorter than the longest call: at Timeout they cut async syncs
-		// of a thousand keys short ("i/o timeout") and opened the breaker,
-		// and reads of a zone's 10,000 overrides (OverridesTimeout).
-		ReadTimeout:           socketTimeout(o),
-		WriteTimeout:          socketTimeout(o),
+		// of a thousand keys short ("i/o timeout") and opened the breaker.
+		ReadTimeout:           backgroundTimeout(o),
+		WriteTimeout:          backgroundTimeout(o),
 		PoolTimeout:           o.Timeout,
 		ContextTimeoutEnabled: true,
 		PoolSize:              workers + idleCallers + 7, // + heartbeat, admin, NOSCRIPT retries, async syncs, a Cluster's pipelines left running by send
@@ -260,7 +259,3 @@ func (o Options) hint(err error) string {
 	}
 	return ""
 }
-
-// socketTimeout bounds a read or write on a connection: the longest call's
-// deadline (every call carries its own, at most this).
-func socketTimeout(o Options) time.Duration { return max(backgroundTimeout(o), OverridesTimeout) }

@@ -46,7 +46,7 @@ func TestOptionsTranslateToGoRedis(t *testing.T) {
 				u.Password != c.pass || u.DB != c.db || (u.TLSConfig != nil) != c.tls {
 				t.Errorf("got addrs %v user %q pass %q db %d tls %v", u.Addrs, u.Username, u.Password, u.DB, u.TLSConfig != nil)
 			}
-			if !u.ContextTimeoutEnabled || u.MaxRetries != -1 || u.ReadTimeout != OverridesTimeout {
+			if !u.ContextTimeoutEnabled || u.MaxRetries != -1 || u.ReadTimeout != backgroundTimeout(Options{}.withDefaults()) {
 				t.Errorf("timeouts: ContextTimeoutEnabled %v, MaxRetries %d, ReadTimeout %v", u.ContextTimeoutEnabled, u.MaxRetries, u.ReadTimeout)
 			}
 		})

@@ -474,6 +474,12 @@ func TestOverrideBoundIsTenThousand(t *testing.T) {
 		t.Errorf("the hash holds %d fields after the refused PUT, want 10,001", n)
 	}
 	mustPutOverride(t, c, "api", "o0", `{"match":{"key":"k"},"deny":true}`)
+	// The PUT reloads the 10,000 at once; under load that read can run
+	// past the store's socket timeout, and the next poll reads them again.
+	waitFor(t, 2e9, "the replaced override in the instance's view", func() bool {
+		_, body := c.adminDo(http.MethodGet, "/rate_limit/zones/api/overrides/o0")
+		return strings.Contains(body, `"deny":true`)
+	})
 	if c.Do(withKey("k")).Status != http.StatusTooManyRequests {
 		t.Error("replacing an override of a full zone is not enforced")
 	}
