@@ -113,13 +113,14 @@ func (c *link) overridesMoved(zone string) {
 	}
 }
 
-// OverridesTimeout bounds a call about a zone's overrides. None is a
-// decision and no request waits for one, while reading a hash of
-// zones.MaxOverrides takes longer than a decision's timeout allows.
-const OverridesTimeout = 2 * time.Second
+// overridesTimeout bounds a call about a zone's overrides as a whole. None
+// is a decision and no request waits for one; each read on the connection
+// is still bounded by its socket timeout (the background timeout), and a
+// reload that runs past it is read again at the next poll.
+const overridesTimeout = 2 * time.Second
 
 // background runs f, a call about a zone's overrides (the admin API's
-// changes, an instance's poll and reload), bounded by OverridesTimeout. It
+// changes, an instance's poll and reload), bounded by overridesTimeout. It
 // neither counts toward rkey's breaker nor probes it (an outage is the
 // requests' and the heartbeat's to see, as without overrides), and it
 // fails at once while the breaker is open.
@@ -130,7 +131,7 @@ func (c *link) background(ctx context.Context, rkey string, f func(ctx context.C
 	if c.breakerFor(rkey).state.Load() != stateClosed {
 		return ErrUnavailable
 	}
-	ctx, cancel := context.WithTimeout(ctx, max(c.opts.Timeout, OverridesTimeout))
+	ctx, cancel := context.WithTimeout(ctx, max(c.opts.Timeout, overridesTimeout))
 	defer cancel()
 	return f(ctx)
 }
