@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -180,5 +181,47 @@ func TestRegionCountKeepsTheLongestSpan(t *testing.T) {
 	r.count("api", "planned", true, 1, algorithms.Limit{EmissionInterval: 5, Burst: 1})
 	if got := z.take()["planned"][2]; got != 5 {
 		t.Errorf("after a take, the span is the next count's (5), got %d", got)
+	}
+}
+
+// A denial from the deny cache (Offers' Denied: the store was not asked)
+// is demand the region cannot serve at its share: it counts as a denial,
+// never as an admission, so that the coordinator asks for the whole key.
+func TestRegionDenyCacheDenialCountsAsDemand(t *testing.T) {
+	r := countingRegion()
+	r.weight = ShareScale / 2
+	s := &Shared{region: r}
+	s.Offers().Denied("api", "k", zoneLimit)
+	counts := r.zone("api").take()
+	if got, want := counts["k"], [3]int64{0, 1, 0}; got != want {
+		t.Fatalf("a deny-cache denial counted (admitted, denied, span) %v, want %v", got, want)
+	}
+	r.coord.held = map[string]map[string]*holding{}
+	r.coord.spans = map[string]map[string]int64{}
+	r.coord.full = true
+	raw := []any{int64(1), "k", counts["k"][0], counts["k"][1], counts["k"][2]}
+	reps := r.reports(r.set.Load().zones, 1, raw, int64(time.Second), false, false)
+	if len(reps) != 1 || len(reps[0].keys) != 1 || reps[0].wants[0] != ShareScale {
+		t.Errorf("reports after a deny-cache denial: %+v, want key k wanting the whole (%d)", reps, ShareScale)
+	}
+}
+
+// A key's demand is reported with a fifth of headroom over what it used:
+// at 5 requests in a second on a 600-per-minute zone (half the key's
+// whole rate, its region's share at weight 1:1) it wants 0.6 of the key.
+func TestRegionDemandIsReportedWithHeadroom(t *testing.T) {
+	r := &Region{zones: map[string]*regionZone{}, prefix: "tally:", timeout: 100 * time.Millisecond,
+		opts: RegionOptions{SyncInterval: time.Second, Refresh: 10 * time.Second}, weight: ShareScale / 2, floor: ShareScale / 20}
+	r.AddZone("api", algorithms.NewLimit(600, int64(time.Minute), 0))
+	r.coord.held = map[string]map[string]*holding{}
+	r.coord.spans = map[string]map[string]int64{}
+	r.coord.full = true
+	raw := []any{int64(1), "k", int64(5), int64(0), int64(0)} // 5 admitted, none denied
+	reps := r.reports(r.set.Load().zones, 1, raw, int64(time.Second), false, false)
+	if len(reps) != 1 || len(reps[0].keys) != 1 || reps[0].keys[0] != "k" {
+		t.Fatalf("reports: %+v, want key k", reps)
+	}
+	if got, want := reps[0].wants[0], int64(ShareScale*6/10); got < want-1 || got > want+1 {
+		t.Errorf("a key using half its whole rate wants %d, want %d (its use and a fifth of headroom)", got, want)
 	}
 }

@@ -96,3 +96,47 @@ func TestGlobalSyncAtAPollKeepsADemandItHeardNoCountOf(t *testing.T) {
 		})
 	}
 }
+
+// During a cut's confirmation margin the region reports the old, larger
+// share as held, in full syncs and in syncs of the keys due alike: the
+// global store must not hand what was cut to another region while an
+// instance may still spend it. Once the margin ends it reports the cut.
+func TestGlobalCutReportsTheOldShareUntilItsMarginEnds(t *testing.T) {
+	r := &Region{zones: map[string]*regionZone{}, prefix: "tally:", timeout: 100 * time.Millisecond,
+		opts: RegionOptions{SyncInterval: time.Second, Refresh: 10 * time.Second}, weight: ShareScale / 2, floor: ShareScale / 20}
+	r.AddZone("api", algorithms.NewLimit(600, int64(time.Minute), 20))
+	const old, cut = ShareScale * 9 / 10, ShareScale / 10
+	now := monotime.Now()
+	end := now + int64(r.confirmMargin())
+	noCounts := []any{int64(0)}
+	for _, c := range []struct {
+		name string
+		at   int64
+		full bool
+		want int64
+	}{
+		{"full sync within the margin", now + 1, true, old},
+		{"sync of the keys due within the margin", now + 1, false, old},
+		{"full sync after the margin", end + 1, true, cut},
+		{"sync of the keys due after the margin", end + 1, false, cut},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r.coord.held = map[string]map[string]*holding{"api": {"k": {cur: cut, prev: old, prevUntil: end}}}
+			r.coord.sent = map[string]map[string]*lastReport{"api": {"k": {wants: -1, held: old, at: now}}}
+			r.coord.spans = map[string]map[string]int64{}
+			r.coord.full = c.full
+			reps := r.reports(r.set.Load().zones, c.at, noCounts, int64(time.Second), false, false)
+			held := int64(old) // not reported: the global store keeps what it last heard
+			for _, rep := range reps {
+				for i, k := range rep.keys {
+					if k == "k" {
+						held = rep.held[i]
+					}
+				}
+			}
+			if held != c.want {
+				t.Errorf("the global store counts k's share as %d, want %d", held, c.want)
+			}
+		})
+	}
+}
