@@ -112,25 +112,6 @@ type quotaInfo struct {
 	PeriodEnd   string `json:"period_end"`
 }
 
-// quotaKeyInfo is a quota zone's key as GET /rate_limit/zones/<zone>/keys/<key>
-// shows it: its use of the current period. reset_after is the seconds to
-// the period's end; retry_after the same once nothing is left, else 0.
-type quotaKeyInfo struct {
-	Zone        string  `json:"zone"`
-	Key         string  `json:"key"`
-	StoredAs    string  `json:"stored_as,omitempty"` // as keyInfo's
-	Used        int64   `json:"used"`
-	Quota       int64   `json:"quota"` // the limit the key was last decided under
-	Remaining   int64   `json:"remaining"`
-	Per         string  `json:"per"`
-	TimeZone    string  `json:"time_zone"`
-	PeriodStart string  `json:"period_start"`
-	PeriodEnd   string  `json:"period_end"`
-	RetryAfter  float64 `json:"retry_after"`
-	ResetAfter  float64 `json:"reset_after"`
-	Source      string  `json:"source"` // "local" or "redis"
-}
-
 type storeInfo struct {
 	OK bool `json:"ok"`
 	// Failing: calls fail (twice in a row or more) but the breaker still
@@ -151,8 +132,10 @@ type nodeOutage struct {
 	Since time.Time `json:"since"`
 }
 
-// keyInfo is a key as GET /rate_limit/zones/<zone>/keys/<key> shows it.
-// Durations are in seconds.
+// keyInfo is a key as GET /rate_limit/zones/<zone>/keys/<key> shows it:
+// its state now (the one read, zones.Ticket.Read, as rate_limit_status
+// reports it) and the limit it is under, by its zone's kind. Durations are
+// in seconds.
 type keyInfo struct {
 	Zone string `json:"zone"`
 	keyName
@@ -162,11 +145,23 @@ type keyInfo struct {
 	Remaining  int64   `json:"remaining"`
 	RetryAfter float64 `json:"retry_after"`
 	ResetAfter float64 `json:"reset_after"`
-	// The limit the key was last decided under (its plan).
-	Events        int64   `json:"events"`
-	Window        string  `json:"window"`
-	WindowSeconds float64 `json:"window_seconds"`
-	Burst         int64   `json:"burst"`
+	// Rate zones: the limit the key is under (its plan).
+	Events        int64   `json:"events,omitempty"`
+	Window        string  `json:"window,omitempty"`
+	WindowSeconds float64 `json:"window_seconds,omitempty"`
+	Burst         int64   `json:"burst,omitempty"`
+	// Quota zones: the units used this period, of quota, and the period
+	// in RFC 3339 with the zone's offset.
+	Used        *int64 `json:"used,omitempty"`
+	Quota       int64  `json:"quota,omitempty"`
+	Per         string `json:"per,omitempty"`
+	TimeZone    string `json:"time_zone,omitempty"`
+	PeriodStart string `json:"period_start,omitempty"`
+	PeriodEnd   string `json:"period_end,omitempty"`
+	// Concurrency zones: the key's requests in flight (fleet-wide when
+	// distributed), of its limit of them.
+	InUse       *int64 `json:"in_use,omitempty"`
+	Concurrency int64  `json:"concurrency,omitempty"`
 	// "local", "redis" or, in async mode, "instance": this instance's
 	// lease of the key, with Redis's view in Fleet (or FleetError).
 	Source     string     `json:"source"`
@@ -179,7 +174,7 @@ type keyInfo struct {
 	Share  *float64 `json:"share,omitempty"`
 	Region string   `json:"region,omitempty"`
 	// Override is the operator's override the key is decided under, when
-	// one covers it: events, window and burst are then its limit.
+	// one covers it: the limit above is then its limit.
 	Override *overrideRecord `json:"override,omitempty"`
 }
 
@@ -364,73 +359,52 @@ func listZones() []zoneInfo {
 }
 
 func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone, key string) error {
-	if z.IsConcurrency() {
-		return a.getSlots(w, r, z, key)
-	}
-	if z.IsQuota() {
-		return a.getQuota(w, r, z, key)
-	}
-	now := monotime.Now()
-	stored, d, err := peekStored(r.Context(), z, key, now)
-	if errors.Is(err, zones.ErrUnknownKey) && z.Override(stored) != nil {
-		// A key with no state that an override covers: shown at its
-		// override's full limit.
-		p := z.LastPlan(stored, now)
-		d, err = zones.Decision{Remaining: p.Burst}, nil
-	}
+	t, s, err := readKey(r.Context(), z, key, monotime.Now())
 	switch {
-	case errors.Is(err, zones.ErrUnknownKey):
-		// Caddy logs admin errors: the message leaves the key out (keys
-		// can be personal data; log_key governs them).
-		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s: key not tracked (%s)", z.Name, noState(z))}
 	case err != nil:
 		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("reading the key from Redis: %v", err)}
+	case !s.Tracked && t.Override == nil && !z.IsQuota():
+		// Caddy logs admin errors: the message leaves the key out (keys
+		// can be personal data; log_key governs them). A quota zone
+		// answers for any key, its use of the period.
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s: key not tracked (%s)", z.Name, noState(z))}
 	}
-	source := "local"
+	info := keyInfo{Zone: z.Name, keyName: newKeyName(key), StoredAs: storedAs(key, t.Key), Source: "local",
+		Remaining: s.Remaining, RetryAfter: s.RetryAfter.Seconds(), ResetAfter: s.ResetAfter.Seconds(),
+		BannedFor: banLeft(s.Decision), BanLevel: s.BanLevel}
 	if z.Store() != nil {
-		source = "redis"
+		info.Source = "redis"
 	}
-	plan := z.LastPlan(stored, now)
-	var fleet *fleetView
-	var fleetErr string
-	if d.Source == zones.SourceRecord {
-		source = "instance"
-		switch f, err := z.PeekStore(r.Context(), stored, now); {
-		case errors.Is(err, zones.ErrUnknownKey):
-			fleet = &fleetView{Remaining: plan.Burst}
-		case err != nil:
-			fleetErr = "reading the key from Redis: " + err.Error()
-		default:
-			fleet = &fleetView{Remaining: f.Remaining, RetryAfter: f.RetryAfter.Seconds(), ResetAfter: f.ResetAfter.Seconds()}
-		}
-	}
-	share, region := keyShare(z, stored)
-	var override *overrideRecord
 	if h := viewOf(z).overrides; h != nil {
-		if rec, ok := h.lookup(z, stored); ok {
-			override = &rec
+		if rec, ok := h.lookup(z, t.Key); ok {
+			info.Override = &rec
 		}
 	}
-	return writeJSON(w, http.StatusOK, keyInfo{
-		Override:      override,
-		Fleet:         fleet,
-		FleetError:    fleetErr,
-		Share:         share,
-		Region:        region,
-		Zone:          z.Name,
-		keyName:       newKeyName(key),
-		StoredAs:      storedAs(key, stored),
-		Remaining:     d.Remaining,
-		RetryAfter:    d.RetryAfter.Seconds(),
-		ResetAfter:    d.ResetAfter.Seconds(),
-		Events:        plan.Events,
-		Window:        shortDuration(plan.Window.String()),
-		WindowSeconds: plan.Window.Seconds(),
-		Burst:         plan.Burst,
-		Source:        source,
-		BannedFor:     banLeft(d),
-		BanLevel:      d.BanLevel,
-	})
+	switch {
+	case z.IsConcurrency():
+		info.InUse, info.Concurrency = &s.InFlight, s.Limit
+	case z.IsQuota():
+		info.Used, info.Quota, info.Per, info.TimeZone = &s.Used, s.Limit, z.Period.String(), z.Location.String()
+		info.PeriodStart, info.PeriodEnd = s.PeriodStart.Format(time.RFC3339), s.PeriodEnd.Format(time.RFC3339)
+	default:
+		info.Events, info.Burst = t.Plan.Events, t.Plan.Burst
+		info.Window, info.WindowSeconds = shortDuration(t.Plan.Window.String()), t.Plan.Window.Seconds()
+		info.Share, info.Region = keyShare(z, t.Key)
+	}
+	if s.Source == zones.SourceRecord {
+		// Async mode: this instance's lease decides the key's next
+		// request here; Redis's view, the fleet's, goes beside it.
+		info.Source = "instance"
+		switch f, err := z.PeekStore(r.Context(), t.Key, monotime.Now()); {
+		case errors.Is(err, zones.ErrUnknownKey):
+			info.Fleet = &fleetView{Remaining: t.Plan.Burst}
+		case err != nil:
+			info.FleetError = "reading the key from Redis: " + err.Error()
+		default:
+			info.Fleet = &fleetView{Remaining: f.Remaining, RetryAfter: f.RetryAfter.Seconds(), ResetAfter: f.ResetAfter.Seconds()}
+		}
+	}
+	return writeJSON(w, http.StatusOK, info)
 }
 
 // banLeft is the seconds a peeked key's ban has left, 0 when not banned.
@@ -475,76 +449,16 @@ func (a *AdminAPI) bans(w http.ResponseWriter, r *http.Request, z *zones.Zone) e
 	return writeJSON(w, http.StatusOK, out)
 }
 
-// getQuota answers GET for a key of a quota zone, whether or not it used
-// anything yet.
-func (a *AdminAPI) getQuota(w http.ResponseWriter, r *http.Request, z *zones.Zone, key string) error {
-	var s zones.QuotaState
-	var stored string
-	var err error
-	for _, stored = range storedForms(z, key) {
-		if s, err = z.PeekQuota(r.Context(), stored, monotime.Now()); err != nil || s.Used > 0 {
-			break
-		}
-	}
-	if err != nil {
-		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("reading the key from Redis: %v", err)}
-	}
-	source := "local"
-	if s.Source == zones.SourceStore {
-		source = "redis"
-	}
-	toEnd := max(0, time.Until(s.PeriodEnd).Seconds())
-	info := quotaKeyInfo{Zone: z.Name, Key: key, StoredAs: storedAs(key, stored), Used: s.Used, Quota: s.Limit, Remaining: s.Remaining,
-		Per: z.Period.String(), TimeZone: z.Location.String(),
-		PeriodStart: s.PeriodStart.Format(time.RFC3339), PeriodEnd: s.PeriodEnd.Format(time.RFC3339),
-		ResetAfter: toEnd, Source: source}
-	if s.Remaining == 0 {
-		info.RetryAfter = toEnd
-	}
-	return writeJSON(w, http.StatusOK, info)
-}
-
-// slotsInfo is a concurrency zone's key as GET /rate_limit/zones/<zone>/keys/<key>
-// shows it.
-type slotsInfo struct {
-	Zone string `json:"zone"`
-	keyName
-	StoredAs    string `json:"stored_as,omitempty"` // as keyInfo's
-	InUse       int64  `json:"in_use"`
-	Concurrency int64  `json:"concurrency"`
-	Remaining   int64  `json:"remaining"`
-}
-
-// getSlots answers GET for a key of a concurrency zone: the slots it holds,
-// fleet-wide with distributed.
-func (a *AdminAPI) getSlots(w http.ResponseWriter, r *http.Request, z *zones.Zone, key string) error {
-	var n int64
-	var stored string
-	var err error
-	for _, stored = range storedForms(z, key) {
-		if n, err = z.SlotsInUse(r.Context(), stored); err != nil || n > 0 {
-			break
-		}
-	}
-	switch {
-	case err != nil:
-		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("reading slots: %v", err)}
-	case n == 0:
-		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s: this key holds no slot", z.Name)}
-	}
-	return writeJSON(w, http.StatusOK, slotsInfo{Zone: z.Name, keyName: newKeyName(key), StoredAs: storedAs(key, stored), InUse: n, Concurrency: z.ConcurrencyOf(key), Remaining: max(0, z.ConcurrencyOf(key)-n)})
-}
-
 func (a *AdminAPI) resetKey(w http.ResponseWriter, r *http.Request, z *zones.Zone, key string) error {
 	if z.IsConcurrency() {
 		return caddy.APIError{HTTPStatus: http.StatusBadRequest,
 			Err: errors.New("a concurrency zone's slots cannot be reset: they are freed when their requests end (or, with distributed, when their lease ends)")}
 	}
-	stored, _, err := peekStored(r.Context(), z, key, monotime.Now())
-	if errors.Is(err, zones.ErrUnknownKey) {
+	t, s, err := readKey(r.Context(), z, key, monotime.Now())
+	if err == nil && !s.Tracked {
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s: key not tracked, nothing to reset (%s)", z.Name, noState(z))}
 	}
-	if err := z.Reset(r.Context(), stored); err != nil {
+	if err := z.Reset(r.Context(), t.Key); err != nil {
 		// This instance's state is gone; whether Redis's is, is not known
 		// (a command that timed out may still run). Say exactly that.
 		return writeJSON(w, http.StatusServiceUnavailable, partialReset{
@@ -628,32 +542,14 @@ func (a *AdminAPI) top(w http.ResponseWriter, r *http.Request, z *zones.Zone) er
 	return writeJSON(w, http.StatusOK, out)
 }
 
-// offenderState reads key's state now, as GET .../keys/<key> does: a rate
-// zone's remaining quota under the key's last plan, or a concurrency zone's
-// free slots.
+// offenderState is key's state now, as GET .../keys/<key> reads it.
 func offenderState(ctx context.Context, z *zones.Zone, key string, now int64) offenderInfo {
-	var o offenderInfo
-	if z.IsConcurrency() {
-		inUse, err := z.SlotsInUse(ctx, key)
-		if err != nil {
-			o.StateError = err.Error()
-			return o
-		}
-		o.Remaining = max(0, z.ConcurrencyOf(key)-inUse)
-		o.Limited = o.Remaining == 0
-		return o
+	_, s, err := readKey(ctx, z, key, now)
+	if err != nil {
+		return offenderInfo{StateError: err.Error()}
 	}
-	d, err := z.Peek(ctx, key, now)
-	switch {
-	case errors.Is(err, zones.ErrUnknownKey):
-		o.Remaining = z.LastPlan(key, now).Burst
-	case err != nil:
-		o.StateError = err.Error()
-	default:
-		o = offenderInfo{Limited: d.RetryAfter > 0, Remaining: d.Remaining,
-			RetryAfter: d.RetryAfter.Seconds(), ResetAfter: d.ResetAfter.Seconds(), BannedFor: banLeft(d)}
-	}
-	return o
+	return offenderInfo{Limited: !s.Allowed, Remaining: s.Remaining,
+		RetryAfter: s.RetryAfter.Seconds(), ResetAfter: s.ResetAfter.Seconds(), BannedFor: banLeft(s.Decision)}
 }
 
 // noState is what "not tracked" means, in the 404 of a key with no state.
@@ -684,18 +580,24 @@ func storedForms(z *zones.Zone, key string) []string {
 	return []string{stored}
 }
 
-// peekStored peeks the first of key's stored forms that has state, and
-// returns it; zones.ErrUnknownKey when none has (the key is not tracked).
-func peekStored(ctx context.Context, z *zones.Zone, key string, now int64) (string, zones.Decision, error) {
-	var d zones.Decision
-	var err error
-	forms := storedForms(z, key)
-	for _, stored := range forms {
-		if d, err = z.Peek(ctx, stored, now); !errors.Is(err, zones.ErrUnknownKey) {
-			return stored, d, err
+// readKey is the one read (zones.Ticket.Read) of key as the zone stores
+// it: the first of its stored forms the zone tracks, else the first, under
+// the plan it was last decided under and the override in force.
+func readKey(ctx context.Context, z *zones.Zone, key string, now int64) (verdict, zones.KeyState, error) {
+	var first verdict
+	var firstState zones.KeyState
+	for i, stored := range storedForms(z, key) {
+		t := verdict{Zone: z, Key: stored, Plan: z.LastPlan(stored, now), Cost: 1}
+		t.Resolve()
+		s, err := t.Read(ctx, now)
+		if err != nil || s.Tracked {
+			return t, s, err
+		}
+		if i == 0 {
+			first, firstState = t, s
 		}
 	}
-	return forms[0], d, err
+	return first, firstState, nil
 }
 
 // storedAs is keyInfo's StoredAs: stored when it is not key.

@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -388,15 +389,7 @@ func seconds(s float64) string {
 }
 
 func cliKey(c *cli, zone, key string) error {
-	var k struct {
-		keyInfo
-		InUse       int64 `json:"in_use"`      // concurrency zones
-		Concurrency int64 `json:"concurrency"` // concurrency zones
-		// quota zones:
-		Used      int64  `json:"used"`
-		Quota     int64  `json:"quota"`
-		PeriodEnd string `json:"period_end"`
-	}
+	var k keyInfo
 	printed, err := c.get(keyPath(zone, key), &k)
 	var nf errNotFound
 	if errors.As(err, &nf) {
@@ -406,17 +399,11 @@ func cliKey(c *cli, zone, key string) error {
 		if zerr != nil {
 			return zerr
 		}
-		if z.Concurrency > 0 {
-			if c.json {
-				return c.printJSONValue(slotsInfo{Zone: zone, keyName: newKeyName(key), Concurrency: z.Concurrency, Remaining: z.Concurrency})
-			}
-			_, err := fmt.Fprintf(c.out, "zone %s, key %s: not limited, 0 of %d slots in use\n", printable(zone), quoteKey(key), z.Concurrency)
-			return err
-		}
+		full := cmp.Or(z.Concurrency, z.Burst)
 		if c.json {
-			return c.printJSONValue(keyInfo{Zone: zone, keyName: newKeyName(key), Remaining: z.Burst})
+			return c.printJSONValue(keyInfo{Zone: zone, keyName: newKeyName(key), Remaining: full, Concurrency: z.Concurrency})
 		}
-		_, err := fmt.Fprintf(c.out, "zone %s, key %s: not tracked (no state: its next request has the full limit, %d)\n", printable(zone), quoteKey(key), z.Burst)
+		_, err := fmt.Fprintf(c.out, "zone %s, key %s: not tracked (no state: its next request has the full limit, %d)\n", printable(zone), quoteKey(key), full)
 		return err
 	}
 	if printed || err != nil {
@@ -430,18 +417,18 @@ func cliKey(c *cli, zone, key string) error {
 		stored += " under override " + printable(o.ID) + " (" + overrideLimitText(*o) + ")"
 	}
 	switch {
-	case k.PeriodEnd != "":
+	case k.Used != nil:
 		if k.Remaining == 0 {
 			state = "LIMITED"
 		}
 		_, err = fmt.Fprintf(c.out, "zone %s, key %q: %s, %d of %d used, %d remaining until %s (in %s)\n",
-			zone, key, state, k.Used, k.Quota, k.Remaining, k.PeriodEnd, seconds(k.ResetAfter))
+			zone, key, state, *k.Used, k.Quota, k.Remaining, k.PeriodEnd, seconds(k.ResetAfter))
 		return err
-	case k.Concurrency > 0:
-		if k.InUse >= k.Concurrency {
+	case k.InUse != nil:
+		if k.Remaining == 0 {
 			state = "LIMITED"
 		}
-		_, err = fmt.Fprintf(c.out, "zone %s, key %s: %s, %d of %d slots in use\n", printable(zone), quoteKey(key), state, k.InUse, k.Concurrency)
+		_, err = fmt.Fprintf(c.out, "zone %s, key %s: %s, %d of %d slots in use\n", printable(zone), quoteKey(key), state, *k.InUse, k.Concurrency)
 		return err
 	case k.BannedFor > 0:
 		_, err = fmt.Fprintf(c.out, "zone %s, key %s: BANNED for %s (level %d), 0 remaining\n",
@@ -455,7 +442,7 @@ func cliKey(c *cli, zone, key string) error {
 	default:
 		_, err = fmt.Fprintf(c.out, "zone %s, key %s%s: not limited, %d remaining, full again in %s\n", printable(zone), quoteKey(key), stored, k.Remaining, seconds(k.ResetAfter))
 	}
-	return c.printFleet(k.keyInfo, err)
+	return c.printFleet(k, err)
 }
 
 // printFleet adds an async zone's fleet view of a key under the line that

@@ -347,8 +347,9 @@ func TestAcceptNeverWaitsForAConnectionsAddress(t *testing.T) {
 	if k := w.zones[0].Config.Key("203.0.113.9"); k != "203.0.113.9" {
 		t.Fatalf("key %q", k)
 	}
-	if _, err := w.zones[0].Peek(background, "203.0.113.9", 0); err != nil {
-		t.Fatalf("the source has no state: %v", err)
+	tk := verdict{Zone: w.zones[0].Zone, Key: "203.0.113.9", Plan: w.zones[0].Plan()}
+	if s, err := tk.Read(background, 0); err != nil || !s.Tracked {
+		t.Fatalf("the source has no state: %+v, %v", s, err)
 	}
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"reflect"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,7 +21,7 @@ import (
 
 func init() {
 	caddy.RegisterModule(StatusHandler{})
-	httpcaddyfile.RegisterHandlerDirective("rate_limit_status", parseStatusCaddyfile)
+	httpcaddyfile.RegisterDirective("rate_limit_status", parseStatusCaddyfile)
 	// Just before rate_limit (which goes before basic_auth, right after
 	// try_files): asking for one's budget must not spend it.
 	httpcaddyfile.RegisterDirectiveOrder("rate_limit_status", httpcaddyfile.After, "try_files")
@@ -31,14 +33,15 @@ func init() {
 // template, its plan, the operator's overrides), and what the client's
 // next request would get there. It answers every request it handles:
 //
-//	{"zones":[{"zone":"api_key","limit":10,"window":60,"remaining":9,"reset":6,"banned_for":0}]}
+//	{"zones":[{"zone":"api_key","limit":10,"window":60,"remaining":10,"reset":0,"banned_for":0}]}
 //
 // limit and window are the limit the key is under (a quota zone: its
 // limit and the current period's length, with "period" and "used"; a
 // concurrency zone: its requests in flight, with "in_flight" and window
-// 0); remaining is what the next request's RateLimit headers would say
-// (after it); reset the seconds until the key is back to full (a quota
-// zone: until the period ends); banned_for the seconds a ban has left.
+// 0); remaining is what the key can still spend now, which after a request
+// is that request's RateLimit remaining; reset the seconds until the key
+// is back to full (a quota zone: until the period ends); banned_for the
+// seconds a ban has left.
 // Times are whole seconds, rounded up. A zone whose store could not be read
 // has "error" instead. Status 200, Cache-Control: no-store. The zones'
 // reads of Redis go in one round trip per Redis: deny caches and async
@@ -108,12 +111,26 @@ func (s *StatusHandler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-func parseStatusCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+// parseStatusCaddyfile is what RegisterHandlerDirective would register,
+// refusing a handler at a site's top level with no matcher: it would answer
+// every request of the site. Caddy hands a site's own directives the site's
+// State as their BlockState, and those nested in a block (handle, route) a
+// copy.
+func parseStatusCaddyfile(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error) {
 	h.Next()
 	s := StatusHandler{Source: fmt.Sprintf("%s:%d", h.File(), h.Line())}
-	h.Reset()
-	err := s.UnmarshalCaddyfile(h.Dispenser)
-	return &s, err
+	matcher, err := h.ExtractMatcherSet()
+	if err != nil {
+		return nil, err
+	}
+	if err := s.UnmarshalCaddyfile(h.Dispenser); err != nil {
+		return nil, err
+	}
+	if matcher == nil && reflect.ValueOf(h.State).Pointer() == reflect.ValueOf(h.BlockState).Pointer() {
+		return nil, h.Errf("rate_limit_status at a site's top level without a matcher answers every request of the site: "+
+			"give it the path clients ask at (rate_limit_status /rate_limit %s) or put it in a handle block", strings.Join(s.Zones, " "))
+	}
+	return h.NewRoute(matcher, &s), nil
 }
 
 // zoneStatus is one zone of the answer.
@@ -175,30 +192,28 @@ func statusTicket(r *http.Request, repl *caddy.Replacer, name string, now int64)
 	return t
 }
 
-// zoneStatusOf is what the next request with ticket t (nil: the zone is
-// not loaded) would get in zone name.
+// zoneStatusOf is the state now of ticket t (nil: the zone is not loaded)
+// in zone name: the one read, Ticket.Read.
 func zoneStatusOf(ctx context.Context, name string, t *verdict, now int64) zoneStatus {
 	st := zoneStatus{Zone: name}
 	if t == nil {
 		st.Error = "the zone is not loaded"
 		return st
 	}
-	z := t.Zone
-	s, err := z.Status(ctx, t.Key, now, &t.Plan, t.Override)
+	s, err := t.Read(ctx, now)
 	if err != nil {
 		st.Error = "reading the zone's store: " + err.Error()
 		return st
 	}
-	st.Limit, st.Window = t.Quota(), ceilSeconds(t.Plan.Window)
-	st.Remaining, st.Reset = s.Remaining, ceilSeconds(s.ResetAfter)
+	st.Limit, st.Window, st.Remaining, st.Reset = s.Limit, ceilSeconds(s.Window), s.Remaining, ceilSeconds(s.ResetAfter)
 	if s.Banned {
 		st.BannedFor = ceilSeconds(s.RetryAfter)
 	}
 	switch {
-	case z.IsConcurrency():
-		st.Limit, st.Window, st.InFlight = s.Limit, 0, &s.InFlight
-	case z.IsQuota():
-		st.Window, st.Period, st.Used = ceilSeconds(s.PeriodEnd.Sub(s.PeriodStart)), z.Period.String(), &s.Used
+	case t.Zone.IsConcurrency():
+		st.InFlight = &s.InFlight
+	case t.Zone.IsQuota():
+		st.Period, st.Used = t.Zone.Period.String(), &s.Used
 	}
 	return st
 }

@@ -18,7 +18,6 @@ package tests
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -282,15 +281,16 @@ func (e *confEnv) run(sc confScenario, mode string) {
 				t.Fatalf("step %d (refund): %v", i, err)
 			}
 		case opPeek:
-			d, err = e.zone.Peek(ctx, "k", now)
-			if w.unknown {
-				if !errors.Is(err, zones.ErrUnknownKey) {
-					t.Fatalf("step %d (peek): %+v, %v; want the key unknown", i, d, err)
+			tk := zones.Ticket[struct{}]{Zone: e.zone, Key: "k", Plan: e.zone.LastPlan("k", now), Cost: 1}
+			s, err := tk.Read(ctx, now)
+			if err != nil {
+				t.Fatalf("step %d (read): %v", i, err)
+			}
+			if d = s.Decision; w.unknown {
+				if s.Tracked {
+					t.Fatalf("step %d (read): %+v; want the key untracked", i, s)
 				}
 				continue
-			}
-			if err != nil {
-				t.Fatalf("step %d (peek): %v", i, err)
 			}
 		case opReset:
 			if err := e.zone.Reset(ctx, "k"); err != nil {

@@ -82,18 +82,18 @@ func TestStatusEndpointMatchesHeadersAndConsumesNothing(t *testing.T) {
 			c := startCaddy(t, statusSite(dist))
 			a := askStatus(t, c, "alice")
 			api, monthly, conc := a.Zones[0], a.Zones[1], a.Zones[2]
-			if api.Zone != "api_key" || api.Limit != 10 || api.Window != 60 || api.Remaining != 9 || api.Reset != 6 || api.BannedFor != 0 || api.Error != "" {
-				t.Errorf("a fresh key: %+v, want limit 10, window 60, remaining 9, reset 6", api)
+			if api.Zone != "api_key" || api.Limit != 10 || api.Window != 60 || api.Remaining != 10 || api.Reset != 0 || api.BannedFor != 0 || api.Error != "" {
+				t.Errorf("a fresh key: %+v, want limit 10, window 60, remaining 10, reset 0", api)
 			}
-			if monthly.Period != "month" || monthly.Used == nil || *monthly.Used != 0 || monthly.Limit != 1000 || monthly.Remaining != 999 {
+			if monthly.Period != "month" || monthly.Used == nil || *monthly.Used != 0 || monthly.Limit != 1000 || monthly.Remaining != 1000 {
 				t.Errorf("quota zone: %+v", monthly)
 			}
 			if conc.InFlight == nil || *conc.InFlight != 0 || conc.Limit != 4 {
 				t.Errorf("concurrency zone: %+v", conc)
 			}
 			for i := range 3 {
-				before := askStatus(t, c, "alice").Zones[0]
 				r := c.Do(withKey("alice"))
+				after := askStatus(t, c, "alice").Zones[0]
 				if r.Status != http.StatusOK {
 					t.Fatalf("request %d: %d", i, r.Status)
 				}
@@ -102,8 +102,8 @@ func TestStatusEndpointMatchesHeadersAndConsumesNothing(t *testing.T) {
 					rem, _ = strconv.ParseInt(strings.FieldsFunc(after, func(c rune) bool { return c == ';' || c == ',' })[0], 10, 64)
 				}
 				policy := r.Header.Get("RateLimit-Policy")
-				if rem != before.Remaining || !strings.Contains(policy, `"api_key";q=10;w=60`) {
-					t.Errorf("status said remaining %d; the next request's headers: r=%d (RateLimit %q), policy %q", before.Remaining, rem, r.Header.Get("RateLimit"), policy)
+				if rem != after.Remaining || !strings.Contains(policy, `"api_key";q=10;w=60`) {
+					t.Errorf("status says remaining %d after a request whose headers said r=%d (RateLimit %q), policy %q", after.Remaining, rem, r.Header.Get("RateLimit"), policy)
 				}
 			}
 			deadline := time.Now().Add(time.Minute)
@@ -119,8 +119,8 @@ func TestStatusEndpointMatchesHeadersAndConsumesNothing(t *testing.T) {
 			}
 			// An override shows in the status.
 			mustPutOverride(t, c, "api_key", "vip", `{"match":{"key":"carol"},"events":50,"window":"1m"}`)
-			if s := askStatus(t, c, "carol").Zones[0]; s.Limit != 50 || s.Remaining != 49 {
-				t.Errorf("under an override: %+v, want limit 50, remaining 49", s)
+			if s := askStatus(t, c, "carol").Zones[0]; s.Limit != 50 || s.Remaining != 50 {
+				t.Errorf("under an override: %+v, want limit 50, remaining 50", s)
 			}
 		})
 	}
@@ -188,8 +188,8 @@ func TestStatusEndpointReadsStrictZonesInOneBatch(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.Body), &a); err != nil || len(a.Zones) != 4 {
 		t.Fatalf("status: %d %s", r.Status, r.Body)
 	}
-	if a.Zones[0].Remaining != 8 || a.Zones[1].Remaining != 18 || a.Zones[2].Used == nil || *a.Zones[2].Used != 1 || a.Zones[3].InFlight == nil || *a.Zones[3].InFlight != 0 {
-		t.Errorf("after one request: %+v, want remaining 8 and 18, used 1, none in flight", a.Zones)
+	if a.Zones[0].Remaining != 9 || a.Zones[1].Remaining != 19 || a.Zones[2].Used == nil || *a.Zones[2].Used != 1 || a.Zones[3].InFlight == nil || *a.Zones[3].InFlight != 0 {
+		t.Errorf("after one request: %+v, want remaining 9 and 19, used 1, none in flight", a.Zones)
 	}
 	calls := scriptsLogged(t, rs, "dave")
 	if len(calls) != 3 || !slices.ContainsFunc(calls, func(l string) bool { return strings.Contains(l, "first") && strings.Contains(l, "second") }) {
@@ -239,11 +239,129 @@ func TestStatusEndpointAtTopLevelIsNotLimited(t *testing.T) {
 `)
 	for i := range 5 {
 		r := c.Do(request{Path: "/rate_limit", Header: map[string]string{"X-API-Key": "erin"}})
-		if r.Status != http.StatusOK || !strings.Contains(r.Body, `"remaining":2,`) || r.Header.Get("RateLimit") != "" {
-			t.Fatalf("ask %d: %d %q, RateLimit %q; want 200, remaining 2, no RateLimit header", i, r.Status, r.Body, r.Header.Get("RateLimit"))
+		if r.Status != http.StatusOK || !strings.Contains(r.Body, `"remaining":3,`) || r.Header.Get("RateLimit") != "" {
+			t.Fatalf("ask %d: %d %q, RateLimit %q; want 200, remaining 3, no RateLimit header", i, r.Status, r.Body, r.Header.Get("RateLimit"))
 		}
 	}
 	if n := admitted(c, withKey("erin"), 5); n != 3 {
 		t.Errorf("after 5 asks: %d admitted, want the whole burst, 3", n)
+	}
+}
+
+// rateLimitParam is parameter p of zone's item in a RateLimit or
+// RateLimit-Policy header ("rate";r=4;t=12, "quota";r=3), false when absent.
+func rateLimitParam(header, zone, p string) (int64, bool) {
+	for item := range strings.SplitSeq(header, ",") {
+		params := strings.Split(strings.TrimSpace(item), ";")
+		if params[0] != strconv.Quote(zone) {
+			continue
+		}
+		for _, kv := range params[1:] {
+			if v, ok := strings.CutPrefix(kv, p+"="); ok {
+				n, err := strconv.ParseInt(v, 10, 64)
+				return n, err == nil
+			}
+		}
+	}
+	return 0, false
+}
+
+// The one read agrees with the headers: in every zone kind, for a plain
+// key and under a limit, an exempt and a deny override, the status
+// handler's and the admin key view's remaining and limit are the RateLimit
+// r and RateLimit-Policy q of the key's request, read while it is in flight
+// (a concurrency zone's slot is held). A fresh key reads its whole limit.
+func TestReadAgreesWithHeadersForEveryKindAndOverride(t *testing.T) {
+	u := startCountingUpstream(t)
+	c := startCaddy(t, `http:// {
+	handle /rate_limit {
+		rate_limit_status rate quota conc adapt
+	}
+	handle {
+		rate_limit {
+			zone rate {
+				key {http.request.header.X-rate}
+				events 5
+				window 1m
+			}
+			zone quota {
+				key {http.request.header.X-quota}
+				quota 4 per day
+			}
+			zone conc {
+				key {http.request.header.X-conc}
+				concurrency 3
+			}
+			zone adapt {
+				key {http.request.header.X-adapt}
+				adaptive {
+					latency 1s
+					min 3
+				}
+			}
+		}
+		reverse_proxy `+u.Addr+`
+	}
+}
+`)
+	limits := map[string]string{"rate": `"events":50,"window":"1m"`, "quota": `"limit":40`, "conc": `"n":7`}
+	zoneNames := []string{"rate", "quota", "conc", "adapt"}
+	for zi, zone := range zoneNames {
+		for _, kind := range []string{"plain", "limit", "exempt", "deny"} {
+			key := zone + "-" + kind
+			switch body := limits[zone]; {
+			case kind == "limit" && body == "":
+				continue // an adaptive zone's limit follows the upstream: no limit override
+			case kind == "limit":
+				mustPutOverride(t, c, zone, key, `{"match":{"key":"`+key+`"},`+body+`}`)
+			case kind != "plain":
+				mustPutOverride(t, c, zone, key, `{"match":{"key":"`+key+`"},"`+kind+`":true}`)
+			}
+			header := map[string]string{}
+			for _, z := range zoneNames {
+				header["X-"+z] = key
+			}
+			read := func() (status, admin int64, limit int64) {
+				r := c.Do(request{Path: "/rate_limit", Header: header})
+				var a statusAnswer
+				if err := json.Unmarshal([]byte(r.Body), &a); err != nil || len(a.Zones) != 4 {
+					t.Fatalf("%s: status %d %s", key, r.Status, r.Body)
+				}
+				var k struct {
+					Remaining                   int64
+					Events, Quota, Concurrency int64
+				}
+				if code, body := c.adminDo(http.MethodGet, keyPath(zone, key)); code != http.StatusOK || json.Unmarshal([]byte(body), &k) != nil {
+					admin = -1
+				} else {
+					admin = k.Remaining
+				}
+				return a.Zones[zi].Remaining, admin, a.Zones[zi].Limit
+			}
+			if kind == "plain" {
+				full := map[string]int64{"rate": 5, "quota": 4, "conc": 3, "adapt": 3}[zone]
+				if s, _, limit := read(); s != full || limit != full {
+					t.Errorf("%s, a fresh key: status says %d of %d, want its whole limit %d", key, s, limit, full)
+				}
+			}
+			var r response
+			var status, admin, limit int64
+			if kind == "deny" {
+				r = c.Do(request{Header: header})
+				status, admin, limit = read()
+			} else {
+				ch := inBackground(c, request{Path: "/?gate=" + key, Header: header})
+				u.waitInFlight(1)
+				status, admin, limit = read()
+				u.open(key)
+				r = <-ch
+			}
+			rem, ok1 := rateLimitParam(r.Header.Get("RateLimit"), zone, "r")
+			q, ok2 := rateLimitParam(r.Header.Get("RateLimit-Policy"), zone, "q")
+			if !ok1 || !ok2 || status != rem || admin != rem || limit != q {
+				t.Errorf("%s (%d): status says %d of %d, the admin view %d; the headers r=%d q=%d (RateLimit %q, policy %q)",
+					key, r.Status, status, limit, admin, rem, q, r.Header.Get("RateLimit"), r.Header.Get("RateLimit-Policy"))
+			}
+		}
 	}
 }

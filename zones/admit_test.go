@@ -87,10 +87,7 @@ func TestSettledEstimatesLeaveTheSumOfActualCosts(t *testing.T) {
 			want += int64(2 + 2*((w+i)%3))
 		}
 	}
-	d, err := z.Peek(ctx, "k", now)
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := readKey(t, z, "k", now)
 	if used := c.Burst - d.Remaining; used != want {
 		t.Fatalf("after %d settled requests: %d used, want their actual costs' sum %d", workers*each, used, want)
 	}
@@ -101,7 +98,7 @@ func TestSettledEstimatesLeaveTheSumOfActualCosts(t *testing.T) {
 	if err := tk.Settle(ctx, now, 7); err != nil {
 		t.Fatal(err)
 	}
-	if d, _ := z.Peek(ctx, "k", now); c.Burst-d.Remaining != want+7 {
+	if d := readKey(t, z, "k", now); c.Burst-d.Remaining != want+7 {
 		t.Fatalf("a denied ticket settled at 7: %d used, want %d", c.Burst-d.Remaining, want+7)
 	}
 }

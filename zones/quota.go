@@ -451,61 +451,6 @@ func (z *Zone) refundQuota(ctx context.Context, key string, now int64, d Decisio
 	return d, nil
 }
 
-// QuotaState is a quota zone's key as the admin API shows it.
-type QuotaState struct {
-	Used, Limit, Remaining int64
-	// The period counted, in the zone's time zone.
-	PeriodStart, PeriodEnd time.Time
-	Source                 Source // SourceLocal or SourceStore
-}
-
-// PeekQuota reports a quota zone's key (fleet-wide with a store) under the
-// plan it was last decided under, counting nothing.
-func (z *Zone) PeekQuota(ctx context.Context, key string, now int64) (QuotaState, error) {
-	return z.peekQuotaUnder(ctx, key, now, z.LastPlan(key, now).Events)
-}
-
-// peekQuotaUnder is PeekQuota under limit.
-func (z *Zone) peekQuotaUnder(ctx context.Context, key string, now int64, limit int64) (QuotaState, error) {
-	q := z.state.quota
-	if q == nil {
-		return QuotaState{}, errors.New("not a quota zone")
-	}
-	pn := q.clock.at(now)
-	s := QuotaState{Limit: limit, PeriodStart: pn.start, PeriodEnd: pn.end, Source: SourceLocal}
-	if z.store == nil {
-		s.Used = q.used.quotaUsed(key, pn.gen)
-	} else {
-		r, err := z.store.Quota(ctx, z.Name, key, QuotaStep{Op: OpPeek, Limit: QuotaLimit{Limit: limit, Periods: &pn.periods}})
-		if err != nil {
-			z.followClock(err)
-			return QuotaState{}, err
-		}
-		s.Used, s.Source = r.Used, SourceStore
-		s.PeriodStart, s.PeriodEnd = pn.periods.Period(r.Period)
-	}
-	s.Remaining = max(0, limit-s.Used)
-	return s, nil
-}
-
-// peekQuota is Peek for a quota zone: ErrUnknownKey when the key used
-// nothing this period.
-func (z *Zone) peekQuota(ctx context.Context, key string, now int64) (Decision, error) {
-	s, err := z.PeekQuota(ctx, key, now)
-	if err != nil {
-		return Decision{}, err
-	}
-	if s.Used == 0 {
-		return Decision{}, ErrUnknownKey
-	}
-	toEnd := max(time.Duration(1), time.Until(s.PeriodEnd))
-	d := Decision{Allowed: s.Remaining > 0, Remaining: s.Remaining, ResetAfter: toEnd, Period: s.PeriodEnd.Sub(s.PeriodStart), Source: s.Source}
-	if s.Remaining == 0 {
-		d.RetryAfter = toEnd
-	}
-	return d, nil
-}
-
 // resetQuota is Reset for a quota zone.
 func (z *Zone) resetQuota(ctx context.Context, key string) error {
 	z.Forget(key)

@@ -2,70 +2,108 @@ package zones
 
 import (
 	"context"
+	"errors"
 	"time"
 )
 
-// Status is a key's state as a client asks for its own (the
-// rate_limit_status handler): what a unit-cost request would get now.
-type Status struct {
+// KeyState is a key's state now, as GitHub's GET /rate_limit reports it:
+// Remaining is what the key can still spend (a fresh key: its whole
+// burst), which after a request equals that request's RateLimit remaining;
+// RetryAfter is the wait until it may send again, ResetAfter the time
+// until it is back to full.
+type KeyState struct {
 	Decision
+	// Limit and Window are the RateLimit-Policy's q and w: the plan's events
+	// and window; a quota zone's units and its period's length; a
+	// concurrency zone's limit of requests in flight (an override's n, an
+	// adaptive zone's limit for the key now) and 0.
+	Limit  int64
+	Window time.Duration
 	// Quota zones: the units used in the current period, and its bounds.
 	Used                   int64
 	PeriodStart, PeriodEnd time.Time
-	// Concurrency zones: the key's requests in flight, and its limit of
-	// them (an adaptive zone's: the key's limit now).
-	InFlight, Limit int64
+	// Concurrency zones: the key's requests in flight.
+	InFlight int64
+	// Tracked: the zone holds state for the key (a key it holds none for
+	// is at its full limit).
+	Tracked bool
 }
 
-// Status reports what a unit-cost request of key would get at now under
-// plan p (the override o, when not nil, resolved: Ticket.Resolve),
-// consuming nothing and starting no ban: a ban or a cached denial first
-// (no store call), then the key's state here or one peek of the store.
-// Its Remaining is what the next request's headers say, after it.
-func (z *Zone) Status(ctx context.Context, key string, now int64, p *Plan, o *Override) (Status, error) {
-	switch {
-	case o != nil && o.Exempt:
-		return Status{Decision: Decision{Allowed: true, Remaining: max(0, p.Burst-1), Source: SourceOverride}}, nil
-	case o != nil && o.Deny:
-		d := o.DenyFor(time.Now().UnixNano())
-		return Status{Decision: Decision{RetryAfter: d, ResetAfter: d, Source: SourceOverride}}, nil
-	case z.IsConcurrency():
-		n, err := z.SlotsInUse(ctx, key)
-		if err != nil {
-			return Status{}, err
-		}
-		limit := p.Burst
+// Read is the one read of a key's state, for a client asking for its own
+// (rate_limit_status), the admin API and the CLI: the ticket's key under
+// its plan, with the override in force resolved as Admit resolves it
+// (Resolve first), consuming nothing and starting no ban. An override, a
+// ban, a cached denial and this instance's own state answer without the
+// store; anything else is one peek of it, which a Gather in ctx sends with
+// the other zones' reads of one request (one round trip for them all).
+func (t *Ticket[O]) Read(ctx context.Context, now int64) (KeyState, error) {
+	z, key, p := t.Zone, t.Key, &t.Plan
+	s := KeyState{Limit: p.Events, Window: p.Window}
+	if z.IsConcurrency() {
+		s.Limit, s.Window = t.inFlightLimit(), 0
 		if z.IsAdaptive() {
-			limit = z.ConcurrencyOf(key)
-		} else if limit <= 0 {
-			limit = z.Concurrency
+			s.Limit = z.ConcurrencyOf(key)
 		}
-		left := max(0, limit-n)
-		return Status{Decision: Decision{Allowed: left > 0, Remaining: max(0, left-1)}, InFlight: n, Limit: limit}, nil
-	case z.state.quota != nil:
-		if d, ok := z.CachedDenial(key, now, p); ok {
-			start, end := z.PeriodNow(now)
-			return Status{Decision: d, PeriodStart: start, PeriodEnd: end, Used: p.Events}, nil
-		}
-		q, err := z.peekQuotaUnder(ctx, key, now, p.Events)
-		if err != nil {
-			return Status{}, err
-		}
-		toEnd := max(time.Duration(1), time.Until(q.PeriodEnd))
-		d := Decision{Allowed: q.Remaining > 0, Remaining: max(0, q.Remaining-1), ResetAfter: toEnd, Period: q.PeriodEnd.Sub(q.PeriodStart), Source: q.Source}
-		if q.Remaining == 0 {
-			d.RetryAfter = toEnd
-		}
-		return Status{Decision: d, Used: q.Used, PeriodStart: q.PeriodStart, PeriodEnd: q.PeriodEnd}, nil
 	}
+	var err error
+	switch {
+	case t.Waived():
+		s.Decision, s.Tracked = t.waived(), true
+	case z.IsConcurrency():
+		if s.InFlight, err = z.SlotsInUse(ctx, key); err == nil {
+			s.Remaining, s.Tracked = max(0, s.Limit-s.InFlight), s.InFlight > 0
+			s.Allowed = s.Remaining > 0
+		}
+	case z.state.quota != nil:
+		err = z.readQuota(ctx, key, now, p, &s)
+	default:
+		err = z.readRate(ctx, key, now, p, &s)
+	}
+	return s, err
+}
+
+// readQuota is Read in a quota zone: a cached denial, else the period's
+// count, here or in the store.
+func (z *Zone) readQuota(ctx context.Context, key string, now int64, p *Plan, s *KeyState) error {
+	pn := z.state.quota.clock.at(now)
+	s.PeriodStart, s.PeriodEnd, s.Source = pn.start, pn.end, SourceLocal
+	if d, ok := z.CachedDenial(key, now, p); ok {
+		s.Decision, s.Used = d, p.Events
+	} else if z.store == nil {
+		s.Used = z.state.quota.used.quotaUsed(key, pn.gen)
+	} else {
+		r, err := z.store.Quota(ctx, z.Name, key, QuotaStep{Op: OpPeek, Limit: QuotaLimit{Limit: p.Events, Periods: &pn.periods}})
+		if err != nil {
+			z.followClock(err)
+			return err
+		}
+		s.Used, s.Source = r.Used, SourceStore
+		s.PeriodStart, s.PeriodEnd = pn.periods.Period(r.Period)
+	}
+	toEnd := max(time.Nanosecond, time.Until(s.PeriodEnd))
+	s.Remaining, s.ResetAfter, s.Period = max(0, p.Events-s.Used), toEnd, s.PeriodEnd.Sub(s.PeriodStart)
+	s.Allowed, s.Tracked, s.Window = s.Remaining > 0, s.Used > 0, s.Period
+	if !s.Allowed {
+		s.RetryAfter = toEnd
+	}
+	return nil
+}
+
+// readRate is Read in a rate zone: a ban or a cached denial, else what
+// decides the key's next request on this instance (its local state, the
+// store's record of it in async mode) or the store's peek.
+func (z *Zone) readRate(ctx context.Context, key string, now int64, p *Plan, s *KeyState) error {
 	if z.state.Bans != nil {
 		if end, level, banned := z.banIn(key, now); banned {
-			return Status{Decision: z.bannedDecision(key, now, p, end, level)}, nil
+			s.Decision, s.Tracked = z.bannedDecision(key, now, p, end, level), true
+			return nil
 		}
 	}
 	if until, ok := z.deniedUntil(key, now); ok && z.store != nil {
 		retry := time.Duration(until - now)
-		return Status{Decision: Decision{RetryAfter: retry, ResetAfter: retry + time.Duration((p.limit.Burst-1)*p.limit.EmissionInterval), Source: SourceDenyCache}}, nil
+		s.Decision = Decision{RetryAfter: retry, ResetAfter: retry + time.Duration((p.limit.Burst-1)*p.limit.EmissionInterval), Source: SourceDenyCache}
+		s.Tracked = true
+		return nil
 	}
 	var d Decision
 	switch r, ok := z.peekRecord(key, now, p.limit); {
@@ -76,18 +114,14 @@ func (z *Zone) Status(ctx context.Context, key string, now int64, p *Plan, o *Ov
 	default:
 		var err error
 		if d, err = z.peekStore(ctx, key, p.limit); err != nil {
-			return Status{}, err
+			return err
 		}
 	}
-	if d.RetryAfter <= 0 && d.Remaining >= 1 {
-		// The state now, as the next request would leave it.
-		d.Allowed, d.Remaining = true, d.Remaining-1
-		d.ResetAfter += time.Duration(p.limit.EmissionInterval)
+	src := d.Source
+	d, err := z.peeked(key, now, d)
+	if errors.Is(err, ErrUnknownKey) {
+		d, err = Decision{Allowed: true, Remaining: p.Burst, Source: src}, nil
 	}
-	if z.state.Bans != nil && z.banRule == (BanRule{}) {
-		if b, ok := z.BanOf(key, now); ok {
-			z.withBan(&d, b.Left, b.Level)
-		}
-	}
-	return Status{Decision: d}, nil
+	s.Decision, s.Tracked = d, err == nil && d.ResetAfter > 0
+	return err
 }

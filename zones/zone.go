@@ -791,40 +791,11 @@ func (z *Zone) LastPlan(key string, now int64) Plan {
 	return z.plan
 }
 
-// Peek reports key's state, under the plan it was last decided under,
-// without consuming anything, or ErrUnknownKey when the key has no state
-// (it is at its full limit): what its next request on this instance would
-// get. A store that keeps records (async mode) answers from this
-// instance's record of the key, which decides that request (Source
-// SourceRecord), and from the store only for a key it has no record of
-// or must wake; the store's own view, the fleet's, is PeekStore.
-func (z *Zone) Peek(ctx context.Context, key string, now int64) (Decision, error) {
-	if z.state.quota != nil {
-		return z.peekQuota(ctx, key, now)
-	}
-	var d Decision
-	l := z.LastPlan(key, now).limit
-	if z.store == nil {
-		d = fromResult(z.state.Local.Peek(key, now, l), SourceLocal)
-	} else if r, ok := z.peekRecord(key, now, l); ok {
-		d = fromResult(r, SourceRecord)
-	} else {
-		var err error
-		if d, err = z.peekStore(ctx, key, l); err != nil {
-			return Decision{}, err
-		}
-	}
-	return z.peeked(key, now, d)
-}
-
 // PeekStore reports key's state as the store holds it, consuming nothing,
 // or ErrUnknownKey: in async mode the fleet's view, in which the leases
 // every instance holds count as spent and what instances admitted since
-// their last sync does not. Without a store it is Peek.
+// their last sync does not (Read answers with this instance's record).
 func (z *Zone) PeekStore(ctx context.Context, key string, now int64) (Decision, error) {
-	if z.store == nil || z.state.quota != nil {
-		return z.Peek(ctx, key, now)
-	}
 	d, err := z.peekStore(ctx, key, z.LastPlan(key, now).limit)
 	if err != nil {
 		return Decision{}, err
@@ -926,7 +897,7 @@ func (z *Zone) ForgetDenials() {
 	z.state.Denied.Clear()
 }
 
-// ErrUnknownKey is returned by Peek for a key with no state.
+// ErrUnknownKey is returned by PeekStore for a key with no state.
 var ErrUnknownKey = errors.New("no state for this key")
 
 func fromResult(r algorithms.Result, src Source) Decision {
