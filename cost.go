@@ -2,14 +2,12 @@ package ratelimit
 
 import (
 	"cmp"
-	"context"
 	"errors"
 	"fmt"
 	"math"
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -125,95 +123,26 @@ func countCost(verdicts []verdict) {
 	}
 }
 
-// serveAndCharge calls next with the response's status recorded (nothing
-// buffered: streaming, flushing and hijacking pass through; a body the
-// zones charge from is scanned on its way) and, when it returns, charges
-// the post-charged zones whose count matches the response, or settles
-// their estimate. An error returned down the chain counts with its status
-// (what handle_errors sees as {err.status_code}) unless a status was
-// written. A response next aborts with a panic (reverse_proxy does, with
-// http.ErrAbortHandler, when the upstream or the client breaks off a
-// response it has begun) is charged all the same, and the panic goes on.
-func (h *Handler) serveAndCharge(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, verdicts []verdict) error {
-	rec := caddyhttp.NewResponseRecorder(w, nil, nil)
-	out := http.ResponseWriter(rec)
-	var body *bodyWriter
-	if h.bodyCharged {
-		body = newBodyWriter(rec, verdicts)
-		out = body
-	}
-	returned := false
-	defer func() {
-		if !returned {
-			h.charge(w, r, repl, rec, body, verdicts, http.ErrAbortHandler)
+// responseCost is what the response costs v's zone, ticket i, once next
+// is over (status and err): what its count matches (a response it does not
+// match costs an estimating zone 0, its estimate back, and is not counted
+// in another), its charge placeholder or its body, by default the ticket's
+// cost (the estimate taken before, or the zone's literal cost); at most
+// zones.MaxCharge bursts. false: the response is not counted.
+func (h *Handler) responseCost(rw *response, r *http.Request, repl *caddy.Replacer, i int, v *verdict, status int, err error, now int64) (int64, bool) {
+	c, cost := &v.Owner.costs, v.Cost
+	switch {
+	case c.count != nil && !c.count.Match(status, rw.Header()):
+		return 0, c.estimate
+	case c.chargeVar != "":
+		if repl == nil {
+			repl = requestReplacer(r)
 		}
-	}()
-	err := next.ServeHTTP(out, r)
-	returned = true
-	h.charge(w, r, repl, rec, body, verdicts, err)
-	return err
-}
-
-// charge charges the post-charged zones (or settles their estimates) once
-// next is over, err what it returned.
-func (h *Handler) charge(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, rec caddyhttp.ResponseRecorder, body *bodyWriter, verdicts []verdict, err error) {
-	status := rec.Status()
-	if status == 0 {
-		status = http.StatusOK
-		if err != nil {
-			status = http.StatusInternalServerError
-			var he caddyhttp.HandlerError
-			if errors.As(err, &he) && he.StatusCode != 0 {
-				status = he.StatusCode
-			}
-		}
+		cost = v.Owner.readCost(repl, now, c.chargeVar, "charge", v.Cost)
+	case c.body != nil:
+		cost = rw.bodyTotal(r, i, v, status, err, now)
 	}
-	now := monotime.Now()
-	for i := range verdicts {
-		v := &verdicts[i]
-		z := v.Owner
-		if !z.costs.postCharged() {
-			continue
-		}
-		// What the response costs: by default what the zone took before
-		// it (its estimate) or its literal cost.
-		cost := v.Cost
-		switch {
-		case z.costs.count != nil && !z.costs.count.Match(status, w.Header()):
-			if !z.costs.estimate {
-				continue
-			}
-			cost = 0 // not counted: the estimate goes back
-		case z.costs.chargeVar != "":
-			if repl == nil {
-				repl = requestReplacer(r)
-			}
-			cost = z.readCost(repl, now, z.costs.chargeVar, "charge", v.Cost)
-		case z.costs.body != nil:
-			cost = body.total(r, i, v, status, err, now)
-		}
-		cost = min(cost, zones.MaxCharge*v.Plan.Burst)
-		if z.costs.estimate {
-			h.settle(r, v, now, cost)
-		} else if cost > 0 && !v.Waived() {
-			z.Charge(r.Context(), v.Key, now, &v.Plan, cost)
-		}
-		add(z.metrics.cost, float64(cost))
-	}
-}
-
-// settle settles v's estimate once its response cost cost: the difference
-// is charged, or refunded within the store's budget (the request's
-// context may be over: the client left).
-func (h *Handler) settle(r *http.Request, v *verdict, now, cost int64) {
-	if v.Allowed && cost == v.Cost {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), cmp.Or(h.budget, time.Second))
-	defer cancel()
-	if err := v.Settle(ctx, now, cost); err != nil {
-		v.Owner.chargeFailed(err)
-	}
+	return min(cost, zones.MaxCharge*v.Plan.Burst), true
 }
 
 // chargeFailed counts and logs (sampled) a charge after the response that

@@ -6,7 +6,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -83,6 +82,26 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	return h.serve(w, r, repl, next, verdicts)
 }
 
+// serve calls next for an allowed request, through the after-response step
+// (finish, panics included) when a ticket finishes with the response. A
+// client that goes away cancels the request's context, which ends next
+// (reverse_proxy returns when its upstream call is cancelled); a hijacked
+// connection (WebSocket) holds its slots until the handler that hijacked
+// it returns, which reverse_proxy does when the connection ends.
+func (h *Handler) serve(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, verdicts []verdict) error {
+	out := w
+	rw := h.responseFor(w, verdicts)
+	if rw != nil {
+		out = rw
+		defer h.finish(rw, r, repl, verdicts)
+	}
+	err := next.ServeHTTP(out, r)
+	if rw != nil {
+		rw.returned, rw.err = true, err
+	}
+	return err
+}
+
 // seen counts and logs v's zone's decision, as Admit makes it: its metrics
 // (for a zone whose decisions ask the store, how long it waited for it:
 // since mark, the end of the last decision, which seen moves), a store
@@ -112,98 +131,6 @@ func (h *Handler) seen(v *verdict, now int64, mark *int64) {
 			h.banStarted(now, z, v.Key, *d, true)
 		}
 	}
-}
-
-// serve calls next for an allowed request: the post-charged zones charge
-// after it, and the concurrency slots the request holds are released when
-// it returns (after the charges), panics included. A client that goes away
-// cancels the request's context, which ends next (reverse_proxy returns
-// when its upstream call is cancelled); a hijacked connection (WebSocket)
-// holds its slot until the handler that hijacked it returns, which
-// reverse_proxy does when the connection ends.
-func (h *Handler) serve(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, verdicts []verdict) error {
-	holding, postCharged, adaptive := false, false, false
-	for i := range verdicts {
-		holding = holding || verdicts[i].Holds()
-		postCharged = postCharged || verdicts[i].Owner.costs.postCharged()
-		adaptive = adaptive || verdicts[i].Holds() && verdicts[i].Zone.IsAdaptive()
-	}
-	if adaptive {
-		return h.serveTimed(w, r, repl, next, verdicts, postCharged)
-	}
-	if holding {
-		defer func() {
-			for i := range verdicts {
-				if verdicts[i].Holds() {
-					verdicts[i].Release()
-				}
-			}
-		}()
-	}
-	if postCharged {
-		return h.serveAndCharge(w, r, repl, next, verdicts)
-	}
-	return next.ServeHTTP(w, r)
-}
-
-// serveTimed is serve for a request that holds a place in an adaptive
-// zone: the upstream's latency, from next's call to the response's headers
-// (or next's return, when it writes none), is the sample its slot is given
-// back with; none when the client left (its latency says nothing of the
-// upstream's).
-func (h *Handler) serveTimed(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, verdicts []verdict, postCharged bool) error {
-	tw := headerTimers.Get().(*headerTimer)
-	tw.ResponseWriter, tw.start, tw.at = w, monotime.Now(), 0
-	defer func() {
-		end := monotime.Now()
-		latency := time.Duration(end - tw.start)
-		if tw.at != 0 {
-			latency = time.Duration(tw.at - tw.start)
-		}
-		if r.Context().Err() != nil {
-			latency = -1
-		}
-		for i := range verdicts {
-			if verdicts[i].Holds() {
-				verdicts[i].Finish(end, latency)
-			}
-		}
-		// Back to the pool only when nothing can hold it any more: a
-		// handler that kept the writer (a hijacked connection's) would
-		// then write to the next request's.
-		tw.ResponseWriter = nil
-		headerTimers.Put(tw)
-	}()
-	if postCharged {
-		return h.serveAndCharge(tw, r, repl, next, verdicts)
-	}
-	return next.ServeHTTP(tw, r)
-}
-
-// headerTimers recycles headerTimers: one per request of an adaptive
-// zone would be an allocation on its hot path.
-var headerTimers = sync.Pool{New: func() any { return new(headerTimer) }}
-
-// headerTimer notes when the response's headers are written (a 1xx
-// informational response aside; 101 Switching Protocols counts): the
-// upstream's latency as an adaptive zone measures it.
-type headerTimer struct {
-	caddyhttp.ResponseWriterWrapper
-	start, at int64 // monotime
-}
-
-func (t *headerTimer) WriteHeader(code int) {
-	if t.at == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
-		t.at = monotime.Now()
-	}
-	t.ResponseWriter.WriteHeader(code)
-}
-
-func (t *headerTimer) Write(b []byte) (int, error) {
-	if t.at == 0 {
-		t.at = monotime.Now()
-	}
-	return t.ResponseWriter.Write(b)
 }
 
 // awaitTurn makes the request wait until turn (monotime), the latest turn

@@ -288,7 +288,7 @@ func (k *adaptiveKey) noteEmpty() {
 // of an adaptive zone gives the controller latency, the time from the
 // upstream call's start to its response's headers (or the handler's
 // return), at now. A negative latency is no sample (the client left).
-func (z *Zone) ReleaseAfter(s Slot, now int64, latency time.Duration) {
+func (z *Zone) ReleaseAfter(s Slot, now int64, latency time.Duration, failed bool) {
 	k := s.adaptive
 	if k == nil {
 		z.Release(s)

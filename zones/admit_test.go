@@ -74,7 +74,7 @@ func TestSettledEstimatesLeaveTheSumOfActualCosts(t *testing.T) {
 					t.Errorf("worker %d request %d: denied with %d left", w, i, tk.Remaining)
 					return
 				}
-				if err := tk.Settle(ctx, now, int64(2+2*((w+i)%3))); err != nil {
+				if err := tk.Charge(ctx, now, int64(2+2*((w+i)%3))); err != nil {
 					t.Error(err)
 				}
 			}
@@ -95,7 +95,7 @@ func TestSettledEstimatesLeaveTheSumOfActualCosts(t *testing.T) {
 	// nothing, so all of its cost is charged.
 	tk := Ticket[struct{}]{Zone: z, Key: "k", Plan: z.Plan(), Cost: 5}
 	tk.Decision = Decision{Allowed: false}
-	if err := tk.Settle(ctx, now, 7); err != nil {
+	if err := tk.Charge(ctx, now, 7); err != nil {
 		t.Fatal(err)
 	}
 	if d := readKey(t, z, "k", now); c.Burst-d.Remaining != want+7 {

@@ -140,9 +140,10 @@ func (t *Ticket[O]) Release() {
 // Finish gives the ticket's slot back once the request ended at now, as
 // Release does; an adaptive zone's controller takes latency, the time from
 // the upstream call's start to its response's headers, as a sample
-// (negative: none, the client left).
-func (t *Ticket[O]) Finish(now int64, latency time.Duration) {
-	t.Zone.ReleaseAfter(t.slot, now, latency)
+// (negative: none, the client left), failed when the upstream answered a
+// 5xx, a proxy error or timed out.
+func (t *Ticket[O]) Finish(now int64, latency time.Duration, failed bool) {
+	t.Zone.ReleaseAfter(t.slot, now, latency, failed)
 	t.slot = Slot{}
 }
 
@@ -166,18 +167,20 @@ func (t *Ticket[O]) Cancel(ctx context.Context, now int64) error {
 	return err
 }
 
-// Settle finishes a ticket whose cost was an estimate, taken before the
-// request, once the response is known to cost cost: the difference is
-// charged (past the burst if need be, as a post-charged zone's charge) or
-// refunded. A ticket its zone denied (in dry run: the request went on)
-// took nothing, so all of cost is charged. A refund the store could not
-// take is returned.
-func (t *Ticket[O]) Settle(ctx context.Context, now, cost int64) error {
+// Charge finishes a ticket that pays after its response, once the
+// response is known to cost cost: a post-charged zone's check took
+// nothing, so all of cost is charged (past the burst if need be, so that
+// the key is denied until the debt is paid); a ticket whose cost was an
+// estimate, taken before the request, is charged or refunded the
+// difference; one its zone denied (in dry run: the request went on) took
+// nothing, so all of cost is charged. An exempt or deny override's ticket
+// pays nothing. A refund the store could not take is returned.
+func (t *Ticket[O]) Charge(ctx context.Context, now, cost int64) error {
 	if t.Waived() {
 		return nil
 	}
 	taken := t.Cost
-	if !t.Allowed {
+	if !t.Allowed || t.PostCharged {
 		taken = 0
 	}
 	switch d := cost - taken; {
