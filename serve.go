@@ -150,10 +150,11 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 // zone: the upstream's latency, from next's call to the response's headers
 // (or next's return, when it writes none), is the sample its slot is given
 // back with; none when the client left (its latency says nothing of the
-// upstream's).
-func (h *Handler) serveTimed(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, verdicts []verdict, postCharged bool) error {
+// upstream's). A 5xx or an error from next (a proxy error, a timeout) is a
+// failure, which the controller counts as overload.
+func (h *Handler) serveTimed(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, verdicts []verdict, postCharged bool) (err error) {
 	tw := headerTimers.Get().(*headerTimer)
-	tw.ResponseWriter, tw.start, tw.at = w, monotime.Now(), 0
+	tw.ResponseWriter, tw.start, tw.at, tw.code = w, monotime.Now(), 0, 0
 	defer func() {
 		end := monotime.Now()
 		latency := time.Duration(end - tw.start)
@@ -163,9 +164,10 @@ func (h *Handler) serveTimed(w http.ResponseWriter, r *http.Request, repl *caddy
 		if r.Context().Err() != nil {
 			latency = -1
 		}
+		failed := err != nil || tw.code >= 500
 		for i := range verdicts {
 			if verdicts[i].Holds() {
-				verdicts[i].Finish(end, latency)
+				verdicts[i].Finish(end, latency, failed)
 			}
 		}
 		// Back to the pool only when nothing can hold it any more: a
@@ -190,11 +192,12 @@ var headerTimers = sync.Pool{New: func() any { return new(headerTimer) }}
 type headerTimer struct {
 	caddyhttp.ResponseWriterWrapper
 	start, at int64 // monotime
+	code      int   // the response's status, 0 until written
 }
 
 func (t *headerTimer) WriteHeader(code int) {
 	if t.at == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
-		t.at = monotime.Now()
+		t.at, t.code = monotime.Now(), code
 	}
 	t.ResponseWriter.WriteHeader(code)
 }

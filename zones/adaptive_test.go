@@ -76,7 +76,7 @@ func TestAdaptiveShedsPastTheLimitAndReleases(t *testing.T) {
 	if got := z.InFlight(); got != 4 {
 		t.Fatalf("in flight %d, want 4", got)
 	}
-	held[0].Finish(monotime.Now(), 10*time.Millisecond)
+	held[0].Finish(monotime.Now(), 10*time.Millisecond, false)
 	tk := adaptiveTicket(z, "host", 0)
 	if tk.Admit(context.Background(), monotime.Now()); !tk.Allowed {
 		t.Fatal("a finished request's place was not given back")
@@ -121,9 +121,9 @@ func TestAdaptiveHigherClassTakesALowerClassesPlace(t *testing.T) {
 	// reserved, and an anonymous place that frees is not refilled past it.
 	now += 5 * algorithms.AdaptiveDemandTau
 	for _, tk := range anon[:3] {
-		tk.Finish(now, 10*time.Millisecond)
+		tk.Finish(now, 10*time.Millisecond, false)
 	}
-	signed.Finish(now, 10*time.Millisecond)
+	signed.Finish(now, 10*time.Millisecond, false)
 	// 7 anonymous in flight; signed_in's demand ≈ 1, unused now.
 	got := 0
 	for range 5 {
@@ -155,10 +155,10 @@ func TestAdaptiveLimitFollowsLatencyAndSurvivesAReload(t *testing.T) {
 			if !tk2.Allowed {
 				break
 			}
-			defer tk2.Finish(now, 10*time.Millisecond)
+			defer tk2.Finish(now, 10*time.Millisecond, false)
 		}
 		now += int64(10 * time.Millisecond)
-		tk.Finish(now, 10*time.Millisecond)
+		tk.Finish(now, 10*time.Millisecond, false)
 	}
 	grown, _, _ := z.KeyLimit("host")
 	if grown <= 4 {
@@ -175,7 +175,7 @@ func TestAdaptiveLimitFollowsLatencyAndSurvivesAReload(t *testing.T) {
 		tk.Admit(context.Background(), now)
 		now += int64(20 * time.Millisecond)
 		if tk.Allowed {
-			tk.Finish(now, 400*time.Millisecond)
+			tk.Finish(now, 400*time.Millisecond, false)
 		}
 	}
 	if l, _, _ := z2.KeyLimit("host"); l >= grown {
@@ -234,7 +234,7 @@ func adaptiveUnderRace(t *testing.T, delay time.Duration) {
 				if i%5 == 0 {
 					tk.Cancel(context.Background(), monotime.Now())
 				} else {
-					tk.Finish(monotime.Now(), time.Duration(i%7)*time.Millisecond)
+					tk.Finish(monotime.Now(), time.Duration(i%7)*time.Millisecond, false)
 				}
 			}
 		}()
@@ -271,7 +271,7 @@ func TestAdaptiveIdleKeysAreSwept(t *testing.T) {
 	tk.Admit(context.Background(), now)
 	idle := adaptiveTicket(z, "idle", 0)
 	idle.Admit(context.Background(), now)
-	idle.Finish(now, time.Millisecond)
+	idle.Finish(now, time.Millisecond, false)
 	z.state.adaptive.sweep(now + int64(AdaptiveKeyIdle) + 1)
 	if _, _, ok := z.KeyLimit("idle"); ok {
 		t.Fatal("an idle key outlived AdaptiveKeyIdle")
@@ -279,7 +279,7 @@ func TestAdaptiveIdleKeysAreSwept(t *testing.T) {
 	if _, n, ok := z.KeyLimit("busy"); !ok || n != 1 {
 		t.Fatal("a key with a request in flight was swept")
 	}
-	tk.Finish(now, time.Millisecond)
+	tk.Finish(now, time.Millisecond, false)
 }
 
 func adaptiveDelayZone(t *testing.T, limit int64, delay time.Duration, queue int64) *Zone {
@@ -327,7 +327,7 @@ func TestAdaptiveDelayWaitsForAPlaceHigherClassFirst(t *testing.T) {
 	if third.Allowed || !third.QueueFull {
 		t.Fatalf("third waiter: allowed %v queue full %v, want shed for a full queue", third.Allowed, third.QueueFull)
 	}
-	holder.Finish(monotime.Now(), time.Millisecond)
+	holder.Finish(monotime.Now(), time.Millisecond, false)
 	if got := <-results; got != "signed_in served" {
 		t.Fatalf("first handed a place: %q, want signed_in served", got)
 	}
@@ -335,7 +335,7 @@ func TestAdaptiveDelayWaitsForAPlaceHigherClassFirst(t *testing.T) {
 	if got := <-results; got != "anonymous gone" {
 		t.Fatalf("%q, want anonymous gone", got)
 	}
-	(<-served).Finish(monotime.Now(), time.Millisecond)
+	(<-served).Finish(monotime.Now(), time.Millisecond, false)
 	waitUntil(t, func() bool { return z.Waiting() == 0 && z.InFlight() == 0 })
 	if _, n, _ := z.KeyLimit("host"); n != 0 {
 		t.Fatalf("key in flight %d after every request left, want 0", n)
@@ -352,7 +352,7 @@ func TestAdaptiveDelayShedsAfterTheWait(t *testing.T) {
 	if tk.Allowed || tk.Gone || tk.Holds() {
 		t.Fatalf("waiter past its delay: allowed %v gone %v", tk.Allowed, tk.Gone)
 	}
-	holder.Finish(monotime.Now(), time.Millisecond)
+	holder.Finish(monotime.Now(), time.Millisecond, false)
 	if z.InFlight() != 0 || z.Waiting() != 0 {
 		t.Fatalf("in flight %d waiting %d, want 0 0", z.InFlight(), z.Waiting())
 	}

@@ -256,7 +256,7 @@ func (z *Zone) Release(s Slot) {
 	}
 	switch {
 	case s.adaptive != nil:
-		z.ReleaseAfter(s, monotime.Now(), -1)
+		z.ReleaseAfter(s, monotime.Now(), -1, false)
 		return
 	case s.table != nil:
 		s.table.releaseSlot(s.key)

@@ -140,9 +140,9 @@ func (t *Ticket[O]) Release() {
 // Finish gives the ticket's slot back once the request ended at now, as
 // Release does; an adaptive zone's controller takes latency, the time from
 // the upstream call's start to its response's headers, as a sample
-// (negative: none, the client left).
-func (t *Ticket[O]) Finish(now int64, latency time.Duration) {
-	t.Zone.ReleaseAfter(t.slot, now, latency)
+// (negative: none, the client left), or failed: a sample of overload.
+func (t *Ticket[O]) Finish(now int64, latency time.Duration, failed bool) {
+	t.Zone.ReleaseAfter(t.slot, now, latency, failed)
 	t.slot = Slot{}
 }
 
