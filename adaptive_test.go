@@ -73,6 +73,8 @@ func TestCaddyfileAdaptiveErrorsNameTheLineAndTheFix(t *testing.T) {
 		{"priority with one class", zone("\t\tadaptive {\n\t\t\tlatency 1s\n\t\t}\n\t\tpriority {http.vars.c} a"), 7, "at least two classes"},
 		{"priority class twice", zone("\t\tadaptive {\n\t\t\tlatency 1s\n\t\t}\n\t\tpriority {http.vars.c} a b a"), 7, `class "a" is given twice`},
 		{"ban in adaptive", zone("\t\tadaptive {\n\t\t\tlatency 1s\n\t\t}\n\t\tban 1m"), 7, "ban does not apply to an adaptive zone"},
+		{"fail_policy in adaptive", zone("\t\tadaptive {\n\t\t\tlatency 1s\n\t\t}\n\t\tfail_policy closed"), 7, "fail_policy does not apply to an adaptive zone"},
+		{"queue without delay in adaptive", zone("\t\tadaptive {\n\t\t\tlatency 1s\n\t\t}\n\t\tqueue 5"), 7, "queue bounds the requests waiting for their turn, which only a zone with delay has: add e.g. delay 3s"},
 		{"zone status out of range", zone("\t\tadaptive {\n\t\t\tlatency 1s\n\t\t}\n\t\tstatus 200"), 7, "status must be a whole number from 400"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

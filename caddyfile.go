@@ -291,6 +291,10 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 		return "", nil, d.Errf("zone %s: key is missing: add e.g. key %s", name, keyExample)
 	case seen["priority"] && z.Adaptive == nil:
 		return "", nil, fmt.Errorf("zone %s: priority shares an adaptive zone's limit between classes: add adaptive { latency 250ms }, or remove priority, at %s:%d", name, d.File(), lines["priority"])
+	case seen["queue"] && !seen["delay"]:
+		return "", nil, fmt.Errorf("zone %s: queue bounds the requests waiting for their turn, which only a zone with delay has: add e.g. delay 3s, or remove queue, at %s:%d", name, d.File(), lines["queue"])
+	case z.Adaptive != nil && seen["fail_policy"]:
+		return "", nil, fmt.Errorf("zone %s: fail_policy does not apply to an adaptive zone: it never asks Redis, so there is no store to fail (its limit is decided on this instance); remove fail_policy, at %s:%d", name, d.File(), lines["fail_policy"])
 	case z.Adaptive != nil && (seen["ban"] || seen["cost"] || seen["count"] || seen["charge"] || seen["scope"]):
 		var sub string
 		for _, s := range []string{"ban", "cost", "count", "charge", "scope"} {
@@ -314,8 +318,6 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 		return "", nil, fmt.Errorf("zone %s: delay is for rate zones: %s; remove delay (or put a rate zone with delay beside it), at %s:%d", name, kind, d.File(), lines["delay"])
 	case seen["delay"] && (z.Count != nil || z.Charge != "" || z.ChargeJSON != nil):
 		return "", nil, fmt.Errorf("zone %s: delay is for zones that consume before the request: a post-charged zone (count, charge) only checks then, so there is no turn to wait for; remove delay, or put a rate zone with delay beside it, at %s:%d", name, d.File(), lines["delay"])
-	case seen["queue"] && !seen["delay"]:
-		return "", nil, fmt.Errorf("zone %s: queue bounds the requests waiting for their turn, which only a zone with delay has: add e.g. delay 3s, or remove queue, at %s:%d", name, d.File(), lines["queue"])
 	case z.Scope == "global" && (z.Concurrency > 0 || z.Quota != nil):
 		return "", nil, fmt.Errorf("zone %s: scope global applies to rate zones (events per window), not to concurrency or quota zones: remove scope global, at %s:%d", name, d.File(), lines["scope"])
 	case z.Concurrency == 0 && seen["lease"]:

@@ -352,6 +352,8 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 	cfg.Lease, cfg.Ban, cfg.BanMax = time.Duration(zc.Lease), time.Duration(zc.Ban), time.Duration(zc.BanMax)
 	cfg.Delay, cfg.Queue = time.Duration(zc.Delay), zc.Queue
 	switch {
+	case zc.Adaptive != nil && zc.FailPolicy != "":
+		return nil, fmt.Errorf("zone %s: fail_policy does not apply to an adaptive zone: it never asks Redis, so there is no store to fail; remove fail_policy", name)
 	case zc.Adaptive != nil:
 		if err := zc.Adaptive.configure(name, &cfg, zc.Priority); err != nil {
 			return nil, err

@@ -7,7 +7,12 @@ package algorithms
 // # The controller
 //
 // Latency samples (the time from the upstream call's start to its
-// response's headers) are gathered in windows; a window closes once it has
+// response's headers) are gathered in windows. A failed request (the
+// upstream answered a 5xx, the proxy could not reach it, a timeout) is a
+// sample of overload whatever its time: it ranks above every latency, so a
+// window with more than a tenth of failures has its p90 on a failure and
+// decreases the limit by the most a window may (a quarter), and failures
+// never make a window look fast. A window closes once it has
 // AdaptiveMinSamples samples and lasts at least max(target, 100ms), or
 // after four such lengths with any sample. At each close, with p the
 // window's 90th percentile and L the limit:
@@ -104,9 +109,17 @@ func (a *Adaptive) Limit() int64 { return max(1, int64(a.limit)) }
 // in flight and the one arriving), shed or not.
 func (a *Adaptive) Want(want int64) { a.peak = max(a.peak, want) }
 
-// Observe records one request's latency (ns) at now and, when that closes
-// the window, moves the limit within l's bounds and reports true.
-func (a *Adaptive) Observe(l AdaptiveLimit, now, latency int64) bool {
+// failedSample is a failed request's place among a window's latencies:
+// above every one.
+const failedSample = math.MaxInt64
+
+// Observe records one request's latency (ns) at now, or its failure, and,
+// when that closes the window, moves the limit within l's bounds and
+// reports true.
+func (a *Adaptive) Observe(l AdaptiveLimit, now, latency int64, failed bool) bool {
+	if failed {
+		latency = failedSample
+	}
 	a.samples[a.n%AdaptiveSamples] = latency
 	a.n++
 	window := max(l.Target, AdaptiveMinWindow)
@@ -114,8 +127,9 @@ func (a *Adaptive) Observe(l AdaptiveLimit, now, latency int64) bool {
 	if !(a.n >= AdaptiveMinSamples && elapsed >= window || elapsed >= 4*window) {
 		return false
 	}
-	a.lastP90 = a.p90()
-	a.update(l, a.lastP90)
+	p, served := a.p90()
+	a.lastP90 = served
+	a.update(l, p)
 	a.start, a.n, a.peak = now, 0, 0
 	return true
 }
@@ -140,7 +154,8 @@ func (a *Adaptive) update(l AdaptiveLimit, p int64) {
 	a.limit = min(max(lim, float64(l.Min)), float64(l.Max))
 }
 
-// LastP90 is the p90 latency of the last window closed (ns), 0 before one.
+// LastP90 is the p90 latency of the last window closed's served requests
+// (ns), 0 before one.
 func (a *Adaptive) LastP90() int64 { return a.lastP90 }
 
 // Rebound keeps the limit within l's bounds (a reload changed them).
@@ -148,12 +163,22 @@ func (a *Adaptive) Rebound(l AdaptiveLimit) {
 	a.limit = min(max(a.limit, float64(l.Min)), float64(l.Max))
 }
 
-// p90 is the 90th percentile of the window's kept latencies (nearest rank).
-func (a *Adaptive) p90() int64 {
+// p90 is the 90th percentile of the window's kept samples (nearest rank,
+// a failure above every latency), and that of its served ones alone (0
+// when none was).
+func (a *Adaptive) p90() (all, served int64) {
 	var buf [AdaptiveSamples]int64
 	s := buf[:copy(buf[:], a.samples[:min(a.n, AdaptiveSamples)])]
 	slices.Sort(s)
-	return s[(len(s)*9+9)/10-1]
+	all = s[(len(s)*9+9)/10-1]
+	n := len(s)
+	for n > 0 && s[n-1] == failedSample {
+		n--
+	}
+	if n > 0 {
+		served = s[(n*9+9)/10-1]
+	}
+	return all, served
 }
 
 // Classes is the requests in flight of each priority class sharing one

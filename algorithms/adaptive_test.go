@@ -69,8 +69,40 @@ func TestAdaptiveP90IsNearestRank(t *testing.T) {
 				a.samples[a.n%AdaptiveSamples] = s
 				a.n++
 			}
-			if got := a.p90(); got != tc.want {
+			if got, _ := a.p90(); got != tc.want {
 				t.Errorf("p90 of %v = %d, want %d", tc.samples, got, tc.want)
+			}
+		})
+	}
+}
+
+// A failed request is a sample of overload whatever its time: a fast
+// failure never raises the limit, and more than a tenth of failures in a
+// window lowers it by the most a window may; the latency reported is the
+// served requests'.
+func TestAdaptiveFailuresNeverRaiseTheLimit(t *testing.T) {
+	tests := []struct {
+		name     string
+		settled  bool
+		failures int // of ten samples at 1ms, the last ones
+		want     float64
+		wantP90  int64
+	}{
+		{"no failure: up", true, 0, 22, 1 * ms},
+		{"one in ten: the p90 is still served", true, 1, 22, 1 * ms},
+		{"two in ten: a quarter down", true, 2, 15, 1 * ms},
+		{"two in ten in slow start: a quarter down, not doubled", false, 2, 15, 1 * ms},
+		{"all failed: a quarter down, no latency", true, 10, 15, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			a := Adaptive{limit: 20, settled: tc.settled}
+			a.Want(20)
+			for i := range 10 {
+				a.Observe(target100, AdaptiveMinWindow, 1*ms, i >= 10-tc.failures)
+			}
+			if a.limit != tc.want || a.LastP90() != tc.wantP90 {
+				t.Errorf("limit 20 after %d failures in 10: %v, p90 %d; want %v, p90 %d", tc.failures, a.limit, a.LastP90(), tc.want, tc.wantP90)
 			}
 		})
 	}
@@ -97,7 +129,7 @@ func TestAdaptiveWindowCloses(t *testing.T) {
 				if i == tc.samples-1 {
 					now += tc.at
 				}
-				closed = a.Observe(AdaptiveLimit{Target: 50 * ms, Min: 4, Max: 100}, now, 10*ms)
+				closed = a.Observe(AdaptiveLimit{Target: 50 * ms, Min: 4, Max: 100}, now, 10*ms, false)
 			}
 			if closed != tc.closes {
 				t.Errorf("window closed: %v, want %v", closed, tc.closes)
@@ -121,7 +153,7 @@ func TestAdaptiveSettlesAtTargetUnderOverload(t *testing.T) {
 		if lim > c {
 			lat = s * lim / c
 		}
-		for !a.Observe(l, now, lat) {
+		for !a.Observe(l, now, lat, false) {
 			a.Want(lim + 1)
 			now += 10 * ms
 		}

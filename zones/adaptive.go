@@ -287,7 +287,9 @@ func (k *adaptiveKey) noteEmpty() {
 // ReleaseAfter gives back a slot Acquire returned, as Release does; a slot
 // of an adaptive zone gives the controller latency, the time from the
 // upstream call's start to its response's headers (or the handler's
-// return), at now. A negative latency is no sample (the client left).
+// return), at now. A negative latency is no sample (the client left); a
+// failed request (a 5xx, a proxy error, a timeout) is a sample of
+// overload, never of spare capacity, whatever its latency.
 func (z *Zone) ReleaseAfter(s Slot, now int64, latency time.Duration, failed bool) {
 	k := s.adaptive
 	if k == nil {
@@ -297,7 +299,7 @@ func (z *Zone) ReleaseAfter(s Slot, now int64, latency time.Duration, failed boo
 	k.mu.Lock()
 	k.classes.Done(s.class, now)
 	k.used = max(k.used, now)
-	if latency >= 0 && k.ctl.Observe(z.Adaptive, now, int64(latency)) {
+	if latency >= 0 && k.ctl.Observe(z.Adaptive, now, int64(latency), failed) {
 		z.state.adaptive.p90.Store(k.ctl.LastP90())
 	}
 	if k.queueSince != 0 {

@@ -368,3 +368,34 @@ func waitUntil(t *testing.T, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// A waiter handed its place just as its client leaves gives the place
+// back: the client's leaving and the release that hands the place over
+// race, 50 times, and every time the key ends with nothing in flight.
+func TestAdaptiveWaiterGrantedAsItsClientLeavesGivesThePlaceBack(t *testing.T) {
+	z := adaptiveDelayZone(t, 1, 30*time.Second, 10)
+	for i := range 50 {
+		holder := adaptiveTicket(z, "host", 0)
+		holder.Admit(context.Background(), monotime.Now())
+		if !holder.Allowed {
+			t.Fatalf("round %d: the holder was shed", i)
+		}
+		done := make(chan struct{})
+		waiter := make(chan Ticket[int], 1)
+		go func() {
+			tk := adaptiveTicket(z, "host", 1)
+			tk.Done = done
+			tk.Admit(context.Background(), monotime.Now())
+			waiter <- tk
+		}()
+		waitUntil(t, func() bool { return z.Waiting() == 1 })
+		close(done) // the client leaves, and at once the place frees
+		holder.Finish(monotime.Now(), time.Millisecond, false)
+		if tk := <-waiter; tk.Allowed {
+			tk.Finish(monotime.Now(), -1, false) // admitted before it saw the client leave: the caller ends it
+		}
+		if _, n, _ := z.KeyLimit("host"); n != 0 || z.InFlight() != 0 || z.Waiting() != 0 {
+			t.Fatalf("round %d: key in flight %d, zone in flight %d, waiting %d after every request left, want 0", i, n, z.InFlight(), z.Waiting())
+		}
+	}
+}

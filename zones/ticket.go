@@ -140,8 +140,7 @@ func (t *Ticket[O]) Release() {
 // Finish gives the ticket's slot back once the request ended at now, as
 // Release does; an adaptive zone's controller takes latency, the time from
 // the upstream call's start to its response's headers, as a sample
-// (negative: none, the client left), failed when the upstream answered a
-// 5xx, a proxy error or timed out.
+// (negative: none, the client left), or failed: a sample of overload.
 func (t *Ticket[O]) Finish(now int64, latency time.Duration, failed bool) {
 	t.Zone.ReleaseAfter(t.slot, now, latency, failed)
 	t.slot = Slot{}
