@@ -1,6 +1,6 @@
 # make run   builds ./caddy with tally (xcaddy) and serves Caddyfile.example
 # make test  everything CI runs: installs redis-server if missing, checks
-#            formatting, vet, staticcheck and DESIGN.md's import arrows, unit tests,
+#            formatting, vet, staticcheck and the import arrows, unit tests,
 #            then integration tests against a real Caddy and real redis-server
 #            processes, all under -race
 # make bench prints the benchmark table of docs/performance.md
@@ -34,9 +34,10 @@ deps:
 # nothing to install, the same version everywhere.
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-# TREE_CHECKS read the tree, not a running Caddy: DESIGN.md §1's import
-# arrows (go list), the README's Layout table, the tests/ file names, the
-# links of the README and docs/*.md.
+# TREE_CHECKS read the tree, not a running Caddy: the import arrows between
+# packages (go list; the rules are in tests/arrows_test.go, the map in the
+# README's Layout table), that table, the tests/ file names, the links of the
+# README and docs/*.md.
 TREE_CHECKS = TestImportArrows|TestImportArrowsCatchEachBreach|TestReadmeLayoutNamesEveryPackageAndRootFile|TestFileNamesSayWhichTestsStartCaddy|TestDocsLinksResolve|TestDocsACLLineIsTheTestedOne|TestStoreContractIsSmall|TestNoStoreTypeAssertionAfterProvision
 
 lint: cross

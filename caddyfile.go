@@ -322,6 +322,14 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 		return "", nil, fmt.Errorf("zone %s: scope global applies to rate zones (events per window), not to concurrency or quota zones: remove scope global, at %s:%d", name, d.File(), lines["scope"])
 	case z.Concurrency == 0 && seen["lease"]:
 		return "", nil, d.Errf("zone %s: lease only applies to concurrency zones: add e.g. concurrency 4, or remove lease", name)
+	case z.Concurrency > 0 && (seen["cost"] || seen["count"] || seen["charge"]):
+		sub := "cost"
+		for _, s := range []string{"count", "charge"} {
+			if seen[s] {
+				sub = s
+			}
+		}
+		return "", nil, fmt.Errorf("zone %s: %s does not apply to a concurrency zone, which counts requests in flight, not their cost: remove %s, or put it in a rate zone (events, window) of its own, at %s:%d", name, sub, sub, d.File(), lines[sub])
 	case z.Concurrency > 0:
 	case z.Quota != nil:
 		if z.Cost > z.Quota.Limit && z.Quota.Limit > 0 && z.Charge == "" && z.Count == nil {
@@ -332,6 +340,9 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 		return "", nil, d.Errf("zone %s: events is missing: add e.g. events 100 (or a calendar quota: quota 1000 per day)", name)
 	case z.Window == 0:
 		return "", nil, d.Errf("zone %s: window is missing: add e.g. window 1m", name)
+	case z.Cost > cmp.Or(z.Burst, z.MaxEvents):
+		return "", nil, fmt.Errorf("zone %s: cost %d is more than the burst (%d): such requests could never pass; lower cost or raise burst, at %s:%d",
+			name, z.Cost, cmp.Or(z.Burst, z.MaxEvents), d.File(), lines["cost"])
 	case z.Charge != "" && z.ChargeJSON != nil:
 		return "", nil, fmt.Errorf("zone %s: charge is read from a placeholder or from the body (charge json), not both: keep one, at %s:%d", name, d.File(), lines["charge"])
 	}

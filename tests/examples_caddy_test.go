@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -79,6 +80,13 @@ func TestCaddyfileExampleRunsAsIs(t *testing.T) {
 	c := newCaddyInstance(t)
 	c.Start(exampleFor(t, c), "caddyfile")
 	checkExampleLimits(t, c)
+	// What a user sees on every start of the shipped example: no warning
+	// of tally's (a setting that does nothing, say).
+	for _, line := range strings.Split(c.Output(), "\n") {
+		if strings.Contains(line, `"level":"warn"`) && strings.Contains(line, "rate_limit") {
+			t.Errorf("Caddyfile.example logs a warning on start: %s", line)
+		}
+	}
 }
 
 func TestCaddyfileExampleAdaptsToJSONThatRuns(t *testing.T) {
@@ -167,10 +175,10 @@ func asWholeCaddyfile(snippet string) string {
 			break
 		}
 	}
-	switch first {
-	case "zone", "distributed":
+	switch {
+	case first == "zone", first == "distributed":
 		return "http://127.0.0.1:8080 {\n\trate_limit {\n" + snippet + "\n\t}\n}\n"
-	case "rate_limit", "handle_errors", "route", "handle", "respond", "reverse_proxy":
+	case strings.HasPrefix(first, "@"), slices.Contains([]string{"rate_limit", "handle_errors", "route", "handle", "respond", "reverse_proxy", "vars", "map"}, first):
 		return "http://127.0.0.1:8080 {\n" + snippet + "\n}\n"
 	}
 	return snippet

@@ -2,6 +2,7 @@ package tests
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -40,13 +41,26 @@ func TestGatherPeeksEachKeyInOneBatch(t *testing.T) {
 		}
 	}
 	logEveryCommand(t, rs)
+	// Every read waits for its gather's batch, which the last caller to
+	// arrive sends: a batch never sent must fail the read in seconds,
+	// saying so, not hang the suite (nor may its error: errs holds one
+	// per read).
+	const readWait = 10 * time.Second
+	gctx, cancel := context.WithTimeout(ctx, readWait)
+	defer cancel()
+	stuck := func(err error) error {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("%w: no reply by the read's deadline (the store's timeout, at most %v): the gather's batch was never sent", err, readWait)
+		}
+		return err
+	}
 	var wg sync.WaitGroup
-	errs := make(chan error, gathers*4)
+	errs := make(chan error, gathers*5) // at most one error per read, 5 reads per gather
 	for k := range gathers {
 		g := distributed.NewGather(5)
 		for caller := range 5 {
 			wg.Go(func() {
-				ctx, done := g.Caller(ctx)
+				ctx, done := g.Caller(gctx)
 				defer done()
 				key := fmt.Sprint("k", k)
 				switch caller {
@@ -54,7 +68,7 @@ func TestGatherPeeksEachKeyInOneBatch(t *testing.T) {
 					return // a zone answered without the store
 				case 4: // another script's read: a concurrency zone's slots
 					if n, err := s.Slots(ctx, "conc", key); err != nil || n != int64(k%3) {
-						errs <- fmt.Errorf("gather %d: %d slots, %v; want %d", k, n, err, k%3)
+						errs <- fmt.Errorf("gather %d: %d slots, %v; want %d", k, n, stuck(err), k%3)
 					}
 					return
 				}
@@ -65,20 +79,43 @@ func TestGatherPeeksEachKeyInOneBatch(t *testing.T) {
 				for range peeks {
 					r, err := stepPeek(s, ctx, fmt.Sprint("z", caller), key, l)
 					if want := 100 - spent(caller, k); err != nil || r.Remaining != want {
-						errs <- fmt.Errorf("gather %d, zone z%d: remaining %d, %v; want %d", k, caller, r.Remaining, err, want)
+						errs <- fmt.Errorf("gather %d, zone z%d: remaining %d, %v; want %d", k, caller, r.Remaining, stuck(err), want)
 					}
 				}
 			})
 		}
 	}
-	wg.Wait()
+	waitGroupWithin(t, &wg, readWait+5*time.Second, fmt.Sprintf("the reads of %d gathers (each waits for its gather's batch)", gathers))
 	close(errs)
+	n := 0
 	for err := range errs {
-		t.Error(err)
+		if n++; n <= 5 {
+			t.Error(err)
+		}
+	}
+	if n > 5 {
+		t.Errorf("and %d more reads failed", n-5)
 	}
 	// 5 reads per gather: 3 rate peeks in one call, the slots in one of
 	// their own beside it, and a second rate peek alone: 3 calls each.
 	if calls := len(scriptsLogged(t, rs, ":k")); calls != 3*gathers {
 		t.Errorf("%d script calls for %d gathers of 5 reads, want %d", calls, gathers, 3*gathers)
+	}
+}
+
+// waitGroupWithin waits for wg, failing the test after timeout with what
+// it waited for: a goroutine stuck on a reply that never comes fails the
+// test in seconds instead of hanging the suite (its goroutines are left).
+func waitGroupWithin(t *testing.T, wg *sync.WaitGroup, timeout time.Duration, what string) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(timeout):
+		t.Fatalf("timed out after %v waiting for %s", timeout, what)
 	}
 }

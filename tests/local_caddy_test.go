@@ -4,10 +4,14 @@ package tests
 // sees from the outside.
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -603,6 +607,14 @@ func TestBadCaddyfileIsRejectedWithLineAndFix(t *testing.T) {
 			`distributed: redis: address redis://127.0.0.1:70000: port "70000" must be a number from 1 to 65535`},
 		{"sync_interval in strict mode", "zone z {\n key {client_ip}\n events 1\n window 1m\n}\ndistributed {\n redis 127.0.0.1:6379\n sync_interval 1s\n}", "sync_interval 1s",
 			"distributed: sync_interval only applies to mode async"},
+		{"cost over the default burst", "zone z {\n key {client_ip}\n events 5\n window 1m\n cost 10\n}", "cost 10",
+			"zone z: cost 10 is more than the burst (5): such requests could never pass; lower cost or raise burst"},
+		{"cost over the burst", "zone z {\n key {client_ip}\n events 10\n window 1m\n burst 3\n cost {http.request.header.X-Cost} 4\n}", "cost {http",
+			"zone z: cost 4 is more than the burst (3)"},
+		{"charge in a concurrency zone", "zone z {\n key {client_ip}\n concurrency 4\n charge {http.response.header.X-Tokens}\n}", "charge {http",
+			"zone z: charge does not apply to a concurrency zone, which counts requests in flight, not their cost: remove charge"},
+		{"cost in a concurrency zone", "zone z {\n key {client_ip}\n cost 2\n concurrency 4\n}", "cost 2",
+			"zone z: cost does not apply to a concurrency zone"},
 	}
 	c := startCaddy(t, apiKeySite(1, "1h", ""))
 	t.Run("cases", func(t *testing.T) {
@@ -629,6 +641,11 @@ func TestBadCaddyfileIsRejectedWithLineAndFix(t *testing.T) {
 				} else if line == 0 && !regexp.MustCompile(`Caddyfile:\d+`).MatchString(stderr) {
 					t.Errorf("caddy adapt error names no line:\n%s", stderr)
 				}
+				if out, err := validate(t, caddyfile); err == nil {
+					t.Errorf("caddy validate accepted:\n%s", caddyfile)
+				} else if out = unescapeJSON(out); !strings.Contains(out, tc.want) || !regexp.MustCompile(`Caddyfile:\d+`).MatchString(out) {
+					t.Errorf("caddy validate error does not say %q with a line:\n%s", tc.want, out)
+				}
 
 				status, body := c.loadCaddyfile(caddyfile)
 				body = unescapeJSON(body)
@@ -648,6 +665,27 @@ func TestBadCaddyfileIsRejectedWithLineAndFix(t *testing.T) {
 	if res := c.Do(withKey("x")); res.Status != 200 || res.Body != "ok" {
 		t.Errorf("after refused loads: %d %q, want 200 ok", res.Status, res.Body)
 	}
+}
+
+// validate runs `caddy validate` on caddyfile: what adapt checks, then
+// every module's provisioning. It returns the combined output.
+func validate(t *testing.T, caddyfile string) (string, error) {
+	t.Helper()
+	dir := t.TempDir()
+	file := filepath.Join(dir, "Caddyfile")
+	if err := os.WriteFile(file, []byte(caddyfile), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, caddyBinary(t), "validate", "--config", file, "--adapter", "caddyfile")
+	cmd.Dir = dir
+	cmd.Env = []string{"HOME=" + dir, "XDG_DATA_HOME=" + dir, "XDG_CONFIG_HOME=" + dir, "PATH=" + os.Getenv("PATH")}
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		t.Fatalf("caddy validate did not finish in 30s: %s", out)
+	}
+	return string(out), err
 }
 
 func TestSeveralZonesEachGetAListMember(t *testing.T) {

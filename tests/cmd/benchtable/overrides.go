@@ -38,14 +38,14 @@ var overrideScenarios = []scenario{
 	},
 	{
 		// The same Caddyfile on the working tree's Caddy and on one built
-		// from -baseline-ref (default: tally before runtime overrides): what
+		// from -baseline-ref (default: a tally without runtime overrides): what
 		// a zone with no override pays for them on every request, one
 		// atomic load of its empty override set. Each round loads both
 		// Caddies at once: run one after the other, two processes' CPU per
 		// request differed by up to 45% a round on a busy 2-core machine
 		// with the same binary on both sides; at once, by 5%.
 		name:   "override-none-vs-baseline",
-		metric: "A zone with no override vs the same zone on tally before runtime overrides (a second Caddy built from `-baseline-ref`, same Caddyfile, both loaded at once), every request allowed, 100k keys, Caddy CPU per request",
+		metric: "A zone with no override vs the same zone in a Caddy without runtime overrides (built from `-baseline-ref`, same Caddyfile, both loaded at once), every request allowed, 100k keys, Caddy CPU per request",
 		routes: func(*env) string { return limited("/allowed", manyZone) },
 		baselineBinary: func(o options, e *env) (string, string, error) {
 			bin, commit, err := buildBaselineCaddy(o, e)
@@ -53,7 +53,7 @@ var overrideScenarios = []scenario{
 				return "", "", err
 			}
 			if o.baselineRef == defaultBaselineRef {
-				return bin, "the same zone on tally before runtime overrides (commit " + commit + ")", nil
+				return bin, "the same zone in a Caddy without runtime overrides (`-baseline-ref " + o.baselineRef + "`)", nil
 			}
 			return bin, "the same zone on tally at " + o.baselineRef + " (commit " + commit + ")", nil
 		},
