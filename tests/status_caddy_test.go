@@ -328,7 +328,7 @@ func TestReadAgreesWithHeadersForEveryKindAndOverride(t *testing.T) {
 					t.Fatalf("%s: status %d %s", key, r.Status, r.Body)
 				}
 				var k struct {
-					Remaining                   int64
+					Remaining                  int64
 					Events, Quota, Concurrency int64
 				}
 				if code, body := c.adminDo(http.MethodGet, keyPath(zone, key)); code != http.StatusOK || json.Unmarshal([]byte(body), &k) != nil {
