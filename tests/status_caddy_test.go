@@ -336,46 +336,46 @@ func TestReadAgreesWithHeadersForEveryKindAndOverride(t *testing.T) {
 			for _, z := range zoneNames {
 				header["X-"+z] = key
 			}
-			read := func() (status, admin int64, limit int64) {
+			read := func() (status, admin, limit, adminLimit int64) {
 				r := c.Do(request{Path: "/rate_limit", Header: header})
 				var a statusAnswer
 				if err := json.Unmarshal([]byte(r.Body), &a); err != nil || len(a.Zones) != 4 {
 					t.Fatalf("%s: status %d %s", key, r.Status, r.Body)
 				}
 				var k struct {
-					Remaining                   int64
+					Remaining                  int64
 					Events, Quota, Concurrency int64
 				}
 				if code, body := c.adminDo(http.MethodGet, keyPath(zone, key)); code != http.StatusOK || json.Unmarshal([]byte(body), &k) != nil {
 					admin = -1
 				} else {
-					admin = k.Remaining
+					admin, adminLimit = k.Remaining, max(k.Events, k.Quota, k.Concurrency)
 				}
-				return a.Zones[zi].Remaining, admin, a.Zones[zi].Limit
+				return a.Zones[zi].Remaining, admin, a.Zones[zi].Limit, adminLimit
 			}
 			if kind == "plain" {
 				full := map[string]int64{"rate": 5, "quota": 4, "conc": 3, "adapt": 3}[zone]
-				if s, _, limit := read(); s != full || limit != full {
+				if s, _, limit, _ := read(); s != full || limit != full {
 					t.Errorf("%s, a fresh key: status says %d of %d, want its whole limit %d", key, s, limit, full)
 				}
 			}
 			var r response
-			var status, admin, limit int64
+			var status, admin, limit, adminLimit int64
 			if kind == "deny" {
 				r = c.Do(request{Header: header})
-				status, admin, limit = read()
+				status, admin, limit, adminLimit = read()
 			} else {
 				ch := inBackground(c, request{Path: "/?gate=" + key, Header: header})
 				u.waitInFlight(1)
-				status, admin, limit = read()
+				status, admin, limit, adminLimit = read()
 				u.open(key)
 				r = <-ch
 			}
 			rem, ok1 := rateLimitParam(r.Header.Get("RateLimit"), zone, "r")
 			q, ok2 := rateLimitParam(r.Header.Get("RateLimit-Policy"), zone, "q")
-			if !ok1 || !ok2 || status != rem || admin != rem || limit != q {
-				t.Errorf("%s (%d): status says %d of %d, the admin view %d; the headers r=%d q=%d (RateLimit %q, policy %q)",
-					key, r.Status, status, limit, admin, rem, q, r.Header.Get("RateLimit"), r.Header.Get("RateLimit-Policy"))
+			if !ok1 || !ok2 || status != rem || admin != rem || limit != q || adminLimit != q {
+				t.Errorf("%s (%d): status says %d of %d, the admin view %d of %d; the headers r=%d q=%d (RateLimit %q, policy %q)",
+					key, r.Status, status, limit, admin, adminLimit, rem, q, r.Header.Get("RateLimit"), r.Header.Get("RateLimit-Policy"))
 			}
 		}
 	}

@@ -89,9 +89,9 @@ func (z *Zone) readQuota(ctx context.Context, key string, now int64, p *Plan, s 
 	return nil
 }
 
-// readRate is Read in a rate zone: a ban or a cached denial, else what
-// decides the key's next request on this instance (its local state, the
-// store's record of it in async mode) or the store's peek.
+// readRate is Read in a rate zone: a ban, else what decides the key's next
+// request on this instance (its local state, the store's record of it in
+// async mode), a cached denial or the store's peek.
 func (z *Zone) readRate(ctx context.Context, key string, now int64, p *Plan, s *KeyState) error {
 	if z.state.Bans != nil {
 		if end, level, banned := z.banIn(key, now); banned {
@@ -99,18 +99,19 @@ func (z *Zone) readRate(ctx context.Context, key string, now int64, p *Plan, s *
 			return nil
 		}
 	}
-	if until, ok := z.deniedUntil(key, now); ok && z.store != nil {
+	var d Decision
+	r, recorded := z.peekRecord(key, now, p.limit)
+	until, denied := z.deniedUntil(key, now)
+	switch {
+	case z.store == nil:
+		d = fromResult(z.state.Local.Peek(key, now, p.limit), SourceLocal)
+	case recorded:
+		d = fromResult(r, SourceRecord)
+	case denied:
 		retry := time.Duration(until - now)
 		s.Decision = Decision{RetryAfter: retry, ResetAfter: retry + time.Duration((p.limit.Burst-1)*p.limit.EmissionInterval), Source: SourceDenyCache}
 		s.Tracked = true
 		return nil
-	}
-	var d Decision
-	switch r, ok := z.peekRecord(key, now, p.limit); {
-	case z.store == nil:
-		d = fromResult(z.state.Local.Peek(key, now, p.limit), SourceLocal)
-	case ok:
-		d = fromResult(r, SourceRecord)
 	default:
 		var err error
 		if d, err = z.peekStore(ctx, key, p.limit); err != nil {

@@ -87,10 +87,16 @@ func (t *Ticket[O]) Admit(ctx context.Context, now int64) {
 }
 
 // waived is the decision of an exempt or deny override: admitted with the
-// full plan left, consuming nothing; or denied until the override lapses.
+// full limit left (an adaptive zone's: the key's limit now, its q),
+// consuming nothing; or denied until the override lapses.
 func (t *Ticket[O]) waived() Decision {
+	full := t.Plan.Burst
+	if t.Zone.IsAdaptive() {
+		t.limit = t.Zone.ConcurrencyOf(t.Key)
+		full = t.limit
+	}
 	if t.Override.Exempt {
-		return Decision{Allowed: true, Remaining: t.Plan.Burst, Source: SourceOverride}
+		return Decision{Allowed: true, Remaining: full, Source: SourceOverride}
 	}
 	d := t.Override.DenyFor(time.Now().UnixNano())
 	return Decision{RetryAfter: d, ResetAfter: d, Source: SourceOverride}
