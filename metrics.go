@@ -69,11 +69,11 @@ func init() {
 	})
 	live.Collect(newGlobalCollector(metricPrefix+"global"), nil)
 	gauge("overrides", "Overrides of the zone's limit in force (set through the admin API; fleet-wide for distributed zones).", func(z *zones.Zone, _ int64) (float64, bool) {
-		return float64(z.OverrideCount()), !isConnectionZone(z)
+		return float64(z.OverrideCount()), !live.IsConnection(z)
 	})
 	gauge("keys", "Keys the zone holds in this instance's memory.", func(z *zones.Zone, _ int64) (float64, bool) { return float64(z.Keys()), true })
 	gauge("in_flight", "Requests holding a slot of a concurrency zone in this instance.", func(z *zones.Zone, _ int64) (float64, bool) {
-		return float64(z.InFlight()), z.IsConcurrency() && !isConnectionZone(z)
+		return float64(z.InFlight()), z.IsConcurrency() && !live.IsConnection(z)
 	})
 	c.adaptive = counterVec("adaptive_requests_total", "Requests of an adaptive zone by priority class (all: the zone has no priority), whether the class is the zone's lowest (lowest=\"false\": a class the zone sheds last), and decision: served (admitted), shed, dry_run_shed (a dry run would have shed it).", "class", "lowest", "decision")
 	gauge("adaptive_limit", "An adaptive zone's limit of requests in flight in this instance now, summed over its keys.", func(z *zones.Zone, _ int64) (float64, bool) {

@@ -98,14 +98,10 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone) error {
 	zoneLine := d.Line()
 	err := block(d, func(sub string) (err error) {
 		lines[sub] = d.Line()
-		_, rate := lines["events"]
-		_, window := lines["window"]
-		_, burst := lines["burst"]
-		_, conc := lines["concurrency"]
 		switch {
 		case refused[sub] != "":
 			err = d.Err(refused[sub])
-		case conc && (rate || window || burst):
+		case lines["concurrency"] > 0 && lines["events"]+lines["window"]+lines["burst"] > 0:
 			err = d.Err("concurrency replaces events, window and burst: remove them, or put the rate limit in a zone of its own")
 		case sub == "key":
 			if z.Key, err = value(d, ""); err == nil {
