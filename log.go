@@ -1,33 +1,18 @@
 package ratelimit
 
 import (
-	"sync/atomic"
-	"time"
-
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/caddy-tally/ratelimit/internal/live"
 )
 
-// The lines a request or a connection can log (each logSamplers field, and
-// the listener wrapper's refusals) are sampled by one rule, so that a flood
-// of requests cannot flood the log: in each second, for each handler (or
-// wrapper) and each line, the first logFirst lines, then one in
-// logThereafter. Lines no request causes (provisioning, and Redis outages,
-// which package distributed logs once per outage) are not sampled, nor the
-// DEBUG line of a refund that failed.
-//
-// It is zap's sampler's rule with those settings, for one atomic add per
-// line: zap's sampler reads the clock and hashes the message of every entry
-// it drops (in one loop on 2 cores, 77 ns a denial line against 25 ns).
-const (
-	logFirst      = 10
-	logThereafter = 1000
-)
+// logSampler samples one of the handler's lines by live.Sampler's rule
+// (per second, the first 10, then one in 1000).
+type logSampler struct{ live.Sampler }
 
-// logSampler samples one line by the rule above.
-type logSampler struct {
-	second atomic.Int64 // monotime seconds of the current second
-	count  atomic.Int64 // events in it
+func (s *logSampler) check(logger *zap.Logger, now int64, lvl zapcore.Level, msg string) *zapcore.CheckedEntry {
+	return s.Check(logger, now, lvl, msg)
 }
 
 // logSamplers are a handler's samplers, one per line; its zones share them.
@@ -40,23 +25,4 @@ type logSamplers struct {
 	chargeFailure        logSampler
 	chargeFallback       logSampler
 	ban, dryRunBan       logSampler
-}
-
-// allow reports whether the event at now (monotime) is logged.
-func (s *logSampler) allow(now int64) bool {
-	sec := now / int64(time.Second)
-	if old := s.second.Load(); old != sec && s.second.CompareAndSwap(old, sec) {
-		s.count.Store(0)
-	}
-	n := s.count.Add(1)
-	return n <= logFirst || (n-logFirst)%logThereafter == 0
-}
-
-// check is logger.Check(lvl, msg) for a line the sampler lets through, nil
-// otherwise; a level the logger leaves out is not counted.
-func (s *logSampler) check(logger *zap.Logger, now int64, lvl zapcore.Level, msg string) *zapcore.CheckedEntry {
-	if !logger.Core().Enabled(lvl) || !s.allow(now) {
-		return nil
-	}
-	return logger.Check(lvl, msg)
 }

@@ -1,73 +1,38 @@
 package ratelimit
 
 import (
-	"errors"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/caddy-tally/ratelimit/internal/monotime"
+	"github.com/caddy-tally/ratelimit/internal/live"
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// The collectors are created once per process and registered into each
-// config's registry, so counts survive reloads and a second registration is
-// not an error.
+// The handler's collectors, created once per process (at init, so that a
+// config with only the listener wrapper has the zone gauges too) and listed
+// in internal/live, which registers them into each config's registry (so
+// counts survive reloads) and drops a zone's series with the zone.
 var collectors struct {
-	once sync.Once
-	all  []prometheus.Collector  // registered into each config's registry
-	vecs []*prometheus.MetricVec // a zone's series go with the zone (dropZoneSeries)
-
-	requests, storeErrors, failPolicy, plans, cost, costFalls, chargeFails, connections *prometheus.CounterVec
-	chargeFalls                                                                         *prometheus.CounterVec
-	snapshotKeys, restoredKeys, writeFails, restoreFails                                *prometheus.CounterVec
-	bans, dryRunBans, droppedBans, queueFull, emptyKeys                                 *prometheus.CounterVec
-	adaptive                                                                            *prometheus.CounterVec
-	latency, snapshotSeconds, delayed                                                   *prometheus.HistogramVec
+	requests, storeErrors, failPolicy, plans, cost, costFalls, chargeFails *prometheus.CounterVec
+	chargeFalls                                                            *prometheus.CounterVec
+	snapshotKeys, restoredKeys, writeFails, restoreFails                   *prometheus.CounterVec
+	bans, dryRunBans, droppedBans, queueFull, emptyKeys                    *prometheus.CounterVec
+	adaptive                                                               *prometheus.CounterVec
+	latency, snapshotSeconds, delayed                                      *prometheus.HistogramVec
 }
 
-const metricPrefix = "caddy_rate_limit_"
+const metricPrefix = live.MetricPrefix
 
-// counterVec makes and lists a counter labelled by zone, then labels.
-func counterVec(name, help string, labels ...string) *prometheus.CounterVec {
-	v := prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricPrefix + name, Help: help}, append([]string{"zone"}, labels...))
-	collectors.all, collectors.vecs = append(collectors.all, v), append(collectors.vecs, v.MetricVec)
-	return v
-}
+var (
+	counterVec   = live.CounterVec
+	histogramVec = live.HistogramVec
+	gauge        = live.Gauge
+)
 
-// histogramVec makes and lists a histogram labelled by zone.
-func histogramVec(name, help string, buckets ...float64) *prometheus.HistogramVec {
-	v := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: metricPrefix + name, Help: help, Buckets: buckets}, []string{"zone"})
-	collectors.all, collectors.vecs = append(collectors.all, v), append(collectors.vecs, v.MetricVec)
-	return v
-}
-
-// zoneGauge reports, at scrape time, value of each live zone it applies to
-// (ok).
-type zoneGauge struct {
-	desc  *prometheus.Desc
-	value func(z *zones.Zone, now int64) (v float64, ok bool)
-}
-
-func gauge(name, help string, value func(z *zones.Zone, now int64) (float64, bool)) {
-	collectors.all = append(collectors.all, &zoneGauge{prometheus.NewDesc(metricPrefix+name, help, []string{"zone"}, nil), value})
-}
-
-func (g *zoneGauge) Describe(ch chan<- *prometheus.Desc) { ch <- g.desc }
-
-func (g *zoneGauge) Collect(ch chan<- prometheus.Metric) {
-	now := monotime.Now()
-	for name, z := range liveZones() {
-		if v, ok := g.value(z, now); ok {
-			ch <- prometheus.MustNewConstMetric(g.desc, prometheus.GaugeValue, v, name)
-		}
-	}
-}
-
-func initCollectors() {
+func init() {
 	c := &collectors
 	c.requests = counterVec("requests_total", "Requests decided by a zone, by decision: allowed, denied, dry_run_denied.", "decision")
 	c.storeErrors = counterVec("store_errors_total", "Decisions the shared store (Redis) could not answer: errors, timeouts, open breaker.")
@@ -79,7 +44,6 @@ func initCollectors() {
 	c.costFalls = counterVec("cost_fallbacks_total", "Requests whose cost or charge placeholder was empty or invalid, counted at the zone's literal cost.")
 	c.chargeFalls = counterVec("charge_fallbacks_total", "Responses of a zone that charges from the body (charge json) that did not carry every path's value, by reason: client_gone, upstream_error, no_usage, malformed, too_large, encoded, not_json; each charged the estimate taken before (or the zone's cost).", "reason")
 	c.chargeFails = counterVec("charge_failures_total", "Charges after the response that Redis did not take within the retry bound (the zone's fail policy then applied).")
-	c.connections = counterVec("connections_total", "New TCP connections decided by a connection zone or a deny_while zone (listener wrapper rate_limit), by decision: allowed, denied, dry_run_denied.", "decision")
 	c.snapshotSeconds = histogramVec("snapshot_duration_seconds", "Time taken to copy, encode and store a persisted zone's snapshot.",
 		.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10)
 	c.snapshotKeys = counterVec("snapshot_keys_written_total", "Keys written in a persisted zone's snapshots, every snapshot counted.")
@@ -103,13 +67,13 @@ func initCollectors() {
 		}
 		return float64(z.BannedKeys(now)), true
 	})
-	c.all = append(c.all, newGlobalCollector(metricPrefix+"global"))
+	live.Collect(newGlobalCollector(metricPrefix+"global"), nil)
 	gauge("overrides", "Overrides of the zone's limit in force (set through the admin API; fleet-wide for distributed zones).", func(z *zones.Zone, _ int64) (float64, bool) {
-		return float64(z.OverrideCount()), !isConnectionZone(z)
+		return float64(z.OverrideCount()), !live.IsConnection(z)
 	})
 	gauge("keys", "Keys the zone holds in this instance's memory.", func(z *zones.Zone, _ int64) (float64, bool) { return float64(z.Keys()), true })
 	gauge("in_flight", "Requests holding a slot of a concurrency zone in this instance.", func(z *zones.Zone, _ int64) (float64, bool) {
-		return float64(z.InFlight()), z.IsConcurrency() && !isConnectionZone(z)
+		return float64(z.InFlight()), z.IsConcurrency() && !live.IsConnection(z)
 	})
 	c.adaptive = counterVec("adaptive_requests_total", "Requests of an adaptive zone by priority class (all: the zone has no priority), whether the class is the zone's lowest (lowest=\"false\": a class the zone sheds last), and decision: served (admitted), shed, dry_run_shed (a dry run would have shed it).", "class", "lowest", "decision")
 	gauge("adaptive_limit", "An adaptive zone's limit of requests in flight in this instance now, summed over its keys.", func(z *zones.Zone, _ int64) (float64, bool) {
@@ -120,53 +84,11 @@ func initCollectors() {
 		_, p90 := z.AdaptiveLimit()
 		return p90.Seconds(), z.IsAdaptive()
 	})
-	gauge("connections_in_flight", "Connections holding a slot of a connection concurrency zone (listener wrapper rate_limit) in this instance.", func(z *zones.Zone, _ int64) (float64, bool) {
-		return float64(z.InFlight()), z.IsConcurrency() && isConnectionZone(z)
-	})
 }
 
 // registerMetrics makes the collectors visible in ctx's registry.
 func registerMetrics(ctx caddy.Context) error {
-	collectors.once.Do(initCollectors)
-	reg := ctx.GetMetricsRegistry()
-	if reg == nil {
-		return nil
-	}
-	for _, c := range collectors.all {
-		if err := reg.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
-			return err
-		}
-	}
-	return nil
-}
-
-// decisions are a zone's series of one decision counter, by decision; only
-// those that can move are bound: dryRunDenied is nil unless the zone is in
-// dry run, denied nil when it is.
-type decisions struct {
-	allowed, denied, dryRunDenied prometheus.Counter
-}
-
-func newDecisions(v *prometheus.CounterVec, zone string, dryRun bool) decisions {
-	m := decisions{allowed: v.WithLabelValues(zone, "allowed")}
-	if dryRun {
-		m.dryRunDenied = v.WithLabelValues(zone, "dry_run_denied")
-	} else {
-		m.denied = v.WithLabelValues(zone, "denied")
-	}
-	return m
-}
-
-// count counts one decision.
-func (m *decisions) count(allowed, dryRun bool) {
-	switch {
-	case allowed:
-		m.allowed.Inc()
-	case dryRun:
-		m.dryRunDenied.Inc()
-	default:
-		m.denied.Inc()
-	}
+	return live.RegisterMetrics(ctx.GetMetricsRegistry())
 }
 
 // zoneMetrics are one zone's series, bound once so that the request path only
@@ -175,7 +97,7 @@ func (m *decisions) count(allowed, dryRun bool) {
 // path. A nil field is a series the zone does not have (none has, with
 // metrics disabled).
 type zoneMetrics struct {
-	decisions
+	live.Decisions
 	storeErrors   prometheus.Counter
 	failPolicy    prometheus.Counter
 	latency       prometheus.Observer
@@ -233,7 +155,7 @@ func (m *zoneMetrics) countClass(k int, allowed bool) {
 // decisions wait for it.
 func newZoneMetrics(cfg zones.Config, key string, distributed, timed bool, costs costVars) zoneMetrics {
 	name, dryRun, bans := cfg.Name, cfg.DryRun, cfg.Ban > 0
-	m := zoneMetrics{decisions: newDecisions(collectors.requests, name, dryRun)}
+	m := zoneMetrics{Decisions: live.NewDecisions(collectors.requests, name, dryRun)}
 	if distributed {
 		m.storeErrors = collectors.storeErrors.WithLabelValues(name)
 		m.failPolicy = collectors.failPolicy.WithLabelValues(name, cfg.FailPolicy.String())
@@ -279,10 +201,10 @@ func newZoneMetrics(cfg zones.Config, key string, distributed, timed bool, costs
 // observe counts one decision; storeWait is 0 when the decision was not
 // timed (local and async modes).
 func (m *zoneMetrics) observe(d zones.Decision, dryRun bool, storeWait time.Duration) {
-	if m.allowed == nil { // metrics disabled
+	if !m.Bound() { // metrics disabled
 		return
 	}
-	m.count(d.Allowed, dryRun)
+	m.Count(d.Allowed, dryRun)
 	if d.Delay > 0 {
 		m.delayed.Observe(d.Delay.Seconds())
 	}
@@ -310,15 +232,6 @@ func add(c prometheus.Counter, n float64) {
 	}
 }
 
-// dropZoneSeries deletes the series of a zone no loaded config defines any
-// more, so that a reload that removes a zone leaves nothing behind.
-func dropZoneSeries(name string) {
-	collectors.once.Do(initCollectors)
-	for _, v := range collectors.vecs {
-		v.DeletePartialMatch(prometheus.Labels{"zone": name})
-	}
-}
-
 // snapshotMetrics are a persisted zone's series (persist.go); none is bound
 // with metrics disabled.
 type snapshotMetrics struct {
@@ -343,6 +256,3 @@ func (m snapshotMetrics) written(keys int, took time.Duration) {
 	}
 	add(m.keysWritten, float64(keys))
 }
-
-// Interface guard
-var _ prometheus.Collector = (*zoneGauge)(nil)

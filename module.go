@@ -1,13 +1,25 @@
 // Package ratelimit is tally: the Caddy HTTP handler http.handlers.rate_limit,
 // which limits requests in named zones keyed by placeholders, with GCRA
-// enforced in-process or, across Caddy instances, in Redis; and the listener
-// wrapper caddy.listeners.rate_limit, which limits new connections with the
-// same zones before their TLS handshake.
+// enforced in-process or, across Caddy instances, in Redis. Importing it
+// also registers the listener wrapper caddy.listeners.rate_limit (package
+// listener), which limits new connections before their TLS handshake.
 //
-// This package is the Caddy side, a file per concern (the README's Layout
-// table): the maths is in package algorithms; a zone's state, deny cache and
-// fail policy are in package zones; Redis is spoken to only in package
-// distributed.
+// The hub is the Handler: module.go (its config, Provision, Cleanup) and
+// serve.go (ServeHTTP, the request path). The other files hang off it, one
+// concern each, and none calls back into another's: zoneconfig.go (a zone's
+// config and provisioned form), caddyfile.go (the Caddyfile), plans.go,
+// quota.go and cost.go, bodycharge.go (what a request's limits and cost
+// are read from), headers.go (what a response says), log.go and metrics.go
+// (what a decision logs and counts), redis.go, region.go and persist.go
+// (the stores and snapshots a zone is provisioned with), overrides.go,
+// admin.go, status.go and command*.go (the admin API, the status handler,
+// the CLI) and registry.go (the handler's view of internal/live).
+//
+// Below it: what lives across reloads (zone states, name claims, the
+// running zones, the collectors) is in internal/live, shared with package
+// listener; the maths is in package algorithms; a zone's state, deny cache
+// and fail policy are in package zones; Redis is spoken to only in package
+// distributed. Nothing imports this package.
 package ratelimit
 
 import (
@@ -25,6 +37,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-tally/ratelimit/distributed"
+	"github.com/caddy-tally/ratelimit/internal/live"
+	_ "github.com/caddy-tally/ratelimit/listener" // registers caddy.listeners.rate_limit
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
@@ -144,7 +158,7 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 }
 
 // DefaultSweepInterval is how often expired keys are swept by default.
-const DefaultSweepInterval = time.Minute
+const DefaultSweepInterval = live.DefaultSweepInterval
 
 // Provision sets up the handler.
 func (h *Handler) Provision(ctx caddy.Context) error {

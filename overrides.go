@@ -32,6 +32,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-tally/ratelimit/distributed"
+	"github.com/caddy-tally/ratelimit/internal/live"
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
@@ -648,10 +649,7 @@ func (h *overrideHolder) lookup(z *zones.Zone, key string) (overrideRecord, bool
 // forgetDenials drops the deny caches of every zone named name on this
 // instance: a denial cached under the old limit must not outlive it.
 func forgetDenials(name string) {
-	registry.Lock()
-	regs := slices.Clone(registry.zones[name])
-	registry.Unlock()
-	for _, z := range regs {
+	for _, z := range live.Registered(name) {
 		z.ForgetDenials()
 	}
 }

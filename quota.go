@@ -160,13 +160,3 @@ var nominalSeconds = map[algorithms.Period]float64{
 	algorithms.Minute: 60, algorithms.Hour: 3600, algorithms.Day: 86400,
 	algorithms.Week: 7 * 86400, algorithms.Month: 30.436875 * 86400,
 }
-
-// quotaLimitText describes a quota for people: "100000 per month in
-// Europe/Berlin".
-func quotaLimitText(n int64, p algorithms.Period, loc *time.Location) string {
-	s := fmt.Sprintf("%d per %v", n, p)
-	if loc != nil && loc != time.UTC {
-		s += " in " + loc.String()
-	}
-	return s
-}

@@ -169,12 +169,3 @@ func TestHeadersOfAQuotaZone(t *testing.T) {
 		}
 	}
 }
-
-// A connection has sent no request to count: the listener wrapper refuses
-// a quota, at its line.
-func TestListenerRefusesAQuotaAtItsLine(t *testing.T) {
-	_, err := parseWrapper("rate_limit {\n\tzone conns {\n\t\tkey {remote_ip}\n\t\tquota 100 per day\n\t}\n}")
-	if err == nil || !strings.Contains(err.Error(), "a calendar quota counts requests") || !strings.Contains(err.Error(), "Testfile:4") {
-		t.Fatalf("error %v, want the quota refused at line 4", err)
-	}
-}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/caddy-tally/ratelimit/algorithms"
 	"github.com/caddy-tally/ratelimit/distributed"
+	"github.com/caddy-tally/ratelimit/internal/live"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 	"github.com/caddy-tally/ratelimit/zones"
 )
@@ -329,7 +330,7 @@ type zoneHandler struct {
 	loggedDroppedBans [2]atomic.Bool
 
 	// What provision took, for release.
-	stateID    stateID
+	stateID    live.StateID
 	freshState bool          // provision created the state (persist restores into it)
 	stopReset  func()        // nil without a store that shares resets
 	stopBans   chan struct{} // async zones with ban: stops learnBans
@@ -388,7 +389,7 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 	if zc.Key == "" {
 		return nil, fmt.Errorf("zone %s: key is required (e.g. key {client_ip})", name)
 	}
-	if err := claimZone(ctx, cfg, vars, zc.Key, false); err != nil {
+	if err := live.ClaimZone(ctx, cfg, stateKey(vars), zc.Key, false); err != nil {
 		return nil, err
 	}
 
@@ -433,7 +434,7 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 	if shared != nil {
 		zh.region = shared.Region()
 	}
-	state, id, fresh, err := loadState(cfg, vars, time.Duration(h.SweepInterval))
+	state, id, fresh, err := live.LoadState(cfg, stateKey(vars), time.Duration(h.SweepInterval))
 	if err != nil {
 		return nil, err
 	}
@@ -447,7 +448,7 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 		// replaces the definition gives every key its full limit back.
 		// (Distributed zones keep theirs in Redis, read under the new
 		// limit.)
-		logAfresh(h.logger, id)
+		live.LogAfresh(h.logger, id)
 	}
 	if n := h.backend.resets; n != nil {
 		// A key reset on another instance is forgotten here too.
@@ -487,11 +488,12 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 	zh.overridesKey = ovKey
 	zh.Zone.UseOverrides(&ov.set)
 	emit := func(event string, data map[string]any) { h.events.Emit(h.ctx, event, data) }
-	registerZone(zh.Zone, storeView{regional: h.store, shared: shared, health: h.backend.health, overrides: ov, emit: emit, handler: zh})
+	live.Register(zh.Zone, false, storeView{regional: h.store, shared: shared, health: h.backend.health, overrides: ov, emit: emit, handler: zh})
 	return zh, nil
 }
 
-// limits is the part of the zone's config that connection zones have too.
+// limits is the zone's events, window, burst, concurrency, prefixes and
+// max_keys, the base of its zones.Config.
 func (zc *Zone) limits(name string) zones.Config {
 	return zones.Config{Name: name, Concurrency: zc.Concurrency, Events: zc.MaxEvents, Window: time.Duration(zc.Window), Burst: zc.Burst,
 		IPv4Prefix: zc.IPv4Prefix, IPv6Prefix: zc.IPv6Prefix, MaxKeys: zc.MaxKeys}
@@ -611,7 +613,7 @@ func (z *zoneHandler) learnBans(l zones.BanList, interval time.Duration) {
 // unregister gives back the registration and the reset subscription that
 // provision took, when the handler's config goes, and stops reading bans.
 func (z *zoneHandler) unregister() {
-	unregisterZone(z.Zone)
+	live.Unregister(z.Zone)
 	if z.stopReset != nil {
 		z.stopReset()
 	}
@@ -623,7 +625,7 @@ func (z *zoneHandler) unregister() {
 // releaseState gives back the reference to the zone's state that provision
 // took, once the handler's requests and charges are done with it.
 func (z *zoneHandler) releaseState() {
-	_, _ = states.Delete(z.stateID)
+	live.ReleaseState(z.stateID)
 	if z.overridesKey != "" {
 		_, _ = overrideHolders.Delete(z.overridesKey)
 	}

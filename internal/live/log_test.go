@@ -1,4 +1,4 @@
-package ratelimit
+package live
 
 import (
 	"testing"
@@ -8,7 +8,7 @@ import (
 // The denial log lets through the first 10 denials of each second, then one
 // in 1000, as zap's sampler configured that way would.
 func TestDenialLogSampling(t *testing.T) {
-	var s logSampler
+	var s Sampler
 	const second = int64(time.Second)
 	start := 42 * second
 	logged := 0

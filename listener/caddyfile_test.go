@@ -1,4 +1,4 @@
-package ratelimit
+package listener
 
 import (
 	"strconv"
@@ -10,8 +10,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 )
 
-func parseWrapper(input string) (*ListenerWrapper, error) {
-	var w ListenerWrapper
+func parseWrapper(input string) (*Wrapper, error) {
+	var w Wrapper
 	err := w.UnmarshalCaddyfile(caddyfile.NewTestDispenser(input))
 	return &w, err
 }
@@ -112,15 +112,15 @@ func TestListenerCaddyfileRefusesWhatAConnectionHasNotAndNamesTheLine(t *testing
 	}
 }
 
-// The same checks apply to a JSON config, which has no lines.
+// A JSON config has no lines: its key is checked at provision, and a
+// setting a connection zone has not is an unknown field.
 func TestListenerJSONZoneRefusesRequestSettings(t *testing.T) {
 	for _, zc := range []*Zone{
-		{Key: "{remote_ip}", MaxEvents: 1, Window: caddy.Duration(time.Second), CostPlaceholder: "{x}"},
-		{Key: "{remote_ip}", MaxEvents: 1, Window: caddy.Duration(time.Second), MaxEventsAtMost: 10},
+		{MaxEvents: 1, Window: caddy.Duration(time.Second)},
 		{Key: "{client_ip}", MaxEvents: 1, Window: caddy.Duration(time.Second)},
-		{Key: "{remote_ip}", Concurrency: 1, FailPolicy: "closed"},
+		{Key: "{remote_ip}-{http.request.header.X}", Concurrency: 1},
 	} {
-		if _, err := zc.connectionProblem(); err == nil {
+		if err := zc.keyProblem(); err == nil {
 			t.Errorf("%+v accepted", *zc)
 		}
 	}
@@ -129,8 +129,15 @@ func TestListenerJSONZoneRefusesRequestSettings(t *testing.T) {
 		{Key: "all", Concurrency: 100},
 		{Key: "edge-{remote_ip}", Concurrency: 1},
 	} {
-		if _, err := zc.connectionProblem(); err != nil {
+		if err := zc.keyProblem(); err != nil {
 			t.Errorf("%+v refused: %v", *zc, err)
+		}
+	}
+	for _, field := range []string{`"cost_placeholder":"{x}"`, `"max_events_at_most":10`, `"fail_policy":"closed"`, `"match":[{"path":["/x"]}]`} {
+		var w Wrapper
+		raw := `{"rate_limits":{"c":{"key":"{remote_ip}","max_events":1,"window":1000000000,` + field + `}}}`
+		if err := caddy.StrictUnmarshalJSON([]byte(raw), &w); err == nil || !strings.Contains(err.Error(), "unknown field") {
+			t.Errorf("%s: error %v, want an unknown field", field, err)
 		}
 	}
 }
@@ -159,5 +166,14 @@ func TestListenerPlacement(t *testing.T) {
 		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
 			t.Errorf("%v: error %v, want one saying %q", tc.wrappers, err, tc.want)
 		}
+	}
+}
+
+// A connection has sent no request to count: the listener wrapper refuses
+// a quota, at its line.
+func TestListenerRefusesAQuotaAtItsLine(t *testing.T) {
+	_, err := parseWrapper("rate_limit {\n\tzone conns {\n\t\tkey {remote_ip}\n\t\tquota 100 per day\n\t}\n}")
+	if err == nil || !strings.Contains(err.Error(), "a calendar quota counts requests") || !strings.Contains(err.Error(), "Testfile:4") {
+		t.Fatalf("error %v, want the quota refused at line 4", err)
 	}
 }

@@ -1,4 +1,9 @@
-package ratelimit
+// Package listener is the listener wrapper caddy.listeners.rate_limit: new
+// connections decided per client before the TLS handshake, in connection
+// zones of its own and while HTTP zones deny (deny_while). It shares zone
+// states, name claims and the registry of running zones with the rate_limit
+// handler through internal/live, and never imports the handler's package.
+package listener
 
 import (
 	"cmp"
@@ -7,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -21,15 +25,26 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/caddy-tally/ratelimit/internal/live"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
 func init() {
-	caddy.RegisterModule(ListenerWrapper{})
+	caddy.RegisterModule(Wrapper{})
 }
 
-// ListenerWrapper limits new connections per client before the TLS
+// connections counts the wrapper's decisions; connections_in_flight is read
+// from its concurrency zones at scrape time.
+var connections = live.CounterVec("connections_total", "New TCP connections decided by a connection zone or a deny_while zone (listener wrapper rate_limit), by decision: allowed, denied, dry_run_denied.", "decision")
+
+func init() {
+	live.Gauge("connections_in_flight", "Connections holding a slot of a connection concurrency zone (listener wrapper rate_limit) in this instance.", func(z *zones.Zone, _ int64) (float64, bool) {
+		return float64(z.InFlight()), z.IsConcurrency() && live.IsConnection(z)
+	})
+}
+
+// Wrapper limits new connections per client before the TLS
 // handshake: a refused connection costs an accept and a reset, not a
 // handshake. It must be listed before `tls` in the server's
 // listener_wrappers (and after `proxy_protocol`, when there is one);
@@ -48,14 +63,13 @@ func init() {
 // Connection zones are local to this instance, whatever the HTTP zones'
 // distributed settings. Their state survives config reloads as HTTP zones'
 // does. HTTP/3 (QUIC) connections never pass through listener wrappers.
-type ListenerWrapper struct {
+type Wrapper struct {
 	// The connection zones, by name: rate zones (events per window per
 	// key, with burst) and concurrency zones (connections of a key open
-	// at once). Their key is a template of `{remote_ip}`; ipv4_prefix,
-	// ipv6_prefix, max_keys and dry_run apply as in the handler's zones.
-	// Request-level settings (match, cost, count, charge, placeholders in
-	// limits, fail_policy, lease) are refused. A name shared with an HTTP
-	// zone must have the same limits, and then shares its state.
+	// at once), with the handler's zone settings that need no request
+	// (match, cost, count, charge, placeholders in limits) and no Redis
+	// (fail_policy, lease). A name shared with an HTTP zone must have the
+	// same limits, and then shares its state.
 	RateLimits map[string]*Zone `json:"rate_limits,omitempty"`
 
 	// HTTP zones (of rate_limit handlers in this config, keyed by the
@@ -83,39 +97,36 @@ type connZone struct {
 	*zones.Zone
 	key     string // the key template
 	keyIsIP bool   // the template is {remote_ip} alone
-	metrics decisions
-	stateID stateID
+	metrics live.Decisions
+	stateID live.StateID
 }
 
 // denyWhileZone is an HTTP zone a deny_while names, as the wrapper uses it.
 type denyWhileZone struct {
 	*zones.Zone
 	dryRun  bool
-	metrics decisions
+	metrics live.Decisions
 }
 
 // connLive is what the wrapper's connections update and read.
 type connLive struct {
-	refused, dryRunRefused logSampler // log.go's rule
+	refused, dryRunRefused live.Sampler
 	denyOnce               sync.Once
 	denyZones              []*denyWhileZone // resolved by the first WrapListener
 }
 
 // CaddyModule returns the Caddy module information.
-func (ListenerWrapper) CaddyModule() caddy.ModuleInfo {
+func (Wrapper) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{
 		ID:  "caddy.listeners.rate_limit",
-		New: func() caddy.Module { return new(ListenerWrapper) },
+		New: func() caddy.Module { return new(Wrapper) },
 	}
 }
-
-// remoteIPPlaceholder is the one placeholder a connection zone's key knows.
-const remoteIPPlaceholder = "{remote_ip}"
 
 // Provision checks the wrapper's place among the server's listener
 // wrappers, sets up its zones and checks that every deny_while zone is an
 // HTTP zone of this config keyed by {remote_host}.
-func (w *ListenerWrapper) Provision(ctx caddy.Context) error {
+func (w *Wrapper) Provision(ctx caddy.Context) error {
 	w.logger = ctx.Logger()
 	w.live = new(connLive)
 	if err := checkPlacement(ctx); err != nil {
@@ -124,14 +135,14 @@ func (w *ListenerWrapper) Provision(ctx caddy.Context) error {
 	if len(w.RateLimits) == 0 && len(w.DenyWhile) == 0 {
 		return errors.New("listener wrapper rate_limit needs a zone or a deny_while: zone <name> { key {remote_ip}; events 20; window 1s }")
 	}
-	if err := registerMetrics(ctx); err != nil {
+	if err := live.RegisterMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("registering metrics: %v", err)
 	}
 	for name, zc := range w.RateLimits {
 		if zc == nil {
 			return fmt.Errorf("zone %s: empty definition", name)
 		}
-		z, err := zc.provisionConnection(ctx, name, w.DryRun)
+		z, err := zc.provision(ctx, name, w.DryRun)
 		if err != nil {
 			return err
 		}
@@ -140,7 +151,9 @@ func (w *ListenerWrapper) Provision(ctx caddy.Context) error {
 	}
 	// Rate zones tightest first, then concurrency zones smallest first: a
 	// connection a rate zone refuses never takes a slot.
-	slices.SortFunc(w.zones, func(a, b *connZone) int { return cmp.Or(compareKinds(a.Zone, b.Zone), strings.Compare(a.Name, b.Name)) })
+	slices.SortFunc(w.zones, func(a, b *connZone) int {
+		return cmp.Or(cmp.Compare(a.Concurrency, b.Concurrency), cmp.Compare(float64(a.Events)/float64(a.Window), float64(b.Events)/float64(b.Window)), strings.Compare(a.Name, b.Name))
+	})
 	for _, name := range w.DenyWhile {
 		if err := checkDenyWhile(ctx, name, w.RateLimits); err != nil {
 			return err
@@ -154,93 +167,12 @@ func (w *ListenerWrapper) Provision(ctx caddy.Context) error {
 // them from as they close. The zones stay readable: the old listener's
 // accept loop may still decide a connection while a reload cleans up (its
 // read of w.zones raced Cleanup's reset of them).
-func (w *ListenerWrapper) Cleanup() error {
+func (w *Wrapper) Cleanup() error {
 	for _, z := range w.zones {
-		unregisterZone(z.Zone)
-		_, _ = states.Delete(z.stateID)
+		live.Unregister(z.Zone)
+		live.ReleaseState(z.stateID)
 	}
 	return nil
-}
-
-// provisionConnection sets up a connection zone: the handler's zone grammar,
-// without what needs a request (connectionProblem), local to this instance.
-func (zc *Zone) provisionConnection(ctx caddy.Context, name string, dryRun bool) (*connZone, error) {
-	if _, err := zc.connectionProblem(); err != nil {
-		return nil, fmt.Errorf("zone %s: %v", name, err)
-	}
-	cfg := zc.limits(name)
-	cfg.DryRun = zc.DryRun || dryRun
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	if err := claimZone(ctx, cfg, planVars{}, zc.Key, true); err != nil {
-		return nil, err
-	}
-	state, id, fresh, err := loadState(cfg, planVars{}, DefaultSweepInterval)
-	if err != nil {
-		return nil, err
-	}
-	if fresh {
-		logAfresh(ctx.Logger(), id)
-	}
-	zone, err := zones.New(cfg, state, nil)
-	if err != nil {
-		_, _ = states.Delete(id)
-		return nil, err
-	}
-	z := &connZone{
-		Zone:    zone,
-		key:     zc.Key,
-		keyIsIP: zc.Key == remoteIPPlaceholder,
-		metrics: newDecisions(collectors.connections, name, cfg.DryRun),
-		stateID: id,
-	}
-	registerZone(z.Zone, storeView{connection: true})
-	return z, nil
-}
-
-// connectionProblem returns the first setting of zc that a connection zone
-// cannot have, and why, with the fix.
-func (zc *Zone) connectionProblem() (setting string, err error) {
-	const request = "reads the request, which a connection has not sent yet"
-	switch {
-	case zc.Key == "":
-		return "key", errors.New("key is missing: add key {remote_ip}")
-	case strings.ContainsAny(strings.ReplaceAll(zc.Key, remoteIPPlaceholder, ""), "{}"):
-		return "key", fmt.Errorf("key %q: a connection zone's key knows only {remote_ip} (the client's address, or the PROXY protocol's source); "+
-			"{client_ip} and other request placeholders are not known before the request: use key {remote_ip}, or put the zone in the rate_limit handler", zc.Key)
-	case len(zc.MatcherSetsRaw) > 0:
-		return "match", fmt.Errorf("match %s: remove it, or put the zone in the rate_limit handler (a server of its own limits connections to its address only)", request)
-	case zc.MaxEventsPlaceholder != "":
-		return "events", fmt.Errorf("events %s %s: write a number", zc.MaxEventsPlaceholder, request)
-	case zc.WindowPlaceholder != "":
-		return "window", fmt.Errorf("window %s %s: write a duration", zc.WindowPlaceholder, request)
-	case zc.BurstPlaceholder != "":
-		return "burst", fmt.Errorf("burst %s %s: write a number", zc.BurstPlaceholder, request)
-	case zc.MaxEventsAtMost != 0 || zc.WindowAtLeast != 0 || zc.BurstAtMost != 0:
-		return "events", errors.New("max_events_at_most, window_at_least and burst_at_most bound limits read from the request, which a connection zone cannot have: remove them")
-	case zc.Adaptive != nil || zc.Priority != nil:
-		return "adaptive", errors.New("adaptive follows an upstream's latency, which connections do not have: put the zone in the rate_limit handler")
-	case zc.StatusCode != 0:
-		return "status", errors.New("status shapes HTTP responses, and a refused connection gets none (it is reset): remove it")
-	case zc.Scope != "":
-		return "scope", errors.New("scope: a connection zone is local to the instance (no Redis on the accept path): remove scope")
-	case zc.Count != nil:
-		return "count", errors.New("count weighs responses, which a connection does not have: put the zone in the rate_limit handler")
-	case zc.Charge != "" || zc.ChargeJSON != nil:
-		return "charge", errors.New("charge weighs responses, which a connection does not have: put the zone in the rate_limit handler")
-	case zc.Cost != 0 || zc.CostPlaceholder != "":
-		return "cost", errors.New("a connection costs 1: remove cost")
-	case zc.FailPolicy != "":
-		return "fail_policy", errors.New("connection zones are local to this instance, with no Redis to fail: remove fail_policy")
-	case zc.Lease != 0:
-		return "lease", errors.New("connection zones are local to this instance, with no Redis to hold slots: remove lease")
-	case zc.Ban != 0 || zc.BanMax != 0:
-		return "ban", errors.New("connection zones do not ban: put ban in an HTTP zone and name it in deny_while, which refuses a banned key's connections")
-	case zc.Quota != nil:
-		return "quota", errors.New("a calendar quota counts requests: put the zone in the rate_limit handler (deny_while <zone> refuses connections while it denies)")
-	}
-	return "", nil
 }
 
 // checkPlacement refuses a rate_limit wrapper that would not see raw
@@ -304,8 +236,8 @@ func checkDenyWhile(ctx caddy.Context, name string, own map[string]*Zone) error 
 		return fmt.Errorf("deny_while %s: %s is a zone of this listener wrapper; deny_while names an HTTP zone (of a rate_limit handler)", name, name)
 	}
 	key, concurrency, found := "", false, false
-	if c, ok := claimedHTTPZone(ctx, name); ok {
-		key, concurrency, found = c.key, c.id.concurrency, true
+	if c, ok := live.ClaimedHTTPZone(ctx, name); ok {
+		key, concurrency, found = c.Key, c.Concurrency(), true
 	} else if app, err := ctx.AppIfConfigured("http"); err == nil {
 		if app, ok := app.(*caddyhttp.App); ok {
 			key, concurrency, found = httpZoneInJSON(app, name)
@@ -332,48 +264,20 @@ func checkDenyWhile(ctx caddy.Context, name string, own map[string]*Zone) error 
 // servers that are still JSON, and returns its key template and whether it
 // is a concurrency zone.
 func httpZoneInJSON(app *caddyhttp.App, name string) (key string, concurrency, found bool) {
+	var routes []any
 	for _, srv := range app.Servers {
-		var v any
-		if raw, err := json.Marshal([]any{srv.Routes, srv.Errors, srv.NamedRoutes}); err == nil && json.Unmarshal(raw, &v) == nil {
-			if key, concurrency, found = findZoneJSON(v, name); found {
-				return key, concurrency, true
-			}
-		}
+		routes = append(routes, srv.Routes, srv.Errors, srv.NamedRoutes)
 	}
-	return "", false, false
-}
-
-// findZoneJSON walks a decoded JSON config for a rate_limit handler with the
-// zone name, at any depth (subroutes, named routes, error routes).
-func findZoneJSON(v any, name string) (key string, concurrency, found bool) {
-	children, _ := v.([]any)
-	if m, ok := v.(map[string]any); ok {
-		if m["handler"] == "rate_limit" {
-			if zs, ok := m["rate_limits"].(map[string]any); ok {
-				if z, ok := zs[name].(map[string]any); ok {
-					key, _ := z["key"].(string)
-					n, _ := z["concurrency"].(float64)
-					return key, n > 0, true
-				}
-			}
-		}
-		children = slices.Collect(maps.Values(m))
-	}
-	for _, c := range children {
-		if key, concurrency, found = findZoneJSON(c, name); found {
-			return
-		}
-	}
-	return "", false, false
+	return live.ZoneInJSON(routes, name)
 }
 
 // WrapListener wraps l so that every connection it accepts is decided first.
 // The deny_while zones are looked up on the first call: the HTTP app starts
 // listening once every handler of the config is provisioned.
-func (w *ListenerWrapper) WrapListener(l net.Listener) net.Listener {
+func (w *Wrapper) WrapListener(l net.Listener) net.Listener {
 	w.live.denyOnce.Do(func() {
 		for _, name := range w.DenyWhile {
-			z := lookupZone(name, true)
+			z := live.Lookup(name, true)
 			if z == nil {
 				// Provision found it in this config; only a wrapper
 				// outside an HTTP server can get here.
@@ -381,7 +285,7 @@ func (w *ListenerWrapper) WrapListener(l net.Listener) net.Listener {
 				continue
 			}
 			dryRun := z.DryRun || w.DryRun
-			w.live.denyZones = append(w.live.denyZones, &denyWhileZone{Zone: z, dryRun: dryRun, metrics: newDecisions(collectors.connections, name, dryRun)})
+			w.live.denyZones = append(w.live.denyZones, &denyWhileZone{Zone: z, dryRun: dryRun, metrics: live.NewDecisions(connections, name, dryRun)})
 		}
 	})
 	return &listener{Listener: l, w: w}
@@ -390,7 +294,7 @@ func (w *ListenerWrapper) WrapListener(l net.Listener) net.Listener {
 // listener decides the connections of one listener.
 type listener struct {
 	net.Listener
-	w *ListenerWrapper
+	w *Wrapper
 }
 
 // Accept returns the next connection that is not refused. It never returns
@@ -439,11 +343,11 @@ func (l *listener) Accept() (net.Conn, error) {
 // (zones.Admit), whose slots it appends to slots. A refused connection
 // consumes nothing: the zones that allowed it before the one that refused
 // are refunded and their slots released.
-func (w *ListenerWrapper) decide(ip string, now int64, slots *[]heldSlot) bool {
+func (w *Wrapper) decide(ip string, now int64, slots *[]heldSlot) bool {
 	for _, dz := range w.live.denyZones {
 		key := dz.Config.Key(ip)
 		denies := dz.Denies(key, now)
-		dz.metrics.count(!denies, dz.dryRun)
+		dz.metrics.Count(!denies, dz.dryRun)
 		if denies {
 			w.logRefusal(now, dz.Name, key, dz.dryRun)
 			if !dz.dryRun {
@@ -470,9 +374,9 @@ func (w *ListenerWrapper) decide(ip string, now int64, slots *[]heldSlot) bool {
 
 // seen counts and logs a connection zone's decision t, as zones.Admit
 // makes it.
-func (w *ListenerWrapper) seen(t *zones.Ticket[*connZone], now int64) {
+func (w *Wrapper) seen(t *zones.Ticket[*connZone], now int64) {
 	z := t.Owner
-	z.metrics.count(t.Allowed, z.DryRun)
+	z.metrics.Count(t.Allowed, z.DryRun)
 	if t.Allowed {
 		return
 	}
@@ -497,12 +401,12 @@ func (z *connZone) keyOf(ip string) string {
 
 // logRefusal logs (sampled) a refused connection, or in dry run the refusal
 // it would have been; the key only with log_key.
-func (w *ListenerWrapper) logRefusal(now int64, zone, key string, dryRun bool) {
+func (w *Wrapper) logRefusal(now int64, zone, key string, dryRun bool) {
 	s, msg := &w.live.refused, "connection refused"
 	if dryRun {
 		s, msg = &w.live.dryRunRefused, "connection would be refused (dry run)"
 	}
-	if c := s.check(w.logger, now, zapcore.InfoLevel, msg); c != nil {
+	if c := s.Check(w.logger, now, zapcore.InfoLevel, msg); c != nil {
 		fields := []zap.Field{zap.String("zone", zone)}
 		if w.LogKey {
 			fields = append(fields, zap.String("key", key))
@@ -594,7 +498,7 @@ const (
 // for its first read or write (pending).
 type conn struct {
 	net.Conn
-	w       *ListenerWrapper
+	w       *Wrapper
 	pending bool
 	once    sync.Once
 	refused bool // set by decideFirst, read after once
@@ -685,9 +589,9 @@ func (c *conn) CloseWrite() error {
 
 // Interface guards
 var (
-	_ caddy.Provisioner     = (*ListenerWrapper)(nil)
-	_ caddy.CleanerUpper    = (*ListenerWrapper)(nil)
-	_ caddy.ListenerWrapper = (*ListenerWrapper)(nil)
+	_ caddy.Provisioner     = (*Wrapper)(nil)
+	_ caddy.CleanerUpper    = (*Wrapper)(nil)
+	_ caddy.ListenerWrapper = (*Wrapper)(nil)
 	_ net.Conn              = (*conn)(nil)
 	_ io.ReaderFrom         = (*conn)(nil)
 )

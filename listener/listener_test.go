@@ -1,4 +1,4 @@
-package ratelimit
+package listener
 
 import (
 	"context"
@@ -18,9 +18,9 @@ import (
 
 // newWrapper provisions a listener wrapper from its Caddyfile block, outside
 // an HTTP server (no placement to check).
-func newWrapper(t *testing.T, block string) *ListenerWrapper {
+func newWrapper(t *testing.T, block string) *Wrapper {
 	t.Helper()
-	var w ListenerWrapper
+	var w Wrapper
 	if err := w.UnmarshalCaddyfile(caddyfile.NewTestDispenser(block)); err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +40,7 @@ func newWrapper(t *testing.T, block string) *ListenerWrapper {
 // byte each connection sends, as a server would read it, until the client
 // closes; then it closes the connection. It returns the address; the accept
 // loop must end only with the listener's close.
-func serveWrapped(t *testing.T, w *ListenerWrapper, wrap func(net.Listener) net.Listener) string {
+func serveWrapped(t *testing.T, w *Wrapper, wrap func(net.Listener) net.Listener) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -1,0 +1,166 @@
+package live
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/caddy-tally/ratelimit/zones"
+)
+
+// claims records, for each loaded config, which definition each zone name
+// has, so that one name with two different limits in one config is an error,
+// whether the zones are HTTP zones or connection zones (the listener
+// wrapper's). A config is told apart by its context's Done channel, which
+// every module of that config shares.
+var claims = struct {
+	sync.Mutex
+	byConfig map[<-chan struct{}]map[string]Claim
+}{byConfig: make(map[<-chan struct{}]map[string]Claim)}
+
+// Claim is a zone name's definition in one config.
+type Claim struct {
+	ID         StateID
+	Connection bool   // a connection zone (caddy.listeners.rate_limit)
+	Key        string // the key template
+}
+
+// Concurrency reports whether the claimed zone is a concurrency zone.
+func (c Claim) Concurrency() bool { return c.ID.concurrency }
+
+// ClaimZone claims cfg's name (vars as NewStateID), whose key template is
+// key, in the config of ctx (a caddy.Context: done when the config unloads).
+func ClaimZone(ctx context.Context, cfg zones.Config, vars any, key string, connection bool) error {
+	c := Claim{ID: NewStateID(cfg, vars), Connection: connection, Key: key}
+	done := ctx.Done()
+	claims.Lock()
+	defer claims.Unlock()
+	names, ok := claims.byConfig[done]
+	if !ok {
+		names = make(map[string]Claim)
+		claims.byConfig[done] = names
+		context.AfterFunc(ctx, func() {
+			claims.Lock()
+			delete(claims.byConfig, done)
+			claims.Unlock()
+		})
+	}
+	prev, ok := names[cfg.Name]
+	switch {
+	case ok && prev.ID != c.ID && prev.Connection != c.Connection:
+		return fmt.Errorf("zone %s is both a connection zone (listener_wrappers rate_limit) and an HTTP zone, with other limits: give one of them another name", cfg.Name)
+	case ok && prev.ID != c.ID:
+		return fmt.Errorf("zone %s is defined twice with different limits (%s and %s): give one of them another name",
+			cfg.Name, prev.ID.limit(), c.ID.limit())
+	case ok && prev.Connection != c.Connection:
+		// The same definition in both layers shares its state, as two
+		// handlers' would; the HTTP zone's claim is kept, for deny_while.
+		if !prev.Connection {
+			return nil
+		}
+	}
+	names[cfg.Name] = c
+	return nil
+}
+
+// ClaimedHTTPZone returns the claim of the HTTP zone name in ctx's config,
+// when a handler of that config has provisioned it already.
+func ClaimedHTTPZone(ctx context.Context, name string) (Claim, bool) {
+	claims.Lock()
+	defer claims.Unlock()
+	c, ok := claims.byConfig[ctx.Done()][name]
+	return c, ok && !c.Connection
+}
+
+// registry holds, by name, the zones of every loaded config, for the admin
+// API and the metrics. A name maps to its registrations in the order they
+// were made; the last one is shown. A reload provisions the new config (its
+// zones go last) before it cleans up the old one; a load that fails is
+// cleaned up instead, taking only its own registrations with it. Either way
+// what is shown is the running config's zones, through failed loads and
+// modules whose provisioning failed half-way.
+var registry = struct {
+	sync.Mutex
+	zones map[string][]*zones.Zone
+	regs  map[*zones.Zone]registration
+}{zones: make(map[string][]*zones.Zone), regs: make(map[*zones.Zone]registration)}
+
+type registration struct {
+	connection bool
+	view       any
+}
+
+// Register adds z, a listener wrapper's zone when connection, with what its
+// module shows of it (View).
+func Register(z *zones.Zone, connection bool, view any) {
+	registry.Lock()
+	registry.zones[z.Name] = append(registry.zones[z.Name], z)
+	registry.regs[z] = registration{connection, view}
+	registry.Unlock()
+}
+
+// View is what z's module registered with it (nil when z is not
+// registered).
+func View(z *zones.Zone) any {
+	registry.Lock()
+	defer registry.Unlock()
+	return registry.regs[z].view
+}
+
+// IsConnection reports whether z is a listener wrapper's zone.
+func IsConnection(z *zones.Zone) bool {
+	registry.Lock()
+	defer registry.Unlock()
+	return registry.regs[z].connection
+}
+
+// Unregister removes z's registration. When it was the last one of its
+// name, no config defines the zone any more and its metric series go too.
+func Unregister(z *zones.Zone) {
+	registry.Lock()
+	defer registry.Unlock()
+	delete(registry.regs, z)
+	regs := registry.zones[z.Name]
+	if i := slices.Index(regs, z); i >= 0 {
+		regs = slices.Delete(regs, i, i+1)
+	}
+	if len(regs) > 0 {
+		registry.zones[z.Name] = regs
+		return
+	}
+	delete(registry.zones, z.Name)
+	dropSeries(z.Name)
+}
+
+// Zones is the running zones by name: each name's last registration.
+func Zones() map[string]*zones.Zone {
+	registry.Lock()
+	defer registry.Unlock()
+	m := make(map[string]*zones.Zone, len(registry.zones))
+	for k, v := range registry.zones {
+		m[k] = v[len(v)-1]
+	}
+	return m
+}
+
+// Registered is every registration of name, oldest first.
+func Registered(name string) []*zones.Zone {
+	registry.Lock()
+	defer registry.Unlock()
+	return slices.Clone(registry.zones[name])
+}
+
+// Lookup is the last registration of name; with httpOnly, the last that is
+// not a connection zone.
+func Lookup(name string, httpOnly bool) *zones.Zone {
+	registry.Lock()
+	defer registry.Unlock()
+	regs := registry.zones[name]
+	for i := len(regs) - 1; i >= 0; i-- {
+		if !httpOnly || !registry.regs[regs[i]].connection {
+			return regs[i]
+		}
+	}
+	return nil
+}

@@ -1,0 +1,166 @@
+package live
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/caddy-tally/ratelimit/algorithms"
+	"github.com/caddy-tally/ratelimit/zones"
+)
+
+// states holds every zone's in-process state, shared by handlers (and
+// listener wrappers) that define the zone the same way and kept across
+// config reloads (the new config takes its references before the old one
+// lets go of its own).
+var states = caddy.NewUsagePool()
+
+// StateID identifies a zone definition: modules with the same one share
+// state, the same name with another one in one config is an error, and a
+// changed limit starts from a fresh state rather than reinterpreting old
+// TATs under new limits. A concurrency zone is the exception (see pooled).
+type StateID struct {
+	name                  string
+	events, window, burst int64
+	maxKeys               int64
+	// vars is what the handler reads its limits from per request (nil
+	// when nothing): a comparable value the handler defines.
+	vars any
+	// Quota zones: the period and its time zone (the quota is burst).
+	period   algorithms.Period
+	timeZone string
+	// A concurrency zone (burst is its concurrency), adaptive or not.
+	concurrency, adaptive bool
+	// Zones with ban: its first and longest length (a zone's ban state
+	// lives in its State).
+	ban, banMax time.Duration
+	// Zones with delay: how long a request may wait, and how many wait
+	// at once (the waiting count lives in its State).
+	delay time.Duration
+	queue int64
+}
+
+// NewStateID is the definition of cfg whose per-request limits are read as
+// vars says (nil: none; otherwise comparable).
+func NewStateID(cfg zones.Config, vars any) StateID {
+	id := StateID{name: cfg.Name, events: cfg.Events, window: int64(cfg.Window), burst: cfg.Limit().Burst, maxKeys: cfg.MaxKeys, vars: vars,
+		concurrency: cfg.IsConcurrency(), adaptive: cfg.IsAdaptive(), ban: cfg.Ban, banMax: cfg.BanMax, delay: cfg.Delay, queue: cfg.Queue}
+	if cfg.IsQuota() {
+		id.period, id.timeZone = cfg.Period, cfg.Location.String()
+	}
+	return id
+}
+
+// pooled is the key of the definition's state in states. A concurrency
+// zone's state is pooled by its name alone: its counts of requests in flight
+// mean the same whatever the zone's concurrency or max_keys, and requests
+// still running when a reload changes them must go on being counted (a
+// fresh table would let more in flight than the limit). The zone's current
+// concurrency is checked against them, and its max_keys bounds the keys it
+// adds (zones.New).
+func (id StateID) pooled() StateID {
+	if id.concurrency {
+		return StateID{name: id.name, concurrency: true, adaptive: id.adaptive}
+	}
+	return id
+}
+
+// limit describes the definition's limit for people.
+func (id StateID) limit() string {
+	if id.period != 0 {
+		loc, _ := time.LoadLocation(id.timeZone)
+		return "a quota of " + QuotaText(id.burst, id.period, loc)
+	}
+	s := fmt.Sprintf("%d per %v", id.events, time.Duration(id.window))
+	switch {
+	case id.banMax > id.ban:
+		s += fmt.Sprintf(" with ban %v %v", id.ban, id.banMax)
+	case id.ban > 0:
+		s += fmt.Sprintf(" with ban %v", id.ban)
+	}
+	if id.delay > 0 {
+		s += fmt.Sprintf(" with delay %v", id.delay)
+		if id.queue > 0 {
+			s += fmt.Sprintf(" queue %d", id.queue)
+		}
+	}
+	return s
+}
+
+// QuotaText describes a quota for people: "100000 per month in
+// Europe/Paris".
+func QuotaText(n int64, p algorithms.Period, loc *time.Location) string {
+	s := fmt.Sprintf("%d per %v", n, p)
+	if loc != nil && loc != time.UTC {
+		s += " in " + loc.String()
+	}
+	return s
+}
+
+// DefaultSweepInterval is how often a zone's expired keys are swept unless
+// its handler says otherwise (connection zones always).
+const DefaultSweepInterval = time.Minute
+
+// LoadState returns the state of cfg's definition (vars as NewStateID),
+// the key to give back to ReleaseState, and whether it was created for this
+// call (nothing held it: nothing live to merge a snapshot with).
+func LoadState(cfg zones.Config, vars any, sweep time.Duration) (*zones.State, StateID, bool, error) {
+	id := NewStateID(cfg, vars).pooled()
+	v, loaded, err := states.LoadOrNew(id, func() (caddy.Destructor, error) {
+		return zones.NewState(cfg, sweep), nil
+	})
+	if err != nil {
+		return nil, id, false, err
+	}
+	return v.(*zones.State), id, !loaded, nil
+}
+
+// ReleaseState gives back one reference LoadState took; the last one frees
+// the state.
+func ReleaseState(id StateID) { _, _ = states.Delete(id) }
+
+// LogAfresh logs, when LoadState has just created id's state, another
+// definition of its zone name whose state a loaded config still holds: the
+// definition a reload replaces, whose state does not carry over.
+func LogAfresh(logger *zap.Logger, id StateID) {
+	states.Range(func(k, _ any) bool {
+		o, ok := k.(StateID)
+		if ok && o.name == id.name && o != id && !o.concurrency {
+			logger.Info("zone starts afresh: a reload changed its limits, so every key has its full limit again",
+				zap.String("zone", id.name), zap.String("changed", id.changesFrom(o)))
+			return false
+		}
+		return true
+	})
+}
+
+// changesFrom says, for people, what differs between old and id: why a
+// reload starts the zone afresh (e.g. "events 3 → 5, burst 3 → 5").
+func (id StateID) changesFrom(old StateID) string {
+	var out []string
+	add := func(what string, from, to any) {
+		if from != to {
+			out = append(out, fmt.Sprintf("%s %v → %v", what, from, to))
+		}
+	}
+	add("events", old.events, id.events)
+	add("window", time.Duration(old.window), time.Duration(id.window))
+	add("burst", old.burst, id.burst)
+	add("max_keys", old.maxKeys, id.maxKeys)
+	add("period", old.period, id.period)
+	add("time zone", old.timeZone, id.timeZone)
+	add("ban", old.ban, id.ban)
+	add("ban's longest", old.banMax, id.banMax)
+	add("delay", old.delay, id.delay)
+	add("queue", old.queue, id.queue)
+	if old.vars != id.vars {
+		out = append(out, "the placeholders of its limits or their bounds")
+	}
+	if len(out) == 0 {
+		return "its definition"
+	}
+	return strings.Join(out, ", ")
+}
