@@ -14,6 +14,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/caddy-tally/ratelimit/zones"
 )
 
 // newWrapper provisions a listener wrapper from its Caddyfile block, outside
@@ -347,7 +349,7 @@ func TestAcceptNeverWaitsForAConnectionsAddress(t *testing.T) {
 	if k := w.zones[0].Config.Key("203.0.113.9"); k != "203.0.113.9" {
 		t.Fatalf("key %q", k)
 	}
-	tk := verdict{Zone: w.zones[0].Zone, Key: "203.0.113.9", Plan: w.zones[0].Plan()}
+	tk := zones.Ticket[*connZone]{Zone: w.zones[0].Zone, Key: "203.0.113.9", Plan: w.zones[0].Plan()}
 	if s, err := tk.Read(background, 0); err != nil || !s.Tracked {
 		t.Fatalf("the source has no state: %+v, %v", s, err)
 	}
