@@ -2,7 +2,6 @@ package ratelimit
 
 import (
 	"bytes"
-	"cmp"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -399,11 +398,17 @@ func cliKey(c *cli, zone, key string) error {
 		if zerr != nil {
 			return zerr
 		}
-		full := cmp.Or(z.Concurrency, z.Burst)
-		if c.json {
-			return c.printJSONValue(keyInfo{Zone: zone, keyName: newKeyName(key), Remaining: full, Concurrency: z.Concurrency})
+		if z.Concurrency > 0 {
+			if c.json {
+				return c.printJSONValue(keyInfo{Zone: zone, keyName: newKeyName(key), Concurrency: z.Concurrency, Remaining: z.Concurrency})
+			}
+			_, err := fmt.Fprintf(c.out, "zone %s, key %s: not limited, 0 of %d slots in use\n", printable(zone), quoteKey(key), z.Concurrency)
+			return err
 		}
-		_, err := fmt.Fprintf(c.out, "zone %s, key %s: not tracked (no state: its next request has the full limit, %d)\n", printable(zone), quoteKey(key), full)
+		if c.json {
+			return c.printJSONValue(keyInfo{Zone: zone, keyName: newKeyName(key), Remaining: z.Burst})
+		}
+		_, err := fmt.Fprintf(c.out, "zone %s, key %s: not tracked (no state: its next request has the full limit, %d)\n", printable(zone), quoteKey(key), z.Burst)
 		return err
 	}
 	if printed || err != nil {

@@ -62,14 +62,13 @@ func (t *Ticket[O]) Read(ctx context.Context, now int64) (KeyState, error) {
 	return s, err
 }
 
-// readQuota is Read in a quota zone: a cached denial, else the period's
-// count, here or in the store.
+// readQuota is Read in a quota zone: the period's count, here or in the
+// store; a cached denial would not say how far past the quota a charge
+// took the key.
 func (z *Zone) readQuota(ctx context.Context, key string, now int64, p *Plan, s *KeyState) error {
 	pn := z.state.quota.clock.at(now)
 	s.PeriodStart, s.PeriodEnd, s.Source = pn.start, pn.end, SourceLocal
-	if d, ok := z.CachedDenial(key, now, p); ok {
-		s.Decision, s.Used = d, p.Events
-	} else if z.store == nil {
+	if z.store == nil {
 		s.Used = z.state.quota.used.quotaUsed(key, pn.gen)
 	} else {
 		r, err := z.store.Quota(ctx, z.Name, key, QuotaStep{Op: OpPeek, Limit: QuotaLimit{Limit: p.Events, Periods: &pn.periods}})
