@@ -186,6 +186,7 @@ func TestBoundedMemory(t *testing.T) {
 
 func TestParsePaths(t *testing.T) {
 	for _, bad := range [][]string{nil, {""}, {"usage..total"}, {".usage"}, {"a b"}, {`a"b`}, {strings.Repeat("k", maxSegment+1)},
+		{"choices[0].usage.total_tokens"}, {"usage.*"}, {"$.usage.total_tokens"}, {"{http.vars.tokens}"},
 		{"a", "b", "c", "d", "e", "f", "g", "h", "i"}} {
 		if _, err := ParsePaths(bad); err == nil {
 			t.Errorf("ParsePaths(%q) accepted", bad)
