@@ -52,20 +52,24 @@ func (rw *response) startScans() {
 }
 
 // bodyTotal is what the response charges ticket i, v: the sum of its
-// zone's paths, or, when the body did not carry them, the ticket's cost
+// zone's paths, or, when the body did not carry them (or the upstream
+// failed, or the client left before the body's end), the ticket's cost
 // (the estimate taken before, or the zone's literal cost), counted and
 // logged (sampled) by reason.
 func (rw *response) bodyTotal(r *http.Request, i int, v *verdict, status int, err error, now int64) int64 {
 	rw.startScans()
 	n, why := rw.scans[i].Total()
-	if why == usage.OK {
-		return n
-	}
 	reason := why.String()
 	switch {
+	case why == usage.OK && err == nil && status < 500:
+		return n
 	case rw.failed || r.Context().Err() != nil:
 		reason = reasonClientGone
 	case err != nil || status >= 500:
+		// An upstream that failed may have cut the body short: a total
+		// read from it may be a stream's placeholder (Anthropic's
+		// message_start carries output_tokens 1), so a 5xx never charges
+		// from its body.
 		reason = reasonUpstreamError
 	}
 	z := v.Owner

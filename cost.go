@@ -128,7 +128,7 @@ func countCost(verdicts []verdict) {
 // match costs an estimating zone 0, its estimate back, and is not counted
 // in another), its charge placeholder or its body, by default the ticket's
 // cost (the estimate taken before, or the zone's literal cost); at most
-// zones.MaxCharge bursts. false: the response is not counted.
+// one burst. false: the response is not counted.
 func (h *Handler) responseCost(rw *response, r *http.Request, repl *caddy.Replacer, i int, v *verdict, status int, err error, now int64) (int64, bool) {
 	c, cost := &v.Owner.costs, v.Cost
 	switch {
@@ -142,7 +142,14 @@ func (h *Handler) responseCost(rw *response, r *http.Request, repl *caddy.Replac
 	case c.body != nil:
 		cost = rw.bodyTotal(r, i, v, status, err, now)
 	}
-	return min(cost, zones.MaxCharge*v.Plan.Burst), true
+	if cost > v.Plan.Burst {
+		// One response charges at most one burst: a usage value that is
+		// wrong (or hostile) denies the key for one window, not for
+		// months.
+		v.Owner.costClamped(now, cost, v.Plan.Burst, "burst")
+		cost = v.Plan.Burst
+	}
+	return cost, true
 }
 
 // chargeFailed counts and logs (sampled) a charge after the response that

@@ -26,7 +26,8 @@ import (
 
 // response is the writer next writes through when a ticket finishes with
 // the response: the status, when the headers came, and the body's usage
-// for the zones that charge from it.
+// for the zones that charge from it (read on for a while after its client
+// left, drain below).
 type response struct {
 	caddyhttp.ResponseWriterWrapper
 	status   int   // the status written, the last 1xx until a final one
@@ -37,6 +38,13 @@ type response struct {
 	err      error
 	scanning bool // the scanners saw the response's headers
 	failed   bool // a write to the client failed: it left
+	// A body-charged response is read on after its client left (drain):
+	// client is the request's own context, drained the bytes read since,
+	// and cancel ends next's context, which the client's leaving does not.
+	client  context.Context
+	drained int
+	cancel  context.CancelFunc
+	unwatch func() bool
 	// paths and scans are by ticket, paths nil for a zone that does not
 	// charge from the body. The response keeps no reference to the
 	// request's tickets, which would move them from the stack to the heap
@@ -50,14 +58,15 @@ type response struct {
 var responses = sync.Pool{New: func() any { return new(response) }}
 
 // responseFor is the response a request with these tickets is served
-// through, nil when none finishes with the response.
-func (h *Handler) responseFor(w http.ResponseWriter, verdicts []verdict) *response {
+// through, nil when none finishes with the response, and the request next
+// is given.
+func (h *Handler) responseFor(w http.ResponseWriter, r *http.Request, verdicts []verdict) (*response, *http.Request) {
 	after := false
 	for i := range verdicts {
 		after = after || verdicts[i].Holds() || verdicts[i].Owner.costs.postCharged()
 	}
 	if !after {
-		return nil
+		return nil, r
 	}
 	rw := responses.Get().(*response)
 	paths, scans := rw.paths[:0], rw.scans[:0]
@@ -69,8 +78,27 @@ func (h *Handler) responseFor(w http.ResponseWriter, verdicts []verdict) *respon
 	}
 	*rw = response{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
 		start: monotime.Now(), paths: paths, scans: scans}
-	return rw
+	if h.bodyCharged {
+		// The usage comes at the body's end: a client that leaves before
+		// it must not end the upstream's response, or it would pay only
+		// the estimate. next's context outlives the client's by at most
+		// drainFor; Write reads on at most drainBytes.
+		ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
+		rw.client, rw.cancel = r.Context(), cancel
+		rw.unwatch = context.AfterFunc(r.Context(), func() { time.AfterFunc(drainFor, cancel) })
+		r = r.WithContext(ctx)
+	}
+	return rw, r
 }
+
+// How far a body-charged response is read after its client left, so that
+// the usage at its end is charged: up to drainBytes more of the body, for
+// up to drainFor. Past either, the upstream's response is ended and the
+// estimate (or the zone's cost) stays charged (client_gone).
+const (
+	drainBytes = 4 << 20
+	drainFor   = 10 * time.Second
+)
 
 // finish ends each ticket of a request once next returned or panicked
 // (reverse_proxy panics with http.ErrAbortHandler when the upstream or the
@@ -127,6 +155,10 @@ func (h *Handler) finish(rw *response, r *http.Request, repl *caddy.Replacer, ve
 	if cancel != nil {
 		cancel()
 	}
+	if rw.cancel != nil {
+		rw.unwatch()
+		rw.cancel()
+	}
 	// Back to the pool only when nothing can hold it any more: a handler
 	// that kept the writer (a hijacked connection's) would then write to
 	// the next request's.
@@ -157,12 +189,27 @@ func (rw *response) Write(b []byte) (int, error) {
 	for i := range rw.scans {
 		rw.scans[i].Write(b)
 	}
+	if rw.cancel != nil && (rw.failed || rw.client.Err() != nil) {
+		// The client left: the bytes are only scanned, within bounds.
+		rw.failed = true
+		if rw.drained += len(b); rw.drained > drainBytes {
+			rw.cancel()
+			return 0, errDrained
+		}
+		return len(b), nil
+	}
 	n, err := rw.ResponseWriter.Write(b)
 	if err != nil {
 		rw.failed = true
+		if rw.cancel != nil {
+			return len(b), nil
+		}
 	}
 	return n, err
 }
+
+// errDrained ends a body read past drainBytes after its client left.
+var errDrained = errors.New("rate_limit: client gone, the response's body read on as far as it is bounded")
 
 // ReadFrom copies through Write, so that the scanners see the bytes.
 func (rw *response) ReadFrom(r io.Reader) (int64, error) {

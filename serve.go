@@ -90,12 +90,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // it returns, which reverse_proxy does when the connection ends.
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, verdicts []verdict) error {
 	out := w
-	rw := h.responseFor(w, verdicts)
+	rw, nr := h.responseFor(w, r, verdicts)
 	if rw != nil {
 		out = rw
 		defer h.finish(rw, r, repl, verdicts)
 	}
-	err := next.ServeHTTP(out, r)
+	err := next.ServeHTTP(out, nr)
 	if rw != nil {
 		rw.returned, rw.err = true, err
 	}

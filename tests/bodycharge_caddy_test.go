@@ -6,6 +6,7 @@ package tests
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -28,9 +29,11 @@ import (
 //   - /stream/no-usage: the same without the usage event;
 //   - /stream/anthropic: Anthropic's Messages events, input tokens in
 //     message_start, cumulative output tokens in three message_delta;
+//   - /stream/late: one event, then the usage 300 ms later;
 //   - /stream/held: one event, then nothing until the request ends;
 //   - /stream/flood?mb=N: N MiB of events (1 KiB each), then usage;
-//   - /broken: a JSON body cut short.
+//   - /broken: a JSON body cut short;
+//   - /fail: a 500 whose JSON body carries usage.
 type llmUpstream struct {
 	Addr string
 	hits atomic.Int64
@@ -52,6 +55,10 @@ func startLLMUpstream(t *testing.T) *llmUpstream {
 		usage := fmt.Sprintf(`{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}`, tokens/3, tokens-tokens/3, tokens)
 		flush := func() { _ = http.NewResponseController(w).Flush() }
 		switch {
+		case r.URL.Path == "/fail":
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusInternalServerError)
+			fmt.Fprintf(w, `{"error":"overloaded","usage":%s}`, usage)
 		case r.URL.Path == "/broken":
 			w.Header().Set("Content-Type", "application/json")
 			fmt.Fprintf(w, `{"id":"c","usage":%s`, usage)
@@ -70,6 +77,12 @@ func startLLMUpstream(t *testing.T) *llmUpstream {
 				}
 				fmt.Fprint(w, "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n")
 				return
+			case "/stream/late":
+				// The SDK's way out: the client stops reading after the
+				// last content event; the usage comes 300 ms behind.
+				fmt.Fprint(w, chunk)
+				flush()
+				time.Sleep(300 * time.Millisecond) // the model's pace, not synchronisation
 			case "/stream/held":
 				fmt.Fprint(w, chunk)
 				flush()
@@ -301,6 +314,17 @@ func TestBodyChargeFallsBackWhenUsageNeverComes(t *testing.T) {
 	if v := fallbacks("upstream_error"); v != 1 {
 		t.Errorf("charge_fallbacks_total{reason=upstream_error} = %v, want 1", v)
 	}
+	// A 5xx falls back whatever its body carries.
+	if res := c.Do(estimateRequest("Bearer failing", "/fail", 40, 300)); res.Status != 500 {
+		t.Errorf("a 500 with usage: %d, want the upstream's 500", res.Status)
+	}
+	if v := fallbacks("upstream_error"); v != 2 {
+		t.Errorf("charge_fallbacks_total{reason=upstream_error} = %v after a 500 with usage, want 2", v)
+	}
+	c.adminJSON(keyPath("tokens", "Bearer failing"), &k)
+	if k.Remaining != 960 {
+		t.Errorf("after a 500 with usage 300: remaining %d, want 960 (the estimate of 40 stays charged)", k.Remaining)
+	}
 
 	// A client that leaves mid-stream.
 	goroutines := caddyGoroutines(t, c)
@@ -315,15 +339,54 @@ func TestBodyChargeFallsBackWhenUsageNeverComes(t *testing.T) {
 		t.Fatalf("the first event did not reach the client: %q, %v", line, err)
 	}
 	resp.Body.Close() // the client leaves
-	waitFor(t, 10*time.Second, "the upstream to see the request end", func() bool { return u.ended.Load() == 1 })
+	// The body is read on for a while in case the usage comes (below).
+	waitFor(t, 20*time.Second, "the upstream to see the request end", func() bool { return u.ended.Load() == 1 })
 	waitFor(t, 10*time.Second, "the abandoned stream to be counted", func() bool { return fallbacks("client_gone") == 1 })
 	c.adminJSON(keyPath("tokens", "Bearer leaver"), &k)
-	if k.Remaining != 880 {
-		t.Errorf("after leaving mid-stream: remaining %d, want 880 (the estimate of 120 stays charged)", k.Remaining)
+	// The key regains a token every 3.6 s; the body was read on for
+	// 10 s after the client left.
+	if k.Remaining < 880 || k.Remaining > 885 {
+		t.Errorf("after leaving mid-stream: remaining %d, want 880 to 885 (the estimate of 120 stays charged)", k.Remaining)
 	}
 	waitFor(t, 10*time.Second, fmt.Sprintf("Caddy's goroutines to come back to %d", goroutines), func() bool {
 		return caddyGoroutines(t, c) <= goroutines
 	})
+}
+
+// A client that stops reading before the usage event (as the SDKs do after
+// the last content event) is charged the usage all the same: the upstream's
+// body is read on after it left, and the usage at its end settles the
+// estimate, however low the estimate the client asked for.
+func TestBodyChargeReadsOnAfterTheClientLeaves(t *testing.T) {
+	t.Parallel()
+	u := startLLMUpstream(t)
+	c := startCaddyWith(t, "metrics", `http:// {
+	rate_limit {`+estimateZone+`
+	}
+	reverse_proxy `+u.Addr+`
+}
+`)
+	req, _ := http.NewRequest(http.MethodGet, c.URL+"/stream/late", nil)
+	req.Header.Set("Authorization", "Bearer leaver")
+	req.Header.Set("X-Max-Tokens", "1")
+	req.Header.Set("X-Tokens", "42")
+	resp, err := c.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if line, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil || !strings.HasPrefix(line, "data: ") {
+		t.Fatalf("the content event did not reach the client: %q, %v", line, err)
+	}
+	resp.Body.Close() // the client leaves before the usage
+	waitFor(t, 10*time.Second, "the usage of 42 to be charged after the client left (remaining 958)", func() bool {
+		// Not tracked: the estimate of 1 alone was charged, and refilled.
+		var k adminKey
+		code, body := c.adminDo(http.MethodGet, keyPath("tokens", "Bearer leaver"))
+		return code == http.StatusOK && json.Unmarshal([]byte(body), &k) == nil && k.Remaining == 1000-42
+	})
+	if v, _ := metricValue(c.scrape(), "caddy_rate_limit_charge_fallbacks_total", map[string]string{"zone": "tokens", "reason": "client_gone"}); v != 0 {
+		t.Errorf("charge_fallbacks_total{reason=client_gone} = %v, want 0: the usage came", v)
+	}
 }
 
 var goroutineCount = regexp.MustCompile(`goroutine profile: total (\d+)`)

@@ -145,3 +145,50 @@ func TestOwedChargesOfOtherKeysArePaidAfterOneKeysRefund(t *testing.T) {
 		t.Fatalf("alice in the store after the reconciliation: %+v, want 7 remaining", r)
 	}
 }
+
+// A post-charge whose retries ran out during an outage is owed, not lost:
+// when the store answers again, it is sent.
+func TestPostChargeThatOutlivedItsRetriesIsSentWhenTheStoreIsBack(t *testing.T) {
+	c := Config{Name: "z", Events: 10, Window: time.Hour, FailPolicy: FailLocal}
+	st := &outageStore{table: NewTable(100)}
+	z := mustNew(c, newTestState(t, c), st)
+	failed := make(chan error, 1)
+	z.OnChargeFailed = func(err error) { failed <- err }
+	p := z.Plan()
+	z.Charge(context.Background(), "alice", monotime.Now(), &p, 3)
+	select {
+	case <-failed: // its retries ran out
+	case <-time.After(ChargeRetryFor + 5*time.Second):
+		t.Fatal("the charge was not reported failed after its retries")
+	}
+	st.up.Store(true)
+	// The chargers run on, so hearFromStore's wait for them would not
+	// end: poll for the charge instead.
+	if d := z.Decide(context.Background(), "bob", monotime.Now()); d.Source != SourceStore {
+		t.Fatalf("bob with the store up: %+v, want the store's decision", d)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for len(st.sent()) == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond) // polling what the store received
+	}
+	if sent := st.sent(); len(sent) != 1 || sent[0] != (owedSent{"alice", 3}) {
+		t.Fatalf("charges sent once the store was back: %v, want alice's 3", sent)
+	}
+}
+
+// What a key owes is capped at two bursts however often it is added to:
+// a debt of 3 bursts noted twice is sent as 2 bursts.
+func TestOwedChargeIsCappedAtTwoBursts(t *testing.T) {
+	c := Config{Name: "z", Events: 10, Window: time.Hour, FailPolicy: FailLocal}
+	st := &outageStore{table: NewTable(100)}
+	z := mustNew(c, newTestState(t, c), st)
+	p := z.Plan()
+	for range 2 {
+		z.owe("alice", &p, 3*p.Burst)
+	}
+	st.up.Store(true)
+	hearFromStore(t, z, "bob")
+	if sent := st.sent(); len(sent) != 1 || sent[0] != (owedSent{"alice", MaxCharge * p.Burst}) {
+		t.Fatalf("owed charges sent: %v, want alice's %d (two bursts)", sent, MaxCharge*p.Burst)
+	}
+}

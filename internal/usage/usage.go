@@ -67,6 +67,10 @@ func ParsePaths(paths []string) (Paths, error) {
 				return Paths{}, fmt.Errorf("path %q has a key longer than %d bytes", path, maxSegment)
 			case strings.ContainsAny(s, "\"\\ \t\r\n"):
 				return Paths{}, fmt.Errorf("path %q: keys may not hold quotes, backslashes or spaces", path)
+			case s == "$" || strings.ContainsAny(s, "[]*{}"):
+				// Each would be read as a key no body has: the zone
+				// would charge its fallback on every response.
+				return Paths{}, fmt.Errorf("path %q can never match: only dot paths of object keys are read, from the root (no $), without array indexes, wildcards or placeholders: write e.g. usage.total_tokens", path)
 			}
 		}
 		if len(segs) > MaxDepth {

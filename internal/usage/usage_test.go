@@ -144,6 +144,7 @@ func TestEventStreams(t *testing.T) {
 		{"no space after data:", total, "data:{\"usage\":{\"total_tokens\":8}}\n\n", 8, OK},
 		{"the last event wins", total, "data: {\"usage\":{\"total_tokens\":8}}\n\ndata: {\"usage\":{\"total_tokens\":9}}\n\n", 9, OK},
 		{"data over two lines", total, "data: {\"usage\":\ndata: {\"total_tokens\":8}}\n\n", 8, OK},
+		{"data over two CRLF lines", total, "data: {\"usage\":\r\ndata: {\"total_tokens\":8}}\r\n\r\n", 8, OK},
 		{"undispatched last event", total, "data: {\"usage\":{\"total_tokens\":8}}\n", 0, NoUsage},
 		{"never sends usage", total, "data: {\"usage\":null}\n\ndata: [DONE]\n\n", 0, NoUsage},
 		{"broken usage event", total, "data: {\"usage\":{\"total_tokens\":8}\n\n", 0, Malformed},
@@ -186,6 +187,7 @@ func TestBoundedMemory(t *testing.T) {
 
 func TestParsePaths(t *testing.T) {
 	for _, bad := range [][]string{nil, {""}, {"usage..total"}, {".usage"}, {"a b"}, {`a"b`}, {strings.Repeat("k", maxSegment+1)},
+		{"choices[0].usage.total_tokens"}, {"usage.*"}, {"$.usage.total_tokens"}, {"{http.vars.tokens}"},
 		{"a", "b", "c", "d", "e", "f", "g", "h", "i"}} {
 		if _, err := ParsePaths(bad); err == nil {
 			t.Errorf("ParsePaths(%q) accepted", bad)
