@@ -120,6 +120,9 @@ func initCollectors() {
 		_, p90 := z.AdaptiveLimit()
 		return p90.Seconds(), z.IsAdaptive()
 	})
+	gauge("adaptive_unloaded_latency_seconds", "An adaptive zone's upstream latency that did not fall when in-flight fell, learned when it is above the latency target, which the controller then follows just above (0: none, the target holds), any key.", func(z *zones.Zone, _ int64) (float64, bool) {
+		return z.AdaptiveUnloaded().Seconds(), z.IsAdaptive()
+	})
 	gauge("connections_in_flight", "Connections holding a slot of a connection concurrency zone (listener wrapper rate_limit) in this instance.", func(z *zones.Zone, _ int64) (float64, bool) {
 		return float64(z.InFlight()), z.IsConcurrency() && isConnectionZone(z)
 	})
