@@ -35,8 +35,9 @@ package algorithms
 // over the target whose mean in-flight is at most half that of one of the
 // last AdaptiveHistory windows (a window a quarter or more over the
 // target), and whose p90 is at least nine tenths of that window's, sets U
-// to its p90; so does one over the target at min (in
-// flight cannot fall further). While U is learned the target is
+// to the lower of the two p90s (a window still draining a queue is not
+// the upstream's own); one over the target at min (in flight cannot fall
+// further) sets U to its p90. While U is learned the target is
 // max(target, U·9/8): queueing above the upstream's own latency is still
 // held to an eighth. U is forgotten (0) as soon as a window meets the
 // target or comes a tenth below U (the upstream got faster: what it takes
@@ -178,7 +179,7 @@ func (a *Adaptive) learn(l AdaptiveLimit, m float64, p int64) {
 	default:
 		for _, w := range a.history {
 			if w.inFlight >= 2*m && w.p90 >= 1.25*float64(l.Target) && fp >= 0.9*w.p90 {
-				a.unloaded = p
+				a.unloaded = min(p, int64(w.p90))
 				break
 			}
 		}

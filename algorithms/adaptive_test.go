@@ -300,6 +300,7 @@ func TestAdaptiveLearnsUnloadedLatency(t *testing.T) {
 		want     int64
 	}{
 		{"in-flight halved, latency kept: learned", 8, []window{{20, 190 * ms}}, 0, 10, 180 * ms, 180 * ms},
+		{"in-flight halved, latency rose: the lower learned", 8, []window{{20, 190 * ms}}, 0, 10, 250 * ms, 190 * ms},
 		{"from a window near the target: nothing learned", 8, []window{{20, 120 * ms}}, 0, 10, 120 * ms, 0},
 		{"in-flight halved, latency fell by more than a tenth: queueing", 8, []window{{20, 250 * ms}}, 0, 10, 180 * ms, 0},
 		{"in-flight not halved: nothing learned", 8, []window{{19, 180 * ms}}, 0, 10, 180 * ms, 0},

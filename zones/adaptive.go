@@ -304,10 +304,10 @@ func (z *Zone) ReleaseAfter(s Slot, now int64, latency time.Duration, failed boo
 	inFlight := k.classes.InFlight(-1)
 	k.classes.Done(s.class, now)
 	k.used = max(k.used, now)
-	var unloaded int64 = -1
+	var unloaded, p90 int64
 	if latency >= 0 && k.ctl.Observe(z.Adaptive, now, int64(latency), inFlight, failed) {
-		st.p90.Store(k.ctl.LastP90())
-		unloaded = k.ctl.Unloaded()
+		p90, unloaded = k.ctl.LastP90(), k.ctl.Unloaded()
+		st.p90.Store(p90)
 		st.unloaded.Store(unloaded)
 	}
 	if k.queueSince != 0 {
@@ -316,7 +316,7 @@ func (z *Zone) ReleaseAfter(s Slot, now int64, latency time.Duration, failed boo
 	k.mu.Unlock()
 	st.inFlight.Add(-1)
 	switch {
-	case unloaded == 0:
+	case p90 > 0 && p90 <= z.Adaptive.Target:
 		st.warned.Store(false)
 	case unloaded > 0 && !st.warned.Swap(true):
 		if f := st.onSlow.Load(); f != nil {
@@ -327,8 +327,8 @@ func (z *Zone) ReleaseAfter(s Slot, now int64, latency time.Duration, failed boo
 
 // OnSlowUpstream makes f called once, with the upstream's unloaded
 // latency, when an adaptive zone's controller learns that its target is
-// below it (and again after the target was met since); the latest f set
-// is called.
+// below it, and again only after a window met the target since; the
+// latest f set is called.
 func (z *Zone) OnSlowUpstream(f func(unloaded time.Duration)) {
 	if s := z.state.adaptive; s != nil {
 		s.onSlow.Store(&f)
