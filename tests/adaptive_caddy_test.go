@@ -316,7 +316,8 @@ func TestAdaptiveZoneFollowsTheUpstreamWithPriorities(t *testing.T) {
 	end = sleepPhase(15 * time.Second)
 	s := gen.stats(start, end)
 	peak, over := inFlight.maxIn(start, end, 1.25*capacity)
-	t.Logf("3× capacity, 5s to 20s: %v; upstream in flight at most %d, %.1f%% of samples over 1.25·C; limit %.0f", s, peak, 100*over, adaptiveLimitOf(c))
+	unloaded, _ := metricValue(c.scrape(), "caddy_rate_limit_adaptive_unloaded_latency_seconds", map[string]string{"zone": "backend"})
+	t.Logf("3× capacity, 5s to 20s: %v; upstream in flight at most %d, %.1f%% of samples over 1.25·C; limit %.0f, unloaded latency %.3fs", s, peak, 100*over, adaptiveLimitOf(c), unloaded)
 	if served := float64(s.Served[0]) / float64(max(1, s.Sent[0])); served < 0.99 {
 		t.Errorf("signed_in served %.3f of its requests under overload, want ≥ 0.99", served)
 	}
