@@ -99,7 +99,7 @@ func TestAdaptiveFailuresNeverRaiseTheLimit(t *testing.T) {
 			a := Adaptive{limit: 20, settled: tc.settled}
 			a.Want(20)
 			for i := range 10 {
-				a.Observe(target100, AdaptiveMinWindow, 1*ms, i >= 10-tc.failures)
+				a.Observe(target100, AdaptiveMinWindow, 1*ms, 20, i >= 10-tc.failures)
 			}
 			if a.limit != tc.want || a.LastP90() != tc.wantP90 {
 				t.Errorf("limit 20 after %d failures in 10: %v, p90 %d; want %v, p90 %d", tc.failures, a.limit, a.LastP90(), tc.want, tc.wantP90)
@@ -129,7 +129,7 @@ func TestAdaptiveWindowCloses(t *testing.T) {
 				if i == tc.samples-1 {
 					now += tc.at
 				}
-				closed = a.Observe(AdaptiveLimit{Target: 50 * ms, Min: 4, Max: 100}, now, 10*ms, false)
+				closed = a.Observe(AdaptiveLimit{Target: 50 * ms, Min: 4, Max: 100}, now, 10*ms, 1, false)
 			}
 			if closed != tc.closes {
 				t.Errorf("window closed: %v, want %v", closed, tc.closes)
@@ -153,7 +153,7 @@ func TestAdaptiveSettlesAtTargetUnderOverload(t *testing.T) {
 		if lim > c {
 			lat = s * lim / c
 		}
-		for !a.Observe(l, now, lat, false) {
+		for !a.Observe(l, now, lat, lim, false) {
 			a.Want(lim + 1)
 			now += 10 * ms
 		}
@@ -236,5 +236,91 @@ func TestClassDemandIsTimeAverage(t *testing.T) {
 	}
 	if c.InFlight(0) != 0 || c.InFlight(-1) != 0 {
 		t.Fatalf("in flight %d, want 0", c.InFlight(-1))
+	}
+}
+
+// overloadWindows runs windows in front of an upstream of c places serving
+// each request in s, the limit always full: latency s·L/c once L > c. It
+// returns the limits of the last half of the windows.
+func overloadWindows(a *Adaptive, l AdaptiveLimit, now *int64, windows int, c, s int64) []int64 {
+	var seen []int64
+	for w := range windows {
+		lim := a.Limit()
+		lat := s * max(lim, c) / c
+		for !a.Observe(l, *now, lat, lim, false) {
+			a.Want(lim + 1)
+			*now += 10 * ms
+		}
+		if w >= windows/2 {
+			seen = append(seen, a.Limit())
+		}
+	}
+	return seen
+}
+
+// A service time that doubles past the target with no queueing: the
+// latency does not fall as in-flight falls, so the controller learns it as
+// the upstream's own and keeps the upstream's places in use; a queue (a
+// halved C) is still held at the target; a faster upstream again brings
+// the target back.
+func TestAdaptiveTellsQueueingFromServiceTime(t *testing.T) {
+	const c = 10
+	l := target100
+	a := NewAdaptive(l, 0)
+	now := int64(0)
+	within := func(phase string, seen []int64, lo, hi float64, unloaded int64) {
+		t.Helper()
+		for _, lim := range seen {
+			if float64(lim) < lo || float64(lim) > hi {
+				t.Fatalf("%s: limit settled at %v, want within [%v, %v]", phase, seen, lo, hi)
+			}
+		}
+		if a.Unloaded() != unloaded {
+			t.Fatalf("%s: unloaded latency %d, want %d", phase, a.Unloaded(), unloaded)
+		}
+	}
+	within("S = 90ms", overloadWindows(&a, l, &now, 100, c, 90*ms), c, 1.2*c, 0)
+	within("S = 180ms", overloadWindows(&a, l, &now, 100, c, 180*ms), c, 1.2*c, 180*ms)
+	within("S = 90ms again", overloadWindows(&a, l, &now, 100, c, 90*ms), c, 1.2*c, 0)
+	within("C halved", overloadWindows(&a, l, &now, 100, c/2, 90*ms), c/2, 1.4*c/2, 0) // 7 of 5 places: a whole place is 20%
+}
+
+func TestAdaptiveLearnsUnloadedLatency(t *testing.T) {
+	type window struct {
+		inFlight float64
+		p90      int64
+	}
+	tests := []struct {
+		name     string
+		limit    float64
+		history  []window
+		unloaded int64
+		m        float64
+		p        int64
+		want     int64
+	}{
+		{"in-flight halved, latency kept: learned", 8, []window{{20, 190 * ms}}, 0, 10, 180 * ms, 180 * ms},
+		{"in-flight halved, latency rose: the lower learned", 8, []window{{20, 190 * ms}}, 0, 10, 250 * ms, 190 * ms},
+		{"from a window near the target: nothing learned", 8, []window{{20, 120 * ms}}, 0, 10, 120 * ms, 0},
+		{"in-flight halved, latency fell by more than a tenth: queueing", 8, []window{{20, 250 * ms}}, 0, 10, 180 * ms, 0},
+		{"in-flight not halved: nothing learned", 8, []window{{19, 180 * ms}}, 0, 10, 180 * ms, 0},
+		{"within the target: forgotten", 8, []window{{20, 90 * ms}}, 180 * ms, 10, 90 * ms, 0},
+		{"at min: in-flight cannot fall further", 4, nil, 0, 4, 180 * ms, 180 * ms},
+		{"a tenth faster: forgotten", 12, nil, 200 * ms, 12, 180 * ms, 0},
+		{"slower but not halved: kept", 12, nil, 180 * ms, 12, 210 * ms, 180 * ms},
+		{"a failure teaches nothing", 4, nil, 180 * ms, 4, failedSample, 180 * ms},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			a := Adaptive{limit: tc.limit, unloaded: tc.unloaded}
+			for _, w := range tc.history {
+				a.history[a.closed] = struct{ inFlight, p90 float64 }{w.inFlight, float64(w.p90)}
+				a.closed++
+			}
+			a.learn(target100, tc.m, tc.p)
+			if a.Unloaded() != tc.want {
+				t.Errorf("unloaded %d, want %d", a.Unloaded(), tc.want)
+			}
+		})
 	}
 }

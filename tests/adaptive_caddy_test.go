@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -315,7 +316,8 @@ func TestAdaptiveZoneFollowsTheUpstreamWithPriorities(t *testing.T) {
 	end = sleepPhase(15 * time.Second)
 	s := gen.stats(start, end)
 	peak, over := inFlight.maxIn(start, end, 1.25*capacity)
-	t.Logf("3× capacity, 5s to 20s: %v; upstream in flight at most %d, %.1f%% of samples over 1.25·C; limit %.0f", s, peak, 100*over, adaptiveLimitOf(c))
+	unloaded, _ := metricValue(c.scrape(), "caddy_rate_limit_adaptive_unloaded_latency_seconds", map[string]string{"zone": "backend"})
+	t.Logf("3× capacity, 5s to 20s: %v; upstream in flight at most %d, %.1f%% of samples over 1.25·C; limit %.0f, unloaded latency %.3fs", s, peak, 100*over, adaptiveLimitOf(c), unloaded)
 	if served := float64(s.Served[0]) / float64(max(1, s.Sent[0])); served < 0.99 {
 		t.Errorf("signed_in served %.3f of its requests under overload, want ≥ 0.99", served)
 	}
@@ -445,5 +447,46 @@ func TestAdaptiveZoneShedsWith503AndWaitersThatLeaveFreeTheirPlace(t *testing.T)
 	}
 	if p := u.peak.Load(); p > 2 {
 		t.Fatalf("upstream saw %d in flight, want at most the limit 2 (the gone waiter never sent)", p)
+	}
+}
+
+// A healthy upstream that gets slower with no queue of its own (its
+// service time doubles past the target, 90ms to 180ms) is not throttled to
+// min: the controller learns that the latency does not fall when in-flight
+// falls, keeps the upstream's places in use (goodput ≥ 80% of what it can
+// serve), says so once in a WARN and shows the latency in a metric.
+func TestAdaptiveZoneKeepsASlowerHealthyUpstreamBusy(t *testing.T) {
+	const (
+		capacity = 10
+		service  = 90 * time.Millisecond
+		slower   = 180 * time.Millisecond
+	)
+	rate := float64(capacity) / service.Seconds()
+	u := startModelUpstream(t, capacity, service)
+	c := startCaddy(t, adaptiveSite(u.Addr))
+	gen := startMixedLoad(t, c.URL+"/", rate)
+	gen.setRate(0.8 * rate) // under what the upstream serves at 90ms, over it at 180ms
+	sleepPhase(4 * time.Second)
+	const warning = "adaptive latency target is below the upstream's unloaded latency"
+	before := strings.Count(c.Output(), warning) // a loaded machine may put even 90ms past the target at min
+	u.SetService(slower)
+	unloaded := func() float64 {
+		v, _ := metricValue(c.scrape(), "caddy_rate_limit_adaptive_unloaded_latency_seconds", map[string]string{"zone": "backend"})
+		return v
+	}
+	waitFor(t, 15*time.Second, "the unloaded latency learned", func() bool { return unloaded() >= 0.9*slower.Seconds() })
+	// From min, the limit climbs a tenth per window of 10 samples.
+	start := sleepPhase(6 * time.Second)
+	end := sleepPhase(8 * time.Second)
+	s := gen.stats(start, end)
+	slowRate := float64(capacity) / slower.Seconds()
+	t.Logf("service 180ms: %v; limit %.0f, unloaded latency %.3fs", s, adaptiveLimitOf(c), unloaded())
+	if goodput := float64(s.Served[0]+s.Served[1]) / s.seconds; goodput < 0.8*slowRate {
+		t.Errorf("goodput %.0f/s in front of a healthy upstream at 180ms, want ≥ 80%% of its %.0f/s", goodput, slowRate)
+	}
+	gen.close()
+	// One per episode: again only after a window met the target.
+	if n := strings.Count(c.Output(), warning); n-before > 1 || n == 0 {
+		t.Errorf("%d WARNs that the target is below the upstream's unloaded latency (%d of them after the upstream slowed), want one", n, n-before)
 	}
 }

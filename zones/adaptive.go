@@ -71,6 +71,9 @@ type adaptiveState struct {
 	keys     map[string]*adaptiveKey
 	inFlight atomic.Int64 // the zone's requests in flight in this process
 	p90      atomic.Int64 // the latest closed window's p90 latency (ns), any key
+	unloaded atomic.Int64 // the latest closed window's unloaded latency (ns), any key
+	warned   atomic.Bool  // onSlow was called, and no window met the target since
+	onSlow   atomic.Pointer[func(time.Duration)]
 }
 
 // adaptiveKey is one key's limit and requests in flight, under its mutex:
@@ -296,17 +299,51 @@ func (z *Zone) ReleaseAfter(s Slot, now int64, latency time.Duration, failed boo
 		z.Release(s)
 		return
 	}
+	st := z.state.adaptive
 	k.mu.Lock()
+	inFlight := k.classes.InFlight(-1)
 	k.classes.Done(s.class, now)
 	k.used = max(k.used, now)
-	if latency >= 0 && k.ctl.Observe(z.Adaptive, now, int64(latency), failed) {
-		z.state.adaptive.p90.Store(k.ctl.LastP90())
+	var unloaded, p90 int64
+	if latency >= 0 && k.ctl.Observe(z.Adaptive, now, int64(latency), inFlight, failed) {
+		p90, unloaded = k.ctl.LastP90(), k.ctl.Unloaded()
+		st.p90.Store(p90)
+		st.unloaded.Store(unloaded)
 	}
 	if k.queueSince != 0 {
 		k.handOff(min(k.ctl.Limit(), z.Adaptive.Max), now)
 	}
 	k.mu.Unlock()
-	z.state.adaptive.inFlight.Add(-1)
+	st.inFlight.Add(-1)
+	switch {
+	case p90 > 0 && p90 <= z.Adaptive.Target:
+		st.warned.Store(false)
+	case unloaded > 0 && !st.warned.Swap(true):
+		if f := st.onSlow.Load(); f != nil {
+			(*f)(time.Duration(unloaded))
+		}
+	}
+}
+
+// OnSlowUpstream makes f called once, with the upstream's unloaded
+// latency, when an adaptive zone's controller learns that its target is
+// below it, and again only after a window met the target since; the
+// latest f set is called.
+func (z *Zone) OnSlowUpstream(f func(unloaded time.Duration)) {
+	if s := z.state.adaptive; s != nil {
+		s.onSlow.Store(&f)
+	}
+}
+
+// AdaptiveUnloaded is the upstream's unloaded latency the zone's
+// controller learned at its latest closed window when it is above the
+// target (the target followed is then just above it), any key; 0 when
+// none is.
+func (z *Zone) AdaptiveUnloaded() time.Duration {
+	if s := z.state.adaptive; s != nil {
+		return time.Duration(s.unloaded.Load())
+	}
+	return 0
 }
 
 // AdaptiveLimit is the sum of the zone's keys' current limits (one key, a

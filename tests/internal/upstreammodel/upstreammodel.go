@@ -1,7 +1,8 @@
 // Package upstreammodel is an upstream for load tests and benchmarks on
 // loopback: it serves at most C requests at once, each in service time S,
 // and queues the others, so that its latency grows with its queue; C may
-// change while it runs. Its capacity is C/S requests per second.
+// change while it runs, and so may S. Its capacity is C/S requests per
+// second.
 package upstreammodel
 
 import (
@@ -14,7 +15,7 @@ import (
 
 // Upstream is the model as an http.Handler.
 type Upstream struct {
-	service time.Duration
+	service atomic.Int64 // ns
 
 	mu       sync.Mutex
 	cond     *sync.Cond
@@ -25,7 +26,8 @@ type Upstream struct {
 
 // New returns a model serving capacity requests at once, each in service.
 func New(capacity int, service time.Duration) *Upstream {
-	u := &Upstream{service: service, capacity: capacity}
+	u := &Upstream{capacity: capacity}
+	u.service.Store(int64(service))
 	u.cond = sync.NewCond(&u.mu)
 	return u
 }
@@ -41,7 +43,7 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	}
 	u.running++
 	u.mu.Unlock()
-	time.Sleep(u.service) // the model's service time
+	time.Sleep(time.Duration(u.service.Load())) // the model's service time
 	u.mu.Lock()
 	u.running--
 	u.cond.Signal()
@@ -56,6 +58,9 @@ func (u *Upstream) SetCapacity(c int) {
 	u.cond.Broadcast()
 	u.mu.Unlock()
 }
+
+// SetService changes the time each request is served in.
+func (u *Upstream) SetService(d time.Duration) { u.service.Store(int64(d)) }
 
 // InFlight is the requests the model holds now, served and queued.
 func (u *Upstream) InFlight() int64 { return u.inFlight.Load() }
