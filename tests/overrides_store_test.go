@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/caddy-tally/ratelimit/distributed"
+	"github.com/caddy-tally/ratelimit/zones"
 )
 
 // A change of a zone's overrides on one store is heard at once by every
@@ -18,13 +19,14 @@ func TestOverridesMovedReachesEveryListener(t *testing.T) {
 	a := openStore(t, distributed.Options{Addresses: []string{rs.Addr}}, nil)
 	b := openStore(t, distributed.Options{Addresses: []string{rs.Addr}}, nil)
 	api, other := make(chan struct{}, 1), make(chan struct{}, 1)
-	defer b.OnOverridesMoved("api", api)()
-	defer b.OnOverridesMoved("other", other)()
+	ov := b.Offers().Overrides
+	defer ov.Moved("api", api)()
+	defer ov.Moved("other", other)()
 	ctx := context.Background()
 	// The subscription is up once a change is heard: retry the first.
 	deadline := time.Now().Add(10 * time.Second)
 	for heard := false; !heard; {
-		if _, err := a.PutOverride(ctx, "api", "vip", []byte(`{}`), time.Time{}); err != nil {
+		if _, err := a.Offers().Overrides.Put(ctx, "api", zones.StoredOverride{ID: "vip", Record: []byte(`{}`)}); err != nil {
 			t.Fatal(err)
 		}
 		select {
@@ -41,9 +43,9 @@ func TestOverridesMovedReachesEveryListener(t *testing.T) {
 		wg.Go(func() {
 			ch := make(chan struct{}, 1)
 			for j := range 20 {
-				remove := b.OnOverridesMoved(fmt.Sprint("z", i%4), ch)
+				remove := ov.Moved(fmt.Sprint("z", i%4), ch)
 				if j%2 == 0 {
-					_, _ = a.PutOverride(ctx, fmt.Sprint("z", i%4), fmt.Sprint("o", i), []byte(`{}`), time.Now().Add(time.Minute))
+					_, _ = a.Offers().Overrides.Put(ctx, fmt.Sprint("z", i%4), zones.StoredOverride{ID: fmt.Sprint("o", i), Record: []byte(`{}`), Expires: time.Now().Add(time.Minute)})
 				}
 				remove()
 			}
@@ -55,7 +57,7 @@ func TestOverridesMovedReachesEveryListener(t *testing.T) {
 	default:
 	}
 	start := time.Now()
-	if _, err := a.DeleteOverride(ctx, "api", "vip"); err != nil {
+	if _, err := a.Offers().Overrides.Delete(ctx, "api", "vip"); err != nil {
 		t.Fatal(err)
 	}
 	select {
