@@ -76,6 +76,9 @@ type overrideRecord struct {
 	// version orders the changes: the store's version of the record, a
 	// local zone's set_at.
 	version int64
+	// resolved is the record as the zone resolves it, kept so that a
+	// change re-reads only the record it changed (nil: not yet).
+	resolved *zones.Override
 }
 
 // overrideBody is PUT's body: a record whose expires may also be a
@@ -433,6 +436,10 @@ func loadOverrideHolder(ctx caddy.Context, cfg zones.Config, remote *zones.Overr
 	h.mu.Lock()
 	if h.cfg != cfg {
 		h.cfg = cfg
+		for id, r := range h.records {
+			r.resolved = nil // resolved again under the new definition
+			h.records[id] = r
+		}
 		h.rebuild(time.Now())
 	}
 	h.mu.Unlock()
@@ -652,12 +659,16 @@ func (h *overrideHolder) rebuild(now time.Time) {
 		if !exp.IsZero() && (h.next.IsZero() || exp.Before(h.next)) {
 			h.next = exp
 		}
-		o, err := r.override(h.cfg)
-		if err != nil {
-			h.logger.Warn("an override does not fit the zone; ignored", zap.String("zone", h.name), zap.String("id", id), zap.Error(err))
-			continue
+		if r.resolved == nil {
+			o, err := r.override(h.cfg)
+			if err != nil {
+				h.logger.Warn("an override does not fit the zone; ignored", zap.String("zone", h.name), zap.String("id", id), zap.Error(err))
+				continue
+			}
+			r.resolved = o
+			h.records[id] = r
 		}
-		list = append(list, o)
+		list = append(list, r.resolved)
 	}
 	set, err := zones.NewOverrideSet(list)
 	if err != nil {
