@@ -92,3 +92,21 @@ func TestOverrideIPMatchesNormalisedOrRefused(t *testing.T) {
 		t.Errorf("a key of the denied /64, spelt in lower case: %d, want 429", res.Status)
 	}
 }
+
+// A connection zone takes no overrides, and its override routes say so
+// rather than that the zone is unknown.
+func TestOverrideOnAConnectionZoneSaysItTakesNone(t *testing.T) {
+	e := newEdge(t)
+	e.start(e.wrappersOnTLS(`			rate_limit {
+				zone conn_only {
+					key {remote_ip}
+					events 5
+					window 10s
+				}
+			}
+			tls`), "\trespond \"ok\"")
+	status, answer := putOverride(t, e.caddyInstance, "conn_only", "x", `{"match":{"key":"127.0.0.1"},"exempt":true}`)
+	if status != http.StatusNotFound || !strings.Contains(answer, "takes no overrides") {
+		t.Errorf("PUT on a connection zone: %d %s; want 404 saying it takes no overrides", status, answer)
+	}
+}
