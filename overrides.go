@@ -641,11 +641,17 @@ func (h *overrideHolder) live(now time.Time) []overrideRecord {
 func (h *overrideHolder) rebuild(now time.Time) {
 	h.next = time.Time{}
 	list := make([]*zones.Override, 0, len(h.records))
-	order := slices.SortedFunc(maps.Values(h.records), func(a, b overrideRecord) int {
-		return cmp.Or(cmp.Compare(a.version, b.version), strings.Compare(a.ID, b.ID))
-	})
-	for _, r := range order {
-		id := r.ID
+	type change struct {
+		version int64
+		id      string
+	}
+	order := make([]change, 0, len(h.records))
+	for id, r := range h.records {
+		order = append(order, change{r.version, id})
+	}
+	slices.SortFunc(order, func(a, b change) int { return cmp.Or(cmp.Compare(a.version, b.version), strings.Compare(a.id, b.id)) })
+	for _, c := range order {
+		id, r := c.id, h.records[c.id]
 		exp := r.expiresAt()
 		if !exp.IsZero() && !now.Before(exp) {
 			delete(h.records, id)
