@@ -292,6 +292,9 @@ func (a *AdminAPI) overrideRoute(w http.ResponseWriter, r *http.Request, parts [
 	}
 	z := lookupZone(zoneName, true)
 	if z == nil {
+		z = lookupZone(zoneName, false) // a connection zone: serveOverrides says it takes none
+	}
+	if z == nil {
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("unknown zone %q", zoneName)}
 	}
 	return a.serveOverrides(w, r, z, id)

@@ -4,12 +4,14 @@ package ratelimit
 // through the admin API (PUT/GET/DELETE /rate_limit/zones/<zone>/overrides)
 // and resolved per request by package zones. Strict and async zones keep
 // them in Redis (distributed/overrides.go), every instance polling the
-// zone's version; local zones keep them per instance in Caddy's storage.
+// zone's changes; local zones keep them per instance in Caddy's storage.
 // Either way a zone name's overrides live in one holder pooled by name and
-// store, so that a reload never drops them.
+// store, so that a reload never drops them, and a holder on a new store
+// (the zone changed mode) starts with those of the one it replaces.
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -31,7 +33,6 @@ import (
 	"github.com/caddyserver/certmagic"
 	"go.uber.org/zap"
 
-	"github.com/caddy-tally/ratelimit/distributed"
 	"github.com/caddy-tally/ratelimit/internal/live"
 	"github.com/caddy-tally/ratelimit/zones"
 )
@@ -42,8 +43,8 @@ const (
 	maxOverrideID     = 128
 	maxOverrideReason = 1024
 	maxOverrideExpiry = 100 * 365 * 24 * time.Hour
-	// overridePoll is how often an instance reads a distributed zone's
-	// overrides version (and drops lapsed overrides). A change made on
+	// overridePoll is how often an instance reads what changed in a
+	// distributed zone's overrides (and drops lapsed overrides). A change made on
 	// another instance is heard at once on the resets channel; the poll
 	// bounds the wait when that message is lost (a subscription down).
 	overridePoll = 250 * time.Millisecond
@@ -72,7 +73,13 @@ type overrideRecord struct {
 	Expires string `json:"expires,omitempty"`
 	Reason  string `json:"reason,omitempty"`
 	SetBy   string `json:"set_by"` // the admin request's remote address
-	SetAt   string `json:"set_at"` // RFC 3339
+	SetAt   string `json:"set_at"` // RFC 3339, to the nanosecond
+	// version orders the changes: the store's version of the record, a
+	// local zone's set_at.
+	version int64
+	// resolved is the record as the zone resolves it, kept so that a
+	// change re-reads only the record it changed (nil: not yet).
+	resolved *zones.Override
 }
 
 // overrideBody is PUT's body: a record whose expires may also be a
@@ -146,7 +153,7 @@ func parseOverride(z *zones.Zone, id, from string, body io.Reader, now time.Time
 	if dec.More() {
 		return overrideRecord{}, fieldError("body", "more than one JSON value")
 	}
-	rec := overrideRecord{ID: id, Exempt: b.Exempt, Deny: b.Deny, Reason: b.Reason, SetBy: from, SetAt: now.UTC().Format(time.RFC3339)}
+	rec := overrideRecord{ID: id, Exempt: b.Exempt, Deny: b.Deny, Reason: b.Reason, SetBy: from, SetAt: now.UTC().Format(time.RFC3339Nano)}
 	if err := checkText("reason", b.Reason, maxOverrideReason); err != nil {
 		return rec, err
 	}
@@ -237,7 +244,11 @@ func checkMatch(z *zones.Zone, m *overrideMatch) (overrideMatch, error) {
 		if err := checkText("match.key", *m.Key, zones.MaxKeyLength); err != nil {
 			return overrideMatch{}, err
 		}
-		k := z.Config.Key(*m.Key)
+		k := *m.Key
+		if a, err := netip.ParseAddr(k); err == nil {
+			k = a.Unmap().String() // as requests carry it: 2001:DB8::5 is 2001:db8::5
+		}
+		k = z.Config.Key(k)
 		return overrideMatch{Key: &k}, nil
 	case m.Prefix != nil:
 		if *m.Prefix == "" {
@@ -248,6 +259,21 @@ func checkMatch(z *zones.Zone, m *overrideMatch) (overrideMatch, error) {
 	p, err := netip.ParsePrefix(*m.CIDR)
 	if err != nil {
 		return overrideMatch{}, fieldError("match.cidr", "%q is not a CIDR such as 203.0.113.0/24", strings.ToValidUTF8(*m.CIDR, "?"))
+	}
+	if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
+		// Keys are stored unmapped: a mapped CIDR covers them as IPv4.
+		p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
+	}
+	family, zoneBits := "ipv6_prefix", z.IPv6Prefix
+	if p.Addr().Is4() {
+		family, zoneBits = "ipv4_prefix", z.IPv4Prefix
+	}
+	switch {
+	case p.Bits() == 0:
+		return overrideMatch{}, fieldError("match.cidr", "%s covers every address (set the zone's limit instead)", p)
+	case zoneBits > 0 && p.Bits() > zoneBits:
+		return overrideMatch{}, fieldError("match.cidr", "%s is narrower than the zone's %s %d: every key of the zone is a /%d, so it would cover none (use /%d or wider)",
+			p, family, zoneBits, zoneBits, zoneBits)
 	}
 	s := p.Masked().String()
 	return overrideMatch{CIDR: &s}, nil
@@ -271,6 +297,12 @@ func parseExpires(s string, now time.Time) (string, error) {
 		return "", fieldError("expires", "%q must be in the future, within 100 years", s)
 	}
 	return at.UTC().Format(time.RFC3339Nano), nil
+}
+
+// setAt is when the record was set, Unix ns.
+func (r overrideRecord) setAt() int64 {
+	t, _ := time.Parse(time.RFC3339Nano, r.SetAt)
+	return t.UnixNano()
 }
 
 // expiresAt is the record's expiry, zero for never.
@@ -320,20 +352,17 @@ func (r overrideRecord) override(c zones.Config) (*zones.Override, error) {
 	return o, err
 }
 
-// overrideStore is a store that keeps zones' overrides fleet-wide
-// (distributed.Strict and Async), found once when the store is opened.
-type overrideStore interface {
-	PutOverride(ctx context.Context, zone, id string, record []byte, expires time.Time) (int64, error)
-	DeleteOverride(ctx context.Context, zone, id string) (bool, error)
-	OverrideVersion(ctx context.Context, zone string) (int64, error)
-	LoadOverrides(ctx context.Context, zone string) (int64, []distributed.StoredOverride, error)
-	OverridesChanged()
-	OnOverridesMoved(zone string, moved chan<- struct{}) (remove func())
-}
-
 // overrideHolders holds each zone name's overrides, by store, across
 // reloads.
 var overrideHolders = caddy.NewUsagePool()
+
+// liveHolders is every holder in overrideHolders by zone name: a holder
+// made for a zone that moved to another store (a reload that changes its
+// mode) carries the overrides of the one it replaces.
+var liveHolders struct {
+	sync.Mutex
+	byName map[string][]*overrideHolder
+}
 
 // overrideHolder is one zone name's overrides on one store (or in this
 // instance's storage): the records, the set requests read, and the loop
@@ -342,15 +371,16 @@ type overrideHolder struct {
 	name    string
 	set     zones.Overrides
 	logger  *zap.Logger
-	remote  overrideStore     // distributed zones, else nil
-	storage certmagic.Storage // local zones
-	dir     string            // local zones: the records' folder in storage, a file per override ("": none stored yet, no instance id)
+	remote  *zones.OverrideStore // distributed zones, else nil
+	storage certmagic.Storage    // local zones
+	dir     string               // local zones: the records' folder in storage, a file per override ("": none stored yet, no instance id)
 
+	follows sync.Mutex // distributed: serialises reads of the store, so that they apply in order
 	mu      sync.Mutex // serialises changes, loads and rebuilds
 	records map[string]overrideRecord
-	cfg     zones.Config // the zone's latest definition, which records resolve under
-	version int64        // distributed: the version last loaded
-	next    time.Time    // the earliest expiry among the records, zero if none
+	cfg     zones.Config      // the zone's latest definition, which records resolve under
+	at      zones.OverridesAt // distributed: the point of the store last read
+	next    time.Time         // the earliest expiry among the records, zero if none
 
 	stop, done chan struct{}
 	moved      chan struct{} // distributed: another instance changed them
@@ -363,8 +393,10 @@ type overrideHolder struct {
 const overrideDir = "tally/overrides"
 
 // loadOverrideHolder returns the holder of zone cfg's overrides on remote
-// (nil: local, in ctx's storage), and its key in the pool.
-func loadOverrideHolder(ctx caddy.Context, cfg zones.Config, remote overrideStore, storeKey string, logger *zap.Logger) (*overrideHolder, string, error) {
+// (nil: local, in ctx's storage), and its key in the pool. A new holder of
+// a zone name that another live holder keeps (on another store: the zone
+// changed mode) starts with that holder's overrides.
+func loadOverrideHolder(ctx caddy.Context, cfg zones.Config, remote *zones.OverrideStore, storeKey string, logger *zap.Logger) (*overrideHolder, string, error) {
 	key := "local\x00" + cfg.Name
 	if remote != nil {
 		key = storeKey + "\x00" + cfg.Name
@@ -382,7 +414,17 @@ func loadOverrideHolder(ctx caddy.Context, cfg zones.Config, remote overrideStor
 		}
 		if remote != nil {
 			h.moved = make(chan struct{}, 1)
-			h.unlisten = remote.OnOverridesMoved(cfg.Name, h.moved)
+			h.unlisten = remote.Moved(cfg.Name, h.moved)
+		}
+		liveHolders.Lock()
+		carried := slices.Clone(liveHolders.byName[cfg.Name])
+		if liveHolders.byName == nil {
+			liveHolders.byName = map[string][]*overrideHolder{}
+		}
+		liveHolders.byName[cfg.Name] = append(liveHolders.byName[cfg.Name], h)
+		liveHolders.Unlock()
+		if len(carried) > 0 {
+			h.carry(carried[len(carried)-1].list())
 		}
 		h.load(context.Background())
 		go h.loop()
@@ -395,14 +437,68 @@ func loadOverrideHolder(ctx caddy.Context, cfg zones.Config, remote overrideStor
 	h.mu.Lock()
 	if h.cfg != cfg {
 		h.cfg = cfg
+		for id, r := range h.records {
+			r.resolved = nil // resolved again under the new definition
+			h.records[id] = r
+		}
 		h.rebuild(time.Now())
 	}
 	h.mu.Unlock()
 	return h, key, nil
 }
 
+// carry makes list, a zone's overrides on the store it leaves, the new
+// holder's: a store keeps those of its own it already holds (another
+// instance moved first), a local zone's storage takes list as it is.
+func (h *overrideHolder) carry(list []overrideRecord) {
+	if h.remote != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), overridesCall)
+		defer cancel()
+		stored := make([]zones.StoredOverride, 0, len(list))
+		for _, r := range list {
+			stored = append(stored, r.stored())
+		}
+		if _, err := h.remote.Restore(ctx, h.name, stored); err != nil {
+			h.logger.Warn("carrying the zone's overrides to its new store", zap.String("zone", h.name), zap.Error(err))
+		}
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.loadStorage(context.Background())
+	keep := map[string]bool{}
+	for _, r := range list {
+		keep[r.ID] = true
+		if err := h.save(r); err != nil {
+			h.logger.Warn("carrying an override to the instance's storage", zap.String("zone", h.name), zap.String("id", r.ID), zap.Error(err))
+		}
+	}
+	for id := range h.records {
+		if !keep[id] {
+			if err := h.erase(id); err != nil {
+				h.logger.Warn("removing an override the zone no longer holds from storage", zap.String("zone", h.name), zap.String("id", id), zap.Error(err))
+			}
+		}
+	}
+}
+
+// stored is the record as a store keeps it.
+func (r overrideRecord) stored() zones.StoredOverride {
+	data, _ := json.Marshal(r)
+	return zones.StoredOverride{ID: r.ID, Expires: r.expiresAt(), Record: data}
+}
+
+// overridesCall bounds one call to the store about a zone's overrides.
+const overridesCall = 2 * time.Second
+
 // Destruct stops the holder's loop (caddy.Destructor).
 func (h *overrideHolder) Destruct() error {
+	liveHolders.Lock()
+	liveHolders.byName[h.name] = slices.DeleteFunc(liveHolders.byName[h.name], func(o *overrideHolder) bool { return o == h })
+	if len(liveHolders.byName[h.name]) == 0 {
+		delete(liveHolders.byName, h.name)
+	}
+	liveHolders.Unlock()
 	if h.unlisten != nil {
 		h.unlisten()
 	}
@@ -423,15 +519,7 @@ func (h *overrideHolder) loop() {
 		case <-h.moved: // nil for a local zone
 		}
 		if h.remote != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			v, err := h.remote.OverrideVersion(ctx, h.name)
-			h.mu.Lock()
-			moved := err == nil && v != h.version
-			h.mu.Unlock()
-			if moved {
-				h.load(ctx)
-			}
-			cancel()
+			h.load(context.Background())
 		}
 		h.mu.Lock()
 		if now := time.Now(); !h.next.IsZero() && !now.Before(h.next) {
@@ -441,63 +529,130 @@ func (h *overrideHolder) loop() {
 	}
 }
 
-// load reads the records from the store or storage and rebuilds the set.
+// load reads the records from storage, or what changed in the store, and
+// rebuilds the set. A store that lost the overrides this instance read
+// from it (a new epoch, or none at all) is given this instance's copies
+// back, with one WARN when this instance is the one that restored them:
+// an emptied store never reads as every override removed.
 func (h *overrideHolder) load(ctx context.Context) {
-	records := map[string]overrideRecord{}
-	var version int64
-	if h.remote != nil {
-		v, list, err := h.remote.LoadOverrides(ctx, h.name)
-		if err != nil {
+	if h.remote == nil {
+		h.mu.Lock()
+		h.loadStorage(ctx)
+		h.rebuild(time.Now())
+		h.mu.Unlock()
+		forgetDenials(h.name)
+		return
+	}
+	h.follows.Lock()
+	defer h.follows.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, overridesCall)
+	defer cancel()
+	h.mu.Lock()
+	at, copies := h.at, h.live(time.Now())
+	h.mu.Unlock()
+	read, err := h.remote.Read(ctx, h.name, at)
+	if err != nil {
+		if at.Epoch == "" {
 			h.logger.Warn("reading the zone's overrides from Redis", zap.String("zone", h.name), zap.Error(err))
+		}
+		return
+	}
+	if at.Epoch != "" && read.At.Epoch != at.Epoch && len(copies) > 0 {
+		stored := make([]zones.StoredOverride, 0, len(copies))
+		for _, r := range copies {
+			stored = append(stored, r.stored())
+		}
+		n, err := h.remote.Restore(ctx, h.name, stored)
+		if err != nil {
+			h.logger.Warn("Redis lost the zone's overrides and restoring them failed; this instance keeps its copies and retries", zap.String("zone", h.name), zap.Error(err))
 			return
 		}
-		version = v
-		for _, s := range list {
-			var r overrideRecord
-			if json.Unmarshal(s.Record, &r) == nil && r.ID == s.ID {
-				records[r.ID] = r
-			}
+		if n > 0 {
+			h.logger.Warn("Redis lost the zone's overrides: restored from this instance's copies", zap.String("zone", h.name), zap.Int("restored", n))
 		}
-	} else {
-		if h.dir == "" {
+		if read, err = h.remote.Read(ctx, h.name, zones.OverridesAt{}); err != nil {
 			return
 		}
-		ctx, cancel := context.WithTimeout(ctx, RestoreTimeout)
-		files, err := h.storage.List(ctx, h.dir, false)
-		if err != nil && !errors.Is(err, fs.ErrNotExist) {
-			h.logger.Warn("reading the zone's overrides from storage", zap.String("zone", h.name), zap.Error(err))
-		}
-		for _, f := range files {
-			data, err := h.storage.Load(ctx, f)
-			var r overrideRecord
-			if err == nil {
-				err = json.Unmarshal(data, &r)
-			}
-			if err != nil || path.Base(f) != r.ID+".json" {
-				h.logger.Warn("an override in storage is unreadable; skipped", zap.String("zone", h.name), zap.String("file", f), zap.Error(err))
-				continue
-			}
-			records[r.ID] = r
-		}
-		cancel()
+	}
+	if read.At == at && len(read.Changes) == 0 {
+		return
 	}
 	h.mu.Lock()
-	h.records, h.version = records, version
+	if read.All {
+		h.records = map[string]overrideRecord{}
+	}
+	for _, s := range read.Changes {
+		var r overrideRecord
+		if s.Record == nil {
+			delete(h.records, s.ID)
+		} else if json.Unmarshal(s.Record, &r) == nil && r.ID == s.ID {
+			r.version = s.Version
+			h.records[r.ID] = r
+		}
+	}
+	h.at = read.At
 	h.rebuild(time.Now())
 	h.mu.Unlock()
 	forgetDenials(h.name)
-	if h.remote != nil {
-		h.remote.OverridesChanged()
-	}
 }
 
-// rebuild drops lapsed records and makes the set from the others; h.mu is
-// held.
+// loadStorage reads a local zone's records from storage; h.mu is held.
+func (h *overrideHolder) loadStorage(ctx context.Context) {
+	records := map[string]overrideRecord{}
+	if h.dir == "" {
+		h.records = records
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, RestoreTimeout)
+	defer cancel()
+	files, err := h.storage.List(ctx, h.dir, false)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		h.logger.Warn("reading the zone's overrides from storage", zap.String("zone", h.name), zap.Error(err))
+	}
+	for _, f := range files {
+		data, err := h.storage.Load(ctx, f)
+		var r overrideRecord
+		if err == nil {
+			err = json.Unmarshal(data, &r)
+		}
+		if err != nil || path.Base(f) != r.ID+".json" {
+			h.logger.Warn("an override in storage is unreadable; skipped", zap.String("zone", h.name), zap.String("file", f), zap.Error(err))
+			continue
+		}
+		r.version = r.setAt()
+		records[r.ID] = r
+	}
+	h.records = records
+}
+
+// live is the records in force at now; h.mu is held.
+func (h *overrideHolder) live(now time.Time) []overrideRecord {
+	out := make([]overrideRecord, 0, len(h.records))
+	for _, id := range slices.Sorted(maps.Keys(h.records)) {
+		if r := h.records[id]; r.expiresAt().IsZero() || now.Before(r.expiresAt()) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// rebuild drops lapsed records and makes the set from the others, each
+// after the ones changed before it, so that of two with the same match the
+// latest change is in force; h.mu is held.
 func (h *overrideHolder) rebuild(now time.Time) {
 	h.next = time.Time{}
 	list := make([]*zones.Override, 0, len(h.records))
-	for _, id := range slices.Sorted(maps.Keys(h.records)) {
-		r := h.records[id]
+	type change struct {
+		version int64
+		id      string
+	}
+	order := make([]change, 0, len(h.records))
+	for id, r := range h.records {
+		order = append(order, change{r.version, id})
+	}
+	slices.SortFunc(order, func(a, b change) int { return cmp.Or(cmp.Compare(a.version, b.version), strings.Compare(a.id, b.id)) })
+	for _, c := range order {
+		id, r := c.id, h.records[c.id]
 		exp := r.expiresAt()
 		if !exp.IsZero() && !now.Before(exp) {
 			delete(h.records, id)
@@ -511,12 +666,16 @@ func (h *overrideHolder) rebuild(now time.Time) {
 		if !exp.IsZero() && (h.next.IsZero() || exp.Before(h.next)) {
 			h.next = exp
 		}
-		o, err := r.override(h.cfg)
-		if err != nil {
-			h.logger.Warn("an override does not fit the zone; ignored", zap.String("zone", h.name), zap.String("id", id), zap.Error(err))
-			continue
+		if r.resolved == nil {
+			o, err := r.override(h.cfg)
+			if err != nil {
+				h.logger.Warn("an override does not fit the zone; ignored", zap.String("zone", h.name), zap.String("id", id), zap.Error(err))
+				continue
+			}
+			r.resolved = o
+			h.records[id] = r
 		}
-		list = append(list, o)
+		list = append(list, r.resolved)
 	}
 	set, err := zones.NewOverrideSet(list)
 	if err != nil {
@@ -568,12 +727,8 @@ var errTooManyOverrides = caddy.APIError{HTTPStatus: http.StatusConflict,
 // put stores rec, replacing the override of its id.
 func (h *overrideHolder) put(ctx context.Context, rec overrideRecord) error {
 	if h.remote != nil {
-		data, err := json.Marshal(rec)
-		if err != nil {
-			return err
-		}
-		if _, err := h.remote.PutOverride(ctx, h.name, rec.ID, data, rec.expiresAt()); err != nil {
-			if errors.Is(err, distributed.ErrTooManyOverrides) {
+		if _, err := h.remote.Put(ctx, h.name, rec.stored()); err != nil {
+			if errors.Is(err, zones.ErrTooManyOverrides) {
 				return errTooManyOverrides
 			}
 			return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("storing the override in Redis: %v", err)}
@@ -590,6 +745,7 @@ func (h *overrideHolder) put(ctx context.Context, rec overrideRecord) error {
 	if err := h.save(rec); err != nil {
 		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("storing the override in Caddy's storage: %v", err)}
 	}
+	rec.version = rec.setAt()
 	h.records[rec.ID] = rec
 	h.rebuild(time.Now())
 	forgetDenials(h.name)
@@ -599,7 +755,7 @@ func (h *overrideHolder) put(ctx context.Context, rec overrideRecord) error {
 // remove deletes the override id; false when there is none.
 func (h *overrideHolder) remove(ctx context.Context, id string) (bool, error) {
 	if h.remote != nil {
-		found, err := h.remote.DeleteOverride(ctx, h.name, id)
+		found, err := h.remote.Delete(ctx, h.name, id)
 		if err != nil {
 			return false, caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("removing the override from Redis: %v", err)}
 		}
@@ -624,14 +780,7 @@ func (h *overrideHolder) remove(ctx context.Context, id string) (bool, error) {
 func (h *overrideHolder) list() []overrideRecord {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	now := time.Now()
-	out := make([]overrideRecord, 0, len(h.records))
-	for _, id := range slices.Sorted(maps.Keys(h.records)) {
-		if r := h.records[id]; r.expiresAt().IsZero() || now.Before(r.expiresAt()) {
-			out = append(out, r)
-		}
-	}
-	return out
+	return h.live(time.Now())
 }
 
 // lookup is the record of the override in force for a stored key.

@@ -106,15 +106,25 @@ var stores = caddy.NewUsagePool()
 func releaseStore(poolKey string) { _, _ = stores.Delete(poolKey) }
 
 // backend is what a handler needs of its pooled store besides
-// zones.Store, found once when the store is opened: no code after
-// provision asks a store what it is.
+// zones.Store and its Offers, set where the store is made: no code asks a
+// store what it is.
 type backend struct {
 	health storeHealth
 	resets resetNotifier
 	async  *distributed.Async // async mode: its zones' bans are read from it
-	// overrides keeps the zones' overrides fleet-wide.
-	overrides overrideStore
 }
+
+// pooledStore is a store in the pool with its backend.
+type pooledStore struct {
+	store interface {
+		zones.Store
+		caddy.Destructor
+	}
+	backend backend
+}
+
+// Destruct closes the store (caddy.Destructor).
+func (p pooledStore) Destruct() error { return p.store.Destruct() }
 
 // storeHealth is what a store tells of its health, for the admin API.
 type storeHealth interface {
@@ -158,9 +168,17 @@ func (dist *Distributed) open(ctx caddy.Context, logger *zap.Logger) (zones.Stor
 	key := opts.Key()
 	v, _, err := stores.LoadOrNew(key, func() (caddy.Destructor, error) {
 		if opts.Mode == "async" {
-			return distributed.OpenAsync(opts, logger.Named("redis"))
+			s, err := distributed.OpenAsync(opts, logger.Named("redis"))
+			if err != nil {
+				return nil, err
+			}
+			return pooledStore{s, backend{health: s, resets: s, async: s}}, nil
 		}
-		return distributed.Open(opts, logger.Named("redis"))
+		s, err := distributed.Open(opts, logger.Named("redis"))
+		if err != nil {
+			return nil, err
+		}
+		return pooledStore{s, backend{health: s, resets: s}}, nil
 	})
 	if err != nil {
 		if !strings.HasPrefix(err.Error(), "distributed: ") {
@@ -168,14 +186,8 @@ func (dist *Distributed) open(ctx caddy.Context, logger *zap.Logger) (zones.Stor
 		}
 		return nil, backend{}, "", err
 	}
-	switch s := v.(type) {
-	case *distributed.Strict:
-		return s, backend{health: s, resets: s, overrides: s}, key, nil
-	case *distributed.Async:
-		return s, backend{health: s, resets: s, async: s, overrides: s}, key, nil
-	}
-	releaseStore(key)
-	return nil, backend{}, "", fmt.Errorf("distributed: a store of type %T", v)
+	p := v.(pooledStore)
+	return p.store, p.backend, key, nil
 }
 
 // options is the connection part of the store's settings, placeholders

@@ -211,7 +211,8 @@ func (h *Handler) applicable(r *http.Request, repl *caddy.Replacer, now int64, v
 				continue
 			}
 		}
-		verdicts = append(verdicts, verdict{Owner: z, Zone: z.Zone, Key: z.Config.Key(z.expandKey(r, repl)),
+		raw := z.expandKey(r, repl)
+		verdicts = append(verdicts, verdict{Owner: z, Zone: z.Zone, Key: z.Config.Key(raw), Raw: raw,
 			Plan: z.planFor(repl, now), Cost: z.costFor(repl, now), PostCharged: z.costs.postCharged() && !z.costs.estimate,
 			Class: z.classFor(r, repl)})
 		verdicts[len(verdicts)-1].Resolve()

@@ -479,7 +479,11 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 		zh.stopBans = make(chan struct{})
 		go zh.learnBans(a, a.SyncInterval())
 	}
-	ov, ovKey, err := loadOverrideHolder(ctx, cfg, h.backend.overrides, h.storeKey, h.logger)
+	var remote *zones.OverrideStore
+	if h.store != nil {
+		remote = h.store.Offers().Overrides
+	}
+	ov, ovKey, err := loadOverrideHolder(ctx, cfg, remote, h.storeKey, h.logger)
 	if err != nil {
 		// Not registered yet: give back the reset subscription and the
 		// ban reader unregister would.

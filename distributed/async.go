@@ -127,11 +127,11 @@ func openAsync(opts Options, maxKeys int, logger *zap.Logger) (*Async, error) {
 }
 
 // Offers says what an async store offers besides its steps: its records
-// of keys, quotas, the fleet-wide ban list and concurrency slots. Bans are
-// the zones' own (listed for the other instances), not kept with the
-// decisions.
+// of keys, quotas, the fleet-wide ban list, concurrency slots and the
+// zones' overrides. Bans are the zones' own (listed for the other
+// instances), not kept with the decisions.
 func (a *Async) Offers() zones.Offers {
-	return zones.Offers{Mode: "async", Quotas: true, Records: a, BanList: a.link, Slots: a.link}
+	return zones.Offers{Mode: "async", Quotas: true, Records: a, BanList: a.link, Slots: a.link, Overrides: a.overrides()}
 }
 
 // Rate runs one step of a rate zone's key (zones.Store) on this instance's

@@ -14,41 +14,46 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// A zone's overrides, fleet-wide: one hash <key_prefix><zone>.overrides of
-// at most zones.MaxOverrides entries, "o:<id>" → "<expires ms>|<record>",
-// and "v", its version, which every instance polls (OverrideVersion) to
-// reload the hash when it moves. The records are the caller's (JSON);
-// this file only stores them. The hash's TTL reaches the latest expiry
-// (a minute past it), or OverridesTTL for overrides that never expire,
-// renewed by every change.
+// A zone's overrides, fleet-wide: one hash <key_prefix><zone>.overrides
+// of at most zones.MaxOverrides records with their versions and a ring of
+// the last 1024 changes (overrides.lua). A change writes one record and
+// one log entry; an instance reads the log since the version it holds and
+// the records it names (overrides_read.lua), the whole hash only when it
+// is too far behind or the hash's epoch moved (the store lost it). The
+// records are the caller's (JSON); this file only stores them. The hash's
+// TTL reaches the latest expiry (a minute past it), or OverridesTTL for
+// overrides that never expire.
 
-//go:embed overrides.lua
-var overridesScript string
+var (
+	//go:embed overrides.lua
+	overridesScript string
+	//go:embed overrides_read.lua
+	overridesReadScript string
 
-var overridesLua = redis.NewScript(overridesScript)
+	overridesLua     = redis.NewScript(overridesScript)
+	overridesReadLua = redis.NewScript(overridesReadScript)
+)
 
 // OverridesTTL is the TTL of a zone's overrides when one never expires,
 // renewed by every change of the zone's overrides.
 const OverridesTTL = 366 * 24 * time.Hour
 
-// ErrTooManyOverrides is PutOverride's error for a zone that holds
-// zones.MaxOverrides already.
-var ErrTooManyOverrides = errors.New("the zone holds the most overrides it can")
-
 // overridesKey is zone's hash of overrides; zone names have no '.', so it
 // is no key's state.
 func (c *link) overridesKey(zone string) string { return c.opts.KeyPrefix + zone + ".overrides" }
 
-// PutOverride stores record as zone's override id, expiring at expires
-// (zero: never), dropping expired ones, and returns the zone's new version.
-func (c *link) PutOverride(ctx context.Context, zone, id string, record []byte, expires time.Time) (int64, error) {
-	var ms int64
-	if !expires.IsZero() {
-		ms = max(1, expires.UnixMilli())
-	}
-	v, err := c.overridesStep(ctx, zone, id, string(record), ms)
+// overrides is the link's zones.OverrideStore.
+func (c *link) overrides() *zones.OverrideStore {
+	return &zones.OverrideStore{Put: c.PutOverride, Delete: c.DeleteOverride, Read: c.ReadOverrides,
+		Restore: c.RestoreOverrides, Moved: c.OnOverridesMoved}
+}
+
+// PutOverride stores o as zone's override o.ID and returns its version
+// (zones.OverrideStore.Put).
+func (c *link) PutOverride(ctx context.Context, zone string, o zones.StoredOverride) (int64, error) {
+	v, err := c.overridesStep(ctx, zone, "put", o)
 	if err == nil && v < 0 {
-		return 0, ErrTooManyOverrides
+		return 0, zones.ErrTooManyOverrides
 	}
 	return v, err
 }
@@ -56,19 +61,42 @@ func (c *link) PutOverride(ctx context.Context, zone, id string, record []byte, 
 // DeleteOverride removes zone's override id; found is false when there
 // was none.
 func (c *link) DeleteOverride(ctx context.Context, zone, id string) (found bool, err error) {
-	v, err := c.overridesStep(ctx, zone, id, "", 0)
+	v, err := c.overridesStep(ctx, zone, "del", zones.StoredOverride{ID: id})
 	return v > 0, err
 }
 
-func (c *link) overridesStep(ctx context.Context, zone, id, record string, expiresMs int64) (int64, error) {
+// RestoreOverrides writes each of list whose id zone's hash lacks and
+// returns how many it wrote (zones.OverrideStore.Restore).
+func (c *link) RestoreOverrides(ctx context.Context, zone string, list []zones.StoredOverride) (int, error) {
+	v, err := c.overridesStep(ctx, zone, "restore", list...)
+	return int(v), err
+}
+
+// overridesStep runs overrides.lua's op with list's overrides and tells
+// every instance when it changed something.
+func (c *link) overridesStep(ctx context.Context, zone, op string, list ...zones.StoredOverride) (int64, error) {
 	rkey := c.overridesKey(zone)
+	args := make([]any, 0, 3+3*len(list))
+	args = append(args, op, zones.MaxOverrides, OverridesTTL.Milliseconds())
+	for _, o := range list {
+		if op == "del" {
+			args = append(args, o.ID)
+			continue
+		}
+		var ms int64
+		if !o.Expires.IsZero() {
+			ms = max(1, o.Expires.UnixMilli())
+		}
+		args = append(args, o.ID, ms, o.Record)
+	}
 	var v int64
 	err := c.background(ctx, rkey, func(ctx context.Context) error {
 		var err error
-		v, err = overridesLua.Run(ctx, c.client, []string{rkey}, id, record, expiresMs, zones.MaxOverrides, OverridesTTL.Milliseconds()).Int64()
+		v, err = overridesLua.Run(ctx, c.client, []string{rkey}, args...).Int64()
 		if err == nil && v > 0 {
+			c.mode.forgetDenials()
 			// Every instance hears of it at once; one that does not
-			// (its subscription down) sees the version at its next poll.
+			// (its subscription down) reads it at its next poll.
 			_ = c.client.Publish(ctx, c.resetsChannel(), overridesMovedMsg+zone).Err()
 		}
 		return err
@@ -136,66 +164,78 @@ func (c *link) background(ctx context.Context, rkey string, f func(ctx context.C
 	return f(ctx)
 }
 
-// OverrideVersion is zone's overrides version, 0 when it has none, read
-// in the background (see background).
-func (c *link) OverrideVersion(ctx context.Context, zone string) (int64, error) {
-	var v int64
-	err := c.background(ctx, c.overridesKey(zone), func(ctx context.Context) error {
-		var err error
-		v, err = c.client.HGet(ctx, c.overridesKey(zone), "v").Int64()
-		if errors.Is(err, redis.Nil) {
-			v, err = 0, nil
-		}
-		return err
-	})
-	return v, err
-}
-
-// OverridesChanged drops the deny caches the store's mode keeps of its
-// own (async mode's records): a zone's overrides changed, and a denial
-// cached under the old limit must not outlive it.
-func (c *link) OverridesChanged() { c.mode.forgetDenials() }
-
-// StoredOverride is one override as the store holds it.
-type StoredOverride struct {
-	ID      string
-	Expires time.Time // zero: never
-	Record  []byte
-}
-
-// LoadOverrides reads zone's overrides that have not expired, and their
-// version.
-func (c *link) LoadOverrides(ctx context.Context, zone string) (int64, []StoredOverride, error) {
+// ReadOverrides reads what changed in zone's overrides since at
+// (zones.OverrideStore.Read): the log's changes and the records they
+// name, or the whole hash when at is of another epoch or too far behind.
+// Lapsed overrides are left out of a whole read. Any change drops the deny
+// caches the store's mode keeps of its own (async mode's records): a
+// denial cached under the old limit must not outlive it.
+func (c *link) ReadOverrides(ctx context.Context, zone string, at zones.OverridesAt) (zones.OverridesRead, error) {
 	rkey := c.overridesKey(zone)
-	var all map[string]string
+	var out zones.OverridesRead
 	err := c.background(ctx, rkey, func(ctx context.Context) error {
-		var err error
-		all, err = c.client.HGetAll(ctx, rkey).Result()
-		return err
-	})
-	if err != nil {
-		return 0, nil, err
-	}
-	v, _ := strconv.ParseInt(all["v"], 10, 64)
-	now := time.Now()
-	out := make([]StoredOverride, 0, len(all))
-	for f, val := range all {
-		id, ok := strings.CutPrefix(f, "o:")
-		if !ok {
-			continue
+		reply, err := overridesReadLua.Run(ctx, c.client, []string{rkey}, at.Epoch, at.Version).StringSlice()
+		if err != nil {
+			return err
 		}
-		exp, rec, ok := strings.Cut(val, "|")
-		ms, err := strconv.ParseInt(exp, 10, 64)
-		if !ok || err != nil {
-			continue
+		if len(reply) < 2 {
+			return errors.New("overrides_read.lua: a short reply")
 		}
-		var expires time.Time
-		if ms > 0 {
-			if expires = time.UnixMilli(ms); !expires.After(now) {
-				continue
+		out = zones.OverridesRead{At: zones.OverridesAt{Epoch: reply[0]}}
+		out.At.Version, _ = strconv.ParseInt(reply[1], 10, 64)
+		switch {
+		case out.At.Epoch == "":
+			out.All = true // the store holds none
+		case len(reply) == 3 && reply[2] == "all":
+			out.All = true
+			all, err := c.client.HGetAll(ctx, rkey).Result()
+			if err != nil {
+				return err
+			}
+			// The whole read is at the hash's version now, which may be
+			// past the script's.
+			out.At.Epoch = all["e"]
+			out.At.Version, _ = strconv.ParseInt(all["v"], 10, 64)
+			now := time.Now()
+			for f, val := range all {
+				if id, ok := strings.CutPrefix(f, "o:"); ok {
+					if o, ok := parseStoredOverride(id, val); ok && (o.Expires.IsZero() || o.Expires.After(now)) {
+						out.Changes = append(out.Changes, o)
+					}
+				}
+			}
+		default:
+			for i := 2; i+1 < len(reply); i += 2 {
+				o := zones.StoredOverride{ID: reply[i]}
+				if reply[i+1] != "" {
+					var ok bool
+					if o, ok = parseStoredOverride(reply[i], reply[i+1]); !ok {
+						continue
+					}
+				}
+				out.Changes = append(out.Changes, o)
 			}
 		}
-		out = append(out, StoredOverride{ID: id, Expires: expires, Record: []byte(rec)})
+		if len(out.Changes) > 0 {
+			c.mode.forgetDenials()
+		}
+		return nil
+	})
+	return out, err
+}
+
+// parseStoredOverride reads a stored value, "<expires ms>|<version>|<record>".
+func parseStoredOverride(id, val string) (zones.StoredOverride, bool) {
+	exp, rest, ok1 := strings.Cut(val, "|")
+	ver, rec, ok2 := strings.Cut(rest, "|")
+	ms, err1 := strconv.ParseInt(exp, 10, 64)
+	v, err2 := strconv.ParseInt(ver, 10, 64)
+	if !ok1 || !ok2 || err1 != nil || err2 != nil {
+		return zones.StoredOverride{}, false
 	}
-	return v, out, nil
+	o := zones.StoredOverride{ID: id, Version: v, Record: []byte(rec)}
+	if ms > 0 {
+		o.Expires = time.UnixMilli(ms)
+	}
+	return o, true
 }

@@ -1,50 +1,78 @@
--- overrides.lua: puts (or, with ARGV[2] = "", deletes) one override of a
--- zone in its hash KEYS[1], atomically with the zone's bound, the purge of
--- expired overrides, the version and the TTL.
+-- overrides.lua: one change of a zone's overrides in its hash KEYS[1]:
+-- put one, delete one, or restore an instance's copies of those the store
+-- lost. A change writes one record and one entry of the change log, so
+-- that each instance reads back only what changed (overrides_read.lua).
 --
--- The hash holds "v", the version (Redis TIME in microseconds, strictly
--- increasing), and "o:<id>" = "<expires Unix ms, 0 for never>|<record>".
--- ARGV: id, record ("" deletes), expires ms, the most overrides a zone
--- holds, the TTL (ms) of a hash whose overrides never expire.
--- Reply: the new version; -1 when the zone is full; 0 when a delete found
--- nothing.
+-- The hash holds "e", its epoch (Redis TIME in µs when it was created: a
+-- new epoch tells the instances that the store lost what they read), "v",
+-- the version (one more per change), "n", the number of overrides,
+-- "o:<id>" = "<expires Unix ms, 0 for never>|<version>|<record>", and the
+-- change log, a ring of 1024 entries "l:<version % 1024>" = "<version>|<id>".
+--
+-- ARGV: op ("put", "del" or "restore"), the most overrides a zone holds,
+-- the TTL (ms) of a hash whose overrides never expire, then for put and
+-- restore triples of id, expires ms, record (del: the id).
+-- Reply: put: the new version, -1 when the zone is full; del: the new
+-- version, 0 when it found nothing; restore: how many it wrote.
+local key, op, most, forever = KEYS[1], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now = math.floor(now_us / 1000)
-local field = 'o:' .. ARGV[1]
-local all = redis.call('HGETALL', KEYS[1])
-local n, latest, forever, found = 0, 0, false, false
-for i = 1, #all, 2 do
-  local f = all[i]
-  if string.sub(f, 1, 2) == 'o:' then
-    local e = tonumber(string.match(all[i + 1], '^(%d+)|')) or 0
-    if e > 0 and e <= now then
-      redis.call('HDEL', KEYS[1], f)
-    elseif f == field then
-      found = true
-    else
-      n = n + 1
-      if e == 0 then forever = true elseif e > latest then latest = e end
+if op ~= 'del' and redis.call('EXISTS', key) == 0 then
+  redis.call('HSET', key, 'e', now_us, 'v', 0, 'n', 0)
+end
+
+-- logged records the change of id and returns its version.
+local function logged(id)
+  local v = redis.call('HINCRBY', key, 'v', 1)
+  redis.call('HSET', key, 'l:' .. (v % 1024), v .. '|' .. id)
+  return v
+end
+
+-- last renews the hash's TTL to outlive an override expiring at e (ms).
+local function last(e)
+  local want = forever
+  if e > 0 then want = e - now + 60000 end
+  if redis.call('PTTL', key) < want then redis.call('PEXPIRE', key, want) end
+end
+
+-- purge drops the lapsed overrides and recounts: only a full zone pays
+-- for a scan.
+local function purge()
+  local all, n = redis.call('HGETALL', key), 0
+  for i = 1, #all, 2 do
+    if string.sub(all[i], 1, 2) == 'o:' then
+      local e = tonumber(string.match(all[i + 1], '^(%d+)|')) or 0
+      if e > 0 and e <= now then redis.call('HDEL', key, all[i]) else n = n + 1 end
     end
   end
+  redis.call('HSET', key, 'n', n)
+  return n
 end
-if ARGV[2] == '' then
-  if not found then return 0 end
-  redis.call('HDEL', KEYS[1], field)
-else
-  if n >= tonumber(ARGV[4]) then return -1 end
-  redis.call('HSET', KEYS[1], field, ARGV[3] .. '|' .. ARGV[2])
-  n = n + 1
-  local e = tonumber(ARGV[3])
-  if e == 0 then forever = true elseif e > latest then latest = e end
+
+-- put writes id's record (when absent, unless replace) and returns its
+-- version, 0 when it wrote nothing, -1 when the zone is full.
+local function put(id, e, rec, replace)
+  local field = 'o:' .. id
+  local had = redis.call('HEXISTS', key, field) == 1
+  if had and not replace then return 0 end
+  if not had and tonumber(redis.call('HGET', key, 'n') or 0) >= most and purge() >= most then return -1 end
+  local v = logged(id)
+  redis.call('HSET', key, field, e .. '|' .. v .. '|' .. rec)
+  if not had then redis.call('HINCRBY', key, 'n', 1) end
+  last(tonumber(e))
+  return v
 end
-local v = math.max(now_us, (tonumber(redis.call('HGET', KEYS[1], 'v')) or 0) + 1)
-redis.call('HSET', KEYS[1], 'v', v)
-if n == 0 then
-  redis.call('PEXPIRE', KEYS[1], 60000) -- the version outlives the last override a while
-elseif forever then
-  redis.call('PEXPIRE', KEYS[1], ARGV[5])
-else
-  redis.call('PEXPIREAT', KEYS[1], latest + 60000)
+
+if op == 'del' then
+  if redis.call('HDEL', key, 'o:' .. ARGV[4]) == 0 then return 0 end
+  redis.call('HINCRBY', key, 'n', -1)
+  return logged(ARGV[4])
+elseif op == 'put' then
+  return put(ARGV[4], ARGV[5], ARGV[6], true)
 end
-return v
+local wrote = 0
+for i = 4, #ARGV, 3 do
+  if put(ARGV[i], ARGV[i + 1], ARGV[i + 2], false) > 0 then wrote = wrote + 1 end
+end
+return wrote

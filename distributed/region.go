@@ -215,6 +215,13 @@ const (
 	deadBelow = math.MinInt64 / 4
 )
 
+// regionalStore is a store a region can stand on: a *Strict or an *Async,
+// with its link and whether it is async.
+type regionalStore interface{ regionLink() (*link, bool) }
+
+func (s *Strict) regionLink() (*link, bool) { return s.link, false }
+func (a *Async) regionLink() (*link, bool)  { return a.link, true }
+
 // OpenRegion starts this instance's region over its regional store, which
 // must be a *Strict or an *Async. It does not contact either Redis.
 func OpenRegion(regional zones.Store, opts RegionOptions, logger *zap.Logger) (*Region, error) {
@@ -223,16 +230,11 @@ func OpenRegion(regional zones.Store, opts RegionOptions, logger *zap.Logger) (*
 	}
 	opts = opts.withDefaults()
 	logger = cmp.Or(logger, zap.NewNop())
-	var c *link
-	async := false
-	switch s := regional.(type) {
-	case *Strict:
-		c = s.link
-	case *Async:
-		c, async = s.link, true
-	default:
+	rs, ok := regional.(regionalStore)
+	if !ok {
 		return nil, fmt.Errorf("global: the regional store is a %T, not a tally store", regional)
 	}
+	c, async := rs.regionLink()
 	uopts, err := opts.Global.universalOptions()
 	if err != nil {
 		return nil, fmt.Errorf("global: %v", err)

@@ -65,10 +65,10 @@ func (strictMode) forgetDenials()                {}
 func (s *Strict) Destruct() error { return s.Close() }
 
 // Offers says what a strict store offers besides its steps: bans kept
-// with the decisions, quotas, the fleet-wide ban list and concurrency
-// slots.
+// with the decisions, quotas, the fleet-wide ban list, concurrency
+// slots and the zones' overrides.
 func (s *Strict) Offers() zones.Offers {
-	return zones.Offers{Mode: "strict", BanSteps: true, Quotas: true, BanList: s.link, Slots: s.link}
+	return zones.Offers{Mode: "strict", BanSteps: true, Quotas: true, BanList: s.link, Slots: s.link, Overrides: s.overrides()}
 }
 
 // RedisKey is the Redis key holding the state of key in zone:

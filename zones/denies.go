@@ -8,10 +8,16 @@ package zones
 // distributed zone's denial is seen here once a request of the key was denied
 // on this instance. A ban this instance knows of denies here until it ends.
 //
+// An operator's override of key decides as it does a request: exempt never
+// denies, deny always does.
+//
 // It consumes nothing and costs one table lookup: the connection layer's
 // deny_while asks it for every new connection. A concurrency zone never
 // denies here: its slots free as requests end, not with time.
 func (z *Zone) Denies(key string, now int64) bool {
+	if o := z.Override(key); o != nil && (o.Exempt || o.Deny) {
+		return o.Deny
+	}
 	if z.IsConcurrency() {
 		return false
 	}

@@ -1,6 +1,7 @@
 package zones
 
 import (
+	"context"
 	"errors"
 	"net/netip"
 	"slices"
@@ -137,7 +138,10 @@ func (s *OverrideSet) All() []*Override {
 
 // Lookup is the override in force for key at now (Unix ns), by precedence,
 // nil when none. An expired override is passed over.
-func (s *OverrideSet) Lookup(key string, now int64) *Override {
+func (s *OverrideSet) Lookup(key string, now int64) *Override { return s.lookup(key, key, now) }
+
+// lookup is Lookup of key, whose prefixes are matched on raw.
+func (s *OverrideSet) lookup(key, raw string, now int64) *Override {
 	if o := s.keys[key]; o != nil && !o.expired(now) {
 		return o
 	}
@@ -147,10 +151,10 @@ func (s *OverrideSet) Lookup(key string, now int64) *Override {
 		}
 	}
 	for _, n := range s.prefLens {
-		if n > len(key) {
+		if n > len(raw) {
 			continue
 		}
-		if o := s.prefixes[key[:n]]; o != nil && !o.expired(now) {
+		if o := s.prefixes[raw[:n]]; o != nil && !o.expired(now) {
 			return o
 		}
 	}
@@ -219,9 +223,14 @@ func (o *Overrides) Store(s *OverrideSet) {
 // none). It is called once, before the zone decides.
 func (z *Zone) UseOverrides(o *Overrides) { z.overrides = o }
 
-// Override is the override in force for key now, nil when none: one atomic
-// load for a zone without any.
-func (z *Zone) Override(key string) *Override {
+// Override is the override in force for key (as stored) now, nil when
+// none: one atomic load for a zone without any.
+func (z *Zone) Override(key string) *Override { return z.OverrideOf(key, "") }
+
+// OverrideOf is Override of key, stored from raw, the key as built: a
+// prefix override of a key stored hashed (longer than MaxKeyLength)
+// matches raw, so that prefixes cover long keys too. raw "" is key.
+func (z *Zone) OverrideOf(key, raw string) *Override {
 	if z.overrides == nil {
 		return nil
 	}
@@ -229,7 +238,10 @@ func (z *Zone) Override(key string) *Override {
 	if s == nil {
 		return nil
 	}
-	return s.Lookup(key, time.Now().UnixNano())
+	if raw == "" || !strings.HasPrefix(key, HashedKeyPrefix) {
+		raw = key
+	}
+	return s.lookup(key, raw, time.Now().UnixNano())
 }
 
 // OverrideCount is the number of overrides the zone holds (lapsed ones
@@ -240,3 +252,59 @@ func (z *Zone) OverrideCount() int {
 	}
 	return z.overrides.set.Load().Len()
 }
+
+// OverrideStore is how a store keeps zones' overrides fleet-wide
+// (Offers.Overrides). The records are the caller's; the store keeps them
+// with a version and a log of changes, so that a change writes one record
+// and each instance reads back only what changed since the version it
+// holds (OverridesAt): at any number of overrides a change costs each
+// instance O(1) store work. A store that lost its data (emptied, evicted,
+// expired) says so with a new epoch, and never as "every override was
+// removed": the instances then Restore their copies.
+type OverrideStore struct {
+	// Put stores o (Version unused), replacing the override of its id,
+	// and returns its version; ErrTooManyOverrides when the zone holds
+	// MaxOverrides already.
+	Put func(ctx context.Context, zone string, o StoredOverride) (int64, error)
+	// Delete removes the override id; found is false when there was none.
+	Delete func(ctx context.Context, zone, id string) (found bool, err error)
+	// Read is what changed since at (the zero OverridesAt: everything).
+	Read func(ctx context.Context, zone string, at OverridesAt) (OverridesRead, error)
+	// Restore writes each of list whose id the store does not hold (an
+	// instance's copies of what the store lost, or a zone's overrides
+	// carried from another store), and returns how many it wrote.
+	Restore func(ctx context.Context, zone string, list []StoredOverride) (int, error)
+	// Moved makes moved hear, without blocking (a buffer of 1), of each
+	// change of zone's overrides made by any instance, until remove.
+	Moved func(zone string, moved chan<- struct{}) (remove func())
+}
+
+// StoredOverride is one override as a store holds it.
+type StoredOverride struct {
+	ID      string
+	Expires time.Time // zero: never
+	// Version orders the changes of a zone's overrides: of two with the
+	// same match the later change is in force.
+	Version int64
+	Record  []byte // nil in a read: the override was removed
+}
+
+// OverridesAt is the point of a zone's overrides an instance has read:
+// the store's epoch ("" before the first read) and version.
+type OverridesAt struct {
+	Epoch   string
+	Version int64
+}
+
+// OverridesRead is what an OverrideStore's Read found.
+type OverridesRead struct {
+	At OverridesAt
+	// All: Changes is the whole set (the reader was at another epoch or
+	// too far behind), else what changed since, in order.
+	All     bool
+	Changes []StoredOverride
+}
+
+// ErrTooManyOverrides is the error of a Put on a zone that holds
+// MaxOverrides already.
+var ErrTooManyOverrides = errors.New("the zone holds the most overrides it can")

@@ -4,9 +4,12 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/caddy-tally/ratelimit/internal/monotime"
 )
 
 func mustPlan(t *testing.T, events int64, window time.Duration) Plan {
@@ -189,5 +192,80 @@ func BenchmarkOverrideLookup10kPrefixes(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		_ = s.Lookup("tenant-04242-key", now)
+	}
+}
+
+// An expired override is passed over whatever its match: a lapsed prefix
+// or CIDR gives way to the next one in force.
+func TestExpiredPrefixAndCIDROverridesAreNotApplied(t *testing.T) {
+	now := time.Now().UnixNano()
+	set, err := NewOverrideSet([]*Override{
+		{ID: "p-old", Prefix: "acme-", Deny: true, Expires: now - 1},
+		{ID: "p-live", Prefix: "ac", Exempt: true},
+		{ID: "c-old", CIDR: netip.MustParsePrefix("10.1.0.0/16"), Deny: true, Expires: now},
+		{ID: "c-live", CIDR: netip.MustParsePrefix("10.0.0.0/8"), Exempt: true},
+		{ID: "c6-old", CIDR: netip.MustParsePrefix("2001:db8::/32"), Deny: true, Expires: now - 1},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, want := range map[string]string{"acme-1": "p-live", "10.1.2.3": "c-live", "2001:db8::1": ""} {
+		got := ""
+		if o := set.Lookup(key, now); o != nil {
+			got = o.ID
+		}
+		if got != want {
+			t.Errorf("Lookup(%s) = %q, want %q (an expired override passed over)", key, got, want)
+		}
+	}
+}
+
+// A prefix covers a key longer than MaxKeyLength, which is stored hashed:
+// it matches the key as built.
+func TestPrefixOverrideCoversAHashedKey(t *testing.T) {
+	c := Config{Name: "z", Events: 2, Window: time.Second}
+	z := mustNew(c, newTestState(t, c), nil)
+	var ov Overrides
+	set, err := NewOverrideSet([]*Override{{ID: "acme", Prefix: "acme-", Deny: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ov.Store(set)
+	z.UseOverrides(&ov)
+	raw := "acme-" + strings.Repeat("x", MaxKeyLength)
+	key := c.Key(raw)
+	if !strings.HasPrefix(key, HashedKeyPrefix) {
+		t.Fatalf("a %d-byte key is stored as %q, not hashed", len(raw), key)
+	}
+	tk := Ticket[int]{Zone: z, Key: key, Raw: raw}
+	tk.Resolve()
+	if tk.Override == nil || tk.Override.ID != "acme" {
+		t.Fatalf("the prefix override does not cover the hashed key: %+v", tk.Override)
+	}
+}
+
+// deny_while's question honours an override as a request does: an exempt
+// key is never denied there, even with its burst spent, and a denied key
+// always is.
+func TestDeniesHonoursExemptAndDenyOverrides(t *testing.T) {
+	c := Config{Name: "z", Events: 1, Window: time.Minute}
+	z := mustNew(c, newTestState(t, c), nil)
+	now := monotime.Now()
+	z.Decide(context.Background(), "spent", now)
+	if !z.Denies("spent", now) {
+		t.Fatal("a spent key is not denied")
+	}
+	var ov Overrides
+	set, err := NewOverrideSet([]*Override{{ID: "free", Key: "spent", Exempt: true}, {ID: "shut", Key: "fresh", Deny: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ov.Store(set)
+	z.UseOverrides(&ov)
+	if z.Denies("spent", now) {
+		t.Error("an exempt key with its burst spent is denied")
+	}
+	if !z.Denies("fresh", now) {
+		t.Error("a key under a deny override is not denied")
 	}
 }

@@ -115,6 +115,10 @@ type Offers struct {
 	BanList BanList
 	// Slots, when not nil: the store holds concurrency slots.
 	Slots Slots
+	// Overrides, when not nil: the store keeps zones' overrides
+	// fleet-wide (see OverrideStore); a zone without keeps them in the
+	// instance.
+	Overrides *OverrideStore
 	// Denied, when not nil, hears of each denial of a rate zone's key at
 	// limit that the deny cache answered without the store (a scope
 	// global zone's region counts it as demand).

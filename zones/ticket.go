@@ -18,8 +18,11 @@ type Ticket[O any] struct {
 	Owner O
 	Zone  *Zone
 	Key   string
-	Plan  Plan  // the limit the request is decided under
-	Cost  int64 // what it costs (a post-charged zone: what it is charged by default)
+	// Raw is the key as built, before it was stored (masked, hashed):
+	// prefix overrides match it. "" is Key.
+	Raw  string
+	Plan Plan  // the limit the request is decided under
+	Cost int64 // what it costs (a post-charged zone: what it is charged by default)
 	// PostCharged: the zone only checks before the request and charges
 	// after it (the caller's Charge).
 	PostCharged bool
@@ -42,7 +45,7 @@ type Ticket[O any] struct {
 // request carried), exempt and deny are decided by Admit. A zone without
 // overrides pays one atomic load.
 func (t *Ticket[O]) Resolve() {
-	o := t.Zone.Override(t.Key)
+	o := t.Zone.OverrideOf(t.Key, t.Raw)
 	if o == nil {
 		return
 	}

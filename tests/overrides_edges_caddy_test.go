@@ -1,0 +1,112 @@
+package tests
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// The edges of the override API: an unknown id, every CLI flag sent, and
+// matches normalised or refused with the reason.
+
+// DELETE of an id the zone does not hold is a 404 in strict and async
+// zones, as in local ones, and changes nothing.
+func TestOverrideDeleteOfAnUnknownIDIs404(t *testing.T) {
+	rs := startRedis(t)
+	for _, mode := range []string{"strict", "async"} {
+		t.Run(mode, func(t *testing.T) {
+			c := startCaddy(t, distributedSite(rs.Addr, strings.ReplaceAll(overridesZone, "zone api", "zone api_"+mode), "\t\t\tmode "+mode))
+			path := "/rate_limit/zones/api_" + mode + "/overrides/"
+			mustPutOverride(t, c, "api_"+mode, "kept", `{"match":{"key":"k"},"exempt":true}`)
+			if status, body := c.adminDo(http.MethodDelete, path+"never-set"); status != http.StatusNotFound {
+				t.Errorf("DELETE of an unknown id: %d %s, want 404", status, body)
+			}
+			if status, _ := c.adminDo(http.MethodDelete, path+"kept"); status != http.StatusNoContent {
+				t.Fatalf("DELETE of a set id: %d, want 204", status)
+			}
+			if status, body := c.adminDo(http.MethodDelete, path+"kept"); status != http.StatusNotFound {
+				t.Errorf("DELETE of an id already removed: %d %s, want 404", status, body)
+			}
+		})
+	}
+}
+
+// `caddy rate-limit override set` sends every limit flag it takes.
+func TestOverrideCLISendsEveryLimitFlag(t *testing.T) {
+	c := startCaddy(t, fmt.Sprintf(overrideLocalSite, "both"))
+	rateLimitCLI(t, c, "override", "set", "api", "vip", "--key", "vip", "--events", "50", "--window", "1m", "--burst", "10", "--reason", "pays").ok(t, "override set")
+	_, body := c.adminDo(http.MethodGet, "/rate_limit/zones/api/overrides/vip")
+	for _, want := range []string{`"events":50`, `"window":"1m"`, `"burst":10`, `"reason":"pays"`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("GET after override set: %s, want %s", body, want)
+		}
+	}
+}
+
+const overrideIPSite = `http:// {
+	rate_limit {
+		zone ip {
+			key {http.request.header.X-Client}
+			ipv4_prefix 24
+			ipv6_prefix 64
+			events 3
+			window 1m
+		}
+	}
+	respond "ok"
+}
+`
+
+// Override matches of IP keys: a mapped CIDR is stored as its IPv4 CIDR
+// and covers the zone's keys, a CIDR narrower than the zone's prefix and a
+// CIDR of every address are refused with the reason, an exact IPv6 key is
+// stored in its canonical spelling.
+func TestOverrideIPMatchesNormalisedOrRefused(t *testing.T) {
+	c := startCaddy(t, overrideIPSite)
+	from := func(ip string) request { return request{Header: map[string]string{"X-Client": ip}} }
+	mustPutOverride(t, c, "ip", "mapped", `{"match":{"cidr":"::ffff:172.16.0.0/108"},"exempt":true}`)
+	_, body := c.adminDo(http.MethodGet, "/rate_limit/zones/ip/overrides/mapped")
+	if !strings.Contains(body, `"cidr":"172.16.0.0/12"`) {
+		t.Errorf("a mapped CIDR stored as %s, want 172.16.0.0/12", body)
+	}
+	if n := admitted(c, from("172.17.1.2"), 6); n != 6 {
+		t.Errorf("a key in the mapped CIDR admitted %d of 6 (exempt)", n)
+	}
+	for _, tc := range []struct{ cidr, want string }{
+		{"10.1.2.3/32", "narrower than the zone's ipv4_prefix 24"},
+		{"2001:db8::/96", "narrower than the zone's ipv6_prefix 64"},
+		{"0.0.0.0/0", "covers every address"},
+		{"::/0", "covers every address"},
+	} {
+		status, answer := putOverride(t, c, "ip", "bad", `{"match":{"cidr":"`+tc.cidr+`"},"exempt":true}`)
+		if status != http.StatusBadRequest || !strings.Contains(answer, tc.want) {
+			t.Errorf("PUT cidr %s: %d %s; want 400 saying %q", tc.cidr, status, answer, tc.want)
+		}
+	}
+	if status, answer := putOverride(t, c, "ip", "empty", `{"match":{"prefix":""},"exempt":true}`); status != http.StatusBadRequest || !strings.Contains(answer, "every key") {
+		t.Errorf("PUT an empty prefix: %d %s; want 400 as for a CIDR of every address", status, answer)
+	}
+	mustPutOverride(t, c, "ip", "one", `{"match":{"key":"2001:DB8::5"},"deny":true}`)
+	if res := c.Do(from("2001:db8::77")); res.Status != http.StatusTooManyRequests {
+		t.Errorf("a key of the denied /64, spelt in lower case: %d, want 429", res.Status)
+	}
+}
+
+// A connection zone takes no overrides, and its override routes say so
+// rather than that the zone is unknown.
+func TestOverrideOnAConnectionZoneSaysItTakesNone(t *testing.T) {
+	e := newEdge(t)
+	e.start(e.wrappersOnTLS(`			rate_limit {
+				zone conn_only {
+					key {remote_ip}
+					events 5
+					window 10s
+				}
+			}
+			tls`), "\trespond \"ok\"")
+	status, answer := putOverride(t, e.caddyInstance, "conn_only", "x", `{"match":{"key":"127.0.0.1"},"exempt":true}`)
+	if status != http.StatusNotFound || !strings.Contains(answer, "takes no overrides") {
+		t.Errorf("PUT on a connection zone: %d %s; want 404 saying it takes no overrides", status, answer)
+	}
+}
