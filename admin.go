@@ -590,7 +590,7 @@ func readKey(ctx context.Context, z *zones.Zone, key string, now int64) (verdict
 	var first verdict
 	var firstState zones.KeyState
 	for i, stored := range storedForms(z, key) {
-		t := verdict{Zone: z, Key: stored, Plan: z.LastPlan(stored, now), Cost: 1}
+		t := verdict{Zone: z, Key: stored, Raw: key, Plan: z.LastPlan(stored, now), Cost: 1}
 		t.Resolve()
 		s, err := t.Read(ctx, now)
 		if err != nil || s.Tracked {

@@ -187,7 +187,8 @@ func statusTicket(r *http.Request, repl *caddy.Replacer, name string, now int64)
 	if zh == nil {
 		return nil
 	}
-	t := &verdict{Owner: zh, Zone: z, Key: z.Config.Key(zh.expandKey(r, repl)), Plan: zh.planFor(repl, now), Cost: 1}
+	raw := zh.expandKey(r, repl)
+	t := &verdict{Owner: zh, Zone: z, Key: z.Config.Key(raw), Raw: raw, Plan: zh.planFor(repl, now), Cost: 1}
 	t.Resolve()
 	return t
 }
