@@ -18,6 +18,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
+	"github.com/caddy-tally/ratelimit/internal/live"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 	"github.com/caddy-tally/ratelimit/zones"
 )
@@ -257,7 +258,7 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 	if err := errors.Join(err1, err2); err != nil {
 		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
 	}
-	z := lookupZone(zoneName, false)
+	z := live.Lookup(zoneName, false)
 	switch {
 	case z == nil:
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("unknown zone %q", zoneName)}
@@ -290,9 +291,9 @@ func (a *AdminAPI) overrideRoute(w http.ResponseWriter, r *http.Request, parts [
 			return checkOverrideID(id)
 		}
 	}
-	z := lookupZone(zoneName, true)
+	z := live.Lookup(zoneName, true)
 	if z == nil {
-		z = lookupZone(zoneName, false) // a connection zone: serveOverrides says it takes none
+		z = live.Lookup(zoneName, false) // a connection zone: serveOverrides says it takes none
 	}
 	if z == nil {
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("unknown zone %q", zoneName)}
@@ -301,9 +302,9 @@ func (a *AdminAPI) overrideRoute(w http.ResponseWriter, r *http.Request, parts [
 }
 
 func listZones() []zoneInfo {
-	live := liveZones()
-	out := make([]zoneInfo, 0, len(live))
-	for _, z := range live {
+	running := live.Zones()
+	out := make([]zoneInfo, 0, len(running))
+	for _, z := range running {
 		zi := zoneInfo{
 			Name:       z.Name,
 			Mode:       z.Mode(),
@@ -324,7 +325,7 @@ func listZones() []zoneInfo {
 			waiting := z.Waiting()
 			zi.Delay, zi.Queue, zi.Waiting = shortDuration(z.Delay.String()), z.QueueSize(), &waiting
 		}
-		if isConnectionZone(z) {
+		if live.IsConnection(z) {
 			zi.Layer, zi.FailPolicy = "connection", ""
 		}
 		if z.IsQuota() {

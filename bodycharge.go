@@ -74,7 +74,7 @@ func (rw *response) bodyTotal(r *http.Request, i int, v *verdict, status int, er
 	}
 	z := v.Owner
 	add(z.metrics.chargeFallbacks[reason], 1)
-	if c := z.logs.chargeFallback.check(z.logger, now, zapcore.WarnLevel, "response carried no usable usage to charge; the estimate (or the zone's cost) stays charged"); c != nil {
+	if c := z.logs.chargeFallback.Check(z.logger, now, zapcore.WarnLevel, "response carried no usable usage to charge; the estimate (or the zone's cost) stays charged"); c != nil {
 		c.Write(zap.String("zone", z.Name), zap.String("reason", reason), zap.Int("status", status), zap.Int64("cost", v.Cost))
 	}
 	return v.Cost

@@ -71,7 +71,7 @@ func (z *zoneHandler) costFor(repl *caddy.Replacer, now int64) int64 {
 // beyond the zone's bound, which the request costs instead.
 func (z *zoneHandler) costClamped(now, n, bound int64, setting string) {
 	add(z.metrics.costFallbacks, 1)
-	if c := z.logs.costFallback.check(z.logger, now, zapcore.WarnLevel, "request cost is beyond the zone's bound; the request costs the bound"); c != nil {
+	if c := z.logs.costFallback.Check(z.logger, now, zapcore.WarnLevel, "request cost is beyond the zone's bound; the request costs the bound"); c != nil {
 		c.Write(zap.String("zone", z.Name), zap.Int64("value", n), zap.String("bound", setting), zap.Int64("cost", bound))
 	}
 }
@@ -94,7 +94,7 @@ func (z *zoneHandler) readCost(repl *caddy.Replacer, now int64, name, setting st
 	if s == "" {
 		return fallback
 	}
-	if c := z.logs.costFallback.check(z.logger, now, zapcore.WarnLevel, "request cost is empty or invalid; using the zone's literal cost or the estimate"); c != nil {
+	if c := z.logs.costFallback.Check(z.logger, now, zapcore.WarnLevel, "request cost is empty or invalid; using the zone's literal cost or the estimate"); c != nil {
 		c.Write(zap.String("zone", z.Name), zap.String("setting", setting), zap.String("value", s), zap.Int64("cost", fallback))
 	}
 	return fallback
@@ -107,7 +107,7 @@ func (z *zoneHandler) logOverBurst(now int64, cost int64, p zones.Plan) {
 	if z.IsQuota() {
 		msg, limit, what = "request cost exceeds the key's quota: it can never pass", p.Events, "quota"
 	}
-	if c := z.logs.costOverBurst.check(z.logger, now, zapcore.WarnLevel, msg); c != nil {
+	if c := z.logs.costOverBurst.Check(z.logger, now, zapcore.WarnLevel, msg); c != nil {
 		c.Write(zap.String("zone", z.Name), zap.Int64("cost", cost), zap.Int64(what, limit))
 	}
 }
@@ -156,7 +156,7 @@ func (h *Handler) responseCost(rw *response, r *http.Request, repl *caddy.Replac
 // did not reach Redis: the zone's fail policy applied to it.
 func (z *zoneHandler) chargeFailed(err error) {
 	add(z.metrics.chargeFailures, 1)
-	if c := z.logs.chargeFailure.check(z.logger, monotime.Now(), zapcore.WarnLevel, "charge after the response did not reach Redis; fail policy applied"); c != nil {
+	if c := z.logs.chargeFailure.Check(z.logger, monotime.Now(), zapcore.WarnLevel, "charge after the response did not reach Redis; fail policy applied"); c != nil {
 		c.Write(zap.String("zone", z.Name), zap.String("fail_policy", z.FailPolicy.String()), zap.Error(err))
 	}
 }

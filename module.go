@@ -9,8 +9,8 @@
 // concern each, and none calls back into another's: zoneconfig.go (a zone's
 // config and provisioned form), caddyfile.go (the Caddyfile), plans.go,
 // quota.go and cost.go, bodycharge.go (what a request's limits and cost
-// are read from), headers.go (what a response says), log.go and metrics.go
-// (what a decision logs and counts), redis.go, region.go and persist.go
+// are read from), headers.go (what a response says), metrics.go (what a
+// decision counts), redis.go, region.go and persist.go
 // (the stores and snapshots a zone is provisioned with), overrides.go,
 // admin.go, status.go and command*.go (the admin API, the status handler,
 // the CLI) and registry.go (the handler's view of internal/live).

@@ -176,7 +176,7 @@ func (f *fellBack) limit(repl *caddy.Replacer, setting, ph string, atMost, lit i
 // was unusable.
 func (z *zoneHandler) planFallback(now int64, fb fellBack) {
 	add(z.metrics.planFallbacks, 1)
-	if c := z.logs.planFallback.check(z.logger, now, zapcore.WarnLevel, "per-request limit is empty or invalid; using the zone's literal value"); c != nil {
+	if c := z.logs.planFallback.Check(z.logger, now, zapcore.WarnLevel, "per-request limit is empty or invalid; using the zone's literal value"); c != nil {
 		fields := []zap.Field{zap.String("zone", z.Name), zap.String("setting", fb.setting), zap.String("value", fb.value)}
 		if fb.why != nil {
 			fields = append(fields, zap.Error(fb.why))

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-tally/ratelimit/distributed"
+	"github.com/caddy-tally/ratelimit/internal/live"
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
@@ -223,7 +224,7 @@ func (c *globalCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *globalCollector) Collect(ch chan<- prometheus.Metric) {
-	for name, z := range liveZones() {
+	for name, z := range live.Zones() {
 		sh := viewOf(z).shared
 		if sh == nil {
 			continue

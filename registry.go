@@ -1,8 +1,6 @@
 package ratelimit
 
 import (
-	"context"
-
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-tally/ratelimit/distributed"
@@ -43,21 +41,6 @@ type storeView struct {
 func viewOf(z *zones.Zone) storeView {
 	v, _ := live.View(z).(storeView)
 	return v
-}
-
-func liveZones() map[string]*zones.Zone { return live.Zones() }
-
-// lookupZone is the last registration of name; with httpOnly, the last that
-// is not a connection zone.
-func lookupZone(name string, httpOnly bool) *zones.Zone { return live.Lookup(name, httpOnly) }
-
-// isConnectionZone reports whether z is a listener wrapper's zone.
-func isConnectionZone(z *zones.Zone) bool { return live.IsConnection(z) }
-
-// claimedHTTPZone returns the claim of the HTTP zone name in ctx's config,
-// when a handler of that config has provisioned it already.
-func claimedHTTPZone(ctx context.Context, name string) (live.Claim, bool) {
-	return live.ClaimedHTTPZone(ctx, name)
 }
 
 // httpZoneInJSON looks for the HTTP zone name in the routes of the app's

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/caddy-tally/ratelimit/internal/live"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 	"github.com/caddy-tally/ratelimit/zones"
 )
@@ -351,6 +352,19 @@ type liveState struct {
 	errorRoutes atomic.Int32 // errorRoutesUnknown, None or Some
 }
 
+// logSamplers are a handler's samplers, one per line a request can cause,
+// each by internal/live's one rule; its zones share them.
+type logSamplers struct {
+	denial, dryRunDenial live.Sampler
+	storeError           live.Sampler
+	planFallback         live.Sampler
+	costFallback         live.Sampler
+	costOverBurst        live.Sampler
+	chargeFailure        live.Sampler
+	chargeFallback       live.Sampler
+	ban, dryRunBan       live.Sampler
+}
+
 // What a handler knows of its server's error routes.
 const (
 	errorRoutesUnknown int32 = iota
@@ -380,7 +394,7 @@ func (h *Handler) banStarted(now int64, z *zoneHandler, key string, d zones.Deci
 	if dryRun {
 		s, msg = &h.live.logs.dryRunBan, "rate limit would ban (dry run)"
 	}
-	if c := s.check(h.logger, now, zapcore.InfoLevel, msg); c != nil {
+	if c := s.Check(h.logger, now, zapcore.InfoLevel, msg); c != nil {
 		fields := []zap.Field{zap.String("zone", z.Name), zap.Duration("ban", d.BanStarted)}
 		if d.BanLevel > 0 {
 			fields = append(fields, zap.Int("level", d.BanLevel))
@@ -399,7 +413,7 @@ func (h *Handler) logDenial(now int64, z *zoneHandler, key string, d zones.Decis
 	if dryRun {
 		s, msg = &h.live.logs.dryRunDenial, "rate limit would deny (dry run)"
 	}
-	if c := s.check(h.logger, now, zapcore.InfoLevel, msg); c != nil {
+	if c := s.Check(h.logger, now, zapcore.InfoLevel, msg); c != nil {
 		fields := []zap.Field{zap.String("zone", z.Name), zap.Duration("retry_after", d.RetryAfter)}
 		if h.LogKey {
 			fields = append(fields, zap.String("key", key))

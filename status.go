@@ -15,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-tally/ratelimit/distributed"
+	"github.com/caddy-tally/ratelimit/internal/live"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 	"github.com/caddy-tally/ratelimit/zones"
 )
@@ -73,7 +74,7 @@ func (s *StatusHandler) Provision(ctx caddy.Context) error {
 			return fmt.Errorf("rate_limit_status: zone name %q is invalid: use letters, digits, '_' and '-' only", name)
 		}
 		found := false
-		if _, ok := claimedHTTPZone(ctx, name); ok {
+		if _, ok := live.ClaimedHTTPZone(ctx, name); ok {
 			found = true
 		} else if app, err := ctx.AppIfConfigured("http"); err == nil {
 			if app, ok := app.(*caddyhttp.App); ok {
@@ -179,7 +180,7 @@ func (s *StatusHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ cadd
 // statusTicket is the request's ticket in zone name of the running config,
 // resolved (nil when the zone is not loaded).
 func statusTicket(r *http.Request, repl *caddy.Replacer, name string, now int64) *verdict {
-	z := lookupZone(name, true)
+	z := live.Lookup(name, true)
 	if z == nil {
 		return nil
 	}

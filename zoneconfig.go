@@ -778,7 +778,7 @@ func (z *zoneHandler) classFor(r *http.Request, repl *caddy.Replacer) int {
 
 // logStoreError logs (sampled) a decision the store could not make.
 func (z *zoneHandler) logStoreError(now int64, d zones.Decision) {
-	if c := z.logs.storeError.check(z.logger, now, zapcore.DebugLevel, "store unavailable; fail policy applied"); c != nil {
+	if c := z.logs.storeError.Check(z.logger, now, zapcore.DebugLevel, "store unavailable; fail policy applied"); c != nil {
 		c.Write(zap.String("zone", z.Name), zap.String("fail_policy", z.FailPolicy.String()), zap.Error(d.Err))
 	}
 }
