@@ -16,8 +16,8 @@
 // the CLI) and registry.go (the handler's view of internal/live).
 //
 // Below it: what lives across reloads (zone states, name claims, the
-// running zones, the collectors) is in internal/live, shared with package
-// listener; the maths is in package algorithms; a zone's state, deny cache
+// running zones, the pooled Redis stores and Regions, the collectors) is in
+// internal/live, shared with package listener; the maths is in package algorithms; a zone's state, deny cache
 // and fail policy are in package zones; Redis is spoken to only in package
 // distributed. Nothing imports this package.
 package ratelimit
@@ -126,11 +126,11 @@ type Handler struct {
 	logger      *zap.Logger
 	// placeholders: some zone's key, limit or cost reads the replacer.
 	placeholders bool
-	live         *liveState  // what requests update
-	persister    *persister  // nil without persist
-	store        zones.Store // nil in local mode
-	backend      backend     // what else the handler needs of store
-	storeKey     string      // to release store from its pool
+	live         *liveState   // what requests update
+	persister    *persister   // nil without persist
+	store        zones.Store  // nil in local mode
+	backend      live.Backend // what else the handler needs of store
+	storeKey     string       // to release store from its pool
 	// region shares scope global zones' limits with the other regions
 	// (nil without distributed's global block); regionKey releases it.
 	region    *distributed.Region
@@ -188,12 +188,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.events = eventsApp.(*caddyevents.App)
 
 	if h.Distributed != nil {
-		if h.store, h.backend, h.storeKey, err = h.Distributed.open(ctx, h.logger); err != nil {
+		if h.store, h.backend, h.storeKey, err = h.Distributed.open(h.logger); err != nil {
 			return err
 		}
 		if h.Distributed.Global != nil {
 			if err := h.openRegion(); err != nil {
-				releaseStore(h.storeKey)
+				live.ReleaseStore(h.storeKey)
 				h.store = nil
 				return err
 			}
@@ -306,9 +306,11 @@ func (h *Handler) releaseShared() {
 	for _, z := range h.zones {
 		z.releaseState()
 	}
-	h.releaseRegion()
+	if h.region != nil {
+		live.ReleaseRegion(h.region, h.regionKey, h.globalZones)
+	}
 	if h.store != nil {
-		releaseStore(h.storeKey)
+		live.ReleaseStore(h.storeKey)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-tally/ratelimit/distributed"
+	"github.com/caddy-tally/ratelimit/internal/live"
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
@@ -98,96 +99,30 @@ type Redis struct {
 	TLSKey string `json:"tls_key,omitempty"`
 }
 
-// stores shares one Redis client per distinct setting between all handlers,
-// across config reloads; the last handler to let go closes it.
-var stores = caddy.NewUsagePool()
-
-// releaseStore lets go of a handler's reference to a pooled store.
-func releaseStore(poolKey string) { _, _ = stores.Delete(poolKey) }
-
-// backend is what a handler needs of its pooled store besides
-// zones.Store and its Offers, set where the store is made: no code asks a
-// store what it is.
-type backend struct {
-	health storeHealth
-	resets resetNotifier
-	async  *distributed.Async // async mode: its zones' bans are read from it
-}
-
-// pooledStore is a store in the pool with its backend.
-type pooledStore struct {
-	store interface {
-		zones.Store
-		caddy.Destructor
-	}
-	backend backend
-}
-
-// Destruct closes the store (caddy.Destructor).
-func (p pooledStore) Destruct() error { return p.store.Destruct() }
-
-// storeHealth is what a store tells of its health, for the admin API.
-type storeHealth interface {
-	Health() (ok bool, openSince time.Time)
-	LastProblem() (string, time.Time)
-	Outages() []distributed.NodeOutage
-}
-
-// resetNotifier is a store that tells of every reset of a key, made on any
-// instance sharing its Redis: each zone forgets the key too.
-type resetNotifier interface {
-	OnReset(zone string, l distributed.ResetListener) (remove func())
-}
-
-// open returns the pooled store for this setting, a *distributed.Strict
-// (strict) or *distributed.Async, what else the handler needs of it, and
-// the key to release it with.
-func (dist *Distributed) open(ctx caddy.Context, logger *zap.Logger) (zones.Store, backend, string, error) {
+// open checks the setting and returns its pooled store (live.OpenStore).
+func (dist *Distributed) open(logger *zap.Logger) (zones.Store, live.Backend, string, error) {
 	switch dist.Mode {
 	case "", "strict", "async":
 	default:
-		return nil, backend{}, "", fmt.Errorf("distributed: unknown mode %q: use strict or async", dist.Mode)
+		return nil, live.Backend{}, "", fmt.Errorf("distributed: unknown mode %q: use strict or async", dist.Mode)
 	}
 	if dist.Redis == nil || len(dist.Redis.Addresses) == 0 {
-		return nil, backend{}, "", errors.New("distributed: redis needs at least one address, e.g. redis://127.0.0.1:6379")
+		return nil, live.Backend{}, "", errors.New("distributed: redis needs at least one address, e.g. redis://127.0.0.1:6379")
 	}
 	if len(dist.KeyPrefix) > maxKeyPrefix {
-		return nil, backend{}, "", fmt.Errorf("distributed: key_prefix is longer than %d bytes: use a shorter one", maxKeyPrefix)
+		return nil, live.Backend{}, "", fmt.Errorf("distributed: key_prefix is longer than %d bytes: use a shorter one", maxKeyPrefix)
 	}
 	syncInterval, err := dist.syncInterval(logger)
 	if err != nil {
-		return nil, backend{}, "", err
+		return nil, live.Backend{}, "", err
 	}
 	opts, err := dist.Redis.options(logger)
 	if err != nil {
-		return nil, backend{}, "", err
+		return nil, live.Backend{}, "", err
 	}
 	opts.Timeout, opts.KeyPrefix = time.Duration(dist.Timeout), dist.KeyPrefix
 	opts.Mode, opts.SyncInterval = dist.Mode, syncInterval
-	distributed.RouteClientLogs(caddy.Log().Named("redis"))
-	key := opts.Key()
-	v, _, err := stores.LoadOrNew(key, func() (caddy.Destructor, error) {
-		if opts.Mode == "async" {
-			s, err := distributed.OpenAsync(opts, logger.Named("redis"))
-			if err != nil {
-				return nil, err
-			}
-			return pooledStore{s, backend{health: s, resets: s, async: s}}, nil
-		}
-		s, err := distributed.Open(opts, logger.Named("redis"))
-		if err != nil {
-			return nil, err
-		}
-		return pooledStore{s, backend{health: s, resets: s}}, nil
-	})
-	if err != nil {
-		if !strings.HasPrefix(err.Error(), "distributed: ") {
-			err = fmt.Errorf("distributed: %v", err)
-		}
-		return nil, backend{}, "", err
-	}
-	p := v.(pooledStore)
-	return p.store, p.backend, key, nil
+	return live.OpenStore(opts, logger)
 }
 
 // options is the connection part of the store's settings, placeholders

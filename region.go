@@ -46,10 +46,6 @@ type Global struct {
 	Lease caddy.Duration `json:"lease,omitempty"`
 }
 
-// regions is the pool of Regions, one per setting, shared by every
-// handler across reloads like the stores.
-var regions = caddy.NewUsagePool()
-
 // regionOptions is the setting of dist's region.
 func (dist *Distributed) regionOptions(logger *zap.Logger) (distributed.RegionOptions, error) {
 	g := dist.Global
@@ -78,25 +74,8 @@ func (h *Handler) openRegion() error {
 	if err != nil {
 		return err
 	}
-	key := opts.Key(h.storeKey)
-	v, _, err := regions.LoadOrNew(key, func() (caddy.Destructor, error) {
-		return distributed.OpenRegion(h.store, opts, h.logger.Named("global"))
-	})
-	if err != nil {
-		return err
-	}
-	h.region, h.regionKey = v.(*distributed.Region), key
-	return nil
-}
-
-// releaseRegion lets go of the handler's region.
-func (h *Handler) releaseRegion() {
-	if h.region != nil {
-		for _, name := range h.globalZones {
-			h.region.ReleaseZone(name)
-		}
-		_, _ = regions.Delete(h.regionKey)
-	}
+	h.region, h.regionKey, err = live.OpenRegion(h.store, h.storeKey, opts, h.logger)
+	return err
 }
 
 // globalStore is the store zone zc decides with: the handler's, or for a

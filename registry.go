@@ -27,7 +27,7 @@ func stateKey(vars planVars) any {
 type storeView struct {
 	regional zones.Store         // the store decisions reach (nil in local mode)
 	shared   *distributed.Shared // a scope global zone's share of it, else nil
-	health   storeHealth         // the regional store's health, if it tells it
+	health   live.StoreHealth    // the regional store's health, if it tells it
 	// overrides are the zone's overrides, emit its handler's events.
 	overrides *overrideHolder
 	emit      func(event string, data map[string]any)

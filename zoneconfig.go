@@ -450,7 +450,7 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 		// limit.)
 		live.LogAfresh(h.logger, id)
 	}
-	if n := h.backend.resets; n != nil {
+	if n := h.backend.Resets; n != nil {
 		// A key reset on another instance is forgotten here too.
 		zh.stopReset = n.OnReset(name, zh.Zone)
 	}
@@ -475,7 +475,7 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 	if cfg.Ban > 0 && !cfg.DryRun {
 		zh.Zone.OnBanDropped = zh.banDropped
 	}
-	if a := h.backend.async; a != nil && cfg.Ban > 0 {
+	if a := h.backend.Async; a != nil && cfg.Ban > 0 {
 		zh.stopBans = make(chan struct{})
 		go zh.learnBans(a, a.SyncInterval())
 	}
@@ -499,7 +499,7 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 	zh.overridesKey = ovKey
 	zh.Zone.UseOverrides(&ov.set)
 	emit := func(event string, data map[string]any) { h.events.Emit(h.ctx, event, data) }
-	live.Register(zh.Zone, false, storeView{regional: h.store, shared: shared, health: h.backend.health, overrides: ov, emit: emit, handler: zh})
+	live.Register(zh.Zone, false, storeView{regional: h.store, shared: shared, health: h.backend.Health, overrides: ov, emit: emit, handler: zh})
 	return zh, nil
 }
 

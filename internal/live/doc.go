@@ -2,10 +2,13 @@
 // rate_limit handler (the root package) and the listener wrapper (package
 // listener): each zone definition's state, kept while a loaded config
 // defines it; the names each config claims; the registry of the running
-// config's zones, which the admin API and the metrics read; the collectors
-// registered into each config's metrics registry; and the one sampling rule
-// of the lines a request or a connection logs.
+// config's zones, which the admin API and the metrics read; the Redis
+// stores and the Regions, pooled by setting and closed by the last handler
+// to let go (stores.go); the collectors registered into each config's
+// metrics registry; and the one sampling rule of the lines a request or a
+// connection logs.
 //
-// It stands above zones (it holds zones' states and zones) and below both
-// modules; it imports Caddy's core (its usage pool) and none of its apps.
+// It stands above zones and distributed (it holds zones' states, zones and
+// stores) and below both modules; it imports Caddy's core (its usage pool)
+// and none of its apps.
 package live
