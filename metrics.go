@@ -235,27 +235,13 @@ func add(c prometheus.Counter, n float64) {
 	}
 }
 
-// snapshotMetrics are a persisted zone's series (persist.go); none is bound
-// with metrics disabled.
-type snapshotMetrics struct {
-	duration                       prometheus.Observer
-	keysWritten, keysRestored      prometheus.Counter
-	writeFailures, restoreFailures prometheus.Counter
-}
-
-func newSnapshotMetrics(zone string) snapshotMetrics {
-	return snapshotMetrics{
-		duration:        collectors.snapshotSeconds.WithLabelValues(zone),
-		keysWritten:     collectors.snapshotKeys.WithLabelValues(zone),
-		keysRestored:    collectors.restoredKeys.WithLabelValues(zone),
-		writeFailures:   collectors.writeFails.WithLabelValues(zone),
-		restoreFailures: collectors.restoreFails.WithLabelValues(zone),
+// newSnapshotMetrics are a persisted zone's series (persist.go).
+func newSnapshotMetrics(zone string) live.SnapshotMetrics {
+	return live.SnapshotMetrics{
+		Duration:        collectors.snapshotSeconds.WithLabelValues(zone),
+		KeysWritten:     collectors.snapshotKeys.WithLabelValues(zone),
+		KeysRestored:    collectors.restoredKeys.WithLabelValues(zone),
+		WriteFailures:   collectors.writeFails.WithLabelValues(zone),
+		RestoreFailures: collectors.restoreFails.WithLabelValues(zone),
 	}
-}
-
-func (m snapshotMetrics) written(keys int, took time.Duration) {
-	if m.duration != nil {
-		m.duration.Observe(took.Seconds())
-	}
-	add(m.keysWritten, float64(keys))
 }

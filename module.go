@@ -16,10 +16,11 @@
 // the CLI) and registry.go (the handler's view of internal/live).
 //
 // Below it: what lives across reloads (zone states, name claims, the
-// running zones, the pooled Redis stores and Regions, the collectors) is in
-// internal/live, shared with package listener; the maths is in package algorithms; a zone's state, deny cache
-// and fail policy are in package zones; Redis is spoken to only in package
-// distributed. Nothing imports this package.
+// running zones, the pooled Redis stores and Regions, the snapshots, the
+// collectors) is in internal/live, shared with package listener; the maths
+// is in package algorithms; a zone's state, deny cache and fail policy are
+// in package zones; Redis is spoken to only in package distributed.
+// Nothing imports this package.
 package ratelimit
 
 import (
@@ -126,11 +127,11 @@ type Handler struct {
 	logger      *zap.Logger
 	// placeholders: some zone's key, limit or cost reads the replacer.
 	placeholders bool
-	live         *liveState   // what requests update
-	persister    *persister   // nil without persist
-	store        zones.Store  // nil in local mode
-	backend      live.Backend // what else the handler needs of store
-	storeKey     string       // to release store from its pool
+	live         *liveState      // what requests update
+	persister    *live.Persister // nil without persist
+	store        zones.Store     // nil in local mode
+	backend      live.Backend    // what else the handler needs of store
+	storeKey     string          // to release store from its pool
 	// region shares scope global zones' limits with the other regions
 	// (nil without distributed's global block); regionKey releases it.
 	region    *distributed.Region
@@ -242,23 +243,23 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 // starts writes nothing), `stopping` writes them before Caddy waits for
 // the requests in flight.
 func (h *Handler) provisionPersist(ctx caddy.Context) error {
-	p, err := newPersister(ctx, h)
+	p, n, err := newPersister(ctx, h)
 	if err != nil {
 		return err
 	}
 	h.persister = p
-	if len(p.zones) == 0 {
+	if n == 0 {
 		return nil
 	}
-	p.restore()
+	p.Restore()
 	for event, f := range map[string]func(){
-		"started": p.start,
+		"started": p.Start,
 		// A reload stops the old config too: its zones' states either go
 		// on in the new one or are dropped, which writes their final
 		// snapshot. Only an exit needs one now.
 		"stopping": func() {
 			if caddy.Exiting() {
-				p.writeAllAtOnce("stopping")
+				p.WriteAll("stopping")
 			}
 		},
 	} {
@@ -288,7 +289,7 @@ func (h *Handler) Validate() error {
 // taken, and only once.
 func (h *Handler) Cleanup() error {
 	if h.persister != nil {
-		h.persister.close()
+		h.persister.Close()
 		h.persister = nil
 	}
 	for _, z := range h.zones {

@@ -1,17 +1,10 @@
 package ratelimit
 
 import (
-	"context"
 	"encoding/json"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/caddyserver/certmagic"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-tally/ratelimit/zones"
 )
@@ -73,42 +66,5 @@ func TestSnapshotNameFollowsTheLimits(t *testing.T) {
 		if other == base {
 			t.Errorf("changed limits keep the snapshot identity %s", base)
 		}
-	}
-}
-
-// slowStorage is a certmagic.Storage whose Load answers only when its
-// context ends.
-type slowStorage struct{ certmagic.Storage }
-
-func (slowStorage) Load(ctx context.Context, _ string) ([]byte, error) {
-	<-ctx.Done()
-	return nil, ctx.Err()
-}
-
-// A storage that does not answer delays the restore by RestoreTimeout, not
-// more; the zone then starts empty, with a WARN.
-func TestRestoreFromASlowStorageGivesUpAfterTheBound(t *testing.T) {
-	dir := t.TempDir()
-	t.Setenv("XDG_DATA_HOME", dir)
-	if err := os.MkdirAll(filepath.Join(dir, "caddy"), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "caddy", "instance.uuid"), []byte("8c5d3e5e-0000-4000-8000-000000000000"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg := zones.Config{Name: "login", Events: 3, Window: time.Hour}
-	st := zones.NewState(cfg, time.Hour)
-	defer st.Destruct()
-	core, logs := observer.New(zap.WarnLevel)
-	p := &persister{logger: zap.New(core), storage: slowStorage{}, maxAge: time.Hour}
-	p.zones = []*persistedZone{{zh: &zoneHandler{Zone: mustZone(cfg, st, nil)}, fresh: true}}
-
-	start := time.Now()
-	p.restore()
-	if took := time.Since(start); took < RestoreTimeout || took > RestoreTimeout+time.Second {
-		t.Errorf("restore took %v, want the %v bound", took, RestoreTimeout)
-	}
-	if logs.FilterMessageSnippet("the storage did not answer in time").Len() != 1 {
-		t.Errorf("no WARN for the storage that did not answer: %v", logs.All())
 	}
 }

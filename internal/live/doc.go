@@ -4,7 +4,8 @@
 // defines it; the names each config claims; the registry of the running
 // config's zones, which the admin API and the metrics read; the Redis
 // stores and the Regions, pooled by setting and closed by the last handler
-// to let go (stores.go); the collectors registered into each config's
+// to let go (stores.go); the snapshots of local rate zones to Caddy's
+// storage (persist.go); the collectors registered into each config's
 // metrics registry; and the one sampling rule of the lines a request or a
 // connection logs.
 //
