@@ -11,7 +11,6 @@ package ratelimit
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -548,7 +547,7 @@ func (h *overrideHolder) load(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, overridesCall)
 	defer cancel()
 	h.mu.Lock()
-	at, copies := h.at, h.live(time.Now())
+	at := h.at
 	h.mu.Unlock()
 	read, err := h.remote.Read(ctx, h.name, at)
 	if err != nil {
@@ -557,7 +556,13 @@ func (h *overrideHolder) load(ctx context.Context) {
 		}
 		return
 	}
-	if at.Epoch != "" && read.At.Epoch != at.Epoch && len(copies) > 0 {
+	var copies []overrideRecord
+	if at.Epoch != "" && read.At.Epoch != at.Epoch {
+		h.mu.Lock()
+		copies = h.live(time.Now()) // only loads change the records, and h.follows is held
+		h.mu.Unlock()
+	}
+	if len(copies) > 0 {
 		stored := make([]zones.StoredOverride, 0, len(copies))
 		for _, r := range copies {
 			stored = append(stored, r.stored())
@@ -580,18 +585,18 @@ func (h *overrideHolder) load(ctx context.Context) {
 	h.mu.Lock()
 	if read.All {
 		h.records = map[string]overrideRecord{}
+		h.set.Store(nil)
 	}
 	for _, s := range read.Changes {
 		var r overrideRecord
 		if s.Record == nil {
-			delete(h.records, s.ID)
+			h.apply(s.ID, nil)
 		} else if json.Unmarshal(s.Record, &r) == nil && r.ID == s.ID {
 			r.version = s.Version
-			h.records[r.ID] = r
+			h.apply(r.ID, &r)
 		}
 	}
 	h.at = read.At
-	h.rebuild(time.Now())
 	h.mu.Unlock()
 	forgetDenials(h.name)
 }
@@ -636,23 +641,36 @@ func (h *overrideHolder) live(now time.Time) []overrideRecord {
 	return out
 }
 
-// rebuild drops lapsed records and makes the set from the others, each
-// after the ones changed before it, so that of two with the same match the
-// latest change is in force; h.mu is held.
+// apply makes the set hold r, resolved under the zone's definition, in
+// place of the override id, or drops id when r is nil; h.mu is held. It
+// costs O(log N) at N overrides: the new set shares the rest of the old
+// one, and requests move to it with one atomic store. A lapsed record
+// stays until the loop's rebuild drops it; lookups pass it over.
+func (h *overrideHolder) apply(id string, r *overrideRecord) {
+	set := h.set.Load().Without(id)
+	delete(h.records, id)
+	if r != nil {
+		if exp := r.expiresAt(); !exp.IsZero() && (h.next.IsZero() || exp.Before(h.next)) {
+			h.next = exp
+		}
+		o, err := r.override(h.cfg)
+		if err != nil {
+			h.logger.Warn("an override does not fit the zone; ignored", zap.String("zone", h.name), zap.String("id", id), zap.Error(err))
+		} else if with, err := set.With(o, r.version); err == nil {
+			r.resolved, set = o, with
+		}
+		h.records[id] = *r
+	}
+	h.set.Store(set)
+}
+
+// rebuild drops lapsed records and makes the set from the others under
+// the zone's definition; h.mu is held. It is O(N): it runs when the
+// definition changes or an override lapses, not on a change.
 func (h *overrideHolder) rebuild(now time.Time) {
 	h.next = time.Time{}
-	list := make([]*zones.Override, 0, len(h.records))
-	type change struct {
-		version int64
-		id      string
-	}
-	order := make([]change, 0, len(h.records))
+	var set *zones.OverrideSet
 	for id, r := range h.records {
-		order = append(order, change{r.version, id})
-	}
-	slices.SortFunc(order, func(a, b change) int { return cmp.Or(cmp.Compare(a.version, b.version), strings.Compare(a.id, b.id)) })
-	for _, c := range order {
-		id, r := c.id, h.records[c.id]
 		exp := r.expiresAt()
 		if !exp.IsZero() && !now.Before(exp) {
 			delete(h.records, id)
@@ -675,12 +693,9 @@ func (h *overrideHolder) rebuild(now time.Time) {
 			r.resolved = o
 			h.records[id] = r
 		}
-		list = append(list, r.resolved)
-	}
-	set, err := zones.NewOverrideSet(list)
-	if err != nil {
-		h.logger.Error("the zone's overrides", zap.String("zone", h.name), zap.Error(err))
-		return
+		if with, err := set.With(r.resolved, r.version); err == nil {
+			set = with
+		}
 	}
 	h.set.Store(set)
 }
@@ -738,7 +753,9 @@ func (h *overrideHolder) put(ctx context.Context, rec overrideRecord) error {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.rebuild(time.Now()) // lapsed ones do not count
+	if now := time.Now(); !h.next.IsZero() && !now.Before(h.next) {
+		h.rebuild(now) // lapsed ones do not count
+	}
 	if _, had := h.records[rec.ID]; !had && len(h.records) >= zones.MaxOverrides {
 		return errTooManyOverrides
 	}
@@ -746,8 +763,7 @@ func (h *overrideHolder) put(ctx context.Context, rec overrideRecord) error {
 		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("storing the override in Caddy's storage: %v", err)}
 	}
 	rec.version = rec.setAt()
-	h.records[rec.ID] = rec
-	h.rebuild(time.Now())
+	h.apply(rec.ID, &rec)
 	forgetDenials(h.name)
 	return nil
 }
@@ -770,8 +786,7 @@ func (h *overrideHolder) remove(ctx context.Context, id string) (bool, error) {
 	if err := h.erase(id); err != nil {
 		return false, caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("removing the override from Caddy's storage: %v", err)}
 	}
-	delete(h.records, id)
-	h.rebuild(time.Now())
+	h.apply(id, nil)
 	forgetDenials(h.name)
 	return true, nil
 }

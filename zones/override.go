@@ -62,17 +62,36 @@ func ConcurrencyPlan(n int64) Plan {
 	return Plan{Events: n, Burst: n, limit: algorithms.Limit{EmissionInterval: 1, Burst: n}}
 }
 
-// OverrideSet is an immutable set of overrides, indexed for lookups in
-// O(1) for keys and O(prefix length) for prefixes and CIDRs: one map
-// lookup per prefix length (or CIDR length) present.
+// OverrideSet is an immutable set of overrides. A change makes a new set
+// that shares all but O(log N) of the old one's nodes (With, Without), so
+// that a change costs each instance the same at any number of overrides,
+// and a request reads a set with one atomic load. A lookup costs one trie
+// walk for the key, one per CIDR length present and one per prefix length
+// present, without allocating. Of the overrides with the same match, the
+// one of the latest change is in force.
 type OverrideSet struct {
-	all      []*Override
-	keys     map[string]*Override
-	prefixes map[string]*Override
-	prefLens []int // longest first
-	cidrs    map[netip.Prefix]*Override
-	cidrLens [2][]int // IPv4, IPv6; narrowest (longest) first
+	n        int
+	ids      *trie[string, placed]
+	keys     *trie[string, []placed] // each sorted by change, latest last
+	prefixes *trie[string, []placed]
+	cidrs    *trie[netip.Prefix, []placed]
+	prefLens []lenCount    // longest first
+	cidrLens [2][]lenCount // IPv4, IPv6; narrowest (longest) first
 }
+
+// placed is an override and the change that put it.
+type placed struct {
+	version int64
+	o       *Override
+}
+
+// before orders changes: by version, then by id.
+func (p placed) before(q placed) bool {
+	return p.version < q.version || p.version == q.version && p.o.ID < q.o.ID
+}
+
+// lenCount is how many matches of one length a set holds.
+type lenCount struct{ n, count int }
 
 // ErrOverrideMatch is returned for an override that covers nothing.
 var ErrOverrideMatch = errors.New("an override covers exactly one key, prefix or CIDR")
@@ -80,44 +99,132 @@ var ErrOverrideMatch = errors.New("an override covers exactly one key, prefix or
 // NewOverrideSet indexes list (nil for an empty one). A later override
 // with the same match replaces an earlier one in lookups.
 func NewOverrideSet(list []*Override) (*OverrideSet, error) {
-	if len(list) == 0 {
-		return nil, nil
-	}
-	s := &OverrideSet{all: slices.Clone(list), keys: map[string]*Override{}, prefixes: map[string]*Override{}, cidrs: map[netip.Prefix]*Override{}}
-	for _, o := range list {
-		n := 0
-		if o.Key != "" {
-			n++
-			s.keys[o.Key] = o
-		}
-		if o.Prefix != "" {
-			n++
-			s.prefixes[o.Prefix] = o
-			if !slices.Contains(s.prefLens, len(o.Prefix)) {
-				s.prefLens = append(s.prefLens, len(o.Prefix))
-			}
-		}
-		if o.CIDR.IsValid() {
-			n++
-			p := o.CIDR.Masked()
-			s.cidrs[p] = o
-			fam := 0
-			if p.Addr().Is6() {
-				fam = 1
-			}
-			if !slices.Contains(s.cidrLens[fam], p.Bits()) {
-				s.cidrLens[fam] = append(s.cidrLens[fam], p.Bits())
-			}
-		}
-		if n != 1 {
-			return nil, ErrOverrideMatch
+	var s *OverrideSet
+	for i, o := range list {
+		var err error
+		if s, err = s.With(o, int64(i)); err != nil {
+			return nil, err
 		}
 	}
-	desc := func(a, b int) int { return b - a }
-	slices.SortFunc(s.prefLens, desc)
-	slices.SortFunc(s.cidrLens[0], desc)
-	slices.SortFunc(s.cidrLens[1], desc)
 	return s, nil
+}
+
+// With is the set with o in place of the override of its id, put by the
+// change version: of the overrides with the same match, the one of the
+// latest version (then the greatest id) is in force. s is unchanged.
+func (s *OverrideSet) With(o *Override, version int64) (*OverrideSet, error) {
+	if n := btoi(o.Key != "") + btoi(o.Prefix != "") + btoi(o.CIDR.IsValid()); n != 1 {
+		return nil, ErrOverrideMatch
+	}
+	s = s.Without(o.ID)
+	c := OverrideSet{}
+	if s != nil {
+		c = *s
+	}
+	p := placed{version, o}
+	c.ids = c.ids.put(hashString(o.ID), o.ID, p)
+	c.n++
+	switch {
+	case o.Key != "":
+		h := hashString(o.Key)
+		c.keys = c.keys.put(h, o.Key, addPlaced(c.keys.get(h, o.Key), p))
+	case o.Prefix != "":
+		h := hashString(o.Prefix)
+		old := c.prefixes.get(h, o.Prefix)
+		c.prefixes = c.prefixes.put(h, o.Prefix, addPlaced(old, p))
+		if len(old) == 0 {
+			c.prefLens = countLen(c.prefLens, len(o.Prefix), 1)
+		}
+	default:
+		m := o.CIDR.Masked()
+		h := hashPrefix(m)
+		old := c.cidrs.get(h, m)
+		c.cidrs = c.cidrs.put(h, m, addPlaced(old, p))
+		if len(old) == 0 {
+			fam := family(m.Addr())
+			c.cidrLens[fam] = countLen(c.cidrLens[fam], m.Bits(), 1)
+		}
+	}
+	return &c, nil
+}
+
+// Without is the set without the override id (nil when none is left). s
+// is unchanged.
+func (s *OverrideSet) Without(id string) *OverrideSet {
+	if s == nil {
+		return nil
+	}
+	hid := hashString(id)
+	p, ok := s.ids.lookup(hid, id)
+	if !ok {
+		return s
+	}
+	if s.n == 1 {
+		return nil
+	}
+	c := *s
+	c.ids = c.ids.del(hid, id)
+	c.n--
+	switch o := p.o; {
+	case o.Key != "":
+		h := hashString(o.Key)
+		c.keys = change(c.keys, h, o.Key, dropPlaced(c.keys.get(h, o.Key), id))
+	case o.Prefix != "":
+		h := hashString(o.Prefix)
+		rest := dropPlaced(c.prefixes.get(h, o.Prefix), id)
+		c.prefixes = change(c.prefixes, h, o.Prefix, rest)
+		if len(rest) == 0 {
+			c.prefLens = countLen(c.prefLens, len(o.Prefix), -1)
+		}
+	default:
+		m := o.CIDR.Masked()
+		h := hashPrefix(m)
+		rest := dropPlaced(c.cidrs.get(h, m), id)
+		c.cidrs = change(c.cidrs, h, m, rest)
+		if len(rest) == 0 {
+			fam := family(m.Addr())
+			c.cidrLens[fam] = countLen(c.cidrLens[fam], m.Bits(), -1)
+		}
+	}
+	return &c
+}
+
+// addPlaced is list (sorted by change) with p in its place.
+func addPlaced(list []placed, p placed) []placed {
+	i := 0
+	for i < len(list) && list[i].before(p) {
+		i++
+	}
+	return slices.Insert(slices.Clip(list), i, p)
+}
+
+// dropPlaced is list without the override id.
+func dropPlaced(list []placed, id string) []placed {
+	return slices.DeleteFunc(slices.Clone(list), func(p placed) bool { return p.o.ID == id })
+}
+
+// countLen is lens (longest first) with the count of n moved by d, and
+// without n when none is left.
+func countLen(lens []lenCount, n, d int) []lenCount {
+	i := 0
+	for i < len(lens) && lens[i].n > n {
+		i++
+	}
+	if i < len(lens) && lens[i].n == n {
+		out := slices.Clone(lens)
+		if out[i].count += d; out[i].count == 0 {
+			out = slices.Delete(out, i, i+1)
+		}
+		return out
+	}
+	return slices.Insert(slices.Clip(lens), i, lenCount{n, d})
+}
+
+func family(a netip.Addr) int {
+	if a.Is6() {
+		return 1
+	}
+	return 0
 }
 
 // Len is the number of overrides in the set.
@@ -125,36 +232,40 @@ func (s *OverrideSet) Len() int {
 	if s == nil {
 		return 0
 	}
-	return len(s.all)
-}
-
-// All is the set's overrides, in the order given.
-func (s *OverrideSet) All() []*Override {
-	if s == nil {
-		return nil
-	}
-	return s.all
+	return s.n
 }
 
 // Lookup is the override in force for key at now (Unix ns), by precedence,
 // nil when none. An expired override is passed over.
 func (s *OverrideSet) Lookup(key string, now int64) *Override { return s.lookup(key, key, now) }
 
+// latest is the override of the latest change in list, nil when none or
+// when it has expired at now.
+func latest(list []placed, now int64) *Override {
+	if len(list) == 0 || list[len(list)-1].o.expired(now) {
+		return nil
+	}
+	return list[len(list)-1].o
+}
+
 // lookup is Lookup of key, whose prefixes are matched on raw.
 func (s *OverrideSet) lookup(key, raw string, now int64) *Override {
-	if o := s.keys[key]; o != nil && !o.expired(now) {
-		return o
+	if s.keys != nil {
+		if o := latest(s.keys.get(hashString(key), key), now); o != nil {
+			return o
+		}
 	}
-	if len(s.cidrs) > 0 {
+	if s.cidrs != nil {
 		if o := s.lookupCIDR(key, now); o != nil {
 			return o
 		}
 	}
-	for _, n := range s.prefLens {
-		if n > len(raw) {
+	for _, l := range s.prefLens {
+		if l.n > len(raw) {
 			continue
 		}
-		if o := s.prefixes[raw[:n]]; o != nil && !o.expired(now) {
+		p := raw[:l.n]
+		if o := latest(s.prefixes.get(hashString(p), p), now); o != nil {
 			return o
 		}
 	}
@@ -187,15 +298,15 @@ func (s *OverrideSet) lookupCIDR(key string, now int64) *Override {
 	if bits < 0 {
 		bits = addr.BitLen()
 	}
-	for _, n := range s.cidrLens[fam] {
-		if n > bits {
+	for _, l := range s.cidrLens[fam] {
+		if l.n > bits {
 			continue
 		}
-		p, err := addr.Prefix(n)
+		p, err := addr.Prefix(l.n)
 		if err != nil {
 			continue
 		}
-		if o := s.cidrs[p]; o != nil && !o.expired(now) {
+		if o := latest(s.cidrs.get(hashPrefix(p), p), now); o != nil {
 			return o
 		}
 	}
@@ -308,3 +419,142 @@ type OverridesRead struct {
 // ErrTooManyOverrides is the error of a Put on a zone that holds
 // MaxOverrides already.
 var ErrTooManyOverrides = errors.New("the zone holds the most overrides it can")
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// trie is a persistent hash trie: a change copies the nodes on one path
+// (at most 13 branches of 32 pointers and a leaf of up to trieLeaf items)
+// and shares every other node, so that readers of the old trie are never
+// disturbed and a change costs O(log N).
+type trie[K comparable, V any] struct {
+	kids  *[32]*trie[K, V] // a branch; nil: a leaf, of items
+	items []trieItem[K, V]
+}
+
+type trieItem[K comparable, V any] struct {
+	h uint64
+	k K
+	v V
+}
+
+// trieLeaf is the most items a leaf holds before it splits (unless the
+// hash is spent: items of one full hash share a leaf).
+const trieLeaf = 8
+
+// lookup is k's value (h its hash), false when none.
+func (t *trie[K, V]) lookup(h uint64, k K) (V, bool) {
+	for shift := uint(0); t != nil; shift += 5 {
+		if t.kids == nil {
+			for i := range t.items {
+				if t.items[i].h == h && t.items[i].k == k {
+					return t.items[i].v, true
+				}
+			}
+			break
+		}
+		t = t.kids[(h>>shift)&31]
+	}
+	var zero V
+	return zero, false
+}
+
+// get is k's value, the zero value when none.
+func (t *trie[K, V]) get(h uint64, k K) V {
+	v, _ := t.lookup(h, k)
+	return v
+}
+
+// put is t with k's value v.
+func (t *trie[K, V]) put(h uint64, k K, v V) *trie[K, V] {
+	return t.with(0, trieItem[K, V]{h, k, v})
+}
+
+// change is t with k's value list, or without k for an empty list.
+func change[K comparable](t *trie[K, []placed], h uint64, k K, list []placed) *trie[K, []placed] {
+	if len(list) == 0 {
+		return t.del(h, k)
+	}
+	return t.put(h, k, list)
+}
+
+func (t *trie[K, V]) with(shift uint, it trieItem[K, V]) *trie[K, V] {
+	if t == nil {
+		return &trie[K, V]{items: []trieItem[K, V]{it}}
+	}
+	if t.kids != nil {
+		kids := *t.kids
+		i := (it.h >> shift) & 31
+		kids[i] = kids[i].with(shift+5, it)
+		return &trie[K, V]{kids: &kids}
+	}
+	items := slices.Clone(t.items)
+	for i := range items {
+		if items[i].h == it.h && items[i].k == it.k {
+			items[i] = it
+			return &trie[K, V]{items: items}
+		}
+	}
+	if len(items) < trieLeaf || shift >= 64 {
+		return &trie[K, V]{items: append(items, it)}
+	}
+	b := &trie[K, V]{kids: &[32]*trie[K, V]{}}
+	for _, x := range append(items, it) {
+		b = b.with(shift, x)
+	}
+	return b
+}
+
+// del is t without k.
+func (t *trie[K, V]) del(h uint64, k K) *trie[K, V] { return t.without(0, h, k) }
+
+func (t *trie[K, V]) without(shift uint, h uint64, k K) *trie[K, V] {
+	if t == nil {
+		return nil
+	}
+	if t.kids != nil {
+		i := (h >> shift) & 31
+		kid := t.kids[i].without(shift+5, h, k)
+		if kid == t.kids[i] {
+			return t
+		}
+		kids := *t.kids
+		kids[i] = kid
+		if kids == [32]*trie[K, V]{} {
+			return nil
+		}
+		return &trie[K, V]{kids: &kids}
+	}
+	i := slices.IndexFunc(t.items, func(x trieItem[K, V]) bool { return x.h == h && x.k == k })
+	switch {
+	case i < 0:
+		return t
+	case len(t.items) == 1:
+		return nil
+	}
+	return &trie[K, V]{items: slices.Delete(slices.Clone(t.items), i, i+1)}
+}
+
+// FNV-1a, folded so that the trie's first levels see every byte.
+const fnvOffset, fnvPrime = 14695981039346656037, 1099511628211
+
+func hashString(s string) uint64 {
+	h := uint64(fnvOffset)
+	for i := 0; i < len(s); i++ {
+		h = (h ^ uint64(s[i])) * fnvPrime
+	}
+	return h ^ h>>32
+}
+
+func hashPrefix(p netip.Prefix) uint64 {
+	h := uint64(fnvOffset)
+	for _, c := range p.Addr().As16() {
+		h = (h ^ uint64(c)) * fnvPrime
+	}
+	h = (h ^ uint64(p.Bits()+1)) * fnvPrime
+	return h ^ h>>32
+}

@@ -1,9 +1,11 @@
 package zones
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -156,6 +158,15 @@ func TestOverridesConcurrentSwapAndLookup(t *testing.T) {
 				default:
 				}
 				key := fmt.Sprintf("k%d", (g+i)%50)
+				// A set once loaded never changes under its reader.
+				if s := ov.Load(); s != nil {
+					now := time.Now().UnixNano()
+					n, a := s.Len(), s.Lookup(key, now)
+					if m, b := s.Len(), s.Lookup(key, now); m != n || a != b {
+						t.Errorf("a loaded set changed: %d overrides then %d, %+v then %+v for %q", n, m, a, b, key)
+						return
+					}
+				}
 				if o := z.Override(key); o != nil && o.Key != key && o.Prefix != "k" {
 					t.Errorf("override %+v for %q", o, key)
 					return
@@ -164,19 +175,26 @@ func TestOverridesConcurrentSwapAndLookup(t *testing.T) {
 			}
 		}()
 	}
-	for i := range 500 {
-		var list []*Override
-		for j := range i % 50 {
-			list = append(list, &Override{ID: fmt.Sprint(j), Key: fmt.Sprintf("k%d", j), Plan: mustPlan(t, int64(j+1), time.Minute)})
+	// Changes flow one at a time, as a holder applies them: each makes a
+	// new set from the one readers hold.
+	for i := range 2000 {
+		id := fmt.Sprint(i % 60)
+		switch s := ov.Load(); {
+		case i%5 == 4:
+			ov.Store(s.Without(id))
+		case i%7 == 0:
+			next, err := s.With(&Override{ID: id, Prefix: "k", Exempt: true}, int64(i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ov.Store(next)
+		default:
+			next, err := s.With(&Override{ID: id, Key: fmt.Sprintf("k%d", i%50), Plan: mustPlan(t, int64(i%9+1), time.Minute)}, int64(i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ov.Store(next)
 		}
-		if i%7 == 0 {
-			list = append(list, &Override{ID: "p", Prefix: "k", Exempt: true})
-		}
-		s, err := NewOverrideSet(list)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ov.Store(s)
 	}
 	close(stop)
 	wg.Wait()
@@ -267,5 +285,117 @@ func TestDeniesHonoursExemptAndDenyOverrides(t *testing.T) {
 	}
 	if !z.Denies("fresh", now) {
 		t.Error("a key under a deny override is not denied")
+	}
+}
+
+// A set changed one override at a time answers every lookup as a set
+// built whole from the same overrides in any order: replacing, removing
+// and two overrides of one match (the latest change wins) included.
+func TestOverrideSetChangesMatchASetBuiltWhole(t *testing.T) {
+	keys := []string{"a", "b", "ab", "abc", "10.1.2.3", "10.1.9.9", "2001:db8::1", "zz"}
+	match := func(i int) Override {
+		switch i % 6 {
+		case 0:
+			return Override{Key: keys[i/6%len(keys)]}
+		case 1, 2:
+			return Override{Prefix: []string{"a", "ab", "z", "10."}[i%4]}
+		case 3:
+			return Override{CIDR: netip.MustParsePrefix([]string{"10.1.0.0/16", "10.1.2.0/24", "2001:db8::/32", "10.0.0.0/8"}[i%4])}
+		}
+		return Override{Key: fmt.Sprintf("k%d", i)}
+	}
+	type change struct {
+		version int64
+		o       *Override
+	}
+	live := map[string]change{}
+	var s *OverrideSet
+	now := time.Now().UnixNano()
+	for i := range 6000 {
+		id := fmt.Sprint(i * 7919 % 1500) // revisits ids: replaces and removes
+		if i%4 == 3 {
+			s = s.Without(id)
+			delete(live, id)
+		} else {
+			o := match(i * 31)
+			o.ID, o.Exempt = id, true
+			if i%9 == 0 {
+				o.Expires = now - 1
+			}
+			next, err := s.With(&o, int64(i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			s = next
+			live[id] = change{int64(i), &o}
+		}
+		if i%50 != 0 {
+			continue
+		}
+		// Built whole, latest change first: the version decides, not the
+		// order of insertion.
+		order := make([]change, 0, len(live))
+		for _, c := range live {
+			order = append(order, c)
+		}
+		slices.SortFunc(order, func(a, b change) int { return cmp.Compare(b.version, a.version) })
+		var whole *OverrideSet
+		for _, c := range order {
+			var err error
+			if whole, err = whole.With(c.o, c.version); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if s.Len() != whole.Len() || s.Len() != len(live) {
+			t.Fatalf("after %d changes: the set holds %d, one built whole %d, want %d", i+1, s.Len(), whole.Len(), len(live))
+		}
+		for _, k := range append(keys, "k31", "k62", "abd", "10.200.0.1") {
+			if s == nil {
+				break
+			}
+			if got, want := s.Lookup(k, now), whole.Lookup(k, now); got != want {
+				t.Fatalf("after %d changes, %q: %+v, a set built whole says %+v", i+1, k, got, want)
+			}
+		}
+	}
+}
+
+// The trie holds what a map holds through any run of puts and deletes,
+// leaves split and emptied branches included, and a change leaves the
+// trie it was made from as it was.
+func TestTrieMatchesAMap(t *testing.T) {
+	var tr *trie[string, int]
+	want := map[string]int{}
+	hash := func(k string) uint64 {
+		if len(k)%2 == 0 {
+			return hashString(k) & 0xfff // collide down to a spent hash
+		}
+		return hashString(k)
+	}
+	for i := range 40000 {
+		k := fmt.Sprint(i * 104729 % 9000)
+		h := hash(k)
+		before, had := tr.lookup(h, k)
+		prev := tr
+		if i%3 == 2 {
+			tr = tr.del(h, k)
+			delete(want, k)
+		} else {
+			tr = tr.put(h, k, i)
+			want[k] = i
+		}
+		if v, ok := prev.lookup(h, k); v != before || ok != had {
+			t.Fatalf("change %d of %q altered the trie it was made from", i, k)
+		}
+		if i%1000 == 0 || i > 39000 {
+			for k, v := range want {
+				if got, ok := tr.lookup(hash(k), k); !ok || got != v {
+					t.Fatalf("after %d changes, %q: %d %v, want %d", i+1, k, got, ok, v)
+				}
+			}
+		}
+	}
+	if _, ok := tr.lookup(hash("absent"), "absent"); ok {
+		t.Error("a key never put is found")
 	}
 }
