@@ -15,6 +15,10 @@ package tests
 // whose wait is at most a minute; a quota per day) so that nothing refills
 // while a scenario runs, even on a loaded machine; conditions are polled,
 // never slept for.
+//
+// The seams between a zone and what surrounds it (slots, adaptive zones,
+// overrides, the one read, the multi-zone Admit) are the suite's too, in
+// conformance_seams_test.go, over the same stores.
 
 import (
 	"context"
