@@ -11,6 +11,7 @@ package ratelimit
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -453,11 +454,7 @@ func (h *overrideHolder) carry(list []overrideRecord) {
 	if h.remote != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), overridesCall)
 		defer cancel()
-		stored := make([]zones.StoredOverride, 0, len(list))
-		for _, r := range list {
-			stored = append(stored, r.stored())
-		}
-		if _, err := h.remote.Restore(ctx, h.name, stored); err != nil {
+		if _, err := h.remote.Restore(ctx, h.name, storedInOrder(list)); err != nil {
 			h.logger.Warn("carrying the zone's overrides to its new store", zap.String("zone", h.name), zap.Error(err))
 		}
 		return
@@ -563,11 +560,7 @@ func (h *overrideHolder) load(ctx context.Context) {
 		h.mu.Unlock()
 	}
 	if len(copies) > 0 {
-		stored := make([]zones.StoredOverride, 0, len(copies))
-		for _, r := range copies {
-			stored = append(stored, r.stored())
-		}
-		n, err := h.remote.Restore(ctx, h.name, stored)
+		n, err := h.remote.Restore(ctx, h.name, storedInOrder(copies))
 		if err != nil {
 			h.logger.Warn("Redis lost the zone's overrides and restoring them failed; this instance keeps its copies and retries", zap.String("zone", h.name), zap.Error(err))
 			return
@@ -630,7 +623,19 @@ func (h *overrideHolder) loadStorage(ctx context.Context) {
 	h.records = records
 }
 
-// live is the records in force at now; h.mu is held.
+// storedInOrder is records as a store restores them, in the order of
+// their changes: Restore versions them in the order given, so that of two
+// overrides of the same match the latest change stays in force.
+func storedInOrder(records []overrideRecord) []zones.StoredOverride {
+	slices.SortStableFunc(records, func(a, b overrideRecord) int { return cmp.Compare(a.version, b.version) })
+	stored := make([]zones.StoredOverride, 0, len(records))
+	for _, r := range records {
+		stored = append(stored, r.stored())
+	}
+	return stored
+}
+
+// live is the records in force at now, by id; h.mu is held.
 func (h *overrideHolder) live(now time.Time) []overrideRecord {
 	out := make([]overrideRecord, 0, len(h.records))
 	for _, id := range slices.Sorted(maps.Keys(h.records)) {

@@ -50,8 +50,12 @@ func TestOverridesRestoredAfterRedisLosesThem(t *testing.T) {
 	rs := startRedis(t)
 	fleet := append(startFleet(t, 2, rs.Addr, overridesZone), startAsyncFleet(t, 2, rs.Addr, "100ms", overridesZone)...)
 	putThreeOverrides(t, fleet[0])
+	// The same match twice, the later change's id sorting first: the
+	// restore must keep the later one (exempt) in force.
+	mustPutOverride(t, fleet[0], "api", "zz-earlier", `{"match":{"key":"twice"},"deny":true}`)
+	mustPutOverride(t, fleet[0], "api", "aa-later", `{"match":{"key":"twice"},"exempt":true}`)
 	for _, c := range fleet {
-		untilOverrides(t, c, "api", 3, 2*time.Second)
+		untilOverrides(t, c, "api", 5, 2*time.Second)
 	}
 	rc := rs.Client()
 	ctx := context.Background()
@@ -60,14 +64,21 @@ func TestOverridesRestoredAfterRedisLosesThem(t *testing.T) {
 	}
 	flushed := time.Now()
 	waitFor(t, 2*time.Second, "the overrides written back to Redis after FLUSHALL", func() bool {
-		return rc.HGet(ctx, "tally:api.overrides", "n").Val() == "3"
+		return rc.HGet(ctx, "tally:api.overrides", "n").Val() == "5"
 	})
 	t.Logf("restored in %v", time.Since(flushed))
 	for i, c := range fleet {
-		if l := listOverrides(t, c, "api"); len(l.Overrides) != 3 {
-			t.Errorf("instance %d lists %d overrides after FLUSHALL, want 3", i, len(l.Overrides))
+		if l := listOverrides(t, c, "api"); len(l.Overrides) != 5 {
+			t.Errorf("instance %d lists %d overrides after FLUSHALL, want 5", i, len(l.Overrides))
 		}
 		overridesInForce(t, c, fmt.Sprintf("instance %d after FLUSHALL", i))
+	}
+	// Every instance reads the restored set again (the async ones within
+	// their poll): the latest change on "twice" is the one in force.
+	for i, c := range fleet {
+		waitFor(t, 2*time.Second, fmt.Sprintf("instance %d to admit the key whose latest override is exempt", i), func() bool {
+			return admitted(c, withKey("twice"), 5) == 5
+		})
 	}
 	warned := 0
 	for _, c := range fleet {
