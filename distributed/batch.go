@@ -369,9 +369,10 @@ func (c *link) finish(ctx context.Context, b *batcher, calls []batchCall) {
 }
 
 // eval adds c's script call to cmdable: EVALSHA, or EVAL when Redis lost
-// the script; or, for a request without a script, its PTTL. A batched call's ARGV is the shared now (Redis TIME: every
-// batched request leaves it "") and each request's four arguments (GCRA:
-// T, B, cost and op; quota: bounds, limit, cost and op).
+// the script, or a request's PTTL when it has no script. A batched call's
+// ARGV is the shared now (Redis TIME: every batched request leaves it "")
+// and each request's four arguments (GCRA: T, B, cost and op; quota:
+// bounds, limit, cost and op).
 func (b *batcher) eval(ctx context.Context, cmdable interface {
 	redis.Scripter
 	Do(ctx context.Context, args ...any) *redis.Cmd

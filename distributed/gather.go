@@ -14,8 +14,8 @@ import (
 // which the batcher groups, another script's read: link.ints, or a rate
 // key's PTTL: link.pttl) until every caller has parked one or finished,
 // and the last to arrive sends them all as one batch, the batcher's (see
-// send). A caller's later peeks,
-// and its other calls, go as without a Gather.
+// send). A caller's later peeks, and its other calls, go as without a
+// Gather.
 type Gather struct {
 	mu      sync.Mutex
 	waiting int // callers neither parked nor finished

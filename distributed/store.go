@@ -81,10 +81,10 @@ func (s *Strict) RedisKey(zone, key string) string {
 
 // Rate runs one step of a rate zone's key in Redis (zones.Store): one
 // gcra.lua op, through the batcher but for a peek (the one read's), which
-// in a zone without a ban is one PTTL (peekTTL). Redis
-// works in microseconds, so T is rounded down to a whole microsecond (at
-// least 1). A ban rule and ahead are applied in the same script step, so
-// that a ban and every instance's reservations of the key hold fleet-wide.
+// in a zone without a ban is one PTTL (peekTTL). Redis works in
+// microseconds, so T is rounded down to a whole microsecond (at least 1).
+// A ban rule and ahead are applied in the same script step, so that a ban
+// and every instance's reservations of the key hold fleet-wide.
 func (s *Strict) Rate(ctx context.Context, zone, key string, st zones.RateStep) (zones.RateReply, error) {
 	banned := st.Ban != zones.BanRule{}
 	var op any // a constant or boxed once (see op): converting a variable would allocate
