@@ -44,7 +44,7 @@ const (
 // out, cancellation) leaves it to the garbage collector instead, since a
 // worker may still reply to it.
 type request struct {
-	script   *redis.Script // gcra.lua, quota.lua, or concurrency.lua's acquire
+	script   *redis.Script // gcra.lua, quota.lua, concurrency.lua's acquire; nil: PTTL (a Gather's)
 	keys     [1]string
 	args     [5]any // gcra.lua: now, T, B, cost, op; quota.lua: now, bounds, limit, cost, op
 	slot     int    // the key's hash slot (Cluster only; set by the worker)
@@ -60,7 +60,7 @@ type reply struct {
 	step    algorithms.Result // gcra.lua: the GCRA step, in µs (TAT not filled in)
 	quota   quotaReply        // quota.lua: the quota step
 	acquire acquireReply      // concurrency.lua: a slot's acquisition
-	ints    [2]int64          // a raw request's
+	ints    [2]int64          // a raw request's; a PTTL's in ints[0]
 	err     error
 }
 
@@ -354,8 +354,14 @@ func (c *link) finish(ctx context.Context, b *batcher, calls []batchCall) {
 	}
 
 	for _, call := range calls {
-		n, parse := c.parser(call.reqs[0].script)
-		if call.reqs[0].raw { // alone in its call
+		r := call.reqs[0]
+		n, parse := c.parser(r.script)
+		switch {
+		case r.script == nil: // a PTTL, alone in its call
+			v, err := call.cmd.Int64()
+			r.reply <- reply{ints: [2]int64{v}, err: err}
+			continue
+		case r.raw: // alone in its call
 			n, parse = 2, parseInts
 		}
 		parseReplies(call.cmd, call.reqs, n, parse)
@@ -363,11 +369,18 @@ func (c *link) finish(ctx context.Context, b *batcher, calls []batchCall) {
 }
 
 // eval adds c's script call to cmdable: EVALSHA, or EVAL when Redis lost
-// the script. A batched call's ARGV is the shared now (Redis TIME: every
-// batched request leaves it "") and each request's four arguments (GCRA:
-// T, B, cost and op; quota: bounds, limit, cost and op).
-func (b *batcher) eval(ctx context.Context, cmdable redis.Scripter, c *batchCall, full bool) *redis.Cmd {
+// the script, or a request's PTTL when it has no script. A batched call's
+// ARGV is the shared now (Redis TIME: every batched request leaves it "")
+// and each request's four arguments (GCRA: T, B, cost and op; quota:
+// bounds, limit, cost and op).
+func (b *batcher) eval(ctx context.Context, cmdable interface {
+	redis.Scripter
+	Do(ctx context.Context, args ...any) *redis.Cmd
+}, c *batchCall, full bool) *redis.Cmd {
 	r := c.reqs[0]
+	if r.script == nil {
+		return cmdable.Do(ctx, "PTTL", r.keys[0])
+	}
 	keys, argv := r.keys[:], r.args[:]
 	if len(c.reqs) > 1 {
 		b.keys, b.argv = b.keys[:0], append(b.argv[:0], "")

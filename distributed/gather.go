@@ -11,10 +11,11 @@ import (
 // A Gather sends the peeks of one read that spans zones (the
 // rate_limit_status handler) in one round trip per Redis: each of its
 // callers, run concurrently, parks its peek (a gcra.lua or quota.lua step,
-// which the batcher groups, or another script's read: link.ints) until
-// every caller has parked one or finished, and the last to arrive sends
-// them all as one batch, the batcher's (see send). A caller's later peeks,
-// and its other calls, go as without a Gather.
+// which the batcher groups, another script's read: link.ints, or a rate
+// key's PTTL: link.pttl) until every caller has parked one or finished,
+// and the last to arrive sends them all as one batch, the batcher's (see
+// send). A caller's later peeks, and its other calls, go as without a
+// Gather.
 type Gather struct {
 	mu      sync.Mutex
 	waiting int // callers neither parked nor finished
@@ -90,9 +91,9 @@ func send(parked []parkedPeek) {
 
 // gathered runs a peek of script for key through ctx's Gather, if it has
 // one that still waits for this caller's; ok is false otherwise. A raw
-// peek is another script's (not gcra.lua's or quota.lua's), which goes in
-// a call of its own in the batch's pipeline and replies two integers
-// (reply.ints).
+// peek is another script's (not gcra.lua's or quota.lua's), or with a nil
+// script a PTTL, which goes in a call of its own in the batch's pipeline
+// and replies two integers (reply.ints), one for a PTTL.
 func (c *link) gathered(ctx context.Context, script *redis.Script, key string, args [5]any, raw bool) (rep reply, ok bool) {
 	gc, _ := ctx.Value(gatherKey{}).(*gatherCaller)
 	if gc == nil {

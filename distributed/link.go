@@ -215,6 +215,21 @@ func (c *link) ints(ctx context.Context, script *redis.Script, rkey string, n in
 	return v, err
 }
 
+// pttl is rkey's PTTL (ms; -2: no key, -1: no expiry), unbatched (see
+// unbatched), or in the batch of ctx's Gather.
+func (c *link) pttl(ctx context.Context, rkey string) (ms int64, err error) {
+	err = c.unbatched(ctx, rkey, func(ctx context.Context) error {
+		if rep, ok := c.gathered(ctx, nil, rkey, [5]any{}, true); ok {
+			ms = rep.ints[0]
+			return rep.err
+		}
+		var err error
+		ms, err = c.client.Do(ctx, "PTTL", rkey).Int64()
+		return err
+	})
+	return ms, err
+}
+
 // reset deletes rkey, the state of key in zone, and tells every instance
 // to forget what it holds about the key (see resets.go).
 func (c *link) reset(ctx context.Context, rkey, zone, key string) error {

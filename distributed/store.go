@@ -80,10 +80,11 @@ func (s *Strict) RedisKey(zone, key string) string {
 }
 
 // Rate runs one step of a rate zone's key in Redis (zones.Store): one
-// gcra.lua op, through the batcher but for a peek (the admin API's). Redis
-// works in microseconds, so T is rounded down to a whole microsecond (at
-// least 1). A ban rule and ahead are applied in the same script step, so
-// that a ban and every instance's reservations of the key hold fleet-wide.
+// gcra.lua op, through the batcher but for a peek (the one read's), which
+// in a zone without a ban is one PTTL (peekTTL). Redis works in
+// microseconds, so T is rounded down to a whole microsecond (at least 1).
+// A ban rule and ahead are applied in the same script step, so that a ban
+// and every instance's reservations of the key hold fleet-wide.
 func (s *Strict) Rate(ctx context.Context, zone, key string, st zones.RateStep) (zones.RateReply, error) {
 	banned := st.Ban != zones.BanRule{}
 	var op any // a constant or boxed once (see op): converting a variable would allocate
@@ -94,7 +95,9 @@ func (s *Strict) Rate(ctx context.Context, zone, key string, st zones.RateStep) 
 		op = string(OpDecide)
 	case st.Op == zones.OpCheck && banned:
 		op, st.Cost = s.op('B', st.Ban, 0), 1
-	case st.Op == zones.OpCheck, st.Op == zones.OpPeek && !banned:
+	case st.Op == zones.OpPeek && !banned:
+		return s.peekTTL(ctx, s.RedisKey(zone, key), micro(st.Limit))
+	case st.Op == zones.OpCheck:
 		op, st.Cost = string(OpPeek), 1 // a check consumes nothing, as a peek
 	case st.Op == zones.OpPeek:
 		op, st.Cost = "P0,0", 1
@@ -123,6 +126,31 @@ func (s *Strict) Rate(ctx context.Context, zone, key string, st zones.RateStep) 
 		out.Delay = wait // admitted for later: the reply's reset less the burst's span (see gcra.lua)
 	}
 	return out, nil
+}
+
+// ttlSlack is how far a key's PTTL, in µs, may run past its TAT − now:
+// gcra.lua rounds the TTL it sets up to a whole ms, and Redis keeps
+// expiries and answers PTTL in whole ms of its clock (one ms each, less
+// the time between the script's start and its TIME).
+const ttlSlack = 2000
+
+// peekTTL is the peek of a key whose zone has no ban, in one PTTL: every
+// write of gcra.lua gives a key without a ban the TTL of its reset (TAT −
+// now, rounded up to a ms), whatever the op (a charge's debt, a delay's
+// reservation, a refund) and the plan, and an absent key is a full one.
+// The step reads the key as it is ttlSlack later: a unit comes back up to
+// 3 ms early and a key never reads more spent than it is (a status read
+// right after a request says that request's remaining); its reset is the
+// TTL itself (±1 ms). A key with no expiry (-1) is not one gcra.lua wrote
+// and reads as fresh, as the next decision's script would start it.
+func (s *Strict) peekTTL(ctx context.Context, rkey string, l algorithms.Limit) (zones.RateReply, error) {
+	ms, err := s.pttl(ctx, rkey)
+	if err != nil {
+		return zones.RateReply{}, err
+	}
+	r := l.Peek(max(0, ms*1000-ttlSlack), 0)
+	r.ResetAfter = max(r.ResetAfter, ms*1000)
+	return zones.RateReply{Result: nanos(r)}, nil
 }
 
 // run runs script (gcra.lua or quota.lua) for rkey with args: through the

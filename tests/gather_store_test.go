@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,7 +16,7 @@ import (
 // Many concurrent gathers, each of 5 callers (three peeking a key of their
 // own zone, the first of them twice, one reading a concurrency zone's
 // slots, one finishing without a read), on one strict store: every read
-// finds its own key's state, and the rate peeks went in one call. Under
+// finds its own key's state, each rate peek in one PTTL. Under
 // -race: the gather is shared state.
 func TestGatherPeeksEachKeyInOneBatch(t *testing.T) {
 	rs := startRedis(t)
@@ -96,10 +97,23 @@ func TestGatherPeeksEachKeyInOneBatch(t *testing.T) {
 	if n > 5 {
 		t.Errorf("and %d more reads failed", n-5)
 	}
-	// 5 reads per gather: 3 rate peeks in one call, the slots in one of
-	// their own beside it, and a second rate peek alone: 3 calls each.
-	if calls := len(scriptsLogged(t, rs, ":k")); calls != 3*gathers {
-		t.Errorf("%d script calls for %d gathers of 5 reads, want %d", calls, gathers, 3*gathers)
+	// 5 reads per gather: the slots' in a script call, and 4 rate peeks
+	// (zones without a ban), each a PTTL of the key.
+	if calls := len(scriptsLogged(t, rs, ":k")); calls != gathers {
+		t.Errorf("%d script calls for %d gathers of 5 reads, want %d", calls, gathers, gathers)
+	}
+	log, err := rs.Client().SlowLogGet(ctx, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pttls := 0
+	for _, e := range log {
+		if len(e.Args) == 2 && strings.EqualFold(e.Args[0], "pttl") {
+			pttls++
+		}
+	}
+	if pttls != 4*gathers {
+		t.Errorf("%d PTTLs for %d gathers of 4 rate peeks, want %d", pttls, gathers, 4*gathers)
 	}
 }
 

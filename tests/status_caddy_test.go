@@ -140,9 +140,9 @@ func TestStatusEndpointMatchesHeadersAndConsumesNothing(t *testing.T) {
 	}
 }
 
-// The status of several strict zones reads Redis in one batch: the rate
-// zones' keys in one gcra.lua call, the quota zone's in one quota.lua call
-// and the concurrency zone's count beside it, not one call per zone.
+// The status of several strict zones reads Redis in one batch: a PTTL of
+// each rate zone's key, the quota zone's quota.lua call and the
+// concurrency zone's count beside them, one pipeline for all the zones.
 func TestStatusEndpointReadsStrictZonesInOneBatch(t *testing.T) {
 	rs := startRedis(t)
 	proxy := startRedisProxy(t, rs.Addr)
@@ -207,8 +207,11 @@ func TestStatusEndpointReadsStrictZonesInOneBatch(t *testing.T) {
 		t.Errorf("after one request: %+v, want remaining 9 and 19, used 1, none in flight", a.Zones)
 	}
 	calls := scriptsLogged(t, rs, "dave")
-	if len(calls) != 3 || !slices.ContainsFunc(calls, func(l string) bool { return strings.Contains(l, "first") && strings.Contains(l, "second") }) {
-		t.Errorf("Redis ran %d scripts about the key, want 3 (the rate zones' in one call, the quota zone's, the slots' count):\n%s", len(calls), strings.Join(calls, "\n"))
+	if len(calls) != 2 || slices.ContainsFunc(calls, func(l string) bool { return strings.Contains(l, "first") || strings.Contains(l, "second") }) {
+		t.Errorf("Redis ran %d scripts about the key, want 2 (the quota zone's, the slots' count; the rate zones' reads are PTTLs):\n%s", len(calls), strings.Join(calls, "\n"))
+	}
+	if len(trips) == 1 && (!strings.Contains(trips[0], "PTTL $16 tally:first:dave") || !strings.Contains(trips[0], "PTTL $17 tally:second:dave")) {
+		t.Errorf("the rate zones' reads are not a PTTL each in the status's one pipeline: %s", trips[0])
 	}
 }
 
@@ -379,4 +382,68 @@ func TestReadAgreesWithHeadersForEveryKindAndOverride(t *testing.T) {
 			}
 		}
 	}
+}
+
+// A status call of a strict rate zone's key with budget left costs Redis
+// one command (the key's PTTL): 100 calls cost at most 120 commands, as
+// INFO commandstats counts them (a script's own commands count too; the
+// instance's heartbeat runs beside them).
+func TestStatusCallsCostOneRedisCommandEach(t *testing.T) {
+	rs := startRedis(t)
+	c := startCaddy(t, `http:// {
+	handle /rate_limit {
+		rate_limit_status api_key
+	}
+	handle {
+		rate_limit {
+			zone api_key {
+				key {http.request.header.X-API-Key}
+				events 10
+				window 1m
+			}
+			distributed {
+				redis redis://`+rs.Addr+`
+				timeout 1s
+			}
+		}
+		respond "ok"
+	}
+}
+`)
+	if r := c.Do(withKey("frank")); r.Status != http.StatusOK {
+		t.Fatalf("a request: %d", r.Status)
+	}
+	rc := rs.Client()
+	if err := rc.ConfigResetStat(t.Context()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 100 {
+		r := c.Do(request{Path: "/rate_limit", Header: map[string]string{"X-API-Key": "frank"}})
+		if r.Status != http.StatusOK || !strings.Contains(r.Body, `"remaining":9,`) {
+			t.Fatalf("status call %d: %d %s, want remaining 9", i, r.Status, r.Body)
+		}
+	}
+	info, err := rc.Info(t.Context(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var total int64
+	var counted []string
+	for line := range strings.SplitSeq(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		calls, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
+		n, err := strconv.ParseInt(calls, 10, 64)
+		if err != nil {
+			t.Fatalf("commandstats %q: %v", line, err)
+		}
+		total += n
+		counted = append(counted, name+"="+calls)
+	}
+	if total > 120 {
+		t.Errorf("100 status calls cost Redis %d commands, want at most 120: %s", total, strings.Join(counted, " "))
+	}
+	t.Logf("100 status calls: %d Redis commands (%s)", total, strings.Join(counted, " "))
 }

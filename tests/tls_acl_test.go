@@ -281,7 +281,7 @@ func warnText(logs *observer.ObservedLogs) string {
 // leastPrivilegeACL is docs/distributed.md's ACL line for tally's user, with the
 // default key_prefix: the commands tally's scripts and calls use, its keys
 // and its reset channel, nothing else.
-const leastPrivilegeACL = "on >tally-secret resetchannels &tally:resets resetkeys ~tally:* -@all +evalsha +eval +get +set +del +pexpire +hget +hmget +hset +hlen +time +zadd +zrem +zremrangebyscore +zcard +zrange +zscore +publish +subscribe +ping"
+const leastPrivilegeACL = "on >tally-secret resetchannels &tally:resets resetkeys ~tally:* -@all +evalsha +eval +get +set +del +pexpire +hget +hmget +hset +hlen +pttl +time +zadd +zrem +zremrangebyscore +zcard +zrange +zscore +publish +subscribe +ping"
 
 // Everything tally does, in both modes, works as the least-privilege user:
 // decisions, refunds, peeks, resets (with their pub/sub), heartbeats and
