@@ -408,7 +408,7 @@ func loadOverrideHolder(ctx caddy.Context, cfg zones.Config, remote *zones.Overr
 			// The instance id is read, not created: an instance without one
 			// has stored no override, and `caddy validate` writes nothing.
 			h.storage = ctx.Storage()
-			if instance, ok := instanceID(); ok {
+			if instance, ok := live.InstanceID(); ok {
 				h.dir = path.Join(overrideDir, instance, cfg.Name)
 			}
 		}
@@ -716,13 +716,13 @@ func (h *overrideHolder) save(r overrideRecord) error {
 		return err
 	}
 	if h.dir == "" {
-		instance, err := createInstanceID()
+		instance, err := live.CreateInstanceID()
 		if err != nil {
 			return fmt.Errorf("reading the instance id: %v", err)
 		}
 		h.dir = path.Join(overrideDir, instance, h.name)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), snapshotTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), live.SnapshotTimeout)
 	defer cancel()
 	return h.storage.Store(ctx, h.file(r.ID), data)
 }
@@ -732,7 +732,7 @@ func (h *overrideHolder) erase(id string) error {
 	if h.dir == "" {
 		return nil // nothing was stored
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), snapshotTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), live.SnapshotTimeout)
 	defer cancel()
 	if err := h.storage.Delete(ctx, h.file(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err

@@ -41,8 +41,7 @@ const (
 	// RestoreTimeout bounds how long a handler's provisioning waits for its
 	// snapshots (live.RestoreTimeout); the runtime overrides kept in the
 	// storage are bound by it too.
-	RestoreTimeout  = live.RestoreTimeout
-	snapshotTimeout = live.SnapshotTimeout
+	RestoreTimeout = live.RestoreTimeout
 )
 
 func (p *Persist) validate() error {
@@ -96,11 +95,6 @@ func snapshotID(zh *zoneHandler) string {
 	}
 	return id
 }
-
-// instanceID and createInstanceID are Caddy's instance id, read without
-// creating it or created when there is none (live's, which the runtime
-// overrides kept in the storage use too).
-var instanceID, createInstanceID = live.InstanceID, live.CreateInstanceID
 
 // eventHandler adapts a function to caddyevents.Handler.
 type eventHandler func()
