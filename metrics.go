@@ -84,7 +84,7 @@ func init() {
 		_, p90 := z.AdaptiveLimit()
 		return p90.Seconds(), z.IsAdaptive()
 	})
-	gauge("adaptive_unloaded_latency_seconds", "An adaptive zone's upstream latency that did not fall when in-flight fell, learned when it is above the latency target, which the controller then follows just above (0: none, the target holds), any key.", func(z *zones.Zone, _ int64) (float64, bool) {
+	gauge("adaptive_unloaded_latency_seconds", "An adaptive zone's upstream latency, learned at min when it is above the latency target, which the controller then follows just above (0: none, the target holds), any key.", func(z *zones.Zone, _ int64) (float64, bool) {
 		return z.AdaptiveUnloaded().Seconds(), z.IsAdaptive()
 	})
 }

@@ -468,7 +468,7 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 	if cfg.IsAdaptive() {
 		logger, target := h.logger, time.Duration(cfg.Adaptive.Target)
 		zh.Zone.OnSlowUpstream(func(unloaded time.Duration) {
-			logger.Warn("adaptive latency target is below the upstream's unloaded latency (latency that does not fall when in-flight falls): following just above the upstream's own latency instead; raise latency to at least the upstream's, or see caddy_rate_limit_adaptive_unloaded_latency_seconds",
+			logger.Warn("adaptive latency target is below the upstream's unloaded latency (its latency with the limit at min): following just above the upstream's own latency instead; raise latency to at least the upstream's, or see caddy_rate_limit_adaptive_unloaded_latency_seconds",
 				zap.String("zone", name), zap.Duration("latency", target), zap.Duration("unloaded", unloaded))
 		})
 	}

@@ -30,14 +30,13 @@ package algorithms
 // A target below what the upstream takes with no queue at all would drive
 // L to min and keep it there, a healthy but slower upstream served at a
 // fraction of what it can. So the controller learns the upstream's
-// unloaded latency U from its own windows, with no probe: latency that did
-// not fall when in-flight fell is the upstream's own. A window closing
-// over the target whose mean in-flight is at most half that of one of the
-// last AdaptiveHistory windows (a window a quarter or more over the
-// target), and whose p90 is at least nine tenths of that window's, sets U
-// to the lower of the two p90s (a window still draining a queue is not
-// the upstream's own); one over the target at min (in flight cannot fall
-// further) sets U to its p90. While U is learned the target is
+// unloaded latency U from its own windows, with no probe: a window that
+// closes over the target while the limit is at min (in flight cannot fall
+// further, so what is left is the upstream's own) sets U to its p90. Only
+// then: a window over the target at a higher limit may be queueing at an
+// upstream whose capacity fell, and taking that for service time would
+// keep the queue (a target of U·9/8 that no window meets again, so U is
+// never forgotten). While U is learned the target is
 // max(target, U·9/8): queueing above the upstream's own latency is still
 // held to an eighth. U is forgotten (0) as soon as a window meets the
 // target or comes a tenth below U (the upstream got faster: what it takes
@@ -102,9 +101,6 @@ const (
 	AdaptiveMinWindow = int64(100e6)
 	// AdaptiveDemandTau is the time constant of a class's demand, in ns.
 	AdaptiveDemandTau = int64(1e9)
-	// AdaptiveHistory is how many closed windows the unloaded latency is
-	// learned against.
-	AdaptiveHistory = 16
 )
 
 // Adaptive is one adaptive limit's state. The zero value is not ready:
@@ -117,12 +113,8 @@ type Adaptive struct {
 	settled bool  // a decrease happened: the slow start is over
 	lastP90 int64 // the p90 of the last window closed
 	samples [AdaptiveSamples]int64
-	load    int64 // the window's samples' in-flight, summed
-	// The last windows' mean in-flight and p90 (0: none), and the
-	// upstream's unloaded latency learned from them (0: none above the
-	// target).
-	history  [AdaptiveHistory]struct{ inFlight, p90 float64 }
-	closed   int
+	// unloaded is the upstream's unloaded latency learned (0: none above
+	// the target).
 	unloaded int64
 }
 
@@ -142,17 +134,15 @@ func (a *Adaptive) Want(want int64) { a.peak = max(a.peak, want) }
 // above every one.
 const failedSample = math.MaxInt64
 
-// Observe records one request's latency (ns) at now, or its failure, with
-// inFlight the requests in flight as it ended (itself included), and, when
-// that closes the window, moves the limit within l's bounds and reports
-// true.
-func (a *Adaptive) Observe(l AdaptiveLimit, now, latency, inFlight int64, failed bool) bool {
+// Observe records one request's latency (ns) at now, or its failure, and,
+// when that closes the window, moves the limit within l's bounds and
+// reports true.
+func (a *Adaptive) Observe(l AdaptiveLimit, now, latency int64, failed bool) bool {
 	if failed {
 		latency = failedSample
 	}
 	a.samples[a.n%AdaptiveSamples] = latency
 	a.n++
-	a.load += inFlight
 	window := max(l.Target, AdaptiveMinWindow)
 	elapsed := now - a.start
 	if !(a.n >= AdaptiveMinSamples && elapsed >= window || elapsed >= 4*window) {
@@ -160,33 +150,21 @@ func (a *Adaptive) Observe(l AdaptiveLimit, now, latency, inFlight int64, failed
 	}
 	p, served := a.p90()
 	a.lastP90 = served
-	a.learn(l, float64(a.load)/float64(a.n), p)
+	a.learn(l, p)
 	a.update(l, p)
-	a.start, a.n, a.peak, a.load = now, 0, 0, 0
+	a.start, a.n, a.peak = now, 0, 0
 	return true
 }
 
-// learn updates the unloaded latency from a window of mean in-flight m and
-// p90 p (see the package's Queueing, not service time), then keeps it.
-func (a *Adaptive) learn(l AdaptiveLimit, m float64, p int64) {
-	fp := float64(p)
+// learn updates the unloaded latency from a window of p90 p (see the
+// package's Queueing, not service time).
+func (a *Adaptive) learn(l AdaptiveLimit, p int64) {
 	switch {
 	case p == failedSample:
-	case p <= l.Target, fp <= 0.9*float64(a.unloaded):
+	case p <= l.Target, float64(p) <= 0.9*float64(a.unloaded):
 		a.unloaded = 0
 	case a.limit <= float64(l.Min):
 		a.unloaded = p
-	default:
-		for _, w := range a.history {
-			if w.inFlight >= 2*m && w.p90 >= 1.25*float64(l.Target) && fp >= 0.9*w.p90 {
-				a.unloaded = min(p, int64(w.p90))
-				break
-			}
-		}
-	}
-	if p != failedSample {
-		a.history[a.closed%AdaptiveHistory] = struct{ inFlight, p90 float64 }{m, fp}
-		a.closed++
 	}
 }
 

@@ -99,7 +99,7 @@ func TestAdaptiveFailuresNeverRaiseTheLimit(t *testing.T) {
 			a := Adaptive{limit: 20, settled: tc.settled}
 			a.Want(20)
 			for i := range 10 {
-				a.Observe(target100, AdaptiveMinWindow, 1*ms, 20, i >= 10-tc.failures)
+				a.Observe(target100, AdaptiveMinWindow, 1*ms, i >= 10-tc.failures)
 			}
 			if a.limit != tc.want || a.LastP90() != tc.wantP90 {
 				t.Errorf("limit 20 after %d failures in 10: %v, p90 %d; want %v, p90 %d", tc.failures, a.limit, a.LastP90(), tc.want, tc.wantP90)
@@ -129,7 +129,7 @@ func TestAdaptiveWindowCloses(t *testing.T) {
 				if i == tc.samples-1 {
 					now += tc.at
 				}
-				closed = a.Observe(AdaptiveLimit{Target: 50 * ms, Min: 4, Max: 100}, now, 10*ms, 1, false)
+				closed = a.Observe(AdaptiveLimit{Target: 50 * ms, Min: 4, Max: 100}, now, 10*ms, false)
 			}
 			if closed != tc.closes {
 				t.Errorf("window closed: %v, want %v", closed, tc.closes)
@@ -153,7 +153,7 @@ func TestAdaptiveSettlesAtTargetUnderOverload(t *testing.T) {
 		if lim > c {
 			lat = s * lim / c
 		}
-		for !a.Observe(l, now, lat, lim, false) {
+		for !a.Observe(l, now, lat, false) {
 			a.Want(lim + 1)
 			now += 10 * ms
 		}
@@ -247,7 +247,7 @@ func overloadWindows(a *Adaptive, l AdaptiveLimit, now *int64, windows int, c, s
 	for w := range windows {
 		lim := a.Limit()
 		lat := s * max(lim, c) / c
-		for !a.Observe(l, *now, lat, lim, false) {
+		for !a.Observe(l, *now, lat, false) {
 			a.Want(lim + 1)
 			*now += 10 * ms
 		}
@@ -259,7 +259,7 @@ func overloadWindows(a *Adaptive, l AdaptiveLimit, now *int64, windows int, c, s
 }
 
 // A service time that doubles past the target with no queueing: the
-// latency does not fall as in-flight falls, so the controller learns it as
+// latency stays over the target at min, so the controller learns it as
 // the upstream's own and keeps the upstream's places in use; a queue (a
 // halved C) is still held at the target; a faster upstream again brings
 // the target back.
@@ -286,38 +286,24 @@ func TestAdaptiveTellsQueueingFromServiceTime(t *testing.T) {
 }
 
 func TestAdaptiveLearnsUnloadedLatency(t *testing.T) {
-	type window struct {
-		inFlight float64
-		p90      int64
-	}
 	tests := []struct {
 		name     string
 		limit    float64
-		history  []window
 		unloaded int64
-		m        float64
 		p        int64
 		want     int64
 	}{
-		{"in-flight halved, latency kept: learned", 8, []window{{20, 190 * ms}}, 0, 10, 180 * ms, 180 * ms},
-		{"in-flight halved, latency rose: the lower learned", 8, []window{{20, 190 * ms}}, 0, 10, 250 * ms, 190 * ms},
-		{"from a window near the target: nothing learned", 8, []window{{20, 120 * ms}}, 0, 10, 120 * ms, 0},
-		{"in-flight halved, latency fell by more than a tenth: queueing", 8, []window{{20, 250 * ms}}, 0, 10, 180 * ms, 0},
-		{"in-flight not halved: nothing learned", 8, []window{{19, 180 * ms}}, 0, 10, 180 * ms, 0},
-		{"within the target: forgotten", 8, []window{{20, 90 * ms}}, 180 * ms, 10, 90 * ms, 0},
-		{"at min: in-flight cannot fall further", 4, nil, 0, 4, 180 * ms, 180 * ms},
-		{"a tenth faster: forgotten", 12, nil, 200 * ms, 12, 180 * ms, 0},
-		{"slower but not halved: kept", 12, nil, 180 * ms, 12, 210 * ms, 180 * ms},
-		{"a failure teaches nothing", 4, nil, 180 * ms, 4, failedSample, 180 * ms},
+		{"at min: in-flight cannot fall further", 4, 0, 180 * ms, 180 * ms},
+		{"over the target above min: a queue, nothing learned", 5, 0, 180 * ms, 0},
+		{"within the target: forgotten", 8, 180 * ms, 90 * ms, 0},
+		{"a tenth faster: forgotten", 12, 200 * ms, 180 * ms, 0},
+		{"slower but not at min: kept", 12, 180 * ms, 210 * ms, 180 * ms},
+		{"a failure teaches nothing", 4, 180 * ms, failedSample, 180 * ms},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			a := Adaptive{limit: tc.limit, unloaded: tc.unloaded}
-			for _, w := range tc.history {
-				a.history[a.closed] = struct{ inFlight, p90 float64 }{w.inFlight, float64(w.p90)}
-				a.closed++
-			}
-			a.learn(target100, tc.m, tc.p)
+			a.learn(target100, tc.p)
 			if a.Unloaded() != tc.want {
 				t.Errorf("unloaded %d, want %d", a.Unloaded(), tc.want)
 			}

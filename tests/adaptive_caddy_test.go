@@ -452,8 +452,8 @@ func TestAdaptiveZoneShedsWith503AndWaitersThatLeaveFreeTheirPlace(t *testing.T)
 
 // A healthy upstream that gets slower with no queue of its own (its
 // service time doubles past the target, 90ms to 180ms) is not throttled to
-// min: the controller learns that the latency does not fall when in-flight
-// falls, keeps the upstream's places in use (goodput ≥ 80% of what it can
+// min: the controller learns at min that the latency is the upstream's
+// own, keeps the upstream's places in use (goodput ≥ 80% of what it can
 // serve), says so once in a WARN and shows the latency in a metric.
 func TestAdaptiveZoneKeepsASlowerHealthyUpstreamBusy(t *testing.T) {
 	const (

@@ -301,11 +301,10 @@ func (z *Zone) ReleaseAfter(s Slot, now int64, latency time.Duration, failed boo
 	}
 	st := z.state.adaptive
 	k.mu.Lock()
-	inFlight := k.classes.InFlight(-1)
 	k.classes.Done(s.class, now)
 	k.used = max(k.used, now)
 	var unloaded, p90 int64
-	if latency >= 0 && k.ctl.Observe(z.Adaptive, now, int64(latency), inFlight, failed) {
+	if latency >= 0 && k.ctl.Observe(z.Adaptive, now, int64(latency), failed) {
 		p90, unloaded = k.ctl.LastP90(), k.ctl.Unloaded()
 		st.p90.Store(p90)
 		st.unloaded.Store(unloaded)
