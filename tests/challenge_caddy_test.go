@@ -2,6 +2,7 @@ package tests
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -134,17 +135,40 @@ func TestChallengePageThenTheCookiesOwnBudget(t *testing.T) {
 	}
 	ck := (&http.Response{Header: sub.Header}).Cookies()[0]
 
+	var identity string
 	for i := range 600 {
 		res := c.Do(withCookie(ck))
 		if res.Status != http.StatusOK || !strings.HasPrefix(res.Body, "id=cookie:") {
 			t.Fatalf("request %d of the cookie's 600: %d %q, want 200 with the cookie's identity in the placeholder", i+1, res.Status, res.Body)
 		}
+		identity = strings.TrimPrefix(res.Body, "id=")
 	}
 	if res := c.Do(withCookie(ck)); res.Status != http.StatusTooManyRequests {
 		t.Fatalf("the cookie's 601st request: %d, want 429", res.Status)
 	}
-	for outcome, want := range map[string]float64{"issued": 1, "solved": 1} {
-		if got := challengeMetric(t, c, "challenges_total", map[string]string{"outcome": outcome}); got != want {
+
+	// The identity is a key as any other: top shows it, and a deny
+	// override of it refuses its browser without a new challenge.
+	var top adminTop
+	c.adminJSON("/rate_limit/zones/visitors/top", &top)
+	if !strings.Contains(fmt.Sprint(top.Keys), identity) {
+		t.Errorf("top of zone visitors: %+v, want the cookie's identity %s", top.Keys, identity)
+	}
+	spentBrowser := withCookie(ck)
+	spentBrowser.Header["Accept"] = browserAccept["Accept"]
+	if _, _, _, ok := pageChallenge(c.Do(spentBrowser).Body); !ok {
+		t.Fatalf("a spent cookie's browser: no challenge page, want one (a new identity for new work)")
+	}
+	mustPutOverride(t, c, "visitors", "crawler", `{"match":{"key":"`+identity+`"},"deny":true,"expires":"1h"}`)
+	waitFor(t, 5*time.Second, "the deny override of the cookie's identity to refuse its browser with the zone's 429, no challenge", func() bool {
+		res := c.Do(spentBrowser)
+		_, _, _, page := pageChallenge(res.Body)
+		return res.Status == http.StatusTooManyRequests && !page
+	})
+	// Issued: the page and the spent cookie's (and any while the override
+	// was on its way).
+	for outcome, want := range map[string]float64{"issued": 2, "solved": 1} {
+		if got := challengeMetric(t, c, "challenges_total", map[string]string{"outcome": outcome}); got != want && (outcome == "solved" || got < want) {
 			t.Errorf("caddy_rate_limit_challenges_total{outcome=%q} = %v, want %v", outcome, got, want)
 		}
 	}
