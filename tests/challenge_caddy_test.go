@@ -296,3 +296,51 @@ func TestChallengeCookieAcrossInstancesSharingStorage(t *testing.T) {
 		t.Fatalf("601 requests with one cookie over two instances: %v, want exactly 600×200 1×429", counts)
 	}
 }
+
+// With difficulty 1 3, the difficulty rises with the challenges issued to
+// the same network, a digit per 16-fold, up to the upper bound.
+func TestChallengeDifficultyFollowsPressure(t *testing.T) {
+	c := startCaddy(t, `http:// {
+	rate_limit {
+		zone visitors {
+			key {client_ip}
+			events 1
+			window 1m
+			challenge {
+				difficulty 1 3
+				events 5
+				window 1h
+			}
+		}
+	}
+	respond "ok"
+}
+`)
+	c.Do(request{})
+	first := map[int]int{}
+	for i := 1; i <= 300; i++ {
+		_, d, _ := challenged(t, c, "/", nil)
+		if _, seen := first[d]; !seen {
+			first[d] = i
+		}
+	}
+	// The count decays by half every 30s: the 16th and 256th come a
+	// little later on a slow machine, never sooner.
+	if first[1] != 1 || first[2] < 16 || first[2] > 20 || first[3] < 256 || first[3] > 300 || len(first) != 3 {
+		t.Fatalf("the first challenge of each difficulty: %v, want 1 at the 1st, 2 from about the 16th, 3 from about the 256th, never more", first)
+	}
+	if _, d := pressureAt(t, c, nil); d != 3 {
+		t.Fatalf("another request from the network: difficulty %d, want 3", d)
+	}
+	other := clientFrom(t, "127.0.0.2")
+	c.Do(request{Client: other})
+	if _, d := pressureAt(t, c, other); d != 1 {
+		t.Errorf("another address's first challenge: difficulty %d, want 1", d)
+	}
+}
+
+func pressureAt(t *testing.T, c *caddyInstance, client *http.Client) (string, int) {
+	t.Helper()
+	token, d, _ := challenged(t, c, "/", client)
+	return token, d
+}
