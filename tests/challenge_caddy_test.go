@@ -172,6 +172,9 @@ func TestChallengePageThenTheCookiesOwnBudget(t *testing.T) {
 			t.Errorf("caddy_rate_limit_challenges_total{outcome=%q} = %v, want %v", outcome, got, want)
 		}
 	}
+	if got := challengeMetric(t, c, "challenge_identities", map[string]string{}); got != 1 {
+		t.Errorf("caddy_rate_limit_challenge_identities = %v, want 1", got)
+	}
 	if got := challengeMetric(t, c, "challenge_solve_seconds_count", map[string]string{}); got != 1 {
 		t.Errorf("caddy_rate_limit_challenge_solve_seconds_count = %v, want 1", got)
 	}
