@@ -116,8 +116,8 @@ func TestChallengePageThenTheCookiesOwnBudget(t *testing.T) {
 		t.Fatalf("a browser's GET past the limit: %d %q, want 429 with the challenge page", res.Status, res.Body)
 	case !strings.HasPrefix(res.Header.Get("Content-Type"), "text/html") || res.Header.Get("Cache-Control") != "no-store" || res.Header.Get("Retry-After") == "":
 		t.Fatalf("the challenge page's headers: %v, want text/html, Cache-Control: no-store and Retry-After", res.Header)
-	case d != 4 || action != challenge.VerifyPath:
-		t.Fatalf("the page's challenge: difficulty %d action %q, want 4 and %s", d, action, challenge.VerifyPath)
+	case d != 4 || action != challenge.VerifyPath || !strings.Contains(res.Body, "may take a second or two"):
+		t.Fatalf("the page's challenge: difficulty %d action %q, want 4 and %s, and the page saying it may take a second or two", d, action, challenge.VerifyPath)
 	}
 
 	sub := submitChallenge(t, c.client, c.URL, action, token, solveChallenge(t, token, d), "/page?x=1&y=2")
