@@ -3,6 +3,7 @@ package tests
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -346,4 +347,47 @@ func pressureAt(t *testing.T, c *caddyInstance, client *http.Client) (string, in
 	t.Helper()
 	token, d, _ := challenged(t, c, "/", client)
 	return token, d
+}
+
+// On HTTPS the cookie is Secure as well.
+func TestChallengeCookieSecureOnHTTPS(t *testing.T) {
+	e := newEdge(t).start("", `	rate_limit {
+		zone visitors {
+			key {client_ip}
+			events 1
+			window 1h
+			challenge {
+				difficulty 1
+				events 5
+				window 1h
+			}
+		}
+	}
+	respond "ok"`)
+	tr := &http.Transport{TLSClientConfig: e.clientConf}
+	t.Cleanup(tr.CloseIdleConnections)
+	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	base := "https://" + e.tlsAddr
+	get := func() (int, string) {
+		req, _ := http.NewRequest(http.MethodGet, base+"/", nil)
+		req.Header.Set("Accept", browserAccept["Accept"])
+		res, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		var b strings.Builder
+		_, _ = io.Copy(&b, res.Body)
+		return res.StatusCode, b.String()
+	}
+	get()
+	status, body := get()
+	token, d, action, ok := pageChallenge(body)
+	if status != http.StatusTooManyRequests || !ok {
+		t.Fatalf("a browser's GET past the limit on HTTPS: %d, want 429 with the challenge page", status)
+	}
+	res := submitChallenge(t, client, base, action, token, solveChallenge(t, token, d), "/")
+	if set := strings.Join(res.Header["Set-Cookie"], "\n"); res.Status != http.StatusSeeOther || !strings.Contains(set, "; Secure") || !strings.Contains(set, "HttpOnly") {
+		t.Fatalf("a solved challenge on HTTPS: %d Set-Cookie %q, want 303 and a Secure, HttpOnly cookie", res.Status, set)
+	}
 }
