@@ -31,9 +31,11 @@ type Challenge struct {
 	DifficultyMax int `json:"difficulty_max,omitempty"`
 	// How long a solved challenge's cookie lasts. Default: 24h.
 	Valid caddy.Duration `json:"valid,omitempty"`
-	// A cookie identity's limit: max_events per window. Required.
-	MaxEvents int64          `json:"max_events,omitempty"`
-	Window    caddy.Duration `json:"window,omitempty"`
+	// How many requests a solved cookie's identity may make per window,
+	// instead of the client's key. Required.
+	MaxEvents int64 `json:"max_events,omitempty"`
+	// The window of a solved cookie's budget. Required.
+	Window caddy.Duration `json:"window,omitempty"`
 }
 
 // MaxDifficulty is the most leading zero digits a challenge may ask for.
