@@ -391,3 +391,16 @@ func TestChallengeCookieSecureOnHTTPS(t *testing.T) {
 		t.Fatalf("a solved challenge on HTTPS: %d Set-Cookie %q, want 303 and a Secure, HttpOnly cookie", res.Status, set)
 	}
 }
+
+// Without Redis, two instances sharing Caddy's storage share the secret
+// (created once, whichever starts first): a cookie solved on one is a
+// cookie on the other, whose budget there is the other's own.
+func TestChallengeCookieAcrossLocalInstancesSharingStorage(t *testing.T) {
+	storage := "storage file_system " + t.TempDir()
+	a, b := startCaddyWith(t, storage, challengeSite), startCaddyWith(t, storage, challengeSite)
+	spend(t, a, request{})
+	ck := solvedCookie(t, a, a.client)
+	if res := b.Do(withCookie(ck)); res.Status != http.StatusOK || !strings.HasPrefix(res.Body, "id=cookie:") {
+		t.Fatalf("a cookie solved on the other instance: %d %q, want 200 under the cookie's identity", res.Status, res.Body)
+	}
+}
