@@ -72,7 +72,11 @@ func init() {
 // `retry_after` | How long the key has to wait, jitter included (a time.Duration); the Retry-After header carries it in whole seconds, rounded up
 // `remote_addr` | The address of the client's connection (the request's RemoteAddr)
 //
-// A zone in dry run denies nothing: its would-be denials set no
+// On every request of a handler with a dry-run zone, and on a denial, it
+// sets `{http.rate_limit.limited}`: the zones that denied the request or,
+// in dry run, would have, comma-separated, tightest first; "" when none.
+//
+// A zone in dry run denies nothing: its would-be denials set only that
 // placeholder and emit no event; they are counted and logged.
 type Handler struct {
 	// The rate limit zones, by name. Zone names use letters, digits, '_'
@@ -127,6 +131,8 @@ type Handler struct {
 	logger      *zap.Logger
 	// placeholders: some zone's key, limit or cost reads the replacer.
 	placeholders bool
+	annotates    bool            // a zone is in dry run: allowed requests get {http.rate_limit.limited}
+	counted      bool            // counted in annotatingHandlers (Provision and Cleanup only)
 	live         *liveState      // what requests update
 	persister    *live.Persister // nil without persist
 	store        zones.Store     // nil in local mode
@@ -222,6 +228,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		h.zones = append(h.zones, z)
 		h.placeholders = h.placeholders || z.readsReplacer()
+		h.annotates = h.annotates || z.dryRun
 		h.weighted = h.weighted || z.metrics.cost != nil
 		h.bodyCharged = h.bodyCharged || z.costs.body != nil
 		if h.store != nil && (z.IsConcurrency() || z.costs.postCharged() || z.Delay > 0) {
@@ -229,6 +236,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			z.Zone.Hold, z.Zone.Done = h.users.hold, h.users.done
 		}
 	}
+	h.countAnnotating(h.annotates)
 	// Tightest first: the zone most likely to deny decides before the
 	// others spend anything (a refund, a Redis round trip).
 	slices.SortFunc(h.zones, compareZones)
@@ -288,6 +296,7 @@ func (h *Handler) Validate() error {
 // or Validate failed (half-way, possibly): it releases exactly what was
 // taken, and only once.
 func (h *Handler) Cleanup() error {
+	h.countAnnotating(false)
 	if h.persister != nil {
 		h.persister.Close()
 		h.persister = nil
