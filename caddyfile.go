@@ -274,12 +274,14 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 			z.Priority, err = unmarshalPriority(d)
 		case sub == "status":
 			z.StatusCode, err = intArg(d, 400, 599)
+		case sub == "challenge":
+			z.Challenge, err = unmarshalChallenge(d)
 		case sub == "lease":
 			if z.Lease, err = durationArg(d); err == nil && z.Lease < caddy.Duration(zones.MinLease) {
 				err = d.Errf("lease must be at least %v: slots are renewed every lease/3", zones.MinLease)
 			}
 		default:
-			err = d.Errf("unknown subdirective %q: expected key, events, window, burst, quota, cost, count, charge, ban, delay, queue, concurrency, lease, adaptive, priority, status, scope, match, ipv4_prefix, ipv6_prefix, fail_policy, max_keys or dry_run", sub)
+			err = d.Errf("unknown subdirective %q: expected key, events, window, burst, quota, cost, count, charge, ban, delay, queue, concurrency, lease, adaptive, priority, status, challenge, scope, match, ipv4_prefix, ipv6_prefix, fail_policy, max_keys or dry_run", sub)
 		}
 		return err
 	}, "match")
@@ -289,6 +291,8 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 	switch {
 	case z.Key == "":
 		return "", nil, d.Errf("zone %s: key is missing: add e.g. key %s", name, keyExample)
+	case z.Challenge != nil && (z.Concurrency > 0 || z.Quota != nil || z.Adaptive != nil):
+		return "", nil, fmt.Errorf("zone %s: challenge is for rate zones (events, window): a solved challenge's cookie gets a rate of its own; remove challenge, or put it in a rate zone, at %s:%d", name, d.File(), lines["challenge"])
 	case seen["priority"] && z.Adaptive == nil:
 		return "", nil, fmt.Errorf("zone %s: priority shares an adaptive zone's limit between classes: add adaptive { latency 250ms }, or remove priority, at %s:%d", name, d.File(), lines["priority"])
 	case seen["queue"] && !seen["delay"]:

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/caddy-tally/ratelimit/challenge"
 	"github.com/caddy-tally/ratelimit/internal/live"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 	"github.com/caddy-tally/ratelimit/zones"
@@ -29,6 +30,9 @@ type verdict = zones.Ticket[*zoneHandler]
 // ServeHTTP decides the request in every zone that applies to it, tightest
 // first, and either calls next or returns the denial.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	if r.URL.Path == challenge.VerifyPath && h.verifyChallenge(w, r) {
+		return nil
+	}
 	now := monotime.Now()
 	// The replacer is deep in the request's context: looked up only by
 	// handlers whose keys, limits or costs read placeholders, and on a
@@ -217,6 +221,9 @@ func (h *Handler) applicable(r *http.Request, repl *caddy.Replacer, now int64, v
 		verdicts = append(verdicts, verdict{Owner: z, Zone: z.Zone, Key: z.Config.Key(raw), Raw: raw,
 			Plan: z.planFor(repl, now), Cost: z.costFor(repl, now), PostCharged: z.costs.postCharged() && !z.costs.estimate,
 			Class: z.classFor(r, repl)})
+		if z.challenge != nil {
+			z.challenge.identify(r, &verdicts[len(verdicts)-1])
+		}
 		verdicts[len(verdicts)-1].Resolve()
 		if z.waits {
 			verdicts[len(verdicts)-1].Done = r.Context().Done()
@@ -317,6 +324,9 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, verdicts []verdic
 		h.banStarted(now, v.Owner, v.Key, v.Decision, false)
 	}
 	v.Owner.State().Offenders.Record(v.Key, time.Now().UnixNano())
+	if v.Owner.challenge != nil && v.Owner.challenge.challenge(w, r, v, retry) {
+		return nil
+	}
 	if h.answersDirectly(r) {
 		// Nothing would shape the error: answer directly. Caddy's error
 		// path would encode the whole request for a debug log line on

@@ -235,6 +235,11 @@ type Zone struct {
 	// status (429), and 503 in an adaptive zone (overload is not the
 	// client's fault).
 	StatusCode int `json:"status_code,omitempty"`
+
+	// Answers a browser's navigation the zone would deny with a
+	// proof-of-work page; a solved one earns a cookie limited under the
+	// block's own events per window (challenge.go). Rate zones only.
+	Challenge *Challenge `json:"challenge,omitempty"`
 }
 
 // Adaptive is an adaptive concurrency zone's controller settings.
@@ -337,6 +342,7 @@ type zoneHandler struct {
 	// overridesKey is the zone's overrides in overrideHolders, "" when
 	// not taken.
 	overridesKey string
+	challenge    *zoneChallenge // nil unless the zone has a challenge block
 }
 
 // provision checks and sets up the zone named name of handler h, whose
@@ -374,7 +380,13 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 			return nil, err
 		}
 	}
-	cfg.PerRequest = vars.any()
+	var chal *zoneChallenge
+	if zc.Challenge != nil {
+		if chal, err = zc.Challenge.provision(ctx, name, zc, !h.DisableMetrics); err != nil {
+			return nil, err
+		}
+	}
+	cfg.PerRequest = vars.any() || chal != nil // a cookie's budget is a plan of its own
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -414,6 +426,7 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 		denial:    caddyhttp.HandlerError{StatusCode: status, Err: fmt.Errorf("rate limit exceeded in zone %s", name)},
 		logger:    h.logger,
 		logs:      &h.live.logs,
+		challenge: chal,
 	}
 	if zc.Priority != nil {
 		zh.classHeader = headerPlaceholder(singlePlaceholder(zc.Priority.Placeholder))

@@ -1,0 +1,61 @@
+package challenge
+
+import (
+	"math"
+	"math/bits"
+	"sync"
+	"time"
+)
+
+// Pressure sets the difficulty of a network's next challenge between two
+// bounds from the rate of challenges issued to it: the count of the last
+// minute or so (decaying by half each HalfLife), one hex digit more each
+// time that count is 16 times larger (from 16 on), so that the work a
+// network pays for its next challenge grows with the challenges it asked
+// for, and falls back to the lower bound when it calms. It remembers at
+// most MaxNetworks networks; when full it forgets all of them (they start
+// again at the lower bound), so its memory is bounded whatever the number
+// of networks.
+type Pressure struct {
+	Min, Max int
+	mu       sync.Mutex
+	nets     map[string]pressure
+}
+
+type pressure struct {
+	count float64
+	at    time.Time
+}
+
+// HalfLife is how fast a network's count of challenges decays.
+const HalfLife = 30 * time.Second
+
+// MaxNetworks bounds the networks a Pressure remembers.
+const MaxNetworks = 100000
+
+// Next counts a challenge issued to network now and returns its
+// difficulty.
+func (p *Pressure) Next(network string, now time.Time) int {
+	if p.Max <= p.Min {
+		return p.Min
+	}
+	p.mu.Lock()
+	if p.nets == nil || len(p.nets) >= MaxNetworks {
+		p.nets = make(map[string]pressure)
+	}
+	e := p.nets[network]
+	if !e.at.IsZero() {
+		e.count *= math.Exp2(-float64(now.Sub(e.at)) / float64(HalfLife))
+	}
+	e.count++
+	e.at = now
+	p.nets[network] = e
+	p.mu.Unlock()
+	// log16 of the count: a digit per factor of 16.
+	extra := (bits.Len64(uint64(e.count)) - 1) / 4
+	return min(p.Min+extra, p.Max)
+}
+
+// ExpectedHashes is the mean number of hashes a solver tries at difficulty
+// d: 16^d.
+func ExpectedHashes(d int) float64 { return math.Pow(16, float64(d)) }

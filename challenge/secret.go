@@ -1,0 +1,169 @@
+package challenge
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Storage is what Secrets needs of Caddy's storage (certmagic.Storage has
+// it): every instance sharing the storage shares the secret.
+type Storage interface {
+	Lock(ctx context.Context, name string) error
+	Unlock(ctx context.Context, name string) error
+	Store(ctx context.Context, key string, value []byte) error
+	Load(ctx context.Context, key string) ([]byte, error)
+}
+
+// StorageKey is where the secrets are kept in Caddy's storage.
+const StorageKey = "tally/challenge/secrets.json"
+
+const keyIDLen = 4
+
+// secret is one signing key, named by a random id that tokens and cookies
+// carry.
+type secret struct {
+	id      [keyIDLen]byte
+	key     []byte
+	created time.Time
+}
+
+// Secrets are the signing keys: the current one signs, it and the
+// previous one verify. A key is created once, by the first instance that
+// finds none in the storage (under the storage's lock), and replaced when
+// it is older than the rotation period, the replaced one kept for one more
+// period: a cookie signed just before a rotation verifies until it
+// expires, as long as cookies are valid for at most one period.
+type Secrets struct {
+	keys    atomic.Pointer[[]secret] // newest first, at most two
+	storage Storage
+	rotate  time.Duration
+	// reloaded is when an unknown key id last made the keys be read again
+	// from the storage (another instance rotated): at most once per
+	// reloadEvery.
+	mu       sync.Mutex
+	reloaded time.Time
+}
+
+const reloadEvery = 10 * time.Second
+
+// MinRotation is the shortest rotation period: keys are replaced at most
+// this often (and never before a cookie they signed expires).
+const MinRotation = 7 * 24 * time.Hour
+
+// LoadSecrets reads the keys from storage, creating the first one or
+// rotating an old one under the storage's lock. rotate is how old the
+// current key may get (at least MinRotation and the longest cookie
+// validity).
+func LoadSecrets(ctx context.Context, st Storage, rotate time.Duration) (*Secrets, error) {
+	s := &Secrets{storage: st, rotate: max(rotate, MinRotation)}
+	if err := st.Lock(ctx, StorageKey); err != nil {
+		return nil, fmt.Errorf("locking the challenge secret in Caddy's storage: %v", err)
+	}
+	defer func() { _ = st.Unlock(context.WithoutCancel(ctx), StorageKey) }()
+	keys, err := s.read(ctx)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	if len(keys) == 0 || now.Sub(keys[0].created) >= s.rotate {
+		fresh := secret{key: make([]byte, 32), created: now}
+		_, _ = rand.Read(fresh.id[:])
+		_, _ = rand.Read(fresh.key)
+		keys = append([]secret{fresh}, keys...)[:min(len(keys)+1, 2)]
+		if err := s.write(ctx, keys); err != nil {
+			return nil, err
+		}
+	}
+	s.keys.Store(&keys)
+	return s, nil
+}
+
+// NewSecrets returns secrets of one key, kept nowhere (for tests).
+func NewSecrets(key []byte) *Secrets {
+	s := &Secrets{}
+	keys := []secret{{key: key, created: time.Now()}}
+	s.keys.Store(&keys)
+	return s
+}
+
+type storedKey struct {
+	ID      []byte    `json:"id"`
+	Key     []byte    `json:"key"`
+	Created time.Time `json:"created"`
+}
+
+func (s *Secrets) read(ctx context.Context) ([]secret, error) {
+	b, err := s.storage.Load(ctx, StorageKey)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("loading the challenge secret from Caddy's storage: %v", err)
+	}
+	var stored []storedKey
+	if err := json.Unmarshal(b, &stored); err != nil {
+		return nil, fmt.Errorf("the challenge secret in Caddy's storage (%s) is corrupt: %v; delete it to make a new one (every challenge cookie is then refused once)", StorageKey, err)
+	}
+	keys := make([]secret, 0, len(stored))
+	for _, k := range stored {
+		if len(k.ID) != keyIDLen || len(k.Key) < 32 {
+			return nil, fmt.Errorf("the challenge secret in Caddy's storage (%s) is corrupt: a key is truncated; delete it to make a new one", StorageKey)
+		}
+		sk := secret{key: k.Key, created: k.Created}
+		copy(sk.id[:], k.ID)
+		keys = append(keys, sk)
+	}
+	return keys, nil
+}
+
+func (s *Secrets) write(ctx context.Context, keys []secret) error {
+	stored := make([]storedKey, len(keys))
+	for i, k := range keys {
+		stored[i] = storedKey{ID: k.id[:], Key: k.key, Created: k.created}
+	}
+	b, _ := json.Marshal(stored)
+	if err := s.storage.Store(ctx, StorageKey, b); err != nil {
+		return fmt.Errorf("storing the challenge secret in Caddy's storage: %v", err)
+	}
+	return nil
+}
+
+func (s *Secrets) current() secret { return (*s.keys.Load())[0] }
+
+// byID is the key named id, read again from the storage (at most once per
+// reloadEvery) when it is unknown: another instance may have rotated.
+func (s *Secrets) byID(id [keyIDLen]byte) ([]byte, bool) {
+	for _, k := range *s.keys.Load() {
+		if k.id == id {
+			return k.key, true
+		}
+	}
+	if s.storage == nil || !s.mu.TryLock() {
+		return nil, false
+	}
+	defer s.mu.Unlock()
+	if time.Since(s.reloaded) < reloadEvery {
+		return nil, false
+	}
+	s.reloaded = time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	keys, err := s.read(ctx)
+	if err != nil || len(keys) == 0 {
+		return nil, false
+	}
+	s.keys.Store(&keys)
+	for _, k := range keys {
+		if k.id == id {
+			return k.key, true
+		}
+	}
+	return nil, false
+}

@@ -1,0 +1,207 @@
+// Package challenge is the proof-of-work challenge a zone can answer with
+// at its limit: a challenge token signed by the server, bound to the
+// client's zone key, its expiry and its difficulty; the check of a
+// submitted nonce; the cookie a solved challenge earns, whose identity then
+// has a budget of its own; the secret both are signed with, kept in Caddy's
+// storage; the difficulty that follows the pressure on a network; and the
+// page that solves it in a browser. It knows nothing of zones or of the
+// handler: the root package wires it in (challenge.go).
+//
+// Verifying a submission is stateless: one HMAC and one SHA-256, and the
+// caller's replay guard (the zone's store: one step per solved challenge).
+package challenge
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"hash/fnv"
+	"strconv"
+	"time"
+)
+
+// VerifyPath is where the page submits a solution (POST, form-urlencoded:
+// challenge, nonce, elapsed_ms, return).
+const VerifyPath = "/.well-known/tally/challenge"
+
+// Reason is why a submission or a cookie was refused; "" is none.
+type Reason string
+
+// The reasons, as the metrics label them.
+const (
+	Malformed    Reason = "malformed"     // not a token, a nonce or a form
+	Forged       Reason = "forged"        // the signature does not hold
+	WrongKey     Reason = "wrong_key"     // issued to another zone key (another client)
+	Expired      Reason = "expired"       // past its expiry
+	BadNonce     Reason = "bad_nonce"     // the hash does not start with the zeros
+	Replayed     Reason = "replayed"      // solved before (the caller's guard says)
+	ForgedCookie Reason = "forged_cookie" // a cookie that does not verify
+)
+
+// Reasons are every reason a failure can have, for binding metrics.
+var Reasons = []Reason{Malformed, Forged, WrongKey, Expired, BadNonce, Replayed, ForgedCookie}
+
+// The token's layout: version, expiry (Unix seconds), difficulty, random
+// id, a fingerprint of the zone key (to tell wrong_key from forged: the
+// MAC binds the key itself), the secret's id, then the zone's name, then
+// the MAC.
+const (
+	tokenVersion = 1
+	idLen        = 12
+	headLen      = 1 + 8 + 1 + idLen + 8 + keyIDLen
+	macLen       = 16
+	// MaxTokenLen bounds what Parse reads: a zone name is at most this
+	// long in a token.
+	maxZoneLen  = 128
+	MaxTokenLen = (headLen + maxZoneLen + macLen + 2) / 3 * 4
+)
+
+// Challenge is a verified token's content.
+type Challenge struct {
+	Zone       string
+	ID         string // unique per token: the replay guard's key
+	Difficulty int
+	Expires    time.Time
+}
+
+// Issue returns a token for zone key key of zone, valid for ttl from now,
+// of difficulty d, signed with the current secret.
+func (s *Secrets) Issue(zone, key string, d int, now time.Time, ttl time.Duration) string {
+	k := s.current()
+	buf := make([]byte, headLen, headLen+len(zone)+macLen)
+	buf[0] = tokenVersion
+	binary.BigEndian.PutUint64(buf[1:9], uint64(now.Add(ttl).Unix()))
+	buf[9] = byte(d)
+	_, _ = rand.Read(buf[10 : 10+idLen])
+	binary.BigEndian.PutUint64(buf[10+idLen:18+idLen], fingerprint(key))
+	copy(buf[18+idLen:], k.id[:])
+	buf = append(buf, zone...)
+	buf = append(buf, tokenMAC(k.key, buf, key)...)
+	return base64.RawURLEncoding.EncodeToString(buf)
+}
+
+// Zone returns the zone a token names, unverified (to find the zone whose
+// key the token is checked against), or false when it is not a token.
+func Zone(token string) (string, bool) {
+	b, ok := decodeToken(token)
+	if !ok {
+		return "", false
+	}
+	return string(b[headLen : len(b)-macLen]), true
+}
+
+// Verify checks a submission: token, issued for key, and nonce (decimal
+// digits) whose SHA-256 with the token must start with the token's
+// difficulty of zero hex digits. It costs one HMAC and one SHA-256. The
+// caller then asks its replay guard about the challenge's ID.
+func (s *Secrets) Verify(token, key, nonce string, now time.Time) (Challenge, Reason) {
+	b, ok := decodeToken(token)
+	if !ok || !decimal(nonce) {
+		return Challenge{}, Malformed
+	}
+	var kid [keyIDLen]byte
+	copy(kid[:], b[18+idLen:headLen])
+	secret, ok := s.byID(kid)
+	body, mac := b[:len(b)-macLen], b[len(b)-macLen:]
+	if !ok || !hmac.Equal(mac, tokenMAC(secret, body, key)) {
+		if ok && binary.BigEndian.Uint64(b[10+idLen:18+idLen]) != fingerprint(key) {
+			return Challenge{}, WrongKey
+		}
+		return Challenge{}, Forged
+	}
+	c := Challenge{
+		Zone:       string(b[headLen : len(b)-macLen]),
+		ID:         base64.RawURLEncoding.EncodeToString(b[10 : 10+idLen]),
+		Difficulty: int(b[9]),
+		Expires:    time.Unix(int64(binary.BigEndian.Uint64(b[1:9])), 0),
+	}
+	if !now.Before(c.Expires) {
+		return c, Expired
+	}
+	if !Solves(token, nonce, c.Difficulty) {
+		return c, BadNonce
+	}
+	return c, ""
+}
+
+// Solves reports whether hex(SHA-256(token + nonce)) starts with d zeros.
+func Solves(token, nonce string, d int) bool {
+	h := sha256.New()
+	h.Write([]byte(token))
+	h.Write([]byte(nonce))
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
+	return leadingZeros(sum[:], d)
+}
+
+// leadingZeros reports whether sum's first d hex digits are 0.
+func leadingZeros(sum []byte, d int) bool {
+	if d > 2*len(sum) {
+		return false
+	}
+	for i := 0; i < d; i++ {
+		nibble := sum[i/2] >> 4
+		if i%2 == 1 {
+			nibble = sum[i/2] & 0x0f
+		}
+		if nibble != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// Solve finds the smallest nonce that solves token at difficulty d: the
+// native solver a crawler (or a test) runs.
+func Solve(token string, d int) string {
+	for n := uint64(0); ; n++ {
+		s := strconv.FormatUint(n, 10)
+		if Solves(token, s, d) {
+			return s
+		}
+	}
+}
+
+func decodeToken(token string) ([]byte, bool) {
+	if len(token) > MaxTokenLen {
+		return nil, false
+	}
+	b, err := base64.RawURLEncoding.DecodeString(token)
+	if err != nil || len(b) <= headLen+macLen || b[0] != tokenVersion {
+		return nil, false
+	}
+	return b, true
+}
+
+// decimal reports whether s is 1 to 20 decimal digits.
+func decimal(s string) bool {
+	if s == "" || len(s) > 20 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// tokenMAC signs a token's body and the zone key it is issued to.
+func tokenMAC(secret, body []byte, key string) []byte {
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte("tally challenge\x00"))
+	m.Write(body)
+	m.Write([]byte{0})
+	m.Write([]byte(key))
+	return m.Sum(nil)[:macLen]
+}
+
+// fingerprint tells which key a token was issued to, to name a wrong key's
+// refusal; the MAC, not it, binds the key.
+func fingerprint(key string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(key))
+	return h.Sum64()
+}

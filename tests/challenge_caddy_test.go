@@ -1,0 +1,274 @@
+package tests
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/certmagic"
+
+	"github.com/caddy-tally/ratelimit/challenge"
+)
+
+// challengeZone is the issue's zone block, as written.
+const challengeZone = `		zone visitors {
+			key {client_ip}
+			ipv6_prefix 64
+			events 30
+			window 1m
+			challenge {
+				difficulty 4
+				valid 24h
+				events 600
+				window 1h
+			}
+		}
+`
+
+const challengeSite = `http:// {
+	rate_limit {
+` + challengeZone + `	}
+	respond "id={http.rate_limit.visitors.identity}"
+}
+`
+
+var browserAccept = map[string]string{"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}
+
+// spend sends the zone's 30 requests of the client's key, each allowed.
+func spend(t *testing.T, c *caddyInstance, r request) {
+	t.Helper()
+	for i := range 30 {
+		if res := c.Do(r); res.Status != http.StatusOK {
+			t.Fatalf("request %d of the zone's 30: %d, want 200", i+1, res.Status)
+		}
+	}
+}
+
+// challenged GETs path as a browser navigates and returns the challenge
+// the page carries, failing the test when it is no challenge page.
+func challenged(t *testing.T, c *caddyInstance, path string, client *http.Client) (token string, d int, action string) {
+	t.Helper()
+	res := c.Do(request{Path: path, Header: browserAccept, Client: client})
+	token, d, action, ok := pageChallenge(res.Body)
+	if res.Status != http.StatusTooManyRequests || !ok {
+		t.Fatalf("a browser's GET %s past the limit: %d %q, want 429 with the challenge page", path, res.Status, tail(res.Body, 3))
+	}
+	return token, d, action
+}
+
+// solvedCookie solves a challenge of c from client and returns the cookie
+// the submission set.
+func solvedCookie(t *testing.T, c *caddyInstance, client *http.Client) *http.Cookie {
+	t.Helper()
+	token, d, action := challenged(t, c, "/", client)
+	res := submitChallenge(t, client, c.URL, action, token, solveChallenge(t, token, d), "/")
+	if res.Status != http.StatusSeeOther {
+		t.Fatalf("a solved challenge: %d %q, want 303", res.Status, res.Body)
+	}
+	for _, ck := range (&http.Response{Header: res.Header}).Cookies() {
+		if ck.Name == "tally_visitors" {
+			return ck
+		}
+	}
+	t.Fatalf("a solved challenge set no tally_visitors cookie: %v", res.Header["Set-Cookie"])
+	return nil
+}
+
+func withCookie(ck *http.Cookie) request {
+	return request{Header: map[string]string{"Cookie": ck.Name + "=" + ck.Value}}
+}
+
+func challengeMetric(t *testing.T, c *caddyInstance, name string, labels map[string]string) float64 {
+	t.Helper()
+	labels["zone"] = "visitors"
+	v, _ := metricValue(c.scrape(), "caddy_rate_limit_"+name, labels)
+	return v
+}
+
+// A browser's navigation past the limit gets the challenge page, anything
+// else the zone's 429; solving it returns to the page with its query and
+// sets a cookie whose identity has the block's budget, exactly.
+func TestChallengePageThenTheCookiesOwnBudget(t *testing.T) {
+	c := startCaddyWith(t, "metrics", challengeSite)
+	spend(t, c, request{})
+
+	for _, r := range []request{{}, {Header: map[string]string{"Accept": "application/json"}}} {
+		if res := c.Do(r); res.Status != http.StatusTooManyRequests || strings.Contains(res.Body, "tally-challenge") {
+			t.Fatalf("a GET with Accept %q past the limit: %d %q, want the zone's 429 without a challenge", r.Header["Accept"], res.Status, res.Body)
+		}
+	}
+	post, _ := http.NewRequest(http.MethodPost, c.URL+"/form", strings.NewReader("a=1"))
+	post.Header.Set("Accept", browserAccept["Accept"])
+	if res, err := c.client.Do(post); err != nil || res.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("a browser's POST past the limit: %v %v, want the zone's 429 (a POST is never challenged)", res, err)
+	} else {
+		res.Body.Close()
+	}
+
+	res := c.Do(request{Path: "/page?x=1&y=2", Header: browserAccept})
+	token, d, action, ok := pageChallenge(res.Body)
+	switch {
+	case res.Status != http.StatusTooManyRequests || !ok:
+		t.Fatalf("a browser's GET past the limit: %d %q, want 429 with the challenge page", res.Status, res.Body)
+	case !strings.HasPrefix(res.Header.Get("Content-Type"), "text/html") || res.Header.Get("Cache-Control") != "no-store" || res.Header.Get("Retry-After") == "":
+		t.Fatalf("the challenge page's headers: %v, want text/html, Cache-Control: no-store and Retry-After", res.Header)
+	case d != 4 || action != challenge.VerifyPath:
+		t.Fatalf("the page's challenge: difficulty %d action %q, want 4 and %s", d, action, challenge.VerifyPath)
+	}
+
+	sub := submitChallenge(t, c.client, c.URL, action, token, solveChallenge(t, token, d), "/page?x=1&y=2")
+	if sub.Status != http.StatusSeeOther || sub.Header.Get("Location") != "/page?x=1&y=2" {
+		t.Fatalf("a solved challenge: %d Location %q, want 303 to /page?x=1&y=2", sub.Status, sub.Header.Get("Location"))
+	}
+	set := strings.Join(sub.Header["Set-Cookie"], "\n")
+	for _, attr := range []string{"tally_visitors=", "Path=/", "HttpOnly", "SameSite=Lax", "Max-Age=86400"} {
+		if !strings.Contains(set, attr) {
+			t.Fatalf("the cookie %q lacks %s", set, attr)
+		}
+	}
+	if strings.Contains(set, "Secure") {
+		t.Fatalf("the cookie %q is Secure on plain HTTP: the browser would not send it back", set)
+	}
+	ck := (&http.Response{Header: sub.Header}).Cookies()[0]
+
+	for i := range 600 {
+		res := c.Do(withCookie(ck))
+		if res.Status != http.StatusOK || !strings.HasPrefix(res.Body, "id=cookie:") {
+			t.Fatalf("request %d of the cookie's 600: %d %q, want 200 with the cookie's identity in the placeholder", i+1, res.Status, res.Body)
+		}
+	}
+	if res := c.Do(withCookie(ck)); res.Status != http.StatusTooManyRequests {
+		t.Fatalf("the cookie's 601st request: %d, want 429", res.Status)
+	}
+	for outcome, want := range map[string]float64{"issued": 1, "solved": 1} {
+		if got := challengeMetric(t, c, "challenges_total", map[string]string{"outcome": outcome}); got != want {
+			t.Errorf("caddy_rate_limit_challenges_total{outcome=%q} = %v, want %v", outcome, got, want)
+		}
+	}
+	if got := challengeMetric(t, c, "challenge_solve_seconds_count", map[string]string{}); got != 1 {
+		t.Errorf("caddy_rate_limit_challenge_solve_seconds_count = %v, want 1", got)
+	}
+}
+
+// Every way a submission or a cookie can be wrong is refused (403, or 400
+// for what is not a form; never a 5xx) and counted by its reason; a bad
+// cookie is a request without one.
+func TestChallengeRefusalsCountedByReason(t *testing.T) {
+	dir := t.TempDir()
+	c := startCaddyWith(t, "metrics\n\tstorage file_system "+dir, challengeSite)
+	spend(t, c, request{})
+	token, d, action := challenged(t, c, "/", nil)
+	nonce := solveChallenge(t, token, d)
+	refused := func(what string, res response, status int, reason string) {
+		t.Helper()
+		if res.Status != status || !strings.Contains(res.Body, reason) {
+			t.Errorf("%s: %d %q, want %d naming %s", what, res.Status, res.Body, status, reason)
+		}
+	}
+
+	wrong := "0"
+	for challenge.Solves(token, wrong, d) {
+		wrong += "0"
+	}
+	refused("a wrong nonce", submitChallenge(t, c.client, c.URL, action, token, wrong, "/"), 403, "bad_nonce")
+	refused("a nonce that is no number", submitChallenge(t, c.client, c.URL, action, token, "1e9", "/"), 403, "malformed")
+	refused("a body over 4 KiB", postForm(t, c.client, c.URL+action, "challenge="+strings.Repeat("A", 1<<20)), 400, "malformed")
+	refused("bad percent-encoding", postForm(t, c.client, c.URL+action, "challenge=%zz&nonce=1"), 400, "malformed")
+	forged := []byte(token)
+	forged[20] = map[bool]byte{true: 'B', false: 'A'}[forged[20] == 'A'] // in its random id
+	refused("a forged challenge", submitChallenge(t, c.client, c.URL, action, string(forged), nonce, "/"), 403, "forged")
+	refused("a challenge issued to another address", submitChallenge(t, clientFrom(t, "127.0.0.2"), c.URL, action, token, nonce, "/"), 403, "wrong_key")
+
+	// An expired challenge, signed with the site's own secret from the
+	// shared storage.
+	secrets, err := challenge.LoadSecrets(context.Background(), &certmagic.FileStorage{Path: dir}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := secrets.Issue("visitors", "127.0.0.1", 1, time.Now().Add(-time.Hour), 5*time.Minute)
+	refused("an expired challenge", submitChallenge(t, c.client, c.URL, action, old, solveChallenge(t, old, 1), "/"), 403, "expired")
+
+	good := submitChallenge(t, c.client, c.URL, action, token, nonce, "https://elsewhere.example/")
+	if good.Status != http.StatusSeeOther || good.Header.Get("Location") != "/" {
+		t.Fatalf("a solved challenge returning to another site: %d Location %q, want 303 to /", good.Status, good.Header.Get("Location"))
+	}
+	refused("the same challenge again", submitChallenge(t, c.client, c.URL, action, token, nonce, "/"), 403, "replayed")
+
+	ck := (&http.Response{Header: good.Header}).Cookies()[0]
+	if res := c.Do(withCookie(ck)); res.Status != http.StatusOK {
+		t.Fatalf("the solved cookie: %d, want 200", res.Status)
+	}
+	flipped := []byte(ck.Value)
+	flipped[3] = map[bool]byte{true: 'B', false: 'A'}[flipped[3] == 'A']
+	foreign, _ := challenge.NewSecrets([]byte("another site's secret, 32 bytes!")).Mint("visitors", time.Now().Add(time.Hour))
+	for what, value := range map[string]string{"forged": string(flipped), "truncated": ck.Value[:len(ck.Value)-4], "another site's": foreign} {
+		if res := c.Do(withCookie(&http.Cookie{Name: ck.Name, Value: value})); res.Status != http.StatusTooManyRequests {
+			t.Errorf("a %s cookie: %d, want the address's 429 (a request without a cookie)", what, res.Status)
+		}
+	}
+
+	// A flood of replays: each refused, none a server error.
+	var wg sync.WaitGroup
+	statuses := make(chan int, 400)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 50 {
+				res := submitChallenge(t, c.client, c.URL, action, token, nonce, "/")
+				statuses <- res.Status
+			}
+		}()
+	}
+	wg.Wait()
+	close(statuses)
+	for s := range statuses {
+		if s != http.StatusForbidden {
+			t.Fatalf("a flood of submissions of a used challenge: a %d, want every one 403", s)
+		}
+	}
+	if res := c.Do(request{Path: action}); res.Status != http.StatusMethodNotAllowed {
+		t.Errorf("GET %s: %d, want 405", action, res.Status)
+	}
+
+	for reason, want := range map[string]float64{"bad_nonce": 1, "malformed": 3, "forged": 1, "wrong_key": 1, "expired": 1, "forged_cookie": 3} {
+		if got := challengeMetric(t, c, "challenge_failures_total", map[string]string{"reason": reason}); got != want {
+			t.Errorf("caddy_rate_limit_challenge_failures_total{reason=%q} = %v, want %v", reason, got, want)
+		}
+	}
+	if got := challengeMetric(t, c, "challenge_failures_total", map[string]string{"reason": "replayed"}); got < 1 {
+		t.Errorf("caddy_rate_limit_challenge_failures_total{reason=\"replayed\"} = %v, want at least 1", got)
+	}
+}
+
+// Two instances sharing Caddy's storage and, in strict mode, Redis: a
+// cookie solved on either is accepted on both, its budget counted once
+// for the fleet, and a challenge solved on one cannot be used again on the
+// other.
+func TestChallengeCookieAcrossInstancesSharingStorage(t *testing.T) {
+	rs := startRedis(t)
+	// A 1s store timeout: a race-built Caddy on a small machine misses
+	// the default now and then, which hands the decision to fail_policy
+	// local (each instance's share) and the count would not be exact.
+	site, storage := distributedSite(rs.Addr, challengeZone, "\t\t\ttimeout 1s"), "storage file_system "+t.TempDir()
+	fleet := []*caddyInstance{startCaddyWith(t, storage, site), startCaddyWith(t, storage, site)}
+	a, b := fleet[0], fleet[1]
+	spend(t, a, request{})
+
+	token, d, action := challenged(t, b, "/", nil)
+	nonce := solveChallenge(t, token, d)
+	if res := submitChallenge(t, a.client, a.URL, action, token, nonce, "/"); res.Status != http.StatusSeeOther {
+		t.Fatalf("a challenge issued by one instance, solved on the other: %d %q, want 303", res.Status, res.Body)
+	}
+	if res := submitChallenge(t, b.client, b.URL, action, token, nonce, "/"); res.Status != http.StatusForbidden || !strings.Contains(res.Body, "replayed") {
+		t.Fatalf("the same solution on the instance that issued it: %d %q, want 403 replayed", res.Status, res.Body)
+	}
+	ck := solvedCookie(t, a, a.client)
+	counts := sendAcross(t, fleet, 601, 8, withCookie(ck), 5*time.Second)
+	if counts[200] != 600 || counts[429] != 1 {
+		t.Fatalf("601 requests with one cookie over two instances: %v, want exactly 600×200 1×429", counts)
+	}
+}
