@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 	"os/exec"
 	"regexp"
 	"strings"
@@ -13,6 +14,8 @@ import (
 
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
+
+	"github.com/caddy-tally/ratelimit/challenge"
 )
 
 // A real browser against the challenge: Debian's chromium (make deps
@@ -24,9 +27,12 @@ import (
 // address, with a challenge of difficulty d whose cookie allows 3 requests
 // per hour; each page says its URI and the identity it was admitted under.
 // The favicon chromium fetches after each page is outside the zone, so
-// that the cookie's budget counts the pages alone.
-func browserSite(d int) string {
+// that the cookie's budget counts the pages alone. Every response carries
+// the strict Content-Security-Policy of docs/challenges.md, under which the
+// page's script must run.
+func browserSite(tb testing.TB, d int) string {
 	return fmt.Sprintf(`http:// {
+	header Content-Security-Policy %q
 	handle /favicon.ico {
 		respond 204
 	}
@@ -47,7 +53,25 @@ func browserSite(d int) string {
 		respond "page={http.request.uri} id={http.rate_limit.visitors.identity}"
 	}
 }
-`, d)
+`, docsCSP(tb), d)
+}
+
+// docsCSP is the Content-Security-Policy of docs/challenges.md's site,
+// which must allow the challenge page's script by its hash.
+func docsCSP(tb testing.TB) string {
+	tb.Helper()
+	b, err := os.ReadFile("../docs/challenges.md")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^\s*header Content-Security-Policy "([^"]+)"$`).FindSubmatch(b)
+	if m == nil {
+		tb.Fatal("docs/challenges.md's site has no header Content-Security-Policy line")
+	}
+	if !strings.Contains(string(m[1]), "script-src 'self' "+challenge.ScriptHash+";") {
+		tb.Fatalf("docs/challenges.md's Content-Security-Policy %s does not allow the challenge page's script, %s", m[1], challenge.ScriptHash)
+	}
+	return string(m[1])
 }
 
 // browser is one headless chromium with one tab, and the status of every
@@ -180,7 +204,7 @@ var pageIdentity = regexp.MustCompile(`id=(cookie:[A-Za-z0-9_-]+)`)
 // cookie's identity admits its next requests under the block's 3 per hour,
 // and past them the browser is challenged again and earns a new identity.
 func TestChallengeBrowserSolvesAndLandsWithItsOwnBudget(t *testing.T) {
-	c := startCaddy(t, browserSite(4))
+	c := startCaddy(t, browserSite(t, 4))
 	if res := c.Do(request{Path: "/"}); res.Status != http.StatusOK {
 		t.Fatalf("the zone's one request per hour: %d, want 200", res.Status)
 	}
@@ -220,7 +244,7 @@ func TestChallengeBrowserSolvesAndLandsWithItsOwnBudget(t *testing.T) {
 // TestChallengeBrowserSolvesWithoutSecureContext: at http://tally.test
 // (not a secure context: no crypto.subtle) the page's own SHA-256 solves.
 func TestChallengeBrowserSolvesWithoutSecureContext(t *testing.T) {
-	c := startCaddy(t, browserSite(3))
+	c := startCaddy(t, browserSite(t, 3))
 	if res := c.Do(request{Path: "/"}); res.Status != http.StatusOK {
 		t.Fatalf("the zone's one request per hour: %d, want 200", res.Status)
 	}
@@ -244,7 +268,7 @@ func TestChallengeBrowserSolvesWithoutSecureContext(t *testing.T) {
 func BenchmarkChallengeBrowserSolve(b *testing.B) {
 	for _, d := range []int{4, 5} {
 		b.Run(fmt.Sprintf("difficulty=%d", d), func(b *testing.B) {
-			c := startCaddy(b, browserSite(d))
+			c := startCaddy(b, browserSite(b, d))
 			if res := c.Do(request{Path: "/"}); res.Status != http.StatusOK {
 				b.Fatalf("the zone's one request per hour: %d, want 200", res.Status)
 			}

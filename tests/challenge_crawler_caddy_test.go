@@ -517,3 +517,102 @@ func TestChallengeEndpointUnderAttack(t *testing.T) {
 		t.Errorf("Caddy's heap grew by %d KiB: the endpoint kept what it was sent", (int64(heapAfter)-int64(heapBefore))>>10)
 	}
 }
+
+// BenchmarkChallengeCrawler runs the crawler model once per op, each
+// against a fresh Caddy: 500 addresses, their free pages, a native solve
+// each at difficulty 4 and 3 pages under each cookie. It reports the work
+// (hashes/solve, cpu-ms/solve), what a page costs at a cookie's 600
+// (hashes/page) and the pages the crawler got per second (pages/s).
+func BenchmarkChallengeCrawler(b *testing.B) {
+	var total crawlResult
+	for b.Loop() {
+		r := crawl(b, startCaddy(b, crawlerSite), 500, 8, 3)
+		total.freePages += r.freePages
+		total.cookiePages += r.cookiePages
+		total.solves += r.solves
+		total.hashes += r.hashes
+		total.cpu += r.cpu
+		total.wall += r.wall
+	}
+	b.ReportMetric(float64(total.hashes)/float64(total.solves), "hashes/solve")
+	b.ReportMetric(float64(total.cpu.Microseconds())/1000/float64(total.solves), "cpu-ms/solve")
+	b.ReportMetric(float64(total.hashes)/float64(total.solves)/600, "hashes/page")
+	b.ReportMetric(float64(total.freePages+total.cookiePages)/total.wall.Seconds(), "pages/s")
+}
+
+// TestChallengesDocSiteAsWritten runs docs/challenges.md's site, its
+// address, upstream and one let-through range moved to loopback: an address
+// gets its 30 pages, then a browser's navigation gets the challenge page
+// (429, no-store, Retry-After, the docs' CSP, what a client without
+// JavaScript reads) and an API client the plain 429; an address in a
+// let-through range is never challenged.
+func TestChallengesDocSiteAsWritten(t *testing.T) {
+	blocks := caddyfileBlocks(t, "docs/challenges.md")
+	if len(blocks) == 0 {
+		t.Fatal("docs/challenges.md has no ```caddyfile site")
+	}
+	site := blocks[0].text
+	for _, e := range []struct{ from, to string }{
+		{"example.com {", "http:// {"},
+		{"192.0.2.0/24", "127.0.0.2/32"},
+		{"reverse_proxy 127.0.0.1:9000", `respond "page"`},
+	} {
+		if !strings.Contains(site, e.from) {
+			t.Fatalf("docs/challenges.md's site has no %q: update this test with it", e.from)
+		}
+		site = strings.ReplaceAll(site, e.from, e.to)
+	}
+	c := startCaddy(t, site)
+	visitor := crawlerClient{base: c.URL, client: clientFrom(t, "127.0.0.1")}
+	for i := range 30 {
+		if status, _, err := visitor.get("/", ""); err != nil || status != http.StatusOK {
+			t.Fatalf("page %d of the free 30: %d %v", i+1, status, err)
+		}
+	}
+	req, _ := http.NewRequest(http.MethodGet, c.URL+"/", nil)
+	req.Header.Set("Accept", browserAccept["Accept"])
+	res, err := visitor.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if _, _, _, ok := pageChallenge(string(body)); res.StatusCode != http.StatusTooManyRequests || !ok {
+		t.Fatalf("a browser's page 31: %d %.300q, want 429 with the challenge page", res.StatusCode, body)
+	}
+	if got, want := res.Header.Get("Content-Security-Policy"), docsCSP(t); got != want {
+		t.Errorf("the challenge page's CSP %q, want the docs' %q", got, want)
+	}
+	if res.Header.Get("Cache-Control") != "no-store" || res.Header.Get("Retry-After") == "" {
+		t.Errorf("the challenge page's Cache-Control %q, Retry-After %q: want no-store and a time", res.Header.Get("Cache-Control"), res.Header.Get("Retry-After"))
+	}
+	if !strings.Contains(string(body), "<noscript><p>This check needs JavaScript. Without it, try again in") {
+		t.Errorf("the challenge page tells a client without JavaScript nothing: %.500q", body)
+	}
+	api := c.Do(request{Header: map[string]string{"Accept": "application/json"}, Client: visitor.client})
+	if _, _, _, ok := pageChallenge(api.Body); api.Status != http.StatusTooManyRequests || ok {
+		t.Errorf("an API client past the limit: %d %.200q, want the plain 429", api.Status, api.Body)
+	}
+	// Paced under its own zone's 10 a second: 35 pages, more than the
+	// visitors' 30, none challenged.
+	allowed := crawlerClient{base: c.URL, client: clientFrom(t, "127.0.0.2")}
+	admitted := 0
+	pace := time.NewTicker(150 * time.Millisecond)
+	defer pace.Stop()
+	for i := range 35 {
+		<-pace.C
+		status, body, err := allowed.get("/", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, _, ok := pageChallenge(body); ok {
+			t.Fatalf("a let-through crawler was challenged at its request %d", i+1)
+		}
+		if status == http.StatusOK {
+			admitted++
+		}
+	}
+	if admitted != 35 {
+		t.Errorf("a let-through crawler pacing under its zone's 10 a second got %d of 35 pages", admitted)
+	}
+}
