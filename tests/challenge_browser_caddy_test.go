@@ -162,7 +162,8 @@ func (b *browser) open(tb testing.TB, url, want string, limit time.Duration) (st
 		}
 		select {
 		case <-ctx.Done():
-			tb.Fatalf("waited %v for %s to show %q; it shows %q", limit, url, want, text)
+			at, _ := chromedp.Run(b.ctx, chromedp.Evaluate[string](`location.href`))
+			tb.Fatalf("waited %v for %s to show %q; the browser is at %s, showing %q", limit, url, want, at, text)
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
