@@ -31,9 +31,11 @@ type Challenge struct {
 	DifficultyMax int `json:"difficulty_max,omitempty"`
 	// How long a solved challenge's cookie lasts. Default: 24h.
 	Valid caddy.Duration `json:"valid,omitempty"`
-	// A cookie identity's limit: max_events per window. Required.
-	MaxEvents int64          `json:"max_events,omitempty"`
-	Window    caddy.Duration `json:"window,omitempty"`
+	// How many requests a solved cookie's identity may make per window,
+	// instead of the client's key. Required.
+	MaxEvents int64 `json:"max_events,omitempty"`
+	// The window of a solved cookie's budget. Required.
+	Window caddy.Duration `json:"window,omitempty"`
 }
 
 // MaxDifficulty is the most leading zero digits a challenge may ask for.
@@ -62,6 +64,7 @@ type zoneChallenge struct {
 	used        zones.Plan // the replay guard's: one use per challenge lifetime
 	cookie      string     // the cookie's name
 	identityVar string     // the placeholder the identity is given in
+	identities  challenge.Identities
 	issued      prometheus.Counter
 	solved      prometheus.Counter
 	failed      map[challenge.Reason]prometheus.Counter
@@ -78,6 +81,13 @@ func init() {
 	c.outcomes = counterVec("challenges_total", "Challenges a zone issued (a page instead of a denial) and solved (a cookie set), by outcome: issued, solved.", "outcome")
 	c.failures = counterVec("challenge_failures_total", "Challenge submissions and cookies a zone refused, by reason: bad_nonce, expired, replayed, wrong_key (issued to another client key), forged, malformed, forged_cookie (a request whose cookie did not verify, then decided under its key).", "reason")
 	c.solveTime = histogramVec("challenge_solve_seconds", "How long solved challenges took, as the page reports it.", .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300)
+	gauge("challenge_identities", "Solved cookies' identities a zone with a challenge decided on this instance within the block's window (at most 100000 counted).", func(z *zones.Zone, _ int64) (float64, bool) {
+		zh := viewOf(z).handler
+		if zh == nil || zh.challenge == nil {
+			return 0, false
+		}
+		return float64(zh.challenge.identities.InUse(time.Now(), time.Duration(zh.challenge.cfg.Window))), true
+	})
 }
 
 // provision checks the block of zone name, a rate zone, and loads the
@@ -192,7 +202,8 @@ func (c *zoneChallenge) identify(r *http.Request, v *verdict) {
 	if err != nil {
 		return
 	}
-	id, ok, bad := c.secrets.Identity(v.Owner.Name, ck.Value, time.Now())
+	now := time.Now()
+	id, ok, bad := c.secrets.Identity(v.Owner.Name, ck.Value, now)
 	if bad {
 		add(c.failed[challenge.ForgedCookie], 1)
 	}
@@ -200,6 +211,7 @@ func (c *zoneChallenge) identify(r *http.Request, v *verdict) {
 		return
 	}
 	v.Key, v.Raw, v.Plan = id, id, c.plan
+	c.identities.Seen(id, now)
 	requestReplacer(r).Set(c.identityVar, id)
 }
 

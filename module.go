@@ -11,7 +11,8 @@
 // quota.go and cost.go, bodycharge.go (what a request's limits and cost
 // are read from), headers.go (what a response says), metrics.go (what a
 // decision counts), redis.go, region.go and persist.go
-// (the stores and snapshots a zone is provisioned with), overrides.go,
+// (the stores and snapshots a zone is provisioned with), challenge.go (a
+// zone's challenge action, over package challenge), overrides.go,
 // admin.go, status.go and command*.go (the admin API, the status handler,
 // the CLI) and registry.go (the handler's view of internal/live).
 //
@@ -78,6 +79,10 @@ func init() {
 //
 // A zone in dry run denies nothing: its would-be denials set only that
 // placeholder and emit no event; they are counted and logged.
+//
+// A request that a zone with a challenge decided under a solved cookie
+// carries `{http.rate_limit.<zone>.identity}`: the cookie's identity, the
+// key it was decided under (docs/challenges-protocol.md).
 type Handler struct {
 	// The rate limit zones, by name. Zone names use letters, digits, '_'
 	// and '-'. A zone name defined in several handlers with the same limits

@@ -190,6 +190,9 @@ func statusTicket(r *http.Request, repl *caddy.Replacer, name string, now int64)
 	}
 	raw := zh.expandKey(r, repl)
 	t := &verdict{Owner: zh, Zone: z, Key: z.Config.Key(raw), Raw: raw, Plan: zh.planFor(repl, now), Cost: 1}
+	if zh.challenge != nil {
+		zh.challenge.identify(r, t) // a solved cookie's own budget
+	}
 	t.Resolve()
 	return t
 }

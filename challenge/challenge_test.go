@@ -3,6 +3,7 @@ package challenge
 import (
 	"crypto/sha256"
 	"encoding/base64"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -94,4 +95,21 @@ func TestScriptHashIsTheScripts(t *testing.T) {
 		t.Fatalf("ScriptHash %s, the page's script hashes to %s", ScriptHash, want)
 	}
 	t.Logf("CSP: script-src %s", ScriptHash)
+}
+
+func TestIdentitiesInUseAndBounded(t *testing.T) {
+	var s Identities
+	now := time.Now()
+	s.Seen("cookie:a", now.Add(-2*time.Hour))
+	s.Seen("cookie:b", now)
+	s.Seen("cookie:b", now)
+	if n := s.InUse(now, time.Hour); n != 1 {
+		t.Fatalf("in use within the hour: %d, want 1 (b; a is older)", n)
+	}
+	for i := range MaxIdentities + 10 {
+		s.Seen("cookie:"+strconv.Itoa(i), now)
+	}
+	if n := s.InUse(now, time.Hour); n != MaxIdentities {
+		t.Fatalf("after more than the bound: %d kept, want %d", n, MaxIdentities)
+	}
 }

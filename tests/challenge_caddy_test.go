@@ -2,6 +2,8 @@ package tests
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -115,8 +117,8 @@ func TestChallengePageThenTheCookiesOwnBudget(t *testing.T) {
 		t.Fatalf("a browser's GET past the limit: %d %q, want 429 with the challenge page", res.Status, res.Body)
 	case !strings.HasPrefix(res.Header.Get("Content-Type"), "text/html") || res.Header.Get("Cache-Control") != "no-store" || res.Header.Get("Retry-After") == "":
 		t.Fatalf("the challenge page's headers: %v, want text/html, Cache-Control: no-store and Retry-After", res.Header)
-	case d != 4 || action != challenge.VerifyPath:
-		t.Fatalf("the page's challenge: difficulty %d action %q, want 4 and %s", d, action, challenge.VerifyPath)
+	case d != 4 || action != challenge.VerifyPath || !strings.Contains(res.Body, "may take a second or two"):
+		t.Fatalf("the page's challenge: difficulty %d action %q, want 4 and %s, and the page saying it may take a second or two", d, action, challenge.VerifyPath)
 	}
 
 	sub := submitChallenge(t, c.client, c.URL, action, token, solveChallenge(t, token, d), "/page?x=1&y=2")
@@ -134,19 +136,45 @@ func TestChallengePageThenTheCookiesOwnBudget(t *testing.T) {
 	}
 	ck := (&http.Response{Header: sub.Header}).Cookies()[0]
 
+	var identity string
 	for i := range 600 {
 		res := c.Do(withCookie(ck))
 		if res.Status != http.StatusOK || !strings.HasPrefix(res.Body, "id=cookie:") {
 			t.Fatalf("request %d of the cookie's 600: %d %q, want 200 with the cookie's identity in the placeholder", i+1, res.Status, res.Body)
 		}
+		identity = strings.TrimPrefix(res.Body, "id=")
 	}
 	if res := c.Do(withCookie(ck)); res.Status != http.StatusTooManyRequests {
 		t.Fatalf("the cookie's 601st request: %d, want 429", res.Status)
 	}
-	for outcome, want := range map[string]float64{"issued": 1, "solved": 1} {
-		if got := challengeMetric(t, c, "challenges_total", map[string]string{"outcome": outcome}); got != want {
+
+	// The identity is a key as any other: top shows it, and a deny
+	// override of it refuses its browser without a new challenge.
+	var top adminTop
+	c.adminJSON("/rate_limit/zones/visitors/top", &top)
+	if !strings.Contains(fmt.Sprint(top.Keys), identity) {
+		t.Errorf("top of zone visitors: %+v, want the cookie's identity %s", top.Keys, identity)
+	}
+	spentBrowser := withCookie(ck)
+	spentBrowser.Header["Accept"] = browserAccept["Accept"]
+	if _, _, _, ok := pageChallenge(c.Do(spentBrowser).Body); !ok {
+		t.Fatalf("a spent cookie's browser: no challenge page, want one (a new identity for new work)")
+	}
+	mustPutOverride(t, c, "visitors", "crawler", `{"match":{"key":"`+identity+`"},"deny":true,"expires":"1h"}`)
+	waitFor(t, 5*time.Second, "the deny override of the cookie's identity to refuse its browser with the zone's 429, no challenge", func() bool {
+		res := c.Do(spentBrowser)
+		_, _, _, page := pageChallenge(res.Body)
+		return res.Status == http.StatusTooManyRequests && !page
+	})
+	// Issued: the page and the spent cookie's (and any while the override
+	// was on its way).
+	for outcome, want := range map[string]float64{"issued": 2, "solved": 1} {
+		if got := challengeMetric(t, c, "challenges_total", map[string]string{"outcome": outcome}); got != want && (outcome == "solved" || got < want) {
 			t.Errorf("caddy_rate_limit_challenges_total{outcome=%q} = %v, want %v", outcome, got, want)
 		}
+	}
+	if got := challengeMetric(t, c, "challenge_identities", map[string]string{}); got != 1 {
+		t.Errorf("caddy_rate_limit_challenge_identities = %v, want 1", got)
 	}
 	if got := challengeMetric(t, c, "challenge_solve_seconds_count", map[string]string{}); got != 1 {
 		t.Errorf("caddy_rate_limit_challenge_solve_seconds_count = %v, want 1", got)
@@ -270,5 +298,96 @@ func TestChallengeCookieAcrossInstancesSharingStorage(t *testing.T) {
 	counts := sendAcross(t, fleet, 601, 8, withCookie(ck), 5*time.Second)
 	if counts[200] != 600 || counts[429] != 1 {
 		t.Fatalf("601 requests with one cookie over two instances: %v, want exactly 600×200 1×429", counts)
+	}
+}
+
+// With difficulty 1 3, the difficulty rises with the challenges issued to
+// the same network, a digit per 16-fold, up to the upper bound.
+func TestChallengeDifficultyFollowsPressure(t *testing.T) {
+	c := startCaddy(t, `http:// {
+	rate_limit {
+		zone visitors {
+			key {client_ip}
+			events 1
+			window 1m
+			challenge {
+				difficulty 1 3
+				events 5
+				window 1h
+			}
+		}
+	}
+	respond "ok"
+}
+`)
+	c.Do(request{})
+	first := map[int]int{}
+	for i := 1; i <= 300; i++ {
+		_, d, _ := challenged(t, c, "/", nil)
+		if _, seen := first[d]; !seen {
+			first[d] = i
+		}
+	}
+	// The count decays by half every 30s: the 16th and 256th come a
+	// little later on a slow machine, never sooner.
+	if first[1] != 1 || first[2] < 16 || first[2] > 20 || first[3] < 256 || first[3] > 300 || len(first) != 3 {
+		t.Fatalf("the first challenge of each difficulty: %v, want 1 at the 1st, 2 from about the 16th, 3 from about the 256th, never more", first)
+	}
+	if _, d := pressureAt(t, c, nil); d != 3 {
+		t.Fatalf("another request from the network: difficulty %d, want 3", d)
+	}
+	other := clientFrom(t, "127.0.0.2")
+	c.Do(request{Client: other})
+	if _, d := pressureAt(t, c, other); d != 1 {
+		t.Errorf("another address's first challenge: difficulty %d, want 1", d)
+	}
+}
+
+func pressureAt(t *testing.T, c *caddyInstance, client *http.Client) (string, int) {
+	t.Helper()
+	token, d, _ := challenged(t, c, "/", client)
+	return token, d
+}
+
+// On HTTPS the cookie is Secure as well.
+func TestChallengeCookieSecureOnHTTPS(t *testing.T) {
+	e := newEdge(t).start("", `	rate_limit {
+		zone visitors {
+			key {client_ip}
+			events 1
+			window 1h
+			challenge {
+				difficulty 1
+				events 5
+				window 1h
+			}
+		}
+	}
+	respond "ok"`)
+	tr := &http.Transport{TLSClientConfig: e.clientConf}
+	t.Cleanup(tr.CloseIdleConnections)
+	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	base := "https://" + e.tlsAddr
+	get := func() (int, string) {
+		req, _ := http.NewRequest(http.MethodGet, base+"/", nil)
+		req.Header.Set("Accept", browserAccept["Accept"])
+		res, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		var b strings.Builder
+		_, _ = io.Copy(&b, res.Body)
+		return res.StatusCode, b.String()
+	}
+	get()
+	status, body := get()
+	token, d, action, ok := pageChallenge(body)
+	if status != http.StatusTooManyRequests || !ok {
+		t.Fatalf("a browser's GET past the limit on HTTPS: %d, want 429 with the challenge page", status)
+	}
+	res := submitChallenge(t, client, base, action, token, solveChallenge(t, token, d), "/")
+	if set := strings.Join(res.Header["Set-Cookie"], "\n"); res.Status != http.StatusSeeOther || !strings.Contains(set, "; Secure") || !strings.Contains(set, "HttpOnly") {
+		t.Fatalf("a solved challenge on HTTPS: %d Set-Cookie %q, want 303 and a Secure, HttpOnly cookie", res.Status, set)
 	}
 }
