@@ -16,9 +16,9 @@ run: build
 build:
 	./xcaddy-build.sh
 
-# Tests start redis-server (and redis-cli for the cluster) and prometheus
-# themselves, on loopback ports; they only need the binaries (promtool checks
-# alerts/). Installing needs root, as on CI.
+# Tests start redis-server (and redis-cli for the cluster), prometheus and a
+# headless chromium themselves, on loopback ports; they only need the
+# binaries (promtool checks alerts/). Installing needs root, as on CI.
 deps:
 	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null || { \
 		echo "installing redis-server and redis-tools (Debian packages)"; \
@@ -29,6 +29,10 @@ deps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
 		systemctl disable --now prometheus >/dev/null 2>&1 || true; }
 	@promtool --version | head -1
+	@command -v chromium >/dev/null || { \
+		echo "installing chromium (Debian package), which the challenge's browser test drives headless"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
+	@chromium --version
 
 # staticcheck runs pinned through `go run`, as xcaddy does in xcaddy-build.sh:
 # nothing to install, the same version everywhere.

@@ -73,7 +73,11 @@ func init() {
 // `retry_after` | How long the key has to wait, jitter included (a time.Duration); the Retry-After header carries it in whole seconds, rounded up
 // `remote_addr` | The address of the client's connection (the request's RemoteAddr)
 //
-// A zone in dry run denies nothing: its would-be denials set no
+// On every request of a handler with a dry-run zone, and on a denial, it
+// sets `{http.rate_limit.limited}`: the zones that denied the request or,
+// in dry run, would have, comma-separated, tightest first; "" when none.
+//
+// A zone in dry run denies nothing: its would-be denials set only that
 // placeholder and emit no event; they are counted and logged.
 //
 // A request that a zone with a challenge decided under a solved cookie
@@ -132,6 +136,8 @@ type Handler struct {
 	logger      *zap.Logger
 	// placeholders: some zone's key, limit or cost reads the replacer.
 	placeholders bool
+	annotates    bool            // a zone is in dry run: allowed requests get {http.rate_limit.limited}
+	counted      bool            // counted in annotatingHandlers (Provision and Cleanup only)
 	live         *liveState      // what requests update
 	persister    *live.Persister // nil without persist
 	store        zones.Store     // nil in local mode
@@ -227,6 +233,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		h.zones = append(h.zones, z)
 		h.placeholders = h.placeholders || z.readsReplacer()
+		h.annotates = h.annotates || z.dryRun
 		h.weighted = h.weighted || z.metrics.cost != nil
 		h.bodyCharged = h.bodyCharged || z.costs.body != nil
 		if h.store != nil && (z.IsConcurrency() || z.costs.postCharged() || z.Delay > 0) {
@@ -234,6 +241,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			z.Zone.Hold, z.Zone.Done = h.users.hold, h.users.done
 		}
 	}
+	h.countAnnotating(h.annotates)
 	// Tightest first: the zone most likely to deny decides before the
 	// others spend anything (a refund, a Redis round trip).
 	slices.SortFunc(h.zones, compareZones)
@@ -293,6 +301,7 @@ func (h *Handler) Validate() error {
 // or Validate failed (half-way, possibly): it releases exactly what was
 // taken, and only once.
 func (h *Handler) Cleanup() error {
+	h.countAnnotating(false)
 	if h.persister != nil {
 		h.persister.Close()
 		h.persister = nil

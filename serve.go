@@ -84,6 +84,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if h.weighted {
 		countCost(verdicts)
 	}
+	h.annotate(r, verdicts)
 	return h.serve(w, r, repl, next, verdicts)
 }
 
@@ -297,13 +298,16 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, verdicts []verdic
 	// the replacer's static map is usually still empty here, and its
 	// first entry would allocate its table; the key is boxed only if a
 	// placeholder is read.
-	key := v.Key
-	requestReplacer(r).Map(func(placeholder string) (any, bool) {
+	repl := requestReplacer(r)
+	key, limited := v.Key, limitedOnDenial(repl, verdicts, v.Owner.Name)
+	repl.Map(func(placeholder string) (any, bool) {
 		switch placeholder {
 		case "http.rate_limit.exceeded.name":
 			return name, true
 		case "http.rate_limit.exceeded.key":
 			return key, true
+		case limitedPlaceholder:
+			return limited, true
 		}
 		return nil, false
 	})

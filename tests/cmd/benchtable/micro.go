@@ -38,6 +38,11 @@ var microRuns = []benchRun{
 	{dir: "tests", packages: []string{"."}, pattern: "^BenchmarkGlobalScriptPerKey$", benchtime: "20x"},
 	{dir: "tests", packages: []string{"."}, pattern: "^BenchmarkGlobalSyncHotKeys$", benchtime: "9x"},
 	{dir: "tests", packages: []string{"."}, pattern: "^BenchmarkGlobalSharesFollowDemand$", benchtime: "4x"},
+	// The challenge (issue 53): chromium solving 3 challenges at
+	// difficulty 4 and 3 at 5 (most of a minute each at 5 on two cores),
+	// and one run of the crawler model (~15 s).
+	{dir: "tests", packages: []string{"."}, pattern: "^BenchmarkChallengeBrowserSolve$", benchtime: "3x"},
+	{dir: "tests", packages: []string{"."}, pattern: "^BenchmarkChallengeCrawler$", benchtime: "1x"},
 }
 
 // benchResult is one benchmark's line of output: its metrics by unit

@@ -171,6 +171,7 @@ func (t table) microRows() []row {
 	rows = append(rows, snapshotRows(m)...)
 	rows = append(rows, strictRows(m)...)
 	rows = append(rows, quotaRows(m)...)
+	rows = append(rows, challengeRows(m)...)
 	return append(rows, globalRows(m)...)
 }
 
