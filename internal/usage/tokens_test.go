@@ -68,10 +68,10 @@ var tokenCases = []tokenCase{
 		"response.completed\t"+`{"type":"response.completed","response":{"object":"response","model":"gpt-4.1","usage":{"input_tokens":7,"input_tokens_details":{"cached_tokens":0},"output_tokens":9,"total_tokens":16}}}`),
 		Tokens{Input: 7, Output: 9, Model: "gpt-4.1", Format: OpenAIResponses}, OK},
 	{"responses stream incomplete", "text/event-stream", sse(
-		"response.incomplete\t"+`{"type":"response.incomplete","response":{"status":"incomplete","model":"o3","usage":{"input_tokens":7,"output_tokens":100,"total_tokens":107}}}`),
+		"response.incomplete\t" + `{"type":"response.incomplete","response":{"status":"incomplete","model":"o3","usage":{"input_tokens":7,"output_tokens":100,"total_tokens":107}}}`),
 		Tokens{Input: 7, Output: 100, Model: "o3", Format: OpenAIResponses}, OK},
 	{"responses stream failed", "text/event-stream", sse(
-		"response.failed\t"+`{"type":"response.failed","response":{"status":"failed","model":"o3","usage":{"input_tokens":7,"output_tokens":0,"total_tokens":7}}}`),
+		"response.failed\t" + `{"type":"response.failed","response":{"status":"failed","model":"o3","usage":{"input_tokens":7,"output_tokens":0,"total_tokens":7}}}`),
 		Tokens{Input: 7, Model: "o3", Format: OpenAIResponses}, OK},
 	{"anthropic json", "application/json",
 		`{"id":"msg_1","type":"message","role":"assistant","model":"claude-sonnet-4-20250514","content":[{"type":"text","text":"Hi"}],"usage":{"input_tokens":2095,"output_tokens":503,"cache_creation_input_tokens":100,"cache_read_input_tokens":1000}}`,
