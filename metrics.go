@@ -43,7 +43,7 @@ func init() {
 	c.plans = counterVec("plan_fallbacks_total", "Requests whose per-request events, window or burst was empty or invalid, decided under the zone's literal limit.")
 	c.cost = counterVec("cost_total", "Units of cost counted by weighted, post-charged and quota zones: the cost of allowed requests, and what was charged after responses.")
 	c.costFalls = counterVec("cost_fallbacks_total", "Requests whose cost or charge placeholder was empty or invalid, counted at the zone's literal cost.")
-	c.chargeFalls = counterVec("charge_fallbacks_total", "Responses of a zone that charges from the body (charge json) that did not carry every path's value, by reason: client_gone, upstream_error, no_usage, malformed, too_large, encoded, not_json; each charged the estimate taken before (or the zone's cost).", "reason")
+	c.chargeFalls = counterVec("charge_fallbacks_total", "Responses of a zone that charges from the body (charge json, charge tokens) that did not carry every path's value, by reason: client_gone, upstream_error, no_usage, malformed, too_large, encoded, not_json; each charged the estimate taken before (or the zone's cost).", "reason")
 	c.tokenCharges = counterVec("token_charges_total", "Responses of a zone with charge tokens charged from the usage they carried, by the format read: openai_chat, openai_responses, anthropic, gemini, ollama.", "format")
 	c.chargeFails = counterVec("charge_failures_total", "Charges after the response that Redis did not take within the retry bound (the zone's fail policy then applied).")
 	c.snapshotSeconds = histogramVec("snapshot_duration_seconds", "Time taken to copy, encode and store a persisted zone's snapshot.",
