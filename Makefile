@@ -29,6 +29,11 @@ deps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
 		systemctl disable --now prometheus >/dev/null 2>&1 || true; }
 	@promtool --version | head -1
+	@command -v node >/dev/null && command -v npm >/dev/null || { \
+		echo "installing nodejs and npm (Debian packages), for the official OpenAI and Anthropic clients in tests/sdk"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; }
+	@[ -d tests/sdk/node_modules ] || npm ci --prefix tests/sdk --no-audit --no-fund
+	@node --version
 
 # staticcheck runs pinned through `go run`, as xcaddy does in xcaddy-build.sh:
 # nothing to install, the same version everywhere.
