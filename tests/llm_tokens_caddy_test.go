@@ -6,6 +6,7 @@ package tests
 // mode; the responses that carry no usable usage fall back.
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -142,4 +143,64 @@ func TestChargeTokensReadsEveryFormatInStrictMode(t *testing.T) {
 	up := llmupstream.Start(t)
 	c := startCaddy(t, loginSite(up.Addr, tokenZones, strictBlock(rs.Addr)))
 	checkTokenCharges(t, c, "strict")
+}
+
+// TestChargeTokensUnderConcurrencyAndAfterTheClientLeft: 48 concurrent
+// requests of one key, every format, charge exactly their sum; a client
+// that leaves a paced stream after its first bytes is charged what the
+// upstream reports at the stream's end.
+func TestChargeTokensUnderConcurrencyAndAfterTheClientLeft(t *testing.T) {
+	t.Parallel()
+	up := llmupstream.Start(t)
+	c := startCaddy(t, loginSite(up.Addr, tokenZones, ""))
+	u := llmupstream.Usage{Input: 70, Cached: 10, Output: 30}
+	const n = 48
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			tc := tokenCases[i%len(tokenCases)]
+			req, _ := http.NewRequest(http.MethodPost, c.URL+tc.path, strings.NewReader(tc.body))
+			u.SetHeaders(req.Header)
+			req.Header.Set("Authorization", "Bearer many")
+			for k, v := range tc.header {
+				req.Header.Set(k, v)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err == nil {
+				_, err = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if err == nil && resp.StatusCode != 200 {
+					err = fmt.Errorf("%s: %d", tc.name, resp.StatusCode)
+				}
+			}
+			errs <- err
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitCharged(t, c, "tok_total", "Bearer many", 1000000-n*u.Total())
+	waitCharged(t, c, "tok_input", "Bearer many", 1000000-n*u.Input)
+
+	// The client reads the first bytes of an Anthropic stream paced at 40
+	// ms an event (about half a second in all) and leaves.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, c.URL+"/v1/messages", strings.NewReader(`{"stream":true}`))
+	u.SetHeaders(req.Header)
+	req.Header.Set("Authorization", "Bearer gone")
+	req.Header.Set("X-Pace-Ms", "40")
+	req.Header.Set("X-Chunks", "6")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := resp.Body.Read(make([]byte, 64)); err != nil {
+		t.Fatalf("reading the stream's first bytes: %v", err)
+	}
+	cancel()
+	resp.Body.Close()
+	waitCharged(t, c, "tok_total", "Bearer gone", 1000000-u.Total())
 }
