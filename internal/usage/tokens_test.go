@@ -184,3 +184,47 @@ func FuzzTokens(f *testing.F) {
 		}
 	})
 }
+
+// benchStream is an OpenAI chat stream of 200 content chunks and its usage
+// chunk (about 30 KiB), and an Anthropic one of as many deltas.
+var benchStreams = map[string]string{
+	"openai": strings.Repeat(sse(`{"id":"chatcmpl-1","object":"chat.completion.chunk","model":"gpt-4o-mini","choices":[{"index":0,"delta":{"content":"token "},"finish_reason":null}],"usage":null}`), 200) +
+		sse(`{"id":"chatcmpl-1","object":"chat.completion.chunk","model":"gpt-4o-mini","choices":[],"usage":{"prompt_tokens":8,"completion_tokens":200,"total_tokens":208}}`, `[DONE]`),
+	"anthropic": sse("message_start\t"+`{"type":"message_start","message":{"model":"claude","usage":{"input_tokens":25,"output_tokens":1}}}`) +
+		strings.Repeat(sse("content_block_delta\t"+`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"token "}}`), 200) +
+		sse("message_delta\t"+`{"type":"message_delta","usage":{"output_tokens":200}}`, "message_stop\t"+`{"type":"message_stop"}`),
+}
+
+// BenchmarkScanStream: the token scanner against charge json's path
+// scanner on the same streams, written in 512-byte chunks.
+func BenchmarkScanStream(b *testing.B) {
+	total := mustPaths(b, "usage.total_tokens")
+	for _, name := range []string{"openai", "anthropic"} {
+		body := []byte(benchStreams[name])
+		write := func(w func([]byte)) {
+			for p := body; len(p) > 0; p = p[min(512, len(p)):] {
+				w(p[:min(512, len(p))])
+			}
+		}
+		b.Run(name+"/tokens", func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			var s TokenScanner
+			for b.Loop() {
+				s.Start("text/event-stream", "")
+				write(s.Write)
+				if _, r := s.Result(); r != OK {
+					b.Fatal(r)
+				}
+			}
+		})
+		b.Run(name+"/json_path", func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			var s Scanner
+			for b.Loop() {
+				s.Start(total, "text/event-stream", "")
+				write(s.Write)
+				s.Total()
+			}
+		})
+	}
+}
