@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddy-tally/ratelimit/tests/internal/llmupstream"
 )
@@ -62,6 +63,10 @@ var tokenCases = []tokenCase{
 	{"ollama generate json", "/api/generate", `{"stream":false}`, "ollama", nil},
 }
 
+// llmClient bounds every LLM request of these tests: a response that does
+// not end within 30 s fails the test, naming the request.
+var llmClient = &http.Client{Timeout: 30 * time.Second}
+
 // postLLM sends body to path through c with the usage u asks for and the
 // key, reads the whole response and returns its status.
 func postLLM(t *testing.T, c *caddyInstance, key, path, body string, u llmupstream.Usage, header map[string]string) int {
@@ -76,7 +81,7 @@ func postLLM(t *testing.T, c *caddyInstance, key, path, body string, u llmupstre
 	for k, v := range header {
 		req.Header.Set(k, v)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := llmClient.Do(req)
 	if err != nil {
 		t.Fatalf("POST %s: %v", path, err)
 	}
@@ -165,7 +170,7 @@ func TestChargeTokensUnderConcurrencyAndAfterTheClientLeft(t *testing.T) {
 			for k, v := range tc.header {
 				req.Header.Set(k, v)
 			}
-			resp, err := http.DefaultClient.Do(req)
+			resp, err := llmClient.Do(req)
 			if err == nil {
 				_, err = io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
@@ -186,7 +191,7 @@ func TestChargeTokensUnderConcurrencyAndAfterTheClientLeft(t *testing.T) {
 
 	// The client reads the first bytes of an Anthropic stream paced at 40
 	// ms an event (about half a second in all) and leaves.
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, c.URL+"/v1/messages", strings.NewReader(`{"stream":true}`))
 	u.SetHeaders(req.Header)
