@@ -17,8 +17,9 @@ import (
 	"github.com/caddy-tally/ratelimit/tests/internal/llmupstream"
 )
 
-// tokenZones charge the same responses three ways, each key a million
-// tokens a year: one token refills in 31 s, so what a test reads within
+// tokenZones charge the same responses three ways (and the total once
+// more, settling an estimate taken before), each key a million tokens a
+// year: one token refills in 31 s, so what a test reads within
 // seconds is what was charged.
 const tokenZones = `
 		zone tok_input {
@@ -37,6 +38,13 @@ const tokenZones = `
 			key    {http.request.header.Authorization}
 			events 1000000
 			window 8760h
+			charge tokens
+		}
+		zone tok_estimate {
+			key    {http.request.header.Authorization}
+			events 1000000
+			window 8760h
+			cost   {http.request.header.X-Max-Tokens} 1 at_least 1
 			charge tokens
 		}`
 
@@ -105,6 +113,7 @@ func checkTokenCharges(t *testing.T, c *caddyInstance, mode string) {
 		waitCharged(t, c, "tok_input", key, 1000000-u.Input)
 		waitCharged(t, c, "tok_output", key, 1000000-u.Output)
 		waitCharged(t, c, "tok_total", key, 1000000-u.Total())
+		waitCharged(t, c, "tok_estimate", key, 1000000-u.Total())
 	}
 	// No usable usage: the zones' cost (1) stays charged.
 	u = llmupstream.Usage{Input: 500, Output: 500}
@@ -116,7 +125,7 @@ func checkTokenCharges(t *testing.T, c *caddyInstance, mode string) {
 		if s := postLLM(t, c, key, tc.path, tc.body, u, tc.header); s != 200 {
 			t.Fatalf("%s: %d, want 200", tc.name, s)
 		}
-		for _, z := range []string{"tok_input", "tok_output", "tok_total"} {
+		for _, z := range []string{"tok_input", "tok_output", "tok_total", "tok_estimate"} {
 			waitCharged(t, c, z, key, 1000000-1)
 		}
 	}
@@ -127,18 +136,30 @@ func TestChargeTokensReadsEveryFormatLocally(t *testing.T) {
 	up := llmupstream.Start(t)
 	c := startCaddyWith(t, "metrics", loginSite(up.Addr, tokenZones, ""))
 	checkTokenCharges(t, c, "local")
+	// An estimate is settled to the usage; without usage it stays charged.
+	u := llmupstream.Usage{Input: 700, Output: 600}
+	est := map[string]string{"X-Max-Tokens": "5000"}
+	if s := postLLM(t, c, "Bearer estimated", "/v1/messages", `{"stream":true}`, u, est); s != 200 {
+		t.Fatalf("estimated stream: %d", s)
+	}
+	waitCharged(t, c, "tok_estimate", "Bearer estimated", 1000000-1300)
+	if s := postLLM(t, c, "Bearer estimated, no usage", "/v1/chat/completions", `{"stream":true}`, u, est); s != 200 {
+		t.Fatalf("estimated stream without usage: %d", s)
+	}
+	waitCharged(t, c, "tok_estimate", "Bearer estimated, no usage", 1000000-5000)
 	byFormat := map[string]float64{}
 	for _, tc := range tokenCases {
 		byFormat[tc.format]++
 	}
+	byFormat["anthropic"]++ // the estimated stream
 	samples := c.scrape()
 	for _, f := range []string{"openai_chat", "openai_responses", "anthropic", "gemini", "ollama"} {
 		if v, ok := metricValue(samples, "caddy_rate_limit_token_charges_total", map[string]string{"zone": "tok_total", "format": f}); !ok || v != byFormat[f] {
 			t.Errorf("token_charges_total{format=%s} = %v (present %v), want %v", f, v, ok, byFormat[f])
 		}
 	}
-	if v, _ := metricValue(samples, "caddy_rate_limit_charge_fallbacks_total", map[string]string{"zone": "tok_total", "reason": "no_usage"}); v != 2 {
-		t.Errorf("charge_fallbacks_total{reason=no_usage} = %v, want the 2 streams without usage", v)
+	if v, _ := metricValue(samples, "caddy_rate_limit_charge_fallbacks_total", map[string]string{"zone": "tok_total", "reason": "no_usage"}); v != 3 {
+		t.Errorf("charge_fallbacks_total{reason=no_usage} = %v, want the 3 streams without usage", v)
 	}
 }
 
