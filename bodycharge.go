@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"errors"
 	"net/http"
 
 	"go.uber.org/zap"
@@ -20,7 +21,39 @@ import (
 // tokens).
 type bodyCharge struct {
 	paths  *usage.Paths
-	tokens usage.Count
+	tokens tokenCount
+}
+
+// tokenCount is which tokens charge tokens counts.
+type tokenCount uint8
+
+const (
+	tokensTotal tokenCount = iota
+	tokensInput
+	tokensOutput
+)
+
+func parseTokenCount(s string) (tokenCount, error) {
+	switch s {
+	case "total":
+		return tokensTotal, nil
+	case "input":
+		return tokensInput, nil
+	case "output":
+		return tokensOutput, nil
+	}
+	return 0, errors.New(`"` + s + `": count input, output or total tokens (total if left out)`)
+}
+
+// of is the count of t.
+func (c tokenCount) of(t usage.Tokens) int64 {
+	switch c {
+	case tokensInput:
+		return t.Input
+	case tokensOutput:
+		return t.Output
+	}
+	return t.Total()
 }
 
 // Why a body charge fell back to the estimate (or the zone's cost), beyond
@@ -78,7 +111,7 @@ func (rw *response) bodyTotal(r *http.Request, i int, v *verdict, status int, er
 	} else {
 		var t usage.Tokens
 		t, why = rw.scans[i].Tokens()
-		n, format = b.tokens.Of(t), t.Format
+		n, format = b.tokens.of(t), t.Format
 	}
 	reason := why.String()
 	switch {

@@ -522,7 +522,7 @@ func parseCharge(d *caddyfile.Dispenser, z *Zone) error {
 		default:
 			z.ChargeTokens = args[1]
 		}
-		if _, err := usage.ParseCount(z.ChargeTokens); err != nil {
+		if _, err := parseTokenCount(z.ChargeTokens); err != nil {
 			return d.Errf("charge tokens: %v", err)
 		}
 		return nil

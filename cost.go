@@ -201,7 +201,7 @@ func zoneCosts(name string, zc *Zone, plan zones.Plan, logger *zap.Logger) (cost
 		if c.chargeVar != "" || c.body != nil {
 			return c, fmt.Errorf("zone %s: charge_tokens reads the body's token usage: leave out charge and charge_json", name)
 		}
-		m, err := usage.ParseCount(zc.ChargeTokens)
+		m, err := parseTokenCount(zc.ChargeTokens)
 		if err != nil {
 			return c, fmt.Errorf("zone %s: charge_tokens: %v", name, err)
 		}

@@ -2,7 +2,6 @@ package usage
 
 import (
 	"bytes"
-	"fmt"
 	"strings"
 )
 
@@ -249,40 +248,6 @@ const MaxModel = 256
 
 // Total is every token, input and output.
 func (t Tokens) Total() int64 { return satAdd(t.Input, t.Output) }
-
-// Count is which of a response's tokens a zone charges.
-type Count uint8
-
-// The counts charge tokens takes.
-const (
-	CountTotal  Count = iota // input and output
-	CountInput               // cached input included
-	CountOutput              // reasoning included
-)
-
-// ParseCount reads a count by its name: input, output or total.
-func ParseCount(s string) (Count, error) {
-	switch s {
-	case "total":
-		return CountTotal, nil
-	case "input":
-		return CountInput, nil
-	case "output":
-		return CountOutput, nil
-	}
-	return 0, fmt.Errorf("%q: count input, output or total tokens (total if left out)", s)
-}
-
-// Of is the count of t.
-func (c Count) Of(t Tokens) int64 {
-	switch c {
-	case CountInput:
-		return t.Input
-	case CountOutput:
-		return t.Output
-	}
-	return t.Total()
-}
 
 // TokenScanner reads one response body's token usage, in whichever format
 // it comes. Its zero value is not ready, like Scanner's: call Start with
