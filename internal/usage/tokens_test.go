@@ -187,6 +187,17 @@ func FuzzTokens(f *testing.F) {
 		if (reason == OK) != (got.Format != FormatNone) || len(got.Model) > MaxModel || got.Input < 0 || got.Output < 0 || got.CachedInput < 0 {
 			t.Fatalf("%+v, %v", got, reason)
 		}
+		// One document reads the same as a JSON body, an NDJSON line and
+		// an event's data.
+		if reason != OK || contentType != "application/json" || strings.ContainsAny(body, "\r\n") {
+			return
+		}
+		if line, r := scanTokens("application/x-ndjson", "", body, n%19); line != got || r != OK {
+			t.Fatalf("as an NDJSON line: %+v, %v; as JSON %+v", line, r, got)
+		}
+		if event, r := scanTokens("text/event-stream", "", "data: "+body+"\n\n", n%19); event != got || r != OK {
+			t.Fatalf("as an event: %+v, %v; as JSON %+v", event, r, got)
+		}
 	})
 }
 
