@@ -33,6 +33,11 @@ deps:
 		echo "installing chromium (Debian package), which the challenge's browser test drives headless"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
 	@chromium --version
+	@command -v node >/dev/null && command -v npm >/dev/null || { \
+		echo "installing nodejs and npm (Debian packages), for the official OpenAI and Anthropic clients in tests/sdk"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; }
+	@[ -d tests/sdk/node_modules ] || npm ci --prefix tests/sdk --no-audit --no-fund
+	@node --version
 
 # staticcheck runs pinned through `go run`, as xcaddy does in xcaddy-build.sh:
 # nothing to install, the same version everywhere.
