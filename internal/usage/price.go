@@ -154,8 +154,8 @@ func ParseUSD(s string, max int64) (int64, error) {
 func parseDecimal(s string, places int) (int64, error) {
 	whole, frac, dot := strings.Cut(s, ".")
 	switch {
-	case whole == "" && frac == "", dot && frac == "":
-		return 0, errors.New("not a decimal number")
+	case whole == "", dot && frac == "":
+		return 0, errors.New("not a decimal number (write 0.5, not .5)")
 	case len(frac) > places:
 		return 0, fmt.Errorf("more than %d decimals", places)
 	case strings.TrimLeft(whole+frac, "0123456789") != "":

@@ -45,13 +45,13 @@ func TestParsePriceIsExactNanoDollarsPerToken(t *testing.T) {
 		in   string
 		want int64
 	}{
-		{"0.40", 400}, {"15", 15000}, {"15.00", 15000}, {"0.075", 75}, {"0.001", 1}, {"0", 0}, {".5", 500}, {"10000", 10_000_000},
+		{"0.40", 400}, {"15", 15000}, {"15.00", 15000}, {"0.075", 75}, {"0.001", 1}, {"0", 0}, {"0.5", 500}, {"10000", 10_000_000},
 	} {
 		if got, err := ParsePrice(c.in); err != nil || got != c.want {
 			t.Errorf("ParsePrice(%q) = %d, %v; want %d", c.in, got, err, c.want)
 		}
 	}
-	for _, bad := range []string{"0.0001", "-1", "1e3", "", ".", "1.", "0x10", "1,5", "10000.001", "+1", "99999999999999999999"} {
+	for _, bad := range []string{"0.0001", "-1", "1e3", "", ".", ".5", "1.", "0x10", "1,5", "10000.001", "+1", "99999999999999999999"} {
 		if got, err := ParsePrice(bad); err == nil {
 			t.Errorf("ParsePrice(%q) = %d, want an error", bad, got)
 		}
