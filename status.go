@@ -146,6 +146,7 @@ type zoneStatus struct {
 	Used      *int64 `json:"used,omitempty"`      // quota zones
 	InFlight  *int64 `json:"in_flight,omitempty"` // concurrency zones
 	Error     string `json:"error,omitempty"`
+	usdFields        // usd zones: the amounts in dollars
 }
 
 // ServeHTTP answers the request's own state in each zone.
@@ -217,6 +218,7 @@ func zoneStatusOf(ctx context.Context, name string, t *verdict, now int64) zoneS
 	case t.Zone.IsQuota():
 		st.Period, st.Used = t.Zone.Period.String(), &s.Used
 	}
+	st.usdFields = usdFieldsOf(t.Owner, s.Limit, s.Remaining, st.Used)
 	return st
 }
 
