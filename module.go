@@ -8,8 +8,8 @@
 // serve.go (ServeHTTP, the request path). The other files hang off it, one
 // concern each, and none calls back into another's: zoneconfig.go (a zone's
 // config and provisioned form), caddyfile.go (the Caddyfile), plans.go,
-// quota.go and cost.go, bodycharge.go (what a request's limits and cost
-// are read from), headers.go (what a response says), metrics.go (what a
+// quota.go and cost.go, bodycharge.go, usd.go (what a request's limits and
+// cost are read from), headers.go (what a response says), metrics.go (what a
 // decision counts), redis.go, region.go and persist.go
 // (the stores and snapshots a zone is provisioned with), overrides.go,
 // admin.go, status.go and command*.go (the admin API, the status handler,
