@@ -153,6 +153,7 @@ func (h *Handler) finish(rw *response, r *http.Request, repl *caddy.Replacer, ve
 				z.chargeFailed(err)
 			}
 			add(z.metrics.cost, float64(cost))
+			add(z.metrics.spend, float64(cost)/usage.MicroPerUSD)
 		}
 		if v.Holds() {
 			v.Finish(now, latency, status >= 500)

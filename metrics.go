@@ -17,7 +17,7 @@ import (
 // counts survive reloads) and drops a zone's series with the zone.
 var collectors struct {
 	requests, storeErrors, failPolicy, plans, cost, costFalls, chargeFails *prometheus.CounterVec
-	chargeFalls                                                            *prometheus.CounterVec
+	chargeFalls, spend                                                     *prometheus.CounterVec
 	snapshotKeys, restoredKeys, writeFails, restoreFails                   *prometheus.CounterVec
 	bans, dryRunBans, droppedBans, queueFull, emptyKeys                    *prometheus.CounterVec
 	adaptive                                                               *prometheus.CounterVec
@@ -42,7 +42,8 @@ func init() {
 	c.plans = counterVec("plan_fallbacks_total", "Requests whose per-request events, window or burst was empty or invalid, decided under the zone's literal limit.")
 	c.cost = counterVec("cost_total", "Units of cost counted by weighted, post-charged and quota zones: the cost of allowed requests, and what was charged after responses.")
 	c.costFalls = counterVec("cost_fallbacks_total", "Requests whose cost or charge placeholder was empty or invalid, counted at the zone's literal cost.")
-	c.chargeFalls = counterVec("charge_fallbacks_total", "Responses of a zone that charges from the body (charge json) that did not carry every path's value, by reason: client_gone, upstream_error, no_usage, malformed, too_large, encoded, not_json; each charged the estimate taken before (or the zone's cost).", "reason")
+	c.chargeFalls = counterVec("charge_fallbacks_total", "Responses of a zone that charges from the body (charge json) that did not carry every path's value, by reason: client_gone, upstream_error, no_price (charge usd: a model without a price), no_usage, malformed, too_large, encoded, not_json; each charged the estimate taken before (or the zone's cost).", "reason")
+	c.spend = counterVec("spend_usd_total", "Dollars charged by a usd zone (charge usd) after responses: its cost_total, in micro-dollars, as dollars.")
 	c.chargeFails = counterVec("charge_failures_total", "Charges after the response that Redis did not take within the retry bound (the zone's fail policy then applied).")
 	c.snapshotSeconds = histogramVec("snapshot_duration_seconds", "Time taken to copy, encode and store a persisted zone's snapshot.",
 		.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10)
@@ -108,6 +109,7 @@ type zoneMetrics struct {
 	// nil unless the zone is weighted or post-charged:
 	cost, costFallbacks, chargeFailures prometheus.Counter
 	chargeFallbacks                     map[string]prometheus.Counter // by reason; nil unless the zone charges from the body
+	spend                               prometheus.Counter            // dollars; nil unless a usd zone
 	bans                                prometheus.Counter            // nil unless the zone bans (dry run: would-be bans)
 	droppedBans                         [2]prometheus.Counter         // from the table, the list; nil unless the zone bans
 	delayed                             prometheus.Observer           // nil unless the zone has delay
@@ -178,6 +180,9 @@ func newZoneMetrics(cfg zones.Config, key string, distributed, timed bool, costs
 	}
 	if costs.postCharged() {
 		m.chargeFailures = collectors.chargeFails.WithLabelValues(name)
+	}
+	if costs.prices != nil {
+		m.spend = collectors.spend.WithLabelValues(name)
 	}
 	if costs.fromBody() {
 		m.chargeFallbacks = map[string]prometheus.Counter{}

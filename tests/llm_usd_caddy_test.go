@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strings"
 	"testing"
@@ -189,6 +190,9 @@ func TestChargeUSDDeniesAtTheRequestThePricesSay(t *testing.T) {
 	u := llmupstream.Start(t)
 	c := startCaddyWith(t, "metrics", usdSite(u.Addr, usdZones, "", 1))
 	checkCent(t, []*caddyInstance{c}, "Bearer local", u)
+	if v, _ := metricValue(c.scrape(), "caddy_rate_limit_spend_usd_total", map[string]string{"zone": "spend"}); math.Abs(v-0.01) > 1e-9 {
+		t.Errorf("spend_usd_total = %v, want the cent spent", v)
+	}
 
 	// A reload keeps the spend.
 	load(t, c, "metrics", usdSite(u.Addr, usdZones, "", 2))
