@@ -193,6 +193,16 @@ func TestChargeUSDDeniesAtTheRequestThePricesSay(t *testing.T) {
 	if v, _ := metricValue(c.scrape(), "caddy_rate_limit_spend_usd_total", map[string]string{"zone": "spend"}); math.Abs(v-0.01) > 1e-9 {
 		t.Errorf("spend_usd_total = %v, want the cent spent", v)
 	}
+	// The admin key view and the CLI say it in dollars too.
+	_, body := c.adminDo(http.MethodGet, keyPath("spend", "Bearer local"))
+	for _, want := range []string{`"unit":"usd-micro"`, `"remaining":0,`, `"remaining_usd":"0.000000"`, `"used_usd":"0.010000"`, `"limit_usd":"0.010000"`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("admin key view %s does not say %s", body, want)
+		}
+	}
+	if out := rateLimitCLI(t, c, "key", "spend", "Bearer local").ok(t, "key spend")[0]; !strings.Contains(out, "LIMITED, $0.010000 of $0.010000 used, $0.000000 remaining") {
+		t.Errorf("caddy rate-limit key: %q, want the spend in dollars", out)
+	}
 
 	// A reload keeps the spend.
 	load(t, c, "metrics", usdSite(u.Addr, usdZones, "", 2))
