@@ -239,6 +239,12 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 			}
 		case sub == "charge":
 			err = parseCharge(d, z)
+		case sub == "estimate":
+			z.Estimate, err = oneOf(d, "request")
+		case sub == "include_usage":
+			if z.IncludeUsage = d.RemainingArgs(); len(z.IncludeUsage) == 0 {
+				err = d.Err("include_usage takes off, or the paths (or their ends) of OpenAI chat-completions endpoints, e.g. include_usage /v1/chat/completions")
+			}
 		case sub == "match":
 			var set caddy.ModuleMap
 			if set, err = caddyhttp.ParseCaddyfileNestedMatcherSet(d); err == nil {
@@ -279,7 +285,7 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 				err = d.Errf("lease must be at least %v: slots are renewed every lease/3", zones.MinLease)
 			}
 		default:
-			err = d.Errf("unknown subdirective %q: expected key, events, window, burst, quota, cost, count, charge, ban, delay, queue, concurrency, lease, adaptive, priority, status, scope, match, ipv4_prefix, ipv6_prefix, fail_policy, max_keys or dry_run", sub)
+			err = d.Errf("unknown subdirective %q: expected key, events, window, burst, quota, cost, count, charge, estimate, include_usage, ban, delay, queue, concurrency, lease, adaptive, priority, status, scope, match, ipv4_prefix, ipv6_prefix, fail_policy, max_keys or dry_run", sub)
 		}
 		return err
 	}, "match")

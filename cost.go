@@ -34,6 +34,9 @@ type costVars struct {
 	// estimate: costVar is taken before the request and settled after
 	// the response (the zone charges with chargeVar or body).
 	estimate bool
+	// llm: the zone charges LLM tokens or dollars and reads the request's
+	// body (llmrequest.go); nil when it does not.
+	llm *llmZone
 	// costMin and costMax bound costVar's values (0: no bound).
 	costMin, costMax int64
 	count            *caddyhttp.ResponseMatcher
@@ -51,7 +54,12 @@ func (c costVars) weighted() bool {
 // costFor is the cost of the request before it runs; math.MaxInt64 for a
 // value too large to represent (it can never pass). now (monotime) is for
 // the sampled log of a fallback.
-func (z *zoneHandler) costFor(repl *caddy.Replacer, now int64) int64 {
+func (z *zoneHandler) costFor(r *http.Request, repl *caddy.Replacer, now int64) int64 {
+	if z.costs.llm != nil {
+		if n, ok := z.llmCost(r); ok {
+			return n
+		}
+	}
 	if z.costs.costVar == "" {
 		return z.costs.cost
 	}
@@ -197,6 +205,11 @@ func zoneCosts(name string, zc *Zone, plan zones.Plan, logger *zap.Logger) (cost
 		c.body = &p
 	}
 	c.estimate = c.costVar != "" && (c.chargeVar != "" || c.body != nil)
+	var err error
+	if c.llm, err = llmZoneOf(name, zc, llmPrice(zc)); err != nil {
+		return c, err
+	}
+	c.estimate = c.estimate || (c.llm != nil && c.llm.estimate)
 	switch {
 	case (c.costMin != 0 || c.costMax != 0) && c.costVar == "":
 		return c, fmt.Errorf("zone %s: cost_at_least and cost_at_most bound the values of cost_placeholder: give one, e.g. cost {http.request.header.X-Search-Cost} 1 at_least 1 at_most 100", name)

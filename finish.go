@@ -76,7 +76,7 @@ func (h *Handler) responseFor(w http.ResponseWriter, r *http.Request, verdicts [
 		}
 		scans = slices.Grow(scans, len(verdicts))[:len(verdicts)]
 	}
-	*rw = response{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
+	*rw = response{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: stripUsage(w, r)},
 		start: monotime.Now(), paths: paths, scans: scans}
 	if h.bodyCharged {
 		// The usage comes at the body's end: a client that leaves before
@@ -125,6 +125,7 @@ func (h *Handler) finish(rw *response, r *http.Request, repl *caddy.Replacer, ve
 			}
 		}
 	}
+	endStrip(rw.ResponseWriter)
 	now := monotime.Now()
 	latency := time.Duration(cmp.Or(rw.at, now) - rw.start)
 	if r.Context().Err() != nil {
