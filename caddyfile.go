@@ -192,6 +192,10 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 	seen := map[string]bool{}
 	err = subdirectives(d, seen, "", func(sub string) (err error) {
 		lines[sub] = d.Line()
+		d, err := usdAmount(d, z, sub, lines) // `<amount> usd`: read in micro-dollars
+		if err != nil {
+			return err
+		}
 		switch {
 		case sub == "quota" && (seen["events"] || seen["window"] || seen["burst"]),
 			(sub == "events" || sub == "window" || sub == "burst") && seen["quota"]:
@@ -289,6 +293,9 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 		}
 		return err
 	}, "match")
+	if err == nil {
+		err = usdUnits(name, d, z, lines)
+	}
 	if err != nil {
 		return "", nil, fmt.Errorf("zone %s: %w", name, err)
 	}
@@ -519,6 +526,12 @@ func (r *Redis) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // `charge json <path> [+ <path>...]`.
 func parseCharge(d *caddyfile.Dispenser, z *Zone) error {
 	args := d.RemainingArgs()
+	if len(args) > 0 && args[0] == "usd" {
+		for range args[1:] {
+			d.Prev()
+		}
+		return parseChargeUSD(d, z)
+	}
 	if len(args) == 0 || args[0] != "json" {
 		for range args {
 			d.Prev()

@@ -31,6 +31,8 @@ type costVars struct {
 	chargeVar string // placeholder name of `charge`, read after the response
 	// body are charge_json's paths, read from the response body.
 	body *usage.Paths
+	// prices are charge usd's: the response's token usage priced.
+	prices *usage.Prices
 	// estimate: costVar is taken before the request and settled after
 	// the response (the zone charges with chargeVar or body).
 	estimate bool
@@ -44,11 +46,16 @@ type costVars struct {
 }
 
 // postCharged: the zone charges after the response.
-func (c costVars) postCharged() bool { return c.count != nil || c.chargeVar != "" || c.body != nil }
+func (c costVars) postCharged() bool {
+	return c.count != nil || c.chargeVar != "" || c.body != nil || c.prices != nil
+}
+
+// fromBody: the zone charges what the response's body says.
+func (c costVars) fromBody() bool { return c.body != nil || c.prices != nil }
 
 // weighted: requests may cost other than 1, so q and r are in cost units.
 func (c costVars) weighted() bool {
-	return c.cost != 1 || c.costVar != "" || c.chargeVar != "" || c.body != nil
+	return c.cost != 1 || c.costVar != "" || c.chargeVar != "" || c.body != nil || c.prices != nil
 }
 
 // costFor is the cost of the request before it runs; math.MaxInt64 for a
@@ -149,6 +156,8 @@ func (h *Handler) responseCost(rw *response, r *http.Request, repl *caddy.Replac
 		cost = v.Owner.readCost(repl, now, c.chargeVar, "charge", v.Cost)
 	case c.body != nil:
 		cost = rw.bodyTotal(r, i, v, status, err, now)
+	case c.prices != nil:
+		cost = rw.usdTotal(r, i, v, status, err, now)
 	}
 	if cost > v.Plan.Burst {
 		// One response charges at most one burst: a usage value that is
@@ -172,8 +181,11 @@ func (z *zoneHandler) chargeFailed(err error) {
 // zoneCosts checks and resolves a zone's cost settings.
 func zoneCosts(name string, zc *Zone, plan zones.Plan, logger *zap.Logger) (costVars, error) {
 	c := costVars{cost: cmp.Or(zc.Cost, 1), count: zc.Count, costMin: zc.CostAtLeast, costMax: zc.CostAtMost}
+	if err := usdCosts(name, zc, &c); err != nil {
+		return c, err
+	}
 	if zc.Concurrency > 0 || zc.Adaptive != nil {
-		if zc.Cost != 0 || zc.CostPlaceholder != "" || zc.CostAtLeast != 0 || zc.CostAtMost != 0 || zc.Count != nil || zc.Charge != "" || zc.ChargeJSON != nil {
+		if zc.Cost != 0 || zc.CostPlaceholder != "" || zc.CostAtLeast != 0 || zc.CostAtMost != 0 || zc.Count != nil || zc.Charge != "" || zc.ChargeJSON != nil || zc.ChargeUSD != nil {
 			return c, fmt.Errorf("zone %s: cost, count and charge apply to events/window zones, not concurrency zones", name)
 		}
 		return c, nil
@@ -204,9 +216,9 @@ func zoneCosts(name string, zc *Zone, plan zones.Plan, logger *zap.Logger) (cost
 		}
 		c.body = &p
 	}
-	c.estimate = c.costVar != "" && (c.chargeVar != "" || c.body != nil)
+	c.estimate = c.costVar != "" && (c.chargeVar != "" || c.body != nil || c.prices != nil)
 	var err error
-	if c.llm, err = llmZoneOf(name, zc, llmPrice(zc)); err != nil {
+	if c.llm, err = llmZoneOf(name, zc, llmPrice(&c)); err != nil {
 		return c, err
 	}
 	c.estimate = c.estimate || (c.llm != nil && c.llm.estimate)
@@ -233,6 +245,11 @@ func zoneCosts(name string, zc *Zone, plan zones.Plan, logger *zap.Logger) (cost
 	}
 	if c.postCharged() {
 		c.params += ";tally-post-charged"
+	}
+	if c.prices != nil {
+		// Not draft-10's qu, whose values are an IANA registry's, which
+		// has no currency: a vendor parameter says what q and r count.
+		c.params += `;tally-unit="usd-micro"`
 	}
 	return c, nil
 }

@@ -28,8 +28,9 @@ type llmZone struct {
 	// endpoints whose streams get include_usage; none: include_usage off.
 	usagePaths []string
 	// price is what the zone's charge makes of a response of model with
-	// input and output tokens: the estimate is priced by it.
-	price func(model string, input, output int64) int64
+	// input and output tokens (false: no price for the model): the
+	// estimate is priced by it.
+	price func(model string, input, output int64) (int64, bool)
 	// outputs: the output tokens of the zone's responses, per model.
 	outputs llmreq.Outputs
 }
@@ -41,7 +42,7 @@ const defaultUsagePath = "/chat/completions"
 // llmZoneOf checks and resolves a zone's estimate and include_usage; price
 // is nil for a zone that charges neither tokens nor dollars, which has no
 // llmZone.
-func llmZoneOf(name string, zc *Zone, price func(model string, input, output int64) int64) (*llmZone, error) {
+func llmZoneOf(name string, zc *Zone, price func(model string, input, output int64) (int64, bool)) (*llmZone, error) {
 	switch {
 	case zc.Estimate != "" && zc.Estimate != "request":
 		return nil, fmt.Errorf("zone %s: estimate %q: the one estimate is request (estimate request: from the request's body)", name, zc.Estimate)
@@ -112,6 +113,9 @@ func requestModel(r *http.Request) string {
 // usage of is made to ask for it.
 func (z *zoneHandler) llmCost(r *http.Request) (int64, bool) {
 	l := z.costs.llm
+	if !l.estimate && !l.wantsUsage(r.URL.Path) && z.costs.prices == nil {
+		return 0, false // nothing to read the body for
+	}
 	rd := readLLM(r)
 	if !rd.usage && rd.q.WantsUsage() && l.wantsUsage(r.URL.Path) {
 		if b := rd.q.WithUsage(rd.body); b != nil {
@@ -129,10 +133,14 @@ func (z *zoneHandler) llmCost(r *http.Request) (int64, bool) {
 	if out < 0 {
 		out, _ = l.outputs.P95(rd.q.Model)
 	}
+	n, ok := l.price(rd.q.Model, rd.q.Input(), out)
+	if !ok {
+		return z.costs.cost, true
+	}
 	// At least 1, so that a key with nothing left makes no request; at
 	// most the key's budget, taken up to what it has left (zones.Ticket's
 	// UpTo).
-	return max(1, l.price(rd.q.Model, rd.q.Input(), out)), true
+	return max(1, n), true
 }
 
 // wantsUsage reports whether a stream to path gets include_usage.
@@ -206,8 +214,11 @@ func endStrip(w http.ResponseWriter) {
 	}
 }
 
-// llmPrice is what zc's charge makes of a response's tokens, nil when it
-// charges neither tokens nor dollars.
-func llmPrice(zc *Zone) func(model string, input, output int64) int64 {
+// llmPrice is what c's charge makes of a response's tokens (false: it has
+// no price for the model), nil when it charges neither tokens nor dollars.
+func llmPrice(c *costVars) func(model string, input, output int64) (int64, bool) {
+	if p := c.prices; p != nil {
+		return func(model string, input, output int64) (int64, bool) { return p.Cost(model, input, 0, output) }
+	}
 	return nil
 }

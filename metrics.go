@@ -179,7 +179,7 @@ func newZoneMetrics(cfg zones.Config, key string, distributed, timed bool, costs
 	if costs.postCharged() {
 		m.chargeFailures = collectors.chargeFails.WithLabelValues(name)
 	}
-	if costs.body != nil {
+	if costs.fromBody() {
 		m.chargeFallbacks = map[string]prometheus.Counter{}
 		for _, r := range chargeFallbackReasons() {
 			m.chargeFallbacks[r] = collectors.chargeFalls.WithLabelValues(name, r)

@@ -223,7 +223,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.zones = append(h.zones, z)
 		h.placeholders = h.placeholders || z.readsReplacer()
 		h.weighted = h.weighted || z.metrics.cost != nil
-		h.bodyCharged = h.bodyCharged || z.costs.body != nil
+		h.bodyCharged = h.bodyCharged || z.costs.fromBody()
 		if h.store != nil && (z.IsConcurrency() || z.costs.postCharged() || z.Delay > 0) {
 			h.holds = true
 			z.Zone.Hold, z.Zone.Done = h.users.hold, h.users.done

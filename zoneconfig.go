@@ -141,6 +141,20 @@ type Zone struct {
 	// caddy_rate_limit_charge_fallbacks_total by reason. Not with charge.
 	ChargeJSON []string `json:"charge_json,omitempty"`
 
+	// Makes the zone post-charged in dollars: each response's token usage
+	// (read as charge tokens reads it) priced by its model. The zone's
+	// unit must be usd. A response with no usage, or whose model has no
+	// price and there is no default, charges cost_placeholder's estimate,
+	// or else cost, counted in caddy_rate_limit_charge_fallbacks_total by
+	// reason (no_price for the latter). Not with charge or charge_json.
+	ChargeUSD *ChargeUSD `json:"charge_usd,omitempty"`
+
+	// "usd": the zone's amounts (max_events, burst, quota.limit, cost and
+	// the placeholders' values) are whole micro-dollars, which the
+	// Caddyfile writes as dollars (quota 20 usd per month). Requires
+	// charge_usd.
+	Unit string `json:"unit,omitempty"`
+
 	// "request": in a zone that charges LLM tokens or dollars, the cost
 	// taken before the request is estimated from its body (read once, at
 	// most 1 MiB; the upstream gets every byte): its prompt's bytes ÷ 4 in
