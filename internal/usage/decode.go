@@ -18,25 +18,36 @@ type decoder struct {
 	depth int
 	// Per open container: whether it is an array, and the paths whose
 	// keys so far match the keys down to it. Bit i is path i from the
-	// root, bit MaxPaths+i path i from below a top-level key (usage under
+	// root, bit slots+i path i from below a top-level key (usage under
 	// Anthropic's message or the Responses API's response).
 	array [MaxDepth]bool
-	match [MaxDepth]uint16
+	match [MaxDepth]uint64
 	// The member being read: its key (while it is no longer than any
 	// segment may be) and the paths it continues.
 	key     [maxSegment]byte
 	keyLen  int
 	escaped bool // the key or string holds a backslash escape
-	member  uint16
+	member  uint64
 	// The number being read, when a path ends at it.
 	num    int64
 	digits bool // num holds only digits so far
 
-	vals  [2 * MaxPaths]int64 // by bit
-	found uint16
+	vals  [2 * slots]int64 // by bit
+	found uint64
 	done  bool // the top-level value ended
 	err   bool
+
+	// The strings the paths' text masks capture (the last one of each,
+	// its first MaxModel bytes, escapes as written), and which one the
+	// string being read goes to (0: none, k+1: text[k]).
+	text    [2][MaxModel]byte
+	textLen [2]int
+	capture int
 }
+
+// slots is how many paths a decoder follows: a charge's (at most
+// MaxPaths) or the token scanner's.
+const slots = 32
 
 type state uint8
 
@@ -57,8 +68,8 @@ const (
 
 func (d *decoder) reset(p *Paths) {
 	*d = decoder{paths: p}
-	all := uint16(1)<<p.Len() - 1
-	d.member = all | all<<MaxPaths // the document's root continues every path
+	all := uint64(1)<<p.Len() - 1
+	d.member = all | all<<slots // the document's root continues every path
 }
 
 func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
@@ -112,16 +123,21 @@ func (d *decoder) feed(b []byte) {
 				d.err = true
 			}
 		case sInString:
+			from := i
 			i = plainRun(b, i)
 			switch {
 			case i == len(b):
+				d.keep(b[from:i])
 			case b[i] == '\\':
+				d.keep(b[from : i+1])
 				d.state = sEscape
 			default:
-				d.state = sAfter
+				d.keep(b[from:i])
+				d.state, d.capture = sAfter, 0
 				d.afterValue()
 			}
 		case sEscape:
+			d.keep(b[i : i+1])
 			d.state = sInString
 		case sNumber:
 			switch {
@@ -194,6 +210,11 @@ func (d *decoder) value(c byte) {
 		}
 	case c == '"':
 		d.state = sInString
+		if e := d.ends(); e&d.paths.text[0] != 0 {
+			d.capture, d.textLen[0] = 1, 0
+		} else if e&d.paths.text[1] != 0 {
+			d.capture, d.textLen[1] = 2, 0
+		}
 	case c == '-' || (c >= '0' && c <= '9'):
 		d.state, d.num, d.digits = sNumber, 0, c != '-'
 		if c != '-' {
@@ -209,17 +230,27 @@ func (d *decoder) value(c byte) {
 // bitPath is bit b's path and how many keys come before it (0 from the
 // root, 1 from below a top-level key).
 func (d *decoder) bitPath(b int) (segs []string, skip int) {
-	if b < MaxPaths {
+	if b < slots {
 		return d.paths.segs[b], 0
 	}
-	return d.paths.segs[b-MaxPaths], 1
+	return d.paths.segs[b-slots], 1
+}
+
+// keep adds b, the next bytes of a string value, to the text it goes to,
+// as far as it holds.
+func (d *decoder) keep(b []byte) {
+	if d.capture == 0 {
+		return
+	}
+	k := d.capture - 1
+	d.textLen[k] += copy(d.text[k][d.textLen[k]:], b)
 }
 
 // ends are the paths among the member's that end at its value.
-func (d *decoder) ends() uint16 {
-	var e uint16
+func (d *decoder) ends() uint64 {
+	var e uint64
 	for m := d.member; m != 0; m &= m - 1 {
-		b := bits.TrailingZeros16(m)
+		b := bits.TrailingZeros64(m)
 		if segs, skip := d.bitPath(b); len(segs)+skip == d.depth {
 			e |= 1 << b
 		}
@@ -230,11 +261,11 @@ func (d *decoder) ends() uint16 {
 // continues is the paths the key just read continues: those of its object
 // whose key at this depth is the key (any key, for the top-level key a
 // path from below one skips).
-func (d *decoder) continues() uint16 {
+func (d *decoder) continues() uint64 {
 	readable := !d.escaped && d.keyLen <= maxSegment
-	var c uint16
+	var c uint64
 	for m := d.match[d.depth-1]; m != 0; m &= m - 1 {
-		b := bits.TrailingZeros16(m)
+		b := bits.TrailingZeros64(m)
 		segs, skip := d.bitPath(b)
 		if i := d.depth - 1 - skip; i < 0 || (readable && segs[i] == string(d.key[:d.keyLen])) {
 			c |= 1 << b
@@ -248,8 +279,8 @@ func (d *decoder) pathValue(i int) (int64, bool) {
 	switch {
 	case d.found&(1<<i) != 0:
 		return d.vals[i], true
-	case d.found&(1<<(MaxPaths+i)) != 0:
-		return d.vals[MaxPaths+i], true
+	case d.found&(1<<(slots+i)) != 0:
+		return d.vals[slots+i], true
 	}
 	return 0, false
 }
@@ -259,7 +290,7 @@ func (d *decoder) pathValue(i int) (int64, bool) {
 func (d *decoder) endNumber() {
 	if d.digits {
 		for e := d.ends(); e != 0; e &= e - 1 {
-			b := bits.TrailingZeros16(e)
+			b := bits.TrailingZeros64(e)
 			d.vals[b], d.found = d.num, d.found|1<<b
 		}
 	}

@@ -1,16 +1,230 @@
 package usage
 
+import (
+	"bytes"
+	"strings"
+)
+
+// Token usage (charge tokens): a TokenScanner reads the usage of every
+// common LLM API's responses, JSON, server-sent events or Ollama's
+// newline-delimited JSON, with no path to write, in one pass and bounded
+// memory as a Scanner does. Each document (the body, an event's data, a
+// line) that carries a known usage object is read by its format:
+//
+//   - OpenAI Chat Completions (and compatible servers): usage.prompt_tokens
+//     (cached ones, prompt_tokens_details.cached_tokens, included) and
+//     completion_tokens (reasoning included); a stream's usage chunk.
+//   - OpenAI Responses: usage.input_tokens (input_tokens_details.
+//     cached_tokens included) and output_tokens, at the root or, in a
+//     stream, under the final event's response (response.completed,
+//     response.incomplete, response.failed).
+//   - Anthropic Messages (a type of message, message_start or
+//     message_delta, or cache_*_input_tokens counts): the input is
+//     input_tokens + cache_read_input_tokens + cache_creation_input_tokens,
+//     cache_read the cached part; each count a document carries sets that
+//     count (message_delta's cumulative output_tokens, an input count a
+//     compatible backend repeats there), never adds to it. The output
+//     message_start carries is a placeholder: a stream without a
+//     message_delta after it has no usage (NoUsage).
+//   - Gemini: usageMetadata.promptTokenCount (+ toolUsePromptTokenCount;
+//     cachedContentTokenCount the cached part), candidatesTokenCount +
+//     thoughtsTokenCount; modelVersion is the model. Streamed chunks are
+//     cumulative: the last one counts.
+//   - Ollama's native API: prompt_eval_count and eval_count, on the done
+//     object.
+//
+// In a stream the last document that carries usage gives the result; the
+// model is that document's model (or the last one a usage document named).
+
+// tokenPaths are the paths a token scanner follows, by index.
+var tokenPaths = fixedPaths(
+	"usage.prompt_tokens", "usage.completion_tokens", "usage.prompt_tokens_details.cached_tokens",
+	"usage.input_tokens", "usage.output_tokens", "usage.input_tokens_details.cached_tokens",
+	"usage.cache_read_input_tokens", "usage.cache_creation_input_tokens",
+	"usageMetadata.promptTokenCount", "usageMetadata.candidatesTokenCount", "usageMetadata.thoughtsTokenCount",
+	"usageMetadata.cachedContentTokenCount", "usageMetadata.toolUsePromptTokenCount",
+	"prompt_eval_count", "eval_count",
+	"model", "modelVersion", "type", "object",
+)
+
+const (
+	pPromptTokens = iota
+	pCompletionTokens
+	pPromptCached
+	pInputTokens
+	pOutputTokens
+	pInputCached
+	pCacheRead
+	pCacheCreation
+	pPromptTokenCount
+	pCandidatesTokenCount
+	pThoughtsTokenCount
+	pCachedContentTokenCount
+	pToolUsePromptTokenCount
+	pPromptEvalCount
+	pEvalCount
+	pModel
+	pModelVersion
+	pType
+	pObject
+)
+
+// fixedPaths are the token scanner's paths: text[0] keeps the model (the
+// root's model or modelVersion, or the model under a top-level key, as in
+// Anthropic's message_start), text[1] the root's type or object.
+func fixedPaths(paths ...string) Paths {
+	var p Paths
+	for _, path := range paths {
+		p.segs = append(p.segs, strings.Split(path, "."))
+	}
+	p.text[0] = 1<<pModel | 1<<(slots+pModel) | 1<<pModelVersion
+	p.text[1] = 1<<pType | 1<<pObject
+	return p
+}
+
+// tokenKeys are the key endings of every count a token scanner reads: a
+// document with none of them is not parsed.
+var tokenKeys = [][]byte{[]byte(`_tokens"`), []byte(`TokenCount"`), []byte(`eval_count"`)}
+
+// tokenState is what a token scanner has read so far.
+type tokenState struct {
+	format             Format // of the last document with usage
+	input, cached, out int64
+	anthropic          [4]int64 // input_tokens, cache_read, cache_creation, output_tokens
+	anthropicFinal     bool     // a message or message_delta set the output
+	model              [MaxModel]byte
+	modelLen           int
+}
+
+// StartTokens readies s to read token usage from a body with these
+// headers (Tokens gives it).
+func (s *Scanner) StartTokens(contentType, contentEncoding string) {
+	*s = Scanner{paths: &tokenPaths, buf: s.buf[:0], tokens: true}
+	s.start(contentType, contentEncoding)
+}
+
+// Tokens is the body's token usage once it has ended, or why there is
+// none.
+func (s *Scanner) Tokens() (Tokens, Reason) {
+	switch s.kind {
+	case skipped:
+		return Tokens{}, s.reason
+	case jsonBody:
+		if !s.dec.finish() {
+			return Tokens{}, Malformed
+		}
+		s.takeTokens(&s.dec)
+		s.kind = unknown // taken once
+	case lineBody:
+		if !s.over && len(s.buf) > 0 {
+			s.dispatch(s.buf)
+		}
+		s.buf, s.over = s.buf[:0], false
+	}
+	t := &s.tok
+	switch {
+	case t.format != FormatNone && (t.format != Anthropic || t.anthropicFinal):
+		return Tokens{Input: t.input, CachedInput: t.cached, Output: t.out, Model: string(t.model[:t.modelLen]), Format: t.format}, OK
+	case s.malformed:
+		return Tokens{}, Malformed
+	case s.sawOver:
+		return Tokens{}, TooLarge
+	}
+	return Tokens{}, NoUsage
+}
+
+// lines scans a newline-delimited JSON chunk: each line is a document.
+func (s *Scanner) lines(b []byte) {
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			s.appendLine(b)
+			return
+		}
+		s.appendLine(b[:i])
+		if !s.over {
+			s.dispatch(s.buf)
+		}
+		s.buf, s.over = s.buf[:0], false
+		b = b[i+1:]
+	}
+}
+
+// dispatchTokens parses one document if it may carry a count.
+func (s *Scanner) dispatchTokens(data []byte) {
+	may := false
+	for _, k := range tokenKeys {
+		if bytes.Contains(data, k) {
+			may = true
+			break
+		}
+	}
+	if !may {
+		return
+	}
+	s.dec.reset(s.paths)
+	s.dec.feed(data)
+	if !s.dec.finish() {
+		s.malformed = true
+		return
+	}
+	s.takeTokens(&s.dec)
+}
+
+// takeTokens reads the usage of one parsed document, if it carries one.
+func (s *Scanner) takeTokens(d *decoder) {
+	t := &s.tok
+	v := func(i int) int64 { n, _ := d.pathValue(i); return n }
+	has := func(i int) bool { _, ok := d.pathValue(i); return ok }
+	kind := string(d.text[1][:d.textLen[1]]) // not kept: compared only
+	anthropic := kind == "message" || kind == "message_start" || kind == "message_delta"
+	switch {
+	case has(pPromptTokens) || has(pCompletionTokens):
+		t.format = OpenAIChat
+		t.input, t.cached, t.out = v(pPromptTokens), v(pPromptCached), v(pCompletionTokens)
+	case has(pPromptTokenCount) || has(pCandidatesTokenCount):
+		t.format = Gemini
+		t.input = satAdd(v(pPromptTokenCount), v(pToolUsePromptTokenCount))
+		t.cached = v(pCachedContentTokenCount)
+		t.out = satAdd(v(pCandidatesTokenCount), v(pThoughtsTokenCount))
+	case has(pEvalCount):
+		t.format = Ollama
+		t.input, t.cached, t.out = v(pPromptEvalCount), 0, v(pEvalCount)
+	case anthropic || (!strings.HasPrefix(kind, "response") && (has(pCacheRead) || has(pCacheCreation))):
+		if t.format != Anthropic {
+			t.anthropic, t.anthropicFinal = [4]int64{}, false
+		}
+		t.format = Anthropic
+		for k, i := range [4]int{pInputTokens, pCacheRead, pCacheCreation, pOutputTokens} {
+			if has(i) {
+				t.anthropic[k] = v(i)
+			}
+		}
+		t.anthropicFinal = t.anthropicFinal || (kind != "message_start" && has(pOutputTokens))
+		a := t.anthropic
+		t.input, t.cached, t.out = satAdd(satAdd(a[0], a[1]), a[2]), a[1], a[3]
+	case has(pInputTokens) || has(pOutputTokens):
+		t.format = OpenAIResponses
+		t.input, t.cached, t.out = v(pInputTokens), v(pInputCached), v(pOutputTokens)
+	default:
+		return
+	}
+	if n := d.textLen[0]; n > 0 {
+		t.modelLen = copy(t.model[:], d.text[0][:n])
+	}
+}
+
 // Format is the LLM API whose usage a response carried.
 type Format uint8
 
-// The formats a TokenScanner reads (docs/configuration.md, "charge tokens").
+// The formats a TokenScanner reads.
 const (
 	FormatNone      Format = iota
-	OpenAIChat             // OpenAI Chat Completions (and compatible servers): usage.prompt_tokens, completion_tokens
-	OpenAIResponses        // OpenAI Responses: usage.input_tokens, output_tokens
-	Anthropic              // Anthropic Messages: message_start's and message_delta's usage
-	Gemini                 // Google Gemini: usageMetadata
-	Ollama                 // Ollama's native API: prompt_eval_count, eval_count
+	OpenAIChat             // OpenAI Chat Completions (and compatible servers)
+	OpenAIResponses        // OpenAI Responses
+	Anthropic              // Anthropic Messages
+	Gemini                 // Google Gemini
+	Ollama                 // Ollama's native API
 )
 
 var formats = [...]string{"none", "openai_chat", "openai_responses", "anthropic", "gemini", "ollama"}
@@ -23,30 +237,32 @@ func Formats() []string { return formats[:] }
 // Tokens is one response's token usage.
 type Tokens struct {
 	Input       int64  // every input token, cached ones included
-	CachedInput int64  // the part of Input read from a prompt cache
+	CachedInput int64  // the part of Input read from a prompt cache (priced apart by charge usd)
 	Output      int64  // every output token, reasoning included
-	Model       string // the response's model ("" if none), at most MaxModel bytes kept
+	Model       string // the response's model ("" if none), at most MaxModel bytes kept, escapes as written
 	Format      Format
 }
 
-// MaxModel is the most of a model's name a TokenScanner keeps.
+// MaxModel is the most of a model's name a token scanner keeps.
 const MaxModel = 256
 
 // Total is every token, input and output.
 func (t Tokens) Total() int64 { return satAdd(t.Input, t.Output) }
 
 // TokenScanner reads one response body's token usage, in whichever format
-// it comes. Its zero value is not ready: call Start with the response's
-// headers first.
+// it comes. Its zero value is not ready, like Scanner's: call Start with
+// the response's headers first.
 type TokenScanner struct {
 	s Scanner
 }
 
 // Start readies s for a body with these headers.
-func (s *TokenScanner) Start(contentType, contentEncoding string) {}
+func (s *TokenScanner) Start(contentType, contentEncoding string) {
+	s.s.StartTokens(contentType, contentEncoding)
+}
 
 // Write scans the next bytes of the body.
-func (s *TokenScanner) Write(b []byte) {}
+func (s *TokenScanner) Write(b []byte) { s.s.Write(b) }
 
 // Result is the body's usage once it has ended, or why there is none.
-func (s *TokenScanner) Result() (Tokens, Reason) { return Tokens{}, NoUsage }
+func (s *TokenScanner) Result() (Tokens, Reason) { return s.s.Tokens() }

@@ -18,6 +18,10 @@
 // message_start, its cumulative output tokens in the last message_delta);
 // events whose data is not JSON ("[DONE]") or carries none of the paths are
 // skipped.
+//
+// A TokenScanner (tokens.go) reads, with no path, the token usage of every
+// common LLM API's responses, Ollama's newline-delimited JSON streams
+// included.
 package usage
 
 import (
@@ -46,6 +50,10 @@ const (
 type Paths struct {
 	segs   [][]string
 	quoted [][]byte // each path's last key, quoted: an event without one skips parsing
+	// The bits (root or below, as the decoder's) of the paths whose
+	// string values are kept, by text slot: the token scanner's model and
+	// the document's type.
+	text [2]uint64
 }
 
 // ParsePaths checks and keeps paths, each a dot path of object keys.
@@ -111,6 +119,7 @@ const (
 	unknown kind = iota
 	jsonBody
 	eventBody
+	lineBody // newline-delimited JSON: each line a document (token scanners only)
 	skipped
 )
 
@@ -136,11 +145,19 @@ type Scanner struct {
 
 	vals  [MaxPaths]int64
 	found uint16 // bit i: vals[i] is known
+
+	tokens bool // a token scanner's: documents are read by takeTokens
+	tok    tokenState
 }
 
 // Start readies s for a body with these headers.
 func (s *Scanner) Start(p *Paths, contentType, contentEncoding string) {
 	*s = Scanner{paths: p, buf: s.buf[:0]}
+	s.start(contentType, contentEncoding)
+}
+
+func (s *Scanner) start(contentType, contentEncoding string) {
+	p := s.paths
 	mt, _, _ := strings.Cut(contentType, ";")
 	mt = strings.TrimSpace(mt)
 	switch {
@@ -151,6 +168,8 @@ func (s *Scanner) Start(p *Paths, contentType, contentEncoding string) {
 	case strings.EqualFold(mt, "application/json") || (len(mt) > 5 && strings.EqualFold(mt[len(mt)-5:], "+json")):
 		s.kind = jsonBody
 		s.dec.reset(p)
+	case s.tokens && strings.EqualFold(mt, "application/x-ndjson"):
+		s.kind = lineBody
 	default:
 		s.kind, s.reason = skipped, NotJSON
 	}
@@ -163,6 +182,8 @@ func (s *Scanner) Write(b []byte) {
 		s.dec.feed(b)
 	case eventBody:
 		s.events(b)
+	case lineBody:
+		s.lines(b)
 	}
 }
 
@@ -277,6 +298,10 @@ func (s *Scanner) endLine() {
 
 // dispatch parses one event's data if it may carry a path.
 func (s *Scanner) dispatch(data []byte) {
+	if s.tokens {
+		s.dispatchTokens(data)
+		return
+	}
 	may := false
 	for _, q := range s.paths.quoted {
 		if bytes.Contains(data, q) {
