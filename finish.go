@@ -142,6 +142,7 @@ func (h *Handler) finish(rw *response, r *http.Request, repl *caddy.Replacer, ve
 		v := &verdicts[i]
 		if z := v.Owner; z.costs.postCharged() {
 			cost, ok := h.responseCost(rw, r, repl, i, v, status, err, now)
+			rw.learnOutput(r, i, v, status)
 			if !ok {
 				continue
 			}

@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"net/http"
@@ -9,6 +10,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-tally/ratelimit/internal/llmreq"
+	"github.com/caddy-tally/ratelimit/internal/usage"
 )
 
 // The request's body, read for the zones that charge LLM tokens or dollars
@@ -221,4 +223,20 @@ func llmPrice(c *costVars) func(model string, input, output int64) (int64, bool)
 		return func(model string, input, output int64) (int64, bool) { return p.Cost(model, input, 0, output) }
 	}
 	return nil
+}
+
+// learnOutput records, for ticket i's zone when it estimates, the output
+// tokens of a response that carried its usage, under the request's model
+// (the one the estimate looks up; the response's when the request names
+// none). Failed responses teach nothing.
+func (rw *response) learnOutput(r *http.Request, i int, v *verdict, status int) {
+	l := v.Owner.costs.llm
+	if l == nil || !l.estimate || status >= 400 || i >= len(rw.prices) || rw.prices[i] == nil {
+		return
+	}
+	t, why := rw.tokens[i].Result()
+	if why != usage.OK {
+		return
+	}
+	l.outputs.Observe(cmp.Or(requestModel(r), t.Model), t.Output)
 }
