@@ -49,7 +49,7 @@ type response struct {
 	// charge from the body. The response keeps no reference to the
 	// request's tickets, which would move them from the stack to the heap
 	// on every request.
-	paths []*usage.Paths
+	paths []*bodyCharge
 	scans []usage.Scanner
 	// prices and tokens are by ticket too, prices nil for a zone that
 	// does not price the body's token usage (charge usd).

@@ -222,6 +222,11 @@ func llmPrice(c *costVars) func(model string, input, output int64) (int64, bool)
 	if p := c.prices; p != nil {
 		return func(model string, input, output int64) (int64, bool) { return p.Cost(model, input, 0, output) }
 	}
+	if b := c.body; b != nil && b.paths == nil {
+		return func(_ string, input, output int64) (int64, bool) {
+			return b.tokens.of(usage.Tokens{Input: input, Output: output}), true
+		}
+	}
 	return nil
 }
 
@@ -231,10 +236,17 @@ func llmPrice(c *costVars) func(model string, input, output int64) (int64, bool)
 // none). Failed responses teach nothing.
 func (rw *response) learnOutput(r *http.Request, i int, v *verdict, status int) {
 	l := v.Owner.costs.llm
-	if l == nil || !l.estimate || status >= 400 || i >= len(rw.prices) || rw.prices[i] == nil {
+	if l == nil || !l.estimate || status >= 400 {
 		return
 	}
-	t, why := rw.tokens[i].Result()
+	var t usage.Tokens
+	why := usage.NoUsage
+	switch {
+	case i < len(rw.prices) && rw.prices[i] != nil:
+		t, why = rw.tokens[i].Result()
+	case i < len(rw.paths) && rw.paths[i] != nil && rw.paths[i].paths == nil:
+		t, why = rw.scans[i].Tokens()
+	}
 	if why != usage.OK {
 		return
 	}

@@ -173,6 +173,17 @@ type Zone struct {
 	// ["/chat/completions"].
 	IncludeUsage []string `json:"include_usage,omitempty"`
 
+	// Makes the zone post-charged from the response body's token usage,
+	// read with no path from every common LLM API's format (OpenAI Chat
+	// Completions and Responses, Anthropic Messages, Gemini, Ollama; JSON,
+	// server-sent events, Ollama's NDJSON): "input" (cached input
+	// included), "output" (reasoning included) or "total". A response
+	// without usage charges as with charge_json (the estimate, or cost,
+	// counted by reason); each charged one is counted in
+	// caddy_rate_limit_token_charges_total by format. Not with charge or
+	// charge_json.
+	ChargeTokens string `json:"charge_tokens,omitempty"`
+
 	// When the key is an IPv4 address, limit its /ipv4_prefix network
 	// instead of the address (e.g. 24).
 	IPv4Prefix int `json:"ipv4_prefix,omitempty"`
