@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"errors"
 	"net/http"
 
 	"go.uber.org/zap"
@@ -9,11 +10,51 @@ import (
 	"github.com/caddy-tally/ratelimit/internal/usage"
 )
 
-// Charges from the response body (charge json; docs/configuration.md,
-// "Charges from the response body"): the body passes through as it is
-// written, every flush kept, and each zone that charges from it scans the
-// bytes on their way with its own usage.Scanner, in memory bounded
-// whatever the body's size.
+// Charges from the response body (charge json, charge tokens;
+// docs/configuration.md, "Charges from the response body"): the body
+// passes through as it is written, every flush kept, and each zone that
+// charges from it scans the bytes on their way with its own usage.Scanner,
+// in memory bounded whatever the body's size.
+
+// bodyCharge is what a zone charges from the response body: the sum of
+// paths (charge json), or else the token count of its usage (charge
+// tokens).
+type bodyCharge struct {
+	paths  *usage.Paths
+	tokens tokenCount
+}
+
+// tokenCount is which tokens charge tokens counts.
+type tokenCount uint8
+
+const (
+	tokensTotal tokenCount = iota
+	tokensInput
+	tokensOutput
+)
+
+func parseTokenCount(s string) (tokenCount, error) {
+	switch s {
+	case "total":
+		return tokensTotal, nil
+	case "input":
+		return tokensInput, nil
+	case "output":
+		return tokensOutput, nil
+	}
+	return 0, errors.New(`"` + s + `": count input, output or total tokens (total if left out)`)
+}
+
+// of is the count of t.
+func (c tokenCount) of(t usage.Tokens) int64 {
+	switch c {
+	case tokensInput:
+		return t.Input
+	case tokensOutput:
+		return t.Output
+	}
+	return t.Total()
+}
 
 // Why a body charge fell back to the estimate (or the zone's cost), beyond
 // the scanner's own reasons: the client left before the usage came, or
@@ -42,11 +83,14 @@ func (rw *response) startScans() {
 	rw.scanning = true
 	h := rw.Header()
 	ct, enc := h.Get("Content-Type"), h.Get("Content-Encoding")
-	for i, p := range rw.paths {
-		if p != nil {
-			rw.scans[i].Start(p, ct, enc)
-		} else {
+	for i, b := range rw.paths {
+		switch {
+		case b == nil:
 			rw.scans[i] = usage.Scanner{}
+		case b.paths != nil:
+			rw.scans[i].Start(b.paths, ct, enc)
+		default:
+			rw.scans[i].StartTokens(ct, enc)
 		}
 		if rw.prices[i] != nil {
 			rw.tokens[i].Start(ct, enc)
@@ -55,13 +99,26 @@ func (rw *response) startScans() {
 }
 
 // bodyTotal is what the response charges ticket i, v: the sum of its
-// zone's paths, or, when the body did not carry them (or the upstream
+// zone's paths or its token count (the format read counted), or, when the
+// body did not carry them (or the upstream
 // failed, or the client left before the body's end), the ticket's cost
 // (the estimate taken before, or the zone's literal cost), counted and
 // logged (sampled) by reason.
 func (rw *response) bodyTotal(r *http.Request, i int, v *verdict, status int, err error, now int64) int64 {
 	rw.startScans()
-	n, why := rw.scans[i].Total()
+	var n int64
+	var why usage.Reason
+	var format usage.Format
+	if b := rw.paths[i]; b.paths != nil {
+		n, why = rw.scans[i].Total()
+	} else {
+		var t usage.Tokens
+		t, why = rw.scans[i].Tokens()
+		n, format = b.tokens.of(t), t.Format
+	}
+	if c := v.Owner.metrics.tokenCharges; c != nil && why == usage.OK && err == nil && status < 500 {
+		add(c[format], 1)
+	}
 	return rw.charged(r, v, status, err, now, n, why.String())
 }
 

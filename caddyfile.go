@@ -243,6 +243,12 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 			}
 		case sub == "charge":
 			err = parseCharge(d, z)
+		case sub == "estimate":
+			z.Estimate, err = oneOf(d, "request")
+		case sub == "include_usage":
+			if z.IncludeUsage = d.RemainingArgs(); len(z.IncludeUsage) == 0 {
+				err = d.Err("include_usage takes off, or the paths (or their ends) of OpenAI chat-completions endpoints, e.g. include_usage /v1/chat/completions")
+			}
 		case sub == "match":
 			var set caddy.ModuleMap
 			if set, err = caddyhttp.ParseCaddyfileNestedMatcherSet(d); err == nil {
@@ -283,7 +289,7 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 				err = d.Errf("lease must be at least %v: slots are renewed every lease/3", zones.MinLease)
 			}
 		default:
-			err = d.Errf("unknown subdirective %q: expected key, events, window, burst, quota, cost, count, charge, ban, delay, queue, concurrency, lease, adaptive, priority, status, scope, match, ipv4_prefix, ipv6_prefix, fail_policy, max_keys or dry_run", sub)
+			err = d.Errf("unknown subdirective %q: expected key, events, window, burst, quota, cost, count, charge, estimate, include_usage, ban, delay, queue, concurrency, lease, adaptive, priority, status, scope, match, ipv4_prefix, ipv6_prefix, fail_policy, max_keys or dry_run", sub)
 		}
 		return err
 	}, "match")
@@ -516,8 +522,8 @@ func (r *Redis) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // setting's value is a placeholder, it returns it and leaves the dispenser
 // on the setting's name again, so that the literal fallback is read from
 // the rest of the line as the setting itself would be.
-// parseCharge parses `charge <placeholder> [fallback]` or
-// `charge json <path> [+ <path>...]`.
+// parseCharge parses `charge <placeholder> [fallback]`,
+// `charge json <path> [+ <path>...]` or `charge tokens [input|output|total]`.
 func parseCharge(d *caddyfile.Dispenser, z *Zone) error {
 	args := d.RemainingArgs()
 	if len(args) > 0 && args[0] == "usd" {
@@ -525,6 +531,20 @@ func parseCharge(d *caddyfile.Dispenser, z *Zone) error {
 			d.Prev()
 		}
 		return parseChargeUSD(d, z)
+	}
+	if len(args) > 0 && args[0] == "tokens" {
+		switch {
+		case len(args) > 2:
+			return d.Errf("charge tokens takes one of input, output or total (total if left out), not %q", strings.Join(args[1:], " "))
+		case len(args) == 1:
+			z.ChargeTokens = "total"
+		default:
+			z.ChargeTokens = args[1]
+		}
+		if _, err := parseTokenCount(z.ChargeTokens); err != nil {
+			return d.Errf("charge tokens: %v", err)
+		}
+		return nil
 	}
 	if len(args) == 0 || args[0] != "json" {
 		for range args {
@@ -536,7 +556,7 @@ func parseCharge(d *caddyfile.Dispenser, z *Zone) error {
 		}
 		switch {
 		case z.Charge == "":
-			return d.Err("charge takes a placeholder read after the response, e.g. charge {http.response.header.X-Tokens-Used}, or paths in the response body, e.g. charge json usage.total_tokens")
+			return d.Err("charge takes a placeholder read after the response, e.g. charge {http.response.header.X-Tokens-Used}, or paths in the response body, e.g. charge json usage.total_tokens, or an LLM API's token usage: charge tokens [input|output|total]")
 		case d.CountRemainingArgs() > 0:
 			z.Cost, err = int64ArgOf(d, "charge", 1, zones.MaxEvents)
 		}

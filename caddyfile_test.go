@@ -213,6 +213,18 @@ func TestCaddyfileCostCountAndCharge(t *testing.T) {
 			cost   {http.request.header.X-Max-Tokens} 1000 at_least 1
 			charge json usage.input_tokens + usage.output_tokens
 		}
+		zone llm_total {
+			key    {http.request.header.Authorization}
+			events 100000
+			window 1h
+			charge tokens
+		}
+		zone llm_output {
+			key    {http.request.header.Authorization}
+			events 100000
+			window 1h
+			charge tokens output
+		}
 	}`)
 	if err != nil {
 		t.Fatal(err)
@@ -236,6 +248,9 @@ func TestCaddyfileCostCountAndCharge(t *testing.T) {
 	if z := h.RateLimits["llm"]; !slices.Equal(z.ChargeJSON, []string{"usage.input_tokens", "usage.output_tokens"}) ||
 		z.CostPlaceholder != "{http.request.header.X-Max-Tokens}" || z.Cost != 1000 || z.Charge != "" {
 		t.Errorf("zone llm = %+v", z)
+	}
+	if a, b := h.RateLimits["llm_total"].ChargeTokens, h.RateLimits["llm_output"].ChargeTokens; a != "total" || b != "output" {
+		t.Errorf("charge tokens: %q and %q, want total and output", a, b)
 	}
 }
 
@@ -360,6 +375,8 @@ func TestCaddyfileErrorsNameTheLineAndTheFix(t *testing.T) {
 		{"charge json choices[0].usage.total_tokens", zone("\t\tevents 5\n\t\twindow 1s\n\t\tcharge json choices[0].usage.total_tokens"), 6, `path "choices[0].usage.total_tokens" can never match: only dot paths of object keys`},
 		{"charge json usage.*", zone("\t\tevents 5\n\t\twindow 1s\n\t\tcharge json usage.*"), 6, `path "usage.*" can never match: only dot paths of object keys`},
 		{"charge json $.usage.total_tokens", zone("\t\tevents 5\n\t\twindow 1s\n\t\tcharge json $.usage.total_tokens"), 6, `path "$.usage.total_tokens" can never match: only dot paths of object keys`},
+		{"charge tokens of a kind there is not", zone("\t\tevents 5\n\t\twindow 1s\n\t\tcharge tokens cached"), 6, `charge tokens: "cached": count input, output or total tokens`},
+		{"charge tokens twice over", zone("\t\tevents 5\n\t\twindow 1s\n\t\tcharge tokens input output"), 6, `charge tokens takes one of input, output or total (total if left out), not "input output"`},
 		{"charge json {http.vars.tokens}", zone("\t\tevents 5\n\t\twindow 1s\n\t\tcharge json {http.vars.tokens}"), 6, `path "{http.vars.tokens}" can never match: only dot paths of object keys`},
 		{"ban in a concurrency zone", zone("\t\tconcurrency 4\n\t\tban 1h"), 5, "zone z: ban is for rate zones: a concurrency zone's denials end as requests finish"},
 		{"ban in a quota zone", zone("\t\tban 1h\n\t\tquota 100 per day"), 4, "zone z: ban is for rate zones: a quota zone's denial already lasts until its period ends"},

@@ -29,13 +29,17 @@ type costVars struct {
 	cost      int64  // literal cost, the fallback of the placeholders; default 1
 	costVar   string // placeholder name of `cost`, "" for a literal
 	chargeVar string // placeholder name of `charge`, read after the response
-	// body are charge_json's paths, read from the response body.
-	body *usage.Paths
+	// body is what the zone charges from the response body (charge_json's
+	// paths or charge_tokens' count).
+	body *bodyCharge
 	// prices are charge usd's: the response's token usage priced.
 	prices *usage.Prices
 	// estimate: costVar is taken before the request and settled after
 	// the response (the zone charges with chargeVar or body).
 	estimate bool
+	// llm: the zone charges LLM tokens or dollars and reads the request's
+	// body (llmrequest.go); nil when it does not.
+	llm *llmZone
 	// costMin and costMax bound costVar's values (0: no bound).
 	costMin, costMax int64
 	count            *caddyhttp.ResponseMatcher
@@ -58,7 +62,12 @@ func (c costVars) weighted() bool {
 // costFor is the cost of the request before it runs; math.MaxInt64 for a
 // value too large to represent (it can never pass). now (monotime) is for
 // the sampled log of a fallback.
-func (z *zoneHandler) costFor(repl *caddy.Replacer, now int64) int64 {
+func (z *zoneHandler) costFor(r *http.Request, repl *caddy.Replacer, now int64) int64 {
+	if z.costs.llm != nil {
+		if n, ok := z.llmCost(r); ok {
+			return n
+		}
+	}
 	if z.costs.costVar == "" {
 		return z.costs.cost
 	}
@@ -177,7 +186,7 @@ func zoneCosts(name string, zc *Zone, plan zones.Plan, logger *zap.Logger) (cost
 		return c, err
 	}
 	if zc.Concurrency > 0 || zc.Adaptive != nil {
-		if zc.Cost != 0 || zc.CostPlaceholder != "" || zc.CostAtLeast != 0 || zc.CostAtMost != 0 || zc.Count != nil || zc.Charge != "" || zc.ChargeJSON != nil || zc.ChargeUSD != nil {
+		if zc.Cost != 0 || zc.CostPlaceholder != "" || zc.CostAtLeast != 0 || zc.CostAtMost != 0 || zc.Count != nil || zc.Charge != "" || zc.ChargeJSON != nil || zc.ChargeUSD != nil || zc.ChargeTokens != "" {
 			return c, fmt.Errorf("zone %s: cost, count and charge apply to events/window zones, not concurrency zones", name)
 		}
 		return c, nil
@@ -186,7 +195,7 @@ func zoneCosts(name string, zc *Zone, plan zones.Plan, logger *zap.Logger) (cost
 	case zc.Cost < 0:
 		return c, fmt.Errorf("zone %s: cost must be a whole number of at least 1", name)
 	case zc.Quota != nil:
-		if c.cost > plan.Burst && plan.Burst > 0 && !c.postCharged() && zc.Charge == "" && zc.ChargeJSON == nil {
+		if c.cost > plan.Burst && plan.Burst > 0 && !c.postCharged() && zc.Charge == "" && zc.ChargeJSON == nil && zc.ChargeTokens == "" {
 			return c, fmt.Errorf("zone %s: cost %d is more than the quota (%d): such requests could never pass; lower cost or raise the quota", name, c.cost, plan.Burst)
 		}
 	case c.cost > plan.Burst:
@@ -206,9 +215,27 @@ func zoneCosts(name string, zc *Zone, plan zones.Plan, logger *zap.Logger) (cost
 		if err != nil {
 			return c, fmt.Errorf("zone %s: charge_json: %v", name, err)
 		}
-		c.body = &p
+		c.body = &bodyCharge{paths: &p}
+	}
+	if zc.ChargeTokens != "" {
+		if c.prices != nil {
+			return c, fmt.Errorf("zone %s: charge_tokens and charge_usd both read the body's token usage: keep one", name)
+		}
+		if c.chargeVar != "" || c.body != nil {
+			return c, fmt.Errorf("zone %s: charge_tokens reads the body's token usage: leave out charge and charge_json", name)
+		}
+		m, err := parseTokenCount(zc.ChargeTokens)
+		if err != nil {
+			return c, fmt.Errorf("zone %s: charge_tokens: %v", name, err)
+		}
+		c.body = &bodyCharge{tokens: m}
 	}
 	c.estimate = c.costVar != "" && (c.chargeVar != "" || c.body != nil || c.prices != nil)
+	var err error
+	if c.llm, err = llmZoneOf(name, zc, llmPrice(&c)); err != nil {
+		return c, err
+	}
+	c.estimate = c.estimate || (c.llm != nil && c.llm.estimate)
 	switch {
 	case (c.costMin != 0 || c.costMax != 0) && c.costVar == "":
 		return c, fmt.Errorf("zone %s: cost_at_least and cost_at_most bound the values of cost_placeholder: give one, e.g. cost {http.request.header.X-Search-Cost} 1 at_least 1 at_most 100", name)

@@ -49,7 +49,7 @@ type response struct {
 	// charge from the body. The response keeps no reference to the
 	// request's tickets, which would move them from the stack to the heap
 	// on every request.
-	paths []*usage.Paths
+	paths []*bodyCharge
 	scans []usage.Scanner
 	// prices and tokens are by ticket too, prices nil for a zone that
 	// does not price the body's token usage (charge usd).
@@ -82,7 +82,7 @@ func (h *Handler) responseFor(w http.ResponseWriter, r *http.Request, verdicts [
 		scans = slices.Grow(scans, len(verdicts))[:len(verdicts)]
 		tokens = slices.Grow(tokens, len(verdicts))[:len(verdicts)]
 	}
-	*rw = response{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
+	*rw = response{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: stripUsage(w, r)},
 		start: monotime.Now(), paths: paths, scans: scans, prices: prices, tokens: tokens}
 	if h.bodyCharged {
 		// The usage comes at the body's end: a client that leaves before
@@ -131,6 +131,7 @@ func (h *Handler) finish(rw *response, r *http.Request, repl *caddy.Replacer, ve
 			}
 		}
 	}
+	endStrip(rw.ResponseWriter)
 	now := monotime.Now()
 	latency := time.Duration(cmp.Or(rw.at, now) - rw.start)
 	if r.Context().Err() != nil {
@@ -141,6 +142,7 @@ func (h *Handler) finish(rw *response, r *http.Request, repl *caddy.Replacer, ve
 		v := &verdicts[i]
 		if z := v.Owner; z.costs.postCharged() {
 			cost, ok := h.responseCost(rw, r, repl, i, v, status, err, now)
+			rw.learnOutput(r, i, v, status)
 			if !ok {
 				continue
 			}

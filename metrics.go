@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/caddy-tally/ratelimit/internal/live"
+	"github.com/caddy-tally/ratelimit/internal/usage"
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
@@ -17,7 +18,7 @@ import (
 // counts survive reloads) and drops a zone's series with the zone.
 var collectors struct {
 	requests, storeErrors, failPolicy, plans, cost, costFalls, chargeFails *prometheus.CounterVec
-	chargeFalls, spend                                                     *prometheus.CounterVec
+	chargeFalls, spend, tokenCharges                                       *prometheus.CounterVec
 	snapshotKeys, restoredKeys, writeFails, restoreFails                   *prometheus.CounterVec
 	bans, dryRunBans, droppedBans, queueFull, emptyKeys                    *prometheus.CounterVec
 	adaptive                                                               *prometheus.CounterVec
@@ -42,7 +43,8 @@ func init() {
 	c.plans = counterVec("plan_fallbacks_total", "Requests whose per-request events, window or burst was empty or invalid, decided under the zone's literal limit.")
 	c.cost = counterVec("cost_total", "Units of cost counted by weighted, post-charged and quota zones: the cost of allowed requests, and what was charged after responses.")
 	c.costFalls = counterVec("cost_fallbacks_total", "Requests whose cost or charge placeholder was empty or invalid, counted at the zone's literal cost.")
-	c.chargeFalls = counterVec("charge_fallbacks_total", "Responses of a zone that charges from the body (charge json) that did not carry every path's value, by reason: client_gone, upstream_error, no_price (charge usd: a model without a price), no_usage, malformed, too_large, encoded, not_json; each charged the estimate taken before (or the zone's cost).", "reason")
+	c.chargeFalls = counterVec("charge_fallbacks_total", "Responses of a zone that charges from the body (charge json, charge tokens, charge usd) that did not carry every path's value, by reason: client_gone, upstream_error, no_price (charge usd: a model without a price), no_usage, malformed, too_large, encoded, not_json; each charged the estimate taken before (or the zone's cost).", "reason")
+	c.tokenCharges = counterVec("token_charges_total", "Responses of a zone with charge tokens charged from the usage they carried, by the format read: openai_chat, openai_responses, anthropic, gemini, ollama.", "format")
 	c.spend = counterVec("spend_usd_total", "Dollars charged by a usd zone (charge usd) after responses: its cost_total, in micro-dollars, as dollars.")
 	c.chargeFails = counterVec("charge_failures_total", "Charges after the response that Redis did not take within the retry bound (the zone's fail policy then applied).")
 	c.snapshotSeconds = histogramVec("snapshot_duration_seconds", "Time taken to copy, encode and store a persisted zone's snapshot.",
@@ -110,6 +112,7 @@ type zoneMetrics struct {
 	cost, costFallbacks, chargeFailures prometheus.Counter
 	chargeFallbacks                     map[string]prometheus.Counter // by reason; nil unless the zone charges from the body
 	spend                               prometheus.Counter            // dollars; nil unless a usd zone
+	tokenCharges                        []prometheus.Counter          // by usage.Format; nil unless the zone charges tokens
 	bans                                prometheus.Counter            // nil unless the zone bans (dry run: would-be bans)
 	droppedBans                         [2]prometheus.Counter         // from the table, the list; nil unless the zone bans
 	delayed                             prometheus.Observer           // nil unless the zone has delay
@@ -188,6 +191,12 @@ func newZoneMetrics(cfg zones.Config, key string, distributed, timed bool, costs
 		m.chargeFallbacks = map[string]prometheus.Counter{}
 		for _, r := range chargeFallbackReasons() {
 			m.chargeFallbacks[r] = collectors.chargeFalls.WithLabelValues(name, r)
+		}
+		if costs.body != nil && costs.body.paths == nil {
+			m.tokenCharges = make([]prometheus.Counter, len(usage.Formats()))
+			for f, format := range usage.Formats()[1:] {
+				m.tokenCharges[f+1] = collectors.tokenCharges.WithLabelValues(name, format)
+			}
 		}
 	}
 	if bans && dryRun {

@@ -245,6 +245,9 @@ const reasonNoPrice = "no_price"
 func (rw *response) usdTotal(r *http.Request, i int, v *verdict, status int, err error, now int64) int64 {
 	rw.startScans()
 	t, why := rw.tokens[i].Result()
+	if t.Model == "" {
+		t.Model = requestModel(r) // the request's, read with its body
+	}
 	reason, n := why.String(), int64(0)
 	if why == usage.OK {
 		var priced bool

@@ -155,6 +155,35 @@ type Zone struct {
 	// charge_usd.
 	Unit string `json:"unit,omitempty"`
 
+	// "request": in a zone that charges LLM tokens or dollars, the cost
+	// taken before the request is estimated from its body (read once, at
+	// most 1 MiB; the upstream gets every byte): its prompt's bytes ÷ 4 in
+	// input tokens, its max_tokens (or the API's like of it) in output
+	// tokens, else the 95th percentile of the output of the zone's
+	// responses of its model, priced as the charge prices tokens; it takes
+	// at most what the key has left, and the response settles it
+	// (docs/llm.md).
+	Estimate string `json:"estimate,omitempty"`
+
+	// In a zone that charges LLM tokens or dollars, the ends of the paths
+	// of the OpenAI chat-completions endpoints whose streaming requests,
+	// when they do not ask for their usage, get
+	// stream_options.include_usage added (and the usage chunk that adds
+	// stripped from the response); ["off"]: none. Default:
+	// ["/chat/completions"].
+	IncludeUsage []string `json:"include_usage,omitempty"`
+
+	// Makes the zone post-charged from the response body's token usage,
+	// read with no path from every common LLM API's format (OpenAI Chat
+	// Completions and Responses, Anthropic Messages, Gemini, Ollama; JSON,
+	// server-sent events, Ollama's NDJSON): "input" (cached input
+	// included), "output" (reasoning included) or "total". A response
+	// without usage charges as with charge_json (the estimate, or cost,
+	// counted by reason); each charged one is counted in
+	// caddy_rate_limit_token_charges_total by format. Not with charge or
+	// charge_json.
+	ChargeTokens string `json:"charge_tokens,omitempty"`
+
 	// When the key is an IPv4 address, limit its /ipv4_prefix network
 	// instead of the address (e.g. 24).
 	IPv4Prefix int `json:"ipv4_prefix,omitempty"`

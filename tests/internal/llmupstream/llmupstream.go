@@ -198,7 +198,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		u := usageOf(r.Header, model)
 		switch method {
 		case "generateContent":
-			o.json(geminiChunk(u, "Hello! How can I help you today?", u.Output, true))
+			o.json(geminiChunk(u, "Hello! How can I help you today?", u.Output-u.Reasoning, true))
 		case "streamGenerateContent":
 			if r.URL.Query().Get("alt") != "sse" {
 				http.Error(w, `{"error":"this model upstream streams Gemini only with alt=sse"}`, http.StatusBadRequest)

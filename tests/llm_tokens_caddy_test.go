@@ -1,0 +1,145 @@
+package tests
+
+// charge tokens through a real Caddy in front of the model LLM upstream
+// (internal/llmupstream): every format's usage, JSON and streaming,
+// charged exactly as input, output and total tokens, locally and in strict
+// mode; the responses that carry no usable usage fall back.
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/caddy-tally/ratelimit/tests/internal/llmupstream"
+)
+
+// tokenZones charge the same responses three ways, each key a million
+// tokens a year: one token refills in 31 s, so what a test reads within
+// seconds is what was charged.
+const tokenZones = `
+		zone tok_input {
+			key    {http.request.header.Authorization}
+			events 1000000
+			window 8760h
+			charge tokens input
+		}
+		zone tok_output {
+			key    {http.request.header.Authorization}
+			events 1000000
+			window 8760h
+			charge tokens output
+		}
+		zone tok_total {
+			key    {http.request.header.Authorization}
+			events 1000000
+			window 8760h
+			charge tokens
+		}`
+
+// tokenCase is one request to the model upstream and the format its
+// response is read as.
+type tokenCase struct {
+	name, path, body, format string
+	header                   map[string]string
+}
+
+var tokenCases = []tokenCase{
+	{"openai chat json", "/v1/chat/completions", `{"model":"gpt-4.1-mini"}`, "openai_chat", nil},
+	{"openai chat stream", "/v1/chat/completions", `{"stream":true,"stream_options":{"include_usage":true}}`, "openai_chat", nil},
+	{"responses json", "/v1/responses", `{}`, "openai_responses", nil},
+	{"responses stream completed", "/v1/responses", `{"stream":true}`, "openai_responses", nil},
+	{"responses stream incomplete", "/v1/responses", `{"stream":true}`, "openai_responses", map[string]string{"X-Final-Event": "incomplete"}},
+	{"responses stream failed", "/v1/responses", `{"stream":true}`, "openai_responses", map[string]string{"X-Final-Event": "failed"}},
+	{"anthropic json", "/v1/messages", `{}`, "anthropic", nil},
+	{"anthropic stream, three cumulative message_delta", "/v1/messages", `{"stream":true}`, "anthropic", map[string]string{"X-Deltas": "3"}},
+	{"anthropic stream, input repeated in message_delta", "/v1/messages", `{"stream":true}`, "anthropic", map[string]string{"X-Input-In-Delta": "1"}},
+	{"gemini json", "/v1beta/models/gemini-2.5-flash:generateContent", `{}`, "gemini", nil},
+	{"gemini stream, cumulative chunks", "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse", `{}`, "gemini", map[string]string{"X-Chunks": "4"}},
+	{"ollama chat, NDJSON stream", "/api/chat", `{"model":"llama3.2"}`, "ollama", nil},
+	{"ollama generate json", "/api/generate", `{"stream":false}`, "ollama", nil},
+}
+
+// postLLM sends body to path through c with the usage u asks for and the
+// key, reads the whole response and returns its status.
+func postLLM(t *testing.T, c *caddyInstance, key, path, body string, u llmupstream.Usage, header map[string]string) int {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, c.URL+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.SetHeaders(req.Header)
+	req.Header.Set("Authorization", key)
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("POST %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		t.Fatalf("POST %s: reading the body: %v", path, err)
+	}
+	return resp.StatusCode
+}
+
+// checkTokenCharges sends each case once with its own key and waits for
+// each zone to have charged it exactly: the input (cached included), the
+// output (reasoning included), the total.
+func checkTokenCharges(t *testing.T, c *caddyInstance, mode string) {
+	u := llmupstream.Usage{Input: 1000, Cached: 200, CacheCreation: 100, Output: 300, Reasoning: 50}
+	for _, tc := range tokenCases {
+		key := fmt.Sprintf("Bearer %s %s", mode, tc.name)
+		if s := postLLM(t, c, key, tc.path, tc.body, u, tc.header); s != 200 {
+			t.Fatalf("%s: %d, want 200", tc.name, s)
+		}
+		waitCharged(t, c, "tok_input", key, 1000000-u.Input)
+		waitCharged(t, c, "tok_output", key, 1000000-u.Output)
+		waitCharged(t, c, "tok_total", key, 1000000-u.Total())
+	}
+	// No usable usage: the zones' cost (1) stays charged.
+	u = llmupstream.Usage{Input: 500, Output: 500}
+	for _, tc := range []tokenCase{
+		{"openai stream without include_usage", "/v1/chat/completions", `{"stream":true}`, "", nil},
+		{"anthropic stream cut after message_start", "/v1/messages", `{"stream":true}`, "", map[string]string{"X-Cut": "after-start"}},
+	} {
+		key := fmt.Sprintf("Bearer %s %s", mode, tc.name)
+		if s := postLLM(t, c, key, tc.path, tc.body, u, tc.header); s != 200 {
+			t.Fatalf("%s: %d, want 200", tc.name, s)
+		}
+		for _, z := range []string{"tok_input", "tok_output", "tok_total"} {
+			waitCharged(t, c, z, key, 1000000-1)
+		}
+	}
+}
+
+func TestChargeTokensReadsEveryFormatLocally(t *testing.T) {
+	t.Parallel()
+	up := llmupstream.Start(t)
+	c := startCaddyWith(t, "metrics", loginSite(up.Addr, tokenZones, ""))
+	checkTokenCharges(t, c, "local")
+	byFormat := map[string]float64{}
+	for _, tc := range tokenCases {
+		byFormat[tc.format]++
+	}
+	samples := c.scrape()
+	for _, f := range []string{"openai_chat", "openai_responses", "anthropic", "gemini", "ollama"} {
+		if v, ok := metricValue(samples, "caddy_rate_limit_token_charges_total", map[string]string{"zone": "tok_total", "format": f}); !ok || v != byFormat[f] {
+			t.Errorf("token_charges_total{format=%s} = %v (present %v), want %v", f, v, ok, byFormat[f])
+		}
+	}
+	if v, _ := metricValue(samples, "caddy_rate_limit_charge_fallbacks_total", map[string]string{"zone": "tok_total", "reason": "no_usage"}); v != 2 {
+		t.Errorf("charge_fallbacks_total{reason=no_usage} = %v, want the 2 streams without usage", v)
+	}
+}
+
+func TestChargeTokensReadsEveryFormatInStrictMode(t *testing.T) {
+	t.Parallel()
+	rs := startRedis(t)
+	up := llmupstream.Start(t)
+	c := startCaddy(t, loginSite(up.Addr, tokenZones, strictBlock(rs.Addr)))
+	checkTokenCharges(t, c, "strict")
+}
