@@ -240,8 +240,8 @@ func usdUnits(name string, d *caddyfile.Dispenser, z *Zone, lines map[string]int
 const reasonNoPrice = "no_price"
 
 // usdTotal is what the response charges ticket i, v, of a charge usd
-// zone: its token usage priced by its model (the response's), in
-// micro-dollars; else, as bodyTotal, the ticket's cost, counted by reason.
+// zone: its token usage priced by its model (the response's, else the
+// request's), in micro-dollars; else, as bodyTotal, the ticket's cost, counted by reason.
 func (rw *response) usdTotal(r *http.Request, i int, v *verdict, status int, err error, now int64) int64 {
 	rw.startScans()
 	t, why := rw.tokens[i].Result()
