@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -294,4 +295,31 @@ func TestOvershootAtTheBudgetsEnd(t *testing.T) {
 	if overWith > 2030 || admittedWith != 5 {
 		t.Errorf("with estimate request: %d admitted, %d over the budget; want 5 (4 taking 2030 each, one the 1880 left), at most one request's 2030 over", admittedWith, overWith)
 	}
+}
+
+// Under charge tokens the estimate counts what the zone counts: the input
+// and the output for total, the output alone for output.
+func TestEstimateRequestCountsAsChargeTokensCounts(t *testing.T) {
+	t.Parallel()
+	u := llmupstream.Start(t)
+	zone := func(name, count string) string {
+		return `
+		zone ` + name + ` {
+			key {http.request.header.Authorization}
+			quota 1000000 per day
+			charge tokens ` + count + `
+			estimate request
+		}`
+	}
+	c := startCaddyWith(t, "metrics", loginSite(u.Addr, zone("tok_total", "total")+zone("tok_output", "output"), ""))
+	res := post(t, c, "/v1/chat/completions", "Bearer tokens", chat(400, `,"max_tokens":50`), false, nil)
+	// RateLimit names each zone's remaining while the request ran.
+	items := strings.Split(res.Header.Get("RateLimit"), ", ")
+	for zone, want := range map[string]string{"tok_total": `"tok_total";r=999850`, "tok_output": `"tok_output";r=999950`} {
+		if !slices.ContainsFunc(items, func(it string) bool { return it == want || strings.HasPrefix(it, want+";") }) {
+			t.Errorf("%s: RateLimit %q, want %s: the estimate 100 + 50 (total), 50 (output)", zone, res.Header.Get("RateLimit"), want)
+		}
+	}
+	waitCharged(t, c, "tok_total", "Bearer tokens", 1000000-(30+12))
+	waitCharged(t, c, "tok_output", "Bearer tokens", 1000000-12)
 }
