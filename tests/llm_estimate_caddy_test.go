@@ -323,3 +323,39 @@ func TestEstimateRequestCountsAsChargeTokensCounts(t *testing.T) {
 	waitCharged(t, c, "tok_total", "Bearer tokens", 1000000-(30+12))
 	waitCharged(t, c, "tok_output", "Bearer tokens", 1000000-12)
 }
+
+// The examples of docs/llm.md run as a newcomer copies them, their
+// upstream and site address moved to the model upstream and this test's
+// port: a chat stream that did not ask for its usage is charged exactly,
+// in tokens and in dollars, in the key's, the team's and the
+// organisation's budgets, and its client gets no usage chunk.
+func TestLLMDocsExamplesRun(t *testing.T) {
+	t.Parallel()
+	blocks := caddyfileBlocks(t, "docs/llm.md")
+	if len(blocks) != 3 {
+		t.Fatalf("docs/llm.md has %d caddyfile blocks, want the vLLM, the OpenAI proxy and the key/team/org examples", len(blocks))
+	}
+	u := llmupstream.Start(t)
+	usage := llmupstream.Usage{Input: 1000, Output: 500}
+	body := []byte(`{"model":"gpt-4.1-mini","messages":[{"role":"user","content":"hi"}],"max_tokens":600,"stream":true}`)
+	run := func(block caddyfileBlock, site string) *caddyInstance {
+		text := strings.NewReplacer(site+" {", "http:// {", "localhost:8000", u.Addr, "https://api.openai.com", "http://"+u.Addr).Replace(block.text)
+		c := newCaddyInstance(t)
+		c.Start(c.Caddyfile("metrics", text), "caddyfile")
+		res := post(t, c, "/v1/chat/completions", "Bearer sk-alice", body, false, usage.Header())
+		if res.Status != 200 || strings.Contains(res.Body, `"usage"`) || !strings.HasSuffix(res.Body, "data: [DONE]\n\n") {
+			t.Fatalf("%s: %d, the client got\n%s", block.where, res.Status, res.Body)
+		}
+		return c
+	}
+	c := run(blocks[0], "llm.example.com")
+	waitCharged(t, c, "tokens_per_day", "Bearer sk-alice", 2_000_000-1500)
+	// gpt-4.1-mini: 1000 × 0.40 + 500 × 1.60 dollars a million tokens.
+	c = run(blocks[1], "openai.example.com")
+	waitCharged(t, c, "spend_per_key", "Bearer sk-alice", 20*dollar-(400+800))
+	// The default price, 1000 × 2.00 + 500 × 8.00, in each of the three.
+	c = run(blocks[2], "openai.example.com")
+	waitCharged(t, c, "key", "Bearer sk-alice", 20*dollar-6000)
+	waitCharged(t, c, "team", "research", 200*dollar-6000)
+	waitCharged(t, c, "org", "org", 1000*dollar-6000)
+}
