@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -294,4 +295,67 @@ func TestOvershootAtTheBudgetsEnd(t *testing.T) {
 	if overWith > 2030 || admittedWith != 5 {
 		t.Errorf("with estimate request: %d admitted, %d over the budget; want 5 (4 taking 2030 each, one the 1880 left), at most one request's 2030 over", admittedWith, overWith)
 	}
+}
+
+// Under charge tokens the estimate counts what the zone counts: the input
+// and the output for total, the output alone for output.
+func TestEstimateRequestCountsAsChargeTokensCounts(t *testing.T) {
+	t.Parallel()
+	u := llmupstream.Start(t)
+	zone := func(name, count string) string {
+		return `
+		zone ` + name + ` {
+			key {http.request.header.Authorization}
+			quota 1000000 per day
+			charge tokens ` + count + `
+			estimate request
+		}`
+	}
+	c := startCaddyWith(t, "metrics", loginSite(u.Addr, zone("tok_total", "total")+zone("tok_output", "output"), ""))
+	res := post(t, c, "/v1/chat/completions", "Bearer tokens", chat(400, `,"max_tokens":50`), false, nil)
+	// RateLimit names each zone's remaining while the request ran.
+	items := strings.Split(res.Header.Get("RateLimit"), ", ")
+	for zone, want := range map[string]string{"tok_total": `"tok_total";r=999850`, "tok_output": `"tok_output";r=999950`} {
+		if !slices.ContainsFunc(items, func(it string) bool { return it == want || strings.HasPrefix(it, want+";") }) {
+			t.Errorf("%s: RateLimit %q, want %s: the estimate 100 + 50 (total), 50 (output)", zone, res.Header.Get("RateLimit"), want)
+		}
+	}
+	waitCharged(t, c, "tok_total", "Bearer tokens", 1000000-(30+12))
+	waitCharged(t, c, "tok_output", "Bearer tokens", 1000000-12)
+}
+
+// The examples of docs/llm.md run as a newcomer copies them, their
+// upstream and site address moved to the model upstream and this test's
+// port: a chat stream that did not ask for its usage is charged exactly,
+// in tokens and in dollars, in the key's, the team's and the
+// organisation's budgets, and its client gets no usage chunk.
+func TestLLMDocsExamplesRun(t *testing.T) {
+	t.Parallel()
+	blocks := caddyfileBlocks(t, "docs/llm.md")
+	if len(blocks) != 3 {
+		t.Fatalf("docs/llm.md has %d caddyfile blocks, want the vLLM, the OpenAI proxy and the key/team/org examples", len(blocks))
+	}
+	u := llmupstream.Start(t)
+	usage := llmupstream.Usage{Input: 1000, Output: 500}
+	body := []byte(`{"model":"gpt-4.1-mini","messages":[{"role":"user","content":"hi"}],"max_tokens":600,"stream":true}`)
+	run := func(block caddyfileBlock, site string) *caddyInstance {
+		text := strings.NewReplacer(site+" {", "http:// {", "localhost:8000", u.Addr, "https://api.openai.com", "http://"+u.Addr).Replace(block.text)
+		c := newCaddyInstance(t)
+		c.Start(c.Caddyfile("metrics", text), "caddyfile")
+		res := post(t, c, "/v1/chat/completions", "Bearer sk-alice", body, false, usage.Header())
+		if res.Status != 200 || strings.Contains(res.Body, `"usage"`) || !strings.HasSuffix(res.Body, "data: [DONE]\n\n") {
+			t.Fatalf("%s: %d, the client got\n%s", block.where, res.Status, res.Body)
+		}
+		return c
+	}
+	c := run(blocks[0], "llm.example.com")
+	waitCharged(t, c, "tokens_per_day", "Bearer sk-alice", 2_000_000-1500)
+	// gpt-4.1-mini: 1000 × 0.40 + 500 × 1.60 dollars a million tokens.
+	c = run(blocks[1], "openai.example.com")
+	waitCharged(t, c, "spend_per_key", "Bearer sk-alice", 20*dollar-(400+800))
+	// The default price, 1000 × 2.00 + 500 × 8.00, in each of the three.
+	c = run(blocks[2], "openai.example.com")
+	waitCharged(t, c, "key", "Bearer sk-alice", 20*dollar-6000)
+	waitCharged(t, c, "team", "research", 200*dollar-6000)
+	waitCharged(t, c, "org", "org", 1000*dollar-6000)
 }
