@@ -48,10 +48,13 @@ type ModelPrice struct {
 // decimal numbers (JSON numbers, or strings holding one) with at most 3
 // decimals, kept exactly.
 type TokenPrices struct {
+	// Input tokens' price (cached ones' too, unless cached_input is
+	// given). Required.
 	Input json.Number `json:"input,omitempty"`
 	// Cached input tokens' price; the input price when not given.
 	CachedInput json.Number `json:"cached_input,omitempty"`
-	Output      json.Number `json:"output,omitempty"`
+	// Output tokens' price (reasoning tokens included). Required.
+	Output json.Number `json:"output,omitempty"`
 }
 
 // price reads p.
