@@ -143,6 +143,12 @@ func spendStatus(t *testing.T, c *caddyInstance, key string) usdStatus {
 // exactly one cent), and the next, on every instance, is 429 without
 // reaching the upstream.
 func checkCent(t *testing.T, fleet []*caddyInstance, key string, u *llmupstream.Server) {
+	checkCentWith(t, fleet, key, u, "w=86400")
+}
+
+// checkCentWith is checkCent for a spend zone whose RateLimit-Policy
+// says window (w=...): a quota zone's status also says what was used.
+func checkCentWith(t *testing.T, fleet []*caddyInstance, key string, u *llmupstream.Server, window string) {
 	t.Helper()
 	var spent int64
 	deniedAt := -1
@@ -171,7 +177,7 @@ func checkCent(t *testing.T, fleet []*caddyInstance, key string, u *llmupstream.
 		if status != 429 {
 			t.Fatalf("instance %d after one cent spent: %d, want 429", i, status)
 		}
-		if p := h.Get("RateLimit-Policy"); !strings.Contains(p, `"spend";q=10000;w=86400;tally-cost;tally-post-charged;tally-unit="usd-micro"`) {
+		if p := h.Get("RateLimit-Policy"); !strings.Contains(p, `"spend";q=10000;`+window+`;tally-cost;tally-post-charged;tally-unit="usd-micro"`) {
 			t.Errorf("RateLimit-Policy %q does not say the quota is 10000 micro-dollars a day", p)
 		}
 	}
@@ -179,10 +185,26 @@ func checkCent(t *testing.T, fleet []*caddyInstance, key string, u *llmupstream.
 		t.Errorf("%d requests reached the upstream, want %d", n, len(usdCalls))
 	}
 	st := spendStatus(t, fleet[0], key)
-	if st.Unit != "usd-micro" || st.Limit != 10_000 || st.LimitUSD != "0.010000" || st.Remaining != 0 || st.RemainingUSD != "0.000000" ||
-		st.Used == nil || *st.Used != 10_000 || st.UsedUSD != "0.010000" {
-		t.Errorf("status %+v, want one cent used of one, in micro-dollars and dollars", st)
+	if st.Unit != "usd-micro" || st.Limit != 10_000 || st.LimitUSD != "0.010000" || st.Remaining != 0 || st.RemainingUSD != "0.000000" {
+		t.Errorf("status %+v, want none of one cent left, in micro-dollars and dollars", st)
 	}
+	if quota := window == "w=86400"; quota && (st.Used == nil || *st.Used != 10_000 || st.UsedUSD != "0.010000") {
+		t.Errorf("status %+v, want one cent used, in micro-dollars and dollars", st)
+	}
+}
+
+// A rate in dollars (events <amount> usd, window) counts the same
+// micro-dollars: a cent a month refills one micro-dollar every 259 s, so
+// the calls' cent is spent to the micro-dollar as the quota's is.
+func TestChargeUSDRateInDollars(t *testing.T) {
+	t.Parallel()
+	u := llmupstream.Start(t)
+	zones := strings.Replace(usdZones, "quota 0.01 usd per day", "events 0.01 usd\n\t\t\twindow 720h", 1)
+	if zones == usdZones {
+		t.Fatal("the rate zone is the quota zone")
+	}
+	c := startCaddy(t, usdSite(u.Addr, zones, "", 1))
+	checkCentWith(t, []*caddyInstance{c}, "Bearer rate", u, "w=2592000")
 }
 
 func TestChargeUSDDeniesAtTheRequestThePricesSay(t *testing.T) {
