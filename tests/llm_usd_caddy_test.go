@@ -12,6 +12,7 @@ import (
 	"math"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -96,22 +97,32 @@ var usdCalls = []usdCall{
 // send makes call c with key's Authorization through caddy.
 func (c usdCall) send(t *testing.T, caddy *caddyInstance, key string) (int, http.Header) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, caddy.URL+c.path, strings.NewReader(c.body))
+	status, h, err := c.try(caddy, key)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return status, h
+}
+
+// try makes call c with key's Authorization through caddy, reading the
+// whole body.
+func (c usdCall) try(caddy *caddyInstance, key string) (int, http.Header, error) {
+	req, err := http.NewRequest(http.MethodPost, caddy.URL+c.path, strings.NewReader(c.body))
+	if err != nil {
+		return 0, nil, err
 	}
 	c.usage.SetHeaders(req.Header)
 	req.Header.Set("Authorization", key)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := caddy.client.Do(req)
 	if err != nil {
-		t.Fatalf("POST %s: %v", c.path, err)
+		return 0, nil, fmt.Errorf("POST %s: %v", c.path, err)
 	}
 	defer resp.Body.Close()
 	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
-		t.Fatalf("POST %s: reading the body: %v", c.path, err)
+		return 0, nil, fmt.Errorf("POST %s: reading the body: %v", c.path, err)
 	}
-	return resp.StatusCode, resp.Header
+	return resp.StatusCode, resp.Header, nil
 }
 
 // usdStatus is the status endpoint's answer for the spend zone.
@@ -267,4 +278,38 @@ func TestChargeUSDIsExactAcrossThreeStrictInstances(t *testing.T) {
 	fleet := []*caddyInstance{startCaddy(t, site), startCaddy(t, site), startCaddy(t, site)}
 	checkCent(t, fleet, "Bearer fleet", u)
 	rs.requireEveryKeyExpires(t, 1)
+}
+
+// 48 calls of one key at once, the four calls' models and formats in turn,
+// each priced by its own response (the writers and scanners a request is
+// served through are pooled and reused): the spend is their exact sum.
+func TestChargeUSDPricesConcurrentResponsesOfOneKeyExactly(t *testing.T) {
+	t.Parallel()
+	u := llmupstream.Start(t)
+	c := startCaddy(t, usdSite(u.Addr, strings.Replace(usdZones, "quota 0.01 usd", "quota 1 usd", 1), "", 1))
+	const n = 48
+	var (
+		wg   sync.WaitGroup
+		want int64
+		errs = make(chan error, n)
+	)
+	for i := range n {
+		call := usdCalls[i%len(usdCalls)]
+		want += call.microDollars()
+		wg.Go(func() {
+			status, _, err := call.try(c, "Bearer many")
+			if err == nil && status != 200 {
+				err = fmt.Errorf("call %d (%s): %d, want 200", i, call.usage.Model, status)
+			}
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	waitCharged(t, c, "spend", "Bearer many", 1_000_000-want)
 }
