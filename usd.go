@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
@@ -234,6 +235,11 @@ func usdUnits(name string, d *caddyfile.Dispenser, z *Zone, lines map[string]int
 				return fmt.Errorf("zone %s: the zone's budget is in dollars: write %s in dollars too, e.g. %s 0.50 usd, at %s:%d", name, sub, sub, d.File(), line)
 			}
 		}
+	}
+	if w := time.Duration(z.Window); z.MaxEvents > 0 && w > 0 && w/time.Duration(z.MaxEvents) < zones.MinEmissionInterval {
+		// GCRA's bound of one microsecond per unit, said in dollars.
+		return fmt.Errorf("zone %s: events %s usd in %v refills more than $1 a second, the most a rate in dollars can: lengthen the window (e.g. events %s usd with window %v) or use a calendar quota, at %s:%d",
+			name, usage.FormatUSD(z.MaxEvents), w, usage.FormatUSD(z.MaxEvents), time.Duration(z.MaxEvents/usage.MicroPerUSD+1)*time.Second, d.File(), lines["events"])
 	}
 	return nil
 }

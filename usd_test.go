@@ -108,6 +108,7 @@ func TestChargeUSDRefusesWhatItCannotCountExactly(t *testing.T) {
 		{"a * inside", zone("\t\tquota 1 usd per day\n\t\tcharge usd {\n\t\t\tmodel gpt-*-mini input 1 output 2\n\t\t}"), 7, "* may only end a pattern"},
 		{"a shadowed pattern", zone("\t\tquota 1 usd per day\n\t\tcharge usd {\n\t\t\tmodel gpt-4* input 1 output 2\n\t\t\tmodel gpt-4o input 1 output 2\n\t\t}"), 8, "can never be priced"},
 		{"an empty block", zone("\t\tquota 1 usd per day\n\t\tcharge usd {\n\t\t}"), 6, "charge usd needs prices"},
+		{"a rate over $1 a second", zone("\t\tevents 120 usd\n\t\twindow 1m\n" + prices), 4, "events 120.000000 usd in 1m0s refills more than $1 a second"},
 		{"a burst not in dollars", zone("\t\tevents 1 usd\n\t\twindow 1h\n\t\tburst 5000\n" + prices), 6, "write burst in dollars too"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
