@@ -42,7 +42,9 @@ func init() {
 // 0); remaining is what the key can still spend now, which after a request
 // is that request's RateLimit remaining; reset the seconds until the key
 // is back to full (a quota zone: until the period ends); banned_for the
-// seconds a ban has left.
+// seconds a ban has left. A usd zone's integers are micro-dollars, said by
+// "unit":"usd-micro", with limit_usd, remaining_usd and used_usd beside
+// them in dollars ("19.873412").
 // Times are whole seconds, rounded up. A zone whose store could not be read
 // has "error" instead. Status 200, Cache-Control: no-store. The zones'
 // reads of Redis go in one round trip per Redis: deny caches and async
