@@ -177,6 +177,8 @@ type keyInfo struct {
 	// Override is the operator's override the key is decided under, when
 	// one covers it: the limit above is then its limit.
 	Override *overrideRecord `json:"override,omitempty"`
+	// usd zones: remaining, quota or burst, and used in dollars.
+	usdFields
 }
 
 // fleetView is a key of an async zone as Redis holds it. Durations are in
@@ -395,6 +397,7 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone,
 		info.Window, info.WindowSeconds = shortDuration(t.Plan.Window.String()), t.Plan.Window.Seconds()
 		info.Share, info.Region = keyShare(z, t.Key)
 	}
+	info.usdFields = usdFieldsOf(viewOf(z).handler, s.Limit, s.Remaining, info.Used)
 	if s.Source == zones.SourceRecord {
 		// Async mode: this instance's lease decides the key's next
 		// request here; Redis's view, the fleet's, goes beside it.

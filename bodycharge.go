@@ -67,7 +67,7 @@ const (
 // chargeFallbackReasons are the reason label's values, each zone's series
 // bound at provision.
 func chargeFallbackReasons() []string {
-	return append([]string{reasonClientGone, reasonUpstreamError}, usage.Reasons()...)
+	return append([]string{reasonClientGone, reasonUpstreamError, reasonNoPrice}, usage.Reasons()...)
 }
 
 // startScans readies the scanners once the headers are final: when the
@@ -92,6 +92,9 @@ func (rw *response) startScans() {
 		default:
 			rw.scans[i].StartTokens(ct, enc)
 		}
+		if rw.prices[i] != nil {
+			rw.tokens[i].Start(ct, enc)
+		}
 	}
 }
 
@@ -113,12 +116,18 @@ func (rw *response) bodyTotal(r *http.Request, i int, v *verdict, status int, er
 		t, why = rw.scans[i].Tokens()
 		n, format = b.tokens.of(t), t.Format
 	}
-	reason := why.String()
+	if c := v.Owner.metrics.tokenCharges; c != nil && why == usage.OK && err == nil && status < 500 {
+		add(c[format], 1)
+	}
+	return rw.charged(r, v, status, err, now, n, why.String())
+}
+
+// charged is n, what ticket v's response costs by its body, when reason
+// is usage.OK's and the response ended well; else the ticket's cost,
+// counted and logged (sampled) by reason.
+func (rw *response) charged(r *http.Request, v *verdict, status int, err error, now, n int64, reason string) int64 {
 	switch {
-	case why == usage.OK && err == nil && status < 500:
-		if c := v.Owner.metrics.tokenCharges; c != nil {
-			add(c[format], 1)
-		}
+	case reason == usage.OK.String() && err == nil && status < 500:
 		return n
 	case rw.failed || r.Context().Err() != nil:
 		reason = reasonClientGone

@@ -192,6 +192,10 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 	seen := map[string]bool{}
 	err = subdirectives(d, seen, "", func(sub string) (err error) {
 		lines[sub] = d.Line()
+		d, err := usdAmount(d, z, sub, lines) // `<amount> usd`: read in micro-dollars
+		if err != nil {
+			return err
+		}
 		switch {
 		case sub == "quota" && (seen["events"] || seen["window"] || seen["burst"]),
 			(sub == "events" || sub == "window" || sub == "burst") && seen["quota"]:
@@ -239,6 +243,12 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 			}
 		case sub == "charge":
 			err = parseCharge(d, z)
+		case sub == "estimate":
+			z.Estimate, err = oneOf(d, "request")
+		case sub == "include_usage":
+			if z.IncludeUsage = d.RemainingArgs(); len(z.IncludeUsage) == 0 {
+				err = d.Err("include_usage takes off, or the paths (or their ends) of OpenAI chat-completions endpoints, e.g. include_usage /v1/chat/completions")
+			}
 		case sub == "match":
 			var set caddy.ModuleMap
 			if set, err = caddyhttp.ParseCaddyfileNestedMatcherSet(d); err == nil {
@@ -281,10 +291,13 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 				err = d.Errf("lease must be at least %v: slots are renewed every lease/3", zones.MinLease)
 			}
 		default:
-			err = d.Errf("unknown subdirective %q: expected key, events, window, burst, quota, cost, count, charge, ban, delay, queue, concurrency, lease, adaptive, priority, status, challenge, scope, match, ipv4_prefix, ipv6_prefix, fail_policy, max_keys or dry_run", sub)
+			err = d.Errf("unknown subdirective %q: expected key, events, window, burst, quota, cost, count, charge, estimate, include_usage, ban, delay, queue, concurrency, lease, adaptive, priority, status, challenge, scope, match, ipv4_prefix, ipv6_prefix, fail_policy, max_keys or dry_run", sub)
 		}
 		return err
 	}, "match")
+	if err == nil {
+		err = usdUnits(name, d, z, lines)
+	}
 	if err != nil {
 		return "", nil, fmt.Errorf("zone %s: %w", name, err)
 	}
@@ -517,6 +530,12 @@ func (r *Redis) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // `charge json <path> [+ <path>...]` or `charge tokens [input|output|total]`.
 func parseCharge(d *caddyfile.Dispenser, z *Zone) error {
 	args := d.RemainingArgs()
+	if len(args) > 0 && args[0] == "usd" {
+		for range args[1:] {
+			d.Prev()
+		}
+		return parseChargeUSD(d, z)
+	}
 	if len(args) > 0 && args[0] == "tokens" {
 		switch {
 		case len(args) > 2:

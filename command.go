@@ -426,8 +426,8 @@ func cliKey(c *cli, zone, key string) error {
 		if k.Remaining == 0 {
 			state = "LIMITED"
 		}
-		_, err = fmt.Fprintf(c.out, "zone %s, key %q: %s, %d of %d used, %d remaining until %s (in %s)\n",
-			zone, key, state, *k.Used, k.Quota, k.Remaining, k.PeriodEnd, seconds(k.ResetAfter))
+		_, err = fmt.Fprintf(c.out, "zone %s, key %q: %s, %s of %s used, %s remaining until %s (in %s)\n",
+			zone, key, state, k.amount(*k.Used), k.amount(k.Quota), k.amount(k.Remaining), k.PeriodEnd, seconds(k.ResetAfter))
 		return err
 	case k.InUse != nil:
 		if k.Remaining == 0 {
@@ -443,9 +443,9 @@ func cliKey(c *cli, zone, key string) error {
 		_, err = fmt.Fprintf(c.out, "zone %s, key %s%s: LIMITED, 0 remaining, may send again in %s, full again in %s\n",
 			printable(zone), quoteKey(key), stored, seconds(k.RetryAfter), seconds(k.ResetAfter))
 	case k.ResetAfter <= 0 && k.Remaining >= k.Burst:
-		_, err = fmt.Fprintf(c.out, "zone %s, key %s%s: at its full limit, %d remaining\n", printable(zone), quoteKey(key), stored, k.Remaining)
+		_, err = fmt.Fprintf(c.out, "zone %s, key %s%s: at its full limit, %s remaining\n", printable(zone), quoteKey(key), stored, k.amount(k.Remaining))
 	default:
-		_, err = fmt.Fprintf(c.out, "zone %s, key %s%s: not limited, %d remaining, full again in %s\n", printable(zone), quoteKey(key), stored, k.Remaining, seconds(k.ResetAfter))
+		_, err = fmt.Fprintf(c.out, "zone %s, key %s%s: not limited, %s remaining, full again in %s\n", printable(zone), quoteKey(key), stored, k.amount(k.Remaining), seconds(k.ResetAfter))
 	}
 	return c.printFleet(k, err)
 }

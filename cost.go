@@ -32,9 +32,14 @@ type costVars struct {
 	// body is what the zone charges from the response body (charge_json's
 	// paths or charge_tokens' count).
 	body *bodyCharge
+	// prices are charge usd's: the response's token usage priced.
+	prices *usage.Prices
 	// estimate: costVar is taken before the request and settled after
 	// the response (the zone charges with chargeVar or body).
 	estimate bool
+	// llm: the zone charges LLM tokens or dollars and reads the request's
+	// body (llmrequest.go); nil when it does not.
+	llm *llmZone
 	// costMin and costMax bound costVar's values (0: no bound).
 	costMin, costMax int64
 	count            *caddyhttp.ResponseMatcher
@@ -42,17 +47,27 @@ type costVars struct {
 }
 
 // postCharged: the zone charges after the response.
-func (c costVars) postCharged() bool { return c.count != nil || c.chargeVar != "" || c.body != nil }
+func (c costVars) postCharged() bool {
+	return c.count != nil || c.chargeVar != "" || c.body != nil || c.prices != nil
+}
+
+// fromBody: the zone charges what the response's body says.
+func (c costVars) fromBody() bool { return c.body != nil || c.prices != nil }
 
 // weighted: requests may cost other than 1, so q and r are in cost units.
 func (c costVars) weighted() bool {
-	return c.cost != 1 || c.costVar != "" || c.chargeVar != "" || c.body != nil
+	return c.cost != 1 || c.costVar != "" || c.chargeVar != "" || c.body != nil || c.prices != nil
 }
 
 // costFor is the cost of the request before it runs; math.MaxInt64 for a
 // value too large to represent (it can never pass). now (monotime) is for
 // the sampled log of a fallback.
-func (z *zoneHandler) costFor(repl *caddy.Replacer, now int64) int64 {
+func (z *zoneHandler) costFor(r *http.Request, repl *caddy.Replacer, now int64) int64 {
+	if z.costs.llm != nil {
+		if n, ok := z.llmCost(r); ok {
+			return n
+		}
+	}
 	if z.costs.costVar == "" {
 		return z.costs.cost
 	}
@@ -142,6 +157,8 @@ func (h *Handler) responseCost(rw *response, r *http.Request, repl *caddy.Replac
 		cost = v.Owner.readCost(repl, now, c.chargeVar, "charge", v.Cost)
 	case c.body != nil:
 		cost = rw.bodyTotal(r, i, v, status, err, now)
+	case c.prices != nil:
+		cost = rw.usdTotal(r, i, v, status, err, now)
 	}
 	if cost > v.Plan.Burst {
 		// One response charges at most one burst: a usage value that is
@@ -165,8 +182,11 @@ func (z *zoneHandler) chargeFailed(err error) {
 // zoneCosts checks and resolves a zone's cost settings.
 func zoneCosts(name string, zc *Zone, plan zones.Plan, logger *zap.Logger) (costVars, error) {
 	c := costVars{cost: cmp.Or(zc.Cost, 1), count: zc.Count, costMin: zc.CostAtLeast, costMax: zc.CostAtMost}
+	if err := usdCosts(name, zc, &c); err != nil {
+		return c, err
+	}
 	if zc.Concurrency > 0 || zc.Adaptive != nil {
-		if zc.Cost != 0 || zc.CostPlaceholder != "" || zc.CostAtLeast != 0 || zc.CostAtMost != 0 || zc.Count != nil || zc.Charge != "" || zc.ChargeJSON != nil || zc.ChargeTokens != "" {
+		if zc.Cost != 0 || zc.CostPlaceholder != "" || zc.CostAtLeast != 0 || zc.CostAtMost != 0 || zc.Count != nil || zc.Charge != "" || zc.ChargeJSON != nil || zc.ChargeUSD != nil || zc.ChargeTokens != "" {
 			return c, fmt.Errorf("zone %s: cost, count and charge apply to events/window zones, not concurrency zones", name)
 		}
 		return c, nil
@@ -198,6 +218,9 @@ func zoneCosts(name string, zc *Zone, plan zones.Plan, logger *zap.Logger) (cost
 		c.body = &bodyCharge{paths: &p}
 	}
 	if zc.ChargeTokens != "" {
+		if c.prices != nil {
+			return c, fmt.Errorf("zone %s: charge_tokens and charge_usd both read the body's token usage: keep one", name)
+		}
 		if c.chargeVar != "" || c.body != nil {
 			return c, fmt.Errorf("zone %s: charge_tokens reads the body's token usage: leave out charge and charge_json", name)
 		}
@@ -207,7 +230,12 @@ func zoneCosts(name string, zc *Zone, plan zones.Plan, logger *zap.Logger) (cost
 		}
 		c.body = &bodyCharge{tokens: m}
 	}
-	c.estimate = c.costVar != "" && (c.chargeVar != "" || c.body != nil)
+	c.estimate = c.costVar != "" && (c.chargeVar != "" || c.body != nil || c.prices != nil)
+	var err error
+	if c.llm, err = llmZoneOf(name, zc, llmPrice(&c)); err != nil {
+		return c, err
+	}
+	c.estimate = c.estimate || (c.llm != nil && c.llm.estimate)
 	switch {
 	case (c.costMin != 0 || c.costMax != 0) && c.costVar == "":
 		return c, fmt.Errorf("zone %s: cost_at_least and cost_at_most bound the values of cost_placeholder: give one, e.g. cost {http.request.header.X-Search-Cost} 1 at_least 1 at_most 100", name)
@@ -231,6 +259,11 @@ func zoneCosts(name string, zc *Zone, plan zones.Plan, logger *zap.Logger) (cost
 	}
 	if c.postCharged() {
 		c.params += ";tally-post-charged"
+	}
+	if c.prices != nil {
+		// Not draft-10's qu, whose values are an IANA registry's, which
+		// has no currency: a vendor parameter says what q and r count.
+		c.params += `;tally-unit="usd-micro"`
 	}
 	return c, nil
 }

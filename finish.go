@@ -51,6 +51,10 @@ type response struct {
 	// on every request.
 	paths []*bodyCharge
 	scans []usage.Scanner
+	// prices and tokens are by ticket too, prices nil for a zone that
+	// does not price the body's token usage (charge usd).
+	prices []*usage.Prices
+	tokens []usage.TokenScanner
 }
 
 // responses recycles responses: one per request would be an allocation on
@@ -69,15 +73,17 @@ func (h *Handler) responseFor(w http.ResponseWriter, r *http.Request, verdicts [
 		return nil, r
 	}
 	rw := responses.Get().(*response)
-	paths, scans := rw.paths[:0], rw.scans[:0]
+	paths, scans, prices, tokens := rw.paths[:0], rw.scans[:0], rw.prices[:0], rw.tokens[:0]
 	if h.bodyCharged {
 		for i := range verdicts {
 			paths = append(paths, verdicts[i].Owner.costs.body)
+			prices = append(prices, verdicts[i].Owner.costs.prices)
 		}
 		scans = slices.Grow(scans, len(verdicts))[:len(verdicts)]
+		tokens = slices.Grow(tokens, len(verdicts))[:len(verdicts)]
 	}
-	*rw = response{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
-		start: monotime.Now(), paths: paths, scans: scans}
+	*rw = response{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: stripUsage(w, r)},
+		start: monotime.Now(), paths: paths, scans: scans, prices: prices, tokens: tokens}
 	if h.bodyCharged {
 		// The usage comes at the body's end: a client that leaves before
 		// it must not end the upstream's response, or it would pay only
@@ -125,6 +131,7 @@ func (h *Handler) finish(rw *response, r *http.Request, repl *caddy.Replacer, ve
 			}
 		}
 	}
+	endStrip(rw.ResponseWriter)
 	now := monotime.Now()
 	latency := time.Duration(cmp.Or(rw.at, now) - rw.start)
 	if r.Context().Err() != nil {
@@ -135,6 +142,7 @@ func (h *Handler) finish(rw *response, r *http.Request, repl *caddy.Replacer, ve
 		v := &verdicts[i]
 		if z := v.Owner; z.costs.postCharged() {
 			cost, ok := h.responseCost(rw, r, repl, i, v, status, err, now)
+			rw.learnOutput(r, i, v, status)
 			if !ok {
 				continue
 			}
@@ -147,6 +155,7 @@ func (h *Handler) finish(rw *response, r *http.Request, repl *caddy.Replacer, ve
 				z.chargeFailed(err)
 			}
 			add(z.metrics.cost, float64(cost))
+			add(z.metrics.spend, float64(cost)/usage.MicroPerUSD)
 		}
 		if v.Holds() {
 			v.Finish(now, latency, status >= 500)
@@ -162,7 +171,7 @@ func (h *Handler) finish(rw *response, r *http.Request, repl *caddy.Replacer, ve
 	// Back to the pool only when nothing can hold it any more: a handler
 	// that kept the writer (a hijacked connection's) would then write to
 	// the next request's.
-	*rw = response{paths: rw.paths[:0], scans: rw.scans[:0]}
+	*rw = response{paths: rw.paths[:0], scans: rw.scans[:0], prices: rw.prices[:0], tokens: rw.tokens[:0]}
 	responses.Put(rw)
 }
 
@@ -188,6 +197,9 @@ func (rw *response) Write(b []byte) (int, error) {
 	}
 	for i := range rw.scans {
 		rw.scans[i].Write(b)
+		if rw.prices[i] != nil {
+			rw.tokens[i].Write(b)
+		}
 	}
 	if rw.cancel != nil && (rw.failed || rw.client.Err() != nil) {
 		// The client left: the bytes are only scanned, within bounds.

@@ -18,7 +18,7 @@ import (
 // counts survive reloads) and drops a zone's series with the zone.
 var collectors struct {
 	requests, storeErrors, failPolicy, plans, cost, costFalls, chargeFails *prometheus.CounterVec
-	chargeFalls, tokenCharges                                              *prometheus.CounterVec
+	chargeFalls, spend, tokenCharges                                       *prometheus.CounterVec
 	snapshotKeys, restoredKeys, writeFails, restoreFails                   *prometheus.CounterVec
 	bans, dryRunBans, droppedBans, queueFull, emptyKeys                    *prometheus.CounterVec
 	adaptive                                                               *prometheus.CounterVec
@@ -43,8 +43,9 @@ func init() {
 	c.plans = counterVec("plan_fallbacks_total", "Requests whose per-request events, window or burst was empty or invalid, decided under the zone's literal limit.")
 	c.cost = counterVec("cost_total", "Units of cost counted by weighted, post-charged and quota zones: the cost of allowed requests, and what was charged after responses.")
 	c.costFalls = counterVec("cost_fallbacks_total", "Requests whose cost or charge placeholder was empty or invalid, counted at the zone's literal cost.")
-	c.chargeFalls = counterVec("charge_fallbacks_total", "Responses of a zone that charges from the body (charge json, charge tokens) that did not carry every path's value, by reason: client_gone, upstream_error, no_usage, malformed, too_large, encoded, not_json; each charged the estimate taken before (or the zone's cost).", "reason")
+	c.chargeFalls = counterVec("charge_fallbacks_total", "Responses of a zone that charges from the body (charge json, charge tokens, charge usd) that did not carry every path's value, by reason: client_gone, upstream_error, no_price (charge usd: a model without a price), no_usage, malformed, too_large, encoded, not_json; each charged the estimate taken before (or the zone's cost).", "reason")
 	c.tokenCharges = counterVec("token_charges_total", "Responses of a zone with charge tokens charged from the usage they carried, by the format read: openai_chat, openai_responses, anthropic, gemini, ollama.", "format")
+	c.spend = counterVec("spend_usd_total", "Dollars charged by a usd zone (charge usd) after responses: its cost_total, in micro-dollars, as dollars.")
 	c.chargeFails = counterVec("charge_failures_total", "Charges after the response that Redis did not take within the retry bound (the zone's fail policy then applied).")
 	c.snapshotSeconds = histogramVec("snapshot_duration_seconds", "Time taken to copy, encode and store a persisted zone's snapshot.",
 		.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10)
@@ -110,6 +111,7 @@ type zoneMetrics struct {
 	// nil unless the zone is weighted or post-charged:
 	cost, costFallbacks, chargeFailures prometheus.Counter
 	chargeFallbacks                     map[string]prometheus.Counter // by reason; nil unless the zone charges from the body
+	spend                               prometheus.Counter            // dollars; nil unless a usd zone
 	tokenCharges                        []prometheus.Counter          // by usage.Format; nil unless the zone charges tokens
 	bans                                prometheus.Counter            // nil unless the zone bans (dry run: would-be bans)
 	droppedBans                         [2]prometheus.Counter         // from the table, the list; nil unless the zone bans
@@ -182,12 +184,15 @@ func newZoneMetrics(cfg zones.Config, key string, distributed, timed bool, costs
 	if costs.postCharged() {
 		m.chargeFailures = collectors.chargeFails.WithLabelValues(name)
 	}
-	if costs.body != nil {
+	if costs.prices != nil {
+		m.spend = collectors.spend.WithLabelValues(name)
+	}
+	if costs.fromBody() {
 		m.chargeFallbacks = map[string]prometheus.Counter{}
 		for _, r := range chargeFallbackReasons() {
 			m.chargeFallbacks[r] = collectors.chargeFalls.WithLabelValues(name, r)
 		}
-		if costs.body.paths == nil {
+		if costs.body != nil && costs.body.paths == nil {
 			m.tokenCharges = make([]prometheus.Counter, len(usage.Formats()))
 			for f, format := range usage.Formats()[1:] {
 				m.tokenCharges[f+1] = collectors.tokenCharges.WithLabelValues(name, format)

@@ -8,8 +8,8 @@
 // serve.go (ServeHTTP, the request path). The other files hang off it, one
 // concern each, and none calls back into another's: zoneconfig.go (a zone's
 // config and provisioned form), caddyfile.go (the Caddyfile), plans.go,
-// quota.go and cost.go, bodycharge.go (what a request's limits and cost
-// are read from), headers.go (what a response says), metrics.go (what a
+// quota.go and cost.go, bodycharge.go, usd.go (what a request's limits and
+// cost are read from), headers.go (what a response says), metrics.go (what a
 // decision counts), redis.go, region.go and persist.go
 // (the stores and snapshots a zone is provisioned with), challenge.go (a
 // zone's challenge action, over package challenge), overrides.go,
@@ -235,7 +235,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.placeholders = h.placeholders || z.readsReplacer()
 		h.annotates = h.annotates || z.dryRun
 		h.weighted = h.weighted || z.metrics.cost != nil
-		h.bodyCharged = h.bodyCharged || z.costs.body != nil
+		h.bodyCharged = h.bodyCharged || z.costs.fromBody()
 		if h.store != nil && (z.IsConcurrency() || z.costs.postCharged() || z.Delay > 0) {
 			h.holds = true
 			z.Zone.Hold, z.Zone.Done = h.users.hold, h.users.done

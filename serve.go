@@ -219,7 +219,8 @@ func (h *Handler) applicable(r *http.Request, repl *caddy.Replacer, now int64, v
 		}
 		raw := z.expandKey(r, repl)
 		verdicts = append(verdicts, verdict{Owner: z, Zone: z.Zone, Key: z.Config.Key(raw), Raw: raw,
-			Plan: z.planFor(repl, now), Cost: z.costFor(repl, now), PostCharged: z.costs.postCharged() && !z.costs.estimate,
+			Plan: z.planFor(repl, now), Cost: z.costFor(r, repl, now), PostCharged: z.costs.postCharged() && !z.costs.estimate,
+			UpTo:  z.costs.llm != nil && z.costs.llm.estimate,
 			Class: z.classFor(r, repl)})
 		if z.challenge != nil {
 			z.challenge.identify(r, &verdicts[len(verdicts)-1])

@@ -42,7 +42,9 @@ func init() {
 // 0); remaining is what the key can still spend now, which after a request
 // is that request's RateLimit remaining; reset the seconds until the key
 // is back to full (a quota zone: until the period ends); banned_for the
-// seconds a ban has left.
+// seconds a ban has left. A usd zone's integers are micro-dollars, said by
+// "unit":"usd-micro", with limit_usd, remaining_usd and used_usd beside
+// them in dollars ("19.873412").
 // Times are whole seconds, rounded up. A zone whose store could not be read
 // has "error" instead. Status 200, Cache-Control: no-store. The zones'
 // reads of Redis go in one round trip per Redis: deny caches and async
@@ -146,6 +148,7 @@ type zoneStatus struct {
 	Used      *int64 `json:"used,omitempty"`      // quota zones
 	InFlight  *int64 `json:"in_flight,omitempty"` // concurrency zones
 	Error     string `json:"error,omitempty"`
+	usdFields        // usd zones: the amounts in dollars
 }
 
 // ServeHTTP answers the request's own state in each zone.
@@ -220,6 +223,7 @@ func zoneStatusOf(ctx context.Context, name string, t *verdict, now int64) zoneS
 	case t.Zone.IsQuota():
 		st.Period, st.Used = t.Zone.Period.String(), &s.Used
 	}
+	st.usdFields = usdFieldsOf(t.Owner, s.Limit, s.Remaining, st.Used)
 	return st
 }
 

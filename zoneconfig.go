@@ -141,6 +141,38 @@ type Zone struct {
 	// caddy_rate_limit_charge_fallbacks_total by reason. Not with charge.
 	ChargeJSON []string `json:"charge_json,omitempty"`
 
+	// Makes the zone post-charged in dollars: each response's token usage
+	// (read as charge tokens reads it) priced by its model. The zone's
+	// unit must be usd. A response with no usage, or whose model has no
+	// price and there is no default, charges cost_placeholder's estimate,
+	// or else cost, counted in caddy_rate_limit_charge_fallbacks_total by
+	// reason (no_price for the latter). Not with charge or charge_json.
+	ChargeUSD *ChargeUSD `json:"charge_usd,omitempty"`
+
+	// "usd": the zone's amounts (max_events, burst, quota.limit, cost and
+	// the placeholders' values) are whole micro-dollars, which the
+	// Caddyfile writes as dollars (quota 20 usd per month). Requires
+	// charge_usd.
+	Unit string `json:"unit,omitempty"`
+
+	// "request": in a zone that charges LLM tokens or dollars, the cost
+	// taken before the request is estimated from its body (read once, at
+	// most 1 MiB; the upstream gets every byte): its prompt's bytes ÷ 4 in
+	// input tokens, its max_tokens (or the API's like of it) in output
+	// tokens, else the 95th percentile of the output of the zone's
+	// responses of its model, priced as the charge prices tokens; it takes
+	// at most what the key has left, and the response settles it
+	// (docs/llm.md).
+	Estimate string `json:"estimate,omitempty"`
+
+	// In a zone that charges LLM tokens or dollars, the ends of the paths
+	// of the OpenAI chat-completions endpoints whose streaming requests,
+	// when they do not ask for their usage, get
+	// stream_options.include_usage added (and the usage chunk that adds
+	// stripped from the response); ["off"]: none. Default:
+	// ["/chat/completions"].
+	IncludeUsage []string `json:"include_usage,omitempty"`
+
 	// Makes the zone post-charged from the response body's token usage,
 	// read with no path from every common LLM API's format (OpenAI Chat
 	// Completions and Responses, Anthropic Messages, Gemini, Ollama; JSON,

@@ -337,6 +337,16 @@ func TestDashboardAndAlertQueriesReturnSeriesFromARealPrometheus(t *testing.T) {
 			delay 3s
 			queue 1
 		}
+		zone spend {
+			match {
+				path /spend
+			}
+			key {client_ip}
+			quota 1 usd per day
+			charge usd {
+				default input 1 output 2
+			}
+		}
 		distributed {
 			redis redis://`+r.Addr+`
 			timeout 2s
@@ -359,6 +369,7 @@ https://`+e.tlsAddr+` {
 	c.Send(2, request{Path: "/tokens"})
 	c.Send(2, request{Path: "/plan", Header: map[string]string{"X-Plan-RPM": "10"}})
 	c.Send(1, request{Path: "/upload"})
+	c.Send(1, request{Path: "/spend"})
 	c.Send(2, request{Path: "/backend", Header: map[string]string{"X-Class": "signed_in"}})
 	// One request at once, one waiting for its turn, one denied for the
 	// full queue (queue 1) while it waits.
@@ -423,7 +434,7 @@ https://`+e.tlsAddr+` {
 	}
 	var zones []string
 	if err := p.api("label/zone/values", url.Values{"match[]": {selector}}, &zones); err != nil ||
-		strings.Join(zones, ",") != "api,backend,conn_open,conn_rate,login,plans,search,smooth,tokens,uploads" {
+		strings.Join(zones, ",") != "api,backend,conn_open,conn_rate,login,plans,search,smooth,spend,tokens,uploads" {
 		t.Errorf("label_values(%s, zone) = %v (%v), want every zone", selector, zones, err)
 	}
 }

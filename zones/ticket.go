@@ -26,6 +26,9 @@ type Ticket[O any] struct {
 	// PostCharged: the zone only checks before the request and charges
 	// after it (the caller's Charge).
 	PostCharged bool
+	// UpTo: Cost is an estimate that takes at most what the key has left
+	// (DecideUpTo).
+	UpTo bool
 	// Override is the operator's override of the key, nil when none
 	// (Resolve).
 	Override *Override
@@ -82,6 +85,8 @@ func (t *Ticket[O]) Admit(ctx context.Context, now int64) {
 		t.Decision, t.slot = z.acquire(ctx, t.Key, t.inFlightLimit())
 	case t.PostCharged:
 		t.Decision = z.Check(ctx, t.Key, now, &t.Plan)
+	case t.UpTo:
+		t.Decision = t.decideUpTo(ctx, now)
 	case t.Cost > t.Plan.Burst:
 		t.Decision = z.neverPasses(ctx, t.Key, now, &t.Plan)
 	default:

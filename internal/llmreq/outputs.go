@@ -1,0 +1,112 @@
+package llmreq
+
+import (
+	"math"
+	"sync"
+)
+
+// Outputs learns, per model, the 95th percentile of the output tokens of a
+// zone's responses: the output a request that sets no maximum is
+// estimated at. Its memory is bounded whatever the model names a client
+// sends: at most maxModels models, each a histogram of a fixed size whose
+// counts halve every halfLife responses (recent responses weigh more);
+// beyond maxModels, a new model takes the place of the least seen one, and
+// a model not learned gets the percentile of all the zone's responses.
+type Outputs struct {
+	mu     sync.Mutex
+	models map[string]*sketch
+	all    sketch
+}
+
+const (
+	maxModels = 64
+	halfLife  = 512
+	// buckets: each 2^(1/4) wider than the one before, from 1 token to
+	// 2^(buckets/4): 2^24, beyond any output.
+	buckets = 96
+)
+
+// sketch is one model's decaying histogram of output tokens.
+type sketch struct {
+	n     [buckets]float32
+	total float32
+	seen  int // responses since the counts last halved
+}
+
+func bucketOf(tokens int64) int {
+	if tokens <= 1 {
+		return 0
+	}
+	return min(int(math.Ceil(4*math.Log2(float64(tokens)))), buckets-1)
+}
+
+func (s *sketch) add(tokens int64) {
+	if s.seen++; s.seen > halfLife {
+		s.seen, s.total = 0, s.total/2
+		for i := range s.n {
+			s.n[i] /= 2
+		}
+	}
+	s.n[bucketOf(tokens)]++
+	s.total++
+}
+
+// p95 is the upper bound of the bucket the 95th percentile is in (at most
+// 19% over it), false when nothing was seen.
+func (s *sketch) p95() (int64, bool) {
+	if s.total == 0 {
+		return 0, false
+	}
+	want, sum := 0.95*s.total, float32(0)
+	for i, n := range s.n {
+		if sum += n; sum >= want {
+			return int64(math.Ceil(math.Exp2(float64(i) / 4))), true
+		}
+	}
+	return int64(math.Exp2(float64(buckets-1) / 4)), true
+}
+
+// Observe records a response of model with output tokens.
+func (o *Outputs) Observe(model string, tokens int64) {
+	if tokens < 0 {
+		return
+	}
+	if len(model) > MaxModel {
+		model = model[:MaxModel]
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.all.add(tokens)
+	if model == "" {
+		return
+	}
+	s := o.models[model]
+	if s == nil {
+		if o.models == nil {
+			o.models = make(map[string]*sketch, maxModels)
+		}
+		if len(o.models) >= maxModels {
+			least := ""
+			for m, s := range o.models {
+				if least == "" || s.total < o.models[least].total {
+					least = m
+				}
+			}
+			delete(o.models, least)
+		}
+		s = new(sketch)
+		o.models[model] = s
+	}
+	s.add(tokens)
+}
+
+// P95 is the 95th percentile of model's output tokens (of all models' when
+// model has not been seen); false when the zone has seen no response.
+func (o *Outputs) P95(model string) (int64, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if s := o.models[model]; s != nil {
+		return s.p95()
+	}
+	return o.all.p95()
+}

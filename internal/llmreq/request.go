@@ -1,0 +1,225 @@
+// Package llmreq reads an LLM API request's body for the zones that
+// charge its tokens or dollars: the model, the prompt's size and the most
+// output it asks for (the estimate taken before the upstream answers), and
+// whether an OpenAI chat-completions stream asks for its usage, which it
+// adds when it does not (stream_options.include_usage) and strips from the
+// response (strip.go). The body is read once, bounded (MaxBody), and the
+// upstream gets every byte of it: what was read is replayed, then the rest.
+package llmreq
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+)
+
+// MaxBody is the most of a request's body that is read: a longer body is
+// not estimated (nor edited), and reaches the upstream as it came.
+const MaxBody = 1 << 20
+
+// Request is what a request's body says, as far as tally reads it.
+type Request struct {
+	// Parsed: the body was read whole (within MaxBody) and is one JSON
+	// object; the fields below are only set then.
+	Parsed bool
+	Model  string // "model" (Gemini: from the path), at most MaxModel bytes
+	// Prompt is the bytes of the prompt's text: the strings in messages,
+	// input, contents, prompt, system and instructions, keys aside.
+	Prompt int64
+	// MaxOutput is the most output tokens the request allows (max_tokens,
+	// max_completion_tokens, max_output_tokens, Gemini's
+	// generationConfig.maxOutputTokens, Ollama's options.num_predict);
+	// -1 when it sets none.
+	MaxOutput int64
+	Stream    bool // "stream": true
+	// IncludeUsage: stream_options.include_usage is true.
+	IncludeUsage bool
+	// streamOptions is stream_options' value in the body, [0,0) when absent.
+	soStart, soEnd int
+}
+
+// MaxModel is the most of a model's name kept.
+const MaxModel = 256
+
+// Input is the input tokens the prompt is estimated at: its bytes ÷ 4,
+// rounded up (about four bytes of English text a token).
+func (q *Request) Input() int64 { return (q.Prompt + 3) / 4 }
+
+// Read reads r's body, at most MaxBody of it, and replaces it by a body
+// that gives the upstream the same bytes: those read, then the rest. It
+// returns the bytes read and whether they are the whole body.
+func Read(r *http.Request) ([]byte, bool) {
+	if r.Body == nil || r.Body == http.NoBody || r.ContentLength > MaxBody {
+		return nil, false
+	}
+	size := MaxBody + 1
+	if r.ContentLength >= 0 {
+		size = int(r.ContentLength) + 1
+	}
+	buf := make([]byte, 0, min(size, 64<<10))
+	var err error
+	for len(buf) <= MaxBody && err == nil {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		var n int
+		n, err = r.Body.Read(buf[len(buf):min(cap(buf), MaxBody+1)])
+		buf = buf[:len(buf)+n]
+	}
+	body := r.Body
+	switch {
+	case errors.Is(err, io.EOF):
+		r.Body = replay{bytes.NewReader(buf), body}
+		return buf, true
+	case err != nil:
+		// The read failed (the client left, a timeout): the upstream
+		// gets the bytes read, then the same error.
+		r.Body = replay{io.MultiReader(bytes.NewReader(buf), errReader{err}), body}
+	default:
+		r.Body = replay{io.MultiReader(bytes.NewReader(buf), body), body}
+	}
+	return buf, false
+}
+
+// replay is a body read again: the bytes read, then the rest; closing it
+// closes the request's body.
+type replay struct {
+	io.Reader
+	io.Closer
+}
+
+type errReader struct{ err error }
+
+func (e errReader) Read([]byte) (int, error) { return 0, e.err }
+
+// SetBody makes b r's whole body, its length known.
+func SetBody(r *http.Request, b []byte) {
+	r.Body = replay{bytes.NewReader(b), r.Body}
+	r.ContentLength = int64(len(b))
+	r.Header.Set("Content-Length", strconv.Itoa(len(b)))
+	r.TransferEncoding = nil
+}
+
+// Parse reads what tally needs of an LLM request's body, b, sent to path.
+func Parse(b []byte, path string) Request {
+	q := Request{MaxOutput: -1}
+	end := members(b, 0, func(key []byte, vs, ve int) {
+		v := b[vs:ve]
+		switch string(key) {
+		case "model":
+			q.Model = stringOf(v)
+		case "messages", "input", "contents", "prompt", "system", "instructions":
+			value(b, vs, &q.Prompt)
+		case "max_tokens", "max_completion_tokens", "max_output_tokens":
+			q.setMax(v)
+		case "generationConfig":
+			sub(v, "maxOutputTokens", q.setMax)
+		case "options":
+			sub(v, "num_predict", q.setMax)
+		case "stream":
+			q.Stream = string(v) == "true"
+		case "stream_options":
+			q.soStart, q.soEnd = vs, ve
+			sub(v, "include_usage", func(v []byte) { q.IncludeUsage = string(v) == "true" })
+		}
+	})
+	if end < 0 || space(b, end) != len(b) {
+		return Request{MaxOutput: -1}
+	}
+	q.Parsed = true
+	if q.Model == "" {
+		q.Model = geminiModel(path)
+	}
+	if len(q.Model) > MaxModel {
+		q.Model = q.Model[:MaxModel]
+	}
+	return q
+}
+
+// setMax sets MaxOutput from a whole number >= 0 (Ollama's -1, no limit,
+// and -2, fill the context, are none).
+func (q *Request) setMax(v []byte) {
+	if n, err := strconv.ParseInt(string(v), 10, 64); err == nil && n >= 0 {
+		q.MaxOutput = n
+	}
+}
+
+// sub calls f with the value of the member key of the object v, if any.
+func sub(v []byte, key string, f func([]byte)) {
+	members(v, 0, func(k []byte, vs, ve int) {
+		if string(k) == key {
+			f(v[vs:ve])
+		}
+	})
+}
+
+// stringOf is the JSON string v, "" if v is not one; escapes are kept as
+// they are (model names have none).
+func stringOf(v []byte) string {
+	if len(v) < 2 || v[0] != '"' {
+		return ""
+	}
+	return string(v[1 : len(v)-1])
+}
+
+// geminiModel is the model in a Gemini path, …/models/<model>:<method>.
+func geminiModel(path string) string {
+	i := strings.LastIndex(path, "/models/")
+	if i < 0 {
+		return ""
+	}
+	m := path[i+len("/models/"):]
+	if j := strings.IndexByte(m, ':'); j >= 0 {
+		return m[:j]
+	}
+	return ""
+}
+
+// WantsUsage reports whether q, sent to a chat-completions path, is a
+// stream that does not ask for its usage: one to add it to (WithUsage).
+func (q *Request) WantsUsage() bool { return q.Parsed && q.Stream && !q.IncludeUsage }
+
+// WithUsage is the body b of q with stream_options.include_usage set to
+// true: a member added to the object (to stream_options when the body has
+// one, else a new stream_options at the end), every other byte as it was.
+// nil when stream_options is not an object.
+func (q *Request) WithUsage(b []byte) []byte {
+	const member = `"include_usage":true`
+	if q.soEnd == 0 {
+		end := bytes.LastIndexByte(b, '}')
+		body := bytes.TrimRight(b[:end], " \t\r\n")
+		sep := ","
+		if body[len(body)-1] == '{' {
+			sep = ""
+		}
+		return concat(b[:end], sep+`"stream_options":{`+member+`}`, b[end:])
+	}
+	so := b[q.soStart:q.soEnd]
+	if so[0] != '{' {
+		return nil
+	}
+	at, vs, ve := -1, 0, 0
+	members(so, 0, func(k []byte, s, e int) {
+		if string(k) == "include_usage" {
+			at, vs, ve = 0, s, e
+		}
+	})
+	if at == 0 {
+		// include_usage is there and not true: made true.
+		return concat(b[:q.soStart+vs], "true", b[q.soStart+ve:])
+	}
+	open := q.soStart + 1
+	sep := ","
+	if so[space(so, 1)] == '}' {
+		sep = ""
+	}
+	return concat(b[:open], member+sep, b[open:])
+}
+
+func concat(a []byte, s string, c []byte) []byte {
+	out := make([]byte, 0, len(a)+len(s)+len(c))
+	return append(append(append(out, a...), s...), c...)
+}

@@ -1,0 +1,131 @@
+package llmreq
+
+import "bytes"
+
+// Strip removes from an OpenAI chat-completions stream what asking for
+// its usage added: the usage-only chunk (a data event whose object has a
+// usage and no choices) and the "usage": null member of every other chunk,
+// so that a client that did not ask for the usage gets the stream it
+// would have had. Every other byte passes as it came. An event is passed
+// on once whole (a client reads nothing from half an event); one longer
+// than maxEvent cannot be the usage chunk and passes as it comes.
+type Strip struct {
+	pending []byte
+	long    bool // the event being read is longer than maxEvent
+}
+
+// maxEvent is the longest event Strip holds to look at.
+const maxEvent = 64 << 10
+
+// Write filters b, the stream's next bytes, and passes what is to be sent
+// on to emit, in order.
+func (s *Strip) Write(b []byte, emit func([]byte) error) error {
+	s.pending = append(s.pending, b...)
+	for {
+		end := eventEnd(s.pending)
+		if end < 0 {
+			if !s.long && len(s.pending) <= maxEvent {
+				return nil
+			}
+			// Too long to be the usage chunk: on as it comes, but for
+			// the last bytes, which may start the blank line that ends
+			// it.
+			s.long = true
+			keep := min(len(s.pending), 3)
+			err := emit(s.pending[:len(s.pending)-keep])
+			s.pending = append(s.pending[:0], s.pending[len(s.pending)-keep:]...)
+			return err
+		}
+		ev := s.pending[:end]
+		if !s.long {
+			ev = filter(ev)
+		}
+		s.long = false
+		var err error
+		if len(ev) > 0 {
+			err = emit(ev)
+		}
+		s.pending = s.pending[:copy(s.pending, s.pending[end:])]
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// End passes on what is left of a stream that ended within an event.
+func (s *Strip) End(emit func([]byte) error) error {
+	if len(s.pending) == 0 {
+		return nil
+	}
+	err := emit(s.pending)
+	s.pending = s.pending[:0]
+	return err
+}
+
+// eventEnd is the index after the blank line that ends the first event in
+// b (LF, CRLF or CR line ends), or -1.
+func eventEnd(b []byte) int {
+	end := -1
+	for _, sep := range [...]string{"\n\n", "\r\n\r\n", "\r\r"} {
+		if i := bytes.Index(b, []byte(sep)); i >= 0 && (end < 0 || i+len(sep) < end) {
+			end = i + len(sep)
+		}
+	}
+	return end
+}
+
+// filter is the event ev as the client is to get it: nil for the usage
+// chunk, its data's "usage": null member removed from any other chunk.
+// An event of another shape passes as it is.
+func filter(ev []byte) []byte {
+	rest, ok := bytes.CutPrefix(ev, []byte("data:"))
+	if !ok {
+		return ev
+	}
+	at := len(ev) - len(rest)
+	at = space(ev, at)
+	if at >= len(ev) || ev[at] != '{' {
+		return ev
+	}
+	usage, choices := [2]int{-1, -1}, false
+	var prev, next int // where the usage member starts (from the comma before it) and ends
+	last := at + 1     // the end of the previous member, or the object's brace
+	end := members(ev, at, func(key []byte, vs, ve int) {
+		switch string(key) {
+		case "usage":
+			usage = [2]int{vs, ve}
+			prev, next = last, ve
+		case "choices":
+			v := ev[vs:ve]
+			choices = string(v) != "null" && string(v) != "[]" && !emptyArray(v)
+		}
+		last = ve
+	})
+	if end < 0 || usage[0] < 0 {
+		return ev
+	}
+	if string(ev[usage[0]:usage[1]]) != "null" {
+		if choices {
+			return ev
+		}
+		return nil // the usage chunk
+	}
+	// "usage": null: removed with the comma before it, or, when it is the
+	// first member, with the comma after it.
+	if prev == at+1 {
+		i := space(ev, next)
+		if i < len(ev) && ev[i] == ',' {
+			next = space(ev, i+1)
+		}
+		return concat(ev[:prev], "", ev[next:])
+	}
+	comma := bytes.LastIndexByte(ev[prev:usage[0]], ',')
+	if comma < 0 {
+		return ev
+	}
+	return concat(ev[:prev+comma], "", ev[next:])
+}
+
+func emptyArray(v []byte) bool {
+	return len(v) >= 2 && v[0] == '[' && space(v, 1) == len(v)-1
+}

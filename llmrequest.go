@@ -1,0 +1,254 @@
+package ratelimit
+
+import (
+	"cmp"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-tally/ratelimit/internal/llmreq"
+	"github.com/caddy-tally/ratelimit/internal/usage"
+)
+
+// The request's body, read for the zones that charge LLM tokens or dollars
+// (docs/llm.md): with `estimate request` the cost taken before the
+// upstream answers is estimated from it (the prompt's size, the output it
+// allows, else the output the zone learned for its model), and an OpenAI
+// chat-completions stream that does not ask for its usage is made to
+// (include_usage), the usage chunk that adds being stripped from what its
+// client gets. The body is read once per request, however many zones and
+// handlers read it, bounded by llmreq.MaxBody; the upstream gets every byte.
+
+// llmZone is what a zone that charges tokens or dollars does with the
+// request's body.
+type llmZone struct {
+	estimate bool
+	// usagePaths are the path suffixes of the OpenAI chat-completions
+	// endpoints whose streams get include_usage; none: include_usage off.
+	usagePaths []string
+	// price is what the zone's charge makes of a response of model with
+	// input and output tokens (false: no price for the model): the
+	// estimate is priced by it.
+	price func(model string, input, output int64) (int64, bool)
+	// outputs: the output tokens of the zone's responses, per model.
+	outputs llmreq.Outputs
+}
+
+// defaultUsagePath is the endpoint suffix that gets include_usage by
+// default: OpenAI's, and that of every server compatible with it.
+const defaultUsagePath = "/chat/completions"
+
+// llmZoneOf checks and resolves a zone's estimate and include_usage; price
+// is nil for a zone that charges neither tokens nor dollars, which has no
+// llmZone.
+func llmZoneOf(name string, zc *Zone, price func(model string, input, output int64) (int64, bool)) (*llmZone, error) {
+	switch {
+	case zc.Estimate != "" && zc.Estimate != "request":
+		return nil, fmt.Errorf("zone %s: estimate %q: the one estimate is request (estimate request: from the request's body)", name, zc.Estimate)
+	case price == nil && (zc.Estimate != "" || len(zc.IncludeUsage) > 0):
+		return nil, fmt.Errorf("zone %s: estimate and include_usage read LLM requests for a zone that charges their tokens or dollars: add charge tokens or charge usd { … }", name)
+	case price == nil:
+		return nil, nil
+	case zc.Estimate != "" && zc.CostPlaceholder != "":
+		return nil, fmt.Errorf("zone %s: the estimate is read from the request's body (estimate request) or from a placeholder (cost {…}), not both: keep one", name)
+	}
+	l := &llmZone{estimate: zc.Estimate == "request", price: price, usagePaths: []string{defaultUsagePath}}
+	if len(zc.IncludeUsage) > 0 {
+		l.usagePaths = nil
+		for _, p := range zc.IncludeUsage {
+			switch {
+			case p == "off" && len(zc.IncludeUsage) == 1:
+			case p == "off" || !strings.HasPrefix(p, "/"):
+				return nil, fmt.Errorf("zone %s: include_usage %q: give off, or the paths (or their ends, from a /) of OpenAI chat-completions endpoints, e.g. include_usage /v1/chat/completions", name, p)
+			default:
+				l.usagePaths = append(l.usagePaths, p)
+			}
+		}
+	}
+	return l, nil
+}
+
+// llmRead is a request's body as the zones read it, kept in the request's
+// vars for every zone and handler on it.
+type llmRead struct {
+	q llmreq.Request
+	// usage: include_usage was added to the body; strip: a handler's
+	// response strips what it adds (the outermost one's, so that every
+	// zone's scanner sees the usage).
+	usage, strip bool
+	body         []byte // the body read, nil when it was not read whole
+}
+
+const llmReadVar = "rate_limit.llm_request"
+
+// readLLM is r's body as read for the zones, read now if no zone read it
+// before.
+func readLLM(r *http.Request) *llmRead {
+	if rd, ok := caddyhttp.GetVar(r.Context(), llmReadVar).(*llmRead); ok {
+		return rd
+	}
+	rd := &llmRead{q: llmreq.Request{MaxOutput: -1}}
+	if r.Method == http.MethodPost {
+		if b, whole := llmreq.Read(r); whole {
+			rd.q = llmreq.Parse(b, r.URL.Path)
+			rd.body = b
+		}
+	}
+	caddyhttp.SetVar(r.Context(), llmReadVar, rd)
+	return rd
+}
+
+// requestModel is the model r's body names ("" if none, or if no zone read
+// it): what a response without a model is priced as.
+func requestModel(r *http.Request) string {
+	if rd, ok := caddyhttp.GetVar(r.Context(), llmReadVar).(*llmRead); ok {
+		return rd.q.Model
+	}
+	return ""
+}
+
+// llmCost reads r's body for z and is the request's estimate, false when
+// the zone does not estimate from the body. A stream the zone wants the
+// usage of is made to ask for it.
+func (z *zoneHandler) llmCost(r *http.Request) (int64, bool) {
+	l := z.costs.llm
+	if !l.estimate && !l.wantsUsage(r.URL.Path) && z.costs.prices == nil {
+		return 0, false // nothing to read the body for
+	}
+	rd := readLLM(r)
+	if !rd.usage && rd.q.WantsUsage() && l.wantsUsage(r.URL.Path) {
+		if b := rd.q.WithUsage(rd.body); b != nil {
+			llmreq.SetBody(r, b)
+			rd.usage = true
+		}
+	}
+	if !l.estimate {
+		return 0, false
+	}
+	if !rd.q.Parsed {
+		return z.costs.cost, true
+	}
+	out := rd.q.MaxOutput
+	if out < 0 {
+		out, _ = l.outputs.P95(rd.q.Model)
+	}
+	n, ok := l.price(rd.q.Model, rd.q.Input(), out)
+	if !ok {
+		return z.costs.cost, true
+	}
+	// At least 1, so that a key with nothing left makes no request; at
+	// most the key's budget, taken up to what it has left (zones.Ticket's
+	// UpTo).
+	return max(1, n), true
+}
+
+// wantsUsage reports whether a stream to path gets include_usage.
+func (l *llmZone) wantsUsage(path string) bool {
+	for _, p := range l.usagePaths {
+		if strings.HasSuffix(path, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// stripUsage is the writer w, or, on the request whose body asked for the
+// usage for the zones (the first handler's to ask), one that strips the
+// usage chunk that adds from what its client gets.
+func stripUsage(w http.ResponseWriter, r *http.Request) http.ResponseWriter {
+	rd, ok := caddyhttp.GetVar(r.Context(), llmReadVar).(*llmRead)
+	if !ok || !rd.usage || rd.strip {
+		return w
+	}
+	rd.strip = true
+	return &usageStrip{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
+}
+
+// usageStrip strips the usage chunk from an OpenAI stream (a 200
+// text/event-stream, not encoded: an encoded one passes as it is, usage
+// chunk included); any other response passes as it is.
+type usageStrip struct {
+	caddyhttp.ResponseWriterWrapper
+	strip     llmreq.Strip
+	final, on bool
+}
+
+func (s *usageStrip) WriteHeader(code int) {
+	if !s.final && (code < 100 || code > 199) {
+		s.final = true
+		h := s.Header()
+		s.on = code == http.StatusOK && strings.HasPrefix(h.Get("Content-Type"), "text/event-stream") && h.Get("Content-Encoding") == ""
+		if s.on {
+			h.Del("Content-Length")
+		}
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *usageStrip) Write(b []byte) (int, error) {
+	if !s.final {
+		s.WriteHeader(http.StatusOK)
+	}
+	if !s.on {
+		return s.ResponseWriter.Write(b)
+	}
+	return len(b), s.strip.Write(b, s.emit)
+}
+
+func (s *usageStrip) emit(b []byte) error {
+	_, err := s.ResponseWriter.Write(b)
+	return err
+}
+
+// ReadFrom copies through Write, which strips.
+func (s *usageStrip) ReadFrom(r io.Reader) (int64, error) {
+	return io.Copy(struct{ io.Writer }{s}, r)
+}
+
+// endStrip passes on what a stripped stream that ended within an event
+// left.
+func endStrip(w http.ResponseWriter) {
+	if s, ok := w.(*usageStrip); ok && s.on {
+		_ = s.strip.End(s.emit)
+	}
+}
+
+// llmPrice is what c's charge makes of a response's tokens (false: it has
+// no price for the model), nil when it charges neither tokens nor dollars.
+func llmPrice(c *costVars) func(model string, input, output int64) (int64, bool) {
+	if p := c.prices; p != nil {
+		return func(model string, input, output int64) (int64, bool) { return p.Cost(model, input, 0, output) }
+	}
+	if b := c.body; b != nil && b.paths == nil {
+		return func(_ string, input, output int64) (int64, bool) {
+			return b.tokens.of(usage.Tokens{Input: input, Output: output}), true
+		}
+	}
+	return nil
+}
+
+// learnOutput records, for ticket i's zone when it estimates, the output
+// tokens of a response that carried its usage, under the request's model
+// (the one the estimate looks up; the response's when the request names
+// none). Failed responses teach nothing.
+func (rw *response) learnOutput(r *http.Request, i int, v *verdict, status int) {
+	l := v.Owner.costs.llm
+	if l == nil || !l.estimate || status >= 400 {
+		return
+	}
+	var t usage.Tokens
+	why := usage.NoUsage
+	switch {
+	case i < len(rw.prices) && rw.prices[i] != nil:
+		t, why = rw.tokens[i].Result()
+	case i < len(rw.paths) && rw.paths[i] != nil && rw.paths[i].paths == nil:
+		t, why = rw.scans[i].Tokens()
+	}
+	if why != usage.OK {
+		return
+	}
+	l.outputs.Observe(cmp.Or(requestModel(r), t.Model), t.Output)
+}
