@@ -248,9 +248,9 @@ func TestIncludeUsageOffLeavesTheRequestAlone(t *testing.T) {
 // tokens), held by the upstream until all were sent, and returns how many
 // were admitted and the spend over the budget once all were charged (the
 // zone's cost_total, every charge's actual cost).
-func overshoot(t *testing.T, extra string) (admitted int, over int64) {
+func overshoot(t *testing.T, extra, distributed string) (admitted int, over int64) {
 	u := llmupstream.Start(t)
-	c := startCaddyWith(t, "metrics", loginSite(u.Addr, spendZone(extra), ""))
+	c := startCaddyWith(t, "metrics", loginSite(u.Addr, spendZone(extra), distributed))
 	const key = "Bearer overshoot"
 	body := chat(120, `,"max_tokens":1000`)
 	h := llmupstream.Usage{Input: 30, Output: 1000}.Header()
@@ -285,8 +285,8 @@ func overshoot(t *testing.T, extra string) (admitted int, over int64) {
 // left, so the spend over the budget is at most one request's cost.
 func TestOvershootAtTheBudgetsEnd(t *testing.T) {
 	t.Parallel()
-	admittedWithout, overWithout := overshoot(t, "")
-	admittedWith, overWith := overshoot(t, "\n\t\t\testimate request")
+	admittedWithout, overWithout := overshoot(t, "", "")
+	admittedWith, overWith := overshoot(t, "\n\t\t\testimate request", "")
 	t.Logf("20 requests at once with 10000 of 1000000 micro-dollars left, 2030 each: without estimate request %d admitted, %d over the budget; with it %d admitted, %d over",
 		admittedWithout, overWithout, admittedWith, overWith)
 	if admittedWithout != 20 {
@@ -294,6 +294,11 @@ func TestOvershootAtTheBudgetsEnd(t *testing.T) {
 	}
 	if overWith > 2030 || admittedWith != 5 {
 		t.Errorf("with estimate request: %d admitted, %d over the budget; want 5 (4 taking 2030 each, one the 1880 left), at most one request's 2030 over", admittedWith, overWith)
+	}
+	// In strict mode each estimate is taken in Redis, one at a time.
+	rs := startRedis(t)
+	if admitted, over := overshoot(t, "\n\t\t\testimate request", strictBlock(rs.Addr)); over > 2030 || admitted != 5 {
+		t.Errorf("strict mode, with estimate request: %d admitted, %d over the budget; want 5, at most 2030 over", admitted, over)
 	}
 }
 
