@@ -79,7 +79,9 @@ type llmRead struct {
 	// response strips what it adds (the outermost one's, so that every
 	// zone's scanner sees the usage).
 	usage, strip bool
-	body         []byte // the body read, nil when it was not read whole
+	// body is the body read, nil when it was not read whole, or once the
+	// first handler's zones are done with it.
+	body []byte
 }
 
 const llmReadVar = "rate_limit.llm_request"
@@ -160,7 +162,13 @@ func (l *llmZone) wantsUsage(path string) bool {
 // usage chunk that adds from what its client gets.
 func stripUsage(w http.ResponseWriter, r *http.Request) http.ResponseWriter {
 	rd, ok := caddyhttp.GetVar(r.Context(), llmReadVar).(*llmRead)
-	if !ok || !rd.usage || rd.strip {
+	if !ok {
+		return w
+	}
+	// The zones of the handler on its way to next have read the body:
+	// its copy is not kept for the request's life (a stream's minutes).
+	rd.body = nil
+	if !rd.usage || rd.strip {
 		return w
 	}
 	rd.strip = true
