@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
@@ -363,4 +364,30 @@ func TestLLMDocsExamplesRun(t *testing.T) {
 	waitCharged(t, c, "key", "Bearer sk-alice", 20*dollar-6000)
 	waitCharged(t, c, "team", "research", 200*dollar-6000)
 	waitCharged(t, c, "org", "org", 1000*dollar-6000)
+}
+
+// A response that names no model is priced as the request's model, read
+// with the request's body.
+func TestChargeUSDPricesAResponseWithoutModelByTheRequests(t *testing.T) {
+	t.Parallel()
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"c","object":"chat.completion","choices":[],"usage":{"prompt_tokens":100,"completion_tokens":10,"total_tokens":110}}`)
+	}))
+	t.Cleanup(up.Close)
+	c := startCaddyWith(t, "metrics", loginSite(strings.TrimPrefix(up.URL, "http://"), `
+		zone spend {
+			key {http.request.header.Authorization}
+			quota 1 usd per day
+			charge usd {
+				model cheap* input 1 output 2
+				default input 100 output 100
+			}
+		}`, ""))
+	if res := post(t, c, "/v1/chat/completions", "Bearer nomodel", []byte(`{"model":"cheap-1","messages":[]}`), false, nil); res.Status != 200 {
+		t.Fatalf("%d %s", res.Status, res.Body)
+	}
+	// cheap-1's prices, 100 × 1 + 10 × 2; the default would be 11000.
+	waitCharged(t, c, "spend", "Bearer nomodel", dollar-120)
 }
