@@ -79,8 +79,8 @@ type llmRead struct {
 	// response strips what it adds (the outermost one's, so that every
 	// zone's scanner sees the usage).
 	usage, strip bool
-	// body is the body read, nil when it was not read whole, or once the
-	// first handler's zones are done with it.
+	// body is the body read, nil when it was not read whole, or once no
+	// zone can add include_usage to it.
 	body []byte
 }
 
@@ -121,7 +121,7 @@ func (z *zoneHandler) llmCost(r *http.Request) (int64, bool) {
 		return 0, false // nothing to read the body for
 	}
 	rd := readLLM(r)
-	if !rd.usage && rd.q.WantsUsage() && l.wantsUsage(r.URL.Path) {
+	if !rd.usage && rd.body != nil && rd.q.WantsUsage() && l.wantsUsage(r.URL.Path) {
 		if b := rd.q.WithUsage(rd.body); b != nil {
 			llmreq.SetBody(r, b)
 			rd.usage = true
@@ -165,9 +165,12 @@ func stripUsage(w http.ResponseWriter, r *http.Request) http.ResponseWriter {
 	if !ok {
 		return w
 	}
-	// The zones of the handler on its way to next have read the body:
-	// its copy is not kept for the request's life (a stream's minutes).
-	rd.body = nil
+	if rd.usage || !rd.q.WantsUsage() {
+		// No zone can add include_usage now (it is there, or the
+		// request is no stream that lacks it): the body's copy is not
+		// kept for the request's life (a stream's minutes).
+		rd.body = nil
+	}
 	if !rd.usage || rd.strip {
 		return w
 	}

@@ -391,3 +391,35 @@ func TestChargeUSDPricesAResponseWithoutModelByTheRequests(t *testing.T) {
 	// cheap-1's prices, 100 × 1 + 10 × 2; the default would be 11000.
 	waitCharged(t, c, "spend", "Bearer nomodel", dollar-120)
 }
+
+// Two rate_limit handlers on one request read its body once: the outer
+// one's zone with include_usage off, the inner one's adding it; the inner
+// one strips the usage chunk, so the client gets the stream it asked for,
+// and its zone is charged exactly.
+func TestIncludeUsageAcrossTwoHandlers(t *testing.T) {
+	t.Parallel()
+	u := llmupstream.Start(t)
+	zone := func(name, extra string) string {
+		return `
+		zone ` + name + ` {
+			key {http.request.header.Authorization}
+			quota 1000000 per day
+			charge tokens` + extra + `
+		}`
+	}
+	c := startCaddyWith(t, "metrics", `http:// {
+	route {
+		rate_limit {`+zone("outer", "\n\t\t\tinclude_usage off\n\t\t\testimate request")+`
+		}
+		rate_limit {`+zone("inner", "")+`
+		}
+		reverse_proxy `+u.Addr+`
+	}
+}
+`)
+	res := post(t, c, "/v1/chat/completions", "Bearer two", chatStream, false, llmupstream.Usage{Input: 17, Output: 23}.Header())
+	if res.Status != 200 || strings.Contains(res.Body, `"usage"`) || !strings.Contains(string(lastBody(t, u)), `"include_usage":true`) {
+		t.Fatalf("%d: the client got\n%s\nthe upstream %s", res.Status, res.Body, lastBody(t, u))
+	}
+	waitCharged(t, c, "inner", "Bearer two", 1000000-40)
+}
