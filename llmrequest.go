@@ -79,7 +79,9 @@ type llmRead struct {
 	// response strips what it adds (the outermost one's, so that every
 	// zone's scanner sees the usage).
 	usage, strip bool
-	body         []byte // the body read, nil when it was not read whole
+	// body is the body read, nil when it was not read whole, or once no
+	// zone can add include_usage to it.
+	body []byte
 }
 
 const llmReadVar = "rate_limit.llm_request"
@@ -119,7 +121,7 @@ func (z *zoneHandler) llmCost(r *http.Request) (int64, bool) {
 		return 0, false // nothing to read the body for
 	}
 	rd := readLLM(r)
-	if !rd.usage && rd.q.WantsUsage() && l.wantsUsage(r.URL.Path) {
+	if !rd.usage && rd.body != nil && rd.q.WantsUsage() && l.wantsUsage(r.URL.Path) {
 		if b := rd.q.WithUsage(rd.body); b != nil {
 			llmreq.SetBody(r, b)
 			rd.usage = true
@@ -160,7 +162,16 @@ func (l *llmZone) wantsUsage(path string) bool {
 // usage chunk that adds from what its client gets.
 func stripUsage(w http.ResponseWriter, r *http.Request) http.ResponseWriter {
 	rd, ok := caddyhttp.GetVar(r.Context(), llmReadVar).(*llmRead)
-	if !ok || !rd.usage || rd.strip {
+	if !ok {
+		return w
+	}
+	if rd.usage || !rd.q.WantsUsage() {
+		// No zone can add include_usage now (it is there, or the
+		// request is no stream that lacks it): the body's copy is not
+		// kept for the request's life (a stream's minutes).
+		rd.body = nil
+	}
+	if !rd.usage || rd.strip {
 		return w
 	}
 	rd.strip = true

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
@@ -248,9 +249,9 @@ func TestIncludeUsageOffLeavesTheRequestAlone(t *testing.T) {
 // tokens), held by the upstream until all were sent, and returns how many
 // were admitted and the spend over the budget once all were charged (the
 // zone's cost_total, every charge's actual cost).
-func overshoot(t *testing.T, extra string) (admitted int, over int64) {
+func overshoot(t *testing.T, extra, distributed string) (admitted int, over int64) {
 	u := llmupstream.Start(t)
-	c := startCaddyWith(t, "metrics", loginSite(u.Addr, spendZone(extra), ""))
+	c := startCaddyWith(t, "metrics", loginSite(u.Addr, spendZone(extra), distributed))
 	const key = "Bearer overshoot"
 	body := chat(120, `,"max_tokens":1000`)
 	h := llmupstream.Usage{Input: 30, Output: 1000}.Header()
@@ -285,8 +286,8 @@ func overshoot(t *testing.T, extra string) (admitted int, over int64) {
 // left, so the spend over the budget is at most one request's cost.
 func TestOvershootAtTheBudgetsEnd(t *testing.T) {
 	t.Parallel()
-	admittedWithout, overWithout := overshoot(t, "")
-	admittedWith, overWith := overshoot(t, "\n\t\t\testimate request")
+	admittedWithout, overWithout := overshoot(t, "", "")
+	admittedWith, overWith := overshoot(t, "\n\t\t\testimate request", "")
 	t.Logf("20 requests at once with 10000 of 1000000 micro-dollars left, 2030 each: without estimate request %d admitted, %d over the budget; with it %d admitted, %d over",
 		admittedWithout, overWithout, admittedWith, overWith)
 	if admittedWithout != 20 {
@@ -294,6 +295,11 @@ func TestOvershootAtTheBudgetsEnd(t *testing.T) {
 	}
 	if overWith > 2030 || admittedWith != 5 {
 		t.Errorf("with estimate request: %d admitted, %d over the budget; want 5 (4 taking 2030 each, one the 1880 left), at most one request's 2030 over", admittedWith, overWith)
+	}
+	// In strict mode each estimate is taken in Redis, one at a time.
+	rs := startRedis(t)
+	if admitted, over := overshoot(t, "\n\t\t\testimate request", strictBlock(rs.Addr)); over > 2030 || admitted != 5 {
+		t.Errorf("strict mode, with estimate request: %d admitted, %d over the budget; want 5, at most 2030 over", admitted, over)
 	}
 }
 
@@ -358,4 +364,62 @@ func TestLLMDocsExamplesRun(t *testing.T) {
 	waitCharged(t, c, "key", "Bearer sk-alice", 20*dollar-6000)
 	waitCharged(t, c, "team", "research", 200*dollar-6000)
 	waitCharged(t, c, "org", "org", 1000*dollar-6000)
+}
+
+// A response that names no model is priced as the request's model, read
+// with the request's body.
+func TestChargeUSDPricesAResponseWithoutModelByTheRequests(t *testing.T) {
+	t.Parallel()
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"c","object":"chat.completion","choices":[],"usage":{"prompt_tokens":100,"completion_tokens":10,"total_tokens":110}}`)
+	}))
+	t.Cleanup(up.Close)
+	c := startCaddyWith(t, "metrics", loginSite(strings.TrimPrefix(up.URL, "http://"), `
+		zone spend {
+			key {http.request.header.Authorization}
+			quota 1 usd per day
+			charge usd {
+				model cheap* input 1 output 2
+				default input 100 output 100
+			}
+		}`, ""))
+	if res := post(t, c, "/v1/chat/completions", "Bearer nomodel", []byte(`{"model":"cheap-1","messages":[]}`), false, nil); res.Status != 200 {
+		t.Fatalf("%d %s", res.Status, res.Body)
+	}
+	// cheap-1's prices, 100 × 1 + 10 × 2; the default would be 11000.
+	waitCharged(t, c, "spend", "Bearer nomodel", dollar-120)
+}
+
+// Two rate_limit handlers on one request read its body once: the outer
+// one's zone with include_usage off, the inner one's adding it; the inner
+// one strips the usage chunk, so the client gets the stream it asked for,
+// and its zone is charged exactly.
+func TestIncludeUsageAcrossTwoHandlers(t *testing.T) {
+	t.Parallel()
+	u := llmupstream.Start(t)
+	zone := func(name, extra string) string {
+		return `
+		zone ` + name + ` {
+			key {http.request.header.Authorization}
+			quota 1000000 per day
+			charge tokens` + extra + `
+		}`
+	}
+	c := startCaddyWith(t, "metrics", `http:// {
+	route {
+		rate_limit {`+zone("outer", "\n\t\t\tinclude_usage off\n\t\t\testimate request")+`
+		}
+		rate_limit {`+zone("inner", "")+`
+		}
+		reverse_proxy `+u.Addr+`
+	}
+}
+`)
+	res := post(t, c, "/v1/chat/completions", "Bearer two", chatStream, false, llmupstream.Usage{Input: 17, Output: 23}.Header())
+	if res.Status != 200 || strings.Contains(res.Body, `"usage"`) || !strings.Contains(string(lastBody(t, u)), `"include_usage":true`) {
+		t.Fatalf("%d: the client got\n%s\nthe upstream %s", res.Status, res.Body, lastBody(t, u))
+	}
+	waitCharged(t, c, "inner", "Bearer two", 1000000-40)
 }

@@ -24,6 +24,7 @@ type load struct {
 	addr        string // 127.0.0.1:port
 	path        string
 	key         func(i int64) string // the X-Key header; nil sends none
+	body        string               // a POST's JSON body; "" sends a GET
 	conns       int
 	runFor      time.Duration
 	maxRequests int64
@@ -112,7 +113,11 @@ func (l load) connection(issued *atomic.Int64, stop *atomic.Bool, counts map[int
 			}
 			rd = bufio.NewReaderSize(conn, 16<<10)
 		}
-		req = append(req[:0], "GET "...)
+		if l.body == "" {
+			req = append(req[:0], "GET "...)
+		} else {
+			req = append(req[:0], "POST "...)
+		}
 		req = append(req, l.path...)
 		req = append(req, " HTTP/1.1\r\nHost: "...)
 		req = append(req, l.addr...)
@@ -122,7 +127,13 @@ func (l load) connection(issued *atomic.Int64, stop *atomic.Bool, counts map[int
 			req = append(req, l.key(i)...)
 			req = append(req, "\r\n"...)
 		}
+		if l.body != "" {
+			req = append(req, "Content-Type: application/json\r\nContent-Length: "...)
+			req = strconv.AppendInt(req, int64(len(l.body)), 10)
+			req = append(req, "\r\n"...)
+		}
 		req = append(req, "\r\n"...)
+		req = append(req, l.body...)
 		if _, err := conn.Write(req); err != nil {
 			return err
 		}

@@ -86,7 +86,8 @@ type route struct {
 	path   string
 	key    func(i int64) string
 	status int
-	every  bool // every response must have status, not 99%: a row that must see no denial
+	every  bool   // every response must have status, not 99%: a row that must see no denial
+	body   string // a POST's JSON body; "" sends GETs
 }
 
 // env is what setups provide to routes: a temporary directory and named
@@ -875,7 +876,7 @@ func runScenario(o options, bin, dir string, s scenario) scenarioResult {
 	}
 	runOn := func(c *caddyProcess, conns int) func(route, time.Duration) (loadResult, error) {
 		return func(rt route, d time.Duration) (loadResult, error) {
-			return load{addr: c.addr, path: rt.path, key: rt.key, conns: conns, runFor: d, maxRequests: o.maxRequests}.run()
+			return load{addr: c.addr, path: rt.path, key: rt.key, body: rt.body, conns: conns, runFor: d, maxRequests: o.maxRequests}.run()
 		}
 	}
 	simultaneous := s.simultaneous && caddies[0] != caddies[1]
