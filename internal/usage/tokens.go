@@ -150,27 +150,6 @@ func (s *Scanner) lines(b []byte) {
 	}
 }
 
-// dispatchTokens parses one document if it may carry a count.
-func (s *Scanner) dispatchTokens(data []byte) {
-	may := false
-	for _, k := range tokenKeys {
-		if bytes.Contains(data, k) {
-			may = true
-			break
-		}
-	}
-	if !may {
-		return
-	}
-	s.dec.reset(s.paths)
-	s.dec.feed(data)
-	if !s.dec.finish() {
-		s.malformed = true
-		return
-	}
-	s.takeTokens(&s.dec)
-}
-
 // takeTokens reads the usage of one parsed document, if it carries one.
 func (s *Scanner) takeTokens(d *decoder) {
 	t := &s.tok

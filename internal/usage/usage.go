@@ -296,15 +296,16 @@ func (s *Scanner) endLine() {
 	}
 }
 
-// dispatch parses one event's data if it may carry a path.
+// dispatch parses one event's data (or NDJSON line) if it may carry a
+// path or, scanning tokens, a count.
 func (s *Scanner) dispatch(data []byte) {
+	keys := s.paths.quoted
 	if s.tokens {
-		s.dispatchTokens(data)
-		return
+		keys = tokenKeys
 	}
 	may := false
-	for _, q := range s.paths.quoted {
-		if bytes.Contains(data, q) {
+	for _, k := range keys {
+		if bytes.Contains(data, k) {
 			may = true
 			break
 		}
@@ -314,11 +315,14 @@ func (s *Scanner) dispatch(data []byte) {
 	}
 	s.dec.reset(s.paths)
 	s.dec.feed(data)
-	if !s.dec.finish() {
+	switch {
+	case !s.dec.finish():
 		s.malformed = true
-		return
+	case s.tokens:
+		s.takeTokens(&s.dec)
+	default:
+		s.keep(&s.dec)
 	}
-	s.keep(&s.dec)
 }
 
 // satAdd is a + b, at most math.MaxInt64 (both are >= 0).
