@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"cmp"
 	"errors"
 	"net/http"
 
@@ -17,11 +18,12 @@ import (
 // in memory bounded whatever the body's size.
 
 // bodyCharge is what a zone charges from the response body: the sum of
-// paths (charge json), or else the token count of its usage (charge
-// tokens).
+// paths (charge json), or else its token usage, counted (charge tokens)
+// or priced by its model (charge usd, when prices is set).
 type bodyCharge struct {
 	paths  *usage.Paths
 	tokens tokenCount
+	prices *usage.Prices
 }
 
 // tokenCount is which tokens charge tokens counts.
@@ -92,15 +94,13 @@ func (rw *response) startScans() {
 		default:
 			rw.scans[i].StartTokens(ct, enc)
 		}
-		if rw.prices[i] != nil {
-			rw.tokens[i].Start(ct, enc)
-		}
 	}
 }
 
 // bodyTotal is what the response charges ticket i, v: the sum of its
-// zone's paths or its token count (the format read counted), or, when the
-// body did not carry them (or the upstream
+// zone's paths, its token count, or its tokens priced by the model (the
+// response's, else the request's), the format read counted; or, when the
+// body did not carry them (or no price fits the model, or the upstream
 // failed, or the client left before the body's end), the ticket's cost
 // (the estimate taken before, or the zone's literal cost), counted and
 // logged (sampled) by reason.
@@ -109,17 +109,32 @@ func (rw *response) bodyTotal(r *http.Request, i int, v *verdict, status int, er
 	var n int64
 	var why usage.Reason
 	var format usage.Format
-	if b := rw.paths[i]; b.paths != nil {
+	reason := ""
+	switch b := rw.paths[i]; {
+	case b.paths != nil:
 		n, why = rw.scans[i].Total()
-	} else {
+	case b.prices != nil:
+		var t usage.Tokens
+		t, why = rw.scans[i].Tokens()
+		if t.Model == "" {
+			t.Model = requestModel(r) // the request's, read with its body
+		}
+		if why == usage.OK {
+			var priced bool
+			if n, priced = b.prices.Cost(t.Model, t.Input, t.CachedInput, t.Output); !priced {
+				reason = reasonNoPrice
+			}
+		}
+		format = t.Format
+	default:
 		var t usage.Tokens
 		t, why = rw.scans[i].Tokens()
 		n, format = b.tokens.of(t), t.Format
 	}
-	if c := v.Owner.metrics.tokenCharges; c != nil && why == usage.OK && err == nil && status < 500 {
+	if c := v.Owner.metrics.tokenCharges; c != nil && why == usage.OK && reason == "" && err == nil && status < 500 {
 		add(c[format], 1)
 	}
-	return rw.charged(r, v, status, err, now, n, why.String())
+	return rw.charged(r, v, status, err, now, n, cmp.Or(reason, why.String()))
 }
 
 // charged is n, what ticket v's response costs by its body, when reason

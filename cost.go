@@ -30,10 +30,8 @@ type costVars struct {
 	costVar   string // placeholder name of `cost`, "" for a literal
 	chargeVar string // placeholder name of `charge`, read after the response
 	// body is what the zone charges from the response body (charge_json's
-	// paths or charge_tokens' count).
+	// paths, charge_tokens' count or charge_usd's prices).
 	body *bodyCharge
-	// prices are charge usd's: the response's token usage priced.
-	prices *usage.Prices
 	// estimate: costVar is taken before the request and settled after
 	// the response (the zone charges with chargeVar or body).
 	estimate bool
@@ -48,15 +46,23 @@ type costVars struct {
 
 // postCharged: the zone charges after the response.
 func (c costVars) postCharged() bool {
-	return c.count != nil || c.chargeVar != "" || c.body != nil || c.prices != nil
+	return c.count != nil || c.chargeVar != "" || c.body != nil
 }
 
 // fromBody: the zone charges what the response's body says.
-func (c costVars) fromBody() bool { return c.body != nil || c.prices != nil }
+func (c costVars) fromBody() bool { return c.body != nil }
+
+// usd is a charge usd zone's price table, nil in any other zone.
+func (c costVars) usd() *usage.Prices {
+	if c.body == nil {
+		return nil
+	}
+	return c.body.prices
+}
 
 // weighted: requests may cost other than 1, so q and r are in cost units.
 func (c costVars) weighted() bool {
-	return c.cost != 1 || c.costVar != "" || c.chargeVar != "" || c.body != nil || c.prices != nil
+	return c.cost != 1 || c.costVar != "" || c.chargeVar != "" || c.body != nil
 }
 
 // costFor is the cost of the request before it runs; math.MaxInt64 for a
@@ -157,8 +163,6 @@ func (h *Handler) responseCost(rw *response, r *http.Request, repl *caddy.Replac
 		cost = v.Owner.readCost(repl, now, c.chargeVar, "charge", v.Cost)
 	case c.body != nil:
 		cost = rw.bodyTotal(r, i, v, status, err, now)
-	case c.prices != nil:
-		cost = rw.usdTotal(r, i, v, status, err, now)
 	}
 	if cost > v.Plan.Burst {
 		// One response charges at most one burst: a usage value that is
@@ -218,7 +222,7 @@ func zoneCosts(name string, zc *Zone, plan zones.Plan, logger *zap.Logger) (cost
 		c.body = &bodyCharge{paths: &p}
 	}
 	if zc.ChargeTokens != "" {
-		if c.prices != nil {
+		if c.usd() != nil {
 			return c, fmt.Errorf("zone %s: charge_tokens and charge_usd both read the body's token usage: keep one", name)
 		}
 		if c.chargeVar != "" || c.body != nil {
@@ -230,7 +234,7 @@ func zoneCosts(name string, zc *Zone, plan zones.Plan, logger *zap.Logger) (cost
 		}
 		c.body = &bodyCharge{tokens: m}
 	}
-	c.estimate = c.costVar != "" && (c.chargeVar != "" || c.body != nil || c.prices != nil)
+	c.estimate = c.costVar != "" && (c.chargeVar != "" || c.body != nil)
 	var err error
 	if c.llm, err = llmZoneOf(name, zc, llmPrice(&c)); err != nil {
 		return c, err
@@ -260,7 +264,7 @@ func zoneCosts(name string, zc *Zone, plan zones.Plan, logger *zap.Logger) (cost
 	if c.postCharged() {
 		c.params += ";tally-post-charged"
 	}
-	if c.prices != nil {
+	if c.usd() != nil {
 		// Not draft-10's qu, whose values are an IANA registry's, which
 		// has no currency: a vendor parameter says what q and r count.
 		c.params += `;tally-unit="usd-micro"`

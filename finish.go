@@ -51,10 +51,6 @@ type response struct {
 	// on every request.
 	paths []*bodyCharge
 	scans []usage.Scanner
-	// prices and tokens are by ticket too, prices nil for a zone that
-	// does not price the body's token usage (charge usd).
-	prices []*usage.Prices
-	tokens []usage.TokenScanner
 }
 
 // responses recycles responses: one per request would be an allocation on
@@ -73,17 +69,15 @@ func (h *Handler) responseFor(w http.ResponseWriter, r *http.Request, verdicts [
 		return nil, r
 	}
 	rw := responses.Get().(*response)
-	paths, scans, prices, tokens := rw.paths[:0], rw.scans[:0], rw.prices[:0], rw.tokens[:0]
+	paths, scans := rw.paths[:0], rw.scans[:0]
 	if h.bodyCharged {
 		for i := range verdicts {
 			paths = append(paths, verdicts[i].Owner.costs.body)
-			prices = append(prices, verdicts[i].Owner.costs.prices)
 		}
 		scans = slices.Grow(scans, len(verdicts))[:len(verdicts)]
-		tokens = slices.Grow(tokens, len(verdicts))[:len(verdicts)]
 	}
 	*rw = response{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: stripUsage(w, r)},
-		start: monotime.Now(), paths: paths, scans: scans, prices: prices, tokens: tokens}
+		start: monotime.Now(), paths: paths, scans: scans}
 	if h.bodyCharged {
 		// The usage comes at the body's end: a client that leaves before
 		// it must not end the upstream's response, or it would pay only
@@ -171,7 +165,7 @@ func (h *Handler) finish(rw *response, r *http.Request, repl *caddy.Replacer, ve
 	// Back to the pool only when nothing can hold it any more: a handler
 	// that kept the writer (a hijacked connection's) would then write to
 	// the next request's.
-	*rw = response{paths: rw.paths[:0], scans: rw.scans[:0], prices: rw.prices[:0], tokens: rw.tokens[:0]}
+	*rw = response{paths: rw.paths[:0], scans: rw.scans[:0]}
 	responses.Put(rw)
 }
 
@@ -197,9 +191,6 @@ func (rw *response) Write(b []byte) (int, error) {
 	}
 	for i := range rw.scans {
 		rw.scans[i].Write(b)
-		if rw.prices[i] != nil {
-			rw.tokens[i].Write(b)
-		}
 	}
 	if rw.cancel != nil && (rw.failed || rw.client.Err() != nil) {
 		// The client left: the bytes are only scanned, within bounds.

@@ -117,7 +117,7 @@ func requestModel(r *http.Request) string {
 // usage of is made to ask for it.
 func (z *zoneHandler) llmCost(r *http.Request) (int64, bool) {
 	l := z.costs.llm
-	if !l.estimate && !l.wantsUsage(r.URL.Path) && z.costs.prices == nil {
+	if !l.estimate && !l.wantsUsage(r.URL.Path) && z.costs.usd() == nil {
 		return 0, false // nothing to read the body for
 	}
 	rd := readLLM(r)
@@ -230,7 +230,7 @@ func endStrip(w http.ResponseWriter) {
 // llmPrice is what c's charge makes of a response's tokens (false: it has
 // no price for the model), nil when it charges neither tokens nor dollars.
 func llmPrice(c *costVars) func(model string, input, output int64) (int64, bool) {
-	if p := c.prices; p != nil {
+	if p := c.usd(); p != nil {
 		return func(model string, input, output int64) (int64, bool) { return p.Cost(model, input, 0, output) }
 	}
 	if b := c.body; b != nil && b.paths == nil {
@@ -252,10 +252,7 @@ func (rw *response) learnOutput(r *http.Request, i int, v *verdict, status int) 
 	}
 	var t usage.Tokens
 	why := usage.NoUsage
-	switch {
-	case i < len(rw.prices) && rw.prices[i] != nil:
-		t, why = rw.tokens[i].Result()
-	case i < len(rw.paths) && rw.paths[i] != nil && rw.paths[i].paths == nil:
+	if i < len(rw.paths) && rw.paths[i] != nil && rw.paths[i].paths == nil {
 		t, why = rw.scans[i].Tokens()
 	}
 	if why != usage.OK {

@@ -184,7 +184,7 @@ func newZoneMetrics(cfg zones.Config, key string, distributed, timed bool, costs
 	if costs.postCharged() {
 		m.chargeFailures = collectors.chargeFails.WithLabelValues(name)
 	}
-	if costs.prices != nil {
+	if costs.usd() != nil {
 		m.spend = collectors.spend.WithLabelValues(name)
 	}
 	if costs.fromBody() {

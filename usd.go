@@ -3,7 +3,6 @@ package ratelimit
 import (
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -123,7 +122,7 @@ func usdCosts(name string, zc *Zone, c *costVars) error {
 	if err != nil {
 		return fmt.Errorf("zone %s: %v", name, err)
 	}
-	c.prices = t
+	c.body = &bodyCharge{prices: t}
 	return nil
 }
 
@@ -248,25 +247,6 @@ func usdUnits(name string, d *caddyfile.Dispenser, z *Zone, lines map[string]int
 // zone no default.
 const reasonNoPrice = "no_price"
 
-// usdTotal is what the response charges ticket i, v, of a charge usd
-// zone: its token usage priced by its model (the response's, else the
-// request's), in micro-dollars; else, as bodyTotal, the ticket's cost, counted by reason.
-func (rw *response) usdTotal(r *http.Request, i int, v *verdict, status int, err error, now int64) int64 {
-	rw.startScans()
-	t, why := rw.tokens[i].Result()
-	if t.Model == "" {
-		t.Model = requestModel(r) // the request's, read with its body
-	}
-	reason, n := why.String(), int64(0)
-	if why == usage.OK {
-		var priced bool
-		if n, priced = v.Owner.costs.prices.Cost(t.Model, t.Input, t.CachedInput, t.Output); !priced {
-			reason = reasonNoPrice
-		}
-	}
-	return rw.charged(r, v, status, err, now, n, reason)
-}
-
 // unitMicroUSD names what a usd zone's integers count, in the views and
 // in RateLimit-Policy's tally-unit.
 const unitMicroUSD = "usd-micro"
@@ -284,7 +264,7 @@ type usdFields struct {
 // usdFieldsOf are z's amounts in dollars; none unless z is a usd zone
 // (z may be nil: a zone of the listener wrapper).
 func usdFieldsOf(z *zoneHandler, limit, remaining int64, used *int64) usdFields {
-	if z == nil || z.costs.prices == nil {
+	if z == nil || z.costs.usd() == nil {
 		return usdFields{}
 	}
 	f := usdFields{Unit: unitMicroUSD, LimitUSD: usage.FormatUSD(limit), RemainingUSD: usage.FormatUSD(remaining)}

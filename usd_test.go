@@ -83,7 +83,7 @@ func TestCaddyfileChargeUSDAsWritten(t *testing.T) {
 	}
 	// 1000 input (600 cached) and 200 output tokens of gpt-4.1-mini:
 	// 400·0.40 + 600·0.10 + 200·1.60 dollars per million = 540 µ$.
-	if n, ok := c.prices.Cost("gpt-4.1-mini-2025-04-14", 1000, 600, 200); !ok || n != 540 {
+	if n, ok := c.usd().Cost("gpt-4.1-mini-2025-04-14", 1000, 600, 200); !ok || n != 540 {
 		t.Errorf("cost %d, %v; want 540", n, ok)
 	}
 }

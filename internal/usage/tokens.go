@@ -5,7 +5,7 @@ import (
 	"strings"
 )
 
-// Token usage (charge tokens): a TokenScanner reads the usage of every
+// Token usage (charge tokens, charge usd): a Scanner started by StartTokens reads the usage of every
 // common LLM API's responses, JSON, server-sent events or Ollama's
 // newline-delimited JSON, with no path to write, in one pass and bounded
 // memory as a Scanner does. Each document (the body, an event's data, a
@@ -196,7 +196,7 @@ func (s *Scanner) takeTokens(d *decoder) {
 // Format is the LLM API whose usage a response carried.
 type Format uint8
 
-// The formats a TokenScanner reads.
+// The formats a Scanner started by StartTokens reads.
 const (
 	FormatNone      Format = iota
 	OpenAIChat             // OpenAI Chat Completions (and compatible servers)
@@ -228,20 +228,3 @@ const MaxModel = 256
 // Total is every token, input and output.
 func (t Tokens) Total() int64 { return satAdd(t.Input, t.Output) }
 
-// TokenScanner reads one response body's token usage, in whichever format
-// it comes. Its zero value is not ready, like Scanner's: call Start with
-// the response's headers first.
-type TokenScanner struct {
-	s Scanner
-}
-
-// Start readies s for a body with these headers.
-func (s *TokenScanner) Start(contentType, contentEncoding string) {
-	s.s.StartTokens(contentType, contentEncoding)
-}
-
-// Write scans the next bytes of the body.
-func (s *TokenScanner) Write(b []byte) { s.s.Write(b) }
-
-// Result is the body's usage once it has ended, or why there is none.
-func (s *TokenScanner) Result() (Tokens, Reason) { return s.s.Tokens() }

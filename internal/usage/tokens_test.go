@@ -9,8 +9,8 @@ import (
 // scanTokens runs body through a token scanner in chunks of n bytes (0:
 // at once).
 func scanTokens(contentType, encoding, body string, n int) (Tokens, Reason) {
-	var s TokenScanner
-	s.Start(contentType, encoding)
+	var s Scanner
+	s.StartTokens(contentType, encoding)
 	if n <= 0 {
 		n = len(body) + 1
 	}
@@ -19,7 +19,7 @@ func scanTokens(contentType, encoding, body string, n int) (Tokens, Reason) {
 		s.Write([]byte(body[:k]))
 		body = body[k:]
 	}
-	return s.Result()
+	return s.Tokens()
 }
 
 // sse is events as a text/event-stream body, each "name\tdata".
@@ -145,28 +145,28 @@ func TestTokensEncodedBodyIsNotScanned(t *testing.T) {
 // TestTokensLargeStreamBoundedMemory: a stream far larger than MaxEvent
 // keeps the scanner's buffer within MaxEvent.
 func TestTokensLargeStreamBoundedMemory(t *testing.T) {
-	var s TokenScanner
-	s.Start("text/event-stream", "")
+	var s Scanner
+	s.StartTokens("text/event-stream", "")
 	chunk := []byte(sse(`{"choices":[{"delta":{"content":"` + strings.Repeat("x", 1000) + `"}}],"usage":null}`))
 	for range 8 << 10 {
 		s.Write(chunk)
 	}
 	s.Write([]byte(sse(`{"usage":{"prompt_tokens":3,"completion_tokens":4}}`)))
-	if got, reason := s.Result(); reason != OK || got.Total() != 7 {
+	if got, reason := s.Tokens(); reason != OK || got.Total() != 7 {
 		t.Errorf("%+v, %v", got, reason)
 	}
-	if c := cap(s.s.buf); c > MaxEvent {
+	if c := cap(s.buf); c > MaxEvent {
 		t.Errorf("buffer grew to %d", c)
 	}
 }
 
 func TestTokensAllocationsPerStream(t *testing.T) {
 	body := []byte(tokenCases[9].body)
-	var s TokenScanner
+	var s Scanner
 	allocs := testing.AllocsPerRun(100, func() {
-		s.Start("text/event-stream", "")
+		s.StartTokens("text/event-stream", "")
 		s.Write(body)
-		s.Result()
+		s.Tokens()
 	})
 	if allocs > 1 { // the model's string
 		t.Errorf("%.0f allocations per stream", allocs)
@@ -224,11 +224,11 @@ func BenchmarkScanStream(b *testing.B) {
 		}
 		b.Run(name+"/tokens", func(b *testing.B) {
 			b.SetBytes(int64(len(body)))
-			var s TokenScanner
+			var s Scanner
 			for b.Loop() {
-				s.Start("text/event-stream", "")
+				s.StartTokens("text/event-stream", "")
 				write(s.Write)
-				if _, r := s.Result(); r != OK {
+				if _, r := s.Tokens(); r != OK {
 					b.Fatal(r)
 				}
 			}

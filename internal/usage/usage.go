@@ -19,7 +19,7 @@
 // events whose data is not JSON ("[DONE]") or carries none of the paths are
 // skipped.
 //
-// A TokenScanner (tokens.go) reads, with no path, the token usage of every
+// A Scanner started by StartTokens (tokens.go) reads, with no path, the token usage of every
 // common LLM API's responses, Ollama's newline-delimited JSON streams
 // included.
 package usage

@@ -51,7 +51,7 @@ import (
 	"time"
 )
 
-// Usage is what a response reports, as tally's TokenScanner reads it:
+// Usage is what a response reports, as tally's token scanner reads it:
 // Input counts cached input, Output counts reasoning.
 type Usage struct {
 	Input         int64
