@@ -75,8 +75,11 @@ func (h *Handler) responseFor(w http.ResponseWriter, r *http.Request, verdicts [
 			paths = append(paths, verdicts[i].Owner.costs.body)
 		}
 		scans = slices.Grow(scans, len(verdicts))[:len(verdicts)]
+		// The usage chunk that include_usage asked for is not the
+		// client's: only a body-charged zone adds it.
+		w = stripUsage(w, r)
 	}
-	*rw = response{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: stripUsage(w, r)},
+	*rw = response{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
 		start: monotime.Now(), paths: paths, scans: scans}
 	if h.bodyCharged {
 		// The usage comes at the body's end: a client that leaves before
