@@ -5,8 +5,8 @@ import (
 	"strings"
 )
 
-// Token usage (charge tokens, charge usd): a Scanner started by StartTokens reads the usage of every
-// common LLM API's responses, JSON, server-sent events or Ollama's
+// Token usage (charge tokens, charge usd): a Scanner started by
+// StartTokens reads the usage of every common LLM API's responses, JSON, server-sent events or Ollama's
 // newline-delimited JSON, with no path to write, in one pass and bounded
 // memory as a Scanner does. Each document (the body, an event's data, a
 // line) that carries a known usage object is read by its format:
@@ -227,4 +227,3 @@ const MaxModel = 256
 
 // Total is every token, input and output.
 func (t Tokens) Total() int64 { return satAdd(t.Input, t.Output) }
-
