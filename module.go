@@ -14,7 +14,8 @@
 // (the stores and snapshots a zone is provisioned with), challenge.go (a
 // zone's challenge action, over package challenge), overrides.go,
 // admin.go, status.go and command*.go (the admin API, the status handler,
-// the CLI) and registry.go (the handler's view of internal/live).
+// the CLI) and registry.go (the handler's view of internal/live). The
+// admin API's JSON is internal/adminapi's types, which the CLI reads back.
 //
 // Below it: what lives across reloads (zone states, name claims, the
 // running zones, the pooled Redis stores and Regions, the snapshots, the

@@ -33,6 +33,7 @@ import (
 	"github.com/caddyserver/certmagic"
 	"go.uber.org/zap"
 
+	"github.com/caddy-tally/ratelimit/internal/adminapi"
 	"github.com/caddy-tally/ratelimit/internal/live"
 	"github.com/caddy-tally/ratelimit/zones"
 )
@@ -50,30 +51,11 @@ const (
 	overridePoll = 250 * time.Millisecond
 )
 
-// overrideMatch says which keys an override covers: exactly one field.
-type overrideMatch struct {
-	Key    *string `json:"key,omitempty"`
-	Prefix *string `json:"prefix,omitempty"`
-	CIDR   *string `json:"cidr,omitempty"`
-}
-
 // overrideRecord is an override as the admin API shows it and as it is
-// stored (in Redis or Caddy's storage).
+// stored (in Redis or Caddy's storage), its wire form embedded so that its
+// JSON is adminapi.Override's, with what this instance keeps beside it.
 type overrideRecord struct {
-	ID     string        `json:"id"`
-	Match  overrideMatch `json:"match"`
-	Events int64         `json:"events,omitempty"`
-	Window string        `json:"window,omitempty"`
-	Burst  int64         `json:"burst,omitempty"`
-	Limit  int64         `json:"limit,omitempty"` // quota zones
-	N      int64         `json:"n,omitempty"`     // concurrency zones
-	Exempt bool          `json:"exempt,omitempty"`
-	Deny   bool          `json:"deny,omitempty"`
-	// Expires is RFC 3339, "" for never.
-	Expires string `json:"expires,omitempty"`
-	Reason  string `json:"reason,omitempty"`
-	SetBy   string `json:"set_by"` // the admin request's remote address
-	SetAt   string `json:"set_at"` // RFC 3339, to the nanosecond
+	adminapi.Override
 	// version orders the changes: the store's version of the record, a
 	// local zone's set_at.
 	version int64
@@ -85,16 +67,16 @@ type overrideRecord struct {
 // overrideBody is PUT's body: a record whose expires may also be a
 // duration from now.
 type overrideBody struct {
-	Match   *overrideMatch `json:"match"`
-	Events  *int64         `json:"events"`
-	Window  *string        `json:"window"`
-	Burst   *int64         `json:"burst"`
-	Limit   *int64         `json:"limit"`
-	N       *int64         `json:"n"`
-	Exempt  bool           `json:"exempt"`
-	Deny    bool           `json:"deny"`
-	Expires string         `json:"expires"`
-	Reason  string         `json:"reason"`
+	Match   *adminapi.OverrideMatch `json:"match"`
+	Events  *int64                  `json:"events"`
+	Window  *string                 `json:"window"`
+	Burst   *int64                  `json:"burst"`
+	Limit   *int64                  `json:"limit"`
+	N       *int64                  `json:"n"`
+	Exempt  bool                    `json:"exempt"`
+	Deny    bool                    `json:"deny"`
+	Expires string                  `json:"expires"`
+	Reason  string                  `json:"reason"`
 }
 
 // fieldError is a bad body's 400: which field and why.
@@ -153,7 +135,7 @@ func parseOverride(z *zones.Zone, id, from string, body io.Reader, now time.Time
 	if dec.More() {
 		return overrideRecord{}, fieldError("body", "more than one JSON value")
 	}
-	rec := overrideRecord{ID: id, Exempt: b.Exempt, Deny: b.Deny, Reason: b.Reason, SetBy: from, SetAt: now.UTC().Format(time.RFC3339Nano)}
+	rec := overrideRecord{Override: adminapi.Override{ID: id, Exempt: b.Exempt, Deny: b.Deny, Reason: b.Reason, SetBy: from, SetAt: now.UTC().Format(time.RFC3339Nano)}}
 	if err := checkText("reason", b.Reason, maxOverrideReason); err != nil {
 		return rec, err
 	}
@@ -218,7 +200,7 @@ func parseOverride(z *zones.Zone, id, from string, body io.Reader, now time.Time
 			}
 			return rec, fieldError(field, "%v", err)
 		}
-		rec.Events, rec.Window, rec.Burst = *b.Events, shortDuration(w.String()), burst
+		rec.Events, rec.Window, rec.Burst = *b.Events, adminapi.ShortDuration(w.String()), burst
 	}
 	return rec, nil
 }
@@ -226,9 +208,9 @@ func parseOverride(z *zones.Zone, id, from string, body io.Reader, now time.Time
 // checkMatch checks an override's match against zone z and returns it as
 // stored: an exact key as the zone stores it (masked, hashed), a CIDR
 // masked.
-func checkMatch(z *zones.Zone, m *overrideMatch) (overrideMatch, error) {
+func checkMatch(z *zones.Zone, m *adminapi.OverrideMatch) (adminapi.OverrideMatch, error) {
 	if m == nil {
-		return overrideMatch{}, fieldError("match", "required: {\"key\": …}, {\"prefix\": …} or {\"cidr\": …}")
+		return adminapi.OverrideMatch{}, fieldError("match", "required: {\"key\": …}, {\"prefix\": …} or {\"cidr\": …}")
 	}
 	n := 0
 	for _, p := range []*string{m.Key, m.Prefix, m.CIDR} {
@@ -237,28 +219,28 @@ func checkMatch(z *zones.Zone, m *overrideMatch) (overrideMatch, error) {
 		}
 	}
 	if n != 1 {
-		return overrideMatch{}, fieldError("match", "give exactly one of key, prefix and cidr")
+		return adminapi.OverrideMatch{}, fieldError("match", "give exactly one of key, prefix and cidr")
 	}
 	switch {
 	case m.Key != nil:
 		if err := checkText("match.key", *m.Key, zones.MaxKeyLength); err != nil {
-			return overrideMatch{}, err
+			return adminapi.OverrideMatch{}, err
 		}
 		k := *m.Key
 		if a, err := netip.ParseAddr(k); err == nil {
 			k = a.Unmap().String() // as requests carry it: 2001:DB8::5 is 2001:db8::5
 		}
 		k = z.Config.Key(k)
-		return overrideMatch{Key: &k}, nil
+		return adminapi.OverrideMatch{Key: &k}, nil
 	case m.Prefix != nil:
 		if *m.Prefix == "" {
-			return overrideMatch{}, fieldError("match.prefix", "empty: it would cover every key (set the zone's limit instead)")
+			return adminapi.OverrideMatch{}, fieldError("match.prefix", "empty: it would cover every key (set the zone's limit instead)")
 		}
 		return *m, checkText("match.prefix", *m.Prefix, zones.MaxKeyLength)
 	}
 	p, err := netip.ParsePrefix(*m.CIDR)
 	if err != nil {
-		return overrideMatch{}, fieldError("match.cidr", "%q is not a CIDR such as 203.0.113.0/24", strings.ToValidUTF8(*m.CIDR, "?"))
+		return adminapi.OverrideMatch{}, fieldError("match.cidr", "%q is not a CIDR such as 203.0.113.0/24", strings.ToValidUTF8(*m.CIDR, "?"))
 	}
 	if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
 		// Keys are stored unmapped: a mapped CIDR covers them as IPv4.
@@ -270,13 +252,13 @@ func checkMatch(z *zones.Zone, m *overrideMatch) (overrideMatch, error) {
 	}
 	switch {
 	case p.Bits() == 0:
-		return overrideMatch{}, fieldError("match.cidr", "%s covers every address (set the zone's limit instead)", p)
+		return adminapi.OverrideMatch{}, fieldError("match.cidr", "%s covers every address (set the zone's limit instead)", p)
 	case zoneBits > 0 && p.Bits() > zoneBits:
-		return overrideMatch{}, fieldError("match.cidr", "%s is narrower than the zone's %s %d: every key of the zone is a /%d, so it would cover none (use /%d or wider)",
+		return adminapi.OverrideMatch{}, fieldError("match.cidr", "%s is narrower than the zone's %s %d: every key of the zone is a /%d, so it would cover none (use /%d or wider)",
 			p, family, zoneBits, zoneBits, zoneBits)
 	}
 	s := p.Masked().String()
-	return overrideMatch{CIDR: &s}, nil
+	return adminapi.OverrideMatch{CIDR: &s}, nil
 }
 
 // parseExpires reads expires: "" (never), a duration from now, or an RFC
@@ -823,13 +805,6 @@ func forgetDenials(name string) {
 	}
 }
 
-// overridesInfo is GET /rate_limit/zones/<zone>/overrides.
-type overridesInfo struct {
-	Zone      string           `json:"zone"`
-	View      string           `json:"view"` // "fleet" (Redis) or "instance" (local zones)
-	Overrides []overrideRecord `json:"overrides"`
-}
-
 // serveOverrides answers the override routes of zone z: id "" lists them.
 func (a *AdminAPI) serveOverrides(w http.ResponseWriter, r *http.Request, z *zones.Zone, id string) error {
 	h := viewOf(z).overrides
@@ -840,7 +815,11 @@ func (a *AdminAPI) serveOverrides(w http.ResponseWriter, r *http.Request, z *zon
 		if r.Method != http.MethodGet {
 			return methodNotAllowed(w, http.MethodGet)
 		}
-		info := overridesInfo{Zone: z.Name, View: "instance", Overrides: h.list()}
+		list := h.list()
+		info := adminapi.OverridesInfo{Zone: z.Name, View: "instance", Overrides: make([]adminapi.Override, 0, len(list))}
+		for _, rec := range list {
+			info.Overrides = append(info.Overrides, rec.Override)
+		}
 		if h.remote != nil {
 			info.View = "fleet"
 		}
@@ -875,7 +854,7 @@ func (a *AdminAPI) serveOverrides(w http.ResponseWriter, r *http.Request, z *zon
 		case !found:
 			return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s has no override %q", z.Name, id)}
 		}
-		overrideChanged(z, "removed", overrideRecord{ID: id, SetBy: r.RemoteAddr, SetAt: time.Now().UTC().Format(time.RFC3339)})
+		overrideChanged(z, "removed", overrideRecord{Override: adminapi.Override{ID: id, SetBy: r.RemoteAddr, SetAt: time.Now().UTC().Format(time.RFC3339)}})
 		w.WriteHeader(http.StatusNoContent)
 		return nil
 	}

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-tally/ratelimit/algorithms"
+	"github.com/caddy-tally/ratelimit/internal/adminapi"
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
@@ -191,7 +192,7 @@ func BenchmarkOverrideChangeAt10k(b *testing.B) {
 	h := &overrideHolder{name: "api", logger: zap.NewNop(), records: map[string]overrideRecord{}, cfg: c}
 	rec := func(i, events int) overrideRecord {
 		prefix := fmt.Sprintf("tenant-%05d-", i)
-		return overrideRecord{ID: fmt.Sprintf("o%05d", i), Match: overrideMatch{Prefix: &prefix}, Events: int64(events), Window: "1m"}
+		return overrideRecord{Override: adminapi.Override{ID: fmt.Sprintf("o%05d", i), Match: adminapi.OverrideMatch{Prefix: &prefix}, Events: int64(events), Window: "1m"}}
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()

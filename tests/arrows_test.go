@@ -52,6 +52,8 @@ var importArrows = []arrowRule{
 		"challenge is the proof of work alone: it imports nothing of the project (the root wires it into zones)", nil},
 	{[]string{"..."}, []string{""},
 		"nothing imports the root package", nil},
+	{[]string{"internal/adminapi"}, []string{"", "...", "github.com/..."},
+		"internal/adminapi is the admin API's wire alone: the standard library, nothing of the project, no Caddy", nil},
 }
 
 // listedPackage is what `go list -json` says of a package, the fields read here.
@@ -167,6 +169,7 @@ func TestImportArrowsCatchEachBreach(t *testing.T) {
 		{m("internal/live"), []string{m("zones"), m("distributed"), m("algorithms"), m("internal/monotime"), caddy}},
 		{m("listener"), []string{m("internal/live"), m("zones"), caddy, caddy + "/modules/caddyhttp"}},
 		{m("challenge"), []string{"crypto/sha256"}},
+		{m("internal/adminapi"), []string{"encoding/base64", "time"}},
 	}
 	if v := arrowViolations(good, importArrows); len(v) != 0 {
 		t.Fatalf("the layout DESIGN.md draws breaks the rules: %v", v)
@@ -188,6 +191,8 @@ func TestImportArrowsCatchEachBreach(t *testing.T) {
 		{"internal/live", m("listener"), "below the handler (root) and the listener"},
 		{"listener", m(""), "never by importing the handler"},
 		{"challenge", m("zones"), "the proof of work alone"},
+		{"internal/adminapi", m("internal/topk"), "the admin API's wire alone"},
+		{"internal/adminapi", "github.com/spf13/cobra", "the admin API's wire alone"},
 	} {
 		pkgs := make([]listedPackage, len(good))
 		for i, p := range good {
