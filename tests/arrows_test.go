@@ -54,6 +54,8 @@ var importArrows = []arrowRule{
 		"nothing imports the root package", nil},
 	{[]string{"internal/adminapi"}, []string{"", "...", "github.com/..."},
 		"internal/adminapi is the admin API's wire alone: the standard library, nothing of the project, no Caddy", nil},
+	{[]string{"command"}, []string{"", "zones", "distributed", "listener", "internal/live", "github.com/caddyserver/caddy/v2/modules/..."},
+		"command is the CLI: it reads a running Caddy's admin API (internal/adminapi), never the handler, its zones and stores, or Caddy's apps", nil},
 }
 
 // listedPackage is what `go list -json` says of a package, the fields read here.
@@ -170,6 +172,7 @@ func TestImportArrowsCatchEachBreach(t *testing.T) {
 		{m("listener"), []string{m("internal/live"), m("zones"), caddy, caddy + "/modules/caddyhttp"}},
 		{m("challenge"), []string{"crypto/sha256"}},
 		{m("internal/adminapi"), []string{"encoding/base64", "time"}},
+		{m("command"), []string{m("internal/adminapi"), m("internal/topk"), m("internal/usage"), caddy, caddy + "/cmd", "github.com/spf13/cobra"}},
 	}
 	if v := arrowViolations(good, importArrows); len(v) != 0 {
 		t.Fatalf("the layout DESIGN.md draws breaks the rules: %v", v)
@@ -193,6 +196,9 @@ func TestImportArrowsCatchEachBreach(t *testing.T) {
 		{"challenge", m("zones"), "the proof of work alone"},
 		{"internal/adminapi", m("internal/topk"), "the admin API's wire alone"},
 		{"internal/adminapi", "github.com/spf13/cobra", "the admin API's wire alone"},
+		{"command", m("zones"), "command is the CLI"},
+		{"command", m("internal/live"), "command is the CLI"},
+		{"command", caddy + "/modules/caddyhttp", "command is the CLI"},
 	} {
 		pkgs := make([]listedPackage, len(good))
 		for i, p := range good {

@@ -1,4 +1,4 @@
-package ratelimit
+package command
 
 import (
 	"encoding/json"

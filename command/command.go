@@ -1,4 +1,10 @@
-package ratelimit
+// Package command is `caddy rate-limit`: the CLI that inspects and resets
+// the rate limits of a running Caddy through its admin API (tally's
+// /rate_limit/ routes), printing for people unless asked for JSON. It reads
+// the API's answers as internal/adminapi's types and knows nothing else of
+// the handler: it talks to a running Caddy, never to a zone. The root
+// package imports it, so that a Caddy built with tally has the command.
+package command
 
 import (
 	"bytes"
