@@ -141,7 +141,7 @@ func (a *AdminAPI) overrideRoute(w http.ResponseWriter, r *http.Request, parts [
 			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
 		}
 		if id == "" {
-			return checkOverrideID(id)
+			return live.CheckOverrideID(id)
 		}
 	}
 	z := live.Lookup(zoneName, true)
@@ -233,7 +233,7 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone,
 		info.Source = "redis"
 	}
 	if h := viewOf(z).overrides; h != nil {
-		if rec, ok := h.lookup(z, t.Key); ok {
+		if rec, ok := h.Lookup(z, t.Key); ok {
 			info.Override = &rec.Override
 		}
 	}
