@@ -3,7 +3,6 @@ package ratelimit
 import (
 	"cmp"
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,11 +12,11 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
+	"github.com/caddy-tally/ratelimit/internal/adminapi"
 	"github.com/caddy-tally/ratelimit/internal/live"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 	"github.com/caddy-tally/ratelimit/zones"
@@ -78,154 +77,6 @@ func (a *AdminAPI) serveJSON(w http.ResponseWriter, r *http.Request) error {
 	return writeJSON(w, apiErr.HTTPStatus, apiErr)
 }
 
-// zoneInfo is a zone as GET /rate_limit/zones shows it. Fields that mean
-// nothing for a zone's kind are left out: events, window and burst for
-// concurrency and quota zones, fail_policy for connection zones.
-type zoneInfo struct {
-	Name          string     `json:"name"`
-	Events        int64      `json:"events,omitempty"`
-	Window        string     `json:"window,omitempty"`
-	WindowSeconds float64    `json:"window_seconds,omitempty"`
-	Burst         int64      `json:"burst,omitempty"`
-	Mode          string     `json:"mode"`
-	FailPolicy    string     `json:"fail_policy,omitempty"`
-	DryRun        bool       `json:"dry_run"`
-	LocalKeys     int        `json:"local_keys"`
-	Store         *storeInfo `json:"store,omitempty"`
-
-	Concurrency int64      `json:"concurrency,omitempty"` // concurrency zones only
-	Quota       *quotaInfo `json:"quota,omitempty"`       // quota zones only
-	Delay       string     `json:"delay,omitempty"`       // zones with delay, with queue and waiting
-	Queue       int64      `json:"queue,omitempty"`
-	Waiting     *int64     `json:"waiting,omitempty"`
-	Layer       string     `json:"layer,omitempty"`  // "connection" for a listener wrapper's zone
-	Scope       string     `json:"scope,omitempty"`  // "global" (with Region) or "region" when distributed
-	Region      string     `json:"region,omitempty"` // this instance's
-}
-
-// quotaInfo is a quota zone's limit and the period it is in on this
-// instance's clock, times in RFC 3339 with the zone's offset.
-type quotaInfo struct {
-	Limit       int64  `json:"limit"`
-	Per         string `json:"per"`
-	TimeZone    string `json:"time_zone"`
-	PeriodStart string `json:"period_start"`
-	PeriodEnd   string `json:"period_end"`
-}
-
-type storeInfo struct {
-	OK bool `json:"ok"`
-	// Failing: calls fail (twice in a row or more) but the breaker still
-	// lets them through. BreakerOpenSince is when the outage began.
-	Failing          bool       `json:"failing,omitempty"`
-	BreakerOpenSince *time.Time `json:"breaker_open_since,omitempty"`
-	Instances        int        `json:"instances"`
-	// The last error Redis gave about one key, and when.
-	LastProblem   string     `json:"last_problem,omitempty"`
-	LastProblemAt *time.Time `json:"last_problem_at,omitempty"`
-	// On a Redis Cluster, the masters the store cannot reach now.
-	Unreachable []nodeOutage `json:"unreachable_nodes,omitempty"`
-}
-
-// nodeOutage is one unreachable Redis Cluster master.
-type nodeOutage struct {
-	Node  string    `json:"node"`
-	Since time.Time `json:"since"`
-}
-
-// keyInfo is a key as GET /rate_limit/zones/<zone>/keys/<key> shows it:
-// its state now (the one read, zones.Ticket.Read, as rate_limit_status
-// reports it) and the limit it is under, by its zone's kind. Durations are
-// in seconds.
-type keyInfo struct {
-	Zone string `json:"zone"`
-	keyName
-	// The key as the zone stores it (masked, hashed), when it is not the
-	// key given.
-	StoredAs   string  `json:"stored_as,omitempty"`
-	Remaining  int64   `json:"remaining"`
-	RetryAfter float64 `json:"retry_after"`
-	ResetAfter float64 `json:"reset_after"`
-	// Rate zones: the limit the key is under (its plan).
-	Events        int64   `json:"events,omitempty"`
-	Window        string  `json:"window,omitempty"`
-	WindowSeconds float64 `json:"window_seconds,omitempty"`
-	Burst         int64   `json:"burst,omitempty"`
-	// Quota zones: the units used this period, of quota, and the period
-	// in RFC 3339 with the zone's offset.
-	Used        *int64 `json:"used,omitempty"`
-	Quota       int64  `json:"quota,omitempty"`
-	Per         string `json:"per,omitempty"`
-	TimeZone    string `json:"time_zone,omitempty"`
-	PeriodStart string `json:"period_start,omitempty"`
-	PeriodEnd   string `json:"period_end,omitempty"`
-	// Concurrency zones: the key's requests in flight (fleet-wide when
-	// distributed), of its limit of them.
-	InUse       *int64 `json:"in_use,omitempty"`
-	Concurrency int64  `json:"concurrency,omitempty"`
-	// "local", "redis" or, in async mode, "instance": this instance's
-	// lease of the key, with Redis's view in Fleet (or FleetError).
-	Source     string     `json:"source"`
-	Fleet      *fleetView `json:"fleet,omitempty"`
-	FleetError string     `json:"fleet_error,omitempty"`
-	BannedFor  float64    `json:"banned_for,omitempty"` // zones with ban
-	BanLevel   int        `json:"ban_level,omitempty"`
-	// Scope global zones: this region's share of the key's limit (0 to
-	// 1), which remaining, events and burst are scaled to.
-	Share  *float64 `json:"share,omitempty"`
-	Region string   `json:"region,omitempty"`
-	// Override is the operator's override the key is decided under, when
-	// one covers it: the limit above is then its limit.
-	Override *overrideRecord `json:"override,omitempty"`
-	// usd zones: remaining, quota or burst, and used in dollars.
-	usdFields
-}
-
-// fleetView is a key of an async zone as Redis holds it. Durations are in
-// seconds.
-type fleetView struct {
-	Remaining  int64   `json:"remaining"`
-	RetryAfter float64 `json:"retry_after"`
-	ResetAfter float64 `json:"reset_after"`
-}
-
-// keyName is how the admin API names a key in its answers: "key" is the key
-// as text; JSON would turn a byte that is not UTF-8 into U+FFFD, so such a
-// key also has "key_base64", its bytes, which GET and DELETE take back as
-// ?key_base64= and `caddy rate-limit key|reset --base64` as the key.
-type keyName struct {
-	Key       string `json:"key"`
-	KeyBase64 string `json:"key_base64,omitempty"`
-}
-
-func newKeyName(key string) keyName {
-	if utf8.ValidString(key) {
-		return keyName{Key: key}
-	}
-	return keyName{Key: strings.ToValidUTF8(key, "\uFFFD"), KeyBase64: base64.StdEncoding.EncodeToString([]byte(key))}
-}
-
-// raw is the key itself.
-func (k keyName) raw() string {
-	if k.KeyBase64 != "" {
-		if b, err := base64.StdEncoding.DecodeString(k.KeyBase64); err == nil {
-			return string(b)
-		}
-	}
-	return k.Key
-}
-
-// decodeKeyBase64 reads a key given as ?key_base64=. A '+' that reached us
-// unescaped in a query string reads as a space, which base64 never holds:
-// it is taken back.
-func decodeKeyBase64(s string) (string, error) {
-	b, err := base64.StdEncoding.DecodeString(strings.ReplaceAll(s, " ", "+"))
-	if err != nil {
-		return "", fmt.Errorf("key_base64=%q is not standard base64 (RFC 4648 §4, padded, query-escaped): %v", s, err)
-	}
-	return string(b), nil
-}
-
 func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 	rest, _ := strings.CutPrefix(r.URL.EscapedPath(), "/rate_limit/")
 	parts := strings.Split(strings.TrimSuffix(rest, "/"), "/")
@@ -253,7 +104,7 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 	case len(parts) == 4:
 		key, err2 = url.PathUnescape(parts[3])
 	case q.Has("key_base64"):
-		key, err2 = decodeKeyBase64(q.Get("key_base64"))
+		key, err2 = adminapi.DecodeKeyBase64(q.Get("key_base64"))
 	default:
 		key = q.Get("key")
 	}
@@ -290,7 +141,7 @@ func (a *AdminAPI) overrideRoute(w http.ResponseWriter, r *http.Request, parts [
 			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
 		}
 		if id == "" {
-			return checkOverrideID(id)
+			return live.CheckOverrideID(id)
 		}
 	}
 	z := live.Lookup(zoneName, true)
@@ -303,11 +154,11 @@ func (a *AdminAPI) overrideRoute(w http.ResponseWriter, r *http.Request, parts [
 	return a.serveOverrides(w, r, z, id)
 }
 
-func listZones() []zoneInfo {
+func listZones() []adminapi.ZoneInfo {
 	running := live.Zones()
-	out := make([]zoneInfo, 0, len(running))
+	out := make([]adminapi.ZoneInfo, 0, len(running))
 	for _, z := range running {
-		zi := zoneInfo{
+		zi := adminapi.ZoneInfo{
 			Name:       z.Name,
 			Mode:       z.Mode(),
 			FailPolicy: z.FailPolicy.String(),
@@ -316,7 +167,7 @@ func listZones() []zoneInfo {
 		}
 		if !z.IsConcurrency() && !z.IsQuota() {
 			zi.Events, zi.Burst = z.Events, z.Limit().Burst
-			zi.Window, zi.WindowSeconds = shortDuration(z.Window.String()), z.Window.Seconds()
+			zi.Window, zi.WindowSeconds = adminapi.ShortDuration(z.Window.String()), z.Window.Seconds()
 		}
 		zi.Concurrency = z.Concurrency
 		if z.IsAdaptive() {
@@ -325,14 +176,14 @@ func listZones() []zoneInfo {
 		}
 		if z.Delay > 0 {
 			waiting := z.Waiting()
-			zi.Delay, zi.Queue, zi.Waiting = shortDuration(z.Delay.String()), z.QueueSize(), &waiting
+			zi.Delay, zi.Queue, zi.Waiting = adminapi.ShortDuration(z.Delay.String()), z.QueueSize(), &waiting
 		}
 		if live.IsConnection(z) {
 			zi.Layer, zi.FailPolicy = "connection", ""
 		}
 		if z.IsQuota() {
 			start, end := z.PeriodNow(monotime.Now())
-			zi.Quota = &quotaInfo{Limit: z.Quota, Per: z.Period.String(), TimeZone: z.Location.String(),
+			zi.Quota = &adminapi.QuotaInfo{Limit: z.Quota, Per: z.Period.String(), TimeZone: z.Location.String(),
 				PeriodStart: start.Format(time.RFC3339), PeriodEnd: end.Format(time.RFC3339)}
 		}
 		if v := viewOf(z); v.regional != nil {
@@ -340,7 +191,7 @@ func listZones() []zoneInfo {
 			if v.shared != nil {
 				zi.Scope, zi.Region = "global", v.shared.Region().Name()
 			}
-			zi.Store = &storeInfo{OK: true, Instances: v.regional.Instances()}
+			zi.Store = &adminapi.StoreInfo{OK: true, Instances: v.regional.Instances()}
 			if hr := v.health; hr != nil {
 				ok, since := hr.Health()
 				zi.Store.OK = ok
@@ -350,7 +201,7 @@ func listZones() []zoneInfo {
 				for _, o := range hr.Outages() {
 					zi.Store.Failing = zi.Store.Failing && !o.Open
 					if o.Node != "" {
-						zi.Store.Unreachable = append(zi.Store.Unreachable, nodeOutage{o.Node, o.Since})
+						zi.Store.Unreachable = append(zi.Store.Unreachable, adminapi.NodeOutage{Node: o.Node, Since: o.Since})
 					}
 				}
 				if msg, at := hr.LastProblem(); msg != "" {
@@ -375,15 +226,15 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone,
 		// answers for any key, its use of the period.
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s: key not tracked (%s)", z.Name, noState(z))}
 	}
-	info := keyInfo{Zone: z.Name, keyName: newKeyName(key), StoredAs: storedAs(key, t.Key), Source: "local",
+	info := adminapi.KeyInfo{Zone: z.Name, KeyName: adminapi.NewKeyName(key), StoredAs: storedAs(key, t.Key), Source: "local",
 		Remaining: s.Remaining, RetryAfter: s.RetryAfter.Seconds(), ResetAfter: s.ResetAfter.Seconds(),
 		BannedFor: banLeft(s.Decision), BanLevel: s.BanLevel}
 	if z.Store() != nil {
 		info.Source = "redis"
 	}
 	if h := viewOf(z).overrides; h != nil {
-		if rec, ok := h.lookup(z, t.Key); ok {
-			info.Override = &rec
+		if rec, ok := h.Lookup(z, t.Key); ok {
+			info.Override = &rec.Override
 		}
 	}
 	switch {
@@ -394,21 +245,21 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone,
 		info.PeriodStart, info.PeriodEnd = s.PeriodStart.Format(time.RFC3339), s.PeriodEnd.Format(time.RFC3339)
 	default:
 		info.Events, info.Burst = t.Plan.Events, t.Plan.Burst
-		info.Window, info.WindowSeconds = shortDuration(t.Plan.Window.String()), t.Plan.Window.Seconds()
+		info.Window, info.WindowSeconds = adminapi.ShortDuration(t.Plan.Window.String()), t.Plan.Window.Seconds()
 		info.Share, info.Region = keyShare(z, t.Key)
 	}
-	info.usdFields = usdFieldsOf(viewOf(z).handler, s.Limit, s.Remaining, info.Used)
+	info.USDFields = usdFieldsOf(viewOf(z).handler, s.Limit, s.Remaining, info.Used)
 	if s.Source == zones.SourceRecord {
 		// Async mode: this instance's lease decides the key's next
 		// request here; Redis's view, the fleet's, goes beside it.
 		info.Source = "instance"
 		switch f, err := z.PeekStore(r.Context(), t.Key, monotime.Now()); {
 		case errors.Is(err, zones.ErrUnknownKey):
-			info.Fleet = &fleetView{Remaining: t.Plan.Burst}
+			info.Fleet = &adminapi.FleetView{Remaining: t.Plan.Burst}
 		case err != nil:
 			info.FleetError = "reading the key from Redis: " + err.Error()
 		default:
-			info.Fleet = &fleetView{Remaining: f.Remaining, RetryAfter: f.RetryAfter.Seconds(), ResetAfter: f.ResetAfter.Seconds()}
+			info.Fleet = &adminapi.FleetView{Remaining: f.Remaining, RetryAfter: f.RetryAfter.Seconds(), ResetAfter: f.ResetAfter.Seconds()}
 		}
 	}
 	return writeJSON(w, http.StatusOK, info)
@@ -422,22 +273,6 @@ func banLeft(d zones.Decision) float64 {
 	return d.RetryAfter.Seconds()
 }
 
-// bansInfo is GET /rate_limit/zones/<zone>/bans: the zone's current bans,
-// longest left first, at most 1000 (those ending last).
-type bansInfo struct {
-	Zone string `json:"zone"`
-	// "fleet": every instance's bans, from Redis; "instance": the bans
-	// this instance knows of (local mode).
-	View string    `json:"view"`
-	Bans []banInfo `json:"bans"`
-}
-
-type banInfo struct {
-	keyName
-	BannedFor float64 `json:"banned_for"`          // seconds left
-	BanLevel  int     `json:"ban_level,omitempty"` // when known
-}
-
 func (a *AdminAPI) bans(w http.ResponseWriter, r *http.Request, z *zones.Zone) error {
 	if z.Ban == 0 {
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s does not ban: add e.g. ban 1h to it", z.Name)}
@@ -446,12 +281,12 @@ func (a *AdminAPI) bans(w http.ResponseWriter, r *http.Request, z *zones.Zone) e
 	if err != nil {
 		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("reading the bans from Redis: %v", err)}
 	}
-	out := bansInfo{Zone: z.Name, View: "instance", Bans: make([]banInfo, 0, len(list))}
+	out := adminapi.BansInfo{Zone: z.Name, View: "instance", Bans: make([]adminapi.BanInfo, 0, len(list))}
 	if fleet {
 		out.View = "fleet"
 	}
 	for _, b := range list {
-		out.Bans = append(out.Bans, banInfo{keyName: newKeyName(b.Key), BannedFor: b.Left.Seconds(), BanLevel: b.Level})
+		out.Bans = append(out.Bans, adminapi.BanInfo{KeyName: adminapi.NewKeyName(b.Key), BannedFor: b.Left.Seconds(), BanLevel: b.Level})
 	}
 	return writeJSON(w, http.StatusOK, out)
 }
@@ -468,7 +303,7 @@ func (a *AdminAPI) resetKey(w http.ResponseWriter, r *http.Request, z *zones.Zon
 	if err := z.Reset(r.Context(), t.Key); err != nil {
 		// This instance's state is gone; whether Redis's is, is not known
 		// (a command that timed out may still run). Say exactly that.
-		return writeJSON(w, http.StatusServiceUnavailable, partialReset{
+		return writeJSON(w, http.StatusServiceUnavailable, adminapi.PartialReset{
 			Error: fmt.Sprintf("reset this instance's state for the key, but Redis did not confirm its reset (%v): "+
 				"until a DELETE succeeds, the key may keep its limit in Redis, for every instance, until it expires there", err),
 			Reset:       []string{"local"},
@@ -479,50 +314,9 @@ func (a *AdminAPI) resetKey(w http.ResponseWriter, r *http.Request, z *zones.Zon
 	return nil
 }
 
-// partialReset is the answer to a DELETE that reset this instance's state but
-// got no answer from Redis.
-type partialReset struct {
-	Error       string   `json:"error"`
-	Reset       []string `json:"reset"`
-	Unconfirmed []string `json:"unconfirmed"`
-}
-
-// topInfo is GET /rate_limit/zones/<zone>/top: the keys this instance denied
-// most over the last one to two zones.OffendersPeriod, from the zone's
-// fixed-size sketch. Each key's true denial count lies in
-// [denials-error, denials], and no key missing from the list was denied more
-// than floor times (which lets `caddy rate-limit top` merge instances).
-type topInfo struct {
-	Zone      string         `json:"zone"`
-	View      string         `json:"view"`                // "instance": this Caddy's denials only; "merged" by the CLI
-	Addresses []string       `json:"addresses,omitempty"` // the admin addresses the CLI merged
-	Since     time.Time      `json:"since"`               // start of the window counted
-	Denials   uint64         `json:"denials"`             // every denial in the window, all keys
-	Floor     uint64         `json:"floor"`               // most denials of a key not listed
-	Capacity  int            `json:"capacity"`            // keys tracked per period
-	DryRun    bool           `json:"dry_run,omitempty"`   // the denials are a dry run's would-be denials
-	Keys      []offenderInfo `json:"keys"`
-}
-
-// offenderInfo is one key of the top list, with its state now.
-type offenderInfo struct {
-	keyName
-	Denials    uint64  `json:"denials"`
-	Error      uint64  `json:"error"`
-	Limited    bool    `json:"limited"`   // denied if it sent a request now (concurrency zones: no slot free)
-	Remaining  int64   `json:"remaining"` // quota left (concurrency zones: free slots)
-	RetryAfter float64 `json:"retry_after"`
-	ResetAfter float64 `json:"reset_after"`
-	BannedFor  float64 `json:"banned_for,omitempty"`  // zones with ban: the seconds its ban has left
-	StateError string  `json:"state_error,omitempty"` // the store could not be read
-}
-
-// defaultTopN is how many keys GET .../top returns without ?n=.
-const defaultTopN = 20
-
 func (a *AdminAPI) top(w http.ResponseWriter, r *http.Request, z *zones.Zone) error {
 	offenders := z.State().Offenders
-	n := defaultTopN
+	n := adminapi.DefaultTopN
 	if s := r.URL.Query().Get("n"); s != "" {
 		var err error
 		if n, err = strconv.Atoi(s); err != nil || n < 1 {
@@ -531,7 +325,7 @@ func (a *AdminAPI) top(w http.ResponseWriter, r *http.Request, z *zones.Zone) er
 	}
 	now := time.Now()
 	sum := offenders.Top(n, now.UnixNano())
-	out := topInfo{
+	out := adminapi.TopInfo{
 		Zone:     z.Name,
 		View:     "instance",
 		Since:    time.Unix(0, sum.Since).UTC(),
@@ -539,23 +333,23 @@ func (a *AdminAPI) top(w http.ResponseWriter, r *http.Request, z *zones.Zone) er
 		Floor:    sum.Floor,
 		Capacity: offenders.Capacity(),
 		DryRun:   z.DryRun,
-		Keys:     make([]offenderInfo, 0, len(sum.Top)),
+		Keys:     make([]adminapi.OffenderInfo, 0, len(sum.Top)),
 	}
 	for _, e := range sum.Top {
 		o := offenderState(r.Context(), z, e.Key, monotime.Now())
-		o.keyName, o.Denials, o.Error = newKeyName(e.Key), e.Count, e.Error
+		o.KeyName, o.Denials, o.Error = adminapi.NewKeyName(e.Key), e.Count, e.Error
 		out.Keys = append(out.Keys, o)
 	}
 	return writeJSON(w, http.StatusOK, out)
 }
 
 // offenderState is key's state now, as GET .../keys/<key> reads it.
-func offenderState(ctx context.Context, z *zones.Zone, key string, now int64) offenderInfo {
+func offenderState(ctx context.Context, z *zones.Zone, key string, now int64) adminapi.OffenderInfo {
 	_, s, err := readKey(ctx, z, key, now)
 	if err != nil {
-		return offenderInfo{StateError: err.Error()}
+		return adminapi.OffenderInfo{StateError: err.Error()}
 	}
-	return offenderInfo{Limited: !s.Allowed, Remaining: s.Remaining,
+	return adminapi.OffenderInfo{Limited: !s.Allowed, Remaining: s.Remaining,
 		RetryAfter: s.RetryAfter.Seconds(), ResetAfter: s.ResetAfter.Seconds(), BannedFor: banLeft(s.Decision)}
 }
 
@@ -607,7 +401,7 @@ func readKey(ctx context.Context, z *zones.Zone, key string, now int64) (verdict
 	return first, firstState, nil
 }
 
-// storedAs is keyInfo's StoredAs: stored when it is not key.
+// storedAs is adminapi.KeyInfo's StoredAs: stored when it is not key.
 func storedAs(key, stored string) string {
 	if stored == key {
 		return ""
@@ -628,20 +422,6 @@ func writeJSON(w http.ResponseWriter, status int, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
 	return enc.Encode(v)
-}
-
-// shortDuration turns Go's "1h0m0s" into "1h".
-func shortDuration(s string) string {
-	if d, err := time.ParseDuration(s); err == nil {
-		s = d.String()
-		if strings.HasSuffix(s, "m0s") {
-			s = s[:len(s)-2]
-		}
-		if strings.HasSuffix(s, "h0m") {
-			s = s[:len(s)-2]
-		}
-	}
-	return s
 }
 
 // Interface guards

@@ -29,7 +29,7 @@ type storeView struct {
 	shared   *distributed.Shared // a scope global zone's share of it, else nil
 	health   live.StoreHealth    // the regional store's health, if it tells it
 	// overrides are the zone's overrides, emit its handler's events.
-	overrides *overrideHolder
+	overrides *live.OverrideHolder
 	emit      func(event string, data map[string]any)
 	// handler is the zone's handler side: its key template and plans, for
 	// rate_limit_status.

@@ -15,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-tally/ratelimit/distributed"
+	"github.com/caddy-tally/ratelimit/internal/adminapi"
 	"github.com/caddy-tally/ratelimit/internal/live"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 	"github.com/caddy-tally/ratelimit/zones"
@@ -138,17 +139,17 @@ func parseStatusCaddyfile(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, 
 
 // zoneStatus is one zone of the answer.
 type zoneStatus struct {
-	Zone      string `json:"zone"`
-	Limit     int64  `json:"limit"`
-	Window    int64  `json:"window"`
-	Remaining int64  `json:"remaining"`
-	Reset     int64  `json:"reset"`
-	BannedFor int64  `json:"banned_for"`
-	Period    string `json:"period,omitempty"`    // quota zones
-	Used      *int64 `json:"used,omitempty"`      // quota zones
-	InFlight  *int64 `json:"in_flight,omitempty"` // concurrency zones
-	Error     string `json:"error,omitempty"`
-	usdFields        // usd zones: the amounts in dollars
+	Zone               string `json:"zone"`
+	Limit              int64  `json:"limit"`
+	Window             int64  `json:"window"`
+	Remaining          int64  `json:"remaining"`
+	Reset              int64  `json:"reset"`
+	BannedFor          int64  `json:"banned_for"`
+	Period             string `json:"period,omitempty"`    // quota zones
+	Used               *int64 `json:"used,omitempty"`      // quota zones
+	InFlight           *int64 `json:"in_flight,omitempty"` // concurrency zones
+	Error              string `json:"error,omitempty"`
+	adminapi.USDFields        // usd zones: the amounts in dollars
 }
 
 // ServeHTTP answers the request's own state in each zone.
@@ -223,7 +224,7 @@ func zoneStatusOf(ctx context.Context, name string, t *verdict, now int64) zoneS
 	case t.Zone.IsQuota():
 		st.Period, st.Used = t.Zone.Period.String(), &s.Used
 	}
-	st.usdFields = usdFieldsOf(t.Owner, s.Limit, s.Remaining, st.Used)
+	st.USDFields = usdFieldsOf(t.Owner, s.Limit, s.Remaining, st.Used)
 	return st
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
+	"github.com/caddy-tally/ratelimit/internal/adminapi"
 	"github.com/caddy-tally/ratelimit/internal/usage"
 	"github.com/caddy-tally/ratelimit/zones"
 )
@@ -251,34 +252,15 @@ const reasonNoPrice = "no_price"
 // in RateLimit-Policy's tally-unit.
 const unitMicroUSD = "usd-micro"
 
-// usdFields are a usd zone's amounts in dollars, beside the integers (in
-// micro-dollars) of the status, admin key and CLI views: exact decimal
-// strings with six decimals, such as "19.873412".
-type usdFields struct {
-	Unit         string `json:"unit,omitempty"` // "usd-micro" in a usd zone
-	LimitUSD     string `json:"limit_usd,omitempty"`
-	RemainingUSD string `json:"remaining_usd,omitempty"`
-	UsedUSD      string `json:"used_usd,omitempty"` // quota zones
-}
-
 // usdFieldsOf are z's amounts in dollars; none unless z is a usd zone
 // (z may be nil: a zone of the listener wrapper).
-func usdFieldsOf(z *zoneHandler, limit, remaining int64, used *int64) usdFields {
+func usdFieldsOf(z *zoneHandler, limit, remaining int64, used *int64) adminapi.USDFields {
 	if z == nil || z.costs.usd() == nil {
-		return usdFields{}
+		return adminapi.USDFields{}
 	}
-	f := usdFields{Unit: unitMicroUSD, LimitUSD: usage.FormatUSD(limit), RemainingUSD: usage.FormatUSD(remaining)}
+	f := adminapi.USDFields{Unit: unitMicroUSD, LimitUSD: usage.FormatUSD(limit), RemainingUSD: usage.FormatUSD(remaining)}
 	if used != nil {
 		f.UsedUSD = usage.FormatUSD(*used)
 	}
 	return f
-}
-
-// amount is n as the CLI writes it: in dollars ("$0.009870") in a usd
-// zone.
-func (f usdFields) amount(n int64) string {
-	if f.Unit == "" {
-		return strconv.FormatInt(n, 10)
-	}
-	return "$" + usage.FormatUSD(n)
 }

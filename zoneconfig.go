@@ -382,7 +382,7 @@ type zoneHandler struct {
 	freshState bool          // provision created the state (persist restores into it)
 	stopReset  func()        // nil without a store that shares resets
 	stopBans   chan struct{} // async zones with ban: stops learnBans
-	// overridesKey is the zone's overrides in overrideHolders, "" when
+	// overridesKey is the zone's overrides holder (live.LoadOverrideHolder), "" when
 	// not taken.
 	overridesKey string
 	challenge    *zoneChallenge // nil unless the zone has a challenge block
@@ -539,7 +539,7 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 	if h.store != nil {
 		remote = h.store.Offers().Overrides
 	}
-	ov, ovKey, err := loadOverrideHolder(ctx, cfg, remote, h.storeKey, h.logger)
+	ov, ovKey, err := live.LoadOverrideHolder(ctx, cfg, remote, h.storeKey, h.logger)
 	if err != nil {
 		// Not registered yet: give back the reset subscription and the
 		// ban reader unregister would.
@@ -553,7 +553,7 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 		return nil, err
 	}
 	zh.overridesKey = ovKey
-	zh.Zone.UseOverrides(&ov.set)
+	zh.Zone.UseOverrides(ov.Set())
 	emit := func(event string, data map[string]any) { h.events.Emit(h.ctx, event, data) }
 	live.Register(zh.Zone, false, storeView{regional: h.store, shared: shared, health: h.backend.Health, overrides: ov, emit: emit, handler: zh})
 	return zh, nil
@@ -694,7 +694,7 @@ func (z *zoneHandler) unregister() {
 func (z *zoneHandler) releaseState() {
 	live.ReleaseState(z.stateID)
 	if z.overridesKey != "" {
-		_, _ = overrideHolders.Delete(z.overridesKey)
+		live.ReleaseOverrideHolder(z.overridesKey)
 	}
 }
 

@@ -52,6 +52,10 @@ var importArrows = []arrowRule{
 		"challenge is the proof of work alone: it imports nothing of the project (the root wires it into zones)", nil},
 	{[]string{"..."}, []string{""},
 		"nothing imports the root package", nil},
+	{[]string{"internal/adminapi"}, []string{"", "...", "github.com/..."},
+		"internal/adminapi is the admin API's wire alone: the standard library, nothing of the project, no Caddy", nil},
+	{[]string{"command"}, []string{"", "zones", "distributed", "listener", "internal/live", "github.com/caddyserver/caddy/v2/modules/..."},
+		"command is the CLI: it reads a running Caddy's admin API (internal/adminapi), never the handler, its zones and stores, or Caddy's apps", nil},
 }
 
 // listedPackage is what `go list -json` says of a package, the fields read here.
@@ -164,9 +168,11 @@ func TestImportArrowsCatchEachBreach(t *testing.T) {
 		{m("algorithms"), []string{"math"}},
 		{m("internal/keytable"), []string{m("internal/monotime")}},
 		{m("internal/monotime"), []string{"time"}},
-		{m("internal/live"), []string{m("zones"), m("distributed"), m("algorithms"), m("internal/monotime"), caddy}},
+		{m("internal/live"), []string{m("zones"), m("distributed"), m("algorithms"), m("internal/monotime"), m("internal/adminapi"), caddy}},
 		{m("listener"), []string{m("internal/live"), m("zones"), caddy, caddy + "/modules/caddyhttp"}},
 		{m("challenge"), []string{"crypto/sha256"}},
+		{m("internal/adminapi"), []string{"encoding/base64", "time"}},
+		{m("command"), []string{m("internal/adminapi"), m("internal/topk"), m("internal/usage"), caddy, caddy + "/cmd", "github.com/spf13/cobra"}},
 	}
 	if v := arrowViolations(good, importArrows); len(v) != 0 {
 		t.Fatalf("the layout DESIGN.md draws breaks the rules: %v", v)
@@ -188,6 +194,11 @@ func TestImportArrowsCatchEachBreach(t *testing.T) {
 		{"internal/live", m("listener"), "below the handler (root) and the listener"},
 		{"listener", m(""), "never by importing the handler"},
 		{"challenge", m("zones"), "the proof of work alone"},
+		{"internal/adminapi", m("internal/topk"), "the admin API's wire alone"},
+		{"internal/adminapi", "github.com/spf13/cobra", "the admin API's wire alone"},
+		{"command", m("zones"), "command is the CLI"},
+		{"command", m("internal/live"), "command is the CLI"},
+		{"command", caddy + "/modules/caddyhttp", "command is the CLI"},
 	} {
 		pkgs := make([]listedPackage, len(good))
 		for i, p := range good {

@@ -5,9 +5,11 @@
 // config's zones, which the admin API and the metrics read; the Redis
 // stores and the Regions, pooled by setting and closed by the last handler
 // to let go (stores.go); the snapshots of local rate zones to Caddy's
-// storage (persist.go); the collectors registered into each config's
-// metrics registry; and the one sampling rule of the lines a request or a
-// connection logs.
+// storage (persist.go); each zone name's runtime overrides, parsed from the
+// admin API's body, kept in Redis or Caddy's storage and followed across
+// instances and reloads (overrides.go); the collectors registered into each
+// config's metrics registry; and the one sampling rule of the lines a
+// request or a connection logs.
 //
 // It stands above zones and distributed (it holds zones' states, zones and
 // stores) and below both modules; it imports Caddy's core (its usage pool)

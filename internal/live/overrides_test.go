@@ -1,4 +1,4 @@
-package ratelimit
+package live
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-tally/ratelimit/algorithms"
+	"github.com/caddy-tally/ratelimit/internal/adminapi"
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
@@ -33,8 +34,8 @@ func newTestZone(t *testing.T) *zones.Zone {
 func TestOverrideHolderConcurrentPutAndLookup(t *testing.T) {
 	z := newTestZone(t)
 	storage := &certmagic.FileStorage{Path: t.TempDir()}
-	h := &overrideHolder{name: "api", logger: zap.NewNop(), storage: storage, dir: "tally/overrides/test/api",
-		records: map[string]overrideRecord{}, cfg: z.Config}
+	h := &OverrideHolder{name: "api", logger: zap.NewNop(), storage: storage, dir: "tally/overrides/test/api",
+		records: map[string]OverrideRecord{}, cfg: z.Config}
 	z.UseOverrides(&h.set)
 	ctx := context.Background()
 	var writers, readers sync.WaitGroup
@@ -64,22 +65,22 @@ func TestOverrideHolderConcurrentPutAndLookup(t *testing.T) {
 			defer writers.Done()
 			for i := range 50 {
 				id := fmt.Sprintf("o%d-%d", g, i%10)
-				rec, err := parseOverride(z, id, "test", strings.NewReader(fmt.Sprintf(`{"match":{"prefix":"k%d-"},"events":%d,"window":"1m"}`, g, i+1)), time.Now())
+				rec, err := ParseOverride(z, id, "test", strings.NewReader(fmt.Sprintf(`{"match":{"prefix":"k%d-"},"events":%d,"window":"1m"}`, g, i+1)), time.Now())
 				if err != nil {
 					t.Error(err)
 					return
 				}
-				if err := h.put(ctx, rec); err != nil {
+				if err := h.Put(ctx, rec); err != nil {
 					t.Error(err)
 					return
 				}
 				if i%3 == 0 {
-					if _, err := h.remove(ctx, id); err != nil {
+					if _, err := h.Remove(ctx, id); err != nil {
 						t.Error(err)
 						return
 					}
 				}
-				_ = h.list()
+				_ = h.List()
 			}
 		}()
 	}
@@ -87,13 +88,13 @@ func TestOverrideHolderConcurrentPutAndLookup(t *testing.T) {
 	close(stop)
 	readers.Wait()
 	// What storage holds is what the holder holds.
-	again := &overrideHolder{name: "api", logger: zap.NewNop(), storage: storage, dir: h.dir, records: map[string]overrideRecord{}, cfg: z.Config}
+	again := &OverrideHolder{name: "api", logger: zap.NewNop(), storage: storage, dir: h.dir, records: map[string]OverrideRecord{}, cfg: z.Config}
 	again.load(ctx)
-	if got, want := len(again.list()), len(h.list()); got != want || want == 0 {
+	if got, want := len(again.List()), len(h.List()); got != want || want == 0 {
 		t.Errorf("storage holds %d overrides, the holder %d", got, want)
 	}
-	if got := h.set.Load().Len(); got != len(h.list()) {
-		t.Errorf("the set holds %d, the records %d", got, len(h.list()))
+	if got := h.set.Load().Len(); got != len(h.List()) {
+		t.Errorf("the set holds %d, the records %d", got, len(h.List()))
 	}
 }
 
@@ -101,14 +102,14 @@ func TestOverrideHolderConcurrentPutAndLookup(t *testing.T) {
 func TestOverrideHolderDropsLapsed(t *testing.T) {
 	z := newTestZone(t)
 	storage := &certmagic.FileStorage{Path: t.TempDir()}
-	h := &overrideHolder{name: "api", logger: zap.NewNop(), storage: storage, dir: "d", records: map[string]overrideRecord{}, cfg: z.Config}
+	h := &OverrideHolder{name: "api", logger: zap.NewNop(), storage: storage, dir: "d", records: map[string]OverrideRecord{}, cfg: z.Config}
 	z.UseOverrides(&h.set)
 	now := time.Now()
-	rec, err := parseOverride(z, "brief", "test", strings.NewReader(`{"match":{"key":"k"},"deny":true,"expires":"1h"}`), now)
+	rec, err := ParseOverride(z, "brief", "test", strings.NewReader(`{"match":{"key":"k"},"deny":true,"expires":"1h"}`), now)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := h.put(context.Background(), rec); err != nil {
+	if err := h.Put(context.Background(), rec); err != nil {
 		t.Fatal(err)
 	}
 	if z.Override("k") == nil {
@@ -117,7 +118,7 @@ func TestOverrideHolderDropsLapsed(t *testing.T) {
 	h.mu.Lock()
 	h.rebuild(now.Add(2 * time.Hour))
 	h.mu.Unlock()
-	if z.Override("k") != nil || len(h.list()) != 0 || storage.Exists(context.Background(), h.file("brief")) {
+	if z.Override("k") != nil || len(h.List()) != 0 || storage.Exists(context.Background(), h.file("brief")) {
 		t.Error("a lapsed override is still held")
 	}
 }
@@ -161,7 +162,7 @@ func TestParseOverrideByZoneKind(t *testing.T) {
 		{adaptive, `{"match":{"key":"k"},"exempt":true}`, ""},
 		{adaptive, `{"match":{"prefix":"bot-"},"deny":true,"expires":"1h"}`, ""},
 	} {
-		rec, err := parseOverride(tc.z, "id", "test", strings.NewReader(tc.body), time.Now())
+		rec, err := ParseOverride(tc.z, "id", "test", strings.NewReader(tc.body), time.Now())
 		switch {
 		case tc.want == "" && err != nil:
 			t.Errorf("%s %s: %v", tc.z.Name, tc.body, err)
@@ -174,11 +175,11 @@ func TestParseOverrideByZoneKind(t *testing.T) {
 		}
 	}
 	// An exact key is stored as the zone stores it; a CIDR masked.
-	rec, _ := parseOverride(rate, "id", "t", strings.NewReader(`{"match":{"key":"10.1.2.3"},"exempt":true}`), time.Now())
+	rec, _ := ParseOverride(rate, "id", "t", strings.NewReader(`{"match":{"key":"10.1.2.3"},"exempt":true}`), time.Now())
 	if *rec.Match.Key != "10.1.2.0/24" {
 		t.Errorf("key stored as %q, want the zone's 10.1.2.0/24", *rec.Match.Key)
 	}
-	rec, _ = parseOverride(rate, "id", "t", strings.NewReader(`{"match":{"cidr":"10.1.2.3/16"},"exempt":true}`), time.Now())
+	rec, _ = ParseOverride(rate, "id", "t", strings.NewReader(`{"match":{"cidr":"10.1.2.3/16"},"exempt":true}`), time.Now())
 	if *rec.Match.CIDR != "10.1.0.0/16" {
 		t.Errorf("cidr stored as %q, want 10.1.0.0/16", *rec.Match.CIDR)
 	}
@@ -188,10 +189,10 @@ func TestParseOverrideByZoneKind(t *testing.T) {
 // what it read from the store: O(log N), the rest of the set is shared.
 func BenchmarkOverrideChangeAt10k(b *testing.B) {
 	c := zones.Config{Name: "api", Events: 5, Window: time.Minute}
-	h := &overrideHolder{name: "api", logger: zap.NewNop(), records: map[string]overrideRecord{}, cfg: c}
-	rec := func(i, events int) overrideRecord {
+	h := &OverrideHolder{name: "api", logger: zap.NewNop(), records: map[string]OverrideRecord{}, cfg: c}
+	rec := func(i, events int) OverrideRecord {
 		prefix := fmt.Sprintf("tenant-%05d-", i)
-		return overrideRecord{ID: fmt.Sprintf("o%05d", i), Match: overrideMatch{Prefix: &prefix}, Events: int64(events), Window: "1m"}
+		return OverrideRecord{Override: adminapi.Override{ID: fmt.Sprintf("o%05d", i), Match: adminapi.OverrideMatch{Prefix: &prefix}, Events: int64(events), Window: "1m"}}
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -214,4 +215,4 @@ func BenchmarkOverrideChangeAt10k(b *testing.B) {
 }
 
 // overrideChange applies one record read from the store; h.mu is held.
-func overrideChange(h *overrideHolder, r overrideRecord) { h.apply(r.ID, &r) }
+func overrideChange(h *OverrideHolder, r OverrideRecord) { h.apply(r.ID, &r) }

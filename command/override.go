@@ -1,4 +1,4 @@
-package ratelimit
+package command
 
 import (
 	"encoding/json"
@@ -9,6 +9,8 @@ import (
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
+
+	"github.com/caddy-tally/ratelimit/internal/adminapi"
 )
 
 // overrideCommand is `caddy rate-limit override set|list|rm`: the admin
@@ -115,7 +117,7 @@ func cliOverrideSet(c *cli, zone, id string) error {
 	if c.json {
 		return c.printJSON(answer)
 	}
-	var rec overrideRecord
+	var rec adminapi.Override
 	if err := json.Unmarshal(answer, &rec); err != nil {
 		return fmt.Errorf("reading the admin API's answer: %v", err)
 	}
@@ -124,7 +126,7 @@ func cliOverrideSet(c *cli, zone, id string) error {
 }
 
 func cliOverrideList(c *cli, zone string) error {
-	var l overridesInfo
+	var l adminapi.OverridesInfo
 	printed, err := c.get(zonePath(zone)+"/overrides", &l)
 	if printed || err != nil {
 		return err
@@ -144,7 +146,7 @@ func cliOverrideList(c *cli, zone string) error {
 	return tw.Flush()
 }
 
-func overrideMatchText(m overrideMatch) string {
+func overrideMatchText(m adminapi.OverrideMatch) string {
 	switch {
 	case m.Key != nil:
 		return "key " + quoteKey(*m.Key)
@@ -156,7 +158,7 @@ func overrideMatchText(m overrideMatch) string {
 	return "?"
 }
 
-func overrideLimitText(r overrideRecord) string {
+func overrideLimitText(r adminapi.Override) string {
 	switch {
 	case r.Exempt:
 		return "exempt"

@@ -1,4 +1,10 @@
-package ratelimit
+// Package command is `caddy rate-limit`: the CLI that inspects and resets
+// the rate limits of a running Caddy through its admin API (tally's
+// /rate_limit/ routes), printing for people unless asked for JSON. It reads
+// the API's answers as internal/adminapi's types and knows nothing else of
+// the handler: it talks to a running Caddy, never to a zone. The root
+// package imports it, so that a Caddy built with tally has the command.
+package command
 
 import (
 	"bytes"
@@ -23,7 +29,9 @@ import (
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
 
+	"github.com/caddy-tally/ratelimit/internal/adminapi"
 	"github.com/caddy-tally/ratelimit/internal/topk"
+	"github.com/caddy-tally/ratelimit/internal/usage"
 )
 
 func init() {
@@ -77,7 +85,7 @@ reset --base64 and that value to name it.
 					return cliTop(newCLI(cmd), args[0], n)
 				},
 			}
-			top.Flags().IntP("n", "n", defaultTopN, "How many keys to show")
+			top.Flags().IntP("n", "n", adminapi.DefaultTopN, "How many keys to show")
 			cmd.AddCommand(top)
 			cmd.AddCommand(&cobra.Command{
 				Use:     "bans <zone>",
@@ -317,7 +325,7 @@ func zonePath(zone string) string { return "/rate_limit/zones/" + url.PathEscape
 func keyPath(zone, key string) string { return zonePath(zone) + "/keys?key=" + url.QueryEscape(key) }
 
 func cliZones(c *cli) error {
-	var zs []zoneInfo
+	var zs []adminapi.ZoneInfo
 	if printed, err := c.get("/rate_limit/zones", &zs); printed || err != nil {
 		return err
 	}
@@ -328,7 +336,7 @@ func cliZones(c *cli) error {
 	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ZONE\tLIMIT\tBURST\tMODE\tFAIL POLICY\tKEYS\tREDIS")
 	for _, z := range zs {
-		limit, burst := strconv.FormatInt(z.Events, 10)+"/"+shortDuration(z.Window), strconv.FormatInt(z.Burst, 10)
+		limit, burst := strconv.FormatInt(z.Events, 10)+"/"+adminapi.ShortDuration(z.Window), strconv.FormatInt(z.Burst, 10)
 		switch {
 		case z.Concurrency > 0 && z.Layer == "connection":
 			limit, burst = strconv.FormatInt(z.Concurrency, 10)+" connections open", "-"
@@ -388,7 +396,7 @@ func seconds(s float64) string {
 }
 
 func cliKey(c *cli, zone, key string) error {
-	var k keyInfo
+	var k adminapi.KeyInfo
 	printed, err := c.get(keyPath(zone, key), &k)
 	var nf errNotFound
 	if errors.As(err, &nf) {
@@ -400,13 +408,13 @@ func cliKey(c *cli, zone, key string) error {
 		}
 		if z.Concurrency > 0 {
 			if c.json {
-				return c.printJSONValue(keyInfo{Zone: zone, keyName: newKeyName(key), Concurrency: z.Concurrency, Remaining: z.Concurrency})
+				return c.printJSONValue(adminapi.KeyInfo{Zone: zone, KeyName: adminapi.NewKeyName(key), Concurrency: z.Concurrency, Remaining: z.Concurrency})
 			}
 			_, err := fmt.Fprintf(c.out, "zone %s, key %s: not limited, 0 of %d slots in use\n", printable(zone), quoteKey(key), z.Concurrency)
 			return err
 		}
 		if c.json {
-			return c.printJSONValue(keyInfo{Zone: zone, keyName: newKeyName(key), Remaining: z.Burst})
+			return c.printJSONValue(adminapi.KeyInfo{Zone: zone, KeyName: adminapi.NewKeyName(key), Remaining: z.Burst})
 		}
 		_, err := fmt.Fprintf(c.out, "zone %s, key %s: not tracked (no state: its next request has the full limit, %d)\n", printable(zone), quoteKey(key), z.Burst)
 		return err
@@ -427,7 +435,7 @@ func cliKey(c *cli, zone, key string) error {
 			state = "LIMITED"
 		}
 		_, err = fmt.Fprintf(c.out, "zone %s, key %q: %s, %s of %s used, %s remaining until %s (in %s)\n",
-			zone, key, state, k.amount(*k.Used), k.amount(k.Quota), k.amount(k.Remaining), k.PeriodEnd, seconds(k.ResetAfter))
+			zone, key, state, amount(k.USDFields, *k.Used), amount(k.USDFields, k.Quota), amount(k.USDFields, k.Remaining), k.PeriodEnd, seconds(k.ResetAfter))
 		return err
 	case k.InUse != nil:
 		if k.Remaining == 0 {
@@ -443,9 +451,9 @@ func cliKey(c *cli, zone, key string) error {
 		_, err = fmt.Fprintf(c.out, "zone %s, key %s%s: LIMITED, 0 remaining, may send again in %s, full again in %s\n",
 			printable(zone), quoteKey(key), stored, seconds(k.RetryAfter), seconds(k.ResetAfter))
 	case k.ResetAfter <= 0 && k.Remaining >= k.Burst:
-		_, err = fmt.Fprintf(c.out, "zone %s, key %s%s: at its full limit, %s remaining\n", printable(zone), quoteKey(key), stored, k.amount(k.Remaining))
+		_, err = fmt.Fprintf(c.out, "zone %s, key %s%s: at its full limit, %s remaining\n", printable(zone), quoteKey(key), stored, amount(k.USDFields, k.Remaining))
 	default:
-		_, err = fmt.Fprintf(c.out, "zone %s, key %s%s: not limited, %s remaining, full again in %s\n", printable(zone), quoteKey(key), stored, k.amount(k.Remaining), seconds(k.ResetAfter))
+		_, err = fmt.Fprintf(c.out, "zone %s, key %s%s: not limited, %s remaining, full again in %s\n", printable(zone), quoteKey(key), stored, amount(k.USDFields, k.Remaining), seconds(k.ResetAfter))
 	}
 	return c.printFleet(k, err)
 }
@@ -453,7 +461,7 @@ func cliKey(c *cli, zone, key string) error {
 // printFleet adds an async zone's fleet view of a key under the line that
 // said what its next request on this instance gets (after err, the first
 // line's error, which it returns unless it has one of its own).
-func (c *cli) printFleet(k keyInfo, err error) error {
+func (c *cli) printFleet(k adminapi.KeyInfo, err error) error {
 	if err != nil || k.Source != "instance" {
 		return err
 	}
@@ -470,10 +478,10 @@ func (c *cli) printFleet(k keyInfo, err error) error {
 
 // findZone returns the zone named name, or an error listing the zones there
 // are.
-func (c *cli) findZone(name string) (zoneInfo, error) {
-	var zs []zoneInfo
+func (c *cli) findZone(name string) (adminapi.ZoneInfo, error) {
+	var zs []adminapi.ZoneInfo
 	if err := c.fetch("/rate_limit/zones", &zs); err != nil {
-		return zoneInfo{}, err
+		return adminapi.ZoneInfo{}, err
 	}
 	names := make([]string, 0, len(zs))
 	for _, z := range zs {
@@ -486,7 +494,7 @@ func (c *cli) findZone(name string) (zoneInfo, error) {
 	if len(names) > 0 {
 		has = "zones " + strings.Join(names, ", ")
 	}
-	return zoneInfo{}, fmt.Errorf("unknown zone %s: the running config has %s", strconv.Quote(name), printable(has))
+	return adminapi.ZoneInfo{}, fmt.Errorf("unknown zone %s: the running config has %s", strconv.Quote(name), printable(has))
 }
 
 // printJSONValue prints v as the admin API writes JSON: not HTML-escaped.
@@ -504,7 +512,7 @@ func cliTop(c *cli, zone string, n int) error {
 	if n < 1 {
 		return fmt.Errorf("-n %d: want a positive number of keys", n)
 	}
-	var top topInfo
+	var top adminapi.TopInfo
 	if len(c.addresses) > 1 {
 		var err error
 		if top, err = c.mergedTop(zone, n); err != nil {
@@ -551,7 +559,7 @@ func cliTop(c *cli, zone string, n int) error {
 		case k.StateError != "":
 			state = "unknown: " + printable(k.StateError)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\n", quoteKey(k.raw()), denials, state)
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", quoteKey(k.Raw()), denials, state)
 	}
 	return tw.Flush()
 }
@@ -560,14 +568,14 @@ func cliTop(c *cli, zone string, n int) error {
 // the error bounds (topk.Merge). Each instance is asked for more keys than
 // shown, which tightens the bounds. A key's state is the strictest any
 // instance reports (in local mode each instance has its own).
-func (c *cli) mergedTop(zone string, n int) (topInfo, error) {
+func (c *cli) mergedTop(zone string, n int) (adminapi.TopInfo, error) {
 	var (
 		sums  []topk.Summary
-		state = map[string]offenderInfo{}
-		out   = topInfo{Zone: zone, View: "merged", Addresses: c.addresses}
+		state = map[string]adminapi.OffenderInfo{}
+		out   = adminapi.TopInfo{Zone: zone, View: "merged", Addresses: c.addresses}
 	)
 	for _, addr := range c.addresses {
-		var t topInfo
+		var t adminapi.TopInfo
 		err := c.at(addr).fetch(zonePath(zone)+"/top?n="+strconv.Itoa(max(2*n, 40)), &t)
 		if errors.As(err, new(errNotFound)) {
 			_, err = c.at(addr).findZone(zone)
@@ -577,7 +585,7 @@ func (c *cli) mergedTop(zone string, n int) (topInfo, error) {
 		}
 		sum := topk.Summary{Since: t.Since.UnixNano(), Total: t.Denials, Floor: t.Floor}
 		for _, k := range t.Keys {
-			key := k.raw() // keys that are not UTF-8 are told apart by their bytes
+			key := k.Raw() // keys that are not UTF-8 are told apart by their bytes
 			sum.Top = append(sum.Top, topk.Entry{Key: key, Count: k.Denials, Error: k.Error})
 			s, seen := state[key]
 			switch {
@@ -592,7 +600,7 @@ func (c *cli) mergedTop(zone string, n int) (topInfo, error) {
 	}
 	fleet := topk.Merge(n, sums...)
 	out.Since, out.Denials, out.Floor = time.Unix(0, fleet.Since), fleet.Total, fleet.Floor
-	out.Keys = make([]offenderInfo, 0, len(fleet.Top))
+	out.Keys = make([]adminapi.OffenderInfo, 0, len(fleet.Top))
 	for _, e := range fleet.Top {
 		k := state[e.Key]
 		k.Denials, k.Error = e.Count, e.Error
@@ -602,7 +610,7 @@ func (c *cli) mergedTop(zone string, n int) (topInfo, error) {
 }
 
 func cliBans(c *cli, zone string) error {
-	var b bansInfo
+	var b adminapi.BansInfo
 	printed, err := c.get(zonePath(zone)+"/bans", &b)
 	if printed || err != nil {
 		return err
@@ -714,9 +722,18 @@ type errNotTracked struct{ errNotFound }
 func resetJSON(zone, key string, instances int, outcomes []resetOutcome) any {
 	return struct {
 		Zone string `json:"zone"`
-		keyName
+		adminapi.KeyName
 		Reset     bool           `json:"reset"`
 		Instances int            `json:"instances"`
 		Addresses []resetOutcome `json:"addresses,omitempty"`
-	}{zone, newKeyName(key), instances > 0, instances, outcomes}
+	}{zone, adminapi.NewKeyName(key), instances > 0, instances, outcomes}
+}
+
+// amount is n as the CLI writes it: in dollars ("$0.009870") in a usd
+// zone.
+func amount(f adminapi.USDFields, n int64) string {
+	if f.Unit == "" {
+		return strconv.FormatInt(n, 10)
+	}
+	return "$" + usage.FormatUSD(n)
 }

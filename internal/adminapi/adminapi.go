@@ -1,0 +1,285 @@
+// Package adminapi is the admin API's wire: the JSON that the /rate_limit/
+// routes answer (the root package's admin.go and overrides.go) and that
+// `caddy rate-limit` (package command) reads back. Both sides use these
+// types, so that what one writes the other reads field for field.
+//
+// It imports only the standard library: the CLI links it without the
+// handler, and nothing here decides or stores anything.
+package adminapi
+
+import (
+	"encoding/base64"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// ZoneInfo is a zone as GET /rate_limit/zones shows it. Fields that mean
+// nothing for a zone's kind are left out: events, window and burst for
+// concurrency and quota zones, fail_policy for connection zones.
+type ZoneInfo struct {
+	Name          string     `json:"name"`
+	Events        int64      `json:"events,omitempty"`
+	Window        string     `json:"window,omitempty"`
+	WindowSeconds float64    `json:"window_seconds,omitempty"`
+	Burst         int64      `json:"burst,omitempty"`
+	Mode          string     `json:"mode"`
+	FailPolicy    string     `json:"fail_policy,omitempty"`
+	DryRun        bool       `json:"dry_run"`
+	LocalKeys     int        `json:"local_keys"`
+	Store         *StoreInfo `json:"store,omitempty"`
+
+	Concurrency int64      `json:"concurrency,omitempty"` // concurrency zones only
+	Quota       *QuotaInfo `json:"quota,omitempty"`       // quota zones only
+	Delay       string     `json:"delay,omitempty"`       // zones with delay, with queue and waiting
+	Queue       int64      `json:"queue,omitempty"`
+	Waiting     *int64     `json:"waiting,omitempty"`
+	Layer       string     `json:"layer,omitempty"`  // "connection" for a listener wrapper's zone
+	Scope       string     `json:"scope,omitempty"`  // "global" (with Region) or "region" when distributed
+	Region      string     `json:"region,omitempty"` // this instance's
+}
+
+// QuotaInfo is a quota zone's limit and the period it is in on this
+// instance's clock, times in RFC 3339 with the zone's offset.
+type QuotaInfo struct {
+	Limit       int64  `json:"limit"`
+	Per         string `json:"per"`
+	TimeZone    string `json:"time_zone"`
+	PeriodStart string `json:"period_start"`
+	PeriodEnd   string `json:"period_end"`
+}
+
+// StoreInfo is a distributed zone's Redis as GET /rate_limit/zones shows
+// it.
+type StoreInfo struct {
+	OK bool `json:"ok"`
+	// Failing: calls fail (twice in a row or more) but the breaker still
+	// lets them through. BreakerOpenSince is when the outage began.
+	Failing          bool       `json:"failing,omitempty"`
+	BreakerOpenSince *time.Time `json:"breaker_open_since,omitempty"`
+	Instances        int        `json:"instances"`
+	// The last error Redis gave about one key, and when.
+	LastProblem   string     `json:"last_problem,omitempty"`
+	LastProblemAt *time.Time `json:"last_problem_at,omitempty"`
+	// On a Redis Cluster, the masters the store cannot reach now.
+	Unreachable []NodeOutage `json:"unreachable_nodes,omitempty"`
+}
+
+// NodeOutage is one unreachable Redis Cluster master.
+type NodeOutage struct {
+	Node  string    `json:"node"`
+	Since time.Time `json:"since"`
+}
+
+// KeyInfo is a key as GET /rate_limit/zones/<zone>/keys/<key> shows it:
+// its state now (the one read, zones.Ticket.Read, as rate_limit_status
+// reports it) and the limit it is under, by its zone's kind. Durations are
+// in seconds.
+type KeyInfo struct {
+	Zone string `json:"zone"`
+	KeyName
+	// The key as the zone stores it (masked, hashed), when it is not the
+	// key given.
+	StoredAs   string  `json:"stored_as,omitempty"`
+	Remaining  int64   `json:"remaining"`
+	RetryAfter float64 `json:"retry_after"`
+	ResetAfter float64 `json:"reset_after"`
+	// Rate zones: the limit the key is under (its plan).
+	Events        int64   `json:"events,omitempty"`
+	Window        string  `json:"window,omitempty"`
+	WindowSeconds float64 `json:"window_seconds,omitempty"`
+	Burst         int64   `json:"burst,omitempty"`
+	// Quota zones: the units used this period, of quota, and the period
+	// in RFC 3339 with the zone's offset.
+	Used        *int64 `json:"used,omitempty"`
+	Quota       int64  `json:"quota,omitempty"`
+	Per         string `json:"per,omitempty"`
+	TimeZone    string `json:"time_zone,omitempty"`
+	PeriodStart string `json:"period_start,omitempty"`
+	PeriodEnd   string `json:"period_end,omitempty"`
+	// Concurrency zones: the key's requests in flight (fleet-wide when
+	// distributed), of its limit of them.
+	InUse       *int64 `json:"in_use,omitempty"`
+	Concurrency int64  `json:"concurrency,omitempty"`
+	// "local", "redis" or, in async mode, "instance": this instance's
+	// lease of the key, with Redis's view in Fleet (or FleetError).
+	Source     string     `json:"source"`
+	Fleet      *FleetView `json:"fleet,omitempty"`
+	FleetError string     `json:"fleet_error,omitempty"`
+	BannedFor  float64    `json:"banned_for,omitempty"` // zones with ban
+	BanLevel   int        `json:"ban_level,omitempty"`
+	// Scope global zones: this region's share of the key's limit (0 to
+	// 1), which remaining, events and burst are scaled to.
+	Share  *float64 `json:"share,omitempty"`
+	Region string   `json:"region,omitempty"`
+	// Override is the operator's override the key is decided under, when
+	// one covers it: the limit above is then its limit.
+	Override *Override `json:"override,omitempty"`
+	// usd zones: remaining, quota or burst, and used in dollars.
+	USDFields
+}
+
+// FleetView is a key of an async zone as Redis holds it. Durations are in
+// seconds.
+type FleetView struct {
+	Remaining  int64   `json:"remaining"`
+	RetryAfter float64 `json:"retry_after"`
+	ResetAfter float64 `json:"reset_after"`
+}
+
+// KeyName is how the admin API names a key in its answers: "key" is the key
+// as text; JSON would turn a byte that is not UTF-8 into U+FFFD, so such a
+// key also has "key_base64", its bytes, which GET and DELETE take back as
+// ?key_base64= and `caddy rate-limit key|reset --base64` as the key.
+type KeyName struct {
+	Key       string `json:"key"`
+	KeyBase64 string `json:"key_base64,omitempty"`
+}
+
+// NewKeyName is key as the answers name it.
+func NewKeyName(key string) KeyName {
+	if utf8.ValidString(key) {
+		return KeyName{Key: key}
+	}
+	return KeyName{Key: strings.ToValidUTF8(key, "\uFFFD"), KeyBase64: base64.StdEncoding.EncodeToString([]byte(key))}
+}
+
+// Raw is the key itself.
+func (k KeyName) Raw() string {
+	if k.KeyBase64 != "" {
+		if b, err := base64.StdEncoding.DecodeString(k.KeyBase64); err == nil {
+			return string(b)
+		}
+	}
+	return k.Key
+}
+
+// DecodeKeyBase64 reads a key given as ?key_base64=. A '+' that reached us
+// unescaped in a query string reads as a space, which base64 never holds:
+// it is taken back.
+func DecodeKeyBase64(s string) (string, error) {
+	b, err := base64.StdEncoding.DecodeString(strings.ReplaceAll(s, " ", "+"))
+	if err != nil {
+		return "", fmt.Errorf("key_base64=%q is not standard base64 (RFC 4648 §4, padded, query-escaped): %v", s, err)
+	}
+	return string(b), nil
+}
+
+// BansInfo is GET /rate_limit/zones/<zone>/bans: the zone's current bans,
+// longest left first, at most 1000 (those ending last).
+type BansInfo struct {
+	Zone string `json:"zone"`
+	// "fleet": every instance's bans, from Redis; "instance": the bans
+	// this instance knows of (local mode).
+	View string    `json:"view"`
+	Bans []BanInfo `json:"bans"`
+}
+
+// BanInfo is one banned key of BansInfo.
+type BanInfo struct {
+	KeyName
+	BannedFor float64 `json:"banned_for"`          // seconds left
+	BanLevel  int     `json:"ban_level,omitempty"` // when known
+}
+
+// PartialReset is the answer to a DELETE that reset this instance's state
+// but got no answer from Redis.
+type PartialReset struct {
+	Error       string   `json:"error"`
+	Reset       []string `json:"reset"`
+	Unconfirmed []string `json:"unconfirmed"`
+}
+
+// DefaultTopN is how many keys GET .../top returns without ?n=, and how
+// many `caddy rate-limit top` shows without -n.
+const DefaultTopN = 20
+
+// TopInfo is GET /rate_limit/zones/<zone>/top: the keys this instance
+// denied most over the last one to two zones.OffendersPeriod, from the
+// zone's fixed-size sketch. Each key's true denial count lies in
+// [denials-error, denials], and no key missing from the list was denied
+// more than floor times (which lets `caddy rate-limit top` merge
+// instances).
+type TopInfo struct {
+	Zone      string         `json:"zone"`
+	View      string         `json:"view"`                // "instance": this Caddy's denials only; "merged" by the CLI
+	Addresses []string       `json:"addresses,omitempty"` // the admin addresses the CLI merged
+	Since     time.Time      `json:"since"`               // start of the window counted
+	Denials   uint64         `json:"denials"`             // every denial in the window, all keys
+	Floor     uint64         `json:"floor"`               // most denials of a key not listed
+	Capacity  int            `json:"capacity"`            // keys tracked per period
+	DryRun    bool           `json:"dry_run,omitempty"`   // the denials are a dry run's would-be denials
+	Keys      []OffenderInfo `json:"keys"`
+}
+
+// OffenderInfo is one key of the top list, with its state now.
+type OffenderInfo struct {
+	KeyName
+	Denials    uint64  `json:"denials"`
+	Error      uint64  `json:"error"`
+	Limited    bool    `json:"limited"`   // denied if it sent a request now (concurrency zones: no slot free)
+	Remaining  int64   `json:"remaining"` // quota left (concurrency zones: free slots)
+	RetryAfter float64 `json:"retry_after"`
+	ResetAfter float64 `json:"reset_after"`
+	BannedFor  float64 `json:"banned_for,omitempty"`  // zones with ban: the seconds its ban has left
+	StateError string  `json:"state_error,omitempty"` // the store could not be read
+}
+
+// OverrideMatch says which keys an override covers: exactly one field.
+type OverrideMatch struct {
+	Key    *string `json:"key,omitempty"`
+	Prefix *string `json:"prefix,omitempty"`
+	CIDR   *string `json:"cidr,omitempty"`
+}
+
+// Override is an override as the admin API shows it and as it is stored
+// (in Redis or Caddy's storage).
+type Override struct {
+	ID     string        `json:"id"`
+	Match  OverrideMatch `json:"match"`
+	Events int64         `json:"events,omitempty"`
+	Window string        `json:"window,omitempty"`
+	Burst  int64         `json:"burst,omitempty"`
+	Limit  int64         `json:"limit,omitempty"` // quota zones
+	N      int64         `json:"n,omitempty"`     // concurrency zones
+	Exempt bool          `json:"exempt,omitempty"`
+	Deny   bool          `json:"deny,omitempty"`
+	// Expires is RFC 3339, "" for never.
+	Expires string `json:"expires,omitempty"`
+	Reason  string `json:"reason,omitempty"`
+	SetBy   string `json:"set_by"` // the admin request's remote address
+	SetAt   string `json:"set_at"` // RFC 3339, to the nanosecond
+}
+
+// OverridesInfo is GET /rate_limit/zones/<zone>/overrides.
+type OverridesInfo struct {
+	Zone      string     `json:"zone"`
+	View      string     `json:"view"` // "fleet" (Redis) or "instance" (local zones)
+	Overrides []Override `json:"overrides"`
+}
+
+// USDFields are a usd zone's amounts in dollars, beside the integers (in
+// micro-dollars) of the status, admin key and CLI views: exact decimal
+// strings with six decimals, such as "19.873412".
+type USDFields struct {
+	Unit         string `json:"unit,omitempty"` // "usd-micro" in a usd zone
+	LimitUSD     string `json:"limit_usd,omitempty"`
+	RemainingUSD string `json:"remaining_usd,omitempty"`
+	UsedUSD      string `json:"used_usd,omitempty"` // quota zones
+}
+
+// ShortDuration turns Go's "1h0m0s" into "1h", as the answers write
+// durations.
+func ShortDuration(s string) string {
+	if d, err := time.ParseDuration(s); err == nil {
+		s = d.String()
+		if strings.HasSuffix(s, "m0s") {
+			s = s[:len(s)-2]
+		}
+		if strings.HasSuffix(s, "h0m") {
+			s = s[:len(s)-2]
+		}
+	}
+	return s
+}

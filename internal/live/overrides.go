@@ -1,0 +1,817 @@
+package live
+
+// Overrides: an operator's runtime exceptions to a zone's limit, set
+// through the admin API (the root package's serveOverrides: PUT/GET/DELETE
+// /rate_limit/zones/<zone>/overrides) and resolved per request by package
+// zones. Strict and async zones keep them in Redis
+// (distributed/overrides.go), every instance polling the zone's changes;
+// local zones keep them per instance in Caddy's storage. Either way a zone
+// name's overrides live in one holder pooled by name and store, so that a
+// reload never drops them, and a holder on a new store (the zone changed
+// mode) starts with those of the one it replaces.
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"maps"
+	"net/http"
+	"net/netip"
+	"path"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/certmagic"
+	"go.uber.org/zap"
+
+	"github.com/caddy-tally/ratelimit/internal/adminapi"
+	"github.com/caddy-tally/ratelimit/zones"
+)
+
+// Bounds on an override's fields.
+const (
+	maxOverrideBody   = 16 << 10
+	maxOverrideID     = 128
+	maxOverrideReason = 1024
+	maxOverrideExpiry = 100 * 365 * 24 * time.Hour
+	// overridePoll is how often an instance reads what changed in a
+	// distributed zone's overrides (and drops lapsed overrides). A change made on
+	// another instance is heard at once on the resets channel; the poll
+	// bounds the wait when that message is lost (a subscription down).
+	overridePoll = 250 * time.Millisecond
+)
+
+// OverrideRecord is an override as the admin API shows it and as it is
+// stored (in Redis or Caddy's storage), its wire form embedded so that its
+// JSON is adminapi.Override's, with what this instance keeps beside it.
+type OverrideRecord struct {
+	adminapi.Override
+	// version orders the changes: the store's version of the record, a
+	// local zone's set_at.
+	version int64
+	// resolved is the record as the zone resolves it, kept so that a
+	// change re-reads only the record it changed (nil: not yet).
+	resolved *zones.Override
+}
+
+// overrideBody is PUT's body: a record whose expires may also be a
+// duration from now.
+type overrideBody struct {
+	Match   *adminapi.OverrideMatch `json:"match"`
+	Events  *int64                  `json:"events"`
+	Window  *string                 `json:"window"`
+	Burst   *int64                  `json:"burst"`
+	Limit   *int64                  `json:"limit"`
+	N       *int64                  `json:"n"`
+	Exempt  bool                    `json:"exempt"`
+	Deny    bool                    `json:"deny"`
+	Expires string                  `json:"expires"`
+	Reason  string                  `json:"reason"`
+}
+
+// fieldError is a bad body's 400: which field and why.
+func fieldError(field, why string, args ...any) error {
+	return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("%s: %s", field, fmt.Sprintf(why, args...))}
+}
+
+// checkText reports what is wrong with a text field: too long, not UTF-8,
+// or holding a control character.
+func checkText(field, s string, maxLen int) error {
+	switch {
+	case len(s) > maxLen:
+		return fieldError(field, "longer than %d bytes", maxLen)
+	case !utf8.ValidString(s):
+		return fieldError(field, "not valid UTF-8")
+	case strings.IndexFunc(s, unicode.IsControl) >= 0:
+		return fieldError(field, "holds a control character")
+	}
+	return nil
+}
+
+// CheckOverrideID reports what is wrong with an override id: 1 to 128 of
+// letters, digits, '.', '_' and '-', not "." or "..".
+func CheckOverrideID(id string) error {
+	ok := id != "" && len(id) <= maxOverrideID && id != "." && id != ".."
+	for _, c := range id {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
+			ok = false
+		}
+	}
+	if !ok {
+		return fieldError("id", "%q must be 1 to %d letters, digits, '.', '_' or '-' (not . or ..)", strings.ToValidUTF8(id, "?"), maxOverrideID)
+	}
+	return nil
+}
+
+// ParseOverride reads a PUT body for zone z's override id, set by from at
+// now, into the record to store; a bad body is a 400 naming the field.
+func ParseOverride(z *zones.Zone, id, from string, body io.Reader, now time.Time) (OverrideRecord, error) {
+	if err := CheckOverrideID(id); err != nil {
+		return OverrideRecord{}, err
+	}
+	raw, err := io.ReadAll(io.LimitReader(body, maxOverrideBody+1))
+	if err != nil {
+		return OverrideRecord{}, caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("reading the body: %v", err)}
+	}
+	if len(raw) > maxOverrideBody {
+		return OverrideRecord{}, caddy.APIError{HTTPStatus: http.StatusRequestEntityTooLarge, Err: fmt.Errorf("body: larger than %d bytes", maxOverrideBody)}
+	}
+	var b overrideBody
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&b); err != nil {
+		return OverrideRecord{}, fieldError("body", "not a JSON object of an override (match, events, window, burst, limit, n, exempt, deny, expires, reason): %v", err)
+	}
+	if dec.More() {
+		return OverrideRecord{}, fieldError("body", "more than one JSON value")
+	}
+	rec := OverrideRecord{Override: adminapi.Override{ID: id, Exempt: b.Exempt, Deny: b.Deny, Reason: b.Reason, SetBy: from, SetAt: now.UTC().Format(time.RFC3339Nano)}}
+	if err := checkText("reason", b.Reason, maxOverrideReason); err != nil {
+		return rec, err
+	}
+	if rec.Match, err = checkMatch(z, b.Match); err != nil {
+		return rec, err
+	}
+	if rec.Expires, err = parseExpires(b.Expires, now); err != nil {
+		return rec, err
+	}
+	limits := b.Events != nil || b.Window != nil || b.Burst != nil || b.Limit != nil || b.N != nil
+	switch {
+	case b.Exempt && b.Deny:
+		return rec, fieldError("exempt", "an override is exempt or deny, not both")
+	case (b.Exempt || b.Deny) && limits:
+		return rec, fieldError("exempt", "exempt and deny take no limit: remove events, window, burst, limit and n")
+	case b.Exempt || b.Deny:
+		return rec, nil
+	}
+	switch {
+	case z.IsAdaptive():
+		return rec, fieldError("n", "an adaptive zone's limit follows the upstream: its override is exempt or deny")
+	case z.IsConcurrency():
+		if b.N == nil || b.Events != nil || b.Window != nil || b.Burst != nil || b.Limit != nil {
+			return rec, fieldError("n", "a concurrency zone's override takes n, the requests in flight per key (or exempt or deny)")
+		}
+		if *b.N < 1 || *b.N > zones.MaxEvents {
+			return rec, fieldError("n", "must be a whole number from 1 to 2^40")
+		}
+		rec.N = *b.N
+	case z.IsQuota():
+		if b.Limit == nil || b.Events != nil || b.Window != nil || b.Burst != nil || b.N != nil {
+			return rec, fieldError("limit", "a quota zone's override takes limit, the units per %s (or exempt or deny)", z.Period)
+		}
+		if *b.Limit < 1 || *b.Limit > zones.MaxEvents {
+			return rec, fieldError("limit", "must be a whole number from 1 to 2^40")
+		}
+		rec.Limit = *b.Limit
+	default:
+		if b.Limit != nil || b.N != nil {
+			return rec, fieldError("events", "a rate zone's override takes events and window (and burst), not limit or n")
+		}
+		if b.Events == nil || b.Window == nil {
+			return rec, fieldError("events", "a rate zone's override needs events and window (e.g. \"events\": 50, \"window\": \"1m\"), or exempt or deny")
+		}
+		var burst int64
+		if b.Burst != nil {
+			if burst = *b.Burst; burst < 1 {
+				return rec, fieldError("burst", "must be a whole number from 1 to 2^40")
+			}
+		}
+		w, err := caddy.ParseDuration(*b.Window)
+		if err != nil {
+			return rec, fieldError("window", "%q is not a duration such as 1m", *b.Window)
+		}
+		if _, err := zones.NewPlan(*b.Events, w, burst); err != nil {
+			field := "events"
+			switch {
+			case errors.Is(err, zones.ErrWindow):
+				field = "window"
+			case errors.Is(err, zones.ErrBurst), errors.Is(err, zones.ErrSpan):
+				field = "burst"
+			}
+			return rec, fieldError(field, "%v", err)
+		}
+		rec.Events, rec.Window, rec.Burst = *b.Events, adminapi.ShortDuration(w.String()), burst
+	}
+	return rec, nil
+}
+
+// checkMatch checks an override's match against zone z and returns it as
+// stored: an exact key as the zone stores it (masked, hashed), a CIDR
+// masked.
+func checkMatch(z *zones.Zone, m *adminapi.OverrideMatch) (adminapi.OverrideMatch, error) {
+	if m == nil {
+		return adminapi.OverrideMatch{}, fieldError("match", "required: {\"key\": …}, {\"prefix\": …} or {\"cidr\": …}")
+	}
+	n := 0
+	for _, p := range []*string{m.Key, m.Prefix, m.CIDR} {
+		if p != nil {
+			n++
+		}
+	}
+	if n != 1 {
+		return adminapi.OverrideMatch{}, fieldError("match", "give exactly one of key, prefix and cidr")
+	}
+	switch {
+	case m.Key != nil:
+		if err := checkText("match.key", *m.Key, zones.MaxKeyLength); err != nil {
+			return adminapi.OverrideMatch{}, err
+		}
+		k := *m.Key
+		if a, err := netip.ParseAddr(k); err == nil {
+			k = a.Unmap().String() // as requests carry it: 2001:DB8::5 is 2001:db8::5
+		}
+		k = z.Config.Key(k)
+		return adminapi.OverrideMatch{Key: &k}, nil
+	case m.Prefix != nil:
+		if *m.Prefix == "" {
+			return adminapi.OverrideMatch{}, fieldError("match.prefix", "empty: it would cover every key (set the zone's limit instead)")
+		}
+		return *m, checkText("match.prefix", *m.Prefix, zones.MaxKeyLength)
+	}
+	p, err := netip.ParsePrefix(*m.CIDR)
+	if err != nil {
+		return adminapi.OverrideMatch{}, fieldError("match.cidr", "%q is not a CIDR such as 203.0.113.0/24", strings.ToValidUTF8(*m.CIDR, "?"))
+	}
+	if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
+		// Keys are stored unmapped: a mapped CIDR covers them as IPv4.
+		p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
+	}
+	family, zoneBits := "ipv6_prefix", z.IPv6Prefix
+	if p.Addr().Is4() {
+		family, zoneBits = "ipv4_prefix", z.IPv4Prefix
+	}
+	switch {
+	case p.Bits() == 0:
+		return adminapi.OverrideMatch{}, fieldError("match.cidr", "%s covers every address (set the zone's limit instead)", p)
+	case zoneBits > 0 && p.Bits() > zoneBits:
+		return adminapi.OverrideMatch{}, fieldError("match.cidr", "%s is narrower than the zone's %s %d: every key of the zone is a /%d, so it would cover none (use /%d or wider)",
+			p, family, zoneBits, zoneBits, zoneBits)
+	}
+	s := p.Masked().String()
+	return adminapi.OverrideMatch{CIDR: &s}, nil
+}
+
+// parseExpires reads expires: "" (never), a duration from now, or an RFC
+// 3339 time in the future; it returns RFC 3339.
+func parseExpires(s string, now time.Time) (string, error) {
+	if s == "" {
+		return "", nil
+	}
+	var at time.Time
+	if d, err := caddy.ParseDuration(s); err == nil {
+		if d <= 0 || d > maxOverrideExpiry {
+			return "", fieldError("expires", "%q must be a positive duration of at most 100 years", s)
+		}
+		at = now.Add(d)
+	} else if at, err = time.Parse(time.RFC3339Nano, s); err != nil {
+		return "", fieldError("expires", "%q is neither a duration such as 2h nor an RFC 3339 time", strings.ToValidUTF8(s, "?"))
+	} else if !at.After(now) || at.Sub(now) > maxOverrideExpiry {
+		return "", fieldError("expires", "%q must be in the future, within 100 years", s)
+	}
+	return at.UTC().Format(time.RFC3339Nano), nil
+}
+
+// setAt is when the record was set, Unix ns.
+func (r OverrideRecord) setAt() int64 {
+	t, _ := time.Parse(time.RFC3339Nano, r.SetAt)
+	return t.UnixNano()
+}
+
+// expiresAt is the record's expiry, zero for never.
+func (r OverrideRecord) expiresAt() time.Time {
+	t, _ := time.Parse(time.RFC3339Nano, r.Expires)
+	return t
+}
+
+// override is the record as zone c resolves it, or an error when it does
+// not fit c's kind (the zone changed kind since it was set).
+func (r OverrideRecord) override(c zones.Config) (*zones.Override, error) {
+	o := &zones.Override{ID: r.ID, Exempt: r.Exempt, Deny: r.Deny}
+	if t := r.expiresAt(); !t.IsZero() {
+		o.Expires = t.UnixNano()
+	}
+	switch m := r.Match; {
+	case m.Key != nil:
+		o.Key = *m.Key
+	case m.Prefix != nil:
+		o.Prefix = *m.Prefix
+	case m.CIDR != nil:
+		p, err := netip.ParsePrefix(*m.CIDR)
+		if err != nil {
+			return nil, err
+		}
+		o.CIDR = p
+	default:
+		return nil, zones.ErrOverrideMatch
+	}
+	if r.Exempt || r.Deny {
+		return o, nil
+	}
+	var err error
+	switch {
+	case c.IsConcurrency() && r.N > 0:
+		o.Plan = zones.ConcurrencyPlan(r.N)
+	case c.IsQuota() && r.Limit > 0:
+		o.Plan = zones.QuotaPlan(r.Limit)
+	case !c.IsConcurrency() && !c.IsQuota() && r.Events > 0:
+		var w time.Duration
+		if w, err = caddy.ParseDuration(r.Window); err == nil {
+			o.Plan, err = zones.NewPlan(r.Events, w, r.Burst)
+		}
+	default:
+		err = errors.New("its limit does not fit the zone's kind")
+	}
+	return o, err
+}
+
+// overrideHolders holds each zone name's overrides, by store, across
+// reloads.
+var overrideHolders = caddy.NewUsagePool()
+
+// liveHolders is every holder in overrideHolders by zone name: a holder
+// made for a zone that moved to another store (a reload that changes its
+// mode) carries the overrides of the one it replaces.
+var liveHolders struct {
+	sync.Mutex
+	byName map[string][]*OverrideHolder
+}
+
+// OverrideHolder is one zone name's overrides on one store (or in this
+// instance's storage): the records, the set requests read, and the loop
+// that follows changes and expiries.
+type OverrideHolder struct {
+	name    string
+	set     zones.Overrides
+	logger  *zap.Logger
+	remote  *zones.OverrideStore // distributed zones, else nil
+	storage certmagic.Storage    // local zones
+	dir     string               // local zones: the records' folder in storage, a file per override ("": none stored yet, no instance id)
+
+	follows sync.Mutex // distributed: serialises reads of the store, so that they apply in order
+	mu      sync.Mutex // serialises changes, loads and rebuilds
+	records map[string]OverrideRecord
+	cfg     zones.Config      // the zone's latest definition, which records resolve under
+	at      zones.OverridesAt // distributed: the point of the store last read
+	next    time.Time         // the earliest expiry among the records, zero if none
+
+	stop, done chan struct{}
+	moved      chan struct{} // distributed: another instance changed them
+	unlisten   func()
+}
+
+// overrideDir is where local zones' overrides are kept in Caddy's storage:
+// <dir>/<instance id>/<zone>/<id>.json, a file per override, so that a
+// change writes one.
+const overrideDir = "tally/overrides"
+
+// LoadOverrideHolder returns the holder of zone cfg's overrides on remote
+// (nil: local, in ctx's storage), and its key in the pool. A new holder of
+// a zone name that another live holder keeps (on another store: the zone
+// changed mode) starts with that holder's overrides.
+func LoadOverrideHolder(ctx caddy.Context, cfg zones.Config, remote *zones.OverrideStore, storeKey string, logger *zap.Logger) (*OverrideHolder, string, error) {
+	key := "local\x00" + cfg.Name
+	if remote != nil {
+		key = storeKey + "\x00" + cfg.Name
+	}
+	v, _, err := overrideHolders.LoadOrNew(key, func() (caddy.Destructor, error) {
+		h := &OverrideHolder{name: cfg.Name, logger: logger.Named("overrides"), remote: remote, records: map[string]OverrideRecord{},
+			cfg: cfg, stop: make(chan struct{}), done: make(chan struct{})}
+		if remote == nil {
+			// The instance id is read, not created: an instance without one
+			// has stored no override, and `caddy validate` writes nothing.
+			h.storage = ctx.Storage()
+			if instance, ok := InstanceID(); ok {
+				h.dir = path.Join(overrideDir, instance, cfg.Name)
+			}
+		}
+		if remote != nil {
+			h.moved = make(chan struct{}, 1)
+			h.unlisten = remote.Moved(cfg.Name, h.moved)
+		}
+		liveHolders.Lock()
+		carried := slices.Clone(liveHolders.byName[cfg.Name])
+		if liveHolders.byName == nil {
+			liveHolders.byName = map[string][]*OverrideHolder{}
+		}
+		liveHolders.byName[cfg.Name] = append(liveHolders.byName[cfg.Name], h)
+		liveHolders.Unlock()
+		if len(carried) > 0 {
+			h.carry(carried[len(carried)-1].List())
+		}
+		h.load(context.Background())
+		go h.loop()
+		return h, nil
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	h := v.(*OverrideHolder)
+	h.mu.Lock()
+	if h.cfg != cfg {
+		h.cfg = cfg
+		for id, r := range h.records {
+			r.resolved = nil // resolved again under the new definition
+			h.records[id] = r
+		}
+		h.rebuild(time.Now())
+	}
+	h.mu.Unlock()
+	return h, key, nil
+}
+
+// carry makes list, a zone's overrides on the store it leaves, the new
+// holder's: a store keeps those of its own it already holds (another
+// instance moved first), a local zone's storage takes list as it is.
+func (h *OverrideHolder) carry(list []OverrideRecord) {
+	if h.remote != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), overridesCall)
+		defer cancel()
+		if _, err := h.remote.Restore(ctx, h.name, storedInOrder(list)); err != nil {
+			h.logger.Warn("carrying the zone's overrides to its new store", zap.String("zone", h.name), zap.Error(err))
+		}
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.loadStorage(context.Background())
+	keep := map[string]bool{}
+	for _, r := range list {
+		keep[r.ID] = true
+		if err := h.save(r); err != nil {
+			h.logger.Warn("carrying an override to the instance's storage", zap.String("zone", h.name), zap.String("id", r.ID), zap.Error(err))
+		}
+	}
+	for id := range h.records {
+		if !keep[id] {
+			if err := h.erase(id); err != nil {
+				h.logger.Warn("removing an override the zone no longer holds from storage", zap.String("zone", h.name), zap.String("id", id), zap.Error(err))
+			}
+		}
+	}
+}
+
+// stored is the record as a store keeps it.
+func (r OverrideRecord) stored() zones.StoredOverride {
+	data, _ := json.Marshal(r)
+	return zones.StoredOverride{ID: r.ID, Expires: r.expiresAt(), Record: data}
+}
+
+// overridesCall bounds one call to the store about a zone's overrides.
+const overridesCall = 2 * time.Second
+
+// Destruct stops the holder's loop (caddy.Destructor).
+func (h *OverrideHolder) Destruct() error {
+	liveHolders.Lock()
+	liveHolders.byName[h.name] = slices.DeleteFunc(liveHolders.byName[h.name], func(o *OverrideHolder) bool { return o == h })
+	if len(liveHolders.byName[h.name]) == 0 {
+		delete(liveHolders.byName, h.name)
+	}
+	liveHolders.Unlock()
+	if h.unlisten != nil {
+		h.unlisten()
+	}
+	close(h.stop)
+	<-h.done
+	return nil
+}
+
+func (h *OverrideHolder) loop() {
+	defer close(h.done)
+	tick := time.NewTicker(overridePoll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-h.stop:
+			return
+		case <-tick.C:
+		case <-h.moved: // nil for a local zone
+		}
+		if h.remote != nil {
+			h.load(context.Background())
+		}
+		h.mu.Lock()
+		if now := time.Now(); !h.next.IsZero() && !now.Before(h.next) {
+			h.rebuild(now) // an override lapsed
+		}
+		h.mu.Unlock()
+	}
+}
+
+// load reads the records from storage, or what changed in the store, and
+// rebuilds the set. A store that lost the overrides this instance read
+// from it (a new epoch, or none at all) is given this instance's copies
+// back, with one WARN when this instance is the one that restored them:
+// an emptied store never reads as every override removed.
+func (h *OverrideHolder) load(ctx context.Context) {
+	if h.remote == nil {
+		h.mu.Lock()
+		h.loadStorage(ctx)
+		h.rebuild(time.Now())
+		h.mu.Unlock()
+		forgetDenials(h.name)
+		return
+	}
+	h.follows.Lock()
+	defer h.follows.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, overridesCall)
+	defer cancel()
+	h.mu.Lock()
+	at := h.at
+	h.mu.Unlock()
+	read, err := h.remote.Read(ctx, h.name, at)
+	if err != nil {
+		if at.Epoch == "" {
+			h.logger.Warn("reading the zone's overrides from Redis", zap.String("zone", h.name), zap.Error(err))
+		}
+		return
+	}
+	var copies []OverrideRecord
+	if at.Epoch != "" && read.At.Epoch != at.Epoch {
+		h.mu.Lock()
+		copies = h.live(time.Now()) // only loads change the records, and h.follows is held
+		h.mu.Unlock()
+	}
+	if len(copies) > 0 {
+		n, err := h.remote.Restore(ctx, h.name, storedInOrder(copies))
+		if err != nil {
+			h.logger.Warn("Redis lost the zone's overrides and restoring them failed; this instance keeps its copies and retries", zap.String("zone", h.name), zap.Error(err))
+			return
+		}
+		if n > 0 {
+			h.logger.Warn("Redis lost the zone's overrides: restored from this instance's copies", zap.String("zone", h.name), zap.Int("restored", n))
+		}
+		if read, err = h.remote.Read(ctx, h.name, zones.OverridesAt{}); err != nil {
+			return
+		}
+	}
+	if read.At == at && len(read.Changes) == 0 {
+		return
+	}
+	h.mu.Lock()
+	if read.All {
+		h.records = map[string]OverrideRecord{}
+		h.set.Store(nil)
+	}
+	for _, s := range read.Changes {
+		var r OverrideRecord
+		if s.Record == nil {
+			h.apply(s.ID, nil)
+		} else if json.Unmarshal(s.Record, &r) == nil && r.ID == s.ID {
+			r.version = s.Version
+			h.apply(r.ID, &r)
+		}
+	}
+	h.at = read.At
+	h.mu.Unlock()
+	forgetDenials(h.name)
+}
+
+// loadStorage reads a local zone's records from storage; h.mu is held.
+func (h *OverrideHolder) loadStorage(ctx context.Context) {
+	records := map[string]OverrideRecord{}
+	if h.dir == "" {
+		h.records = records
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, RestoreTimeout)
+	defer cancel()
+	files, err := h.storage.List(ctx, h.dir, false)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		h.logger.Warn("reading the zone's overrides from storage", zap.String("zone", h.name), zap.Error(err))
+	}
+	for _, f := range files {
+		data, err := h.storage.Load(ctx, f)
+		var r OverrideRecord
+		if err == nil {
+			err = json.Unmarshal(data, &r)
+		}
+		if err != nil || path.Base(f) != r.ID+".json" {
+			h.logger.Warn("an override in storage is unreadable; skipped", zap.String("zone", h.name), zap.String("file", f), zap.Error(err))
+			continue
+		}
+		r.version = r.setAt()
+		records[r.ID] = r
+	}
+	h.records = records
+}
+
+// storedInOrder is records as a store restores them, in the order of
+// their changes: Restore versions them in the order given, so that of two
+// overrides of the same match the latest change stays in force.
+func storedInOrder(records []OverrideRecord) []zones.StoredOverride {
+	slices.SortStableFunc(records, func(a, b OverrideRecord) int { return cmp.Compare(a.version, b.version) })
+	stored := make([]zones.StoredOverride, 0, len(records))
+	for _, r := range records {
+		stored = append(stored, r.stored())
+	}
+	return stored
+}
+
+// live is the records in force at now, by id; h.mu is held.
+func (h *OverrideHolder) live(now time.Time) []OverrideRecord {
+	out := make([]OverrideRecord, 0, len(h.records))
+	for _, id := range slices.Sorted(maps.Keys(h.records)) {
+		if r := h.records[id]; r.expiresAt().IsZero() || now.Before(r.expiresAt()) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// apply makes the set hold r, resolved under the zone's definition, in
+// place of the override id, or drops id when r is nil; h.mu is held. It
+// costs O(log N) at N overrides: the new set shares the rest of the old
+// one, and requests move to it with one atomic store. A lapsed record
+// stays until the loop's rebuild drops it; lookups pass it over.
+func (h *OverrideHolder) apply(id string, r *OverrideRecord) {
+	set := h.set.Load().Without(id)
+	delete(h.records, id)
+	if r != nil {
+		if exp := r.expiresAt(); !exp.IsZero() && (h.next.IsZero() || exp.Before(h.next)) {
+			h.next = exp
+		}
+		o, err := r.override(h.cfg)
+		if err != nil {
+			h.logger.Warn("an override does not fit the zone; ignored", zap.String("zone", h.name), zap.String("id", id), zap.Error(err))
+		} else if with, err := set.With(o, r.version); err == nil {
+			r.resolved, set = o, with
+		}
+		h.records[id] = *r
+	}
+	h.set.Store(set)
+}
+
+// rebuild drops lapsed records and makes the set from the others under
+// the zone's definition; h.mu is held. It is O(N): it runs when the
+// definition changes or an override lapses, not on a change.
+func (h *OverrideHolder) rebuild(now time.Time) {
+	h.next = time.Time{}
+	var set *zones.OverrideSet
+	for id, r := range h.records {
+		exp := r.expiresAt()
+		if !exp.IsZero() && !now.Before(exp) {
+			delete(h.records, id)
+			if h.remote == nil {
+				if err := h.erase(id); err != nil {
+					h.logger.Warn("removing a lapsed override from storage", zap.String("zone", h.name), zap.String("id", id), zap.Error(err))
+				}
+			}
+			continue
+		}
+		if !exp.IsZero() && (h.next.IsZero() || exp.Before(h.next)) {
+			h.next = exp
+		}
+		if r.resolved == nil {
+			o, err := r.override(h.cfg)
+			if err != nil {
+				h.logger.Warn("an override does not fit the zone; ignored", zap.String("zone", h.name), zap.String("id", id), zap.Error(err))
+				continue
+			}
+			r.resolved = o
+			h.records[id] = r
+		}
+		if with, err := set.With(r.resolved, r.version); err == nil {
+			set = with
+		}
+	}
+	h.set.Store(set)
+}
+
+// file is where a local zone keeps override id.
+func (h *OverrideHolder) file(id string) string { return path.Join(h.dir, id+".json") }
+
+// save writes a local zone's record to storage, creating Caddy's instance
+// id on the first one; h.mu is held.
+func (h *OverrideHolder) save(r OverrideRecord) error {
+	data, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	if h.dir == "" {
+		instance, err := CreateInstanceID()
+		if err != nil {
+			return fmt.Errorf("reading the instance id: %v", err)
+		}
+		h.dir = path.Join(overrideDir, instance, h.name)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), SnapshotTimeout)
+	defer cancel()
+	return h.storage.Store(ctx, h.file(r.ID), data)
+}
+
+// erase deletes a local zone's override id from storage.
+func (h *OverrideHolder) erase(id string) error {
+	if h.dir == "" {
+		return nil // nothing was stored
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), SnapshotTimeout)
+	defer cancel()
+	if err := h.storage.Delete(ctx, h.file(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// errTooManyOverrides is the 4xx of a zone that holds the most overrides.
+var errTooManyOverrides = caddy.APIError{HTTPStatus: http.StatusConflict,
+	Err: fmt.Errorf("the zone holds %d overrides, the most it can: remove some (DELETE …/overrides/<id>) first", zones.MaxOverrides)}
+
+// Put stores rec, replacing the override of its id.
+func (h *OverrideHolder) Put(ctx context.Context, rec OverrideRecord) error {
+	if h.remote != nil {
+		if _, err := h.remote.Put(ctx, h.name, rec.stored()); err != nil {
+			if errors.Is(err, zones.ErrTooManyOverrides) {
+				return errTooManyOverrides
+			}
+			return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("storing the override in Redis: %v", err)}
+		}
+		h.load(ctx)
+		return nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if now := time.Now(); !h.next.IsZero() && !now.Before(h.next) {
+		h.rebuild(now) // lapsed ones do not count
+	}
+	if _, had := h.records[rec.ID]; !had && len(h.records) >= zones.MaxOverrides {
+		return errTooManyOverrides
+	}
+	if err := h.save(rec); err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("storing the override in Caddy's storage: %v", err)}
+	}
+	rec.version = rec.setAt()
+	h.apply(rec.ID, &rec)
+	forgetDenials(h.name)
+	return nil
+}
+
+// Remove deletes the override id; false when there is none.
+func (h *OverrideHolder) Remove(ctx context.Context, id string) (bool, error) {
+	if h.remote != nil {
+		found, err := h.remote.Delete(ctx, h.name, id)
+		if err != nil {
+			return false, caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("removing the override from Redis: %v", err)}
+		}
+		h.load(ctx)
+		return found, nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := h.records[id]; !ok {
+		return false, nil
+	}
+	if err := h.erase(id); err != nil {
+		return false, caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("removing the override from Caddy's storage: %v", err)}
+	}
+	h.apply(id, nil)
+	forgetDenials(h.name)
+	return true, nil
+}
+
+// List is the overrides in force, by id.
+func (h *OverrideHolder) List() []OverrideRecord {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.live(time.Now())
+}
+
+// Lookup is the record of the override in force for a stored key.
+func (h *OverrideHolder) Lookup(z *zones.Zone, key string) (OverrideRecord, bool) {
+	o := z.Override(key)
+	if o == nil {
+		return OverrideRecord{}, false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	r, ok := h.records[o.ID]
+	return r, ok
+}
+
+// forgetDenials drops the deny caches of every zone named name on this
+// instance: a denial cached under the old limit must not outlive it.
+func forgetDenials(name string) {
+	for _, z := range Registered(name) {
+		z.ForgetDenials()
+	}
+}
+
+// Set is the zone's overrides as requests read them (zones.Zone.UseOverrides).
+func (h *OverrideHolder) Set() *zones.Overrides { return &h.set }
+
+// Fleet reports whether the overrides are the fleet's (kept in Redis), not
+// this instance's alone (a local zone's, in Caddy's storage).
+func (h *OverrideHolder) Fleet() bool { return h.remote != nil }
+
+// ReleaseOverrideHolder gives back the holder LoadOverrideHolder returned
+// the key of: the last release stops it.
+func ReleaseOverrideHolder(key string) { _, _ = overrideHolders.Delete(key) }
