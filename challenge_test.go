@@ -69,7 +69,7 @@ func TestChallengeJSONChecked(t *testing.T) {
 		{Challenge{Window: caddy.Duration(time.Hour)}, "events 600 and window 1h"},
 		{Challenge{Difficulty: 11, MaxEvents: 1, Window: 1}, "from 1 to 10"},
 	} {
-		if err := c.ch.check(); err == nil || !strings.Contains(err.Error(), c.want) {
+		if err := c.ch.Check(); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: %v, want %q", c.ch, err, c.want)
 		}
 	}

@@ -3,9 +3,7 @@ package ratelimit
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -13,94 +11,14 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
+	"github.com/caddy-tally/ratelimit/config"
 	"github.com/caddy-tally/ratelimit/distributed"
 	"github.com/caddy-tally/ratelimit/internal/live"
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// Distributed shares zone state across Caddy instances through Redis.
-type Distributed struct {
-	// The Redis server, Sentinel set or Cluster. Required.
-	Redis *Redis `json:"redis,omitempty"`
-
-	// "strict" (default): every decision is one atomic script in Redis,
-	// exact across any number of instances. "async": decide locally and
-	// reconcile with Redis every sync_interval.
-	Mode string `json:"mode,omitempty"`
-
-	// How often async mode reconciles with Redis. Default: 100ms.
-	SyncInterval caddy.Duration `json:"sync_interval,omitempty"`
-
-	// mholt/caddy-ratelimit's name for how often it reads the shared
-	// state, accepted so that its configs load unchanged: in async mode,
-	// without sync_interval, the larger of read_interval and write_interval
-	// is the sync interval; in strict mode, which asks Redis on every
-	// request, it is accepted and ignored (unlike sync_interval, which
-	// strict mode refuses).
-	ReadInterval caddy.Duration `json:"read_interval,omitempty"`
-
-	// mholt/caddy-ratelimit's name for how often it writes the shared
-	// state, accepted as read_interval is (and ignored in strict mode).
-	WriteInterval caddy.Duration `json:"write_interval,omitempty"`
-
-	// The longest a request waits for Redis before the zone's fail policy
-	// decides, for all of a request's zones and handlers together.
-	// Default: 50ms.
-	Timeout caddy.Duration `json:"timeout,omitempty"`
-
-	// Starts every Redis key tally writes. Default: "tally:".
-	KeyPrefix string `json:"key_prefix,omitempty"`
-
-	// This region's name, one of global's regions: the Redis above is
-	// this region's, and zones with scope global share their limit with
-	// the other regions through global. Required with global.
-	Region string `json:"region,omitempty"`
-
-	// The global store that shares scope global zones' limits between
-	// regions (see Global).
-	Global *Global `json:"global,omitempty"`
-}
-
-// Redis says how to reach Redis. Every field may use global placeholders
-// such as {env.REDIS_PASSWORD}.
-type Redis struct {
-	// host:port or redis:// / rediss:// URLs (which may carry user,
-	// password and db). Several addresses are a Redis Cluster, or the
-	// Sentinels when sentinel_master is set.
-	Addresses []string `json:"addresses,omitempty"`
-
-	// The ACL user to log in as (Redis 6 and later), instead of the
-	// default user; overrides a user in the URLs. With Sentinel, the
-	// master's user.
-	Username string `json:"username,omitempty"`
-
-	// The password to log in with (AUTH); overrides a password in the
-	// URLs. Use a placeholder such as {env.REDIS_PASSWORD}: Caddy shows
-	// the config, this field included, in GET /config/ and its autosave
-	// file. With Sentinel, the master's password.
-	Password string `json:"password,omitempty"`
-
-	// The database number (SELECT); overrides one in the URLs. Default: 0.
-	// A Redis Cluster has only database 0.
-	DB int `json:"db,omitempty"`
-
-	// The name of the master the Sentinels at addresses watch.
-	SentinelMaster string `json:"sentinel_master,omitempty"`
-	// Use TLS (implied by rediss:// URLs and by the tls_* files).
-	TLS bool `json:"tls,omitempty"`
-	// A PEM file of the CAs that sign Redis's certificate, when it is not
-	// signed by one the system trusts.
-	TLSCA string `json:"tls_ca,omitempty"`
-	// A client certificate (PEM file), for a Redis started with
-	// tls-auth-clients; tls_key is its key.
-	TLSCert string `json:"tls_cert,omitempty"`
-
-	// The private key (PEM file) of tls_cert.
-	TLSKey string `json:"tls_key,omitempty"`
-}
-
-// open checks the setting and returns its pooled store (live.OpenStore).
-func (dist *Distributed) open(logger *zap.Logger) (zones.Store, live.Backend, string, error) {
+// openStore checks dist and returns its pooled store (live.OpenStore).
+func openStore(dist *Distributed, logger *zap.Logger) (zones.Store, live.Backend, string, error) {
 	switch dist.Mode {
 	case "", "strict", "async":
 	default:
@@ -109,14 +27,14 @@ func (dist *Distributed) open(logger *zap.Logger) (zones.Store, live.Backend, st
 	if dist.Redis == nil || len(dist.Redis.Addresses) == 0 {
 		return nil, live.Backend{}, "", errors.New("distributed: redis needs at least one address, e.g. redis://127.0.0.1:6379")
 	}
-	if len(dist.KeyPrefix) > maxKeyPrefix {
-		return nil, live.Backend{}, "", fmt.Errorf("distributed: key_prefix is longer than %d bytes: use a shorter one", maxKeyPrefix)
+	if len(dist.KeyPrefix) > config.MaxKeyPrefix {
+		return nil, live.Backend{}, "", fmt.Errorf("distributed: key_prefix is longer than %d bytes: use a shorter one", config.MaxKeyPrefix)
 	}
-	syncInterval, err := dist.syncInterval(logger)
+	syncInterval, err := dist.ReconcileInterval(logger)
 	if err != nil {
 		return nil, live.Backend{}, "", err
 	}
-	opts, err := dist.Redis.options(logger)
+	opts, err := redisOptions(dist.Redis, logger)
 	if err != nil {
 		return nil, live.Backend{}, "", err
 	}
@@ -125,10 +43,10 @@ func (dist *Distributed) open(logger *zap.Logger) (zones.Store, live.Backend, st
 	return live.OpenStore(opts, logger)
 }
 
-// options is the connection part of the store's settings, placeholders
+// redisOptions is the connection part of the store's settings, placeholders
 // replaced and addresses checked (the redis block of distributed and of
 // its global block).
-func (r *Redis) options(logger *zap.Logger) (distributed.Options, error) {
+func redisOptions(r *Redis, logger *zap.Logger) (distributed.Options, error) {
 	repl := caddy.NewReplacer()
 	opts := distributed.Options{
 		Username:       repl.ReplaceAll(r.Username, ""),
@@ -142,7 +60,7 @@ func (r *Redis) options(logger *zap.Logger) (distributed.Options, error) {
 	}
 	for _, raw := range r.Addresses {
 		a := repl.ReplaceAll(raw, "")
-		if err := checkAddress(a); err != nil {
+		if err := config.CheckAddress(a); err != nil {
 			return opts, fmt.Errorf("distributed: redis: %v", err)
 		}
 		if inlinePassword(raw) && !warnedInlinePassword.Swap(true) {
@@ -152,61 +70,6 @@ func (r *Redis) options(logger *zap.Logger) (distributed.Options, error) {
 		opts.Addresses = append(opts.Addresses, a)
 	}
 	return opts, nil
-}
-
-// syncInterval is the async sync interval the settings give: sync_interval,
-// else the larger of mholt/caddy-ratelimit's read_interval and
-// write_interval, else 0 (the default, 100ms). Strict mode refuses
-// sync_interval, tally's own setting, and ignores the other two, which
-// mholt's configs carry whatever the mode, saying so in the log.
-func (dist *Distributed) syncInterval(logger *zap.Logger) (time.Duration, error) {
-	if dist.Mode != "async" {
-		if dist.SyncInterval != 0 {
-			return 0, errors.New("distributed: sync_interval only applies to mode async (strict mode asks Redis on every request): remove it or set mode async")
-		}
-		if dist.ReadInterval != 0 || dist.WriteInterval != 0 {
-			logger.Info("read_interval and write_interval have no effect in strict mode, which asks Redis on every request; with mode async they set the sync interval")
-		}
-		return 0, nil
-	}
-	if dist.SyncInterval < 0 || dist.ReadInterval < 0 || dist.WriteInterval < 0 {
-		return 0, errors.New("distributed: sync_interval must be a positive duration, e.g. 100ms")
-	}
-	if dist.SyncInterval != 0 {
-		return time.Duration(dist.SyncInterval), nil
-	}
-	return time.Duration(max(dist.ReadInterval, dist.WriteInterval)), nil
-}
-
-// maxKeyPrefix is the longest key_prefix.
-const maxKeyPrefix = 128
-
-// checkAddress reports what is wrong with a Redis address (host:port, or a
-// redis:// or rediss:// URL) without repeating its password.
-func checkAddress(a string) error {
-	shown := distributed.Options{Addresses: []string{a}}.Redacted()
-	hostport := a
-	if scheme, _, ok := strings.Cut(a, "://"); ok {
-		if scheme != "redis" && scheme != "rediss" {
-			return fmt.Errorf("address %s: scheme %q is not supported: use redis:// or rediss://", shown, scheme)
-		}
-		u, err := url.Parse(a)
-		if err != nil {
-			return fmt.Errorf("address %s is not a valid URL", shown)
-		}
-		if u.Port() == "" && !strings.HasSuffix(u.Host, ":") {
-			return nil // the default port, 6379
-		}
-		hostport = u.Host
-	}
-	_, port, err := net.SplitHostPort(hostport)
-	if err != nil {
-		return fmt.Errorf("address %s must be host:port (e.g. 127.0.0.1:6379) or a redis:// URL", shown)
-	}
-	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		return fmt.Errorf("address %s: port %q must be a number from 1 to 65535", shown, port)
-	}
-	return nil
 }
 
 // inlinePassword reports whether a Redis URL carries a password.
