@@ -49,7 +49,7 @@ func (h *Directive) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	// global block (which may come after it).
 	var globalZone string
 	var globalLine int
-	err := subdirectives(d, nil, "", func(sub string) (err error) {
+	err := Subdirectives(d, nil, "", func(sub string) (err error) {
 		switch sub {
 		case "zone":
 			var name string
@@ -80,11 +80,11 @@ func (h *Directive) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.Persist = new(Persist)
 			err = h.Persist.unmarshalCaddyfile(d)
 		case "log_key":
-			err = noArgs(d, &h.LogKey)
+			err = NoArgs(d, &h.LogKey)
 		case "disable_metrics":
-			err = noArgs(d, &h.DisableMetrics)
+			err = NoArgs(d, &h.DisableMetrics)
 		case "dry_run":
-			err = noArgs(d, &h.DryRun)
+			err = NoArgs(d, &h.DryRun)
 		default:
 			err = d.Errf("unknown subdirective %q: expected zone, distributed, persist, headers, status, jitter, sweep_interval, log_key, disable_metrics or dry_run", sub)
 		}
@@ -107,7 +107,7 @@ func (h *Directive) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 func unmarshalAdaptive(d *caddyfile.Dispenser) (*Adaptive, error) {
 	a := new(Adaptive)
 	line := d.Line()
-	err := subdirectives(d, nil, "adaptive: ", func(sub string) (err error) {
+	err := Subdirectives(d, nil, "adaptive: ", func(sub string) (err error) {
 		switch sub {
 		case "latency":
 			if a.Latency, err = durationArg(d); err == nil && (a.Latency <= 0 || time.Duration(a.Latency) > zones.MaxAdaptiveTarget) {
@@ -154,11 +154,11 @@ func unmarshalPriority(d *caddyfile.Dispenser) (*Priority, error) {
 	return &Priority{Placeholder: args[0], Classes: args[1:]}, nil
 }
 
-// subdirectives calls f for each subdirective of the block d's token opens,
+// Subdirectives calls f for each subdirective of the block d's token opens,
 // refusing an argument left on that token's line and a subdirective given
 // twice (twice starts that error) unless it is repeatable, and returns f's
 // first error. seen, when not nil, records the subdirectives.
-func subdirectives(d *caddyfile.Dispenser, seen map[string]bool, twice string, f func(sub string) error, repeatable ...string) error {
+func Subdirectives(d *caddyfile.Dispenser, seen map[string]bool, twice string, f func(sub string) error, repeatable ...string) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
@@ -178,27 +178,37 @@ func subdirectives(d *caddyfile.Dispenser, seen map[string]bool, twice string, f
 	return nil
 }
 
+// ZoneName reads the name of the zone block whose `zone` token d is on,
+// which must not name one of the zones defined before it in the same block
+// (in: "handler", "listener wrapper").
+func ZoneName[Z any](d *caddyfile.Dispenser, defined map[string]Z, in string) (string, error) {
+	if !d.NextArg() {
+		return "", d.Err("zone needs a name: zone <name> { ... }")
+	}
+	name := d.Val()
+	if !zones.ValidName(name) {
+		return "", d.Errf("zone name %q is invalid: use letters, digits, '_' and '-' only", name)
+	}
+	if _, dup := defined[name]; dup {
+		return "", d.Errf("zone %s is defined twice in this %s: give the second one another name", name, in)
+	}
+	return name, nil
+}
+
 // parseZone reads one zone block, whose `zone` token d is on, into a Zone
 // that it adds to the zones of the same block (in: "handler"), whose names
 // it must not repeat. keyExample is the key a missing key's error suggests;
 // problem, when not nil, is what else the block's zones cannot have (the
 // listener wrapper's). lines says where each subdirective was.
 func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample string, problem func(*Zone) (string, error)) (name string, lines map[string]int, err error) {
-	if !d.NextArg() {
-		return "", nil, d.Err("zone needs a name: zone <name> { ... }")
-	}
-	name = d.Val()
-	if !zones.ValidName(name) {
-		return "", nil, d.Errf("zone name %q is invalid: use letters, digits, '_' and '-' only", name)
-	}
-	if _, dup := (*into)[name]; dup {
-		return "", nil, d.Errf("zone %s is defined twice in this %s: give the second one another name", name, in)
+	if name, err = ZoneName(d, *into, in); err != nil {
+		return "", nil, err
 	}
 	z := new(Zone)
 	lines = map[string]int{}
 	zoneLine := d.Line()
 	seen := map[string]bool{}
-	err = subdirectives(d, seen, "", func(sub string) (err error) {
+	err = Subdirectives(d, seen, "", func(sub string) (err error) {
 		lines[sub] = d.Line()
 		d, err := usdAmount(d, z, sub, lines) // `<amount> usd`: read in micro-dollars
 		if err != nil {
@@ -229,8 +239,8 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 				z.Window, err = durationArg(d)
 			default:
 				z.WindowPlaceholder = a.placeholder
-				if z.Window, err = parseDuration(d, "window", a.fallback); err == nil && a.bound != "" {
-					z.WindowAtLeast, err = parseDuration(d, "window at_least", a.bound)
+				if z.Window, err = ParseDuration(d, "window", a.fallback); err == nil && a.bound != "" {
+					z.WindowAtLeast, err = ParseDuration(d, "window at_least", a.bound)
 					if err == nil && z.WindowAtLeast > z.Window {
 						err = d.Errf("window at_least %v is longer than the fallback %v: the fallback must be within the bound", time.Duration(z.WindowAtLeast), time.Duration(z.Window))
 					}
@@ -271,7 +281,7 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 		case sub == "max_keys":
 			z.MaxKeys, err = intArg[int64](d, 1, zones.MaxMaxKeys)
 		case sub == "dry_run":
-			err = noArgs(d, &z.DryRun)
+			err = NoArgs(d, &z.DryRun)
 		case sub == "scope":
 			z.Scope, err = oneOf(d, "global", "region")
 		case sub == "quota":
@@ -390,7 +400,7 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 }
 
 func (p *Persist) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	return subdirectives(d, nil, "", func(sub string) (err error) {
+	return Subdirectives(d, nil, "", func(sub string) (err error) {
 		switch sub {
 		case "interval":
 			if p.Interval, err = durationArg(d); err == nil && time.Duration(p.Interval) < MinPersistInterval {
@@ -407,7 +417,7 @@ func (p *Persist) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 
 func (dist *Distributed) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	var syncLine, regionLine int
-	err := subdirectives(d, nil, "", func(sub string) (err error) {
+	err := Subdirectives(d, nil, "", func(sub string) (err error) {
 		switch {
 		case sub == "redis":
 			dist.Redis = new(Redis)
@@ -489,7 +499,7 @@ func (r *Redis) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 		return nil
 	}
-	err := subdirectives(d, nil, "redis: ", func(sub string) (err error) {
+	err := Subdirectives(d, nil, "redis: ", func(sub string) (err error) {
 		switch sub {
 		case "addresses":
 			if r.Addresses = d.RemainingArgs(); len(r.Addresses) == 0 {
@@ -506,7 +516,7 @@ func (r *Redis) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "sentinel_master":
 			r.SentinelMaster, err = oneArg(d)
 		case "tls":
-			err = noArgs(d, &r.TLS)
+			err = NoArgs(d, &r.TLS)
 		case "tls_ca":
 			r.TLSCA, err = oneArg(d)
 		case "tls_client":
@@ -625,12 +635,12 @@ func planInt(d *caddyfile.Dispenser, needFallback bool, lit, atMost *int64) (str
 		*lit, err = int64ArgOf(d, dir, 1, zones.MaxEvents)
 		return "", err
 	case a.fallback != "":
-		if *lit, err = parseInt64(d, dir, a.fallback, 1, zones.MaxEvents); err != nil {
+		if *lit, err = ParseInt64(d, dir, a.fallback, 1, zones.MaxEvents); err != nil {
 			return "", err
 		}
 	}
 	if a.bound != "" {
-		if *atMost, err = parseInt64(d, dir+" at_most", a.bound, 1, zones.MaxEvents); err == nil && *atMost < *lit {
+		if *atMost, err = ParseInt64(d, dir+" at_most", a.bound, 1, zones.MaxEvents); err == nil && *atMost < *lit {
 			err = d.Errf("%s at_most %d is less than the fallback %d: the fallback must be within the bound", dir, *atMost, *lit)
 		}
 	}
@@ -707,7 +717,7 @@ func readCostArgs(d *caddyfile.Dispenser, z *Zone) error {
 	z.CostPlaceholder = args[0]
 	rest := args[1:]
 	if len(rest)%2 == 1 {
-		n, err := parseInt64(d, "cost", rest[0], 1, zones.MaxEvents)
+		n, err := ParseInt64(d, "cost", rest[0], 1, zones.MaxEvents)
 		if err != nil {
 			return err
 		}
@@ -726,7 +736,7 @@ func readCostArgs(d *caddyfile.Dispenser, z *Zone) error {
 		if *dst != 0 {
 			return d.Errf("cost %s is given twice: keep one", rest[0])
 		}
-		n, err := parseInt64(d, "cost "+rest[0], rest[1], 1, zones.MaxEvents)
+		n, err := ParseInt64(d, "cost "+rest[0], rest[1], 1, zones.MaxEvents)
 		if err != nil {
 			return err
 		}
@@ -759,11 +769,11 @@ func banArgs(d *caddyfile.Dispenser) (first, most caddy.Duration, err error) {
 	if len(args) == 0 || len(args) > 2 {
 		return 0, 0, d.Err("ban takes a duration and optionally the longest escalated ban: ban 1h, or ban 10m 24h")
 	}
-	if first, err = parseDuration(d, "ban", args[0]); err != nil {
+	if first, err = ParseDuration(d, "ban", args[0]); err != nil {
 		return 0, 0, err
 	}
 	if len(args) == 2 {
-		if most, err = parseDuration(d, "ban's longest", args[1]); err != nil {
+		if most, err = ParseDuration(d, "ban's longest", args[1]); err != nil {
 			return 0, 0, err
 		}
 		if most < first {
@@ -829,12 +839,12 @@ func int64ArgOf(d *caddyfile.Dispenser, dir string, lo, hi int64) (int64, error)
 	if err != nil {
 		return 0, err
 	}
-	return parseInt64(d, dir, s, lo, hi)
+	return ParseInt64(d, dir, s, lo, hi)
 }
 
-// parseInt64 reads s, the value of setting dir, as a whole number from lo
+// ParseInt64 reads s, the value of setting dir, as a whole number from lo
 // to hi.
-func parseInt64(d *caddyfile.Dispenser, dir, s string, lo, hi int64) (int64, error) {
+func ParseInt64(d *caddyfile.Dispenser, dir, s string, lo, hi int64) (int64, error) {
 	n, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || n < lo || n > hi {
 		return 0, d.Errf("%s must be a whole number from %d to %d, not %q", dir, lo, hi, s)
@@ -848,11 +858,11 @@ func durationArg(d *caddyfile.Dispenser) (caddy.Duration, error) {
 	if err != nil {
 		return 0, err
 	}
-	return parseDuration(d, dir, s)
+	return ParseDuration(d, dir, s)
 }
 
-// parseDuration reads s, the value of setting dir, as a positive duration.
-func parseDuration(d *caddyfile.Dispenser, dir, s string) (caddy.Duration, error) {
+// ParseDuration reads s, the value of setting dir, as a positive duration.
+func ParseDuration(d *caddyfile.Dispenser, dir, s string) (caddy.Duration, error) {
 	dur, err := caddy.ParseDuration(s)
 	if err != nil || dur <= 0 {
 		return 0, d.Errf("%s must be a positive duration such as 500ms, 10s, 1m or 1h, not %q", dir, s)
@@ -860,7 +870,8 @@ func parseDuration(d *caddyfile.Dispenser, dir, s string) (caddy.Duration, error
 	return caddy.Duration(dur), nil
 }
 
-func noArgs(d *caddyfile.Dispenser, flag *bool) error {
+// NoArgs sets flag, refusing a value after the setting d is on.
+func NoArgs(d *caddyfile.Dispenser, flag *bool) error {
 	if dir := d.Val(); d.NextArg() {
 		return d.Errf("%s takes no value", dir)
 	}

@@ -63,7 +63,7 @@ func (c *Challenge) Check() error {
 func unmarshalChallenge(d *caddyfile.Dispenser) (*Challenge, error) {
 	c := new(Challenge)
 	line := d.Line()
-	err := subdirectives(d, nil, "challenge: ", func(sub string) (err error) {
+	err := Subdirectives(d, nil, "challenge: ", func(sub string) (err error) {
 		switch sub {
 		case "difficulty":
 			args := d.RemainingArgs()

@@ -184,7 +184,7 @@ type Global struct {
 // (docs/distributed.md).
 func (g *Global) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	var leaseLine int
-	err := subdirectives(d, nil, "", func(sub string) (err error) {
+	err := Subdirectives(d, nil, "", func(sub string) (err error) {
 		switch sub {
 		case "redis":
 			g.Redis = new(Redis)

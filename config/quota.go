@@ -75,7 +75,7 @@ func unmarshalQuota(d *caddyfile.Dispenser) (*Quota, error) {
 			return nil, d.Errf("quota at_most bounds the values of a placeholder: quota {plan_quota} 100000 at_most 1000000 per month")
 		}
 		var err error
-		if q.LimitAtMost, err = parseInt64(d, "quota at_most", args[at+1], 1, zones.MaxEvents); err != nil {
+		if q.LimitAtMost, err = ParseInt64(d, "quota at_most", args[at+1], 1, zones.MaxEvents); err != nil {
 			return nil, err
 		}
 		args = append(args[:at:at], args[per:]...)
@@ -99,7 +99,7 @@ func unmarshalQuota(d *caddyfile.Dispenser) (*Quota, error) {
 	}
 	if limit != "" {
 		var err error
-		if q.Limit, err = parseInt64(d, "quota", limit, 1, zones.MaxEvents); err != nil {
+		if q.Limit, err = ParseInt64(d, "quota", limit, 1, zones.MaxEvents); err != nil {
 			return nil, err
 		}
 	}
