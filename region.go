@@ -1,46 +1,19 @@
 package ratelimit
 
 import (
-	"errors"
 	"fmt"
-	"maps"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap"
 
 	"github.com/caddy-tally/ratelimit/distributed"
 	"github.com/caddy-tally/ratelimit/internal/live"
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// regionOptions is the setting of dist's region.
-func regionOptions(dist *Distributed, logger *zap.Logger) (distributed.RegionOptions, error) {
-	g := dist.Global
-	if g.Redis == nil || len(g.Redis.Addresses) == 0 {
-		return distributed.RegionOptions{}, errors.New("distributed: global needs its Redis, e.g. redis rediss://global.internal:6380")
-	}
-	gopts, err := redisOptions(g.Redis, logger)
-	if err != nil {
-		return distributed.RegionOptions{}, fmt.Errorf("distributed: global: %v", strings.TrimPrefix(err.Error(), "distributed: "))
-	}
-	gopts.KeyPrefix = dist.KeyPrefix
-	opts := distributed.RegionOptions{Region: dist.Region, Global: gopts,
-		SyncInterval: time.Duration(g.SyncInterval), Lease: time.Duration(g.Lease)}
-	for _, n := range slices.Sorted(maps.Keys(g.Regions)) {
-		opts.Regions = append(opts.Regions, distributed.RegionWeight{Name: n, Weight: g.Regions[n]})
-	}
-	if err := opts.Check(); err != nil {
-		return opts, fmt.Errorf("distributed: %v", err)
-	}
-	return opts, nil
-}
-
 // openRegion opens (or shares) the handler's region over its store.
 func (h *Handler) openRegion() error {
-	opts, err := regionOptions(h.Distributed, h.logger)
+	opts, err := h.Distributed.RegionOptions(h.logger)
 	if err != nil {
 		return err
 	}

@@ -4,10 +4,13 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -240,4 +243,95 @@ func (g *Global) unmarshalRegions(d *caddyfile.Dispenser) error {
 		g.Regions[name] = weight
 	}
 	return nil
+}
+
+// StoreOptions checks the setting and returns the store's options, the
+// Redis block's placeholders replaced.
+func (dist *Distributed) StoreOptions(logger *zap.Logger) (distributed.Options, error) {
+	switch dist.Mode {
+	case "", "strict", "async":
+	default:
+		return distributed.Options{}, fmt.Errorf("distributed: unknown mode %q: use strict or async", dist.Mode)
+	}
+	if dist.Redis == nil || len(dist.Redis.Addresses) == 0 {
+		return distributed.Options{}, errors.New("distributed: redis needs at least one address, e.g. redis://127.0.0.1:6379")
+	}
+	if len(dist.KeyPrefix) > MaxKeyPrefix {
+		return distributed.Options{}, fmt.Errorf("distributed: key_prefix is longer than %d bytes: use a shorter one", MaxKeyPrefix)
+	}
+	syncInterval, err := dist.ReconcileInterval(logger)
+	if err != nil {
+		return distributed.Options{}, err
+	}
+	opts, err := dist.Redis.Options(logger)
+	if err != nil {
+		return distributed.Options{}, err
+	}
+	opts.Timeout, opts.KeyPrefix = time.Duration(dist.Timeout), dist.KeyPrefix
+	opts.Mode, opts.SyncInterval = dist.Mode, syncInterval
+	return opts, nil
+}
+
+// Options is the connection part of the store's settings, placeholders
+// replaced and addresses checked (the redis block of distributed and of
+// its global block).
+func (r *Redis) Options(logger *zap.Logger) (distributed.Options, error) {
+	repl := caddy.NewReplacer()
+	opts := distributed.Options{
+		Username:       repl.ReplaceAll(r.Username, ""),
+		Password:       repl.ReplaceAll(r.Password, ""),
+		DB:             r.DB,
+		SentinelMaster: repl.ReplaceAll(r.SentinelMaster, ""),
+		TLS:            r.TLS,
+		TLSCAFile:      repl.ReplaceAll(r.TLSCA, ""),
+		TLSCertFile:    repl.ReplaceAll(r.TLSCert, ""),
+		TLSKeyFile:     repl.ReplaceAll(r.TLSKey, ""),
+	}
+	for _, raw := range r.Addresses {
+		a := repl.ReplaceAll(raw, "")
+		if err := CheckAddress(a); err != nil {
+			return opts, fmt.Errorf("distributed: redis: %v", err)
+		}
+		if inlinePassword(raw) && !warnedInlinePassword.Swap(true) {
+			logger.Warn("a Redis URL carries its password inline, which Caddy shows in GET /config/, its autosave file and debug logs; " +
+				"use a placeholder such as redis://:{env.REDIS_PASSWORD}@host:6379 or the password subdirective with {env.REDIS_PASSWORD}")
+		}
+		opts.Addresses = append(opts.Addresses, a)
+	}
+	return opts, nil
+}
+
+// inlinePassword reports whether a Redis URL carries a password.
+func inlinePassword(a string) bool {
+	u, err := url.Parse(a)
+	if err != nil || u.User == nil {
+		return false
+	}
+	p, ok := u.User.Password()
+	return ok && !strings.Contains(p, "{") // a placeholder is not inline
+}
+
+// warnedInlinePassword makes the inline password warning once per process.
+var warnedInlinePassword atomic.Bool
+
+// RegionOptions is the setting of dist's region.
+func (dist *Distributed) RegionOptions(logger *zap.Logger) (distributed.RegionOptions, error) {
+	g := dist.Global
+	if g.Redis == nil || len(g.Redis.Addresses) == 0 {
+		return distributed.RegionOptions{}, errors.New("distributed: global needs its Redis, e.g. redis rediss://global.internal:6380")
+	}
+	gopts, err := g.Redis.Options(logger)
+	if err != nil {
+		return distributed.RegionOptions{}, fmt.Errorf("distributed: global: %v", strings.TrimPrefix(err.Error(), "distributed: "))
+	}
+	gopts.KeyPrefix = dist.KeyPrefix
+	opts := distributed.RegionOptions{Region: dist.Region, Global: gopts,
+		SyncInterval: time.Duration(g.SyncInterval), Lease: time.Duration(g.Lease)}
+	for _, n := range slices.Sorted(maps.Keys(g.Regions)) {
+		opts.Regions = append(opts.Regions, distributed.RegionWeight{Name: n, Weight: g.Regions[n]})
+	}
+	if err := opts.Check(); err != nil {
+		return opts, fmt.Errorf("distributed: %v", err)
+	}
+	return opts, nil
 }
