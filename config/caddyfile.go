@@ -141,7 +141,7 @@ func unmarshalPriority(d *caddyfile.Dispenser) (*Priority, error) {
 	switch {
 	case len(args) < 3:
 		return nil, d.Errf("priority needs a placeholder and at least two classes, highest first: %s", example)
-	case !HasPlaceholder(args[0]):
+	case !hasPlaceholder(args[0]):
 		return nil, d.Errf("priority's first argument is the placeholder the class is read from, in braces (%q has none): %s", args[0], example)
 	case len(args)-1 > zones.MaxClasses:
 		return nil, d.Errf("priority takes at most %d classes", zones.MaxClasses)
@@ -439,8 +439,8 @@ func (dist *Distributed) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case sub == "timeout":
 			dist.Timeout, err = durationArg(d)
 		case sub == "key_prefix":
-			if dist.KeyPrefix, err = oneArg(d); err == nil && len(dist.KeyPrefix) > MaxKeyPrefix {
-				err = d.Errf("key_prefix is longer than %d bytes: use a shorter one", MaxKeyPrefix)
+			if dist.KeyPrefix, err = oneArg(d); err == nil && len(dist.KeyPrefix) > maxKeyPrefix {
+				err = d.Errf("key_prefix is longer than %d bytes: use a shorter one", maxKeyPrefix)
 			}
 		case sub == "region":
 			regionLine = d.Line()
@@ -756,7 +756,7 @@ func readCostArgs(d *caddyfile.Dispenser, z *Zone) error {
 // work. Addresses with placeholders are checked at provision time instead.
 func checkAddresses(d *caddyfile.Dispenser, addrs []string) error {
 	for _, a := range addrs {
-		if err := CheckAddress(a); err != nil && !strings.Contains(a, "{") {
+		if err := checkAddress(a); err != nil && !strings.Contains(a, "{") {
 			return d.Errf("redis: %v", err)
 		}
 	}

@@ -276,7 +276,7 @@ func TestMholtIntervalsAreTheAsyncSyncIntervalAndIgnoredInStrictMode(t *testing.
 				t.Fatal(err)
 			}
 			core, logs := observer.New(zap.InfoLevel)
-			got, err := h.Distributed.ReconcileInterval(zap.New(core))
+			got, err := h.Distributed.syncInterval(zap.New(core))
 			if err != nil || got != tc.want {
 				t.Errorf("sync interval %v (%v), want %v", got, err, tc.want)
 			}

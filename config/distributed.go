@@ -102,12 +102,12 @@ type Redis struct {
 	TLSKey string `json:"tls_key,omitempty"`
 }
 
-// ReconcileInterval is the async sync interval the settings give: sync_interval,
+// syncInterval is the async sync interval the settings give: sync_interval,
 // else the larger of mholt/caddy-ratelimit's read_interval and
 // write_interval, else 0 (the default, 100ms). Strict mode refuses
 // sync_interval, tally's own setting, and ignores the other two, which
 // mholt's configs carry whatever the mode, saying so in the log.
-func (dist *Distributed) ReconcileInterval(logger *zap.Logger) (time.Duration, error) {
+func (dist *Distributed) syncInterval(logger *zap.Logger) (time.Duration, error) {
 	if dist.Mode != "async" {
 		if dist.SyncInterval != 0 {
 			return 0, errors.New("distributed: sync_interval only applies to mode async (strict mode asks Redis on every request): remove it or set mode async")
@@ -126,12 +126,12 @@ func (dist *Distributed) ReconcileInterval(logger *zap.Logger) (time.Duration, e
 	return time.Duration(max(dist.ReadInterval, dist.WriteInterval)), nil
 }
 
-// MaxKeyPrefix is the longest key_prefix.
-const MaxKeyPrefix = 128
+// maxKeyPrefix is the longest key_prefix.
+const maxKeyPrefix = 128
 
-// CheckAddress reports what is wrong with a Redis address (host:port, or a
+// checkAddress reports what is wrong with a Redis address (host:port, or a
 // redis:// or rediss:// URL) without repeating its password.
-func CheckAddress(a string) error {
+func checkAddress(a string) error {
 	shown := distributed.Options{Addresses: []string{a}}.Redacted()
 	hostport := a
 	if scheme, _, ok := strings.Cut(a, "://"); ok {
@@ -256,10 +256,10 @@ func (dist *Distributed) StoreOptions(logger *zap.Logger) (distributed.Options, 
 	if dist.Redis == nil || len(dist.Redis.Addresses) == 0 {
 		return distributed.Options{}, errors.New("distributed: redis needs at least one address, e.g. redis://127.0.0.1:6379")
 	}
-	if len(dist.KeyPrefix) > MaxKeyPrefix {
-		return distributed.Options{}, fmt.Errorf("distributed: key_prefix is longer than %d bytes: use a shorter one", MaxKeyPrefix)
+	if len(dist.KeyPrefix) > maxKeyPrefix {
+		return distributed.Options{}, fmt.Errorf("distributed: key_prefix is longer than %d bytes: use a shorter one", maxKeyPrefix)
 	}
-	syncInterval, err := dist.ReconcileInterval(logger)
+	syncInterval, err := dist.syncInterval(logger)
 	if err != nil {
 		return distributed.Options{}, err
 	}
@@ -289,7 +289,7 @@ func (r *Redis) Options(logger *zap.Logger) (distributed.Options, error) {
 	}
 	for _, raw := range r.Addresses {
 		a := repl.ReplaceAll(raw, "")
-		if err := CheckAddress(a); err != nil {
+		if err := checkAddress(a); err != nil {
 			return opts, fmt.Errorf("distributed: redis: %v", err)
 		}
 		if inlinePassword(raw) && !warnedInlinePassword.Swap(true) {

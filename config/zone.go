@@ -338,7 +338,7 @@ func (a *Adaptive) Configure(name string, cfg *zones.Config, prio *Priority) err
 	}
 	if prio != nil {
 		switch {
-		case !HasPlaceholder(prio.Placeholder):
+		case !hasPlaceholder(prio.Placeholder):
 			return fmt.Errorf("zone %s: priority needs a placeholder and the classes, highest first: priority {http.vars.class} signed_in anonymous", name)
 		case len(prio.Classes) < 2:
 			return fmt.Errorf("zone %s: priority needs at least two classes, highest first: priority {http.vars.class} signed_in anonymous", name)
@@ -365,19 +365,19 @@ func (zc *Zone) Warn(name string, distributed bool, logger *zap.Logger) {
 		logger.Warn("fail_policy has no effect without distributed: a zone in this process has no Redis to fail, and is always enforced; remove fail_policy, or add distributed",
 			zap.String("zone", name), zap.String("fail_policy", zc.FailPolicy))
 	}
-	if !HasPlaceholder(zc.Key) && zc.Key != ConstantKey {
+	if !hasPlaceholder(zc.Key) && zc.Key != constantKey {
 		fix := "write the placeholder in braces, e.g. key {client_ip}"
 		if strings.Trim(zc.Key, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") == "" {
 			fix = "did you mean key {" + zc.Key + "}?"
 		}
-		logger.Warn("a zone's key has no placeholder: every request shares one bucket; "+fix+" (for one bucket on purpose, write key "+ConstantKey+")",
+		logger.Warn("a zone's key has no placeholder: every request shares one bucket; "+fix+" (for one bucket on purpose, write key "+constantKey+")",
 			zap.String("zone", name), zap.String("key", zc.Key))
 	}
 	// Where the handler runs is not known here (a route's order is the
 	// config's, not the handler's): the warning is given whenever an auth
 	// placeholder is read, and a request without it is logged once more
 	// (emptyKey).
-	if setting, tpl := zc.ReadsAuth(); setting != "" {
+	if setting, tpl := zc.readsAuth(); setting != "" {
 		logger.Warn("a zone reads a placeholder that authentication sets: "+AuthOrder+" (when it already runs after authentication, this line is only a reminder)",
 			zap.String("zone", name), zap.String("setting", setting), zap.String("placeholder", tpl))
 	}
@@ -387,9 +387,9 @@ func (zc *Zone) Warn(name string, distributed bool, logger *zap.Logger) {
 // begin: {http.auth.user.id}, {http.auth.user.*} (basic_auth, JWT modules).
 const AuthPlaceholder = "{http.auth."
 
-// ReadsAuth returns the first of the zone's key and per-request templates
+// readsAuth returns the first of the zone's key and per-request templates
 // that reads a placeholder authentication sets, and its setting's name.
-func (zc *Zone) ReadsAuth() (setting, tpl string) {
+func (zc *Zone) readsAuth() (setting, tpl string) {
 	templates := []struct{ setting, tpl string }{
 		{"key", zc.Key}, {"events", zc.MaxEventsPlaceholder}, {"window", zc.WindowPlaceholder},
 		{"burst", zc.BurstPlaceholder}, {"cost", zc.CostPlaceholder},
@@ -410,14 +410,14 @@ func (zc *Zone) ReadsAuth() (setting, tpl string) {
 const AuthOrder = "rate_limit must run after authentication, or the placeholder is empty for every request (one bucket for everyone, one plan for all); " +
 	"the Caddyfile orders rate_limit before basic_auth and other authentication: put both in route { basic_auth … rate_limit … }, or add the global option order rate_limit after basic_auth"
 
-// ConstantKey is the key template that says "one bucket for every request"
+// constantKey is the key template that says "one bucket for every request"
 // on purpose: any other template without a placeholder is warned about at
 // load (key client_ip, without braces, is a typo).
-const ConstantKey = "static"
+const constantKey = "static"
 
-// HasPlaceholder reports whether the template has a placeholder, {name},
+// hasPlaceholder reports whether the template has a placeholder, {name},
 // whose brace is not escaped.
-func HasPlaceholder(tpl string) bool {
+func hasPlaceholder(tpl string) bool {
 	for i := 0; i < len(tpl); i++ {
 		switch tpl[i] {
 		case '\\':
