@@ -92,7 +92,7 @@ func TestCaddyfileAdaptiveErrorsNameTheLineAndTheFix(t *testing.T) {
 func TestPriorityUnknownClassIsTheLowest(t *testing.T) {
 	p := &Priority{Placeholder: "{x}", Classes: []string{"signed_in", "anonymous"}}
 	for value, want := range map[string]int{"signed_in": 0, "anonymous": 1, "": 1, "admin": 1} {
-		if got := p.classOf(value); got != want {
+		if got := p.ClassOf(value); got != want {
 			t.Errorf("class of %q = %d, want %d", value, got, want)
 		}
 	}

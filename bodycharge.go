@@ -2,12 +2,12 @@ package ratelimit
 
 import (
 	"cmp"
-	"errors"
 	"net/http"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/caddy-tally/ratelimit/config"
 	"github.com/caddy-tally/ratelimit/internal/usage"
 )
 
@@ -37,14 +37,12 @@ const (
 
 func parseTokenCount(s string) (tokenCount, error) {
 	switch s {
-	case "total":
-		return tokensTotal, nil
 	case "input":
 		return tokensInput, nil
 	case "output":
 		return tokensOutput, nil
 	}
-	return 0, errors.New(`"` + s + `": count input, output or total tokens (total if left out)`)
+	return tokensTotal, config.CheckTokenCount(s)
 }
 
 // of is the count of t.

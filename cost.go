@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/caddy-tally/ratelimit/config"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 	"github.com/caddy-tally/ratelimit/internal/usage"
 	"github.com/caddy-tally/ratelimit/zones"
@@ -206,11 +207,11 @@ func zoneCosts(name string, zc *Zone, plan zones.Plan, logger *zap.Logger) (cost
 		return c, fmt.Errorf("zone %s: cost %d is more than the burst (%d): such requests could never pass; lower cost or raise burst", name, c.cost, plan.Burst)
 	}
 	for _, s := range [][2]string{{"cost", zc.CostPlaceholder}, {"charge", zc.Charge}} {
-		if s[1] != "" && singlePlaceholder(s[1]) == "" {
+		if s[1] != "" && config.SinglePlaceholder(s[1]) == "" {
 			return c, fmt.Errorf("zone %s: %s %q is not a placeholder: write one placeholder such as {http.response.header.X-Tokens-Used}", name, s[0], s[1])
 		}
 	}
-	c.costVar, c.chargeVar = singlePlaceholder(zc.CostPlaceholder), singlePlaceholder(zc.Charge)
+	c.costVar, c.chargeVar = config.SinglePlaceholder(zc.CostPlaceholder), config.SinglePlaceholder(zc.Charge)
 	if zc.ChargeJSON != nil {
 		if c.chargeVar != "" {
 			return c, fmt.Errorf("zone %s: charge is read from a placeholder or from the body (charge_json), not both: keep one", name)

@@ -7,6 +7,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/caddy-tally/ratelimit/config"
 	"github.com/caddy-tally/ratelimit/internal/live"
 	"github.com/caddy-tally/ratelimit/internal/usage"
 	"github.com/caddy-tally/ratelimit/zones"
@@ -209,7 +210,7 @@ func newZoneMetrics(cfg zones.Config, key string, distributed, timed bool, costs
 		m.delayed = collectors.delayed.WithLabelValues(name)
 		m.queueFull = collectors.queueFull.WithLabelValues(name)
 	}
-	if canBeEmpty(key) {
+	if config.CanBeEmpty(key) {
 		m.emptyKeys = collectors.emptyKeys.WithLabelValues(name)
 	}
 	return m

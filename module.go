@@ -6,9 +6,13 @@
 // the `caddy rate-limit` command (package command), the admin API's CLI.
 //
 // The hub is the Handler: module.go (its config, Provision, Cleanup) and
-// serve.go (ServeHTTP, the request path). The other files hang off it, one
-// concern each, and none calls back into another's: zoneconfig.go (a zone's
-// config and provisioned form), caddyfile.go (the Caddyfile), plans.go,
+// serve.go (ServeHTTP, the request path). The configuration, what a user
+// writes in JSON or the Caddyfile (Zone, Distributed, Persist and the
+// types they hold, named here as aliases), is package config's; this
+// package keeps the provisioned forms and the request path. The other files
+// hang off the hub, one concern each, and none calls back into another's:
+// zoneconfig.go (a zone's provisioned form), caddyfile.go (the directive's
+// registration and UnmarshalCaddyfile, over config's parser), plans.go,
 // quota.go and cost.go, bodycharge.go, usd.go (what a request's limits and
 // cost are read from), headers.go (what a response says), metrics.go (what a
 // decision counts), redis.go, region.go and persist.go
@@ -203,7 +207,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.events = eventsApp.(*caddyevents.App)
 
 	if h.Distributed != nil {
-		if h.store, h.backend, h.storeKey, err = h.Distributed.open(h.logger); err != nil {
+		if h.store, h.backend, h.storeKey, err = openStore(h.Distributed, h.logger); err != nil {
 			return err
 		}
 		if h.Distributed.Global != nil {
@@ -230,7 +234,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if zc == nil {
 			return fmt.Errorf("zone %s: empty definition", name)
 		}
-		z, err := zc.provision(ctx, name, h)
+		z, err := h.provisionZone(ctx, name, zc)
 		if err != nil {
 			return err
 		}

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/caddy-tally/ratelimit/config"
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
@@ -46,10 +47,10 @@ func newPlanVars(name string, zc *Zone, logger *zap.Logger) (planVars, error) {
 		eventsMax: zc.MaxEventsAtMost, windowMin: time.Duration(zc.WindowAtLeast), burstMax: zc.BurstAtMost,
 	}
 	for _, ph := range []*string{&v.events, &v.window, &v.burst} {
-		if *ph != "" && singlePlaceholder(*ph) == "" {
+		if *ph != "" && config.SinglePlaceholder(*ph) == "" {
 			return v, fmt.Errorf("zone %s: %q is not a placeholder: write one placeholder such as {plan_rpm}", name, *ph)
 		}
-		*ph = singlePlaceholder(*ph)
+		*ph = config.SinglePlaceholder(*ph)
 	}
 	for _, b := range []struct {
 		setting, ph string

@@ -1,76 +1,19 @@
 package ratelimit
 
 import (
-	"cmp"
-	"errors"
 	"fmt"
-	"maps"
-	"slices"
-	"strconv"
-	"strings"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap"
 
 	"github.com/caddy-tally/ratelimit/distributed"
 	"github.com/caddy-tally/ratelimit/internal/live"
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// Global shares the limits of `scope global` zones between regions, each
-// with its own Redis (distributed's): every region enforces its share of
-// each key in its own Redis, and one coordinator per region trades shares
-// with the others through this store every sync_interval. No request waits
-// on it; while it is unreachable every region keeps its last shares, and
-// after lease without contact a region falls back to a tenth of its
-// weight.
-type Global struct {
-	// The global Redis (standalone or Sentinel). Required.
-	Redis *Redis `json:"redis,omitempty"`
-
-	// Every region's weight, the same in every region: the shares a key
-	// has while no region pushes against it. Required; whole numbers from
-	// 1 to 1000000.
-	Regions map[string]int64 `json:"regions,omitempty"`
-
-	// How often the region's coordinator syncs with the global store.
-	// Default: 1s.
-	SyncInterval caddy.Duration `json:"sync_interval,omitempty"`
-
-	// How long a region that cannot reach the global store keeps its
-	// shares; the global store reassigns them only after twice this.
-	// Default: 5m; at least twice sync_interval.
-	Lease caddy.Duration `json:"lease,omitempty"`
-}
-
-// regionOptions is the setting of dist's region.
-func (dist *Distributed) regionOptions(logger *zap.Logger) (distributed.RegionOptions, error) {
-	g := dist.Global
-	if g.Redis == nil || len(g.Redis.Addresses) == 0 {
-		return distributed.RegionOptions{}, errors.New("distributed: global needs its Redis, e.g. redis rediss://global.internal:6380")
-	}
-	gopts, err := g.Redis.options(logger)
-	if err != nil {
-		return distributed.RegionOptions{}, fmt.Errorf("distributed: global: %v", strings.TrimPrefix(err.Error(), "distributed: "))
-	}
-	gopts.KeyPrefix = dist.KeyPrefix
-	opts := distributed.RegionOptions{Region: dist.Region, Global: gopts,
-		SyncInterval: time.Duration(g.SyncInterval), Lease: time.Duration(g.Lease)}
-	for _, n := range slices.Sorted(maps.Keys(g.Regions)) {
-		opts.Regions = append(opts.Regions, distributed.RegionWeight{Name: n, Weight: g.Regions[n]})
-	}
-	if err := opts.Check(); err != nil {
-		return opts, fmt.Errorf("distributed: %v", err)
-	}
-	return opts, nil
-}
-
 // openRegion opens (or shares) the handler's region over its store.
 func (h *Handler) openRegion() error {
-	opts, err := h.Distributed.regionOptions(h.logger)
+	opts, err := h.Distributed.RegionOptions(h.logger)
 	if err != nil {
 		return err
 	}
@@ -98,68 +41,6 @@ func (h *Handler) globalStore(name string, zc *Zone, cfg zones.Config) (zones.St
 	h.globalZones = append(h.globalZones, name)
 	sh := h.region.Wrap(h.store, name, cfg.Limit())
 	return sh, sh, nil
-}
-
-// unmarshalCaddyfile reads the global block of distributed
-// (docs/distributed.md).
-func (g *Global) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	var leaseLine int
-	err := subdirectives(d, nil, "", func(sub string) (err error) {
-		switch sub {
-		case "redis":
-			g.Redis = new(Redis)
-			err = g.Redis.unmarshalCaddyfile(d)
-		case "regions":
-			err = g.unmarshalRegions(d)
-		case "sync_interval":
-			g.SyncInterval, err = durationArg(d)
-		case "lease":
-			leaseLine = d.Line()
-			g.Lease, err = durationArg(d)
-		default:
-			err = d.Errf("unknown subdirective %q: expected redis, regions, sync_interval or lease", sub)
-		}
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("global: %w", err)
-	}
-	switch {
-	case g.Redis == nil:
-		return d.Err("global needs the global Redis: add e.g. redis rediss://global.internal:6380")
-	case len(g.Regions) == 0:
-		return d.Err("global needs the regions and their weights: add e.g. regions eu:2 us:1")
-	}
-	sync := cmp.Or(time.Duration(g.SyncInterval), distributed.DefaultGlobalSyncInterval)
-	lease := cmp.Or(time.Duration(g.Lease), distributed.DefaultGlobalLease)
-	if lease < 2*sync {
-		return fmt.Errorf("global: lease %v is shorter than twice sync_interval %v: a region must outlive two syncs without contact; use lease %v or more, at %s:%d", lease, sync, 2*sync, d.File(), cmp.Or(leaseLine, d.Line()))
-	}
-	return nil
-}
-
-// unmarshalRegions reads `regions <name>:<weight>...`.
-func (g *Global) unmarshalRegions(d *caddyfile.Dispenser) error {
-	args := d.RemainingArgs()
-	if len(args) == 0 {
-		return d.Err("regions needs each region's weight, e.g. regions eu:2 us:1 ap:1")
-	}
-	g.Regions = map[string]int64{}
-	for _, a := range args {
-		name, w, ok := strings.Cut(a, ":")
-		weight, err := strconv.ParseInt(w, 10, 64)
-		switch {
-		case !ok || !zones.ValidName(name):
-			return d.Errf("regions: %q is not <name>:<weight>: write e.g. eu:2 (names of letters, digits, '_' and '-')", a)
-		case err != nil || weight < 1 || weight > 1_000_000:
-			return d.Errf("regions: the weight of %s must be a positive whole number (1 to 1000000), e.g. %s:1, not %q", name, name, w)
-		}
-		if _, dup := g.Regions[name]; dup {
-			return d.Errf("regions: %s is listed twice: keep one", name)
-		}
-		g.Regions[name] = weight
-	}
-	return nil
 }
 
 // keyShare is this region's share of key in a scope global zone (nil in

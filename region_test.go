@@ -50,7 +50,7 @@ func TestCaddyfileGlobalScopeAsWrittenInTheIssue(t *testing.T) {
 	if err := json.Unmarshal(raw, &back); err != nil || back.Distributed.Global.Regions["eu"] != 2 || back.RateLimits["api"].Scope != "global" {
 		t.Errorf("JSON round trip: %s (%v)", raw, err)
 	}
-	opts, err := d.regionOptions(nil)
+	opts, err := d.RegionOptions(nil)
 	if err != nil || len(opts.Regions) != 3 || opts.Region != "eu" {
 		t.Errorf("region options %+v, %v", opts, err)
 	}

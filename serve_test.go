@@ -11,6 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/caddy-tally/ratelimit/config"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 )
 
@@ -35,7 +36,7 @@ func TestHeaderKeyReadsLikeTheReplacer(t *testing.T) {
 				r.Header.Add("X-Api-Key", v)
 			}
 			repl := caddyhttp.NewTestReplacer(r)
-			keyVar := singlePlaceholder(tc.tpl)
+			keyVar := config.SinglePlaceholder(tc.tpl)
 			z := &zoneHandler{key: tc.tpl, keyVar: keyVar}
 			want := (&zoneHandler{key: tc.tpl, keyVar: keyVar}).expandKey(r, repl) // replacer path
 			z.keyHeader = headerPlaceholder(keyVar)

@@ -3,13 +3,12 @@ package listener
 import (
 	"cmp"
 	"fmt"
-	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
+	"github.com/caddy-tally/ratelimit/config"
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
@@ -21,7 +20,7 @@ import (
 // (fail_policy, lease, distributed) is refused with its line.
 func (w *Wrapper) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the wrapper's name
-	err := block(d, func(sub string) error {
+	err := config.Subdirectives(d, nil, "", func(sub string) error {
 		switch sub {
 		case "zone":
 			return parseZone(d, &w.RateLimits)
@@ -38,9 +37,9 @@ func (w *Wrapper) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			w.DenyWhile = append(w.DenyWhile, args...)
 			return nil
 		case "log_key":
-			return noArgs(d, &w.LogKey)
+			return config.NoArgs(d, &w.LogKey)
 		case "dry_run":
-			return noArgs(d, &w.DryRun)
+			return config.NoArgs(d, &w.DryRun)
 		case "distributed":
 			return d.Err("connection zones are local to this instance: remove distributed (a distributed HTTP zone's denials reach deny_while through its deny cache)")
 		case "headers", "status", "jitter":
@@ -83,20 +82,14 @@ var refused = map[string]string{
 // wrapper's zones, whose names it must not repeat; what the zone cannot
 // have is refused with its line.
 func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone) error {
-	if !d.NextArg() {
-		return d.Err("zone needs a name: zone <name> { ... }")
-	}
-	name := d.Val()
-	if !zones.ValidName(name) {
-		return d.Errf("zone name %q is invalid: use letters, digits, '_' and '-' only", name)
-	}
-	if _, dup := (*into)[name]; dup {
-		return d.Errf("zone %s is defined twice in this listener wrapper: give the second one another name", name)
+	name, err := config.ZoneName(d, *into, "listener wrapper")
+	if err != nil {
+		return err
 	}
 	z := new(Zone)
 	lines := map[string]int{}
 	zoneLine := d.Line()
-	err := block(d, func(sub string) (err error) {
+	err = config.Subdirectives(d, nil, "", func(sub string) (err error) {
 		lines[sub] = d.Line()
 		switch {
 		case refused[sub] != "":
@@ -124,7 +117,7 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone) error {
 		case sub == "max_keys":
 			z.MaxKeys, err = int64Arg(d, 1, zones.MaxMaxKeys)
 		case sub == "dry_run":
-			err = noArgs(d, &z.DryRun)
+			err = config.NoArgs(d, &z.DryRun)
 		default:
 			err = d.Errf("unknown subdirective %q: expected key, events, window, burst, concurrency, ipv4_prefix, ipv6_prefix, max_keys or dry_run", sub)
 		}
@@ -153,27 +146,6 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone) error {
 	return nil
 }
 
-// block calls f for each subdirective of the block d is at the head of,
-// refusing an argument left on the head's line and a subdirective given
-// twice unless it is repeatable.
-func block(d *caddyfile.Dispenser, f func(sub string) error, repeatable ...string) error {
-	if d.NextArg() {
-		return d.ArgErr()
-	}
-	seen := map[string]bool{}
-	for nest := d.Nesting(); d.NextBlock(nest); {
-		sub := d.Val()
-		if seen[sub] && !slices.Contains(repeatable, sub) {
-			return d.Errf("%s is given twice: keep one", sub)
-		}
-		seen[sub] = true
-		if err := f(sub); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // value reads the one value of the setting d is on. With fix, the setting
 // is a limit, and a placeholder for it (the handler's `events {plan} 60`)
 // is refused with fix.
@@ -197,11 +169,7 @@ func int64Arg(d *caddyfile.Dispenser, lo, hi int64) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n < lo || n > hi {
-		return 0, d.Errf("%s must be a whole number from %d to %d, not %q", dir, lo, hi, s)
-	}
-	return n, nil
+	return config.ParseInt64(d, dir, s, lo, hi)
 }
 
 func intArg(d *caddyfile.Dispenser, lo, hi int64) (int, error) {
@@ -216,19 +184,7 @@ func durationArg(d *caddyfile.Dispenser) (caddy.Duration, error) {
 	if err != nil {
 		return 0, err
 	}
-	dur, err := caddy.ParseDuration(s)
-	if err != nil || dur <= 0 {
-		return 0, d.Errf("%s must be a positive duration such as 500ms, 10s, 1m or 1h, not %q", dir, s)
-	}
-	return caddy.Duration(dur), nil
-}
-
-func noArgs(d *caddyfile.Dispenser, flag *bool) error {
-	if dir := d.Val(); d.NextArg() {
-		return d.Errf("%s takes no value", dir)
-	}
-	*flag = true
-	return nil
+	return config.ParseDuration(d, dir, s)
 }
 
 // Interface guard

@@ -48,6 +48,8 @@ var importArrows = []arrowRule{
 		"the arrows point one way: zones declares the store capabilities, distributed implements them", nil},
 	{[]string{"internal/..."}, []string{"", "zones", "distributed"},
 		"internal/* is below zones and distributed: they import it, never the other way", []string{"internal/live"}},
+	{[]string{"config"}, []string{"", "listener", "internal/live", "challenge"},
+		"config is what a user writes, checked from the config alone: Caddy's core, its Caddyfile and caddyhttp (matchers), zones, algorithms, internal/usage, and distributed (a Redis address is shown redacted as the store shows it); never the handler, the listener wrapper (which imports config), what lives across reloads or the challenge, which a running handler provisions", nil},
 	{[]string{"challenge"}, []string{"", "..."},
 		"challenge is the proof of work alone: it imports nothing of the project (the root wires it into zones)", nil},
 	{[]string{"..."}, []string{""},
@@ -169,7 +171,8 @@ func TestImportArrowsCatchEachBreach(t *testing.T) {
 		{m("internal/keytable"), []string{m("internal/monotime")}},
 		{m("internal/monotime"), []string{"time"}},
 		{m("internal/live"), []string{m("zones"), m("distributed"), m("algorithms"), m("internal/monotime"), m("internal/adminapi"), caddy}},
-		{m("listener"), []string{m("internal/live"), m("zones"), caddy, caddy + "/modules/caddyhttp"}},
+		{m("listener"), []string{m("config"), m("internal/live"), m("zones"), caddy, caddy + "/modules/caddyhttp"}},
+		{m("config"), []string{m("zones"), m("algorithms"), m("distributed"), m("internal/usage"), caddy, caddy + "/caddyconfig/caddyfile", caddy + "/modules/caddyhttp"}},
 		{m("challenge"), []string{"crypto/sha256"}},
 		{m("internal/adminapi"), []string{"encoding/base64", "time"}},
 		{m("command"), []string{m("internal/adminapi"), m("internal/topk"), m("internal/usage"), caddy, caddy + "/cmd", "github.com/spf13/cobra"}},
@@ -199,6 +202,9 @@ func TestImportArrowsCatchEachBreach(t *testing.T) {
 		{"command", m("zones"), "command is the CLI"},
 		{"command", m("internal/live"), "command is the CLI"},
 		{"command", caddy + "/modules/caddyhttp", "command is the CLI"},
+		{"config", m("internal/live"), "config is what a user writes"},
+		{"config", m("listener"), "config is what a user writes"},
+		{"config", m(""), "config is what a user writes"},
 	} {
 		pkgs := make([]listedPackage, len(good))
 		for i, p := range good {

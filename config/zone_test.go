@@ -1,4 +1,4 @@
-package ratelimit
+package config
 
 import (
 	"strings"
@@ -15,7 +15,7 @@ import (
 func warnings(t *testing.T, zc Zone, distributed bool) []string {
 	t.Helper()
 	core, logs := observer.New(zap.WarnLevel)
-	zc.warn("z", distributed, zap.New(core))
+	zc.Warn("z", distributed, zap.New(core))
 	var out []string
 	for _, e := range logs.All() {
 		out = append(out, e.Message)
@@ -82,8 +82,8 @@ func TestKeyTemplateOfPlaceholdersOnlyCanBeEmpty(t *testing.T) {
 		"static":                   false,
 		"":                         false,
 	} {
-		if got := canBeEmpty(tpl); got != want {
-			t.Errorf("canBeEmpty(%q) = %v, want %v", tpl, got, want)
+		if got := CanBeEmpty(tpl); got != want {
+			t.Errorf("CanBeEmpty(%q) = %v, want %v", tpl, got, want)
 		}
 	}
 }
@@ -104,7 +104,7 @@ func TestTemplatesReadingAuthPlaceholdersAreWarnedAbout(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			core, logs := observer.New(zap.WarnLevel)
-			tc.zone.warn("z", false, zap.New(core))
+			tc.zone.Warn("z", false, zap.New(core))
 			got := logs.FilterMessageSnippet("a zone reads a placeholder that authentication sets").All()
 			switch {
 			case tc.want == "" && len(got) != 0:
