@@ -555,7 +555,7 @@ func (zc *Zone) provision(ctx caddy.Context, name string, h *Handler) (*zoneHand
 	zh.overridesKey = ovKey
 	zh.Zone.UseOverrides(ov.Set())
 	emit := func(event string, data map[string]any) { h.events.Emit(h.ctx, event, data) }
-	live.Register(zh.Zone, false, storeView{regional: h.store, shared: shared, health: h.backend.Health, overrides: ov, emit: emit, handler: zh})
+	live.Register(zh.Zone, false, live.ZoneView{Regional: h.store, Shared: shared, Health: h.backend.Health, Overrides: ov, Emit: emit, USD: zh.usdFields, Handler: zh})
 	return zh, nil
 }
 
