@@ -2,8 +2,9 @@
 // which limits requests in named zones keyed by placeholders, with GCRA
 // enforced in-process or, across Caddy instances, in Redis. Importing it
 // also registers the listener wrapper caddy.listeners.rate_limit (package
-// listener), which limits new connections before their TLS handshake, and
-// the `caddy rate-limit` command (package command), the admin API's CLI.
+// listener), which limits new connections before their TLS handshake, the
+// admin API module admin.api.rate_limit (package admin), and the `caddy
+// rate-limit` command (package command), the admin API's CLI.
 //
 // The hub is the Handler: module.go (its config, Provision, Cleanup) and
 // serve.go (ServeHTTP, the request path). The configuration, what a user
@@ -17,10 +18,11 @@
 // cost are read from), headers.go (what a response says), metrics.go (what a
 // decision counts), redis.go, region.go and persist.go
 // (the stores and snapshots a zone is provisioned with), challenge.go (a
-// zone's challenge action, over package challenge), overrides.go,
-// admin.go and status.go (the admin API, the status handler) and
-// registry.go (the handler's view of internal/live). The admin API's JSON
-// is internal/adminapi's types, which the CLI reads back.
+// zone's challenge action, over package challenge), status.go (the status
+// handler) and registry.go (the handler's view of internal/live). The admin
+// API (package admin) reads what the root registers of each HTTP zone in
+// internal/live (live.ZoneView); its JSON is internal/adminapi's types,
+// which the CLI reads back.
 //
 // Below it: what lives across reloads (zone states, name claims, the
 // running zones, the pooled Redis stores and Regions, the snapshots, the
@@ -44,6 +46,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	_ "github.com/caddy-tally/ratelimit/admin"   // registers admin.api.rate_limit
 	_ "github.com/caddy-tally/ratelimit/command" // registers caddy rate-limit
 	"github.com/caddy-tally/ratelimit/distributed"
 	"github.com/caddy-tally/ratelimit/internal/live"

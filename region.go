@@ -43,18 +43,6 @@ func (h *Handler) globalStore(name string, zc *Zone, cfg zones.Config) (zones.St
 	return sh, sh, nil
 }
 
-// keyShare is this region's share of key in a scope global zone (nil in
-// any other zone) and the region's name.
-func keyShare(z *zones.Zone, key string) (*float64, string) {
-	sh := viewOf(z).shared
-	if sh == nil {
-		return nil, ""
-	}
-	r := sh.Region()
-	f := float64(r.Share(z.Name, key)) / distributed.ShareScale
-	return &f, r.Name()
-}
-
 // globalCollector reports, at scrape time, each live scope global zone's
 // coordination: its region's syncs with the global store (repeated for
 // every such zone of the region), their failures, the last one's latency,
@@ -85,7 +73,7 @@ func (c *globalCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *globalCollector) Collect(ch chan<- prometheus.Metric) {
 	for name, z := range live.Zones() {
-		sh := viewOf(z).shared
+		sh := live.View(z).Shared
 		if sh == nil {
 			continue
 		}

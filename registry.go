@@ -3,7 +3,7 @@ package ratelimit
 import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
-	"github.com/caddy-tally/ratelimit/distributed"
+	"github.com/caddy-tally/ratelimit/internal/adminapi"
 	"github.com/caddy-tally/ratelimit/internal/live"
 	"github.com/caddy-tally/ratelimit/zones"
 )
@@ -22,25 +22,16 @@ func stateKey(vars planVars) any {
 	return vars
 }
 
-// storeView is what the admin API shows of an HTTP zone's store, found when
-// the zone was provisioned: its registration's view in internal/live.
-type storeView struct {
-	regional zones.Store         // the store decisions reach (nil in local mode)
-	shared   *distributed.Shared // a scope global zone's share of it, else nil
-	health   live.StoreHealth    // the regional store's health, if it tells it
-	// overrides are the zone's overrides, emit its handler's events.
-	overrides *live.OverrideHolder
-	emit      func(event string, data map[string]any)
-	// handler is the zone's handler side: its key template and plans, for
-	// rate_limit_status.
-	handler *zoneHandler
+// handlerOf is HTTP zone z's handler, as registered in its view (nil for
+// a connection zone).
+func handlerOf(z *zones.Zone) *zoneHandler {
+	zh, _ := live.View(z).Handler.(*zoneHandler)
+	return zh
 }
 
-// viewOf is z's store as registered (the zero view for a local or
-// connection zone).
-func viewOf(z *zones.Zone) storeView {
-	v, _ := live.View(z).(storeView)
-	return v
+// usdFields is zh's amounts in dollars (usdFieldsOf), the USD of its view.
+func (zh *zoneHandler) usdFields(limit, remaining int64, used *int64) adminapi.USDFields {
+	return usdFieldsOf(zh, limit, remaining, used)
 }
 
 // httpZoneInJSON looks for the HTTP zone name in the routes of the app's

@@ -178,7 +178,7 @@ func (s *StatusHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ cadd
 		wg.Wait()
 	}
 	w.Header().Set("Cache-Control", "no-store")
-	return writeJSON(w, http.StatusOK, out)
+	return adminapi.WriteJSON(w, http.StatusOK, out)
 }
 
 // statusTicket is the request's ticket in zone name of the running config,
@@ -188,7 +188,7 @@ func statusTicket(r *http.Request, repl *caddy.Replacer, name string, now int64)
 	if z == nil {
 		return nil
 	}
-	zh := viewOf(z).handler
+	zh := handlerOf(z)
 	if zh == nil {
 		return nil
 	}

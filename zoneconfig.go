@@ -261,7 +261,7 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 	zh.overridesKey = ovKey
 	zh.Zone.UseOverrides(ov.Set())
 	emit := func(event string, data map[string]any) { h.events.Emit(h.ctx, event, data) }
-	live.Register(zh.Zone, false, storeView{regional: h.store, shared: shared, health: h.backend.Health, overrides: ov, emit: emit, handler: zh})
+	live.Register(zh.Zone, false, live.ZoneView{Regional: h.store, Shared: shared, Health: h.backend.Health, Overrides: ov, Emit: emit, USD: zh.usdFields, Handler: zh})
 	return zh, nil
 }
 

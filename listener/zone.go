@@ -103,6 +103,6 @@ func (zc *Zone) provision(ctx caddy.Context, name string, dryRun bool) (*connZon
 		metrics: live.NewDecisions(connections, name, cfg.DryRun),
 		stateID: id,
 	}
-	live.Register(z.Zone, true, nil)
+	live.Register(z.Zone, true, live.ZoneView{})
 	return z, nil
 }

@@ -58,6 +58,8 @@ var importArrows = []arrowRule{
 		"internal/adminapi is the admin API's wire alone: the standard library, nothing of the project, no Caddy", nil},
 	{[]string{"command"}, []string{"", "zones", "distributed", "listener", "internal/live", "github.com/caddyserver/caddy/v2/modules/..."},
 		"command is the CLI: it reads a running Caddy's admin API (internal/adminapi), never the handler, its zones and stores, or Caddy's apps", nil},
+	{[]string{"admin"}, []string{"", "listener", "command", "github.com/caddyserver/caddy/v2/modules/...", "github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"},
+		"admin is the admin API module: it reads the running zones and their views through internal/live, over Caddy's core admin server, never the handler, the listener wrapper, the CLI or Caddy's apps", nil},
 }
 
 // listedPackage is what `go list -json` says of a package, the fields read here.
@@ -176,6 +178,7 @@ func TestImportArrowsCatchEachBreach(t *testing.T) {
 		{m("challenge"), []string{"crypto/sha256"}},
 		{m("internal/adminapi"), []string{"encoding/base64", "time"}},
 		{m("command"), []string{m("internal/adminapi"), m("internal/topk"), m("internal/usage"), caddy, caddy + "/cmd", "github.com/spf13/cobra"}},
+		{m("admin"), []string{m("internal/live"), m("internal/adminapi"), m("internal/monotime"), m("zones"), m("distributed"), caddy, "go.uber.org/zap"}},
 	}
 	if v := arrowViolations(good, importArrows); len(v) != 0 {
 		t.Fatalf("the layout DESIGN.md draws breaks the rules: %v", v)
@@ -205,6 +208,10 @@ func TestImportArrowsCatchEachBreach(t *testing.T) {
 		{"config", m("internal/live"), "config is what a user writes"},
 		{"config", m("listener"), "config is what a user writes"},
 		{"config", m(""), "config is what a user writes"},
+		{"admin", m(""), "admin is the admin API module"},
+		{"admin", m("listener"), "admin is the admin API module"},
+		{"admin", m("command"), "admin is the admin API module"},
+		{"admin", caddy + "/modules/caddyhttp", "admin is the admin API module"},
 	} {
 		pkgs := make([]listedPackage, len(good))
 		for i, p := range good {

@@ -1,6 +1,6 @@
 // Package adminapi is the admin API's wire: the JSON that the /rate_limit/
-// routes answer (the root package's admin.go and overrides.go) and that
-// `caddy rate-limit` (package command) reads back. Both sides use these
+// routes answer (package admin) and that `caddy rate-limit` (package
+// command) reads back. Both sides use these
 // types, so that what one writes the other reads field for field.
 //
 // It imports only the standard library: the CLI links it without the
@@ -9,7 +9,9 @@ package adminapi
 
 import (
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -282,4 +284,15 @@ func ShortDuration(s string) string {
 		}
 	}
 	return s
+}
+
+// WriteJSON writes v with status as plain JSON: keys such as "<zone>" are
+// not HTML-escaped, the admin API (and the status handler, which answers
+// in the same way) is not a web page.
+func WriteJSON(w http.ResponseWriter, status int, v any) error {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
 }

@@ -1,7 +1,7 @@
 package live
 
 // Overrides: an operator's runtime exceptions to a zone's limit, set
-// through the admin API (the root package's serveOverrides: PUT/GET/DELETE
+// through the admin API (package admin's serveOverrides: PUT/GET/DELETE
 // /rate_limit/zones/<zone>/overrides) and resolved per request by package
 // zones. Strict and async zones keep them in Redis
 // (distributed/overrides.go), every instance polling the zone's changes;

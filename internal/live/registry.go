@@ -6,6 +6,8 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/caddy-tally/ratelimit/distributed"
+	"github.com/caddy-tally/ratelimit/internal/adminapi"
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
@@ -88,21 +90,38 @@ var registry = struct {
 
 type registration struct {
 	connection bool
-	view       any
+	view       ZoneView
+}
+
+// ZoneView is what the admin API (package admin) and the status handler
+// read of an HTTP zone beyond zones.Zone, set by the root package when it
+// registers the zone: the zero view for a connection zone.
+type ZoneView struct {
+	Regional zones.Store         // the store decisions reach (nil in local mode)
+	Shared   *distributed.Shared // a scope global zone's share of it, else nil
+	Health   StoreHealth         // the regional store's health, if it tells it
+	// Overrides are the zone's overrides, Emit its handler's events.
+	Overrides *OverrideHolder
+	Emit      func(event string, data map[string]any)
+	// USD is a usd zone's amounts in dollars (empty in any other zone).
+	USD func(limit, remaining int64, used *int64) adminapi.USDFields
+	// Handler is the root's zone handler (its key template, plans,
+	// challenge), which only the root reads back.
+	Handler any
 }
 
 // Register adds z, a listener wrapper's zone when connection, with what its
 // module shows of it (View).
-func Register(z *zones.Zone, connection bool, view any) {
+func Register(z *zones.Zone, connection bool, view ZoneView) {
 	registry.Lock()
 	registry.zones[z.Name] = append(registry.zones[z.Name], z)
 	registry.regs[z] = registration{connection, view}
 	registry.Unlock()
 }
 
-// View is what z's module registered with it (nil when z is not
+// View is what z's module registered with it (the zero view when z is not
 // registered).
-func View(z *zones.Zone) any {
+func View(z *zones.Zone) ZoneView {
 	registry.Lock()
 	defer registry.Unlock()
 	return registry.regs[z].view

@@ -39,10 +39,10 @@ func TestRegistryUnderConcurrentReloadsAndScrapes(t *testing.T) {
 					t.Error(err)
 					return
 				}
-				Register(z, i%2 == 0, i)
+				Register(z, i%2 == 0, ZoneView{Handler: i})
 				d := NewDecisions(requests, name, false)
 				d.Count(true, false)
-				if Lookup(name, false) == nil || View(z) != i || IsConnection(z) != (i%2 == 0) {
+				if Lookup(name, false) == nil || View(z).Handler != i || IsConnection(z) != (i%2 == 0) {
 					t.Errorf("%s: registration %d not found as registered", name, i)
 				}
 				if _, err := reg.Gather(); err != nil {

@@ -1,9 +1,19 @@
-package ratelimit
+// Package admin is the admin API module admin.api.rate_limit: the routes
+// /rate_limit/ of Caddy's admin server, which list the running zones, read,
+// reset and list their keys (admin.go) and set their runtime overrides
+// (overrides.go). It is registered by the root package's blank import of
+// it, as Caddy's modules of another namespace are.
+//
+// It reads the running zones from internal/live's registry, and what it
+// shows of an HTTP zone beyond zones.Zone (its store, overrides, events,
+// dollar amounts) from the view the root registered with it
+// (live.ZoneView); it never imports the root package, and answers in
+// internal/adminapi's types, which the CLI reads back.
+package admin
 
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -16,6 +26,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
+	"github.com/caddy-tally/ratelimit/distributed"
 	"github.com/caddy-tally/ratelimit/internal/adminapi"
 	"github.com/caddy-tally/ratelimit/internal/live"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
@@ -74,7 +85,7 @@ func (a *AdminAPI) serveJSON(w http.ResponseWriter, r *http.Request) error {
 		apiErr.Message = apiErr.Err.Error()
 	}
 	caddy.Log().Named("admin.api").Error("request error", zap.Error(err), zap.Int("status_code", apiErr.HTTPStatus))
-	return writeJSON(w, apiErr.HTTPStatus, apiErr)
+	return adminapi.WriteJSON(w, apiErr.HTTPStatus, apiErr)
 }
 
 func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
@@ -91,7 +102,7 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 		if r.Method != http.MethodGet {
 			return methodNotAllowed(w, http.MethodGet)
 		}
-		return writeJSON(w, http.StatusOK, listZones())
+		return adminapi.WriteJSON(w, http.StatusOK, listZones())
 	case !keys && !(zoneRoute && len(parts) == 3 && (parts[2] == "top" || parts[2] == "bans")):
 		return caddy.APIError{HTTPStatus: http.StatusNotFound,
 			Err: errors.New("unknown path: use /rate_limit/zones, /rate_limit/zones/<zone>/keys/<key> (or .../keys?key=<key>, for any key including the empty one, or .../keys?key_base64=<base64>) /rate_limit/zones/<zone>/top, /rate_limit/zones/<zone>/bans or /rate_limit/zones/<zone>/overrides[/<id>]")}
@@ -186,13 +197,13 @@ func listZones() []adminapi.ZoneInfo {
 			zi.Quota = &adminapi.QuotaInfo{Limit: z.Quota, Per: z.Period.String(), TimeZone: z.Location.String(),
 				PeriodStart: start.Format(time.RFC3339), PeriodEnd: end.Format(time.RFC3339)}
 		}
-		if v := viewOf(z); v.regional != nil {
+		if v := live.View(z); v.Regional != nil {
 			zi.Scope, zi.Region = "region", ""
-			if v.shared != nil {
-				zi.Scope, zi.Region = "global", v.shared.Region().Name()
+			if v.Shared != nil {
+				zi.Scope, zi.Region = "global", v.Shared.Region().Name()
 			}
-			zi.Store = &adminapi.StoreInfo{OK: true, Instances: v.regional.Instances()}
-			if hr := v.health; hr != nil {
+			zi.Store = &adminapi.StoreInfo{OK: true, Instances: v.Regional.Instances()}
+			if hr := v.Health; hr != nil {
 				ok, since := hr.Health()
 				zi.Store.OK = ok
 				if !ok {
@@ -232,7 +243,8 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone,
 	if z.Store() != nil {
 		info.Source = "redis"
 	}
-	if h := viewOf(z).overrides; h != nil {
+	v := live.View(z)
+	if h := v.Overrides; h != nil {
 		if rec, ok := h.Lookup(z, t.Key); ok {
 			info.Override = &rec.Override
 		}
@@ -246,9 +258,11 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone,
 	default:
 		info.Events, info.Burst = t.Plan.Events, t.Plan.Burst
 		info.Window, info.WindowSeconds = adminapi.ShortDuration(t.Plan.Window.String()), t.Plan.Window.Seconds()
-		info.Share, info.Region = keyShare(z, t.Key)
+		info.Share, info.Region = keyShare(z, v.Shared, t.Key)
 	}
-	info.USDFields = usdFieldsOf(viewOf(z).handler, s.Limit, s.Remaining, info.Used)
+	if v.USD != nil {
+		info.USDFields = v.USD(s.Limit, s.Remaining, info.Used)
+	}
 	if s.Source == zones.SourceRecord {
 		// Async mode: this instance's lease decides the key's next
 		// request here; Redis's view, the fleet's, goes beside it.
@@ -262,7 +276,19 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone,
 			info.Fleet = &adminapi.FleetView{Remaining: f.Remaining, RetryAfter: f.RetryAfter.Seconds(), ResetAfter: f.ResetAfter.Seconds()}
 		}
 	}
-	return writeJSON(w, http.StatusOK, info)
+	return adminapi.WriteJSON(w, http.StatusOK, info)
+}
+
+// keyShare is this region's share of key in a scope global zone, whose
+// share of its regional store is sh (nil in any other zone), and the
+// region's name.
+func keyShare(z *zones.Zone, sh *distributed.Shared, key string) (*float64, string) {
+	if sh == nil {
+		return nil, ""
+	}
+	r := sh.Region()
+	f := float64(r.Share(z.Name, key)) / distributed.ShareScale
+	return &f, r.Name()
 }
 
 // banLeft is the seconds a peeked key's ban has left, 0 when not banned.
@@ -288,7 +314,7 @@ func (a *AdminAPI) bans(w http.ResponseWriter, r *http.Request, z *zones.Zone) e
 	for _, b := range list {
 		out.Bans = append(out.Bans, adminapi.BanInfo{KeyName: adminapi.NewKeyName(b.Key), BannedFor: b.Left.Seconds(), BanLevel: b.Level})
 	}
-	return writeJSON(w, http.StatusOK, out)
+	return adminapi.WriteJSON(w, http.StatusOK, out)
 }
 
 func (a *AdminAPI) resetKey(w http.ResponseWriter, r *http.Request, z *zones.Zone, key string) error {
@@ -303,7 +329,7 @@ func (a *AdminAPI) resetKey(w http.ResponseWriter, r *http.Request, z *zones.Zon
 	if err := z.Reset(r.Context(), t.Key); err != nil {
 		// This instance's state is gone; whether Redis's is, is not known
 		// (a command that timed out may still run). Say exactly that.
-		return writeJSON(w, http.StatusServiceUnavailable, adminapi.PartialReset{
+		return adminapi.WriteJSON(w, http.StatusServiceUnavailable, adminapi.PartialReset{
 			Error: fmt.Sprintf("reset this instance's state for the key, but Redis did not confirm its reset (%v): "+
 				"until a DELETE succeeds, the key may keep its limit in Redis, for every instance, until it expires there", err),
 			Reset:       []string{"local"},
@@ -340,7 +366,7 @@ func (a *AdminAPI) top(w http.ResponseWriter, r *http.Request, z *zones.Zone) er
 		o.KeyName, o.Denials, o.Error = adminapi.NewKeyName(e.Key), e.Count, e.Error
 		out.Keys = append(out.Keys, o)
 	}
-	return writeJSON(w, http.StatusOK, out)
+	return adminapi.WriteJSON(w, http.StatusOK, out)
 }
 
 // offenderState is key's state now, as GET .../keys/<key> reads it.
@@ -381,14 +407,18 @@ func storedForms(z *zones.Zone, key string) []string {
 	return []string{stored}
 }
 
+// ticket is a ticket with no owner: the admin API reads keys, it decides
+// no request.
+type ticket = zones.Ticket[struct{}]
+
 // readKey is the one read (zones.Ticket.Read) of key as the zone stores
 // it: the first of its stored forms the zone tracks, else the first, under
 // the plan it was last decided under and the override in force.
-func readKey(ctx context.Context, z *zones.Zone, key string, now int64) (verdict, zones.KeyState, error) {
-	var first verdict
+func readKey(ctx context.Context, z *zones.Zone, key string, now int64) (ticket, zones.KeyState, error) {
+	var first ticket
 	var firstState zones.KeyState
 	for i, stored := range storedForms(z, key) {
-		t := verdict{Zone: z, Key: stored, Raw: key, Plan: z.LastPlan(stored, now), Cost: 1}
+		t := ticket{Zone: z, Key: stored, Raw: key, Plan: z.LastPlan(stored, now), Cost: 1}
 		t.Resolve()
 		s, err := t.Read(ctx, now)
 		if err != nil || s.Tracked {
@@ -412,16 +442,6 @@ func storedAs(key, stored string) string {
 func methodNotAllowed(w http.ResponseWriter, allowed ...string) error {
 	w.Header().Set("Allow", strings.Join(allowed, ", "))
 	return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: errors.New("method not allowed: use " + strings.Join(allowed, " or "))}
-}
-
-// writeJSON writes v with status as plain JSON: keys such as "<zone>" are
-// not HTML-escaped, the admin API is not a web page.
-func writeJSON(w http.ResponseWriter, status int, v any) error {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	enc := json.NewEncoder(w)
-	enc.SetEscapeHTML(false)
-	return enc.Encode(v)
 }
 
 // Interface guards

@@ -1,4 +1,4 @@
-package ratelimit
+package admin
 
 // The admin API's override routes (/rate_limit/zones/<zone>/overrides): an
 // operator's runtime exceptions to a zone's limit, parsed, kept and
@@ -19,7 +19,7 @@ import (
 
 // serveOverrides answers the override routes of zone z: id "" lists them.
 func (a *AdminAPI) serveOverrides(w http.ResponseWriter, r *http.Request, z *zones.Zone, id string) error {
-	h := viewOf(z).overrides
+	h := live.View(z).Overrides
 	if h == nil {
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s takes no overrides (a connection zone)", z.Name)}
 	}
@@ -35,7 +35,7 @@ func (a *AdminAPI) serveOverrides(w http.ResponseWriter, r *http.Request, z *zon
 		if h.Fleet() {
 			info.View = "fleet"
 		}
-		return writeJSON(w, http.StatusOK, info)
+		return adminapi.WriteJSON(w, http.StatusOK, info)
 	}
 	if err := live.CheckOverrideID(id); err != nil {
 		return err
@@ -44,7 +44,7 @@ func (a *AdminAPI) serveOverrides(w http.ResponseWriter, r *http.Request, z *zon
 	case http.MethodGet:
 		for _, rec := range h.List() {
 			if rec.ID == id {
-				return writeJSON(w, http.StatusOK, rec)
+				return adminapi.WriteJSON(w, http.StatusOK, rec)
 			}
 		}
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s has no override %q", z.Name, id)}
@@ -57,7 +57,7 @@ func (a *AdminAPI) serveOverrides(w http.ResponseWriter, r *http.Request, z *zon
 			return err
 		}
 		overrideChanged(z, "set", rec)
-		return writeJSON(w, http.StatusOK, rec)
+		return adminapi.WriteJSON(w, http.StatusOK, rec)
 	case http.MethodDelete:
 		found, err := h.Remove(r.Context(), id)
 		switch {
@@ -78,7 +78,6 @@ const eventOverrideChanged = "rate_limit_override_changed"
 // overrideChanged tells of a change made through this instance: one INFO
 // line and the rate_limit_override_changed event (by the zone's handler).
 func overrideChanged(z *zones.Zone, change string, rec live.OverrideRecord) {
-	v := viewOf(z)
 	fields := []zap.Field{zap.String("zone", z.Name), zap.String("id", rec.ID), zap.String("change", change), zap.String("by", rec.SetBy)}
 	if rec.Expires != "" {
 		fields = append(fields, zap.String("expires", rec.Expires))
@@ -87,7 +86,7 @@ func overrideChanged(z *zones.Zone, change string, rec live.OverrideRecord) {
 		fields = append(fields, zap.String("reason", rec.Reason))
 	}
 	caddy.Log().Named("http.handlers.rate_limit").Info("rate limit override "+change, fields...)
-	if v.emit != nil {
-		v.emit(eventOverrideChanged, map[string]any{"zone": z.Name, "id": rec.ID, "change": change, "by": rec.SetBy, "expires": rec.Expires, "reason": rec.Reason})
+	if emit := live.View(z).Emit; emit != nil {
+		emit(eventOverrideChanged, map[string]any{"zone": z.Name, "id": rec.ID, "change": change, "by": rec.SetBy, "expires": rec.Expires, "reason": rec.Reason})
 	}
 }
