@@ -558,19 +558,24 @@ func (h *OverrideHolder) load(ctx context.Context) {
 		return
 	}
 	h.mu.Lock()
+	// The set in force changes once, when every change is applied: a read
+	// of the whole set (a new epoch) never passes through an empty one, in
+	// which a deny would be lifted for the requests of that moment.
+	set := h.set.Load()
 	if read.All {
 		h.records = map[string]OverrideRecord{}
-		h.set.Store(nil)
+		set = nil
 	}
 	for _, s := range read.Changes {
 		var r OverrideRecord
 		if s.Record == nil {
-			h.apply(s.ID, nil)
+			set = h.applyTo(set, s.ID, nil)
 		} else if json.Unmarshal(s.Record, &r) == nil && r.ID == s.ID {
 			r.version = s.Version
-			h.apply(r.ID, &r)
+			set = h.applyTo(set, r.ID, &r)
 		}
 	}
+	h.set.Store(set)
 	h.at = read.At
 	h.mu.Unlock()
 	forgetDenials(h.name)
@@ -634,7 +639,13 @@ func (h *OverrideHolder) live(now time.Time) []OverrideRecord {
 // one, and requests move to it with one atomic store. A lapsed record
 // stays until the loop's rebuild drops it; lookups pass it over.
 func (h *OverrideHolder) apply(id string, r *OverrideRecord) {
-	set := h.set.Load().Without(id)
+	h.set.Store(h.applyTo(h.set.Load(), id, r))
+}
+
+// applyTo is apply onto set, returning the set with the change; h.mu is
+// held.
+func (h *OverrideHolder) applyTo(set *zones.OverrideSet, id string, r *OverrideRecord) *zones.OverrideSet {
+	set = set.Without(id)
 	delete(h.records, id)
 	if r != nil {
 		if exp := r.expiresAt(); !exp.IsZero() && (h.next.IsZero() || exp.Before(h.next)) {
@@ -648,7 +659,7 @@ func (h *OverrideHolder) apply(id string, r *OverrideRecord) {
 		}
 		h.records[id] = *r
 	}
-	h.set.Store(set)
+	return set
 }
 
 // rebuild drops lapsed records and makes the set from the others under
