@@ -19,7 +19,7 @@ package algorithms
 //
 //	p > target:              L ← L·(1 + max(½, target/p))/2      (decrease)
 //	p ≤ target, peak ≥ L/2:  L ← L + max(¼, L·min(target/p − 1, ⅒))  (increase)
-//	                         (before the first decrease: L ← 2L, a slow start)
+//	                         (before the first decrease or failure: L ← 2L, a slow start)
 //	otherwise:               L unchanged (demand does not reach the limit)
 //
 // then L is kept within [min, max]. peak is the most requests that wanted
@@ -110,7 +110,8 @@ type Adaptive struct {
 	start   int64 // the current window's start
 	n       int   // latencies seen in the window
 	peak    int64 // the most requests in flight wanted in the window
-	settled bool  // a decrease happened: the slow start is over
+	settled bool  // a decrease or a failure happened: the slow start is over
+	failed  bool  // a request of the window failed
 	lastP90 int64 // the p90 of the last window closed
 	samples [AdaptiveSamples]int64
 	// unloaded is the upstream's unloaded latency learned (0: none above
@@ -139,7 +140,7 @@ const failedSample = math.MaxInt64
 // reports true.
 func (a *Adaptive) Observe(l AdaptiveLimit, now, latency int64, failed bool) bool {
 	if failed {
-		latency = failedSample
+		latency, a.failed = failedSample, true
 	}
 	a.samples[a.n%AdaptiveSamples] = latency
 	a.n++
@@ -151,8 +152,8 @@ func (a *Adaptive) Observe(l AdaptiveLimit, now, latency int64, failed bool) boo
 	p, served := a.p90()
 	a.lastP90 = served
 	a.learn(l, p)
-	a.update(l, p)
-	a.start, a.n, a.peak = now, 0, 0
+	a.update(l, p, a.failed)
+	a.start, a.n, a.peak, a.failed = now, 0, 0, false
 	return true
 }
 
@@ -178,9 +179,11 @@ func (a *Adaptive) target(l AdaptiveLimit) float64 {
 	return max(float64(l.Target), float64(a.unloaded)*9/8)
 }
 
-// update moves the limit after a window of p90 latency p.
-func (a *Adaptive) update(l AdaptiveLimit, p int64) {
+// update moves the limit after a window of p90 latency p, in which a
+// request failed when failed.
+func (a *Adaptive) update(l AdaptiveLimit, p int64, failed bool) {
 	lim, target := a.limit, a.target(l)
+	a.settled = a.settled || failed // a failure ends the slow start, as a loss ends TCP's
 	switch {
 	case float64(p) > target:
 		lim *= (1 + max(0.5, target/float64(p))) / 2

@@ -34,7 +34,7 @@ func TestAdaptiveWindowUpdate(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			a := Adaptive{limit: tc.limit, settled: tc.settled, peak: tc.peak}
-			a.update(tc.l, tc.p90)
+			a.update(tc.l, tc.p90, false)
 			if math.Abs(a.limit-tc.want) > 1e-9 {
 				t.Errorf("limit %v after p90 %v, peak %d: %v, want %v", tc.limit, tc.p90, tc.peak, a.limit, tc.want)
 			}
@@ -44,9 +44,9 @@ func TestAdaptiveWindowUpdate(t *testing.T) {
 
 func TestAdaptiveDecreaseEndsSlowStart(t *testing.T) {
 	a := Adaptive{limit: 40, peak: 40}
-	a.update(target100, 200*ms)
+	a.update(target100, 200*ms, false)
 	a.peak = 40
-	a.update(target100, 50*ms)
+	a.update(target100, 50*ms, false)
 	if a.limit != 30*1.1 {
 		t.Fatalf("after a decrease an increase is a tenth, got limit %v, want %v", a.limit, 30*1.1)
 	}
@@ -308,5 +308,21 @@ func TestAdaptiveLearnsUnloadedLatency(t *testing.T) {
 				t.Errorf("unloaded %d, want %d", a.Unloaded(), tc.want)
 			}
 		})
+	}
+}
+
+// A window with a failure ends the slow start, as a loss ends TCP's: the
+// limit grows by a tenth at most, not twice, and keeps to that after.
+func TestAdaptiveFailureEndsTheSlowStart(t *testing.T) {
+	l := AdaptiveLimit{Target: 100e6, Min: 4, Max: 1000}
+	a := Adaptive{limit: 8, peak: 8}
+	a.update(l, 90e6, true)
+	if want := 8.8; math.Abs(a.limit-want) > 1e-9 || !a.settled {
+		t.Fatalf("after a window with a failure under the target: limit %v, settled %v; want %v, settled", a.limit, a.settled, want)
+	}
+	a.peak = 9
+	a.update(l, 90e6, false)
+	if want := 8.8 * 1.1; math.Abs(a.limit-want) > 1e-9 {
+		t.Fatalf("the next window: limit %v, want %v (no more doubling)", a.limit, want)
 	}
 }

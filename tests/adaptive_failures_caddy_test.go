@@ -117,8 +117,12 @@ func TestAdaptiveLimitDoesNotRiseOnFastErrors(t *testing.T) {
 		}
 	})
 	t.Logf("limit peak %.0f, %.0f after 2s; upstream served %d, answered 500 to %d; client saw %v", peak, late, u.served.Load(), u.errored.Load(), statuses)
-	if late > 2*places {
-		t.Errorf("adaptive limit at %.0f after 2s in front of an upstream of %d places that answers 500 beyond them, want at most %d", late, places, 2*places)
+	// Beside CPU hogs the clients cannot keep the limit's requests in
+	// flight, so a window can stay under a tenth of failures a little
+	// past the places (21 seen); a limit that counts the 500s as fast
+	// answers runs to 128 and on.
+	if late > 3*places {
+		t.Errorf("adaptive limit at %.0f after 2s in front of an upstream of %d places that answers 500 beyond them, want at most %d", late, places, 3*places)
 	}
 	if u.served.Load() == 0 {
 		t.Error("the upstream served nothing")
