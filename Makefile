@@ -45,9 +45,10 @@ STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
 # TREE_CHECKS read the tree, not a running Caddy: the import arrows between
 # packages (go list; the rules are in tests/arrows_test.go, the map in the
-# README's Layout table), that table, the tests/ file names, the links of the
-# README and docs/*.md.
-TREE_CHECKS = TestImportArrows|TestImportArrowsCatchEachBreach|TestReadmeLayoutNamesEveryPackageAndRootFile|TestFileNamesSayWhichTestsStartCaddy|TestDocsLinksResolve|TestDocsACLLineIsTheTestedOne|TestStoreContractIsSmall|TestNoStoreTypeAssertionAfterProvision
+# README's Layout table), the root files' uses of each other (one way, off
+# the hub: tests/rootfiles_test.go), that table, the tests/ file names, the
+# links of the README and docs/*.md.
+TREE_CHECKS = TestImportArrows|TestImportArrowsCatchEachBreach|TestRootFilesHangFromTheHub|TestFileLoopsFindsEachLoop|TestReadmeLayoutNamesEveryPackageAndRootFile|TestFileNamesSayWhichTestsStartCaddy|TestDocsLinksResolve|TestDocsACLLineIsTheTestedOne|TestStoreContractIsSmall|TestNoStoreTypeAssertionAfterProvision
 
 lint: cross
 	@bad=$$(gofmt -l . ); if [ -n "$$bad" ]; then echo "gofmt needed: $$bad"; exit 1; fi

@@ -11,6 +11,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -20,9 +21,9 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// What a request costs (issue 10; docs/configuration.md, "What a request
-// costs"): `cost` is known before the request, one GCRA step of that cost,
-// refunded when a later zone denies; `count` and `charge` make the zone
+// What a request costs (docs/configuration.md, "What a request costs"):
+// `cost` is known before the request, one GCRA step of that cost, refunded
+// when a later zone denies; `count` and `charge` make the zone
 // post-charged: checked before the request, charged after the response.
 
 // costVars are a zone's cost settings, resolved at provision.
@@ -71,7 +72,7 @@ func (c costVars) weighted() bool {
 // the sampled log of a fallback.
 func (z *zoneHandler) costFor(r *http.Request, repl *caddy.Replacer, now int64) int64 {
 	if z.costs.llm != nil {
-		if n, ok := z.llmCost(r); ok {
+		if n, ok := z.costs.llm.cost(r, z.costs.usd() != nil, z.costs.cost); ok {
 			return n
 		}
 	}
@@ -146,33 +147,34 @@ func countCost(verdicts []verdict) {
 	}
 }
 
-// responseCost is what the response costs v's zone, ticket i, once next
-// is over (status and err): what its count matches (a response it does not
-// match costs an estimating zone 0, its estimate back, and is not counted
-// in another), its charge placeholder or its body, by default the ticket's
-// cost (the estimate taken before, or the zone's literal cost); at most
-// one burst. false: the response is not counted.
-func (h *Handler) responseCost(rw *response, r *http.Request, repl *caddy.Replacer, i int, v *verdict, status int, err error, now int64) (int64, bool) {
-	c, cost := &v.Owner.costs, v.Cost
-	switch {
-	case c.count != nil && !c.count.Match(status, rw.Header()):
-		return 0, c.estimate
-	case c.chargeVar != "":
-		if repl == nil {
-			repl = requestReplacer(r)
+// bindMetrics binds m's series of what requests cost in zone name (quota:
+// a quota zone, which counts its use, in units, whatever its cost).
+func (c costVars) bindMetrics(m *zoneMetrics, name string, quota bool) {
+	// A quota zone counts its use, in units, whatever its cost.
+	if c.weighted() || c.postCharged() || quota {
+		m.cost = collectors.cost.WithLabelValues(name)
+	}
+	if c.costVar != "" || c.chargeVar != "" {
+		m.costFallbacks = collectors.costFalls.WithLabelValues(name)
+	}
+	if c.postCharged() {
+		m.chargeFailures = collectors.chargeFails.WithLabelValues(name)
+	}
+	if c.usd() != nil {
+		m.spend = collectors.spend.WithLabelValues(name)
+	}
+	if c.fromBody() {
+		m.chargeFallbacks = map[string]prometheus.Counter{}
+		for _, r := range chargeFallbackReasons() {
+			m.chargeFallbacks[r] = collectors.chargeFalls.WithLabelValues(name, r)
 		}
-		cost = v.Owner.readCost(repl, now, c.chargeVar, "charge", v.Cost)
-	case c.body != nil:
-		cost = rw.bodyTotal(r, i, v, status, err, now)
+		if c.body != nil && c.body.paths == nil {
+			m.tokenCharges = make([]prometheus.Counter, len(usage.Formats()))
+			for f, format := range usage.Formats()[1:] {
+				m.tokenCharges[f+1] = collectors.tokenCharges.WithLabelValues(name, format)
+			}
+		}
 	}
-	if cost > v.Plan.Burst {
-		// One response charges at most one burst: a usage value that is
-		// wrong (or hostile) denies the key for one window, not for
-		// months.
-		v.Owner.costClamped(now, cost, v.Plan.Burst, "burst")
-		cost = v.Plan.Burst
-	}
-	return cost, true
 }
 
 // chargeFailed counts and logs (sampled) a charge after the response that
@@ -187,8 +189,12 @@ func (z *zoneHandler) chargeFailed(err error) {
 // zoneCosts checks and resolves a zone's cost settings.
 func zoneCosts(name string, zc *Zone, plan zones.Plan, logger *zap.Logger) (costVars, error) {
 	c := costVars{cost: cmp.Or(zc.Cost, 1), count: zc.Count, costMin: zc.CostAtLeast, costMax: zc.CostAtMost}
-	if err := usdCosts(name, zc, &c); err != nil {
+	prices, err := usdPrices(name, zc)
+	if err != nil {
 		return c, err
+	}
+	if prices != nil {
+		c.body = &bodyCharge{prices: prices}
 	}
 	if zc.Concurrency > 0 || zc.Adaptive != nil {
 		if zc.Cost != 0 || zc.CostPlaceholder != "" || zc.CostAtLeast != 0 || zc.CostAtMost != 0 || zc.Count != nil || zc.Charge != "" || zc.ChargeJSON != nil || zc.ChargeUSD != nil || zc.ChargeTokens != "" {
@@ -236,8 +242,7 @@ func zoneCosts(name string, zc *Zone, plan zones.Plan, logger *zap.Logger) (cost
 		c.body = &bodyCharge{tokens: m}
 	}
 	c.estimate = c.costVar != "" && (c.chargeVar != "" || c.body != nil)
-	var err error
-	if c.llm, err = llmZoneOf(name, zc, llmPrice(&c)); err != nil {
+	if c.llm, err = llmZoneOf(name, zc, llmPrice(c.body)); err != nil {
 		return c, err
 	}
 	c.estimate = c.estimate || (c.llm != nil && c.llm.estimate)

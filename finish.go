@@ -12,6 +12,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 	"github.com/caddy-tally/ratelimit/internal/usage"
@@ -220,4 +222,142 @@ var errDrained = errors.New("rate_limit: client gone, the response's body read o
 // ReadFrom copies through Write, so that the scanners see the bytes.
 func (rw *response) ReadFrom(r io.Reader) (int64, error) {
 	return io.Copy(struct{ io.Writer }{rw}, r)
+}
+
+// responseCost is what the response costs v's zone, ticket i, once next
+// is over (status and err): what its count matches (a response it does not
+// match costs an estimating zone 0, its estimate back, and is not counted
+// in another), its charge placeholder or its body, by default the ticket's
+// cost (the estimate taken before, or the zone's literal cost); at most
+// one burst. false: the response is not counted.
+func (h *Handler) responseCost(rw *response, r *http.Request, repl *caddy.Replacer, i int, v *verdict, status int, err error, now int64) (int64, bool) {
+	c, cost := &v.Owner.costs, v.Cost
+	switch {
+	case c.count != nil && !c.count.Match(status, rw.Header()):
+		return 0, c.estimate
+	case c.chargeVar != "":
+		if repl == nil {
+			repl = requestReplacer(r)
+		}
+		cost = v.Owner.readCost(repl, now, c.chargeVar, "charge", v.Cost)
+	case c.body != nil:
+		cost = rw.bodyTotal(r, i, v, status, err, now)
+	}
+	if cost > v.Plan.Burst {
+		// One response charges at most one burst: a usage value that is
+		// wrong (or hostile) denies the key for one window, not for
+		// months.
+		v.Owner.costClamped(now, cost, v.Plan.Burst, "burst")
+		cost = v.Plan.Burst
+	}
+	return cost, true
+}
+
+// startScans readies the scanners once the headers are final: when the
+// status is written (or the body's first byte, or its end). The headers are
+// read then, before the writers outside this one see them: an encode
+// handler outside (route { encode; rate_limit; ... }) sets
+// Content-Encoding later, on bytes this writer saw plain; one inside (the
+// default directive order) has set it on the bytes it hands this writer.
+func (rw *response) startScans() {
+	if rw.scanning || len(rw.scans) == 0 {
+		return
+	}
+	rw.scanning = true
+	h := rw.Header()
+	ct, enc := h.Get("Content-Type"), h.Get("Content-Encoding")
+	for i, b := range rw.paths {
+		switch {
+		case b == nil:
+			rw.scans[i] = usage.Scanner{}
+		case b.paths != nil:
+			rw.scans[i].Start(b.paths, ct, enc)
+		default:
+			rw.scans[i].StartTokens(ct, enc)
+		}
+	}
+}
+
+// bodyTotal is what the response charges ticket i, v: the sum of its
+// zone's paths, its token count, or its tokens priced by the model (the
+// response's, else the request's), the format read counted; or, when the
+// body did not carry them (or no price fits the model, or the upstream
+// failed, or the client left before the body's end), the ticket's cost
+// (the estimate taken before, or the zone's literal cost), counted and
+// logged (sampled) by reason.
+func (rw *response) bodyTotal(r *http.Request, i int, v *verdict, status int, err error, now int64) int64 {
+	rw.startScans()
+	var n int64
+	var why usage.Reason
+	var format usage.Format
+	reason := ""
+	switch b := rw.paths[i]; {
+	case b.paths != nil:
+		n, why = rw.scans[i].Total()
+	case b.prices != nil:
+		var t usage.Tokens
+		t, why = rw.scans[i].Tokens()
+		if t.Model == "" {
+			t.Model = requestModel(r) // the request's, read with its body
+		}
+		if why == usage.OK {
+			var priced bool
+			if n, priced = b.prices.Cost(t.Model, t.Input, t.CachedInput, t.Output); !priced {
+				reason = reasonNoPrice
+			}
+		}
+		format = t.Format
+	default:
+		var t usage.Tokens
+		t, why = rw.scans[i].Tokens()
+		n, format = b.tokens.of(t), t.Format
+	}
+	if c := v.Owner.metrics.tokenCharges; c != nil && why == usage.OK && reason == "" && err == nil && status < 500 {
+		add(c[format], 1)
+	}
+	return rw.charged(r, v, status, err, now, n, cmp.Or(reason, why.String()))
+}
+
+// charged is n, what ticket v's response costs by its body, when reason
+// is usage.OK's and the response ended well; else the ticket's cost,
+// counted and logged (sampled) by reason.
+func (rw *response) charged(r *http.Request, v *verdict, status int, err error, now, n int64, reason string) int64 {
+	switch {
+	case reason == usage.OK.String() && err == nil && status < 500:
+		return n
+	case rw.failed || r.Context().Err() != nil:
+		reason = reasonClientGone
+	case err != nil || status >= 500:
+		// An upstream that failed may have cut the body short: a total
+		// read from it may be a stream's placeholder (Anthropic's
+		// message_start carries output_tokens 1), so a 5xx never charges
+		// from its body.
+		reason = reasonUpstreamError
+	}
+	z := v.Owner
+	add(z.metrics.chargeFallbacks[reason], 1)
+	if c := z.logs.chargeFallback.Check(z.logger, now, zapcore.WarnLevel, "response carried no usable usage to charge; the estimate (or the zone's cost) stays charged"); c != nil {
+		c.Write(zap.String("zone", z.Name), zap.String("reason", reason), zap.Int("status", status), zap.Int64("cost", v.Cost))
+	}
+	return v.Cost
+}
+
+// learnOutput records, for ticket i's zone when it estimates, the output
+// tokens of a response that carried its usage, under the request's model
+// (the one the estimate looks up; the response's when the request names
+// none). Failed responses teach nothing.
+func (rw *response) learnOutput(r *http.Request, i int, v *verdict, status int) {
+	l := v.Owner.costs.llm
+	if l == nil || !l.estimate || status >= 400 {
+		return
+	}
+	var t usage.Tokens
+	why := usage.NoUsage
+	if i < len(rw.paths) && rw.paths[i] != nil && rw.paths[i].paths == nil {
+		t, why = rw.scans[i].Tokens()
+	}
+	if why != usage.OK {
+		return
+	}
+	l.outputs.Observe(cmp.Or(requestModel(r), t.Model), t.Output)
 }

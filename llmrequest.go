@@ -1,7 +1,6 @@
 package ratelimit
 
 import (
-	"cmp"
 	"fmt"
 	"io"
 	"net/http"
@@ -112,12 +111,12 @@ func requestModel(r *http.Request) string {
 	return ""
 }
 
-// llmCost reads r's body for z and is the request's estimate, false when
-// the zone does not estimate from the body. A stream the zone wants the
-// usage of is made to ask for it.
-func (z *zoneHandler) llmCost(r *http.Request) (int64, bool) {
-	l := z.costs.llm
-	if !l.estimate && !l.wantsUsage(r.URL.Path) && z.costs.usd() == nil {
+// cost reads r's body for l's zone and is the request's estimate (fallback
+// when the body cannot be priced), false when the zone does not estimate
+// from the body. A stream the zone wants the usage of is made to ask for
+// it. usd: the zone charges dollars, priced by the request's model.
+func (l *llmZone) cost(r *http.Request, usd bool, fallback int64) (int64, bool) {
+	if !l.estimate && !l.wantsUsage(r.URL.Path) && !usd {
 		return 0, false // nothing to read the body for
 	}
 	rd := readLLM(r)
@@ -131,7 +130,7 @@ func (z *zoneHandler) llmCost(r *http.Request) (int64, bool) {
 		return 0, false
 	}
 	if !rd.q.Parsed {
-		return z.costs.cost, true
+		return fallback, true
 	}
 	out := rd.q.MaxOutput
 	if out < 0 {
@@ -139,7 +138,7 @@ func (z *zoneHandler) llmCost(r *http.Request) (int64, bool) {
 	}
 	n, ok := l.price(rd.q.Model, rd.q.Input(), out)
 	if !ok {
-		return z.costs.cost, true
+		return fallback, true
 	}
 	// At least 1, so that a key with nothing left makes no request; at
 	// most the key's budget, taken up to what it has left (zones.Ticket's
@@ -227,36 +226,18 @@ func endStrip(w http.ResponseWriter) {
 	}
 }
 
-// llmPrice is what c's charge makes of a response's tokens (false: it has
-// no price for the model), nil when it charges neither tokens nor dollars.
-func llmPrice(c *costVars) func(model string, input, output int64) (int64, bool) {
-	if p := c.usd(); p != nil {
+// llmPrice is what a zone's body charge b makes of a response's tokens
+// (false: it has no price for the model), nil when it charges neither
+// tokens nor dollars.
+func llmPrice(b *bodyCharge) func(model string, input, output int64) (int64, bool) {
+	if b != nil && b.prices != nil {
+		p := b.prices
 		return func(model string, input, output int64) (int64, bool) { return p.Cost(model, input, 0, output) }
 	}
-	if b := c.body; b != nil && b.paths == nil {
+	if b != nil && b.paths == nil {
 		return func(_ string, input, output int64) (int64, bool) {
 			return b.tokens.of(usage.Tokens{Input: input, Output: output}), true
 		}
 	}
 	return nil
-}
-
-// learnOutput records, for ticket i's zone when it estimates, the output
-// tokens of a response that carried its usage, under the request's model
-// (the one the estimate looks up; the response's when the request names
-// none). Failed responses teach nothing.
-func (rw *response) learnOutput(r *http.Request, i int, v *verdict, status int) {
-	l := v.Owner.costs.llm
-	if l == nil || !l.estimate || status >= 400 {
-		return
-	}
-	var t usage.Tokens
-	why := usage.NoUsage
-	if i < len(rw.paths) && rw.paths[i] != nil && rw.paths[i].paths == nil {
-		t, why = rw.scans[i].Tokens()
-	}
-	if why != usage.OK {
-		return
-	}
-	l.outputs.Observe(cmp.Or(requestModel(r), t.Model), t.Output)
 }

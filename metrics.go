@@ -9,7 +9,6 @@ import (
 
 	"github.com/caddy-tally/ratelimit/config"
 	"github.com/caddy-tally/ratelimit/internal/live"
-	"github.com/caddy-tally/ratelimit/internal/usage"
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
@@ -159,10 +158,10 @@ func (m *zoneMetrics) countClass(k int, allowed bool) {
 	}
 }
 
-// newZoneMetrics binds the series of zone cfg, whose key template is key.
-// distributed says whether the zone has a store, timed whether its
-// decisions wait for it.
-func newZoneMetrics(cfg zones.Config, key string, distributed, timed bool, costs costVars) zoneMetrics {
+// newZoneMetrics binds the series of zone cfg, whose key template is key,
+// but for those of its costs (costVars.bindMetrics). distributed says
+// whether the zone has a store, timed whether its decisions wait for it.
+func newZoneMetrics(cfg zones.Config, key string, distributed, timed bool) zoneMetrics {
 	name, dryRun, bans := cfg.Name, cfg.DryRun, cfg.Ban > 0
 	m := zoneMetrics{Decisions: live.NewDecisions(collectors.requests, name, dryRun)}
 	if distributed {
@@ -174,31 +173,6 @@ func newZoneMetrics(cfg zones.Config, key string, distributed, timed bool, costs
 	}
 	if cfg.PerRequest {
 		m.planFallbacks = collectors.plans.WithLabelValues(name)
-	}
-	// A quota zone counts its use, in units, whatever its cost.
-	if costs.weighted() || costs.postCharged() || cfg.IsQuota() {
-		m.cost = collectors.cost.WithLabelValues(name)
-	}
-	if costs.costVar != "" || costs.chargeVar != "" {
-		m.costFallbacks = collectors.costFalls.WithLabelValues(name)
-	}
-	if costs.postCharged() {
-		m.chargeFailures = collectors.chargeFails.WithLabelValues(name)
-	}
-	if costs.usd() != nil {
-		m.spend = collectors.spend.WithLabelValues(name)
-	}
-	if costs.fromBody() {
-		m.chargeFallbacks = map[string]prometheus.Counter{}
-		for _, r := range chargeFallbackReasons() {
-			m.chargeFallbacks[r] = collectors.chargeFalls.WithLabelValues(name, r)
-		}
-		if costs.body != nil && costs.body.paths == nil {
-			m.tokenCharges = make([]prometheus.Counter, len(usage.Formats()))
-			for f, format := range usage.Formats()[1:] {
-				m.tokenCharges[f+1] = collectors.tokenCharges.WithLabelValues(name, format)
-			}
-		}
 	}
 	if bans && dryRun {
 		m.bans = collectors.dryRunBans.WithLabelValues(name)

@@ -6,20 +6,26 @@
 // admin API module admin.api.rate_limit (package admin), and the `caddy
 // rate-limit` command (package command), the admin API's CLI.
 //
-// The hub is the Handler: module.go (its config, Provision, Cleanup) and
-// serve.go (ServeHTTP, the request path). The configuration, what a user
-// writes in JSON or the Caddyfile (Zone, Distributed, Persist and the
-// types they hold, named here as aliases), is package config's; this
-// package keeps the provisioned forms and the request path. The other files
-// hang off the hub, one concern each, and none calls back into another's:
-// zoneconfig.go (a zone's provisioned form), caddyfile.go (the directive's
-// registration and UnmarshalCaddyfile, over config's parser), plans.go,
-// quota.go and cost.go, bodycharge.go, usd.go (what a request's limits and
-// cost are read from), headers.go (what a response says), metrics.go (what a
-// decision counts), redis.go, region.go and persist.go
-// (the stores and snapshots a zone is provisioned with), challenge.go (a
-// zone's challenge action, over package challenge), status.go (the status
-// handler) and registry.go (the handler's view of internal/live). The admin
+// The hub is the Handler and its zones: module.go (its config, Provision,
+// Cleanup), zoneconfig.go (a zone's provisioned form, which holds each
+// concern's part) and serve.go (ServeHTTP, the request path). The
+// configuration, what a user writes in JSON or the Caddyfile (Zone,
+// Distributed, Persist and the types they hold, named here as aliases), is
+// package config's; this package keeps the provisioned forms and the
+// request path. The other files hang off the hub, one concern each, and
+// their uses of each other run one way, never in a loop
+// (tests/rootfiles_test.go): caddyfile.go (the directive's registration and
+// UnmarshalCaddyfile, over config's parser), plans.go and quota.go (what a
+// request's limits are read from), cost.go (what it costs) over
+// llmrequest.go (the request's body, for LLM zones), bodycharge.go and
+// usd.go (what a zone charges from the response's body, in tokens or
+// dollars), finish.go (the after-response step: the response recorded and
+// each ticket ended by its kind, charged by what its body says),
+// headers.go (what a response says), metrics.go (what a decision counts),
+// redis.go, region.go and persist.go (the stores and snapshots a zone is
+// provisioned with), challenge.go (a zone's challenge action, over package
+// challenge), status.go (the status handler) and registry.go (the handler's
+// view of internal/live). The admin
 // API (package admin) reads what the root registers of each HTTP zone in
 // internal/live (live.ZoneView); its JSON is internal/adminapi's types,
 // which the CLI reads back.
@@ -349,7 +355,7 @@ func (h *Handler) releaseShared() {
 // cleans up the old handlers meanwhile: a reload that changes a distributed
 // setting (the store's pool key) would otherwise close the store under
 // requests still running, stopping their slots' renewals and releases and
-// failing their charges (issue 23: 4 in flight for a limit of 2, a key
+// failing their charges (seen: 4 in flight for a limit of 2, a key
 // locked out for the rest of its lease, a stream's charges lost).
 type handlerUsers struct {
 	n       atomic.Int64

@@ -29,9 +29,13 @@ func handlerOf(z *zones.Zone) *zoneHandler {
 	return zh
 }
 
-// usdFields is zh's amounts in dollars (usdFieldsOf), the USD of its view.
+// usdFields is zh's amounts in dollars (usdFieldsOf), the USD of its view;
+// none for a zone that is not a usd zone, or no HTTP zone (zh nil).
 func (zh *zoneHandler) usdFields(limit, remaining int64, used *int64) adminapi.USDFields {
-	return usdFieldsOf(zh, limit, remaining, used)
+	if zh == nil {
+		return adminapi.USDFields{}
+	}
+	return usdFieldsOf(zh.costs.usd(), limit, remaining, used)
 }
 
 // httpZoneInJSON looks for the HTTP zone name in the routes of the app's

@@ -224,7 +224,7 @@ func zoneStatusOf(ctx context.Context, name string, t *verdict, now int64) zoneS
 	case t.Zone.IsQuota():
 		st.Period, st.Used = t.Zone.Period.String(), &s.Used
 	}
-	st.USDFields = usdFieldsOf(t.Owner, s.Limit, s.Remaining, st.Used)
+	st.USDFields = t.Owner.usdFields(s.Limit, s.Remaining, st.Used)
 	return st
 }
 

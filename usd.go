@@ -15,28 +15,27 @@ import (
 // and shown in dollars: the Caddyfile's `<amount> usd`, RateLimit-Policy's
 // tally-unit, and the status, admin and CLI views' *_usd fields.
 
-// usdCosts checks a zone's unit against its charge and sets its price
-// table: a usd zone is charged by charge usd, and charge usd charges only a
-// usd zone.
-func usdCosts(name string, zc *Zone, c *costVars) error {
+// usdPrices checks a zone's unit against its charge and is its price
+// table, nil when it charges no dollars: a usd zone is charged by charge
+// usd, and charge usd charges only a usd zone.
+func usdPrices(name string, zc *Zone) (*usage.Prices, error) {
 	switch {
 	case zc.Unit != "" && zc.Unit != config.UnitUSD:
-		return fmt.Errorf("zone %s: unit %q is unknown: the one unit is usd (amounts in micro-dollars)", name, zc.Unit)
+		return nil, fmt.Errorf("zone %s: unit %q is unknown: the one unit is usd (amounts in micro-dollars)", name, zc.Unit)
 	case zc.ChargeUSD == nil && zc.Unit == config.UnitUSD:
-		return fmt.Errorf("zone %s: a budget in dollars is charged by charge usd { model <pattern> input <$/1M> output <$/1M> }: add it", name)
+		return nil, fmt.Errorf("zone %s: a budget in dollars is charged by charge usd { model <pattern> input <$/1M> output <$/1M> }: add it", name)
 	case zc.ChargeUSD == nil:
-		return nil
+		return nil, nil
 	case zc.Unit != config.UnitUSD:
-		return fmt.Errorf("zone %s: charge usd counts dollars: give the budget in dollars, e.g. quota 20 usd per month, or events 5 usd with window", name)
+		return nil, fmt.Errorf("zone %s: charge usd counts dollars: give the budget in dollars, e.g. quota 20 usd per month, or events 5 usd with window", name)
 	case zc.Charge != "" || zc.ChargeJSON != nil:
-		return fmt.Errorf("zone %s: a zone charges one thing: charge usd, or charge with a placeholder or json paths; keep one", name)
+		return nil, fmt.Errorf("zone %s: a zone charges one thing: charge usd, or charge with a placeholder or json paths; keep one", name)
 	}
 	t, err := zc.ChargeUSD.Table()
 	if err != nil {
-		return fmt.Errorf("zone %s: %v", name, err)
+		return nil, fmt.Errorf("zone %s: %v", name, err)
 	}
-	c.body = &bodyCharge{prices: t}
-	return nil
+	return t, nil
 }
 
 // Why a usd zone's response fell back: its model has no price, and the
@@ -47,10 +46,10 @@ const reasonNoPrice = "no_price"
 // in RateLimit-Policy's tally-unit.
 const unitMicroUSD = "usd-micro"
 
-// usdFieldsOf are z's amounts in dollars; none unless z is a usd zone
-// (z may be nil: a zone of the listener wrapper).
-func usdFieldsOf(z *zoneHandler, limit, remaining int64, used *int64) adminapi.USDFields {
-	if z == nil || z.costs.usd() == nil {
+// usdFieldsOf are the amounts of a zone with the price table prices in
+// dollars; none unless it is a usd zone (prices nil).
+func usdFieldsOf(prices *usage.Prices, limit, remaining int64, used *int64) adminapi.USDFields {
+	if prices == nil {
 		return adminapi.USDFields{}
 	}
 	f := adminapi.USDFields{Unit: unitMicroUSD, LimitUSD: usage.FormatUSD(limit), RemainingUSD: usage.FormatUSD(remaining)}

@@ -221,7 +221,8 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 		// reads per request and fill the store latency histogram with
 		// zeros.
 		zh.timed = h.store != nil && zh.Mode() == "strict"
-		zh.metrics = newZoneMetrics(cfg, zc.Key, h.store != nil && !cfg.IsAdaptive(), zh.timed, costs)
+		zh.metrics = newZoneMetrics(cfg, zc.Key, h.store != nil && !cfg.IsAdaptive(), zh.timed)
+		costs.bindMetrics(&zh.metrics, cfg.Name, cfg.IsQuota())
 		if cfg.IsAdaptive() {
 			zh.metrics.classes = newClassMetrics(name, zc.Priority, cfg.DryRun)
 		}
