@@ -7,6 +7,7 @@ package tests
 import (
 	"net"
 	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -133,12 +134,8 @@ func TestAdaptiveLimitDoesNotRiseOnFastErrors(t *testing.T) {
 // at its min, so that the upstream is not sent max requests at once when
 // it comes back.
 func TestAdaptiveLimitStaysAtMinInFrontOfAClosedPort(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	// A port no other test is handed: nothing listens there.
+	addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
 	c := startCaddy(t, failingSite(addr))
 	var peak float64
 	statuses := closedLoopLoad(t, c.URL+"/", 20, 3*time.Second, func() { peak = max(peak, adaptiveLimitOf(c)) })

@@ -117,8 +117,8 @@ func newCaddyInstance(t testing.TB) *caddyInstance {
 		Dir:      t.TempDir(),
 		stderr:   new(lockedBuffer),
 	}
-	c.AdminPort = freePortExcept(t, c.HTTPPort)
-	c.httpsPort = freePortExcept(t, c.HTTPPort, c.AdminPort)
+	c.AdminPort = freePort(t)
+	c.httpsPort = freePort(t)
 	c.URL = "http://127.0.0.1:" + strconv.Itoa(c.HTTPPort)
 	c.AdminURL = "http://127.0.0.1:" + strconv.Itoa(c.AdminPort)
 	c.client = &http.Client{

@@ -5,28 +5,38 @@ package tests
 
 import (
 	"net"
-	"slices"
+	"sync"
 	"testing"
 	"time"
 )
 
-// freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+// handedOut are the ports freePort returned in this test process.
+var handedOut struct {
+	sync.Mutex
+	ports map[int]bool
 }
 
-// freePortExcept is freePort, never one of taken: a port freed a moment ago
-// can come back at once.
-func freePortExcept(t testing.TB, taken ...int) int {
+// freePort returns a TCP port on 127.0.0.1 that was free a moment ago and
+// that it never returned before in this process: Caddy binds its listeners
+// with SO_REUSEPORT, so two Caddies of parallel tests given the same port
+// would both bind it and share its connections (one's admin API answering
+// for the other's site).
+func freePort(t testing.TB) int {
 	t.Helper()
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	if handedOut.ports == nil {
+		handedOut.ports = map[int]bool{}
+	}
 	for {
-		if p := freePort(t); !slices.Contains(taken, p) {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if !handedOut.ports[p] {
+			handedOut.ports[p] = true
 			return p
 		}
 	}

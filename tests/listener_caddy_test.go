@@ -44,7 +44,7 @@ func newEdge(t *testing.T) *edge {
 	c := newCaddyInstance(t)
 	pki := newTestPKI(t, "edge")
 	e := &edge{caddyInstance: c}
-	e.tlsPort = freePortExcept(t, c.HTTPPort, c.AdminPort, c.httpsPort)
+	e.tlsPort = freePort(t)
 	e.tlsAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(e.tlsPort))
 	e.cert, e.key = issueForLoopback(pki)
 	pem, err := os.ReadFile(pki.CAFile)
