@@ -18,9 +18,9 @@ const limitedPlaceholder = "http.rate_limit.limited"
 // {http.rate_limit.limited}. Handlers without one never look the replacer
 // up for it: an allowed request of theirs was limited by none of their
 // zones, and a denial's provider (deny) names the denying zone.
-func (h *Handler) annotate(r *http.Request, verdicts []verdict) {
+func (h *Handler) annotate(r *http.Request, tickets []ticket) {
 	if h.annotates {
-		annotateWouldDeny(requestReplacer(r), verdicts)
+		annotateWouldDeny(requestReplacer(r), tickets)
 	}
 }
 
@@ -30,8 +30,8 @@ func (h *Handler) annotate(r *http.Request, verdicts []verdict) {
 // denial is rare: its names are built and Set, which the replacer consults
 // before any provider, so that a second rate_limit handler on the request
 // adds its names to the first's rather than being hidden by its provider.
-func annotateWouldDeny(repl *caddy.Replacer, verdicts []verdict) {
-	names := limitedNames(verdicts, "")
+func annotateWouldDeny(repl *caddy.Replacer, tickets []ticket) {
+	names := limitedNames(tickets, "")
 	if names == "" {
 		repl.Map(notLimited)
 		return
@@ -42,13 +42,13 @@ func annotateWouldDeny(repl *caddy.Replacer, verdicts []verdict) {
 	repl.Set(limitedPlaceholder, names)
 }
 
-// limitedOnDenial is the placeholder's value on a denial of verdicts'
+// limitedOnDenial is the placeholder's value on a denial of tickets'
 // last zone, named denied, which deny's provider gives. A provider is
 // consulted after those of the handlers before it on the request, so when
 // one of them annotated (only possible while some handler has a dry-run
 // zone) the names are joined to theirs and Set instead.
-func limitedOnDenial(repl *caddy.Replacer, verdicts []verdict, denied string) string {
-	names := limitedNames(verdicts, denied)
+func limitedOnDenial(repl *caddy.Replacer, tickets []ticket, denied string) string {
+	names := limitedNames(tickets, denied)
 	if annotatingHandlers.Load() > 0 {
 		if prev, known := repl.GetString(limitedPlaceholder); known {
 			if prev != "" {
@@ -87,13 +87,13 @@ func notLimited(placeholder string) (any, bool) {
 	return nil, false
 }
 
-// limitedNames is the placeholder's value: the dry-run zones of verdicts
+// limitedNames is the placeholder's value: the dry-run zones of tickets
 // that would have denied, then denied (the denying zone's name, or "").
 // Without a would-be denial it is denied itself, allocating nothing.
-func limitedNames(verdicts []verdict, denied string) string {
+func limitedNames(tickets []ticket, denied string) string {
 	var b strings.Builder
-	for i := range verdicts {
-		v := &verdicts[i]
+	for i := range tickets {
+		v := &tickets[i]
 		if !v.Owner.dryRun || v.Decision.Allowed {
 			continue
 		}

@@ -57,7 +57,7 @@ func init() {
 	c.failures = counterVec("challenge_failures_total", "Challenge submissions and cookies a zone refused, by reason: bad_nonce, expired, replayed, wrong_key (issued to another client key), forged, malformed, forged_cookie (a request whose cookie did not verify, then decided under its key).", "reason")
 	c.solveTime = histogramVec("challenge_solve_seconds", "How long solved challenges took, as the page reports it.", .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300)
 	gauge("challenge_identities", "Solved cookies' identities a zone with a challenge decided on this instance within the block's window (at most 100000 counted).", func(z *zones.Zone, _ int64) (float64, bool) {
-		zh := handlerOf(z)
+		zh := httpZoneOf(z)
 		if zh == nil || zh.challenge == nil {
 			return 0, false
 		}
@@ -106,7 +106,7 @@ func provisionChallenge(ctx caddy.Context, c *Challenge, name string, zc *Zone, 
 // placeholder {http.rate_limit.<zone>.identity} gives it to later
 // handlers. A forged, truncated or foreign cookie is counted and the
 // request is decided under its key, as one without.
-func (c *zoneChallenge) identify(r *http.Request, v *verdict) {
+func (c *zoneChallenge) identify(r *http.Request, v *ticket) {
 	ck, err := r.Cookie(c.cookie)
 	if err != nil {
 		return
@@ -129,7 +129,7 @@ func (c *zoneChallenge) identify(r *http.Request, v *verdict) {
 // is the limit's, not an override's deny; it reports whether it did. The
 // page has the zone's denial status and headers (Retry-After: when a
 // client without JavaScript may try again) and is never cached.
-func (c *zoneChallenge) challenge(w http.ResponseWriter, r *http.Request, v *verdict, retry time.Duration) bool {
+func (c *zoneChallenge) challenge(w http.ResponseWriter, r *http.Request, v *ticket, retry time.Duration) bool {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead || !strings.Contains(r.Header.Get("Accept"), "text/html") ||
 		v.Override != nil && v.Override.Deny {
 		return false
@@ -164,7 +164,7 @@ const maxSubmission = 4 << 10
 // costs one HMAC, one SHA-256 and, once solved, one step of the zone's
 // store (the replay guard).
 func (h *Handler) verifyChallenge(w http.ResponseWriter, r *http.Request) bool {
-	var first *zoneHandler
+	var first *httpZone
 	for _, z := range h.zones {
 		if z.challenge != nil {
 			first = z

@@ -71,8 +71,8 @@ func TestCaddyfileConcurrencyErrorsNameTheLineAndTheFix(t *testing.T) {
 // Zones of one rate are ordered by burst, however far apart the bursts
 // are: a comparison by difference would wrap where int is 32 bits.
 func TestZonesOfOneRateAreOrderedBySmallerBurst(t *testing.T) {
-	mk := func(name string, burst int64) *zoneHandler {
-		return &zoneHandler{Zone: mustZone(zones.Config{Name: name, Events: 1 << 33, Window: 1 << 33 * time.Microsecond, Burst: burst}, nil, nil)}
+	mk := func(name string, burst int64) *httpZone {
+		return &httpZone{Zone: mustZone(zones.Config{Name: name, Events: 1 << 33, Window: 1 << 33 * time.Microsecond, Burst: burst}, nil, nil)}
 	}
 	huge, tiny := mk("a_huge", 1<<33), mk("b_tiny", 1)
 	if got := compareZones(tiny, huge); got != -1 {
@@ -87,14 +87,14 @@ func TestZonesOfOneRateAreOrderedBySmallerBurst(t *testing.T) {
 // denies never takes a slot; among concurrency zones the smallest goes
 // first.
 func TestConcurrencyZonesAreDecidedAfterRateZones(t *testing.T) {
-	mk := func(name string, c zones.Config) *zoneHandler {
+	mk := func(name string, c zones.Config) *httpZone {
 		c.Name = name
-		return &zoneHandler{Zone: mustZone(c, nil, nil)}
+		return &httpZone{Zone: mustZone(c, nil, nil)}
 	}
 	c8, c2 := mk("c8", zones.Config{Concurrency: 8}), mk("c2", zones.Config{Concurrency: 2})
 	rate := mk("rate", zones.Config{Events: 1, Window: time.Hour})
 	for _, tc := range []struct {
-		a, b *zoneHandler
+		a, b *httpZone
 		want int
 	}{{rate, c2, -1}, {c2, rate, 1}, {c2, c8, -1}, {c8, c2, 1}, {c2, c2, 0}} {
 		if got := compareZones(tc.a, tc.b); got != tc.want {
@@ -104,15 +104,15 @@ func TestConcurrencyZonesAreDecidedAfterRateZones(t *testing.T) {
 }
 
 func TestConcurrencyPolicyHeader(t *testing.T) {
-	z := &zoneHandler{Zone: mustZone(zones.Config{Name: "uploads", Concurrency: 4}, nil, nil)}
+	z := &httpZone{Zone: mustZone(zones.Config{Name: "uploads", Concurrency: 4}, nil, nil)}
 	hdr := http.Header{}
-	(&Handler{}).setHeaders(hdr, []verdict{{Owner: z, Zone: z.Zone, Decision: zones.Decision{Allowed: true, Remaining: 3}}}, false, 0)
+	(&Handler{}).setHeaders(hdr, []ticket{{Owner: z, Zone: z.Zone, Decision: zones.Decision{Allowed: true, Remaining: 3}}}, false, 0)
 	if p, s, l := hdr.Get("RateLimit-Policy"), hdr.Get("RateLimit"), hdr.Get("RateLimit-Limit"); p != `"uploads";q=4;qu="concurrent-requests"` || s != `"uploads";r=3` || l != "4" {
 		t.Fatalf("allowed: policy %s, state %s, limit %s", p, s, l)
 	}
 	// Denied: t is the retry time; when a slot frees otherwise is unknown.
 	hdr = http.Header{}
-	maxT := (&Handler{}).setHeaders(hdr, []verdict{{Owner: z, Zone: z.Zone, Decision: zones.Decision{RetryAfter: zones.ConcurrencyRetryAfter, ResetAfter: zones.ConcurrencyRetryAfter}}}, true, zones.ConcurrencyRetryAfter)
+	maxT := (&Handler{}).setHeaders(hdr, []ticket{{Owner: z, Zone: z.Zone, Decision: zones.Decision{RetryAfter: zones.ConcurrencyRetryAfter, ResetAfter: zones.ConcurrencyRetryAfter}}}, true, zones.ConcurrencyRetryAfter)
 	if s, want := hdr.Get("RateLimit"), `"uploads";r=0;t=`+strconv.FormatInt(ceilSeconds(zones.ConcurrencyRetryAfter), 10); s != want || maxT != ceilSeconds(zones.ConcurrencyRetryAfter) {
 		t.Fatalf("denied: state %s (largest t %d), want %s", s, maxT, want)
 	}
@@ -124,9 +124,9 @@ func TestSlotIsReleasedWhenNextPanics(t *testing.T) {
 	cfg := zones.Config{Name: "uploads", Concurrency: 1}
 	state := zones.NewState(cfg, time.Hour)
 	defer state.Destruct()
-	z := &zoneHandler{Zone: mustZone(cfg, state, nil)}
-	verdicts := []verdict{{Owner: z, Zone: z.Zone, Key: "alice"}}
-	if verdicts[0].Admit(context.Background(), 0); !verdicts[0].Allowed {
+	z := &httpZone{Zone: mustZone(cfg, state, nil)}
+	tickets := []ticket{{Owner: z, Zone: z.Zone, Key: "alice"}}
+	if tickets[0].Admit(context.Background(), 0); !tickets[0].Allowed {
 		t.Fatal("first request denied")
 	}
 	next := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { panic("boom") })
@@ -136,7 +136,7 @@ func TestSlotIsReleasedWhenNextPanics(t *testing.T) {
 				t.Fatal("the panic did not propagate")
 			}
 		}()
-		_ = (&Handler{}).serve(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/", nil), nil, next, verdicts)
+		_ = (&Handler{}).serve(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/", nil), nil, next, tickets)
 	}()
 	if n := z.InFlight(); n != 0 {
 		t.Fatalf("%d requests in flight after the panic, want 0", n)

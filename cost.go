@@ -70,7 +70,7 @@ func (c costVars) weighted() bool {
 // costFor is the cost of the request before it runs; math.MaxInt64 for a
 // value too large to represent (it can never pass). now (monotime) is for
 // the sampled log of a fallback.
-func (z *zoneHandler) costFor(r *http.Request, repl *caddy.Replacer, now int64) int64 {
+func (z *httpZone) costFor(r *http.Request, repl *caddy.Replacer, now int64) int64 {
 	if z.costs.llm != nil {
 		if n, ok := z.costs.llm.cost(r, z.costs.usd() != nil, z.costs.cost); ok {
 			return n
@@ -93,7 +93,7 @@ func (z *zoneHandler) costFor(r *http.Request, repl *caddy.Replacer, now int64) 
 
 // costClamped counts and logs (sampled) a cost placeholder's value n
 // beyond the zone's bound, which the request costs instead.
-func (z *zoneHandler) costClamped(now, n, bound int64, setting string) {
+func (z *httpZone) costClamped(now, n, bound int64, setting string) {
 	add(z.metrics.costFallbacks, 1)
 	if c := z.logs.costFallback.Check(z.logger, now, zapcore.WarnLevel, "request cost is beyond the zone's bound; the request costs the bound"); c != nil {
 		c.Write(zap.String("zone", z.Name), zap.Int64("value", n), zap.String("bound", setting), zap.Int64("cost", bound))
@@ -104,7 +104,7 @@ func (z *zoneHandler) costClamped(now, n, bound int64, setting string) {
 // one too large to represent, else fallback, counted and, unless the value
 // is empty (a header the client did not send: routine, the counter is
 // enough), logged.
-func (z *zoneHandler) readCost(repl *caddy.Replacer, now int64, name, setting string, fallback int64) int64 {
+func (z *httpZone) readCost(repl *caddy.Replacer, now int64, name, setting string, fallback int64) int64 {
 	s, _ := repl.GetString(name)
 	s = strings.TrimSpace(s)
 	n, err := strconv.ParseInt(s, 10, 64)
@@ -126,7 +126,7 @@ func (z *zoneHandler) readCost(repl *caddy.Replacer, now int64, name, setting st
 
 // logOverBurst logs (sampled) a request whose cost is more than the key
 // can ever have (zones.Ticket.OverBurst): it is denied at once.
-func (z *zoneHandler) logOverBurst(now int64, cost int64, p zones.Plan) {
+func (z *httpZone) logOverBurst(now int64, cost int64, p zones.Plan) {
 	msg, limit, what := "request cost exceeds the zone's burst: it can never pass", p.Burst, "burst"
 	if z.IsQuota() {
 		msg, limit, what = "request cost exceeds the key's quota: it can never pass", p.Events, "quota"
@@ -138,9 +138,9 @@ func (z *zoneHandler) logOverBurst(now int64, cost int64, p zones.Plan) {
 
 // countCost counts the cost of an allowed request in its weighted,
 // pre-charged zones (post-charged zones count when they charge).
-func countCost(verdicts []verdict) {
-	for i := range verdicts {
-		v := &verdicts[i]
+func countCost(tickets []ticket) {
+	for i := range tickets {
+		v := &tickets[i]
 		if v.Allowed && v.Owner.metrics.cost != nil && !v.Owner.costs.postCharged() {
 			v.Owner.metrics.cost.Add(float64(v.Cost))
 		}
@@ -179,7 +179,7 @@ func (c costVars) bindMetrics(m *zoneMetrics, name string, quota bool) {
 
 // chargeFailed counts and logs (sampled) a charge after the response that
 // did not reach Redis: the zone's fail policy applied to it.
-func (z *zoneHandler) chargeFailed(err error) {
+func (z *httpZone) chargeFailed(err error) {
 	add(z.metrics.chargeFailures, 1)
 	if c := z.logs.chargeFailure.Check(z.logger, monotime.Now(), zapcore.WarnLevel, "charge after the response did not reach Redis; fail policy applied"); c != nil {
 		c.Write(zap.String("zone", z.Name), zap.String("fail_policy", z.FailPolicy.String()), zap.Error(err))

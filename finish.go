@@ -62,10 +62,10 @@ var responses = sync.Pool{New: func() any { return new(response) }}
 // responseFor is the response a request with these tickets is served
 // through, nil when none finishes with the response, and the request next
 // is given.
-func (h *Handler) responseFor(w http.ResponseWriter, r *http.Request, verdicts []verdict) (*response, *http.Request) {
+func (h *Handler) responseFor(w http.ResponseWriter, r *http.Request, tickets []ticket) (*response, *http.Request) {
 	after := false
-	for i := range verdicts {
-		after = after || verdicts[i].Holds() || verdicts[i].Owner.costs.postCharged()
+	for i := range tickets {
+		after = after || tickets[i].Holds() || tickets[i].Owner.costs.postCharged()
 	}
 	if !after {
 		return nil, r
@@ -73,10 +73,10 @@ func (h *Handler) responseFor(w http.ResponseWriter, r *http.Request, verdicts [
 	rw := responses.Get().(*response)
 	paths, scans := rw.paths[:0], rw.scans[:0]
 	if h.bodyCharged {
-		for i := range verdicts {
-			paths = append(paths, verdicts[i].Owner.costs.body)
+		for i := range tickets {
+			paths = append(paths, tickets[i].Owner.costs.body)
 		}
-		scans = slices.Grow(scans, len(verdicts))[:len(verdicts)]
+		scans = slices.Grow(scans, len(tickets))[:len(tickets)]
 		// The usage chunk that include_usage asked for is not the
 		// client's: only a body-charged zone adds it.
 		w = stripUsage(w, r)
@@ -114,7 +114,7 @@ const (
 // response's headers, or to next's return when it wrote none) as a sample;
 // none when the client left (its latency says nothing of the upstream's).
 // Its failed: a 5xx, including a proxy error or timeout.
-func (h *Handler) finish(rw *response, r *http.Request, repl *caddy.Replacer, verdicts []verdict) {
+func (h *Handler) finish(rw *response, r *http.Request, repl *caddy.Replacer, tickets []ticket) {
 	err := rw.err
 	if !rw.returned {
 		err = http.ErrAbortHandler
@@ -137,8 +137,8 @@ func (h *Handler) finish(rw *response, r *http.Request, repl *caddy.Replacer, ve
 		latency = -1
 	}
 	ctx, cancel := r.Context(), context.CancelFunc(nil)
-	for i := range verdicts {
-		v := &verdicts[i]
+	for i := range tickets {
+		v := &tickets[i]
 		if z := v.Owner; z.costs.postCharged() {
 			cost, ok := h.responseCost(rw, r, repl, i, v, status, err, now)
 			rw.learnOutput(r, i, v, status)
@@ -230,7 +230,7 @@ func (rw *response) ReadFrom(r io.Reader) (int64, error) {
 // in another), its charge placeholder or its body, by default the ticket's
 // cost (the estimate taken before, or the zone's literal cost); at most
 // one burst. false: the response is not counted.
-func (h *Handler) responseCost(rw *response, r *http.Request, repl *caddy.Replacer, i int, v *verdict, status int, err error, now int64) (int64, bool) {
+func (h *Handler) responseCost(rw *response, r *http.Request, repl *caddy.Replacer, i int, v *ticket, status int, err error, now int64) (int64, bool) {
 	c, cost := &v.Owner.costs, v.Cost
 	switch {
 	case c.count != nil && !c.count.Match(status, rw.Header()):
@@ -285,7 +285,7 @@ func (rw *response) startScans() {
 // failed, or the client left before the body's end), the ticket's cost
 // (the estimate taken before, or the zone's literal cost), counted and
 // logged (sampled) by reason.
-func (rw *response) bodyTotal(r *http.Request, i int, v *verdict, status int, err error, now int64) int64 {
+func (rw *response) bodyTotal(r *http.Request, i int, v *ticket, status int, err error, now int64) int64 {
 	rw.startScans()
 	var n int64
 	var why usage.Reason
@@ -321,7 +321,7 @@ func (rw *response) bodyTotal(r *http.Request, i int, v *verdict, status int, er
 // charged is n, what ticket v's response costs by its body, when reason
 // is usage.OK's and the response ended well; else the ticket's cost,
 // counted and logged (sampled) by reason.
-func (rw *response) charged(r *http.Request, v *verdict, status int, err error, now, n int64, reason string) int64 {
+func (rw *response) charged(r *http.Request, v *ticket, status int, err error, now, n int64, reason string) int64 {
 	switch {
 	case reason == usage.OK.String() && err == nil && status < 500:
 		return n
@@ -346,7 +346,7 @@ func (rw *response) charged(r *http.Request, v *verdict, status int, err error, 
 // tokens of a response that carried its usage, under the request's model
 // (the one the estimate looks up; the response's when the request names
 // none). Failed responses teach nothing.
-func (rw *response) learnOutput(r *http.Request, i int, v *verdict, status int) {
+func (rw *response) learnOutput(r *http.Request, i int, v *ticket, status int) {
 	l := v.Owner.costs.llm
 	if l == nil || !l.estimate || status >= 400 {
 		return

@@ -50,8 +50,8 @@ const maxSFInteger = 999_999_999_999_999
 // its header values' backing array, its own: a later handler that edits a
 // value in place (Caddy's header directive does) changes this response's
 // headers and no other's.
-func (h *Handler) setHeaders(hdr http.Header, verdicts []verdict, denied bool, retry time.Duration) (maxT int64) {
-	if len(verdicts) == 0 {
+func (h *Handler) setHeaders(hdr http.Header, tickets []ticket, denied bool, retry time.Duration) (maxT int64) {
+	if len(tickets) == 0 {
 		return 0
 	}
 	if h.headers == headersOff {
@@ -60,18 +60,18 @@ func (h *Handler) setHeaders(hdr http.Header, verdicts []verdict, denied bool, r
 		}
 		return 0
 	}
-	if len(verdicts) == 1 && h.rendered != nil && !h.earlierHeaders(hdr) {
-		k := newRenderKey(&verdicts[0], denied, retry)
+	if len(tickets) == 1 && h.rendered != nil && !h.earlierHeaders(hdr) {
+		k := newRenderKey(&tickets[0], denied, retry)
 		e := h.rendered.get(&k)
 		if e == nil {
 			e = &renderedHeaders{key: k}
-			h.render(e, hdr, verdicts, denied, retry)
+			h.render(e, hdr, tickets, denied, retry)
 			h.rendered.put(e)
 		}
 		return e.set(hdr, h.headers)
 	}
 	var e renderedHeaders
-	h.render(&e, hdr, verdicts, denied, retry)
+	h.render(&e, hdr, tickets, denied, retry)
 	return e.set(hdr, h.headers)
 }
 
@@ -130,10 +130,10 @@ func (e *renderedHeaders) set(hdr http.Header, mode headerMode) int64 {
 	return e.maxT
 }
 
-// render renders into e the headers of verdicts (merged with an earlier
+// render renders into e the headers of tickets (merged with an earlier
 // handler's in hdr), as one string, the one in h's value cache when there
 // is one.
-func (h *Handler) render(e *renderedHeaders, hdr http.Header, verdicts []verdict, denied bool, retry time.Duration) {
+func (h *Handler) render(e *renderedHeaders, hdr http.Header, tickets []ticket, denied bool, retry time.Duration) {
 	e.denied = denied
 	var stack [192]byte
 	buf := stack[:0]
@@ -146,11 +146,11 @@ func (h *Handler) render(e *renderedHeaders, hdr http.Header, verdicts []verdict
 			buf = append(buf, prevPolicy[0]...)
 			buf = append(buf, ", "...)
 		}
-		for i := range verdicts {
+		for i := range tickets {
 			if i > 0 {
 				buf = append(buf, ", "...)
 			}
-			buf = appendPolicy(buf, &verdicts[i])
+			buf = appendPolicy(buf, &tickets[i])
 		}
 		ends[e.n] = len(buf)
 		e.n++
@@ -160,23 +160,23 @@ func (h *Handler) render(e *renderedHeaders, hdr http.Header, verdicts []verdict
 			e.maxT = max(e.maxT, t)
 			buf = append(buf, ", "...)
 		}
-		for i := range verdicts {
+		for i := range tickets {
 			if i > 0 {
 				buf = append(buf, ", "...)
 			}
 			var t int64
-			buf, t = appendState(buf, &verdicts[i], denied)
+			buf, t = appendState(buf, &tickets[i], denied)
 			e.maxT = max(e.maxT, t)
 		}
 		ends[e.n] = len(buf)
 		e.n++
 	}
-	var legacy *verdict
+	var legacy *ticket
 	if h.headers != headersIETF {
 		// The most restrictive zone: fewest remaining, then longest reset.
-		legacy = &verdicts[0]
-		for i := range verdicts[1:] {
-			v := &verdicts[i+1]
+		legacy = &tickets[0]
+		for i := range tickets[1:] {
+			v := &tickets[i+1]
 			if v.Decision.Remaining < legacy.Decision.Remaining || (v.Decision.Remaining == legacy.Decision.Remaining && v.Decision.ResetAfter > legacy.Decision.ResetAfter) {
 				legacy = v
 			}
@@ -211,11 +211,11 @@ func (h *Handler) render(e *renderedHeaders, hdr http.Header, verdicts []verdict
 	}
 }
 
-// renderKey is what the headers of one verdict depend on: the zone (its
+// renderKey is what the headers of one ticket depend on: the zone (its
 // name, kind and cost parameters), the plan's q and w, and the numbers the
 // response carries. The handler's headers mode is fixed per render cache.
 type renderKey struct {
-	zone           *zoneHandler
+	zone           *httpZone
 	events, window int64
 	remaining      int64
 	t              int64 // the RateLimit member's t in seconds, -1 for none
@@ -223,7 +223,7 @@ type renderKey struct {
 	retryAfter     int64 // Retry-After in seconds, 0 for an allowed request
 }
 
-func newRenderKey(v *verdict, denied bool, retry time.Duration) renderKey {
+func newRenderKey(v *ticket, denied bool, retry time.Duration) renderKey {
 	k := renderKey{zone: v.Owner, events: quota(v), window: int64(v.Window()),
 		remaining: v.Decision.Remaining, t: -1, reset: ceilSeconds(v.Decision.ResetAfter)}
 	if t, ok := v.MoreQuotaIn(); ok && !(denied && v.Decision.Remaining > 0) {
@@ -302,7 +302,7 @@ func (c *valueCache) seconds(n int64) string {
 
 // quota is v's q: the zone's, or in a scope global zone the region's share
 // of it, rounded down: what a client that paces itself by q gets here.
-func quota(v *verdict) int64 {
+func quota(v *ticket) int64 {
 	if r := v.Owner.region; r != nil {
 		return int64(float64(v.Quota()) * float64(r.Share(v.Owner.Name, v.Key)) / distributed.ShareScale)
 	}
@@ -310,7 +310,7 @@ func quota(v *verdict) int64 {
 }
 
 // appendPolicy appends v's zone as a RateLimit-Policy list member.
-func appendPolicy(buf []byte, v *verdict) []byte {
+func appendPolicy(buf []byte, v *ticket) []byte {
 	buf = append(buf, '"')
 	buf = append(buf, v.Owner.Name...) // [A-Za-z0-9_-]: nothing to escape
 	buf = append(buf, `";q=`...)
@@ -329,7 +329,7 @@ func appendPolicy(buf []byte, v *verdict) []byte {
 
 // appendState appends v as a RateLimit list member and returns its t, 0
 // when it has none.
-func appendState(buf []byte, v *verdict, denied bool) ([]byte, int64) {
+func appendState(buf []byte, v *ticket, denied bool) ([]byte, int64) {
 	buf = append(buf, '"')
 	buf = append(buf, v.Owner.Name...)
 	buf = append(buf, `";r=`...)

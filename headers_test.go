@@ -11,9 +11,9 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-func testZone(name string, events int64, window time.Duration, burst int64) *zoneHandler {
+func testZone(name string, events int64, window time.Duration, burst int64) *httpZone {
 	cfg := zones.Config{Name: name, Events: events, Window: window, Burst: burst}
-	return &zoneHandler{Zone: mustZone(cfg, nil, nil)}
+	return &httpZone{Zone: mustZone(cfg, nil, nil)}
 }
 
 // The RateLimit fields to the letter of draft-ietf-httpapi-ratelimit-headers-10
@@ -25,7 +25,7 @@ func TestHeadersFollowDraft10(t *testing.T) {
 	half := testZone("half", 5, 1500*time.Millisecond, 0)
 	tests := []struct {
 		name       string
-		verdicts   []verdict
+		tickets    []ticket
 		denied     bool
 		policy     string
 		state      string
@@ -33,37 +33,37 @@ func TestHeadersFollowDraft10(t *testing.T) {
 		minRetryAt int64
 	}{
 		{"first request of a fresh key: one unit frees in T",
-			[]verdict{{Owner: perMin, Zone: perMin.Zone, Plan: perMin.Plan(), Decision: zones.Decision{Allowed: true, Remaining: 9, ResetAfter: 6 * time.Second}}}, false,
+			[]ticket{{Owner: perMin, Zone: perMin.Zone, Plan: perMin.Plan(), Decision: zones.Decision{Allowed: true, Remaining: 9, ResetAfter: 6 * time.Second}}}, false,
 			`"z";q=10;w=60`, `"z";r=9;t=6`, [3]string{"10", "9", "6"}, 6},
 		{"part way through an interval: t is what is left of it, rounded up",
-			[]verdict{{Owner: perMin, Zone: perMin.Zone, Plan: perMin.Plan(), Decision: zones.Decision{Allowed: true, Remaining: 7, ResetAfter: 14*time.Second + 200*time.Millisecond}}}, false,
+			[]ticket{{Owner: perMin, Zone: perMin.Zone, Plan: perMin.Plan(), Decision: zones.Decision{Allowed: true, Remaining: 7, ResetAfter: 14*time.Second + 200*time.Millisecond}}}, false,
 			`"z";q=10;w=60`, `"z";r=7;t=3`, [3]string{"10", "7", "15"}, 3},
 		{"last unit used: t is the next interval, not the full reset",
-			[]verdict{{Owner: perMin, Zone: perMin.Zone, Plan: perMin.Plan(), Decision: zones.Decision{Allowed: true, Remaining: 0, ResetAfter: 60 * time.Second}}}, false,
+			[]ticket{{Owner: perMin, Zone: perMin.Zone, Plan: perMin.Plan(), Decision: zones.Decision{Allowed: true, Remaining: 0, ResetAfter: 60 * time.Second}}}, false,
 			`"z";q=10;w=60`, `"z";r=0;t=6`, [3]string{"10", "0", "60"}, 6},
 		{"denied: t is the retry time, as Retry-After",
-			[]verdict{{Owner: perMin, Zone: perMin.Zone, Plan: perMin.Plan(), Decision: zones.Decision{RetryAfter: 5*time.Second + time.Millisecond, ResetAfter: 60 * time.Second}}}, true,
+			[]ticket{{Owner: perMin, Zone: perMin.Zone, Plan: perMin.Plan(), Decision: zones.Decision{RetryAfter: 5*time.Second + time.Millisecond, ResetAfter: 60 * time.Second}}}, true,
 			`"z";q=10;w=60`, `"z";r=0;t=6`, [3]string{"10", "0", "60"}, 6},
 		{"full key (fail open): no t, nothing more can become available",
-			[]verdict{{Owner: perMin, Zone: perMin.Zone, Plan: perMin.Plan(), Decision: zones.Decision{Allowed: true, Remaining: 10}}}, false,
+			[]ticket{{Owner: perMin, Zone: perMin.Zone, Plan: perMin.Plan(), Decision: zones.Decision{Allowed: true, Remaining: 10}}}, false,
 			`"z";q=10;w=60`, `"z";r=10`, [3]string{"10", "10", "0"}, 0},
 		{"window not in whole seconds: no w",
-			[]verdict{{Owner: half, Zone: half.Zone, Plan: half.Plan(), Decision: zones.Decision{Allowed: true, Remaining: 4, ResetAfter: 300 * time.Millisecond}}}, false,
+			[]ticket{{Owner: half, Zone: half.Zone, Plan: half.Plan(), Decision: zones.Decision{Allowed: true, Remaining: 4, ResetAfter: 300 * time.Millisecond}}}, false,
 			`"half";q=5`, `"half";r=4;t=1`, [3]string{"5", "4", "1"}, 1},
 		{"denied by one zone: the other, with quota left, gives no t to undercut Retry-After",
-			[]verdict{
+			[]ticket{
 				{Owner: perMin, Zone: perMin.Zone, Plan: perMin.Plan(), Decision: zones.Decision{RetryAfter: 2 * time.Second, ResetAfter: 56 * time.Second}},
 				{Owner: daily, Zone: daily.Zone, Plan: daily.Plan(), Decision: zones.Decision{Allowed: true, Remaining: 990, ResetAfter: 864 * time.Second}},
 			}, true,
 			`"z";q=10;w=60, "daily";q=1000;w=86400`, `"z";r=0;t=2, "daily";r=990`, [3]string{"10", "0", "56"}, 2},
 		{"allowed by two zones: one member each, legacy trio from the one with fewest remaining",
-			[]verdict{
+			[]ticket{
 				{Owner: perMin, Zone: perMin.Zone, Plan: perMin.Plan(), Decision: zones.Decision{Allowed: true, Remaining: 3, ResetAfter: 40 * time.Second}},
 				{Owner: daily, Zone: daily.Zone, Plan: daily.Plan(), Decision: zones.Decision{Allowed: true, Remaining: 990, ResetAfter: 864 * time.Second}},
 			}, false,
 			`"z";q=10;w=60, "daily";q=1000;w=86400`, `"z";r=3;t=4, "daily";r=990;t=87`, [3]string{"10", "3", "40"}, 87},
 		{"two zones with as many remaining: legacy trio from the one that is full again later, whichever comes first",
-			[]verdict{
+			[]ticket{
 				{Owner: perMin, Zone: perMin.Zone, Plan: perMin.Plan(), Decision: zones.Decision{Allowed: true, Remaining: 3, ResetAfter: 40 * time.Second}},
 				{Owner: daily, Zone: daily.Zone, Plan: daily.Plan(), Decision: zones.Decision{Allowed: true, Remaining: 3, ResetAfter: 2520 * time.Second}},
 			}, false,
@@ -73,7 +73,7 @@ func TestHeadersFollowDraft10(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := &Handler{}
 			hdr := http.Header{}
-			maxT := h.setHeaders(hdr, tc.verdicts, tc.denied, tc.verdicts[0].Decision.RetryAfter)
+			maxT := h.setHeaders(hdr, tc.tickets, tc.denied, tc.tickets[0].Decision.RetryAfter)
 			if got := hdr.Get("RateLimit-Policy"); got != tc.policy {
 				t.Errorf("RateLimit-Policy = %q, want %q", got, tc.policy)
 			}
@@ -106,8 +106,8 @@ func TestHeadersOfTwoHandlersMerge(t *testing.T) {
 	hdr := http.Header{}
 	first := testZone("daily", 1000, 24*time.Hour, 0)
 	second := testZone("z", 10, time.Minute, 0)
-	h.setHeaders(hdr, []verdict{{Owner: first, Zone: first.Zone, Plan: first.Plan(), Decision: zones.Decision{Allowed: true, Remaining: 990, ResetAfter: 864 * time.Second}}}, false, 0)
-	maxT := h.setHeaders(hdr, []verdict{{Owner: second, Zone: second.Zone, Plan: second.Plan(), Decision: zones.Decision{RetryAfter: 2 * time.Second, ResetAfter: 56 * time.Second}}}, true, 1500*time.Millisecond)
+	h.setHeaders(hdr, []ticket{{Owner: first, Zone: first.Zone, Plan: first.Plan(), Decision: zones.Decision{Allowed: true, Remaining: 990, ResetAfter: 864 * time.Second}}}, false, 0)
+	maxT := h.setHeaders(hdr, []ticket{{Owner: second, Zone: second.Zone, Plan: second.Plan(), Decision: zones.Decision{RetryAfter: 2 * time.Second, ResetAfter: 56 * time.Second}}}, true, 1500*time.Millisecond)
 	if got, want := hdr.Get("RateLimit-Policy"), `"daily";q=1000;w=86400, "z";q=10;w=60`; got != want {
 		t.Errorf("RateLimit-Policy = %q, want %q", got, want)
 	}
@@ -130,7 +130,7 @@ func TestHeadersOfTwoHandlersMerge(t *testing.T) {
 func TestHeaderIntegersStayWithinStructuredFieldRange(t *testing.T) {
 	z := testZone("big", 1<<40, zones.MaxSpan, 0)
 	hdr := http.Header{}
-	(&Handler{}).setHeaders(hdr, []verdict{{Owner: z, Zone: z.Zone, Plan: z.Plan(), Decision: zones.Decision{RetryAfter: zones.MaxSpan, ResetAfter: 1<<63 - 1}}}, true, zones.MaxSpan)
+	(&Handler{}).setHeaders(hdr, []ticket{{Owner: z, Zone: z.Zone, Plan: z.Plan(), Decision: zones.Decision{RetryAfter: zones.MaxSpan, ResetAfter: 1<<63 - 1}}}, true, zones.MaxSpan)
 	for _, name := range []string{"RateLimit-Policy", "RateLimit", "RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset", "Retry-After"} {
 		for _, f := range strings.FieldsFunc(hdr.Get(name), func(r rune) bool { return r < '0' || r > '9' }) {
 			if n, err := strconv.ParseInt(f, 10, 64); err != nil || len(f) > 15 || n < 0 {
@@ -143,7 +143,7 @@ func TestHeaderIntegersStayWithinStructuredFieldRange(t *testing.T) {
 func BenchmarkSetHeaders(b *testing.B) {
 	h := &Handler{}
 	api := testZone("api", 100, time.Minute, 0)
-	vs := []verdict{{Owner: api, Zone: api.Zone, Plan: api.Plan(), Decision: zones.Decision{Allowed: true, Remaining: 42, ResetAfter: 35 * time.Second}}}
+	vs := []ticket{{Owner: api, Zone: api.Zone, Plan: api.Plan(), Decision: zones.Decision{Allowed: true, Remaining: 42, ResetAfter: 35 * time.Second}}}
 	hdr := http.Header{}
 	b.ReportAllocs()
 	for b.Loop() {
@@ -178,7 +178,7 @@ func TestHeaderValueCacheUnderConcurrency(t *testing.T) {
 				if denied {
 					d.RetryAfter, retry = 200*time.Millisecond, time.Duration(i%3)*time.Second
 				}
-				h.setHeaders(hdr, []verdict{{Owner: z, Zone: z.Zone, Plan: z.Plan(), Decision: d}}, denied, retry)
+				h.setHeaders(hdr, []ticket{{Owner: z, Zone: z.Zone, Plan: z.Plan(), Decision: d}}, denied, retry)
 				// T = 0.6s: 35s is 0.2s into an interval.
 				want := `"` + z.Name + `";r=` + strconv.FormatInt(remaining, 10) + ";t=1"
 				if got := hdr.Get("RateLimit"); got != want {

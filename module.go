@@ -141,9 +141,9 @@ type Handler struct {
 	// limit on live traffic.
 	DryRun bool `json:"dry_run,omitempty"`
 
-	zones       []*zoneHandler // tightest first
-	weighted    bool           // a zone counts cost in metrics
-	bodyCharged bool           // a zone charges from the response body
+	zones       []*httpZone // tightest first
+	weighted    bool        // a zone counts cost in metrics
+	bodyCharged bool        // a zone charges from the response body
 	headers     headerMode
 	values      *valueCache  // header values rendered before
 	rendered    *renderCache // responses' headers rendered before; nil with headers off

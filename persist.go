@@ -50,7 +50,7 @@ func newPersister(ctx caddy.Context, h *Handler) (*live.Persister, int, error) {
 // not resume from a snapshot of the old ones. A zone with ban adds its ban
 // settings (its bans' entries depend on them); a zone without keeps the
 // identity it had before bans were persisted.
-func snapshotID(zh *zoneHandler) string {
+func snapshotID(zh *httpZone) string {
 	l := zh.Limit()
 	v := zh.vars
 	id := fmt.Sprintf("zone=%s interval=%d burst=%d plans=%q,%q,%q,%d,%d,%d",

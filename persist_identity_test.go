@@ -15,7 +15,7 @@ import (
 func TestSnapshotIdentityFollowsTheBan(t *testing.T) {
 	id := func(ban, banMax time.Duration) string {
 		c := zones.Config{Name: "login", Events: 3, Window: time.Hour, Ban: ban, BanMax: banMax}
-		return snapshotID(&zoneHandler{Zone: mustZone(c, nil, nil)})
+		return snapshotID(&httpZone{Zone: mustZone(c, nil, nil)})
 	}
 	plain := id(0, 0)
 	if strings.Contains(plain, "ban") {

@@ -12,7 +12,7 @@ import (
 // not change with anything else.
 func TestSnapshotNameFollowsTheLimits(t *testing.T) {
 	name := func(events int64, window time.Duration, dryRun bool) string {
-		zh := &zoneHandler{Zone: mustZone(zones.Config{Name: "login", Events: events, Window: window, DryRun: dryRun}, nil, nil)}
+		zh := &httpZone{Zone: mustZone(zones.Config{Name: "login", Events: events, Window: window, DryRun: dryRun}, nil, nil)}
 		return snapshotID(zh)
 	}
 	base := name(3, time.Hour, false)

@@ -100,7 +100,7 @@ func (v planVars) any() bool {
 // planFor returns the plan the request is decided under: the zone's
 // literal plan (no lookup, no allocation) unless it reads one from the
 // request. now (monotime) is for the sampled log of a fallback.
-func (z *zoneHandler) planFor(repl *caddy.Replacer, now int64) zones.Plan {
+func (z *httpZone) planFor(repl *caddy.Replacer, now int64) zones.Plan {
 	lit := z.Plan()
 	if !z.vars.any() {
 		return lit
@@ -175,7 +175,7 @@ func (f *fellBack) limit(repl *caddy.Replacer, setting, ph string, atMost, lit i
 
 // planFallback counts and logs (sampled) a request whose per-request limit
 // was unusable.
-func (z *zoneHandler) planFallback(now int64, fb fellBack) {
+func (z *httpZone) planFallback(now int64, fb fellBack) {
 	add(z.metrics.planFallbacks, 1)
 	if c := z.logs.planFallback.Check(z.logger, now, zapcore.WarnLevel, "per-request limit is empty or invalid; using the zone's literal value"); c != nil {
 		fields := []zap.Field{zap.String("zone", z.Name), zap.String("setting", fb.setting), zap.String("value", fb.value)}

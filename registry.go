@@ -22,16 +22,16 @@ func stateKey(vars planVars) any {
 	return vars
 }
 
-// handlerOf is HTTP zone z's handler, as registered in its view (nil for
+// httpZoneOf is z's HTTP side, as registered in its view (nil for
 // a connection zone).
-func handlerOf(z *zones.Zone) *zoneHandler {
-	zh, _ := live.View(z).Handler.(*zoneHandler)
+func httpZoneOf(z *zones.Zone) *httpZone {
+	zh, _ := live.View(z).Handler.(*httpZone)
 	return zh
 }
 
 // usdFields is zh's amounts in dollars (usdFieldsOf), the USD of its view;
 // none for a zone that is not a usd zone, or no HTTP zone (zh nil).
-func (zh *zoneHandler) usdFields(limit, remaining int64, used *int64) adminapi.USDFields {
+func (zh *httpZone) usdFields(limit, remaining int64, used *int64) adminapi.USDFields {
 	if zh == nil {
 		return adminapi.USDFields{}
 	}

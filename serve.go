@@ -20,12 +20,12 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// maxStackZones is how many zone verdicts ServeHTTP keeps on the stack.
+// maxStackZones is how many zone tickets ServeHTTP keeps on the stack.
 const maxStackZones = 4
 
-// verdict is one zone's ticket for the request being served; its Owner is
-// the zone's handler side (its metrics, logs and costs).
-type verdict = zones.Ticket[*zoneHandler]
+// ticket is one zone's zones.Ticket for the request being served; its Owner
+// is the zone's HTTP side (its metrics, logs and costs).
+type ticket = zones.Ticket[*httpZone]
 
 // ServeHTTP decides the request in every zone that applies to it, tightest
 // first, and either calls next or returns the denial.
@@ -41,16 +41,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if h.placeholders {
 		repl = requestReplacer(r)
 	}
-	var stack [maxStackZones]verdict
-	verdicts, err := h.applicable(r, repl, now, stack[:0])
+	var stack [maxStackZones]ticket
+	tickets, err := h.applicable(r, repl, now, stack[:0])
 	if err != nil {
 		return err
 	}
 	if h.store != nil {
 		// Only a store's denials are cached: in local mode the
 		// decision is the table lookup a cache would be.
-		if v := h.cachedDenial(verdicts, now); v >= 0 {
-			return h.deny(w, r, verdicts[v:v+1], &verdicts[v], now)
+		if v := h.cachedDenial(tickets, now); v >= 0 {
+			return h.deny(w, r, tickets[v:v+1], &tickets[v], now)
 		}
 	}
 	if h.holds && h.users.hold() {
@@ -60,11 +60,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	ctx, cancel := h.storeContext(r, now)
 	mark := now // the end of the last zone's decision, for the store's latency
-	adm := zones.Admit(ctx, verdicts, now,
-		func(i int) { h.seen(&verdicts[i], now, &mark) },
+	adm := zones.Admit(ctx, tickets, now,
+		func(i int) { h.seen(&tickets[i], now, &mark) },
 		func(turn int64) (context.Context, bool) {
 			cancel()
-			if !h.awaitTurn(r, verdicts, turn) {
+			if !h.awaitTurn(r, tickets, turn) {
 				return nil, false
 			}
 			ctx, cancel = h.restartStoreContext(r)
@@ -76,16 +76,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	case adm.Gone:
 		return clientGone(w)
 	case adm.Denied >= 0:
-		return h.deny(w, r, verdicts[:adm.Denied+1], &verdicts[adm.Denied], now)
-	case adm.Turn != 0 && !h.awaitTurn(r, verdicts, adm.Turn):
+		return h.deny(w, r, tickets[:adm.Denied+1], &tickets[adm.Denied], now)
+	case adm.Turn != 0 && !h.awaitTurn(r, tickets, adm.Turn):
 		return clientGone(w)
 	}
-	h.setHeaders(w.Header(), verdicts, false, 0)
+	h.setHeaders(w.Header(), tickets, false, 0)
 	if h.weighted {
-		countCost(verdicts)
+		countCost(tickets)
 	}
-	h.annotate(r, verdicts)
-	return h.serve(w, r, repl, next, verdicts)
+	h.annotate(r, tickets)
+	return h.serve(w, r, repl, next, tickets)
 }
 
 // serve calls next for an allowed request, through the after-response step
@@ -94,12 +94,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // (reverse_proxy returns when its upstream call is cancelled); a hijacked
 // connection (WebSocket) holds its slots until the handler that hijacked
 // it returns, which reverse_proxy does when the connection ends.
-func (h *Handler) serve(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, verdicts []verdict) error {
+func (h *Handler) serve(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, tickets []ticket) error {
 	out := w
-	rw, nr := h.responseFor(w, r, verdicts)
+	rw, nr := h.responseFor(w, r, tickets)
 	if rw != nil {
 		out = rw
-		defer h.finish(rw, r, repl, verdicts)
+		defer h.finish(rw, r, repl, tickets)
 	}
 	err := next.ServeHTTP(out, nr)
 	if rw != nil {
@@ -113,7 +113,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 // since mark, the end of the last decision, which seen moves), a store
 // error, a turn reserved for later, a request that can never pass, and in a
 // dry-run zone the denial (or ban) it would have been, in top as well.
-func (h *Handler) seen(v *verdict, now int64, mark *int64) {
+func (h *Handler) seen(v *ticket, now int64, mark *int64) {
 	z, d := v.Owner, &v.Decision
 	var took time.Duration
 	if z.timed {
@@ -147,7 +147,7 @@ func (h *Handler) seen(v *verdict, now int64, mark *int64) {
 // zones' queue places are given back. On the way on, the delayed zones'
 // headers are those of an allowed request at its turn, and
 // {http.rate_limit.delay} is the time waited.
-func (h *Handler) awaitTurn(r *http.Request, verdicts []verdict, turn int64) bool {
+func (h *Handler) awaitTurn(r *http.Request, tickets []ticket, turn int64) bool {
 	start := time.Now()
 	t := time.NewTimer(time.Duration(turn - monotime.Now()))
 	defer t.Stop()
@@ -158,17 +158,17 @@ func (h *Handler) awaitTurn(r *http.Request, verdicts []verdict, turn int64) boo
 		// budget as any call of it.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), cmp.Or(h.budget, time.Second))
 		now := monotime.Now()
-		for i := range verdicts {
-			if err := verdicts[i].Cancel(ctx, now); err != nil {
-				h.logger.Debug("refund failed", zap.String("zone", verdicts[i].Owner.Name), zap.Error(err))
+		for i := range tickets {
+			if err := tickets[i].Cancel(ctx, now); err != nil {
+				h.logger.Debug("refund failed", zap.String("zone", tickets[i].Owner.Name), zap.Error(err))
 			}
 		}
 		cancel()
 		return false
 	}
 	waited := time.Since(start)
-	for i := range verdicts {
-		verdicts[i].Served(waited)
+	for i := range tickets {
+		tickets[i].Served(waited)
 	}
 	// A provider, as for a denial's placeholders (deny): a Set would make
 	// the replacer's table on its first entry and box the value, which is
@@ -204,9 +204,9 @@ func requestReplacer(r *http.Request) *caddy.Replacer {
 	return r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 }
 
-// applicable appends to verdicts the zones whose matchers accept r, with
+// applicable appends to tickets the zones whose matchers accept r, with
 // the request's key in each, tightest first; nothing is decided yet.
-func (h *Handler) applicable(r *http.Request, repl *caddy.Replacer, now int64, verdicts []verdict) ([]verdict, error) {
+func (h *Handler) applicable(r *http.Request, repl *caddy.Replacer, now int64, tickets []ticket) ([]ticket, error) {
 	for _, z := range h.zones {
 		if len(z.matchers) > 0 {
 			match, err := z.matchers.AnyMatchWithError(r)
@@ -218,29 +218,29 @@ func (h *Handler) applicable(r *http.Request, repl *caddy.Replacer, now int64, v
 			}
 		}
 		raw := z.expandKey(r, repl)
-		verdicts = append(verdicts, verdict{Owner: z, Zone: z.Zone, Key: z.Config.Key(raw), Raw: raw,
+		tickets = append(tickets, ticket{Owner: z, Zone: z.Zone, Key: z.Config.Key(raw), Raw: raw,
 			Plan: z.planFor(repl, now), Cost: z.costFor(r, repl, now), PostCharged: z.costs.postCharged() && !z.costs.estimate,
 			UpTo:  z.costs.llm != nil && z.costs.llm.estimate,
 			Class: z.classFor(r, repl)})
 		if z.challenge != nil {
-			z.challenge.identify(r, &verdicts[len(verdicts)-1])
+			z.challenge.identify(r, &tickets[len(tickets)-1])
 		}
-		verdicts[len(verdicts)-1].Resolve()
+		tickets[len(tickets)-1].Resolve()
 		if z.waits {
-			verdicts[len(verdicts)-1].Done = r.Context().Done()
+			tickets[len(tickets)-1].Done = r.Context().Done()
 		}
 	}
-	return verdicts, nil
+	return tickets, nil
 }
 
 // cachedDenial looks for a rate zone (not in dry run) whose deny cache
 // already denies the request, before any zone asks the store: a request
 // that one zone denies costs no Redis call in the others (no decision, no
-// refund, no slot). It fills in that zone's verdict and returns its index,
+// refund, no slot). It fills in that zone's ticket and returns its index,
 // or -1.
-func (h *Handler) cachedDenial(verdicts []verdict, now int64) int {
-	for i := range verdicts {
-		v := &verdicts[i]
+func (h *Handler) cachedDenial(tickets []ticket, now int64) int {
+	for i := range tickets {
+		v := &tickets[i]
 		if v.Owner.dryRun || v.Owner.IsConcurrency() || v.Waived() {
 			continue
 		}
@@ -280,27 +280,27 @@ func (h *Handler) storeContext(r *http.Request, now int64) (context.Context, con
 // every store call of the request must be answered.
 const storeDeadlineVar = "rate_limit.store_deadline"
 
-// deny answers a request that v, one of verdicts, denied: the headers with
+// deny answers a request that v, one of tickets, denied: the headers with
 // Retry-After, placeholders, the rate_limit_exceeded event, a sampled log
 // line, and the error for handle_errors to shape. The error is a plain
 // caddyhttp.HandlerError, boxed once per zone: caddyhttp.Error would record
 // a stack trace and an error id on every denial. Denying must stay cheaper
 // than serving.
-func (h *Handler) deny(w http.ResponseWriter, r *http.Request, verdicts []verdict, v *verdict, now int64) error {
+func (h *Handler) deny(w http.ResponseWriter, r *http.Request, tickets []ticket, v *ticket, now int64) error {
 	retry := v.Decision.RetryAfter
 	if h.Jitter > 0 {
 		// In floating point and clamped: a wait near the largest
 		// Duration must not wrap.
 		retry = time.Duration(min(float64(retry)*(1+rand.Float64()*h.Jitter), float64(math.MaxInt64/2)))
 	}
-	h.setHeaders(w.Header(), verdicts, true, retry)
+	h.setHeaders(w.Header(), tickets, true, retry)
 	name := v.Owner.nameValue // boxed once when provisioned
 	// A provider, as Caddy's map handler adds one, rather than two Sets:
 	// the replacer's static map is usually still empty here, and its
 	// first entry would allocate its table; the key is boxed only if a
 	// placeholder is read.
 	repl := requestReplacer(r)
-	key, limited := v.Key, limitedOnDenial(repl, verdicts, v.Owner.Name)
+	key, limited := v.Key, limitedOnDenial(repl, tickets, v.Owner.Name)
 	repl.Map(func(placeholder string) (any, bool) {
 		switch placeholder {
 		case "http.rate_limit.exceeded.name":
@@ -396,7 +396,7 @@ const (
 // run: would have started): the rate_limit_banned event (real bans; the
 // key with log_key), an INFO log line, sampled under floods like denials,
 // and the bans counter.
-func (h *Handler) banStarted(now int64, z *zoneHandler, key string, d zones.Decision, dryRun bool) {
+func (h *Handler) banStarted(now int64, z *httpZone, key string, d zones.Decision, dryRun bool) {
 	add(z.metrics.bans, 1)
 	if !dryRun && h.events.ShouldEmit(eventBanned) {
 		data := map[string]any{"zone": z.Name, "ban": d.BanStarted, "level": d.BanLevel}
@@ -423,7 +423,7 @@ func (h *Handler) banStarted(now int64, z *zoneHandler, key string, d zones.Deci
 
 // logDenial logs (sampled) a denial, or in a dry-run zone the denial it
 // would have been; the key only with log_key.
-func (h *Handler) logDenial(now int64, z *zoneHandler, key string, d zones.Decision, dryRun bool) {
+func (h *Handler) logDenial(now int64, z *httpZone, key string, d zones.Decision, dryRun bool) {
 	s, msg := &h.live.logs.denial, "rate limit exceeded"
 	if dryRun {
 		s, msg = &h.live.logs.dryRunDenial, "rate limit would deny (dry run)"

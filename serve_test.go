@@ -37,8 +37,8 @@ func TestHeaderKeyReadsLikeTheReplacer(t *testing.T) {
 			}
 			repl := caddyhttp.NewTestReplacer(r)
 			keyVar := config.SinglePlaceholder(tc.tpl)
-			z := &zoneHandler{key: tc.tpl, keyVar: keyVar}
-			want := (&zoneHandler{key: tc.tpl, keyVar: keyVar}).expandKey(r, repl) // replacer path
+			z := &httpZone{key: tc.tpl, keyVar: keyVar}
+			want := (&httpZone{key: tc.tpl, keyVar: keyVar}).expandKey(r, repl) // replacer path
 			z.keyHeader = headerPlaceholder(keyVar)
 			if z.keyHeader == "" {
 				t.Fatalf("%s is not read as a header", tc.tpl)

@@ -183,17 +183,17 @@ func (s *StatusHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ cadd
 
 // statusTicket is the request's ticket in zone name of the running config,
 // resolved (nil when the zone is not loaded).
-func statusTicket(r *http.Request, repl *caddy.Replacer, name string, now int64) *verdict {
+func statusTicket(r *http.Request, repl *caddy.Replacer, name string, now int64) *ticket {
 	z := live.Lookup(name, true)
 	if z == nil {
 		return nil
 	}
-	zh := handlerOf(z)
+	zh := httpZoneOf(z)
 	if zh == nil {
 		return nil
 	}
 	raw := zh.expandKey(r, repl)
-	t := &verdict{Owner: zh, Zone: z, Key: z.Config.Key(raw), Raw: raw, Plan: zh.planFor(repl, now), Cost: 1}
+	t := &ticket{Owner: zh, Zone: z, Key: z.Config.Key(raw), Raw: raw, Plan: zh.planFor(repl, now), Cost: 1}
 	if zh.challenge != nil {
 		zh.challenge.identify(r, t) // a solved cookie's own budget
 	}
@@ -203,7 +203,7 @@ func statusTicket(r *http.Request, repl *caddy.Replacer, name string, now int64)
 
 // zoneStatusOf is the state now of ticket t (nil: the zone is not loaded)
 // in zone name: the one read, Ticket.Read.
-func zoneStatusOf(ctx context.Context, name string, t *verdict, now int64) zoneStatus {
+func zoneStatusOf(ctx context.Context, name string, t *ticket, now int64) zoneStatus {
 	st := zoneStatus{Zone: name}
 	if t == nil {
 		st.Error = "the zone is not loaded"

@@ -49,9 +49,9 @@ const (
 	MinPersistInterval     = config.MinPersistInterval
 )
 
-// zoneHandler is a provisioned zone: its matchers, key template and the
+// httpZone is a provisioned zone: its matchers, key template and the
 // zones.Zone that decides, with what it logs and counts through.
-type zoneHandler struct {
+type httpZone struct {
 	*zones.Zone
 	matchers caddyhttp.MatcherSets
 	key      string // the key template
@@ -98,7 +98,7 @@ type zoneHandler struct {
 // settings (dry_run, status, sweep_interval, disable_metrics, its store,
 // logger and samplers) it reads. It takes a shared resource only once
 // nothing can fail any more: a zone it returns an error for holds nothing.
-func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zoneHandler, error) {
+func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*httpZone, error) {
 	policy, err := zones.ParseFailPolicy(zc.FailPolicy)
 	if err != nil {
 		return nil, fmt.Errorf("zone %s: %v", name, err)
@@ -161,7 +161,7 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 		status = http.StatusServiceUnavailable
 	}
 	status = cmp.Or(zc.StatusCode, status)
-	zh := &zoneHandler{
+	zh := &httpZone{
 		priority:  zc.Priority,
 		waits:     cfg.IsAdaptive() && cfg.Delay > 0 && !cfg.DryRun,
 		status:    status,
@@ -268,7 +268,7 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 
 // learnBans reads the zone's fleet-wide bans every interval (async mode:
 // the bans other instances started), until unregister.
-func (z *zoneHandler) learnBans(l zones.BanList, interval time.Duration) {
+func (z *httpZone) learnBans(l zones.BanList, interval time.Duration) {
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
@@ -287,7 +287,7 @@ func (z *zoneHandler) learnBans(l zones.BanList, interval time.Duration) {
 
 // unregister gives back the registration and the reset subscription that
 // provision took, when the handler's config goes, and stops reading bans.
-func (z *zoneHandler) unregister() {
+func (z *httpZone) unregister() {
 	live.Unregister(z.Zone)
 	if z.stopReset != nil {
 		z.stopReset()
@@ -299,7 +299,7 @@ func (z *zoneHandler) unregister() {
 
 // releaseState gives back the reference to the zone's state that provision
 // took, once the handler's requests and charges are done with it.
-func (z *zoneHandler) releaseState() {
+func (z *httpZone) releaseState() {
 	live.ReleaseState(z.stateID)
 	if z.overridesKey != "" {
 		live.ReleaseOverrideHolder(z.overridesKey)
@@ -308,7 +308,7 @@ func (z *zoneHandler) releaseState() {
 
 // compareZones orders zones by kind, then tightest first (compareKinds),
 // then rate zones by burst, then by name.
-func compareZones(a, b *zoneHandler) int {
+func compareZones(a, b *httpZone) int {
 	burst := 0
 	if kind, _ := tightness(a.Zone); kind == 0 {
 		// Not the difference: as an int it would wrap where int is
@@ -355,7 +355,7 @@ func headerPlaceholder(name string) string {
 // expandKey expands the zone's key template for the request. A key that
 // expands to nothing (a missing header, a misspelt placeholder) is counted
 // and logged once: such requests share one bucket.
-func (z *zoneHandler) expandKey(r *http.Request, repl *caddy.Replacer) string {
+func (z *httpZone) expandKey(r *http.Request, repl *caddy.Replacer) string {
 	var key string
 	switch {
 	case z.keyHeader != "":
@@ -373,9 +373,9 @@ func (z *zoneHandler) expandKey(r *http.Request, repl *caddy.Replacer) string {
 }
 
 // emptyKey counts a request whose key is empty, and logs the first.
-func (z *zoneHandler) emptyKey() {
+func (z *httpZone) emptyKey() {
 	add(z.metrics.emptyKeys, 1)
-	if z.logger == nil { // not provisioned (a unit test's zoneHandler)
+	if z.logger == nil { // not provisioned (a unit test's httpZone)
 		return
 	}
 	if !z.loggedEmptyKey.Load() && z.loggedEmptyKey.CompareAndSwap(false, true) {
@@ -392,7 +392,7 @@ func (z *zoneHandler) emptyKey() {
 
 // banDropped counts the bans the zone did not keep (zones.Zone.OnBanDropped)
 // and logs the first of each kind.
-func (z *zoneHandler) banDropped(fromList bool, n int64) {
+func (z *httpZone) banDropped(fromList bool, n int64) {
 	from, msg := 0, "a ban was not kept: the zone's ban table is full of running bans (max_keys), and running bans are never evicted; the key has the zone's rate without the ban (counted in caddy_rate_limit_bans_dropped_total{from=\"table\"}; logged once per zone and load); raise max_keys"
 	if fromList {
 		from, msg = 1, "running bans were dropped from the zone's fleet-wide list of bans, which keeps the 1000 that end last: the instance that started them enforces them, in async mode the others do not learn them (counted in caddy_rate_limit_bans_dropped_total{from=\"list\"}; logged once per zone and load)"
@@ -405,14 +405,14 @@ func (z *zoneHandler) banDropped(fromList bool, n int64) {
 
 // readsReplacer reports whether the zone's key, limit or cost reads the
 // request's replacer.
-func (z *zoneHandler) readsReplacer() bool {
+func (z *httpZone) readsReplacer() bool {
 	return z.keyHeader == "" || z.vars.any() || z.costs.costVar != "" || z.priority != nil && z.classHeader == ""
 }
 
 // classFor is the request's priority class in an adaptive zone with
 // priority (0, the highest, in any other zone). A class read from one
 // request header is read from the request directly, as the key is.
-func (z *zoneHandler) classFor(r *http.Request, repl *caddy.Replacer) int {
+func (z *httpZone) classFor(r *http.Request, repl *caddy.Replacer) int {
 	switch {
 	case z.priority == nil:
 		return 0
@@ -431,7 +431,7 @@ func (z *zoneHandler) classFor(r *http.Request, repl *caddy.Replacer) int {
 }
 
 // logStoreError logs (sampled) a decision the store could not make.
-func (z *zoneHandler) logStoreError(now int64, d zones.Decision) {
+func (z *httpZone) logStoreError(now int64, d zones.Decision) {
 	if c := z.logs.storeError.Check(z.logger, now, zapcore.DebugLevel, "store unavailable; fail policy applied"); c != nil {
 		c.Write(zap.String("zone", z.Name), zap.String("fail_policy", z.FailPolicy.String()), zap.Error(d.Err))
 	}
