@@ -287,12 +287,14 @@ func sleepPhase(d time.Duration) time.Time {
 func TestAdaptiveZoneFollowsTheUpstreamWithPriorities(t *testing.T) {
 	const (
 		capacity = 10
-		// Service time and target are 10% apart, as an operator sets them;
-		// at 180ms/200ms the 10–30ms a loaded machine adds to every
-		// request (two shared cores, a race-built Caddy) stays within
-		// that margin, where at 90ms/100ms it would be the margin.
+		// The target is a third above the service time: the 20–50ms a
+		// loaded machine adds to every request (two shared cores beside
+		// two CPU hogs, a race-built Caddy) stays within that margin; at
+		// 10% (180ms/200ms) it was the margin, and 2 runs in 10 failed
+		// beside the hogs. The phases are sized to windows of about
+		// 200ms: a slower scale (360ms/400ms) needs longer ones.
 		service = 180 * time.Millisecond
-		target  = 200 * time.Millisecond
+		target  = 240 * time.Millisecond
 	)
 	rate := float64(capacity) / service.Seconds() // the upstream's capacity, requests per second
 	u := startModelUpstream(t, capacity, service)
@@ -319,9 +321,13 @@ func TestAdaptiveZoneFollowsTheUpstreamWithPriorities(t *testing.T) {
 	start = sleepPhase(5 * time.Second)
 	end = sleepPhase(15 * time.Second)
 	s := gen.stats(start, end)
-	peak, over := inFlight.maxIn(start, end, 1.25*capacity)
+	// What meets the target is C·target/service in flight at the
+	// upstream (its places, and a queue of target−service): a quarter
+	// over that is queueing past the target.
+	bound := 1.25 * capacity * target.Seconds() / service.Seconds()
+	peak, over := inFlight.maxIn(start, end, bound)
 	unloaded, _ := metricValue(c.scrape(), "caddy_rate_limit_adaptive_unloaded_latency_seconds", map[string]string{"zone": "backend"})
-	t.Logf("3× capacity, 5s to 20s: %v; upstream in flight at most %d, %.1f%% of samples over 1.25·C; limit %.0f, unloaded latency %.3fs", s, peak, 100*over, adaptiveLimitOf(c), unloaded)
+	t.Logf("3× capacity, 5s to 20s: %v; upstream in flight at most %d, %.1f%% of samples over %.1f; limit %.0f, unloaded latency %.3fs", s, peak, 100*over, bound, adaptiveLimitOf(c), unloaded)
 	if served := float64(s.Served[0]) / float64(max(1, s.Sent[0])); served < 0.99 {
 		t.Errorf("signed_in served %.3f of its requests under overload, want ≥ 0.99", served)
 	}
@@ -334,11 +340,11 @@ func TestAdaptiveZoneFollowsTheUpstreamWithPriorities(t *testing.T) {
 	if anon, signed := float64(s.Shed[1])/float64(max(1, s.Sent[1])), float64(s.Shed[0])/float64(max(1, s.Sent[0])); anon < 0.5 || signed > anon/10 {
 		t.Errorf("shed under overload: anonymous %.3f, signed_in %.3f; want the anonymous shed first", anon, signed)
 	}
-	// Queueing at the upstream shows as most samples above 1.25·C (a
-	// controller that cuts only at twice the target: 80%); beside CPU hogs
-	// a sample lands there now and then (1.1% seen), hence 2%.
+	// Queueing past the target shows as most samples above the bound (a
+	// controller that cuts only at twice the target: most of them); beside
+	// CPU hogs a sample lands there now and then, hence 2%.
 	if over > 0.02 {
-		t.Errorf("upstream in flight above 1.25·C in %.1f%% of samples (peak %d), want ≤ 2%%", 100*over, peak)
+		t.Errorf("upstream in flight above %.1f (1.25·C·target/service) in %.1f%% of samples (peak %d), want ≤ 2%%", bound, 100*over, peak)
 	}
 
 	// C halves: the limit follows within 5s, and the latency target holds
