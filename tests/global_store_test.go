@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"net"
-	"os"
 	"sort"
 	"strconv"
 	"sync"
@@ -132,10 +131,12 @@ func startGlobalFleetWith(t *testing.T, o fleetOptions, logger *zap.Logger) *glo
 	return f
 }
 
-// isTimeout reports whether err is a store's answer that came too late.
+// isTimeout reports whether err is a store's answer that came too late
+// (as distributed's breaker tells one: a net.Error, which a context's
+// deadline is too).
 func isTimeout(err error) bool {
 	var ne net.Error
-	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // share is the most any instance of region i applies to key (ppm).
