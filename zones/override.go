@@ -124,27 +124,7 @@ func (s *OverrideSet) With(o *Override, version int64) (*OverrideSet, error) {
 	p := placed{version, o}
 	c.ids = c.ids.put(hashString(o.ID), o.ID, p)
 	c.n++
-	switch {
-	case o.Key != "":
-		h := hashString(o.Key)
-		c.keys = c.keys.put(h, o.Key, addPlaced(c.keys.get(h, o.Key), p))
-	case o.Prefix != "":
-		h := hashString(o.Prefix)
-		old := c.prefixes.get(h, o.Prefix)
-		c.prefixes = c.prefixes.put(h, o.Prefix, addPlaced(old, p))
-		if len(old) == 0 {
-			c.prefLens = countLen(c.prefLens, len(o.Prefix), 1)
-		}
-	default:
-		m := o.CIDR.Masked()
-		h := hashPrefix(m)
-		old := c.cidrs.get(h, m)
-		c.cidrs = c.cidrs.put(h, m, addPlaced(old, p))
-		if len(old) == 0 {
-			fam := family(m.Addr())
-			c.cidrLens[fam] = countLen(c.cidrLens[fam], m.Bits(), 1)
-		}
-	}
+	c.edit(o, func(list []placed) []placed { return addPlaced(list, p) })
 	return &c, nil
 }
 
@@ -165,28 +145,33 @@ func (s *OverrideSet) Without(id string) *OverrideSet {
 	c := *s
 	c.ids = c.ids.del(hid, id)
 	c.n--
-	switch o := p.o; {
+	c.edit(p.o, func(list []placed) []placed { return dropPlaced(list, id) })
+	return &c
+}
+
+// edit replaces the list of the overrides with o's match by f of it, and
+// counts the match's length in or out when the list fills or empties.
+func (c *OverrideSet) edit(o *Override, f func([]placed) []placed) {
+	moved := func(old, list []placed) int { return btoi(len(list) > 0) - btoi(len(old) > 0) }
+	switch {
 	case o.Key != "":
 		h := hashString(o.Key)
-		c.keys = change(c.keys, h, o.Key, dropPlaced(c.keys.get(h, o.Key), id))
+		c.keys = change(c.keys, h, o.Key, f(c.keys.get(h, o.Key)))
 	case o.Prefix != "":
 		h := hashString(o.Prefix)
-		rest := dropPlaced(c.prefixes.get(h, o.Prefix), id)
-		c.prefixes = change(c.prefixes, h, o.Prefix, rest)
-		if len(rest) == 0 {
-			c.prefLens = countLen(c.prefLens, len(o.Prefix), -1)
-		}
+		old := c.prefixes.get(h, o.Prefix)
+		list := f(old)
+		c.prefixes = change(c.prefixes, h, o.Prefix, list)
+		c.prefLens = countLen(c.prefLens, len(o.Prefix), moved(old, list))
 	default:
 		m := o.CIDR.Masked()
 		h := hashPrefix(m)
-		rest := dropPlaced(c.cidrs.get(h, m), id)
-		c.cidrs = change(c.cidrs, h, m, rest)
-		if len(rest) == 0 {
-			fam := family(m.Addr())
-			c.cidrLens[fam] = countLen(c.cidrLens[fam], m.Bits(), -1)
-		}
+		old := c.cidrs.get(h, m)
+		list := f(old)
+		c.cidrs = change(c.cidrs, h, m, list)
+		fam := family(m.Addr())
+		c.cidrLens[fam] = countLen(c.cidrLens[fam], m.Bits(), moved(old, list))
 	}
-	return &c
 }
 
 // addPlaced is list (sorted by change) with p in its place.
@@ -206,6 +191,9 @@ func dropPlaced(list []placed, id string) []placed {
 // countLen is lens (longest first) with the count of n moved by d, and
 // without n when none is left.
 func countLen(lens []lenCount, n, d int) []lenCount {
+	if d == 0 {
+		return lens
+	}
 	i := 0
 	for i < len(lens) && lens[i].n > n {
 		i++
@@ -291,14 +279,10 @@ func (s *OverrideSet) lookupCIDR(key string, now int64) *Override {
 		addr = a
 	}
 	addr = addr.Unmap()
-	fam := 0
-	if addr.Is6() {
-		fam = 1
-	}
 	if bits < 0 {
 		bits = addr.BitLen()
 	}
-	for _, l := range s.cidrLens[fam] {
+	for _, l := range s.cidrLens[family(addr)] {
 		if l.n > bits {
 			continue
 		}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/caddy-tally/ratelimit/algorithms"
 )
 
 // KeyState is a key's state now, as GitHub's GET /rate_limit reports it:
@@ -99,7 +101,11 @@ func (z *Zone) readRate(ctx context.Context, key string, now int64, p *Plan, s *
 		}
 	}
 	var d Decision
-	r, recorded := z.peekRecord(key, now, p.limit)
+	var r algorithms.Result
+	recorded := false
+	if z.records != nil {
+		r, recorded = z.records.Peek(z.Name, key, now, p.limit)
+	}
 	until, denied := z.deniedUntil(key, now)
 	switch {
 	case z.store == nil:
