@@ -28,7 +28,7 @@ func (z *Zone) Denies(key string, now int64) bool {
 	}
 	if z.store == nil {
 		if q := z.state.quota; q != nil {
-			return q.denies(key, now, z.LastPlan(key, now).Events)
+			return q.used.quotaUsed(key, q.clock.at(now).gen) >= z.LastPlan(key, now).Events
 		}
 		r := z.state.Local.Peek(key, now, z.LastPlan(key, now).limit)
 		// A zone with delay admits for later what is at most its delay away.
