@@ -100,6 +100,3 @@ func (t *Table) Shrink() { t.kt.Shrink() }
 
 // Len returns the number of keys held, expired ones included.
 func (t *Table) Len() int { return t.kt.Len() }
-
-// Bytes returns the memory the table's entries and keys hold.
-func (t *Table) Bytes() int { return t.kt.Bytes() }

@@ -26,7 +26,7 @@ type Ticket[O any] struct {
 	PostCharged bool
 	// UpTo: Cost is an estimate that takes at most what the key has left
 	// (DecideUpTo).
-	UpTo bool
+	UpTo     bool
 	Override *Override // the operator's override of the key (Resolve)
 	// Class is the request's priority class in an adaptive zone: 0 the
 	// highest; beyond the zone's classes, the lowest.
