@@ -87,7 +87,7 @@ func (c *concurrencyState) useMaxKeys(maxKeys int) {
 }
 
 // sweep shrinks the tables and drops the old generations left empty.
-func (c *concurrencyState) sweep() {
+func (c *concurrencyState) sweep(int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	g := *c.gens.Load()

@@ -278,6 +278,10 @@ type State struct {
 	conc     *concurrencyState // concurrency zones only: requests in flight
 	adaptive *adaptiveState    // adaptive zones only: each key's limit and requests in flight
 	quota    *quotaState       // quota zones only: units used per period
+	kind     interface {       // the one of the three that is not nil
+		sweep(now int64)
+		len() int // keys held
+	}
 
 	final atomic.Pointer[func(*State)] // SetFinalSnapshot's
 }
@@ -309,11 +313,13 @@ func NewState(c Config, sweepInterval time.Duration) *State {
 	switch {
 	case c.IsAdaptive():
 		s.adaptive = newAdaptiveState()
+		s.kind = s.adaptive
 	case c.IsConcurrency():
 		s.conc = newConcurrencyState(maxKeys)
-	}
-	if c.IsQuota() {
+		s.kind = s.conc
+	case c.IsQuota():
 		s.quota = newQuotaState(c, maxKeys)
+		s.kind = s.quota
 	}
 	go s.sweep(sweepInterval)
 	return s
@@ -339,14 +345,8 @@ func (s *State) sweep(interval time.Duration) {
 			if s.plans != nil {
 				s.plans.keys.Sweep(now)
 			}
-			if s.conc != nil {
-				s.conc.sweep()
-			}
-			if s.adaptive != nil {
-				s.adaptive.sweep(now)
-			}
-			if s.quota != nil {
-				s.quota.sweep(now)
+			if s.kind != nil {
+				s.kind.sweep(now)
 			}
 		}
 	}
@@ -356,14 +356,8 @@ func (s *State) sweep(interval time.Duration) {
 // table (bounded by max_keys too; see BannedKeys) is not counted.
 func (s *State) Len() int {
 	n := s.Local.Len() + s.Denied.Len() + s.Fallback.Len() + s.owed.len()
-	if s.conc != nil {
-		n += s.conc.len()
-	}
-	if s.adaptive != nil {
-		n += s.adaptive.len()
-	}
-	if s.quota != nil {
-		n += s.quota.len()
+	if s.kind != nil {
+		n += s.kind.len()
 	}
 	return n
 }
