@@ -144,10 +144,10 @@ func (c Config) validateConcurrency() error {
 // Slot is a slot a request holds in a concurrency zone; the zero Slot
 // holds nothing.
 type Slot struct {
-	zone  *Zone
-	table *Table // the in-process counter it was taken in, if any
-	key   string
-	id    string // the store's slot id, if taken in the store
+	zone     *Zone
+	table    *Table // the in-process counter it was taken in, if any
+	key      string
+	id       string       // the store's slot id, if taken in the store
 	adaptive *adaptiveKey // adaptive zones: the key's state, and the priority class
 	class    int
 }
