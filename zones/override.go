@@ -355,6 +355,7 @@ type OverrideStore struct {
 	Moved func(zone string, moved chan<- struct{}) (remove func())
 }
 
+// StoredOverride is one override as a store holds it.
 type StoredOverride struct {
 	ID      string
 	Expires time.Time // zero: never
@@ -369,6 +370,7 @@ type OverridesAt struct {
 	Version int64
 }
 
+// OverridesRead is what an OverrideStore's Read found.
 type OverridesRead struct {
 	At OverridesAt
 	// All: Changes is the whole set (the reader was at another epoch or
@@ -377,6 +379,7 @@ type OverridesRead struct {
 	Changes []StoredOverride
 }
 
+// ErrTooManyOverrides: a Put on a zone that holds MaxOverrides already.
 var ErrTooManyOverrides = errors.New("the zone holds the most overrides it can")
 
 func btoi(b bool) int {

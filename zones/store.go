@@ -57,6 +57,7 @@ const (
 	OpReset
 )
 
+// RateStep is one step of a rate zone's key.
 type RateStep struct {
 	Op    Op
 	Limit algorithms.Limit
@@ -79,6 +80,8 @@ type RateReply struct {
 	Ban StoreBan // a step with a ban rule: the key's ban
 }
 
+// QuotaStep is one step of a quota zone's key (Cost is for OpDecide,
+// OpCharge and OpRefund).
 type QuotaStep struct {
 	Op    Op
 	Limit QuotaLimit
