@@ -74,8 +74,8 @@ const DefaultMaxKeys = 1_000_000
 // 32-bit table holds at most math.MaxInt keys, more than fits in memory).
 const MaxMaxKeys = 1 << 40
 
-// ValidName reports whether name is a valid zone name: letters, digits, '_'
-// and '-', so that it is safe in a Redis key and a metric label.
+// ValidName reports whether name is letters, digits, '_' and '-' only, safe
+// in a Redis key and a metric label.
 func ValidName(name string) bool {
 	for _, c := range name {
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
@@ -161,9 +161,8 @@ func (c Config) validateRate() error {
 	return err
 }
 
-// Check is Validate for a rate zone whose name is known to be valid: it
-// returns what is wrong, without the zone's name, and the setting at fault
-// (events, window, burst, ipv4_prefix, ipv6_prefix or max_keys), so that a
+// Check is Validate for a rate zone whose name is valid: it returns what is
+// wrong, without the zone's name, and the setting at fault, so that a
 // configuration parser can point at its line.
 func (c Config) Check() (setting string, err error) {
 	switch {
@@ -219,8 +218,8 @@ func (c Config) Plan() (Plan, error) {
 }
 
 // Key turns the expanded key template into the key the zone stores: IP
-// addresses are masked to the configured prefix, and keys longer than
-// MaxKeyLength (or that start with HashedKeyPrefix) are replaced by a hash.
+// addresses masked to the configured prefix, and keys longer than
+// MaxKeyLength (or that start with HashedKeyPrefix) hashed.
 func (c Config) Key(raw string) string {
 	if c.IPv4Prefix > 0 || c.IPv6Prefix > 0 {
 		if ip, err := netip.ParseAddr(raw); err == nil {
@@ -248,8 +247,8 @@ func (c Config) Key(raw string) string {
 // SHA-256.
 const HashedKeyPrefix = "sha256:"
 
-// State is a zone's in-process state. It is shared by every handler that
-// defines the zone the same way and outlives config reloads.
+// State is a zone's in-process state, shared by every handler that defines
+// the zone the same way; it outlives config reloads.
 type State struct {
 	Local       *Table           // local mode: TAT per key
 	Denied      *Table           // with a Store: keys the store denied, until when
@@ -269,9 +268,7 @@ type State struct {
 	stop        chan struct{}
 	done        chan struct{}
 
-	// Offenders counts this instance's denials per key over the last one
-	// to two OffendersPeriods, in fixed memory (not sized by max_keys).
-	Offenders *topk.Recent
+	Offenders *topk.Recent // this instance's denials per key, in fixed memory (not max_keys)
 
 	waiting atomic.Int64 // zones with delay: requests admitted for later, waiting here
 
@@ -397,57 +394,44 @@ type Decision struct {
 	Period     time.Duration // quota zones: the length of the period decided in
 	Source     Source
 	Err        error // the store's error, when a fail policy decided
-	// Banned: denied by a ban (RetryAfter is then at least the ban's
-	// remaining time), of escalation level BanLevel (0 when unknown).
-	// BanStarted is the length of the ban this decision started (in dry
-	// run: would have started), else 0.
+	// Banned: denied by a ban (RetryAfter then lasts at least to its end),
+	// of level BanLevel (0 when unknown). BanStarted is the length of the
+	// ban this decision started (in dry run: would have started).
 	Banned     bool
 	BanLevel   int
 	BanStarted time.Duration
-	// Delay > 0: admitted for later (a zone with delay): the request
-	// waits this long for its turn, which is reserved, then goes on; the
-	// decision then holds a place in the zone's queue (Zone.EndWait).
-	// QueueFull: denied because the zone's queue was full, though the
-	// request's turn was within the delay.
+	// Delay > 0: admitted for later: the request waits this long for its
+	// reserved turn, holding a place in the zone's queue (Zone.EndWait).
+	// QueueFull: denied for a full queue, the turn being within the delay.
 	Delay     time.Duration
 	QueueFull bool
-	// Gone: the client left while the request waited for a place in an
-	// adaptive zone with delay; nothing is held.
-	Gone bool
+	Gone      bool // the client left while waiting for an adaptive zone's place; nothing is held
 }
 
 // Zone decides requests for one zone definition, with its shared state and,
 // when distributed, its Store.
 type Zone struct {
 	Config
-	plan   Plan // the literal one
-	state  *State
-	store  Store
-	offers Offers // the store's, read once by New
-	// records is offers.Records for a rate zone (its deny cache and
-	// fallback live there), else nil.
-	records Records
-	// banRule is the ban rule the zone's rate steps carry: its ban when
-	// the store keeps bans and the zone is not in dry run (a dry-run zone
-	// sends plain steps: it bans nobody, in the store either), else zero.
-	banRule BanRule
-	// overrides are the operator's overrides of the zone's limit (nil:
-	// the zone takes none).
-	overrides *Overrides
+	plan    Plan // the literal one
+	state   *State
+	store   Store
+	offers  Offers  // the store's, read once by New
+	records Records // offers.Records for a rate zone (its deny cache and fallback live there)
+	// banRule is what the zone's rate steps carry: its ban when the store
+	// keeps bans and the zone is not in dry run (which bans nobody), else
+	// zero.
+	banRule   BanRule
+	overrides *Overrides // nil: the zone takes none
 
-	// OnChargeFailed, when set, is called for each charge of a post-charged
-	// zone that the store did not take (strict mode, after retries).
+	// OnChargeFailed, when set, is called for each charge that the store
+	// did not take (strict mode, after retries).
 	OnChargeFailed func(error)
-
 	// OnBanDropped, when set, is called with the bans this instance did
-	// not keep (see DroppedBans): n bans pushed off the fleet-wide list
-	// (fromList), or one a ban table full of running bans refused.
+	// not keep (see DroppedBans).
 	OnBanDropped func(fromList bool, n int64)
-
 	// Hold and Done, when set, are called for each strict-mode charge
-	// queued (Hold) and once it has landed or failed for good (Done, when
-	// Hold returned true): the zone's owner keeps what the charge needs, the
-	// zone's state and store, until then, whatever reloads happen.
+	// queued (Hold) and once it is over (Done, when Hold returned true):
+	// the zone's owner keeps its state and store until then.
 	Hold func() bool
 	Done func()
 }
@@ -494,8 +478,8 @@ func (z *Zone) Plan() Plan { return z.plan }
 
 func (c Config) maxKeys() int { return int(min(cmp.Or(c.MaxKeys, DefaultMaxKeys), math.MaxInt)) }
 
-// Keys is the number of keys this instance holds for the zone in memory:
-// its tables and, in async mode, the store's records for the zone.
+// Keys is the number of keys this instance holds for the zone in memory,
+// the store's records (async mode) included.
 func (z *Zone) Keys() int {
 	n := z.state.Len()
 	if r := z.offers.Records; r != nil {
@@ -504,10 +488,9 @@ func (z *Zone) Keys() int {
 	return n
 }
 
-// State returns the zone's in-process state.
 func (z *Zone) State() *State { return z.state }
 
-// Store returns the zone's store, nil in local mode.
+// Store is nil in local mode.
 func (z *Zone) Store() Store { return z.store }
 
 // Decide decides a unit-cost request for key at now (monotime) under the
@@ -761,7 +744,6 @@ func (z *Zone) PeekStore(ctx context.Context, key string, now int64) (Decision, 
 	return z.peeked(key, now, d)
 }
 
-// peekStore is the store's peek step of key under l, with its ban.
 func (z *Zone) peekStore(ctx context.Context, key string, l algorithms.Limit) (Decision, error) {
 	rep, err := z.store.Rate(ctx, z.Name, key, RateStep{Op: OpPeek, Limit: l, Cost: 1, Ban: z.banRule})
 	if err != nil {
@@ -834,18 +816,17 @@ func (z *Zone) Forget(key string) {
 }
 
 // ForgetDenials drops every cached denial. A store calls it when it may
-// have missed resets (its subscription to them was down): the cache is only
-// a shortcut, and the store answers for those keys again.
+// have missed resets: the cache is only a shortcut.
 //
-// The bans this instance knows stay: a store that comes back without its
-// data (an empty restart) no longer holds them, and a ban an instance knows
-// holds through an outage. A lift missed meanwhile is the price: the key
-// stays banned here until its ban ends or is lifted again.
+// The bans this instance knows stay: a store that comes back empty no
+// longer holds them, and a ban holds through an outage. A lift missed
+// meanwhile is the price: the key stays banned here until its ban ends or
+// is lifted again.
 func (z *Zone) ForgetDenials() {
 	z.state.Denied.Clear()
 }
 
-// ErrUnknownKey is returned by PeekStore for a key with no state.
+// ErrUnknownKey is PeekStore's for a key with no state.
 var ErrUnknownKey = errors.New("no state for this key")
 
 func fromResult(r algorithms.Result, src Source) Decision {
