@@ -10,9 +10,8 @@ import (
 // information, so the table may drop it at any time: memory is bounded by the
 // keys that are active, and by maxKeys in any case.
 //
-// The entries live in a keytable (fixed 16-byte slots, each key's bytes
-// stored once, sharded locks): at 1M keys of 16 bytes well under 100 bytes
-// per key. The per-request operations on an existing key allocate nothing.
+// The entries live in a keytable: at 1M keys of 16 bytes well under 100
+// bytes per key, and no allocation per request on an existing key.
 type Table struct {
 	kt *keytable.Table
 }

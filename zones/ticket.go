@@ -253,17 +253,15 @@ type Admission struct {
 }
 
 // Admit admits a request in the zones of its tickets, in order (tightest
-// first, concurrency zones last; each kept in the caller's records), the
-// one multi-zone loop of HTTP requests and connections alike:
+// first, concurrency zones last), the one multi-zone loop of HTTP requests
+// and connections alike:
 //   - each ticket is admitted, then seen(i) (the caller's metrics and logs);
-//   - a denial by a zone in dry run goes on; any other stops the loop and
-//     cancels the tickets admitted before it: a denied request consumes
-//     nothing;
-//   - zones with delay reserve turns; before a concurrency zone takes a slot
-//     (a slot held while waiting would deny others for nothing), the
-//     request waits for the latest turn (wait; it returns the context of
-//     the store calls after the wait, and false when the client left, whose
-//     tickets wait cancels).
+//   - a denial by a zone not in dry run stops the loop and cancels the
+//     tickets admitted before it: a denied request consumes nothing;
+//   - before a concurrency zone takes a slot (held while waiting, it would
+//     deny others for nothing), the request waits for the latest turn
+//     reserved (wait returns the context for the store calls after it, and
+//     false when the client left, whose tickets it cancels).
 //
 // The turn still to wait for once every zone allowed is the Admission's.
 func Admit[O any](ctx context.Context, tickets []Ticket[O], now int64, seen func(i int), wait func(turn int64) (context.Context, bool)) Admission {
