@@ -22,7 +22,7 @@ type KeyState struct {
 	PeriodStart, PeriodEnd time.Time
 	// Concurrency zones: the key's requests in flight.
 	InFlight int64
-	Tracked bool // the zone holds state for the key (else it is at its full limit)
+	Tracked  bool // the zone holds state for the key (else it is at its full limit)
 }
 
 // Read is the one read of a key's state, for rate_limit_status, the admin
