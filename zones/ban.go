@@ -27,8 +27,7 @@ import (
 //
 // A key's state is one entry of State.Bans, in the monotonic clock of a
 // TAT: the end of what is remembered rounded up to a multiple of banLevels,
-// with the level in its low bits (BanEntry). A snapshot moves the values by
-// multiples of banLevels, or unpacks and packs them.
+// with the level in its low bits (BanEntry).
 
 // sweepBans drops the entries past their memory; when none is left, ban
 // lookups are skipped until the next ban (anyBan): a zone with ban and no

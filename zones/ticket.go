@@ -13,26 +13,20 @@ import (
 // ticket per zone; Admit decides them all. Owner is the caller's side of
 // the zone (its handler), so that a request's tickets are one array.
 type Ticket[O any] struct {
-	Owner O
-	Zone  *Zone
-	Key   string
-	// Raw is the key as built, before it was stored (masked, hashed):
-	// prefix overrides match it. "" is Key.
-	Raw  string
-	Plan Plan  // the limit the request is decided under
-	Cost int64 // what it costs (a post-charged zone: what it is charged by default)
-	// PostCharged: the zone only checks before the request and charges
-	// after it (the caller's Charge).
-	PostCharged bool
-	// UpTo: Cost is an estimate that takes at most what the key has left
-	// (DecideUpTo).
-	UpTo     bool
-	Override *Override // the operator's override of the key (Resolve)
+	Owner       O
+	Zone        *Zone
+	Key         string
+	Raw         string    // the key as built, which prefix overrides match ("" is Key)
+	Plan        Plan      // the limit the request is decided under
+	Cost        int64     // what it costs (a post-charged zone: what it is charged by default)
+	PostCharged bool      // the zone checks before the request and charges after it (Charge)
+	UpTo        bool      // Cost is an estimate that takes at most what the key has left
+	Override    *Override // the operator's override of the key (Resolve)
 	// Class is the request's priority class in an adaptive zone: 0 the
 	// highest; beyond the zone's classes, the lowest.
 	Class int
-	// Done, when set, is closed when the request's client goes away: an
-	// adaptive zone with delay stops waiting for a place then.
+	// Done, when set, is closed when the client goes away: an adaptive
+	// zone with delay stops waiting for a place then.
 	Done <-chan struct{}
 	Decision
 	slot  Slot
