@@ -45,17 +45,16 @@ package algorithms
 //
 // Why this shape: it is the gradient of Envoy's and Netflix's controllers
 // (limit × baseline/sample) with the operator's target as the baseline, so
-// there is no minRTT to measure and no window that pins the limit low to
-// re-measure it (the probe that sheds on purpose). A decrease is
-// proportional to the overshoot and halfway smoothed (a single slow window
-// costs at most a quarter of the limit); an increase needs the target met
-// and the limit in use, and is at most a tenth per window (at least a
-// quarter of a place: a small limit near its target does not jump a whole
-// place past it each window), so the limit settles just where the upstream's p90 crosses the
-// target: an upstream of C places and service time S < target settles at
-// about C·target/S in flight. A limit not in use does not grow, so it stays
-// within about twice the peak demand and comes down in a few windows when
-// load jumps.
+// there is no minRTT to measure and no probe that sheds on purpose to
+// re-measure it. A decrease is proportional to the overshoot and halfway
+// smoothed (a single slow window costs at most a quarter of the limit); an
+// increase needs the target met and the limit in use, and is at most a
+// tenth per window (at least a quarter of a place, so a small limit does
+// not jump a whole place past its target), so the limit settles just where
+// the upstream's p90 crosses the target: an upstream of C places and
+// service time S < target settles at about C·target/S in flight. A limit
+// not in use does not grow, so it stays within about twice the peak demand
+// and comes down in a few windows when load jumps.
 //
 // # Priority classes
 //
@@ -68,17 +67,19 @@ package algorithms
 //
 // where unusedAbove(k) = Σ_{j<k} max(0, demand_j − inFlight_j), the places
 // the higher classes use on average and do not use now: kept free for
-// them (a higher class's fluctuations above its average are what borrow
-// covers). No margin is kept beyond the average: places kept free are not
-// in flight, so the controller raises the limit to keep the upstream busy,
-// and a higher class that then uses them pushes what is in flight past
-// the upstream's target.
-// and borrow(k) = min(max(1, L/8), Σ_{j>k} inFlight_j) for every class but
-// the lowest: a higher class may take a place a lower one holds, going past
-// the limit by an eighth at most; the lower class's next arrivals then find
-// no place, so what is in flight drains to the limit all the same. Lower classes are shed first; a class never leaves places
-// idle that a lower class could use once the higher ones' demand decays;
-// and with one class the rule is inFlight < L.
+// them (borrow covers a higher class's fluctuations above its average). No
+// margin is kept beyond the average: places kept free are not in flight,
+// so the controller raises the limit to keep the upstream busy, and a
+// higher class that then uses them pushes what is in flight past the
+// upstream's target.
+//
+// borrow(k) = min(max(1, L/8), Σ_{j>k} inFlight_j) for every class but the
+// lowest: a higher class may take a place a lower one holds, going past
+// the limit by an eighth at most; the lower class's next arrivals then
+// find no place, so what is in flight drains to the limit all the same.
+// Lower classes are shed first; a class never leaves places idle that a
+// lower class could use once the higher ones' demand decays; and with one
+// class the rule is inFlight < L.
 
 import (
 	"math"
@@ -103,8 +104,7 @@ const (
 	AdaptiveDemandTau = int64(1e9)
 )
 
-// Adaptive is one adaptive limit's state. The zero value is not ready:
-// start from NewAdaptive.
+// Adaptive is one adaptive limit's state, made by NewAdaptive.
 type Adaptive struct {
 	limit   float64
 	start   int64 // the current window's start
@@ -131,8 +131,7 @@ func (a *Adaptive) Limit() int64 { return max(1, int64(a.limit)) }
 // in flight and the one arriving), shed or not.
 func (a *Adaptive) Want(want int64) { a.peak = max(a.peak, want) }
 
-// failedSample is a failed request's place among a window's latencies:
-// above every one.
+// failedSample is a failed request's latency: above every one.
 const failedSample = math.MaxInt64
 
 // Observe records one request's latency (ns) at now, or its failure, and,
@@ -169,18 +168,15 @@ func (a *Adaptive) learn(l AdaptiveLimit, p int64) {
 	}
 }
 
-// Unloaded is the upstream's unloaded latency the controller learned (ns)
-// when it is above the target; 0 when none is.
+// Unloaded is the upstream's unloaded latency learned (ns), 0 for none.
 func (a *Adaptive) Unloaded() int64 { return a.unloaded }
 
-// target is the latency the limit follows: the operator's, or just above
-// the upstream's own when that is higher.
+// target is the latency the limit follows.
 func (a *Adaptive) target(l AdaptiveLimit) float64 {
 	return max(float64(l.Target), float64(a.unloaded)*9/8)
 }
 
-// update moves the limit after a window of p90 latency p, in which a
-// request failed when failed.
+// update moves the limit after a window of p90 latency p.
 func (a *Adaptive) update(l AdaptiveLimit, p int64, failed bool) {
 	lim, target := a.limit, a.target(l)
 	a.settled = a.settled || failed // a failure ends the slow start, as a loss ends TCP's
@@ -201,14 +197,8 @@ func (a *Adaptive) update(l AdaptiveLimit, p int64, failed bool) {
 	a.limit = min(max(lim, float64(l.Min)), float64(l.Max))
 }
 
-// LastP90 is the p90 latency of the last window closed's served requests
-// (ns), 0 before one.
+// LastP90 is the p90 latency of the last window's served requests (ns).
 func (a *Adaptive) LastP90() int64 { return a.lastP90 }
-
-// Rebound keeps the limit within l's bounds (a reload changed them).
-func (a *Adaptive) Rebound(l AdaptiveLimit) {
-	a.limit = min(max(a.limit, float64(l.Min)), float64(l.Max))
-}
 
 // p90 is the 90th percentile of the window's kept samples (nearest rank,
 // a failure above every latency), and that of its served ones alone (0
@@ -305,13 +295,10 @@ func (c *Classes) Admit(k int, limit, now int64) bool {
 	return true
 }
 
-// Done counts a request of class k, admitted by Admit, out of flight.
+// Done counts a request of class k out of flight.
 func (c *Classes) Done(k int, now int64) {
 	c.move(min(max(k, 0), len(c.inFlight)-1), now, -1)
 }
-
-// Demand is class k's demand at now: its average in flight lately.
-func (c *Classes) Demand(k int, now int64) float64 { return c.demandAt(k, now) }
 
 func (c *Classes) move(k int, now, by int64) {
 	c.demand[k] = c.demandAt(k, now)

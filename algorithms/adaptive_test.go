@@ -225,13 +225,13 @@ func TestClassDemandIsTimeAverage(t *testing.T) {
 		c.Admit(0, 100, 0)
 	}
 	tau := AdaptiveDemandTau
-	if d := c.Demand(0, tau); math.Abs(d-4*(1-math.Exp(-1))) > 1e-9 {
+	if d := c.demandAt(0, tau); math.Abs(d-4*(1-math.Exp(-1))) > 1e-9 {
 		t.Fatalf("demand after one time constant at 4 in flight: %v, want %v", d, 4*(1-math.Exp(-1)))
 	}
 	for range 4 {
 		c.Done(0, 10*tau)
 	}
-	if d := c.Demand(0, 20*tau); d > 4*math.Exp(-9) {
+	if d := c.demandAt(0, 20*tau); d > 4*math.Exp(-9) {
 		t.Fatalf("demand ten time constants after the class left: %v, want about 0", d)
 	}
 	if c.InFlight(0) != 0 || c.InFlight(-1) != 0 {

@@ -38,20 +38,13 @@ func ParsePeriod(s string) (Period, error) {
 	return 0, fmt.Errorf("unknown period %q: use minute, hour, day, week or month", s)
 }
 
+var periodNames = [...]string{Minute: "minute", Hour: "hour", Day: "day", Week: "week", Month: "month"}
+
 func (p Period) String() string {
-	switch p {
-	case Minute:
-		return "minute"
-	case Hour:
-		return "hour"
-	case Day:
-		return "day"
-	case Week:
-		return "week"
-	case Month:
-		return "month"
+	if p < Minute || p > Month {
+		return fmt.Sprintf("Period(%d)", uint8(p))
 	}
-	return fmt.Sprintf("Period(%d)", uint8(p))
+	return periodNames[p]
 }
 
 // maxZoneSegments bounds how many offset changes Bounds walks across: a
@@ -59,8 +52,8 @@ func (p Period) String() string {
 // switches does not exist; Lord Howe's half-hour switches are two a year).
 const maxZoneSegments = 8
 
-// Bounds returns the period of loc that contains t: [start, end). Both are
-// instants (their location is loc); end - start is the period's real length.
+// Bounds returns the period of loc that contains t: [start, end), in loc;
+// end - start is the period's real length.
 func (p Period) Bounds(t time.Time, loc *time.Location) (start, end time.Time) {
 	t = t.In(loc)
 	label := p.label(t)

@@ -74,8 +74,8 @@ type Limit struct {
 	Burst            int64 // B, in units of cost; at least 1
 }
 
-// NewLimit returns the limit of events per window with the given burst.
-// A burst of 0 means burst = events. Events and window must be positive.
+// NewLimit returns the limit of events per window with the given burst
+// (0: events). Events and window must be positive.
 func NewLimit(events, window, burst int64) Limit {
 	if burst <= 0 {
 		burst = events
@@ -89,18 +89,17 @@ type Result struct {
 	// TAT is the value to store for the key: the new TAT when allowed, the
 	// unchanged one when denied (a denied request consumes nothing).
 	TAT int64
-	// Remaining is how many more unit-cost requests would be allowed right
-	// now: after this request when allowed, 0 when denied. Always in [0, Burst].
+	// Remaining is how many more unit-cost requests would be allowed now:
+	// after this request when allowed, 0 when denied; in [0, Burst].
 	Remaining int64
-	// RetryAfter is how long until this request would be allowed; > 0 when
-	// denied, 0 when allowed.
+	// RetryAfter is how long until this request would be allowed; > 0
+	// exactly when denied.
 	RetryAfter int64
-	// ResetAfter is how long until the key is back to its full burst. It is
-	// also the key's time to live: after it the stored TAT carries no
-	// information and may be dropped.
+	// ResetAfter is how long until the key is back to its full burst: its
+	// time to live, after which the stored TAT carries no information.
 	ResetAfter int64
-	// Delay is how long an allowed request waits for its turn (DecideAhead:
-	// admitted for later); 0 for a request that passes at once.
+	// Delay is how long a request DecideAhead admitted for later waits for
+	// its turn; 0 for one that passes at once.
 	Delay int64
 }
 
@@ -156,8 +155,8 @@ func (l Limit) DecideAhead(tat, now, cost, ahead int64) Result {
 	return Result{Allowed: true, TAT: newTAT, ResetAfter: newTAT - now, Delay: r.RetryAfter}
 }
 
-// Refund gives back the cost of a request that was allowed but must not count
-// (a later zone denied it): TAT moves back by cost*T, never below now.
+// Refund gives back the cost of an allowed request that must not count:
+// TAT moves back by cost*T, never below now.
 func (l Limit) Refund(tat, now, cost int64) int64 {
 	return max(tat-mul(cost, l.EmissionInterval), now)
 }
@@ -166,8 +165,7 @@ func (l Limit) Refund(tat, now, cost int64) int64 {
 // unit-cost request would see, with Allowed telling whether it would pass.
 func (l Limit) Peek(tat, now int64) Result {
 	r := l.Decide(tat, now, 1)
-	if r.Allowed {
-		// Report the key as it is, before the hypothetical request.
+	if r.Allowed { // the key as it is, before the hypothetical request
 		r.Remaining++
 		r.TAT = max(tat, now)
 		r.ResetAfter = r.TAT - now

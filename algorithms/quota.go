@@ -33,8 +33,8 @@ func (q Quota) Decide(used, cost int64) QuotaResult {
 	return q.result(false, used)
 }
 
-// Check reports, counting nothing, whether a key that used used may start a
-// request of a post-charged zone: one unit is left.
+// Check reports, counting nothing, whether a post-charged request may
+// start: one unit is left.
 func (q Quota) Check(used int64) QuotaResult { return q.result(used < q.Limit, used) }
 
 // Charge counts cost after the response, whatever is left: a request checked
@@ -47,5 +47,5 @@ func (q Quota) Charge(used, cost int64) QuotaResult {
 	return q.result(n < q.Limit, n)
 }
 
-// Refund gives back cost counted for a request another zone denied.
+// Refund gives back cost counted for a request that must not count.
 func (q Quota) Refund(used, cost int64) QuotaResult { return q.result(true, max(0, used-cost)) }

@@ -1,17 +1,14 @@
 package zones
 
-// Adaptive concurrency zones: a concurrency zone whose limit per key is not
-// fixed but read from a controller (algorithms.Adaptive) that follows the
-// upstream's latency toward the zone's target, shared by priority classes
-// (algorithms.Classes). A request takes a place as in a concurrency zone
-// (Ticket.Admit) and gives it back with its latency, the time from the
-// upstream call's start to its response's headers (Zone.ReleaseAfter),
-// which the controller samples.
+// Adaptive concurrency zones: a concurrency zone whose limit per key is read
+// from a controller (algorithms.Adaptive) that follows the upstream's
+// latency toward the zone's target, shared by priority classes
+// (algorithms.Classes). A request gives its place back with its latency
+// (Zone.ReleaseAfter), which the controller samples.
 //
-// Adaptive zones are per instance by nature: each Caddy limits what it
-// sends to the upstream it sees, whatever its mode; a store is never asked
-// (New drops it), and several instances in front of one upstream each
-// converge on their share, since each sees the latency all of them cause.
+// Adaptive zones are per instance by nature: a store is never asked (New
+// drops it), and several instances in front of one upstream each converge
+// on their share, since each sees the latency all of them cause.
 
 import (
 	"errors"
@@ -38,10 +35,9 @@ const MaxClasses = 16
 const AdaptiveKeyIdle = 10 * time.Minute
 
 // IsAdaptive reports whether the zone's concurrency limit follows the
-// upstream's latency (adaptive.go).
+// upstream's latency.
 func (c Config) IsAdaptive() bool { return c.Adaptive.Target > 0 }
 
-// validateAdaptive is validate for an adaptive zone.
 func (c Config) validateAdaptive() error {
 	a := c.Adaptive
 	switch {
@@ -62,10 +58,9 @@ func (c Config) validateAdaptive() error {
 	return err
 }
 
-// adaptiveState is an adaptive zone's in-process state: each key's
-// controller and classes. Like a concurrency zone's, it is pooled by the
-// zone's name, so a reload keeps every key's learned limit and counts the
-// requests still in flight.
+// adaptiveState is an adaptive zone's in-process state, pooled by the
+// zone's name like a concurrency zone's: a reload keeps every key's learned
+// limit and counts the requests still in flight.
 type adaptiveState struct {
 	mu       sync.RWMutex
 	keys     map[string]*adaptiveKey
@@ -76,33 +71,28 @@ type adaptiveState struct {
 	onSlow   atomic.Pointer[func(time.Duration)]
 }
 
-// adaptiveKey is one key's limit and requests in flight, under its mutex:
-// an admission and a release each take it once.
+// adaptiveKey is one key's limit and requests in flight, under its mutex.
 type adaptiveKey struct {
 	mu      sync.Mutex
 	ctl     algorithms.Adaptive
 	classes algorithms.Classes
 	used    int64 // the last admission or release (monotime)
-	// Zones with delay: the requests waiting for a place, by class, each
-	// class first come first served, and since when the queue has not
-	// been empty (0: it is).
+	// Zones with delay: the requests waiting for a place, by class, first
+	// come first served, and since when the queue has not been empty.
 	waiters    [][]*adaptiveWaiter
 	queueSince int64
 }
 
-// adaptiveWaiter is a request waiting for a place: a release that admits
-// it counts it in flight and signals granted.
 type adaptiveWaiter struct {
 	class   int
-	granted chan struct{} // buffered: the release never blocks
+	granted chan struct{} // buffered: the release that admits it never blocks
 }
 
 func newAdaptiveState() *adaptiveState {
 	return &adaptiveState{keys: map[string]*adaptiveKey{}}
 }
 
-// key is key's state, created at now under c when there is room for it
-// (max_keys); nil when there is not.
+// key is key's state, created at now if max_keys leaves room, else nil.
 func (s *adaptiveState) key(c Config, key string, now int64) *adaptiveKey {
 	s.mu.RLock()
 	k := s.keys[key]
@@ -144,10 +134,9 @@ func (s *adaptiveState) len() int {
 	return len(s.keys)
 }
 
-// acquireAdaptive admits a request of key and priority class (0 the
-// highest; beyond the zone's classes: the lowest) at now, or sheds it.
-// Shed or not, the request counts in the controller's demand. In a zone
-// with delay, a request that finds no place waits for one (wait).
+// acquireAdaptive admits a request of key and priority class at now, or
+// sheds it; either way it counts in the controller's demand. In a zone with
+// delay, a request that finds no place waits for one.
 func (z *Zone) acquireAdaptive(key string, class int, now int64, done <-chan struct{}) (Decision, Slot, int64) {
 	s := z.state.adaptive
 	k := s.key(z.Config, key, now)
@@ -180,15 +169,12 @@ func (z *Zone) acquireAdaptive(key string, class int, now int64, done <-chan str
 		Slot{zone: z, key: key, adaptive: k, class: class}, limit
 }
 
-// wait makes a request of class that found no place in k, whose mutex is
-// held (and held again on return), wait for one, as a zone with delay
-// does: at most delay, and only while the zone's queue has room; under a
-// standing queue (not empty for a window, max(target, 100ms)) at most the
-// target: CoDel's idea, a queue that never drains is shed rather than
-// kept. A release hands places to the waiters, highest class first
-// (handOff). It reports whether the request got a place; if not, the
-// decision: shed (the queue full or the wait over), or Gone (done closed,
-// the client left).
+// wait makes a request of class that found no place in k (whose mutex is
+// held, and held again on return) wait for one: at most delay, while the
+// zone's queue has room; under a standing queue (not empty for a window,
+// max(target, 100ms)) at most the target: CoDel's idea, a queue that never
+// drains is shed rather than kept. It reports whether the request got a
+// place; if not, the decision: shed, or Gone (the client left).
 func (z *Zone) wait(k *adaptiveKey, class int, done <-chan struct{}) (Decision, bool) {
 	shed := slotDenied(SourceLocal, nil)
 	if !z.takeQueuePlace() {
@@ -234,8 +220,8 @@ func (z *Zone) wait(k *adaptiveKey, class int, done <-chan struct{}) (Decision, 
 	return shed, false
 }
 
-// takeQueuePlace takes a place in the zone's queue of waiting requests if
-// it has room (EndWait gives it back).
+// takeQueuePlace takes a place in the zone's queue if it has room, never
+// past it even for a moment (EndWait gives it back).
 func (z *Zone) takeQueuePlace() bool {
 	for w, limit := &z.state.waiting, z.QueueSize(); ; {
 		n := w.Load()
@@ -249,7 +235,7 @@ func (z *Zone) takeQueuePlace() bool {
 }
 
 // dequeue takes w out of k's waiters, reporting whether it was there (not
-// granted a place yet). k's mutex is held.
+// granted a place yet).
 func (k *adaptiveKey) dequeue(w *adaptiveWaiter) bool {
 	q := k.waiters[w.class]
 	i := slices.Index(q, w)
@@ -262,7 +248,7 @@ func (k *adaptiveKey) dequeue(w *adaptiveWaiter) bool {
 }
 
 // handOff gives the places free under limit to the waiters, highest class
-// first, each class in arrival order. k's mutex is held.
+// first, each class in arrival order.
 func (k *adaptiveKey) handOff(limit, now int64) {
 	for c := range k.waiters {
 		for len(k.waiters[c]) > 0 && k.classes.Admit(c, limit, now) {
@@ -287,12 +273,11 @@ func (k *adaptiveKey) noteEmpty() {
 	k.queueSince = 0
 }
 
-// ReleaseAfter gives back a slot Acquire returned, as Release does; a slot
-// of an adaptive zone gives the controller latency, the time from the
-// upstream call's start to its response's headers (or the handler's
-// return), at now. A negative latency is no sample (the client left); a
-// failed request (a 5xx, a proxy error, a timeout) is a sample of
-// overload, never of spare capacity, whatever its latency.
+// ReleaseAfter gives back a slot as Release does; an adaptive zone's
+// controller samples latency, from the upstream call's start to its
+// response's headers, at now. A negative latency is no sample (the client
+// left); a failed request (a 5xx, a proxy error, a timeout) is a sample of
+// overload whatever its latency.
 func (z *Zone) ReleaseAfter(s Slot, now int64, latency time.Duration, failed bool) {
 	k := s.adaptive
 	if k == nil {
@@ -324,10 +309,9 @@ func (z *Zone) ReleaseAfter(s Slot, now int64, latency time.Duration, failed boo
 	}
 }
 
-// OnSlowUpstream makes f called once, with the upstream's unloaded
-// latency, when an adaptive zone's controller learns that its target is
-// below it, and again only after a window met the target since; the
-// latest f set is called.
+// OnSlowUpstream makes f called with the upstream's unloaded latency when
+// an adaptive zone's controller learns that its target is below it, once
+// until a window meets the target again.
 func (z *Zone) OnSlowUpstream(f func(unloaded time.Duration)) {
 	if s := z.state.adaptive; s != nil {
 		s.onSlow.Store(&f)
@@ -335,9 +319,8 @@ func (z *Zone) OnSlowUpstream(f func(unloaded time.Duration)) {
 }
 
 // AdaptiveUnloaded is the upstream's unloaded latency the zone's
-// controller learned at its latest closed window when it is above the
-// target (the target followed is then just above it), any key; 0 when
-// none is.
+// controller learned at its latest window, any key, when it is above the
+// target; else 0.
 func (z *Zone) AdaptiveUnloaded() time.Duration {
 	if s := z.state.adaptive; s != nil {
 		return time.Duration(s.unloaded.Load())
@@ -345,9 +328,8 @@ func (z *Zone) AdaptiveUnloaded() time.Duration {
 	return 0
 }
 
-// AdaptiveLimit is the sum of the zone's keys' current limits (one key, a
-// host, is the common case), and the p90 latency of the latest window the
-// controller closed; 0, 0 for another kind of zone.
+// AdaptiveLimit is the sum of the zone's keys' current limits and the p90
+// latency of the latest window closed; 0, 0 for another kind of zone.
 func (z *Zone) AdaptiveLimit() (limit int64, p90 time.Duration) {
 	s := z.state.adaptive
 	if s == nil {
@@ -363,9 +345,8 @@ func (z *Zone) AdaptiveLimit() (limit int64, p90 time.Duration) {
 	return limit, time.Duration(s.p90.Load())
 }
 
-// ConcurrencyOf is the limit of requests in flight key has now: the zone's
-// concurrency, or in an adaptive zone the key's current limit (min for a
-// key it holds no state for).
+// ConcurrencyOf is key's limit of requests in flight now: an adaptive
+// zone's for the key (min for a new key), else the zone's concurrency.
 func (z *Zone) ConcurrencyOf(key string) int64 {
 	if !z.IsAdaptive() {
 		return z.Concurrency
@@ -376,8 +357,8 @@ func (z *Zone) ConcurrencyOf(key string) int64 {
 	return z.Adaptive.Min
 }
 
-// KeyLimit is key's current adaptive limit and requests in flight; false
-// when the zone holds no state for key.
+// KeyLimit is key's current adaptive limit and requests in flight, if the
+// zone holds state for key.
 func (z *Zone) KeyLimit(key string) (limit, inFlight int64, ok bool) {
 	s := z.state.adaptive
 	if s == nil {

@@ -27,12 +27,11 @@ import (
 //
 // A key's state is one entry of State.Bans, in the monotonic clock of a
 // TAT: the end of what is remembered rounded up to a multiple of banLevels,
-// with the level in its low bits (BanEntry). A snapshot moves the values by
-// multiples of banLevels, or unpacks and packs them.
+// with the level in its low bits (BanEntry).
 
 // sweepBans drops the entries past their memory; when none is left, ban
-// lookups are skipped until the next ban (anyBan), so that a zone with ban
-// and no key banned costs one atomic load per request.
+// lookups are skipped until the next ban (anyBan): a zone with ban and no
+// key banned costs one atomic load per request.
 func (s *State) sweepBans(now int64) {
 	s.banMu.Lock()
 	defer s.banMu.Unlock()
@@ -75,7 +74,6 @@ func satAdd(a, b int64) int64 {
 	return -1 << 63
 }
 
-// validateBan checks the zone's ban settings.
 func (c Config) validateBan() error {
 	switch {
 	case c.Ban == 0 && c.BanMax == 0:
@@ -118,7 +116,7 @@ func (c Config) banLength(level int) time.Duration {
 // banIn reports the end of key's ban when it is banned at now.
 func (z *Zone) banIn(key string, now int64) (end int64, level int, ok bool) {
 	if !z.state.anyBan.Load() {
-		return 0, 0, false // no ban since the last sweep found none: no lookup
+		return 0, 0, false
 	}
 	v, found := z.state.Bans.kt.Get(key)
 	if !found {
@@ -152,8 +150,8 @@ func (z *Zone) startBan(key string, now int64) (end int64, level int, started, o
 	return end, level, started, ok
 }
 
-// learnBan records a ban the store reports for key (its end and level),
-// so that it holds on this instance through a store outage.
+// learnBan records a ban the store reports for key, so that it holds on
+// this instance through a store outage.
 func (z *Zone) learnBan(key string, end int64, level int, now int64) {
 	if end <= now {
 		return
@@ -182,30 +180,26 @@ func (z *Zone) storeBan(key string, now int64, f func(int64, bool) (int64, keyta
 // now: what a full ban table may evict (keytable.StoreIfExpired).
 func banEnded(now int64, memory time.Duration) int64 { return satAdd(now, int64(memory)) }
 
-// banDecision is the denial of a key banned until end.
-func banDecision(end, now int64, level int, reset time.Duration, src Source) Decision {
-	retry := time.Duration(end - now)
-	return Decision{RetryAfter: retry, ResetAfter: max(retry, reset), Source: src, Banned: true, BanLevel: level}
-}
-
 // bannedDecision is the denial of key, banned until end at level, under
 // plan p: the ban's remaining time, or the rate's own retry time when that
 // is later (a ban is a floor). It asks no store: a banned flood costs
 // nothing but this.
 func (z *Zone) bannedDecision(key string, now int64, p *Plan, end int64, level int) Decision {
-	if z.store != nil {
-		return banDecision(end, now, level, 0, SourceDenyCache)
+	d := Decision{Source: SourceDenyCache, Banned: true, BanLevel: level}
+	if z.store == nil {
+		r := z.state.Local.Peek(key, now, p.limit)
+		end, d.ResetAfter, d.Source = max(end, now+r.RetryAfter), time.Duration(r.ResetAfter), SourceLocal
 	}
-	r := z.state.Local.Peek(key, now, p.limit)
-	return banDecision(max(end, now+r.RetryAfter), now, level, time.Duration(r.ResetAfter), SourceLocal)
+	d.RetryAfter = time.Duration(end - now)
+	d.ResetAfter = max(d.ResetAfter, d.RetryAfter)
+	return d
 }
 
 // storeBanDecision is the decision of a store's answer in a zone with ban:
 // a ban is remembered here until its end, so that it holds through a store
 // outage and the key's flood costs the store nothing. A store that keeps
-// bans (the step carried the zone's ban rule) started it; another store's
-// denial starts a ban on this instance only (see banOnDenial), listed for
-// the others.
+// bans started it; another store's denial starts a ban on this instance
+// only, listed for the others.
 func (z *Zone) storeBanDecision(key string, now int64, rep RateReply) Decision {
 	r, b := rep.Result, rep.Ban
 	z.heard(key, now, r)
@@ -217,28 +211,21 @@ func (z *Zone) storeBanDecision(key string, now int64, rep RateReply) Decision {
 		if b.Started {
 			d.BanStarted = time.Duration(r.RetryAfter)
 		}
-	case !r.Allowed:
-		// A denial of a step with a ban rule is a ban (above). Another
-		// store leaves the ban to this instance, as a dry run does (which
-		// only reports it).
-		if z.banRule == (BanRule{}) {
-			z.banOnDenial(key, now, &d)
-		}
+	case !r.Allowed && z.banRule == (BanRule{}): // no ban rule: the ban is this instance's (or a dry run's)
+		z.banOnDenial(key, now, &d)
 	}
 	if l := z.offers.BanList; l != nil && d.BanStarted > 0 && !z.DryRun {
-		l.RecordBan(z.Name, key, d.BanStarted, max(z.Ban, z.BanMax), d.BanLevel, z.unlisted)
+		l.RecordBan(z.Name, key, d.BanStarted, max(z.Ban, z.BanMax), d.BanLevel, func(n int64) { z.droppedBans(droppedFromList, n) })
 	}
 	return d
 }
 
 // banOnDenial starts a ban for a key the zone just denied for lack of
-// quota, unless the zone is in dry run, and makes d the ban's denial. In dry
-// run it only reports the ban that would start (d.BanStarted, d stays as
-// it was), once per would-be ban.
+// quota and makes d the ban's denial. In dry run it only reports the ban
+// that would start (d.BanStarted), once per would-be ban: it is remembered,
+// never enforced, so that a running one is not reported as starting again.
 func (z *Zone) banOnDenial(key string, now int64, d *Decision) {
 	if z.DryRun {
-		// A would-be ban is remembered, never enforced, so that one that
-		// would be running is not reported as starting again.
 		if _, running := z.state.wouldBan.Get(key, now); !running {
 			if _, _, banned := z.banIn(key, now); !banned {
 				d.BanStarted = z.banLength(1)
@@ -266,8 +253,7 @@ type Ban struct {
 	Level int           // 1 for the first ban of the key; 0 when the store does not say
 }
 
-// BanOf reports key's ban at now on this instance, ok false when it is not
-// banned.
+// BanOf reports key's ban at now on this instance, if it is banned.
 func (z *Zone) BanOf(key string, now int64) (Ban, bool) {
 	if z.state.Bans == nil {
 		return Ban{}, false
@@ -296,8 +282,7 @@ func (z *Zone) Bans(now int64) []Ban {
 	return out
 }
 
-// withBan adds a ban with left to run, of level, to d, a peek of the key's
-// state: the store's view when it keeps bans, else this instance's.
+// withBan adds a ban with left to run, of level, to d, a peek of the key.
 func (z *Zone) withBan(d *Decision, left time.Duration, level int) {
 	if left > 0 {
 		d.Banned, d.BanLevel = true, level
@@ -317,14 +302,12 @@ func (z *Zone) ListBans(ctx context.Context, now int64) ([]Ban, bool, error) {
 	return z.Bans(now), false, nil
 }
 
-// BanSyncStart is where a LearnBans starts: read it before reading the
-// bans.
+// BanSyncStart is where a LearnBans starts: read it before the bans.
 func (z *Zone) BanSyncStart() uint64 { return z.state.forgets.Load() }
 
 // LearnBans records bans read from the store's list (async mode: how an
-// instance hears of the bans others started), unless a key was forgotten
-// (reset) since start: a list read before a lift must not bring the ban
-// back; the next read will do.
+// instance hears of the bans others started), unless a key was reset since
+// start: a list read before a lift must not bring the ban back.
 func (z *Zone) LearnBans(start uint64, bans []Ban, now int64) {
 	if z.state.Bans == nil || z.state.forgets.Load() != start {
 		return
@@ -343,8 +326,7 @@ func (z *Zone) BannedKeys(now int64) int {
 	if z.state.Bans == nil {
 		return 0
 	}
-	// An entry's ban is running when its value is past the end of what a
-	// ban ending now is remembered for (exact to banLevels nanoseconds).
+	// Running: past the memory of a ban ending now (to banLevels ns).
 	return z.state.Bans.kt.CountAbove(satAdd(banEnded(now, z.BanMemory()), banLevels-1))
 }
 
@@ -363,10 +345,6 @@ const (
 	droppedFromList
 )
 
-// unlisted counts n running bans the fleet-wide list dropped (RecordBan's
-// report).
-func (z *Zone) unlisted(n int64) { z.droppedBans(droppedFromList, n) }
-
 // droppedBans counts n bans not kept, from the table or the list, and tells
 // OnBanDropped.
 func (z *Zone) droppedBans(from int, n int64) {
@@ -380,15 +358,14 @@ func (z *Zone) droppedBans(from int, n int64) {
 }
 
 // MaxListedBans bounds the bans a zone lists, locally and in a store: the
-// longest-lasting ones are kept. The bans of an instance's table past it
-// are enforced but not listed; in async mode the list is how the others
-// learn a ban, so the bans it drops are enforced only where they started
-// (and counted: DroppedBans).
+// longest-lasting ones are kept. Bans past it are enforced but not listed;
+// in async mode, where the list is how the others learn a ban, only where
+// they started (and counted: DroppedBans).
 const MaxListedBans = 1000
 
-// banList is the keys of a zone's current bans, for the admin list and the
-// gauge: touched only when a ban starts or is lifted, at most
-// MaxListedBans keys, those ending soonest dropped first.
+// banList is the keys of a zone's current bans, for the admin list: touched
+// only when a ban starts or is lifted, at most MaxListedBans keys, those
+// ending soonest dropped first.
 type banList struct {
 	mu   sync.Mutex
 	ends map[string]int64

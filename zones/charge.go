@@ -53,8 +53,8 @@ func (ch *charge) over() {
 	}
 }
 
-// charger sends a state's strict-mode charges in the background and tracks,
-// per key, those not yet landed.
+// charger sends a state's strict-mode charges in the background and tracks
+// those not yet landed per key.
 type charger struct {
 	once    sync.Once
 	started atomic.Bool
@@ -105,8 +105,8 @@ func (c *charger) start(stop <-chan struct{}, wg *sync.WaitGroup) {
 	})
 }
 
-// send makes the first attempt of every charge in batch at once, so that
-// the store's batcher puts them in shared pipelines.
+// send makes the first attempt of every charge in batch at once: the
+// store's batcher puts them in shared pipelines.
 func (c *charger) send(batch []charge) {
 	if len(batch) == 1 {
 		batch[0].zone.sendCharge(batch[0], c)
@@ -119,8 +119,7 @@ func (c *charger) send(batch []charge) {
 	wg.Wait()
 }
 
-// errStateClosed fails the charges still queued when a zone's state goes
-// (its last config was unloaded).
+// errStateClosed fails the charges still queued when a zone's state goes.
 var errStateClosed = errors.New("zone state closed before the charge was sent")
 
 // fail reports every charge still queued after the chargers stopped.
@@ -144,7 +143,6 @@ func (c *charger) fail() {
 	}
 }
 
-// add notes a charge for key as pending.
 func (c *charger) add(key string) {
 	c.mu.Lock()
 	p := c.pending[key]
@@ -156,7 +154,6 @@ func (c *charger) add(key string) {
 	c.mu.Unlock()
 }
 
-// landed notes that one charge for key is done.
 func (c *charger) landed(key string) {
 	c.mu.Lock()
 	if p := c.pending[key]; p != nil {
@@ -190,21 +187,18 @@ func (c *charger) wait(ctx context.Context, key string) {
 }
 
 // Check decides a post-charged zone's request before it runs: allowed
-// unless the key has no quota left under plan p; it consumes nothing. A
-// strict-mode check waits for this instance's charges of the key still on
-// their way (see the top of this file).
+// unless the key has nothing left under plan p; it consumes nothing.
 func (z *Zone) Check(ctx context.Context, key string, now int64, p *Plan) Decision {
 	return z.step(ctx, OpCheck, key, now, p, 1)
 }
 
-// MaxCharge is the most one charge counts, in bursts: a larger cost is
-// capped, and the debt of a key is capped at one burst beyond its full
-// burst anyway (algorithms.Limit.Charge).
+// MaxCharge is the most one charge counts, in bursts (a key's debt is
+// capped at one burst beyond empty anyway: algorithms.Limit.Charge).
 const MaxCharge = 2
 
 // Charge charges cost for key under plan p after the response. It never
-// waits for Redis: in strict mode the charge is queued (see the top of this
-// file) and reported through OnChargeFailed if it cannot land.
+// waits for Redis: a strict-mode charge is queued, and reported through
+// OnChargeFailed if it cannot land.
 func (z *Zone) Charge(ctx context.Context, key string, now int64, p *Plan, cost int64) {
 	cost = min(cost, MaxCharge*p.Burst)
 	switch q := z.state.quota; {
@@ -224,7 +218,6 @@ func (z *Zone) Charge(ctx context.Context, key string, now int64, p *Plan, cost 
 	}
 }
 
-// queueCharge queues a strict-mode charge for the chargers.
 func (z *Zone) queueCharge(key string, p *Plan, cost int64) {
 	c := &z.state.charger
 	c.start(z.state.stop, &z.state.chargers)
@@ -233,18 +226,17 @@ func (z *Zone) queueCharge(key string, p *Plan, cost int64) {
 	select {
 	case c.queue <- ch:
 	default:
-		// The queue is full (Redis far slower than traffic): charge
-		// here rather than drop it; this response waits.
+		// Full (Redis far slower than traffic): charge here rather than
+		// drop it; this response waits.
 		z.sendCharge(ch, c)
 	}
 }
 
 // sendCharge makes the first attempt to land a strict-mode charge. The
-// key's waiting checks are released (c.landed) once the charge is in Redis
-// or, when the attempt failed, in the fail policy's view (fail_policy local
-// charges this instance's part at once, so that checks during an outage
-// see the debt without waiting for retries); a failed charge is then
-// retried by retryLoop.
+// key's waiting checks are released once the charge is in Redis or, when
+// the attempt failed, in the fail policy's view (local charges this
+// instance's part at once: checks during an outage see the debt without
+// waiting for retries); retryLoop retries it then.
 func (z *Zone) sendCharge(ch charge, c *charger) {
 	defer c.landed(ch.key)
 	if z.tryCharge(context.Background(), monotime.Now(), &ch) {
@@ -263,8 +255,7 @@ func (z *Zone) sendCharge(ch charge, c *charger) {
 	ch.over()
 }
 
-// tryCharge makes one attempt to land ch in the store, noting its error;
-// a quota zone's reply may be a denial to cache.
+// tryCharge makes one attempt to land ch in the store, noting its error.
 func (z *Zone) tryCharge(ctx context.Context, now int64, ch *charge) bool {
 	if q := z.state.quota; q != nil {
 		pn := q.clock.at(now)
@@ -288,9 +279,8 @@ func (z *Zone) tryCharge(ctx context.Context, now int64, ch *charge) bool {
 const chargeRetryEvery = 100 * time.Millisecond
 
 // retryLoop tries failed charges again every chargeRetryEvery until they
-// land or ChargeRetryFor has passed since they were queued; those count as
-// failed. Retries never delay first attempts: during an outage the workers
-// stay free for new charges.
+// land or ChargeRetryFor has passed since they were queued (failed).
+// Retries never delay first attempts: the workers stay free for new ones.
 func (c *charger) retryLoop(stop <-chan struct{}) {
 	tick := time.NewTicker(chargeRetryEvery)
 	defer tick.Stop()
@@ -325,9 +315,8 @@ func (c *charger) retryLoop(stop <-chan struct{}) {
 }
 
 // chargeFallback applies the fail policy to a charge the store did not
-// take: `local` charges this instance's part of the limit, so that the
-// key's checks during the outage see the debt; `open` and `closed` have
-// nothing to charge (their checks allow or deny everything meanwhile).
+// take: local charges this instance's part, so that the key's checks see
+// the debt; open and closed have nothing to charge.
 func (z *Zone) chargeFallback(key string, now int64, p *Plan, cost int64) {
 	z.failPolicy(nil, Decision{}, func() Decision {
 		if q := z.state.quota; q != nil {
@@ -339,8 +328,6 @@ func (z *Zone) chargeFallback(key string, now int64, p *Plan, cost int64) {
 	})
 }
 
-// chargeFailed reports a charge the store did not take within the retry
-// bound.
 func (z *Zone) chargeFailed(err error) {
 	if f := z.OnChargeFailed; f != nil {
 		f(err)

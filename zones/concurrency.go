@@ -2,15 +2,14 @@ package zones
 
 // Concurrency zones: at most Concurrency requests of a key in flight at once.
 //
-// A request takes a slot before it is served and gives it back when the
-// handler returns (Zone.Acquire, Zone.Release). In local mode a slot is one
-// unit of a per-key counter in the zone's in-flight table; the entry exists
-// only while the count is above zero, so memory is bounded by the keys in
-// flight (and by max_keys: when that many keys are in flight, a new key is
-// denied until one finishes). With a store, slots live in the store (see
-// Slots) and expire after the zone's lease unless renewed.
+// In local mode a slot is one unit of a per-key counter, whose entry exists
+// only while the count is above zero: memory is bounded by the keys in
+// flight (and by max_keys: a new key is then denied until one finishes).
+// With a store, slots live in the store and expire after the zone's lease
+// unless renewed.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -23,7 +22,7 @@ import (
 )
 
 // DefaultLease is how long a slot held in the store outlives the last
-// renewal of the instance that took it, when lease is not set.
+// renewal of the instance that took it, by default.
 const DefaultLease = 30 * time.Second
 
 // MinLease is the shortest lease: renewals run every lease/3 and must fit in
@@ -34,16 +33,15 @@ const MinLease = time.Second
 // says when a request in flight will finish, so clients try again soon.
 const ConcurrencyRetryAfter = time.Second
 
-// concurrencyState is the in-process part of a concurrency zone, shared like
-// State by every handler that defines the zone, and kept across reloads
-// whatever its concurrency or max_keys (the root package pools a
-// concurrency zone's State by name): requests still in flight stay counted.
+// concurrencyState is the in-process part of a concurrency zone, kept
+// across reloads whatever its concurrency or max_keys (the root package
+// pools its State by name): requests still in flight stay counted.
 //
 // The counts live in generations of tables, one per max_keys: a reload that
-// changes max_keys starts a new generation, sized by it, where every slot is
-// taken from then on; the slots taken before are released in the table they
-// were taken in (Slot.table), and count against the limit until then. An
-// old generation only empties, and is dropped once empty (by the sweeper).
+// changes max_keys starts a new generation, where every slot is taken from
+// then on; older slots are released in the table they were taken in
+// (Slot.table) and count against the limit until then. An old generation
+// only empties, and the sweeper drops it once empty.
 type concurrencyState struct {
 	gens     atomic.Pointer[[]*slotTables] // oldest first; never empty
 	mu       sync.Mutex                    // serialises changes of gens
@@ -67,14 +65,12 @@ func newConcurrencyState(maxKeys int) *concurrencyState {
 	return c
 }
 
-// current is the generation slots are taken in, and the older ones.
 func (c *concurrencyState) current() (*slotTables, []*slotTables) {
 	g := *c.gens.Load()
 	return g[len(g)-1], g[:len(g)-1]
 }
 
-// useMaxKeys makes maxKeys the bound of the keys slots are taken for from
-// now on, starting a generation when it changed.
+// useMaxKeys starts a generation when max_keys changed.
 func (c *concurrencyState) useMaxKeys(maxKeys int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -86,8 +82,7 @@ func (c *concurrencyState) useMaxKeys(maxKeys int) {
 	c.gens.Store(&next)
 }
 
-// sweep shrinks the tables and drops the old generations left empty.
-func (c *concurrencyState) sweep() {
+func (c *concurrencyState) sweep(int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	g := *c.gens.Load()
@@ -104,7 +99,6 @@ func (c *concurrencyState) sweep() {
 	}
 }
 
-// len is the number of keys the tables hold.
 func (c *concurrencyState) len() int {
 	n := 0
 	for _, t := range *c.gens.Load() {
@@ -114,7 +108,7 @@ func (c *concurrencyState) len() int {
 }
 
 // heldBefore is what key holds in the old generations' table chosen by
-// which: slots taken before max_keys last changed.
+// which.
 func heldBefore(old []*slotTables, which func(*slotTables) *Table, key string) int64 {
 	var n int64
 	for _, t := range old {
@@ -129,11 +123,9 @@ func fallbackTable(t *slotTables) *Table { return t.fallback }
 // MaxConcurrency is the largest concurrency a zone may have.
 const MaxConcurrency = 1 << 30
 
-// IsConcurrency reports whether the zone limits requests in flight rather
-// than a rate.
+// IsConcurrency reports whether the zone limits requests in flight.
 func (c Config) IsConcurrency() bool { return c.Concurrency > 0 || c.IsAdaptive() }
 
-// validateConcurrency is validate for a zone that sets concurrency or lease.
 func (c Config) validateConcurrency() error {
 	switch {
 	case c.Concurrency > MaxConcurrency:
@@ -149,34 +141,22 @@ func (c Config) validateConcurrency() error {
 	return err
 }
 
-// LeaseOrDefault is the zone's lease, DefaultLease when not set.
-func (c Config) LeaseOrDefault() time.Duration {
-	if c.Lease > 0 {
-		return c.Lease
-	}
-	return DefaultLease
-}
-
-// Slot is a slot a request holds in a concurrency zone. The zero Slot holds
-// nothing; Release on it does nothing.
+// Slot is a slot a request holds in a concurrency zone; the zero Slot
+// holds nothing.
 type Slot struct {
-	zone  *Zone
-	table *Table // the in-process counter it was taken in, if any
-	key   string
-	id    string // the store's slot id, if taken in the store
-	// adaptive zones: the key's state the slot was taken in, and the
-	// request's priority class
-	adaptive *adaptiveKey
+	zone     *Zone
+	table    *Table // the in-process counter it was taken in, if any
+	key      string
+	id       string       // the store's slot id, if taken in the store
+	adaptive *adaptiveKey // adaptive zones: the key's state, and the priority class
 	class    int
 }
 
 // Held reports whether the slot must be released.
 func (s Slot) Held() bool { return s.zone != nil }
 
-// Acquire takes a slot of key for a request about to be served. Without a
-// store it counts the request in the zone's in-flight table; with one, the
-// store holds the slot and the zone's fail policy decides when it cannot.
-// An allowed decision comes with a Slot to Release when the request ends.
+// Acquire takes a slot of key for a request about to be served: an allowed
+// decision comes with a Slot to Release when the request ends.
 func (z *Zone) Acquire(ctx context.Context, key string) (Decision, Slot) {
 	if z.IsAdaptive() {
 		d, s, _ := z.acquireAdaptive(key, MaxClasses, monotime.Now(), nil)
@@ -191,7 +171,7 @@ func (z *Zone) acquire(ctx context.Context, key string, limit int64) (Decision, 
 	if z.store == nil {
 		return z.acquireIn(localTable, key, limit, SourceLocal, nil)
 	}
-	id, inUse, err := z.offers.Slots.Acquire(ctx, z.Name, key, limit, z.LeaseOrDefault())
+	id, inUse, err := z.offers.Slots.Acquire(ctx, z.Name, key, limit, cmp.Or(z.Lease, DefaultLease))
 	switch {
 	case err != nil:
 		return z.failSlot(key, err)
@@ -205,11 +185,10 @@ func (z *Zone) acquire(ctx context.Context, key string, limit int64) (Decision, 
 
 // acquireIn takes a slot in an in-process table (which, of the current
 // generation), at most limit per key counting the slots the key still holds
-// in older generations.
+// in older generations (which only empty: this may count a slot released
+// meanwhile, never miss one).
 func (z *Zone) acquireIn(which func(*slotTables) *Table, key string, limit int64, src Source, err error) (Decision, Slot) {
 	cur, old := z.state.conc.current()
-	// Old generations only empty: this may count a slot released
-	// meanwhile, never miss one.
 	before := heldBefore(old, which, key)
 	t := which(cur)
 	inUse, ok := t.acquireSlot(key, limit-before)
@@ -222,11 +201,10 @@ func (z *Zone) acquireIn(which func(*slotTables) *Table, key string, limit int64
 }
 
 // failSlot applies the zone's fail policy to a slot the store could not
-// give: open admits without a slot anywhere, closed denies, local counts the
-// request in this instance's fallback table at its part of the limit,
-// ⌊concurrency / N⌋ and at least 1 (N = live instances last seen). Slots
-// taken in the fallback table are released there, so a store that comes back
-// neither leaks nor double-counts them (it does not see them either).
+// give: open admits without a slot anywhere; local counts the request in
+// the fallback table at this instance's part, ⌊concurrency / N⌋ and at
+// least 1, and releases it there, so a store that comes back neither leaks
+// nor double-counts it.
 func (z *Zone) failSlot(key string, err error) (Decision, Slot) {
 	var slot Slot
 	d := z.failPolicy(err, Decision{Remaining: z.Concurrency}, func() Decision {
@@ -249,7 +227,7 @@ func slotDenied(src Source, err error) Decision {
 	return Decision{RetryAfter: ConcurrencyRetryAfter, ResetAfter: ConcurrencyRetryAfter, Source: src, Err: err}
 }
 
-// Release gives back a slot Acquire returned. It never waits on the store.
+// Release gives back a slot without waiting on the store.
 func (z *Zone) Release(s Slot) {
 	if s.zone == nil {
 		return
@@ -266,7 +244,7 @@ func (z *Zone) Release(s Slot) {
 	z.state.conc.inFlight.Add(-1)
 }
 
-// InFlight is the number of this zone's requests in flight in this process.
+// InFlight is the number of the zone's requests in flight in this process.
 func (z *Zone) InFlight() int64 {
 	if a := z.state.adaptive; a != nil {
 		return a.inFlight.Load()
@@ -277,8 +255,7 @@ func (z *Zone) InFlight() int64 {
 	return z.state.conc.inFlight.Load()
 }
 
-// SlotsInUse reports the slots key holds: in the store when the zone has one
-// (every instance's), else in this process.
+// SlotsInUse reports the slots key holds (with a store: every instance's).
 func (z *Zone) SlotsInUse(ctx context.Context, key string) (int64, error) {
 	if z.IsAdaptive() {
 		_, n, _ := z.KeyLimit(key)
@@ -292,9 +269,8 @@ func (z *Zone) SlotsInUse(ctx context.Context, key string) (int64, error) {
 }
 
 // acquireSlot counts one more request in flight for key if fewer than limit
-// are, and returns the count after the call. A key not in the table is
-// refused when its shard is full: unlike TATs, counts of requests in flight
-// carry information until they reach zero, so nothing may be evicted.
+// are, and returns the count after the call. A new key is refused when its
+// shard is full: counts carry information until zero, so none is evicted.
 func (t *Table) acquireSlot(key string, limit int64) (int64, bool) {
 	var n int64
 	taken := false
@@ -305,14 +281,12 @@ func (t *Table) acquireSlot(key string, limit int64) (int64, bool) {
 		n, taken = held+1, true
 		return n, keytable.StoreIfRoom
 	})
-	if !room { // only a key the table did not hold: none in flight
+	if !room { // a new key: none in flight
 		return 0, false
 	}
 	return n, taken
 }
 
-// releaseSlot counts one request of key less in flight; the key leaves the
-// table at zero.
 func (t *Table) releaseSlot(key string) {
 	t.kt.Update(key, 0, func(n int64, _ bool) (int64, keytable.Op) {
 		if n > 1 {
@@ -322,7 +296,6 @@ func (t *Table) releaseSlot(key string) {
 	})
 }
 
-// slots is the count of requests of key in flight.
 func (t *Table) slots(key string) int64 {
 	n, _ := t.kt.Get(key)
 	return n

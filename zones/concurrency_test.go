@@ -333,7 +333,7 @@ func TestLocalSlotsCountAcrossRedefinitionsOfTheZone(t *testing.T) {
 	for _, s := range held {
 		z6.Release(s)
 	}
-	st.conc.sweep()
+	st.conc.sweep(0)
 	if g := len(*st.conc.gens.Load()); g != 1 || st.Len() != 0 || z6.InFlight() != 0 {
 		t.Fatalf("after every slot was released: %d generations, %d keys, %d in flight; want 1, 0, 0", g, st.Len(), z6.InFlight())
 	}

@@ -3,10 +3,9 @@ package zones
 // Delay: a rate zone with `delay` admits for later the requests it would
 // deny whose allow time is at most the delay away. The slot is reserved
 // when the request is decided (the key's TAT moves as for an allowed
-// request; a store that offers it reserves in the same atomic step), the
-// request waits for its turn (the handler's part: serve.go), and a request
-// that does not go on gives its slot back with the zone's refund. Waiting
-// requests are counted per zone and instance, at most the zone's queue.
+// request, in the store's same atomic step), the request waits for its
+// turn (serve.go), and one that does not go on gives it back with a refund.
+// Waiting requests are counted per zone and instance, at most the queue.
 
 import (
 	"context"
@@ -20,16 +19,14 @@ import (
 // connection.
 const MaxDelay = time.Minute
 
-// DefaultQueue is how many requests of a zone with delay may wait at once
-// on one instance when the zone does not say: each waiting request holds a
-// goroutine and its connection (a few KiB), so 1,000 bound them to a few
-// MiB.
+// DefaultQueue is how many requests of a zone may wait at once on one
+// instance by default: each holds a goroutine and its connection (a few
+// KiB), so 1,000 bound them to a few MiB.
 const DefaultQueue = 1000
 
 // MaxQueue is the largest queue a zone may set.
 const MaxQueue = 1_000_000
 
-// validateDelay checks the zone's delay settings.
 func (c Config) validateDelay() error {
 	switch {
 	case c.Delay == 0 && c.Queue == 0:
@@ -57,8 +54,7 @@ func (c Config) QueueSize() int64 {
 }
 
 // ahead is how far ahead the zone may reserve now: its delay, or 0 when it
-// has none or its queue is full (the request is then decided as without
-// delay).
+// has none or its queue is full.
 func (z *Zone) ahead() int64 {
 	if z.Delay <= 0 || z.DryRun || z.state.waiting.Load() >= z.QueueSize() {
 		return 0
@@ -70,32 +66,23 @@ func (z *Zone) ahead() int64 {
 // later. When the queue filled meanwhile, the reservation is given back and
 // the request is denied as a full queue denies it.
 func (z *Zone) admitLater(ctx context.Context, key string, now int64, p *Plan, cost int64, d Decision) Decision {
-	for w, limit := &z.state.waiting, z.QueueSize(); ; {
-		n := w.Load()
-		if n >= limit {
-			break
-		}
-		if w.CompareAndSwap(n, n+1) { // never past the cap, even for a moment
-			return d
-		}
+	if z.takeQueuePlace() {
+		return d
 	}
 	refunded, _ := z.RefundWith(ctx, key, now, d, p, cost)
 	return Decision{RetryAfter: d.Delay, ResetAfter: max(refunded.ResetAfter, d.Delay), Source: d.Source, QueueFull: true}
 }
 
 // EndWait gives back the queue place of a request the zone admitted for
-// later (Decision.Delay > 0), once it stops waiting: served, refunded or
-// gone. Once per such decision.
+// later (Decision.Delay > 0), once per such decision.
 func (z *Zone) EndWait() { z.state.waiting.Add(-1) }
 
-// Waiting is how many requests of the zone wait for their turn on this
-// instance now.
+// Waiting is how many requests of the zone wait here now.
 func (z *Zone) Waiting() int64 { return z.state.waiting.Load() }
 
 // delayed completes a decision of a zone with delay: an admission for later
 // takes its queue place; a denial whose retry is within the delay was
-// refused for a full queue; the deny cache holds a store's denial only until
-// a request could be admitted for later again.
+// refused for a full queue.
 func (z *Zone) delayed(ctx context.Context, key string, now int64, p *Plan, cost, ahead int64, d Decision) Decision {
 	switch {
 	case d.Allowed && d.Delay > 0:

@@ -65,7 +65,7 @@ func TestDelayRefundGivesTheTurnBack(t *testing.T) {
 	}
 	// Its client goes away: the slot comes back, the next request takes
 	// the turn it had.
-	if _, err := z.Refund(context.Background(), "k", now, gone); err != nil {
+	if _, err := z.RefundWith(context.Background(), "k", now, gone, &z.plan, 1); err != nil {
 		t.Fatal(err)
 	}
 	z.EndWait()

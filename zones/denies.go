@@ -1,15 +1,10 @@
 package zones
 
-// Denies reports whether the zone denies or bans key now, from what this
-// instance holds and with no store call: whether a unit-cost request of key
-// would be denied at now (monotime) under the plan the key was last decided
-// under. A local zone answers from its table, a zone with a store from its
-// deny cache (the denials the store gave, until their retry time), so a
-// distributed zone's denial is seen here once a request of the key was denied
-// on this instance. A ban this instance knows of denies here until it ends.
-//
-// An operator's override of key decides as it does a request: exempt never
-// denies, deny always does.
+// Denies reports whether a unit-cost request of key would be denied at now
+// (monotime) under its last plan, from what this instance holds and with no
+// store call: a local zone's table, else the deny cache (a distributed
+// zone's denial is seen once a request of the key was denied here), a ban
+// this instance knows of, an exempt or deny override.
 //
 // It consumes nothing and costs one table lookup: the connection layer's
 // deny_while asks it for every new connection. A concurrency zone never
@@ -28,7 +23,7 @@ func (z *Zone) Denies(key string, now int64) bool {
 	}
 	if z.store == nil {
 		if q := z.state.quota; q != nil {
-			return q.denies(key, now, z.LastPlan(key, now).Events)
+			return q.used.quotaUsed(key, q.clock.at(now).gen) >= z.LastPlan(key, now).Events
 		}
 		r := z.state.Local.Peek(key, now, z.LastPlan(key, now).limit)
 		// A zone with delay admits for later what is at most its delay away.

@@ -14,10 +14,9 @@ import (
 
 // Overrides: an operator's runtime exceptions to a zone's limit, for one
 // key, every key with a prefix, or every IP-shaped key in a CIDR. An
-// override is resolved into the plan a request is decided under (or admits
-// it without consuming, or denies it) before the zone admits it: a key's
-// state is kept across an override change and re-read under the new limit,
-// as plans do.
+// override is resolved into the plan a request is decided under (or exempts
+// or denies it): a key's state is kept across an override change and
+// re-read under the new limit, as plans do.
 //
 // Precedence: an exact key, then the narrowest CIDR (for an IP-shaped key,
 // after ipv4_prefix/ipv6_prefix masking), then the longest prefix, then the
@@ -37,15 +36,12 @@ type Override struct {
 	// Neither: it is decided under Plan.
 	Exempt, Deny bool
 	Plan         Plan
-	// Expires is when the override lapses (Unix ns), 0 for never.
-	Expires int64
+	Expires      int64 // when the override lapses (Unix ns), 0 for never
 }
 
-// expired reports whether the override has lapsed at now (Unix ns).
 func (o *Override) expired(now int64) bool { return o.Expires != 0 && o.Expires <= now }
 
-// DenyFor is how long a deny override's denial lasts from now (Unix ns):
-// until it expires, else DenyRetryAfter.
+// DenyFor is how long a deny override's denial lasts from now (Unix ns).
 func (o *Override) DenyFor(now int64) time.Duration {
 	if o.Expires == 0 {
 		return DenyRetryAfter
@@ -56,19 +52,16 @@ func (o *Override) DenyFor(now int64) time.Duration {
 // DenyRetryAfter is the Retry-After of a deny override without expiry.
 const DenyRetryAfter = time.Hour
 
-// ConcurrencyPlan is the plan of a concurrency zone allowing n requests
-// in flight per key.
+// ConcurrencyPlan is the plan of n requests in flight per key.
 func ConcurrencyPlan(n int64) Plan {
 	return Plan{Events: n, Burst: n, limit: algorithms.Limit{EmissionInterval: 1, Burst: n}}
 }
 
 // OverrideSet is an immutable set of overrides. A change makes a new set
-// that shares all but O(log N) of the old one's nodes (With, Without), so
-// that a change costs each instance the same at any number of overrides,
-// and a request reads a set with one atomic load. A lookup costs one trie
-// walk for the key, one per CIDR length present and one per prefix length
-// present, without allocating. Of the overrides with the same match, the
-// one of the latest change is in force.
+// that shares all but O(log N) of the old one's nodes, so that it costs the
+// same at any number of overrides, and a request reads a set with one
+// atomic load. A lookup costs one trie walk for the key, one per CIDR
+// length present and one per prefix length present, without allocating.
 type OverrideSet struct {
 	n        int
 	ids      *trie[string, placed]
@@ -79,7 +72,6 @@ type OverrideSet struct {
 	cidrLens [2][]lenCount // IPv4, IPv6; narrowest (longest) first
 }
 
-// placed is an override and the change that put it.
 type placed struct {
 	version int64
 	o       *Override
@@ -90,14 +82,13 @@ func (p placed) before(q placed) bool {
 	return p.version < q.version || p.version == q.version && p.o.ID < q.o.ID
 }
 
-// lenCount is how many matches of one length a set holds.
 type lenCount struct{ n, count int }
 
 // ErrOverrideMatch is returned for an override that covers nothing.
 var ErrOverrideMatch = errors.New("an override covers exactly one key, prefix or CIDR")
 
-// NewOverrideSet indexes list (nil for an empty one). A later override
-// with the same match replaces an earlier one in lookups.
+// NewOverrideSet indexes list (nil for an empty one), later ones put by a
+// later change.
 func NewOverrideSet(list []*Override) (*OverrideSet, error) {
 	var s *OverrideSet
 	for i, o := range list {
@@ -124,32 +115,11 @@ func (s *OverrideSet) With(o *Override, version int64) (*OverrideSet, error) {
 	p := placed{version, o}
 	c.ids = c.ids.put(hashString(o.ID), o.ID, p)
 	c.n++
-	switch {
-	case o.Key != "":
-		h := hashString(o.Key)
-		c.keys = c.keys.put(h, o.Key, addPlaced(c.keys.get(h, o.Key), p))
-	case o.Prefix != "":
-		h := hashString(o.Prefix)
-		old := c.prefixes.get(h, o.Prefix)
-		c.prefixes = c.prefixes.put(h, o.Prefix, addPlaced(old, p))
-		if len(old) == 0 {
-			c.prefLens = countLen(c.prefLens, len(o.Prefix), 1)
-		}
-	default:
-		m := o.CIDR.Masked()
-		h := hashPrefix(m)
-		old := c.cidrs.get(h, m)
-		c.cidrs = c.cidrs.put(h, m, addPlaced(old, p))
-		if len(old) == 0 {
-			fam := family(m.Addr())
-			c.cidrLens[fam] = countLen(c.cidrLens[fam], m.Bits(), 1)
-		}
-	}
+	c.edit(o, func(list []placed) []placed { return addPlaced(list, p) })
 	return &c, nil
 }
 
-// Without is the set without the override id (nil when none is left). s
-// is unchanged.
+// Without is the set without the override id (nil when none is left).
 func (s *OverrideSet) Without(id string) *OverrideSet {
 	if s == nil {
 		return nil
@@ -165,31 +135,35 @@ func (s *OverrideSet) Without(id string) *OverrideSet {
 	c := *s
 	c.ids = c.ids.del(hid, id)
 	c.n--
-	switch o := p.o; {
-	case o.Key != "":
-		h := hashString(o.Key)
-		c.keys = change(c.keys, h, o.Key, dropPlaced(c.keys.get(h, o.Key), id))
-	case o.Prefix != "":
-		h := hashString(o.Prefix)
-		rest := dropPlaced(c.prefixes.get(h, o.Prefix), id)
-		c.prefixes = change(c.prefixes, h, o.Prefix, rest)
-		if len(rest) == 0 {
-			c.prefLens = countLen(c.prefLens, len(o.Prefix), -1)
-		}
-	default:
-		m := o.CIDR.Masked()
-		h := hashPrefix(m)
-		rest := dropPlaced(c.cidrs.get(h, m), id)
-		c.cidrs = change(c.cidrs, h, m, rest)
-		if len(rest) == 0 {
-			fam := family(m.Addr())
-			c.cidrLens[fam] = countLen(c.cidrLens[fam], m.Bits(), -1)
-		}
-	}
+	c.edit(p.o, func(list []placed) []placed { return dropPlaced(list, id) })
 	return &c
 }
 
-// addPlaced is list (sorted by change) with p in its place.
+// edit replaces the list of the overrides with o's match by f of it, and
+// counts the match's length in or out when the list fills or empties.
+func (c *OverrideSet) edit(o *Override, f func([]placed) []placed) {
+	moved := func(old, list []placed) int { return btoi(len(list) > 0) - btoi(len(old) > 0) }
+	switch {
+	case o.Key != "":
+		h := hashString(o.Key)
+		c.keys = change(c.keys, h, o.Key, f(c.keys.get(h, o.Key)))
+	case o.Prefix != "":
+		h := hashString(o.Prefix)
+		old := c.prefixes.get(h, o.Prefix)
+		list := f(old)
+		c.prefixes = change(c.prefixes, h, o.Prefix, list)
+		c.prefLens = countLen(c.prefLens, len(o.Prefix), moved(old, list))
+	default:
+		m := o.CIDR.Masked()
+		h := hashPrefix(m)
+		old := c.cidrs.get(h, m)
+		list := f(old)
+		c.cidrs = change(c.cidrs, h, m, list)
+		fam := family(m.Addr())
+		c.cidrLens[fam] = countLen(c.cidrLens[fam], m.Bits(), moved(old, list))
+	}
+}
+
 func addPlaced(list []placed, p placed) []placed {
 	i := 0
 	for i < len(list) && list[i].before(p) {
@@ -198,7 +172,6 @@ func addPlaced(list []placed, p placed) []placed {
 	return slices.Insert(slices.Clip(list), i, p)
 }
 
-// dropPlaced is list without the override id.
 func dropPlaced(list []placed, id string) []placed {
 	return slices.DeleteFunc(slices.Clone(list), func(p placed) bool { return p.o.ID == id })
 }
@@ -206,6 +179,9 @@ func dropPlaced(list []placed, id string) []placed {
 // countLen is lens (longest first) with the count of n moved by d, and
 // without n when none is left.
 func countLen(lens []lenCount, n, d int) []lenCount {
+	if d == 0 {
+		return lens
+	}
 	i := 0
 	for i < len(lens) && lens[i].n > n {
 		i++
@@ -227,7 +203,6 @@ func family(a netip.Addr) int {
 	return 0
 }
 
-// Len is the number of overrides in the set.
 func (s *OverrideSet) Len() int {
 	if s == nil {
 		return 0
@@ -236,11 +211,10 @@ func (s *OverrideSet) Len() int {
 }
 
 // Lookup is the override in force for key at now (Unix ns), by precedence,
-// nil when none. An expired override is passed over.
+// nil when none; an expired one is passed over.
 func (s *OverrideSet) Lookup(key string, now int64) *Override { return s.lookup(key, key, now) }
 
-// latest is the override of the latest change in list, nil when none or
-// when it has expired at now.
+// latest is the override of the latest change in list, unless expired.
 func latest(list []placed, now int64) *Override {
 	if len(list) == 0 || list[len(list)-1].o.expired(now) {
 		return nil
@@ -291,14 +265,10 @@ func (s *OverrideSet) lookupCIDR(key string, now int64) *Override {
 		addr = a
 	}
 	addr = addr.Unmap()
-	fam := 0
-	if addr.Is6() {
-		fam = 1
-	}
 	if bits < 0 {
 		bits = addr.BitLen()
 	}
-	for _, l := range s.cidrLens[fam] {
+	for _, l := range s.cidrLens[family(addr)] {
 		if l.n > bits {
 			continue
 		}
@@ -313,16 +283,13 @@ func (s *OverrideSet) lookupCIDR(key string, now int64) *Override {
 	return nil
 }
 
-// Overrides holds a zone's current override set, swapped whole: a request
-// reads it with one atomic load, and a zone with none pays nothing else.
+// Overrides holds a zone's current override set, swapped whole.
 type Overrides struct {
 	set atomic.Pointer[OverrideSet]
 }
 
-// Load is the current set, nil when empty.
 func (o *Overrides) Load() *OverrideSet { return o.set.Load() }
 
-// Store makes s (nil: none) the current set.
 func (o *Overrides) Store(s *OverrideSet) {
 	if s.Len() == 0 {
 		s = nil
@@ -330,12 +297,12 @@ func (o *Overrides) Store(s *OverrideSet) {
 	o.set.Store(s)
 }
 
-// UseOverrides makes the zone resolve its keys' overrides from o (nil:
-// none). It is called once, before the zone decides.
+// UseOverrides makes the zone resolve its keys' overrides from o, once,
+// before it decides.
 func (z *Zone) UseOverrides(o *Overrides) { z.overrides = o }
 
 // Override is the override in force for key (as stored) now, nil when
-// none: one atomic load for a zone without any.
+// none.
 func (z *Zone) Override(key string) *Override { return z.OverrideOf(key, "") }
 
 // OverrideOf is Override of key, stored from raw, the key as built: a
@@ -355,8 +322,8 @@ func (z *Zone) OverrideOf(key, raw string) *Override {
 	return s.lookup(key, raw, time.Now().UnixNano())
 }
 
-// OverrideCount is the number of overrides the zone holds (lapsed ones
-// until they are swept).
+// OverrideCount is the number of overrides the zone holds, lapsed ones
+// until they are swept.
 func (z *Zone) OverrideCount() int {
 	if z.overrides == nil {
 		return 0
@@ -364,20 +331,18 @@ func (z *Zone) OverrideCount() int {
 	return z.overrides.set.Load().Len()
 }
 
-// OverrideStore is how a store keeps zones' overrides fleet-wide
-// (Offers.Overrides). The records are the caller's; the store keeps them
-// with a version and a log of changes, so that a change writes one record
-// and each instance reads back only what changed since the version it
-// holds (OverridesAt): at any number of overrides a change costs each
-// instance O(1) store work. A store that lost its data (emptied, evicted,
-// expired) says so with a new epoch, and never as "every override was
+// OverrideStore is how a store keeps zones' overrides fleet-wide. The
+// records are the caller's; the store keeps them with a version and a log
+// of changes, so that a change writes one record and each instance reads
+// back only what changed since the version it holds: at any number of
+// overrides a change costs each instance O(1) store work. A store that lost
+// its data says so with a new epoch, never as "every override was
 // removed": the instances then Restore their copies.
 type OverrideStore struct {
 	// Put stores o (Version unused), replacing the override of its id,
 	// and returns its version; ErrTooManyOverrides when the zone holds
 	// MaxOverrides already.
-	Put func(ctx context.Context, zone string, o StoredOverride) (int64, error)
-	// Delete removes the override id; found is false when there was none.
+	Put    func(ctx context.Context, zone string, o StoredOverride) (int64, error)
 	Delete func(ctx context.Context, zone, id string) (found bool, err error)
 	// Read is what changed since at (the zero OverridesAt: everything).
 	Read func(ctx context.Context, zone string, at OverridesAt) (OverridesRead, error)
@@ -386,7 +351,7 @@ type OverrideStore struct {
 	// carried from another store), and returns how many it wrote.
 	Restore func(ctx context.Context, zone string, list []StoredOverride) (int, error)
 	// Moved makes moved hear, without blocking (a buffer of 1), of each
-	// change of zone's overrides made by any instance, until remove.
+	// change of zone's overrides by any instance, until remove.
 	Moved func(zone string, moved chan<- struct{}) (remove func())
 }
 
@@ -394,10 +359,8 @@ type OverrideStore struct {
 type StoredOverride struct {
 	ID      string
 	Expires time.Time // zero: never
-	// Version orders the changes of a zone's overrides: of two with the
-	// same match the later change is in force.
-	Version int64
-	Record  []byte // nil in a read: the override was removed
+	Version int64     // orders the changes of a zone's overrides
+	Record  []byte    // nil in a read: the override was removed
 }
 
 // OverridesAt is the point of a zone's overrides an instance has read:
@@ -416,8 +379,7 @@ type OverridesRead struct {
 	Changes []StoredOverride
 }
 
-// ErrTooManyOverrides is the error of a Put on a zone that holds
-// MaxOverrides already.
+// ErrTooManyOverrides: a Put on a zone that holds MaxOverrides already.
 var ErrTooManyOverrides = errors.New("the zone holds the most overrides it can")
 
 func btoi(b bool) int {
@@ -442,11 +404,10 @@ type trieItem[K comparable, V any] struct {
 	v V
 }
 
-// trieLeaf is the most items a leaf holds before it splits (unless the
-// hash is spent: items of one full hash share a leaf).
+// trieLeaf is the most items a leaf holds before it splits, unless the
+// hash is spent.
 const trieLeaf = 8
 
-// lookup is k's value (h its hash), false when none.
 func (t *trie[K, V]) lookup(h uint64, k K) (V, bool) {
 	for shift := uint(0); t != nil; shift += 5 {
 		if t.kids == nil {
@@ -463,13 +424,11 @@ func (t *trie[K, V]) lookup(h uint64, k K) (V, bool) {
 	return zero, false
 }
 
-// get is k's value, the zero value when none.
 func (t *trie[K, V]) get(h uint64, k K) V {
 	v, _ := t.lookup(h, k)
 	return v
 }
 
-// put is t with k's value v.
 func (t *trie[K, V]) put(h uint64, k K, v V) *trie[K, V] {
 	return t.with(0, trieItem[K, V]{h, k, v})
 }
@@ -509,7 +468,6 @@ func (t *trie[K, V]) with(shift uint, it trieItem[K, V]) *trie[K, V] {
 	return b
 }
 
-// del is t without k.
 func (t *trie[K, V]) del(h uint64, k K) *trie[K, V] { return t.without(0, h, k) }
 
 func (t *trie[K, V]) without(shift uint, h uint64, k K) *trie[K, V] {

@@ -18,14 +18,11 @@ import (
 // owedAttempts times. Async mode's records do this themselves (their
 // pending cost, counted by the next sync); quota zones are not reconciled.
 
-// owedAttempts is how many times an owed charge the store refused is tried.
-const owedAttempts = 5
+const (
+	owedAttempts = 5  // how many times an owed charge the store refused is tried
+	owedBatch    = 64 // owed charges in flight at once: they share the store's pipelines
+)
 
-// owedBatch is how many owed charges are in flight at once: they share the
-// store's pipelines.
-const owedBatch = 64
-
-// owed is a state's charges owed to the store.
 type owed struct {
 	mu      sync.Mutex
 	m       map[string]*owedCharge
@@ -40,9 +37,8 @@ type owedCharge struct {
 	attempts int
 }
 
-// owe notes that this instance admitted (or charged) cost for key under
-// plan p without the store, under fail_policy local; a negative cost is a
-// refund of such an admission.
+// owe notes that fail_policy local admitted (or charged) cost for key under
+// plan p; a negative cost is a refund of such an admission.
 func (z *Zone) owe(key string, p *Plan, cost int64) {
 	if z.FailPolicy == FailLocal && z.records == nil && z.state.quota == nil && z.store != nil {
 		z.state.owed.add(key, p, cost, 0)
@@ -76,7 +72,7 @@ func (o *owed) add(key string, p *Plan, cost int64, attempts int) {
 }
 
 // reconcile charges the store, in the background, with what this instance
-// owes it, once the store answered again (the caller just heard from it).
+// owes it, once the store answered again.
 func (z *Zone) reconcile() {
 	o := &z.state.owed
 	if !o.any.Load() || !o.running.CompareAndSwap(false, true) {
@@ -115,7 +111,6 @@ func (z *Zone) payOwed(key string, c *owedCharge) {
 	}
 }
 
-// len is the number of keys owed.
 func (o *owed) len() int {
 	o.mu.Lock()
 	defer o.mu.Unlock()

@@ -12,13 +12,12 @@ import (
 )
 
 // Plan is the limit one request is decided under: the zone's literal
-// events, window and burst, or values read from the request (a placeholder
-// set by `map` or an auth module: limits per customer plan).
+// events, window and burst, or values read from the request (limits per
+// customer plan).
 //
 // A key's state is its TAT, a point in time, so it stays meaningful when
 // the key's plan changes: the time the key is in debt is re-read under the
-// new emission interval. A key that used half its window's allowance on one
-// plan has half of the next plan's allowance left.
+// new emission interval.
 type Plan struct {
 	Events int64
 	Window time.Duration
@@ -35,7 +34,6 @@ const (
 	MaxSpan   = 100 * 365 * 24 * time.Hour // B·T, the longest a key can be in debt
 )
 
-// Errors NewPlan returns, saying what is wrong with a value.
 var (
 	ErrEvents = errors.New("events must be a whole number from 1 to 2^40")
 	ErrWindow = errors.New("window must be a positive duration of at least one microsecond per event")
@@ -44,9 +42,8 @@ var (
 )
 
 // NewPlan validates a limit as the Caddyfile validates literals: events and
-// burst in [1, 2^40] (burst 0 = events), at least one microsecond per event
-// (MinEmissionInterval),
-// B·T at most MaxSpan.
+// burst in [1, 2^40] (burst 0 = events), at least MinEmissionInterval per
+// event, B·T at most MaxSpan.
 func NewPlan(events int64, window time.Duration, burst int64) (Plan, error) {
 	switch {
 	case events < 1 || events > MaxEvents:
@@ -74,13 +71,13 @@ func (p Plan) part(n int64) algorithms.Limit {
 }
 
 // maxPlans is how many distinct plans a zone remembers for the admin API;
-// keys decided under further plans show the zone's literal one.
+// keys under further plans show the zone's literal one.
 const maxPlans = 4096
 
-// plans remembers, for a zone whose limits come from the request, the plan
-// each key was last decided under (for the admin API). Plans are interned:
-// the key table holds an index, packed with the entry's expiry so that the
-// table drops it when the key's state expires.
+// plans remembers the plan each key of a PerRequest zone was last decided
+// under (for the admin API). Plans are interned: the key table holds an
+// index, packed with the entry's expiry so that the table drops it when the
+// key's state expires.
 type plans struct {
 	mu    sync.Mutex // serialises additions; lookups take no lock
 	index atomic.Pointer[map[Plan]int64]
@@ -96,8 +93,7 @@ func newPlans(maxKeys int) *plans {
 	return p
 }
 
-// intern returns p's index, adding it (copy on write) when it is new; false
-// when the zone already remembers maxPlans plans.
+// intern returns p's index, adding it (copy on write) if there is room.
 func (ps *plans) intern(p Plan) (int64, bool) {
 	if i, ok := (*ps.index.Load())[p]; ok {
 		return i, true
@@ -125,8 +121,7 @@ func (ps *plans) intern(p Plan) (int64, bool) {
 // rest is the expiry, rounded up to 2^planBits ns (about 4ms).
 const planBits = 22
 
-// record notes that key was decided under p, until expires (monotime, like
-// now).
+// record notes that key was decided under p, until expires (monotime).
 func (ps *plans) record(key string, p Plan, expires, now int64) {
 	i, ok := ps.intern(p)
 	if !ok {
@@ -135,7 +130,6 @@ func (ps *plans) record(key string, p Plan, expires, now int64) {
 	ps.keys.Set(key, ((expires>>planBits)+1)<<planBits|i, now)
 }
 
-// last returns the plan key was last decided under, if it is remembered.
 func (ps *plans) last(key string, now int64) (Plan, bool) {
 	v, ok := ps.keys.Get(key, now)
 	if !ok {

@@ -53,10 +53,6 @@ type Periods struct {
 // neighbours.
 func PeriodsAt(p algorithms.Period, t time.Time, loc *time.Location) Periods {
 	start, end := p.Bounds(t, loc)
-	return newPeriods(p, start, end, loc)
-}
-
-func newPeriods(p algorithms.Period, start, end time.Time, loc *time.Location) Periods {
 	prev, _ := p.Bounds(start.Add(-time.Nanosecond), loc)
 	_, next := p.Bounds(end, loc)
 	ps := Periods{Bounds: [4]int64{prev.UnixMicro(), start.UnixMicro(), end.UnixMicro(), next.UnixMicro()}, loc: loc}
@@ -87,15 +83,14 @@ func (ps *Periods) length(i int) time.Duration {
 // QuotaResult is a store's answer to a quota step.
 type QuotaResult struct {
 	Allowed bool
-	Used    int64         // units used in the period after the step (async mode: as far as this instance can tell)
+	Used    int64         // units used in the period after the step (async mode: as this instance knows)
 	ToEnd   time.Duration // until the period ends, on the store's clock
 	Period  int           // which of the QuotaLimit's Periods: 0 previous, 1 current, 2 next
 }
 
 // QuotaClockError is a store's report that its clock is in none of the
-// periods it was given: the zone's clock is a period or more away from the
-// store's. The step is not made (the fail policy answers it), and the zone
-// moves its clock to Now, the store's, for the next ones.
+// periods it was given. The step is not made (the fail policy answers it),
+// and the zone moves its clock to Now, the store's, for the next ones.
 type QuotaClockError struct {
 	Now time.Time // the store's clock
 }
@@ -105,17 +100,14 @@ func (e *QuotaClockError) Error() string {
 }
 
 // QuotaDenyCacheFor is the longest a quota denial the store gave is
-// answered from the deny cache (it ends at the period's end anyway): a
-// blocked key's flood then costs the store one call a second per instance,
-// and a quota raised by a plan change, or units refunded, are seen within
-// that.
+// answered from the deny cache: a blocked key's flood costs the store one
+// call a second per instance, and a quota raised by a plan change, or units
+// refunded, are seen within that.
 const QuotaDenyCacheFor = time.Second
 
-// IsQuota reports whether the zone limits units per calendar period rather
-// than a rate.
+// IsQuota reports whether the zone limits units per calendar period.
 func (c Config) IsQuota() bool { return c.Period != 0 }
 
-// validateQuota is validate for a quota zone.
 func (c Config) validateQuota() error {
 	switch {
 	case c.Period < algorithms.Minute || c.Period > algorithms.Month:
@@ -131,10 +123,9 @@ func (c Config) validateQuota() error {
 	return err
 }
 
-// QuotaPlan is the plan of a request to a quota zone: n units per period
-// (0: the request's placeholder gave none and the zone has no fallback, so
-// nothing but cost 0 passes). Events and Burst are n; Window is 0, the
-// period's length being a matter of the calendar.
+// QuotaPlan is the plan of n units per period (0: only cost 0 passes, the
+// request gave no quota and the zone has none). Window is 0: the period's
+// length is the calendar's.
 func QuotaPlan(n int64) Plan { return Plan{Events: n, Burst: n} }
 
 // quotaState is a quota zone's in-process state.
@@ -146,12 +137,12 @@ type quotaState struct {
 
 func newQuotaState(c Config, maxKeys int) *quotaState {
 	q := &quotaState{used: NewTable(maxKeys), fallback: NewTable(maxKeys)}
-	q.clock.init(c.Period, c.Location)
+	q.clock.period, q.clock.loc = c.Period, cmp.Or(c.Location, time.UTC)
+	q.clock.wall, q.clock.mono = time.Now, monotime.Now
 	q.clock.onWrap = func() { q.used.Clear(); q.fallback.Clear() }
 	return q
 }
 
-// sweep drops the entries of earlier periods.
 func (q *quotaState) sweep(now int64) {
 	gen := q.clock.at(now).gen
 	q.used.Sweep(staleBelow(gen))
@@ -159,12 +150,6 @@ func (q *quotaState) sweep(now int64) {
 }
 
 func (q *quotaState) len() int { return q.used.Len() + q.fallback.Len() }
-
-// denies reports whether key has nothing left of limit in the period (local
-// mode), counting nothing.
-func (q *quotaState) denies(key string, now, limit int64) bool {
-	return q.used.quotaUsed(key, q.clock.at(now).gen) >= limit
-}
 
 // A local count is packed with its period: gen<<quotaUsedBits | used. gen
 // counts this process's periods from 1; a count of another gen is 0. used
@@ -182,7 +167,7 @@ const (
 func staleBelow(gen int64) int64 { return gen<<quotaUsedBits - 1 }
 
 // periodClock is a quota zone's clock: the period it is in, and when on the
-// monotonic clock that period ends (see the top of this file).
+// monotonic clock that period ends.
 type periodClock struct {
 	period algorithms.Period
 	loc    *time.Location
@@ -205,11 +190,6 @@ type periodNow struct {
 	endMono    int64     // monotime when it ends
 	length     time.Duration
 	periods    Periods // it and its neighbours, for stores
-}
-
-func (c *periodClock) init(p algorithms.Period, loc *time.Location) {
-	c.period, c.loc = p, cmp.Or(loc, time.UTC)
-	c.wall, c.mono = time.Now, monotime.Now
 }
 
 // at is the period the clock is in at now (monotime). On the request path
@@ -250,14 +230,12 @@ func (c *periodClock) roll(now int64) *periodNow {
 		}
 	}
 	n := &periodNow{gen: gen, start: start, end: end, endMono: mono + int64(end.Sub(wall)),
-		length: end.Sub(start), periods: newPeriods(c.period, start, end, c.loc)}
+		length: end.Sub(start), periods: PeriodsAt(c.period, start, c.loc)}
 	c.cur.Store(n)
 	return n
 }
 
-// follow moves the clock to the store's: from the next call on, the
-// periods are the store clock's. The period in force locally goes on if
-// the store's clock is in it still.
+// follow moves the clock to the store's from the next call on.
 func (c *periodClock) follow(store time.Time) {
 	c.mu.Lock()
 	c.offset.Store(int64(store.Sub(c.wall())))
@@ -270,8 +248,8 @@ func (c *periodClock) follow(store time.Time) {
 }
 
 // decision is the Decision of a local step in the period. A denial
-// reports 0 remaining, as every denial does (a weighted request denied with
-// units left included: the headers' r is read against the denied request).
+// reports 0 remaining, as every denial does (one denied with units left
+// too: the headers' r is read against the denied request).
 func (pn *periodNow) decision(r algorithms.QuotaResult, now int64, src Source) Decision {
 	toEnd := time.Duration(max(1, pn.endMono-now))
 	d := Decision{Allowed: r.Allowed, Remaining: r.Remaining, ResetAfter: toEnd, Period: pn.length, Source: src}
@@ -330,16 +308,14 @@ func (t *Table) quotaUsed(key string, gen int64) int64 {
 	return v & quotaUsedMask
 }
 
-// recordPlan remembers the plan key was decided under, for a zone that
-// reads plans from requests.
+// recordPlan remembers the plan key was decided under (PerRequest zones).
 func (z *Zone) recordPlan(key string, p *Plan, now int64, d Decision) {
 	if z.state.plans != nil {
 		z.state.plans.record(key, *p, now+int64(d.ResetAfter), now)
 	}
 }
 
-// quotaStep decides a decide or check step: locally, from the deny cache,
-// or in the store, with the fail policy when the store cannot answer.
+// quotaStep is step for a quota zone.
 func (z *Zone) quotaStep(ctx context.Context, key string, now int64, p *Plan, op Op, cost int64) Decision {
 	q := z.state.quota
 	pn := q.clock.at(now)
@@ -359,9 +335,8 @@ func (z *Zone) quotaStep(ctx context.Context, key string, now int64, p *Plan, op
 	return z.storeQuotaDecision(key, now, pn, p.Events, r)
 }
 
-// storeQuotaDecision turns the store's answer into a Decision, remembers a
-// denial with nothing left in the deny cache, and notes the key's use for
-// fail_policy local.
+// storeQuotaDecision is the Decision of the store's answer; a denial with
+// nothing left is cached, and the key's use noted for fail_policy local.
 func (z *Zone) storeQuotaDecision(key string, now int64, pn *periodNow, limit int64, r QuotaResult) Decision {
 	toEnd := max(r.ToEnd, 1)
 	left := max(0, limit-r.Used)
@@ -385,8 +360,6 @@ func (z *Zone) storeQuotaDecision(key string, now int64, pn *periodNow, limit in
 	return d
 }
 
-// cachedQuotaDenial answers for a key the store found out of quota, while
-// the cached denial lasts.
 func (z *Zone) cachedQuotaDenial(key string, now int64, pn *periodNow) (Decision, bool) {
 	until, ok := z.state.Denied.Get(key, now)
 	if !ok || until > pn.endMono {
@@ -396,12 +369,9 @@ func (z *Zone) cachedQuotaDenial(key string, now int64, pn *periodNow) (Decision
 	return Decision{RetryAfter: toEnd, ResetAfter: toEnd, Period: pn.length, Source: SourceDenyCache}, true
 }
 
-// failQuota applies the zone's fail policy to a quota step the store could
-// not make: open allows, closed denies with a short Retry-After, local
-// counts the key in this instance's fallback table at its part of the
-// quota, ⌊n/N⌋ and at least 1, starting from its part of what the fleet
-// had used (see storeQuotaDecision). A store whose clock is a period or
-// more from the zone's moves the zone's clock to its own.
+// failQuota is failPolicy for a quota step: local counts the key at this
+// instance's part of the quota, ⌊n/N⌋ and at least 1, starting from its
+// part of what the fleet had used (see storeQuotaDecision).
 func (z *Zone) failQuota(key string, now int64, pn *periodNow, p *Plan, op Op, cost int64, err error) Decision {
 	z.followClock(err)
 	open := Decision{Remaining: p.Events, ResetAfter: time.Duration(max(1, pn.endMono-now)), Period: pn.length}
@@ -410,8 +380,7 @@ func (z *Zone) failQuota(key string, now int64, pn *periodNow, p *Plan, op Op, c
 	})
 }
 
-// followClock moves the zone's clock to the store's when err says that the
-// store's is a period or more from it.
+// followClock moves the zone's clock to the store's on a QuotaClockError.
 func (z *Zone) followClock(err error) {
 	var ce *QuotaClockError
 	if errors.As(err, &ce) {
@@ -419,8 +388,7 @@ func (z *Zone) followClock(err error) {
 	}
 }
 
-// quotaPart is this instance's part of p's quota while the store is
-// unavailable.
+// quotaPart is this instance's part of p's quota (see failQuota).
 func (z *Zone) quotaPart(p *Plan) algorithms.Quota {
 	if p.Events == 0 {
 		return algorithms.Quota{}
@@ -428,7 +396,6 @@ func (z *Zone) quotaPart(p *Plan) algorithms.Quota {
 	return algorithms.Quota{Limit: max(1, p.Events/int64(max(1, z.store.Instances())))}
 }
 
-// refundQuota is RefundWith for a quota zone.
 func (z *Zone) refundQuota(ctx context.Context, key string, now int64, d Decision, p *Plan, cost int64) (Decision, error) {
 	q := z.state.quota
 	pn := q.clock.at(now)
@@ -451,7 +418,6 @@ func (z *Zone) refundQuota(ctx context.Context, key string, now int64, d Decisio
 	return d, nil
 }
 
-// resetQuota is Reset for a quota zone.
 func (z *Zone) resetQuota(ctx context.Context, key string) error {
 	z.Forget(key)
 	if z.store == nil {

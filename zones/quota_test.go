@@ -341,7 +341,7 @@ func TestQuotaPeriodsAreTheNeighbours(t *testing.T) {
 	ny, _ := time.LoadLocation("America/New_York")
 	start := time.Date(2026, 11, 1, 0, 0, 0, 0, ny) // a 25-hour day
 	_, end := algorithms.Day.Bounds(start, ny)
-	ps := newPeriods(algorithms.Day, start, end, ny)
+	ps := PeriodsAt(algorithms.Day, start, ny)
 	want := []time.Time{time.Date(2026, 10, 31, 0, 0, 0, 0, ny), start, end, time.Date(2026, 11, 3, 0, 0, 0, 0, ny)}
 	var arg []string
 	for i, w := range want {

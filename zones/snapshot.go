@@ -38,12 +38,9 @@ type SnapshotKind uint8
 
 const (
 	snapshotEnd SnapshotKind = iota
-	// SnapshotTATs: a local rate zone's TATs (post-charge debt included:
-	// it is a TAT in the future).
+	// SnapshotTATs: a local rate zone's TATs (post-charge debt included).
 	SnapshotTATs
-	// SnapshotBans: a zone with ban's bans and escalation memory (ban.go),
-	// each entry the time left until the key is forgotten with the level
-	// in its low bits.
+	// SnapshotBans: a zone's bans and escalation memory (see the layout).
 	SnapshotBans
 )
 
@@ -55,18 +52,16 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // bytes that are not a whole snapshot.
 var ErrSnapshotCorrupt = errors.New("snapshot corrupt or truncated")
 
-// Persists reports whether the zone's state is what a snapshot can resume:
-// a local rate zone. A distributed zone's state is in Redis; a concurrency
-// zone's slots belong to requests that a restart ended; a quota zone's
-// counters are not snapshot (yet).
+// Persists reports whether a snapshot can resume the zone's state: a local
+// rate zone's. A concurrency zone's slots belong to requests that a restart
+// ended; a quota zone's counters are not snapshot (yet).
 func (z *Zone) Persists() bool {
 	return z.store == nil && !z.IsConcurrency() && !z.IsQuota()
 }
 
-// MaxDebt is the most time a key of the zone can have left: two bursts
-// (a post-charged zone's debt is capped one burst beyond empty), or, for a
-// zone whose limits come from requests, twice the longest span tally
-// represents. Restore caps a key's time left at it.
+// MaxDebt is the most time a key of the zone can have left, at which
+// Restore caps it: two bursts (a post-charged zone's debt is capped one
+// burst beyond empty), or for a PerRequest zone twice MaxSpan.
 func (z *Zone) MaxDebt() time.Duration {
 	if z.PerRequest {
 		return 2 * MaxSpan
@@ -75,20 +70,8 @@ func (z *Zone) MaxDebt() time.Duration {
 	return 2 * time.Duration(l.Burst) * time.Duration(l.EmissionInterval)
 }
 
-// snapshotTables are the tables a snapshot of the state holds, by kind.
-func (s *State) snapshotTables() []struct {
-	kind  SnapshotKind
-	table *Table
-} {
-	return []struct {
-		kind  SnapshotKind
-		table *Table
-	}{{SnapshotTATs, s.Local}, {SnapshotBans, s.Bans}}
-}
-
-// banLeft is a ban entry v (BanEntry) as a snapshot writes it at now: the
-// time left until the key is forgotten, rounded up to a multiple of
-// banLevels, plus the level; false when nothing is left.
+// banLeft is a ban entry v as a snapshot writes it at now (see the layout);
+// false when nothing is left.
 func banLeft(v, now int64) (uint64, bool) {
 	left := v - v%banLevels - now
 	if left <= 0 {
@@ -113,20 +96,20 @@ func (s *State) AppendSnapshot(dst []byte, id string, now int64, wall time.Time)
 	dst = binary.LittleEndian.AppendUint64(dst, uint64(wall.UnixNano()))
 	var c keytable.Copy
 	keys := 0
-	for _, t := range s.snapshotTables() {
-		if t.table == nil {
-			continue // a zone without ban has no ban section
+	for kind, table := range [...]*Table{SnapshotTATs: s.Local, SnapshotBans: s.Bans} {
+		if table == nil {
+			continue // snapshotEnd, or a zone without ban: no section
 		}
-		dst = append(dst, byte(t.kind))
+		dst = append(dst, byte(kind))
 		countAt := len(dst)
 		dst = binary.LittleEndian.AppendUint64(dst, 0)
 		n := 0
-		for i := range t.table.kt.Shards() {
+		for i := range table.kt.Shards() {
 			c.Reset()
-			t.table.kt.CopyShard(i, now, &c)
+			table.kt.CopyShard(i, now, &c)
 			for j := range c.Len() {
 				left := uint64(c.Values[j] - now)
-				if t.kind == SnapshotBans {
+				if SnapshotKind(kind) == SnapshotBans {
 					var ok bool
 					if left, ok = banLeft(c.Values[j], now); !ok {
 						continue

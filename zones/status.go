@@ -4,19 +4,17 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/caddy-tally/ratelimit/algorithms"
 )
 
 // KeyState is a key's state now, as GitHub's GET /rate_limit reports it:
-// Remaining is what the key can still spend (a fresh key: its whole
-// burst), which after a request equals that request's RateLimit remaining;
-// RetryAfter is the wait until it may send again, ResetAfter the time
-// until it is back to full.
+// Remaining is what the key can still spend (after a request: that
+// request's RateLimit remaining).
 type KeyState struct {
 	Decision
-	// Limit and Window are the RateLimit-Policy's q and w: the plan's events
-	// and window; a quota zone's units and its period's length; a
-	// concurrency zone's limit of requests in flight (an override's n, an
-	// adaptive zone's limit for the key now) and 0.
+	// Limit and Window are the RateLimit-Policy's q and w (see Ticket's
+	// Quota and Window).
 	Limit  int64
 	Window time.Duration
 	// Quota zones: the units used in the current period, and its bounds.
@@ -24,18 +22,15 @@ type KeyState struct {
 	PeriodStart, PeriodEnd time.Time
 	// Concurrency zones: the key's requests in flight.
 	InFlight int64
-	// Tracked: the zone holds state for the key (a key it holds none for
-	// is at its full limit).
-	Tracked bool
+	Tracked  bool // the zone holds state for the key (else it is at its full limit)
 }
 
-// Read is the one read of a key's state, for a client asking for its own
-// (rate_limit_status), the admin API and the CLI: the ticket's key under
-// its plan, with the override in force resolved as Admit resolves it
-// (Resolve first), consuming nothing and starting no ban. An override, a
-// ban, a cached denial and this instance's own state answer without the
-// store; anything else is one peek of it, which a Gather in ctx sends with
-// the other zones' reads of one request (one round trip for them all).
+// Read is the one read of a key's state, for rate_limit_status, the admin
+// API and the CLI: the ticket's key under its plan (Resolve first),
+// consuming nothing and starting no ban. An override, a ban, a cached
+// denial and this instance's own state answer without the store; anything
+// else is one peek, which a Gather in ctx sends with the other zones' reads
+// of one request (one round trip for them all).
 func (t *Ticket[O]) Read(ctx context.Context, now int64) (KeyState, error) {
 	z, key, p := t.Zone, t.Key, &t.Plan
 	s := KeyState{Limit: p.Events, Window: p.Window}
@@ -63,8 +58,7 @@ func (t *Ticket[O]) Read(ctx context.Context, now int64) (KeyState, error) {
 }
 
 // readQuota is Read in a quota zone: the period's count, here or in the
-// store; a cached denial would not say how far past the quota a charge
-// took the key.
+// store (a cached denial would not say how far past the quota a key is).
 func (z *Zone) readQuota(ctx context.Context, key string, now int64, p *Plan, s *KeyState) error {
 	pn := z.state.quota.clock.at(now)
 	s.PeriodStart, s.PeriodEnd, s.Source = pn.start, pn.end, SourceLocal
@@ -89,8 +83,8 @@ func (z *Zone) readQuota(ctx context.Context, key string, now int64, p *Plan, s 
 }
 
 // readRate is Read in a rate zone: a ban, else what decides the key's next
-// request on this instance (its local state, the store's record of it in
-// async mode), a cached denial or the store's peek.
+// request on this instance: its local state or record, a cached denial or
+// the store's peek.
 func (z *Zone) readRate(ctx context.Context, key string, now int64, p *Plan, s *KeyState) error {
 	if z.state.Bans != nil {
 		if end, level, banned := z.banIn(key, now); banned {
@@ -99,7 +93,11 @@ func (z *Zone) readRate(ctx context.Context, key string, now int64, p *Plan, s *
 		}
 	}
 	var d Decision
-	r, recorded := z.peekRecord(key, now, p.limit)
+	var r algorithms.Result
+	recorded := false
+	if z.records != nil {
+		r, recorded = z.records.Peek(z.Name, key, now, p.limit)
+	}
 	until, denied := z.deniedUntil(key, now)
 	switch {
 	case z.store == nil:

@@ -10,20 +10,18 @@ import (
 // information, so the table may drop it at any time: memory is bounded by the
 // keys that are active, and by maxKeys in any case.
 //
-// The entries live in a keytable (fixed 16-byte slots, each key's bytes
-// stored once, sharded locks): at 1M keys of 16 bytes well under 100 bytes
-// per key. The per-request operations on an existing key allocate nothing.
+// The entries live in a keytable: at 1M keys of 16 bytes well under 100
+// bytes per key, and no allocation per request on an existing key.
 type Table struct {
 	kt *keytable.Table
 }
 
-// NewTable returns a table that holds at most maxKeys keys (at least 1).
+// NewTable returns a table of at most maxKeys keys (at least 1).
 func NewTable(maxKeys int) *Table {
 	return &Table{kt: keytable.New(maxKeys)}
 }
 
-// Decide runs one GCRA step for key at now and stores the new TAT when the
-// request is allowed.
+// Decide runs one GCRA step for key at now, storing the TAT it admits.
 func (t *Table) Decide(key string, now int64, l algorithms.Limit, cost int64) algorithms.Result {
 	return t.DecideAhead(key, now, l, cost, 0)
 }
@@ -40,8 +38,7 @@ func (t *Table) DecideAhead(key string, now int64, l algorithms.Limit, cost, ahe
 	return r
 }
 
-// Charge adds cost to key at now whatever the burst (see
-// algorithms.Limit.Charge) and reports the key as it stands afterwards.
+// Charge adds cost to key at now (see algorithms.Limit.Charge).
 func (t *Table) Charge(key string, now int64, l algorithms.Limit, cost int64) (r algorithms.Result) {
 	t.kt.Update(key, now, func(tat int64, _ bool) (int64, keytable.Op) {
 		if r = l.Charge(tat, now, cost); r.TAT <= now {
@@ -77,15 +74,12 @@ func (t *Table) Get(key string, now int64) (int64, bool) {
 	return v, ok && v > now
 }
 
-// Set stores value for key.
 func (t *Table) Set(key string, value, now int64) {
 	t.kt.Update(key, now, func(int64, bool) (int64, keytable.Op) { return value, keytable.Store })
 }
 
-// Delete forgets key.
 func (t *Table) Delete(key string) { t.kt.Delete(key) }
 
-// Clear forgets every key.
 func (t *Table) Clear() { t.kt.Clear() }
 
 // Sweep deletes every entry whose value is <= now and returns how many keys
@@ -93,13 +87,9 @@ func (t *Table) Clear() { t.kt.Clear() }
 // comes back after a peak.
 func (t *Table) Sweep(now int64) int { return t.kt.Sweep(now) }
 
-// Shrink gives back the memory of the table's empty shards, and of those
-// mostly empty, without deleting anything: for tables of counts (a
-// concurrency zone's requests in flight), which Sweep would empty.
+// Shrink gives back the memory of the table's empty and mostly empty
+// shards, deleting nothing: for tables of counts, which Sweep would empty.
 func (t *Table) Shrink() { t.kt.Shrink() }
 
 // Len returns the number of keys held, expired ones included.
 func (t *Table) Len() int { return t.kt.Len() }
-
-// Bytes returns the memory the table's entries and keys hold.
-func (t *Table) Bytes() int { return t.kt.Bytes() }

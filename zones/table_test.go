@@ -90,7 +90,7 @@ func TestTableShrinksWhileInUse(t *testing.T) {
 	if left := tbl.Sweep(rounds*10 + 10); left != 8 { // the churn expires, the steady keys do not
 		t.Errorf("after the churn expired, %d keys left, want the 8 steady ones", left)
 	}
-	if b := tbl.Bytes(); b > 16*1024 { // 8 keys: a few hundred bytes
+	if b := tbl.kt.Bytes(); b > 16*1024 { // 8 keys: a few hundred bytes
 		t.Errorf("after a sweep left 8 keys the table still holds %d bytes: shards sized for the churn", b)
 	}
 }

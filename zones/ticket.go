@@ -8,45 +8,34 @@ import (
 )
 
 // Ticket is one zone's admission of one request, a value like
-// x/time/rate's Reservation: what the zone took (cost, a turn reserved for
-// later, a slot, a quota unit, a ban started) and what the request's
-// headers need, each computed by the zone's kind. A request holds one
-// ticket per zone that applies to it; Admit decides them all. Owner is the
-// caller's side of the zone (its handler: metrics, logs), carried along so
-// that a request's tickets are one array.
+// x/time/rate's Reservation: what the zone took (cost, a turn, a slot, a
+// ban started) and what the request's headers need. A request holds one
+// ticket per zone; Admit decides them all. Owner is the caller's side of
+// the zone (its handler), so that a request's tickets are one array.
 type Ticket[O any] struct {
-	Owner O
-	Zone  *Zone
-	Key   string
-	// Raw is the key as built, before it was stored (masked, hashed):
-	// prefix overrides match it. "" is Key.
-	Raw  string
-	Plan Plan  // the limit the request is decided under
-	Cost int64 // what it costs (a post-charged zone: what it is charged by default)
-	// PostCharged: the zone only checks before the request and charges
-	// after it (the caller's Charge).
-	PostCharged bool
-	// UpTo: Cost is an estimate that takes at most what the key has left
-	// (DecideUpTo).
-	UpTo bool
-	// Override is the operator's override of the key, nil when none
-	// (Resolve).
-	Override *Override
+	Owner       O
+	Zone        *Zone
+	Key         string
+	Raw         string    // the key as built, which prefix overrides match ("" is Key)
+	Plan        Plan      // the limit the request is decided under
+	Cost        int64     // what it costs (a post-charged zone: what it is charged by default)
+	PostCharged bool      // the zone checks before the request and charges after it (Charge)
+	UpTo        bool      // Cost is an estimate that takes at most what the key has left
+	Override    *Override // the operator's override of the key (Resolve)
 	// Class is the request's priority class in an adaptive zone: 0 the
 	// highest; beyond the zone's classes, the lowest.
 	Class int
-	// Done, when set, is closed when the request's client goes away: an
-	// adaptive zone with delay stops waiting for a place then.
+	// Done, when set, is closed when the client goes away: an adaptive
+	// zone with delay stops waiting for a place then.
 	Done <-chan struct{}
 	Decision
 	slot  Slot
 	limit int64 // an adaptive zone's limit for the key when admitted
 }
 
-// Resolve looks up the operator's override of the ticket's key, the step
-// before Admit: a limit becomes the ticket's plan (over the plan the
-// request carried), exempt and deny are decided by Admit. A zone without
-// overrides pays one atomic load.
+// Resolve looks up the operator's override of the ticket's key, before
+// Admit: a limit becomes the ticket's plan; Admit decides exempt and deny.
+// A zone without overrides pays one atomic load.
 func (t *Ticket[O]) Resolve() {
 	o := t.Zone.OverrideOf(t.Key, t.Raw)
 	if o == nil {
@@ -58,8 +47,7 @@ func (t *Ticket[O]) Resolve() {
 	}
 }
 
-// Waived reports whether an exempt or deny override decides the ticket:
-// no deny cache, no store.
+// Waived reports whether an exempt or deny override decides the ticket.
 func (t *Ticket[O]) Waived() bool {
 	return t.Override != nil && (t.Override.Exempt || t.Override.Deny)
 }
@@ -70,10 +58,7 @@ func (t *Ticket[O]) OverBurst() bool {
 	return !t.Zone.IsConcurrency() && !t.Waived() && t.Cost > t.Plan.Burst
 }
 
-// Admit decides the request in the ticket's zone alone, by its kind: a
-// concurrency zone takes a slot, a post-charged zone checks, a request that
-// can never pass is denied, any other is decided (and may be admitted for
-// later, Delay).
+// Admit decides the request in the ticket's zone alone, by its kind.
 func (t *Ticket[O]) Admit(ctx context.Context, now int64) {
 	z := t.Zone
 	switch {
@@ -95,8 +80,8 @@ func (t *Ticket[O]) Admit(ctx context.Context, now int64) {
 }
 
 // waived is the decision of an exempt or deny override: admitted with the
-// full limit left (an adaptive zone's: the key's limit now, its q),
-// consuming nothing; or denied until the override lapses.
+// full limit left (adaptive: the key's limit now), consuming nothing; or
+// denied until the override lapses.
 func (t *Ticket[O]) waived() Decision {
 	full := t.Plan.Burst
 	if t.Zone.IsAdaptive() {
@@ -110,13 +95,10 @@ func (t *Ticket[O]) waived() Decision {
 	return Decision{RetryAfter: d, ResetAfter: d, Source: SourceOverride}
 }
 
-// neverPasses is the decision for a request whose cost is more than the
-// key can ever have: no wait would let it pass, so it is denied, consuming
-// nothing. Its reset is the key's time to full, as any denial's, read as a
-// post-charged zone's check reads it (a store call in strict mode, the fail
-// policy's view when the store cannot answer); a rate zone's Retry-After is
-// one window, a quota zone's the period's end, when the request's plan may
-// give more.
+// neverPasses denies, consuming nothing, a request whose cost is more than
+// the key can ever have. Its reset is the key's time to full, read as a
+// check reads it; its Retry-After is one window (a quota zone's: the
+// period's end), when the request's plan may give more.
 func (z *Zone) neverPasses(ctx context.Context, key string, now int64, p *Plan) Decision {
 	state := z.Check(ctx, key, now, p)
 	if z.IsQuota() {
@@ -126,8 +108,8 @@ func (z *Zone) neverPasses(ctx context.Context, key string, now int64, p *Plan) 
 	return Decision{RetryAfter: p.Window, ResetAfter: state.ResetAfter, Source: SourceLocal}
 }
 
-// inFlightLimit is a concurrency zone's limit for the ticket: its plan's
-// (an override's n), else the zone's.
+// inFlightLimit is a concurrency zone's limit for the ticket: an
+// override's, else the zone's.
 func (t *Ticket[O]) inFlightLimit() int64 {
 	if t.Plan.Burst > 0 {
 		return t.Plan.Burst
@@ -139,33 +121,27 @@ func (t *Ticket[O]) inFlightLimit() int64 {
 // once the request ends.
 func (t *Ticket[O]) Holds() bool { return t.slot.Held() }
 
-// Slot is the ticket's slot, for a caller that releases it later itself
-// (Zone.Release): a connection holds its slots until it closes.
+// Slot is the ticket's slot, for a caller that releases it itself.
 func (t *Ticket[O]) Slot() Slot { return t.slot }
 
-// Release gives the ticket's slot back (the request ended, or a later zone
-// denied it) and counts it as remaining again for the headers.
+// Release gives the ticket's slot back and counts it as remaining again.
 func (t *Ticket[O]) Release() {
 	t.Zone.Release(t.slot)
 	t.slot = Slot{}
 	t.Remaining = min(t.Remaining+1, t.Quota())
 }
 
-// Finish gives the ticket's slot back once the request ended at now, as
-// Release does; an adaptive zone's controller takes latency, the time from
-// the upstream call's start to its response's headers, as a sample
-// (negative: none, the client left), or failed: a sample of overload.
+// Finish gives the ticket's slot back once the request ended at now, with
+// its latency and failure for an adaptive zone (see Zone.ReleaseAfter).
 func (t *Ticket[O]) Finish(now int64, latency time.Duration, failed bool) {
 	t.Zone.ReleaseAfter(t.slot, now, latency, failed)
 	t.slot = Slot{}
 }
 
-// Cancel gives back what the ticket took: its cost (a turn reserved for
-// later included) or its slot, and its queue place: a later zone denied the
-// request, or its client left while waiting. A post-charged zone only
-// checked, and a denial took nothing. The decision is then as it stands
-// after the refund, for the headers; a refund the store could not take is
-// returned (the ticket is cancelled all the same).
+// Cancel gives back what the ticket took: its cost (a turn included) or
+// its slot, and its queue place. The decision is then as it stands after
+// the refund; a refund the store could not take is returned (the ticket is
+// cancelled all the same).
 func (t *Ticket[O]) Cancel(ctx context.Context, now int64) error {
 	if !t.Allowed || t.PostCharged {
 		return nil
@@ -180,14 +156,11 @@ func (t *Ticket[O]) Cancel(ctx context.Context, now int64) error {
 	return err
 }
 
-// Charge finishes a ticket that pays after its response, once the
-// response is known to cost cost: a post-charged zone's check took
-// nothing, so all of cost is charged (past the burst if need be, so that
-// the key is denied until the debt is paid); a ticket whose cost was an
-// estimate, taken before the request, is charged or refunded the
-// difference; one its zone denied (in dry run: the request went on) took
-// nothing, so all of cost is charged. An exempt or deny override's ticket
-// pays nothing. A refund the store could not take is returned.
+// Charge finishes a ticket that pays after its response, once it is known
+// to cost cost: what the ticket took is charged or refunded the difference
+// (a post-charged zone's check, or a dry-run denial, took nothing). An
+// exempt or deny override's ticket pays nothing. A refund the store could
+// not take is returned.
 func (t *Ticket[O]) Charge(ctx context.Context, now, cost int64) error {
 	if t.Waived() {
 		return nil
@@ -208,7 +181,7 @@ func (t *Ticket[O]) Charge(ctx context.Context, now, cost int64) error {
 }
 
 // Served ends a ticket's wait for its turn, waited long: its queue place is
-// given back, and its headers are those of a request allowed at its turn.
+// given back.
 func (t *Ticket[O]) Served(waited time.Duration) {
 	if t.Delay > 0 {
 		t.Zone.EndWait()
@@ -220,8 +193,7 @@ func (t *Ticket[O]) Served(waited time.Duration) {
 // The header inputs of draft-10's RateLimit-Policy and RateLimit (q, w, r,
 // t), by the zone's kind.
 
-// Quota is q: the events of the plan the request was decided under, or a
-// concurrency zone's limit of requests in flight.
+// Quota is q: the plan's events, or a concurrency zone's limit.
 func (t *Ticket[O]) Quota() int64 {
 	if t.Zone.IsAdaptive() {
 		return t.limit
@@ -232,8 +204,7 @@ func (t *Ticket[O]) Quota() int64 {
 	return t.Plan.Events
 }
 
-// QuotaUnit is qu when it is not draft-10's default ("requests"):
-// "concurrent-requests" for a concurrency zone.
+// QuotaUnit is qu when it is not draft-10's default ("requests").
 func (t *Ticket[O]) QuotaUnit() string {
 	if t.Zone.IsConcurrency() {
 		return "concurrent-requests"
@@ -241,8 +212,7 @@ func (t *Ticket[O]) QuotaUnit() string {
 	return ""
 }
 
-// Window is w: the plan's window, a quota zone's current period, or 0 for
-// a concurrency zone, whose quota has no window.
+// Window is w: the plan's window, a quota zone's period, or 0 (concurrency).
 func (t *Ticket[O]) Window() time.Duration {
 	switch {
 	case t.Zone.IsConcurrency():
@@ -253,51 +223,39 @@ func (t *Ticket[O]) Window() time.Duration {
 	return t.Plan.Window
 }
 
-// MoreQuotaIn is t: how long until the key has at least one more unit of
-// quota than the decision reports: the retry time when it has none, else
-// the time until the next emission interval frees; false when the key is
-// at its full burst and no more quota can become available (slots free
-// when requests end, at no time known).
+// MoreQuotaIn is t: how long until the key has one more unit than the
+// decision reports; false when none can become available (a full key, or
+// slots, which free at no time known).
 func (t *Ticket[O]) MoreQuotaIn() (time.Duration, bool) {
 	switch {
-	case t.RetryAfter > 0: // denied: none left until then
+	case t.RetryAfter > 0:
 		return t.RetryAfter, true
 	case t.ResetAfter <= 0 || t.Zone.IsConcurrency():
 		return 0, false
-	case t.Zone.IsQuota():
-		// Nothing comes back before the period's end.
+	case t.Zone.IsQuota(): // nothing comes back before the period's end
 		return t.ResetAfter, t.Remaining == 0
 	}
-	// One more unit frees each time resetAfter drops past a multiple of
-	// the emission interval.
+	// A unit frees each time resetAfter drops past a multiple of T.
 	return (t.ResetAfter-1)%time.Duration(t.Plan.limit.EmissionInterval) + 1, true
 }
 
 // Admission is how a request's admission in its zones went.
 type Admission struct {
-	// Denied is the index of the ticket that denied the request, -1 when
-	// every zone allowed it (or only dry-run zones denied it).
-	Denied int
-	// Turn is the latest turn a zone with delay reserved (monotime), 0 if
-	// none: the request waits for it before it goes on.
-	Turn int64
-	// Gone: the client left while the request waited for its turn; every
-	// ticket was cancelled.
-	Gone bool
+	Denied int   // the ticket that denied the request, -1 when none (or dry run) did
+	Turn   int64 // the latest turn a zone with delay reserved (monotime), 0 if none
+	Gone   bool  // the client left while waiting; every ticket was cancelled
 }
 
 // Admit admits a request in the zones of its tickets, in order (tightest
-// first, concurrency zones last; each kept in the caller's records), the
-// one multi-zone loop of HTTP requests and connections alike:
+// first, concurrency zones last), the one multi-zone loop of HTTP requests
+// and connections alike:
 //   - each ticket is admitted, then seen(i) (the caller's metrics and logs);
-//   - a denial by a zone in dry run goes on; any other stops the loop and
-//     cancels the tickets admitted before it: a denied request consumes
-//     nothing;
-//   - zones with delay reserve turns; before a concurrency zone takes a slot
-//     (a slot held while waiting would deny others for nothing), the
-//     request waits for the latest turn (wait; it returns the context of
-//     the store calls after the wait, and false when the client left, whose
-//     tickets wait cancels).
+//   - a denial by a zone not in dry run stops the loop and cancels the
+//     tickets admitted before it: a denied request consumes nothing;
+//   - before a concurrency zone takes a slot (held while waiting, it would
+//     deny others for nothing), the request waits for the latest turn
+//     reserved (wait returns the context for the store calls after it, and
+//     false when the client left, whose tickets it cancels).
 //
 // The turn still to wait for once every zone allowed is the Admission's.
 func Admit[O any](ctx context.Context, tickets []Ticket[O], now int64, seen func(i int), wait func(turn int64) (context.Context, bool)) Admission {
@@ -313,25 +271,21 @@ func Admit[O any](ctx context.Context, tickets []Ticket[O], now int64, seen func
 			adm.Turn = 0
 		}
 		t.Admit(ctx, now)
-		if t.Delay > 0 {
-			// Admitted for later: its turn counts from the answer.
+		if t.Delay > 0 { // its turn counts from the answer
 			adm.Turn = max(adm.Turn, monotime.Now()+int64(t.Delay))
 		}
-		if t.Gone { // left while waiting for a place
-			for j := range i {
-				_ = tickets[j].Cancel(ctx, now)
+		if !t.Gone { // else left while waiting for a place
+			seen(i)
+			if t.Allowed || t.Zone.DryRun {
+				continue
 			}
-			adm.Gone = true
-			return adm
-		}
-		seen(i)
-		if !t.Allowed && !t.Zone.DryRun {
 			adm.Denied = i
-			for j := range i {
-				_ = tickets[j].Cancel(ctx, now)
-			}
-			return adm
 		}
+		adm.Gone = t.Gone
+		for j := range i {
+			_ = tickets[j].Cancel(ctx, now)
+		}
+		return adm
 	}
 	return adm
 }

@@ -70,13 +70,12 @@ const OffendersPeriod = 5 * time.Minute
 // DefaultMaxKeys caps a zone's local table when max_keys is not set.
 const DefaultMaxKeys = 1_000_000
 
-// MaxMaxKeys is the largest max_keys, the same on every platform. Where int
-// is 32 bits a table holds at most math.MaxInt keys, far more than such a
-// machine's memory would anyway.
+// MaxMaxKeys is the largest max_keys, the same on every platform (a
+// 32-bit table holds at most math.MaxInt keys, more than fits in memory).
 const MaxMaxKeys = 1 << 40
 
-// ValidName reports whether name is a valid zone name: letters, digits, '_'
-// and '-', so that it is safe in a Redis key and a metric label.
+// ValidName reports whether name is letters, digits, '_' and '-' only, safe
+// in a Redis key and a metric label.
 func ValidName(name string) bool {
 	for _, c := range name {
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
@@ -132,8 +131,8 @@ type Config struct {
 // MaxSpan, which also bounds the window, every TAT stays representable.
 const MinEmissionInterval = time.Microsecond
 
-// Validate reports the first thing wrong with the definition, saying how to
-// fix it.
+// Validate reports the first thing wrong with the definition and how to fix
+// it.
 func (c Config) Validate() error {
 	if !ValidName(c.Name) {
 		return fmt.Errorf("zone name %q is invalid: use letters, digits, '_' and '-' only", c.Name)
@@ -162,9 +161,8 @@ func (c Config) validateRate() error {
 	return err
 }
 
-// Check is Validate for a rate zone whose name is known to be valid: it
-// returns what is wrong, without the zone's name, and the setting at fault
-// (events, window, burst, ipv4_prefix, ipv6_prefix or max_keys), so that a
+// Check is Validate for a rate zone whose name is valid: it returns what is
+// wrong, without the zone's name, and the setting at fault, so that a
 // configuration parser can point at its line.
 func (c Config) Check() (setting string, err error) {
 	switch {
@@ -185,8 +183,7 @@ func (c Config) Check() (setting string, err error) {
 	return c.checkKeys()
 }
 
-// checkKeys is Check for the settings every kind of zone has, those of its
-// keys.
+// checkKeys is Check for the key settings every kind of zone has.
 func (c Config) checkKeys() (setting string, err error) {
 	switch {
 	case c.IPv4Prefix < 0 || c.IPv4Prefix > 32:
@@ -200,17 +197,14 @@ func (c Config) checkKeys() (setting string, err error) {
 }
 
 // Limit is the zone's GCRA limit in nanoseconds. A concurrency or quota
-// zone has no rate; its Limit is its concurrency or quota as a burst, so
-// that two definitions with different limits differ.
+// zone has no rate; its Limit is its concurrency (adaptive: its max) or
+// quota as a burst, so that two definitions with different limits differ.
 func (c Config) Limit() algorithms.Limit {
-	if c.IsQuota() {
+	switch {
+	case c.IsQuota():
 		return algorithms.Limit{EmissionInterval: 1, Burst: c.Quota}
-	}
-	if c.IsAdaptive() {
-		return algorithms.Limit{EmissionInterval: 1, Burst: c.Adaptive.Max}
-	}
-	if c.IsConcurrency() {
-		return algorithms.Limit{EmissionInterval: 1, Burst: c.Concurrency}
+	case c.IsConcurrency(): // Concurrency is 0 in an adaptive zone
+		return algorithms.Limit{EmissionInterval: 1, Burst: max(c.Concurrency, c.Adaptive.Max)}
 	}
 	return algorithms.NewLimit(c.Events, int64(c.Window), c.Burst)
 }
@@ -224,8 +218,8 @@ func (c Config) Plan() (Plan, error) {
 }
 
 // Key turns the expanded key template into the key the zone stores: IP
-// addresses are masked to the configured prefix, and keys longer than
-// MaxKeyLength (or that start with HashedKeyPrefix) are replaced by a hash.
+// addresses masked to the configured prefix, and keys longer than
+// MaxKeyLength (or that start with HashedKeyPrefix) hashed.
 func (c Config) Key(raw string) string {
 	if c.IPv4Prefix > 0 || c.IPv6Prefix > 0 {
 		if ip, err := netip.ParseAddr(raw); err == nil {
@@ -240,9 +234,8 @@ func (c Config) Key(raw string) string {
 			}
 		}
 	}
-	// A raw key that starts like a hashed one is hashed too, so that the
-	// two spaces are disjoint: a client sending "sha256:<hex>" cannot
-	// share the bucket of the long key with that hash.
+	// Hashing a raw key that starts like a hashed one keeps the two spaces
+	// disjoint: "sha256:<hex>" cannot share the long key's bucket.
 	if len(raw) > MaxKeyLength || strings.HasPrefix(raw, HashedKeyPrefix) {
 		sum := sha256.Sum256([]byte(raw))
 		return HashedKeyPrefix + hex.EncodeToString(sum[:])
@@ -250,13 +243,12 @@ func (c Config) Key(raw string) string {
 	return raw
 }
 
-// HashedKeyPrefix starts every hashed key: keys longer than MaxKeyLength and
-// keys that start with it are stored as it followed by the hex SHA-256 of the
-// key.
+// HashedKeyPrefix starts every hashed key (see Key): it and the key's hex
+// SHA-256.
 const HashedKeyPrefix = "sha256:"
 
-// State is a zone's in-process state. It is shared by every handler that
-// defines the zone the same way and outlives config reloads.
+// State is a zone's in-process state, shared by every handler that defines
+// the zone the same way; it outlives config reloads.
 type State struct {
 	Local       *Table           // local mode: TAT per key
 	Denied      *Table           // with a Store: keys the store denied, until when
@@ -276,15 +268,17 @@ type State struct {
 	stop        chan struct{}
 	done        chan struct{}
 
-	// Offenders counts this instance's denials per key over the last one
-	// to two OffendersPeriods, in fixed memory (not sized by max_keys).
-	Offenders *topk.Recent
+	Offenders *topk.Recent // this instance's denials per key, in fixed memory (not max_keys)
 
 	waiting atomic.Int64 // zones with delay: requests admitted for later, waiting here
 
 	conc     *concurrencyState // concurrency zones only: requests in flight
 	adaptive *adaptiveState    // adaptive zones only: each key's limit and requests in flight
 	quota    *quotaState       // quota zones only: units used per period
+	kind     interface {       // the one of the three that is not nil
+		sweep(now int64)
+		len() int // keys held
+	}
 
 	final atomic.Pointer[func(*State)] // SetFinalSnapshot's
 }
@@ -292,16 +286,9 @@ type State struct {
 // SetFinalSnapshot makes Destruct call f (nil: nothing) once the state is
 // no longer used, before it is dropped: the last snapshot of a zone that
 // persists. Only the last f set is called.
-func (s *State) SetFinalSnapshot(f func(*State)) {
-	if f == nil {
-		s.final.Store(nil)
-		return
-	}
-	s.final.Store(&f)
-}
+func (s *State) SetFinalSnapshot(f func(*State)) { s.final.Store(&f) }
 
-// NewState returns an empty state whose expired entries are swept every
-// sweepInterval.
+// NewState returns an empty state swept every sweepInterval.
 func NewState(c Config, sweepInterval time.Duration) *State {
 	maxKeys := c.maxKeys()
 	s := &State{
@@ -323,11 +310,13 @@ func NewState(c Config, sweepInterval time.Duration) *State {
 	switch {
 	case c.IsAdaptive():
 		s.adaptive = newAdaptiveState()
+		s.kind = s.adaptive
 	case c.IsConcurrency():
 		s.conc = newConcurrencyState(maxKeys)
-	}
-	if c.IsQuota() {
+		s.kind = s.conc
+	case c.IsQuota():
 		s.quota = newQuotaState(c, maxKeys)
+		s.kind = s.quota
 	}
 	go s.sweep(sweepInterval)
 	return s
@@ -353,32 +342,19 @@ func (s *State) sweep(interval time.Duration) {
 			if s.plans != nil {
 				s.plans.keys.Sweep(now)
 			}
-			if s.conc != nil {
-				s.conc.sweep()
-			}
-			if s.adaptive != nil {
-				s.adaptive.sweep(now)
-			}
-			if s.quota != nil {
-				s.quota.sweep(now)
+			if s.kind != nil {
+				s.kind.sweep(now)
 			}
 		}
 	}
 }
 
 // Len is the number of keys whose rate state the state holds; the ban
-// table, a table of its own bounded by max_keys too, is not counted (its
-// running bans are BannedKeys).
+// table (bounded by max_keys too; see BannedKeys) is not counted.
 func (s *State) Len() int {
 	n := s.Local.Len() + s.Denied.Len() + s.Fallback.Len() + s.owed.len()
-	if s.conc != nil {
-		n += s.conc.len()
-	}
-	if s.adaptive != nil {
-		n += s.adaptive.len()
-	}
-	if s.quota != nil {
-		n += s.quota.len()
+	if s.kind != nil {
+		n += s.kind.len()
 	}
 	return n
 }
@@ -389,7 +365,7 @@ func (s *State) Destruct() error {
 	<-s.done
 	s.chargers.Wait()
 	s.charger.fail()
-	if f := s.final.Load(); f != nil {
+	if f := s.final.Load(); f != nil && *f != nil {
 		(*f)(s)
 	}
 	return nil
@@ -418,66 +394,51 @@ type Decision struct {
 	Period     time.Duration // quota zones: the length of the period decided in
 	Source     Source
 	Err        error // the store's error, when a fail policy decided
-	// Banned: denied by a ban (RetryAfter is then at least the ban's
-	// remaining time), of escalation level BanLevel (0 when unknown).
-	// BanStarted is the length of the ban this decision started (in dry
-	// run: would have started), else 0.
+	// Banned: denied by a ban (RetryAfter then lasts at least to its end),
+	// of level BanLevel (0 when unknown). BanStarted is the length of the
+	// ban this decision started (in dry run: would have started).
 	Banned     bool
 	BanLevel   int
 	BanStarted time.Duration
-	// Delay > 0: admitted for later (a zone with delay): the request
-	// waits this long for its turn, which is reserved, then goes on; the
-	// decision then holds a place in the zone's queue (Zone.EndWait).
-	// QueueFull: denied because the zone's queue was full, though the
-	// request's turn was within the delay.
+	// Delay > 0: admitted for later: the request waits this long for its
+	// reserved turn, holding a place in the zone's queue (Zone.EndWait).
+	// QueueFull: denied for a full queue, the turn being within the delay.
 	Delay     time.Duration
 	QueueFull bool
-	// Gone: the client left while the request waited for a place in an
-	// adaptive zone with delay; nothing is held.
-	Gone bool
+	Gone      bool // the client left while waiting for an adaptive zone's place; nothing is held
 }
 
 // Zone decides requests for one zone definition, with its shared state and,
 // when distributed, its Store.
 type Zone struct {
 	Config
-	plan   Plan // the literal one
-	state  *State
-	store  Store
-	offers Offers // the store's, read once by New
-	// records is offers.Records for a rate zone (its deny cache and
-	// fallback live there), else nil.
-	records Records
-	// banRule is the ban rule the zone's rate steps carry: its ban when
-	// the store keeps bans and the zone is not in dry run (a dry-run zone
-	// sends plain steps: it bans nobody, in the store either), else zero.
-	banRule BanRule
-	// overrides are the operator's overrides of the zone's limit (nil:
-	// the zone takes none).
-	overrides *Overrides
+	plan    Plan // the literal one
+	state   *State
+	store   Store
+	offers  Offers  // the store's, read once by New
+	records Records // offers.Records for a rate zone (its deny cache and fallback live there)
+	// banRule is what the zone's rate steps carry: its ban when the store
+	// keeps bans and the zone is not in dry run (which bans nobody), else
+	// zero.
+	banRule   BanRule
+	overrides *Overrides // nil: the zone takes none
 
-	// OnChargeFailed, when set, is called for each charge of a post-charged
-	// zone that the store did not take (strict mode, after retries).
+	// OnChargeFailed, when set, is called for each charge that the store
+	// did not take (strict mode, after retries).
 	OnChargeFailed func(error)
-
 	// OnBanDropped, when set, is called with the bans this instance did
-	// not keep (see DroppedBans): n bans pushed off the fleet-wide list
-	// (fromList), or one a ban table full of running bans refused.
+	// not keep (see DroppedBans).
 	OnBanDropped func(fromList bool, n int64)
-
 	// Hold and Done, when set, are called for each strict-mode charge
-	// queued (Hold) and once it has landed or failed for good (Done, when
-	// Hold returned true): the zone's owner keeps what the charge needs, the
-	// zone's state and store, until then, whatever reloads happen.
+	// queued (Hold) and once it is over (Done, when Hold returned true):
+	// the zone's owner keeps its state and store until then.
 	Hold func() bool
 	Done func()
 }
 
 // New returns a zone deciding with state and, when store is not nil, store.
-// c should be valid (Config.Validate); its limit is taken as it is. The
-// store's Offers are read here, once: a store that lacks what the zone's
-// kind needs is an error, and a store that keeps per-zone records of its
-// own (async mode) is given the zone's max_keys.
+// c should be valid (Config.Validate). The store's Offers are read here,
+// once: a store that lacks what the zone's kind needs is an error.
 func New(c Config, state *State, store Store) (*Zone, error) {
 	l := c.Limit()
 	plan := Plan{Events: c.Events, Window: c.Window, Burst: l.Burst, limit: l}
@@ -517,8 +478,8 @@ func (z *Zone) Plan() Plan { return z.plan }
 
 func (c Config) maxKeys() int { return int(min(cmp.Or(c.MaxKeys, DefaultMaxKeys), math.MaxInt)) }
 
-// Keys is the number of keys this instance holds for the zone in memory:
-// its tables and, in async mode, the store's records for the zone.
+// Keys is the number of keys this instance holds for the zone in memory,
+// the store's records (async mode) included.
 func (z *Zone) Keys() int {
 	n := z.state.Len()
 	if r := z.offers.Records; r != nil {
@@ -527,30 +488,26 @@ func (z *Zone) Keys() int {
 	return n
 }
 
-// State returns the zone's in-process state.
 func (z *Zone) State() *State { return z.state }
 
-// Store returns the zone's store, nil in local mode.
+// Store is nil in local mode.
 func (z *Zone) Store() Store { return z.store }
 
-// Decide decides a unit-cost request for key at now (monotime.Now())
-// under the zone's literal limit.
+// Decide decides a unit-cost request for key at now (monotime) under the
+// zone's literal limit.
 func (z *Zone) Decide(ctx context.Context, key string, now int64) Decision {
 	return z.DecideWith(ctx, key, now, &z.plan, 1)
 }
 
 // DecideWith decides a request of the given cost for key at now under plan
-// p. Without a store it is the local GCRA step; with one, a denial the
-// store gave earlier is answered locally until it ends, so a flood from a
-// blocked key costs the store nothing.
+// p. A denial the store gave is answered locally until it ends, so a flood
+// from a blocked key costs the store nothing.
 func (z *Zone) DecideWith(ctx context.Context, key string, now int64, p *Plan, cost int64) Decision {
 	return z.step(ctx, OpDecide, key, now, p, cost)
 }
 
-// step is a rate or quota zone's decide or check step (see DecideWith and
-// Check): a ban first, then the deny cache, then the key's state, here or
-// in the store; a decide admits for later in a zone with delay. The key's
-// plan is remembered for a zone that reads plans from requests.
+// step is a rate or quota zone's decide or check: a ban first, then the
+// deny cache, then the key's state, here or in the store.
 func (z *Zone) step(ctx context.Context, op Op, key string, now int64, p *Plan, cost int64) Decision {
 	var d Decision
 	if z.state.quota != nil {
@@ -591,11 +548,8 @@ func (z *Zone) step(ctx context.Context, op Op, key string, now int64, p *Plan, 
 	return d
 }
 
-// storeStep runs a decide or check step of key in the store under plan p
-// (the zone's ban rule with it) and makes its reply the zone's decision:
-// what the store said is noted (heard), a ban is learnt or started here
-// (storeBanDecision), and a step the store could not make goes to the fail
-// policy.
+// storeStep runs a decide or check of key in the store under plan p, with
+// the zone's ban rule; an error goes to the fail policy.
 func (z *Zone) storeStep(ctx context.Context, op Op, key string, now int64, p *Plan, cost, ahead int64) Decision {
 	rep, err := z.store.Rate(ctx, z.Name, key, RateStep{Op: op, Limit: p.limit, Cost: cost, Ahead: ahead, Ban: z.banRule})
 	switch {
@@ -609,11 +563,10 @@ func (z *Zone) storeStep(ctx context.Context, op Op, key string, now int64, p *P
 }
 
 // heard notes what the store said of key at now, on every path that asks
-// it (a decision, a post-charged zone's check and its charge): a denial is
-// cached until its retry time, and under fail_policy local the key's state
-// is where the fallback starts from if the store goes away: the key is back
-// to full at the same moment on this instance's part (B/N tokens of N·T
-// each span the same B·T), rather than with a fresh part.
+// it: a denial is cached until its retry time, and under fail_policy local
+// the fallback starts from the key's state if the store goes away: back to
+// full at the same moment on this instance's part (B/N tokens of N·T each
+// span the same B·T), rather than with a fresh part.
 func (z *Zone) heard(key string, now int64, r algorithms.Result) {
 	if z.records != nil {
 		return // the store's record of the key holds both
@@ -633,8 +586,8 @@ func (z *Zone) heard(key string, now int64, r algorithms.Result) {
 }
 
 // CachedDenial answers, without the store, for a key the store denied
-// earlier and whose denial is still in force, under plan p. A zone without
-// a store has no cache and never answers.
+// earlier and whose denial is still in force, under plan p (a zone without
+// a store never answers).
 func (z *Zone) CachedDenial(key string, now int64, p *Plan) (Decision, bool) {
 	if z.store == nil {
 		return Decision{}, false
@@ -650,8 +603,7 @@ func (z *Zone) CachedDenial(key string, now int64, p *Plan) (Decision, bool) {
 	return z.cachedStoreDenial(key, now, p)
 }
 
-// cachedStoreDenial is CachedDenial's deny cache alone, for DecideWith,
-// which has looked for a ban already.
+// cachedStoreDenial is CachedDenial's deny cache alone, without bans.
 func (z *Zone) cachedStoreDenial(key string, now int64, p *Plan) (Decision, bool) {
 	until, ok := z.deniedUntil(key, now)
 	if !ok {
@@ -671,12 +623,11 @@ func (z *Zone) cachedStoreDenial(key string, now int64, p *Plan) (Decision, bool
 	}, true
 }
 
-// failPolicy is the zone's fail policy, the one place it is applied, to a
-// step of any kind that the store could not make (err): open allows, as
-// open says (the kind's full limit); closed denies with a short
-// Retry-After; local is the kind's own step at this instance's part, which
-// local runs. Steps with nothing to answer (a charge, a refund) pass open
-// as the zero Decision and ignore the result.
+// failPolicy is the one place the zone's fail policy is applied, to a step
+// of any kind that the store could not make (err): open allows as open says
+// (the kind's full limit); closed denies with a short Retry-After; local
+// runs the kind's own step at this instance's part. Steps with nothing to
+// answer (a charge) pass the zero Decision and ignore the result.
 func (z *Zone) failPolicy(err error, open Decision, local func() Decision) Decision {
 	var d Decision
 	switch z.FailPolicy {
@@ -693,9 +644,8 @@ func (z *Zone) failPolicy(err error, open Decision, local func() Decision) Decis
 	return d
 }
 
-// failRate is failPolicy for a rate zone's decide or check: fail_policy
-// local runs it at this instance's part (a decide admits for later up to
-// ahead), and what it admits is owed to the store.
+// failRate is failPolicy for a rate zone's decide or check: what local
+// admits is owed to the store.
 func (z *Zone) failRate(op Op, key string, now int64, p *Plan, cost, ahead int64, err error) Decision {
 	return z.failPolicy(err, Decision{Remaining: p.Burst}, func() Decision {
 		d := fromResult(z.fallback(key, now, p, op, cost, ahead), SourceFailLocal)
@@ -706,8 +656,7 @@ func (z *Zone) failRate(op Op, key string, now int64, p *Plan, cost, ahead int64
 	})
 }
 
-// deniedUntil is the zone's deny cache: when the store's last denial of key
-// ends, if it is in force at now.
+// deniedUntil is when the store's last denial of key ends, if in force.
 func (z *Zone) deniedUntil(key string, now int64) (int64, bool) {
 	if z.records != nil {
 		return z.records.DeniedUntil(z.Name, key, now)
@@ -717,7 +666,7 @@ func (z *Zone) deniedUntil(key string, now int64) (int64, bool) {
 
 // fallback runs one step of fail_policy local for key under plan p at this
 // instance's part: in the Fallback table, or in the store's record of the
-// key when it keeps one (async mode), which also owes Redis what it admits.
+// key (async mode), which then owes the store what it admits.
 func (z *Zone) fallback(key string, now int64, p *Plan, op Op, cost, ahead int64) algorithms.Result {
 	part := z.partLimit(p)
 	if z.records != nil {
@@ -736,23 +685,15 @@ func (z *Zone) fallback(key string, now int64, p *Plan, op Op, cost, ahead int64
 	return t.DecideAhead(key, now, part, cost, ahead)
 }
 
-// partLimit is this instance's part of p while the store is unavailable:
-// events/N and burst/N (at least 1), N the live instances last seen through
-// the store.
+// partLimit is this instance's part of p while the store is unavailable
+// (N = live instances last seen).
 func (z *Zone) partLimit(p *Plan) algorithms.Limit {
 	return p.part(int64(max(1, z.store.Instances())))
 }
 
-// Refund gives back a unit-cost request under the zone's literal limit
-// (see RefundWith).
-func (z *Zone) Refund(ctx context.Context, key string, now int64, d Decision) (Decision, error) {
-	return z.RefundWith(ctx, key, now, d, &z.plan, 1)
-}
-
 // RefundWith gives back a request the zone allowed under plan p at the given
-// cost when a later zone denied it, to whoever decided it, and returns the
-// decision as it stands after the refund (cost more remaining, cost
-// intervals less to reset), for the headers.
+// cost, to whoever decided it, and returns the decision as it stands after
+// the refund, for the headers.
 func (z *Zone) RefundWith(ctx context.Context, key string, now int64, d Decision, p *Plan, cost int64) (Decision, error) {
 	if z.state.quota != nil {
 		return z.refundQuota(ctx, key, now, d, p, cost)
@@ -777,8 +718,8 @@ func (z *Zone) RefundWith(ctx context.Context, key string, now int64, d Decision
 	return d, nil
 }
 
-// LastPlan is the plan key was last decided under: the zone's literal one
-// unless the zone reads limits from requests and remembers another.
+// LastPlan is the plan key was last decided under: an override's, the one
+// a PerRequest zone remembers, else the zone's literal one.
 func (z *Zone) LastPlan(key string, now int64) Plan {
 	if o := z.Override(key); o != nil && !o.Exempt && !o.Deny {
 		return o.Plan
@@ -792,9 +733,9 @@ func (z *Zone) LastPlan(key string, now int64) Plan {
 }
 
 // PeekStore reports key's state as the store holds it, consuming nothing,
-// or ErrUnknownKey: in async mode the fleet's view, in which the leases
-// every instance holds count as spent and what instances admitted since
-// their last sync does not (Read answers with this instance's record).
+// or ErrUnknownKey: in async mode the fleet's view, in which every
+// instance's leases count as spent and what was admitted since the last
+// sync does not (Read answers with this instance's record).
 func (z *Zone) PeekStore(ctx context.Context, key string, now int64) (Decision, error) {
 	d, err := z.peekStore(ctx, key, z.LastPlan(key, now).limit)
 	if err != nil {
@@ -803,16 +744,6 @@ func (z *Zone) PeekStore(ctx context.Context, key string, now int64) (Decision, 
 	return z.peeked(key, now, d)
 }
 
-// peekRecord is what the store's record of key would decide (Records.Peek),
-// for a store that keeps records.
-func (z *Zone) peekRecord(key string, now int64, l algorithms.Limit) (algorithms.Result, bool) {
-	if z.records == nil {
-		return algorithms.Result{}, false
-	}
-	return z.records.Peek(z.Name, key, now, l)
-}
-
-// peekStore is the store's peek step of key under l, with its ban.
 func (z *Zone) peekStore(ctx context.Context, key string, l algorithms.Limit) (Decision, error) {
 	rep, err := z.store.Rate(ctx, z.Name, key, RateStep{Op: OpPeek, Limit: l, Cost: 1, Ban: z.banRule})
 	if err != nil {
@@ -842,8 +773,8 @@ func (z *Zone) peeked(key string, now int64, d Decision) (Decision, error) {
 // Mode is "local" without a store, else the store's mode.
 func (z *Zone) Mode() string { return z.offers.Mode }
 
-// Reset forgets key everywhere this instance can: its tables and the store
-// (which tells the other instances, see Forget).
+// Reset forgets key in this instance's tables and the store (which tells
+// the other instances, see Forget).
 func (z *Zone) Reset(ctx context.Context, key string) error {
 	if z.state.quota != nil {
 		return z.resetQuota(ctx, key)
@@ -863,9 +794,8 @@ func (z *Zone) Reset(ctx context.Context, key string) error {
 	return err
 }
 
-// Forget drops what this instance holds about key: its local TAT, cached
-// denial and fallback state. A store calls it when another instance resets
-// the key.
+// Forget drops what this instance holds about key. A store calls it when
+// another instance resets the key.
 func (z *Zone) Forget(key string) {
 	z.state.forgets.Add(1)
 	if z.state.Bans != nil {
@@ -886,18 +816,17 @@ func (z *Zone) Forget(key string) {
 }
 
 // ForgetDenials drops every cached denial. A store calls it when it may
-// have missed resets (its subscription to them was down): the cache is only
-// a shortcut, and the store answers for those keys again.
+// have missed resets: the cache is only a shortcut.
 //
-// The bans this instance knows stay: a store that comes back without its
-// data (an empty restart) no longer holds them, and a ban an instance knows
-// holds through an outage. A lift missed meanwhile is the price: the key
-// stays banned here until its ban ends or is lifted again.
+// The bans this instance knows stay: a store that comes back empty no
+// longer holds them, and a ban holds through an outage. A lift missed
+// meanwhile is the price: the key stays banned here until its ban ends or
+// is lifted again.
 func (z *Zone) ForgetDenials() {
 	z.state.Denied.Clear()
 }
 
-// ErrUnknownKey is returned by PeekStore for a key with no state.
+// ErrUnknownKey is PeekStore's for a key with no state.
 var ErrUnknownKey = errors.New("no state for this key")
 
 func fromResult(r algorithms.Result, src Source) Decision {

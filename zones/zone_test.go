@@ -307,7 +307,7 @@ func TestRefundGoesToWhoeverDecided(t *testing.T) {
 	now := monotime.Now()
 	local := mustNew(c, newTestState(t, c), nil)
 	d := local.Decide(context.Background(), "k", now)
-	if d, _ = local.Refund(context.Background(), "k", now, d); d.Remaining != 1 || d.ResetAfter != 0 {
+	if d, _ = local.RefundWith(context.Background(), "k", now, d, &local.plan, 1); d.Remaining != 1 || d.ResetAfter != 0 {
 		t.Fatalf("decision after refund = %+v, want the key back to full", d)
 	}
 	if d := local.Decide(context.Background(), "k", now); !d.Allowed {
@@ -317,7 +317,7 @@ func TestRefundGoesToWhoeverDecided(t *testing.T) {
 	st := &faultStore{allowed: true}
 	remote := mustNew(c, newTestState(t, c), st)
 	d = remote.Decide(context.Background(), "k", now)
-	remote.Refund(context.Background(), "k", now, d) //nolint:errcheck // the fault store returns no error here
+	remote.RefundWith(context.Background(), "k", now, d, &remote.plan, 1) //nolint:errcheck // the fault store returns no error here
 	if st.refunds.Load() != 1 {
 		t.Fatal("a store decision was not refunded in the store")
 	}
