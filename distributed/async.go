@@ -203,10 +203,7 @@ func (a *Async) step(ctx context.Context, zone, key string, st zones.RateStep) (
 	}
 	now := monotime.Now()
 	if now-a.lastSync.Load() > a.stale && a.syncFailed.Load() {
-		if ok, _ := a.breaker.health(); !ok {
-			return algorithms.Result{}, ErrUnavailable
-		}
-		return algorithms.Result{}, ErrStale
+		return algorithms.Result{}, staleErr(&a.breaker)
 	}
 	if a.isClosed() {
 		return algorithms.Result{}, ErrClosed
@@ -229,10 +226,7 @@ func (a *Async) step(ctx context.Context, zone, key string, st zones.RateStep) (
 		// other masters' keys are unaffected. (On one server the whole
 		// view goes stale at once, above.)
 		s.mu.Unlock()
-		if ok, _ := a.breakerFor(a.RedisKey(zone, key)).health(); !ok {
-			return algorithms.Result{}, ErrUnavailable
-		}
-		return algorithms.Result{}, ErrStale
+		return algorithms.Result{}, staleErr(a.breakerFor(a.RedisKey(zone, key)))
 	}
 	if r.dormant && r.retryAt <= now {
 		var err error
@@ -259,6 +253,23 @@ func (a *Async) step(ctx context.Context, zone, key string, st zones.RateStep) (
 	return res, nil
 }
 
+// staleErr is the error of a view too stale to decide from: ErrUnavailable
+// while b, the breaker of its Redis, is open.
+func staleErr(b *breaker) error {
+	if ok, _ := b.health(); !ok {
+		return ErrUnavailable
+	}
+	return ErrStale
+}
+
+// shardOf is key's shard in zone, nil when the store has no record of zone.
+func (a *Async) shardOf(zone, key string) *asyncShard {
+	if z := (*a.zones.Load())[zone]; z != nil {
+		return z.shard(key)
+	}
+	return nil
+}
+
 // Peek is what key's record would decide for a unit-cost request at now
 // (zones.Records): its allowance left when it has a unit, else the wait
 // until the next sync or the fleet's next token, as record.result reports
@@ -267,11 +278,10 @@ func (a *Async) step(ctx context.Context, zone, key string, st zones.RateStep) (
 // share) and for a dormant record the next request wakes through Redis:
 // the store's own peek (the fleet's view) answers for those.
 func (a *Async) Peek(zone, key string, now int64, limit algorithms.Limit) (algorithms.Result, bool) {
-	z := (*a.zones.Load())[zone]
-	if z == nil {
+	s := a.shardOf(zone, key)
+	if s == nil {
 		return algorithms.Result{}, false
 	}
-	s := z.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r := s.m[key]
@@ -284,11 +294,10 @@ func (a *Async) Peek(zone, key string, now int64, limit algorithms.Limit) (algor
 // DeniedUntil is the deny cache kept in key's record (zones.Records):
 // when its last denial with no unit left ends, if it is in force at now.
 func (a *Async) DeniedUntil(zone, key string, now int64) (int64, bool) {
-	z := (*a.zones.Load())[zone]
-	if z == nil {
+	s := a.shardOf(zone, key)
+	if s == nil {
 		return 0, false
 	}
-	s := z.shard(key)
 	s.mu.Lock()
 	var until int64
 	if r := s.m[key]; r != nil {
@@ -343,11 +352,10 @@ func (a *Async) RedisKey(zone, key string) string {
 // forgetRecord forgets this instance's record of key in zone: the key was
 // reset (here or elsewhere), and its next request starts a fresh share.
 func (a *Async) forgetRecord(zone, key string) {
-	z := (*a.zones.Load())[zone]
-	if z == nil {
+	s := a.shardOf(zone, key)
+	if s == nil {
 		return
 	}
-	s := z.shard(key)
 	s.mu.Lock()
 	delete(s.m, key)
 	delete(s.q, key)

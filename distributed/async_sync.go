@@ -353,13 +353,9 @@ func (a *Async) adoptCall(c *asyncCall, now, start int64) {
 // syncValues reads async.lua's reply for n keys: 4 values each (see
 // parseSyncReply), then the epoch.
 func syncValues(cmd *redis.Cmd, n int) ([]any, int64, error) {
-	v, err := cmd.Result()
+	vals, err := values(cmd, 4*n+1)
 	if err != nil {
 		return nil, 0, err
-	}
-	vals, ok := v.([]any)
-	if !ok || len(vals) != 4*n+1 {
-		return nil, 0, errBadReply
 	}
 	epoch, ok := vals[4*n].(int64)
 	if !ok {

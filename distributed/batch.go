@@ -48,7 +48,6 @@ type request struct {
 	keys     [1]string
 	args     [5]any // gcra.lua: now, T, B, cost, op; quota.lua: now, bounds, limit, cost, op
 	slot     int    // the key's hash slot (Cluster only; set by the worker)
-	raw      bool   // another script's two integers, read as they are (reply.ints; see Gather)
 	deadline time.Time
 	reply    chan reply // capacity 1: a worker never blocks on it
 	timer    *time.Timer
@@ -57,17 +56,10 @@ type request struct {
 // reply answers one request: the result of its script for its key, or the
 // error that answers it. Which result depends on the script.
 type reply struct {
-	step    algorithms.Result // gcra.lua: the GCRA step, in µs (TAT not filled in)
-	quota   quotaReply        // quota.lua: the quota step
-	acquire acquireReply      // concurrency.lua: a slot's acquisition
-	ints    [2]int64          // a raw request's; a PTTL's in ints[0]
-	err     error
-}
-
-// acquireReply is concurrency.lua's answer to an acquisition.
-type acquireReply struct {
-	taken bool
-	inUse int64 // live slots held after the call
+	step  algorithms.Result // gcra.lua: the GCRA step, in µs (TAT not filled in)
+	quota quotaReply        // quota.lua: the quota step
+	ints  [2]int64          // another script's two integers; a PTTL's in ints[0]
+	err   error
 }
 
 var requests = sync.Pool{New: func() any {
@@ -109,7 +101,11 @@ func (c *link) direct(ctx context.Context, script *redis.Script, key string, arg
 	defer cancel()
 	keys := [1]string{key}
 	n, parse := c.parser(script)
-	return parseOne(script.Run(ctx, c.client, keys[:], args[:]...), n, parse)
+	a, err := values(script.Run(ctx, c.client, keys[:], args[:]...), n)
+	if err != nil {
+		return reply{err: err}
+	}
+	return parse(a)
 }
 
 // parser is how script's reply reads for one key: n integers, read by parse.
@@ -120,7 +116,7 @@ func (c *link) parser(script *redis.Script) (n int, parse func([]any) reply) {
 	case c.quota:
 		return 3, parseQuotaStep
 	}
-	return 2, parseAcquire
+	return 2, parseInts
 }
 
 func (c *link) enqueue(ctx context.Context, script *redis.Script, key string, args [5]any) reply {
@@ -354,17 +350,20 @@ func (c *link) finish(ctx context.Context, b *batcher, calls []batchCall) {
 	}
 
 	for _, call := range calls {
-		r := call.reqs[0]
-		n, parse := c.parser(r.script)
-		switch {
-		case r.script == nil: // a PTTL, alone in its call
+		if r := call.reqs[0]; r.script == nil { // a PTTL, alone in its call
 			v, err := call.cmd.Int64()
 			r.reply <- reply{ints: [2]int64{v}, err: err}
 			continue
-		case r.raw: // alone in its call
-			n, parse = 2, parseInts
 		}
-		parseReplies(call.cmd, call.reqs, n, parse)
+		n, parse := c.parser(call.reqs[0].script)
+		a, err := values(call.cmd, n*len(call.reqs))
+		for i, r := range call.reqs {
+			if err != nil {
+				r.reply <- reply{err: err}
+			} else {
+				r.reply <- parse(a[n*i : n*i+n])
+			}
+		}
 	}
 }
 
@@ -397,35 +396,19 @@ func (b *batcher) eval(ctx context.Context, cmdable interface {
 	return r.script.EvalSha(ctx, cmdable, keys, argv...)
 }
 
-// parseOne reads a reply of n integers with parse.
-func parseOne(c *redis.Cmd, n int, parse func([]any) reply) reply {
-	v, err := c.Result()
+// values reads cmd's reply, a flat array of want values: every script's
+// reply for a batch of keys, a fixed number per key in order (see parser).
+// An error (Redis's, or a bad reply) answers every key of the call.
+func values(cmd *redis.Cmd, want int) ([]any, error) {
+	v, err := cmd.Result()
 	if err != nil {
-		return reply{err: err}
+		return nil, err
 	}
 	a, ok := v.([]any)
-	if !ok || len(a) != n {
-		return reply{err: errBadReply}
+	if !ok || len(a) != want {
+		return nil, errBadReply
 	}
-	return parse(a)
-}
-
-// parseReplies answers reqs from one call's reply: n integers each (see
-// parser), in order, read by parse. An error (Redis's,
-// or a bad reply) answers every request.
-func parseReplies(c *redis.Cmd, reqs []*request, n int, parse func([]any) reply) {
-	v, err := c.Result()
-	a, ok := v.([]any)
-	if err == nil && (!ok || len(a) != n*len(reqs)) {
-		err = errBadReply
-	}
-	for i, r := range reqs {
-		if err != nil {
-			r.reply <- reply{err: err}
-			continue
-		}
-		r.reply <- parse(a[n*i : n*i+n])
-	}
+	return a, nil
 }
 
 // parseStep reads one key's {r, reset} of gcra.lua: r >= 0 is allowed with
@@ -447,17 +430,8 @@ func parseStep(a []any) reply {
 	return reply{step: algorithms.Result{Allowed: true, Remaining: r, ResetAfter: reset}}
 }
 
-// parseAcquire reads concurrency.lua's {taken, in use} of an acquisition.
-func parseAcquire(a []any) reply {
-	taken, ok := a[0].(int64)
-	n, ok2 := a[1].(int64)
-	if !ok || !ok2 {
-		return reply{err: errBadReply}
-	}
-	return reply{acquire: acquireReply{taken: taken == 1, inUse: n}}
-}
-
-// parseInts reads a raw request's two integers.
+// parseInts reads another script's two integers (concurrency.lua's
+// acquisition: {taken, in use}).
 func parseInts(a []any) reply {
 	x, ok := a[0].(int64)
 	y, ok2 := a[1].(int64)

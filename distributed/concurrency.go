@@ -86,8 +86,8 @@ func (c *link) Acquire(ctx context.Context, zone, key string, limit int64, lease
 		}
 		return "", 0, err
 	}
-	if !rep.acquire.taken {
-		return "", rep.acquire.inUse, nil
+	if taken, inUse := rep.ints[0] == 1, rep.ints[1]; !taken {
+		return "", inUse, nil
 	}
 	sl.mu.Lock()
 	sl.held[slot] = heldLease{limit: limit, lease: lease, expires: start.Add(lease)}
@@ -99,7 +99,7 @@ func (c *link) Acquire(ctx context.Context, zone, key string, limit int64, lease
 	if shorter {
 		sl.poke()
 	}
-	return slot.id, rep.acquire.inUse, nil
+	return slot.id, rep.ints[1], nil
 }
 
 // Release frees a slot Acquire returned (zones.Slots) without waiting:

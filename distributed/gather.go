@@ -90,16 +90,16 @@ func send(parked []parkedPeek) {
 }
 
 // gathered runs a peek of script for key through ctx's Gather, if it has
-// one that still waits for this caller's; ok is false otherwise. A raw
-// peek is another script's (not gcra.lua's or quota.lua's), or with a nil
-// script a PTTL, which goes in a call of its own in the batch's pipeline
-// and replies two integers (reply.ints), one for a PTTL.
-func (c *link) gathered(ctx context.Context, script *redis.Script, key string, args [5]any, raw bool) (rep reply, ok bool) {
+// one that still waits for this caller's; ok is false otherwise. Another
+// script's peek (not gcra.lua's or quota.lua's), or with a nil script a
+// PTTL, goes in a call of its own in the batch's pipeline and replies two
+// integers (reply.ints), one for a PTTL.
+func (c *link) gathered(ctx context.Context, script *redis.Script, key string, args [5]any) (rep reply, ok bool) {
 	gc, _ := ctx.Value(gatherKey{}).(*gatherCaller)
 	if gc == nil {
 		return reply{}, false
 	}
-	r := &request{script: script, keys: [1]string{key}, args: args, raw: raw, reply: make(chan reply, 1)}
+	r := &request{script: script, keys: [1]string{key}, args: args, reply: make(chan reply, 1)}
 	if d, has := ctx.Deadline(); has {
 		r.deadline = d
 	}

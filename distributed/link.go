@@ -195,14 +195,15 @@ func (c *link) unbatched(ctx context.Context, rkey string, f func(ctx context.Co
 	return err
 }
 
-// ints runs script for rkey unbatched (see unbatched) and reads its reply:
-// n integers; two, for a peek of ctx's Gather, in the Gather's batch.
+// ints runs script (neither gcra.lua nor quota.lua) for rkey unbatched (see
+// unbatched) and reads its reply: n integers; two, for a peek of ctx's
+// Gather, in the Gather's batch.
 func (c *link) ints(ctx context.Context, script *redis.Script, rkey string, n int, args ...any) (v []int64, err error) {
 	err = c.unbatched(ctx, rkey, func(ctx context.Context) error {
-		if n == 2 && len(args) <= 5 && script != c.gcra && script != c.quota {
+		if n == 2 && len(args) <= 5 {
 			var a [5]any
 			copy(a[:], args)
-			if rep, ok := c.gathered(ctx, script, rkey, a, true); ok {
+			if rep, ok := c.gathered(ctx, script, rkey, a); ok {
 				v = rep.ints[:]
 				return rep.err
 			}
@@ -219,7 +220,7 @@ func (c *link) ints(ctx context.Context, script *redis.Script, rkey string, n in
 // unbatched), or in the batch of ctx's Gather.
 func (c *link) pttl(ctx context.Context, rkey string) (ms int64, err error) {
 	err = c.unbatched(ctx, rkey, func(ctx context.Context) error {
-		if rep, ok := c.gathered(ctx, nil, rkey, [5]any{}, true); ok {
+		if rep, ok := c.gathered(ctx, nil, rkey, [5]any{}); ok {
 			ms = rep.ints[0]
 			return rep.err
 		}

@@ -75,23 +75,34 @@ func parseQuotaStep(a []any) reply {
 	u, ok := a[0].(int64)
 	toEnd, ok2 := a[1].(int64)
 	period, ok3 := a[2].(int64)
-	switch {
-	case !ok || !ok2 || !ok3:
+	if !ok || !ok2 || !ok3 {
 		return reply{err: errBadReply}
-	case period == -1:
-		return reply{err: clockError{&zones.QuotaClockError{Now: time.UnixMicro(toEnd)}}}
-	case period == -2:
-		return reply{err: errForeignType}
-	case period == -3:
-		return reply{err: errForeignQuota}
-	case period < 0 || period > 2:
-		return reply{err: errBadReply}
+	}
+	if err := quotaErr(period, toEnd); err != nil {
+		return reply{err: err}
 	}
 	r := quotaReply{allowed: u >= 0, used: u, toEnd: toEnd, period: int(period)}
 	if u < 0 {
 		r.used = -u - 1
 	}
 	return reply{quota: r}
+}
+
+// quotaErr is the error a quota script's reply reports in its period (both
+// modes' scripts share the codes): -1 Redis's clock (now, µs) outside the
+// limit's periods, -2 and -3 a value tally did not write, deleted.
+func quotaErr(period, now int64) error {
+	switch period {
+	case -1:
+		return clockError{&zones.QuotaClockError{Now: time.UnixMicro(now)}}
+	case -2:
+		return errForeignType
+	case -3:
+		return errForeignQuota
+	case 0, 1, 2:
+		return nil
+	}
+	return errBadReply
 }
 
 // clockError is a zones.QuotaClockError that Redis answered: a redis.Error,

@@ -279,16 +279,8 @@ func parseQuotaAsync(cmd *redis.Cmd) (quotaAsyncReply, error) {
 	if len(v) != 5 {
 		return quotaAsyncReply{}, errBadReply
 	}
-	switch v[4] {
-	case -1:
-		return quotaAsyncReply{}, clockError{&zones.QuotaClockError{Now: time.UnixMicro(v[3])}}
-	case -2:
-		return quotaAsyncReply{}, errForeignType
-	case -3:
-		return quotaAsyncReply{}, errForeignQuota
-	case 0, 1, 2:
-	default:
-		return quotaAsyncReply{}, errBadReply
+	if err := quotaErr(v[4], v[3]); err != nil {
+		return quotaAsyncReply{}, err
 	}
 	return quotaAsyncReply{held: v[0], used: v[1], counted: v[2], toEnd: time.Duration(v[3]) * time.Microsecond, period: int(v[4])}, nil
 }

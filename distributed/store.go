@@ -161,7 +161,7 @@ func (c *link) run(ctx context.Context, script *redis.Script, zone, rkey string,
 		var rep reply
 		err := c.unbatched(ctx, rkey, func(ctx context.Context) error {
 			var ok bool
-			if rep, ok = c.gathered(ctx, script, rkey, args, false); !ok {
+			if rep, ok = c.gathered(ctx, script, rkey, args); !ok {
 				rep = c.direct(ctx, script, rkey, args)
 			}
 			return rep.err

@@ -98,12 +98,9 @@ func (s *Strict) EvalQuotaManyAt(ctx context.Context, steps []QuotaStep, nowUs i
 func (s *Strict) evalMany(ctx context.Context, script *redis.Script, keys []string, argv []any, n int, parse func([]any) reply) ([]reply, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	v, err := script.Run(ctx, s.client, keys, argv...).Slice()
+	v, err := values(script.Run(ctx, s.client, keys, argv...), n*len(keys))
 	if err != nil {
 		return nil, err
-	}
-	if len(v) != n*len(keys) {
-		return nil, errBadReply
 	}
 	reps := make([]reply, len(keys))
 	for i := range reps {
