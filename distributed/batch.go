@@ -13,25 +13,22 @@ import (
 	"github.com/caddy-tally/ratelimit/algorithms"
 )
 
-// Batching (docs/distributed.md, strict mode): each of a few workers takes
-// one queued request (blocking), then whatever else is already queued, and
-// sends them all in one round trip: an idle store adds no delay, a busy one
-// sends one round trip for up to maxBatch decisions. A batch's GCRA steps
-// are one gcra.lua call with every key, its quota steps one quota.lua call
-// (same ARGV shape), grouped by hash slot on a Cluster, one pipeline per
-// master (see send); other scripts (acquisitions) ride the same pipeline.
+// Batching (docs/distributed.md, strict mode): each worker takes one queued
+// request, then whatever else is queued, and sends them in one round trip:
+// an idle store adds no delay, a busy one sends up to maxBatch decisions
+// per round trip. A batch's GCRA steps are one gcra.lua call, its quota
+// steps one quota.lua call, per hash slot on a Cluster, one pipeline per
+// master (see send); other scripts ride the same pipeline.
 //
-// When nothing is queued and fewer than idleCallers calls are running
-// directly, a caller skips the queue and runs its script itself: that saves
-// the goroutine hand-offs, which cost as much as the round trip on a quiet
-// store (see BenchmarkStrictDecide).
+// When nothing is queued and fewer than idleCallers calls run directly, a
+// caller runs its script itself, saving the goroutine hand-offs, which cost
+// as much as the round trip on a quiet store (BenchmarkStrictDecide).
 //
 // Few calls in flight make big batches: Redis runs scripts one at a time,
-// so a call more in flight hides no latency once Redis is busy and only
-// splits the queue into smaller, dearer calls. With 2 workers and 1 idle
-// caller, 16 callers send 3.6 decisions per call instead of 2.1 (4 workers,
-// 2 idle callers), at 1.63-1.83x redis_rate's decisions/s instead of
-// 1.24-1.39x, three alternating runs of each on the same loaded machine.
+// so another call in flight hides no latency once Redis is busy. With 2
+// workers and 1 idle caller, 16 callers send 3.6 decisions per call instead
+// of 2.1 (4 workers, 2 idle callers): 1.63-1.83x redis_rate's decisions/s
+// instead of 1.24-1.39x.
 const (
 	idleCallers = 1
 	workers     = 2
@@ -39,10 +36,8 @@ const (
 	queueDepth  = 4096
 )
 
-// request is one script call waiting for a worker. Requests are pooled with
-// their reply channel and timer; a caller that gives up on its request (time
-// out, cancellation) leaves it to the garbage collector instead, since a
-// worker may still reply to it.
+// request is one script call waiting for a worker. Requests are pooled,
+// except one its caller gave up on: a worker may still reply to it.
 type request struct {
 	script   *redis.Script // gcra.lua, quota.lua, concurrency.lua's acquire; nil: PTTL (a Gather's)
 	keys     [1]string
@@ -53,8 +48,7 @@ type request struct {
 	timer    *time.Timer
 }
 
-// reply answers one request: the result of its script for its key, or the
-// error that answers it. Which result depends on the script.
+// reply answers one request; which result is set depends on the script.
 type reply struct {
 	step  algorithms.Result // gcra.lua: the GCRA step, in µs (TAT not filled in)
 	quota quotaReply        // quota.lua: the quota step
@@ -68,9 +62,8 @@ var requests = sync.Pool{New: func() any {
 	return &request{reply: make(chan reply, 1), timer: t}
 }}
 
-// call runs script (gcra.lua, quota.lua, or concurrency.lua's acquire) for one key
-// through the key's breaker and the batcher, and waits at most until the
-// earlier of ctx's deadline and now+Timeout.
+// call runs script for one key through the key's breaker and the batcher,
+// and waits at most until the earlier of ctx's deadline and now+Timeout.
 func (c *link) call(ctx context.Context, script *redis.Script, key string, args [5]any) reply {
 	b := c.breakerFor(key)
 	ok, probe := b.allow()
@@ -94,8 +87,7 @@ func (c *link) call(ctx context.Context, script *redis.Script, key string, args 
 	return rep
 }
 
-// direct runs the script at once, bounded by the timeout. On an idle store
-// this saves the hand-off to a worker, which costs a goroutine wake-up.
+// direct runs the script at once, bounded by the timeout.
 func (c *link) direct(ctx context.Context, script *redis.Script, key string, args [5]any) reply {
 	ctx, cancel := c.bound(ctx)
 	defer cancel()
@@ -162,9 +154,7 @@ type batcher struct {
 }
 
 // batchCall is one script call of a batch and the requests it answers: a
-// run of GCRA steps (one gcra.lua call, 2 reply values per request) or of
-// quota steps (one quota.lua call, 3 per request), or one request of
-// another script (an acquisition).
+// run of GCRA or of quota steps, or one request of another script.
 type batchCall struct {
 	cmd  *redis.Cmd
 	reqs []*request
@@ -200,17 +190,13 @@ func (c *link) worker() {
 }
 
 // send runs b.batch in one round trip (two if Redis lost a script) and
-// replies to every request. Requests already past their deadline are
-// dropped: their callers have gone.
+// replies to every request; requests past their deadline are dropped.
 //
 // On a Cluster each master's calls go in a pipeline of their own, run
-// concurrently, and the worker does not wait for them: each master's
-// replies are delivered as they arrive, so a master that hangs (frozen,
-// partitioned) until the deadline costs only its own keys, never the
-// healthy masters' keys of the same batch nor the batches after it. The
-// goroutines are bounded by the callers waiting (one request each) and
-// each ends by its requests' latest deadline; once the hung master's
-// breaker opens its keys are not even queued.
+// concurrently, not waited for: a master that hangs until the deadline
+// costs only its own keys, never the healthy masters' keys of the same
+// batch nor later batches. The goroutines are bounded by the callers
+// waiting and each ends by its requests' latest deadline.
 func (c *link) send(b *batcher) {
 	now := time.Now()
 	live := b.batch[:0]
@@ -227,8 +213,7 @@ func (c *link) send(b *batcher) {
 		return
 	}
 
-	// GCRA steps first, then quota steps (each grouped by slot on
-	// Cluster), then the others.
+	// GCRA steps, then quota steps (by slot on a Cluster), then the others.
 	calls := b.calls[:0]
 	n := 0
 	for _, script := range [2]*redis.Script{c.gcra, c.quota} {
@@ -287,11 +272,10 @@ type masterCalls struct {
 	latest time.Time
 }
 
-// sendByMaster queues each master's calls in a pipeline of their own and
-// runs the pipelines concurrently (see send). The calls' requests are
-// copied out of b, which the worker reuses at once. Finding a key's master
-// reads the client's slot map; only a client that never had one asks a
-// node for it, bounded by the batch's latest deadline.
+// sendByMaster runs each master's calls in a pipeline of their own,
+// concurrently (see send). The requests are copied out of b, which the
+// worker reuses at once. Only a client that never had a slot map asks a
+// node for one, bounded by the batch's latest deadline.
 func (c *link) sendByMaster(b *batcher, calls []batchCall, latest time.Time) {
 	lookup, cancel := context.WithDeadline(c.ctx, latest)
 	defer cancel()
@@ -329,9 +313,9 @@ func (c *link) sendByMaster(b *batcher, calls []batchCall, latest time.Time) {
 	}
 }
 
-// finish retries with EVAL the calls whose script Redis lost (NOSCRIPT),
-// in one pipeline, and replies to every request of calls. b's buffers
-// build the retries; nil makes new ones, only if one is needed.
+// finish retries with EVAL, in one pipeline, the calls whose script Redis
+// lost, and replies to every request of calls. b's buffers build the
+// retries (nil: new ones, if needed).
 func (c *link) finish(ctx context.Context, b *batcher, calls []batchCall) {
 	var pipe redis.Pipeliner
 	for i := range calls {
@@ -367,11 +351,9 @@ func (c *link) finish(ctx context.Context, b *batcher, calls []batchCall) {
 	}
 }
 
-// eval adds c's script call to cmdable: EVALSHA, or EVAL when Redis lost
-// the script, or a request's PTTL when it has no script. A batched call's
-// ARGV is the shared now (Redis TIME: every batched request leaves it "")
-// and each request's four arguments (GCRA: T, B, cost and op; quota:
-// bounds, limit, cost and op).
+// eval adds c's call to cmdable: EVALSHA, EVAL (full, when Redis lost the
+// script), or PTTL for a request with no script. A batched call's ARGV is
+// the shared now ("": Redis TIME) and each request's four arguments.
 func (b *batcher) eval(ctx context.Context, cmdable interface {
 	redis.Scripter
 	Do(ctx context.Context, args ...any) *redis.Cmd
@@ -411,9 +393,7 @@ func values(cmd *redis.Cmd, want int) ([]any, error) {
 	return a, nil
 }
 
-// parseStep reads one key's {r, reset} of gcra.lua: r >= 0 is allowed with
-// r remaining, r < 0 denied with a retry time of -r; a reset of -1 or -2
-// reports a foreign value deleted.
+// parseStep reads one key's {r, reset} of gcra.lua (see its header).
 func parseStep(a []any) reply {
 	r, ok := a[0].(int64)
 	reset, ok2 := a[1].(int64)
@@ -453,9 +433,8 @@ const (
 	errForeignValue = scriptError("TALLYFOREIGN a value that is not a TAT was at a tally key; deleted")
 )
 
-// hashSlot is Redis Cluster's slot of key: CRC16 (XMODEM) of the key, or of
-// its hash tag (the part between the first '{' and the next '}', if not
-// empty), mod 16384.
+// hashSlot is Redis Cluster's slot of key: CRC16 (XMODEM) of the key, or
+// of its non-empty hash tag, mod 16384.
 func hashSlot(key string) int {
 	if i := strings.IndexByte(key, '{'); i >= 0 {
 		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
