@@ -142,7 +142,7 @@ func (a *Async) Rate(ctx context.Context, zone, key string, st zones.RateStep) (
 		s.mu.Unlock()
 		return zones.RateReply{}, nil
 	case zones.OpPeek:
-		v, err := a.ints(ctx, peekScript, a.RedisKey(zone, key), 2) // Redis's clock and the key's TAT, in µs
+		v, err := a.ints(ctx, peekScript, a.RedisKey(zone, key)) // Redis's clock and the key's TAT, in µs
 		if err != nil {
 			return zones.RateReply{}, err
 		}

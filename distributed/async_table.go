@@ -45,27 +45,33 @@ func (z *asyncZone) shard(key string) *asyncShard {
 }
 
 // insert adds r for key to a locked shard, making room first when it is
-// full: from a sample, a record with nothing pending goes first (losing it
-// loses at most an unused lease: undershoot), else the least pending. The
-// key is cloned so the map never pins a request's buffer.
+// full: a record with nothing pending goes first (losing it loses at most
+// an unused lease: undershoot), else the least pending. The key is cloned
+// so the map never pins a request's buffer.
 func (z *asyncZone) insert(s *asyncShard, key string, r *record) {
 	if int64(len(s.m)) >= z.shardCap.Load() {
-		victim, least, seen := "", int64(-1), 0
-		for k, v := range s.m {
-			if least < 0 || v.pending < least {
-				victim, least = k, v.pending
-			}
-			if seen++; least == 0 || seen == evictionSample {
-				break
-			}
-		}
-		delete(s.m, victim)
+		evict(s.m, func(r *record) int64 { return r.pending })
 	}
 	s.m[strings.Clone(key)] = r
 }
 
 // evictionSample is how many records a full shard looks at to make room.
 const evictionSample = 16
+
+// evict removes, from a sample of m, the record that costs least to lose
+// (the first that costs nothing).
+func evict[R any](m map[string]R, cost func(R) int64) {
+	victim, least, seen := "", int64(-1), 0
+	for k, v := range m {
+		if c := cost(v); least < 0 || c < least {
+			victim, least = k, c
+		}
+		if seen++; least == 0 || seen == evictionSample {
+			break
+		}
+	}
+	delete(m, victim)
+}
 
 // zone returns the records of zone, created on first use; the lookup takes
 // no lock and allocates nothing.

@@ -122,7 +122,7 @@ func (sl *slots) release(slot heldSlot, expires time.Time) {
 
 // Slots returns the live slots held for key in zone (zones.Slots).
 func (c *link) Slots(ctx context.Context, zone, key string) (int64, error) {
-	v, err := c.ints(ctx, concurrencyScript, c.slotsKey(zone, key), 2, "p")
+	v, err := c.ints(ctx, concurrencyScript, c.slotsKey(zone, key), "p")
 	if err != nil {
 		return 0, err
 	}

@@ -184,40 +184,31 @@ func (c *link) unbatched(ctx context.Context, rkey string, f func(ctx context.Co
 	return err
 }
 
-// ints runs script (neither gcra.lua nor quota.lua) for rkey unbatched (see
-// unbatched) and reads its reply: n integers; two, for a peek of ctx's
-// Gather, in the Gather's batch.
-func (c *link) ints(ctx context.Context, script *redis.Script, rkey string, n int, args ...any) (v []int64, err error) {
+// ints runs script (neither gcra.lua nor quota.lua; at most 5 args) for
+// rkey unbatched (see unbatched), or in ctx's Gather, and reads its two
+// integers; a nil script reads rkey's PTTL into v[0] (ms; -2: no key, -1:
+// no expiry).
+func (c *link) ints(ctx context.Context, script *redis.Script, rkey string, args ...any) (v [2]int64, err error) {
 	err = c.unbatched(ctx, rkey, func(ctx context.Context) error {
-		if n == 2 && len(args) <= 5 {
-			var a [5]any
-			copy(a[:], args)
-			if rep, ok := c.gathered(ctx, script, rkey, a); ok {
-				v = rep.ints[:]
-				return rep.err
-			}
+		var a [5]any
+		copy(a[:], args)
+		if rep, ok := c.gathered(ctx, script, rkey, a); ok {
+			v = rep.ints
+			return rep.err
 		}
-		if v, err = script.Run(ctx, c.client, []string{rkey}, args...).Int64Slice(); err == nil && len(v) != n {
-			err = errBadReply
+		if script == nil {
+			var err error
+			v[0], err = c.client.Do(ctx, "PTTL", rkey).Int64()
+			return err
 		}
+		got, err := script.Run(ctx, c.client, []string{rkey}, args...).Int64Slice()
+		if err == nil && len(got) != 2 {
+			return errBadReply
+		}
+		copy(v[:], got)
 		return err
 	})
 	return v, err
-}
-
-// pttl is rkey's PTTL (ms; -2: no key, -1: no expiry), unbatched or in
-// ctx's Gather.
-func (c *link) pttl(ctx context.Context, rkey string) (ms int64, err error) {
-	err = c.unbatched(ctx, rkey, func(ctx context.Context) error {
-		if rep, ok := c.gathered(ctx, nil, rkey, [5]any{}); ok {
-			ms = rep.ints[0]
-			return rep.err
-		}
-		var err error
-		ms, err = c.client.Do(ctx, "PTTL", rkey).Int64()
-		return err
-	})
-	return ms, err
 }
 
 // reset deletes rkey, the state of key in zone, and tells every instance

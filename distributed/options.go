@@ -166,12 +166,12 @@ func (o Options) universalOptions() (*redis.UniversalOptions, error) {
 		MaxRetryBackoff: -1,
 	}
 	tlsOn := o.TLS || o.TLSCAFile != "" || o.TLSCertFile != "" || o.TLSKeyFile != ""
-	var fromURL struct { // what the URLs say, which must agree
-		set        bool
+	type creds struct {
 		user, pass string
 		db         int
 		tls        bool
 	}
+	var fromURL *creds // what the URLs say, which must agree
 	for i, a := range o.Addresses {
 		if !strings.Contains(a, "://") {
 			u.Addrs = append(u.Addrs, a)
@@ -188,12 +188,15 @@ func (o Options) universalOptions() (*redis.UniversalOptions, error) {
 		if p.Network == "unix" {
 			return nil, fmt.Errorf("distributed: address %d (%s): unix sockets are not supported", i+1, redactAddress(a))
 		}
-		isTLS := p.TLSConfig != nil
-		if fromURL.set && (p.Username != fromURL.user || p.Password != fromURL.pass || p.DB != fromURL.db || isTLS != fromURL.tls) {
+		got := creds{p.Username, p.Password, p.DB, p.TLSConfig != nil}
+		if fromURL != nil && got != *fromURL {
 			return nil, fmt.Errorf("distributed: address %d (%s) disagrees with the earlier URLs on user, password, database or TLS", i+1, redactAddress(a))
 		}
-		fromURL.set, fromURL.user, fromURL.pass, fromURL.db, fromURL.tls = true, p.Username, p.Password, p.DB, isTLS
+		fromURL = &got
 		u.Addrs = append(u.Addrs, p.Addr)
+	}
+	if fromURL == nil {
+		fromURL = &creds{}
 	}
 	u.Username = cmp.Or(u.Username, fromURL.user)
 	u.Password = cmp.Or(u.Password, fromURL.pass)

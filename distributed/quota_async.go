@@ -359,14 +359,7 @@ func (a *Async) syncQuotas(ctx context.Context, final bool) {
 // counted in Redis (undershoot); its next take counts it as used.
 func (z *asyncZone) insertQuota(s *asyncShard, key string, r *quotaRecord) {
 	if int64(len(s.q)) >= z.shardCap.Load() {
-		victim, seen := "", 0
-		for k, v := range s.q {
-			victim = k
-			if seen++; v.held <= v.used && v.taking == nil || seen == evictionSample {
-				break
-			}
-		}
-		delete(s.q, victim)
+		evict(s.q, func(r *quotaRecord) int64 { return b2i(r.held > r.used || r.taking != nil) })
 	}
 	s.q[strings.Clone(key)] = r
 }

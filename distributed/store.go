@@ -139,10 +139,11 @@ const ttlSlack = 2000
 // TTL itself (±1 ms). A key with no expiry (-1) is not one gcra.lua wrote
 // and reads as fresh, as the next decision's script would start it.
 func (s *Strict) peekTTL(ctx context.Context, rkey string, l algorithms.Limit) (zones.RateReply, error) {
-	ms, err := s.pttl(ctx, rkey)
+	v, err := s.ints(ctx, nil, rkey)
 	if err != nil {
 		return zones.RateReply{}, err
 	}
+	ms := v[0]
 	r := l.Peek(max(0, ms*1000-ttlSlack), 0)
 	r.ResetAfter = max(r.ResetAfter, ms*1000)
 	return zones.RateReply{Result: nanos(r)}, nil
