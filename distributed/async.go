@@ -194,8 +194,7 @@ func (a *Async) step(ctx context.Context, zone, key string, st zones.RateStep) (
 	s.mu.Lock()
 	r := s.m[key]
 	if r == nil {
-		r = &record{allow: freshShare(limit.Burst, a.Instances())}
-		z.insert(s, key, r)
+		r = a.fresh(z, s, key, limit)
 	}
 	if err := r.syncErr; err != nil {
 		r.syncErr = nil
@@ -231,6 +230,13 @@ func (a *Async) step(ctx context.Context, zone, key string, st zones.RateStep) (
 	}
 	s.mu.Unlock()
 	return res, nil
+}
+
+// fresh adds a record of key with a fresh share to s, locked.
+func (a *Async) fresh(z *asyncZone, s *asyncShard, key string, limit algorithms.Limit) *record {
+	r := &record{allow: freshShare(limit.Burst, a.Instances())}
+	z.insert(s, key, r)
+	return r
 }
 
 // staleErr is the error of a view too stale to decide from: ErrUnavailable

@@ -181,8 +181,8 @@ func (r *record) snapshot(now, interval int64, all bool, seq *atomic.Uint64) (se
 		return r.unacked, true
 	}
 	idle := !r.used && r.pending == 0 // since the last sync
-	s := sent{limit: r.limit, allow: r.allow, pending: r.pending, reserved: r.reserved, idle: !r.active && r.pending == 0,
-		floor: r.floor(now), restore: r.restore}
+	s := r.report(now)
+	s.idle = !r.active && r.pending == 0
 	spent := r.spent
 	r.used, r.spent = false, 0
 	if r.reserved && r.pending == 0 && !r.restore && !r.due(now, interval, spent, idle, all) {
@@ -200,13 +200,15 @@ func (r *record) snapshot(now, interval int64, all bool, seq *atomic.Uint64) (se
 	return s, true
 }
 
-// floor is the key's time to full in µs as this record last heard it (0:
-// never synced), what a report restores the key to if Redis lost it.
-func (r *record) floor(now int64) int64 {
-	if !r.reserved {
-		return 0
+// report is what a sync reports of r at now. Its floor is the key's time
+// to full in µs as r last heard it (0: never synced), what the report
+// restores the key to if Redis lost it.
+func (r *record) report(now int64) sent {
+	s := sent{limit: r.limit, allow: r.allow, pending: r.pending, reserved: r.reserved, restore: r.restore}
+	if r.reserved {
+		s.floor = max(0, r.resetAt-now) / 1000
 	}
-	return max(0, r.resetAt-now) / 1000
+	return s
 }
 
 // due reports whether a record holding a lease, with nothing to report but

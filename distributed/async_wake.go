@@ -20,8 +20,7 @@ func (a *Async) wake(ctx context.Context, z *asyncZone, s *asyncShard, key strin
 	defer cancel()
 	for round := 0; ; round++ { // 3 at most: a final report in flight is sent again first
 		if r == nil {
-			r = &record{allow: freshShare(limit.Burst, a.Instances())}
-			z.insert(s, key, r)
+			r = a.fresh(z, s, key, limit)
 		}
 		if round == 3 || !r.dormant || r.retryAt > monotime.Now() {
 			return r, nil
@@ -41,9 +40,8 @@ func (a *Async) wake(ctx context.Context, z *asyncZone, s *asyncShard, key strin
 		}
 		if !r.hasUnacked {
 			r.limit = limit
-			r.unacked = sent{limit: limit, allow: r.allow, pending: r.pending, reserved: r.reserved, seq: a.seq.Add(1),
-				floor: r.floor(monotime.Now()), restore: r.restore}
-			r.hasUnacked = true
+			r.unacked, r.hasUnacked = r.report(monotime.Now()), true
+			r.unacked.seq = a.seq.Add(1)
 		}
 		st := r.unacked
 		w := make(chan struct{})

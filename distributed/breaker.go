@@ -84,11 +84,11 @@ func (b *breaker) allow() (ok, probe bool) {
 // prove Redis answered (a script error, a wrong type) count as successes.
 func (b *breaker) record(probe bool, err error) {
 	failed := err != nil && unreachable(err)
-	if failed && b.onFailure != nil {
-		b.onFailure()
-	}
 	if failed {
 		b.refused.Store(refusedToUser(err))
+		if b.onFailure != nil {
+			b.onFailure()
+		}
 	}
 	if probe && errors.Is(err, context.Canceled) {
 		// The probe's caller gave up (or the store is closing): no verdict.
