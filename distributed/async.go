@@ -194,7 +194,8 @@ func (a *Async) step(ctx context.Context, zone, key string, st zones.RateStep) (
 	s.mu.Lock()
 	r := s.m[key]
 	if r == nil {
-		r = a.fresh(z, s, key, limit)
+		r = &record{allow: freshShare(limit.Burst, a.Instances())}
+		z.insert(s, key, r)
 	}
 	if err := r.syncErr; err != nil {
 		r.syncErr = nil
@@ -230,13 +231,6 @@ func (a *Async) step(ctx context.Context, zone, key string, st zones.RateStep) (
 	}
 	s.mu.Unlock()
 	return res, nil
-}
-
-// fresh adds a record of key with a fresh share to s, locked.
-func (a *Async) fresh(z *asyncZone, s *asyncShard, key string, limit algorithms.Limit) *record {
-	r := &record{allow: freshShare(limit.Burst, a.Instances())}
-	z.insert(s, key, r)
-	return r
 }
 
 // staleErr is the error of a view too stale to decide from: ErrUnavailable
