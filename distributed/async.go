@@ -30,35 +30,24 @@ var peekScript = redis.NewScript(asyncPeekLua)
 // deciding from its local view.
 var ErrStale = errors.New("distributed: async view is stale (no successful sync with redis)")
 
-// Async tuning.
 const (
-	// syncChunk is the most keys sent in one pipeline, and
-	// firstSyncChunk the most in a sync's first one: small, so that Redis
-	// answers it within the timeout even when busy, which tells a busy
-	// Redis (the rest waits for the next sync) from one that is down.
-	// 1,000 keys are about 6ms of Redis CPU.
+	// syncChunk is the most keys in one pipeline (about 6ms of Redis CPU),
+	// firstSyncChunk in a sync's first: small, so that a busy Redis
+	// answers it within the timeout, which tells busy from down.
 	syncChunk      = 1000
 	firstSyncChunk = 50
-	// asyncMaxKeys caps the records an async store keeps for a zone that
-	// did not say (SetMaxKeys).
+	// asyncMaxKeys caps the records kept for a zone with no max_keys.
 	asyncMaxKeys = 1_000_000
-	// asyncZoneSep joins zone and key in async keys (see RedisKey).
-	asyncZoneSep = ".async:"
+	asyncZoneSep = ".async:" // see RedisKey
 	// leaseLifetime is a lease's lifetime L in sync intervals: a key far
-	// below its limit is synced about once per L, not once per interval,
-	// and the bound's window grows from d+I to d+L (the extra capped by
-	// the leases instances hold, about two bursts). At 100ms, 100k such
-	// keys cost Redis about 38k reports a second at ~10µs each (async.lua's
-	// HMGET, HSET, PEXPIRE and arithmetic per key on a 2-core machine):
-	// 0.4 core; at 20 intervals it was 0.55-0.6.
+	// below its limit is synced about once per L, and the bound's window
+	// grows from d+I to d+L (the extra capped by the leases held, about two
+	// bursts). At 100ms, 100k such keys cost Redis 0.4 core (0.55-0.6 at 20).
 	leaseLifetime = 30
 )
 
-// Async is the async-mode implementation of zones.Store: decisions are made
-// in-process and reconciled with Redis every Options.SyncInterval (see
-// docs/async.md for the scheme and its bound). It shares nothing
-// with Strict but the connection: client, breakers, heartbeat,
-// resets and concurrency slots.
+// Async is the async-mode zones.Store: decisions are made in-process and
+// reconciled with Redis every Options.SyncInterval (docs/async.md).
 type Async struct {
 	*link
 	hold    int64 // µs: the script's hold (see OpenAsync)
@@ -85,8 +74,8 @@ type Async struct {
 	closed   sync.Once
 }
 
-// OpenAsync opens an async store for opts and starts its sync loop. Like
-// Open, it does not contact Redis.
+// OpenAsync opens an async store and starts its sync loop; like Open, it
+// does not contact Redis.
 func OpenAsync(opts Options, logger *zap.Logger) (*Async, error) {
 	return openAsync(opts, asyncMaxKeys, logger)
 }
@@ -99,14 +88,12 @@ func openAsync(opts Options, maxKeys int, logger *zap.Logger) (*Async, error) {
 	interval := c.opts.SyncInterval
 	a := &Async{
 		link: c,
-		// An instance that admitted a fresh share reports it by its next
-		// sync, or the one after if that one fails: within two intervals
-		// and two sync bounds of the episode's start, and at least a
-		// second, for syncs delayed on a loaded machine. Until then leases
-		// keep its share aside. A report later than the hold lands after
-		// leases were handed out: up to (N−1) extra shares (the bound's
-		// last term). The price of a long hold: a key only one instance
-		// sees gets about 1/N of its burst for the hold's length.
+		// An instance reports a fresh share it admitted within two syncs
+		// (two intervals and sync bounds, at least a second); leases keep
+		// its share aside until then. A later report lands after leases
+		// were handed out: up to (N−1) extra shares (the bound's last
+		// term). A key only one instance sees gets about 1/N of its burst
+		// for the hold.
 		hold:     max(time.Second, 2*interval+2*backgroundTimeout(c.opts)).Microseconds(),
 		stale:    int64(2*interval + backgroundTimeout(c.opts)),
 		life:     leaseLifetime * int64(interval),
@@ -126,22 +113,18 @@ func openAsync(opts Options, maxKeys int, logger *zap.Logger) (*Async, error) {
 	return a, nil
 }
 
-// Offers says what an async store offers besides its steps: its records
-// of keys, quotas, the fleet-wide ban list, concurrency slots and the
-// zones' overrides. Bans are the zones' own (listed for the other
-// instances), not kept with the decisions.
+// Offers says what an async store offers besides its steps; bans are the
+// zones' own, not kept with the decisions.
 func (a *Async) Offers() zones.Offers {
 	return zones.Offers{Mode: "async", Quotas: true, Records: a, BanList: a.link, Slots: a.link, Overrides: a.overrides()}
 }
 
 // Rate runs one step of a rate zone's key (zones.Store) on this instance's
-// allowance, without calling Redis: Remaining is this instance's
-// allowance, not the fleet's. What a charge does not cover is reported at
-// the next sync and counted in Redis past the burst; a decide with ahead
-// admits for later as record.decideAhead says. A peek reads the fleet's
-// view in Redis (leases count as spent, what instances admitted since
-// their last sync does not); a reset also drops every instance's record.
-// A step's ban rule is not for this store: Offers says so.
+// allowance (Remaining is this instance's), without calling Redis. What a
+// charge does not cover is counted in Redis past the burst at the next
+// sync. A peek reads the fleet's view in Redis (leases count as spent,
+// what instances admitted since their last sync does not); a reset also
+// drops every instance's record.
 func (a *Async) Rate(ctx context.Context, zone, key string, st zones.RateStep) (zones.RateReply, error) {
 	switch st.Op {
 	case zones.OpDecide, zones.OpCheck, zones.OpCharge:
@@ -159,7 +142,7 @@ func (a *Async) Rate(ctx context.Context, zone, key string, st zones.RateStep) (
 		s.mu.Unlock()
 		return zones.RateReply{}, nil
 	case zones.OpPeek:
-		v, err := a.ints(ctx, peekScript, a.RedisKey(zone, key), 2) // Redis's clock and the key's TAT, in µs
+		v, err := a.ints(ctx, peekScript, a.RedisKey(zone, key)) // Redis's clock and the key's TAT, in µs
 		if err != nil {
 			return zones.RateReply{}, err
 		}
@@ -172,8 +155,7 @@ func (a *Async) Rate(ctx context.Context, zone, key string, st zones.RateStep) (
 }
 
 // Close stops the sync loop, reports what this instance admitted and hands
-// back its leases in a last sync (bounded by the sync timeout), then closes
-// the connection.
+// back its leases in a last sync (bounded), then closes the connection.
 func (a *Async) Close() error {
 	var err error
 	a.closed.Do(func() {
@@ -191,11 +173,10 @@ func (a *Async) Close() error {
 // Destruct closes the store (caddy.Destructor, for caddy.UsagePool).
 func (a *Async) Destruct() error { return a.Close() }
 
-// step runs st (a decide, check or charge) on key's record (created with a
-// fresh share), under its shard's lock, when the local view is fresh
-// enough to decide from. A dormant record is woken first when the fleet had
-// tokens at its last sync. A denial is cached in the record until its retry
-// time, less ahead (a zone with delay admits for later from then).
+// step runs a decide, check or charge on key's record (created with a fresh
+// share) when the local view is fresh enough, waking a dormant record
+// first when the fleet had tokens at its last sync. A denial is cached
+// until its retry time less ahead.
 func (a *Async) step(ctx context.Context, zone, key string, st zones.RateStep) (algorithms.Result, error) {
 	limit, ahead := st.Limit, int64(0)
 	if st.Op == zones.OpDecide {
@@ -203,10 +184,7 @@ func (a *Async) step(ctx context.Context, zone, key string, st zones.RateStep) (
 	}
 	now := monotime.Now()
 	if now-a.lastSync.Load() > a.stale && a.syncFailed.Load() {
-		if ok, _ := a.breaker.health(); !ok {
-			return algorithms.Result{}, ErrUnavailable
-		}
-		return algorithms.Result{}, ErrStale
+		return algorithms.Result{}, staleErr(&a.breaker)
 	}
 	if a.isClosed() {
 		return algorithms.Result{}, ErrClosed
@@ -226,13 +204,9 @@ func (a *Async) step(ctx context.Context, zone, key string, st zones.RateStep) (
 	}
 	if since := r.failedSince; a.cluster && since != 0 && now-since > a.stale {
 		// Syncs have not reached the key's master for too long; the
-		// other masters' keys are unaffected. (On one server the whole
-		// view goes stale at once, above.)
+		// other masters' keys are unaffected.
 		s.mu.Unlock()
-		if ok, _ := a.breakerFor(a.RedisKey(zone, key)).health(); !ok {
-			return algorithms.Result{}, ErrUnavailable
-		}
-		return algorithms.Result{}, ErrStale
+		return algorithms.Result{}, staleErr(a.breakerFor(a.RedisKey(zone, key)))
 	}
 	if r.dormant && r.retryAt <= now {
 		var err error
@@ -259,19 +233,32 @@ func (a *Async) step(ctx context.Context, zone, key string, st zones.RateStep) (
 	return res, nil
 }
 
+// staleErr is the error of a view too stale to decide from: ErrUnavailable
+// while b, the breaker of its Redis, is open.
+func staleErr(b *breaker) error {
+	if ok, _ := b.health(); !ok {
+		return ErrUnavailable
+	}
+	return ErrStale
+}
+
+// shardOf is key's shard in zone, nil when the store has no record of zone.
+func (a *Async) shardOf(zone, key string) *asyncShard {
+	if z := (*a.zones.Load())[zone]; z != nil {
+		return z.shard(key)
+	}
+	return nil
+}
+
 // Peek is what key's record would decide for a unit-cost request at now
-// (zones.Records): its allowance left when it has a unit, else the wait
-// until the next sync or the fleet's next token, as record.result reports
-// them to the requests it decides. It consumes, creates and wakes nothing.
-// ok is false for a key with no record (its next request gets a fresh
-// share) and for a dormant record the next request wakes through Redis:
-// the store's own peek (the fleet's view) answers for those.
+// (zones.Records), consuming, creating and waking nothing. ok is false for
+// a key with no record and for a dormant record the next request wakes:
+// the store's own peek answers for those.
 func (a *Async) Peek(zone, key string, now int64, limit algorithms.Limit) (algorithms.Result, bool) {
-	z := (*a.zones.Load())[zone]
-	if z == nil {
+	s := a.shardOf(zone, key)
+	if s == nil {
 		return algorithms.Result{}, false
 	}
-	s := z.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r := s.m[key]
@@ -281,14 +268,12 @@ func (a *Async) Peek(zone, key string, now int64, limit algorithms.Limit) (algor
 	return r.result(now, a.nextSync.Load(), limit, r.allow >= 1), true
 }
 
-// DeniedUntil is the deny cache kept in key's record (zones.Records):
-// when its last denial with no unit left ends, if it is in force at now.
+// DeniedUntil is the deny cache kept in key's record (zones.Records).
 func (a *Async) DeniedUntil(zone, key string, now int64) (int64, bool) {
-	z := (*a.zones.Load())[zone]
-	if z == nil {
+	s := a.shardOf(zone, key)
+	if s == nil {
 		return 0, false
 	}
-	s := z.shard(key)
 	s.mu.Lock()
 	var until int64
 	if r := s.m[key]; r != nil {
@@ -299,9 +284,8 @@ func (a *Async) DeniedUntil(zone, key string, now int64) (int64, bool) {
 }
 
 // Fallback runs one step of fail_policy local in key's record
-// (zones.Records; see record.fallbackStep), creating the record, with
-// no allowance, for a key it has none of. Only a charge or an admission
-// creates one.
+// (zones.Records; record.fallbackStep); only a charge or an admission
+// creates a record, with no allowance.
 func (a *Async) Fallback(zone, key string, now int64, limit, share algorithms.Limit, op zones.Op, cost, ahead int64) algorithms.Result {
 	z := a.zone(zone)
 	s := z.shard(key)
@@ -323,8 +307,7 @@ func (a *Async) Fallback(zone, key string, now int64, limit, share algorithms.Li
 	return r.fallbackStep(now, limit, share, op, cost, ahead)
 }
 
-// forgetDenials drops the deny cache of every record (resets may have been
-// missed).
+// forgetDenials drops the deny cache of every record.
 func (a *Async) forgetDenials() {
 	a.eachShard(func(_ *asyncZone, s *asyncShard) {
 		for _, r := range s.m {
@@ -334,28 +317,24 @@ func (a *Async) forgetDenials() {
 }
 
 // RedisKey is the Redis key holding the state of key in zone:
-// <key_prefix><zone>.async:<key>, never the name of a strict-mode key (see
-// Strict.RedisKey).
+// <key_prefix><zone>.async:<key> (see Strict.RedisKey).
 func (a *Async) RedisKey(zone, key string) string {
 	return a.opts.KeyPrefix + zone + asyncZoneSep + key
 }
 
-// forgetRecord forgets this instance's record of key in zone: the key was
-// reset (here or elsewhere), and its next request starts a fresh share.
+// forgetRecord forgets this instance's record of a key that was reset.
 func (a *Async) forgetRecord(zone, key string) {
-	z := (*a.zones.Load())[zone]
-	if z == nil {
+	s := a.shardOf(zone, key)
+	if s == nil {
 		return
 	}
-	s := z.shard(key)
 	s.mu.Lock()
 	delete(s.m, key)
 	delete(s.q, key)
 	s.mu.Unlock()
 }
 
-// synced reports whether the last sync succeeded: cached denials dropped
-// after missed resets wait for it (see resets.go).
+// synced reports whether the last sync succeeded (see resets.go).
 func (a *Async) synced() bool { return !a.syncFailed.Load() }
 
 func b2i(b bool) int64 {
@@ -365,7 +344,6 @@ func b2i(b bool) int64 {
 	return 0
 }
 
-// Interface guards: what zones asks of an async store.
 var (
 	_ zones.Store   = (*Async)(nil)
 	_ zones.Records = (*Async)(nil)

@@ -1,16 +1,12 @@
--- One async-mode sync of many keys, atomically (the scheme and its bound are
--- in docs/async.md): one TIME, one dispatch, one reply
--- for all of them. For each key the instance reports what it did since the
--- key's last sync and takes a lease: tokens reserved for it in the fleet's
--- GCRA state, which it may admit locally until the key's next sync. On a
--- Cluster every key of one call is in one hash slot (the caller groups them).
+-- One async-mode sync of many keys, atomically (docs/async.md): for each key
+-- the instance reports what it did since the key's last sync and takes a
+-- lease, tokens reserved for it in the fleet's GCRA state, which it may
+-- admit locally until the key's next sync. One hash slot per call.
 --
 -- KEYS[i]  a key: a hash {t = TAT µs, c = episode start µs, m:<id> = ...}
--- KEYS[#KEYS]  the epoch key (<key_prefix>epoch, on a Cluster one per hash
---          slot, in the call's slot): Redis's data generation, an integer
---          written when missing. An instance that knew another one knows
---          Redis lost its data (FLUSHALL, a restart without persistence, a
---          failover to an empty replica) since its last sync.
+-- KEYS[#KEYS]  the epoch key of the call's slot: Redis's data generation,
+--          written when missing; another one than the instance knew means
+--          Redis lost its data since its last sync.
 -- ARGV[1]  N, live instances as this instance last saw them (>= 1)
 -- ARGV[2]  hold, µs: how long after an episode starts instances may still
 --          hold unreported fresh shares (2 sync intervals plus 2 sync time
@@ -22,42 +18,35 @@
 --   B      burst in units of cost (>= 1)
 --   delta  cost admitted and not yet counted, minus the unused lease handed
 --          back (may be negative)
---   idle   1 when the instance admitted nothing since its last look at the
---          key: its lease is at most ⌈spare/N²⌉, and none when the key is
---          full (the instance then forgets the key)
+--   idle   1 when the instance admitted nothing since its last look: its
+--          lease is at most ⌈spare/N²⌉, none when the key is full
 --   fresh  the share an instance admits for a key it has never synced
 --   take   1 to take a lease, 0 to only report (closing, or going dormant)
---   seq    the report's sequence number: a report whose reply was lost is
---          sent again with the same number, and gets the lease it was
---          granted back instead of being applied twice
---   floor  µs: how long the key had to full as this instance last heard
---          (its TAT then, less now)
---   restore 1 when this instance learnt earlier that Redis lost its data
---          and has not restored this key yet
+--   seq    the report's sequence number: a report sent again gets the
+--          lease it was granted back instead of being applied twice
+--   floor  µs: the key's time to full as this instance last heard
+--   restore 1 when this instance knows Redis lost its data and has not
+--          restored this key yet
 --
--- When Redis lost its data (the epoch differs) or restore is set, a key's
--- TAT is restored to at least now + floor before the report is applied:
--- a blank Redis is not trusted to be a full one. Every instance restores
--- what it last heard, so the key ends at the latest of their views; for a
--- hold from the first restore (field r) no lease is handed out, so that none
--- comes from a part another instance has not restored yet.
+-- When Redis lost its data or restore is set, a key's TAT is restored to
+-- at least now + floor first: a blank Redis is not a full one. The key
+-- ends at the latest of the instances' views; for a hold from the first
+-- restore (field r) no lease is handed out, none coming from a part
+-- another instance has not restored yet.
 --
--- Returns 4 integers per key, in KEYS order, then the epoch: {lease, avail,
--- retry_us, reset_us}: the tokens now reserved for the instance, the fleet's tokens
--- left after that (<= B, may be negative), how long until one more token is
--- back (0 when avail >= 1), and how long until the key is back to full (its
--- TTL). A key that held a value tally did not write is deleted and answered
--- {-1, 0, 0, 0}: an error for that key alone (see gcra.lua), whose report the
--- next sync sends again, on a fresh key.
+-- Returns 4 integers per key, then the epoch: {lease, avail, retry_us,
+-- reset_us}: the tokens now reserved for the instance, the fleet's left
+-- after that (<= B, may be negative), the time until one more is back (0
+-- when avail >= 1), and until the key is full (its TTL). A key holding a
+-- value tally did not write is deleted and answered {-1, 0, 0, 0}.
 --
--- An episode starts when a key with no outstanding reservation (TAT <= now)
--- is written. For `hold` after that, instances that have not yet reported
--- the key may each be admitting a fresh share no one has counted, so the
--- lease leaves that much aside: this is what keeps a burst that reaches
--- every instance at once within the limit.
+-- An episode starts when a key with no outstanding reservation is written.
+-- For `hold` after that, instances that have not reported the key may each
+-- be admitting an uncounted fresh share, which the lease leaves aside: a
+-- burst that reaches every instance at once stays within the limit.
 --
--- Numbers are written with '%d' (redis.call would use '%.14g' and lose
--- digits); µs since the epoch and every sum stay below 2^53.
+-- Numbers are written with '%d' ('%.14g' would lose digits); µs since the
+-- epoch and every sum stay below 2^53.
 
 local function idiv(a, b) -- floor(a / b) for b > 0, exactly
   local q = math.floor(a / b)
@@ -149,19 +138,13 @@ local function sync(key, T, B, delta, idle, fresh, take, seq, floor, restore)
     if reported < N then spare = avail - (N - reported) * fresh end
   end
 
-  local lease = 0
-  -- While the key is restored, every instance that held it reports what it
-  -- last heard (within a hold: the next sync of each, whatever its lease),
-  -- and no lease is handed out: a lease taken from a part that another
-  -- instance's report has not restored yet would be counted nowhere.
+  local lease = 0 -- none while the key is restored (see the header)
   if take and spare >= 1 and not (idle and avail >= B) and restoring == 0 then
     lease = idiv(spare + N - 1, N) -- ceil: reserved, so rounding up takes nothing twice
     if idle then
-      -- No traffic here: park a small lease, 1/N of a share (at least one
-      -- token), so that the idle instances together hold at most 1/N of
-      -- what is left, and a burst after a quiet spell is not denied until
-      -- the next sync (one token was too few: 0.5-4% spurious 429s for keys
-      -- at 2% of their limit).
+      -- No traffic here: park 1/N of a share (at least one token): the
+      -- idle instances hold at most 1/N of what is left, and a burst after
+      -- a quiet spell is not denied until the next sync.
       local small = idiv(spare + N * N - 1, N * N)
       if small < 1 then small = 1 end
       if lease > small then lease = small end

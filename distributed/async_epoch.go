@@ -1,11 +1,10 @@
 package distributed
 
-// Async mode's epoch: how an instance tells that Redis lost its data
-// instead of trusting a blank Redis to be a full one. Every async.lua call
-// reads <key_prefix>epoch (on a Cluster one per hash slot), an integer
-// written when missing; an instance that saw another epoch before restores
-// its keys to what it last heard (the scheme and its bound:
-// docs/async.md, Redis losing its data).
+// Async mode's epoch tells that Redis lost its data, instead of trusting a
+// blank Redis to be a full one: every async.lua call reads
+// <key_prefix>epoch (per hash slot on a Cluster), written when missing; an
+// instance that saw another restores its keys to what it last heard
+// (docs/async.md).
 
 import (
 	"maps"
@@ -34,7 +33,7 @@ func epochTag(slot int) string {
 	return epochSlots.tags[slot]
 }
 
-// epochKey is the epoch key of slot (every key's, off a Cluster).
+// epochKey is the epoch key of slot.
 func (a *Async) epochKey(slot int) string {
 	if !a.cluster {
 		return a.opts.KeyPrefix + "epoch"
@@ -42,7 +41,7 @@ func (a *Async) epochKey(slot int) string {
 	return a.opts.KeyPrefix + "epoch{" + epochTag(slot) + "}"
 }
 
-// knownEpoch is the epoch this instance last saw for slot, 0 for none.
+// knownEpoch is the epoch this instance last saw for slot (0: none).
 func (a *Async) knownEpoch(slot int) int64 {
 	a.epochMu.Lock()
 	defer a.epochMu.Unlock()
@@ -56,16 +55,13 @@ func (a *Async) knownEpochs() map[int]int64 {
 	return maps.Clone(a.epochs)
 }
 
-// sawEpoch notes the epoch a call reported for slot. A change from one
-// this instance knew means Redis lost the slot's data: every record of the
-// slot (every record, off a Cluster) restores its key in its next report;
-// the keys of the call that saw it were restored by the call.
+// sawEpoch notes the epoch a call reported for slot. A change means Redis
+// lost the slot's data: every record of the slot restores its key in its
+// next report (the call's own keys it restored already).
 func (a *Async) sawEpoch(slot int, epoch int64) {
 	a.epochMu.Lock()
 	old := a.epochs[slot]
-	if epoch == 0 {
-		// Read missing (a sync with nothing to report): the next call
-		// writes a new one, and this instance's records restore.
+	if epoch == 0 { // missing: the next call writes another, and records restore
 		delete(a.epochs, slot)
 	} else {
 		a.epochs[slot] = epoch

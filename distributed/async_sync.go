@@ -1,7 +1,7 @@
 package distributed
 
-// Async mode's sync loop: what each sync sends to Redis and how the replies
-// are adopted (the scheme is in docs/async.md).
+// Async mode's sync loop: what each sync sends and how the replies are
+// adopted (docs/async.md).
 
 import (
 	"cmp"
@@ -17,9 +17,8 @@ import (
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 )
 
-// loop syncs every interval until Close. The first sync comes after a
-// random part of an interval, so a fleet started together does not sync in
-// step.
+// loop syncs every interval until Close, first after a random part of one,
+// so that a fleet started together does not sync in step.
 func (a *Async) loop() {
 	defer close(a.loopDone)
 	first := time.NewTimer(time.Duration(rand.Int64N(int64(a.opts.SyncInterval)) + 1))
@@ -54,8 +53,8 @@ type item struct {
 	slot int    // its hash slot, on a Cluster
 }
 
-// asyncCall is one async.lua call of a sync: up to asyncCallKeys items, all
-// in one hash slot on a Cluster, behind the breaker of the master serving it.
+// asyncCall is one async.lua call of a sync: up to asyncCallKeys items of
+// one hash slot on a Cluster, behind its master's breaker.
 type asyncCall struct {
 	items []item
 	slot  int // the hash slot of its keys, on a Cluster
@@ -65,12 +64,10 @@ type asyncCall struct {
 	cmd   *redis.Cmd
 }
 
-// sync reports the records that need it to Redis and adopts the replies;
-// take is false for the last sync at Close, which hands every lease back and
-// takes none. With nothing to report, a GET of the epoch keeps LastSync
-// meaningful: Redis answered (on a Cluster, where no node stands for the whole, nothing
-// is sent). Each pipeline Redis must answer within the background timeout
-// (see send).
+// sync reports the records that need it and adopts the replies; take is
+// false for the last sync at Close, which hands every lease back. With
+// nothing to report, a GET of the epoch keeps LastSync meaningful (not on a
+// Cluster, where no node stands for the whole).
 func (a *Async) sync(ctx context.Context, take bool) error {
 	a.syncMu.Lock()
 	defer a.syncMu.Unlock()
@@ -83,9 +80,8 @@ func (a *Async) sync(ctx context.Context, take bool) error {
 			it.slot = hashSlot(it.rkey)
 		}
 	}
-	// Items with traffic first (a sync that runs out of time leaves the
-	// idle ones for the next); on a Cluster, by slot, so that one call
-	// carries every key of a slot.
+	// Items with traffic first (a sync out of time leaves the idle ones);
+	// on a Cluster by slot, so that one call carries a slot's keys.
 	slices.SortStableFunc(items, func(x, y item) int {
 		return cmp.Or(cmp.Compare(b2i(x.sent.idle), b2i(y.sent.idle)), cmp.Compare(x.slot, y.slot))
 	})
@@ -99,9 +95,8 @@ func (a *Async) sync(ctx context.Context, take bool) error {
 			err = ErrUnavailable
 			break
 		}
-		// The epoch, read instead of a PING: an instance whose keys are
-		// all blocked or dormant learns too that Redis lost its data, and
-		// its records restore their keys in the next sync (async_epoch.go).
+		// The epoch, not a PING: an instance whose keys are all blocked or
+		// dormant learns too that Redis lost its data (async_epoch.go).
 		ctx, cancel := context.WithTimeout(ctx, backgroundTimeout(a.opts))
 		epoch, gerr := a.client.Get(ctx, a.epochKey(0)).Int64()
 		cancel()
@@ -116,9 +111,8 @@ func (a *Async) sync(ctx context.Context, take bool) error {
 		a.breaker.record(probe, err)
 	}
 	if a.cluster && err != nil {
-		// No master answered this sync, which may have sent only one
-		// master's keys: each record it failed goes stale on its own
-		// (failedSince), the others keep deciding from their leases.
+		// No master answered, but the sync may have sent only one
+		// master's keys: each failed record goes stale on its own.
 		return err
 	}
 	a.syncFailed.Store(err != nil)
@@ -129,8 +123,7 @@ func (a *Async) sync(ctx context.Context, take bool) error {
 	return nil
 }
 
-// snapshot lists the records that need a sync, with what to report; all
-// for the last sync at Close, which hands every lease back.
+// snapshot lists the records that need a sync, with what to report.
 func (a *Async) snapshot(now int64, all bool) []item {
 	var items []item
 	a.eachShard(func(z *asyncZone, s *asyncShard) {
@@ -144,8 +137,8 @@ func (a *Async) snapshot(now int64, all bool) []item {
 }
 
 // restore marks records of a sync that did not happen as used again, so the
-// next sync does not take them for idle. failed (monotime, or 0) is when a
-// sync first failed to reach their master: their view goes stale from then.
+// next sync does not take them for idle; failed (monotime, or 0) is when a
+// sync first failed to reach their master.
 func (a *Async) restore(items []item, failed int64) {
 	for _, it := range items {
 		it.s.mu.Lock()
@@ -159,29 +152,23 @@ func (a *Async) restore(items []item, failed int64) {
 	}
 }
 
-// send runs the script for every item, asyncCallKeys per call, up to
-// syncChunk keys per pipeline, and adopts each reply. It returns an error
-// when no call was answered and one failed in a way that says Redis cannot
-// serve (for the store's staleness); items whose call failed keep their
-// state for the next sync, and an error about one key alone goes to that
-// key's next decision. Each breaker (one per master on a Cluster) is asked
-// once per sync: an open or failing master's items wait and go stale on
-// their own, while the other masters' keys sync on.
+// send runs the script for every item, asyncCallKeys per call, syncChunk
+// keys per pipeline, and adopts each reply. It returns an error when no
+// call was answered and one failed saying Redis cannot serve; failed items
+// keep their state for the next sync, and an error about one key alone goes
+// to that key's next decision. Each breaker is asked once per sync: a
+// failing master's items go stale on their own, the others sync on.
 //
-// A sync starts no new pipeline once it has taken the background timeout
-// in all, nor after one failed: the items not done wait for the next sync
-// (traffic first), their reports sent again unchanged. A pipeline that
-// times out after Redis answered an earlier one, or part of itself, means
-// Redis is busy, not down: a flood of keys slows syncs down and is never
-// taken for an outage.
+// A sync starts no new pipeline past the background timeout, nor after one
+// failed: the rest waits for the next sync. A pipeline that times out
+// after Redis answered part of the sync means Redis is busy, not down: a
+// flood of keys slows syncs down and is never taken for an outage.
 func (a *Async) send(ctx context.Context, items []item, take bool, start int64) error {
 	n := int64(a.Instances())
 	timeout := backgroundTimeout(a.opts)
 	budget := time.Now().Add(timeout)
 	var gs gates
 	defer func() { gs.record() }()
-	// The epochs as of the sync's start: every call of the sync that finds
-	// another one restores its keys (async_epoch.go).
 	known := a.knownEpochs()
 	for lo, size := 0, firstSyncChunk; lo < len(items); lo, size = lo+size, syncChunk {
 		if lo > 0 && time.Now().After(budget) {
@@ -191,8 +178,6 @@ func (a *Async) send(ctx context.Context, items []item, take bool, start int64) 
 		chunk := items[lo:min(lo+size, len(items))]
 		a.sendChunk(ctx, timeout, chunk, &gs, n, take, start, known)
 		if !a.cluster && (!gs[0].ok || gs[0].err != nil) {
-			// Standalone or Sentinel: one server, which failed this
-			// pipeline; the rest waits for the next sync.
 			a.restore(items[lo+len(chunk):], 0)
 			break
 		}
@@ -212,13 +197,12 @@ func (a *Async) send(ctx context.Context, items []item, take bool, start int64) 
 	return firstErr
 }
 
-// asyncCallKeys is the most keys one async.lua call carries: enough that
-// the script's fixed cost (dispatch, TIME, reply) is small per key, few
-// enough that one call keeps Redis busy for well under a millisecond.
+// asyncCallKeys is the most keys of one async.lua call: the script's fixed
+// cost is small per key, and a call keeps Redis well under a millisecond.
 const asyncCallKeys = 100
 
-// calls groups chunk into script calls: consecutive items, up to
-// asyncCallKeys, of one hash slot on a Cluster (sync sorted them by slot).
+// calls groups chunk into script calls: up to asyncCallKeys consecutive
+// items, of one hash slot on a Cluster.
 func (a *Async) calls(chunk []item, gs *gates, n int64, take bool, known map[int]int64) []asyncCall {
 	var calls []asyncCall
 	for lo := 0; lo < len(chunk); {
@@ -241,8 +225,7 @@ func (a *Async) calls(chunk []item, gs *gates, n int64, take bool, known map[int
 	return calls
 }
 
-// appendSyncArgs appends async.lua's 9 arguments for one report (take is
-// false at Close; a final report takes nothing either).
+// appendSyncArgs appends async.lua's 9 arguments for one report.
 func (a *Async) appendSyncArgs(args []any, st sent, n int64, take bool) []any {
 	l := micro(st.limit)
 	return append(args, l.EmissionInterval, l.Burst, st.delta(), b2i(st.idle),
@@ -250,10 +233,9 @@ func (a *Async) appendSyncArgs(args []any, st sent, n int64, take bool) []any {
 }
 
 // sendChunk runs the calls for chunk, bounded by timeout, and adopts the
-// replies, telling each call's gate how it went. Calls whose breaker is open
-// are not sent. On a Cluster each master's calls go in a pipeline of their
-// own, all at once, so that a master that hangs delays and fails only its
-// own keys.
+// replies, telling each call's gate how it went. On a Cluster each
+// master's calls go in a pipeline of their own, at once, so that a master
+// that hangs fails only its own keys.
 func (a *Async) sendChunk(ctx context.Context, timeout time.Duration, chunk []item, gs *gates, n int64, take bool, start int64, known map[int]int64) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -286,8 +268,7 @@ func (a *Async) sendChunk(ctx context.Context, timeout time.Duration, chunk []it
 	}
 }
 
-// run sends calls in one pipeline, again with the script's source for those
-// Redis had lost it for.
+// run sends calls in one pipeline, again with the source if Redis lost it.
 func (a *Async) run(ctx context.Context, calls []*asyncCall) {
 	pipe := a.client.Pipeline()
 	for _, c := range calls {
@@ -308,13 +289,13 @@ func (a *Async) run(ctx context.Context, calls []*asyncCall) {
 	}
 }
 
-// adoptCall adopts the replies of one call, key by key. An error for the
-// whole call fails its keys: one saying Redis cannot serve goes to the
-// gate, any other to each key's next decision, as does a per-key error.
+// adoptCall adopts the replies of one call. An error saying Redis cannot
+// serve goes to the gate; any other, or a per-key one, to each key's next
+// decision.
 func (a *Async) adoptCall(c *asyncCall, now, start int64) {
 	vals, epoch, err := syncValues(c.cmd, len(c.items))
 	if err == nil {
-		defer a.sawEpoch(c.slot, epoch) // after this call's replies are adopted
+		defer a.sawEpoch(c.slot, epoch)
 	}
 	if err != nil && unreachable(err) {
 		c.gate.note(err)
@@ -350,16 +331,12 @@ func (a *Async) adoptCall(c *asyncCall, now, start int64) {
 	}
 }
 
-// syncValues reads async.lua's reply for n keys: 4 values each (see
-// parseSyncReply), then the epoch.
+// syncValues reads async.lua's reply for n keys: 4 values each, then the
+// epoch.
 func syncValues(cmd *redis.Cmd, n int) ([]any, int64, error) {
-	v, err := cmd.Result()
+	vals, err := values(cmd, 4*n+1)
 	if err != nil {
 		return nil, 0, err
-	}
-	vals, ok := v.([]any)
-	if !ok || len(vals) != 4*n+1 {
-		return nil, 0, errBadReply
 	}
 	epoch, ok := vals[4*n].(int64)
 	if !ok {
@@ -368,9 +345,7 @@ func syncValues(cmd *redis.Cmd, n int) ([]any, int64, error) {
 	return vals, epoch, nil
 }
 
-// parseSyncReply reads one key's {lease, avail, retry_us, reset_us} of
-// async.lua (times in nanoseconds after); a negative lease reports a value
-// tally did not write, deleted.
+// parseSyncReply reads one key's reply of async.lua, times in ns.
 func parseSyncReply(a []any) (syncReply, error) {
 	var rep syncReply
 	for i, f := range [...]*int64{&rep.lease, &rep.avail, &rep.retry, &rep.reset} {
@@ -388,8 +363,7 @@ func parseSyncReply(a []any) (syncReply, error) {
 	return rep, nil
 }
 
-// adopt applies one reply to its record, if the record is still the one
-// that was sent (Reset or eviction may have replaced it).
+// adopt applies one reply to its record, if it is still the one sent.
 func (a *Async) adopt(it *item, rep syncReply, now int64) {
 	it.s.mu.Lock()
 	// A wake (or this sync) may have adopted the same report already.
@@ -399,10 +373,9 @@ func (a *Async) adopt(it *item, rep syncReply, now int64) {
 	it.s.mu.Unlock()
 }
 
-// applyReply adopts rep for r (see record.apply) and sets when its new lease
-// must be renewed: before its lifetime ends, a little earlier for some
-// records than others, so that keys leased in one sync do not all come due
-// in one later sync. Called with r's shard locked.
+// applyReply adopts rep for r (record.apply) and sets when its new lease
+// is renewed: before its lifetime ends, jittered, so that keys leased in
+// one sync do not all come due in one later sync.
 func (a *Async) applyReply(r *record, st sent, rep syncReply, now int64) (drop bool) {
 	n := a.Instances()
 	drop = r.apply(st, rep, now, st.limit.Burst, freshShare(st.limit.Burst, n))

@@ -44,22 +44,13 @@ func (z *asyncZone) shard(key string) *asyncShard {
 	return &z.shards[maphash.String(z.seed, key)&z.mask]
 }
 
-// insert adds r for key to a locked shard, making room first when the shard
-// is full: from a sample, a record with nothing pending goes first (losing
-// it loses at most an unused lease: undershoot), else the one with least
-// pending. The key is cloned so the map never pins a request's buffer.
+// insert adds r for key to a locked shard, making room first when it is
+// full: a record with nothing pending goes first (losing it loses at most
+// an unused lease: undershoot), else the least pending. The key is cloned
+// so the map never pins a request's buffer.
 func (z *asyncZone) insert(s *asyncShard, key string, r *record) {
 	if int64(len(s.m)) >= z.shardCap.Load() {
-		victim, least, seen := "", int64(-1), 0
-		for k, v := range s.m {
-			if least < 0 || v.pending < least {
-				victim, least = k, v.pending
-			}
-			if seen++; least == 0 || seen == evictionSample {
-				break
-			}
-		}
-		delete(s.m, victim)
+		evict(s.m, func(r *record) int64 { return r.pending })
 	}
 	s.m[strings.Clone(key)] = r
 }
@@ -67,8 +58,23 @@ func (z *asyncZone) insert(s *asyncShard, key string, r *record) {
 // evictionSample is how many records a full shard looks at to make room.
 const evictionSample = 16
 
-// zone returns the records of zone, creating them on first use. The lookup
-// of an existing zone takes no lock and allocates nothing.
+// evict removes, from a sample of m, the record that costs least to lose
+// (the first that costs nothing).
+func evict[R any](m map[string]R, cost func(R) int64) {
+	victim, least, seen := "", int64(-1), 0
+	for k, v := range m {
+		if c := cost(v); least < 0 || c < least {
+			victim, least = k, c
+		}
+		if seen++; least == 0 || seen == evictionSample {
+			break
+		}
+	}
+	delete(m, victim)
+}
+
+// zone returns the records of zone, created on first use; the lookup takes
+// no lock and allocates nothing.
 func (a *Async) zone(name string) *asyncZone {
 	if z := (*a.zones.Load())[name]; z != nil {
 		return z
@@ -90,9 +96,8 @@ func (a *Async) zone(name string) *asyncZone {
 	return z
 }
 
-// SetMaxKeys caps the records the store keeps for zone (its max_keys): a
-// full shard evicts to make room, as zones.Table does. A zone created
-// before keeps its shards and takes the new cap for its next insertions.
+// SetMaxKeys caps the records the store keeps for zone (its max_keys); a
+// zone created before keeps its shards and takes the new cap.
 func (a *Async) SetMaxKeys(zone string, maxKeys int) {
 	if maxKeys <= 0 {
 		return
@@ -113,13 +118,12 @@ func (a *Async) Keys(zone string) int {
 	return z.len()
 }
 
-// len is the number of records the zone holds.
 func (z *asyncZone) len() (n int) {
 	z.eachShard(func(s *asyncShard) { n += len(s.m) + len(s.q) })
 	return n
 }
 
-// eachShard calls f with every shard of z, under the shard's lock.
+// eachShard calls f with every shard of z, locked.
 func (z *asyncZone) eachShard(f func(*asyncShard)) {
 	for i := range z.shards {
 		s := &z.shards[i]
@@ -129,7 +133,7 @@ func (z *asyncZone) eachShard(f func(*asyncShard)) {
 	}
 }
 
-// eachShard calls f with every shard of every zone, under the shard's lock.
+// eachShard calls f with every shard of every zone, locked.
 func (a *Async) eachShard(f func(*asyncZone, *asyncShard)) {
 	for _, z := range *a.zones.Load() {
 		z.eachShard(func(s *asyncShard) { f(z, s) })

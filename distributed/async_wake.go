@@ -10,14 +10,11 @@ import (
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 )
 
-// wake syncs a dormant record alone, on the request path, so that a key
-// quiet for a while gets a lease instead of a denial (a dormant record holds
-// none, and no sync looks at it): one script call, bounded by the timeout
-// and through the breaker, as in strict mode. Concurrent requests for the
-// key wait for the first one's call. A dormant record whose key was blocked
-// at its last sync is not woken before the fleet's next token: it denies
-// locally, at no cost. Called and returns with s locked; the record
-// returned is key's (another one if a reset replaced it).
+// wake syncs a dormant record alone, on the request path, so that a quiet
+// key gets a lease instead of a denial: one script call, bounded and
+// through the breaker; concurrent requests wait for it. A record blocked at
+// its last sync is not woken before the fleet's next token. Called and
+// returns with s locked; the record returned is key's now.
 func (a *Async) wake(ctx context.Context, z *asyncZone, s *asyncShard, key string, r *record, limit algorithms.Limit) (*record, error) {
 	ctx, cancel := a.bound(ctx)
 	defer cancel()
@@ -44,9 +41,8 @@ func (a *Async) wake(ctx context.Context, z *asyncZone, s *asyncShard, key strin
 		}
 		if !r.hasUnacked {
 			r.limit = limit
-			r.unacked = sent{limit: limit, allow: r.allow, pending: r.pending, reserved: r.reserved, seq: a.seq.Add(1),
-				floor: r.floor(monotime.Now()), restore: r.restore}
-			r.hasUnacked = true
+			r.unacked, r.hasUnacked = r.report(monotime.Now()), true
+			r.unacked.seq = a.seq.Add(1)
 		}
 		st := r.unacked
 		w := make(chan struct{})
@@ -66,8 +62,7 @@ func (a *Async) wake(ctx context.Context, z *asyncZone, s *asyncShard, key strin
 	}
 }
 
-// syncOne sends one report alone (a wake), bounded by ctx and through the
-// breaker of the key's master.
+// syncOne sends one report alone, through the key's breaker.
 func (a *Async) syncOne(ctx context.Context, zone, key string, st sent) (syncReply, error) {
 	rkey := a.RedisKey(zone, key)
 	b := a.breakerFor(rkey)

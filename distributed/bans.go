@@ -11,14 +11,11 @@ import (
 )
 
 // A zone's current bans, fleet-wide, for the admin list and async mode: a
-// sorted set <key_prefix><zone>.bans written only when a ban starts
-// (RecordBan) or is lifted (LiftBan), never scanned for; its layout and
-// bounds are in docs/distributed.md (Bans). The list is bookkeeping, best
-// effort: a write that fails leaves a ban out of it, never lifts one. The
-// running bans a write pushes off the list, and a ban whose write failed,
-// are reported to the zone (RecordBan's dropped), which counts and logs
-// them: in async mode, where the list is how the instances learn each
-// other's bans, they reach no other instance.
+// sorted set <key_prefix><zone>.bans written when a ban starts or is lifted
+// (docs/distributed.md, Bans). It is best effort: a failed write leaves a
+// ban out, never lifts one. Running bans pushed off the list, and a ban
+// whose write failed, go to RecordBan's dropped: in async mode they reach
+// no other instance.
 
 // banScore is a ban's score: its end in Unix ms × 64 + its level (< 64),
 // exact in a double for any end before the year 30,000.
@@ -26,12 +23,10 @@ func banScore(endMs int64, level int) float64 {
 	return float64(endMs*64 + int64(min(max(level, 0), 63)))
 }
 
-// bansKey is the sorted set of zone's bans; zone names have no '.', so it
-// is no key's state.
+// bansKey is the sorted set of zone's bans (zone names have no '.').
 func (c *link) bansKey(zone string) string { return c.opts.KeyPrefix + zone + ".bans" }
 
-// RecordBan adds key's ban, left to run, to zone's list, in the
-// background (off the request path, bounded by the timeout).
+// RecordBan adds key's ban to zone's list in the background (bounded).
 func (c *link) RecordBan(zone, key string, left, longest time.Duration, level int, dropped func(n int64)) {
 	if c.isClosed() {
 		return
@@ -88,6 +83,5 @@ func (c *link) ListBans(ctx context.Context, zone string) ([]zones.Ban, error) {
 	return out, nil
 }
 
-// SyncInterval is how often the async store syncs, and reads its zones'
-// bans.
+// SyncInterval is how often the async store syncs and reads its bans.
 func (a *Async) SyncInterval() time.Duration { return a.opts.SyncInterval }

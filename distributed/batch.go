@@ -13,25 +13,22 @@ import (
 	"github.com/caddy-tally/ratelimit/algorithms"
 )
 
-// Batching (docs/distributed.md, strict mode): each of a few workers takes
-// one queued request (blocking), then whatever else is already queued, and
-// sends them all in one round trip: an idle store adds no delay, a busy one
-// sends one round trip for up to maxBatch decisions. A batch's GCRA steps
-// are one gcra.lua call with every key, its quota steps one quota.lua call
-// (same ARGV shape), grouped by hash slot on a Cluster, one pipeline per
-// master (see send); other scripts (acquisitions) ride the same pipeline.
+// Batching (docs/distributed.md, strict mode): each worker takes one queued
+// request, then whatever else is queued, and sends them in one round trip:
+// an idle store adds no delay, a busy one sends up to maxBatch decisions
+// per round trip. A batch's GCRA steps are one gcra.lua call, its quota
+// steps one quota.lua call, per hash slot on a Cluster, one pipeline per
+// master (see send); other scripts ride the same pipeline.
 //
-// When nothing is queued and fewer than idleCallers calls are running
-// directly, a caller skips the queue and runs its script itself: that saves
-// the goroutine hand-offs, which cost as much as the round trip on a quiet
-// store (see BenchmarkStrictDecide).
+// When nothing is queued and fewer than idleCallers calls run directly, a
+// caller runs its script itself, saving the goroutine hand-offs, which cost
+// as much as the round trip on a quiet store (BenchmarkStrictDecide).
 //
 // Few calls in flight make big batches: Redis runs scripts one at a time,
-// so a call more in flight hides no latency once Redis is busy and only
-// splits the queue into smaller, dearer calls. With 2 workers and 1 idle
-// caller, 16 callers send 3.6 decisions per call instead of 2.1 (4 workers,
-// 2 idle callers), at 1.63-1.83x redis_rate's decisions/s instead of
-// 1.24-1.39x, three alternating runs of each on the same loaded machine.
+// so another call in flight hides no latency once Redis is busy. With 2
+// workers and 1 idle caller, 16 callers send 3.6 decisions per call instead
+// of 2.1 (4 workers, 2 idle callers): 1.63-1.83x redis_rate's decisions/s
+// instead of 1.24-1.39x.
 const (
 	idleCallers = 1
 	workers     = 2
@@ -39,35 +36,24 @@ const (
 	queueDepth  = 4096
 )
 
-// request is one script call waiting for a worker. Requests are pooled with
-// their reply channel and timer; a caller that gives up on its request (time
-// out, cancellation) leaves it to the garbage collector instead, since a
-// worker may still reply to it.
+// request is one script call waiting for a worker. Requests are pooled,
+// except one its caller gave up on: a worker may still reply to it.
 type request struct {
 	script   *redis.Script // gcra.lua, quota.lua, concurrency.lua's acquire; nil: PTTL (a Gather's)
 	keys     [1]string
 	args     [5]any // gcra.lua: now, T, B, cost, op; quota.lua: now, bounds, limit, cost, op
 	slot     int    // the key's hash slot (Cluster only; set by the worker)
-	raw      bool   // another script's two integers, read as they are (reply.ints; see Gather)
 	deadline time.Time
 	reply    chan reply // capacity 1: a worker never blocks on it
 	timer    *time.Timer
 }
 
-// reply answers one request: the result of its script for its key, or the
-// error that answers it. Which result depends on the script.
+// reply answers one request; which result is set depends on the script.
 type reply struct {
-	step    algorithms.Result // gcra.lua: the GCRA step, in µs (TAT not filled in)
-	quota   quotaReply        // quota.lua: the quota step
-	acquire acquireReply      // concurrency.lua: a slot's acquisition
-	ints    [2]int64          // a raw request's; a PTTL's in ints[0]
-	err     error
-}
-
-// acquireReply is concurrency.lua's answer to an acquisition.
-type acquireReply struct {
-	taken bool
-	inUse int64 // live slots held after the call
+	step  algorithms.Result // gcra.lua: the GCRA step, in µs (TAT not filled in)
+	quota quotaReply        // quota.lua: the quota step
+	ints  [2]int64          // another script's two integers; a PTTL's in ints[0]
+	err   error
 }
 
 var requests = sync.Pool{New: func() any {
@@ -76,9 +62,8 @@ var requests = sync.Pool{New: func() any {
 	return &request{reply: make(chan reply, 1), timer: t}
 }}
 
-// call runs script (gcra.lua, quota.lua, or concurrency.lua's acquire) for one key
-// through the key's breaker and the batcher, and waits at most until the
-// earlier of ctx's deadline and now+Timeout.
+// call runs script for one key through the key's breaker and the batcher,
+// and waits at most until the earlier of ctx's deadline and now+Timeout.
 func (c *link) call(ctx context.Context, script *redis.Script, key string, args [5]any) reply {
 	b := c.breakerFor(key)
 	ok, probe := b.allow()
@@ -102,14 +87,17 @@ func (c *link) call(ctx context.Context, script *redis.Script, key string, args 
 	return rep
 }
 
-// direct runs the script at once, bounded by the timeout. On an idle store
-// this saves the hand-off to a worker, which costs a goroutine wake-up.
+// direct runs the script at once, bounded by the timeout.
 func (c *link) direct(ctx context.Context, script *redis.Script, key string, args [5]any) reply {
 	ctx, cancel := c.bound(ctx)
 	defer cancel()
 	keys := [1]string{key}
 	n, parse := c.parser(script)
-	return parseOne(script.Run(ctx, c.client, keys[:], args[:]...), n, parse)
+	a, err := values(script.Run(ctx, c.client, keys[:], args[:]...), n)
+	if err != nil {
+		return reply{err: err}
+	}
+	return parse(a)
 }
 
 // parser is how script's reply reads for one key: n integers, read by parse.
@@ -120,7 +108,7 @@ func (c *link) parser(script *redis.Script) (n int, parse func([]any) reply) {
 	case c.quota:
 		return 3, parseQuotaStep
 	}
-	return 2, parseAcquire
+	return 2, parseInts
 }
 
 func (c *link) enqueue(ctx context.Context, script *redis.Script, key string, args [5]any) reply {
@@ -166,9 +154,7 @@ type batcher struct {
 }
 
 // batchCall is one script call of a batch and the requests it answers: a
-// run of GCRA steps (one gcra.lua call, 2 reply values per request) or of
-// quota steps (one quota.lua call, 3 per request), or one request of
-// another script (an acquisition).
+// run of GCRA or of quota steps, or one request of another script.
 type batchCall struct {
 	cmd  *redis.Cmd
 	reqs []*request
@@ -204,17 +190,13 @@ func (c *link) worker() {
 }
 
 // send runs b.batch in one round trip (two if Redis lost a script) and
-// replies to every request. Requests already past their deadline are
-// dropped: their callers have gone.
+// replies to every request; requests past their deadline are dropped.
 //
 // On a Cluster each master's calls go in a pipeline of their own, run
-// concurrently, and the worker does not wait for them: each master's
-// replies are delivered as they arrive, so a master that hangs (frozen,
-// partitioned) until the deadline costs only its own keys, never the
-// healthy masters' keys of the same batch nor the batches after it. The
-// goroutines are bounded by the callers waiting (one request each) and
-// each ends by its requests' latest deadline; once the hung master's
-// breaker opens its keys are not even queued.
+// concurrently, not waited for: a master that hangs until the deadline
+// costs only its own keys, never the healthy masters' keys of the same
+// batch nor later batches. The goroutines are bounded by the callers
+// waiting and each ends by its requests' latest deadline.
 func (c *link) send(b *batcher) {
 	now := time.Now()
 	live := b.batch[:0]
@@ -231,8 +213,7 @@ func (c *link) send(b *batcher) {
 		return
 	}
 
-	// GCRA steps first, then quota steps (each grouped by slot on
-	// Cluster), then the others.
+	// GCRA steps, then quota steps (by slot on a Cluster), then the others.
 	calls := b.calls[:0]
 	n := 0
 	for _, script := range [2]*redis.Script{c.gcra, c.quota} {
@@ -291,11 +272,10 @@ type masterCalls struct {
 	latest time.Time
 }
 
-// sendByMaster queues each master's calls in a pipeline of their own and
-// runs the pipelines concurrently (see send). The calls' requests are
-// copied out of b, which the worker reuses at once. Finding a key's master
-// reads the client's slot map; only a client that never had one asks a
-// node for it, bounded by the batch's latest deadline.
+// sendByMaster runs each master's calls in a pipeline of their own,
+// concurrently (see send). The requests are copied out of b, which the
+// worker reuses at once. Only a client that never had a slot map asks a
+// node for one, bounded by the batch's latest deadline.
 func (c *link) sendByMaster(b *batcher, calls []batchCall, latest time.Time) {
 	lookup, cancel := context.WithDeadline(c.ctx, latest)
 	defer cancel()
@@ -333,9 +313,9 @@ func (c *link) sendByMaster(b *batcher, calls []batchCall, latest time.Time) {
 	}
 }
 
-// finish retries with EVAL the calls whose script Redis lost (NOSCRIPT),
-// in one pipeline, and replies to every request of calls. b's buffers
-// build the retries; nil makes new ones, only if one is needed.
+// finish retries with EVAL, in one pipeline, the calls whose script Redis
+// lost, and replies to every request of calls. b's buffers build the
+// retries (nil: new ones, if needed).
 func (c *link) finish(ctx context.Context, b *batcher, calls []batchCall) {
 	var pipe redis.Pipeliner
 	for i := range calls {
@@ -354,25 +334,26 @@ func (c *link) finish(ctx context.Context, b *batcher, calls []batchCall) {
 	}
 
 	for _, call := range calls {
-		r := call.reqs[0]
-		n, parse := c.parser(r.script)
-		switch {
-		case r.script == nil: // a PTTL, alone in its call
+		if r := call.reqs[0]; r.script == nil { // a PTTL, alone in its call
 			v, err := call.cmd.Int64()
 			r.reply <- reply{ints: [2]int64{v}, err: err}
 			continue
-		case r.raw: // alone in its call
-			n, parse = 2, parseInts
 		}
-		parseReplies(call.cmd, call.reqs, n, parse)
+		n, parse := c.parser(call.reqs[0].script)
+		a, err := values(call.cmd, n*len(call.reqs))
+		for i, r := range call.reqs {
+			if err != nil {
+				r.reply <- reply{err: err}
+			} else {
+				r.reply <- parse(a[n*i : n*i+n])
+			}
+		}
 	}
 }
 
-// eval adds c's script call to cmdable: EVALSHA, or EVAL when Redis lost
-// the script, or a request's PTTL when it has no script. A batched call's
-// ARGV is the shared now (Redis TIME: every batched request leaves it "")
-// and each request's four arguments (GCRA: T, B, cost and op; quota:
-// bounds, limit, cost and op).
+// eval adds c's call to cmdable: EVALSHA, EVAL (full, when Redis lost the
+// script), or PTTL for a request with no script. A batched call's ARGV is
+// the shared now ("": Redis TIME) and each request's four arguments.
 func (b *batcher) eval(ctx context.Context, cmdable interface {
 	redis.Scripter
 	Do(ctx context.Context, args ...any) *redis.Cmd
@@ -397,40 +378,22 @@ func (b *batcher) eval(ctx context.Context, cmdable interface {
 	return r.script.EvalSha(ctx, cmdable, keys, argv...)
 }
 
-// parseOne reads a reply of n integers with parse.
-func parseOne(c *redis.Cmd, n int, parse func([]any) reply) reply {
-	v, err := c.Result()
+// values reads cmd's reply, a flat array of want values: every script's
+// reply for a batch of keys, a fixed number per key in order (see parser).
+// An error (Redis's, or a bad reply) answers every key of the call.
+func values(cmd *redis.Cmd, want int) ([]any, error) {
+	v, err := cmd.Result()
 	if err != nil {
-		return reply{err: err}
+		return nil, err
 	}
 	a, ok := v.([]any)
-	if !ok || len(a) != n {
-		return reply{err: errBadReply}
+	if !ok || len(a) != want {
+		return nil, errBadReply
 	}
-	return parse(a)
+	return a, nil
 }
 
-// parseReplies answers reqs from one call's reply: n integers each (see
-// parser), in order, read by parse. An error (Redis's,
-// or a bad reply) answers every request.
-func parseReplies(c *redis.Cmd, reqs []*request, n int, parse func([]any) reply) {
-	v, err := c.Result()
-	a, ok := v.([]any)
-	if err == nil && (!ok || len(a) != n*len(reqs)) {
-		err = errBadReply
-	}
-	for i, r := range reqs {
-		if err != nil {
-			r.reply <- reply{err: err}
-			continue
-		}
-		r.reply <- parse(a[n*i : n*i+n])
-	}
-}
-
-// parseStep reads one key's {r, reset} of gcra.lua: r >= 0 is allowed with
-// r remaining, r < 0 denied with a retry time of -r; a reset of -1 or -2
-// reports a foreign value deleted.
+// parseStep reads one key's {r, reset} of gcra.lua (see its header).
 func parseStep(a []any) reply {
 	r, ok := a[0].(int64)
 	reset, ok2 := a[1].(int64)
@@ -447,17 +410,8 @@ func parseStep(a []any) reply {
 	return reply{step: algorithms.Result{Allowed: true, Remaining: r, ResetAfter: reset}}
 }
 
-// parseAcquire reads concurrency.lua's {taken, in use} of an acquisition.
-func parseAcquire(a []any) reply {
-	taken, ok := a[0].(int64)
-	n, ok2 := a[1].(int64)
-	if !ok || !ok2 {
-		return reply{err: errBadReply}
-	}
-	return reply{acquire: acquireReply{taken: taken == 1, inUse: n}}
-}
-
-// parseInts reads a raw request's two integers.
+// parseInts reads another script's two integers (concurrency.lua's
+// acquisition: {taken, in use}).
 func parseInts(a []any) reply {
 	x, ok := a[0].(int64)
 	y, ok2 := a[1].(int64)
@@ -479,9 +433,8 @@ const (
 	errForeignValue = scriptError("TALLYFOREIGN a value that is not a TAT was at a tally key; deleted")
 )
 
-// hashSlot is Redis Cluster's slot of key: CRC16 (XMODEM) of the key, or of
-// its hash tag (the part between the first '{' and the next '}', if not
-// empty), mod 16384.
+// hashSlot is Redis Cluster's slot of key: CRC16 (XMODEM) of the key, or
+// of its non-empty hash tag, mod 16384.
 func hashSlot(key string) int {
 	if i := strings.IndexByte(key, '{'); i >= 0 {
 		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {

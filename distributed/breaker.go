@@ -33,17 +33,12 @@ const (
 // breaker stops an outage from costing every request its full timeout. An
 // outage starts at the warnAfter-th consecutive failed call (the breaker
 // opens at the tripAfter-th) and ends at the next success: one WARN at its
-// start and one INFO at its end, never per request.
-//
-// The closed state, which is the hot path, costs one atomic load per call and
-// one atomic store per success after a failure.
+// start and one INFO at its end, never per request. Closed (the hot path),
+// it costs one atomic load per call.
 type breaker struct {
 	state    atomic.Int32
 	failures atomic.Int32 // consecutive, while closed
-	// refused: the last failure was Redis refusing the command to tally's
-	// user (see refusedToUser), which a heartbeat's success does not
-	// disprove (see recordBeat).
-	refused atomic.Bool
+	refused  atomic.Bool  // the last failure was refusedToUser (see recordBeat)
 
 	mu        sync.Mutex
 	retryAt   time.Time // when open: the earliest probe
@@ -54,16 +49,13 @@ type breaker struct {
 	redis  string // redacted address, for the log lines
 
 	// On a Cluster: the master this breaker is for, a key it served (to
-	// tell when its slots have moved), and what to do on a failure or a
-	// refused call (reload the slot map).
+	// tell when its slots have moved), and onFailure (reload the slot map).
 	node, sample string
 	onFailure    func()
-	// hint, when set, adds a likely cause to the outage's WARN line.
-	hint func(error) string
-	// master, when set (Sentinel), is the address of the master the
-	// client last connected to: the WARN line names the master that went
-	// away, the INFO line the one that answered again (after a failover,
-	// the promoted replica). downMaster is the first, kept for Outages.
+	hint         func(error) string // a likely cause for the WARN line
+	// master (Sentinel) is the master the client last connected to: the
+	// WARN line names the one that went away (downMaster, for Outages),
+	// the INFO line the one that answered again.
 	master     func() string
 	downMaster string
 }
@@ -92,11 +84,11 @@ func (b *breaker) allow() (ok, probe bool) {
 // prove Redis answered (a script error, a wrong type) count as successes.
 func (b *breaker) record(probe bool, err error) {
 	failed := err != nil && unreachable(err)
-	if failed && b.onFailure != nil {
-		b.onFailure()
-	}
 	if failed {
 		b.refused.Store(refusedToUser(err))
+		if b.onFailure != nil {
+			b.onFailure()
+		}
 	}
 	if probe && errors.Is(err, context.Canceled) {
 		// The probe's caller gave up (or the store is closing): no verdict.
@@ -172,14 +164,11 @@ func (b *breaker) record(probe bool, err error) {
 }
 
 // recordBeat feeds the outcome of a heartbeat that allow let through. A
-// failed beat counts like any call. A beat that succeeds proves that Redis
-// answers, and ends an outage of no answer (so that Health recovers without
-// traffic), but not that Redis runs tally's other commands: while the
-// failing calls are refused to tally's user (an ACL user without SET, which
-// the beat does not use), its success neither resets the count toward the
-// outage nor, as the probe, closes the breaker; the next call probes. Were
-// it otherwise, each beat would end the outage and the next calls would
-// start another: a WARN and an INFO line a second instead of one WARN.
+// beat that succeeds ends an outage of no answer (Health recovers without
+// traffic), but not one of calls refused to tally's ACL user (the beat
+// uses other commands): then it neither resets the failure count nor, as
+// the probe, closes the breaker, or each beat would end the outage and the
+// next calls start another (a WARN and an INFO line a second).
 func (b *breaker) recordBeat(probe bool, err error) {
 	if err == nil && b.refused.Load() && (probe || b.failures.Load() != 0) {
 		if probe {
@@ -200,9 +189,8 @@ func (b *breaker) probeAgain() {
 }
 
 // outage reports whether calls are failing (an outage is logged) and the
-// outage, what the admin API shows: its node is the Cluster master b is
-// for, or the master a Sentinel setting was connected to when it began.
-// health, by contrast, is the breaker's state alone.
+// outage for the admin API: its node is b's Cluster master, or the master
+// a Sentinel setting was connected to when it began.
 func (b *breaker) outage() (NodeOutage, bool) {
 	if b.state.Load() == stateClosed && b.failures.Load() < warnAfter {
 		return NodeOutage{}, false
@@ -225,10 +213,9 @@ func (b *breaker) health() (bool, time.Time) {
 	return false, b.openSince
 }
 
-// gates lets a background pipeline over many keys (an async sync, slot
-// renewals and releases) through their breakers: one allow and one record
-// per breaker (the store's, or on a Cluster each master's) and round, as
-// if each master's share were one call.
+// gates lets a background pipeline over many keys through their breakers:
+// one allow and one record per breaker and round, as if each master's
+// share were one call.
 type gates []*gate
 
 type gate struct {
@@ -279,8 +266,7 @@ func (gs gates) record() {
 	}
 }
 
-// isTimeout reports whether err is a network timeout (a pipeline Redis did
-// not answer in time).
+// isTimeout reports whether err is a network timeout.
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
@@ -321,15 +307,12 @@ func refusedToUser(err error) bool {
 	return strings.HasPrefix(msg, "NOPERM") || strings.HasPrefix(msg, "ERR The user executing the script can't run")
 }
 
-// On Redis Cluster a dead master must cost only the keys whose slots it
-// serves: one breaker per master, found through the client's slot map, so
-// that keys on healthy masters never see the fail policy while one is down.
-// A failure, or a call refused by an open breaker, asks the client to reload
-// the slot map (at most every reloadEvery): once the cluster has promoted a
-// replica, the slots map to the new master, whose breaker is closed, and
-// decisions go back to Redis without waiting for a probe of the dead node.
-// The dead node's breaker is then retired (logged once) and no longer
-// counts in Health.
+// On Redis Cluster a dead master costs only the keys whose slots it
+// serves: one breaker per master, found through the client's slot map. A
+// failure, or a call refused by an open breaker, reloads the slot map (at
+// most every reloadEvery): once a replica is promoted, its slots map to the
+// new master, whose breaker is closed, without waiting for a probe of the
+// dead node, whose breaker is retired (logged once).
 const reloadEvery = 100 * time.Millisecond
 
 type nodeBreakers struct {
@@ -337,17 +320,15 @@ type nodeBreakers struct {
 	// unmapped covers calls made before the client has a slot map, so that
 	// a cluster unreachable from the start is not asked for one per call.
 	unmapped breaker
-	// nodes maps master addresses to breakers; copied on write (a new
-	// master, a retired one), so the lookup per call takes no lock and
-	// allocates nothing.
+	// nodes maps master addresses to breakers, copied on write: the
+	// lookup per call takes no lock and allocates nothing.
 	nodes      atomic.Pointer[map[string]*breaker]
 	nodesMu    sync.Mutex   // serialises writers of nodes
-	lastReload atomic.Int64 // unix nanoseconds of the last reload asked for
-	store      *breaker     // the store's, whose logger, address and hint every node's shares
+	lastReload atomic.Int64 // unix ns
+	store      *breaker     // whose logger, address and hint every node's shares
 }
 
-// init sets the breakers up for client, which is a Cluster client or not,
-// logging like the store's breaker.
+// init sets the breakers up for client, logging like store.
 func (n *nodeBreakers) init(client redis.UniversalClient, store *breaker) {
 	n.cluster, _ = client.(*redis.ClusterClient)
 	n.store = store
@@ -356,7 +337,7 @@ func (n *nodeBreakers) init(client redis.UniversalClient, store *breaker) {
 }
 
 // breakerFor returns the breaker of the Cluster master serving key, or
-// store (the store-wide breaker) when not on a Cluster.
+// store off a Cluster.
 func (n *nodeBreakers) breakerFor(ctx context.Context, key string, store *breaker) *breaker {
 	if n.cluster == nil {
 		return store
@@ -364,7 +345,6 @@ func (n *nodeBreakers) breakerFor(ctx context.Context, key string, store *breake
 	if n.unmapped.state.Load() != stateClosed {
 		return &n.unmapped
 	}
-	// The slot map is cached by the client: no round trip, no allocation.
 	c, err := n.cluster.MasterForKey(ctx, key)
 	if err != nil {
 		return &n.unmapped
@@ -391,8 +371,8 @@ func (n *nodeBreakers) breakerFor(ctx context.Context, key string, store *breake
 	return b
 }
 
-// reload asks the Cluster client to reload its slot map in the background,
-// unless it was asked less than reloadEvery ago.
+// reload reloads the Cluster's slot map in the background, at most every
+// reloadEvery.
 func (n *nodeBreakers) reload() {
 	if n.cluster == nil {
 		return
@@ -405,9 +385,8 @@ func (n *nodeBreakers) reload() {
 	n.cluster.ReloadState(context.Background())
 }
 
-// retire forgets the breakers of nodes that no longer serve the slots they
-// were created for (a replica was promoted in their place), logging that
-// once, and returns the outages of the masters still in use.
+// retire forgets, logging it once, the breakers of nodes that no longer
+// serve their slots, and returns the outages of the masters still in use.
 func (n *nodeBreakers) retire(ctx context.Context) (down []NodeOutage) {
 	if n.cluster == nil {
 		return nil
@@ -439,8 +418,7 @@ func (n *nodeBreakers) retire(ctx context.Context) (down []NodeOutage) {
 	return down
 }
 
-// drop removes b, the breaker of addr, and reports whether this call did
-// (a concurrent retire may have).
+// drop removes b, the breaker of addr, unless a concurrent retire did.
 func (n *nodeBreakers) drop(addr string, b *breaker) bool {
 	n.nodesMu.Lock()
 	defer n.nodesMu.Unlock()
@@ -465,10 +443,9 @@ type NodeOutage struct {
 	Open  bool
 }
 
-// masterDials records the address each new connection of a Sentinel
-// setting's client reached: go-redis asks the Sentinels where the master is
-// before each dial, and a hook on the client sees its connections only,
-// not those to the Sentinels. The breaker's lines name it.
+// masterDials records the master each new connection of a Sentinel
+// setting's client reached (a hook on the client sees none of the
+// Sentinels'), for the breaker's lines.
 type masterDials struct{ addr atomic.Pointer[string] }
 
 func (m *masterDials) last() string {
@@ -478,7 +455,6 @@ func (m *masterDials) last() string {
 	return ""
 }
 
-// DialHook records the remote address of each connection made.
 func (m *masterDials) DialHook(next redis.DialHook) redis.DialHook {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := next(ctx, network, addr)
@@ -491,10 +467,8 @@ func (m *masterDials) DialHook(next redis.DialHook) redis.DialHook {
 	}
 }
 
-// ProcessHook leaves commands alone.
 func (*masterDials) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
 
-// ProcessPipelineHook leaves pipelines alone.
 func (*masterDials) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }

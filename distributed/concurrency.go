@@ -46,7 +46,7 @@ type pendingRelease struct {
 	expires time.Time
 }
 
-// renewNow makes the loop renew every slot held at once.
+// renewNow makes the loop renew every slot held now.
 func (sl *slots) renewNow() {
 	sl.now.Store(true)
 	sl.poke()
@@ -60,11 +60,10 @@ func (sl *slots) poke() {
 }
 
 // Acquire takes a slot of key in zone when fewer than limit live slots are
-// held (zones.Slots). It is one script call, batched with the store's
-// other calls, bounded by the timeout and through the breaker. A call that
-// timed out may still have taken its slot in Redis: it is released like any
-// other (and if the release overtakes the script, the slot, never renewed,
-// ends with its lease).
+// held (zones.Slots): one batched script call. A call that timed out may
+// still have taken its slot: it is released like any other (and if the
+// release overtakes the script, the slot, never renewed, ends with its
+// lease).
 func (c *link) Acquire(ctx context.Context, zone, key string, limit int64, lease time.Duration) (string, int64, error) {
 	if c.isClosed() {
 		return "", 0, ErrClosed
@@ -72,8 +71,8 @@ func (c *link) Acquire(ctx context.Context, zone, key string, limit int64, lease
 	sl := &c.slots
 	slot := heldSlot{rkey: c.slotsKey(zone, key), id: c.instanceID + ":" + strconv.FormatUint(sl.seq.Add(1), 36)}
 
-	// Where the instances set lives on the key's server, an acquisition
-	// checks Redis did not lose its data since this instance's last beat.
+	// Where the instances set lives on the key's server, check Redis did
+	// not lose its data since this instance's last beat.
 	checkLoss := ""
 	if !c.cluster && c.beatRecently() {
 		checkLoss = c.opts.KeyPrefix
@@ -86,8 +85,8 @@ func (c *link) Acquire(ctx context.Context, zone, key string, limit int64, lease
 		}
 		return "", 0, err
 	}
-	if !rep.acquire.taken {
-		return "", rep.acquire.inUse, nil
+	if taken, inUse := rep.ints[0] == 1, rep.ints[1]; !taken {
+		return "", inUse, nil
 	}
 	sl.mu.Lock()
 	sl.held[slot] = heldLease{limit: limit, lease: lease, expires: start.Add(lease)}
@@ -99,11 +98,10 @@ func (c *link) Acquire(ctx context.Context, zone, key string, limit int64, lease
 	if shorter {
 		sl.poke()
 	}
-	return slot.id, rep.acquire.inUse, nil
+	return slot.id, rep.ints[1], nil
 }
 
-// Release frees a slot Acquire returned (zones.Slots) without waiting:
-// the background loop removes it from Redis.
+// Release frees a slot (zones.Slots); the background loop removes it.
 func (c *link) Release(zone, key, id string) {
 	slot := heldSlot{rkey: c.slotsKey(zone, key), id: id}
 	c.slots.mu.Lock()
@@ -122,10 +120,9 @@ func (sl *slots) release(slot heldSlot, expires time.Time) {
 	sl.poke()
 }
 
-// Slots returns the live slots held for key in zone, by every instance
-// (zones.Slots). It is for the admin API.
+// Slots returns the live slots held for key in zone (zones.Slots).
 func (c *link) Slots(ctx context.Context, zone, key string) (int64, error) {
-	v, err := c.ints(ctx, concurrencyScript, c.slotsKey(zone, key), 2, "p")
+	v, err := c.ints(ctx, concurrencyScript, c.slotsKey(zone, key), "p")
 	if err != nil {
 		return 0, err
 	}
@@ -187,9 +184,8 @@ type renewGroup struct {
 	limit int64
 }
 
-// renew extends the lease of every slot this instance holds: one script call
-// per key, all in one pipeline. When none is held, the renewal period resets
-// so that it follows the leases of the slots taken next.
+// renew extends the lease of every slot this instance holds, one script
+// call per key in one pipeline. With none held, the renewal period resets.
 func (c *link) renew() {
 	sl := &c.slots
 	sl.mu.Lock()
@@ -208,10 +204,8 @@ func (c *link) renew() {
 	}
 	sl.mu.Unlock()
 
-	// Each Cluster master's breaker decides for its keys (one allow and
-	// one record per breaker and round): a dead master must not stop the
-	// renewal of slots on the others, whose leases would end under
-	// requests still running.
+	// A dead Cluster master must not stop the renewal on the others,
+	// whose leases would end under requests still running.
 	var gs gates
 	for g := range groups {
 		if !gs.get(c.breakerFor(g.rkey)).ok {
@@ -262,9 +256,8 @@ func (c *link) renew() {
 	sl.mu.Unlock()
 }
 
-// sendReleases removes the released slots from Redis, one ZREM each in one
-// pipeline. Those Redis did not take are kept for the next try, unless their
-// lease has ended by then.
+// sendReleases removes the released slots from Redis in one pipeline;
+// those that failed are tried again until their lease ends.
 func (c *link) sendReleases(ctx context.Context) {
 	sl := &c.slots
 	sl.mu.Lock()

@@ -22,8 +22,7 @@
 --       running is counted again; without room it stays gone.
 --   "p" peek -> {0, slots in use}
 --
--- Every reply is two integers. Acquisitions ride the store's batched
--- pipelines beside gcra.lua's calls, one call each.
+-- Every reply is two integers.
 
 local key = KEYS[1]
 local op = ARGV[1]

@@ -1,9 +1,7 @@
 // Package distributed is tally's Redis store: the state every Caddy
 // instance of a fleet decides against, and the concurrency slots they
-// share. A zone (package zones) uses a store through zones.Store, one
-// operation per zone kind with the step as data, reads once what else the
-// store offers (zones.Offers), and applies its fail policy to any error the
-// store returns.
+// share. A zone uses it through zones.Store and zones.Offers, and applies
+// its fail policy to any error the store returns.
 //
 // A store works in one of two modes:
 //   - strict (Strict, Open): every decision is a step of one Lua script in
@@ -16,19 +14,13 @@
 //     lifetime L (30 sync intervals) and N instances, the fleet admits over
 //     any interval of length d at most B + ⌊(d + L)/T⌋ + (N−1)·max(1, ⌊B/N⌋).
 //
-// Both hold the same kind of connection to one Redis setting (standalone,
-// Sentinel or Cluster; link.go): the client, the breakers (one per Cluster
-// master: 2 consecutive failures are an outage, logged once and shown by
-// Outages; after 5 consecutive failures calls fail at once with
-// ErrUnavailable for a second, then one probe), the batcher, the heartbeat
-// that counts live instances, the resets channel and the concurrency slots.
-// Every call returns within Options.Timeout, queueing included. One store
-// per setting is shared by every handler of a Caddy process (Options.Key)
-// and survives reloads. Every key the store writes expires on its own;
-// each script's header gives its keys' layout.
-//
-// The long story (leases, the bound's proof, dormant keys, failures,
-// calendar quotas, bans, slots, resets) is in DESIGN.md §4,
+// Both hold a link to one Redis setting (standalone, Sentinel or Cluster):
+// the client, the breakers (one per Cluster master), the batcher, the
+// heartbeat, the resets channel and the concurrency slots. Every call
+// returns within Options.Timeout, queueing included. One store per setting
+// is shared by every handler of a process (Options.Key) and survives
+// reloads. Every key the store writes expires on its own; each script's
+// header gives its keys' layout. The long story is in DESIGN.md §4,
 // docs/distributed.md and docs/async.md.
 //
 // # Where things are

@@ -10,12 +10,9 @@ import (
 
 // A Gather sends the peeks of one read that spans zones (the
 // rate_limit_status handler) in one round trip per Redis: each of its
-// callers, run concurrently, parks its peek (a gcra.lua or quota.lua step,
-// which the batcher groups, another script's read: link.ints, or a rate
-// key's PTTL: link.pttl) until every caller has parked one or finished,
-// and the last to arrive sends them all as one batch, the batcher's (see
-// send). A caller's later peeks, and its other calls, go as without a
-// Gather.
+// concurrent callers parks its first peek until every caller has parked
+// one or finished, and the last to arrive sends them all as one batch. A
+// caller's later peeks and other calls go as without a Gather.
 type Gather struct {
 	mu      sync.Mutex
 	waiting int // callers neither parked nor finished
@@ -27,7 +24,6 @@ type parkedPeek struct {
 	r *request
 }
 
-// gatherCaller is one caller of a Gather, in its context.
 type gatherCaller struct {
 	g       *Gather
 	arrived bool // parked a peek, or finished; under g.mu
@@ -39,8 +35,8 @@ type gatherKey struct{}
 func NewGather(n int) *Gather { return &Gather{waiting: n} }
 
 // Caller returns the context one of g's callers passes to its store calls,
-// and the func it calls when it has finished. Every one of g's n callers
-// must call Caller once and its func once.
+// and the func it calls when finished. Each of g's n callers must call
+// both once.
 func (g *Gather) Caller(ctx context.Context) (context.Context, func()) {
 	gc := &gatherCaller{g: g}
 	return context.WithValue(ctx, gatherKey{}, gc), func() {
@@ -49,8 +45,8 @@ func (g *Gather) Caller(ctx context.Context) (context.Context, func()) {
 	}
 }
 
-// arrive counts gc in, with its peek p if any (taken: p is parked), and
-// returns all the parked peeks, to send, when gc was the last.
+// arrive counts gc in, parking its peek p if any (taken), and returns all
+// the parked peeks when gc was the last.
 func (g *Gather) arrive(gc *gatherCaller, p parkedPeek) (all []parkedPeek, taken bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -90,16 +86,16 @@ func send(parked []parkedPeek) {
 }
 
 // gathered runs a peek of script for key through ctx's Gather, if it has
-// one that still waits for this caller's; ok is false otherwise. A raw
-// peek is another script's (not gcra.lua's or quota.lua's), or with a nil
-// script a PTTL, which goes in a call of its own in the batch's pipeline
-// and replies two integers (reply.ints), one for a PTTL.
-func (c *link) gathered(ctx context.Context, script *redis.Script, key string, args [5]any, raw bool) (rep reply, ok bool) {
+// one that still waits for this caller's; ok is false otherwise. Another
+// script's peek (not gcra.lua's or quota.lua's), or with a nil script a
+// PTTL, goes in a call of its own in the batch's pipeline and replies two
+// integers (reply.ints), one for a PTTL.
+func (c *link) gathered(ctx context.Context, script *redis.Script, key string, args [5]any) (rep reply, ok bool) {
 	gc, _ := ctx.Value(gatherKey{}).(*gatherCaller)
 	if gc == nil {
 		return reply{}, false
 	}
-	r := &request{script: script, keys: [1]string{key}, args: args, raw: raw, reply: make(chan reply, 1)}
+	r := &request{script: script, keys: [1]string{key}, args: args, reply: make(chan reply, 1)}
 	if d, has := ctx.Deadline(); has {
 		r.deadline = d
 	}

@@ -1,72 +1,55 @@
 -- GCRA steps on any number of keys, atomically: the Lua twin of
--- algorithms.Limit (Decide, Refund, Peek, Charge). tests/store_test.go runs
--- both on the same table of cases, one key per call and all in one call, and
--- requires identical results, stored TAT and TTL.
+-- algorithms.Limit (Decide, Refund, Peek, Charge). tests/store_test.go
+-- requires identical results, stored TAT and TTL of both.
 --
--- One call decides a whole batch: one dispatch, one TIME, one reply. On
--- Redis Cluster every key of a call is in one hash slot (the batcher groups
--- them so). A key may appear more than once; its steps apply in order.
+-- One call decides a whole batch (one TIME, one reply), of one hash slot on
+-- a Cluster. A key may appear more than once; its steps apply in order.
 --
 -- KEYS[i]        the i-th key; its value is the TAT in integer microseconds
 -- ARGV[1]        now in microseconds, or "" to use Redis TIME (production:
---                the server's clock is the only clock, so instances need
---                not agree)
+--                the server's clock is the only clock)
 -- ARGV[4i-2..4i+1]  the i-th key's step:
 --   T     emission interval in microseconds (>= 1)
 --   B     burst in units of cost (>= 1)
 --   cost
 --   op    "d" decide, "r" refund, "p" peek, "c" charge (after the
---         response: the TAT moves on by cost*T whatever the burst, and the
---         key is reported as peek would report it afterwards)
+--         response: the TAT moves on by cost*T whatever the burst; reported
+--         as a peek afterwards)
 --         "b<first>,<max>" decide and "B<first>,<max>" peek (a
---         post-charged check) in a zone with ban: a key banned is denied
+--         post-charged check) in a zone with ban: a banned key is denied
 --         until the ban's end without a step; a key the step denies is
---         banned from now for first µs, escalating (max > first) to
---         first·2^(level-1), at most max, while the key is remembered from
---         its last ban (until max µs after that ban's end); "P0,0" is a
---         peek that reports a ban as the ban ops do and starts none
+--         banned for first µs, escalating (max > first) to
+--         first·2^(level-1), at most max, while the key is remembered (until
+--         max µs after its last ban's end); "P0,0" is a peek that reports a
+--         ban as the ban ops do and starts none
 --         "w<ahead>" decide in a zone with delay: a request the step would
 --         deny whose allow time is at most ahead µs away is admitted for
---         later, its slot reserved (the TAT moves as for any admission),
---         reported as allowed with 0 remaining; its wait is reset − B·T
+--         later, its slot reserved, reported as allowed with 0 remaining;
+--         its wait is reset − B·T
 --         "b<first>,<max>,<ahead>" the ban decide of a zone with delay too
 --
--- A key with a ban holds "TAT,ban end,remembered until,level" (µs, the TAT
--- 0 when it has none) instead of "TAT", with a TTL that reaches the later
--- of its TAT and the end of what is remembered (the ban's end without
--- escalation); every op keeps the ban as it writes the TAT.
+-- A key with a ban holds "TAT,ban end,remembered until,level" (µs, TAT 0
+-- for none), with a TTL that reaches the later of its TAT and the end of
+-- what is remembered; every op keeps the ban as it writes the TAT.
 --
 -- Returns 2 integers per key, flat: {r, reset_after_us}. r >= 0: allowed,
--- with r remaining (a refund: 0); r < 0: denied, retry after -r µs (a
--- denial always has a retry time > 0, an allowed step none). reset is -1
--- when the key held a value of another type and -2 when it held a string
+-- with r remaining (a refund: 0); r < 0: denied, retry after -r µs (> 0).
+-- reset is -1 when the key held a value of another type and -2 a string
 -- that is not a TAT: a value tally did not write, deleted instead of
--- decided on (left alone it would deny the key forever or, read as 0, admit
--- it forever, with no TTL). The next step starts the key fresh. Reporting
--- it per key keeps one planted value from failing the other keys of the
--- batch.
--- A ban op's denial of a banned key has reset = -(8 + 2·level + started),
--- started 1 when this step started the ban: its retry is at least the
--- ban's remaining time.
+-- decided on (it would deny the key forever or admit it forever, with no
+-- TTL), an error for that key alone. A ban op's denial of a banned key has
+-- reset = -(8 + 2·level + started), started 1 when this step started the
+-- ban: its retry is at least the ban's remaining time.
 
--- How it is written (the interface above is all a caller needs):
+-- Lua numbers are doubles: µs since the epoch and every sum stay under
+-- 2^53, so values are exact integers; divisions are floored and corrected
+-- by one. Numbers are written with '%d' (redis.call's '%.17g' is slower).
 --
--- Lua numbers are doubles. Microseconds since the epoch and every sum below
--- stay under 2^53, so all values are exact integers; divisions are floored
--- and then corrected by one, which makes them exact. Numbers are written
--- with '%d': a number passed to redis.call is formatted with '%.17g' (exact,
--- but slower in Redis 7.0 than Lua's own '%d').
---
--- Its shape is for what Redis runs, counted in instructions (valgrind
--- --tool=callgrind on redis-server 7.0): one key per call costs 58.0k
--- (go-redis/redis_rate's script: 63.8k), 16 keys per call 27.5k per key (a
--- bare GET and SET ... PX per key: 22.1k). So: one loop and no local
--- functions (each closure, made anew on every call, costs about 1.5k); a
--- batch's keys mostly share a limit, so a limit is parsed (strtod) only
--- when its string differs from the previous key's (interned strings:
--- comparing is free); a TTL is formatted only when it differs from the last
--- one written; the reply table starts sized for one key, and holds two
--- integers per key (four cost 4% more).
+-- Its shape is for what Redis runs (callgrind on redis-server 7.0: one key
+-- per call 58.0k instructions, redis_rate's 63.8k; 16 keys 27.5k per key):
+-- one loop and no local functions (a closure costs about 1.5k per call);
+-- a limit parsed only when its string differs from the previous key's
+-- (interned: comparing is free); a TTL formatted only when it changes.
 
 local floor, format, tonumber, match, byte, sub = math.floor, string.format, tonumber, string.match, string.byte, string.sub
 

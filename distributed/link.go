@@ -11,10 +11,8 @@ import (
 	"go.uber.org/zap"
 )
 
-// link is one Redis setting as a store of either mode uses it: the client,
-// its breakers (one per master on a Cluster), the batcher, the heartbeat,
-// resets and concurrency slots. Strict and Async each hold one;
-// nothing in it depends on the mode but what the mode hands to start.
+// link is one Redis setting as a store of either mode uses it; nothing in
+// it depends on the mode but what the mode hands to start.
 type link struct {
 	opts    Options
 	client  redis.UniversalClient
@@ -22,9 +20,8 @@ type link struct {
 	quota   *redis.Script // quota.lua: its quota steps
 	cluster bool          // a batch's GCRA steps go in one call per hash slot
 	logger  *zap.Logger
-	// breaker guards the whole setting: on one server or Sentinel every
-	// call; on a Cluster only calls about no key. A call about a key goes
-	// through breakerFor(its Redis key).
+	// breaker guards the whole setting; on a Cluster only calls about no
+	// key (see breakerFor).
 	breaker breaker
 	nodes   nodeBreakers // on a Cluster, one breaker per master (breaker.go)
 
@@ -50,10 +47,9 @@ type link struct {
 	wg        sync.WaitGroup
 }
 
-// newConn sets up the connection for opts without contacting Redis (Caddy
-// must start during a Redis outage, and the zones' fail policy covers it)
-// and without starting anything: start does. Errors (bad addresses) never
-// contain a password.
+// newLink sets up the connection for opts without contacting Redis (Caddy
+// must start during an outage) or starting anything. Errors never contain
+// a password.
 func newLink(opts Options, logger *zap.Logger) (*link, error) {
 	opts = opts.withDefaults()
 	uopts, err := opts.universalOptions()
@@ -93,8 +89,7 @@ func newLink(opts Options, logger *zap.Logger) (*link, error) {
 	return c, nil
 }
 
-// start starts the batcher's workers, the heartbeat, the slot loop and the
-// resets subscriber, for a store whose mode keeps mode.
+// start starts the workers and loops for a store whose mode keeps mode.
 func (c *link) start(mode modeState) {
 	c.mode = mode
 	c.register()
@@ -108,9 +103,9 @@ func (c *link) start(mode modeState) {
 	go c.subscribeLoop(c.pubsub)
 }
 
-// Close stops the workers and the heartbeat, removes this instance from the
-// instances set (best effort, bounded by the timeout) and closes the client.
-// Calls made after Close return ErrClosed. Async.Close syncs first.
+// Close stops the workers and loops, removes this instance from the
+// instances set (best effort, bounded) and closes the client; later calls
+// return ErrClosed.
 func (c *link) Close() error {
 	var err error
 	c.closeOnce.Do(func() {
@@ -130,9 +125,9 @@ func (c *link) Close() error {
 
 func (c *link) isClosed() bool { return c.ctx.Err() != nil }
 
-// Health reports whether Redis is considered reachable and, when it is not,
-// since when (the earliest outage began then). On a Cluster it is
-// false while any master serving slots is unreachable; Outages says which.
+// Health reports whether Redis is reachable and, if not, since when the
+// earliest outage began; on a Cluster false while any master serving
+// slots is unreachable (Outages says which).
 func (c *link) Health() (ok bool, openSince time.Time) {
 	ok = true
 	for _, o := range c.Outages() {
@@ -143,10 +138,9 @@ func (c *link) Health() (ok bool, openSince time.Time) {
 	return ok, openSince
 }
 
-// Outages lists what the store cannot reach now: on a Cluster, each master
-// still serving slots whose calls fail (a master replaced by its
-// replica is dropped, logged once); otherwise the whole setting, as one
-// outage naming, on Sentinel, the master it was connected to.
+// Outages lists what the store cannot reach: on a Cluster each master
+// still serving slots whose calls fail; otherwise the whole setting,
+// naming, on Sentinel, the master it was connected to.
 func (c *link) Outages() []NodeOutage {
 	down := c.nodes.retire(c.ctx)
 	if o, failing := c.breaker.outage(); failing {
@@ -155,18 +149,14 @@ func (c *link) Outages() []NodeOutage {
 	return down
 }
 
-// LastProblem is the last per-key error Redis reported (a value tally did
-// not write, found at one of its keys and deleted) and when, or "" if none
-// since the store opened. Outages are reported by Health instead.
+// LastProblem is the last per-key error Redis reported and when ("": none).
 func (c *link) LastProblem() (string, time.Time) { return c.problems.last() }
 
-// Instances is the number of live instances sharing this Redis that the
-// last successful heartbeat saw; 1 before the first one. During an outage
-// it keeps the last value.
+// Instances is the number of live instances the last successful heartbeat
+// saw (1 before the first), kept through an outage.
 func (c *link) Instances() int { return int(c.instances.Load()) }
 
-// breakerFor is the breaker guarding calls about rkey (a Redis key): on a
-// Cluster, that of the master serving its slot; otherwise the store's.
+// breakerFor is the breaker guarding calls about the Redis key rkey.
 func (c *link) breakerFor(rkey string) *breaker {
 	return c.nodes.breakerFor(c.ctx, rkey, &c.breaker)
 }
@@ -176,9 +166,8 @@ func (c *link) bound(ctx context.Context) (context.Context, context.CancelFunc) 
 	return context.WithTimeout(ctx, c.opts.Timeout)
 }
 
-// unbatched runs f, a call about rkey that skips the batcher (the admin
-// API's reads, resets), through the breaker of rkey's master and bounded by
-// the timeout.
+// unbatched runs f, a call about rkey that skips the batcher, through
+// rkey's breaker and bounded by the timeout.
 func (c *link) unbatched(ctx context.Context, rkey string, f func(ctx context.Context) error) error {
 	if c.isClosed() {
 		return ErrClosed
@@ -195,43 +184,35 @@ func (c *link) unbatched(ctx context.Context, rkey string, f func(ctx context.Co
 	return err
 }
 
-// ints runs script for rkey unbatched (see unbatched) and reads its reply:
-// n integers; two, for a peek of ctx's Gather, in the Gather's batch.
-func (c *link) ints(ctx context.Context, script *redis.Script, rkey string, n int, args ...any) (v []int64, err error) {
+// ints runs script (neither gcra.lua nor quota.lua; at most 5 args) for
+// rkey unbatched (see unbatched), or in ctx's Gather, and reads its two
+// integers; a nil script reads rkey's PTTL into v[0] (ms; -2: no key, -1:
+// no expiry).
+func (c *link) ints(ctx context.Context, script *redis.Script, rkey string, args ...any) (v [2]int64, err error) {
 	err = c.unbatched(ctx, rkey, func(ctx context.Context) error {
-		if n == 2 && len(args) <= 5 && script != c.gcra && script != c.quota {
-			var a [5]any
-			copy(a[:], args)
-			if rep, ok := c.gathered(ctx, script, rkey, a, true); ok {
-				v = rep.ints[:]
-				return rep.err
-			}
+		var a [5]any
+		copy(a[:], args)
+		if rep, ok := c.gathered(ctx, script, rkey, a); ok {
+			v = rep.ints
+			return rep.err
 		}
-		if v, err = script.Run(ctx, c.client, []string{rkey}, args...).Int64Slice(); err == nil && len(v) != n {
-			err = errBadReply
+		if script == nil {
+			var err error
+			v[0], err = c.client.Do(ctx, "PTTL", rkey).Int64()
+			return err
 		}
+		got, err := script.Run(ctx, c.client, []string{rkey}, args...).Int64Slice()
+		if err == nil && len(got) != 2 {
+			return errBadReply
+		}
+		copy(v[:], got)
 		return err
 	})
 	return v, err
 }
 
-// pttl is rkey's PTTL (ms; -2: no key, -1: no expiry), unbatched (see
-// unbatched), or in the batch of ctx's Gather.
-func (c *link) pttl(ctx context.Context, rkey string) (ms int64, err error) {
-	err = c.unbatched(ctx, rkey, func(ctx context.Context) error {
-		if rep, ok := c.gathered(ctx, nil, rkey, [5]any{}, true); ok {
-			ms = rep.ints[0]
-			return rep.err
-		}
-		var err error
-		ms, err = c.client.Do(ctx, "PTTL", rkey).Int64()
-		return err
-	})
-	return ms, err
-}
-
 // reset deletes rkey, the state of key in zone, and tells every instance
-// to forget what it holds about the key (see resets.go).
+// (see resets.go).
 func (c *link) reset(ctx context.Context, rkey, zone, key string) error {
 	msg := zone + "\x00" + key
 	return c.unbatched(ctx, rkey, func(ctx context.Context) error {
@@ -245,9 +226,8 @@ func (c *link) reset(ctx context.Context, rkey, zone, key string) error {
 	})
 }
 
-// slotsKey is the Redis key of key's concurrency slots in zone:
-// <key_prefix><zone>:<key> in either mode (a concurrency zone has no GCRA
-// state, so its name never meets one).
+// slotsKey is the Redis key of key's concurrency slots in zone, in either
+// mode (a concurrency zone has no GCRA state to collide with).
 func (c *link) slotsKey(zone, key string) string {
 	return c.opts.KeyPrefix + zone + ":" + key
 }

@@ -69,7 +69,7 @@ type Options struct {
 	SyncInterval time.Duration
 }
 
-// withDefaults returns o with its zero Timeout and KeyPrefix defaulted.
+// withDefaults returns o with its zero fields defaulted.
 func (o Options) withDefaults() Options {
 	if o.Timeout <= 0 {
 		o.Timeout = DefaultTimeout
@@ -118,8 +118,8 @@ func (o Options) Redacted() string {
 	return s
 }
 
-// redactAddress replaces the userinfo of a URL with "***". It works on the
-// raw string so that even a URL that does not parse is redacted.
+// redactAddress replaces the userinfo of a URL with "***", on the raw
+// string: even a URL that does not parse is redacted.
 func redactAddress(a string) string {
 	scheme, rest, ok := strings.Cut(a, "://")
 	if !ok {
@@ -131,12 +131,10 @@ func redactAddress(a string) string {
 	return a
 }
 
-// universalOptions translates o (defaulted) into go-redis options.
-//
-// The client never retries (a retry doubles the cost of a failure, and the
-// breaker and fail policy handle failures), honours context deadlines on the
-// socket, and speaks RESP2 without CLIENT SETINFO so that connecting costs a
-// single round trip beyond AUTH/SELECT.
+// universalOptions translates o (defaulted) into go-redis options. The
+// client never retries (the breaker and fail policy handle failures),
+// honours context deadlines, and speaks RESP2 without CLIENT SETINFO: one
+// round trip to connect beyond AUTH/SELECT.
 func (o Options) universalOptions() (*redis.UniversalOptions, error) {
 	if len(o.Addresses) == 0 {
 		return nil, errors.New("distributed: no Redis address")
@@ -151,34 +149,29 @@ func (o Options) universalOptions() (*redis.UniversalOptions, error) {
 		MaxRetries:      -1,
 		DialerRetries:   1,
 		DialTimeout:     max(o.Timeout, 100*time.Millisecond),
-		// Every call carries its own deadline (ContextTimeoutEnabled):
-		// Timeout on the request path, backgroundTimeout for heartbeats
-		// and async syncs. go-redis applies the earlier of the context's
-		// deadline and these socket timeouts, so these must not be
-		// shorter than the longest call: at Timeout they cut async syncs
-		// of a thousand keys short ("i/o timeout") and opened the breaker.
+		// Every call carries its own deadline; go-redis applies the
+		// earlier of it and these, which must not be shorter than the
+		// longest call (at Timeout they cut async syncs short).
 		ReadTimeout:           backgroundTimeout(o),
 		WriteTimeout:          backgroundTimeout(o),
 		PoolTimeout:           o.Timeout,
 		ContextTimeoutEnabled: true,
 		PoolSize:              workers + idleCallers + 7, // + heartbeat, admin, NOSCRIPT retries, async syncs, a Cluster's pipelines left running by send
-		// On a Cluster, a pipeline waits for its slowest node, and go-redis
-		// retries a dead node's commands up to MaxRedirects times with a
-		// backoff, holding the healthy masters' replies in the same batch.
-		// Two redirects follow a MOVED then an ASK; no backoff, since the
-		// retry that matters (to the new master) needs none. ReadOnly and
-		// RouteByLatency stay off: every script writes, on the master.
+		// On a Cluster go-redis retries a dead node's commands up to
+		// MaxRedirects times, holding the healthy masters' replies: two
+		// follow a MOVED then an ASK, with no backoff. Every script
+		// writes, on the master: no ReadOnly, no RouteByLatency.
 		MaxRedirects:    2,
 		MinRetryBackoff: -1,
 		MaxRetryBackoff: -1,
 	}
 	tlsOn := o.TLS || o.TLSCAFile != "" || o.TLSCertFile != "" || o.TLSKeyFile != ""
-	var fromURL struct { // what the URLs say, which must agree
-		set        bool
+	type creds struct {
 		user, pass string
 		db         int
 		tls        bool
 	}
+	var fromURL *creds // what the URLs say, which must agree
 	for i, a := range o.Addresses {
 		if !strings.Contains(a, "://") {
 			u.Addrs = append(u.Addrs, a)
@@ -195,12 +188,15 @@ func (o Options) universalOptions() (*redis.UniversalOptions, error) {
 		if p.Network == "unix" {
 			return nil, fmt.Errorf("distributed: address %d (%s): unix sockets are not supported", i+1, redactAddress(a))
 		}
-		isTLS := p.TLSConfig != nil
-		if fromURL.set && (p.Username != fromURL.user || p.Password != fromURL.pass || p.DB != fromURL.db || isTLS != fromURL.tls) {
+		got := creds{p.Username, p.Password, p.DB, p.TLSConfig != nil}
+		if fromURL != nil && got != *fromURL {
 			return nil, fmt.Errorf("distributed: address %d (%s) disagrees with the earlier URLs on user, password, database or TLS", i+1, redactAddress(a))
 		}
-		fromURL.set, fromURL.user, fromURL.pass, fromURL.db, fromURL.tls = true, p.Username, p.Password, p.DB, isTLS
+		fromURL = &got
 		u.Addrs = append(u.Addrs, p.Addr)
+	}
+	if fromURL == nil {
+		fromURL = &creds{}
 	}
 	u.Username = cmp.Or(u.Username, fromURL.user)
 	u.Password = cmp.Or(u.Password, fromURL.pass)
@@ -220,10 +216,9 @@ func (o Options) universalOptions() (*redis.UniversalOptions, error) {
 	return u, nil
 }
 
-// tlsConfig reads the CA and client certificate files. Mistakes here are
-// errors at provision time, naming the file; a certificate Redis rejects
-// (or a CA that does not sign Redis's) is an outage at the first call,
-// logged once by the breaker.
+// tlsConfig reads the CA and client certificate files: a mistake is an
+// error at provision time, naming the file; a certificate Redis rejects is
+// an outage, logged once by the breaker.
 func (o Options) tlsConfig() (*tls.Config, error) {
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
 	if o.TLSCAFile != "" {

@@ -15,14 +15,10 @@ import (
 )
 
 // A zone's overrides, fleet-wide: one hash <key_prefix><zone>.overrides
-// of at most zones.MaxOverrides records with their versions and a ring of
-// the last 1024 changes (overrides.lua). A change writes one record and
-// one log entry; an instance reads the log since the version it holds and
-// the records it names (overrides_read.lua), the whole hash only when it
-// is too far behind or the hash's epoch moved (the store lost it). The
-// records are the caller's (JSON); this file only stores them. The hash's
-// TTL reaches the latest expiry (a minute past it), or OverridesTTL for
-// overrides that never expire.
+// (overrides.lua has its layout and TTL). An instance reads the log of
+// changes since the version it holds (overrides_read.lua), the whole hash
+// only when it is too far behind or the store lost it. The records are the
+// caller's (JSON).
 
 var (
 	//go:embed overrides.lua
@@ -35,11 +31,10 @@ var (
 )
 
 // OverridesTTL is the TTL of a zone's overrides when one never expires,
-// renewed by every change of the zone's overrides.
+// renewed by every change.
 const OverridesTTL = 366 * 24 * time.Hour
 
-// overridesKey is zone's hash of overrides; zone names have no '.', so it
-// is no key's state.
+// overridesKey is zone's hash of overrides (zone names have no '.').
 func (c *link) overridesKey(zone string) string { return c.opts.KeyPrefix + zone + ".overrides" }
 
 // overrides is the link's zones.OverrideStore.
@@ -48,8 +43,7 @@ func (c *link) overrides() *zones.OverrideStore {
 		Restore: c.RestoreOverrides, Moved: c.OnOverridesMoved}
 }
 
-// PutOverride stores o as zone's override o.ID and returns its version
-// (zones.OverrideStore.Put).
+// PutOverride stores o and returns its version (zones.OverrideStore.Put).
 func (c *link) PutOverride(ctx context.Context, zone string, o zones.StoredOverride) (int64, error) {
 	v, err := c.overridesStep(ctx, zone, "put", o)
 	if err == nil && v < 0 {
@@ -58,22 +52,21 @@ func (c *link) PutOverride(ctx context.Context, zone string, o zones.StoredOverr
 	return v, err
 }
 
-// DeleteOverride removes zone's override id; found is false when there
-// was none.
+// DeleteOverride removes zone's override id, if found.
 func (c *link) DeleteOverride(ctx context.Context, zone, id string) (found bool, err error) {
 	v, err := c.overridesStep(ctx, zone, "del", zones.StoredOverride{ID: id})
 	return v > 0, err
 }
 
-// RestoreOverrides writes each of list whose id zone's hash lacks and
-// returns how many it wrote (zones.OverrideStore.Restore).
+// RestoreOverrides writes those of list the hash lacks and returns how
+// many (zones.OverrideStore.Restore).
 func (c *link) RestoreOverrides(ctx context.Context, zone string, list []zones.StoredOverride) (int, error) {
 	v, err := c.overridesStep(ctx, zone, "restore", list...)
 	return int(v), err
 }
 
-// overridesStep runs overrides.lua's op with list's overrides and tells
-// every instance when it changed something.
+// overridesStep runs overrides.lua's op and tells every instance of a
+// change.
 func (c *link) overridesStep(ctx context.Context, zone, op string, list ...zones.StoredOverride) (int64, error) {
 	rkey := c.overridesKey(zone)
 	args := make([]any, 0, 3+3*len(list))
@@ -95,8 +88,7 @@ func (c *link) overridesStep(ctx context.Context, zone, op string, list ...zones
 		v, err = overridesLua.Run(ctx, c.client, []string{rkey}, args...).Int64()
 		if err == nil && v > 0 {
 			c.mode.forgetDenials()
-			// Every instance hears of it at once; one that does not
-			// (its subscription down) reads it at its next poll.
+			// One that does not hear it reads it at its next poll.
 			_ = c.client.Publish(ctx, c.resetsChannel(), overridesMovedMsg+zone).Err()
 		}
 		return err
@@ -104,14 +96,12 @@ func (c *link) overridesStep(ctx context.Context, zone, op string, list ...zones
 	return v, err
 }
 
-// overridesMovedMsg starts the message that tells every instance on the
-// resets channel that a zone's overrides changed: "\x01<zone>" (a reset's
-// message starts with its zone's name, which has no control character).
+// overridesMovedMsg starts the resets channel's message that a zone's
+// overrides changed, "\x01<zone>" (a reset's starts with a zone name).
 const overridesMovedMsg = "\x01"
 
-// OnOverridesMoved makes moved hear, without blocking (give it a buffer of
-// 1), of every change of zone's overrides made by any instance, until the
-// returned function is called.
+// OnOverridesMoved makes moved (buffer 1) hear, without blocking, of every
+// change of zone's overrides by any instance, until remove is called.
 func (c *link) OnOverridesMoved(zone string, moved chan<- struct{}) (remove func()) {
 	c.resets.mu.Lock()
 	if c.resets.moved == nil {
@@ -141,17 +131,15 @@ func (c *link) overridesMoved(zone string) {
 	}
 }
 
-// overridesTimeout bounds a call about a zone's overrides as a whole. None
-// is a decision and no request waits for one; each read on the connection
-// is still bounded by its socket timeout (the background timeout), and a
-// reload that runs past it is read again at the next poll.
+// overridesTimeout bounds a call about a zone's overrides: none is a
+// decision, each read is still bounded by the socket timeout, and a reload
+// that runs past it is read again at the next poll.
 const overridesTimeout = 2 * time.Second
 
-// background runs f, a call about a zone's overrides (the admin API's
-// changes, an instance's poll and reload), bounded by overridesTimeout. It
-// neither counts toward rkey's breaker nor probes it (an outage is the
-// requests' and the heartbeat's to see, as without overrides), and it
-// fails at once while the breaker is open.
+// background runs f, a call about a zone's overrides, bounded by
+// overridesTimeout. It neither counts toward rkey's breaker nor probes it
+// (outages are the requests' and heartbeat's to see), and fails at once
+// while the breaker is open.
 func (c *link) background(ctx context.Context, rkey string, f func(ctx context.Context) error) error {
 	if c.isClosed() {
 		return ErrClosed
@@ -165,11 +153,9 @@ func (c *link) background(ctx context.Context, rkey string, f func(ctx context.C
 }
 
 // ReadOverrides reads what changed in zone's overrides since at
-// (zones.OverrideStore.Read): the log's changes and the records they
-// name, or the whole hash when at is of another epoch or too far behind.
-// Lapsed overrides are left out of a whole read. Any change drops the deny
-// caches the store's mode keeps of its own (async mode's records): a
-// denial cached under the old limit must not outlive it.
+// (zones.OverrideStore.Read); a whole read leaves lapsed ones out. Any
+// change drops the mode's own deny caches: a denial cached under the old
+// limit must not outlive it.
 func (c *link) ReadOverrides(ctx context.Context, zone string, at zones.OverridesAt) (zones.OverridesRead, error) {
 	rkey := c.overridesKey(zone)
 	var out zones.OverridesRead
@@ -192,8 +178,7 @@ func (c *link) ReadOverrides(ctx context.Context, zone string, at zones.Override
 			if err != nil {
 				return err
 			}
-			// The whole read is at the hash's version now, which may be
-			// past the script's.
+			// at the hash's version now, maybe past the script's
 			out.At.Epoch = all["e"]
 			out.At.Version, _ = strconv.ParseInt(all["v"], 10, 64)
 			now := time.Now()

@@ -10,14 +10,12 @@ import (
 	"go.uber.org/zap"
 )
 
-// problemLogEvery is how often a store logs per-key problems: a hostile or
-// careless writer can plant many foreign values, and each costs one request
-// its decision, but the log gets one line per interval.
+// problemLogEvery is how often a store logs per-key problems: many planted
+// foreign values cost the log one line per interval.
 const problemLogEvery = 10 * time.Second
 
-// problems records per-key errors Redis reports while it serves (a foreign
-// value at a tally key, a script error): the last one for Health-like reporting, and a WARN
-// line at most every problemLogEvery. Outages are the breaker's business.
+// problems records per-key errors Redis reports while it serves: the last
+// one, and a WARN line at most every problemLogEvery.
 type problems struct {
 	logger *zap.Logger
 
@@ -28,9 +26,8 @@ type problems struct {
 	skipped  int
 }
 
-// note records err when Redis answered with an error about the key (a
-// foreign value, a script error); errors that mean Redis cannot serve are
-// the breaker's, and a caller giving up or a closed store are nobody's.
+// note records err when Redis answered with an error about the key;
+// outages are the breaker's, and a caller giving up is nobody's.
 func (p *problems) note(zone string, err error) {
 	if err == nil || unreachable(err) || errors.Is(err, context.Canceled) || errors.Is(err, ErrClosed) {
 		return

@@ -1,7 +1,7 @@
 package distributed
 
 // Strict mode's calendar quotas (zones.Store.Quota): every step is one
-// quota.lua step, batched with the GCRA steps' calls (see docs/distributed.md).
+// quota.lua step, batched with the GCRA steps.
 
 import (
 	"context"
@@ -15,15 +15,11 @@ import (
 //go:embed quota.lua
 var quotaScript string
 
-// quotaZoneSep joins zone and key in quota keys, in both modes:
-// <key_prefix><zone>.quota:<key>. Zone names cannot contain '.', so no
-// quota key is a rate zone's key (strict or async) or the instances set.
-const quotaZoneSep = ".quota:"
-
-// QuotaKey is the Redis key holding the count of key in quota zone zone:
-// <key_prefix><zone>.quota:<key>, the same in strict and async mode.
+// QuotaKey is the Redis key holding the count of key in quota zone zone,
+// in both modes: <key_prefix><zone>.quota:<key>. Zone names cannot contain
+// '.', so no quota key is another kind's.
 func (c *link) QuotaKey(zone, key string) string {
-	return c.opts.KeyPrefix + zone + quotaZoneSep + key
+	return c.opts.KeyPrefix + zone + ".quota:" + key
 }
 
 // quotaReply is quota.lua's answer for one key.
@@ -38,11 +34,9 @@ func (r quotaReply) result() zones.QuotaResult {
 	return zones.QuotaResult{Allowed: r.allowed, Used: r.used, ToEnd: time.Duration(r.toEnd) * time.Microsecond, Period: r.period}
 }
 
-// Quota runs one step of a quota zone's key in Redis (zones.Store), in
-// the period of its limit's Periods that contains Redis TIME: through the
-// batcher but for a peek, which reads the key's count for the admin API. A
-// charge counts from at most the limit (the key's debt is at most one
-// charge); a check counts nothing.
+// Quota runs one step of a quota zone's key in Redis (zones.Store), in the
+// period that contains Redis TIME, through the batcher but for a peek. A
+// charge counts from at most the limit (the debt is at most one charge).
 func (s *Strict) Quota(ctx context.Context, zone, key string, st zones.QuotaStep) (zones.QuotaResult, error) {
 	var op any // a constant: converting a variable would allocate
 	switch st.Op {
@@ -63,8 +57,8 @@ func (s *Strict) Quota(ctx context.Context, zone, key string, st zones.QuotaStep
 	return rep.quota.result(), err
 }
 
-// peekQuota reads key's count in zone with quota.lua's check, unbatched, in
-// either mode: async leases count as used.
+// peekQuota reads key's count in zone, in either mode (leases count as
+// used).
 func (c *link) peekQuota(ctx context.Context, zone, key string, q zones.QuotaLimit) (zones.QuotaResult, error) {
 	rep, err := c.run(ctx, c.quota, zone, c.QuotaKey(zone, key), true, [5]any{"", q.Periods.Arg, q.Limit, int64(0), string(OpPeek)})
 	return rep.quota.result(), err
@@ -75,17 +69,11 @@ func parseQuotaStep(a []any) reply {
 	u, ok := a[0].(int64)
 	toEnd, ok2 := a[1].(int64)
 	period, ok3 := a[2].(int64)
-	switch {
-	case !ok || !ok2 || !ok3:
+	if !ok || !ok2 || !ok3 {
 		return reply{err: errBadReply}
-	case period == -1:
-		return reply{err: clockError{&zones.QuotaClockError{Now: time.UnixMicro(toEnd)}}}
-	case period == -2:
-		return reply{err: errForeignType}
-	case period == -3:
-		return reply{err: errForeignQuota}
-	case period < 0 || period > 2:
-		return reply{err: errBadReply}
+	}
+	if err := quotaErr(period, toEnd); err != nil {
+		return reply{err: err}
 	}
 	r := quotaReply{allowed: u >= 0, used: u, toEnd: toEnd, period: int(period)}
 	if u < 0 {
@@ -94,8 +82,25 @@ func parseQuotaStep(a []any) reply {
 	return reply{quota: r}
 }
 
-// clockError is a zones.QuotaClockError that Redis answered: a redis.Error,
-// so that it counts as Redis up, not as an outage.
+// quotaErr is the error a quota script's reply reports in its period (both
+// modes' scripts share the codes): -1 Redis's clock (now, µs) outside the
+// limit's periods, -2 and -3 a value tally did not write, deleted.
+func quotaErr(period, now int64) error {
+	switch period {
+	case -1:
+		return clockError{&zones.QuotaClockError{Now: time.UnixMicro(now)}}
+	case -2:
+		return errForeignType
+	case -3:
+		return errForeignQuota
+	case 0, 1, 2:
+		return nil
+	}
+	return errBadReply
+}
+
+// clockError is a zones.QuotaClockError Redis answered: a redis.Error, so
+// that it is not an outage.
 type clockError struct{ err *zones.QuotaClockError }
 
 func (e clockError) Error() string { return e.err.Error() }

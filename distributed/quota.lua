@@ -1,18 +1,15 @@
 -- Calendar quota steps on any number of keys, atomically: the Lua twin of
 -- algorithms.Quota (Decide, Refund, Check, Charge), in the period that
--- contains the script's now. tests/store_test.go runs both on one table of
--- cases, one key per call and all in one call, and requires identical
--- results, stored counts and TTLs.
+-- contains now; tests/store_test.go requires identical results, counts and
+-- TTLs of both.
 --
--- Lua cannot do time zones: the caller computes, in the zone's time zone,
--- the period its clock is in and both neighbours, and the script picks the
--- one that contains now, so Redis TIME alone decides when a period ends. A
--- now outside all three (the caller's clock a period or more off) is an
--- error for that key: nothing is counted.
+-- Lua cannot do time zones: the caller sends the period its clock is in
+-- and both neighbours, and the script picks the one that contains now, so
+-- Redis TIME alone decides when a period ends. A now outside all three is
+-- an error for that key: nothing is counted.
 --
--- One call decides a whole batch (one dispatch, one TIME, one reply); on
--- Redis Cluster every key of a call is in one hash slot. A key may appear
--- more than once; its steps apply in order.
+-- One call decides a whole batch, of one hash slot on a Cluster; a key's
+-- steps apply in order.
 --
 -- KEYS[i]   the i-th key: a hash {e = the end of the period it counts, in
 --           µs, u = units used in it}; async mode's leases (quota_async.lua)
@@ -36,12 +33,9 @@
 -- held a value of another type and -3 a hash tally did not write: deleted
 -- instead of decided on, as gcra.lua does.
 --
--- Its shape follows gcra.lua's: one loop, no local functions, bounds and
--- limits parsed only when their strings differ from the previous key's
--- (interned: comparing is free), the expiry formatted once per period, a
--- count written with '%d'. A step is HMGET and, when it counts something,
--- HSET; a period's first write also DELs a stale count (and its leases)
--- and sets the expiry.
+-- Its shape follows gcra.lua's. A step is HMGET and, when it counts
+-- something, HSET; a period's first write also DELs a stale count (and its
+-- leases) and sets the expiry.
 
 local floor, format, find, sub, tonumber = math.floor, string.format, string.find, string.sub, tonumber
 

@@ -2,7 +2,7 @@ package distributed
 
 // Async mode's calendar quotas (zones.Store.Quota): leases taken from the
 // period's count in Redis, spent in-process, never past the period's end
-// (the scheme and its bound are in docs/async.md; the script is quota_async.lua).
+// (docs/async.md, quota_async.lua).
 
 import (
 	"context"
@@ -23,47 +23,37 @@ var quotaAsyncLua string
 
 var quotaAsyncScript = redis.NewScript(quotaAsyncLua)
 
-// quotaLeaseDivisor bounds a lease: at most ⌈limit/(quotaLeaseDivisor·N)⌉
-// units beyond what the request needs, and at most the instance's fair
-// share of what is left. Small enough that an instance that dies with its
-// lease unspent loses the fleet at most 1/16 of the key's quota for the
-// rest of the period; large enough that a busy key costs Redis one call
-// per instance per 1/(16N) of the quota.
+// quotaLeaseDivisor bounds a lease to ⌈limit/(16·N)⌉ units beyond what the
+// request needs, and the instance's fair share of what is left: an
+// instance that dies with its lease loses the fleet at most 1/16 of the
+// quota for the period, and a busy key costs one call per instance per
+// 1/(16N) of it.
 const quotaLeaseDivisor = 16
 
-// quotaRecord is one instance's lease for one key. Guarded by its shard's
-// lock.
+// quotaRecord is one instance's lease for one key, guarded by its shard.
 type quotaRecord struct {
-	end     int64 // µs: the end of the period the record counts, as Redis's bounds gave it
-	endMono int64 // monotime by which its lease must be spent: the period's end, early by a round trip at most
-	// used is what this instance admitted (and charged) in the period;
-	// held what Redis counts for it there, used and lease, as of the
-	// last reply; room what the fleet had left besides. used > held is a
-	// debt (charges past the lease) the next sync reports.
+	end     int64 // µs: the end of the period the record counts
+	endMono int64 // monotime by which its lease is spent: the period's end, early by a round trip at most
+	// used: what this instance admitted in the period; held: what Redis
+	// counts for it (used and lease) at the last reply; room: what the
+	// fleet had left besides. used > held is a debt the next sync reports.
 	used, held, room int64
-	// known: used is Redis's view too. A new record does not know what
-	// the instance used before (it forgot a record, or it is new): its
-	// first report takes what Redis holds for the instance as used.
-	known bool
-	// active: decided since the last sync; an idle record hands its
-	// lease back and is dropped.
-	active bool
+	// known: used is Redis's view too. A new record's first report takes
+	// what Redis holds for the instance as used.
+	known  bool
+	active bool // decided since the last sync; an idle record hands its lease back
 	// blockedUntil (monotime): the fleet had nothing left at the last
-	// take; requests are denied locally until then (one sync interval,
-	// for leases handed back meanwhile) rather than each taking.
+	// take; requests are denied locally until then rather than each taking.
 	blockedUntil int64
 	taking       chan struct{} // closed when a call in flight for the record ends
-	// The limit and periods of the record's last step, for the syncs.
-	limit   int64
-	periods *zones.Periods
+	limit        int64         // the last step's limit and periods, for the syncs
+	periods      *zones.Periods
 }
 
 // quotaReport is what one quota_async.lua call says for a record.
 type quotaReport struct {
-	end         int64
-	used, extra int64 // used -1: not known, extra charged since
-	keep, want  int64
-	usedAt      int64 // the record's used when the report was taken
+	end, used, extra, keep, want int64 // quota_async.lua's ARGV[5..9]
+	usedAt                       int64 // the record's used when the report was taken
 }
 
 // quotaAsyncReply is quota_async.lua's answer.
@@ -75,10 +65,9 @@ type quotaAsyncReply struct {
 
 // Quota runs one step of a quota zone's key (zones.Store) on this
 // instance's lease, taking a lease from Redis (one call, on the request
-// path) when a decide or check finds too little, once per lease, not per
-// request. A charge counts from at most the lease: the instance's debt past
-// it is at most one charge, reported at the next sync. A peek reads the
-// fleet's count in Redis (leases count as used).
+// path) when a decide or check finds too little. A charge counts from at
+// most the lease: the debt past it is at most one charge, reported at the
+// next sync. A peek reads the fleet's count in Redis.
 func (a *Async) Quota(ctx context.Context, zone, key string, st zones.QuotaStep) (zones.QuotaResult, error) {
 	q, need, consume := st.Limit, st.Cost, true
 	switch st.Op {
@@ -157,14 +146,11 @@ func (a *Async) Quota(ctx context.Context, zone, key string, st zones.QuotaStep)
 	return r.result(monotime.Now(), q, false), nil
 }
 
-// quotaRecordFor returns key's record, created (or started afresh) for the
-// zone's current period when there is none or its period is over. Called
-// with s locked.
+// quotaRecordFor returns key's record, started afresh when there is none or
+// its period is over. Called with s locked.
 func (a *Async) quotaRecordFor(z *asyncZone, s *asyncShard, key string, q zones.QuotaLimit, now int64) *quotaRecord {
 	r := s.q[key]
 	if r != nil && (now < r.endMono || r.taking != nil) {
-		// Its period goes on, or a call in flight will say whether it
-		// does: wait for it like any.
 		r.limit, r.periods = q.Limit, q.Periods
 		return r
 	}
@@ -179,8 +165,7 @@ func (a *Async) quotaRecordFor(z *asyncZone, s *asyncShard, key string, q zones.
 }
 
 // takeQuota reports r and takes a lease of up to want units, unlocking s
-// for the call (bounded by the timeout, through the key's breaker).
-// Requests for the key meanwhile wait for it, or spend what r keeps.
+// for the call; requests for the key meanwhile wait, or spend what r keeps.
 func (a *Async) takeQuota(ctx context.Context, zone string, s *asyncShard, key string, r *quotaRecord, q zones.QuotaLimit, want int64) error {
 	st := r.report(want, max(0, r.held-r.used))
 	w := make(chan struct{})
@@ -211,9 +196,8 @@ func (r *quotaRecord) report(want, keep int64) quotaReport {
 	return st
 }
 
-// adopt takes a reply: the lease, the fleet's room, the period's end as
-// Redis sees it. What the instance admitted during the call stays counted
-// when the call was about the same period.
+// adopt takes a reply. What the instance admitted during the call stays
+// counted when the call was about the same period.
 func (r *quotaRecord) adopt(st quotaReport, rep quotaAsyncReply, q zones.QuotaLimit, sent, now int64, interval time.Duration) {
 	end := q.Periods.Bounds[rep.period+1]
 	if end == st.end {
@@ -230,9 +214,8 @@ func (r *quotaRecord) adopt(st quotaReport, rep quotaAsyncReply, q zones.QuotaLi
 	}
 }
 
-// result describes r for the zone: allowed or not, what the instance can
-// still admit (its lease and the fleet's room at the last take) as the
-// complement of used, and the time to the period's end.
+// result describes r: Used is the complement of what the instance can
+// still admit (its lease and the fleet's room at the last take).
 func (r *quotaRecord) result(now int64, q zones.QuotaLimit, allowed bool) zones.QuotaResult {
 	left := max(0, r.held-r.used) + r.room
 	if !r.known {
@@ -266,8 +249,7 @@ func (a *Async) quotaArgs(q zones.QuotaLimit, st quotaReport) []any {
 	return []any{"", q.Periods.Arg, q.Limit, a.instanceID, st.end, st.used, st.extra, st.keep, st.want, int64(a.Instances())}
 }
 
-// parseQuotaAsync reads quota_async.lua's reply; a call past its deadline
-// is ErrTimeout.
+// parseQuotaAsync reads quota_async.lua's reply.
 func parseQuotaAsync(cmd *redis.Cmd) (quotaAsyncReply, error) {
 	v, err := cmd.Int64Slice()
 	if errors.Is(err, context.DeadlineExceeded) {
@@ -279,26 +261,16 @@ func parseQuotaAsync(cmd *redis.Cmd) (quotaAsyncReply, error) {
 	if len(v) != 5 {
 		return quotaAsyncReply{}, errBadReply
 	}
-	switch v[4] {
-	case -1:
-		return quotaAsyncReply{}, clockError{&zones.QuotaClockError{Now: time.UnixMicro(v[3])}}
-	case -2:
-		return quotaAsyncReply{}, errForeignType
-	case -3:
-		return quotaAsyncReply{}, errForeignQuota
-	case 0, 1, 2:
-	default:
-		return quotaAsyncReply{}, errBadReply
+	if err := quotaErr(v[4], v[3]); err != nil {
+		return quotaAsyncReply{}, err
 	}
 	return quotaAsyncReply{held: v[0], used: v[1], counted: v[2], toEnd: time.Duration(v[3]) * time.Microsecond, period: int(v[4])}, nil
 }
 
 // syncQuotas reports, once a sync interval, the records that need it: an
-// idle one hands its lease back and is dropped (its next request takes
-// again), one in debt or with charges Redis has not seen reports them, and
-// one whose period is over is dropped. final (Close) hands every lease
-// back. The calls are pipelined, bounded by the background timeout; a
-// record whose report failed is reported again by the next sync.
+// idle one hands its lease back and is dropped, one in debt reports it,
+// one whose period is over is dropped; final (Close) hands every lease
+// back. A report that failed is sent again by the next sync.
 func (a *Async) syncQuotas(ctx context.Context, final bool) {
 	type item struct {
 		s     *asyncShard
@@ -382,21 +354,12 @@ func (a *Async) syncQuotas(ctx context.Context, final bool) {
 	}
 }
 
-// insertQuota adds r for key to a locked shard, making room first when the
-// shard is full, as insert does: a record holding no lease goes first (it
-// loses nothing Redis does not know), else one from a sample. A record
-// dropped with a lease leaves it counted in Redis until the period ends
-// (undershoot); its next take counts it as used.
+// insertQuota adds r for key to a locked shard, as insert does: a record
+// holding no lease is evicted first. One evicted with a lease leaves it
+// counted in Redis (undershoot); its next take counts it as used.
 func (z *asyncZone) insertQuota(s *asyncShard, key string, r *quotaRecord) {
 	if int64(len(s.q)) >= z.shardCap.Load() {
-		victim, seen := "", 0
-		for k, v := range s.q {
-			victim = k
-			if seen++; v.held <= v.used && v.taking == nil || seen == evictionSample {
-				break
-			}
-		}
-		delete(s.q, victim)
+		evict(s.q, func(r *quotaRecord) int64 { return b2i(r.held > r.used || r.taking != nil) })
 	}
 	s.q[strings.Clone(key)] = r
 }

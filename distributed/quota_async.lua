@@ -1,9 +1,7 @@
 -- Async mode's calendar quota, one instance and one key, atomically: the
--- instance reports what it used of the period and takes a lease, units of
--- the period's quota it may then admit on its own (the scheme and its
--- bound are in docs/async.md). Its count is the strict script's, quota.lua's, in
--- the period that contains Redis TIME, chosen among the caller's bounds the
--- same way.
+-- instance reports what it used of the period and takes a lease, units it
+-- may then admit on its own (docs/async.md). Its count is quota.lua's, in
+-- the period chosen the same way.
 --
 -- KEYS[1]  the key: a hash {e = the period's end in µs, u = units counted
 --          in it: what instances used plus the leases they hold,

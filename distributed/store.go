@@ -28,10 +28,9 @@ var (
 //go:embed gcra.lua
 var gcraScript string
 
-// Strict is the strict-mode implementation of zones.Store: every decision
-// is a step of gcra.lua in Redis. It is safe for concurrent use; one Strict
-// per Redis setting is shared by every handler (see Options.Key) and closed
-// when the last one goes.
+// Strict is the strict-mode zones.Store: every decision is a step of
+// gcra.lua in Redis. One Strict per Redis setting is shared by every
+// handler (Options.Key) and closed when the last one goes.
 type Strict struct {
 	*link
 	ops struct { // gcra.lua's ban and delay ops, by rule (see op)
@@ -52,21 +51,18 @@ func Open(opts Options, logger *zap.Logger) (*Strict, error) {
 	return &Strict{link: c}, nil
 }
 
-// strictMode keeps nothing of its own: every decision is Redis's, and the
-// zones' deny caches are reset through their listeners.
+// strictMode keeps nothing of its own: the zones' deny caches are reset
+// through their listeners.
 type strictMode struct{}
 
 func (strictMode) forgetRecord(zone, key string) {}
 func (strictMode) synced() bool                  { return true }
 func (strictMode) forgetDenials()                {}
 
-// Destruct closes the store; it makes a Strict a caddy.Destructor for
-// sharing through a caddy.UsagePool.
+// Destruct closes the store (caddy.Destructor, for caddy.UsagePool).
 func (s *Strict) Destruct() error { return s.Close() }
 
-// Offers says what a strict store offers besides its steps: bans kept
-// with the decisions, quotas, the fleet-wide ban list, concurrency
-// slots and the zones' overrides.
+// Offers says what a strict store offers besides its steps.
 func (s *Strict) Offers() zones.Offers {
 	return zones.Offers{Mode: "strict", BanSteps: true, Quotas: true, BanList: s.link, Slots: s.link, Overrides: s.overrides()}
 }
@@ -80,11 +76,10 @@ func (s *Strict) RedisKey(zone, key string) string {
 }
 
 // Rate runs one step of a rate zone's key in Redis (zones.Store): one
-// gcra.lua op, through the batcher but for a peek (the one read's), which
-// in a zone without a ban is one PTTL (peekTTL). Redis works in
-// microseconds, so T is rounded down to a whole microsecond (at least 1).
-// A ban rule and ahead are applied in the same script step, so that a ban
-// and every instance's reservations of the key hold fleet-wide.
+// gcra.lua op, through the batcher but for a peek, which in a zone without
+// a ban is one PTTL (peekTTL). T is rounded down to a whole µs (at least
+// 1). A ban rule and ahead apply in the same script step, so that a ban and
+// every instance's reservations of the key hold fleet-wide.
 func (s *Strict) Rate(ctx context.Context, zone, key string, st zones.RateStep) (zones.RateReply, error) {
 	banned := st.Ban != zones.BanRule{}
 	var op any // a constant or boxed once (see op): converting a variable would allocate
@@ -144,24 +139,25 @@ const ttlSlack = 2000
 // TTL itself (±1 ms). A key with no expiry (-1) is not one gcra.lua wrote
 // and reads as fresh, as the next decision's script would start it.
 func (s *Strict) peekTTL(ctx context.Context, rkey string, l algorithms.Limit) (zones.RateReply, error) {
-	ms, err := s.pttl(ctx, rkey)
+	v, err := s.ints(ctx, nil, rkey)
 	if err != nil {
 		return zones.RateReply{}, err
 	}
+	ms := v[0]
 	r := l.Peek(max(0, ms*1000-ttlSlack), 0)
 	r.ResetAfter = max(r.ResetAfter, ms*1000)
 	return zones.RateReply{Result: nanos(r)}, nil
 }
 
-// run runs script (gcra.lua or quota.lua) for rkey with args: through the
-// batcher, noting a per-key error Redis reported, or, for the admin API
-// (peek), at once, or with the other peeks of ctx's Gather.
+// run runs script (gcra.lua or quota.lua) for rkey with args through the
+// batcher, noting a per-key error, or a peek at once or with the other
+// peeks of ctx's Gather.
 func (c *link) run(ctx context.Context, script *redis.Script, zone, rkey string, peek bool, args [5]any) (reply, error) {
 	if peek {
 		var rep reply
 		err := c.unbatched(ctx, rkey, func(ctx context.Context) error {
 			var ok bool
-			if rep, ok = c.gathered(ctx, script, rkey, args, false); !ok {
+			if rep, ok = c.gathered(ctx, script, rkey, args); !ok {
 				rep = c.direct(ctx, script, rkey, args)
 			}
 			return rep.err
@@ -178,10 +174,9 @@ func (c *link) run(ctx context.Context, script *redis.Script, zone, rkey string,
 	return rep, rep.err
 }
 
-// op is gcra.lua's op for a ban zone's decide ('b') or check ('B'),
-// "<op><first µs>,<max µs>", with ",<ahead µs>" for a decide that admits
-// for later, or, with no rule, a delay zone's decide, "w<ahead µs>"; boxed
-// once per rule: a zone's decisions allocate nothing for it.
+// op is gcra.lua's ban op ('b' decide, 'B' check) for rule, with ahead for
+// a decide that admits for later, or with no rule a delay zone's decide
+// ("w<ahead µs>"); boxed once per rule: decisions allocate nothing for it.
 func (s *Strict) op(op byte, rule zones.BanRule, ahead int64) any {
 	k := opKey{op, rule, ahead}
 	s.ops.RLock()
@@ -220,9 +215,7 @@ func micro(l algorithms.Limit) algorithms.Limit {
 	return l
 }
 
-// Op is the op argument of gcra.lua and quota.lua: what a step does to a
-// key, in the store's own calls and in the testing seam's (EvalAt). A
-// zones.Op becomes one of these, or a ban or delay op (see op).
+// Op is the op argument of gcra.lua and quota.lua (EvalAt's too).
 type Op string
 
 // The scripts' plain operations, mirroring algorithms.Limit's methods.
@@ -233,8 +226,7 @@ const (
 	OpCharge Op = "c"
 )
 
-// nanos converts a result in microseconds (Redis's) to nanoseconds. Its TAT
-// is left out: it lives in Redis, on Redis's clock.
+// nanos converts a result in µs to ns, less its TAT (Redis's clock).
 func nanos(r algorithms.Result) algorithms.Result {
 	return algorithms.Result{
 		Allowed:    r.Allowed,
@@ -244,7 +236,6 @@ func nanos(r algorithms.Result) algorithms.Result {
 	}
 }
 
-// Interface guards: what zones asks of a strict store.
 var (
 	_ zones.Store   = (*Strict)(nil)
 	_ zones.Slots   = (*link)(nil)
