@@ -31,15 +31,12 @@ const (
 //go:embed heartbeat.lua
 var heartbeatLua string
 
-// heartbeatScript registers this instance and counts the live ones.
 var heartbeatScript = redis.NewScript(heartbeatLua)
 
-// backgroundTimeout bounds the calls no request waits for: heartbeats and
-// async syncs. They get a sync interval (or the decision timeout, if
-// longer) rather than the decision timeout: on a loaded machine a 20ms bound
-// failed healthy heartbeats, and the failures opened the breaker for
-// requests. A slow call that succeeds beats a lost one, which for a sync
-// only the next sync recovers.
+// backgroundTimeout bounds the calls no request waits for (heartbeats,
+// async syncs): a sync interval, or the decision timeout if longer, since
+// a tight bound fails healthy heartbeats on a loaded machine and their
+// failures open the breaker for requests.
 func backgroundTimeout(o Options) time.Duration {
 	return max(o.Timeout, o.SyncInterval)
 }
@@ -62,10 +59,9 @@ func (c *link) recoveryKey() string {
 // heartbeat two seconds late on a loaded machine.
 const slotsRecovery = 3 * time.Second
 
-// heartbeat registers this instance now and returns the number of live
-// instances, which Instances reports from then on. The background loop calls
-// it every second. One beat runs at a time (see beats). A beat that finds a
-// recovery of the slots on (see slotsRecovery) renews them at once.
+// heartbeat registers this instance and returns the number of live
+// instances, which Instances reports from then on. A beat that finds a
+// recovery of the slots on (slotsRecovery) renews them at once.
 func (c *link) heartbeat(ctx context.Context) (int, error) {
 	recovering := false
 	n, err := c.beats.run(&c.instances, func() (int64, error) {
@@ -141,7 +137,7 @@ func (c *link) register() {
 	live.Unlock()
 }
 
-// unregister reports whether s was the last open store beating as its
+// unregister reports whether c was the last open store beating as its
 // member, which must then leave the set.
 func (c *link) unregister() (last bool) {
 	live.Lock()

@@ -64,7 +64,6 @@ type RegionOptions struct {
 	Refresh time.Duration
 }
 
-// RegionOptions' defaults.
 const (
 	DefaultGlobalSyncInterval = time.Second
 	DefaultGlobalLease        = 5 * time.Minute
@@ -277,13 +276,11 @@ func (r *Region) Close() (err error) {
 	return err
 }
 
-// Destruct closes the region (caddy.Destructor, for a caddy.UsagePool).
+// Destruct closes the region (caddy.Destructor).
 func (r *Region) Destruct() error { return r.Close() }
 
-// Stats is the region's counters.
 func (r *Region) Stats() *RegionStats { return &r.stats }
 
-// Name is this region's name.
 func (r *Region) Name() string { return r.opts.Region }
 
 // AddZone makes zone's keys global in this region, for one more handler;
@@ -366,10 +363,9 @@ func (r *Region) DemandDropped(zone string) int64 {
 	return 0
 }
 
-// Weight is this region's default share (ppm).
+// Weight is this region's default share (ppm); Floor a tenth of it.
 func (r *Region) Weight() int64 { return r.weight }
 
-// Floor is the region's floor share (ppm): a tenth of its weight.
 func (r *Region) Floor() int64 { return r.floor }
 
 // count notes one decision of key at limit (ns, the whole) for the
@@ -447,7 +443,7 @@ type zoneSet struct {
 	byName map[string]*regionZone
 }
 
-// rebuild replaces the zone set (r.mu held).
+// rebuild replaces the zone set; r.mu is held.
 func (r *Region) rebuild() {
 	set := &zoneSet{keys: []string{r.prefix + "global{r}.meta", r.prefix + "global{r}.lock"},
 		byName: make(map[string]*regionZone, len(r.zones))}
@@ -474,7 +470,6 @@ func (r *Region) confirmMargin() time.Duration {
 	return 2*r.pollInterval() + 2*r.timeout
 }
 
-// every calls f every poll interval until Close.
 func (r *Region) every(f func()) {
 	tick := time.NewTicker(r.pollInterval())
 	defer tick.Stop()
@@ -491,7 +486,7 @@ func (r *Region) every(f func()) {
 // poll pushes this instance's counts to the regional Redis and reads the
 // region's shares when they changed.
 func (r *Region) poll() {
-	set := r.set.Load() // one set of zones for the call and its reply
+	set := r.set.Load()
 	zs := set.zones
 	known := r.version
 	if slices.ContainsFunc(zs, func(z *regionZone) bool { return !z.read.Load() }) {

@@ -1,14 +1,12 @@
 package live
 
 // Overrides: an operator's runtime exceptions to a zone's limit, set
-// through the admin API (package admin's serveOverrides: PUT/GET/DELETE
-// /rate_limit/zones/<zone>/overrides) and resolved per request by package
-// zones. Strict and async zones keep them in Redis
-// (distributed/overrides.go), every instance polling the zone's changes;
-// local zones keep them per instance in Caddy's storage. Either way a zone
-// name's overrides live in one holder pooled by name and store, so that a
-// reload never drops them, and a holder on a new store (the zone changed
-// mode) starts with those of the one it replaces.
+// through the admin API and resolved per request by package zones.
+// Distributed zones keep them in Redis, every instance following the
+// changes; local zones per instance in Caddy's storage. A zone name's
+// overrides live in one holder pooled by name and store, so that a reload
+// never drops them; a holder on a new store (the zone changed mode) starts
+// with those of the one it replaces.
 
 import (
 	"bytes"
@@ -79,7 +77,7 @@ type overrideBody struct {
 	Reason  string                  `json:"reason"`
 }
 
-// fieldError is a bad body's 400: which field and why.
+// fieldError is a bad body's 400.
 func fieldError(field, why string, args ...any) error {
 	return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("%s: %s", field, fmt.Sprintf(why, args...))}
 }
@@ -281,7 +279,7 @@ func parseExpires(s string, now time.Time) (string, error) {
 	return at.UTC().Format(time.RFC3339Nano), nil
 }
 
-// setAt is when the record was set, Unix ns.
+// setAt is the record's set_at, Unix ns.
 func (r OverrideRecord) setAt() int64 {
 	t, _ := time.Parse(time.RFC3339Nano, r.SetAt)
 	return t.UnixNano()
@@ -334,13 +332,11 @@ func (r OverrideRecord) override(c zones.Config) (*zones.Override, error) {
 	return o, err
 }
 
-// overrideHolders holds each zone name's overrides, by store, across
-// reloads.
+// overrideHolders pools the holders by store and zone name; liveHolders
+// lists them by zone name, for a holder on a new store to carry the
+// overrides of the one it replaces.
 var overrideHolders = caddy.NewUsagePool()
 
-// liveHolders is every holder in overrideHolders by zone name: a holder
-// made for a zone that moved to another store (a reload that changes its
-// mode) carries the overrides of the one it replaces.
 var liveHolders struct {
 	sync.Mutex
 	byName map[string][]*OverrideHolder
@@ -386,17 +382,16 @@ func LoadOverrideHolder(ctx caddy.Context, cfg zones.Config, remote *zones.Overr
 	v, _, err := overrideHolders.LoadOrNew(key, func() (caddy.Destructor, error) {
 		h := &OverrideHolder{name: cfg.Name, logger: logger.Named("overrides"), remote: remote, records: map[string]OverrideRecord{},
 			cfg: cfg, stop: make(chan struct{}), done: make(chan struct{})}
-		if remote == nil {
+		if remote != nil {
+			h.moved = make(chan struct{}, 1)
+			h.unlisten = remote.Moved(cfg.Name, h.moved)
+		} else {
 			// The instance id is read, not created: an instance without one
 			// has stored no override, and `caddy validate` writes nothing.
 			h.storage = ctx.Storage()
 			if instance, ok := InstanceID(); ok {
 				h.dir = path.Join(overrideDir, instance, cfg.Name)
 			}
-		}
-		if remote != nil {
-			h.moved = make(chan struct{}, 1)
-			h.unlisten = remote.Moved(cfg.Name, h.moved)
 		}
 		liveHolders.Lock()
 		carried := slices.Clone(liveHolders.byName[cfg.Name])
@@ -469,7 +464,7 @@ func (r OverrideRecord) stored() zones.StoredOverride {
 // overridesCall bounds one call to the store about a zone's overrides.
 const overridesCall = 2 * time.Second
 
-// Destruct stops the holder's loop (caddy.Destructor).
+// Destruct stops the holder's loop.
 func (h *OverrideHolder) Destruct() error {
 	liveHolders.Lock()
 	liveHolders.byName[h.name] = slices.DeleteFunc(liveHolders.byName[h.name], func(o *OverrideHolder) bool { return o == h })
@@ -633,31 +628,42 @@ func (h *OverrideHolder) live(now time.Time) []OverrideRecord {
 	return out
 }
 
-// apply makes the set hold r, resolved under the zone's definition, in
-// place of the override id, or drops id when r is nil; h.mu is held. It
-// costs O(log N) at N overrides: the new set shares the rest of the old
-// one, and requests move to it with one atomic store. A lapsed record
-// stays until the loop's rebuild drops it; lookups pass it over.
+// apply makes the set hold r in place of the override id, or drops id
+// when r is nil; h.mu is held. It costs O(log N) at N overrides: the new
+// set shares the rest of the old one, and requests move to it with one
+// atomic store. A lapsed record stays until the loop's rebuild drops it;
+// lookups pass it over.
 func (h *OverrideHolder) apply(id string, r *OverrideRecord) {
 	h.set.Store(h.applyTo(h.set.Load(), id, r))
 }
 
-// applyTo is apply onto set, returning the set with the change; h.mu is
-// held.
+// applyTo is apply onto set, returning the set with the change.
 func (h *OverrideHolder) applyTo(set *zones.OverrideSet, id string, r *OverrideRecord) *zones.OverrideSet {
 	set = set.Without(id)
 	delete(h.records, id)
 	if r != nil {
-		if exp := r.expiresAt(); !exp.IsZero() && (h.next.IsZero() || exp.Before(h.next)) {
-			h.next = exp
-		}
+		set = h.add(set, r)
+		h.records[id] = *r
+	}
+	return set
+}
+
+// add returns set with r, resolved under the zone's definition (once),
+// and notes r's expiry; h.mu is held.
+func (h *OverrideHolder) add(set *zones.OverrideSet, r *OverrideRecord) *zones.OverrideSet {
+	if exp := r.expiresAt(); !exp.IsZero() && (h.next.IsZero() || exp.Before(h.next)) {
+		h.next = exp
+	}
+	if r.resolved == nil {
 		o, err := r.override(h.cfg)
 		if err != nil {
-			h.logger.Warn("an override does not fit the zone; ignored", zap.String("zone", h.name), zap.String("id", id), zap.Error(err))
-		} else if with, err := set.With(o, r.version); err == nil {
-			r.resolved, set = o, with
+			h.logger.Warn("an override does not fit the zone; ignored", zap.String("zone", h.name), zap.String("id", r.ID), zap.Error(err))
+			return set
 		}
-		h.records[id] = *r
+		r.resolved = o
+	}
+	if with, err := set.With(r.resolved, r.version); err == nil {
+		return with
 	}
 	return set
 }
@@ -679,26 +685,12 @@ func (h *OverrideHolder) rebuild(now time.Time) {
 			}
 			continue
 		}
-		if !exp.IsZero() && (h.next.IsZero() || exp.Before(h.next)) {
-			h.next = exp
-		}
-		if r.resolved == nil {
-			o, err := r.override(h.cfg)
-			if err != nil {
-				h.logger.Warn("an override does not fit the zone; ignored", zap.String("zone", h.name), zap.String("id", id), zap.Error(err))
-				continue
-			}
-			r.resolved = o
-			h.records[id] = r
-		}
-		if with, err := set.With(r.resolved, r.version); err == nil {
-			set = with
-		}
+		set = h.add(set, &r)
+		h.records[id] = r
 	}
 	h.set.Store(set)
 }
 
-// file is where a local zone keeps override id.
 func (h *OverrideHolder) file(id string) string { return path.Join(h.dir, id+".json") }
 
 // save writes a local zone's record to storage, creating Caddy's instance
