@@ -120,7 +120,7 @@ func (o RegionOptions) withDefaults() RegionOptions {
 	return o
 }
 
-// spec is the regions as global.lua reads them: "name:weight,...".
+// spec is the regions as global.lua reads them.
 func (o RegionOptions) spec() string {
 	w := make([]string, 0, len(o.Regions))
 	for _, r := range o.Regions {
@@ -138,7 +138,7 @@ func (o RegionOptions) Key(regional string) string {
 }
 
 // Region is this instance's view of its region's global shares, and its
-// candidacy as the region's coordinator. It is safe for concurrent use.
+// candidacy as the region's coordinator.
 type Region struct {
 	opts     RegionOptions
 	weight   int64 // this region's default share (ppm)
@@ -153,10 +153,8 @@ type Region struct {
 
 	mu    sync.RWMutex
 	zones map[string]*regionZone
-	// set is a copy of zones, replaced on AddZone and ReleaseZone: a
-	// decision takes no lock the others share
-	set   atomic.Pointer[zoneSet]
-	names []string // zones in a fixed order, for the scripts' KEYS
+	set   atomic.Pointer[zoneSet] // zones' copy for decisions, which take no shared lock
+	names []string                // zones in a fixed order, for the scripts' KEYS
 
 	floored   atomic.Bool  // the region had no contact for a lease
 	polled    atomic.Int64 // monotime of the last successful poll
@@ -172,10 +170,10 @@ type Region struct {
 	closed sync.Once
 }
 
-// RegionStats counts the region's global work, for metrics.
+// RegionStats counts the region's global work, for metrics: syncs sent,
+// answered, unanswered; share changes; syncs refused as a stale
+// coordinator's.
 type RegionStats struct {
-	// syncs sent, answered, unanswered; share changes; syncs refused as
-	// a stale coordinator's
 	Syncs, Contacts, Failures, ShareChanges, Fenced atomic.Int64
 	LastLatency                                     atomic.Int64 // ns
 	Coordinating                                    atomic.Bool
@@ -188,8 +186,7 @@ type regionZone struct {
 	users    int          // handlers that wrapped the zone (r.mu)
 	mu       sync.RWMutex
 	shares   map[string]int64 // applied by this instance
-	// read: the zone's shares were read since it was added; until then it
-	// is at the floor (a reload's zone may have cuts others apply)
+	// read since added; until then at the floor (others may apply cuts)
 	read    atomic.Bool
 	counts  sync.Map     // per key, *counter; one idle for a whole poll is retired
 	counted atomic.Int64 // counters in counts, at most maxCounted
@@ -214,15 +211,14 @@ const (
 	deadBelow = math.MinInt64 / 4
 )
 
-// regionalStore is a store a region can stand on: a *Strict or an *Async,
-// with its link and whether it is async.
+// regionalStore is a *Strict or an *Async: its link, and whether async.
 type regionalStore interface{ regionLink() (*link, bool) }
 
 func (s *Strict) regionLink() (*link, bool) { return s.link, false }
 func (a *Async) regionLink() (*link, bool)  { return a.link, true }
 
-// OpenRegion starts this instance's region over its regional store, which
-// must be a *Strict or an *Async. It does not contact either Redis.
+// OpenRegion starts this instance's region over its regional store (a
+// *Strict or an *Async) without contacting either Redis.
 func OpenRegion(regional zones.Store, opts RegionOptions, logger *zap.Logger) (*Region, error) {
 	if err := opts.Check(); err != nil {
 		return nil, err
@@ -260,7 +256,7 @@ func OpenRegion(regional zones.Store, opts RegionOptions, logger *zap.Logger) (*
 	r.weight = own * ShareScale / sum
 	r.floor = r.weight / 10
 	r.rebuild()
-	r.floored.Store(true) // until the first poll says otherwise
+	r.floored.Store(true)
 	r.done.Go(func() { r.every(r.poll) })
 	r.done.Go(func() { r.every(func() { r.tick(monotime.Now()) }) })
 	return r, nil
@@ -407,8 +403,7 @@ func (r *Region) count(zone, key string, allowed bool, cost int64, limit algorit
 			}
 			return
 		}
-		// take retired this counter: count on a fresh one
-		z.counts.CompareAndDelete(key, v)
+		z.counts.CompareAndDelete(key, v) // retired by take: count on a fresh one
 	}
 }
 
@@ -421,8 +416,7 @@ func (z *regionZone) take() map[string][3]int64 {
 		c := v.(*counter)
 		a, d := c.n[0].Swap(0), c.n[1].Swap(0)
 		if a == 0 && d == 0 {
-			// idle since the last take: retire it, with what came meanwhile
-			a, d = c.n[0].Swap(dead), c.n[1].Swap(dead)
+			a, d = c.n[0].Swap(dead), c.n[1].Swap(dead) // idle: retire it, with what came meanwhile
 			z.counts.CompareAndDelete(k, v)
 			z.counted.Add(-1)
 		}
