@@ -337,10 +337,10 @@ func (r OverrideRecord) override(c zones.Config) (*zones.Override, error) {
 // overrides of the one it replaces.
 var overrideHolders = caddy.NewUsagePool()
 
-var liveHolders struct {
+var liveHolders = struct {
 	sync.Mutex
 	byName map[string][]*OverrideHolder
-}
+}{byName: map[string][]*OverrideHolder{}}
 
 // OverrideHolder is one zone name's overrides on one store (or in this
 // instance's storage): the records, the set requests read, and the loop
@@ -395,9 +395,6 @@ func LoadOverrideHolder(ctx caddy.Context, cfg zones.Config, remote *zones.Overr
 		}
 		liveHolders.Lock()
 		carried := slices.Clone(liveHolders.byName[cfg.Name])
-		if liveHolders.byName == nil {
-			liveHolders.byName = map[string][]*OverrideHolder{}
-		}
 		liveHolders.byName[cfg.Name] = append(liveHolders.byName[cfg.Name], h)
 		liveHolders.Unlock()
 		if len(carried) > 0 {
