@@ -62,8 +62,11 @@ func (id StateID) pooled() StateID {
 // limit describes the definition's limit for people.
 func (id StateID) limit() string {
 	if id.period != 0 {
-		loc, _ := time.LoadLocation(id.timeZone)
-		return "a quota of " + QuotaText(id.burst, id.period, loc)
+		s := fmt.Sprintf("a quota of %d per %v", id.burst, id.period)
+		if id.timeZone != time.UTC.String() {
+			s += " in " + id.timeZone // e.g. "a quota of 100000 per month in Europe/Paris"
+		}
+		return s
 	}
 	s := fmt.Sprintf("%d per %v", id.events, time.Duration(id.window))
 	switch {
@@ -77,16 +80,6 @@ func (id StateID) limit() string {
 		if id.queue > 0 {
 			s += fmt.Sprintf(" queue %d", id.queue)
 		}
-	}
-	return s
-}
-
-// QuotaText describes a quota for people: "100000 per month in
-// Europe/Paris".
-func QuotaText(n int64, p algorithms.Period, loc *time.Location) string {
-	s := fmt.Sprintf("%d per %v", n, p)
-	if loc != nil && loc != time.UTC {
-		s += " in " + loc.String()
 	}
 	return s
 }
