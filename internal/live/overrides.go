@@ -155,22 +155,19 @@ func ParseOverride(z *zones.Zone, id, from string, body io.Reader, now time.Time
 	switch {
 	case z.IsAdaptive():
 		return rec, fieldError("n", "an adaptive zone's limit follows the upstream: its override is exempt or deny")
-	case z.IsConcurrency():
-		if b.N == nil || b.Events != nil || b.Window != nil || b.Burst != nil || b.Limit != nil {
-			return rec, fieldError("n", "a concurrency zone's override takes n, the requests in flight per key (or exempt or deny)")
+	case z.IsConcurrency(), z.IsQuota():
+		field, v, dst, takes := "n", b.N, &rec.N, "a concurrency zone's override takes n, the requests in flight per key"
+		if z.IsQuota() {
+			field, v, dst, takes = "limit", b.Limit, &rec.Limit, fmt.Sprintf("a quota zone's override takes limit, the units per %s", z.Period)
 		}
-		if *b.N < 1 || *b.N > zones.MaxEvents {
-			return rec, fieldError("n", "must be a whole number from 1 to 2^40")
+		// v is one of n and limit: the other must be absent too
+		if v == nil || b.Events != nil || b.Window != nil || b.Burst != nil || b.N != nil && b.Limit != nil {
+			return rec, fieldError(field, "%s (or exempt or deny)", takes)
 		}
-		rec.N = *b.N
-	case z.IsQuota():
-		if b.Limit == nil || b.Events != nil || b.Window != nil || b.Burst != nil || b.N != nil {
-			return rec, fieldError("limit", "a quota zone's override takes limit, the units per %s (or exempt or deny)", z.Period)
+		if *v < 1 || *v > zones.MaxEvents {
+			return rec, fieldError(field, "must be a whole number from 1 to 2^40")
 		}
-		if *b.Limit < 1 || *b.Limit > zones.MaxEvents {
-			return rec, fieldError("limit", "must be a whole number from 1 to 2^40")
-		}
-		rec.Limit = *b.Limit
+		*dst = *v
 	default:
 		if b.Limit != nil || b.N != nil {
 			return rec, fieldError("events", "a rate zone's override takes events and window (and burst), not limit or n")
