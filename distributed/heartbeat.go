@@ -31,15 +31,12 @@ const (
 //go:embed heartbeat.lua
 var heartbeatLua string
 
-// heartbeatScript registers this instance and counts the live ones.
 var heartbeatScript = redis.NewScript(heartbeatLua)
 
-// backgroundTimeout bounds the calls no request waits for: heartbeats and
-// async syncs. They get a sync interval (or the decision timeout, if
-// longer) rather than the decision timeout: on a loaded machine a 20ms bound
-// failed healthy heartbeats, and the failures opened the breaker for
-// requests. A slow call that succeeds beats a lost one, which for a sync
-// only the next sync recovers.
+// backgroundTimeout bounds the calls no request waits for (heartbeats,
+// async syncs): a sync interval, or the decision timeout if longer, since
+// a tight bound fails healthy heartbeats on a loaded machine and their
+// failures open the breaker for requests.
 func backgroundTimeout(o Options) time.Duration {
 	return max(o.Timeout, o.SyncInterval)
 }
@@ -47,10 +44,8 @@ func backgroundTimeout(o Options) time.Duration {
 func (c *link) instancesKey() string { return c.opts.KeyPrefix + "instances" }
 
 // recoveryKey marks a recovery of the concurrency slots after Redis lost
-// its data (see heartbeat.lua; concurrency.lua builds the same name from
-// the prefix): under the key prefix, as an ACL of ~<prefix>* allows, and in
-// the instances set's hash slot (its hash tag is the set's name, unless the
-// prefix has a tag of its own, which the set's name then has too).
+// its data (heartbeat.lua; concurrency.lua builds the same name): under the
+// key prefix, as an ACL of ~<prefix>* allows, in the instances set's slot.
 func (c *link) recoveryKey() string {
 	return c.opts.KeyPrefix + "{" + c.instancesKey() + "}slots-recovery"
 }
@@ -62,10 +57,9 @@ func (c *link) recoveryKey() string {
 // heartbeat two seconds late on a loaded machine.
 const slotsRecovery = 3 * time.Second
 
-// heartbeat registers this instance now and returns the number of live
-// instances, which Instances reports from then on. The background loop calls
-// it every second. One beat runs at a time (see beats). A beat that finds a
-// recovery of the slots on (see slotsRecovery) renews them at once.
+// heartbeat registers this instance and returns the number of live
+// instances, which Instances reports from then on. A beat that finds a
+// recovery of the slots on (slotsRecovery) renews them at once.
 func (c *link) heartbeat(ctx context.Context) (int, error) {
 	recovering := false
 	n, err := c.beats.run(&c.instances, func() (int64, error) {
@@ -102,9 +96,8 @@ func (c *link) heartbeat(ctx context.Context) (int, error) {
 	return n, err
 }
 
-// beatRecently reports whether this store's last successful heartbeat was
-// recent enough that the instances set must still exist, its own
-// registration in it included, unless Redis lost its data.
+// beatRecently reports whether the last heartbeat was recent enough that
+// the instances set must exist unless Redis lost its data.
 func (c *link) beatRecently() bool {
 	last := c.lastBeat.Load()
 	return last != 0 && monotime.Since(last) < instanceTTL/2
@@ -118,7 +111,7 @@ func (c *link) beatRecently() bool {
 // process twice would halve every fail_policy local share.
 var processMember = randomID()
 
-// randomID is 8 random bytes in hex: an instance's or a store's name.
+// randomID is 8 random bytes in hex.
 func randomID() string {
 	var id [8]byte
 	_, _ = rand.Read(id[:])
@@ -127,10 +120,10 @@ func randomID() string {
 
 var live = struct {
 	sync.Mutex
-	members map[string]int // setID + member -> open stores
+	members map[string]int // memberKey -> open stores
 }{members: make(map[string]int)}
 
-// memberKey identifies the member a store beats as, in its set.
+// memberKey identifies the member a store beats as, in its set (live).
 func (c *link) memberKey() string {
 	return strings.Join(c.opts.Addresses, ",") + "\x00" + strconv.Itoa(c.opts.DB) + "\x00" + c.instancesKey() + "\x00" + c.member
 }
@@ -141,7 +134,7 @@ func (c *link) register() {
 	live.Unlock()
 }
 
-// unregister reports whether s was the last open store beating as its
+// unregister reports whether c was the last open store beating as its
 // member, which must then leave the set.
 func (c *link) unregister() (last bool) {
 	live.Lock()
@@ -156,16 +149,13 @@ func (c *link) unregister() (last bool) {
 }
 
 // beats runs one heartbeat at a time, so that the last reply applied is
-// the last beat Redis ran: the count never goes back to an older view of
-// the fleet. Two beats in flight on two connections may run in Redis in
-// either order, whatever their numbering, and an older count applied last
-// would have the store take fresh shares too large for the live instances.
+// the last beat Redis ran: an older count applied last (two beats on two
+// connections run in either order) would make shares too large.
 type beats struct {
 	mu sync.Mutex
 }
 
-// run runs beat alone and stores the live instances it returns (at least
-// one: this instance) in instances.
+// run runs beat alone and stores the live instances it counts, at least 1.
 func (b *beats) run(instances *atomic.Int64, beat func() (int64, error)) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -178,9 +168,8 @@ func (b *beats) run(instances *atomic.Int64, beat func() (int64, error)) (int, e
 	return int(n), nil
 }
 
-// heartbeatLoop beats at once, then every heartbeatEvery until Close. While
-// the breaker is open the beats double as its probes, so Health recovers
-// without traffic.
+// heartbeatLoop beats at once, then every heartbeatEvery until Close; the
+// beats probe an open breaker, so Health recovers without traffic.
 func (c *link) heartbeatLoop() {
 	defer c.wg.Done()
 	t := time.NewTicker(heartbeatEvery)

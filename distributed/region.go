@@ -64,7 +64,6 @@ type RegionOptions struct {
 	Refresh time.Duration
 }
 
-// RegionOptions' defaults.
 const (
 	DefaultGlobalSyncInterval = time.Second
 	DefaultGlobalLease        = 5 * time.Minute
@@ -121,7 +120,7 @@ func (o RegionOptions) withDefaults() RegionOptions {
 	return o
 }
 
-// spec is the regions as global.lua reads them: "name:weight,...".
+// spec is the regions as global.lua reads them.
 func (o RegionOptions) spec() string {
 	w := make([]string, 0, len(o.Regions))
 	for _, r := range o.Regions {
@@ -139,7 +138,7 @@ func (o RegionOptions) Key(regional string) string {
 }
 
 // Region is this instance's view of its region's global shares, and its
-// candidacy as the region's coordinator. It is safe for concurrent use.
+// candidacy as the region's coordinator.
 type Region struct {
 	opts     RegionOptions
 	weight   int64 // this region's default share (ppm)
@@ -154,10 +153,8 @@ type Region struct {
 
 	mu    sync.RWMutex
 	zones map[string]*regionZone
-	// set is a copy of zones, replaced on AddZone and ReleaseZone: a
-	// decision takes no lock the others share
-	set   atomic.Pointer[zoneSet]
-	names []string // zones in a fixed order, for the scripts' KEYS
+	set   atomic.Pointer[zoneSet] // zones' copy for decisions, which take no shared lock
+	names []string                // zones in a fixed order, for the scripts' KEYS
 
 	floored   atomic.Bool  // the region had no contact for a lease
 	polled    atomic.Int64 // monotime of the last successful poll
@@ -173,10 +170,10 @@ type Region struct {
 	closed sync.Once
 }
 
-// RegionStats counts the region's global work, for metrics.
+// RegionStats counts the region's global work, for metrics: syncs sent,
+// answered, unanswered; share changes; syncs refused as a stale
+// coordinator's.
 type RegionStats struct {
-	// syncs sent, answered, unanswered; share changes; syncs refused as
-	// a stale coordinator's
 	Syncs, Contacts, Failures, ShareChanges, Fenced atomic.Int64
 	LastLatency                                     atomic.Int64 // ns
 	Coordinating                                    atomic.Bool
@@ -189,8 +186,7 @@ type regionZone struct {
 	users    int          // handlers that wrapped the zone (r.mu)
 	mu       sync.RWMutex
 	shares   map[string]int64 // applied by this instance
-	// read: the zone's shares were read since it was added; until then it
-	// is at the floor (a reload's zone may have cuts others apply)
+	// read since added; until then at the floor (others may apply cuts)
 	read    atomic.Bool
 	counts  sync.Map     // per key, *counter; one idle for a whole poll is retired
 	counted atomic.Int64 // counters in counts, at most maxCounted
@@ -215,15 +211,14 @@ const (
 	deadBelow = math.MinInt64 / 4
 )
 
-// regionalStore is a store a region can stand on: a *Strict or an *Async,
-// with its link and whether it is async.
+// regionalStore is a *Strict or an *Async: its link, and whether async.
 type regionalStore interface{ regionLink() (*link, bool) }
 
 func (s *Strict) regionLink() (*link, bool) { return s.link, false }
 func (a *Async) regionLink() (*link, bool)  { return a.link, true }
 
-// OpenRegion starts this instance's region over its regional store, which
-// must be a *Strict or an *Async. It does not contact either Redis.
+// OpenRegion starts this instance's region over its regional store (a
+// *Strict or an *Async) without contacting either Redis.
 func OpenRegion(regional zones.Store, opts RegionOptions, logger *zap.Logger) (*Region, error) {
 	if err := opts.Check(); err != nil {
 		return nil, err
@@ -261,7 +256,7 @@ func OpenRegion(regional zones.Store, opts RegionOptions, logger *zap.Logger) (*
 	r.weight = own * ShareScale / sum
 	r.floor = r.weight / 10
 	r.rebuild()
-	r.floored.Store(true) // until the first poll says otherwise
+	r.floored.Store(true)
 	r.done.Go(func() { r.every(r.poll) })
 	r.done.Go(func() { r.every(func() { r.tick(monotime.Now()) }) })
 	return r, nil
@@ -277,13 +272,11 @@ func (r *Region) Close() (err error) {
 	return err
 }
 
-// Destruct closes the region (caddy.Destructor, for a caddy.UsagePool).
+// Destruct closes the region (caddy.Destructor).
 func (r *Region) Destruct() error { return r.Close() }
 
-// Stats is the region's counters.
 func (r *Region) Stats() *RegionStats { return &r.stats }
 
-// Name is this region's name.
 func (r *Region) Name() string { return r.opts.Region }
 
 // AddZone makes zone's keys global in this region, for one more handler;
@@ -366,10 +359,9 @@ func (r *Region) DemandDropped(zone string) int64 {
 	return 0
 }
 
-// Weight is this region's default share (ppm).
+// Weight is this region's default share (ppm); Floor a tenth of it.
 func (r *Region) Weight() int64 { return r.weight }
 
-// Floor is the region's floor share (ppm): a tenth of its weight.
 func (r *Region) Floor() int64 { return r.floor }
 
 // count notes one decision of key at limit (ns, the whole) for the
@@ -411,8 +403,7 @@ func (r *Region) count(zone, key string, allowed bool, cost int64, limit algorit
 			}
 			return
 		}
-		// take retired this counter: count on a fresh one
-		z.counts.CompareAndDelete(key, v)
+		z.counts.CompareAndDelete(key, v) // retired by take: count on a fresh one
 	}
 }
 
@@ -425,8 +416,7 @@ func (z *regionZone) take() map[string][3]int64 {
 		c := v.(*counter)
 		a, d := c.n[0].Swap(0), c.n[1].Swap(0)
 		if a == 0 && d == 0 {
-			// idle since the last take: retire it, with what came meanwhile
-			a, d = c.n[0].Swap(dead), c.n[1].Swap(dead)
+			a, d = c.n[0].Swap(dead), c.n[1].Swap(dead) // idle: retire it, with what came meanwhile
 			z.counts.CompareAndDelete(k, v)
 			z.counted.Add(-1)
 		}
@@ -447,7 +437,7 @@ type zoneSet struct {
 	byName map[string]*regionZone
 }
 
-// rebuild replaces the zone set (r.mu held).
+// rebuild replaces the zone set; r.mu is held.
 func (r *Region) rebuild() {
 	set := &zoneSet{keys: []string{r.prefix + "global{r}.meta", r.prefix + "global{r}.lock"},
 		byName: make(map[string]*regionZone, len(r.zones))}
@@ -474,7 +464,6 @@ func (r *Region) confirmMargin() time.Duration {
 	return 2*r.pollInterval() + 2*r.timeout
 }
 
-// every calls f every poll interval until Close.
 func (r *Region) every(f func()) {
 	tick := time.NewTicker(r.pollInterval())
 	defer tick.Stop()
@@ -491,7 +480,7 @@ func (r *Region) every(f func()) {
 // poll pushes this instance's counts to the regional Redis and reads the
 // region's shares when they changed.
 func (r *Region) poll() {
-	set := r.set.Load() // one set of zones for the call and its reply
+	set := r.set.Load()
 	zs := set.zones
 	known := r.version
 	if slices.ContainsFunc(zs, func(z *regionZone) bool { return !z.read.Load() }) {

@@ -38,10 +38,8 @@ type coordinator struct {
 // new one (prevUntil): that report is the cut's confirmation.
 type holding struct{ cur, prev, prevUntil int64 }
 
-// lastReport is what the coordinator last reported of a key, and when.
 type lastReport struct{ wants, held, at int64 }
 
-// sub is m's map of zone, made if missing.
 func sub[V any](m map[string]map[string]V, zone string) map[string]V {
 	if m[zone] == nil {
 		m[zone] = map[string]V{}
@@ -253,15 +251,11 @@ func (r *Region) reports(zs []*regionZone, now int64, raw []any, elapsed int64, 
 			hot[key] = true
 			add(key, wants, held[key])
 		}
-		// gone is the demand of a key not hot in this collect: none,
-		// unless this is a sync at a poll and the key last reported
-		// demand. Instances push their counts once a poll, on tickers of
-		// their own, so a collect a poll after the last may hold no push
-		// at all: read as the demand gone, it dropped the region's demand
-		// in the global store, which gave the cut region its share back
-		// and started the move over (seen on a loaded machine, the raise
-		// two intervals late). A collect an interval after the last holds
-		// several polls' pushes: only such a collect says it is gone.
+		// gone is the demand of a key not hot in this collect: none, but
+		// at a sync at a poll the demand last reported. Instances push
+		// once a poll on tickers of their own, so a collect a poll after
+		// the last may hold no push at all; only a collect an interval
+		// after the last holds several polls' pushes and says it is gone.
 		gone := func(key string) int64 {
 			if s := last[key]; atPoll && s != nil && s.wants >= 0 {
 				return s.wants
@@ -427,8 +421,7 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 		return failed
 	}
 	c.contact = sent
-	// a learning store grants nothing beyond what regions hold: in full until done
-	c.full = v[2] == int64(1)
+	c.full = v[2] == int64(1) // a learning store: in full until done
 	now = monotime.Now()
 	if v[3] == int64(1) && c.waitUntil == 0 {
 		// the other region's next sync and its cut's margin, round trips
@@ -462,7 +455,7 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 	return exchanged
 }
 
-// update is a key's grant g in a sync's reply, from what the region applied.
+// update is a key's grant g, from what the region applied.
 type update struct {
 	zone, key string
 	h         *holding

@@ -21,19 +21,14 @@ import (
 // closed, async view synced), not earlier: while the fail policy decides,
 // the cache is what keeps blocked keys blocked under open.
 
-// resubscribeEvery is the pause between attempts to subscribe again.
 const resubscribeEvery = 250 * time.Millisecond
 
 // ResetListener is what a zone offers to hear of resets made elsewhere.
 type ResetListener interface {
-	// Forget drops what the instance holds about key.
-	Forget(key string)
-	// ForgetDenials drops every cached denial (resets may have been
-	// missed).
-	ForgetDenials()
+	Forget(key string) // drops what the instance holds about key
+	ForgetDenials()    // resets may have been missed
 }
 
-// resets holds a store's listeners by zone.
 type resets struct {
 	mu        sync.Mutex
 	listeners map[string][]*ResetListener
@@ -73,15 +68,12 @@ func (r *resets) heardOwn(msg string) bool {
 	r.ownMu.Lock()
 	defer r.ownMu.Unlock()
 	n := r.own[msg]
-	switch {
-	case n == 0:
-		return false
-	case n == 1:
-		delete(r.own, msg)
-	default:
+	if n > 1 {
 		r.own[msg] = n - 1
+	} else {
+		delete(r.own, msg)
 	}
-	return true
+	return n > 0
 }
 
 // subscribed drops the resets awaited back: what was published while the
@@ -140,7 +132,8 @@ func (c *link) OnReset(zone string, l ResetListener) (remove func()) {
 	}
 }
 
-// forget tells the listeners of zone (every zone when all) to forget key.
+// forget tells the listeners of zone to forget key, or (all) every zone's
+// listeners to forget their denials.
 func (c *link) forget(zone, key string, all bool) {
 	if all {
 		c.mode.forgetDenials()
@@ -168,8 +161,7 @@ func (c *link) forget(zone, key string, all bool) {
 // blocked Receive does not watch its context).
 func (c *link) subscribeLoop(ps *redis.PubSub) {
 	defer c.wg.Done()
-	// An error here is remembered by ps: Receive connects and subscribes
-	// again.
+	// An error is remembered by ps: Receive subscribes again.
 	_ = ps.Subscribe(c.ctx, c.resetsChannel())
 	for {
 		msg, err := ps.Receive(c.ctx)
@@ -177,9 +169,7 @@ func (c *link) subscribeLoop(ps *redis.PubSub) {
 			if c.ctx.Err() != nil {
 				return
 			}
-			c.resets.live.Store(false)
-			// The next Receive reconnects and subscribes again; what
-			// was published meanwhile is lost.
+			c.resets.live.Store(false) // what is published until Receive subscribes again is lost
 			select {
 			case <-time.After(resubscribeEvery):
 			case <-c.ctx.Done():

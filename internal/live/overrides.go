@@ -1,14 +1,12 @@
 package live
 
 // Overrides: an operator's runtime exceptions to a zone's limit, set
-// through the admin API (package admin's serveOverrides: PUT/GET/DELETE
-// /rate_limit/zones/<zone>/overrides) and resolved per request by package
-// zones. Strict and async zones keep them in Redis
-// (distributed/overrides.go), every instance polling the zone's changes;
-// local zones keep them per instance in Caddy's storage. Either way a zone
-// name's overrides live in one holder pooled by name and store, so that a
-// reload never drops them, and a holder on a new store (the zone changed
-// mode) starts with those of the one it replaces.
+// through the admin API and resolved per request by package zones.
+// Distributed zones keep them in Redis, every instance following the
+// changes; local zones per instance in Caddy's storage. A zone name's
+// overrides live in one holder pooled by name and store, so that a reload
+// never drops them; a holder on a new store (the zone changed mode) starts
+// with those of the one it replaces.
 
 import (
 	"bytes"
@@ -79,7 +77,7 @@ type overrideBody struct {
 	Reason  string                  `json:"reason"`
 }
 
-// fieldError is a bad body's 400: which field and why.
+// fieldError is a bad body's 400.
 func fieldError(field, why string, args ...any) error {
 	return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("%s: %s", field, fmt.Sprintf(why, args...))}
 }
@@ -157,22 +155,19 @@ func ParseOverride(z *zones.Zone, id, from string, body io.Reader, now time.Time
 	switch {
 	case z.IsAdaptive():
 		return rec, fieldError("n", "an adaptive zone's limit follows the upstream: its override is exempt or deny")
-	case z.IsConcurrency():
-		if b.N == nil || b.Events != nil || b.Window != nil || b.Burst != nil || b.Limit != nil {
-			return rec, fieldError("n", "a concurrency zone's override takes n, the requests in flight per key (or exempt or deny)")
+	case z.IsConcurrency(), z.IsQuota():
+		field, v, dst, takes := "n", b.N, &rec.N, "a concurrency zone's override takes n, the requests in flight per key"
+		if z.IsQuota() {
+			field, v, dst, takes = "limit", b.Limit, &rec.Limit, fmt.Sprintf("a quota zone's override takes limit, the units per %s", z.Period)
 		}
-		if *b.N < 1 || *b.N > zones.MaxEvents {
-			return rec, fieldError("n", "must be a whole number from 1 to 2^40")
+		// v is one of n and limit: the other must be absent too
+		if v == nil || b.Events != nil || b.Window != nil || b.Burst != nil || b.N != nil && b.Limit != nil {
+			return rec, fieldError(field, "%s (or exempt or deny)", takes)
 		}
-		rec.N = *b.N
-	case z.IsQuota():
-		if b.Limit == nil || b.Events != nil || b.Window != nil || b.Burst != nil || b.N != nil {
-			return rec, fieldError("limit", "a quota zone's override takes limit, the units per %s (or exempt or deny)", z.Period)
+		if *v < 1 || *v > zones.MaxEvents {
+			return rec, fieldError(field, "must be a whole number from 1 to 2^40")
 		}
-		if *b.Limit < 1 || *b.Limit > zones.MaxEvents {
-			return rec, fieldError("limit", "must be a whole number from 1 to 2^40")
-		}
-		rec.Limit = *b.Limit
+		*dst = *v
 	default:
 		if b.Limit != nil || b.N != nil {
 			return rec, fieldError("events", "a rate zone's override takes events and window (and burst), not limit or n")
@@ -281,7 +276,7 @@ func parseExpires(s string, now time.Time) (string, error) {
 	return at.UTC().Format(time.RFC3339Nano), nil
 }
 
-// setAt is when the record was set, Unix ns.
+// setAt is the record's set_at, Unix ns.
 func (r OverrideRecord) setAt() int64 {
 	t, _ := time.Parse(time.RFC3339Nano, r.SetAt)
 	return t.UnixNano()
@@ -334,17 +329,15 @@ func (r OverrideRecord) override(c zones.Config) (*zones.Override, error) {
 	return o, err
 }
 
-// overrideHolders holds each zone name's overrides, by store, across
-// reloads.
+// overrideHolders pools the holders by store and zone name; liveHolders
+// lists them by zone name, for a holder on a new store to carry the
+// overrides of the one it replaces.
 var overrideHolders = caddy.NewUsagePool()
 
-// liveHolders is every holder in overrideHolders by zone name: a holder
-// made for a zone that moved to another store (a reload that changes its
-// mode) carries the overrides of the one it replaces.
-var liveHolders struct {
+var liveHolders = struct {
 	sync.Mutex
 	byName map[string][]*OverrideHolder
-}
+}{byName: map[string][]*OverrideHolder{}}
 
 // OverrideHolder is one zone name's overrides on one store (or in this
 // instance's storage): the records, the set requests read, and the loop
@@ -386,7 +379,10 @@ func LoadOverrideHolder(ctx caddy.Context, cfg zones.Config, remote *zones.Overr
 	v, _, err := overrideHolders.LoadOrNew(key, func() (caddy.Destructor, error) {
 		h := &OverrideHolder{name: cfg.Name, logger: logger.Named("overrides"), remote: remote, records: map[string]OverrideRecord{},
 			cfg: cfg, stop: make(chan struct{}), done: make(chan struct{})}
-		if remote == nil {
+		if remote != nil {
+			h.moved = make(chan struct{}, 1)
+			h.unlisten = remote.Moved(cfg.Name, h.moved)
+		} else {
 			// The instance id is read, not created: an instance without one
 			// has stored no override, and `caddy validate` writes nothing.
 			h.storage = ctx.Storage()
@@ -394,15 +390,8 @@ func LoadOverrideHolder(ctx caddy.Context, cfg zones.Config, remote *zones.Overr
 				h.dir = path.Join(overrideDir, instance, cfg.Name)
 			}
 		}
-		if remote != nil {
-			h.moved = make(chan struct{}, 1)
-			h.unlisten = remote.Moved(cfg.Name, h.moved)
-		}
 		liveHolders.Lock()
 		carried := slices.Clone(liveHolders.byName[cfg.Name])
-		if liveHolders.byName == nil {
-			liveHolders.byName = map[string][]*OverrideHolder{}
-		}
 		liveHolders.byName[cfg.Name] = append(liveHolders.byName[cfg.Name], h)
 		liveHolders.Unlock()
 		if len(carried) > 0 {
@@ -469,7 +458,7 @@ func (r OverrideRecord) stored() zones.StoredOverride {
 // overridesCall bounds one call to the store about a zone's overrides.
 const overridesCall = 2 * time.Second
 
-// Destruct stops the holder's loop (caddy.Destructor).
+// Destruct stops the holder's loop.
 func (h *OverrideHolder) Destruct() error {
 	liveHolders.Lock()
 	liveHolders.byName[h.name] = slices.DeleteFunc(liveHolders.byName[h.name], func(o *OverrideHolder) bool { return o == h })
@@ -633,31 +622,42 @@ func (h *OverrideHolder) live(now time.Time) []OverrideRecord {
 	return out
 }
 
-// apply makes the set hold r, resolved under the zone's definition, in
-// place of the override id, or drops id when r is nil; h.mu is held. It
-// costs O(log N) at N overrides: the new set shares the rest of the old
-// one, and requests move to it with one atomic store. A lapsed record
-// stays until the loop's rebuild drops it; lookups pass it over.
+// apply makes the set hold r in place of the override id, or drops id
+// when r is nil; h.mu is held. It costs O(log N) at N overrides: the new
+// set shares the rest of the old one, and requests move to it with one
+// atomic store. A lapsed record stays until the loop's rebuild drops it;
+// lookups pass it over.
 func (h *OverrideHolder) apply(id string, r *OverrideRecord) {
 	h.set.Store(h.applyTo(h.set.Load(), id, r))
 }
 
-// applyTo is apply onto set, returning the set with the change; h.mu is
-// held.
+// applyTo is apply onto set, returning the set with the change.
 func (h *OverrideHolder) applyTo(set *zones.OverrideSet, id string, r *OverrideRecord) *zones.OverrideSet {
 	set = set.Without(id)
 	delete(h.records, id)
 	if r != nil {
-		if exp := r.expiresAt(); !exp.IsZero() && (h.next.IsZero() || exp.Before(h.next)) {
-			h.next = exp
-		}
+		set = h.add(set, r)
+		h.records[id] = *r
+	}
+	return set
+}
+
+// add returns set with r, resolved under the zone's definition (once),
+// and notes r's expiry; h.mu is held.
+func (h *OverrideHolder) add(set *zones.OverrideSet, r *OverrideRecord) *zones.OverrideSet {
+	if exp := r.expiresAt(); !exp.IsZero() && (h.next.IsZero() || exp.Before(h.next)) {
+		h.next = exp
+	}
+	if r.resolved == nil {
 		o, err := r.override(h.cfg)
 		if err != nil {
-			h.logger.Warn("an override does not fit the zone; ignored", zap.String("zone", h.name), zap.String("id", id), zap.Error(err))
-		} else if with, err := set.With(o, r.version); err == nil {
-			r.resolved, set = o, with
+			h.logger.Warn("an override does not fit the zone; ignored", zap.String("zone", h.name), zap.String("id", r.ID), zap.Error(err))
+			return set
 		}
-		h.records[id] = *r
+		r.resolved = o
+	}
+	if with, err := set.With(r.resolved, r.version); err == nil {
+		return with
 	}
 	return set
 }
@@ -679,26 +679,12 @@ func (h *OverrideHolder) rebuild(now time.Time) {
 			}
 			continue
 		}
-		if !exp.IsZero() && (h.next.IsZero() || exp.Before(h.next)) {
-			h.next = exp
-		}
-		if r.resolved == nil {
-			o, err := r.override(h.cfg)
-			if err != nil {
-				h.logger.Warn("an override does not fit the zone; ignored", zap.String("zone", h.name), zap.String("id", id), zap.Error(err))
-				continue
-			}
-			r.resolved = o
-			h.records[id] = r
-		}
-		if with, err := set.With(r.resolved, r.version); err == nil {
-			set = with
-		}
+		set = h.add(set, &r)
+		h.records[id] = r
 	}
 	h.set.Store(set)
 }
 
-// file is where a local zone keeps override id.
 func (h *OverrideHolder) file(id string) string { return path.Join(h.dir, id+".json") }
 
 // save writes a local zone's record to storage, creating Caddy's instance

@@ -67,7 +67,7 @@ type SnapshotMetrics struct {
 	WriteFailures, RestoreFailures prometheus.Counter
 }
 
-// add adds n to c, a series a zone may not have (nil).
+// add adds n to c, nil when the zone has no such series.
 func add(c prometheus.Counter, n float64) {
 	if c != nil {
 		c.Add(n)
@@ -129,7 +129,7 @@ func (p *Persister) key(instance string, pz *PersistedZone) string {
 	return snapshotPrefix + "/" + instance + "/" + pz.file
 }
 
-type restored struct {
+type restored struct { // one snapshot loaded
 	pz   *PersistedZone
 	snap *zones.Snapshot
 	err  error
@@ -177,7 +177,7 @@ func (p *Persister) Restore() {
 	}
 }
 
-// apply merges one loaded snapshot into its zone's state, or says why not.
+// apply merges a loaded snapshot into its zone's state, or says why not.
 func (p *Persister) apply(r restored) {
 	zone := zap.String("zone", r.pz.Zone.Name)
 	switch {
@@ -234,15 +234,11 @@ func (p *Persister) run() {
 	}
 }
 
-// removeStaleTemps deletes what writes interrupted by a SIGKILL (or a
-// crash) left in this instance's snapshot directory of a file storage:
-// certmagic writes a snapshot to a temporary file beside it (os.CreateTemp,
-// a name of digits only; a snapshot's name never is) and renames it over
-// the snapshot, and a process killed in between leaves the temporary file,
-// as large as a snapshot, under a new name each time. A file younger than
-// staleTempAge may be a write in flight (another handler's, or a process
-// sharing the data directory) and stays. Runs once the config has started:
-// provisioning only reads the storage.
+// removeStaleTemps deletes the temporary files (os.CreateTemp's, named by
+// digits only; a snapshot's name never is) that writes killed mid-way left
+// in this instance's snapshot directory of a file storage, each as large
+// as a snapshot. One younger than staleTempAge may be a write in flight
+// and stays. It runs once the config has started: provisioning only reads.
 func (p *Persister) removeStaleTemps() {
 	fsStorage, ok := p.storage.(*certmagic.FileStorage)
 	if !ok || len(p.zones) == 0 {
@@ -308,7 +304,7 @@ var writing sync.Map // storage key -> *sync.Mutex
 
 // write takes and stores one snapshot of pz; why is for the log.
 func (p *Persister) write(pz *PersistedZone, why string) {
-	instance, err := CreateInstanceID() // created on the first write
+	instance, err := CreateInstanceID()
 	if err != nil {
 		add(pz.M.WriteFailures, 1)
 		p.logger.Error("snapshot not written: no instance id", zap.String("zone", pz.Zone.Name), zap.Error(err))

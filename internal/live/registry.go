@@ -75,13 +75,11 @@ func ClaimedHTTPZone(ctx context.Context, name string) (Claim, bool) {
 	return c, ok && !c.Connection
 }
 
-// registry holds, by name, the zones of every loaded config, for the admin
-// API and the metrics. A name maps to its registrations in the order they
-// were made; the last one is shown. A reload provisions the new config (its
-// zones go last) before it cleans up the old one; a load that fails is
-// cleaned up instead, taking only its own registrations with it. Either way
-// what is shown is the running config's zones, through failed loads and
-// modules whose provisioning failed half-way.
+// registry holds, by name, the zones of every loaded config in the order
+// they were registered; the last one is shown. A reload provisions the new
+// config (its zones go last) before cleaning up the old one, and a failed
+// load takes only its own registrations with it: what is shown is the
+// running config's zones.
 var registry = struct {
 	sync.Mutex
 	zones map[string][]*zones.Zone
@@ -93,25 +91,21 @@ type registration struct {
 	view       ZoneView
 }
 
-// ZoneView is what the admin API (package admin) and the status handler
-// read of an HTTP zone beyond zones.Zone, set by the root package when it
-// registers the zone: the zero view for a connection zone.
+// ZoneView is what the admin API and the status handler read of an HTTP
+// zone beyond zones.Zone, set by the root package when it registers the
+// zone: the zero view for a connection zone.
 type ZoneView struct {
-	Regional zones.Store         // the store decisions reach (nil in local mode)
-	Shared   *distributed.Shared // a scope global zone's share of it, else nil
-	Health   StoreHealth         // the regional store's health, if it tells it
-	// Overrides are the zone's overrides, Emit its handler's events.
+	Regional  zones.Store         // the store decisions reach (nil in local mode)
+	Shared    *distributed.Shared // a scope global zone's share of it, else nil
+	Health    StoreHealth         // the regional store's health, if it tells it
 	Overrides *OverrideHolder
-	Emit      func(event string, data map[string]any)
+	Emit      func(event string, data map[string]any) // the handler's events
 	// USD is a usd zone's amounts in dollars (empty in any other zone).
-	USD func(limit, remaining int64, used *int64) adminapi.USDFields
-	// Handler is the root's zone handler (its key template, plans,
-	// challenge), which only the root reads back.
-	Handler any
+	USD     func(limit, remaining int64, used *int64) adminapi.USDFields
+	Handler any // the root's zone handler, which only the root reads back
 }
 
-// Register adds z, a listener wrapper's zone when connection, with what its
-// module shows of it (View).
+// Register adds z, a listener wrapper's zone when connection.
 func Register(z *zones.Zone, connection bool, view ZoneView) {
 	registry.Lock()
 	registry.zones[z.Name] = append(registry.zones[z.Name], z)
@@ -134,8 +128,8 @@ func IsConnection(z *zones.Zone) bool {
 	return registry.regs[z].connection
 }
 
-// Unregister removes z's registration. When it was the last one of its
-// name, no config defines the zone any more and its metric series go too.
+// Unregister removes z's registration; with the last of its name, its
+// metric series go too.
 func Unregister(z *zones.Zone) {
 	registry.Lock()
 	defer registry.Unlock()

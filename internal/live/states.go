@@ -26,21 +26,15 @@ type StateID struct {
 	name                  string
 	events, window, burst int64
 	maxKeys               int64
-	// vars is what the handler reads its limits from per request (nil
-	// when nothing): a comparable value the handler defines.
-	vars any
+	vars                  any // what the handler reads its limits from per request (nil: nothing)
 	// Quota zones: the period and its time zone (the quota is burst).
 	period   algorithms.Period
 	timeZone string
 	// A concurrency zone (burst is its concurrency), adaptive or not.
 	concurrency, adaptive bool
-	// Zones with ban: its first and longest length (a zone's ban state
-	// lives in its State).
-	ban, banMax time.Duration
-	// Zones with delay: how long a request may wait, and how many wait
-	// at once (the waiting count lives in its State).
-	delay time.Duration
-	queue int64
+	ban, banMax           time.Duration // ban's first and longest length
+	delay                 time.Duration // how long a request may wait
+	queue                 int64         // how many wait at once
 }
 
 // NewStateID is the definition of cfg whose per-request limits are read as
@@ -55,12 +49,9 @@ func NewStateID(cfg zones.Config, vars any) StateID {
 }
 
 // pooled is the key of the definition's state in states. A concurrency
-// zone's state is pooled by its name alone: its counts of requests in flight
-// mean the same whatever the zone's concurrency or max_keys, and requests
-// still running when a reload changes them must go on being counted (a
-// fresh table would let more in flight than the limit). The zone's current
-// concurrency is checked against them, and its max_keys bounds the keys it
-// adds (zones.New).
+// zone's is its name alone: requests still in flight when a reload changes
+// its concurrency or max_keys must go on being counted (a fresh table
+// would let more in flight than the limit).
 func (id StateID) pooled() StateID {
 	if id.concurrency {
 		return StateID{name: id.name, concurrency: true, adaptive: id.adaptive}
@@ -71,8 +62,11 @@ func (id StateID) pooled() StateID {
 // limit describes the definition's limit for people.
 func (id StateID) limit() string {
 	if id.period != 0 {
-		loc, _ := time.LoadLocation(id.timeZone)
-		return "a quota of " + QuotaText(id.burst, id.period, loc)
+		s := fmt.Sprintf("a quota of %d per %v", id.burst, id.period)
+		if id.timeZone != time.UTC.String() {
+			s += " in " + id.timeZone // e.g. "a quota of 100000 per month in Europe/Paris"
+		}
+		return s
 	}
 	s := fmt.Sprintf("%d per %v", id.events, time.Duration(id.window))
 	switch {
@@ -86,16 +80,6 @@ func (id StateID) limit() string {
 		if id.queue > 0 {
 			s += fmt.Sprintf(" queue %d", id.queue)
 		}
-	}
-	return s
-}
-
-// QuotaText describes a quota for people: "100000 per month in
-// Europe/Paris".
-func QuotaText(n int64, p algorithms.Period, loc *time.Location) string {
-	s := fmt.Sprintf("%d per %v", n, p)
-	if loc != nil && loc != time.UTC {
-		s += " in " + loc.String()
 	}
 	return s
 }
@@ -118,8 +102,7 @@ func LoadState(cfg zones.Config, vars any, sweep time.Duration) (*zones.State, S
 	return v.(*zones.State), id, !loaded, nil
 }
 
-// ReleaseState gives back one reference LoadState took; the last one frees
-// the state.
+// ReleaseState gives back a reference LoadState took.
 func ReleaseState(id StateID) { _, _ = states.Delete(id) }
 
 // LogAfresh logs, when LoadState has just created id's state, another

@@ -12,13 +12,9 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// stores shares one Redis store per distinct setting between all handlers,
-// across config reloads; the last handler to let go closes it.
-var stores = caddy.NewUsagePool()
-
-// regions is the pool of Regions, one per setting and store, shared by
-// every handler across reloads like the stores.
-var regions = caddy.NewUsagePool()
+// stores and regions pool one Redis store per setting, and one Region per
+// setting and store, across reloads; the last handler to let go closes it.
+var stores, regions = caddy.NewUsagePool(), caddy.NewUsagePool()
 
 // Backend is what a handler needs of its pooled store besides zones.Store
 // and its Offers, set where the store is made: no code asks a store what
@@ -42,7 +38,6 @@ type ResetNotifier interface {
 	OnReset(zone string, l distributed.ResetListener) (remove func())
 }
 
-// pooledStore is a store in the pool with its Backend.
 type pooledStore struct {
 	store interface {
 		zones.Store
@@ -51,7 +46,6 @@ type pooledStore struct {
 	backend Backend
 }
 
-// Destruct closes the store (caddy.Destructor).
 func (p pooledStore) Destruct() error { return p.store.Destruct() }
 
 // OpenStore returns the pooled store of opts, a *distributed.Strict or (in
