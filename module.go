@@ -204,7 +204,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 	}
 	if !h.DisableMetrics {
-		if err := registerMetrics(ctx); err != nil {
+		if err := live.RegisterMetrics(ctx.GetMetricsRegistry()); err != nil {
 			return fmt.Errorf("registering metrics: %v", err)
 		}
 	}
