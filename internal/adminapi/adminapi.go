@@ -1,10 +1,6 @@
-// Package adminapi is the admin API's wire: the JSON that the /rate_limit/
-// routes answer (package admin) and that `caddy rate-limit` (package
-// command) reads back. Both sides use these
-// types, so that what one writes the other reads field for field.
-//
-// It imports only the standard library: the CLI links it without the
-// handler, and nothing here decides or stores anything.
+// Package adminapi is the admin API's wire: the JSON that package admin
+// answers and `caddy rate-limit` reads back, field for field. It imports
+// only the standard library: the CLI links it without the handler.
 package adminapi
 
 import (
@@ -139,7 +135,6 @@ type KeyName struct {
 	KeyBase64 string `json:"key_base64,omitempty"`
 }
 
-// NewKeyName is key as the answers name it.
 func NewKeyName(key string) KeyName {
 	if utf8.ValidString(key) {
 		return KeyName{Key: key}
@@ -147,7 +142,6 @@ func NewKeyName(key string) KeyName {
 	return KeyName{Key: strings.ToValidUTF8(key, "\uFFFD"), KeyBase64: base64.StdEncoding.EncodeToString([]byte(key))}
 }
 
-// Raw is the key itself.
 func (k KeyName) Raw() string {
 	if k.KeyBase64 != "" {
 		if b, err := base64.StdEncoding.DecodeString(k.KeyBase64); err == nil {
@@ -157,9 +151,8 @@ func (k KeyName) Raw() string {
 	return k.Key
 }
 
-// DecodeKeyBase64 reads a key given as ?key_base64=. A '+' that reached us
-// unescaped in a query string reads as a space, which base64 never holds:
-// it is taken back.
+// DecodeKeyBase64 reads a key given as ?key_base64=, a '+' that reached
+// us unescaped (a space) taken back.
 func DecodeKeyBase64(s string) (string, error) {
 	b, err := base64.StdEncoding.DecodeString(strings.ReplaceAll(s, " ", "+"))
 	if err != nil {
@@ -286,9 +279,8 @@ func ShortDuration(s string) string {
 	return s
 }
 
-// WriteJSON writes v with status as plain JSON: keys such as "<zone>" are
-// not HTML-escaped, the admin API (and the status handler, which answers
-// in the same way) is not a web page.
+// WriteJSON writes v with status as JSON, not HTML-escaped: the answers
+// are no web page.
 func WriteJSON(w http.ResponseWriter, status int, v any) error {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
