@@ -256,26 +256,21 @@ func (rw *response) bodyTotal(r *http.Request, i int, v *ticket, status int, err
 	var why usage.Reason
 	var format usage.Format
 	reason := ""
-	switch b := rw.paths[i]; {
-	case b.paths != nil:
+	if b := rw.paths[i]; b.paths != nil {
 		n, why = rw.scans[i].Total()
-	case b.prices != nil:
+	} else {
 		var t usage.Tokens
 		t, why = rw.scans[i].Tokens()
-		if t.Model == "" {
-			t.Model = requestModel(r) // the request's, read with its body
-		}
-		if why == usage.OK {
+		format = t.Format
+		switch {
+		case b.prices == nil:
+			n = b.tokens.of(t)
+		case why == usage.OK:
 			var priced bool
-			if n, priced = b.prices.Cost(t.Model, t.Input, t.CachedInput, t.Output); !priced {
+			if n, priced = b.prices.Cost(cmp.Or(t.Model, requestModel(r)), t.Input, t.CachedInput, t.Output); !priced {
 				reason = reasonNoPrice
 			}
 		}
-		format = t.Format
-	default:
-		var t usage.Tokens
-		t, why = rw.scans[i].Tokens()
-		n, format = b.tokens.of(t), t.Format
 	}
 	if c := v.Owner.metrics.tokenCharges; c != nil && why == usage.OK && reason == "" && err == nil && status < 500 {
 		add(c[format], 1)

@@ -75,10 +75,8 @@ func (s *StatusHandler) Provision(ctx caddy.Context) error {
 		if !zones.ValidName(name) {
 			return fmt.Errorf("rate_limit_status: zone name %q is invalid: use letters, digits, '_' and '-' only", name)
 		}
-		found := false
-		if _, ok := live.ClaimedHTTPZone(ctx, name); ok {
-			found = true
-		} else if app, err := ctx.AppIfConfigured("http"); err == nil {
+		_, found := live.ClaimedHTTPZone(ctx, name)
+		if app, err := ctx.AppIfConfigured("http"); !found && err == nil {
 			if app, ok := app.(*caddyhttp.App); ok {
 				_, _, found = httpZoneInJSON(app, name)
 			}

@@ -303,7 +303,7 @@ func compareZones(a, b *httpZone) int {
 	return cmp.Or(cmp.Compare(ka, kb), cmp.Compare(ta, tb), burst, strings.Compare(a.Name, b.Name))
 }
 
-// tightness is z's kind in compareKinds's order and its limit per second
+// tightness is z's kind in compareZones's order and its limit per second
 // (a concurrency zone's: its concurrency).
 func tightness(z *zones.Zone) (kind int, limit float64) {
 	switch {
