@@ -5,6 +5,7 @@ import (
 
 	"github.com/caddy-tally/ratelimit/internal/adminapi"
 	"github.com/caddy-tally/ratelimit/internal/live"
+	"github.com/caddy-tally/ratelimit/internal/usage"
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
@@ -24,13 +25,17 @@ func httpZoneOf(z *zones.Zone) *httpZone {
 	return zh
 }
 
-// usdFields is zh's amounts in dollars, the USD of its view (none when
-// zh is nil).
+// usdFields is a usd zone's amounts in dollars, the USD of its view; none
+// in another zone, or when zh is nil.
 func (zh *httpZone) usdFields(limit, remaining int64, used *int64) adminapi.USDFields {
-	if zh == nil {
+	if zh == nil || zh.costs.usd() == nil {
 		return adminapi.USDFields{}
 	}
-	return usdFieldsOf(zh.costs.usd(), limit, remaining, used)
+	f := adminapi.USDFields{Unit: unitMicroUSD, LimitUSD: usage.FormatUSD(limit), RemainingUSD: usage.FormatUSD(remaining)}
+	if used != nil {
+		f.UsedUSD = usage.FormatUSD(*used)
+	}
+	return f
 }
 
 // httpZoneInJSON looks for the HTTP zone name in the app's routes that

@@ -4,7 +4,6 @@ import (
 	"fmt"
 
 	"github.com/caddy-tally/ratelimit/config"
-	"github.com/caddy-tally/ratelimit/internal/adminapi"
 	"github.com/caddy-tally/ratelimit/internal/usage"
 )
 
@@ -37,15 +36,3 @@ const reasonNoPrice = "no_price"
 
 // unitMicroUSD names what a usd zone's integers count.
 const unitMicroUSD = "usd-micro"
-
-// usdFieldsOf are a usd zone's amounts in dollars; none when prices is nil.
-func usdFieldsOf(prices *usage.Prices, limit, remaining int64, used *int64) adminapi.USDFields {
-	if prices == nil {
-		return adminapi.USDFields{}
-	}
-	f := adminapi.USDFields{Unit: unitMicroUSD, LimitUSD: usage.FormatUSD(limit), RemainingUSD: usage.FormatUSD(remaining)}
-	if used != nil {
-		f.UsedUSD = usage.FormatUSD(*used)
-	}
-	return f
-}
