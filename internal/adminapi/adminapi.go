@@ -71,9 +71,8 @@ type NodeOutage struct {
 }
 
 // KeyInfo is a key as GET /rate_limit/zones/<zone>/keys/<key> shows it:
-// its state now (the one read, zones.Ticket.Read, as rate_limit_status
-// reports it) and the limit it is under, by its zone's kind. Durations are
-// in seconds.
+// its state now (as rate_limit_status reports it) and the limit it is
+// under, by its zone's kind. Durations are in seconds.
 type KeyInfo struct {
 	Zone string `json:"zone"`
 	KeyName
@@ -118,8 +117,7 @@ type KeyInfo struct {
 	USDFields
 }
 
-// FleetView is a key of an async zone as Redis holds it. Durations are in
-// seconds.
+// FleetView is a key of an async zone as Redis holds it.
 type FleetView struct {
 	Remaining  int64   `json:"remaining"`
 	RetryAfter float64 `json:"retry_after"`
@@ -178,8 +176,7 @@ type BanInfo struct {
 	BanLevel  int     `json:"ban_level,omitempty"` // when known
 }
 
-// PartialReset is the answer to a DELETE that reset this instance's state
-// but got no answer from Redis.
+// PartialReset answers a DELETE that Redis did not confirm.
 type PartialReset struct {
 	Error       string   `json:"error"`
 	Reset       []string `json:"reset"`
@@ -264,8 +261,7 @@ type USDFields struct {
 	UsedUSD      string `json:"used_usd,omitempty"` // quota zones
 }
 
-// ShortDuration turns Go's "1h0m0s" into "1h", as the answers write
-// durations.
+// ShortDuration turns Go's "1h0m0s" into "1h".
 func ShortDuration(s string) string {
 	if d, err := time.ParseDuration(s); err == nil {
 		s = d.String()
