@@ -9,27 +9,21 @@ import (
 )
 
 // limitedPlaceholder names the zones that denied a request or, in dry run,
-// would have: comma-separated, tightest first, "" when none. It lets a
-// dry-run zone annotate a request (request_header, header_up) instead of
-// refusing it.
+// would have: it lets a dry-run zone annotate a request instead.
 const limitedPlaceholder = "http.rate_limit.limited"
 
 // annotate gives an allowed request of a handler with a dry-run zone its
-// {http.rate_limit.limited}. Handlers without one never look the replacer
-// up for it: an allowed request of theirs was limited by none of their
-// zones, and a denial's provider (deny) names the denying zone.
+// {http.rate_limit.limited}; other handlers leave it to a denial's provider.
 func (h *Handler) annotate(r *http.Request, tickets []ticket) {
 	if h.annotates {
 		annotateWouldDeny(requestReplacer(r), tickets)
 	}
 }
 
-// annotateWouldDeny sets the placeholder for an allowed request. Nothing
-// limited (the common case) costs one static provider, which allocates
-// nothing and is only called when some placeholder is read. A would-be
-// denial is rare: its names are built and Set, which the replacer consults
-// before any provider, so that a second rate_limit handler on the request
-// adds its names to the first's rather than being hidden by its provider.
+// annotateWouldDeny sets the placeholder for an allowed request: nothing
+// limited costs one static provider, which allocates nothing. A would-be
+// denial's names are Set, which the replacer consults before any provider,
+// so that a second handler on the request adds its names to the first's.
 func annotateWouldDeny(repl *caddy.Replacer, tickets []ticket) {
 	names := limitedNames(tickets, "")
 	if names == "" {
@@ -42,11 +36,9 @@ func annotateWouldDeny(repl *caddy.Replacer, tickets []ticket) {
 	repl.Set(limitedPlaceholder, names)
 }
 
-// limitedOnDenial is the placeholder's value on a denial of tickets'
-// last zone, named denied, which deny's provider gives. A provider is
-// consulted after those of the handlers before it on the request, so when
-// one of them annotated (only possible while some handler has a dry-run
-// zone) the names are joined to theirs and Set instead.
+// limitedOnDenial is the placeholder's value on a denial by zone denied,
+// for deny's provider; when an earlier handler annotated the request, the
+// names are joined to its and Set: its Set would hide a provider.
 func limitedOnDenial(repl *caddy.Replacer, tickets []ticket, denied string) string {
 	names := limitedNames(tickets, denied)
 	if annotatingHandlers.Load() > 0 {
@@ -60,12 +52,9 @@ func limitedOnDenial(repl *caddy.Replacer, tickets []ticket, denied string) stri
 	return names
 }
 
-// annotatingHandlers counts the provisioned handlers with a dry-run zone,
-// those that set the placeholder on allowed requests.
+// annotatingHandlers counts the provisioned handlers with a dry-run zone.
 var annotatingHandlers atomic.Int64
 
-// countAnnotating counts h among annotatingHandlers while it is
-// provisioned; Cleanup calls it with false.
 func (h *Handler) countAnnotating(on bool) {
 	if on == h.counted {
 		return
@@ -78,8 +67,7 @@ func (h *Handler) countAnnotating(on bool) {
 	}
 }
 
-// notLimited is the placeholder's provider when no zone limited the
-// request. A function without captures: registering it allocates nothing.
+// notLimited captures nothing: registering it allocates nothing.
 func notLimited(placeholder string) (any, bool) {
 	if placeholder == limitedPlaceholder {
 		return "", true
@@ -87,9 +75,8 @@ func notLimited(placeholder string) (any, bool) {
 	return nil, false
 }
 
-// limitedNames is the placeholder's value: the dry-run zones of tickets
-// that would have denied, then denied (the denying zone's name, or "").
-// Without a would-be denial it is denied itself, allocating nothing.
+// limitedNames is the dry-run zones that would have denied, then denied
+// (the denying zone, or ""); without any, denied itself, allocating nothing.
 func limitedNames(tickets []ticket, denied string) string {
 	var b strings.Builder
 	for i := range tickets {

@@ -5,16 +5,10 @@ import (
 	"github.com/caddy-tally/ratelimit/internal/usage"
 )
 
-// Charges from the response body (charge json, charge tokens;
-// docs/configuration.md, "Charges from the response body"): what a zone
-// reads from the body and why a charge falls back. The body passes through
-// as it is written, every flush kept, and each zone that charges from it
-// scans the bytes on their way with its own usage.Scanner (finish.go's
-// response), in memory bounded whatever the body's size.
-
-// bodyCharge is what a zone charges from the response body: the sum of
-// paths (charge json), or else its token usage, counted (charge tokens)
-// or priced by its model (charge usd, when prices is set).
+// bodyCharge is what a zone charges from the response body, scanned on its
+// way in bounded memory (finish.go): the sum of paths (charge json), or
+// else its token usage, counted (charge tokens) or priced by its model
+// (charge usd, when prices is set).
 type bodyCharge struct {
 	paths  *usage.Paths
 	tokens tokenCount
@@ -40,7 +34,6 @@ func parseTokenCount(s string) (tokenCount, error) {
 	return tokensTotal, config.CheckTokenCount(s)
 }
 
-// of is the count of t.
 func (c tokenCount) of(t usage.Tokens) int64 {
 	switch c {
 	case tokensInput:
@@ -51,16 +44,13 @@ func (c tokenCount) of(t usage.Tokens) int64 {
 	return t.Total()
 }
 
-// Why a body charge fell back to the estimate (or the zone's cost), beyond
-// the scanner's own reasons: the client left before the usage came, or
-// the upstream failed.
+// Why a body charge fell back, beyond the scanner's own reasons.
 const (
 	reasonClientGone    = "client_gone"
 	reasonUpstreamError = "upstream_error"
 )
 
-// chargeFallbackReasons are the reason label's values, each zone's series
-// bound at provision.
+// chargeFallbackReasons are the reason label's values.
 func chargeFallbackReasons() []string {
 	return append([]string{reasonClientGone, reasonUpstreamError, reasonNoPrice}, usage.Reasons()...)
 }

@@ -20,11 +20,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 	return &handler, err
 }
 
-// UnmarshalCaddyfile sets up the handler from Caddyfile tokens (package
-// config reads them). The syntax, every subdirective with its default, is
-// in docs/configuration.md (the redis and global blocks in
-// docs/distributed.md). Every subdirective may appear once per block (zone
-// and match excepted), and every error names the file and line.
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens, which
+// package config reads; the syntax is in docs/configuration.md and
+// docs/distributed.md. A subdirective may appear once per block (zone and
+// match excepted); every error names the file and line.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	c, err := config.ParseDirective(d)
 	if err != nil {

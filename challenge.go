@@ -16,21 +16,18 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// challengeTTL is how long a challenge may be solved and submitted at
-// difficulty d: a few minutes plus four times what the page expects it to
-// take in a browser.
+// challengeTTL is how long a challenge of difficulty d may take: a few
+// minutes plus four times what a browser is expected to take.
 func challengeTTL(d int) time.Duration {
 	return 5*time.Minute + time.Duration(4*challenge.ExpectedHashes(d)/challenge.BrowserHashRate*float64(time.Second))
 }
 
 // usedPrefix starts the key of a solved challenge in its zone: the replay
 // guard is one step of the zone's store under a limit of one per
-// challenge's lifetime, so a challenge id is held until its expiry, in
-// the zone's table (bounded by max_keys) or, with distributed, in Redis
-// for the whole fleet.
+// challenge's lifetime, so an id is held until its expiry (with
+// distributed, for the whole fleet).
 const usedPrefix = "challenge-used:"
 
-// zoneChallenge is a provisioned challenge block.
 type zoneChallenge struct {
 	cfg         *Challenge
 	secrets     *challenge.Secrets
@@ -65,8 +62,8 @@ func init() {
 	})
 }
 
-// provisionChallenge checks the challenge block c of zone name, a rate zone, and loads the
-// secret from Caddy's storage. It takes nothing that needs releasing.
+// provisionChallenge checks zone name's challenge block and loads the
+// secret from Caddy's storage; it takes nothing that needs releasing.
 func provisionChallenge(ctx caddy.Context, c *Challenge, name string, zc *Zone, metrics bool) (*zoneChallenge, error) {
 	if zc.Concurrency > 0 || zc.Quota != nil || zc.Adaptive != nil {
 		return nil, fmt.Errorf("zone %s: challenge is for rate zones (events, window): a challenge gives a solved cookie a rate of its own; remove challenge, or put it in a rate zone", name)
@@ -100,12 +97,10 @@ func provisionChallenge(ctx caddy.Context, c *Challenge, name string, zc *Zone, 
 	return zc2, nil
 }
 
-// identify decides the request under its cookie's identity and budget
-// when it carries a valid cookie of the zone: the identity is the ticket's
-// key (bans, overrides, top and the admin API see it as any key) and the
-// placeholder {http.rate_limit.<zone>.identity} gives it to later
-// handlers. A forged, truncated or foreign cookie is counted and the
-// request is decided under its key, as one without.
+// identify decides a request with a valid cookie of the zone under its
+// identity (the ticket's key, as any key) and budget, and gives it in
+// {http.rate_limit.<zone>.identity}. An invalid cookie is counted and the
+// request decided as one without.
 func (c *zoneChallenge) identify(r *http.Request, v *ticket) {
 	ck, err := r.Cookie(c.cookie)
 	if err != nil {
@@ -126,17 +121,14 @@ func (c *zoneChallenge) identify(r *http.Request, v *ticket) {
 
 // challenge answers a request v denied with the challenge page when it is
 // a browser's navigation (GET or HEAD accepting text/html) and the denial
-// is the limit's, not an override's deny; it reports whether it did. The
-// page has the zone's denial status and headers (Retry-After: when a
-// client without JavaScript may try again) and is never cached.
+// is not an override's deny; it reports whether it did.
 func (c *zoneChallenge) challenge(w http.ResponseWriter, r *http.Request, v *ticket, retry time.Duration) bool {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead || !strings.Contains(r.Header.Get("Accept"), "text/html") ||
 		v.Override != nil && v.Override.Deny {
 		return false
 	}
 	z := v.Owner
-	// The client's key, also when it was decided under a spent cookie's
-	// identity: the verify request is keyed the same way.
+	// The client's key, not a spent cookie's identity: verify keys so.
 	key := z.Config.Key(z.expandKey(r, requestReplacer(r)))
 	now := time.Now()
 	d := c.pressure.Next(key, now)
@@ -153,16 +145,13 @@ func (c *zoneChallenge) challenge(w http.ResponseWriter, r *http.Request, v *tic
 	return true
 }
 
-// maxSubmission bounds a challenge submission's body.
-const maxSubmission = 4 << 10
+const maxSubmission = 4 << 10 // a challenge submission's body
 
 // verifyChallenge answers a submission to challenge.VerifyPath when one of
 // the handler's zones has a challenge, and reports whether it did. A
-// solution sets the zone's cookie and redirects (303) to the page the
-// challenge came from (a path of this site, else /); any failure is a 400
-// (not a form) or 403 with a short text body, never a 5xx. A submission
-// costs one HMAC, one SHA-256 and, once solved, one step of the zone's
-// store (the replay guard).
+// solution sets the zone's cookie and redirects (303) back; a failure is a
+// 400 or 403, never a 5xx. A submission costs one HMAC, one SHA-256 and,
+// once solved, one step of the zone's store (the replay guard).
 func (h *Handler) verifyChallenge(w http.ResponseWriter, r *http.Request) bool {
 	var first *httpZone
 	for _, z := range h.zones {
@@ -230,8 +219,7 @@ func (h *Handler) verifyChallenge(w http.ResponseWriter, r *http.Request) bool {
 	return true
 }
 
-// sameSiteReturn is where a solved challenge sends the browser back: ret
-// when it is a path of this site (with its query), else "/".
+// sameSiteReturn is ret when it is a path of this site, else "/".
 func sameSiteReturn(ret string) string {
 	u, err := url.Parse(ret)
 	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || !strings.HasPrefix(ret, "/") ||

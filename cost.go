@@ -21,40 +21,29 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// What a request costs (docs/configuration.md, "What a request costs"):
-// `cost` is known before the request, one GCRA step of that cost, refunded
-// when a later zone denies; `count` and `charge` make the zone
-// post-charged: checked before the request, charged after the response.
-
-// costVars are a zone's cost settings, resolved at provision.
+// costVars are a zone's cost settings (docs/configuration.md, "What a
+// request costs"): `cost` is one GCRA step before the request; `count` and
+// `charge` make the zone post-charged, charged after the response.
 type costVars struct {
-	cost      int64  // literal cost, the fallback of the placeholders; default 1
-	costVar   string // placeholder name of `cost`, "" for a literal
-	chargeVar string // placeholder name of `charge`, read after the response
-	// body is what the zone charges from the response body (charge_json's
-	// paths, charge_tokens' count or charge_usd's prices).
-	body *bodyCharge
-	// estimate: costVar is taken before the request and settled after
-	// the response (the zone charges with chargeVar or body).
+	cost      int64       // literal cost, the fallback of the placeholders; default 1
+	costVar   string      // placeholder name of `cost`, "" for a literal
+	chargeVar string      // placeholder name of `charge`, read after the response
+	body      *bodyCharge // what the zone charges from the response body
+	// estimate: the cost taken before the request is settled after it.
 	estimate bool
-	// llm: the zone charges LLM tokens or dollars and reads the request's
-	// body (llmrequest.go); nil when it does not.
-	llm *llmZone
+	llm      *llmZone // the zone charges LLM tokens or dollars
 	// costMin and costMax bound costVar's values (0: no bound).
 	costMin, costMax int64
 	count            *caddyhttp.ResponseMatcher
 	params           string // RateLimit-Policy's parameters
 }
 
-// postCharged: the zone charges after the response.
 func (c costVars) postCharged() bool {
 	return c.count != nil || c.chargeVar != "" || c.body != nil
 }
 
-// fromBody: the zone charges what the response's body says.
 func (c costVars) fromBody() bool { return c.body != nil }
 
-// usd is a charge usd zone's price table, nil in any other zone.
 func (c costVars) usd() *usage.Prices {
 	if c.body == nil {
 		return nil
@@ -68,8 +57,7 @@ func (c costVars) weighted() bool {
 }
 
 // costFor is the cost of the request before it runs; math.MaxInt64 for a
-// value too large to represent (it can never pass). now (monotime) is for
-// the sampled log of a fallback.
+// value too large to represent (it can never pass).
 func (z *httpZone) costFor(r *http.Request, repl *caddy.Replacer, now int64) int64 {
 	if z.costs.llm != nil {
 		if n, ok := z.costs.llm.cost(r, z.costs.usd() != nil, z.costs.cost); ok {
@@ -91,8 +79,7 @@ func (z *httpZone) costFor(r *http.Request, repl *caddy.Replacer, now int64) int
 	return n
 }
 
-// costClamped counts and logs (sampled) a cost placeholder's value n
-// beyond the zone's bound, which the request costs instead.
+// costClamped counts and logs (sampled) a cost n beyond the zone's bound.
 func (z *httpZone) costClamped(now, n, bound int64, setting string) {
 	add(z.metrics.costFallbacks, 1)
 	if c := z.logs.costFallback.Check(z.logger, now, zapcore.WarnLevel, "request cost is beyond the zone's bound; the request costs the bound"); c != nil {
@@ -101,9 +88,8 @@ func (z *httpZone) costClamped(now, n, bound int64, setting string) {
 }
 
 // readCost reads a cost placeholder: a whole number >= 0, math.MaxInt64 for
-// one too large to represent, else fallback, counted and, unless the value
-// is empty (a header the client did not send: routine, the counter is
-// enough), logged.
+// one too large to represent, else fallback, counted and, unless empty
+// (routine), logged.
 func (z *httpZone) readCost(repl *caddy.Replacer, now int64, name, setting string, fallback int64) int64 {
 	s, _ := repl.GetString(name)
 	s = strings.TrimSpace(s)
@@ -125,7 +111,7 @@ func (z *httpZone) readCost(repl *caddy.Replacer, now int64, name, setting strin
 }
 
 // logOverBurst logs (sampled) a request whose cost is more than the key
-// can ever have (zones.Ticket.OverBurst): it is denied at once.
+// can ever have: it is denied at once.
 func (z *httpZone) logOverBurst(now int64, cost int64, p zones.Plan) {
 	msg, limit, what := "request cost exceeds the zone's burst: it can never pass", p.Burst, "burst"
 	if z.IsQuota() {
@@ -147,10 +133,9 @@ func countCost(tickets []ticket) {
 	}
 }
 
-// bindMetrics binds m's series of what requests cost in zone name (quota:
-// a quota zone, which counts its use, in units, whatever its cost).
+// bindMetrics binds m's cost series. A quota zone counts its use, in
+// units, whatever its cost.
 func (c costVars) bindMetrics(m *zoneMetrics, name string, quota bool) {
-	// A quota zone counts its use, in units, whatever its cost.
 	if c.weighted() || c.postCharged() || quota {
 		m.cost = collectors.cost.WithLabelValues(name)
 	}
@@ -168,7 +153,7 @@ func (c costVars) bindMetrics(m *zoneMetrics, name string, quota bool) {
 		for _, r := range chargeFallbackReasons() {
 			m.chargeFallbacks[r] = collectors.chargeFalls.WithLabelValues(name, r)
 		}
-		if c.body != nil && c.body.paths == nil {
+		if c.body.paths == nil {
 			m.tokenCharges = make([]prometheus.Counter, len(usage.Formats()))
 			for f, format := range usage.Formats()[1:] {
 				m.tokenCharges[f+1] = collectors.tokenCharges.WithLabelValues(name, format)
@@ -177,8 +162,7 @@ func (c costVars) bindMetrics(m *zoneMetrics, name string, quota bool) {
 	}
 }
 
-// chargeFailed counts and logs (sampled) a charge after the response that
-// did not reach Redis: the zone's fail policy applied to it.
+// chargeFailed counts and logs (sampled) a charge that did not reach Redis.
 func (z *httpZone) chargeFailed(err error) {
 	add(z.metrics.chargeFailures, 1)
 	if c := z.logs.chargeFailure.Check(z.logger, monotime.Now(), zapcore.WarnLevel, "charge after the response did not reach Redis; fail policy applied"); c != nil {
@@ -260,10 +244,7 @@ func zoneCosts(name string, zc *Zone, plan zones.Plan, logger *zap.Logger) (cost
 			"bound it: cost {placeholder} <fallback> at_least 1 [at_most <n>]",
 			zap.String("zone", name), zap.String("placeholder", "{"+c.costVar+"}"))
 	}
-	// RateLimit-Policy's parameters where draft-10 has no quota unit:
-	// tally-cost (quota and remaining are units of cost, not requests) and
-	// tally-post-charged (the zone counts after the response, only what
-	// count matches).
+	// Vendor parameters where draft-10 has no quota unit (docs/headers.md).
 	if c.weighted() {
 		c.params += ";tally-cost"
 	}
@@ -271,8 +252,7 @@ func zoneCosts(name string, zc *Zone, plan zones.Plan, logger *zap.Logger) (cost
 		c.params += ";tally-post-charged"
 	}
 	if c.usd() != nil {
-		// Not draft-10's qu, whose values are an IANA registry's, which
-		// has no currency: a vendor parameter says what q and r count.
+		// Not qu: its IANA registry has no currency.
 		c.params += `;tally-unit="usd-micro"`
 	}
 	return c, nil

@@ -19,17 +19,11 @@ import (
 	"github.com/caddy-tally/ratelimit/internal/usage"
 )
 
-// The after-response step: a request whose tickets do something once its
-// response is known (give a slot back, with an adaptive zone's latency
-// sample; charge a post-charged zone; settle an estimate) is served through
-// a response, which records what they need on its way (nothing buffered:
-// streaming, flushing and hijacking pass through); finish then ends each
-// ticket by its kind. A request with no such ticket is served as it is.
-
 // response is the writer next writes through when a ticket finishes with
-// the response: the status, when the headers came, and the body's usage
-// for the zones that charge from it (read on for a while after its client
-// left, drain below).
+// the response (gives a slot back, charges, settles an estimate): it
+// records the status, when the headers came, and the body's usage for the
+// zones that charge from it, buffering nothing; finish then ends each
+// ticket by its kind.
 type response struct {
 	caddyhttp.ResponseWriterWrapper
 	status   int   // the status written, the last 1xx until a final one
@@ -41,27 +35,22 @@ type response struct {
 	scanning bool // the scanners saw the response's headers
 	failed   bool // a write to the client failed: it left
 	// A body-charged response is read on after its client left (drain):
-	// client is the request's own context, drained the bytes read since,
-	// and cancel ends next's context, which the client's leaving does not.
+	// client is the request's context, cancel ends next's.
 	client  context.Context
 	drained int
 	cancel  context.CancelFunc
 	unwatch func() bool
-	// paths and scans are by ticket, paths nil for a zone that does not
-	// charge from the body. The response keeps no reference to the
-	// request's tickets, which would move them from the stack to the heap
-	// on every request.
+	// paths and scans are by ticket (paths nil for a zone that does not
+	// charge from the body): a reference to the tickets would move them
+	// to the heap.
 	paths []*bodyCharge
 	scans []usage.Scanner
 }
 
-// responses recycles responses: one per request would be an allocation on
-// the path of every request that holds a slot.
 var responses = sync.Pool{New: func() any { return new(response) }}
 
-// responseFor is the response a request with these tickets is served
-// through, nil when none finishes with the response, and the request next
-// is given.
+// responseFor is the response a request is served through (nil when no
+// ticket finishes with the response) and the request next is given.
 func (h *Handler) responseFor(w http.ResponseWriter, r *http.Request, tickets []ticket) (*response, *http.Request) {
 	after := false
 	for i := range tickets {
@@ -77,8 +66,6 @@ func (h *Handler) responseFor(w http.ResponseWriter, r *http.Request, tickets []
 			paths = append(paths, tickets[i].Owner.costs.body)
 		}
 		scans = slices.Grow(scans, len(tickets))[:len(tickets)]
-		// The usage chunk that include_usage asked for is not the
-		// client's: only a body-charged zone adds it.
 		w = stripUsage(w, r)
 	}
 	*rw = response{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
@@ -86,8 +73,7 @@ func (h *Handler) responseFor(w http.ResponseWriter, r *http.Request, tickets []
 	if h.bodyCharged {
 		// The usage comes at the body's end: a client that leaves before
 		// it must not end the upstream's response, or it would pay only
-		// the estimate. next's context outlives the client's by at most
-		// drainFor; Write reads on at most drainBytes.
+		// the estimate.
 		ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
 		rw.client, rw.cancel = r.Context(), cancel
 		rw.unwatch = context.AfterFunc(r.Context(), func() { time.AfterFunc(drainFor, cancel) })
@@ -97,23 +83,18 @@ func (h *Handler) responseFor(w http.ResponseWriter, r *http.Request, tickets []
 }
 
 // How far a body-charged response is read after its client left, so that
-// the usage at its end is charged: up to drainBytes more of the body, for
-// up to drainFor. Past either, the upstream's response is ended and the
-// estimate (or the zone's cost) stays charged (client_gone).
+// the usage at its end is charged. Past either bound the upstream's
+// response is ended and the estimate stays charged (client_gone).
 const (
 	drainBytes = 4 << 20
 	drainFor   = 10 * time.Second
 )
 
-// finish ends each ticket of a request once next returned or panicked
-// (reverse_proxy panics with http.ErrAbortHandler when the upstream or the
-// client breaks off a response it has begun; the response is finished all
-// the same, and the panic goes on): post-charged zones charge what the
-// response costs them or settle their estimate, then slots are given back,
-// an adaptive zone's with the upstream's latency (from next's call to the
-// response's headers, or to next's return when it wrote none) as a sample;
-// none when the client left (its latency says nothing of the upstream's).
-// Its failed: a 5xx, including a proxy error or timeout.
+// finish ends each ticket once next returned or panicked (reverse_proxy
+// panics with http.ErrAbortHandler on a broken-off response; the panic
+// goes on): post-charged zones charge or settle, then slots are given
+// back, an adaptive zone's with the upstream's latency (to the headers, or
+// to next's return) as a sample, none when the client left; failed: a 5xx.
 func (h *Handler) finish(rw *response, r *http.Request, repl *caddy.Replacer, tickets []ticket) {
 	err := rw.err
 	if !rw.returned {
@@ -146,8 +127,7 @@ func (h *Handler) finish(rw *response, r *http.Request, repl *caddy.Replacer, ti
 				continue
 			}
 			if z.costs.estimate && cancel == nil {
-				// A refund outlives the request's context (the client may
-				// have left), bounded by the store's budget.
+				// A refund outlives the request's context.
 				ctx, cancel = context.WithTimeout(context.WithoutCancel(r.Context()), cmp.Or(h.budget, time.Second))
 			}
 			if err := v.Charge(ctx, now, cost); err != nil {
@@ -167,15 +147,13 @@ func (h *Handler) finish(rw *response, r *http.Request, repl *caddy.Replacer, ti
 		rw.unwatch()
 		rw.cancel()
 	}
-	// Back to the pool only when nothing can hold it any more: a handler
-	// that kept the writer (a hijacked connection's) would then write to
-	// the next request's.
+	// Pooled only here: a handler that kept the writer (a hijacked
+	// connection's) would write to the next request's.
 	*rw = response{paths: rw.paths[:0], scans: rw.scans[:0]}
 	responses.Put(rw)
 }
 
-// WriteHeader records the status, the last 1xx until a final one; a
-// second final status is dropped, as Caddy's response recorder drops it.
+// WriteHeader drops a second final status, as Caddy's recorder does.
 func (rw *response) WriteHeader(code int) {
 	if rw.final {
 		return
@@ -198,7 +176,6 @@ func (rw *response) Write(b []byte) (int, error) {
 		rw.scans[i].Write(b)
 	}
 	if rw.cancel != nil && (rw.failed || rw.client.Err() != nil) {
-		// The client left: the bytes are only scanned, within bounds.
 		rw.failed = true
 		if rw.drained += len(b); rw.drained > drainBytes {
 			rw.cancel()
@@ -216,20 +193,15 @@ func (rw *response) Write(b []byte) (int, error) {
 	return n, err
 }
 
-// errDrained ends a body read past drainBytes after its client left.
 var errDrained = errors.New("rate_limit: client gone, the response's body read on as far as it is bounded")
 
-// ReadFrom copies through Write, so that the scanners see the bytes.
 func (rw *response) ReadFrom(r io.Reader) (int64, error) {
 	return io.Copy(struct{ io.Writer }{rw}, r)
 }
 
-// responseCost is what the response costs v's zone, ticket i, once next
-// is over (status and err): what its count matches (a response it does not
-// match costs an estimating zone 0, its estimate back, and is not counted
-// in another), its charge placeholder or its body, by default the ticket's
-// cost (the estimate taken before, or the zone's literal cost); at most
-// one burst. false: the response is not counted.
+// responseCost is what the response costs ticket i, v: 0 when count does
+// not match it in an estimating zone (false, not counted, in another); its
+// charge placeholder's or body's; else the ticket's cost; at most one burst.
 func (h *Handler) responseCost(rw *response, r *http.Request, repl *caddy.Replacer, i int, v *ticket, status int, err error, now int64) (int64, bool) {
 	c, cost := &v.Owner.costs, v.Cost
 	switch {
@@ -244,21 +216,18 @@ func (h *Handler) responseCost(rw *response, r *http.Request, repl *caddy.Replac
 		cost = rw.bodyTotal(r, i, v, status, err, now)
 	}
 	if cost > v.Plan.Burst {
-		// One response charges at most one burst: a usage value that is
-		// wrong (or hostile) denies the key for one window, not for
-		// months.
+		// A wrong (or hostile) usage value denies the key for one
+		// window, not for months.
 		v.Owner.costClamped(now, cost, v.Plan.Burst, "burst")
 		cost = v.Plan.Burst
 	}
 	return cost, true
 }
 
-// startScans readies the scanners once the headers are final: when the
-// status is written (or the body's first byte, or its end). The headers are
-// read then, before the writers outside this one see them: an encode
-// handler outside (route { encode; rate_limit; ... }) sets
-// Content-Encoding later, on bytes this writer saw plain; one inside (the
-// default directive order) has set it on the bytes it hands this writer.
+// startScans readies the scanners once the headers are final, before the
+// writers outside this one see them: an encode handler outside sets
+// Content-Encoding later, on bytes this writer saw plain; one inside has
+// set it on the bytes it hands this writer.
 func (rw *response) startScans() {
 	if rw.scanning || len(rw.scans) == 0 {
 		return
@@ -278,39 +247,30 @@ func (rw *response) startScans() {
 	}
 }
 
-// bodyTotal is what the response charges ticket i, v: the sum of its
-// zone's paths, its token count, or its tokens priced by the model (the
-// response's, else the request's), the format read counted; or, when the
-// body did not carry them (or no price fits the model, or the upstream
-// failed, or the client left before the body's end), the ticket's cost
-// (the estimate taken before, or the zone's literal cost), counted and
-// logged (sampled) by reason.
+// bodyTotal is what the response's body charges ticket i, v: its paths'
+// sum, its token count, or its tokens priced by model (the response's,
+// else the request's); else (charged) the ticket's cost.
 func (rw *response) bodyTotal(r *http.Request, i int, v *ticket, status int, err error, now int64) int64 {
 	rw.startScans()
 	var n int64
 	var why usage.Reason
 	var format usage.Format
 	reason := ""
-	switch b := rw.paths[i]; {
-	case b.paths != nil:
+	if b := rw.paths[i]; b.paths != nil {
 		n, why = rw.scans[i].Total()
-	case b.prices != nil:
+	} else {
 		var t usage.Tokens
 		t, why = rw.scans[i].Tokens()
-		if t.Model == "" {
-			t.Model = requestModel(r) // the request's, read with its body
-		}
-		if why == usage.OK {
+		format = t.Format
+		switch {
+		case b.prices == nil:
+			n = b.tokens.of(t)
+		case why == usage.OK:
 			var priced bool
-			if n, priced = b.prices.Cost(t.Model, t.Input, t.CachedInput, t.Output); !priced {
+			if n, priced = b.prices.Cost(cmp.Or(t.Model, requestModel(r)), t.Input, t.CachedInput, t.Output); !priced {
 				reason = reasonNoPrice
 			}
 		}
-		format = t.Format
-	default:
-		var t usage.Tokens
-		t, why = rw.scans[i].Tokens()
-		n, format = b.tokens.of(t), t.Format
 	}
 	if c := v.Owner.metrics.tokenCharges; c != nil && why == usage.OK && reason == "" && err == nil && status < 500 {
 		add(c[format], 1)
@@ -318,9 +278,8 @@ func (rw *response) bodyTotal(r *http.Request, i int, v *ticket, status int, err
 	return rw.charged(r, v, status, err, now, n, cmp.Or(reason, why.String()))
 }
 
-// charged is n, what ticket v's response costs by its body, when reason
-// is usage.OK's and the response ended well; else the ticket's cost,
-// counted and logged (sampled) by reason.
+// charged is n when reason is usage.OK's and the response ended well;
+// else the ticket's cost, counted and logged (sampled) by reason.
 func (rw *response) charged(r *http.Request, v *ticket, status int, err error, now, n int64, reason string) int64 {
 	switch {
 	case reason == usage.OK.String() && err == nil && status < 500:
@@ -328,10 +287,8 @@ func (rw *response) charged(r *http.Request, v *ticket, status int, err error, n
 	case rw.failed || r.Context().Err() != nil:
 		reason = reasonClientGone
 	case err != nil || status >= 500:
-		// An upstream that failed may have cut the body short: a total
-		// read from it may be a stream's placeholder (Anthropic's
-		// message_start carries output_tokens 1), so a 5xx never charges
-		// from its body.
+		// A failed upstream's total may be a cut stream's placeholder
+		// (Anthropic's message_start has output_tokens 1).
 		reason = reasonUpstreamError
 	}
 	z := v.Owner
@@ -342,10 +299,8 @@ func (rw *response) charged(r *http.Request, v *ticket, status int, err error, n
 	return v.Cost
 }
 
-// learnOutput records, for ticket i's zone when it estimates, the output
-// tokens of a response that carried its usage, under the request's model
-// (the one the estimate looks up; the response's when the request names
-// none). Failed responses teach nothing.
+// learnOutput records, for an estimating zone, the output tokens of a
+// successful response under the model its estimate looks up.
 func (rw *response) learnOutput(r *http.Request, i int, v *ticket, status int) {
 	l := v.Owner.costs.llm
 	if l == nil || !l.estimate || status >= 400 {

@@ -30,26 +30,19 @@ func parseHeaderMode(s string) (headerMode, error) {
 	return 0, fmt.Errorf("unknown headers mode %q: use both, ietf, legacy or off", s)
 }
 
-// maxSFInteger is the largest Integer a Structured Field may carry (RFC 9651
-// §3.3.1: at most 15 digits). Validated limits stay far below it; values are
-// clamped so that a header can never be malformed.
+// maxSFInteger is the largest Structured Field Integer (RFC 9651 §3.3.1):
+// values are clamped so that a header can never be malformed.
 const maxSFInteger = 999_999_999_999_999
 
-// setHeaders writes the rate limit headers for the zones that applied and
-// returns the largest t (seconds) the RateLimit field now carries. On a
-// denial it also writes Retry-After, in every headers mode. The fields and
-// their rules (draft-ietf-httpapi-ratelimit-headers-10, RFC 9651) are in
-// docs/headers.md.
+// setHeaders writes the rate limit headers (docs/headers.md) for the zones
+// that applied, and on a denial Retry-After, in every mode; it returns the
+// largest t (seconds) of the RateLimit field.
 //
-// The usual response (one zone, no earlier rate_limit handler on the route)
-// is rendered from the handler's render cache: its values depend only on
-// the zone, the plan and a few whole numbers, so the numbers are the cache's
-// key and a hit renders nothing. Otherwise all values are written into one
-// buffer and become one string (the one in h's value cache when an earlier
-// response rendered the same bytes). Either way a response allocates only
-// its header values' backing array, its own: a later handler that edits a
-// value in place (Caddy's header directive does) changes this response's
-// headers and no other's.
+// The usual response (one zone, no earlier rate_limit handler) comes from
+// the render cache, keyed by the few numbers it depends on. Either way a
+// response allocates only its values' backing array, its own: a later
+// handler that edits a value in place (Caddy's header directive does)
+// changes no other response's headers.
 func (h *Handler) setHeaders(hdr http.Header, tickets []ticket, denied bool, retry time.Duration) (maxT int64) {
 	if len(tickets) == 0 {
 		return 0
@@ -75,8 +68,7 @@ func (h *Handler) setHeaders(hdr http.Header, tickets []ticket, denied bool, ret
 	return e.set(hdr, h.headers)
 }
 
-// earlierHeaders reports whether an earlier rate_limit handler on the route
-// wrote headers this one merges with.
+// earlierHeaders: an earlier rate_limit handler wrote headers to merge with.
 func (h *Handler) earlierHeaders(hdr http.Header) bool {
 	switch h.headers {
 	case headersIETF:
@@ -87,17 +79,12 @@ func (h *Handler) earlierHeaders(hdr http.Header) bool {
 	return hdr["Ratelimit"] != nil || hdr["Ratelimit-Remaining"] != nil
 }
 
-// retryAfterSeconds is Retry-After for a denial whose retry time is retry
-// and whose RateLimit field's largest t is maxT.
 func retryAfterSeconds(retry time.Duration, maxT int64) int64 {
 	return max(1, ceilSeconds(retry), maxT)
 }
 
-// renderedHeaders are the header values of one response, as substrings of
-// one string, in the order set writes them: RateLimit-Policy and RateLimit
-// (not in legacy mode), the legacy trio (when a zone of this handler is the
-// most restrictive; not in ietf mode), Retry-After (on a denial). Immutable
-// once published in a render cache.
+// renderedHeaders are one response's header values, substrings of one
+// string, in the order set writes them. Immutable once in a render cache.
 type renderedHeaders struct {
 	key    renderKey
 	vals   [6]string
@@ -107,8 +94,6 @@ type renderedHeaders struct {
 	maxT   int64
 }
 
-// set writes e into hdr under a backing array of the response's own, and
-// returns e's largest t.
 func (e *renderedHeaders) set(hdr http.Header, mode headerMode) int64 {
 	vals := make([]string, e.n)
 	copy(vals, e.vals[:e.n])
@@ -119,10 +104,10 @@ func (e *renderedHeaders) set(hdr http.Header, mode headerMode) int64 {
 		i = 2
 	}
 	if e.legacy {
-		hdr["Ratelimit-Limit"] = vals[i : i+1 : i+1]
-		hdr["Ratelimit-Remaining"] = vals[i+1 : i+2 : i+2]
-		hdr["Ratelimit-Reset"] = vals[i+2 : i+3 : i+3]
-		i += 3
+		for _, name := range [3]string{"Ratelimit-Limit", "Ratelimit-Remaining", "Ratelimit-Reset"} {
+			hdr[name] = vals[i : i+1 : i+1]
+			i++
+		}
 	}
 	if e.denied {
 		hdr["Retry-After"] = vals[i : i+1 : i+1]
@@ -130,9 +115,8 @@ func (e *renderedHeaders) set(hdr http.Header, mode headerMode) int64 {
 	return e.maxT
 }
 
-// render renders into e the headers of tickets (merged with an earlier
-// handler's in hdr), as one string, the one in h's value cache when there
-// is one.
+// render renders into e the headers of tickets, merged with an earlier
+// handler's in hdr, as one interned string.
 func (h *Handler) render(e *renderedHeaders, hdr http.Header, tickets []ticket, denied bool, retry time.Duration) {
 	e.denied = denied
 	var stack [192]byte
@@ -141,8 +125,6 @@ func (h *Handler) render(e *renderedHeaders, hdr http.Header, tickets []ticket, 
 	if h.headers != headersLegacy {
 		prevPolicy, prevState := hdr["Ratelimit-Policy"], hdr["Ratelimit"]
 		if len(prevState) == 1 && len(prevPolicy) == 1 {
-			// An earlier rate_limit handler on this route keeps its
-			// members.
 			buf = append(buf, prevPolicy[0]...)
 			buf = append(buf, ", "...)
 		}
@@ -190,13 +172,11 @@ func (h *Handler) render(e *renderedHeaders, hdr http.Header, tickets []ticket, 
 	}
 	if legacy != nil {
 		e.legacy = true
-		buf = strconv.AppendInt(buf, sfInt(quota(legacy)), 10)
-		ends[e.n] = len(buf)
-		buf = strconv.AppendInt(buf, sfInt(legacy.Decision.Remaining), 10)
-		ends[e.n+1] = len(buf)
-		buf = strconv.AppendInt(buf, sfInt(ceilSeconds(legacy.Decision.ResetAfter)), 10)
-		ends[e.n+2] = len(buf)
-		e.n += 3
+		for _, n := range [3]int64{quota(legacy), legacy.Decision.Remaining, ceilSeconds(legacy.Decision.ResetAfter)} {
+			buf = strconv.AppendInt(buf, sfInt(n), 10)
+			ends[e.n] = len(buf)
+			e.n++
+		}
 	}
 	if denied {
 		buf = strconv.AppendInt(buf, retryAfterSeconds(retry, e.maxT), 10)
@@ -211,9 +191,7 @@ func (h *Handler) render(e *renderedHeaders, hdr http.Header, tickets []ticket, 
 	}
 }
 
-// renderKey is what the headers of one ticket depend on: the zone (its
-// name, kind and cost parameters), the plan's q and w, and the numbers the
-// response carries. The handler's headers mode is fixed per render cache.
+// renderKey is what the headers of one ticket depend on.
 type renderKey struct {
 	zone           *httpZone
 	events, window int64
@@ -235,21 +213,18 @@ func newRenderKey(v *ticket, denied bool, retry time.Duration) renderKey {
 	return k
 }
 
-// renderCacheSize is how many rendered responses a handler remembers: a
-// zone's responses differ by remaining and a few seconds' values, so a
-// busy zone uses a few dozen.
+// renderCacheSize: a busy zone's responses use a few dozen.
 const renderCacheSize = 256
 
-// renderCache is a direct-mapped cache of rendered headers, keyed by the
-// numbers they render. Entries are immutable and published atomically, so
-// lookups never lock; a collision only costs a render.
+// renderCache is a direct-mapped cache of rendered headers. Entries are
+// immutable and published atomically, so lookups never lock; a collision
+// only costs a render.
 type renderCache struct {
 	slots [renderCacheSize]atomic.Pointer[renderedHeaders]
 }
 
 func (c *renderCache) slot(k *renderKey) *atomic.Pointer[renderedHeaders] {
-	// The numbers that change between responses of a zone, mixed; the
-	// zone and plan are compared, not hashed.
+	// The zone and plan are compared, not hashed.
 	x := uint64(k.remaining)*0x9e3779b97f4a7c15 ^ uint64(k.t)*0xc2b2ae3d27d4eb4f ^
 		uint64(k.reset)*0x165667b19e3779f9 ^ uint64(k.retryAfter)*0x27d4eb2f165667c5 ^ uint64(k.events)
 	return &c.slots[(x^x>>29)%renderCacheSize]
@@ -264,14 +239,11 @@ func (c *renderCache) get(k *renderKey) *renderedHeaders {
 
 func (c *renderCache) put(e *renderedHeaders) { c.slot(&e.key).Store(e) }
 
-// valueCacheSize is how many rendered header values a handler remembers.
 const valueCacheSize = 512
 
-// valueCache remembers recently rendered header values so that responses
-// with the same values share one string. It is direct-mapped by a hash of
-// the bytes and compares the bytes themselves, so a collision only costs a
-// miss; entries are immutable strings published atomically, so lookups
-// never lock.
+// valueCache interns rendered header values so that responses with the
+// same values share one string; direct-mapped and lock-free, as
+// renderCache.
 type valueCache struct {
 	seed  maphash.Seed
 	slots [valueCacheSize]atomic.Pointer[string]
@@ -279,8 +251,6 @@ type valueCache struct {
 
 func newValueCache() *valueCache { return &valueCache{seed: maphash.MakeSeed()} }
 
-// intern returns b as a string, the one already cached when there is one.
-// A nil cache allocates every time.
 func (c *valueCache) intern(b []byte) string {
 	if c == nil {
 		return string(b)
@@ -294,14 +264,12 @@ func (c *valueCache) intern(b []byte) string {
 	return s
 }
 
-// seconds returns n in decimal, interned.
 func (c *valueCache) seconds(n int64) string {
 	var b [20]byte
 	return c.intern(strconv.AppendInt(b[:0], n, 10))
 }
 
-// quota is v's q: the zone's, or in a scope global zone the region's share
-// of it, rounded down: what a client that paces itself by q gets here.
+// quota is v's q: in a scope global zone, the region's share of it.
 func quota(v *ticket) int64 {
 	if r := v.Owner.region; r != nil {
 		return int64(float64(v.Quota()) * float64(r.Share(v.Owner.Name, v.Key)) / distributed.ShareScale)
@@ -309,7 +277,6 @@ func quota(v *ticket) int64 {
 	return v.Quota()
 }
 
-// appendPolicy appends v's zone as a RateLimit-Policy list member.
 func appendPolicy(buf []byte, v *ticket) []byte {
 	buf = append(buf, '"')
 	buf = append(buf, v.Owner.Name...) // [A-Za-z0-9_-]: nothing to escape
@@ -327,8 +294,7 @@ func appendPolicy(buf []byte, v *ticket) []byte {
 	return append(buf, v.Owner.costs.params...) // how a weighted or post-charged zone counts
 }
 
-// appendState appends v as a RateLimit list member and returns its t, 0
-// when it has none.
+// appendState appends v as a RateLimit member and returns its t (0: none).
 func appendState(buf []byte, v *ticket, denied bool) ([]byte, int64) {
 	buf = append(buf, '"')
 	buf = append(buf, v.Owner.Name...)
@@ -344,9 +310,8 @@ func appendState(buf []byte, v *ticket, denied bool) ([]byte, int64) {
 	return buf, secs
 }
 
-// appendEarlierMembers appends the RateLimit members an earlier handler on
-// the route wrote and returns their largest t. On a denial, the t of members
-// that still have quota is dropped, as for this handler's own.
+// appendEarlierMembers appends an earlier handler's RateLimit members and
+// returns their largest t; on a denial, members with quota left lose t.
 func appendEarlierMembers(buf []byte, prev string, denied bool) ([]byte, int64) {
 	var maxT int64
 	for i, m := range strings.Split(prev, ",") {
@@ -370,10 +335,9 @@ func appendEarlierMembers(buf []byte, prev string, denied bool) ([]byte, int64) 
 	return buf, maxT
 }
 
-// sfInt clamps n to what a Structured Field Integer can carry.
 func sfInt(n int64) int64 { return min(max(n, 0), maxSFInteger) }
 
-// ceilSeconds rounds d up to whole seconds, exactly (in integers).
+// ceilSeconds rounds d up to whole seconds, in integers.
 func ceilSeconds(d time.Duration) int64 {
 	if d <= 0 {
 		return 0

@@ -12,37 +12,27 @@ import (
 	"github.com/caddy-tally/ratelimit/internal/usage"
 )
 
-// The request's body, read for the zones that charge LLM tokens or dollars
-// (docs/llm.md): with `estimate request` the cost taken before the
-// upstream answers is estimated from it (the prompt's size, the output it
-// allows, else the output the zone learned for its model), and an OpenAI
-// chat-completions stream that does not ask for its usage is made to
-// (include_usage), the usage chunk that adds being stripped from what its
-// client gets. The body is read once per request, however many zones and
-// handlers read it, bounded by llmreq.MaxBody; the upstream gets every byte.
-
-// llmZone is what a zone that charges tokens or dollars does with the
-// request's body.
+// llmZone is what a zone that charges LLM tokens or dollars does with the
+// request's body (docs/llm.md): `estimate request` estimates the cost from
+// it, and an OpenAI chat-completions stream that does not ask for its usage
+// is made to (include_usage), the added usage chunk stripped from what its
+// client gets. The body is read once per request, bounded by
+// llmreq.MaxBody; the upstream gets every byte.
 type llmZone struct {
 	estimate bool
-	// usagePaths are the path suffixes of the OpenAI chat-completions
-	// endpoints whose streams get include_usage; none: include_usage off.
+	// usagePaths: the endpoints' path suffixes whose streams get
+	// include_usage; none: include_usage off.
 	usagePaths []string
-	// price is what the zone's charge makes of a response of model with
-	// input and output tokens (false: no price for the model): the
-	// estimate is priced by it.
-	price func(model string, input, output int64) (int64, bool)
-	// outputs: the output tokens of the zone's responses, per model.
-	outputs llmreq.Outputs
+	// price prices the estimate (false: no price for the model).
+	price   func(model string, input, output int64) (int64, bool)
+	outputs llmreq.Outputs // the output tokens of the zone's responses, per model
 }
 
-// defaultUsagePath is the endpoint suffix that gets include_usage by
-// default: OpenAI's, and that of every server compatible with it.
+// defaultUsagePath: OpenAI's, and every compatible server's.
 const defaultUsagePath = "/chat/completions"
 
-// llmZoneOf checks and resolves a zone's estimate and include_usage; price
-// is nil for a zone that charges neither tokens nor dollars, which has no
-// llmZone.
+// llmZoneOf checks and resolves a zone's estimate and include_usage; nil
+// for a zone that charges neither tokens nor dollars (price nil).
 func llmZoneOf(name string, zc *Zone, price func(model string, input, output int64) (int64, bool)) (*llmZone, error) {
 	switch {
 	case zc.Estimate != "" && zc.Estimate != "request":
@@ -70,23 +60,19 @@ func llmZoneOf(name string, zc *Zone, price func(model string, input, output int
 	return l, nil
 }
 
-// llmRead is a request's body as the zones read it, kept in the request's
-// vars for every zone and handler on it.
+// llmRead is a request's body as the zones read it, kept in its vars.
 type llmRead struct {
 	q llmreq.Request
 	// usage: include_usage was added to the body; strip: a handler's
 	// response strips what it adds (the outermost one's, so that every
 	// zone's scanner sees the usage).
 	usage, strip bool
-	// body is the body read, nil when it was not read whole, or once no
-	// zone can add include_usage to it.
+	// body: nil when not read whole, or once no zone can add include_usage.
 	body []byte
 }
 
 const llmReadVar = "rate_limit.llm_request"
 
-// readLLM is r's body as read for the zones, read now if no zone read it
-// before.
 func readLLM(r *http.Request) *llmRead {
 	if rd, ok := caddyhttp.GetVar(r.Context(), llmReadVar).(*llmRead); ok {
 		return rd
@@ -102,8 +88,7 @@ func readLLM(r *http.Request) *llmRead {
 	return rd
 }
 
-// requestModel is the model r's body names ("" if none, or if no zone read
-// it): what a response without a model is priced as.
+// requestModel is the model r's body names ("" if none or not read).
 func requestModel(r *http.Request) string {
 	if rd, ok := caddyhttp.GetVar(r.Context(), llmReadVar).(*llmRead); ok {
 		return rd.q.Model
@@ -111,10 +96,9 @@ func requestModel(r *http.Request) string {
 	return ""
 }
 
-// cost reads r's body for l's zone and is the request's estimate (fallback
-// when the body cannot be priced), false when the zone does not estimate
-// from the body. A stream the zone wants the usage of is made to ask for
-// it. usd: the zone charges dollars, priced by the request's model.
+// cost is the request's estimate (fallback when the body cannot be
+// priced), false when the zone does not estimate; a stream the zone wants
+// the usage of is made to ask for it. usd: the zone charges dollars.
 func (l *llmZone) cost(r *http.Request, usd bool, fallback int64) (int64, bool) {
 	if !l.estimate && !l.wantsUsage(r.URL.Path) && !usd {
 		return 0, false // nothing to read the body for
@@ -140,13 +124,10 @@ func (l *llmZone) cost(r *http.Request, usd bool, fallback int64) (int64, bool) 
 	if !ok {
 		return fallback, true
 	}
-	// At least 1, so that a key with nothing left makes no request; at
-	// most the key's budget, taken up to what it has left (zones.Ticket's
-	// UpTo).
+	// At least 1, so that a key with nothing left makes no request.
 	return max(1, n), true
 }
 
-// wantsUsage reports whether a stream to path gets include_usage.
 func (l *llmZone) wantsUsage(path string) bool {
 	for _, p := range l.usagePaths {
 		if strings.HasSuffix(path, p) {
@@ -156,18 +137,16 @@ func (l *llmZone) wantsUsage(path string) bool {
 	return false
 }
 
-// stripUsage is the writer w, or, on the request whose body asked for the
-// usage for the zones (the first handler's to ask), one that strips the
-// usage chunk that adds from what its client gets.
+// stripUsage wraps w, on the first handler of a request whose body was
+// made to ask for its usage, to strip the usage chunk from the client's.
 func stripUsage(w http.ResponseWriter, r *http.Request) http.ResponseWriter {
 	rd, ok := caddyhttp.GetVar(r.Context(), llmReadVar).(*llmRead)
 	if !ok {
 		return w
 	}
 	if rd.usage || !rd.q.WantsUsage() {
-		// No zone can add include_usage now (it is there, or the
-		// request is no stream that lacks it): the body's copy is not
-		// kept for the request's life (a stream's minutes).
+		// No zone can add include_usage now: the copy is not kept for
+		// a stream's minutes.
 		rd.body = nil
 	}
 	if !rd.usage || rd.strip {
@@ -178,8 +157,7 @@ func stripUsage(w http.ResponseWriter, r *http.Request) http.ResponseWriter {
 }
 
 // usageStrip strips the usage chunk from an OpenAI stream (a 200
-// text/event-stream, not encoded: an encoded one passes as it is, usage
-// chunk included); any other response passes as it is.
+// text/event-stream, not encoded); anything else passes as it is.
 type usageStrip struct {
 	caddyhttp.ResponseWriterWrapper
 	strip     llmreq.Strip
@@ -213,21 +191,18 @@ func (s *usageStrip) emit(b []byte) error {
 	return err
 }
 
-// ReadFrom copies through Write, which strips.
 func (s *usageStrip) ReadFrom(r io.Reader) (int64, error) {
 	return io.Copy(struct{ io.Writer }{s}, r)
 }
 
-// endStrip passes on what a stripped stream that ended within an event
-// left.
+// endStrip passes on what a stripped stream ended within an event left.
 func endStrip(w http.ResponseWriter) {
 	if s, ok := w.(*usageStrip); ok && s.on {
 		_ = s.strip.End(s.emit)
 	}
 }
 
-// llmPrice is what a zone's body charge b makes of a response's tokens
-// (false: it has no price for the model), nil when it charges neither
+// llmPrice prices tokens as body charge b does; nil when b charges neither
 // tokens nor dollars.
 func llmPrice(b *bodyCharge) func(model string, input, output int64) (int64, bool) {
 	if b != nil && b.prices != nil {

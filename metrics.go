@@ -4,7 +4,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/caddy-tally/ratelimit/config"
@@ -12,10 +11,8 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// The handler's collectors, created once per process (at init, so that a
-// config with only the listener wrapper has the zone gauges too) and listed
-// in internal/live, which registers them into each config's registry (so
-// counts survive reloads) and drops a zone's series with the zone.
+// The handler's collectors, created at init (so that a config with only
+// the listener wrapper has the zone gauges too) and listed in internal/live.
 var collectors struct {
 	requests, storeErrors, failPolicy, plans, cost, costFalls, chargeFails *prometheus.CounterVec
 	chargeFalls, spend, tokenCharges                                       *prometheus.CounterVec
@@ -57,7 +54,6 @@ func init() {
 	c.dryRunBans = counterVec("dry_run_bans_total", "Bans a dry-run zone with ban would have started.")
 	c.droppedBans = counterVec("bans_dropped_total", "Bans not kept: from=table, a ban this instance did not start or learn because the zone's ban table (max_keys) was full of running bans (the key had the rate without the ban); from=list, running bans the fleet-wide list (1000 per zone, the longest kept) dropped, which async instances other than the one that started them do not learn.", "from")
 	c.emptyKeys = counterVec("empty_keys_total", "Requests whose key expanded to nothing (a missing header, a misspelt placeholder): they share one bucket, the empty key.")
-	// From one 100 ms turn to the longest delay, a minute.
 	c.delayed = histogramVec("delay_seconds", "How long the requests a zone with delay admitted for later waited for their turn (its count: the delayed requests).",
 		.01, .05, .1, .25, .5, 1, 2, 3, 5, 10, 30, 60)
 	c.queueFull = counterVec("queue_full_total", "Requests a zone with delay denied though their turn was within the delay, because the zone's queue was full.")
@@ -92,42 +88,32 @@ func init() {
 	})
 }
 
-// registerMetrics makes the collectors visible in ctx's registry.
-func registerMetrics(ctx caddy.Context) error {
-	return live.RegisterMetrics(ctx.GetMetricsRegistry())
-}
-
-// zoneMetrics are one zone's series, bound once so that the request path only
-// adds to counters. Only series that can move are bound: a local zone has no
-// store to fail or wait for; only strict mode waits for Redis on the request
-// path. A nil field is a series the zone does not have (none has, with
-// metrics disabled).
+// zoneMetrics are one zone's series, bound once so that the request path
+// only adds to counters. Only series that can move are bound: a nil field
+// is a series the zone does not have (none has, with metrics disabled).
 type zoneMetrics struct {
 	live.Decisions
-	storeErrors   prometheus.Counter
-	failPolicy    prometheus.Counter
-	latency       prometheus.Observer
-	planFallbacks prometheus.Counter // nil unless the zone reads its limit from requests
-	// nil unless the zone is weighted or post-charged:
+	storeErrors, failPolicy             prometheus.Counter
+	latency                             prometheus.Observer
+	planFallbacks                       prometheus.Counter
 	cost, costFallbacks, chargeFailures prometheus.Counter
-	chargeFallbacks                     map[string]prometheus.Counter // by reason; nil unless the zone charges from the body
-	spend                               prometheus.Counter            // dollars; nil unless a usd zone
-	tokenCharges                        []prometheus.Counter          // by usage.Format; nil unless the zone charges tokens
-	bans                                prometheus.Counter            // nil unless the zone bans (dry run: would-be bans)
-	droppedBans                         [2]prometheus.Counter         // from the table, the list; nil unless the zone bans
-	delayed                             prometheus.Observer           // nil unless the zone has delay
-	queueFull                           prometheus.Counter            // nil unless the zone has delay
-	emptyKeys                           prometheus.Counter            // nil unless the key template can expand to nothing
-	classes                             []classMetrics                // adaptive zones: by priority class; else nil
+	chargeFallbacks                     map[string]prometheus.Counter // by reason
+	spend                               prometheus.Counter            // dollars
+	tokenCharges                        []prometheus.Counter          // by usage.Format
+	bans                                prometheus.Counter            // dry run: would-be bans
+	droppedBans                         [2]prometheus.Counter         // from the table, the list
+	delayed                             prometheus.Observer
+	queueFull                           prometheus.Counter
+	emptyKeys                           prometheus.Counter
+	classes                             []classMetrics // adaptive zones: by priority class
 }
 
-// classMetrics are an adaptive zone's series of one priority class.
 type classMetrics struct {
 	served, shed prometheus.Counter // shed: dry_run_shed in dry run
 }
 
-// newClassMetrics binds an adaptive zone's series by class: the classes of
-// prio, or one, "all", without.
+// newClassMetrics binds an adaptive zone's series by class ("all" without
+// priority).
 func newClassMetrics(zone string, prio *Priority, dryRun bool) []classMetrics {
 	names := []string{"all"}
 	if prio != nil {
@@ -145,7 +131,6 @@ func newClassMetrics(zone string, prio *Priority, dryRun bool) []classMetrics {
 	return m
 }
 
-// countClass counts an adaptive zone's decision of a request of class k.
 func (m *zoneMetrics) countClass(k int, allowed bool) {
 	if len(m.classes) == 0 {
 		return
@@ -158,9 +143,8 @@ func (m *zoneMetrics) countClass(k int, allowed bool) {
 	}
 }
 
-// newZoneMetrics binds the series of zone cfg, whose key template is key,
-// but for those of its costs (costVars.bindMetrics). distributed says
-// whether the zone has a store, timed whether its decisions wait for it.
+// newZoneMetrics binds zone cfg's series but its costs' (bindMetrics).
+// distributed: the zone has a store; timed: its decisions wait for it.
 func newZoneMetrics(cfg zones.Config, key string, distributed, timed bool) zoneMetrics {
 	name, dryRun, bans := cfg.Name, cfg.DryRun, cfg.Ban > 0
 	m := zoneMetrics{Decisions: live.NewDecisions(collectors.requests, name, dryRun)}
@@ -190,8 +174,7 @@ func newZoneMetrics(cfg zones.Config, key string, distributed, timed bool) zoneM
 	return m
 }
 
-// observe counts one decision; storeWait is 0 when the decision was not
-// timed (local and async modes).
+// observe counts one decision; storeWait is 0 when it was not timed.
 func (m *zoneMetrics) observe(d zones.Decision, dryRun bool, storeWait time.Duration) {
 	if !m.Bound() { // metrics disabled
 		return
@@ -224,7 +207,6 @@ func add(c prometheus.Counter, n float64) {
 	}
 }
 
-// newSnapshotMetrics are a persisted zone's series (persist.go).
 func newSnapshotMetrics(zone string) live.SnapshotMetrics {
 	return live.SnapshotMetrics{
 		Duration:        collectors.snapshotSeconds.WithLabelValues(zone),

@@ -1,41 +1,15 @@
 // Package ratelimit is tally: the Caddy HTTP handler http.handlers.rate_limit,
 // which limits requests in named zones keyed by placeholders, with GCRA
 // enforced in-process or, across Caddy instances, in Redis. Importing it
-// also registers the listener wrapper caddy.listeners.rate_limit (package
-// listener), which limits new connections before their TLS handshake, the
-// admin API module admin.api.rate_limit (package admin), and the `caddy
-// rate-limit` command (package command), the admin API's CLI.
+// also registers the listener wrapper caddy.listeners.rate_limit, the admin
+// API module admin.api.rate_limit and the `caddy rate-limit` command.
 //
-// The hub is the Handler and its zones: module.go (its config, Provision,
-// Cleanup), zoneconfig.go (a zone's provisioned form, which holds each
-// concern's part) and serve.go (ServeHTTP, the request path). The
-// configuration, what a user writes in JSON or the Caddyfile (Zone,
-// Distributed, Persist and the types they hold, named here as aliases), is
-// package config's; this package keeps the provisioned forms and the
-// request path. The other files hang off the hub, one concern each, and
-// their uses of each other run one way, never in a loop
-// (tests/rootfiles_test.go): caddyfile.go (the directive's registration and
-// UnmarshalCaddyfile, over config's parser), plans.go and quota.go (what a
-// request's limits are read from), cost.go (what it costs) over
-// llmrequest.go (the request's body, for LLM zones), bodycharge.go and
-// usd.go (what a zone charges from the response's body, in tokens or
-// dollars), finish.go (the after-response step: the response recorded and
-// each ticket ended by its kind, charged by what its body says),
-// headers.go (what a response says), metrics.go (what a decision counts),
-// redis.go, region.go and persist.go (the stores and snapshots a zone is
-// provisioned with), challenge.go (a zone's challenge action, over package
-// challenge), status.go (the status handler) and registry.go (the handler's
-// view of internal/live). The admin
-// API (package admin) reads what the root registers of each HTTP zone in
-// internal/live (live.ZoneView); its JSON is internal/adminapi's types,
-// which the CLI reads back.
-//
-// Below it: what lives across reloads (zone states, name claims, the
-// running zones, the pooled Redis stores and Regions, the snapshots, the
-// collectors) is in internal/live, shared with package listener; the maths
-// is in package algorithms; a zone's state, deny cache and fail policy are
-// in package zones; Redis is spoken to only in package distributed.
-// Nothing imports this package.
+// The hub is the Handler and its zones: module.go (config, Provision,
+// Cleanup), zoneconfig.go (a zone's provisioned form) and serve.go (the
+// request path). The configuration types are package config's, aliased
+// here. The other files hang off the hub, one concern each, and use each
+// other one way, never in a loop (tests/rootfiles_test.go; the README's
+// layout names what each holds). Nothing imports this package.
 package ratelimit
 
 import (
@@ -141,39 +115,35 @@ type Handler struct {
 	// limit on live traffic.
 	DryRun bool `json:"dry_run,omitempty"`
 
-	zones       []*httpZone // tightest first
-	weighted    bool        // a zone counts cost in metrics
-	bodyCharged bool        // a zone charges from the response body
-	headers     headerMode
-	values      *valueCache  // header values rendered before
-	rendered    *renderCache // responses' headers rendered before; nil with headers off
-	events      *caddyevents.App
-	ctx         caddy.Context
-	logger      *zap.Logger
-	// placeholders: some zone's key, limit or cost reads the replacer.
-	placeholders bool
-	annotates    bool            // a zone is in dry run: allowed requests get {http.rate_limit.limited}
-	counted      bool            // counted in annotatingHandlers (Provision and Cleanup only)
-	live         *liveState      // what requests update
+	zones        []*httpZone // tightest first
+	weighted     bool        // a zone counts cost in metrics
+	bodyCharged  bool        // a zone charges from the response body
+	placeholders bool        // some zone's key, limit or cost reads the replacer
+	annotates    bool        // a zone is in dry run: allowed requests get {http.rate_limit.limited}
+	counted      bool        // counted in annotatingHandlers
+	headers      headerMode
+	values       *valueCache
+	rendered     *renderCache // nil with headers off
+	events       *caddyevents.App
+	ctx          caddy.Context
+	logger       *zap.Logger
+	live         *liveState
 	persister    *live.Persister // nil without persist
 	store        zones.Store     // nil in local mode
-	backend      live.Backend    // what else the handler needs of store
-	storeKey     string          // to release store from its pool
+	backend      live.Backend
+	storeKey     string // to release store from its pool
 	// region shares scope global zones' limits with the other regions
-	// (nil without distributed's global block); regionKey releases it.
-	region    *distributed.Region
-	regionKey string
-	// globalZones are the zones this handler made global in its region
-	// (released with it).
+	// (nil without a global block); regionKey and globalZones release it.
+	region      *distributed.Region
+	regionKey   string
 	globalZones []string
-	// users keeps the zone states and the store the handler took until
-	// what uses them is done (see handlerUsers); holds says whether a
-	// request must hold them too: with a store, when a zone takes slots
-	// or charges after the response.
+	// users keeps what the handler took until nothing uses it
+	// (handlerUsers); holds: a request must hold it too (a store, and a
+	// zone that takes slots or charges after the response).
 	users *handlerUsers
 	holds bool
 	// budget is, in strict mode, the most a request waits for Redis in
-	// all (see storeContext); 0 when decisions never wait for Redis.
+	// all (storeContext); 0 when decisions never wait for Redis.
 	budget time.Duration
 }
 
@@ -234,7 +204,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 	}
 	if !h.DisableMetrics {
-		if err := registerMetrics(ctx); err != nil {
+		if err := live.RegisterMetrics(ctx.GetMetricsRegistry()); err != nil {
 			return fmt.Errorf("registering metrics: %v", err)
 		}
 	}
@@ -259,7 +229,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.countAnnotating(h.annotates)
 	// Tightest first: the zone most likely to deny decides before the
-	// others spend anything (a refund, a Redis round trip).
+	// others spend anything.
 	slices.SortFunc(h.zones, compareZones)
 	if h.Persist != nil {
 		return h.provisionPersist(ctx)
@@ -267,10 +237,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// provisionPersist restores the zones' snapshots and subscribes to the
-// events that write them: `started` arms the writes (a config that never
-// starts writes nothing), `stopping` writes them before Caddy waits for
-// the requests in flight.
+// provisionPersist restores the zones' snapshots; `started` arms their
+// writes (a config that never starts writes nothing), `stopping` writes
+// them before Caddy waits for the requests in flight.
 func (h *Handler) provisionPersist(ctx caddy.Context) error {
 	p, n, err := newPersister(ctx, h)
 	if err != nil {
@@ -283,9 +252,8 @@ func (h *Handler) provisionPersist(ctx caddy.Context) error {
 	p.Restore()
 	for event, f := range map[string]func(){
 		"started": p.Start,
-		// A reload stops the old config too: its zones' states either go
-		// on in the new one or are dropped, which writes their final
-		// snapshot. Only an exit needs one now.
+		// A reload's dropped states write their final snapshot
+		// themselves: only an exit needs one now.
 		"stopping": func() {
 			if caddy.Exiting() {
 				p.WriteAll("stopping")
@@ -310,12 +278,10 @@ func (h *Handler) Validate() error {
 	return nil
 }
 
-// Cleanup unregisters the handler's zones and lets go of its zone states
-// and store, which are released once nothing uses them any more (see
-// handlerUsers). Caddy calls it once the handler's config is replaced, when
-// the config it belongs to fails to load, and on a handler whose Provision
-// or Validate failed (half-way, possibly): it releases exactly what was
-// taken, and only once.
+// Cleanup unregisters the handler's zones and lets go of what it took,
+// released once nothing uses it (handlerUsers). Caddy also calls it on a
+// handler whose Provision or Validate failed half-way: it releases exactly
+// what was taken, and only once.
 func (h *Handler) Cleanup() error {
 	h.countAnnotating(false)
 	if h.persister != nil {
@@ -331,8 +297,7 @@ func (h *Handler) Cleanup() error {
 	return nil
 }
 
-// releaseShared releases the zone states and the store the handler took,
-// once nothing uses them.
+// releaseShared releases the zone states and stores the handler took.
 func (h *Handler) releaseShared() {
 	for _, z := range h.zones {
 		z.releaseState()
@@ -345,25 +310,22 @@ func (h *Handler) releaseShared() {
 	}
 }
 
-// handlerUsers counts what still uses the shared resources a handler took
-// (its zones' states and its store, pooled across handlers and reloads):
-// the handler's config, which lets go in Cleanup, each request in flight
-// that holds concurrency slots or owes a charge after its response, and
-// each strict-mode charge not yet landed. The last to let go releases them.
+// handlerUsers counts what still uses the pooled resources a handler took
+// (zone states, store): its config, until Cleanup, each request in flight
+// that holds slots or owes a charge after its response, and each
+// strict-mode charge not yet landed. The last to let go releases them.
 //
-// Caddy returns from a reload before the old config's servers drain, and
-// cleans up the old handlers meanwhile: a reload that changes a distributed
-// setting (the store's pool key) would otherwise close the store under
-// requests still running, stopping their slots' renewals and releases and
-// failing their charges (seen: 4 in flight for a limit of 2, a key
-// locked out for the rest of its lease, a stream's charges lost).
+// Caddy cleans up the old handlers before the old servers drain: a reload
+// that changes the store's pool key would otherwise close the store under
+// running requests, stopping their slots' renewals and releases and failing
+// their charges (seen: 4 in flight for a limit of 2, a key locked out for
+// its lease, a stream's charges lost).
 type handlerUsers struct {
 	n       atomic.Int64
 	release func()
 }
 
-// newHandlerUsers holds the config's reference; release is what the last
-// user calls.
+// newHandlerUsers holds the config's reference.
 func newHandlerUsers(release func()) *handlerUsers {
 	u := &handlerUsers{release: release}
 	u.n.Store(1)
@@ -371,8 +333,7 @@ func newHandlerUsers(release func()) *handlerUsers {
 }
 
 // hold takes a reference, unless the resources were released already
-// (then the request goes on with a closed store, whose calls fail and take
-// the zones' fail policies).
+// (then the store's calls fail and take the zones' fail policies).
 func (u *handlerUsers) hold() bool {
 	for n := u.n.Load(); n > 0; n = u.n.Load() {
 		if u.n.CompareAndSwap(n, n+1) {
@@ -382,9 +343,8 @@ func (u *handlerUsers) hold() bool {
 	return false
 }
 
-// done lets go of a reference hold took. The last one releases the
-// resources off the caller's goroutine: closing a store waits for Redis,
-// and the caller is a response or a charger.
+// done lets go of a reference hold took. The last releases off the
+// caller's goroutine: closing a store waits for Redis.
 func (u *handlerUsers) done() {
 	if u.n.Add(-1) == 0 {
 		go u.release()
@@ -392,7 +352,7 @@ func (u *handlerUsers) done() {
 }
 
 // cleanup lets go of the config's reference; when it is the last, the
-// resources are released before it returns, as Cleanup always did.
+// resources are released before it returns.
 func (u *handlerUsers) cleanup() {
 	if u.n.Add(-1) == 0 {
 		u.release()

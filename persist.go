@@ -1,8 +1,5 @@
 package ratelimit
 
-// persist: local rate zones that survive a restart (Persist), snapshot by
-// internal/live's Persister.
-
 import (
 	"cmp"
 	"context"
@@ -14,13 +11,11 @@ import (
 	"github.com/caddy-tally/ratelimit/internal/live"
 )
 
-// RestoreTimeout bounds how long a handler's provisioning waits for its
-// snapshots (live.RestoreTimeout); the runtime overrides kept in the
-// storage are bound by it too.
+// RestoreTimeout bounds how long provisioning waits for snapshots and
+// stored overrides.
 const RestoreTimeout = live.RestoreTimeout
 
-// newPersister sets up persist for the zones of h that persist
-// (live.Persister).
+// newPersister sets up persist for h's zones that persist.
 func newPersister(ctx caddy.Context, h *Handler) (*live.Persister, int, error) {
 	if err := h.Persist.Validate(); err != nil {
 		return nil, 0, err
@@ -45,11 +40,10 @@ func newPersister(ctx caddy.Context, h *Handler) (*live.Persister, int, error) {
 		cmp.Or(time.Duration(h.Persist.MaxAge), DefaultPersistMaxAge), zs), len(zs), nil
 }
 
-// snapshotID identifies a zone definition in its snapshots: its name and
-// everything its TATs depend on, so that a zone whose limits changed does
-// not resume from a snapshot of the old ones. A zone with ban adds its ban
-// settings (its bans' entries depend on them); a zone without keeps the
-// identity it had before bans were persisted.
+// snapshotID identifies a zone definition in its snapshots: everything
+// its TATs (and bans) depend on, so that a zone whose limits changed does
+// not resume from the old ones. A zone without ban keeps the identity it
+// had before bans were persisted.
 func snapshotID(zh *httpZone) string {
 	l := zh.Limit()
 	v := zh.vars
@@ -61,7 +55,6 @@ func snapshotID(zh *httpZone) string {
 	return id
 }
 
-// eventHandler adapts a function to caddyevents.Handler.
 type eventHandler func()
 
 func (f eventHandler) Handle(context.Context, caddy.Event) error { f(); return nil }

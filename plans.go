@@ -15,14 +15,10 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// Limits per plan (docs/configuration.md, "Limits per plan"): a zone's
-// events, window and burst may each be a placeholder, validated per request
-// as the Caddyfile validates literals, so an invalid one never becomes a
-// 500; the zone's literal values are the fallback, counted and logged
-// (sampled), so that a misconfigured map is visible.
-
-// planVars names the placeholders a zone reads its limit from ("" when the
-// setting is a literal) and the bounds on their values (0: none).
+// planVars names the placeholders a zone reads its limit from ("" for a
+// literal) and their bounds (0: none) (docs/configuration.md, "Limits per
+// plan"): a value invalid for a request falls back to the literal, counted
+// and logged (sampled), never a 500.
 type planVars struct {
 	events, window, burst string
 	eventsMax, burstMax   int64
@@ -31,16 +27,13 @@ type planVars struct {
 	quotaMax              int64
 }
 
-// Why a per-request value fell back, beyond "not a number or duration".
 var (
 	errAboveAtMost  = errors.New("above the zone's at_most")
 	errBelowAtLeast = errors.New("below the zone's at_least")
 )
 
-// newPlanVars checks and resolves zone name's plan settings: each
-// placeholder one placeholder, each bound on a placeholder and within
-// range, and each fallback within its bound. It logs a warning for a
-// placeholder a client can set (http.request.*) that has no bound.
+// newPlanVars checks and resolves zone name's plan settings, and warns of
+// an unbounded placeholder a client can set (http.request.*).
 func newPlanVars(name string, zc *Zone, logger *zap.Logger) (planVars, error) {
 	v := planVars{
 		events: zc.MaxEventsPlaceholder, window: zc.WindowPlaceholder, burst: zc.BurstPlaceholder,
@@ -81,8 +74,6 @@ func newPlanVars(name string, zc *Zone, logger *zap.Logger) (planVars, error) {
 	return v, nil
 }
 
-// boundError says what is wrong with a bound: outOfRange's text, else
-// beyondFallback's, else "".
 func boundError(outOfRange bool, rangeText string, beyondFallback bool, fallbackText string) string {
 	switch {
 	case outOfRange:
@@ -97,9 +88,7 @@ func (v planVars) any() bool {
 	return v.events != "" || v.window != "" || v.burst != "" || v.quota != ""
 }
 
-// planFor returns the plan the request is decided under: the zone's
-// literal plan (no lookup, no allocation) unless it reads one from the
-// request. now (monotime) is for the sampled log of a fallback.
+// planFor is the plan the request is decided under.
 func (z *httpZone) planFor(repl *caddy.Replacer, now int64) zones.Plan {
 	lit := z.Plan()
 	if !z.vars.any() {
@@ -134,8 +123,8 @@ func (z *httpZone) planFor(repl *caddy.Replacer, now int64) zones.Plan {
 	}
 	p, err := zones.NewPlan(events, window, burst)
 	if err != nil {
-		// Each value is fine alone but not together (more than one event
-		// per microsecond, B·T over 100 years): the literal plan.
+		// Fine alone but not together (more than one event per
+		// microsecond, B·T over 100 years).
 		p = lit
 		fb.note("plan", strconv.FormatInt(events, 10)+"/"+window.String(), err)
 	}
@@ -145,8 +134,7 @@ func (z *httpZone) planFor(repl *caddy.Replacer, now int64) zones.Plan {
 	return p
 }
 
-// fellBack is the first per-request setting of a request that fell back to
-// its literal value, for the log.
+// fellBack is a request's first setting that fell back, for the log.
 type fellBack struct {
 	setting, value string
 	why            error
@@ -158,8 +146,8 @@ func (f *fellBack) note(setting, value string, why error) {
 	}
 }
 
-// limit is placeholder ph's value when it is a whole number from 1 to 2^40
-// and at most atMost (0: no bound), else lit, noted as setting's fallback.
+// limit is ph's value when it is from 1 to 2^40 and at most atMost (0: no
+// bound), else lit, noted.
 func (f *fellBack) limit(repl *caddy.Replacer, setting, ph string, atMost, lit int64) int64 {
 	s, _ := repl.GetString(ph)
 	switch n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64); {
@@ -173,8 +161,6 @@ func (f *fellBack) limit(repl *caddy.Replacer, setting, ph string, atMost, lit i
 	return lit
 }
 
-// planFallback counts and logs (sampled) a request whose per-request limit
-// was unusable.
 func (z *httpZone) planFallback(now int64, fb fellBack) {
 	add(z.metrics.planFallbacks, 1)
 	if c := z.logs.planFallback.Check(z.logger, now, zapcore.WarnLevel, "per-request limit is empty or invalid; using the zone's literal value"); c != nil {

@@ -1,7 +1,5 @@
 package ratelimit
 
-// Calendar quotas, the handler side (the counting is package zones').
-
 import (
 	"fmt"
 	"strings"
@@ -13,8 +11,8 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// configureQuota sets the quota q into a zone's config, and its placeholder and
-// bound into vars; a placeholder the client sets with no bound is logged.
+// configureQuota sets quota q into a zone's config and its placeholder
+// into vars, and warns of an unbounded one the client sets.
 func configureQuota(q *Quota, name string, cfg *zones.Config, vars *planVars, logger *zap.Logger) error {
 	p, err := algorithms.ParsePeriod(q.Per)
 	if err != nil {

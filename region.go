@@ -22,8 +22,7 @@ func (h *Handler) openRegion() error {
 }
 
 // globalStore is the store zone zc decides with: the handler's, or for a
-// scope global zone the region's share of it (then also returned as
-// shared).
+// scope global zone the region's share of it (also returned as shared).
 func (h *Handler) globalStore(name string, zc *Zone, cfg zones.Config) (zones.Store, *distributed.Shared, error) {
 	switch zc.Scope {
 	case "", "region":
@@ -43,11 +42,8 @@ func (h *Handler) globalStore(name string, zc *Zone, cfg zones.Config) (zones.St
 	return sh, sh, nil
 }
 
-// globalCollector reports, at scrape time, each live scope global zone's
-// coordination: its region's syncs with the global store (repeated for
-// every such zone of the region), their failures, the last one's latency,
-// the share changes applied, and the zone's keys whose share is not the
-// region's weight.
+// globalCollector reports, at scrape time, each scope global zone's
+// coordination (its region's, repeated for every such zone of the region).
 type globalCollector struct {
 	syncs, failures, latency, changes, keys, coordinator, dropped *prometheus.Desc
 }

@@ -5,16 +5,13 @@ import (
 
 	"github.com/caddy-tally/ratelimit/internal/adminapi"
 	"github.com/caddy-tally/ratelimit/internal/live"
+	"github.com/caddy-tally/ratelimit/internal/usage"
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// The zone states, name claims and registry of running zones live in
-// internal/live, shared with the listener wrapper; this file is the
-// handler's view of them.
-
-// stateKey is what internal/live tells definitions apart by for the plan
-// placeholders vars: nil when the zone reads none, so that an HTTP zone
-// without plans shares its state with a connection zone of the same limits.
+// stateKey tells definitions apart by their plan placeholders: nil for
+// none, so that an HTTP zone without plans shares its state with a
+// connection zone of the same limits.
 func stateKey(vars planVars) any {
 	if vars == (planVars{}) {
 		return nil
@@ -22,24 +19,27 @@ func stateKey(vars planVars) any {
 	return vars
 }
 
-// httpZoneOf is z's HTTP side, as registered in its view (nil for
-// a connection zone).
+// httpZoneOf is z's HTTP side (nil for a connection zone).
 func httpZoneOf(z *zones.Zone) *httpZone {
 	zh, _ := live.View(z).Handler.(*httpZone)
 	return zh
 }
 
-// usdFields is zh's amounts in dollars (usdFieldsOf), the USD of its view;
-// none for a zone that is not a usd zone, or no HTTP zone (zh nil).
+// usdFields is a usd zone's amounts in dollars, the USD of its view; none
+// in another zone, or when zh is nil.
 func (zh *httpZone) usdFields(limit, remaining int64, used *int64) adminapi.USDFields {
-	if zh == nil {
+	if zh == nil || zh.costs.usd() == nil {
 		return adminapi.USDFields{}
 	}
-	return usdFieldsOf(zh.costs.usd(), limit, remaining, used)
+	f := adminapi.USDFields{Unit: unitMicroUSD, LimitUSD: usage.FormatUSD(limit), RemainingUSD: usage.FormatUSD(remaining)}
+	if used != nil {
+		f.UsedUSD = usage.FormatUSD(*used)
+	}
+	return f
 }
 
-// httpZoneInJSON looks for the HTTP zone name in the routes of the app's
-// servers that are still JSON (live.ZoneInJSON).
+// httpZoneInJSON looks for the HTTP zone name in the app's routes that
+// are still JSON.
 func httpZoneInJSON(app *caddyhttp.App, name string) (key string, concurrency, found bool) {
 	var routes []any
 	for _, srv := range app.Servers {

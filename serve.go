@@ -20,11 +20,9 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// maxStackZones is how many zone tickets ServeHTTP keeps on the stack.
-const maxStackZones = 4
+const maxStackZones = 4 // zone tickets ServeHTTP keeps on the stack
 
-// ticket is one zone's zones.Ticket for the request being served; its Owner
-// is the zone's HTTP side (its metrics, logs and costs).
+// ticket is one zone's zones.Ticket for the request being served.
 type ticket = zones.Ticket[*httpZone]
 
 // ServeHTTP decides the request in every zone that applies to it, tightest
@@ -34,9 +32,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return nil
 	}
 	now := monotime.Now()
-	// The replacer is deep in the request's context: looked up only by
-	// handlers whose keys, limits or costs read placeholders, and on a
-	// denial.
+	// The replacer is deep in the request's context: looked up only when
+	// needed.
 	var repl *caddy.Replacer
 	if h.placeholders {
 		repl = requestReplacer(r)
@@ -47,15 +44,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return err
 	}
 	if h.store != nil {
-		// Only a store's denials are cached: in local mode the
-		// decision is the table lookup a cache would be.
+		// In local mode the decision is the lookup a cache would be.
 		if v := h.cachedDenial(tickets, now); v >= 0 {
 			return h.deny(w, r, tickets[v:v+1], &tickets[v], now)
 		}
 	}
 	if h.holds && h.users.hold() {
-		// The slots and charges this request may take live in the
-		// store, which must outlive a reload that unloads this handler.
+		// The store must outlive a reload while this request uses it.
 		defer h.users.done()
 	}
 	ctx, cancel := h.storeContext(r, now)
@@ -88,10 +83,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	return h.serve(w, r, repl, next, tickets)
 }
 
-// serve calls next for an allowed request, through the after-response step
-// (finish, panics included) when a ticket finishes with the response. A
-// client that goes away cancels the request's context, which ends next
-// (reverse_proxy returns when its upstream call is cancelled); a hijacked
+// serve calls next for an allowed request, through finish (panics
+// included) when a ticket finishes with the response. A hijacked
 // connection (WebSocket) holds its slots until the handler that hijacked
 // it returns, which reverse_proxy does when the connection ends.
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, tickets []ticket) error {
@@ -108,11 +101,9 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 	return err
 }
 
-// seen counts and logs v's zone's decision, as Admit makes it: its metrics
-// (for a zone whose decisions ask the store, how long it waited for it:
-// since mark, the end of the last decision, which seen moves), a store
-// error, a turn reserved for later, a request that can never pass, and in a
-// dry-run zone the denial (or ban) it would have been, in top as well.
+// seen counts and logs v's zone's decision as Admit makes it (the store's
+// latency: since mark, the end of the last decision, which seen moves),
+// and in a dry-run zone the denial (or ban) it would have been.
 func (h *Handler) seen(v *ticket, now int64, mark *int64) {
 	z, d := v.Owner, &v.Decision
 	var took time.Duration
@@ -139,14 +130,11 @@ func (h *Handler) seen(v *ticket, now int64, mark *int64) {
 	}
 }
 
-// awaitTurn makes the request wait until turn (monotime), the latest turn
-// its zones with delay reserved, and reports whether it may go on. A
-// request whose client goes away meanwhile (or that Caddy's own timeouts,
-// or a shutdown past its grace period, end) gives back what every zone
-// took, reservations included, and returns false at once. Either way the
-// zones' queue places are given back. On the way on, the delayed zones'
-// headers are those of an allowed request at its turn, and
-// {http.rate_limit.delay} is the time waited.
+// awaitTurn waits until turn (monotime), the latest turn the request's
+// zones with delay reserved, and reports whether it may go on. A request
+// whose context ends meanwhile gives back what every zone took,
+// reservations included, and returns false at once. Either way the queue
+// places are given back; {http.rate_limit.delay} is the time waited.
 func (h *Handler) awaitTurn(r *http.Request, tickets []ticket, turn int64) bool {
 	start := time.Now()
 	t := time.NewTimer(time.Duration(turn - monotime.Now()))
@@ -154,8 +142,7 @@ func (h *Handler) awaitTurn(r *http.Request, tickets []ticket, turn int64) bool 
 	select {
 	case <-t.C:
 	case <-r.Context().Done():
-		// Refunds outlive the request's context, bounded by the store's
-		// budget as any call of it.
+		// Refunds outlive the request's context, bounded by the budget.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), cmp.Or(h.budget, time.Second))
 		now := monotime.Now()
 		for i := range tickets {
@@ -170,9 +157,7 @@ func (h *Handler) awaitTurn(r *http.Request, tickets []ticket, turn int64) bool 
 	for i := range tickets {
 		tickets[i].Served(waited)
 	}
-	// A provider, as for a denial's placeholders (deny): a Set would make
-	// the replacer's table on its first entry and box the value, which is
-	// then only boxed if the placeholder is read.
+	// A provider, not a Set: see deny.
 	requestReplacer(r).Map(func(placeholder string) (any, bool) {
 		if placeholder == "http.rate_limit.delay" {
 			return waited, true
@@ -182,16 +167,15 @@ func (h *Handler) awaitTurn(r *http.Request, tickets []ticket, turn int64) bool 
 	return true
 }
 
-// clientGone answers a request whose client went away while it waited for
-// its turn, as Caddy's reverse proxy answers one: 499 (client closed
-// request), for the access log; nobody reads it.
+// clientGone answers 499 (client closed request), as Caddy's reverse
+// proxy does, for the access log.
 func clientGone(w http.ResponseWriter) error {
 	w.WriteHeader(499)
 	return nil
 }
 
-// restartStoreContext is storeContext for the store calls a request makes
-// after waiting for its turn: a budget of their own, from now.
+// restartStoreContext is storeContext after a wait for a turn: a budget
+// of its own, from now.
 func (h *Handler) restartStoreContext(r *http.Request) (context.Context, context.CancelFunc) {
 	if h.budget > 0 {
 		caddyhttp.SetVar(r.Context(), storeDeadlineVar, monotime.Now()+int64(h.budget))
@@ -199,13 +183,12 @@ func (h *Handler) restartStoreContext(r *http.Request) (context.Context, context
 	return h.storeContext(r, monotime.Now())
 }
 
-// requestReplacer is the request's placeholder replacer.
 func requestReplacer(r *http.Request) *caddy.Replacer {
 	return r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 }
 
 // applicable appends to tickets the zones whose matchers accept r, with
-// the request's key in each, tightest first; nothing is decided yet.
+// the request's key in each; nothing is decided yet.
 func (h *Handler) applicable(r *http.Request, repl *caddy.Replacer, now int64, tickets []ticket) ([]ticket, error) {
 	for _, z := range h.zones {
 		if len(z.matchers) > 0 {
@@ -233,11 +216,9 @@ func (h *Handler) applicable(r *http.Request, repl *caddy.Replacer, now int64, t
 	return tickets, nil
 }
 
-// cachedDenial looks for a rate zone (not in dry run) whose deny cache
-// already denies the request, before any zone asks the store: a request
-// that one zone denies costs no Redis call in the others (no decision, no
-// refund, no slot). It fills in that zone's ticket and returns its index,
-// or -1.
+// cachedDenial is the index of a rate zone (not in dry run) whose deny
+// cache already denies the request, with its ticket filled in, or -1: a
+// request one zone denies costs no Redis call in the others.
 func (h *Handler) cachedDenial(tickets []ticket, now int64) int {
 	for i := range tickets {
 		v := &tickets[i]
@@ -255,14 +236,12 @@ func (h *Handler) cachedDenial(tickets []ticket, now int64) int {
 
 // storeContext bounds the request's store calls by one budget, the
 // distributed timeout, however many zones and handlers ask Redis: the
-// first strict-mode handler on the request fixes the deadline in the
-// request's vars and later ones keep it. Local and async handlers never
-// wait for Redis and use the request's context as is.
+// first strict-mode handler fixes the deadline in the request's vars.
+// Local and async handlers never wait for Redis.
 //
-// The request's cancellation is not passed on: the calls are bounded by
-// the budget anyway, and a child of Caddy's request context would walk its
-// long chain twice and register with the connection's context on every
-// request (a CPU profile of strict mode put that at ~3% of Caddy's CPU).
+// The request's cancellation is not passed on: a child of Caddy's request
+// context costs ~3% of Caddy's CPU in strict mode (a CPU profile), and the
+// budget bounds the calls anyway.
 func (h *Handler) storeContext(r *http.Request, now int64) (context.Context, context.CancelFunc) {
 	ctx := r.Context()
 	if h.budget <= 0 {
@@ -276,29 +255,23 @@ func (h *Handler) storeContext(r *http.Request, now int64) (context.Context, con
 	return context.WithDeadline(context.WithoutCancel(ctx), time.Now().Add(time.Duration(deadline-monotime.Now())))
 }
 
-// storeDeadlineVar holds, in the request's vars, the monotime by which
-// every store call of the request must be answered.
+// storeDeadlineVar: the monotime by which the request's store calls end.
 const storeDeadlineVar = "rate_limit.store_deadline"
 
-// deny answers a request that v, one of tickets, denied: the headers with
-// Retry-After, placeholders, the rate_limit_exceeded event, a sampled log
-// line, and the error for handle_errors to shape. The error is a plain
-// caddyhttp.HandlerError, boxed once per zone: caddyhttp.Error would record
-// a stack trace and an error id on every denial. Denying must stay cheaper
-// than serving.
+// deny answers a request that v, one of tickets, denied. The error is a
+// plain caddyhttp.HandlerError, boxed once per zone: caddyhttp.Error would
+// record a stack trace on every denial. Denying must stay cheaper than
+// serving.
 func (h *Handler) deny(w http.ResponseWriter, r *http.Request, tickets []ticket, v *ticket, now int64) error {
 	retry := v.Decision.RetryAfter
 	if h.Jitter > 0 {
-		// In floating point and clamped: a wait near the largest
-		// Duration must not wrap.
+		// Clamped: a wait near the largest Duration must not wrap.
 		retry = time.Duration(min(float64(retry)*(1+rand.Float64()*h.Jitter), float64(math.MaxInt64/2)))
 	}
 	h.setHeaders(w.Header(), tickets, true, retry)
 	name := v.Owner.nameValue // boxed once when provisioned
-	// A provider, as Caddy's map handler adds one, rather than two Sets:
-	// the replacer's static map is usually still empty here, and its
-	// first entry would allocate its table; the key is boxed only if a
-	// placeholder is read.
+	// A provider rather than Sets: a first Set allocates the replacer's
+	// table, and the key is boxed only if a placeholder is read.
 	repl := requestReplacer(r)
 	key, limited := v.Key, limitedOnDenial(repl, tickets, v.Owner.Name)
 	repl.Map(func(placeholder string) (any, bool) {
@@ -329,19 +302,17 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, tickets []ticket,
 		return nil
 	}
 	if h.answersDirectly(r) {
-		// Nothing would shape the error: answer directly. Caddy's error
-		// path would encode the whole request for a debug log line on
-		// every denial, which under a flood costs more than serving.
+		// Caddy's error path would encode the whole request for a debug
+		// log line, which under a flood costs more than serving.
 		w.WriteHeader(v.Owner.status)
 		return nil
 	}
 	return v.Owner.denial
 }
 
-// answersDirectly reports whether the server serving r has no error routes,
-// so that a denial is written rather than returned. A handler belongs to
-// one server, whose error routes are fixed for the handler's life: the
-// answer is looked up (deep in the request's context) once.
+// answersDirectly reports whether r's server has no error routes, so that
+// a denial is written rather than returned; looked up once, since a
+// handler belongs to one server.
 func (h *Handler) answersDirectly(r *http.Request) bool {
 	switch h.live.errorRoutes.Load() {
 	case errorRoutesNone:
@@ -361,14 +332,13 @@ func (h *Handler) answersDirectly(r *http.Request) bool {
 	return false
 }
 
-// liveState is what the request path of a handler updates.
 type liveState struct {
 	logs        logSamplers  // shared by the handler's zones
 	errorRoutes atomic.Int32 // errorRoutesUnknown, None or Some
 }
 
-// logSamplers are a handler's samplers, one per line a request can cause,
-// each by internal/live's one rule; its zones share them.
+// logSamplers are a handler's samplers, one per log line a request can
+// cause; its zones share them.
 type logSamplers struct {
 	denial, dryRunDenial live.Sampler
 	storeError           live.Sampler
@@ -380,7 +350,6 @@ type logSamplers struct {
 	ban, dryRunBan       live.Sampler
 }
 
-// What a handler knows of its server's error routes.
 const (
 	errorRoutesUnknown int32 = iota
 	errorRoutesNone
@@ -392,10 +361,8 @@ const (
 	eventBanned   = "rate_limit_banned"
 )
 
-// banStarted tells of a ban the decision d of key in z started (in dry
-// run: would have started): the rate_limit_banned event (real bans; the
-// key with log_key), an INFO log line, sampled under floods like denials,
-// and the bans counter.
+// banStarted tells of a ban d started (in dry run: would have): the
+// rate_limit_banned event (real bans), a sampled INFO line and the counter.
 func (h *Handler) banStarted(now int64, z *httpZone, key string, d zones.Decision, dryRun bool) {
 	add(z.metrics.bans, 1)
 	if !dryRun && h.events.ShouldEmit(eventBanned) {
@@ -421,8 +388,7 @@ func (h *Handler) banStarted(now int64, z *httpZone, key string, d zones.Decisio
 	}
 }
 
-// logDenial logs (sampled) a denial, or in a dry-run zone the denial it
-// would have been; the key only with log_key.
+// logDenial logs (sampled) a denial, or a dry-run zone's would-be one.
 func (h *Handler) logDenial(now int64, z *httpZone, key string, d zones.Decision, dryRun bool) {
 	s, msg := &h.live.logs.denial, "rate limit exceeded"
 	if dryRun {

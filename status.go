@@ -24,8 +24,7 @@ import (
 func init() {
 	caddy.RegisterModule(StatusHandler{})
 	httpcaddyfile.RegisterDirective("rate_limit_status", parseStatusCaddyfile)
-	// Just before rate_limit (which goes before basic_auth, right after
-	// try_files): asking for one's budget must not spend it.
+	// Just before rate_limit: asking for one's budget must not spend it.
 	httpcaddyfile.RegisterDirectiveOrder("rate_limit_status", httpcaddyfile.After, "try_files")
 }
 
@@ -76,10 +75,8 @@ func (s *StatusHandler) Provision(ctx caddy.Context) error {
 		if !zones.ValidName(name) {
 			return fmt.Errorf("rate_limit_status: zone name %q is invalid: use letters, digits, '_' and '-' only", name)
 		}
-		found := false
-		if _, ok := live.ClaimedHTTPZone(ctx, name); ok {
-			found = true
-		} else if app, err := ctx.AppIfConfigured("http"); err == nil {
+		_, found := live.ClaimedHTTPZone(ctx, name)
+		if app, err := ctx.AppIfConfigured("http"); !found && err == nil {
 			if app, ok := app.(*caddyhttp.App); ok {
 				_, _, found = httpZoneInJSON(app, name)
 			}
@@ -115,11 +112,10 @@ func (s *StatusHandler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-// parseStatusCaddyfile is what RegisterHandlerDirective would register,
-// refusing a handler at a site's top level with no matcher: it would answer
-// every request of the site. Caddy hands a site's own directives the site's
-// State as their BlockState, and those nested in a block (handle, route) a
-// copy.
+// parseStatusCaddyfile is RegisterHandlerDirective's, refusing a handler
+// at a site's top level with no matcher: it would answer every request.
+// Caddy hands a site's own directives the site's State as their
+// BlockState, and those nested in a block a copy.
 func parseStatusCaddyfile(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error) {
 	h.Next()
 	s := StatusHandler{Source: fmt.Sprintf("%s:%d", h.File(), h.Line())}
@@ -152,7 +148,6 @@ type zoneStatus struct {
 	adminapi.USDFields        // usd zones: the amounts in dollars
 }
 
-// ServeHTTP answers the request's own state in each zone.
 func (s *StatusHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
 	repl := requestReplacer(r)
 	now := monotime.Now()
@@ -164,7 +159,6 @@ func (s *StatusHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ cadd
 	if len(s.Zones) == 1 {
 		out.Zones[0] = zoneStatusOf(ctx, s.Zones[0], statusTicket(r, repl, s.Zones[0], now), now)
 	} else {
-		// The zones' reads of Redis go in one round trip (distributed.Gather).
 		g := distributed.NewGather(len(s.Zones))
 		var wg sync.WaitGroup
 		for i, name := range s.Zones {
@@ -181,8 +175,8 @@ func (s *StatusHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ cadd
 	return adminapi.WriteJSON(w, http.StatusOK, out)
 }
 
-// statusTicket is the request's ticket in zone name of the running config,
-// resolved (nil when the zone is not loaded).
+// statusTicket is the request's resolved ticket in zone name (nil when
+// the zone is not loaded).
 func statusTicket(r *http.Request, repl *caddy.Replacer, name string, now int64) *ticket {
 	z := live.Lookup(name, true)
 	if z == nil {
@@ -201,8 +195,7 @@ func statusTicket(r *http.Request, repl *caddy.Replacer, name string, now int64)
 	return t
 }
 
-// zoneStatusOf is the state now of ticket t (nil: the zone is not loaded)
-// in zone name: the one read, Ticket.Read.
+// zoneStatusOf is ticket t's state now in zone name (t nil: not loaded).
 func zoneStatusOf(ctx context.Context, name string, t *ticket, now int64) zoneStatus {
 	st := zoneStatus{Zone: name}
 	if t == nil {

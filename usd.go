@@ -4,20 +4,13 @@ import (
 	"fmt"
 
 	"github.com/caddy-tally/ratelimit/config"
-	"github.com/caddy-tally/ratelimit/internal/adminapi"
 	"github.com/caddy-tally/ratelimit/internal/usage"
 )
 
-// Budgets in dollars (charge usd; docs/configuration.md, "Budgets in
-// dollars"): a usd zone counts whole micro-dollars, in every mode and
-// store, as any zone counts its units; charge usd prices each response's
-// token usage by model (internal/usage's price table). Amounts are read
-// and shown in dollars: the Caddyfile's `<amount> usd`, RateLimit-Policy's
-// tally-unit, and the status, admin and CLI views' *_usd fields.
-
 // usdPrices checks a zone's unit against its charge and is its price
-// table, nil when it charges no dollars: a usd zone is charged by charge
-// usd, and charge usd charges only a usd zone.
+// table, nil when it charges no dollars (docs/configuration.md, "Budgets
+// in dollars"): a usd zone counts whole micro-dollars and is charged by
+// charge usd, which charges only a usd zone.
 func usdPrices(name string, zc *Zone) (*usage.Prices, error) {
 	switch {
 	case zc.Unit != "" && zc.Unit != config.UnitUSD:
@@ -38,23 +31,8 @@ func usdPrices(name string, zc *Zone) (*usage.Prices, error) {
 	return t, nil
 }
 
-// Why a usd zone's response fell back: its model has no price, and the
-// zone no default.
+// reasonNoPrice: a usd zone's response whose model has no price.
 const reasonNoPrice = "no_price"
 
-// unitMicroUSD names what a usd zone's integers count, in the views and
-// in RateLimit-Policy's tally-unit.
+// unitMicroUSD names what a usd zone's integers count.
 const unitMicroUSD = "usd-micro"
-
-// usdFieldsOf are the amounts of a zone with the price table prices in
-// dollars; none unless it is a usd zone (prices nil).
-func usdFieldsOf(prices *usage.Prices, limit, remaining int64, used *int64) adminapi.USDFields {
-	if prices == nil {
-		return adminapi.USDFields{}
-	}
-	f := adminapi.USDFields{Unit: unitMicroUSD, LimitUSD: usage.FormatUSD(limit), RemainingUSD: usage.FormatUSD(remaining)}
-	if used != nil {
-		f.UsedUSD = usage.FormatUSD(*used)
-	}
-	return f
-}

@@ -22,9 +22,8 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// The configuration, what a user writes in JSON or the Caddyfile, is
-// package config's; these names keep ratelimit.Zone and the others (and
-// Caddy's JSON docs of the handler) resolving where they always did.
+// The configuration types are package config's; these names keep
+// ratelimit.Zone and the others (and Caddy's JSON docs) resolving.
 type (
 	Zone        = config.Zone
 	Adaptive    = config.Adaptive
@@ -49,55 +48,45 @@ const (
 	MinPersistInterval     = config.MinPersistInterval
 )
 
-// httpZone is a provisioned zone: its matchers, key template and the
-// zones.Zone that decides, with what it logs and counts through.
+// httpZone is a provisioned zone: the zones.Zone that decides, and its
+// HTTP side.
 type httpZone struct {
 	*zones.Zone
 	matchers caddyhttp.MatcherSets
 	key      string // the key template
 	keyVar   string // when the template is exactly one placeholder: its name
-	// keyHeader is, when the template is exactly one request header
-	// placeholder, the header's canonical name: read from the request
-	// directly, as Caddy's replacer would, but without boxing the value
-	// into an interface (an allocation per request).
-	keyHeader string
-	nameValue any // the zone's name as a placeholder value, boxed once
-	vars      planVars
-	costs     costVars
-	dryRun    bool
-	priority  *Priority // adaptive zones with priority classes, else nil
-	waits     bool      // an adaptive zone with delay: its requests may wait for a place
-	// classHeader is, when priority's placeholder is one request header,
-	// the header's canonical name (see keyHeader).
-	classHeader string
-	status      int                 // the HTTP status of a denial
-	region      *distributed.Region // scope global: its share is the q a client can get here
-	denial      error               // the HandlerError a denial returns, boxed once
-	metrics     zoneMetrics         // no series when metrics are disabled
-	timed       bool                // metrics on and every decision asks Redis (strict)
-	logger      *zap.Logger         // the handler's
-	logs        *logSamplers        // the handler's, which all its zones share
-	// loggedEmptyKey: a request's key was empty, and that was logged.
-	loggedEmptyKey atomic.Bool
-	// loggedDroppedBans: a ban was not kept, from the table or the list
-	// (banDropped), and that was logged.
-	loggedDroppedBans [2]atomic.Bool
+	// keyHeader: when the template is one request header placeholder, the
+	// header's canonical name, read directly (the replacer would box the
+	// value, an allocation per request).
+	keyHeader         string
+	nameValue         any // the zone's name as a placeholder value, boxed once
+	vars              planVars
+	costs             costVars
+	dryRun            bool
+	priority          *Priority           // adaptive zones with priority classes, else nil
+	waits             bool                // an adaptive zone with delay: its requests may wait for a place
+	classHeader       string              // priority's placeholder's header, as keyHeader
+	status            int                 // the HTTP status of a denial
+	region            *distributed.Region // scope global: its share is the q a client can get here
+	denial            error               // the HandlerError a denial returns, boxed once
+	metrics           zoneMetrics         // no series when metrics are disabled
+	timed             bool                // metrics on and every decision asks Redis (strict)
+	logger            *zap.Logger         // the handler's
+	logs              *logSamplers        // the handler's, which all its zones share
+	loggedEmptyKey    atomic.Bool
+	loggedDroppedBans [2]atomic.Bool // from the table, the list
+	challenge         *zoneChallenge // nil unless the zone has a challenge block
 
 	// What provision took, for release.
-	stateID    live.StateID
-	freshState bool          // provision created the state (persist restores into it)
-	stopReset  func()        // nil without a store that shares resets
-	stopBans   chan struct{} // async zones with ban: stops learnBans
-	// overridesKey is the zone's overrides holder (live.LoadOverrideHolder), "" when
-	// not taken.
-	overridesKey string
-	challenge    *zoneChallenge // nil unless the zone has a challenge block
+	stateID      live.StateID
+	freshState   bool          // provision created the state (persist restores into it)
+	stopReset    func()        // nil without a store that shares resets
+	stopBans     chan struct{} // async zones with ban: stops learnBans
+	overridesKey string        // "" when not taken
 }
 
-// provisionZone checks and sets up the zone zc named name of handler h, whose
-// settings (dry_run, status, sweep_interval, disable_metrics, its store,
-// logger and samplers) it reads. It takes a shared resource only once
-// nothing can fail any more: a zone it returns an error for holds nothing.
+// provisionZone checks and sets up zone zc of h. A zone it returns an
+// error for holds nothing.
 func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*httpZone, error) {
 	policy, err := zones.ParseFailPolicy(zc.FailPolicy)
 	if err != nil {
@@ -206,20 +195,16 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*http
 		return nil, err
 	}
 	if fresh && store == nil {
-		// A local zone's keys live in its state alone: a reload that
-		// replaces the definition gives every key its full limit back.
-		// (Distributed zones keep theirs in Redis, read under the new
-		// limit.)
+		// A reload that replaces a local zone's definition gives every
+		// key its full limit back.
 		live.LogAfresh(h.logger, id)
 	}
 	if n := h.backend.Resets; n != nil {
-		// A key reset on another instance is forgotten here too.
 		zh.stopReset = n.OnReset(name, zh.Zone)
 	}
 	if !h.DisableMetrics {
-		// Async decisions are local: timing them would cost two clock
-		// reads per request and fill the store latency histogram with
-		// zeros.
+		// Async decisions are local: timing them would fill the
+		// histogram with zeros.
 		zh.timed = h.store != nil && zh.Mode() == "strict"
 		zh.metrics = newZoneMetrics(cfg, zc.Key, h.store != nil && !cfg.IsAdaptive(), zh.timed)
 		costs.bindMetrics(&zh.metrics, cfg.Name, cfg.IsQuota())
@@ -248,8 +233,7 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*http
 	}
 	ov, ovKey, err := live.LoadOverrideHolder(ctx, cfg, remote, h.storeKey, h.logger)
 	if err != nil {
-		// Not registered yet: give back the reset subscription and the
-		// ban reader unregister would.
+		// Not registered yet: give back what unregister would.
 		if zh.stopReset != nil {
 			zh.stopReset()
 		}
@@ -266,8 +250,8 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*http
 	return zh, nil
 }
 
-// learnBans reads the zone's fleet-wide bans every interval (async mode:
-// the bans other instances started), until unregister.
+// learnBans reads the zone's fleet-wide bans every interval (async mode),
+// until unregister.
 func (z *httpZone) learnBans(l zones.BanList, interval time.Duration) {
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
@@ -285,8 +269,7 @@ func (z *httpZone) learnBans(l zones.BanList, interval time.Duration) {
 	}
 }
 
-// unregister gives back the registration and the reset subscription that
-// provision took, when the handler's config goes, and stops reading bans.
+// unregister undoes provision's registration, subscription and ban reader.
 func (z *httpZone) unregister() {
 	live.Unregister(z.Zone)
 	if z.stopReset != nil {
@@ -297,8 +280,7 @@ func (z *httpZone) unregister() {
 	}
 }
 
-// releaseState gives back the reference to the zone's state that provision
-// took, once the handler's requests and charges are done with it.
+// releaseState gives back the zone's state and overrides holder.
 func (z *httpZone) releaseState() {
 	live.ReleaseState(z.stateID)
 	if z.overridesKey != "" {
@@ -306,30 +288,22 @@ func (z *httpZone) releaseState() {
 	}
 }
 
-// compareZones orders zones by kind, then tightest first (compareKinds),
-// then rate zones by burst, then by name.
-func compareZones(a, b *httpZone) int {
-	burst := 0
-	if kind, _ := tightness(a.Zone); kind == 0 {
-		// Not the difference: as an int it would wrap where int is
-		// 32 bits (bursts go to 2^40).
-		burst = cmp.Compare(a.Limit().Burst, b.Limit().Burst)
-	}
-	return cmp.Or(compareKinds(a.Zone, b.Zone), burst, strings.Compare(a.Name, b.Name))
-}
-
-// compareKinds orders rate zones first, by rate; then quota zones, by their
+// compareZones orders rate zones first, by rate; then quota zones, by their
 // usual rate: a request a rate zone denies never counts in a quota, whose
 // refunds are Redis round trips too; then concurrency zones, smallest
-// first: a request a rate zone denies never takes a slot, and a slot, unlike
-// a GCRA step, has to be given back.
-func compareKinds(a, b *zones.Zone) int {
-	ka, ta := tightness(a)
-	kb, tb := tightness(b)
-	return cmp.Or(cmp.Compare(ka, kb), cmp.Compare(ta, tb))
+// first: a slot, unlike a GCRA step, has to be given back. Ties: rate
+// zones by burst, then by name.
+func compareZones(a, b *httpZone) int {
+	ka, ta := tightness(a.Zone)
+	kb, tb := tightness(b.Zone)
+	burst := 0
+	if ka == 0 {
+		burst = cmp.Compare(a.Limit().Burst, b.Limit().Burst)
+	}
+	return cmp.Or(cmp.Compare(ka, kb), cmp.Compare(ta, tb), burst, strings.Compare(a.Name, b.Name))
 }
 
-// tightness is z's kind in compareKinds's order and its limit per second
+// tightness is z's kind in compareZones's order and its limit per second
 // (a concurrency zone's: its concurrency).
 func tightness(z *zones.Zone) (kind int, limit float64) {
 	switch {
@@ -372,7 +346,6 @@ func (z *httpZone) expandKey(r *http.Request, repl *caddy.Replacer) string {
 	return key
 }
 
-// emptyKey counts a request whose key is empty, and logs the first.
 func (z *httpZone) emptyKey() {
 	add(z.metrics.emptyKeys, 1)
 	if z.logger == nil { // not provisioned (a unit test's httpZone)
@@ -390,8 +363,8 @@ func (z *httpZone) emptyKey() {
 	}
 }
 
-// banDropped counts the bans the zone did not keep (zones.Zone.OnBanDropped)
-// and logs the first of each kind.
+// banDropped counts the bans the zone did not keep and logs the first of
+// each kind.
 func (z *httpZone) banDropped(fromList bool, n int64) {
 	from, msg := 0, "a ban was not kept: the zone's ban table is full of running bans (max_keys), and running bans are never evicted; the key has the zone's rate without the ban (counted in caddy_rate_limit_bans_dropped_total{from=\"table\"}; logged once per zone and load); raise max_keys"
 	if fromList {
@@ -409,23 +382,14 @@ func (z *httpZone) readsReplacer() bool {
 	return z.keyHeader == "" || z.vars.any() || z.costs.costVar != "" || z.priority != nil && z.classHeader == ""
 }
 
-// classFor is the request's priority class in an adaptive zone with
-// priority (0, the highest, in any other zone). A class read from one
-// request header is read from the request directly, as the key is.
+// classFor is the request's priority class (0, the highest, in a zone
+// without priority).
 func (z *httpZone) classFor(r *http.Request, repl *caddy.Replacer) int {
 	switch {
 	case z.priority == nil:
 		return 0
 	case z.classHeader != "":
-		var v string
-		switch vs := r.Header[z.classHeader]; len(vs) {
-		case 0:
-		case 1:
-			v = vs[0]
-		default:
-			v = strings.Join(vs, ",")
-		}
-		return z.priority.ClassOf(v)
+		return z.priority.ClassOf(strings.Join(r.Header[z.classHeader], ","))
 	}
 	return z.priority.ClassOf(repl.ReplaceAll(z.priority.Placeholder, ""))
 }

@@ -1,14 +1,8 @@
 // Package admin is the admin API module admin.api.rate_limit: the routes
-// /rate_limit/ of Caddy's admin server, which list the running zones, read,
-// reset and list their keys (admin.go) and set their runtime overrides
-// (overrides.go). It is registered by the root package's blank import of
-// it, as Caddy's modules of another namespace are.
-//
-// It reads the running zones from internal/live's registry, and what it
-// shows of an HTTP zone beyond zones.Zone (its store, overrides, events,
-// dollar amounts) from the view the root registered with it
-// (live.ZoneView); it never imports the root package, and answers in
-// internal/adminapi's types, which the CLI reads back.
+// /rate_limit/ of Caddy's admin server over the running zones (their keys,
+// and in overrides.go their runtime overrides). It reads the zones from
+// internal/live's registry and an HTTP zone's view (live.ZoneView), never
+// the root package, and answers in internal/adminapi's types.
 package admin
 
 import (
@@ -69,10 +63,8 @@ func (a *AdminAPI) Routes() []caddy.AdminRoute {
 	return []caddy.AdminRoute{{Pattern: "/rate_limit/", Handler: caddy.AdminHandlerFunc(a.serveJSON)}}
 }
 
-// serveJSON is serve with its errors written as plain JSON, as its answers
-// are: Caddy's admin server would HTML-escape them ("unknown zone
-// \"\u003cz\u003e\""), and the admin API is not a web page. The error is
-// logged as Caddy logs the admin errors it writes.
+// serveJSON is serve with its errors written as plain JSON, logged as
+// Caddy logs admin errors: Caddy would HTML-escape them.
 func (a *AdminAPI) serveJSON(w http.ResponseWriter, r *http.Request) error {
 	err := a.serve(w, r)
 	if err == nil {
@@ -140,7 +132,6 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 	return methodNotAllowed(w, http.MethodGet, http.MethodDelete)
 }
 
-// overrideRoute answers /rate_limit/zones/<zone>/overrides[/<id>].
 func (a *AdminAPI) overrideRoute(w http.ResponseWriter, r *http.Request, parts []string) error {
 	zoneName, err := url.PathUnescape(parts[1])
 	if err != nil {
@@ -233,8 +224,7 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone,
 		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("reading the key from Redis: %v", err)}
 	case !s.Tracked && t.Override == nil && !z.IsQuota():
 		// Caddy logs admin errors: the message leaves the key out (keys
-		// can be personal data; log_key governs them). A quota zone
-		// answers for any key, its use of the period.
+		// can be personal data). A quota zone answers for any key.
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s: key not tracked (%s)", z.Name, noState(z))}
 	}
 	info := adminapi.KeyInfo{Zone: z.Name, KeyName: adminapi.NewKeyName(key), StoredAs: storedAs(key, t.Key), Source: "local",
@@ -264,8 +254,8 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone,
 		info.USDFields = v.USD(s.Limit, s.Remaining, info.Used)
 	}
 	if s.Source == zones.SourceRecord {
-		// Async mode: this instance's lease decides the key's next
-		// request here; Redis's view, the fleet's, goes beside it.
+		// Async mode: this instance's lease decides here; the fleet's
+		// view goes beside it.
 		info.Source = "instance"
 		switch f, err := z.PeekStore(r.Context(), t.Key, monotime.Now()); {
 		case errors.Is(err, zones.ErrUnknownKey):
@@ -279,9 +269,8 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone,
 	return adminapi.WriteJSON(w, http.StatusOK, info)
 }
 
-// keyShare is this region's share of key in a scope global zone, whose
-// share of its regional store is sh (nil in any other zone), and the
-// region's name.
+// keyShare is this region's share of key and its name, in a scope global
+// zone (sh not nil).
 func keyShare(z *zones.Zone, sh *distributed.Shared, key string) (*float64, string) {
 	if sh == nil {
 		return nil, ""
@@ -291,7 +280,6 @@ func keyShare(z *zones.Zone, sh *distributed.Shared, key string) (*float64, stri
 	return &f, r.Name()
 }
 
-// banLeft is the seconds a peeked key's ban has left, 0 when not banned.
 func banLeft(d zones.Decision) float64 {
 	if !d.Banned {
 		return 0
@@ -327,8 +315,8 @@ func (a *AdminAPI) resetKey(w http.ResponseWriter, r *http.Request, z *zones.Zon
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s: key not tracked, nothing to reset (%s)", z.Name, noState(z))}
 	}
 	if err := z.Reset(r.Context(), t.Key); err != nil {
-		// This instance's state is gone; whether Redis's is, is not known
-		// (a command that timed out may still run). Say exactly that.
+		// Whether Redis's state is gone is not known (a command that
+		// timed out may still run): say exactly that.
 		return adminapi.WriteJSON(w, http.StatusServiceUnavailable, adminapi.PartialReset{
 			Error: fmt.Sprintf("reset this instance's state for the key, but Redis did not confirm its reset (%v): "+
 				"until a DELETE succeeds, the key may keep its limit in Redis, for every instance, until it expires there", err),
@@ -369,7 +357,6 @@ func (a *AdminAPI) top(w http.ResponseWriter, r *http.Request, z *zones.Zone) er
 	return adminapi.WriteJSON(w, http.StatusOK, out)
 }
 
-// offenderState is key's state now, as GET .../keys/<key> reads it.
 func offenderState(ctx context.Context, z *zones.Zone, key string, now int64) adminapi.OffenderInfo {
 	_, s, err := readKey(ctx, z, key, now)
 	if err != nil {
@@ -380,9 +367,6 @@ func offenderState(ctx context.Context, z *zones.Zone, key string, now int64) ad
 }
 
 // noState is what "not tracked" means, in the 404 of a key with no state.
-// A key the zone tracks that is back to its full limit is a 200 (remaining
-// = burst): the zone may drop such a key at any time, after which it is not
-// tracked, and its next request is decided the same either way.
 func noState(z *zones.Zone) string {
 	where := "on this instance"
 	if z.Store() != nil {
@@ -392,13 +376,9 @@ func noState(z *zones.Zone) string {
 }
 
 // storedForms are the keys the zone may store a key given to GET or DELETE
-// as, most likely first: the key a request carried (a client's address in
-// a prefix zone, a long Authorization header), which the zone transforms
-// as it does a request's key (zones.Config.Key: masked, hashed); and, for
-// a key that reads like a hashed one, the key as given, since top, bans
-// and {http.rate_limit.exceeded.key} show keys as stored and Key would
-// hash "sha256:<hex>" again. A masked key ("127.0.0.0/24") is no address
-// and stays as it is.
+// as, most likely first: as a request's key is stored (masked, hashed);
+// and, for a key that reads like a hashed one, the key as given, since
+// top, bans and {http.rate_limit.exceeded.key} show keys as stored.
 func storedForms(z *zones.Zone, key string) []string {
 	stored := z.Config.Key(key)
 	if stored != key && strings.HasPrefix(key, zones.HashedKeyPrefix) {
@@ -407,13 +387,11 @@ func storedForms(z *zones.Zone, key string) []string {
 	return []string{stored}
 }
 
-// ticket is a ticket with no owner: the admin API reads keys, it decides
-// no request.
+// ticket has no owner: the admin API decides no request.
 type ticket = zones.Ticket[struct{}]
 
-// readKey is the one read (zones.Ticket.Read) of key as the zone stores
-// it: the first of its stored forms the zone tracks, else the first, under
-// the plan it was last decided under and the override in force.
+// readKey reads key in the first of its stored forms the zone tracks (else
+// the first), under the plan it was last decided under.
 func readKey(ctx context.Context, z *zones.Zone, key string, now int64) (ticket, zones.KeyState, error) {
 	var first ticket
 	var firstState zones.KeyState
@@ -431,7 +409,6 @@ func readKey(ctx context.Context, z *zones.Zone, key string, now int64) (ticket,
 	return first, firstState, nil
 }
 
-// storedAs is adminapi.KeyInfo's StoredAs: stored when it is not key.
 func storedAs(key, stored string) string {
 	if stored == key {
 		return ""

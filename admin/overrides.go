@@ -1,9 +1,5 @@
 package admin
 
-// The admin API's override routes (/rate_limit/zones/<zone>/overrides): an
-// operator's runtime exceptions to a zone's limit, parsed, kept and
-// followed by each zone's holder in internal/live (overrides.go there).
-
 import (
 	"fmt"
 	"net/http"
@@ -75,8 +71,8 @@ func (a *AdminAPI) serveOverrides(w http.ResponseWriter, r *http.Request, z *zon
 
 const eventOverrideChanged = "rate_limit_override_changed"
 
-// overrideChanged tells of a change made through this instance: one INFO
-// line and the rate_limit_override_changed event (by the zone's handler).
+// overrideChanged logs a change made through this instance and emits
+// rate_limit_override_changed.
 func overrideChanged(z *zones.Zone, change string, rec live.OverrideRecord) {
 	fields := []zap.Field{zap.String("zone", z.Name), zap.String("id", rec.ID), zap.String("change", change), zap.String("by", rec.SetBy)}
 	if rec.Expires != "" {

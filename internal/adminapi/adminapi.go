@@ -1,10 +1,6 @@
-// Package adminapi is the admin API's wire: the JSON that the /rate_limit/
-// routes answer (package admin) and that `caddy rate-limit` (package
-// command) reads back. Both sides use these
-// types, so that what one writes the other reads field for field.
-//
-// It imports only the standard library: the CLI links it without the
-// handler, and nothing here decides or stores anything.
+// Package adminapi is the admin API's wire: the JSON that package admin
+// answers and `caddy rate-limit` reads back, field for field. It imports
+// only the standard library: the CLI links it without the handler.
 package adminapi
 
 import (
@@ -75,9 +71,8 @@ type NodeOutage struct {
 }
 
 // KeyInfo is a key as GET /rate_limit/zones/<zone>/keys/<key> shows it:
-// its state now (the one read, zones.Ticket.Read, as rate_limit_status
-// reports it) and the limit it is under, by its zone's kind. Durations are
-// in seconds.
+// its state now (as rate_limit_status reports it) and the limit it is
+// under, by its zone's kind. Durations are in seconds.
 type KeyInfo struct {
 	Zone string `json:"zone"`
 	KeyName
@@ -122,8 +117,7 @@ type KeyInfo struct {
 	USDFields
 }
 
-// FleetView is a key of an async zone as Redis holds it. Durations are in
-// seconds.
+// FleetView is a key of an async zone as Redis holds it.
 type FleetView struct {
 	Remaining  int64   `json:"remaining"`
 	RetryAfter float64 `json:"retry_after"`
@@ -139,7 +133,6 @@ type KeyName struct {
 	KeyBase64 string `json:"key_base64,omitempty"`
 }
 
-// NewKeyName is key as the answers name it.
 func NewKeyName(key string) KeyName {
 	if utf8.ValidString(key) {
 		return KeyName{Key: key}
@@ -147,7 +140,6 @@ func NewKeyName(key string) KeyName {
 	return KeyName{Key: strings.ToValidUTF8(key, "\uFFFD"), KeyBase64: base64.StdEncoding.EncodeToString([]byte(key))}
 }
 
-// Raw is the key itself.
 func (k KeyName) Raw() string {
 	if k.KeyBase64 != "" {
 		if b, err := base64.StdEncoding.DecodeString(k.KeyBase64); err == nil {
@@ -157,9 +149,8 @@ func (k KeyName) Raw() string {
 	return k.Key
 }
 
-// DecodeKeyBase64 reads a key given as ?key_base64=. A '+' that reached us
-// unescaped in a query string reads as a space, which base64 never holds:
-// it is taken back.
+// DecodeKeyBase64 reads a key given as ?key_base64=, a '+' that reached
+// us unescaped (a space) taken back.
 func DecodeKeyBase64(s string) (string, error) {
 	b, err := base64.StdEncoding.DecodeString(strings.ReplaceAll(s, " ", "+"))
 	if err != nil {
@@ -185,8 +176,7 @@ type BanInfo struct {
 	BanLevel  int     `json:"ban_level,omitempty"` // when known
 }
 
-// PartialReset is the answer to a DELETE that reset this instance's state
-// but got no answer from Redis.
+// PartialReset answers a DELETE that Redis did not confirm.
 type PartialReset struct {
 	Error       string   `json:"error"`
 	Reset       []string `json:"reset"`
@@ -271,8 +261,7 @@ type USDFields struct {
 	UsedUSD      string `json:"used_usd,omitempty"` // quota zones
 }
 
-// ShortDuration turns Go's "1h0m0s" into "1h", as the answers write
-// durations.
+// ShortDuration turns Go's "1h0m0s" into "1h".
 func ShortDuration(s string) string {
 	if d, err := time.ParseDuration(s); err == nil {
 		s = d.String()
@@ -286,9 +275,8 @@ func ShortDuration(s string) string {
 	return s
 }
 
-// WriteJSON writes v with status as plain JSON: keys such as "<zone>" are
-// not HTML-escaped, the admin API (and the status handler, which answers
-// in the same way) is not a web page.
+// WriteJSON writes v with status as JSON, not HTML-escaped: the answers
+// are no web page.
 func WriteJSON(w http.ResponseWriter, status int, v any) error {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
