@@ -63,10 +63,10 @@ func (h *Directive) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "headers":
 			h.Headers, err = oneOf(d, "both", "ietf", "legacy", "off")
 		case "status":
-			h.StatusCode, err = intArg(d, 400, 599)
+			h.StatusCode, err = IntArg(d, 400, 599)
 		case "jitter":
 			var s string
-			if s, err = oneArg(d); err == nil {
+			if s, err = OneArg(d); err == nil {
 				h.Jitter, err = strconv.ParseFloat(s, 64)
 				// Written so that NaN, which compares false with
 				// everything, is refused too.
@@ -75,7 +75,7 @@ func (h *Directive) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				}
 			}
 		case "sweep_interval":
-			h.SweepInterval, err = durationArg(d)
+			h.SweepInterval, err = DurationArg(d)
 		case "persist":
 			h.Persist = new(Persist)
 			err = h.Persist.unmarshalCaddyfile(d)
@@ -110,13 +110,13 @@ func unmarshalAdaptive(d *caddyfile.Dispenser) (*Adaptive, error) {
 	err := Subdirectives(d, nil, "adaptive: ", func(sub string) (err error) {
 		switch sub {
 		case "latency":
-			if a.Latency, err = durationArg(d); err == nil && (a.Latency <= 0 || time.Duration(a.Latency) > zones.MaxAdaptiveTarget) {
+			if a.Latency, err = DurationArg(d); err == nil && (a.Latency <= 0 || time.Duration(a.Latency) > zones.MaxAdaptiveTarget) {
 				err = d.Errf("adaptive latency must be a positive duration of at most %v, the upstream's p90 latency when healthy (e.g. latency 250ms)", zones.MaxAdaptiveTarget)
 			}
 		case "min":
-			a.Min, err = intArg[int64](d, 1, zones.MaxConcurrency)
+			a.Min, err = IntArg[int64](d, 1, zones.MaxConcurrency)
 		case "max":
-			a.Max, err = intArg[int64](d, 1, zones.MaxConcurrency)
+			a.Max, err = IntArg[int64](d, 1, zones.MaxConcurrency)
 		default:
 			err = d.Errf("unknown adaptive setting %q: expected latency, min or max", sub)
 		}
@@ -228,7 +228,7 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 			(sub == "events" || sub == "window" || sub == "burst") && seen["concurrency"]:
 			err = d.Err("concurrency replaces events, window and burst: remove them, or put the rate limit in a zone of its own")
 		case sub == "key":
-			z.Key, err = oneArg(d)
+			z.Key, err = OneArg(d)
 		case sub == "events":
 			z.MaxEventsPlaceholder, err = planInt(d, true, &z.MaxEvents, &z.MaxEventsAtMost)
 		case sub == "window":
@@ -236,7 +236,7 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 			switch a, err = readPlanArgs(d, "at_least", true); {
 			case err != nil:
 			case a.placeholder == "":
-				z.Window, err = durationArg(d)
+				z.Window, err = DurationArg(d)
 			default:
 				z.WindowPlaceholder = a.placeholder
 				if z.Window, err = ParseDuration(d, "window", a.fallback); err == nil && a.bound != "" {
@@ -273,13 +273,13 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 				z.MatcherSetsRaw = append(z.MatcherSetsRaw, set)
 			}
 		case sub == "ipv4_prefix":
-			z.IPv4Prefix, err = intArg(d, 1, 32)
+			z.IPv4Prefix, err = IntArg(d, 1, 32)
 		case sub == "ipv6_prefix":
-			z.IPv6Prefix, err = intArg(d, 1, 128)
+			z.IPv6Prefix, err = IntArg(d, 1, 128)
 		case sub == "fail_policy":
 			z.FailPolicy, err = oneOf(d, "open", "closed", "local")
 		case sub == "max_keys":
-			z.MaxKeys, err = intArg[int64](d, 1, zones.MaxMaxKeys)
+			z.MaxKeys, err = IntArg[int64](d, 1, zones.MaxMaxKeys)
 		case sub == "dry_run":
 			err = NoArgs(d, &z.DryRun)
 		case sub == "scope":
@@ -289,23 +289,23 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 		case sub == "ban":
 			z.Ban, z.BanMax, err = banArgs(d)
 		case sub == "delay":
-			if z.Delay, err = durationArg(d); err == nil && time.Duration(z.Delay) > zones.MaxDelay {
+			if z.Delay, err = DurationArg(d); err == nil && time.Duration(z.Delay) > zones.MaxDelay {
 				err = d.Errf("delay %v is longer than the %v a request may wait for its turn: use a shorter delay (a client further away is told Retry-After)", time.Duration(z.Delay), zones.MaxDelay)
 			}
 		case sub == "queue":
-			z.Queue, err = intArg[int64](d, 1, zones.MaxQueue)
+			z.Queue, err = IntArg[int64](d, 1, zones.MaxQueue)
 		case sub == "concurrency":
-			z.Concurrency, err = intArg[int64](d, 1, zones.MaxConcurrency)
+			z.Concurrency, err = IntArg[int64](d, 1, zones.MaxConcurrency)
 		case sub == "adaptive":
 			z.Adaptive, err = unmarshalAdaptive(d)
 		case sub == "priority":
 			z.Priority, err = unmarshalPriority(d)
 		case sub == "status":
-			z.StatusCode, err = intArg(d, 400, 599)
+			z.StatusCode, err = IntArg(d, 400, 599)
 		case sub == "challenge":
 			z.Challenge, err = unmarshalChallenge(d)
 		case sub == "lease":
-			if z.Lease, err = durationArg(d); err == nil && z.Lease < caddy.Duration(zones.MinLease) {
+			if z.Lease, err = DurationArg(d); err == nil && z.Lease < caddy.Duration(zones.MinLease) {
 				err = d.Errf("lease must be at least %v: slots are renewed every lease/3", zones.MinLease)
 			}
 		default:
@@ -403,11 +403,11 @@ func (p *Persist) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return Subdirectives(d, nil, "", func(sub string) (err error) {
 		switch sub {
 		case "interval":
-			if p.Interval, err = durationArg(d); err == nil && time.Duration(p.Interval) < MinPersistInterval {
+			if p.Interval, err = DurationArg(d); err == nil && time.Duration(p.Interval) < MinPersistInterval {
 				err = d.Errf("persist interval must be at least %v, not %v", MinPersistInterval, time.Duration(p.Interval))
 			}
 		case "max_age":
-			p.MaxAge, err = durationArg(d)
+			p.MaxAge, err = DurationArg(d)
 		default:
 			err = d.Errf("unknown persist subdirective %q: expected interval or max_age", sub)
 		}
@@ -426,25 +426,25 @@ func (dist *Distributed) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			dist.Mode, err = oneOf(d, "strict", "async")
 		case sub == "sync_interval":
 			syncLine = d.Line()
-			dist.SyncInterval, err = durationArg(d)
+			dist.SyncInterval, err = DurationArg(d)
 		case sub == "read_interval":
 			// mholt/caddy-ratelimit's names: see Distributed.ReadInterval.
-			dist.ReadInterval, err = durationArg(d)
+			dist.ReadInterval, err = DurationArg(d)
 		case sub == "write_interval":
-			dist.WriteInterval, err = durationArg(d)
+			dist.WriteInterval, err = DurationArg(d)
 		case sub == "purge_age":
 			// mholt/caddy-ratelimit's clean-up age: every tally key has a
 			// TTL instead, so it is accepted and has no effect.
-			_, err = durationArg(d)
+			_, err = DurationArg(d)
 		case sub == "timeout":
-			dist.Timeout, err = durationArg(d)
+			dist.Timeout, err = DurationArg(d)
 		case sub == "key_prefix":
-			if dist.KeyPrefix, err = oneArg(d); err == nil && len(dist.KeyPrefix) > maxKeyPrefix {
+			if dist.KeyPrefix, err = OneArg(d); err == nil && len(dist.KeyPrefix) > maxKeyPrefix {
 				err = d.Errf("key_prefix is longer than %d bytes: use a shorter one", maxKeyPrefix)
 			}
 		case sub == "region":
 			regionLine = d.Line()
-			if dist.Region, err = oneArg(d); err == nil && !zones.ValidName(dist.Region) {
+			if dist.Region, err = OneArg(d); err == nil && !zones.ValidName(dist.Region) {
 				err = d.Errf("region name %q is invalid: use letters, digits, '_' and '-'", dist.Region)
 			}
 		case sub == "global":
@@ -508,17 +508,17 @@ func (r *Redis) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				err = checkAddresses(d, r.Addresses)
 			}
 		case "username":
-			r.Username, err = oneArg(d)
+			r.Username, err = OneArg(d)
 		case "password":
-			r.Password, err = oneArg(d)
+			r.Password, err = OneArg(d)
 		case "db":
-			r.DB, err = intArg(d, 0, 1<<20)
+			r.DB, err = IntArg(d, 0, 1<<20)
 		case "sentinel_master":
-			r.SentinelMaster, err = oneArg(d)
+			r.SentinelMaster, err = OneArg(d)
 		case "tls":
 			err = NoArgs(d, &r.TLS)
 		case "tls_ca":
-			r.TLSCA, err = oneArg(d)
+			r.TLSCA, err = OneArg(d)
 		case "tls_client":
 			args := d.RemainingArgs()
 			if len(args) != 2 {
@@ -786,9 +786,9 @@ func banArgs(d *caddyfile.Dispenser) (first, most caddy.Duration, err error) {
 	return first, most, nil
 }
 
-// oneArg reads the one value of a setting whose value is text (a key
+// OneArg reads the one value of a setting whose value is text (a key
 // template, a prefix, a name), which may hold spaces when quoted.
-func oneArg(d *caddyfile.Dispenser) (string, error) {
+func OneArg(d *caddyfile.Dispenser) (string, error) {
 	dir := d.Val()
 	if !d.NextArg() {
 		return "", d.Errf("%s needs a value", dir)
@@ -826,7 +826,7 @@ func oneOf(d *caddyfile.Dispenser, allowed ...string) (string, error) {
 	return "", d.Errf("%s must be one of %s, not %q", dir, strings.Join(allowed, ", "), strings.Join(args, " "))
 }
 
-func intArg[T int | int64](d *caddyfile.Dispenser, lo, hi T) (T, error) {
+func IntArg[T int | int64](d *caddyfile.Dispenser, lo, hi T) (T, error) {
 	n, err := int64ArgOf(d, d.Val(), int64(lo), int64(hi))
 	return T(n), err
 }
@@ -852,7 +852,7 @@ func ParseInt64(d *caddyfile.Dispenser, dir, s string, lo, hi int64) (int64, err
 	return n, nil
 }
 
-func durationArg(d *caddyfile.Dispenser) (caddy.Duration, error) {
+func DurationArg(d *caddyfile.Dispenser) (caddy.Duration, error) {
 	dir := d.Val()
 	s, err := oneWord(d, dir)
 	if err != nil {
