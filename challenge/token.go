@@ -78,7 +78,7 @@ func (s *Secrets) Issue(zone, key string, d int, now time.Time, ttl time.Duratio
 	binary.BigEndian.PutUint64(buf[10+idLen:18+idLen], fingerprint(key))
 	copy(buf[18+idLen:], k.id[:])
 	buf = append(buf, zone...)
-	buf = append(buf, tokenMAC(k.key, buf, key)...)
+	buf = append(buf, sign(k.key, "challenge", buf, []byte(key))...)
 	return base64.RawURLEncoding.EncodeToString(buf)
 }
 
@@ -105,7 +105,7 @@ func (s *Secrets) Verify(token, key, nonce string, now time.Time) (Challenge, Re
 	copy(kid[:], b[18+idLen:headLen])
 	secret, ok := s.byID(kid)
 	body, mac := b[:len(b)-macLen], b[len(b)-macLen:]
-	if !ok || !hmac.Equal(mac, tokenMAC(secret, body, key)) {
+	if !ok || !hmac.Equal(mac, sign(secret, "challenge", body, []byte(key))) {
 		if ok && binary.BigEndian.Uint64(b[10+idLen:18+idLen]) != fingerprint(key) {
 			return Challenge{}, WrongKey
 		}
@@ -188,13 +188,15 @@ func decimal(s string) bool {
 	return true
 }
 
-// tokenMAC signs a token's body and the zone key it is issued to.
-func tokenMAC(secret, body []byte, key string) []byte {
+// sign is the MAC of a and b, under a label that keeps a token's MAC
+// from ever being a cookie's: a token signs its body and the zone key it
+// is issued to, a cookie its zone's name and its body.
+func sign(secret []byte, label string, a, b []byte) []byte {
 	m := hmac.New(sha256.New, secret)
-	m.Write([]byte("tally challenge\x00"))
-	m.Write(body)
+	m.Write([]byte("tally " + label + "\x00"))
+	m.Write(a)
 	m.Write([]byte{0})
-	m.Write([]byte(key))
+	m.Write(b)
 	return m.Sum(nil)[:macLen]
 }
 
