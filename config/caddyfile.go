@@ -540,10 +540,6 @@ func (r *Redis) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-// placeholderArg reads `<setting> <placeholder> [<fallback>]`: when the
-// setting's value is a placeholder, it returns it and leaves the dispenser
-// on the setting's name again, so that the literal fallback is read from
-// the rest of the line as the setting itself would be.
 // parseCharge parses `charge <placeholder> [fallback]`,
 // `charge json <path> [+ <path>...]` or `charge tokens [input|output|total]`.
 func parseCharge(d *caddyfile.Dispenser, z *Zone) error {
@@ -569,19 +565,18 @@ func parseCharge(d *caddyfile.Dispenser, z *Zone) error {
 		return nil
 	}
 	if len(args) == 0 || args[0] != "json" {
-		for range args {
-			d.Prev()
-		}
 		var err error
-		if z.Charge, err = placeholderArg(d); err != nil {
-			return err
-		}
 		switch {
-		case z.Charge == "":
+		case len(args) == 0 || !strings.HasPrefix(args[0], "{"):
 			return d.Err("charge takes a placeholder read after the response, e.g. charge {http.response.header.X-Tokens-Used}, or paths in the response body, e.g. charge json usage.total_tokens, or an LLM API's token usage: charge tokens [input|output|total]")
-		case d.CountRemainingArgs() > 0:
-			z.Cost, err = int64ArgOf(d, "charge", 1, zones.MaxEvents)
+		case SinglePlaceholder(args[0]) == "":
+			return d.Errf("charge takes a number or one placeholder such as {plan_rpm}, not %q", args[0])
+		case len(args) > 2:
+			return d.Errf("charge takes one value, written without spaces: charge %s", strings.Join(args[1:], ""))
+		case len(args) == 2:
+			z.Cost, err = ParseInt64(d, "charge", args[1], 1, zones.MaxEvents)
 		}
+		z.Charge = args[0]
 		return err
 	}
 	const example = "e.g. charge json usage.total_tokens, or charge json usage.input_tokens + usage.output_tokens"
@@ -603,23 +598,6 @@ func parseCharge(d *caddyfile.Dispenser, z *Zone) error {
 		return d.Errf("charge json: %v", err)
 	}
 	return nil
-}
-
-func placeholderArg(d *caddyfile.Dispenser) (string, error) {
-	dir := d.Val()
-	if d.CountRemainingArgs() < 1 {
-		return "", nil
-	}
-	d.NextArg()
-	v := d.Val()
-	if !strings.HasPrefix(v, "{") {
-		d.Prev()
-		return "", nil
-	}
-	if SinglePlaceholder(v) == "" {
-		return "", d.Errf("%s takes a number or one placeholder such as {plan_rpm}, not %q", dir, v)
-	}
-	return v, nil
 }
 
 // planInt reads events or burst, the setting d is on: a literal into lit,
