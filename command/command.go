@@ -445,7 +445,8 @@ func cliKey(c *cli, zone, key string) error {
 
 // printf prints for people.
 func (c *cli) printf(format string, args ...any) error {
-	return c.printf(format, args...)
+	_, err := fmt.Fprintf(c.out, format, args...)
+	return err
 }
 
 // findZone returns the zone named name, or an error listing the zones there
