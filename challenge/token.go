@@ -19,6 +19,7 @@ import (
 	"encoding/binary"
 	"hash/fnv"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -128,11 +129,7 @@ func (s *Secrets) Verify(token, key, nonce string, now time.Time) (Challenge, Re
 
 // Solves reports whether hex(SHA-256(token + nonce)) starts with d zeros.
 func Solves(token, nonce string, d int) bool {
-	h := sha256.New()
-	h.Write([]byte(token))
-	h.Write([]byte(nonce))
-	var sum [sha256.Size]byte
-	h.Sum(sum[:0])
+	sum := sha256.Sum256([]byte(token + nonce))
 	return leadingZeros(sum[:], d)
 }
 
@@ -141,16 +138,12 @@ func leadingZeros(sum []byte, d int) bool {
 	if d > 2*len(sum) {
 		return false
 	}
-	for i := 0; i < d; i++ {
-		nibble := sum[i/2] >> 4
-		if i%2 == 1 {
-			nibble = sum[i/2] & 0x0f
-		}
-		if nibble != 0 {
+	for _, b := range sum[:d/2] {
+		if b != 0 {
 			return false
 		}
 	}
-	return true
+	return d%2 == 0 || sum[d/2]>>4 == 0
 }
 
 // Solve finds the smallest nonce that solves token at difficulty d: the
@@ -177,15 +170,7 @@ func decodeToken(token string) ([]byte, bool) {
 
 // decimal reports whether s is 1 to 20 decimal digits.
 func decimal(s string) bool {
-	if s == "" || len(s) > 20 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] < '0' || s[i] > '9' {
-			return false
-		}
-	}
-	return true
+	return s != "" && len(s) <= 20 && strings.Trim(s, "0123456789") == ""
 }
 
 // sign is the MAC of a and b, under a label that keeps a token's MAC
