@@ -17,8 +17,8 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// Directive is what the rate_limit directive sets: the handler's settings
-// of the same names (ratelimit.Handler, whose JSON fields they are).
+// Directive is what the rate_limit directive sets: ratelimit.Handler's
+// settings of the same names.
 type Directive struct {
 	RateLimits     map[string]*Zone
 	Distributed    *Distributed
@@ -54,7 +54,7 @@ func (h *Directive) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "zone":
 			var name string
 			var lines map[string]int
-			if name, lines, err = parseZone(d, &h.RateLimits, "handler", "{client_ip}", nil); err == nil && h.RateLimits[name].Scope == "global" && globalLine == 0 {
+			if name, lines, err = parseZone(d, &h.RateLimits); err == nil && h.RateLimits[name].Scope == "global" && globalLine == 0 {
 				globalZone, globalLine = name, lines["scope"]
 			}
 		case "distributed":
@@ -195,13 +195,11 @@ func ZoneName[Z any](d *caddyfile.Dispenser, defined map[string]Z, in string) (s
 	return name, nil
 }
 
-// parseZone reads one zone block, whose `zone` token d is on, into a Zone
-// that it adds to the zones of the same block (in: "handler"), whose names
-// it must not repeat. keyExample is the key a missing key's error suggests;
-// problem, when not nil, is what else the block's zones cannot have (the
-// listener wrapper's). lines says where each subdirective was.
-func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample string, problem func(*Zone) (string, error)) (name string, lines map[string]int, err error) {
-	if name, err = ZoneName(d, *into, in); err != nil {
+// parseZone reads the zone block whose `zone` token d is on into a new
+// Zone of into, the handler's zones. lines says where each subdirective
+// was.
+func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone) (name string, lines map[string]int, err error) {
+	if name, err = ZoneName(d, *into, "handler"); err != nil {
 		return "", nil, err
 	}
 	z := new(Zone)
@@ -321,7 +319,7 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 	}
 	switch {
 	case z.Key == "":
-		return "", nil, d.Errf("zone %s: key is missing: add e.g. key %s", name, keyExample)
+		return "", nil, d.Errf("zone %s: key is missing: add e.g. key {client_ip}", name)
 	case z.Challenge != nil && (z.Concurrency > 0 || z.Quota != nil || z.Adaptive != nil):
 		return "", nil, fmt.Errorf("zone %s: challenge is for rate zones (events, window): a solved challenge's cookie gets a rate of its own; remove challenge, or put it in a rate zone, at %s:%d", name, d.File(), lines["challenge"])
 	case seen["priority"] && z.Adaptive == nil:
@@ -382,15 +380,10 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 		return "", nil, fmt.Errorf("zone %s: charge is read from a placeholder or from the body (charge json), not both: keep one, at %s:%d", name, d.File(), lines["charge"])
 	}
 	// What provisioning would refuse, refused here with the line at fault.
-	var setting string
 	if z.Concurrency == 0 && z.Quota == nil && z.Adaptive == nil {
-		setting, err = z.Limits(name).Check()
-	}
-	if err == nil && problem != nil {
-		setting, err = problem(z)
-	}
-	if err != nil {
-		return "", nil, fmt.Errorf("zone %s: %w, at %s:%d", name, err, d.File(), cmp.Or(lines[setting], zoneLine))
+		if setting, err := z.Limits(name).Check(); err != nil {
+			return "", nil, fmt.Errorf("zone %s: %w, at %s:%d", name, err, d.File(), cmp.Or(lines[setting], zoneLine))
+		}
 	}
 	if *into == nil {
 		*into = make(map[string]*Zone)
@@ -634,9 +627,9 @@ type planArgs struct {
 }
 
 // readPlanArgs reads a plan setting's arguments. For a literal it returns
-// no placeholder and leaves the dispenser on the setting's name, so that
-// the literal is read as before; keyword (at_most, at_least) is refused
-// there, with the fix. needFallback says whether the fallback is required.
+// no placeholder, the dispenser on the setting's name to read it, and
+// refuses keyword (at_most, at_least) with the fix. needFallback: the
+// fallback is required.
 func readPlanArgs(d *caddyfile.Dispenser, keyword string, needFallback bool) (planArgs, error) {
 	dir := d.Val()
 	args := d.RemainingArgs()
@@ -730,8 +723,8 @@ func readCostArgs(d *caddyfile.Dispenser, z *Zone) error {
 	return nil
 }
 
-// checkAddresses refuses, at the line they are on, Redis addresses that cannot
-// work. Addresses with placeholders are checked at provision time instead.
+// checkAddresses refuses, at their line, Redis addresses that cannot work;
+// those with placeholders are checked at provision.
 func checkAddresses(d *caddyfile.Dispenser, addrs []string) error {
 	for _, a := range addrs {
 		if err := checkAddress(a); err != nil && !strings.Contains(a, "{") {
