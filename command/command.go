@@ -76,10 +76,10 @@ reset --base64 and that value to name it.
 					return cliTop(c, args[0], n)
 				})
 			top.Flags().IntP("n", "n", adminapi.DefaultTopN, "How many keys to show")
-			cmd.AddCommand(zones, keyCommand("key <zone> <key>", "Shows a key's remaining quota and when it may send again", "key", cliKey), top,
+			cmd.AddCommand(zones, keyCommand("key", "Shows a key's remaining quota and when it may send again", cliKey), top,
 				subcommand("bans <zone>", "Lists a zone's current bans, longest left first (fleet-wide when distributed)", "caddy rate-limit bans failed_logins", 1,
 					func(c *cli, args []string) error { return cliBans(c, args[0]) }),
-				keyCommand("reset <zone> <key>", "Gives a key its full limit back (in Redis too when distributed)", "reset", cliReset),
+				keyCommand("reset", "Gives a key its full limit back (in Redis too when distributed)", cliReset),
 				overrideCommand())
 		},
 	})
@@ -93,9 +93,9 @@ func subcommand(use, short, example string, nargs int, run func(c *cli, args []s
 
 // keyCommand is the subcommand name (key, reset), which takes a zone and a
 // key, the key in base64 with --base64.
-func keyCommand(use, short, name string, run func(c *cli, zone, key string) error) *cobra.Command {
+func keyCommand(name, short string, run func(c *cli, zone, key string) error) *cobra.Command {
 	example := "caddy rate-limit " + name + " api_key alice\ncaddy rate-limit " + name + " api_key --base64 //4="
-	cmd := subcommand(use, short, example, 2, func(c *cli, args []string) error {
+	cmd := subcommand(name+" <zone> <key>", short, example, 2, func(c *cli, args []string) error {
 		key, err := c.keyArg(args[1])
 		if err != nil {
 			return err
