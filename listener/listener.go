@@ -283,12 +283,11 @@ type listener struct {
 	w *Wrapper
 }
 
-// Accept returns the next connection that is not refused. It never returns
-// an error for a refused connection (a non-temporary error would stop the
-// server, a temporary one make it back off): it resets the connection and
-// accepts the next. It never waits for a client: a plain TCP connection's
-// address is known at once; any other (a PROXY protocol connection, whose
-// address waits for its header) is decided on its first read.
+// Accept returns the next connection that is not refused, never an error
+// for a refused one (a non-temporary error would stop the server, a
+// temporary one make it back off). It never waits for a client: a
+// connection other than plain TCP (PROXY protocol) is decided on its first
+// read.
 func (l *listener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
@@ -469,9 +468,9 @@ func releaseHeld(slots []heldSlot) {
 	}
 }
 
-// A conn's slots: taken (connHolding) are released by the first Close, and
-// only once whatever ends the connection (a failed handshake, a reset, a
-// hijacked connection's close, a double Close).
+// A conn's slots, once taken (connHolding), are released by its first
+// Close only, whatever ends it (a failed handshake, a reset, a hijacked
+// connection's close, a double Close).
 const (
 	connOpen uint32 = iota
 	connHolding
@@ -491,14 +490,12 @@ type conn struct {
 	inline  [1]heldSlot
 }
 
-// errRefused is what a pending connection's first read returns once it is
-// refused (and reset); net/http logs it as a TLS handshake error (at DEBUG
-// in Caddy).
+// errRefused is a refused pending connection's first read's error, which
+// net/http logs as a TLS handshake error (at DEBUG in Caddy).
 var errRefused = errors.New("connection refused by rate_limit")
 
-// decideFirst decides a pending connection, on its first read or write, in
-// the connection's goroutine: RemoteAddr may wait for a PROXY header there
-// without holding up the accept loop.
+// decideFirst decides a pending connection in its own goroutine, where
+// RemoteAddr may wait for a PROXY header.
 func (c *conn) decideFirst() {
 	if c.state.Load() == connClosed {
 		return
