@@ -559,11 +559,7 @@ func (c *cli) mergedTop(zone string, n int) (adminapi.TopInfo, error) {
 		for _, k := range t.Keys {
 			key := k.Raw() // keys that are not UTF-8 are told apart by their bytes
 			sum.Top = append(sum.Top, topk.Entry{Key: key, Count: k.Denials, Error: k.Error})
-			s, seen := state[key]
-			switch {
-			case !seen || k.StateError == "" && s.StateError != "":
-				state[key] = k
-			case k.StateError == "" && k.Limited && (!s.Limited || k.RetryAfter > s.RetryAfter):
+			if s, seen := state[key]; !seen || k.StateError == "" && (s.StateError != "" || k.Limited && (!s.Limited || k.RetryAfter > s.RetryAfter)) {
 				state[key] = k
 			}
 		}

@@ -302,20 +302,17 @@ func (l *listener) Accept() (net.Conn, error) {
 		if ip == "" {
 			return c, nil
 		}
-		if !l.w.slotZones {
-			if l.w.decide(ip, monotime.Now(), nil) {
-				return c, nil
-			}
+		var lc *conn
+		var slots *[]heldSlot // nil: no zone takes slots
+		if l.w.slotZones {
+			lc = &conn{Conn: c, w: l.w}
+			lc.slots, slots = lc.inline[:0], &lc.slots
+		}
+		if !l.w.decide(ip, monotime.Now(), slots) {
 			reset(c)
 			continue
 		}
-		lc := &conn{Conn: c, w: l.w}
-		lc.slots = lc.inline[:0]
-		if !l.w.decide(ip, monotime.Now(), &lc.slots) {
-			reset(c)
-			continue
-		}
-		if len(lc.slots) == 0 { // only dry-run zones refused a slot
+		if lc == nil || len(lc.slots) == 0 { // no slot taken: only dry-run zones refused one
 			return c, nil
 		}
 		lc.state.Store(connHolding)

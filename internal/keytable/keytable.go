@@ -159,12 +159,7 @@ func (t *Table) Get(key string) (int64, bool) {
 
 // Delete forgets key.
 func (t *Table) Delete(key string) {
-	s, tag := t.locate(key)
-	s.mu.Lock()
-	if i := s.find(tag, key); i >= 0 {
-		s.deleteAt(i)
-	}
-	s.mu.Unlock()
+	t.Update(key, 0, func(int64, bool) (int64, Op) { return 0, Delete })
 }
 
 // Clear forgets every key and gives the memory back.
