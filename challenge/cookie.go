@@ -3,7 +3,6 @@ package challenge
 import (
 	"crypto/hmac"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/base64"
 	"encoding/binary"
 	"time"
@@ -35,7 +34,7 @@ func (s *Secrets) Mint(zone string, expires time.Time) (value, identity string) 
 	binary.BigEndian.PutUint64(b[1:9], uint64(expires.Unix()))
 	_, _ = rand.Read(b[9 : 9+identityLen])
 	copy(b[9+identityLen:], k.id[:])
-	b = append(b, cookieMAC(k.key, zone, b)...)
+	b = append(b, sign(k.key, "cookie", []byte(zone), b)...)
 	return base64.RawURLEncoding.EncodeToString(b), IdentityPrefix + base64.RawURLEncoding.EncodeToString(b[9:9+identityLen])
 }
 
@@ -54,20 +53,11 @@ func (s *Secrets) Identity(zone, value string, now time.Time) (identity string, 
 	var kid [keyIDLen]byte
 	copy(kid[:], b[9+identityLen:cookieBody])
 	key, known := s.byID(kid)
-	if !known || !hmac.Equal(b[cookieBody:], cookieMAC(key, zone, b[:cookieBody])) {
+	if !known || !hmac.Equal(b[cookieBody:], sign(key, "cookie", []byte(zone), b[:cookieBody])) {
 		return "", false, true
 	}
 	if now.Unix() >= int64(binary.BigEndian.Uint64(b[1:9])) {
 		return "", false, false
 	}
 	return IdentityPrefix + base64.RawURLEncoding.EncodeToString(b[9:9+identityLen]), true, false
-}
-
-func cookieMAC(secret []byte, zone string, body []byte) []byte {
-	m := hmac.New(sha256.New, secret)
-	m.Write([]byte("tally cookie\x00"))
-	m.Write([]byte(zone))
-	m.Write([]byte{0})
-	m.Write(body)
-	return m.Sum(nil)[:macLen]
 }

@@ -140,13 +140,8 @@ func (s *Secrets) current() secret { return (*s.keys.Load())[0] }
 // byID is the key named id, read again from the storage (at most once per
 // reloadEvery) when it is unknown: another instance may have rotated.
 func (s *Secrets) byID(id [keyIDLen]byte) ([]byte, bool) {
-	for _, k := range *s.keys.Load() {
-		if k.id == id {
-			return k.key, true
-		}
-	}
-	if s.storage == nil || !s.mu.TryLock() {
-		return nil, false
+	if key, ok := keyByID(*s.keys.Load(), id); ok || s.storage == nil || !s.mu.TryLock() {
+		return key, ok
 	}
 	defer s.mu.Unlock()
 	if time.Since(s.reloaded) < reloadEvery {
@@ -160,6 +155,10 @@ func (s *Secrets) byID(id [keyIDLen]byte) ([]byte, bool) {
 		return nil, false
 	}
 	s.keys.Store(&keys)
+	return keyByID(keys, id)
+}
+
+func keyByID(keys []secret, id [keyIDLen]byte) ([]byte, bool) {
 	for _, k := range keys {
 		if k.id == id {
 			return k.key, true

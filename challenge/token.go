@@ -19,6 +19,7 @@ import (
 	"encoding/binary"
 	"hash/fnv"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -78,7 +79,7 @@ func (s *Secrets) Issue(zone, key string, d int, now time.Time, ttl time.Duratio
 	binary.BigEndian.PutUint64(buf[10+idLen:18+idLen], fingerprint(key))
 	copy(buf[18+idLen:], k.id[:])
 	buf = append(buf, zone...)
-	buf = append(buf, tokenMAC(k.key, buf, key)...)
+	buf = append(buf, sign(k.key, "challenge", buf, []byte(key))...)
 	return base64.RawURLEncoding.EncodeToString(buf)
 }
 
@@ -105,7 +106,7 @@ func (s *Secrets) Verify(token, key, nonce string, now time.Time) (Challenge, Re
 	copy(kid[:], b[18+idLen:headLen])
 	secret, ok := s.byID(kid)
 	body, mac := b[:len(b)-macLen], b[len(b)-macLen:]
-	if !ok || !hmac.Equal(mac, tokenMAC(secret, body, key)) {
+	if !ok || !hmac.Equal(mac, sign(secret, "challenge", body, []byte(key))) {
 		if ok && binary.BigEndian.Uint64(b[10+idLen:18+idLen]) != fingerprint(key) {
 			return Challenge{}, WrongKey
 		}
@@ -128,11 +129,7 @@ func (s *Secrets) Verify(token, key, nonce string, now time.Time) (Challenge, Re
 
 // Solves reports whether hex(SHA-256(token + nonce)) starts with d zeros.
 func Solves(token, nonce string, d int) bool {
-	h := sha256.New()
-	h.Write([]byte(token))
-	h.Write([]byte(nonce))
-	var sum [sha256.Size]byte
-	h.Sum(sum[:0])
+	sum := sha256.Sum256([]byte(token + nonce))
 	return leadingZeros(sum[:], d)
 }
 
@@ -141,16 +138,12 @@ func leadingZeros(sum []byte, d int) bool {
 	if d > 2*len(sum) {
 		return false
 	}
-	for i := 0; i < d; i++ {
-		nibble := sum[i/2] >> 4
-		if i%2 == 1 {
-			nibble = sum[i/2] & 0x0f
-		}
-		if nibble != 0 {
+	for _, b := range sum[:d/2] {
+		if b != 0 {
 			return false
 		}
 	}
-	return true
+	return d%2 == 0 || sum[d/2]>>4 == 0
 }
 
 // Solve finds the smallest nonce that solves token at difficulty d: the
@@ -177,24 +170,18 @@ func decodeToken(token string) ([]byte, bool) {
 
 // decimal reports whether s is 1 to 20 decimal digits.
 func decimal(s string) bool {
-	if s == "" || len(s) > 20 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] < '0' || s[i] > '9' {
-			return false
-		}
-	}
-	return true
+	return s != "" && len(s) <= 20 && strings.Trim(s, "0123456789") == ""
 }
 
-// tokenMAC signs a token's body and the zone key it is issued to.
-func tokenMAC(secret, body []byte, key string) []byte {
+// sign is the MAC of a and b, under a label that keeps a token's MAC
+// from ever being a cookie's: a token signs its body and the zone key it
+// is issued to, a cookie its zone's name and its body.
+func sign(secret []byte, label string, a, b []byte) []byte {
 	m := hmac.New(sha256.New, secret)
-	m.Write([]byte("tally challenge\x00"))
-	m.Write(body)
+	m.Write([]byte("tally " + label + "\x00"))
+	m.Write(a)
 	m.Write([]byte{0})
-	m.Write([]byte(key))
+	m.Write(b)
 	return m.Sum(nil)[:macLen]
 }
 

@@ -68,55 +68,40 @@ reset --base64 and that value to name it.
 			cmd.PersistentFlags().StringP("adapter", "a", "", "Name of config adapter to apply (when --config is used)")
 			cmd.PersistentFlags().Bool("json", false, "Print JSON instead of text")
 
-			cmd.AddCommand(&cobra.Command{
-				Use:   "zones",
-				Short: "Lists the zones of the running config",
-				Args:  cobra.NoArgs,
-				RunE:  func(cmd *cobra.Command, _ []string) error { return cliZones(newCLI(cmd)) },
-			})
-			cmd.AddCommand(keyCommand("key <zone> <key>", "Shows a key's remaining quota and when it may send again", "key", cliKey))
-			top := &cobra.Command{
-				Use:     "top <zone>",
-				Short:   "Shows the keys this instance denied most in the last 5 to 10 minutes",
-				Example: "caddy rate-limit top api_key -n 5",
-				Args:    cobra.ExactArgs(1),
-				RunE: func(cmd *cobra.Command, args []string) error {
-					n, _ := cmd.Flags().GetInt("n")
-					return cliTop(newCLI(cmd), args[0], n)
-				},
-			}
+			zones := subcommand("zones", "Lists the zones of the running config", "", 0, func(c *cli, _ []string) error { return cliZones(c) })
+			zones.Args = cobra.NoArgs
+			top := subcommand("top <zone>", "Shows the keys this instance denied most in the last 5 to 10 minutes", "caddy rate-limit top api_key -n 5", 1,
+				func(c *cli, args []string) error {
+					n, _ := c.cmd.Flags().GetInt("n")
+					return cliTop(c, args[0], n)
+				})
 			top.Flags().IntP("n", "n", adminapi.DefaultTopN, "How many keys to show")
-			cmd.AddCommand(top)
-			cmd.AddCommand(&cobra.Command{
-				Use:     "bans <zone>",
-				Short:   "Lists a zone's current bans, longest left first (fleet-wide when distributed)",
-				Example: "caddy rate-limit bans failed_logins",
-				Args:    cobra.ExactArgs(1),
-				RunE:    func(cmd *cobra.Command, args []string) error { return cliBans(newCLI(cmd), args[0]) },
-			})
-			cmd.AddCommand(keyCommand("reset <zone> <key>", "Gives a key its full limit back (in Redis too when distributed)", "reset", cliReset))
-			cmd.AddCommand(overrideCommand())
+			cmd.AddCommand(zones, keyCommand("key", "Shows a key's remaining quota and when it may send again", cliKey), top,
+				subcommand("bans <zone>", "Lists a zone's current bans, longest left first (fleet-wide when distributed)", "caddy rate-limit bans failed_logins", 1,
+					func(c *cli, args []string) error { return cliBans(c, args[0]) }),
+				keyCommand("reset", "Gives a key its full limit back (in Redis too when distributed)", cliReset),
+				overrideCommand())
 		},
 	})
 }
 
+// subcommand is a subcommand of nargs arguments that runs run.
+func subcommand(use, short, example string, nargs int, run func(c *cli, args []string) error) *cobra.Command {
+	return &cobra.Command{Use: use, Short: short, Example: example, Args: cobra.ExactArgs(nargs),
+		RunE: func(cmd *cobra.Command, args []string) error { return run(newCLI(cmd), args) }}
+}
+
 // keyCommand is the subcommand name (key, reset), which takes a zone and a
 // key, the key in base64 with --base64.
-func keyCommand(use, short, name string, run func(c *cli, zone, key string) error) *cobra.Command {
-	cmd := &cobra.Command{
-		Use:     use,
-		Short:   short,
-		Example: "caddy rate-limit " + name + " api_key alice\ncaddy rate-limit " + name + " api_key --base64 //4=",
-		Args:    cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c := newCLI(cmd)
-			key, err := c.keyArg(args[1])
-			if err != nil {
-				return err
-			}
-			return run(c, args[0], key)
-		},
-	}
+func keyCommand(name, short string, run func(c *cli, zone, key string) error) *cobra.Command {
+	example := "caddy rate-limit " + name + " api_key alice\ncaddy rate-limit " + name + " api_key --base64 //4="
+	cmd := subcommand(name+" <zone> <key>", short, example, 2, func(c *cli, args []string) error {
+		key, err := c.keyArg(args[1])
+		if err != nil {
+			return err
+		}
+		return run(c, args[0], key)
+	})
 	cmd.Flags().Bool("base64", false, "<key> is the key's bytes in standard base64, as top shows a key that is not UTF-8")
 	return cmd
 }
@@ -215,10 +200,8 @@ func (e errNotFound) Error() string { return e.msg }
 // error for a response >= 400.
 var apiErrorLine = regexp.MustCompile(`(?s)caddy responded with error: HTTP (\d+): (.*)$`)
 
-// call sends method path to the admin API and returns the response body.
-func (c *cli) call(method, path string) ([]byte, error) { return c.send(method, path, nil) }
-
-// send is call with a JSON body (nil: none).
+// send sends method path to the admin API, with a JSON body (nil: none),
+// and returns the response body.
 func (c *cli) send(method, path string, body []byte) ([]byte, error) {
 	addr, err := caddycmd.DetermineAdminAPIAddress(c.address, nil, c.config, c.adapter)
 	if err != nil {
@@ -270,7 +253,7 @@ func (c *cli) get(path string, v any) (printed bool, err error) {
 	if !c.json {
 		return false, c.fetch(path, v)
 	}
-	body, err := c.call(http.MethodGet, path)
+	body, err := c.send(http.MethodGet, path, nil)
 	if err != nil {
 		return false, err
 	}
@@ -279,7 +262,7 @@ func (c *cli) get(path string, v any) (printed bool, err error) {
 
 // fetch GETs path and decodes it into v, whatever --json says.
 func (c *cli) fetch(path string, v any) error {
-	body, err := c.call(http.MethodGet, path)
+	body, err := c.send(http.MethodGet, path, nil)
 	if err != nil {
 		return err
 	}
@@ -330,8 +313,7 @@ func cliZones(c *cli) error {
 		return err
 	}
 	if len(zs) == 0 {
-		_, err := fmt.Fprintln(c.out, "no rate_limit zones in the running config")
-		return err
+		return c.printf("no rate_limit zones in the running config\n")
 	}
 	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ZONE\tLIMIT\tBURST\tMODE\tFAIL POLICY\tKEYS\tREDIS")
@@ -398,26 +380,24 @@ func seconds(s float64) string {
 func cliKey(c *cli, zone, key string) error {
 	var k adminapi.KeyInfo
 	printed, err := c.get(keyPath(zone, key), &k)
-	var nf errNotFound
-	if errors.As(err, &nf) {
+	who := "zone " + printable(zone) + ", key " + quoteKey(key)
+	if errors.As(err, new(errNotFound)) {
 		// Unknown zone, or a key not tracked: no state, so its next
 		// request has the full limit.
-		z, zerr := c.findZone(zone)
-		if zerr != nil {
-			return zerr
-		}
+		z, err := c.findZone(zone)
+		k = adminapi.KeyInfo{Zone: zone, KeyName: adminapi.NewKeyName(key), Remaining: z.Burst}
 		if z.Concurrency > 0 {
-			if c.json {
-				return c.printJSONValue(adminapi.KeyInfo{Zone: zone, KeyName: adminapi.NewKeyName(key), Concurrency: z.Concurrency, Remaining: z.Concurrency})
-			}
-			_, err := fmt.Fprintf(c.out, "zone %s, key %s: not limited, 0 of %d slots in use\n", printable(zone), quoteKey(key), z.Concurrency)
+			k.Concurrency, k.Remaining = z.Concurrency, z.Concurrency
+		}
+		switch {
+		case err != nil:
 			return err
+		case c.json:
+			return c.printJSONValue(k)
+		case z.Concurrency > 0:
+			return c.printf("%s: not limited, 0 of %d slots in use\n", who, z.Concurrency)
 		}
-		if c.json {
-			return c.printJSONValue(adminapi.KeyInfo{Zone: zone, KeyName: adminapi.NewKeyName(key), Remaining: z.Burst})
-		}
-		_, err := fmt.Fprintf(c.out, "zone %s, key %s: not tracked (no state: its next request has the full limit, %d)\n", printable(zone), quoteKey(key), z.Burst)
-		return err
+		return c.printf("%s: not tracked (no state: its next request has the full limit, %d)\n", who, z.Burst)
 	}
 	if printed || err != nil {
 		return err
@@ -429,50 +409,43 @@ func cliKey(c *cli, zone, key string) error {
 	if o := k.Override; o != nil {
 		stored += " under override " + printable(o.ID) + " (" + overrideLimitText(*o) + ")"
 	}
+	if k.Remaining == 0 {
+		state = "LIMITED"
+	}
 	switch {
 	case k.Used != nil:
-		if k.Remaining == 0 {
-			state = "LIMITED"
-		}
-		_, err = fmt.Fprintf(c.out, "zone %s, key %q: %s, %s of %s used, %s remaining until %s (in %s)\n",
-			zone, key, state, amount(k.USDFields, *k.Used), amount(k.USDFields, k.Quota), amount(k.USDFields, k.Remaining), k.PeriodEnd, seconds(k.ResetAfter))
-		return err
+		return c.printf("%s: %s, %s of %s used, %s remaining until %s (in %s)\n",
+			who, state, amount(k.USDFields, *k.Used), amount(k.USDFields, k.Quota), amount(k.USDFields, k.Remaining), k.PeriodEnd, seconds(k.ResetAfter))
 	case k.InUse != nil:
-		if k.Remaining == 0 {
-			state = "LIMITED"
-		}
-		_, err = fmt.Fprintf(c.out, "zone %s, key %s: %s, %d of %d slots in use\n", printable(zone), quoteKey(key), state, *k.InUse, k.Concurrency)
-		return err
+		return c.printf("%s: %s, %d of %d slots in use\n", who, state, *k.InUse, k.Concurrency)
 	case k.BannedFor > 0:
-		_, err = fmt.Fprintf(c.out, "zone %s, key %s: BANNED for %s (level %d), 0 remaining\n",
-			printable(zone), quoteKey(key), seconds(k.BannedFor), k.BanLevel)
-		return err
+		return c.printf("%s: BANNED for %s (level %d), 0 remaining\n", who, seconds(k.BannedFor), k.BanLevel)
 	case k.RetryAfter > 0:
-		_, err = fmt.Fprintf(c.out, "zone %s, key %s%s: LIMITED, 0 remaining, may send again in %s, full again in %s\n",
-			printable(zone), quoteKey(key), stored, seconds(k.RetryAfter), seconds(k.ResetAfter))
+		err = c.printf("%s%s: LIMITED, 0 remaining, may send again in %s, full again in %s\n", who, stored, seconds(k.RetryAfter), seconds(k.ResetAfter))
 	case k.ResetAfter <= 0 && k.Remaining >= k.Burst:
-		_, err = fmt.Fprintf(c.out, "zone %s, key %s%s: at its full limit, %s remaining\n", printable(zone), quoteKey(key), stored, amount(k.USDFields, k.Remaining))
+		err = c.printf("%s%s: at its full limit, %s remaining\n", who, stored, amount(k.USDFields, k.Remaining))
 	default:
-		_, err = fmt.Fprintf(c.out, "zone %s, key %s%s: not limited, %s remaining, full again in %s\n", printable(zone), quoteKey(key), stored, amount(k.USDFields, k.Remaining), seconds(k.ResetAfter))
+		err = c.printf("%s%s: not limited, %s remaining, full again in %s\n", who, stored, amount(k.USDFields, k.Remaining), seconds(k.ResetAfter))
 	}
-	return c.printFleet(k, err)
-}
-
-// printFleet adds an async zone's fleet view of a key under the line that
-// said what its next request on this instance gets (after err, the first
-// line's error, which it returns unless it has one of its own).
-func (c *cli) printFleet(k adminapi.KeyInfo, err error) error {
 	if err != nil || k.Source != "instance" {
 		return err
 	}
+	// An async zone's fleet view of the key, under what its next request
+	// on this instance gets.
 	switch {
 	case k.FleetError != "":
-		_, err = fmt.Fprintf(c.out, "  (this instance's lease; fleet-wide: unknown, %s)\n", k.FleetError)
+		return c.printf("  (this instance's lease; fleet-wide: unknown, %s)\n", k.FleetError)
 	case k.Fleet != nil && k.Fleet.RetryAfter > 0:
-		_, err = fmt.Fprintf(c.out, "  (this instance's lease; fleet-wide in Redis, every instance's lease counted as spent: 0 remaining, more in %s)\n", seconds(k.Fleet.RetryAfter))
+		return c.printf("  (this instance's lease; fleet-wide in Redis, every instance's lease counted as spent: 0 remaining, more in %s)\n", seconds(k.Fleet.RetryAfter))
 	case k.Fleet != nil:
-		_, err = fmt.Fprintf(c.out, "  (this instance's lease; fleet-wide in Redis, every instance's lease counted as spent: %d remaining)\n", k.Fleet.Remaining)
+		return c.printf("  (this instance's lease; fleet-wide in Redis, every instance's lease counted as spent: %d remaining)\n", k.Fleet.Remaining)
 	}
+	return nil
+}
+
+// printf prints for people.
+func (c *cli) printf(format string, args ...any) error {
+	_, err := fmt.Fprintf(c.out, format, args...)
 	return err
 }
 
@@ -540,8 +513,7 @@ func cliTop(c *cli, zone string, n int) error {
 	}
 	fmt.Fprintf(c.out, "zone %s: %d %s %s since %s\n", printable(top.Zone), top.Denials, what, where, top.Since.Local().Format(time.TimeOnly))
 	if len(top.Keys) == 0 {
-		_, err := fmt.Fprintln(c.out, "no key was denied")
-		return err
+		return c.printf("no key was denied\n")
 	}
 	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "KEY\t"+column+"\tSTATE")
@@ -587,11 +559,7 @@ func (c *cli) mergedTop(zone string, n int) (adminapi.TopInfo, error) {
 		for _, k := range t.Keys {
 			key := k.Raw() // keys that are not UTF-8 are told apart by their bytes
 			sum.Top = append(sum.Top, topk.Entry{Key: key, Count: k.Denials, Error: k.Error})
-			s, seen := state[key]
-			switch {
-			case !seen || k.StateError == "" && s.StateError != "":
-				state[key] = k
-			case k.StateError == "" && k.Limited && (!s.Limited || k.RetryAfter > s.RetryAfter):
+			if s, seen := state[key]; !seen || k.StateError == "" && (s.StateError != "" || k.Limited && (!s.Limited || k.RetryAfter > s.RetryAfter)) {
 				state[key] = k
 			}
 		}
@@ -615,11 +583,7 @@ func cliBans(c *cli, zone string) error {
 	if printed || err != nil {
 		return err
 	}
-	where := "on this instance"
-	if b.View == "fleet" {
-		where = "fleet-wide"
-	}
-	if _, err := fmt.Fprintf(c.out, "zone %s: %d banned %s\n", printable(zone), len(b.Bans), where); err != nil {
+	if err := c.printf("zone %s: %d banned %s\n", printable(zone), len(b.Bans), where(b.View)); err != nil {
 		return err
 	}
 	for _, ban := range b.Bans {
@@ -627,11 +591,19 @@ func cliBans(c *cli, zone string) error {
 		if ban.BanLevel > 0 {
 			level = fmt.Sprintf(" (level %d)", ban.BanLevel)
 		}
-		if _, err := fmt.Fprintf(c.out, "  %s  banned for %s%s\n", quoteKey(ban.Key), seconds(ban.BannedFor), level); err != nil {
+		if err := c.printf("  %s  banned for %s%s\n", quoteKey(ban.Key), seconds(ban.BannedFor), level); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// where says whose state an admin API view holds.
+func where(view string) string {
+	if view == "fleet" {
+		return "fleet-wide"
+	}
+	return "on this instance"
 }
 
 // resetOutcome is what one instance answered to a reset.
@@ -654,8 +626,7 @@ func cliReset(c *cli, zone, key string) error {
 		if c.json {
 			return c.printJSONValue(resetJSON(zone, key, 1, nil))
 		}
-		_, err := fmt.Fprintf(c.out, "zone %s, key %s: reset to its full limit\n", printable(zone), quoteKey(key))
-		return err
+		return c.printf("zone %s, key %s: reset to its full limit\n", printable(zone), quoteKey(key))
 	}
 	var outcomes []resetOutcome
 	var reset, failed []string
@@ -687,7 +658,7 @@ func cliReset(c *cli, zone, key string) error {
 			if o.Error != "" {
 				line = "  " + printable(o.Address) + ": FAILED: " + printable(o.Error)
 			}
-			if _, err := fmt.Fprintln(c.out, line); err != nil {
+			if err := c.printf("%s\n", line); err != nil {
 				return err
 			}
 		}
@@ -704,7 +675,7 @@ func cliReset(c *cli, zone, key string) error {
 // resetOn resets the key on c's one instance. A key the instance does not
 // track is an errNotTracked: nothing was reset there.
 func resetOn(c *cli, zone, key string) error {
-	_, err := c.call(http.MethodDelete, keyPath(zone, key))
+	_, err := c.send(http.MethodDelete, keyPath(zone, key), nil)
 	var nf errNotFound
 	if errors.As(err, &nf) {
 		if _, zerr := c.findZone(zone); zerr != nil {

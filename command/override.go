@@ -20,15 +20,11 @@ func overrideCommand() *cobra.Command {
 		Use:   "override set|list|rm",
 		Short: "Sets, lists and removes runtime overrides of a zone's limit",
 	}
-	set := &cobra.Command{
-		Use:   "set <zone> <id>",
-		Short: "Sets (or replaces) override <id> of a zone: a limit, exempt or deny for a key, a prefix or a CIDR",
-		Example: "caddy rate-limit override set api_key acme --prefix acme- --events 500 --window 1m --expires 720h --reason \"paid plan\"\n" +
-			"caddy rate-limit override set login_ip lab --cidr 10.1.0.0/16 --exempt\n" +
+	set := subcommand("set <zone> <id>", "Sets (or replaces) override <id> of a zone: a limit, exempt or deny for a key, a prefix or a CIDR",
+		"caddy rate-limit override set api_key acme --prefix acme- --events 500 --window 1m --expires 720h --reason \"paid plan\"\n"+
+			"caddy rate-limit override set login_ip lab --cidr 10.1.0.0/16 --exempt\n"+
 			"caddy rate-limit override set api_key abuser --key sk-live-4f9a --deny --expires 2h",
-		Args: cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error { return cliOverrideSet(newCLI(cmd), args[0], args[1]) },
-	}
+		2, func(c *cli, args []string) error { return cliOverrideSet(c, args[0], args[1]) })
 	f := set.Flags()
 	f.String("key", "", "The key the override covers (as requests carry it)")
 	f.String("prefix", "", "Every key that starts with this")
@@ -42,31 +38,19 @@ func overrideCommand() *cobra.Command {
 	f.Bool("deny", false, "Always denied by this zone (Retry-After: until the override expires)")
 	f.String("expires", "", "When the override lapses: a duration (2h) or an RFC 3339 time; default never")
 	f.String("reason", "", "Why, for the list")
-	cmd.AddCommand(set)
-	cmd.AddCommand(&cobra.Command{
-		Use:     "list <zone>",
-		Short:   "Lists a zone's overrides, who set them and when",
-		Example: "caddy rate-limit override list api_key",
-		Args:    cobra.ExactArgs(1),
-		RunE:    func(cmd *cobra.Command, args []string) error { return cliOverrideList(newCLI(cmd), args[0]) },
-	})
-	cmd.AddCommand(&cobra.Command{
-		Use:     "rm <zone> <id>",
-		Short:   "Removes a zone's override <id>: its keys are back under the zone's limit (their state carried)",
-		Example: "caddy rate-limit override rm api_key acme",
-		Args:    cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c := newCLI(cmd)
-			if _, err := c.call(http.MethodDelete, overridePath(args[0], args[1])); err != nil {
-				return err
-			}
-			if c.json {
-				return c.printJSONValue(map[string]string{"zone": args[0], "id": args[1], "outcome": "removed"})
-			}
-			_, err := fmt.Fprintf(c.out, "zone %s: override %s removed\n", printable(args[0]), printable(args[1]))
-			return err
-		},
-	})
+	cmd.AddCommand(set,
+		subcommand("list <zone>", "Lists a zone's overrides, who set them and when", "caddy rate-limit override list api_key", 1,
+			func(c *cli, args []string) error { return cliOverrideList(c, args[0]) }),
+		subcommand("rm <zone> <id>", "Removes a zone's override <id>: its keys are back under the zone's limit (their state carried)", "caddy rate-limit override rm api_key acme", 2,
+			func(c *cli, args []string) error {
+				if _, err := c.send(http.MethodDelete, overridePath(args[0], args[1]), nil); err != nil {
+					return err
+				}
+				if c.json {
+					return c.printJSONValue(map[string]string{"zone": args[0], "id": args[1], "outcome": "removed"})
+				}
+				return c.printf("zone %s: override %s removed\n", printable(args[0]), printable(args[1]))
+			}))
 	return cmd
 }
 
@@ -121,8 +105,7 @@ func cliOverrideSet(c *cli, zone, id string) error {
 	if err := json.Unmarshal(answer, &rec); err != nil {
 		return fmt.Errorf("reading the admin API's answer: %v", err)
 	}
-	_, err = fmt.Fprintf(c.out, "zone %s: override %s set: %s %s, expires %s\n", printable(zone), printable(rec.ID), overrideMatchText(rec.Match), overrideLimitText(rec), orNever(rec.Expires))
-	return err
+	return c.printf("zone %s: override %s set: %s %s, expires %s\n", printable(zone), printable(rec.ID), overrideMatchText(rec.Match), overrideLimitText(rec), orNever(rec.Expires))
 }
 
 func cliOverrideList(c *cli, zone string) error {
@@ -131,11 +114,7 @@ func cliOverrideList(c *cli, zone string) error {
 	if printed || err != nil {
 		return err
 	}
-	where := "on this instance"
-	if l.View == "fleet" {
-		where = "fleet-wide"
-	}
-	if _, err := fmt.Fprintf(c.out, "zone %s: %d override(s) %s\n", printable(zone), len(l.Overrides), where); err != nil || len(l.Overrides) == 0 {
+	if err := c.printf("zone %s: %d override(s) %s\n", printable(zone), len(l.Overrides), where(l.View)); err != nil || len(l.Overrides) == 0 {
 		return err
 	}
 	tw := tabwriter.NewWriter(c.out, 0, 0, 2, ' ', 0)

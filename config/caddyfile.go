@@ -17,8 +17,8 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// Directive is what the rate_limit directive sets: the handler's settings
-// of the same names (ratelimit.Handler, whose JSON fields they are).
+// Directive is what the rate_limit directive sets: ratelimit.Handler's
+// settings of the same names.
 type Directive struct {
 	RateLimits     map[string]*Zone
 	Distributed    *Distributed
@@ -54,7 +54,7 @@ func (h *Directive) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "zone":
 			var name string
 			var lines map[string]int
-			if name, lines, err = parseZone(d, &h.RateLimits, "handler", "{client_ip}", nil); err == nil && h.RateLimits[name].Scope == "global" && globalLine == 0 {
+			if name, lines, err = parseZone(d, &h.RateLimits); err == nil && h.RateLimits[name].Scope == "global" && globalLine == 0 {
 				globalZone, globalLine = name, lines["scope"]
 			}
 		case "distributed":
@@ -63,10 +63,10 @@ func (h *Directive) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "headers":
 			h.Headers, err = oneOf(d, "both", "ietf", "legacy", "off")
 		case "status":
-			h.StatusCode, err = intArg(d, 400, 599)
+			h.StatusCode, err = IntArg(d, 400, 599)
 		case "jitter":
 			var s string
-			if s, err = oneArg(d); err == nil {
+			if s, err = OneArg(d); err == nil {
 				h.Jitter, err = strconv.ParseFloat(s, 64)
 				// Written so that NaN, which compares false with
 				// everything, is refused too.
@@ -75,7 +75,7 @@ func (h *Directive) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				}
 			}
 		case "sweep_interval":
-			h.SweepInterval, err = durationArg(d)
+			h.SweepInterval, err = DurationArg(d)
 		case "persist":
 			h.Persist = new(Persist)
 			err = h.Persist.unmarshalCaddyfile(d)
@@ -110,13 +110,13 @@ func unmarshalAdaptive(d *caddyfile.Dispenser) (*Adaptive, error) {
 	err := Subdirectives(d, nil, "adaptive: ", func(sub string) (err error) {
 		switch sub {
 		case "latency":
-			if a.Latency, err = durationArg(d); err == nil && (a.Latency <= 0 || time.Duration(a.Latency) > zones.MaxAdaptiveTarget) {
+			if a.Latency, err = DurationArg(d); err == nil && (a.Latency <= 0 || time.Duration(a.Latency) > zones.MaxAdaptiveTarget) {
 				err = d.Errf("adaptive latency must be a positive duration of at most %v, the upstream's p90 latency when healthy (e.g. latency 250ms)", zones.MaxAdaptiveTarget)
 			}
 		case "min":
-			a.Min, err = intArg[int64](d, 1, zones.MaxConcurrency)
+			a.Min, err = IntArg[int64](d, 1, zones.MaxConcurrency)
 		case "max":
-			a.Max, err = intArg[int64](d, 1, zones.MaxConcurrency)
+			a.Max, err = IntArg[int64](d, 1, zones.MaxConcurrency)
 		default:
 			err = d.Errf("unknown adaptive setting %q: expected latency, min or max", sub)
 		}
@@ -195,13 +195,11 @@ func ZoneName[Z any](d *caddyfile.Dispenser, defined map[string]Z, in string) (s
 	return name, nil
 }
 
-// parseZone reads one zone block, whose `zone` token d is on, into a Zone
-// that it adds to the zones of the same block (in: "handler"), whose names
-// it must not repeat. keyExample is the key a missing key's error suggests;
-// problem, when not nil, is what else the block's zones cannot have (the
-// listener wrapper's). lines says where each subdirective was.
-func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample string, problem func(*Zone) (string, error)) (name string, lines map[string]int, err error) {
-	if name, err = ZoneName(d, *into, in); err != nil {
+// parseZone reads the zone block whose `zone` token d is on into a new
+// Zone of into, the handler's zones. lines says where each subdirective
+// was.
+func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone) (name string, lines map[string]int, err error) {
+	if name, err = ZoneName(d, *into, "handler"); err != nil {
 		return "", nil, err
 	}
 	z := new(Zone)
@@ -228,7 +226,7 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 			(sub == "events" || sub == "window" || sub == "burst") && seen["concurrency"]:
 			err = d.Err("concurrency replaces events, window and burst: remove them, or put the rate limit in a zone of its own")
 		case sub == "key":
-			z.Key, err = oneArg(d)
+			z.Key, err = OneArg(d)
 		case sub == "events":
 			z.MaxEventsPlaceholder, err = planInt(d, true, &z.MaxEvents, &z.MaxEventsAtMost)
 		case sub == "window":
@@ -236,7 +234,7 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 			switch a, err = readPlanArgs(d, "at_least", true); {
 			case err != nil:
 			case a.placeholder == "":
-				z.Window, err = durationArg(d)
+				z.Window, err = DurationArg(d)
 			default:
 				z.WindowPlaceholder = a.placeholder
 				if z.Window, err = ParseDuration(d, "window", a.fallback); err == nil && a.bound != "" {
@@ -273,13 +271,13 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 				z.MatcherSetsRaw = append(z.MatcherSetsRaw, set)
 			}
 		case sub == "ipv4_prefix":
-			z.IPv4Prefix, err = intArg(d, 1, 32)
+			z.IPv4Prefix, err = IntArg(d, 1, 32)
 		case sub == "ipv6_prefix":
-			z.IPv6Prefix, err = intArg(d, 1, 128)
+			z.IPv6Prefix, err = IntArg(d, 1, 128)
 		case sub == "fail_policy":
 			z.FailPolicy, err = oneOf(d, "open", "closed", "local")
 		case sub == "max_keys":
-			z.MaxKeys, err = intArg[int64](d, 1, zones.MaxMaxKeys)
+			z.MaxKeys, err = IntArg[int64](d, 1, zones.MaxMaxKeys)
 		case sub == "dry_run":
 			err = NoArgs(d, &z.DryRun)
 		case sub == "scope":
@@ -289,23 +287,23 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 		case sub == "ban":
 			z.Ban, z.BanMax, err = banArgs(d)
 		case sub == "delay":
-			if z.Delay, err = durationArg(d); err == nil && time.Duration(z.Delay) > zones.MaxDelay {
+			if z.Delay, err = DurationArg(d); err == nil && time.Duration(z.Delay) > zones.MaxDelay {
 				err = d.Errf("delay %v is longer than the %v a request may wait for its turn: use a shorter delay (a client further away is told Retry-After)", time.Duration(z.Delay), zones.MaxDelay)
 			}
 		case sub == "queue":
-			z.Queue, err = intArg[int64](d, 1, zones.MaxQueue)
+			z.Queue, err = IntArg[int64](d, 1, zones.MaxQueue)
 		case sub == "concurrency":
-			z.Concurrency, err = intArg[int64](d, 1, zones.MaxConcurrency)
+			z.Concurrency, err = IntArg[int64](d, 1, zones.MaxConcurrency)
 		case sub == "adaptive":
 			z.Adaptive, err = unmarshalAdaptive(d)
 		case sub == "priority":
 			z.Priority, err = unmarshalPriority(d)
 		case sub == "status":
-			z.StatusCode, err = intArg(d, 400, 599)
+			z.StatusCode, err = IntArg(d, 400, 599)
 		case sub == "challenge":
 			z.Challenge, err = unmarshalChallenge(d)
 		case sub == "lease":
-			if z.Lease, err = durationArg(d); err == nil && z.Lease < caddy.Duration(zones.MinLease) {
+			if z.Lease, err = DurationArg(d); err == nil && z.Lease < caddy.Duration(zones.MinLease) {
 				err = d.Errf("lease must be at least %v: slots are renewed every lease/3", zones.MinLease)
 			}
 		default:
@@ -321,7 +319,7 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 	}
 	switch {
 	case z.Key == "":
-		return "", nil, d.Errf("zone %s: key is missing: add e.g. key %s", name, keyExample)
+		return "", nil, d.Errf("zone %s: key is missing: add e.g. key {client_ip}", name)
 	case z.Challenge != nil && (z.Concurrency > 0 || z.Quota != nil || z.Adaptive != nil):
 		return "", nil, fmt.Errorf("zone %s: challenge is for rate zones (events, window): a solved challenge's cookie gets a rate of its own; remove challenge, or put it in a rate zone, at %s:%d", name, d.File(), lines["challenge"])
 	case seen["priority"] && z.Adaptive == nil:
@@ -382,15 +380,10 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone, in, keyExample st
 		return "", nil, fmt.Errorf("zone %s: charge is read from a placeholder or from the body (charge json), not both: keep one, at %s:%d", name, d.File(), lines["charge"])
 	}
 	// What provisioning would refuse, refused here with the line at fault.
-	var setting string
 	if z.Concurrency == 0 && z.Quota == nil && z.Adaptive == nil {
-		setting, err = z.Limits(name).Check()
-	}
-	if err == nil && problem != nil {
-		setting, err = problem(z)
-	}
-	if err != nil {
-		return "", nil, fmt.Errorf("zone %s: %w, at %s:%d", name, err, d.File(), cmp.Or(lines[setting], zoneLine))
+		if setting, err := z.Limits(name).Check(); err != nil {
+			return "", nil, fmt.Errorf("zone %s: %w, at %s:%d", name, err, d.File(), cmp.Or(lines[setting], zoneLine))
+		}
 	}
 	if *into == nil {
 		*into = make(map[string]*Zone)
@@ -403,11 +396,11 @@ func (p *Persist) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return Subdirectives(d, nil, "", func(sub string) (err error) {
 		switch sub {
 		case "interval":
-			if p.Interval, err = durationArg(d); err == nil && time.Duration(p.Interval) < MinPersistInterval {
+			if p.Interval, err = DurationArg(d); err == nil && time.Duration(p.Interval) < MinPersistInterval {
 				err = d.Errf("persist interval must be at least %v, not %v", MinPersistInterval, time.Duration(p.Interval))
 			}
 		case "max_age":
-			p.MaxAge, err = durationArg(d)
+			p.MaxAge, err = DurationArg(d)
 		default:
 			err = d.Errf("unknown persist subdirective %q: expected interval or max_age", sub)
 		}
@@ -426,25 +419,25 @@ func (dist *Distributed) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			dist.Mode, err = oneOf(d, "strict", "async")
 		case sub == "sync_interval":
 			syncLine = d.Line()
-			dist.SyncInterval, err = durationArg(d)
+			dist.SyncInterval, err = DurationArg(d)
 		case sub == "read_interval":
 			// mholt/caddy-ratelimit's names: see Distributed.ReadInterval.
-			dist.ReadInterval, err = durationArg(d)
+			dist.ReadInterval, err = DurationArg(d)
 		case sub == "write_interval":
-			dist.WriteInterval, err = durationArg(d)
+			dist.WriteInterval, err = DurationArg(d)
 		case sub == "purge_age":
 			// mholt/caddy-ratelimit's clean-up age: every tally key has a
 			// TTL instead, so it is accepted and has no effect.
-			_, err = durationArg(d)
+			_, err = DurationArg(d)
 		case sub == "timeout":
-			dist.Timeout, err = durationArg(d)
+			dist.Timeout, err = DurationArg(d)
 		case sub == "key_prefix":
-			if dist.KeyPrefix, err = oneArg(d); err == nil && len(dist.KeyPrefix) > maxKeyPrefix {
+			if dist.KeyPrefix, err = OneArg(d); err == nil && len(dist.KeyPrefix) > maxKeyPrefix {
 				err = d.Errf("key_prefix is longer than %d bytes: use a shorter one", maxKeyPrefix)
 			}
 		case sub == "region":
 			regionLine = d.Line()
-			if dist.Region, err = oneArg(d); err == nil && !zones.ValidName(dist.Region) {
+			if dist.Region, err = OneArg(d); err == nil && !zones.ValidName(dist.Region) {
 				err = d.Errf("region name %q is invalid: use letters, digits, '_' and '-'", dist.Region)
 			}
 		case sub == "global":
@@ -508,17 +501,17 @@ func (r *Redis) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				err = checkAddresses(d, r.Addresses)
 			}
 		case "username":
-			r.Username, err = oneArg(d)
+			r.Username, err = OneArg(d)
 		case "password":
-			r.Password, err = oneArg(d)
+			r.Password, err = OneArg(d)
 		case "db":
-			r.DB, err = intArg(d, 0, 1<<20)
+			r.DB, err = IntArg(d, 0, 1<<20)
 		case "sentinel_master":
-			r.SentinelMaster, err = oneArg(d)
+			r.SentinelMaster, err = OneArg(d)
 		case "tls":
 			err = NoArgs(d, &r.TLS)
 		case "tls_ca":
-			r.TLSCA, err = oneArg(d)
+			r.TLSCA, err = OneArg(d)
 		case "tls_client":
 			args := d.RemainingArgs()
 			if len(args) != 2 {
@@ -540,10 +533,6 @@ func (r *Redis) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-// placeholderArg reads `<setting> <placeholder> [<fallback>]`: when the
-// setting's value is a placeholder, it returns it and leaves the dispenser
-// on the setting's name again, so that the literal fallback is read from
-// the rest of the line as the setting itself would be.
 // parseCharge parses `charge <placeholder> [fallback]`,
 // `charge json <path> [+ <path>...]` or `charge tokens [input|output|total]`.
 func parseCharge(d *caddyfile.Dispenser, z *Zone) error {
@@ -569,19 +558,18 @@ func parseCharge(d *caddyfile.Dispenser, z *Zone) error {
 		return nil
 	}
 	if len(args) == 0 || args[0] != "json" {
-		for range args {
-			d.Prev()
-		}
 		var err error
-		if z.Charge, err = placeholderArg(d); err != nil {
-			return err
-		}
 		switch {
-		case z.Charge == "":
+		case len(args) == 0 || !strings.HasPrefix(args[0], "{"):
 			return d.Err("charge takes a placeholder read after the response, e.g. charge {http.response.header.X-Tokens-Used}, or paths in the response body, e.g. charge json usage.total_tokens, or an LLM API's token usage: charge tokens [input|output|total]")
-		case d.CountRemainingArgs() > 0:
-			z.Cost, err = int64ArgOf(d, "charge", 1, zones.MaxEvents)
+		case SinglePlaceholder(args[0]) == "":
+			return d.Errf("charge takes a number or one placeholder such as {plan_rpm}, not %q", args[0])
+		case len(args) > 2:
+			return d.Errf("charge takes one value, written without spaces: charge %s", strings.Join(args[1:], ""))
+		case len(args) == 2:
+			z.Cost, err = ParseInt64(d, "charge", args[1], 1, zones.MaxEvents)
 		}
+		z.Charge = args[0]
 		return err
 	}
 	const example = "e.g. charge json usage.total_tokens, or charge json usage.input_tokens + usage.output_tokens"
@@ -603,23 +591,6 @@ func parseCharge(d *caddyfile.Dispenser, z *Zone) error {
 		return d.Errf("charge json: %v", err)
 	}
 	return nil
-}
-
-func placeholderArg(d *caddyfile.Dispenser) (string, error) {
-	dir := d.Val()
-	if d.CountRemainingArgs() < 1 {
-		return "", nil
-	}
-	d.NextArg()
-	v := d.Val()
-	if !strings.HasPrefix(v, "{") {
-		d.Prev()
-		return "", nil
-	}
-	if SinglePlaceholder(v) == "" {
-		return "", d.Errf("%s takes a number or one placeholder such as {plan_rpm}, not %q", dir, v)
-	}
-	return v, nil
 }
 
 // planInt reads events or burst, the setting d is on: a literal into lit,
@@ -656,9 +627,9 @@ type planArgs struct {
 }
 
 // readPlanArgs reads a plan setting's arguments. For a literal it returns
-// no placeholder and leaves the dispenser on the setting's name, so that
-// the literal is read as before; keyword (at_most, at_least) is refused
-// there, with the fix. needFallback says whether the fallback is required.
+// no placeholder, the dispenser on the setting's name to read it, and
+// refuses keyword (at_most, at_least) with the fix. needFallback: the
+// fallback is required.
 func readPlanArgs(d *caddyfile.Dispenser, keyword string, needFallback bool) (planArgs, error) {
 	dir := d.Val()
 	args := d.RemainingArgs()
@@ -752,8 +723,8 @@ func readCostArgs(d *caddyfile.Dispenser, z *Zone) error {
 	return nil
 }
 
-// checkAddresses refuses, at the line they are on, Redis addresses that cannot
-// work. Addresses with placeholders are checked at provision time instead.
+// checkAddresses refuses, at their line, Redis addresses that cannot work;
+// those with placeholders are checked at provision.
 func checkAddresses(d *caddyfile.Dispenser, addrs []string) error {
 	for _, a := range addrs {
 		if err := checkAddress(a); err != nil && !strings.Contains(a, "{") {
@@ -786,9 +757,9 @@ func banArgs(d *caddyfile.Dispenser) (first, most caddy.Duration, err error) {
 	return first, most, nil
 }
 
-// oneArg reads the one value of a setting whose value is text (a key
+// OneArg reads the one value of a setting whose value is text (a key
 // template, a prefix, a name), which may hold spaces when quoted.
-func oneArg(d *caddyfile.Dispenser) (string, error) {
+func OneArg(d *caddyfile.Dispenser) (string, error) {
 	dir := d.Val()
 	if !d.NextArg() {
 		return "", d.Errf("%s needs a value", dir)
@@ -826,7 +797,7 @@ func oneOf(d *caddyfile.Dispenser, allowed ...string) (string, error) {
 	return "", d.Errf("%s must be one of %s, not %q", dir, strings.Join(allowed, ", "), strings.Join(args, " "))
 }
 
-func intArg[T int | int64](d *caddyfile.Dispenser, lo, hi T) (T, error) {
+func IntArg[T int | int64](d *caddyfile.Dispenser, lo, hi T) (T, error) {
 	n, err := int64ArgOf(d, d.Val(), int64(lo), int64(hi))
 	return T(n), err
 }
@@ -852,7 +823,7 @@ func ParseInt64(d *caddyfile.Dispenser, dir, s string, lo, hi int64) (int64, err
 	return n, nil
 }
 
-func durationArg(d *caddyfile.Dispenser) (caddy.Duration, error) {
+func DurationArg(d *caddyfile.Dispenser) (caddy.Duration, error) {
 	dir := d.Val()
 	s, err := oneWord(d, dir)
 	if err != nil {

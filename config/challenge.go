@@ -74,11 +74,11 @@ func unmarshalChallenge(d *caddyfile.Dispenser) (*Challenge, error) {
 				c.DifficultyMax, err = parseDifficulty(d, args[1])
 			}
 		case "valid":
-			c.Valid, err = durationArg(d)
+			c.Valid, err = DurationArg(d)
 		case "events":
-			c.MaxEvents, err = intArg[int64](d, 1, zones.MaxEvents)
+			c.MaxEvents, err = IntArg[int64](d, 1, zones.MaxEvents)
 		case "window":
-			c.Window, err = durationArg(d)
+			c.Window, err = DurationArg(d)
 		default:
 			err = d.Errf("unknown challenge setting %q: expected difficulty, valid, events or window", sub)
 		}

@@ -195,10 +195,10 @@ func (g *Global) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "regions":
 			err = g.unmarshalRegions(d)
 		case "sync_interval":
-			g.SyncInterval, err = durationArg(d)
+			g.SyncInterval, err = DurationArg(d)
 		case "lease":
 			leaseLine = d.Line()
-			g.Lease, err = durationArg(d)
+			g.Lease, err = DurationArg(d)
 		default:
 			err = d.Errf("unknown subdirective %q: expected redis, regions, sync_interval or lease", sub)
 		}

@@ -1,15 +1,15 @@
-// Package config is tally's configuration: what a user writes, in JSON
-// (the types with their doc comments, from which Caddy's JSON docs of
-// http.handlers.rate_limit are made; package ratelimit names them too) and
-// in the Caddyfile (ParseDirective, and the argument readers the listener
-// wrapper shares). It checks what can be checked from the config alone,
-// with errors that name the file, line and fix; what needs a running
-// handler (stores, matchers, metrics) is provisioned by package ratelimit.
+// Package config is tally's configuration as a user writes it: in JSON (the
+// types, whose doc comments make Caddy's JSON docs of
+// http.handlers.rate_limit) and in the Caddyfile (ParseDirective, and the
+// argument readers the listener wrapper shares). It checks what the config
+// alone can tell, with errors that name the file, line and fix; package
+// ratelimit provisions what needs a running handler (stores, matchers,
+// metrics).
 //
-// zone.go holds a zone's settings (Zone, Adaptive, Priority) and what reads
-// only them; quota.go, usd.go, challenge.go, distributed.go and persist.go
-// hold their blocks' types with each block's Caddyfile; caddyfile.go the
-// directive, the zone block and the argument readers.
+// zone.go holds a zone's settings and what reads only them; quota.go,
+// usd.go, challenge.go, distributed.go and persist.go their blocks' types
+// and Caddyfile; caddyfile.go the directive, the zone block and the
+// argument readers.
 package config
 
 import (
@@ -47,18 +47,17 @@ type Zone struct {
 	// window_placeholder, it is the fallback.
 	Window caddy.Duration `json:"window,omitempty"`
 
-	// How many requests a key may make at once. Default: max_events, so a
-	// fresh key may send max_events at once and then one every
-	// window/max_events. 1 gives a perfectly smooth rate.
+	// How many requests a key may make at once. Default: max_events (a
+	// fresh key may send max_events at once, then one every
+	// window/max_events); 1 gives a perfectly smooth rate.
 	Burst int64 `json:"burst,omitempty"`
 
 	// A placeholder, such as {plan_rpm} set by a `map` of the customer's
 	// plan or a JWT claim, whose value is this request's max_events: limits
-	// per plan. A value that is empty, not a whole number or out of range
-	// (1 to 2^40, and max_events_at_most) is replaced by max_events, counted
-	// in caddy_rate_limit_plan_fallbacks_total and logged (sampled). The
-	// value must come from the operator, not the client: see
-	// max_events_at_most.
+	// per plan. A value empty, not a whole number or out of range (1 to
+	// 2^40, and max_events_at_most) is replaced by max_events, counted in
+	// caddy_rate_limit_plan_fallbacks_total and logged (sampled). It must
+	// come from the operator, not the client: see max_events_at_most.
 	MaxEventsPlaceholder string `json:"max_events_placeholder,omitempty"`
 
 	// A placeholder whose value (a duration such as 1m or 1h) is this
@@ -70,11 +69,11 @@ type Zone struct {
 	BurstPlaceholder string `json:"burst_placeholder,omitempty"`
 
 	// With max_events_placeholder, the most events a request's value may
-	// give: a larger one falls back to max_events, counted and logged as an
-	// unusable value. A placeholder the client sets (a request header, a
-	// query string) can otherwise pick up to 2^40 events: plans should come
-	// from the operator (a map, a verified JWT claim), and this bounds them.
-	// At least max_events.
+	// give: a larger one falls back to max_events, counted and logged as
+	// unusable. Otherwise a placeholder the client sets (a header, a query
+	// string) can pick up to 2^40 events: plans should come from the
+	// operator (a map, a verified JWT claim), and this bounds them. At
+	// least max_events.
 	MaxEventsAtMost int64 `json:"max_events_at_most,omitempty"`
 
 	// With window_placeholder, the shortest window a request's value may
@@ -94,14 +93,14 @@ type Zone struct {
 	Cost int64 `json:"cost,omitempty"`
 
 	// A placeholder whose value is this request's cost, such as
-	// {http.request.header.X-Search-Cost}. A value that is empty, not a
-	// whole number or negative counts as cost (counted in
+	// {http.request.header.X-Search-Cost}. A value empty, not a whole
+	// number or negative costs cost (counted in
 	// caddy_rate_limit_cost_fallbacks_total and logged); 0 passes without
 	// consuming; more than the burst is denied at once (it could never
-	// pass) with a warning in the log. With charge or charge_json it is an
-	// estimate: taken before the request (a key without the budget is
-	// refused before the upstream is called), and the difference with
-	// what the response charges is charged or refunded after it.
+	// pass), with a warning logged. With charge or charge_json it is an
+	// estimate taken before the request (a key without the budget is
+	// refused before the upstream is called), settled against what the
+	// response charges after it.
 	CostPlaceholder string `json:"cost_placeholder,omitempty"`
 
 	// A floor on cost_placeholder's values: a value below it costs
@@ -133,16 +132,15 @@ type Zone struct {
 	// bursts.
 	Charge string `json:"charge,omitempty"`
 
-	// Makes the zone post-charged from the response body: what it charges
-	// is the sum of these dot paths of object keys (usage.total_tokens,
-	// from the document's root or else from below one of its top-level
-	// keys), read from an application/json response, or from a text/event-stream
-	// response's events (each path from the last event whose data carries
-	// it), while the body streams through untouched. Each path's value
-	// must be a whole number >= 0, and all of them must be found; when
-	// they are not (no usage, malformed JSON, a compressed body, the client
-	// left, an upstream error), the response charges cost_placeholder's
-	// estimate, or else cost, counted in
+	// Makes the zone post-charged from the response body: it charges the
+	// sum of these dot paths of object keys (usage.total_tokens, from the
+	// document's root or else from below one of its top-level keys), read
+	// from an application/json response or a text/event-stream response's
+	// events (each path from the last event that carries it) while the
+	// body streams through untouched. Each value must be a whole number >=
+	// 0, and all must be found; when not (no usage, malformed JSON, a
+	// compressed body, the client left, an upstream error), the response
+	// charges cost_placeholder's estimate, or else cost, counted in
 	// caddy_rate_limit_charge_fallbacks_total by reason. Not with charge.
 	ChargeJSON []string `json:"charge_json,omitempty"`
 
@@ -163,11 +161,10 @@ type Zone struct {
 	// "request": in a zone that charges LLM tokens or dollars, the cost
 	// taken before the request is estimated from its body (read once, at
 	// most 1 MiB; the upstream gets every byte): its prompt's bytes ÷ 4 in
-	// input tokens, its max_tokens (or the API's like of it) in output
-	// tokens, else the 95th percentile of the output of the zone's
-	// responses of its model, priced as the charge prices tokens; it takes
-	// at most what the key has left, and the response settles it
-	// (docs/llm.md).
+	// input tokens, its max_tokens (or the API's like) or else the 95th
+	// percentile of the zone's responses of its model in output tokens,
+	// priced as the charge prices them; it takes at most what the key has
+	// left, and the response settles it (docs/llm.md).
 	Estimate string `json:"estimate,omitempty"`
 
 	// In a zone that charges LLM tokens or dollars, the ends of the paths
@@ -216,10 +213,10 @@ type Zone struct {
 	Scope string `json:"scope,omitempty"`
 
 	// Makes this a concurrency zone: at most this many requests of a key
-	// in flight at once, instead of max_events per window (which must then
-	// be left out). A request holds its slot until the handlers after this
-	// one return, whatever happens to it (error, panic, client gone,
-	// hijacked connection closed). Denials carry Retry-After: 1.
+	// in flight at once, instead of max_events per window (then left out).
+	// A request holds its slot until the handlers after this one return,
+	// whatever happens (error, panic, client gone, hijacked connection
+	// closed). Denials carry Retry-After: 1.
 	Concurrency int64 `json:"concurrency,omitempty"`
 
 	// With distributed: how long a slot held in Redis outlives the last
@@ -266,11 +263,10 @@ type Zone struct {
 	// (denied when over the limit). Default: 1000.
 	Queue int64 `json:"queue,omitempty"`
 
-	// Makes this an adaptive concurrency zone: a concurrency zone whose
-	// limit of requests in flight per key is not fixed but follows the
-	// upstream's latency toward a target (docs/configuration.md, adaptive
-	// concurrency zones), decided on
-	// this instance whatever distributed says. Shed requests get 503 with
+	// Makes this an adaptive concurrency zone: its limit of requests in
+	// flight per key follows the upstream's latency toward a target
+	// (docs/configuration.md, adaptive concurrency zones), decided on this
+	// instance whatever distributed says. Shed requests get 503 with
 	// Retry-After: 1 (status_code changes it).
 	Adaptive *Adaptive `json:"adaptive,omitempty"`
 

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	"github.com/caddy-tally/ratelimit/config"
@@ -96,26 +95,28 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone) error {
 			err = d.Err(refused[sub])
 		case lines["concurrency"] > 0 && lines["events"]+lines["window"]+lines["burst"] > 0:
 			err = d.Err("concurrency replaces events, window and burst: remove them, or put the rate limit in a zone of its own")
+		case limits[sub] != "" && strings.HasPrefix(nextArg(d), "{"):
+			err = d.Errf("%s %s %s: %s", sub, nextArg(d), request, limits[sub])
 		case sub == "key":
-			if z.Key, err = value(d, ""); err == nil {
+			if z.Key, err = config.OneArg(d); err == nil {
 				if p := z.keyProblem(); p != nil {
 					err = d.Err(p.Error())
 				}
 			}
 		case sub == "events":
-			z.MaxEvents, err = int64Arg(d, 1, zones.MaxEvents)
+			z.MaxEvents, err = config.IntArg[int64](d, 1, zones.MaxEvents)
 		case sub == "window":
-			z.Window, err = durationArg(d)
+			z.Window, err = config.DurationArg(d)
 		case sub == "burst":
-			z.Burst, err = int64Arg(d, 1, zones.MaxEvents)
+			z.Burst, err = config.IntArg[int64](d, 1, zones.MaxEvents)
 		case sub == "concurrency":
-			z.Concurrency, err = int64Arg(d, 1, zones.MaxConcurrency)
+			z.Concurrency, err = config.IntArg[int64](d, 1, zones.MaxConcurrency)
 		case sub == "ipv4_prefix":
-			z.IPv4Prefix, err = intArg(d, 1, 32)
+			z.IPv4Prefix, err = config.IntArg(d, 1, 32)
 		case sub == "ipv6_prefix":
-			z.IPv6Prefix, err = intArg(d, 1, 128)
+			z.IPv6Prefix, err = config.IntArg(d, 1, 128)
 		case sub == "max_keys":
-			z.MaxKeys, err = int64Arg(d, 1, zones.MaxMaxKeys)
+			z.MaxKeys, err = config.IntArg[int64](d, 1, zones.MaxMaxKeys)
 		case sub == "dry_run":
 			err = config.NoArgs(d, &z.DryRun)
 		default:
@@ -146,45 +147,21 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone) error {
 	return nil
 }
 
-// value reads the one value of the setting d is on. With fix, the setting
-// is a limit, and a placeholder for it (the handler's `events {plan} 60`)
-// is refused with fix.
-func value(d *caddyfile.Dispenser, fix string) (string, error) {
-	dir, args := d.Val(), d.RemainingArgs()
-	switch {
-	case len(args) > 0 && fix != "" && strings.HasPrefix(args[0], "{"):
-		return "", d.Errf("%s %s %s: %s", dir, args[0], request, fix)
-	case len(args) == 0:
-		return "", d.Errf("%s needs a value", dir)
-	case len(args) > 1:
-		return "", d.Errf("%s takes one value; to use spaces, quote it", dir)
-	}
-	return args[0], nil
+// limits are the settings whose value is a limit, which a placeholder (the
+// handler's `events {plan} 60`) cannot give, and what to write instead.
+var limits = map[string]string{
+	"events": "write a number", "window": "write a duration", "burst": "write a number", "concurrency": "write a number",
+	"ipv4_prefix": "write a number", "ipv6_prefix": "write a number", "max_keys": "write a number",
 }
 
-// int64Arg reads the setting d is on as a whole number from lo to hi.
-func int64Arg(d *caddyfile.Dispenser, lo, hi int64) (int64, error) {
-	dir := d.Val()
-	s, err := value(d, "write a number")
-	if err != nil {
-		return 0, err
+// nextArg is the argument after the setting d is on, "" if none; d stays
+// on the setting.
+func nextArg(d *caddyfile.Dispenser) string {
+	if !d.NextArg() {
+		return ""
 	}
-	return config.ParseInt64(d, dir, s, lo, hi)
-}
-
-func intArg(d *caddyfile.Dispenser, lo, hi int64) (int, error) {
-	n, err := int64Arg(d, lo, hi)
-	return int(n), err
-}
-
-// durationArg reads the setting d is on as a positive duration.
-func durationArg(d *caddyfile.Dispenser) (caddy.Duration, error) {
-	dir := d.Val()
-	s, err := value(d, "write a duration")
-	if err != nil {
-		return 0, err
-	}
-	return config.ParseDuration(d, dir, s)
+	defer d.Prev()
+	return d.Val()
 }
 
 // Interface guard

@@ -115,7 +115,6 @@ type connLive struct {
 	denyZones              []*denyWhileZone // resolved by the first WrapListener
 }
 
-// CaddyModule returns the Caddy module information.
 func (Wrapper) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{
 		ID:  "caddy.listeners.rate_limit",
@@ -123,9 +122,8 @@ func (Wrapper) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision checks the wrapper's place among the server's listener
-// wrappers, sets up its zones and checks that every deny_while zone is an
-// HTTP zone of this config keyed by {remote_host}.
+// Provision checks the wrapper's place, sets up its zones and checks its
+// deny_while zones.
 func (w *Wrapper) Provision(ctx caddy.Context) error {
 	w.logger = ctx.Logger()
 	w.live = new(connLive)
@@ -176,16 +174,12 @@ func (w *Wrapper) Cleanup() error {
 }
 
 // checkPlacement refuses a rate_limit wrapper that would not see raw
-// connections: listed after tls, or with tls left out (Caddy then puts tls
-// first), it would see TLS connections not yet handshaken, and wrapping
-// those breaks {http.request.scheme}. proxy_protocol, when listed, must come
-// before it, or every connection would be keyed by the proxy's address.
-//
-// It reads the server's listener_wrappers list, which is what the HTTP app
-// orders the wrappers by: the app provisions a server's wrappers (this one
-// among them) before anything else of the server, with the server in the
-// context and its list still whole. Outside an HTTP server there is no list
-// and nothing to check.
+// connections: after tls, or with tls left out (Caddy then puts tls first),
+// it would wrap TLS connections not yet handshaken, which breaks
+// {http.request.scheme}; before proxy_protocol, it would key every
+// connection by the proxy's address. The HTTP app orders the wrappers by
+// the server's listener_wrappers list, which is in the context, still
+// whole, when it provisions them; outside an HTTP server there is none.
 func checkPlacement(ctx caddy.Context) error {
 	srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
 	if !ok || srv == nil {
@@ -240,7 +234,11 @@ func checkDenyWhile(ctx caddy.Context, name string, own map[string]*Zone) error 
 		key, concurrency, found = c.Key, c.Concurrency(), true
 	} else if app, err := ctx.AppIfConfigured("http"); err == nil {
 		if app, ok := app.(*caddyhttp.App); ok {
-			key, concurrency, found = httpZoneInJSON(app, name)
+			var routes []any
+			for _, srv := range app.Servers {
+				routes = append(routes, srv.Routes, srv.Errors, srv.NamedRoutes)
+			}
+			key, concurrency, found = live.ZoneInJSON(routes, name)
 		}
 	}
 	switch {
@@ -260,20 +258,9 @@ func checkDenyWhile(ctx caddy.Context, name string, own map[string]*Zone) error 
 	return nil
 }
 
-// httpZoneInJSON looks for the HTTP zone name in the routes of the app's
-// servers that are still JSON, and returns its key template and whether it
-// is a concurrency zone.
-func httpZoneInJSON(app *caddyhttp.App, name string) (key string, concurrency, found bool) {
-	var routes []any
-	for _, srv := range app.Servers {
-		routes = append(routes, srv.Routes, srv.Errors, srv.NamedRoutes)
-	}
-	return live.ZoneInJSON(routes, name)
-}
-
-// WrapListener wraps l so that every connection it accepts is decided first.
-// The deny_while zones are looked up on the first call: the HTTP app starts
-// listening once every handler of the config is provisioned.
+// WrapListener decides every connection l accepts. The deny_while zones are
+// looked up on the first call: the HTTP app starts listening once every
+// handler of the config is provisioned.
 func (w *Wrapper) WrapListener(l net.Listener) net.Listener {
 	w.live.denyOnce.Do(func() {
 		for _, name := range w.DenyWhile {
@@ -291,18 +278,16 @@ func (w *Wrapper) WrapListener(l net.Listener) net.Listener {
 	return &listener{Listener: l, w: w}
 }
 
-// listener decides the connections of one listener.
 type listener struct {
 	net.Listener
 	w *Wrapper
 }
 
-// Accept returns the next connection that is not refused. It never returns
-// an error for a refused connection (a non-temporary error would stop the
-// server, a temporary one make it back off): it resets the connection and
-// accepts the next. It never waits for a client: a plain TCP connection's
-// address is known at once; any other (a PROXY protocol connection, whose
-// address waits for its header) is decided on its first read.
+// Accept returns the next connection that is not refused, never an error
+// for a refused one (a non-temporary error would stop the server, a
+// temporary one make it back off). It never waits for a client: a
+// connection other than plain TCP (PROXY protocol) is decided on its first
+// read.
 func (l *listener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
@@ -317,20 +302,17 @@ func (l *listener) Accept() (net.Conn, error) {
 		if ip == "" {
 			return c, nil
 		}
-		if !l.w.slotZones {
-			if l.w.decide(ip, monotime.Now(), nil) {
-				return c, nil
-			}
+		var lc *conn
+		var slots *[]heldSlot // nil: no zone takes slots
+		if l.w.slotZones {
+			lc = &conn{Conn: c, w: l.w}
+			lc.slots, slots = lc.inline[:0], &lc.slots
+		}
+		if !l.w.decide(ip, monotime.Now(), slots) {
 			reset(c)
 			continue
 		}
-		lc := &conn{Conn: c, w: l.w}
-		lc.slots = lc.inline[:0]
-		if !l.w.decide(ip, monotime.Now(), &lc.slots) {
-			reset(c)
-			continue
-		}
-		if len(lc.slots) == 0 { // only dry-run zones refused a slot
+		if lc == nil || len(lc.slots) == 0 { // no slot taken: only dry-run zones refused one
 			return c, nil
 		}
 		lc.state.Store(connHolding)
@@ -372,8 +354,7 @@ func (w *Wrapper) decide(ip string, now int64, slots *[]heldSlot) bool {
 	return true
 }
 
-// seen counts and logs a connection zone's decision t, as zones.Admit
-// makes it.
+// seen counts and logs a connection zone's decision t.
 func (w *Wrapper) seen(t *zones.Ticket[*connZone], now int64) {
 	z := t.Owner
 	z.metrics.Count(t.Allowed, z.DryRun)
@@ -387,11 +368,10 @@ func (w *Wrapper) seen(t *zones.Ticket[*connZone], now int64) {
 // noTurns is zones.Admit's wait for connection zones, which have no delay.
 func noTurns(int64) (context.Context, bool) { return background, true }
 
-// background is the context of connection zones' decisions, which never
-// wait: the zones have no store.
+// background is the context of connection zones' decisions: they have no
+// store and never wait.
 var background = context.Background()
 
-// keyOf is the zone's key for a connection from ip.
 func (z *connZone) keyOf(ip string) string {
 	if z.keyIsIP {
 		return z.Config.Key(ip)
@@ -485,9 +465,9 @@ func releaseHeld(slots []heldSlot) {
 	}
 }
 
-// A conn's slots: taken (connHolding) are released by the first Close, and
-// only once whatever ends the connection (a failed handshake, a reset, a
-// hijacked connection's close, a double Close).
+// A conn's slots, once taken (connHolding), are released by its first
+// Close only, whatever ends it (a failed handshake, a reset, a hijacked
+// connection's close, a double Close).
 const (
 	connOpen uint32 = iota
 	connHolding
@@ -507,14 +487,12 @@ type conn struct {
 	inline  [1]heldSlot
 }
 
-// errRefused is what a pending connection's first read returns once it is
-// refused (and reset); net/http logs it as a TLS handshake error (at DEBUG
-// in Caddy).
+// errRefused is a refused pending connection's first read's error, which
+// net/http logs as a TLS handshake error (at DEBUG in Caddy).
 var errRefused = errors.New("connection refused by rate_limit")
 
-// decideFirst decides a pending connection, on its first read or write, in
-// the connection's goroutine: RemoteAddr may wait for a PROXY header there
-// without holding up the accept loop.
+// decideFirst decides a pending connection in its own goroutine, where
+// RemoteAddr may wait for a PROXY header.
 func (c *conn) decideFirst() {
 	if c.state.Load() == connClosed {
 		return
@@ -558,7 +536,6 @@ func (c *conn) Write(p []byte) (int, error) {
 	return c.Conn.Write(p)
 }
 
-// Close releases the connection's slots, once, and closes it.
 func (c *conn) Close() error {
 	if c.state.Swap(connClosed) == connHolding {
 		releaseHeld(c.slots)
@@ -587,7 +564,6 @@ func (c *conn) CloseWrite() error {
 	return errors.New("the connection cannot half-close")
 }
 
-// Interface guards
 var (
 	_ caddy.Provisioner     = (*Wrapper)(nil)
 	_ caddy.CleanerUpper    = (*Wrapper)(nil)

@@ -75,12 +75,10 @@ const (
 	// refused, not added, when its shard is full: for values that must not
 	// be evicted.
 	StoreIfRoom
-	// StoreIfExpired is Store, except that a full shard makes room only
-	// from the entries of its eviction sample whose value is <= the now
-	// given to Update, and a key the table does not hold is refused when
-	// the sample has none: for values that may be evicted only once they
-	// no longer matter (a ban past its end), whose caller passes as now
-	// the value below which an entry no longer matters.
+	// StoreIfExpired is Store, except that a full shard evicts only
+	// entries of its sample whose value is <= now, refusing a new key
+	// when there are none: for values that must outlive their use (a
+	// ban), whose caller passes as now the value below which none matters.
 	StoreIfExpired
 	// Delete forgets the key.
 	Delete
@@ -161,12 +159,7 @@ func (t *Table) Get(key string) (int64, bool) {
 
 // Delete forgets key.
 func (t *Table) Delete(key string) {
-	s, tag := t.locate(key)
-	s.mu.Lock()
-	if i := s.find(tag, key); i >= 0 {
-		s.deleteAt(i)
-	}
-	s.mu.Unlock()
+	t.Update(key, 0, func(int64, bool) (int64, Op) { return 0, Delete })
 }
 
 // Clear forgets every key and gives the memory back.
@@ -177,8 +170,7 @@ func (t *Table) Clear() {
 	})
 }
 
-// eachShard calls f on every shard in turn, under the shard's lock, and
-// returns the sum of what f returned.
+// eachShard sums f over the shards, each called under its shard's lock.
 func (t *Table) eachShard(f func(s *shard) int) int {
 	n := 0
 	for i := range t.shards {
@@ -207,9 +199,8 @@ func (t *Table) Sweep(now int64) int {
 	})
 }
 
-// Shrink gives back the memory of empty shards and rebuilds those left
-// less than 1/8 full at their size, as Sweep does, without deleting
-// anything: for tables whose values are not times.
+// Shrink gives memory back as Sweep does, deleting nothing: for tables
+// whose values are not times.
 func (t *Table) Shrink() {
 	t.eachShard(func(s *shard) int {
 		s.shrink()
@@ -223,7 +214,7 @@ func (s *shard) shrink() {
 		s.slots, s.keys, s.dead = nil, nil, 0
 		return
 	case len(s.slots) > minSlots && s.n*8 < len(s.slots):
-		s.resize(slotsFor(s.n))
+		s.resize(max(minSlots, 2*s.n)) // half full: no growth right away
 	}
 	if s.dead > 0 && s.dead*2 >= len(s.keys) {
 		s.compact(0)
@@ -238,12 +229,8 @@ func (t *Table) Bytes() int {
 	return t.eachShard(func(s *shard) int { return cap(s.slots)*slotSize + cap(s.keys) })
 }
 
-// slotsFor is the slot count for n entries after a rebuild: half full, so
-// that the shard does not grow again right away.
-func slotsFor(n int) int { return max(minSlots, 2*n) }
-
 // home is where an entry's probe run starts: its tag scaled to the slot
-// count, which need not be a power of two.
+// count (not always a power of two).
 func (s *shard) home(tag uint32) int { return int(uint64(tag>>1) * uint64(len(s.slots)) >> 31) }
 
 func (s *shard) next(i int) int {
@@ -253,7 +240,6 @@ func (s *shard) next(i int) int {
 	return i
 }
 
-// keyOf returns the bytes of sl's key: in the slot, or in the arena.
 func (s *shard) keyOf(sl *slot) []byte {
 	if sl.n <= inlineKey {
 		return sl.key[:sl.n]
@@ -262,15 +248,6 @@ func (s *shard) keyOf(sl *slot) []byte {
 	return s.keys[off : off+sl.n]
 }
 
-// arenaBytes is how many arena bytes sl's key takes.
-func arenaBytes(sl *slot) int {
-	if sl.n <= inlineKey {
-		return 0
-	}
-	return int(sl.n)
-}
-
-// find returns the slot holding key, or -1.
 func (s *shard) find(tag uint32, key string) int {
 	if s.n == 0 {
 		return -1
@@ -291,8 +268,7 @@ func (s *shard) find(tag uint32, key string) int {
 // from).
 func (s *shard) insert(tag uint32, key string, value int64) {
 	if (s.n+1)*maxLoadOf > len(s.slots)*3 {
-		// Doubling, but never past what the shard needs when full: at
-		// max_keys the slots are 3/4 used, not 3/8.
+		// Doubling, but never past what a full shard needs (3/4 used).
 		size := max(minSlots, 2*len(s.slots))
 		if size > s.most && s.most > len(s.slots) {
 			size = s.most
@@ -320,7 +296,9 @@ func (s *shard) insert(tag uint32, key string, value int64) {
 // deleteAt empties slot i, shifting later entries of its probe run back so
 // that lookups never need tombstones.
 func (s *shard) deleteAt(i int) {
-	s.dead += arenaBytes(&s.slots[i])
+	if n := s.slots[i].n; n > inlineKey {
+		s.dead += int(n)
+	}
 	s.n--
 	for j := i; ; {
 		j = s.next(j)
@@ -337,10 +315,9 @@ func (s *shard) deleteAt(i int) {
 	}
 	s.slots[i] = slot{}
 	if s.n == 0 {
-		// No key is left in the arena: it fills again from the start.
-		// The slots stay for the next key (a concurrency zone's keys
-		// come and go with each request); Sweep and Shrink give an
-		// empty shard's memory back.
+		// The arena fills again from the start. The slots stay for the
+		// next key (a concurrency zone's come and go with each
+		// request); Sweep and Shrink give them back.
 		s.keys, s.dead = s.keys[:0], 0
 	}
 }
@@ -384,8 +361,7 @@ func (s *shard) evict(now int64, onlyExpired bool) bool {
 	return true
 }
 
-// slotOf returns where entry e (which may have moved since it was copied)
-// is now.
+// slotOf is where entry e, which may have moved since it was copied, is.
 func (s *shard) slotOf(e slot) int {
 	i := s.home(e.tag)
 	for sl := &s.slots[i]; sl.tag != e.tag || sl.n != e.n || sl.key != e.key; sl = &s.slots[i] {
@@ -441,7 +417,6 @@ func (t *Table) CountAbove(v int64) int {
 	})
 }
 
-// Shards is the number of shards, for CopyShard.
 func (t *Table) Shards() int { return len(t.shards) }
 
 // Copy holds entries copied out of a table by CopyShard: entry i's key is
@@ -454,10 +429,8 @@ type Copy struct {
 	Values []int64
 }
 
-// Reset empties c, keeping its buffers.
 func (c *Copy) Reset() { c.Keys, c.Ends, c.Values = c.Keys[:0], c.Ends[:0], c.Values[:0] }
 
-// Len is the number of entries c holds.
 func (c *Copy) Len() int { return len(c.Values) }
 
 // Key returns entry i's key bytes (valid until c is reset).
@@ -495,8 +468,7 @@ func (t *Table) CopyShard(i int, after int64, c *Copy) {
 	}
 }
 
-// reserve grows c so that n more entries of keys bytes in all fit without
-// another allocation.
+// reserve makes room in c for n more entries of keys bytes in all.
 func (c *Copy) reserve(n, keys int) {
 	if cap(c.Keys)-len(c.Keys) < keys {
 		c.Keys = append(make([]byte, 0, len(c.Keys)+keys), c.Keys...)

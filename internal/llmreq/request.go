@@ -33,12 +33,10 @@ type Request struct {
 	// max_completion_tokens, max_output_tokens, Gemini's
 	// generationConfig.maxOutputTokens, Ollama's options.num_predict);
 	// -1 when it sets none.
-	MaxOutput int64
-	Stream    bool // "stream": true
-	// IncludeUsage: stream_options.include_usage is true.
-	IncludeUsage bool
-	// streamOptions is stream_options' value in the body, [0,0) when absent.
-	soStart, soEnd int
+	MaxOutput      int64
+	Stream         bool // "stream": true
+	IncludeUsage   bool // stream_options.include_usage is true
+	soStart, soEnd int  // stream_options' value in the body, [0,0) when absent
 }
 
 // MaxModel is the most of a model's name kept.
@@ -84,7 +82,7 @@ func Read(r *http.Request) ([]byte, bool) {
 	return buf, false
 }
 
-// replay is a body read again: the bytes read, then the rest; closing it
+// replay is a body read again: the bytes read, then the rest; Close
 // closes the request's body.
 type replay struct {
 	io.Reader
@@ -201,14 +199,13 @@ func (q *Request) WithUsage(b []byte) []byte {
 	if so[0] != '{' {
 		return nil
 	}
-	at, vs, ve := -1, 0, 0
+	vs, ve := -1, 0
 	members(so, 0, func(k []byte, s, e int) {
 		if string(k) == "include_usage" {
-			at, vs, ve = 0, s, e
+			vs, ve = s, e
 		}
 	})
-	if at == 0 {
-		// include_usage is there and not true: made true.
+	if vs >= 0 { // include_usage is there and not true: made true
 		return concat(b[:q.soStart+vs], "true", b[q.soStart+ve:])
 	}
 	open := q.soStart + 1

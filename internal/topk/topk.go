@@ -26,11 +26,9 @@ import (
 // every key with more than 1/128 of the denials is found.
 const DefaultCapacity = 128
 
-// Sketch is a Space-Saving sketch. It is not safe for concurrent use; Recent
-// is.
-//
-// Counters stay in place in slots; the min-heap orders slot numbers, so
-// moving a counter in the heap touches no map.
+// Sketch is a Space-Saving sketch, not safe for concurrent use (Recent
+// is). Counters stay in place in slots; the min-heap orders slot numbers,
+// so moving a counter in the heap touches no map.
 type Sketch struct {
 	index map[string]int32 // key -> its slot
 	slots []counter        // the tracked keys, len = tracked, cap = capacity
@@ -45,8 +43,7 @@ type counter struct {
 	pos   int32  // where the slot is in heap
 }
 
-// NewSketch returns an empty sketch tracking at most capacity keys (at
-// least 1).
+// NewSketch returns a sketch tracking at most capacity keys (at least 1).
 func NewSketch(capacity int) *Sketch {
 	capacity = max(1, capacity)
 	return &Sketch{
@@ -83,7 +80,6 @@ func (s *Sketch) Add(key string) {
 	s.down(0)
 }
 
-// Total is the number of events counted.
 func (s *Sketch) Total() uint64 { return s.total }
 
 // Reset empties the sketch, keeping its memory.
@@ -161,13 +157,13 @@ type Recent struct {
 	prev     *Sketch
 }
 
-// NewRecent returns a Recent with two sketches of capacity keys each, that
-// rotate every period nanoseconds.
+// NewRecent returns a Recent of two sketches of capacity keys each,
+// rotating every period nanoseconds.
 func NewRecent(capacity int, period int64) *Recent {
 	return &Recent{period: max(1, period), cur: NewSketch(capacity), prev: NewSketch(capacity)}
 }
 
-// Record counts one event for key at now (Unix nanoseconds).
+// Record counts an event for key at now (Unix nanoseconds).
 func (r *Recent) Record(key string, now int64) {
 	r.mu.Lock()
 	r.rotate(now)
@@ -175,7 +171,6 @@ func (r *Recent) Record(key string, now int64) {
 	r.mu.Unlock()
 }
 
-// rotate moves to the period that holds now.
 func (r *Recent) rotate(now int64) {
 	start := now - now%r.period
 	switch {
@@ -207,13 +202,11 @@ func (r *Recent) Top(n int, now int64) Summary {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.rotate(now)
-	// A key's count is the sum over both sketches, bounded as Merge bounds
-	// the sum over instances.
+	// Both sketches summed as Merge sums instances, with the same bounds.
 	since := r.curStart - r.period
 	return Merge(n, r.cur.summary(since), r.prev.summary(since))
 }
 
-// summary is everything the sketch tracks, as a Summary from since.
 func (s *Sketch) summary(since int64) Summary {
 	top := make([]Entry, 0, len(s.slots))
 	for _, c := range s.slots {

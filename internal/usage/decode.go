@@ -198,16 +198,12 @@ func (d *decoder) value(c byte) {
 			d.err = true
 			return
 		}
-		d.array[d.depth] = c == '['
-		d.match[d.depth] = 0
 		if c == '{' {
-			d.match[d.depth] = d.member &^ d.ends()
+			d.array[d.depth], d.match[d.depth], d.state = false, d.member&^d.ends(), sKeyOrEnd
+		} else {
+			d.array[d.depth], d.match[d.depth], d.state, d.member = true, 0, sValueOrEnd, 0
 		}
 		d.depth++
-		d.state = sKeyOrEnd
-		if c == '[' {
-			d.state, d.member = sValueOrEnd, 0
-		}
 	case c == '"':
 		d.state = sInString
 		if e := d.ends(); e&d.paths.text[0] != 0 {

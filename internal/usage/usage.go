@@ -8,20 +8,15 @@
 // document's root or, where the root has none, from the object under one of
 // its top-level keys: Anthropic's message_start event and the Responses
 // API's response.completed event nest their usage one level down. Its value
-// must be a whole number >= 0 (a null, a string or a value inside an array
-// is not one). Several paths are summed,
-// and every one of them must be found: a sum with a part missing is not
-// known. In a JSON document a path's value counts once the document has
-// parsed to its end. In an event stream each event's data is one JSON
+// must be a whole number >= 0 (not a null, a string or a value inside an
+// array). Several paths are summed, and every one must be found: a sum
+// with a part missing is not known. A JSON document's values count once it
+// has parsed to its end. In an event stream each event's data is one JSON
 // document, and each path takes its value from the last event that
 // carries it, so that a sum may span events (Anthropic's input tokens in
 // message_start, its cumulative output tokens in the last message_delta);
-// events whose data is not JSON ("[DONE]") or carries none of the paths are
-// skipped.
-//
-// A Scanner started by StartTokens (tokens.go) reads, with no path, the token usage of every
-// common LLM API's responses, Ollama's newline-delimited JSON streams
-// included.
+// events whose data is not JSON ("[DONE]") or carries no path are skipped.
+// StartTokens (tokens.go) reads token usage with no path.
 package usage
 
 import (
@@ -90,13 +85,11 @@ func ParsePaths(paths []string) (Paths, error) {
 	return p, nil
 }
 
-// Len is how many paths are summed.
 func (p *Paths) Len() int { return len(p.segs) }
 
 // Reason says why a scanner has no total.
 type Reason uint8
 
-// Why a scanner has no total.
 const (
 	OK        Reason = iota
 	NoUsage          // the body ended without every path's value
@@ -175,7 +168,6 @@ func (s *Scanner) start(contentType, contentEncoding string) {
 	}
 }
 
-// Write scans the next bytes of the body.
 func (s *Scanner) Write(b []byte) {
 	switch s.kind {
 	case jsonBody:
@@ -215,7 +207,7 @@ func (s *Scanner) Total() (int64, Reason) {
 	return 0, NoUsage
 }
 
-// keep takes the values a parsed document found as the latest.
+// keep takes a parsed document's values as the latest.
 func (s *Scanner) keep(d *decoder) {
 	for i := range s.paths.Len() {
 		if v, ok := d.pathValue(i); ok {
@@ -250,8 +242,8 @@ func (s *Scanner) events(b []byte) {
 	}
 }
 
-// appendLine adds b to the current line, unless the event is already over
-// its bound.
+// appendLine adds b to the current line, unless the event is over its
+// bound.
 func (s *Scanner) appendLine(b []byte) {
 	s.lineLen += len(b)
 	if s.over || len(b) == 0 {
@@ -267,7 +259,6 @@ func (s *Scanner) appendLine(b []byte) {
 	s.buf = append(s.buf, b...)
 }
 
-// endLine handles the line just ended.
 func (s *Scanner) endLine() {
 	line := s.buf[s.dataLen:]
 	empty := s.lineLen == 0
