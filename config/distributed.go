@@ -259,6 +259,9 @@ func (dist *Distributed) StoreOptions(logger *zap.Logger) (distributed.Options, 
 	if len(dist.KeyPrefix) > maxKeyPrefix {
 		return distributed.Options{}, fmt.Errorf("distributed: key_prefix is longer than %d bytes: use a shorter one", maxKeyPrefix)
 	}
+	if dist.Timeout < 0 {
+		return distributed.Options{}, errors.New("distributed: timeout must be a positive duration, e.g. 50ms (leave it out for the default)")
+	}
 	syncInterval, err := dist.syncInterval(logger)
 	if err != nil {
 		return distributed.Options{}, err
