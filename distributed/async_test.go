@@ -458,3 +458,32 @@ func TestFullZoneEvictsTheRecordWithLeastPending(t *testing.T) {
 		}
 	}
 }
+
+// A quota sync that fails is one failure for its breaker, however many
+// records it carried, as an async sync is: eight keys handing leases back
+// to an unreachable Redis do not open the breaker in one round.
+func TestFailedQuotaSyncIsOneFailureForTheBreaker(t *testing.T) {
+	a := openUnreachable(t, asyncMaxKeys)
+	periods := zones.PeriodsAt(algorithms.Day, time.Now(), time.UTC)
+	end := monotime.Now() + int64(time.Hour)
+	z := a.zone("q")
+	for i := range 8 {
+		key := "k" + strconv.Itoa(i)
+		s := z.shard(key)
+		s.mu.Lock()
+		z.insertQuota(s, key, &quotaRecord{endMono: end, used: 1, held: 16, known: true, limit: 1000, periods: &periods})
+		s.mu.Unlock()
+	}
+	// The heartbeat beats once at Open, and again only a second later.
+	for deadline := time.Now().Add(5 * time.Second); a.breaker.failures.Load() == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the first heartbeat to an unreachable Redis counted no failure")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	before := a.breaker.failures.Load()
+	a.syncQuotas(context.Background(), false)
+	if got := a.breaker.failures.Load() - before; got != 1 || a.breaker.state.Load() != stateClosed {
+		t.Fatalf("after one failed quota sync of 8 records: %d failures counted, breaker state %d; want 1 and closed", got, a.breaker.state.Load())
+	}
+}

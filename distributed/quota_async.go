@@ -273,17 +273,15 @@ func parseQuotaAsync(cmd *redis.Cmd) (quotaAsyncReply, error) {
 // back. A report that failed is sent again by the next sync.
 func (a *Async) syncQuotas(ctx context.Context, final bool) {
 	type item struct {
-		s     *asyncShard
-		key   string
-		rkey  string
-		r     *quotaRecord
-		q     zones.QuotaLimit
-		st    quotaReport
-		sent  int64
-		cmd   *redis.Cmd
-		b     *breaker
-		ok    bool
-		probe bool
+		s    *asyncShard
+		key  string
+		rkey string
+		r    *quotaRecord
+		q    zones.QuotaLimit
+		st   quotaReport
+		sent int64
+		cmd  *redis.Cmd
+		g    *gate
 	}
 	var items []item
 	now := monotime.Now()
@@ -318,11 +316,14 @@ func (a *Async) syncQuotas(ctx context.Context, final bool) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, backgroundTimeout(a.opts))
 	defer cancel()
+	// One sync is one call per breaker, as the async sync's is: a pipeline
+	// that fails is one failure, however many records it carried.
+	var gs gates
+	defer func() { gs.record() }()
 	pipe := a.client.Pipeline()
 	for i := range items {
 		it := &items[i]
-		it.b = a.breakerFor(it.rkey)
-		if it.ok, it.probe = it.b.allow(); it.ok {
+		if it.g = gs.get(a.breakerFor(it.rkey)); it.g.ok {
 			it.sent = monotime.Now()
 			it.cmd = quotaAsyncScript.EvalSha(ctx, pipe, []string{it.rkey}, a.quotaArgs(it.q, it.st)...)
 		}
@@ -334,12 +335,12 @@ func (a *Async) syncQuotas(ctx context.Context, final bool) {
 		it := &items[i]
 		var rep quotaAsyncReply
 		err := ErrUnavailable
-		if it.ok {
+		if it.g.ok {
 			if redis.HasErrorPrefix(it.cmd.Err(), "NOSCRIPT") {
 				it.cmd = quotaAsyncScript.Run(ctx, a.client, []string{it.rkey}, a.quotaArgs(it.q, it.st)...)
 			}
 			rep, err = parseQuotaAsync(it.cmd)
-			it.b.record(it.probe, err)
+			it.g.note(err)
 		}
 		it.s.mu.Lock()
 		close(it.r.taking) // still the sync's: a call for the record waits for it
