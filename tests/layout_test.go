@@ -1,8 +1,9 @@
 package tests
 
 // Where things are, kept true by reading the tree: the README's Layout table
-// names every package and every root file (and nothing that is gone), and
-// the file names of this package say which tests start Caddy.
+// names every package and every root file (and nothing that is gone), the
+// file names of this package say which tests start Caddy, and the shipped
+// code stays within its line budget.
 
 import (
 	"bufio"
@@ -227,4 +228,49 @@ func TestFileNamesSayWhichTestsStartCaddy(t *testing.T) {
 			t.Errorf("%s has tests that start Caddy (%v): they go in a *_caddy_test.go file", file, withCaddy)
 		}
 	}
+}
+
+// shippedLinesBudget bounds the shipped Go and Lua: every file outside
+// tests/ that is not a _test.go file. A capability that needs more raises
+// it in the same commit and says why; anything else fits inside it.
+const shippedLinesBudget = 26_000
+
+// shippedLines counts the lines of the shipped Go and Lua under root.
+func shippedLines(root string) (int, error) {
+	n := 0
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		name := d.Name()
+		if d.IsDir() {
+			if p != root && (name == "tests" || strings.HasPrefix(name, ".") || name == "node_modules") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if strings.HasSuffix(name, "_test.go") || !(strings.HasSuffix(name, ".go") || strings.HasSuffix(name, ".lua")) {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		n += strings.Count(string(b), "\n")
+		return nil
+	})
+	return n, err
+}
+
+func TestShippedCodeStaysWithinItsBudget(t *testing.T) {
+	t.Parallel()
+	n, err := shippedLines("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The lower bound catches a count that misses the tree.
+	if n < shippedLinesBudget/2 || n > shippedLinesBudget {
+		t.Fatalf("shipped Go and Lua is %d lines, budget %d (tests/layout_test.go): a new capability raises the budget in its commit and says why; otherwise make room", n, shippedLinesBudget)
+	}
+	t.Logf("shipped Go and Lua: %d of %d lines", n, shippedLinesBudget)
 }
