@@ -526,7 +526,15 @@ func seamReadQuota(t *testing.T, e *seamEnv) {
 	dayEnd := toDayEnd() // before the step: the store's clock reads it later
 	denied := z.admit("k")
 	wantDenied(t, "unit 4 of 3", denied.Decision, dayEnd)
-	if s := z.read(t, "k"); s.Allowed || s.Remaining != 0 || !near(s.RetryAfter, denied.RetryAfter) {
+	// An async instance's lease ends early by its take's round trip, which
+	// the store's timeout (1s) bounds: its denial may say that much less
+	// than Redis, which the read asks.
+	early := time.Duration(0)
+	if e.async != nil {
+		early = time.Second
+	}
+	s := z.read(t, "k")
+	if s.Allowed || s.Remaining != 0 || s.RetryAfter > denied.RetryAfter+early+time.Millisecond || s.RetryAfter < denied.RetryAfter-retrySlack {
 		t.Fatalf("an exhausted key reads %+v, want none left for %v", s, denied.RetryAfter)
 	}
 }
