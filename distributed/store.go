@@ -136,7 +136,8 @@ const ttlSlack = 2000
 // The step reads the key as it is ttlSlack later: a unit comes back up to
 // 3 ms early and a key never reads more spent than it is (a status read
 // right after a request says that request's remaining); its reset is the
-// TTL itself (±1 ms). A key with no expiry (-1) is not one gcra.lua wrote
+// TTL itself, up to 2 ms late (the TTL is rounded up to a ms when written,
+// Redis's clock down to one when read). A key with no expiry (-1) is not one gcra.lua wrote
 // and reads as fresh, as the next decision's script would start it.
 func (s *Strict) peekTTL(ctx context.Context, rkey string, l algorithms.Limit) (zones.RateReply, error) {
 	v, err := s.ints(ctx, nil, rkey)
