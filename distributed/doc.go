@@ -35,8 +35,7 @@
 //	concurrency.go      concurrency slots
 //	quota.go            strict mode's calendar quotas; quota_async.go async mode's
 //	options.go          Options: addresses, TLS, timeouts
-//	problems.go         per-key errors Redis reports, logged sampled
-//	logging.go          go-redis's own log lines, sent to Caddy's log
+//	problems.go         per-key errors (logged sampled) and go-redis's log lines
 //	testing_seam.go     what the integration tests (tests/) need beyond that
 //	*.lua               the scripts, each with its interface in its header
 package distributed
