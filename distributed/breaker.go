@@ -207,10 +207,7 @@ func (b *breaker) health() (bool, time.Time) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.state.Load() == stateClosed {
-		return true, time.Time{}
-	}
-	return false, b.openSince
+	return b.state.Load() == stateClosed, b.openSince
 }
 
 // gates lets a background pipeline over many keys through their breakers:

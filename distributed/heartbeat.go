@@ -57,10 +57,10 @@ func (c *link) recoveryKey() string {
 // heartbeat two seconds late on a loaded machine.
 const slotsRecovery = 3 * time.Second
 
-// heartbeat registers this instance and returns the number of live
+// Heartbeat registers this instance now and returns the number of live
 // instances, which Instances reports from then on. A beat that finds a
 // recovery of the slots on (slotsRecovery) renews them at once.
-func (c *link) heartbeat(ctx context.Context) (int, error) {
+func (c *link) Heartbeat(ctx context.Context) (int, error) {
 	recovering := false
 	n, err := c.beats.run(&c.instances, func() (int64, error) {
 		if c.isClosed() {
@@ -175,7 +175,7 @@ func (c *link) heartbeatLoop() {
 	t := time.NewTicker(heartbeatEvery)
 	defer t.Stop()
 	for {
-		_, _ = c.heartbeat(c.ctx)
+		_, _ = c.Heartbeat(c.ctx)
 		_ = c.Outages() // retires (and logs) Cluster masters replaced by a replica
 		c.forgetMissed()
 		select {

@@ -99,9 +99,6 @@ func (s *Strict) evalMany(ctx context.Context, script *redis.Script, keys []stri
 	return reps, nil
 }
 
-// Heartbeat beats now and returns the number of live instances.
-func (c *link) Heartbeat(ctx context.Context) (int, error) { return c.heartbeat(ctx) }
-
 // ResetsSubscribed reports whether the store is subscribed to resets and
 // has dropped the cached denials of its last drop (resets.go): until then
 // any cached denial may go.
