@@ -85,14 +85,7 @@ func (o Options) withDefaults() Options {
 // Key identifies the setting: two Options with the same Key can share one
 // Strict (through a caddy.UsagePool). It contains the password, so it must
 // never be logged or returned to a client; log Redacted instead.
-func (o Options) Key() string {
-	o = o.withDefaults()
-	return strings.Join([]string{
-		strings.Join(o.Addresses, ","), o.Username, o.Password, strconv.Itoa(o.DB),
-		o.SentinelMaster, strconv.FormatBool(o.TLS), o.TLSCAFile, o.TLSCertFile, o.TLSKeyFile, o.Timeout.String(), o.KeyPrefix,
-		o.Mode, o.SyncInterval.String(), o.Instance,
-	}, "\x00")
-}
+func (o Options) Key() string { return fmt.Sprintf("%#v", o.withDefaults()) }
 
 // Redacted describes the setting without any password, for logs and errors.
 func (o Options) Redacted() string {

@@ -132,9 +132,7 @@ func (o RegionOptions) spec() string {
 // Key identifies the setting for sharing a Region (it contains passwords:
 // never log it).
 func (o RegionOptions) Key(regional string) string {
-	o = o.withDefaults()
-	return strings.Join([]string{regional, o.Region, o.spec(), o.Global.Key(),
-		o.SyncInterval.String(), o.Lease.String(), o.Instance, o.Refresh.String()}, "\x01")
+	return regional + "\x01" + fmt.Sprintf("%#v", o.withDefaults())
 }
 
 // Region is this instance's view of its region's global shares, and its
