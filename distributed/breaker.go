@@ -331,13 +331,14 @@ func (n *nodeBreakers) init(client redis.UniversalClient, store *breaker) {
 	n.store = store
 	n.unmapped.logger, n.unmapped.redis, n.unmapped.hint = store.logger, store.redis, store.hint
 	n.unmapped.onFailure = n.reload
+	n.nodes.Store(&map[string]*breaker{})
 }
 
 // breakerFor returns the breaker of the Cluster master serving key, or
 // store off a Cluster.
-func (n *nodeBreakers) breakerFor(ctx context.Context, key string, store *breaker) *breaker {
+func (n *nodeBreakers) breakerFor(ctx context.Context, key string) *breaker {
 	if n.cluster == nil {
-		return store
+		return n.store
 	}
 	if n.unmapped.state.Load() != stateClosed {
 		return &n.unmapped
@@ -347,25 +348,17 @@ func (n *nodeBreakers) breakerFor(ctx context.Context, key string, store *breake
 		return &n.unmapped
 	}
 	addr := c.Options().Addr
-	if m := n.nodes.Load(); m != nil {
-		if b := (*m)[addr]; b != nil {
-			return b
-		}
+	if b := (*n.nodes.Load())[addr]; b != nil {
+		return b
 	}
 	n.nodesMu.Lock()
 	defer n.nodesMu.Unlock()
-	old := n.nodes.Load()
-	if old != nil && (*old)[addr] != nil {
-		return (*old)[addr]
+	m := maps.Clone(*n.nodes.Load())
+	if m[addr] == nil {
+		m[addr] = &breaker{logger: n.store.logger, redis: n.store.redis + " node " + addr, hint: n.store.hint, node: addr, sample: key, onFailure: n.reload}
+		n.nodes.Store(&m)
 	}
-	b := &breaker{logger: n.store.logger, redis: n.store.redis + " node " + addr, hint: n.store.hint, node: addr, sample: key, onFailure: n.reload}
-	m := make(map[string]*breaker)
-	if old != nil {
-		maps.Copy(m, *old)
-	}
-	m[addr] = b
-	n.nodes.Store(&m)
-	return b
+	return m[addr]
 }
 
 // reload reloads the Cluster's slot map in the background, at most every
@@ -391,11 +384,7 @@ func (n *nodeBreakers) retire(ctx context.Context) (down []NodeOutage) {
 	if o, failing := n.unmapped.outage(); failing {
 		down = append(down, o)
 	}
-	m := n.nodes.Load()
-	if m == nil {
-		return down
-	}
-	for addr, b := range *m {
+	for addr, b := range *n.nodes.Load() {
 		o, failing := b.outage()
 		if !failing {
 			continue
@@ -419,11 +408,10 @@ func (n *nodeBreakers) retire(ctx context.Context) (down []NodeOutage) {
 func (n *nodeBreakers) drop(addr string, b *breaker) bool {
 	n.nodesMu.Lock()
 	defer n.nodesMu.Unlock()
-	old := n.nodes.Load()
-	if old == nil || (*old)[addr] != b {
+	m := maps.Clone(*n.nodes.Load())
+	if m[addr] != b {
 		return false
 	}
-	m := maps.Clone(*old)
 	delete(m, addr)
 	n.nodes.Store(&m)
 	return true

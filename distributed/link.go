@@ -158,7 +158,7 @@ func (c *link) Instances() int { return int(c.instances.Load()) }
 
 // breakerFor is the breaker guarding calls about the Redis key rkey.
 func (c *link) breakerFor(rkey string) *breaker {
-	return c.nodes.breakerFor(c.ctx, rkey, &c.breaker)
+	return c.nodes.breakerFor(c.ctx, rkey)
 }
 
 // bound limits ctx to the store's timeout.
