@@ -91,23 +91,19 @@ func (b *breaker) record(probe bool, err error) {
 		}
 	}
 	if probe && errors.Is(err, context.Canceled) {
-		// The probe's caller gave up (or the store is closing): no verdict.
-		b.probeAgain()
+		b.probeAgain() // the probe's caller gave up (or the store is closing): no verdict
 		return
 	}
 	if !probe {
 		if b.state.Load() != stateClosed {
 			return // a late result from before the outage was detected
 		}
-		n := int32(0)
-		if failed {
-			n = b.failures.Add(1)
-		} else if b.failures.Load() != 0 {
+		if !failed {
+			if b.failures.Load() == 0 {
+				return
+			}
 			b.failures.Store(0)
-		} else {
-			return
-		}
-		if n < tripAfter && n != warnAfter && n != 0 {
+		} else if n := b.failures.Add(1); n < tripAfter && n != warnAfter {
 			return
 		}
 	}
@@ -115,10 +111,7 @@ func (b *breaker) record(probe bool, err error) {
 	defer b.mu.Unlock()
 	now := time.Now()
 	switch {
-	case !failed:
-		if !probe && b.state.Load() != stateClosed {
-			return
-		}
+	case !failed && (probe || b.state.Load() == stateClosed):
 		b.failures.Store(0)
 		b.state.Store(stateClosed)
 		if !b.warned {
