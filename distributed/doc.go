@@ -27,7 +27,7 @@
 //
 //	store.go            strict mode
 //	async*.go           async mode: the store, its records, the sync, the wake
-//	link.go             the link to Redis both modes hold
+//	link.go             the link to Redis both modes hold, and the bans list
 //	batch.go            the batcher and the script replies
 //	breaker.go          breakers, one per Cluster master
 //	heartbeat.go        live instances
