@@ -144,11 +144,7 @@ func (r *Region) CoordinatedZones() int { return len(r.coord.held) }
 // Count notes decisions of key in zone for the region's demand without
 // deciding, as a scope global decision does.
 func (r *Region) Count(zone, key string, allowed bool, cost int64) {
-	z := r.zone(zone)
-	if z == nil {
-		return
-	}
-	r.count(zone, key, allowed, cost, algorithms.Limit{EmissionInterval: z.interval.Load(), Burst: z.burst.Load()})
+	r.count(zone, key, allowed, cost, algorithms.Limit{}) // no span: the zone's
 }
 
 // CountWith is Count at limit (ns), as a zone's plan gives it.
