@@ -57,9 +57,6 @@ type OverrideRecord struct {
 	// version orders the changes: the store's version of the record, a
 	// local zone's set_at.
 	version int64
-	// resolved is the record as the zone resolves it, kept so that a
-	// change re-reads only the record it changed (nil: not yet).
-	resolved *zones.Override
 }
 
 // overrideBody is PUT's body: a record whose expires may also be a
@@ -276,7 +273,7 @@ func parseExpires(s string, now time.Time) (string, error) {
 	return at.UTC().Format(time.RFC3339Nano), nil
 }
 
-// setAt is the record's set_at, Unix ns.
+// setAt is the record's set_at, Unix ns: a local zone's version.
 func (r OverrideRecord) setAt() int64 {
 	t, _ := time.Parse(time.RFC3339Nano, r.SetAt)
 	return t.UnixNano()
@@ -329,6 +326,24 @@ func (r OverrideRecord) override(c zones.Config) (*zones.Override, error) {
 	return o, err
 }
 
+// stored is the record as a store keeps it.
+func (r OverrideRecord) stored() zones.StoredOverride {
+	data, _ := json.Marshal(r)
+	return zones.StoredOverride{ID: r.ID, Expires: r.expiresAt(), Record: data}
+}
+
+// storedInOrder is records as a store restores them, in the order of
+// their changes: Restore versions them in the order given, so that of two
+// overrides of the same match the latest change stays in force.
+func storedInOrder(records []OverrideRecord) []zones.StoredOverride {
+	slices.SortStableFunc(records, func(a, b OverrideRecord) int { return cmp.Compare(a.version, b.version) })
+	stored := make([]zones.StoredOverride, 0, len(records))
+	for _, r := range records {
+		stored = append(stored, r.stored())
+	}
+	return stored
+}
+
 // overrideHolders pools the holders by store and zone name; liveHolders
 // lists them by zone name, for a holder on a new store to carry the
 // overrides of the one it replaces.
@@ -350,12 +365,12 @@ type OverrideHolder struct {
 	storage certmagic.Storage    // local zones
 	dir     string               // local zones: the records' folder in storage, a file per override ("": none stored yet, no instance id)
 
-	follows sync.Mutex // distributed: serialises reads of the store, so that they apply in order
-	mu      sync.Mutex // serialises changes, loads and rebuilds
+	follows sync.Mutex        // distributed: serialises reads of the store, so that they apply in order
+	at      zones.OverridesAt // distributed: the point of the store last read; h.follows is held
+	mu      sync.Mutex        // serialises changes, loads and rebuilds
 	records map[string]OverrideRecord
-	cfg     zones.Config      // the zone's latest definition, which records resolve under
-	at      zones.OverridesAt // distributed: the point of the store last read
-	next    time.Time         // the earliest expiry among the records, zero if none
+	cfg     zones.Config // the zone's latest definition, which records resolve under
+	next    time.Time    // the earliest expiry among the records, zero if none
 
 	stop, done chan struct{}
 	moved      chan struct{} // distributed: another instance changed them
@@ -366,6 +381,9 @@ type OverrideHolder struct {
 // <dir>/<instance id>/<zone>/<id>.json, a file per override, so that a
 // change writes one.
 const overrideDir = "tally/overrides"
+
+// overridesCall bounds one call to the store about a zone's overrides.
+const overridesCall = 2 * time.Second
 
 // LoadOverrideHolder returns the holder of zone cfg's overrides on remote
 // (nil: local, in ctx's storage), and its key in the pool. A new holder of
@@ -408,11 +426,7 @@ func LoadOverrideHolder(ctx caddy.Context, cfg zones.Config, remote *zones.Overr
 	h.mu.Lock()
 	if h.cfg != cfg {
 		h.cfg = cfg
-		for id, r := range h.records {
-			r.resolved = nil // resolved again under the new definition
-			h.records[id] = r
-		}
-		h.rebuild(time.Now())
+		h.rebuild(time.Now()) // the records resolve again under the new definition
 	}
 	h.mu.Unlock()
 	return h, key, nil
@@ -449,15 +463,6 @@ func (h *OverrideHolder) carry(list []OverrideRecord) {
 	}
 }
 
-// stored is the record as a store keeps it.
-func (r OverrideRecord) stored() zones.StoredOverride {
-	data, _ := json.Marshal(r)
-	return zones.StoredOverride{ID: r.ID, Expires: r.expiresAt(), Record: data}
-}
-
-// overridesCall bounds one call to the store about a zone's overrides.
-const overridesCall = 2 * time.Second
-
 // Destruct stops the holder's loop.
 func (h *OverrideHolder) Destruct() error {
 	liveHolders.Lock()
@@ -489,9 +494,7 @@ func (h *OverrideHolder) loop() {
 			h.load(context.Background())
 		}
 		h.mu.Lock()
-		if now := time.Now(); !h.next.IsZero() && !now.Before(h.next) {
-			h.rebuild(now) // an override lapsed
-		}
+		h.sweep(time.Now())
 		h.mu.Unlock()
 	}
 }
@@ -514,36 +517,32 @@ func (h *OverrideHolder) load(ctx context.Context) {
 	defer h.follows.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, overridesCall)
 	defer cancel()
-	h.mu.Lock()
-	at := h.at
-	h.mu.Unlock()
-	read, err := h.remote.Read(ctx, h.name, at)
+	read, err := h.remote.Read(ctx, h.name, h.at)
 	if err != nil {
-		if at.Epoch == "" {
+		if h.at.Epoch == "" {
 			h.logger.Warn("reading the zone's overrides from Redis", zap.String("zone", h.name), zap.Error(err))
 		}
 		return
 	}
-	var copies []OverrideRecord
-	if at.Epoch != "" && read.At.Epoch != at.Epoch {
+	if h.at.Epoch != "" && read.At.Epoch != h.at.Epoch {
 		h.mu.Lock()
-		copies = h.live(time.Now()) // only loads change the records, and h.follows is held
+		copies := h.live(time.Now())
 		h.mu.Unlock()
+		if len(copies) > 0 {
+			n, err := h.remote.Restore(ctx, h.name, storedInOrder(copies))
+			if err != nil {
+				h.logger.Warn("Redis lost the zone's overrides and restoring them failed; this instance keeps its copies and retries", zap.String("zone", h.name), zap.Error(err))
+				return
+			}
+			if n > 0 {
+				h.logger.Warn("Redis lost the zone's overrides: restored from this instance's copies", zap.String("zone", h.name), zap.Int("restored", n))
+			}
+			if read, err = h.remote.Read(ctx, h.name, zones.OverridesAt{}); err != nil {
+				return
+			}
+		}
 	}
-	if len(copies) > 0 {
-		n, err := h.remote.Restore(ctx, h.name, storedInOrder(copies))
-		if err != nil {
-			h.logger.Warn("Redis lost the zone's overrides and restoring them failed; this instance keeps its copies and retries", zap.String("zone", h.name), zap.Error(err))
-			return
-		}
-		if n > 0 {
-			h.logger.Warn("Redis lost the zone's overrides: restored from this instance's copies", zap.String("zone", h.name), zap.Int("restored", n))
-		}
-		if read, err = h.remote.Read(ctx, h.name, zones.OverridesAt{}); err != nil {
-			return
-		}
-	}
-	if read.At == at && len(read.Changes) == 0 {
+	if read.At == h.at && len(read.Changes) == 0 {
 		return
 	}
 	h.mu.Lock()
@@ -556,13 +555,14 @@ func (h *OverrideHolder) load(ctx context.Context) {
 		set = nil
 	}
 	for _, s := range read.Changes {
-		var r OverrideRecord
-		if s.Record == nil {
-			set = h.applyTo(set, s.ID, nil)
-		} else if json.Unmarshal(s.Record, &r) == nil && r.ID == s.ID {
-			r.version = s.Version
-			set = h.applyTo(set, r.ID, &r)
+		var r *OverrideRecord
+		if s.Record != nil {
+			r = &OverrideRecord{version: s.Version}
+			if json.Unmarshal(s.Record, r) != nil || r.ID != s.ID {
+				continue
+			}
 		}
+		set = h.applyTo(set, s.ID, r)
 	}
 	h.set.Store(set)
 	h.at = read.At
@@ -572,9 +572,8 @@ func (h *OverrideHolder) load(ctx context.Context) {
 
 // loadStorage reads a local zone's records from storage; h.mu is held.
 func (h *OverrideHolder) loadStorage(ctx context.Context) {
-	records := map[string]OverrideRecord{}
+	h.records = map[string]OverrideRecord{}
 	if h.dir == "" {
-		h.records = records
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, RestoreTimeout)
@@ -594,21 +593,8 @@ func (h *OverrideHolder) loadStorage(ctx context.Context) {
 			continue
 		}
 		r.version = r.setAt()
-		records[r.ID] = r
+		h.records[r.ID] = r
 	}
-	h.records = records
-}
-
-// storedInOrder is records as a store restores them, in the order of
-// their changes: Restore versions them in the order given, so that of two
-// overrides of the same match the latest change stays in force.
-func storedInOrder(records []OverrideRecord) []zones.StoredOverride {
-	slices.SortStableFunc(records, func(a, b OverrideRecord) int { return cmp.Compare(a.version, b.version) })
-	stored := make([]zones.StoredOverride, 0, len(records))
-	for _, r := range records {
-		stored = append(stored, r.stored())
-	}
-	return stored
 }
 
 // live is the records in force at now, by id; h.mu is held.
@@ -636,51 +622,51 @@ func (h *OverrideHolder) applyTo(set *zones.OverrideSet, id string, r *OverrideR
 	set = set.Without(id)
 	delete(h.records, id)
 	if r != nil {
-		set = h.add(set, r)
+		set = h.add(set, *r)
 		h.records[id] = *r
 	}
 	return set
 }
 
-// add returns set with r, resolved under the zone's definition (once),
-// and notes r's expiry; h.mu is held.
-func (h *OverrideHolder) add(set *zones.OverrideSet, r *OverrideRecord) *zones.OverrideSet {
+// add returns set with r, resolved under the zone's definition, and
+// notes r's expiry; h.mu is held.
+func (h *OverrideHolder) add(set *zones.OverrideSet, r OverrideRecord) *zones.OverrideSet {
 	if exp := r.expiresAt(); !exp.IsZero() && (h.next.IsZero() || exp.Before(h.next)) {
 		h.next = exp
 	}
-	if r.resolved == nil {
-		o, err := r.override(h.cfg)
-		if err != nil {
-			h.logger.Warn("an override does not fit the zone; ignored", zap.String("zone", h.name), zap.String("id", r.ID), zap.Error(err))
-			return set
-		}
-		r.resolved = o
+	o, err := r.override(h.cfg)
+	if err != nil {
+		h.logger.Warn("an override does not fit the zone; ignored", zap.String("zone", h.name), zap.String("id", r.ID), zap.Error(err))
+		return set
 	}
-	if with, err := set.With(r.resolved, r.version); err == nil {
+	if with, err := set.With(o, r.version); err == nil {
 		return with
 	}
 	return set
 }
 
-// rebuild drops lapsed records and makes the set from the others under
-// the zone's definition; h.mu is held. It is O(N): it runs when the
-// definition changes or an override lapses, not on a change.
+// sweep rebuilds the set when an override lapsed; h.mu is held.
+func (h *OverrideHolder) sweep(now time.Time) {
+	if !h.next.IsZero() && !now.Before(h.next) {
+		h.rebuild(now)
+	}
+}
+
+// rebuild drops lapsed records (from storage too) and makes the set from
+// the others under the zone's definition; h.mu is held. It is O(N): it
+// runs when the definition changes or an override lapses, not on a change.
 func (h *OverrideHolder) rebuild(now time.Time) {
 	h.next = time.Time{}
 	var set *zones.OverrideSet
 	for id, r := range h.records {
-		exp := r.expiresAt()
-		if !exp.IsZero() && !now.Before(exp) {
+		if exp := r.expiresAt(); !exp.IsZero() && !now.Before(exp) {
 			delete(h.records, id)
-			if h.remote == nil {
-				if err := h.erase(id); err != nil {
-					h.logger.Warn("removing a lapsed override from storage", zap.String("zone", h.name), zap.String("id", id), zap.Error(err))
-				}
+			if err := h.erase(id); err != nil {
+				h.logger.Warn("removing a lapsed override from storage", zap.String("zone", h.name), zap.String("id", id), zap.Error(err))
 			}
 			continue
 		}
-		set = h.add(set, &r)
-		h.records[id] = r
+		set = h.add(set, r)
 	}
 	h.set.Store(set)
 }
@@ -706,7 +692,8 @@ func (h *OverrideHolder) save(r OverrideRecord) error {
 	return h.storage.Store(ctx, h.file(r.ID), data)
 }
 
-// erase deletes a local zone's override id from storage.
+// erase deletes a local zone's override id from storage (a distributed
+// zone's holder stores none).
 func (h *OverrideHolder) erase(id string) error {
 	if h.dir == "" {
 		return nil // nothing was stored
@@ -737,9 +724,7 @@ func (h *OverrideHolder) Put(ctx context.Context, rec OverrideRecord) error {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if now := time.Now(); !h.next.IsZero() && !now.Before(h.next) {
-		h.rebuild(now) // lapsed ones do not count
-	}
+	h.sweep(time.Now()) // lapsed ones do not count
 	if _, had := h.records[rec.ID]; !had && len(h.records) >= zones.MaxOverrides {
 		return errTooManyOverrides
 	}
