@@ -3,10 +3,7 @@ package live
 // Overrides: an operator's runtime exceptions to a zone's limit, set
 // through the admin API and resolved per request by package zones.
 // Distributed zones keep them in Redis, every instance following the
-// changes; local zones per instance in Caddy's storage. A zone name's
-// overrides live in one holder pooled by name and store, so that a reload
-// never drops them; a holder on a new store (the zone changed mode) starts
-// with those of the one it replaces.
+// changes; local zones per instance in Caddy's storage.
 
 import (
 	"bytes"
@@ -42,25 +39,21 @@ const (
 	maxOverrideID     = 128
 	maxOverrideReason = 1024
 	maxOverrideExpiry = 100 * 365 * 24 * time.Hour
-	// overridePoll is how often an instance reads what changed in a
-	// distributed zone's overrides (and drops lapsed overrides). A change made on
-	// another instance is heard at once on the resets channel; the poll
-	// bounds the wait when that message is lost (a subscription down).
+	// overridePoll is how often a holder reads what changed in the store
+	// and drops lapsed overrides: it bounds the wait when the resets
+	// channel's message of a change is lost (a subscription down).
 	overridePoll = 250 * time.Millisecond
 )
 
 // OverrideRecord is an override as the admin API shows it and as it is
-// stored (in Redis or Caddy's storage), its wire form embedded so that its
-// JSON is adminapi.Override's, with what this instance keeps beside it.
+// stored (its JSON is adminapi.Override's), with its version, which orders
+// the changes: the store's, or a local zone's set_at.
 type OverrideRecord struct {
 	adminapi.Override
-	// version orders the changes: the store's version of the record, a
-	// local zone's set_at.
 	version int64
 }
 
-// overrideBody is PUT's body: a record whose expires may also be a
-// duration from now.
+// overrideBody is PUT's body; expires may also be a duration from now.
 type overrideBody struct {
 	Match   *adminapi.OverrideMatch `json:"match"`
 	Events  *int64                  `json:"events"`
@@ -79,8 +72,6 @@ func fieldError(field, why string, args ...any) error {
 	return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("%s: %s", field, fmt.Sprintf(why, args...))}
 }
 
-// checkText reports what is wrong with a text field: too long, not UTF-8,
-// or holding a control character.
 func checkText(field, s string, maxLen int) error {
 	switch {
 	case len(s) > maxLen:
@@ -197,9 +188,8 @@ func ParseOverride(z *zones.Zone, id, from string, body io.Reader, now time.Time
 	return rec, nil
 }
 
-// checkMatch checks an override's match against zone z and returns it as
-// stored: an exact key as the zone stores it (masked, hashed), a CIDR
-// masked.
+// checkMatch returns m as stored: an exact key as zone z stores it
+// (masked, hashed), a CIDR masked.
 func checkMatch(z *zones.Zone, m *adminapi.OverrideMatch) (adminapi.OverrideMatch, error) {
 	if m == nil {
 		return adminapi.OverrideMatch{}, fieldError("match", "required: {\"key\": …}, {\"prefix\": …} or {\"cidr\": …}")
@@ -273,13 +263,12 @@ func parseExpires(s string, now time.Time) (string, error) {
 	return at.UTC().Format(time.RFC3339Nano), nil
 }
 
-// setAt is the record's set_at, Unix ns: a local zone's version.
 func (r OverrideRecord) setAt() int64 {
 	t, _ := time.Parse(time.RFC3339Nano, r.SetAt)
 	return t.UnixNano()
 }
 
-// expiresAt is the record's expiry, zero for never.
+// expiresAt is zero for never.
 func (r OverrideRecord) expiresAt() time.Time {
 	t, _ := time.Parse(time.RFC3339Nano, r.Expires)
 	return t
@@ -326,15 +315,14 @@ func (r OverrideRecord) override(c zones.Config) (*zones.Override, error) {
 	return o, err
 }
 
-// stored is the record as a store keeps it.
 func (r OverrideRecord) stored() zones.StoredOverride {
 	data, _ := json.Marshal(r)
 	return zones.StoredOverride{ID: r.ID, Expires: r.expiresAt(), Record: data}
 }
 
-// storedInOrder is records as a store restores them, in the order of
-// their changes: Restore versions them in the order given, so that of two
-// overrides of the same match the latest change stays in force.
+// storedInOrder is records in the order of their changes: Restore
+// versions them in the order given, so that of two overrides of the same
+// match the latest change stays in force.
 func storedInOrder(records []OverrideRecord) []zones.StoredOverride {
 	slices.SortStableFunc(records, func(a, b OverrideRecord) int { return cmp.Compare(a.version, b.version) })
 	stored := make([]zones.StoredOverride, 0, len(records))
@@ -355,8 +343,9 @@ var liveHolders = struct {
 }{byName: map[string][]*OverrideHolder{}}
 
 // OverrideHolder is one zone name's overrides on one store (or in this
-// instance's storage): the records, the set requests read, and the loop
-// that follows changes and expiries.
+// instance's storage), pooled by name and store so that a reload never
+// drops them: the records, the set requests read, and the loop that
+// follows changes and expiries.
 type OverrideHolder struct {
 	name    string
 	set     zones.Overrides
@@ -377,9 +366,8 @@ type OverrideHolder struct {
 	unlisten   func()
 }
 
-// overrideDir is where local zones' overrides are kept in Caddy's storage:
-// <dir>/<instance id>/<zone>/<id>.json, a file per override, so that a
-// change writes one.
+// overrideDir keeps local zones' overrides in Caddy's storage, a file per
+// override so that a change writes one: <dir>/<instance id>/<zone>/<id>.json.
 const overrideDir = "tally/overrides"
 
 // overridesCall bounds one call to the store about a zone's overrides.
@@ -447,23 +435,19 @@ func (h *OverrideHolder) carry(list []OverrideRecord) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.loadStorage(context.Background())
-	keep := map[string]bool{}
 	for _, r := range list {
-		keep[r.ID] = true
+		delete(h.records, r.ID)
 		if err := h.save(r); err != nil {
 			h.logger.Warn("carrying an override to the instance's storage", zap.String("zone", h.name), zap.String("id", r.ID), zap.Error(err))
 		}
 	}
 	for id := range h.records {
-		if !keep[id] {
-			if err := h.erase(id); err != nil {
-				h.logger.Warn("removing an override the zone no longer holds from storage", zap.String("zone", h.name), zap.String("id", id), zap.Error(err))
-			}
+		if err := h.erase(id); err != nil {
+			h.logger.Warn("removing an override the zone no longer holds from storage", zap.String("zone", h.name), zap.String("id", id), zap.Error(err))
 		}
 	}
 }
 
-// Destruct stops the holder's loop.
 func (h *OverrideHolder) Destruct() error {
 	liveHolders.Lock()
 	liveHolders.byName[h.name] = slices.DeleteFunc(liveHolders.byName[h.name], func(o *OverrideHolder) bool { return o == h })
@@ -570,7 +554,7 @@ func (h *OverrideHolder) load(ctx context.Context) {
 	forgetDenials(h.name)
 }
 
-// loadStorage reads a local zone's records from storage; h.mu is held.
+// loadStorage: h.mu is held.
 func (h *OverrideHolder) loadStorage(ctx context.Context) {
 	h.records = map[string]OverrideRecord{}
 	if h.dir == "" {
@@ -608,16 +592,15 @@ func (h *OverrideHolder) live(now time.Time) []OverrideRecord {
 	return out
 }
 
-// apply makes the set hold r in place of the override id, or drops id
-// when r is nil; h.mu is held. It costs O(log N) at N overrides: the new
-// set shares the rest of the old one, and requests move to it with one
-// atomic store. A lapsed record stays until the loop's rebuild drops it;
-// lookups pass it over.
 func (h *OverrideHolder) apply(id string, r *OverrideRecord) {
 	h.set.Store(h.applyTo(h.set.Load(), id, r))
 }
 
-// applyTo is apply onto set, returning the set with the change.
+// applyTo is set with r in place of the override id (nil: without id),
+// and the records likewise; h.mu is held. It costs O(log N) at N
+// overrides: the new set shares the rest of the old one, and requests
+// move to it with one atomic store. A lapsed record stays until the
+// loop's rebuild drops it; lookups pass it over.
 func (h *OverrideHolder) applyTo(set *zones.OverrideSet, id string, r *OverrideRecord) *zones.OverrideSet {
 	set = set.Without(id)
 	delete(h.records, id)
@@ -673,8 +656,7 @@ func (h *OverrideHolder) rebuild(now time.Time) {
 
 func (h *OverrideHolder) file(id string) string { return path.Join(h.dir, id+".json") }
 
-// save writes a local zone's record to storage, creating Caddy's instance
-// id on the first one; h.mu is held.
+// save creates Caddy's instance id on the first record; h.mu is held.
 func (h *OverrideHolder) save(r OverrideRecord) error {
 	data, err := json.Marshal(r)
 	if err != nil {
@@ -692,8 +674,7 @@ func (h *OverrideHolder) save(r OverrideRecord) error {
 	return h.storage.Store(ctx, h.file(r.ID), data)
 }
 
-// erase deletes a local zone's override id from storage (a distributed
-// zone's holder stores none).
+// erase is a no-op for a distributed zone's holder, which stores none.
 func (h *OverrideHolder) erase(id string) error {
 	if h.dir == "" {
 		return nil // nothing was stored
@@ -706,7 +687,6 @@ func (h *OverrideHolder) erase(id string) error {
 	return nil
 }
 
-// errTooManyOverrides is the 4xx of a zone that holds the most overrides.
 var errTooManyOverrides = caddy.APIError{HTTPStatus: http.StatusConflict,
 	Err: fmt.Errorf("the zone holds %d overrides, the most it can: remove some (DELETE …/overrides/<id>) first", zones.MaxOverrides)}
 
@@ -779,8 +759,7 @@ func (h *OverrideHolder) Lookup(z *zones.Zone, key string) (OverrideRecord, bool
 	return r, ok
 }
 
-// forgetDenials drops the deny caches of every zone named name on this
-// instance: a denial cached under the old limit must not outlive it.
+// forgetDenials: a denial cached under the old limit must not outlive it.
 func forgetDenials(name string) {
 	for _, z := range Registered(name) {
 		z.ForgetDenials()
