@@ -15,10 +15,8 @@ import (
 )
 
 // A zone's overrides, fleet-wide: one hash <key_prefix><zone>.overrides
-// (overrides.lua has its layout and TTL). An instance reads the log of
-// changes since the version it holds (overrides_read.lua), the whole hash
-// only when it is too far behind or the store lost it. The records are the
-// caller's (JSON).
+// (overrides.lua has its layout, overrides_read.lua how an instance reads
+// what changed); the records are the caller's (JSON).
 
 var (
 	//go:embed overrides.lua

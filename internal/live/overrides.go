@@ -597,10 +597,8 @@ func (h *OverrideHolder) apply(id string, r *OverrideRecord) {
 }
 
 // applyTo is set with r in place of the override id (nil: without id),
-// and the records likewise; h.mu is held. It costs O(log N) at N
-// overrides: the new set shares the rest of the old one, and requests
-// move to it with one atomic store. A lapsed record stays until the
-// loop's rebuild drops it; lookups pass it over.
+// and the records likewise, in O(log N); h.mu is held. A lapsed record
+// stays until the loop's rebuild drops it; lookups pass it over.
 func (h *OverrideHolder) applyTo(set *zones.OverrideSet, id string, r *OverrideRecord) *zones.OverrideSet {
 	set = set.Without(id)
 	delete(h.records, id)
