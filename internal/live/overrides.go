@@ -332,15 +332,8 @@ func storedInOrder(records []OverrideRecord) []zones.StoredOverride {
 	return stored
 }
 
-// overrideHolders pools the holders by store and zone name; liveHolders
-// lists them by zone name, for a holder on a new store to carry the
-// overrides of the one it replaces.
+// overrideHolders pools the holders by store and zone name.
 var overrideHolders = caddy.NewUsagePool()
-
-var liveHolders = struct {
-	sync.Mutex
-	byName map[string][]*OverrideHolder
-}{byName: map[string][]*OverrideHolder{}}
 
 // OverrideHolder is one zone name's overrides on one store (or in this
 // instance's storage), pooled by name and store so that a reload never
@@ -375,7 +368,7 @@ const overridesCall = 2 * time.Second
 
 // LoadOverrideHolder returns the holder of zone cfg's overrides on remote
 // (nil: local, in ctx's storage), and its key in the pool. A new holder of
-// a zone name that another live holder keeps (on another store: the zone
+// a zone name registered with another holder (on another store: the zone
 // changed mode) starts with that holder's overrides.
 func LoadOverrideHolder(ctx caddy.Context, cfg zones.Config, remote *zones.OverrideStore, storeKey string, logger *zap.Logger) (*OverrideHolder, string, error) {
 	key := "local\x00" + cfg.Name
@@ -396,12 +389,8 @@ func LoadOverrideHolder(ctx caddy.Context, cfg zones.Config, remote *zones.Overr
 				h.dir = path.Join(overrideDir, instance, cfg.Name)
 			}
 		}
-		liveHolders.Lock()
-		carried := slices.Clone(liveHolders.byName[cfg.Name])
-		liveHolders.byName[cfg.Name] = append(liveHolders.byName[cfg.Name], h)
-		liveHolders.Unlock()
-		if len(carried) > 0 {
-			h.carry(carried[len(carried)-1].List())
+		if old := View(Lookup(cfg.Name, true)).Overrides; old != nil {
+			h.carry(old.List())
 		}
 		h.load(context.Background())
 		go h.loop()
@@ -449,12 +438,6 @@ func (h *OverrideHolder) carry(list []OverrideRecord) {
 }
 
 func (h *OverrideHolder) Destruct() error {
-	liveHolders.Lock()
-	liveHolders.byName[h.name] = slices.DeleteFunc(liveHolders.byName[h.name], func(o *OverrideHolder) bool { return o == h })
-	if len(liveHolders.byName[h.name]) == 0 {
-		delete(liveHolders.byName, h.name)
-	}
-	liveHolders.Unlock()
 	if h.unlisten != nil {
 		h.unlisten()
 	}
