@@ -61,32 +61,24 @@ func overridePath(zone, id string) string {
 // cliOverrideSet PUTs the override the flags describe.
 func cliOverrideSet(c *cli, zone, id string) error {
 	f := c.cmd.Flags()
-	body := map[string]any{}
 	match := map[string]string{}
 	for _, name := range []string{"key", "prefix", "cidr"} {
 		if f.Changed(name) {
-			v, _ := f.GetString(name)
-			match[name] = v
+			match[name] = f.Lookup(name).Value.String()
 		}
 	}
 	if len(match) != 1 {
 		return errors.New("give one of --key, --prefix and --cidr")
 	}
-	body["match"] = match
-	for _, name := range []string{"events", "burst", "limit", "n"} {
-		if f.Changed(name) {
-			v, _ := f.GetInt64(name)
-			body[name] = v
-		}
-	}
-	for _, name := range []string{"window", "expires", "reason"} {
-		if f.Changed(name) {
-			v, _ := f.GetString(name)
-			body[name] = v
-		}
-	}
-	for _, name := range []string{"exempt", "deny"} {
-		if v, _ := f.GetBool(name); v {
+	body := map[string]any{"match": match}
+	for _, name := range []string{"events", "burst", "limit", "n", "window", "expires", "reason", "exempt", "deny"} {
+		switch fl := f.Lookup(name); {
+		case !fl.Changed:
+		case fl.Value.Type() == "int64":
+			body[name], _ = f.GetInt64(name)
+		case fl.Value.Type() != "bool":
+			body[name] = fl.Value.String()
+		case fl.Value.String() == "true":
 			body[name] = true
 		}
 	}

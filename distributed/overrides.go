@@ -15,10 +15,8 @@ import (
 )
 
 // A zone's overrides, fleet-wide: one hash <key_prefix><zone>.overrides
-// (overrides.lua has its layout and TTL). An instance reads the log of
-// changes since the version it holds (overrides_read.lua), the whole hash
-// only when it is too far behind or the store lost it. The records are the
-// caller's (JSON).
+// (overrides.lua has its layout, overrides_read.lua how an instance reads
+// what changed); the records are the caller's (JSON).
 
 var (
 	//go:embed overrides.lua
@@ -37,40 +35,39 @@ const OverridesTTL = 366 * 24 * time.Hour
 // overridesKey is zone's hash of overrides (zone names have no '.').
 func (c *link) overridesKey(zone string) string { return c.opts.KeyPrefix + zone + ".overrides" }
 
-// overrides is the link's zones.OverrideStore.
+// overrides is the link's zones.OverrideStore. Every call neither counts
+// toward its key's breaker nor probes it (outages are the requests' and
+// heartbeat's to see), fails at once while the breaker is open, and is
+// bounded by overridesTimeout. A change, and a read that finds one, drops
+// the mode's own deny caches: a denial cached under the old limit must
+// not outlive it.
 func (c *link) overrides() *zones.OverrideStore {
-	return &zones.OverrideStore{Put: c.PutOverride, Delete: c.DeleteOverride, Read: c.ReadOverrides,
-		Restore: c.RestoreOverrides, Moved: c.OnOverridesMoved}
-}
-
-// PutOverride stores o and returns its version (zones.OverrideStore.Put).
-func (c *link) PutOverride(ctx context.Context, zone string, o zones.StoredOverride) (int64, error) {
-	v, err := c.overridesStep(ctx, zone, "put", o)
-	if err == nil && v < 0 {
-		return 0, zones.ErrTooManyOverrides
+	return &zones.OverrideStore{
+		Put: func(ctx context.Context, zone string, o zones.StoredOverride) (int64, error) {
+			v, err := c.overridesStep(ctx, zone, "put", o)
+			if err == nil && v < 0 {
+				return 0, zones.ErrTooManyOverrides
+			}
+			return v, err
+		},
+		Delete: func(ctx context.Context, zone, id string) (bool, error) {
+			v, err := c.overridesStep(ctx, zone, "del", zones.StoredOverride{ID: id})
+			return v > 0, err
+		},
+		Read: c.readOverrides,
+		Restore: func(ctx context.Context, zone string, list []zones.StoredOverride) (int, error) {
+			v, err := c.overridesStep(ctx, zone, "restore", list...)
+			return int(v), err
+		},
+		Moved: c.onOverridesMoved,
 	}
-	return v, err
-}
-
-// DeleteOverride removes zone's override id, if found.
-func (c *link) DeleteOverride(ctx context.Context, zone, id string) (found bool, err error) {
-	v, err := c.overridesStep(ctx, zone, "del", zones.StoredOverride{ID: id})
-	return v > 0, err
-}
-
-// RestoreOverrides writes those of list the hash lacks and returns how
-// many (zones.OverrideStore.Restore).
-func (c *link) RestoreOverrides(ctx context.Context, zone string, list []zones.StoredOverride) (int, error) {
-	v, err := c.overridesStep(ctx, zone, "restore", list...)
-	return int(v), err
 }
 
 // overridesStep runs overrides.lua's op and tells every instance of a
 // change.
 func (c *link) overridesStep(ctx context.Context, zone, op string, list ...zones.StoredOverride) (int64, error) {
 	rkey := c.overridesKey(zone)
-	args := make([]any, 0, 3+3*len(list))
-	args = append(args, op, zones.MaxOverrides, OverridesTTL.Milliseconds())
+	args := []any{op, zones.MaxOverrides, OverridesTTL.Milliseconds()}
 	for _, o := range list {
 		if op == "del" {
 			args = append(args, o.ID)
@@ -100,15 +97,13 @@ func (c *link) overridesStep(ctx context.Context, zone, op string, list ...zones
 // overrides changed, "\x01<zone>" (a reset's starts with a zone name).
 const overridesMovedMsg = "\x01"
 
-// OnOverridesMoved makes moved (buffer 1) hear, without blocking, of every
-// change of zone's overrides by any instance, until remove is called.
-func (c *link) OnOverridesMoved(zone string, moved chan<- struct{}) (remove func()) {
+func (c *link) onOverridesMoved(zone string, moved chan<- struct{}) (remove func()) {
 	c.resets.mu.Lock()
+	defer c.resets.mu.Unlock()
 	if c.resets.moved == nil {
 		c.resets.moved = make(map[string][]chan<- struct{})
 	}
 	c.resets.moved[zone] = append(c.resets.moved[zone], moved)
-	c.resets.mu.Unlock()
 	return func() {
 		c.resets.mu.Lock()
 		defer c.resets.mu.Unlock()
@@ -136,10 +131,6 @@ func (c *link) overridesMoved(zone string) {
 // that runs past it is read again at the next poll.
 const overridesTimeout = 2 * time.Second
 
-// background runs f, a call about a zone's overrides, bounded by
-// overridesTimeout. It neither counts toward rkey's breaker nor probes it
-// (outages are the requests' and heartbeat's to see), and fails at once
-// while the breaker is open.
 func (c *link) background(ctx context.Context, rkey string, f func(ctx context.Context) error) error {
 	if c.isClosed() {
 		return ErrClosed
@@ -152,11 +143,8 @@ func (c *link) background(ctx context.Context, rkey string, f func(ctx context.C
 	return f(ctx)
 }
 
-// ReadOverrides reads what changed in zone's overrides since at
-// (zones.OverrideStore.Read); a whole read leaves lapsed ones out. Any
-// change drops the mode's own deny caches: a denial cached under the old
-// limit must not outlive it.
-func (c *link) ReadOverrides(ctx context.Context, zone string, at zones.OverridesAt) (zones.OverridesRead, error) {
+// readOverrides leaves lapsed overrides out of a whole read.
+func (c *link) readOverrides(ctx context.Context, zone string, at zones.OverridesAt) (zones.OverridesRead, error) {
 	rkey := c.overridesKey(zone)
 	var out zones.OverridesRead
 	err := c.background(ctx, rkey, func(ctx context.Context) error {
@@ -167,12 +155,9 @@ func (c *link) ReadOverrides(ctx context.Context, zone string, at zones.Override
 		if len(reply) < 2 {
 			return errors.New("overrides_read.lua: a short reply")
 		}
-		out = zones.OverridesRead{At: zones.OverridesAt{Epoch: reply[0]}}
+		out = zones.OverridesRead{At: zones.OverridesAt{Epoch: reply[0]}, All: reply[0] == ""} // "": the store holds none
 		out.At.Version, _ = strconv.ParseInt(reply[1], 10, 64)
-		switch {
-		case out.At.Epoch == "":
-			out.All = true // the store holds none
-		case len(reply) == 3 && reply[2] == "all":
+		if len(reply) == 3 && reply[2] == "all" {
 			out.All = true
 			all, err := c.client.HGetAll(ctx, rkey).Result()
 			if err != nil {
@@ -189,16 +174,11 @@ func (c *link) ReadOverrides(ctx context.Context, zone string, at zones.Override
 					}
 				}
 			}
-		default:
+		} else {
 			for i := 2; i+1 < len(reply); i += 2 {
-				o := zones.StoredOverride{ID: reply[i]}
-				if reply[i+1] != "" {
-					var ok bool
-					if o, ok = parseStoredOverride(reply[i], reply[i+1]); !ok {
-						continue
-					}
+				if o, ok := parseStoredOverride(reply[i], reply[i+1]); ok {
+					out.Changes = append(out.Changes, o)
 				}
-				out.Changes = append(out.Changes, o)
 			}
 		}
 		if len(out.Changes) > 0 {
@@ -209,8 +189,12 @@ func (c *link) ReadOverrides(ctx context.Context, zone string, at zones.Override
 	return out, err
 }
 
-// parseStoredOverride reads a stored value, "<expires ms>|<version>|<record>".
+// parseStoredOverride reads a stored value, "<expires ms>|<version>|<record>",
+// or "" for a removed one.
 func parseStoredOverride(id, val string) (zones.StoredOverride, bool) {
+	if val == "" {
+		return zones.StoredOverride{ID: id}, true
+	}
 	exp, rest, ok1 := strings.Cut(val, "|")
 	ver, rec, ok2 := strings.Cut(rest, "|")
 	ms, err1 := strconv.ParseInt(exp, 10, 64)

@@ -13,10 +13,9 @@ import (
 )
 
 // Overrides: an operator's runtime exceptions to a zone's limit, for one
-// key, every key with a prefix, or every IP-shaped key in a CIDR. An
-// override is resolved into the plan a request is decided under (or exempts
-// or denies it): a key's state is kept across an override change and
-// re-read under the new limit, as plans do.
+// key, every key with a prefix, or every IP-shaped key in a CIDR, resolved
+// into the plan a request is decided under (or exempting or denying it): a
+// key's state is kept across a change and re-read under the new limit.
 //
 // Precedence: an exact key, then the narrowest CIDR (for an IP-shaped key,
 // after ipv4_prefix/ipv6_prefix masking), then the longest prefix, then the
@@ -77,7 +76,6 @@ type placed struct {
 	o       *Override
 }
 
-// before orders changes: by version, then by id.
 func (p placed) before(q placed) bool {
 	return p.version < q.version || p.version == q.version && p.o.ID < q.o.ID
 }
@@ -87,8 +85,7 @@ type lenCount struct{ n, count int }
 // ErrOverrideMatch is returned for an override that covers nothing.
 var ErrOverrideMatch = errors.New("an override covers exactly one key, prefix or CIDR")
 
-// NewOverrideSet indexes list (nil for an empty one), later ones put by a
-// later change.
+// NewOverrideSet indexes list (nil: empty), in the order of its changes.
 func NewOverrideSet(list []*Override) (*OverrideSet, error) {
 	var s *OverrideSet
 	for i, o := range list {
@@ -214,7 +211,6 @@ func (s *OverrideSet) Len() int {
 // nil when none; an expired one is passed over.
 func (s *OverrideSet) Lookup(key string, now int64) *Override { return s.lookup(key, key, now) }
 
-// latest is the override of the latest change in list, unless expired.
 func latest(list []placed, now int64) *Override {
 	if len(list) == 0 || list[len(list)-1].o.expired(now) {
 		return nil
@@ -222,7 +218,7 @@ func latest(list []placed, now int64) *Override {
 	return list[len(list)-1].o
 }
 
-// lookup is Lookup of key, whose prefixes are matched on raw.
+// lookup matches prefixes on raw.
 func (s *OverrideSet) lookup(key, raw string, now int64) *Override {
 	if s.keys != nil {
 		if o := latest(s.keys.get(hashString(key), key), now); o != nil {
@@ -257,12 +253,10 @@ func (s *OverrideSet) lookupCIDR(key string, now int64) *Override {
 			return nil
 		}
 		addr, bits = p.Addr(), p.Bits()
-	} else {
-		a, err := netip.ParseAddr(key)
-		if err != nil {
-			return nil
-		}
+	} else if a, err := netip.ParseAddr(key); err == nil {
 		addr = a
+	} else {
+		return nil
 	}
 	addr = addr.Unmap()
 	if bits < 0 {
@@ -283,7 +277,8 @@ func (s *OverrideSet) lookupCIDR(key string, now int64) *Override {
 	return nil
 }
 
-// Overrides holds a zone's current override set, swapped whole.
+// Overrides holds a zone's current override set, swapped whole (nil when
+// empty, for the one atomic load of a zone with none).
 type Overrides struct {
 	set atomic.Pointer[OverrideSet]
 }
@@ -301,8 +296,7 @@ func (o *Overrides) Store(s *OverrideSet) {
 // before it decides.
 func (z *Zone) UseOverrides(o *Overrides) { z.overrides = o }
 
-// Override is the override in force for key (as stored) now, nil when
-// none.
+// Override is the override in force for key (as stored) now.
 func (z *Zone) Override(key string) *Override { return z.OverrideOf(key, "") }
 
 // OverrideOf is Override of key, stored from raw, the key as built: a
@@ -322,8 +316,7 @@ func (z *Zone) OverrideOf(key, raw string) *Override {
 	return s.lookup(key, raw, time.Now().UnixNano())
 }
 
-// OverrideCount is the number of overrides the zone holds, lapsed ones
-// until they are swept.
+// OverrideCount counts lapsed overrides until they are swept.
 func (z *Zone) OverrideCount() int {
 	if z.overrides == nil {
 		return 0

@@ -3,10 +3,7 @@ package live
 // Overrides: an operator's runtime exceptions to a zone's limit, set
 // through the admin API and resolved per request by package zones.
 // Distributed zones keep them in Redis, every instance following the
-// changes; local zones per instance in Caddy's storage. A zone name's
-// overrides live in one holder pooled by name and store, so that a reload
-// never drops them; a holder on a new store (the zone changed mode) starts
-// with those of the one it replaces.
+// changes; local zones per instance in Caddy's storage.
 
 import (
 	"bytes"
@@ -42,28 +39,21 @@ const (
 	maxOverrideID     = 128
 	maxOverrideReason = 1024
 	maxOverrideExpiry = 100 * 365 * 24 * time.Hour
-	// overridePoll is how often an instance reads what changed in a
-	// distributed zone's overrides (and drops lapsed overrides). A change made on
-	// another instance is heard at once on the resets channel; the poll
-	// bounds the wait when that message is lost (a subscription down).
+	// overridePoll is how often a holder reads what changed in the store
+	// and drops lapsed overrides: it bounds the wait when the resets
+	// channel's message of a change is lost (a subscription down).
 	overridePoll = 250 * time.Millisecond
 )
 
 // OverrideRecord is an override as the admin API shows it and as it is
-// stored (in Redis or Caddy's storage), its wire form embedded so that its
-// JSON is adminapi.Override's, with what this instance keeps beside it.
+// stored (its JSON is adminapi.Override's), with its version, which orders
+// the changes: the store's, or a local zone's set_at.
 type OverrideRecord struct {
 	adminapi.Override
-	// version orders the changes: the store's version of the record, a
-	// local zone's set_at.
 	version int64
-	// resolved is the record as the zone resolves it, kept so that a
-	// change re-reads only the record it changed (nil: not yet).
-	resolved *zones.Override
 }
 
-// overrideBody is PUT's body: a record whose expires may also be a
-// duration from now.
+// overrideBody is PUT's body; expires may also be a duration from now.
 type overrideBody struct {
 	Match   *adminapi.OverrideMatch `json:"match"`
 	Events  *int64                  `json:"events"`
@@ -82,8 +72,6 @@ func fieldError(field, why string, args ...any) error {
 	return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("%s: %s", field, fmt.Sprintf(why, args...))}
 }
 
-// checkText reports what is wrong with a text field: too long, not UTF-8,
-// or holding a control character.
 func checkText(field, s string, maxLen int) error {
 	switch {
 	case len(s) > maxLen:
@@ -200,9 +188,8 @@ func ParseOverride(z *zones.Zone, id, from string, body io.Reader, now time.Time
 	return rec, nil
 }
 
-// checkMatch checks an override's match against zone z and returns it as
-// stored: an exact key as the zone stores it (masked, hashed), a CIDR
-// masked.
+// checkMatch returns m as stored: an exact key as zone z stores it
+// (masked, hashed), a CIDR masked.
 func checkMatch(z *zones.Zone, m *adminapi.OverrideMatch) (adminapi.OverrideMatch, error) {
 	if m == nil {
 		return adminapi.OverrideMatch{}, fieldError("match", "required: {\"key\": …}, {\"prefix\": …} or {\"cidr\": …}")
@@ -276,13 +263,12 @@ func parseExpires(s string, now time.Time) (string, error) {
 	return at.UTC().Format(time.RFC3339Nano), nil
 }
 
-// setAt is the record's set_at, Unix ns.
 func (r OverrideRecord) setAt() int64 {
 	t, _ := time.Parse(time.RFC3339Nano, r.SetAt)
 	return t.UnixNano()
 }
 
-// expiresAt is the record's expiry, zero for never.
+// expiresAt is zero for never.
 func (r OverrideRecord) expiresAt() time.Time {
 	t, _ := time.Parse(time.RFC3339Nano, r.Expires)
 	return t
@@ -329,19 +315,30 @@ func (r OverrideRecord) override(c zones.Config) (*zones.Override, error) {
 	return o, err
 }
 
-// overrideHolders pools the holders by store and zone name; liveHolders
-// lists them by zone name, for a holder on a new store to carry the
-// overrides of the one it replaces.
+func (r OverrideRecord) stored() zones.StoredOverride {
+	data, _ := json.Marshal(r)
+	return zones.StoredOverride{ID: r.ID, Expires: r.expiresAt(), Record: data}
+}
+
+// storedInOrder is records in the order of their changes: Restore
+// versions them in the order given, so that of two overrides of the same
+// match the latest change stays in force.
+func storedInOrder(records []OverrideRecord) []zones.StoredOverride {
+	slices.SortStableFunc(records, func(a, b OverrideRecord) int { return cmp.Compare(a.version, b.version) })
+	stored := make([]zones.StoredOverride, 0, len(records))
+	for _, r := range records {
+		stored = append(stored, r.stored())
+	}
+	return stored
+}
+
+// overrideHolders pools the holders by store and zone name.
 var overrideHolders = caddy.NewUsagePool()
 
-var liveHolders = struct {
-	sync.Mutex
-	byName map[string][]*OverrideHolder
-}{byName: map[string][]*OverrideHolder{}}
-
 // OverrideHolder is one zone name's overrides on one store (or in this
-// instance's storage): the records, the set requests read, and the loop
-// that follows changes and expiries.
+// instance's storage), pooled by name and store so that a reload never
+// drops them: the records, the set requests read, and the loop that
+// follows changes and expiries.
 type OverrideHolder struct {
 	name    string
 	set     zones.Overrides
@@ -350,26 +347,28 @@ type OverrideHolder struct {
 	storage certmagic.Storage    // local zones
 	dir     string               // local zones: the records' folder in storage, a file per override ("": none stored yet, no instance id)
 
-	follows sync.Mutex // distributed: serialises reads of the store, so that they apply in order
-	mu      sync.Mutex // serialises changes, loads and rebuilds
+	follows sync.Mutex        // distributed: serialises reads of the store, so that they apply in order
+	at      zones.OverridesAt // distributed: the point of the store last read; h.follows is held
+	mu      sync.Mutex        // serialises changes, loads and rebuilds
 	records map[string]OverrideRecord
-	cfg     zones.Config      // the zone's latest definition, which records resolve under
-	at      zones.OverridesAt // distributed: the point of the store last read
-	next    time.Time         // the earliest expiry among the records, zero if none
+	cfg     zones.Config // the zone's latest definition, which records resolve under
+	next    time.Time    // the earliest expiry among the records, zero if none
 
 	stop, done chan struct{}
 	moved      chan struct{} // distributed: another instance changed them
 	unlisten   func()
 }
 
-// overrideDir is where local zones' overrides are kept in Caddy's storage:
-// <dir>/<instance id>/<zone>/<id>.json, a file per override, so that a
-// change writes one.
+// overrideDir keeps local zones' overrides in Caddy's storage, a file per
+// override so that a change writes one: <dir>/<instance id>/<zone>/<id>.json.
 const overrideDir = "tally/overrides"
+
+// overridesCall bounds one call to the store about a zone's overrides.
+const overridesCall = 2 * time.Second
 
 // LoadOverrideHolder returns the holder of zone cfg's overrides on remote
 // (nil: local, in ctx's storage), and its key in the pool. A new holder of
-// a zone name that another live holder keeps (on another store: the zone
+// a zone name registered with another holder (on another store: the zone
 // changed mode) starts with that holder's overrides.
 func LoadOverrideHolder(ctx caddy.Context, cfg zones.Config, remote *zones.OverrideStore, storeKey string, logger *zap.Logger) (*OverrideHolder, string, error) {
 	key := "local\x00" + cfg.Name
@@ -390,12 +389,8 @@ func LoadOverrideHolder(ctx caddy.Context, cfg zones.Config, remote *zones.Overr
 				h.dir = path.Join(overrideDir, instance, cfg.Name)
 			}
 		}
-		liveHolders.Lock()
-		carried := slices.Clone(liveHolders.byName[cfg.Name])
-		liveHolders.byName[cfg.Name] = append(liveHolders.byName[cfg.Name], h)
-		liveHolders.Unlock()
-		if len(carried) > 0 {
-			h.carry(carried[len(carried)-1].List())
+		if old := View(Lookup(cfg.Name, true)).Overrides; old != nil {
+			h.carry(old.List())
 		}
 		h.load(context.Background())
 		go h.loop()
@@ -408,11 +403,7 @@ func LoadOverrideHolder(ctx caddy.Context, cfg zones.Config, remote *zones.Overr
 	h.mu.Lock()
 	if h.cfg != cfg {
 		h.cfg = cfg
-		for id, r := range h.records {
-			r.resolved = nil // resolved again under the new definition
-			h.records[id] = r
-		}
-		h.rebuild(time.Now())
+		h.rebuild(time.Now()) // the records resolve again under the new definition
 	}
 	h.mu.Unlock()
 	return h, key, nil
@@ -433,39 +424,20 @@ func (h *OverrideHolder) carry(list []OverrideRecord) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.loadStorage(context.Background())
-	keep := map[string]bool{}
 	for _, r := range list {
-		keep[r.ID] = true
+		delete(h.records, r.ID)
 		if err := h.save(r); err != nil {
 			h.logger.Warn("carrying an override to the instance's storage", zap.String("zone", h.name), zap.String("id", r.ID), zap.Error(err))
 		}
 	}
 	for id := range h.records {
-		if !keep[id] {
-			if err := h.erase(id); err != nil {
-				h.logger.Warn("removing an override the zone no longer holds from storage", zap.String("zone", h.name), zap.String("id", id), zap.Error(err))
-			}
+		if err := h.erase(id); err != nil {
+			h.logger.Warn("removing an override the zone no longer holds from storage", zap.String("zone", h.name), zap.String("id", id), zap.Error(err))
 		}
 	}
 }
 
-// stored is the record as a store keeps it.
-func (r OverrideRecord) stored() zones.StoredOverride {
-	data, _ := json.Marshal(r)
-	return zones.StoredOverride{ID: r.ID, Expires: r.expiresAt(), Record: data}
-}
-
-// overridesCall bounds one call to the store about a zone's overrides.
-const overridesCall = 2 * time.Second
-
-// Destruct stops the holder's loop.
 func (h *OverrideHolder) Destruct() error {
-	liveHolders.Lock()
-	liveHolders.byName[h.name] = slices.DeleteFunc(liveHolders.byName[h.name], func(o *OverrideHolder) bool { return o == h })
-	if len(liveHolders.byName[h.name]) == 0 {
-		delete(liveHolders.byName, h.name)
-	}
-	liveHolders.Unlock()
 	if h.unlisten != nil {
 		h.unlisten()
 	}
@@ -489,9 +461,7 @@ func (h *OverrideHolder) loop() {
 			h.load(context.Background())
 		}
 		h.mu.Lock()
-		if now := time.Now(); !h.next.IsZero() && !now.Before(h.next) {
-			h.rebuild(now) // an override lapsed
-		}
+		h.sweep(time.Now())
 		h.mu.Unlock()
 	}
 }
@@ -514,36 +484,32 @@ func (h *OverrideHolder) load(ctx context.Context) {
 	defer h.follows.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, overridesCall)
 	defer cancel()
-	h.mu.Lock()
-	at := h.at
-	h.mu.Unlock()
-	read, err := h.remote.Read(ctx, h.name, at)
+	read, err := h.remote.Read(ctx, h.name, h.at)
 	if err != nil {
-		if at.Epoch == "" {
+		if h.at.Epoch == "" {
 			h.logger.Warn("reading the zone's overrides from Redis", zap.String("zone", h.name), zap.Error(err))
 		}
 		return
 	}
-	var copies []OverrideRecord
-	if at.Epoch != "" && read.At.Epoch != at.Epoch {
+	if h.at.Epoch != "" && read.At.Epoch != h.at.Epoch {
 		h.mu.Lock()
-		copies = h.live(time.Now()) // only loads change the records, and h.follows is held
+		copies := h.live(time.Now())
 		h.mu.Unlock()
+		if len(copies) > 0 {
+			n, err := h.remote.Restore(ctx, h.name, storedInOrder(copies))
+			if err != nil {
+				h.logger.Warn("Redis lost the zone's overrides and restoring them failed; this instance keeps its copies and retries", zap.String("zone", h.name), zap.Error(err))
+				return
+			}
+			if n > 0 {
+				h.logger.Warn("Redis lost the zone's overrides: restored from this instance's copies", zap.String("zone", h.name), zap.Int("restored", n))
+			}
+			if read, err = h.remote.Read(ctx, h.name, zones.OverridesAt{}); err != nil {
+				return
+			}
+		}
 	}
-	if len(copies) > 0 {
-		n, err := h.remote.Restore(ctx, h.name, storedInOrder(copies))
-		if err != nil {
-			h.logger.Warn("Redis lost the zone's overrides and restoring them failed; this instance keeps its copies and retries", zap.String("zone", h.name), zap.Error(err))
-			return
-		}
-		if n > 0 {
-			h.logger.Warn("Redis lost the zone's overrides: restored from this instance's copies", zap.String("zone", h.name), zap.Int("restored", n))
-		}
-		if read, err = h.remote.Read(ctx, h.name, zones.OverridesAt{}); err != nil {
-			return
-		}
-	}
-	if read.At == at && len(read.Changes) == 0 {
+	if read.At == h.at && len(read.Changes) == 0 {
 		return
 	}
 	h.mu.Lock()
@@ -556,13 +522,14 @@ func (h *OverrideHolder) load(ctx context.Context) {
 		set = nil
 	}
 	for _, s := range read.Changes {
-		var r OverrideRecord
-		if s.Record == nil {
-			set = h.applyTo(set, s.ID, nil)
-		} else if json.Unmarshal(s.Record, &r) == nil && r.ID == s.ID {
-			r.version = s.Version
-			set = h.applyTo(set, r.ID, &r)
+		var r *OverrideRecord
+		if s.Record != nil {
+			r = &OverrideRecord{version: s.Version}
+			if json.Unmarshal(s.Record, r) != nil || r.ID != s.ID {
+				continue
+			}
 		}
+		set = h.applyTo(set, s.ID, r)
 	}
 	h.set.Store(set)
 	h.at = read.At
@@ -570,11 +537,10 @@ func (h *OverrideHolder) load(ctx context.Context) {
 	forgetDenials(h.name)
 }
 
-// loadStorage reads a local zone's records from storage; h.mu is held.
+// loadStorage: h.mu is held.
 func (h *OverrideHolder) loadStorage(ctx context.Context) {
-	records := map[string]OverrideRecord{}
+	h.records = map[string]OverrideRecord{}
 	if h.dir == "" {
-		h.records = records
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, RestoreTimeout)
@@ -594,21 +560,8 @@ func (h *OverrideHolder) loadStorage(ctx context.Context) {
 			continue
 		}
 		r.version = r.setAt()
-		records[r.ID] = r
+		h.records[r.ID] = r
 	}
-	h.records = records
-}
-
-// storedInOrder is records as a store restores them, in the order of
-// their changes: Restore versions them in the order given, so that of two
-// overrides of the same match the latest change stays in force.
-func storedInOrder(records []OverrideRecord) []zones.StoredOverride {
-	slices.SortStableFunc(records, func(a, b OverrideRecord) int { return cmp.Compare(a.version, b.version) })
-	stored := make([]zones.StoredOverride, 0, len(records))
-	for _, r := range records {
-		stored = append(stored, r.stored())
-	}
-	return stored
 }
 
 // live is the records in force at now, by id; h.mu is held.
@@ -622,73 +575,69 @@ func (h *OverrideHolder) live(now time.Time) []OverrideRecord {
 	return out
 }
 
-// apply makes the set hold r in place of the override id, or drops id
-// when r is nil; h.mu is held. It costs O(log N) at N overrides: the new
-// set shares the rest of the old one, and requests move to it with one
-// atomic store. A lapsed record stays until the loop's rebuild drops it;
-// lookups pass it over.
 func (h *OverrideHolder) apply(id string, r *OverrideRecord) {
 	h.set.Store(h.applyTo(h.set.Load(), id, r))
 }
 
-// applyTo is apply onto set, returning the set with the change.
+// applyTo is set with r in place of the override id (nil: without id),
+// and the records likewise, in O(log N); h.mu is held. A lapsed record
+// stays until the loop's rebuild drops it; lookups pass it over.
 func (h *OverrideHolder) applyTo(set *zones.OverrideSet, id string, r *OverrideRecord) *zones.OverrideSet {
 	set = set.Without(id)
 	delete(h.records, id)
 	if r != nil {
-		set = h.add(set, r)
+		set = h.add(set, *r)
 		h.records[id] = *r
 	}
 	return set
 }
 
-// add returns set with r, resolved under the zone's definition (once),
-// and notes r's expiry; h.mu is held.
-func (h *OverrideHolder) add(set *zones.OverrideSet, r *OverrideRecord) *zones.OverrideSet {
+// add returns set with r, resolved under the zone's definition, and
+// notes r's expiry; h.mu is held.
+func (h *OverrideHolder) add(set *zones.OverrideSet, r OverrideRecord) *zones.OverrideSet {
 	if exp := r.expiresAt(); !exp.IsZero() && (h.next.IsZero() || exp.Before(h.next)) {
 		h.next = exp
 	}
-	if r.resolved == nil {
-		o, err := r.override(h.cfg)
-		if err != nil {
-			h.logger.Warn("an override does not fit the zone; ignored", zap.String("zone", h.name), zap.String("id", r.ID), zap.Error(err))
-			return set
-		}
-		r.resolved = o
+	o, err := r.override(h.cfg)
+	if err != nil {
+		h.logger.Warn("an override does not fit the zone; ignored", zap.String("zone", h.name), zap.String("id", r.ID), zap.Error(err))
+		return set
 	}
-	if with, err := set.With(r.resolved, r.version); err == nil {
+	if with, err := set.With(o, r.version); err == nil {
 		return with
 	}
 	return set
 }
 
-// rebuild drops lapsed records and makes the set from the others under
-// the zone's definition; h.mu is held. It is O(N): it runs when the
-// definition changes or an override lapses, not on a change.
+// sweep rebuilds the set when an override lapsed; h.mu is held.
+func (h *OverrideHolder) sweep(now time.Time) {
+	if !h.next.IsZero() && !now.Before(h.next) {
+		h.rebuild(now)
+	}
+}
+
+// rebuild drops lapsed records (from storage too) and makes the set from
+// the others under the zone's definition; h.mu is held. It is O(N): it
+// runs when the definition changes or an override lapses, not on a change.
 func (h *OverrideHolder) rebuild(now time.Time) {
 	h.next = time.Time{}
 	var set *zones.OverrideSet
 	for id, r := range h.records {
-		exp := r.expiresAt()
-		if !exp.IsZero() && !now.Before(exp) {
+		if exp := r.expiresAt(); !exp.IsZero() && !now.Before(exp) {
 			delete(h.records, id)
-			if h.remote == nil {
-				if err := h.erase(id); err != nil {
-					h.logger.Warn("removing a lapsed override from storage", zap.String("zone", h.name), zap.String("id", id), zap.Error(err))
-				}
+			if err := h.erase(id); err != nil {
+				h.logger.Warn("removing a lapsed override from storage", zap.String("zone", h.name), zap.String("id", id), zap.Error(err))
 			}
 			continue
 		}
-		set = h.add(set, &r)
-		h.records[id] = r
+		set = h.add(set, r)
 	}
 	h.set.Store(set)
 }
 
 func (h *OverrideHolder) file(id string) string { return path.Join(h.dir, id+".json") }
 
-// save writes a local zone's record to storage, creating Caddy's instance
-// id on the first one; h.mu is held.
+// save creates Caddy's instance id on the first record; h.mu is held.
 func (h *OverrideHolder) save(r OverrideRecord) error {
 	data, err := json.Marshal(r)
 	if err != nil {
@@ -706,7 +655,7 @@ func (h *OverrideHolder) save(r OverrideRecord) error {
 	return h.storage.Store(ctx, h.file(r.ID), data)
 }
 
-// erase deletes a local zone's override id from storage.
+// erase is a no-op for a distributed zone's holder, which stores none.
 func (h *OverrideHolder) erase(id string) error {
 	if h.dir == "" {
 		return nil // nothing was stored
@@ -719,7 +668,6 @@ func (h *OverrideHolder) erase(id string) error {
 	return nil
 }
 
-// errTooManyOverrides is the 4xx of a zone that holds the most overrides.
 var errTooManyOverrides = caddy.APIError{HTTPStatus: http.StatusConflict,
 	Err: fmt.Errorf("the zone holds %d overrides, the most it can: remove some (DELETE …/overrides/<id>) first", zones.MaxOverrides)}
 
@@ -737,9 +685,7 @@ func (h *OverrideHolder) Put(ctx context.Context, rec OverrideRecord) error {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if now := time.Now(); !h.next.IsZero() && !now.Before(h.next) {
-		h.rebuild(now) // lapsed ones do not count
-	}
+	h.sweep(time.Now()) // lapsed ones do not count
 	if _, had := h.records[rec.ID]; !had && len(h.records) >= zones.MaxOverrides {
 		return errTooManyOverrides
 	}
@@ -794,8 +740,7 @@ func (h *OverrideHolder) Lookup(z *zones.Zone, key string) (OverrideRecord, bool
 	return r, ok
 }
 
-// forgetDenials drops the deny caches of every zone named name on this
-// instance: a denial cached under the old limit must not outlive it.
+// forgetDenials: a denial cached under the old limit must not outlive it.
 func forgetDenials(name string) {
 	for _, z := range Registered(name) {
 		z.ForgetDenials()
