@@ -84,31 +84,11 @@ func (s *Scanner) StartTokens(contentType, contentEncoding string) {
 // Tokens is the body's token usage once it has ended, or why there is
 // none.
 func (s *Scanner) Tokens() (Tokens, Reason) {
-	switch s.kind {
-	case skipped:
-		return Tokens{}, s.reason
-	case jsonBody:
-		if !s.dec.finish() {
-			return Tokens{}, Malformed
-		}
-		s.takeTokens(&s.dec)
-		s.kind = unknown // taken once
-	case lineBody:
-		if !s.over && len(s.buf) > 0 {
-			s.dispatch(s.buf)
-		}
-		s.buf, s.over = s.buf[:0], false
-	}
 	t := &s.tok
-	switch {
-	case t.format != FormatNone && (t.format != Anthropic || t.anthropicFinal):
-		return Tokens{Input: t.input, CachedInput: t.cached, Output: t.out, Model: string(t.model[:t.modelLen]), Format: t.format}, OK
-	case s.malformed:
-		return Tokens{}, Malformed
-	case s.sawOver:
-		return Tokens{}, TooLarge
+	if r := s.end(func() bool { return t.format != FormatNone && (t.format != Anthropic || t.anthropicFinal) }); r != OK {
+		return Tokens{}, r
 	}
-	return Tokens{}, NoUsage
+	return Tokens{Input: t.input, CachedInput: t.cached, Output: t.out, Model: string(t.model[:t.modelLen]), Format: t.format}, OK
 }
 
 // lines scans a newline-delimited JSON chunk: each line is a document.

@@ -182,33 +182,53 @@ func (s *Scanner) Write(b []byte) {
 // Total is the sum of the paths' values once the body has ended, or why
 // there is none.
 func (s *Scanner) Total() (int64, Reason) {
-	switch s.kind {
-	case skipped:
-		return 0, s.reason
-	case jsonBody:
-		if !s.dec.finish() {
-			return 0, Malformed
-		}
-		s.keep(&s.dec)
-	}
 	all := uint16(1)<<s.paths.Len() - 1
-	switch {
-	case s.found == all:
-		var sum int64
-		for _, v := range s.vals[:s.paths.Len()] {
-			sum = satAdd(sum, v)
-		}
-		return sum, OK
-	case s.malformed:
-		return 0, Malformed
-	case s.sawOver:
-		return 0, TooLarge
+	if r := s.end(func() bool { return s.found == all }); r != OK {
+		return 0, r
 	}
-	return 0, NoUsage
+	var sum int64
+	for _, v := range s.vals[:s.paths.Len()] {
+		sum = satAdd(sum, v)
+	}
+	return sum, OK
 }
 
-// keep takes a parsed document's values as the latest.
-func (s *Scanner) keep(d *decoder) {
+// end takes the documents the body ended with; OK when done says what
+// was read is the result, else why there is none.
+func (s *Scanner) end(done func() bool) Reason {
+	switch s.kind {
+	case skipped:
+		return s.reason
+	case jsonBody:
+		if !s.dec.finish() {
+			return Malformed
+		}
+		s.take(&s.dec)
+		s.kind = unknown // taken once
+	case lineBody:
+		if !s.over && len(s.buf) > 0 {
+			s.dispatch(s.buf)
+		}
+		s.buf, s.over = s.buf[:0], false
+	}
+	switch {
+	case done():
+		return OK
+	case s.malformed:
+		return Malformed
+	case s.sawOver:
+		return TooLarge
+	}
+	return NoUsage
+}
+
+// take reads a parsed document's values (or, scanning tokens, usage) as
+// the latest.
+func (s *Scanner) take(d *decoder) {
+	if s.tokens {
+		s.takeTokens(d)
+		return
+	}
 	for i := range s.paths.Len() {
 		if v, ok := d.pathValue(i); ok {
 			s.vals[i], s.found = v, s.found|1<<i
@@ -306,14 +326,11 @@ func (s *Scanner) dispatch(data []byte) {
 	}
 	s.dec.reset(s.paths)
 	s.dec.feed(data)
-	switch {
-	case !s.dec.finish():
+	if !s.dec.finish() {
 		s.malformed = true
-	case s.tokens:
-		s.takeTokens(&s.dec)
-	default:
-		s.keep(&s.dec)
+		return
 	}
+	s.take(&s.dec)
 }
 
 // satAdd is a + b, at most math.MaxInt64 (both are >= 0).
