@@ -1,7 +1,6 @@
 package challenge
 
 import (
-	"crypto/hmac"
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/binary"
@@ -33,8 +32,8 @@ func (s *Secrets) Mint(zone string, expires time.Time) (value, identity string) 
 	b[0] = cookieVersion
 	binary.BigEndian.PutUint64(b[1:9], uint64(expires.Unix()))
 	_, _ = rand.Read(b[9 : 9+identityLen])
-	copy(b[9+identityLen:], k.id[:])
-	b = append(b, sign(k.key, "cookie", []byte(zone), b)...)
+	copy(b[9+identityLen:], k.ID)
+	b = append(b, sign(k.Key, "cookie", []byte(zone), b)...)
 	return base64.RawURLEncoding.EncodeToString(b), IdentityPrefix + base64.RawURLEncoding.EncodeToString(b[9:9+identityLen])
 }
 
@@ -50,10 +49,7 @@ func (s *Secrets) Identity(zone, value string, now time.Time) (identity string, 
 	if n, err := base64.RawURLEncoding.Decode(b[:], []byte(value)); err != nil || n != len(b) || b[0] != cookieVersion {
 		return "", false, true
 	}
-	var kid [keyIDLen]byte
-	copy(kid[:], b[9+identityLen:cookieBody])
-	key, known := s.byID(kid)
-	if !known || !hmac.Equal(b[cookieBody:], sign(key, "cookie", []byte(zone), b[:cookieBody])) {
+	if _, ok := s.check(b[9+identityLen:cookieBody], b[cookieBody:], "cookie", []byte(zone), b[:cookieBody]); !ok {
 		return "", false, true
 	}
 	if now.Unix() >= int64(binary.BigEndian.Uint64(b[1:9])) {

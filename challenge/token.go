@@ -77,9 +77,9 @@ func (s *Secrets) Issue(zone, key string, d int, now time.Time, ttl time.Duratio
 	buf[9] = byte(d)
 	_, _ = rand.Read(buf[10 : 10+idLen])
 	binary.BigEndian.PutUint64(buf[10+idLen:18+idLen], fingerprint(key))
-	copy(buf[18+idLen:], k.id[:])
+	copy(buf[18+idLen:], k.ID)
 	buf = append(buf, zone...)
-	buf = append(buf, sign(k.key, "challenge", buf, []byte(key))...)
+	buf = append(buf, sign(k.Key, "challenge", buf, []byte(key))...)
 	return base64.RawURLEncoding.EncodeToString(buf)
 }
 
@@ -102,12 +102,9 @@ func (s *Secrets) Verify(token, key, nonce string, now time.Time) (Challenge, Re
 	if !ok || !decimal(nonce) {
 		return Challenge{}, Malformed
 	}
-	var kid [keyIDLen]byte
-	copy(kid[:], b[18+idLen:headLen])
-	secret, ok := s.byID(kid)
 	body, mac := b[:len(b)-macLen], b[len(b)-macLen:]
-	if !ok || !hmac.Equal(mac, sign(secret, "challenge", body, []byte(key))) {
-		if ok && binary.BigEndian.Uint64(b[10+idLen:18+idLen]) != fingerprint(key) {
+	if known, ok := s.check(b[18+idLen:headLen], mac, "challenge", body, []byte(key)); !ok {
+		if known && binary.BigEndian.Uint64(b[10+idLen:18+idLen]) != fingerprint(key) {
 			return Challenge{}, WrongKey
 		}
 		return Challenge{}, Forged
@@ -183,6 +180,13 @@ func sign(secret []byte, label string, a, b []byte) []byte {
 	m.Write([]byte{0})
 	m.Write(b)
 	return m.Sum(nil)[:macLen]
+}
+
+// check reports whether mac signs a and b under label with the secret
+// named kid, and whether that secret is known.
+func (s *Secrets) check(kid, mac []byte, label string, a, b []byte) (known, ok bool) {
+	secret, known := s.byID(kid)
+	return known, known && hmac.Equal(mac, sign(secret, label, a, b))
 }
 
 // fingerprint tells which key a token was issued to, to name a wrong key's
