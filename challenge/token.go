@@ -127,11 +127,6 @@ func (s *Secrets) Verify(token, key, nonce string, now time.Time) (Challenge, Re
 // Solves reports whether hex(SHA-256(token + nonce)) starts with d zeros.
 func Solves(token, nonce string, d int) bool {
 	sum := sha256.Sum256([]byte(token + nonce))
-	return leadingZeros(sum[:], d)
-}
-
-// leadingZeros reports whether sum's first d hex digits are 0.
-func leadingZeros(sum []byte, d int) bool {
 	if d > 2*len(sum) {
 		return false
 	}

@@ -117,7 +117,7 @@ func (d *decoder) feed(b []byte) {
 			case d.state == sInKey:
 				d.state = sColon
 			default:
-				d.state, d.capture = sAfter, 0
+				d.capture = 0
 				d.afterValue()
 			}
 		case sKeyEscape, sEscape:
@@ -139,7 +139,6 @@ func (d *decoder) feed(b []byte) {
 			}
 		case sLiteral:
 			if c < 'a' || c > 'z' {
-				d.state = sAfter
 				d.afterValue()
 				i--
 			}
@@ -279,7 +278,6 @@ func (d *decoder) endNumber() {
 			d.vals[b], d.found = d.num, d.found|1<<b
 		}
 	}
-	d.state = sAfter
 	d.afterValue()
 }
 
@@ -290,12 +288,12 @@ func (d *decoder) close(array bool) {
 		return
 	}
 	d.depth--
-	d.state = sAfter
 	d.afterValue()
 }
 
-// afterValue notes a top-level value's end.
+// afterValue ends a value, noting the top-level one's end.
 func (d *decoder) afterValue() {
+	d.state = sAfter
 	if d.depth == 0 {
 		d.done = true
 	}
@@ -308,7 +306,6 @@ func (d *decoder) finish() bool {
 	case sNumber:
 		d.endNumber()
 	case sLiteral:
-		d.state = sAfter
 		d.afterValue()
 	}
 	return !d.err && d.done && d.state == sAfter
