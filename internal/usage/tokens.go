@@ -77,8 +77,7 @@ type tokenState struct {
 // StartTokens readies s to read token usage from a body with these
 // headers (Tokens gives it).
 func (s *Scanner) StartTokens(contentType, contentEncoding string) {
-	*s = Scanner{paths: &tokenPaths, buf: s.buf[:0], tokens: true}
-	s.start(contentType, contentEncoding)
+	s.start(&tokenPaths, true, contentType, contentEncoding)
 }
 
 // Tokens is the body's token usage once it has ended, or why there is

@@ -113,7 +113,6 @@ const (
 	jsonBody
 	eventBody
 	lineBody // newline-delimited JSON: each line a document (token scanners only)
-	skipped
 )
 
 // Scanner reads one response body's total. Its zero value is not ready:
@@ -121,7 +120,7 @@ const (
 type Scanner struct {
 	paths  *Paths
 	kind   kind
-	reason Reason // why the body is skipped
+	reason Reason // why the body is skipped, OK if it is not
 	dec    decoder
 
 	// Event streams: buf holds the current event's data (the first
@@ -145,17 +144,16 @@ type Scanner struct {
 
 // Start readies s for a body with these headers.
 func (s *Scanner) Start(p *Paths, contentType, contentEncoding string) {
-	*s = Scanner{paths: p, buf: s.buf[:0]}
-	s.start(contentType, contentEncoding)
+	s.start(p, false, contentType, contentEncoding)
 }
 
-func (s *Scanner) start(contentType, contentEncoding string) {
-	p := s.paths
+func (s *Scanner) start(p *Paths, tokens bool, contentType, contentEncoding string) {
+	*s = Scanner{paths: p, buf: s.buf[:0], tokens: tokens}
 	mt, _, _ := strings.Cut(contentType, ";")
 	mt = strings.TrimSpace(mt)
 	switch {
 	case contentEncoding != "" && !strings.EqualFold(contentEncoding, "identity"):
-		s.kind, s.reason = skipped, Encoded
+		s.reason = Encoded
 	case strings.EqualFold(mt, "text/event-stream"):
 		s.kind = eventBody
 	case strings.EqualFold(mt, "application/json") || (len(mt) > 5 && strings.EqualFold(mt[len(mt)-5:], "+json")):
@@ -164,7 +162,7 @@ func (s *Scanner) start(contentType, contentEncoding string) {
 	case s.tokens && strings.EqualFold(mt, "application/x-ndjson"):
 		s.kind = lineBody
 	default:
-		s.kind, s.reason = skipped, NotJSON
+		s.reason = NotJSON
 	}
 }
 
@@ -196,16 +194,16 @@ func (s *Scanner) Total() (int64, Reason) {
 // end takes the documents the body ended with; OK when done says what
 // was read is the result, else why there is none.
 func (s *Scanner) end(done func() bool) Reason {
-	switch s.kind {
-	case skipped:
+	switch {
+	case s.reason != OK:
 		return s.reason
-	case jsonBody:
+	case s.kind == jsonBody:
 		if !s.dec.finish() {
 			return Malformed
 		}
 		s.take(&s.dec)
 		s.kind = unknown // taken once
-	case lineBody:
+	case s.kind == lineBody:
 		if !s.over && len(s.buf) > 0 {
 			s.dispatch(s.buf)
 		}
