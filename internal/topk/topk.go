@@ -80,8 +80,6 @@ func (s *Sketch) Add(key string) {
 	s.down(0)
 }
 
-func (s *Sketch) Total() uint64 { return s.total }
-
 // Reset empties the sketch, keeping its memory.
 func (s *Sketch) Reset() {
 	clear(s.index)
