@@ -31,12 +31,10 @@ func str(b []byte, i int) int {
 	return -1
 }
 
-// value skips the value that starts at b[i]: the index after it, or -1.
-// text, when not nil, is added the bytes inside the value's strings that
-// are not object keys: the text of a prompt.
-func value(b []byte, i int, text *int64) int { return skip(b, i, text, 0) }
-
-func skip(b []byte, i int, text *int64, depth int) int {
+// value skips the value that starts at b[i], within depth containers:
+// the index after it, or -1. text, when not nil, is added the bytes inside
+// the value's strings that are not object keys: the text of a prompt.
+func value(b []byte, i int, text *int64, depth int) int {
 	if i >= len(b) || depth == maxDepth && (b[i] == '{' || b[i] == '[') {
 		return -1
 	}
@@ -50,7 +48,7 @@ func skip(b []byte, i int, text *int64, depth int) int {
 	case '{':
 		return object(b, i, text, depth+1, nil)
 	case '[':
-		return list(b, i, ']', func(i int) int { return skip(b, i, text, depth+1) })
+		return list(b, i, ']', func(i int) int { return value(b, i, text, depth+1) })
 	}
 	// A number, true, false or null: up to the next delimiter.
 	j := i
@@ -109,7 +107,7 @@ func object(b []byte, i int, text *int64, depth int, f func(key []byte, vs, ve i
 			return -1
 		}
 		vs := space(b, c+1)
-		ve := skip(b, vs, text, depth)
+		ve := value(b, vs, text, depth)
 		if ve >= 0 && f != nil {
 			f(b[i+1:ke-1], vs, ve)
 		}

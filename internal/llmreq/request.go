@@ -104,7 +104,7 @@ func Parse(b []byte, path string) Request {
 		case "model":
 			q.Model = stringOf(v)
 		case "messages", "input", "contents", "prompt", "system", "instructions":
-			value(b, vs, &q.Prompt)
+			value(b, vs, &q.Prompt, 0)
 		case "max_tokens", "max_completion_tokens", "max_output_tokens":
 			q.setMax(v)
 		case "generationConfig":
