@@ -1,9 +1,6 @@
 package usage
 
-import (
-	"bytes"
-	"strings"
-)
+import "strings"
 
 // Token usage (charge tokens, charge usd): a Scanner started by
 // StartTokens reads the usage of every common LLM API's responses, JSON, server-sent events or Ollama's
@@ -88,23 +85,6 @@ func (s *Scanner) Tokens() (Tokens, Reason) {
 		return Tokens{}, r
 	}
 	return Tokens{Input: t.input, CachedInput: t.cached, Output: t.out, Model: string(t.model[:t.modelLen]), Format: t.format}, OK
-}
-
-// lines scans a newline-delimited JSON chunk: each line is a document.
-func (s *Scanner) lines(b []byte) {
-	for len(b) > 0 {
-		i := bytes.IndexByte(b, '\n')
-		if i < 0 {
-			s.appendLine(b)
-			return
-		}
-		s.appendLine(b[:i])
-		if !s.over {
-			s.dispatch(s.buf)
-		}
-		s.buf, s.over = s.buf[:0], false
-		b = b[i+1:]
-	}
 }
 
 // takeTokens reads the usage of one parsed document, if it carries one.

@@ -170,10 +170,8 @@ func (s *Scanner) Write(b []byte) {
 	switch s.kind {
 	case jsonBody:
 		s.dec.feed(b)
-	case eventBody:
+	case eventBody, lineBody:
 		s.events(b)
-	case lineBody:
-		s.lines(b)
 	}
 }
 
@@ -204,10 +202,7 @@ func (s *Scanner) end(done func() bool) Reason {
 		s.take(&s.dec)
 		s.kind = unknown // taken once
 	case s.kind == lineBody:
-		if !s.over && len(s.buf) > 0 {
-			s.dispatch(s.buf)
-		}
-		s.buf, s.over = s.buf[:0], false
+		s.endLine()
 	}
 	switch {
 	case done():
@@ -238,8 +233,13 @@ func (s *Scanner) take(d *decoder) {
 // format): lines end with \r\n, \n or \r; an empty line dispatches the
 // event; a data line's value (after "data:" and one optional space) joins
 // the event's data; other fields and comments are dropped; an event the
-// stream ends in the middle of is not dispatched.
+// stream ends in the middle of is not dispatched. An NDJSON body's lines
+// end with \n, and each is a document.
 func (s *Scanner) events(b []byte) {
+	ends := "\r\n"
+	if s.kind == lineBody {
+		ends = "\n"
+	}
 	for len(b) > 0 {
 		if s.afterCR {
 			s.afterCR = false
@@ -248,7 +248,7 @@ func (s *Scanner) events(b []byte) {
 				continue
 			}
 		}
-		i := bytes.IndexAny(b, "\r\n")
+		i := bytes.IndexAny(b, ends)
 		if i < 0 {
 			s.appendLine(b)
 			return
@@ -278,6 +278,13 @@ func (s *Scanner) appendLine(b []byte) {
 }
 
 func (s *Scanner) endLine() {
+	if s.kind == lineBody {
+		if !s.over {
+			s.dispatch(s.buf)
+		}
+		s.buf, s.over = s.buf[:0], false
+		return
+	}
 	line := s.buf[s.dataLen:]
 	empty := s.lineLen == 0
 	if !s.started && !s.over {
