@@ -1,6 +1,7 @@
 package challenge
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -27,11 +28,11 @@ const StorageKey = "tally/challenge/secrets.json"
 const keyIDLen = 4
 
 // secret is one signing key, named by a random id that tokens and cookies
-// carry.
+// carry, as the storage keeps it.
 type secret struct {
-	id      [keyIDLen]byte
-	key     []byte
-	created time.Time
+	ID      []byte    `json:"id"`
+	Key     []byte    `json:"key"`
+	Created time.Time `json:"created"`
 }
 
 // Secrets are the signing keys: the current one signs, it and the
@@ -72,10 +73,10 @@ func LoadSecrets(ctx context.Context, st Storage, rotate time.Duration) (*Secret
 		return nil, err
 	}
 	now := time.Now()
-	if len(keys) == 0 || now.Sub(keys[0].created) >= s.rotate {
-		fresh := secret{key: make([]byte, 32), created: now}
-		_, _ = rand.Read(fresh.id[:])
-		_, _ = rand.Read(fresh.key)
+	if len(keys) == 0 || now.Sub(keys[0].Created) >= s.rotate {
+		fresh := secret{ID: make([]byte, keyIDLen), Key: make([]byte, 32), Created: now}
+		_, _ = rand.Read(fresh.ID)
+		_, _ = rand.Read(fresh.Key)
 		keys = append([]secret{fresh}, keys...)[:min(len(keys)+1, 2)]
 		if err := s.write(ctx, keys); err != nil {
 			return nil, err
@@ -88,15 +89,9 @@ func LoadSecrets(ctx context.Context, st Storage, rotate time.Duration) (*Secret
 // NewSecrets returns secrets of one key, kept nowhere (for tests).
 func NewSecrets(key []byte) *Secrets {
 	s := &Secrets{}
-	keys := []secret{{key: key, created: time.Now()}}
+	keys := []secret{{ID: make([]byte, keyIDLen), Key: key, Created: time.Now()}}
 	s.keys.Store(&keys)
 	return s
-}
-
-type storedKey struct {
-	ID      []byte    `json:"id"`
-	Key     []byte    `json:"key"`
-	Created time.Time `json:"created"`
 }
 
 func (s *Secrets) read(ctx context.Context) ([]secret, error) {
@@ -107,28 +102,20 @@ func (s *Secrets) read(ctx context.Context) ([]secret, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loading the challenge secret from Caddy's storage: %v", err)
 	}
-	var stored []storedKey
-	if err := json.Unmarshal(b, &stored); err != nil {
+	var keys []secret
+	if err := json.Unmarshal(b, &keys); err != nil {
 		return nil, fmt.Errorf("the challenge secret in Caddy's storage (%s) is corrupt: %v; delete it to make a new one (every challenge cookie is then refused once)", StorageKey, err)
 	}
-	keys := make([]secret, 0, len(stored))
-	for _, k := range stored {
+	for _, k := range keys {
 		if len(k.ID) != keyIDLen || len(k.Key) < 32 {
 			return nil, fmt.Errorf("the challenge secret in Caddy's storage (%s) is corrupt: a key is truncated; delete it to make a new one", StorageKey)
 		}
-		sk := secret{key: k.Key, created: k.Created}
-		copy(sk.id[:], k.ID)
-		keys = append(keys, sk)
 	}
 	return keys, nil
 }
 
 func (s *Secrets) write(ctx context.Context, keys []secret) error {
-	stored := make([]storedKey, len(keys))
-	for i, k := range keys {
-		stored[i] = storedKey{ID: k.id[:], Key: k.key, Created: k.created}
-	}
-	b, _ := json.Marshal(stored)
+	b, _ := json.Marshal(keys)
 	if err := s.storage.Store(ctx, StorageKey, b); err != nil {
 		return fmt.Errorf("storing the challenge secret in Caddy's storage: %v", err)
 	}
@@ -139,7 +126,7 @@ func (s *Secrets) current() secret { return (*s.keys.Load())[0] }
 
 // byID is the key named id, read again from the storage (at most once per
 // reloadEvery) when it is unknown: another instance may have rotated.
-func (s *Secrets) byID(id [keyIDLen]byte) ([]byte, bool) {
+func (s *Secrets) byID(id []byte) ([]byte, bool) {
 	if key, ok := keyByID(*s.keys.Load(), id); ok || s.storage == nil || !s.mu.TryLock() {
 		return key, ok
 	}
@@ -158,10 +145,10 @@ func (s *Secrets) byID(id [keyIDLen]byte) ([]byte, bool) {
 	return keyByID(keys, id)
 }
 
-func keyByID(keys []secret, id [keyIDLen]byte) ([]byte, bool) {
+func keyByID(keys []secret, id []byte) ([]byte, bool) {
 	for _, k := range keys {
-		if k.id == id {
-			return k.key, true
+		if bytes.Equal(k.ID, id) {
+			return k.Key, true
 		}
 	}
 	return nil, false

@@ -1,6 +1,7 @@
 package challenge
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"strconv"
@@ -34,7 +35,7 @@ func TestSecretsSharedAndRotatedWithOverlap(t *testing.T) {
 	// Age the key past the rotation period: the next load replaces it
 	// and keeps it as the previous key.
 	raw, _ := st.Load(ctx, StorageKey)
-	var stored []storedKey
+	var stored []secret
 	_ = json.Unmarshal(raw, &stored)
 	stored[0].Created = now.Add(-MinRotation - time.Minute)
 	raw, _ = json.Marshal(stored)
@@ -43,7 +44,7 @@ func TestSecretsSharedAndRotatedWithOverlap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if keys := *rotated.keys.Load(); len(keys) != 2 || keys[1].id != a.current().id {
+	if keys := *rotated.keys.Load(); len(keys) != 2 || !bytes.Equal(keys[1].ID, a.current().ID) {
 		t.Fatalf("after a rotation: %d keys, want the new one and the replaced one", len(keys))
 	}
 	if got, ok, _ := rotated.Identity("visitors", cookie, now); !ok || got != id {
@@ -87,7 +88,7 @@ func TestChallengeConcurrently(t *testing.T) {
 				}
 				var unknown [keyIDLen]byte
 				unknown[0] = byte(g)
-				s.byID(unknown) // an unknown key id: at most one reload at a time
+				s.byID(unknown[:]) // an unknown key id: at most one reload at a time
 			}
 		}()
 	}

@@ -77,9 +77,9 @@ func (s *Secrets) Issue(zone, key string, d int, now time.Time, ttl time.Duratio
 	buf[9] = byte(d)
 	_, _ = rand.Read(buf[10 : 10+idLen])
 	binary.BigEndian.PutUint64(buf[10+idLen:18+idLen], fingerprint(key))
-	copy(buf[18+idLen:], k.id[:])
+	copy(buf[18+idLen:], k.ID)
 	buf = append(buf, zone...)
-	buf = append(buf, sign(k.key, "challenge", buf, []byte(key))...)
+	buf = append(buf, sign(k.Key, "challenge", buf, []byte(key))...)
 	return base64.RawURLEncoding.EncodeToString(buf)
 }
 
@@ -102,12 +102,9 @@ func (s *Secrets) Verify(token, key, nonce string, now time.Time) (Challenge, Re
 	if !ok || !decimal(nonce) {
 		return Challenge{}, Malformed
 	}
-	var kid [keyIDLen]byte
-	copy(kid[:], b[18+idLen:headLen])
-	secret, ok := s.byID(kid)
 	body, mac := b[:len(b)-macLen], b[len(b)-macLen:]
-	if !ok || !hmac.Equal(mac, sign(secret, "challenge", body, []byte(key))) {
-		if ok && binary.BigEndian.Uint64(b[10+idLen:18+idLen]) != fingerprint(key) {
+	if known, ok := s.check(b[18+idLen:headLen], mac, "challenge", body, []byte(key)); !ok {
+		if known && binary.BigEndian.Uint64(b[10+idLen:18+idLen]) != fingerprint(key) {
 			return Challenge{}, WrongKey
 		}
 		return Challenge{}, Forged
@@ -130,11 +127,6 @@ func (s *Secrets) Verify(token, key, nonce string, now time.Time) (Challenge, Re
 // Solves reports whether hex(SHA-256(token + nonce)) starts with d zeros.
 func Solves(token, nonce string, d int) bool {
 	sum := sha256.Sum256([]byte(token + nonce))
-	return leadingZeros(sum[:], d)
-}
-
-// leadingZeros reports whether sum's first d hex digits are 0.
-func leadingZeros(sum []byte, d int) bool {
 	if d > 2*len(sum) {
 		return false
 	}
@@ -185,10 +177,68 @@ func sign(secret []byte, label string, a, b []byte) []byte {
 	return m.Sum(nil)[:macLen]
 }
 
+// check reports whether mac signs a and b under label with the secret
+// named kid, and whether that secret is known.
+func (s *Secrets) check(kid, mac []byte, label string, a, b []byte) (known, ok bool) {
+	secret, known := s.byID(kid)
+	return known, known && hmac.Equal(mac, sign(secret, label, a, b))
+}
+
 // fingerprint tells which key a token was issued to, to name a wrong key's
 // refusal; the MAC, not it, binds the key.
 func fingerprint(key string) uint64 {
 	h := fnv.New64a()
 	h.Write([]byte(key))
 	return h.Sum64()
+}
+
+// CookiePrefix starts a zone's cookie name: tally_<zone>.
+const CookiePrefix = "tally_"
+
+// IdentityPrefix starts the key a cookie's identity is decided under in
+// its zone, so that it never shares a bucket with an address.
+const IdentityPrefix = "cookie:"
+
+// The cookie's layout: version, expiry (Unix seconds), random identity,
+// the secret's id, then the MAC (over the zone's name too: a cookie of one
+// zone is nothing in another).
+const (
+	cookieVersion = 2
+	identityLen   = 16
+	cookieBody    = 1 + 8 + identityLen + keyIDLen
+	cookieLen     = (cookieBody + macLen + 2) / 3 * 4
+)
+
+// Mint returns a new cookie value for zone, valid until expires, and the
+// identity it carries (IdentityPrefix and the random id).
+func (s *Secrets) Mint(zone string, expires time.Time) (value, identity string) {
+	k := s.current()
+	b := make([]byte, cookieBody, cookieBody+macLen)
+	b[0] = cookieVersion
+	binary.BigEndian.PutUint64(b[1:9], uint64(expires.Unix()))
+	_, _ = rand.Read(b[9 : 9+identityLen])
+	copy(b[9+identityLen:], k.ID)
+	b = append(b, sign(k.Key, "cookie", []byte(zone), b)...)
+	return base64.RawURLEncoding.EncodeToString(b), IdentityPrefix + base64.RawURLEncoding.EncodeToString(b[9:9+identityLen])
+}
+
+// Identity returns the identity of zone's cookie value, or ok false when
+// it is malformed, forged, signed by a secret these are not, or expired:
+// a request with such a cookie is a request without one (bad reports that
+// it was not merely expired).
+func (s *Secrets) Identity(zone, value string, now time.Time) (identity string, ok, bad bool) {
+	if len(value) != cookieLen {
+		return "", false, true
+	}
+	var b [cookieBody + macLen]byte
+	if n, err := base64.RawURLEncoding.Decode(b[:], []byte(value)); err != nil || n != len(b) || b[0] != cookieVersion {
+		return "", false, true
+	}
+	if _, ok := s.check(b[9+identityLen:cookieBody], b[cookieBody:], "cookie", []byte(zone), b[:cookieBody]); !ok {
+		return "", false, true
+	}
+	if now.Unix() >= int64(binary.BigEndian.Uint64(b[1:9])) {
+		return "", false, false
+	}
+	return IdentityPrefix + base64.RawURLEncoding.EncodeToString(b[9:9+identityLen]), true, false
 }

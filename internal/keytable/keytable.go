@@ -146,7 +146,6 @@ func (t *Table) Update(key string, now int64, f func(value int64, found bool) (i
 	return true
 }
 
-// Get returns key's value.
 func (t *Table) Get(key string) (int64, bool) {
 	s, tag := t.locate(key)
 	s.mu.Lock()
@@ -157,7 +156,6 @@ func (t *Table) Get(key string) (int64, bool) {
 	return 0, false
 }
 
-// Delete forgets key.
 func (t *Table) Delete(key string) {
 	t.Update(key, 0, func(int64, bool) (int64, Op) { return 0, Delete })
 }
@@ -285,12 +283,17 @@ func (s *shard) insert(tag uint32, key string, value int64) {
 		binary.LittleEndian.PutUint32(e.key[:4], uint32(len(s.keys)))
 		s.keys = append(s.keys, key...)
 	}
-	i := s.home(tag)
+	s.place(e)
+	s.n++
+}
+
+// place puts e in the first empty slot of its probe run.
+func (s *shard) place(e slot) {
+	i := s.home(e.tag)
 	for s.slots[i].tag != 0 {
 		i = s.next(i)
 	}
 	s.slots[i] = e
-	s.n++
 }
 
 // deleteAt empties slot i, shifting later entries of its probe run back so
@@ -376,14 +379,9 @@ func (s *shard) resize(size int) {
 	old := s.slots
 	s.slots = make([]slot, size)
 	for _, sl := range old {
-		if sl.tag == 0 {
-			continue
+		if sl.tag != 0 {
+			s.place(sl)
 		}
-		i := s.home(sl.tag)
-		for s.slots[i].tag != 0 {
-			i = s.next(i)
-		}
-		s.slots[i] = sl
 	}
 }
 

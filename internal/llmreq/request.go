@@ -9,7 +9,6 @@ package llmreq
 
 import (
 	"bytes"
-	"errors"
 	"io"
 	"net/http"
 	"strconv"
@@ -53,33 +52,28 @@ func Read(r *http.Request) ([]byte, bool) {
 	if r.Body == nil || r.Body == http.NoBody || r.ContentLength > MaxBody {
 		return nil, false
 	}
-	size := MaxBody + 1
+	size := MaxBody
 	if r.ContentLength >= 0 {
-		size = int(r.ContentLength) + 1
+		size = int(r.ContentLength)
 	}
-	buf := make([]byte, 0, min(size, 64<<10))
-	var err error
-	for len(buf) <= MaxBody && err == nil {
-		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
-		}
-		var n int
-		n, err = r.Body.Read(buf[len(buf):min(cap(buf), MaxBody+1)])
-		buf = buf[:len(buf)+n]
-	}
+	// Room for the body and the read that finds its end.
+	var buf bytes.Buffer
+	buf.Grow(min(size, 64<<10) + bytes.MinRead)
 	body := r.Body
+	_, err := buf.ReadFrom(io.LimitReader(body, MaxBody+1))
+	b := buf.Bytes()
 	switch {
-	case errors.Is(err, io.EOF):
-		r.Body = replay{bytes.NewReader(buf), body}
-		return buf, true
 	case err != nil:
 		// The read failed (the client left, a timeout): the upstream
 		// gets the bytes read, then the same error.
-		r.Body = replay{io.MultiReader(bytes.NewReader(buf), errReader{err}), body}
+		r.Body = replay{io.MultiReader(bytes.NewReader(b), errReader{err}), body}
+	case len(b) > MaxBody:
+		r.Body = replay{io.MultiReader(bytes.NewReader(b), body), body}
 	default:
-		r.Body = replay{io.MultiReader(bytes.NewReader(buf), body), body}
+		r.Body = replay{bytes.NewReader(b), body}
+		return b, true
 	}
-	return buf, false
+	return b, false
 }
 
 // replay is a body read again: the bytes read, then the rest; Close
@@ -110,7 +104,7 @@ func Parse(b []byte, path string) Request {
 		case "model":
 			q.Model = stringOf(v)
 		case "messages", "input", "contents", "prompt", "system", "instructions":
-			value(b, vs, &q.Prompt)
+			value(b, vs, &q.Prompt, 0)
 		case "max_tokens", "max_completion_tokens", "max_output_tokens":
 			q.setMax(v)
 		case "generationConfig":

@@ -82,48 +82,38 @@ func filter(ev []byte) []byte {
 	if !ok {
 		return ev
 	}
-	at := len(ev) - len(rest)
-	at = space(ev, at)
-	if at >= len(ev) || ev[at] != '{' {
-		return ev
-	}
-	usage, choices := [2]int{-1, -1}, false
-	var prev, next int // where the usage member starts (from the comma before it) and ends
-	last := at + 1     // the end of the previous member, or the object's brace
-	end := members(ev, at, func(key []byte, vs, ve int) {
+	at := space(ev, len(ev)-len(rest))
+	// The usage member: where the member before it ends (the brace when
+	// none), and its value.
+	from, vs, ve := 0, 0, 0
+	choices, last := false, at+1
+	end := members(ev, at, func(key []byte, s, e int) {
 		switch string(key) {
 		case "usage":
-			usage = [2]int{vs, ve}
-			prev, next = last, ve
+			from, vs, ve = last, s, e
 		case "choices":
-			v := ev[vs:ve]
-			choices = string(v) != "null" && string(v) != "[]" && !emptyArray(v)
+			v := ev[s:e]
+			choices = string(v) != "null" && !emptyArray(v)
 		}
-		last = ve
+		last = e
 	})
-	if end < 0 || usage[0] < 0 {
+	switch {
+	case end < 0 || ve == 0 || string(ev[vs:ve]) != "null" && choices:
 		return ev
-	}
-	if string(ev[usage[0]:usage[1]]) != "null" {
-		if choices {
-			return ev
-		}
+	case string(ev[vs:ve]) != "null":
 		return nil // the usage chunk
 	}
 	// "usage": null: removed with the comma before it, or, when it is the
 	// first member, with the comma after it.
-	if prev == at+1 {
-		i := space(ev, next)
-		if i < len(ev) && ev[i] == ',' {
-			next = space(ev, i+1)
+	to := ve
+	if from == at+1 {
+		if i := space(ev, ve); ev[i] == ',' {
+			to = space(ev, i+1)
 		}
-		return concat(ev[:prev], "", ev[next:])
+	} else {
+		from = space(ev, from)
 	}
-	comma := bytes.LastIndexByte(ev[prev:usage[0]], ',')
-	if comma < 0 {
-		return ev
-	}
-	return concat(ev[:prev+comma], "", ev[next:])
+	return concat(ev[:from], "", ev[to:])
 }
 
 func emptyArray(v []byte) bool {

@@ -80,8 +80,6 @@ func (s *Sketch) Add(key string) {
 	s.down(0)
 }
 
-func (s *Sketch) Total() uint64 { return s.total }
-
 // Reset empties the sketch, keeping its memory.
 func (s *Sketch) Reset() {
 	clear(s.index)
@@ -228,30 +226,20 @@ func Merge(n int, summaries ...Summary) Summary {
 		}
 		out.Total += s.Total
 		out.Floor += s.Floor
-		listed := make(map[string]bool, len(s.Top))
 		for _, e := range s.Top {
-			listed[e.Key] = true
-			b, seen := merged[e.Key]
-			if !seen {
-				// Not listed by the instances before this one.
-				for _, prev := range summaries[:i] {
-					b.upper += prev.Floor
-				}
-			}
-			b.upper += e.Count
+			// A key's upper bound is every instance's Floor, its count
+			// instead where it is listed: the Floor taken back here
+			// (modulo 2^64, exact in the sum) and every Floor added below.
+			b := merged[e.Key]
+			b.upper += e.Count - s.Floor
 			b.lower += e.Count - e.Error
 			merged[e.Key] = b
-		}
-		for k, b := range merged {
-			if !listed[k] {
-				b.upper += s.Floor
-				merged[k] = b
-			}
 		}
 	}
 	out.Top = make([]Entry, 0, len(merged))
 	for k, b := range merged {
-		out.Top = append(out.Top, Entry{Key: k, Count: b.upper, Error: b.upper - b.lower})
+		upper := b.upper + out.Floor
+		out.Top = append(out.Top, Entry{Key: k, Count: upper, Error: upper - b.lower})
 	}
 	slices.SortFunc(out.Top, func(a, b Entry) int {
 		return cmp.Or(cmp.Compare(b.Count, a.Count), cmp.Compare(b.Count-b.Error, a.Count-a.Error), strings.Compare(a.Key, b.Key))
@@ -265,6 +253,3 @@ func Merge(n int, summaries ...Summary) Summary {
 
 // Capacity is how many keys each of the two sketches tracks.
 func (r *Recent) Capacity() int { return cap(r.cur.slots) }
-
-// Period is how long each sketch counts, in nanoseconds.
-func (r *Recent) Period() int64 { return r.period }

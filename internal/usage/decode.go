@@ -56,7 +56,7 @@ const (
 	sKeyOrEnd                // after '{'
 	sKey                     // before a key, after ','
 	sInKey                   // in a key
-	sKeyEscape               // after a backslash in a key
+	sKeyEscape               // after a backslash in a key (each escape follows its state)
 	sColon                   // after a key
 	sInString                // in a string value
 	sEscape                  // after a backslash in a string value
@@ -97,22 +97,6 @@ func (d *decoder) feed(b []byte) {
 			default:
 				d.err = true
 			}
-		case sInKey:
-			j := plainRun(b, i)
-			if n := j - i; d.keyLen+n <= maxSegment {
-				copy(d.key[d.keyLen:], b[i:j])
-			}
-			d.keyLen += j - i
-			i = j
-			switch {
-			case i == len(b):
-			case b[i] == '\\':
-				d.escaped, d.state = true, sKeyEscape
-			default:
-				d.state = sColon
-			}
-		case sKeyEscape:
-			d.state = sInKey
 		case sColon:
 			switch {
 			case isSpace(c):
@@ -122,23 +106,23 @@ func (d *decoder) feed(b []byte) {
 			default:
 				d.err = true
 			}
-		case sInString:
-			from := i
-			i = plainRun(b, i)
-			switch {
+		case sInKey, sInString:
+			j := plainRun(b, i)
+			d.keep(b[i:j])
+			switch i = j; {
 			case i == len(b):
-				d.keep(b[from:i])
 			case b[i] == '\\':
-				d.keep(b[from : i+1])
-				d.state = sEscape
+				d.keep(b[i : i+1])
+				d.escaped, d.state = true, d.state+1 // to its escape
+			case d.state == sInKey:
+				d.state = sColon
 			default:
-				d.keep(b[from:i])
-				d.state, d.capture = sAfter, 0
+				d.capture = 0
 				d.afterValue()
 			}
-		case sEscape:
+		case sKeyEscape, sEscape:
 			d.keep(b[i : i+1])
-			d.state = sInString
+			d.state--
 		case sNumber:
 			switch {
 			case c >= '0' && c <= '9':
@@ -155,7 +139,6 @@ func (d *decoder) feed(b []byte) {
 			}
 		case sLiteral:
 			if c < 'a' || c > 'z' {
-				d.state = sAfter
 				d.afterValue()
 				i--
 			}
@@ -232,14 +215,19 @@ func (d *decoder) bitPath(b int) (segs []string, skip int) {
 	return d.paths.segs[b-slots], 1
 }
 
-// keep adds b, the next bytes of a string value, to the text it goes to,
-// as far as it holds.
+// keep adds b, the next bytes of a key or a string value, to the key or
+// the text it goes to, as far as it holds.
 func (d *decoder) keep(b []byte) {
-	if d.capture == 0 {
-		return
+	switch {
+	case d.state == sInKey || d.state == sKeyEscape:
+		if d.keyLen <= maxSegment {
+			copy(d.key[d.keyLen:], b)
+		}
+		d.keyLen += len(b)
+	case d.capture != 0:
+		k := d.capture - 1
+		d.textLen[k] += copy(d.text[k][d.textLen[k]:], b)
 	}
-	k := d.capture - 1
-	d.textLen[k] += copy(d.text[k][d.textLen[k]:], b)
 }
 
 // ends are the paths among the member's that end at its value.
@@ -290,7 +278,6 @@ func (d *decoder) endNumber() {
 			d.vals[b], d.found = d.num, d.found|1<<b
 		}
 	}
-	d.state = sAfter
 	d.afterValue()
 }
 
@@ -301,12 +288,12 @@ func (d *decoder) close(array bool) {
 		return
 	}
 	d.depth--
-	d.state = sAfter
 	d.afterValue()
 }
 
-// afterValue notes a top-level value's end.
+// afterValue ends a value, noting the top-level one's end.
 func (d *decoder) afterValue() {
+	d.state = sAfter
 	if d.depth == 0 {
 		d.done = true
 	}
@@ -319,7 +306,6 @@ func (d *decoder) finish() bool {
 	case sNumber:
 		d.endNumber()
 	case sLiteral:
-		d.state = sAfter
 		d.afterValue()
 	}
 	return !d.err && d.done && d.state == sAfter

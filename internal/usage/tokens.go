@@ -1,9 +1,6 @@
 package usage
 
-import (
-	"bytes"
-	"strings"
-)
+import "strings"
 
 // Token usage (charge tokens, charge usd): a Scanner started by
 // StartTokens reads the usage of every common LLM API's responses, JSON, server-sent events or Ollama's
@@ -36,8 +33,21 @@ import (
 // In a stream the last document that carries usage gives the result; the
 // model is that document's model (or the last one a usage document named).
 
-// tokenPaths are the paths a token scanner follows, by index.
-var tokenPaths = fixedPaths(
+// tokenPaths are the paths a token scanner follows: text[0] keeps the
+// model (the root's model or modelVersion, or the model under a top-level
+// key, as in Anthropic's message_start), text[1] the root's type or object.
+var tokenPaths, tokenPath = func(paths ...string) (Paths, map[string]int) {
+	var p Paths
+	index := make(map[string]int, len(paths))
+	for i, path := range paths {
+		p.segs = append(p.segs, strings.Split(path, "."))
+		index[path] = i
+	}
+	m := index["model"]
+	p.text[0] = 1<<m | 1<<(slots+m) | 1<<index["modelVersion"]
+	p.text[1] = 1<<index["type"] | 1<<index["object"]
+	return p, index
+}(
 	"usage.prompt_tokens", "usage.completion_tokens", "usage.prompt_tokens_details.cached_tokens",
 	"usage.input_tokens", "usage.output_tokens", "usage.input_tokens_details.cached_tokens",
 	"usage.cache_read_input_tokens", "usage.cache_creation_input_tokens",
@@ -46,41 +56,6 @@ var tokenPaths = fixedPaths(
 	"prompt_eval_count", "eval_count",
 	"model", "modelVersion", "type", "object",
 )
-
-const (
-	pPromptTokens = iota
-	pCompletionTokens
-	pPromptCached
-	pInputTokens
-	pOutputTokens
-	pInputCached
-	pCacheRead
-	pCacheCreation
-	pPromptTokenCount
-	pCandidatesTokenCount
-	pThoughtsTokenCount
-	pCachedContentTokenCount
-	pToolUsePromptTokenCount
-	pPromptEvalCount
-	pEvalCount
-	pModel
-	pModelVersion
-	pType
-	pObject
-)
-
-// fixedPaths are the token scanner's paths: text[0] keeps the model (the
-// root's model or modelVersion, or the model under a top-level key, as in
-// Anthropic's message_start), text[1] the root's type or object.
-func fixedPaths(paths ...string) Paths {
-	var p Paths
-	for _, path := range paths {
-		p.segs = append(p.segs, strings.Split(path, "."))
-	}
-	p.text[0] = 1<<pModel | 1<<(slots+pModel) | 1<<pModelVersion
-	p.text[1] = 1<<pType | 1<<pObject
-	return p
-}
 
 // tokenKeys are the key endings of every count a token scanner reads: a
 // document with none of them is not parsed.
@@ -99,92 +74,61 @@ type tokenState struct {
 // StartTokens readies s to read token usage from a body with these
 // headers (Tokens gives it).
 func (s *Scanner) StartTokens(contentType, contentEncoding string) {
-	*s = Scanner{paths: &tokenPaths, buf: s.buf[:0], tokens: true}
-	s.start(contentType, contentEncoding)
+	s.start(&tokenPaths, true, contentType, contentEncoding)
 }
 
 // Tokens is the body's token usage once it has ended, or why there is
 // none.
 func (s *Scanner) Tokens() (Tokens, Reason) {
-	switch s.kind {
-	case skipped:
-		return Tokens{}, s.reason
-	case jsonBody:
-		if !s.dec.finish() {
-			return Tokens{}, Malformed
-		}
-		s.takeTokens(&s.dec)
-		s.kind = unknown // taken once
-	case lineBody:
-		if !s.over && len(s.buf) > 0 {
-			s.dispatch(s.buf)
-		}
-		s.buf, s.over = s.buf[:0], false
-	}
 	t := &s.tok
-	switch {
-	case t.format != FormatNone && (t.format != Anthropic || t.anthropicFinal):
-		return Tokens{Input: t.input, CachedInput: t.cached, Output: t.out, Model: string(t.model[:t.modelLen]), Format: t.format}, OK
-	case s.malformed:
-		return Tokens{}, Malformed
-	case s.sawOver:
-		return Tokens{}, TooLarge
+	if r := s.end(func() bool { return t.format != FormatNone && (t.format != Anthropic || t.anthropicFinal) }); r != OK {
+		return Tokens{}, r
 	}
-	return Tokens{}, NoUsage
-}
-
-// lines scans a newline-delimited JSON chunk: each line is a document.
-func (s *Scanner) lines(b []byte) {
-	for len(b) > 0 {
-		i := bytes.IndexByte(b, '\n')
-		if i < 0 {
-			s.appendLine(b)
-			return
-		}
-		s.appendLine(b[:i])
-		if !s.over {
-			s.dispatch(s.buf)
-		}
-		s.buf, s.over = s.buf[:0], false
-		b = b[i+1:]
-	}
+	return Tokens{Input: t.input, CachedInput: t.cached, Output: t.out, Model: string(t.model[:t.modelLen]), Format: t.format}, OK
 }
 
 // takeTokens reads the usage of one parsed document, if it carries one.
 func (s *Scanner) takeTokens(d *decoder) {
 	t := &s.tok
-	v := func(i int) int64 { n, _ := d.pathValue(i); return n }
-	has := func(i int) bool { _, ok := d.pathValue(i); return ok }
+	has := func(path string) bool { _, ok := d.pathValue(tokenPath[path]); return ok }
+	v := func(paths ...string) int64 {
+		var sum int64
+		for _, p := range paths {
+			n, _ := d.pathValue(tokenPath[p])
+			sum = satAdd(sum, n)
+		}
+		return sum
+	}
 	kind := string(d.text[1][:d.textLen[1]]) // not kept: compared only
 	anthropic := kind == "message" || kind == "message_start" || kind == "message_delta"
 	switch {
-	case has(pPromptTokens) || has(pCompletionTokens):
+	case has("usage.prompt_tokens") || has("usage.completion_tokens"):
 		t.format = OpenAIChat
-		t.input, t.cached, t.out = v(pPromptTokens), v(pPromptCached), v(pCompletionTokens)
-	case has(pPromptTokenCount) || has(pCandidatesTokenCount):
+		t.input, t.cached, t.out = v("usage.prompt_tokens"), v("usage.prompt_tokens_details.cached_tokens"), v("usage.completion_tokens")
+	case has("usageMetadata.promptTokenCount") || has("usageMetadata.candidatesTokenCount"):
 		t.format = Gemini
-		t.input = satAdd(v(pPromptTokenCount), v(pToolUsePromptTokenCount))
-		t.cached = v(pCachedContentTokenCount)
-		t.out = satAdd(v(pCandidatesTokenCount), v(pThoughtsTokenCount))
-	case has(pEvalCount):
+		t.input = v("usageMetadata.promptTokenCount", "usageMetadata.toolUsePromptTokenCount")
+		t.cached = v("usageMetadata.cachedContentTokenCount")
+		t.out = v("usageMetadata.candidatesTokenCount", "usageMetadata.thoughtsTokenCount")
+	case has("eval_count"):
 		t.format = Ollama
-		t.input, t.cached, t.out = v(pPromptEvalCount), 0, v(pEvalCount)
-	case anthropic || (!strings.HasPrefix(kind, "response") && (has(pCacheRead) || has(pCacheCreation))):
+		t.input, t.cached, t.out = v("prompt_eval_count"), 0, v("eval_count")
+	case anthropic || (!strings.HasPrefix(kind, "response") && (has("usage.cache_read_input_tokens") || has("usage.cache_creation_input_tokens"))):
 		if t.format != Anthropic {
 			t.anthropic, t.anthropicFinal = [4]int64{}, false
 		}
 		t.format = Anthropic
-		for k, i := range [4]int{pInputTokens, pCacheRead, pCacheCreation, pOutputTokens} {
-			if has(i) {
-				t.anthropic[k] = v(i)
+		for k, p := range [4]string{"usage.input_tokens", "usage.cache_read_input_tokens", "usage.cache_creation_input_tokens", "usage.output_tokens"} {
+			if has(p) {
+				t.anthropic[k] = v(p)
 			}
 		}
-		t.anthropicFinal = t.anthropicFinal || (kind != "message_start" && has(pOutputTokens))
+		t.anthropicFinal = t.anthropicFinal || (kind != "message_start" && has("usage.output_tokens"))
 		a := t.anthropic
 		t.input, t.cached, t.out = satAdd(satAdd(a[0], a[1]), a[2]), a[1], a[3]
-	case has(pInputTokens) || has(pOutputTokens):
+	case has("usage.input_tokens") || has("usage.output_tokens"):
 		t.format = OpenAIResponses
-		t.input, t.cached, t.out = v(pInputTokens), v(pInputCached), v(pOutputTokens)
+		t.input, t.cached, t.out = v("usage.input_tokens"), v("usage.input_tokens_details.cached_tokens"), v("usage.output_tokens")
 	default:
 		return
 	}

@@ -113,7 +113,6 @@ const (
 	jsonBody
 	eventBody
 	lineBody // newline-delimited JSON: each line a document (token scanners only)
-	skipped
 )
 
 // Scanner reads one response body's total. Its zero value is not ready:
@@ -121,7 +120,7 @@ const (
 type Scanner struct {
 	paths  *Paths
 	kind   kind
-	reason Reason // why the body is skipped
+	reason Reason // why the body is skipped, OK if it is not
 	dec    decoder
 
 	// Event streams: buf holds the current event's data (the first
@@ -145,17 +144,16 @@ type Scanner struct {
 
 // Start readies s for a body with these headers.
 func (s *Scanner) Start(p *Paths, contentType, contentEncoding string) {
-	*s = Scanner{paths: p, buf: s.buf[:0]}
-	s.start(contentType, contentEncoding)
+	s.start(p, false, contentType, contentEncoding)
 }
 
-func (s *Scanner) start(contentType, contentEncoding string) {
-	p := s.paths
+func (s *Scanner) start(p *Paths, tokens bool, contentType, contentEncoding string) {
+	*s = Scanner{paths: p, buf: s.buf[:0], tokens: tokens}
 	mt, _, _ := strings.Cut(contentType, ";")
 	mt = strings.TrimSpace(mt)
 	switch {
 	case contentEncoding != "" && !strings.EqualFold(contentEncoding, "identity"):
-		s.kind, s.reason = skipped, Encoded
+		s.reason = Encoded
 	case strings.EqualFold(mt, "text/event-stream"):
 		s.kind = eventBody
 	case strings.EqualFold(mt, "application/json") || (len(mt) > 5 && strings.EqualFold(mt[len(mt)-5:], "+json")):
@@ -164,7 +162,7 @@ func (s *Scanner) start(contentType, contentEncoding string) {
 	case s.tokens && strings.EqualFold(mt, "application/x-ndjson"):
 		s.kind = lineBody
 	default:
-		s.kind, s.reason = skipped, NotJSON
+		s.reason = NotJSON
 	}
 }
 
@@ -172,43 +170,58 @@ func (s *Scanner) Write(b []byte) {
 	switch s.kind {
 	case jsonBody:
 		s.dec.feed(b)
-	case eventBody:
+	case eventBody, lineBody:
 		s.events(b)
-	case lineBody:
-		s.lines(b)
 	}
 }
 
 // Total is the sum of the paths' values once the body has ended, or why
 // there is none.
 func (s *Scanner) Total() (int64, Reason) {
-	switch s.kind {
-	case skipped:
-		return 0, s.reason
-	case jsonBody:
-		if !s.dec.finish() {
-			return 0, Malformed
-		}
-		s.keep(&s.dec)
-	}
 	all := uint16(1)<<s.paths.Len() - 1
-	switch {
-	case s.found == all:
-		var sum int64
-		for _, v := range s.vals[:s.paths.Len()] {
-			sum = satAdd(sum, v)
-		}
-		return sum, OK
-	case s.malformed:
-		return 0, Malformed
-	case s.sawOver:
-		return 0, TooLarge
+	if r := s.end(func() bool { return s.found == all }); r != OK {
+		return 0, r
 	}
-	return 0, NoUsage
+	var sum int64
+	for _, v := range s.vals[:s.paths.Len()] {
+		sum = satAdd(sum, v)
+	}
+	return sum, OK
 }
 
-// keep takes a parsed document's values as the latest.
-func (s *Scanner) keep(d *decoder) {
+// end takes the documents the body ended with; OK when done says what
+// was read is the result, else why there is none.
+func (s *Scanner) end(done func() bool) Reason {
+	switch {
+	case s.reason != OK:
+		return s.reason
+	case s.kind == jsonBody:
+		if !s.dec.finish() {
+			return Malformed
+		}
+		s.take(&s.dec)
+		s.kind = unknown // taken once
+	case s.kind == lineBody:
+		s.endLine()
+	}
+	switch {
+	case done():
+		return OK
+	case s.malformed:
+		return Malformed
+	case s.sawOver:
+		return TooLarge
+	}
+	return NoUsage
+}
+
+// take reads a parsed document's values (or, scanning tokens, usage) as
+// the latest.
+func (s *Scanner) take(d *decoder) {
+	if s.tokens {
+		s.takeTokens(d)
+		return
+	}
 	for i := range s.paths.Len() {
 		if v, ok := d.pathValue(i); ok {
 			s.vals[i], s.found = v, s.found|1<<i
@@ -220,8 +233,13 @@ func (s *Scanner) keep(d *decoder) {
 // format): lines end with \r\n, \n or \r; an empty line dispatches the
 // event; a data line's value (after "data:" and one optional space) joins
 // the event's data; other fields and comments are dropped; an event the
-// stream ends in the middle of is not dispatched.
+// stream ends in the middle of is not dispatched. An NDJSON body's lines
+// end with \n, and each is a document.
 func (s *Scanner) events(b []byte) {
+	ends := "\r\n"
+	if s.kind == lineBody {
+		ends = "\n"
+	}
 	for len(b) > 0 {
 		if s.afterCR {
 			s.afterCR = false
@@ -230,7 +248,7 @@ func (s *Scanner) events(b []byte) {
 				continue
 			}
 		}
-		i := bytes.IndexAny(b, "\r\n")
+		i := bytes.IndexAny(b, ends)
 		if i < 0 {
 			s.appendLine(b)
 			return
@@ -260,6 +278,13 @@ func (s *Scanner) appendLine(b []byte) {
 }
 
 func (s *Scanner) endLine() {
+	if s.kind == lineBody {
+		if !s.over {
+			s.dispatch(s.buf)
+		}
+		s.buf, s.over = s.buf[:0], false
+		return
+	}
 	line := s.buf[s.dataLen:]
 	empty := s.lineLen == 0
 	if !s.started && !s.over {
@@ -306,14 +331,11 @@ func (s *Scanner) dispatch(data []byte) {
 	}
 	s.dec.reset(s.paths)
 	s.dec.feed(data)
-	switch {
-	case !s.dec.finish():
+	if !s.dec.finish() {
 		s.malformed = true
-	case s.tokens:
-		s.takeTokens(&s.dec)
-	default:
-		s.keep(&s.dec)
+		return
 	}
+	s.take(&s.dec)
 }
 
 // satAdd is a + b, at most math.MaxInt64 (both are >= 0).
