@@ -37,13 +37,6 @@ type Directive struct {
 // error names the file and line.
 func ParseDirective(d *caddyfile.Dispenser) (*Directive, error) {
 	h := new(Directive)
-	if err := h.unmarshalCaddyfile(d); err != nil {
-		return nil, err
-	}
-	return h, nil
-}
-
-func (h *Directive) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the directive name
 	// The first zone with scope global, for the error when there is no
 	// global block (which may come after it).
@@ -79,15 +72,15 @@ func (h *Directive) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		"dry_run":         Set(&h.DryRun, NoArgs),
 	}.Read(d, "", "unknown subdirective %q: expected zone, distributed, persist, headers, status, jitter, sweep_interval, log_key, disable_metrics or dry_run", "zone")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if len(h.RateLimits) == 0 {
-		return d.Err("rate_limit needs at least one zone: zone <name> { key {client_ip}; events 100; window 1m }")
+		return nil, d.Err("rate_limit needs at least one zone: zone <name> { key {client_ip}; events 100; window 1m }")
 	}
 	if globalLine != 0 && (h.Distributed == nil || h.Distributed.Global == nil) {
-		return fmt.Errorf("zone %s: scope global needs a global block in distributed: distributed { region <name>; global { redis <url>; regions <name>:<weight>... } }, or remove scope global, at %s:%d", globalZone, d.File(), globalLine)
+		return nil, fmt.Errorf("zone %s: scope global needs a global block in distributed: distributed { region <name>; global { redis <url>; regions <name>:<weight>... } }, or remove scope global, at %s:%d", globalZone, d.File(), globalLine)
 	}
-	return nil
+	return h, nil
 }
 
 // unmarshalAdaptive reads an adaptive block: adaptive { latency <d>; min
