@@ -178,9 +178,12 @@ func Set[T any](dst *T, read func(*caddyfile.Dispenser) (T, error)) func(*caddyf
 	}
 }
 
-// IntIn reads a whole number from lo to hi, as IntArg.
+// IntIn reads a setting whose value is a whole number from lo to hi.
 func IntIn[T int | int64](lo, hi T) func(*caddyfile.Dispenser) (T, error) {
-	return func(d *caddyfile.Dispenser) (T, error) { return IntArg(d, lo, hi) }
+	return func(d *caddyfile.Dispenser) (T, error) {
+		n, err := int64ArgOf(d, d.Val(), int64(lo), int64(hi))
+		return T(n), err
+	}
 }
 
 // ZoneName reads the name of the zone block whose `zone` token d is on,
@@ -788,11 +791,6 @@ func oneOf(allowed ...string) func(*caddyfile.Dispenser) (string, error) {
 		}
 		return "", d.Errf("%s must be one of %s, not %q", dir, strings.Join(allowed, ", "), strings.Join(args, " "))
 	}
-}
-
-func IntArg[T int | int64](d *caddyfile.Dispenser, lo, hi T) (T, error) {
-	n, err := int64ArgOf(d, d.Val(), int64(lo), int64(hi))
-	return T(n), err
 }
 
 // int64ArgOf reads the setting dir, whose value is the next argument
