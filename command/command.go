@@ -115,6 +115,7 @@ type cli struct {
 	adapter   string
 	json      bool
 	out       io.Writer
+	err       error // the first failed write: printf writes nothing after it
 }
 
 func newCLI(cmd *cobra.Command) *cli {
@@ -421,14 +422,14 @@ func cliKey(c *cli, zone, key string) error {
 	case k.BannedFor > 0:
 		return c.printf("%s: BANNED for %s (level %d), 0 remaining\n", who, seconds(k.BannedFor), k.BanLevel)
 	case k.RetryAfter > 0:
-		err = c.printf("%s%s: LIMITED, 0 remaining, may send again in %s, full again in %s\n", who, stored, seconds(k.RetryAfter), seconds(k.ResetAfter))
+		c.printf("%s%s: LIMITED, 0 remaining, may send again in %s, full again in %s\n", who, stored, seconds(k.RetryAfter), seconds(k.ResetAfter))
 	case k.ResetAfter <= 0 && k.Remaining >= k.Burst:
-		err = c.printf("%s%s: at its full limit, %s remaining\n", who, stored, amount(k.USDFields, k.Remaining))
+		c.printf("%s%s: at its full limit, %s remaining\n", who, stored, amount(k.USDFields, k.Remaining))
 	default:
-		err = c.printf("%s%s: not limited, %s remaining, full again in %s\n", who, stored, amount(k.USDFields, k.Remaining), seconds(k.ResetAfter))
+		c.printf("%s%s: not limited, %s remaining, full again in %s\n", who, stored, amount(k.USDFields, k.Remaining), seconds(k.ResetAfter))
 	}
-	if err != nil || k.Source != "instance" {
-		return err
+	if c.err != nil || k.Source != "instance" {
+		return c.err
 	}
 	// An async zone's fleet view of the key, under what its next request
 	// on this instance gets.
@@ -443,10 +444,12 @@ func cliKey(c *cli, zone, key string) error {
 	return nil
 }
 
-// printf prints for people.
+// printf prints for people, and returns c.err.
 func (c *cli) printf(format string, args ...any) error {
-	_, err := fmt.Fprintf(c.out, format, args...)
-	return err
+	if c.err == nil {
+		_, c.err = fmt.Fprintf(c.out, format, args...)
+	}
+	return c.err
 }
 
 // findZone returns the zone named name, or an error listing the zones there
@@ -583,19 +586,15 @@ func cliBans(c *cli, zone string) error {
 	if printed || err != nil {
 		return err
 	}
-	if err := c.printf("zone %s: %d banned %s\n", printable(zone), len(b.Bans), where(b.View)); err != nil {
-		return err
-	}
+	c.printf("zone %s: %d banned %s\n", printable(zone), len(b.Bans), where(b.View))
 	for _, ban := range b.Bans {
 		level := ""
 		if ban.BanLevel > 0 {
 			level = fmt.Sprintf(" (level %d)", ban.BanLevel)
 		}
-		if err := c.printf("  %s  banned for %s%s\n", quoteKey(ban.Key), seconds(ban.BannedFor), level); err != nil {
-			return err
-		}
+		c.printf("  %s  banned for %s%s\n", quoteKey(ban.Key), seconds(ban.BannedFor), level)
 	}
-	return nil
+	return c.err
 }
 
 // where says whose state an admin API view holds.
@@ -654,11 +653,10 @@ func cliReset(c *cli, zone, key string) error {
 		}
 		fmt.Fprintf(c.out, "zone %s, key %s: reset to its full limit on %s\n", printable(zone), quoteKey(key), on)
 		for _, o := range outcomes {
-			line := "  " + printable(o.Address) + ": " + o.Outcome
 			if o.Error != "" {
-				line = "  " + printable(o.Address) + ": FAILED: " + printable(o.Error)
+				o.Outcome = "FAILED: " + printable(o.Error)
 			}
-			if err := c.printf("%s\n", line); err != nil {
+			if err := c.printf("  %s: %s\n", printable(o.Address), o.Outcome); err != nil {
 				return err
 			}
 		}

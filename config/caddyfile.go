@@ -37,36 +37,25 @@ type Directive struct {
 // error names the file and line.
 func ParseDirective(d *caddyfile.Dispenser) (*Directive, error) {
 	h := new(Directive)
-	if err := h.unmarshalCaddyfile(d); err != nil {
-		return nil, err
-	}
-	return h, nil
-}
-
-func (h *Directive) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the directive name
 	// The first zone with scope global, for the error when there is no
 	// global block (which may come after it).
 	var globalZone string
 	var globalLine int
-	err := Subdirectives(d, nil, "", func(sub string) (err error) {
-		switch sub {
-		case "zone":
-			var name string
-			var lines map[string]int
-			if name, lines, err = parseZone(d, &h.RateLimits); err == nil && h.RateLimits[name].Scope == "global" && globalLine == 0 {
+	err := Settings{
+		"zone": func(d *caddyfile.Dispenser) error {
+			name, lines, err := parseZone(d, &h.RateLimits)
+			if err == nil && h.RateLimits[name].Scope == "global" && globalLine == 0 {
 				globalZone, globalLine = name, lines["scope"]
 			}
-		case "distributed":
-			h.Distributed = new(Distributed)
-			err = h.Distributed.unmarshalCaddyfile(d)
-		case "headers":
-			h.Headers, err = oneOf(d, "both", "ietf", "legacy", "off")
-		case "status":
-			h.StatusCode, err = IntArg(d, 400, 599)
-		case "jitter":
-			var s string
-			if s, err = OneArg(d); err == nil {
+			return err
+		},
+		"distributed": Set(&h.Distributed, unmarshalDistributed),
+		"headers":     Set(&h.Headers, oneOf("both", "ietf", "legacy", "off")),
+		"status":      Set(&h.StatusCode, IntIn(400, 599)),
+		"jitter": func(d *caddyfile.Dispenser) error {
+			s, err := OneArg(d)
+			if err == nil {
 				h.Jitter, err = strconv.ParseFloat(s, 64)
 				// Written so that NaN, which compares false with
 				// everything, is refused too.
@@ -74,32 +63,24 @@ func (h *Directive) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 					err = d.Errf("jitter must be a fraction between 0 and 1 (e.g. jitter 0.2), not %q", s)
 				}
 			}
-		case "sweep_interval":
-			h.SweepInterval, err = DurationArg(d)
-		case "persist":
-			h.Persist = new(Persist)
-			err = h.Persist.unmarshalCaddyfile(d)
-		case "log_key":
-			err = NoArgs(d, &h.LogKey)
-		case "disable_metrics":
-			err = NoArgs(d, &h.DisableMetrics)
-		case "dry_run":
-			err = NoArgs(d, &h.DryRun)
-		default:
-			err = d.Errf("unknown subdirective %q: expected zone, distributed, persist, headers, status, jitter, sweep_interval, log_key, disable_metrics or dry_run", sub)
-		}
-		return err
-	}, "zone")
+			return err
+		},
+		"sweep_interval":  Set(&h.SweepInterval, DurationArg),
+		"persist":         Set(&h.Persist, unmarshalPersist),
+		"log_key":         Set(&h.LogKey, NoArgs),
+		"disable_metrics": Set(&h.DisableMetrics, NoArgs),
+		"dry_run":         Set(&h.DryRun, NoArgs),
+	}.Read(d, "", "unknown subdirective %q: expected zone, distributed, persist, headers, status, jitter, sweep_interval, log_key, disable_metrics or dry_run", "zone")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if len(h.RateLimits) == 0 {
-		return d.Err("rate_limit needs at least one zone: zone <name> { key {client_ip}; events 100; window 1m }")
+		return nil, d.Err("rate_limit needs at least one zone: zone <name> { key {client_ip}; events 100; window 1m }")
 	}
 	if globalLine != 0 && (h.Distributed == nil || h.Distributed.Global == nil) {
-		return fmt.Errorf("zone %s: scope global needs a global block in distributed: distributed { region <name>; global { redis <url>; regions <name>:<weight>... } }, or remove scope global, at %s:%d", globalZone, d.File(), globalLine)
+		return nil, fmt.Errorf("zone %s: scope global needs a global block in distributed: distributed { region <name>; global { redis <url>; regions <name>:<weight>... } }, or remove scope global, at %s:%d", globalZone, d.File(), globalLine)
 	}
-	return nil
+	return h, nil
 }
 
 // unmarshalAdaptive reads an adaptive block: adaptive { latency <d>; min
@@ -107,21 +88,16 @@ func (h *Directive) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 func unmarshalAdaptive(d *caddyfile.Dispenser) (*Adaptive, error) {
 	a := new(Adaptive)
 	line := d.Line()
-	err := Subdirectives(d, nil, "adaptive: ", func(sub string) (err error) {
-		switch sub {
-		case "latency":
+	err := Settings{
+		"latency": func(d *caddyfile.Dispenser) (err error) {
 			if a.Latency, err = DurationArg(d); err == nil && (a.Latency <= 0 || time.Duration(a.Latency) > zones.MaxAdaptiveTarget) {
 				err = d.Errf("adaptive latency must be a positive duration of at most %v, the upstream's p90 latency when healthy (e.g. latency 250ms)", zones.MaxAdaptiveTarget)
 			}
-		case "min":
-			a.Min, err = IntArg[int64](d, 1, zones.MaxConcurrency)
-		case "max":
-			a.Max, err = IntArg[int64](d, 1, zones.MaxConcurrency)
-		default:
-			err = d.Errf("unknown adaptive setting %q: expected latency, min or max", sub)
-		}
-		return err
-	})
+			return err
+		},
+		"min": Set(&a.Min, IntIn[int64](1, zones.MaxConcurrency)),
+		"max": Set(&a.Max, IntIn[int64](1, zones.MaxConcurrency)),
+	}.Read(d, "adaptive: ", "unknown adaptive setting %q: expected latency, min or max")
 	switch {
 	case err != nil:
 		return nil, err
@@ -178,6 +154,38 @@ func Subdirectives(d *caddyfile.Dispenser, seen map[string]bool, twice string, f
 	return nil
 }
 
+// Settings are a block's subdirectives' readers, by name: each reads its
+// line, d on the subdirective's name.
+type Settings map[string]func(d *caddyfile.Dispenser) error
+
+// Read reads the block d's token opens as Subdirectives does, each
+// subdirective by its reader; one that has none is the error unknown, a
+// format of its name.
+func (s Settings) Read(d *caddyfile.Dispenser, twice, unknown string, repeatable ...string) error {
+	return Subdirectives(d, nil, twice, func(sub string) error {
+		if read := s[sub]; read != nil {
+			return read(d)
+		}
+		return d.Errf(unknown, sub)
+	}, repeatable...)
+}
+
+// Set is the reader that stores what read reads in dst.
+func Set[T any](dst *T, read func(*caddyfile.Dispenser) (T, error)) func(*caddyfile.Dispenser) error {
+	return func(d *caddyfile.Dispenser) (err error) {
+		*dst, err = read(d)
+		return err
+	}
+}
+
+// IntIn reads a setting whose value is a whole number from lo to hi.
+func IntIn[T int | int64](lo, hi T) func(*caddyfile.Dispenser) (T, error) {
+	return func(d *caddyfile.Dispenser) (T, error) {
+		n, err := int64ArgOf(d, d.Val(), int64(lo), int64(hi))
+		return T(n), err
+	}
+}
+
 // ZoneName reads the name of the zone block whose `zone` token d is on,
 // which must not name one of the zones defined before it in the same block
 // (in: "handler", "listener wrapper").
@@ -206,7 +214,82 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone) (name string, lin
 	lines = map[string]int{}
 	zoneLine := d.Line()
 	seen := map[string]bool{}
-	err = Subdirectives(d, seen, "", func(sub string) (err error) {
+	settings := Settings{
+		"key":    Set(&z.Key, OneArg),
+		"events": planInt(true, &z.MaxEventsPlaceholder, &z.MaxEvents, &z.MaxEventsAtMost),
+		"window": func(d *caddyfile.Dispenser) error {
+			a, err := readPlanArgs(d, "at_least", true)
+			switch {
+			case err != nil:
+				return err
+			case a.placeholder == "":
+				z.Window, err = DurationArg(d)
+				return err
+			}
+			z.WindowPlaceholder = a.placeholder
+			if z.Window, err = ParseDuration(d, "window", a.fallback); err == nil && a.bound != "" {
+				z.WindowAtLeast, err = ParseDuration(d, "window at_least", a.bound)
+				if err == nil && z.WindowAtLeast > z.Window {
+					err = d.Errf("window at_least %v is longer than the fallback %v: the fallback must be within the bound", time.Duration(z.WindowAtLeast), time.Duration(z.Window))
+				}
+			}
+			return err
+		},
+		"burst": planInt(false, &z.BurstPlaceholder, &z.Burst, &z.BurstAtMost),
+		"cost":  z.readCost,
+		"count": func(d *caddyfile.Dispenser) error {
+			m := map[string]caddyhttp.ResponseMatcher{}
+			if err := caddyhttp.ParseNamedResponseMatcher(d.NewFromNextSegment(), m); err != nil {
+				return err
+			}
+			rm := m["count"]
+			z.Count = &rm
+			if rm.StatusCode == nil && rm.Headers == nil {
+				return d.Err("count needs response matchers, e.g. count { status 401 403 }")
+			}
+			return nil
+		},
+		"charge":   z.readCharge,
+		"estimate": Set(&z.Estimate, oneOf("request")),
+		"include_usage": func(d *caddyfile.Dispenser) error {
+			if z.IncludeUsage = d.RemainingArgs(); len(z.IncludeUsage) == 0 {
+				return d.Err("include_usage takes off, or the paths (or their ends) of OpenAI chat-completions endpoints, e.g. include_usage /v1/chat/completions")
+			}
+			return nil
+		},
+		"match": func(d *caddyfile.Dispenser) error {
+			set, err := caddyhttp.ParseCaddyfileNestedMatcherSet(d)
+			z.MatcherSetsRaw = append(z.MatcherSetsRaw, set)
+			return err
+		},
+		"ipv4_prefix": Set(&z.IPv4Prefix, IntIn(1, 32)),
+		"ipv6_prefix": Set(&z.IPv6Prefix, IntIn(1, 128)),
+		"fail_policy": Set(&z.FailPolicy, oneOf("open", "closed", "local")),
+		"max_keys":    Set(&z.MaxKeys, IntIn[int64](1, zones.MaxMaxKeys)),
+		"dry_run":     Set(&z.DryRun, NoArgs),
+		"scope":       Set(&z.Scope, oneOf("global", "region")),
+		"quota":       Set(&z.Quota, unmarshalQuota),
+		"ban":         z.readBan,
+		"delay": func(d *caddyfile.Dispenser) (err error) {
+			if z.Delay, err = DurationArg(d); err == nil && time.Duration(z.Delay) > zones.MaxDelay {
+				err = d.Errf("delay %v is longer than the %v a request may wait for its turn: use a shorter delay (a client further away is told Retry-After)", time.Duration(z.Delay), zones.MaxDelay)
+			}
+			return err
+		},
+		"queue":       Set(&z.Queue, IntIn[int64](1, zones.MaxQueue)),
+		"concurrency": Set(&z.Concurrency, IntIn[int64](1, zones.MaxConcurrency)),
+		"adaptive":    Set(&z.Adaptive, unmarshalAdaptive),
+		"priority":    Set(&z.Priority, unmarshalPriority),
+		"status":      Set(&z.StatusCode, IntIn(400, 599)),
+		"challenge":   Set(&z.Challenge, unmarshalChallenge),
+		"lease": func(d *caddyfile.Dispenser) (err error) {
+			if z.Lease, err = DurationArg(d); err == nil && z.Lease < caddy.Duration(zones.MinLease) {
+				err = d.Errf("lease must be at least %v: slots are renewed every lease/3", zones.MinLease)
+			}
+			return err
+		},
+	}
+	err = Subdirectives(d, seen, "", func(sub string) error {
 		lines[sub] = d.Line()
 		d, err := usdAmount(d, z, sub, lines) // `<amount> usd`: read in micro-dollars
 		if err != nil {
@@ -215,101 +298,21 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone) (name string, lin
 		switch {
 		case sub == "quota" && (seen["events"] || seen["window"] || seen["burst"]),
 			(sub == "events" || sub == "window" || sub == "burst") && seen["quota"]:
-			err = d.Err("a zone has either a quota or a rate: remove events, window and burst, or put the rate in a zone of its own (a rate and a quota for the same key are two zones)")
+			return d.Err("a zone has either a quota or a rate: remove events, window and burst, or put the rate in a zone of its own (a rate and a quota for the same key are two zones)")
 		case sub == "quota" && (seen["concurrency"] || seen["lease"]),
 			(sub == "concurrency" || sub == "lease") && seen["quota"]:
-			err = d.Err("a zone has either a quota or a concurrency limit: put each in a zone of its own")
+			return d.Err("a zone has either a quota or a concurrency limit: put each in a zone of its own")
 		case sub == "adaptive" && (seen["concurrency"] || seen["lease"] || seen["quota"] || seen["events"] || seen["window"] || seen["burst"]),
 			(sub == "concurrency" || sub == "lease" || sub == "quota" || sub == "events" || sub == "window" || sub == "burst") && seen["adaptive"]:
-			err = d.Err("adaptive is a limit of requests in flight that follows the upstream's latency: it replaces concurrency, lease, quota, events, window and burst; remove them, or put that limit in a zone of its own")
+			return d.Err("adaptive is a limit of requests in flight that follows the upstream's latency: it replaces concurrency, lease, quota, events, window and burst; remove them, or put that limit in a zone of its own")
 		case sub == "concurrency" && (seen["events"] || seen["window"] || seen["burst"]),
 			(sub == "events" || sub == "window" || sub == "burst") && seen["concurrency"]:
-			err = d.Err("concurrency replaces events, window and burst: remove them, or put the rate limit in a zone of its own")
-		case sub == "key":
-			z.Key, err = OneArg(d)
-		case sub == "events":
-			z.MaxEventsPlaceholder, err = planInt(d, true, &z.MaxEvents, &z.MaxEventsAtMost)
-		case sub == "window":
-			var a planArgs
-			switch a, err = readPlanArgs(d, "at_least", true); {
-			case err != nil:
-			case a.placeholder == "":
-				z.Window, err = DurationArg(d)
-			default:
-				z.WindowPlaceholder = a.placeholder
-				if z.Window, err = ParseDuration(d, "window", a.fallback); err == nil && a.bound != "" {
-					z.WindowAtLeast, err = ParseDuration(d, "window at_least", a.bound)
-					if err == nil && z.WindowAtLeast > z.Window {
-						err = d.Errf("window at_least %v is longer than the fallback %v: the fallback must be within the bound", time.Duration(z.WindowAtLeast), time.Duration(z.Window))
-					}
-				}
-			}
-		case sub == "burst":
-			z.BurstPlaceholder, err = planInt(d, false, &z.Burst, &z.BurstAtMost)
-		case sub == "cost":
-			err = readCostArgs(d, z)
-		case sub == "count":
-			m := map[string]caddyhttp.ResponseMatcher{}
-			if err = caddyhttp.ParseNamedResponseMatcher(d.NewFromNextSegment(), m); err == nil {
-				rm := m["count"]
-				if rm.StatusCode == nil && rm.Headers == nil {
-					err = d.Err("count needs response matchers, e.g. count { status 401 403 }")
-				}
-				z.Count = &rm
-			}
-		case sub == "charge":
-			err = parseCharge(d, z)
-		case sub == "estimate":
-			z.Estimate, err = oneOf(d, "request")
-		case sub == "include_usage":
-			if z.IncludeUsage = d.RemainingArgs(); len(z.IncludeUsage) == 0 {
-				err = d.Err("include_usage takes off, or the paths (or their ends) of OpenAI chat-completions endpoints, e.g. include_usage /v1/chat/completions")
-			}
-		case sub == "match":
-			var set caddy.ModuleMap
-			if set, err = caddyhttp.ParseCaddyfileNestedMatcherSet(d); err == nil {
-				z.MatcherSetsRaw = append(z.MatcherSetsRaw, set)
-			}
-		case sub == "ipv4_prefix":
-			z.IPv4Prefix, err = IntArg(d, 1, 32)
-		case sub == "ipv6_prefix":
-			z.IPv6Prefix, err = IntArg(d, 1, 128)
-		case sub == "fail_policy":
-			z.FailPolicy, err = oneOf(d, "open", "closed", "local")
-		case sub == "max_keys":
-			z.MaxKeys, err = IntArg[int64](d, 1, zones.MaxMaxKeys)
-		case sub == "dry_run":
-			err = NoArgs(d, &z.DryRun)
-		case sub == "scope":
-			z.Scope, err = oneOf(d, "global", "region")
-		case sub == "quota":
-			z.Quota, err = unmarshalQuota(d)
-		case sub == "ban":
-			z.Ban, z.BanMax, err = banArgs(d)
-		case sub == "delay":
-			if z.Delay, err = DurationArg(d); err == nil && time.Duration(z.Delay) > zones.MaxDelay {
-				err = d.Errf("delay %v is longer than the %v a request may wait for its turn: use a shorter delay (a client further away is told Retry-After)", time.Duration(z.Delay), zones.MaxDelay)
-			}
-		case sub == "queue":
-			z.Queue, err = IntArg[int64](d, 1, zones.MaxQueue)
-		case sub == "concurrency":
-			z.Concurrency, err = IntArg[int64](d, 1, zones.MaxConcurrency)
-		case sub == "adaptive":
-			z.Adaptive, err = unmarshalAdaptive(d)
-		case sub == "priority":
-			z.Priority, err = unmarshalPriority(d)
-		case sub == "status":
-			z.StatusCode, err = IntArg(d, 400, 599)
-		case sub == "challenge":
-			z.Challenge, err = unmarshalChallenge(d)
-		case sub == "lease":
-			if z.Lease, err = DurationArg(d); err == nil && z.Lease < caddy.Duration(zones.MinLease) {
-				err = d.Errf("lease must be at least %v: slots are renewed every lease/3", zones.MinLease)
-			}
-		default:
-			err = d.Errf("unknown subdirective %q: expected key, events, window, burst, quota, cost, count, charge, estimate, include_usage, ban, delay, queue, concurrency, lease, adaptive, priority, status, challenge, scope, match, ipv4_prefix, ipv6_prefix, fail_policy, max_keys or dry_run", sub)
+			return d.Err("concurrency replaces events, window and burst: remove them, or put the rate limit in a zone of its own")
 		}
-		return err
+		if read := settings[sub]; read != nil {
+			return read(d)
+		}
+		return d.Errf("unknown subdirective %q: expected key, events, window, burst, quota, cost, count, charge, estimate, include_usage, ban, delay, queue, concurrency, lease, adaptive, priority, status, challenge, scope, match, ipv4_prefix, ipv6_prefix, fail_policy, max_keys or dry_run", sub)
 	}, "match")
 	if err == nil {
 		err = usdUnits(name, d, z, lines)
@@ -392,74 +395,68 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone) (name string, lin
 	return name, lines, nil
 }
 
-func (p *Persist) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	return Subdirectives(d, nil, "", func(sub string) (err error) {
-		switch sub {
-		case "interval":
+func unmarshalPersist(d *caddyfile.Dispenser) (*Persist, error) {
+	p := new(Persist)
+	return p, Settings{
+		"interval": func(d *caddyfile.Dispenser) (err error) {
 			if p.Interval, err = DurationArg(d); err == nil && time.Duration(p.Interval) < MinPersistInterval {
 				err = d.Errf("persist interval must be at least %v, not %v", MinPersistInterval, time.Duration(p.Interval))
 			}
-		case "max_age":
-			p.MaxAge, err = DurationArg(d)
-		default:
-			err = d.Errf("unknown persist subdirective %q: expected interval or max_age", sub)
-		}
-		return err
-	})
+			return err
+		},
+		"max_age": Set(&p.MaxAge, DurationArg),
+	}.Read(d, "", "unknown persist subdirective %q: expected interval or max_age")
 }
 
-func (dist *Distributed) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
+func unmarshalDistributed(d *caddyfile.Dispenser) (*Distributed, error) {
+	dist := new(Distributed)
 	var syncLine, regionLine int
-	err := Subdirectives(d, nil, "", func(sub string) (err error) {
-		switch {
-		case sub == "redis":
-			dist.Redis = new(Redis)
-			err = dist.Redis.unmarshalCaddyfile(d)
-		case sub == "mode":
-			dist.Mode, err = oneOf(d, "strict", "async")
-		case sub == "sync_interval":
+	settings := Settings{
+		"redis": Set(&dist.Redis, unmarshalRedis),
+		"mode":  Set(&dist.Mode, oneOf("strict", "async")),
+		"sync_interval": func(d *caddyfile.Dispenser) (err error) {
 			syncLine = d.Line()
 			dist.SyncInterval, err = DurationArg(d)
-		case sub == "read_interval":
-			// mholt/caddy-ratelimit's names: see Distributed.ReadInterval.
-			dist.ReadInterval, err = DurationArg(d)
-		case sub == "write_interval":
-			dist.WriteInterval, err = DurationArg(d)
-		case sub == "purge_age":
-			// mholt/caddy-ratelimit's clean-up age: every tally key has a
-			// TTL instead, so it is accepted and has no effect.
-			_, err = DurationArg(d)
-		case sub == "timeout":
-			dist.Timeout, err = DurationArg(d)
-		case sub == "key_prefix":
+			return err
+		},
+		// mholt/caddy-ratelimit's names: see Distributed.ReadInterval.
+		"read_interval":  Set(&dist.ReadInterval, DurationArg),
+		"write_interval": Set(&dist.WriteInterval, DurationArg),
+		// mholt/caddy-ratelimit's clean-up age: every tally key has a TTL
+		// instead, so it is accepted and has no effect.
+		"purge_age": Set(new(caddy.Duration), DurationArg),
+		"timeout":   Set(&dist.Timeout, DurationArg),
+		"key_prefix": func(d *caddyfile.Dispenser) (err error) {
 			if dist.KeyPrefix, err = OneArg(d); err == nil && len(dist.KeyPrefix) > maxKeyPrefix {
 				err = d.Errf("key_prefix is longer than %d bytes: use a shorter one", maxKeyPrefix)
 			}
-		case sub == "region":
+			return err
+		},
+		"region": func(d *caddyfile.Dispenser) (err error) {
 			regionLine = d.Line()
 			if dist.Region, err = OneArg(d); err == nil && !zones.ValidName(dist.Region) {
 				err = d.Errf("region name %q is invalid: use letters, digits, '_' and '-'", dist.Region)
 			}
-		case sub == "global":
-			dist.Global = new(Global)
-			err = dist.Global.unmarshalCaddyfile(d)
-		case slices.Contains([]string{"addresses", "username", "password", "db", "sentinel_master", "tls", "tls_ca", "tls_client"}, sub):
-			err = d.Errf("%s belongs in the redis block: redis { addresses <host:port>...; %s ... }", sub, sub)
-		default:
-			err = d.Errf("unknown subdirective %q: expected redis, mode, sync_interval, timeout, key_prefix, region or global", sub)
+			return err
+		},
+		"global": Set(&dist.Global, unmarshalGlobal),
+	}
+	for _, sub := range []string{"addresses", "username", "password", "db", "sentinel_master", "tls", "tls_ca", "tls_client"} {
+		settings[sub] = func(d *caddyfile.Dispenser) error {
+			return d.Errf("%s belongs in the redis block: redis { addresses <host:port>...; %s ... }", sub, sub)
 		}
-		return err
-	})
+	}
+	err := settings.Read(d, "", "unknown subdirective %q: expected redis, mode, sync_interval, timeout, key_prefix, region or global")
 	if err != nil {
-		return fmt.Errorf("distributed: %w", err)
+		return nil, fmt.Errorf("distributed: %w", err)
 	}
 	if dist.Redis == nil {
-		return d.Err("distributed needs Redis: tally shares state through Redis, not Caddy's storage; add e.g. redis redis://127.0.0.1:6379")
+		return nil, d.Err("distributed needs Redis: tally shares state through Redis, not Caddy's storage; add e.g. redis redis://127.0.0.1:6379")
 	}
 	if syncLine != 0 && dist.Mode != "async" {
-		return fmt.Errorf("distributed: sync_interval only applies to mode async (strict mode asks Redis on every request): remove it or add mode async, at %s:%d", d.File(), syncLine)
+		return nil, fmt.Errorf("distributed: sync_interval only applies to mode async (strict mode asks Redis on every request): remove it or add mode async, at %s:%d", d.File(), syncLine)
 	}
-	return dist.checkRegion(d, regionLine)
+	return dist, dist.checkRegion(d, regionLine)
 }
 
 // checkRegion refuses a region without a global block, a global block
@@ -481,61 +478,51 @@ func (dist *Distributed) checkRegion(d *caddyfile.Dispenser, regionLine int) err
 	return nil
 }
 
-func (r *Redis) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	r.Addresses = d.RemainingArgs()
+func unmarshalRedis(d *caddyfile.Dispenser) (*Redis, error) {
+	r := &Redis{Addresses: d.RemainingArgs()}
 	if len(r.Addresses) > 0 {
 		if err := checkAddresses(d, r.Addresses); err != nil {
-			return err
+			return nil, err
 		}
 		if d.NextBlock(d.Nesting()) {
-			return d.Err("redis takes either addresses on its line or a block, not both")
+			return nil, d.Err("redis takes either addresses on its line or a block, not both")
 		}
-		return nil
+		return r, nil
 	}
-	err := Subdirectives(d, nil, "redis: ", func(sub string) (err error) {
-		switch sub {
-		case "addresses":
+	err := Settings{
+		"addresses": func(d *caddyfile.Dispenser) error {
 			if r.Addresses = d.RemainingArgs(); len(r.Addresses) == 0 {
-				err = d.Err("redis: addresses needs at least one address, e.g. addresses 127.0.0.1:6379")
-			} else {
-				err = checkAddresses(d, r.Addresses)
+				return d.Err("redis: addresses needs at least one address, e.g. addresses 127.0.0.1:6379")
 			}
-		case "username":
-			r.Username, err = OneArg(d)
-		case "password":
-			r.Password, err = OneArg(d)
-		case "db":
-			r.DB, err = IntArg(d, 0, 1<<20)
-		case "sentinel_master":
-			r.SentinelMaster, err = OneArg(d)
-		case "tls":
-			err = NoArgs(d, &r.TLS)
-		case "tls_ca":
-			r.TLSCA, err = OneArg(d)
-		case "tls_client":
+			return checkAddresses(d, r.Addresses)
+		},
+		"username":        Set(&r.Username, OneArg),
+		"password":        Set(&r.Password, OneArg),
+		"db":              Set(&r.DB, IntIn(0, 1<<20)),
+		"sentinel_master": Set(&r.SentinelMaster, OneArg),
+		"tls":             Set(&r.TLS, NoArgs),
+		"tls_ca":          Set(&r.TLSCA, OneArg),
+		"tls_client": func(d *caddyfile.Dispenser) error {
 			args := d.RemainingArgs()
 			if len(args) != 2 {
-				err = d.Err("redis: tls_client takes a certificate file and its key file, e.g. tls_client /etc/tally/client.pem /etc/tally/client-key.pem")
-			} else {
-				r.TLSCert, r.TLSKey = args[0], args[1]
+				return d.Err("redis: tls_client takes a certificate file and its key file, e.g. tls_client /etc/tally/client.pem /etc/tally/client-key.pem")
 			}
-		default:
-			err = d.Errf("redis: unknown subdirective %q: expected addresses, username, password, db, sentinel_master, tls, tls_ca or tls_client", sub)
-		}
-		return err
-	})
+			r.TLSCert, r.TLSKey = args[0], args[1]
+			return nil
+		},
+	}.Read(d, "redis: ", "redis: unknown subdirective %q: expected addresses, username, password, db, sentinel_master, tls, tls_ca or tls_client")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if len(r.Addresses) == 0 {
-		return d.Err("redis needs an address: redis redis://127.0.0.1:6379, or addresses inside its block")
+		return nil, d.Err("redis needs an address: redis redis://127.0.0.1:6379, or addresses inside its block")
 	}
-	return nil
+	return r, nil
 }
 
-// parseCharge parses `charge <placeholder> [fallback]`,
+// readCharge reads `charge <placeholder> [fallback]`,
 // `charge json <path> [+ <path>...]` or `charge tokens [input|output|total]`.
-func parseCharge(d *caddyfile.Dispenser, z *Zone) error {
+func (z *Zone) readCharge(d *caddyfile.Dispenser) error {
 	args := d.RemainingArgs()
 	if len(args) > 0 && args[0] == "usd" {
 		for range args[1:] {
@@ -594,28 +581,31 @@ func parseCharge(d *caddyfile.Dispenser, z *Zone) error {
 }
 
 // planInt reads events or burst, the setting d is on: a literal into lit,
-// or a placeholder, which it returns, with its fallback (needFallback: a
+// or a placeholder, into placeholder, with its fallback (needFallback: a
 // required one) into lit and its at_most bound into atMost.
-func planInt(d *caddyfile.Dispenser, needFallback bool, lit, atMost *int64) (string, error) {
-	dir := d.Val()
-	a, err := readPlanArgs(d, "at_most", needFallback)
-	switch {
-	case err != nil:
-		return "", err
-	case a.placeholder == "":
-		*lit, err = int64ArgOf(d, dir, 1, zones.MaxEvents)
-		return "", err
-	case a.fallback != "":
-		if *lit, err = ParseInt64(d, dir, a.fallback, 1, zones.MaxEvents); err != nil {
-			return "", err
+func planInt(needFallback bool, placeholder *string, lit, atMost *int64) func(*caddyfile.Dispenser) error {
+	return func(d *caddyfile.Dispenser) error {
+		dir := d.Val()
+		a, err := readPlanArgs(d, "at_most", needFallback)
+		switch {
+		case err != nil:
+			return err
+		case a.placeholder == "":
+			*lit, err = int64ArgOf(d, dir, 1, zones.MaxEvents)
+			return err
+		case a.fallback != "":
+			if *lit, err = ParseInt64(d, dir, a.fallback, 1, zones.MaxEvents); err != nil {
+				return err
+			}
 		}
-	}
-	if a.bound != "" {
-		if *atMost, err = ParseInt64(d, dir+" at_most", a.bound, 1, zones.MaxEvents); err == nil && *atMost < *lit {
-			err = d.Errf("%s at_most %d is less than the fallback %d: the fallback must be within the bound", dir, *atMost, *lit)
+		*placeholder = a.placeholder
+		if a.bound != "" {
+			if *atMost, err = ParseInt64(d, dir+" at_most", a.bound, 1, zones.MaxEvents); err == nil && *atMost < *lit {
+				err = d.Errf("%s at_most %d is less than the fallback %d: the fallback must be within the bound", dir, *atMost, *lit)
+			}
 		}
+		return err
 	}
-	return a.placeholder, err
 }
 
 // planArgs are the arguments of `events`, `window` or `burst` given a
@@ -665,10 +655,10 @@ func readPlanArgs(d *caddyfile.Dispenser, keyword string, needFallback bool) (pl
 	return a, nil
 }
 
-// readCostArgs reads `cost <n>` or `cost <placeholder> [<fallback n>]
+// readCost reads `cost <n>` or `cost <placeholder> [<fallback n>]
 // [at_least <n>] [at_most <n>]`, the bounds in either order, each at most
 // once, the fallback within them.
-func readCostArgs(d *caddyfile.Dispenser, z *Zone) error {
+func (z *Zone) readCost(d *caddyfile.Dispenser) error {
 	args := d.RemainingArgs()
 	const example = "cost {http.request.header.X-Search-Cost} 1 at_least 1 at_most 100"
 	if len(args) == 0 || !strings.HasPrefix(args[0], "{") {
@@ -734,27 +724,30 @@ func checkAddresses(d *caddyfile.Dispenser, addrs []string) error {
 	return nil
 }
 
-// banArgs reads ban <first> [<max>].
-func banArgs(d *caddyfile.Dispenser) (first, most caddy.Duration, err error) {
+// readBan reads ban <first> [<max>].
+func (z *Zone) readBan(d *caddyfile.Dispenser) error {
 	args := d.RemainingArgs()
 	if len(args) == 0 || len(args) > 2 {
-		return 0, 0, d.Err("ban takes a duration and optionally the longest escalated ban: ban 1h, or ban 10m 24h")
+		return d.Err("ban takes a duration and optionally the longest escalated ban: ban 1h, or ban 10m 24h")
 	}
-	if first, err = ParseDuration(d, "ban", args[0]); err != nil {
-		return 0, 0, err
+	first, err := ParseDuration(d, "ban", args[0])
+	if err != nil {
+		return err
 	}
+	var most caddy.Duration
 	if len(args) == 2 {
 		if most, err = ParseDuration(d, "ban's longest", args[1]); err != nil {
-			return 0, 0, err
+			return err
 		}
 		if most < first {
-			return 0, 0, d.Errf("ban %s %s: the longest ban is shorter than the first; write ban <first> <max> with max >= first", args[0], args[1])
+			return d.Errf("ban %s %s: the longest ban is shorter than the first; write ban <first> <max> with max >= first", args[0], args[1])
 		}
 	}
 	if time.Duration(max(first, most)) > zones.MaxBan {
-		return 0, 0, d.Errf("ban %s: longer than the 100 years tally can represent", strings.Join(args, " "))
+		return d.Errf("ban %s: longer than the 100 years tally can represent", strings.Join(args, " "))
 	}
-	return first, most, nil
+	z.Ban, z.BanMax = first, most
+	return nil
 }
 
 // OneArg reads the one value of a setting whose value is text (a key
@@ -785,21 +778,19 @@ func oneWord(d *caddyfile.Dispenser, dir string) (string, error) {
 	return args[0], nil
 }
 
-func oneOf(d *caddyfile.Dispenser, allowed ...string) (string, error) {
-	dir := d.Val()
-	args := d.RemainingArgs()
-	if len(args) == 1 && slices.Contains(allowed, args[0]) {
-		return args[0], nil
+// oneOf reads a setting whose value is one of allowed.
+func oneOf(allowed ...string) func(*caddyfile.Dispenser) (string, error) {
+	return func(d *caddyfile.Dispenser) (string, error) {
+		dir := d.Val()
+		args := d.RemainingArgs()
+		if len(args) == 1 && slices.Contains(allowed, args[0]) {
+			return args[0], nil
+		}
+		if len(args) == 0 {
+			return "", d.Errf("%s needs a value: one of %s", dir, strings.Join(allowed, ", "))
+		}
+		return "", d.Errf("%s must be one of %s, not %q", dir, strings.Join(allowed, ", "), strings.Join(args, " "))
 	}
-	if len(args) == 0 {
-		return "", d.Errf("%s needs a value: one of %s", dir, strings.Join(allowed, ", "))
-	}
-	return "", d.Errf("%s must be one of %s, not %q", dir, strings.Join(allowed, ", "), strings.Join(args, " "))
-}
-
-func IntArg[T int | int64](d *caddyfile.Dispenser, lo, hi T) (T, error) {
-	n, err := int64ArgOf(d, d.Val(), int64(lo), int64(hi))
-	return T(n), err
 }
 
 // int64ArgOf reads the setting dir, whose value is the next argument
@@ -841,11 +832,10 @@ func ParseDuration(d *caddyfile.Dispenser, dir, s string) (caddy.Duration, error
 	return caddy.Duration(dur), nil
 }
 
-// NoArgs sets flag, refusing a value after the setting d is on.
-func NoArgs(d *caddyfile.Dispenser, flag *bool) error {
+// NoArgs reads a flag, true, refusing a value after the setting d is on.
+func NoArgs(d *caddyfile.Dispenser) (bool, error) {
 	if dir := d.Val(); d.NextArg() {
-		return d.Errf("%s takes no value", dir)
+		return false, d.Errf("%s takes no value", dir)
 	}
-	*flag = true
-	return nil
+	return true, nil
 }

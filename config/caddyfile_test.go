@@ -16,9 +16,7 @@ import (
 
 func parse(t *testing.T, input string) (*Directive, error) {
 	t.Helper()
-	h := new(Directive)
-	err := h.unmarshalCaddyfile(caddyfile.NewTestDispenser(input))
-	return h, err
+	return ParseDirective(caddyfile.NewTestDispenser(input))
 }
 
 func TestCaddyfileFullSyntax(t *testing.T) {

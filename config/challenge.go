@@ -63,9 +63,8 @@ func (c *Challenge) Check() error {
 func unmarshalChallenge(d *caddyfile.Dispenser) (*Challenge, error) {
 	c := new(Challenge)
 	line := d.Line()
-	err := Subdirectives(d, nil, "challenge: ", func(sub string) (err error) {
-		switch sub {
-		case "difficulty":
+	err := Settings{
+		"difficulty": func(d *caddyfile.Dispenser) (err error) {
 			args := d.RemainingArgs()
 			if len(args) < 1 || len(args) > 2 {
 				return d.Err("challenge difficulty takes the leading zero hex digits, or a lower and an upper bound: difficulty 4, or difficulty 4 8")
@@ -73,17 +72,12 @@ func unmarshalChallenge(d *caddyfile.Dispenser) (*Challenge, error) {
 			if c.Difficulty, err = parseDifficulty(d, args[0]); err == nil && len(args) == 2 {
 				c.DifficultyMax, err = parseDifficulty(d, args[1])
 			}
-		case "valid":
-			c.Valid, err = DurationArg(d)
-		case "events":
-			c.MaxEvents, err = IntArg[int64](d, 1, zones.MaxEvents)
-		case "window":
-			c.Window, err = DurationArg(d)
-		default:
-			err = d.Errf("unknown challenge setting %q: expected difficulty, valid, events or window", sub)
-		}
-		return err
-	})
+			return err
+		},
+		"valid":  Set(&c.Valid, DurationArg),
+		"events": Set(&c.MaxEvents, IntIn[int64](1, zones.MaxEvents)),
+		"window": Set(&c.Window, DurationArg),
+	}.Read(d, "challenge: ", "unknown challenge setting %q: expected difficulty, valid, events or window")
 	if err != nil {
 		return nil, err
 	}

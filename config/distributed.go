@@ -183,42 +183,36 @@ type Global struct {
 	Lease caddy.Duration `json:"lease,omitempty"`
 }
 
-// unmarshalCaddyfile reads the global block of distributed
+// unmarshalGlobal reads the global block of distributed
 // (docs/distributed.md).
-func (g *Global) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
+func unmarshalGlobal(d *caddyfile.Dispenser) (*Global, error) {
+	g := new(Global)
 	var leaseLine int
-	err := Subdirectives(d, nil, "", func(sub string) (err error) {
-		switch sub {
-		case "redis":
-			g.Redis = new(Redis)
-			err = g.Redis.unmarshalCaddyfile(d)
-		case "regions":
-			err = g.unmarshalRegions(d)
-		case "sync_interval":
-			g.SyncInterval, err = DurationArg(d)
-		case "lease":
+	err := Settings{
+		"redis":         Set(&g.Redis, unmarshalRedis),
+		"regions":       g.unmarshalRegions,
+		"sync_interval": Set(&g.SyncInterval, DurationArg),
+		"lease": func(d *caddyfile.Dispenser) (err error) {
 			leaseLine = d.Line()
 			g.Lease, err = DurationArg(d)
-		default:
-			err = d.Errf("unknown subdirective %q: expected redis, regions, sync_interval or lease", sub)
-		}
-		return err
-	})
+			return err
+		},
+	}.Read(d, "", "unknown subdirective %q: expected redis, regions, sync_interval or lease")
 	if err != nil {
-		return fmt.Errorf("global: %w", err)
+		return nil, fmt.Errorf("global: %w", err)
 	}
 	switch {
 	case g.Redis == nil:
-		return d.Err("global needs the global Redis: add e.g. redis rediss://global.internal:6380")
+		return nil, d.Err("global needs the global Redis: add e.g. redis rediss://global.internal:6380")
 	case len(g.Regions) == 0:
-		return d.Err("global needs the regions and their weights: add e.g. regions eu:2 us:1")
+		return nil, d.Err("global needs the regions and their weights: add e.g. regions eu:2 us:1")
 	}
 	sync := cmp.Or(time.Duration(g.SyncInterval), distributed.DefaultGlobalSyncInterval)
 	lease := cmp.Or(time.Duration(g.Lease), distributed.DefaultGlobalLease)
 	if lease < 2*sync {
-		return fmt.Errorf("global: lease %v is shorter than twice sync_interval %v: a region must outlive two syncs without contact; use lease %v or more, at %s:%d", lease, sync, 2*sync, d.File(), cmp.Or(leaseLine, d.Line()))
+		return nil, fmt.Errorf("global: lease %v is shorter than twice sync_interval %v: a region must outlive two syncs without contact; use lease %v or more, at %s:%d", lease, sync, 2*sync, d.File(), cmp.Or(leaseLine, d.Line()))
 	}
-	return nil
+	return g, nil
 }
 
 // unmarshalRegions reads `regions <name>:<weight>...`.

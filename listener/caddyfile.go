@@ -19,11 +19,9 @@ import (
 // (fail_policy, lease, distributed) is refused with its line.
 func (w *Wrapper) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the wrapper's name
-	err := config.Subdirectives(d, nil, "", func(sub string) error {
-		switch sub {
-		case "zone":
-			return parseZone(d, &w.RateLimits)
-		case "deny_while":
+	settings := config.Settings{
+		"zone": func(d *caddyfile.Dispenser) error { return parseZone(d, &w.RateLimits) },
+		"deny_while": func(d *caddyfile.Dispenser) error {
 			args := d.RemainingArgs()
 			if len(args) == 0 {
 				return d.Err("deny_while needs the name of an HTTP zone, e.g. deny_while login_ip")
@@ -35,17 +33,19 @@ func (w *Wrapper) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			w.DenyWhile = append(w.DenyWhile, args...)
 			return nil
-		case "log_key":
-			return config.NoArgs(d, &w.LogKey)
-		case "dry_run":
-			return config.NoArgs(d, &w.DryRun)
-		case "distributed":
+		},
+		"log_key": config.Set(&w.LogKey, config.NoArgs),
+		"dry_run": config.Set(&w.DryRun, config.NoArgs),
+		"distributed": func(d *caddyfile.Dispenser) error {
 			return d.Err("connection zones are local to this instance: remove distributed (a distributed HTTP zone's denials reach deny_while through its deny cache)")
-		case "headers", "status", "jitter":
+		},
+	}
+	for _, sub := range []string{"headers", "status", "jitter"} {
+		settings[sub] = func(d *caddyfile.Dispenser) error {
 			return d.Errf("%s shapes HTTP responses, and a refused connection gets none (it is reset): remove it", sub)
 		}
-		return d.Errf("unknown subdirective %q: expected zone, deny_while, log_key or dry_run", sub)
-	}, "zone", "deny_while")
+	}
+	err := settings.Read(d, "", "unknown subdirective %q: expected zone, deny_while, log_key or dry_run", "zone", "deny_while")
 	if err != nil {
 		return err
 	}
@@ -88,41 +88,36 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone) error {
 	z := new(Zone)
 	lines := map[string]int{}
 	zoneLine := d.Line()
-	err = config.Subdirectives(d, nil, "", func(sub string) (err error) {
-		lines[sub] = d.Line()
-		switch {
-		case refused[sub] != "":
-			err = d.Err(refused[sub])
-		case lines["concurrency"] > 0 && lines["events"]+lines["window"]+lines["burst"] > 0:
-			err = d.Err("concurrency replaces events, window and burst: remove them, or put the rate limit in a zone of its own")
-		case limits[sub] != "" && strings.HasPrefix(nextArg(d), "{"):
-			err = d.Errf("%s %s %s: %s", sub, nextArg(d), request, limits[sub])
-		case sub == "key":
+	settings := config.Settings{
+		"key": func(d *caddyfile.Dispenser) (err error) {
 			if z.Key, err = config.OneArg(d); err == nil {
 				if p := z.keyProblem(); p != nil {
 					err = d.Err(p.Error())
 				}
 			}
-		case sub == "events":
-			z.MaxEvents, err = config.IntArg[int64](d, 1, zones.MaxEvents)
-		case sub == "window":
-			z.Window, err = config.DurationArg(d)
-		case sub == "burst":
-			z.Burst, err = config.IntArg[int64](d, 1, zones.MaxEvents)
-		case sub == "concurrency":
-			z.Concurrency, err = config.IntArg[int64](d, 1, zones.MaxConcurrency)
-		case sub == "ipv4_prefix":
-			z.IPv4Prefix, err = config.IntArg(d, 1, 32)
-		case sub == "ipv6_prefix":
-			z.IPv6Prefix, err = config.IntArg(d, 1, 128)
-		case sub == "max_keys":
-			z.MaxKeys, err = config.IntArg[int64](d, 1, zones.MaxMaxKeys)
-		case sub == "dry_run":
-			err = config.NoArgs(d, &z.DryRun)
-		default:
-			err = d.Errf("unknown subdirective %q: expected key, events, window, burst, concurrency, ipv4_prefix, ipv6_prefix, max_keys or dry_run", sub)
+			return err
+		},
+		"events":      limit("write a number", config.Set(&z.MaxEvents, config.IntIn[int64](1, zones.MaxEvents))),
+		"window":      limit("write a duration", config.Set(&z.Window, config.DurationArg)),
+		"burst":       limit("write a number", config.Set(&z.Burst, config.IntIn[int64](1, zones.MaxEvents))),
+		"concurrency": limit("write a number", config.Set(&z.Concurrency, config.IntIn[int64](1, zones.MaxConcurrency))),
+		"ipv4_prefix": limit("write a number", config.Set(&z.IPv4Prefix, config.IntIn(1, 32))),
+		"ipv6_prefix": limit("write a number", config.Set(&z.IPv6Prefix, config.IntIn(1, 128))),
+		"max_keys":    limit("write a number", config.Set(&z.MaxKeys, config.IntIn[int64](1, zones.MaxMaxKeys))),
+		"dry_run":     config.Set(&z.DryRun, config.NoArgs),
+	}
+	for sub, why := range refused {
+		settings[sub] = func(d *caddyfile.Dispenser) error { return d.Err(why) }
+	}
+	err = config.Subdirectives(d, nil, "", func(sub string) error {
+		lines[sub] = d.Line()
+		if lines["concurrency"] > 0 && lines["events"]+lines["window"]+lines["burst"] > 0 {
+			return d.Err("concurrency replaces events, window and burst: remove them, or put the rate limit in a zone of its own")
 		}
-		return err
+		if read := settings[sub]; read != nil {
+			return read(d)
+		}
+		return d.Errf("unknown subdirective %q: expected key, events, window, burst, concurrency, ipv4_prefix, ipv6_prefix, max_keys or dry_run", sub)
 	})
 	if err != nil {
 		return fmt.Errorf("zone %s: %w", name, err)
@@ -147,21 +142,20 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone) error {
 	return nil
 }
 
-// limits are the settings whose value is a limit, which a placeholder (the
-// handler's `events {plan} 60`) cannot give, and what to write instead.
-var limits = map[string]string{
-	"events": "write a number", "window": "write a duration", "burst": "write a number", "concurrency": "write a number",
-	"ipv4_prefix": "write a number", "ipv6_prefix": "write a number", "max_keys": "write a number",
-}
-
-// nextArg is the argument after the setting d is on, "" if none; d stays
-// on the setting.
-func nextArg(d *caddyfile.Dispenser) string {
-	if !d.NextArg() {
-		return ""
+// limit is read, which reads a limit, refusing a placeholder (the
+// handler's `events {plan} 60`), which a connection cannot give: fix says
+// what to write instead.
+func limit(fix string, read func(*caddyfile.Dispenser) error) func(*caddyfile.Dispenser) error {
+	return func(d *caddyfile.Dispenser) error {
+		if d.NextArg() {
+			arg := d.Val()
+			d.Prev()
+			if strings.HasPrefix(arg, "{") {
+				return d.Errf("%s %s %s: %s", d.Val(), arg, request, fix)
+			}
+		}
+		return read(d)
 	}
-	defer d.Prev()
-	return d.Val()
 }
 
 // Interface guard
