@@ -36,9 +36,8 @@ const (
 	// answers it within the timeout, which tells busy from down.
 	syncChunk      = 1000
 	firstSyncChunk = 50
-	// asyncMaxKeys caps the records kept for a zone with no max_keys.
-	asyncMaxKeys = 1_000_000
-	asyncZoneSep = ".async:" // see RedisKey
+	asyncMaxKeys   = 1_000_000 // records kept for a zone with no max_keys
+	asyncZoneSep   = ".async:" // see RedisKey
 	// leaseLifetime is a lease's lifetime L in sync intervals: a key far
 	// below its limit is synced about once per L, and the bound's window
 	// grows from d+I to d+L (the extra capped by the leases held, about two
@@ -66,7 +65,7 @@ type Async struct {
 	syncFailed atomic.Bool   // the last sync attempt failed
 
 	epochMu sync.Mutex
-	epochs  map[int]int64 // the epoch last seen, by hash slot (0 off a Cluster); see async_epoch.go
+	epochs  map[int]int64 // the epoch last seen, by hash slot (0 off a Cluster); see sawEpoch
 
 	syncMu   sync.Mutex // one sync at a time (the loop, Close's last one)
 	stop     chan struct{}
@@ -74,8 +73,8 @@ type Async struct {
 	closed   sync.Once
 }
 
-// OpenAsync opens an async store and starts its sync loop; like Open, it
-// does not contact Redis.
+// OpenAsync opens an async store and starts its sync loop, without
+// contacting Redis.
 func OpenAsync(opts Options, logger *zap.Logger) (*Async, error) {
 	return openAsync(opts, asyncMaxKeys, logger)
 }
@@ -113,8 +112,7 @@ func openAsync(opts Options, maxKeys int, logger *zap.Logger) (*Async, error) {
 	return a, nil
 }
 
-// Offers says what an async store offers besides its steps; bans are the
-// zones' own, not kept with the decisions.
+// Offers says what an async store offers besides its steps.
 func (a *Async) Offers() zones.Offers {
 	return zones.Offers{Mode: "async", Quotas: true, Records: a, BanList: a.link, Slots: a.link, Overrides: a.overrides()}
 }
@@ -155,7 +153,7 @@ func (a *Async) Rate(ctx context.Context, zone, key string, st zones.RateStep) (
 }
 
 // Close stops the sync loop, reports what this instance admitted and hands
-// back its leases in a last sync (bounded), then closes the connection.
+// back its leases in a last, bounded sync, then closes the connection.
 func (a *Async) Close() error {
 	var err error
 	a.closed.Do(func() {
@@ -234,7 +232,7 @@ func (a *Async) step(ctx context.Context, zone, key string, st zones.RateStep) (
 }
 
 // staleErr is the error of a view too stale to decide from: ErrUnavailable
-// while b, the breaker of its Redis, is open.
+// while b, its Redis's breaker, is open.
 func staleErr(b *breaker) error {
 	if ok, _ := b.health(); !ok {
 		return ErrUnavailable
@@ -242,7 +240,6 @@ func staleErr(b *breaker) error {
 	return ErrStale
 }
 
-// shardOf is key's shard in zone, nil when the store has no record of zone.
 func (a *Async) shardOf(zone, key string) *asyncShard {
 	if z := (*a.zones.Load())[zone]; z != nil {
 		return z.shard(key)
@@ -307,7 +304,6 @@ func (a *Async) Fallback(zone, key string, now int64, limit, share algorithms.Li
 	return r.fallbackStep(now, limit, share, op, cost, ahead)
 }
 
-// forgetDenials drops the deny cache of every record.
 func (a *Async) forgetDenials() {
 	a.eachShard(func(_ *asyncZone, s *asyncShard) {
 		for _, r := range s.m {
@@ -322,7 +318,6 @@ func (a *Async) RedisKey(zone, key string) string {
 	return a.opts.KeyPrefix + zone + asyncZoneSep + key
 }
 
-// forgetRecord forgets this instance's record of a key that was reset.
 func (a *Async) forgetRecord(zone, key string) {
 	s := a.shardOf(zone, key)
 	if s == nil {
@@ -334,7 +329,6 @@ func (a *Async) forgetRecord(zone, key string) {
 	s.mu.Unlock()
 }
 
-// synced reports whether the last sync succeeded (see resets.go).
 func (a *Async) synced() bool { return !a.syncFailed.Load() }
 
 func b2i(b bool) int64 {

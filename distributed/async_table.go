@@ -3,6 +3,7 @@ package distributed
 // Async mode's records by zone: a sharded map per zone, capped by max_keys.
 
 import (
+	"context"
 	"hash/maphash"
 	"maps"
 	"strings"
@@ -42,6 +43,33 @@ func newAsyncZone(name string, maxKeys int) *asyncZone {
 
 func (z *asyncZone) shard(key string) *asyncShard {
 	return &z.shards[maphash.String(z.seed, key)&z.mask]
+}
+
+// unlocked runs f, a call for one record, with s unlocked and *inFlight
+// set: requests for the record meanwhile wait for it (await).
+func (s *asyncShard) unlocked(inFlight *chan struct{}, f func()) {
+	w := make(chan struct{})
+	*inFlight = w
+	s.mu.Unlock()
+	f()
+	s.mu.Lock()
+	*inFlight = nil
+	close(w)
+}
+
+// await waits, with s unlocked, until the call in flight w ends; ErrTimeout
+// when ctx ends first.
+func (s *asyncShard) await(ctx context.Context, w chan struct{}) error {
+	s.mu.Unlock()
+	select {
+	case <-w:
+	case <-ctx.Done():
+	}
+	s.mu.Lock()
+	if ctx.Err() != nil {
+		return ErrTimeout
+	}
+	return nil
 }
 
 // insert adds r for key to a locked shard, making room first when it is
