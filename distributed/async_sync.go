@@ -74,13 +74,6 @@ func (a *Async) sync(ctx context.Context, take bool) error {
 	defer a.syncMu.Unlock()
 	start := monotime.Now()
 	items := a.snapshot(start, !take)
-	for i := range items {
-		it := &items[i]
-		it.rkey = a.RedisKey(it.z.name, it.key)
-		if a.cluster {
-			it.slot = hashSlot(it.rkey)
-		}
-	}
 	// Items with traffic first (a sync out of time leaves the idle ones);
 	// on a Cluster by slot, so that one call carries a slot's keys.
 	slices.SortStableFunc(items, func(x, y item) int {
@@ -111,17 +104,15 @@ func (a *Async) sync(ctx context.Context, take bool) error {
 		}
 		a.breaker.record(probe, err)
 	}
-	if a.cluster && err != nil {
-		// No master answered, but the sync may have sent only one
-		// master's keys: each failed record goes stale on its own.
-		return err
+	// On a Cluster no master answered, but the sync may have sent only one
+	// master's keys: each failed record goes stale on its own.
+	if !a.cluster || err == nil {
+		a.syncFailed.Store(err != nil)
 	}
-	a.syncFailed.Store(err != nil)
-	if err != nil {
-		return err
+	if err == nil {
+		a.lastSync.Store(start)
 	}
-	a.lastSync.Store(start)
-	return nil
+	return err
 }
 
 // snapshot lists the records that need a sync, with what to report.
@@ -130,7 +121,11 @@ func (a *Async) snapshot(now int64, all bool) []item {
 	a.eachShard(func(z *asyncZone, s *asyncShard) {
 		for k, r := range s.m {
 			if st, need := r.snapshot(now, int64(a.opts.SyncInterval), all, &a.seq); need {
-				items = append(items, item{z: z, s: s, key: k, r: r, sent: st})
+				it := item{z: z, s: s, key: k, r: r, sent: st, rkey: a.RedisKey(z.name, k)}
+				if a.cluster {
+					it.slot = hashSlot(it.rkey)
+				}
+				items = append(items, it)
 			}
 		}
 	})
@@ -138,15 +133,18 @@ func (a *Async) snapshot(now int64, all bool) []item {
 }
 
 // restore marks records of a sync that did not happen as used again, so the
-// next sync does not take them for idle; failed (monotime, or 0) is when a
-// sync first failed to reach their master.
+// next sync does not take them for idle; failed (monotime) is when a sync
+// first failed to reach their master, 0 for none, -1 for a master that
+// answered (not failing).
 func (a *Async) restore(items []item, failed int64) {
 	for _, it := range items {
 		it.s.mu.Lock()
 		if !it.sent.idle {
 			it.r.used, it.r.active = true, true
 		}
-		if failed != 0 && it.r.failedSince == 0 {
+		if failed < 0 {
+			it.r.failedSince = 0
+		} else if failed != 0 && it.r.failedSince == 0 {
 			it.r.failedSince = failed
 		}
 		it.s.mu.Unlock()
@@ -274,13 +272,7 @@ func (a *Async) adoptCall(c *asyncCall, now, start int64) {
 	if err != nil && unreachable(err) {
 		c.gate.note(err)
 		if c.gate.busy() {
-			// Its master answered part of this sync: alive, only busy.
-			a.restore(c.items, 0)
-			for _, it := range c.items {
-				it.s.mu.Lock()
-				it.r.failedSince = 0
-				it.s.mu.Unlock()
-			}
+			a.restore(c.items, -1) // its master answered part of this sync: alive, only busy
 		} else {
 			a.restore(c.items, start)
 		}

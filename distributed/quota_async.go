@@ -38,12 +38,11 @@ type quotaRecord struct {
 	// counts for it (used and lease) at the last reply; room: what the
 	// fleet had left besides. used > held is a debt the next sync reports.
 	used, held, room int64
-	known            bool          // used is Redis's view too (else the first report takes Redis's)
-	active           bool          // decided since the last sync; an idle record hands its lease back
-	blockedUntil     int64         // monotime: the fleet had nothing left; denied locally until then
-	taking           chan struct{} // closed when a call in flight for the record ends
-	limit            int64         // the last step's limit and periods, for the syncs
-	periods          *zones.Periods
+	known            bool             // used is Redis's view too (else the first report takes Redis's)
+	active           bool             // decided since the last sync; an idle record hands its lease back
+	blockedUntil     int64            // monotime: the fleet had nothing left; denied locally until then
+	taking           chan struct{}    // closed when a call in flight for the record ends
+	q                zones.QuotaLimit // the last step's, for the syncs
 }
 
 // quotaReport is what one quota_async.lua call says for a record.
@@ -141,11 +140,11 @@ func (a *Async) Quota(ctx context.Context, zone, key string, st zones.QuotaStep)
 func (a *Async) quotaRecordFor(z *asyncZone, s *asyncShard, key string, q zones.QuotaLimit, now int64) *quotaRecord {
 	r := s.q[key]
 	if r != nil && (now < r.endMono || r.taking != nil) {
-		r.limit, r.periods = q.Limit, q.Periods
+		r.q = q
 		return r
 	}
 	end := q.Periods.Bounds[2]
-	fresh := &quotaRecord{end: end, endMono: now + (end-time.Now().UnixMicro())*1000, limit: q.Limit, periods: q.Periods}
+	fresh := &quotaRecord{end: end, endMono: now + (end-time.Now().UnixMicro())*1000, q: q}
 	if r == nil {
 		z.insertQuota(s, key, fresh)
 	} else {
@@ -251,7 +250,7 @@ func (a *Async) syncQuotas(ctx context.Context, final bool) {
 		s    *asyncShard
 		key  string
 		r    *quotaRecord
-		q    zones.QuotaLimit
+		q    zones.QuotaLimit // as reported
 		st   quotaReport
 		sent int64
 		g    *gate
@@ -277,10 +276,9 @@ func (a *Async) syncQuotas(ctx context.Context, final bool) {
 				}
 				continue
 			}
-			it := item{s: s, key: key, r: r, q: zones.QuotaLimit{Limit: r.limit, Periods: r.periods}}
-			it.st = r.report(0, 0)
+			it := item{s: s, key: key, r: r, q: r.q, st: r.report(0, 0)}
 			it.keys = []string{a.QuotaKey(z.name, key)}
-			it.args = a.quotaArgs(it.q, it.st)
+			it.args = a.quotaArgs(r.q, it.st)
 			r.held = min(r.held, r.used) // it spends nothing more until the reply
 			r.taking = make(chan struct{})
 			items = append(items, it)
