@@ -267,26 +267,22 @@ func (c *link) sendReleases(ctx context.Context) {
 		}
 		cmds[i] = pipe.ZRem(ctx, r.rkey, r.id)
 	}
-	if pipe.Len() > 0 {
-		_, _ = pipe.Exec(ctx) // errors are per command
-		for i, cmd := range cmds {
-			if cmd == nil {
-				continue
-			}
-			err := cmd.Err()
-			if errors.Is(err, redis.Nil) {
-				err = nil
-			}
-			gs.get(c.breakerFor(live[i].rkey)).note(err)
-			if err != nil {
-				failed = append(failed, live[i])
-			}
+	_, _ = pipe.Exec(ctx) // errors are per command
+	for i, cmd := range cmds {
+		if cmd == nil {
+			continue
 		}
-		gs.record()
+		err := cmd.Err()
+		if errors.Is(err, redis.Nil) {
+			err = nil
+		}
+		gs.get(c.breakerFor(live[i].rkey)).note(err)
+		if err != nil {
+			failed = append(failed, live[i])
+		}
 	}
-	if len(failed) > 0 {
-		sl.mu.Lock()
-		sl.releases = append(sl.releases, failed...)
-		sl.mu.Unlock()
-	}
+	gs.record()
+	sl.mu.Lock()
+	sl.releases = append(sl.releases, failed...)
+	sl.mu.Unlock()
 }
