@@ -5,6 +5,9 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"hash/maphash"
+	"maps"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,9 +39,8 @@ const (
 	// answers it within the timeout, which tells busy from down.
 	syncChunk      = 1000
 	firstSyncChunk = 50
-	// asyncMaxKeys caps the records kept for a zone with no max_keys.
-	asyncMaxKeys = 1_000_000
-	asyncZoneSep = ".async:" // see RedisKey
+	asyncMaxKeys   = 1_000_000 // records kept for a zone with no max_keys
+	asyncZoneSep   = ".async:" // see RedisKey
 	// leaseLifetime is a lease's lifetime L in sync intervals: a key far
 	// below its limit is synced about once per L, and the bound's window
 	// grows from d+I to d+L (the extra capped by the leases held, about two
@@ -66,7 +68,7 @@ type Async struct {
 	syncFailed atomic.Bool   // the last sync attempt failed
 
 	epochMu sync.Mutex
-	epochs  map[int]int64 // the epoch last seen, by hash slot (0 off a Cluster); see async_epoch.go
+	epochs  map[int]int64 // the epoch last seen, by hash slot (0 off a Cluster); see sawEpoch
 
 	syncMu   sync.Mutex // one sync at a time (the loop, Close's last one)
 	stop     chan struct{}
@@ -74,8 +76,8 @@ type Async struct {
 	closed   sync.Once
 }
 
-// OpenAsync opens an async store and starts its sync loop; like Open, it
-// does not contact Redis.
+// OpenAsync opens an async store and starts its sync loop, without
+// contacting Redis.
 func OpenAsync(opts Options, logger *zap.Logger) (*Async, error) {
 	return openAsync(opts, asyncMaxKeys, logger)
 }
@@ -113,8 +115,7 @@ func openAsync(opts Options, maxKeys int, logger *zap.Logger) (*Async, error) {
 	return a, nil
 }
 
-// Offers says what an async store offers besides its steps; bans are the
-// zones' own, not kept with the decisions.
+// Offers says what an async store offers besides its steps.
 func (a *Async) Offers() zones.Offers {
 	return zones.Offers{Mode: "async", Quotas: true, Records: a, BanList: a.link, Slots: a.link, Overrides: a.overrides()}
 }
@@ -155,7 +156,7 @@ func (a *Async) Rate(ctx context.Context, zone, key string, st zones.RateStep) (
 }
 
 // Close stops the sync loop, reports what this instance admitted and hands
-// back its leases in a last sync (bounded), then closes the connection.
+// back its leases in a last, bounded sync, then closes the connection.
 func (a *Async) Close() error {
 	var err error
 	a.closed.Do(func() {
@@ -234,7 +235,7 @@ func (a *Async) step(ctx context.Context, zone, key string, st zones.RateStep) (
 }
 
 // staleErr is the error of a view too stale to decide from: ErrUnavailable
-// while b, the breaker of its Redis, is open.
+// while b, its Redis's breaker, is open.
 func staleErr(b *breaker) error {
 	if ok, _ := b.health(); !ok {
 		return ErrUnavailable
@@ -242,7 +243,6 @@ func staleErr(b *breaker) error {
 	return ErrStale
 }
 
-// shardOf is key's shard in zone, nil when the store has no record of zone.
 func (a *Async) shardOf(zone, key string) *asyncShard {
 	if z := (*a.zones.Load())[zone]; z != nil {
 		return z.shard(key)
@@ -307,7 +307,6 @@ func (a *Async) Fallback(zone, key string, now int64, limit, share algorithms.Li
 	return r.fallbackStep(now, limit, share, op, cost, ahead)
 }
 
-// forgetDenials drops the deny cache of every record.
 func (a *Async) forgetDenials() {
 	a.eachShard(func(_ *asyncZone, s *asyncShard) {
 		for _, r := range s.m {
@@ -322,7 +321,6 @@ func (a *Async) RedisKey(zone, key string) string {
 	return a.opts.KeyPrefix + zone + asyncZoneSep + key
 }
 
-// forgetRecord forgets this instance's record of a key that was reset.
 func (a *Async) forgetRecord(zone, key string) {
 	s := a.shardOf(zone, key)
 	if s == nil {
@@ -334,7 +332,6 @@ func (a *Async) forgetRecord(zone, key string) {
 	s.mu.Unlock()
 }
 
-// synced reports whether the last sync succeeded (see resets.go).
 func (a *Async) synced() bool { return !a.syncFailed.Load() }
 
 func b2i(b bool) int64 {
@@ -342,6 +339,165 @@ func b2i(b bool) int64 {
 		return 1
 	}
 	return 0
+}
+
+// Async mode's records by zone: a sharded map per zone, capped by max_keys.
+
+// asyncZone holds one zone's records, sharded like zones.Table.
+type asyncZone struct {
+	name     string
+	seed     maphash.Seed
+	shards   []asyncShard
+	mask     uint64
+	shardCap atomic.Int64 // a reload may change max_keys
+}
+
+type asyncShard struct {
+	mu sync.Mutex
+	m  map[string]*record
+	q  map[string]*quotaRecord // a quota zone's leases (quota_async.go)
+	_  [32]byte                // keep neighbouring shards' locks off one cache line
+}
+
+func newAsyncZone(name string, maxKeys int) *asyncZone {
+	n := 1
+	for n < 64 && n*2*256 <= maxKeys {
+		n *= 2
+	}
+	z := &asyncZone{name: name, seed: maphash.MakeSeed(), shards: make([]asyncShard, n), mask: uint64(n - 1)}
+	z.shardCap.Store(int64(max(1, maxKeys/n)))
+	for i := range z.shards {
+		z.shards[i].m = make(map[string]*record)
+		z.shards[i].q = make(map[string]*quotaRecord)
+	}
+	return z
+}
+
+func (z *asyncZone) shard(key string) *asyncShard {
+	return &z.shards[maphash.String(z.seed, key)&z.mask]
+}
+
+// unlocked runs f, a call for one record, with s unlocked and *inFlight
+// set: requests for the record meanwhile wait for it (await).
+func (s *asyncShard) unlocked(inFlight *chan struct{}, f func()) {
+	w := make(chan struct{})
+	*inFlight = w
+	s.mu.Unlock()
+	f()
+	s.mu.Lock()
+	*inFlight = nil
+	close(w)
+}
+
+// await waits, with s unlocked, until the call in flight w ends; ErrTimeout
+// when ctx ends first.
+func (s *asyncShard) await(ctx context.Context, w chan struct{}) error {
+	s.mu.Unlock()
+	select {
+	case <-w:
+	case <-ctx.Done():
+	}
+	s.mu.Lock()
+	if ctx.Err() != nil {
+		return ErrTimeout
+	}
+	return nil
+}
+
+// insert adds r for key to a locked shard, making room first when it is
+// full: a record with nothing pending goes first (losing it loses at most
+// an unused lease: undershoot), else the least pending. The key is cloned
+// so the map never pins a request's buffer.
+func (z *asyncZone) insert(s *asyncShard, key string, r *record) {
+	if int64(len(s.m)) >= z.shardCap.Load() {
+		evict(s.m, func(r *record) int64 { return r.pending })
+	}
+	s.m[strings.Clone(key)] = r
+}
+
+// evictionSample is how many records a full shard looks at to make room.
+const evictionSample = 16
+
+// evict removes, from a sample of m, the record that costs least to lose
+// (the first that costs nothing).
+func evict[R any](m map[string]R, cost func(R) int64) {
+	victim, least, seen := "", int64(-1), 0
+	for k, v := range m {
+		if c := cost(v); least < 0 || c < least {
+			victim, least = k, c
+		}
+		if seen++; least == 0 || seen == evictionSample {
+			break
+		}
+	}
+	delete(m, victim)
+}
+
+// zone returns the records of zone, created on first use; the lookup takes
+// no lock and allocates nothing.
+func (a *Async) zone(name string) *asyncZone {
+	if z := (*a.zones.Load())[name]; z != nil {
+		return z
+	}
+	a.zonesMu.Lock()
+	defer a.zonesMu.Unlock()
+	old := *a.zones.Load()
+	if z := old[name]; z != nil {
+		return z
+	}
+	m := maps.Clone(old)
+	maxKeys := a.maxKeys
+	if n := a.caps[name]; n > 0 {
+		maxKeys = n
+	}
+	z := newAsyncZone(strings.Clone(name), maxKeys)
+	m[z.name] = z
+	a.zones.Store(&m)
+	return z
+}
+
+// SetMaxKeys caps the records the store keeps for zone (its max_keys); a
+// zone created before keeps its shards and takes the new cap.
+func (a *Async) SetMaxKeys(zone string, maxKeys int) {
+	if maxKeys <= 0 {
+		return
+	}
+	a.zonesMu.Lock()
+	a.caps[strings.Clone(zone)] = maxKeys
+	a.zonesMu.Unlock()
+	z := a.zone(zone)
+	z.shardCap.Store(int64(max(1, maxKeys/len(z.shards))))
+}
+
+// Keys is the number of records the store holds for zone.
+func (a *Async) Keys(zone string) int {
+	z := (*a.zones.Load())[zone]
+	if z == nil {
+		return 0
+	}
+	return z.len()
+}
+
+func (z *asyncZone) len() (n int) {
+	z.eachShard(func(s *asyncShard) { n += len(s.m) + len(s.q) })
+	return n
+}
+
+// eachShard calls f with every shard of z, locked.
+func (z *asyncZone) eachShard(f func(*asyncShard)) {
+	for i := range z.shards {
+		s := &z.shards[i]
+		s.mu.Lock()
+		f(s)
+		s.mu.Unlock()
+	}
+}
+
+// eachShard calls f with every shard of every zone, locked.
+func (a *Async) eachShard(f func(*asyncZone, *asyncShard)) {
+	for _, z := range *a.zones.Load() {
+		z.eachShard(func(s *asyncShard) { f(z, s) })
+	}
 }
 
 var (

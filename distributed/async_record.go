@@ -16,58 +16,53 @@ func freshShare(burst int64, n int) int64 {
 	return max(1, burst/int64(max(1, n)))
 }
 
-// record is one instance's view of one key. Guarded by its shard's lock.
+// record is one instance's view of one key, guarded by its shard's lock;
+// times are monotime.
 type record struct {
 	limit   algorithms.Limit // ns, as the last decision gave it
 	allow   int64            // what this instance may still admit before its next sync
 	pending int64            // cost admitted and not yet counted in Redis
-	// reserved: allow is a lease Redis counts as spent; otherwise a fresh
-	// share Redis knows nothing about, every admission adding to pending.
+	// reserved: allow is a lease Redis counts as spent, not a fresh share.
 	reserved bool
-	// used: decided or refunded since the last snapshot; spent: the cost
-	// admitted since then; active: used since the last report. A report
-	// is idle only if the key had no traffic since the report before, so
-	// a key used every few syncs keeps its lease.
+	// used: decided or refunded since the last snapshot, spending spent;
+	// active: used since the last report. A report is idle only after no
+	// traffic since the report before: a key used every few syncs keeps
+	// its lease.
 	used, active bool
 	spent        int64
-	// renewAt (monotime): the lease is renewed by then, so that it is spent
-	// within its lifetime; roomy: at the last sync the fleet had at least
-	// this lease left besides it, so holding it unused costs no other
-	// instance anything until then.
+	// renewAt: the lease is renewed by then, to be spent within its
+	// lifetime; roomy: the fleet had this lease left besides it at the
+	// last sync, so holding it unused costs no other instance anything.
 	renewAt int64
 	roomy   bool
-	// retryAt and resetAt (monotime): as of the last sync, when the fleet
-	// has one token back and the key is full again.
+	// As of the last sync: when the fleet has a token back, and is full.
 	retryAt, resetAt int64
-	// unacked is the last report whose reply was not adopted; every sync
-	// sends it again, with its sequence number: Redis applies it once.
+	// unacked: the last report whose reply was not adopted, sent again
+	// with its sequence number by every sync: Redis applies it once.
 	unacked    sent
 	hasUnacked bool
-	// syncErr, an error about this key alone in the last sync, is returned
-	// by its next decision: the fail policy applies once per failed sync.
+	// syncErr, about this key alone in the last sync, is its next
+	// decision's: the fail policy applies once per failed sync.
 	syncErr error
-	// failedSince (monotime, 0 after a success): syncs have failed to reach
-	// the key's master since then, and the record is stale.
+	// failedSince (0 after a success): syncs have not reached the key's
+	// master since then.
 	failedSince int64
-	// idleSyncs counts consecutive idle syncs; at dormantAfter the next one
-	// hands the whole lease back and the record is dormant: no sync until
-	// a request wakes it.
+	// After dormantAfter idle syncs the next hands the lease back and the
+	// record is dormant: no sync until a request wakes it.
 	idleSyncs   int
 	dormant     bool
 	waking      chan struct{} // closed when a wake in flight ends
-	deniedUntil int64         // monotime: the zone's deny cache for the key
-	// fallback (monotime) is fail_policy local's TAT for the key at this
-	// instance's share; what it admits is pending, counted in Redis by the
-	// next successful sync (see fallbackStep).
+	deniedUntil int64         // the zone's deny cache for the key
+	// fallback is fail_policy local's TAT at this instance's share (see
+	// fallbackStep).
 	fallback   int64
 	inFallback bool
-	// restore: Redis lost its data (async_epoch.go); the next report
+	// restore: Redis lost its data (sawEpoch); the next report
 	// restores the key to what this record last heard.
 	restore bool
 }
 
-// dormantAfter is the number of idle syncs before a record goes dormant: a
-// key seen once costs Redis dormantAfter+2 scripts.
+// dormantAfter: a key seen once costs Redis dormantAfter+2 scripts.
 const dormantAfter = 1
 
 // decide admits cost from the allowance, or denies until the next sync or
@@ -86,14 +81,11 @@ func (r *record) decide(now, nextSync int64, l algorithms.Limit, cost int64) alg
 }
 
 // decideAhead is decide in a zone with delay: a request the allowance
-// cannot cover is admitted for later when its turn is at most ahead away.
-// Its turn is when the key, as this instance knows it (the TAT at the last
-// sync moved on by pending), has the request's cost back. What the
-// allowance does not cover is pending, counted in Redis at the next sync
-// past the burst if need be. Instances that reserve for the same key
-// within one sync interval do not see each other's reservations: the
-// fleet may serve up to N−1 more per turn meanwhile (docs/distributed.md).
-// A denial's retry is the turn it would have had.
+// cannot cover is admitted for later, as pending, when its turn (the TAT
+// at the last sync moved on by pending) is at most ahead away; a denial's
+// retry is that turn. Instances reserving for one key within a sync
+// interval do not see each other's reservations: the fleet may serve up
+// to N−1 more per turn meanwhile (docs/distributed.md).
 func (r *record) decideAhead(now, nextSync int64, l algorithms.Limit, cost, ahead int64) algorithms.Result {
 	if r.allow >= cost || ahead <= 0 || cost > l.Burst {
 		return r.decide(now, nextSync, l, cost)
@@ -138,8 +130,8 @@ func (r *record) result(now, nextSync int64, l algorithms.Limit, allowed bool) a
 	}
 }
 
-// charge takes cost from the allowance after the fact: on a fresh share
-// all of it is pending; on a lease, what the lease does not cover.
+// charge takes cost from the allowance after the fact; pending gets all of
+// it on a fresh share, what the lease does not cover on a lease.
 func (r *record) charge(cost int64) {
 	r.used, r.active = true, true
 	r.spent += cost
@@ -161,21 +153,19 @@ func (r *record) refund(cost int64) {
 	}
 }
 
-// sent is what a sync reported for a record, taken under its shard's lock.
+// sent is what a sync reported for a record.
 type sent struct {
 	limit          algorithms.Limit
 	allow, pending int64
 	reserved, idle bool
 	final          bool   // hand the whole lease back, take none: the record goes dormant
 	seq            uint64 // unique per report, store-wide
-	floor          int64  // µs: the key's time to full as last heard (restored from, see async_epoch.go)
+	floor          int64  // µs: the key's time to full as last heard (0: never synced)
 	restore        bool
 }
 
 // snapshot takes what the next sync reports for r, and whether r needs a
-// sync at all (see due); all is for the last sync at Close. A report whose
-// reply was lost is sent again unchanged: Redis recognises its sequence
-// number and replays the reply instead of counting it twice.
+// sync at all (see due); all is for the last sync at Close.
 func (r *record) snapshot(now, interval int64, all bool, seq *atomic.Uint64) (sent, bool) {
 	if r.hasUnacked {
 		return r.unacked, true
@@ -200,9 +190,7 @@ func (r *record) snapshot(now, interval int64, all bool, seq *atomic.Uint64) (se
 	return s, true
 }
 
-// report is what a sync reports of r at now. Its floor is the key's time
-// to full in µs as r last heard it (0: never synced), what the report
-// restores the key to if Redis lost it.
+// report is what a sync reports of r at now.
 func (r *record) report(now int64) sent {
 	s := sent{limit: r.limit, allow: r.allow, pending: r.pending, reserved: r.reserved, restore: r.restore}
 	if r.reserved {
@@ -212,13 +200,12 @@ func (r *record) report(now int64) sent {
 }
 
 // due reports whether a record holding a lease, with nothing to report but
-// its use of it, needs this sync (Redis work follows admissions, not keys):
-// when its lease reaches its lifetime before the next sync; every sync
-// while the fleet is short of tokens (not roomy), so that leases move to
-// the instance with traffic; when the lease is below twice what the key
-// used since the last sync. A dormant record waits for a request, and a
-// blocked key for its token or its lifetime: neither costs Redis anything
-// in between, however hard the blocked key is hit.
+// its use of it, needs this sync; Redis work follows admissions, not keys.
+// A lease is renewed before its lifetime ends, every sync while the fleet
+// is short (not roomy: leases move to the instance with traffic), and when
+// below twice what the key used since the last sync. A dormant record
+// waits for a request, a blocked key for its token or lifetime, however
+// hard it is hit.
 func (r *record) due(now, interval, spent int64, idle, all bool) bool {
 	blocked := r.allow == 0 && r.retryAt > now+interval
 	switch {
@@ -238,9 +225,9 @@ func (r *record) due(now, interval, spent int64, idle, all bool) bool {
 }
 
 // delta is the cost the sync reports: admitted and not counted, minus the
-// unused lease handed back. The unused part of a fresh share is reserved
-// instead, so that what the instance admits from it during the sync is
-// counted before any other instance's lease.
+// unused lease handed back. The unused part of a fresh share is reserved,
+// so that what is admitted from it during the sync counts before any other
+// instance's lease.
 func (s sent) delta() int64 {
 	if s.reserved {
 		return s.pending - s.allow
@@ -253,11 +240,8 @@ type syncReply struct {
 	lease, avail, retry, reset int64
 }
 
-// apply adopts a sync's reply. Decisions made during the sync stay
-// counted: on a lease they come out of the new one (or stay pending); on a
-// fresh share they came out of the part the sync reserved. drop: the key
-// is full in Redis and the instance had no traffic for it.
-//
+// apply adopts a sync's reply; decisions made during the sync stay counted.
+// drop: the key is full in Redis and the instance had no traffic for it.
 // When Redis forgot the key but requests arrived during the sync, the
 // record carries on as a fresh one: kept reserved with no lease, it would
 // deny the key until the next sync although the fleet had its whole burst.
@@ -296,11 +280,10 @@ func (r *record) apply(s sent, rep syncReply, now, burst, fresh int64) (drop boo
 }
 
 // fallbackStep runs one step of fail_policy local on the record at share,
-// this instance's share of l. An outage starts from what the record last
-// heard (full when Redis said, less the unused lease, plus pending). What
-// it admits is pending, counted in Redis once by the sync after the
-// outage: the outage costs the fleet the fallback's own bound once,
-// instead of the key getting its Redis quota again.
+// this instance's share of l, starting from what the record last heard.
+// What it admits is pending, counted in Redis by the sync after the
+// outage: an outage costs the fleet the fallback's bound once, instead of
+// the key getting its Redis quota again.
 func (r *record) fallbackStep(now int64, l, share algorithms.Limit, op zones.Op, cost, ahead int64) algorithms.Result {
 	if !r.inFallback {
 		r.inFallback = true

@@ -1,19 +1,22 @@
 package distributed
 
 // Async mode's sync loop: what each sync sends and how the replies are
-// adopted (docs/async.md).
+// adopted, the wake of a dormant record, and the epoch (docs/async.md).
 
 import (
 	"cmp"
 	"context"
 	"errors"
+	"maps"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/caddy-tally/ratelimit/algorithms"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 )
 
@@ -56,12 +59,10 @@ type item struct {
 // asyncCall is one async.lua call of a sync: up to asyncCallKeys items of
 // one hash slot on a Cluster, behind its master's breaker.
 type asyncCall struct {
+	scriptCall
 	items []item
 	slot  int // the hash slot of its keys, on a Cluster
 	gate  *gate
-	keys  []string
-	args  []any
-	cmd   *redis.Cmd
 }
 
 // sync reports the records that need it and adopts the replies; take is
@@ -73,13 +74,6 @@ func (a *Async) sync(ctx context.Context, take bool) error {
 	defer a.syncMu.Unlock()
 	start := monotime.Now()
 	items := a.snapshot(start, !take)
-	for i := range items {
-		it := &items[i]
-		it.rkey = a.RedisKey(it.z.name, it.key)
-		if a.cluster {
-			it.slot = hashSlot(it.rkey)
-		}
-	}
 	// Items with traffic first (a sync out of time leaves the idle ones);
 	// on a Cluster by slot, so that one call carries a slot's keys.
 	slices.SortStableFunc(items, func(x, y item) int {
@@ -96,7 +90,7 @@ func (a *Async) sync(ctx context.Context, take bool) error {
 			break
 		}
 		// The epoch, not a PING: an instance whose keys are all blocked or
-		// dormant learns too that Redis lost its data (async_epoch.go).
+		// dormant learns too that Redis lost its data (sawEpoch).
 		ctx, cancel := context.WithTimeout(ctx, backgroundTimeout(a.opts))
 		epoch, gerr := a.client.Get(ctx, a.epochKey(0)).Int64()
 		cancel()
@@ -110,17 +104,15 @@ func (a *Async) sync(ctx context.Context, take bool) error {
 		}
 		a.breaker.record(probe, err)
 	}
-	if a.cluster && err != nil {
-		// No master answered, but the sync may have sent only one
-		// master's keys: each failed record goes stale on its own.
-		return err
+	// On a Cluster no master answered, but the sync may have sent only one
+	// master's keys: each failed record goes stale on its own.
+	if !a.cluster || err == nil {
+		a.syncFailed.Store(err != nil)
 	}
-	a.syncFailed.Store(err != nil)
-	if err != nil {
-		return err
+	if err == nil {
+		a.lastSync.Store(start)
 	}
-	a.lastSync.Store(start)
-	return nil
+	return err
 }
 
 // snapshot lists the records that need a sync, with what to report.
@@ -129,7 +121,11 @@ func (a *Async) snapshot(now int64, all bool) []item {
 	a.eachShard(func(z *asyncZone, s *asyncShard) {
 		for k, r := range s.m {
 			if st, need := r.snapshot(now, int64(a.opts.SyncInterval), all, &a.seq); need {
-				items = append(items, item{z: z, s: s, key: k, r: r, sent: st})
+				it := item{z: z, s: s, key: k, r: r, sent: st, rkey: a.RedisKey(z.name, k)}
+				if a.cluster {
+					it.slot = hashSlot(it.rkey)
+				}
+				items = append(items, it)
 			}
 		}
 	})
@@ -137,15 +133,18 @@ func (a *Async) snapshot(now int64, all bool) []item {
 }
 
 // restore marks records of a sync that did not happen as used again, so the
-// next sync does not take them for idle; failed (monotime, or 0) is when a
-// sync first failed to reach their master.
+// next sync does not take them for idle; failed (monotime) is when a sync
+// first failed to reach their master, 0 for none, -1 for a master that
+// answered (not failing).
 func (a *Async) restore(items []item, failed int64) {
 	for _, it := range items {
 		it.s.mu.Lock()
 		if !it.sent.idle {
 			it.r.used, it.r.active = true, true
 		}
-		if failed != 0 && it.r.failedSince == 0 {
+		if failed < 0 {
+			it.r.failedSince = 0
+		} else if failed != 0 && it.r.failedSince == 0 {
 			it.r.failedSince = failed
 		}
 		it.s.mu.Unlock()
@@ -233,59 +232,32 @@ func (a *Async) appendSyncArgs(args []any, st sent, n int64, take bool) []any {
 }
 
 // sendChunk runs the calls for chunk, bounded by timeout, and adopts the
-// replies, telling each call's gate how it went. On a Cluster each
-// master's calls go in a pipeline of their own, at once, so that a master
-// that hangs fails only its own keys.
+// replies, telling each call's gate how it went. Each master's calls go in
+// a pipeline of their own, at once: a master that hangs fails only its own
+// keys.
 func (a *Async) sendChunk(ctx context.Context, timeout time.Duration, chunk []item, gs *gates, n int64, take bool, start int64, known map[int]int64) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	calls := a.calls(chunk, gs, n, take, known)
-	byGate := map[*gate][]*asyncCall{}
+	byGate := map[*gate][]*scriptCall{}
 	for i := range calls {
 		c := &calls[i]
 		if !c.gate.ok || c.gate.err != nil {
 			a.restore(c.items, start)
 			continue
 		}
-		byGate[c.gate] = append(byGate[c.gate], c)
+		byGate[c.gate] = append(byGate[c.gate], &c.scriptCall)
 	}
-	if len(byGate) == 1 || !a.cluster {
-		for _, cs := range byGate {
-			a.run(ctx, cs)
-		}
-	} else {
-		var wg sync.WaitGroup
-		for _, cs := range byGate {
-			wg.Go(func() { a.run(ctx, cs) })
-		}
-		wg.Wait()
+	var wg sync.WaitGroup
+	for _, cs := range byGate {
+		wg.Go(func() { a.evalAll(ctx, a.script, cs) })
 	}
+	wg.Wait()
 	now := monotime.Now()
 	for i := range calls {
 		if c := &calls[i]; c.cmd != nil {
 			a.adoptCall(c, now, start)
 		}
-	}
-}
-
-// run sends calls in one pipeline, again with the source if Redis lost it.
-func (a *Async) run(ctx context.Context, calls []*asyncCall) {
-	pipe := a.client.Pipeline()
-	for _, c := range calls {
-		c.cmd = pipe.EvalSha(ctx, a.script.Hash(), c.keys, c.args...)
-	}
-	_, _ = pipe.Exec(ctx) // errors are per command
-	var retry redis.Pipeliner
-	for _, c := range calls {
-		if redis.HasErrorPrefix(c.cmd.Err(), "NOSCRIPT") {
-			if retry == nil {
-				retry = a.client.Pipeline()
-			}
-			c.cmd = retry.Eval(ctx, asyncScript, c.keys, c.args...)
-		}
-	}
-	if retry != nil {
-		_, _ = retry.Exec(ctx)
 	}
 }
 
@@ -300,13 +272,7 @@ func (a *Async) adoptCall(c *asyncCall, now, start int64) {
 	if err != nil && unreachable(err) {
 		c.gate.note(err)
 		if c.gate.busy() {
-			// Its master answered part of this sync: alive, only busy.
-			a.restore(c.items, 0)
-			for _, it := range c.items {
-				it.s.mu.Lock()
-				it.r.failedSince = 0
-				it.s.mu.Unlock()
-			}
+			a.restore(c.items, -1) // its master answered part of this sync: alive, only busy
 		} else {
 			a.restore(c.items, start)
 		}
@@ -382,4 +348,147 @@ func (a *Async) applyReply(r *record, st sent, rep syncReply, now int64) (drop b
 	r.renewAt = now + a.life - rand.Int64N(a.life/4+1)
 	r.roomy = n == 1 || rep.avail >= rep.lease
 	return drop
+}
+
+// wake syncs a dormant record alone, on the request path, so that a quiet
+// key gets a lease instead of a denial: one script call, bounded and
+// through the breaker; concurrent requests wait for it. A record blocked at
+// its last sync is not woken before the fleet's next token. Called and
+// returns with s locked; the record returned is key's now.
+func (a *Async) wake(ctx context.Context, z *asyncZone, s *asyncShard, key string, r *record, limit algorithms.Limit) (*record, error) {
+	ctx, cancel := a.bound(ctx)
+	defer cancel()
+	for round := 0; ; round++ { // 3 at most: a final report in flight is sent again first
+		if r == nil {
+			r = &record{allow: freshShare(limit.Burst, a.Instances())}
+			z.insert(s, key, r)
+		}
+		if round == 3 || !r.dormant || r.retryAt > monotime.Now() {
+			return r, nil
+		}
+		if r.waking != nil {
+			if err := s.await(ctx, r.waking); err != nil {
+				return nil, err
+			}
+			r = s.m[key]
+			continue
+		}
+		if !r.hasUnacked {
+			r.limit = limit
+			r.unacked, r.hasUnacked = r.report(monotime.Now()), true
+			r.unacked.seq = a.seq.Add(1)
+		}
+		st := r.unacked
+		var rep syncReply
+		var err error
+		s.unlocked(&r.waking, func() { rep, err = a.syncOne(ctx, z.name, key, st) })
+		if err != nil {
+			return nil, err
+		}
+		if s.m[key] == r && r.hasUnacked && r.unacked.seq == st.seq {
+			a.applyReply(r, st, rep, monotime.Now())
+		}
+		r = s.m[key]
+	}
+}
+
+// syncOne sends one report alone, through the key's breaker.
+func (a *Async) syncOne(ctx context.Context, zone, key string, st sent) (syncReply, error) {
+	rkey := a.RedisKey(zone, key)
+	slot := 0
+	if a.cluster {
+		slot = hashSlot(rkey)
+	}
+	var rep syncReply
+	err := a.unbatched(ctx, rkey, func(ctx context.Context) error {
+		n := int64(a.Instances())
+		args := a.appendSyncArgs([]any{n, a.hold, a.instanceID, a.knownEpoch(slot)}, st, n, true)
+		vals, epoch, err := syncValues(a.script.Run(ctx, a.client, []string{rkey, a.epochKey(slot)}, args...), 1)
+		if err == nil {
+			rep, err = parseSyncReply(vals[:4])
+		}
+		if err == nil {
+			a.sawEpoch(slot, epoch)
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			err = ErrTimeout
+		}
+		return err
+	})
+	a.problems.note(zone, err)
+	return rep, err
+}
+
+// Async mode's epoch tells that Redis lost its data, instead of trusting a
+// blank Redis to be a full one: every async.lua call reads
+// <key_prefix>epoch (per hash slot on a Cluster), written when missing; an
+// instance that saw another restores its keys to what it last heard
+// (docs/async.md).
+
+// epochSlots are the hash tags of the per-slot epoch keys on a Cluster.
+var epochSlots struct {
+	once sync.Once
+	tags [16384]string
+}
+
+// epochTag is a short string whose hash slot is slot.
+func epochTag(slot int) string {
+	epochSlots.once.Do(func() {
+		left := len(epochSlots.tags)
+		for i := 0; left > 0; i++ {
+			s := strconv.Itoa(i)
+			if sl := hashSlot(s); epochSlots.tags[sl] == "" {
+				epochSlots.tags[sl] = s
+				left--
+			}
+		}
+	})
+	return epochSlots.tags[slot]
+}
+
+// epochKey is the epoch key of slot.
+func (a *Async) epochKey(slot int) string {
+	if !a.cluster {
+		return a.opts.KeyPrefix + "epoch"
+	}
+	return a.opts.KeyPrefix + "epoch{" + epochTag(slot) + "}"
+}
+
+// knownEpoch is the epoch this instance last saw for slot (0: none).
+func (a *Async) knownEpoch(slot int) int64 {
+	a.epochMu.Lock()
+	defer a.epochMu.Unlock()
+	return a.epochs[slot]
+}
+
+// knownEpochs copies the epochs this instance last saw, by slot.
+func (a *Async) knownEpochs() map[int]int64 {
+	a.epochMu.Lock()
+	defer a.epochMu.Unlock()
+	return maps.Clone(a.epochs)
+}
+
+// sawEpoch notes the epoch a call reported for slot. A change means Redis
+// lost the slot's data: every record of the slot restores its key in its
+// next report (the call's own keys it restored already).
+func (a *Async) sawEpoch(slot int, epoch int64) {
+	a.epochMu.Lock()
+	old := a.epochs[slot]
+	if epoch == 0 { // missing: the next call writes another, and records restore
+		delete(a.epochs, slot)
+	} else {
+		a.epochs[slot] = epoch
+	}
+	a.epochMu.Unlock()
+	if old == 0 || old == epoch {
+		return
+	}
+	a.logger.Warn("redis lost its data (its epoch changed): async keys are restored from what this instance last heard")
+	a.eachShard(func(z *asyncZone, s *asyncShard) {
+		for k, r := range s.m {
+			if r.reserved && (!a.cluster || hashSlot(a.RedisKey(z.name, k)) == slot) {
+				r.restore = true
+			}
+		}
+	})
 }

@@ -471,7 +471,7 @@ func TestFailedQuotaSyncIsOneFailureForTheBreaker(t *testing.T) {
 		key := "k" + strconv.Itoa(i)
 		s := z.shard(key)
 		s.mu.Lock()
-		z.insertQuota(s, key, &quotaRecord{endMono: end, used: 1, held: 16, known: true, limit: 1000, periods: &periods})
+		z.insertQuota(s, key, &quotaRecord{endMono: end, used: 1, held: 16, known: true, q: zones.QuotaLimit{Limit: 1000, Periods: &periods}})
 		s.mu.Unlock()
 	}
 	// The heartbeat beats once at Open, and again only a second later.

@@ -4,6 +4,7 @@ package distributed
 // docs/configuration.md (concurrency zones) and concurrency.lua.
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"errors"
@@ -46,7 +47,6 @@ type pendingRelease struct {
 	expires time.Time
 }
 
-// renewNow makes the loop renew every slot held now.
 func (sl *slots) renewNow() {
 	sl.now.Store(true)
 	sl.poke()
@@ -60,10 +60,9 @@ func (sl *slots) poke() {
 }
 
 // Acquire takes a slot of key in zone when fewer than limit live slots are
-// held (zones.Slots): one batched script call. A call that timed out may
-// still have taken its slot: it is released like any other (and if the
-// release overtakes the script, the slot, never renewed, ends with its
-// lease).
+// held (zones.Slots): one batched script call. A slot a call that timed
+// out may still have taken is released (or, overtaken by the release,
+// ends with its lease).
 func (c *link) Acquire(ctx context.Context, zone, key string, limit int64, lease time.Duration) (string, int64, error) {
 	if c.isClosed() {
 		return "", 0, ErrClosed
@@ -177,8 +176,7 @@ func (c *link) slotLoop() {
 	}
 }
 
-// renewGroup is the slots of one key with one lease: one script call.
-type renewGroup struct {
+type renewGroup struct { // the slots of one key with one lease: one script call
 	rkey  string
 	lease time.Duration
 	limit int64
@@ -194,59 +192,48 @@ func (c *link) renew() {
 		sl.mu.Unlock()
 		return
 	}
-	groups := make(map[renewGroup][]any)
+	groups := make(map[renewGroup]*scriptCall)
 	for slot, l := range sl.held {
 		g := renewGroup{slot.rkey, l.lease, l.limit}
 		if groups[g] == nil {
-			groups[g] = []any{"r", l.lease.Milliseconds(), l.limit}
+			groups[g] = &scriptCall{keys: []string{slot.rkey}, args: []any{"r", l.lease.Milliseconds(), l.limit}}
 		}
-		groups[g] = append(groups[g], slot.id)
+		groups[g].args = append(groups[g].args, slot.id)
 	}
 	sl.mu.Unlock()
 
 	// A dead Cluster master must not stop the renewal on the others,
 	// whose leases would end under requests still running.
 	var gs gates
-	for g := range groups {
-		if !gs.get(c.breakerFor(g.rkey)).ok {
-			delete(groups, g)
+	var calls []*scriptCall
+	for g, sc := range groups {
+		if gs.get(c.breakerFor(g.rkey)).ok {
+			calls = append(calls, sc)
 		}
 	}
-	if len(groups) == 0 {
+	if len(calls) == 0 {
 		return
 	}
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(c.ctx, backgroundTimeout(c.opts))
 	defer cancel()
-	cmds := make(map[renewGroup]*redis.Cmd, len(groups))
-	send := func() error {
-		pipe := c.client.Pipeline()
-		for g, args := range groups {
-			cmds[g] = concurrencyScript.EvalSha(ctx, pipe, []string{g.rkey}, args...)
-		}
-		_, err := pipe.Exec(ctx)
-		return err
-	}
-	err := send()
-	if redis.HasErrorPrefix(err, "NOSCRIPT") {
-		if err = concurrencyScript.Load(ctx, c.client).Err(); err == nil {
-			err = send()
-		}
-	}
-	for g, cmd := range cmds {
-		gs.get(c.breakerFor(g.rkey)).note(cmd.Err())
+	c.evalAll(ctx, concurrencyScript, calls)
+	var err error
+	for _, sc := range calls {
+		gs.get(c.breakerFor(sc.keys[0])).note(sc.cmd.Err())
+		err = cmp.Or(err, sc.cmd.Err())
 	}
 	gs.record()
 	if err != nil {
 		c.logger.Debug("renewing concurrency slots failed", zap.Error(err))
 	}
 	sl.mu.Lock()
-	for g, args := range groups {
-		if cmds[g].Err() != nil {
+	for _, sc := range calls {
+		if sc.cmd.Err() != nil {
 			continue
 		}
-		for _, id := range args[3:] {
-			slot := heldSlot{g.rkey, id.(string)}
+		for _, id := range sc.args[3:] {
+			slot := heldSlot{sc.keys[0], id.(string)}
 			if l, ok := sl.held[slot]; ok {
 				l.expires = start.Add(l.lease)
 				sl.held[slot] = l
@@ -280,26 +267,22 @@ func (c *link) sendReleases(ctx context.Context) {
 		}
 		cmds[i] = pipe.ZRem(ctx, r.rkey, r.id)
 	}
-	if pipe.Len() > 0 {
-		_, _ = pipe.Exec(ctx) // errors are per command
-		for i, cmd := range cmds {
-			if cmd == nil {
-				continue
-			}
-			err := cmd.Err()
-			if errors.Is(err, redis.Nil) {
-				err = nil
-			}
-			gs.get(c.breakerFor(live[i].rkey)).note(err)
-			if err != nil {
-				failed = append(failed, live[i])
-			}
+	_, _ = pipe.Exec(ctx) // errors are per command
+	for i, cmd := range cmds {
+		if cmd == nil {
+			continue
 		}
-		gs.record()
+		err := cmd.Err()
+		if errors.Is(err, redis.Nil) {
+			err = nil
+		}
+		gs.get(c.breakerFor(live[i].rkey)).note(err)
+		if err != nil {
+			failed = append(failed, live[i])
+		}
 	}
-	if len(failed) > 0 {
-		sl.mu.Lock()
-		sl.releases = append(sl.releases, failed...)
-		sl.mu.Unlock()
-	}
+	gs.record()
+	sl.mu.Lock()
+	sl.releases = append(sl.releases, failed...)
+	sl.mu.Unlock()
 }

@@ -23,16 +23,9 @@ func (c *link) QuotaKey(zone, key string) string {
 }
 
 // quotaReply is quota.lua's answer for one key.
-type quotaReply struct {
-	allowed bool
-	used    int64
-	toEnd   int64 // µs
-	period  int   // 0, 1 or 2
-}
+type quotaReply struct{ zones.QuotaResult }
 
-func (r quotaReply) result() zones.QuotaResult {
-	return zones.QuotaResult{Allowed: r.allowed, Used: r.used, ToEnd: time.Duration(r.toEnd) * time.Microsecond, Period: r.period}
-}
+func (r quotaReply) result() zones.QuotaResult { return r.QuotaResult }
 
 // Quota runs one step of a quota zone's key in Redis (zones.Store), in the
 // period that contains Redis TIME, through the batcher but for a peek. A
@@ -75,11 +68,11 @@ func parseQuotaStep(a []any) reply {
 	if err := quotaErr(period, toEnd); err != nil {
 		return reply{err: err}
 	}
-	r := quotaReply{allowed: u >= 0, used: u, toEnd: toEnd, period: int(period)}
+	r := zones.QuotaResult{Allowed: u >= 0, Used: u, ToEnd: time.Duration(toEnd) * time.Microsecond, Period: int(period)}
 	if u < 0 {
-		r.used = -u - 1
+		r.Used = -u - 1
 	}
-	return reply{quota: r}
+	return reply{quota: quotaReply{r}}
 }
 
 // quotaErr is the error a quota script's reply reports in its period (both

@@ -38,16 +38,11 @@ type quotaRecord struct {
 	// counts for it (used and lease) at the last reply; room: what the
 	// fleet had left besides. used > held is a debt the next sync reports.
 	used, held, room int64
-	// known: used is Redis's view too. A new record's first report takes
-	// what Redis holds for the instance as used.
-	known  bool
-	active bool // decided since the last sync; an idle record hands its lease back
-	// blockedUntil (monotime): the fleet had nothing left at the last
-	// take; requests are denied locally until then rather than each taking.
-	blockedUntil int64
-	taking       chan struct{} // closed when a call in flight for the record ends
-	limit        int64         // the last step's limit and periods, for the syncs
-	periods      *zones.Periods
+	known            bool             // used is Redis's view too (else the first report takes Redis's)
+	active           bool             // decided since the last sync; an idle record hands its lease back
+	blockedUntil     int64            // monotime: the fleet had nothing left; denied locally until then
+	taking           chan struct{}    // closed when a call in flight for the record ends
+	q                zones.QuotaLimit // the last step's, for the syncs
 }
 
 // quotaReport is what one quota_async.lua call says for a record.
@@ -117,15 +112,9 @@ func (a *Async) Quota(ctx context.Context, zone, key string, st zones.QuotaStep)
 			}
 			return r.result(now, q, true), nil
 		}
-		if w := r.taking; w != nil {
-			s.mu.Unlock()
-			select {
-			case <-w:
-			case <-ctx.Done():
-			}
-			s.mu.Lock()
-			if ctx.Err() != nil {
-				return zones.QuotaResult{}, ErrTimeout
+		if r.taking != nil {
+			if err := s.await(ctx, r.taking); err != nil {
+				return zones.QuotaResult{}, err
 			}
 			continue
 		}
@@ -147,15 +136,15 @@ func (a *Async) Quota(ctx context.Context, zone, key string, st zones.QuotaStep)
 }
 
 // quotaRecordFor returns key's record, started afresh when there is none or
-// its period is over. Called with s locked.
+// its period is over.
 func (a *Async) quotaRecordFor(z *asyncZone, s *asyncShard, key string, q zones.QuotaLimit, now int64) *quotaRecord {
 	r := s.q[key]
 	if r != nil && (now < r.endMono || r.taking != nil) {
-		r.limit, r.periods = q.Limit, q.Periods
+		r.q = q
 		return r
 	}
 	end := q.Periods.Bounds[2]
-	fresh := &quotaRecord{end: end, endMono: now + (end-time.Now().UnixMicro())*1000, limit: q.Limit, periods: q.Periods}
+	fresh := &quotaRecord{end: end, endMono: now + (end-time.Now().UnixMicro())*1000, q: q}
 	if r == nil {
 		z.insertQuota(s, key, fresh)
 	} else {
@@ -168,17 +157,18 @@ func (a *Async) quotaRecordFor(z *asyncZone, s *asyncShard, key string, q zones.
 // for the call; requests for the key meanwhile wait, or spend what r keeps.
 func (a *Async) takeQuota(ctx context.Context, zone string, s *asyncShard, key string, r *quotaRecord, q zones.QuotaLimit, want int64) error {
 	st := r.report(want, max(0, r.held-r.used))
-	w := make(chan struct{})
-	r.taking = w
+	rkey := a.QuotaKey(zone, key)
 	sent := monotime.Now()
-	s.mu.Unlock()
-	ctx, cancel := a.bound(ctx)
-	rep, err := a.runQuota(ctx, zone, a.QuotaKey(zone, key), q, st)
-	cancel()
-	s.mu.Lock()
-	r.taking = nil
-	close(w)
+	var rep quotaAsyncReply
+	var err error
+	s.unlocked(&r.taking, func() {
+		err = a.unbatched(ctx, rkey, func(ctx context.Context) (err error) {
+			rep, err = parseQuotaAsync(quotaAsyncScript.Run(ctx, a.client, []string{rkey}, a.quotaArgs(q, st)...))
+			return err
+		})
+	})
 	if err != nil {
+		a.problems.note(zone, err)
 		return err
 	}
 	if s.q[key] == r {
@@ -187,7 +177,6 @@ func (a *Async) takeQuota(ctx context.Context, zone string, s *asyncShard, key s
 	return nil
 }
 
-// report is what the next call says for r.
 func (r *quotaRecord) report(want, keep int64) quotaReport {
 	st := quotaReport{end: r.end, used: r.used, keep: keep, want: want, usedAt: r.used}
 	if !r.known {
@@ -230,26 +219,10 @@ func (r *quotaRecord) result(now int64, q zones.QuotaLimit, allowed bool) zones.
 	return zones.QuotaResult{Allowed: allowed, Used: max(0, q.Limit-left), ToEnd: time.Duration(max(1, r.endMono-now)), Period: period}
 }
 
-// runQuota runs quota_async.lua for one record through the key's breaker.
-func (a *Async) runQuota(ctx context.Context, zone, rkey string, q zones.QuotaLimit, st quotaReport) (quotaAsyncReply, error) {
-	b := a.breakerFor(rkey)
-	ok, probe := b.allow()
-	if !ok {
-		return quotaAsyncReply{}, ErrUnavailable
-	}
-	rep, err := parseQuotaAsync(quotaAsyncScript.Run(ctx, a.client, []string{rkey}, a.quotaArgs(q, st)...))
-	b.record(probe, err)
-	if err != nil {
-		a.problems.note(zone, err)
-	}
-	return rep, err
-}
-
 func (a *Async) quotaArgs(q zones.QuotaLimit, st quotaReport) []any {
 	return []any{"", q.Periods.Arg, q.Limit, a.instanceID, st.end, st.used, st.extra, st.keep, st.want, int64(a.Instances())}
 }
 
-// parseQuotaAsync reads quota_async.lua's reply.
 func parseQuotaAsync(cmd *redis.Cmd) (quotaAsyncReply, error) {
 	v, err := cmd.Int64Slice()
 	if errors.Is(err, context.DeadlineExceeded) {
@@ -273,14 +246,13 @@ func parseQuotaAsync(cmd *redis.Cmd) (quotaAsyncReply, error) {
 // back. A report that failed is sent again by the next sync.
 func (a *Async) syncQuotas(ctx context.Context, final bool) {
 	type item struct {
+		scriptCall
 		s    *asyncShard
 		key  string
-		rkey string
 		r    *quotaRecord
-		q    zones.QuotaLimit
+		q    zones.QuotaLimit // as reported
 		st   quotaReport
 		sent int64
-		cmd  *redis.Cmd
 		g    *gate
 	}
 	var items []item
@@ -304,8 +276,9 @@ func (a *Async) syncQuotas(ctx context.Context, final bool) {
 				}
 				continue
 			}
-			it := item{s: s, key: key, rkey: a.QuotaKey(z.name, key), r: r, q: zones.QuotaLimit{Limit: r.limit, Periods: r.periods}}
-			it.st = r.report(0, 0)
+			it := item{s: s, key: key, r: r, q: r.q, st: r.report(0, 0)}
+			it.keys = []string{a.QuotaKey(z.name, key)}
+			it.args = a.quotaArgs(r.q, it.st)
 			r.held = min(r.held, r.used) // it spends nothing more until the reply
 			r.taking = make(chan struct{})
 			items = append(items, it)
@@ -320,25 +293,20 @@ func (a *Async) syncQuotas(ctx context.Context, final bool) {
 	// that fails is one failure, however many records it carried.
 	var gs gates
 	defer func() { gs.record() }()
-	pipe := a.client.Pipeline()
+	var calls []*scriptCall
 	for i := range items {
 		it := &items[i]
-		if it.g = gs.get(a.breakerFor(it.rkey)); it.g.ok {
+		if it.g = gs.get(a.breakerFor(it.keys[0])); it.g.ok {
 			it.sent = monotime.Now()
-			it.cmd = quotaAsyncScript.EvalSha(ctx, pipe, []string{it.rkey}, a.quotaArgs(it.q, it.st)...)
+			calls = append(calls, &it.scriptCall)
 		}
 	}
-	if _, err := pipe.Exec(ctx); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		_ = quotaAsyncScript.Load(ctx, a.client).Err()
-	}
+	a.evalAll(ctx, quotaAsyncScript, calls)
 	for i := range items {
 		it := &items[i]
 		var rep quotaAsyncReply
 		err := ErrUnavailable
 		if it.g.ok {
-			if redis.HasErrorPrefix(it.cmd.Err(), "NOSCRIPT") {
-				it.cmd = quotaAsyncScript.Run(ctx, a.client, []string{it.rkey}, a.quotaArgs(it.q, it.st)...)
-			}
 			rep, err = parseQuotaAsync(it.cmd)
 			it.g.note(err)
 		}

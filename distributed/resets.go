@@ -14,12 +14,13 @@ import (
 // Resets reach every instance through Redis pub/sub (docs/operations.md has
 // the bound): Reset deletes the key and publishes "<zone>\x00<key>" on
 // <key_prefix>resets; every store is subscribed and makes its listeners
-// forget the key (deny cache, fallback state, async record). The store
-// that resets forgets the key before it deletes it and skips its own
-// message. A store whose subscription dropped drops every cached denial
-// once it is subscribed again and decides through Redis again (breaker
-// closed, async view synced), not earlier: while the fail policy decides,
-// the cache is what keeps blocked keys blocked under open.
+// forget the key. The store that resets forgets the key before it deletes
+// it and skips its own message: heard late, it would drop the record of
+// requests admitted after the reset, which Redis would never count. A
+// store whose subscription dropped drops every cached denial once it
+// decides through Redis again (breaker closed, async view synced), not
+// earlier: while the fail policy decides, the cache keeps blocked keys
+// blocked under open.
 
 const resubscribeEvery = 250 * time.Millisecond
 
@@ -32,16 +33,10 @@ type ResetListener interface {
 type resets struct {
 	mu        sync.Mutex
 	listeners map[string][]*ResetListener
-	// missed: resets may have been missed since the last subscription;
-	// cached denials are dropped when the store decides through Redis.
-	missed atomic.Bool
-	// live: the subscription is up (its confirmation heard) and has
-	// not failed since.
-	live atomic.Bool
+	missed    atomic.Bool // resets may have been missed since the last subscription
+	live      atomic.Bool // the subscription is confirmed and has not failed since
 	// own counts, by message, the resets this store published and has not
-	// heard back yet. The store forgot the key before deleting it, so its
-	// own message is skipped: heard late, it would drop the record of
-	// requests admitted after the reset, which Redis would never count.
+	// heard back yet.
 	ownMu sync.Mutex
 	own   map[string]int
 	// moved: by zone, the channels that hear of its overrides' changes.
@@ -52,7 +47,6 @@ type resets struct {
 // subscription anyway): past it, the store forgets on hearing its own.
 const maxOwnResets = 10_000
 
-// published notes that this store is publishing the reset msg.
 func (r *resets) published(msg string) {
 	r.ownMu.Lock()
 	if r.own == nil || len(r.own) >= maxOwnResets {
@@ -87,15 +81,9 @@ func (r *resets) subscribed() {
 // modeState is what a store's mode keeps of its own, as resets reach it:
 // strict mode nothing (strictMode), async mode its records (Async).
 type modeState interface {
-	// forgetRecord drops the mode's own state of key in zone: the key
-	// was reset, here or on another instance.
-	forgetRecord(zone, key string)
-	// synced reports whether the mode's view agrees with Redis, besides
-	// the breaker being closed (async mode: its last sync succeeded).
-	synced() bool
-	// forgetDenials drops the deny cache the mode keeps of its own (async
-	// mode's records hold their zones').
-	forgetDenials()
+	forgetRecord(zone, key string) // the key was reset, here or elsewhere
+	synced() bool                  // the mode's view agrees with Redis (async: the last sync succeeded)
+	forgetDenials()                // the deny cache the mode keeps (async records hold their zones')
 }
 
 // forgetMissed drops every cached denial if resets may have been missed
@@ -132,8 +120,8 @@ func (c *link) OnReset(zone string, l ResetListener) (remove func()) {
 	}
 }
 
-// forget tells the listeners of zone to forget key, or (all) every zone's
-// listeners to forget their denials.
+// forget tells zone's listeners to forget key, or (all) every listener to
+// forget its denials.
 func (c *link) forget(zone, key string, all bool) {
 	if all {
 		c.mode.forgetDenials()
