@@ -186,13 +186,8 @@ func statusTicket(r *http.Request, repl *caddy.Replacer, name string, now int64)
 	if zh == nil {
 		return nil
 	}
-	raw := zh.expandKey(r, repl)
-	t := &ticket{Owner: zh, Zone: z, Key: z.Config.Key(raw), Raw: raw, Plan: zh.planFor(repl, now), Cost: 1}
-	if zh.challenge != nil {
-		zh.challenge.identify(r, t) // a solved cookie's own budget
-	}
-	t.Resolve()
-	return t
+	t := zh.newTicket(r, repl, now)
+	return &t
 }
 
 // zoneStatusOf is ticket t's state now in zone name (t nil: not loaded).
