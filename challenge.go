@@ -153,13 +153,7 @@ const maxSubmission = 4 << 10 // a challenge submission's body
 // 400 or 403, never a 5xx. A submission costs one HMAC, one SHA-256 and,
 // once solved, one step of the zone's store (the replay guard).
 func (h *Handler) verifyChallenge(w http.ResponseWriter, r *http.Request) bool {
-	var first *httpZone
-	for _, z := range h.zones {
-		if z.challenge != nil {
-			first = z
-			break
-		}
-	}
+	first := h.challengeZone("")
 	if first == nil {
 		return false
 	}
@@ -177,13 +171,7 @@ func (h *Handler) verifyChallenge(w http.ResponseWriter, r *http.Request) bool {
 	token := r.PostForm.Get("challenge")
 	z := first
 	if name, ok := challenge.Zone(token); ok {
-		z = nil
-		for _, zh := range h.zones {
-			if zh.Name == name && zh.challenge != nil {
-				z = zh
-			}
-		}
-		if z == nil { // a token of another site or config
+		if z = h.challengeZone(name); z == nil { // a token of another site or config
 			add(first.challenge.failed[challenge.Forged], 1)
 			refuse(w, http.StatusForbidden, "challenge refused: forged")
 			return true
@@ -217,6 +205,17 @@ func (h *Handler) verifyChallenge(w http.ResponseWriter, r *http.Request) bool {
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusSeeOther)
 	return true
+}
+
+// challengeZone is the handler's zone name with a challenge (name "":
+// its first), or nil.
+func (h *Handler) challengeZone(name string) *httpZone {
+	for _, z := range h.zones {
+		if z.challenge != nil && (name == "" || z.Name == name) {
+			return z
+		}
+	}
+	return nil
 }
 
 // sameSiteReturn is ret when it is a path of this site, else "/".
