@@ -60,7 +60,7 @@ func (c costVars) weighted() bool {
 // value too large to represent (it can never pass).
 func (z *httpZone) costFor(r *http.Request, repl *caddy.Replacer, now int64) int64 {
 	if z.costs.llm != nil {
-		if n, ok := z.costs.llm.cost(r, z.costs.usd() != nil, z.costs.cost); ok {
+		if n, ok := z.costs.llm.cost(r, z.costs.cost); ok {
 			return n
 		}
 	}
@@ -226,7 +226,7 @@ func zoneCosts(name string, zc *Zone, plan zones.Plan, logger *zap.Logger) (cost
 		c.body = &bodyCharge{tokens: m}
 	}
 	c.estimate = c.costVar != "" && (c.chargeVar != "" || c.body != nil)
-	if c.llm, err = llmZoneOf(name, zc, llmPrice(c.body)); err != nil {
+	if c.llm, err = llmZoneOf(name, zc, c.body); err != nil {
 		return c, err
 	}
 	c.estimate = c.estimate || (c.llm != nil && c.llm.estimate)
