@@ -159,22 +159,17 @@ func (h *Handler) verifyChallenge(w http.ResponseWriter, r *http.Request) bool {
 	}
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
-		refuse(w, http.StatusMethodNotAllowed, "challenge solutions are POSTed")
-		return true
+		return refuse(w, http.StatusMethodNotAllowed, "challenge solutions are POSTed", nil)
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, maxSubmission)
 	if err := r.ParseForm(); err != nil {
-		add(first.challenge.failed[challenge.Malformed], 1)
-		refuse(w, http.StatusBadRequest, "challenge refused: malformed")
-		return true
+		return refuse(w, http.StatusBadRequest, "challenge refused: malformed", first.challenge.failed[challenge.Malformed])
 	}
 	token := r.PostForm.Get("challenge")
 	z := first
 	if name, ok := challenge.Zone(token); ok {
 		if z = h.challengeZone(name); z == nil { // a token of another site or config
-			add(first.challenge.failed[challenge.Forged], 1)
-			refuse(w, http.StatusForbidden, "challenge refused: forged")
-			return true
+			return refuse(w, http.StatusForbidden, "challenge refused: forged", first.challenge.failed[challenge.Forged])
 		}
 	}
 	c := z.challenge
@@ -190,9 +185,7 @@ func (h *Handler) verifyChallenge(w http.ResponseWriter, r *http.Request) bool {
 		cancel()
 	}
 	if reason != "" {
-		add(c.failed[reason], 1)
-		refuse(w, http.StatusForbidden, "challenge refused: "+string(reason))
-		return true
+		return refuse(w, http.StatusForbidden, "challenge refused: "+string(reason), c.failed[reason])
 	}
 	value, _ := c.secrets.Mint(z.Name, now.Add(time.Duration(c.cfg.Valid)))
 	http.SetCookie(w, &http.Cookie{Name: c.cookie, Value: value, Path: "/", MaxAge: int(time.Duration(c.cfg.Valid) / time.Second),
@@ -228,9 +221,13 @@ func sameSiteReturn(ret string) string {
 	return ret
 }
 
-func refuse(w http.ResponseWriter, status int, msg string) {
+// refuse answers a submission with msg, counted in failed; true, as
+// verifyChallenge answers.
+func refuse(w http.ResponseWriter, status int, msg string, failed prometheus.Counter) bool {
+	add(failed, 1)
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
 	_, _ = w.Write([]byte(msg + "\n"))
+	return true
 }

@@ -197,10 +197,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			}
 		}
 		if h.Distributed.Mode != "async" {
-			h.budget = time.Duration(h.Distributed.Timeout)
-			if h.budget <= 0 {
-				h.budget = distributed.DefaultTimeout
-			}
+			h.budget = cmp.Or(max(time.Duration(h.Distributed.Timeout), 0), distributed.DefaultTimeout)
 		}
 	}
 	if !h.DisableMetrics {
