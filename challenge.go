@@ -178,7 +178,7 @@ func (h *Handler) verifyChallenge(w http.ResponseWriter, r *http.Request) bool {
 	solved, reason := c.secrets.Verify(token, key, r.PostForm.Get("nonce"), now)
 	if reason == "" {
 		mono := monotime.Now()
-		ctx, cancel := h.storeContext(r, mono)
+		ctx, cancel := h.storeContext(r, mono, false)
 		if !z.DecideWith(ctx, usedPrefix+solved.ID, mono, &c.used, 1).Allowed {
 			reason = challenge.Replayed
 		}

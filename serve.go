@@ -53,7 +53,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		// The store must outlive a reload while this request uses it.
 		defer h.users.done()
 	}
-	ctx, cancel := h.storeContext(r, now)
+	ctx, cancel := h.storeContext(r, now, false)
 	mark := now // the end of the last zone's decision, for the store's latency
 	adm := zones.Admit(ctx, tickets, now,
 		func(i int) { h.seen(&tickets[i], now, &mark) },
@@ -62,7 +62,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			if !h.awaitTurn(r, tickets, turn) {
 				return nil, false
 			}
-			ctx, cancel = h.restartStoreContext(r)
+			ctx, cancel = h.storeContext(r, monotime.Now(), true)
 			mark = monotime.Now()
 			return ctx, true
 		})
@@ -170,15 +170,6 @@ func clientGone(w http.ResponseWriter) error {
 	return nil
 }
 
-// restartStoreContext is storeContext after a wait for a turn: a budget
-// of its own, from now.
-func (h *Handler) restartStoreContext(r *http.Request) (context.Context, context.CancelFunc) {
-	if h.budget > 0 {
-		caddyhttp.SetVar(r.Context(), storeDeadlineVar, monotime.Now()+int64(h.budget))
-	}
-	return h.storeContext(r, monotime.Now())
-}
-
 func requestReplacer(r *http.Request) *caddy.Replacer {
 	return r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 }
@@ -240,18 +231,19 @@ func (h *Handler) cachedDenial(tickets []ticket, now int64) int {
 // storeContext bounds the request's store calls by one budget, the
 // distributed timeout, however many zones and handlers ask Redis: the
 // first strict-mode handler fixes the deadline in the request's vars.
-// Local and async handlers never wait for Redis.
+// Local and async handlers never wait for Redis. After a wait for a turn
+// (restart) the budget starts again, from now.
 //
 // The request's cancellation is not passed on: a child of Caddy's request
 // context costs ~3% of Caddy's CPU in strict mode (a CPU profile), and the
 // budget bounds the calls anyway.
-func (h *Handler) storeContext(r *http.Request, now int64) (context.Context, context.CancelFunc) {
+func (h *Handler) storeContext(r *http.Request, now int64, restart bool) (context.Context, context.CancelFunc) {
 	ctx := r.Context()
 	if h.budget <= 0 {
 		return ctx, func() {}
 	}
 	deadline, ok := caddyhttp.GetVar(ctx, storeDeadlineVar).(int64)
-	if !ok {
+	if !ok || restart {
 		deadline = now + int64(h.budget)
 		caddyhttp.SetVar(ctx, storeDeadlineVar, deadline)
 	}

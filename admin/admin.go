@@ -216,9 +216,12 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone,
 		// can be personal data). A quota zone answers for any key.
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s: key not tracked (%s)", z.Name, noState(z))}
 	}
-	info := adminapi.KeyInfo{Zone: z.Name, KeyName: adminapi.NewKeyName(key), StoredAs: storedAs(key, t.Key), Source: "local",
+	info := adminapi.KeyInfo{Zone: z.Name, KeyName: adminapi.NewKeyName(key), Source: "local",
 		Remaining: s.Remaining, RetryAfter: s.RetryAfter.Seconds(), ResetAfter: s.ResetAfter.Seconds(),
 		BannedFor: banLeft(s.Decision), BanLevel: s.BanLevel}
+	if t.Key != key {
+		info.StoredAs = t.Key
+	}
 	if z.Store() != nil {
 		info.Source = "redis"
 	}
@@ -396,13 +399,6 @@ func readKey(ctx context.Context, z *zones.Zone, key string, now int64) (ticket,
 		}
 	}
 	return first, firstState, nil
-}
-
-func storedAs(key, stored string) string {
-	if stored == key {
-		return ""
-	}
-	return stored
 }
 
 func methodNotAllowed(w http.ResponseWriter, allowed ...string) error {
