@@ -42,8 +42,6 @@ func (c costVars) postCharged() bool {
 	return c.count != nil || c.chargeVar != "" || c.body != nil
 }
 
-func (c costVars) fromBody() bool { return c.body != nil }
-
 func (c costVars) usd() *usage.Prices {
 	if c.body == nil {
 		return nil
@@ -148,7 +146,7 @@ func (c costVars) bindMetrics(m *zoneMetrics, name string, quota bool) {
 	if c.usd() != nil {
 		m.spend = collectors.spend.WithLabelValues(name)
 	}
-	if c.fromBody() {
+	if c.body != nil {
 		m.chargeFallbacks = map[string]prometheus.Counter{}
 		for _, r := range chargeFallbackReasons() {
 			m.chargeFallbacks[r] = collectors.chargeFalls.WithLabelValues(name, r)
