@@ -1,6 +1,8 @@
 package ratelimit
 
 import (
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
 	"github.com/caddy-tally/ratelimit/internal/adminapi"
 	"github.com/caddy-tally/ratelimit/internal/live"
 	"github.com/caddy-tally/ratelimit/internal/usage"
@@ -34,4 +36,14 @@ func (zh *httpZone) usdFields(limit, remaining int64, used *int64) adminapi.USDF
 		f.UsedUSD = usage.FormatUSD(*used)
 	}
 	return f
+}
+
+// httpZoneInJSON looks for the HTTP zone name in the app's routes that
+// are still JSON.
+func httpZoneInJSON(app *caddyhttp.App, name string) (key string, concurrency, found bool) {
+	var routes []any
+	for _, srv := range app.Servers {
+		routes = append(routes, srv.Routes, srv.Errors, srv.NamedRoutes)
+	}
+	return live.ZoneInJSON(routes, name)
 }

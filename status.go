@@ -77,12 +77,8 @@ func (s *StatusHandler) Provision(ctx caddy.Context) error {
 		}
 		_, found := live.ClaimedHTTPZone(ctx, name)
 		if app, err := ctx.AppIfConfigured("http"); !found && err == nil {
-			if app, ok := app.(*caddyhttp.App); ok { // routes still JSON
-				var routes []any
-				for _, srv := range app.Servers {
-					routes = append(routes, srv.Routes, srv.Errors, srv.NamedRoutes)
-				}
-				_, _, found = live.ZoneInJSON(routes, name)
+			if app, ok := app.(*caddyhttp.App); ok {
+				_, _, found = httpZoneInJSON(app, name)
 			}
 		}
 		if !found {
