@@ -43,16 +43,13 @@ type zoneChallenge struct {
 	solveTime   prometheus.Observer
 }
 
-var challengeCollectors struct {
-	outcomes, failures *prometheus.CounterVec
-	solveTime          *prometheus.HistogramVec
-}
+var (
+	challengeOutcomesVec = counterVec("challenges_total", "Challenges a zone issued (a page instead of a denial) and solved (a cookie set), by outcome: issued, solved.", "outcome")
+	challengeFailuresVec = counterVec("challenge_failures_total", "Challenge submissions and cookies a zone refused, by reason: bad_nonce, expired, replayed, wrong_key (issued to another client key), forged, malformed, forged_cookie (a request whose cookie did not verify, then decided under its key).", "reason")
+	challengeSolveVec    = histogramVec("challenge_solve_seconds", "How long solved challenges took, as the page reports it.", .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300)
+)
 
 func init() {
-	c := &challengeCollectors
-	c.outcomes = counterVec("challenges_total", "Challenges a zone issued (a page instead of a denial) and solved (a cookie set), by outcome: issued, solved.", "outcome")
-	c.failures = counterVec("challenge_failures_total", "Challenge submissions and cookies a zone refused, by reason: bad_nonce, expired, replayed, wrong_key (issued to another client key), forged, malformed, forged_cookie (a request whose cookie did not verify, then decided under its key).", "reason")
-	c.solveTime = histogramVec("challenge_solve_seconds", "How long solved challenges took, as the page reports it.", .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300)
 	gauge("challenge_identities", "Solved cookies' identities a zone with a challenge decided on this instance within the block's window (at most 100000 counted).", func(z *zones.Zone, _ int64) (float64, bool) {
 		zh := httpZoneOf(z)
 		if zh == nil || zh.challenge == nil {
@@ -86,12 +83,11 @@ func provisionChallenge(ctx caddy.Context, c *Challenge, name string, zc *Zone, 
 	zc2 := &zoneChallenge{cfg: c, secrets: secrets, pressure: challenge.Pressure{Min: c.Difficulty, Max: c.DifficultyMax},
 		plan: plan, used: used, cookie: challenge.CookiePrefix + name, identityVar: "http.rate_limit." + name + ".identity"}
 	if metrics {
-		co := &challengeCollectors
-		zc2.issued, zc2.solved = co.outcomes.WithLabelValues(name, "issued"), co.outcomes.WithLabelValues(name, "solved")
-		zc2.solveTime = co.solveTime.WithLabelValues(name)
+		zc2.issued, zc2.solved = challengeOutcomesVec.WithLabelValues(name, "issued"), challengeOutcomesVec.WithLabelValues(name, "solved")
+		zc2.solveTime = challengeSolveVec.WithLabelValues(name)
 		zc2.failed = make(map[challenge.Reason]prometheus.Counter, len(challenge.Reasons))
 		for _, r := range challenge.Reasons {
-			zc2.failed[r] = co.failures.WithLabelValues(name, string(r))
+			zc2.failed[r] = challengeFailuresVec.WithLabelValues(name, string(r))
 		}
 	}
 	return zc2, nil

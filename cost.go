@@ -135,26 +135,26 @@ func countCost(tickets []ticket) {
 // units, whatever its cost.
 func (c costVars) bindMetrics(m *zoneMetrics, name string, quota bool) {
 	if c.weighted() || c.postCharged() || quota {
-		m.cost = collectors.cost.WithLabelValues(name)
+		m.cost = costVec.WithLabelValues(name)
 	}
 	if c.costVar != "" || c.chargeVar != "" {
-		m.costFallbacks = collectors.costFalls.WithLabelValues(name)
+		m.costFallbacks = costFallsVec.WithLabelValues(name)
 	}
 	if c.postCharged() {
-		m.chargeFailures = collectors.chargeFails.WithLabelValues(name)
+		m.chargeFailures = chargeFailsVec.WithLabelValues(name)
 	}
 	if c.usd() != nil {
-		m.spend = collectors.spend.WithLabelValues(name)
+		m.spend = spendVec.WithLabelValues(name)
 	}
 	if c.body != nil {
 		m.chargeFallbacks = map[string]prometheus.Counter{}
 		for _, r := range chargeFallbackReasons() {
-			m.chargeFallbacks[r] = collectors.chargeFalls.WithLabelValues(name, r)
+			m.chargeFallbacks[r] = chargeFallsVec.WithLabelValues(name, r)
 		}
 		if c.body.paths == nil {
 			m.tokenCharges = make([]prometheus.Counter, len(usage.Formats()))
 			for f, format := range usage.Formats()[1:] {
-				m.tokenCharges[f+1] = collectors.tokenCharges.WithLabelValues(name, format)
+				m.tokenCharges[f+1] = tokenChargesVec.WithLabelValues(name, format)
 			}
 		}
 	}
