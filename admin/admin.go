@@ -342,20 +342,16 @@ func (a *AdminAPI) top(w http.ResponseWriter, r *http.Request, z *zones.Zone) er
 		Keys:     make([]adminapi.OffenderInfo, 0, len(sum.Top)),
 	}
 	for _, e := range sum.Top {
-		o := offenderState(r.Context(), z, e.Key, monotime.Now())
-		o.KeyName, o.Denials, o.Error = adminapi.NewKeyName(e.Key), e.Count, e.Error
+		o := adminapi.OffenderInfo{KeyName: adminapi.NewKeyName(e.Key), Denials: e.Count, Error: e.Error}
+		if _, s, err := readKey(r.Context(), z, e.Key, monotime.Now()); err != nil {
+			o.StateError = err.Error()
+		} else {
+			o.Limited, o.Remaining, o.BannedFor = !s.Allowed, s.Remaining, banLeft(s.Decision)
+			o.RetryAfter, o.ResetAfter = s.RetryAfter.Seconds(), s.ResetAfter.Seconds()
+		}
 		out.Keys = append(out.Keys, o)
 	}
 	return adminapi.WriteJSON(w, http.StatusOK, out)
-}
-
-func offenderState(ctx context.Context, z *zones.Zone, key string, now int64) adminapi.OffenderInfo {
-	_, s, err := readKey(ctx, z, key, now)
-	if err != nil {
-		return adminapi.OffenderInfo{StateError: err.Error()}
-	}
-	return adminapi.OffenderInfo{Limited: !s.Allowed, Remaining: s.Remaining,
-		RetryAfter: s.RetryAfter.Seconds(), ResetAfter: s.ResetAfter.Seconds(), BannedFor: banLeft(s.Decision)}
 }
 
 // noState is what "not tracked" means, in the 404 of a key with no state.
