@@ -70,13 +70,7 @@ func (h *Handler) setHeaders(hdr http.Header, tickets []ticket, denied bool, ret
 
 // earlierHeaders: an earlier rate_limit handler wrote headers to merge with.
 func (h *Handler) earlierHeaders(hdr http.Header) bool {
-	switch h.headers {
-	case headersIETF:
-		return hdr["Ratelimit"] != nil
-	case headersLegacy:
-		return hdr["Ratelimit-Remaining"] != nil
-	}
-	return hdr["Ratelimit"] != nil || hdr["Ratelimit-Remaining"] != nil
+	return h.headers != headersLegacy && hdr["Ratelimit"] != nil || h.headers != headersIETF && hdr["Ratelimit-Remaining"] != nil
 }
 
 func retryAfterSeconds(retry time.Duration, maxT int64) int64 {
