@@ -13,18 +13,16 @@ import (
 const limitedPlaceholder = "http.rate_limit.limited"
 
 // annotate gives an allowed request of a handler with a dry-run zone its
-// {http.rate_limit.limited}; other handlers leave it to a denial's provider.
+// {http.rate_limit.limited}; other handlers leave it to a denial's
+// provider. Nothing limited costs one static provider, which allocates
+// nothing. A would-be denial's names are Set, which the replacer consults
+// before any provider, so that a second handler on the request adds its
+// names to the first's.
 func (h *Handler) annotate(r *http.Request, tickets []ticket) {
-	if h.annotates {
-		annotateWouldDeny(requestReplacer(r), tickets)
+	if !h.annotates {
+		return
 	}
-}
-
-// annotateWouldDeny sets the placeholder for an allowed request: nothing
-// limited costs one static provider, which allocates nothing. A would-be
-// denial's names are Set, which the replacer consults before any provider,
-// so that a second handler on the request adds its names to the first's.
-func annotateWouldDeny(repl *caddy.Replacer, tickets []ticket) {
+	repl := requestReplacer(r)
 	names := limitedNames(tickets, "")
 	if names == "" {
 		repl.Map(notLimited)

@@ -15,6 +15,15 @@ type bodyCharge struct {
 	prices *usage.Prices
 }
 
+// price prices an estimate of tokens as b charges them (false: no price
+// for the model); b charges tokens or dollars.
+func (b *bodyCharge) price(model string, input, output int64) (int64, bool) {
+	if b.prices != nil {
+		return b.prices.Cost(model, input, 0, output)
+	}
+	return b.tokens.of(usage.Tokens{Input: input, Output: output}), true
+}
+
 // tokenCount is which tokens charge tokens counts.
 type tokenCount uint8
 

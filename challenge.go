@@ -43,16 +43,13 @@ type zoneChallenge struct {
 	solveTime   prometheus.Observer
 }
 
-var challengeCollectors struct {
-	outcomes, failures *prometheus.CounterVec
-	solveTime          *prometheus.HistogramVec
-}
+var (
+	challengeOutcomesVec = counterVec("challenges_total", "Challenges a zone issued (a page instead of a denial) and solved (a cookie set), by outcome: issued, solved.", "outcome")
+	challengeFailuresVec = counterVec("challenge_failures_total", "Challenge submissions and cookies a zone refused, by reason: bad_nonce, expired, replayed, wrong_key (issued to another client key), forged, malformed, forged_cookie (a request whose cookie did not verify, then decided under its key).", "reason")
+	challengeSolveVec    = histogramVec("challenge_solve_seconds", "How long solved challenges took, as the page reports it.", .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300)
+)
 
 func init() {
-	c := &challengeCollectors
-	c.outcomes = counterVec("challenges_total", "Challenges a zone issued (a page instead of a denial) and solved (a cookie set), by outcome: issued, solved.", "outcome")
-	c.failures = counterVec("challenge_failures_total", "Challenge submissions and cookies a zone refused, by reason: bad_nonce, expired, replayed, wrong_key (issued to another client key), forged, malformed, forged_cookie (a request whose cookie did not verify, then decided under its key).", "reason")
-	c.solveTime = histogramVec("challenge_solve_seconds", "How long solved challenges took, as the page reports it.", .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300)
 	gauge("challenge_identities", "Solved cookies' identities a zone with a challenge decided on this instance within the block's window (at most 100000 counted).", func(z *zones.Zone, _ int64) (float64, bool) {
 		zh := httpZoneOf(z)
 		if zh == nil || zh.challenge == nil {
@@ -86,12 +83,11 @@ func provisionChallenge(ctx caddy.Context, c *Challenge, name string, zc *Zone, 
 	zc2 := &zoneChallenge{cfg: c, secrets: secrets, pressure: challenge.Pressure{Min: c.Difficulty, Max: c.DifficultyMax},
 		plan: plan, used: used, cookie: challenge.CookiePrefix + name, identityVar: "http.rate_limit." + name + ".identity"}
 	if metrics {
-		co := &challengeCollectors
-		zc2.issued, zc2.solved = co.outcomes.WithLabelValues(name, "issued"), co.outcomes.WithLabelValues(name, "solved")
-		zc2.solveTime = co.solveTime.WithLabelValues(name)
+		zc2.issued, zc2.solved = challengeOutcomesVec.WithLabelValues(name, "issued"), challengeOutcomesVec.WithLabelValues(name, "solved")
+		zc2.solveTime = challengeSolveVec.WithLabelValues(name)
 		zc2.failed = make(map[challenge.Reason]prometheus.Counter, len(challenge.Reasons))
 		for _, r := range challenge.Reasons {
-			zc2.failed[r] = co.failures.WithLabelValues(name, string(r))
+			zc2.failed[r] = challengeFailuresVec.WithLabelValues(name, string(r))
 		}
 	}
 	return zc2, nil
@@ -153,40 +149,23 @@ const maxSubmission = 4 << 10 // a challenge submission's body
 // 400 or 403, never a 5xx. A submission costs one HMAC, one SHA-256 and,
 // once solved, one step of the zone's store (the replay guard).
 func (h *Handler) verifyChallenge(w http.ResponseWriter, r *http.Request) bool {
-	var first *httpZone
-	for _, z := range h.zones {
-		if z.challenge != nil {
-			first = z
-			break
-		}
-	}
+	first := h.challengeZone("")
 	if first == nil {
 		return false
 	}
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
-		refuse(w, http.StatusMethodNotAllowed, "challenge solutions are POSTed")
-		return true
+		return refuse(w, http.StatusMethodNotAllowed, "challenge solutions are POSTed", nil)
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, maxSubmission)
 	if err := r.ParseForm(); err != nil {
-		add(first.challenge.failed[challenge.Malformed], 1)
-		refuse(w, http.StatusBadRequest, "challenge refused: malformed")
-		return true
+		return refuse(w, http.StatusBadRequest, "challenge refused: malformed", first.challenge.failed[challenge.Malformed])
 	}
 	token := r.PostForm.Get("challenge")
 	z := first
 	if name, ok := challenge.Zone(token); ok {
-		z = nil
-		for _, zh := range h.zones {
-			if zh.Name == name && zh.challenge != nil {
-				z = zh
-			}
-		}
-		if z == nil { // a token of another site or config
-			add(first.challenge.failed[challenge.Forged], 1)
-			refuse(w, http.StatusForbidden, "challenge refused: forged")
-			return true
+		if z = h.challengeZone(name); z == nil { // a token of another site or config
+			return refuse(w, http.StatusForbidden, "challenge refused: forged", first.challenge.failed[challenge.Forged])
 		}
 	}
 	c := z.challenge
@@ -195,16 +174,14 @@ func (h *Handler) verifyChallenge(w http.ResponseWriter, r *http.Request) bool {
 	solved, reason := c.secrets.Verify(token, key, r.PostForm.Get("nonce"), now)
 	if reason == "" {
 		mono := monotime.Now()
-		ctx, cancel := h.storeContext(r, mono)
+		ctx, cancel := h.storeContext(r, mono, false)
 		if !z.DecideWith(ctx, usedPrefix+solved.ID, mono, &c.used, 1).Allowed {
 			reason = challenge.Replayed
 		}
 		cancel()
 	}
 	if reason != "" {
-		add(c.failed[reason], 1)
-		refuse(w, http.StatusForbidden, "challenge refused: "+string(reason))
-		return true
+		return refuse(w, http.StatusForbidden, "challenge refused: "+string(reason), c.failed[reason])
 	}
 	value, _ := c.secrets.Mint(z.Name, now.Add(time.Duration(c.cfg.Valid)))
 	http.SetCookie(w, &http.Cookie{Name: c.cookie, Value: value, Path: "/", MaxAge: int(time.Duration(c.cfg.Valid) / time.Second),
@@ -219,6 +196,17 @@ func (h *Handler) verifyChallenge(w http.ResponseWriter, r *http.Request) bool {
 	return true
 }
 
+// challengeZone is the handler's zone name with a challenge (name "":
+// its first), or nil.
+func (h *Handler) challengeZone(name string) *httpZone {
+	for _, z := range h.zones {
+		if z.challenge != nil && (name == "" || z.Name == name) {
+			return z
+		}
+	}
+	return nil
+}
+
 // sameSiteReturn is ret when it is a path of this site, else "/".
 func sameSiteReturn(ret string) string {
 	u, err := url.Parse(ret)
@@ -229,9 +217,13 @@ func sameSiteReturn(ret string) string {
 	return ret
 }
 
-func refuse(w http.ResponseWriter, status int, msg string) {
+// refuse answers a submission with msg, counted in failed; true, as
+// verifyChallenge answers.
+func refuse(w http.ResponseWriter, status int, msg string, failed prometheus.Counter) bool {
+	add(failed, 1)
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
 	_, _ = w.Write([]byte(msg + "\n"))
+	return true
 }

@@ -42,8 +42,6 @@ func (c costVars) postCharged() bool {
 	return c.count != nil || c.chargeVar != "" || c.body != nil
 }
 
-func (c costVars) fromBody() bool { return c.body != nil }
-
 func (c costVars) usd() *usage.Prices {
 	if c.body == nil {
 		return nil
@@ -60,7 +58,7 @@ func (c costVars) weighted() bool {
 // value too large to represent (it can never pass).
 func (z *httpZone) costFor(r *http.Request, repl *caddy.Replacer, now int64) int64 {
 	if z.costs.llm != nil {
-		if n, ok := z.costs.llm.cost(r, z.costs.usd() != nil, z.costs.cost); ok {
+		if n, ok := z.costs.llm.cost(r, z.costs.cost); ok {
 			return n
 		}
 	}
@@ -137,26 +135,26 @@ func countCost(tickets []ticket) {
 // units, whatever its cost.
 func (c costVars) bindMetrics(m *zoneMetrics, name string, quota bool) {
 	if c.weighted() || c.postCharged() || quota {
-		m.cost = collectors.cost.WithLabelValues(name)
+		m.cost = costVec.WithLabelValues(name)
 	}
 	if c.costVar != "" || c.chargeVar != "" {
-		m.costFallbacks = collectors.costFalls.WithLabelValues(name)
+		m.costFallbacks = costFallsVec.WithLabelValues(name)
 	}
 	if c.postCharged() {
-		m.chargeFailures = collectors.chargeFails.WithLabelValues(name)
+		m.chargeFailures = chargeFailsVec.WithLabelValues(name)
 	}
 	if c.usd() != nil {
-		m.spend = collectors.spend.WithLabelValues(name)
+		m.spend = spendVec.WithLabelValues(name)
 	}
-	if c.fromBody() {
+	if c.body != nil {
 		m.chargeFallbacks = map[string]prometheus.Counter{}
 		for _, r := range chargeFallbackReasons() {
-			m.chargeFallbacks[r] = collectors.chargeFalls.WithLabelValues(name, r)
+			m.chargeFallbacks[r] = chargeFallsVec.WithLabelValues(name, r)
 		}
 		if c.body.paths == nil {
 			m.tokenCharges = make([]prometheus.Counter, len(usage.Formats()))
 			for f, format := range usage.Formats()[1:] {
-				m.tokenCharges[f+1] = collectors.tokenCharges.WithLabelValues(name, format)
+				m.tokenCharges[f+1] = tokenChargesVec.WithLabelValues(name, format)
 			}
 		}
 	}
@@ -226,7 +224,7 @@ func zoneCosts(name string, zc *Zone, plan zones.Plan, logger *zap.Logger) (cost
 		c.body = &bodyCharge{tokens: m}
 	}
 	c.estimate = c.costVar != "" && (c.chargeVar != "" || c.body != nil)
-	if c.llm, err = llmZoneOf(name, zc, llmPrice(c.body)); err != nil {
+	if c.llm, err = llmZoneOf(name, zc, c.body); err != nil {
 		return c, err
 	}
 	c.estimate = c.estimate || (c.llm != nil && c.llm.estimate)

@@ -303,16 +303,10 @@ func (rw *response) charged(r *http.Request, v *ticket, status int, err error, n
 // successful response under the model its estimate looks up.
 func (rw *response) learnOutput(r *http.Request, i int, v *ticket, status int) {
 	l := v.Owner.costs.llm
-	if l == nil || !l.estimate || status >= 400 {
+	if l == nil || !l.estimate || status >= 400 || i >= len(rw.paths) || rw.paths[i] == nil || rw.paths[i].paths != nil {
 		return
 	}
-	var t usage.Tokens
-	why := usage.NoUsage
-	if i < len(rw.paths) && rw.paths[i] != nil && rw.paths[i].paths == nil {
-		t, why = rw.scans[i].Tokens()
+	if t, why := rw.scans[i].Tokens(); why == usage.OK {
+		l.outputs.Observe(cmp.Or(requestModel(r), t.Model), t.Output)
 	}
-	if why != usage.OK {
-		return
-	}
-	l.outputs.Observe(cmp.Or(requestModel(r), t.Model), t.Output)
 }

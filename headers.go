@@ -61,22 +61,16 @@ func (h *Handler) setHeaders(hdr http.Header, tickets []ticket, denied bool, ret
 			h.render(e, hdr, tickets, denied, retry)
 			h.rendered.put(e)
 		}
-		return e.set(hdr, h.headers)
+		return e.set(hdr)
 	}
 	var e renderedHeaders
 	h.render(&e, hdr, tickets, denied, retry)
-	return e.set(hdr, h.headers)
+	return e.set(hdr)
 }
 
 // earlierHeaders: an earlier rate_limit handler wrote headers to merge with.
 func (h *Handler) earlierHeaders(hdr http.Header) bool {
-	switch h.headers {
-	case headersIETF:
-		return hdr["Ratelimit"] != nil
-	case headersLegacy:
-		return hdr["Ratelimit-Remaining"] != nil
-	}
-	return hdr["Ratelimit"] != nil || hdr["Ratelimit-Remaining"] != nil
+	return h.headers != headersLegacy && hdr["Ratelimit"] != nil || h.headers != headersIETF && hdr["Ratelimit-Remaining"] != nil
 }
 
 func retryAfterSeconds(retry time.Duration, maxT int64) int64 {
@@ -84,33 +78,24 @@ func retryAfterSeconds(retry time.Duration, maxT int64) int64 {
 }
 
 // renderedHeaders are one response's header values, substrings of one
-// string, in the order set writes them. Immutable once in a render cache.
+// string, and their names (headerNames' indices), in the order set writes
+// them. Immutable once in a render cache.
 type renderedHeaders struct {
-	key    renderKey
-	vals   [6]string
-	n      int
-	legacy bool // the legacy trio is among vals
-	denied bool // Retry-After is the last of vals
-	maxT   int64
+	key   renderKey
+	vals  [6]string
+	names [6]uint8
+	n     int
+	maxT  int64
 }
 
-func (e *renderedHeaders) set(hdr http.Header, mode headerMode) int64 {
+// headerNames are the names of the header values render writes.
+var headerNames = [6]string{"Ratelimit-Policy", "Ratelimit", "Ratelimit-Limit", "Ratelimit-Remaining", "Ratelimit-Reset", "Retry-After"}
+
+func (e *renderedHeaders) set(hdr http.Header) int64 {
 	vals := make([]string, e.n)
 	copy(vals, e.vals[:e.n])
-	i := 0
-	if mode != headersLegacy {
-		hdr["Ratelimit-Policy"] = vals[0:1:1]
-		hdr["Ratelimit"] = vals[1:2:2]
-		i = 2
-	}
-	if e.legacy {
-		for _, name := range [3]string{"Ratelimit-Limit", "Ratelimit-Remaining", "Ratelimit-Reset"} {
-			hdr[name] = vals[i : i+1 : i+1]
-			i++
-		}
-	}
-	if e.denied {
-		hdr["Retry-After"] = vals[i : i+1 : i+1]
+	for i, name := range e.names[:e.n] {
+		hdr[headerNames[name]] = vals[i : i+1 : i+1]
 	}
 	return e.maxT
 }
@@ -118,13 +103,17 @@ func (e *renderedHeaders) set(hdr http.Header, mode headerMode) int64 {
 // render renders into e the headers of tickets, merged with an earlier
 // handler's in hdr, as one interned string.
 func (h *Handler) render(e *renderedHeaders, hdr http.Header, tickets []ticket, denied bool, retry time.Duration) {
-	e.denied = denied
 	var stack [192]byte
 	buf := stack[:0]
 	var ends [6]int
+	end := func(name uint8) {
+		ends[e.n], e.names[e.n] = len(buf), name
+		e.n++
+	}
 	if h.headers != headersLegacy {
 		prevPolicy, prevState := hdr["Ratelimit-Policy"], hdr["Ratelimit"]
-		if len(prevState) == 1 && len(prevPolicy) == 1 {
+		merge := len(prevState) == 1 && len(prevPolicy) == 1
+		if merge {
 			buf = append(buf, prevPolicy[0]...)
 			buf = append(buf, ", "...)
 		}
@@ -134,24 +123,18 @@ func (h *Handler) render(e *renderedHeaders, hdr http.Header, tickets []ticket, 
 			}
 			buf = appendPolicy(buf, &tickets[i])
 		}
-		ends[e.n] = len(buf)
-		e.n++
-		if len(prevState) == 1 && len(prevPolicy) == 1 {
-			var t int64
-			buf, t = appendEarlierMembers(buf, prevState[0], denied)
-			e.maxT = max(e.maxT, t)
+		end(0)
+		if merge {
+			buf = appendEarlierMembers(buf, prevState[0], denied, &e.maxT)
 			buf = append(buf, ", "...)
 		}
 		for i := range tickets {
 			if i > 0 {
 				buf = append(buf, ", "...)
 			}
-			var t int64
-			buf, t = appendState(buf, &tickets[i], denied)
-			e.maxT = max(e.maxT, t)
+			buf = appendState(buf, &tickets[i], denied, &e.maxT)
 		}
-		ends[e.n] = len(buf)
-		e.n++
+		end(1)
 	}
 	var legacy *ticket
 	if h.headers != headersIETF {
@@ -171,17 +154,14 @@ func (h *Handler) render(e *renderedHeaders, hdr http.Header, tickets []ticket, 
 		}
 	}
 	if legacy != nil {
-		e.legacy = true
-		for _, n := range [3]int64{quota(legacy), legacy.Decision.Remaining, ceilSeconds(legacy.Decision.ResetAfter)} {
+		for i, n := range [3]int64{quota(legacy), legacy.Decision.Remaining, ceilSeconds(legacy.Decision.ResetAfter)} {
 			buf = strconv.AppendInt(buf, sfInt(n), 10)
-			ends[e.n] = len(buf)
-			e.n++
+			end(uint8(2 + i))
 		}
 	}
 	if denied {
 		buf = strconv.AppendInt(buf, retryAfterSeconds(retry, e.maxT), 10)
-		ends[e.n] = len(buf)
-		e.n++
+		end(5)
 	}
 
 	all := h.values.intern(buf)
@@ -294,26 +274,25 @@ func appendPolicy(buf []byte, v *ticket) []byte {
 	return append(buf, v.Owner.costs.params...) // how a weighted or post-charged zone counts
 }
 
-// appendState appends v as a RateLimit member and returns its t (0: none).
-func appendState(buf []byte, v *ticket, denied bool) ([]byte, int64) {
+// appendState appends v as a RateLimit member, raising maxT to its t.
+func appendState(buf []byte, v *ticket, denied bool, maxT *int64) []byte {
 	buf = append(buf, '"')
 	buf = append(buf, v.Owner.Name...)
 	buf = append(buf, `";r=`...)
 	buf = strconv.AppendInt(buf, sfInt(v.Decision.Remaining), 10)
 	t, ok := v.MoreQuotaIn()
 	if !ok || (denied && v.Decision.Remaining > 0) {
-		return buf, 0
+		return buf
 	}
 	secs := sfInt(ceilSeconds(t))
+	*maxT = max(*maxT, secs)
 	buf = append(buf, ";t="...)
-	buf = strconv.AppendInt(buf, secs, 10)
-	return buf, secs
+	return strconv.AppendInt(buf, secs, 10)
 }
 
-// appendEarlierMembers appends an earlier handler's RateLimit members and
-// returns their largest t; on a denial, members with quota left lose t.
-func appendEarlierMembers(buf []byte, prev string, denied bool) ([]byte, int64) {
-	var maxT int64
+// appendEarlierMembers appends an earlier handler's RateLimit members,
+// raising maxT to their t; on a denial, members with quota left lose t.
+func appendEarlierMembers(buf []byte, prev string, denied bool, maxT *int64) []byte {
 	for i, m := range strings.Split(prev, ",") {
 		m = strings.TrimSpace(m)
 		if i > 0 {
@@ -327,12 +306,12 @@ func appendEarlierMembers(buf []byte, prev string, denied bool) ([]byte, int64) 
 					m += ";" + rest
 				}
 			} else if n, err := strconv.ParseInt(t, 10, 64); err == nil {
-				maxT = max(maxT, n)
+				*maxT = max(*maxT, n)
 			}
 		}
 		buf = append(buf, m...)
 	}
-	return buf, maxT
+	return buf
 }
 
 func sfInt(n int64) int64 { return min(max(n, 0), maxSFInteger) }

@@ -9,7 +9,6 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-tally/ratelimit/internal/llmreq"
-	"github.com/caddy-tally/ratelimit/internal/usage"
 )
 
 // llmZone is what a zone that charges LLM tokens or dollars does with the
@@ -23,28 +22,28 @@ type llmZone struct {
 	// usagePaths: the endpoints' path suffixes whose streams get
 	// include_usage; none: include_usage off.
 	usagePaths []string
-	// price prices the estimate (false: no price for the model).
-	price   func(model string, input, output int64) (int64, bool)
-	outputs llmreq.Outputs // the output tokens of the zone's responses, per model
+	charge     *bodyCharge    // the zone's charge tokens or charge usd, which prices the estimate
+	outputs    llmreq.Outputs // the output tokens of the zone's responses, per model
 }
 
 // defaultUsagePath: OpenAI's, and every compatible server's.
 const defaultUsagePath = "/chat/completions"
 
 // llmZoneOf checks and resolves a zone's estimate and include_usage; nil
-// for a zone that charges neither tokens nor dollars (price nil).
-func llmZoneOf(name string, zc *Zone, price func(model string, input, output int64) (int64, bool)) (*llmZone, error) {
+// for a zone that charges neither tokens nor dollars from body b.
+func llmZoneOf(name string, zc *Zone, b *bodyCharge) (*llmZone, error) {
+	price := b != nil && b.paths == nil
 	switch {
 	case zc.Estimate != "" && zc.Estimate != "request":
 		return nil, fmt.Errorf("zone %s: estimate %q: the one estimate is request (estimate request: from the request's body)", name, zc.Estimate)
-	case price == nil && (zc.Estimate != "" || len(zc.IncludeUsage) > 0):
+	case !price && (zc.Estimate != "" || len(zc.IncludeUsage) > 0):
 		return nil, fmt.Errorf("zone %s: estimate and include_usage read LLM requests for a zone that charges their tokens or dollars: add charge tokens or charge usd { … }", name)
-	case price == nil:
+	case !price:
 		return nil, nil
 	case zc.Estimate != "" && zc.CostPlaceholder != "":
 		return nil, fmt.Errorf("zone %s: the estimate is read from the request's body (estimate request) or from a placeholder (cost {…}), not both: keep one", name)
 	}
-	l := &llmZone{estimate: zc.Estimate == "request", price: price, usagePaths: []string{defaultUsagePath}}
+	l := &llmZone{estimate: zc.Estimate == "request", charge: b, usagePaths: []string{defaultUsagePath}}
 	if len(zc.IncludeUsage) > 0 {
 		l.usagePaths = nil
 		for _, p := range zc.IncludeUsage {
@@ -98,9 +97,9 @@ func requestModel(r *http.Request) string {
 
 // cost is the request's estimate (fallback when the body cannot be
 // priced), false when the zone does not estimate; a stream the zone wants
-// the usage of is made to ask for it. usd: the zone charges dollars.
-func (l *llmZone) cost(r *http.Request, usd bool, fallback int64) (int64, bool) {
-	if !l.estimate && !l.wantsUsage(r.URL.Path) && !usd {
+// the usage of is made to ask for it.
+func (l *llmZone) cost(r *http.Request, fallback int64) (int64, bool) {
+	if !l.estimate && !l.wantsUsage(r.URL.Path) && l.charge.prices == nil {
 		return 0, false // nothing to read the body for
 	}
 	rd := readLLM(r)
@@ -120,7 +119,7 @@ func (l *llmZone) cost(r *http.Request, usd bool, fallback int64) (int64, bool) 
 	if out < 0 {
 		out, _ = l.outputs.P95(rd.q.Model)
 	}
-	n, ok := l.price(rd.q.Model, rd.q.Input(), out)
+	n, ok := l.charge.price(rd.q.Model, rd.q.Input(), out)
 	if !ok {
 		return fallback, true
 	}
@@ -200,19 +199,4 @@ func endStrip(w http.ResponseWriter) {
 	if s, ok := w.(*usageStrip); ok && s.on {
 		_ = s.strip.End(s.emit)
 	}
-}
-
-// llmPrice prices tokens as body charge b does; nil when b charges neither
-// tokens nor dollars.
-func llmPrice(b *bodyCharge) func(model string, input, output int64) (int64, bool) {
-	if b != nil && b.prices != nil {
-		p := b.prices
-		return func(model string, input, output int64) (int64, bool) { return p.Cost(model, input, 0, output) }
-	}
-	if b != nil && b.paths == nil {
-		return func(_ string, input, output int64) (int64, bool) {
-			return b.tokens.of(usage.Tokens{Input: input, Output: output}), true
-		}
-	}
-	return nil
 }

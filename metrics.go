@@ -11,17 +11,6 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// The handler's collectors, created at init (so that a config with only
-// the listener wrapper has the zone gauges too) and listed in internal/live.
-var collectors struct {
-	requests, storeErrors, failPolicy, plans, cost, costFalls, chargeFails *prometheus.CounterVec
-	chargeFalls, spend, tokenCharges                                       *prometheus.CounterVec
-	snapshotKeys, restoredKeys, writeFails, restoreFails                   *prometheus.CounterVec
-	bans, dryRunBans, droppedBans, queueFull, emptyKeys                    *prometheus.CounterVec
-	adaptive                                                               *prometheus.CounterVec
-	latency, snapshotSeconds, delayed                                      *prometheus.HistogramVec
-}
-
 const metricPrefix = live.MetricPrefix
 
 var (
@@ -30,33 +19,38 @@ var (
 	gauge        = live.Gauge
 )
 
-func init() {
-	c := &collectors
-	c.requests = counterVec("requests_total", "Requests decided by a zone, by decision: allowed, denied, dry_run_denied.", "decision")
-	c.storeErrors = counterVec("store_errors_total", "Decisions the shared store (Redis) could not answer: errors, timeouts, open breaker.")
-	c.failPolicy = counterVec("fail_policy_total", "Decisions made by a zone's fail policy while the store was unavailable, by policy.", "policy")
-	c.latency = histogramVec("store_latency_seconds", "Time a decision spent waiting for the shared store.",
+// The handler's collectors, created at init (so that a config with only
+// the listener wrapper has the zone gauges too) and listed in internal/live.
+var (
+	requestsVec    = counterVec("requests_total", "Requests decided by a zone, by decision: allowed, denied, dry_run_denied.", "decision")
+	storeErrorsVec = counterVec("store_errors_total", "Decisions the shared store (Redis) could not answer: errors, timeouts, open breaker.")
+	failPolicyVec  = counterVec("fail_policy_total", "Decisions made by a zone's fail policy while the store was unavailable, by policy.", "policy")
+	latencyVec     = histogramVec("store_latency_seconds", "Time a decision spent waiting for the shared store.",
 		.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1)
-	c.plans = counterVec("plan_fallbacks_total", "Requests whose per-request events, window or burst was empty or invalid, decided under the zone's literal limit.")
-	c.cost = counterVec("cost_total", "Units of cost counted by weighted, post-charged and quota zones: the cost of allowed requests, and what was charged after responses.")
-	c.costFalls = counterVec("cost_fallbacks_total", "Requests whose cost or charge placeholder was empty or invalid, counted at the zone's literal cost.")
-	c.chargeFalls = counterVec("charge_fallbacks_total", "Responses of a zone that charges from the body (charge json, charge tokens, charge usd) that did not carry every path's value, by reason: client_gone, upstream_error, no_price (charge usd: a model without a price), no_usage, malformed, too_large, encoded, not_json; each charged the estimate taken before (or the zone's cost).", "reason")
-	c.tokenCharges = counterVec("token_charges_total", "Responses of a zone with charge tokens charged from the usage they carried, by the format read: openai_chat, openai_responses, anthropic, gemini, ollama.", "format")
-	c.spend = counterVec("spend_usd_total", "Dollars charged by a usd zone (charge usd) after responses: its cost_total, in micro-dollars, as dollars.")
-	c.chargeFails = counterVec("charge_failures_total", "Charges after the response that Redis did not take within the retry bound (the zone's fail policy then applied).")
-	c.snapshotSeconds = histogramVec("snapshot_duration_seconds", "Time taken to copy, encode and store a persisted zone's snapshot.",
+	plansVec           = counterVec("plan_fallbacks_total", "Requests whose per-request events, window or burst was empty or invalid, decided under the zone's literal limit.")
+	costVec            = counterVec("cost_total", "Units of cost counted by weighted, post-charged and quota zones: the cost of allowed requests, and what was charged after responses.")
+	costFallsVec       = counterVec("cost_fallbacks_total", "Requests whose cost or charge placeholder was empty or invalid, counted at the zone's literal cost.")
+	chargeFallsVec     = counterVec("charge_fallbacks_total", "Responses of a zone that charges from the body (charge json, charge tokens, charge usd) that did not carry every path's value, by reason: client_gone, upstream_error, no_price (charge usd: a model without a price), no_usage, malformed, too_large, encoded, not_json; each charged the estimate taken before (or the zone's cost).", "reason")
+	tokenChargesVec    = counterVec("token_charges_total", "Responses of a zone with charge tokens charged from the usage they carried, by the format read: openai_chat, openai_responses, anthropic, gemini, ollama.", "format")
+	spendVec           = counterVec("spend_usd_total", "Dollars charged by a usd zone (charge usd) after responses: its cost_total, in micro-dollars, as dollars.")
+	chargeFailsVec     = counterVec("charge_failures_total", "Charges after the response that Redis did not take within the retry bound (the zone's fail policy then applied).")
+	snapshotSecondsVec = histogramVec("snapshot_duration_seconds", "Time taken to copy, encode and store a persisted zone's snapshot.",
 		.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10)
-	c.snapshotKeys = counterVec("snapshot_keys_written_total", "Keys written in a persisted zone's snapshots, every snapshot counted.")
-	c.restoredKeys = counterVec("snapshot_keys_restored_total", "Keys a persisted zone resumed from its snapshot when Caddy started.")
-	c.writeFails = counterVec("snapshot_write_failures_total", "Snapshots of a persisted zone not written: storage error or timeout.")
-	c.restoreFails = counterVec("snapshot_restore_failures_total", "Snapshots of a persisted zone not restored at start though one may exist: corrupt, truncated, storage error or timeout.")
-	c.bans = counterVec("bans_total", "Bans started by a zone with ban on this instance (a key it denied for lack of quota, then denied for the ban).")
-	c.dryRunBans = counterVec("dry_run_bans_total", "Bans a dry-run zone with ban would have started.")
-	c.droppedBans = counterVec("bans_dropped_total", "Bans not kept: from=table, a ban this instance did not start or learn because the zone's ban table (max_keys) was full of running bans (the key had the rate without the ban); from=list, running bans the fleet-wide list (1000 per zone, the longest kept) dropped, which async instances other than the one that started them do not learn.", "from")
-	c.emptyKeys = counterVec("empty_keys_total", "Requests whose key expanded to nothing (a missing header, a misspelt placeholder): they share one bucket, the empty key.")
-	c.delayed = histogramVec("delay_seconds", "How long the requests a zone with delay admitted for later waited for their turn (its count: the delayed requests).",
+	snapshotKeysVec = counterVec("snapshot_keys_written_total", "Keys written in a persisted zone's snapshots, every snapshot counted.")
+	restoredKeysVec = counterVec("snapshot_keys_restored_total", "Keys a persisted zone resumed from its snapshot when Caddy started.")
+	writeFailsVec   = counterVec("snapshot_write_failures_total", "Snapshots of a persisted zone not written: storage error or timeout.")
+	restoreFailsVec = counterVec("snapshot_restore_failures_total", "Snapshots of a persisted zone not restored at start though one may exist: corrupt, truncated, storage error or timeout.")
+	bansVec         = counterVec("bans_total", "Bans started by a zone with ban on this instance (a key it denied for lack of quota, then denied for the ban).")
+	dryRunBansVec   = counterVec("dry_run_bans_total", "Bans a dry-run zone with ban would have started.")
+	droppedBansVec  = counterVec("bans_dropped_total", "Bans not kept: from=table, a ban this instance did not start or learn because the zone's ban table (max_keys) was full of running bans (the key had the rate without the ban); from=list, running bans the fleet-wide list (1000 per zone, the longest kept) dropped, which async instances other than the one that started them do not learn.", "from")
+	emptyKeysVec    = counterVec("empty_keys_total", "Requests whose key expanded to nothing (a missing header, a misspelt placeholder): they share one bucket, the empty key.")
+	delayedVec      = histogramVec("delay_seconds", "How long the requests a zone with delay admitted for later waited for their turn (its count: the delayed requests).",
 		.01, .05, .1, .25, .5, 1, 2, 3, 5, 10, 30, 60)
-	c.queueFull = counterVec("queue_full_total", "Requests a zone with delay denied though their turn was within the delay, because the zone's queue was full.")
+	queueFullVec = counterVec("queue_full_total", "Requests a zone with delay denied though their turn was within the delay, because the zone's queue was full.")
+	adaptiveVec  = counterVec("adaptive_requests_total", "Requests of an adaptive zone by priority class (all: the zone has no priority), whether the class is the zone's lowest (lowest=\"false\": a class the zone sheds last), and decision: served (admitted), shed, dry_run_shed (a dry run would have shed it).", "class", "lowest", "decision")
+)
+
+func init() {
 	gauge("waiting", "Requests of a zone with delay waiting for their turn in this instance now.", func(z *zones.Zone, _ int64) (float64, bool) {
 		return float64(z.Waiting()), z.Delay > 0 && !z.DryRun
 	})
@@ -74,7 +68,6 @@ func init() {
 	gauge("in_flight", "Requests holding a slot of a concurrency zone in this instance.", func(z *zones.Zone, _ int64) (float64, bool) {
 		return float64(z.InFlight()), z.IsConcurrency() && !live.IsConnection(z)
 	})
-	c.adaptive = counterVec("adaptive_requests_total", "Requests of an adaptive zone by priority class (all: the zone has no priority), whether the class is the zone's lowest (lowest=\"false\": a class the zone sheds last), and decision: served (admitted), shed, dry_run_shed (a dry run would have shed it).", "class", "lowest", "decision")
 	gauge("adaptive_limit", "An adaptive zone's limit of requests in flight in this instance now, summed over its keys.", func(z *zones.Zone, _ int64) (float64, bool) {
 		l, _ := z.AdaptiveLimit()
 		return float64(l), z.IsAdaptive()
@@ -126,7 +119,7 @@ func newClassMetrics(zone string, prio *Priority, dryRun bool) []classMetrics {
 	m := make([]classMetrics, len(names))
 	for i, n := range names {
 		lowest := strconv.FormatBool(i == len(names)-1)
-		m[i] = classMetrics{collectors.adaptive.WithLabelValues(zone, n, lowest, "served"), collectors.adaptive.WithLabelValues(zone, n, lowest, shed)}
+		m[i] = classMetrics{adaptiveVec.WithLabelValues(zone, n, lowest, "served"), adaptiveVec.WithLabelValues(zone, n, lowest, shed)}
 	}
 	return m
 }
@@ -147,29 +140,29 @@ func (m *zoneMetrics) countClass(k int, allowed bool) {
 // distributed: the zone has a store; timed: its decisions wait for it.
 func newZoneMetrics(cfg zones.Config, key string, distributed, timed bool) zoneMetrics {
 	name, dryRun, bans := cfg.Name, cfg.DryRun, cfg.Ban > 0
-	m := zoneMetrics{Decisions: live.NewDecisions(collectors.requests, name, dryRun)}
+	m := zoneMetrics{Decisions: live.NewDecisions(requestsVec, name, dryRun)}
 	if distributed {
-		m.storeErrors = collectors.storeErrors.WithLabelValues(name)
-		m.failPolicy = collectors.failPolicy.WithLabelValues(name, cfg.FailPolicy.String())
+		m.storeErrors = storeErrorsVec.WithLabelValues(name)
+		m.failPolicy = failPolicyVec.WithLabelValues(name, cfg.FailPolicy.String())
 	}
 	if timed {
-		m.latency = collectors.latency.WithLabelValues(name)
+		m.latency = latencyVec.WithLabelValues(name)
 	}
 	if cfg.PerRequest {
-		m.planFallbacks = collectors.plans.WithLabelValues(name)
+		m.planFallbacks = plansVec.WithLabelValues(name)
 	}
 	if bans && dryRun {
-		m.bans = collectors.dryRunBans.WithLabelValues(name)
+		m.bans = dryRunBansVec.WithLabelValues(name)
 	} else if bans {
-		m.bans = collectors.bans.WithLabelValues(name)
-		m.droppedBans = [2]prometheus.Counter{collectors.droppedBans.WithLabelValues(name, "table"), collectors.droppedBans.WithLabelValues(name, "list")}
+		m.bans = bansVec.WithLabelValues(name)
+		m.droppedBans = [2]prometheus.Counter{droppedBansVec.WithLabelValues(name, "table"), droppedBansVec.WithLabelValues(name, "list")}
 	}
 	if cfg.Delay > 0 && !dryRun { // a dry run never waits
-		m.delayed = collectors.delayed.WithLabelValues(name)
-		m.queueFull = collectors.queueFull.WithLabelValues(name)
+		m.delayed = delayedVec.WithLabelValues(name)
+		m.queueFull = queueFullVec.WithLabelValues(name)
 	}
 	if config.CanBeEmpty(key) {
-		m.emptyKeys = collectors.emptyKeys.WithLabelValues(name)
+		m.emptyKeys = emptyKeysVec.WithLabelValues(name)
 	}
 	return m
 }
@@ -209,10 +202,10 @@ func add(c prometheus.Counter, n float64) {
 
 func newSnapshotMetrics(zone string) live.SnapshotMetrics {
 	return live.SnapshotMetrics{
-		Duration:        collectors.snapshotSeconds.WithLabelValues(zone),
-		KeysWritten:     collectors.snapshotKeys.WithLabelValues(zone),
-		KeysRestored:    collectors.restoredKeys.WithLabelValues(zone),
-		WriteFailures:   collectors.writeFails.WithLabelValues(zone),
-		RestoreFailures: collectors.restoreFails.WithLabelValues(zone),
+		Duration:        snapshotSecondsVec.WithLabelValues(zone),
+		KeysWritten:     snapshotKeysVec.WithLabelValues(zone),
+		KeysRestored:    restoredKeysVec.WithLabelValues(zone),
+		WriteFailures:   writeFailsVec.WithLabelValues(zone),
+		RestoreFailures: restoreFailsVec.WithLabelValues(zone),
 	}
 }

@@ -197,10 +197,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			}
 		}
 		if h.Distributed.Mode != "async" {
-			h.budget = time.Duration(h.Distributed.Timeout)
-			if h.budget <= 0 {
-				h.budget = distributed.DefaultTimeout
-			}
+			h.budget = cmp.Or(max(time.Duration(h.Distributed.Timeout), 0), distributed.DefaultTimeout)
 		}
 	}
 	if !h.DisableMetrics {
@@ -221,7 +218,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.placeholders = h.placeholders || z.readsReplacer()
 		h.annotates = h.annotates || z.dryRun
 		h.weighted = h.weighted || z.metrics.cost != nil
-		h.bodyCharged = h.bodyCharged || z.costs.fromBody()
+		h.bodyCharged = h.bodyCharged || z.costs.body != nil
 		if h.store != nil && (z.IsConcurrency() || z.costs.postCharged() || z.Delay > 0) {
 			h.holds = true
 			z.Zone.Hold, z.Zone.Done = h.users.hold, h.users.done

@@ -53,7 +53,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		// The store must outlive a reload while this request uses it.
 		defer h.users.done()
 	}
-	ctx, cancel := h.storeContext(r, now)
+	ctx, cancel := h.storeContext(r, now, false)
 	mark := now // the end of the last zone's decision, for the store's latency
 	adm := zones.Admit(ctx, tickets, now,
 		func(i int) { h.seen(&tickets[i], now, &mark) },
@@ -62,7 +62,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			if !h.awaitTurn(r, tickets, turn) {
 				return nil, false
 			}
-			ctx, cancel = h.restartStoreContext(r)
+			ctx, cancel = h.storeContext(r, monotime.Now(), true)
 			mark = monotime.Now()
 			return ctx, true
 		})
@@ -122,11 +122,7 @@ func (h *Handler) seen(v *ticket, now int64, mark *int64) {
 		z.logOverBurst(now, v.Cost, v.Plan)
 	}
 	if !d.Allowed && z.dryRun {
-		z.State().Offenders.Record(v.Key, time.Now().UnixNano()) // top tells what headers do
-		h.logDenial(now, z, v.Key, *d, true)
-		if d.BanStarted > 0 {
-			h.banStarted(now, z, v.Key, *d, true)
-		}
+		h.denied(now, v, true)
 	}
 }
 
@@ -174,15 +170,6 @@ func clientGone(w http.ResponseWriter) error {
 	return nil
 }
 
-// restartStoreContext is storeContext after a wait for a turn: a budget
-// of its own, from now.
-func (h *Handler) restartStoreContext(r *http.Request) (context.Context, context.CancelFunc) {
-	if h.budget > 0 {
-		caddyhttp.SetVar(r.Context(), storeDeadlineVar, monotime.Now()+int64(h.budget))
-	}
-	return h.storeContext(r, monotime.Now())
-}
-
 func requestReplacer(r *http.Request) *caddy.Replacer {
 	return r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 }
@@ -200,20 +187,27 @@ func (h *Handler) applicable(r *http.Request, repl *caddy.Replacer, now int64, t
 				continue
 			}
 		}
-		raw := z.expandKey(r, repl)
-		tickets = append(tickets, ticket{Owner: z, Zone: z.Zone, Key: z.Config.Key(raw), Raw: raw,
-			Plan: z.planFor(repl, now), Cost: z.costFor(r, repl, now), PostCharged: z.costs.postCharged() && !z.costs.estimate,
-			UpTo:  z.costs.llm != nil && z.costs.llm.estimate,
-			Class: z.classFor(r, repl)})
-		if z.challenge != nil {
-			z.challenge.identify(r, &tickets[len(tickets)-1])
-		}
-		tickets[len(tickets)-1].Resolve()
+		v := z.newTicket(r, repl, now)
+		v.Cost, v.Class = z.costFor(r, repl, now), z.classFor(r, repl)
+		v.PostCharged, v.UpTo = z.costs.postCharged() && !z.costs.estimate, z.costs.llm != nil && z.costs.llm.estimate
 		if z.waits {
-			tickets[len(tickets)-1].Done = r.Context().Done()
+			v.Done = r.Context().Done()
 		}
+		tickets = append(tickets, v)
 	}
 	return tickets, nil
+}
+
+// newTicket is r's ticket in z, costing 1: its key, under a solved
+// cookie its identity, and its plan, the operator's override resolved.
+func (z *httpZone) newTicket(r *http.Request, repl *caddy.Replacer, now int64) ticket {
+	raw := z.expandKey(r, repl)
+	v := ticket{Owner: z, Zone: z.Zone, Key: z.Config.Key(raw), Raw: raw, Plan: z.planFor(repl, now), Cost: 1}
+	if z.challenge != nil {
+		z.challenge.identify(r, &v)
+	}
+	v.Resolve()
+	return v
 }
 
 // cachedDenial is the index of a rate zone (not in dry run) whose deny
@@ -237,18 +231,19 @@ func (h *Handler) cachedDenial(tickets []ticket, now int64) int {
 // storeContext bounds the request's store calls by one budget, the
 // distributed timeout, however many zones and handlers ask Redis: the
 // first strict-mode handler fixes the deadline in the request's vars.
-// Local and async handlers never wait for Redis.
+// Local and async handlers never wait for Redis. After a wait for a turn
+// (restart) the budget starts again, from now.
 //
 // The request's cancellation is not passed on: a child of Caddy's request
 // context costs ~3% of Caddy's CPU in strict mode (a CPU profile), and the
 // budget bounds the calls anyway.
-func (h *Handler) storeContext(r *http.Request, now int64) (context.Context, context.CancelFunc) {
+func (h *Handler) storeContext(r *http.Request, now int64, restart bool) (context.Context, context.CancelFunc) {
 	ctx := r.Context()
 	if h.budget <= 0 {
 		return ctx, func() {}
 	}
 	deadline, ok := caddyhttp.GetVar(ctx, storeDeadlineVar).(int64)
-	if !ok {
+	if !ok || restart {
 		deadline = now + int64(h.budget)
 		caddyhttp.SetVar(ctx, storeDeadlineVar, deadline)
 	}
@@ -293,11 +288,7 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, tickets []ticket,
 			"remote_addr": r.RemoteAddr,
 		})
 	}
-	h.logDenial(now, v.Owner, v.Key, v.Decision, false)
-	if v.Decision.BanStarted > 0 {
-		h.banStarted(now, v.Owner, v.Key, v.Decision, false)
-	}
-	v.Owner.State().Offenders.Record(v.Key, time.Now().UnixNano())
+	h.denied(now, v, false)
 	if v.Owner.challenge != nil && v.Owner.challenge.challenge(w, r, v, retry) {
 		return nil
 	}
@@ -340,14 +331,13 @@ type liveState struct {
 // logSamplers are a handler's samplers, one per log line a request can
 // cause; its zones share them.
 type logSamplers struct {
-	denial, dryRunDenial live.Sampler
-	storeError           live.Sampler
-	planFallback         live.Sampler
-	costFallback         live.Sampler
-	costOverBurst        live.Sampler
-	chargeFailure        live.Sampler
-	chargeFallback       live.Sampler
-	ban, dryRunBan       live.Sampler
+	denial, ban    [2]live.Sampler // by dry run
+	storeError     live.Sampler
+	planFallback   live.Sampler
+	costFallback   live.Sampler
+	costOverBurst  live.Sampler
+	chargeFailure  live.Sampler
+	chargeFallback live.Sampler
 }
 
 const (
@@ -361,44 +351,47 @@ const (
 	eventBanned   = "rate_limit_banned"
 )
 
-// banStarted tells of a ban d started (in dry run: would have): the
-// rate_limit_banned event (real bans), a sampled INFO line and the counter.
-func (h *Handler) banStarted(now int64, z *httpZone, key string, d zones.Decision, dryRun bool) {
+// denied records v's denial (in dry run: would-be denial) for top and
+// logs it (sampled), and tells of a ban it started: the rate_limit_banned
+// event (real bans), a sampled INFO line and the counter.
+func (h *Handler) denied(now int64, v *ticket, dryRun bool) {
+	z, d, dry := v.Owner, &v.Decision, 0
+	if dryRun {
+		dry = 1
+	}
+	z.State().Offenders.Record(v.Key, time.Now().UnixNano()) // in dry run too: top tells what headers do
+	if c := h.live.logs.denial[dry].Check(h.logger, now, zapcore.InfoLevel, denialMessages[dry]); c != nil {
+		c.Write(h.keyed(v.Key, zap.String("zone", z.Name), zap.Duration("retry_after", d.RetryAfter))...)
+	}
+	if d.BanStarted <= 0 {
+		return
+	}
 	add(z.metrics.bans, 1)
 	if !dryRun && h.events.ShouldEmit(eventBanned) {
 		data := map[string]any{"zone": z.Name, "ban": d.BanStarted, "level": d.BanLevel}
 		if h.LogKey {
-			data["key"] = key
+			data["key"] = v.Key
 		}
 		h.events.Emit(h.ctx, eventBanned, data)
 	}
-	s, msg := &h.live.logs.ban, "rate limit ban started"
-	if dryRun {
-		s, msg = &h.live.logs.dryRunBan, "rate limit would ban (dry run)"
-	}
-	if c := s.Check(h.logger, now, zapcore.InfoLevel, msg); c != nil {
+	if c := h.live.logs.ban[dry].Check(h.logger, now, zapcore.InfoLevel, banMessages[dry]); c != nil {
 		fields := []zap.Field{zap.String("zone", z.Name), zap.Duration("ban", d.BanStarted)}
 		if d.BanLevel > 0 {
 			fields = append(fields, zap.Int("level", d.BanLevel))
 		}
-		if h.LogKey {
-			fields = append(fields, zap.String("key", key))
-		}
-		c.Write(fields...)
+		c.Write(h.keyed(v.Key, fields...)...)
 	}
 }
 
-// logDenial logs (sampled) a denial, or a dry-run zone's would-be one.
-func (h *Handler) logDenial(now int64, z *httpZone, key string, d zones.Decision, dryRun bool) {
-	s, msg := &h.live.logs.denial, "rate limit exceeded"
-	if dryRun {
-		s, msg = &h.live.logs.dryRunDenial, "rate limit would deny (dry run)"
+var (
+	denialMessages = [2]string{"rate limit exceeded", "rate limit would deny (dry run)"}
+	banMessages    = [2]string{"rate limit ban started", "rate limit would ban (dry run)"}
+)
+
+// keyed is fields with, when log_key is on, the key.
+func (h *Handler) keyed(key string, fields ...zap.Field) []zap.Field {
+	if h.LogKey {
+		return append(fields, zap.String("key", key))
 	}
-	if c := s.Check(h.logger, now, zapcore.InfoLevel, msg); c != nil {
-		fields := []zap.Field{zap.String("zone", z.Name), zap.Duration("retry_after", d.RetryAfter)}
-		if h.LogKey {
-			fields = append(fields, zap.String("key", key))
-		}
-		c.Write(fields...)
-	}
+	return fields
 }

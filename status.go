@@ -156,21 +156,17 @@ func (s *StatusHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ cadd
 	out := struct {
 		Zones []zoneStatus `json:"zones"`
 	}{Zones: make([]zoneStatus, len(s.Zones))}
-	if len(s.Zones) == 1 {
-		out.Zones[0] = zoneStatusOf(ctx, s.Zones[0], statusTicket(r, repl, s.Zones[0], now), now)
-	} else {
-		g := distributed.NewGather(len(s.Zones))
-		var wg sync.WaitGroup
-		for i, name := range s.Zones {
-			t := statusTicket(r, repl, name, now)
-			wg.Go(func() {
-				ctx, done := g.Caller(ctx)
-				defer done()
-				out.Zones[i] = zoneStatusOf(ctx, name, t, now)
-			})
-		}
-		wg.Wait()
+	g := distributed.NewGather(len(s.Zones))
+	var wg sync.WaitGroup
+	for i, name := range s.Zones {
+		t := statusTicket(r, repl, name, now)
+		wg.Go(func() {
+			ctx, done := g.Caller(ctx)
+			defer done()
+			out.Zones[i] = zoneStatusOf(ctx, name, t, now)
+		})
 	}
+	wg.Wait()
 	w.Header().Set("Cache-Control", "no-store")
 	return adminapi.WriteJSON(w, http.StatusOK, out)
 }
@@ -186,13 +182,8 @@ func statusTicket(r *http.Request, repl *caddy.Replacer, name string, now int64)
 	if zh == nil {
 		return nil
 	}
-	raw := zh.expandKey(r, repl)
-	t := &ticket{Owner: zh, Zone: z, Key: z.Config.Key(raw), Raw: raw, Plan: zh.planFor(repl, now), Cost: 1}
-	if zh.challenge != nil {
-		zh.challenge.identify(r, t) // a solved cookie's own budget
-	}
-	t.Resolve()
-	return t
+	t := zh.newTicket(r, repl, now)
+	return &t
 }
 
 // zoneStatusOf is ticket t's state now in zone name (t nil: not loaded).

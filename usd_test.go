@@ -78,7 +78,7 @@ func TestCaddyfileChargeUSDAsWritten(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !c.postCharged() || !c.weighted() || !c.fromBody() || !strings.HasSuffix(c.params, `;tally-unit="usd-micro"`) {
+	if !c.postCharged() || !c.weighted() || c.body == nil || !strings.HasSuffix(c.params, `;tally-unit="usd-micro"`) {
 		t.Errorf("costs %+v: a charge usd zone is post-charged from the body, in micro-dollars", c)
 	}
 	// 1000 input (600 cached) and 200 output tokens of gpt-4.1-mini:

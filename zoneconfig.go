@@ -190,6 +190,16 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*http
 		return nil, err
 	}
 	zh.stateID, zh.freshState = id, fresh
+	var remote *zones.OverrideStore
+	if h.store != nil {
+		remote = h.store.Offers().Overrides
+	}
+	ov, ovKey, err := live.LoadOverrideHolder(ctx, cfg, remote, h.storeKey, h.logger)
+	if err != nil {
+		zh.releaseState()
+		return nil, err
+	}
+	zh.overridesKey = ovKey
 	if zh.Zone, err = zones.New(cfg, state, store); err != nil {
 		zh.releaseState()
 		return nil, err
@@ -227,23 +237,6 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*http
 		zh.stopBans = make(chan struct{})
 		go zh.learnBans(a, a.SyncInterval())
 	}
-	var remote *zones.OverrideStore
-	if h.store != nil {
-		remote = h.store.Offers().Overrides
-	}
-	ov, ovKey, err := live.LoadOverrideHolder(ctx, cfg, remote, h.storeKey, h.logger)
-	if err != nil {
-		// Not registered yet: give back what unregister would.
-		if zh.stopReset != nil {
-			zh.stopReset()
-		}
-		if zh.stopBans != nil {
-			close(zh.stopBans)
-		}
-		zh.releaseState()
-		return nil, err
-	}
-	zh.overridesKey = ovKey
 	zh.Zone.UseOverrides(ov.Set())
 	emit := func(event string, data map[string]any) { h.events.Emit(h.ctx, event, data) }
 	live.Register(zh.Zone, false, live.ZoneView{Regional: h.store, Shared: shared, Health: h.backend.Health, Overrides: ov, Emit: emit, USD: zh.usdFields, Handler: zh})

@@ -83,77 +83,66 @@ func (a *AdminAPI) serveJSON(w http.ResponseWriter, r *http.Request) error {
 func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 	rest, _ := strings.CutPrefix(r.URL.EscapedPath(), "/rate_limit/")
 	parts := strings.Split(strings.TrimSuffix(rest, "/"), "/")
-	q := r.URL.Query()
-	zoneRoute := (len(parts) == 3 || len(parts) == 4) && parts[0] == "zones"
-	if zoneRoute && parts[2] == "overrides" {
-		return a.overrideRoute(w, r, parts)
-	}
-	keys := zoneRoute && parts[2] == "keys" && (len(parts) == 4 || q.Has("key") || q.Has("key_base64"))
-	switch {
-	case len(parts) == 1 && parts[0] == "zones":
+	if len(parts) == 1 && parts[0] == "zones" {
 		if r.Method != http.MethodGet {
 			return methodNotAllowed(w, http.MethodGet)
 		}
 		return adminapi.WriteJSON(w, http.StatusOK, listZones())
-	case !keys && !(zoneRoute && len(parts) == 3 && (parts[2] == "top" || parts[2] == "bans")):
+	}
+	q, route := r.URL.Query(), ""
+	if (len(parts) == 3 || len(parts) == 4) && parts[0] == "zones" {
+		route = parts[2]
+	}
+	keys := route == "keys" && (len(parts) == 4 || q.Has("key") || q.Has("key_base64"))
+	if !keys && route != "overrides" && !(len(parts) == 3 && (route == "top" || route == "bans")) {
 		return caddy.APIError{HTTPStatus: http.StatusNotFound,
 			Err: errors.New("unknown path: use /rate_limit/zones, /rate_limit/zones/<zone>/keys/<key> (or .../keys?key=<key>, for any key including the empty one, or .../keys?key_base64=<base64>) /rate_limit/zones/<zone>/top, /rate_limit/zones/<zone>/bans or /rate_limit/zones/<zone>/overrides[/<id>]")}
 	}
 	zoneName, err1 := url.PathUnescape(parts[1])
-	var key string
+	var arg string // the key, or the override's id
 	var err2 error
 	switch {
-	case !keys:
 	case len(parts) == 4:
-		key, err2 = url.PathUnescape(parts[3])
+		arg, err2 = url.PathUnescape(parts[3])
+	case !keys:
 	case q.Has("key_base64"):
-		key, err2 = adminapi.DecodeKeyBase64(q.Get("key_base64"))
+		arg, err2 = adminapi.DecodeKeyBase64(q.Get("key_base64"))
 	default:
-		key = q.Get("key")
+		arg = q.Get("key")
 	}
-	if err := errors.Join(err1, err2); err != nil {
-		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
+	err := errors.Join(err1, err2)
+	if route == "overrides" {
+		err = cmp.Or(err1, err2)
 	}
-	z := live.Lookup(zoneName, false)
-	switch {
-	case z == nil:
-		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("unknown zone %q", zoneName)}
-	case !keys && r.Method != http.MethodGet:
-		return methodNotAllowed(w, http.MethodGet)
-	case parts[2] == "top":
-		return a.top(w, r, z)
-	case parts[2] == "bans":
-		return a.bans(w, r, z)
-	case r.Method == http.MethodGet:
-		return a.getKey(w, r, z, key)
-	case r.Method == http.MethodDelete:
-		return a.resetKey(w, r, z, key)
-	}
-	return methodNotAllowed(w, http.MethodGet, http.MethodDelete)
-}
-
-func (a *AdminAPI) overrideRoute(w http.ResponseWriter, r *http.Request, parts []string) error {
-	zoneName, err := url.PathUnescape(parts[1])
 	if err != nil {
 		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
 	}
-	var id string
-	if len(parts) == 4 {
-		if id, err = url.PathUnescape(parts[3]); err != nil {
-			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
-		}
-		if id == "" {
-			return live.CheckOverrideID(id)
-		}
+	if route == "overrides" && len(parts) == 4 && arg == "" {
+		return live.CheckOverrideID(arg)
 	}
-	z := live.Lookup(zoneName, true)
+	// An override route prefers the HTTP zone of the name: a connection
+	// zone takes none, as serveOverrides says.
+	z := live.Lookup(zoneName, route == "overrides")
 	if z == nil {
-		z = live.Lookup(zoneName, false) // a connection zone: serveOverrides says it takes none
+		z = live.Lookup(zoneName, false)
 	}
-	if z == nil {
+	switch {
+	case z == nil:
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("unknown zone %q", zoneName)}
+	case route == "overrides":
+		return a.serveOverrides(w, r, z, arg)
+	case !keys && r.Method != http.MethodGet:
+		return methodNotAllowed(w, http.MethodGet)
+	case route == "top":
+		return a.top(w, r, z)
+	case route == "bans":
+		return a.bans(w, r, z)
+	case r.Method == http.MethodGet:
+		return a.getKey(w, r, z, arg)
+	case r.Method == http.MethodDelete:
+		return a.resetKey(w, r, z, arg)
 	}
-	return a.serveOverrides(w, r, z, id)
+	return methodNotAllowed(w, http.MethodGet, http.MethodDelete)
 }
 
 func listZones() []adminapi.ZoneInfo {
@@ -227,9 +216,12 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone,
 		// can be personal data). A quota zone answers for any key.
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s: key not tracked (%s)", z.Name, noState(z))}
 	}
-	info := adminapi.KeyInfo{Zone: z.Name, KeyName: adminapi.NewKeyName(key), StoredAs: storedAs(key, t.Key), Source: "local",
+	info := adminapi.KeyInfo{Zone: z.Name, KeyName: adminapi.NewKeyName(key), Source: "local",
 		Remaining: s.Remaining, RetryAfter: s.RetryAfter.Seconds(), ResetAfter: s.ResetAfter.Seconds(),
 		BannedFor: banLeft(s.Decision), BanLevel: s.BanLevel}
+	if t.Key != key {
+		info.StoredAs = t.Key
+	}
 	if z.Store() != nil {
 		info.Source = "redis"
 	}
@@ -350,20 +342,16 @@ func (a *AdminAPI) top(w http.ResponseWriter, r *http.Request, z *zones.Zone) er
 		Keys:     make([]adminapi.OffenderInfo, 0, len(sum.Top)),
 	}
 	for _, e := range sum.Top {
-		o := offenderState(r.Context(), z, e.Key, monotime.Now())
-		o.KeyName, o.Denials, o.Error = adminapi.NewKeyName(e.Key), e.Count, e.Error
+		o := adminapi.OffenderInfo{KeyName: adminapi.NewKeyName(e.Key), Denials: e.Count, Error: e.Error}
+		if _, s, err := readKey(r.Context(), z, e.Key, monotime.Now()); err != nil {
+			o.StateError = err.Error()
+		} else {
+			o.Limited, o.Remaining, o.BannedFor = !s.Allowed, s.Remaining, banLeft(s.Decision)
+			o.RetryAfter, o.ResetAfter = s.RetryAfter.Seconds(), s.ResetAfter.Seconds()
+		}
 		out.Keys = append(out.Keys, o)
 	}
 	return adminapi.WriteJSON(w, http.StatusOK, out)
-}
-
-func offenderState(ctx context.Context, z *zones.Zone, key string, now int64) adminapi.OffenderInfo {
-	_, s, err := readKey(ctx, z, key, now)
-	if err != nil {
-		return adminapi.OffenderInfo{StateError: err.Error()}
-	}
-	return adminapi.OffenderInfo{Limited: !s.Allowed, Remaining: s.Remaining,
-		RetryAfter: s.RetryAfter.Seconds(), ResetAfter: s.ResetAfter.Seconds(), BannedFor: banLeft(s.Decision)}
 }
 
 // noState is what "not tracked" means, in the 404 of a key with no state.
@@ -407,13 +395,6 @@ func readKey(ctx context.Context, z *zones.Zone, key string, now int64) (ticket,
 		}
 	}
 	return first, firstState, nil
-}
-
-func storedAs(key, stored string) string {
-	if stored == key {
-		return ""
-	}
-	return stored
 }
 
 func methodNotAllowed(w http.ResponseWriter, allowed ...string) error {
