@@ -7,7 +7,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/caddy-tally/ratelimit/algorithms"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 )
 
@@ -201,12 +200,10 @@ const MaxCharge = 2
 // OnChargeFailed if it cannot land.
 func (z *Zone) Charge(ctx context.Context, key string, now int64, p *Plan, cost int64) {
 	cost = min(cost, MaxCharge*p.Burst)
-	switch q := z.state.quota; {
+	switch {
 	case cost <= 0:
-	case z.store == nil && q != nil:
-		q.used.quotaStep(key, q.clock.at(now).gen, OpCharge, algorithms.Quota{Limit: p.Events}, cost)
 	case z.store == nil:
-		z.state.Local.Charge(key, now, p.limit, cost)
+		z.localStep(false, key, now, p, OpCharge, cost, 0)
 	case z.offers.Records != nil:
 		// Async: an in-process step, reported at the next sync.
 		if ch := (charge{key: key, plan: *p, cost: cost}); !z.tryCharge(ctx, now, &ch) {
@@ -258,7 +255,7 @@ func (z *Zone) sendCharge(ch charge, c *charger) {
 // tryCharge makes one attempt to land ch in the store, noting its error.
 func (z *Zone) tryCharge(ctx context.Context, now int64, ch *charge) bool {
 	if q := z.state.quota; q != nil {
-		pn := q.clock.at(now)
+		pn := q.at(now)
 		r, err := z.store.Quota(ctx, z.Name, ch.key, QuotaStep{Op: OpCharge, Limit: QuotaLimit{Limit: ch.plan.Events, Periods: &pn.periods}, Cost: ch.cost})
 		if ch.err = err; err != nil {
 			z.followClock(err)
@@ -318,14 +315,7 @@ func (c *charger) retryLoop(stop <-chan struct{}) {
 // take: local charges this instance's part, so that the key's checks see
 // the debt; open and closed have nothing to charge.
 func (z *Zone) chargeFallback(key string, now int64, p *Plan, cost int64) {
-	z.failPolicy(nil, Decision{}, func() Decision {
-		if q := z.state.quota; q != nil {
-			q.fallback.quotaStep(key, q.clock.at(now).gen, OpCharge, z.quotaPart(p), cost)
-		} else {
-			z.fallback(key, now, p, OpCharge, cost, 0)
-		}
-		return Decision{}
-	})
+	z.failPolicy(nil, Decision{}, func() Decision { return z.fallback(key, now, p, OpCharge, cost, 0) })
 }
 
 func (z *Zone) chargeFailed(err error) {

@@ -23,7 +23,7 @@ func (z *Zone) Denies(key string, now int64) bool {
 	}
 	if z.store == nil {
 		if q := z.state.quota; q != nil {
-			return q.used.quotaUsed(key, q.clock.at(now).gen) >= z.LastPlan(key, now).Events
+			return z.state.Local.quotaUsed(key, q.at(now).gen) >= z.LastPlan(key, now).Events
 		}
 		r := z.state.Local.Peek(key, now, z.LastPlan(key, now).limit)
 		// A zone with delay admits for later what is at most its delay away.

@@ -5,8 +5,8 @@ package zones
 // at each period's start (algorithms.Period, algorithms.Quota; the rules
 // are in docs/configuration.md, Calendar quotas).
 //
-// Locally a key's count is one int64 in a Table, packed with the period it
-// counts (gen, below). With a store the count lives in the store, which
+// Locally a key's count is one int64 in State.Local (State.Fallback under
+// fail_policy local), packed with the period it counts (gen, below). With a store the count lives in the store, which
 // picks the period by its own clock among the three the zone hands it, in
 // Unix microseconds, since a script cannot do time zones. The zone's clock
 // (periodClock) follows the wall clock's boundaries on the monotonic clock:
@@ -128,28 +128,10 @@ func (c Config) validateQuota() error {
 // length is the calendar's.
 func QuotaPlan(n int64) Plan { return Plan{Events: n, Burst: n} }
 
-// quotaState is a quota zone's in-process state.
-type quotaState struct {
-	clock    periodClock
-	used     *Table // local mode: units used per key, packed with their period
-	fallback *Table // fail_policy local: the same, at this instance's part
+// newPeriodClock is c's clock; onWrap is called when gen starts again.
+func newPeriodClock(c Config, onWrap func()) *periodClock {
+	return &periodClock{period: c.Period, loc: cmp.Or(c.Location, time.UTC), onWrap: onWrap, wall: time.Now, mono: monotime.Now}
 }
-
-func newQuotaState(c Config, maxKeys int) *quotaState {
-	q := &quotaState{used: NewTable(maxKeys), fallback: NewTable(maxKeys)}
-	q.clock.period, q.clock.loc = c.Period, cmp.Or(c.Location, time.UTC)
-	q.clock.wall, q.clock.mono = time.Now, monotime.Now
-	q.clock.onWrap = func() { q.used.Clear(); q.fallback.Clear() }
-	return q
-}
-
-func (q *quotaState) sweep(now int64) {
-	gen := q.clock.at(now).gen
-	q.used.Sweep(staleBelow(gen))
-	q.fallback.Sweep(staleBelow(gen))
-}
-
-func (q *quotaState) len() int { return q.used.Len() + q.fallback.Len() }
 
 // A local count is packed with its period: gen<<quotaUsedBits | used. gen
 // counts this process's periods from 1; a count of another gen is 0. used
@@ -317,11 +299,10 @@ func (z *Zone) recordPlan(key string, p *Plan, now int64, d Decision) {
 
 // quotaStep is step for a quota zone.
 func (z *Zone) quotaStep(ctx context.Context, key string, now int64, p *Plan, op Op, cost int64) Decision {
-	q := z.state.quota
-	pn := q.clock.at(now)
 	if z.store == nil {
-		return pn.decision(q.used.quotaStep(key, pn.gen, op, algorithms.Quota{Limit: p.Events}, cost), now, SourceLocal)
+		return z.localStep(false, key, now, p, op, cost, 0)
 	}
+	pn := z.state.quota.at(now)
 	if d, ok := z.cachedQuotaDenial(key, now, pn); ok {
 		return d
 	}
@@ -355,7 +336,7 @@ func (z *Zone) storeQuotaDecision(key string, now int64, pn *periodNow, limit in
 		// What the fleet used is where fail_policy local starts from:
 		// this instance's part of it.
 		n := int64(max(1, z.store.Instances()))
-		z.state.quota.fallback.setQuotaUsed(key, pn.gen, (r.Used+n-1)/n)
+		z.state.Fallback.setQuotaUsed(key, pn.gen, (r.Used+n-1)/n)
 	}
 	return d
 }
@@ -376,7 +357,7 @@ func (z *Zone) failQuota(key string, now int64, pn *periodNow, p *Plan, op Op, c
 	z.followClock(err)
 	open := Decision{Remaining: p.Events, ResetAfter: time.Duration(max(1, pn.endMono-now)), Period: pn.length}
 	return z.failPolicy(err, open, func() Decision {
-		return pn.decision(z.state.quota.fallback.quotaStep(key, pn.gen, op, z.quotaPart(p), cost), now, SourceFailLocal)
+		return pn.decision(z.state.Fallback.quotaStep(key, pn.gen, op, z.quotaPart(p), cost), now, SourceFailLocal)
 	})
 }
 
@@ -384,7 +365,7 @@ func (z *Zone) failQuota(key string, now int64, pn *periodNow, p *Plan, op Op, c
 func (z *Zone) followClock(err error) {
 	var ce *QuotaClockError
 	if errors.As(err, &ce) {
-		z.state.quota.clock.follow(ce.Now)
+		z.state.quota.follow(ce.Now)
 	}
 }
 
@@ -396,40 +377,9 @@ func (z *Zone) quotaPart(p *Plan) algorithms.Quota {
 	return algorithms.Quota{Limit: max(1, p.Events/int64(max(1, z.store.Instances())))}
 }
 
-func (z *Zone) refundQuota(ctx context.Context, key string, now int64, d Decision, p *Plan, cost int64) (Decision, error) {
-	q := z.state.quota
-	pn := q.clock.at(now)
-	limit := p.Events
-	switch d.Source {
-	case SourceLocal:
-		q.used.quotaStep(key, pn.gen, OpRefund, algorithms.Quota{Limit: p.Events}, cost)
-	case SourceFailLocal:
-		part := z.quotaPart(p)
-		limit = part.Limit
-		q.fallback.quotaStep(key, pn.gen, OpRefund, part, cost)
-	case SourceStore:
-		if _, err := z.store.Quota(ctx, z.Name, key, QuotaStep{Op: OpRefund, Limit: QuotaLimit{Limit: p.Events, Periods: &pn.periods}, Cost: cost}); err != nil {
-			return d, err
-		}
-	default:
-		return d, nil
-	}
-	d.Remaining = min(d.Remaining+cost, limit)
-	return d, nil
-}
-
-func (z *Zone) resetQuota(ctx context.Context, key string) error {
-	z.Forget(key)
-	if z.store == nil {
-		return nil
-	}
-	_, err := z.store.Quota(ctx, z.Name, key, QuotaStep{Op: OpReset})
-	return err
-}
-
 // PeriodNow is the period a quota zone is in on this instance's clock, and
 // its start and end in the zone's time zone.
 func (z *Zone) PeriodNow(now int64) (start, end time.Time) {
-	pn := z.state.quota.clock.at(now)
+	pn := z.state.quota.at(now)
 	return pn.start, pn.end
 }

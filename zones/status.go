@@ -60,10 +60,10 @@ func (t *Ticket[O]) Read(ctx context.Context, now int64) (KeyState, error) {
 // readQuota is Read in a quota zone: the period's count, here or in the
 // store (a cached denial would not say how far past the quota a key is).
 func (z *Zone) readQuota(ctx context.Context, key string, now int64, p *Plan, s *KeyState) error {
-	pn := z.state.quota.clock.at(now)
+	pn := z.state.quota.at(now)
 	s.PeriodStart, s.PeriodEnd, s.Source = pn.start, pn.end, SourceLocal
 	if z.store == nil {
-		s.Used = z.state.quota.used.quotaUsed(key, pn.gen)
+		s.Used = z.state.Local.quotaUsed(key, pn.gen)
 	} else {
 		r, err := z.store.Quota(ctx, z.Name, key, QuotaStep{Op: OpPeek, Limit: QuotaLimit{Limit: p.Events, Periods: &pn.periods}})
 		if err != nil {

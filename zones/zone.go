@@ -250,9 +250,9 @@ const HashedKeyPrefix = "sha256:"
 // State is a zone's in-process state, shared by every handler that defines
 // the zone the same way; it outlives config reloads.
 type State struct {
-	Local       *Table           // local mode: TAT per key
+	Local       *Table           // local mode: TAT (quota zones: count) per key
 	Denied      *Table           // with a Store: keys the store denied, until when
-	Fallback    *Table           // fail_policy local: TAT per key at this instance's part
+	Fallback    *Table           // fail_policy local: the same as Local, at this instance's part
 	Bans        *Table           // zones with ban: each key's ban and escalation (ban.go); else nil
 	wouldBan    *Table           // zones with ban in dry run: when each key's would-be ban ends
 	banList     banList          // the keys of current bans, bounded, for the admin list
@@ -274,8 +274,8 @@ type State struct {
 
 	conc     *concurrencyState // concurrency zones only: requests in flight
 	adaptive *adaptiveState    // adaptive zones only: each key's limit and requests in flight
-	quota    *quotaState       // quota zones only: units used per period
-	kind     interface {       // the one of the three that is not nil
+	quota    *periodClock      // quota zones only: the period Local and Fallback count
+	kind     interface {       // conc or adaptive, whichever is not nil
 		sweep(now int64)
 		len() int // keys held
 	}
@@ -315,8 +315,7 @@ func NewState(c Config, sweepInterval time.Duration) *State {
 		s.conc = newConcurrencyState(maxKeys)
 		s.kind = s.conc
 	case c.IsQuota():
-		s.quota = newQuotaState(c, maxKeys)
-		s.kind = s.quota
+		s.quota = newPeriodClock(c, func() { s.Local.Clear(); s.Fallback.Clear() })
 	}
 	go s.sweep(sweepInterval)
 	return s
@@ -332,9 +331,13 @@ func (s *State) sweep(interval time.Duration) {
 			return
 		case <-tick.C:
 			now := monotime.Now()
-			s.Local.Sweep(now)
+			live := now // a TAT <= now carries nothing; a count of an earlier period neither
+			if s.quota != nil {
+				live = staleBelow(s.quota.at(now).gen)
+			}
+			s.Local.Sweep(live)
 			s.Denied.Sweep(now)
-			s.Fallback.Sweep(now)
+			s.Fallback.Sweep(live)
 			if s.Bans != nil {
 				s.sweepBans(now)
 				s.wouldBan.Sweep(now)
@@ -524,12 +527,9 @@ func (z *Zone) step(ctx context.Context, op Op, key string, now int64, p *Plan, 
 	if op == OpDecide && z.Delay > 0 {
 		ahead = z.ahead()
 	}
-	switch {
-	case z.store == nil && op == OpCheck:
-		d = fromResult(z.state.Local.Peek(key, now, p.limit), SourceLocal)
-	case z.store == nil:
-		d = fromResult(z.state.Local.DecideAhead(key, now, p.limit, cost, ahead), SourceLocal)
-	default:
+	if z.store == nil {
+		d = z.localStep(false, key, now, p, op, cost, ahead)
+	} else {
 		if cached, ok := z.cachedStoreDenial(key, now, p); ok {
 			return cached
 		}
@@ -593,7 +593,7 @@ func (z *Zone) CachedDenial(key string, now int64, p *Plan) (Decision, bool) {
 		return Decision{}, false
 	}
 	if q := z.state.quota; q != nil {
-		return z.cachedQuotaDenial(key, now, q.clock.at(now))
+		return z.cachedQuotaDenial(key, now, q.at(now))
 	}
 	if z.state.Bans != nil {
 		if end, level, banned := z.banIn(key, now); banned {
@@ -648,7 +648,7 @@ func (z *Zone) failPolicy(err error, open Decision, local func() Decision) Decis
 // admits is owed to the store.
 func (z *Zone) failRate(op Op, key string, now int64, p *Plan, cost, ahead int64, err error) Decision {
 	return z.failPolicy(err, Decision{Remaining: p.Burst}, func() Decision {
-		d := fromResult(z.fallback(key, now, p, op, cost, ahead), SourceFailLocal)
+		d := z.fallback(key, now, p, op, cost, ahead)
 		if op == OpDecide && d.Allowed {
 			z.owe(key, p, cost)
 		}
@@ -667,22 +667,38 @@ func (z *Zone) deniedUntil(key string, now int64) (int64, bool) {
 // fallback runs one step of fail_policy local for key under plan p at this
 // instance's part: in the Fallback table, or in the store's record of the
 // key (async mode), which then owes the store what it admits.
-func (z *Zone) fallback(key string, now int64, p *Plan, op Op, cost, ahead int64) algorithms.Result {
-	part := z.partLimit(p)
+func (z *Zone) fallback(key string, now int64, p *Plan, op Op, cost, ahead int64) Decision {
 	if z.records != nil {
-		return z.records.Fallback(z.Name, key, now, p.limit, part, op, cost, ahead)
+		return fromResult(z.records.Fallback(z.Name, key, now, p.limit, z.partLimit(p), op, cost, ahead), SourceFailLocal)
 	}
-	t := z.state.Fallback
+	return z.localStep(true, key, now, p, op, cost, ahead)
+}
+
+// localStep runs op for key under plan p in this instance's tables: Local
+// at the plan's limit, or Fallback (fail_policy local) at this instance's
+// part; a quota zone's count is in the period the clock is in at now.
+func (z *Zone) localStep(fallback bool, key string, now int64, p *Plan, op Op, cost, ahead int64) Decision {
+	t, src := z.state.Local, SourceLocal
+	if fallback {
+		t, src = z.state.Fallback, SourceFailLocal
+	}
+	l := z.localLimit(p, fallback)
+	if c := z.state.quota; c != nil {
+		pn := c.at(now)
+		return pn.decision(t.quotaStep(key, pn.gen, op, algorithms.Quota{Limit: l.Burst}, cost), now, src)
+	}
+	var r algorithms.Result
 	switch op {
 	case OpCheck, OpPeek:
-		return t.Peek(key, now, part)
+		r = t.Peek(key, now, l)
 	case OpCharge:
-		return t.Charge(key, now, part, cost)
+		r = t.Charge(key, now, l, cost)
 	case OpRefund:
-		t.Refund(key, now, part, cost)
-		return algorithms.Result{}
+		t.Refund(key, now, l, cost)
+	default:
+		r = t.DecideAhead(key, now, l, cost, ahead)
 	}
-	return t.DecideAhead(key, now, part, cost, ahead)
+	return fromResult(r, src)
 }
 
 // partLimit is this instance's part of p while the store is unavailable
@@ -691,23 +707,39 @@ func (z *Zone) partLimit(p *Plan) algorithms.Limit {
 	return p.part(int64(max(1, z.store.Instances())))
 }
 
+// localLimit is what localStep counts against: p's limit or (fallback) its
+// part; a quota zone's quota as a burst, with no interval.
+func (z *Zone) localLimit(p *Plan, fallback bool) algorithms.Limit {
+	switch {
+	case z.state.quota != nil && fallback:
+		return algorithms.Limit{Burst: z.quotaPart(p).Limit}
+	case z.state.quota != nil:
+		return algorithms.Limit{Burst: p.Events}
+	case fallback:
+		return z.partLimit(p)
+	}
+	return p.limit
+}
+
 // RefundWith gives back a request the zone allowed under plan p at the given
 // cost, to whoever decided it, and returns the decision as it stands after
 // the refund, for the headers.
 func (z *Zone) RefundWith(ctx context.Context, key string, now int64, d Decision, p *Plan, cost int64) (Decision, error) {
-	if z.state.quota != nil {
-		return z.refundQuota(ctx, key, now, d, p, cost)
-	}
-	l := p.limit
+	l := z.localLimit(p, d.Source == SourceFailLocal)
 	switch d.Source {
 	case SourceLocal:
-		z.state.Local.Refund(key, now, l, cost)
+		z.localStep(false, key, now, p, OpRefund, cost, 0)
 	case SourceFailLocal:
-		l = z.partLimit(p)
 		z.fallback(key, now, p, OpRefund, cost, 0)
 		z.owe(key, p, -cost)
 	case SourceStore:
-		if _, err := z.store.Rate(ctx, z.Name, key, RateStep{Op: OpRefund, Limit: l, Cost: cost}); err != nil {
+		var err error
+		if q := z.state.quota; q != nil {
+			_, err = z.store.Quota(ctx, z.Name, key, QuotaStep{Op: OpRefund, Limit: QuotaLimit{Limit: p.Events, Periods: &q.at(now).periods}, Cost: cost})
+		} else {
+			_, err = z.store.Rate(ctx, z.Name, key, RateStep{Op: OpRefund, Limit: l, Cost: cost})
+		}
+		if err != nil {
 			return d, err
 		}
 	default:
@@ -776,12 +808,13 @@ func (z *Zone) Mode() string { return z.offers.Mode }
 // Reset forgets key in this instance's tables and the store (which tells
 // the other instances, see Forget).
 func (z *Zone) Reset(ctx context.Context, key string) error {
-	if z.state.quota != nil {
-		return z.resetQuota(ctx, key)
-	}
 	z.Forget(key)
 	if z.store == nil {
 		return nil
+	}
+	if z.state.quota != nil {
+		_, err := z.store.Quota(ctx, z.Name, key, QuotaStep{Op: OpReset})
+		return err
 	}
 	if l := z.offers.BanList; l != nil && z.state.Bans != nil {
 		// Off the list first: an instance that reads it (async mode)
@@ -808,10 +841,6 @@ func (z *Zone) Forget(key string) {
 	z.state.Fallback.Delete(key)
 	if z.state.plans != nil {
 		z.state.plans.keys.Delete(key)
-	}
-	if q := z.state.quota; q != nil {
-		q.used.Delete(key)
-		q.fallback.Delete(key)
 	}
 }
 
