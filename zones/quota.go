@@ -297,18 +297,9 @@ func (z *Zone) recordPlan(key string, p *Plan, now int64, d Decision) {
 	}
 }
 
-// quotaStep is step for a quota zone.
-func (z *Zone) quotaStep(ctx context.Context, key string, now int64, p *Plan, op Op, cost int64) Decision {
-	if z.store == nil {
-		return z.localStep(false, key, now, p, op, cost, 0)
-	}
+// storeQuota is storeStep for a quota zone.
+func (z *Zone) storeQuota(ctx context.Context, op Op, key string, now int64, p *Plan, cost int64) Decision {
 	pn := z.state.quota.at(now)
-	if d, ok := z.cachedQuotaDenial(key, now, pn); ok {
-		return d
-	}
-	if op == OpCheck {
-		z.state.charger.wait(ctx, key)
-	}
 	r, err := z.store.Quota(ctx, z.Name, key, QuotaStep{Op: op, Limit: QuotaLimit{Limit: p.Events, Periods: &pn.periods}, Cost: cost})
 	if err != nil {
 		return z.failQuota(key, now, pn, p, op, cost, err)

@@ -512,12 +512,6 @@ func (z *Zone) DecideWith(ctx context.Context, key string, now int64, p *Plan, c
 // step is a rate or quota zone's decide or check: a ban first, then the
 // deny cache, then the key's state, here or in the store.
 func (z *Zone) step(ctx context.Context, op Op, key string, now int64, p *Plan, cost int64) Decision {
-	var d Decision
-	if z.state.quota != nil {
-		d = z.quotaStep(ctx, key, now, p, op, cost)
-		z.recordPlan(key, p, now, d)
-		return d
-	}
 	if z.state.Bans != nil {
 		if end, level, banned := z.banIn(key, now); banned {
 			return z.bannedDecision(key, now, p, end, level)
@@ -527,12 +521,15 @@ func (z *Zone) step(ctx context.Context, op Op, key string, now int64, p *Plan, 
 	if op == OpDecide && z.Delay > 0 {
 		ahead = z.ahead()
 	}
+	var d Decision
 	if z.store == nil {
 		d = z.localStep(false, key, now, p, op, cost, ahead)
-	} else {
-		if cached, ok := z.cachedStoreDenial(key, now, p); ok {
-			return cached
+	} else if cached, ok := z.cachedStoreDenial(key, now, p); ok {
+		if z.state.quota == nil {
+			return cached // a rate zone's plan is recorded by the store's answers only
 		}
+		d = cached
+	} else {
 		if op == OpCheck {
 			z.state.charger.wait(ctx, key)
 		}
@@ -551,6 +548,9 @@ func (z *Zone) step(ctx context.Context, op Op, key string, now int64, p *Plan, 
 // storeStep runs a decide or check of key in the store under plan p, with
 // the zone's ban rule; an error goes to the fail policy.
 func (z *Zone) storeStep(ctx context.Context, op Op, key string, now int64, p *Plan, cost, ahead int64) Decision {
+	if z.state.quota != nil {
+		return z.storeQuota(ctx, op, key, now, p, cost)
+	}
 	rep, err := z.store.Rate(ctx, z.Name, key, RateStep{Op: op, Limit: p.limit, Cost: cost, Ahead: ahead, Ban: z.banRule})
 	switch {
 	case err != nil:
@@ -592,9 +592,6 @@ func (z *Zone) CachedDenial(key string, now int64, p *Plan) (Decision, bool) {
 	if z.store == nil {
 		return Decision{}, false
 	}
-	if q := z.state.quota; q != nil {
-		return z.cachedQuotaDenial(key, now, q.at(now))
-	}
 	if z.state.Bans != nil {
 		if end, level, banned := z.banIn(key, now); banned {
 			return z.bannedDecision(key, now, p, end, level), true
@@ -605,6 +602,9 @@ func (z *Zone) CachedDenial(key string, now int64, p *Plan) (Decision, bool) {
 
 // cachedStoreDenial is CachedDenial's deny cache alone, without bans.
 func (z *Zone) cachedStoreDenial(key string, now int64, p *Plan) (Decision, bool) {
+	if q := z.state.quota; q != nil {
+		return z.cachedQuotaDenial(key, now, q.at(now))
+	}
 	until, ok := z.deniedUntil(key, now)
 	if !ok {
 		return Decision{}, false
