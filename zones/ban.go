@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/caddy-tally/ratelimit/internal/keytable"
@@ -144,9 +143,6 @@ func (z *Zone) startBan(key string, now int64) (end int64, level int, started, o
 		end, started = satAdd(now, int64(z.banLength(level))), true
 		return BanEntry(end, level, memory), keytable.StoreIfExpired
 	})
-	if ok && started {
-		z.state.banList.add(key, end, now)
-	}
 	return end, level, started, ok
 }
 
@@ -157,9 +153,7 @@ func (z *Zone) learnBan(key string, end int64, level int, now int64) {
 		return
 	}
 	entry := BanEntry(end, level, z.BanMemory())
-	if z.storeBan(key, now, func(int64, bool) (int64, keytable.Op) { return entry, keytable.StoreIfExpired }) {
-		z.state.banList.add(key, end, now)
-	}
+	z.storeBan(key, now, func(int64, bool) (int64, keytable.Op) { return entry, keytable.StoreIfExpired })
 }
 
 // storeBan updates key's ban entry with f, ordered with the sweep that
@@ -266,19 +260,32 @@ func (z *Zone) BanOf(key string, now int64) (Ban, bool) {
 }
 
 // Bans lists the bans this instance knows of at now, longest left first, at
-// most MaxListedBans.
+// most MaxListedBans. It reads the whole ban table, at most 2·MaxListedBans
+// bans held at once: for the admin API, not for requests.
 func (z *Zone) Bans(now int64) []Ban {
 	if z.state.Bans == nil {
 		return nil
 	}
-	keys := z.state.banList.current(now)
-	out := make([]Ban, 0, len(keys))
-	for _, k := range keys {
-		if b, ok := z.BanOf(k, now); ok {
-			out = append(out, b)
+	var out []Ban
+	top := func() {
+		slices.SortFunc(out, func(a, b Ban) int { return cmp.Or(cmp.Compare(b.Left, a.Left), strings.Compare(a.Key, b.Key)) })
+		out = out[:min(len(out), MaxListedBans)]
+	}
+	var c keytable.Copy
+	kt, memory := z.state.Bans.kt, z.BanMemory()
+	for i := range kt.Shards() {
+		c.Reset()
+		kt.CopyShard(i, banEnded(now, memory), &c)
+		for j := range c.Len() {
+			if end, level := ParseBanEntry(c.Values[j], memory); end > now {
+				out = append(out, Ban{Key: string(c.Key(j)), Left: time.Duration(end - now), Level: level})
+			}
+		}
+		if len(out) > 2*MaxListedBans {
+			top()
 		}
 	}
-	slices.SortFunc(out, func(a, b Ban) int { return cmp.Or(cmp.Compare(b.Left, a.Left), strings.Compare(a.Key, b.Key)) })
+	top()
 	return out
 }
 
@@ -362,60 +369,3 @@ func (z *Zone) droppedBans(from int, n int64) {
 // in async mode, where the list is how the others learn a ban, only where
 // they started (and counted: DroppedBans).
 const MaxListedBans = 1000
-
-// banList is the keys of a zone's current bans, for the admin list: touched
-// only when a ban starts or is lifted, at most MaxListedBans keys, those
-// ending soonest dropped first.
-type banList struct {
-	mu   sync.Mutex
-	ends map[string]int64
-}
-
-func (l *banList) add(key string, end, now int64) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.ends == nil {
-		l.ends = make(map[string]int64)
-	}
-	if _, ok := l.ends[key]; !ok && len(l.ends) >= MaxListedBans {
-		l.dropEndedLocked(now)
-		if len(l.ends) >= MaxListedBans {
-			soonest, at := "", int64(1<<63-1)
-			for k, e := range l.ends {
-				if e < at {
-					soonest, at = k, e
-				}
-			}
-			if at > end {
-				return // this one ends before every listed one
-			}
-			delete(l.ends, soonest)
-		}
-	}
-	l.ends[key] = end
-}
-
-func (l *banList) remove(key string) {
-	l.mu.Lock()
-	delete(l.ends, key)
-	l.mu.Unlock()
-}
-
-func (l *banList) dropEndedLocked(now int64) {
-	for k, e := range l.ends {
-		if e <= now {
-			delete(l.ends, k)
-		}
-	}
-}
-
-func (l *banList) current(now int64) []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.dropEndedLocked(now)
-	keys := make([]string, 0, len(l.ends))
-	for k := range l.ends {
-		keys = append(keys, k)
-	}
-	return keys
-}

@@ -295,9 +295,6 @@ func (s *State) restoreBans(body []byte, now int64, elapsed time.Duration) int {
 			restored++
 			return entry, keytable.Store
 		})
-		if end > now {
-			s.banList.add(key, end, now)
-		}
 	})
 	return restored
 }

@@ -255,7 +255,6 @@ type State struct {
 	Fallback    *Table           // fail_policy local: the same as Local, at this instance's part
 	Bans        *Table           // zones with ban: each key's ban and escalation (ban.go); else nil
 	wouldBan    *Table           // zones with ban in dry run: when each key's would-be ban ends
-	banList     banList          // the keys of current bans, bounded, for the admin list
 	droppedBans [2]atomic.Uint64 // bans not kept: see DroppedBans
 	forgets     atomic.Uint64    // keys forgotten (reset) so far: see LearnBans
 	anyBan      atomic.Bool      // Bans may hold an entry (false: none since the last sweep)
@@ -834,7 +833,6 @@ func (z *Zone) Forget(key string) {
 	if z.state.Bans != nil {
 		z.state.Bans.Delete(key)
 		z.state.wouldBan.Delete(key)
-		z.state.banList.remove(key)
 	}
 	z.state.Local.Delete(key)
 	z.state.Denied.Delete(key)
