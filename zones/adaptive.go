@@ -64,7 +64,6 @@ func (c Config) validateAdaptive() error {
 type adaptiveState struct {
 	mu       sync.RWMutex
 	keys     map[string]*adaptiveKey
-	inFlight atomic.Int64 // the zone's requests in flight in this process
 	p90      atomic.Int64 // the latest closed window's p90 latency (ns), any key
 	unloaded atomic.Int64 // the latest closed window's unloaded latency (ns), any key
 	warned   atomic.Bool  // onSlow was called, and no window met the target since
@@ -164,7 +163,7 @@ func (z *Zone) acquireAdaptive(key string, class int, now int64, done <-chan str
 	if !ok {
 		return slotDenied(SourceLocal, nil), Slot{}, limit
 	}
-	s.inFlight.Add(1)
+	z.state.inFlight.Add(1)
 	return Decision{Allowed: true, Remaining: max(0, limit-total-1), Source: SourceLocal},
 		Slot{zone: z, key: key, adaptive: k, class: class}, limit
 }
@@ -298,7 +297,7 @@ func (z *Zone) ReleaseAfter(s Slot, now int64, latency time.Duration, failed boo
 		k.handOff(min(k.ctl.Limit(), z.Adaptive.Max), now)
 	}
 	k.mu.Unlock()
-	st.inFlight.Add(-1)
+	z.state.inFlight.Add(-1)
 	switch {
 	case p90 > 0 && p90 <= z.Adaptive.Target:
 		st.warned.Store(false)

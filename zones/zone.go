@@ -269,7 +269,8 @@ type State struct {
 
 	Offenders *topk.Recent // this instance's denials per key, in fixed memory (not max_keys)
 
-	waiting atomic.Int64 // zones with delay: requests admitted for later, waiting here
+	waiting  atomic.Int64 // zones with delay: requests admitted for later, waiting here
+	inFlight atomic.Int64 // concurrency zones: requests in flight in this process
 
 	conc     *concurrencyState // concurrency zones only: requests in flight
 	adaptive *adaptiveState    // adaptive zones only: each key's limit and requests in flight
