@@ -54,8 +54,7 @@ func (c Config) validateAdaptive() error {
 	case c.Classes < 0 || c.Classes > MaxClasses:
 		return fmt.Errorf("priority takes at most %d classes", MaxClasses)
 	}
-	_, err := c.checkKeys()
-	return err
+	return nil
 }
 
 // adaptiveState is an adaptive zone's in-process state, pooled by the

@@ -136,8 +136,7 @@ func (c Config) validateConcurrency() error {
 	case c.Lease != 0 && c.Lease < MinLease:
 		return fmt.Errorf("lease must be at least %v (renewals run every lease/3)", MinLease)
 	}
-	_, err := c.checkKeys()
-	return err
+	return nil
 }
 
 // Slot is a slot a request holds in a concurrency zone; the zero Slot

@@ -145,7 +145,8 @@ func (c Config) Validate() error {
 	} else if c.Concurrency != 0 || c.Lease != 0 {
 		kind = c.validateConcurrency
 	}
-	for _, check := range []func() error{c.validateBan, c.validateDelay, kind} {
+	keys := func() error { _, err := c.checkKeys(); return err }
+	for _, check := range []func() error{c.validateBan, c.validateDelay, kind, keys} {
 		if err := check(); err != nil {
 			return fmt.Errorf("zone %s: %v", c.Name, err)
 		}
