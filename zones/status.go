@@ -33,12 +33,9 @@ type KeyState struct {
 // of one request (one round trip for them all).
 func (t *Ticket[O]) Read(ctx context.Context, now int64) (KeyState, error) {
 	z, key, p := t.Zone, t.Key, &t.Plan
-	s := KeyState{Limit: p.Events, Window: p.Window}
-	if z.IsConcurrency() {
-		s.Limit, s.Window = t.inFlightLimit(), 0
-		if z.IsAdaptive() {
-			s.Limit = z.ConcurrencyOf(key)
-		}
+	s := KeyState{Limit: t.Quota(), Window: t.Window()}
+	if z.IsAdaptive() {
+		s.Limit = z.ConcurrencyOf(key)
 	}
 	var err error
 	switch {
