@@ -6,11 +6,12 @@ package zones
 // are in docs/configuration.md, Calendar quotas).
 //
 // Locally a key's count is one int64 in State.Local (State.Fallback under
-// fail_policy local), packed with the period it counts (gen, below). With a store the count lives in the store, which
-// picks the period by its own clock among the three the zone hands it, in
-// Unix microseconds, since a script cannot do time zones. The zone's clock
-// (periodClock) follows the wall clock's boundaries on the monotonic clock:
-// a wall-clock step never resets, prolongs or repeats a period.
+// fail_policy local), packed with the period it counts (gen, below). With a
+// store the count lives in the store, which picks the period by its own
+// clock among the three the zone hands it, in Unix microseconds, since a
+// script cannot do time zones. The zone's clock (periodClock) follows the
+// wall clock's boundaries on the monotonic clock: a wall-clock step never
+// resets, prolongs or repeats a period.
 
 import (
 	"cmp"
@@ -18,7 +19,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -55,16 +55,8 @@ func PeriodsAt(p algorithms.Period, t time.Time, loc *time.Location) Periods {
 	start, end := p.Bounds(t, loc)
 	prev, _ := p.Bounds(start.Add(-time.Nanosecond), loc)
 	_, next := p.Bounds(end, loc)
-	ps := Periods{Bounds: [4]int64{prev.UnixMicro(), start.UnixMicro(), end.UnixMicro(), next.UnixMicro()}, loc: loc}
-	var b []byte
-	for i, v := range ps.Bounds {
-		if i > 0 {
-			b = append(b, ' ')
-		}
-		b = strconv.AppendInt(b, v, 10)
-	}
-	ps.Arg = string(b)
-	return ps
+	b := [4]int64{prev.UnixMicro(), start.UnixMicro(), end.UnixMicro(), next.UnixMicro()}
+	return Periods{Bounds: b, Arg: fmt.Sprintf("%d %d %d %d", b[0], b[1], b[2], b[3]), loc: loc}
 }
 
 // Period returns the i-th period's start and end in the zone's time zone
