@@ -232,9 +232,7 @@ func (z *Zone) banOnDenial(key string, now int64, d *Decision) {
 	if !ok {
 		return // the rate's denial, without a ban
 	}
-	retry := max(d.RetryAfter, time.Duration(end-now))
-	d.RetryAfter, d.ResetAfter = retry, max(d.ResetAfter, retry)
-	d.Banned, d.BanLevel = true, level
+	z.withBan(d, time.Duration(end-now), level)
 	if started {
 		d.BanStarted = time.Duration(end - now)
 	}
