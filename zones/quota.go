@@ -220,16 +220,22 @@ func (c *periodClock) follow(store time.Time) {
 	c.mu.Unlock()
 }
 
-// decision is the Decision of a local step in the period. A denial
-// reports 0 remaining, as every denial does (one denied with units left
-// too: the headers' r is read against the denied request).
-func (pn *periodNow) decision(r algorithms.QuotaResult, now int64, src Source) Decision {
-	toEnd := time.Duration(max(1, pn.endMono-now))
-	d := Decision{Allowed: r.Allowed, Remaining: r.Remaining, ResetAfter: toEnd, Period: pn.length, Source: src}
-	if !r.Allowed {
+// quotaDecision is a quota zone's decision in a period that ends in toEnd.
+// A denial reports 0 remaining, as every denial does (one denied with units
+// left too: the headers' r is read against the denied request).
+func quotaDecision(allowed bool, left int64, toEnd, period time.Duration, src Source) Decision {
+	d := Decision{Allowed: allowed, Remaining: left, ResetAfter: toEnd, Period: period, Source: src}
+	if !allowed {
 		d.RetryAfter, d.Remaining = toEnd, 0
 	}
 	return d
+}
+
+func (pn *periodNow) toEnd(now int64) time.Duration { return time.Duration(max(1, pn.endMono-now)) }
+
+// decision is the Decision of a local step in the period.
+func (pn *periodNow) decision(r algorithms.QuotaResult, now int64, src Source) Decision {
+	return quotaDecision(r.Allowed, r.Remaining, pn.toEnd(now), pn.length, src)
 }
 
 // quotaStep runs op on key's count in period gen and stores what it wrote.
@@ -301,18 +307,13 @@ func (z *Zone) storeQuota(ctx context.Context, op Op, key string, now int64, p *
 // storeQuotaDecision is the Decision of the store's answer; a denial with
 // nothing left is cached, and the key's use noted for fail_policy local.
 func (z *Zone) storeQuotaDecision(key string, now int64, pn *periodNow, limit int64, r QuotaResult) Decision {
-	toEnd := max(r.ToEnd, 1)
 	left := max(0, limit-r.Used)
-	d := Decision{Allowed: r.Allowed, Remaining: left, ResetAfter: toEnd,
-		Period: pn.periods.length(r.Period), Source: SourceStore}
-	if !r.Allowed {
-		d.RetryAfter, d.Remaining = toEnd, 0 // see periodNow.decision
-		if left == 0 {
-			// Until the period's end on this instance's clock, and at
-			// most QuotaDenyCacheFor; never for a weighted request denied
-			// with units left, which a cheaper one may use.
-			z.state.Denied.Set(key, min(pn.endMono, now+int64(QuotaDenyCacheFor)), now)
-		}
+	d := quotaDecision(r.Allowed, left, max(r.ToEnd, 1), pn.periods.length(r.Period), SourceStore)
+	if !r.Allowed && left == 0 {
+		// Until the period's end on this instance's clock, and at most
+		// QuotaDenyCacheFor; never for a weighted request denied with
+		// units left, which a cheaper one may use.
+		z.state.Denied.Set(key, min(pn.endMono, now+int64(QuotaDenyCacheFor)), now)
 	}
 	if z.FailPolicy == FailLocal && r.Period == 1 {
 		// What the fleet used is where fail_policy local starts from:
@@ -328,8 +329,7 @@ func (z *Zone) cachedQuotaDenial(key string, now int64, pn *periodNow) (Decision
 	if !ok || until > pn.endMono {
 		return Decision{}, false
 	}
-	toEnd := time.Duration(max(1, pn.endMono-now))
-	return Decision{RetryAfter: toEnd, ResetAfter: toEnd, Period: pn.length, Source: SourceDenyCache}, true
+	return quotaDecision(false, 0, pn.toEnd(now), pn.length, SourceDenyCache), true
 }
 
 // failQuota is failPolicy for a quota step: local counts the key at this
@@ -337,7 +337,7 @@ func (z *Zone) cachedQuotaDenial(key string, now int64, pn *periodNow) (Decision
 // part of what the fleet had used (see storeQuotaDecision).
 func (z *Zone) failQuota(key string, now int64, pn *periodNow, p *Plan, op Op, cost int64, err error) Decision {
 	z.followClock(err)
-	open := Decision{Remaining: p.Events, ResetAfter: time.Duration(max(1, pn.endMono-now)), Period: pn.length}
+	open := Decision{Remaining: p.Events, ResetAfter: pn.toEnd(now), Period: pn.length}
 	return z.failPolicy(err, open, func() Decision {
 		return pn.decision(z.state.Fallback.quotaStep(key, pn.gen, op, z.quotaPart(p), cost), now, SourceFailLocal)
 	})

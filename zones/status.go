@@ -71,11 +71,8 @@ func (z *Zone) readQuota(ctx context.Context, key string, now int64, p *Plan, s 
 		s.PeriodStart, s.PeriodEnd = pn.periods.Period(r.Period)
 	}
 	toEnd := max(time.Nanosecond, time.Until(s.PeriodEnd))
-	s.Remaining, s.ResetAfter, s.Period = max(0, p.Events-s.Used), toEnd, s.PeriodEnd.Sub(s.PeriodStart)
-	s.Allowed, s.Tracked, s.Window = s.Remaining > 0, s.Used > 0, s.Period
-	if !s.Allowed {
-		s.RetryAfter = toEnd
-	}
+	s.Decision = quotaDecision(s.Used < p.Events, max(0, p.Events-s.Used), toEnd, s.PeriodEnd.Sub(s.PeriodStart), s.Source)
+	s.Tracked, s.Window = s.Used > 0, s.Period
 	return nil
 }
 
