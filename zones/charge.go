@@ -27,11 +27,10 @@ const (
 	// of the same key to land.
 	ChargeWait = 100 * time.Millisecond
 
-	chargeQueue   = 4096
-	chargeWorkers = 4
-	// chargeBatch is how many queued charges a worker sends at once, so
+	chargeQueue = 4096
+	// chargesInFlight is how many first attempts are under way at once, so
 	// that they share the store's pipelines instead of a round trip each.
-	chargeBatch = 64
+	chargesInFlight = 256
 )
 
 // charge is one queued strict-mode charge.
@@ -75,47 +74,24 @@ func (c *charger) start(stop <-chan struct{}, wg *sync.WaitGroup) {
 		c.queue = make(chan charge, chargeQueue)
 		c.retries = make(chan charge, chargeQueue)
 		c.pending = make(map[string]*pendingCharges)
-		for range chargeWorkers {
-			wg.Go(func() {
-				batch := make([]charge, 0, chargeBatch)
-				for {
-					select {
-					case ch := <-c.queue:
-						batch = append(batch[:0], ch)
-					case <-stop:
-						return
-					}
-				drain:
-					for len(batch) < chargeBatch {
-						select {
-						case ch := <-c.queue:
-							batch = append(batch, ch)
-						default:
-							break drain
-						}
-					}
-					c.send(batch)
-					clear(batch)
+		wg.Go(func() {
+			sem := make(chan struct{}, chargesInFlight)
+			for {
+				select {
+				case ch := <-c.queue:
+					sem <- struct{}{}
+					wg.Go(func() { // wg counts this loop: never at zero here
+						defer func() { <-sem }()
+						ch.zone.sendCharge(ch, c)
+					})
+				case <-stop:
+					return
 				}
-			})
-		}
+			}
+		})
 		wg.Go(func() { c.retryLoop(stop) })
 		c.started.Store(true)
 	})
-}
-
-// send makes the first attempt of every charge in batch at once: the
-// store's batcher puts them in shared pipelines.
-func (c *charger) send(batch []charge) {
-	if len(batch) == 1 {
-		batch[0].zone.sendCharge(batch[0], c)
-		return
-	}
-	var wg sync.WaitGroup
-	for _, ch := range batch {
-		wg.Go(func() { ch.zone.sendCharge(ch, c) })
-	}
-	wg.Wait()
 }
 
 // errStateClosed fails the charges still queued when a zone's state goes.
