@@ -149,18 +149,14 @@ func (z *Zone) acquireAdaptive(key string, class int, now int64, done <-chan str
 	total := k.classes.InFlight(-1)
 	k.ctl.Want(total + 1)
 	limit := min(k.ctl.Limit(), z.Adaptive.Max)
-	ok := k.classes.Admit(class, limit, now)
+	ok, d := k.classes.Admit(class, limit, now), slotDenied(SourceLocal, nil)
 	if !ok && z.Delay > 0 && !z.DryRun {
-		var d Decision
-		if d, ok = z.wait(k, class, done); !ok {
-			k.mu.Unlock()
-			return d, Slot{}, limit
-		}
+		d, ok = z.wait(k, class, done)
 		total = k.classes.InFlight(-1) - 1
 	}
 	k.mu.Unlock()
 	if !ok {
-		return slotDenied(SourceLocal, nil), Slot{}, limit
+		return d, Slot{}, limit
 	}
 	z.state.inFlight.Add(1)
 	return Decision{Allowed: true, Remaining: max(0, limit-total-1), Source: SourceLocal},
