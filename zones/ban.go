@@ -112,7 +112,8 @@ func (c Config) banLength(level int) time.Duration {
 	return min(d, c.BanMax)
 }
 
-// banIn reports the end of key's ban when it is banned at now.
+// banIn reports the end of key's ban when it is banned at now (never in a
+// zone without ban: anyBan is set only with a ban table).
 func (z *Zone) banIn(key string, now int64) (end int64, level int, ok bool) {
 	if !z.state.anyBan.Load() {
 		return 0, 0, false
@@ -174,11 +175,14 @@ func (z *Zone) storeBan(key string, now int64, f func(int64, bool) (int64, keyta
 // now: what a full ban table may evict (keytable.StoreIfExpired).
 func banEnded(now int64, memory time.Duration) int64 { return satAdd(now, int64(memory)) }
 
-// bannedDecision is the denial of key, banned until end at level, under
-// plan p: the ban's remaining time, or the rate's own retry time when that
-// is later (a ban is a floor). It asks no store: a banned flood costs
-// nothing but this.
-func (z *Zone) bannedDecision(key string, now int64, p *Plan, end int64, level int) Decision {
+// banned is the denial of key when it is banned at now, under plan p: the
+// ban's remaining time, or the rate's own retry time when that is later (a
+// ban is a floor). It asks no store: a banned flood costs nothing but this.
+func (z *Zone) banned(key string, now int64, p *Plan) (Decision, bool) {
+	end, level, banned := z.banIn(key, now)
+	if !banned {
+		return Decision{}, false
+	}
 	d := Decision{Source: SourceDenyCache, Banned: true, BanLevel: level}
 	if z.store == nil {
 		r := z.state.Local.Peek(key, now, p.limit)
@@ -186,7 +190,7 @@ func (z *Zone) bannedDecision(key string, now int64, p *Plan, end int64, level i
 	}
 	d.RetryAfter = time.Duration(end - now)
 	d.ResetAfter = max(d.ResetAfter, d.RetryAfter)
-	return d
+	return d, true
 }
 
 // storeBanDecision is the decision of a store's answer in a zone with ban:
@@ -247,9 +251,6 @@ type Ban struct {
 
 // BanOf reports key's ban at now on this instance, if it is banned.
 func (z *Zone) BanOf(key string, now int64) (Ban, bool) {
-	if z.state.Bans == nil {
-		return Ban{}, false
-	}
 	end, level, ok := z.banIn(key, now)
 	if !ok {
 		return Ban{}, false

@@ -16,10 +16,8 @@ func (z *Zone) Denies(key string, now int64) bool {
 	if z.IsConcurrency() {
 		return false
 	}
-	if z.state.Bans != nil {
-		if _, _, banned := z.banIn(key, now); banned {
-			return true
-		}
+	if _, _, banned := z.banIn(key, now); banned {
+		return true
 	}
 	if z.store == nil {
 		p := z.LastPlan(key, now)

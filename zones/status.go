@@ -80,11 +80,9 @@ func (z *Zone) readQuota(ctx context.Context, key string, now int64, p *Plan, s 
 // request on this instance: its local state or record, a cached denial or
 // the store's peek.
 func (z *Zone) readRate(ctx context.Context, key string, now int64, p *Plan, s *KeyState) error {
-	if z.state.Bans != nil {
-		if end, level, banned := z.banIn(key, now); banned {
-			s.Decision, s.Tracked = z.bannedDecision(key, now, p, end, level), true
-			return nil
-		}
+	if d, banned := z.banned(key, now, p); banned {
+		s.Decision, s.Tracked = d, true
+		return nil
 	}
 	var d Decision
 	var r algorithms.Result

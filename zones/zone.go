@@ -513,10 +513,8 @@ func (z *Zone) DecideWith(ctx context.Context, key string, now int64, p *Plan, c
 // step is a rate or quota zone's decide or check: a ban first, then the
 // deny cache, then the key's state, here or in the store.
 func (z *Zone) step(ctx context.Context, op Op, key string, now int64, p *Plan, cost int64) Decision {
-	if z.state.Bans != nil {
-		if end, level, banned := z.banIn(key, now); banned {
-			return z.bannedDecision(key, now, p, end, level)
-		}
+	if d, banned := z.banned(key, now, p); banned {
+		return d
 	}
 	var ahead int64
 	if op == OpDecide && z.Delay > 0 {
@@ -593,10 +591,8 @@ func (z *Zone) CachedDenial(key string, now int64, p *Plan) (Decision, bool) {
 	if z.store == nil {
 		return Decision{}, false
 	}
-	if z.state.Bans != nil {
-		if end, level, banned := z.banIn(key, now); banned {
-			return z.bannedDecision(key, now, p, end, level), true
-		}
+	if d, banned := z.banned(key, now, p); banned {
+		return d, true
 	}
 	return z.cachedStoreDenial(key, now, p)
 }
