@@ -193,12 +193,12 @@ func (z *Zone) banned(key string, now int64, p *Plan) (Decision, bool) {
 	return d, true
 }
 
-// storeBanDecision is the decision of a store's answer in a zone with ban:
-// a ban is remembered here until its end, so that it holds through a store
-// outage and the key's flood costs the store nothing. A store that keeps
-// bans started it; another store's denial starts a ban on this instance
-// only, listed for the others.
-func (z *Zone) storeBanDecision(key string, now int64, rep RateReply) Decision {
+// storeDecision is the decision of a store's answer to a rate step. In a
+// zone with ban, a ban is remembered here until its end, so that it holds
+// through a store outage and the key's flood costs the store nothing. A
+// store that keeps bans started it; another store's denial starts a ban on
+// this instance only, listed for the others.
+func (z *Zone) storeDecision(key string, now int64, rep RateReply) Decision {
 	r, b := rep.Result, rep.Ban
 	z.heard(key, now, r)
 	d := fromResult(r, SourceStore)
@@ -209,7 +209,7 @@ func (z *Zone) storeBanDecision(key string, now int64, rep RateReply) Decision {
 		if b.Started {
 			d.BanStarted = time.Duration(r.RetryAfter)
 		}
-	case !r.Allowed && z.banRule == (BanRule{}): // no ban rule: the ban is this instance's (or a dry run's)
+	case !r.Allowed && z.state.Bans != nil && z.banRule == (BanRule{}): // no ban rule: the ban is this instance's (or a dry run's)
 		z.banOnDenial(key, now, &d)
 	}
 	if l := z.offers.BanList; l != nil && d.BanStarted > 0 && !z.DryRun {

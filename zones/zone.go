@@ -551,14 +551,10 @@ func (z *Zone) storeStep(ctx context.Context, op Op, key string, now int64, p *P
 		return z.storeQuota(ctx, op, key, now, p, cost)
 	}
 	rep, err := z.store.Rate(ctx, z.Name, key, RateStep{Op: op, Limit: p.limit, Cost: cost, Ahead: ahead, Ban: z.banRule})
-	switch {
-	case err != nil:
+	if err != nil {
 		return z.failRate(op, key, now, p, cost, ahead, err)
-	case z.state.Bans != nil:
-		return z.storeBanDecision(key, now, rep)
 	}
-	z.heard(key, now, rep.Result)
-	return fromResult(rep.Result, SourceStore)
+	return z.storeDecision(key, now, rep)
 }
 
 // heard notes what the store said of key at now, on every path that asks
