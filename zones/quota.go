@@ -298,10 +298,17 @@ func (z *Zone) recordPlan(key string, p *Plan, now int64, d Decision) {
 func (z *Zone) storeQuota(ctx context.Context, op Op, key string, now int64, p *Plan, cost int64) Decision {
 	pn := z.state.quota.at(now)
 	r, err := z.store.Quota(ctx, z.Name, key, QuotaStep{Op: op, Limit: QuotaLimit{Limit: p.Events, Periods: &pn.periods}, Cost: cost})
-	if err != nil {
-		return z.failQuota(key, now, pn, p, op, cost, err)
+	if err == nil {
+		return z.storeQuotaDecision(key, now, pn, p.Events, r)
 	}
-	return z.storeQuotaDecision(key, now, pn, p.Events, r)
+	// Local counts the key at this instance's part of the quota, ⌊n/N⌋ and
+	// at least 1, starting from its part of what the fleet had used (see
+	// storeQuotaDecision).
+	z.followClock(err)
+	open := Decision{Remaining: p.Events, ResetAfter: pn.toEnd(now), Period: pn.length}
+	return z.failPolicy(err, open, func() Decision {
+		return pn.decision(z.state.Fallback.quotaStep(key, pn.gen, op, z.quotaPart(p), cost), now, SourceFailLocal)
+	})
 }
 
 // storeQuotaDecision is the Decision of the store's answer; a denial with
@@ -332,17 +339,6 @@ func (z *Zone) cachedQuotaDenial(key string, now int64, pn *periodNow) (Decision
 	return quotaDecision(false, 0, pn.toEnd(now), pn.length, SourceDenyCache), true
 }
 
-// failQuota is failPolicy for a quota step: local counts the key at this
-// instance's part of the quota, ⌊n/N⌋ and at least 1, starting from its
-// part of what the fleet had used (see storeQuotaDecision).
-func (z *Zone) failQuota(key string, now int64, pn *periodNow, p *Plan, op Op, cost int64, err error) Decision {
-	z.followClock(err)
-	open := Decision{Remaining: p.Events, ResetAfter: pn.toEnd(now), Period: pn.length}
-	return z.failPolicy(err, open, func() Decision {
-		return pn.decision(z.state.Fallback.quotaStep(key, pn.gen, op, z.quotaPart(p), cost), now, SourceFailLocal)
-	})
-}
-
 // followClock moves the zone's clock to the store's on a QuotaClockError.
 func (z *Zone) followClock(err error) {
 	var ce *QuotaClockError
@@ -351,7 +347,7 @@ func (z *Zone) followClock(err error) {
 	}
 }
 
-// quotaPart is this instance's part of p's quota (see failQuota).
+// quotaPart is this instance's part of p's quota (see storeQuota).
 func (z *Zone) quotaPart(p *Plan) algorithms.Quota {
 	if p.Events == 0 {
 		return algorithms.Quota{}

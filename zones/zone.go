@@ -552,7 +552,13 @@ func (z *Zone) storeStep(ctx context.Context, op Op, key string, now int64, p *P
 	}
 	rep, err := z.store.Rate(ctx, z.Name, key, RateStep{Op: op, Limit: p.limit, Cost: cost, Ahead: ahead, Ban: z.banRule})
 	if err != nil {
-		return z.failRate(op, key, now, p, cost, ahead, err)
+		return z.failPolicy(err, Decision{Remaining: p.Burst}, func() Decision {
+			d := z.fallback(key, now, p, op, cost, ahead)
+			if op == OpDecide && d.Allowed {
+				z.owe(key, p, cost) // what local admits is owed to the store
+			}
+			return d
+		})
 	}
 	return z.storeDecision(key, now, rep)
 }
@@ -635,18 +641,6 @@ func (z *Zone) failPolicy(err error, open Decision, local func() Decision) Decis
 	}
 	d.Err = err
 	return d
-}
-
-// failRate is failPolicy for a rate zone's decide or check: what local
-// admits is owed to the store.
-func (z *Zone) failRate(op Op, key string, now int64, p *Plan, cost, ahead int64, err error) Decision {
-	return z.failPolicy(err, Decision{Remaining: p.Burst}, func() Decision {
-		d := z.fallback(key, now, p, op, cost, ahead)
-		if op == OpDecide && d.Allowed {
-			z.owe(key, p, cost)
-		}
-		return d
-	})
 }
 
 // deniedUntil is when the store's last denial of key ends, if in force.
