@@ -83,13 +83,3 @@ func (z *Zone) delayed(ctx context.Context, key string, now int64, p *Plan, cost
 	}
 	return d
 }
-
-// denyCacheUntil is how long the deny cache may answer for a key the store
-// denied with retry: in a zone with delay, until the key could be admitted
-// for later again.
-func (z *Zone) denyCacheUntil(now int64, retry int64) int64 {
-	if z.Delay > 0 && !z.DryRun {
-		retry -= int64(z.Delay)
-	}
-	return now + retry
-}

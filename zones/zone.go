@@ -574,7 +574,11 @@ func (z *Zone) heard(key string, now int64, r algorithms.Result) {
 	}
 	z.reconcile()
 	if !r.Allowed {
-		z.state.Denied.Set(key, z.denyCacheUntil(now, r.RetryAfter), now)
+		until := now + r.RetryAfter
+		if z.Delay > 0 && !z.DryRun {
+			until -= int64(z.Delay) // until the key could be admitted for later again
+		}
+		z.state.Denied.Set(key, until, now)
 	}
 	if z.FailPolicy != FailLocal {
 		return
