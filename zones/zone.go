@@ -660,7 +660,7 @@ func (z *Zone) deniedUntil(key string, now int64) (int64, bool) {
 // key (async mode), which then owes the store what it admits.
 func (z *Zone) fallback(key string, now int64, p *Plan, op Op, cost, ahead int64) Decision {
 	if z.records != nil {
-		return fromResult(z.records.Fallback(z.Name, key, now, p.limit, z.partLimit(p), op, cost, ahead), SourceFailLocal)
+		return fromResult(z.records.Fallback(z.Name, key, now, p.limit, z.localLimit(p, true), op, cost, ahead), SourceFailLocal)
 	}
 	return z.localStep(true, key, now, p, op, cost, ahead)
 }
@@ -692,14 +692,9 @@ func (z *Zone) localStep(fallback bool, key string, now int64, p *Plan, op Op, c
 	return fromResult(r, src)
 }
 
-// partLimit is this instance's part of p while the store is unavailable
-// (N = live instances last seen).
-func (z *Zone) partLimit(p *Plan) algorithms.Limit {
-	return p.part(int64(max(1, z.store.Instances())))
-}
-
-// localLimit is what localStep counts against: p's limit or (fallback) its
-// part; a quota zone's quota as a burst, with no interval.
+// localLimit is what localStep counts against: p's limit or (fallback)
+// this instance's part of it while the store is unavailable (N = live
+// instances last seen); a quota zone's quota as a burst, with no interval.
 func (z *Zone) localLimit(p *Plan, fallback bool) algorithms.Limit {
 	switch {
 	case z.state.quota != nil && fallback:
@@ -707,7 +702,7 @@ func (z *Zone) localLimit(p *Plan, fallback bool) algorithms.Limit {
 	case z.state.quota != nil:
 		return algorithms.Limit{Burst: p.Events}
 	case fallback:
-		return z.partLimit(p)
+		return p.part(int64(max(1, z.store.Instances())))
 	}
 	return p.limit
 }
