@@ -693,8 +693,9 @@ func (z *Zone) localStep(fallback bool, key string, now int64, p *Plan, op Op, c
 }
 
 // localLimit is what localStep counts against: p's limit or (fallback)
-// this instance's part of it while the store is unavailable (N = live
-// instances last seen); a quota zone's quota as a burst, with no interval.
+// this instance's part of it while the store is unavailable, events/N and
+// burst/N, at least 1 (N = live instances last seen); a quota zone's quota
+// as a burst, with no interval.
 func (z *Zone) localLimit(p *Plan, fallback bool) algorithms.Limit {
 	switch {
 	case z.state.quota != nil && fallback:
@@ -702,7 +703,8 @@ func (z *Zone) localLimit(p *Plan, fallback bool) algorithms.Limit {
 	case z.state.quota != nil:
 		return algorithms.Limit{Burst: p.Events}
 	case fallback:
-		return p.part(int64(max(1, z.store.Instances())))
+		n := int64(max(1, z.store.Instances()))
+		return algorithms.NewLimit(max(1, p.Events/n), int64(p.Window), max(1, p.Burst/n))
 	}
 	return p.limit
 }
