@@ -307,7 +307,7 @@ func (z *Zone) storeQuota(ctx context.Context, op Op, key string, now int64, p *
 	z.followClock(err)
 	open := Decision{Remaining: p.Events, ResetAfter: pn.toEnd(now), Period: pn.length}
 	return z.failPolicy(err, open, func() Decision {
-		return pn.decision(z.state.Fallback.quotaStep(key, pn.gen, op, z.quotaPart(p), cost), now, SourceFailLocal)
+		return pn.decision(z.state.Fallback.quotaStep(key, pn.gen, op, algorithms.Quota{Limit: z.localLimit(p, true).Burst}, cost), now, SourceFailLocal)
 	})
 }
 
@@ -345,14 +345,6 @@ func (z *Zone) followClock(err error) {
 	if errors.As(err, &ce) {
 		z.state.quota.follow(ce.Now)
 	}
-}
-
-// quotaPart is this instance's part of p's quota (see storeQuota).
-func (z *Zone) quotaPart(p *Plan) algorithms.Quota {
-	if p.Events == 0 {
-		return algorithms.Quota{}
-	}
-	return algorithms.Quota{Limit: max(1, p.Events/int64(max(1, z.store.Instances())))}
 }
 
 // PeriodNow is the period a quota zone is in on this instance's clock, and

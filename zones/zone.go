@@ -695,18 +695,19 @@ func (z *Zone) localStep(fallback bool, key string, now int64, p *Plan, op Op, c
 // localLimit is what localStep counts against: p's limit or (fallback)
 // this instance's part of it while the store is unavailable, events/N and
 // burst/N, at least 1 (N = live instances last seen); a quota zone's quota
-// as a burst, with no interval.
+// as a burst, with no interval (a quota of 0 stays 0).
 func (z *Zone) localLimit(p *Plan, fallback bool) algorithms.Limit {
-	switch {
-	case z.state.quota != nil && fallback:
-		return algorithms.Limit{Burst: z.quotaPart(p).Limit}
-	case z.state.quota != nil:
-		return algorithms.Limit{Burst: p.Events}
-	case fallback:
-		n := int64(max(1, z.store.Instances()))
-		return algorithms.NewLimit(max(1, p.Events/n), int64(p.Window), max(1, p.Burst/n))
+	n := int64(1)
+	if fallback {
+		n = int64(max(1, z.store.Instances()))
 	}
-	return p.limit
+	switch {
+	case z.state.quota != nil:
+		return algorithms.Limit{Burst: min(p.Events, max(1, p.Events/n))}
+	case !fallback:
+		return p.limit
+	}
+	return algorithms.NewLimit(max(1, p.Events/n), int64(p.Window), max(1, p.Burst/n))
 }
 
 // RefundWith gives back a request the zone allowed under plan p at the given
