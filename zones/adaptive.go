@@ -339,12 +339,8 @@ func (z *Zone) AdaptiveLimit() (limit int64, p90 time.Duration) {
 	return limit, time.Duration(s.p90.Load())
 }
 
-// ConcurrencyOf is key's limit of requests in flight now: an adaptive
-// zone's for the key (min for a new key), else the zone's concurrency.
-func (z *Zone) ConcurrencyOf(key string) int64 {
-	if !z.IsAdaptive() {
-		return z.Concurrency
-	}
+// limitOf is an adaptive zone's limit for key now (min for a new key).
+func (z *Zone) limitOf(key string) int64 {
 	if l, _, ok := z.KeyLimit(key); ok {
 		return l
 	}

@@ -35,7 +35,7 @@ func (t *Ticket[O]) Read(ctx context.Context, now int64) (KeyState, error) {
 	z, key, p := t.Zone, t.Key, &t.Plan
 	s := KeyState{Limit: t.Quota(), Window: t.Window()}
 	if z.IsAdaptive() {
-		s.Limit = z.ConcurrencyOf(key)
+		s.Limit = z.limitOf(key)
 	}
 	var err error
 	switch {
