@@ -202,13 +202,11 @@ func (z *Zone) wait(k *adaptiveKey, class int, done <-chan struct{}) (Decision, 
 	t.Stop()
 	k.mu.Lock()
 	if !k.dequeue(w) { // granted, maybe meanwhile: it holds a place
-		if gone {
-			k.classes.Done(class, monotime.Now())
-			k.handOff(min(k.ctl.Limit(), z.Adaptive.Max), monotime.Now())
-			shed.Gone = true
-			return shed, false
+		if !gone {
+			return Decision{}, true
 		}
-		return Decision{}, true
+		k.classes.Done(class, monotime.Now())
+		k.handOff(min(k.ctl.Limit(), z.Adaptive.Max), monotime.Now())
 	}
 	shed.Gone = gone
 	return shed, false
