@@ -2,84 +2,31 @@ package algorithms
 
 // Adaptive concurrency: a limit of requests in flight that follows an
 // upstream's latency toward a target the operator states, and the priority
-// classes that share it.
+// classes that share it. The rules and why they are so are in
+// docs/configuration.md (Adaptive concurrency); in short:
 //
-// # The controller
-//
-// Latency samples (the time from the upstream call's start to its
-// response's headers) are gathered in windows. A failed request (the
-// upstream answered a 5xx, the proxy could not reach it, a timeout) is a
-// sample of overload whatever its time: it ranks above every latency, so a
-// window with more than a tenth of failures has its p90 on a failure and
-// decreases the limit by the most a window may (a quarter), and failures
-// never make a window look fast. A window closes once it has
-// AdaptiveMinSamples samples and lasts at least max(target, 100ms), or
+// A failed request is a sample above every latency. A window closes once it
+// has AdaptiveMinSamples samples and lasts at least max(target, 100ms), or
 // after four such lengths with any sample. At each close, with p the
-// window's 90th percentile and L the limit:
+// window's 90th percentile, L the limit and peak the most requests that
+// wanted to be in flight at once in the window (shed ones included):
 //
 //	p > target:              L ← L·(1 + max(½, target/p))/2      (decrease)
 //	p ≤ target, peak ≥ L/2:  L ← L + max(¼, L·min(target/p − 1, ⅒))  (increase)
 //	                         (before the first decrease or failure: L ← 2L, a slow start)
-//	otherwise:               L unchanged (demand does not reach the limit)
+//	otherwise:               L unchanged
 //
-// then L is kept within [min, max]. peak is the most requests that wanted
-// to be in flight at once during the window (shed ones included).
+// then L is kept within [min, max]. A window over the target while L is at
+// min sets the unloaded latency U to its p90 (unless that is a failure);
+// while U is known the target is max(target, U·9/8); U is forgotten once a
+// window meets the target or comes a tenth below U.
 //
-// # Queueing, not service time
+// Classes share L, class 0 the highest; each class's demand is an
+// exponential average of its requests in flight (time constant
+// AdaptiveDemandTau). A request of class k is admitted when
 //
-// A target below what the upstream takes with no queue at all would drive
-// L to min and keep it there, a healthy but slower upstream served at a
-// fraction of what it can. So the controller learns the upstream's
-// unloaded latency U from its own windows, with no probe: a window that
-// closes over the target while the limit is at min (in flight cannot fall
-// further, so what is left is the upstream's own) sets U to its p90. Only
-// then: a window over the target at a higher limit may be queueing at an
-// upstream whose capacity fell, and taking that for service time would
-// keep the queue (a target of U·9/8 that no window meets again, so U is
-// never forgotten). While U is learned the target is
-// max(target, U·9/8): queueing above the upstream's own latency is still
-// held to an eighth. U is forgotten (0) as soon as a window meets the
-// target or comes a tenth below U (the upstream got faster: what it takes
-// unloaded now is learned again as above). A window whose p90 is a failure
-// teaches nothing.
-//
-// Why this shape: it is the gradient of Envoy's and Netflix's controllers
-// (limit × baseline/sample) with the operator's target as the baseline, so
-// there is no minRTT to measure and no probe that sheds on purpose to
-// re-measure it. A decrease is proportional to the overshoot and halfway
-// smoothed (a single slow window costs at most a quarter of the limit); an
-// increase needs the target met and the limit in use, and is at most a
-// tenth per window (at least a quarter of a place, so a small limit does
-// not jump a whole place past its target), so the limit settles just where
-// the upstream's p90 crosses the target: an upstream of C places and
-// service time S < target settles at about C·target/S in flight. A limit
-// not in use does not grow, so it stays within about twice the peak demand
-// and comes down in a few windows when load jumps.
-//
-// # Priority classes
-//
-// Classes share one limit; class 0 is the highest. Each class's demand is
-// the time-weighted average of its requests in flight over the last
-// second or so (an exponential average, time constant AdaptiveDemandTau).
-// A request of class k is admitted when
-//
-//	inFlight + round(unusedAbove(k)) < L + borrow(k)
-//
-// where unusedAbove(k) = Σ_{j<k} max(0, demand_j − inFlight_j), the places
-// the higher classes use on average and do not use now: kept free for
-// them (borrow covers a higher class's fluctuations above its average). No
-// margin is kept beyond the average: places kept free are not in flight,
-// so the controller raises the limit to keep the upstream busy, and a
-// higher class that then uses them pushes what is in flight past the
-// upstream's target.
-//
-// borrow(k) = min(max(1, L/8), Σ_{j>k} inFlight_j) for every class but the
-// lowest: a higher class may take a place a lower one holds, going past
-// the limit by an eighth at most; the lower class's next arrivals then
-// find no place, so what is in flight drains to the limit all the same.
-// Lower classes are shed first; a class never leaves places idle that a
-// lower class could use once the higher ones' demand decays; and with one
-// class the rule is inFlight < L.
+//	inFlight + round(Σ_{j<k} max(0, demand_j − inFlight_j)) < L + borrow(k)
+//	borrow(k) = min(max(1, L/8), Σ_{j>k} inFlight_j)   (0 for the lowest class)
 
 import (
 	"math"
@@ -156,8 +103,7 @@ func (a *Adaptive) Observe(l AdaptiveLimit, now, latency int64, failed bool) boo
 	return true
 }
 
-// learn updates the unloaded latency from a window of p90 p (see the
-// package's Queueing, not service time).
+// learn updates the unloaded latency U from a window of p90 p.
 func (a *Adaptive) learn(l AdaptiveLimit, p int64) {
 	switch {
 	case p == failedSample:
@@ -219,7 +165,7 @@ func (a *Adaptive) p90() (all, served int64) {
 }
 
 // Classes is the requests in flight of each priority class sharing one
-// limit, and each class's demand (see the package's Priority classes).
+// limit, and each class's demand.
 type Classes struct {
 	inFlight []int64
 	demand   []float64

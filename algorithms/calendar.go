@@ -94,33 +94,24 @@ func (p Period) Bounds(t time.Time, loc *time.Location) (start, end time.Time) {
 	return start.In(loc), end.In(loc)
 }
 
-// label is what the wall clock shows of t at p's resolution; two instants
-// with the same label and no other label between them are in one period.
+// label is what the wall clock shows of t at p's resolution: the wall
+// clock's start of its period on a fixed-offset clock (minutes: UTC
+// minutes, as offsets are whole minutes: the wall clock repeats its minutes
+// when it goes back, the instants do not). Two instants with the same label
+// and no other label between them are in one period.
 type label struct {
-	year    int
-	month   time.Month
-	day     int // or ISO week
-	hour    int
-	minute  int
-	isoWeek bool
+	year              int
+	month             time.Month
+	day, hour, minute int
 }
 
 func (p Period) label(t time.Time) label {
-	switch p {
-	case Minute:
-		// Minutes are UTC minutes (offsets are whole minutes): the wall
-		// clock repeats its minutes when it goes back, the instants do not.
-		u := t.UTC()
-		return label{year: u.Year(), month: u.Month(), day: u.Day(), hour: u.Hour(), minute: u.Minute()}
-	case Hour:
-		return label{year: t.Year(), month: t.Month(), day: t.Day(), hour: t.Hour()}
-	case Day:
-		return label{year: t.Year(), month: t.Month(), day: t.Day()}
-	case Week:
-		y, w := t.ISOWeek()
-		return label{year: y, day: w, isoWeek: true}
+	start, _ := p.fixedBounds(t)
+	if p == Minute {
+		start = start.UTC()
 	}
-	return label{year: t.Year(), month: t.Month()}
+	y, m, d := start.Date()
+	return label{y, m, d, start.Hour(), start.Minute()}
 }
 
 // fixedBounds is p's period containing t on a clock whose offset is t's

@@ -54,8 +54,7 @@ func (c Config) validateAdaptive() error {
 	case c.Classes < 0 || c.Classes > MaxClasses:
 		return fmt.Errorf("priority takes at most %d classes", MaxClasses)
 	}
-	_, err := c.checkKeys()
-	return err
+	return nil
 }
 
 // adaptiveState is an adaptive zone's in-process state, pooled by the
@@ -64,7 +63,6 @@ func (c Config) validateAdaptive() error {
 type adaptiveState struct {
 	mu       sync.RWMutex
 	keys     map[string]*adaptiveKey
-	inFlight atomic.Int64 // the zone's requests in flight in this process
 	p90      atomic.Int64 // the latest closed window's p90 latency (ns), any key
 	unloaded atomic.Int64 // the latest closed window's unloaded latency (ns), any key
 	warned   atomic.Bool  // onSlow was called, and no window met the target since
@@ -151,20 +149,16 @@ func (z *Zone) acquireAdaptive(key string, class int, now int64, done <-chan str
 	total := k.classes.InFlight(-1)
 	k.ctl.Want(total + 1)
 	limit := min(k.ctl.Limit(), z.Adaptive.Max)
-	ok := k.classes.Admit(class, limit, now)
+	ok, d := k.classes.Admit(class, limit, now), slotDenied(SourceLocal, nil)
 	if !ok && z.Delay > 0 && !z.DryRun {
-		var d Decision
-		if d, ok = z.wait(k, class, done); !ok {
-			k.mu.Unlock()
-			return d, Slot{}, limit
-		}
+		d, ok = z.wait(k, class, done)
 		total = k.classes.InFlight(-1) - 1
 	}
 	k.mu.Unlock()
 	if !ok {
-		return slotDenied(SourceLocal, nil), Slot{}, limit
+		return d, Slot{}, limit
 	}
-	s.inFlight.Add(1)
+	z.state.inFlight.Add(1)
 	return Decision{Allowed: true, Remaining: max(0, limit-total-1), Source: SourceLocal},
 		Slot{zone: z, key: key, adaptive: k, class: class}, limit
 }
@@ -208,13 +202,11 @@ func (z *Zone) wait(k *adaptiveKey, class int, done <-chan struct{}) (Decision, 
 	t.Stop()
 	k.mu.Lock()
 	if !k.dequeue(w) { // granted, maybe meanwhile: it holds a place
-		if gone {
-			k.classes.Done(class, monotime.Now())
-			k.handOff(min(k.ctl.Limit(), z.Adaptive.Max), monotime.Now())
-			shed.Gone = true
-			return shed, false
+		if !gone {
+			return Decision{}, true
 		}
-		return Decision{}, true
+		k.classes.Done(class, monotime.Now())
+		k.handOff(min(k.ctl.Limit(), z.Adaptive.Max), monotime.Now())
 	}
 	shed.Gone = gone
 	return shed, false
@@ -298,7 +290,7 @@ func (z *Zone) ReleaseAfter(s Slot, now int64, latency time.Duration, failed boo
 		k.handOff(min(k.ctl.Limit(), z.Adaptive.Max), now)
 	}
 	k.mu.Unlock()
-	st.inFlight.Add(-1)
+	z.state.inFlight.Add(-1)
 	switch {
 	case p90 > 0 && p90 <= z.Adaptive.Target:
 		st.warned.Store(false)
@@ -345,12 +337,8 @@ func (z *Zone) AdaptiveLimit() (limit int64, p90 time.Duration) {
 	return limit, time.Duration(s.p90.Load())
 }
 
-// ConcurrencyOf is key's limit of requests in flight now: an adaptive
-// zone's for the key (min for a new key), else the zone's concurrency.
-func (z *Zone) ConcurrencyOf(key string) int64 {
-	if !z.IsAdaptive() {
-		return z.Concurrency
-	}
+// limitOf is an adaptive zone's limit for key now (min for a new key).
+func (z *Zone) limitOf(key string) int64 {
 	if l, _, ok := z.KeyLimit(key); ok {
 		return l
 	}

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/caddy-tally/ratelimit/internal/keytable"
@@ -113,7 +112,8 @@ func (c Config) banLength(level int) time.Duration {
 	return min(d, c.BanMax)
 }
 
-// banIn reports the end of key's ban when it is banned at now.
+// banIn reports the end of key's ban when it is banned at now (never in a
+// zone without ban: anyBan is set only with a ban table).
 func (z *Zone) banIn(key string, now int64) (end int64, level int, ok bool) {
 	if !z.state.anyBan.Load() {
 		return 0, 0, false
@@ -144,9 +144,6 @@ func (z *Zone) startBan(key string, now int64) (end int64, level int, started, o
 		end, started = satAdd(now, int64(z.banLength(level))), true
 		return BanEntry(end, level, memory), keytable.StoreIfExpired
 	})
-	if ok && started {
-		z.state.banList.add(key, end, now)
-	}
 	return end, level, started, ok
 }
 
@@ -157,9 +154,7 @@ func (z *Zone) learnBan(key string, end int64, level int, now int64) {
 		return
 	}
 	entry := BanEntry(end, level, z.BanMemory())
-	if z.storeBan(key, now, func(int64, bool) (int64, keytable.Op) { return entry, keytable.StoreIfExpired }) {
-		z.state.banList.add(key, end, now)
-	}
+	z.storeBan(key, now, func(int64, bool) (int64, keytable.Op) { return entry, keytable.StoreIfExpired })
 }
 
 // storeBan updates key's ban entry with f, ordered with the sweep that
@@ -180,11 +175,14 @@ func (z *Zone) storeBan(key string, now int64, f func(int64, bool) (int64, keyta
 // now: what a full ban table may evict (keytable.StoreIfExpired).
 func banEnded(now int64, memory time.Duration) int64 { return satAdd(now, int64(memory)) }
 
-// bannedDecision is the denial of key, banned until end at level, under
-// plan p: the ban's remaining time, or the rate's own retry time when that
-// is later (a ban is a floor). It asks no store: a banned flood costs
-// nothing but this.
-func (z *Zone) bannedDecision(key string, now int64, p *Plan, end int64, level int) Decision {
+// banned is the denial of key when it is banned at now, under plan p: the
+// ban's remaining time, or the rate's own retry time when that is later (a
+// ban is a floor). It asks no store: a banned flood costs nothing but this.
+func (z *Zone) banned(key string, now int64, p *Plan) (Decision, bool) {
+	end, level, banned := z.banIn(key, now)
+	if !banned {
+		return Decision{}, false
+	}
 	d := Decision{Source: SourceDenyCache, Banned: true, BanLevel: level}
 	if z.store == nil {
 		r := z.state.Local.Peek(key, now, p.limit)
@@ -192,15 +190,15 @@ func (z *Zone) bannedDecision(key string, now int64, p *Plan, end int64, level i
 	}
 	d.RetryAfter = time.Duration(end - now)
 	d.ResetAfter = max(d.ResetAfter, d.RetryAfter)
-	return d
+	return d, true
 }
 
-// storeBanDecision is the decision of a store's answer in a zone with ban:
-// a ban is remembered here until its end, so that it holds through a store
-// outage and the key's flood costs the store nothing. A store that keeps
-// bans started it; another store's denial starts a ban on this instance
-// only, listed for the others.
-func (z *Zone) storeBanDecision(key string, now int64, rep RateReply) Decision {
+// storeDecision is the decision of a store's answer to a rate step. In a
+// zone with ban, a ban is remembered here until its end, so that it holds
+// through a store outage and the key's flood costs the store nothing. A
+// store that keeps bans started it; another store's denial starts a ban on
+// this instance only, listed for the others.
+func (z *Zone) storeDecision(key string, now int64, rep RateReply) Decision {
 	r, b := rep.Result, rep.Ban
 	z.heard(key, now, r)
 	d := fromResult(r, SourceStore)
@@ -211,7 +209,7 @@ func (z *Zone) storeBanDecision(key string, now int64, rep RateReply) Decision {
 		if b.Started {
 			d.BanStarted = time.Duration(r.RetryAfter)
 		}
-	case !r.Allowed && z.banRule == (BanRule{}): // no ban rule: the ban is this instance's (or a dry run's)
+	case !r.Allowed && z.state.Bans != nil && z.banRule == (BanRule{}): // no ban rule: the ban is this instance's (or a dry run's)
 		z.banOnDenial(key, now, &d)
 	}
 	if l := z.offers.BanList; l != nil && d.BanStarted > 0 && !z.DryRun {
@@ -238,9 +236,7 @@ func (z *Zone) banOnDenial(key string, now int64, d *Decision) {
 	if !ok {
 		return // the rate's denial, without a ban
 	}
-	retry := max(d.RetryAfter, time.Duration(end-now))
-	d.RetryAfter, d.ResetAfter = retry, max(d.ResetAfter, retry)
-	d.Banned, d.BanLevel = true, level
+	z.withBan(d, time.Duration(end-now), level)
 	if started {
 		d.BanStarted = time.Duration(end - now)
 	}
@@ -255,9 +251,6 @@ type Ban struct {
 
 // BanOf reports key's ban at now on this instance, if it is banned.
 func (z *Zone) BanOf(key string, now int64) (Ban, bool) {
-	if z.state.Bans == nil {
-		return Ban{}, false
-	}
 	end, level, ok := z.banIn(key, now)
 	if !ok {
 		return Ban{}, false
@@ -266,19 +259,32 @@ func (z *Zone) BanOf(key string, now int64) (Ban, bool) {
 }
 
 // Bans lists the bans this instance knows of at now, longest left first, at
-// most MaxListedBans.
+// most MaxListedBans. It reads the whole ban table, at most 2·MaxListedBans
+// bans held at once: for the admin API, not for requests.
 func (z *Zone) Bans(now int64) []Ban {
 	if z.state.Bans == nil {
 		return nil
 	}
-	keys := z.state.banList.current(now)
-	out := make([]Ban, 0, len(keys))
-	for _, k := range keys {
-		if b, ok := z.BanOf(k, now); ok {
-			out = append(out, b)
+	var out []Ban
+	top := func() {
+		slices.SortFunc(out, func(a, b Ban) int { return cmp.Or(cmp.Compare(b.Left, a.Left), strings.Compare(a.Key, b.Key)) })
+		out = out[:min(len(out), MaxListedBans)]
+	}
+	var c keytable.Copy
+	kt, memory := z.state.Bans.kt, z.BanMemory()
+	for i := range kt.Shards() {
+		c.Reset()
+		kt.CopyShard(i, banEnded(now, memory), &c)
+		for j := range c.Len() {
+			if end, level := ParseBanEntry(c.Values[j], memory); end > now {
+				out = append(out, Ban{Key: string(c.Key(j)), Left: time.Duration(end - now), Level: level})
+			}
+		}
+		if len(out) > 2*MaxListedBans {
+			top()
 		}
 	}
-	slices.SortFunc(out, func(a, b Ban) int { return cmp.Or(cmp.Compare(b.Left, a.Left), strings.Compare(a.Key, b.Key)) })
+	top()
 	return out
 }
 
@@ -362,60 +368,3 @@ func (z *Zone) droppedBans(from int, n int64) {
 // in async mode, where the list is how the others learn a ban, only where
 // they started (and counted: DroppedBans).
 const MaxListedBans = 1000
-
-// banList is the keys of a zone's current bans, for the admin list: touched
-// only when a ban starts or is lifted, at most MaxListedBans keys, those
-// ending soonest dropped first.
-type banList struct {
-	mu   sync.Mutex
-	ends map[string]int64
-}
-
-func (l *banList) add(key string, end, now int64) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.ends == nil {
-		l.ends = make(map[string]int64)
-	}
-	if _, ok := l.ends[key]; !ok && len(l.ends) >= MaxListedBans {
-		l.dropEndedLocked(now)
-		if len(l.ends) >= MaxListedBans {
-			soonest, at := "", int64(1<<63-1)
-			for k, e := range l.ends {
-				if e < at {
-					soonest, at = k, e
-				}
-			}
-			if at > end {
-				return // this one ends before every listed one
-			}
-			delete(l.ends, soonest)
-		}
-	}
-	l.ends[key] = end
-}
-
-func (l *banList) remove(key string) {
-	l.mu.Lock()
-	delete(l.ends, key)
-	l.mu.Unlock()
-}
-
-func (l *banList) dropEndedLocked(now int64) {
-	for k, e := range l.ends {
-		if e <= now {
-			delete(l.ends, k)
-		}
-	}
-}
-
-func (l *banList) current(now int64) []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.dropEndedLocked(now)
-	keys := make([]string, 0, len(l.ends))
-	for k := range l.ends {
-		keys = append(keys, k)
-	}
-	return keys
-}

@@ -7,7 +7,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/caddy-tally/ratelimit/algorithms"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 )
 
@@ -28,11 +27,10 @@ const (
 	// of the same key to land.
 	ChargeWait = 100 * time.Millisecond
 
-	chargeQueue   = 4096
-	chargeWorkers = 4
-	// chargeBatch is how many queued charges a worker sends at once, so
+	chargeQueue = 4096
+	// chargesInFlight is how many first attempts are under way at once, so
 	// that they share the store's pipelines instead of a round trip each.
-	chargeBatch = 64
+	chargesInFlight = 256
 )
 
 // charge is one queued strict-mode charge.
@@ -76,47 +74,24 @@ func (c *charger) start(stop <-chan struct{}, wg *sync.WaitGroup) {
 		c.queue = make(chan charge, chargeQueue)
 		c.retries = make(chan charge, chargeQueue)
 		c.pending = make(map[string]*pendingCharges)
-		for range chargeWorkers {
-			wg.Go(func() {
-				batch := make([]charge, 0, chargeBatch)
-				for {
-					select {
-					case ch := <-c.queue:
-						batch = append(batch[:0], ch)
-					case <-stop:
-						return
-					}
-				drain:
-					for len(batch) < chargeBatch {
-						select {
-						case ch := <-c.queue:
-							batch = append(batch, ch)
-						default:
-							break drain
-						}
-					}
-					c.send(batch)
-					clear(batch)
+		wg.Go(func() {
+			sem := make(chan struct{}, chargesInFlight)
+			for {
+				select {
+				case ch := <-c.queue:
+					sem <- struct{}{}
+					wg.Go(func() { // wg counts this loop: never at zero here
+						defer func() { <-sem }()
+						ch.zone.sendCharge(ch, c)
+					})
+				case <-stop:
+					return
 				}
-			})
-		}
+			}
+		})
 		wg.Go(func() { c.retryLoop(stop) })
 		c.started.Store(true)
 	})
-}
-
-// send makes the first attempt of every charge in batch at once: the
-// store's batcher puts them in shared pipelines.
-func (c *charger) send(batch []charge) {
-	if len(batch) == 1 {
-		batch[0].zone.sendCharge(batch[0], c)
-		return
-	}
-	var wg sync.WaitGroup
-	for _, ch := range batch {
-		wg.Go(func() { ch.zone.sendCharge(ch, c) })
-	}
-	wg.Wait()
 }
 
 // errStateClosed fails the charges still queued when a zone's state goes.
@@ -201,12 +176,10 @@ const MaxCharge = 2
 // OnChargeFailed if it cannot land.
 func (z *Zone) Charge(ctx context.Context, key string, now int64, p *Plan, cost int64) {
 	cost = min(cost, MaxCharge*p.Burst)
-	switch q := z.state.quota; {
+	switch {
 	case cost <= 0:
-	case z.store == nil && q != nil:
-		q.used.quotaStep(key, q.clock.at(now).gen, OpCharge, algorithms.Quota{Limit: p.Events}, cost)
 	case z.store == nil:
-		z.state.Local.Charge(key, now, p.limit, cost)
+		z.localStep(false, key, now, p, OpCharge, cost, 0)
 	case z.offers.Records != nil:
 		// Async: an in-process step, reported at the next sync.
 		if ch := (charge{key: key, plan: *p, cost: cost}); !z.tryCharge(ctx, now, &ch) {
@@ -258,7 +231,7 @@ func (z *Zone) sendCharge(ch charge, c *charger) {
 // tryCharge makes one attempt to land ch in the store, noting its error.
 func (z *Zone) tryCharge(ctx context.Context, now int64, ch *charge) bool {
 	if q := z.state.quota; q != nil {
-		pn := q.clock.at(now)
+		pn := q.at(now)
 		r, err := z.store.Quota(ctx, z.Name, ch.key, QuotaStep{Op: OpCharge, Limit: QuotaLimit{Limit: ch.plan.Events, Periods: &pn.periods}, Cost: ch.cost})
 		if ch.err = err; err != nil {
 			z.followClock(err)
@@ -318,14 +291,7 @@ func (c *charger) retryLoop(stop <-chan struct{}) {
 // take: local charges this instance's part, so that the key's checks see
 // the debt; open and closed have nothing to charge.
 func (z *Zone) chargeFallback(key string, now int64, p *Plan, cost int64) {
-	z.failPolicy(nil, Decision{}, func() Decision {
-		if q := z.state.quota; q != nil {
-			q.fallback.quotaStep(key, q.clock.at(now).gen, OpCharge, z.quotaPart(p), cost)
-		} else {
-			z.fallback(key, now, p, OpCharge, cost, 0)
-		}
-		return Decision{}
-	})
+	z.failPolicy(nil, Decision{}, func() Decision { return z.fallback(key, now, p, OpCharge, cost, 0) })
 }
 
 func (z *Zone) chargeFailed(err error) {

@@ -43,9 +43,8 @@ const ConcurrencyRetryAfter = time.Second
 // (Slot.table) and count against the limit until then. An old generation
 // only empties, and the sweeper drops it once empty.
 type concurrencyState struct {
-	gens     atomic.Pointer[[]*slotTables] // oldest first; never empty
-	mu       sync.Mutex                    // serialises changes of gens
-	inFlight atomic.Int64                  // requests of this zone in flight in this process
+	gens atomic.Pointer[[]*slotTables] // oldest first; never empty
+	mu   sync.Mutex                    // serialises changes of gens
 }
 
 // slotTables is one generation's tables of requests in flight per key.
@@ -137,8 +136,7 @@ func (c Config) validateConcurrency() error {
 	case c.Lease != 0 && c.Lease < MinLease:
 		return fmt.Errorf("lease must be at least %v (renewals run every lease/3)", MinLease)
 	}
-	_, err := c.checkKeys()
-	return err
+	return nil
 }
 
 // Slot is a slot a request holds in a concurrency zone; the zero Slot
@@ -167,7 +165,6 @@ func (z *Zone) Acquire(ctx context.Context, key string) (Decision, Slot) {
 
 // acquire is Acquire at limit requests in flight (an override's).
 func (z *Zone) acquire(ctx context.Context, key string, limit int64) (Decision, Slot) {
-	c := z.state.conc
 	if z.store == nil {
 		return z.acquireIn(localTable, key, limit, SourceLocal, nil)
 	}
@@ -178,7 +175,7 @@ func (z *Zone) acquire(ctx context.Context, key string, limit int64) (Decision, 
 	case id == "":
 		return slotDenied(SourceStore, nil), Slot{}
 	}
-	c.inFlight.Add(1)
+	z.state.inFlight.Add(1)
 	return Decision{Allowed: true, Remaining: max(0, limit-inUse), Source: SourceStore},
 		Slot{zone: z, key: key, id: id}
 }
@@ -195,7 +192,7 @@ func (z *Zone) acquireIn(which func(*slotTables) *Table, key string, limit int64
 	if !ok {
 		return slotDenied(src, err), Slot{}
 	}
-	z.state.conc.inFlight.Add(1)
+	z.state.inFlight.Add(1)
 	return Decision{Allowed: true, Remaining: limit - before - inUse, Source: src, Err: err},
 		Slot{zone: z, table: t, key: key}
 }
@@ -215,7 +212,7 @@ func (z *Zone) failSlot(key string, err error) (Decision, Slot) {
 	})
 	switch d.Source {
 	case SourceFailOpen:
-		z.state.conc.inFlight.Add(1)
+		z.state.inFlight.Add(1)
 		slot = Slot{zone: z, key: key}
 	case SourceFailClosed:
 		d.RetryAfter, d.ResetAfter = ConcurrencyRetryAfter, ConcurrencyRetryAfter
@@ -241,19 +238,11 @@ func (z *Zone) Release(s Slot) {
 	case s.id != "":
 		z.offers.Slots.Release(z.Name, s.key, s.id)
 	}
-	z.state.conc.inFlight.Add(-1)
+	z.state.inFlight.Add(-1)
 }
 
 // InFlight is the number of the zone's requests in flight in this process.
-func (z *Zone) InFlight() int64 {
-	if a := z.state.adaptive; a != nil {
-		return a.inFlight.Load()
-	}
-	if z.state.conc == nil {
-		return 0
-	}
-	return z.state.conc.inFlight.Load()
-}
+func (z *Zone) InFlight() int64 { return z.state.inFlight.Load() }
 
 // SlotsInUse reports the slots key holds (with a store: every instance's).
 func (z *Zone) SlotsInUse(ctx context.Context, key string) (int64, error) {

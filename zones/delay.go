@@ -62,17 +62,6 @@ func (z *Zone) ahead() int64 {
 	return int64(z.Delay)
 }
 
-// admitLater takes a place in the queue for the request d admitted for
-// later. When the queue filled meanwhile, the reservation is given back and
-// the request is denied as a full queue denies it.
-func (z *Zone) admitLater(ctx context.Context, key string, now int64, p *Plan, cost int64, d Decision) Decision {
-	if z.takeQueuePlace() {
-		return d
-	}
-	refunded, _ := z.RefundWith(ctx, key, now, d, p, cost)
-	return Decision{RetryAfter: d.Delay, ResetAfter: max(refunded.ResetAfter, d.Delay), Source: d.Source, QueueFull: true}
-}
-
 // EndWait gives back the queue place of a request the zone admitted for
 // later (Decision.Delay > 0), once per such decision.
 func (z *Zone) EndWait() { z.state.waiting.Add(-1) }
@@ -81,24 +70,16 @@ func (z *Zone) EndWait() { z.state.waiting.Add(-1) }
 func (z *Zone) Waiting() int64 { return z.state.waiting.Load() }
 
 // delayed completes a decision of a zone with delay: an admission for later
-// takes its queue place; a denial whose retry is within the delay was
-// refused for a full queue.
+// takes its queue place (when the queue filled meanwhile, the reservation is
+// given back and the request denied as a full queue denies it); a denial
+// whose retry is within the delay was refused for a full queue.
 func (z *Zone) delayed(ctx context.Context, key string, now int64, p *Plan, cost, ahead int64, d Decision) Decision {
 	switch {
-	case d.Allowed && d.Delay > 0:
-		return z.admitLater(ctx, key, now, p, cost, d)
+	case d.Allowed && d.Delay > 0 && !z.takeQueuePlace():
+		refunded, _ := z.RefundWith(ctx, key, now, d, p, cost)
+		return Decision{RetryAfter: d.Delay, ResetAfter: max(refunded.ResetAfter, d.Delay), Source: d.Source, QueueFull: true}
 	case !d.Allowed && !d.Banned && ahead == 0 && d.RetryAfter <= z.Delay && !z.DryRun:
 		d.QueueFull = true
 	}
 	return d
-}
-
-// denyCacheUntil is how long the deny cache may answer for a key the store
-// denied with retry: in a zone with delay, until the key could be admitted
-// for later again.
-func (z *Zone) denyCacheUntil(now int64, retry int64) int64 {
-	if z.Delay > 0 && !z.DryRun {
-		retry -= int64(z.Delay)
-	}
-	return now + retry
 }

@@ -16,22 +16,14 @@ func (z *Zone) Denies(key string, now int64) bool {
 	if z.IsConcurrency() {
 		return false
 	}
-	if z.state.Bans != nil {
-		if _, _, banned := z.banIn(key, now); banned {
-			return true
-		}
+	if _, _, banned := z.banIn(key, now); banned {
+		return true
 	}
 	if z.store == nil {
-		if q := z.state.quota; q != nil {
-			return q.used.quotaUsed(key, q.clock.at(now).gen) >= z.LastPlan(key, now).Events
-		}
-		r := z.state.Local.Peek(key, now, z.LastPlan(key, now).limit)
+		p := z.LastPlan(key, now)
+		d := z.localStep(false, key, now, &p, OpPeek, 1, 0)
 		// A zone with delay admits for later what is at most its delay away.
-		return !r.Allowed && (z.Delay == 0 || z.DryRun || r.RetryAfter > int64(z.Delay))
-	}
-	if z.state.quota != nil {
-		_, denied := z.state.Denied.Get(key, now)
-		return denied
+		return !d.Allowed && (z.Delay == 0 || z.DryRun || d.RetryAfter > z.Delay)
 	}
 	_, denied := z.deniedUntil(key, now)
 	return denied

@@ -101,12 +101,8 @@ func (z *Zone) reconcile() {
 // payOwed sends one owed charge; one the store refused without running it
 // is owed again.
 func (z *Zone) payOwed(key string, c *owedCharge) {
-	rep, err := z.store.Rate(context.Background(), z.Name, key, RateStep{Op: OpCharge, Limit: c.plan.limit, Cost: c.cost})
-	if err == nil {
-		z.heard(key, monotime.Now(), rep.Result)
-		return
-	}
-	if !errors.Is(err, context.DeadlineExceeded) && c.attempts+1 < owedAttempts {
+	ch := charge{key: key, plan: c.plan, cost: c.cost}
+	if !z.tryCharge(context.Background(), monotime.Now(), &ch) && !errors.Is(ch.err, context.DeadlineExceeded) && c.attempts+1 < owedAttempts {
 		z.state.owed.add(key, &c.plan, c.cost, c.attempts+1)
 	}
 }

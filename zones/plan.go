@@ -64,12 +64,6 @@ func NewPlan(events int64, window time.Duration, burst int64) (Plan, error) {
 // Limit is the plan's GCRA limit in nanoseconds.
 func (p Plan) Limit() algorithms.Limit { return p.limit }
 
-// part is this instance's part of the plan while the store is unavailable:
-// events/n and burst/n (at least 1).
-func (p Plan) part(n int64) algorithms.Limit {
-	return algorithms.NewLimit(max(1, p.Events/n), int64(p.Window), max(1, p.Burst/n))
-}
-
 // maxPlans is how many distinct plans a zone remembers for the admin API;
 // keys under further plans show the zone's literal one.
 const maxPlans = 4096

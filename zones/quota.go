@@ -5,12 +5,13 @@ package zones
 // at each period's start (algorithms.Period, algorithms.Quota; the rules
 // are in docs/configuration.md, Calendar quotas).
 //
-// Locally a key's count is one int64 in a Table, packed with the period it
-// counts (gen, below). With a store the count lives in the store, which
-// picks the period by its own clock among the three the zone hands it, in
-// Unix microseconds, since a script cannot do time zones. The zone's clock
-// (periodClock) follows the wall clock's boundaries on the monotonic clock:
-// a wall-clock step never resets, prolongs or repeats a period.
+// Locally a key's count is one int64 in State.Local (State.Fallback under
+// fail_policy local), packed with the period it counts (gen, below). With a
+// store the count lives in the store, which picks the period by its own
+// clock among the three the zone hands it, in Unix microseconds, since a
+// script cannot do time zones. The zone's clock (periodClock) follows the
+// wall clock's boundaries on the monotonic clock: a wall-clock step never
+// resets, prolongs or repeats a period.
 
 import (
 	"cmp"
@@ -18,7 +19,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -55,16 +55,8 @@ func PeriodsAt(p algorithms.Period, t time.Time, loc *time.Location) Periods {
 	start, end := p.Bounds(t, loc)
 	prev, _ := p.Bounds(start.Add(-time.Nanosecond), loc)
 	_, next := p.Bounds(end, loc)
-	ps := Periods{Bounds: [4]int64{prev.UnixMicro(), start.UnixMicro(), end.UnixMicro(), next.UnixMicro()}, loc: loc}
-	var b []byte
-	for i, v := range ps.Bounds {
-		if i > 0 {
-			b = append(b, ' ')
-		}
-		b = strconv.AppendInt(b, v, 10)
-	}
-	ps.Arg = string(b)
-	return ps
+	b := [4]int64{prev.UnixMicro(), start.UnixMicro(), end.UnixMicro(), next.UnixMicro()}
+	return Periods{Bounds: b, Arg: fmt.Sprintf("%d %d %d %d", b[0], b[1], b[2], b[3]), loc: loc}
 }
 
 // Period returns the i-th period's start and end in the zone's time zone
@@ -119,8 +111,7 @@ func (c Config) validateQuota() error {
 	case c.Quota < 0 || c.Quota > MaxEvents || c.Quota == 0 && !c.PerRequest:
 		return fmt.Errorf("quota must be a whole number from 1 to %d", int64(MaxEvents))
 	}
-	_, err := c.checkKeys()
-	return err
+	return nil
 }
 
 // QuotaPlan is the plan of n units per period (0: only cost 0 passes, the
@@ -128,28 +119,10 @@ func (c Config) validateQuota() error {
 // length is the calendar's.
 func QuotaPlan(n int64) Plan { return Plan{Events: n, Burst: n} }
 
-// quotaState is a quota zone's in-process state.
-type quotaState struct {
-	clock    periodClock
-	used     *Table // local mode: units used per key, packed with their period
-	fallback *Table // fail_policy local: the same, at this instance's part
+// newPeriodClock is c's clock; onWrap is called when gen starts again.
+func newPeriodClock(c Config, onWrap func()) *periodClock {
+	return &periodClock{period: c.Period, loc: cmp.Or(c.Location, time.UTC), onWrap: onWrap, wall: time.Now, mono: monotime.Now}
 }
-
-func newQuotaState(c Config, maxKeys int) *quotaState {
-	q := &quotaState{used: NewTable(maxKeys), fallback: NewTable(maxKeys)}
-	q.clock.period, q.clock.loc = c.Period, cmp.Or(c.Location, time.UTC)
-	q.clock.wall, q.clock.mono = time.Now, monotime.Now
-	q.clock.onWrap = func() { q.used.Clear(); q.fallback.Clear() }
-	return q
-}
-
-func (q *quotaState) sweep(now int64) {
-	gen := q.clock.at(now).gen
-	q.used.Sweep(staleBelow(gen))
-	q.fallback.Sweep(staleBelow(gen))
-}
-
-func (q *quotaState) len() int { return q.used.Len() + q.fallback.Len() }
 
 // A local count is packed with its period: gen<<quotaUsedBits | used. gen
 // counts this process's periods from 1; a count of another gen is 0. used
@@ -247,16 +220,22 @@ func (c *periodClock) follow(store time.Time) {
 	c.mu.Unlock()
 }
 
-// decision is the Decision of a local step in the period. A denial
-// reports 0 remaining, as every denial does (one denied with units left
-// too: the headers' r is read against the denied request).
-func (pn *periodNow) decision(r algorithms.QuotaResult, now int64, src Source) Decision {
-	toEnd := time.Duration(max(1, pn.endMono-now))
-	d := Decision{Allowed: r.Allowed, Remaining: r.Remaining, ResetAfter: toEnd, Period: pn.length, Source: src}
-	if !r.Allowed {
+// quotaDecision is a quota zone's decision in a period that ends in toEnd.
+// A denial reports 0 remaining, as every denial does (one denied with units
+// left too: the headers' r is read against the denied request).
+func quotaDecision(allowed bool, left int64, toEnd, period time.Duration, src Source) Decision {
+	d := Decision{Allowed: allowed, Remaining: left, ResetAfter: toEnd, Period: period, Source: src}
+	if !allowed {
 		d.RetryAfter, d.Remaining = toEnd, 0
 	}
 	return d
+}
+
+func (pn *periodNow) toEnd(now int64) time.Duration { return time.Duration(max(1, pn.endMono-now)) }
+
+// decision is the Decision of a local step in the period.
+func (pn *periodNow) decision(r algorithms.QuotaResult, now int64, src Source) Decision {
+	return quotaDecision(r.Allowed, r.Remaining, pn.toEnd(now), pn.length, src)
 }
 
 // quotaStep runs op on key's count in period gen and stores what it wrote.
@@ -315,47 +294,39 @@ func (z *Zone) recordPlan(key string, p *Plan, now int64, d Decision) {
 	}
 }
 
-// quotaStep is step for a quota zone.
-func (z *Zone) quotaStep(ctx context.Context, key string, now int64, p *Plan, op Op, cost int64) Decision {
-	q := z.state.quota
-	pn := q.clock.at(now)
-	if z.store == nil {
-		return pn.decision(q.used.quotaStep(key, pn.gen, op, algorithms.Quota{Limit: p.Events}, cost), now, SourceLocal)
-	}
-	if d, ok := z.cachedQuotaDenial(key, now, pn); ok {
-		return d
-	}
-	if op == OpCheck {
-		z.state.charger.wait(ctx, key)
-	}
+// storeQuota is storeStep for a quota zone.
+func (z *Zone) storeQuota(ctx context.Context, op Op, key string, now int64, p *Plan, cost int64) Decision {
+	pn := z.state.quota.at(now)
 	r, err := z.store.Quota(ctx, z.Name, key, QuotaStep{Op: op, Limit: QuotaLimit{Limit: p.Events, Periods: &pn.periods}, Cost: cost})
-	if err != nil {
-		return z.failQuota(key, now, pn, p, op, cost, err)
+	if err == nil {
+		return z.storeQuotaDecision(key, now, pn, p.Events, r)
 	}
-	return z.storeQuotaDecision(key, now, pn, p.Events, r)
+	// Local counts the key at this instance's part of the quota, ⌊n/N⌋ and
+	// at least 1, starting from its part of what the fleet had used (see
+	// storeQuotaDecision).
+	z.followClock(err)
+	open := Decision{Remaining: p.Events, ResetAfter: pn.toEnd(now), Period: pn.length}
+	return z.failPolicy(err, open, func() Decision {
+		return pn.decision(z.state.Fallback.quotaStep(key, pn.gen, op, algorithms.Quota{Limit: z.localLimit(p, true).Burst}, cost), now, SourceFailLocal)
+	})
 }
 
 // storeQuotaDecision is the Decision of the store's answer; a denial with
 // nothing left is cached, and the key's use noted for fail_policy local.
 func (z *Zone) storeQuotaDecision(key string, now int64, pn *periodNow, limit int64, r QuotaResult) Decision {
-	toEnd := max(r.ToEnd, 1)
 	left := max(0, limit-r.Used)
-	d := Decision{Allowed: r.Allowed, Remaining: left, ResetAfter: toEnd,
-		Period: pn.periods.length(r.Period), Source: SourceStore}
-	if !r.Allowed {
-		d.RetryAfter, d.Remaining = toEnd, 0 // see periodNow.decision
-		if left == 0 {
-			// Until the period's end on this instance's clock, and at
-			// most QuotaDenyCacheFor; never for a weighted request denied
-			// with units left, which a cheaper one may use.
-			z.state.Denied.Set(key, min(pn.endMono, now+int64(QuotaDenyCacheFor)), now)
-		}
+	d := quotaDecision(r.Allowed, left, max(r.ToEnd, 1), pn.periods.length(r.Period), SourceStore)
+	if !r.Allowed && left == 0 {
+		// Until the period's end on this instance's clock, and at most
+		// QuotaDenyCacheFor; never for a weighted request denied with
+		// units left, which a cheaper one may use.
+		z.state.Denied.Set(key, min(pn.endMono, now+int64(QuotaDenyCacheFor)), now)
 	}
 	if z.FailPolicy == FailLocal && r.Period == 1 {
 		// What the fleet used is where fail_policy local starts from:
 		// this instance's part of it.
 		n := int64(max(1, z.store.Instances()))
-		z.state.quota.fallback.setQuotaUsed(key, pn.gen, (r.Used+n-1)/n)
+		z.state.Fallback.setQuotaUsed(key, pn.gen, (r.Used+n-1)/n)
 	}
 	return d
 }
@@ -365,71 +336,20 @@ func (z *Zone) cachedQuotaDenial(key string, now int64, pn *periodNow) (Decision
 	if !ok || until > pn.endMono {
 		return Decision{}, false
 	}
-	toEnd := time.Duration(max(1, pn.endMono-now))
-	return Decision{RetryAfter: toEnd, ResetAfter: toEnd, Period: pn.length, Source: SourceDenyCache}, true
-}
-
-// failQuota is failPolicy for a quota step: local counts the key at this
-// instance's part of the quota, ⌊n/N⌋ and at least 1, starting from its
-// part of what the fleet had used (see storeQuotaDecision).
-func (z *Zone) failQuota(key string, now int64, pn *periodNow, p *Plan, op Op, cost int64, err error) Decision {
-	z.followClock(err)
-	open := Decision{Remaining: p.Events, ResetAfter: time.Duration(max(1, pn.endMono-now)), Period: pn.length}
-	return z.failPolicy(err, open, func() Decision {
-		return pn.decision(z.state.quota.fallback.quotaStep(key, pn.gen, op, z.quotaPart(p), cost), now, SourceFailLocal)
-	})
+	return quotaDecision(false, 0, pn.toEnd(now), pn.length, SourceDenyCache), true
 }
 
 // followClock moves the zone's clock to the store's on a QuotaClockError.
 func (z *Zone) followClock(err error) {
 	var ce *QuotaClockError
 	if errors.As(err, &ce) {
-		z.state.quota.clock.follow(ce.Now)
+		z.state.quota.follow(ce.Now)
 	}
-}
-
-// quotaPart is this instance's part of p's quota (see failQuota).
-func (z *Zone) quotaPart(p *Plan) algorithms.Quota {
-	if p.Events == 0 {
-		return algorithms.Quota{}
-	}
-	return algorithms.Quota{Limit: max(1, p.Events/int64(max(1, z.store.Instances())))}
-}
-
-func (z *Zone) refundQuota(ctx context.Context, key string, now int64, d Decision, p *Plan, cost int64) (Decision, error) {
-	q := z.state.quota
-	pn := q.clock.at(now)
-	limit := p.Events
-	switch d.Source {
-	case SourceLocal:
-		q.used.quotaStep(key, pn.gen, OpRefund, algorithms.Quota{Limit: p.Events}, cost)
-	case SourceFailLocal:
-		part := z.quotaPart(p)
-		limit = part.Limit
-		q.fallback.quotaStep(key, pn.gen, OpRefund, part, cost)
-	case SourceStore:
-		if _, err := z.store.Quota(ctx, z.Name, key, QuotaStep{Op: OpRefund, Limit: QuotaLimit{Limit: p.Events, Periods: &pn.periods}, Cost: cost}); err != nil {
-			return d, err
-		}
-	default:
-		return d, nil
-	}
-	d.Remaining = min(d.Remaining+cost, limit)
-	return d, nil
-}
-
-func (z *Zone) resetQuota(ctx context.Context, key string) error {
-	z.Forget(key)
-	if z.store == nil {
-		return nil
-	}
-	_, err := z.store.Quota(ctx, z.Name, key, QuotaStep{Op: OpReset})
-	return err
 }
 
 // PeriodNow is the period a quota zone is in on this instance's clock, and
 // its start and end in the zone's time zone.
 func (z *Zone) PeriodNow(now int64) (start, end time.Time) {
-	pn := z.state.quota.clock.at(now)
+	pn := z.state.quota.at(now)
 	return pn.start, pn.end
 }

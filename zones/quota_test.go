@@ -50,12 +50,12 @@ func newQuotaZone(t *testing.T, c Config, store Store, wall string) (*Zone, *tes
 	}
 	clk := &testClock{wall: at, mono: int64(time.Hour)}
 	s := newTestState(t, c)
-	s.quota.clock.wall = func() time.Time {
+	s.quota.wall = func() time.Time {
 		clk.mu.Lock()
 		defer clk.mu.Unlock()
 		return clk.wall
 	}
-	s.quota.clock.mono = clk.now
+	s.quota.mono = clk.now
 	return mustNew(c, s, store), clk
 }
 

@@ -220,15 +220,11 @@ func DecodeSnapshot(data []byte) (*Snapshot, error) {
 // Restore merges snap into the state at now (monotime) and wall (the same
 // instant on the wall clock) and returns how many keys it restored. Each
 // key's time left is reduced by the wall time that passed since the
-// snapshot (none when the clock went back) and capped at maxDebt, the most
-// a key of the zone can owe, so that a clock that moved between runs never
-// makes a key owe more than it could have owed. A key whose time ran out is
-// skipped; one the state already holds keeps the later of its two times.
-//
-// A ban is restored by the same rules: its time left less the wall time
-// that passed, capped at the length of a ban of its level (so a clock that
-// moved never lengthens it), its level kept, and the escalation memory
-// after it kept too; a key the state already holds keeps the later entry.
+// snapshot (none when the clock went back) and capped at maxDebt (a ban's:
+// at a ban of its level and its memory), so that a clock that moved between
+// runs never makes a key owe, or a ban last, longer than it could have. A
+// key whose time ran out is skipped; one the state already holds keeps the
+// later of its two entries.
 func (s *State) Restore(snap *Snapshot, now int64, wall time.Time, maxDebt time.Duration) int {
 	elapsed := max(0, wall.Sub(snap.Wall))
 	restored := 0
@@ -295,9 +291,6 @@ func (s *State) restoreBans(body []byte, now int64, elapsed time.Duration) int {
 			restored++
 			return entry, keytable.Store
 		})
-		if end > now {
-			s.banList.add(key, end, now)
-		}
 	})
 	return restored
 }

@@ -33,12 +33,9 @@ type KeyState struct {
 // of one request (one round trip for them all).
 func (t *Ticket[O]) Read(ctx context.Context, now int64) (KeyState, error) {
 	z, key, p := t.Zone, t.Key, &t.Plan
-	s := KeyState{Limit: p.Events, Window: p.Window}
-	if z.IsConcurrency() {
-		s.Limit, s.Window = t.inFlightLimit(), 0
-		if z.IsAdaptive() {
-			s.Limit = z.ConcurrencyOf(key)
-		}
+	s := KeyState{Limit: t.Quota(), Window: t.Window()}
+	if z.IsAdaptive() {
+		s.Limit = z.limitOf(key)
 	}
 	var err error
 	switch {
@@ -60,10 +57,10 @@ func (t *Ticket[O]) Read(ctx context.Context, now int64) (KeyState, error) {
 // readQuota is Read in a quota zone: the period's count, here or in the
 // store (a cached denial would not say how far past the quota a key is).
 func (z *Zone) readQuota(ctx context.Context, key string, now int64, p *Plan, s *KeyState) error {
-	pn := z.state.quota.clock.at(now)
+	pn := z.state.quota.at(now)
 	s.PeriodStart, s.PeriodEnd, s.Source = pn.start, pn.end, SourceLocal
 	if z.store == nil {
-		s.Used = z.state.quota.used.quotaUsed(key, pn.gen)
+		s.Used = z.state.Local.quotaUsed(key, pn.gen)
 	} else {
 		r, err := z.store.Quota(ctx, z.Name, key, QuotaStep{Op: OpPeek, Limit: QuotaLimit{Limit: p.Events, Periods: &pn.periods}})
 		if err != nil {
@@ -74,11 +71,8 @@ func (z *Zone) readQuota(ctx context.Context, key string, now int64, p *Plan, s 
 		s.PeriodStart, s.PeriodEnd = pn.periods.Period(r.Period)
 	}
 	toEnd := max(time.Nanosecond, time.Until(s.PeriodEnd))
-	s.Remaining, s.ResetAfter, s.Period = max(0, p.Events-s.Used), toEnd, s.PeriodEnd.Sub(s.PeriodStart)
-	s.Allowed, s.Tracked, s.Window = s.Remaining > 0, s.Used > 0, s.Period
-	if !s.Allowed {
-		s.RetryAfter = toEnd
-	}
+	s.Decision = quotaDecision(s.Used < p.Events, max(0, p.Events-s.Used), toEnd, s.PeriodEnd.Sub(s.PeriodStart), s.Source)
+	s.Tracked, s.Window = s.Used > 0, s.Period
 	return nil
 }
 
@@ -86,11 +80,9 @@ func (z *Zone) readQuota(ctx context.Context, key string, now int64, p *Plan, s 
 // request on this instance: its local state or record, a cached denial or
 // the store's peek.
 func (z *Zone) readRate(ctx context.Context, key string, now int64, p *Plan, s *KeyState) error {
-	if z.state.Bans != nil {
-		if end, level, banned := z.banIn(key, now); banned {
-			s.Decision, s.Tracked = z.bannedDecision(key, now, p, end, level), true
-			return nil
-		}
+	if d, banned := z.banned(key, now, p); banned {
+		s.Decision, s.Tracked = d, true
+		return nil
 	}
 	var d Decision
 	var r algorithms.Result

@@ -85,7 +85,7 @@ func (t *Ticket[O]) Admit(ctx context.Context, now int64) {
 func (t *Ticket[O]) waived() Decision {
 	full := t.Plan.Burst
 	if t.Zone.IsAdaptive() {
-		t.limit = t.Zone.ConcurrencyOf(t.Key)
+		t.limit = t.Zone.limitOf(t.Key)
 		full = t.limit
 	}
 	if t.Override.Exempt {

@@ -145,7 +145,8 @@ func (c Config) Validate() error {
 	} else if c.Concurrency != 0 || c.Lease != 0 {
 		kind = c.validateConcurrency
 	}
-	for _, check := range []func() error{c.validateBan, c.validateDelay, kind} {
+	keys := func() error { _, err := c.checkKeys(); return err }
+	for _, check := range []func() error{c.validateBan, c.validateDelay, kind, keys} {
 		if err := check(); err != nil {
 			return fmt.Errorf("zone %s: %v", c.Name, err)
 		}
@@ -250,12 +251,11 @@ const HashedKeyPrefix = "sha256:"
 // State is a zone's in-process state, shared by every handler that defines
 // the zone the same way; it outlives config reloads.
 type State struct {
-	Local       *Table           // local mode: TAT per key
+	Local       *Table           // local mode: TAT (quota zones: count) per key
 	Denied      *Table           // with a Store: keys the store denied, until when
-	Fallback    *Table           // fail_policy local: TAT per key at this instance's part
+	Fallback    *Table           // fail_policy local: the same as Local, at this instance's part
 	Bans        *Table           // zones with ban: each key's ban and escalation (ban.go); else nil
 	wouldBan    *Table           // zones with ban in dry run: when each key's would-be ban ends
-	banList     banList          // the keys of current bans, bounded, for the admin list
 	droppedBans [2]atomic.Uint64 // bans not kept: see DroppedBans
 	forgets     atomic.Uint64    // keys forgotten (reset) so far: see LearnBans
 	anyBan      atomic.Bool      // Bans may hold an entry (false: none since the last sweep)
@@ -270,12 +270,13 @@ type State struct {
 
 	Offenders *topk.Recent // this instance's denials per key, in fixed memory (not max_keys)
 
-	waiting atomic.Int64 // zones with delay: requests admitted for later, waiting here
+	waiting  atomic.Int64 // zones with delay: requests admitted for later, waiting here
+	inFlight atomic.Int64 // concurrency zones: requests in flight in this process
 
 	conc     *concurrencyState // concurrency zones only: requests in flight
 	adaptive *adaptiveState    // adaptive zones only: each key's limit and requests in flight
-	quota    *quotaState       // quota zones only: units used per period
-	kind     interface {       // the one of the three that is not nil
+	quota    *periodClock      // quota zones only: the period Local and Fallback count
+	kind     interface {       // conc or adaptive, whichever is not nil
 		sweep(now int64)
 		len() int // keys held
 	}
@@ -315,8 +316,7 @@ func NewState(c Config, sweepInterval time.Duration) *State {
 		s.conc = newConcurrencyState(maxKeys)
 		s.kind = s.conc
 	case c.IsQuota():
-		s.quota = newQuotaState(c, maxKeys)
-		s.kind = s.quota
+		s.quota = newPeriodClock(c, func() { s.Local.Clear(); s.Fallback.Clear() })
 	}
 	go s.sweep(sweepInterval)
 	return s
@@ -332,9 +332,13 @@ func (s *State) sweep(interval time.Duration) {
 			return
 		case <-tick.C:
 			now := monotime.Now()
-			s.Local.Sweep(now)
+			live := now // a TAT <= now carries nothing; a count of an earlier period neither
+			if s.quota != nil {
+				live = staleBelow(s.quota.at(now).gen)
+			}
+			s.Local.Sweep(live)
 			s.Denied.Sweep(now)
-			s.Fallback.Sweep(now)
+			s.Fallback.Sweep(live)
 			if s.Bans != nil {
 				s.sweepBans(now)
 				s.wouldBan.Sweep(now)
@@ -509,30 +513,22 @@ func (z *Zone) DecideWith(ctx context.Context, key string, now int64, p *Plan, c
 // step is a rate or quota zone's decide or check: a ban first, then the
 // deny cache, then the key's state, here or in the store.
 func (z *Zone) step(ctx context.Context, op Op, key string, now int64, p *Plan, cost int64) Decision {
-	var d Decision
-	if z.state.quota != nil {
-		d = z.quotaStep(ctx, key, now, p, op, cost)
-		z.recordPlan(key, p, now, d)
+	if d, banned := z.banned(key, now, p); banned {
 		return d
-	}
-	if z.state.Bans != nil {
-		if end, level, banned := z.banIn(key, now); banned {
-			return z.bannedDecision(key, now, p, end, level)
-		}
 	}
 	var ahead int64
 	if op == OpDecide && z.Delay > 0 {
 		ahead = z.ahead()
 	}
-	switch {
-	case z.store == nil && op == OpCheck:
-		d = fromResult(z.state.Local.Peek(key, now, p.limit), SourceLocal)
-	case z.store == nil:
-		d = fromResult(z.state.Local.DecideAhead(key, now, p.limit, cost, ahead), SourceLocal)
-	default:
-		if cached, ok := z.cachedStoreDenial(key, now, p); ok {
-			return cached
+	var d Decision
+	if z.store == nil {
+		d = z.localStep(false, key, now, p, op, cost, ahead)
+	} else if cached, ok := z.cachedStoreDenial(key, now, p); ok {
+		if z.state.quota == nil {
+			return cached // a rate zone's plan is recorded by the store's answers only
 		}
+		d = cached
+	} else {
 		if op == OpCheck {
 			z.state.charger.wait(ctx, key)
 		}
@@ -551,15 +547,20 @@ func (z *Zone) step(ctx context.Context, op Op, key string, now int64, p *Plan, 
 // storeStep runs a decide or check of key in the store under plan p, with
 // the zone's ban rule; an error goes to the fail policy.
 func (z *Zone) storeStep(ctx context.Context, op Op, key string, now int64, p *Plan, cost, ahead int64) Decision {
-	rep, err := z.store.Rate(ctx, z.Name, key, RateStep{Op: op, Limit: p.limit, Cost: cost, Ahead: ahead, Ban: z.banRule})
-	switch {
-	case err != nil:
-		return z.failRate(op, key, now, p, cost, ahead, err)
-	case z.state.Bans != nil:
-		return z.storeBanDecision(key, now, rep)
+	if z.state.quota != nil {
+		return z.storeQuota(ctx, op, key, now, p, cost)
 	}
-	z.heard(key, now, rep.Result)
-	return fromResult(rep.Result, SourceStore)
+	rep, err := z.store.Rate(ctx, z.Name, key, RateStep{Op: op, Limit: p.limit, Cost: cost, Ahead: ahead, Ban: z.banRule})
+	if err != nil {
+		return z.failPolicy(err, Decision{Remaining: p.Burst}, func() Decision {
+			d := z.fallback(key, now, p, op, cost, ahead)
+			if op == OpDecide && d.Allowed {
+				z.owe(key, p, cost) // what local admits is owed to the store
+			}
+			return d
+		})
+	}
+	return z.storeDecision(key, now, rep)
 }
 
 // heard notes what the store said of key at now, on every path that asks
@@ -573,7 +574,11 @@ func (z *Zone) heard(key string, now int64, r algorithms.Result) {
 	}
 	z.reconcile()
 	if !r.Allowed {
-		z.state.Denied.Set(key, z.denyCacheUntil(now, r.RetryAfter), now)
+		until := now + r.RetryAfter
+		if z.Delay > 0 && !z.DryRun {
+			until -= int64(z.Delay) // until the key could be admitted for later again
+		}
+		z.state.Denied.Set(key, until, now)
 	}
 	if z.FailPolicy != FailLocal {
 		return
@@ -592,19 +597,17 @@ func (z *Zone) CachedDenial(key string, now int64, p *Plan) (Decision, bool) {
 	if z.store == nil {
 		return Decision{}, false
 	}
-	if q := z.state.quota; q != nil {
-		return z.cachedQuotaDenial(key, now, q.clock.at(now))
-	}
-	if z.state.Bans != nil {
-		if end, level, banned := z.banIn(key, now); banned {
-			return z.bannedDecision(key, now, p, end, level), true
-		}
+	if d, banned := z.banned(key, now, p); banned {
+		return d, true
 	}
 	return z.cachedStoreDenial(key, now, p)
 }
 
 // cachedStoreDenial is CachedDenial's deny cache alone, without bans.
 func (z *Zone) cachedStoreDenial(key string, now int64, p *Plan) (Decision, bool) {
+	if q := z.state.quota; q != nil {
+		return z.cachedQuotaDenial(key, now, q.at(now))
+	}
 	until, ok := z.deniedUntil(key, now)
 	if !ok {
 		return Decision{}, false
@@ -644,18 +647,6 @@ func (z *Zone) failPolicy(err error, open Decision, local func() Decision) Decis
 	return d
 }
 
-// failRate is failPolicy for a rate zone's decide or check: what local
-// admits is owed to the store.
-func (z *Zone) failRate(op Op, key string, now int64, p *Plan, cost, ahead int64, err error) Decision {
-	return z.failPolicy(err, Decision{Remaining: p.Burst}, func() Decision {
-		d := fromResult(z.fallback(key, now, p, op, cost, ahead), SourceFailLocal)
-		if op == OpDecide && d.Allowed {
-			z.owe(key, p, cost)
-		}
-		return d
-	})
-}
-
 // deniedUntil is when the store's last denial of key ends, if in force.
 func (z *Zone) deniedUntil(key string, now int64) (int64, bool) {
 	if z.records != nil {
@@ -667,47 +658,77 @@ func (z *Zone) deniedUntil(key string, now int64) (int64, bool) {
 // fallback runs one step of fail_policy local for key under plan p at this
 // instance's part: in the Fallback table, or in the store's record of the
 // key (async mode), which then owes the store what it admits.
-func (z *Zone) fallback(key string, now int64, p *Plan, op Op, cost, ahead int64) algorithms.Result {
-	part := z.partLimit(p)
+func (z *Zone) fallback(key string, now int64, p *Plan, op Op, cost, ahead int64) Decision {
 	if z.records != nil {
-		return z.records.Fallback(z.Name, key, now, p.limit, part, op, cost, ahead)
+		return fromResult(z.records.Fallback(z.Name, key, now, p.limit, z.localLimit(p, true), op, cost, ahead), SourceFailLocal)
 	}
-	t := z.state.Fallback
-	switch op {
-	case OpCheck, OpPeek:
-		return t.Peek(key, now, part)
-	case OpCharge:
-		return t.Charge(key, now, part, cost)
-	case OpRefund:
-		t.Refund(key, now, part, cost)
-		return algorithms.Result{}
-	}
-	return t.DecideAhead(key, now, part, cost, ahead)
+	return z.localStep(true, key, now, p, op, cost, ahead)
 }
 
-// partLimit is this instance's part of p while the store is unavailable
-// (N = live instances last seen).
-func (z *Zone) partLimit(p *Plan) algorithms.Limit {
-	return p.part(int64(max(1, z.store.Instances())))
+// localStep runs op for key under plan p in this instance's tables: Local
+// at the plan's limit, or Fallback (fail_policy local) at this instance's
+// part; a quota zone's count is in the period the clock is in at now.
+func (z *Zone) localStep(fallback bool, key string, now int64, p *Plan, op Op, cost, ahead int64) Decision {
+	t, src := z.state.Local, SourceLocal
+	if fallback {
+		t, src = z.state.Fallback, SourceFailLocal
+	}
+	l := z.localLimit(p, fallback)
+	if c := z.state.quota; c != nil {
+		pn := c.at(now)
+		return pn.decision(t.quotaStep(key, pn.gen, op, algorithms.Quota{Limit: l.Burst}, cost), now, src)
+	}
+	var r algorithms.Result
+	switch op {
+	case OpCheck, OpPeek:
+		r = t.Peek(key, now, l)
+	case OpCharge:
+		r = t.Charge(key, now, l, cost)
+	case OpRefund:
+		t.Refund(key, now, l, cost)
+	default:
+		r = t.DecideAhead(key, now, l, cost, ahead)
+	}
+	return fromResult(r, src)
+}
+
+// localLimit is what localStep counts against: p's limit or (fallback)
+// this instance's part of it while the store is unavailable, events/N and
+// burst/N, at least 1 (N = live instances last seen); a quota zone's quota
+// as a burst, with no interval (a quota of 0 stays 0).
+func (z *Zone) localLimit(p *Plan, fallback bool) algorithms.Limit {
+	n := int64(1)
+	if fallback {
+		n = int64(max(1, z.store.Instances()))
+	}
+	switch {
+	case z.state.quota != nil:
+		return algorithms.Limit{Burst: min(p.Events, max(1, p.Events/n))}
+	case !fallback:
+		return p.limit
+	}
+	return algorithms.NewLimit(max(1, p.Events/n), int64(p.Window), max(1, p.Burst/n))
 }
 
 // RefundWith gives back a request the zone allowed under plan p at the given
 // cost, to whoever decided it, and returns the decision as it stands after
 // the refund, for the headers.
 func (z *Zone) RefundWith(ctx context.Context, key string, now int64, d Decision, p *Plan, cost int64) (Decision, error) {
-	if z.state.quota != nil {
-		return z.refundQuota(ctx, key, now, d, p, cost)
-	}
-	l := p.limit
+	l := z.localLimit(p, d.Source == SourceFailLocal)
 	switch d.Source {
 	case SourceLocal:
-		z.state.Local.Refund(key, now, l, cost)
+		z.localStep(false, key, now, p, OpRefund, cost, 0)
 	case SourceFailLocal:
-		l = z.partLimit(p)
 		z.fallback(key, now, p, OpRefund, cost, 0)
 		z.owe(key, p, -cost)
 	case SourceStore:
-		if _, err := z.store.Rate(ctx, z.Name, key, RateStep{Op: OpRefund, Limit: l, Cost: cost}); err != nil {
+		var err error
+		if q := z.state.quota; q != nil {
+			_, err = z.store.Quota(ctx, z.Name, key, QuotaStep{Op: OpRefund, Limit: QuotaLimit{Limit: p.Events, Periods: &q.at(now).periods}, Cost: cost})
+		} else {
+			_, err = z.store.Rate(ctx, z.Name, key, RateStep{Op: OpRefund, Limit: l, Cost: cost})
+		}
+		if err != nil {
 			return d, err
 		}
 	default:
@@ -776,12 +797,13 @@ func (z *Zone) Mode() string { return z.offers.Mode }
 // Reset forgets key in this instance's tables and the store (which tells
 // the other instances, see Forget).
 func (z *Zone) Reset(ctx context.Context, key string) error {
-	if z.state.quota != nil {
-		return z.resetQuota(ctx, key)
-	}
 	z.Forget(key)
 	if z.store == nil {
 		return nil
+	}
+	if z.state.quota != nil {
+		_, err := z.store.Quota(ctx, z.Name, key, QuotaStep{Op: OpReset})
+		return err
 	}
 	if l := z.offers.BanList; l != nil && z.state.Bans != nil {
 		// Off the list first: an instance that reads it (async mode)
@@ -801,17 +823,12 @@ func (z *Zone) Forget(key string) {
 	if z.state.Bans != nil {
 		z.state.Bans.Delete(key)
 		z.state.wouldBan.Delete(key)
-		z.state.banList.remove(key)
 	}
 	z.state.Local.Delete(key)
 	z.state.Denied.Delete(key)
 	z.state.Fallback.Delete(key)
 	if z.state.plans != nil {
 		z.state.plans.keys.Delete(key)
-	}
-	if q := z.state.quota; q != nil {
-		q.used.Delete(key)
-		q.fallback.Delete(key)
 	}
 }
 
