@@ -81,8 +81,9 @@ type QuotaResult struct {
 }
 
 // QuotaClockError is a store's report that its clock is in none of the
-// periods it was given. The step is not made (the fail policy answers it),
-// and the zone moves its clock to Now, the store's, for the next ones.
+// periods it was given. The step is not made: the zone moves its clock to
+// Now, the store's, and its fail policy answers the step in that clock's
+// period, as the next steps are.
 type QuotaClockError struct {
 	Now time.Time // the store's clock
 }
@@ -304,7 +305,9 @@ func (z *Zone) storeQuota(ctx context.Context, op Op, key string, now int64, p *
 	// Local counts the key at this instance's part of the quota, ⌊n/N⌋ and
 	// at least 1, starting from its part of what the fleet had used (see
 	// storeQuotaDecision).
-	z.followClock(err)
+	if z.followClock(err) {
+		pn = z.state.quota.at(now) // the store's period: pn is the one it refused
+	}
 	open := Decision{Remaining: p.Events, ResetAfter: pn.toEnd(now), Period: pn.length}
 	return z.failPolicy(err, open, func() Decision {
 		return pn.decision(z.state.Fallback.quotaStep(key, pn.gen, op, algorithms.Quota{Limit: z.localLimit(p, true).Burst}, cost), now, SourceFailLocal)
@@ -339,12 +342,15 @@ func (z *Zone) cachedQuotaDenial(key string, now int64, pn *periodNow) (Decision
 	return quotaDecision(false, 0, pn.toEnd(now), pn.length, SourceDenyCache), true
 }
 
-// followClock moves the zone's clock to the store's on a QuotaClockError.
-func (z *Zone) followClock(err error) {
+// followClock moves the zone's clock to the store's on a QuotaClockError,
+// and reports whether it did.
+func (z *Zone) followClock(err error) bool {
 	var ce *QuotaClockError
 	if errors.As(err, &ce) {
 		z.state.quota.follow(ce.Now)
+		return true
 	}
+	return false
 }
 
 // PeriodNow is the period a quota zone is in on this instance's clock, and

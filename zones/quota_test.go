@@ -337,6 +337,24 @@ func TestQuotaZoneFollowsAStoreClockAPeriodAway(t *testing.T) {
 	}
 }
 
+// The decision a store's clock error hands to fail_policy local is made in
+// the store's period, which the zone has just learned: not in the period
+// the instance's clock had, where the key may have used its part already.
+func TestQuotaClockErrorFallbackCountsInTheStoresPeriod(t *testing.T) {
+	ctx := context.Background()
+	st := &quotaFaultStore{faultStore: faultStore{instances: 1}, used: 2, period: 1}
+	z, clk := newQuotaZone(t, minuteQuota(2), st, "2026-03-15T10:00:30Z")
+	if d := z.Decide(ctx, "k", clk.now()); d.Allowed || d.Source != SourceStore {
+		t.Fatalf("%+v, want the store's denial: the key used its 2 of the 10:00 minute", d)
+	}
+	clk.advance(QuotaDenyCacheFor) // past the cached denial, still 10:00 here
+	st.err = &QuotaClockError{Now: time.Date(2026, 3, 15, 12, 0, 10, 0, time.UTC)}
+	d := z.Decide(ctx, "k", clk.now())
+	if d.Source != SourceFailLocal || !d.Allowed || d.ResetAfter != 50*time.Second || d.Period != time.Minute {
+		t.Fatalf("%+v, want fail_policy local to allow in the store's minute, 12:00, ending in 50s", d)
+	}
+}
+
 func TestQuotaPeriodsAreTheNeighbours(t *testing.T) {
 	ny, _ := time.LoadLocation("America/New_York")
 	start := time.Date(2026, 11, 1, 0, 0, 0, 0, ny) // a 25-hour day
