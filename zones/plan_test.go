@@ -1,6 +1,7 @@
 package zones
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -69,5 +70,51 @@ func TestPlansRememberEachKeysLastPlanUnderConcurrency(t *testing.T) {
 	}
 	if _, ok := ps.last("g0", now+int64(2*time.Hour)); ok {
 		t.Error("a key's plan is still remembered after its state expired")
+	}
+}
+
+// A PerRequest zone's key denied from the deny cache was decided under the
+// request's plan: the admin API's read (LastPlan) shows that plan, whether
+// the zone counts a rate or a quota and whether the zone or the handler's
+// CachedDenial (serve.go's fast path) answered.
+func TestDenyCacheAnswerRecordsTheRequestsPlan(t *testing.T) {
+	ctx := context.Background()
+	rate := func(t *testing.T) (*Zone, int64, Plan, Plan) {
+		c := Config{Name: "r", Events: 10, Window: time.Minute, PerRequest: true}
+		z := mustNew(c, newTestState(t, c), &faultStore{})
+		p1, _ := NewPlan(10, time.Minute, 0)
+		p2, _ := NewPlan(1000, time.Minute, 0)
+		return z, monotime.Now(), p1, p2
+	}
+	quota := func(t *testing.T) (*Zone, int64, Plan, Plan) {
+		c := minuteQuota(10)
+		c.PerRequest = true
+		z, clk := newQuotaZone(t, c, &quotaFaultStore{used: 10, period: 1}, "2026-03-15T10:00:00Z")
+		return z, clk.now(), QuotaPlan(10), QuotaPlan(20)
+	}
+	for _, kind := range []struct {
+		name string
+		zone func(*testing.T) (*Zone, int64, Plan, Plan)
+	}{{"rate", rate}, {"quota", quota}} {
+		for _, path := range []string{"DecideWith", "CachedDenial"} {
+			t.Run(kind.name+"/"+path, func(t *testing.T) {
+				z, now, p1, p2 := kind.zone(t)
+				if d := z.DecideWith(ctx, "k", now, &p1, 1); d.Allowed || d.Source != SourceStore {
+					t.Fatalf("%+v, want the store's denial", d)
+				}
+				var d Decision
+				if path == "DecideWith" {
+					d = z.DecideWith(ctx, "k", now, &p2, 1)
+				} else {
+					d, _ = z.CachedDenial("k", now, &p2)
+				}
+				if d.Source != SourceDenyCache {
+					t.Fatalf("%+v, want a denial from the deny cache", d)
+				}
+				if got := z.LastPlan("k", now); got.Events != p2.Events {
+					t.Fatalf("last plan has %d events, want %d: the plan the cached denial was decided under", got.Events, p2.Events)
+				}
+			})
+		}
 	}
 }

@@ -524,10 +524,8 @@ func (z *Zone) step(ctx context.Context, op Op, key string, now int64, p *Plan, 
 	if z.store == nil {
 		d = z.localStep(false, key, now, p, op, cost, ahead)
 	} else if cached, ok := z.cachedStoreDenial(key, now, p); ok {
-		if z.state.quota == nil {
-			return cached // a rate zone's plan is recorded by the store's answers only
-		}
-		d = cached
+		z.recordPlan(key, p, now, cached) // decided under p, as a store's answer is
+		return cached
 	} else {
 		if op == OpCheck {
 			z.state.charger.wait(ctx, key)
@@ -600,7 +598,11 @@ func (z *Zone) CachedDenial(key string, now int64, p *Plan) (Decision, bool) {
 	if d, banned := z.banned(key, now, p); banned {
 		return d, true
 	}
-	return z.cachedStoreDenial(key, now, p)
+	d, ok := z.cachedStoreDenial(key, now, p)
+	if ok {
+		z.recordPlan(key, p, now, d) // as step does: the request was decided under p
+	}
+	return d, ok
 }
 
 // cachedStoreDenial is CachedDenial's deny cache alone, without bans.
