@@ -150,7 +150,10 @@ type periodClock struct {
 	// offset is added to the wall clock: 0 until a store reported its
 	// clock a period or more away (QuotaClockError).
 	offset atomic.Int64
-	onWrap func() // gen starts again at 1
+	// followed is set by follow, under mu, until the next roll: that roll
+	// moves to the store's period even when it is before the current one.
+	followed bool
+	onWrap   func() // gen starts again at 1
 
 	// Tests replace the clocks.
 	wall func() time.Time
@@ -191,9 +194,11 @@ func (c *periodClock) roll(now int64) *periodNow {
 		switch {
 		case start.Equal(p.start):
 			gen = p.gen // the wall clock is behind the monotonic one: the period goes on
-		case start.Before(p.start):
+		case start.Before(p.start) && !c.followed:
 			// The wall clock went back past the period's start: stay in
-			// it until the wall clock reaches its end again.
+			// it until the wall clock reaches its end again. Not when a
+			// store's clock behind this one is followed: its period is the
+			// one to count in, a new one here (gen+1, nothing counted yet).
 			gen, start, end = p.gen, p.start, p.end
 		case p.gen >= maxQuotaGen:
 			if c.onWrap != nil {
@@ -206,6 +211,7 @@ func (c *periodClock) roll(now int64) *periodNow {
 	n := &periodNow{gen: gen, start: start, end: end, endMono: mono + int64(end.Sub(wall)),
 		length: end.Sub(start), periods: PeriodsAt(c.period, start, c.loc)}
 	c.cur.Store(n)
+	c.followed = false
 	return n
 }
 
@@ -213,6 +219,7 @@ func (c *periodClock) roll(now int64) *periodNow {
 func (c *periodClock) follow(store time.Time) {
 	c.mu.Lock()
 	c.offset.Store(int64(store.Sub(c.wall())))
+	c.followed = true
 	if p := c.cur.Load(); p != nil {
 		stale := *p
 		stale.endMono = math.MinInt64

@@ -337,6 +337,34 @@ func TestQuotaZoneFollowsAStoreClockAPeriodAway(t *testing.T) {
 	}
 }
 
+// A store clock periods behind the instance's is followed too: the period
+// goes back to the store's, which a local wall-clock step back never does.
+func TestQuotaZoneFollowsAStoreClockPeriodsBehind(t *testing.T) {
+	ctx := context.Background()
+	st := &quotaFaultStore{faultStore: faultStore{instances: 1}, period: 1}
+	z, clk := newQuotaZone(t, minuteQuota(10), st, "2026-03-15T12:00:10Z")
+	z.Decide(ctx, "k", clk.now())
+	if b := st.seen.Load().Bounds[1]; b != time.Date(2026, 3, 15, 12, 0, 0, 0, time.UTC).UnixMicro() {
+		t.Fatalf("current period starts at %v", time.UnixMicro(b).UTC())
+	}
+	st.err = &QuotaClockError{Now: time.Date(2026, 3, 15, 10, 0, 30, 0, time.UTC)}
+	if d := z.Decide(ctx, "k", clk.now()); d.Source != SourceFailLocal || d.ResetAfter != 30*time.Second {
+		t.Fatalf("%+v, want the fail policy in the store's minute, 10:00, ending in 30s", d)
+	}
+	st.err = nil
+	z.Decide(ctx, "k", clk.now())
+	if b := st.seen.Load().Bounds[1]; b != time.Date(2026, 3, 15, 10, 0, 0, 0, time.UTC).UnixMicro() {
+		t.Fatalf("after the store's clock error the current period starts at %v, want 10:00", time.UnixMicro(b).UTC())
+	}
+	// Followed once, a later local step back keeps the period again.
+	clk.stepWall(-time.Hour)
+	clk.advance(30 * time.Second) // the 10:00 minute's end on the monotonic clock
+	z.Decide(ctx, "k", clk.now())
+	if b := st.seen.Load().Bounds[1]; b != time.Date(2026, 3, 15, 10, 0, 0, 0, time.UTC).UnixMicro() {
+		t.Fatalf("after a local step back the current period starts at %v, want 10:00 to go on", time.UnixMicro(b).UTC())
+	}
+}
+
 // The decision a store's clock error hands to fail_policy local is made in
 // the store's period, which the zone has just learned: not in the period
 // the instance's clock had, where the key may have used its part already.
