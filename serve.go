@@ -187,27 +187,26 @@ func (h *Handler) applicable(r *http.Request, repl *caddy.Replacer, now int64, t
 				continue
 			}
 		}
-		v := z.newTicket(r, repl, now)
-		v.Cost, v.Class = z.costFor(r, repl, now), z.classFor(r, repl)
-		v.PostCharged, v.UpTo = z.costs.postCharged() && !z.costs.estimate, z.costs.llm != nil && z.costs.llm.estimate
+		raw := z.expandKey(r, repl)
+		tickets = append(tickets, ticket{Owner: z, Zone: z.Zone, Key: z.Config.Key(raw), Raw: raw,
+			Plan: z.planFor(repl, now), Cost: z.costFor(r, repl, now), Class: z.classFor(r, repl),
+			PostCharged: z.costs.postCharged() && !z.costs.estimate, UpTo: z.costs.llm != nil && z.costs.llm.estimate})
+		v := &tickets[len(tickets)-1]
 		if z.waits {
 			v.Done = r.Context().Done()
 		}
-		tickets = append(tickets, v)
+		z.resolve(r, v)
 	}
 	return tickets, nil
 }
 
-// newTicket is r's ticket in z, costing 1: its key, under a solved
-// cookie its identity, and its plan, the operator's override resolved.
-func (z *httpZone) newTicket(r *http.Request, repl *caddy.Replacer, now int64) ticket {
-	raw := z.expandKey(r, repl)
-	v := ticket{Owner: z, Zone: z.Zone, Key: z.Config.Key(raw), Raw: raw, Plan: z.planFor(repl, now), Cost: 1}
+// resolve gives v, r's ticket in z, the identity of a solved cookie and
+// the operator's override.
+func (z *httpZone) resolve(r *http.Request, v *ticket) {
 	if z.challenge != nil {
-		z.challenge.identify(r, &v)
+		z.challenge.identify(r, v)
 	}
 	v.Resolve()
-	return v
 }
 
 // cachedDenial is the index of a rate zone (not in dry run) whose deny

@@ -182,8 +182,10 @@ func statusTicket(r *http.Request, repl *caddy.Replacer, name string, now int64)
 	if zh == nil {
 		return nil
 	}
-	t := zh.newTicket(r, repl, now)
-	return &t
+	raw := zh.expandKey(r, repl)
+	t := &ticket{Owner: zh, Zone: zh.Zone, Key: zh.Config.Key(raw), Raw: raw, Plan: zh.planFor(repl, now), Cost: 1}
+	zh.resolve(r, t)
+	return t
 }
 
 // zoneStatusOf is ticket t's state now in zone name (t nil: not loaded).
