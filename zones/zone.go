@@ -513,15 +513,19 @@ func (z *Zone) DecideWith(ctx context.Context, key string, now int64, p *Plan, c
 // step is a rate or quota zone's decide or check: a ban first, then the
 // deny cache, then the key's state, here or in the store.
 func (z *Zone) step(ctx context.Context, op Op, key string, now int64, p *Plan, cost int64) Decision {
-	if d, banned := z.banned(key, now, p); banned {
-		return d
+	if z.state.Bans != nil { // the hot path of a zone without ban makes no call
+		if d, banned := z.banned(key, now, p); banned {
+			return d
+		}
 	}
 	var ahead int64
 	if op == OpDecide && z.Delay > 0 {
 		ahead = z.ahead()
 	}
 	var d Decision
-	if z.store == nil {
+	if z.store == nil && z.state.quota == nil && op == OpDecide { // the local hot path, inlined
+		d = fromResult(z.state.Local.DecideAhead(key, now, p.limit, cost, ahead), SourceLocal)
+	} else if z.store == nil {
 		d = z.localStep(false, key, now, p, op, cost, ahead)
 	} else if cached, ok := z.cachedStoreDenial(key, now, p); ok {
 		z.recordPlan(key, p, now, cached) // decided under p, as a store's answer is
