@@ -222,7 +222,11 @@ func TestTopAndCLIShowAConcurrencyZonesSlots(t *testing.T) {
 			key {http.request.header.X-API-Key}
 			concurrency 1
 		}`, ""))
-	held := inBackground(c, keyRequest("alice", "/held?gate=g"))
+	// The held request waits through every CLI call below, which take
+	// seconds each on a loaded machine: more than the default client's 10 s.
+	hold := keyRequest("alice", "/held?gate=g")
+	hold.Client = &http.Client{Timeout: 2 * time.Minute}
+	held := inBackground(c, hold)
 	u.waitInFlight(1)
 	if got := c.Send(3, withKey("alice")); countStatuses(got)[429] != 3 {
 		t.Fatalf("alice while her one slot is held: %v, want 3×429", got)
