@@ -317,49 +317,46 @@ func TestQuotaFailPolicies(t *testing.T) {
 	})
 }
 
-func TestQuotaZoneFollowsAStoreClockAPeriodAway(t *testing.T) {
+// followStoreClock runs a minute quota zone whose instance clock reads
+// instance and whose store answers a clock error at store: the fail
+// policy answers that request, ending at the store's minute's end, and
+// the next request is sent in the store's minute.
+func followStoreClock(t *testing.T, instance, store string) (*quotaFaultStore, *Zone, *testClock) {
+	t.Helper()
 	ctx := context.Background()
 	st := &quotaFaultStore{faultStore: faultStore{instances: 1}, period: 1}
-	z, clk := newQuotaZone(t, minuteQuota(10), st, "2026-03-15T10:00:30Z")
+	z, clk := newQuotaZone(t, minuteQuota(10), st, instance)
+	sent := func() time.Time { return time.UnixMicro(st.seen.Load().Bounds[1]).UTC() }
 	z.Decide(ctx, "k", clk.now())
-	if b := st.seen.Load().Bounds[1]; b != time.Date(2026, 3, 15, 10, 0, 0, 0, time.UTC).UnixMicro() {
-		t.Fatalf("current period starts at %v", time.UnixMicro(b).UTC())
+	if at, _ := time.Parse(time.RFC3339, instance); !sent().Equal(at.Truncate(time.Minute)) {
+		t.Fatalf("current period starts at %v", sent())
 	}
-	storeNow := time.Date(2026, 3, 15, 12, 0, 10, 0, time.UTC)
+	storeNow, _ := time.Parse(time.RFC3339, store)
 	st.err = &QuotaClockError{Now: storeNow}
-	if d := z.Decide(ctx, "k", clk.now()); d.Source != SourceFailLocal {
-		t.Fatalf("%+v, want the fail policy", d)
+	toEnd := storeNow.Truncate(time.Minute).Add(time.Minute).Sub(storeNow)
+	if d := z.Decide(ctx, "k", clk.now()); d.Source != SourceFailLocal || d.ResetAfter != toEnd {
+		t.Fatalf("%+v, want the fail policy in the store's minute, ending in %v", d, toEnd)
 	}
 	st.err = nil
 	z.Decide(ctx, "k", clk.now())
-	if b := st.seen.Load().Bounds[1]; b != time.Date(2026, 3, 15, 12, 0, 0, 0, time.UTC).UnixMicro() {
-		t.Fatalf("after the store's clock error the current period starts at %v, want 12:00", time.UnixMicro(b).UTC())
+	if want := storeNow.Truncate(time.Minute); !sent().Equal(want) {
+		t.Fatalf("after the store's clock error the current period starts at %v, want %v", sent(), want)
 	}
+	return st, z, clk
+}
+
+func TestQuotaZoneFollowsAStoreClockAPeriodAway(t *testing.T) {
+	followStoreClock(t, "2026-03-15T10:00:30Z", "2026-03-15T12:00:10Z")
 }
 
 // A store clock periods behind the instance's is followed too: the period
 // goes back to the store's, which a local wall-clock step back never does.
 func TestQuotaZoneFollowsAStoreClockPeriodsBehind(t *testing.T) {
-	ctx := context.Background()
-	st := &quotaFaultStore{faultStore: faultStore{instances: 1}, period: 1}
-	z, clk := newQuotaZone(t, minuteQuota(10), st, "2026-03-15T12:00:10Z")
-	z.Decide(ctx, "k", clk.now())
-	if b := st.seen.Load().Bounds[1]; b != time.Date(2026, 3, 15, 12, 0, 0, 0, time.UTC).UnixMicro() {
-		t.Fatalf("current period starts at %v", time.UnixMicro(b).UTC())
-	}
-	st.err = &QuotaClockError{Now: time.Date(2026, 3, 15, 10, 0, 30, 0, time.UTC)}
-	if d := z.Decide(ctx, "k", clk.now()); d.Source != SourceFailLocal || d.ResetAfter != 30*time.Second {
-		t.Fatalf("%+v, want the fail policy in the store's minute, 10:00, ending in 30s", d)
-	}
-	st.err = nil
-	z.Decide(ctx, "k", clk.now())
-	if b := st.seen.Load().Bounds[1]; b != time.Date(2026, 3, 15, 10, 0, 0, 0, time.UTC).UnixMicro() {
-		t.Fatalf("after the store's clock error the current period starts at %v, want 10:00", time.UnixMicro(b).UTC())
-	}
+	st, z, clk := followStoreClock(t, "2026-03-15T12:00:10Z", "2026-03-15T10:00:30Z")
 	// Followed once, a later local step back keeps the period again.
 	clk.stepWall(-time.Hour)
 	clk.advance(30 * time.Second) // the 10:00 minute's end on the monotonic clock
-	z.Decide(ctx, "k", clk.now())
+	z.Decide(context.Background(), "k", clk.now())
 	if b := st.seen.Load().Bounds[1]; b != time.Date(2026, 3, 15, 10, 0, 0, 0, time.UTC).UnixMicro() {
 		t.Fatalf("after a local step back the current period starts at %v, want 10:00 to go on", time.UnixMicro(b).UTC())
 	}
