@@ -158,7 +158,7 @@ func (s *Scanner) start(p *Paths, tokens bool, contentType, contentEncoding stri
 		s.kind = eventBody
 	case strings.EqualFold(mt, "application/json") || (len(mt) > 5 && strings.EqualFold(mt[len(mt)-5:], "+json")):
 		s.kind = jsonBody
-		s.dec.reset(p)
+		s.dec.reset(p, tokens)
 	case s.tokens && strings.EqualFold(mt, "application/x-ndjson"):
 		s.kind = lineBody
 	default:
@@ -169,7 +169,7 @@ func (s *Scanner) start(p *Paths, tokens bool, contentType, contentEncoding stri
 func (s *Scanner) Write(b []byte) {
 	switch s.kind {
 	case jsonBody:
-		s.dec.feed(b)
+		s.parse(b)
 	case eventBody, lineBody:
 		s.events(b)
 	}
@@ -196,10 +196,7 @@ func (s *Scanner) end(done func() bool) Reason {
 	case s.reason != OK:
 		return s.reason
 	case s.kind == jsonBody:
-		if !s.dec.finish() {
-			return Malformed
-		}
-		s.take(&s.dec)
+		s.endDocument()
 		s.kind = unknown // taken once
 	case s.kind == lineBody:
 		s.endLine()
@@ -329,13 +326,33 @@ func (s *Scanner) dispatch(data []byte) {
 	if !may {
 		return
 	}
-	s.dec.reset(s.paths)
-	s.dec.feed(data)
-	if !s.dec.finish() {
-		s.malformed = true
-		return
+	s.dec.reset(s.paths, s.tokens)
+	s.parse(data)
+	s.endDocument()
+}
+
+// parse feeds b to the decoder, taking each of a list's documents as it
+// ends.
+func (s *Scanner) parse(b []byte) {
+	for {
+		n := s.dec.feed(b)
+		if !s.dec.docEnded() {
+			return
+		}
+		s.take(&s.dec)
+		s.dec.next()
+		b = b[n:]
 	}
-	s.take(&s.dec)
+}
+
+// endDocument takes the document the body or event ended with, if it
+// parsed.
+func (s *Scanner) endDocument() {
+	if s.dec.finish() {
+		s.take(&s.dec)
+	} else {
+		s.malformed = true
+	}
 }
 
 // satAdd is a + b, at most math.MaxInt64 (both are >= 0).
