@@ -73,7 +73,7 @@ const (
 
 func (d *decoder) reset(p *Paths, list bool) {
 	*d = decoder{paths: p, list: list}
-	all := uint64(1)<<p.Len() - 1
+	all := uint64(1)<<len(p.segs) - 1
 	d.member = all | all<<slots // the document's root continues every path
 }
 

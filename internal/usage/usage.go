@@ -85,8 +85,6 @@ func ParsePaths(paths []string) (Paths, error) {
 	return p, nil
 }
 
-func (p *Paths) Len() int { return len(p.segs) }
-
 // Reason says why a scanner has no total.
 type Reason uint8
 
@@ -178,12 +176,12 @@ func (s *Scanner) Write(b []byte) {
 // Total is the sum of the paths' values once the body has ended, or why
 // there is none.
 func (s *Scanner) Total() (int64, Reason) {
-	all := uint16(1)<<s.paths.Len() - 1
+	all := uint16(1)<<len(s.paths.segs) - 1
 	if r := s.end(func() bool { return s.found == all }); r != OK {
 		return 0, r
 	}
 	var sum int64
-	for _, v := range s.vals[:s.paths.Len()] {
+	for _, v := range s.vals[:len(s.paths.segs)] {
 		sum = satAdd(sum, v)
 	}
 	return sum, OK
@@ -219,7 +217,7 @@ func (s *Scanner) take(d *decoder) {
 		s.takeTokens(d)
 		return
 	}
-	for i := range s.paths.Len() {
+	for i := range len(s.paths.segs) {
 		if v, ok := d.pathValue(i); ok {
 			s.vals[i], s.found = v, s.found|1<<i
 		}
