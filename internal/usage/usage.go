@@ -129,7 +129,7 @@ type Scanner struct {
 	lineLen   int  // the current line's length, kept or not
 	over      bool // the current event is larger than MaxEvent
 	sawOver   bool // some event was
-	malformed bool // some event that could carry a path did not parse
+	malformed bool // some document that could carry a path did not parse
 	afterCR   bool // the last byte was \r: a \n next ends nothing
 	started   bool // past the first line (and a byte order mark it began with)
 
