@@ -68,6 +68,7 @@ var tokenCases = []tokenCase{
 	{"anthropic stream, input repeated in message_delta", "/v1/messages", `{"stream":true}`, "anthropic", map[string]string{"X-Input-In-Delta": "1"}},
 	{"gemini json", "/v1beta/models/gemini-2.5-flash:generateContent", `{}`, "gemini", nil},
 	{"gemini stream, cumulative chunks", "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse", `{}`, "gemini", map[string]string{"X-Chunks": "4"}},
+	{"gemini stream without alt=sse: one JSON array of the chunks", "/v1beta/models/gemini-2.5-flash:streamGenerateContent", `{}`, "gemini", map[string]string{"X-Chunks": "4"}},
 	{"ollama chat, NDJSON stream", "/api/chat", `{"model":"llama3.2"}`, "ollama", nil},
 	{"ollama generate json", "/api/generate", `{"stream":false}`, "ollama", nil},
 }

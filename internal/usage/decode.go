@@ -36,6 +36,11 @@ type decoder struct {
 	found uint64
 	done  bool // the top-level value ended
 	err   bool
+	// A token scanner's decoder reads a top-level array as a list of
+	// documents (Gemini's stream without alt=sse), each parsed as the top
+	// level is: inList while in it, a document ends with done, and feed
+	// stops there for the scanner to take it before next.
+	list, inList bool
 
 	// The strings the paths' text masks capture (the last one of each,
 	// its first MaxModel bytes, escapes as written), and which one the
@@ -66,17 +71,27 @@ const (
 	sValueOrEnd              // after '['
 )
 
-func (d *decoder) reset(p *Paths) {
-	*d = decoder{paths: p}
-	all := uint64(1)<<p.Len() - 1
+func (d *decoder) reset(p *Paths, list bool) {
+	*d = decoder{paths: p, list: list}
+	all := uint64(1)<<len(p.segs) - 1
 	d.member = all | all<<slots // the document's root continues every path
 }
 
 func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
 
-// feed reads the next bytes of the document.
-func (d *decoder) feed(b []byte) {
-	for i := 0; i < len(b) && !d.err; i++ {
+// next readies d for a list's next document, once the last was taken.
+func (d *decoder) next() {
+	d.reset(d.paths, true)
+	d.inList, d.state = true, sAfter
+}
+
+func (d *decoder) docEnded() bool { return d.inList && d.done }
+
+// feed reads the next bytes of the document and returns how many it read:
+// fewer than len(b) only where a list's document ended.
+func (d *decoder) feed(b []byte) int {
+	i := 0
+	for ; i < len(b) && !d.err && !d.docEnded(); i++ {
 		c := b[i]
 		switch d.state {
 		case sValue, sValueOrEnd:
@@ -145,6 +160,8 @@ func (d *decoder) feed(b []byte) {
 		case sAfter:
 			switch {
 			case isSpace(c):
+			case c == ',' && d.depth == 0 && d.inList:
+				d.state = sValue
 			case c == ',' && d.depth > 0:
 				if d.array[d.depth-1] {
 					d.state, d.member = sValue, 0
@@ -158,6 +175,7 @@ func (d *decoder) feed(b []byte) {
 			}
 		}
 	}
+	return i
 }
 
 // plainRun is where the run of b from i without a quote or a backslash
@@ -176,6 +194,8 @@ func (d *decoder) value(c byte) {
 		return
 	}
 	switch {
+	case c == '[' && d.list && !d.inList && d.depth == 0:
+		d.inList, d.state = true, sValueOrEnd // d.member stays the root's
 	case c == '{' || c == '[':
 		if d.depth == MaxDepth {
 			d.err = true
@@ -283,11 +303,15 @@ func (d *decoder) endNumber() {
 
 // close ends the innermost container, an array or an object.
 func (d *decoder) close(array bool) {
-	if d.depth == 0 || d.array[d.depth-1] != array {
+	switch {
+	case d.depth == 0 && d.inList && array:
+		d.inList = false
+	case d.depth == 0 || d.array[d.depth-1] != array:
 		d.err = true
 		return
+	default:
+		d.depth--
 	}
-	d.depth--
 	d.afterValue()
 }
 
@@ -308,5 +332,5 @@ func (d *decoder) finish() bool {
 	case sLiteral:
 		d.afterValue()
 	}
-	return !d.err && d.done && d.state == sAfter
+	return !d.err && d.done && !d.inList && d.state == sAfter
 }

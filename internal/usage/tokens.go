@@ -26,7 +26,11 @@ import "strings"
 //   - Gemini: usageMetadata.promptTokenCount (+ toolUsePromptTokenCount;
 //     cachedContentTokenCount the cached part), candidatesTokenCount +
 //     thoughtsTokenCount; modelVersion is the model. Streamed chunks are
-//     cumulative: the last one counts.
+//     cumulative: the last one counts, as events (alt=sse) or as the
+//     elements of one JSON array (streamGenerateContent's default): a
+//     top-level array's elements are read as a stream's documents, only
+//     Gemini's among them (a body cut mid-array keeps those it completed,
+//     as a cut event stream keeps its events).
 //   - Ollama's native API: prompt_eval_count and eval_count, on the done
 //     object.
 //
@@ -101,11 +105,14 @@ func (s *Scanner) takeTokens(d *decoder) {
 	}
 	kind := string(d.text[1][:d.textLen[1]]) // not kept: compared only
 	anthropic := kind == "message" || kind == "message_start" || kind == "message_delta"
+	gemini := has("usageMetadata.promptTokenCount") || has("usageMetadata.candidatesTokenCount")
 	switch {
-	case has("usage.prompt_tokens") || has("usage.completion_tokens"):
+	case d.inList && !gemini:
+		return
+	case !d.inList && (has("usage.prompt_tokens") || has("usage.completion_tokens")):
 		t.format = OpenAIChat
 		t.input, t.cached, t.out = v("usage.prompt_tokens"), v("usage.prompt_tokens_details.cached_tokens"), v("usage.completion_tokens")
-	case has("usageMetadata.promptTokenCount") || has("usageMetadata.candidatesTokenCount"):
+	case gemini:
 		t.format = Gemini
 		t.input = v("usageMetadata.promptTokenCount", "usageMetadata.toolUsePromptTokenCount")
 		t.cached = v("usageMetadata.cachedContentTokenCount")

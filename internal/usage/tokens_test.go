@@ -112,7 +112,22 @@ var tokenCases = []tokenCase{
 	{"ndjson with a broken line", "application/x-ndjson", `{"model":"m","eval_count":3` + "\n",
 		Tokens{}, Malformed},
 	{"no usage", "application/json", `{"id":"x","choices":[]}`, Tokens{}, NoUsage},
-	{"gemini stream without alt=sse: one JSON array", "application/json", `[{"usageMetadata":{"promptTokenCount":1,"candidatesTokenCount":2}}]`, Tokens{}, NoUsage},
+	{"gemini stream without alt=sse: one JSON array", "application/json", `[{"usageMetadata":{"promptTokenCount":1,"candidatesTokenCount":2}}]`,
+		Tokens{Input: 1, Output: 2, Format: Gemini}, OK},
+	{"an array of other formats' documents has no usage", "application/json",
+		`[{"model":"m","usage":{"prompt_tokens":1,"completion_tokens":2}},{"type":"message","usage":{"input_tokens":1,"output_tokens":2}},{"model":"o","eval_count":3}]`,
+		Tokens{}, NoUsage},
+	{"an array of values that are no documents", "application/json", `[1,"usageMetadata",true,null,[{"usageMetadata":{"promptTokenCount":1}}],[]]`, Tokens{}, NoUsage},
+	{"an empty array", "application/json", ` [ ] `, Tokens{}, NoUsage},
+	{"an array cut mid-chunk keeps the chunks it completed", "application/json",
+		`[{"usageMetadata":{"promptTokenCount":4,"candidatesTokenCount":1},"modelVersion":"g"},{"usageMetadata":{"promptTokenCount":4,"candidatesTokenCount":`,
+		Tokens{Input: 4, Output: 1, Model: "g", Format: Gemini}, OK},
+	{"an array cut before any usage", "application/json", `[{"usageMetadata":{"promptTokenCount":4`, Tokens{}, Malformed},
+	{"a gemini chunk with another format's usage too counts as gemini in an array", "application/json",
+		`[{"usage":{"prompt_tokens":9,"completion_tokens":9},"usageMetadata":{"promptTokenCount":1,"candidatesTokenCount":2}}]`,
+		Tokens{Input: 1, Output: 2, Format: Gemini}, OK},
+	{"a value after the array: the chunks read as they came count", "application/json", `[{"usageMetadata":{"promptTokenCount":1,"candidatesTokenCount":2}}][]`,
+		Tokens{Input: 1, Output: 2, Format: Gemini}, OK},
 	{"a model with an escape is kept as written", "application/json", `{"model":"a\"b","usage":{"prompt_tokens":1,"completion_tokens":1}}`,
 		Tokens{Input: 1, Output: 1, Model: `a\"b`, Format: OpenAIChat}, OK},
 	{"the later usage document wins", "text/event-stream", sse(`{"usage":{"prompt_tokens":1,"completion_tokens":1}}`, `{"usageMetadata":{"promptTokenCount":5,"candidatesTokenCount":6}}`),
@@ -132,6 +147,61 @@ func TestTokenFormats(t *testing.T) {
 			if got != c.want || reason != c.reason {
 				t.Errorf("%s, in chunks of %d: %+v, %v; want %+v, %v", c.name, n, got, reason, c.want, c.reason)
 			}
+		}
+	}
+}
+
+// geminiChunks are a stream's chunks as Google sends them, cumulative
+// usage in each.
+var geminiChunks = []string{
+	`{"candidates": [{"content": {"parts": [{"text": "The"}],"role": "model"},"index": 0}],"usageMetadata": {"promptTokenCount": 8,"totalTokenCount": 8,"promptTokensDetails": [{"modality": "TEXT","tokenCount": 8}]},"modelVersion": "gemini-2.5-flash","responseId": "mWuRaOzqBMGQ0ogP2tXr-Ak"}`,
+	`{"candidates": [{"content": {"parts": [{"text": " sky \"is\" blue"}],"role": "model"},"index": 0}],"usageMetadata": {"promptTokenCount": 8,"candidatesTokenCount": 5,"totalTokenCount": 30,"thoughtsTokenCount": 17},"modelVersion": "gemini-2.5-flash","responseId": "mWuRaOzqBMGQ0ogP2tXr-Ak"}`,
+	`{"candidates": [{"content": {"parts": [{"text": "."}],"role": "model"},"finishReason": "STOP","index": 0}],"usageMetadata": {"promptTokenCount": 8,"candidatesTokenCount": 9,"totalTokenCount": 34,"cachedContentTokenCount": 3,"thoughtsTokenCount": 17},"modelVersion": "gemini-2.5-flash","responseId": "mWuRaOzqBMGQ0ogP2tXr-Ak"}`,
+}
+
+// TestGeminiArrayReadsAsItsEvents: streamGenerateContent without alt=sse
+// answers one JSON array of the chunks alt=sse sends as events; it gives
+// the same usage, split anywhere.
+func TestGeminiArrayReadsAsItsEvents(t *testing.T) {
+	want, reason := scanTokens("text/event-stream", "", sse(geminiChunks...), 0)
+	if reason != OK || want != (Tokens{Input: 8, CachedInput: 3, Output: 26, Model: "gemini-2.5-flash", Format: Gemini}) {
+		t.Fatalf("the event stream: %+v, %v", want, reason)
+	}
+	body := "[" + strings.Join(geminiChunks, "\r\n,\r\n") + "]"
+	for i := range len(body) + 1 {
+		var s Scanner
+		s.StartTokens("application/json; charset=UTF-8", "")
+		s.Write([]byte(body[:i]))
+		s.Write([]byte(body[i:]))
+		if got, r := s.Tokens(); got != want || r != OK {
+			t.Fatalf("split at %d: %+v, %v; want %+v", i, got, r, want)
+		}
+	}
+	if got, r := scanTokens("application/json", "", body, 1); got != want || r != OK {
+		t.Errorf("byte by byte: %+v, %v; want %+v", got, r, want)
+	}
+	// charge json reads no array's elements.
+	if n, r := scan(mustPaths(t, "usageMetadata.totalTokenCount"), "application/json", "", body, 0); r != NoUsage {
+		t.Errorf("charge json: %d, %v; want no usage", n, r)
+	}
+}
+
+// TestGeminiArrayNesting: each of the array's documents may nest
+// MaxDepth deep, as an event's data may, and no deeper.
+func TestGeminiArrayNesting(t *testing.T) {
+	nested := func(depth int) string { // a chunk whose deepest value is depth levels down
+		return `{"usageMetadata":{"promptTokenCount":1,"candidatesTokenCount":2},"x":` + strings.Repeat("[", depth-1) + strings.Repeat("]", depth-1) + "}"
+	}
+	for _, c := range []struct {
+		depth  int
+		reason Reason
+	}{{MaxDepth, OK}, {MaxDepth + 1, Malformed}} {
+		chunk := nested(c.depth)
+		if _, r := scanTokens("text/event-stream", "", sse(chunk), 0); r != c.reason {
+			t.Errorf("as an event, %d deep: %v, want %v", c.depth, r, c.reason)
+		}
+		if _, r := scanTokens("application/json", "", "["+chunk+"]", 0); r != c.reason {
+			t.Errorf("in an array, %d deep: %v, want %v", c.depth, r, c.reason)
 		}
 	}
 }
@@ -197,6 +267,9 @@ func FuzzTokens(f *testing.F) {
 		}
 		if event, r := scanTokens("text/event-stream", "", "data: "+body+"\n\n", n%19); event != got || r != OK {
 			t.Fatalf("as an event: %+v, %v; as JSON %+v", event, r, got)
+		}
+		if list, r := scanTokens("application/json", "", "["+body+"]", n%19); got.Format == Gemini && body[0] == '{' && (list != got || r != OK) {
+			t.Fatalf("as a gemini array's chunk: %+v, %v; as JSON %+v", list, r, got)
 		}
 	})
 }

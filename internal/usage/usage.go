@@ -85,8 +85,6 @@ func ParsePaths(paths []string) (Paths, error) {
 	return p, nil
 }
 
-func (p *Paths) Len() int { return len(p.segs) }
-
 // Reason says why a scanner has no total.
 type Reason uint8
 
@@ -131,7 +129,7 @@ type Scanner struct {
 	lineLen   int  // the current line's length, kept or not
 	over      bool // the current event is larger than MaxEvent
 	sawOver   bool // some event was
-	malformed bool // some event that could carry a path did not parse
+	malformed bool // some document that could carry a path did not parse
 	afterCR   bool // the last byte was \r: a \n next ends nothing
 	started   bool // past the first line (and a byte order mark it began with)
 
@@ -158,7 +156,7 @@ func (s *Scanner) start(p *Paths, tokens bool, contentType, contentEncoding stri
 		s.kind = eventBody
 	case strings.EqualFold(mt, "application/json") || (len(mt) > 5 && strings.EqualFold(mt[len(mt)-5:], "+json")):
 		s.kind = jsonBody
-		s.dec.reset(p)
+		s.dec.reset(p, tokens)
 	case s.tokens && strings.EqualFold(mt, "application/x-ndjson"):
 		s.kind = lineBody
 	default:
@@ -169,7 +167,7 @@ func (s *Scanner) start(p *Paths, tokens bool, contentType, contentEncoding stri
 func (s *Scanner) Write(b []byte) {
 	switch s.kind {
 	case jsonBody:
-		s.dec.feed(b)
+		s.parse(b)
 	case eventBody, lineBody:
 		s.events(b)
 	}
@@ -178,12 +176,12 @@ func (s *Scanner) Write(b []byte) {
 // Total is the sum of the paths' values once the body has ended, or why
 // there is none.
 func (s *Scanner) Total() (int64, Reason) {
-	all := uint16(1)<<s.paths.Len() - 1
+	all := uint16(1)<<len(s.paths.segs) - 1
 	if r := s.end(func() bool { return s.found == all }); r != OK {
 		return 0, r
 	}
 	var sum int64
-	for _, v := range s.vals[:s.paths.Len()] {
+	for _, v := range s.vals[:len(s.paths.segs)] {
 		sum = satAdd(sum, v)
 	}
 	return sum, OK
@@ -196,10 +194,7 @@ func (s *Scanner) end(done func() bool) Reason {
 	case s.reason != OK:
 		return s.reason
 	case s.kind == jsonBody:
-		if !s.dec.finish() {
-			return Malformed
-		}
-		s.take(&s.dec)
+		s.endDocument()
 		s.kind = unknown // taken once
 	case s.kind == lineBody:
 		s.endLine()
@@ -222,7 +217,7 @@ func (s *Scanner) take(d *decoder) {
 		s.takeTokens(d)
 		return
 	}
-	for i := range s.paths.Len() {
+	for i := range len(s.paths.segs) {
 		if v, ok := d.pathValue(i); ok {
 			s.vals[i], s.found = v, s.found|1<<i
 		}
@@ -329,13 +324,33 @@ func (s *Scanner) dispatch(data []byte) {
 	if !may {
 		return
 	}
-	s.dec.reset(s.paths)
-	s.dec.feed(data)
-	if !s.dec.finish() {
-		s.malformed = true
-		return
+	s.dec.reset(s.paths, s.tokens)
+	s.parse(data)
+	s.endDocument()
+}
+
+// parse feeds b to the decoder, taking each of a list's documents as it
+// ends.
+func (s *Scanner) parse(b []byte) {
+	for {
+		n := s.dec.feed(b)
+		if !s.dec.docEnded() {
+			return
+		}
+		s.take(&s.dec)
+		s.dec.next()
+		b = b[n:]
 	}
-	s.take(&s.dec)
+}
+
+// endDocument takes the document the body or event ended with, if it
+// parsed.
+func (s *Scanner) endDocument() {
+	if s.dec.finish() {
+		s.take(&s.dec)
+	} else {
+		s.malformed = true
+	}
 }
 
 // satAdd is a + b, at most math.MaxInt64 (both are >= 0).

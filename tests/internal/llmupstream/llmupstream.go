@@ -21,9 +21,11 @@
 //     counts in every message_delta (a compatible backend's way: the
 //     count is set, never added). X-Cut: after-start ends the stream after
 //     message_start and its content, as an upstream that breaks off does.
-//   - /v1beta/models/{model}:generateContent and
-//     :streamGenerateContent?alt=sse: Gemini. Every streamed chunk carries
-//     usageMetadata, cumulative: the last one is the total.
+//   - /v1beta/models/{model}:generateContent and :streamGenerateContent:
+//     Gemini. The stream is server-sent events with alt=sse, else (the
+//     REST default) one JSON array of the same chunks, each written as it
+//     comes. Every streamed chunk carries usageMetadata, cumulative: the
+//     last one is the total.
 //   - /api/chat, /api/generate: Ollama's native API, streaming by default
 //     as NDJSON (application/x-ndjson), "stream": false for one JSON
 //     object; the counts are on the done object.
@@ -200,11 +202,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case "generateContent":
 			o.json(geminiChunk(u, "Hello! How can I help you today?", u.Output-u.Reasoning, true))
 		case "streamGenerateContent":
-			if r.URL.Query().Get("alt") != "sse" {
-				http.Error(w, `{"error":"this model upstream streams Gemini only with alt=sse"}`, http.StatusBadRequest)
-				return
-			}
-			o.geminiStream(u)
+			o.geminiStream(u, r.URL.Query().Get("alt") == "sse")
 		default:
 			http.NotFound(w, r)
 		}
@@ -390,12 +388,30 @@ func geminiChunk(u Usage, text string, candidates int64, last bool) string {
 		q(text), finish, u.Input, candidates, u.Input+candidates+u.Reasoning, cached, thoughts, u.Input, q(u.Model))
 }
 
-func (o out) geminiStream(u Usage) {
-	o.start("text/event-stream")
+// geminiStream writes the chunks as events (sse) or as one JSON array's
+// elements, as Google does without alt=sse: "[" before the first, "\r\n,"
+// before each other, "]" after the last.
+func (o out) geminiStream(u Usage, sse bool) {
+	if sse {
+		o.start("text/event-stream")
+	} else {
+		o.start("application/json; charset=UTF-8")
+	}
 	visible := u.Output - u.Reasoning
 	n := max(o.chunks, 1)
 	for i := 1; i <= n; i++ {
-		o.send("data: %s\r\n\r\n", geminiChunk(u, fmt.Sprintf("t%d ", i), visible*int64(i)/int64(n), i == n))
+		chunk := geminiChunk(u, fmt.Sprintf("t%d ", i), visible*int64(i)/int64(n), i == n)
+		switch {
+		case sse:
+			o.send("data: %s\r\n\r\n", chunk)
+		case i == 1:
+			o.send("[%s", chunk)
+		default:
+			o.send("\r\n,%s", chunk)
+		}
+	}
+	if !sse {
+		o.send("]")
 	}
 }
 
