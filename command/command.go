@@ -386,7 +386,7 @@ func cliKey(c *cli, zone, key string) error {
 		// Unknown zone, or a key not tracked: no state, so its next
 		// request has the full limit.
 		z, err := c.findZone(zone)
-		k = adminapi.KeyInfo{Zone: zone, KeyName: adminapi.NewKeyName(key), Remaining: z.Burst}
+		k = adminapi.KeyInfo{Zone: zone, KeyName: adminapi.NewKeyName(key), State: adminapi.State{Remaining: z.Burst}}
 		if z.Concurrency > 0 {
 			k.Concurrency, k.Remaining = z.Concurrency, z.Concurrency
 		}
