@@ -68,13 +68,9 @@ reset --base64 and that value to name it.
 			cmd.PersistentFlags().StringP("adapter", "a", "", "Name of config adapter to apply (when --config is used)")
 			cmd.PersistentFlags().Bool("json", false, "Print JSON instead of text")
 
-			zones := subcommand("zones", "Lists the zones of the running config", "", 0, func(c *cli, _ []string) error { return cliZones(c) })
+			zones := subcommand("zones", "Lists the zones of the running config", "", 0, cliZones)
 			zones.Args = cobra.NoArgs
-			top := subcommand("top <zone>", "Shows the keys this instance denied most in the last 5 to 10 minutes", "caddy rate-limit top api_key -n 5", 1,
-				func(c *cli, args []string) error {
-					n, _ := c.cmd.Flags().GetInt("n")
-					return cliTop(c, args[0], n)
-				})
+			top := subcommand("top <zone>", "Shows the keys this instance denied most in the last 5 to 10 minutes", "caddy rate-limit top api_key -n 5", 1, cliTop)
 			top.Flags().IntP("n", "n", adminapi.DefaultTopN, "How many keys to show")
 			cmd.AddCommand(zones, keyCommand("key", "Shows a key's remaining quota and when it may send again", cliKey), top,
 				subcommand("bans <zone>", "Lists a zone's current bans, longest left first (fleet-wide when distributed)", "caddy rate-limit bans failed_logins", 1,
@@ -91,8 +87,8 @@ func subcommand(use, short, example string, nargs int, run func(c *cli, args []s
 		RunE: func(cmd *cobra.Command, args []string) error { return run(newCLI(cmd), args) }}
 }
 
-// keyCommand is the subcommand name (key, reset), which takes a zone and a
-// key, the key in base64 with --base64.
+// keyCommand is subcommand name (key, reset) of a zone and a key (with
+// --base64, the key's bytes in base64).
 func keyCommand(name, short string, run func(c *cli, zone, key string) error) *cobra.Command {
 	example := "caddy rate-limit " + name + " api_key alice\ncaddy rate-limit " + name + " api_key --base64 //4="
 	cmd := subcommand(name+" <zone> <key>", short, example, 2, func(c *cli, args []string) error {
@@ -188,8 +184,7 @@ func (e errNotFound) Error() string { return e.msg }
 // error for a response >= 400.
 var apiErrorLine = regexp.MustCompile(`(?s)caddy responded with error: HTTP (\d+): (.*)$`)
 
-// send sends method path to the admin API, with a JSON body (nil: none),
-// and returns the response body.
+// send sends method path to the admin API with a JSON body (nil: none).
 func (c *cli) send(method, path string, body []byte) ([]byte, error) {
 	config, _ := c.cmd.Flags().GetString("config")
 	adapter, _ := c.cmd.Flags().GetString("adapter")
@@ -297,7 +292,7 @@ func zonePath(zone string) string { return "/rate_limit/zones/" + url.PathEscape
 // the empty one, "." and bytes that are not UTF-8 included.
 func keyPath(zone, key string) string { return zonePath(zone) + "/keys?key=" + url.QueryEscape(key) }
 
-func cliZones(c *cli) error {
+func cliZones(c *cli, _ []string) error {
 	var zs []adminapi.ZoneInfo
 	if printed, err := c.get("/rate_limit/zones", &zs); printed || err != nil {
 		return err
@@ -441,8 +436,7 @@ func (c *cli) printf(format string, args ...any) error {
 	return c.err
 }
 
-// findZone returns the zone named name, or an error listing the zones there
-// are.
+// findZone returns zone name, or an error listing the zones there are.
 func (c *cli) findZone(name string) (adminapi.ZoneInfo, error) {
 	var zs []adminapi.ZoneInfo
 	if err := c.fetch("/rate_limit/zones", &zs); err != nil {
@@ -473,7 +467,9 @@ func (c *cli) printJSONValue(v any) error {
 	return c.printJSON(b.Bytes())
 }
 
-func cliTop(c *cli, zone string, n int) error {
+func cliTop(c *cli, args []string) error {
+	zone := args[0]
+	n, _ := c.cmd.Flags().GetInt("n")
 	if n < 1 {
 		return fmt.Errorf("-n %d: want a positive number of keys", n)
 	}
@@ -685,8 +681,7 @@ func resetOn(c *cli, zone, key string) error {
 // errNotTracked is the 404 of a key the zone has no state for.
 type errNotTracked struct{ errNotFound }
 
-// amount is n as the CLI writes it: in dollars ("$0.009870") in a usd
-// zone.
+// amount is n as the CLI writes it: in dollars ("$0.009870") in a usd zone.
 func amount(f adminapi.USDFields, n int64) string {
 	if f.Unit == "" {
 		return strconv.FormatInt(n, 10)
