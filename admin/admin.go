@@ -157,8 +157,7 @@ func listZones() []adminapi.ZoneInfo {
 			LocalKeys:  z.Keys(),
 		}
 		if !z.IsConcurrency() && !z.IsQuota() {
-			zi.Events, zi.Burst = z.Events, z.Limit().Burst
-			zi.Window, zi.WindowSeconds = adminapi.ShortDuration(z.Window.String()), z.Window.Seconds()
+			zi.Rate = rate(z.Plan())
 		}
 		zi.Concurrency = z.Concurrency
 		if z.IsAdaptive() {
@@ -174,8 +173,7 @@ func listZones() []adminapi.ZoneInfo {
 		}
 		if z.IsQuota() {
 			start, end := z.PeriodNow(monotime.Now())
-			zi.Quota = &adminapi.QuotaInfo{Limit: z.Quota, Per: z.Period.String(), TimeZone: z.Location.String(),
-				PeriodStart: start.Format(time.RFC3339), PeriodEnd: end.Format(time.RFC3339)}
+			zi.Quota = &adminapi.QuotaInfo{Limit: z.Quota, Period: period(z, start, end)}
 		}
 		if v := live.View(z); v.Regional != nil {
 			zi.Scope, zi.Region = "region", ""
@@ -216,8 +214,7 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone,
 		// can be personal data). A quota zone answers for any key.
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s: key not tracked (%s)", z.Name, noState(z))}
 	}
-	info := adminapi.KeyInfo{Zone: z.Name, KeyName: adminapi.NewKeyName(key), Source: "local",
-		Remaining: s.Remaining, RetryAfter: s.RetryAfter.Seconds(), ResetAfter: s.ResetAfter.Seconds(),
+	info := adminapi.KeyInfo{Zone: z.Name, KeyName: adminapi.NewKeyName(key), State: state(s.Decision), Source: "local",
 		BannedFor: banLeft(s.Decision), BanLevel: s.BanLevel}
 	if t.Key != key {
 		info.StoredAs = t.Key
@@ -235,11 +232,9 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone,
 	case z.IsConcurrency():
 		info.InUse, info.Concurrency = &s.InFlight, s.Limit
 	case z.IsQuota():
-		info.Used, info.Quota, info.Per, info.TimeZone = &s.Used, s.Limit, z.Period.String(), z.Location.String()
-		info.PeriodStart, info.PeriodEnd = s.PeriodStart.Format(time.RFC3339), s.PeriodEnd.Format(time.RFC3339)
+		info.Used, info.Quota, info.Period = &s.Used, s.Limit, period(z, s.PeriodStart, s.PeriodEnd)
 	default:
-		info.Events, info.Burst = t.Plan.Events, t.Plan.Burst
-		info.Window, info.WindowSeconds = adminapi.ShortDuration(t.Plan.Window.String()), t.Plan.Window.Seconds()
+		info.Rate = rate(t.Plan)
 		info.Share, info.Region = keyShare(z, v.Shared, t.Key)
 	}
 	if v.USD != nil {
@@ -251,11 +246,12 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone,
 		info.Source = "instance"
 		switch f, err := z.PeekStore(r.Context(), t.Key, monotime.Now()); {
 		case errors.Is(err, zones.ErrUnknownKey):
-			info.Fleet = &adminapi.FleetView{Remaining: t.Plan.Burst}
+			info.Fleet = &adminapi.State{Remaining: t.Plan.Burst}
 		case err != nil:
 			info.FleetError = "reading the key from Redis: " + err.Error()
 		default:
-			info.Fleet = &adminapi.FleetView{Remaining: f.Remaining, RetryAfter: f.RetryAfter.Seconds(), ResetAfter: f.ResetAfter.Seconds()}
+			fleet := state(f)
+			info.Fleet = &fleet
 		}
 	}
 	return adminapi.WriteJSON(w, http.StatusOK, info)
@@ -270,6 +266,18 @@ func keyShare(z *zones.Zone, sh *distributed.Shared, key string) (*float64, stri
 	r := sh.Region()
 	f := float64(r.Share(z.Name, key)) / distributed.ShareScale
 	return &f, r.Name()
+}
+
+func period(z *zones.Zone, start, end time.Time) adminapi.Period {
+	return adminapi.Period{Per: z.Period.String(), TimeZone: z.Location.String(), PeriodStart: start.Format(time.RFC3339), PeriodEnd: end.Format(time.RFC3339)}
+}
+
+func rate(p zones.Plan) adminapi.Rate {
+	return adminapi.Rate{Events: p.Events, Window: adminapi.ShortDuration(p.Window.String()), WindowSeconds: p.Window.Seconds(), Burst: p.Burst}
+}
+
+func state(d zones.Decision) adminapi.State {
+	return adminapi.State{Remaining: d.Remaining, RetryAfter: d.RetryAfter.Seconds(), ResetAfter: d.ResetAfter.Seconds()}
 }
 
 func banLeft(d zones.Decision) float64 {
@@ -346,8 +354,7 @@ func (a *AdminAPI) top(w http.ResponseWriter, r *http.Request, z *zones.Zone) er
 		if _, s, err := readKey(r.Context(), z, e.Key, monotime.Now()); err != nil {
 			o.StateError = err.Error()
 		} else {
-			o.Limited, o.Remaining, o.BannedFor = !s.Allowed, s.Remaining, banLeft(s.Decision)
-			o.RetryAfter, o.ResetAfter = s.RetryAfter.Seconds(), s.ResetAfter.Seconds()
+			o.Limited, o.State, o.BannedFor = !s.Allowed, state(s.Decision), banLeft(s.Decision)
 		}
 		out.Keys = append(out.Keys, o)
 	}

@@ -68,13 +68,9 @@ reset --base64 and that value to name it.
 			cmd.PersistentFlags().StringP("adapter", "a", "", "Name of config adapter to apply (when --config is used)")
 			cmd.PersistentFlags().Bool("json", false, "Print JSON instead of text")
 
-			zones := subcommand("zones", "Lists the zones of the running config", "", 0, func(c *cli, _ []string) error { return cliZones(c) })
+			zones := subcommand("zones", "Lists the zones of the running config", "", 0, cliZones)
 			zones.Args = cobra.NoArgs
-			top := subcommand("top <zone>", "Shows the keys this instance denied most in the last 5 to 10 minutes", "caddy rate-limit top api_key -n 5", 1,
-				func(c *cli, args []string) error {
-					n, _ := c.cmd.Flags().GetInt("n")
-					return cliTop(c, args[0], n)
-				})
+			top := subcommand("top <zone>", "Shows the keys this instance denied most in the last 5 to 10 minutes", "caddy rate-limit top api_key -n 5", 1, cliTop)
 			top.Flags().IntP("n", "n", adminapi.DefaultTopN, "How many keys to show")
 			cmd.AddCommand(zones, keyCommand("key", "Shows a key's remaining quota and when it may send again", cliKey), top,
 				subcommand("bans <zone>", "Lists a zone's current bans, longest left first (fleet-wide when distributed)", "caddy rate-limit bans failed_logins", 1,
@@ -91,14 +87,18 @@ func subcommand(use, short, example string, nargs int, run func(c *cli, args []s
 		RunE: func(cmd *cobra.Command, args []string) error { return run(newCLI(cmd), args) }}
 }
 
-// keyCommand is the subcommand name (key, reset), which takes a zone and a
-// key, the key in base64 with --base64.
+// keyCommand is subcommand name (key, reset) of a zone and a key (with
+// --base64, the key's bytes in base64).
 func keyCommand(name, short string, run func(c *cli, zone, key string) error) *cobra.Command {
 	example := "caddy rate-limit " + name + " api_key alice\ncaddy rate-limit " + name + " api_key --base64 //4="
 	cmd := subcommand(name+" <zone> <key>", short, example, 2, func(c *cli, args []string) error {
-		key, err := c.keyArg(args[1])
-		if err != nil {
-			return err
+		key := args[1]
+		if b64, _ := c.cmd.Flags().GetBool("base64"); b64 {
+			b, err := base64.StdEncoding.DecodeString(key)
+			if err != nil {
+				return fmt.Errorf("--base64 %s: not standard base64 (as top shows it, e.g. //4=): %v", printable(key), err)
+			}
+			key = string(b)
 		}
 		return run(c, args[0], key)
 	})
@@ -111,8 +111,6 @@ type cli struct {
 	cmd       *cobra.Command
 	addresses []string // as given; none = from --config or the default
 	address   string   // the one the single-instance subcommands use
-	config    string
-	adapter   string
 	json      bool
 	out       io.Writer
 	err       error // the first failed write: printf writes nothing after it
@@ -131,23 +129,8 @@ func newCLI(cmd *cobra.Command) *cli {
 	if len(c.addresses) > 0 {
 		c.address = c.addresses[0]
 	}
-	c.config, _ = cmd.Flags().GetString("config")
-	c.adapter, _ = cmd.Flags().GetString("adapter")
 	c.json, _ = cmd.Flags().GetBool("json")
 	return c
-}
-
-// keyArg is the key the command line names: the argument itself, or with
-// --base64 the bytes it encodes.
-func (c *cli) keyArg(arg string) (string, error) {
-	if b64, _ := c.cmd.Flags().GetBool("base64"); !b64 {
-		return arg, nil
-	}
-	b, err := base64.StdEncoding.DecodeString(arg)
-	if err != nil {
-		return "", fmt.Errorf("--base64 %s: not standard base64 (as top shows it, e.g. //4=): %v", printable(arg), err)
-	}
-	return string(b), nil
 }
 
 // quoteKey is a key as the CLI prints it: in Go's double quotes, every
@@ -201,10 +184,11 @@ func (e errNotFound) Error() string { return e.msg }
 // error for a response >= 400.
 var apiErrorLine = regexp.MustCompile(`(?s)caddy responded with error: HTTP (\d+): (.*)$`)
 
-// send sends method path to the admin API, with a JSON body (nil: none),
-// and returns the response body.
+// send sends method path to the admin API with a JSON body (nil: none).
 func (c *cli) send(method, path string, body []byte) ([]byte, error) {
-	addr, err := caddycmd.DetermineAdminAPIAddress(c.address, nil, c.config, c.adapter)
+	config, _ := c.cmd.Flags().GetString("config")
+	adapter, _ := c.cmd.Flags().GetString("adapter")
+	addr, err := caddycmd.DetermineAdminAPIAddress(c.address, nil, config, adapter)
 	if err != nil {
 		return nil, fmt.Errorf("finding the admin address: %v", err)
 	}
@@ -308,7 +292,7 @@ func zonePath(zone string) string { return "/rate_limit/zones/" + url.PathEscape
 // the empty one, "." and bytes that are not UTF-8 included.
 func keyPath(zone, key string) string { return zonePath(zone) + "/keys?key=" + url.QueryEscape(key) }
 
-func cliZones(c *cli) error {
+func cliZones(c *cli, _ []string) error {
 	var zs []adminapi.ZoneInfo
 	if printed, err := c.get("/rate_limit/zones", &zs); printed || err != nil {
 		return err
@@ -386,7 +370,7 @@ func cliKey(c *cli, zone, key string) error {
 		// Unknown zone, or a key not tracked: no state, so its next
 		// request has the full limit.
 		z, err := c.findZone(zone)
-		k = adminapi.KeyInfo{Zone: zone, KeyName: adminapi.NewKeyName(key), Remaining: z.Burst}
+		k = adminapi.KeyInfo{Zone: zone, KeyName: adminapi.NewKeyName(key), State: adminapi.State{Remaining: z.Burst}}
 		if z.Concurrency > 0 {
 			k.Concurrency, k.Remaining = z.Concurrency, z.Concurrency
 		}
@@ -452,8 +436,7 @@ func (c *cli) printf(format string, args ...any) error {
 	return c.err
 }
 
-// findZone returns the zone named name, or an error listing the zones there
-// are.
+// findZone returns zone name, or an error listing the zones there are.
 func (c *cli) findZone(name string) (adminapi.ZoneInfo, error) {
 	var zs []adminapi.ZoneInfo
 	if err := c.fetch("/rate_limit/zones", &zs); err != nil {
@@ -484,7 +467,9 @@ func (c *cli) printJSONValue(v any) error {
 	return c.printJSON(b.Bytes())
 }
 
-func cliTop(c *cli, zone string, n int) error {
+func cliTop(c *cli, args []string) error {
+	zone := args[0]
+	n, _ := c.cmd.Flags().GetInt("n")
 	if n < 1 {
 		return fmt.Errorf("-n %d: want a positive number of keys", n)
 	}
@@ -618,53 +603,62 @@ type resetOutcome struct {
 // key: one that does not track it gives the key its full limit already,
 // which in local mode is most of them.
 func cliReset(c *cli, zone, key string) error {
-	if len(c.addresses) <= 1 {
+	var outcomes []resetOutcome
+	var failed []string
+	reset, many := 0, len(c.addresses) > 1
+	if !many {
 		if err := resetOn(c, zone, key); err != nil {
 			return err
 		}
-		if c.json {
-			return c.printJSONValue(resetJSON(zone, key, 1, nil))
+		reset = 1
+	} else {
+		for _, addr := range c.addresses {
+			o := resetOutcome{Address: addr, Outcome: "reset"}
+			switch err := resetOn(c.at(addr), zone, key); {
+			case errors.As(err, new(errNotTracked)):
+				o.Outcome = "not tracked"
+			case err != nil:
+				o.Outcome, o.Error = "failed", err.Error()
+				failed = append(failed, addr)
+			default:
+				reset++
+			}
+			outcomes = append(outcomes, o)
 		}
-		return c.printf("zone %s, key %s: reset to its full limit\n", printable(zone), quoteKey(key))
 	}
-	var outcomes []resetOutcome
-	var reset, failed []string
-	for _, addr := range c.addresses {
-		o := resetOutcome{Address: addr, Outcome: "reset"}
-		switch err := resetOn(c.at(addr), zone, key); {
-		case errors.As(err, new(errNotTracked)):
-			o.Outcome = "not tracked"
-		case err != nil:
-			o.Outcome, o.Error = "failed", err.Error()
-			failed = append(failed, addr)
-		default:
-			reset = append(reset, addr)
-		}
-		outcomes = append(outcomes, o)
-	}
-	if c.json {
-		if err := c.printJSONValue(resetJSON(zone, key, len(reset), outcomes)); err != nil {
+	switch {
+	case c.json:
+		err := c.printJSONValue(struct {
+			Zone string `json:"zone"`
+			adminapi.KeyName
+			Reset     bool           `json:"reset"`
+			Instances int            `json:"instances"`
+			Addresses []resetOutcome `json:"addresses,omitempty"`
+		}{zone, adminapi.NewKeyName(key), reset > 0, reset, outcomes})
+		if err != nil {
 			return err
 		}
-	} else {
-		on := fmt.Sprintf("%d instances", len(reset))
-		if len(reset) < len(c.addresses) {
-			on = fmt.Sprintf("%d of %d instances", len(reset), len(c.addresses))
+	case !many:
+		return c.printf("zone %s, key %s: reset to its full limit\n", printable(zone), quoteKey(key))
+	default:
+		on := fmt.Sprintf("%d instances", reset)
+		if reset < len(c.addresses) {
+			on = fmt.Sprintf("%d of %d instances", reset, len(c.addresses))
 		}
 		fmt.Fprintf(c.out, "zone %s, key %s: reset to its full limit on %s\n", printable(zone), quoteKey(key), on)
 		for _, o := range outcomes {
 			if o.Error != "" {
 				o.Outcome = "FAILED: " + printable(o.Error)
 			}
-			if err := c.printf("  %s: %s\n", printable(o.Address), o.Outcome); err != nil {
-				return err
-			}
+			c.printf("  %s: %s\n", printable(o.Address), o.Outcome)
 		}
 	}
 	switch {
+	case c.err != nil:
+		return c.err
 	case len(failed) > 0:
 		return fmt.Errorf("the reset failed on %d of %d instances (%s): run it again for them", len(failed), len(c.addresses), printable(strings.Join(failed, ", ")))
-	case len(reset) == 0:
+	case reset == 0:
 		return fmt.Errorf("zone %s: key not tracked on any of the %d instances, nothing to reset", printable(zone), len(c.addresses))
 	}
 	return nil
@@ -687,19 +681,7 @@ func resetOn(c *cli, zone, key string) error {
 // errNotTracked is the 404 of a key the zone has no state for.
 type errNotTracked struct{ errNotFound }
 
-// resetJSON is what reset --json prints.
-func resetJSON(zone, key string, instances int, outcomes []resetOutcome) any {
-	return struct {
-		Zone string `json:"zone"`
-		adminapi.KeyName
-		Reset     bool           `json:"reset"`
-		Instances int            `json:"instances"`
-		Addresses []resetOutcome `json:"addresses,omitempty"`
-	}{zone, adminapi.NewKeyName(key), instances > 0, instances, outcomes}
-}
-
-// amount is n as the CLI writes it: in dollars ("$0.009870") in a usd
-// zone.
+// amount is n as the CLI writes it: in dollars ("$0.009870") in a usd zone.
 func amount(f adminapi.USDFields, n int64) string {
 	if f.Unit == "" {
 		return strconv.FormatInt(n, 10)

@@ -17,16 +17,13 @@ import (
 // nothing for a zone's kind are left out: events, window and burst for
 // concurrency and quota zones, fail_policy for connection zones.
 type ZoneInfo struct {
-	Name          string     `json:"name"`
-	Events        int64      `json:"events,omitempty"`
-	Window        string     `json:"window,omitempty"`
-	WindowSeconds float64    `json:"window_seconds,omitempty"`
-	Burst         int64      `json:"burst,omitempty"`
-	Mode          string     `json:"mode"`
-	FailPolicy    string     `json:"fail_policy,omitempty"`
-	DryRun        bool       `json:"dry_run"`
-	LocalKeys     int        `json:"local_keys"`
-	Store         *StoreInfo `json:"store,omitempty"`
+	Name string `json:"name"`
+	Rate
+	Mode       string     `json:"mode"`
+	FailPolicy string     `json:"fail_policy,omitempty"`
+	DryRun     bool       `json:"dry_run"`
+	LocalKeys  int        `json:"local_keys"`
+	Store      *StoreInfo `json:"store,omitempty"`
 
 	Concurrency int64      `json:"concurrency,omitempty"` // concurrency zones only
 	Quota       *QuotaInfo `json:"quota,omitempty"`       // quota zones only
@@ -38,14 +35,33 @@ type ZoneInfo struct {
 	Region      string     `json:"region,omitempty"` // this instance's
 }
 
-// QuotaInfo is a quota zone's limit and the period it is in on this
-// instance's clock, times in RFC 3339 with the zone's offset.
+// QuotaInfo is a quota zone's limit and its period on this instance's clock.
 type QuotaInfo struct {
-	Limit       int64  `json:"limit"`
-	Per         string `json:"per"`
-	TimeZone    string `json:"time_zone"`
-	PeriodStart string `json:"period_start"`
-	PeriodEnd   string `json:"period_end"`
+	Limit int64 `json:"limit"`
+	Period
+}
+
+// Rate is a zone's rate limit, or a key's plan.
+type Rate struct {
+	Events        int64   `json:"events,omitempty"`
+	Window        string  `json:"window,omitempty"`
+	WindowSeconds float64 `json:"window_seconds,omitempty"`
+	Burst         int64   `json:"burst,omitempty"`
+}
+
+// Period is a quota's period, in RFC 3339 with the zone's offset.
+type Period struct {
+	Per         string `json:"per,omitempty"`
+	TimeZone    string `json:"time_zone,omitempty"`
+	PeriodStart string `json:"period_start,omitempty"`
+	PeriodEnd   string `json:"period_end,omitempty"`
+}
+
+// State is what a key's next request gets, durations in seconds.
+type State struct {
+	Remaining  int64   `json:"remaining"` // concurrency zones: free slots
+	RetryAfter float64 `json:"retry_after"`
+	ResetAfter float64 `json:"reset_after"`
 }
 
 // StoreInfo is a distributed zone's Redis as GET /rate_limit/zones shows
@@ -72,40 +88,30 @@ type NodeOutage struct {
 
 // KeyInfo is a key as GET /rate_limit/zones/<zone>/keys/<key> shows it:
 // its state now (as rate_limit_status reports it) and the limit it is
-// under, by its zone's kind. Durations are in seconds.
+// under, by its zone's kind.
 type KeyInfo struct {
 	Zone string `json:"zone"`
 	KeyName
 	// The key as the zone stores it (masked, hashed), when it is not the
 	// key given.
-	StoredAs   string  `json:"stored_as,omitempty"`
-	Remaining  int64   `json:"remaining"`
-	RetryAfter float64 `json:"retry_after"`
-	ResetAfter float64 `json:"reset_after"`
-	// Rate zones: the limit the key is under (its plan).
-	Events        int64   `json:"events,omitempty"`
-	Window        string  `json:"window,omitempty"`
-	WindowSeconds float64 `json:"window_seconds,omitempty"`
-	Burst         int64   `json:"burst,omitempty"`
-	// Quota zones: the units used this period, of quota, and the period
-	// in RFC 3339 with the zone's offset.
-	Used        *int64 `json:"used,omitempty"`
-	Quota       int64  `json:"quota,omitempty"`
-	Per         string `json:"per,omitempty"`
-	TimeZone    string `json:"time_zone,omitempty"`
-	PeriodStart string `json:"period_start,omitempty"`
-	PeriodEnd   string `json:"period_end,omitempty"`
+	StoredAs string `json:"stored_as,omitempty"`
+	State
+	Rate // rate zones: the limit the key is under (its plan)
+	// Quota zones: the units used this period, of quota, and the period.
+	Used  *int64 `json:"used,omitempty"`
+	Quota int64  `json:"quota,omitempty"`
+	Period
 	// Concurrency zones: the key's requests in flight (fleet-wide when
 	// distributed), of its limit of them.
 	InUse       *int64 `json:"in_use,omitempty"`
 	Concurrency int64  `json:"concurrency,omitempty"`
 	// "local", "redis" or, in async mode, "instance": this instance's
 	// lease of the key, with Redis's view in Fleet (or FleetError).
-	Source     string     `json:"source"`
-	Fleet      *FleetView `json:"fleet,omitempty"`
-	FleetError string     `json:"fleet_error,omitempty"`
-	BannedFor  float64    `json:"banned_for,omitempty"` // zones with ban
-	BanLevel   int        `json:"ban_level,omitempty"`
+	Source     string  `json:"source"`
+	Fleet      *State  `json:"fleet,omitempty"`
+	FleetError string  `json:"fleet_error,omitempty"`
+	BannedFor  float64 `json:"banned_for,omitempty"` // zones with ban
+	BanLevel   int     `json:"ban_level,omitempty"`
 	// Scope global zones: this region's share of the key's limit (0 to
 	// 1), which remaining, events and burst are scaled to.
 	Share  *float64 `json:"share,omitempty"`
@@ -115,13 +121,6 @@ type KeyInfo struct {
 	Override *Override `json:"override,omitempty"`
 	// usd zones: remaining, quota or burst, and used in dollars.
 	USDFields
-}
-
-// FleetView is a key of an async zone as Redis holds it.
-type FleetView struct {
-	Remaining  int64   `json:"remaining"`
-	RetryAfter float64 `json:"retry_after"`
-	ResetAfter float64 `json:"reset_after"`
 }
 
 // KeyName is how the admin API names a key in its answers: "key" is the key
@@ -208,12 +207,10 @@ type TopInfo struct {
 // OffenderInfo is one key of the top list, with its state now.
 type OffenderInfo struct {
 	KeyName
-	Denials    uint64  `json:"denials"`
-	Error      uint64  `json:"error"`
-	Limited    bool    `json:"limited"`   // denied if it sent a request now (concurrency zones: no slot free)
-	Remaining  int64   `json:"remaining"` // quota left (concurrency zones: free slots)
-	RetryAfter float64 `json:"retry_after"`
-	ResetAfter float64 `json:"reset_after"`
+	Denials uint64 `json:"denials"`
+	Error   uint64 `json:"error"`
+	Limited bool   `json:"limited"` // denied if it sent a request now (concurrency zones: no slot free)
+	State
 	BannedFor  float64 `json:"banned_for,omitempty"`  // zones with ban: the seconds its ban has left
 	StateError string  `json:"state_error,omitempty"` // the store could not be read
 }
