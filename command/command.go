@@ -185,7 +185,12 @@ func (e errNotFound) Error() string { return e.msg }
 var apiErrorLine = regexp.MustCompile(`(?s)caddy responded with error: HTTP (\d+): (.*)$`)
 
 // send sends method path to the admin API with a JSON body (nil: none).
+// A change goes to one instance: it refuses several --address (reset
+// sends to each instance through at).
 func (c *cli) send(method, path string, body []byte) ([]byte, error) {
+	if method != http.MethodGet && len(c.addresses) > 1 {
+		return nil, fmt.Errorf("%s changes one instance: give --address once (reset takes several)", c.cmd.CommandPath())
+	}
 	config, _ := c.cmd.Flags().GetString("config")
 	adapter, _ := c.cmd.Flags().GetString("adapter")
 	addr, err := caddycmd.DetermineAdminAPIAddress(c.address, nil, config, adapter)

@@ -271,6 +271,16 @@ func TestCLITopAndResetAcrossInstances(t *testing.T) {
 	if r := runCLI(t, a, append([]string{"zones"}, addrs...)...); r.code != 1 || !strings.Contains(r.stderr, "give --address once") {
 		t.Errorf("zones with two addresses: exit %d, stderr %q", r.code, r.stderr)
 	}
+	// A change reaches one instance: several addresses are refused, not
+	// quietly narrowed to the first.
+	for _, args := range [][]string{{"override", "set", "api", "vip", "--key", "vip", "--exempt"}, {"override", "rm", "api", "vip"}} {
+		if r := runCLI(t, a, append(args, addrs...)...); r.code != 1 || !strings.Contains(r.stderr, "give --address once") {
+			t.Errorf("%s with two addresses: exit %d, stderr %q", strings.Join(args[:2], " "), r.code, r.stderr)
+		}
+	}
+	if status, body := a.adminDo(http.MethodGet, "/rate_limit/zones/api/overrides/vip"); status != http.StatusNotFound {
+		t.Errorf("override set with two addresses set it anyway: %d %s", status, body)
+	}
 }
 
 // hostileKeys are keys any client can choose (here in a query string,
