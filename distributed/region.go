@@ -6,6 +6,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -152,7 +153,6 @@ type Region struct {
 	mu    sync.RWMutex
 	zones map[string]*regionZone
 	set   atomic.Pointer[zoneSet] // zones' copy for decisions, which take no shared lock
-	names []string                // zones in a fixed order, for the scripts' KEYS
 
 	floored   atomic.Bool  // the region had no contact for a lease
 	polled    atomic.Int64 // monotime of the last successful poll
@@ -286,7 +286,6 @@ func (r *Region) AddZone(zone string, limit algorithms.Limit) {
 	if !ok {
 		z = &regionZone{name: zone, shares: map[string]int64{}}
 		r.zones[zone] = z
-		r.names = append(r.names, zone)
 		r.rebuild()
 	}
 	z.users++
@@ -305,7 +304,6 @@ func (r *Region) ReleaseZone(zone string) {
 	}
 	if z.users--; z.users == 0 {
 		delete(r.zones, zone)
-		r.names = slices.DeleteFunc(r.names, func(n string) bool { return n == zone })
 		r.rebuild()
 	}
 }
@@ -426,9 +424,9 @@ func (z *regionZone) take() map[string][3]int64 {
 	return out
 }
 
-// zoneSet is the region's zones in a fixed order and region.lua's KEYS
-// for them: a poll or a sync takes one set for all its calls, so that a
-// zone added or released meanwhile shifts no call's zones.
+// zoneSet is the region's zones, by name, and region.lua's KEYS for them:
+// a poll or a sync takes one set for all its calls, so that a zone added
+// or released meanwhile shifts no call's zones.
 type zoneSet struct {
 	zones  []*regionZone
 	keys   []string
@@ -439,7 +437,7 @@ type zoneSet struct {
 func (r *Region) rebuild() {
 	set := &zoneSet{keys: []string{r.prefix + "global{r}.meta", r.prefix + "global{r}.lock"},
 		byName: make(map[string]*regionZone, len(r.zones))}
-	for _, n := range r.names {
+	for _, n := range slices.Sorted(maps.Keys(r.zones)) {
 		z := r.zones[n]
 		set.zones = append(set.zones, z)
 		set.keys = append(set.keys, r.prefix+"global{r}.demand:"+n, r.prefix+"global{r}.shares:"+n)
@@ -456,8 +454,8 @@ func (r *Region) pollInterval() time.Duration {
 
 // confirmMargin is how long after publishing a cut the coordinator still
 // reports the old share as held: two polls (one may fail) and twice the
-// regional timeout. An instance that did not read the shares for that long
-// holds its floor (Share): each applies a cut within it or is below it.
+// regional timeout, within which every instance applies the cut or holds
+// its floor (Share).
 func (r *Region) confirmMargin() time.Duration {
 	return 2*r.pollInterval() + 2*r.timeout
 }
