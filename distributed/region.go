@@ -182,10 +182,9 @@ type regionZone struct {
 	interval atomic.Int64 // the zone's emission interval, ns (hot-key detection)
 	burst    atomic.Int64 // the zone's burst (raises in a strict region)
 	users    int          // handlers that wrapped the zone (r.mu)
-	mu       sync.RWMutex
-	shares   map[string]int64 // applied by this instance
-	// read since added; until then at the floor (others may apply cuts)
-	read    atomic.Bool
+	// the shares this instance applies, replaced whole by a poll (nil: not
+	// read since added, at the floor: others may apply cuts)
+	shares  atomic.Pointer[map[string]int64]
 	counts  sync.Map     // per key, *counter; one idle for a whole poll is retired
 	counted atomic.Int64 // counters in counts, at most maxCounted
 	dropped atomic.Int64 // decisions not counted: maxCounted other keys were
@@ -284,7 +283,7 @@ func (r *Region) AddZone(zone string, limit algorithms.Limit) {
 	defer r.mu.Unlock()
 	z, ok := r.zones[zone]
 	if !ok {
-		z = &regionZone{name: zone, shares: map[string]int64{}}
+		z = &regionZone{name: zone}
 		r.zones[zone] = z
 		r.rebuild()
 	}
@@ -322,28 +321,31 @@ func (r *Region) Share(zone, key string) int64 {
 	if z == nil {
 		return r.weight
 	}
-	if !z.read.Load() {
+	m := z.shares.Load()
+	if m == nil {
 		return r.floor
 	}
-	z.mu.RLock()
-	s, ok := z.shares[key]
-	z.mu.RUnlock()
-	if !ok {
-		return r.weight
+	if s, ok := (*m)[key]; ok {
+		return s
 	}
-	return s
+	return r.weight
 }
 
 // Coordinated is the number of zone's keys with a share other than the
 // region's weight here.
 func (r *Region) Coordinated(zone string) int {
-	z := r.zone(zone)
-	if z == nil {
-		return 0
+	if z := r.zone(zone); z != nil {
+		return len(z.read())
 	}
-	z.mu.RLock()
-	defer z.mu.RUnlock()
-	return len(z.shares)
+	return 0
+}
+
+// read is the shares this instance applies (nil: none read).
+func (z *regionZone) read() map[string]int64 {
+	if m := z.shares.Load(); m != nil {
+		return *m
+	}
+	return nil
 }
 
 // DemandDropped is the number of zone's decisions left out of the demand
@@ -479,7 +481,7 @@ func (r *Region) poll() {
 	set := r.set.Load()
 	zs := set.zones
 	known := r.version
-	if slices.ContainsFunc(zs, func(z *regionZone) bool { return !z.read.Load() }) {
+	if slices.ContainsFunc(zs, func(z *regionZone) bool { return z.shares.Load() == nil }) {
 		known = "" // a zone added since: read every zone's shares
 	}
 	args := []any{"poll", known, (10 * r.opts.SyncInterval).Milliseconds(), len(zs)}
@@ -516,10 +518,7 @@ func (r *Region) poll() {
 			m[k] = s
 			i += 2
 		}
-		z.mu.Lock()
-		z.shares = m
-		z.mu.Unlock()
-		z.read.Store(true)
+		z.shares.Store(&m)
 	}
 	r.version = version
 	r.polled.Store(began)

@@ -26,10 +26,7 @@ func TestGlobalInstanceThatMissesOnePollKeepsItsShare(t *testing.T) {
 	r.AddZone("api", algorithms.NewLimit(600, int64(time.Minute), 20))
 	z := r.zone("api")
 	granted := int64(ShareScale * 9 / 10)
-	z.mu.Lock()
-	z.shares["k"] = granted
-	z.mu.Unlock()
-	z.read.Store(true)
+	z.shares.Store(&map[string]int64{"k": granted})
 	for _, c := range []struct {
 		name  string
 		stale time.Duration // since the last successful poll began

@@ -116,11 +116,9 @@ func (r *Region) lock(now int64) {
 func (c *coordinator) adopt(z *regionZone) {
 	delete(c.held, z.name)
 	held := c.zone(z.name).held
-	z.mu.RLock()
-	for k, s := range z.shares {
+	for k, s := range z.read() {
 		held[k] = &holding{cur: s}
 	}
-	z.mu.RUnlock()
 }
 
 // report is a sync's report of a zone's keys.
@@ -146,7 +144,7 @@ func (r *Region) sync(now int64, atPoll bool) {
 	}
 	for _, z := range set.zones {
 		if c.held[z.name] == nil { // added (again) since
-			if !z.read.Load() {
+			if z.shares.Load() == nil {
 				return // until this instance has read what the region published of it
 			}
 			c.adopt(z)
@@ -359,14 +357,12 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 	now := monotime.Now()
 	// The grants take effect once published; until then the region
 	// applies and reports what it held. The reply's zones are the reports'.
-	var changes [][]any
 	var updates []update
 	i := 4
 	for zi := 0; zi < len(reports) && i+1 < len(v); zi++ {
 		n, _ := v[i+1].(int64)
 		i += 2
 		cz := c.zone(reports[zi].zone)
-		var zc []any
 		for j := int64(0); j < n && i+1 < len(v); j++ {
 			key := fmt.Sprint(v[i])
 			g, _ := v[i+1].(int64)
@@ -376,19 +372,10 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 				h = &holding{cur: r.weight}
 				cz.held[key] = h
 			}
-			cur := r.applied(h, floored)
-			if g != cur || floored || full {
-				pub := g
-				if g == r.weight {
-					pub = -1
-				}
-				zc = append(zc, key, pub)
-			}
-			updates = append(updates, update{set.zones[zi], cz, key, h, reports[zi].keys[key], g, cur})
+			updates = append(updates, update{set.zones[zi], cz, key, h, reports[zi].keys[key], g, r.applied(h, floored)})
 		}
-		changes = append(changes, zc)
 	}
-	if !r.plant(pctx, updates) || !r.publish(pctx, lockVal, set, changes, (now-sent)/int64(time.Millisecond), full) {
+	if !r.plant(pctx, updates) || !r.publish(pctx, lockVal, set, updates, (now-sent)/int64(time.Millisecond), full) {
 		return false
 	}
 	c.contact = sent
@@ -497,17 +484,25 @@ func (r *Region) plant(ctx context.Context, updates []update) bool {
 	return err == nil // the first failed command's error
 }
 
-// publish writes the changes and the last contact (age ms, -1: keep) to
-// the regional Redis, for every instance of the region.
-func (r *Region) publish(ctx context.Context, lockVal string, set *zoneSet, changes [][]any, age int64, full bool) bool {
-	zs := set.zones
-	args := []any{"publish", lockVal, age, (4 * r.opts.Lease).Milliseconds(), b2i(full), len(zs)}
-	for zi := range zs {
-		if zi < len(changes) {
-			args = append(append(args, len(changes[zi])/2), changes[zi]...)
-		} else {
-			args = append(args, 0)
+// publish writes the grants that change what the region applies (in full,
+// every grant; a region floored syncs in full) and the last contact (age
+// ms, -1: keep) to the regional Redis, for every instance of the region.
+func (r *Region) publish(ctx context.Context, lockVal string, set *zoneSet, updates []update, age int64, full bool) bool {
+	args := []any{"publish", lockVal, age, (4 * r.opts.Lease).Milliseconds(), b2i(full), len(set.zones)}
+	for _, z := range set.zones {
+		n := len(args)
+		args = append(args, 0)
+		for _, u := range updates {
+			if u.z != z || u.g == u.from && !full {
+				continue
+			}
+			pub := u.g
+			if pub == r.weight {
+				pub = -1 // back to the weight
+			}
+			args = append(args, u.key, pub)
 		}
+		args[n] = (len(args) - n - 1) / 2
 	}
 	v, err := regionScript.Run(ctx, r.regional, set.keys, args...).Slice()
 	return err == nil && len(v) == 1 && v[0] == int64(1)
