@@ -525,9 +525,7 @@ func (r *Region) poll() {
 }
 
 // Shared is the store a `scope global` zone decides with (Region.Wrap):
-// the regional store at the region's share of the key's limit, counting
-// the steps that say something of the key's demand. It offers what the
-// regional store offers but quotas and slots, its records at the share.
+// the regional store at the region's share of the key's limit.
 type Shared struct {
 	zones.Records // inner's (async mode), or nil; Fallback and Peek at the share
 	inner         zones.Store

@@ -137,11 +137,8 @@ func (r *Region) sync(now int64, atPoll bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), r.opts.SyncInterval)
 	defer cancel()
 	set := r.set.Load() // one set of zones for the whole sync
-	for name := range c.held {
-		if set.byName[name] == nil { // released (a reload dropped it)
-			delete(c.held, name)
-		}
-	}
+	// a zone released (a reload dropped it) leaves
+	maps.DeleteFunc(c.held, func(name string, _ *coordZone) bool { return set.byName[name] == nil })
 	for _, z := range set.zones {
 		if c.held[z.name] == nil { // added (again) since
 			if z.shares.Load() == nil {
@@ -278,16 +275,8 @@ func (c *coordinator) noteSent(reports []report, full bool) {
 			clear(cz.sent)
 		}
 		maps.Copy(cz.sent, rep.keys)
-		for k, s := range cz.sent {
-			if s.wants < 0 && cz.held[k] == nil {
-				delete(cz.sent, k)
-			}
-		}
-		for k := range cz.spans {
-			if cz.sent[k] == nil && cz.held[k] == nil {
-				delete(cz.spans, k)
-			}
-		}
+		maps.DeleteFunc(cz.sent, func(k string, s *lastReport) bool { return s.wants < 0 && cz.held[k] == nil })
+		maps.DeleteFunc(cz.spans, func(k string, _ int64) bool { return cz.sent[k] == nil && cz.held[k] == nil })
 	}
 }
 
