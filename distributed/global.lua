@@ -224,13 +224,14 @@ local i = 10
 for _ = 1, tonumber(ARGV[9]) do
 	local zone, n = ARGV[i], tonumber(ARGV[i + 1])
 	i = i + 2
-	local grants, reported = {}, {}
+	local reported, at = {}, #out + 2
+	out[at - 1], out[at] = zone, 0 -- then the grants' count
 	local zp = prefix .. 'g.z:' .. zone .. ':'
 	for _ = 1, n do
 		local key = ARGV[i]
 		reported[key] = true
-		grants[#grants + 1] = key
-		grants[#grants + 1] = allocate(zp, zone, key, tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]))
+		out[#out + 1] = key
+		out[#out + 1] = allocate(zp, zone, key, tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]))
 		i = i + 3
 	end
 	flush()
@@ -250,13 +251,11 @@ for _ = 1, tonumber(ARGV[9]) do
 				-- a full report is complete: no demand of this key
 				redis.call('HDEL', zp .. key, df[region], xf[region])
 			end
-			grants[#grants + 1] = key
-			grants[#grants + 1] = tonumber(m[1]) or weight[region]
+			out[#out + 1] = key
+			out[#out + 1] = tonumber(m[1]) or weight[region]
 		end
 	end
-	out[#out + 1] = zone
-	out[#out + 1] = #grants / 2
-	for _, v in ipairs(grants) do out[#out + 1] = v end
+	out[at] = (#out - at) / 2
 end
 if waiting then out[4] = 1 end
 return out

@@ -6,6 +6,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -152,7 +153,6 @@ type Region struct {
 	mu    sync.RWMutex
 	zones map[string]*regionZone
 	set   atomic.Pointer[zoneSet] // zones' copy for decisions, which take no shared lock
-	names []string                // zones in a fixed order, for the scripts' KEYS
 
 	floored   atomic.Bool  // the region had no contact for a lease
 	polled    atomic.Int64 // monotime of the last successful poll
@@ -182,10 +182,9 @@ type regionZone struct {
 	interval atomic.Int64 // the zone's emission interval, ns (hot-key detection)
 	burst    atomic.Int64 // the zone's burst (raises in a strict region)
 	users    int          // handlers that wrapped the zone (r.mu)
-	mu       sync.RWMutex
-	shares   map[string]int64 // applied by this instance
-	// read since added; until then at the floor (others may apply cuts)
-	read    atomic.Bool
+	// the shares this instance applies, replaced whole by a poll (nil: not
+	// read since added, at the floor: others may apply cuts)
+	shares  atomic.Pointer[map[string]int64]
 	counts  sync.Map     // per key, *counter; one idle for a whole poll is retired
 	counted atomic.Int64 // counters in counts, at most maxCounted
 	dropped atomic.Int64 // decisions not counted: maxCounted other keys were
@@ -284,9 +283,8 @@ func (r *Region) AddZone(zone string, limit algorithms.Limit) {
 	defer r.mu.Unlock()
 	z, ok := r.zones[zone]
 	if !ok {
-		z = &regionZone{name: zone, shares: map[string]int64{}}
+		z = &regionZone{name: zone}
 		r.zones[zone] = z
-		r.names = append(r.names, zone)
 		r.rebuild()
 	}
 	z.users++
@@ -305,7 +303,6 @@ func (r *Region) ReleaseZone(zone string) {
 	}
 	if z.users--; z.users == 0 {
 		delete(r.zones, zone)
-		r.names = slices.DeleteFunc(r.names, func(n string) bool { return n == zone })
 		r.rebuild()
 	}
 }
@@ -324,28 +321,31 @@ func (r *Region) Share(zone, key string) int64 {
 	if z == nil {
 		return r.weight
 	}
-	if !z.read.Load() {
+	m := z.shares.Load()
+	if m == nil {
 		return r.floor
 	}
-	z.mu.RLock()
-	s, ok := z.shares[key]
-	z.mu.RUnlock()
-	if !ok {
-		return r.weight
+	if s, ok := (*m)[key]; ok {
+		return s
 	}
-	return s
+	return r.weight
 }
 
 // Coordinated is the number of zone's keys with a share other than the
 // region's weight here.
 func (r *Region) Coordinated(zone string) int {
-	z := r.zone(zone)
-	if z == nil {
-		return 0
+	if z := r.zone(zone); z != nil {
+		return len(z.read())
 	}
-	z.mu.RLock()
-	defer z.mu.RUnlock()
-	return len(z.shares)
+	return 0
+}
+
+// read is the shares this instance applies (nil: none read).
+func (z *regionZone) read() map[string]int64 {
+	if m := z.shares.Load(); m != nil {
+		return *m
+	}
+	return nil
 }
 
 // DemandDropped is the number of zone's decisions left out of the demand
@@ -426,9 +426,9 @@ func (z *regionZone) take() map[string][3]int64 {
 	return out
 }
 
-// zoneSet is the region's zones in a fixed order and region.lua's KEYS
-// for them: a poll or a sync takes one set for all its calls, so that a
-// zone added or released meanwhile shifts no call's zones.
+// zoneSet is the region's zones, by name, and region.lua's KEYS for them:
+// a poll or a sync takes one set for all its calls, so that a zone added
+// or released meanwhile shifts no call's zones.
 type zoneSet struct {
 	zones  []*regionZone
 	keys   []string
@@ -439,7 +439,7 @@ type zoneSet struct {
 func (r *Region) rebuild() {
 	set := &zoneSet{keys: []string{r.prefix + "global{r}.meta", r.prefix + "global{r}.lock"},
 		byName: make(map[string]*regionZone, len(r.zones))}
-	for _, n := range r.names {
+	for _, n := range slices.Sorted(maps.Keys(r.zones)) {
 		z := r.zones[n]
 		set.zones = append(set.zones, z)
 		set.keys = append(set.keys, r.prefix+"global{r}.demand:"+n, r.prefix+"global{r}.shares:"+n)
@@ -456,8 +456,8 @@ func (r *Region) pollInterval() time.Duration {
 
 // confirmMargin is how long after publishing a cut the coordinator still
 // reports the old share as held: two polls (one may fail) and twice the
-// regional timeout. An instance that did not read the shares for that long
-// holds its floor (Share): each applies a cut within it or is below it.
+// regional timeout, within which every instance applies the cut or holds
+// its floor (Share).
 func (r *Region) confirmMargin() time.Duration {
 	return 2*r.pollInterval() + 2*r.timeout
 }
@@ -481,7 +481,7 @@ func (r *Region) poll() {
 	set := r.set.Load()
 	zs := set.zones
 	known := r.version
-	if slices.ContainsFunc(zs, func(z *regionZone) bool { return !z.read.Load() }) {
+	if slices.ContainsFunc(zs, func(z *regionZone) bool { return z.shares.Load() == nil }) {
 		known = "" // a zone added since: read every zone's shares
 	}
 	args := []any{"poll", known, (10 * r.opts.SyncInterval).Milliseconds(), len(zs)}
@@ -518,19 +518,14 @@ func (r *Region) poll() {
 			m[k] = s
 			i += 2
 		}
-		z.mu.Lock()
-		z.shares = m
-		z.mu.Unlock()
-		z.read.Store(true)
+		z.shares.Store(&m)
 	}
 	r.version = version
 	r.polled.Store(began)
 }
 
 // Shared is the store a `scope global` zone decides with (Region.Wrap):
-// the regional store at the region's share of the key's limit, counting
-// the steps that say something of the key's demand. It offers what the
-// regional store offers but quotas and slots, its records at the share.
+// the regional store at the region's share of the key's limit.
 type Shared struct {
 	zones.Records // inner's (async mode), or nil; Fallback and Peek at the share
 	inner         zones.Store

@@ -19,8 +19,7 @@
 --             holder.
 local op = ARGV[1]
 local t = redis.call('TIME')
-local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local now = math.floor(nowus / 1000)
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local nz = #KEYS - 2
 
 if op == 'lock' then

@@ -196,12 +196,11 @@ func TestRegionDenyCacheDenialCountsAsDemand(t *testing.T) {
 	if got, want := counts["k"], [3]int64{0, 1, 0}; got != want {
 		t.Fatalf("a deny-cache denial counted (admitted, denied, span) %v, want %v", got, want)
 	}
-	r.coord.held = map[string]map[string]*holding{}
-	r.coord.spans = map[string]map[string]int64{}
+	r.coord.held = map[string]*coordZone{}
 	r.coord.full = true
 	raw := []any{int64(1), "k", counts["k"][0], counts["k"][1], counts["k"][2]}
 	reps := r.reports(r.set.Load().zones, 1, raw, int64(time.Second), false, false)
-	if len(reps) != 1 || len(reps[0].keys) != 1 || reps[0].wants[0] != ShareScale {
+	if len(reps) != 1 || len(reps[0].keys) != 1 || reps[0].keys["k"] == nil || reps[0].keys["k"].wants != ShareScale {
 		t.Errorf("reports after a deny-cache denial: %+v, want key k wanting the whole (%d)", reps, ShareScale)
 	}
 }
@@ -213,15 +212,14 @@ func TestRegionDemandIsReportedWithHeadroom(t *testing.T) {
 	r := &Region{zones: map[string]*regionZone{}, prefix: "tally:", timeout: 100 * time.Millisecond,
 		opts: RegionOptions{SyncInterval: time.Second, Refresh: 10 * time.Second}, weight: ShareScale / 2, floor: ShareScale / 20}
 	r.AddZone("api", algorithms.NewLimit(600, int64(time.Minute), 0))
-	r.coord.held = map[string]map[string]*holding{}
-	r.coord.spans = map[string]map[string]int64{}
+	r.coord.held = map[string]*coordZone{}
 	r.coord.full = true
 	raw := []any{int64(1), "k", int64(5), int64(0), int64(0)} // 5 admitted, none denied
 	reps := r.reports(r.set.Load().zones, 1, raw, int64(time.Second), false, false)
-	if len(reps) != 1 || len(reps[0].keys) != 1 || reps[0].keys[0] != "k" {
+	if len(reps) != 1 || len(reps[0].keys) != 1 || reps[0].keys["k"] == nil {
 		t.Fatalf("reports: %+v, want key k", reps)
 	}
-	if got, want := reps[0].wants[0], int64(ShareScale*6/10); got < want-1 || got > want+1 {
+	if got, want := reps[0].keys["k"].wants, int64(ShareScale*6/10); got < want-1 || got > want+1 {
 		t.Errorf("a key using half its whole rate wants %d, want %d (its use and a fifth of headroom)", got, want)
 	}
 }

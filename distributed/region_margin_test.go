@@ -26,10 +26,7 @@ func TestGlobalInstanceThatMissesOnePollKeepsItsShare(t *testing.T) {
 	r.AddZone("api", algorithms.NewLimit(600, int64(time.Minute), 20))
 	z := r.zone("api")
 	granted := int64(ShareScale * 9 / 10)
-	z.mu.Lock()
-	z.shares["k"] = granted
-	z.mu.Unlock()
-	z.read.Store(true)
+	z.shares.Store(&map[string]int64{"k": granted})
 	for _, c := range []struct {
 		name  string
 		stale time.Duration // since the last successful poll began
@@ -71,19 +68,18 @@ func TestGlobalSyncAtAPollKeepsADemandItHeardNoCountOf(t *testing.T) {
 		{"a sync an interval after the last", interval, false, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r.coord.held = map[string]map[string]*holding{}
-			r.coord.sent = map[string]map[string]*lastReport{}
-			r.coord.spans = map[string]map[string]int64{}
+			r.coord.held = map[string]*coordZone{}
 			// us holds its floor and last reported demand for k; a held
 			// key, and one it holds nothing of (at its weight)
-			sub(r.coord.held, "api")["k"] = &holding{cur: r.floor}
-			sub(r.coord.sent, "api")["k"] = &lastReport{wants: ShareScale, held: r.floor, at: now}
-			sub(r.coord.sent, "api")["j"] = &lastReport{wants: ShareScale, held: r.weight, at: now}
+			api := r.coord.zone("api")
+			api.held["k"] = &holding{cur: r.floor}
+			api.sent["k"] = &lastReport{wants: ShareScale, held: r.floor, at: now}
+			api.sent["j"] = &lastReport{wants: ShareScale, held: r.weight, at: now}
 			reps := r.reports(r.set.Load().zones, now+int64(c.elapsed), noCounts, int64(c.elapsed), false, c.atPoll)
 			withdrawn := map[string]bool{}
 			for _, rep := range reps {
-				for i, k := range rep.keys {
-					if rep.wants[i] < 0 {
+				for k, s := range rep.keys {
+					if s.wants < 0 {
 						withdrawn[k] = true
 					}
 				}
@@ -121,17 +117,16 @@ func TestGlobalCutReportsTheOldShareUntilItsMarginEnds(t *testing.T) {
 		{"sync of the keys due after the margin", end + 1, false, cut},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r.coord.held = map[string]map[string]*holding{"api": {"k": {cur: cut, prev: old, prevUntil: end}}}
-			r.coord.sent = map[string]map[string]*lastReport{"api": {"k": {wants: -1, held: old, at: now}}}
-			r.coord.spans = map[string]map[string]int64{}
+			r.coord.held = map[string]*coordZone{}
+			api := r.coord.zone("api")
+			api.held["k"] = &holding{cur: cut, prev: old, prevUntil: end}
+			api.sent["k"] = &lastReport{wants: -1, held: old, at: now}
 			r.coord.full = c.full
 			reps := r.reports(r.set.Load().zones, c.at, noCounts, int64(time.Second), false, false)
 			held := int64(old) // not reported: the global store keeps what it last heard
 			for _, rep := range reps {
-				for i, k := range rep.keys {
-					if k == "k" {
-						held = rep.held[i]
-					}
+				if s := rep.keys["k"]; s != nil {
+					held = s.held
 				}
 			}
 			if held != c.want {

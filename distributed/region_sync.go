@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"strconv"
 	"time"
 
@@ -17,20 +18,33 @@ import (
 // coordinator is the state of the region's coordinator, kept by whichever
 // instance holds the lock, made afresh when it takes it (sync loop only).
 type coordinator struct {
-	token     int64 // fencing token; 0: not the coordinator
-	lockedAt  int64 // monotime of the last lock renewal
-	held      map[string]map[string]*holding
-	epoch     string // of the global store, as last heard
-	full      bool   // the next sync reports in full
-	contact   int64  // monotime the last successful sync was sent; 0: none
+	token     int64                 // fencing token; 0: not the coordinator
+	lockedAt  int64                 // monotime of the last lock renewal
+	held      map[string]*coordZone // per zone
+	epoch     string                // of the global store, as last heard
+	full      bool                  // the next sync reports in full
+	contact   int64                 // monotime the last successful sync was sent; 0: none
 	lastSync  int64
 	confirmAt int64 // monotime a cut's margin ends (0: none pending)
 	waitUntil int64 // monotime: sync every poll until then, a raise waits on another region's cut
 	down      bool  // an outage is being logged
-	// per zone: what the global store last heard of each key, and the
-	// burst span (µs) of keys last counted with a plan's (plant's)
-	sent  map[string]map[string]*lastReport
-	spans map[string]map[string]int64
+}
+
+// coordZone is what the coordinator keeps of a zone's keys: the share the
+// region holds (none: its weight), what the global store last heard, and
+// the burst span (µs) of a key last counted with a plan's limit (plant's).
+type coordZone struct {
+	held  map[string]*holding
+	sent  map[string]*lastReport
+	spans map[string]int64
+}
+
+// zone is the coordinator's state of the zone named, made on first use.
+func (c *coordinator) zone(name string) *coordZone {
+	if c.held[name] == nil {
+		c.held[name] = &coordZone{map[string]*holding{}, map[string]*lastReport{}, map[string]int64{}}
+	}
+	return c.held[name]
 }
 
 // holding is one key's share as published in the region. After a cut the
@@ -39,13 +53,6 @@ type coordinator struct {
 type holding struct{ cur, prev, prevUntil int64 }
 
 type lastReport struct{ wants, held, at int64 }
-
-func sub[V any](m map[string]map[string]V, zone string) map[string]V {
-	if m[zone] == nil {
-		m[zone] = map[string]V{}
-	}
-	return m[zone]
-}
 
 // due says whether a sync not in full reports key, last reported as s
 // (nil: never): see docs/distributed.md, "What a sync reports"; the refresh
@@ -95,9 +102,7 @@ func (r *Region) lock(now int64) {
 	}
 	if tok != c.token {
 		c.token, c.full = tok, true
-		c.held = map[string]map[string]*holding{}
-		c.sent = map[string]map[string]*lastReport{}
-		c.spans = map[string]map[string]int64{}
+		c.held = map[string]*coordZone{}
 		c.contact = r.contactAt.Load() // the last contact the region published
 		for _, z := range r.set.Load().zones {
 			c.adopt(z)
@@ -106,21 +111,20 @@ func (r *Region) lock(now int64) {
 	}
 }
 
-// adopt starts the holdings of z from the region's shares as last read.
+// adopt starts the state of z afresh, holding the region's shares as last
+// read.
 func (c *coordinator) adopt(z *regionZone) {
-	z.mu.RLock()
-	m := make(map[string]*holding, len(z.shares))
-	for k, s := range z.shares {
-		m[k] = &holding{cur: s}
+	delete(c.held, z.name)
+	held := c.zone(z.name).held
+	for k, s := range z.read() {
+		held[k] = &holding{cur: s}
 	}
-	z.mu.RUnlock()
-	c.held[z.name] = m
 }
 
+// report is a sync's report of a zone's keys.
 type report struct {
-	zone        string
-	keys        []string
-	wants, held []int64
+	zone string
+	keys map[string]*lastReport
 }
 
 // sync reports the region's hot keys and holdings to the global store and
@@ -133,16 +137,11 @@ func (r *Region) sync(now int64, atPoll bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), r.opts.SyncInterval)
 	defer cancel()
 	set := r.set.Load() // one set of zones for the whole sync
-	for name := range c.held {
-		if set.byName[name] == nil { // released (a reload dropped it)
-			delete(c.held, name)
-			delete(c.sent, name)
-			delete(c.spans, name)
-		}
-	}
+	// a zone released (a reload dropped it) leaves
+	maps.DeleteFunc(c.held, func(name string, _ *coordZone) bool { return set.byName[name] == nil })
 	for _, z := range set.zones {
 		if c.held[z.name] == nil { // added (again) since
-			if !z.read.Load() {
+			if z.shares.Load() == nil {
 				return // until this instance has read what the region published of it
 			}
 			c.adopt(z)
@@ -168,24 +167,18 @@ func (r *Region) sync(now int64, atPoll bool) {
 	if c.confirmAt != 0 && now >= c.confirmAt {
 		// this sync confirms the cuts whose margin ended
 		c.confirmAt = 0
-		for _, held := range c.held {
-			for _, h := range held {
+		for _, cz := range c.held {
+			for _, h := range cz.held {
 				if h.prevUntil > now && (c.confirmAt == 0 || h.prevUntil < c.confirmAt) {
 					c.confirmAt = h.prevUntil
 				}
 			}
 		}
 	}
-	full := c.full
 	reports := r.reports(set.zones, now, raw, elapsed, floored, atPoll)
-	switch r.exchange(lockVal, set, reports, floored) {
-	case exchanged:
-		r.noteSent(now, reports, full)
-	case epochChanged: // the global store lost its state: report in full at once
-		reports = r.reports(set.zones, now, raw, elapsed, floored, atPoll)
-		if r.exchange(lockVal, set, reports, floored) == exchanged {
-			r.noteSent(now, reports, true)
-		}
+	if r.exchange(lockVal, set, reports, floored) {
+		// the global store lost its state: report in full at once
+		r.exchange(lockVal, set, r.reports(set.zones, now, raw, elapsed, floored, atPoll), floored)
 	}
 }
 
@@ -196,24 +189,16 @@ func (r *Region) reports(zs []*regionZone, now int64, raw []any, elapsed int64, 
 	reports := make([]report, len(zs))
 	i := 0
 	for zi, z := range zs {
-		rep := report{zone: z.name}
-		held, spans := sub(c.held, z.name), sub(c.spans, z.name)
-		last := c.sent[z.name]
+		rep := report{zone: z.name, keys: map[string]*lastReport{}}
+		cz := c.zone(z.name)
 		// add reports key if due, with what the region holds (h nil: its weight)
 		add := func(key string, wants int64, h *holding) {
-			hv := r.weight
-			if floored {
-				hv = r.floor
-			} else if h != nil {
-				hv = h.cur
-				if now < h.prevUntil { // a cut's old share, until its confirmation
-					hv = max(h.cur, h.prev)
-				}
+			hv := r.applied(h, floored)
+			if !floored && h != nil && now < h.prevUntil { // a cut's old share, until its confirmation
+				hv = max(h.cur, h.prev)
 			}
-			if c.full || r.due(last[key], key, wants, hv, now) {
-				rep.keys = append(rep.keys, key)
-				rep.wants = append(rep.wants, wants)
-				rep.held = append(rep.held, hv)
+			if c.full || r.due(cz.sent[key], key, wants, hv, now) {
+				rep.keys[key] = &lastReport{wants: wants, held: hv, at: now}
 			}
 		}
 		hot := map[string]bool{}
@@ -227,18 +212,12 @@ func (r *Region) reports(zs []*regionZone, now int64, raw []any, elapsed int64, 
 			adm, _ := raw[i+1].(int64)
 			den, _ := raw[i+2].(int64)
 			if span, _ := raw[i+3].(int64); span > 0 {
-				spans[key] = span
+				cz.spans[key] = span
 			} else {
-				delete(spans, key)
+				delete(cz.spans, key)
 			}
 			i += 4
-			share := r.weight
-			if h := held[key]; h != nil {
-				share = h.cur
-			}
-			if floored {
-				share = r.floor
-			}
+			share := r.applied(cz.held[key], floored)
 			// use: the fraction of the key's whole rate admitted
 			use := float64(adm) * float64(z.interval.Load()) / float64(elapsed)
 			wants := int64(ShareScale)
@@ -249,26 +228,24 @@ func (r *Region) reports(zs []*regionZone, now int64, raw []any, elapsed int64, 
 				wants = int64(min(ShareScale, 1.2*use*ShareScale))
 			}
 			hot[key] = true
-			add(key, wants, held[key])
+			add(key, wants, cz.held[key])
 		}
-		// gone is the demand of a key not hot in this collect: none, but
-		// at a sync at a poll the demand last reported. Instances push
-		// once a poll on tickers of their own, so a collect a poll after
-		// the last may hold no push at all; only a collect an interval
-		// after the last holds several polls' pushes and says it is gone.
+		// gone is the demand of a key not hot in this collect: none, but at
+		// a sync at a poll the demand last reported: instances push once a
+		// poll on tickers of their own, so its collect may hold no push.
 		gone := func(key string) int64 {
-			if s := last[key]; atPoll && s != nil && s.wants >= 0 {
+			if s := cz.sent[key]; atPoll && s != nil && s.wants >= 0 {
 				return s.wants
 			}
 			return -1
 		}
-		for key, h := range held {
+		for key, h := range cz.held {
 			if !hot[key] {
 				add(key, gone(key), h)
 			}
 		}
-		for key, s := range last {
-			if !hot[key] && held[key] == nil && s.wants >= 0 {
+		for key, s := range cz.sent {
+			if !hot[key] && cz.held[key] == nil && s.wants >= 0 {
 				add(key, gone(key), nil) // demand last reported, neither hot nor held now: gone
 			}
 		}
@@ -277,52 +254,48 @@ func (r *Region) reports(zs []*regionZone, now int64, raw []any, elapsed int64, 
 	return reports
 }
 
+// applied is the share the region applies of a key it holds as h (nil:
+// at its weight).
+func (r *Region) applied(h *holding, floored bool) int64 {
+	if floored {
+		return r.floor
+	}
+	if h == nil {
+		return r.weight
+	}
+	return h.cur
+}
+
 // noteSent records what the global store heard (after a full sync, only
 // that); a key with no demand nor holding is forgotten.
-func (r *Region) noteSent(now int64, reports []report, full bool) {
-	c := &r.coord
+func (c *coordinator) noteSent(reports []report, full bool) {
 	for _, rep := range reports {
+		cz := c.zone(rep.zone)
 		if full {
-			delete(c.sent, rep.zone)
+			clear(cz.sent)
 		}
-		last := sub(c.sent, rep.zone)
-		for j, k := range rep.keys {
-			last[k] = &lastReport{wants: rep.wants[j], held: rep.held[j], at: now}
-		}
-		held := c.held[rep.zone]
-		for k, s := range last {
-			if s.wants < 0 && held[k] == nil {
-				delete(last, k)
-			}
-		}
-		spans := c.spans[rep.zone]
-		for k := range spans {
-			if last[k] == nil && held[k] == nil {
-				delete(spans, k)
-			}
-		}
+		maps.Copy(cz.sent, rep.keys)
+		maps.DeleteFunc(cz.sent, func(k string, s *lastReport) bool { return s.wants < 0 && cz.held[k] == nil })
+		maps.DeleteFunc(cz.spans, func(k string, _ int64) bool { return cz.sent[k] == nil && cz.held[k] == nil })
 	}
 }
 
-// The outcomes of an exchange.
-const (
-	exchanged    = iota // granted and published
-	failed              // no reply, or not published: the next sync is in full
-	epochChanged        // the global store has a new epoch: report in full
-	fenced              // another coordinator took over
-)
-
-// exchange sends the reports to the global store and publishes the grants.
-func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floored bool) int {
+// exchange sends the reports to the global store and publishes the grants;
+// again: the global store has a new epoch, report in full at once.
+func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floored bool) (again bool) {
 	c := &r.coord
+	// until its grants are published, the next sync is in full: the store
+	// may have run this one and lost its reply
+	full := c.full
+	c.full = true
 	// demand TTL: a coordinator still syncing re-reports the key well before
 	demandTTL := 2*r.opts.Refresh + r.opts.Global.Timeout + r.opts.SyncInterval
-	args := []any{r.opts.Region, c.token, c.epoch, b2i(c.full), r.opts.Lease.Milliseconds(),
+	args := []any{r.opts.Region, c.token, c.epoch, b2i(full), r.opts.Lease.Milliseconds(),
 		demandTTL.Milliseconds(), r.opts.spec(), r.opts.Global.KeyPrefix, len(reports)}
 	for _, rep := range reports {
 		args = append(args, rep.zone, len(rep.keys))
-		for j, k := range rep.keys {
-			args = append(args, k, rep.wants[j], rep.held[j])
+		for k, s := range rep.keys {
+			args = append(args, k, s.wants, s.held)
 		}
 	}
 	if h := r.hold.Swap(nil); h != nil {
@@ -340,14 +313,13 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 	defer pcancel()
 	if err != nil || len(v) < 1 {
 		r.stats.Failures.Add(1)
-		c.full = true // the store may have run the sync and lost its reply
 		if !c.down {
 			c.down = true
 			r.logger.Warn("global store unreachable: this region keeps its last shares of global zones, falling back to its floor after the lease",
 				zap.String("region", r.opts.Region), zap.Duration("lease", r.opts.Lease), zap.Error(err))
 		}
 		r.publish(pctx, lockVal, set, nil, -1, false) // the TTLs only
-		return failed
+		return false
 	}
 	switch fmt.Sprint(v[0]) {
 	case "FENCED":
@@ -355,13 +327,12 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 		r.logger.Warn("the global store refused this region's coordinator as stale (another took over)", zap.String("region", r.opts.Region))
 		c.token = 0
 		r.stats.Coordinating.Store(false)
-		return fenced
+		return false
 	case "EPOCH":
 		if len(v) > 1 {
 			c.epoch = fmt.Sprint(v[1])
 		}
-		c.full = true
-		return epochChanged
+		return true
 	}
 	r.stats.Contacts.Add(1)
 	if c.down {
@@ -369,56 +340,32 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 		r.logger.Info("global store reachable again", zap.String("region", r.opts.Region))
 	}
 	if len(v) < 4 {
-		c.full = true
-		return failed
+		return false
 	}
 	c.epoch = fmt.Sprint(v[1])
 	now := monotime.Now()
-	full := c.full
-	reported := map[[2]string]int64{} // zone, key: the held reported
-	for _, rep := range reports {
-		for j, k := range rep.keys {
-			reported[[2]string{rep.zone, k}] = rep.held[j]
-		}
-	}
 	// The grants take effect once published; until then the region
-	// applies and reports what it held.
-	var changes [][]any
+	// applies and reports what it held. The reply's zones are the reports'.
 	var updates []update
 	i := 4
-	for i+1 < len(v) {
-		zone := fmt.Sprint(v[i])
+	for zi := 0; zi < len(reports) && i+1 < len(v); zi++ {
 		n, _ := v[i+1].(int64)
 		i += 2
-		held := sub(c.held, zone)
-		var zc []any
+		cz := c.zone(reports[zi].zone)
 		for j := int64(0); j < n && i+1 < len(v); j++ {
 			key := fmt.Sprint(v[i])
 			g, _ := v[i+1].(int64)
 			i += 2
-			h := held[key]
+			h := cz.held[key]
 			if h == nil {
 				h = &holding{cur: r.weight}
-				held[key] = h
+				cz.held[key] = h
 			}
-			cur := h.cur
-			if floored {
-				cur = r.floor // what the region applied
-			}
-			if g != cur || floored || full {
-				pub := g
-				if g == r.weight {
-					pub = -1
-				}
-				zc = append(zc, key, pub)
-			}
-			updates = append(updates, update{zone: zone, key: key, h: h, g: g, from: cur})
+			updates = append(updates, update{set.zones[zi], cz, key, h, reports[zi].keys[key], g, r.applied(h, floored)})
 		}
-		changes = append(changes, zc)
 	}
-	if !r.plant(pctx, set, updates) || !r.publish(pctx, lockVal, set, changes, (now-sent)/int64(time.Millisecond), full) {
-		c.full = true // what was granted was not applied: ask for it all again
-		return failed
+	if !r.plant(pctx, updates) || !r.publish(pctx, lockVal, set, updates, (now-sent)/int64(time.Millisecond), full) {
+		return false
 	}
 	c.contact = sent
 	c.full = v[2] == int64(1) // a learning store: in full until done
@@ -448,18 +395,23 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 			r.stats.ShareChanges.Add(1)
 		}
 		h.cur = u.g
-		if rep, ok := reported[[2]string{u.zone, u.key}]; ok && rep == r.weight && u.g == r.weight && now >= h.prevUntil {
-			delete(c.held[u.zone], u.key) // the global store knows it is back to the weight
+		if u.sent != nil && u.sent.held == r.weight && u.g == r.weight && now >= h.prevUntil {
+			delete(u.cz.held, u.key) // the global store knows it is back to the weight
 		}
 	}
-	return exchanged
+	c.noteSent(reports, full)
+	return false
 }
 
-// update is a key's grant g, from what the region applied.
+// update is a key's grant g, from what the region applied; sent is what
+// this sync reported of it (nil: nothing).
 type update struct {
-	zone, key string
-	h         *holding
-	g, from   int64
+	z       *regionZone
+	cz      *coordZone
+	key     string
+	h       *holding
+	sent    *lastReport
+	g, from int64
 }
 
 // plantScript rescales a raised key before its raise is published, so
@@ -502,21 +454,17 @@ return 1`)
 
 // plant rescales the raised keys (plantScript) with the span a key was
 // last counted with (a plan's) or the zone's; false: not published.
-func (r *Region) plant(ctx context.Context, set *zoneSet, updates []update) bool {
+func (r *Region) plant(ctx context.Context, updates []update) bool {
 	_, err := r.regional.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, x := range updates {
 			if x.g <= x.from {
 				continue // not a raise
 			}
-			z := set.byName[x.zone]
-			if z == nil {
-				continue
-			}
 			// the key's last counted span, else the zone's in µs, as gcra.lua sees it
-			span := cmp.Or(r.coord.spans[x.zone][x.key], max(1, z.interval.Load()/1000)*z.burst.Load())
-			key, hash := r.prefix+x.zone+":"+x.key, "0"
+			span := cmp.Or(x.cz.spans[x.key], max(1, x.z.interval.Load()/1000)*x.z.burst.Load())
+			key, hash := r.prefix+x.z.name+":"+x.key, "0"
 			if r.async {
-				key, hash = r.prefix+x.zone+asyncZoneSep+x.key, "1"
+				key, hash = r.prefix+x.z.name+asyncZoneSep+x.key, "1"
 			}
 			plantScript.Eval(ctx, p, []string{key}, x.from, x.g, span, hash)
 		}
@@ -525,17 +473,25 @@ func (r *Region) plant(ctx context.Context, set *zoneSet, updates []update) bool
 	return err == nil // the first failed command's error
 }
 
-// publish writes the changes and the last contact (age ms, -1: keep) to
-// the regional Redis, for every instance of the region.
-func (r *Region) publish(ctx context.Context, lockVal string, set *zoneSet, changes [][]any, age int64, full bool) bool {
-	zs := set.zones
-	args := []any{"publish", lockVal, age, (4 * r.opts.Lease).Milliseconds(), b2i(full), len(zs)}
-	for zi := range zs {
-		if zi < len(changes) {
-			args = append(append(args, len(changes[zi])/2), changes[zi]...)
-		} else {
-			args = append(args, 0)
+// publish writes the grants that change what the region applies (in full,
+// every grant; a region floored syncs in full) and the last contact (age
+// ms, -1: keep) to the regional Redis, for every instance of the region.
+func (r *Region) publish(ctx context.Context, lockVal string, set *zoneSet, updates []update, age int64, full bool) bool {
+	args := []any{"publish", lockVal, age, (4 * r.opts.Lease).Milliseconds(), b2i(full), len(set.zones)}
+	for _, z := range set.zones {
+		n := len(args)
+		args = append(args, 0)
+		for _, u := range updates {
+			if u.z != z || u.g == u.from && !full {
+				continue
+			}
+			pub := u.g
+			if pub == r.weight {
+				pub = -1 // back to the weight
+			}
+			args = append(args, u.key, pub)
 		}
+		args[n] = (len(args) - n - 1) / 2
 	}
 	v, err := regionScript.Run(ctx, r.regional, set.keys, args...).Slice()
 	return err == nil && len(v) == 1 && v[0] == int64(1)
