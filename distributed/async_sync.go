@@ -86,7 +86,7 @@ func (a *Async) sync(ctx context.Context, take bool) error {
 	var err error
 	switch {
 	case len(items) > 0:
-		err = a.send(ctx, items, take, start, a.knownEpochs())
+		err = a.send(ctx, items, take, start)
 	case !a.cluster:
 		ok, probe := a.breaker.allow()
 		if !ok {
@@ -173,14 +173,13 @@ func (a *Async) restore(items []item, failed int64) {
 // failed: the rest waits for the next sync. A pipeline that times out
 // after Redis answered part of the sync means Redis is busy, not down: a
 // flood of keys slows syncs down and is never taken for an outage.
-//
-// known is the epochs the rate reports go with (knownEpochs).
-func (a *Async) send(ctx context.Context, items []item, take bool, start int64, known map[int]int64) error {
+func (a *Async) send(ctx context.Context, items []item, take bool, start int64) error {
 	n := int64(a.Instances())
 	timeout := backgroundTimeout(a.opts)
 	budget := time.Now().Add(timeout)
 	var gs gates
 	defer func() { gs.record() }()
+	known := a.knownEpochs()
 	for lo, size := 0, firstSyncChunk; lo < len(items); lo, size = lo+size, syncChunk {
 		if lo > 0 && time.Now().After(budget) {
 			a.restore(items[lo:], 0)
@@ -309,17 +308,10 @@ func (a *Async) adoptCall(c *asyncCall, now, start, sentAt int64) {
 		}
 		return
 	}
-	if q := c.items[0].quota; q != nil && err == nil {
-		c.gate.answered++
-		c.items[0].s.mu.Lock()
-		q.release(c.items[0].s, c.items[0].key, &qrep, sentAt, a.opts.SyncInterval)
-		c.items[0].s.mu.Unlock()
-		return
-	}
 	for i := range c.items {
 		it := &c.items[i]
 		rep, keyErr := syncReply{}, err
-		if keyErr == nil {
+		if keyErr == nil && it.quota == nil {
 			rep, keyErr = parseSyncReply(vals[4*i : 4*i+4])
 		}
 		if keyErr != nil {
@@ -333,7 +325,13 @@ func (a *Async) adoptCall(c *asyncCall, now, start, sentAt int64) {
 			continue
 		}
 		c.gate.answered++
-		a.adopt(it, rep, now)
+		if it.quota != nil {
+			it.s.mu.Lock()
+			it.quota.release(it.s, it.key, &qrep, sentAt, a.opts.SyncInterval)
+			it.s.mu.Unlock()
+		} else {
+			a.adopt(it, rep, now)
+		}
 	}
 }
 

@@ -281,7 +281,7 @@ func (a *Async) syncQuotas(ctx context.Context, final bool) {
 		}
 	})
 	if len(items) > 0 {
-		_ = a.send(ctx, items, false, now, nil)
+		_ = a.send(ctx, items, false, now)
 	}
 }
 
