@@ -138,17 +138,16 @@ func (a *Async) snapshot(now int64, all bool) []item {
 
 // restore marks records of a sync that did not happen as used again, so the
 // next sync does not take them for idle, and frees quota records for the
-// next (quotaItem.release); failed (monotime) is when a sync first failed
+// next (release); failed (monotime) is when a sync first failed
 // to reach their master, 0 for none, -1 for a master that answered (not
 // failing).
 func (a *Async) restore(items []item, failed int64) {
 	for _, it := range items {
-		it.s.mu.Lock()
 		if it.quota != nil {
-			it.quota.release(it.s, it.key, nil, 0, 0)
-			it.s.mu.Unlock()
+			a.release(&it, nil, 0)
 			continue
 		}
+		it.s.mu.Lock()
 		if !it.sent.idle {
 			it.r.used, it.r.active = true, true
 		}
@@ -326,9 +325,7 @@ func (a *Async) adoptCall(c *asyncCall, now, start, sentAt int64) {
 		}
 		c.gate.answered++
 		if it.quota != nil {
-			it.s.mu.Lock()
-			it.quota.release(it.s, it.key, &qrep, sentAt, a.opts.SyncInterval)
-			it.s.mu.Unlock()
+			a.release(it, &qrep, sentAt)
 		} else {
 			a.adopt(it, rep, now)
 		}

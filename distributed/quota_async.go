@@ -244,11 +244,10 @@ func parseQuotaAsync(cmd *redis.Cmd) (quotaAsyncReply, error) {
 	return quotaAsyncReply{held: v[0], used: v[1], counted: v[2], toEnd: time.Duration(v[3]) * time.Microsecond, period: int(v[4])}, nil
 }
 
-// syncQuotas reports, once a sync interval, the records that need it
-// (through send, as the rate sync does): an idle one hands its lease back
-// and is dropped, one in debt reports it, one whose period is over is
-// dropped; final (Close) hands every lease back. A report that failed is
-// sent again by the next sync.
+// syncQuotas reports, once a sync interval, the records that need it: an
+// idle one hands its lease back and is dropped, one in debt reports it,
+// one whose period is over is dropped; final (Close) hands every lease
+// back. A report that failed is sent again by the next sync.
 func (a *Async) syncQuotas(ctx context.Context, final bool) {
 	var items []item
 	now := monotime.Now()
@@ -292,22 +291,24 @@ type quotaItem struct {
 	st quotaReport
 }
 
-// release ends the sync's call for the record, adopting rep if the call
-// was answered (sent at sentAt); with s locked. A record whose report went
-// unanswered sends it again (resend): Redis may count a lease for it that
-// it no longer spends. Only a known record can hand a lease back.
-func (it *quotaItem) release(s *asyncShard, key string, rep *quotaAsyncReply, sentAt int64, interval time.Duration) {
-	r := it.r
+// release ends a sync's call for a quota item, adopting rep if the call was
+// answered (sent at sentAt). A record whose report went unanswered sends
+// it again (resend): Redis may count a lease for it that it no longer
+// spends. Only a known record can hand a lease back.
+func (a *Async) release(it *item, rep *quotaAsyncReply, sentAt int64) {
+	r, s := it.quota.r, it.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	close(r.taking) // still the sync's: a call for the record waits for it
 	r.taking = nil
 	switch {
-	case s.q[key] != r:
+	case s.q[it.key] != r:
 	case rep == nil:
 		r.resend = r.known
 	default:
-		r.adopt(it.st, *rep, it.q, sentAt, monotime.Now(), interval)
+		r.adopt(it.quota.st, *rep, it.quota.q, sentAt, monotime.Now(), a.opts.SyncInterval)
 		if !r.active && r.held == r.used {
-			delete(s.q, key) // idle, nothing held: its next request takes again
+			delete(s.q, it.key) // idle, nothing held: its next request takes again
 		}
 	}
 }
