@@ -45,24 +45,28 @@ func (a *Async) loop() {
 	}
 }
 
-// item is one record in a sync.
+// item is one record in a sync: a rate record, or a quota record (quota
+// set; quota_async.go).
 type item struct {
-	z    *asyncZone
-	s    *asyncShard
-	key  string
-	r    *record
-	sent sent
-	rkey string // its Redis key
-	slot int    // its hash slot, on a Cluster
+	z     *asyncZone
+	s     *asyncShard
+	key   string
+	r     *record
+	sent  sent
+	quota *quotaItem
+	rkey  string // its Redis key
+	slot  int    // its hash slot, on a Cluster
 }
 
-// asyncCall is one async.lua call of a sync: up to asyncCallKeys items of
-// one hash slot on a Cluster, behind its master's breaker.
+// asyncCall is one script call of a sync, behind its master's breaker:
+// async.lua for up to asyncCallKeys rate items of one hash slot on a
+// Cluster, or quota_async.lua for one quota item.
 type asyncCall struct {
 	scriptCall
-	items []item
-	slot  int // the hash slot of its keys, on a Cluster
-	gate  *gate
+	script *redis.Script
+	items  []item
+	slot   int // the hash slot of its keys, on a Cluster
+	gate   *gate
 }
 
 // sync reports the records that need it and adopts the replies; take is
@@ -133,11 +137,16 @@ func (a *Async) snapshot(now int64, all bool) []item {
 }
 
 // restore marks records of a sync that did not happen as used again, so the
-// next sync does not take them for idle; failed (monotime) is when a sync
-// first failed to reach their master, 0 for none, -1 for a master that
-// answered (not failing).
+// next sync does not take them for idle, and frees quota records for the
+// next (release); failed (monotime) is when a sync first failed
+// to reach their master, 0 for none, -1 for a master that answered (not
+// failing).
 func (a *Async) restore(items []item, failed int64) {
 	for _, it := range items {
+		if it.quota != nil {
+			a.release(&it, nil, 0)
+			continue
+		}
 		it.s.mu.Lock()
 		if !it.sent.idle {
 			it.r.used, it.r.active = true, true
@@ -151,9 +160,10 @@ func (a *Async) restore(items []item, failed int64) {
 	}
 }
 
-// send runs the script for every item, asyncCallKeys per call, syncChunk
-// keys per pipeline, and adopts each reply. It returns an error when no
-// call was answered and one failed saying Redis cannot serve; failed items
+// send runs the script for every item, asyncCallKeys rate items or one
+// quota item per call, syncChunk items per pipeline, and adopts each
+// reply. It returns an error when no call was answered and one failed
+// saying Redis cannot serve; failed items
 // keep their state for the next sync, and an error about one key alone goes
 // to that key's next decision. Each breaker is asked once per sync: a
 // failing master's items go stale on their own, the others sync on.
@@ -201,15 +211,23 @@ func (a *Async) send(ctx context.Context, items []item, take bool, start int64) 
 const asyncCallKeys = 100
 
 // calls groups chunk into script calls: up to asyncCallKeys consecutive
-// items, of one hash slot on a Cluster.
+// rate items, of one hash slot on a Cluster, or one quota item.
 func (a *Async) calls(chunk []item, gs *gates, n int64, take bool, known map[int]int64) []asyncCall {
 	var calls []asyncCall
 	for lo := 0; lo < len(chunk); {
 		hi := lo + 1
-		for hi < len(chunk) && hi-lo < asyncCallKeys && (!a.cluster || chunk[hi].slot == chunk[lo].slot) {
+		c := asyncCall{script: a.script, gate: gs.get(a.breakerFor(chunk[lo].rkey)), slot: chunk[lo].slot}
+		if q := chunk[lo].quota; q != nil {
+			c.items, c.script = chunk[lo:hi], quotaAsyncScript
+			c.keys, c.args = []string{chunk[lo].rkey}, a.quotaArgs(q.q, q.st)
+			calls = append(calls, c)
+			lo = hi
+			continue
+		}
+		for hi < len(chunk) && hi-lo < asyncCallKeys && chunk[hi].quota == nil && (!a.cluster || chunk[hi].slot == chunk[lo].slot) {
 			hi++
 		}
-		c := asyncCall{items: chunk[lo:hi], gate: gs.get(a.breakerFor(chunk[lo].rkey)), slot: chunk[lo].slot}
+		c.items = chunk[lo:hi]
 		c.keys = make([]string, 0, hi-lo+1)
 		c.args = make([]any, 0, 4+9*(hi-lo))
 		c.args = append(c.args, n, a.hold, a.instanceID, known[c.slot])
@@ -233,40 +251,51 @@ func (a *Async) appendSyncArgs(args []any, st sent, n int64, take bool) []any {
 
 // sendChunk runs the calls for chunk, bounded by timeout, and adopts the
 // replies, telling each call's gate how it went. Each master's calls go in
-// a pipeline of their own, at once: a master that hangs fails only its own
-// keys.
+// a pipeline of their own (one per script), at once: a master that hangs
+// fails only its own keys.
 func (a *Async) sendChunk(ctx context.Context, timeout time.Duration, chunk []item, gs *gates, n int64, take bool, start int64, known map[int]int64) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	calls := a.calls(chunk, gs, n, take, known)
-	byGate := map[*gate][]*scriptCall{}
+	type pipeline struct {
+		g      *gate
+		script *redis.Script
+	}
+	pipelines := map[pipeline][]*scriptCall{}
 	for i := range calls {
 		c := &calls[i]
 		if !c.gate.ok || c.gate.err != nil {
 			a.restore(c.items, start)
 			continue
 		}
-		byGate[c.gate] = append(byGate[c.gate], &c.scriptCall)
+		p := pipeline{c.gate, c.script}
+		pipelines[p] = append(pipelines[p], &c.scriptCall)
 	}
+	sentAt := monotime.Now()
 	var wg sync.WaitGroup
-	for _, cs := range byGate {
-		wg.Go(func() { a.evalAll(ctx, a.script, cs) })
+	for p, cs := range pipelines {
+		wg.Go(func() { a.evalAll(ctx, p.script, cs) })
 	}
 	wg.Wait()
 	now := monotime.Now()
 	for i := range calls {
 		if c := &calls[i]; c.cmd != nil {
-			a.adoptCall(c, now, start)
+			a.adoptCall(c, now, start, sentAt)
 		}
 	}
 }
 
-// adoptCall adopts the replies of one call. An error saying Redis cannot
-// serve goes to the gate; any other, or a per-key one, to each key's next
-// decision.
-func (a *Async) adoptCall(c *asyncCall, now, start int64) {
-	vals, epoch, err := syncValues(c.cmd, len(c.items))
-	if err == nil {
+// adoptCall adopts the replies of one call, sent at sentAt. An error saying
+// Redis cannot serve goes to the gate; any other, or a per-key one, to each
+// key's next decision.
+func (a *Async) adoptCall(c *asyncCall, now, start, sentAt int64) {
+	var vals []any
+	var epoch int64
+	var qrep quotaAsyncReply
+	var err error
+	if c.items[0].quota != nil {
+		qrep, err = parseQuotaAsync(c.cmd)
+	} else if vals, epoch, err = syncValues(c.cmd, len(c.items)); err == nil {
 		defer a.sawEpoch(c.slot, epoch)
 	}
 	if err != nil && unreachable(err) {
@@ -281,19 +310,25 @@ func (a *Async) adoptCall(c *asyncCall, now, start int64) {
 	for i := range c.items {
 		it := &c.items[i]
 		rep, keyErr := syncReply{}, err
-		if keyErr == nil {
+		if keyErr == nil && it.quota == nil {
 			rep, keyErr = parseSyncReply(vals[4*i : 4*i+4])
 		}
 		if keyErr != nil {
 			a.problems.note(it.z.name, keyErr)
-			it.s.mu.Lock()
-			it.r.syncErr = keyErr
-			it.s.mu.Unlock()
+			if it.r != nil {
+				it.s.mu.Lock()
+				it.r.syncErr = keyErr
+				it.s.mu.Unlock()
+			}
 			a.restore(c.items[i:i+1], 0)
 			continue
 		}
 		c.gate.answered++
-		a.adopt(it, rep, now)
+		if it.quota != nil {
+			a.release(it, &qrep, sentAt)
+		} else {
+			a.adopt(it, rep, now)
+		}
 	}
 }
 

@@ -39,6 +39,7 @@ type quotaRecord struct {
 	// fleet had left besides. used > held is a debt the next sync reports.
 	used, held, room int64
 	known            bool             // used is Redis's view too (else the first report takes Redis's)
+	resend           bool             // a report went unanswered: Redis may count more than held
 	active           bool             // decided since the last sync; an idle record hands its lease back
 	blockedUntil     int64            // monotime: the fleet had nothing left; denied locally until then
 	taking           chan struct{}    // closed when a call in flight for the record ends
@@ -169,6 +170,9 @@ func (a *Async) takeQuota(ctx context.Context, zone string, s *asyncShard, key s
 	})
 	if err != nil {
 		a.problems.note(zone, err)
+		if s.q[key] == r {
+			r.resend = r.known
+		}
 		return err
 	}
 	if s.q[key] == r {
@@ -194,7 +198,7 @@ func (r *quotaRecord) adopt(st quotaReport, rep quotaAsyncReply, q zones.QuotaLi
 	} else {
 		r.used = rep.used // a new period; what was admitted during the call was the old one's
 	}
-	r.end, r.known = end, true
+	r.end, r.known, r.resend = end, true, false
 	r.held, r.room = rep.held, max(0, q.Limit-rep.counted)
 	r.endMono = sent + int64(rep.toEnd)
 	r.blockedUntil = 0
@@ -245,16 +249,6 @@ func parseQuotaAsync(cmd *redis.Cmd) (quotaAsyncReply, error) {
 // one whose period is over is dropped; final (Close) hands every lease
 // back. A report that failed is sent again by the next sync.
 func (a *Async) syncQuotas(ctx context.Context, final bool) {
-	type item struct {
-		scriptCall
-		s    *asyncShard
-		key  string
-		r    *quotaRecord
-		q    zones.QuotaLimit // as reported
-		st   quotaReport
-		sent int64
-		g    *gate
-	}
 	var items []item
 	now := monotime.Now()
 	a.eachShard(func(z *asyncZone, s *asyncShard) {
@@ -268,7 +262,7 @@ func (a *Async) syncQuotas(ctx context.Context, final bool) {
 			}
 			idle := !r.active || final
 			r.active = false
-			handBack := idle && r.held > r.used
+			handBack := idle && (r.held > r.used || r.resend)
 			unreported := r.used > r.held // a debt, or charges of a record that never took
 			if !handBack && !unreported {
 				if idle {
@@ -276,50 +270,46 @@ func (a *Async) syncQuotas(ctx context.Context, final bool) {
 				}
 				continue
 			}
-			it := item{s: s, key: key, r: r, q: r.q, st: r.report(0, 0)}
-			it.keys = []string{a.QuotaKey(z.name, key)}
-			it.args = a.quotaArgs(r.q, it.st)
+			it := item{z: z, s: s, key: key, quota: &quotaItem{r: r, q: r.q, st: r.report(0, 0)}, rkey: a.QuotaKey(z.name, key)}
+			if a.cluster {
+				it.slot = hashSlot(it.rkey)
+			}
 			r.held = min(r.held, r.used) // it spends nothing more until the reply
 			r.taking = make(chan struct{})
 			items = append(items, it)
 		}
 	})
-	if len(items) == 0 {
-		return
+	if len(items) > 0 {
+		_ = a.send(ctx, items, false, now)
 	}
-	ctx, cancel := context.WithTimeout(ctx, backgroundTimeout(a.opts))
-	defer cancel()
-	// One sync is one call per breaker, as the async sync's is: a pipeline
-	// that fails is one failure, however many records it carried.
-	var gs gates
-	defer func() { gs.record() }()
-	var calls []*scriptCall
-	for i := range items {
-		it := &items[i]
-		if it.g = gs.get(a.breakerFor(it.keys[0])); it.g.ok {
-			it.sent = monotime.Now()
-			calls = append(calls, &it.scriptCall)
+}
+
+// quotaItem is a quota record in a sync, with what it reports.
+type quotaItem struct {
+	r  *quotaRecord
+	q  zones.QuotaLimit // as reported
+	st quotaReport
+}
+
+// release ends a sync's call for a quota item, adopting rep if the call was
+// answered (sent at sentAt). A record whose report went unanswered sends
+// it again (resend): Redis may count a lease for it that it no longer
+// spends. Only a known record can hand a lease back.
+func (a *Async) release(it *item, rep *quotaAsyncReply, sentAt int64) {
+	r, s := it.quota.r, it.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	close(r.taking) // still the sync's: a call for the record waits for it
+	r.taking = nil
+	switch {
+	case s.q[it.key] != r:
+	case rep == nil:
+		r.resend = r.known
+	default:
+		r.adopt(it.quota.st, *rep, it.quota.q, sentAt, monotime.Now(), a.opts.SyncInterval)
+		if !r.active && r.held == r.used {
+			delete(s.q, it.key) // idle, nothing held: its next request takes again
 		}
-	}
-	a.evalAll(ctx, quotaAsyncScript, calls)
-	for i := range items {
-		it := &items[i]
-		var rep quotaAsyncReply
-		err := ErrUnavailable
-		if it.g.ok {
-			rep, err = parseQuotaAsync(it.cmd)
-			it.g.note(err)
-		}
-		it.s.mu.Lock()
-		close(it.r.taking) // still the sync's: a call for the record waits for it
-		it.r.taking = nil
-		if err == nil && it.s.q[it.key] == it.r {
-			it.r.adopt(it.st, rep, it.q, it.sent, monotime.Now(), a.opts.SyncInterval)
-			if !it.r.active && it.r.held == it.r.used {
-				delete(it.s.q, it.key) // idle, nothing held: its next request takes again
-			}
-		}
-		it.s.mu.Unlock()
 	}
 }
 
@@ -328,7 +318,7 @@ func (a *Async) syncQuotas(ctx context.Context, final bool) {
 // counted in Redis (undershoot); its next take counts it as used.
 func (z *asyncZone) insertQuota(s *asyncShard, key string, r *quotaRecord) {
 	if int64(len(s.q)) >= z.shardCap.Load() {
-		evict(s.q, func(r *quotaRecord) int64 { return b2i(r.held > r.used || r.taking != nil) })
+		evict(s.q, func(r *quotaRecord) int64 { return b2i(r.held > r.used || r.resend || r.taking != nil) })
 	}
 	s.q[strings.Clone(key)] = r
 }

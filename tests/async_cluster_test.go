@@ -14,6 +14,7 @@ import (
 
 	"github.com/caddy-tally/ratelimit/algorithms"
 	"github.com/caddy-tally/ratelimit/distributed"
+	"github.com/caddy-tally/ratelimit/zones"
 )
 
 // asyncKeysOnEveryMaster picks perNode keys of zone whose async Redis keys
@@ -180,5 +181,104 @@ func testAsyncClusterMasterDown(t *testing.T, hang bool) {
 	}
 	if out := a.Outages(); len(out) != 0 {
 		t.Errorf("Outages after the promotion: %+v, want none", out)
+	}
+}
+
+// Async quotas on a Cluster: a hung master (SIGSTOP) fails only its own
+// keys' quota syncs. While it hangs, the other masters' idle keys hand
+// their leases back within a few syncs, through its first timeouts, its
+// breaker's opening and probes, and only its breaker opens; once it
+// answers again, its own keys hand theirs back too. Redis then counts
+// every key's charges exactly: none twice, no lease left behind.
+func TestAsyncQuotaClusterHungMasterCostsOnlyItsKeys(t *testing.T) {
+	t.Parallel()
+	// No failover within the test: the masters mark the hung one failed
+	// only after a minute.
+	nodes := startRedisClusterNodes(t, time.Minute)
+	var addrs []string
+	for _, n := range nodes {
+		addrs = append(addrs, n.Addr)
+	}
+	ctx := context.Background()
+	const interval, timeout = 100 * time.Millisecond, 500 * time.Millisecond
+	a, err := distributed.OpenAsync(distributed.Options{Addresses: addrs, Mode: "async",
+		SyncInterval: interval, Timeout: timeout, Instance: nextTestInstance()}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	view := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	defer view.Close()
+	keys, owner := keysOnEveryMaster(t, ctx, view, addrs, 2, func(k string) string { return a.QuotaKey("q", k) })
+	victim := nodes[0]
+	var healthy, hung []string
+	for _, k := range keys {
+		if owner[k] == victim.Addr {
+			hung = append(hung, k)
+		} else {
+			healthy = append(healthy, k)
+		}
+	}
+	// A lease is ⌈1600/16⌉ = 100 units beyond the request.
+	periods := zones.PeriodsAt(algorithms.Day, time.Now(), time.UTC)
+	q := zones.QuotaLimit{Limit: 1600, Periods: &periods}
+	charged := map[string]int64{}
+	// traffic runs post-charged requests (a check, then a charge) on ks:
+	// each takes a lease on the request path, Redis counting it whole.
+	traffic := func(ks []string) {
+		t.Helper()
+		for range 3 {
+			for _, k := range ks {
+				if r, err := stepCheckQuota(a, ctx, "q", k, q); err != nil || !r.Allowed {
+					t.Fatalf("checking %s: %+v, %v", k, r, err)
+				}
+				if _, err := stepChargeQuota(a, ctx, "q", k, q, 1); err != nil {
+					t.Fatalf("charging %s: %v", k, err)
+				}
+				charged[k]++
+			}
+		}
+	}
+	counted := func(k string) int64 {
+		n, _ := view.HGet(ctx, a.QuotaKey("q", k), "u").Int64()
+		return n
+	}
+	handedBack := func(ks []string) func() bool {
+		return func() bool {
+			for _, k := range ks {
+				if counted(k) != charged[k] {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	traffic(keys)
+	if handedBack(keys)() {
+		t.Fatal("Redis counts no lease for the keys in use: the test does not test hand-backs")
+	}
+	victim.Pause()
+	t.Cleanup(victim.Resume)
+	// The healthy masters' keys, idle, hand their leases back at their
+	// second sync, however long the hung master makes each sync wait; again
+	// after more traffic, past the hung master's breaker opening (5
+	// failures) and its probes (a second apart).
+	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); {
+		waitFor(t, timeout+5*interval, "the healthy masters' idle keys to hand their leases back", handedBack(healthy))
+		traffic(healthy)
+	}
+	waitFor(t, timeout+5*interval, "the healthy masters' idle keys to hand their leases back", handedBack(healthy))
+	for _, o := range a.Outages() {
+		if o.Node != victim.Addr {
+			t.Errorf("outage %+v: only the hung master %s is down", o, victim.Addr)
+		}
+	}
+	victim.Resume()
+	waitFor(t, 10*time.Second, "the hung master's keys to hand their leases back once it answers", handedBack(hung))
+	time.Sleep(5 * interval) // syncs that could count a report twice, being measured
+	for _, k := range keys {
+		if n := counted(k); n != charged[k] {
+			t.Errorf("key %s (master %s): Redis counts %d, %d were charged", k, owner[k], n, charged[k])
+		}
 	}
 }
