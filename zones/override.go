@@ -40,14 +40,6 @@ type Override struct {
 
 func (o *Override) expired(now int64) bool { return o.Expires != 0 && o.Expires <= now }
 
-// DenyFor is how long a deny override's denial lasts from now (Unix ns).
-func (o *Override) DenyFor(now int64) time.Duration {
-	if o.Expires == 0 {
-		return DenyRetryAfter
-	}
-	return max(time.Duration(o.Expires-now), time.Second)
-}
-
 // DenyRetryAfter is the Retry-After of a deny override without expiry.
 const DenyRetryAfter = time.Hour
 

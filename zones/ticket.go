@@ -88,7 +88,10 @@ func (t *Ticket[O]) waived() Decision {
 	if t.Override.Exempt {
 		return Decision{Allowed: true, Remaining: t.Plan.Burst, Source: SourceOverride}
 	}
-	d := t.Override.DenyFor(time.Now().UnixNano())
+	d := DenyRetryAfter
+	if e := t.Override.Expires; e != 0 {
+		d = max(time.Duration(e-time.Now().UnixNano()), time.Second)
+	}
 	return Decision{RetryAfter: d, ResetAfter: d, Source: SourceOverride}
 }
 
