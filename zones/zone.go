@@ -527,7 +527,7 @@ func (z *Zone) step(ctx context.Context, op Op, key string, now int64, p *Plan, 
 	}
 	var d Decision
 	if z.store == nil && z.state.quota == nil && op == OpDecide { // the local hot path, inlined
-		d = fromResult(z.state.Local.DecideAhead(key, now, p.limit, cost, ahead), SourceLocal)
+		d = fromResult(z.state.Local.Decide(key, now, p.limit, cost, ahead), SourceLocal)
 	} else if z.store == nil {
 		d = z.localStep(false, key, now, p, op, cost, ahead)
 	} else if cached, ok := z.cachedStoreDenial(key, now, p); ok {
@@ -696,7 +696,7 @@ func (z *Zone) localStep(fallback bool, key string, now int64, p *Plan, op Op, c
 	case OpRefund:
 		t.Refund(key, now, l, cost)
 	default:
-		r = t.DecideAhead(key, now, l, cost, ahead)
+		r = t.Decide(key, now, l, cost, ahead)
 	}
 	return fromResult(r, src)
 }
