@@ -80,7 +80,7 @@ func BenchmarkAsyncDecide(b *testing.B) {
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
 				k := keys[next.Add(1)%uint64(len(keys))]
-				if !table.Decide(k, time.Now().UnixNano(), limit, 1).Allowed {
+				if !table.Decide(k, time.Now().UnixNano(), limit, 1, 0).Allowed {
 					b.Error("local decide denied")
 					return
 				}

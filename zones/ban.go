@@ -21,7 +21,7 @@ import (
 //
 // A running ban is never evicted: a full table (max_keys) makes room only
 // from entries whose ban has ended, and a ban that finds none is not kept
-// but counted (DroppedBans), so that a flood of banned keys cannot lift the
+// but counted (Zone.OnBanDropped), so that a flood of banned keys cannot lift the
 // bans already running.
 //
 // A key's state is one entry of State.Bans, in the monotonic clock of a
@@ -166,7 +166,7 @@ func (z *Zone) storeBan(key string, now int64, f func(int64, bool) (int64, keyta
 	ok := z.state.Bans.kt.Update(key, banEnded(now, z.BanMemory()), f)
 	z.state.banMu.Unlock()
 	if !ok {
-		z.droppedBans(droppedFromTable, 1)
+		z.droppedBans(false, 1)
 	}
 	return ok
 }
@@ -213,7 +213,7 @@ func (z *Zone) storeDecision(key string, now int64, rep RateReply) Decision {
 		z.banOnDenial(key, now, &d)
 	}
 	if l := z.offers.BanList; l != nil && d.BanStarted > 0 && !z.DryRun {
-		l.RecordBan(z.Name, key, d.BanStarted, max(z.Ban, z.BanMax), d.BanLevel, func(n int64) { z.droppedBans(droppedFromList, n) })
+		l.RecordBan(z.Name, key, d.BanStarted, max(z.Ban, z.BanMax), d.BanLevel, func(n int64) { z.droppedBans(true, n) })
 	}
 	return d
 }
@@ -336,35 +336,15 @@ func (z *Zone) BannedKeys(now int64) int {
 	return z.state.Bans.kt.CountAbove(satAdd(banEnded(now, z.BanMemory()), banLevels-1))
 }
 
-// DroppedBans reports the bans the zone did not keep on this instance
-// since its state began: table, bans not started or learnt because the
-// ban table (max_keys) was full of running bans; list, bans the
-// fleet-wide list (MaxListedBans) dropped while they were running, pushed
-// off by bans that end later (in async mode the other instances do not
-// learn them).
-func (z *Zone) DroppedBans() (table, list uint64) {
-	return z.state.droppedBans[droppedFromTable].Load(), z.state.droppedBans[droppedFromList].Load()
-}
-
-const (
-	droppedFromTable = iota
-	droppedFromList
-)
-
-// droppedBans counts n bans not kept, from the table or the list, and tells
-// OnBanDropped.
-func (z *Zone) droppedBans(from int, n int64) {
-	if n <= 0 {
-		return
-	}
-	z.state.droppedBans[from].Add(uint64(n))
-	if f := z.OnBanDropped; f != nil {
-		f(from == droppedFromList, n)
+// droppedBans tells OnBanDropped of n bans not kept.
+func (z *Zone) droppedBans(fromList bool, n int64) {
+	if f := z.OnBanDropped; f != nil && n > 0 {
+		f(fromList, n)
 	}
 }
 
 // MaxListedBans bounds the bans a zone lists, locally and in a store: the
 // longest-lasting ones are kept. Bans past it are enforced but not listed;
 // in async mode, where the list is how the others learn a ban, only where
-// they started (and counted: DroppedBans).
+// they started (and counted: Zone.OnBanDropped).
 const MaxListedBans = 1000

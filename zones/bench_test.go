@@ -39,12 +39,12 @@ func BenchmarkTableDecideExistingKey(b *testing.B) {
 	l := benchConfig.Limit()
 	now := monotime.Now()
 	for _, k := range keys {
-		t.Decide(k, now, l, 1)
+		t.Decide(k, now, l, 1, 0)
 	}
 	i := 0
 	b.ReportAllocs()
 	for b.Loop() {
-		if !t.Decide(keys[i], now, l, 1).Allowed {
+		if !t.Decide(keys[i], now, l, 1, 0).Allowed {
 			b.Fatal("denied: the benchmark limit is meant never to deny")
 		}
 		if i++; i == len(keys) {
@@ -122,7 +122,7 @@ func benchBytesPerKey(b *testing.B, n int) {
 		before := heapAfterGC()
 		t := NewTable(DefaultMaxKeys)
 		for _, k := range keys {
-			t.Decide(k, now, l, 1)
+			t.Decide(k, now, l, 1, 0)
 		}
 		after := heapAfterGC()
 		// At max_keys a few shards fill before the others and evict.

@@ -40,14 +40,6 @@ type Override struct {
 
 func (o *Override) expired(now int64) bool { return o.Expires != 0 && o.Expires <= now }
 
-// DenyFor is how long a deny override's denial lasts from now (Unix ns).
-func (o *Override) DenyFor(now int64) time.Duration {
-	if o.Expires == 0 {
-		return DenyRetryAfter
-	}
-	return max(time.Duration(o.Expires-now), time.Second)
-}
-
 // DenyRetryAfter is the Retry-After of a deny override without expiry.
 const DenyRetryAfter = time.Hour
 
@@ -68,7 +60,7 @@ type OverrideSet struct {
 	prefixes *trie[string, []placed]
 	cidrs    *trie[netip.Prefix, []placed]
 	prefLens []lenCount    // longest first
-	cidrLens [2][]lenCount // IPv4, IPv6; narrowest (longest) first
+	cidrLens [2][]lenCount // by Is6: IPv4, IPv6; narrowest (longest) first
 }
 
 type placed struct {
@@ -110,7 +102,7 @@ func (s *OverrideSet) With(o *Override, version int64) (*OverrideSet, error) {
 		c = *s
 	}
 	p := placed{version, o}
-	c.ids = c.ids.put(hashString(o.ID), o.ID, p)
+	c.ids = c.ids.put(0, hashString(o.ID), o.ID, p)
 	c.n++
 	c.edit(o, func(list []placed) []placed { return addPlaced(list, p) })
 	return &c, nil
@@ -130,7 +122,7 @@ func (s *OverrideSet) Without(id string) *OverrideSet {
 		return nil
 	}
 	c := *s
-	c.ids = c.ids.del(hid, id)
+	c.ids = c.ids.del(0, hid, id)
 	c.n--
 	c.edit(p.o, func(list []placed) []placed { return dropPlaced(list, id) })
 	return &c
@@ -156,8 +148,8 @@ func (c *OverrideSet) edit(o *Override, f func([]placed) []placed) {
 		old := c.cidrs.get(h, m)
 		list := f(old)
 		c.cidrs = change(c.cidrs, h, m, list)
-		fam := family(m.Addr())
-		c.cidrLens[fam] = countLen(c.cidrLens[fam], m.Bits(), moved(old, list))
+		lens := &c.cidrLens[btoi(m.Addr().Is6())]
+		*lens = countLen(*lens, m.Bits(), moved(old, list))
 	}
 }
 
@@ -191,13 +183,6 @@ func countLen(lens []lenCount, n, d int) []lenCount {
 		return out
 	}
 	return slices.Insert(slices.Clip(lens), i, lenCount{n, d})
-}
-
-func family(a netip.Addr) int {
-	if a.Is6() {
-		return 1
-	}
-	return 0
 }
 
 func (s *OverrideSet) Len() int {
@@ -262,7 +247,7 @@ func (s *OverrideSet) lookupCIDR(key string, now int64) *Override {
 	if bits < 0 {
 		bits = addr.BitLen()
 	}
-	for _, l := range s.cidrLens[family(addr)] {
+	for _, l := range s.cidrLens[btoi(addr.Is6())] {
 		if l.n > bits {
 			continue
 		}
@@ -422,31 +407,29 @@ func (t *trie[K, V]) get(h uint64, k K) V {
 	return v
 }
 
-func (t *trie[K, V]) put(h uint64, k K, v V) *trie[K, V] {
-	return t.with(0, trieItem[K, V]{h, k, v})
-}
-
 // change is t with k's value list, or without k for an empty list.
 func change[K comparable](t *trie[K, []placed], h uint64, k K, list []placed) *trie[K, []placed] {
 	if len(list) == 0 {
-		return t.del(h, k)
+		return t.del(0, h, k)
 	}
-	return t.put(h, k, list)
+	return t.put(0, h, k, list)
 }
 
-func (t *trie[K, V]) with(shift uint, it trieItem[K, V]) *trie[K, V] {
+// put is t with k's value v; shift is 0 at the root, 5 more a level down.
+func (t *trie[K, V]) put(shift uint, h uint64, k K, v V) *trie[K, V] {
+	it := trieItem[K, V]{h, k, v}
 	if t == nil {
 		return &trie[K, V]{items: []trieItem[K, V]{it}}
 	}
 	if t.kids != nil {
 		kids := *t.kids
 		i := (it.h >> shift) & 31
-		kids[i] = kids[i].with(shift+5, it)
+		kids[i] = kids[i].put(shift+5, h, k, v)
 		return &trie[K, V]{kids: &kids}
 	}
 	items := slices.Clone(t.items)
 	for i := range items {
-		if items[i].h == it.h && items[i].k == it.k {
+		if items[i].h == h && items[i].k == k {
 			items[i] = it
 			return &trie[K, V]{items: items}
 		}
@@ -456,20 +439,18 @@ func (t *trie[K, V]) with(shift uint, it trieItem[K, V]) *trie[K, V] {
 	}
 	b := &trie[K, V]{kids: &[32]*trie[K, V]{}}
 	for _, x := range append(items, it) {
-		b = b.with(shift, x)
+		b = b.put(shift, x.h, x.k, x.v)
 	}
 	return b
 }
 
-func (t *trie[K, V]) del(h uint64, k K) *trie[K, V] { return t.without(0, h, k) }
-
-func (t *trie[K, V]) without(shift uint, h uint64, k K) *trie[K, V] {
+func (t *trie[K, V]) del(shift uint, h uint64, k K) *trie[K, V] {
 	if t == nil {
 		return nil
 	}
 	if t.kids != nil {
 		i := (h >> shift) & 31
-		kid := t.kids[i].without(shift+5, h, k)
+		kid := t.kids[i].del(shift+5, h, k)
 		if kid == t.kids[i] {
 			return t
 		}

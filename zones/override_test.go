@@ -378,10 +378,10 @@ func TestTrieMatchesAMap(t *testing.T) {
 		before, had := tr.lookup(h, k)
 		prev := tr
 		if i%3 == 2 {
-			tr = tr.del(h, k)
+			tr = tr.del(0, h, k)
 			delete(want, k)
 		} else {
-			tr = tr.put(h, k, i)
+			tr = tr.put(0, h, k, i)
 			want[k] = i
 		}
 		if v, ok := prev.lookup(h, k); v != before || ok != had {

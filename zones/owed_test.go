@@ -35,7 +35,7 @@ func (s *outageStore) Rate(_ context.Context, _, key string, st RateStep) (RateR
 	}
 	switch st.Op {
 	case OpDecide:
-		return RateReply{Result: s.table.DecideAhead(key, monotime.Now(), st.Limit, st.Cost, st.Ahead)}, nil
+		return RateReply{Result: s.table.Decide(key, monotime.Now(), st.Limit, st.Cost, st.Ahead)}, nil
 	case OpCharge:
 		s.mu.Lock()
 		s.charges = append(s.charges, owedSent{key, st.Cost})

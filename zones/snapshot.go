@@ -227,29 +227,43 @@ func DecodeSnapshot(data []byte) (*Snapshot, error) {
 // later of its two entries.
 func (s *State) Restore(snap *Snapshot, now int64, wall time.Time, maxDebt time.Duration) int {
 	elapsed := max(0, wall.Sub(snap.Wall))
+	memory := s.banCfg.BanMemory()
 	restored := 0
 	for _, sec := range snap.sections {
-		body := snap.data[sec.start:sec.end]
-		if sec.kind == SnapshotBans {
-			if s.Bans != nil { // else the zone lost its ban: a section to skip
-				restored += s.restoreBans(body, now, elapsed)
-			}
-			continue
-		}
-		snapshotEntries(body, func(key string, left uint64) {
+		bans := sec.kind == SnapshotBans
+		t, entry := s.Local, func(left uint64) (int64, bool) {
 			rem := min(time.Duration(left), maxDebt) - elapsed
-			if rem <= 0 {
+			return now + int64(rem), rem > 0
+		}
+		if bans {
+			if t = s.Bans; t == nil {
+				continue // the zone lost its ban: a section to skip
+			}
+			entry = func(packed uint64) (int64, bool) {
+				level := int(packed % banLevels)
+				left := min(time.Duration(packed-packed%banLevels), s.banCfg.banLength(level)+memory) - elapsed
+				// An end before now: only remembered; left <= 0: forgotten meanwhile.
+				return BanEntry(satAdd(now, int64(left-memory)), level, memory), left > 0
+			}
+			s.banMu.Lock() // ordered with the sweep that clears anyBan
+			s.anyBan.Store(true)
+		}
+		snapshotEntries(snap.data[sec.start:sec.end], func(key string, left uint64) {
+			e, ok := entry(left)
+			if !ok {
 				return
 			}
-			until := now + int64(rem)
-			s.Local.kt.Update(key, now, func(v int64, _ bool) (int64, keytable.Op) {
-				if v >= until {
+			t.kt.Update(key, now, func(v int64, found bool) (int64, keytable.Op) {
+				if found && v >= e {
 					return 0, keytable.Keep // what happened since says more
 				}
 				restored++
-				return until, keytable.Store
+				return e, keytable.Store
 			})
 		})
+		if bans {
+			s.banMu.Unlock()
+		}
 	}
 	return restored
 }
@@ -267,30 +281,4 @@ func snapshotEntries(body []byte, f func(key string, left uint64)) {
 		p += n
 		f(key, left)
 	}
-}
-
-// restoreBans merges a checked ban section into s.Bans (see Restore).
-func (s *State) restoreBans(body []byte, now int64, elapsed time.Duration) int {
-	memory := s.banCfg.BanMemory()
-	restored := 0
-	s.banMu.Lock()
-	defer s.banMu.Unlock()
-	snapshotEntries(body, func(key string, packed uint64) {
-		level := int(packed % banLevels)
-		left := min(time.Duration(packed-packed%banLevels), s.banCfg.banLength(level)+memory) - elapsed
-		if left <= 0 {
-			return // forgotten meanwhile
-		}
-		end := satAdd(now, int64(left-memory)) // before now: only remembered
-		entry := BanEntry(end, level, memory)
-		s.anyBan.Store(true)
-		s.Bans.kt.Update(key, now, func(v int64, found bool) (int64, keytable.Op) {
-			if found && v >= entry {
-				return 0, keytable.Keep // what happened since says more
-			}
-			restored++
-			return entry, keytable.Store
-		})
-	})
-	return restored
 }

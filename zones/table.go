@@ -21,14 +21,9 @@ func NewTable(maxKeys int) *Table {
 	return &Table{kt: keytable.New(maxKeys)}
 }
 
-// Decide runs one GCRA step for key at now, storing the TAT it admits.
-func (t *Table) Decide(key string, now int64, l algorithms.Limit, cost int64) algorithms.Result {
-	return t.DecideAhead(key, now, l, cost, 0)
-}
-
-// DecideAhead is Decide admitting for later up to ahead (see
-// algorithms.Limit.DecideAhead, which at ahead 0 is Decide).
-func (t *Table) DecideAhead(key string, now int64, l algorithms.Limit, cost, ahead int64) (r algorithms.Result) {
+// Decide runs one GCRA step for key at now, storing the TAT it admits,
+// admitting for later up to ahead (see algorithms.Limit.DecideAhead).
+func (t *Table) Decide(key string, now int64, l algorithms.Limit, cost, ahead int64) (r algorithms.Result) {
 	t.kt.Update(key, now, func(tat int64, _ bool) (int64, keytable.Op) {
 		if r = l.DecideAhead(tat, now, cost, ahead); r.Allowed {
 			return r.TAT, keytable.Store

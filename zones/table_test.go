@@ -72,7 +72,7 @@ func TestTableShrinksWhileInUse(t *testing.T) {
 			defer wg.Done()
 			key := "steady-" + strconv.Itoa(g)
 			for range perKey {
-				if r := tbl.Decide(key, 1, l, 1); !r.Allowed {
+				if r := tbl.Decide(key, 1, l, 1, 0); !r.Allowed {
 					t.Errorf("%s denied within its burst", key)
 					return
 				}

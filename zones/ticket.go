@@ -17,7 +17,7 @@ type Ticket[O any] struct {
 	Zone        *Zone
 	Key         string
 	Raw         string    // the key as built, which prefix overrides match ("" is Key)
-	Plan        Plan      // the limit the request is decided under
+	Plan        Plan      // the limit the request is decided under (adaptive: Burst is the key's limit once admitted)
 	Cost        int64     // what it costs (a post-charged zone: what it is charged by default)
 	PostCharged bool      // the zone checks before the request and charges after it (Charge)
 	UpTo        bool      // Cost is an estimate that takes at most what the key has left
@@ -29,8 +29,7 @@ type Ticket[O any] struct {
 	// zone with delay stops waiting for a place then.
 	Done <-chan struct{}
 	Decision
-	slot  Slot
-	limit int64 // an adaptive zone's limit for the key when admitted
+	slot Slot
 }
 
 // Resolve looks up the operator's override of the ticket's key, before
@@ -65,7 +64,7 @@ func (t *Ticket[O]) Admit(ctx context.Context, now int64) {
 	case t.Waived():
 		t.Decision = t.waived()
 	case z.IsAdaptive():
-		t.Decision, t.slot, t.limit = z.acquireAdaptive(t.Key, t.Class, now, t.Done)
+		t.Decision, t.slot, t.Plan.Burst = z.acquireAdaptive(t.Key, t.Class, now, t.Done)
 	case z.IsConcurrency():
 		t.Decision, t.slot = z.acquire(ctx, t.Key, t.inFlightLimit())
 	case t.PostCharged:
@@ -83,15 +82,16 @@ func (t *Ticket[O]) Admit(ctx context.Context, now int64) {
 // full limit left (adaptive: the key's limit now), consuming nothing; or
 // denied until the override lapses.
 func (t *Ticket[O]) waived() Decision {
-	full := t.Plan.Burst
 	if t.Zone.IsAdaptive() {
-		t.limit = t.Zone.limitOf(t.Key)
-		full = t.limit
+		t.Plan.Burst = t.Zone.limitOf(t.Key)
 	}
 	if t.Override.Exempt {
-		return Decision{Allowed: true, Remaining: full, Source: SourceOverride}
+		return Decision{Allowed: true, Remaining: t.Plan.Burst, Source: SourceOverride}
 	}
-	d := t.Override.DenyFor(time.Now().UnixNano())
+	d := DenyRetryAfter
+	if e := t.Override.Expires; e != 0 {
+		d = max(time.Duration(e-time.Now().UnixNano()), time.Second)
+	}
 	return Decision{RetryAfter: d, ResetAfter: d, Source: SourceOverride}
 }
 
@@ -109,7 +109,7 @@ func (z *Zone) neverPasses(ctx context.Context, key string, now int64, p *Plan) 
 }
 
 // inFlightLimit is a concurrency zone's limit for the ticket: an
-// override's, else the zone's.
+// override's (adaptive: the key's), else the zone's.
 func (t *Ticket[O]) inFlightLimit() int64 {
 	if t.Plan.Burst > 0 {
 		return t.Plan.Burst
@@ -195,9 +195,6 @@ func (t *Ticket[O]) Served(waited time.Duration) {
 
 // Quota is q: the plan's events, or a concurrency zone's limit.
 func (t *Ticket[O]) Quota() int64 {
-	if t.Zone.IsAdaptive() {
-		return t.limit
-	}
 	if t.Zone.IsConcurrency() {
 		return t.inFlightLimit()
 	}
@@ -212,12 +209,10 @@ func (t *Ticket[O]) QuotaUnit() string {
 	return ""
 }
 
-// Window is w: the plan's window, a quota zone's period, or 0 (concurrency).
+// Window is w: the plan's window (none in a concurrency zone), or a quota
+// zone's period.
 func (t *Ticket[O]) Window() time.Duration {
-	switch {
-	case t.Zone.IsConcurrency():
-		return 0
-	case t.Zone.IsQuota():
+	if t.Zone.IsQuota() {
 		return t.Period
 	}
 	return t.Plan.Window

@@ -251,22 +251,21 @@ const HashedKeyPrefix = "sha256:"
 // State is a zone's in-process state, shared by every handler that defines
 // the zone the same way; it outlives config reloads.
 type State struct {
-	Local       *Table           // local mode: TAT (quota zones: count) per key
-	Denied      *Table           // with a Store: keys the store denied, until when
-	Fallback    *Table           // fail_policy local: the same as Local, at this instance's part
-	Bans        *Table           // zones with ban: each key's ban and escalation (ban.go); else nil
-	wouldBan    *Table           // zones with ban in dry run: when each key's would-be ban ends
-	droppedBans [2]atomic.Uint64 // bans not kept: see DroppedBans
-	forgets     atomic.Uint64    // keys forgotten (reset) so far: see LearnBans
-	anyBan      atomic.Bool      // Bans may hold an entry (false: none since the last sweep)
-	banMu       sync.Mutex       // orders ban starts with the sweep that clears anyBan
-	banCfg      Config           // the zone's ban settings (Ban, BanMax), for Restore
-	plans       *plans           // PerRequest zones: the plan each key was last decided under
-	charger     charger          // strict mode, post-charged zones: charges in flight
-	owed        owed             // fail_policy local: what the fallback admitted, owed to the store
-	chargers    sync.WaitGroup   // the charger's goroutines, once started
-	stop        chan struct{}
-	done        chan struct{}
+	Local    *Table         // local mode: TAT (quota zones: count) per key
+	Denied   *Table         // with a Store: keys the store denied, until when
+	Fallback *Table         // fail_policy local: the same as Local, at this instance's part
+	Bans     *Table         // zones with ban: each key's ban and escalation (ban.go); else nil
+	wouldBan *Table         // zones with ban in dry run: when each key's would-be ban ends
+	forgets  atomic.Uint64  // keys forgotten (reset) so far: see LearnBans
+	anyBan   atomic.Bool    // Bans may hold an entry (false: none since the last sweep)
+	banMu    sync.Mutex     // orders ban starts with the sweep that clears anyBan
+	banCfg   Config         // the zone's ban settings (Ban, BanMax), for Restore
+	plans    *plans         // PerRequest zones: the plan each key was last decided under
+	charger  charger        // strict mode, post-charged zones: charges in flight
+	owed     owed           // fail_policy local: what the fallback admitted, owed to the store
+	chargers sync.WaitGroup // the charger's goroutines, once started
+	stop     chan struct{}
+	done     chan struct{}
 
 	Offenders *topk.Recent // this instance's denials per key, in fixed memory (not max_keys)
 
@@ -431,7 +430,11 @@ type Zone struct {
 	// did not take (strict mode, after retries).
 	OnChargeFailed func(error)
 	// OnBanDropped, when set, is called with the bans this instance did
-	// not keep (see DroppedBans).
+	// not keep: fromList false, bans not started or learnt because the ban
+	// table (max_keys) was full of running bans; true, bans the fleet-wide
+	// list (MaxListedBans) dropped while they were running, pushed off by
+	// bans that end later (in async mode the other instances do not learn
+	// them).
 	OnBanDropped func(fromList bool, n int64)
 	// Hold and Done, when set, are called for each strict-mode charge
 	// queued (Hold) and once it is over (Done, when Hold returned true):
@@ -524,7 +527,7 @@ func (z *Zone) step(ctx context.Context, op Op, key string, now int64, p *Plan, 
 	}
 	var d Decision
 	if z.store == nil && z.state.quota == nil && op == OpDecide { // the local hot path, inlined
-		d = fromResult(z.state.Local.DecideAhead(key, now, p.limit, cost, ahead), SourceLocal)
+		d = fromResult(z.state.Local.Decide(key, now, p.limit, cost, ahead), SourceLocal)
 	} else if z.store == nil {
 		d = z.localStep(false, key, now, p, op, cost, ahead)
 	} else if cached, ok := z.cachedStoreDenial(key, now, p); ok {
@@ -693,7 +696,7 @@ func (z *Zone) localStep(fallback bool, key string, now int64, p *Plan, op Op, c
 	case OpRefund:
 		t.Refund(key, now, l, cost)
 	default:
-		r = t.DecideAhead(key, now, l, cost, ahead)
+		r = t.Decide(key, now, l, cost, ahead)
 	}
 	return fromResult(r, src)
 }

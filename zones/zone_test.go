@@ -33,7 +33,7 @@ func TestTableAdmitsExactlyTheBurstUnderConcurrency(t *testing.T) {
 				if i%2 == 1 {
 					key = fmt.Sprintf("own-%d", g) // other keys contend for the same shards
 				}
-				if tab.Decide(key, now, l, 1).Allowed && key == "shared" {
+				if tab.Decide(key, now, l, 1, 0).Allowed && key == "shared" {
 					allowed.Add(1)
 				}
 			}
@@ -50,7 +50,7 @@ func TestTableNeverHoldsMoreThanMaxKeys(t *testing.T) {
 		tab := NewTable(maxKeys)
 		l := algorithms.NewLimit(10, hour, 0)
 		for i := range maxKeys * 3 {
-			tab.Decide(fmt.Sprintf("k%d", i), 1, l, 1)
+			tab.Decide(fmt.Sprintf("k%d", i), 1, l, 1, 0)
 		}
 		if n := tab.Len(); n > maxKeys {
 			t.Errorf("max_keys %d: table holds %d keys", maxKeys, n)
@@ -62,11 +62,11 @@ func TestTableEvictsExpiredKeysBeforeActiveOnes(t *testing.T) {
 	tab := NewTable(10) // one shard of 10
 	l := algorithms.NewLimit(1, 1000, 0)
 	for i := range 9 {
-		tab.Decide(fmt.Sprintf("old%d", i), 0, l, 1) // TAT 1000: expired at 5000
+		tab.Decide(fmt.Sprintf("old%d", i), 0, l, 1, 0) // TAT 1000: expired at 5000
 	}
-	tab.Decide("active", 4500, l, 1) // TAT 5500
+	tab.Decide("active", 4500, l, 1, 0) // TAT 5500
 	for i := range 9 {
-		tab.Decide(fmt.Sprintf("new%d", i), 5000, l, 1)
+		tab.Decide(fmt.Sprintf("new%d", i), 5000, l, 1, 0)
 	}
 	if _, ok := tab.Get("active", 5000); !ok {
 		t.Fatal("an active key was evicted while expired keys were left to evict")
@@ -76,8 +76,8 @@ func TestTableEvictsExpiredKeysBeforeActiveOnes(t *testing.T) {
 func TestTableSweepDropsOnlyExpiredKeys(t *testing.T) {
 	tab := NewTable(1000)
 	l := algorithms.NewLimit(1, 1000, 0)
-	tab.Decide("expired", 0, l, 1)   // TAT 1000
-	tab.Decide("active", 4500, l, 1) // TAT 5500
+	tab.Decide("expired", 0, l, 1, 0)   // TAT 1000
+	tab.Decide("active", 4500, l, 1, 0) // TAT 5500
 	if n := tab.Sweep(5000); n != 1 {
 		t.Fatalf("after sweep %d keys remain, want 1", n)
 	}
