@@ -176,15 +176,17 @@ func (s *Secrets) rotateNow() {
 }
 
 // byID is the key named id, read again from the storage (at most once per
-// reloadEvery) when it is unknown: another instance may have rotated.
+// reloadEvery) when it is unknown: another instance may have rotated. A
+// lookup during a reload waits for it.
 func (s *Secrets) byID(id []byte) ([]byte, bool) {
-	known := s.keys.Load()
-	if key, ok := keyByID(*known, id); ok || s.storage == nil || !s.mu.TryLock() {
+	if key, ok := keyByID(*s.keys.Load(), id); ok || s.storage == nil {
 		return key, ok
 	}
+	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.now().Sub(s.reloaded) < reloadEvery {
-		return nil, false
+	known := s.keys.Load()
+	if key, ok := keyByID(*known, id); ok || s.now().Sub(s.reloaded) < reloadEvery {
+		return key, ok
 	}
 	s.reloaded = s.now()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)

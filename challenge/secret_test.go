@@ -175,13 +175,15 @@ func TestSecretsRotateWhileRunning(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	settled(a)
+	settled(b)
 
 	keys := storedKeys(t, st)
 	if len(keys) != 2 || !bytes.Equal(keys[1].ID, first.ID) {
 		t.Fatalf("after two instances rotated at once: %d keys in storage, want the new one and the replaced one", len(keys))
 	}
 	for name, s := range map[string]*Secrets{"a": a, "b": b} {
-		if k := settled(s).current(); !bytes.Equal(k.ID, keys[0].ID) {
+		if k := s.current(); !bytes.Equal(k.ID, keys[0].ID) {
 			t.Errorf("instance %s signs with key %x, want the new one %x", name, k.ID, keys[0].ID)
 		}
 	}
