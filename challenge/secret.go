@@ -47,20 +47,21 @@ type secret struct {
 // starts a rotation in the background (one at a time, at most one per
 // reloadEvery), which takes a key another instance made meanwhile rather
 // than make a second; until one succeeds the current key keeps signing,
-// and the first failure after a success is logged at WARN.
+// and the first failure after a success is logged at WARN (through the
+// loading context's Slogger, as Caddy's has).
 type Secrets struct {
 	keys    atomic.Pointer[[]secret] // newest first, at most two
 	storage Storage
 	rotate  time.Duration
-	log     *slog.Logger // ctx's Slogger where it has one
+	log     *slog.Logger
 	now     func() time.Time
 	// reloaded is when an unknown key id last made the keys be read again
 	// from the storage (another instance rotated): at most once per
 	// reloadEvery.
 	mu       sync.Mutex
 	reloaded time.Time
-	// rotating is held by a rotation, from the signing that starts it to
-	// its end; it guards rotated and warned.
+	// rotating is held from the signing that starts a rotation to its
+	// end; it guards rotated and warned.
 	rotating sync.Mutex
 	rotated  time.Time
 	warned   bool
@@ -75,8 +76,7 @@ const MinRotation = 7 * 24 * time.Hour
 // LoadSecrets reads the keys from storage, creating the first one or
 // rotating an old one under the storage's lock. rotate is how old the
 // current key may get (at least MinRotation and the longest cookie
-// validity). A rotation's failure while running is logged through ctx's
-// Slogger (Caddy's context has one).
+// validity).
 func LoadSecrets(ctx context.Context, st Storage, rotate time.Duration) (*Secrets, error) {
 	s := &Secrets{storage: st, rotate: max(rotate, MinRotation), log: slog.Default(), now: time.Now}
 	if l, ok := ctx.(interface{ Slogger() *slog.Logger }); ok {
@@ -104,8 +104,9 @@ func (s *Secrets) refresh(ctx context.Context) error {
 		_, _ = rand.Read(fresh.ID)
 		_, _ = rand.Read(fresh.Key)
 		keys = append([]secret{fresh}, keys...)[:min(len(keys)+1, 2)]
-		if err := s.write(ctx, keys); err != nil {
-			return err
+		b, _ := json.Marshal(keys)
+		if err := s.storage.Store(ctx, StorageKey, b); err != nil {
+			return fmt.Errorf("storing the challenge secret in Caddy's storage: %v", err)
 		}
 	}
 	s.keys.Store(&keys)
@@ -138,14 +139,6 @@ func (s *Secrets) read(ctx context.Context) ([]secret, error) {
 		}
 	}
 	return keys, nil
-}
-
-func (s *Secrets) write(ctx context.Context, keys []secret) error {
-	b, _ := json.Marshal(keys)
-	if err := s.storage.Store(ctx, StorageKey, b); err != nil {
-		return fmt.Errorf("storing the challenge secret in Caddy's storage: %v", err)
-	}
-	return nil
 }
 
 // current is the signing key, starting a rotation when it is past the
