@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -41,15 +42,29 @@ type secret struct {
 // it is older than the rotation period, the replaced one kept for one more
 // period: a cookie signed just before a rotation verifies until it
 // expires, as long as cookies are valid for at most one period.
+//
+// A running instance replaces it too: signing with a key past the period
+// starts a rotation in the background (one at a time, at most one per
+// reloadEvery), which takes a key another instance made meanwhile rather
+// than make a second; until one succeeds the current key keeps signing,
+// and the first failure after a success is logged at WARN (through the
+// loading context's Slogger, as Caddy's has).
 type Secrets struct {
 	keys    atomic.Pointer[[]secret] // newest first, at most two
 	storage Storage
 	rotate  time.Duration
+	log     *slog.Logger
+	now     func() time.Time
 	// reloaded is when an unknown key id last made the keys be read again
 	// from the storage (another instance rotated): at most once per
 	// reloadEvery.
 	mu       sync.Mutex
 	reloaded time.Time
+	// rotating is held from the signing that starts a rotation to its
+	// end; it guards rotated and warned.
+	rotating sync.Mutex
+	rotated  time.Time
+	warned   bool
 }
 
 const reloadEvery = 10 * time.Second
@@ -63,32 +78,44 @@ const MinRotation = 7 * 24 * time.Hour
 // current key may get (at least MinRotation and the longest cookie
 // validity).
 func LoadSecrets(ctx context.Context, st Storage, rotate time.Duration) (*Secrets, error) {
-	s := &Secrets{storage: st, rotate: max(rotate, MinRotation)}
-	if err := st.Lock(ctx, StorageKey); err != nil {
-		return nil, fmt.Errorf("locking the challenge secret in Caddy's storage: %v", err)
+	s := &Secrets{storage: st, rotate: max(rotate, MinRotation), log: slog.Default(), now: time.Now}
+	if l, ok := ctx.(interface{ Slogger() *slog.Logger }); ok {
+		s.log = l.Slogger()
 	}
-	defer func() { _ = st.Unlock(context.WithoutCancel(ctx), StorageKey) }()
-	keys, err := s.read(ctx)
-	if err != nil {
+	if err := s.refresh(ctx); err != nil {
 		return nil, err
 	}
-	now := time.Now()
-	if len(keys) == 0 || now.Sub(keys[0].Created) >= s.rotate {
+	return s, nil
+}
+
+// refresh reads the keys under the storage's lock, adding a new one when
+// there is none or the newest is past the rotation period, and keeps them.
+func (s *Secrets) refresh(ctx context.Context) error {
+	if err := s.storage.Lock(ctx, StorageKey); err != nil {
+		return fmt.Errorf("locking the challenge secret in Caddy's storage: %v", err)
+	}
+	defer func() { _ = s.storage.Unlock(context.WithoutCancel(ctx), StorageKey) }()
+	keys, err := s.read(ctx)
+	if err != nil {
+		return err
+	}
+	if now := s.now(); len(keys) == 0 || now.Sub(keys[0].Created) >= s.rotate {
 		fresh := secret{ID: make([]byte, keyIDLen), Key: make([]byte, 32), Created: now}
 		_, _ = rand.Read(fresh.ID)
 		_, _ = rand.Read(fresh.Key)
 		keys = append([]secret{fresh}, keys...)[:min(len(keys)+1, 2)]
-		if err := s.write(ctx, keys); err != nil {
-			return nil, err
+		b, _ := json.Marshal(keys)
+		if err := s.storage.Store(ctx, StorageKey, b); err != nil {
+			return fmt.Errorf("storing the challenge secret in Caddy's storage: %v", err)
 		}
 	}
 	s.keys.Store(&keys)
-	return s, nil
+	return nil
 }
 
 // NewSecrets returns secrets of one key, kept nowhere (for tests).
 func NewSecrets(key []byte) *Secrets {
-	s := &Secrets{}
+	s := &Secrets{now: time.Now}
 	keys := []secret{{ID: make([]byte, keyIDLen), Key: key, Created: time.Now()}}
 	s.keys.Store(&keys)
 	return s
@@ -114,34 +141,54 @@ func (s *Secrets) read(ctx context.Context) ([]secret, error) {
 	return keys, nil
 }
 
-func (s *Secrets) write(ctx context.Context, keys []secret) error {
-	b, _ := json.Marshal(keys)
-	if err := s.storage.Store(ctx, StorageKey, b); err != nil {
-		return fmt.Errorf("storing the challenge secret in Caddy's storage: %v", err)
+// current is the signing key, starting a rotation when it is past the
+// period.
+func (s *Secrets) current() secret {
+	k, now := (*s.keys.Load())[0], s.now()
+	if s.storage == nil || now.Sub(k.Created) < s.rotate || !s.rotating.TryLock() {
+		return k
 	}
-	return nil
+	if now.Sub(s.rotated) >= reloadEvery {
+		s.rotated = now
+		go s.rotateNow() // unlocks rotating
+	} else {
+		s.rotating.Unlock()
+	}
+	return k
 }
 
-func (s *Secrets) current() secret { return (*s.keys.Load())[0] }
+func (s *Secrets) rotateNow() {
+	defer s.rotating.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), reloadEvery)
+	defer cancel()
+	err := s.refresh(ctx)
+	if err != nil && !s.warned {
+		s.log.Warn("rotating the challenge secret failed; the current one keeps signing until a retry (every 10s) succeeds", "storage_key", StorageKey, "error", err)
+	}
+	s.warned = err != nil
+}
 
 // byID is the key named id, read again from the storage (at most once per
-// reloadEvery) when it is unknown: another instance may have rotated.
+// reloadEvery) when it is unknown: another instance may have rotated. A
+// lookup during a reload waits for it.
 func (s *Secrets) byID(id []byte) ([]byte, bool) {
-	if key, ok := keyByID(*s.keys.Load(), id); ok || s.storage == nil || !s.mu.TryLock() {
+	if key, ok := keyByID(*s.keys.Load(), id); ok || s.storage == nil {
 		return key, ok
 	}
+	s.mu.Lock()
 	defer s.mu.Unlock()
-	if time.Since(s.reloaded) < reloadEvery {
-		return nil, false
+	known := s.keys.Load()
+	if key, ok := keyByID(*known, id); ok || s.now().Sub(s.reloaded) < reloadEvery {
+		return key, ok
 	}
-	s.reloaded = time.Now()
+	s.reloaded = s.now()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	keys, err := s.read(ctx)
 	if err != nil || len(keys) == 0 {
 		return nil, false
 	}
-	s.keys.Store(&keys)
+	s.keys.CompareAndSwap(known, &keys) // not over a rotation's newer keys
 	return keyByID(keys, id)
 }
 

@@ -4,8 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -93,4 +97,156 @@ func TestChallengeConcurrently(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+}
+
+// loadAt loads st's secrets with a clock the test moves.
+func loadAt(t *testing.T, st Storage, clock *atomic.Int64) *Secrets {
+	t.Helper()
+	s, err := LoadSecrets(context.Background(), st, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.now = func() time.Time { return time.Unix(0, clock.Load()) }
+	return s
+}
+
+// settled waits for the rotation a signing may have started.
+func settled(s *Secrets) *Secrets {
+	s.rotating.Lock()
+	defer s.rotating.Unlock()
+	return s
+}
+
+func storedKeys(t *testing.T, st Storage) []secret {
+	t.Helper()
+	raw, err := st.Load(context.Background(), StorageKey)
+	var keys []secret
+	if err == nil {
+		err = json.Unmarshal(raw, &keys)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return keys
+}
+
+// A running instance rotates the key once it is past the period, at its
+// next signing: two instances signing from many goroutines at once make
+// one new key between them (the second takes the first's under the
+// storage's lock), and cookies of the replaced key and the new one verify
+// on both.
+func TestSecretsRotateWhileRunning(t *testing.T) {
+	st := &certmagic.FileStorage{Path: t.TempDir()}
+	var clock atomic.Int64
+	clock.Store(time.Now().UnixNano())
+	a, b := loadAt(t, st, &clock), loadAt(t, st, &clock)
+	first := a.current()
+	far := time.Unix(0, clock.Load()).Add(3 * MinRotation)
+	old, oldID := a.Mint("visitors", far)
+
+	clock.Add(int64(MinRotation - time.Second))
+	if k := settled(a).current(); !bytes.Equal(k.ID, first.ID) || len(storedKeys(t, st)) != 1 {
+		t.Fatalf("a key just short of the period was replaced")
+	}
+
+	clock.Add(int64(2 * time.Second))
+	var wg sync.WaitGroup
+	for g := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s, other := a, b
+			if g%2 == 1 {
+				s, other = b, a
+			}
+			for range 50 {
+				now := time.Unix(0, clock.Load())
+				v, id := s.Mint("visitors", far)
+				if got, ok, _ := other.Identity("visitors", v, now); !ok || got != id {
+					t.Errorf("a cookie signed during the rotation, on the other instance: %q %v", got, ok)
+					return
+				}
+				tok := s.Issue("visitors", "10.0.0.1", 1, now, time.Minute)
+				if _, r := other.Verify(tok, "10.0.0.1", Solve(tok, 1), now); r != "" {
+					t.Errorf("a challenge issued during the rotation, on the other instance: %s", r)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	settled(a)
+	settled(b)
+
+	keys := storedKeys(t, st)
+	if len(keys) != 2 || !bytes.Equal(keys[1].ID, first.ID) {
+		t.Fatalf("after two instances rotated at once: %d keys in storage, want the new one and the replaced one", len(keys))
+	}
+	for name, s := range map[string]*Secrets{"a": a, "b": b} {
+		if k := s.current(); !bytes.Equal(k.ID, keys[0].ID) {
+			t.Errorf("instance %s signs with key %x, want the new one %x", name, k.ID, keys[0].ID)
+		}
+	}
+	now := time.Unix(0, clock.Load())
+	fresh, freshID := a.Mint("visitors", far)
+	for name, s := range map[string]*Secrets{"a": a, "b": b, "loaded after": loadAt(t, st, &clock)} {
+		if got, ok, _ := s.Identity("visitors", old, now); !ok || got != oldID {
+			t.Errorf("%s: a cookie of the replaced key: Identity = %q, %v; want %q", name, got, ok, oldID)
+		}
+		if got, ok, _ := s.Identity("visitors", fresh, now); !ok || got != freshID {
+			t.Errorf("%s: a cookie of the new key: Identity = %q, %v; want %q", name, got, ok, freshID)
+		}
+	}
+}
+
+// lockFails is Caddy's file storage whose lock fails while fail is set.
+type lockFails struct {
+	*certmagic.FileStorage
+	fail  atomic.Bool
+	locks atomic.Int32
+}
+
+func (f *lockFails) Lock(ctx context.Context, name string) error {
+	f.locks.Add(1)
+	if f.fail.Load() {
+		return errors.New("storage down")
+	}
+	return f.FileStorage.Lock(ctx, name)
+}
+
+// A rotation that fails keeps the current key signing, is tried again at
+// most once per reloadEvery, and is logged once until one succeeds.
+func TestSecretsRotationFailureKeepsSigning(t *testing.T) {
+	st := &lockFails{FileStorage: &certmagic.FileStorage{Path: t.TempDir()}}
+	var clock atomic.Int64
+	clock.Store(time.Now().UnixNano())
+	s := loadAt(t, st, &clock)
+	var logged bytes.Buffer
+	s.log = slog.New(slog.NewTextHandler(&logged, nil))
+	first := s.current()
+	st.fail.Store(true)
+	clock.Add(int64(MinRotation + time.Second))
+
+	for i, want := range []int32{2, 2, 3} {
+		if i == 2 {
+			clock.Add(int64(reloadEvery))
+		}
+		v, _ := s.Mint("visitors", time.Unix(0, clock.Load()).Add(time.Hour))
+		if _, ok, _ := settled(s).Identity("visitors", v, time.Unix(0, clock.Load())); !ok || !bytes.Equal(s.current().ID, first.ID) {
+			t.Fatalf("signing %d while the storage fails: the cookie verifies %v, want it signed by the current key", i, ok)
+		}
+		if got := st.locks.Load(); got != want {
+			t.Errorf("signing %d while the storage fails: %d locks of the storage, want %d", i, got, want)
+		}
+	}
+	if n := strings.Count(logged.String(), "level=WARN"); n != 1 || !strings.Contains(logged.String(), "storage down") {
+		t.Errorf("two failed rotations logged %d warnings, want one naming the error: %s", n, logged.String())
+	}
+
+	st.fail.Store(false)
+	clock.Add(int64(reloadEvery))
+	s.current()
+	if k := settled(s).current(); bytes.Equal(k.ID, first.ID) || len(storedKeys(t, st)) != 2 {
+		t.Errorf("once the storage is back, the next try after reloadEvery rotates")
+	}
 }

@@ -2,9 +2,13 @@ package tests
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -401,5 +405,155 @@ func TestChallengeCookieAcrossLocalInstancesSharingStorage(t *testing.T) {
 	ck := solvedCookie(t, a, a.client)
 	if res := b.Do(withCookie(ck)); res.Status != http.StatusOK || !strings.HasPrefix(res.Body, "id=cookie:") {
 		t.Fatalf("a cookie solved on the other instance: %d %q, want 200 under the cookie's identity", res.Status, res.Body)
+	}
+}
+
+// keyIDs are the ids of the secrets in storage dir, newest first.
+func keyIDs(t *testing.T, st *certmagic.FileStorage) []string {
+	t.Helper()
+	raw, err := st.Load(context.Background(), challenge.StorageKey)
+	var keys []struct{ ID []byte }
+	if err == nil {
+		err = json.Unmarshal(raw, &keys)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]string, len(keys))
+	for i, k := range keys {
+		ids[i] = string(k.ID)
+	}
+	return ids
+}
+
+// signedBy is the id of the secret that signed a challenge token or a
+// cookie value (docs/challenges-protocol.md: after the token's version,
+// expiry, difficulty, id and key fingerprint; after the cookie's version,
+// expiry and identity).
+func signedBy(t *testing.T, value string, token bool) string {
+	t.Helper()
+	b, err := base64.RawURLEncoding.DecodeString(value)
+	at := 1 + 8 + 16
+	if token {
+		at = 1 + 8 + 1 + 12 + 8
+	}
+	if err != nil || len(b) < at+4 {
+		t.Fatalf("%q is no token or cookie", value)
+	}
+	return string(b[at : at+4])
+}
+
+// A Caddy that runs past the secret's rotation period replaces it at its
+// next signing, with no reload: a failed rotation (the storage's locks
+// broken) keeps the current key signing and warns once, the next try
+// rotates, the replaced key's cookies still verify, and the other instance
+// takes the new key rather than make another.
+func TestChallengeSecretRotatesWhileCaddyRuns(t *testing.T) {
+	dir := t.TempDir()
+	st := &certmagic.FileStorage{Path: dir}
+	secrets, err := challenge.LoadSecrets(context.Background(), st, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, oldID := secrets.Mint("visitors", time.Now().Add(time.Hour))
+	first := keyIDs(t, st)[0]
+	// Age the key to 10s short of the period, then start the fleet.
+	due := time.Now().Add(10 * time.Second)
+	raw, _ := st.Load(context.Background(), challenge.StorageKey)
+	var keys []map[string]any
+	_ = json.Unmarshal(raw, &keys)
+	keys[0]["created"] = due.Add(-challenge.MinRotation)
+	raw, _ = json.Marshal(keys)
+	_ = st.Store(context.Background(), challenge.StorageKey, raw)
+	storage := "storage file_system " + dir
+	a, b := startCaddyWith(t, storage, challengeSite), startCaddyWith(t, storage, challengeSite)
+	if time.Now().After(due) {
+		t.Fatal("the instances took over 10s to start: they rotated at their load")
+	}
+	time.Sleep(time.Until(due))
+	// page is c's next challenge page, past the zone's limit (which
+	// refills while the test waits).
+	page := func(c *caddyInstance) string {
+		t.Helper()
+		for range 40 {
+			res := c.Do(request{Header: browserAccept})
+			if token, _, _, ok := pageChallenge(res.Body); ok {
+				return token
+			}
+		}
+		t.Fatal("40 browser GETs and no challenge page")
+		return ""
+	}
+
+	locks := filepath.Join(dir, "locks")
+	if err := os.RemoveAll(locks); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(locks, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const failed = "rotating the challenge secret failed"
+	tried := time.Now()
+	for i := 0; !strings.Contains(a.stderr.String(), failed); i++ {
+		if signedBy(t, page(a), true) != first {
+			t.Fatal("a token signed by another key while the rotation fails")
+		}
+		if i == 50 {
+			t.Fatalf("a signing past the period with the storage's locks broken logged no warning %q", failed)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := os.Remove(locks); err != nil {
+		t.Fatal(err)
+	}
+
+	// Tried again 10s after the failure, at a signing.
+	time.Sleep(time.Until(tried.Add(10 * time.Second)))
+	for i := 0; len(keyIDs(t, st)) != 2; i++ {
+		page(a)
+		if i == 50 {
+			t.Fatal("no rotation 10s after the failed one")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	ids := keyIDs(t, st)
+	if ids[1] != first {
+		t.Fatalf("after the rotation the storage keeps %x, want the new key and the replaced one", ids)
+	}
+	ck := solvedCookie(t, a, a.client)
+	if signedBy(t, ck.Value, false) != ids[0] {
+		t.Fatal("a cookie solved after the rotation is not signed by the new key")
+	}
+	if res := a.Do(withCookie(&http.Cookie{Name: "tally_visitors", Value: old})); res.Status != http.StatusOK || res.Body != "id="+oldID {
+		t.Errorf("a cookie of the replaced key: %d %q, want 200 under its identity", res.Status, res.Body)
+	}
+	if res := b.Do(withCookie(ck)); res.Status != http.StatusOK || !strings.HasPrefix(res.Body, "id=cookie:") {
+		t.Errorf("a cookie of the new key on the other instance: %d %q, want 200 under the cookie's identity", res.Status, res.Body)
+	}
+
+	// The other instance, past the period too, takes the new key.
+	for i := 0; ; i++ {
+		if signedBy(t, page(b), true) == ids[0] {
+			break
+		}
+		if i == 50 {
+			t.Fatal("the other instance never signed with the new key")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if got := keyIDs(t, st); len(got) != 2 || got[0] != ids[0] || got[1] != first {
+		t.Errorf("after both instances rotated: keys %x, want %x (one new key)", got, ids)
+	}
+	var warned []string
+	for _, line := range strings.Split(a.stderr.String(), "\n") {
+		if strings.Contains(line, failed) {
+			warned = append(warned, line)
+		}
+	}
+	if len(warned) != 1 || !strings.Contains(warned[0], `"level":"warn"`) || !strings.Contains(warned[0], `"logger":"http.handlers.rate_limit"`) {
+		t.Errorf("the failed rotation logged %q, want one warning of the handler's logger", warned)
+	}
+	if strings.Contains(b.stderr.String(), failed) {
+		t.Error("the other instance's rotation warned")
 	}
 }
