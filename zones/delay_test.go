@@ -140,6 +140,10 @@ func TestDelayStoreDenialIsCachedOnlyUntilATurnIsWithinTheDelay(t *testing.T) {
 	if d := z.Decide(context.Background(), "k", now+int64(26*time.Second)); d.Source != SourceDenyCache || d.RetryAfter != 4*time.Second {
 		t.Errorf("at 26s: %+v, want the cached denial with 4s to go", d)
 	}
+	// A read of the key says what its next request gets.
+	if s := readKey(t, z, "k", now+int64(26*time.Second)); s.Source != SourceDenyCache || s.RetryAfter != 4*time.Second || s.Allowed {
+		t.Errorf("read at 26s: %+v, want the cached denial with 4s to go", s)
+	}
 	z.Decide(context.Background(), "k", now+int64(27*time.Second))
 	if n := st.calls.Load(); n != 2 {
 		t.Errorf("store called %d times, want 2: the cache ends 3s before the retry time", n)

@@ -97,9 +97,7 @@ func (z *Zone) readRate(ctx context.Context, key string, now int64, p *Plan, s *
 	case recorded:
 		d = fromResult(r, SourceRecord)
 	case denied:
-		retry := time.Duration(until - now)
-		s.Decision = Decision{RetryAfter: retry, ResetAfter: retry + time.Duration((p.limit.Burst-1)*p.limit.EmissionInterval), Source: SourceDenyCache}
-		s.Tracked = true
+		s.Decision, s.Tracked = z.cachedDenial(until, now, p), true
 		return nil
 	default:
 		var err error

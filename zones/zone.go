@@ -624,6 +624,12 @@ func (z *Zone) cachedStoreDenial(key string, now int64, p *Plan) (Decision, bool
 	if z.offers.Denied != nil {
 		z.offers.Denied(z.Name, key, p.limit)
 	}
+	return z.cachedDenial(until, now, p), true
+}
+
+// cachedDenial is the denial a rate key's deny cache, held until until,
+// gives a request and a read alike.
+func (z *Zone) cachedDenial(until, now int64, p *Plan) Decision {
 	retry := until - now
 	if z.Delay > 0 && !z.DryRun {
 		retry += int64(z.Delay) // the cache ends when a request could be admitted for later
@@ -632,7 +638,7 @@ func (z *Zone) cachedStoreDenial(key string, now int64, p *Plan) (Decision, bool
 		RetryAfter: time.Duration(retry),
 		ResetAfter: time.Duration(retry + (p.limit.Burst-1)*p.limit.EmissionInterval),
 		Source:     SourceDenyCache,
-	}, true
+	}
 }
 
 // failPolicy is the one place the zone's fail policy is applied, to a step
