@@ -52,8 +52,12 @@ func TestGlobalStoreHungFreezesShares(t *testing.T) {
 	t.Parallel() // 30 s, with the other faults at their real length
 	logger, logs := observedLogger()
 	// A lease longer than the hang (30 s, as the issue has it): shares
-	// freeze, and no region falls to its floor.
-	f := startGlobalFleetIn(t, "strict", testInterval, time.Minute, logger)
+	// freeze, and no region falls to its floor. The regional timeout is
+	// 1 s, not 200 ms: an instance that cannot poll its regional Redis for
+	// the confirmation margin (2 polls + 2 timeouts) rightly holds its
+	// floor, and a loaded machine stalls a poll past 500 ms; this test is
+	// about the global store.
+	f := startGlobalFleetWith(t, fleetOptions{mode: "strict", interval: testInterval, lease: time.Minute, timeout: time.Second}, logger)
 	f.waitContact()
 	stop := f.demandIn(0, "k")
 	defer stop()
@@ -216,7 +220,10 @@ func TestGlobalStoreRestartedEmptyRelearnsBeforeGranting(t *testing.T) {
 }
 
 func TestGlobalStaleCoordinatorIsFenced(t *testing.T) {
-	f := startGlobalFleet(t, testInterval, 5*time.Second)
+	// A regional timeout of 1 s, not 200 ms: the few decisions of this
+	// test are too few for the fleet's 1 in 50 that a loaded machine's
+	// regional Redis may answer late, and fencing is about the global store.
+	f := startGlobalFleetWith(t, fleetOptions{mode: "strict", interval: testInterval, lease: 5 * time.Second, timeout: time.Second}, nil)
 	f.waitContact()
 	eu := f.regions[0]
 	var a, b *distributed.Region

@@ -134,8 +134,12 @@ func TestGlobalRaisedAsyncRegionGainsNoBurstAtOnce(t *testing.T) {
 	// 600 in 10 minutes, burst 40: T = 1 s, a burst's span 40 s. At half
 	// the limit the key has 20 tokens at most; raised to 0.9 it would have
 	// 36 less its debt at once without the rescale.
+	// The regional timeout is 1 s, not 200 ms: an async view goes stale
+	// (and Decide errors) 2 syncs + the timeout after its last sync, which
+	// a loaded machine's stalls reach at 200 ms; the rescale is what this
+	// test is about.
 	limit := algorithms.NewLimit(600, int64(10*time.Minute), 40)
-	f := startGlobalFleetWith(t, fleetOptions{mode: "async", interval: 200 * time.Millisecond, lease: 5 * time.Second, limit: limit}, nil)
+	f := startGlobalFleetWith(t, fleetOptions{mode: "async", interval: 200 * time.Millisecond, lease: 5 * time.Second, timeout: time.Second, limit: limit}, nil)
 	f.waitContact()
 	us := f.regions[1]
 	rc, ctx := us.redis.Client(), t.Context()
