@@ -113,9 +113,7 @@ func (c *link) Release(zone, key, id string) {
 }
 
 func (sl *slots) release(slot heldSlot, expires time.Time) {
-	sl.mu.Lock()
-	sl.releases = append(sl.releases, pendingRelease{slot, expires})
-	sl.mu.Unlock()
+	sl.pend(pendingRelease{slot, expires})
 	sl.poke()
 }
 
@@ -218,21 +216,10 @@ func (c *link) renew() {
 	defer cancel()
 	perGate(byGate, func(gt *gate, calls []*scriptCall) {
 		c.evalAll(ctx, concurrencyScript, calls)
+		sl.mu.Lock()
+		defer sl.mu.Unlock()
 		for _, sc := range calls {
 			gt.note(sc.cmd.Err())
-		}
-	})
-	gs.record()
-	var err error
-	for _, gt := range gs {
-		err = cmp.Or(err, gt.err)
-	}
-	if err != nil {
-		c.logger.Debug("renewing concurrency slots failed", zap.Error(err))
-	}
-	sl.mu.Lock()
-	for _, calls := range byGate {
-		for _, sc := range calls {
 			if sc.cmd.Err() != nil {
 				continue
 			}
@@ -244,8 +231,15 @@ func (c *link) renew() {
 				}
 			}
 		}
+	})
+	gs.record()
+	var err error
+	for _, gt := range gs {
+		err = cmp.Or(err, gt.err)
 	}
-	sl.mu.Unlock()
+	if err != nil {
+		c.logger.Debug("renewing concurrency slots failed", zap.Error(err))
+	}
 }
 
 // sendReleases removes the released slots from Redis; those that failed
@@ -262,16 +256,14 @@ func (c *link) sendReleases(ctx context.Context) {
 		return
 	}
 	var gs gates
-	var failed []pendingRelease
 	byGate := map[*gate][]pendingRelease{}
 	for _, r := range live {
 		if gt := gs.get(c.breakerFor(r.rkey)); gt.ok {
 			byGate[gt] = append(byGate[gt], r)
 		} else {
-			failed = append(failed, r)
+			sl.pend(r)
 		}
 	}
-	var mu sync.Mutex
 	perGate(byGate, func(gt *gate, rs []pendingRelease) {
 		pipe := c.client.Pipeline()
 		cmds := make([]*redis.IntCmd, len(rs))
@@ -282,15 +274,18 @@ func (c *link) sendReleases(ctx context.Context) {
 		for i, cmd := range cmds {
 			if err := cmd.Err(); err != nil && !errors.Is(err, redis.Nil) {
 				gt.note(err)
-				mu.Lock()
-				failed = append(failed, rs[i])
-				mu.Unlock()
+				sl.pend(rs[i])
 			}
 		}
 	})
 	gs.record()
+}
+
+// pend queues r for the loop's next sendReleases, without waking it: a
+// failed release waits releaseRetry.
+func (sl *slots) pend(r pendingRelease) {
 	sl.mu.Lock()
-	sl.releases = append(sl.releases, failed...)
+	sl.releases = append(sl.releases, r)
 	sl.mu.Unlock()
 }
 
