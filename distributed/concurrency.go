@@ -113,9 +113,7 @@ func (c *link) Release(zone, key, id string) {
 }
 
 func (sl *slots) release(slot heldSlot, expires time.Time) {
-	sl.mu.Lock()
-	sl.releases = append(sl.releases, pendingRelease{slot, expires})
-	sl.mu.Unlock()
+	sl.pend(pendingRelease{slot, expires})
 	sl.poke()
 }
 
@@ -183,7 +181,8 @@ type renewGroup struct { // the slots of one key with one lease: one script call
 }
 
 // renew extends the lease of every slot this instance holds, one script
-// call per key in one pipeline. With none held, the renewal period resets.
+// call per key, one pipeline per master (perGate). With none held, the
+// renewal period resets.
 func (c *link) renew() {
 	sl := &c.slots
 	sl.mu.Lock()
@@ -202,49 +201,49 @@ func (c *link) renew() {
 	}
 	sl.mu.Unlock()
 
-	// A dead Cluster master must not stop the renewal on the others,
-	// whose leases would end under requests still running.
 	var gs gates
-	var calls []*scriptCall
+	byGate := map[*gate][]*scriptCall{}
 	for g, sc := range groups {
-		if gs.get(c.breakerFor(g.rkey)).ok {
-			calls = append(calls, sc)
+		if gt := gs.get(c.breakerFor(g.rkey)); gt.ok {
+			byGate[gt] = append(byGate[gt], sc)
 		}
 	}
-	if len(calls) == 0 {
+	if len(byGate) == 0 {
 		return
 	}
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(c.ctx, backgroundTimeout(c.opts))
 	defer cancel()
-	c.evalAll(ctx, concurrencyScript, calls)
-	var err error
-	for _, sc := range calls {
-		gs.get(c.breakerFor(sc.keys[0])).note(sc.cmd.Err())
-		err = cmp.Or(err, sc.cmd.Err())
-	}
+	perGate(byGate, func(gt *gate, calls []*scriptCall) {
+		c.evalAll(ctx, concurrencyScript, calls)
+		sl.mu.Lock()
+		defer sl.mu.Unlock()
+		for _, sc := range calls {
+			gt.note(sc.cmd.Err())
+			if sc.cmd.Err() != nil {
+				continue
+			}
+			for _, id := range sc.args[3:] {
+				slot := heldSlot{sc.keys[0], id.(string)}
+				if l, ok := sl.held[slot]; ok {
+					l.expires = start.Add(l.lease)
+					sl.held[slot] = l
+				}
+			}
+		}
+	})
 	gs.record()
+	var err error
+	for _, gt := range gs {
+		err = cmp.Or(err, gt.err)
+	}
 	if err != nil {
 		c.logger.Debug("renewing concurrency slots failed", zap.Error(err))
 	}
-	sl.mu.Lock()
-	for _, sc := range calls {
-		if sc.cmd.Err() != nil {
-			continue
-		}
-		for _, id := range sc.args[3:] {
-			slot := heldSlot{sc.keys[0], id.(string)}
-			if l, ok := sl.held[slot]; ok {
-				l.expires = start.Add(l.lease)
-				sl.held[slot] = l
-			}
-		}
-	}
-	sl.mu.Unlock()
 }
 
-// sendReleases removes the released slots from Redis in one pipeline;
-// those that failed are tried again until their lease ends.
+// sendReleases removes the released slots from Redis; those that failed
+// are tried again until their lease ends.
 func (c *link) sendReleases(ctx context.Context) {
 	sl := &c.slots
 	sl.mu.Lock()
@@ -257,32 +256,46 @@ func (c *link) sendReleases(ctx context.Context) {
 		return
 	}
 	var gs gates
-	var failed []pendingRelease
-	pipe := c.client.Pipeline()
-	cmds := make([]*redis.IntCmd, len(live))
-	for i, r := range live {
-		if !gs.get(c.breakerFor(r.rkey)).ok {
-			failed = append(failed, r)
-			continue
-		}
-		cmds[i] = pipe.ZRem(ctx, r.rkey, r.id)
-	}
-	_, _ = pipe.Exec(ctx) // errors are per command
-	for i, cmd := range cmds {
-		if cmd == nil {
-			continue
-		}
-		err := cmd.Err()
-		if errors.Is(err, redis.Nil) {
-			err = nil
-		}
-		gs.get(c.breakerFor(live[i].rkey)).note(err)
-		if err != nil {
-			failed = append(failed, live[i])
+	byGate := map[*gate][]pendingRelease{}
+	for _, r := range live {
+		if gt := gs.get(c.breakerFor(r.rkey)); gt.ok {
+			byGate[gt] = append(byGate[gt], r)
+		} else {
+			sl.pend(r)
 		}
 	}
+	perGate(byGate, func(gt *gate, rs []pendingRelease) {
+		pipe := c.client.Pipeline()
+		cmds := make([]*redis.IntCmd, len(rs))
+		for i, r := range rs {
+			cmds[i] = pipe.ZRem(ctx, r.rkey, r.id)
+		}
+		_, _ = pipe.Exec(ctx) // errors are per command
+		for i, cmd := range cmds {
+			if err := cmd.Err(); err != nil && !errors.Is(err, redis.Nil) {
+				gt.note(err)
+				sl.pend(rs[i])
+			}
+		}
+	})
 	gs.record()
+}
+
+// pend queues r for the loop's next sendReleases, without waking it: a
+// failed release waits releaseRetry.
+func (sl *slots) pend(r pendingRelease) {
 	sl.mu.Lock()
-	sl.releases = append(sl.releases, failed...)
+	sl.releases = append(sl.releases, r)
 	sl.mu.Unlock()
+}
+
+// perGate runs send for each gate's share at once, in a pipeline of its own:
+// a hung Cluster master fails only its own slots, not the other masters'
+// (one pipeline across masters fails every command at its deadline).
+func perGate[T any](byGate map[*gate][]T, send func(*gate, []T)) {
+	var wg sync.WaitGroup
+	for gt, share := range byGate {
+		wg.Go(func() { send(gt, share) })
+	}
+	wg.Wait()
 }

@@ -99,3 +99,127 @@ func TestHungMasterCostsOtherMastersNothingOnCluster(t *testing.T) {
 	}
 	t.Logf("%d decisions on healthy masters, %d timed out on the hung one", healthy, hung)
 }
+
+// Concurrency slots on a Cluster with one master hung: each master's
+// renewals and releases are a pipeline of their own. In one pipeline across
+// masters go-redis stamps the hung master's deadline on every command, so
+// the healthy masters' renewals, though Redis ran them, failed, and their
+// breakers opened as if they were down too. Here the healthy masters' slots
+// stay held in Redis, their leases moving on, for several lease lifetimes
+// under requests still running; only the hung master is reported down; and
+// their releases reach Redis at once. Once the master answers again its
+// slots recover and releases land.
+func TestSlotsOfHealthyMastersStayHeldWhileAClusterMasterHangs(t *testing.T) {
+	t.Parallel()
+	nodes := startRedisClusterNodes(t, time.Minute) // no failover in the test
+	var addrs []string
+	for _, n := range nodes {
+		addrs = append(addrs, n.Addr)
+	}
+	ctx := context.Background()
+	// Renewals every 667ms, each waiting up to the timeout for the hung
+	// master: 5 failed rounds (a breaker's trip) well inside the window.
+	const timeout, lease = 300 * time.Millisecond, 2 * time.Second
+	store := openStore(t, distributed.Options{Addresses: addrs, Timeout: timeout}, nil)
+	view := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	defer view.Close()
+	rkey := func(k string) string { return "tally:z:" + k }
+	keys, owner := keysOnEveryMaster(t, ctx, view, addrs, 1, rkey)
+	// The victim serves only slots: other calls (the heartbeat's) would
+	// trip its breaker before the renewals show what they cost the others.
+	beat, err := view.MasterForKey(ctx, "tally:instances")
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim := nodes[0]
+	if victim.Addr == beat.Options().Addr {
+		victim = nodes[1]
+	}
+	ids := map[string]string{}
+	var hung string
+	var healthy []string
+	for _, k := range keys {
+		id, _, err := store.Acquire(ctx, "z", k, 2, lease)
+		if err != nil || id == "" {
+			t.Fatalf("Acquire %s: %q %v", k, id, err)
+		}
+		ids[k] = id
+		if owner[k] == victim.Addr {
+			hung = k
+		} else {
+			healthy = append(healthy, k)
+		}
+	}
+	extra := map[string]string{} // released during the hang
+	for _, k := range []string{hung, healthy[0]} {
+		id, _, err := store.Acquire(ctx, "z", k, 2, lease)
+		if err != nil || id == "" {
+			t.Fatalf("Acquire a second slot of %s: %q %v", k, id, err)
+		}
+		extra[k] = id
+	}
+	score := func(k, id string) (float64, bool) {
+		s, err := view.ZScore(ctx, rkey(k), id).Result()
+		return s, err == nil
+	}
+	first := map[string]float64{}
+	for _, k := range healthy {
+		first[k], _ = score(k, ids[k])
+	}
+	gone := func(ks ...string) func() bool {
+		return func() bool {
+			for _, k := range ks {
+				if n, err := view.Exists(ctx, rkey(k)).Result(); err != nil || n != 0 {
+					return false
+				}
+			}
+			return true
+		}
+	}
+
+	victim.Pause()
+	t.Cleanup(victim.Resume)
+	end := time.Now().Add(4 * lease)
+	moved := map[string]bool{}
+	for time.Now().Before(end) {
+		for _, k := range healthy {
+			s, held := score(k, ids[k])
+			if !held || s <= float64(time.Now().UnixMilli()) {
+				t.Fatalf("slot %s of key %s on healthy master %s: held %v, lease ends at %.0f (now %d): its renewals failed with the hung master's",
+					ids[k], k, owner[k], held, s, time.Now().UnixMilli())
+			}
+			moved[k] = moved[k] || s > first[k]+float64(2*lease.Milliseconds())
+		}
+		for _, o := range store.Outages() {
+			if o.Node != victim.Addr {
+				t.Fatalf("outage %+v: only the hung master %s is down", o, victim.Addr)
+			}
+		}
+		time.Sleep(20 * time.Millisecond) // polling; not a synchronisation
+	}
+	for _, k := range healthy {
+		if !moved[k] {
+			t.Errorf("slot of key %s on healthy master %s: lease never moved two lifetimes past its first", k, owner[k])
+		}
+	}
+	// Requests ending while the master still hangs, one of them its own:
+	// the others' slots leave Redis at once, not when their leases end.
+	store.Release("z", hung, extra[hung])
+	for _, k := range healthy {
+		store.Release("z", k, ids[k])
+	}
+	store.Release("z", healthy[0], extra[healthy[0]])
+	waitFor(t, lease/2, "the healthy masters' releases to reach Redis", gone(healthy...))
+
+	victim.Resume()
+	// The hung master's slot still held is renewed again (taken back if
+	// its lease ended in Redis meanwhile), the one released while it hung
+	// leaves Redis, and so does the last once released.
+	waitFor(t, 10*time.Second, "the hung master's slots to recover once it answers", func() bool {
+		s, held := score(hung, ids[hung])
+		_, released := score(hung, extra[hung])
+		return held && !released && s > float64(time.Now().UnixMilli()+lease.Milliseconds()/2)
+	})
+	store.Release("z", hung, ids[hung])
+	waitFor(t, 5*time.Second, "the recovered master's release to reach Redis", gone(hung))
+}
