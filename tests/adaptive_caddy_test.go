@@ -542,35 +542,55 @@ func TestAdaptiveZoneShedsWith503AndWaitersThatLeaveFreeTheirPlace(t *testing.T)
 func TestAdaptiveZoneKeepsASlowerHealthyUpstreamBusy(t *testing.T) {
 	const (
 		capacity = 10
-		service  = 90 * time.Millisecond
-		slower   = 180 * time.Millisecond
+		service  = 180 * time.Millisecond
+		slower   = 360 * time.Millisecond
+		target   = 200 * time.Millisecond
 	)
 	rate := float64(capacity) / service.Seconds()
 	u := startModelUpstream(t, capacity, service)
-	c := startCaddy(t, adaptiveSite(u.Addr, 100*time.Millisecond))
-	gen := startMixedLoad(t, c.URL+"/", rate, 100*time.Millisecond)
-	gen.setRate(0.8 * rate) // under what the upstream serves at 90ms, over it at 180ms
-	sleepPhase(4 * time.Second)
+	c := startCaddy(t, adaptiveSite(u.Addr, target))
+	probe := startProbe(t, c)
+	gen := startMixedLoad(t, c.URL+"/", rate, target)
+	gen.setRate(0.8 * rate) // under what the upstream serves at 180ms, over it at 360ms
+	sleepPhase(6 * time.Second)
 	const warning = "adaptive latency target is below the upstream's unloaded latency"
-	before := strings.Count(c.Output(), warning) // a loaded machine may put even 90ms past the target at min
+	before := strings.Count(c.Output(), warning) // a loaded machine may put even 180ms past the target at min
 	u.SetService(slower)
+	slowed := time.Now()
 	unloaded := func() float64 {
 		v, _ := metricValue(c.scrape(), "caddy_rate_limit_adaptive_unloaded_latency_seconds", map[string]string{"zone": "backend"})
 		return v
 	}
-	waitFor(t, 15*time.Second, "the unloaded latency learned", func() bool { return unloaded() >= 0.9*slower.Seconds() })
+	waitFor(t, 20*time.Second, "the unloaded latency learned", func() bool { return unloaded() >= 0.9*slower.Seconds() })
 	// From min, the limit climbs a tenth per window of 10 samples.
-	start := sleepPhase(6 * time.Second)
+	start := sleepPhase(10 * time.Second)
 	end := sleepPhase(8 * time.Second)
 	s := gen.stats(start, end)
 	slowRate := float64(capacity) / slower.Seconds()
-	t.Logf("service 180ms: %v; limit %.0f, unloaded latency %.3fs", s, adaptiveLimitOf(c), unloaded())
-	if goodput := float64(s.Served[0]+s.Served[1]) / s.seconds; goodput < 0.8*slowRate {
-		t.Errorf("goodput %.0f/s in front of a healthy upstream at 180ms, want ≥ 80%% of its %.0f/s", goodput, slowRate)
+	t.Logf("service 360ms: %v; limit %.0f, unloaded latency %.3fs", s, adaptiveLimitOf(c), unloaded())
+	// The learned target is U·9/8: a window whose p90 the machine itself
+	// put more than slower/8 (45ms) past U cuts the limit, and the limit
+	// climbs back a tenth per window. Bare requests through Caddy stalled
+	// past that margin (the p95 of the probes since the upstream slowed)
+	// mean the goodput measured is the machine's, not the controller's. At
+	// half these times (a 22ms margin) and load ~13, goodput was 15-41/s,
+	// where a controller cut to min (4) gives 4/slower (11/s here).
+	goodput := float64(s.Served[0]+s.Served[1]) / s.seconds
+	ps := probe.stats(slowed, end)
+	stalled := ps.Percentile(.95, 1) > slower/8
+	t.Logf("bare requests through Caddy since the upstream slowed: p50 %v, p95 %v, p99 %v", ps.Percentile(.5, 1), ps.Percentile(.95, 1), ps.Percentile(.99, 1))
+	switch {
+	case stalled:
+		t.Logf("goodput %.0f/s not asserted: a bare request through Caddy took %v (p95 of %d, p50 %v), past the learned target's margin of %v", goodput, ps.Percentile(.95, 1), ps.Sent[1], ps.Percentile(.5, 1), slower/8)
+	case goodput < 0.8*slowRate:
+		t.Errorf("goodput %.0f/s in front of a healthy upstream at 360ms, want ≥ 80%% of its %.0f/s", goodput, slowRate)
 	}
 	gen.close()
 	// One per episode: again only after a window met the target.
 	if n := strings.Count(c.Output(), warning); n-before > 1 || n == 0 {
 		t.Errorf("%d WARNs that the target is below the upstream's unloaded latency (%d of them after the upstream slowed), want one", n, n-before)
+	}
+	if stalled {
+		t.Skip("the machine stalled requests past the learned target's margin: the goodput was not asserted")
 	}
 }
