@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -339,8 +340,17 @@ func (c *caddyInstance) admin(req *http.Request) (int, string) {
 	// settings (its origins come in map order) replaces its server, which
 	// closes the idle connections, and a POST sent on one as it closes
 	// fails with EOF (Go retries only idempotent requests).
+	// A connection accepted as the old server stops is closed unread: EOF
+	// before any answer, the request never handled (no "received request"
+	// in Caddy's log), so it is sent again.
 	req.Close = true
 	resp, err := c.client.Do(req)
+	for try := 1; err != nil && errors.Is(err, io.EOF) && try < 3; try++ {
+		if req.GetBody != nil {
+			req.Body, _ = req.GetBody()
+		}
+		resp, err = c.client.Do(req)
+	}
 	if err != nil {
 		c.t.Fatalf("%s %s: %v", req.Method, req.URL, err)
 	}
