@@ -194,11 +194,7 @@ func TestAsyncQuotaClusterHungMasterCostsOnlyItsKeys(t *testing.T) {
 	t.Parallel()
 	// No failover within the test: the masters mark the hung one failed
 	// only after a minute.
-	nodes := startRedisClusterNodes(t, time.Minute)
-	var addrs []string
-	for _, n := range nodes {
-		addrs = append(addrs, n.Addr)
-	}
+	nodes, addrs := startRedisClusterNodes(t, time.Minute)
 	ctx := context.Background()
 	const interval, timeout = 100 * time.Millisecond, 500 * time.Millisecond
 	a, err := distributed.OpenAsync(distributed.Options{Addresses: addrs, Mode: "async",

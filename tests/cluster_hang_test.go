@@ -24,11 +24,7 @@ func TestHungMasterCostsOtherMastersNothingOnCluster(t *testing.T) {
 	t.Parallel()
 	// No failover within the test: the masters mark the hung one failed
 	// only after a minute.
-	nodes := startRedisClusterNodes(t, time.Minute)
-	var addrs []string
-	for _, n := range nodes {
-		addrs = append(addrs, n.Addr)
-	}
+	nodes, addrs := startRedisClusterNodes(t, time.Minute)
 	ctx := context.Background()
 	const timeout = time.Second
 	store := openStore(t, distributed.Options{Addresses: addrs, Timeout: timeout}, nil)
@@ -111,11 +107,7 @@ func TestHungMasterCostsOtherMastersNothingOnCluster(t *testing.T) {
 // slots recover and releases land.
 func TestSlotsOfHealthyMastersStayHeldWhileAClusterMasterHangs(t *testing.T) {
 	t.Parallel()
-	nodes := startRedisClusterNodes(t, time.Minute) // no failover in the test
-	var addrs []string
-	for _, n := range nodes {
-		addrs = append(addrs, n.Addr)
-	}
+	nodes, addrs := startRedisClusterNodes(t, time.Minute) // no failover in the test
 	ctx := context.Background()
 	// Renewals every 667ms, each waiting up to the timeout for the hung
 	// master: 5 failed rounds (a breaker's trip) well inside the window.

@@ -21,21 +21,16 @@ import (
 // every node reports cluster_state:ok. It returns their addresses.
 func startRedisCluster(t testing.TB) []string {
 	t.Helper()
-	var addrs []string
-	for _, srv := range startRedisClusterNodes(t, 2*time.Second) {
-		addrs = append(addrs, srv.Addr)
-	}
+	_, addrs := startRedisClusterNodes(t, 2*time.Second)
 	return addrs
 }
 
-// startRedisClusterNodes is startRedisCluster with the servers, for tests
-// that stop or pause one, and the nodes' cluster-node-timeout: how long a
-// silent master may stay silent before the others mark it failed (and,
-// with no replica to promote, refuse every key).
-func startRedisClusterNodes(t testing.TB, nodeTimeout time.Duration) []*redisServer {
+// startRedisClusterNodes is startRedisCluster with the servers (and their
+// addresses), for tests that stop or pause one, and the nodes'
+// cluster-node-timeout: how long a silent master may stay silent before the
+// others mark it failed (and, with no replica to promote, refuse every key).
+func startRedisClusterNodes(t testing.TB, nodeTimeout time.Duration) (nodes []*redisServer, addrs []string) {
 	t.Helper()
-	var nodes []*redisServer
-	var addrs []string
 	for range 3 {
 		dir := t.TempDir()
 		srv := startRedis(t, "--cluster-enabled", "yes",
@@ -57,7 +52,7 @@ func startRedisClusterNodes(t testing.TB, nodeTimeout time.Duration) []*redisSer
 			return err == nil && strings.Contains(info, "cluster_state:ok")
 		})
 	}
-	return nodes
+	return nodes, addrs
 }
 
 // replicatedCluster is three masters with one replica each, as redis-cli

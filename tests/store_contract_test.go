@@ -31,11 +31,7 @@ func TestAdminReadsOnAClusterFailOnlyForTheDeadMastersKeys(t *testing.T) {
 	t.Parallel()
 	// A node timeout far longer than the test: the surviving masters never
 	// mark the dead one failed, so they serve their slots throughout.
-	nodes := startRedisClusterNodes(t, time.Minute)
-	var addrs []string
-	for _, n := range nodes {
-		addrs = append(addrs, n.Addr)
-	}
+	nodes, addrs := startRedisClusterNodes(t, time.Minute)
 	victim := nodes[0]
 	ctx := context.Background()
 	opts := distributed.Options{Addresses: addrs, Timeout: 500 * time.Millisecond, Instance: nextTestInstance()}
