@@ -674,24 +674,19 @@ func (z *Zone) readCost(d *caddyfile.Dispenser) error {
 		}
 		z.Cost, rest = n, rest[1:]
 	}
+	bounds := map[string]*int64{"at_least": &z.CostAtLeast, "at_most": &z.CostAtMost}
 	for ; len(rest) >= 2; rest = rest[2:] {
-		var dst *int64
-		switch rest[0] {
-		case "at_least":
-			dst = &z.CostAtLeast
-		case "at_most":
-			dst = &z.CostAtMost
-		default:
+		dst := bounds[rest[0]]
+		switch {
+		case dst == nil:
 			return d.Errf("cost %s takes a fallback and, optionally, at_least and at_most with a bound each: %s", args[0], example)
-		}
-		if *dst != 0 {
+		case *dst != 0:
 			return d.Errf("cost %s is given twice: keep one", rest[0])
 		}
-		n, err := ParseInt64(d, "cost "+rest[0], rest[1], 1, zones.MaxEvents)
-		if err != nil {
+		var err error
+		if *dst, err = ParseInt64(d, "cost "+rest[0], rest[1], 1, zones.MaxEvents); err != nil {
 			return err
 		}
-		*dst = n
 	}
 	cost := max(z.Cost, 1)
 	switch {

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -57,10 +58,7 @@ func (p TokenPrices) price() (usage.Price, error) {
 	if pr.Output, err = usage.ParsePrice(string(p.Output)); err != nil {
 		return pr, err
 	}
-	pr.CachedInput = pr.Input
-	if p.CachedInput != "" {
-		pr.CachedInput, err = usage.ParsePrice(string(p.CachedInput))
-	}
+	pr.CachedInput, err = usage.ParsePrice(string(cmp.Or(p.CachedInput, p.Input)))
 	return pr, err
 }
 
@@ -112,26 +110,20 @@ func parseChargeUSD(d *caddyfile.Dispenser, z *Zone) error {
 			return d.Errf("charge usd: unknown line %q: %s", d.Val(), example)
 		}
 		var p TokenPrices
+		kinds := map[string]*json.Number{"input": &p.Input, "cached_input": &p.CachedInput, "output": &p.Output}
 		args := d.RemainingArgs()
 		if len(args)%2 == 1 {
 			return d.Errf("charge usd: prices come in pairs, a kind and dollars per million tokens: %s", example)
 		}
 		for ; len(args) > 0; args = args[2:] {
-			var dst *json.Number
-			switch args[0] {
-			case "input":
-				dst = &p.Input
-			case "cached_input":
-				dst = &p.CachedInput
-			case "output":
-				dst = &p.Output
-			default:
+			switch dst := kinds[args[0]]; {
+			case dst == nil:
 				return d.Errf("charge usd: unknown price %q: input, cached_input or output", args[0])
-			}
-			if *dst != "" {
+			case *dst != "":
 				return d.Errf("charge usd: %s is given twice: keep one", args[0])
+			default:
+				*dst = json.Number(args[1])
 			}
-			*dst = json.Number(args[1])
 		}
 		if _, err := p.price(); err != nil {
 			return d.Errf("charge usd: %v", err)

@@ -2,17 +2,15 @@
 // comments make Caddy's JSON docs of http.handlers.rate_limit) and in the Caddyfile
 // (ParseDirective, and the argument readers the listener wrapper shares). It checks what the config
 // alone can tell, with errors that name the file, line and fix; package ratelimit provisions what
-// needs a running handler (stores, matchers, metrics).
-//
-// zone.go holds a zone's settings and what reads only them; quota.go, usd.go, challenge.go,
-// distributed.go and persist.go their blocks' types and Caddyfile; caddyfile.go the directive, the
-// zone block and the argument readers.
+// needs a running handler (stores, matchers, metrics). Each block's type and Caddyfile reader share
+// a file; caddyfile.go holds the directive, the zone block and the argument readers.
 package config
 
 import (
 	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -31,16 +29,14 @@ type Zone struct {
 	// Requests with the same expanded key share a limit. Required.
 	Key string `json:"key,omitempty"`
 
-	// Only requests that match one of these matcher sets count in this zone. All requests count
-	// when it is empty.
+	// Only requests that match one of these matcher sets count in this zone; empty: all requests.
 	MatcherSetsRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
 
-	// How many requests a key may make per window. Required (except in a concurrency zone): with
-	// max_events_placeholder, it is the fallback.
+	// How many requests a key may make per window. Required (except in a concurrency zone); the
+	// fallback of max_events_placeholder.
 	MaxEvents int64 `json:"max_events,omitempty"`
 
-	// The window. Required (except in a concurrency zone): with window_placeholder, it is the
-	// fallback.
+	// The window. Required (except in a concurrency zone); the fallback of window_placeholder.
 	Window caddy.Duration `json:"window,omitempty"`
 
 	// How many requests a key may make at once. Default: max_events (a fresh key may send
@@ -76,10 +72,9 @@ type Zone struct {
 	// back, as max_events_at_most does. At least burst.
 	BurstAtMost int64 `json:"burst_at_most,omitempty"`
 
-	// What one request costs, in the units max_events counts, when it is known before the request
-	// runs (a weighted endpoint). Default: 1. It may not exceed burst: such a request could never
-	// pass. With cost_placeholder it is the fallback; in a post-charged zone it is what a counted
-	// response charges.
+	// What one request costs in max_events' units, when known before it runs (a weighted
+	// endpoint). Default: 1; at most burst, or the request could never pass. The fallback of
+	// cost_placeholder; in a post-charged zone, what a counted response charges.
 	Cost int64 `json:"cost,omitempty"`
 
 	// A placeholder whose value is this request's cost, such as
@@ -96,9 +91,8 @@ type Zone struct {
 	// provisioned.
 	CostAtLeast int64 `json:"cost_at_least,omitempty"`
 
-	// A bound on cost_placeholder's values: a value above it costs cost_at_most (not the fallback:
-	// asking for more never costs less), counted in caddy_rate_limit_cost_fallbacks_total. At least
-	// cost.
+	// A bound on cost_placeholder's values: a value above it costs cost_at_most (asking for more
+	// never costs less), counted in caddy_rate_limit_cost_fallbacks_total. At least cost.
 	CostAtMost int64 `json:"cost_at_most,omitempty"`
 
 	// Makes the zone post-charged, counting only responses that match: status codes or classes and
@@ -131,8 +125,8 @@ type Zone struct {
 	// latter). Not with charge or charge_json.
 	ChargeUSD *ChargeUSD `json:"charge_usd,omitempty"`
 
-	// "usd": the zone's amounts (max_events, burst, quota.limit, cost and the placeholders' values)
-	// are whole micro-dollars, which the Caddyfile writes as dollars (quota 20 usd per month).
+	// "usd": the zone's amounts (max_events, burst, quota.limit, cost, the placeholders' values)
+	// are whole micro-dollars, written as dollars in the Caddyfile (quota 20 usd per month).
 	// Requires charge_usd.
 	Unit string `json:"unit,omitempty"`
 
@@ -157,20 +151,17 @@ type Zone struct {
 	// caddy_rate_limit_token_charges_total by format. Not with charge or charge_json.
 	ChargeTokens string `json:"charge_tokens,omitempty"`
 
-	// When the key is an IPv4 address, limit its /ipv4_prefix network instead of the address (e.g.
-	// 24).
+	// When the key is an IPv4 address, limit its /ipv4_prefix network instead (e.g. 24).
 	IPv4Prefix int `json:"ipv4_prefix,omitempty"`
 
-	// When the key is an IPv6 address, limit its /ipv6_prefix network instead of the address (e.g.
-	// 64).
+	// When the key is an IPv6 address, limit its /ipv6_prefix network instead (e.g. 64).
 	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
 
 	// What to do when Redis cannot answer: "local" (default) enforces this instance's part of the
 	// limit in-process, "open" allows, "closed" denies. Only meaningful with distributed.
 	FailPolicy string `json:"fail_policy,omitempty"`
 
-	// The most keys this zone keeps in memory. When full, expired keys are evicted first. Default:
-	// 1000000.
+	// The most keys this zone keeps in memory; when full, expired ones go first. Default: 1000000.
 	MaxKeys int64 `json:"max_keys,omitempty"`
 
 	// Decide and report, but never deny.
@@ -207,9 +198,8 @@ type Zone struct {
 	// start.
 	Ban caddy.Duration `json:"ban,omitempty"`
 
-	// With ban, makes bans escalate: each ban of a key that starts within ban_max of its last ban's
-	// end lasts twice the last one, at most ban_max; a key not banned for ban_max starts over at
-	// ban.
+	// With ban, makes bans escalate: a key's ban that starts within ban_max of its last one's end
+	// lasts twice that one, at most ban_max; a key not banned for ban_max starts over at ban.
 	BanMax caddy.Duration `json:"ban_max,omitempty"`
 
 	// Lets a request the zone would deny wait for its turn instead, when that turn is at most this
@@ -230,8 +220,8 @@ type Zone struct {
 	// (status_code changes it).
 	Adaptive *Adaptive `json:"adaptive,omitempty"`
 
-	// With adaptive: the requests' priority classes, read from a placeholder. When the limit is
-	// reached, the lowest class is shed first.
+	// With adaptive: the requests' priority classes, read from a placeholder; at the limit, the
+	// lowest class is shed first.
 	Priority *Priority `json:"priority,omitempty"`
 
 	// The HTTP status of this zone's denials. Default: the handler's status (429), and 503 in an
@@ -266,8 +256,7 @@ type Priority struct {
 	// a cookie or a JWT claim.
 	Placeholder string `json:"placeholder,omitempty"`
 
-	// The class names, highest first. A request whose value is none of them is of the last (lowest)
-	// class.
+	// The class names, highest first; a request whose value is none of them is of the last.
 	Classes []string `json:"classes,omitempty"`
 }
 
@@ -409,8 +398,7 @@ func SinglePlaceholder(tpl string) string {
 
 // CheckTokenCount refuses a charge_tokens that is none of input, output and total.
 func CheckTokenCount(s string) error {
-	switch s {
-	case "total", "input", "output":
+	if slices.Contains([]string{"total", "input", "output"}, s) {
 		return nil
 	}
 	return errors.New(`"` + s + `": count input, output or total tokens (total if left out)`)
