@@ -29,15 +29,12 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-func init() {
-	caddy.RegisterModule(Wrapper{})
-}
-
 // connections counts the wrapper's decisions; connections_in_flight is read from its concurrency
 // zones at scrape time.
 var connections = live.CounterVec("connections_total", "New TCP connections decided by a connection zone or a deny_while zone (listener wrapper rate_limit), by decision: allowed, denied, dry_run_denied.", "decision")
 
 func init() {
+	caddy.RegisterModule(Wrapper{})
 	live.Gauge("connections_in_flight", "Connections holding a slot of a connection concurrency zone (listener wrapper rate_limit) in this instance.", func(z *zones.Zone, _ int64) (float64, bool) {
 		return float64(z.InFlight()), z.IsConcurrency() && live.IsConnection(z)
 	})
@@ -164,11 +161,9 @@ func (w *Wrapper) Cleanup() error {
 	return nil
 }
 
-// checkPlacement refuses a rate_limit wrapper that would not see raw connections: after tls, or
-// with tls left out (Caddy then puts tls first), it would wrap TLS connections not yet handshaken,
-// which breaks {http.request.scheme}; before proxy_protocol, it would key every connection by the
-// proxy's address. The HTTP app orders the wrappers by the server's listener_wrappers list, which
-// is in the context, still whole, when it provisions them; outside an HTTP server there is none.
+// checkPlacement refuses a rate_limit wrapper that would not see raw connections (placementProblem
+// says why). The HTTP app provisions the wrappers with the server, whose listener_wrappers list is
+// still whole, in the context; outside an HTTP server there is none.
 func checkPlacement(ctx caddy.Context) error {
 	srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
 	if !ok || srv == nil {
@@ -185,7 +180,9 @@ func checkPlacement(ctx caddy.Context) error {
 	return placementProblem(names)
 }
 
-// placementProblem checks the listener wrappers' names, in order.
+// placementProblem checks the listener wrappers' names, in order: after tls, or with tls left out
+// (Caddy then puts tls first), rate_limit would wrap connections not yet handshaken, breaking
+// {http.request.scheme}; before proxy_protocol, it would key every connection by the proxy's.
 func placementProblem(names []string) error {
 	rl := slices.Index(names, "rate_limit")
 	if rl < 0 {
@@ -235,9 +232,6 @@ func checkDenyWhile(ctx caddy.Context, name string, own map[string]*Zone) error 
 	case concurrency:
 		return fmt.Errorf("deny_while %s: %s is a concurrency zone, whose slots free as requests end: deny_while reads rate zones; limit open connections with a concurrency zone of this wrapper instead", name, name)
 	case key == "{client_ip}" || key == "{http.vars.client_ip}":
-		// Behind trusted_proxies it is what X-Forwarded-For says, and a client naming the proxy's
-		// address would have every connection through the proxy reset; without them it is
-		// {remote_host}.
 		return fmt.Errorf("deny_while %s: zone %s is keyed by %s, which behind trusted_proxies is X-Forwarded-For's address while a connection has the proxy's "+
 			"(a client sending X-Forwarded-For: <the proxy's address> would get every client behind it reset): key zone %s by {remote_host}, the connection's address, or do not use deny_while behind a proxy", name, name, key, name)
 	case key != "{remote_host}" && key != "{http.request.remote.host}":
@@ -253,8 +247,7 @@ func (w *Wrapper) WrapListener(l net.Listener) net.Listener {
 		for _, name := range w.DenyWhile {
 			z := live.Lookup(name, true)
 			if z == nil {
-				// Provision found it in this config; only a wrapper outside an HTTP server can get
-				// here.
+				// Provision found it in this config: only a wrapper outside an HTTP server gets here.
 				w.logger.Error("deny_while names a zone no rate_limit handler defines: it refuses nothing", zap.String("zone", name))
 				continue
 			}
