@@ -36,8 +36,7 @@ type Directive struct {
 func ParseDirective(d *caddyfile.Dispenser) (*Directive, error) {
 	h := new(Directive)
 	d.Next() // the directive name
-	// The first zone with scope global, for the error when there is no global block (which may come
-	// after it).
+	// The first scope global zone, named by the error when no global block comes before or after.
 	var globalZone string
 	var globalLine int
 	err := Settings{
@@ -80,8 +79,7 @@ func ParseDirective(d *caddyfile.Dispenser) (*Directive, error) {
 	return h, nil
 }
 
-// unmarshalAdaptive reads an adaptive block: adaptive { latency <d>; min <n>; max <n> }, latency
-// required.
+// unmarshalAdaptive reads adaptive { latency <d>; min <n>; max <n> }, latency required.
 func unmarshalAdaptive(d *caddyfile.Dispenser) (*Adaptive, error) {
 	a := new(Adaptive)
 	line := d.Line()
@@ -778,9 +776,8 @@ func oneOf(allowed ...string) func(*caddyfile.Dispenser) (string, error) {
 	}
 }
 
-// int64ArgOf reads the setting dir, whose value is the next argument (after a placeholder, its
-// fallback), as a whole number from lo to hi: in 64 bits whatever int is, so that every platform
-// has the same limits.
+// int64ArgOf reads the setting dir's next argument as a whole number from lo to hi, in 64 bits so
+// that every platform has the same limits.
 func int64ArgOf(d *caddyfile.Dispenser, dir string, lo, hi int64) (int64, error) {
 	s, err := oneWord(d, dir)
 	if err != nil {

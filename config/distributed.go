@@ -33,14 +33,12 @@ type Distributed struct {
 	// How often async mode reconciles with Redis. Default: 100ms.
 	SyncInterval caddy.Duration `json:"sync_interval,omitempty"`
 
-	// mholt/caddy-ratelimit's name for how often it reads the shared state, accepted so that its
-	// configs load unchanged: in async mode, without sync_interval, the larger of read_interval and
-	// write_interval is the sync interval; in strict mode, which asks Redis on every request, it is
-	// accepted and ignored (unlike sync_interval, which strict mode refuses).
+	// mholt/caddy-ratelimit's name for how often it reads the shared state, so that its configs
+	// load unchanged: in async mode without sync_interval, the larger of read_interval and
+	// write_interval is the sync interval; strict mode ignores it (and refuses sync_interval).
 	ReadInterval caddy.Duration `json:"read_interval,omitempty"`
 
-	// mholt/caddy-ratelimit's name for how often it writes the shared state, accepted as
-	// read_interval is (and ignored in strict mode).
+	// mholt/caddy-ratelimit's name for how often it writes the shared state; as read_interval.
 	WriteInterval caddy.Duration `json:"write_interval,omitempty"`
 
 	// The longest a request waits for Redis before the zone's fail policy decides, for all of a
@@ -74,29 +72,25 @@ type Redis struct {
 	// autosave file. With Sentinel, the master's password.
 	Password string `json:"password,omitempty"`
 
-	// The database number (SELECT); overrides one in the URLs. Default: 0. A Redis Cluster has only
-	// database 0.
+	// The database number (SELECT); overrides one in the URLs. Default: 0, a Cluster's only one.
 	DB int `json:"db,omitempty"`
 
 	// The name of the master the Sentinels at addresses watch.
 	SentinelMaster string `json:"sentinel_master,omitempty"`
 	// Use TLS (implied by rediss:// URLs and by the tls_* files).
 	TLS bool `json:"tls,omitempty"`
-	// A PEM file of the CAs that sign Redis's certificate, when it is not signed by one the system
-	// trusts.
+	// A PEM file of the CAs that sign Redis's certificate, when the system does not trust them.
 	TLSCA string `json:"tls_ca,omitempty"`
-	// A client certificate (PEM file), for a Redis started with tls-auth-clients; tls_key is its
-	// key.
+	// A client certificate (PEM file) for a Redis started with tls-auth-clients; see tls_key.
 	TLSCert string `json:"tls_cert,omitempty"`
 
 	// The private key (PEM file) of tls_cert.
 	TLSKey string `json:"tls_key,omitempty"`
 }
 
-// syncInterval is the async sync interval the settings give: sync_interval, else the larger of
-// mholt/caddy-ratelimit's read_interval and write_interval, else 0 (the default, 100ms). Strict
-// mode refuses sync_interval, tally's own setting, and ignores the other two, which mholt's configs
-// carry whatever the mode, saying so in the log.
+// syncInterval is the async sync interval the settings give (see ReadInterval), 0 for the default.
+// Strict mode ignores read_interval and write_interval, which mholt's configs carry whatever the
+// mode, saying so in the log.
 func (dist *Distributed) syncInterval(logger *zap.Logger) (time.Duration, error) {
 	if dist.Mode != "async" {
 		if dist.SyncInterval != 0 {
