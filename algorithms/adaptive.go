@@ -181,8 +181,7 @@ func NewClasses(n int, now int64) Classes {
 func (c *Classes) Resize(n int, now int64) {
 	n = max(n, 1)
 	for k := range c.inFlight {
-		c.demand[k] = c.demandAt(k, now)
-		c.last[k] = max(c.last[k], now)
+		c.move(k, now, 0)
 	}
 	for len(c.inFlight) < n {
 		c.inFlight, c.demand, c.last = append(c.inFlight, 0), append(c.demand, 0), append(c.last, now)
