@@ -1,12 +1,14 @@
 package algorithms
 
-// Adaptive concurrency: a limit of requests in flight that follows an upstream's latency toward a
-// target the operator states, and the priority classes that share it. The rules and why they are so
-// are in docs/configuration.md (Adaptive concurrency); in short:
+// Adaptive concurrency: a limit of requests in flight that follows an
+// upstream's latency toward a target the operator states, and the priority
+// classes that share it. The rules and why they are so are in
+// docs/configuration.md (Adaptive concurrency); in short:
 //
-// A failed request is a sample above every latency. A window closes once it has AdaptiveMinSamples
-// samples and lasts at least max(target, 100ms), or after four such lengths with any sample. At
-// each close, with p the window's 90th percentile, L the limit and peak the most requests that
+// A failed request is a sample above every latency. A window closes once it
+// has AdaptiveMinSamples samples and lasts at least max(target, 100ms), or
+// after four such lengths with any sample. At each close, with p the
+// window's 90th percentile, L the limit and peak the most requests that
 // wanted to be in flight at once in the window (shed ones included):
 //
 //	p > target:              L ← L·(1 + max(½, target/p))/2      (decrease)
@@ -14,12 +16,14 @@ package algorithms
 //	                         (before the first decrease or failure: L ← 2L, a slow start)
 //	otherwise:               L unchanged
 //
-// then L is kept within [min, max]. A window over the target while L is at min sets the unloaded
-// latency U to its p90 (unless that is a failure); while U is known the target is max(target,
-// U·9/8); U is forgotten once a window meets the target or comes a tenth below U.
+// then L is kept within [min, max]. A window over the target while L is at
+// min sets the unloaded latency U to its p90 (unless that is a failure);
+// while U is known the target is max(target, U·9/8); U is forgotten once a
+// window meets the target or comes a tenth below U.
 //
-// Classes share L, class 0 the highest; each class's demand is an exponential average of its
-// requests in flight (time constant AdaptiveDemandTau). A request of class k is admitted when
+// Classes share L, class 0 the highest; each class's demand is an
+// exponential average of its requests in flight (time constant
+// AdaptiveDemandTau). A request of class k is admitted when
 //
 //	inFlight + round(Σ_{j<k} max(0, demand_j − inFlight_j)) < L + borrow(k)
 //	borrow(k) = min(max(1, L/8), Σ_{j>k} inFlight_j)   (0 for the lowest class)
@@ -57,7 +61,8 @@ type Adaptive struct {
 	failed  bool  // a request of the window failed
 	lastP90 int64 // the p90 of the last window closed
 	samples [AdaptiveSamples]int64
-	// unloaded is the upstream's unloaded latency learned (0: none above the target).
+	// unloaded is the upstream's unloaded latency learned (0: none above
+	// the target).
 	unloaded int64
 }
 
@@ -69,15 +74,16 @@ func NewAdaptive(l AdaptiveLimit, now int64) Adaptive {
 // Limit is the number of requests that may be in flight: at least 1.
 func (a *Adaptive) Limit() int64 { return max(1, int64(a.limit)) }
 
-// Want records that want requests wanted to be in flight at once (the ones in flight and the one
-// arriving), shed or not.
+// Want records that want requests wanted to be in flight at once (the ones
+// in flight and the one arriving), shed or not.
 func (a *Adaptive) Want(want int64) { a.peak = max(a.peak, want) }
 
 // failedSample is a failed request's latency: above every one.
 const failedSample = math.MaxInt64
 
-// Observe records one request's latency (ns) at now, or its failure, and, when that closes the
-// window, moves the limit within l's bounds and reports true.
+// Observe records one request's latency (ns) at now, or its failure, and,
+// when that closes the window, moves the limit within l's bounds and
+// reports true.
 func (a *Adaptive) Observe(l AdaptiveLimit, now, latency int64, failed bool) bool {
 	if failed {
 		latency, a.failed = failedSample, true
@@ -140,8 +146,9 @@ func (a *Adaptive) update(l AdaptiveLimit, p int64, failed bool) {
 // LastP90 is the p90 latency of the last window's served requests (ns).
 func (a *Adaptive) LastP90() int64 { return a.lastP90 }
 
-// p90 is the 90th percentile of the window's kept samples (nearest rank, a failure above every
-// latency), and that of its served ones alone (0 when none was).
+// p90 is the 90th percentile of the window's kept samples (nearest rank, a
+// failure above every latency), and that of its served ones alone (0 when
+// none was).
 func (a *Adaptive) p90() (all, served int64) {
 	var buf [AdaptiveSamples]int64
 	s := buf[:copy(buf[:], a.samples[:min(a.n, AdaptiveSamples)])]
@@ -157,8 +164,8 @@ func (a *Adaptive) p90() (all, served int64) {
 	return all, served
 }
 
-// Classes is the requests in flight of each priority class sharing one limit, and each class's
-// demand.
+// Classes is the requests in flight of each priority class sharing one
+// limit, and each class's demand.
 type Classes struct {
 	inFlight []int64
 	demand   []float64
@@ -175,9 +182,9 @@ func NewClasses(n int, now int64) Classes {
 	return c
 }
 
-// Resize makes n classes (at least 1) at now: new ones start empty, and the requests in flight of
-// classes dropped count in the last one kept (where Done, which clamps the class, will count them
-// out).
+// Resize makes n classes (at least 1) at now: new ones start empty, and the
+// requests in flight of classes dropped count in the last one kept (where
+// Done, which clamps the class, will count them out).
 func (c *Classes) Resize(n int, now int64) {
 	n = max(n, 1)
 	for k := range c.inFlight {
@@ -196,7 +203,8 @@ func (c *Classes) Resize(n int, now int64) {
 // Len is the number of classes.
 func (c *Classes) Len() int { return len(c.inFlight) }
 
-// InFlight is the number of requests in flight, of class k or, with k < 0, of every class.
+// InFlight is the number of requests in flight, of class k or, with k < 0,
+// of every class.
 func (c *Classes) InFlight(k int) int64 {
 	if k >= 0 {
 		return c.inFlight[k]
@@ -208,8 +216,8 @@ func (c *Classes) InFlight(k int) int64 {
 	return n
 }
 
-// Admit admits one request of class k (clamped to the classes) at now under limit, counting it in
-// flight, and reports whether it did.
+// Admit admits one request of class k (clamped to the classes) at now under
+// limit, counting it in flight, and reports whether it did.
 func (c *Classes) Admit(k int, limit, now int64) bool {
 	k = min(max(k, 0), len(c.inFlight)-1)
 	total := c.InFlight(-1)
@@ -243,8 +251,8 @@ func (c *Classes) move(k int, now, by int64) {
 	c.inFlight[k] += by
 }
 
-// demandAt is class k's demand brought up to now: the exponential average moves toward the count in
-// flight since the last change.
+// demandAt is class k's demand brought up to now: the exponential average
+// moves toward the count in flight since the last change.
 func (c *Classes) demandAt(k int, now int64) float64 {
 	dt := now - c.last[k]
 	if dt <= 0 {

@@ -5,16 +5,18 @@ import (
 	"time"
 )
 
-// Period is a calendar period of a quota: N per minute, hour, day, ISO week or month, reset when
-// the period of the quota's time zone ends.
+// Period is a calendar period of a quota: N per minute, hour, day, ISO week
+// or month, reset when the period of the quota's time zone ends.
 //
-// A period is the longest stretch of time over which the zone's wall clock shows the same minute,
-// hour, date, ISO week or month. So a Berlin day is 23 hours long on the last Sunday of March and
-// 25 on the last Sunday of October; a month has its real length; a week starts on Monday at 00:00
-// (ISO 8601); where clocks go back an hour, the hour they repeat is one period of two hours (its
-// label, say 02:00-03:00, is the same throughout) and where they go forward an hour, the hour
-// skipped has no period. Every time zone in use has an offset of a whole number of minutes, so
-// minutes are the same in every zone.
+// A period is the longest stretch of time over which the zone's wall clock
+// shows the same minute, hour, date, ISO week or month. So a Berlin day is
+// 23 hours long on the last Sunday of March and 25 on the last Sunday of
+// October; a month has its real length; a week starts on Monday at 00:00
+// (ISO 8601); where clocks go back an hour, the hour they repeat is one
+// period of two hours (its label, say 02:00-03:00, is the same throughout)
+// and where they go forward an hour, the hour skipped has no period. Every
+// time zone in use has an offset of a whole number of minutes, so minutes
+// are the same in every zone.
 type Period uint8
 
 // The periods, shortest first.
@@ -45,20 +47,21 @@ func (p Period) String() string {
 	return periodNames[p]
 }
 
-// maxZoneSegments bounds how many offset changes Bounds walks across: a period spans at most two or
-// three (a month with both of a year's DST switches does not exist; Lord Howe's half-hour switches
-// are two a year).
+// maxZoneSegments bounds how many offset changes Bounds walks across: a
+// period spans at most two or three (a month with both of a year's DST
+// switches does not exist; Lord Howe's half-hour switches are two a year).
 const maxZoneSegments = 8
 
-// Bounds returns the period of loc that contains t: [start, end), in loc; end - start is the
-// period's real length.
+// Bounds returns the period of loc that contains t: [start, end), in loc;
+// end - start is the period's real length.
 func (p Period) Bounds(t time.Time, loc *time.Location) (start, end time.Time) {
 	t = t.In(loc)
 	label := p.label(t)
-	// Within one offset segment the wall clock is a fixed-offset clock, on which the period's edges
-	// are plain calendar arithmetic. Where an edge falls on or beyond the segment's, the period
-	// goes on into the next segment if the wall clock still shows the same label there (a repeated
-	// hour, a midnight that comes twice), else ends with it.
+	// Within one offset segment the wall clock is a fixed-offset clock, on
+	// which the period's edges are plain calendar arithmetic. Where an edge
+	// falls on or beyond the segment's, the period goes on into the next
+	// segment if the wall clock still shows the same label there (a
+	// repeated hour, a midnight that comes twice), else ends with it.
 	start = t
 	for range maxZoneSegments {
 		seg, _ := start.ZoneBounds()
@@ -91,10 +94,11 @@ func (p Period) Bounds(t time.Time, loc *time.Location) (start, end time.Time) {
 	return start.In(loc), end.In(loc)
 }
 
-// label is what the wall clock shows of t at p's resolution: the wall clock's start of its period
-// on a fixed-offset clock (minutes: UTC minutes, as offsets are whole minutes: the wall clock
-// repeats its minutes when it goes back, the instants do not). Two instants with the same label and
-// no other label between them are in one period.
+// label is what the wall clock shows of t at p's resolution: the wall
+// clock's start of its period on a fixed-offset clock (minutes: UTC
+// minutes, as offsets are whole minutes: the wall clock repeats its minutes
+// when it goes back, the instants do not). Two instants with the same label
+// and no other label between them are in one period.
 type label struct {
 	year              int
 	month             time.Month
@@ -110,7 +114,8 @@ func (p Period) label(t time.Time) label {
 	return label{y, m, d, start.Hour(), start.Minute()}
 }
 
-// fixedBounds is p's period containing t on a clock whose offset is t's throughout.
+// fixedBounds is p's period containing t on a clock whose offset is t's
+// throughout.
 func (p Period) fixedBounds(t time.Time) (start, end time.Time) {
 	_, off := t.Zone()
 	f := t.In(time.FixedZone("", off))

@@ -17,7 +17,8 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// Directive is what the rate_limit directive sets: ratelimit.Handler's settings of the same names.
+// Directive is what the rate_limit directive sets: ratelimit.Handler's
+// settings of the same names.
 type Directive struct {
 	RateLimits     map[string]*Zone
 	Distributed    *Distributed
@@ -31,12 +32,14 @@ type Directive struct {
 	DryRun         bool
 }
 
-// ParseDirective reads the rate_limit directive, whose name d is on, and its block (the grammar is
-// on ratelimit.Handler's UnmarshalCaddyfile). Every error names the file and line.
+// ParseDirective reads the rate_limit directive, whose name d is on, and
+// its block (the grammar is on ratelimit.Handler's UnmarshalCaddyfile).
+// Every error names the file and line.
 func ParseDirective(d *caddyfile.Dispenser) (*Directive, error) {
 	h := new(Directive)
 	d.Next() // the directive name
-	// The first scope global zone, named by the error when no global block comes before or after.
+	// The first scope global zone, named by the error when no global block
+	// comes before or after.
 	var globalZone string
 	var globalLine int
 	err := Settings{
@@ -54,7 +57,8 @@ func ParseDirective(d *caddyfile.Dispenser) (*Directive, error) {
 			s, err := OneArg(d)
 			if err == nil {
 				h.Jitter, err = strconv.ParseFloat(s, 64)
-				// Written so that NaN, which compares false with everything, is refused too.
+				// Written so that NaN, which compares false with
+				// everything, is refused too.
 				if err != nil || !(h.Jitter >= 0 && h.Jitter <= 1) {
 					err = d.Errf("jitter must be a fraction between 0 and 1 (e.g. jitter 0.2), not %q", s)
 				}
@@ -79,7 +83,8 @@ func ParseDirective(d *caddyfile.Dispenser) (*Directive, error) {
 	return h, nil
 }
 
-// unmarshalAdaptive reads adaptive { latency <d>; min <n>; max <n> }, latency required.
+// unmarshalAdaptive reads adaptive { latency <d>; min <n>; max <n> },
+// latency required.
 func unmarshalAdaptive(d *caddyfile.Dispenser) (*Adaptive, error) {
 	a := new(Adaptive)
 	line := d.Line()
@@ -104,7 +109,8 @@ func unmarshalAdaptive(d *caddyfile.Dispenser) (*Adaptive, error) {
 	return a, nil
 }
 
-// unmarshalPriority reads priority <placeholder> <class>..., highest class first.
+// unmarshalPriority reads priority <placeholder> <class>..., highest class
+// first.
 func unmarshalPriority(d *caddyfile.Dispenser) (*Priority, error) {
 	args := d.RemainingArgs()
 	const example = "priority {http.vars.class} signed_in anonymous"
@@ -124,9 +130,10 @@ func unmarshalPriority(d *caddyfile.Dispenser) (*Priority, error) {
 	return &Priority{Placeholder: args[0], Classes: args[1:]}, nil
 }
 
-// Subdirectives calls f for each subdirective of the block d's token opens, refusing an argument
-// left on that token's line and a subdirective given twice (twice starts that error) unless it is
-// repeatable, and returns f's first error. seen, when not nil, records the subdirectives.
+// Subdirectives calls f for each subdirective of the block d's token opens,
+// refusing an argument left on that token's line and a subdirective given
+// twice (twice starts that error) unless it is repeatable, and returns f's
+// first error. seen, when not nil, records the subdirectives.
 func Subdirectives(d *caddyfile.Dispenser, seen map[string]bool, twice string, f func(sub string) error, repeatable ...string) error {
 	if d.NextArg() {
 		return d.ArgErr()
@@ -147,12 +154,13 @@ func Subdirectives(d *caddyfile.Dispenser, seen map[string]bool, twice string, f
 	return nil
 }
 
-// Settings are a block's subdirectives' readers, by name: each reads its line, d on the
-// subdirective's name.
+// Settings are a block's subdirectives' readers, by name: each reads its
+// line, d on the subdirective's name.
 type Settings map[string]func(d *caddyfile.Dispenser) error
 
-// Read reads the block d's token opens as Subdirectives does, each subdirective by its reader; one
-// that has none is the error unknown, a format of its name.
+// Read reads the block d's token opens as Subdirectives does, each
+// subdirective by its reader; one that has none is the error unknown, a
+// format of its name.
 func (s Settings) Read(d *caddyfile.Dispenser, twice, unknown string, repeatable ...string) error {
 	return Subdirectives(d, nil, twice, func(sub string) error {
 		if read := s[sub]; read != nil {
@@ -178,8 +186,9 @@ func IntIn[T int | int64](lo, hi T) func(*caddyfile.Dispenser) (T, error) {
 	}
 }
 
-// ZoneName reads the name of the zone block whose `zone` token d is on, which must not name one of
-// the zones defined before it in the same block (in: "handler", "listener wrapper").
+// ZoneName reads the name of the zone block whose `zone` token d is on,
+// which must not name one of the zones defined before it in the same block
+// (in: "handler", "listener wrapper").
 func ZoneName[Z any](d *caddyfile.Dispenser, defined map[string]Z, in string) (string, error) {
 	if !d.NextArg() {
 		return "", d.Err("zone needs a name: zone <name> { ... }")
@@ -194,8 +203,8 @@ func ZoneName[Z any](d *caddyfile.Dispenser, defined map[string]Z, in string) (s
 	return name, nil
 }
 
-// parseZone reads the zone block whose `zone` token d is on into a new Zone of into, the handler's
-// zones. lines says where each subdirective was.
+// parseZone reads the zone block whose `zone` token d is on into a new Zone
+// of into, the handler's zones. lines says where each subdirective was.
 func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone) (name string, lines map[string]int, err error) {
 	if name, err = ZoneName(d, *into, "handler"); err != nil {
 		return "", nil, err
@@ -412,8 +421,8 @@ func unmarshalDistributed(d *caddyfile.Dispenser) (*Distributed, error) {
 		// mholt/caddy-ratelimit's names: see Distributed.ReadInterval.
 		"read_interval":  Set(&dist.ReadInterval, DurationArg),
 		"write_interval": Set(&dist.WriteInterval, DurationArg),
-		// mholt/caddy-ratelimit's clean-up age: every tally key has a TTL instead, so it is
-		// accepted and has no effect.
+		// mholt/caddy-ratelimit's clean-up age: every tally key has a TTL
+		// instead, so it is accepted and has no effect.
 		"purge_age": Set(new(caddy.Duration), DurationArg),
 		"timeout":   Set(&dist.Timeout, DurationArg),
 		"key_prefix": func(d *caddyfile.Dispenser) (err error) {
@@ -449,8 +458,8 @@ func unmarshalDistributed(d *caddyfile.Dispenser) (*Distributed, error) {
 	return dist, dist.checkRegion(d, regionLine)
 }
 
-// checkRegion refuses a region without a global block, a global block without a region, and a
-// region not among the global block's.
+// checkRegion refuses a region without a global block, a global block
+// without a region, and a region not among the global block's.
 func (dist *Distributed) checkRegion(d *caddyfile.Dispenser, regionLine int) error {
 	switch {
 	case dist.Global == nil && dist.Region != "":
@@ -510,8 +519,8 @@ func unmarshalRedis(d *caddyfile.Dispenser) (*Redis, error) {
 	return r, nil
 }
 
-// readCharge reads `charge <placeholder> [fallback]`, `charge json <path> [+ <path>...]` or `charge
-// tokens [input|output|total]`.
+// readCharge reads `charge <placeholder> [fallback]`, `charge json <path>
+// [+ <path>...]` or `charge tokens [input|output|total]`.
 func (z *Zone) readCharge(d *caddyfile.Dispenser) error {
 	args := d.RemainingArgs()
 	if len(args) > 0 && args[0] == "usd" {
@@ -570,9 +579,9 @@ func (z *Zone) readCharge(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-// planInt reads events or burst, the setting d is on: a literal into lit, or a placeholder, into
-// placeholder, with its fallback (needFallback: a required one) into lit and its at_most bound into
-// atMost.
+// planInt reads events or burst, the setting d is on: a literal into lit,
+// or a placeholder, into placeholder, with its fallback (needFallback: a
+// required one) into lit and its at_most bound into atMost.
 func planInt(needFallback bool, placeholder *string, lit, atMost *int64) func(*caddyfile.Dispenser) error {
 	return func(d *caddyfile.Dispenser) error {
 		dir := d.Val()
@@ -598,17 +607,18 @@ func planInt(needFallback bool, placeholder *string, lit, atMost *int64) func(*c
 	}
 }
 
-// planArgs are the arguments of `events`, `window` or `burst` given a placeholder: `<setting>
-// <placeholder> [<fallback>] [<keyword> <bound>]`.
+// planArgs are the arguments of `events`, `window` or `burst` given a
+// placeholder: `<setting> <placeholder> [<fallback>] [<keyword> <bound>]`.
 type planArgs struct {
 	placeholder string // its name; "" when the setting is a literal
 	fallback    string // "" when not given
 	bound       string // the value after keyword; "" when not given
 }
 
-// readPlanArgs reads a plan setting's arguments. For a literal it returns no placeholder, the
-// dispenser on the setting's name to read it, and refuses keyword (at_most, at_least) with the fix.
-// needFallback: the fallback is required.
+// readPlanArgs reads a plan setting's arguments. For a literal it returns
+// no placeholder, the dispenser on the setting's name to read it, and
+// refuses keyword (at_most, at_least) with the fix. needFallback: the
+// fallback is required.
 func readPlanArgs(d *caddyfile.Dispenser, keyword string, needFallback bool) (planArgs, error) {
 	dir := d.Val()
 	args := d.RemainingArgs()
@@ -644,8 +654,9 @@ func readPlanArgs(d *caddyfile.Dispenser, keyword string, needFallback bool) (pl
 	return a, nil
 }
 
-// readCost reads `cost <n>` or `cost <placeholder> [<fallback n>] [at_least <n>] [at_most <n>]`,
-// the bounds in either order, each at most once, the fallback within them.
+// readCost reads `cost <n>` or `cost <placeholder> [<fallback n>] [at_least
+// <n>] [at_most <n>]`, the bounds in either order, each at most once, the
+// fallback within them.
 func (z *Zone) readCost(d *caddyfile.Dispenser) error {
 	args := d.RemainingArgs()
 	const example = "cost {http.request.header.X-Search-Cost} 1 at_least 1 at_most 100"
@@ -696,8 +707,8 @@ func (z *Zone) readCost(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-// checkAddresses refuses, at their line, Redis addresses that cannot work; those with placeholders
-// are checked at provision.
+// checkAddresses refuses, at their line, Redis addresses that cannot work;
+// those with placeholders are checked at provision.
 func checkAddresses(d *caddyfile.Dispenser, addrs []string) error {
 	for _, a := range addrs {
 		if err := checkAddress(a); err != nil && !strings.Contains(a, "{") {
@@ -733,8 +744,8 @@ func (z *Zone) readBan(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-// OneArg reads the one value of a setting whose value is text (a key template, a prefix, a name),
-// which may hold spaces when quoted.
+// OneArg reads the one value of a setting whose value is text (a key
+// template, a prefix, a name), which may hold spaces when quoted.
 func OneArg(d *caddyfile.Dispenser) (string, error) {
 	dir := d.Val()
 	if !d.NextArg() {
@@ -747,9 +758,9 @@ func OneArg(d *caddyfile.Dispenser) (string, error) {
 	return v, nil
 }
 
-// oneWord reads the one value of setting dir when it is a number, a duration or a keyword, none of
-// which holds a space, quoted or not: the error for "window 1 m" says what to write (window 1m),
-// not to quote it.
+// oneWord reads the one value of setting dir when it is a number, a
+// duration or a keyword, none of which holds a space, quoted or not: the
+// error for "window 1 m" says what to write (window 1m), not to quote it.
 func oneWord(d *caddyfile.Dispenser, dir string) (string, error) {
 	if !d.NextArg() {
 		return "", d.Errf("%s needs a value", dir)
@@ -776,8 +787,8 @@ func oneOf(allowed ...string) func(*caddyfile.Dispenser) (string, error) {
 	}
 }
 
-// int64ArgOf reads the setting dir's next argument as a whole number from lo to hi, in 64 bits so
-// that every platform has the same limits.
+// int64ArgOf reads the setting dir's next argument as a whole number from
+// lo to hi, in 64 bits so that every platform has the same limits.
 func int64ArgOf(d *caddyfile.Dispenser, dir string, lo, hi int64) (int64, error) {
 	s, err := oneWord(d, dir)
 	if err != nil {
@@ -786,7 +797,8 @@ func int64ArgOf(d *caddyfile.Dispenser, dir string, lo, hi int64) (int64, error)
 	return ParseInt64(d, dir, s, lo, hi)
 }
 
-// ParseInt64 reads s, the value of setting dir, as a whole number from lo to hi.
+// ParseInt64 reads s, the value of setting dir, as a whole number from lo
+// to hi.
 func ParseInt64(d *caddyfile.Dispenser, dir, s string, lo, hi int64) (int64, error) {
 	n, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || n < lo || n > hi {

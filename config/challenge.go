@@ -11,21 +11,22 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// Challenge makes a rate zone answer a browser's navigation it would deny with a proof-of-work page
-// instead of its denial. Solving it sets a cookie whose own identity the zone then limits under
-// events per window, instead of the client's key (docs/challenges.md).
+// Challenge makes a rate zone answer a browser's navigation it would deny
+// with a proof-of-work page instead of its denial. Solving it sets a cookie
+// whose own identity the zone then limits under events per window, instead
+// of the client's key (docs/challenges.md).
 type Challenge struct {
-	// The leading zero hex digits the page must find in SHA-256(challenge + nonce): each digit is
-	// 16 times the work. Default: 4.
+	// The leading zero hex digits the page must find in SHA-256(challenge +
+	// nonce): each digit is 16 times the work. Default: 4.
 	Difficulty int `json:"difficulty,omitempty"`
-	// When set (above difficulty), the difficulty rises toward it with the rate of challenges
-	// issued to the same network (the zone's key), one digit per 16-fold rate, and falls back when
-	// it calms.
+	// When set (above difficulty), the difficulty rises toward it with the
+	// rate of challenges issued to the same network (the zone's key), one
+	// digit per 16-fold rate, and falls back when it calms.
 	DifficultyMax int `json:"difficulty_max,omitempty"`
 	// How long a solved challenge's cookie lasts. Default: 24h.
 	Valid caddy.Duration `json:"valid,omitempty"`
-	// How many requests a solved cookie's identity may make per window, instead of the client's
-	// key. Required.
+	// How many requests a solved cookie's identity may make per window,
+	// instead of the client's key. Required.
 	MaxEvents int64 `json:"max_events,omitempty"`
 	// The window of a solved cookie's budget. Required.
 	Window caddy.Duration `json:"window,omitempty"`

@@ -26,71 +26,83 @@ type Distributed struct {
 	// The Redis server, Sentinel set or Cluster. Required.
 	Redis *Redis `json:"redis,omitempty"`
 
-	// "strict" (default): every decision is one atomic script in Redis, exact across any number of
-	// instances. "async": decide locally and reconcile with Redis every sync_interval.
+	// "strict" (default): every decision is one atomic script in Redis,
+	// exact across any number of instances. "async": decide locally and
+	// reconcile with Redis every sync_interval.
 	Mode string `json:"mode,omitempty"`
 
 	// How often async mode reconciles with Redis. Default: 100ms.
 	SyncInterval caddy.Duration `json:"sync_interval,omitempty"`
 
-	// mholt/caddy-ratelimit's name for how often it reads the shared state, so that its configs
-	// load unchanged: in async mode without sync_interval, the larger of read_interval and
-	// write_interval is the sync interval; strict mode ignores it (and refuses sync_interval).
+	// mholt/caddy-ratelimit's name for how often it reads the shared state,
+	// so that its configs load unchanged: in async mode without
+	// sync_interval, the larger of read_interval and write_interval is the
+	// sync interval; strict mode ignores it (and refuses sync_interval).
 	ReadInterval caddy.Duration `json:"read_interval,omitempty"`
 
-	// mholt/caddy-ratelimit's name for how often it writes the shared state; as read_interval.
+	// mholt/caddy-ratelimit's name for how often it writes the shared
+	// state; as read_interval.
 	WriteInterval caddy.Duration `json:"write_interval,omitempty"`
 
-	// The longest a request waits for Redis before the zone's fail policy decides, for all of a
-	// request's zones and handlers together. Default: 50ms.
+	// The longest a request waits for Redis before the zone's fail policy
+	// decides, for all of a request's zones and handlers together. Default:
+	// 50ms.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
 
 	// Starts every Redis key tally writes. Default: "tally:".
 	KeyPrefix string `json:"key_prefix,omitempty"`
 
-	// This region's name, one of global's regions: the Redis above is this region's, and zones with
-	// scope global share their limit with the other regions through global. Required with global.
+	// This region's name, one of global's regions: the Redis above is this
+	// region's, and zones with scope global share their limit with the
+	// other regions through global. Required with global.
 	Region string `json:"region,omitempty"`
 
-	// The global store that shares scope global zones' limits between regions (see Global).
+	// The global store that shares scope global zones' limits between
+	// regions (see Global).
 	Global *Global `json:"global,omitempty"`
 }
 
-// Redis says how to reach Redis. Every field may use global placeholders such as
-// {env.REDIS_PASSWORD}.
+// Redis says how to reach Redis. Every field may use global placeholders
+// such as {env.REDIS_PASSWORD}.
 type Redis struct {
-	// host:port or redis:// / rediss:// URLs (which may carry user, password and db). Several
-	// addresses are a Redis Cluster, or the Sentinels when sentinel_master is set.
+	// host:port or redis:// / rediss:// URLs (which may carry user,
+	// password and db). Several addresses are a Redis Cluster, or the
+	// Sentinels when sentinel_master is set.
 	Addresses []string `json:"addresses,omitempty"`
 
-	// The ACL user to log in as (Redis 6 and later), instead of the default user; overrides a user
-	// in the URLs. With Sentinel, the master's user.
+	// The ACL user to log in as (Redis 6 and later), instead of the default
+	// user; overrides a user in the URLs. With Sentinel, the master's user.
 	Username string `json:"username,omitempty"`
 
-	// The password to log in with (AUTH); overrides a password in the URLs. Use a placeholder such
-	// as {env.REDIS_PASSWORD}: Caddy shows the config, this field included, in GET /config/ and its
-	// autosave file. With Sentinel, the master's password.
+	// The password to log in with (AUTH); overrides a password in the URLs.
+	// Use a placeholder such as {env.REDIS_PASSWORD}: Caddy shows the
+	// config, this field included, in GET /config/ and its autosave file.
+	// With Sentinel, the master's password.
 	Password string `json:"password,omitempty"`
 
-	// The database number (SELECT); overrides one in the URLs. Default: 0, a Cluster's only one.
+	// The database number (SELECT); overrides one in the URLs. Default: 0,
+	// a Cluster's only one.
 	DB int `json:"db,omitempty"`
 
 	// The name of the master the Sentinels at addresses watch.
 	SentinelMaster string `json:"sentinel_master,omitempty"`
 	// Use TLS (implied by rediss:// URLs and by the tls_* files).
 	TLS bool `json:"tls,omitempty"`
-	// A PEM file of the CAs that sign Redis's certificate, when the system does not trust them.
+	// A PEM file of the CAs that sign Redis's certificate, when the system
+	// does not trust them.
 	TLSCA string `json:"tls_ca,omitempty"`
-	// A client certificate (PEM file) for a Redis started with tls-auth-clients; see tls_key.
+	// A client certificate (PEM file) for a Redis started with
+	// tls-auth-clients; see tls_key.
 	TLSCert string `json:"tls_cert,omitempty"`
 
 	// The private key (PEM file) of tls_cert.
 	TLSKey string `json:"tls_key,omitempty"`
 }
 
-// syncInterval is the async sync interval the settings give (see ReadInterval), 0 for the default.
-// Strict mode ignores read_interval and write_interval, which mholt's configs carry whatever the
-// mode, saying so in the log.
+// syncInterval is the async sync interval the settings give (see
+// ReadInterval), 0 for the default. Strict mode ignores read_interval and
+// write_interval, which mholt's configs carry whatever the mode, saying so
+// in the log.
 func (dist *Distributed) syncInterval(logger *zap.Logger) (time.Duration, error) {
 	if dist.Mode != "async" {
 		if dist.SyncInterval != 0 {
@@ -113,8 +125,8 @@ func (dist *Distributed) syncInterval(logger *zap.Logger) (time.Duration, error)
 // maxKeyPrefix is the longest key_prefix.
 const maxKeyPrefix = 128
 
-// checkAddress reports what is wrong with a Redis address (host:port, or a redis:// or rediss://
-// URL) without repeating its password.
+// checkAddress reports what is wrong with a Redis address (host:port, or a
+// redis:// or rediss:// URL) without repeating its password.
 func checkAddress(a string) error {
 	shown := distributed.Options{Addresses: []string{a}}.Redacted()
 	hostport := a
@@ -141,24 +153,28 @@ func checkAddress(a string) error {
 	return nil
 }
 
-// Global shares the limits of `scope global` zones between regions, each with its own Redis
-// (distributed's): every region enforces its share of each key in its own Redis, and one
-// coordinator per region trades shares with the others through this store every sync_interval. No
-// request waits on it; while it is unreachable every region keeps its last shares, and after lease
-// without contact a region falls back to a tenth of its weight.
+// Global shares the limits of `scope global` zones between regions, each
+// with its own Redis (distributed's): every region enforces its share of
+// each key in its own Redis, and one coordinator per region trades shares
+// with the others through this store every sync_interval. No request waits
+// on it; while it is unreachable every region keeps its last shares, and
+// after lease without contact a region falls back to a tenth of its weight.
 type Global struct {
 	// The global Redis (standalone or Sentinel). Required.
 	Redis *Redis `json:"redis,omitempty"`
 
-	// Every region's weight, the same in every region: the shares a key has while no region pushes
-	// against it. Required; whole numbers from 1 to 1000000.
+	// Every region's weight, the same in every region: the shares a key has
+	// while no region pushes against it. Required; whole numbers from 1 to
+	// 1000000.
 	Regions map[string]int64 `json:"regions,omitempty"`
 
-	// How often the region's coordinator syncs with the global store. Default: 1s.
+	// How often the region's coordinator syncs with the global store.
+	// Default: 1s.
 	SyncInterval caddy.Duration `json:"sync_interval,omitempty"`
 
-	// How long a region that cannot reach the global store keeps its shares; the global store
-	// reassigns them only after twice this. Default: 5m; at least twice sync_interval.
+	// How long a region that cannot reach the global store keeps its
+	// shares; the global store reassigns them only after twice this.
+	// Default: 5m; at least twice sync_interval.
 	Lease caddy.Duration `json:"lease,omitempty"`
 }
 
@@ -217,8 +233,8 @@ func (g *Global) unmarshalRegions(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-// StoreOptions checks the setting and returns the store's options, the Redis block's placeholders
-// replaced.
+// StoreOptions checks the setting and returns the store's options, the
+// Redis block's placeholders replaced.
 func (dist *Distributed) StoreOptions(logger *zap.Logger) (distributed.Options, error) {
 	switch dist.Mode {
 	case "", "strict", "async":
@@ -247,8 +263,9 @@ func (dist *Distributed) StoreOptions(logger *zap.Logger) (distributed.Options, 
 	return opts, nil
 }
 
-// Options is the connection part of the store's settings, placeholders replaced and addresses
-// checked (the redis block of distributed and of its global block).
+// Options is the connection part of the store's settings, placeholders
+// replaced and addresses checked (the redis block of distributed and of its
+// global block).
 func (r *Redis) Options(logger *zap.Logger) (distributed.Options, error) {
 	repl := caddy.NewReplacer()
 	opts := distributed.Options{

@@ -5,10 +5,11 @@ import (
 	"slices"
 	"strings"
 	"time"
-	// The time zones ship in the module (about 450 KB): a quota in Europe/Berlin must load in a
-	// container without /usr/share/zoneinfo rather than fail there after working on the developer's
-	// machine. The system's zoneinfo still comes first where there is one (Go's time.LoadLocation
-	// order), so the embedded copy only fills a gap.
+	// The time zones ship in the module (about 450 KB): a quota in
+	// Europe/Berlin must load in a container without /usr/share/zoneinfo
+	// rather than fail there after working on the developer's machine. The
+	// system's zoneinfo still comes first where there is one (Go's
+	// time.LoadLocation order), so the embedded copy only fills a gap.
 	_ "time/tzdata"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -17,32 +18,35 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// Quota is a zone's calendar quota: at most limit units of cost per calendar period of a time zone,
-// counted from 0 at each period's start. A zone has either a quota or events and window, never
-// both.
+// Quota is a zone's calendar quota: at most limit units of cost per
+// calendar period of a time zone, counted from 0 at each period's start. A
+// zone has either a quota or events and window, never both.
 type Quota struct {
-	// Units of cost a key may use per period (requests, with the default cost of 1). With
-	// limit_placeholder, the fallback for requests whose placeholder is empty or invalid; 0 there
-	// denies such requests.
+	// Units of cost a key may use per period (requests, with the default
+	// cost of 1). With limit_placeholder, the fallback for requests whose
+	// placeholder is empty or invalid; 0 there denies such requests.
 	Limit int64 `json:"limit,omitempty"`
 
-	// A placeholder, such as {plan_quota} set by a `map` of the customer's plan, whose value is
-	// this request's limit: quotas per plan. A value that is empty, not a whole number or out of
-	// range (1 to 2^40) is replaced by limit, counted in caddy_rate_limit_plan_fallbacks_total and
-	// logged (sampled). It must come from the operator (a map, a verified JWT claim), not from what
-	// a client sends, or be bounded.
+	// A placeholder, such as {plan_quota} set by a `map` of the customer's
+	// plan, whose value is this request's limit: quotas per plan. A value
+	// that is empty, not a whole number or out of range (1 to 2^40) is
+	// replaced by limit, counted in caddy_rate_limit_plan_fallbacks_total
+	// and logged (sampled). It must come from the operator (a map, a
+	// verified JWT claim), not from what a client sends, or be bounded.
 	LimitPlaceholder string `json:"limit_placeholder,omitempty"`
 
-	// The largest value limit_placeholder may give; a larger one falls back to limit, as an
-	// unusable one does. 0: no bound.
+	// The largest value limit_placeholder may give; a larger one falls back
+	// to limit, as an unusable one does. 0: no bound.
 	LimitAtMost int64 `json:"limit_at_most,omitempty"`
 
-	// The period: "minute", "hour", "day", "week" (ISO 8601: from Monday 00:00) or "month".
-	// Required. Periods follow the time zone's wall clock: a day where clocks go forward is 23
-	// hours long, and months have their real lengths.
+	// The period: "minute", "hour", "day", "week" (ISO 8601: from Monday
+	// 00:00) or "month". Required. Periods follow the time zone's wall
+	// clock: a day where clocks go forward is 23 hours long, and months
+	// have their real lengths.
 	Per string `json:"per,omitempty"`
 
-	// The IANA time zone whose calendar the periods follow, such as Europe/Berlin. Default: UTC.
+	// The IANA time zone whose calendar the periods follow, such as
+	// Europe/Berlin. Default: UTC.
 	TimeZone string `json:"time_zone,omitempty"`
 }
 
@@ -59,7 +63,8 @@ func (q *Quota) Location() (*time.Location, error) {
 	return loc, nil
 }
 
-// unmarshalQuota reads `quota <n|placeholder [fallback] [at_most <n>]> per <period> [<time zone>]`.
+// unmarshalQuota reads `quota <n|placeholder [fallback] [at_most <n>]> per
+// <period> [<time zone>]`.
 func unmarshalQuota(d *caddyfile.Dispenser) (*Quota, error) {
 	const usage = "quota <n> per minute|hour|day|week|month [<time zone>], e.g. quota 100000 per month Europe/Berlin"
 	args := d.RemainingArgs()

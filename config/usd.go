@@ -20,24 +20,29 @@ const UnitUSD = "usd"
 
 // ChargeUSD prices a response's token usage in dollars: a usd zone's charge.
 type ChargeUSD struct {
-	// Prices by model, matched against the response's model in order: the first that fits is used.
+	// Prices by model, matched against the response's model in order: the
+	// first that fits is used.
 	Models []ModelPrice `json:"models,omitempty"`
-	// The price of every model no pattern fits. Without it, a response of such a model (or with no
-	// model) charges the zone's fallback, counted with the reason no_price.
+	// The price of every model no pattern fits. Without it, a response of
+	// such a model (or with no model) charges the zone's fallback, counted
+	// with the reason no_price.
 	Default *TokenPrices `json:"default,omitempty"`
 }
 
 // ModelPrice is one model's prices.
 type ModelPrice struct {
-	// A model name, or a prefix ending in * (the only place * may be), such as gpt-4.1-mini*.
+	// A model name, or a prefix ending in * (the only place * may be), such
+	// as gpt-4.1-mini*.
 	Model string `json:"model,omitempty"`
 	TokenPrices
 }
 
-// TokenPrices are dollars per million tokens, as providers publish them: decimal numbers (JSON
-// numbers, or strings holding one) with at most 3 decimals, kept exactly.
+// TokenPrices are dollars per million tokens, as providers publish them:
+// decimal numbers (JSON numbers, or strings holding one) with at most 3
+// decimals, kept exactly.
 type TokenPrices struct {
-	// Input tokens' price (cached ones' too, unless cached_input is given). Required.
+	// Input tokens' price (cached ones' too, unless cached_input is given).
+	// Required.
 	Input json.Number `json:"input,omitempty"`
 	// Cached input tokens' price; the input price when not given.
 	CachedInput json.Number `json:"cached_input,omitempty"`
@@ -144,9 +149,10 @@ func parseChargeUSD(d *caddyfile.Dispenser, z *Zone) error {
 // usdAmounts are the settings that may give an amount in dollars.
 var usdAmounts = []string{"events", "burst", "quota", "cost"}
 
-// usdAmount reads `<setting> <amount> usd ...`, d on the setting: it marks z a usd zone and returns
-// a dispenser of the same line with the amount in micro-dollars and usd left out, which the
-// setting's own parser reads; any other line, d itself.
+// usdAmount reads `<setting> <amount> usd ...`, d on the setting: it marks
+// z a usd zone and returns a dispenser of the same line with the amount in
+// micro-dollars and usd left out, which the setting's own parser reads; any
+// other line, d itself.
 func usdAmount(d *caddyfile.Dispenser, z *Zone, sub string, lines map[string]int) (*caddyfile.Dispenser, error) {
 	if !slices.Contains(usdAmounts, sub) {
 		return d, nil
@@ -176,8 +182,8 @@ func usdAmount(d *caddyfile.Dispenser, z *Zone, sub string, lines map[string]int
 	return nd, nil
 }
 
-// usdUnits refuses a usd zone with an amount not given in dollars, which would be read as
-// micro-dollars.
+// usdUnits refuses a usd zone with an amount not given in dollars, which
+// would be read as micro-dollars.
 func usdUnits(name string, d *caddyfile.Dispenser, z *Zone, lines map[string]int) error {
 	if z.Unit != UnitUSD {
 		return nil

@@ -11,11 +11,12 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// UnmarshalCaddyfile sets up the listener wrapper from Caddyfile tokens, in the global option
-// servers { listener_wrappers { ... } }, before tls and after proxy_protocol when there is one. The
-// syntax is in docs/connections.md: the handler's zone grammar, where what needs a request (match,
-// cost, count, charge, placeholders in limits) or Redis (fail_policy, lease, distributed) is
-// refused with its line.
+// UnmarshalCaddyfile sets up the listener wrapper from Caddyfile tokens, in
+// the global option servers { listener_wrappers { ... } }, before tls and
+// after proxy_protocol when there is one. The syntax is in
+// docs/connections.md: the handler's zone grammar, where what needs a
+// request (match, cost, count, charge, placeholders in limits) or Redis
+// (fail_policy, lease, distributed) is refused with its line.
 func (w *Wrapper) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the wrapper's name
 	settings := config.Settings{
@@ -57,7 +58,8 @@ func (w *Wrapper) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // request ends the refusal of a setting that reads the request.
 const request = "reads the request, which a connection has not sent yet"
 
-// refused are the handler's zone settings a connection zone cannot have, and why, with the fix.
+// refused are the handler's zone settings a connection zone cannot have,
+// and why, with the fix.
 var refused = map[string]string{
 	"match":       "match " + request + ": remove it, or put the zone in the rate_limit handler (a server of its own limits connections to its address only)",
 	"cost":        "a connection costs 1: remove cost",
@@ -75,8 +77,9 @@ var refused = map[string]string{
 	"queue":       "a connection is accepted or reset at once, never kept waiting: remove queue",
 }
 
-// parseZone reads one zone block, whose `zone` token d is on, into the wrapper's zones, whose names
-// it must not repeat; what the zone cannot have is refused with its line.
+// parseZone reads one zone block, whose `zone` token d is on, into the
+// wrapper's zones, whose names it must not repeat; what the zone cannot
+// have is refused with its line.
 func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone) error {
 	name, err := config.ZoneName(d, *into, "listener wrapper")
 	if err != nil {
@@ -139,8 +142,9 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone) error {
 	return nil
 }
 
-// limit is read, which reads a limit, refusing a placeholder (the handler's `events {plan} 60`),
-// which a connection cannot give: fix says what to write instead.
+// limit is read, which reads a limit, refusing a placeholder (the handler's
+// `events {plan} 60`), which a connection cannot give: fix says what to
+// write instead.
 func limit(fix string, read func(*caddyfile.Dispenser) error) func(*caddyfile.Dispenser) error {
 	return func(d *caddyfile.Dispenser) error {
 		if d.NextArg() {

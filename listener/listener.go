@@ -1,7 +1,8 @@
-// Package listener is the listener wrapper caddy.listeners.rate_limit: new connections decided per
-// client before the TLS handshake, in connection zones of its own and while HTTP zones deny
-// (deny_while). It shares zone states, name claims and the registry of running zones with the
-// rate_limit handler through internal/live, and never imports the handler's package.
+// Package listener is the listener wrapper caddy.listeners.rate_limit: new
+// connections decided per client before the TLS handshake, in connection
+// zones of its own and while HTTP zones deny (deny_while). It shares zone
+// states, name claims and the registry of running zones with the rate_limit
+// handler through internal/live, and never imports the handler's package.
 package listener
 
 import (
@@ -29,8 +30,8 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// connections counts the wrapper's decisions; connections_in_flight is read from its concurrency
-// zones at scrape time.
+// connections counts the wrapper's decisions; connections_in_flight is read
+// from its concurrency zones at scrape time.
 var connections = live.CounterVec("connections_total", "New TCP connections decided by a connection zone or a deny_while zone (listener wrapper rate_limit), by decision: allowed, denied, dry_run_denied.", "decision")
 
 func init() {
@@ -40,37 +41,43 @@ func init() {
 	})
 }
 
-// Wrapper limits new connections per client before the TLS handshake: a refused connection costs an
-// accept and a reset, not a handshake. It must be listed before `tls` in the server's
-// listener_wrappers (and after `proxy_protocol`, when there is one); anywhere else the config is
+// Wrapper limits new connections per client before the TLS handshake: a
+// refused connection costs an accept and a reset, not a handshake. It must
+// be listed before `tls` in the server's listener_wrappers (and after
+// `proxy_protocol`, when there is one); anywhere else the config is
 // refused.
 //
-// A connection is decided by the client's address, `{remote_ip}`: the socket's peer, or the PROXY
-// protocol's source behind `proxy_protocol`. `{client_ip}` and `trusted_proxies` are request-level
-// and not known here: a deny_while zone must be keyed by `{remote_host}`. A refused connection is
-// reset (TCP RST) before anything is read from it: it never gets a TLS handshake, an HTTP request
-// or an access log line. Without `proxy_protocol` it is decided as it is accepted; with it, on its
-// first read, in the connection's own goroutine, so that a client that is slow to send its PROXY
-// header delays no one else.
+// A connection is decided by the client's address, `{remote_ip}`: the
+// socket's peer, or the PROXY protocol's source behind `proxy_protocol`.
+// `{client_ip}` and `trusted_proxies` are request-level and not known here:
+// a deny_while zone must be keyed by `{remote_host}`. A refused connection
+// is reset (TCP RST) before anything is read from it: it never gets a TLS
+// handshake, an HTTP request or an access log line. Without
+// `proxy_protocol` it is decided as it is accepted; with it, on its first
+// read, in the connection's own goroutine, so that a client that is slow to
+// send its PROXY header delays no one else.
 //
-// Connection zones are local to this instance, whatever the HTTP zones' distributed settings. Their
-// state survives config reloads as HTTP zones' does. HTTP/3 (QUIC) connections never pass through
-// listener wrappers.
+// Connection zones are local to this instance, whatever the HTTP zones'
+// distributed settings. Their state survives config reloads as HTTP zones'
+// does. HTTP/3 (QUIC) connections never pass through listener wrappers.
 type Wrapper struct {
-	// The connection zones, by name: rate zones (events per window per key, with burst) and
-	// concurrency zones (connections of a key open at once), with the handler's zone settings that
-	// need no request (match, cost, count, charge, placeholders in limits) and no Redis
-	// (fail_policy, lease). A name shared with an HTTP zone must have the same limits, and then
-	// shares its state.
+	// The connection zones, by name: rate zones (events per window per key,
+	// with burst) and concurrency zones (connections of a key open at
+	// once), with the handler's zone settings that need no request (match,
+	// cost, count, charge, placeholders in limits) and no Redis
+	// (fail_policy, lease). A name shared with an HTTP zone must have the
+	// same limits, and then shares its state.
 	RateLimits map[string]*Zone `json:"rate_limits,omitempty"`
 
-	// HTTP zones (of rate_limit handlers in this config, keyed by the connection's address:
-	// {remote_host}) whose denial refuses the client's new connections: while such a zone denies
-	// (or bans) the key, a new connection of that address is reset. Read from the zone's local
+	// HTTP zones (of rate_limit handlers in this config, keyed by the
+	// connection's address: {remote_host}) whose denial refuses the
+	// client's new connections: while such a zone denies (or bans) the key,
+	// a new connection of that address is reset. Read from the zone's local
 	// state and deny cache, with no Redis call.
 	DenyWhile []string `json:"deny_while,omitempty"`
 
-	// Include the client's key in refusal logs (personal data: left out by default).
+	// Include the client's key in refusal logs (personal data: left out by
+	// default).
 	LogKey bool `json:"log_key,omitempty"`
 
 	// Decide, count and log, but refuse nothing.
@@ -112,7 +119,8 @@ func (Wrapper) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision checks the wrapper's place, sets up its zones and checks its deny_while zones.
+// Provision checks the wrapper's place, sets up its zones and checks its
+// deny_while zones.
 func (w *Wrapper) Provision(ctx caddy.Context) error {
 	w.logger = ctx.Logger()
 	w.live = new(connLive)
@@ -136,8 +144,8 @@ func (w *Wrapper) Provision(ctx caddy.Context) error {
 		w.zones = append(w.zones, z)
 		w.slotZones = w.slotZones || z.IsConcurrency()
 	}
-	// Rate zones tightest first, then concurrency zones smallest first: a connection a rate zone
-	// refuses never takes a slot.
+	// Rate zones tightest first, then concurrency zones smallest first: a
+	// connection a rate zone refuses never takes a slot.
 	slices.SortFunc(w.zones, func(a, b *connZone) int {
 		return cmp.Or(cmp.Compare(a.Concurrency, b.Concurrency), cmp.Compare(float64(a.Events)/float64(a.Window), float64(b.Events)/float64(b.Window)), strings.Compare(a.Name, b.Name))
 	})
@@ -149,10 +157,11 @@ func (w *Wrapper) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// Cleanup releases the zones' registrations and state references; the connections still open
-// release their slots into the states they took them from as they close. The zones stay readable:
-// the old listener's accept loop may still decide a connection while a reload cleans up (its read
-// of w.zones raced Cleanup's reset of them).
+// Cleanup releases the zones' registrations and state references; the
+// connections still open release their slots into the states they took them
+// from as they close. The zones stay readable: the old listener's accept
+// loop may still decide a connection while a reload cleans up (its read of
+// w.zones raced Cleanup's reset of them).
 func (w *Wrapper) Cleanup() error {
 	for _, z := range w.zones {
 		live.Unregister(z.Zone)
@@ -161,9 +170,10 @@ func (w *Wrapper) Cleanup() error {
 	return nil
 }
 
-// checkPlacement refuses a rate_limit wrapper that would not see raw connections (placementProblem
-// says why). The HTTP app provisions the wrappers with the server, whose listener_wrappers list is
-// still whole, in the context; outside an HTTP server there is none.
+// checkPlacement refuses a rate_limit wrapper that would not see raw
+// connections (placementProblem says why). The HTTP app provisions the
+// wrappers with the server, whose listener_wrappers list is still whole, in
+// the context; outside an HTTP server there is none.
 func checkPlacement(ctx caddy.Context) error {
 	srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
 	if !ok || srv == nil {
@@ -180,9 +190,10 @@ func checkPlacement(ctx caddy.Context) error {
 	return placementProblem(names)
 }
 
-// placementProblem checks the listener wrappers' names, in order: after tls, or with tls left out
-// (Caddy then puts tls first), rate_limit would wrap connections not yet handshaken, breaking
-// {http.request.scheme}; before proxy_protocol, it would key every connection by the proxy's.
+// placementProblem checks the listener wrappers' names, in order: after
+// tls, or with tls left out (Caddy then puts tls first), rate_limit would
+// wrap connections not yet handshaken, breaking {http.request.scheme};
+// before proxy_protocol, it would key every connection by the proxy's.
 func placementProblem(names []string) error {
 	rl := slices.Index(names, "rate_limit")
 	if rl < 0 {
@@ -206,10 +217,11 @@ func placementProblem(names []string) error {
 		"(and break {http.request.scheme}); move rate_limit above tls")
 }
 
-// checkDenyWhile checks that name is an HTTP zone of the config being loaded that deny_while can
-// read: a rate zone keyed by {remote_host}. Handlers of servers provisioned already have claimed
-// their zones; the others' routes are still JSON, and so is this server's (its listener wrappers
-// come first).
+// checkDenyWhile checks that name is an HTTP zone of the config being
+// loaded that deny_while can read: a rate zone keyed by {remote_host}.
+// Handlers of servers provisioned already have claimed their zones; the
+// others' routes are still JSON, and so is this server's (its listener
+// wrappers come first).
 func checkDenyWhile(ctx caddy.Context, name string, own map[string]*Zone) error {
 	if _, ok := own[name]; ok {
 		return fmt.Errorf("deny_while %s: %s is a zone of this listener wrapper; deny_while names an HTTP zone (of a rate_limit handler)", name, name)
@@ -240,14 +252,16 @@ func checkDenyWhile(ctx caddy.Context, name string, own map[string]*Zone) error 
 	return nil
 }
 
-// WrapListener decides every connection l accepts. The deny_while zones are looked up on the first
-// call: the HTTP app starts listening once every handler of the config is provisioned.
+// WrapListener decides every connection l accepts. The deny_while zones are
+// looked up on the first call: the HTTP app starts listening once every
+// handler of the config is provisioned.
 func (w *Wrapper) WrapListener(l net.Listener) net.Listener {
 	w.live.denyOnce.Do(func() {
 		for _, name := range w.DenyWhile {
 			z := live.Lookup(name, true)
 			if z == nil {
-				// Provision found it in this config: only a wrapper outside an HTTP server gets here.
+				// Provision found it in this config: only a wrapper outside
+				// an HTTP server gets here.
 				w.logger.Error("deny_while names a zone no rate_limit handler defines: it refuses nothing", zap.String("zone", name))
 				continue
 			}
@@ -263,9 +277,11 @@ type listener struct {
 	w *Wrapper
 }
 
-// Accept returns the next connection that is not refused, never an error for a refused one (a
-// non-temporary error would stop the server, a temporary one make it back off). It never waits for
-// a client: a connection other than plain TCP (PROXY protocol) is decided on its first read.
+// Accept returns the next connection that is not refused, never an error
+// for a refused one (a non-temporary error would stop the server, a
+// temporary one make it back off). It never waits for a client: a
+// connection other than plain TCP (PROXY protocol) is decided on its first
+// read.
 func (l *listener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
@@ -298,10 +314,11 @@ func (l *listener) Accept() (net.Conn, error) {
 	}
 }
 
-// decide decides a new connection of ip at now: the deny_while zones first, which change nothing,
-// then the rate zones, then the concurrency zones (zones.Admit), whose slots it appends to slots. A
-// refused connection consumes nothing: the zones that allowed it before the one that refused are
-// refunded and their slots released.
+// decide decides a new connection of ip at now: the deny_while zones first,
+// which change nothing, then the rate zones, then the concurrency zones
+// (zones.Admit), whose slots it appends to slots. A refused connection
+// consumes nothing: the zones that allowed it before the one that refused
+// are refunded and their slots released.
 func (w *Wrapper) decide(ip string, now int64, slots *[]heldSlot) bool {
 	for _, dz := range w.live.denyZones {
 		key := dz.Config.Key(ip)
@@ -345,7 +362,8 @@ func (w *Wrapper) seen(t *zones.Ticket[*connZone], now int64) {
 // noTurns is zones.Admit's wait for connection zones, which have no delay.
 func noTurns(int64) (context.Context, bool) { return background, true }
 
-// background is the context of connection zones' decisions: they have no store and never wait.
+// background is the context of connection zones' decisions: they have no
+// store and never wait.
 var background = context.Background()
 
 func (z *connZone) keyOf(ip string) string {
@@ -355,8 +373,8 @@ func (z *connZone) keyOf(ip string) string {
 	return z.Config.Key(strings.ReplaceAll(z.key, remoteIPPlaceholder, ip))
 }
 
-// logRefusal logs (sampled) a refused connection, or in dry run the refusal it would have been; the
-// key only with log_key.
+// logRefusal logs (sampled) a refused connection, or in dry run the refusal
+// it would have been; the key only with log_key.
 func (w *Wrapper) logRefusal(now int64, zone, key string, dryRun bool) {
 	s, msg := &w.live.refused, "connection refused"
 	if dryRun {
@@ -371,16 +389,18 @@ func (w *Wrapper) logRefusal(now int64, zone, key string, dryRun bool) {
 	}
 }
 
-// clientIP formats a connection's remote address as Caddy formats a request's client IP
-// ({client_ip} without trusted proxies): the host without port and IPv6 zone, IPv4 in IPv6
-// unmapped, in netip's form. It is "" for an address that is not an IP (a Unix socket's peer): such
+// clientIP formats a connection's remote address as Caddy formats a
+// request's client IP ({client_ip} without trusted proxies): the host
+// without port and IPv6 zone, IPv4 in IPv6 unmapped, in netip's form. It is
+// "" for an address that is not an IP (a Unix socket's peer): such
 // connections are not limited.
 func clientIP(a net.Addr) string {
 	switch a := a.(type) {
 	case nil:
 		return ""
 	case *net.TCPAddr:
-		// net.IP prints an IPv4-mapped address as IPv4, which is what Caddy parses from RemoteAddr.
+		// net.IP prints an IPv4-mapped address as IPv4, which is what Caddy
+		// parses from RemoteAddr.
 		ip, ok := netip.AddrFromSlice(a.IP)
 		if !ok {
 			return ""
@@ -399,9 +419,9 @@ func clientIP(a net.Addr) string {
 	return ip.String()
 }
 
-// reset closes a refused connection with an RST rather than a FIN (linger 0), so the client sees
-// the refusal at once and the socket skips TIME_WAIT. Unread bytes (the ClientHello) are dropped
-// unread.
+// reset closes a refused connection with an RST rather than a FIN (linger
+// 0), so the client sees the refusal at once and the socket skips
+// TIME_WAIT. Unread bytes (the ClientHello) are dropped unread.
 func reset(c net.Conn) {
 	if l := lingerer(c); l != nil {
 		_ = l.SetLinger(0)
@@ -409,8 +429,8 @@ func reset(c net.Conn) {
 	_ = c.Close()
 }
 
-// lingerer finds the TCP connection under c (go-proxyproto's Raw, tls's NetConn), a few layers deep
-// at most.
+// lingerer finds the TCP connection under c (go-proxyproto's Raw, tls's
+// NetConn), a few layers deep at most.
 func lingerer(c net.Conn) interface{ SetLinger(int) error } {
 	for range 4 {
 		switch u := c.(type) {
@@ -439,16 +459,17 @@ func releaseHeld(slots []heldSlot) {
 	}
 }
 
-// A conn's slots, once taken (connHolding), are released by its first Close only, whatever ends it
-// (a failed handshake, a reset, a hijacked connection's close, a double Close).
+// A conn's slots, once taken (connHolding), are released by its first Close
+// only, whatever ends it (a failed handshake, a reset, a hijacked
+// connection's close, a double Close).
 const (
 	connOpen uint32 = iota
 	connHolding
 	connClosed
 )
 
-// conn is a connection that holds concurrency slots, or whose decision waits for its first read or
-// write (pending).
+// conn is a connection that holds concurrency slots, or whose decision
+// waits for its first read or write (pending).
 type conn struct {
 	net.Conn
 	w       *Wrapper
@@ -460,12 +481,12 @@ type conn struct {
 	inline  [1]heldSlot
 }
 
-// errRefused is a refused pending connection's first read's error, which net/http logs as a TLS
-// handshake error (at DEBUG in Caddy).
+// errRefused is a refused pending connection's first read's error, which
+// net/http logs as a TLS handshake error (at DEBUG in Caddy).
 var errRefused = errors.New("connection refused by rate_limit")
 
-// decideFirst decides a pending connection in its own goroutine, where RemoteAddr may wait for a
-// PROXY header.
+// decideFirst decides a pending connection in its own goroutine, where
+// RemoteAddr may wait for a PROXY header.
 func (c *conn) decideFirst() {
 	if c.state.Load() == connClosed {
 		return
@@ -516,8 +537,8 @@ func (c *conn) Close() error {
 	return c.Conn.Close()
 }
 
-// ReadFrom keeps sendfile for plain HTTP responses (net/http looks for io.ReaderFrom on the
-// connection).
+// ReadFrom keeps sendfile for plain HTTP responses (net/http looks for
+// io.ReaderFrom on the connection).
 func (c *conn) ReadFrom(r io.Reader) (int64, error) {
 	if !c.ready() {
 		return 0, errRefused
@@ -528,8 +549,8 @@ func (c *conn) ReadFrom(r io.Reader) (int64, error) {
 	return io.Copy(struct{ io.Writer }{c.Conn}, r)
 }
 
-// CloseWrite half-closes the connection when the one under it can (net/http and reverse_proxy's
-// upgraded connections use it).
+// CloseWrite half-closes the connection when the one under it can (net/http
+// and reverse_proxy's upgraded connections use it).
 func (c *conn) CloseWrite() error {
 	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
 		return cw.CloseWrite()

@@ -12,14 +12,17 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// Zone is one connection zone: events per window per key, or connections of a key open at once. Its
-// settings are the rate_limit handler's zone settings of the same names, those a connection has.
+// Zone is one connection zone: events per window per key, or connections of
+// a key open at once. Its settings are the rate_limit handler's zone
+// settings of the same names, those a connection has.
 type Zone struct {
-	// The key template: {remote_ip}, the connection's client address (the PROXY protocol's source
-	// behind proxy_protocol), alone or in a template (edge-{remote_ip}), or a constant. Required.
+	// The key template: {remote_ip}, the connection's client address (the
+	// PROXY protocol's source behind proxy_protocol), alone or in a
+	// template (edge-{remote_ip}), or a constant. Required.
 	Key string `json:"key,omitempty"`
 
-	// How many connections a key may open per window. Required (except in a concurrency zone).
+	// How many connections a key may open per window. Required (except in a
+	// concurrency zone).
 	MaxEvents int64 `json:"max_events,omitempty"`
 
 	// The window. Required (except in a concurrency zone).
@@ -28,12 +31,12 @@ type Zone struct {
 	// How many connections a key may open at once. Default: max_events.
 	Burst int64 `json:"burst,omitempty"`
 
-	// When the key is an IPv4 address, limit its /ipv4_prefix network instead of the address (e.g.
-	// 24).
+	// When the key is an IPv4 address, limit its /ipv4_prefix network
+	// instead of the address (e.g. 24).
 	IPv4Prefix int `json:"ipv4_prefix,omitempty"`
 
-	// When the key is an IPv6 address, limit its /ipv6_prefix network instead of the address (e.g.
-	// 64).
+	// When the key is an IPv6 address, limit its /ipv6_prefix network
+	// instead of the address (e.g. 64).
 	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
 
 	// The most keys this zone keeps in memory. Default: 1000000.
@@ -42,9 +45,9 @@ type Zone struct {
 	// Decide and report, but never refuse.
 	DryRun bool `json:"dry_run,omitempty"`
 
-	// Makes this a concurrency zone: at most this many connections of a key open at once, instead
-	// of max_events per window (which must then be left out). A connection holds its slot until it
-	// closes.
+	// Makes this a concurrency zone: at most this many connections of a key
+	// open at once, instead of max_events per window (which must then be
+	// left out). A connection holds its slot until it closes.
 	Concurrency int64 `json:"concurrency,omitempty"`
 }
 
