@@ -1,12 +1,11 @@
--- One async-mode sync of many keys, atomically (docs/async.md): for each key
--- the instance reports what it did since the key's last sync and takes a
--- lease, tokens reserved for it in the fleet's GCRA state, which it may
--- admit locally until the key's next sync. One hash slot per call.
+-- One async-mode sync of many keys of one hash slot, atomically
+-- (docs/async.md): for each key the instance reports what it did since the
+-- key's last sync and takes a lease, tokens reserved for it in the fleet's
+-- GCRA state, which it may admit locally until the key's next sync.
 --
 -- KEYS[i]  a key: a hash {t = TAT µs, c = episode start µs, m:<id> = ...}
--- KEYS[#KEYS]  the epoch key of the call's slot: Redis's data generation,
---          written when missing; another one than the instance knew means
---          Redis lost its data since its last sync.
+-- KEYS[#KEYS]  the slot's epoch key: Redis's data generation, written when
+--          missing; another than the instance knew means Redis lost its data
 -- ARGV[1]  N, live instances as this instance last saw them (>= 1)
 -- ARGV[2]  hold, µs: how long after an episode starts instances may still
 --          hold unreported fresh shares (2 sync intervals plus 2 sync time
@@ -28,11 +27,11 @@
 --   restore 1 when this instance knows Redis lost its data and has not
 --          restored this key yet
 --
--- When Redis lost its data or restore is set, a key's TAT is restored to
--- at least now + floor first: a blank Redis is not a full one. The key
--- ends at the latest of the instances' views; for a hold from the first
--- restore (field r) no lease is handed out, none coming from a part
--- another instance has not restored yet.
+-- When Redis lost its data or restore is set, a key's TAT is restored to at
+-- least now + floor first: a blank Redis is not a full one, and the key ends
+-- at the latest of the instances' views. For a hold from the first restore
+-- (field r) no lease is handed out, none coming from a part another
+-- instance has not restored yet.
 --
 -- Returns 4 integers per key, then the epoch: {lease, avail, retry_us,
 -- reset_us}: the tokens now reserved for the instance, the fleet's left
