@@ -400,7 +400,7 @@ func (a *Async) wake(ctx context.Context, z *asyncZone, s *asyncShard, key strin
 	for round := 0; ; round++ { // 3 at most: a final report in flight is sent again first
 		if r == nil {
 			r = &record{allow: freshShare(limit.Burst, a.Instances())}
-			z.insert(s, key, r)
+			insert(z, s.m, key, r)
 		}
 		if round == 3 || !r.dormant || r.retryAt > monotime.Now() {
 			return r, nil

@@ -193,15 +193,8 @@ func (b *breaker) outage() (NodeOutage, bool) {
 	return NodeOutage{Node: cmp.Or(b.node, b.downMaster), Since: b.openSince, Open: b.state.Load() != stateClosed}, b.warned
 }
 
-// health reports whether the breaker is closed, and since when it is not.
-func (b *breaker) health() (bool, time.Time) {
-	if b.state.Load() == stateClosed {
-		return true, time.Time{}
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.state.Load() == stateClosed, b.openSince
-}
+// closed reports whether calls go to Redis.
+func (b *breaker) closed() bool { return b.state.Load() == stateClosed }
 
 // gates lets a background pipeline over many keys through their breakers:
 // one allow and one record per breaker and round, as if each master's

@@ -9,7 +9,6 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -147,7 +146,7 @@ func (a *Async) quotaRecordFor(z *asyncZone, s *asyncShard, key string, q zones.
 	end := q.Periods.Bounds[2]
 	fresh := &quotaRecord{end: end, endMono: now + (end-time.Now().UnixMicro())*1000, q: q}
 	if r == nil {
-		z.insertQuota(s, key, fresh)
+		insert(z, s.q, key, fresh)
 	} else {
 		s.q[key] = fresh
 	}
@@ -313,12 +312,7 @@ func (a *Async) release(it *item, rep *quotaAsyncReply, sentAt int64) {
 	}
 }
 
-// insertQuota adds r for key to a locked shard, as insert does: a record
-// holding no lease is evicted first. One evicted with a lease leaves it
-// counted in Redis (undershoot); its next take counts it as used.
-func (z *asyncZone) insertQuota(s *asyncShard, key string, r *quotaRecord) {
-	if int64(len(s.q)) >= z.shardCap.Load() {
-		evict(s.q, func(r *quotaRecord) int64 { return b2i(r.held > r.used || r.resend || r.taking != nil) })
-	}
-	s.q[strings.Clone(key)] = r
-}
+// lossCost: a record holding no lease costs nothing to evict. One evicted
+// with a lease leaves it counted in Redis (undershoot); its next take counts
+// it as used.
+func (r *quotaRecord) lossCost() int64 { return b2i(r.held > r.used || r.resend || r.taking != nil) }
