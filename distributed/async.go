@@ -21,13 +21,15 @@ import (
 )
 
 //go:embed async.lua
-var asyncScript string
+var asyncLua string
 
-//go:embed async_peek.lua
-var asyncPeekLua string
-
-// peekScript reads a key's TAT and Redis's clock, in µs.
-var peekScript = redis.NewScript(asyncPeekLua)
+// asyncScript syncs keys; peekScript reads a key as the admin API shows it:
+// {Redis's clock, its TAT (async.lua's field t; 0: no key)}, in µs.
+var (
+	asyncScript = redis.NewScript(asyncLua)
+	peekScript  = redis.NewScript(`local t = redis.call('TIME')
+return {tonumber(t[1]) * 1000000 + tonumber(t[2]), tonumber(redis.call('HGET', KEYS[1], 't')) or 0}`)
+)
 
 // ErrStale: an async store has not synced with Redis for too long to keep
 // deciding from its local view.
@@ -55,7 +57,6 @@ type Async struct {
 	hold    int64 // µs: the script's hold (see OpenAsync)
 	life    int64 // ns: a lease's lifetime, leaseLifetime sync intervals
 	stale   int64 // ns: beyond this since the last sync, Decide errors
-	script  *redis.Script
 	maxKeys int
 
 	zonesMu sync.Mutex
@@ -99,7 +100,6 @@ func openAsync(opts Options, maxKeys int, logger *zap.Logger) (*Async, error) {
 		hold:     max(time.Second, 2*interval+2*backgroundTimeout(c.opts)).Microseconds(),
 		stale:    int64(2*interval + backgroundTimeout(c.opts)),
 		life:     leaseLifetime * int64(interval),
-		script:   redis.NewScript(asyncScript),
 		maxKeys:  maxKeys,
 		caps:     make(map[string]int),
 		epochs:   make(map[int]int64),

@@ -219,7 +219,7 @@ func (a *Async) calls(chunk []item, gs *gates, n int64, take bool, known map[int
 	var calls []asyncCall
 	for lo := 0; lo < len(chunk); {
 		hi := lo + 1
-		c := asyncCall{script: a.script, gate: gs.get(a.breakerFor(chunk[lo].rkey)), slot: chunk[lo].slot}
+		c := asyncCall{script: asyncScript, gate: gs.get(a.breakerFor(chunk[lo].rkey)), slot: chunk[lo].slot}
 		if q := chunk[lo].quota; q != nil {
 			c.items, c.script = chunk[lo:hi], quotaAsyncScript
 			c.keys, c.args = []string{chunk[lo].rkey}, a.quotaArgs(q.q, q.st)
@@ -438,7 +438,7 @@ func (a *Async) syncOne(ctx context.Context, zone, key string, st sent) (syncRep
 	var rep syncReply
 	err := a.unbatched(ctx, rkey, func(ctx context.Context) error {
 		keys, args := a.rateCall([]item{{rkey: rkey, sent: st}}, slot, int64(a.Instances()), true, a.knownEpoch(slot))
-		vals, epoch, err := syncValues(a.script.Run(ctx, a.client, keys, args...), 1)
+		vals, epoch, err := syncValues(asyncScript.Run(ctx, a.client, keys, args...), 1)
 		if err == nil {
 			rep, err = parseSyncReply(vals[:4])
 		}
