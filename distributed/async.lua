@@ -88,8 +88,7 @@ local function sync(key, T, B, delta, idle, fresh, take, seq, floor, restore)
     if done == seq then
       -- Applied already; the reply was lost. Grant the same lease again,
       -- and report the key as it stands now.
-      local cur = tat
-      if cur < now then cur = now end
+      local cur = math.max(tat, now)
       local avail = idiv(now + B * T - cur, T)
       local retry = 0
       if avail < 1 then retry = cur - B * T + T - now end
@@ -120,8 +119,7 @@ local function sync(key, T, B, delta, idle, fresh, take, seq, floor, restore)
   end
 
   -- Already admitted: counted even beyond the burst (the key goes into debt).
-  tat = tat + delta * T
-  if tat < now then tat = now end
+  tat = math.max(tat + delta * T, now)
   local avail = idiv(now + B * T - tat, T)
 
   local spare = avail
@@ -144,9 +142,7 @@ local function sync(key, T, B, delta, idle, fresh, take, seq, floor, restore)
       -- No traffic here: park 1/N of a share (at least one token): the
       -- idle instances hold at most 1/N of what is left, and a burst after
       -- a quiet spell is not denied until the next sync.
-      local small = idiv(spare + N * N - 1, N * N)
-      if small < 1 then small = 1 end
-      if lease > small then lease = small end
+      lease = math.min(lease, math.max(1, idiv(spare + N * N - 1, N * N)))
     end
   end
   tat = tat + lease * T

@@ -96,15 +96,14 @@ func (a *Async) sync(ctx context.Context, take bool) error {
 		// The epoch, not a PING: an instance whose keys are all blocked or
 		// dormant learns too that Redis lost its data (sawEpoch).
 		ctx, cancel := context.WithTimeout(ctx, backgroundTimeout(a.opts))
-		epoch, gerr := a.client.Get(ctx, a.epochKey(0)).Int64()
+		var epoch int64
+		epoch, err = a.client.Get(ctx, a.epochKey(0)).Int64()
 		cancel()
-		switch {
-		case gerr == nil:
+		if errors.Is(err, redis.Nil) {
+			err = nil // gone (epoch 0): the data went, or was never marked
+		}
+		if err == nil {
 			a.sawEpoch(0, epoch)
-		case errors.Is(gerr, redis.Nil):
-			a.sawEpoch(0, 0) // gone: the data went, or was never marked
-		default:
-			err = gerr
 		}
 		a.breaker.record(probe, err)
 	}
