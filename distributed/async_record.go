@@ -88,12 +88,10 @@ func (r *record) decideAhead(now, nextSync int64, l algorithms.Limit, cost, ahea
 		return res
 	}
 	r.limit = l
-	r.charge(cost)
-	return algorithms.Result{
-		Allowed:    true,
-		ResetAfter: max(r.resetAt-now, 0) + r.pending*l.EmissionInterval,
-		Delay:      turn - now,
-	}
+	r.charge(cost) // spends the whole allowance: Remaining is 0
+	res := r.result(now, nextSync, l, true)
+	res.Delay = turn - now
+	return res
 }
 
 // check reports whether the allowance has a unit left, consuming nothing.
@@ -133,7 +131,6 @@ func (r *record) charge(cost int64) {
 	}
 }
 
-// refund gives cost back to the allowance.
 func (r *record) refund(cost int64) {
 	r.used, r.active = true, true
 	r.allow += cost

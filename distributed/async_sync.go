@@ -212,8 +212,7 @@ func (a *Async) send(ctx context.Context, items []item, take bool, start int64) 
 // cost is small per key, and a call keeps Redis well under a millisecond.
 const asyncCallKeys = 100
 
-// calls groups chunk into script calls: up to asyncCallKeys consecutive
-// rate items, of one hash slot on a Cluster, or one quota item.
+// calls groups chunk into script calls (see asyncCall), consecutive items.
 func (a *Async) calls(chunk []item, gs *gates, n int64, take bool, known map[int]int64) []asyncCall {
 	var calls []asyncCall
 	for lo := 0; lo < len(chunk); {
@@ -473,7 +472,6 @@ var epochTags = sync.OnceValue(func() *[16384]string {
 	return &tags
 })
 
-// epochKey is the epoch key of slot.
 func (a *Async) epochKey(slot int) string {
 	if !a.cluster {
 		return a.opts.KeyPrefix + "epoch"

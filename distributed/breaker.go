@@ -220,7 +220,6 @@ func (gs *gates) get(b *breaker) *gate {
 	return g
 }
 
-// note keeps the first error among g's calls.
 func (g *gate) note(err error) {
 	if g.err == nil {
 		g.err = err

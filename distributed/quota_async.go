@@ -23,10 +23,9 @@ var quotaAsyncLua string
 var quotaAsyncScript = redis.NewScript(quotaAsyncLua)
 
 // quotaLeaseDivisor bounds a lease to ⌈limit/(16·N)⌉ units beyond what the
-// request needs, and the instance's fair share of what is left: an
-// instance that dies with its lease loses the fleet at most 1/16 of the
-// quota for the period, and a busy key costs one call per instance per
-// 1/(16N) of it.
+// request needs, and the instance's fair share of what is left: an instance
+// that dies with its lease loses the fleet at most 1/16 of the period's
+// quota, and a busy key costs one call per instance per 1/(16N) of it.
 const quotaLeaseDivisor = 16
 
 // quotaRecord is one instance's lease for one key, guarded by its shard.
@@ -51,7 +50,6 @@ type quotaReport struct {
 	usedAt                       int64 // the record's used when the report was taken
 }
 
-// quotaAsyncReply is quota_async.lua's answer.
 type quotaAsyncReply struct {
 	held, used, counted int64
 	toEnd               time.Duration
@@ -153,8 +151,8 @@ func (a *Async) quotaRecordFor(z *asyncZone, s *asyncShard, key string, q zones.
 	return fresh
 }
 
-// takeQuota reports r and takes a lease of up to want units, unlocking s
-// for the call; requests for the key meanwhile wait, or spend what r keeps.
+// takeQuota reports r and takes a lease of up to want units, s unlocked for
+// the call: requests for the key meanwhile wait, or spend what r keeps.
 func (a *Async) takeQuota(ctx context.Context, zone string, s *asyncShard, key string, r *quotaRecord, q zones.QuotaLimit, want int64) error {
 	st := r.report(want, max(0, r.held-r.used))
 	rkey := a.QuotaKey(zone, key)
@@ -244,9 +242,9 @@ func parseQuotaAsync(cmd *redis.Cmd) (quotaAsyncReply, error) {
 }
 
 // syncQuotas reports, once a sync interval, the records that need it: an
-// idle one hands its lease back and is dropped, one in debt reports it,
-// one whose period is over is dropped; final (Close) hands every lease
-// back. A report that failed is sent again by the next sync.
+// idle one hands its lease back and is dropped, one in debt reports it, one
+// whose period is over is dropped; final (Close) hands every lease back. A
+// report that failed is sent again by the next sync.
 func (a *Async) syncQuotas(ctx context.Context, final bool) {
 	var items []item
 	now := monotime.Now()
@@ -269,13 +267,11 @@ func (a *Async) syncQuotas(ctx context.Context, final bool) {
 				}
 				continue
 			}
-			it := item{z: z, s: s, key: key, quota: &quotaItem{r: r, q: r.q, st: r.report(0, 0)}, rkey: a.QuotaKey(z.name, key)}
-			if a.cluster {
-				it.slot = hashSlot(it.rkey)
-			}
+			rkey := a.QuotaKey(z.name, key)
+			qi := &quotaItem{r: r, q: r.q, st: r.report(0, 0)}
+			items = append(items, item{z: z, s: s, key: key, quota: qi, rkey: rkey, slot: a.slotOf(rkey)})
 			r.held = min(r.held, r.used) // it spends nothing more until the reply
 			r.taking = make(chan struct{})
-			items = append(items, it)
 		}
 	})
 	if len(items) > 0 {
