@@ -45,15 +45,16 @@ func (a *Async) loop() {
 	}
 }
 
-// item is one record in a sync: a rate record, or a quota record (quota
-// set; quota_async.go).
+// item is one record in a sync: a rate record (r, sent) or a quota record
+// (quota, qsent; quota_async.go).
 type item struct {
 	z     *asyncZone
 	s     *asyncShard
 	key   string
 	r     *record
 	sent  sent
-	quota *quotaItem
+	quota *quotaRecord
+	qsent quotaReport
 	rkey  string // its Redis key
 	slot  int    // its hash slot, on a Cluster
 }
@@ -218,9 +219,9 @@ func (a *Async) calls(chunk []item, gs *gates, n int64, take bool, known map[int
 	for lo := 0; lo < len(chunk); {
 		hi := lo + 1
 		c := asyncCall{script: asyncScript, gate: gs.get(a.breakerFor(chunk[lo].rkey)), slot: chunk[lo].slot}
-		if q := chunk[lo].quota; q != nil {
+		if chunk[lo].quota != nil {
 			c.items, c.script = chunk[lo:hi], quotaAsyncScript
-			c.keys, c.args = []string{chunk[lo].rkey}, a.quotaArgs(q.q, q.st)
+			c.keys, c.args = []string{chunk[lo].rkey}, a.quotaArgs(chunk[lo].qsent)
 			calls = append(calls, c)
 			lo = hi
 			continue
@@ -334,8 +335,7 @@ func (a *Async) adoptCall(c *asyncCall, now, start, sentAt int64) {
 	}
 }
 
-// syncValues reads async.lua's reply for n keys: 4 values each, then the
-// epoch.
+// syncValues reads async.lua's reply for n keys: 4 values each, the epoch.
 func syncValues(cmd *redis.Cmd, n int) ([]any, int64, error) {
 	vals, err := values(cmd, 4*n+1)
 	if err != nil {
@@ -452,14 +452,13 @@ func (a *Async) syncOne(ctx context.Context, zone, key string, st sent) (syncRep
 	return rep, err
 }
 
-// Async mode's epoch tells that Redis lost its data, instead of trusting a
-// blank Redis to be a full one: every async.lua call reads
-// <key_prefix>epoch (per hash slot on a Cluster), written when missing; an
-// instance that saw another restores its keys to what it last heard
-// (docs/async.md).
+// The epoch tells that Redis lost its data, instead of trusting a blank
+// Redis to be a full one: every async.lua call reads <key_prefix>epoch (per
+// hash slot on a Cluster), written when missing; an instance that saw
+// another restores its keys to what it last heard (docs/async.md).
 
-// epochTags are the hash tags of the per-slot epoch keys on a Cluster: by
-// slot, a short string whose hash slot it is.
+// epochTags holds, by slot, a short string in that slot: the epoch keys'
+// hash tags on a Cluster.
 var epochTags = sync.OnceValue(func() *[16384]string {
 	var tags [16384]string
 	for i, left := 0, len(tags); left > 0; i++ {

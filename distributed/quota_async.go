@@ -46,8 +46,9 @@ type quotaRecord struct {
 
 // quotaReport is what one quota_async.lua call says for a record.
 type quotaReport struct {
-	end, used, extra, keep, want int64 // quota_async.lua's ARGV[5..9]
-	usedAt                       int64 // the record's used when the report was taken
+	q                            zones.QuotaLimit // the record's as the report was taken
+	end, used, extra, keep, want int64            // quota_async.lua's ARGV[5..9]
+	usedAt                       int64            // the record's used when the report was taken
 }
 
 type quotaAsyncReply struct {
@@ -122,7 +123,7 @@ func (a *Async) Quota(ctx context.Context, zone, key string, st zones.QuotaStep)
 		took = true
 		n := int64(a.Instances())
 		want := need + (q.Limit+quotaLeaseDivisor*n-1)/(quotaLeaseDivisor*n)
-		if err := a.takeQuota(ctx, zone, s, key, r, q, want); err != nil {
+		if err := a.takeQuota(ctx, zone, s, key, r, want); err != nil {
 			return zones.QuotaResult{}, err
 		}
 	}
@@ -153,7 +154,7 @@ func (a *Async) quotaRecordFor(z *asyncZone, s *asyncShard, key string, q zones.
 
 // takeQuota reports r and takes a lease of up to want units, s unlocked for
 // the call: requests for the key meanwhile wait, or spend what r keeps.
-func (a *Async) takeQuota(ctx context.Context, zone string, s *asyncShard, key string, r *quotaRecord, q zones.QuotaLimit, want int64) error {
+func (a *Async) takeQuota(ctx context.Context, zone string, s *asyncShard, key string, r *quotaRecord, want int64) error {
 	st := r.report(want, max(0, r.held-r.used))
 	rkey := a.QuotaKey(zone, key)
 	sent := monotime.Now()
@@ -161,7 +162,7 @@ func (a *Async) takeQuota(ctx context.Context, zone string, s *asyncShard, key s
 	var err error
 	s.unlocked(&r.taking, func() {
 		err = a.unbatched(ctx, rkey, func(ctx context.Context) (err error) {
-			rep, err = parseQuotaAsync(quotaAsyncScript.Run(ctx, a.client, []string{rkey}, a.quotaArgs(q, st)...))
+			rep, err = parseQuotaAsync(quotaAsyncScript.Run(ctx, a.client, []string{rkey}, a.quotaArgs(st)...))
 			return err
 		})
 	})
@@ -173,13 +174,13 @@ func (a *Async) takeQuota(ctx context.Context, zone string, s *asyncShard, key s
 		return err
 	}
 	if s.q[key] == r {
-		r.adopt(st, rep, q, sent, monotime.Now(), a.opts.SyncInterval)
+		r.adopt(st, rep, sent, monotime.Now(), a.opts.SyncInterval)
 	}
 	return nil
 }
 
 func (r *quotaRecord) report(want, keep int64) quotaReport {
-	st := quotaReport{end: r.end, used: r.used, keep: keep, want: want, usedAt: r.used}
+	st := quotaReport{q: r.q, end: r.end, used: r.used, keep: keep, want: want, usedAt: r.used}
 	if !r.known {
 		st.used, st.extra = -1, r.used
 	}
@@ -188,15 +189,15 @@ func (r *quotaRecord) report(want, keep int64) quotaReport {
 
 // adopt takes a reply. What the instance admitted during the call stays
 // counted when the call was about the same period.
-func (r *quotaRecord) adopt(st quotaReport, rep quotaAsyncReply, q zones.QuotaLimit, sent, now int64, interval time.Duration) {
-	end := q.Periods.Bounds[rep.period+1]
+func (r *quotaRecord) adopt(st quotaReport, rep quotaAsyncReply, sent, now int64, interval time.Duration) {
+	end := st.q.Periods.Bounds[rep.period+1]
 	if end == st.end {
 		r.used = rep.used + (r.used - st.usedAt)
 	} else {
 		r.used = rep.used // a new period; what was admitted during the call was the old one's
 	}
 	r.end, r.known, r.resend = end, true, false
-	r.held, r.room = rep.held, max(0, q.Limit-rep.counted)
+	r.held, r.room = rep.held, max(0, st.q.Limit-rep.counted)
 	r.endMono = sent + int64(rep.toEnd)
 	r.blockedUntil = 0
 	if r.held-r.used < 1 && r.room == 0 {
@@ -220,8 +221,8 @@ func (r *quotaRecord) result(now int64, q zones.QuotaLimit, allowed bool) zones.
 	return zones.QuotaResult{Allowed: allowed, Used: max(0, q.Limit-left), ToEnd: time.Duration(max(1, r.endMono-now)), Period: period}
 }
 
-func (a *Async) quotaArgs(q zones.QuotaLimit, st quotaReport) []any {
-	return []any{"", q.Periods.Arg, q.Limit, a.instanceID, st.end, st.used, st.extra, st.keep, st.want, int64(a.Instances())}
+func (a *Async) quotaArgs(st quotaReport) []any {
+	return []any{"", st.q.Periods.Arg, st.q.Limit, a.instanceID, st.end, st.used, st.extra, st.keep, st.want, int64(a.Instances())}
 }
 
 func parseQuotaAsync(cmd *redis.Cmd) (quotaAsyncReply, error) {
@@ -268,8 +269,7 @@ func (a *Async) syncQuotas(ctx context.Context, final bool) {
 				continue
 			}
 			rkey := a.QuotaKey(z.name, key)
-			qi := &quotaItem{r: r, q: r.q, st: r.report(0, 0)}
-			items = append(items, item{z: z, s: s, key: key, quota: qi, rkey: rkey, slot: a.slotOf(rkey)})
+			items = append(items, item{z: z, s: s, key: key, quota: r, qsent: r.report(0, 0), rkey: rkey, slot: a.slotOf(rkey)})
 			r.held = min(r.held, r.used) // it spends nothing more until the reply
 			r.taking = make(chan struct{})
 		}
@@ -279,19 +279,12 @@ func (a *Async) syncQuotas(ctx context.Context, final bool) {
 	}
 }
 
-// quotaItem is a quota record in a sync, with what it reports.
-type quotaItem struct {
-	r  *quotaRecord
-	q  zones.QuotaLimit // as reported
-	st quotaReport
-}
-
 // release ends a sync's call for a quota item, adopting rep if the call was
 // answered (sent at sentAt). A record whose report went unanswered sends
 // it again (resend): Redis may count a lease for it that it no longer
 // spends. Only a known record can hand a lease back.
 func (a *Async) release(it *item, rep *quotaAsyncReply, sentAt int64) {
-	r, s := it.quota.r, it.s
+	r, s := it.quota, it.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	close(r.taking) // still the sync's: a call for the record waits for it
@@ -301,7 +294,7 @@ func (a *Async) release(it *item, rep *quotaAsyncReply, sentAt int64) {
 	case rep == nil:
 		r.resend = r.known
 	default:
-		r.adopt(it.quota.st, *rep, it.quota.q, sentAt, monotime.Now(), a.opts.SyncInterval)
+		r.adopt(it.qsent, *rep, sentAt, monotime.Now(), a.opts.SyncInterval)
 		if !r.active && r.held == r.used {
 			delete(s.q, it.key) // idle, nothing held: its next request takes again
 		}
