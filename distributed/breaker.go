@@ -374,30 +374,21 @@ func (n *nodeBreakers) retire(ctx context.Context) (down []NodeOutage) {
 		}
 		c, err := n.cluster.MasterForKey(ctx, b.sample)
 		if err == nil && c.Options().Addr != addr {
-			if n.drop(addr, b) {
+			n.nodesMu.Lock()
+			if m := maps.Clone(*n.nodes.Load()); m[addr] == b { // else a concurrent retire dropped it
+				delete(m, addr)
+				n.nodes.Store(&m)
 				n.store.logger.Info("redis node replaced: its slots are served by another master now",
 					zap.String("redis", n.store.redis), zap.String("node", addr),
 					zap.String("new_master", c.Options().Addr), zap.Duration("outage", time.Since(o.Since)))
 			}
+			n.nodesMu.Unlock()
 			continue
 		}
 		n.reload()
 		down = append(down, o)
 	}
 	return down
-}
-
-// drop removes b, the breaker of addr, unless a concurrent retire did.
-func (n *nodeBreakers) drop(addr string, b *breaker) bool {
-	n.nodesMu.Lock()
-	defer n.nodesMu.Unlock()
-	m := maps.Clone(*n.nodes.Load())
-	if m[addr] != b {
-		return false
-	}
-	delete(m, addr)
-	n.nodes.Store(&m)
-	return true
 }
 
 // NodeOutage is a Redis node the store cannot reach: a Cluster master
