@@ -21,13 +21,15 @@ import (
 )
 
 //go:embed async.lua
-var asyncScript string
+var asyncLua string
 
-//go:embed async_peek.lua
-var asyncPeekLua string
-
-// peekScript reads a key's TAT and Redis's clock, in µs.
-var peekScript = redis.NewScript(asyncPeekLua)
+// asyncScript syncs keys; peekScript reads a key as the admin API shows it:
+// {Redis's clock, its TAT (async.lua's field t; 0: no key)}, in µs.
+var (
+	asyncScript = redis.NewScript(asyncLua)
+	peekScript  = redis.NewScript(`local t = redis.call('TIME')
+return {tonumber(t[1]) * 1000000 + tonumber(t[2]), tonumber(redis.call('HGET', KEYS[1], 't')) or 0}`)
+)
 
 // ErrStale: an async store has not synced with Redis for too long to keep
 // deciding from its local view.
@@ -55,7 +57,6 @@ type Async struct {
 	hold    int64 // µs: the script's hold (see OpenAsync)
 	life    int64 // ns: a lease's lifetime, leaseLifetime sync intervals
 	stale   int64 // ns: beyond this since the last sync, Decide errors
-	script  *redis.Script
 	maxKeys int
 
 	zonesMu sync.Mutex
@@ -99,7 +100,6 @@ func openAsync(opts Options, maxKeys int, logger *zap.Logger) (*Async, error) {
 		hold:     max(time.Second, 2*interval+2*backgroundTimeout(c.opts)).Microseconds(),
 		stale:    int64(2*interval + backgroundTimeout(c.opts)),
 		life:     leaseLifetime * int64(interval),
-		script:   redis.NewScript(asyncScript),
 		maxKeys:  maxKeys,
 		caps:     make(map[string]int),
 		epochs:   make(map[int]int64),
@@ -196,7 +196,7 @@ func (a *Async) step(ctx context.Context, zone, key string, st zones.RateStep) (
 	r := s.m[key]
 	if r == nil {
 		r = &record{allow: freshShare(limit.Burst, a.Instances())}
-		z.insert(s, key, r)
+		insert(z, s.m, key, r)
 	}
 	if err := r.syncErr; err != nil {
 		r.syncErr = nil
@@ -237,7 +237,7 @@ func (a *Async) step(ctx context.Context, zone, key string, st zones.RateStep) (
 // staleErr is the error of a view too stale to decide from: ErrUnavailable
 // while b, its Redis's breaker, is open.
 func staleErr(b *breaker) error {
-	if ok, _ := b.health(); !ok {
+	if !b.closed() {
 		return ErrUnavailable
 	}
 	return ErrStale
@@ -302,7 +302,7 @@ func (a *Async) Fallback(zone, key string, now int64, limit, share algorithms.Li
 			}
 		}
 		r = &record{limit: limit}
-		z.insert(s, key, r)
+		insert(z, s.m, key, r)
 	}
 	return r.fallbackStep(now, limit, share, op, cost, ahead)
 }
@@ -359,20 +359,6 @@ type asyncShard struct {
 	_  [32]byte                // keep neighbouring shards' locks off one cache line
 }
 
-func newAsyncZone(name string, maxKeys int) *asyncZone {
-	n := 1
-	for n < 64 && n*2*256 <= maxKeys {
-		n *= 2
-	}
-	z := &asyncZone{name: name, seed: maphash.MakeSeed(), shards: make([]asyncShard, n), mask: uint64(n - 1)}
-	z.shardCap.Store(int64(max(1, maxKeys/n)))
-	for i := range z.shards {
-		z.shards[i].m = make(map[string]*record)
-		z.shards[i].q = make(map[string]*quotaRecord)
-	}
-	return z
-}
-
 func (z *asyncZone) shard(key string) *asyncShard {
 	return &z.shards[maphash.String(z.seed, key)&z.mask]
 }
@@ -404,34 +390,32 @@ func (s *asyncShard) await(ctx context.Context, w chan struct{}) error {
 	return nil
 }
 
-// insert adds r for key to a locked shard, making room first when it is
-// full: a record with nothing pending goes first (losing it loses at most
-// an unused lease: undershoot), else the least pending. The key is cloned
-// so the map never pins a request's buffer.
-func (z *asyncZone) insert(s *asyncShard, key string, r *record) {
-	if int64(len(s.m)) >= z.shardCap.Load() {
-		evict(s.m, func(r *record) int64 { return r.pending })
-	}
-	s.m[strings.Clone(key)] = r
-}
-
 // evictionSample is how many records a full shard looks at to make room.
 const evictionSample = 16
 
-// evict removes, from a sample of m, the record that costs least to lose
-// (the first that costs nothing).
-func evict[R any](m map[string]R, cost func(R) int64) {
-	victim, least, seen := "", int64(-1), 0
-	for k, v := range m {
-		if c := cost(v); least < 0 || c < least {
-			victim, least = k, c
+// insert adds r for key to m, a map of a locked shard of z, making room
+// first when it is full: of a sample, the record that costs least to lose
+// goes (the first that costs nothing). The key is cloned so the map never
+// pins a request's buffer.
+func insert[R interface{ lossCost() int64 }](z *asyncZone, m map[string]R, key string, r R) {
+	if int64(len(m)) >= z.shardCap.Load() {
+		victim, least, seen := "", int64(-1), 0
+		for k, v := range m {
+			if c := v.lossCost(); least < 0 || c < least {
+				victim, least = k, c
+			}
+			if seen++; least == 0 || seen == evictionSample {
+				break
+			}
 		}
-		if seen++; least == 0 || seen == evictionSample {
-			break
-		}
+		delete(m, victim)
 	}
-	delete(m, victim)
+	m[strings.Clone(key)] = r
 }
+
+// lossCost: a record with nothing pending costs nothing to evict (at most an
+// unused lease is lost: undershoot), else what is pending.
+func (r *record) lossCost() int64 { return r.pending }
 
 // zone returns the records of zone, created on first use; the lookup takes
 // no lock and allocates nothing.
@@ -450,7 +434,16 @@ func (a *Async) zone(name string) *asyncZone {
 	if n := a.caps[name]; n > 0 {
 		maxKeys = n
 	}
-	z := newAsyncZone(strings.Clone(name), maxKeys)
+	n := 1
+	for n < 64 && n*2*256 <= maxKeys {
+		n *= 2
+	}
+	z := &asyncZone{name: strings.Clone(name), seed: maphash.MakeSeed(), shards: make([]asyncShard, n), mask: uint64(n - 1)}
+	z.shardCap.Store(int64(max(1, maxKeys/n)))
+	for i := range z.shards {
+		z.shards[i].m = make(map[string]*record)
+		z.shards[i].q = make(map[string]*quotaRecord)
+	}
 	m[z.name] = z
 	a.zones.Store(&m)
 	return z

@@ -1,12 +1,11 @@
--- One async-mode sync of many keys, atomically (docs/async.md): for each key
--- the instance reports what it did since the key's last sync and takes a
--- lease, tokens reserved for it in the fleet's GCRA state, which it may
--- admit locally until the key's next sync. One hash slot per call.
+-- One async-mode sync of many keys of one hash slot, atomically
+-- (docs/async.md): for each key the instance reports what it did since the
+-- key's last sync and takes a lease, tokens reserved for it in the fleet's
+-- GCRA state, which it may admit locally until the key's next sync.
 --
 -- KEYS[i]  a key: a hash {t = TAT µs, c = episode start µs, m:<id> = ...}
--- KEYS[#KEYS]  the epoch key of the call's slot: Redis's data generation,
---          written when missing; another one than the instance knew means
---          Redis lost its data since its last sync.
+-- KEYS[#KEYS]  the slot's epoch key: Redis's data generation, written when
+--          missing; another than the instance knew means Redis lost its data
 -- ARGV[1]  N, live instances as this instance last saw them (>= 1)
 -- ARGV[2]  hold, µs: how long after an episode starts instances may still
 --          hold unreported fresh shares (2 sync intervals plus 2 sync time
@@ -28,11 +27,11 @@
 --   restore 1 when this instance knows Redis lost its data and has not
 --          restored this key yet
 --
--- When Redis lost its data or restore is set, a key's TAT is restored to
--- at least now + floor first: a blank Redis is not a full one. The key
--- ends at the latest of the instances' views; for a hold from the first
--- restore (field r) no lease is handed out, none coming from a part
--- another instance has not restored yet.
+-- When Redis lost its data or restore is set, a key's TAT is restored to at
+-- least now + floor first: a blank Redis is not a full one, and the key ends
+-- at the latest of the instances' views. For a hold from the first restore
+-- (field r) no lease is handed out, none coming from a part another
+-- instance has not restored yet.
 --
 -- Returns 4 integers per key, then the epoch: {lease, avail, retry_us,
 -- reset_us}: the tokens now reserved for the instance, the fleet's left
@@ -89,8 +88,7 @@ local function sync(key, T, B, delta, idle, fresh, take, seq, floor, restore)
     if done == seq then
       -- Applied already; the reply was lost. Grant the same lease again,
       -- and report the key as it stands now.
-      local cur = tat
-      if cur < now then cur = now end
+      local cur = math.max(tat, now)
       local avail = idiv(now + B * T - cur, T)
       local retry = 0
       if avail < 1 then retry = cur - B * T + T - now end
@@ -121,8 +119,7 @@ local function sync(key, T, B, delta, idle, fresh, take, seq, floor, restore)
   end
 
   -- Already admitted: counted even beyond the burst (the key goes into debt).
-  tat = tat + delta * T
-  if tat < now then tat = now end
+  tat = math.max(tat + delta * T, now)
   local avail = idiv(now + B * T - tat, T)
 
   local spare = avail
@@ -145,9 +142,7 @@ local function sync(key, T, B, delta, idle, fresh, take, seq, floor, restore)
       -- No traffic here: park 1/N of a share (at least one token): the
       -- idle instances hold at most 1/N of what is left, and a burst after
       -- a quiet spell is not denied until the next sync.
-      local small = idiv(spare + N * N - 1, N * N)
-      if small < 1 then small = 1 end
-      if lease > small then lease = small end
+      lease = math.min(lease, math.max(1, idiv(spare + N * N - 1, N * N)))
     end
   end
   tat = tat + lease * T

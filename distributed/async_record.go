@@ -19,11 +19,10 @@ func freshShare(burst int64, n int) int64 {
 // record is one instance's view of one key, guarded by its shard's lock;
 // times are monotime.
 type record struct {
-	limit   algorithms.Limit // ns, as the last decision gave it
-	allow   int64            // what this instance may still admit before its next sync
-	pending int64            // cost admitted and not yet counted in Redis
-	// reserved: allow is a lease Redis counts as spent, not a fresh share.
-	reserved bool
+	limit    algorithms.Limit // ns, as the last decision gave it
+	allow    int64            // what this instance may still admit before its next sync
+	pending  int64            // cost admitted and not yet counted in Redis
+	reserved bool             // allow is a lease Redis counts as spent, not a fresh share
 	// used: decided or refunded since the last snapshot, spending spent;
 	// active: used since the last report. A report is idle only after no
 	// traffic since the report before: a key used every few syncs keeps
@@ -43,23 +42,17 @@ type record struct {
 	hasUnacked bool
 	// syncErr, about this key alone in the last sync, is its next
 	// decision's: the fail policy applies once per failed sync.
-	syncErr error
-	// failedSince (0 after a success): syncs have not reached the key's
-	// master since then.
-	failedSince int64
+	syncErr     error
+	failedSince int64 // syncs have not reached the key's master since then (0: they have)
 	// After dormantAfter idle syncs the next hands the lease back and the
 	// record is dormant: no sync until a request wakes it.
 	idleSyncs   int
 	dormant     bool
 	waking      chan struct{} // closed when a wake in flight ends
 	deniedUntil int64         // the zone's deny cache for the key
-	// fallback is fail_policy local's TAT at this instance's share (see
-	// fallbackStep).
-	fallback   int64
-	inFallback bool
-	// restore: Redis lost its data (sawEpoch); the next report
-	// restores the key to what this record last heard.
-	restore bool
+	fallback    int64         // fail_policy local's TAT at this instance's share (fallbackStep)
+	inFallback  bool
+	restore     bool // Redis lost its data (sawEpoch): the next report restores the key
 }
 
 // dormantAfter: a key seen once costs Redis dormantAfter+2 scripts.
@@ -69,15 +62,11 @@ const dormantAfter = 1
 // the fleet's next token, whichever is later.
 func (r *record) decide(now, nextSync int64, l algorithms.Limit, cost int64) algorithms.Result {
 	r.limit, r.used, r.active = l, true, true
-	if r.allow < cost {
-		return r.result(now, nextSync, l, false)
+	allowed := r.allow >= cost
+	if allowed {
+		r.charge(cost)
 	}
-	r.allow -= cost
-	r.spent += cost
-	if !r.reserved {
-		r.pending += cost
-	}
-	return r.result(now, nextSync, l, true)
+	return r.result(now, nextSync, l, allowed)
 }
 
 // decideAhead is decide in a zone with delay: a request the allowance
@@ -99,12 +88,10 @@ func (r *record) decideAhead(now, nextSync int64, l algorithms.Limit, cost, ahea
 		return res
 	}
 	r.limit = l
-	r.charge(cost)
-	return algorithms.Result{
-		Allowed:    true,
-		ResetAfter: max(r.resetAt-now, 0) + r.pending*l.EmissionInterval,
-		Delay:      turn - now,
-	}
+	r.charge(cost) // spends the whole allowance: Remaining is 0
+	res := r.result(now, nextSync, l, true)
+	res.Delay = turn - now
+	return res
 }
 
 // check reports whether the allowance has a unit left, consuming nothing.
@@ -144,7 +131,6 @@ func (r *record) charge(cost int64) {
 	}
 }
 
-// refund gives cost back to the allowance.
 func (r *record) refund(cost int64) {
 	r.used, r.active = true, true
 	r.allow += cost

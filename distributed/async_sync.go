@@ -45,15 +45,16 @@ func (a *Async) loop() {
 	}
 }
 
-// item is one record in a sync: a rate record, or a quota record (quota
-// set; quota_async.go).
+// item is one record in a sync: a rate record (r, sent) or a quota record
+// (quota, qsent; quota_async.go).
 type item struct {
 	z     *asyncZone
 	s     *asyncShard
 	key   string
 	r     *record
 	sent  sent
-	quota *quotaItem
+	quota *quotaRecord
+	qsent quotaReport
 	rkey  string // its Redis key
 	slot  int    // its hash slot, on a Cluster
 }
@@ -96,15 +97,14 @@ func (a *Async) sync(ctx context.Context, take bool) error {
 		// The epoch, not a PING: an instance whose keys are all blocked or
 		// dormant learns too that Redis lost its data (sawEpoch).
 		ctx, cancel := context.WithTimeout(ctx, backgroundTimeout(a.opts))
-		epoch, gerr := a.client.Get(ctx, a.epochKey(0)).Int64()
+		var epoch int64
+		epoch, err = a.client.Get(ctx, a.epochKey(0)).Int64()
 		cancel()
-		switch {
-		case gerr == nil:
+		if errors.Is(err, redis.Nil) {
+			err = nil // gone (epoch 0): the data went, or was never marked
+		}
+		if err == nil {
 			a.sawEpoch(0, epoch)
-		case errors.Is(gerr, redis.Nil):
-			a.sawEpoch(0, 0) // gone: the data went, or was never marked
-		default:
-			err = gerr
 		}
 		a.breaker.record(probe, err)
 	}
@@ -125,22 +125,26 @@ func (a *Async) snapshot(now int64, all bool) []item {
 	a.eachShard(func(z *asyncZone, s *asyncShard) {
 		for k, r := range s.m {
 			if st, need := r.snapshot(now, int64(a.opts.SyncInterval), all, &a.seq); need {
-				it := item{z: z, s: s, key: k, r: r, sent: st, rkey: a.RedisKey(z.name, k)}
-				if a.cluster {
-					it.slot = hashSlot(it.rkey)
-				}
-				items = append(items, it)
+				rkey := a.RedisKey(z.name, k)
+				items = append(items, item{z: z, s: s, key: k, r: r, sent: st, rkey: rkey, slot: a.slotOf(rkey)})
 			}
 		}
 	})
 	return items
 }
 
+// slotOf is rkey's hash slot on a Cluster, 0 elsewhere.
+func (a *Async) slotOf(rkey string) int {
+	if !a.cluster {
+		return 0
+	}
+	return hashSlot(rkey)
+}
+
 // restore marks records of a sync that did not happen as used again, so the
-// next sync does not take them for idle, and frees quota records for the
-// next (release); failed (monotime) is when a sync first failed
-// to reach their master, 0 for none, -1 for a master that answered (not
-// failing).
+// next sync does not take them for idle, and frees quota records (release);
+// failed (monotime) is when a sync first failed to reach their master, 0
+// for none, -1 for a master that answered.
 func (a *Async) restore(items []item, failed int64) {
 	for _, it := range items {
 		if it.quota != nil {
@@ -160,18 +164,17 @@ func (a *Async) restore(items []item, failed int64) {
 	}
 }
 
-// send runs the script for every item, asyncCallKeys rate items or one
-// quota item per call, syncChunk items per pipeline, and adopts each
-// reply. It returns an error when no call was answered and one failed
-// saying Redis cannot serve; failed items
-// keep their state for the next sync, and an error about one key alone goes
-// to that key's next decision. Each breaker is asked once per sync: a
-// failing master's items go stale on their own, the others sync on.
+// send runs the script for every item in calls (see calls), syncChunk items
+// per pipeline, and adopts each reply. It returns an error when no call was
+// answered and one failed saying Redis cannot serve; failed items keep their
+// state for the next sync, and an error about one key alone goes to that
+// key's next decision. Each breaker is asked once per sync: a failing
+// master's items go stale on their own, the others sync on.
 //
-// A sync starts no new pipeline past the background timeout, nor after one
-// failed: the rest waits for the next sync. A pipeline that times out
-// after Redis answered part of the sync means Redis is busy, not down: a
-// flood of keys slows syncs down and is never taken for an outage.
+// No new pipeline starts past the background timeout, nor after one failed:
+// the rest waits for the next sync. A pipeline that times out after Redis
+// answered part of the sync means Redis is busy, not down: a flood of keys
+// slows syncs down and is never taken for an outage.
 func (a *Async) send(ctx context.Context, items []item, take bool, start int64) error {
 	n := int64(a.Instances())
 	timeout := backgroundTimeout(a.opts)
@@ -210,16 +213,15 @@ func (a *Async) send(ctx context.Context, items []item, take bool, start int64) 
 // cost is small per key, and a call keeps Redis well under a millisecond.
 const asyncCallKeys = 100
 
-// calls groups chunk into script calls: up to asyncCallKeys consecutive
-// rate items, of one hash slot on a Cluster, or one quota item.
+// calls groups chunk into script calls (see asyncCall), consecutive items.
 func (a *Async) calls(chunk []item, gs *gates, n int64, take bool, known map[int]int64) []asyncCall {
 	var calls []asyncCall
 	for lo := 0; lo < len(chunk); {
 		hi := lo + 1
-		c := asyncCall{script: a.script, gate: gs.get(a.breakerFor(chunk[lo].rkey)), slot: chunk[lo].slot}
-		if q := chunk[lo].quota; q != nil {
+		c := asyncCall{script: asyncScript, gate: gs.get(a.breakerFor(chunk[lo].rkey)), slot: chunk[lo].slot}
+		if chunk[lo].quota != nil {
 			c.items, c.script = chunk[lo:hi], quotaAsyncScript
-			c.keys, c.args = []string{chunk[lo].rkey}, a.quotaArgs(q.q, q.st)
+			c.keys, c.args = []string{chunk[lo].rkey}, a.quotaArgs(chunk[lo].qsent)
 			calls = append(calls, c)
 			lo = hi
 			continue
@@ -228,25 +230,26 @@ func (a *Async) calls(chunk []item, gs *gates, n int64, take bool, known map[int
 			hi++
 		}
 		c.items = chunk[lo:hi]
-		c.keys = make([]string, 0, hi-lo+1)
-		c.args = make([]any, 0, 4+9*(hi-lo))
-		c.args = append(c.args, n, a.hold, a.instanceID, known[c.slot])
-		for _, it := range c.items {
-			c.keys = append(c.keys, it.rkey)
-			c.args = a.appendSyncArgs(c.args, it.sent, n, take)
-		}
-		c.keys = append(c.keys, a.epochKey(c.slot))
+		c.keys, c.args = a.rateCall(c.items, c.slot, n, take, known[c.slot])
 		calls = append(calls, c)
 		lo = hi
 	}
 	return calls
 }
 
-// appendSyncArgs appends async.lua's 9 arguments for one report.
-func (a *Async) appendSyncArgs(args []any, st sent, n int64, take bool) []any {
-	l := micro(st.limit)
-	return append(args, l.EmissionInterval, l.Burst, st.delta(), b2i(st.idle),
-		freshShare(l.Burst, int(n)), b2i(take && !st.final), st.seq, st.floor, b2i(st.restore))
+// rateCall is async.lua's KEYS and ARGV for items, of slot, whose epoch this
+// instance last saw is epoch: 4 arguments, then 9 per report.
+func (a *Async) rateCall(items []item, slot int, n int64, take bool, epoch int64) ([]string, []any) {
+	keys := make([]string, 0, len(items)+1)
+	args := make([]any, 0, 4+9*len(items))
+	args = append(args, n, a.hold, a.instanceID, epoch)
+	for _, it := range items {
+		st, l := it.sent, micro(it.sent.limit)
+		keys = append(keys, it.rkey)
+		args = append(args, l.EmissionInterval, l.Burst, st.delta(), b2i(st.idle),
+			freshShare(l.Burst, int(n)), b2i(take && !st.final), st.seq, st.floor, b2i(st.restore))
+	}
+	return append(keys, a.epochKey(slot)), args
 }
 
 // sendChunk runs the calls for chunk, bounded by timeout, and adopts the
@@ -332,8 +335,7 @@ func (a *Async) adoptCall(c *asyncCall, now, start, sentAt int64) {
 	}
 }
 
-// syncValues reads async.lua's reply for n keys: 4 values each, then the
-// epoch.
+// syncValues reads async.lua's reply for n keys: 4 values each, the epoch.
 func syncValues(cmd *redis.Cmd, n int) ([]any, int64, error) {
 	vals, err := values(cmd, 4*n+1)
 	if err != nil {
@@ -396,7 +398,7 @@ func (a *Async) wake(ctx context.Context, z *asyncZone, s *asyncShard, key strin
 	for round := 0; ; round++ { // 3 at most: a final report in flight is sent again first
 		if r == nil {
 			r = &record{allow: freshShare(limit.Burst, a.Instances())}
-			z.insert(s, key, r)
+			insert(z, s.m, key, r)
 		}
 		if round == 3 || !r.dormant || r.retryAt > monotime.Now() {
 			return r, nil
@@ -430,15 +432,11 @@ func (a *Async) wake(ctx context.Context, z *asyncZone, s *asyncShard, key strin
 // syncOne sends one report alone, through the key's breaker.
 func (a *Async) syncOne(ctx context.Context, zone, key string, st sent) (syncReply, error) {
 	rkey := a.RedisKey(zone, key)
-	slot := 0
-	if a.cluster {
-		slot = hashSlot(rkey)
-	}
+	slot := a.slotOf(rkey)
 	var rep syncReply
 	err := a.unbatched(ctx, rkey, func(ctx context.Context) error {
-		n := int64(a.Instances())
-		args := a.appendSyncArgs([]any{n, a.hold, a.instanceID, a.knownEpoch(slot)}, st, n, true)
-		vals, epoch, err := syncValues(a.script.Run(ctx, a.client, []string{rkey, a.epochKey(slot)}, args...), 1)
+		keys, args := a.rateCall([]item{{rkey: rkey, sent: st}}, slot, int64(a.Instances()), true, a.knownEpoch(slot))
+		vals, epoch, err := syncValues(asyncScript.Run(ctx, a.client, keys, args...), 1)
 		if err == nil {
 			rep, err = parseSyncReply(vals[:4])
 		}
@@ -454,39 +452,30 @@ func (a *Async) syncOne(ctx context.Context, zone, key string, st sent) (syncRep
 	return rep, err
 }
 
-// Async mode's epoch tells that Redis lost its data, instead of trusting a
-// blank Redis to be a full one: every async.lua call reads
-// <key_prefix>epoch (per hash slot on a Cluster), written when missing; an
-// instance that saw another restores its keys to what it last heard
-// (docs/async.md).
+// The epoch tells that Redis lost its data, instead of trusting a blank
+// Redis to be a full one: every async.lua call reads <key_prefix>epoch (per
+// hash slot on a Cluster), written when missing; an instance that saw
+// another restores its keys to what it last heard (docs/async.md).
 
-// epochSlots are the hash tags of the per-slot epoch keys on a Cluster.
-var epochSlots struct {
-	once sync.Once
-	tags [16384]string
-}
-
-// epochTag is a short string whose hash slot is slot.
-func epochTag(slot int) string {
-	epochSlots.once.Do(func() {
-		left := len(epochSlots.tags)
-		for i := 0; left > 0; i++ {
-			s := strconv.Itoa(i)
-			if sl := hashSlot(s); epochSlots.tags[sl] == "" {
-				epochSlots.tags[sl] = s
-				left--
-			}
+// epochTags holds, by slot, a short string in that slot: the epoch keys'
+// hash tags on a Cluster.
+var epochTags = sync.OnceValue(func() *[16384]string {
+	var tags [16384]string
+	for i, left := 0, len(tags); left > 0; i++ {
+		s := strconv.Itoa(i)
+		if sl := hashSlot(s); tags[sl] == "" {
+			tags[sl] = s
+			left--
 		}
-	})
-	return epochSlots.tags[slot]
-}
+	}
+	return &tags
+})
 
-// epochKey is the epoch key of slot.
 func (a *Async) epochKey(slot int) string {
 	if !a.cluster {
 		return a.opts.KeyPrefix + "epoch"
 	}
-	return a.opts.KeyPrefix + "epoch{" + epochTag(slot) + "}"
+	return a.opts.KeyPrefix + "epoch{" + epochTags()[slot] + "}"
 }
 
 // knownEpoch is the epoch this instance last saw for slot (0: none).
@@ -521,7 +510,7 @@ func (a *Async) sawEpoch(slot int, epoch int64) {
 	a.logger.Warn("redis lost its data (its epoch changed): async keys are restored from what this instance last heard")
 	a.eachShard(func(z *asyncZone, s *asyncShard) {
 		for k, r := range s.m {
-			if r.reserved && (!a.cluster || hashSlot(a.RedisKey(z.name, k)) == slot) {
+			if r.reserved && a.slotOf(a.RedisKey(z.name, k)) == slot {
 				r.restore = true
 			}
 		}

@@ -265,7 +265,7 @@ func TestFullZoneEvictsRecordsWithNothingPendingFirst(t *testing.T) {
 	z := a.zone("z")
 	s := z.shard("idle")
 	s.mu.Lock()
-	z.insert(s, "idle", &record{reserved: true})
+	insert(z, s.m, "idle", &record{reserved: true})
 	s.mu.Unlock()
 	if _, err := a.Rate(ctx, "z", "new", zones.RateStep{Op: zones.OpDecide, Limit: limit, Cost: 1}); err != nil {
 		t.Fatal(err)
@@ -471,7 +471,7 @@ func TestFailedQuotaSyncIsOneFailureForTheBreaker(t *testing.T) {
 		key := "k" + strconv.Itoa(i)
 		s := z.shard(key)
 		s.mu.Lock()
-		z.insertQuota(s, key, &quotaRecord{endMono: end, used: 1, held: 16, known: true, q: zones.QuotaLimit{Limit: 1000, Periods: &periods}})
+		insert(z, s.q, key, &quotaRecord{endMono: end, used: 1, held: 16, known: true, q: zones.QuotaLimit{Limit: 1000, Periods: &periods}})
 		s.mu.Unlock()
 	}
 	// The heartbeat beats once at Open, and again only a second later.

@@ -14,21 +14,19 @@ import (
 )
 
 // Batching (docs/distributed.md, strict mode): each worker takes one queued
-// request, then whatever else is queued, and sends them in one round trip:
-// an idle store adds no delay, a busy one sends up to maxBatch decisions
-// per round trip. A batch's GCRA steps are one gcra.lua call, its quota
-// steps one quota.lua call, per hash slot on a Cluster, one pipeline per
-// master (see send); other scripts ride the same pipeline.
+// request, then whatever else is queued (up to maxBatch), and sends them in
+// one round trip: an idle store adds no delay. A batch's GCRA steps are one
+// gcra.lua call, its quota steps one quota.lua call, per hash slot on a
+// Cluster, one pipeline per master (see send); other scripts ride along.
+// With nothing queued and fewer than idleCallers direct calls, a caller runs
+// its script itself: on a quiet store the goroutine hand-offs cost as much
+// as the round trip (BenchmarkStrictDecide).
 //
-// When nothing is queued and fewer than idleCallers calls run directly, a
-// caller runs its script itself, saving the goroutine hand-offs, which cost
-// as much as the round trip on a quiet store (BenchmarkStrictDecide).
-//
-// Few calls in flight make big batches: Redis runs scripts one at a time,
-// so another call in flight hides no latency once Redis is busy. With 2
-// workers and 1 idle caller, 16 callers send 3.6 decisions per call instead
-// of 2.1 (4 workers, 2 idle callers): 1.63-1.83x redis_rate's decisions/s
-// instead of 1.24-1.39x.
+// Few calls in flight make big batches: Redis runs scripts one at a time, so
+// another call in flight hides no latency once it is busy. With 2 workers
+// and 1 idle caller, 16 callers send 3.6 decisions per call instead of 2.1
+// (4 workers, 2 idle callers): 1.63-1.83x redis_rate's decisions/s instead
+// of 1.24-1.39x.
 const (
 	idleCallers = 1
 	workers     = 2
@@ -36,8 +34,8 @@ const (
 	queueDepth  = 4096
 )
 
-// request is one script call waiting for a worker. Requests are pooled,
-// except one its caller gave up on: a worker may still reply to it.
+// request is one script call waiting for a worker; pooled, except one its
+// caller gave up on (a worker may still reply to it).
 type request struct {
 	script   *redis.Script // gcra.lua, quota.lua, concurrency.lua's acquire; nil: PTTL (a Gather's)
 	keys     [1]string
@@ -190,13 +188,11 @@ func (c *link) worker() {
 }
 
 // send runs b.batch in one round trip (two if Redis lost a script) and
-// replies to every request; requests past their deadline are dropped.
-//
-// On a Cluster each master's calls go in a pipeline of their own, run
-// concurrently, not waited for: a master that hangs until the deadline
-// costs only its own keys, never the healthy masters' keys of the same
-// batch nor later batches. The goroutines are bounded by the callers
-// waiting and each ends by its requests' latest deadline.
+// replies to every request; requests past their deadline are dropped. On a
+// Cluster each master's calls go in a pipeline of their own, run
+// concurrently, not waited for: a master that hangs costs only its own keys,
+// never the healthy masters' of this batch or later ones. The goroutines are
+// bounded by the callers waiting and end by their requests' latest deadline.
 func (c *link) send(b *batcher) {
 	now := time.Now()
 	live := b.batch[:0]
@@ -264,14 +260,6 @@ func (c *link) send(b *batcher) {
 	b.calls = calls
 }
 
-// masterCalls are the calls of a batch for one Cluster master ("" when the
-// client has no slot map yet) and their latest deadline.
-type masterCalls struct {
-	addr   string
-	calls  []batchCall
-	latest time.Time
-}
-
 // sendByMaster runs each master's calls in a pipeline of their own,
 // concurrently (see send). The requests are copied out of b, which the
 // worker reuses at once. Only a client that never had a slot map asks a
@@ -279,15 +267,20 @@ type masterCalls struct {
 func (c *link) sendByMaster(b *batcher, calls []batchCall, latest time.Time) {
 	lookup, cancel := context.WithDeadline(c.ctx, latest)
 	defer cancel()
-	var groups []masterCalls
+	type master struct { // "": the client has no slot map yet
+		addr   string
+		calls  []batchCall
+		latest time.Time // of its requests' deadlines
+	}
+	var groups []master
 	for _, call := range calls {
 		addr := ""
 		if m, err := c.nodes.cluster.MasterForKey(lookup, call.reqs[0].keys[0]); err == nil {
 			addr = m.Options().Addr
 		}
-		i := slices.IndexFunc(groups, func(g masterCalls) bool { return g.addr == addr })
+		i := slices.IndexFunc(groups, func(g master) bool { return g.addr == addr })
 		if i < 0 {
-			groups = append(groups, masterCalls{addr: addr})
+			groups = append(groups, master{addr: addr})
 			i = len(groups) - 1
 		}
 		g := &groups[i]
@@ -378,9 +371,9 @@ func (b *batcher) eval(ctx context.Context, cmdable interface {
 	return r.script.EvalSha(ctx, cmdable, keys, argv...)
 }
 
-// values reads cmd's reply, a flat array of want values: every script's
-// reply for a batch of keys, a fixed number per key in order (see parser).
-// An error (Redis's, or a bad reply) answers every key of the call.
+// values reads cmd's reply, a flat array of want values: every script
+// replies a fixed number per key, in order (see parser). An error (Redis's,
+// or a bad reply) answers every key of the call.
 func values(cmd *redis.Cmd, want int) ([]any, error) {
 	v, err := cmd.Result()
 	if err != nil {

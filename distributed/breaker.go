@@ -32,9 +32,9 @@ const (
 
 // breaker stops an outage from costing every request its full timeout. An
 // outage starts at the warnAfter-th consecutive failed call (the breaker
-// opens at the tripAfter-th) and ends at the next success: one WARN at its
-// start and one INFO at its end, never per request. Closed (the hot path),
-// it costs one atomic load per call.
+// opens at the tripAfter-th) and ends at the next success: one WARN and one
+// INFO line, never one per request. Closed (the hot path), it costs one
+// atomic load per call.
 type breaker struct {
 	state    atomic.Int32
 	failures atomic.Int32 // consecutive, while closed
@@ -53,9 +53,9 @@ type breaker struct {
 	node, sample string
 	onFailure    func()
 	hint         func(error) string // a likely cause for the WARN line
-	// master (Sentinel) is the master the client last connected to: the
-	// WARN line names the one that went away (downMaster, for Outages),
-	// the INFO line the one that answered again.
+	// master (Sentinel): the master the client last connected to; the WARN
+	// line names the one that went away (downMaster, for Outages), the INFO
+	// line the one that answered again.
 	master     func() string
 	downMaster string
 }
@@ -156,12 +156,11 @@ func (b *breaker) record(probe bool, err error) {
 	}
 }
 
-// recordBeat feeds the outcome of a heartbeat that allow let through. A
-// beat that succeeds ends an outage of no answer (Health recovers without
-// traffic), but not one of calls refused to tally's ACL user (the beat
-// uses other commands): then it neither resets the failure count nor, as
-// the probe, closes the breaker, or each beat would end the outage and the
-// next calls start another (a WARN and an INFO line a second).
+// recordBeat feeds the outcome of a heartbeat that allow let through. A beat
+// that succeeds ends an outage of no answer (Health recovers without
+// traffic), but not one of calls refused to tally's ACL user (the beat uses
+// other commands): else each beat would end the outage and the next calls
+// start another (a WARN and an INFO line a second).
 func (b *breaker) recordBeat(probe bool, err error) {
 	if err == nil && b.refused.Load() && (probe || b.failures.Load() != 0) {
 		if probe {
@@ -193,19 +192,12 @@ func (b *breaker) outage() (NodeOutage, bool) {
 	return NodeOutage{Node: cmp.Or(b.node, b.downMaster), Since: b.openSince, Open: b.state.Load() != stateClosed}, b.warned
 }
 
-// health reports whether the breaker is closed, and since when it is not.
-func (b *breaker) health() (bool, time.Time) {
-	if b.state.Load() == stateClosed {
-		return true, time.Time{}
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.state.Load() == stateClosed, b.openSince
-}
+// closed reports whether calls go to Redis.
+func (b *breaker) closed() bool { return b.state.Load() == stateClosed }
 
 // gates lets a background pipeline over many keys through their breakers:
-// one allow and one record per breaker and round, as if each master's
-// share were one call.
+// one allow and one record per breaker and round, as if each master's share
+// were one call.
 type gates []*gate
 
 type gate struct {
@@ -228,7 +220,6 @@ func (gs *gates) get(b *breaker) *gate {
 	return g
 }
 
-// note keeps the first error among g's calls.
 func (g *gate) note(err error) {
 	if g.err == nil {
 		g.err = err
@@ -256,7 +247,6 @@ func (gs gates) record() {
 	}
 }
 
-// isTimeout reports whether err is a network timeout.
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
@@ -384,30 +374,21 @@ func (n *nodeBreakers) retire(ctx context.Context) (down []NodeOutage) {
 		}
 		c, err := n.cluster.MasterForKey(ctx, b.sample)
 		if err == nil && c.Options().Addr != addr {
-			if n.drop(addr, b) {
+			n.nodesMu.Lock()
+			if m := maps.Clone(*n.nodes.Load()); m[addr] == b { // else a concurrent retire dropped it
+				delete(m, addr)
+				n.nodes.Store(&m)
 				n.store.logger.Info("redis node replaced: its slots are served by another master now",
 					zap.String("redis", n.store.redis), zap.String("node", addr),
 					zap.String("new_master", c.Options().Addr), zap.Duration("outage", time.Since(o.Since)))
 			}
+			n.nodesMu.Unlock()
 			continue
 		}
 		n.reload()
 		down = append(down, o)
 	}
 	return down
-}
-
-// drop removes b, the breaker of addr, unless a concurrent retire did.
-func (n *nodeBreakers) drop(addr string, b *breaker) bool {
-	n.nodesMu.Lock()
-	defer n.nodesMu.Unlock()
-	m := maps.Clone(*n.nodes.Load())
-	if m[addr] != b {
-		return false
-	}
-	delete(m, addr)
-	n.nodes.Store(&m)
-	return true
 }
 
 // NodeOutage is a Redis node the store cannot reach: a Cluster master

@@ -72,7 +72,7 @@ func TestHeartbeatEndsOnlyAnOutageItCanSeeEnd(t *testing.T) {
 			b.retryAt = time.Now() // the cool-down is over: the next call probes
 			b.mu.Unlock()
 			beat(nil) // the probe, as a beat: no verdict
-			if ok, _ := b.health(); ok {
+			if b.closed() {
 				t.Fatal("a beat closed the breaker while tally's calls are refused to its user")
 			}
 			call(true, c.err) // the next call probes, and is refused

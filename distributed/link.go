@@ -116,7 +116,7 @@ func (c *link) Close() error {
 		_ = c.pubsub.Close()
 		c.wg.Wait()
 		last := c.unregister()
-		if ok, _ := c.breakerFor(c.instancesKey()).health(); ok && last {
+		if c.breakerFor(c.instancesKey()).closed() && last {
 			ctx, cancel := context.WithTimeout(context.Background(), c.opts.Timeout)
 			c.client.ZRem(ctx, c.instancesKey(), c.member)
 			cancel()

@@ -9,7 +9,6 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -24,10 +23,9 @@ var quotaAsyncLua string
 var quotaAsyncScript = redis.NewScript(quotaAsyncLua)
 
 // quotaLeaseDivisor bounds a lease to ⌈limit/(16·N)⌉ units beyond what the
-// request needs, and the instance's fair share of what is left: an
-// instance that dies with its lease loses the fleet at most 1/16 of the
-// quota for the period, and a busy key costs one call per instance per
-// 1/(16N) of it.
+// request needs, and the instance's fair share of what is left: an instance
+// that dies with its lease loses the fleet at most 1/16 of the period's
+// quota, and a busy key costs one call per instance per 1/(16N) of it.
 const quotaLeaseDivisor = 16
 
 // quotaRecord is one instance's lease for one key, guarded by its shard.
@@ -48,11 +46,11 @@ type quotaRecord struct {
 
 // quotaReport is what one quota_async.lua call says for a record.
 type quotaReport struct {
-	end, used, extra, keep, want int64 // quota_async.lua's ARGV[5..9]
-	usedAt                       int64 // the record's used when the report was taken
+	q                            zones.QuotaLimit // the record's as the report was taken
+	end, used, extra, keep, want int64            // quota_async.lua's ARGV[5..9]
+	usedAt                       int64            // the record's used when the report was taken
 }
 
-// quotaAsyncReply is quota_async.lua's answer.
 type quotaAsyncReply struct {
 	held, used, counted int64
 	toEnd               time.Duration
@@ -125,7 +123,7 @@ func (a *Async) Quota(ctx context.Context, zone, key string, st zones.QuotaStep)
 		took = true
 		n := int64(a.Instances())
 		want := need + (q.Limit+quotaLeaseDivisor*n-1)/(quotaLeaseDivisor*n)
-		if err := a.takeQuota(ctx, zone, s, key, r, q, want); err != nil {
+		if err := a.takeQuota(ctx, zone, s, key, r, want); err != nil {
 			return zones.QuotaResult{}, err
 		}
 	}
@@ -147,16 +145,16 @@ func (a *Async) quotaRecordFor(z *asyncZone, s *asyncShard, key string, q zones.
 	end := q.Periods.Bounds[2]
 	fresh := &quotaRecord{end: end, endMono: now + (end-time.Now().UnixMicro())*1000, q: q}
 	if r == nil {
-		z.insertQuota(s, key, fresh)
+		insert(z, s.q, key, fresh)
 	} else {
 		s.q[key] = fresh
 	}
 	return fresh
 }
 
-// takeQuota reports r and takes a lease of up to want units, unlocking s
-// for the call; requests for the key meanwhile wait, or spend what r keeps.
-func (a *Async) takeQuota(ctx context.Context, zone string, s *asyncShard, key string, r *quotaRecord, q zones.QuotaLimit, want int64) error {
+// takeQuota reports r and takes a lease of up to want units, s unlocked for
+// the call: requests for the key meanwhile wait, or spend what r keeps.
+func (a *Async) takeQuota(ctx context.Context, zone string, s *asyncShard, key string, r *quotaRecord, want int64) error {
 	st := r.report(want, max(0, r.held-r.used))
 	rkey := a.QuotaKey(zone, key)
 	sent := monotime.Now()
@@ -164,7 +162,7 @@ func (a *Async) takeQuota(ctx context.Context, zone string, s *asyncShard, key s
 	var err error
 	s.unlocked(&r.taking, func() {
 		err = a.unbatched(ctx, rkey, func(ctx context.Context) (err error) {
-			rep, err = parseQuotaAsync(quotaAsyncScript.Run(ctx, a.client, []string{rkey}, a.quotaArgs(q, st)...))
+			rep, err = parseQuotaAsync(quotaAsyncScript.Run(ctx, a.client, []string{rkey}, a.quotaArgs(st)...))
 			return err
 		})
 	})
@@ -176,13 +174,13 @@ func (a *Async) takeQuota(ctx context.Context, zone string, s *asyncShard, key s
 		return err
 	}
 	if s.q[key] == r {
-		r.adopt(st, rep, q, sent, monotime.Now(), a.opts.SyncInterval)
+		r.adopt(st, rep, sent, monotime.Now(), a.opts.SyncInterval)
 	}
 	return nil
 }
 
 func (r *quotaRecord) report(want, keep int64) quotaReport {
-	st := quotaReport{end: r.end, used: r.used, keep: keep, want: want, usedAt: r.used}
+	st := quotaReport{q: r.q, end: r.end, used: r.used, keep: keep, want: want, usedAt: r.used}
 	if !r.known {
 		st.used, st.extra = -1, r.used
 	}
@@ -191,15 +189,15 @@ func (r *quotaRecord) report(want, keep int64) quotaReport {
 
 // adopt takes a reply. What the instance admitted during the call stays
 // counted when the call was about the same period.
-func (r *quotaRecord) adopt(st quotaReport, rep quotaAsyncReply, q zones.QuotaLimit, sent, now int64, interval time.Duration) {
-	end := q.Periods.Bounds[rep.period+1]
+func (r *quotaRecord) adopt(st quotaReport, rep quotaAsyncReply, sent, now int64, interval time.Duration) {
+	end := st.q.Periods.Bounds[rep.period+1]
 	if end == st.end {
 		r.used = rep.used + (r.used - st.usedAt)
 	} else {
 		r.used = rep.used // a new period; what was admitted during the call was the old one's
 	}
 	r.end, r.known, r.resend = end, true, false
-	r.held, r.room = rep.held, max(0, q.Limit-rep.counted)
+	r.held, r.room = rep.held, max(0, st.q.Limit-rep.counted)
 	r.endMono = sent + int64(rep.toEnd)
 	r.blockedUntil = 0
 	if r.held-r.used < 1 && r.room == 0 {
@@ -223,8 +221,8 @@ func (r *quotaRecord) result(now int64, q zones.QuotaLimit, allowed bool) zones.
 	return zones.QuotaResult{Allowed: allowed, Used: max(0, q.Limit-left), ToEnd: time.Duration(max(1, r.endMono-now)), Period: period}
 }
 
-func (a *Async) quotaArgs(q zones.QuotaLimit, st quotaReport) []any {
-	return []any{"", q.Periods.Arg, q.Limit, a.instanceID, st.end, st.used, st.extra, st.keep, st.want, int64(a.Instances())}
+func (a *Async) quotaArgs(st quotaReport) []any {
+	return []any{"", st.q.Periods.Arg, st.q.Limit, a.instanceID, st.end, st.used, st.extra, st.keep, st.want, int64(a.Instances())}
 }
 
 func parseQuotaAsync(cmd *redis.Cmd) (quotaAsyncReply, error) {
@@ -245,9 +243,9 @@ func parseQuotaAsync(cmd *redis.Cmd) (quotaAsyncReply, error) {
 }
 
 // syncQuotas reports, once a sync interval, the records that need it: an
-// idle one hands its lease back and is dropped, one in debt reports it,
-// one whose period is over is dropped; final (Close) hands every lease
-// back. A report that failed is sent again by the next sync.
+// idle one hands its lease back and is dropped, one in debt reports it, one
+// whose period is over is dropped; final (Close) hands every lease back. A
+// report that failed is sent again by the next sync.
 func (a *Async) syncQuotas(ctx context.Context, final bool) {
 	var items []item
 	now := monotime.Now()
@@ -270,13 +268,10 @@ func (a *Async) syncQuotas(ctx context.Context, final bool) {
 				}
 				continue
 			}
-			it := item{z: z, s: s, key: key, quota: &quotaItem{r: r, q: r.q, st: r.report(0, 0)}, rkey: a.QuotaKey(z.name, key)}
-			if a.cluster {
-				it.slot = hashSlot(it.rkey)
-			}
+			rkey := a.QuotaKey(z.name, key)
+			items = append(items, item{z: z, s: s, key: key, quota: r, qsent: r.report(0, 0), rkey: rkey, slot: a.slotOf(rkey)})
 			r.held = min(r.held, r.used) // it spends nothing more until the reply
 			r.taking = make(chan struct{})
-			items = append(items, it)
 		}
 	})
 	if len(items) > 0 {
@@ -284,19 +279,12 @@ func (a *Async) syncQuotas(ctx context.Context, final bool) {
 	}
 }
 
-// quotaItem is a quota record in a sync, with what it reports.
-type quotaItem struct {
-	r  *quotaRecord
-	q  zones.QuotaLimit // as reported
-	st quotaReport
-}
-
 // release ends a sync's call for a quota item, adopting rep if the call was
 // answered (sent at sentAt). A record whose report went unanswered sends
 // it again (resend): Redis may count a lease for it that it no longer
 // spends. Only a known record can hand a lease back.
 func (a *Async) release(it *item, rep *quotaAsyncReply, sentAt int64) {
-	r, s := it.quota.r, it.s
+	r, s := it.quota, it.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	close(r.taking) // still the sync's: a call for the record waits for it
@@ -306,19 +294,14 @@ func (a *Async) release(it *item, rep *quotaAsyncReply, sentAt int64) {
 	case rep == nil:
 		r.resend = r.known
 	default:
-		r.adopt(it.quota.st, *rep, it.quota.q, sentAt, monotime.Now(), a.opts.SyncInterval)
+		r.adopt(it.qsent, *rep, sentAt, monotime.Now(), a.opts.SyncInterval)
 		if !r.active && r.held == r.used {
 			delete(s.q, it.key) // idle, nothing held: its next request takes again
 		}
 	}
 }
 
-// insertQuota adds r for key to a locked shard, as insert does: a record
-// holding no lease is evicted first. One evicted with a lease leaves it
-// counted in Redis (undershoot); its next take counts it as used.
-func (z *asyncZone) insertQuota(s *asyncShard, key string, r *quotaRecord) {
-	if int64(len(s.q)) >= z.shardCap.Load() {
-		evict(s.q, func(r *quotaRecord) int64 { return b2i(r.held > r.used || r.resend || r.taking != nil) })
-	}
-	s.q[strings.Clone(key)] = r
-}
+// lossCost: a record holding no lease costs nothing to evict. One evicted
+// with a lease leaves it counted in Redis (undershoot); its next take counts
+// it as used.
+func (r *quotaRecord) lossCost() int64 { return b2i(r.held > r.used || r.resend || r.taking != nil) }

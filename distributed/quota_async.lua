@@ -91,9 +91,7 @@ local grant, want, N = 0, tonumber(ARGV[9]), tonumber(ARGV[10])
 if want > 0 and room > 0 then
   local fair = floor((room + N - 1) / N) -- ⌈room/N⌉, exactly:
   if fair * N < room then fair = fair + 1 elseif (fair - 1) * N >= room then fair = fair - 1 end
-  grant = want
-  if grant > fair then grant = fair end
-  if grant > room then grant = room end
+  grant = math.min(want, fair, room)
 end
 local held = base + grant
 counted = others + held

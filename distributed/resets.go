@@ -92,8 +92,7 @@ func (c *link) forgetMissed() {
 	if !c.resets.missed.Load() {
 		return
 	}
-	ok, _ := c.breaker.health()
-	if ok && c.mode.synced() && c.resets.missed.CompareAndSwap(true, false) {
+	if c.breaker.closed() && c.mode.synced() && c.resets.missed.CompareAndSwap(true, false) {
 		c.logger.Debug("subscribed to resets again; dropping cached denials")
 		c.forget("", "", true)
 	}
