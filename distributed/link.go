@@ -89,6 +89,7 @@ func newLink(opts Options, logger *zap.Logger) (*link, error) {
 	c.slots.held = make(map[heldSlot]heldLease)
 	c.slots.wake = make(chan struct{}, 1)
 	c.resets.listeners = make(map[string][]*ResetListener)
+	c.resets.moved = make(map[string][]chan<- struct{})
 	return c, nil
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	_ "embed"
 	"errors"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -98,20 +97,7 @@ func (c *link) overridesStep(ctx context.Context, zone, op string, list ...zones
 const overridesMovedMsg = "\x01"
 
 func (c *link) onOverridesMoved(zone string, moved chan<- struct{}) (remove func()) {
-	c.resets.mu.Lock()
-	defer c.resets.mu.Unlock()
-	if c.resets.moved == nil {
-		c.resets.moved = make(map[string][]chan<- struct{})
-	}
-	c.resets.moved[zone] = append(c.resets.moved[zone], moved)
-	return func() {
-		c.resets.mu.Lock()
-		defer c.resets.mu.Unlock()
-		c.resets.moved[zone] = slices.DeleteFunc(c.resets.moved[zone], func(ch chan<- struct{}) bool { return ch == moved })
-		if len(c.resets.moved[zone]) == 0 {
-			delete(c.resets.moved, zone)
-		}
-	}
+	return listen(&c.resets.mu, c.resets.moved, zone, moved)
 }
 
 // overridesMoved tells zone's listeners that its overrides changed.

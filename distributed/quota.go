@@ -22,11 +22,6 @@ func (c *link) QuotaKey(zone, key string) string {
 	return c.opts.KeyPrefix + zone + ".quota:" + key
 }
 
-// quotaReply is quota.lua's answer for one key.
-type quotaReply struct{ zones.QuotaResult }
-
-func (r quotaReply) result() zones.QuotaResult { return r.QuotaResult }
-
 // Quota runs one step of a quota zone's key in Redis (zones.Store), in the
 // period that contains Redis TIME, through the batcher but for a peek. A
 // charge counts from at most the limit (the debt is at most one charge).
@@ -47,14 +42,14 @@ func (s *Strict) Quota(ctx context.Context, zone, key string, st zones.QuotaStep
 		return zones.QuotaResult{}, fmt.Errorf("distributed: unknown quota op %d", st.Op)
 	}
 	rep, err := s.run(ctx, s.quota, zone, s.QuotaKey(zone, key), st.Op == zones.OpPeek, [5]any{"", st.Limit.Periods.Arg, st.Limit.Limit, st.Cost, op})
-	return rep.quota.result(), err
+	return rep.quota, err
 }
 
 // peekQuota reads key's count in zone, in either mode (leases count as
 // used).
 func (c *link) peekQuota(ctx context.Context, zone, key string, q zones.QuotaLimit) (zones.QuotaResult, error) {
 	rep, err := c.run(ctx, c.quota, zone, c.QuotaKey(zone, key), true, [5]any{"", q.Periods.Arg, q.Limit, int64(0), string(OpPeek)})
-	return rep.quota.result(), err
+	return rep.quota, err
 }
 
 // parseQuotaStep reads one key's {u, to_end, period} of quota.lua.
@@ -72,7 +67,7 @@ func parseQuotaStep(a []any) reply {
 	if u < 0 {
 		r.Used = -u - 1
 	}
-	return reply{quota: quotaReply{r}}
+	return reply{quota: r}
 }
 
 // quotaErr is the error a quota script's reply reports in its period (both

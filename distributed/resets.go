@@ -105,17 +105,21 @@ func (c *link) resetsChannel() string { return c.opts.KeyPrefix + "resets" }
 // instance or another one sharing the Redis and key_prefix, until the
 // returned function is called.
 func (c *link) OnReset(zone string, l ResetListener) (remove func()) {
-	p := &l
-	c.resets.mu.Lock()
-	c.resets.listeners[zone] = append(c.resets.listeners[zone], p)
-	c.resets.mu.Unlock()
+	return listen(&c.resets.mu, c.resets.listeners, zone, &l)
+}
+
+// listen adds v to m[zone] under mu until the returned function is called.
+func listen[T comparable](mu *sync.Mutex, m map[string][]T, zone string, v T) (remove func()) {
+	mu.Lock()
+	m[zone] = append(m[zone], v)
+	mu.Unlock()
 	return func() {
-		c.resets.mu.Lock()
-		defer c.resets.mu.Unlock()
+		mu.Lock()
+		defer mu.Unlock()
 		// In place: forget copies the listeners under the lock.
-		c.resets.listeners[zone] = slices.DeleteFunc(c.resets.listeners[zone], func(q *ResetListener) bool { return q == p })
-		if len(c.resets.listeners[zone]) == 0 {
-			delete(c.resets.listeners, zone)
+		m[zone] = slices.DeleteFunc(m[zone], func(w T) bool { return w == v })
+		if len(m[zone]) == 0 {
+			delete(m, zone)
 		}
 	}
 }

@@ -79,7 +79,7 @@ func (s *Strict) EvalQuotaManyAt(ctx context.Context, steps []QuotaStep, nowUs i
 	}
 	reps, err := s.evalMany(ctx, s.quota, keys, argv, 3, parseQuotaStep)
 	for _, rep := range reps {
-		results, errs = append(results, rep.quota.result()), append(errs, rep.err)
+		results, errs = append(results, rep.quota), append(errs, rep.err)
 	}
 	return results, errs, err
 }
