@@ -192,29 +192,22 @@ func (c *link) renew() {
 		return
 	}
 	groups := make(map[renewGroup]*scriptCall)
+	var calls []*scriptCall
 	for slot, l := range sl.held {
 		g := renewGroup{slot.rkey, l.lease, l.limit}
 		if groups[g] == nil {
 			groups[g] = &scriptCall{keys: []string{slot.rkey}, args: []any{"r", l.lease.Milliseconds(), l.limit}}
+			calls = append(calls, groups[g])
 		}
 		groups[g].args = append(groups[g].args, slot.id)
 	}
 	sl.mu.Unlock()
 
 	var gs gates
-	byGate := map[*gate][]*scriptCall{}
-	for g, sc := range groups {
-		if gt := gs.get(c.breakerFor(g.rkey)); gt.ok {
-			byGate[gt] = append(byGate[gt], sc)
-		}
-	}
-	if len(byGate) == 0 {
-		return
-	}
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(c.ctx, backgroundTimeout(c.opts))
 	defer cancel()
-	perGate(byGate, func(gt *gate, calls []*scriptCall) {
+	perGate(c, &gs, calls, func(sc *scriptCall) string { return sc.keys[0] }, nil, func(gt *gate, calls []*scriptCall) {
 		c.evalAll(ctx, concurrencyScript, calls)
 		sl.mu.Lock()
 		defer sl.mu.Unlock()
@@ -256,15 +249,7 @@ func (c *link) sendReleases(ctx context.Context) {
 		return
 	}
 	var gs gates
-	byGate := map[*gate][]pendingRelease{}
-	for _, r := range live {
-		if gt := gs.get(c.breakerFor(r.rkey)); gt.ok {
-			byGate[gt] = append(byGate[gt], r)
-		} else {
-			sl.pend(r)
-		}
-	}
-	perGate(byGate, func(gt *gate, rs []pendingRelease) {
+	perGate(c, &gs, live, func(r pendingRelease) string { return r.rkey }, sl.pend, func(gt *gate, rs []pendingRelease) {
 		pipe := c.client.Pipeline()
 		cmds := make([]*redis.IntCmd, len(rs))
 		for i, r := range rs {
@@ -289,10 +274,20 @@ func (sl *slots) pend(r pendingRelease) {
 	sl.mu.Unlock()
 }
 
-// perGate runs send for each gate's share at once, in a pipeline of its own:
-// a hung Cluster master fails only its own slots, not the other masters'
-// (one pipeline across masters fails every command at its deadline).
-func perGate[T any](byGate map[*gate][]T, send func(*gate, []T)) {
+// perGate groups items by the gate of their key's breaker (refused, if not
+// nil, takes those it does not let through) and runs send for each gate's
+// share at once, in a pipeline of its own: a hung Cluster master fails only
+// its own slots (one pipeline across masters fails every command at its
+// deadline).
+func perGate[T any](c *link, gs *gates, items []T, rkey func(T) string, refused func(T), send func(*gate, []T)) {
+	byGate := map[*gate][]T{}
+	for _, it := range items {
+		if gt := gs.get(c.breakerFor(rkey(it))); gt.ok {
+			byGate[gt] = append(byGate[gt], it)
+		} else if refused != nil {
+			refused(it)
+		}
+	}
 	var wg sync.WaitGroup
 	for gt, share := range byGate {
 		wg.Go(func() { send(gt, share) })

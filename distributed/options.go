@@ -105,10 +105,15 @@ func (o Options) Redacted() string {
 	if o.DB != 0 {
 		s += " db=" + strconv.Itoa(o.DB)
 	}
-	if o.TLS || o.TLSCAFile != "" || o.TLSCertFile != "" {
+	if o.tlsOn() {
 		s += " tls"
 	}
 	return s
+}
+
+// tlsOn reports whether the TLS fields ask for TLS (a rediss:// URL also does).
+func (o Options) tlsOn() bool {
+	return o.TLS || o.TLSCAFile != "" || o.TLSCertFile != "" || o.TLSKeyFile != ""
 }
 
 // redactAddress replaces the userinfo of a URL with "***", on the raw
@@ -158,13 +163,13 @@ func (o Options) universalOptions() (*redis.UniversalOptions, error) {
 		MinRetryBackoff: -1,
 		MaxRetryBackoff: -1,
 	}
-	tlsOn := o.TLS || o.TLSCAFile != "" || o.TLSCertFile != "" || o.TLSKeyFile != ""
 	type creds struct {
 		user, pass string
 		db         int
 		tls        bool
 	}
-	var fromURL *creds // what the URLs say, which must agree
+	var fromURL creds // what the URLs say, which must agree
+	urls := 0
 	for i, a := range o.Addresses {
 		if !strings.Contains(a, "://") {
 			u.Addrs = append(u.Addrs, a)
@@ -182,19 +187,16 @@ func (o Options) universalOptions() (*redis.UniversalOptions, error) {
 			return nil, fmt.Errorf("distributed: address %d (%s): unix sockets are not supported", i+1, redactAddress(a))
 		}
 		got := creds{p.Username, p.Password, p.DB, p.TLSConfig != nil}
-		if fromURL != nil && got != *fromURL {
+		if urls++; urls > 1 && got != fromURL {
 			return nil, fmt.Errorf("distributed: address %d (%s) disagrees with the earlier URLs on user, password, database or TLS", i+1, redactAddress(a))
 		}
-		fromURL = &got
+		fromURL = got
 		u.Addrs = append(u.Addrs, p.Addr)
-	}
-	if fromURL == nil {
-		fromURL = &creds{}
 	}
 	u.Username = cmp.Or(u.Username, fromURL.user)
 	u.Password = cmp.Or(u.Password, fromURL.pass)
 	u.DB = cmp.Or(u.DB, fromURL.db)
-	if tlsOn || fromURL.tls {
+	if o.tlsOn() || fromURL.tls {
 		// ServerName stays empty: crypto/tls takes it from each dialled
 		// address, which is what Cluster and Sentinel need.
 		cfg, err := o.tlsConfig()
@@ -241,8 +243,8 @@ func (o Options) tlsConfig() (*tls.Config, error) {
 // alone does not: a TLS Redis that wants a client certificate closes the
 // connection after the handshake (TLS 1.3), which reads as a reset.
 func (o Options) hint(err error) string {
-	tlsOn := o.TLS || o.TLSCAFile != "" || slices.ContainsFunc(o.Addresses, func(a string) bool { return strings.HasPrefix(a, "rediss://") })
-	if tlsOn && o.TLSCertFile == "" && (errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF) || strings.Contains(err.Error(), "certificate required")) {
+	rediss := slices.ContainsFunc(o.Addresses, func(a string) bool { return strings.HasPrefix(a, "rediss://") })
+	if (o.tlsOn() || rediss) && o.TLSCertFile == "" && (errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF) || strings.Contains(err.Error(), "certificate required")) {
 		return "the TLS connection was closed by Redis: if it requires client certificates (tls-auth-clients), set tls_client <cert file> <key file>"
 	}
 	return ""
