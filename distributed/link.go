@@ -68,25 +68,21 @@ func newLink(opts Options, logger *zap.Logger) (*link, error) {
 		idle:       make(chan struct{}, idleCallers),
 		instanceID: randomID(),
 		member:     cmp.Or(opts.Instance, processMember),
+		breaker:    breaker{logger: logger, redis: opts.Redacted(), hint: opts.hint},
+		problems:   problems{logger: logger},
+		slots:      slots{held: make(map[heldSlot]heldLease), wake: make(chan struct{}, 1)},
+		resets:     resets{listeners: make(map[string][]*ResetListener), moved: make(map[string][]chan<- struct{})},
 		ctx:        ctx,
 		cancel:     cancel,
 	}
 	_, c.cluster = c.client.(*redis.ClusterClient)
-	c.breaker.logger = logger
-	c.breaker.redis = opts.Redacted()
-	c.breaker.hint = opts.hint
 	if opts.SentinelMaster != "" {
 		dials := &masterDials{}
 		c.client.AddHook(dials)
 		c.breaker.master = dials.last
 	}
 	c.nodes.init(c.client, &c.breaker)
-	c.problems.logger = logger
 	c.instances.Store(1)
-	c.slots.held = make(map[heldSlot]heldLease)
-	c.slots.wake = make(chan struct{}, 1)
-	c.resets.listeners = make(map[string][]*ResetListener)
-	c.resets.moved = make(map[string][]chan<- struct{})
 	return c, nil
 }
 

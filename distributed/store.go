@@ -48,7 +48,9 @@ func Open(opts Options, logger *zap.Logger) (*Strict, error) {
 		return nil, err
 	}
 	c.start(strictMode{})
-	return &Strict{link: c}, nil
+	s := &Strict{link: c}
+	s.ops.m = make(map[opKey]any)
+	return s, nil
 }
 
 // strictMode keeps nothing of its own: the zones' deny caches are reset
@@ -211,9 +213,6 @@ func (s *Strict) op(op byte, rule zones.BanRule, ahead int64) any {
 	}
 	s.ops.Lock()
 	defer s.ops.Unlock()
-	if s.ops.m == nil {
-		s.ops.m = make(map[opKey]any)
-	}
 	aheadUs := (ahead + 999) / 1000 // a delay of part of a µs reserves that µs
 	switch {
 	case rule == zones.BanRule{}:
