@@ -154,11 +154,10 @@ func (c *link) readOverrides(ctx context.Context, zone string, at zones.Override
 					}
 				}
 			}
-		} else {
-			for i := 2; i+1 < len(reply); i += 2 {
-				if o, ok := parseStoredOverride(reply[i], reply[i+1]); ok {
-					out.Changes = append(out.Changes, o)
-				}
+		}
+		for i := 2; i+1 < len(reply); i += 2 { // none after "all"
+			if o, ok := parseStoredOverride(reply[i], reply[i+1]); ok {
+				out.Changes = append(out.Changes, o)
 			}
 		}
 		if len(out.Changes) > 0 {
