@@ -69,7 +69,7 @@ func (c *link) Acquire(ctx context.Context, zone, key string, limit int64, lease
 	sl := &c.slots
 	slot := heldSlot{rkey: c.slotsKey(zone, key), id: c.instanceID + ":" + strconv.FormatUint(sl.seq.Add(1), 36)}
 
-	checkLoss := "" // where the instances set is on the key's server: did Redis lose its data?
+	checkLoss := "" // on the instances set's server: did Redis lose its data since our last beat?
 	if !c.cluster && c.beatRecently() {
 		checkLoss = c.opts.KeyPrefix
 	}
