@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-tally/ratelimit/algorithms"
+	"github.com/caddy-tally/ratelimit/zones"
 )
 
 // Batching (docs/distributed.md, strict mode): each worker takes one queued
@@ -49,7 +50,7 @@ type request struct {
 // reply answers one request; which result is set depends on the script.
 type reply struct {
 	step  algorithms.Result // gcra.lua: the GCRA step, in µs (TAT not filled in)
-	quota quotaReply        // quota.lua: the quota step
+	quota zones.QuotaResult // quota.lua: the quota step
 	ints  [2]int64          // another script's two integers; a PTTL's in ints[0]
 	err   error
 }

@@ -1,7 +1,6 @@
 package distributed
 
-// Concurrency slots in Redis (zones.Slots); how they live there is in
-// docs/configuration.md (concurrency zones) and concurrency.lua.
+// Concurrency slots in Redis (zones.Slots); concurrency.lua has their layout.
 
 import (
 	"cmp"
@@ -18,10 +17,11 @@ import (
 	"go.uber.org/zap"
 )
 
-//go:embed concurrency.lua
-var concurrencyLua string
-
-var concurrencyScript = redis.NewScript(concurrencyLua)
+var (
+	//go:embed concurrency.lua
+	concurrencyLua    string
+	concurrencyScript = redis.NewScript(concurrencyLua)
+)
 
 // slots is a store's record of the slots this instance holds in Redis.
 type slots struct {
@@ -59,10 +59,9 @@ func (sl *slots) poke() {
 	}
 }
 
-// Acquire takes a slot of key in zone when fewer than limit live slots are
-// held (zones.Slots): one batched script call. A slot a call that timed
-// out may still have taken is released (or, overtaken by the release,
-// ends with its lease).
+// Acquire takes a slot of key in zone when fewer than limit are held
+// (zones.Slots), in one batched call. A slot a timed-out call may still have
+// taken is released (or, overtaken by the release, ends with its lease).
 func (c *link) Acquire(ctx context.Context, zone, key string, limit int64, lease time.Duration) (string, int64, error) {
 	if c.isClosed() {
 		return "", 0, ErrClosed
@@ -70,9 +69,7 @@ func (c *link) Acquire(ctx context.Context, zone, key string, limit int64, lease
 	sl := &c.slots
 	slot := heldSlot{rkey: c.slotsKey(zone, key), id: c.instanceID + ":" + strconv.FormatUint(sl.seq.Add(1), 36)}
 
-	// Where the instances set lives on the key's server, check Redis did
-	// not lose its data since this instance's last beat.
-	checkLoss := ""
+	checkLoss := "" // on the instances set's server: did Redis lose its data since our last beat?
 	if !c.cluster && c.beatRecently() {
 		checkLoss = c.opts.KeyPrefix
 	}
@@ -129,8 +126,8 @@ func (c *link) Slots(ctx context.Context, zone, key string) (int64, error) {
 // releaseRetry is how soon releases Redis did not take are sent again.
 const releaseRetry = 250 * time.Millisecond
 
-// slotLoop renews and releases slots until the store closes, then sends the
-// releases still pending once more.
+// slotLoop renews and releases slots until Close, then sends the pending
+// releases once more.
 func (c *link) slotLoop() {
 	defer c.wg.Done()
 	sl := &c.slots
@@ -180,9 +177,8 @@ type renewGroup struct { // the slots of one key with one lease: one script call
 	limit int64
 }
 
-// renew extends the lease of every slot this instance holds, one script
-// call per key, one pipeline per master (perGate). With none held, the
-// renewal period resets.
+// renew extends every slot this instance holds, one script call per key,
+// one pipeline per master; with none held, the renewal period resets.
 func (c *link) renew() {
 	sl := &c.slots
 	sl.mu.Lock()
@@ -192,29 +188,23 @@ func (c *link) renew() {
 		return
 	}
 	groups := make(map[renewGroup]*scriptCall)
+	var calls []*scriptCall
 	for slot, l := range sl.held {
 		g := renewGroup{slot.rkey, l.lease, l.limit}
 		if groups[g] == nil {
 			groups[g] = &scriptCall{keys: []string{slot.rkey}, args: []any{"r", l.lease.Milliseconds(), l.limit}}
+			calls = append(calls, groups[g])
 		}
 		groups[g].args = append(groups[g].args, slot.id)
 	}
 	sl.mu.Unlock()
 
 	var gs gates
-	byGate := map[*gate][]*scriptCall{}
-	for g, sc := range groups {
-		if gt := gs.get(c.breakerFor(g.rkey)); gt.ok {
-			byGate[gt] = append(byGate[gt], sc)
-		}
-	}
-	if len(byGate) == 0 {
-		return
-	}
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(c.ctx, backgroundTimeout(c.opts))
 	defer cancel()
-	perGate(byGate, func(gt *gate, calls []*scriptCall) {
+	key := func(sc *scriptCall) string { return sc.keys[0] }
+	perGate(c, &gs, calls, key, nil, func(gt *gate, calls []*scriptCall) {
 		c.evalAll(ctx, concurrencyScript, calls)
 		sl.mu.Lock()
 		defer sl.mu.Unlock()
@@ -242,8 +232,8 @@ func (c *link) renew() {
 	}
 }
 
-// sendReleases removes the released slots from Redis; those that failed
-// are tried again until their lease ends.
+// sendReleases removes released slots from Redis, retrying failures until
+// their lease ends.
 func (c *link) sendReleases(ctx context.Context) {
 	sl := &c.slots
 	sl.mu.Lock()
@@ -256,15 +246,8 @@ func (c *link) sendReleases(ctx context.Context) {
 		return
 	}
 	var gs gates
-	byGate := map[*gate][]pendingRelease{}
-	for _, r := range live {
-		if gt := gs.get(c.breakerFor(r.rkey)); gt.ok {
-			byGate[gt] = append(byGate[gt], r)
-		} else {
-			sl.pend(r)
-		}
-	}
-	perGate(byGate, func(gt *gate, rs []pendingRelease) {
+	key := func(r pendingRelease) string { return r.rkey }
+	perGate(c, &gs, live, key, sl.pend, func(gt *gate, rs []pendingRelease) {
 		pipe := c.client.Pipeline()
 		cmds := make([]*redis.IntCmd, len(rs))
 		for i, r := range rs {
@@ -281,18 +264,29 @@ func (c *link) sendReleases(ctx context.Context) {
 	gs.record()
 }
 
-// pend queues r for the loop's next sendReleases, without waking it: a
-// failed release waits releaseRetry.
+// pend queues r for the next sendReleases without waking the loop: a failed
+// release waits releaseRetry.
 func (sl *slots) pend(r pendingRelease) {
 	sl.mu.Lock()
 	sl.releases = append(sl.releases, r)
 	sl.mu.Unlock()
 }
 
-// perGate runs send for each gate's share at once, in a pipeline of its own:
-// a hung Cluster master fails only its own slots, not the other masters'
-// (one pipeline across masters fails every command at its deadline).
-func perGate[T any](byGate map[*gate][]T, send func(*gate, []T)) {
+// perGate groups items by the gate of their key's breaker (refused, if not
+// nil, takes those it does not let through) and runs send for each gate's
+// share at once, in a pipeline of its own: a hung Cluster master fails only
+// its own slots (one pipeline across masters fails every command at its
+// deadline).
+func perGate[T any](c *link, gs *gates, items []T, key func(T) string, refused func(T), send func(*gate, []T),
+) {
+	byGate := map[*gate][]T{}
+	for _, it := range items {
+		if gt := gs.get(c.breakerFor(key(it))); gt.ok {
+			byGate[gt] = append(byGate[gt], it)
+		} else if refused != nil {
+			refused(it)
+		}
+	}
 	var wg sync.WaitGroup
 	for gt, share := range byGate {
 		wg.Go(func() { send(gt, share) })

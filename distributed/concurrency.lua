@@ -21,8 +21,6 @@
 --       not renew it) is taken again if there is room, so a request still
 --       running is counted again; without room it stays gone.
 --   "p" peek -> {0, slots in use}
---
--- Every reply is two integers.
 
 local key = KEYS[1]
 local op = ARGV[1]

@@ -14,20 +14,18 @@
 //     lifetime L (30 sync intervals) and N instances, the fleet admits over
 //     any interval of length d at most B + ⌊(d + L)/T⌋ + (N−1)·max(1, ⌊B/N⌋).
 //
-// Both hold a link to one Redis setting (standalone, Sentinel or Cluster):
-// the client, the breakers (one per Cluster master), the batcher, the
-// heartbeat, the resets channel and the concurrency slots. Every call
-// returns within Options.Timeout, queueing included. One store per setting
-// is shared by every handler of a process (Options.Key) and survives
-// reloads. Every key the store writes expires on its own; each script's
-// header gives its keys' layout. The long story is in DESIGN.md §4,
-// docs/distributed.md and docs/async.md.
+// Both hold a link to one Redis setting (standalone, Sentinel or Cluster),
+// shared by every handler of a process (Options.Key) across reloads. Every
+// call returns within Options.Timeout, queueing included; every key the
+// store writes expires on its own (each script's header gives its keys'
+// layout). The long story: DESIGN.md §4, docs/distributed.md, docs/async.md.
 //
 // # Where things are
 //
 //	store.go            strict mode
 //	async*.go           async mode: the store, its records, the sync, the wake
-//	link.go             the link to Redis both modes hold, and the bans list
+//	link.go             the link both modes hold (client, breakers, batcher,
+//	                    heartbeat, resets, slots), and the bans list
 //	batch.go            the batcher and the script replies
 //	breaker.go          breakers, one per Cluster master
 //	heartbeat.go        live instances

@@ -1,9 +1,8 @@
 -- GCRA steps on any number of keys, atomically: the Lua twin of
--- algorithms.Limit (Decide, Refund, Peek, Charge). tests/store_test.go
--- requires identical results, stored TAT and TTL of both.
---
--- One call decides a whole batch (one TIME, one reply), of one hash slot on
--- a Cluster. A key may appear more than once; its steps apply in order.
+-- algorithms.Limit (Decide, Refund, Peek, Charge); tests/store_test.go
+-- requires identical results, stored TAT and TTL of both. One call decides
+-- a batch (one TIME, one reply), of one hash slot on a Cluster; a key may
+-- appear more than once, its steps applied in order.
 --
 -- KEYS[i]        the i-th key; its value is the TAT in integer microseconds
 -- ARGV[1]        now in microseconds, or "" to use Redis TIME (production:
@@ -12,20 +11,18 @@
 --   T     emission interval in microseconds (>= 1)
 --   B     burst in units of cost (>= 1)
 --   cost
---   op    "d" decide, "r" refund, "p" peek, "c" charge (after the
---         response: the TAT moves on by cost*T whatever the burst; reported
---         as a peek afterwards)
---         "b<first>,<max>" decide and "B<first>,<max>" peek (a
---         post-charged check) in a zone with ban: a banned key is denied
---         until the ban's end without a step; a key the step denies is
---         banned for first µs, escalating (max > first) to
---         first·2^(level-1), at most max, while the key is remembered (until
---         max µs after its last ban's end); "P0,0" is a peek that reports a
---         ban as the ban ops do and starts none
+--   op    "d" decide, "r" refund, "p" peek, "c" charge (after the response:
+--         the TAT moves on by cost*T whatever the burst; reported as a peek)
+--         "b<first>,<max>" decide and "B<first>,<max>" peek (a post-charged
+--         check) in a zone with ban: a banned key is denied until the ban's
+--         end without a step; a key the step denies is banned for first µs,
+--         escalating (max > first) to first·2^(level-1), at most max, while
+--         the key is remembered (until max µs after its last ban's end);
+--         "P0,0" is a peek that reports a ban as the ban ops do, starting none
 --         "w<ahead>" decide in a zone with delay: a request the step would
 --         deny whose allow time is at most ahead µs away is admitted for
---         later, its slot reserved, reported as allowed with 0 remaining;
---         its wait is reset − B·T
+--         later, its slot reserved, reported as allowed with 0 remaining; its
+--         wait is reset − B·T
 --         "b<first>,<max>,<ahead>" the ban decide of a zone with delay too
 --
 -- A key with a ban holds "TAT,ban end,remembered until,level" (µs, TAT 0
@@ -35,21 +32,20 @@
 -- Returns 2 integers per key, flat: {r, reset_after_us}. r >= 0: allowed,
 -- with r remaining (a refund: 0); r < 0: denied, retry after -r µs (> 0).
 -- reset is -1 when the key held a value of another type and -2 a string
--- that is not a TAT: a value tally did not write, deleted instead of
--- decided on (it would deny the key forever or admit it forever, with no
--- TTL), an error for that key alone. A ban op's denial of a banned key has
--- reset = -(8 + 2·level + started), started 1 when this step started the
--- ban: its retry is at least the ban's remaining time.
-
--- Lua numbers are doubles: µs since the epoch and every sum stay under
--- 2^53, so values are exact integers; divisions are floored and corrected
--- by one. Numbers are written with '%d' (redis.call's '%.17g' is slower).
+-- that is not a TAT: a value tally did not write (it would deny or admit
+-- the key forever, with no TTL), deleted instead of decided on, an error
+-- for that key alone. A ban op's denial of a banned key has reset =
+-- -(8 + 2·level + started), started 1 when this step started the ban: its
+-- retry is at least the ban's remaining time.
 --
--- Its shape is for what Redis runs (callgrind on redis-server 7.0: one key
--- per call 58.0k instructions, redis_rate's 63.8k; 16 keys 27.5k per key):
--- one loop and no local functions (a closure costs about 1.5k per call);
--- a limit parsed only when its string differs from the previous key's
--- (interned: comparing is free); a TTL formatted only when it changes.
+-- Numbers are doubles: µs since the epoch and every sum stay under 2^53,
+-- exact integers; divisions are floored and corrected by one; '%d' formats
+-- (redis.call's '%.17g' is slower). Shaped for what Redis runs (callgrind,
+-- redis-server 7.0: one key per call 58.0k instructions, redis_rate's
+-- 63.8k; 16 keys 27.5k per key): one loop, no local functions (a closure
+-- costs about 1.5k per call), a limit parsed only when its string differs
+-- from the previous key's (interned: comparing is free), a TTL formatted
+-- only when it changes.
 
 local floor, format, tonumber, match, byte, sub = math.floor, string.format, tonumber, string.match, string.byte, string.sub
 

@@ -14,8 +14,8 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// link is one Redis setting as a store of either mode uses it; nothing in
-// it depends on the mode but what the mode hands to start.
+// link is one Redis setting as a store of either mode uses it; only what
+// start is handed depends on the mode.
 type link struct {
 	opts    Options
 	client  redis.UniversalClient
@@ -23,9 +23,7 @@ type link struct {
 	quota   *redis.Script // quota.lua: its quota steps
 	cluster bool          // a batch's GCRA steps go in one call per hash slot
 	logger  *zap.Logger
-	// breaker guards the whole setting; on a Cluster only calls about no
-	// key (see breakerFor).
-	breaker breaker
+	breaker breaker      // the whole setting's; on a Cluster, for calls about no key
 	nodes   nodeBreakers // on a Cluster, one breaker per master (breaker.go)
 
 	queue chan *request
@@ -50,9 +48,8 @@ type link struct {
 	wg        sync.WaitGroup
 }
 
-// newLink sets up the connection for opts without contacting Redis (Caddy
-// must start during an outage) or starting anything. Errors never contain
-// a password.
+// newLink sets up the link for opts, contacting nothing and starting
+// nothing (see Open).
 func newLink(opts Options, logger *zap.Logger) (*link, error) {
 	opts = opts.withDefaults()
 	uopts, err := opts.universalOptions()
@@ -71,28 +68,24 @@ func newLink(opts Options, logger *zap.Logger) (*link, error) {
 		idle:       make(chan struct{}, idleCallers),
 		instanceID: randomID(),
 		member:     cmp.Or(opts.Instance, processMember),
+		breaker:    breaker{logger: logger, redis: opts.Redacted(), hint: opts.hint},
+		problems:   problems{logger: logger},
+		slots:      slots{held: make(map[heldSlot]heldLease), wake: make(chan struct{}, 1)},
+		resets:     resets{listeners: make(map[string][]*ResetListener), moved: make(map[string][]chan<- struct{})},
 		ctx:        ctx,
 		cancel:     cancel,
 	}
 	_, c.cluster = c.client.(*redis.ClusterClient)
-	c.breaker.logger = logger
-	c.breaker.redis = opts.Redacted()
-	c.breaker.hint = opts.hint
 	if opts.SentinelMaster != "" {
 		dials := &masterDials{}
 		c.client.AddHook(dials)
 		c.breaker.master = dials.last
 	}
 	c.nodes.init(c.client, &c.breaker)
-	c.problems.logger = logger
 	c.instances.Store(1)
-	c.slots.held = make(map[heldSlot]heldLease)
-	c.slots.wake = make(chan struct{}, 1)
-	c.resets.listeners = make(map[string][]*ResetListener)
 	return c, nil
 }
 
-// start starts the workers and loops for a store whose mode keeps mode.
 func (c *link) start(mode modeState) {
 	c.mode = mode
 	c.register()
@@ -107,8 +100,7 @@ func (c *link) start(mode modeState) {
 }
 
 // Close stops the workers and loops, removes this instance from the
-// instances set (best effort, bounded) and closes the client; later calls
-// return ErrClosed.
+// instances set (best effort, bounded) and closes the client.
 func (c *link) Close() error {
 	var err error
 	c.closeOnce.Do(func() {
@@ -141,9 +133,9 @@ func (c *link) Health() (ok bool, openSince time.Time) {
 	return ok, openSince
 }
 
-// Outages lists what the store cannot reach: on a Cluster each master
-// still serving slots whose calls fail; otherwise the whole setting,
-// naming, on Sentinel, the master it was connected to.
+// Outages lists what the store cannot reach: on a Cluster each master still
+// serving slots whose calls fail, otherwise the setting (on Sentinel, naming
+// the master).
 func (c *link) Outages() []NodeOutage {
 	down := c.nodes.retire(c.ctx)
 	if o, failing := c.breaker.outage(); failing {
@@ -159,12 +151,10 @@ func (c *link) LastProblem() (string, time.Time) { return c.problems.last() }
 // saw (1 before the first), kept through an outage.
 func (c *link) Instances() int { return int(c.instances.Load()) }
 
-// breakerFor is the breaker guarding calls about the Redis key rkey.
 func (c *link) breakerFor(rkey string) *breaker {
 	return c.nodes.breakerFor(c.ctx, rkey)
 }
 
-// bound limits ctx to the store's timeout.
 func (c *link) bound(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, c.opts.Timeout)
 }
@@ -187,10 +177,9 @@ func (c *link) unbatched(ctx context.Context, rkey string, f func(ctx context.Co
 	return err
 }
 
-// ints runs script (neither gcra.lua nor quota.lua; at most 5 args) for
-// rkey unbatched (see unbatched), or in ctx's Gather, and reads its two
-// integers; a nil script reads rkey's PTTL into v[0] (ms; -2: no key, -1:
-// no expiry).
+// ints runs script (not gcra.lua or quota.lua; at most 5 args) for rkey
+// unbatched or in ctx's Gather and reads its two integers; a nil script
+// reads rkey's PTTL into v[0] (ms; -2: no key, -1: no expiry).
 func (c *link) ints(ctx context.Context, script *redis.Script, rkey string, args ...any) (v [2]int64, err error) {
 	err = c.unbatched(ctx, rkey, func(ctx context.Context) error {
 		var a [5]any
@@ -214,8 +203,7 @@ func (c *link) ints(ctx context.Context, script *redis.Script, rkey string, args
 	return v, err
 }
 
-// reset deletes rkey, the state of key in zone, and tells every instance
-// (see resets.go).
+// reset deletes rkey, the state of key in zone, and tells every instance.
 func (c *link) reset(ctx context.Context, rkey, zone, key string) error {
 	msg := zone + "\x00" + key
 	return c.unbatched(ctx, rkey, func(ctx context.Context) error {
@@ -236,14 +224,11 @@ func (c *link) slotsKey(zone, key string) string {
 }
 
 // A zone's current bans, fleet-wide, for the admin list and async mode: a
-// sorted set <key_prefix><zone>.bans written when a ban starts or is lifted
-// (docs/distributed.md, Bans). It is best effort: a failed write leaves a
-// ban out, never lifts one. Running bans pushed off the list, and a ban
+// sorted set <key_prefix><zone>.bans, best effort (a failed write leaves a
+// ban out, never lifts one). Running bans pushed off the list, and a ban
 // whose write failed, go to RecordBan's dropped: in async mode they reach
-// no other instance.
-
-// banScore is a ban's score: its end in Unix ms × 64 + its level (< 64),
-// exact in a double for any end before the year 30,000.
+// no other instance. A ban's score is its end in Unix ms × 64 + its level
+// (< 64), exact in a double for any end before the year 30,000.
 func banScore(endMs int64, level int) float64 {
 	return float64(endMs*64 + int64(min(max(level, 0), 63)))
 }

@@ -20,10 +20,9 @@ import (
 
 // Defaults applied by Open to zero fields of Options.
 const (
-	// DefaultTimeout is 50ms: twice the worst strict decision measured
-	// beside a CPU hog on a 2-core machine (BenchmarkStrictDecide, 20,000
-	// decisions, 16 callers: p99 9.8ms, p99.9 25ms, max 26ms), where 20ms
-	// sent 1 in 40 idle decisions and a third of a flood's to the fail
+	// DefaultTimeout is twice the worst strict decision beside a CPU hog on
+	// 2 cores (BenchmarkStrictDecide, 16 callers: p99.9 25ms, max 26ms);
+	// 20ms sent 1 in 40 idle decisions and a third of a flood's to the fail
 	// policy.
 	DefaultTimeout      = 50 * time.Millisecond
 	DefaultKeyPrefix    = "tally:"
@@ -32,13 +31,12 @@ const (
 
 // Options says which Redis to use and how long to wait for it.
 //
-// One address is a standalone server; several addresses are the seed nodes of
-// a Redis Cluster; with SentinelMaster set, the addresses are Sentinels
-// watching that master. An address is host:port or a redis:// or rediss://
-// URL, which may carry the username, password and database
-// (redis://user:pass@host:6379/2); rediss:// turns TLS on. All URLs must
-// agree with each other; Username, Password and DB, when set, override what
-// the URLs say. With Sentinel, the credentials are the master's.
+// One address is a standalone server, several the seed nodes of a Cluster;
+// with SentinelMaster, Sentinels watching that master. An address is
+// host:port or a redis:// or rediss:// (TLS) URL, which may carry the
+// username, password and database (redis://user:pass@host:6379/2); the URLs
+// must agree, and Username, Password and DB, when set, override them. With
+// Sentinel, the credentials are the master's.
 type Options struct {
 	Addresses      []string
 	Username       string
@@ -59,10 +57,9 @@ type Options struct {
 	// Mode is "strict" (default; Open) or "async" (OpenAsync).
 	Mode string
 	// Instance names this instance in the heartbeat set. Default: one
-	// random name per process, shared by all its stores on that set, so
-	// that a process counts once however many handlers (strict and async,
-	// other timeouts) and reloads it has. Tests that play several
-	// instances in one process give each its own.
+	// random name per process, shared by all its stores, so that a process
+	// counts once however many handlers and reloads it has (tests that play
+	// several instances in one process give each its own).
 	Instance string
 	// SyncInterval is how often an async store reconciles with Redis
 	// (default 100ms; ignored in strict mode).
@@ -82,9 +79,8 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// Key identifies the setting: two Options with the same Key can share one
-// Strict (through a caddy.UsagePool). It contains the password, so it must
-// never be logged or returned to a client; log Redacted instead.
+// Key identifies the setting: Options with one Key share a store (through a
+// caddy.UsagePool). It contains the password: never log it; log Redacted.
 func (o Options) Key() string { return fmt.Sprintf("%#v", o.withDefaults()) }
 
 // Redacted describes the setting without any password, for logs and errors.
@@ -105,14 +101,19 @@ func (o Options) Redacted() string {
 	if o.DB != 0 {
 		s += " db=" + strconv.Itoa(o.DB)
 	}
-	if o.TLS || o.TLSCAFile != "" || o.TLSCertFile != "" {
+	if o.tlsOn() {
 		s += " tls"
 	}
 	return s
 }
 
-// redactAddress replaces the userinfo of a URL with "***", on the raw
-// string: even a URL that does not parse is redacted.
+// tlsOn reports whether the TLS fields ask for TLS (a rediss:// URL also does).
+func (o Options) tlsOn() bool {
+	return o.TLS || o.TLSCAFile != "" || o.TLSCertFile != "" || o.TLSKeyFile != ""
+}
+
+// redactAddress replaces a URL's userinfo with "***" on the raw string, so
+// that even a URL that does not parse is redacted.
 func redactAddress(a string) string {
 	scheme, rest, ok := strings.Cut(a, "://")
 	if !ok {
@@ -124,10 +125,10 @@ func redactAddress(a string) string {
 	return a
 }
 
-// universalOptions translates o (defaulted) into go-redis options. The
-// client never retries (the breaker and fail policy handle failures),
-// honours context deadlines, and speaks RESP2 without CLIENT SETINFO: one
-// round trip to connect beyond AUTH/SELECT.
+// universalOptions translates o (defaulted) into go-redis options: no
+// retries (the breaker and fail policy handle failures), context deadlines
+// honoured, RESP2 without CLIENT SETINFO (one round trip to connect beyond
+// AUTH/SELECT).
 func (o Options) universalOptions() (*redis.UniversalOptions, error) {
 	if len(o.Addresses) == 0 {
 		return nil, errors.New("distributed: no Redis address")
@@ -142,9 +143,8 @@ func (o Options) universalOptions() (*redis.UniversalOptions, error) {
 		MaxRetries:      -1,
 		DialerRetries:   1,
 		DialTimeout:     max(o.Timeout, 100*time.Millisecond),
-		// Every call carries its own deadline; go-redis applies the
-		// earlier of it and these, which must not be shorter than the
-		// longest call (at Timeout they cut async syncs short).
+		// go-redis applies the earlier of a call's deadline and these, so
+		// they must not cut the longest call (an async sync) short.
 		ReadTimeout:           backgroundTimeout(o),
 		WriteTimeout:          backgroundTimeout(o),
 		PoolTimeout:           o.Timeout,
@@ -152,19 +152,19 @@ func (o Options) universalOptions() (*redis.UniversalOptions, error) {
 		PoolSize:              workers + idleCallers + 7, // + heartbeat, admin, NOSCRIPT retries, async syncs, a Cluster's pipelines left running by send
 		// On a Cluster go-redis retries a dead node's commands up to
 		// MaxRedirects times, holding the healthy masters' replies: two
-		// follow a MOVED then an ASK, with no backoff. Every script
-		// writes, on the master: no ReadOnly, no RouteByLatency.
+		// follow a MOVED then an ASK, with no backoff. Scripts write: no
+		// ReadOnly, no RouteByLatency.
 		MaxRedirects:    2,
 		MinRetryBackoff: -1,
 		MaxRetryBackoff: -1,
 	}
-	tlsOn := o.TLS || o.TLSCAFile != "" || o.TLSCertFile != "" || o.TLSKeyFile != ""
 	type creds struct {
 		user, pass string
 		db         int
 		tls        bool
 	}
-	var fromURL *creds // what the URLs say, which must agree
+	var fromURL creds // what the URLs say, which must agree
+	urls := 0
 	for i, a := range o.Addresses {
 		if !strings.Contains(a, "://") {
 			u.Addrs = append(u.Addrs, a)
@@ -182,19 +182,16 @@ func (o Options) universalOptions() (*redis.UniversalOptions, error) {
 			return nil, fmt.Errorf("distributed: address %d (%s): unix sockets are not supported", i+1, redactAddress(a))
 		}
 		got := creds{p.Username, p.Password, p.DB, p.TLSConfig != nil}
-		if fromURL != nil && got != *fromURL {
+		if urls++; urls > 1 && got != fromURL {
 			return nil, fmt.Errorf("distributed: address %d (%s) disagrees with the earlier URLs on user, password, database or TLS", i+1, redactAddress(a))
 		}
-		fromURL = &got
+		fromURL = got
 		u.Addrs = append(u.Addrs, p.Addr)
-	}
-	if fromURL == nil {
-		fromURL = &creds{}
 	}
 	u.Username = cmp.Or(u.Username, fromURL.user)
 	u.Password = cmp.Or(u.Password, fromURL.pass)
 	u.DB = cmp.Or(u.DB, fromURL.db)
-	if tlsOn || fromURL.tls {
+	if o.tlsOn() || fromURL.tls {
 		// ServerName stays empty: crypto/tls takes it from each dialled
 		// address, which is what Cluster and Sentinel need.
 		cfg, err := o.tlsConfig()
@@ -209,9 +206,9 @@ func (o Options) universalOptions() (*redis.UniversalOptions, error) {
 	return u, nil
 }
 
-// tlsConfig reads the CA and client certificate files: a mistake is an
-// error at provision time, naming the file; a certificate Redis rejects is
-// an outage, logged once by the breaker.
+// tlsConfig reads the CA and client certificate files: a mistake is a
+// provision error naming the file; a certificate Redis rejects, an outage
+// the breaker logs once.
 func (o Options) tlsConfig() (*tls.Config, error) {
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
 	if o.TLSCAFile != "" {
@@ -237,12 +234,12 @@ func (o Options) tlsConfig() (*tls.Config, error) {
 	return cfg, nil
 }
 
-// hint names the likely cause of an outage's first error where the error
-// alone does not: a TLS Redis that wants a client certificate closes the
-// connection after the handshake (TLS 1.3), which reads as a reset.
+// hint names the likely cause of an outage's first error where it does
+// not: a TLS Redis that wants a client certificate closes the connection
+// after the handshake (TLS 1.3), which reads as a reset.
 func (o Options) hint(err error) string {
-	tlsOn := o.TLS || o.TLSCAFile != "" || slices.ContainsFunc(o.Addresses, func(a string) bool { return strings.HasPrefix(a, "rediss://") })
-	if tlsOn && o.TLSCertFile == "" && (errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF) || strings.Contains(err.Error(), "certificate required")) {
+	rediss := slices.ContainsFunc(o.Addresses, func(a string) bool { return strings.HasPrefix(a, "rediss://") })
+	if (o.tlsOn() || rediss) && o.TLSCertFile == "" && (errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF) || strings.Contains(err.Error(), "certificate required")) {
 		return "the TLS connection was closed by Redis: if it requires client certificates (tls-auth-clients), set tls_client <cert file> <key file>"
 	}
 	return ""

@@ -4,7 +4,6 @@ import (
 	"context"
 	_ "embed"
 	"errors"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -15,8 +14,7 @@ import (
 )
 
 // A zone's overrides, fleet-wide: one hash <key_prefix><zone>.overrides
-// (overrides.lua has its layout, overrides_read.lua how an instance reads
-// what changed); the records are the caller's (JSON).
+// (overrides.lua has its layout); the records are the caller's JSON.
 
 var (
 	//go:embed overrides.lua
@@ -32,15 +30,13 @@ var (
 // renewed by every change.
 const OverridesTTL = 366 * 24 * time.Hour
 
-// overridesKey is zone's hash of overrides (zone names have no '.').
 func (c *link) overridesKey(zone string) string { return c.opts.KeyPrefix + zone + ".overrides" }
 
-// overrides is the link's zones.OverrideStore. Every call neither counts
-// toward its key's breaker nor probes it (outages are the requests' and
-// heartbeat's to see), fails at once while the breaker is open, and is
-// bounded by overridesTimeout. A change, and a read that finds one, drops
-// the mode's own deny caches: a denial cached under the old limit must
-// not outlive it.
+// overrides is the link's zones.OverrideStore. No call counts toward or
+// probes its key's breaker (outages are the requests' and heartbeat's to
+// see); each fails at once while it is open and is bounded by
+// overridesTimeout. A change, and a read that finds one, drops the mode's
+// deny caches: a denial cached under the old limit must not outlive it.
 func (c *link) overrides() *zones.OverrideStore {
 	return &zones.OverrideStore{
 		Put: func(ctx context.Context, zone string, o zones.StoredOverride) (int64, error) {
@@ -63,8 +59,7 @@ func (c *link) overrides() *zones.OverrideStore {
 	}
 }
 
-// overridesStep runs overrides.lua's op and tells every instance of a
-// change.
+// overridesStep runs overrides.lua's op and tells every instance of a change.
 func (c *link) overridesStep(ctx context.Context, zone, op string, list ...zones.StoredOverride) (int64, error) {
 	rkey := c.overridesKey(zone)
 	args := []any{op, zones.MaxOverrides, OverridesTTL.Milliseconds()}
@@ -93,28 +88,14 @@ func (c *link) overridesStep(ctx context.Context, zone, op string, list ...zones
 	return v, err
 }
 
-// overridesMovedMsg starts the resets channel's message that a zone's
-// overrides changed, "\x01<zone>" (a reset's starts with a zone name).
+// overridesMovedMsg starts the resets channel's message "\x01<zone>": zone's
+// overrides changed (a reset's starts with a zone name).
 const overridesMovedMsg = "\x01"
 
 func (c *link) onOverridesMoved(zone string, moved chan<- struct{}) (remove func()) {
-	c.resets.mu.Lock()
-	defer c.resets.mu.Unlock()
-	if c.resets.moved == nil {
-		c.resets.moved = make(map[string][]chan<- struct{})
-	}
-	c.resets.moved[zone] = append(c.resets.moved[zone], moved)
-	return func() {
-		c.resets.mu.Lock()
-		defer c.resets.mu.Unlock()
-		c.resets.moved[zone] = slices.DeleteFunc(c.resets.moved[zone], func(ch chan<- struct{}) bool { return ch == moved })
-		if len(c.resets.moved[zone]) == 0 {
-			delete(c.resets.moved, zone)
-		}
-	}
+	return listen(&c.resets.mu, c.resets.moved, zone, moved)
 }
 
-// overridesMoved tells zone's listeners that its overrides changed.
 func (c *link) overridesMoved(zone string) {
 	c.resets.mu.Lock()
 	defer c.resets.mu.Unlock()
@@ -126,9 +107,8 @@ func (c *link) overridesMoved(zone string) {
 	}
 }
 
-// overridesTimeout bounds a call about a zone's overrides: none is a
-// decision, each read is still bounded by the socket timeout, and a reload
-// that runs past it is read again at the next poll.
+// overridesTimeout bounds a call about overrides: none is a decision, and a
+// reload that runs past it is read again at the next poll.
 const overridesTimeout = 2 * time.Second
 
 func (c *link) background(ctx context.Context, rkey string, f func(ctx context.Context) error) error {
@@ -174,11 +154,10 @@ func (c *link) readOverrides(ctx context.Context, zone string, at zones.Override
 					}
 				}
 			}
-		} else {
-			for i := 2; i+1 < len(reply); i += 2 {
-				if o, ok := parseStoredOverride(reply[i], reply[i+1]); ok {
-					out.Changes = append(out.Changes, o)
-				}
+		}
+		for i := 2; i+1 < len(reply); i += 2 { // none after "all"
+			if o, ok := parseStoredOverride(reply[i], reply[i+1]); ok {
+				out.Changes = append(out.Changes, o)
 			}
 		}
 		if len(out.Changes) > 0 {
@@ -189,8 +168,7 @@ func (c *link) readOverrides(ctx context.Context, zone string, at zones.Override
 	return out, err
 }
 
-// parseStoredOverride reads a stored value, "<expires ms>|<version>|<record>",
-// or "" for a removed one.
+// parseStoredOverride reads "<expires ms>|<version>|<record>" ("": removed).
 func parseStoredOverride(id, val string) (zones.StoredOverride, bool) {
 	if val == "" {
 		return zones.StoredOverride{ID: id}, true

@@ -11,12 +11,12 @@ import (
 	"go.uber.org/zap"
 )
 
-// problemLogEvery is how often a store logs per-key problems: many planted
-// foreign values cost the log one line per interval.
+// problemLogEvery bounds the log's per-key problems: many planted foreign
+// values cost one line per interval.
 const problemLogEvery = 10 * time.Second
 
-// problems records per-key errors Redis reports while it serves: the last
-// one, and a WARN line at most every problemLogEvery.
+// problems keeps the last per-key error Redis reported, logged at most
+// every problemLogEvery.
 type problems struct {
 	logger *zap.Logger
 
@@ -57,11 +57,10 @@ func (p *problems) last() (string, time.Time) {
 
 var routeOnce sync.Once
 
-// RouteClientLogs sends go-redis's own log lines (one "failed to dial" per
-// connection attempt during an outage) to logger at DEBUG level instead of
-// stderr: the store already logs each outage and recovery once, and an
-// operator's log must not grow by a line a second while Redis is down.
-// go-redis has one logger per process, so the first call wins.
+// RouteClientLogs sends go-redis's log lines (a "failed to dial" per attempt
+// during an outage) to logger at DEBUG instead of stderr: the store logs
+// each outage once, and a log must not grow a line a second while Redis is
+// down. go-redis has one logger per process: the first call wins.
 func RouteClientLogs(logger *zap.Logger) {
 	routeOnce.Do(func() { redis.SetLogger(clientLog{logger.WithOptions(zap.AddCallerSkip(1))}) })
 }

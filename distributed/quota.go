@@ -1,7 +1,7 @@
 package distributed
 
-// Strict mode's calendar quotas (zones.Store.Quota): every step is one
-// quota.lua step, batched with the GCRA steps.
+// Strict mode's calendar quotas: each step is a quota.lua step, batched
+// with the GCRA steps.
 
 import (
 	"context"
@@ -15,21 +15,15 @@ import (
 //go:embed quota.lua
 var quotaScript string
 
-// QuotaKey is the Redis key holding the count of key in quota zone zone,
-// in both modes: <key_prefix><zone>.quota:<key>. Zone names cannot contain
-// '.', so no quota key is another kind's.
+// QuotaKey is the Redis key of key's count in quota zone zone, in both
+// modes: <key_prefix><zone>.quota:<key> (zone names have no '.').
 func (c *link) QuotaKey(zone, key string) string {
 	return c.opts.KeyPrefix + zone + ".quota:" + key
 }
 
-// quotaReply is quota.lua's answer for one key.
-type quotaReply struct{ zones.QuotaResult }
-
-func (r quotaReply) result() zones.QuotaResult { return r.QuotaResult }
-
-// Quota runs one step of a quota zone's key in Redis (zones.Store), in the
-// period that contains Redis TIME, through the batcher but for a peek. A
-// charge counts from at most the limit (the debt is at most one charge).
+// Quota runs one step of a quota zone's key (zones.Store) in the period of
+// Redis TIME, through the batcher but for a peek. A charge counts from at
+// most the limit (the debt is at most one charge).
 func (s *Strict) Quota(ctx context.Context, zone, key string, st zones.QuotaStep) (zones.QuotaResult, error) {
 	var op any // a constant: converting a variable would allocate
 	switch st.Op {
@@ -47,14 +41,13 @@ func (s *Strict) Quota(ctx context.Context, zone, key string, st zones.QuotaStep
 		return zones.QuotaResult{}, fmt.Errorf("distributed: unknown quota op %d", st.Op)
 	}
 	rep, err := s.run(ctx, s.quota, zone, s.QuotaKey(zone, key), st.Op == zones.OpPeek, [5]any{"", st.Limit.Periods.Arg, st.Limit.Limit, st.Cost, op})
-	return rep.quota.result(), err
+	return rep.quota, err
 }
 
-// peekQuota reads key's count in zone, in either mode (leases count as
-// used).
+// peekQuota reads key's count in zone, in either mode (leases count as used).
 func (c *link) peekQuota(ctx context.Context, zone, key string, q zones.QuotaLimit) (zones.QuotaResult, error) {
 	rep, err := c.run(ctx, c.quota, zone, c.QuotaKey(zone, key), true, [5]any{"", q.Periods.Arg, q.Limit, int64(0), string(OpPeek)})
-	return rep.quota.result(), err
+	return rep.quota, err
 }
 
 // parseQuotaStep reads one key's {u, to_end, period} of quota.lua.
@@ -72,12 +65,11 @@ func parseQuotaStep(a []any) reply {
 	if u < 0 {
 		r.Used = -u - 1
 	}
-	return reply{quota: quotaReply{r}}
+	return reply{quota: r}
 }
 
-// quotaErr is the error a quota script's reply reports in its period (both
-// modes' scripts share the codes): -1 Redis's clock (now, µs) outside the
-// limit's periods, -2 and -3 a value tally did not write, deleted.
+// quotaErr is the error in a quota script's period (both modes' codes): -1
+// Redis's clock (now, µs) outside the periods, -2 and -3 a foreign value.
 func quotaErr(period, now int64) error {
 	switch period {
 	case -1:
@@ -92,8 +84,7 @@ func quotaErr(period, now int64) error {
 	return errBadReply
 }
 
-// clockError is a zones.QuotaClockError Redis answered: a redis.Error, so
-// that it is not an outage.
+// clockError is a zones.QuotaClockError as a redis.Error: not an outage.
 type clockError struct{ err *zones.QuotaClockError }
 
 func (e clockError) Error() string { return e.err.Error() }

@@ -1,15 +1,10 @@
 -- Calendar quota steps on any number of keys, atomically: the Lua twin of
 -- algorithms.Quota (Decide, Refund, Check, Charge), in the period that
 -- contains now; tests/store_test.go requires identical results, counts and
--- TTLs of both.
---
--- Lua cannot do time zones: the caller sends the period its clock is in
--- and both neighbours, and the script picks the one that contains now, so
--- Redis TIME alone decides when a period ends. A now outside all three is
--- an error for that key: nothing is counted.
---
--- One call decides a whole batch, of one hash slot on a Cluster; a key's
--- steps apply in order.
+-- TTLs of both. One call decides a batch, of one hash slot on a Cluster; a
+-- key's steps apply in order. Lua cannot do time zones: the caller sends
+-- its clock's period and both neighbours, and the script picks the one
+-- that contains now, so Redis TIME alone decides when a period ends.
 --
 -- KEYS[i]   the i-th key: a hash {e = the end of the period it counts, in
 --           µs, u = units used in it}; async mode's leases (quota_async.lua)
@@ -28,14 +23,14 @@
 --
 -- Returns 3 integers per key, flat: {u, to_end_us, period}. u >= 0: allowed,
 -- u units used after the step; u < 0: denied, -u - 1 used. period is 0, 1
--- or 2, the bounds' period now is in; -1 when now is in none of them (then
--- to_end_us is now, for the caller to follow Redis's clock); -2 when the key
--- held a value of another type and -3 a hash tally did not write: deleted
--- instead of decided on, as gcra.lua does.
+-- or 2, the bounds' period now is in; -1 when now is in none of them, an
+-- error for that key that counts nothing (to_end_us is then now, for the
+-- caller to follow Redis's clock); -2 when the key held a value of another
+-- type and -3 a hash tally did not write: deleted instead of decided on.
 --
--- Its shape follows gcra.lua's. A step is HMGET and, when it counts
--- something, HSET; a period's first write also DELs a stale count (and its
--- leases) and sets the expiry.
+-- Shaped as gcra.lua: a step is HMGET and, when it counts something, HSET;
+-- a period's first write also DELs a stale count (and its leases) and sets
+-- the expiry.
 
 local floor, format, find, sub, tonumber = math.floor, string.format, string.find, string.sub, tonumber
 

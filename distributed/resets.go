@@ -12,15 +12,13 @@ import (
 )
 
 // Resets reach every instance through Redis pub/sub (docs/operations.md has
-// the bound): Reset deletes the key and publishes "<zone>\x00<key>" on
-// <key_prefix>resets; every store is subscribed and makes its listeners
-// forget the key. The store that resets forgets the key before it deletes
-// it and skips its own message: heard late, it would drop the record of
-// requests admitted after the reset, which Redis would never count. A
-// store whose subscription dropped drops every cached denial once it
-// decides through Redis again (breaker closed, async view synced), not
-// earlier: while the fail policy decides, the cache keeps blocked keys
-// blocked under open.
+// the bound): a reset deletes the key and publishes "<zone>\x00<key>" on
+// <key_prefix>resets, and every store makes its listeners forget the key.
+// The resetting store forgets first and skips its own message: heard late,
+// it would drop requests admitted after the reset, which Redis never counts.
+// A store whose subscription dropped drops every cached denial once it
+// decides through Redis again, not earlier: while the fail policy decides,
+// the cache keeps blocked keys blocked under open.
 
 const resubscribeEvery = 250 * time.Millisecond
 
@@ -33,14 +31,11 @@ type ResetListener interface {
 type resets struct {
 	mu        sync.Mutex
 	listeners map[string][]*ResetListener
-	missed    atomic.Bool // resets may have been missed since the last subscription
-	live      atomic.Bool // the subscription is confirmed and has not failed since
-	// own counts, by message, the resets this store published and has not
-	// heard back yet.
-	ownMu sync.Mutex
-	own   map[string]int
-	// moved: by zone, the channels that hear of its overrides' changes.
-	moved map[string][]chan<- struct{}
+	moved     map[string][]chan<- struct{} // by zone, who hears of its overrides' changes
+	missed    atomic.Bool                  // resets may have been missed since the last subscription
+	live      atomic.Bool                  // the subscription is confirmed and has not failed since
+	ownMu     sync.Mutex
+	own       map[string]int // by message, own resets not heard back yet
 }
 
 // maxOwnResets bounds the resets awaited back (each is dropped at the next
@@ -56,8 +51,8 @@ func (r *resets) published(msg string) {
 	r.ownMu.Unlock()
 }
 
-// heardOwn reports whether msg is one of this store's own resets coming
-// back, and counts it as heard.
+// heardOwn reports whether msg is one of this store's own resets, counting
+// it heard.
 func (r *resets) heardOwn(msg string) bool {
 	r.ownMu.Lock()
 	defer r.ownMu.Unlock()
@@ -78,16 +73,15 @@ func (r *resets) subscribed() {
 	r.ownMu.Unlock()
 }
 
-// modeState is what a store's mode keeps of its own, as resets reach it:
-// strict mode nothing (strictMode), async mode its records (Async).
+// modeState is what a store's mode keeps of its own, as resets reach it.
 type modeState interface {
 	forgetRecord(zone, key string) // the key was reset, here or elsewhere
 	synced() bool                  // the mode's view agrees with Redis (async: the last sync succeeded)
 	forgetDenials()                // the deny cache the mode keeps (async records hold their zones')
 }
 
-// forgetMissed drops every cached denial if resets may have been missed
-// and the store decides through Redis again.
+// forgetMissed drops every cached denial once the store decides through
+// Redis again after resets may have been missed.
 func (c *link) forgetMissed() {
 	if !c.resets.missed.Load() {
 		return
@@ -104,23 +98,27 @@ func (c *link) resetsChannel() string { return c.opts.KeyPrefix + "resets" }
 // instance or another one sharing the Redis and key_prefix, until the
 // returned function is called.
 func (c *link) OnReset(zone string, l ResetListener) (remove func()) {
-	p := &l
-	c.resets.mu.Lock()
-	c.resets.listeners[zone] = append(c.resets.listeners[zone], p)
-	c.resets.mu.Unlock()
+	return listen(&c.resets.mu, c.resets.listeners, zone, &l)
+}
+
+// listen adds v to m[zone] under mu until the returned function is called.
+func listen[T comparable](mu *sync.Mutex, m map[string][]T, zone string, v T) (remove func()) {
+	mu.Lock()
+	m[zone] = append(m[zone], v)
+	mu.Unlock()
 	return func() {
-		c.resets.mu.Lock()
-		defer c.resets.mu.Unlock()
+		mu.Lock()
+		defer mu.Unlock()
 		// In place: forget copies the listeners under the lock.
-		c.resets.listeners[zone] = slices.DeleteFunc(c.resets.listeners[zone], func(q *ResetListener) bool { return q == p })
-		if len(c.resets.listeners[zone]) == 0 {
-			delete(c.resets.listeners, zone)
+		m[zone] = slices.DeleteFunc(m[zone], func(w T) bool { return w == v })
+		if len(m[zone]) == 0 {
+			delete(m, zone)
 		}
 	}
 }
 
-// forget tells zone's listeners to forget key, or (all) every listener to
-// forget its denials.
+// forget makes zone's listeners forget key, or (all) every listener its
+// denials.
 func (c *link) forget(zone, key string, all bool) {
 	if all {
 		c.mode.forgetDenials()
@@ -144,8 +142,8 @@ func (c *link) forget(zone, key string, all bool) {
 	}
 }
 
-// subscribeLoop receives resets on ps until Close, which closes ps (a
-// blocked Receive does not watch its context).
+// subscribeLoop receives resets on ps until Close closes ps (a blocked
+// Receive does not watch its context).
 func (c *link) subscribeLoop(ps *redis.PubSub) {
 	defer c.wg.Done()
 	// An error is remembered by ps: Receive subscribes again.
@@ -167,8 +165,7 @@ func (c *link) subscribeLoop(ps *redis.PubSub) {
 		switch m := msg.(type) {
 		case *redis.Subscription:
 			if m.Kind == "subscribe" {
-				// The first subscription too: resets made before it,
-				// after the store opened, were not heard.
+				// The first one too: resets since the store opened were missed.
 				c.resets.subscribed()
 				c.resets.missed.Store(true)
 				c.forgetMissed()

@@ -15,15 +15,14 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// Errors returned by the store, besides Redis's own.
+// Errors returned by the store, besides Redis's own: ErrUnavailable while
+// the breaker is open (Redis was not asked), ErrTimeout when Redis did not
+// answer within Options.Timeout, ErrClosed after Close.
 var (
-	// ErrUnavailable: the breaker is open; Redis was not asked.
 	ErrUnavailable = errors.New("distributed: redis unavailable (breaker open)")
-	// ErrTimeout: Redis did not answer within Options.Timeout.
-	ErrTimeout = fmt.Errorf("distributed: redis did not answer in time: %w", context.DeadlineExceeded)
-	// ErrClosed: the store was closed.
-	ErrClosed   = errors.New("distributed: store closed")
-	errBadReply = errors.New("distributed: unexpected reply from the GCRA script")
+	ErrTimeout     = fmt.Errorf("distributed: redis did not answer in time: %w", context.DeadlineExceeded)
+	ErrClosed      = errors.New("distributed: store closed")
+	errBadReply    = errors.New("distributed: unexpected reply from the GCRA script")
 )
 
 //go:embed gcra.lua
@@ -49,7 +48,9 @@ func Open(opts Options, logger *zap.Logger) (*Strict, error) {
 		return nil, err
 	}
 	c.start(strictMode{})
-	return &Strict{link: c}, nil
+	s := &Strict{link: c}
+	s.ops.m = make(map[opKey]any)
+	return s, nil
 }
 
 // strictMode keeps nothing of its own: the zones' deny caches are reset
@@ -68,19 +69,17 @@ func (s *Strict) Offers() zones.Offers {
 	return zones.Offers{Mode: "strict", BanSteps: true, Quotas: true, BanList: s.link, Slots: s.link, Overrides: s.overrides()}
 }
 
-// RedisKey is the Redis key holding the state of key in zone:
-// <key_prefix><zone>:<key> (async mode's are <key_prefix><zone>.async:<key>).
-// Zone names cannot contain '.' or ':', so no key of one mode is a key of
-// the other, and no key is the instances set.
+// RedisKey is the Redis key of key in zone: <key_prefix><zone>:<key> (async
+// mode's: <zone>.async:<key>). Zone names have no '.' or ':', so no key of
+// one mode is the other's, nor the instances set.
 func (s *Strict) RedisKey(zone, key string) string {
 	return s.opts.KeyPrefix + zone + ":" + key
 }
 
-// Rate runs one step of a rate zone's key in Redis (zones.Store): one
-// gcra.lua op, through the batcher but for a peek, which in a zone without
-// a ban is one PTTL (peekTTL). T is rounded down to a whole µs (at least
-// 1). A ban rule and ahead apply in the same script step, so that a ban and
-// every instance's reservations of the key hold fleet-wide.
+// Rate runs one gcra.lua step of a rate zone's key (zones.Store), through
+// the batcher but for a peek (a PTTL without a ban: peekTTL). T is rounded
+// down to a whole µs (at least 1). A ban rule and ahead apply in the same
+// script step, so that bans and reservations hold fleet-wide.
 func (s *Strict) Rate(ctx context.Context, zone, key string, st zones.RateStep) (zones.RateReply, error) {
 	banned := st.Ban != zones.BanRule{}
 	var op any // a constant or boxed once (see op): converting a variable would allocate
@@ -130,16 +129,13 @@ func (s *Strict) Rate(ctx context.Context, zone, key string, st zones.RateStep) 
 // the time between the script's start and its TIME).
 const ttlSlack = 2000
 
-// peekTTL is the peek of a key whose zone has no ban, in one PTTL: every
-// write of gcra.lua gives a key without a ban the TTL of its reset (TAT −
-// now, rounded up to a ms), whatever the op (a charge's debt, a delay's
-// reservation, a refund) and the plan, and an absent key is a full one.
-// The step reads the key as it is ttlSlack later: a unit comes back up to
-// 3 ms early and a key never reads more spent than it is (a status read
-// right after a request says that request's remaining); its reset is the
-// TTL itself, up to 2 ms late (the TTL is rounded up to a ms when written,
-// Redis's clock down to one when read). A key with no expiry (-1) is not one gcra.lua wrote
-// and reads as fresh, as the next decision's script would start it.
+// peekTTL peeks a key whose zone has no ban with one PTTL: every gcra.lua
+// write gives such a key the TTL of its reset (TAT − now, rounded up to a
+// ms), whatever the op and plan, and an absent key is full. Read as it is
+// ttlSlack later, a unit comes back up to 3 ms early and a key never reads
+// more spent than it is; its reset is the TTL, up to 2 ms late. A key with
+// no expiry (-1) is not gcra.lua's and reads as fresh, as a decision would
+// start it.
 func (s *Strict) peekTTL(ctx context.Context, rkey string, l algorithms.Limit) (zones.RateReply, error) {
 	v, err := s.ints(ctx, nil, rkey)
 	if err != nil {
@@ -151,9 +147,8 @@ func (s *Strict) peekTTL(ctx context.Context, rkey string, l algorithms.Limit) (
 	return zones.RateReply{Result: nanos(r)}, nil
 }
 
-// run runs script (gcra.lua or quota.lua) for rkey with args through the
-// batcher, noting a per-key error, or a peek at once or with the other
-// peeks of ctx's Gather.
+// run runs script (gcra.lua or quota.lua) for rkey through the batcher,
+// noting a per-key error; a peek goes at once or in ctx's Gather.
 func (c *link) run(ctx context.Context, script *redis.Script, zone, rkey string, peek bool, args [5]any) (reply, error) {
 	if peek {
 		var rep reply
@@ -218,9 +213,6 @@ func (s *Strict) op(op byte, rule zones.BanRule, ahead int64) any {
 	}
 	s.ops.Lock()
 	defer s.ops.Unlock()
-	if s.ops.m == nil {
-		s.ops.m = make(map[opKey]any)
-	}
 	aheadUs := (ahead + 999) / 1000 // a delay of part of a µs reserves that µs
 	switch {
 	case rule == zones.BanRule{}:
@@ -240,7 +232,6 @@ type opKey struct {
 	ahead int64
 }
 
-// micro converts a limit in nanoseconds to microseconds.
 func micro(l algorithms.Limit) algorithms.Limit {
 	l.EmissionInterval = max(1, l.EmissionInterval/1000)
 	return l
@@ -259,12 +250,8 @@ const (
 
 // nanos converts a result in µs to ns, less its TAT (Redis's clock).
 func nanos(r algorithms.Result) algorithms.Result {
-	return algorithms.Result{
-		Allowed:    r.Allowed,
-		Remaining:  r.Remaining,
-		RetryAfter: r.RetryAfter * 1000,
-		ResetAfter: r.ResetAfter * 1000,
-	}
+	r.TAT, r.RetryAfter, r.ResetAfter = 0, r.RetryAfter*1000, r.ResetAfter*1000
+	return r
 }
 
 var (
@@ -273,11 +260,10 @@ var (
 	_ zones.BanList = (*link)(nil)
 )
 
-// A Gather sends the peeks of one read that spans zones (the
-// rate_limit_status handler) in one round trip per Redis: each of its
-// concurrent callers parks its first peek until every caller has parked
-// one or finished, and the last to arrive sends them all as one batch. A
-// caller's later peeks and other calls go as without a Gather.
+// A Gather sends the peeks of one read across zones (rate_limit_status) in
+// one round trip per Redis: each concurrent caller parks its first peek
+// until every caller has parked one or finished, and the last to arrive
+// sends them all as one batch. Later peeks and other calls go as usual.
 type Gather struct {
 	mu      sync.Mutex
 	waiting int // callers neither parked nor finished
@@ -299,9 +285,8 @@ type gatherKey struct{}
 // NewGather returns a Gather of n callers.
 func NewGather(n int) *Gather { return &Gather{waiting: n} }
 
-// Caller returns the context one of g's callers passes to its store calls,
-// and the func it calls when finished. Each of g's n callers must call
-// both once.
+// Caller returns the context a caller passes to its store calls and the
+// func it calls when finished; each of g's n callers calls both once.
 func (g *Gather) Caller(ctx context.Context) (context.Context, func()) {
 	gc := &gatherCaller{g: g}
 	return context.WithValue(ctx, gatherKey{}, gc), func() {
@@ -350,11 +335,10 @@ func send(parked []parkedPeek) {
 	}
 }
 
-// gathered runs a peek of script for key through ctx's Gather, if it has
-// one that still waits for this caller's; ok is false otherwise. Another
-// script's peek (not gcra.lua's or quota.lua's), or with a nil script a
-// PTTL, goes in a call of its own in the batch's pipeline and replies two
-// integers (reply.ints), one for a PTTL.
+// gathered runs a peek of script for key through ctx's Gather, if one still
+// waits for this caller's (ok). Another script's peek, or a PTTL (nil
+// script), goes in a call of its own in the batch's pipeline and replies
+// in reply.ints.
 func (c *link) gathered(ctx context.Context, script *redis.Script, key string, args [5]any) (rep reply, ok bool) {
 	gc, _ := ctx.Value(gatherKey{}).(*gatherCaller)
 	if gc == nil {

@@ -1,9 +1,9 @@
 package distributed
 
-// The testing seam: what the integration tests (module tests/, exported
-// names only) need beyond zones.Store and what Caddy uses: the scripts run
-// with an explicit clock, beats on demand, and what a store holds in
-// memory. Nothing here is on the request path.
+// The testing seam: what the integration tests (tests/, exported names
+// only) need beyond zones.Store and Caddy's use: the scripts on an explicit
+// clock, syncs on demand, what a store holds. None of it is on the request
+// path.
 
 import (
 	"context"
@@ -44,11 +44,7 @@ func (s *Strict) EvalManyAt(ctx context.Context, steps []Step, nowUs int64) (res
 		keys[i] = s.RedisKey(st.Zone, st.Key)
 		argv = append(argv, st.Limit.EmissionInterval, st.Limit.Burst, st.Cost, string(st.Op))
 	}
-	reps, err := s.evalMany(ctx, s.gcra, keys, argv, 2, parseStep)
-	for _, rep := range reps {
-		results, errs = append(results, rep.step), append(errs, rep.err)
-	}
-	return results, errs, err
+	return evalMany(ctx, s, s.gcra, keys, argv, 2, parseStep, func(r reply) algorithms.Result { return r.step })
 }
 
 // QuotaStep is one key's quota step for EvalQuotaManyAt.
@@ -77,31 +73,26 @@ func (s *Strict) EvalQuotaManyAt(ctx context.Context, steps []QuotaStep, nowUs i
 		keys[i] = s.QuotaKey(st.Zone, st.Key)
 		argv = append(argv, st.Limit.Periods.Arg, st.Limit.Limit, st.Cost, string(st.Op))
 	}
-	reps, err := s.evalMany(ctx, s.quota, keys, argv, 3, parseQuotaStep)
-	for _, rep := range reps {
-		results, errs = append(results, rep.quota.result()), append(errs, rep.err)
+	result := func(r reply) zones.QuotaResult { return r.quota }
+	return evalMany(ctx, s, s.quota, keys, argv, 3, parseQuotaStep, result)
+}
+
+// evalMany runs script once for keys, parsing n integers per key; result
+// takes a key's result from its reply.
+func evalMany[R any](ctx context.Context, s *Strict, script *redis.Script, keys []string, argv []any, n int,
+	parse func([]any) reply, result func(reply) R) (results []R, errs []error, err error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	v, err := values(script.Run(ctx, s.client, keys, argv...), n*len(keys))
+	for i := 0; err == nil && i < len(keys); i++ {
+		rep := parse(v[n*i : n*i+n])
+		results, errs = append(results, result(rep)), append(errs, rep.err)
 	}
 	return results, errs, err
 }
 
-// evalMany runs script once for keys, reading n integers per key.
-func (s *Strict) evalMany(ctx context.Context, script *redis.Script, keys []string, argv []any, n int, parse func([]any) reply) ([]reply, error) {
-	ctx, cancel := s.bound(ctx)
-	defer cancel()
-	v, err := values(script.Run(ctx, s.client, keys, argv...), n*len(keys))
-	if err != nil {
-		return nil, err
-	}
-	reps := make([]reply, len(keys))
-	for i := range reps {
-		reps[i] = parse(v[n*i : n*i+n])
-	}
-	return reps, nil
-}
-
 // ResetsSubscribed reports whether the store is subscribed to resets and
-// has dropped the cached denials of its last drop (resets.go): until then
-// any cached denial may go.
+// has dropped the cached denials of its last drop: until then any may go.
 func (c *link) ResetsSubscribed() bool {
 	return c.resets.live.Load() && !c.resets.missed.Load()
 }
@@ -137,8 +128,7 @@ func (r *Region) HoldNextSync() (held <-chan chan struct{}) {
 	return c
 }
 
-// CoordinatedZones is the number of zones the coordinator keeps state of;
-// read it after Close.
+// CoordinatedZones is how many zones the coordinator keeps; read it after Close.
 func (r *Region) CoordinatedZones() int { return len(r.coord.held) }
 
 // Count notes decisions of key in zone for the region's demand without
@@ -154,8 +144,8 @@ func (r *Region) CountWith(zone, key string, allowed bool, cost int64, limit alg
 
 // SyncNow pushes this instance's counts, takes or renews the coordinator
 // lock and, holding it, syncs with the global store once and reads back
-// what it published; it reports whether it synced. It must not run
-// alongside the region's own loops.
+// what it published, reporting whether it synced; never beside the
+// region's own loops.
 func (r *Region) SyncNow() bool {
 	r.poll()
 	now := monotime.Now()
