@@ -1,9 +1,8 @@
 package live
 
-// Overrides: an operator's runtime exceptions to a zone's limit, set
-// through the admin API and resolved per request by package zones.
-// Distributed zones keep them in Redis, every instance following the
-// changes; local zones per instance in Caddy's storage.
+// Overrides: an operator's runtime exceptions to a zone's limit, set through
+// the admin API. Distributed zones keep them in Redis, every instance
+// following the changes; local zones per instance in Caddy's storage.
 
 import (
 	"bytes"
@@ -39,15 +38,18 @@ const (
 	maxOverrideID     = 128
 	maxOverrideReason = 1024
 	maxOverrideExpiry = 100 * 365 * 24 * time.Hour
-	// overridePoll is how often a holder reads what changed in the store
-	// and drops lapsed overrides: it bounds the wait when the resets
-	// channel's message of a change is lost (a subscription down).
+	// overridePoll is how often a holder reads the store's changes and drops
+	// lapsed overrides: the wait when a change's message is lost.
 	overridePoll = 250 * time.Millisecond
+	// overridesCall bounds one call to the store about a zone's overrides.
+	overridesCall = 2 * time.Second
+	// overrideDir keeps local zones' overrides in Caddy's storage, a file per
+	// override so that a change writes one: <dir>/<instance id>/<zone>/<id>.json.
+	overrideDir = "tally/overrides"
 )
 
-// OverrideRecord is an override as the admin API shows it and as it is
-// stored (its JSON is adminapi.Override's), with its version, which orders
-// the changes: the store's, or a local zone's set_at.
+// OverrideRecord is an override as shown and stored (adminapi.Override's
+// JSON) with its version, which orders the changes: the store's, or set_at.
 type OverrideRecord struct {
 	adminapi.Override
 	version int64
@@ -67,7 +69,6 @@ type overrideBody struct {
 	Reason  string                  `json:"reason"`
 }
 
-// fieldError is a bad body's 400.
 func fieldError(field, why string, args ...any) error {
 	return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("%s: %s", field, fmt.Sprintf(why, args...))}
 }
@@ -87,13 +88,10 @@ func checkText(field, s string, maxLen int) error {
 // CheckOverrideID reports what is wrong with an override id: 1 to 128 of
 // letters, digits, '.', '_' and '-', not "." or "..".
 func CheckOverrideID(id string) error {
-	ok := id != "" && len(id) <= maxOverrideID && id != "." && id != ".."
-	for _, c := range id {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
-			ok = false
-		}
+	bad := func(c rune) bool {
+		return !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.')
 	}
-	if !ok {
+	if id == "" || len(id) > maxOverrideID || id == "." || id == ".." || strings.IndexFunc(id, bad) >= 0 {
 		return fieldError("id", "%q must be 1 to %d letters, digits, '.', '_' or '-' (not . or ..)", strings.ToValidUTF8(id, "?"), maxOverrideID)
 	}
 	return nil
@@ -148,7 +146,6 @@ func ParseOverride(z *zones.Zone, id, from string, body io.Reader, now time.Time
 		if z.IsQuota() {
 			field, v, dst, takes = "limit", b.Limit, &rec.Limit, fmt.Sprintf("a quota zone's override takes limit, the units per %s", z.Period)
 		}
-		// v is one of n and limit: the other must be absent too
 		if v == nil || b.Events != nil || b.Window != nil || b.Burst != nil || b.N != nil && b.Limit != nil {
 			return rec, fieldError(field, "%s (or exempt or deny)", takes)
 		}
@@ -358,13 +355,6 @@ type OverrideHolder struct {
 	moved      chan struct{} // distributed: another instance changed them
 	unlisten   func()
 }
-
-// overrideDir keeps local zones' overrides in Caddy's storage, a file per
-// override so that a change writes one: <dir>/<instance id>/<zone>/<id>.json.
-const overrideDir = "tally/overrides"
-
-// overridesCall bounds one call to the store about a zone's overrides.
-const overridesCall = 2 * time.Second
 
 // LoadOverrideHolder returns the holder of zone cfg's overrides on remote
 // (nil: local, in ctx's storage), and its key in the pool. A new holder of
