@@ -1,8 +1,19 @@
+// Package live holds what lives across config reloads, shared by the
+// handler (the root package), the listener wrapper and the admin API: each
+// zone definition's state and the pooled Redis stores and Regions
+// (states.go); the names each config claims, and the running zones with the
+// view the root registers of each, which the admin API reads without
+// importing the root (registry.go); local rate zones' snapshots
+// (persist.go); runtime overrides (overrides.go); the metric collectors and
+// the log sampling rule (metrics.go). It stands above zones and distributed
+// and below the modules, and imports Caddy's core, none of its apps.
 package live
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 
@@ -176,4 +187,39 @@ func Lookup(name string, httpOnly bool) *zones.Zone {
 		}
 	}
 	return nil
+}
+
+// ZoneInJSON looks for the HTTP zone name in routes (a module's config not
+// provisioned yet, as Caddy holds it: routes of the http app's servers),
+// and returns its key template and whether it is a concurrency zone.
+func ZoneInJSON(routes any, name string) (key string, concurrency, found bool) {
+	var v any
+	if raw, err := json.Marshal(routes); err == nil && json.Unmarshal(raw, &v) == nil {
+		return findZoneJSON(v, name)
+	}
+	return "", false, false
+}
+
+// findZoneJSON walks a decoded JSON config for a rate_limit handler with the
+// zone name, at any depth (subroutes, named routes, error routes).
+func findZoneJSON(v any, name string) (key string, concurrency, found bool) {
+	children, _ := v.([]any)
+	if m, ok := v.(map[string]any); ok {
+		if m["handler"] == "rate_limit" {
+			if zs, ok := m["rate_limits"].(map[string]any); ok {
+				if z, ok := zs[name].(map[string]any); ok {
+					key, _ := z["key"].(string)
+					n, _ := z["concurrency"].(float64)
+					return key, n > 0, true
+				}
+			}
+		}
+		children = slices.Collect(maps.Values(m))
+	}
+	for _, c := range children {
+		if key, concurrency, found = findZoneJSON(c, name); found {
+			return
+		}
+	}
+	return "", false, false
 }
