@@ -18,17 +18,15 @@ import (
 const MetricPrefix = "caddy_rate_limit_"
 
 // The collectors are created once per process and registered into each
-// config's registry, so counts survive reloads and a second registration is
-// not an error.
+// config's registry, so counts survive reloads.
 var collectors struct {
 	sync.Mutex
-	all  []prometheus.Collector  // registered into each config's registry
+	all  []prometheus.Collector
 	vecs []*prometheus.MetricVec // a zone's series go with the zone (dropSeries)
 }
 
-// Collect lists c, to be registered into each config's registry; vec, when
-// not nil, is c's vector labelled by zone first, whose series go with the
-// zone.
+// Collect lists c for each config's registry; vec, when not nil, is c's
+// vector labelled by zone first, whose series go with the zone.
 func Collect(c prometheus.Collector, vec *prometheus.MetricVec) {
 	collectors.Lock()
 	defer collectors.Unlock()
@@ -52,8 +50,7 @@ func HistogramVec(name, help string, buckets ...float64) *prometheus.HistogramVe
 	return v
 }
 
-// zoneGauge reports, at scrape time, value of each running zone it applies
-// to (ok).
+// zoneGauge reports value of each running zone it applies to (ok).
 type zoneGauge struct {
 	desc  *prometheus.Desc
 	value func(z *zones.Zone, now int64) (v float64, ok bool)
@@ -138,14 +135,12 @@ func (m *Decisions) Count(allowed, dryRun bool) {
 // a module with metrics off).
 func (m *Decisions) Bound() bool { return m.allowed != nil }
 
-// The lines a request or a connection can log are sampled by one rule, so
-// that a flood of requests cannot flood the log: in each second, for each
-// handler (or wrapper) and each line, the first logFirst lines, then one in
-// logThereafter. Lines no request causes (provisioning, and Redis outages,
-// which package distributed logs once per outage) are not sampled, nor the
-// DEBUG line of a refund that failed.
-// It is zap's sampler's rule for one atomic add per line: zap's sampler
-// reads the clock and hashes the message of every entry it drops.
+// The lines a request or a connection can log are sampled so that a flood
+// of requests cannot flood the log: in each second, for each handler (or
+// wrapper) and line, the first logFirst, then one in logThereafter. Lines
+// no request causes (provisioning, Redis outages) are not sampled, nor the
+// DEBUG line of a failed refund. It is zap's sampler's rule for one atomic
+// add a line: zap's reads the clock and hashes every entry it drops.
 const (
 	logFirst      = 10
 	logThereafter = 1000
