@@ -13,10 +13,9 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// states holds every zone's in-process state, shared by handlers (and
-// listener wrappers) that define the zone the same way and kept across
-// config reloads (the new config takes its references before the old one
-// lets go of its own).
+// states holds every zone's state, shared by the modules that define the
+// zone alike and kept across reloads (the new config takes its references
+// before the old one lets go).
 var states = caddy.NewUsagePool()
 
 // StateID identifies a zone definition: modules with the same one share
@@ -89,9 +88,9 @@ func (id StateID) limit() string {
 // its handler says otherwise (connection zones always).
 const DefaultSweepInterval = time.Minute
 
-// LoadState returns the state of cfg's definition (vars as NewStateID),
-// the key to give back to ReleaseState, and whether it was created for this
-// call (nothing held it: nothing live to merge a snapshot with).
+// LoadState returns the state of cfg's definition (vars as NewStateID), its
+// key for ReleaseState, and whether it was created (no live state to merge
+// a snapshot with).
 func LoadState(cfg zones.Config, vars any, sweep time.Duration) (*zones.State, StateID, bool, error) {
 	id := NewStateID(cfg, vars).pooled()
 	v, loaded, err := states.LoadOrNew(id, func() (caddy.Destructor, error) {
@@ -106,9 +105,8 @@ func LoadState(cfg zones.Config, vars any, sweep time.Duration) (*zones.State, S
 // ReleaseState gives back a reference LoadState took.
 func ReleaseState(id StateID) { _, _ = states.Delete(id) }
 
-// LogAfresh logs, when LoadState has just created id's state, another
-// definition of its zone name whose state a loaded config still holds: the
-// definition a reload replaces, whose state does not carry over.
+// LogAfresh logs, when LoadState has just created id's state, the other
+// definition of its name a loaded config holds: the one a reload replaces.
 func LogAfresh(logger *zap.Logger, id StateID) {
 	states.Range(func(k, _ any) bool {
 		o, ok := k.(StateID)
@@ -149,13 +147,12 @@ func (id StateID) changesFrom(old StateID) string {
 	return strings.Join(out, ", ")
 }
 
-// stores and regions pool one Redis store per setting, and one Region per
-// setting and store, across reloads; the last handler to let go closes it.
+// stores and regions pool a Redis store per setting and a Region per setting
+// and store across reloads; the last handler to let go closes it.
 var stores, regions = caddy.NewUsagePool(), caddy.NewUsagePool()
 
 // Backend is what a handler needs of its pooled store besides zones.Store
-// and its Offers, set where the store is made: no code asks a store what
-// it is.
+// and its Offers, set where the store is made: no code asks what it is.
 type Backend struct {
 	Health StoreHealth
 	Resets ResetNotifier
@@ -219,8 +216,7 @@ func OpenStore(opts distributed.Options, logger *zap.Logger) (zones.Store, Backe
 func ReleaseStore(key string) { _, _ = stores.Delete(key) }
 
 // OpenRegion opens (or shares) the region of opts over store, the pooled
-// store of storeKey, and returns it with the key to release it with
-// (ReleaseRegion).
+// store of storeKey, and its key for ReleaseRegion.
 func OpenRegion(store zones.Store, storeKey string, opts distributed.RegionOptions, logger *zap.Logger) (*distributed.Region, string, error) {
 	key := opts.Key(storeKey)
 	v, _, err := regions.LoadOrNew(key, func() (caddy.Destructor, error) {
