@@ -147,17 +147,11 @@ func listZones() []adminapi.ZoneInfo {
 	running := live.Zones()
 	out := make([]adminapi.ZoneInfo, 0, len(running))
 	for _, z := range running {
-		zi := adminapi.ZoneInfo{
-			Name:       z.Name,
-			Mode:       z.Mode(),
-			FailPolicy: z.FailPolicy.String(),
-			DryRun:     z.DryRun,
-			LocalKeys:  z.Keys(),
-		}
+		zi := adminapi.ZoneInfo{Name: z.Name, Mode: z.Mode(), FailPolicy: z.FailPolicy.String(),
+			DryRun: z.DryRun, LocalKeys: z.Keys(), Concurrency: z.Concurrency}
 		if !z.IsConcurrency() && !z.IsQuota() {
 			zi.Rate = rate(z.Plan())
 		}
-		zi.Concurrency = z.Concurrency
 		if z.IsAdaptive() {
 			limit, _ := z.AdaptiveLimit()
 			zi.Concurrency = max(limit, z.Adaptive.Min) // the limit now, summed over its keys
@@ -307,11 +301,9 @@ func (a *AdminAPI) resetKey(w http.ResponseWriter, r *http.Request, z *zones.Zon
 		// Whether Redis's state is gone is not known (a command that
 		// timed out may still run): say exactly that.
 		return adminapi.WriteJSON(w, http.StatusServiceUnavailable, adminapi.PartialReset{
+			Reset: []string{"local"}, Unconfirmed: []string{"redis"},
 			Error: fmt.Sprintf("reset this instance's state for the key, but Redis did not confirm its reset (%v): "+
-				"until a DELETE succeeds, the key may keep its limit in Redis, for every instance, until it expires there", err),
-			Reset:       []string{"local"},
-			Unconfirmed: []string{"redis"},
-		})
+				"until a DELETE succeeds, the key may keep its limit in Redis, for every instance, until it expires there", err)})
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
@@ -326,18 +318,10 @@ func (a *AdminAPI) top(w http.ResponseWriter, r *http.Request, z *zones.Zone) er
 			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("n=%q: want a positive number of keys (e.g. n=20)", s)}
 		}
 	}
-	now := time.Now()
-	sum := offenders.Top(n, now.UnixNano())
-	out := adminapi.TopInfo{
-		Zone:     z.Name,
-		View:     "instance",
-		Since:    time.Unix(0, sum.Since).UTC(),
-		Denials:  sum.Total,
-		Floor:    sum.Floor,
-		Capacity: offenders.Capacity(),
-		DryRun:   z.DryRun,
-		Keys:     make([]adminapi.OffenderInfo, 0, len(sum.Top)),
-	}
+	sum := offenders.Top(n, time.Now().UnixNano())
+	out := adminapi.TopInfo{Zone: z.Name, View: "instance", Since: time.Unix(0, sum.Since).UTC(),
+		Denials: sum.Total, Floor: sum.Floor, Capacity: offenders.Capacity(), DryRun: z.DryRun,
+		Keys: make([]adminapi.OffenderInfo, 0, len(sum.Top))}
 	for _, e := range sum.Top {
 		o := adminapi.OffenderInfo{KeyName: adminapi.NewKeyName(e.Key), Denials: e.Count, Error: e.Error}
 		if _, s, err := readKey(r.Context(), z, e.Key, monotime.Now()); err != nil {
