@@ -138,9 +138,9 @@ func (m *Decisions) Bound() bool { return m.allowed != nil }
 // The lines a request or a connection can log are sampled so that a flood
 // of requests cannot flood the log: in each second, for each handler (or
 // wrapper) and line, the first logFirst, then one in logThereafter. Lines
-// no request causes (provisioning, Redis outages) are not sampled, nor the
-// DEBUG line of a failed refund. It is zap's sampler's rule for one atomic
-// add a line: zap's reads the clock and hashes every entry it drops.
+// no request causes (provisioning, Redis outages: logged once each) are not
+// sampled, nor the DEBUG line of a failed refund. It is zap's sampler's rule
+// for one atomic add a line: zap's reads the clock and hashes each it drops.
 const (
 	logFirst      = 10
 	logThereafter = 1000

@@ -39,7 +39,7 @@ const (
 	maxOverrideReason = 1024
 	maxOverrideExpiry = 100 * 365 * 24 * time.Hour
 	// overridePoll is how often a holder reads the store's changes and drops
-	// lapsed overrides: the wait when a change's message is lost.
+	// lapsed overrides: it bounds the wait when a change's message is lost.
 	overridePoll = 250 * time.Millisecond
 	// overridesCall bounds one call to the store about a zone's overrides.
 	overridesCall = 2 * time.Second
@@ -146,6 +146,7 @@ func ParseOverride(z *zones.Zone, id, from string, body io.Reader, now time.Time
 		if z.IsQuota() {
 			field, v, dst, takes = "limit", b.Limit, &rec.Limit, fmt.Sprintf("a quota zone's override takes limit, the units per %s", z.Period)
 		}
+		// v is one of n and limit: the other must be absent too
 		if v == nil || b.Events != nil || b.Window != nil || b.Burst != nil || b.N != nil && b.Limit != nil {
 			return rec, fieldError(field, "%s (or exempt or deny)", takes)
 		}
@@ -454,9 +455,9 @@ func (h *OverrideHolder) loop() {
 }
 
 // load reads the records from storage, or the store's changes, into the
-// set. A store that lost what this instance read (a new epoch) gets its
-// copies back, with a WARN from the instance that restored them: an
-// emptied store never reads as every override removed.
+// set. A store that lost what this instance read (a new epoch, or none)
+// gets its copies back, with a WARN from the instance that restored them:
+// an emptied store never reads as every override removed.
 func (h *OverrideHolder) load(ctx context.Context) {
 	if h.remote == nil {
 		h.mu.Lock()
@@ -565,7 +566,8 @@ func (h *OverrideHolder) apply(id string, r *OverrideRecord) {
 }
 
 // applyTo is set and the records with r in place of id (nil: without), in
-// O(log N); h.mu is held. A lapsed record stays until a rebuild.
+// O(log N); h.mu is held. A lapsed record stays until a rebuild, and
+// lookups pass it over.
 func (h *OverrideHolder) applyTo(set *zones.OverrideSet, id string, r *OverrideRecord) *zones.OverrideSet {
 	set = set.Without(id)
 	delete(h.records, id)
