@@ -405,7 +405,6 @@ func cliKey(c *cli, zone, key string) error {
 		return c.err
 	}
 	switch { // an async zone's fleet view, under this instance's lease
-
 	case k.FleetError != "":
 		return c.printf("  (this instance's lease; fleet-wide: unknown, %s)\n", k.FleetError)
 	case k.Fleet != nil && k.Fleet.RetryAfter > 0:
