@@ -250,7 +250,8 @@ func (c *cli) fetch(path string, v any) error {
 }
 
 // printJSON prints body indented, with the bidi and format characters a
-// terminal would act on (JSON escapes only controls) as \u escapes.
+// terminal would act on (JSON escapes only controls) as \u escapes, which
+// JSON reads back as the same string.
 func (c *cli) printJSON(body []byte) error {
 	var b bytes.Buffer
 	if err := json.Indent(&b, bytes.TrimSpace(body), "", "  "); err != nil {
