@@ -1,8 +1,7 @@
 // Package admin is the admin API module admin.api.rate_limit: the routes
-// /rate_limit/ of Caddy's admin server over the running zones (their keys,
-// and in overrides.go their runtime overrides). It reads the zones from
-// internal/live's registry and an HTTP zone's view (live.ZoneView), never
-// the root package, and answers in internal/adminapi's types.
+// /rate_limit/ over the running zones, their keys and runtime overrides. It
+// reads internal/live's registry and views, never the root package, and
+// answers in internal/adminapi's types.
 package admin
 
 import (
@@ -43,7 +42,7 @@ func init() {
 //	GET    /rate_limit/zones/<zone>/top?n=20    the keys this instance denied most lately
 //	GET    /rate_limit/zones/<zone>/bans        the zone's current bans
 //	GET    /rate_limit/zones/<zone>/overrides   the zone's overrides, who set them and when
-//	PUT    /rate_limit/zones/<zone>/overrides/<id>  set an override (overrides.go)
+//	PUT    /rate_limit/zones/<zone>/overrides/<id>  set an override
 //	DELETE /rate_limit/zones/<zone>/overrides/<id>  remove it
 //
 // Keys are path-escaped in the URL, or in the query (...keys?key=, or
@@ -63,8 +62,8 @@ func (a *AdminAPI) Routes() []caddy.AdminRoute {
 	return []caddy.AdminRoute{{Pattern: "/rate_limit/", Handler: caddy.AdminHandlerFunc(a.serveJSON)}}
 }
 
-// serveJSON is serve with its errors written as plain JSON, logged as
-// Caddy logs admin errors: Caddy would HTML-escape them.
+// serveJSON writes serve's errors as plain JSON (Caddy would HTML-escape
+// them), logged as Caddy logs admin errors.
 func (a *AdminAPI) serveJSON(w http.ResponseWriter, r *http.Request) error {
 	err := a.serve(w, r)
 	if err == nil {
@@ -120,8 +119,7 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 	if route == "overrides" && len(parts) == 4 && arg == "" {
 		return live.CheckOverrideID(arg)
 	}
-	// An override route prefers the HTTP zone of the name: a connection
-	// zone takes none, as serveOverrides says.
+	// An override route prefers the HTTP zone: a connection zone takes none.
 	z := live.Lookup(zoneName, route == "overrides")
 	if z == nil {
 		z = live.Lookup(zoneName, false)
@@ -149,17 +147,11 @@ func listZones() []adminapi.ZoneInfo {
 	running := live.Zones()
 	out := make([]adminapi.ZoneInfo, 0, len(running))
 	for _, z := range running {
-		zi := adminapi.ZoneInfo{
-			Name:       z.Name,
-			Mode:       z.Mode(),
-			FailPolicy: z.FailPolicy.String(),
-			DryRun:     z.DryRun,
-			LocalKeys:  z.Keys(),
-		}
+		zi := adminapi.ZoneInfo{Name: z.Name, Mode: z.Mode(), FailPolicy: z.FailPolicy.String(),
+			DryRun: z.DryRun, LocalKeys: z.Keys(), Concurrency: z.Concurrency}
 		if !z.IsConcurrency() && !z.IsQuota() {
 			zi.Rate = rate(z.Plan())
 		}
-		zi.Concurrency = z.Concurrency
 		if z.IsAdaptive() {
 			limit, _ := z.AdaptiveLimit()
 			zi.Concurrency = max(limit, z.Adaptive.Min) // the limit now, summed over its keys
@@ -235,14 +227,16 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone,
 		info.Used, info.Quota, info.Period = &s.Used, s.Limit, period(z, s.PeriodStart, s.PeriodEnd)
 	default:
 		info.Rate = rate(t.Plan)
-		info.Share, info.Region = keyShare(z, v.Shared, t.Key)
+		if sh := v.Shared; sh != nil { // scope global: this region's share of the key
+			share := float64(sh.Region().Share(z.Name, t.Key)) / distributed.ShareScale
+			info.Share, info.Region = &share, sh.Region().Name()
+		}
 	}
 	if v.USD != nil {
 		info.USDFields = v.USD(s.Limit, s.Remaining, info.Used)
 	}
 	if s.Source == zones.SourceRecord {
-		// Async mode: this instance's lease decides here; the fleet's
-		// view goes beside it.
+		// Async mode: this instance's lease decides, the fleet's view beside.
 		info.Source = "instance"
 		switch f, err := z.PeekStore(r.Context(), t.Key, monotime.Now()); {
 		case errors.Is(err, zones.ErrUnknownKey):
@@ -255,17 +249,6 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone,
 		}
 	}
 	return adminapi.WriteJSON(w, http.StatusOK, info)
-}
-
-// keyShare is this region's share of key and its name, in a scope global
-// zone (sh not nil).
-func keyShare(z *zones.Zone, sh *distributed.Shared, key string) (*float64, string) {
-	if sh == nil {
-		return nil, ""
-	}
-	r := sh.Region()
-	f := float64(r.Share(z.Name, key)) / distributed.ShareScale
-	return &f, r.Name()
 }
 
 func period(z *zones.Zone, start, end time.Time) adminapi.Period {
@@ -318,11 +301,9 @@ func (a *AdminAPI) resetKey(w http.ResponseWriter, r *http.Request, z *zones.Zon
 		// Whether Redis's state is gone is not known (a command that
 		// timed out may still run): say exactly that.
 		return adminapi.WriteJSON(w, http.StatusServiceUnavailable, adminapi.PartialReset{
+			Reset: []string{"local"}, Unconfirmed: []string{"redis"},
 			Error: fmt.Sprintf("reset this instance's state for the key, but Redis did not confirm its reset (%v): "+
-				"until a DELETE succeeds, the key may keep its limit in Redis, for every instance, until it expires there", err),
-			Reset:       []string{"local"},
-			Unconfirmed: []string{"redis"},
-		})
+				"until a DELETE succeeds, the key may keep its limit in Redis, for every instance, until it expires there", err)})
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
@@ -337,18 +318,10 @@ func (a *AdminAPI) top(w http.ResponseWriter, r *http.Request, z *zones.Zone) er
 			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("n=%q: want a positive number of keys (e.g. n=20)", s)}
 		}
 	}
-	now := time.Now()
-	sum := offenders.Top(n, now.UnixNano())
-	out := adminapi.TopInfo{
-		Zone:     z.Name,
-		View:     "instance",
-		Since:    time.Unix(0, sum.Since).UTC(),
-		Denials:  sum.Total,
-		Floor:    sum.Floor,
-		Capacity: offenders.Capacity(),
-		DryRun:   z.DryRun,
-		Keys:     make([]adminapi.OffenderInfo, 0, len(sum.Top)),
-	}
+	sum := offenders.Top(n, time.Now().UnixNano())
+	out := adminapi.TopInfo{Zone: z.Name, View: "instance", Since: time.Unix(0, sum.Since).UTC(),
+		Denials: sum.Total, Floor: sum.Floor, Capacity: offenders.Capacity(), DryRun: z.DryRun,
+		Keys: make([]adminapi.OffenderInfo, 0, len(sum.Top))}
 	for _, e := range sum.Top {
 		o := adminapi.OffenderInfo{KeyName: adminapi.NewKeyName(e.Key), Denials: e.Count, Error: e.Error}
 		if _, s, err := readKey(r.Context(), z, e.Key, monotime.Now()); err != nil {
@@ -370,27 +343,21 @@ func noState(z *zones.Zone) string {
 	return "no state " + where + ": its next request is decided as a new key's, with the full limit"
 }
 
-// storedForms are the keys the zone may store a key given to GET or DELETE
-// as, most likely first: as a request's key is stored (masked, hashed);
-// and, for a key that reads like a hashed one, the key as given, since
-// top, bans and {http.rate_limit.exceeded.key} show keys as stored.
-func storedForms(z *zones.Zone, key string) []string {
-	stored := z.Config.Key(key)
-	if stored != key && strings.HasPrefix(key, zones.HashedKeyPrefix) {
-		return []string{stored, key}
-	}
-	return []string{stored}
-}
-
 // ticket has no owner: the admin API decides no request.
 type ticket = zones.Ticket[struct{}]
 
-// readKey reads key in the first of its stored forms the zone tracks (else
-// the first), under the plan it was last decided under.
+// readKey reads key, under the plan it was last decided under, in the first
+// form the zone tracks (else the first): as a request's key is stored
+// (masked, hashed), then, for a key that reads like a hashed one, as given,
+// since top, bans and {http.rate_limit.exceeded.key} show keys as stored.
 func readKey(ctx context.Context, z *zones.Zone, key string, now int64) (ticket, zones.KeyState, error) {
 	var first ticket
 	var firstState zones.KeyState
-	for i, stored := range storedForms(z, key) {
+	forms := []string{z.Config.Key(key)}
+	if forms[0] != key && strings.HasPrefix(key, zones.HashedKeyPrefix) {
+		forms = append(forms, key)
+	}
+	for i, stored := range forms {
 		t := ticket{Zone: z, Key: stored, Raw: key, Plan: z.LastPlan(stored, now), Cost: 1}
 		t.Resolve()
 		s, err := t.Read(ctx, now)
@@ -407,6 +374,80 @@ func readKey(ctx context.Context, z *zones.Zone, key string, now int64) (ticket,
 func methodNotAllowed(w http.ResponseWriter, allowed ...string) error {
 	w.Header().Set("Allow", strings.Join(allowed, ", "))
 	return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: errors.New("method not allowed: use " + strings.Join(allowed, " or "))}
+}
+
+// serveOverrides answers the override routes of zone z: id "" lists them.
+func (a *AdminAPI) serveOverrides(w http.ResponseWriter, r *http.Request, z *zones.Zone, id string) error {
+	h := live.View(z).Overrides
+	if h == nil {
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s takes no overrides (a connection zone)", z.Name)}
+	}
+	if id == "" {
+		if r.Method != http.MethodGet {
+			return methodNotAllowed(w, http.MethodGet)
+		}
+		list := h.List()
+		info := adminapi.OverridesInfo{Zone: z.Name, View: "instance", Overrides: make([]adminapi.Override, 0, len(list))}
+		for _, rec := range list {
+			info.Overrides = append(info.Overrides, rec.Override)
+		}
+		if h.Fleet() {
+			info.View = "fleet"
+		}
+		return adminapi.WriteJSON(w, http.StatusOK, info)
+	}
+	if err := live.CheckOverrideID(id); err != nil {
+		return err
+	}
+	switch r.Method {
+	case http.MethodGet:
+		for _, rec := range h.List() {
+			if rec.ID == id {
+				return adminapi.WriteJSON(w, http.StatusOK, rec)
+			}
+		}
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s has no override %q", z.Name, id)}
+	case http.MethodPut:
+		rec, err := live.ParseOverride(z, id, r.RemoteAddr, r.Body, time.Now())
+		if err != nil {
+			return err
+		}
+		if err := h.Put(r.Context(), rec); err != nil {
+			return err
+		}
+		overrideChanged(z, "set", rec)
+		return adminapi.WriteJSON(w, http.StatusOK, rec)
+	case http.MethodDelete:
+		found, err := h.Remove(r.Context(), id)
+		switch {
+		case err != nil:
+			return err
+		case !found:
+			return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s has no override %q", z.Name, id)}
+		}
+		overrideChanged(z, "removed", live.OverrideRecord{Override: adminapi.Override{ID: id, SetBy: r.RemoteAddr, SetAt: time.Now().UTC().Format(time.RFC3339)}})
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	}
+	return methodNotAllowed(w, http.MethodGet, http.MethodPut, http.MethodDelete)
+}
+
+const eventOverrideChanged = "rate_limit_override_changed"
+
+// overrideChanged logs a change made through this instance and emits
+// rate_limit_override_changed.
+func overrideChanged(z *zones.Zone, change string, rec live.OverrideRecord) {
+	fields := []zap.Field{zap.String("zone", z.Name), zap.String("id", rec.ID), zap.String("change", change), zap.String("by", rec.SetBy)}
+	if rec.Expires != "" {
+		fields = append(fields, zap.String("expires", rec.Expires))
+	}
+	if rec.Reason != "" {
+		fields = append(fields, zap.String("reason", rec.Reason))
+	}
+	caddy.Log().Named("http.handlers.rate_limit").Info("rate limit override "+change, fields...)
+	if emit := live.View(z).Emit; emit != nil {
+		emit(eventOverrideChanged, map[string]any{"zone": z.Name, "id": rec.ID, "change": change, "by": rec.SetBy, "expires": rec.Expires, "reason": rec.Reason})
+	}
 }
 
 // Interface guards

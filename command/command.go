@@ -1,9 +1,7 @@
 // Package command is `caddy rate-limit`: the CLI that inspects and resets
-// the rate limits of a running Caddy through its admin API (tally's
-// /rate_limit/ routes), printing for people unless asked for JSON. It reads
-// the API's answers as internal/adminapi's types and knows nothing else of
-// the handler: it talks to a running Caddy, never to a zone. The root
-// package imports it, so that a Caddy built with tally has the command.
+// the rate limits of a running Caddy through its admin API, printing for
+// people unless asked for JSON. It knows the handler only through
+// internal/adminapi's types; the root imports it to register the command.
 package command
 
 import (
@@ -81,7 +79,6 @@ reset --base64 and that value to name it.
 	})
 }
 
-// subcommand is a subcommand of nargs arguments that runs run.
 func subcommand(use, short, example string, nargs int, run func(c *cli, args []string) error) *cobra.Command {
 	return &cobra.Command{Use: use, Short: short, Example: example, Args: cobra.ExactArgs(nargs),
 		RunE: func(cmd *cobra.Command, args []string) error { return run(newCLI(cmd), args) }}
@@ -119,9 +116,7 @@ type cli struct {
 func newCLI(cmd *cobra.Command) *cli {
 	c := &cli{cmd: cmd, out: cmd.OutOrStdout()}
 	addresses, _ := cmd.Flags().GetStringArray("address")
-	for _, a := range addresses {
-		// An instance given twice is one instance: top would count its
-		// denials twice.
+	for _, a := range addresses { // once each: top would count an instance's denials twice
 		if !slices.Contains(c.addresses, a) {
 			c.addresses = append(c.addresses, a)
 		}
@@ -133,12 +128,10 @@ func newCLI(cmd *cobra.Command) *cli {
 	return c
 }
 
-// quoteKey is a key as the CLI prints it: in Go's double quotes, every
-// character a terminal would act on escaped (controls, bidi and other
-// format characters, invalid bytes as \xff), so that a hostile key can
-// neither move the cursor, retitle the window, reorder the line nor start a
-// row of its own. A key that is not UTF-8 also gets its base64, which key
-// and reset take with --base64.
+// quoteKey is a key in Go's double quotes, every character a terminal would
+// act on escaped (controls, bidi and format characters, invalid bytes), so
+// that a hostile key cannot move the cursor, reorder the line or start a
+// row; a key that is not UTF-8 also gets its base64, for --base64.
 func quoteKey(key string) string {
 	q := strconv.Quote(key)
 	if !utf8.ValidString(key) {
@@ -147,9 +140,8 @@ func quoteKey(key string) string {
 	return q
 }
 
-// printable is s, a text from the admin API or the command line (a zone
-// name, an error), with every character a terminal would act on escaped as
-// quoteKey escapes it; the rest, quotes included, is left as it is.
+// printable is s (a zone name, an error) escaped as quoteKey escapes a key,
+// but unquoted.
 func printable(s string) string {
 	var b strings.Builder
 	for i := 0; i < len(s); {
@@ -180,13 +172,11 @@ type errNotFound struct{ msg string }
 
 func (e errNotFound) Error() string { return e.msg }
 
-// apiErrorLine picks the status and body out of caddycmd.AdminAPIRequest's
-// error for a response >= 400.
+// apiErrorLine picks the status and body out of AdminAPIRequest's error.
 var apiErrorLine = regexp.MustCompile(`(?s)caddy responded with error: HTTP (\d+): (.*)$`)
 
-// send sends method path to the admin API with a JSON body (nil: none).
-// A change goes to one instance: it refuses several --address (reset
-// sends to each instance through at).
+// send sends method path to the admin API with a JSON body (nil: none); a
+// change goes to one --address (reset sends to each through at).
 func (c *cli) send(method, path string, body []byte) ([]byte, error) {
 	if method != http.MethodGet && len(c.addresses) > 1 {
 		return nil, fmt.Errorf("%s changes one instance: give --address once (reset takes several)", c.cmd.CommandPath())
@@ -215,12 +205,10 @@ func (c *cli) send(method, path string, body []byte) ([]byte, error) {
 		if json.Unmarshal([]byte(msg), &apiErr) == nil && apiErr.Error != "" {
 			msg = apiErr.Error
 		}
-		msg = printable(msg)
-		switch m[1] {
-		case "404":
-			if strings.HasPrefix(msg, "unknown path") {
-				return nil, fmt.Errorf("the Caddy at %s does not have tally's admin routes (%s)", addr, msg)
-			}
+		switch msg = printable(msg); {
+		case m[1] == "404" && strings.HasPrefix(msg, "unknown path"):
+			return nil, fmt.Errorf("the Caddy at %s does not have tally's admin routes (%s)", addr, msg)
+		case m[1] == "404":
 			return nil, errNotFound{msg}
 		}
 		return nil, fmt.Errorf("%s %s: HTTP %s: %s", method, path, m[1], msg)
@@ -233,9 +221,8 @@ func (c *cli) send(method, path string, body []byte) ([]byte, error) {
 	return answer, nil
 }
 
-// get GETs path and decodes it into v; with --json it prints the body as is
-// (indented) instead and v is left alone. It is how the subcommands that
-// read one instance read it, and it refuses several --address.
+// get GETs path from the one --address and decodes it into v; with --json
+// it prints the body (indented) instead and leaves v alone.
 func (c *cli) get(path string, v any) (printed bool, err error) {
 	if len(c.addresses) > 1 {
 		return false, fmt.Errorf("%s reads one instance: give --address once (top and reset take several)", c.cmd.Name())
@@ -262,9 +249,9 @@ func (c *cli) fetch(path string, v any) error {
 	return nil
 }
 
-// printJSON prints body indented. JSON escapes control characters but not
-// bidi and other format characters, which a terminal would act on: they
-// are written as \u escapes, which JSON reads back as the same string.
+// printJSON prints body indented, with the bidi and format characters a
+// terminal would act on (JSON escapes only controls) as \u escapes, which
+// JSON reads back as the same string.
 func (c *cli) printJSON(body []byte) error {
 	var b bytes.Buffer
 	if err := json.Indent(&b, bytes.TrimSpace(body), "", "  "); err != nil {
@@ -293,8 +280,7 @@ func (c *cli) printJSON(body []byte) error {
 
 func zonePath(zone string) string { return "/rate_limit/zones/" + url.PathEscape(zone) }
 
-// keyPath is the admin address of a key: in the query, which holds any key,
-// the empty one, "." and bytes that are not UTF-8 included.
+// keyPath names the key in the query, which holds any key ("", ".", bytes).
 func keyPath(zone, key string) string { return zonePath(zone) + "/keys?key=" + url.QueryEscape(key) }
 
 func cliZones(c *cli, _ []string) error {
@@ -372,8 +358,7 @@ func cliKey(c *cli, zone, key string) error {
 	printed, err := c.get(keyPath(zone, key), &k)
 	who := "zone " + printable(zone) + ", key " + quoteKey(key)
 	if errors.As(err, new(errNotFound)) {
-		// Unknown zone, or a key not tracked: no state, so its next
-		// request has the full limit.
+		// An unknown zone, or a key with no state: the full limit.
 		z, err := c.findZone(zone)
 		k = adminapi.KeyInfo{Zone: zone, KeyName: adminapi.NewKeyName(key), State: adminapi.State{Remaining: z.Burst}}
 		if z.Concurrency > 0 {
@@ -420,9 +405,7 @@ func cliKey(c *cli, zone, key string) error {
 	if c.err != nil || k.Source != "instance" {
 		return c.err
 	}
-	// An async zone's fleet view of the key, under what its next request
-	// on this instance gets.
-	switch {
+	switch { // an async zone's fleet view, under this instance's lease
 	case k.FleetError != "":
 		return c.printf("  (this instance's lease; fleet-wide: unknown, %s)\n", k.FleetError)
 	case k.Fleet != nil && k.Fleet.RetryAfter > 0:
@@ -529,10 +512,9 @@ func cliTop(c *cli, args []string) error {
 	return tw.Flush()
 }
 
-// mergedTop asks every --address for its top list and adds them up, keeping
-// the error bounds (topk.Merge). Each instance is asked for more keys than
-// shown, which tightens the bounds. A key's state is the strictest any
-// instance reports (in local mode each instance has its own).
+// mergedTop adds up every --address's top list, keeping the error bounds
+// (topk.Merge), each asked for more keys than shown to tighten them. A
+// key's state is the strictest any instance reports.
 func (c *cli) mergedTop(zone string, n int) (adminapi.TopInfo, error) {
 	var (
 		sums  []topk.Summary
@@ -603,10 +585,8 @@ type resetOutcome struct {
 }
 
 // cliReset resets the key on each --address. With several, it prints each
-// instance's outcome, and fails when an instance failed (unreachable, an
-// unknown zone, Redis's reset unconfirmed) or when no instance tracked the
-// key: one that does not track it gives the key its full limit already,
-// which in local mode is most of them.
+// one's outcome and fails when one failed or none tracked the key (one
+// that does not gives it its full limit already: most, in local mode).
 func cliReset(c *cli, zone, key string) error {
 	var outcomes []resetOutcome
 	var failed []string
@@ -669,8 +649,7 @@ func cliReset(c *cli, zone, key string) error {
 	return nil
 }
 
-// resetOn resets the key on c's one instance. A key the instance does not
-// track is an errNotTracked: nothing was reset there.
+// resetOn resets the key on c's one instance (errNotTracked: it has none).
 func resetOn(c *cli, zone, key string) error {
 	_, err := c.send(http.MethodDelete, keyPath(zone, key), nil)
 	var nf errNotFound
@@ -692,4 +671,140 @@ func amount(f adminapi.USDFields, n int64) string {
 		return strconv.FormatInt(n, 10)
 	}
 	return "$" + usage.FormatUSD(n)
+}
+
+// overrideCommand is `caddy rate-limit override set|list|rm`: the admin
+// API's overrides, for people.
+func overrideCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "override set|list|rm",
+		Short: "Sets, lists and removes runtime overrides of a zone's limit",
+	}
+	set := subcommand("set <zone> <id>", "Sets (or replaces) override <id> of a zone: a limit, exempt or deny for a key, a prefix or a CIDR",
+		"caddy rate-limit override set api_key acme --prefix acme- --events 500 --window 1m --expires 720h --reason \"paid plan\"\n"+
+			"caddy rate-limit override set login_ip lab --cidr 10.1.0.0/16 --exempt\n"+
+			"caddy rate-limit override set api_key abuser --key sk-live-4f9a --deny --expires 2h",
+		2, func(c *cli, args []string) error { return cliOverrideSet(c, args[0], args[1]) })
+	f := set.Flags()
+	f.String("key", "", "The key the override covers (as requests carry it)")
+	f.String("prefix", "", "Every key that starts with this")
+	f.String("cidr", "", "Every IP-shaped key in this CIDR")
+	f.Int64("events", 0, "A rate zone's events per --window")
+	f.String("window", "", "A rate zone's window, e.g. 1m")
+	f.Int64("burst", 0, "A rate zone's burst (default: --events)")
+	f.Int64("limit", 0, "A quota zone's limit per period")
+	f.Int64("n", 0, "A concurrency zone's requests in flight")
+	f.Bool("exempt", false, "Never limited by this zone")
+	f.Bool("deny", false, "Always denied by this zone (Retry-After: until the override expires)")
+	f.String("expires", "", "When the override lapses: a duration (2h) or an RFC 3339 time; default never")
+	f.String("reason", "", "Why, for the list")
+	cmd.AddCommand(set,
+		subcommand("list <zone>", "Lists a zone's overrides, who set them and when", "caddy rate-limit override list api_key", 1,
+			func(c *cli, args []string) error { return cliOverrideList(c, args[0]) }),
+		subcommand("rm <zone> <id>", "Removes a zone's override <id>: its keys are back under the zone's limit (their state carried)", "caddy rate-limit override rm api_key acme", 2,
+			func(c *cli, args []string) error {
+				if _, err := c.send(http.MethodDelete, overridePath(args[0], args[1]), nil); err != nil {
+					return err
+				}
+				if c.json {
+					return c.printJSONValue(map[string]string{"zone": args[0], "id": args[1], "outcome": "removed"})
+				}
+				return c.printf("zone %s: override %s removed\n", printable(args[0]), printable(args[1]))
+			}))
+	return cmd
+}
+
+func overridePath(zone, id string) string {
+	return zonePath(zone) + "/overrides/" + url.PathEscape(id)
+}
+
+// cliOverrideSet PUTs the override the flags describe.
+func cliOverrideSet(c *cli, zone, id string) error {
+	f := c.cmd.Flags()
+	match := map[string]string{}
+	for _, name := range []string{"key", "prefix", "cidr"} {
+		if f.Changed(name) {
+			match[name] = f.Lookup(name).Value.String()
+		}
+	}
+	if len(match) != 1 {
+		return errors.New("give one of --key, --prefix and --cidr")
+	}
+	body := map[string]any{"match": match}
+	for _, name := range []string{"events", "burst", "limit", "n", "window", "expires", "reason", "exempt", "deny"} {
+		switch fl := f.Lookup(name); {
+		case !fl.Changed:
+		case fl.Value.Type() == "int64":
+			body[name], _ = f.GetInt64(name)
+		case fl.Value.Type() != "bool":
+			body[name] = fl.Value.String()
+		case fl.Value.String() == "true":
+			body[name] = true
+		}
+	}
+	data, _ := json.Marshal(body) // strings, int64s and bools only: it cannot fail
+	answer, err := c.send(http.MethodPut, overridePath(zone, id), data)
+	if err != nil {
+		return err
+	}
+	if c.json {
+		return c.printJSON(answer)
+	}
+	var rec adminapi.Override
+	if err := json.Unmarshal(answer, &rec); err != nil {
+		return fmt.Errorf("reading the admin API's answer: %v", err)
+	}
+	return c.printf("zone %s: override %s set: %s %s, expires %s\n", printable(zone), printable(rec.ID), overrideMatchText(rec.Match), overrideLimitText(rec), orNever(rec.Expires))
+}
+
+func cliOverrideList(c *cli, zone string) error {
+	var l adminapi.OverridesInfo
+	printed, err := c.get(zonePath(zone)+"/overrides", &l)
+	if printed || err != nil {
+		return err
+	}
+	if err := c.printf("zone %s: %d override(s) %s\n", printable(zone), len(l.Overrides), where(l.View)); err != nil || len(l.Overrides) == 0 {
+		return err
+	}
+	tw := tabwriter.NewWriter(c.out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tMATCH\tLIMIT\tEXPIRES\tSET BY\tSET AT\tREASON")
+	for _, r := range l.Overrides {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", printable(r.ID), overrideMatchText(r.Match), overrideLimitText(r), orNever(r.Expires), printable(r.SetBy), r.SetAt, quoteKey(r.Reason))
+	}
+	return tw.Flush()
+}
+
+func overrideMatchText(m adminapi.OverrideMatch) string {
+	switch {
+	case m.Key != nil:
+		return "key " + quoteKey(*m.Key)
+	case m.Prefix != nil:
+		return "prefix " + quoteKey(*m.Prefix)
+	case m.CIDR != nil:
+		return "cidr " + printable(*m.CIDR)
+	}
+	return "?"
+}
+
+func overrideLimitText(r adminapi.Override) string {
+	switch {
+	case r.Exempt:
+		return "exempt"
+	case r.Deny:
+		return "deny"
+	case r.N > 0:
+		return fmt.Sprintf("%d in flight", r.N)
+	case r.Limit > 0:
+		return fmt.Sprintf("quota %d", r.Limit)
+	case r.Burst > 0:
+		return fmt.Sprintf("%d/%s burst %d", r.Events, r.Window, r.Burst)
+	}
+	return fmt.Sprintf("%d/%s", r.Events, r.Window)
+}
+
+func orNever(s string) string {
+	if s == "" {
+		return "never"
+	}
+	return s
 }

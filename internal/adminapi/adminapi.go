@@ -1,6 +1,6 @@
-// Package adminapi is the admin API's wire: the JSON that package admin
-// answers and `caddy rate-limit` reads back, field for field. It imports
-// only the standard library: the CLI links it without the handler.
+// Package adminapi is the admin API's wire: the JSON package admin answers
+// and `caddy rate-limit` reads back. The standard library only: the CLI
+// links it without the handler.
 package adminapi
 
 import (
@@ -13,9 +13,8 @@ import (
 	"unicode/utf8"
 )
 
-// ZoneInfo is a zone as GET /rate_limit/zones shows it. Fields that mean
-// nothing for a zone's kind are left out: events, window and burst for
-// concurrency and quota zones, fail_policy for connection zones.
+// ZoneInfo is a zone in GET /rate_limit/zones, without the fields its kind
+// lacks (rate for concurrency and quota zones, fail_policy for connection).
 type ZoneInfo struct {
 	Name string `json:"name"`
 	Rate
@@ -64,12 +63,11 @@ type State struct {
 	ResetAfter float64 `json:"reset_after"`
 }
 
-// StoreInfo is a distributed zone's Redis as GET /rate_limit/zones shows
-// it.
+// StoreInfo is a distributed zone's Redis in GET /rate_limit/zones.
 type StoreInfo struct {
 	OK bool `json:"ok"`
-	// Failing: calls fail (twice in a row or more) but the breaker still
-	// lets them through. BreakerOpenSince is when the outage began.
+	// Failing: calls fail (twice in a row or more) but the breaker lets
+	// them through. BreakerOpenSince is when the outage began.
 	Failing          bool       `json:"failing,omitempty"`
 	BreakerOpenSince *time.Time `json:"breaker_open_since,omitempty"`
 	Instances        int        `json:"instances"`
@@ -86,15 +84,12 @@ type NodeOutage struct {
 	Since time.Time `json:"since"`
 }
 
-// KeyInfo is a key as GET /rate_limit/zones/<zone>/keys/<key> shows it:
-// its state now (as rate_limit_status reports it) and the limit it is
-// under, by its zone's kind.
+// KeyInfo is GET /rate_limit/zones/<zone>/keys/<key>: the key's state now
+// (as rate_limit_status reports it) and the limit it is under.
 type KeyInfo struct {
 	Zone string `json:"zone"`
 	KeyName
-	// The key as the zone stores it (masked, hashed), when it is not the
-	// key given.
-	StoredAs string `json:"stored_as,omitempty"`
+	StoredAs string `json:"stored_as,omitempty"` // as stored (masked, hashed), if not the key given
 	State
 	Rate // rate zones: the limit the key is under (its plan)
 	// Quota zones: the units used this period, of quota, and the period.
@@ -102,7 +97,7 @@ type KeyInfo struct {
 	Quota int64  `json:"quota,omitempty"`
 	Period
 	// Concurrency zones: the key's requests in flight (fleet-wide when
-	// distributed), of its limit of them.
+	// distributed), of its limit.
 	InUse       *int64 `json:"in_use,omitempty"`
 	Concurrency int64  `json:"concurrency,omitempty"`
 	// "local", "redis" or, in async mode, "instance": this instance's
@@ -114,19 +109,17 @@ type KeyInfo struct {
 	BanLevel   int     `json:"ban_level,omitempty"`
 	// Scope global zones: this region's share of the key's limit (0 to
 	// 1), which remaining, events and burst are scaled to.
-	Share  *float64 `json:"share,omitempty"`
-	Region string   `json:"region,omitempty"`
-	// Override is the operator's override the key is decided under, when
-	// one covers it: the limit above is then its limit.
-	Override *Override `json:"override,omitempty"`
+	Share    *float64  `json:"share,omitempty"`
+	Region   string    `json:"region,omitempty"`
+	Override *Override `json:"override,omitempty"` // the override covering the key, whose limit is above
 	// usd zones: remaining, quota or burst, and used in dollars.
 	USDFields
 }
 
-// KeyName is how the admin API names a key in its answers: "key" is the key
-// as text; JSON would turn a byte that is not UTF-8 into U+FFFD, so such a
-// key also has "key_base64", its bytes, which GET and DELETE take back as
-// ?key_base64= and `caddy rate-limit key|reset --base64` as the key.
+// KeyName names a key in the answers: "key" as text, where JSON turns a byte
+// that is not UTF-8 into U+FFFD, so such a key also has "key_base64", which
+// GET and DELETE take as ?key_base64= and `caddy rate-limit key|reset` as
+// --base64.
 type KeyName struct {
 	Key       string `json:"key"`
 	KeyBase64 string `json:"key_base64,omitempty"`
@@ -161,10 +154,8 @@ func DecodeKeyBase64(s string) (string, error) {
 // BansInfo is GET /rate_limit/zones/<zone>/bans: the zone's current bans,
 // longest left first, at most 1000 (those ending last).
 type BansInfo struct {
-	Zone string `json:"zone"`
-	// "fleet": every instance's bans, from Redis; "instance": the bans
-	// this instance knows of (local mode).
-	View string    `json:"view"`
+	Zone string    `json:"zone"`
+	View string    `json:"view"` // "fleet": every instance's, from Redis; "instance": this one's (local mode)
 	Bans []BanInfo `json:"bans"`
 }
 
@@ -186,12 +177,10 @@ type PartialReset struct {
 // many `caddy rate-limit top` shows without -n.
 const DefaultTopN = 20
 
-// TopInfo is GET /rate_limit/zones/<zone>/top: the keys this instance
-// denied most over the last one to two zones.OffendersPeriod, from the
-// zone's fixed-size sketch. Each key's true denial count lies in
-// [denials-error, denials], and no key missing from the list was denied
-// more than floor times (which lets `caddy rate-limit top` merge
-// instances).
+// TopInfo is GET /rate_limit/zones/<zone>/top: the keys this instance denied
+// most over the last one to two zones.OffendersPeriod, from a fixed-size
+// sketch. A key's true count lies in [denials-error, denials], and no key
+// unlisted was denied more than floor times (so the CLI can merge them).
 type TopInfo struct {
 	Zone      string         `json:"zone"`
 	View      string         `json:"view"`                // "instance": this Caddy's denials only; "merged" by the CLI
@@ -222,23 +211,21 @@ type OverrideMatch struct {
 	CIDR   *string `json:"cidr,omitempty"`
 }
 
-// Override is an override as the admin API shows it and as it is stored
-// (in Redis or Caddy's storage).
+// Override is an override as shown and stored (in Redis or Caddy's storage).
 type Override struct {
-	ID     string        `json:"id"`
-	Match  OverrideMatch `json:"match"`
-	Events int64         `json:"events,omitempty"`
-	Window string        `json:"window,omitempty"`
-	Burst  int64         `json:"burst,omitempty"`
-	Limit  int64         `json:"limit,omitempty"` // quota zones
-	N      int64         `json:"n,omitempty"`     // concurrency zones
-	Exempt bool          `json:"exempt,omitempty"`
-	Deny   bool          `json:"deny,omitempty"`
-	// Expires is RFC 3339, "" for never.
-	Expires string `json:"expires,omitempty"`
-	Reason  string `json:"reason,omitempty"`
-	SetBy   string `json:"set_by"` // the admin request's remote address
-	SetAt   string `json:"set_at"` // RFC 3339, to the nanosecond
+	ID      string        `json:"id"`
+	Match   OverrideMatch `json:"match"`
+	Events  int64         `json:"events,omitempty"`
+	Window  string        `json:"window,omitempty"`
+	Burst   int64         `json:"burst,omitempty"`
+	Limit   int64         `json:"limit,omitempty"` // quota zones
+	N       int64         `json:"n,omitempty"`     // concurrency zones
+	Exempt  bool          `json:"exempt,omitempty"`
+	Deny    bool          `json:"deny,omitempty"`
+	Expires string        `json:"expires,omitempty"` // RFC 3339, "" for never
+	Reason  string        `json:"reason,omitempty"`
+	SetBy   string        `json:"set_by"` // the admin request's remote address
+	SetAt   string        `json:"set_at"` // RFC 3339, to the nanosecond
 }
 
 // OverridesInfo is GET /rate_limit/zones/<zone>/overrides.
@@ -248,9 +235,8 @@ type OverridesInfo struct {
 	Overrides []Override `json:"overrides"`
 }
 
-// USDFields are a usd zone's amounts in dollars, beside the integers (in
-// micro-dollars) of the status, admin key and CLI views: exact decimal
-// strings with six decimals, such as "19.873412".
+// USDFields are a usd zone's amounts in dollars beside the integers (in
+// micro-dollars): exact decimal strings such as "19.873412".
 type USDFields struct {
 	Unit         string `json:"unit,omitempty"` // "usd-micro" in a usd zone
 	LimitUSD     string `json:"limit_usd,omitempty"`

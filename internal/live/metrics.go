@@ -3,8 +3,12 @@ package live
 import (
 	"errors"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 	"github.com/caddy-tally/ratelimit/zones"
@@ -14,17 +18,15 @@ import (
 const MetricPrefix = "caddy_rate_limit_"
 
 // The collectors are created once per process and registered into each
-// config's registry, so counts survive reloads and a second registration is
-// not an error.
+// config's registry, so counts survive reloads.
 var collectors struct {
 	sync.Mutex
-	all  []prometheus.Collector  // registered into each config's registry
+	all  []prometheus.Collector
 	vecs []*prometheus.MetricVec // a zone's series go with the zone (dropSeries)
 }
 
-// Collect lists c, to be registered into each config's registry; vec, when
-// not nil, is c's vector labelled by zone first, whose series go with the
-// zone.
+// Collect lists c for each config's registry; vec, when not nil, is c's
+// vector labelled by zone first, whose series go with the zone.
 func Collect(c prometheus.Collector, vec *prometheus.MetricVec) {
 	collectors.Lock()
 	defer collectors.Unlock()
@@ -48,8 +50,7 @@ func HistogramVec(name, help string, buckets ...float64) *prometheus.HistogramVe
 	return v
 }
 
-// zoneGauge reports, at scrape time, value of each running zone it applies
-// to (ok).
+// zoneGauge reports value of each running zone it applies to (ok).
 type zoneGauge struct {
 	desc  *prometheus.Desc
 	value func(z *zones.Zone, now int64) (v float64, ok bool)
@@ -133,3 +134,39 @@ func (m *Decisions) Count(allowed, dryRun bool) {
 // Bound reports whether m's series are bound (false: the zero Decisions of
 // a module with metrics off).
 func (m *Decisions) Bound() bool { return m.allowed != nil }
+
+// The lines a request or a connection can log are sampled so that a flood
+// of requests cannot flood the log: in each second, for each handler (or
+// wrapper) and line, the first logFirst, then one in logThereafter. Lines
+// no request causes (provisioning, Redis outages: logged once each) are not
+// sampled, nor the DEBUG line of a failed refund. It is zap's sampler's rule
+// for one atomic add a line: zap's reads the clock and hashes each it drops.
+const (
+	logFirst      = 10
+	logThereafter = 1000
+)
+
+// Sampler samples one line by the rule above.
+type Sampler struct {
+	second atomic.Int64 // monotime seconds of the current second
+	count  atomic.Int64 // events in it
+}
+
+// allow reports whether the event at now (monotime) is logged.
+func (s *Sampler) allow(now int64) bool {
+	sec := now / int64(time.Second)
+	if old := s.second.Load(); old != sec && s.second.CompareAndSwap(old, sec) {
+		s.count.Store(0)
+	}
+	n := s.count.Add(1)
+	return n <= logFirst || (n-logFirst)%logThereafter == 0
+}
+
+// Check is logger.Check(lvl, msg) for a line the sampler lets through, nil
+// otherwise; a level the logger leaves out is not counted.
+func (s *Sampler) Check(logger *zap.Logger, now int64, lvl zapcore.Level, msg string) *zapcore.CheckedEntry {
+	if !logger.Core().Enabled(lvl) || !s.allow(now) {
+		return nil
+	}
+	return logger.Check(lvl, msg)
+}

@@ -1,9 +1,8 @@
 package live
 
-// Overrides: an operator's runtime exceptions to a zone's limit, set
-// through the admin API and resolved per request by package zones.
-// Distributed zones keep them in Redis, every instance following the
-// changes; local zones per instance in Caddy's storage.
+// Overrides: an operator's runtime exceptions to a zone's limit, set through
+// the admin API. Distributed zones keep them in Redis, every instance
+// following the changes; local zones per instance in Caddy's storage.
 
 import (
 	"bytes"
@@ -39,15 +38,18 @@ const (
 	maxOverrideID     = 128
 	maxOverrideReason = 1024
 	maxOverrideExpiry = 100 * 365 * 24 * time.Hour
-	// overridePoll is how often a holder reads what changed in the store
-	// and drops lapsed overrides: it bounds the wait when the resets
-	// channel's message of a change is lost (a subscription down).
+	// overridePoll is how often a holder reads the store's changes and drops
+	// lapsed overrides: it bounds the wait when a change's message is lost.
 	overridePoll = 250 * time.Millisecond
+	// overridesCall bounds one call to the store about a zone's overrides.
+	overridesCall = 2 * time.Second
+	// overrideDir keeps local zones' overrides in Caddy's storage, a file per
+	// override so that a change writes one: <dir>/<instance id>/<zone>/<id>.json.
+	overrideDir = "tally/overrides"
 )
 
-// OverrideRecord is an override as the admin API shows it and as it is
-// stored (its JSON is adminapi.Override's), with its version, which orders
-// the changes: the store's, or a local zone's set_at.
+// OverrideRecord is an override as shown and stored (adminapi.Override's
+// JSON) with its version, which orders the changes: the store's, or set_at.
 type OverrideRecord struct {
 	adminapi.Override
 	version int64
@@ -67,7 +69,6 @@ type overrideBody struct {
 	Reason  string                  `json:"reason"`
 }
 
-// fieldError is a bad body's 400.
 func fieldError(field, why string, args ...any) error {
 	return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("%s: %s", field, fmt.Sprintf(why, args...))}
 }
@@ -87,20 +88,17 @@ func checkText(field, s string, maxLen int) error {
 // CheckOverrideID reports what is wrong with an override id: 1 to 128 of
 // letters, digits, '.', '_' and '-', not "." or "..".
 func CheckOverrideID(id string) error {
-	ok := id != "" && len(id) <= maxOverrideID && id != "." && id != ".."
-	for _, c := range id {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
-			ok = false
-		}
+	bad := func(c rune) bool {
+		return !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.')
 	}
-	if !ok {
+	if id == "" || len(id) > maxOverrideID || id == "." || id == ".." || strings.IndexFunc(id, bad) >= 0 {
 		return fieldError("id", "%q must be 1 to %d letters, digits, '.', '_' or '-' (not . or ..)", strings.ToValidUTF8(id, "?"), maxOverrideID)
 	}
 	return nil
 }
 
-// ParseOverride reads a PUT body for zone z's override id, set by from at
-// now, into the record to store; a bad body is a 400 naming the field.
+// ParseOverride reads a PUT body of zone z's override id, set by from at now;
+// a bad body is a 400 naming the field.
 func ParseOverride(z *zones.Zone, id, from string, body io.Reader, now time.Time) (OverrideRecord, error) {
 	if err := CheckOverrideID(id); err != nil {
 		return OverrideRecord{}, err
@@ -320,9 +318,8 @@ func (r OverrideRecord) stored() zones.StoredOverride {
 	return zones.StoredOverride{ID: r.ID, Expires: r.expiresAt(), Record: data}
 }
 
-// storedInOrder is records in the order of their changes: Restore
-// versions them in the order given, so that of two overrides of the same
-// match the latest change stays in force.
+// storedInOrder is records in the order of their changes, which Restore
+// versions them by: of two overrides of one match, the latest stays.
 func storedInOrder(records []OverrideRecord) []zones.StoredOverride {
 	slices.SortStableFunc(records, func(a, b OverrideRecord) int { return cmp.Compare(a.version, b.version) })
 	stored := make([]zones.StoredOverride, 0, len(records))
@@ -335,10 +332,9 @@ func storedInOrder(records []OverrideRecord) []zones.StoredOverride {
 // overrideHolders pools the holders by store and zone name.
 var overrideHolders = caddy.NewUsagePool()
 
-// OverrideHolder is one zone name's overrides on one store (or in this
-// instance's storage), pooled by name and store so that a reload never
-// drops them: the records, the set requests read, and the loop that
-// follows changes and expiries.
+// OverrideHolder is one zone name's overrides on one store (or this
+// instance's storage), pooled so that a reload never drops them: the
+// records, the set requests read, and the loop that follows changes.
 type OverrideHolder struct {
 	name    string
 	set     zones.Overrides
@@ -359,17 +355,9 @@ type OverrideHolder struct {
 	unlisten   func()
 }
 
-// overrideDir keeps local zones' overrides in Caddy's storage, a file per
-// override so that a change writes one: <dir>/<instance id>/<zone>/<id>.json.
-const overrideDir = "tally/overrides"
-
-// overridesCall bounds one call to the store about a zone's overrides.
-const overridesCall = 2 * time.Second
-
 // LoadOverrideHolder returns the holder of zone cfg's overrides on remote
-// (nil: local, in ctx's storage), and its key in the pool. A new holder of
-// a zone name registered with another holder (on another store: the zone
-// changed mode) starts with that holder's overrides.
+// (nil: in ctx's storage) and its pool key. A new holder of a name another
+// holder serves (the zone changed mode) starts with its overrides.
 func LoadOverrideHolder(ctx caddy.Context, cfg zones.Config, remote *zones.OverrideStore, storeKey string, logger *zap.Logger) (*OverrideHolder, string, error) {
 	key := "local\x00" + cfg.Name
 	if remote != nil {
@@ -409,9 +397,9 @@ func LoadOverrideHolder(ctx caddy.Context, cfg zones.Config, remote *zones.Overr
 	return h, key, nil
 }
 
-// carry makes list, a zone's overrides on the store it leaves, the new
-// holder's: a store keeps those of its own it already holds (another
-// instance moved first), a local zone's storage takes list as it is.
+// carry makes list, the overrides on the store the zone leaves, h's: a
+// store keeps those it holds (another instance moved first), a local
+// zone's storage takes list as it is.
 func (h *OverrideHolder) carry(list []OverrideRecord) {
 	if h.remote != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), overridesCall)
@@ -466,10 +454,9 @@ func (h *OverrideHolder) loop() {
 	}
 }
 
-// load reads the records from storage, or what changed in the store, and
-// rebuilds the set. A store that lost the overrides this instance read
-// from it (a new epoch, or none at all) is given this instance's copies
-// back, with one WARN when this instance is the one that restored them:
+// load reads the records from storage, or the store's changes, into the
+// set. A store that lost what this instance read (a new epoch, or none)
+// gets its copies back, with a WARN from the instance that restored them:
 // an emptied store never reads as every override removed.
 func (h *OverrideHolder) load(ctx context.Context) {
 	if h.remote == nil {
@@ -513,9 +500,8 @@ func (h *OverrideHolder) load(ctx context.Context) {
 		return
 	}
 	h.mu.Lock()
-	// The set in force changes once, when every change is applied: a read
-	// of the whole set (a new epoch) never passes through an empty one, in
-	// which a deny would be lifted for the requests of that moment.
+	// The set changes once, every change applied: a read of the whole set
+	// never passes through an empty one, which would lift a deny.
 	set := h.set.Load()
 	if read.All {
 		h.records = map[string]OverrideRecord{}
@@ -579,9 +565,9 @@ func (h *OverrideHolder) apply(id string, r *OverrideRecord) {
 	h.set.Store(h.applyTo(h.set.Load(), id, r))
 }
 
-// applyTo is set with r in place of the override id (nil: without id),
-// and the records likewise, in O(log N); h.mu is held. A lapsed record
-// stays until the loop's rebuild drops it; lookups pass it over.
+// applyTo is set and the records with r in place of id (nil: without), in
+// O(log N); h.mu is held. A lapsed record stays until a rebuild, and
+// lookups pass it over.
 func (h *OverrideHolder) applyTo(set *zones.OverrideSet, id string, r *OverrideRecord) *zones.OverrideSet {
 	set = set.Without(id)
 	delete(h.records, id)
@@ -592,8 +578,7 @@ func (h *OverrideHolder) applyTo(set *zones.OverrideSet, id string, r *OverrideR
 	return set
 }
 
-// add returns set with r, resolved under the zone's definition, and
-// notes r's expiry; h.mu is held.
+// add returns set with r resolved, noting r's expiry; h.mu is held.
 func (h *OverrideHolder) add(set *zones.OverrideSet, r OverrideRecord) *zones.OverrideSet {
 	if exp := r.expiresAt(); !exp.IsZero() && (h.next.IsZero() || exp.Before(h.next)) {
 		h.next = exp
@@ -616,9 +601,8 @@ func (h *OverrideHolder) sweep(now time.Time) {
 	}
 }
 
-// rebuild drops lapsed records (from storage too) and makes the set from
-// the others under the zone's definition; h.mu is held. It is O(N): it
-// runs when the definition changes or an override lapses, not on a change.
+// rebuild drops lapsed records (from storage too) and makes the set anew;
+// h.mu is held. It is O(N): only when the definition changes or one lapses.
 func (h *OverrideHolder) rebuild(now time.Time) {
 	h.next = time.Time{}
 	var set *zones.OverrideSet
@@ -750,10 +734,9 @@ func forgetDenials(name string) {
 // Set is the zone's overrides as requests read them (zones.Zone.UseOverrides).
 func (h *OverrideHolder) Set() *zones.Overrides { return &h.set }
 
-// Fleet reports whether the overrides are the fleet's (kept in Redis), not
-// this instance's alone (a local zone's, in Caddy's storage).
+// Fleet reports whether the overrides are the fleet's (in Redis), not this
+// instance's (in Caddy's storage).
 func (h *OverrideHolder) Fleet() bool { return h.remote != nil }
 
-// ReleaseOverrideHolder gives back the holder LoadOverrideHolder returned
-// the key of: the last release stops it.
+// ReleaseOverrideHolder gives back a LoadOverrideHolder; the last stops it.
 func ReleaseOverrideHolder(key string) { _, _ = overrideHolders.Delete(key) }

@@ -30,6 +30,12 @@ const (
 	// SnapshotTimeout bounds how long one write waits for the storage, so
 	// that a hung storage cannot hold Caddy's shutdown.
 	SnapshotTimeout = 10 * time.Second
+	// staleTempAge is how old a temporary snapshot file must be to be
+	// removed at start: a write in flight takes at most SnapshotTimeout.
+	staleTempAge = 2 * SnapshotTimeout
+	// snapshotPrefix is where snapshots are kept in Caddy's storage:
+	// <prefix>/<instance id>/<zone>-<hash of its limits>.
+	snapshotPrefix = "tally/snapshots"
 )
 
 // Persister snapshots and restores one handler's persisted zones: local
@@ -67,16 +73,12 @@ type SnapshotMetrics struct {
 	WriteFailures, RestoreFailures prometheus.Counter
 }
 
-// add adds n to c, nil when the zone has no such series.
+// add adds n to c, nil without metrics.
 func add(c prometheus.Counter, n float64) {
 	if c != nil {
 		c.Add(n)
 	}
 }
-
-// snapshotPrefix is where snapshots are kept in Caddy's storage:
-// <prefix>/<instance id>/<zone>-<hash of its limits>.
-const snapshotPrefix = "tally/snapshots"
 
 // NewPersister sets up the snapshots of zs to storage: written every
 // interval once started, ignored when older than maxAge at a restore.
@@ -90,9 +92,8 @@ func NewPersister(logger *zap.Logger, storage certmagic.Storage, interval, maxAg
 	return p
 }
 
-// InstanceID is Caddy's instance id (instance.uuid in Caddy's data
-// directory), read without creating it: a restore changes nothing. An
-// instance without one has written no snapshot yet.
+// InstanceID is Caddy's instance id, read without creating it so that a
+// restore changes nothing: an instance without one has written nothing.
 func InstanceID() (string, bool) {
 	b, err := os.ReadFile(filepath.Join(caddy.AppDataDir(), "instance.uuid"))
 	id := strings.TrimSpace(string(b))
@@ -106,9 +107,9 @@ func InstanceID() (string, bool) {
 var instanceIDMu sync.Mutex
 
 // CreateInstanceID returns Caddy's instance id, creating it when there is
-// none. caddy.InstanceID writes the file in place and Caddy's TLS app reads
-// or creates it too (its storage cleaning, at start), so a read can find it
-// empty for a moment: that read is retried, for a second at most.
+// none. caddy.InstanceID writes the file in place, and Caddy's TLS app may
+// create it at the same time, so a read that finds it empty is retried for
+// a second at most.
 func CreateInstanceID() (string, error) {
 	instanceIDMu.Lock()
 	defer instanceIDMu.Unlock()
@@ -135,9 +136,8 @@ type restored struct { // one snapshot loaded
 	err  error
 }
 
-// Restore loads and merges the snapshots of the zones whose state
-// provision created, waiting for them at most RestoreTimeout in all. It
-// only reads the storage.
+// Restore merges the snapshots of the zones whose state provision created,
+// waiting at most RestoreTimeout in all; it only reads the storage.
 func (p *Persister) Restore() {
 	instance, ok := InstanceID()
 	if !ok {
@@ -234,11 +234,10 @@ func (p *Persister) run() {
 	}
 }
 
-// removeStaleTemps deletes the temporary files (os.CreateTemp's, named by
-// digits only; a snapshot's name never is) that writes killed mid-way left
-// in this instance's snapshot directory of a file storage, each as large
-// as a snapshot. One younger than staleTempAge may be a write in flight
-// and stays. It runs once the config has started: provisioning only reads.
+// removeStaleTemps deletes from a file storage the temporary files (named
+// by digits only; a snapshot never is) that writes killed mid-way left, each
+// as large as a snapshot; one younger than staleTempAge may be in flight.
+// It runs once the config has started: provisioning only reads.
 func (p *Persister) removeStaleTemps() {
 	fsStorage, ok := p.storage.(*certmagic.FileStorage)
 	if !ok || len(p.zones) == 0 {
@@ -274,13 +273,8 @@ func (p *Persister) removeStaleTemps() {
 	}
 }
 
-// staleTempAge is how old a temporary snapshot file must be to be removed
-// at start: a write in flight takes at most SnapshotTimeout.
-const staleTempAge = 2 * SnapshotTimeout
-
-// WriteAll writes every zone's snapshot concurrently and waits for
-// them: on the stopping event, so that a storage that hangs holds Caddy's
-// shutdown for one SnapshotTimeout, not one per zone.
+// WriteAll writes every zone's snapshot concurrently (on the stopping event:
+// a hung storage holds Caddy's shutdown one SnapshotTimeout, not one a zone).
 func (p *Persister) WriteAll(why string) {
 	var wg sync.WaitGroup
 	for _, pz := range p.zones {

@@ -1,8 +1,19 @@
+// Package live holds what lives across config reloads, shared by the
+// handler (the root package), the listener wrapper and the admin API: each
+// zone definition's state and the pooled Redis stores and Regions
+// (states.go); the names each config claims, and the running zones with the
+// view the root registers of each, which the admin API reads without
+// importing the root (registry.go); local rate zones' snapshots
+// (persist.go); runtime overrides (overrides.go); the metric collectors and
+// the log sampling rule (metrics.go). It stands above zones and distributed
+// and below the modules, and imports Caddy's core, none of its apps.
 package live
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 
@@ -11,11 +22,9 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// claims records, for each loaded config, which definition each zone name
-// has, so that one name with two different limits in one config is an error,
-// whether the zones are HTTP zones or connection zones (the listener
-// wrapper's). A config is told apart by its context's Done channel, which
-// every module of that config shares.
+// claims records each loaded config's definition of each zone name (HTTP or
+// connection zone), so that one name with two limits in one config is an
+// error. A config is told apart by its context's Done channel.
 var claims = struct {
 	sync.Mutex
 	byConfig map[<-chan struct{}]map[string]Claim
@@ -76,10 +85,9 @@ func ClaimedHTTPZone(ctx context.Context, name string) (Claim, bool) {
 }
 
 // registry holds, by name, the zones of every loaded config in the order
-// they were registered; the last one is shown. A reload provisions the new
-// config (its zones go last) before cleaning up the old one, and a failed
-// load takes only its own registrations with it: what is shown is the
-// running config's zones.
+// registered. A reload provisions the new config (its zones go last) before
+// cleaning up the old, and a failed load takes only its own with it: the
+// last registration of a name is the running config's.
 var registry = struct {
 	sync.Mutex
 	zones map[string][]*zones.Zone
@@ -91,9 +99,8 @@ type registration struct {
 	view       ZoneView
 }
 
-// ZoneView is what the admin API and the status handler read of an HTTP
-// zone beyond zones.Zone, set by the root package when it registers the
-// zone: the zero view for a connection zone.
+// ZoneView is what the root registers of an HTTP zone beyond zones.Zone, for
+// the admin API and the status handler; a connection zone's is zero.
 type ZoneView struct {
 	Regional  zones.Store         // the store decisions reach (nil in local mode)
 	Shared    *distributed.Shared // a scope global zone's share of it, else nil
@@ -113,8 +120,7 @@ func Register(z *zones.Zone, connection bool, view ZoneView) {
 	registry.Unlock()
 }
 
-// View is what z's module registered with it (the zero view when z is not
-// registered).
+// View is what z's module registered with it (zero when not registered).
 func View(z *zones.Zone) ZoneView {
 	registry.Lock()
 	defer registry.Unlock()
@@ -176,4 +182,39 @@ func Lookup(name string, httpOnly bool) *zones.Zone {
 		}
 	}
 	return nil
+}
+
+// ZoneInJSON finds the HTTP zone name in routes (the http app's servers'
+// routes, not provisioned yet): its key template and whether it is a
+// concurrency zone.
+func ZoneInJSON(routes any, name string) (key string, concurrency, found bool) {
+	var v any
+	if raw, err := json.Marshal(routes); err == nil && json.Unmarshal(raw, &v) == nil {
+		return findZoneJSON(v, name)
+	}
+	return "", false, false
+}
+
+// findZoneJSON walks a decoded JSON config for a rate_limit handler with the
+// zone name, at any depth (subroutes, named routes, error routes).
+func findZoneJSON(v any, name string) (key string, concurrency, found bool) {
+	children, _ := v.([]any)
+	if m, ok := v.(map[string]any); ok {
+		if m["handler"] == "rate_limit" {
+			if zs, ok := m["rate_limits"].(map[string]any); ok {
+				if z, ok := zs[name].(map[string]any); ok {
+					key, _ := z["key"].(string)
+					n, _ := z["concurrency"].(float64)
+					return key, n > 0, true
+				}
+			}
+		}
+		children = slices.Collect(maps.Values(m))
+	}
+	for _, c := range children {
+		if key, concurrency, found = findZoneJSON(c, name); found {
+			return
+		}
+	}
+	return "", false, false
 }
