@@ -431,21 +431,22 @@ func TestDeadSeedAddressesCostNothingOnCluster(t *testing.T) {
 		return err == nil
 	})
 	var failed atomic.Int64
-	var lastErr atomic.Value
+	// A pointer, not an atomic.Value: errors of different types would panic its Store.
+	var lastErr atomic.Pointer[error]
 	var wg sync.WaitGroup
 	for g := range 16 {
 		wg.Go(func() {
 			for i := range 100 {
 				if _, err := stepDecide(store, ctx, "api", "k"+strconv.Itoa(g*100+i), limit, 1); err != nil {
 					failed.Add(1)
-					lastErr.Store(err)
+					lastErr.Store(&err)
 				}
 			}
 		})
 	}
 	wg.Wait()
 	if n := failed.Load(); n > 0 {
-		t.Errorf("%d of 1600 decisions failed with dead and hung seed addresses (last: %v), want none", n, lastErr.Load())
+		t.Errorf("%d of 1600 decisions failed with dead and hung seed addresses (last: %v), want none", n, *lastErr.Load())
 	}
 	if out := store.Outages(); len(out) != 0 {
 		t.Errorf("Outages: %+v, want none", out)
