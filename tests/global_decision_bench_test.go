@@ -243,7 +243,7 @@ func runGlobalDecisions(rdb, gdb *redis.Client, n int, keyOf func(int) string, d
 				ok, err := decide(keyOf(int(i)))
 				if err != nil {
 					failed.Add(1)
-					firstErr.CompareAndSwap(nil, err)
+					firstErr.CompareAndSwap(nil, err.Error()) // a string: errors of two types would panic
 					return
 				}
 				if ok {
