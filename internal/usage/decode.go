@@ -7,11 +7,10 @@ import (
 )
 
 // decoder is a resumable JSON tokenizer that keeps only what finding the
-// paths needs: the open containers (at most MaxDepth), the key being read
-// and the number being read. It checks the document's structure (a
-// truncated or broken document does not finish) but not every detail of
-// its tokens (escapes and number syntax are only read as far as finding
-// their end needs).
+// paths needs: the open containers (at most MaxDepth), the key and the
+// number being read. It checks the structure (a truncated or broken
+// document does not finish), not every token's detail (escapes and numbers
+// are read only as far as finding their end needs).
 type decoder struct {
 	paths *Paths
 	state state
@@ -22,8 +21,8 @@ type decoder struct {
 	// Anthropic's message or the Responses API's response).
 	array [MaxDepth]bool
 	match [MaxDepth]uint64
-	// The member being read: its key (while it is no longer than any
-	// segment may be) and the paths it continues.
+	// The member being read: its key (up to maxSegment) and the paths it
+	// continues.
 	key     [maxSegment]byte
 	keyLen  int
 	escaped bool // the key or string holds a backslash escape
@@ -37,14 +36,12 @@ type decoder struct {
 	done  bool // the top-level value ended
 	err   bool
 	// A token scanner's decoder reads a top-level array as a list of
-	// documents (Gemini's stream without alt=sse), each parsed as the top
-	// level is: inList while in it, a document ends with done, and feed
-	// stops there for the scanner to take it before next.
+	// documents (Gemini's stream without alt=sse): inList while in it; feed
+	// stops at each document's end (done) for the scanner to take it.
 	list, inList bool
 
-	// The strings the paths' text masks capture (the last one of each,
-	// its first MaxModel bytes, escapes as written), and which one the
-	// string being read goes to (0: none, k+1: text[k]).
+	// The last string of each text mask (its first MaxModel bytes, escapes
+	// as written), and where the string being read goes (0: none, k+1: text[k]).
 	text    [2][MaxModel]byte
 	textLen [2]int
 	capture int
@@ -121,8 +118,11 @@ func (d *decoder) feed(b []byte) int {
 			default:
 				d.err = true
 			}
-		case sInKey, sInString:
-			j := plainRun(b, i)
+		case sInKey, sInString: // the run without a quote or backslash is read at once
+			j := len(b)
+			if k := bytes.IndexAny(b[i:], `"\\`); k >= 0 {
+				j = i + k
+			}
 			d.keep(b[i:j])
 			switch i = j; {
 			case i == len(b):
@@ -178,15 +178,6 @@ func (d *decoder) feed(b []byte) int {
 	return i
 }
 
-// plainRun is where the run of b from i without a quote or a backslash
-// ends: the bytes of a key or string read at once.
-func plainRun(b []byte, i int) int {
-	if k := bytes.IndexAny(b[i:], `"\\`); k >= 0 {
-		return i + k
-	}
-	return len(b)
-}
-
 // value starts the value whose first byte is c.
 func (d *decoder) value(c byte) {
 	if d.done {
@@ -235,8 +226,8 @@ func (d *decoder) bitPath(b int) (segs []string, skip int) {
 	return d.paths.segs[b-slots], 1
 }
 
-// keep adds b, the next bytes of a key or a string value, to the key or
-// the text it goes to, as far as it holds.
+// keep adds b, the next bytes of a key or string, to the key or text it
+// goes to, as far as that holds.
 func (d *decoder) keep(b []byte) {
 	switch {
 	case d.state == sInKey || d.state == sKeyEscape:
@@ -262,9 +253,8 @@ func (d *decoder) ends() uint64 {
 	return e
 }
 
-// continues is the paths the key just read continues: those of its object
-// whose key at this depth is the key (any key, for the top-level key a
-// path from below one skips).
+// continues is the paths of the object whose key at this depth is the key
+// just read (any key, at the top level a path from below one skips).
 func (d *decoder) continues() uint64 {
 	readable := !d.escaped && d.keyLen <= maxSegment
 	var c uint64
@@ -280,17 +270,16 @@ func (d *decoder) continues() uint64 {
 
 // pathValue is path i's value in the document, found from the root first.
 func (d *decoder) pathValue(i int) (int64, bool) {
-	switch {
-	case d.found&(1<<i) != 0:
-		return d.vals[i], true
-	case d.found&(1<<(slots+i)) != 0:
-		return d.vals[slots+i], true
+	for _, b := range [2]int{i, slots + i} {
+		if d.found&(1<<b) != 0 {
+			return d.vals[b], true
+		}
 	}
 	return 0, false
 }
 
-// endNumber ends the number just read: a whole number >= 0 is the value of
-// the paths that end at it.
+// endNumber ends the number just read: a whole number >= 0 is the value
+// of the paths that end at it.
 func (d *decoder) endNumber() {
 	if d.digits {
 		for e := d.ends(); e != 0; e &= e - 1 {

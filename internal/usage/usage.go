@@ -1,21 +1,15 @@
 // Package usage reads numbers, such as an LLM server's token usage, from a
-// response body while it streams: a JSON document, or the data of
-// server-sent events, scanned in one pass over the bytes as they are
-// written, in memory bounded whatever the body's size. It imports nothing
-// of Caddy.
+// response body (JSON or server-sent events) as it streams, in one pass and
+// in memory bounded whatever the body's size. It imports nothing of Caddy.
 //
-// A path is a dot path of object keys (usage.total_tokens) from the
-// document's root or, where the root has none, from the object under one of
-// its top-level keys: Anthropic's message_start event and the Responses
-// API's response.completed event nest their usage one level down. Its value
-// must be a whole number >= 0 (not a null, a string or a value inside an
-// array). Several paths are summed, and every one must be found: a sum
-// with a part missing is not known. A JSON document's values count once it
-// has parsed to its end. In an event stream each event's data is one JSON
-// document, and each path takes its value from the last event that
-// carries it, so that a sum may span events (Anthropic's input tokens in
-// message_start, its cumulative output tokens in the last message_delta);
-// events whose data is not JSON ("[DONE]") or carries no path are skipped.
+// A path is a dot path of object keys (usage.total_tokens) from the root or,
+// where the root has none, from the object under a top-level key (Anthropic's
+// message_start, the Responses API's response.completed). Its value must be
+// a whole number >= 0, not inside an array. Several paths are summed, and a
+// sum with a part missing is not known. A JSON document counts once parsed
+// to its end; in an event stream each event's data is a document, and each
+// path takes the last event that carries it, so a sum may span events;
+// events that are not JSON ("[DONE]") or carry no path are skipped.
 // StartTokens (tokens.go) reads token usage with no path.
 package usage
 
@@ -24,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 )
 
@@ -31,11 +26,10 @@ import (
 const (
 	// MaxPaths is how many paths one charge may sum.
 	MaxPaths = 8
-	// MaxDepth is how deeply a JSON document may nest: deeper is
-	// malformed, for the scanner's memory is fixed.
+	// MaxDepth is how deeply a JSON document may nest: deeper is malformed.
 	MaxDepth = 64
 	// MaxEvent is the most of one event's data kept: a larger event is
-	// skipped (Reason TooLarge if no later event carries the paths).
+	// skipped (TooLarge if no later event carries the paths).
 	MaxEvent = 64 << 10
 
 	maxSegment = 128 // the longest key a path may name
@@ -45,9 +39,8 @@ const (
 type Paths struct {
 	segs   [][]string
 	quoted [][]byte // each path's last key, quoted: an event without one skips parsing
-	// The bits (root or below, as the decoder's) of the paths whose
-	// string values are kept, by text slot: the token scanner's model and
-	// the document's type.
+	// By text slot, the decoder's bits of the paths whose string values are
+	// kept: the token scanner's model and the document's type.
 	text [2]uint64
 }
 
@@ -121,9 +114,8 @@ type Scanner struct {
 	reason Reason // why the body is skipped, OK if it is not
 	dec    decoder
 
-	// Event streams: buf holds the current event's data (the first
-	// dataLen bytes, each data line followed by \n) and then the current
-	// line so far.
+	// buf: the current event's data (dataLen bytes, each data line ending
+	// in \n), then the current line so far.
 	buf       []byte
 	dataLen   int
 	lineLen   int  // the current line's length, kept or not
@@ -187,8 +179,8 @@ func (s *Scanner) Total() (int64, Reason) {
 	return sum, OK
 }
 
-// end takes the documents the body ended with; OK when done says what
-// was read is the result, else why there is none.
+// end takes the document the body ended with; OK when done says the
+// result was read, else why there is none.
 func (s *Scanner) end(done func() bool) Reason {
 	switch {
 	case s.reason != OK:
@@ -210,8 +202,7 @@ func (s *Scanner) end(done func() bool) Reason {
 	return NoUsage
 }
 
-// take reads a parsed document's values (or, scanning tokens, usage) as
-// the latest.
+// take reads a parsed document's values (or token usage) as the latest.
 func (s *Scanner) take(d *decoder) {
 	if s.tokens {
 		s.takeTokens(d)
@@ -224,12 +215,11 @@ func (s *Scanner) take(d *decoder) {
 	}
 }
 
-// events scans a text/event-stream chunk (the HTML standard's event stream
-// format): lines end with \r\n, \n or \r; an empty line dispatches the
-// event; a data line's value (after "data:" and one optional space) joins
-// the event's data; other fields and comments are dropped; an event the
-// stream ends in the middle of is not dispatched. An NDJSON body's lines
-// end with \n, and each is a document.
+// events scans a chunk of an event stream (the HTML standard's format):
+// lines end with \r\n, \n or \r; an empty line dispatches the event; a
+// data line's value (after "data:" and one optional space) joins its data;
+// other lines are dropped; an event cut by the stream's end is not
+// dispatched. An NDJSON body's lines end with \n, each a document.
 func (s *Scanner) events(b []byte) {
 	ends := "\r\n"
 	if s.kind == lineBody {
@@ -255,8 +245,7 @@ func (s *Scanner) events(b []byte) {
 	}
 }
 
-// appendLine adds b to the current line, unless the event is over its
-// bound.
+// appendLine adds b to the current line unless the event is over MaxEvent.
 func (s *Scanner) appendLine(b []byte) {
 	s.lineLen += len(b)
 	if s.over || len(b) == 0 {
@@ -314,14 +303,7 @@ func (s *Scanner) dispatch(data []byte) {
 	if s.tokens {
 		keys = tokenKeys
 	}
-	may := false
-	for _, k := range keys {
-		if bytes.Contains(data, k) {
-			may = true
-			break
-		}
-	}
-	if !may {
+	if !slices.ContainsFunc(keys, func(k []byte) bool { return bytes.Contains(data, k) }) {
 		return
 	}
 	s.dec.reset(s.paths, s.tokens)
@@ -329,8 +311,7 @@ func (s *Scanner) dispatch(data []byte) {
 	s.endDocument()
 }
 
-// parse feeds b to the decoder, taking each of a list's documents as it
-// ends.
+// parse feeds b to the decoder, taking each of a list's documents as it ends.
 func (s *Scanner) parse(b []byte) {
 	for {
 		n := s.dec.feed(b)
@@ -343,8 +324,7 @@ func (s *Scanner) parse(b []byte) {
 	}
 }
 
-// endDocument takes the document the body or event ended with, if it
-// parsed.
+// endDocument takes the document the body or event ended with, if it parsed.
 func (s *Scanner) endDocument() {
 	if s.dec.finish() {
 		s.take(&s.dec)
