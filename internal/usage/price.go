@@ -9,18 +9,13 @@ import (
 	"strings"
 )
 
-// Dollars (charge usd): prices per model turn a response's token usage
-// into an amount of micro-dollars, the unit every usd zone counts in.
-//
-// A price is given in dollars per million tokens, as providers publish
-// them, with at most three decimals: $0.001 per million tokens is one
-// nano-dollar per token, so a price is a whole number of nano-dollars per
-// token and a response's cost is computed exactly in nano-dollars. The
-// zone counts whole micro-dollars: a response is charged its exact cost
-// rounded up to the next micro-dollar (never down, so that a stream of
-// tiny responses is never free). Micro-dollars keep every zone kind within
-// its bounds: 2^40 of them is about $1.1 million, and a rate of up to $1
-// per second of its window keeps GCRA's one microsecond per unit.
+// Dollars (charge usd): prices per model turn token usage into
+// micro-dollars, the unit every usd zone counts in. A price is dollars per
+// million tokens with at most three decimals, so a whole number of
+// nano-dollars per token, and a cost is exact in nano-dollars, charged
+// rounded up to the micro-dollar (so tiny responses are never free).
+// Micro-dollars keep every zone kind within its bounds: 2^40 is about
+// $1.1 million, and up to $1 per second keeps GCRA's microsecond per unit.
 
 // Scales of the amounts.
 const (
@@ -29,9 +24,8 @@ const (
 	// NanoPerMicro is how many nano-dollars make a micro-dollar.
 	NanoPerMicro = 1000
 
-	// maxPrice is the highest price, in nano-dollars per token ($10,000
-	// per million tokens): far above any model's, and small enough that
-	// a mistyped price is refused rather than charged.
+	// maxPrice, in nano-dollars per token ($10,000 per million tokens), is
+	// far above any model's: a mistyped price is refused, not charged.
 	maxPrice = 10_000 * 1000
 )
 
@@ -43,7 +37,7 @@ type Price struct {
 }
 
 // Prices is a charge usd table: models by pattern, first match wins, and
-// an optional default for every other model.
+// an optional default.
 type Prices struct {
 	models     []modelPrice
 	def        Price
@@ -94,10 +88,9 @@ func (p *Prices) Lookup(model string) (Price, bool) {
 	return p.def, p.hasDefault
 }
 
-// Cost is what a response of model that used these tokens costs, in
-// micro-dollars, rounded up; input includes cached (as Tokens.Input
-// does). false: the model has no price. A cost too large for int64
-// saturates at math.MaxInt64 (the zone's bound caps what it charges).
+// Cost is what a response of model costs, in micro-dollars rounded up
+// (input includes cached, as Tokens.Input does), saturating at
+// math.MaxInt64 (the zone's bound caps the charge); false: no price.
 func (p *Prices) Cost(model string, input, cached, output int64) (int64, bool) {
 	pr, ok := p.Lookup(model)
 	if !ok {
@@ -172,8 +165,7 @@ func parseDecimal(s string, places int) (int64, error) {
 	return n, nil
 }
 
-// FormatUSD writes micro-dollars as dollars with six decimals, such as
-// 19.873412: exact, and the same width for every amount.
+// FormatUSD writes micro-dollars exactly as dollars with six decimals (19.873412).
 func FormatUSD(micro int64) string {
 	sign := ""
 	u := uint64(micro)
