@@ -28,40 +28,34 @@ const StorageKey = "tally/challenge/secrets.json"
 
 const keyIDLen = 4
 
-// secret is one signing key, named by a random id that tokens and cookies
-// carry, as the storage keeps it.
+// secret is one signing key as stored, named by the id tokens and cookies carry.
 type secret struct {
 	ID      []byte    `json:"id"`
 	Key     []byte    `json:"key"`
 	Created time.Time `json:"created"`
 }
 
-// Secrets are the signing keys: the current one signs, it and the
-// previous one verify. A key is created once, by the first instance that
-// finds none in the storage (under the storage's lock), and replaced when
-// it is older than the rotation period, the replaced one kept for one more
-// period: a cookie signed just before a rotation verifies until it
-// expires, as long as cookies are valid for at most one period.
-//
-// A running instance replaces it too: signing with a key past the period
-// starts a rotation in the background (one at a time, at most one per
-// reloadEvery), which takes a key another instance made meanwhile rather
-// than make a second; until one succeeds the current key keeps signing,
-// and the first failure after a success is logged at WARN (through the
-// loading context's Slogger, as Caddy's has).
+// Secrets are the signing keys: the current one signs, it and the previous
+// one verify. The first instance to find none in the storage creates one
+// (under the storage's lock); one older than the rotation period is
+// replaced and kept one more period, so a cookie valid for at most a period
+// verifies until it expires. Signing with a key past the period starts a
+// rotation in the background (one at a time, at most one per reloadEvery)
+// that takes a key another instance made meanwhile rather than make a
+// second; until one succeeds the current key signs, and the first failure
+// after a success is logged at WARN (through the context's Slogger).
 type Secrets struct {
 	keys    atomic.Pointer[[]secret] // newest first, at most two
 	storage Storage
 	rotate  time.Duration
 	log     *slog.Logger
 	now     func() time.Time
-	// reloaded is when an unknown key id last made the keys be read again
-	// from the storage (another instance rotated): at most once per
-	// reloadEvery.
+	// reloaded: when an unknown key id last made the keys be read again
+	// (another instance rotated), at most once per reloadEvery.
 	mu       sync.Mutex
 	reloaded time.Time
-	// rotating is held from the signing that starts a rotation to its
-	// end; it guards rotated and warned.
+	// rotating is held from the signing that starts a rotation to its end;
+	// it guards rotated and warned.
 	rotating sync.Mutex
 	rotated  time.Time
 	warned   bool
@@ -73,10 +67,8 @@ const reloadEvery = 10 * time.Second
 // this often (and never before a cookie they signed expires).
 const MinRotation = 7 * 24 * time.Hour
 
-// LoadSecrets reads the keys from storage, creating the first one or
-// rotating an old one under the storage's lock. rotate is how old the
-// current key may get (at least MinRotation and the longest cookie
-// validity).
+// LoadSecrets reads the keys from storage (refresh). rotate is how old the
+// current key may get (at least MinRotation and the longest cookie validity).
 func LoadSecrets(ctx context.Context, st Storage, rotate time.Duration) (*Secrets, error) {
 	s := &Secrets{storage: st, rotate: max(rotate, MinRotation), log: slog.Default(), now: time.Now}
 	if l, ok := ctx.(interface{ Slogger() *slog.Logger }); ok {
@@ -141,8 +133,7 @@ func (s *Secrets) read(ctx context.Context) ([]secret, error) {
 	return keys, nil
 }
 
-// current is the signing key, starting a rotation when it is past the
-// period.
+// current is the signing key, starting a rotation when it is past the period.
 func (s *Secrets) current() secret {
 	k, now := (*s.keys.Load())[0], s.now()
 	if s.storage == nil || now.Sub(k.Created) < s.rotate || !s.rotating.TryLock() {
@@ -168,9 +159,9 @@ func (s *Secrets) rotateNow() {
 	s.warned = err != nil
 }
 
-// byID is the key named id, read again from the storage (at most once per
-// reloadEvery) when it is unknown: another instance may have rotated. A
-// lookup during a reload waits for it.
+// byID is the key named id, read again from the storage when unknown (at
+// most once per reloadEvery: another instance may have rotated); a lookup
+// during a reload waits for it.
 func (s *Secrets) byID(id []byte) ([]byte, bool) {
 	if key, ok := keyByID(*s.keys.Load(), id); ok || s.storage == nil {
 		return key, ok

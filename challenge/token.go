@@ -1,11 +1,9 @@
 // Package challenge is the proof-of-work challenge a zone can answer with
-// at its limit: a challenge token signed by the server, bound to the
-// client's zone key, its expiry and its difficulty; the check of a
-// submitted nonce; the cookie a solved challenge earns, whose identity then
-// has a budget of its own; the secret both are signed with, kept in Caddy's
-// storage; the difficulty that follows the pressure on a network; and the
-// page that solves it in a browser. It knows nothing of zones or of the
-// handler: the root package wires it in (challenge.go).
+// at its limit: a token signed by the server and bound to the client's zone
+// key, expiry and difficulty; the check of a nonce; the cookie a solution
+// earns, whose identity has a budget of its own; their secret, kept in
+// Caddy's storage; the difficulty that follows a network's pressure; and the
+// page that solves it. The root package wires it in (challenge.go).
 //
 // Verifying a submission is stateless: one HMAC and one SHA-256, and the
 // caller's replay guard (the zone's store: one step per solved challenge).
@@ -45,16 +43,14 @@ const (
 var Reasons = []Reason{Malformed, Forged, WrongKey, Expired, BadNonce, Replayed, ForgedCookie}
 
 // The token's layout: version, expiry (Unix seconds), difficulty, random
-// id, a fingerprint of the zone key (to tell wrong_key from forged: the
-// MAC binds the key itself), the secret's id, then the zone's name, then
-// the MAC.
+// id, the zone key's fingerprint (to tell wrong_key from forged: the MAC
+// binds the key), the secret's id, the zone's name, the MAC.
 const (
 	tokenVersion = 1
 	idLen        = 12
 	headLen      = 1 + 8 + 1 + idLen + 8 + keyIDLen
 	macLen       = 16
-	// MaxTokenLen bounds what Parse reads: a zone name is at most this
-	// long in a token.
+	// MaxTokenLen bounds what is decoded: a zone name of maxZoneLen at most.
 	maxZoneLen  = 128
 	MaxTokenLen = (headLen + maxZoneLen + macLen + 2) / 3 * 4
 )
@@ -93,13 +89,12 @@ func Zone(token string) (string, bool) {
 	return string(b[headLen : len(b)-macLen]), true
 }
 
-// Verify checks a submission: token, issued for key, and nonce (decimal
-// digits) whose SHA-256 with the token must start with the token's
-// difficulty of zero hex digits. It costs one HMAC and one SHA-256. The
-// caller then asks its replay guard about the challenge's ID.
+// Verify checks a submission: token, issued for key, and nonce (1 to 20
+// decimal digits), which must solve the token (Solves). The caller then asks
+// its replay guard about the challenge's ID.
 func (s *Secrets) Verify(token, key, nonce string, now time.Time) (Challenge, Reason) {
 	b, ok := decodeToken(token)
-	if !ok || !decimal(nonce) {
+	if !ok || nonce == "" || len(nonce) > 20 || strings.Trim(nonce, "0123456789") != "" {
 		return Challenge{}, Malformed
 	}
 	body, mac := b[:len(b)-macLen], b[len(b)-macLen:]
@@ -160,14 +155,8 @@ func decodeToken(token string) ([]byte, bool) {
 	return b, true
 }
 
-// decimal reports whether s is 1 to 20 decimal digits.
-func decimal(s string) bool {
-	return s != "" && len(s) <= 20 && strings.Trim(s, "0123456789") == ""
-}
-
-// sign is the MAC of a and b, under a label that keeps a token's MAC
-// from ever being a cookie's: a token signs its body and the zone key it
-// is issued to, a cookie its zone's name and its body.
+// sign is the MAC of a and b under a label, so a token's MAC is never a
+// cookie's: a token signs its body and zone key, a cookie its zone and body.
 func sign(secret []byte, label string, a, b []byte) []byte {
 	m := hmac.New(sha256.New, secret)
 	m.Write([]byte("tally " + label + "\x00"))
@@ -195,13 +184,13 @@ func fingerprint(key string) uint64 {
 // CookiePrefix starts a zone's cookie name: tally_<zone>.
 const CookiePrefix = "tally_"
 
-// IdentityPrefix starts the key a cookie's identity is decided under in
-// its zone, so that it never shares a bucket with an address.
+// IdentityPrefix starts a cookie identity's key: it never shares an
+// address's bucket.
 const IdentityPrefix = "cookie:"
 
 // The cookie's layout: version, expiry (Unix seconds), random identity,
-// the secret's id, then the MAC (over the zone's name too: a cookie of one
-// zone is nothing in another).
+// the secret's id, the MAC (over the zone's name too: one zone's cookie is
+// nothing in another).
 const (
 	cookieVersion = 2
 	identityLen   = 16
@@ -223,9 +212,8 @@ func (s *Secrets) Mint(zone string, expires time.Time) (value, identity string) 
 }
 
 // Identity returns the identity of zone's cookie value, or ok false when
-// it is malformed, forged, signed by a secret these are not, or expired:
-// a request with such a cookie is a request without one (bad reports that
-// it was not merely expired).
+// it is expired or (bad) malformed, forged or of an unknown secret: such a
+// request is one without a cookie.
 func (s *Secrets) Identity(zone, value string, now time.Time) (identity string, ok, bad bool) {
 	if len(value) != cookieLen {
 		return "", false, true
