@@ -1,9 +1,6 @@
 package ratelimit
 
-import (
-	"github.com/caddy-tally/ratelimit/config"
-	"github.com/caddy-tally/ratelimit/internal/usage"
-)
+import "github.com/caddy-tally/ratelimit/internal/usage"
 
 // bodyCharge is what a zone charges from the response body, scanned on its
 // way in bounded memory (finish.go): the sum of paths (charge json), or
@@ -24,30 +21,15 @@ func (b *bodyCharge) price(model string, input, output int64) (int64, bool) {
 	return b.tokens.of(usage.Tokens{Input: input, Output: output}), true
 }
 
-// tokenCount is which tokens charge tokens counts.
-type tokenCount uint8
-
-const (
-	tokensTotal tokenCount = iota
-	tokensInput
-	tokensOutput
-)
-
-func parseTokenCount(s string) (tokenCount, error) {
-	switch s {
-	case "input":
-		return tokensInput, nil
-	case "output":
-		return tokensOutput, nil
-	}
-	return tokensTotal, config.CheckTokenCount(s)
-}
+// tokenCount is which tokens charge tokens counts (config.CheckTokenCount):
+// input, output, or total ("" too).
+type tokenCount string
 
 func (c tokenCount) of(t usage.Tokens) int64 {
 	switch c {
-	case tokensInput:
+	case "input":
 		return t.Input
-	case tokensOutput:
+	case "output":
 		return t.Output
 	}
 	return t.Total()
