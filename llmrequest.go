@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -14,14 +15,12 @@ import (
 // llmZone is what a zone that charges LLM tokens or dollars does with the
 // request's body (docs/llm.md): `estimate request` estimates the cost from
 // it, and an OpenAI chat-completions stream that does not ask for its usage
-// is made to (include_usage), the added usage chunk stripped from what its
-// client gets. The body is read once per request, bounded by
-// llmreq.MaxBody; the upstream gets every byte.
+// is made to (include_usage), the usage chunk stripped from its client's.
+// The body is read once per request, bounded by llmreq.MaxBody; the
+// upstream gets every byte.
 type llmZone struct {
-	estimate bool
-	// usagePaths: the endpoints' path suffixes whose streams get
-	// include_usage; none: include_usage off.
-	usagePaths []string
+	estimate   bool
+	usagePaths []string       // path suffixes whose streams get include_usage; none: off
 	charge     *bodyCharge    // the zone's charge tokens or charge usd, which prices the estimate
 	outputs    llmreq.Outputs // the output tokens of the zone's responses, per model
 }
@@ -62,12 +61,10 @@ func llmZoneOf(name string, zc *Zone, b *bodyCharge) (*llmZone, error) {
 // llmRead is a request's body as the zones read it, kept in its vars.
 type llmRead struct {
 	q llmreq.Request
-	// usage: include_usage was added to the body; strip: a handler's
-	// response strips what it adds (the outermost one's, so that every
-	// zone's scanner sees the usage).
+	// usage: include_usage was added; strip: a handler's response strips it
+	// (the outermost one's, so that every zone's scanner sees the usage).
 	usage, strip bool
-	// body: nil when not read whole, or once no zone can add include_usage.
-	body []byte
+	body         []byte // nil when not read whole, or once no zone can add include_usage
 }
 
 const llmReadVar = "rate_limit.llm_request"
@@ -95,9 +92,9 @@ func requestModel(r *http.Request) string {
 	return ""
 }
 
-// cost is the request's estimate (fallback when the body cannot be
-// priced), false when the zone does not estimate; a stream the zone wants
-// the usage of is made to ask for it.
+// cost is the request's estimate (fallback when the body cannot be priced),
+// false when the zone does not estimate; a stream whose usage the zone
+// wants is made to ask for it.
 func (l *llmZone) cost(r *http.Request, fallback int64) (int64, bool) {
 	if !l.estimate && !l.wantsUsage(r.URL.Path) && l.charge.prices == nil {
 		return 0, false // nothing to read the body for
@@ -128,12 +125,7 @@ func (l *llmZone) cost(r *http.Request, fallback int64) (int64, bool) {
 }
 
 func (l *llmZone) wantsUsage(path string) bool {
-	for _, p := range l.usagePaths {
-		if strings.HasSuffix(path, p) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(l.usagePaths, func(p string) bool { return strings.HasSuffix(path, p) })
 }
 
 // stripUsage wraps w, on the first handler of a request whose body was
@@ -144,9 +136,7 @@ func stripUsage(w http.ResponseWriter, r *http.Request) http.ResponseWriter {
 		return w
 	}
 	if rd.usage || !rd.q.WantsUsage() {
-		// No zone can add include_usage now: the copy is not kept for
-		// a stream's minutes.
-		rd.body = nil
+		rd.body = nil // no zone can add include_usage now: not kept for a stream's minutes
 	}
 	if !rd.usage || rd.strip {
 		return w

@@ -5,13 +5,12 @@ import (
 	"sync"
 )
 
-// Outputs learns, per model, the 95th percentile of the output tokens of a
-// zone's responses: the output a request that sets no maximum is
-// estimated at. Its memory is bounded whatever the model names a client
-// sends: at most maxModels models, each a histogram of a fixed size whose
-// counts halve every halfLife responses (recent responses weigh more);
-// beyond maxModels, a new model takes the place of the least seen one, and
-// a model not learned gets the percentile of all the zone's responses.
+// Outputs learns, per model, the 95th percentile of a zone's responses'
+// output tokens: the estimate of a request that sets no maximum. Its memory
+// is bounded whatever the model names: at most maxModels fixed-size
+// histograms whose counts halve every halfLife responses (recent ones weigh
+// more); a new model beyond takes the least seen one's place, and a model
+// not learned gets the percentile of all the zone's responses.
 type Outputs struct {
 	mu     sync.Mutex
 	models map[string]*sketch
@@ -33,13 +32,6 @@ type sketch struct {
 	seen  int // responses since the counts last halved
 }
 
-func bucketOf(tokens int64) int {
-	if tokens <= 1 {
-		return 0
-	}
-	return min(int(math.Ceil(4*math.Log2(float64(tokens)))), buckets-1)
-}
-
 func (s *sketch) add(tokens int64) {
 	if s.seen++; s.seen > halfLife {
 		s.seen, s.total = 0, s.total/2
@@ -47,7 +39,11 @@ func (s *sketch) add(tokens int64) {
 			s.n[i] /= 2
 		}
 	}
-	s.n[bucketOf(tokens)]++
+	b := 0
+	if tokens > 1 {
+		b = min(int(math.Ceil(4*math.Log2(float64(tokens)))), buckets-1)
+	}
+	s.n[b]++
 	s.total++
 }
 

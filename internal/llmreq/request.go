@@ -1,10 +1,9 @@
-// Package llmreq reads an LLM API request's body for the zones that
-// charge its tokens or dollars: the model, the prompt's size and the most
-// output it asks for (the estimate taken before the upstream answers), and
-// whether an OpenAI chat-completions stream asks for its usage, which it
-// adds when it does not (stream_options.include_usage) and strips from the
-// response (strip.go). The body is read once, bounded (MaxBody), and the
-// upstream gets every byte of it: what was read is replayed, then the rest.
+// Package llmreq reads an LLM API request's body for the zones that charge
+// its tokens or dollars: the model, the prompt's size and the most output it
+// asks for (the estimate before the upstream answers), and whether an OpenAI
+// chat-completions stream asks for its usage, which it adds when not
+// (stream_options.include_usage) and strips from the response (strip.go).
+// The body is read once, bounded (MaxBody); the upstream gets every byte.
 package llmreq
 
 import (
@@ -21,17 +20,14 @@ const MaxBody = 1 << 20
 
 // Request is what a request's body says, as far as tally reads it.
 type Request struct {
-	// Parsed: the body was read whole (within MaxBody) and is one JSON
-	// object; the fields below are only set then.
-	Parsed bool
+	Parsed bool   // read whole (within MaxBody), one JSON object; else nothing below is set
 	Model  string // "model" (Gemini: from the path), at most MaxModel bytes
 	// Prompt is the bytes of the prompt's text: the strings in messages,
 	// input, contents, prompt, system and instructions, keys aside.
 	Prompt int64
-	// MaxOutput is the most output tokens the request allows (max_tokens,
-	// max_completion_tokens, max_output_tokens, Gemini's
-	// generationConfig.maxOutputTokens, Ollama's options.num_predict);
-	// -1 when it sets none.
+	// MaxOutput is the most output tokens allowed (max_tokens,
+	// max_completion_tokens, max_output_tokens, Gemini's generationConfig.
+	// maxOutputTokens, Ollama's options.num_predict); -1 when none is set.
 	MaxOutput      int64
 	Stream         bool // "stream": true
 	IncludeUsage   bool // stream_options.include_usage is true
@@ -45,9 +41,9 @@ const MaxModel = 256
 // rounded up (about four bytes of English text a token).
 func (q *Request) Input() int64 { return (q.Prompt + 3) / 4 }
 
-// Read reads r's body, at most MaxBody of it, and replaces it by a body
-// that gives the upstream the same bytes: those read, then the rest. It
-// returns the bytes read and whether they are the whole body.
+// Read reads at most MaxBody of r's body, replaced by one that gives the
+// upstream the same bytes (those read, then the rest), and returns the
+// bytes read and whether they are the whole body.
 func Read(r *http.Request) ([]byte, bool) {
 	if r.Body == nil || r.Body == http.NoBody || r.ContentLength > MaxBody {
 		return nil, false
@@ -63,9 +59,7 @@ func Read(r *http.Request) ([]byte, bool) {
 	_, err := buf.ReadFrom(io.LimitReader(body, MaxBody+1))
 	b := buf.Bytes()
 	switch {
-	case err != nil:
-		// The read failed (the client left, a timeout): the upstream
-		// gets the bytes read, then the same error.
+	case err != nil: // the client left, a timeout: the upstream gets the bytes, then the error
 		r.Body = replay{io.MultiReader(bytes.NewReader(b), errReader{err}), body}
 	case len(b) > MaxBody:
 		r.Body = replay{io.MultiReader(bytes.NewReader(b), body), body}
@@ -76,8 +70,8 @@ func Read(r *http.Request) ([]byte, bool) {
 	return b, false
 }
 
-// replay is a body read again: the bytes read, then the rest; Close
-// closes the request's body.
+// replay is a body read again: the bytes read, then the rest; Close closes
+// the request's body.
 type replay struct {
 	io.Reader
 	io.Closer
@@ -101,8 +95,10 @@ func Parse(b []byte, path string) Request {
 	end := members(b, 0, func(key []byte, vs, ve int) {
 		v := b[vs:ve]
 		switch string(key) {
-		case "model":
-			q.Model = stringOf(v)
+		case "model": // a string, escapes kept (model names have none)
+			if len(v) >= 2 && v[0] == '"' {
+				q.Model = string(v[1 : len(v)-1])
+			}
 		case "messages", "input", "contents", "prompt", "system", "instructions":
 			value(b, vs, &q.Prompt, 0)
 		case "max_tokens", "max_completion_tokens", "max_output_tokens":
@@ -122,8 +118,11 @@ func Parse(b []byte, path string) Request {
 		return Request{MaxOutput: -1}
 	}
 	q.Parsed = true
-	if q.Model == "" {
-		q.Model = geminiModel(path)
+	if i := strings.LastIndex(path, "/models/"); q.Model == "" && i >= 0 {
+		// Gemini's model is in its path: …/models/<model>:<method>.
+		if m, _, ok := strings.Cut(path[i+len("/models/"):], ":"); ok {
+			q.Model = m
+		}
 	}
 	if len(q.Model) > MaxModel {
 		q.Model = q.Model[:MaxModel]
@@ -148,36 +147,13 @@ func sub(v []byte, key string, f func([]byte)) {
 	})
 }
 
-// stringOf is the JSON string v, "" if v is not one; escapes are kept as
-// they are (model names have none).
-func stringOf(v []byte) string {
-	if len(v) < 2 || v[0] != '"' {
-		return ""
-	}
-	return string(v[1 : len(v)-1])
-}
-
-// geminiModel is the model in a Gemini path, …/models/<model>:<method>.
-func geminiModel(path string) string {
-	i := strings.LastIndex(path, "/models/")
-	if i < 0 {
-		return ""
-	}
-	m := path[i+len("/models/"):]
-	if j := strings.IndexByte(m, ':'); j >= 0 {
-		return m[:j]
-	}
-	return ""
-}
-
 // WantsUsage reports whether q, sent to a chat-completions path, is a
 // stream that does not ask for its usage: one to add it to (WithUsage).
 func (q *Request) WantsUsage() bool { return q.Parsed && q.Stream && !q.IncludeUsage }
 
-// WithUsage is the body b of q with stream_options.include_usage set to
-// true: a member added to the object (to stream_options when the body has
-// one, else a new stream_options at the end), every other byte as it was.
-// nil when stream_options is not an object.
+// WithUsage is q's body b with stream_options.include_usage true, added to
+// stream_options (a new one at the end when none), every other byte as it
+// was; nil when stream_options is not an object.
 func (q *Request) WithUsage(b []byte) []byte {
 	const member = `"include_usage":true`
 	if q.soEnd == 0 {

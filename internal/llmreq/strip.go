@@ -2,13 +2,12 @@ package llmreq
 
 import "bytes"
 
-// Strip removes from an OpenAI chat-completions stream what asking for
-// its usage added: the usage-only chunk (a data event whose object has a
-// usage and no choices) and the "usage": null member of every other chunk,
-// so that a client that did not ask for the usage gets the stream it
-// would have had. Every other byte passes as it came. An event is passed
-// on once whole (a client reads nothing from half an event); one longer
-// than maxEvent cannot be the usage chunk and passes as it comes.
+// Strip removes from an OpenAI chat-completions stream what asking for its
+// usage added: the usage-only chunk (a data event with a usage and no
+// choices) and every other chunk's "usage": null, so a client that did not
+// ask gets the stream it would have had; every other byte passes. An event
+// is passed on once whole (a client reads nothing from half an event); one
+// longer than maxEvent cannot be the usage chunk and passes as it comes.
 type Strip struct {
 	pending []byte
 	long    bool // the event being read is longer than maxEvent
@@ -17,8 +16,7 @@ type Strip struct {
 // maxEvent is the longest event Strip holds to look at.
 const maxEvent = 64 << 10
 
-// Write filters b, the stream's next bytes, and passes what is to be sent
-// on to emit, in order.
+// Write filters b, the stream's next bytes, passing what is sent to emit.
 func (s *Strip) Write(b []byte, emit func([]byte) error) error {
 	s.pending = append(s.pending, b...)
 	for {
@@ -27,9 +25,8 @@ func (s *Strip) Write(b []byte, emit func([]byte) error) error {
 			if !s.long && len(s.pending) <= maxEvent {
 				return nil
 			}
-			// Too long to be the usage chunk: on as it comes, but for
-			// the last bytes, which may start the blank line that ends
-			// it.
+			// Too long to be the usage chunk: on as it comes, but for the
+			// last bytes, which may start the blank line that ends it.
 			s.long = true
 			keep := min(len(s.pending), 3)
 			err := emit(s.pending[:len(s.pending)-keep])
@@ -74,9 +71,8 @@ func eventEnd(b []byte) int {
 	return end
 }
 
-// filter is the event ev as the client is to get it: nil for the usage
-// chunk, its data's "usage": null member removed from any other chunk.
-// An event of another shape passes as it is.
+// filter is ev as the client gets it: nil for the usage chunk, "usage":
+// null removed from any other chunk; other shapes pass as they are.
 func filter(ev []byte) []byte {
 	rest, ok := bytes.CutPrefix(ev, []byte("data:"))
 	if !ok {
