@@ -21,8 +21,7 @@ type decoder struct {
 	// Anthropic's message or the Responses API's response).
 	array [MaxDepth]bool
 	match [MaxDepth]uint64
-	// The member being read: its key (up to maxSegment) and the paths it
-	// continues.
+	// The member being read: its key (up to maxSegment), the paths it continues.
 	key     [maxSegment]byte
 	keyLen  int
 	escaped bool // the key or string holds a backslash escape
@@ -47,8 +46,7 @@ type decoder struct {
 	capture int
 }
 
-// slots is how many paths a decoder follows: a charge's (at most
-// MaxPaths) or the token scanner's.
+// slots is how many paths a decoder follows: a charge's or the token scanner's.
 const slots = 32
 
 type state uint8
@@ -217,8 +215,7 @@ func (d *decoder) value(c byte) {
 	}
 }
 
-// bitPath is bit b's path and how many keys come before it (0 from the
-// root, 1 from below a top-level key).
+// bitPath is bit b's path and the keys before it (0: from the root, 1: below one).
 func (d *decoder) bitPath(b int) (segs []string, skip int) {
 	if b < slots {
 		return d.paths.segs[b], 0
@@ -226,8 +223,7 @@ func (d *decoder) bitPath(b int) (segs []string, skip int) {
 	return d.paths.segs[b-slots], 1
 }
 
-// keep adds b, the next bytes of a key or string, to the key or text it
-// goes to, as far as that holds.
+// keep adds b, the next bytes of a key or string, to where it goes, as room allows.
 func (d *decoder) keep(b []byte) {
 	switch {
 	case d.state == sInKey || d.state == sKeyEscape:
@@ -278,8 +274,7 @@ func (d *decoder) pathValue(i int) (int64, bool) {
 	return 0, false
 }
 
-// endNumber ends the number just read: a whole number >= 0 is the value
-// of the paths that end at it.
+// endNumber ends a number: a whole one >= 0 is the value of the paths ending at it.
 func (d *decoder) endNumber() {
 	if d.digits {
 		for e := d.ends(); e != 0; e &= e - 1 {
@@ -312,8 +307,8 @@ func (d *decoder) afterValue() {
 	}
 }
 
-// finish reports whether the document ended complete and well formed; a
-// number at the very end has no byte after it to end it.
+// finish reports whether the document ended complete and well formed (ending
+// a number at the very end, which no byte followed).
 func (d *decoder) finish() bool {
 	switch d.state {
 	case sNumber:

@@ -36,8 +36,7 @@ type Price struct {
 	Output      int64
 }
 
-// Prices is a charge usd table: models by pattern, first match wins, and
-// an optional default.
+// Prices is a charge usd table: models by pattern (first match wins), a default.
 type Prices struct {
 	models     []modelPrice
 	def        Price
@@ -50,8 +49,7 @@ type modelPrice struct {
 	price   Price
 }
 
-// AddModel appends a model's price; pattern is a model name or a prefix
-// ending in * (the only place * may be).
+// AddModel appends a model's price; pattern is a name, or a prefix ending in *.
 func (p *Prices) AddModel(pattern string, price Price) error {
 	prefix := strings.HasSuffix(pattern, "*")
 	name := strings.TrimSuffix(pattern, "*")
@@ -76,8 +74,7 @@ func (p *Prices) AddModel(pattern string, price Price) error {
 // SetDefault sets the price of every model no pattern fits.
 func (p *Prices) SetDefault(price Price) { p.def, p.hasDefault = price, true }
 
-// Lookup is the price of model: the first pattern that fits, else the
-// default; false when neither.
+// Lookup is model's price: the first fitting pattern's, else the default (false: none).
 func (p *Prices) Lookup(model string) (Price, bool) {
 	for i := range p.models {
 		m := &p.models[i]
@@ -116,8 +113,7 @@ func satMul(a, b int64) int64 {
 	return int64(lo)
 }
 
-// ParsePrice reads a price in dollars per million tokens ("0.40", "15",
-// "0.075") as nano-dollars per token.
+// ParsePrice reads dollars per million tokens ("0.075") as nano-dollars per token.
 func ParsePrice(s string) (int64, error) {
 	n, err := parseDecimal(s, 3)
 	switch {
@@ -129,8 +125,7 @@ func ParsePrice(s string) (int64, error) {
 	return n, nil
 }
 
-// ParseUSD reads an amount of dollars ("20", "0.50", "0.000125") as
-// micro-dollars, at least one and at most max.
+// ParseUSD reads dollars ("0.000125") as micro-dollars, from one to max.
 func ParseUSD(s string, max int64) (int64, error) {
 	n, err := parseDecimal(s, 6)
 	switch {
@@ -142,8 +137,7 @@ func ParseUSD(s string, max int64) (int64, error) {
 	return n, nil
 }
 
-// parseDecimal reads a non-negative decimal with at most places decimals
-// as a whole number of 10^-places units, exactly.
+// parseDecimal reads a decimal >= 0 of at most places decimals, exactly, in 10^-places units.
 func parseDecimal(s string, places int) (int64, error) {
 	whole, frac, dot := strings.Cut(s, ".")
 	switch {

@@ -66,10 +66,9 @@ type tokenState struct {
 	modelLen           int
 }
 
-// StartTokens readies s to read the token usage (Tokens) of a body with
-// these headers.
+// StartTokens readies s to read the token usage (Tokens) of a body.
 func (s *Scanner) StartTokens(contentType, contentEncoding string) {
-	s.start(&tokenPaths, true, contentType, contentEncoding)
+	s.Start(&tokenPaths, contentType, contentEncoding)
 }
 
 // Tokens is the body's token usage once it has ended, or why there is none.

@@ -106,8 +106,7 @@ const (
 	lineBody // newline-delimited JSON: each line a document (token scanners only)
 )
 
-// Scanner reads one response body's total. Its zero value is not ready:
-// call Start with the response's headers first.
+// Scanner reads one response body's total; Start readies it.
 type Scanner struct {
 	paths  *Paths
 	kind   kind
@@ -134,11 +133,7 @@ type Scanner struct {
 
 // Start readies s for a body with these headers.
 func (s *Scanner) Start(p *Paths, contentType, contentEncoding string) {
-	s.start(p, false, contentType, contentEncoding)
-}
-
-func (s *Scanner) start(p *Paths, tokens bool, contentType, contentEncoding string) {
-	*s = Scanner{paths: p, buf: s.buf[:0], tokens: tokens}
+	*s = Scanner{paths: p, buf: s.buf[:0], tokens: p == &tokenPaths}
 	mt, _, _ := strings.Cut(contentType, ";")
 	mt = strings.TrimSpace(mt)
 	switch {
@@ -148,7 +143,7 @@ func (s *Scanner) start(p *Paths, tokens bool, contentType, contentEncoding stri
 		s.kind = eventBody
 	case strings.EqualFold(mt, "application/json") || (len(mt) > 5 && strings.EqualFold(mt[len(mt)-5:], "+json")):
 		s.kind = jsonBody
-		s.dec.reset(p, tokens)
+		s.dec.reset(p, s.tokens)
 	case s.tokens && strings.EqualFold(mt, "application/x-ndjson"):
 		s.kind = lineBody
 	default:
@@ -165,8 +160,7 @@ func (s *Scanner) Write(b []byte) {
 	}
 }
 
-// Total is the sum of the paths' values once the body has ended, or why
-// there is none.
+// Total is the sum of the paths' values once the body has ended, or why not.
 func (s *Scanner) Total() (int64, Reason) {
 	all := uint16(1)<<len(s.paths.segs) - 1
 	if r := s.end(func() bool { return s.found == all }); r != OK {
@@ -179,8 +173,7 @@ func (s *Scanner) Total() (int64, Reason) {
 	return sum, OK
 }
 
-// end takes the document the body ended with; OK when done says the
-// result was read, else why there is none.
+// end takes the document the body ended with: OK when done says so, else why not.
 func (s *Scanner) end(done func() bool) Reason {
 	switch {
 	case s.reason != OK:
@@ -296,8 +289,7 @@ func (s *Scanner) endLine() {
 	}
 }
 
-// dispatch parses one event's data (or NDJSON line) if it may carry a
-// path or, scanning tokens, a count.
+// dispatch parses one event's data (or NDJSON line) if it may carry a path or count.
 func (s *Scanner) dispatch(data []byte) {
 	keys := s.paths.quoted
 	if s.tokens {
