@@ -12,8 +12,7 @@ type bodyCharge struct {
 	prices *usage.Prices
 }
 
-// price prices an estimate of tokens as b charges them (false: no price
-// for the model); b charges tokens or dollars.
+// price prices an estimate of tokens as b (tokens or dollars) charges them; false: no price.
 func (b *bodyCharge) price(model string, input, output int64) (int64, bool) {
 	if b.prices != nil {
 		return b.prices.Cost(model, input, 0, output)
@@ -21,8 +20,7 @@ func (b *bodyCharge) price(model string, input, output int64) (int64, bool) {
 	return b.tokens.of(usage.Tokens{Input: input, Output: output}), true
 }
 
-// tokenCount is which tokens charge tokens counts (config.CheckTokenCount):
-// input, output, or total ("" too).
+// tokenCount is which tokens charge tokens counts: input, output, or total ("" too).
 type tokenCount string
 
 func (c tokenCount) of(t usage.Tokens) int64 {

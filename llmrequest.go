@@ -28,8 +28,7 @@ type llmZone struct {
 // defaultUsagePath: OpenAI's, and every compatible server's.
 const defaultUsagePath = "/chat/completions"
 
-// llmZoneOf checks and resolves a zone's estimate and include_usage; nil
-// for a zone that charges neither tokens nor dollars from body b.
+// llmZoneOf checks a zone's estimate and include_usage; nil unless b charges tokens or dollars.
 func llmZoneOf(name string, zc *Zone, b *bodyCharge) (*llmZone, error) {
 	price := b != nil && b.paths == nil
 	switch {
@@ -45,14 +44,14 @@ func llmZoneOf(name string, zc *Zone, b *bodyCharge) (*llmZone, error) {
 	l := &llmZone{estimate: zc.Estimate == "request", charge: b, usagePaths: []string{defaultUsagePath}}
 	if len(zc.IncludeUsage) > 0 {
 		l.usagePaths = nil
-		for _, p := range zc.IncludeUsage {
-			switch {
-			case p == "off" && len(zc.IncludeUsage) == 1:
-			case p == "off" || !strings.HasPrefix(p, "/"):
-				return nil, fmt.Errorf("zone %s: include_usage %q: give off, or the paths (or their ends, from a /) of OpenAI chat-completions endpoints, e.g. include_usage /v1/chat/completions", name, p)
-			default:
-				l.usagePaths = append(l.usagePaths, p)
-			}
+	}
+	for _, p := range zc.IncludeUsage {
+		switch {
+		case p == "off" && len(zc.IncludeUsage) == 1:
+		case p == "off" || !strings.HasPrefix(p, "/"):
+			return nil, fmt.Errorf("zone %s: include_usage %q: give off, or the paths (or their ends, from a /) of OpenAI chat-completions endpoints, e.g. include_usage /v1/chat/completions", name, p)
+		default:
+			l.usagePaths = append(l.usagePaths, p)
 		}
 	}
 	return l, nil
@@ -92,9 +91,8 @@ func requestModel(r *http.Request) string {
 	return ""
 }
 
-// cost is the request's estimate (fallback when the body cannot be priced),
-// false when the zone does not estimate; a stream whose usage the zone
-// wants is made to ask for it.
+// cost is the request's estimate (fallback when unpriced), false when the zone does not
+// estimate; a stream whose usage the zone wants is made to ask for it.
 func (l *llmZone) cost(r *http.Request, fallback int64) (int64, bool) {
 	if !l.estimate && !l.wantsUsage(r.URL.Path) && l.charge.prices == nil {
 		return 0, false // nothing to read the body for
@@ -128,8 +126,7 @@ func (l *llmZone) wantsUsage(path string) bool {
 	return slices.ContainsFunc(l.usagePaths, func(p string) bool { return strings.HasSuffix(path, p) })
 }
 
-// stripUsage wraps w, on the first handler of a request whose body was
-// made to ask for its usage, to strip the usage chunk from the client's.
+// stripUsage wraps w, on the first handler of a request made to ask for its usage, to strip it.
 func stripUsage(w http.ResponseWriter, r *http.Request) http.ResponseWriter {
 	rd, ok := caddyhttp.GetVar(r.Context(), llmReadVar).(*llmRead)
 	if !ok {
@@ -145,8 +142,7 @@ func stripUsage(w http.ResponseWriter, r *http.Request) http.ResponseWriter {
 	return &usageStrip{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
 }
 
-// usageStrip strips the usage chunk from an OpenAI stream (a 200
-// text/event-stream, not encoded); anything else passes as it is.
+// usageStrip strips the usage from a 200 text/event-stream, not encoded; all else passes.
 type usageStrip struct {
 	caddyhttp.ResponseWriterWrapper
 	strip     llmreq.Strip

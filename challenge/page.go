@@ -19,8 +19,7 @@ import (
 //go:embed solver.js
 var script string
 
-// ScriptHash is the CSP source that allows the page's script:
-// script-src 'sha256-…'.
+// ScriptHash is the CSP source that allows the page's script: 'sha256-…'.
 var ScriptHash = func() string {
 	sum := sha256.Sum256([]byte(script))
 	return "'sha256-" + base64.StdEncoding.EncodeToString(sum[:]) + "'"
@@ -29,8 +28,7 @@ var ScriptHash = func() string {
 // BrowserHashRate is the hashes per second a browser is assumed to try.
 const BrowserHashRate = 100000
 
-// Page is the challenge page for token at difficulty d; retry is when a
-// client without JavaScript may try again.
+// Page is the challenge page for token at difficulty d; retry is for clients without JavaScript.
 func Page(token string, d int, retry time.Duration) []byte {
 	return fmt.Appendf(nil, `<!DOCTYPE html>
 <html lang="en">

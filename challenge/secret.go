@@ -14,8 +14,7 @@ import (
 	"time"
 )
 
-// Storage is what Secrets needs of Caddy's storage (certmagic.Storage has
-// it): every instance sharing the storage shares the secret.
+// Storage is what Secrets needs of Caddy's storage: instances sharing it share the secret.
 type Storage interface {
 	Lock(ctx context.Context, name string) error
 	Unlock(ctx context.Context, name string) error
@@ -50,12 +49,10 @@ type Secrets struct {
 	rotate  time.Duration
 	log     *slog.Logger
 	now     func() time.Time
-	// reloaded: when an unknown key id last made the keys be read again
-	// (another instance rotated), at most once per reloadEvery.
+	// reloaded: when an unknown key id last made the keys be read again.
 	mu       sync.Mutex
 	reloaded time.Time
-	// rotating is held from the signing that starts a rotation to its end;
-	// it guards rotated and warned.
+	// rotating is held while a rotation runs; it guards rotated and warned.
 	rotating sync.Mutex
 	rotated  time.Time
 	warned   bool
@@ -63,8 +60,7 @@ type Secrets struct {
 
 const reloadEvery = 10 * time.Second
 
-// MinRotation is the shortest rotation period: keys are replaced at most
-// this often (and never before a cookie they signed expires).
+// MinRotation is the shortest rotation period (never before a cookie it signed expires).
 const MinRotation = 7 * 24 * time.Hour
 
 // LoadSecrets reads the keys from storage (refresh). rotate is how old the
@@ -80,8 +76,7 @@ func LoadSecrets(ctx context.Context, st Storage, rotate time.Duration) (*Secret
 	return s, nil
 }
 
-// refresh reads the keys under the storage's lock, adding a new one when
-// there is none or the newest is past the rotation period, and keeps them.
+// refresh reads the keys under the storage's lock, adding one when none or the newest is old.
 func (s *Secrets) refresh(ctx context.Context) error {
 	if err := s.storage.Lock(ctx, StorageKey); err != nil {
 		return fmt.Errorf("locking the challenge secret in Caddy's storage: %v", err)
@@ -159,9 +154,8 @@ func (s *Secrets) rotateNow() {
 	s.warned = err != nil
 }
 
-// byID is the key named id, read again from the storage when unknown (at
-// most once per reloadEvery: another instance may have rotated); a lookup
-// during a reload waits for it.
+// byID is the key named id, read again from the storage when unknown (another
+// instance may have rotated), at most once per reloadEvery; lookups wait for it.
 func (s *Secrets) byID(id []byte) ([]byte, bool) {
 	if key, ok := keyByID(*s.keys.Load(), id); ok || s.storage == nil {
 		return key, ok

@@ -21,8 +21,7 @@ import (
 	"time"
 )
 
-// VerifyPath is where the page submits a solution (POST, form-urlencoded:
-// challenge, nonce, elapsed_ms, return).
+// VerifyPath is where the page POSTs a solution (form: challenge, nonce, elapsed_ms, return).
 const VerifyPath = "/.well-known/tally/challenge"
 
 // Reason is why a submission or a cookie was refused; "" is none.
@@ -63,8 +62,7 @@ type Challenge struct {
 	Expires    time.Time
 }
 
-// Issue returns a token for zone key key of zone, valid for ttl from now,
-// of difficulty d, signed with the current secret.
+// Issue returns a token for zone key key of zone, of difficulty d, valid for ttl from now.
 func (s *Secrets) Issue(zone, key string, d int, now time.Time, ttl time.Duration) string {
 	k := s.current()
 	buf := make([]byte, headLen, headLen+len(zone)+macLen)
@@ -79,8 +77,7 @@ func (s *Secrets) Issue(zone, key string, d int, now time.Time, ttl time.Duratio
 	return base64.RawURLEncoding.EncodeToString(buf)
 }
 
-// Zone returns the zone a token names, unverified (to find the zone whose
-// key the token is checked against), or false when it is not a token.
+// Zone returns the zone a token names, unverified (whose key it is checked against).
 func Zone(token string) (string, bool) {
 	b, ok := decodeToken(token)
 	if !ok {
@@ -133,8 +130,7 @@ func Solves(token, nonce string, d int) bool {
 	return d%2 == 0 || sum[d/2]>>4 == 0
 }
 
-// Solve finds the smallest nonce that solves token at difficulty d: the
-// native solver a crawler (or a test) runs.
+// Solve finds the smallest nonce that solves token at difficulty d (a native solver).
 func Solve(token string, d int) string {
 	for n := uint64(0); ; n++ {
 		s := strconv.FormatUint(n, 10)
@@ -166,15 +162,13 @@ func sign(secret []byte, label string, a, b []byte) []byte {
 	return m.Sum(nil)[:macLen]
 }
 
-// check reports whether mac signs a and b under label with the secret
-// named kid, and whether that secret is known.
+// check reports whether the secret named kid is known, and mac signs a and b under label.
 func (s *Secrets) check(kid, mac []byte, label string, a, b []byte) (known, ok bool) {
 	secret, known := s.byID(kid)
 	return known, known && hmac.Equal(mac, sign(secret, label, a, b))
 }
 
-// fingerprint tells which key a token was issued to, to name a wrong key's
-// refusal; the MAC, not it, binds the key.
+// fingerprint tells which key a token was issued to (to name wrong_key, not to bind it).
 func fingerprint(key string) uint64 {
 	h := fnv.New64a()
 	h.Write([]byte(key))
@@ -184,8 +178,7 @@ func fingerprint(key string) uint64 {
 // CookiePrefix starts a zone's cookie name: tally_<zone>.
 const CookiePrefix = "tally_"
 
-// IdentityPrefix starts a cookie identity's key: it never shares an
-// address's bucket.
+// IdentityPrefix starts a cookie identity's key: it never shares an address's bucket.
 const IdentityPrefix = "cookie:"
 
 // The cookie's layout: version, expiry (Unix seconds), random identity,
@@ -198,8 +191,7 @@ const (
 	cookieLen     = (cookieBody + macLen + 2) / 3 * 4
 )
 
-// Mint returns a new cookie value for zone, valid until expires, and the
-// identity it carries (IdentityPrefix and the random id).
+// Mint returns a new cookie value for zone, valid until expires, and its identity.
 func (s *Secrets) Mint(zone string, expires time.Time) (value, identity string) {
 	k := s.current()
 	b := make([]byte, cookieBody, cookieBody+macLen)

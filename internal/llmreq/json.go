@@ -16,8 +16,7 @@ func space(b []byte, i int) int {
 	return i
 }
 
-// str skips the string that starts at b[i] (a quote): the index after its
-// closing quote, or -1.
+// str skips the string at b[i] (a quote): the index after its closing quote, or -1.
 func str(b []byte, i int) int {
 	for i++; i < len(b); i++ {
 		switch b[i] {
@@ -60,8 +59,7 @@ func value(b []byte, i int, text *int64, depth int) int {
 	return j
 }
 
-// list reads the container at b[i] that closes with end, each element read
-// by elem (from its first byte): the index after it, or -1.
+// list reads the container at b[i] closed by end, each element by elem: the index after, or -1.
 func list(b []byte, i int, end byte, elem func(i int) int) int {
 	if i = space(b, i+1); i < len(b) && b[i] == end {
 		return i + 1

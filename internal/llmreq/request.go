@@ -14,8 +14,7 @@ import (
 	"strings"
 )
 
-// MaxBody is the most of a request's body that is read: a longer body is
-// not estimated (nor edited), and reaches the upstream as it came.
+// MaxBody is the most of a body read: a longer one is not estimated nor edited.
 const MaxBody = 1 << 20
 
 // Request is what a request's body says, as far as tally reads it.
@@ -37,8 +36,7 @@ type Request struct {
 // MaxModel is the most of a model's name kept.
 const MaxModel = 256
 
-// Input is the input tokens the prompt is estimated at: its bytes ÷ 4,
-// rounded up (about four bytes of English text a token).
+// Input is the prompt's estimated input tokens: its bytes ÷ 4, rounded up (English text).
 func (q *Request) Input() int64 { return (q.Prompt + 3) / 4 }
 
 // Read reads at most MaxBody of r's body, replaced by one that gives the
@@ -70,8 +68,7 @@ func Read(r *http.Request) ([]byte, bool) {
 	return b, false
 }
 
-// replay is a body read again: the bytes read, then the rest; Close closes
-// the request's body.
+// replay is a body read again: the bytes read, then the rest; Close closes the original.
 type replay struct {
 	io.Reader
 	io.Closer
@@ -130,8 +127,7 @@ func Parse(b []byte, path string) Request {
 	return q
 }
 
-// setMax sets MaxOutput from a whole number >= 0 (Ollama's -1, no limit,
-// and -2, fill the context, are none).
+// setMax sets MaxOutput from a whole number >= 0 (Ollama's -1 and -2 are none).
 func (q *Request) setMax(v []byte) {
 	if n, err := strconv.ParseInt(string(v), 10, 64); err == nil && n >= 0 {
 		q.MaxOutput = n
@@ -147,8 +143,7 @@ func sub(v []byte, key string, f func([]byte)) {
 	})
 }
 
-// WantsUsage reports whether q, sent to a chat-completions path, is a
-// stream that does not ask for its usage: one to add it to (WithUsage).
+// WantsUsage reports whether q is a stream that does not ask for its usage (WithUsage adds it).
 func (q *Request) WantsUsage() bool { return q.Parsed && q.Stream && !q.IncludeUsage }
 
 // WithUsage is q's body b with stream_options.include_usage true, added to

@@ -59,8 +59,7 @@ func (s *Strip) End(emit func([]byte) error) error {
 	return err
 }
 
-// eventEnd is the index after the blank line that ends the first event in
-// b (LF, CRLF or CR line ends), or -1.
+// eventEnd is the index after the blank line (LF, CRLF or CR) ending b's first event, or -1.
 func eventEnd(b []byte) int {
 	end := -1
 	for _, sep := range [...]string{"\n\n", "\r\n\r\n", "\r\r"} {
@@ -79,8 +78,7 @@ func filter(ev []byte) []byte {
 		return ev
 	}
 	at := space(ev, len(ev)-len(rest))
-	// The usage member: where the member before it ends (the brace when
-	// none), and its value.
+	// The usage member: where the member before it ends (the brace if none), and its value.
 	from, vs, ve := 0, 0, 0
 	choices, last := false, at+1
 	end := members(ev, at, func(key []byte, s, e int) {
@@ -99,8 +97,7 @@ func filter(ev []byte) []byte {
 	case string(ev[vs:ve]) != "null":
 		return nil // the usage chunk
 	}
-	// "usage": null: removed with the comma before it, or, when it is the
-	// first member, with the comma after it.
+	// "usage": null goes with the comma before it or, when first, the one after it.
 	to := ve
 	if from == at+1 {
 		if i := space(ev, ve); ev[i] == ',' {
