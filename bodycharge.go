@@ -2,10 +2,9 @@ package ratelimit
 
 import "github.com/caddy-tally/ratelimit/internal/usage"
 
-// bodyCharge is what a zone charges from the response body, scanned on its
-// way in bounded memory (finish.go): the sum of paths (charge json), or
-// else its token usage, counted (charge tokens) or priced by its model
-// (charge usd, when prices is set).
+// bodyCharge is what a zone charges from the response body, scanned as it streams
+// (finish.go): the paths' sum (charge json), else its token usage, counted
+// (charge tokens) or priced by its model (charge usd, prices set).
 type bodyCharge struct {
 	paths  *usage.Paths
 	tokens tokenCount

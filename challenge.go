@@ -21,9 +21,8 @@ func challengeTTL(d int) time.Duration {
 	return 5*time.Minute + time.Duration(4*challenge.ExpectedHashes(d)/challenge.BrowserHashRate*float64(time.Second))
 }
 
-// usedPrefix starts a solved challenge's key in its zone: the replay guard
-// is one step of the zone's store, one per challenge lifetime, so an id is
-// held until it expires (with distributed, fleet-wide).
+// usedPrefix starts a solved challenge's key: the replay guard is one step of the
+// zone's store, one per challenge lifetime (with distributed, fleet-wide).
 const usedPrefix = "challenge-used:"
 
 type zoneChallenge struct {
@@ -89,9 +88,8 @@ func provisionChallenge(ctx caddy.Context, c *Challenge, name string, zc *Zone, 
 	return zc2, nil
 }
 
-// identify decides a request with a valid cookie under its identity (the
-// ticket's key) and budget, given in {http.rate_limit.<zone>.identity}. An
-// invalid cookie is counted and the request decided as one without.
+// identify decides a request with a valid cookie under its identity (given in
+// {http.rate_limit.<zone>.identity}) and budget; an invalid one is counted.
 func (c *zoneChallenge) identify(r *http.Request, v *ticket) {
 	ck, err := r.Cookie(c.cookie)
 	if err != nil {
@@ -110,9 +108,8 @@ func (c *zoneChallenge) identify(r *http.Request, v *ticket) {
 	requestReplacer(r).Set(c.identityVar, id)
 }
 
-// challenge answers a denied request with the challenge page, and reports
-// whether it did: for a browser's navigation (GET or HEAD accepting
-// text/html) not denied by an override's deny.
+// challenge answers a denied browser navigation (GET or HEAD accepting text/html)
+// with the page, unless an override denied it; it reports whether it did.
 func (c *zoneChallenge) challenge(w http.ResponseWriter, r *http.Request, v *ticket, retry time.Duration) bool {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead || !strings.Contains(r.Header.Get("Accept"), "text/html") ||
 		v.Override != nil && v.Override.Deny {
@@ -138,11 +135,10 @@ func (c *zoneChallenge) challenge(w http.ResponseWriter, r *http.Request, v *tic
 
 const maxSubmission = 4 << 10 // a challenge submission's body
 
-// verifyChallenge answers a submission to challenge.VerifyPath when a zone
-// of the handler has a challenge, and reports whether it did. A solution
-// sets the cookie and redirects (303) back; a failure is a 400 or 403,
-// never a 5xx. It costs one HMAC, one SHA-256 and, once solved, one step
-// of the zone's store (the replay guard).
+// verifyChallenge answers a submission to challenge.VerifyPath when a zone has a
+// challenge, and reports whether it did. A solution sets the cookie and redirects
+// (303) back; a failure is a 400 or 403, never a 5xx. It costs one HMAC, one
+// SHA-256 and, once solved, one step of the zone's store (the replay guard).
 func (h *Handler) verifyChallenge(w http.ResponseWriter, r *http.Request) bool {
 	first := h.challengeZone("")
 	if first == nil {

@@ -12,12 +12,10 @@ import (
 	"github.com/caddy-tally/ratelimit/internal/llmreq"
 )
 
-// llmZone is what a zone that charges LLM tokens or dollars does with the
-// request's body (docs/llm.md): `estimate request` estimates the cost from
-// it, and an OpenAI chat-completions stream that does not ask for its usage
-// is made to (include_usage), the usage chunk stripped from its client's.
-// The body is read once per request, bounded by llmreq.MaxBody; the
-// upstream gets every byte.
+// llmZone is what a zone that charges LLM tokens or dollars does with the request's
+// body (docs/llm.md): `estimate request` estimates the cost; an OpenAI stream not
+// asking for its usage is made to (include_usage), the usage stripped from its
+// client's. The body is read once, within llmreq.MaxBody; the upstream gets it all.
 type llmZone struct {
 	estimate   bool
 	usagePaths []string       // path suffixes whose streams get include_usage; none: off

@@ -8,11 +8,10 @@ import (
 	"time"
 )
 
-// Pressure sets the difficulty of a network's next challenge between Min
-// and Max from its count of recent challenges (halved each HalfLife): one
-// hex digit more each time the count is 16 times larger (from 16 on), back
-// to Min when it calms. Its memory is bounded: at MaxNetworks networks it
-// forgets them all (they start again at Min).
+// Pressure sets the difficulty of a network's next challenge between Min and
+// Max from its count of recent challenges (halved each HalfLife): a hex digit
+// more each time the count is 16 times larger (from 16 on), back to Min when
+// it calms. At MaxNetworks networks it forgets them all (back to Min).
 type Pressure struct {
 	Min, Max int
 	mu       sync.Mutex
@@ -55,9 +54,8 @@ func (p *Pressure) Next(network string, now time.Time) int {
 func ExpectedHashes(d int) float64 { return math.Pow(16, float64(d)) }
 
 // Identities counts the cookie identities seen within a span (the budget's
-// window). It keeps at most MaxIdentities (beyond, new ones are not counted,
-// a lower bound, until InUse forgets old ones). Seen costs a map lookup and
-// an atomic store for a known identity.
+// window), at most MaxIdentities (beyond, a lower bound until InUse forgets old
+// ones). Seen costs a map lookup and an atomic store for a known identity.
 type Identities struct {
 	seen sync.Map // identity → *atomic.Int64, when last seen (Unix ns)
 	n    atomic.Int64

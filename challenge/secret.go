@@ -34,15 +34,13 @@ type secret struct {
 	Created time.Time `json:"created"`
 }
 
-// Secrets are the signing keys: the current one signs, it and the previous
-// one verify. The first instance to find none in the storage creates one
-// (under the storage's lock); one older than the rotation period is
-// replaced and kept one more period, so a cookie valid for at most a period
-// verifies until it expires. Signing with a key past the period starts a
-// rotation in the background (one at a time, at most one per reloadEvery)
-// that takes a key another instance made meanwhile rather than make a
-// second; until one succeeds the current key signs, and the first failure
-// after a success is logged at WARN (through the context's Slogger).
+// Secrets are the signing keys: the current one signs, it and the previous one
+// verify. The first instance to find none in the storage creates one (under its
+// lock); one past the rotation period is replaced and kept one more period, so a
+// cookie valid for at most a period verifies until it expires. Signing with an
+// old key starts a rotation in the background (one at a time, at most one per
+// reloadEvery) that takes a key another instance made meanwhile; until one
+// succeeds the current key signs, and the first failure is logged at WARN.
 type Secrets struct {
 	keys    atomic.Pointer[[]secret] // newest first, at most two
 	storage Storage

@@ -1,11 +1,9 @@
-// Package challenge is the proof-of-work challenge a zone can answer with
-// at its limit: a token signed by the server and bound to the client's zone
-// key, expiry and difficulty; the check of a nonce; the cookie a solution
-// earns, whose identity has a budget of its own; their secret, kept in
-// Caddy's storage; the difficulty that follows a network's pressure; and the
-// page that solves it. The root package wires it in (challenge.go).
-//
-// Verifying a submission is stateless: one HMAC and one SHA-256, and the
+// Package challenge is the proof-of-work challenge a zone can answer with at
+// its limit: a signed token bound to the client's zone key, expiry and
+// difficulty; the nonce's check; the cookie a solution earns, whose identity
+// has a budget of its own; their secret in Caddy's storage; the difficulty
+// that follows a network's pressure; the page. The root wires it in
+// (challenge.go). Verifying is stateless: one HMAC, one SHA-256, and the
 // caller's replay guard (the zone's store: one step per solved challenge).
 package challenge
 
@@ -41,9 +39,8 @@ const (
 // Reasons are every reason a failure can have, for binding metrics.
 var Reasons = []Reason{Malformed, Forged, WrongKey, Expired, BadNonce, Replayed, ForgedCookie}
 
-// The token's layout: version, expiry (Unix seconds), difficulty, random
-// id, the zone key's fingerprint (to tell wrong_key from forged: the MAC
-// binds the key), the secret's id, the zone's name, the MAC.
+// The token's layout: version, expiry (Unix seconds), difficulty, random id, the
+// zone key's fingerprint (wrong_key, not forged), the secret's id, zone, MAC.
 const (
 	tokenVersion = 1
 	idLen        = 12
@@ -86,9 +83,8 @@ func Zone(token string) (string, bool) {
 	return string(b[headLen : len(b)-macLen]), true
 }
 
-// Verify checks a submission: token, issued for key, and nonce (1 to 20
-// decimal digits), which must solve the token (Solves). The caller then asks
-// its replay guard about the challenge's ID.
+// Verify checks a submission: token, issued for key, and nonce (1 to 20 digits)
+// that Solves it. The caller then asks its replay guard about the ID.
 func (s *Secrets) Verify(token, key, nonce string, now time.Time) (Challenge, Reason) {
 	b, ok := decodeToken(token)
 	if !ok || nonce == "" || len(nonce) > 20 || strings.Trim(nonce, "0123456789") != "" {
@@ -181,9 +177,8 @@ const CookiePrefix = "tally_"
 // IdentityPrefix starts a cookie identity's key: it never shares an address's bucket.
 const IdentityPrefix = "cookie:"
 
-// The cookie's layout: version, expiry (Unix seconds), random identity,
-// the secret's id, the MAC (over the zone's name too: one zone's cookie is
-// nothing in another).
+// The cookie's layout: version, expiry (Unix seconds), random identity, the
+// secret's id, the MAC (over the zone's name: nothing in another zone).
 const (
 	cookieVersion = 2
 	identityLen   = 16
@@ -203,9 +198,8 @@ func (s *Secrets) Mint(zone string, expires time.Time) (value, identity string) 
 	return base64.RawURLEncoding.EncodeToString(b), IdentityPrefix + base64.RawURLEncoding.EncodeToString(b[9:9+identityLen])
 }
 
-// Identity returns the identity of zone's cookie value, or ok false when
-// it is expired or (bad) malformed, forged or of an unknown secret: such a
-// request is one without a cookie.
+// Identity returns zone's cookie's identity, or ok false (a request without a
+// cookie) when it is expired or (bad) malformed, forged or of an unknown secret.
 func (s *Secrets) Identity(zone, value string, now time.Time) (identity string, ok, bad bool) {
 	if len(value) != cookieLen {
 		return "", false, true

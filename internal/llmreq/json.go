@@ -1,9 +1,8 @@
 package llmreq
 
-// A minimal JSON reader: the top-level members are found and their values
-// skipped in one pass, undecoded (a megabyte of messages is one scan, no
-// allocation). It accepts every valid value nested at most maxDepth deep;
-// on invalid text it stops (-1), and the body is left as it is.
+// A minimal JSON reader: the top-level members are found and their values skipped,
+// undecoded, in one pass with no allocation. It accepts every valid value nested
+// at most maxDepth deep; on invalid text it stops (-1), the body left as it is.
 
 // maxDepth is the deepest nesting value reads.
 const maxDepth = 512
@@ -29,9 +28,8 @@ func str(b []byte, i int) int {
 	return -1
 }
 
-// value skips the value at b[i], within depth containers: the index after
-// it, or -1. text, when not nil, is added the bytes inside its strings that
-// are not object keys: a prompt's text.
+// value skips the value at b[i], within depth containers: the index after it, or
+// -1. text, if not nil, is added the bytes in its strings but keys: a prompt's text.
 func value(b []byte, i int, text *int64, depth int) int {
 	if i >= len(b) || depth == maxDepth && (b[i] == '{' || b[i] == '[') {
 		return -1

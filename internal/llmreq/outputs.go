@@ -5,11 +5,10 @@ import (
 	"sync"
 )
 
-// Outputs learns, per model, the 95th percentile of a zone's responses'
-// output tokens: the estimate of a request that sets no maximum. Its memory
-// is bounded whatever the model names: at most maxModels fixed-size
-// histograms whose counts halve every halfLife responses (recent ones weigh
-// more); a new model beyond takes the least seen one's place, and a model
+// Outputs learns, per model, the 95th percentile of a zone's responses' output
+// tokens: the estimate of a request that sets no maximum. Its memory is bounded:
+// at most maxModels fixed-size histograms whose counts halve every halfLife
+// responses; a new model beyond takes the least seen one's place, and a model
 // not learned gets the percentile of all the zone's responses.
 type Outputs struct {
 	mu     sync.Mutex

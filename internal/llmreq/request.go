@@ -1,9 +1,8 @@
-// Package llmreq reads an LLM API request's body for the zones that charge
-// its tokens or dollars: the model, the prompt's size and the most output it
-// asks for (the estimate before the upstream answers), and whether an OpenAI
-// chat-completions stream asks for its usage, which it adds when not
-// (stream_options.include_usage) and strips from the response (strip.go).
-// The body is read once, bounded (MaxBody); the upstream gets every byte.
+// Package llmreq reads an LLM API request's body for the zones that charge its
+// tokens or dollars: the model, the prompt's size, the most output it asks for
+// (the estimate), and whether an OpenAI chat-completions stream asks for its usage
+// (stream_options.include_usage), added when not and stripped from the response
+// (strip.go). The body is read once, bounded (MaxBody); the upstream gets it all.
 package llmreq
 
 import (
@@ -21,12 +20,9 @@ const MaxBody = 1 << 20
 type Request struct {
 	Parsed bool   // read whole (within MaxBody), one JSON object; else nothing below is set
 	Model  string // "model" (Gemini: from the path), at most MaxModel bytes
-	// Prompt is the bytes of the prompt's text: the strings in messages,
-	// input, contents, prompt, system and instructions, keys aside.
-	Prompt int64
-	// MaxOutput is the most output tokens allowed (max_tokens,
-	// max_completion_tokens, max_output_tokens, Gemini's generationConfig.
-	// maxOutputTokens, Ollama's options.num_predict); -1 when none is set.
+	Prompt int64  // string bytes (keys aside) in messages, input, contents, prompt, system, instructions
+	// MaxOutput is the most output tokens allowed (max_tokens, max_completion_tokens,
+	// max_output_tokens, generationConfig.maxOutputTokens, options.num_predict), or -1.
 	MaxOutput      int64
 	Stream         bool // "stream": true
 	IncludeUsage   bool // stream_options.include_usage is true
@@ -39,9 +35,8 @@ const MaxModel = 256
 // Input is the prompt's estimated input tokens: its bytes ÷ 4, rounded up (English text).
 func (q *Request) Input() int64 { return (q.Prompt + 3) / 4 }
 
-// Read reads at most MaxBody of r's body, replaced by one that gives the
-// upstream the same bytes (those read, then the rest), and returns the
-// bytes read and whether they are the whole body.
+// Read reads at most MaxBody of r's body, replaced by one giving the upstream the
+// same bytes (those read, then the rest): the bytes read, and whether they are all.
 func Read(r *http.Request) ([]byte, bool) {
 	if r.Body == nil || r.Body == http.NoBody || r.ContentLength > MaxBody {
 		return nil, false

@@ -2,12 +2,11 @@ package llmreq
 
 import "bytes"
 
-// Strip removes from an OpenAI chat-completions stream what asking for its
-// usage added: the usage-only chunk (a data event with a usage and no
-// choices) and every other chunk's "usage": null, so a client that did not
-// ask gets the stream it would have had; every other byte passes. An event
-// is passed on once whole (a client reads nothing from half an event); one
-// longer than maxEvent cannot be the usage chunk and passes as it comes.
+// Strip removes from an OpenAI chat-completions stream what asking for its usage
+// added: the usage-only chunk (a data event with a usage, no choices) and other
+// chunks' "usage": null, so a client that did not ask gets the stream it would
+// have had. An event passes once whole (a client reads nothing from half of one);
+// one longer than maxEvent cannot be the usage chunk and passes as it comes.
 type Strip struct {
 	pending []byte
 	long    bool // the event being read is longer than maxEvent

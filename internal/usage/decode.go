@@ -7,18 +7,16 @@ import (
 )
 
 // decoder is a resumable JSON tokenizer that keeps only what finding the
-// paths needs: the open containers (at most MaxDepth), the key and the
-// number being read. It checks the structure (a truncated or broken
-// document does not finish), not every token's detail (escapes and numbers
-// are read only as far as finding their end needs).
+// paths needs: the open containers (at most MaxDepth), the key and number
+// being read. It checks the structure (a cut or broken document does not
+// finish), not tokens' details (escapes, numbers) beyond finding their end.
 type decoder struct {
 	paths *Paths
 	state state
 	depth int
-	// Per open container: whether it is an array, and the paths whose
-	// keys so far match the keys down to it. Bit i is path i from the
-	// root, bit slots+i path i from below a top-level key (usage under
-	// Anthropic's message or the Responses API's response).
+	// Per open container: whether it is an array, and the paths whose keys
+	// match the keys down to it: bit i is path i from the root, bit slots+i
+	// path i from below a top-level key (Anthropic's message, Responses').
 	array [MaxDepth]bool
 	match [MaxDepth]uint64
 	// The member being read: its key (up to maxSegment), the paths it continues.
@@ -34,9 +32,8 @@ type decoder struct {
 	found uint64
 	done  bool // the top-level value ended
 	err   bool
-	// A token scanner's decoder reads a top-level array as a list of
-	// documents (Gemini's stream without alt=sse): inList while in it; feed
-	// stops at each document's end (done) for the scanner to take it.
+	// A token scanner's reads a top-level array as a list of documents
+	// (Gemini's stream without alt=sse); feed stops at each one's end (done).
 	list, inList bool
 
 	// The last string of each text mask (its first MaxModel bytes, escapes
@@ -82,8 +79,7 @@ func (d *decoder) next() {
 
 func (d *decoder) docEnded() bool { return d.inList && d.done }
 
-// feed reads the next bytes of the document and returns how many it read:
-// fewer than len(b) only where a list's document ended.
+// feed reads b's next bytes and says how many: fewer only where a list's document ended.
 func (d *decoder) feed(b []byte) int {
 	i := 0
 	for ; i < len(b) && !d.err && !d.docEnded(); i++ {

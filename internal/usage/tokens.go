@@ -29,9 +29,8 @@ import "strings"
 // In a stream the last document with usage gives the result; the model is
 // that document's (or the last one a usage document named).
 
-// tokenPaths are the paths a token scanner follows: text[0] keeps the
-// model (root model or modelVersion, or model under a top-level key),
-// text[1] the root's type or object.
+// tokenPaths are the token scanner's paths: text[0] keeps the model (root model or
+// modelVersion, or model under a top-level key), text[1] the root's type or object.
 var tokenPaths, tokenPath = func(paths ...string) (Paths, map[string]int) {
 	var p Paths
 	index := make(map[string]int, len(paths))

@@ -3,13 +3,11 @@
 // in memory bounded whatever the body's size. It imports nothing of Caddy.
 //
 // A path is a dot path of object keys (usage.total_tokens) from the root or,
-// where the root has none, from the object under a top-level key (Anthropic's
-// message_start, the Responses API's response.completed). Its value must be
-// a whole number >= 0, not inside an array. Several paths are summed, and a
-// sum with a part missing is not known. A JSON document counts once parsed
-// to its end; in an event stream each event's data is a document, and each
-// path takes the last event that carries it, so a sum may span events;
-// events that are not JSON ("[DONE]") or carry no path are skipped.
+// failing that, under a top-level key (Anthropic's message_start, Responses'
+// response.completed); its value, a whole number >= 0, not in an array. The
+// paths are summed, all or none. A JSON document counts once parsed to its
+// end; each event's data is a document, and each path takes the last event
+// that carries it (a sum may span events); other events ("[DONE]") are skipped.
 // StartTokens (tokens.go) reads token usage with no path.
 package usage
 
@@ -28,8 +26,7 @@ const (
 	MaxPaths = 8
 	// MaxDepth is how deeply a JSON document may nest: deeper is malformed.
 	MaxDepth = 64
-	// MaxEvent is the most of one event's data kept: a larger event is
-	// skipped (TooLarge if no later event carries the paths).
+	// MaxEvent is the most of one event's data kept: larger is skipped (TooLarge).
 	MaxEvent = 64 << 10
 
 	maxSegment = 128 // the longest key a path may name
@@ -38,10 +35,8 @@ const (
 // Paths are the dot paths a charge sums, checked once.
 type Paths struct {
 	segs   [][]string
-	quoted [][]byte // each path's last key, quoted: an event without one skips parsing
-	// By text slot, the decoder's bits of the paths whose string values are
-	// kept: the token scanner's model and the document's type.
-	text [2]uint64
+	quoted [][]byte  // each path's last key, quoted: an event without one skips parsing
+	text   [2]uint64 // the decoder's bits of the paths whose strings are kept: model, type
 }
 
 // ParsePaths checks and keeps paths, each a dot path of object keys.
@@ -113,8 +108,7 @@ type Scanner struct {
 	reason Reason // why the body is skipped, OK if it is not
 	dec    decoder
 
-	// buf: the current event's data (dataLen bytes, each data line ending
-	// in \n), then the current line so far.
+	// buf: the event's data (dataLen bytes, \n after each line), then the line so far.
 	buf       []byte
 	dataLen   int
 	lineLen   int  // the current line's length, kept or not
