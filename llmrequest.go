@@ -23,9 +23,6 @@ type llmZone struct {
 	outputs    llmreq.Outputs // the output tokens of the zone's responses, per model
 }
 
-// defaultUsagePath: OpenAI's, and every compatible server's.
-const defaultUsagePath = "/chat/completions"
-
 // llmZoneOf checks a zone's estimate and include_usage; nil unless b charges tokens or dollars.
 func llmZoneOf(name string, zc *Zone, b *bodyCharge) (*llmZone, error) {
 	price := b != nil && b.paths == nil
@@ -39,9 +36,9 @@ func llmZoneOf(name string, zc *Zone, b *bodyCharge) (*llmZone, error) {
 	case zc.Estimate != "" && zc.CostPlaceholder != "":
 		return nil, fmt.Errorf("zone %s: the estimate is read from the request's body (estimate request) or from a placeholder (cost {…}), not both: keep one", name)
 	}
-	l := &llmZone{estimate: zc.Estimate == "request", charge: b, usagePaths: []string{defaultUsagePath}}
-	if len(zc.IncludeUsage) > 0 {
-		l.usagePaths = nil
+	l := &llmZone{estimate: zc.Estimate == "request", charge: b}
+	if len(zc.IncludeUsage) == 0 {
+		l.usagePaths = []string{"/chat/completions"} // OpenAI's, and every compatible server's
 	}
 	for _, p := range zc.IncludeUsage {
 		switch {
