@@ -141,9 +141,8 @@ func sub(v []byte, key string, f func([]byte)) {
 // WantsUsage reports whether q is a stream that does not ask for its usage (WithUsage adds it).
 func (q *Request) WantsUsage() bool { return q.Parsed && q.Stream && !q.IncludeUsage }
 
-// WithUsage is q's body b with stream_options.include_usage true, added to
-// stream_options (a new one at the end when none), every other byte as it
-// was; nil when stream_options is not an object.
+// WithUsage is q's body b with stream_options.include_usage true (a new stream_options
+// at the end if none), every other byte as it was; nil if stream_options is no object.
 func (q *Request) WithUsage(b []byte) []byte {
 	const member = `"include_usage":true`
 	if q.soEnd == 0 {

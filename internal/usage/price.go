@@ -85,9 +85,8 @@ func (p *Prices) Lookup(model string) (Price, bool) {
 	return p.def, p.hasDefault
 }
 
-// Cost is what a response of model costs, in micro-dollars rounded up
-// (input includes cached, as Tokens.Input does), saturating at
-// math.MaxInt64 (the zone's bound caps the charge); false: no price.
+// Cost is what a response of model costs in micro-dollars, rounded up (input includes
+// cached), saturating at math.MaxInt64 (the zone's bound caps it); false: no price.
 func (p *Prices) Cost(model string, input, cached, output int64) (int64, bool) {
 	pr, ok := p.Lookup(model)
 	if !ok {

@@ -202,11 +202,10 @@ func (s *Scanner) take(d *decoder) {
 	}
 }
 
-// events scans a chunk of an event stream (the HTML standard's format):
-// lines end with \r\n, \n or \r; an empty line dispatches the event; a
-// data line's value (after "data:" and one optional space) joins its data;
-// other lines are dropped; an event cut by the stream's end is not
-// dispatched. An NDJSON body's lines end with \n, each a document.
+// events scans a chunk of an event stream (the HTML standard's format): lines end
+// with \r\n, \n or \r; an empty line dispatches the event; a data line's value
+// (after "data:" and one optional space) joins its data; other lines are dropped;
+// an event cut by the stream's end is not. NDJSON lines end with \n, each a document.
 func (s *Scanner) events(b []byte) {
 	ends := "\r\n"
 	if s.kind == lineBody {
