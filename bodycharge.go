@@ -1,22 +1,17 @@
 package ratelimit
 
-import (
-	"github.com/caddy-tally/ratelimit/config"
-	"github.com/caddy-tally/ratelimit/internal/usage"
-)
+import "github.com/caddy-tally/ratelimit/internal/usage"
 
-// bodyCharge is what a zone charges from the response body, scanned on its
-// way in bounded memory (finish.go): the sum of paths (charge json), or
-// else its token usage, counted (charge tokens) or priced by its model
-// (charge usd, when prices is set).
+// bodyCharge is what a zone charges from the response body, scanned as it streams
+// (finish.go): the paths' sum (charge json), else its token usage, counted
+// (charge tokens) or priced by its model (charge usd, prices set).
 type bodyCharge struct {
 	paths  *usage.Paths
 	tokens tokenCount
 	prices *usage.Prices
 }
 
-// price prices an estimate of tokens as b charges them (false: no price
-// for the model); b charges tokens or dollars.
+// price prices an estimate of tokens as b (tokens or dollars) charges them; false: no price.
 func (b *bodyCharge) price(model string, input, output int64) (int64, bool) {
 	if b.prices != nil {
 		return b.prices.Cost(model, input, 0, output)
@@ -24,30 +19,14 @@ func (b *bodyCharge) price(model string, input, output int64) (int64, bool) {
 	return b.tokens.of(usage.Tokens{Input: input, Output: output}), true
 }
 
-// tokenCount is which tokens charge tokens counts.
-type tokenCount uint8
-
-const (
-	tokensTotal tokenCount = iota
-	tokensInput
-	tokensOutput
-)
-
-func parseTokenCount(s string) (tokenCount, error) {
-	switch s {
-	case "input":
-		return tokensInput, nil
-	case "output":
-		return tokensOutput, nil
-	}
-	return tokensTotal, config.CheckTokenCount(s)
-}
+// tokenCount is which tokens charge tokens counts: input, output, or total ("" too).
+type tokenCount string
 
 func (c tokenCount) of(t usage.Tokens) int64 {
 	switch c {
-	case tokensInput:
+	case "input":
 		return t.Input
-	case tokensOutput:
+	case "output":
 		return t.Output
 	}
 	return t.Total()

@@ -25,7 +25,7 @@ func TestChargeTokensJSONConfig(t *testing.T) {
 	} {
 		costs, err := zoneCosts("z", &c.zone, plan, zap.NewNop())
 		switch {
-		case c.err == "" && (err != nil || costs.body == nil || costs.body.tokens != tokensOutput || !costs.postCharged()):
+		case c.err == "" && (err != nil || costs.body == nil || costs.body.tokens != "output" || !costs.postCharged()):
 			t.Errorf("%+v: %v, %+v", c.zone, err, costs.body)
 		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
 			t.Errorf("%+v: %v, want %q", c.zone, err, c.err)

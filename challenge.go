@@ -16,16 +16,13 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// challengeTTL is how long a challenge of difficulty d may take: a few
-// minutes plus four times what a browser is expected to take.
+// challengeTTL is how long a challenge of difficulty d may take: 5 minutes + 4 × a browser's.
 func challengeTTL(d int) time.Duration {
 	return 5*time.Minute + time.Duration(4*challenge.ExpectedHashes(d)/challenge.BrowserHashRate*float64(time.Second))
 }
 
-// usedPrefix starts the key of a solved challenge in its zone: the replay
-// guard is one step of the zone's store under a limit of one per
-// challenge's lifetime, so an id is held until its expiry (with
-// distributed, for the whole fleet).
+// usedPrefix starts a solved challenge's key: the replay guard is one step of the
+// zone's store, one per challenge lifetime (with distributed, fleet-wide).
 const usedPrefix = "challenge-used:"
 
 type zoneChallenge struct {
@@ -59,8 +56,7 @@ func init() {
 	})
 }
 
-// provisionChallenge checks zone name's challenge block and loads the
-// secret from Caddy's storage; it takes nothing that needs releasing.
+// provisionChallenge checks a challenge block and loads the secret; nothing needs releasing.
 func provisionChallenge(ctx caddy.Context, c *Challenge, name string, zc *Zone, metrics bool) (*zoneChallenge, error) {
 	if zc.Concurrency > 0 || zc.Quota != nil || zc.Adaptive != nil {
 		return nil, fmt.Errorf("zone %s: challenge is for rate zones (events, window): a challenge gives a solved cookie a rate of its own; remove challenge, or put it in a rate zone", name)
@@ -68,20 +64,19 @@ func provisionChallenge(ctx caddy.Context, c *Challenge, name string, zc *Zone, 
 	if err := c.Check(); err != nil {
 		return nil, fmt.Errorf("zone %s: %v", name, err)
 	}
-	plan, err := zones.NewPlan(c.MaxEvents, time.Duration(c.Window), 0)
+	zc2 := &zoneChallenge{cfg: c, pressure: challenge.Pressure{Min: c.Difficulty, Max: c.DifficultyMax},
+		cookie: challenge.CookiePrefix + name, identityVar: "http.rate_limit." + name + ".identity"}
+	var err error
+	zc2.plan, err = zones.NewPlan(c.MaxEvents, time.Duration(c.Window), 0)
+	if err == nil {
+		zc2.used, err = zones.NewPlan(1, challengeTTL(max(c.Difficulty, c.DifficultyMax)), 1)
+	}
+	if err == nil {
+		zc2.secrets, err = challenge.LoadSecrets(ctx, ctx.Storage(), 2*time.Duration(c.Valid))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("zone %s: challenge: %v", name, err)
 	}
-	used, err := zones.NewPlan(1, challengeTTL(max(c.Difficulty, c.DifficultyMax)), 1)
-	if err != nil {
-		return nil, fmt.Errorf("zone %s: challenge: %v", name, err)
-	}
-	secrets, err := challenge.LoadSecrets(ctx, ctx.Storage(), 2*time.Duration(c.Valid))
-	if err != nil {
-		return nil, fmt.Errorf("zone %s: challenge: %v", name, err)
-	}
-	zc2 := &zoneChallenge{cfg: c, secrets: secrets, pressure: challenge.Pressure{Min: c.Difficulty, Max: c.DifficultyMax},
-		plan: plan, used: used, cookie: challenge.CookiePrefix + name, identityVar: "http.rate_limit." + name + ".identity"}
 	if metrics {
 		zc2.issued, zc2.solved = challengeOutcomesVec.WithLabelValues(name, "issued"), challengeOutcomesVec.WithLabelValues(name, "solved")
 		zc2.solveTime = challengeSolveVec.WithLabelValues(name)
@@ -93,10 +88,8 @@ func provisionChallenge(ctx caddy.Context, c *Challenge, name string, zc *Zone, 
 	return zc2, nil
 }
 
-// identify decides a request with a valid cookie of the zone under its
-// identity (the ticket's key, as any key) and budget, and gives it in
-// {http.rate_limit.<zone>.identity}. An invalid cookie is counted and the
-// request decided as one without.
+// identify decides a request with a valid cookie under its identity (given in
+// {http.rate_limit.<zone>.identity}) and budget; an invalid one is counted.
 func (c *zoneChallenge) identify(r *http.Request, v *ticket) {
 	ck, err := r.Cookie(c.cookie)
 	if err != nil {
@@ -115,9 +108,8 @@ func (c *zoneChallenge) identify(r *http.Request, v *ticket) {
 	requestReplacer(r).Set(c.identityVar, id)
 }
 
-// challenge answers a request v denied with the challenge page when it is
-// a browser's navigation (GET or HEAD accepting text/html) and the denial
-// is not an override's deny; it reports whether it did.
+// challenge answers a denied browser navigation (GET or HEAD accepting text/html)
+// with the page, unless an override denied it; it reports whether it did.
 func (c *zoneChallenge) challenge(w http.ResponseWriter, r *http.Request, v *ticket, retry time.Duration) bool {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead || !strings.Contains(r.Header.Get("Accept"), "text/html") ||
 		v.Override != nil && v.Override.Deny {
@@ -143,11 +135,10 @@ func (c *zoneChallenge) challenge(w http.ResponseWriter, r *http.Request, v *tic
 
 const maxSubmission = 4 << 10 // a challenge submission's body
 
-// verifyChallenge answers a submission to challenge.VerifyPath when one of
-// the handler's zones has a challenge, and reports whether it did. A
-// solution sets the zone's cookie and redirects (303) back; a failure is a
-// 400 or 403, never a 5xx. A submission costs one HMAC, one SHA-256 and,
-// once solved, one step of the zone's store (the replay guard).
+// verifyChallenge answers a submission to challenge.VerifyPath when a zone has a
+// challenge, and reports whether it did. A solution sets the cookie and redirects
+// (303) back; a failure is a 400 or 403, never a 5xx. It costs one HMAC, one
+// SHA-256 and, once solved, one step of the zone's store (the replay guard).
 func (h *Handler) verifyChallenge(w http.ResponseWriter, r *http.Request) bool {
 	first := h.challengeZone("")
 	if first == nil {
@@ -196,8 +187,7 @@ func (h *Handler) verifyChallenge(w http.ResponseWriter, r *http.Request) bool {
 	return true
 }
 
-// challengeZone is the handler's zone name with a challenge (name "":
-// its first), or nil.
+// challengeZone is the handler's zone name ("": the first) with a challenge, or nil.
 func (h *Handler) challengeZone(name string) *httpZone {
 	for _, z := range h.zones {
 		if z.challenge != nil && (name == "" || z.Name == name) {
@@ -217,8 +207,7 @@ func sameSiteReturn(ret string) string {
 	return ret
 }
 
-// refuse answers a submission with msg, counted in failed; true, as
-// verifyChallenge answers.
+// refuse answers a submission with msg, counted in failed; true.
 func refuse(w http.ResponseWriter, status int, msg string, failed prometheus.Counter) bool {
 	add(failed, 1)
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")

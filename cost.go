@@ -217,11 +217,10 @@ func zoneCosts(name string, zc *Zone, plan zones.Plan, logger *zap.Logger) (cost
 		if c.chargeVar != "" || c.body != nil {
 			return c, fmt.Errorf("zone %s: charge_tokens reads the body's token usage: leave out charge and charge_json", name)
 		}
-		m, err := parseTokenCount(zc.ChargeTokens)
-		if err != nil {
+		if err := config.CheckTokenCount(zc.ChargeTokens); err != nil {
 			return c, fmt.Errorf("zone %s: charge_tokens: %v", name, err)
 		}
-		c.body = &bodyCharge{tokens: m}
+		c.body = &bodyCharge{tokens: tokenCount(zc.ChargeTokens)}
 	}
 	c.estimate = c.costVar != "" && (c.chargeVar != "" || c.body != nil)
 	if c.llm, err = llmZoneOf(name, zc, c.body); err != nil {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -11,26 +12,18 @@ import (
 	"github.com/caddy-tally/ratelimit/internal/llmreq"
 )
 
-// llmZone is what a zone that charges LLM tokens or dollars does with the
-// request's body (docs/llm.md): `estimate request` estimates the cost from
-// it, and an OpenAI chat-completions stream that does not ask for its usage
-// is made to (include_usage), the added usage chunk stripped from what its
-// client gets. The body is read once per request, bounded by
-// llmreq.MaxBody; the upstream gets every byte.
+// llmZone is what a zone that charges LLM tokens or dollars does with the request's
+// body (docs/llm.md): `estimate request` estimates the cost; an OpenAI stream not
+// asking for its usage is made to (include_usage), the usage stripped from its
+// client's. The body is read once, within llmreq.MaxBody; the upstream gets it all.
 type llmZone struct {
-	estimate bool
-	// usagePaths: the endpoints' path suffixes whose streams get
-	// include_usage; none: include_usage off.
-	usagePaths []string
+	estimate   bool
+	usagePaths []string       // path suffixes whose streams get include_usage; none: off
 	charge     *bodyCharge    // the zone's charge tokens or charge usd, which prices the estimate
 	outputs    llmreq.Outputs // the output tokens of the zone's responses, per model
 }
 
-// defaultUsagePath: OpenAI's, and every compatible server's.
-const defaultUsagePath = "/chat/completions"
-
-// llmZoneOf checks and resolves a zone's estimate and include_usage; nil
-// for a zone that charges neither tokens nor dollars from body b.
+// llmZoneOf checks a zone's estimate and include_usage; nil unless b charges tokens or dollars.
 func llmZoneOf(name string, zc *Zone, b *bodyCharge) (*llmZone, error) {
 	price := b != nil && b.paths == nil
 	switch {
@@ -43,17 +36,17 @@ func llmZoneOf(name string, zc *Zone, b *bodyCharge) (*llmZone, error) {
 	case zc.Estimate != "" && zc.CostPlaceholder != "":
 		return nil, fmt.Errorf("zone %s: the estimate is read from the request's body (estimate request) or from a placeholder (cost {…}), not both: keep one", name)
 	}
-	l := &llmZone{estimate: zc.Estimate == "request", charge: b, usagePaths: []string{defaultUsagePath}}
-	if len(zc.IncludeUsage) > 0 {
-		l.usagePaths = nil
-		for _, p := range zc.IncludeUsage {
-			switch {
-			case p == "off" && len(zc.IncludeUsage) == 1:
-			case p == "off" || !strings.HasPrefix(p, "/"):
-				return nil, fmt.Errorf("zone %s: include_usage %q: give off, or the paths (or their ends, from a /) of OpenAI chat-completions endpoints, e.g. include_usage /v1/chat/completions", name, p)
-			default:
-				l.usagePaths = append(l.usagePaths, p)
-			}
+	l := &llmZone{estimate: zc.Estimate == "request", charge: b}
+	if len(zc.IncludeUsage) == 0 {
+		l.usagePaths = []string{"/chat/completions"} // OpenAI's, and every compatible server's
+	}
+	for _, p := range zc.IncludeUsage {
+		switch {
+		case p == "off" && len(zc.IncludeUsage) == 1:
+		case p == "off" || !strings.HasPrefix(p, "/"):
+			return nil, fmt.Errorf("zone %s: include_usage %q: give off, or the paths (or their ends, from a /) of OpenAI chat-completions endpoints, e.g. include_usage /v1/chat/completions", name, p)
+		default:
+			l.usagePaths = append(l.usagePaths, p)
 		}
 	}
 	return l, nil
@@ -62,12 +55,10 @@ func llmZoneOf(name string, zc *Zone, b *bodyCharge) (*llmZone, error) {
 // llmRead is a request's body as the zones read it, kept in its vars.
 type llmRead struct {
 	q llmreq.Request
-	// usage: include_usage was added to the body; strip: a handler's
-	// response strips what it adds (the outermost one's, so that every
-	// zone's scanner sees the usage).
+	// usage: include_usage was added; strip: a handler's response strips it
+	// (the outermost one's, so that every zone's scanner sees the usage).
 	usage, strip bool
-	// body: nil when not read whole, or once no zone can add include_usage.
-	body []byte
+	body         []byte // nil when not read whole, or once no zone can add include_usage
 }
 
 const llmReadVar = "rate_limit.llm_request"
@@ -95,9 +86,8 @@ func requestModel(r *http.Request) string {
 	return ""
 }
 
-// cost is the request's estimate (fallback when the body cannot be
-// priced), false when the zone does not estimate; a stream the zone wants
-// the usage of is made to ask for it.
+// cost is the request's estimate (fallback when unpriced), false when the zone does not
+// estimate; a stream whose usage the zone wants is made to ask for it.
 func (l *llmZone) cost(r *http.Request, fallback int64) (int64, bool) {
 	if !l.estimate && !l.wantsUsage(r.URL.Path) && l.charge.prices == nil {
 		return 0, false // nothing to read the body for
@@ -128,25 +118,17 @@ func (l *llmZone) cost(r *http.Request, fallback int64) (int64, bool) {
 }
 
 func (l *llmZone) wantsUsage(path string) bool {
-	for _, p := range l.usagePaths {
-		if strings.HasSuffix(path, p) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(l.usagePaths, func(p string) bool { return strings.HasSuffix(path, p) })
 }
 
-// stripUsage wraps w, on the first handler of a request whose body was
-// made to ask for its usage, to strip the usage chunk from the client's.
+// stripUsage wraps w, on the first handler of a request made to ask for its usage, to strip it.
 func stripUsage(w http.ResponseWriter, r *http.Request) http.ResponseWriter {
 	rd, ok := caddyhttp.GetVar(r.Context(), llmReadVar).(*llmRead)
 	if !ok {
 		return w
 	}
 	if rd.usage || !rd.q.WantsUsage() {
-		// No zone can add include_usage now: the copy is not kept for
-		// a stream's minutes.
-		rd.body = nil
+		rd.body = nil // no zone can add include_usage now: not kept for a stream's minutes
 	}
 	if !rd.usage || rd.strip {
 		return w
@@ -155,8 +137,7 @@ func stripUsage(w http.ResponseWriter, r *http.Request) http.ResponseWriter {
 	return &usageStrip{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
 }
 
-// usageStrip strips the usage chunk from an OpenAI stream (a 200
-// text/event-stream, not encoded); anything else passes as it is.
+// usageStrip strips the usage from a 200 text/event-stream, not encoded; all else passes.
 type usageStrip struct {
 	caddyhttp.ResponseWriterWrapper
 	strip     llmreq.Strip

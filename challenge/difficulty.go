@@ -8,15 +8,10 @@ import (
 	"time"
 )
 
-// Pressure sets the difficulty of a network's next challenge between two
-// bounds from the rate of challenges issued to it: the count of the last
-// minute or so (decaying by half each HalfLife), one hex digit more each
-// time that count is 16 times larger (from 16 on), so that the work a
-// network pays for its next challenge grows with the challenges it asked
-// for, and falls back to the lower bound when it calms. It remembers at
-// most MaxNetworks networks; when full it forgets all of them (they start
-// again at the lower bound), so its memory is bounded whatever the number
-// of networks.
+// Pressure sets the difficulty of a network's next challenge between Min and
+// Max from its count of recent challenges (halved each HalfLife): a hex digit
+// more each time the count is 16 times larger (from 16 on), back to Min when
+// it calms. At MaxNetworks networks it forgets them all (back to Min).
 type Pressure struct {
 	Min, Max int
 	mu       sync.Mutex
@@ -34,8 +29,7 @@ const HalfLife = 30 * time.Second
 // MaxNetworks bounds the networks a Pressure remembers.
 const MaxNetworks = 100000
 
-// Next counts a challenge issued to network now and returns its
-// difficulty.
+// Next counts a challenge issued to network now and returns its difficulty.
 func (p *Pressure) Next(network string, now time.Time) int {
 	if p.Max <= p.Min {
 		return p.Min
@@ -52,20 +46,16 @@ func (p *Pressure) Next(network string, now time.Time) int {
 	e.at = now
 	p.nets[network] = e
 	p.mu.Unlock()
-	// log16 of the count: a digit per factor of 16.
-	extra := (bits.Len64(uint64(e.count)) - 1) / 4
+	extra := (bits.Len64(uint64(e.count)) - 1) / 4 // log16 of the count
 	return min(p.Min+extra, p.Max)
 }
 
-// ExpectedHashes is the mean number of hashes a solver tries at difficulty
-// d: 16^d.
+// ExpectedHashes is the mean number of hashes a solver tries at difficulty d.
 func ExpectedHashes(d int) float64 { return math.Pow(16, float64(d)) }
 
-// Identities counts the cookie identities in use: those seen within a span
-// (the budget's window). It keeps at most MaxIdentities; beyond, new ones
-// are not counted until InUse forgets the old ones, so its memory is
-// bounded and the count is a lower bound then. Seen costs a map lookup and
-// an atomic store for a known identity.
+// Identities counts the cookie identities seen within a span (the budget's
+// window), at most MaxIdentities (beyond, a lower bound until InUse forgets old
+// ones). Seen costs a map lookup and an atomic store for a known identity.
 type Identities struct {
 	seen sync.Map // identity → *atomic.Int64, when last seen (Unix ns)
 	n    atomic.Int64
@@ -90,8 +80,7 @@ func (s *Identities) Seen(identity string, now time.Time) {
 	}
 }
 
-// InUse counts the identities seen within span before now and forgets the
-// others.
+// InUse counts the identities seen within span before now, forgetting others.
 func (s *Identities) InUse(now time.Time, span time.Duration) int {
 	count := 0
 	s.seen.Range(func(k, v any) bool {

@@ -11,28 +11,24 @@ import (
 	"time"
 )
 
-// script is the page's inline script, a constant: a strict
-// Content-Security-Policy allows it by its hash, ScriptHash. It reads the
-// challenge from the page's meta element, finds the nonce (crypto.subtle
-// in a secure context, its own SHA-256 elsewhere) and submits it with a
-// form POST, whose 303 returns the browser to the page's path and query.
+// script is the page's inline script, a constant that a strict CSP allows
+// by its hash (ScriptHash). It reads the challenge from the meta element,
+// finds the nonce (crypto.subtle in a secure context, its own SHA-256
+// elsewhere) and POSTs it, whose 303 returns to the page's path and query.
 //
 //go:embed solver.js
 var script string
 
-// ScriptHash is the CSP source that allows the page's script:
-// script-src 'sha256-…'.
+// ScriptHash is the CSP source that allows the page's script: 'sha256-…'.
 var ScriptHash = func() string {
 	sum := sha256.Sum256([]byte(script))
 	return "'sha256-" + base64.StdEncoding.EncodeToString(sum[:]) + "'"
 }()
 
-// BrowserHashRate is the hashes per second the page assumes a browser
-// tries, to say how long a challenge may take.
+// BrowserHashRate is the hashes per second a browser is assumed to try.
 const BrowserHashRate = 100000
 
-// Page is the challenge page for token at difficulty d; retry is when a
-// client without JavaScript may try again.
+// Page is the challenge page for token at difficulty d; retry is for clients without JavaScript.
 func Page(token string, d int, retry time.Duration) []byte {
 	return fmt.Appendf(nil, `<!DOCTYPE html>
 <html lang="en">

@@ -14,8 +14,7 @@ import (
 	"time"
 )
 
-// Storage is what Secrets needs of Caddy's storage (certmagic.Storage has
-// it): every instance sharing the storage shares the secret.
+// Storage is what Secrets needs of Caddy's storage: instances sharing it share the secret.
 type Storage interface {
 	Lock(ctx context.Context, name string) error
 	Unlock(ctx context.Context, name string) error
@@ -28,40 +27,30 @@ const StorageKey = "tally/challenge/secrets.json"
 
 const keyIDLen = 4
 
-// secret is one signing key, named by a random id that tokens and cookies
-// carry, as the storage keeps it.
+// secret is one signing key as stored, named by the id tokens and cookies carry.
 type secret struct {
 	ID      []byte    `json:"id"`
 	Key     []byte    `json:"key"`
 	Created time.Time `json:"created"`
 }
 
-// Secrets are the signing keys: the current one signs, it and the
-// previous one verify. A key is created once, by the first instance that
-// finds none in the storage (under the storage's lock), and replaced when
-// it is older than the rotation period, the replaced one kept for one more
-// period: a cookie signed just before a rotation verifies until it
-// expires, as long as cookies are valid for at most one period.
-//
-// A running instance replaces it too: signing with a key past the period
-// starts a rotation in the background (one at a time, at most one per
-// reloadEvery), which takes a key another instance made meanwhile rather
-// than make a second; until one succeeds the current key keeps signing,
-// and the first failure after a success is logged at WARN (through the
-// loading context's Slogger, as Caddy's has).
+// Secrets are the signing keys: the current one signs, it and the previous one
+// verify. The first instance to find none in the storage creates one (under its
+// lock); one past the rotation period is replaced and kept one more period, so a
+// cookie valid for at most a period verifies until it expires. Signing with an
+// old key starts a rotation in the background (one at a time, at most one per
+// reloadEvery) that takes a key another instance made meanwhile; until one
+// succeeds the current key signs, and the first failure is logged at WARN.
 type Secrets struct {
 	keys    atomic.Pointer[[]secret] // newest first, at most two
 	storage Storage
 	rotate  time.Duration
 	log     *slog.Logger
 	now     func() time.Time
-	// reloaded is when an unknown key id last made the keys be read again
-	// from the storage (another instance rotated): at most once per
-	// reloadEvery.
+	// reloaded: when an unknown key id last made the keys be read again.
 	mu       sync.Mutex
 	reloaded time.Time
-	// rotating is held from the signing that starts a rotation to its
-	// end; it guards rotated and warned.
+	// rotating is held while a rotation runs; it guards rotated and warned.
 	rotating sync.Mutex
 	rotated  time.Time
 	warned   bool
@@ -69,14 +58,11 @@ type Secrets struct {
 
 const reloadEvery = 10 * time.Second
 
-// MinRotation is the shortest rotation period: keys are replaced at most
-// this often (and never before a cookie they signed expires).
+// MinRotation is the shortest rotation period (never before a cookie it signed expires).
 const MinRotation = 7 * 24 * time.Hour
 
-// LoadSecrets reads the keys from storage, creating the first one or
-// rotating an old one under the storage's lock. rotate is how old the
-// current key may get (at least MinRotation and the longest cookie
-// validity).
+// LoadSecrets reads the keys from storage (refresh). rotate is how old the
+// current key may get (at least MinRotation and the longest cookie validity).
 func LoadSecrets(ctx context.Context, st Storage, rotate time.Duration) (*Secrets, error) {
 	s := &Secrets{storage: st, rotate: max(rotate, MinRotation), log: slog.Default(), now: time.Now}
 	if l, ok := ctx.(interface{ Slogger() *slog.Logger }); ok {
@@ -88,8 +74,7 @@ func LoadSecrets(ctx context.Context, st Storage, rotate time.Duration) (*Secret
 	return s, nil
 }
 
-// refresh reads the keys under the storage's lock, adding a new one when
-// there is none or the newest is past the rotation period, and keeps them.
+// refresh reads the keys under the storage's lock, adding one when none or the newest is old.
 func (s *Secrets) refresh(ctx context.Context) error {
 	if err := s.storage.Lock(ctx, StorageKey); err != nil {
 		return fmt.Errorf("locking the challenge secret in Caddy's storage: %v", err)
@@ -141,8 +126,7 @@ func (s *Secrets) read(ctx context.Context) ([]secret, error) {
 	return keys, nil
 }
 
-// current is the signing key, starting a rotation when it is past the
-// period.
+// current is the signing key, starting a rotation when it is past the period.
 func (s *Secrets) current() secret {
 	k, now := (*s.keys.Load())[0], s.now()
 	if s.storage == nil || now.Sub(k.Created) < s.rotate || !s.rotating.TryLock() {
@@ -168,9 +152,8 @@ func (s *Secrets) rotateNow() {
 	s.warned = err != nil
 }
 
-// byID is the key named id, read again from the storage (at most once per
-// reloadEvery) when it is unknown: another instance may have rotated. A
-// lookup during a reload waits for it.
+// byID is the key named id, read again from the storage when unknown (another
+// instance may have rotated), at most once per reloadEvery; lookups wait for it.
 func (s *Secrets) byID(id []byte) ([]byte, bool) {
 	if key, ok := keyByID(*s.keys.Load(), id); ok || s.storage == nil {
 		return key, ok

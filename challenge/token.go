@@ -1,13 +1,9 @@
-// Package challenge is the proof-of-work challenge a zone can answer with
-// at its limit: a challenge token signed by the server, bound to the
-// client's zone key, its expiry and its difficulty; the check of a
-// submitted nonce; the cookie a solved challenge earns, whose identity then
-// has a budget of its own; the secret both are signed with, kept in Caddy's
-// storage; the difficulty that follows the pressure on a network; and the
-// page that solves it in a browser. It knows nothing of zones or of the
-// handler: the root package wires it in (challenge.go).
-//
-// Verifying a submission is stateless: one HMAC and one SHA-256, and the
+// Package challenge is the proof-of-work challenge a zone can answer with at
+// its limit: a signed token bound to the client's zone key, expiry and
+// difficulty; the nonce's check; the cookie a solution earns, whose identity
+// has a budget of its own; their secret in Caddy's storage; the difficulty
+// that follows a network's pressure; the page. The root wires it in
+// (challenge.go). Verifying is stateless: one HMAC, one SHA-256, and the
 // caller's replay guard (the zone's store: one step per solved challenge).
 package challenge
 
@@ -23,8 +19,7 @@ import (
 	"time"
 )
 
-// VerifyPath is where the page submits a solution (POST, form-urlencoded:
-// challenge, nonce, elapsed_ms, return).
+// VerifyPath is where the page POSTs a solution (form: challenge, nonce, elapsed_ms, return).
 const VerifyPath = "/.well-known/tally/challenge"
 
 // Reason is why a submission or a cookie was refused; "" is none.
@@ -44,17 +39,14 @@ const (
 // Reasons are every reason a failure can have, for binding metrics.
 var Reasons = []Reason{Malformed, Forged, WrongKey, Expired, BadNonce, Replayed, ForgedCookie}
 
-// The token's layout: version, expiry (Unix seconds), difficulty, random
-// id, a fingerprint of the zone key (to tell wrong_key from forged: the
-// MAC binds the key itself), the secret's id, then the zone's name, then
-// the MAC.
+// The token's layout: version, expiry (Unix seconds), difficulty, random id, the
+// zone key's fingerprint (wrong_key, not forged), the secret's id, zone, MAC.
 const (
 	tokenVersion = 1
 	idLen        = 12
 	headLen      = 1 + 8 + 1 + idLen + 8 + keyIDLen
 	macLen       = 16
-	// MaxTokenLen bounds what Parse reads: a zone name is at most this
-	// long in a token.
+	// MaxTokenLen bounds what is decoded: a zone name of maxZoneLen at most.
 	maxZoneLen  = 128
 	MaxTokenLen = (headLen + maxZoneLen + macLen + 2) / 3 * 4
 )
@@ -67,8 +59,7 @@ type Challenge struct {
 	Expires    time.Time
 }
 
-// Issue returns a token for zone key key of zone, valid for ttl from now,
-// of difficulty d, signed with the current secret.
+// Issue returns a token for zone key key of zone, of difficulty d, valid for ttl from now.
 func (s *Secrets) Issue(zone, key string, d int, now time.Time, ttl time.Duration) string {
 	k := s.current()
 	buf := make([]byte, headLen, headLen+len(zone)+macLen)
@@ -83,8 +74,7 @@ func (s *Secrets) Issue(zone, key string, d int, now time.Time, ttl time.Duratio
 	return base64.RawURLEncoding.EncodeToString(buf)
 }
 
-// Zone returns the zone a token names, unverified (to find the zone whose
-// key the token is checked against), or false when it is not a token.
+// Zone returns the zone a token names, unverified (whose key it is checked against).
 func Zone(token string) (string, bool) {
 	b, ok := decodeToken(token)
 	if !ok {
@@ -93,13 +83,11 @@ func Zone(token string) (string, bool) {
 	return string(b[headLen : len(b)-macLen]), true
 }
 
-// Verify checks a submission: token, issued for key, and nonce (decimal
-// digits) whose SHA-256 with the token must start with the token's
-// difficulty of zero hex digits. It costs one HMAC and one SHA-256. The
-// caller then asks its replay guard about the challenge's ID.
+// Verify checks a submission: token, issued for key, and nonce (1 to 20 digits)
+// that Solves it. The caller then asks its replay guard about the ID.
 func (s *Secrets) Verify(token, key, nonce string, now time.Time) (Challenge, Reason) {
 	b, ok := decodeToken(token)
-	if !ok || !decimal(nonce) {
+	if !ok || nonce == "" || len(nonce) > 20 || strings.Trim(nonce, "0123456789") != "" {
 		return Challenge{}, Malformed
 	}
 	body, mac := b[:len(b)-macLen], b[len(b)-macLen:]
@@ -138,8 +126,7 @@ func Solves(token, nonce string, d int) bool {
 	return d%2 == 0 || sum[d/2]>>4 == 0
 }
 
-// Solve finds the smallest nonce that solves token at difficulty d: the
-// native solver a crawler (or a test) runs.
+// Solve finds the smallest nonce that solves token at difficulty d (a native solver).
 func Solve(token string, d int) string {
 	for n := uint64(0); ; n++ {
 		s := strconv.FormatUint(n, 10)
@@ -160,14 +147,8 @@ func decodeToken(token string) ([]byte, bool) {
 	return b, true
 }
 
-// decimal reports whether s is 1 to 20 decimal digits.
-func decimal(s string) bool {
-	return s != "" && len(s) <= 20 && strings.Trim(s, "0123456789") == ""
-}
-
-// sign is the MAC of a and b, under a label that keeps a token's MAC
-// from ever being a cookie's: a token signs its body and the zone key it
-// is issued to, a cookie its zone's name and its body.
+// sign is the MAC of a and b under a label, so a token's MAC is never a
+// cookie's: a token signs its body and zone key, a cookie its zone and body.
 func sign(secret []byte, label string, a, b []byte) []byte {
 	m := hmac.New(sha256.New, secret)
 	m.Write([]byte("tally " + label + "\x00"))
@@ -177,15 +158,13 @@ func sign(secret []byte, label string, a, b []byte) []byte {
 	return m.Sum(nil)[:macLen]
 }
 
-// check reports whether mac signs a and b under label with the secret
-// named kid, and whether that secret is known.
+// check reports whether the secret named kid is known, and mac signs a and b under label.
 func (s *Secrets) check(kid, mac []byte, label string, a, b []byte) (known, ok bool) {
 	secret, known := s.byID(kid)
 	return known, known && hmac.Equal(mac, sign(secret, label, a, b))
 }
 
-// fingerprint tells which key a token was issued to, to name a wrong key's
-// refusal; the MAC, not it, binds the key.
+// fingerprint tells which key a token was issued to (to name wrong_key, not to bind it).
 func fingerprint(key string) uint64 {
 	h := fnv.New64a()
 	h.Write([]byte(key))
@@ -195,13 +174,11 @@ func fingerprint(key string) uint64 {
 // CookiePrefix starts a zone's cookie name: tally_<zone>.
 const CookiePrefix = "tally_"
 
-// IdentityPrefix starts the key a cookie's identity is decided under in
-// its zone, so that it never shares a bucket with an address.
+// IdentityPrefix starts a cookie identity's key: it never shares an address's bucket.
 const IdentityPrefix = "cookie:"
 
-// The cookie's layout: version, expiry (Unix seconds), random identity,
-// the secret's id, then the MAC (over the zone's name too: a cookie of one
-// zone is nothing in another).
+// The cookie's layout: version, expiry (Unix seconds), random identity, the
+// secret's id, the MAC (over the zone's name: nothing in another zone).
 const (
 	cookieVersion = 2
 	identityLen   = 16
@@ -209,8 +186,7 @@ const (
 	cookieLen     = (cookieBody + macLen + 2) / 3 * 4
 )
 
-// Mint returns a new cookie value for zone, valid until expires, and the
-// identity it carries (IdentityPrefix and the random id).
+// Mint returns a new cookie value for zone, valid until expires, and its identity.
 func (s *Secrets) Mint(zone string, expires time.Time) (value, identity string) {
 	k := s.current()
 	b := make([]byte, cookieBody, cookieBody+macLen)
@@ -222,10 +198,8 @@ func (s *Secrets) Mint(zone string, expires time.Time) (value, identity string) 
 	return base64.RawURLEncoding.EncodeToString(b), IdentityPrefix + base64.RawURLEncoding.EncodeToString(b[9:9+identityLen])
 }
 
-// Identity returns the identity of zone's cookie value, or ok false when
-// it is malformed, forged, signed by a secret these are not, or expired:
-// a request with such a cookie is a request without one (bad reports that
-// it was not merely expired).
+// Identity returns zone's cookie's identity, or ok false (a request without a
+// cookie) when it is expired or (bad) malformed, forged or of an unknown secret.
 func (s *Secrets) Identity(zone, value string, now time.Time) (identity string, ok, bad bool) {
 	if len(value) != cookieLen {
 		return "", false, true

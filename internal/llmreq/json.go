@@ -1,10 +1,8 @@
 package llmreq
 
-// A minimal reader of JSON text: the body's top-level members are found
-// and their values skipped in one pass, without decoding them, so that a
-// megabyte of messages costs one scan and no allocation. It accepts every
-// valid JSON value nested at most maxDepth deep; on invalid text it stops
-// (-1), and the body is then left as it is.
+// A minimal JSON reader: the top-level members are found and their values skipped,
+// undecoded, in one pass with no allocation. It accepts every valid value nested
+// at most maxDepth deep; on invalid text it stops (-1), the body left as it is.
 
 // maxDepth is the deepest nesting value reads.
 const maxDepth = 512
@@ -17,8 +15,7 @@ func space(b []byte, i int) int {
 	return i
 }
 
-// str skips the string that starts at b[i] (a quote): the index after its
-// closing quote, or -1.
+// str skips the string at b[i] (a quote): the index after its closing quote, or -1.
 func str(b []byte, i int) int {
 	for i++; i < len(b); i++ {
 		switch b[i] {
@@ -31,9 +28,8 @@ func str(b []byte, i int) int {
 	return -1
 }
 
-// value skips the value that starts at b[i], within depth containers:
-// the index after it, or -1. text, when not nil, is added the bytes inside
-// the value's strings that are not object keys: the text of a prompt.
+// value skips the value at b[i], within depth containers: the index after it, or
+// -1. text, if not nil, is added the bytes in its strings but keys: a prompt's text.
 func value(b []byte, i int, text *int64, depth int) int {
 	if i >= len(b) || depth == maxDepth && (b[i] == '{' || b[i] == '[') {
 		return -1
@@ -61,9 +57,7 @@ func value(b []byte, i int, text *int64, depth int) int {
 	return j
 }
 
-// list reads the container that opens at b[i] and closes with end, each
-// element (from its first byte) read by elem: the index after the
-// container, or -1.
+// list reads the container at b[i] closed by end, each element by elem: the index after, or -1.
 func list(b []byte, i int, end byte, elem func(i int) int) int {
 	if i = space(b, i+1); i < len(b) && b[i] == end {
 		return i + 1
@@ -87,9 +81,8 @@ func list(b []byte, i int, end byte, elem func(i int) int) int {
 	return -1
 }
 
-// members calls f with each member of the object at b[i:] (its key, raw,
-// between the quotes, and its value's span b[vs:ve]). The index
-// after the object, or -1 when b[i:] does not start with an object.
+// members calls f with each member of the object at b[i:] (its raw key and
+// its value's span b[vs:ve]): the index after the object, or -1.
 func members(b []byte, i int, f func(key []byte, vs, ve int)) int { return object(b, i, nil, 0, f) }
 
 // object is members, its values skipped at depth, f optional.

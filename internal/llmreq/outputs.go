@@ -5,13 +5,11 @@ import (
 	"sync"
 )
 
-// Outputs learns, per model, the 95th percentile of the output tokens of a
-// zone's responses: the output a request that sets no maximum is
-// estimated at. Its memory is bounded whatever the model names a client
-// sends: at most maxModels models, each a histogram of a fixed size whose
-// counts halve every halfLife responses (recent responses weigh more);
-// beyond maxModels, a new model takes the place of the least seen one, and
-// a model not learned gets the percentile of all the zone's responses.
+// Outputs learns, per model, the 95th percentile of a zone's responses' output
+// tokens: the estimate of a request that sets no maximum. Its memory is bounded:
+// at most maxModels fixed-size histograms whose counts halve every halfLife
+// responses; a new model beyond takes the least seen one's place, and a model
+// not learned gets the percentile of all the zone's responses.
 type Outputs struct {
 	mu     sync.Mutex
 	models map[string]*sketch
@@ -21,8 +19,7 @@ type Outputs struct {
 const (
 	maxModels = 64
 	halfLife  = 512
-	// buckets: each 2^(1/4) wider than the one before, from 1 token to
-	// 2^(buckets/4): 2^24, beyond any output.
+	// buckets, each 2^(1/4) wider, from 1 token to 2^(buckets/4) = 2^24, beyond any output.
 	buckets = 96
 )
 
@@ -33,13 +30,6 @@ type sketch struct {
 	seen  int // responses since the counts last halved
 }
 
-func bucketOf(tokens int64) int {
-	if tokens <= 1 {
-		return 0
-	}
-	return min(int(math.Ceil(4*math.Log2(float64(tokens)))), buckets-1)
-}
-
 func (s *sketch) add(tokens int64) {
 	if s.seen++; s.seen > halfLife {
 		s.seen, s.total = 0, s.total/2
@@ -47,12 +37,15 @@ func (s *sketch) add(tokens int64) {
 			s.n[i] /= 2
 		}
 	}
-	s.n[bucketOf(tokens)]++
+	b := 0
+	if tokens > 1 {
+		b = min(int(math.Ceil(4*math.Log2(float64(tokens)))), buckets-1)
+	}
+	s.n[b]++
 	s.total++
 }
 
-// p95 is the upper bound of the bucket the 95th percentile is in (at most
-// 19% over it), false when nothing was seen.
+// p95 is the upper bound of the 95th percentile's bucket (at most 19% over), false if none seen.
 func (s *sketch) p95() (int64, bool) {
 	if s.total == 0 {
 		return 0, false
@@ -100,8 +93,8 @@ func (o *Outputs) Observe(model string, tokens int64) {
 	s.add(tokens)
 }
 
-// P95 is the 95th percentile of model's output tokens (of all models' when
-// model has not been seen); false when the zone has seen no response.
+// P95 is the 95th percentile of model's output tokens (all models' if model is unseen);
+// false when the zone has seen no response.
 func (o *Outputs) P95(model string) (int64, bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()

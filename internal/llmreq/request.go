@@ -1,10 +1,8 @@
-// Package llmreq reads an LLM API request's body for the zones that
-// charge its tokens or dollars: the model, the prompt's size and the most
-// output it asks for (the estimate taken before the upstream answers), and
-// whether an OpenAI chat-completions stream asks for its usage, which it
-// adds when it does not (stream_options.include_usage) and strips from the
-// response (strip.go). The body is read once, bounded (MaxBody), and the
-// upstream gets every byte of it: what was read is replayed, then the rest.
+// Package llmreq reads an LLM API request's body for the zones that charge its
+// tokens or dollars: the model, the prompt's size, the most output it asks for
+// (the estimate), and whether an OpenAI chat-completions stream asks for its usage
+// (stream_options.include_usage), added when not and stripped from the response
+// (strip.go). The body is read once, bounded (MaxBody); the upstream gets it all.
 package llmreq
 
 import (
@@ -15,23 +13,16 @@ import (
 	"strings"
 )
 
-// MaxBody is the most of a request's body that is read: a longer body is
-// not estimated (nor edited), and reaches the upstream as it came.
+// MaxBody is the most of a body read: a longer one is not estimated nor edited.
 const MaxBody = 1 << 20
 
 // Request is what a request's body says, as far as tally reads it.
 type Request struct {
-	// Parsed: the body was read whole (within MaxBody) and is one JSON
-	// object; the fields below are only set then.
-	Parsed bool
+	Parsed bool   // read whole (within MaxBody), one JSON object; else nothing below is set
 	Model  string // "model" (Gemini: from the path), at most MaxModel bytes
-	// Prompt is the bytes of the prompt's text: the strings in messages,
-	// input, contents, prompt, system and instructions, keys aside.
-	Prompt int64
-	// MaxOutput is the most output tokens the request allows (max_tokens,
-	// max_completion_tokens, max_output_tokens, Gemini's
-	// generationConfig.maxOutputTokens, Ollama's options.num_predict);
-	// -1 when it sets none.
+	Prompt int64  // string bytes (keys aside) in messages, input, contents, prompt, system, instructions
+	// MaxOutput is the most output tokens allowed (max_tokens, max_completion_tokens,
+	// max_output_tokens, generationConfig.maxOutputTokens, options.num_predict), or -1.
 	MaxOutput      int64
 	Stream         bool // "stream": true
 	IncludeUsage   bool // stream_options.include_usage is true
@@ -41,13 +32,11 @@ type Request struct {
 // MaxModel is the most of a model's name kept.
 const MaxModel = 256
 
-// Input is the input tokens the prompt is estimated at: its bytes ÷ 4,
-// rounded up (about four bytes of English text a token).
+// Input is the prompt's estimated input tokens: its bytes ÷ 4, rounded up (English text).
 func (q *Request) Input() int64 { return (q.Prompt + 3) / 4 }
 
-// Read reads r's body, at most MaxBody of it, and replaces it by a body
-// that gives the upstream the same bytes: those read, then the rest. It
-// returns the bytes read and whether they are the whole body.
+// Read reads at most MaxBody of r's body, replaced by one giving the upstream the
+// same bytes (those read, then the rest): the bytes read, and whether they are all.
 func Read(r *http.Request) ([]byte, bool) {
 	if r.Body == nil || r.Body == http.NoBody || r.ContentLength > MaxBody {
 		return nil, false
@@ -63,9 +52,7 @@ func Read(r *http.Request) ([]byte, bool) {
 	_, err := buf.ReadFrom(io.LimitReader(body, MaxBody+1))
 	b := buf.Bytes()
 	switch {
-	case err != nil:
-		// The read failed (the client left, a timeout): the upstream
-		// gets the bytes read, then the same error.
+	case err != nil: // the client left, a timeout: the upstream gets the bytes, then the error
 		r.Body = replay{io.MultiReader(bytes.NewReader(b), errReader{err}), body}
 	case len(b) > MaxBody:
 		r.Body = replay{io.MultiReader(bytes.NewReader(b), body), body}
@@ -76,8 +63,7 @@ func Read(r *http.Request) ([]byte, bool) {
 	return b, false
 }
 
-// replay is a body read again: the bytes read, then the rest; Close
-// closes the request's body.
+// replay is a body read again: the bytes read, then the rest; Close closes the original.
 type replay struct {
 	io.Reader
 	io.Closer
@@ -101,8 +87,10 @@ func Parse(b []byte, path string) Request {
 	end := members(b, 0, func(key []byte, vs, ve int) {
 		v := b[vs:ve]
 		switch string(key) {
-		case "model":
-			q.Model = stringOf(v)
+		case "model": // a string, escapes kept (model names have none)
+			if len(v) >= 2 && v[0] == '"' {
+				q.Model = string(v[1 : len(v)-1])
+			}
 		case "messages", "input", "contents", "prompt", "system", "instructions":
 			value(b, vs, &q.Prompt, 0)
 		case "max_tokens", "max_completion_tokens", "max_output_tokens":
@@ -122,8 +110,11 @@ func Parse(b []byte, path string) Request {
 		return Request{MaxOutput: -1}
 	}
 	q.Parsed = true
-	if q.Model == "" {
-		q.Model = geminiModel(path)
+	if i := strings.LastIndex(path, "/models/"); q.Model == "" && i >= 0 {
+		// Gemini's model is in its path: …/models/<model>:<method>.
+		if m, _, ok := strings.Cut(path[i+len("/models/"):], ":"); ok {
+			q.Model = m
+		}
 	}
 	if len(q.Model) > MaxModel {
 		q.Model = q.Model[:MaxModel]
@@ -131,8 +122,7 @@ func Parse(b []byte, path string) Request {
 	return q
 }
 
-// setMax sets MaxOutput from a whole number >= 0 (Ollama's -1, no limit,
-// and -2, fill the context, are none).
+// setMax sets MaxOutput from a whole number >= 0 (Ollama's -1 and -2 are none).
 func (q *Request) setMax(v []byte) {
 	if n, err := strconv.ParseInt(string(v), 10, 64); err == nil && n >= 0 {
 		q.MaxOutput = n
@@ -148,36 +138,11 @@ func sub(v []byte, key string, f func([]byte)) {
 	})
 }
 
-// stringOf is the JSON string v, "" if v is not one; escapes are kept as
-// they are (model names have none).
-func stringOf(v []byte) string {
-	if len(v) < 2 || v[0] != '"' {
-		return ""
-	}
-	return string(v[1 : len(v)-1])
-}
-
-// geminiModel is the model in a Gemini path, …/models/<model>:<method>.
-func geminiModel(path string) string {
-	i := strings.LastIndex(path, "/models/")
-	if i < 0 {
-		return ""
-	}
-	m := path[i+len("/models/"):]
-	if j := strings.IndexByte(m, ':'); j >= 0 {
-		return m[:j]
-	}
-	return ""
-}
-
-// WantsUsage reports whether q, sent to a chat-completions path, is a
-// stream that does not ask for its usage: one to add it to (WithUsage).
+// WantsUsage reports whether q is a stream that does not ask for its usage (WithUsage adds it).
 func (q *Request) WantsUsage() bool { return q.Parsed && q.Stream && !q.IncludeUsage }
 
-// WithUsage is the body b of q with stream_options.include_usage set to
-// true: a member added to the object (to stream_options when the body has
-// one, else a new stream_options at the end), every other byte as it was.
-// nil when stream_options is not an object.
+// WithUsage is q's body b with stream_options.include_usage true (a new stream_options
+// at the end if none), every other byte as it was; nil if stream_options is no object.
 func (q *Request) WithUsage(b []byte) []byte {
 	const member = `"include_usage":true`
 	if q.soEnd == 0 {

@@ -2,13 +2,11 @@ package llmreq
 
 import "bytes"
 
-// Strip removes from an OpenAI chat-completions stream what asking for
-// its usage added: the usage-only chunk (a data event whose object has a
-// usage and no choices) and the "usage": null member of every other chunk,
-// so that a client that did not ask for the usage gets the stream it
-// would have had. Every other byte passes as it came. An event is passed
-// on once whole (a client reads nothing from half an event); one longer
-// than maxEvent cannot be the usage chunk and passes as it comes.
+// Strip removes from an OpenAI chat-completions stream what asking for its usage
+// added: the usage-only chunk (a data event with a usage, no choices) and other
+// chunks' "usage": null, so a client that did not ask gets the stream it would
+// have had. An event passes once whole (a client reads nothing from half of one);
+// one longer than maxEvent cannot be the usage chunk and passes as it comes.
 type Strip struct {
 	pending []byte
 	long    bool // the event being read is longer than maxEvent
@@ -17,8 +15,7 @@ type Strip struct {
 // maxEvent is the longest event Strip holds to look at.
 const maxEvent = 64 << 10
 
-// Write filters b, the stream's next bytes, and passes what is to be sent
-// on to emit, in order.
+// Write filters b, the stream's next bytes, passing what is sent to emit.
 func (s *Strip) Write(b []byte, emit func([]byte) error) error {
 	s.pending = append(s.pending, b...)
 	for {
@@ -27,9 +24,8 @@ func (s *Strip) Write(b []byte, emit func([]byte) error) error {
 			if !s.long && len(s.pending) <= maxEvent {
 				return nil
 			}
-			// Too long to be the usage chunk: on as it comes, but for
-			// the last bytes, which may start the blank line that ends
-			// it.
+			// Too long to be the usage chunk: on as it comes, but for the
+			// last bytes, which may start the blank line that ends it.
 			s.long = true
 			keep := min(len(s.pending), 3)
 			err := emit(s.pending[:len(s.pending)-keep])
@@ -62,8 +58,7 @@ func (s *Strip) End(emit func([]byte) error) error {
 	return err
 }
 
-// eventEnd is the index after the blank line that ends the first event in
-// b (LF, CRLF or CR line ends), or -1.
+// eventEnd is the index after the blank line (LF, CRLF or CR) ending b's first event, or -1.
 func eventEnd(b []byte) int {
 	end := -1
 	for _, sep := range [...]string{"\n\n", "\r\n\r\n", "\r\r"} {
@@ -74,17 +69,15 @@ func eventEnd(b []byte) int {
 	return end
 }
 
-// filter is the event ev as the client is to get it: nil for the usage
-// chunk, its data's "usage": null member removed from any other chunk.
-// An event of another shape passes as it is.
+// filter is ev as the client gets it: nil for the usage chunk, "usage":
+// null removed from any other chunk; other shapes pass as they are.
 func filter(ev []byte) []byte {
 	rest, ok := bytes.CutPrefix(ev, []byte("data:"))
 	if !ok {
 		return ev
 	}
 	at := space(ev, len(ev)-len(rest))
-	// The usage member: where the member before it ends (the brace when
-	// none), and its value.
+	// The usage member: where the member before it ends (the brace if none), and its value.
 	from, vs, ve := 0, 0, 0
 	choices, last := false, at+1
 	end := members(ev, at, func(key []byte, s, e int) {
@@ -103,8 +96,7 @@ func filter(ev []byte) []byte {
 	case string(ev[vs:ve]) != "null":
 		return nil // the usage chunk
 	}
-	// "usage": null: removed with the comma before it, or, when it is the
-	// first member, with the comma after it.
+	// "usage": null goes with the comma before it or, when first, the one after it.
 	to := ve
 	if from == at+1 {
 		if i := space(ev, ve); ev[i] == ',' {

@@ -7,23 +7,19 @@ import (
 )
 
 // decoder is a resumable JSON tokenizer that keeps only what finding the
-// paths needs: the open containers (at most MaxDepth), the key being read
-// and the number being read. It checks the document's structure (a
-// truncated or broken document does not finish) but not every detail of
-// its tokens (escapes and number syntax are only read as far as finding
-// their end needs).
+// paths needs: the open containers (at most MaxDepth), the key and number
+// being read. It checks the structure (a cut or broken document does not
+// finish), not tokens' details (escapes, numbers) beyond finding their end.
 type decoder struct {
 	paths *Paths
 	state state
 	depth int
-	// Per open container: whether it is an array, and the paths whose
-	// keys so far match the keys down to it. Bit i is path i from the
-	// root, bit slots+i path i from below a top-level key (usage under
-	// Anthropic's message or the Responses API's response).
+	// Per open container: whether it is an array, and the paths whose keys
+	// match the keys down to it: bit i is path i from the root, bit slots+i
+	// path i from below a top-level key (Anthropic's message, Responses').
 	array [MaxDepth]bool
 	match [MaxDepth]uint64
-	// The member being read: its key (while it is no longer than any
-	// segment may be) and the paths it continues.
+	// The member being read: its key (up to maxSegment), the paths it continues.
 	key     [maxSegment]byte
 	keyLen  int
 	escaped bool // the key or string holds a backslash escape
@@ -36,22 +32,18 @@ type decoder struct {
 	found uint64
 	done  bool // the top-level value ended
 	err   bool
-	// A token scanner's decoder reads a top-level array as a list of
-	// documents (Gemini's stream without alt=sse), each parsed as the top
-	// level is: inList while in it, a document ends with done, and feed
-	// stops there for the scanner to take it before next.
+	// A token scanner's reads a top-level array as a list of documents
+	// (Gemini's stream without alt=sse); feed stops at each one's end (done).
 	list, inList bool
 
-	// The strings the paths' text masks capture (the last one of each,
-	// its first MaxModel bytes, escapes as written), and which one the
-	// string being read goes to (0: none, k+1: text[k]).
+	// The last string of each text mask (its first MaxModel bytes, escapes
+	// as written), and where the string being read goes (0: none, k+1: text[k]).
 	text    [2][MaxModel]byte
 	textLen [2]int
 	capture int
 }
 
-// slots is how many paths a decoder follows: a charge's (at most
-// MaxPaths) or the token scanner's.
+// slots is how many paths a decoder follows: a charge's or the token scanner's.
 const slots = 32
 
 type state uint8
@@ -87,8 +79,7 @@ func (d *decoder) next() {
 
 func (d *decoder) docEnded() bool { return d.inList && d.done }
 
-// feed reads the next bytes of the document and returns how many it read:
-// fewer than len(b) only where a list's document ended.
+// feed reads b's next bytes and says how many: fewer only where a list's document ended.
 func (d *decoder) feed(b []byte) int {
 	i := 0
 	for ; i < len(b) && !d.err && !d.docEnded(); i++ {
@@ -121,8 +112,11 @@ func (d *decoder) feed(b []byte) int {
 			default:
 				d.err = true
 			}
-		case sInKey, sInString:
-			j := plainRun(b, i)
+		case sInKey, sInString: // the run without a quote or backslash is read at once
+			j := len(b)
+			if k := bytes.IndexAny(b[i:], `"\\`); k >= 0 {
+				j = i + k
+			}
 			d.keep(b[i:j])
 			switch i = j; {
 			case i == len(b):
@@ -178,15 +172,6 @@ func (d *decoder) feed(b []byte) int {
 	return i
 }
 
-// plainRun is where the run of b from i without a quote or a backslash
-// ends: the bytes of a key or string read at once.
-func plainRun(b []byte, i int) int {
-	if k := bytes.IndexAny(b[i:], `"\\`); k >= 0 {
-		return i + k
-	}
-	return len(b)
-}
-
 // value starts the value whose first byte is c.
 func (d *decoder) value(c byte) {
 	if d.done {
@@ -226,8 +211,7 @@ func (d *decoder) value(c byte) {
 	}
 }
 
-// bitPath is bit b's path and how many keys come before it (0 from the
-// root, 1 from below a top-level key).
+// bitPath is bit b's path and the keys before it (0: from the root, 1: below one).
 func (d *decoder) bitPath(b int) (segs []string, skip int) {
 	if b < slots {
 		return d.paths.segs[b], 0
@@ -235,8 +219,7 @@ func (d *decoder) bitPath(b int) (segs []string, skip int) {
 	return d.paths.segs[b-slots], 1
 }
 
-// keep adds b, the next bytes of a key or a string value, to the key or
-// the text it goes to, as far as it holds.
+// keep adds b, the next bytes of a key or string, to where it goes, as room allows.
 func (d *decoder) keep(b []byte) {
 	switch {
 	case d.state == sInKey || d.state == sKeyEscape:
@@ -262,9 +245,8 @@ func (d *decoder) ends() uint64 {
 	return e
 }
 
-// continues is the paths the key just read continues: those of its object
-// whose key at this depth is the key (any key, for the top-level key a
-// path from below one skips).
+// continues is the paths of the object whose key at this depth is the key
+// just read (any key, at the top level a path from below one skips).
 func (d *decoder) continues() uint64 {
 	readable := !d.escaped && d.keyLen <= maxSegment
 	var c uint64
@@ -280,17 +262,15 @@ func (d *decoder) continues() uint64 {
 
 // pathValue is path i's value in the document, found from the root first.
 func (d *decoder) pathValue(i int) (int64, bool) {
-	switch {
-	case d.found&(1<<i) != 0:
-		return d.vals[i], true
-	case d.found&(1<<(slots+i)) != 0:
-		return d.vals[slots+i], true
+	for _, b := range [2]int{i, slots + i} {
+		if d.found&(1<<b) != 0 {
+			return d.vals[b], true
+		}
 	}
 	return 0, false
 }
 
-// endNumber ends the number just read: a whole number >= 0 is the value of
-// the paths that end at it.
+// endNumber ends a number: a whole one >= 0 is the value of the paths ending at it.
 func (d *decoder) endNumber() {
 	if d.digits {
 		for e := d.ends(); e != 0; e &= e - 1 {
@@ -323,8 +303,8 @@ func (d *decoder) afterValue() {
 	}
 }
 
-// finish reports whether the document ended complete and well formed; a
-// number at the very end has no byte after it to end it.
+// finish reports whether the document ended complete and well formed (ending
+// a number at the very end, which no byte followed).
 func (d *decoder) finish() bool {
 	switch d.state {
 	case sNumber:

@@ -9,18 +9,13 @@ import (
 	"strings"
 )
 
-// Dollars (charge usd): prices per model turn a response's token usage
-// into an amount of micro-dollars, the unit every usd zone counts in.
-//
-// A price is given in dollars per million tokens, as providers publish
-// them, with at most three decimals: $0.001 per million tokens is one
-// nano-dollar per token, so a price is a whole number of nano-dollars per
-// token and a response's cost is computed exactly in nano-dollars. The
-// zone counts whole micro-dollars: a response is charged its exact cost
-// rounded up to the next micro-dollar (never down, so that a stream of
-// tiny responses is never free). Micro-dollars keep every zone kind within
-// its bounds: 2^40 of them is about $1.1 million, and a rate of up to $1
-// per second of its window keeps GCRA's one microsecond per unit.
+// Dollars (charge usd): prices per model turn token usage into
+// micro-dollars, the unit every usd zone counts in. A price is dollars per
+// million tokens with at most three decimals, so a whole number of
+// nano-dollars per token, and a cost is exact in nano-dollars, charged
+// rounded up to the micro-dollar (so tiny responses are never free).
+// Micro-dollars keep every zone kind within its bounds: 2^40 is about
+// $1.1 million, and up to $1 per second keeps GCRA's microsecond per unit.
 
 // Scales of the amounts.
 const (
@@ -29,9 +24,8 @@ const (
 	// NanoPerMicro is how many nano-dollars make a micro-dollar.
 	NanoPerMicro = 1000
 
-	// maxPrice is the highest price, in nano-dollars per token ($10,000
-	// per million tokens): far above any model's, and small enough that
-	// a mistyped price is refused rather than charged.
+	// maxPrice, in nano-dollars per token ($10,000 per million tokens), is
+	// far above any model's: a mistyped price is refused, not charged.
 	maxPrice = 10_000 * 1000
 )
 
@@ -42,8 +36,7 @@ type Price struct {
 	Output      int64
 }
 
-// Prices is a charge usd table: models by pattern, first match wins, and
-// an optional default for every other model.
+// Prices is a charge usd table: models by pattern (first match wins), a default.
 type Prices struct {
 	models     []modelPrice
 	def        Price
@@ -56,8 +49,7 @@ type modelPrice struct {
 	price   Price
 }
 
-// AddModel appends a model's price; pattern is a model name or a prefix
-// ending in * (the only place * may be).
+// AddModel appends a model's price; pattern is a name, or a prefix ending in *.
 func (p *Prices) AddModel(pattern string, price Price) error {
 	prefix := strings.HasSuffix(pattern, "*")
 	name := strings.TrimSuffix(pattern, "*")
@@ -82,8 +74,7 @@ func (p *Prices) AddModel(pattern string, price Price) error {
 // SetDefault sets the price of every model no pattern fits.
 func (p *Prices) SetDefault(price Price) { p.def, p.hasDefault = price, true }
 
-// Lookup is the price of model: the first pattern that fits, else the
-// default; false when neither.
+// Lookup is model's price: the first fitting pattern's, else the default (false: none).
 func (p *Prices) Lookup(model string) (Price, bool) {
 	for i := range p.models {
 		m := &p.models[i]
@@ -94,10 +85,8 @@ func (p *Prices) Lookup(model string) (Price, bool) {
 	return p.def, p.hasDefault
 }
 
-// Cost is what a response of model that used these tokens costs, in
-// micro-dollars, rounded up; input includes cached (as Tokens.Input
-// does). false: the model has no price. A cost too large for int64
-// saturates at math.MaxInt64 (the zone's bound caps what it charges).
+// Cost is what a response of model costs in micro-dollars, rounded up (input includes
+// cached), saturating at math.MaxInt64 (the zone's bound caps it); false: no price.
 func (p *Prices) Cost(model string, input, cached, output int64) (int64, bool) {
 	pr, ok := p.Lookup(model)
 	if !ok {
@@ -123,8 +112,7 @@ func satMul(a, b int64) int64 {
 	return int64(lo)
 }
 
-// ParsePrice reads a price in dollars per million tokens ("0.40", "15",
-// "0.075") as nano-dollars per token.
+// ParsePrice reads dollars per million tokens ("0.075") as nano-dollars per token.
 func ParsePrice(s string) (int64, error) {
 	n, err := parseDecimal(s, 3)
 	switch {
@@ -136,8 +124,7 @@ func ParsePrice(s string) (int64, error) {
 	return n, nil
 }
 
-// ParseUSD reads an amount of dollars ("20", "0.50", "0.000125") as
-// micro-dollars, at least one and at most max.
+// ParseUSD reads dollars ("0.000125") as micro-dollars, from one to max.
 func ParseUSD(s string, max int64) (int64, error) {
 	n, err := parseDecimal(s, 6)
 	switch {
@@ -149,8 +136,7 @@ func ParseUSD(s string, max int64) (int64, error) {
 	return n, nil
 }
 
-// parseDecimal reads a non-negative decimal with at most places decimals
-// as a whole number of 10^-places units, exactly.
+// parseDecimal reads a decimal >= 0 of at most places decimals, exactly, in 10^-places units.
 func parseDecimal(s string, places int) (int64, error) {
 	whole, frac, dot := strings.Cut(s, ".")
 	switch {
@@ -172,8 +158,7 @@ func parseDecimal(s string, places int) (int64, error) {
 	return n, nil
 }
 
-// FormatUSD writes micro-dollars as dollars with six decimals, such as
-// 19.873412: exact, and the same width for every amount.
+// FormatUSD writes micro-dollars exactly as dollars with six decimals (19.873412).
 func FormatUSD(micro int64) string {
 	sign := ""
 	u := uint64(micro)

@@ -2,44 +2,35 @@ package usage
 
 import "strings"
 
-// Token usage (charge tokens, charge usd): a Scanner started by
-// StartTokens reads the usage of every common LLM API's responses, JSON, server-sent events or Ollama's
-// newline-delimited JSON, with no path to write, in one pass and bounded
-// memory as a Scanner does. Each document (the body, an event's data, a
-// line) that carries a known usage object is read by its format:
+// Token usage (charge tokens, charge usd): a Scanner started by StartTokens
+// reads the usage of every common LLM API's responses (JSON, server-sent
+// events, Ollama's NDJSON) with no path, as a Scanner does. Each document
+// that carries a known usage object is read by its format:
 //
-//   - OpenAI Chat Completions (and compatible servers): usage.prompt_tokens
-//     (cached ones, prompt_tokens_details.cached_tokens, included) and
-//     completion_tokens (reasoning included); a stream's usage chunk.
-//   - OpenAI Responses: usage.input_tokens (input_tokens_details.
-//     cached_tokens included) and output_tokens, at the root or, in a
-//     stream, under the final event's response (response.completed,
-//     response.incomplete, response.failed).
-//   - Anthropic Messages (a type of message, message_start or
-//     message_delta, or cache_*_input_tokens counts): the input is
-//     input_tokens + cache_read_input_tokens + cache_creation_input_tokens,
-//     cache_read the cached part; each count a document carries sets that
-//     count (message_delta's cumulative output_tokens, an input count a
-//     compatible backend repeats there), never adds to it. The output
-//     message_start carries is a placeholder: a stream without a
-//     message_delta after it has no usage (NoUsage).
-//   - Gemini: usageMetadata.promptTokenCount (+ toolUsePromptTokenCount;
-//     cachedContentTokenCount the cached part), candidatesTokenCount +
-//     thoughtsTokenCount; modelVersion is the model. Streamed chunks are
-//     cumulative: the last one counts, as events (alt=sse) or as the
-//     elements of one JSON array (streamGenerateContent's default): a
-//     top-level array's elements are read as a stream's documents, only
-//     Gemini's among them (a body cut mid-array keeps those it completed,
-//     as a cut event stream keeps its events).
-//   - Ollama's native API: prompt_eval_count and eval_count, on the done
-//     object.
+//   - OpenAI Chat Completions (and compatible): usage.prompt_tokens (cached,
+//     prompt_tokens_details.cached_tokens, included), completion_tokens
+//     (reasoning included); a stream's usage chunk.
+//   - OpenAI Responses: usage.input_tokens (input_tokens_details.cached_tokens
+//     included) and output_tokens, at the root or under a stream's final
+//     event's response (response.completed, .incomplete, .failed).
+//   - Anthropic Messages (type message, message_start or message_delta, or
+//     cache_*_input_tokens counts): input is input_tokens +
+//     cache_read_input_tokens (the cached part) + cache_creation_input_tokens;
+//     each count a document carries sets that count, never adds to it
+//     (message_delta's cumulative output_tokens). message_start's output is
+//     a placeholder: without a message_delta after it there is no usage.
+//   - Gemini: usageMetadata.promptTokenCount + toolUsePromptTokenCount
+//     (cachedContentTokenCount cached), candidatesTokenCount +
+//     thoughtsTokenCount; modelVersion is the model. Chunks are cumulative,
+//     as events (alt=sse) or as a top-level array's elements (its default),
+//     only Gemini's of which are read (a cut array keeps those it completed).
+//   - Ollama's native API: prompt_eval_count and eval_count.
 //
-// In a stream the last document that carries usage gives the result; the
-// model is that document's model (or the last one a usage document named).
+// In a stream the last document with usage gives the result; the model is
+// that document's (or the last one a usage document named).
 
-// tokenPaths are the paths a token scanner follows: text[0] keeps the
-// model (the root's model or modelVersion, or the model under a top-level
-// key, as in Anthropic's message_start), text[1] the root's type or object.
+// tokenPaths are the token scanner's paths: text[0] keeps the model (root model or
+// modelVersion, or model under a top-level key), text[1] the root's type or object.
 var tokenPaths, tokenPath = func(paths ...string) (Paths, map[string]int) {
 	var p Paths
 	index := make(map[string]int, len(paths))
@@ -61,8 +52,7 @@ var tokenPaths, tokenPath = func(paths ...string) (Paths, map[string]int) {
 	"model", "modelVersion", "type", "object",
 )
 
-// tokenKeys are the key endings of every count a token scanner reads: a
-// document with none of them is not parsed.
+// tokenKeys end every count's key: a document with none is not parsed.
 var tokenKeys = [][]byte{[]byte(`_tokens"`), []byte(`TokenCount"`), []byte(`eval_count"`)}
 
 // tokenState is what a token scanner has read so far.
@@ -75,14 +65,12 @@ type tokenState struct {
 	modelLen           int
 }
 
-// StartTokens readies s to read token usage from a body with these
-// headers (Tokens gives it).
+// StartTokens readies s to read the token usage (Tokens) of a body.
 func (s *Scanner) StartTokens(contentType, contentEncoding string) {
-	s.start(&tokenPaths, true, contentType, contentEncoding)
+	s.Start(&tokenPaths, contentType, contentEncoding)
 }
 
-// Tokens is the body's token usage once it has ended, or why there is
-// none.
+// Tokens is the body's token usage once it has ended, or why there is none.
 func (s *Scanner) Tokens() (Tokens, Reason) {
 	t := &s.tok
 	if r := s.end(func() bool { return t.format != FormatNone && (t.format != Anthropic || t.anthropicFinal) }); r != OK {

@@ -1,21 +1,13 @@
 // Package usage reads numbers, such as an LLM server's token usage, from a
-// response body while it streams: a JSON document, or the data of
-// server-sent events, scanned in one pass over the bytes as they are
-// written, in memory bounded whatever the body's size. It imports nothing
-// of Caddy.
+// response body (JSON or server-sent events) as it streams, in one pass and
+// in memory bounded whatever the body's size. It imports nothing of Caddy.
 //
-// A path is a dot path of object keys (usage.total_tokens) from the
-// document's root or, where the root has none, from the object under one of
-// its top-level keys: Anthropic's message_start event and the Responses
-// API's response.completed event nest their usage one level down. Its value
-// must be a whole number >= 0 (not a null, a string or a value inside an
-// array). Several paths are summed, and every one must be found: a sum
-// with a part missing is not known. A JSON document's values count once it
-// has parsed to its end. In an event stream each event's data is one JSON
-// document, and each path takes its value from the last event that
-// carries it, so that a sum may span events (Anthropic's input tokens in
-// message_start, its cumulative output tokens in the last message_delta);
-// events whose data is not JSON ("[DONE]") or carries no path are skipped.
+// A path is a dot path of object keys (usage.total_tokens) from the root or,
+// failing that, under a top-level key (Anthropic's message_start, Responses'
+// response.completed); its value, a whole number >= 0, not in an array. The
+// paths are summed, all or none. A JSON document counts once parsed to its
+// end; each event's data is a document, and each path takes the last event
+// that carries it (a sum may span events); other events ("[DONE]") are skipped.
 // StartTokens (tokens.go) reads token usage with no path.
 package usage
 
@@ -24,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 )
 
@@ -31,11 +24,9 @@ import (
 const (
 	// MaxPaths is how many paths one charge may sum.
 	MaxPaths = 8
-	// MaxDepth is how deeply a JSON document may nest: deeper is
-	// malformed, for the scanner's memory is fixed.
+	// MaxDepth is how deeply a JSON document may nest: deeper is malformed.
 	MaxDepth = 64
-	// MaxEvent is the most of one event's data kept: a larger event is
-	// skipped (Reason TooLarge if no later event carries the paths).
+	// MaxEvent is the most of one event's data kept: larger is skipped (TooLarge).
 	MaxEvent = 64 << 10
 
 	maxSegment = 128 // the longest key a path may name
@@ -44,11 +35,8 @@ const (
 // Paths are the dot paths a charge sums, checked once.
 type Paths struct {
 	segs   [][]string
-	quoted [][]byte // each path's last key, quoted: an event without one skips parsing
-	// The bits (root or below, as the decoder's) of the paths whose
-	// string values are kept, by text slot: the token scanner's model and
-	// the document's type.
-	text [2]uint64
+	quoted [][]byte  // each path's last key, quoted: an event without one skips parsing
+	text   [2]uint64 // the decoder's bits of the paths whose strings are kept: model, type
 }
 
 // ParsePaths checks and keeps paths, each a dot path of object keys.
@@ -113,17 +101,14 @@ const (
 	lineBody // newline-delimited JSON: each line a document (token scanners only)
 )
 
-// Scanner reads one response body's total. Its zero value is not ready:
-// call Start with the response's headers first.
+// Scanner reads one response body's total; Start readies it.
 type Scanner struct {
 	paths  *Paths
 	kind   kind
 	reason Reason // why the body is skipped, OK if it is not
 	dec    decoder
 
-	// Event streams: buf holds the current event's data (the first
-	// dataLen bytes, each data line followed by \n) and then the current
-	// line so far.
+	// buf: the event's data (dataLen bytes, \n after each line), then the line so far.
 	buf       []byte
 	dataLen   int
 	lineLen   int  // the current line's length, kept or not
@@ -142,11 +127,7 @@ type Scanner struct {
 
 // Start readies s for a body with these headers.
 func (s *Scanner) Start(p *Paths, contentType, contentEncoding string) {
-	s.start(p, false, contentType, contentEncoding)
-}
-
-func (s *Scanner) start(p *Paths, tokens bool, contentType, contentEncoding string) {
-	*s = Scanner{paths: p, buf: s.buf[:0], tokens: tokens}
+	*s = Scanner{paths: p, buf: s.buf[:0], tokens: p == &tokenPaths}
 	mt, _, _ := strings.Cut(contentType, ";")
 	mt = strings.TrimSpace(mt)
 	switch {
@@ -156,7 +137,7 @@ func (s *Scanner) start(p *Paths, tokens bool, contentType, contentEncoding stri
 		s.kind = eventBody
 	case strings.EqualFold(mt, "application/json") || (len(mt) > 5 && strings.EqualFold(mt[len(mt)-5:], "+json")):
 		s.kind = jsonBody
-		s.dec.reset(p, tokens)
+		s.dec.reset(p, s.tokens)
 	case s.tokens && strings.EqualFold(mt, "application/x-ndjson"):
 		s.kind = lineBody
 	default:
@@ -173,8 +154,7 @@ func (s *Scanner) Write(b []byte) {
 	}
 }
 
-// Total is the sum of the paths' values once the body has ended, or why
-// there is none.
+// Total is the sum of the paths' values once the body has ended, or why not.
 func (s *Scanner) Total() (int64, Reason) {
 	all := uint16(1)<<len(s.paths.segs) - 1
 	if r := s.end(func() bool { return s.found == all }); r != OK {
@@ -187,8 +167,7 @@ func (s *Scanner) Total() (int64, Reason) {
 	return sum, OK
 }
 
-// end takes the documents the body ended with; OK when done says what
-// was read is the result, else why there is none.
+// end takes the document the body ended with: OK when done says so, else why not.
 func (s *Scanner) end(done func() bool) Reason {
 	switch {
 	case s.reason != OK:
@@ -210,8 +189,7 @@ func (s *Scanner) end(done func() bool) Reason {
 	return NoUsage
 }
 
-// take reads a parsed document's values (or, scanning tokens, usage) as
-// the latest.
+// take reads a parsed document's values (or token usage) as the latest.
 func (s *Scanner) take(d *decoder) {
 	if s.tokens {
 		s.takeTokens(d)
@@ -224,12 +202,10 @@ func (s *Scanner) take(d *decoder) {
 	}
 }
 
-// events scans a text/event-stream chunk (the HTML standard's event stream
-// format): lines end with \r\n, \n or \r; an empty line dispatches the
-// event; a data line's value (after "data:" and one optional space) joins
-// the event's data; other fields and comments are dropped; an event the
-// stream ends in the middle of is not dispatched. An NDJSON body's lines
-// end with \n, and each is a document.
+// events scans a chunk of an event stream (the HTML standard's format): lines end
+// with \r\n, \n or \r; an empty line dispatches the event; a data line's value
+// (after "data:" and one optional space) joins its data; other lines are dropped;
+// an event cut by the stream's end is not. NDJSON lines end with \n, each a document.
 func (s *Scanner) events(b []byte) {
 	ends := "\r\n"
 	if s.kind == lineBody {
@@ -255,8 +231,7 @@ func (s *Scanner) events(b []byte) {
 	}
 }
 
-// appendLine adds b to the current line, unless the event is over its
-// bound.
+// appendLine adds b to the current line unless the event is over MaxEvent.
 func (s *Scanner) appendLine(b []byte) {
 	s.lineLen += len(b)
 	if s.over || len(b) == 0 {
@@ -307,21 +282,13 @@ func (s *Scanner) endLine() {
 	}
 }
 
-// dispatch parses one event's data (or NDJSON line) if it may carry a
-// path or, scanning tokens, a count.
+// dispatch parses one event's data (or NDJSON line) if it may carry a path or count.
 func (s *Scanner) dispatch(data []byte) {
 	keys := s.paths.quoted
 	if s.tokens {
 		keys = tokenKeys
 	}
-	may := false
-	for _, k := range keys {
-		if bytes.Contains(data, k) {
-			may = true
-			break
-		}
-	}
-	if !may {
+	if !slices.ContainsFunc(keys, func(k []byte) bool { return bytes.Contains(data, k) }) {
 		return
 	}
 	s.dec.reset(s.paths, s.tokens)
@@ -329,8 +296,7 @@ func (s *Scanner) dispatch(data []byte) {
 	s.endDocument()
 }
 
-// parse feeds b to the decoder, taking each of a list's documents as it
-// ends.
+// parse feeds b to the decoder, taking each of a list's documents as it ends.
 func (s *Scanner) parse(b []byte) {
 	for {
 		n := s.dec.feed(b)
@@ -343,8 +309,7 @@ func (s *Scanner) parse(b []byte) {
 	}
 }
 
-// endDocument takes the document the body or event ended with, if it
-// parsed.
+// endDocument takes the document the body or event ended with, if it parsed.
 func (s *Scanner) endDocument() {
 	if s.dec.finish() {
 		s.take(&s.dec)
