@@ -185,19 +185,27 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.events = eventsApp.(*caddyevents.App)
 
-	if h.Distributed != nil {
-		if h.store, h.backend, h.storeKey, err = openStore(h.Distributed, h.logger); err != nil {
+	if d := h.Distributed; d != nil {
+		opts, err := d.StoreOptions(h.logger)
+		if err == nil {
+			h.store, h.backend, h.storeKey, err = live.OpenStore(opts, h.logger)
+		}
+		if err != nil {
 			return err
 		}
-		if h.Distributed.Global != nil {
-			if err := h.openRegion(); err != nil {
+		if d.Global != nil {
+			opts, err := d.RegionOptions(h.logger)
+			if err == nil {
+				h.region, h.regionKey, err = live.OpenRegion(h.store, h.storeKey, opts, h.logger)
+			}
+			if err != nil {
 				live.ReleaseStore(h.storeKey)
 				h.store = nil
 				return err
 			}
 		}
-		if h.Distributed.Mode != "async" {
-			h.budget = cmp.Or(max(time.Duration(h.Distributed.Timeout), 0), distributed.DefaultTimeout)
+		if d.Mode != "async" {
+			h.budget = cmp.Or(max(time.Duration(d.Timeout), 0), distributed.DefaultTimeout)
 		}
 	}
 	if !h.DisableMetrics {
