@@ -27,7 +27,13 @@ func newPersister(ctx caddy.Context, h *Handler) (*live.Persister, int, error) {
 		}
 		pz := &live.PersistedZone{Zone: zh.Zone, ID: snapshotID(zh), Fresh: zh.freshState}
 		if !h.DisableMetrics {
-			pz.M = newSnapshotMetrics(zh.Name)
+			pz.M = live.SnapshotMetrics{
+				Duration:        snapshotSecondsVec.WithLabelValues(zh.Name),
+				KeysWritten:     snapshotKeysVec.WithLabelValues(zh.Name),
+				KeysRestored:    restoredKeysVec.WithLabelValues(zh.Name),
+				WriteFailures:   writeFailsVec.WithLabelValues(zh.Name),
+				RestoreFailures: restoreFailsVec.WithLabelValues(zh.Name),
+			}
 		}
 		zs = append(zs, pz)
 	}
