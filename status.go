@@ -214,6 +214,16 @@ func zoneStatusOf(ctx context.Context, name string, t *ticket, now int64) zoneSt
 	return st
 }
 
+// httpZoneInJSON looks for the HTTP zone name in the app's routes that
+// are still JSON.
+func httpZoneInJSON(app *caddyhttp.App, name string) (key string, concurrency, found bool) {
+	var routes []any
+	for _, srv := range app.Servers {
+		routes = append(routes, srv.Routes, srv.Errors, srv.NamedRoutes)
+	}
+	return live.ZoneInJSON(routes, name)
+}
+
 // Interface guards
 var (
 	_ caddy.Provisioner           = (*StatusHandler)(nil)

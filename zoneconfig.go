@@ -15,10 +15,13 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/caddy-tally/ratelimit/algorithms"
 	"github.com/caddy-tally/ratelimit/config"
 	"github.com/caddy-tally/ratelimit/distributed"
+	"github.com/caddy-tally/ratelimit/internal/adminapi"
 	"github.com/caddy-tally/ratelimit/internal/live"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
+	"github.com/caddy-tally/ratelimit/internal/usage"
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
@@ -243,6 +246,35 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*http
 	return zh, nil
 }
 
+// stateKey tells definitions apart by their plan placeholders: nil for
+// none, so that an HTTP zone without plans shares its state with a
+// connection zone of the same limits.
+func stateKey(vars planVars) any {
+	if vars == (planVars{}) {
+		return nil
+	}
+	return vars
+}
+
+// httpZoneOf is z's HTTP side (nil for a connection zone).
+func httpZoneOf(z *zones.Zone) *httpZone {
+	zh, _ := live.View(z).Handler.(*httpZone)
+	return zh
+}
+
+// usdFields is a usd zone's amounts in dollars, the USD of its view; none
+// in another zone, or when zh is nil.
+func (zh *httpZone) usdFields(limit, remaining int64, used *int64) adminapi.USDFields {
+	if zh == nil || zh.costs.usd() == nil {
+		return adminapi.USDFields{}
+	}
+	f := adminapi.USDFields{Unit: unitMicroUSD, LimitUSD: usage.FormatUSD(limit), RemainingUSD: usage.FormatUSD(remaining)}
+	if used != nil {
+		f.UsedUSD = usage.FormatUSD(*used)
+	}
+	return f
+}
+
 // learnBans reads the zone's fleet-wide bans every interval (async mode),
 // until unregister.
 func (z *httpZone) learnBans(l zones.BanList, interval time.Duration) {
@@ -308,6 +340,12 @@ func tightness(z *zones.Zone) (kind int, limit float64) {
 		return 1, float64(z.Quota) / nominalSeconds[z.Period]
 	}
 	return 0, float64(z.Events) / float64(z.Window)
+}
+
+// nominalSeconds orders quota periods: their usual lengths.
+var nominalSeconds = map[algorithms.Period]float64{
+	algorithms.Minute: 60, algorithms.Hour: 3600, algorithms.Day: 86400,
+	algorithms.Week: 7 * 86400, algorithms.Month: 30.436875 * 86400,
 }
 
 // headerPlaceholder returns the canonical header name a placeholder such
