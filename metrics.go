@@ -53,10 +53,7 @@ func init() {
 		return float64(z.Waiting()), z.Delay > 0 && !z.DryRun
 	})
 	gauge("banned_keys", "Keys this instance bans in the zone now: the running bans of its ban table, each enforced (at most max_keys).", func(z *zones.Zone, now int64) (float64, bool) {
-		if z.Ban == 0 {
-			return 0, false
-		}
-		return float64(z.BannedKeys(now)), true
+		return float64(z.BannedKeys(now)), z.Ban > 0
 	})
 	live.Collect(newGlobalCollector(live.MetricPrefix+"global"), nil)
 	gauge("overrides", "Overrides of the zone's limit in force (set through the admin API; fleet-wide for distributed zones).", func(z *zones.Zone, _ int64) (float64, bool) {
