@@ -111,7 +111,9 @@ func (h *Handler) seen(v *ticket, now int64, mark *int64) {
 		z.metrics.countClass(v.Class, d.Allowed)
 	}
 	if d.Err != nil {
-		z.logStoreError(now, *d)
+		if c := z.logs.storeError.Check(z.logger, now, zapcore.DebugLevel, "store unavailable; fail policy applied"); c != nil {
+			c.Write(zap.String("zone", z.Name), zap.String("fail_policy", z.FailPolicy.String()), zap.Error(d.Err))
+		}
 	}
 	if v.OverBurst() {
 		z.logOverBurst(now, v.Cost, v.Plan)

@@ -13,7 +13,6 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/caddy-tally/ratelimit/algorithms"
 	"github.com/caddy-tally/ratelimit/config"
@@ -55,14 +54,11 @@ const (
 // HTTP side.
 type httpZone struct {
 	*zones.Zone
-	matchers caddyhttp.MatcherSets
-	key      string // the key template
-	keyVar   string // when the template is exactly one placeholder: its name
-	// keyHeader: when the template is one request header placeholder, the
-	// header's canonical name, read directly (the replacer would box the
-	// value, an allocation per request).
-	keyHeader         string
-	nameValue         any // the zone's name as a placeholder value, boxed once
+	matchers          caddyhttp.MatcherSets
+	key               string // the key template
+	keyVar            string // when the template is exactly one placeholder: its name
+	keyHeader         string // keyVar's request header, canonical: read directly, the replacer would box it
+	nameValue         any    // the zone's name as a placeholder value, boxed once
 	vars              planVars
 	costs             costVars
 	dryRun            bool
@@ -423,11 +419,4 @@ func (z *httpZone) classFor(r *http.Request, repl *caddy.Replacer) int {
 		return z.priority.ClassOf(strings.Join(r.Header[z.classHeader], ","))
 	}
 	return z.priority.ClassOf(repl.ReplaceAll(z.priority.Placeholder, ""))
-}
-
-// logStoreError logs (sampled) a decision the store could not make.
-func (z *httpZone) logStoreError(now int64, d zones.Decision) {
-	if c := z.logs.storeError.Check(z.logger, now, zapcore.DebugLevel, "store unavailable; fail policy applied"); c != nil {
-		c.Write(zap.String("zone", z.Name), zap.String("fail_policy", z.FailPolicy.String()), zap.Error(d.Err))
-	}
 }
