@@ -25,15 +25,13 @@ import (
 // request costs"): `cost` is one GCRA step before the request; `count` and
 // `charge` make the zone post-charged, charged after the response.
 type costVars struct {
-	cost      int64       // literal cost, the fallback of the placeholders; default 1
-	costVar   string      // placeholder name of `cost`, "" for a literal
-	chargeVar string      // placeholder name of `charge`, read after the response
-	body      *bodyCharge // what the zone charges from the response body
-	// estimate: the cost taken before the request is settled after it.
-	estimate bool
-	llm      *llmZone // the zone charges LLM tokens or dollars
-	// costMin and costMax bound costVar's values (0: no bound).
-	costMin, costMax int64
+	cost             int64       // literal cost, the fallback of the placeholders; default 1
+	costVar          string      // placeholder name of `cost`, "" for a literal
+	chargeVar        string      // placeholder name of `charge`, read after the response
+	body             *bodyCharge // what the zone charges from the response body
+	estimate         bool        // the cost taken before the request is settled after it
+	llm              *llmZone    // the zone charges LLM tokens or dollars
+	costMin, costMax int64       // bounds of costVar's values (0: no bound)
 	count            *caddyhttp.ResponseMatcher
 	params           string // RateLimit-Policy's parameters
 }
