@@ -242,36 +242,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// provisionPersist restores the zones' snapshots; `started` arms their
-// writes (a config that never starts writes nothing), `stopping` writes
-// them before Caddy waits for the requests in flight.
-func (h *Handler) provisionPersist(ctx caddy.Context) error {
-	p, n, err := newPersister(ctx, h)
-	if err != nil {
-		return err
-	}
-	h.persister = p
-	if n == 0 {
-		return nil
-	}
-	p.Restore()
-	for event, f := range map[string]func(){
-		"started": p.Start,
-		// A reload's dropped states write their final snapshot
-		// themselves: only an exit needs one now.
-		"stopping": func() {
-			if caddy.Exiting() {
-				p.WriteAll("stopping")
-			}
-		},
-	} {
-		if err := h.events.On(event, eventHandler(f)); err != nil {
-			return fmt.Errorf("persist: subscribing to the %s event: %v", event, err)
-		}
-	}
-	return nil
-}
-
 // Validate checks the handler's settings that Provision does not.
 func (h *Handler) Validate() error {
 	if !(h.Jitter >= 0 && h.Jitter <= 1) { // NaN too
