@@ -174,11 +174,7 @@ func (s *StatusHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ cadd
 // statusTicket is the request's resolved ticket in zone name (nil when
 // the zone is not loaded).
 func statusTicket(r *http.Request, repl *caddy.Replacer, name string, now int64) *ticket {
-	z := live.Lookup(name, true)
-	if z == nil {
-		return nil
-	}
-	zh := httpZoneOf(z)
+	zh := httpZoneOf(live.Lookup(name, true)) // View(nil) is no zone's
 	if zh == nil {
 		return nil
 	}
