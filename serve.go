@@ -299,22 +299,19 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, tickets []ticket,
 // a denial is written rather than returned; looked up once, since a
 // handler belongs to one server.
 func (h *Handler) answersDirectly(r *http.Request) bool {
-	switch h.live.errorRoutes.Load() {
-	case errorRoutesNone:
-		return true
-	case errorRoutesSome:
-		return false
+	if known := h.live.errorRoutes.Load(); known != errorRoutesUnknown {
+		return known == errorRoutesNone
 	}
 	srv, ok := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
 	if !ok {
 		return false // not served by Caddy (tests): return the error
 	}
+	known := errorRoutesSome
 	if srv.Errors == nil || len(srv.Errors.Routes) == 0 {
-		h.live.errorRoutes.Store(errorRoutesNone)
-		return true
+		known = errorRoutesNone
 	}
-	h.live.errorRoutes.Store(errorRoutesSome)
-	return false
+	h.live.errorRoutes.Store(known)
+	return known == errorRoutesNone
 }
 
 type liveState struct {
