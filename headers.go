@@ -47,7 +47,8 @@ func (h *Handler) setHeaders(hdr http.Header, tickets []ticket, denied bool, ret
 	}
 	if h.headers == headersOff {
 		if denied {
-			hdr["Retry-After"] = []string{h.values.seconds(retryAfterSeconds(retry, 0))}
+			var b [20]byte
+			hdr["Retry-After"] = []string{h.values.intern(strconv.AppendInt(b[:0], retryAfterSeconds(retry, 0), 10))}
 		}
 		return 0
 	}
@@ -235,11 +236,6 @@ func (c *valueCache) intern(b []byte) string {
 	s := string(b)
 	slot.Store(&s)
 	return s
-}
-
-func (c *valueCache) seconds(n int64) string {
-	var b [20]byte
-	return c.intern(strconv.AppendInt(b[:0], n, 10))
 }
 
 // quota is v's q: in a scope global zone, the region's share of it.
