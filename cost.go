@@ -166,6 +166,30 @@ func (z *httpZone) chargeFailed(err error) {
 	}
 }
 
+// usdPrices checks a zone's unit against its charge and is its price
+// table, nil when it charges no dollars (docs/configuration.md, "Budgets
+// in dollars"): a usd zone counts whole micro-dollars and is charged by
+// charge usd, which charges only a usd zone.
+func usdPrices(name string, zc *Zone) (*usage.Prices, error) {
+	switch {
+	case zc.Unit != "" && zc.Unit != config.UnitUSD:
+		return nil, fmt.Errorf("zone %s: unit %q is unknown: the one unit is usd (amounts in micro-dollars)", name, zc.Unit)
+	case zc.ChargeUSD == nil && zc.Unit == config.UnitUSD:
+		return nil, fmt.Errorf("zone %s: a budget in dollars is charged by charge usd { model <pattern> input <$/1M> output <$/1M> }: add it", name)
+	case zc.ChargeUSD == nil:
+		return nil, nil
+	case zc.Unit != config.UnitUSD:
+		return nil, fmt.Errorf("zone %s: charge usd counts dollars: give the budget in dollars, e.g. quota 20 usd per month, or events 5 usd with window", name)
+	case zc.Charge != "" || zc.ChargeJSON != nil:
+		return nil, fmt.Errorf("zone %s: a zone charges one thing: charge usd, or charge with a placeholder or json paths; keep one", name)
+	}
+	t, err := zc.ChargeUSD.Table()
+	if err != nil {
+		return nil, fmt.Errorf("zone %s: %v", name, err)
+	}
+	return t, nil
+}
+
 // zoneCosts checks and resolves a zone's cost settings.
 func zoneCosts(name string, zc *Zone, plan zones.Plan, logger *zap.Logger) (costVars, error) {
 	c := costVars{cost: cmp.Or(zc.Cost, 1), count: zc.Count, costMin: zc.CostAtLeast, costMax: zc.CostAtMost}

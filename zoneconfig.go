@@ -271,6 +271,12 @@ func (zh *httpZone) usdFields(limit, remaining int64, used *int64) adminapi.USDF
 	return f
 }
 
+// reasonNoPrice: a usd zone's response whose model has no price.
+const reasonNoPrice = "no_price"
+
+// unitMicroUSD names what a usd zone's integers count.
+const unitMicroUSD = "usd-micro"
+
 // learnBans reads the zone's fleet-wide bans every interval (async mode),
 // until unregister.
 func (z *httpZone) learnBans(l zones.BanList, interval time.Duration) {
