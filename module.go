@@ -233,8 +233,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 	}
 	h.countAnnotating(h.annotates)
-	// Tightest first: the zone most likely to deny decides before the
-	// others spend anything.
+	// Tightest first: the zone most likely to deny decides before the others spend anything.
 	slices.SortFunc(h.zones, compareZones)
 	if h.Persist != nil {
 		return h.provisionPersist(ctx)

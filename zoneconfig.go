@@ -50,8 +50,7 @@ const (
 	MinPersistInterval     = config.MinPersistInterval
 )
 
-// httpZone is a provisioned zone: the zones.Zone that decides, and its
-// HTTP side.
+// httpZone is a provisioned zone: the zones.Zone that decides, and its HTTP side.
 type httpZone struct {
 	*zones.Zone
 	matchers          caddyhttp.MatcherSets
@@ -277,8 +276,7 @@ const reasonNoPrice = "no_price"
 // unitMicroUSD names what a usd zone's integers count.
 const unitMicroUSD = "usd-micro"
 
-// learnBans reads the zone's fleet-wide bans every interval (async mode),
-// until unregister.
+// learnBans reads the zone's fleet-wide bans every interval (async mode) until unregister.
 func (z *httpZone) learnBans(l zones.BanList, interval time.Duration) {
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
@@ -396,8 +394,7 @@ func (z *httpZone) emptyKey() {
 	}
 }
 
-// banDropped counts the bans the zone did not keep and logs the first of
-// each kind.
+// banDropped counts the bans the zone did not keep and logs the first of each kind.
 func (z *httpZone) banDropped(fromList bool, n int64) {
 	from, msg := 0, "a ban was not kept: the zone's ban table is full of running bans (max_keys), and running bans are never evicted; the key has the zone's rate without the ban (counted in caddy_rate_limit_bans_dropped_total{from=\"table\"}; logged once per zone and load); raise max_keys"
 	if fromList {
@@ -409,14 +406,12 @@ func (z *httpZone) banDropped(fromList bool, n int64) {
 	}
 }
 
-// readsReplacer reports whether the zone's key, limit or cost reads the
-// request's replacer.
+// readsReplacer reports whether the zone's key, limit or cost reads the replacer.
 func (z *httpZone) readsReplacer() bool {
 	return z.keyHeader == "" || z.vars.any() || z.costs.costVar != "" || z.priority != nil && z.classHeader == ""
 }
 
-// classFor is the request's priority class (0, the highest, in a zone
-// without priority).
+// classFor is the request's priority class (0, the highest, without priority).
 func (z *httpZone) classFor(r *http.Request, repl *caddy.Replacer) int {
 	switch {
 	case z.priority == nil:
