@@ -25,15 +25,13 @@ import (
 // request costs"): `cost` is one GCRA step before the request; `count` and
 // `charge` make the zone post-charged, charged after the response.
 type costVars struct {
-	cost      int64       // literal cost, the fallback of the placeholders; default 1
-	costVar   string      // placeholder name of `cost`, "" for a literal
-	chargeVar string      // placeholder name of `charge`, read after the response
-	body      *bodyCharge // what the zone charges from the response body
-	// estimate: the cost taken before the request is settled after it.
-	estimate bool
-	llm      *llmZone // the zone charges LLM tokens or dollars
-	// costMin and costMax bound costVar's values (0: no bound).
-	costMin, costMax int64
+	cost             int64       // literal cost, the fallback of the placeholders; default 1
+	costVar          string      // placeholder name of `cost`, "" for a literal
+	chargeVar        string      // placeholder name of `charge`, read after the response
+	body             *bodyCharge // what the zone charges from the response body
+	estimate         bool        // the cost taken before the request is settled after it
+	llm              *llmZone    // the zone charges LLM tokens or dollars
+	costMin, costMax int64       // bounds of costVar's values (0: no bound)
 	count            *caddyhttp.ResponseMatcher
 	params           string // RateLimit-Policy's parameters
 }
@@ -166,6 +164,30 @@ func (z *httpZone) chargeFailed(err error) {
 	if c := z.logs.chargeFailure.Check(z.logger, monotime.Now(), zapcore.WarnLevel, "charge after the response did not reach Redis; fail policy applied"); c != nil {
 		c.Write(zap.String("zone", z.Name), zap.String("fail_policy", z.FailPolicy.String()), zap.Error(err))
 	}
+}
+
+// usdPrices checks a zone's unit against its charge and is its price
+// table, nil when it charges no dollars (docs/configuration.md, "Budgets
+// in dollars"): a usd zone counts whole micro-dollars and is charged by
+// charge usd, which charges only a usd zone.
+func usdPrices(name string, zc *Zone) (*usage.Prices, error) {
+	switch {
+	case zc.Unit != "" && zc.Unit != config.UnitUSD:
+		return nil, fmt.Errorf("zone %s: unit %q is unknown: the one unit is usd (amounts in micro-dollars)", name, zc.Unit)
+	case zc.ChargeUSD == nil && zc.Unit == config.UnitUSD:
+		return nil, fmt.Errorf("zone %s: a budget in dollars is charged by charge usd { model <pattern> input <$/1M> output <$/1M> }: add it", name)
+	case zc.ChargeUSD == nil:
+		return nil, nil
+	case zc.Unit != config.UnitUSD:
+		return nil, fmt.Errorf("zone %s: charge usd counts dollars: give the budget in dollars, e.g. quota 20 usd per month, or events 5 usd with window", name)
+	case zc.Charge != "" || zc.ChargeJSON != nil:
+		return nil, fmt.Errorf("zone %s: a zone charges one thing: charge usd, or charge with a placeholder or json paths; keep one", name)
+	}
+	t, err := zc.ChargeUSD.Table()
+	if err != nil {
+		return nil, fmt.Errorf("zone %s: %v", name, err)
+	}
+	return t, nil
 }
 
 // zoneCosts checks and resolves a zone's cost settings.

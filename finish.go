@@ -20,10 +20,9 @@ import (
 )
 
 // response is the writer next writes through when a ticket finishes with
-// the response (gives a slot back, charges, settles an estimate): it
-// records the status, when the headers came, and the body's usage for the
-// zones that charge from it, buffering nothing; finish then ends each
-// ticket by its kind.
+// the response (a slot given back, a charge, an estimate settled): it
+// records the status, when the headers came and, buffering nothing, the
+// body's usage for the zones that charge from it.
 type response struct {
 	caddyhttp.ResponseWriterWrapper
 	status   int   // the status written, the last 1xx until a final one
@@ -40,9 +39,8 @@ type response struct {
 	drained int
 	cancel  context.CancelFunc
 	unwatch func() bool
-	// paths and scans are by ticket (paths nil for a zone that does not
-	// charge from the body): a reference to the tickets would move them
-	// to the heap.
+	// By ticket (paths nil for a zone that does not charge from the body):
+	// a reference to the tickets would move them to the heap.
 	paths []*bodyCharge
 	scans []usage.Scanner
 }
@@ -82,9 +80,8 @@ func (h *Handler) responseFor(w http.ResponseWriter, r *http.Request, tickets []
 	return rw, r
 }
 
-// How far a body-charged response is read after its client left, so that
-// the usage at its end is charged. Past either bound the upstream's
-// response is ended and the estimate stays charged (client_gone).
+// How far a body-charged response is read after its client left, for the
+// usage at its end; past either bound the estimate stays (client_gone).
 const (
 	drainBytes = 4 << 20
 	drainFor   = 10 * time.Second

@@ -34,12 +34,10 @@ func parseHeaderMode(s string) (headerMode, error) {
 // values are clamped so that a header can never be malformed.
 const maxSFInteger = 999_999_999_999_999
 
-// setHeaders writes the rate limit headers (docs/headers.md) for the zones
-// that applied, and on a denial Retry-After, in every mode; it returns the
-// largest t (seconds) of the RateLimit field.
-//
-// The usual response (one zone, no earlier rate_limit handler) comes from
-// the render cache, keyed by the few numbers it depends on. Either way a
+// setHeaders writes the rate limit headers (docs/headers.md) of the zones
+// that applied and, on a denial in every mode, Retry-After; it returns the
+// RateLimit field's largest t (seconds). The usual response (one zone, no
+// earlier rate_limit handler) comes from the render cache. Either way a
 // response allocates only its values' backing array, its own: a later
 // handler that edits a value in place (Caddy's header directive does)
 // changes no other response's headers.
@@ -49,7 +47,8 @@ func (h *Handler) setHeaders(hdr http.Header, tickets []ticket, denied bool, ret
 	}
 	if h.headers == headersOff {
 		if denied {
-			hdr["Retry-After"] = []string{h.values.seconds(retryAfterSeconds(retry, 0))}
+			var b [20]byte
+			hdr["Retry-After"] = []string{h.values.intern(strconv.AppendInt(b[:0], retryAfterSeconds(retry, 0), 10))}
 		}
 		return 0
 	}
@@ -78,8 +77,7 @@ func retryAfterSeconds(retry time.Duration, maxT int64) int64 {
 }
 
 // renderedHeaders are one response's header values, substrings of one
-// string, and their names (headerNames' indices), in the order set writes
-// them. Immutable once in a render cache.
+// string, and their names' indices in headerNames; immutable once cached.
 type renderedHeaders struct {
 	key   renderKey
 	vals  [6]string
@@ -88,7 +86,6 @@ type renderedHeaders struct {
 	maxT  int64
 }
 
-// headerNames are the names of the header values render writes.
 var headerNames = [6]string{"Ratelimit-Policy", "Ratelimit", "Ratelimit-Limit", "Ratelimit-Remaining", "Ratelimit-Reset", "Retry-After"}
 
 func (e *renderedHeaders) set(hdr http.Header) int64 {
@@ -146,8 +143,8 @@ func (h *Handler) render(e *renderedHeaders, hdr http.Header, tickets []ticket, 
 				legacy = v
 			}
 		}
+		// Unless an earlier rate_limit handler's zone is more restrictive.
 		if prev := hdr["Ratelimit-Remaining"]; len(prev) == 1 {
-			// An earlier rate_limit handler's zone is more restrictive.
 			if n, err := strconv.ParseInt(prev[0], 10, 64); err == nil && n <= legacy.Decision.Remaining {
 				legacy = nil
 			}
@@ -193,12 +190,10 @@ func newRenderKey(v *ticket, denied bool, retry time.Duration) renderKey {
 	return k
 }
 
-// renderCacheSize: a busy zone's responses use a few dozen.
-const renderCacheSize = 256
+const renderCacheSize = 256 // a busy zone's responses use a few dozen
 
-// renderCache is a direct-mapped cache of rendered headers. Entries are
-// immutable and published atomically, so lookups never lock; a collision
-// only costs a render.
+// renderCache is a direct-mapped cache of rendered headers, published
+// atomically: lookups never lock, a collision only costs a render.
 type renderCache struct {
 	slots [renderCacheSize]atomic.Pointer[renderedHeaders]
 }
@@ -221,9 +216,8 @@ func (c *renderCache) put(e *renderedHeaders) { c.slot(&e.key).Store(e) }
 
 const valueCacheSize = 512
 
-// valueCache interns rendered header values so that responses with the
-// same values share one string; direct-mapped and lock-free, as
-// renderCache.
+// valueCache interns rendered header values, direct-mapped and lock-free
+// as renderCache, so that responses with the same values share one string.
 type valueCache struct {
 	seed  maphash.Seed
 	slots [valueCacheSize]atomic.Pointer[string]
@@ -242,11 +236,6 @@ func (c *valueCache) intern(b []byte) string {
 	s := string(b)
 	slot.Store(&s)
 	return s
-}
-
-func (c *valueCache) seconds(n int64) string {
-	var b [20]byte
-	return c.intern(strconv.AppendInt(b[:0], n, 10))
 }
 
 // quota is v's q: in a scope global zone, the region's share of it.

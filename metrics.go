@@ -11,8 +11,6 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-const metricPrefix = live.MetricPrefix
-
 var (
 	counterVec   = live.CounterVec
 	histogramVec = live.HistogramVec
@@ -55,12 +53,9 @@ func init() {
 		return float64(z.Waiting()), z.Delay > 0 && !z.DryRun
 	})
 	gauge("banned_keys", "Keys this instance bans in the zone now: the running bans of its ban table, each enforced (at most max_keys).", func(z *zones.Zone, now int64) (float64, bool) {
-		if z.Ban == 0 {
-			return 0, false
-		}
-		return float64(z.BannedKeys(now)), true
+		return float64(z.BannedKeys(now)), z.Ban > 0
 	})
-	live.Collect(newGlobalCollector(metricPrefix+"global"), nil)
+	live.Collect(newGlobalCollector(live.MetricPrefix+"global"), nil)
 	gauge("overrides", "Overrides of the zone's limit in force (set through the admin API; fleet-wide for distributed zones).", func(z *zones.Zone, _ int64) (float64, bool) {
 		return float64(z.OverrideCount()), !live.IsConnection(z)
 	})
@@ -124,10 +119,8 @@ func newClassMetrics(zone string, prio *Priority, dryRun bool) []classMetrics {
 	return m
 }
 
+// countClass counts a decision of an adaptive zone (m.classes not nil).
 func (m *zoneMetrics) countClass(k int, allowed bool) {
-	if len(m.classes) == 0 {
-		return
-	}
 	c := &m.classes[min(max(k, 0), len(m.classes)-1)]
 	if allowed {
 		c.served.Inc()
@@ -197,15 +190,5 @@ func (m *zoneMetrics) observe(d zones.Decision, dryRun bool, storeWait time.Dura
 func add(c prometheus.Counter, n float64) {
 	if c != nil {
 		c.Add(n)
-	}
-}
-
-func newSnapshotMetrics(zone string) live.SnapshotMetrics {
-	return live.SnapshotMetrics{
-		Duration:        snapshotSecondsVec.WithLabelValues(zone),
-		KeysWritten:     snapshotKeysVec.WithLabelValues(zone),
-		KeysRestored:    restoredKeysVec.WithLabelValues(zone),
-		WriteFailures:   writeFailsVec.WithLabelValues(zone),
-		RestoreFailures: restoreFailsVec.WithLabelValues(zone),
 	}
 }

@@ -185,19 +185,27 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.events = eventsApp.(*caddyevents.App)
 
-	if h.Distributed != nil {
-		if h.store, h.backend, h.storeKey, err = openStore(h.Distributed, h.logger); err != nil {
+	if d := h.Distributed; d != nil {
+		opts, err := d.StoreOptions(h.logger)
+		if err == nil {
+			h.store, h.backend, h.storeKey, err = live.OpenStore(opts, h.logger)
+		}
+		if err != nil {
 			return err
 		}
-		if h.Distributed.Global != nil {
-			if err := h.openRegion(); err != nil {
+		if d.Global != nil {
+			opts, err := d.RegionOptions(h.logger)
+			if err == nil {
+				h.region, h.regionKey, err = live.OpenRegion(h.store, h.storeKey, opts, h.logger)
+			}
+			if err != nil {
 				live.ReleaseStore(h.storeKey)
 				h.store = nil
 				return err
 			}
 		}
-		if h.Distributed.Mode != "async" {
-			h.budget = cmp.Or(max(time.Duration(h.Distributed.Timeout), 0), distributed.DefaultTimeout)
+		if d.Mode != "async" {
+			h.budget = cmp.Or(max(time.Duration(d.Timeout), 0), distributed.DefaultTimeout)
 		}
 	}
 	if !h.DisableMetrics {
@@ -225,41 +233,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 	}
 	h.countAnnotating(h.annotates)
-	// Tightest first: the zone most likely to deny decides before the
-	// others spend anything.
+	// Tightest first: the zone most likely to deny decides before the others spend anything.
 	slices.SortFunc(h.zones, compareZones)
 	if h.Persist != nil {
 		return h.provisionPersist(ctx)
-	}
-	return nil
-}
-
-// provisionPersist restores the zones' snapshots; `started` arms their
-// writes (a config that never starts writes nothing), `stopping` writes
-// them before Caddy waits for the requests in flight.
-func (h *Handler) provisionPersist(ctx caddy.Context) error {
-	p, n, err := newPersister(ctx, h)
-	if err != nil {
-		return err
-	}
-	h.persister = p
-	if n == 0 {
-		return nil
-	}
-	p.Restore()
-	for event, f := range map[string]func(){
-		"started": p.Start,
-		// A reload's dropped states write their final snapshot
-		// themselves: only an exit needs one now.
-		"stopping": func() {
-			if caddy.Exiting() {
-				p.WriteAll("stopping")
-			}
-		},
-	} {
-		if err := h.events.On(event, eventHandler(f)); err != nil {
-			return fmt.Errorf("persist: subscribing to the %s event: %v", event, err)
-		}
 	}
 	return nil
 }

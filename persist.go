@@ -15,10 +15,13 @@ import (
 // stored overrides.
 const RestoreTimeout = live.RestoreTimeout
 
-// newPersister sets up persist for h's zones that persist.
-func newPersister(ctx caddy.Context, h *Handler) (*live.Persister, int, error) {
+// provisionPersist sets up persist for h's zones that persist and restores
+// their snapshots; `started` arms their writes (a config that never starts
+// writes nothing), `stopping` writes them before Caddy waits for the
+// requests in flight.
+func (h *Handler) provisionPersist(ctx caddy.Context) error {
 	if err := h.Persist.Validate(); err != nil {
-		return nil, 0, err
+		return err
 	}
 	var zs []*live.PersistedZone
 	for _, zh := range h.zones {
@@ -27,17 +30,41 @@ func newPersister(ctx caddy.Context, h *Handler) (*live.Persister, int, error) {
 		}
 		pz := &live.PersistedZone{Zone: zh.Zone, ID: snapshotID(zh), Fresh: zh.freshState}
 		if !h.DisableMetrics {
-			pz.M = newSnapshotMetrics(zh.Name)
+			pz.M = live.SnapshotMetrics{
+				Duration:        snapshotSecondsVec.WithLabelValues(zh.Name),
+				KeysWritten:     snapshotKeysVec.WithLabelValues(zh.Name),
+				KeysRestored:    restoredKeysVec.WithLabelValues(zh.Name),
+				WriteFailures:   writeFailsVec.WithLabelValues(zh.Name),
+				RestoreFailures: restoreFailsVec.WithLabelValues(zh.Name),
+			}
 		}
 		zs = append(zs, pz)
 	}
 	logger := h.logger.Named("persist")
+	p := live.NewPersister(logger, ctx.Storage(),
+		cmp.Or(time.Duration(h.Persist.Interval), DefaultPersistInterval),
+		cmp.Or(time.Duration(h.Persist.MaxAge), DefaultPersistMaxAge), zs)
+	h.persister = p
 	if len(zs) == 0 {
 		logger.Warn("persist has no zone to snapshot: only local rate zones persist (not distributed, concurrency or quota zones)")
+		return nil
 	}
-	return live.NewPersister(logger, ctx.Storage(),
-		cmp.Or(time.Duration(h.Persist.Interval), DefaultPersistInterval),
-		cmp.Or(time.Duration(h.Persist.MaxAge), DefaultPersistMaxAge), zs), len(zs), nil
+	p.Restore()
+	for event, f := range map[string]func(){
+		"started": p.Start,
+		// A reload's dropped states write their final snapshot
+		// themselves: only an exit needs one now.
+		"stopping": func() {
+			if caddy.Exiting() {
+				p.WriteAll("stopping")
+			}
+		},
+	} {
+		if err := h.events.On(event, eventHandler(f)); err != nil {
+			return fmt.Errorf("persist: subscribing to the %s event: %v", event, err)
+		}
+	}
+	return nil
 }
 
 // snapshotID identifies a zone definition in its snapshots: everything

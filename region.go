@@ -11,16 +11,6 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// openRegion opens (or shares) the handler's region over its store.
-func (h *Handler) openRegion() error {
-	opts, err := h.Distributed.RegionOptions(h.logger)
-	if err != nil {
-		return err
-	}
-	h.region, h.regionKey, err = live.OpenRegion(h.store, h.storeKey, opts, h.logger)
-	return err
-}
-
 // globalStore is the store zone zc decides with: the handler's, or for a
 // scope global zone the region's share of it (also returned as shared).
 func (h *Handler) globalStore(name string, zc *Zone, cfg zones.Config) (zones.Store, *distributed.Shared, error) {

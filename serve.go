@@ -32,9 +32,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return nil
 	}
 	now := monotime.Now()
-	// The replacer is deep in the request's context: looked up only when
-	// needed.
-	var repl *caddy.Replacer
+	var repl *caddy.Replacer // deep in the request's context: looked up only when needed
 	if h.placeholders {
 		repl = requestReplacer(r)
 	}
@@ -88,16 +86,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // connection (WebSocket) holds its slots until the handler that hijacked
 // it returns, which reverse_proxy does when the connection ends.
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, tickets []ticket) error {
-	out := w
 	rw, nr := h.responseFor(w, r, tickets)
-	if rw != nil {
-		out = rw
-		defer h.finish(rw, r, repl, tickets)
+	if rw == nil {
+		return next.ServeHTTP(w, r)
 	}
-	err := next.ServeHTTP(out, nr)
-	if rw != nil {
-		rw.returned, rw.err = true, err
-	}
+	defer h.finish(rw, r, repl, tickets)
+	err := next.ServeHTTP(rw, nr)
+	rw.returned, rw.err = true, err
 	return err
 }
 
@@ -116,7 +111,9 @@ func (h *Handler) seen(v *ticket, now int64, mark *int64) {
 		z.metrics.countClass(v.Class, d.Allowed)
 	}
 	if d.Err != nil {
-		z.logStoreError(now, *d)
+		if c := z.logs.storeError.Check(z.logger, now, zapcore.DebugLevel, "store unavailable; fail policy applied"); c != nil {
+			c.Write(zap.String("zone", z.Name), zap.String("fail_policy", z.FailPolicy.String()), zap.Error(d.Err))
+		}
 	}
 	if v.OverBurst() {
 		z.logOverBurst(now, v.Cost, v.Plan)
@@ -163,8 +160,8 @@ func (h *Handler) awaitTurn(r *http.Request, tickets []ticket, turn int64) bool 
 	return true
 }
 
-// clientGone answers 499 (client closed request), as Caddy's reverse
-// proxy does, for the access log.
+// clientGone answers 499 (client closed request) for the access log, as
+// Caddy's reverse proxy does.
 func clientGone(w http.ResponseWriter) error {
 	w.WriteHeader(499)
 	return nil
@@ -249,8 +246,7 @@ func (h *Handler) storeContext(r *http.Request, now int64, restart bool) (contex
 	return context.WithDeadline(context.WithoutCancel(ctx), time.Now().Add(time.Duration(deadline-monotime.Now())))
 }
 
-// storeDeadlineVar: the monotime by which the request's store calls end.
-const storeDeadlineVar = "rate_limit.store_deadline"
+const storeDeadlineVar = "rate_limit.store_deadline" // monotime: the request's store calls end
 
 // deny answers a request that v, one of tickets, denied. The error is a
 // plain caddyhttp.HandlerError, boxed once per zone: caddyhttp.Error would
@@ -263,11 +259,10 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, tickets []ticket,
 		retry = time.Duration(min(float64(retry)*(1+rand.Float64()*h.Jitter), float64(math.MaxInt64/2)))
 	}
 	h.setHeaders(w.Header(), tickets, true, retry)
-	name := v.Owner.nameValue // boxed once when provisioned
 	// A provider rather than Sets: a first Set allocates the replacer's
 	// table, and the key is boxed only if a placeholder is read.
 	repl := requestReplacer(r)
-	key, limited := v.Key, limitedOnDenial(repl, tickets, v.Owner.Name)
+	name, key, limited := v.Owner.nameValue, v.Key, limitedOnDenial(repl, tickets, v.Owner.Name)
 	repl.Map(func(placeholder string) (any, bool) {
 		switch placeholder {
 		case "http.rate_limit.exceeded.name":
@@ -304,22 +299,19 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, tickets []ticket,
 // a denial is written rather than returned; looked up once, since a
 // handler belongs to one server.
 func (h *Handler) answersDirectly(r *http.Request) bool {
-	switch h.live.errorRoutes.Load() {
-	case errorRoutesNone:
-		return true
-	case errorRoutesSome:
-		return false
+	if known := h.live.errorRoutes.Load(); known != errorRoutesUnknown {
+		return known == errorRoutesNone
 	}
 	srv, ok := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
 	if !ok {
 		return false // not served by Caddy (tests): return the error
 	}
+	known := errorRoutesSome
 	if srv.Errors == nil || len(srv.Errors.Routes) == 0 {
-		h.live.errorRoutes.Store(errorRoutesNone)
-		return true
+		known = errorRoutesNone
 	}
-	h.live.errorRoutes.Store(errorRoutesSome)
-	return false
+	h.live.errorRoutes.Store(known)
+	return known == errorRoutesNone
 }
 
 type liveState struct {
@@ -327,8 +319,7 @@ type liveState struct {
 	errorRoutes atomic.Int32 // errorRoutesUnknown, None or Some
 }
 
-// logSamplers are a handler's samplers, one per log line a request can
-// cause; its zones share them.
+// logSamplers are a handler's samplers, one per log line a request can cause.
 type logSamplers struct {
 	denial, ban    [2]live.Sampler // by dry run
 	storeError     live.Sampler

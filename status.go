@@ -174,11 +174,7 @@ func (s *StatusHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ cadd
 // statusTicket is the request's resolved ticket in zone name (nil when
 // the zone is not loaded).
 func statusTicket(r *http.Request, repl *caddy.Replacer, name string, now int64) *ticket {
-	z := live.Lookup(name, true)
-	if z == nil {
-		return nil
-	}
-	zh := httpZoneOf(z)
+	zh := httpZoneOf(live.Lookup(name, true)) // View(nil) is no zone's
 	if zh == nil {
 		return nil
 	}
@@ -212,6 +208,16 @@ func zoneStatusOf(ctx context.Context, name string, t *ticket, now int64) zoneSt
 	}
 	st.USDFields = t.Owner.usdFields(s.Limit, s.Remaining, st.Used)
 	return st
+}
+
+// httpZoneInJSON looks for the HTTP zone name in the app's routes that
+// are still JSON.
+func httpZoneInJSON(app *caddyhttp.App, name string) (key string, concurrency, found bool) {
+	var routes []any
+	for _, srv := range app.Servers {
+		routes = append(routes, srv.Routes, srv.Errors, srv.NamedRoutes)
+	}
+	return live.ZoneInJSON(routes, name)
 }
 
 // Interface guards

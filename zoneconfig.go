@@ -13,12 +13,14 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
+	"github.com/caddy-tally/ratelimit/algorithms"
 	"github.com/caddy-tally/ratelimit/config"
 	"github.com/caddy-tally/ratelimit/distributed"
+	"github.com/caddy-tally/ratelimit/internal/adminapi"
 	"github.com/caddy-tally/ratelimit/internal/live"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
+	"github.com/caddy-tally/ratelimit/internal/usage"
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
@@ -48,18 +50,14 @@ const (
 	MinPersistInterval     = config.MinPersistInterval
 )
 
-// httpZone is a provisioned zone: the zones.Zone that decides, and its
-// HTTP side.
+// httpZone is a provisioned zone: the zones.Zone that decides, and its HTTP side.
 type httpZone struct {
 	*zones.Zone
-	matchers caddyhttp.MatcherSets
-	key      string // the key template
-	keyVar   string // when the template is exactly one placeholder: its name
-	// keyHeader: when the template is one request header placeholder, the
-	// header's canonical name, read directly (the replacer would box the
-	// value, an allocation per request).
-	keyHeader         string
-	nameValue         any // the zone's name as a placeholder value, boxed once
+	matchers          caddyhttp.MatcherSets
+	key               string // the key template
+	keyVar            string // when the template is exactly one placeholder: its name
+	keyHeader         string // keyVar's request header, canonical: read directly, the replacer would box it
+	nameValue         any    // the zone's name as a placeholder value, boxed once
 	vars              planVars
 	costs             costVars
 	dryRun            bool
@@ -243,8 +241,42 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*http
 	return zh, nil
 }
 
-// learnBans reads the zone's fleet-wide bans every interval (async mode),
-// until unregister.
+// stateKey tells definitions apart by their plan placeholders: nil for
+// none, so that an HTTP zone without plans shares its state with a
+// connection zone of the same limits.
+func stateKey(vars planVars) any {
+	if vars == (planVars{}) {
+		return nil
+	}
+	return vars
+}
+
+// httpZoneOf is z's HTTP side (nil for a connection zone).
+func httpZoneOf(z *zones.Zone) *httpZone {
+	zh, _ := live.View(z).Handler.(*httpZone)
+	return zh
+}
+
+// usdFields is a usd zone's amounts in dollars, the USD of its view; none
+// in another zone, or when zh is nil.
+func (zh *httpZone) usdFields(limit, remaining int64, used *int64) adminapi.USDFields {
+	if zh == nil || zh.costs.usd() == nil {
+		return adminapi.USDFields{}
+	}
+	f := adminapi.USDFields{Unit: unitMicroUSD, LimitUSD: usage.FormatUSD(limit), RemainingUSD: usage.FormatUSD(remaining)}
+	if used != nil {
+		f.UsedUSD = usage.FormatUSD(*used)
+	}
+	return f
+}
+
+// reasonNoPrice: a usd zone's response whose model has no price.
+const reasonNoPrice = "no_price"
+
+// unitMicroUSD names what a usd zone's integers count.
+const unitMicroUSD = "usd-micro"
+
+// learnBans reads the zone's fleet-wide bans every interval (async mode) until unregister.
 func (z *httpZone) learnBans(l zones.BanList, interval time.Duration) {
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
@@ -310,6 +342,12 @@ func tightness(z *zones.Zone) (kind int, limit float64) {
 	return 0, float64(z.Events) / float64(z.Window)
 }
 
+// nominalSeconds orders quota periods: their usual lengths.
+var nominalSeconds = map[algorithms.Period]float64{
+	algorithms.Minute: 60, algorithms.Hour: 3600, algorithms.Day: 86400,
+	algorithms.Week: 7 * 86400, algorithms.Month: 30.436875 * 86400,
+}
+
 // headerPlaceholder returns the canonical header name a placeholder such
 // as http.request.header.X-Api-Key reads, or "".
 func headerPlaceholder(name string) string {
@@ -356,8 +394,7 @@ func (z *httpZone) emptyKey() {
 	}
 }
 
-// banDropped counts the bans the zone did not keep and logs the first of
-// each kind.
+// banDropped counts the bans the zone did not keep and logs the first of each kind.
 func (z *httpZone) banDropped(fromList bool, n int64) {
 	from, msg := 0, "a ban was not kept: the zone's ban table is full of running bans (max_keys), and running bans are never evicted; the key has the zone's rate without the ban (counted in caddy_rate_limit_bans_dropped_total{from=\"table\"}; logged once per zone and load); raise max_keys"
 	if fromList {
@@ -369,14 +406,12 @@ func (z *httpZone) banDropped(fromList bool, n int64) {
 	}
 }
 
-// readsReplacer reports whether the zone's key, limit or cost reads the
-// request's replacer.
+// readsReplacer reports whether the zone's key, limit or cost reads the replacer.
 func (z *httpZone) readsReplacer() bool {
 	return z.keyHeader == "" || z.vars.any() || z.costs.costVar != "" || z.priority != nil && z.classHeader == ""
 }
 
-// classFor is the request's priority class (0, the highest, in a zone
-// without priority).
+// classFor is the request's priority class (0, the highest, without priority).
 func (z *httpZone) classFor(r *http.Request, repl *caddy.Replacer) int {
 	switch {
 	case z.priority == nil:
@@ -385,11 +420,4 @@ func (z *httpZone) classFor(r *http.Request, repl *caddy.Replacer) int {
 		return z.priority.ClassOf(strings.Join(r.Header[z.classHeader], ","))
 	}
 	return z.priority.ClassOf(repl.ReplaceAll(z.priority.Placeholder, ""))
-}
-
-// logStoreError logs (sampled) a decision the store could not make.
-func (z *httpZone) logStoreError(now int64, d zones.Decision) {
-	if c := z.logs.storeError.Check(z.logger, now, zapcore.DebugLevel, "store unavailable; fail policy applied"); c != nil {
-		c.Write(zap.String("zone", z.Name), zap.String("fail_policy", z.FailPolicy.String()), zap.Error(d.Err))
-	}
 }
