@@ -1,22 +1,18 @@
 // Package keytable is a bounded, sharded map from string keys to one int64
-// each, laid out for memory and for the CPU's caches: every entry is a fixed
-// 32-byte slot in an open-addressing array (the value, a 32-bit tag of the
-// key's hash, the key's length, and the key itself when it is at most 16
-// bytes: an IPv4 address, a short API key), so that finding a short key
-// touches one cache line. A longer key's bytes are stored once, in a
-// per-shard byte arena that holds no pointers, and its slot holds their
-// offset. Against a Go map of strings that is under half the memory per key,
-// and nothing for the garbage collector to scan.
+// each. Every entry is a fixed 32-byte slot in an open-addressing array (the
+// value, a 32-bit tag of the key's hash, the key's length, and the key itself
+// when it is at most 16 bytes), so finding a short key touches one cache
+// line; a longer key's bytes live once in a per-shard, pointer-free arena.
+// That is under half a Go map's memory per key, with nothing for the garbage
+// collector to scan.
 //
 // Values mean "in force until": an entry whose value is <= now carries no
 // information, so a full shard evicts expired entries first and Sweep drops
-// them. A sweep that leaves a shard mostly empty rebuilds it at its new
-// size, so memory comes back after a peak.
+// them; a sweep that leaves a shard mostly empty rebuilds it smaller.
 //
-// Hashes only choose where to look: a key is found by comparing its bytes,
-// so colliding keys never share an entry. Keys must not be longer than the
-// caller bounds them to (zones hash keys over 256 bytes); the arena of one
-// shard holds at most 4 GiB of keys.
+// Hashes only choose where to look: keys are compared by their bytes, so
+// colliding keys never share an entry. Callers bound key length (zones hash
+// keys over 256 bytes); one shard's arena holds at most 4 GiB of keys.
 package keytable
 
 import (
@@ -55,8 +51,7 @@ type slot struct {
 	key [inlineKey]byte
 }
 
-// inlineKey is the longest key a slot holds itself; slotSize is a slot's
-// size in bytes (two to a cache line).
+// inlineKey is the longest key a slot holds itself; slotSize is two to a cache line.
 const (
 	inlineKey = 16
 	slotSize  = 8 + 4 + 4 + inlineKey
@@ -317,10 +312,7 @@ func (s *shard) deleteAt(i int) {
 		}
 	}
 	s.slots[i] = slot{}
-	if s.n == 0 {
-		// The arena fills again from the start. The slots stay for the
-		// next key (a concurrency zone's come and go with each
-		// request); Sweep and Shrink give them back.
+	if s.n == 0 { // the arena refills from 0; the slots stay for the next key until Sweep or Shrink
 		s.keys, s.dead = s.keys[:0], 0
 	}
 }
@@ -417,10 +409,8 @@ func (t *Table) CountAbove(v int64) int {
 
 func (t *Table) Shards() int { return len(t.shards) }
 
-// Copy holds entries copied out of a table by CopyShard: entry i's key is
-// Keys[Ends[i-1]:Ends[i]] (from 0 for the first) and its value Values[i].
-// It is reused from shard to shard so that copying a whole table grows its
-// buffers only a few times.
+// Copy holds entries copied out by CopyShard: entry i's key is Key(i) and its
+// value Values[i]. Reused from shard to shard, its buffers grow a few times.
 type Copy struct {
 	Keys   []byte
 	Ends   []int
@@ -440,11 +430,10 @@ func (c *Copy) Key(i int) []byte {
 	return c.Keys[from:c.Ends[i]]
 }
 
-// CopyShard appends to c every entry of shard i whose value is > after.
-// The shard's lock is held only while its slots are copied: c's buffers are
-// grown to the shard's size before the lock is taken (and, should the shard
-// grow meanwhile, while it is held, at most once), so that a snapshot of the
-// table never stalls the requests of a shard for longer than a copy of it.
+// CopyShard appends to c every entry of shard i whose value is > after. c is
+// grown to the shard's size before the lock is taken (under it only if the
+// shard grew meanwhile), so a snapshot stalls a shard's requests no longer
+// than a copy of its slots.
 func (t *Table) CopyShard(i int, after int64, c *Copy) {
 	s := &t.shards[i]
 	s.mu.Lock()

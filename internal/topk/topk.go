@@ -1,18 +1,12 @@
-// Package topk finds the keys a zone denies most often with memory that does
-// not grow with the number of keys: a Space-Saving sketch (Metwally, Agrawal,
-// El Abbadi, 2005) of fixed capacity, and Recent, two of them rotating so
-// that the view covers a recent window rather than all time.
+// Package topk finds the keys a zone denies most often in fixed memory: a
+// Space-Saving sketch (Metwally, Agrawal, El Abbadi, 2005), and Recent, two
+// of them rotating so that the view covers a recent window.
 //
-// # Guarantee
-//
-// A sketch of capacity k that has counted N events holds every key whose
-// true count is more than N/k, and for each key it reports an upper bound
-// Count and an Error such that the true count lies in [Count-Error, Count],
-// with Error <= N/k. Keys that are not heavy hitters may be reported too,
-// with a large Error; their rank is then not meaningful.
-//
-// Counting a key the sketch already tracks allocates nothing; a new key
-// costs one copy of the key (and evicts the least counted one when full).
+// Guarantee: a sketch of capacity k that counted N events holds every key
+// whose true count is more than N/k, with a Count and an Error <= N/k such
+// that the true count lies in [Count-Error, Count]. Other keys may be listed
+// with a large Error; their rank means nothing. Counting a tracked key
+// allocates nothing; a new key costs one copy of it.
 package topk
 
 import (
@@ -26,9 +20,8 @@ import (
 // every key with more than 1/128 of the denials is found.
 const DefaultCapacity = 128
 
-// Sketch is a Space-Saving sketch, not safe for concurrent use (Recent
-// is). Counters stay in place in slots; the min-heap orders slot numbers,
-// so moving a counter in the heap touches no map.
+// Sketch is a Space-Saving sketch, not safe for concurrent use (Recent is).
+// The min-heap orders slot numbers, so moving a counter touches no map.
 type Sketch struct {
 	index map[string]int32 // key -> its slot
 	slots []counter        // the tracked keys, len = tracked, cap = capacity
@@ -70,8 +63,8 @@ func (s *Sketch) Add(key string) {
 		s.up(len(s.heap) - 1)
 		return
 	}
-	// Full: the new key takes over the least counted key's counter, whose
-	// count becomes the new key's possible overestimate.
+	// Full: the new key takes the least counted key's counter, whose count
+	// becomes its possible overestimate.
 	slot := s.heap[0]
 	least := &s.slots[slot]
 	delete(s.index, least.key)
@@ -143,10 +136,9 @@ type Entry struct {
 	Error uint64
 }
 
-// Recent counts events in two Space-Saving sketches that take turns: the
-// current one counts, the previous one holds the period before, and at each
-// period boundary the previous one is emptied and becomes current. Top
-// reports the sum of both, so it covers between one and two periods.
+// Recent counts events in two sketches that take turns each period: the
+// current one counts, the previous one holds the period before. Top sums
+// both, so it covers between one and two periods.
 type Recent struct {
 	mu       sync.Mutex
 	period   int64 // nanoseconds
