@@ -1,6 +1,7 @@
 package zones
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"net/netip"
@@ -13,13 +14,10 @@ import (
 )
 
 // Overrides: an operator's runtime exceptions to a zone's limit, for one
-// key, every key with a prefix, or every IP-shaped key in a CIDR, resolved
-// into the plan a request is decided under (or exempting or denying it): a
-// key's state is kept across a change and re-read under the new limit.
-//
-// Precedence: an exact key, then the narrowest CIDR (for an IP-shaped key,
-// after ipv4_prefix/ipv6_prefix masking), then the longest prefix, then the
-// request's plan placeholder, then the zone's own limit.
+// key, a key prefix or the IP-shaped keys in a CIDR: a plan to decide under
+// (the key's state is kept and re-read under it), or exempt, or deny.
+// Precedence: an exact key, the narrowest CIDR (after ipv4_prefix/ipv6_prefix
+// masking), the longest prefix, the request's plan placeholder, the zone's.
 
 // MaxOverrides is the most overrides a zone holds.
 const MaxOverrides = 10_000
@@ -66,10 +64,6 @@ type OverrideSet struct {
 type placed struct {
 	version int64
 	o       *Override
-}
-
-func (p placed) before(q placed) bool {
-	return p.version < q.version || p.version == q.version && p.o.ID < q.o.ID
 }
 
 type lenCount struct{ n, count int }
@@ -131,33 +125,26 @@ func (s *OverrideSet) Without(id string) *OverrideSet {
 // edit replaces the list of the overrides with o's match by f of it, and
 // counts the match's length in or out when the list fills or empties.
 func (c *OverrideSet) edit(o *Override, f func([]placed) []placed) {
-	moved := func(old, list []placed) int { return btoi(len(list) > 0) - btoi(len(old) > 0) }
+	var moved int
 	switch {
 	case o.Key != "":
-		h := hashString(o.Key)
-		c.keys = change(c.keys, h, o.Key, f(c.keys.get(h, o.Key)))
+		c.keys, _ = change(c.keys, hashString(o.Key), o.Key, f)
 	case o.Prefix != "":
-		h := hashString(o.Prefix)
-		old := c.prefixes.get(h, o.Prefix)
-		list := f(old)
-		c.prefixes = change(c.prefixes, h, o.Prefix, list)
-		c.prefLens = countLen(c.prefLens, len(o.Prefix), moved(old, list))
+		c.prefixes, moved = change(c.prefixes, hashString(o.Prefix), o.Prefix, f)
+		c.prefLens = countLen(c.prefLens, len(o.Prefix), moved)
 	default:
 		m := o.CIDR.Masked()
-		h := hashPrefix(m)
-		old := c.cidrs.get(h, m)
-		list := f(old)
-		c.cidrs = change(c.cidrs, h, m, list)
+		c.cidrs, moved = change(c.cidrs, hashPrefix(m), m, f)
 		lens := &c.cidrLens[btoi(m.Addr().Is6())]
-		*lens = countLen(*lens, m.Bits(), moved(old, list))
+		*lens = countLen(*lens, m.Bits(), moved)
 	}
 }
 
+// addPlaced inserts p in list, kept sorted by version, then id.
 func addPlaced(list []placed, p placed) []placed {
-	i := 0
-	for i < len(list) && list[i].before(p) {
-		i++
-	}
+	i, _ := slices.BinarySearchFunc(list, p, func(a, b placed) int {
+		return cmp.Or(cmp.Compare(a.version, b.version), strings.Compare(a.o.ID, b.o.ID))
+	})
 	return slices.Insert(slices.Clip(list), i, p)
 }
 
@@ -309,13 +296,12 @@ func (z *Zone) OverrideCount() int {
 	return z.overrides.set.Load().Len()
 }
 
-// OverrideStore is how a store keeps zones' overrides fleet-wide. The
-// records are the caller's; the store keeps them with a version and a log
-// of changes, so that a change writes one record and each instance reads
-// back only what changed since the version it holds: at any number of
-// overrides a change costs each instance O(1) store work. A store that lost
-// its data says so with a new epoch, never as "every override was
-// removed": the instances then Restore their copies.
+// OverrideStore is how a store keeps zones' overrides fleet-wide: the
+// caller's records with a version and a log of changes, so a change writes
+// one record and each instance reads back only what changed since its
+// version (O(1) store work at any number of overrides). A store that lost
+// its data says so with a new epoch, never as "every override was removed":
+// the instances then Restore their copies.
 type OverrideStore struct {
 	// Put stores o (Version unused), replacing the override of its id,
 	// and returns its version; ErrTooManyOverrides when the zone holds
@@ -407,12 +393,18 @@ func (t *trie[K, V]) get(h uint64, k K) V {
 	return v
 }
 
-// change is t with k's value list, or without k for an empty list.
-func change[K comparable](t *trie[K, []placed], h uint64, k K, list []placed) *trie[K, []placed] {
+// change is t with k's list replaced by f of it (without k when empty), and
+// how the number of non-empty lists moved.
+func change[K comparable](
+	t *trie[K, []placed], h uint64, k K, f func([]placed) []placed,
+) (*trie[K, []placed], int) {
+	old := t.get(h, k)
+	list := f(old)
+	moved := btoi(len(list) > 0) - btoi(len(old) > 0)
 	if len(list) == 0 {
-		return t.del(0, h, k)
+		return t.del(0, h, k), moved
 	}
-	return t.put(0, h, k, list)
+	return t.put(0, h, k, list), moved
 }
 
 // put is t with k's value v; shift is 0 at the root, 5 more a level down.
