@@ -1,14 +1,12 @@
 package zones
 
 // Denies reports whether a unit-cost request of key would be denied at now
-// (monotime) under its last plan, from what this instance holds and with no
-// store call: a local zone's table, else the deny cache (a distributed
-// zone's denial is seen once a request of the key was denied here), a ban
-// this instance knows of, an exempt or deny override.
-//
-// It consumes nothing and costs one table lookup: the connection layer's
-// deny_while asks it for every new connection. A concurrency zone never
-// denies here: its slots free as requests end, not with time.
+// (monotime) under its last plan, with no store call: by an override, a ban
+// known here, a local zone's table, else the deny cache (a distributed
+// zone's denial is seen once a request of the key was denied here). It
+// consumes nothing and costs one lookup: deny_while asks it for every new
+// connection. A concurrency zone never denies here: its slots free as
+// requests end, not with time.
 func (z *Zone) Denies(key string, now int64) bool {
 	if o := z.Override(key); o != nil && (o.Exempt || o.Deny) {
 		return o.Deny

@@ -3,11 +3,10 @@ package zones
 import "context"
 
 // decideUpTo decides a ticket whose cost is an estimate settled after the
-// response (Charge): it takes the estimate or, when the key has less left,
-// all that is left, so that a key with any budget left can make one request
-// however large its estimate. Concurrent requests of one key take from
-// what is left in turn: together they overshoot the budget only by what
-// their actual costs exceed what they took. Only a denied estimate costs
+// response (Charge): it takes the estimate or, when less is left, all that is
+// left, so a key with any budget can make one request however large its
+// estimate. Concurrent requests take in turn: together they overshoot only by
+// what their actual costs exceed what they took. Only a denied estimate costs
 // more: a check of what is left, and a decision for that.
 func (t *Ticket[O]) decideUpTo(ctx context.Context, now int64) Decision {
 	z := t.Zone
