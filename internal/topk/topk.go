@@ -11,6 +11,7 @@ package topk
 
 import (
 	"cmp"
+	"container/heap"
 	"slices"
 	"strings"
 	"sync"
@@ -50,9 +51,8 @@ func NewSketch(capacity int) *Sketch {
 func (s *Sketch) Add(key string) {
 	s.total++
 	if slot, ok := s.index[key]; ok {
-		c := &s.slots[slot]
-		c.count++
-		s.down(int(c.pos))
+		s.slots[slot].count++
+		heap.Fix((*byCount)(s), int(s.slots[slot].pos))
 		return
 	}
 	if len(s.slots) < cap(s.slots) {
@@ -60,7 +60,7 @@ func (s *Sketch) Add(key string) {
 		s.slots = append(s.slots, counter{key: strings.Clone(key), count: 1, pos: int32(len(s.heap))})
 		s.heap = append(s.heap, slot)
 		s.index[s.slots[slot].key] = slot
-		s.up(len(s.heap) - 1)
+		heap.Fix((*byCount)(s), len(s.heap)-1)
 		return
 	}
 	// Full: the new key takes the least counted key's counter, whose count
@@ -70,7 +70,7 @@ func (s *Sketch) Add(key string) {
 	delete(s.index, least.key)
 	*least = counter{key: strings.Clone(key), count: least.count + 1, err: least.count, pos: 0}
 	s.index[least.key] = slot
-	s.down(0)
+	heap.Fix((*byCount)(s), 0)
 }
 
 // Reset empties the sketch, keeping its memory.
@@ -91,41 +91,19 @@ func (s *Sketch) floor() uint64 {
 	return s.slots[s.heap[0]].count
 }
 
-func (s *Sketch) less(i, j int) bool { return s.slots[s.heap[i]].count < s.slots[s.heap[j]].count }
+// byCount is the sketch's heap for container/heap, which only Fixes it: the
+// sketch appends and replaces slots itself, so Push and Pop are never called.
+type byCount Sketch
 
-func (s *Sketch) swap(i, j int) {
-	s.heap[i], s.heap[j] = s.heap[j], s.heap[i]
-	s.slots[s.heap[i]].pos = int32(i)
-	s.slots[s.heap[j]].pos = int32(j)
-}
+func (h *byCount) Len() int           { return len(h.heap) }
+func (h *byCount) Less(i, j int) bool { return h.slots[h.heap[i]].count < h.slots[h.heap[j]].count }
+func (h *byCount) Push(any)           {}
+func (h *byCount) Pop() any           { return nil }
 
-func (s *Sketch) up(i int) {
-	for i > 0 {
-		parent := (i - 1) / 2
-		if !s.less(i, parent) {
-			return
-		}
-		s.swap(i, parent)
-		i = parent
-	}
-}
-
-func (s *Sketch) down(i int) {
-	n := len(s.heap)
-	for {
-		smallest := i
-		if l := 2*i + 1; l < n && s.less(l, smallest) {
-			smallest = l
-		}
-		if r := 2*i + 2; r < n && s.less(r, smallest) {
-			smallest = r
-		}
-		if smallest == i {
-			return
-		}
-		s.swap(i, smallest)
-		i = smallest
-	}
+func (h *byCount) Swap(i, j int) {
+	h.heap[i], h.heap[j] = h.heap[j], h.heap[i]
+	h.slots[h.heap[i]].pos = int32(i)
+	h.slots[h.heap[j]].pos = int32(j)
 }
 
 // Entry is one key of a top list: its true count lies in
