@@ -13,16 +13,16 @@ import (
 	"time"
 )
 
-// MaxDelay is the longest a request may wait for its turn: beyond it a client
-// is better told Retry-After than kept on a connection.
-const MaxDelay = time.Minute
-
-// DefaultQueue is how many requests of a zone may wait at once on one
-// instance by default: each holds a goroutine and a connection (a few KiB).
-const DefaultQueue = 1000
-
-// MaxQueue is the largest queue a zone may set.
-const MaxQueue = 1_000_000
+const (
+	// MaxDelay is the longest a request may wait for its turn: beyond it a
+	// client is better told Retry-After than kept on a connection.
+	MaxDelay = time.Minute
+	// DefaultQueue is how many requests of a zone may wait at once on one
+	// instance by default: each holds a goroutine and a connection (a few KiB).
+	DefaultQueue = 1000
+	// MaxQueue is the largest queue a zone may set.
+	MaxQueue = 1_000_000
+)
 
 func (c Config) validateDelay() error {
 	switch {

@@ -55,24 +55,22 @@ func (p FailPolicy) String() string {
 	return failPolicyNames[p]
 }
 
-// FailClosedRetryAfter is the Retry-After a fail-closed zone sends while its
-// store is unavailable: short, so clients come back soon after recovery.
-const FailClosedRetryAfter = time.Second
-
-// MaxKeyLength is the longest key kept as is; longer keys are replaced by
-// their SHA-256, so a hostile key costs bounded memory.
-const MaxKeyLength = 256
-
-// OffendersPeriod is how long each of the two top-offender sketches counts
-// denials: the top list covers the last 5 to 10 minutes.
-const OffendersPeriod = 5 * time.Minute
-
-// DefaultMaxKeys caps a zone's local table when max_keys is not set.
-const DefaultMaxKeys = 1_000_000
-
-// MaxMaxKeys is the largest max_keys on every platform (a 32-bit table holds
-// at most math.MaxInt keys, more than fits in memory).
-const MaxMaxKeys = 1 << 40
+const (
+	// FailClosedRetryAfter is the Retry-After a fail-closed zone sends while
+	// its store is unavailable: short, so clients come back soon after recovery.
+	FailClosedRetryAfter = time.Second
+	// MaxKeyLength is the longest key kept as is; longer keys are replaced by
+	// their SHA-256, so a hostile key costs bounded memory.
+	MaxKeyLength = 256
+	// OffendersPeriod is how long each of the two top-offender sketches
+	// counts denials: the top list covers the last 5 to 10 minutes.
+	OffendersPeriod = 5 * time.Minute
+	// DefaultMaxKeys caps a zone's local table when max_keys is not set.
+	DefaultMaxKeys = 1_000_000
+	// MaxMaxKeys is the largest max_keys on every platform (a 32-bit table
+	// holds at most math.MaxInt keys, more than fits in memory).
+	MaxMaxKeys = 1 << 40
+)
 
 // ValidName reports whether name is letters, digits, '_' and '-' only, safe
 // in a Redis key and a metric label.
@@ -837,6 +835,33 @@ func (z *Zone) Forget(key string) {
 // meanwhile keeps the key banned here until its ban ends or is lifted again.
 func (z *Zone) ForgetDenials() {
 	z.state.Denied.Clear()
+}
+
+// Denies reports whether a unit-cost request of key would be denied at now
+// (monotime) under its last plan, with no store call: by an override, a ban
+// known here, a local zone's table, else the deny cache (a distributed
+// zone's denial is seen once a request of the key was denied here). It
+// consumes nothing and costs one lookup: deny_while asks it for every new
+// connection. A concurrency zone never denies here: its slots free as
+// requests end, not with time.
+func (z *Zone) Denies(key string, now int64) bool {
+	if o := z.Override(key); o != nil && (o.Exempt || o.Deny) {
+		return o.Deny
+	}
+	if z.IsConcurrency() {
+		return false
+	}
+	if _, _, banned := z.banIn(key, now); banned {
+		return true
+	}
+	if z.store == nil {
+		p := z.LastPlan(key, now)
+		d := z.localStep(false, key, now, &p, OpPeek, 1, 0)
+		// A zone with delay admits for later what is at most its delay away.
+		return !d.Allowed && (z.Delay == 0 || z.DryRun || d.RetryAfter > z.Delay)
+	}
+	_, denied := z.deniedUntil(key, now)
+	return denied
 }
 
 // ErrUnknownKey is PeekStore's for a key with no state.
