@@ -21,8 +21,7 @@ import (
 	"sync"
 )
 
-// Table is safe for concurrent use. The operations on an existing key
-// allocate nothing.
+// Table is safe for concurrent use; operations on an existing key allocate nothing.
 type Table struct {
 	seed     maphash.Seed
 	shards   []shard
@@ -61,30 +60,23 @@ const (
 type Op uint8
 
 const (
-	// Keep leaves the entry as it was (absent stays absent).
-	Keep Op = iota
-	// Store sets the value, adding the key if needed; a full shard makes
-	// room by eviction.
-	Store
-	// StoreIfRoom is Store, except that a key the table does not hold is
-	// refused, not added, when its shard is full: for values that must not
-	// be evicted.
+	Keep  Op = iota // leaves the entry as it was (absent stays absent)
+	Store           // sets the value, adding the key if need be; a full shard evicts to make room
+	// StoreIfRoom is Store, except that a full shard refuses a new key: for
+	// values that must not be evicted.
 	StoreIfRoom
-	// StoreIfExpired is Store, except that a full shard evicts only
-	// entries of its sample whose value is <= now, refusing a new key
-	// when there are none: for values that must outlive their use (a
-	// ban), whose caller passes as now the value below which none matters.
+	// StoreIfExpired is Store, except that a full shard evicts only sampled
+	// entries whose value is <= now, else refuses a new key: for values that
+	// outlive their use (a ban), now being the value below which none matters.
 	StoreIfExpired
-	// Delete forgets the key.
-	Delete
+	Delete // forgets the key
 )
 
-// EvictionSample is how many entries a full shard looks at to make room.
-const EvictionSample = 16
-
 const (
-	minSlots  = 8
-	maxLoadOf = 4 // a shard grows past 3/maxLoadOf full
+	// EvictionSample is how many entries a full shard looks at to make room.
+	EvictionSample = 16
+	minSlots       = 8
+	maxLoadOf      = 4 // a shard grows past 3/maxLoadOf full
 )
 
 // New returns a table that holds at most maxKeys keys (at least 1).
@@ -107,9 +99,9 @@ func (t *Table) locate(key string) (*shard, uint32) {
 	return &t.shards[h&t.mask], uint32(h>>32) | 1
 }
 
-// Update calls f with key's value (0, false when absent) under the key's
-// shard lock, and does what f returns. It reports false only when f asked
-// for StoreIfRoom and the key could not be added.
+// Update calls f with key's value (0, false when absent) under its shard's
+// lock and does what f returns; false when a StoreIfRoom or StoreIfExpired
+// could not add the key.
 func (t *Table) Update(key string, now int64, f func(value int64, found bool) (int64, Op)) bool {
 	s, tag := t.locate(key)
 	s.mu.Lock()
@@ -256,9 +248,8 @@ func (s *shard) find(tag uint32, key string) int {
 	}
 }
 
-// insert adds a key the shard does not hold, copying its bytes into its
-// slot or the arena (so the table never pins the buffer the key was cut
-// from).
+// insert adds a key the shard does not hold, copying its bytes into its slot
+// or the arena (never pinning the buffer the key was cut from).
 func (s *shard) insert(tag uint32, key string, value int64) {
 	if (s.n+1)*maxLoadOf > len(s.slots)*3 {
 		// Doubling, but never past what a full shard needs (3/4 used).
@@ -317,10 +308,9 @@ func (s *shard) deleteAt(i int) {
 	}
 }
 
-// evict makes room in a full shard: the expired entries of a sample go
-// first; when the sample has none, the sampled entry closest to expiry (the
-// one that carries the least information), unless onlyExpired. It reports
-// whether it made room.
+// evict makes room in a full shard: a sample's expired entries, else (unless
+// onlyExpired) the sampled entry closest to expiry, which carries the least
+// information. It reports whether it made room.
 func (s *shard) evict(now int64, onlyExpired bool) bool {
 	if s.n == 0 {
 		return true
