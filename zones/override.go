@@ -158,18 +158,15 @@ func countLen(lens []lenCount, n, d int) []lenCount {
 	if d == 0 {
 		return lens
 	}
-	i := 0
-	for i < len(lens) && lens[i].n > n {
-		i++
+	i, found := slices.BinarySearchFunc(lens, n, func(l lenCount, n int) int { return cmp.Compare(n, l.n) })
+	if !found {
+		return slices.Insert(slices.Clip(lens), i, lenCount{n, d})
 	}
-	if i < len(lens) && lens[i].n == n {
-		out := slices.Clone(lens)
-		if out[i].count += d; out[i].count == 0 {
-			out = slices.Delete(out, i, i+1)
-		}
-		return out
+	out := slices.Clone(lens)
+	if out[i].count += d; out[i].count == 0 {
+		out = slices.Delete(out, i, i+1)
 	}
-	return slices.Insert(slices.Clip(lens), i, lenCount{n, d})
+	return out
 }
 
 func (s *OverrideSet) Len() int {
@@ -217,23 +214,19 @@ func (s *OverrideSet) lookup(key, raw string, now int64) *Override {
 // lookupCIDR is the narrowest CIDR override holding key, an address or a
 // masked prefix ("10.1.2.0/24"; only CIDRs as wide or wider cover it).
 func (s *OverrideSet) lookupCIDR(key string, now int64) *Override {
-	var addr netip.Addr
-	bits := -1
+	var p netip.Prefix
+	var err error
 	if strings.IndexByte(key, '/') >= 0 {
-		p, err := netip.ParsePrefix(key)
-		if err != nil {
-			return nil
-		}
-		addr, bits = p.Addr(), p.Bits()
-	} else if a, err := netip.ParseAddr(key); err == nil {
-		addr = a
+		p, err = netip.ParsePrefix(key)
 	} else {
+		var a netip.Addr
+		a, err = netip.ParseAddr(key)
+		p = netip.PrefixFrom(a, a.Unmap().BitLen())
+	}
+	if err != nil {
 		return nil
 	}
-	addr = addr.Unmap()
-	if bits < 0 {
-		bits = addr.BitLen()
-	}
+	addr, bits := p.Addr().Unmap(), p.Bits()
 	for _, l := range s.cidrLens[btoi(addr.Is6())] {
 		if l.n > bits {
 			continue
