@@ -257,16 +257,14 @@ func (o *Overrides) Store(s *OverrideSet) {
 	o.set.Store(s)
 }
 
-// UseOverrides makes the zone resolve its keys' overrides from o, once,
-// before it decides.
+// UseOverrides makes the zone resolve its keys' overrides from o, once, before it decides.
 func (z *Zone) UseOverrides(o *Overrides) { z.overrides = o }
 
 // Override is the override in force for key (as stored) now.
 func (z *Zone) Override(key string) *Override { return z.OverrideOf(key, "") }
 
-// OverrideOf is Override of key, stored from raw, the key as built: a
-// prefix override of a key stored hashed (longer than MaxKeyLength)
-// matches raw, so that prefixes cover long keys too. raw "" is key.
+// OverrideOf is Override of key, stored from raw, the key as built: prefixes
+// match a key stored hashed on raw, so they cover long keys too (raw "": key).
 func (z *Zone) OverrideOf(key, raw string) *Override {
 	if z.overrides == nil {
 		return nil
@@ -296,16 +294,14 @@ func (z *Zone) OverrideCount() int {
 // its data says so with a new epoch, never as "every override was removed":
 // the instances then Restore their copies.
 type OverrideStore struct {
-	// Put stores o (Version unused), replacing the override of its id,
-	// and returns its version; ErrTooManyOverrides when the zone holds
-	// MaxOverrides already.
+	// Put stores o (Version unused), replacing the override of its id, and
+	// returns its version; ErrTooManyOverrides at MaxOverrides.
 	Put    func(ctx context.Context, zone string, o StoredOverride) (int64, error)
 	Delete func(ctx context.Context, zone, id string) (found bool, err error)
 	// Read is what changed since at (the zero OverridesAt: everything).
 	Read func(ctx context.Context, zone string, at OverridesAt) (OverridesRead, error)
-	// Restore writes each of list whose id the store does not hold (an
-	// instance's copies of what the store lost, or a zone's overrides
-	// carried from another store), and returns how many it wrote.
+	// Restore writes each of list whose id the store lacks (copies of what
+	// it lost, or overrides carried from another store); it returns how many.
 	Restore func(ctx context.Context, zone string, list []StoredOverride) (int, error)
 	// Moved makes moved hear, without blocking (a buffer of 1), of each
 	// change of zone's overrides by any instance, until remove.
@@ -330,8 +326,8 @@ type OverridesAt struct {
 // OverridesRead is what an OverrideStore's Read found.
 type OverridesRead struct {
 	At OverridesAt
-	// All: Changes is the whole set (the reader was at another epoch or
-	// too far behind), else what changed since, in order.
+	// All: Changes is the whole set (the reader was at another epoch or too
+	// far behind), else what changed since, in order.
 	All     bool
 	Changes []StoredOverride
 }
@@ -346,10 +342,10 @@ func btoi(b bool) int {
 	return 0
 }
 
-// trie is a persistent hash trie: a change copies the nodes on one path
-// (at most 13 branches of 32 pointers and a leaf of up to trieLeaf items)
-// and shares every other node, so that readers of the old trie are never
-// disturbed and a change costs O(log N).
+// trie is a persistent hash trie: a change copies the nodes on one path (at
+// most 13 branches of 32 pointers and a leaf of up to trieLeaf items) and
+// shares the rest: readers of the old trie are never disturbed, and a change
+// costs O(log N).
 type trie[K comparable, V any] struct {
 	kids  *[32]*trie[K, V] // a branch; nil: a leaf, of items
 	items []trieItem[K, V]
@@ -361,8 +357,7 @@ type trieItem[K comparable, V any] struct {
 	v V
 }
 
-// trieLeaf is the most items a leaf holds before it splits, unless the
-// hash is spent.
+// trieLeaf is the most items a leaf holds before it splits, unless the hash is spent.
 const trieLeaf = 8
 
 func (t *trie[K, V]) lookup(h uint64, k K) (V, bool) {
@@ -413,11 +408,9 @@ func (t *trie[K, V]) put(shift uint, h uint64, k K, v V) *trie[K, V] {
 		return &trie[K, V]{kids: &kids}
 	}
 	items := slices.Clone(t.items)
-	for i := range items {
-		if items[i].h == h && items[i].k == k {
-			items[i] = it
-			return &trie[K, V]{items: items}
-		}
+	if i := slices.IndexFunc(items, func(x trieItem[K, V]) bool { return x.h == h && x.k == k }); i >= 0 {
+		items[i] = it
+		return &trie[K, V]{items: items}
 	}
 	if len(items) < trieLeaf || shift >= 64 {
 		return &trie[K, V]{items: append(items, it)}

@@ -1,6 +1,5 @@
-// Package zones decides requests for one named rate-limit zone: it builds
-// keys, keeps the zone's in-process state and applies the zone's fail policy
-// when its shared Store cannot answer.
+// Package zones decides requests for one named rate-limit zone: its keys, its
+// in-process state, and its fail policy when its shared Store cannot answer.
 package zones
 
 import (
@@ -94,17 +93,16 @@ type Config struct {
 	FailPolicy FailPolicy
 	MaxKeys    int64 // 0 = DefaultMaxKeys; at most MaxMaxKeys
 	DryRun     bool
-	// PerRequest: the handler may decide some requests under a plan read
-	// from the request; the zone then remembers each key's last plan.
+	// PerRequest: some requests are decided under a plan read from the
+	// request; the zone remembers each key's last plan.
 	PerRequest bool
-	// Concurrency > 0 makes a concurrency zone (concurrency.go): at most
-	// that many requests of a key in flight, instead of Events per Window.
+	// Concurrency > 0 makes a concurrency zone (concurrency.go): at most that
+	// many requests of a key in flight, instead of Events per Window.
 	Concurrency int64
 	Lease       time.Duration // concurrency slots in a store; 0 = DefaultLease
-	// Period != 0 makes a quota zone (quota.go): at most Quota units of
-	// cost per calendar period in Location (nil: UTC), instead of Events
-	// per Window. Quota 0 with PerRequest: requests whose plan gives none
-	// are denied.
+	// Period != 0 makes a quota zone (quota.go): at most Quota units of cost
+	// per calendar period in Location (nil: UTC). Quota 0 with PerRequest:
+	// requests whose plan gives none are denied.
 	Quota    int64
 	Period   algorithms.Period
 	Location *time.Location
@@ -112,14 +110,14 @@ type Config struct {
 	// Ban (ban.go); BanMax > Ban makes bans escalate up to it.
 	Ban    time.Duration
 	BanMax time.Duration
-	// Delay > 0: a request the zone would deny whose allow time is at
-	// most Delay away is admitted for later (delay.go); at most Queue
-	// (0: DefaultQueue) of the zone's requests wait at once here.
+	// Delay > 0: a request the zone would deny whose allow time is at most
+	// Delay away is admitted for later (delay.go), at most Queue (0:
+	// DefaultQueue) waiting at once here.
 	Delay time.Duration
 	Queue int64
 	// Adaptive.Target > 0 makes an adaptive concurrency zone (adaptive.go):
-	// a concurrency zone whose limit per key follows the upstream's
-	// latency, shared by Classes priority classes (0: one).
+	// its limit per key follows the upstream's latency, shared by Classes
+	// priority classes (0: one).
 	Adaptive algorithms.AdaptiveLimit
 	Classes  int
 }
@@ -214,9 +212,9 @@ func (c Config) Plan() (Plan, error) {
 	return NewPlan(c.Events, c.Window, c.Burst)
 }
 
-// Key turns the expanded key template into the key the zone stores: IP
-// addresses masked to the configured prefix, and keys longer than
-// MaxKeyLength (or that start with HashedKeyPrefix) hashed.
+// Key turns the expanded key template into the key the zone stores: an IP
+// masked to its prefix; a key longer than MaxKeyLength, or that starts with
+// HashedKeyPrefix, hashed.
 func (c Config) Key(raw string) string {
 	if c.IPv4Prefix > 0 || c.IPv6Prefix > 0 {
 		if ip, err := netip.ParseAddr(raw); err == nil {
@@ -231,8 +229,8 @@ func (c Config) Key(raw string) string {
 			}
 		}
 	}
-	// Hashing a raw key that starts like a hashed one keeps the two spaces
-	// disjoint: "sha256:<hex>" cannot share the long key's bucket.
+	// A raw key that starts like a hashed one is hashed too: "sha256:<hex>"
+	// cannot share the long key's bucket.
 	if len(raw) > MaxKeyLength || strings.HasPrefix(raw, HashedKeyPrefix) {
 		sum := sha256.Sum256([]byte(raw))
 		return HashedKeyPrefix + hex.EncodeToString(sum[:])
