@@ -26,14 +26,13 @@ const MaxOverrides = 10_000
 type Override struct {
 	ID string
 	// Exactly one of Key, Prefix and CIDR says which keys it covers.
-	Key    string
-	Prefix string
-	CIDR   netip.Prefix
-	// Exempt: the key is admitted without consuming; Deny: it is denied.
-	// Neither: it is decided under Plan.
-	Exempt, Deny bool
-	Plan         Plan
-	Expires      int64 // when the override lapses (Unix ns), 0 for never
+	Key     string
+	Prefix  string
+	CIDR    netip.Prefix
+	Exempt  bool  // the key is admitted without consuming
+	Deny    bool  // the key is denied
+	Plan    Plan  // neither exempt nor deny: the limit the key is decided under
+	Expires int64 // when the override lapses (Unix ns), 0 for never
 }
 
 func (o *Override) expired(now int64) bool { return o.Expires != 0 && o.Expires <= now }

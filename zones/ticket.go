@@ -15,16 +15,14 @@ type Ticket[O any] struct {
 	Owner       O
 	Zone        *Zone
 	Key         string
-	Raw         string    // the key as built, which prefix overrides match ("" is Key)
-	Plan        Plan      // the limit the request is decided under (adaptive: Burst is the key's limit once admitted)
-	Cost        int64     // what it costs (a post-charged zone: what it is charged by default)
-	PostCharged bool      // the zone checks before the request and charges after it (Charge)
-	UpTo        bool      // Cost is an estimate that takes at most what the key has left
-	Override    *Override // the operator's override of the key (Resolve)
-	Class       int       // an adaptive zone's priority class: 0 the highest; beyond its classes, the lowest
-	// Done, when set, is closed when the client goes away: an adaptive zone
-	// with delay stops waiting for a place then.
-	Done <-chan struct{}
+	Raw         string          // the key as built, which prefix overrides match ("" is Key)
+	Plan        Plan            // the limit decided under (adaptive: Burst is the key's limit once admitted)
+	Cost        int64           // what it costs (a post-charged zone: what it is charged by default)
+	PostCharged bool            // the zone checks before the request and charges after it (Charge)
+	UpTo        bool            // Cost is an estimate that takes at most what the key has left
+	Override    *Override       // the operator's override of the key (Resolve)
+	Class       int             // adaptive zones: the request's class, 0 the highest (past the last: lowest)
+	Done        <-chan struct{} // when set, closed as the client goes: adaptive zones with delay stop waiting
 	Decision
 	slot Slot
 }

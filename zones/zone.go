@@ -388,19 +388,13 @@ type Decision struct {
 	ResetAfter time.Duration // until the key is back to its full burst (quota zones: until the period ends)
 	Period     time.Duration // quota zones: the length of the period decided in
 	Source     Source
-	Err        error // the store's error, when a fail policy decided
-	// Banned: denied by a ban of level BanLevel (0: unknown), RetryAfter
-	// lasting at least to its end. BanStarted is the length of the ban this
-	// decision started (in dry run: would have started).
-	Banned     bool
-	BanLevel   int
-	BanStarted time.Duration
-	// Delay > 0: admitted for later, waiting this long for its turn in a
-	// place of the zone's queue (Zone.EndWait). QueueFull: denied for a
-	// full queue, the turn being within the delay.
-	Delay     time.Duration
-	QueueFull bool
-	Gone      bool // the client left while waiting for an adaptive zone's place; nothing is held
+	Err        error         // the store's error, when a fail policy decided
+	Banned     bool          // denied by a ban, RetryAfter lasting at least to its end
+	BanLevel   int           // the ban's level, 0 when unknown
+	BanStarted time.Duration // the length of the ban this decision started (dry run: would have)
+	Delay      time.Duration // > 0: admitted for later, waiting this long in the zone's queue (Zone.EndWait)
+	QueueFull  bool          // denied for a full queue, the turn being within the delay
+	Gone       bool          // the client left while waiting for an adaptive zone's place; nothing is held
 }
 
 // Zone decides requests for one zone definition, with its state and Store.
@@ -416,9 +410,7 @@ type Zone struct {
 	banRule   BanRule
 	overrides *Overrides // nil: the zone takes none
 
-	// OnChargeFailed, when set, hears of each charge the store did not take
-	// (strict mode, after retries).
-	OnChargeFailed func(error)
+	OnChargeFailed func(error) // when set, hears of each charge the store did not take (strict, after retries)
 	// OnBanDropped, when set, hears of the running bans this instance did not
 	// keep: not started or learnt for a ban table (max_keys) full of running
 	// bans; fromList, pushed off the fleet-wide list (MaxListedBans) by bans
