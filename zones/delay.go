@@ -7,6 +7,7 @@ package zones
 // refund. At most the queue wait per zone and instance.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -43,12 +44,7 @@ func (c Config) validateDelay() error {
 }
 
 // QueueSize is how many requests of the zone may wait at once here.
-func (c Config) QueueSize() int64 {
-	if c.Queue > 0 {
-		return c.Queue
-	}
-	return DefaultQueue
-}
+func (c Config) QueueSize() int64 { return cmp.Or(c.Queue, DefaultQueue) }
 
 // ahead is how far ahead the zone may reserve now: its delay, or 0 (none, or a full queue).
 func (z *Zone) ahead() int64 {

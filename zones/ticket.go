@@ -1,6 +1,7 @@
 package zones
 
 import (
+	"cmp"
 	"context"
 	"time"
 
@@ -120,12 +121,7 @@ func (t *Ticket[O]) decideUpTo(ctx context.Context, now int64) Decision {
 
 // inFlightLimit is a concurrency zone's limit for the ticket: an override's
 // (adaptive: the key's), else the zone's.
-func (t *Ticket[O]) inFlightLimit() int64 {
-	if t.Plan.Burst > 0 {
-		return t.Plan.Burst
-	}
-	return t.Zone.Concurrency
-}
+func (t *Ticket[O]) inFlightLimit() int64 { return cmp.Or(t.Plan.Burst, t.Zone.Concurrency) }
 
 // Holds reports whether the ticket holds a concurrency slot to Release.
 func (t *Ticket[O]) Holds() bool { return t.slot.Held() }
