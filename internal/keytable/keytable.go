@@ -18,6 +18,7 @@ package keytable
 import (
 	"encoding/binary"
 	"hash/maphash"
+	"slices"
 	"sync"
 )
 
@@ -447,11 +448,7 @@ func (t *Table) CopyShard(i int, after int64, c *Copy) {
 
 // reserve makes room in c for n more entries of keys bytes in all.
 func (c *Copy) reserve(n, keys int) {
-	if cap(c.Keys)-len(c.Keys) < keys {
-		c.Keys = append(make([]byte, 0, len(c.Keys)+keys), c.Keys...)
-	}
-	if cap(c.Values)-len(c.Values) < n {
-		c.Ends = append(make([]int, 0, len(c.Ends)+n), c.Ends...)
-		c.Values = append(make([]int64, 0, len(c.Values)+n), c.Values...)
-	}
+	c.Keys = slices.Grow(c.Keys, keys)
+	c.Ends = slices.Grow(c.Ends, n)
+	c.Values = slices.Grow(c.Values, n)
 }
