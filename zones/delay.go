@@ -4,7 +4,7 @@ package zones
 // whose allow time is at most the delay away. The turn is reserved as the
 // request is decided (the TAT moves as for an allowed one, in the store's same
 // atomic step); the request waits for it (serve.go), or gives it back with a
-// refund. At most the queue wait per zone and instance.
+// refund. At most the queue wait at once per zone and instance.
 
 import (
 	"cmp"
@@ -19,7 +19,8 @@ const (
 	// client is better told Retry-After than kept on a connection.
 	MaxDelay = time.Minute
 	// DefaultQueue is how many requests of a zone may wait at once on one
-	// instance by default: each holds a goroutine and a connection (a few KiB).
+	// instance by default: each holds a goroutine and a connection (a few
+	// KiB), so 1,000 bound them to a few MiB.
 	DefaultQueue = 1000
 	// MaxQueue is the largest queue a zone may set.
 	MaxQueue = 1_000_000
