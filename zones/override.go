@@ -45,11 +45,10 @@ func ConcurrencyPlan(n int64) Plan {
 	return Plan{Events: n, Burst: n, limit: algorithms.Limit{EmissionInterval: 1, Burst: n}}
 }
 
-// OverrideSet is an immutable set of overrides. A change makes a new set
-// that shares all but O(log N) of the old one's nodes, so that it costs the
-// same at any number of overrides, and a request reads a set with one
-// atomic load. A lookup costs one trie walk for the key, one per CIDR
-// length present and one per prefix length present, without allocating.
+// OverrideSet is an immutable set of overrides, read with one atomic load. A
+// change makes a new set sharing all but O(log N) of the old one's nodes; a
+// lookup costs one trie walk for the key, one per CIDR length present and
+// one per prefix length present, without allocating.
 type OverrideSet struct {
 	n        int
 	ids      *trie[string, placed]
@@ -82,9 +81,9 @@ func NewOverrideSet(list []*Override) (*OverrideSet, error) {
 	return s, nil
 }
 
-// With is the set with o in place of the override of its id, put by the
-// change version: of the overrides with the same match, the one of the
-// latest version (then the greatest id) is in force. s is unchanged.
+// With is the set with o in place of the override of its id, at the change
+// version: of the overrides with one match, the latest version's (then the
+// greatest id's) is in force. s is unchanged.
 func (s *OverrideSet) With(o *Override, version int64) (*OverrideSet, error) {
 	if n := btoi(o.Key != "") + btoi(o.Prefix != "") + btoi(o.CIDR.IsValid()); n != 1 {
 		return nil, ErrOverrideMatch

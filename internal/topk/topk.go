@@ -159,9 +159,7 @@ type Summary struct {
 	Top   []Entry // highest count first
 	Since int64   // start of the window, Unix nanoseconds
 	Total uint64  // events counted in the window, all keys
-	// Floor bounds every key not in Top: none was counted more than Floor
-	// times. Summaries of several instances merge with it (see Merge).
-	Floor uint64
+	Floor uint64  // no key missing from Top was counted more often; Merge uses it
 }
 
 // Top returns up to n keys (all tracked when n < 0) with the highest counts
@@ -183,9 +181,9 @@ func (s *Sketch) summary(since int64) Summary {
 	return Summary{Top: top, Since: since, Total: s.total, Floor: s.floor()}
 }
 
-// Merge adds up the summaries of several instances into one, keeping the
-// bounds: where an instance does not list a key, the key may have been
-// counted up to that instance's Floor there. The result lists up to n keys.
+// Merge adds up the summaries of several instances into one of up to n keys,
+// keeping the bounds: a key an instance does not list may have been counted
+// up to that instance's Floor there.
 func Merge(n int, summaries ...Summary) Summary {
 	type bounds struct{ upper, lower uint64 }
 	merged := map[string]bounds{}
