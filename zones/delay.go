@@ -1,31 +1,30 @@
 package zones
 
-// Delay: a rate zone with `delay` admits for later the requests it would
-// deny whose allow time is at most the delay away. The slot is reserved
-// when the request is decided (the key's TAT moves as for an allowed
-// request, in the store's same atomic step), the request waits for its
-// turn (serve.go), and one that does not go on gives it back with a refund.
-// Waiting requests are counted per zone and instance, at most the queue.
+// Delay: a rate zone with `delay` admits for later the requests it would deny
+// whose allow time is at most the delay away. The turn is reserved as the
+// request is decided (the TAT moves as for an allowed one, in the store's same
+// atomic step); the request waits for it (serve.go), or gives it back with a
+// refund. At most the queue wait at once per zone and instance.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"time"
 )
 
-// MaxDelay is the longest a request may wait for its turn: beyond it a
-// client is better told when to come back (Retry-After) than kept on a
-// connection.
-const MaxDelay = time.Minute
-
-// DefaultQueue is how many requests of a zone may wait at once on one
-// instance by default: each holds a goroutine and its connection (a few
-// KiB), so 1,000 bound them to a few MiB.
-const DefaultQueue = 1000
-
-// MaxQueue is the largest queue a zone may set.
-const MaxQueue = 1_000_000
+const (
+	// MaxDelay is the longest a request may wait for its turn: beyond it a
+	// client is better told Retry-After than kept on a connection.
+	MaxDelay = time.Minute
+	// DefaultQueue is how many requests of a zone may wait at once on one
+	// instance by default: each holds a goroutine and a connection (a few
+	// KiB), so 1,000 bound them to a few MiB.
+	DefaultQueue = 1000
+	// MaxQueue is the largest queue a zone may set.
+	MaxQueue = 1_000_000
+)
 
 func (c Config) validateDelay() error {
 	switch {
@@ -46,15 +45,9 @@ func (c Config) validateDelay() error {
 }
 
 // QueueSize is how many requests of the zone may wait at once here.
-func (c Config) QueueSize() int64 {
-	if c.Queue > 0 {
-		return c.Queue
-	}
-	return DefaultQueue
-}
+func (c Config) QueueSize() int64 { return cmp.Or(c.Queue, DefaultQueue) }
 
-// ahead is how far ahead the zone may reserve now: its delay, or 0 when it
-// has none or its queue is full.
+// ahead is how far ahead the zone may reserve now: its delay, or 0 (none, or a full queue).
 func (z *Zone) ahead() int64 {
 	if z.Delay <= 0 || z.DryRun || z.state.waiting.Load() >= z.QueueSize() {
 		return 0
@@ -70,9 +63,8 @@ func (z *Zone) EndWait() { z.state.waiting.Add(-1) }
 func (z *Zone) Waiting() int64 { return z.state.waiting.Load() }
 
 // delayed completes a decision of a zone with delay: an admission for later
-// takes its queue place (when the queue filled meanwhile, the reservation is
-// given back and the request denied as a full queue denies it); a denial
-// whose retry is within the delay was refused for a full queue.
+// takes its queue place (a queue filled meanwhile refunds it and denies as a
+// full queue does); a denial whose retry is within the delay was a full queue's.
 func (z *Zone) delayed(ctx context.Context, key string, now int64, p *Plan, cost, ahead int64, d Decision) Decision {
 	switch {
 	case d.Allowed && d.Delay > 0 && !z.takeQueuePlace():

@@ -1,6 +1,7 @@
 package zones
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"net/netip"
@@ -13,13 +14,10 @@ import (
 )
 
 // Overrides: an operator's runtime exceptions to a zone's limit, for one
-// key, every key with a prefix, or every IP-shaped key in a CIDR, resolved
-// into the plan a request is decided under (or exempting or denying it): a
-// key's state is kept across a change and re-read under the new limit.
-//
-// Precedence: an exact key, then the narrowest CIDR (for an IP-shaped key,
-// after ipv4_prefix/ipv6_prefix masking), then the longest prefix, then the
-// request's plan placeholder, then the zone's own limit.
+// key, a key prefix or the IP-shaped keys in a CIDR: a plan to decide under
+// (the key's state is kept and re-read under it), or exempt, or deny.
+// Precedence: an exact key, the narrowest CIDR (after ipv4_prefix/ipv6_prefix
+// masking), the longest prefix, the request's plan placeholder, the zone's.
 
 // MaxOverrides is the most overrides a zone holds.
 const MaxOverrides = 10_000
@@ -28,14 +26,13 @@ const MaxOverrides = 10_000
 type Override struct {
 	ID string
 	// Exactly one of Key, Prefix and CIDR says which keys it covers.
-	Key    string
-	Prefix string
-	CIDR   netip.Prefix
-	// Exempt: the key is admitted without consuming; Deny: it is denied.
-	// Neither: it is decided under Plan.
-	Exempt, Deny bool
-	Plan         Plan
-	Expires      int64 // when the override lapses (Unix ns), 0 for never
+	Key     string
+	Prefix  string
+	CIDR    netip.Prefix
+	Exempt  bool  // the key is admitted without consuming
+	Deny    bool  // the key is denied
+	Plan    Plan  // neither exempt nor deny: the limit the key is decided under
+	Expires int64 // when the override lapses (Unix ns), 0 for never
 }
 
 func (o *Override) expired(now int64) bool { return o.Expires != 0 && o.Expires <= now }
@@ -48,11 +45,10 @@ func ConcurrencyPlan(n int64) Plan {
 	return Plan{Events: n, Burst: n, limit: algorithms.Limit{EmissionInterval: 1, Burst: n}}
 }
 
-// OverrideSet is an immutable set of overrides. A change makes a new set
-// that shares all but O(log N) of the old one's nodes, so that it costs the
-// same at any number of overrides, and a request reads a set with one
-// atomic load. A lookup costs one trie walk for the key, one per CIDR
-// length present and one per prefix length present, without allocating.
+// OverrideSet is an immutable set of overrides, read with one atomic load. A
+// change makes a new set sharing all but O(log N) of the old one's nodes; a
+// lookup costs one trie walk for the key, one per CIDR length present and
+// one per prefix length present, without allocating.
 type OverrideSet struct {
 	n        int
 	ids      *trie[string, placed]
@@ -66,10 +62,6 @@ type OverrideSet struct {
 type placed struct {
 	version int64
 	o       *Override
-}
-
-func (p placed) before(q placed) bool {
-	return p.version < q.version || p.version == q.version && p.o.ID < q.o.ID
 }
 
 type lenCount struct{ n, count int }
@@ -89,9 +81,9 @@ func NewOverrideSet(list []*Override) (*OverrideSet, error) {
 	return s, nil
 }
 
-// With is the set with o in place of the override of its id, put by the
-// change version: of the overrides with the same match, the one of the
-// latest version (then the greatest id) is in force. s is unchanged.
+// With is the set with o in place of the override of its id, at the change
+// version: of the overrides with one match, the latest version's (then the
+// greatest id's) is in force. s is unchanged.
 func (s *OverrideSet) With(o *Override, version int64) (*OverrideSet, error) {
 	if n := btoi(o.Key != "") + btoi(o.Prefix != "") + btoi(o.CIDR.IsValid()); n != 1 {
 		return nil, ErrOverrideMatch
@@ -131,33 +123,26 @@ func (s *OverrideSet) Without(id string) *OverrideSet {
 // edit replaces the list of the overrides with o's match by f of it, and
 // counts the match's length in or out when the list fills or empties.
 func (c *OverrideSet) edit(o *Override, f func([]placed) []placed) {
-	moved := func(old, list []placed) int { return btoi(len(list) > 0) - btoi(len(old) > 0) }
+	var moved int
 	switch {
 	case o.Key != "":
-		h := hashString(o.Key)
-		c.keys = change(c.keys, h, o.Key, f(c.keys.get(h, o.Key)))
+		c.keys, _ = change(c.keys, hashString(o.Key), o.Key, f)
 	case o.Prefix != "":
-		h := hashString(o.Prefix)
-		old := c.prefixes.get(h, o.Prefix)
-		list := f(old)
-		c.prefixes = change(c.prefixes, h, o.Prefix, list)
-		c.prefLens = countLen(c.prefLens, len(o.Prefix), moved(old, list))
+		c.prefixes, moved = change(c.prefixes, hashString(o.Prefix), o.Prefix, f)
+		c.prefLens = countLen(c.prefLens, len(o.Prefix), moved)
 	default:
 		m := o.CIDR.Masked()
-		h := hashPrefix(m)
-		old := c.cidrs.get(h, m)
-		list := f(old)
-		c.cidrs = change(c.cidrs, h, m, list)
+		c.cidrs, moved = change(c.cidrs, hashPrefix(m), m, f)
 		lens := &c.cidrLens[btoi(m.Addr().Is6())]
-		*lens = countLen(*lens, m.Bits(), moved(old, list))
+		*lens = countLen(*lens, m.Bits(), moved)
 	}
 }
 
+// addPlaced inserts p in list, kept sorted by version, then id.
 func addPlaced(list []placed, p placed) []placed {
-	i := 0
-	for i < len(list) && list[i].before(p) {
-		i++
-	}
+	i, _ := slices.BinarySearchFunc(list, p, func(a, b placed) int {
+		return cmp.Or(cmp.Compare(a.version, b.version), strings.Compare(a.o.ID, b.o.ID))
+	})
 	return slices.Insert(slices.Clip(list), i, p)
 }
 
@@ -171,18 +156,15 @@ func countLen(lens []lenCount, n, d int) []lenCount {
 	if d == 0 {
 		return lens
 	}
-	i := 0
-	for i < len(lens) && lens[i].n > n {
-		i++
+	i, found := slices.BinarySearchFunc(lens, n, func(l lenCount, n int) int { return cmp.Compare(n, l.n) })
+	if !found {
+		return slices.Insert(slices.Clip(lens), i, lenCount{n, d})
 	}
-	if i < len(lens) && lens[i].n == n {
-		out := slices.Clone(lens)
-		if out[i].count += d; out[i].count == 0 {
-			out = slices.Delete(out, i, i+1)
-		}
-		return out
+	out := slices.Clone(lens)
+	if out[i].count += d; out[i].count == 0 {
+		out = slices.Delete(out, i, i+1)
 	}
-	return slices.Insert(slices.Clip(lens), i, lenCount{n, d})
+	return out
 }
 
 func (s *OverrideSet) Len() int {
@@ -230,23 +212,19 @@ func (s *OverrideSet) lookup(key, raw string, now int64) *Override {
 // lookupCIDR is the narrowest CIDR override holding key, an address or a
 // masked prefix ("10.1.2.0/24"; only CIDRs as wide or wider cover it).
 func (s *OverrideSet) lookupCIDR(key string, now int64) *Override {
-	var addr netip.Addr
-	bits := -1
+	var p netip.Prefix
+	var err error
 	if strings.IndexByte(key, '/') >= 0 {
-		p, err := netip.ParsePrefix(key)
-		if err != nil {
-			return nil
-		}
-		addr, bits = p.Addr(), p.Bits()
-	} else if a, err := netip.ParseAddr(key); err == nil {
-		addr = a
+		p, err = netip.ParsePrefix(key)
 	} else {
+		var a netip.Addr
+		a, err = netip.ParseAddr(key)
+		p = netip.PrefixFrom(a, a.Unmap().BitLen())
+	}
+	if err != nil {
 		return nil
 	}
-	addr = addr.Unmap()
-	if bits < 0 {
-		bits = addr.BitLen()
-	}
+	addr, bits := p.Addr().Unmap(), p.Bits()
 	for _, l := range s.cidrLens[btoi(addr.Is6())] {
 		if l.n > bits {
 			continue
@@ -277,16 +255,14 @@ func (o *Overrides) Store(s *OverrideSet) {
 	o.set.Store(s)
 }
 
-// UseOverrides makes the zone resolve its keys' overrides from o, once,
-// before it decides.
+// UseOverrides makes the zone resolve its keys' overrides from o, once, before it decides.
 func (z *Zone) UseOverrides(o *Overrides) { z.overrides = o }
 
 // Override is the override in force for key (as stored) now.
 func (z *Zone) Override(key string) *Override { return z.OverrideOf(key, "") }
 
-// OverrideOf is Override of key, stored from raw, the key as built: a
-// prefix override of a key stored hashed (longer than MaxKeyLength)
-// matches raw, so that prefixes cover long keys too. raw "" is key.
+// OverrideOf is Override of key, stored from raw, the key as built: prefixes
+// match a key stored hashed on raw, so they cover long keys too (raw "": key).
 func (z *Zone) OverrideOf(key, raw string) *Override {
 	if z.overrides == nil {
 		return nil
@@ -309,24 +285,21 @@ func (z *Zone) OverrideCount() int {
 	return z.overrides.set.Load().Len()
 }
 
-// OverrideStore is how a store keeps zones' overrides fleet-wide. The
-// records are the caller's; the store keeps them with a version and a log
-// of changes, so that a change writes one record and each instance reads
-// back only what changed since the version it holds: at any number of
-// overrides a change costs each instance O(1) store work. A store that lost
-// its data says so with a new epoch, never as "every override was
-// removed": the instances then Restore their copies.
+// OverrideStore is how a store keeps zones' overrides fleet-wide: the
+// caller's records with a version and a log of changes, so a change writes
+// one record and each instance reads back only what changed since its
+// version (O(1) store work at any number of overrides). A store that lost
+// its data says so with a new epoch, never as "every override was removed":
+// the instances then Restore their copies.
 type OverrideStore struct {
-	// Put stores o (Version unused), replacing the override of its id,
-	// and returns its version; ErrTooManyOverrides when the zone holds
-	// MaxOverrides already.
+	// Put stores o (Version unused), replacing the override of its id, and
+	// returns its version; ErrTooManyOverrides at MaxOverrides.
 	Put    func(ctx context.Context, zone string, o StoredOverride) (int64, error)
 	Delete func(ctx context.Context, zone, id string) (found bool, err error)
 	// Read is what changed since at (the zero OverridesAt: everything).
 	Read func(ctx context.Context, zone string, at OverridesAt) (OverridesRead, error)
-	// Restore writes each of list whose id the store does not hold (an
-	// instance's copies of what the store lost, or a zone's overrides
-	// carried from another store), and returns how many it wrote.
+	// Restore writes each of list whose id the store lacks (copies of what
+	// it lost, or overrides carried from another store); it returns how many.
 	Restore func(ctx context.Context, zone string, list []StoredOverride) (int, error)
 	// Moved makes moved hear, without blocking (a buffer of 1), of each
 	// change of zone's overrides by any instance, until remove.
@@ -351,8 +324,8 @@ type OverridesAt struct {
 // OverridesRead is what an OverrideStore's Read found.
 type OverridesRead struct {
 	At OverridesAt
-	// All: Changes is the whole set (the reader was at another epoch or
-	// too far behind), else what changed since, in order.
+	// All: Changes is the whole set (the reader was at another epoch or too
+	// far behind), else what changed since, in order.
 	All     bool
 	Changes []StoredOverride
 }
@@ -367,10 +340,10 @@ func btoi(b bool) int {
 	return 0
 }
 
-// trie is a persistent hash trie: a change copies the nodes on one path
-// (at most 13 branches of 32 pointers and a leaf of up to trieLeaf items)
-// and shares every other node, so that readers of the old trie are never
-// disturbed and a change costs O(log N).
+// trie is a persistent hash trie: a change copies the nodes on one path (at
+// most 13 branches of 32 pointers and a leaf of up to trieLeaf items) and
+// shares the rest: readers of the old trie are never disturbed, and a change
+// costs O(log N).
 type trie[K comparable, V any] struct {
 	kids  *[32]*trie[K, V] // a branch; nil: a leaf, of items
 	items []trieItem[K, V]
@@ -382,8 +355,7 @@ type trieItem[K comparable, V any] struct {
 	v V
 }
 
-// trieLeaf is the most items a leaf holds before it splits, unless the
-// hash is spent.
+// trieLeaf is the most items a leaf holds before it splits, unless the hash is spent.
 const trieLeaf = 8
 
 func (t *trie[K, V]) lookup(h uint64, k K) (V, bool) {
@@ -407,12 +379,18 @@ func (t *trie[K, V]) get(h uint64, k K) V {
 	return v
 }
 
-// change is t with k's value list, or without k for an empty list.
-func change[K comparable](t *trie[K, []placed], h uint64, k K, list []placed) *trie[K, []placed] {
+// change is t with k's list replaced by f of it (without k when empty), and
+// how the number of non-empty lists moved.
+func change[K comparable](
+	t *trie[K, []placed], h uint64, k K, f func([]placed) []placed,
+) (*trie[K, []placed], int) {
+	old := t.get(h, k)
+	list := f(old)
+	moved := btoi(len(list) > 0) - btoi(len(old) > 0)
 	if len(list) == 0 {
-		return t.del(0, h, k)
+		return t.del(0, h, k), moved
 	}
-	return t.put(0, h, k, list)
+	return t.put(0, h, k, list), moved
 }
 
 // put is t with k's value v; shift is 0 at the root, 5 more a level down.
@@ -428,11 +406,9 @@ func (t *trie[K, V]) put(shift uint, h uint64, k K, v V) *trie[K, V] {
 		return &trie[K, V]{kids: &kids}
 	}
 	items := slices.Clone(t.items)
-	for i := range items {
-		if items[i].h == h && items[i].k == k {
-			items[i] = it
-			return &trie[K, V]{items: items}
-		}
+	if i := slices.IndexFunc(items, func(x trieItem[K, V]) bool { return x.h == h && x.k == k }); i >= 0 {
+		items[i] = it
+		return &trie[K, V]{items: items}
 	}
 	if len(items) < trieLeaf || shift >= 64 {
 		return &trie[K, V]{items: append(items, it)}

@@ -9,14 +9,13 @@ import (
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 )
 
-// What fail_policy local admits during an outage is owed to the store:
-// when the store answers again, each instance charges it, key by key, so
-// that the key does not get its quota again (the bounds are in
-// docs/distributed.md, After the outage). A charge is sent at most once:
-// one that timed out may have run; one the store refused without running
-// (breaker open, an error reply) is kept for the next attempt, at most
-// owedAttempts times. Async mode's records do this themselves (their
-// pending cost, counted by the next sync); quota zones are not reconciled.
+// What fail_policy local admits during an outage is owed to the store: when
+// it answers again, each instance charges it key by key, so that no key gets
+// its quota again (bounds: docs/distributed.md, After the outage). A charge is
+// sent at most once, as one that timed out may have run; one the store
+// refused without running (breaker open, an error reply) is tried again, at
+// most owedAttempts times. Async records do this themselves (their pending
+// cost, counted by the next sync); quota zones are not reconciled.
 
 const (
 	owedAttempts = 5  // how many times an owed charge the store refused is tried
@@ -45,8 +44,8 @@ func (z *Zone) owe(key string, p *Plan, cost int64) {
 	}
 }
 
-// add adds cost under plan p to what is owed for key, a charge already
-// tried attempts times; at most max keys are owed.
+// add adds cost under p to what key owes, a charge tried attempts times;
+// at most max keys owe.
 func (o *owed) add(key string, p *Plan, cost int64, attempts int) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -71,8 +70,7 @@ func (o *owed) add(key string, p *Plan, cost int64, attempts int) {
 	}
 }
 
-// reconcile charges the store, in the background, with what this instance
-// owes it, once the store answered again.
+// reconcile pays the store, in the background, what this instance owes it.
 func (z *Zone) reconcile() {
 	o := &z.state.owed
 	if !o.any.Load() || !o.running.CompareAndSwap(false, true) {

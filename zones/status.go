@@ -2,35 +2,29 @@ package zones
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/caddy-tally/ratelimit/algorithms"
 )
 
 // KeyState is a key's state now, as GitHub's GET /rate_limit reports it:
-// Remaining is what the key can still spend (after a request: that
-// request's RateLimit remaining).
+// Remaining is what the key can still spend (after a request: its RateLimit remaining).
 type KeyState struct {
 	Decision
-	// Limit and Window are the RateLimit-Policy's q and w (see Ticket's
-	// Quota and Window).
-	Limit  int64
-	Window time.Duration
+	Limit  int64         // the RateLimit-Policy's q (Ticket.Quota)
+	Window time.Duration // and w (Ticket.Window)
 	// Quota zones: the units used in the current period, and its bounds.
 	Used                   int64
 	PeriodStart, PeriodEnd time.Time
-	// Concurrency zones: the key's requests in flight.
-	InFlight int64
-	Tracked  bool // the zone holds state for the key (else it is at its full limit)
+	InFlight               int64 // concurrency zones: the key's requests in flight
+	Tracked                bool  // the zone holds state for the key (else it is at its full limit)
 }
 
 // Read is the one read of a key's state, for rate_limit_status, the admin
 // API and the CLI: the ticket's key under its plan (Resolve first),
-// consuming nothing and starting no ban. An override, a ban, a cached
-// denial and this instance's own state answer without the store; anything
-// else is one peek, which a Gather in ctx sends with the other zones' reads
-// of one request (one round trip for them all).
+// consuming nothing and starting no ban. An override, a ban, a cached denial
+// and this instance's own state answer without the store; else one peek,
+// which a Gather in ctx sends with the request's other reads in one round trip.
 func (t *Ticket[O]) Read(ctx context.Context, now int64) (KeyState, error) {
 	z, key, p := t.Zone, t.Key, &t.Plan
 	s := KeyState{Limit: t.Quota(), Window: t.Window()}
@@ -77,8 +71,7 @@ func (z *Zone) readQuota(ctx context.Context, key string, now int64, p *Plan, s 
 }
 
 // readRate is Read in a rate zone: a ban, else what decides the key's next
-// request on this instance: its local state or record, a cached denial or
-// the store's peek.
+// request here: its local state or record, a cached denial or a store peek.
 func (z *Zone) readRate(ctx context.Context, key string, now int64, p *Plan, s *KeyState) error {
 	if d, banned := z.banned(key, now, p); banned {
 		s.Decision, s.Tracked = d, true
@@ -107,9 +100,9 @@ func (z *Zone) readRate(ctx context.Context, key string, now int64, p *Plan, s *
 	}
 	src := d.Source
 	d, err := z.peeked(key, now, d)
-	if errors.Is(err, ErrUnknownKey) {
-		d, err = Decision{Allowed: true, Remaining: p.Burst, Source: src}, nil
+	if err != nil { // ErrUnknownKey: at the full limit
+		d = Decision{Allowed: true, Remaining: p.Burst, Source: src}
 	}
-	s.Decision, s.Tracked = d, err == nil && d.ResetAfter > 0
-	return err
+	s.Decision, s.Tracked = d, err == nil
+	return nil
 }

@@ -5,13 +5,11 @@ import (
 	"github.com/caddy-tally/ratelimit/internal/keytable"
 )
 
-// Table maps keys to one int64 each: a TAT for the GCRA, or the instant a
-// cached denial ends. In both uses an entry whose value is <= now carries no
-// information, so the table may drop it at any time: memory is bounded by the
-// keys that are active, and by maxKeys in any case.
-//
-// The entries live in a keytable: at 1M keys of 16 bytes well under 100
-// bytes per key, and no allocation per request on an existing key.
+// Table maps keys to one int64 each, a TAT or the instant a cached denial
+// ends: an entry whose value is <= now carries nothing and may go at any
+// time, so memory is bounded by the active keys, and by maxKeys. In a
+// keytable: under 100 bytes per 16-byte key at 1M keys, and no allocation
+// per request on an existing key.
 type Table struct {
 	kt *keytable.Table
 }
@@ -78,12 +76,10 @@ func (t *Table) Delete(key string) { t.kt.Delete(key) }
 func (t *Table) Clear() { t.kt.Clear() }
 
 // Sweep deletes every entry whose value is <= now and returns how many keys
-// remain. Shards a sweep leaves mostly empty are rebuilt smaller, so memory
-// comes back after a peak.
+// remain, rebuilding mostly empty shards smaller (keytable.Table.Sweep).
 func (t *Table) Sweep(now int64) int { return t.kt.Sweep(now) }
 
-// Shrink gives back the memory of the table's empty and mostly empty
-// shards, deleting nothing: for tables of counts, which Sweep would empty.
+// Shrink gives memory back as Sweep does, deleting nothing: for tables of counts.
 func (t *Table) Shrink() { t.kt.Shrink() }
 
 // Len returns the number of keys held, expired ones included.

@@ -1,33 +1,29 @@
 package zones
 
 import (
+	"cmp"
 	"context"
 	"time"
 
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 )
 
-// Ticket is one zone's admission of one request, a value like
-// x/time/rate's Reservation: what the zone took (cost, a turn, a slot, a
-// ban started) and what the request's headers need. A request holds one
-// ticket per zone; Admit decides them all. Owner is the caller's side of
-// the zone (its handler), so that a request's tickets are one array.
+// Ticket is one zone's admission of one request, a value like x/time/rate's
+// Reservation: what the zone took (cost, a turn, a slot, a ban started) and
+// what the headers need. A request holds one per zone, all decided by Admit;
+// Owner is the caller's side of the zone, so that they are one array.
 type Ticket[O any] struct {
 	Owner       O
 	Zone        *Zone
 	Key         string
-	Raw         string    // the key as built, which prefix overrides match ("" is Key)
-	Plan        Plan      // the limit the request is decided under (adaptive: Burst is the key's limit once admitted)
-	Cost        int64     // what it costs (a post-charged zone: what it is charged by default)
-	PostCharged bool      // the zone checks before the request and charges after it (Charge)
-	UpTo        bool      // Cost is an estimate that takes at most what the key has left
-	Override    *Override // the operator's override of the key (Resolve)
-	// Class is the request's priority class in an adaptive zone: 0 the
-	// highest; beyond the zone's classes, the lowest.
-	Class int
-	// Done, when set, is closed when the client goes away: an adaptive
-	// zone with delay stops waiting for a place then.
-	Done <-chan struct{}
+	Raw         string          // the key as built, which prefix overrides match ("" is Key)
+	Plan        Plan            // the limit decided under (adaptive: Burst is the key's limit once admitted)
+	Cost        int64           // what it costs (a post-charged zone: what it is charged by default)
+	PostCharged bool            // the zone checks before the request and charges after it (Charge)
+	UpTo        bool            // Cost is an estimate that takes at most what the key has left
+	Override    *Override       // the operator's override of the key (Resolve)
+	Class       int             // adaptive zones: the request's class, 0 the highest (past the last: lowest)
+	Done        <-chan struct{} // when set, closed as the client goes: adaptive zones with delay stop waiting
 	Decision
 	slot Slot
 }
@@ -36,13 +32,8 @@ type Ticket[O any] struct {
 // Admit: a limit becomes the ticket's plan; Admit decides exempt and deny.
 // A zone without overrides pays one atomic load.
 func (t *Ticket[O]) Resolve() {
-	o := t.Zone.OverrideOf(t.Key, t.Raw)
-	if o == nil {
-		return
-	}
-	t.Override = o
-	if !o.Exempt && !o.Deny {
-		t.Plan = o.Plan
+	if t.Override = t.Zone.OverrideOf(t.Key, t.Raw); t.Override != nil && !t.Waived() {
+		t.Plan = t.Override.Plan
 	}
 }
 
@@ -78,9 +69,9 @@ func (t *Ticket[O]) Admit(ctx context.Context, now int64) {
 	}
 }
 
-// waived is the decision of an exempt or deny override: admitted with the
-// full limit left (adaptive: the key's limit now), consuming nothing; or
-// denied until the override lapses.
+// waived is an exempt override's admission with the full limit left
+// (adaptive: the key's limit now), consuming nothing, or a deny override's
+// denial until it lapses.
 func (t *Ticket[O]) waived() Decision {
 	if t.Zone.IsAdaptive() {
 		t.Plan.Burst = t.Zone.limitOf(t.Key)
@@ -95,10 +86,9 @@ func (t *Ticket[O]) waived() Decision {
 	return Decision{RetryAfter: d, ResetAfter: d, Source: SourceOverride}
 }
 
-// neverPasses denies, consuming nothing, a request whose cost is more than
-// the key can ever have. Its reset is the key's time to full, read as a
-// check reads it; its Retry-After is one window (a quota zone's: the
-// period's end), when the request's plan may give more.
+// neverPasses denies, consuming nothing, a request costing more than the
+// key can ever have: reset is the key's time to full as a check reads it,
+// Retry-After one window (quota: the period's end), when its plan may give more.
 func (z *Zone) neverPasses(ctx context.Context, key string, now int64, p *Plan) Decision {
 	state := z.Check(ctx, key, now, p)
 	if z.IsQuota() {
@@ -108,17 +98,32 @@ func (z *Zone) neverPasses(ctx context.Context, key string, now int64, p *Plan) 
 	return Decision{RetryAfter: p.Window, ResetAfter: state.ResetAfter, Source: SourceLocal}
 }
 
-// inFlightLimit is a concurrency zone's limit for the ticket: an
-// override's (adaptive: the key's), else the zone's.
-func (t *Ticket[O]) inFlightLimit() int64 {
-	if t.Plan.Burst > 0 {
-		return t.Plan.Burst
+// decideUpTo decides a ticket whose cost is an estimate settled after the
+// response (Charge): it takes the estimate or, when less is left, all that is
+// left, so a key with any budget can make one request however large its
+// estimate. Concurrent requests take in turn: together they overshoot only by
+// what their actual costs exceed what they took. Only a denied estimate costs
+// more: a check of what is left, and a decision for that.
+func (t *Ticket[O]) decideUpTo(ctx context.Context, now int64) Decision {
+	z := t.Zone
+	t.Cost = min(t.Cost, t.Plan.Burst)
+	d := z.DecideWith(ctx, t.Key, now, &t.Plan, t.Cost)
+	if d.Allowed || d.Err != nil || t.Cost <= 1 {
+		return d
 	}
-	return t.Zone.Concurrency
+	left := z.Check(ctx, t.Key, now, &t.Plan)
+	if !left.Allowed || left.Err != nil || left.Remaining <= 0 || left.Remaining >= t.Cost {
+		return d
+	}
+	t.Cost = left.Remaining
+	return z.DecideWith(ctx, t.Key, now, &t.Plan, t.Cost)
 }
 
-// Holds reports whether the ticket holds a concurrency slot, to Release
-// once the request ends.
+// inFlightLimit is a concurrency zone's limit for the ticket: an override's
+// (adaptive: the key's), else the zone's.
+func (t *Ticket[O]) inFlightLimit() int64 { return cmp.Or(t.Plan.Burst, t.Zone.Concurrency) }
+
+// Holds reports whether the ticket holds a concurrency slot to Release.
 func (t *Ticket[O]) Holds() bool { return t.slot.Held() }
 
 // Slot is the ticket's slot, for a caller that releases it itself.
@@ -138,10 +143,9 @@ func (t *Ticket[O]) Finish(now int64, latency time.Duration, failed bool) {
 	t.slot = Slot{}
 }
 
-// Cancel gives back what the ticket took: its cost (a turn included) or
-// its slot, and its queue place. The decision is then as it stands after
-// the refund; a refund the store could not take is returned (the ticket is
-// cancelled all the same).
+// Cancel gives back what the ticket took: its cost (a turn included) or slot,
+// and its queue place; the decision then stands as after the refund. A refund
+// the store could not take is returned (the ticket is cancelled all the same).
 func (t *Ticket[O]) Cancel(ctx context.Context, now int64) error {
 	if !t.Allowed || t.PostCharged {
 		return nil
@@ -156,11 +160,10 @@ func (t *Ticket[O]) Cancel(ctx context.Context, now int64) error {
 	return err
 }
 
-// Charge finishes a ticket that pays after its response, once it is known
-// to cost cost: what the ticket took is charged or refunded the difference
-// (a post-charged zone's check, or a dry-run denial, took nothing). An
-// exempt or deny override's ticket pays nothing. A refund the store could
-// not take is returned.
+// Charge finishes a ticket that pays after its response, once it is known to
+// cost cost: it is charged or refunded the difference from what it took (a
+// post-charged zone's check, or a dry-run denial, took nothing); a waived one
+// pays nothing. A refund the store could not take is returned.
 func (t *Ticket[O]) Charge(ctx context.Context, now, cost int64) error {
 	if t.Waived() {
 		return nil
@@ -180,8 +183,7 @@ func (t *Ticket[O]) Charge(ctx context.Context, now, cost int64) error {
 	return nil
 }
 
-// Served ends a ticket's wait for its turn, waited long: its queue place is
-// given back.
+// Served ends a ticket's wait for its turn, waited long, giving back its place.
 func (t *Ticket[O]) Served(waited time.Duration) {
 	if t.Delay > 0 {
 		t.Zone.EndWait()
@@ -190,10 +192,7 @@ func (t *Ticket[O]) Served(waited time.Duration) {
 	}
 }
 
-// The header inputs of draft-10's RateLimit-Policy and RateLimit (q, w, r,
-// t), by the zone's kind.
-
-// Quota is q: the plan's events, or a concurrency zone's limit.
+// Quota is draft-10's q: the plan's events, or a concurrency zone's limit.
 func (t *Ticket[O]) Quota() int64 {
 	if t.Zone.IsConcurrency() {
 		return t.inFlightLimit()
@@ -209,8 +208,7 @@ func (t *Ticket[O]) QuotaUnit() string {
 	return ""
 }
 
-// Window is w: the plan's window (none in a concurrency zone), or a quota
-// zone's period.
+// Window is w: the plan's window (none in a concurrency zone), or a quota zone's period.
 func (t *Ticket[O]) Window() time.Duration {
 	if t.Zone.IsQuota() {
 		return t.Period
@@ -218,9 +216,8 @@ func (t *Ticket[O]) Window() time.Duration {
 	return t.Plan.Window
 }
 
-// MoreQuotaIn is t: how long until the key has one more unit than the
-// decision reports; false when none can become available (a full key, or
-// slots, which free at no time known).
+// MoreQuotaIn is t: how long until the key has one more unit than reported;
+// false when none can come (a full key, or slots, which free at no time known).
 func (t *Ticket[O]) MoreQuotaIn() (time.Duration, bool) {
 	switch {
 	case t.RetryAfter > 0:
@@ -241,9 +238,9 @@ type Admission struct {
 	Gone   bool  // the client left while waiting; every ticket was cancelled
 }
 
-// Admit admits a request in the zones of its tickets, in order (tightest
-// first, concurrency zones last), the one multi-zone loop of HTTP requests
-// and connections alike:
+// Admit admits a request in its tickets' zones in order (tightest first,
+// concurrency zones last), the one multi-zone loop of requests and
+// connections alike:
 //   - each ticket is admitted, then seen(i) (the caller's metrics and logs);
 //   - a denial by a zone not in dry run stops the loop and cancels the
 //     tickets admitted before it: a denied request consumes nothing;

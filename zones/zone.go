@@ -1,6 +1,5 @@
-// Package zones decides requests for one named rate-limit zone: it builds
-// keys, keeps the zone's in-process state and applies the zone's fail policy
-// when its shared Store cannot answer.
+// Package zones decides requests for one named rate-limit zone: its keys, its
+// in-process state, and its fail policy when its shared Store cannot answer.
 package zones
 
 import (
@@ -55,24 +54,22 @@ func (p FailPolicy) String() string {
 	return failPolicyNames[p]
 }
 
-// FailClosedRetryAfter is the Retry-After a fail-closed zone sends while its
-// store is unavailable: short, so clients come back soon after recovery.
-const FailClosedRetryAfter = time.Second
-
-// MaxKeyLength is the longest key kept as is; longer keys are replaced by
-// their SHA-256, so a hostile key costs bounded memory.
-const MaxKeyLength = 256
-
-// OffendersPeriod is how long each of the two top-offender sketches counts
-// denials: the top list covers the last 5 to 10 minutes.
-const OffendersPeriod = 5 * time.Minute
-
-// DefaultMaxKeys caps a zone's local table when max_keys is not set.
-const DefaultMaxKeys = 1_000_000
-
-// MaxMaxKeys is the largest max_keys, the same on every platform (a
-// 32-bit table holds at most math.MaxInt keys, more than fits in memory).
-const MaxMaxKeys = 1 << 40
+const (
+	// FailClosedRetryAfter is the Retry-After a fail-closed zone sends while
+	// its store is unavailable: short, so clients come back soon after recovery.
+	FailClosedRetryAfter = time.Second
+	// MaxKeyLength is the longest key kept as is; longer keys are replaced by
+	// their SHA-256, so a hostile key costs bounded memory.
+	MaxKeyLength = 256
+	// OffendersPeriod is how long each of the two top-offender sketches
+	// counts denials: the top list covers the last 5 to 10 minutes.
+	OffendersPeriod = 5 * time.Minute
+	// DefaultMaxKeys caps a zone's local table when max_keys is not set.
+	DefaultMaxKeys = 1_000_000
+	// MaxMaxKeys is the largest max_keys on every platform (a 32-bit table
+	// holds at most math.MaxInt keys, more than fits in memory).
+	MaxMaxKeys = 1 << 40
+)
 
 // ValidName reports whether name is letters, digits, '_' and '-' only, safe
 // in a Redis key and a metric label.
@@ -96,17 +93,16 @@ type Config struct {
 	FailPolicy FailPolicy
 	MaxKeys    int64 // 0 = DefaultMaxKeys; at most MaxMaxKeys
 	DryRun     bool
-	// PerRequest: the handler may decide some requests under a plan read
-	// from the request; the zone then remembers each key's last plan.
+	// PerRequest: some requests are decided under a plan read from the
+	// request; the zone remembers each key's last plan.
 	PerRequest bool
-	// Concurrency > 0 makes a concurrency zone (concurrency.go): at most
-	// that many requests of a key in flight, instead of Events per Window.
+	// Concurrency > 0 makes a concurrency zone (concurrency.go): at most that
+	// many requests of a key in flight, instead of Events per Window.
 	Concurrency int64
 	Lease       time.Duration // concurrency slots in a store; 0 = DefaultLease
-	// Period != 0 makes a quota zone (quota.go): at most Quota units of
-	// cost per calendar period in Location (nil: UTC), instead of Events
-	// per Window. Quota 0 with PerRequest: requests whose plan gives none
-	// are denied.
+	// Period != 0 makes a quota zone (quota.go): at most Quota units of cost
+	// per calendar period in Location (nil: UTC). Quota 0 with PerRequest:
+	// requests whose plan gives none are denied.
 	Quota    int64
 	Period   algorithms.Period
 	Location *time.Location
@@ -114,25 +110,24 @@ type Config struct {
 	// Ban (ban.go); BanMax > Ban makes bans escalate up to it.
 	Ban    time.Duration
 	BanMax time.Duration
-	// Delay > 0: a request the zone would deny whose allow time is at
-	// most Delay away is admitted for later (delay.go); at most Queue
-	// (0: DefaultQueue) of the zone's requests wait at once here.
+	// Delay > 0: a request the zone would deny whose allow time is at most
+	// Delay away is admitted for later (delay.go), at most Queue (0:
+	// DefaultQueue) waiting at once here.
 	Delay time.Duration
 	Queue int64
 	// Adaptive.Target > 0 makes an adaptive concurrency zone (adaptive.go):
-	// a concurrency zone whose limit per key follows the upstream's
-	// latency, shared by Classes priority classes (0: one).
+	// its limit per key follows the upstream's latency, shared by Classes
+	// priority classes (0: one).
 	Adaptive algorithms.AdaptiveLimit
 	Classes  int
 }
 
-// MinEmissionInterval is the shortest window/events tally enforces: Redis
-// keeps microseconds, and the local clock cannot do much better. With it and
-// MaxSpan, which also bounds the window, every TAT stays representable.
+// MinEmissionInterval is the shortest window/events tally enforces (Redis
+// keeps microseconds); with MaxSpan bounding the window, every TAT stays
+// representable.
 const MinEmissionInterval = time.Microsecond
 
-// Validate reports the first thing wrong with the definition and how to fix
-// it.
+// Validate reports the first thing wrong with the definition and how to fix it.
 func (c Config) Validate() error {
 	if !ValidName(c.Name) {
 		return fmt.Errorf("zone name %q is invalid: use letters, digits, '_' and '-' only", c.Name)
@@ -162,9 +157,8 @@ func (c Config) validateRate() error {
 	return err
 }
 
-// Check is Validate for a rate zone whose name is valid: it returns what is
-// wrong, without the zone's name, and the setting at fault, so that a
-// configuration parser can point at its line.
+// Check is Validate for a rate zone whose name is valid: what is wrong,
+// without the name, and the setting at fault, for a parser to point at its line.
 func (c Config) Check() (setting string, err error) {
 	switch {
 	case c.Events <= 0:
@@ -197,9 +191,9 @@ func (c Config) checkKeys() (setting string, err error) {
 	return "", nil
 }
 
-// Limit is the zone's GCRA limit in nanoseconds. A concurrency or quota
-// zone has no rate; its Limit is its concurrency (adaptive: its max) or
-// quota as a burst, so that two definitions with different limits differ.
+// Limit is the zone's GCRA limit in nanoseconds; a concurrency or quota zone's
+// is its concurrency (adaptive: max) or quota as a burst, so that two
+// definitions with different limits differ.
 func (c Config) Limit() algorithms.Limit {
 	switch {
 	case c.IsQuota():
@@ -218,9 +212,9 @@ func (c Config) Plan() (Plan, error) {
 	return NewPlan(c.Events, c.Window, c.Burst)
 }
 
-// Key turns the expanded key template into the key the zone stores: IP
-// addresses masked to the configured prefix, and keys longer than
-// MaxKeyLength (or that start with HashedKeyPrefix) hashed.
+// Key turns the expanded key template into the key the zone stores: an IP
+// masked to its prefix; a key longer than MaxKeyLength, or that starts with
+// HashedKeyPrefix, hashed.
 func (c Config) Key(raw string) string {
 	if c.IPv4Prefix > 0 || c.IPv6Prefix > 0 {
 		if ip, err := netip.ParseAddr(raw); err == nil {
@@ -235,8 +229,8 @@ func (c Config) Key(raw string) string {
 			}
 		}
 	}
-	// Hashing a raw key that starts like a hashed one keeps the two spaces
-	// disjoint: "sha256:<hex>" cannot share the long key's bucket.
+	// A raw key that starts like a hashed one is hashed too: "sha256:<hex>"
+	// cannot share the long key's bucket.
 	if len(raw) > MaxKeyLength || strings.HasPrefix(raw, HashedKeyPrefix) {
 		sum := sha256.Sum256([]byte(raw))
 		return HashedKeyPrefix + hex.EncodeToString(sum[:])
@@ -244,12 +238,11 @@ func (c Config) Key(raw string) string {
 	return raw
 }
 
-// HashedKeyPrefix starts every hashed key (see Key): it and the key's hex
-// SHA-256.
+// HashedKeyPrefix and the hex SHA-256 make every hashed key (see Key).
 const HashedKeyPrefix = "sha256:"
 
-// State is a zone's in-process state, shared by every handler that defines
-// the zone the same way; it outlives config reloads.
+// State is a zone's in-process state, shared by the handlers that define the
+// zone the same way; it outlives config reloads.
 type State struct {
 	Local    *Table         // local mode: TAT (quota zones: count) per key
 	Denied   *Table         // with a Store: keys the store denied, until when
@@ -283,9 +276,8 @@ type State struct {
 	final atomic.Pointer[func(*State)] // SetFinalSnapshot's
 }
 
-// SetFinalSnapshot makes Destruct call f (nil: nothing) once the state is
-// no longer used, before it is dropped: the last snapshot of a zone that
-// persists. Only the last f set is called.
+// SetFinalSnapshot makes Destruct call f (nil: nothing) before the state is
+// dropped: a persisted zone's last snapshot. Only the last f set is called.
 func (s *State) SetFinalSnapshot(f func(*State)) { s.final.Store(&f) }
 
 // NewState returns an empty state swept every sweepInterval.
@@ -352,8 +344,8 @@ func (s *State) sweep(interval time.Duration) {
 	}
 }
 
-// Len is the number of keys whose rate state the state holds; the ban
-// table (bounded by max_keys too; see BannedKeys) is not counted.
+// Len is the number of keys whose rate state is held; the ban table (bounded
+// by max_keys too; see BannedKeys) is not counted.
 func (s *State) Len() int {
 	n := s.Local.Len() + s.Denied.Len() + s.Fallback.Len() + s.owed.len()
 	if s.kind != nil {
@@ -396,23 +388,16 @@ type Decision struct {
 	ResetAfter time.Duration // until the key is back to its full burst (quota zones: until the period ends)
 	Period     time.Duration // quota zones: the length of the period decided in
 	Source     Source
-	Err        error // the store's error, when a fail policy decided
-	// Banned: denied by a ban (RetryAfter then lasts at least to its end),
-	// of level BanLevel (0 when unknown). BanStarted is the length of the
-	// ban this decision started (in dry run: would have started).
-	Banned     bool
-	BanLevel   int
-	BanStarted time.Duration
-	// Delay > 0: admitted for later: the request waits this long for its
-	// reserved turn, holding a place in the zone's queue (Zone.EndWait).
-	// QueueFull: denied for a full queue, the turn being within the delay.
-	Delay     time.Duration
-	QueueFull bool
-	Gone      bool // the client left while waiting for an adaptive zone's place; nothing is held
+	Err        error         // the store's error, when a fail policy decided
+	Banned     bool          // denied by a ban, RetryAfter lasting at least to its end
+	BanLevel   int           // the ban's level, 0 when unknown
+	BanStarted time.Duration // the length of the ban this decision started (dry run: would have)
+	Delay      time.Duration // > 0: admitted for later, waiting this long in the zone's queue (Zone.EndWait)
+	QueueFull  bool          // denied for a full queue, the turn being within the delay
+	Gone       bool          // the client left while waiting for an adaptive zone's place; nothing is held
 }
 
-// Zone decides requests for one zone definition, with its shared state and,
-// when distributed, its Store.
+// Zone decides requests for one zone definition, with its state and Store.
 type Zone struct {
 	Config
 	plan    Plan // the literal one
@@ -421,31 +406,26 @@ type Zone struct {
 	offers  Offers  // the store's, read once by New
 	records Records // offers.Records for a rate zone (its deny cache and fallback live there)
 	// banRule is what the zone's rate steps carry: its ban when the store
-	// keeps bans and the zone is not in dry run (which bans nobody), else
-	// zero.
+	// keeps bans and the zone is not in dry run, else zero.
 	banRule   BanRule
 	overrides *Overrides // nil: the zone takes none
 
-	// OnChargeFailed, when set, is called for each charge that the store
-	// did not take (strict mode, after retries).
-	OnChargeFailed func(error)
-	// OnBanDropped, when set, is called with the bans this instance did
-	// not keep: fromList false, bans not started or learnt because the ban
-	// table (max_keys) was full of running bans; true, bans the fleet-wide
-	// list (MaxListedBans) dropped while they were running, pushed off by
-	// bans that end later (in async mode the other instances do not learn
-	// them).
+	OnChargeFailed func(error) // when set, hears of each charge the store did not take (strict, after retries)
+	// OnBanDropped, when set, hears of the running bans this instance did not
+	// keep: not started or learnt for a ban table (max_keys) full of running
+	// bans; fromList, pushed off the fleet-wide list (MaxListedBans) by bans
+	// that end later (in async mode the other instances do not learn them).
 	OnBanDropped func(fromList bool, n int64)
-	// Hold and Done, when set, are called for each strict-mode charge
-	// queued (Hold) and once it is over (Done, when Hold returned true):
-	// the zone's owner keeps its state and store until then.
+	// Hold and Done, when set, are called for each strict-mode charge queued
+	// (Hold) and once it is over (Done, when Hold returned true): the zone's
+	// owner keeps its state and store until then.
 	Hold func() bool
 	Done func()
 }
 
-// New returns a zone deciding with state and, when store is not nil, store.
-// c should be valid (Config.Validate). The store's Offers are read here,
-// once: a store that lacks what the zone's kind needs is an error.
+// New returns a zone deciding with state and store (nil: local); c should be
+// valid. The store's Offers are read once, here: a store that lacks what the
+// zone's kind needs is an error.
 func New(c Config, state *State, store Store) (*Zone, error) {
 	l := c.Limit()
 	plan := Plan{Events: c.Events, Window: c.Window, Burst: l.Burst, limit: l}
@@ -506,9 +486,9 @@ func (z *Zone) Decide(ctx context.Context, key string, now int64) Decision {
 	return z.DecideWith(ctx, key, now, &z.plan, 1)
 }
 
-// DecideWith decides a request of the given cost for key at now under plan
-// p. A denial the store gave is answered locally until it ends, so a flood
-// from a blocked key costs the store nothing.
+// DecideWith decides a request of cost for key at now under plan p. A denial
+// the store gave is answered locally until it ends: a blocked key's flood
+// costs the store nothing.
 func (z *Zone) DecideWith(ctx context.Context, key string, now int64, p *Plan, cost int64) Decision {
 	return z.step(ctx, OpDecide, key, now, p, cost)
 }
@@ -569,10 +549,10 @@ func (z *Zone) storeStep(ctx context.Context, op Op, key string, now int64, p *P
 }
 
 // heard notes what the store said of key at now, on every path that asks
-// it: a denial is cached until its retry time, and under fail_policy local
-// the fallback starts from the key's state if the store goes away: back to
-// full at the same moment on this instance's part (B/N tokens of N·T each
-// span the same B·T), rather than with a fresh part.
+// it: a denial is cached until its retry time; under fail_policy local the
+// fallback starts from the key's state should the store go away, back to
+// full at the same moment on this instance's part (B/N tokens of N·T span
+// the same B·T), not with a fresh part.
 func (z *Zone) heard(key string, now int64, r algorithms.Result) {
 	if z.records != nil {
 		return // the store's record of the key holds both
@@ -595,9 +575,8 @@ func (z *Zone) heard(key string, now int64, r algorithms.Result) {
 	}
 }
 
-// CachedDenial answers, without the store, for a key the store denied
-// earlier and whose denial is still in force, under plan p (a zone without
-// a store never answers).
+// CachedDenial answers, without the store, for a key whose store denial
+// (or ban) is still in force, under plan p; a zone without a store never does.
 func (z *Zone) CachedDenial(key string, now int64, p *Plan) (Decision, bool) {
 	if z.store == nil {
 		return Decision{}, false
@@ -641,11 +620,10 @@ func (z *Zone) cachedDenial(until, now int64, p *Plan) Decision {
 	}
 }
 
-// failPolicy is the one place the zone's fail policy is applied, to a step
-// of any kind that the store could not make (err): open allows as open says
-// (the kind's full limit); closed denies with a short Retry-After; local
-// runs the kind's own step at this instance's part. Steps with nothing to
-// answer (a charge) pass the zero Decision and ignore the result.
+// failPolicy is the one place the fail policy answers a step of any kind the
+// store could not make (err): open allows as open says (the kind's full
+// limit); closed denies with a short Retry-After; local runs the kind's own
+// step at this instance's part. A charge passes zero and ignores the result.
 func (z *Zone) failPolicy(err error, open Decision, local func() Decision) Decision {
 	var d Decision
 	switch z.FailPolicy {
@@ -670,9 +648,8 @@ func (z *Zone) deniedUntil(key string, now int64) (int64, bool) {
 	return z.state.Denied.Get(key, now)
 }
 
-// fallback runs one step of fail_policy local for key under plan p at this
-// instance's part: in the Fallback table, or in the store's record of the
-// key (async mode), which then owes the store what it admits.
+// fallback runs one step of fail_policy local at this instance's part: in the
+// Fallback table, or in key's record (async mode), which owes what it admits.
 func (z *Zone) fallback(key string, now int64, p *Plan, op Op, cost, ahead int64) Decision {
 	if z.records != nil {
 		return fromResult(z.records.Fallback(z.Name, key, now, p.limit, z.localLimit(p, true), op, cost, ahead), SourceFailLocal)
@@ -680,9 +657,8 @@ func (z *Zone) fallback(key string, now int64, p *Plan, op Op, cost, ahead int64
 	return z.localStep(true, key, now, p, op, cost, ahead)
 }
 
-// localStep runs op for key under plan p in this instance's tables: Local
-// at the plan's limit, or Fallback (fail_policy local) at this instance's
-// part; a quota zone's count is in the period the clock is in at now.
+// localStep runs op for key under p in Local at the plan's limit, or in
+// Fallback at this instance's part; a quota zone counts in now's period.
 func (z *Zone) localStep(fallback bool, key string, now int64, p *Plan, op Op, cost, ahead int64) Decision {
 	t, src := z.state.Local, SourceLocal
 	if fallback {
@@ -707,10 +683,9 @@ func (z *Zone) localStep(fallback bool, key string, now int64, p *Plan, op Op, c
 	return fromResult(r, src)
 }
 
-// localLimit is what localStep counts against: p's limit or (fallback)
-// this instance's part of it while the store is unavailable, events/N and
-// burst/N, at least 1 (N = live instances last seen); a quota zone's quota
-// as a burst, with no interval (a quota of 0 stays 0).
+// localLimit is what localStep counts against: p's limit or (fallback) this
+// instance's part, events/N and burst/N, at least 1 (N = live instances last
+// seen); a quota zone's quota as a burst, no interval (a quota of 0 stays 0).
 func (z *Zone) localLimit(p *Plan, fallback bool) algorithms.Limit {
 	n := int64(1)
 	if fallback {
@@ -725,9 +700,8 @@ func (z *Zone) localLimit(p *Plan, fallback bool) algorithms.Limit {
 	return algorithms.NewLimit(max(1, p.Events/n), int64(p.Window), max(1, p.Burst/n))
 }
 
-// RefundWith gives back a request the zone allowed under plan p at the given
-// cost, to whoever decided it, and returns the decision as it stands after
-// the refund, for the headers.
+// RefundWith gives back cost of a request allowed under p, to whoever decided
+// it, and returns the decision as it stands after, for the headers.
 func (z *Zone) RefundWith(ctx context.Context, key string, now int64, d Decision, p *Plan, cost int64) (Decision, error) {
 	l := z.localLimit(p, d.Source == SourceFailLocal)
 	switch d.Source {
@@ -754,8 +728,8 @@ func (z *Zone) RefundWith(ctx context.Context, key string, now int64, d Decision
 	return d, nil
 }
 
-// LastPlan is the plan key was last decided under: an override's, the one
-// a PerRequest zone remembers, else the zone's literal one.
+// LastPlan is the plan key was last decided under: an override's, a
+// PerRequest zone's memory, else the zone's literal one.
 func (z *Zone) LastPlan(key string, now int64) Plan {
 	if o := z.Override(key); o != nil && !o.Exempt && !o.Deny {
 		return o.Plan
@@ -768,10 +742,9 @@ func (z *Zone) LastPlan(key string, now int64) Plan {
 	return z.plan
 }
 
-// PeekStore reports key's state as the store holds it, consuming nothing,
-// or ErrUnknownKey: in async mode the fleet's view, in which every
-// instance's leases count as spent and what was admitted since the last
-// sync does not (Read answers with this instance's record).
+// PeekStore reports key's state as the store holds it, consuming nothing, or
+// ErrUnknownKey: in async mode the fleet's view, every instance's leases
+// spent, what was admitted since the last sync not (Read gives the record).
 func (z *Zone) PeekStore(ctx context.Context, key string, now int64) (Decision, error) {
 	d, err := z.peekStore(ctx, key, z.LastPlan(key, now).limit)
 	if err != nil {
@@ -792,8 +765,7 @@ func (z *Zone) peekStore(ctx context.Context, key string, l algorithms.Limit) (D
 	return d, nil
 }
 
-// peeked adds the zone's own ban of key to a peek's d, or says the key has
-// no state.
+// peeked adds the zone's own ban of key to a peek's d, or says it has no state.
 func (z *Zone) peeked(key string, now int64, d Decision) (Decision, error) {
 	if z.state.Bans != nil && z.banRule == (BanRule{}) {
 		if b, ok := z.BanOf(key, now); ok {
@@ -809,8 +781,8 @@ func (z *Zone) peeked(key string, now int64, d Decision) (Decision, error) {
 // Mode is "local" without a store, else the store's mode.
 func (z *Zone) Mode() string { return z.offers.Mode }
 
-// Reset forgets key in this instance's tables and the store (which tells
-// the other instances, see Forget).
+// Reset forgets key here and in the store, which tells the other instances
+// (see Forget).
 func (z *Zone) Reset(ctx context.Context, key string) error {
 	z.Forget(key)
 	if z.store == nil {
@@ -831,8 +803,8 @@ func (z *Zone) Reset(ctx context.Context, key string) error {
 	return err
 }
 
-// Forget drops what this instance holds about key. A store calls it when
-// another instance resets the key.
+// Forget drops what this instance holds about key, also when another
+// instance resets it.
 func (z *Zone) Forget(key string) {
 	z.state.forgets.Add(1)
 	if z.state.Bans != nil {
@@ -847,15 +819,39 @@ func (z *Zone) Forget(key string) {
 	}
 }
 
-// ForgetDenials drops every cached denial. A store calls it when it may
-// have missed resets: the cache is only a shortcut.
-//
-// The bans this instance knows stay: a store that comes back empty no
-// longer holds them, and a ban holds through an outage. A lift missed
-// meanwhile is the price: the key stays banned here until its ban ends or
-// is lifted again.
+// ForgetDenials drops every cached denial, for a store that may have missed
+// resets: the cache is only a shortcut. Known bans stay (a store that comes
+// back empty lost them, and a ban holds through an outage); a lift missed
+// meanwhile keeps the key banned here until its ban ends or is lifted again.
 func (z *Zone) ForgetDenials() {
 	z.state.Denied.Clear()
+}
+
+// Denies reports whether a unit-cost request of key would be denied at now
+// (monotime) under its last plan, with no store call: by an override, a ban
+// known here, a local zone's table, else the deny cache (a distributed
+// zone's denial is seen once a request of the key was denied here). It
+// consumes nothing and costs one lookup: deny_while asks it for every new
+// connection. A concurrency zone never denies here: its slots free as
+// requests end, not with time.
+func (z *Zone) Denies(key string, now int64) bool {
+	if o := z.Override(key); o != nil && (o.Exempt || o.Deny) {
+		return o.Deny
+	}
+	if z.IsConcurrency() {
+		return false
+	}
+	if _, _, banned := z.banIn(key, now); banned {
+		return true
+	}
+	if z.store == nil {
+		p := z.LastPlan(key, now)
+		d := z.localStep(false, key, now, &p, OpPeek, 1, 0)
+		// A zone with delay admits for later what is at most its delay away.
+		return !d.Allowed && (z.Delay == 0 || z.DryRun || d.RetryAfter > z.Delay)
+	}
+	_, denied := z.deniedUntil(key, now)
+	return denied
 }
 
 // ErrUnknownKey is PeekStore's for a key with no state.

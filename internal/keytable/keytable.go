@@ -1,32 +1,28 @@
 // Package keytable is a bounded, sharded map from string keys to one int64
-// each, laid out for memory and for the CPU's caches: every entry is a fixed
-// 32-byte slot in an open-addressing array (the value, a 32-bit tag of the
-// key's hash, the key's length, and the key itself when it is at most 16
-// bytes: an IPv4 address, a short API key), so that finding a short key
-// touches one cache line. A longer key's bytes are stored once, in a
-// per-shard byte arena that holds no pointers, and its slot holds their
-// offset. Against a Go map of strings that is under half the memory per key,
-// and nothing for the garbage collector to scan.
+// each. Every entry is a fixed 32-byte slot in an open-addressing array (the
+// value, a 32-bit tag of the key's hash, the key's length, and the key itself
+// when it is at most 16 bytes), so finding a short key touches one cache
+// line; a longer key's bytes live once in a per-shard, pointer-free arena.
+// That is under half a Go map's memory per key, with nothing for the garbage
+// collector to scan.
 //
 // Values mean "in force until": an entry whose value is <= now carries no
 // information, so a full shard evicts expired entries first and Sweep drops
-// them. A sweep that leaves a shard mostly empty rebuilds it at its new
-// size, so memory comes back after a peak.
+// them; a sweep that leaves a shard mostly empty rebuilds it smaller.
 //
-// Hashes only choose where to look: a key is found by comparing its bytes,
-// so colliding keys never share an entry. Keys must not be longer than the
-// caller bounds them to (zones hash keys over 256 bytes); the arena of one
-// shard holds at most 4 GiB of keys.
+// Hashes only choose where to look: keys are compared by their bytes, so
+// colliding keys never share an entry. Callers bound key length (zones hash
+// keys over 256 bytes); one shard's arena holds at most 4 GiB of keys.
 package keytable
 
 import (
 	"encoding/binary"
 	"hash/maphash"
+	"slices"
 	"sync"
 )
 
-// Table is safe for concurrent use. The operations on an existing key
-// allocate nothing.
+// Table is safe for concurrent use; operations on an existing key allocate nothing.
 type Table struct {
 	seed     maphash.Seed
 	shards   []shard
@@ -55,8 +51,7 @@ type slot struct {
 	key [inlineKey]byte
 }
 
-// inlineKey is the longest key a slot holds itself; slotSize is a slot's
-// size in bytes (two to a cache line).
+// inlineKey is the longest key a slot holds itself; slotSize is two to a cache line.
 const (
 	inlineKey = 16
 	slotSize  = 8 + 4 + 4 + inlineKey
@@ -66,30 +61,23 @@ const (
 type Op uint8
 
 const (
-	// Keep leaves the entry as it was (absent stays absent).
-	Keep Op = iota
-	// Store sets the value, adding the key if needed; a full shard makes
-	// room by eviction.
-	Store
-	// StoreIfRoom is Store, except that a key the table does not hold is
-	// refused, not added, when its shard is full: for values that must not
-	// be evicted.
+	Keep  Op = iota // leaves the entry as it was (absent stays absent)
+	Store           // sets the value, adding the key if need be; a full shard evicts to make room
+	// StoreIfRoom is Store, except that a full shard refuses a new key: for
+	// values that must not be evicted.
 	StoreIfRoom
-	// StoreIfExpired is Store, except that a full shard evicts only
-	// entries of its sample whose value is <= now, refusing a new key
-	// when there are none: for values that must outlive their use (a
-	// ban), whose caller passes as now the value below which none matters.
+	// StoreIfExpired is Store, except that a full shard evicts only sampled
+	// entries whose value is <= now, else refuses a new key: for values that
+	// outlive their use (a ban), now being the value below which none matters.
 	StoreIfExpired
-	// Delete forgets the key.
-	Delete
+	Delete // forgets the key
 )
 
-// EvictionSample is how many entries a full shard looks at to make room.
-const EvictionSample = 16
-
 const (
-	minSlots  = 8
-	maxLoadOf = 4 // a shard grows past 3/maxLoadOf full
+	// EvictionSample is how many entries a full shard looks at to make room.
+	EvictionSample = 16
+	minSlots       = 8
+	maxLoadOf      = 4 // a shard grows past 3/maxLoadOf full
 )
 
 // New returns a table that holds at most maxKeys keys (at least 1).
@@ -112,9 +100,9 @@ func (t *Table) locate(key string) (*shard, uint32) {
 	return &t.shards[h&t.mask], uint32(h>>32) | 1
 }
 
-// Update calls f with key's value (0, false when absent) under the key's
-// shard lock, and does what f returns. It reports false only when f asked
-// for StoreIfRoom and the key could not be added.
+// Update calls f with key's value (0, false when absent) under its shard's
+// lock and does what f returns; false when a StoreIfRoom or StoreIfExpired
+// could not add the key.
 func (t *Table) Update(key string, now int64, f func(value int64, found bool) (int64, Op)) bool {
 	s, tag := t.locate(key)
 	s.mu.Lock()
@@ -261,9 +249,8 @@ func (s *shard) find(tag uint32, key string) int {
 	}
 }
 
-// insert adds a key the shard does not hold, copying its bytes into its
-// slot or the arena (so the table never pins the buffer the key was cut
-// from).
+// insert adds a key the shard does not hold, copying its bytes into its slot
+// or the arena (never pinning the buffer the key was cut from).
 func (s *shard) insert(tag uint32, key string, value int64) {
 	if (s.n+1)*maxLoadOf > len(s.slots)*3 {
 		// Doubling, but never past what a full shard needs (3/4 used).
@@ -317,18 +304,14 @@ func (s *shard) deleteAt(i int) {
 		}
 	}
 	s.slots[i] = slot{}
-	if s.n == 0 {
-		// The arena fills again from the start. The slots stay for the
-		// next key (a concurrency zone's come and go with each
-		// request); Sweep and Shrink give them back.
+	if s.n == 0 { // the arena refills from 0; the slots stay for the next key until Sweep or Shrink
 		s.keys, s.dead = s.keys[:0], 0
 	}
 }
 
-// evict makes room in a full shard: the expired entries of a sample go
-// first; when the sample has none, the sampled entry closest to expiry (the
-// one that carries the least information), unless onlyExpired. It reports
-// whether it made room.
+// evict makes room in a full shard: a sample's expired entries, else (unless
+// onlyExpired) the sampled entry closest to expiry, which carries the least
+// information. It reports whether it made room.
 func (s *shard) evict(now int64, onlyExpired bool) bool {
 	if s.n == 0 {
 		return true
@@ -417,10 +400,8 @@ func (t *Table) CountAbove(v int64) int {
 
 func (t *Table) Shards() int { return len(t.shards) }
 
-// Copy holds entries copied out of a table by CopyShard: entry i's key is
-// Keys[Ends[i-1]:Ends[i]] (from 0 for the first) and its value Values[i].
-// It is reused from shard to shard so that copying a whole table grows its
-// buffers only a few times.
+// Copy holds entries copied out by CopyShard: entry i's key is Key(i) and its
+// value Values[i]. Reused from shard to shard, its buffers grow a few times.
 type Copy struct {
 	Keys   []byte
 	Ends   []int
@@ -440,11 +421,10 @@ func (c *Copy) Key(i int) []byte {
 	return c.Keys[from:c.Ends[i]]
 }
 
-// CopyShard appends to c every entry of shard i whose value is > after.
-// The shard's lock is held only while its slots are copied: c's buffers are
-// grown to the shard's size before the lock is taken (and, should the shard
-// grow meanwhile, while it is held, at most once), so that a snapshot of the
-// table never stalls the requests of a shard for longer than a copy of it.
+// CopyShard appends to c every entry of shard i whose value is > after. c is
+// grown to the shard's size before the lock is taken (under it only if the
+// shard grew meanwhile), so a snapshot stalls a shard's requests no longer
+// than a copy of its slots.
 func (t *Table) CopyShard(i int, after int64, c *Copy) {
 	s := &t.shards[i]
 	s.mu.Lock()
@@ -468,11 +448,7 @@ func (t *Table) CopyShard(i int, after int64, c *Copy) {
 
 // reserve makes room in c for n more entries of keys bytes in all.
 func (c *Copy) reserve(n, keys int) {
-	if cap(c.Keys)-len(c.Keys) < keys {
-		c.Keys = append(make([]byte, 0, len(c.Keys)+keys), c.Keys...)
-	}
-	if cap(c.Values)-len(c.Values) < n {
-		c.Ends = append(make([]int, 0, len(c.Ends)+n), c.Ends...)
-		c.Values = append(make([]int64, 0, len(c.Values)+n), c.Values...)
-	}
+	c.Keys = slices.Grow(c.Keys, keys)
+	c.Ends = slices.Grow(c.Ends, n)
+	c.Values = slices.Grow(c.Values, n)
 }

@@ -1,22 +1,17 @@
-// Package topk finds the keys a zone denies most often with memory that does
-// not grow with the number of keys: a Space-Saving sketch (Metwally, Agrawal,
-// El Abbadi, 2005) of fixed capacity, and Recent, two of them rotating so
-// that the view covers a recent window rather than all time.
+// Package topk finds the keys a zone denies most often in fixed memory: a
+// Space-Saving sketch (Metwally, Agrawal, El Abbadi, 2005), and Recent, two
+// of them rotating so that the view covers a recent window.
 //
-// # Guarantee
-//
-// A sketch of capacity k that has counted N events holds every key whose
-// true count is more than N/k, and for each key it reports an upper bound
-// Count and an Error such that the true count lies in [Count-Error, Count],
-// with Error <= N/k. Keys that are not heavy hitters may be reported too,
-// with a large Error; their rank is then not meaningful.
-//
-// Counting a key the sketch already tracks allocates nothing; a new key
-// costs one copy of the key (and evicts the least counted one when full).
+// Guarantee: a sketch of capacity k that counted N events holds every key
+// whose true count is more than N/k, with a Count and an Error <= N/k such
+// that the true count lies in [Count-Error, Count]. Other keys may be listed
+// with a large Error; their rank means nothing. Counting a tracked key
+// allocates nothing; a new key costs one copy of it.
 package topk
 
 import (
 	"cmp"
+	"container/heap"
 	"slices"
 	"strings"
 	"sync"
@@ -26,9 +21,8 @@ import (
 // every key with more than 1/128 of the denials is found.
 const DefaultCapacity = 128
 
-// Sketch is a Space-Saving sketch, not safe for concurrent use (Recent
-// is). Counters stay in place in slots; the min-heap orders slot numbers,
-// so moving a counter in the heap touches no map.
+// Sketch is a Space-Saving sketch, not safe for concurrent use (Recent is).
+// The min-heap orders slot numbers, so moving a counter touches no map.
 type Sketch struct {
 	index map[string]int32 // key -> its slot
 	slots []counter        // the tracked keys, len = tracked, cap = capacity
@@ -57,9 +51,8 @@ func NewSketch(capacity int) *Sketch {
 func (s *Sketch) Add(key string) {
 	s.total++
 	if slot, ok := s.index[key]; ok {
-		c := &s.slots[slot]
-		c.count++
-		s.down(int(c.pos))
+		s.slots[slot].count++
+		heap.Fix((*byCount)(s), int(s.slots[slot].pos))
 		return
 	}
 	if len(s.slots) < cap(s.slots) {
@@ -67,17 +60,17 @@ func (s *Sketch) Add(key string) {
 		s.slots = append(s.slots, counter{key: strings.Clone(key), count: 1, pos: int32(len(s.heap))})
 		s.heap = append(s.heap, slot)
 		s.index[s.slots[slot].key] = slot
-		s.up(len(s.heap) - 1)
+		heap.Fix((*byCount)(s), len(s.heap)-1)
 		return
 	}
-	// Full: the new key takes over the least counted key's counter, whose
-	// count becomes the new key's possible overestimate.
+	// Full: the new key takes the least counted key's counter, whose count
+	// becomes its possible overestimate.
 	slot := s.heap[0]
 	least := &s.slots[slot]
 	delete(s.index, least.key)
 	*least = counter{key: strings.Clone(key), count: least.count + 1, err: least.count, pos: 0}
 	s.index[least.key] = slot
-	s.down(0)
+	heap.Fix((*byCount)(s), 0)
 }
 
 // Reset empties the sketch, keeping its memory.
@@ -98,41 +91,19 @@ func (s *Sketch) floor() uint64 {
 	return s.slots[s.heap[0]].count
 }
 
-func (s *Sketch) less(i, j int) bool { return s.slots[s.heap[i]].count < s.slots[s.heap[j]].count }
+// byCount is the sketch's heap for container/heap, which only Fixes it: the
+// sketch appends and replaces slots itself, so Push and Pop are never called.
+type byCount Sketch
 
-func (s *Sketch) swap(i, j int) {
-	s.heap[i], s.heap[j] = s.heap[j], s.heap[i]
-	s.slots[s.heap[i]].pos = int32(i)
-	s.slots[s.heap[j]].pos = int32(j)
-}
+func (h *byCount) Len() int           { return len(h.heap) }
+func (h *byCount) Less(i, j int) bool { return h.slots[h.heap[i]].count < h.slots[h.heap[j]].count }
+func (h *byCount) Push(any)           {}
+func (h *byCount) Pop() any           { return nil }
 
-func (s *Sketch) up(i int) {
-	for i > 0 {
-		parent := (i - 1) / 2
-		if !s.less(i, parent) {
-			return
-		}
-		s.swap(i, parent)
-		i = parent
-	}
-}
-
-func (s *Sketch) down(i int) {
-	n := len(s.heap)
-	for {
-		smallest := i
-		if l := 2*i + 1; l < n && s.less(l, smallest) {
-			smallest = l
-		}
-		if r := 2*i + 2; r < n && s.less(r, smallest) {
-			smallest = r
-		}
-		if smallest == i {
-			return
-		}
-		s.swap(i, smallest)
-		i = smallest
-	}
+func (h *byCount) Swap(i, j int) {
+	h.heap[i], h.heap[j] = h.heap[j], h.heap[i]
+	h.slots[h.heap[i]].pos = int32(i)
+	h.slots[h.heap[j]].pos = int32(j)
 }
 
 // Entry is one key of a top list: its true count lies in
@@ -143,10 +114,9 @@ type Entry struct {
 	Error uint64
 }
 
-// Recent counts events in two Space-Saving sketches that take turns: the
-// current one counts, the previous one holds the period before, and at each
-// period boundary the previous one is emptied and becomes current. Top
-// reports the sum of both, so it covers between one and two periods.
+// Recent counts events in two sketches that take turns each period: the
+// current one counts, the previous one holds the period before. Top sums
+// both, so it covers between one and two periods.
 type Recent struct {
 	mu       sync.Mutex
 	period   int64 // nanoseconds
@@ -189,9 +159,7 @@ type Summary struct {
 	Top   []Entry // highest count first
 	Since int64   // start of the window, Unix nanoseconds
 	Total uint64  // events counted in the window, all keys
-	// Floor bounds every key not in Top: none was counted more than Floor
-	// times. Summaries of several instances merge with it (see Merge).
-	Floor uint64
+	Floor uint64  // no key missing from Top was counted more often; Merge uses it
 }
 
 // Top returns up to n keys (all tracked when n < 0) with the highest counts
@@ -213,9 +181,9 @@ func (s *Sketch) summary(since int64) Summary {
 	return Summary{Top: top, Since: since, Total: s.total, Floor: s.floor()}
 }
 
-// Merge adds up the summaries of several instances into one, keeping the
-// bounds: where an instance does not list a key, the key may have been
-// counted up to that instance's Floor there. The result lists up to n keys.
+// Merge adds up the summaries of several instances into one of up to n keys,
+// keeping the bounds: a key an instance does not list may have been counted
+// up to that instance's Floor there.
 func Merge(n int, summaries ...Summary) Summary {
 	type bounds struct{ upper, lower uint64 }
 	merged := map[string]bounds{}
