@@ -1,7 +1,6 @@
--- The global store's allocation of `scope global` keys between regions,
--- one call per coordinator sync (region_sync.go); not Cluster: the script
--- names its own keys. Shares are in parts per million of a key's limit.
---
+-- The global store's allocation of `scope global` keys between regions, one
+-- call per coordinator sync (region_sync.go); not Cluster: the script names
+-- its own keys. Shares are in parts per million of a key's limit.
 -- ARGV: 1 region, 2 fencing token, 3 epoch the region knows ("" none),
 -- 4 full (1: the region reports every holding and wants every grant),
 -- 5 lease ms, 6 demand TTL ms (how long a key's reported demand counts
@@ -9,11 +8,10 @@
 -- 8 global key prefix, 9 number of zones, then per zone:
 -- name, n, and n triples key, wants (ppm, -1 none), held (ppm).
 --
--- Reply: {"OK", epoch, learning, waiting, zone, n, key, grant, ...,
--- zone, ...}, waiting 1 when a reported key is below its fair share only
--- because another region has not confirmed its cut yet;
--- {"EPOCH", epoch} (the region must report in full first) or {"FENCED"}.
---
+-- Reply: {"OK", epoch, learning, waiting, zone, n, key, grant, ..., zone,
+-- ...}, waiting 1 when a reported key is below its fair share only because
+-- another region has not confirmed its cut yet; {"EPOCH", epoch} (the region
+-- must report in full first) or {"FENCED"}.
 -- Safety: a raise comes only from C - sum over the others of
 -- max(acknowledged, granted), and a cut moves capacity only once its region
 -- acknowledged it: the holdings sum to at most C at every instant.
@@ -74,7 +72,7 @@ for _, n in ipairs(names) do
 	live[n] = s ~= nil and now - s <= 2 * lease
 end
 
--- field names, made once per call (not per key)
+-- field names, made once per call
 local gf, af, df, xf = {}, {}, {}, {}
 for _, n in ipairs(names) do
 	gf[n], af[n], df[n], xf[n] = 'g.' .. n, 'a.' .. n, 'd.' .. n, 'x.' .. n

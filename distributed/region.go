@@ -364,11 +364,8 @@ func (r *Region) count(zone, key string, allowed bool, cost int64, limit algorit
 	if z == nil {
 		return
 	}
-	i := 1
-	if allowed {
-		i = 0
-	}
-	var span int64 // 0: the zone's own
+	i := b2i(!allowed) // n[0] admitted, n[1] denied
+	var span int64     // 0: the zone's own
 	if limit.EmissionInterval != z.interval.Load() || limit.Burst != z.burst.Load() {
 		span = limit.Burst * limit.EmissionInterval
 	}
