@@ -28,9 +28,12 @@ for name, w in string.gmatch(ARGV[7], '([^:,]+):(%d+)') do
 	weight[name] = tonumber(w)
 	wsum = wsum + tonumber(w)
 end
+-- weights and floors (ppm), field names: once per call
+local gf, af, df, xf = {}, {}, {}, {}
 for _, n in ipairs(names) do
 	weight[n] = math.floor(weight[n] * C / wsum)
 	floor[n] = math.floor(weight[n] / 10)
+	gf[n], af[n], df[n], xf[n] = 'g.' .. n, 'a.' .. n, 'd.' .. n, 'x.' .. n
 end
 
 -- the epoch: a global store that lost its state has a new one
@@ -70,12 +73,6 @@ local live = {}
 for _, n in ipairs(names) do
 	local s = tonumber(redis.call('HGET', regs, n .. '.seen'))
 	live[n] = s ~= nil and now - s <= 2 * lease
-end
-
--- field names, made once per call
-local gf, af, df, xf = {}, {}, {}, {}
-for _, n in ipairs(names) do
-	gf[n], af[n], df[n], xf[n] = 'g.' .. n, 'a.' .. n, 'd.' .. n, 'x.' .. n
 end
 local dem, waiting
 local function byDemand(a, b) return dem[a] * weight[b] < dem[b] * weight[a] end

@@ -121,15 +121,6 @@ func (o RegionOptions) withDefaults() RegionOptions {
 	return o
 }
 
-// spec is the regions as global.lua reads them.
-func (o RegionOptions) spec() string {
-	w := make([]string, 0, len(o.Regions))
-	for _, r := range o.Regions {
-		w = append(w, r.Name+":"+strconv.FormatInt(r.Weight, 10))
-	}
-	return strings.Join(w, ",")
-}
-
 // Key identifies the setting for sharing a Region (it holds passwords: never log it).
 func (o RegionOptions) Key(regional string) string {
 	return regional + "\x01" + fmt.Sprintf("%#v", o.withDefaults())
@@ -139,8 +130,9 @@ func (o RegionOptions) Key(regional string) string {
 // candidacy as the region's coordinator.
 type Region struct {
 	opts     RegionOptions
-	weight   int64 // this region's default share (ppm)
-	floor    int64 // this region's share with no contact for a lease
+	spec     string // the regions as global.lua reads them
+	weight   int64  // this region's default share (ppm)
+	floor    int64  // this region's share with no contact for a lease
 	regional redis.UniversalClient
 	global   redis.UniversalClient
 	prefix   string        // the regional key prefix
@@ -229,8 +221,19 @@ func OpenRegion(regional zones.Store, opts RegionOptions, logger *zap.Logger) (*
 	if err != nil {
 		return nil, fmt.Errorf("global: %v", err)
 	}
+	var sum, own int64
+	spec := make([]string, 0, len(opts.Regions))
+	for _, w := range opts.Regions {
+		sum += w.Weight
+		spec = append(spec, w.Name+":"+strconv.FormatInt(w.Weight, 10))
+		if w.Name == opts.Region {
+			own = w.Weight
+		}
+	}
 	r := &Region{
 		opts:     opts,
+		spec:     strings.Join(spec, ","),
+		weight:   own * ShareScale / sum,
 		regional: c.client,
 		global:   redis.NewUniversalClient(uopts),
 		prefix:   c.opts.KeyPrefix,
@@ -241,14 +244,6 @@ func OpenRegion(regional zones.Store, opts RegionOptions, logger *zap.Logger) (*
 		zones:    map[string]*regionZone{},
 		stop:     make(chan struct{}),
 	}
-	var sum, own int64
-	for _, w := range opts.Regions {
-		sum += w.Weight
-		if w.Name == opts.Region {
-			own = w.Weight
-		}
-	}
-	r.weight = own * ShareScale / sum
 	r.floor = r.weight / 10
 	r.rebuild()
 	r.floored.Store(true)

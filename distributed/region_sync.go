@@ -285,7 +285,7 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 	// a coordinator still syncing re-reports the key well before the TTL
 	demandTTL := 2*r.opts.Refresh + r.opts.Global.Timeout + r.opts.SyncInterval
 	args := []any{r.opts.Region, c.token, c.epoch, b2i(full), r.opts.Lease.Milliseconds(),
-		demandTTL.Milliseconds(), r.opts.spec(), r.opts.Global.KeyPrefix, len(reports)}
+		demandTTL.Milliseconds(), r.spec, r.opts.Global.KeyPrefix, len(reports)}
 	for _, rep := range reports {
 		args = append(args, rep.zone, len(rep.keys))
 		for k, s := range rep.keys {

@@ -181,20 +181,16 @@ func (z *Zone) Charge(ctx context.Context, key string, now int64, p *Plan, cost 
 			z.chargeFailed(ch.err)
 		}
 	default:
-		z.queueCharge(key, p, cost)
-	}
-}
-
-func (z *Zone) queueCharge(key string, p *Plan, cost int64) {
-	c := &z.state.charger
-	c.start(z.state.stop, &z.state.chargers)
-	c.add(key)
-	ch := charge{zone: z, key: key, plan: *p, cost: cost, at: time.Now(), held: z.Hold != nil && z.Hold()}
-	select {
-	case c.queue <- ch:
-	default:
-		// Full (Redis far slower than traffic): charge here, not drop it.
-		z.sendCharge(ch, c)
+		c := &z.state.charger
+		c.start(z.state.stop, &z.state.chargers)
+		c.add(key)
+		ch := charge{zone: z, key: key, plan: *p, cost: cost, at: time.Now(), held: z.Hold != nil && z.Hold()}
+		select {
+		case c.queue <- ch:
+		default:
+			// Full (Redis far slower than traffic): charge here, not drop it.
+			z.sendCharge(ch, c)
+		}
 	}
 }
 
