@@ -412,7 +412,6 @@ type update struct {
 // resetAfter or the old one if longer (a ban remembered); a value tally did
 // not write is left alone. An async key's TAT is its hash's field t (a key
 // with no state starts its episode, c, then).
-//
 // KEYS[1]: the key; ARGV: from, to (ppm), span (µs), 1 for an async key.
 // One key per call: keys of a Cluster are in many slots.
 var plantScript = redis.NewScript(`local t = redis.call('TIME')
