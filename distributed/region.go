@@ -260,12 +260,10 @@ func (r *Region) Close() (err error) {
 	return err
 }
 
-// Destruct closes the region (caddy.Destructor).
-func (r *Region) Destruct() error { return r.Close() }
-
+// Destruct closes the region (caddy.Destructor); Stats and Name are for metrics and the admin API.
+func (r *Region) Destruct() error     { return r.Close() }
 func (r *Region) Stats() *RegionStats { return &r.stats }
-
-func (r *Region) Name() string { return r.opts.Region }
+func (r *Region) Name() string        { return r.opts.Region }
 
 // AddZone makes zone (whole limit: limit) global in this region, for one more handler.
 func (r *Region) AddZone(zone string, limit algorithms.Limit) {
@@ -346,8 +344,7 @@ func (r *Region) DemandDropped(zone string) int64 {
 
 // Weight is this region's default share (ppm); Floor a tenth of it.
 func (r *Region) Weight() int64 { return r.weight }
-
-func (r *Region) Floor() int64 { return r.floor }
+func (r *Region) Floor() int64  { return r.floor }
 
 // count notes one decision of key at limit (the whole) for the region's
 // demand: on the hot path, a sync.Map load and an atomic add.
