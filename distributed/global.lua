@@ -1,11 +1,12 @@
 -- The global store's allocation of `scope global` keys between regions, one
 -- call per coordinator sync (region_sync.go); not Cluster: the script names
 -- its own keys. Shares are in parts per million of a key's limit.
--- ARGV: 1 region, 2 fencing token, 3 epoch the region knows ("" none), 4 full (1: the region
--- reports every holding and wants every grant), 5 lease ms, 6 demand TTL ms (how long a key's
--- reported demand counts unless the region reports it again), 7 regions "name:weight,...",
--- 8 global key prefix, 9 number of zones, then per zone: name, n, and n triples key,
--- wants (ppm, -1 none), held (ppm).
+-- ARGV: 1 region, 2 fencing token, 3 epoch the region knows ("" none),
+-- 4 full (1: the region reports every holding and wants every grant),
+-- 5 lease ms, 6 demand TTL ms (how long a key's reported demand counts
+-- unless the region reports it again), 7 regions "name:weight,...",
+-- 8 global key prefix, 9 number of zones, then per zone:
+-- name, n, and n triples key, wants (ppm, -1 none), held (ppm).
 --
 -- Reply: {"OK", epoch, learning, waiting, zone, n, key, grant, ..., zone,
 -- ...}, waiting 1 when a reported key is below its fair share only because
