@@ -21,8 +21,9 @@ import (
 // instances, which fail_policy local divides a zone's limit by.
 const (
 	heartbeatEvery = time.Second
-	// instanceTTL outlives several missed beats: a late instance must not drop out of N (a smaller
-	// N hands out larger shares); a dead one counted a little longer only makes shares smaller.
+	// instanceTTL outlives several missed beats: a late instance must not
+	// drop out of N (a smaller N hands out larger shares); a dead one
+	// counted a little longer only makes shares smaller.
 	instanceTTL = 10 * time.Second
 )
 
@@ -40,19 +41,22 @@ func backgroundTimeout(o Options) time.Duration {
 
 func (c *link) instancesKey() string { return c.opts.KeyPrefix + "instances" }
 
-// recoveryKey marks a recovery of the slots after Redis lost its data (concurrency.lua builds the
-// same name): under the key prefix, as an ACL of ~<prefix>* allows, in the instances set's slot.
+// recoveryKey marks a recovery of the slots after Redis lost its data
+// (concurrency.lua builds the same name): under the key prefix, as an ACL
+// of ~<prefix>* allows, in the instances set's slot.
 func (c *link) recoveryKey() string {
 	return c.opts.KeyPrefix + "{" + c.instancesKey() + "}slots-recovery"
 }
 
-// slotsRecovery is how long, after Redis lost its data, no instance takes a new slot while each
-// takes back its running requests' slots: every next heartbeat (within heartbeatEvery, or two
-// seconds late on a loaded machine) sees the recovery and renews at once.
+// slotsRecovery is how long, after Redis lost its data, no instance takes a
+// new slot while each takes back its running requests' slots: every next
+// heartbeat (within heartbeatEvery, or two seconds late on a loaded
+// machine) sees the recovery and renews at once.
 const slotsRecovery = 3 * time.Second
 
-// Heartbeat registers this instance and returns the number of live instances (Instances from then
-// on); a beat that finds a recovery of the slots on renews them at once.
+// Heartbeat registers this instance and returns the number of live
+// instances (Instances from then on); a beat that finds a recovery of the
+// slots on renews them at once.
 func (c *link) Heartbeat(ctx context.Context) (int, error) {
 	recovering := false
 	n, err := c.beats.run(&c.instances, func() (int64, error) {
@@ -91,9 +95,10 @@ func (c *link) beatRecently() bool {
 	return last != 0 && monotime.Since(last) < instanceTTL/2
 }
 
-// A process is one instance however many stores it has on one set (handlers with other settings, a
-// reload): they beat as one member (unless Options.Instance names another), and the last to close
-// takes it out. Counting a process twice would halve every fail_policy local share.
+// A process is one instance however many stores it has on one set
+// (handlers with other settings, a reload): they beat as one member
+// (unless Options.Instance names another), and the last to close takes it
+// out. Counting a process twice would halve every fail_policy local share.
 var processMember = randomID()
 
 // randomID is 8 random bytes in hex.

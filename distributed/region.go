@@ -23,9 +23,10 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// Multi-region budgets: a `scope global` zone is decided in each region's Redis at the region's
-// share of each key's limit; one coordinator per region trades shares through a global Redis
-// (global.lua). Shares sum to at most 1 at every instant (docs/distributed.md, "Multi-region").
+// Multi-region budgets: a `scope global` zone is decided in each region's
+// Redis at the region's share of each key's limit; one coordinator per
+// region trades shares through a global Redis (global.lua). Shares sum to
+// at most 1 at every instant (docs/distributed.md, "Multi-region").
 
 // ShareScale is a whole key's limit in share units (parts per million).
 const ShareScale = 1_000_000
@@ -183,9 +184,10 @@ type regionZone struct {
 // maxCounted others were decided since the last poll but one.
 const maxCounted = 10_000
 
-// counter is one key's admitted and denied cost since the last take (a retired one holds dead: an
-// add stays below deadBelow and counts again on a fresh counter), and the longest span B·T (ns) of
-// a plan's limit it was decided with (0: the zone's), plant's hint.
+// counter is one key's admitted and denied cost since the last take (a
+// retired one holds dead: an add stays below deadBelow and counts again on
+// a fresh counter), and the longest span B·T (ns) of a plan's limit it was
+// decided with (0: the zone's), plant's hint.
 type counter struct {
 	n    [2]atomic.Int64
 	span atomic.Int64
@@ -297,9 +299,10 @@ func (r *Region) ReleaseZone(zone string) {
 
 func (r *Region) zone(name string) *regionZone { return r.set.Load().byName[name] }
 
-// Share is this region's share of key in zone now (ppm): its floor after a lease without contact,
-// or when this instance did not read the shares for confirmMargin (it may have missed a cut) or
-// since the zone was added; else what the global store granted, else the region's weight.
+// Share is this region's share of key in zone now (ppm): its floor after a
+// lease without contact, or when this instance did not read the shares for
+// confirmMargin (it may have missed a cut) or since the zone was added;
+// else what the global store granted, else the region's weight.
 func (r *Region) Share(zone, key string) int64 {
 	if r.floored.Load() || time.Duration(monotime.Now()-r.polled.Load()) > r.confirmMargin() {
 		return r.floor
@@ -386,8 +389,9 @@ func (r *Region) count(zone, key string, allowed bool, cost int64, limit algorit
 	}
 }
 
-// take returns the zone's counts (admitted, denied, span) since the last take. An add that found
-// its counter live happened before take swapped it: each decision is in exactly one take.
+// take returns the zone's counts (admitted, denied, span) since the last
+// take. An add that found its counter live happened before take swapped
+// it: each decision is in exactly one take.
 func (z *regionZone) take() map[string][3]int64 {
 	out := make(map[string][3]int64)
 	z.counts.Range(func(k, v any) bool {
@@ -521,8 +525,9 @@ func (r *Region) Wrap(inner zones.Store, zone string, limit algorithms.Limit) *S
 // Region is the region whose share the store applies.
 func (s *Shared) Region() *Region { return s.region }
 
-// Scale is limit at share (ppm): T divided by it, B multiplied (at least 1). The span B·T is the
-// same at every share, so a key's debt means the same at each (plantScript).
+// Scale is limit at share (ppm): T divided by it, B multiplied (at least
+// 1). The span B·T is the same at every share, so a key's debt means the
+// same at each (plantScript).
 func Scale(limit algorithms.Limit, share int64) algorithms.Limit {
 	if share >= ShareScale {
 		return limit
@@ -557,8 +562,9 @@ func (s *Shared) Quota(context.Context, string, string, zones.QuotaStep) (zones.
 	return zones.QuotaResult{}, errors.New("distributed: scope global zones keep no quotas")
 }
 
-// Offers is the regional store's without quotas and slots, with this store's records; a deny-cache
-// denial counts as demand (at a small share its retry time is longer than a sync interval).
+// Offers is the regional store's without quotas and slots, with this
+// store's records; a deny-cache denial counts as demand (at a small share
+// its retry time is longer than a sync interval).
 func (s *Shared) Offers() zones.Offers {
 	o := s.offers
 	o.Quotas, o.Slots = false, nil

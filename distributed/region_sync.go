@@ -30,8 +30,9 @@ type coordinator struct {
 	down      bool  // an outage is being logged
 }
 
-// coordZone is a zone's keys' holdings (none: the weight), what the global store last heard, and
-// the span (µs) of a key last counted with a plan's limit (plant's).
+// coordZone is a zone's keys' holdings (none: the weight), what the global
+// store last heard, and the span (µs) of a key last counted with a plan's
+// limit (plant's).
 type coordZone struct {
 	held  map[string]*holding
 	sent  map[string]*lastReport
@@ -46,8 +47,9 @@ func (c *coordinator) zone(name string) *coordZone {
 	return c.held[name]
 }
 
-// holding is one key's share as published in the region. After a cut the old share is reported held
-// until every instance has read the new one (prevUntil): that report is the cut's confirmation.
+// holding is one key's share as published in the region. After a cut the
+// old share is reported held until every instance has read the new one
+// (prevUntil): that report is the cut's confirmation.
 type holding struct{ cur, prev, prevUntil int64 }
 
 type lastReport struct{ wants, held, at int64 }
@@ -123,9 +125,10 @@ type report struct {
 	keys map[string]*lastReport
 }
 
-// sync reports the region's hot keys and holdings to the global store and publishes its grants.
-// atPoll: less than an interval after the last (a cut's margin ended, a raise waits on a cut), its
-// collect spans about one poll and may hold none of the instances' pushes (see reports).
+// sync reports the region's hot keys and holdings to the global store and
+// publishes its grants. atPoll: less than an interval after the last (a
+// cut's margin ended, a raise waits on a cut), its collect spans about one
+// poll and may hold none of the instances' pushes (see reports).
 func (r *Region) sync(now int64, atPoll bool) {
 	c := &r.coord
 	lockVal := r.member + "|" + strconv.FormatInt(c.token, 10)
@@ -275,7 +278,8 @@ func (c *coordinator) noteSent(reports []report, full bool) {
 // again: the global store has a new epoch, report in full at once.
 func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floored bool) (again bool) {
 	c := &r.coord
-	// in full until the grants are published: the store may have run this sync and lost its reply
+	// in full until the grants are published: the store may have run this
+	// sync and lost its reply
 	full := c.full
 	c.full = true
 	// a coordinator still syncing re-reports the key well before the TTL
@@ -402,12 +406,14 @@ type update struct {
 	g, from int64
 }
 
-// plantScript rescales a raised key before its raise is published, so that a raise adds no tokens
-// at once: debt' = B·T − (B·T − debt)·from/to (see docs/distributed.md, "The bound"). The TTL
-// becomes the new resetAfter or the old one if longer (a ban remembered); a value tally did not
-// write is left alone. An async key's TAT is its hash's field t (a key with no state starts its
-// episode, c, then). KEYS[1]: the key; ARGV: from, to (ppm), span (µs), 1 for an async key. One key
-// per call: keys of a Cluster are in many slots.
+// plantScript rescales a raised key before its raise is published, so
+// that a raise adds no tokens at once: debt' = B·T − (B·T − debt)·from/to
+// (see docs/distributed.md, "The bound"). The TTL becomes the new
+// resetAfter or the old one if longer (a ban remembered); a value tally did
+// not write is left alone. An async key's TAT is its hash's field t (a key
+// with no state starts its episode, c, then).
+// KEYS[1]: the key; ARGV: from, to (ppm), span (µs), 1 for an async key.
+// One key per call: keys of a Cluster are in many slots.
 var plantScript = redis.NewScript(`local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 local from, to, span = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -458,8 +464,9 @@ func (r *Region) plant(ctx context.Context, updates []update) bool {
 	return err == nil // the first failed command's error
 }
 
-// publish writes to the regional Redis the grants that change what the region applies (in full:
-// every grant; a floored region syncs in full) and the last contact (age ms, -1: keep).
+// publish writes to the regional Redis the grants that change what the
+// region applies (in full: every grant; a floored region syncs in full) and
+// the last contact (age ms, -1: keep).
 func (r *Region) publish(ctx context.Context, lockVal string, set *zoneSet, updates []update, age int64, full bool) bool {
 	args := []any{"publish", lockVal, age, (4 * r.opts.Lease).Milliseconds(), b2i(full), len(set.zones)}
 	for _, z := range set.zones {

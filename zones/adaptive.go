@@ -1,10 +1,11 @@
 package zones
 
-// Adaptive concurrency zones: the limit per key follows the upstream's latency toward the zone's
-// target (algorithms.Adaptive, sampled as Zone.ReleaseAfter gives places back), shared by priority
-// classes (algorithms.Classes). They are per instance by nature (New drops the store): instances in
-// front of one upstream each converge on their share, since each sees the latency all of them
-// cause.
+// Adaptive concurrency zones: the limit per key follows the upstream's
+// latency toward the zone's target (algorithms.Adaptive, sampled as
+// Zone.ReleaseAfter gives places back), shared by priority classes
+// (algorithms.Classes). They are per instance by nature (New drops the
+// store): instances in front of one upstream each converge on their share,
+// since each sees the latency all of them cause.
 
 import (
 	"errors"
@@ -25,8 +26,9 @@ const MaxAdaptiveTarget = time.Minute
 // MaxClasses is the most priority classes an adaptive zone may have.
 const MaxClasses = 16
 
-// AdaptiveKeyIdle is how long a key with nothing in flight keeps its learned limit: longer than a
-// reload or a quiet spell, short enough that keys seen once do not pile up.
+// AdaptiveKeyIdle is how long a key with nothing in flight keeps its learned
+// limit: longer than a reload or a quiet spell, short enough that keys seen
+// once do not pile up.
 const AdaptiveKeyIdle = 10 * time.Minute
 
 // IsAdaptive reports whether the zone's concurrency limit follows latency.
@@ -154,9 +156,10 @@ func (z *Zone) acquireAdaptive(key string, class int, now int64, done <-chan str
 		Slot{zone: z, key: key, adaptive: k, class: class}, limit
 }
 
-// wait makes a request of class that found no place in k (mutex held, and on return) wait for one
-// while the zone's queue has room: at most delay, or the target under a standing queue (not empty
-// for max(target, 100ms)): CoDel's idea, a queue that never drains is shed. Without a place, the
+// wait makes a request of class that found no place in k (mutex held, and
+// on return) wait for one while the zone's queue has room: at most delay,
+// or the target under a standing queue (not empty for max(target, 100ms)):
+// CoDel's idea, a queue that never drains is shed. Without a place, the
 // decision: shed, or Gone (the client left).
 func (z *Zone) wait(k *adaptiveKey, class int, done <-chan struct{}) (Decision, bool) {
 	shed := slotDenied(SourceLocal, nil)
@@ -253,9 +256,10 @@ func (k *adaptiveKey) noteEmpty() {
 	k.queueSince = 0
 }
 
-// ReleaseAfter gives back a slot as Release does; an adaptive zone samples latency (upstream call
-// start to response headers). A negative latency is no sample (the client left); a failed request
-// (a 5xx, a proxy error, a timeout) is a sample of overload whatever its latency.
+// ReleaseAfter gives back a slot as Release does; an adaptive zone samples
+// latency (upstream call start to response headers). A negative latency is
+// no sample (the client left); a failed request (a 5xx, a proxy error, a
+// timeout) is a sample of overload whatever its latency.
 func (z *Zone) ReleaseAfter(s Slot, now int64, latency time.Duration, failed bool) {
 	k := s.adaptive
 	if k == nil {

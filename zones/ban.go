@@ -12,13 +12,16 @@ import (
 	"github.com/caddy-tally/ratelimit/internal/keytable"
 )
 
-// Bans (`ban <first> [<max>]`, docs/configuration.md#bans): a key the zone denies for lack of quota
-// is then denied for the ban's length, a floor on its retry time: banned requests consume nothing,
-// so a ban never admits more than the zone without one. With max > first the n-th ban lasts
-// first·2^(n-1), at most max, while the key is remembered (max after its last ban ends; a lift
-// forgets the level too). A running ban is never evicted: a full table makes room only from ended
-// bans, and a ban that finds none is dropped and counted (Zone.OnBanDropped), so that a flood of
-// banned keys cannot lift running bans. A key's state is one entry of State.Bans (BanEntry).
+// Bans (`ban <first> [<max>]`, docs/configuration.md#bans): a key the zone
+// denies for lack of quota is then denied for the ban's length, a floor on
+// its retry time: banned requests consume nothing, so a ban never admits
+// more than the zone without one. With max > first the n-th ban lasts
+// first·2^(n-1), at most max, while the key is remembered (max after its
+// last ban ends; a lift forgets the level too). A running ban is never
+// evicted: a full table makes room only from ended bans, and a ban that
+// finds none is dropped and counted (Zone.OnBanDropped), so that a flood of
+// banned keys cannot lift running bans. A key's state is one entry of
+// State.Bans (BanEntry).
 
 // sweepBans drops the entries past their memory; with none left, lookups
 // are skipped until the next ban (anyBan): one atomic load per request.
@@ -37,8 +40,9 @@ const banLevels = 64
 // MaxBan is the longest ban: the longest span tally represents.
 const MaxBan = MaxSpan
 
-// BanEntry is a key's ban as State.Bans holds it, in the monotonic clock of a TAT: end+memory
-// rounded up to a multiple of banLevels, the level (1 for the first) in its low bits.
+// BanEntry is a key's ban as State.Bans holds it, in the monotonic clock of
+// a TAT: end+memory rounded up to a multiple of banLevels, the level (1 for
+// the first) in its low bits.
 func BanEntry(end int64, level int, memory time.Duration) int64 {
 	v := satAdd(end, int64(memory))
 	if r := v % banLevels; r != 0 {
@@ -47,7 +51,8 @@ func BanEntry(end int64, level int, memory time.Duration) int64 {
 	return v - v%banLevels + int64(min(max(level, 1), banLevels-1))
 }
 
-// ParseBanEntry is BanEntry's inverse, to within banLevels nanoseconds of the end (never earlier).
+// ParseBanEntry is BanEntry's inverse, to within banLevels nanoseconds of
+// the end (never earlier).
 func ParseBanEntry(v int64, memory time.Duration) (end int64, level int) {
 	return v - v%banLevels - int64(memory), int(v % banLevels)
 }
@@ -161,8 +166,9 @@ func (z *Zone) storeBan(key string, now int64, f func(int64, bool) (int64, keyta
 // what a full ban table may evict.
 func banEnded(now int64, memory time.Duration) int64 { return satAdd(now, int64(memory)) }
 
-// banned is key's denial when banned at now under p: the ban's time left, or the rate's retry time
-// if later. It asks no store: a banned flood costs nothing but this.
+// banned is key's denial when banned at now under p: the ban's time left,
+// or the rate's retry time if later. It asks no store: a banned flood costs
+// nothing but this.
 func (z *Zone) banned(key string, now int64, p *Plan) (Decision, bool) {
 	end, level, banned := z.banIn(key, now)
 	if !banned {
@@ -178,9 +184,10 @@ func (z *Zone) banned(key string, now int64, p *Plan) (Decision, bool) {
 	return d, true
 }
 
-// storeDecision is the decision of a store's answer to a rate step. A ban is remembered here until
-// its end, so that it holds through an outage and the key's flood costs the store nothing; a store
-// without bans has its denial start one here, listed for the others.
+// storeDecision is the decision of a store's answer to a rate step. A ban
+// is remembered here until its end, so that it holds through an outage and
+// the key's flood costs the store nothing; a store without bans has its
+// denial start one here, listed for the others.
 func (z *Zone) storeDecision(key string, now int64, rep RateReply) Decision {
 	r, b := rep.Result, rep.Ban
 	z.heard(key, now, r)
@@ -240,8 +247,9 @@ func (z *Zone) BanOf(key string, now int64) (Ban, bool) {
 	return Ban{Key: key, Left: time.Duration(end - now), Level: level}, true
 }
 
-// Bans lists the bans this instance knows of, longest left first, at most MaxListedBans. It reads
-// the whole table, holding at most 2·MaxListedBans: for the admin API, not for requests.
+// Bans lists the bans this instance knows of, longest left first, at most
+// MaxListedBans. It reads the whole table, holding at most 2·MaxListedBans:
+// for the admin API, not for requests.
 func (z *Zone) Bans(now int64) []Ban {
 	if z.state.Bans == nil {
 		return nil
@@ -292,8 +300,9 @@ func (z *Zone) ListBans(ctx context.Context, now int64) ([]Ban, bool, error) {
 // BanSyncStart is where a LearnBans starts: read it before the bans.
 func (z *Zone) BanSyncStart() uint64 { return z.state.forgets.Load() }
 
-// LearnBans records bans read from the store's list (how an async instance hears of others' bans),
-// unless a key was reset since start: a list read before a lift must not bring the ban back.
+// LearnBans records bans read from the store's list (how an async instance
+// hears of others' bans), unless a key was reset since start: a list read
+// before a lift must not bring the ban back.
 func (z *Zone) LearnBans(start uint64, bans []Ban, now int64) {
 	if z.state.Bans == nil || z.state.forgets.Load() != start {
 		return

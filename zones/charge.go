@@ -10,11 +10,13 @@ import (
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 )
 
-// Post-charged zones (`count`, `charge`; docs/configuration.md): a check before the request
-// consumes nothing; the charge after the response may run past the burst, so that the key is denied
-// until the debt is paid. A strict-mode charge never holds the response: background chargers send
-// it, and a check of a key whose charge this instance has not landed waits for it (at most
-// ChargeWait): one instance never lets a client past its own unrecorded debt.
+// Post-charged zones (`count`, `charge`; docs/configuration.md): a check
+// before the request consumes nothing; the charge after the response may
+// run past the burst, so that the key is denied until the debt is paid. A
+// strict-mode charge never holds the response: background chargers send
+// it, and a check of a key whose charge this instance has not landed waits
+// for it (at most ChargeWait): one instance never lets a client past its
+// own unrecorded debt.
 
 // Strict-mode charging bounds.
 const (
@@ -192,9 +194,10 @@ func (z *Zone) Charge(ctx context.Context, key string, now int64, p *Plan, cost 
 	}
 }
 
-// sendCharge makes the first attempt to land a strict-mode charge. The key's checks wait until it
-// is in Redis or, failed, in the fail policy's view (local: charged at once, an outage's checks see
-// the debt without waiting for retryLoop's retries).
+// sendCharge makes the first attempt to land a strict-mode charge. The
+// key's checks wait until it is in Redis or, failed, in the fail policy's
+// view (local: charged at once, an outage's checks see the debt without
+// waiting for retryLoop's retries).
 func (z *Zone) sendCharge(ch charge, c *charger) {
 	defer c.landed(ch.key)
 	if z.tryCharge(context.Background(), monotime.Now(), &ch) {
@@ -236,8 +239,9 @@ func (z *Zone) tryCharge(ctx context.Context, now int64, ch *charge) bool {
 // chargeRetryEvery is how often failed charges are tried again.
 const chargeRetryEvery = 100 * time.Millisecond
 
-// retryLoop retries failed charges every chargeRetryEvery until they land or ChargeRetryFor passed
-// since they were queued, leaving the workers free for first attempts.
+// retryLoop retries failed charges every chargeRetryEvery until they land
+// or ChargeRetryFor passed since they were queued, leaving the workers free
+// for first attempts.
 func (c *charger) retryLoop(stop <-chan struct{}) {
 	tick := time.NewTicker(chargeRetryEvery)
 	defer tick.Stop()

@@ -1,8 +1,9 @@
 package zones
 
-// Concurrency zones: at most Concurrency requests of a key in flight. A local slot is one unit of a
-// per-key counter that exists only while above zero (memory bounded by the keys in flight and
-// max_keys: a new key is denied until one finishes); a store's slots expire after the lease unless
+// Concurrency zones: at most Concurrency requests of a key in flight. A
+// local slot is one unit of a per-key counter that exists only while above
+// zero (memory bounded by the keys in flight and max_keys: a new key is
+// denied until one finishes); a store's slots expire after the lease unless
 // renewed.
 
 import (
@@ -29,11 +30,12 @@ const MinLease = time.Second
 // says when a request in flight will finish, so clients try again soon.
 const ConcurrencyRetryAfter = time.Second
 
-// concurrencyState is a concurrency zone's in-process part, kept across reloads (State is pooled by
-// name): requests in flight stay counted. A reload that changes max_keys starts a generation of
-// tables, where every slot is taken from then on; older slots are released where they were taken
-// (Slot.table) and count against the limit until then. An old generation only empties, and the
-// sweeper drops it once empty.
+// concurrencyState is a concurrency zone's in-process part, kept across
+// reloads (State is pooled by name): requests in flight stay counted. A
+// reload that changes max_keys starts a generation of tables, where every
+// slot is taken from then on; older slots are released where they were
+// taken (Slot.table) and count against the limit until then. An old
+// generation only empties, and the sweeper drops it once empty.
 type concurrencyState struct {
 	gens atomic.Pointer[[]*slotTables] // oldest first; never empty
 	mu   sync.Mutex                    // serialises changes of gens
@@ -186,9 +188,10 @@ func (z *Zone) acquireIn(which func(*slotTables) *Table, key string, limit int64
 		Slot{zone: z, table: t, key: key}
 }
 
-// failSlot applies the fail policy to a slot the store could not give: open admits without a slot;
-// local counts the request in the fallback table at this instance's part, max(1, ⌊concurrency /
-// N⌋), and releases it there, so a store that comes back neither leaks nor double-counts it.
+// failSlot applies the fail policy to a slot the store could not give:
+// open admits without a slot; local counts the request in the fallback
+// table at this instance's part, max(1, ⌊concurrency / N⌋), and releases it
+// there, so a store that comes back neither leaks nor double-counts it.
 func (z *Zone) failSlot(key string, err error) (Decision, Slot) {
 	var slot Slot
 	d := z.failPolicy(err, Decision{Remaining: z.Concurrency}, func() Decision {

@@ -11,9 +11,10 @@ import (
 	"github.com/caddy-tally/ratelimit/algorithms"
 )
 
-// Plan is the limit one request is decided under: the zone's literal events, window and burst, or
-// values read from the request. A key's state is its TAT, a point in time, so it stays meaningful
-// when its plan changes: its debt is re-read under the new emission interval.
+// Plan is the limit one request is decided under: the zone's literal
+// events, window and burst, or values read from the request. A key's state
+// is its TAT, a point in time, so it stays meaningful when its plan
+// changes: its debt is re-read under the new emission interval.
 type Plan struct {
 	Events int64
 	Window time.Duration
@@ -36,8 +37,9 @@ var (
 	ErrSpan   = errors.New("burst × window / events must be at most 100 years")
 )
 
-// NewPlan validates a limit as the Caddyfile does literals: events and burst in [1, 2^40] (burst 0
-// = events), at least MinEmissionInterval per event, B·T at most MaxSpan.
+// NewPlan validates a limit as the Caddyfile does literals: events and
+// burst in [1, 2^40] (burst 0 = events), at least MinEmissionInterval per
+// event, B·T at most MaxSpan.
 func NewPlan(events int64, window time.Duration, burst int64) (Plan, error) {
 	switch {
 	case events < 1 || events > MaxEvents:

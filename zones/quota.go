@@ -1,11 +1,13 @@
 package zones
 
-// Quota zones (`quota <n> per minute|hour|day|week|month [<time zone>]`): at most n units of cost
-// per calendar period, counted from 0 at each period's start (docs/configuration.md, Calendar
-// quotas). Locally a key's count is one int64 packed with its period (gen, below); a store picks
-// the period by its own clock among the three the zone hands it (a script cannot do time zones).
-// The zone's clock (periodClock) follows the wall clock's boundaries on the monotonic clock: a
-// wall-clock step never resets, prolongs or repeats a period.
+// Quota zones (`quota <n> per minute|hour|day|week|month [<time zone>]`): at
+// most n units of cost per calendar period, counted from 0 at each period's
+// start (docs/configuration.md, Calendar quotas). Locally a key's count is
+// one int64 packed with its period (gen, below); a store picks the period
+// by its own clock among the three the zone hands it (a script cannot do
+// time zones). The zone's clock (periodClock) follows the wall clock's
+// boundaries on the monotonic clock: a wall-clock step never resets,
+// prolongs or repeats a period.
 
 import (
 	"cmp"
@@ -107,9 +109,10 @@ func newPeriodClock(c Config, onWrap func()) *periodClock {
 	return &periodClock{period: c.Period, loc: cmp.Or(c.Location, time.UTC), onWrap: onWrap, wall: time.Now, mono: monotime.Now}
 }
 
-// A local count is gen<<quotaUsedBits | used: gen counts this process's periods from 1 (a count of
-// another gen is 0), used is under 3·2^40 (the limit and one charge of two limits). After
-// maxQuotaGen periods (4 years of minutes) gen starts again at 1 and the tables are cleared.
+// A local count is gen<<quotaUsedBits | used: gen counts this process's
+// periods from 1 (a count of another gen is 0), used is under 3·2^40 (the
+// limit and one charge of two limits). After maxQuotaGen periods (4 years
+// of minutes) gen starts again at 1 and the tables are cleared.
 const (
 	quotaUsedBits = 42
 	quotaUsedMask = 1<<quotaUsedBits - 1

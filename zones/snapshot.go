@@ -210,11 +210,12 @@ func DecodeSnapshot(data []byte) (*Snapshot, error) {
 	return snap, nil
 }
 
-// Restore merges snap into the state at now (monotime) and wall and returns how many keys it
-// restored. Each key's time left is reduced by the wall time passed (none when the clock went back)
-// and capped at maxDebt (a ban's: its level's ban and memory), so that a clock moved between runs
-// never makes a key owe, or a ban last, longer than it could have. A key whose time ran out is
-// skipped; one held already keeps the later entry.
+// Restore merges snap into the state at now (monotime) and wall and returns
+// how many keys it restored. Each key's time left is reduced by the wall
+// time passed (none when the clock went back) and capped at maxDebt (a
+// ban's: its level's ban and memory), so that a clock moved between runs
+// never makes a key owe, or a ban last, longer than it could have. A key
+// whose time ran out is skipped; one held already keeps the later entry.
 func (s *State) Restore(snap *Snapshot, now int64, wall time.Time, maxDebt time.Duration) int {
 	elapsed := max(0, wall.Sub(snap.Wall))
 	memory := s.banCfg.BanMemory()
