@@ -1,7 +1,6 @@
--- The global store's allocation of `scope global` keys between regions,
--- one call per coordinator sync (region_sync.go); not Cluster: the script
--- names its own keys. Shares are in parts per million of a key's limit.
---
+-- The global store's allocation of `scope global` keys between regions, one
+-- call per coordinator sync (region_sync.go); not Cluster: the script names
+-- its own keys. Shares are in parts per million of a key's limit.
 -- ARGV: 1 region, 2 fencing token, 3 epoch the region knows ("" none),
 -- 4 full (1: the region reports every holding and wants every grant),
 -- 5 lease ms, 6 demand TTL ms (how long a key's reported demand counts
@@ -9,11 +8,10 @@
 -- 8 global key prefix, 9 number of zones, then per zone:
 -- name, n, and n triples key, wants (ppm, -1 none), held (ppm).
 --
--- Reply: {"OK", epoch, learning, waiting, zone, n, key, grant, ...,
--- zone, ...}, waiting 1 when a reported key is below its fair share only
--- because another region has not confirmed its cut yet;
--- {"EPOCH", epoch} (the region must report in full first) or {"FENCED"}.
---
+-- Reply: {"OK", epoch, learning, waiting, zone, n, key, grant, ..., zone,
+-- ...}, waiting 1 when a reported key is below its fair share only because
+-- another region has not confirmed its cut yet; {"EPOCH", epoch} (the region
+-- must report in full first) or {"FENCED"}.
 -- Safety: a raise comes only from C - sum over the others of
 -- max(acknowledged, granted), and a cut moves capacity only once its region
 -- acknowledged it: the holdings sum to at most C at every instant.
@@ -30,9 +28,12 @@ for name, w in string.gmatch(ARGV[7], '([^:,]+):(%d+)') do
 	weight[name] = tonumber(w)
 	wsum = wsum + tonumber(w)
 end
+-- weights and floors (ppm), field names: once per call
+local gf, af, df, xf = {}, {}, {}, {}
 for _, n in ipairs(names) do
 	weight[n] = math.floor(weight[n] * C / wsum)
 	floor[n] = math.floor(weight[n] / 10)
+	gf[n], af[n], df[n], xf[n] = 'g.' .. n, 'a.' .. n, 'd.' .. n, 'x.' .. n
 end
 
 -- the epoch: a global store that lost its state has a new one
@@ -72,12 +73,6 @@ local live = {}
 for _, n in ipairs(names) do
 	local s = tonumber(redis.call('HGET', regs, n .. '.seen'))
 	live[n] = s ~= nil and now - s <= 2 * lease
-end
-
--- field names, made once per call (not per key)
-local gf, af, df, xf = {}, {}, {}, {}
-for _, n in ipairs(names) do
-	gf[n], af[n], df[n], xf[n] = 'g.' .. n, 'a.' .. n, 'd.' .. n, 'x.' .. n
 end
 local dem, waiting
 local function byDemand(a, b) return dem[a] * weight[b] < dem[b] * weight[a] end

@@ -16,15 +16,14 @@ import (
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 )
 
-// Every instance beats every heartbeatEvery into a sorted set of instance ids
-// scored by expiry (Redis TIME + instanceTTL). The set's size is the number
-// of live instances, which fail_policy local divides a zone's limit by.
+// Every instance beats every heartbeatEvery into a sorted set of ids scored
+// by expiry (Redis TIME + instanceTTL): its size is the number of live
+// instances, which fail_policy local divides a zone's limit by.
 const (
 	heartbeatEvery = time.Second
-	// instanceTTL outlives several missed beats: an instance whose beats
-	// are late on a loaded machine must not drop out of N (a smaller N
-	// hands out larger shares); a dead one is counted a little longer,
-	// which only makes shares smaller.
+	// instanceTTL outlives several missed beats: a late instance must not
+	// drop out of N (a smaller N hands out larger shares); a dead one
+	// counted a little longer only makes shares smaller.
 	instanceTTL = 10 * time.Second
 )
 
@@ -34,32 +33,30 @@ var heartbeatLua string
 var heartbeatScript = redis.NewScript(heartbeatLua)
 
 // backgroundTimeout bounds the calls no request waits for (heartbeats,
-// async syncs): a sync interval, or the decision timeout if longer, since
-// a tight bound fails healthy heartbeats on a loaded machine and their
-// failures open the breaker for requests.
+// async syncs): a sync interval, or the decision timeout if longer: a tight
+// bound fails healthy heartbeats on a loaded machine and opens the breaker.
 func backgroundTimeout(o Options) time.Duration {
 	return max(o.Timeout, o.SyncInterval)
 }
 
 func (c *link) instancesKey() string { return c.opts.KeyPrefix + "instances" }
 
-// recoveryKey marks a recovery of the concurrency slots after Redis lost
-// its data (heartbeat.lua; concurrency.lua builds the same name): under the
-// key prefix, as an ACL of ~<prefix>* allows, in the instances set's slot.
+// recoveryKey marks a recovery of the slots after Redis lost its data
+// (concurrency.lua builds the same name): under the key prefix, as an ACL
+// of ~<prefix>* allows, in the instances set's slot.
 func (c *link) recoveryKey() string {
 	return c.opts.KeyPrefix + "{" + c.instancesKey() + "}slots-recovery"
 }
 
-// slotsRecovery is how long, after Redis was found to have lost its data,
-// no instance takes a new concurrency slot, while each takes back the slots
-// of its requests still running: every instance's next heartbeat (at most
-// heartbeatEvery later) sees the recovery and renews at once. It allows a
-// heartbeat two seconds late on a loaded machine.
+// slotsRecovery is how long, after Redis lost its data, no instance takes a
+// new slot while each takes back its running requests' slots: every next
+// heartbeat (within heartbeatEvery, or two seconds late on a loaded
+// machine) sees the recovery and renews at once.
 const slotsRecovery = 3 * time.Second
 
-// Heartbeat registers this instance now and returns the number of live
-// instances, which Instances reports from then on. A beat that finds a
-// recovery of the slots on (slotsRecovery) renews them at once.
+// Heartbeat registers this instance and returns the number of live
+// instances (Instances from then on); a beat that finds a recovery of the
+// slots on renews them at once.
 func (c *link) Heartbeat(ctx context.Context) (int, error) {
 	recovering := false
 	n, err := c.beats.run(&c.instances, func() (int64, error) {
@@ -73,12 +70,8 @@ func (c *link) Heartbeat(ctx context.Context) (int, error) {
 		}
 		ctx, cancel := context.WithTimeout(ctx, backgroundTimeout(c.opts))
 		defer cancel()
-		expect := "0"
-		if c.beatRecently() {
-			expect = "1"
-		}
 		v, err := heartbeatScript.Run(ctx, c.client, []string{c.instancesKey(), c.recoveryKey()},
-			c.member, instanceTTL.Milliseconds(), expect, slotsRecovery.Milliseconds()).Int64Slice()
+			c.member, instanceTTL.Milliseconds(), b2i(c.beatRecently()), slotsRecovery.Milliseconds()).Int64Slice()
 		if err == nil && len(v) != 2 {
 			err = errBadReply
 		}
@@ -96,19 +89,16 @@ func (c *link) Heartbeat(ctx context.Context) (int, error) {
 	return n, err
 }
 
-// beatRecently reports whether the last heartbeat was recent enough that
-// the instances set must exist unless Redis lost its data.
+// beatRecently: the instances set must exist unless Redis lost its data.
 func (c *link) beatRecently() bool {
 	last := c.lastBeat.Load()
 	return last != 0 && monotime.Since(last) < instanceTTL/2
 }
 
-// A process is one instance, however many stores it has on one instances
-// set: handlers with different settings (strict and async, another
-// timeout), or a reload that replaces a store. They all beat as the same
-// member (processMember, unless Options.Instance names another), and only
-// the last of them to close takes the member out of the set. Counting a
-// process twice would halve every fail_policy local share.
+// A process is one instance however many stores it has on one set
+// (handlers with other settings, a reload): they beat as one member
+// (unless Options.Instance names another), and the last to close takes it
+// out. Counting a process twice would halve every fail_policy local share.
 var processMember = randomID()
 
 // randomID is 8 random bytes in hex.
@@ -134,8 +124,7 @@ func (c *link) register() {
 	live.Unlock()
 }
 
-// unregister reports whether c was the last open store beating as its
-// member, which must then leave the set.
+// unregister reports whether c was its member's last open store (it must leave the set).
 func (c *link) unregister() (last bool) {
 	live.Lock()
 	defer live.Unlock()
@@ -149,8 +138,7 @@ func (c *link) unregister() (last bool) {
 }
 
 // beats runs one heartbeat at a time, so that the last reply applied is
-// the last beat Redis ran: an older count applied last (two beats on two
-// connections run in either order) would make shares too large.
+// the last beat Redis ran: an older count applied last would make shares too large.
 type beats struct {
 	mu sync.Mutex
 }
@@ -168,8 +156,8 @@ func (b *beats) run(instances *atomic.Int64, beat func() (int64, error)) (int, e
 	return int(n), nil
 }
 
-// heartbeatLoop beats at once, then every heartbeatEvery until Close; the
-// beats probe an open breaker, so Health recovers without traffic.
+// heartbeatLoop beats now and every heartbeatEvery until Close; beats probe
+// an open breaker, so Health recovers without traffic.
 func (c *link) heartbeatLoop() {
 	defer c.wg.Done()
 	t := time.NewTicker(heartbeatEvery)

@@ -1,20 +1,17 @@
 -- One heartbeat: registers an instance in the instances set, a sorted set
--- of instance id -> the instant its registration ends, in milliseconds of
--- Redis TIME (the only clock). Expired ids are dropped, and the set itself
--- gets a TTL (the store writes no key without one).
---
+-- of id -> the instant its registration ends (ms of Redis TIME, the only
+-- clock). Expired ids are dropped; the set gets a TTL like every key.
 -- KEYS[1]  the instances set
 -- KEYS[2]  the slots' recovery mark (concurrency.lua), in KEYS[1]'s hash slot
 -- ARGV[1]  this instance's id
 -- ARGV[2]  how long the registration lasts, in ms
--- ARGV[3]  "1" when this instance beat recently, so that the set must exist
---          unless Redis lost its data (FLUSHALL, a restart without it)
+-- ARGV[3]  "1" when this instance beat recently: the set must exist unless
+--          Redis lost its data (FLUSHALL, a restart without it)
 -- ARGV[4]  how long a recovery lasts, in ms
 --
 -- Returns {live ids, 1 while a recovery is on else 0}. Finding the set gone
--- when it must exist starts a recovery: concurrency slots are taken by no
--- one for its length, while every instance takes its lost slots back.
-
+-- when it must exist starts a recovery: no one takes a new slot for its
+-- length, while every instance takes its lost slots back.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[2])

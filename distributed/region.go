@@ -24,9 +24,9 @@ import (
 )
 
 // Multi-region budgets: a `scope global` zone is decided in each region's
-// Redis at the region's share of its limit, per key; one coordinator per
+// Redis at the region's share of each key's limit; one coordinator per
 // region trades shares through a global Redis (global.lua). Shares sum to
-// at most 1 at every instant: see docs/distributed.md, "Multi-region".
+// at most 1 at every instant (docs/distributed.md, "Multi-region").
 
 // ShareScale is a whole key's limit in share units (parts per million).
 const ShareScale = 1_000_000
@@ -121,17 +121,7 @@ func (o RegionOptions) withDefaults() RegionOptions {
 	return o
 }
 
-// spec is the regions as global.lua reads them.
-func (o RegionOptions) spec() string {
-	w := make([]string, 0, len(o.Regions))
-	for _, r := range o.Regions {
-		w = append(w, r.Name+":"+strconv.FormatInt(r.Weight, 10))
-	}
-	return strings.Join(w, ",")
-}
-
-// Key identifies the setting for sharing a Region (it contains passwords:
-// never log it).
+// Key identifies the setting for sharing a Region (it holds passwords: never log it).
 func (o RegionOptions) Key(regional string) string {
 	return regional + "\x01" + fmt.Sprintf("%#v", o.withDefaults())
 }
@@ -140,8 +130,9 @@ func (o RegionOptions) Key(regional string) string {
 // candidacy as the region's coordinator.
 type Region struct {
 	opts     RegionOptions
-	weight   int64 // this region's default share (ppm)
-	floor    int64 // this region's share with no contact for a lease
+	spec     string // the regions as global.lua reads them
+	weight   int64  // this region's default share (ppm)
+	floor    int64  // this region's share with no contact for a lease
 	regional redis.UniversalClient
 	global   redis.UniversalClient
 	prefix   string        // the regional key prefix
@@ -169,8 +160,7 @@ type Region struct {
 }
 
 // RegionStats counts the region's global work, for metrics: syncs sent,
-// answered, unanswered; share changes; syncs refused as a stale
-// coordinator's.
+// answered, unanswered; share changes; syncs refused as a stale coordinator's.
 type RegionStats struct {
 	Syncs, Contacts, Failures, ShareChanges, Fenced atomic.Int64
 	LastLatency                                     atomic.Int64 // ns
@@ -182,22 +172,22 @@ type regionZone struct {
 	interval atomic.Int64 // the zone's emission interval, ns (hot-key detection)
 	burst    atomic.Int64 // the zone's burst (raises in a strict region)
 	users    int          // handlers that wrapped the zone (r.mu)
-	// the shares this instance applies, replaced whole by a poll (nil: not
-	// read since added, at the floor: others may apply cuts)
+	// the shares applied here, replaced whole by a poll (nil: not read since
+	// added: at the floor, others may apply cuts)
 	shares  atomic.Pointer[map[string]int64]
 	counts  sync.Map     // per key, *counter; one idle for a whole poll is retired
 	counted atomic.Int64 // counters in counts, at most maxCounted
 	dropped atomic.Int64 // decisions not counted: maxCounted other keys were
 }
 
-// maxCounted bounds the keys a zone counts: a key not counted yet is
-// dropped while maxCounted others were decided since the last poll but one.
+// maxCounted bounds the keys a zone counts: a new key is dropped while
+// maxCounted others were decided since the last poll but one.
 const maxCounted = 10_000
 
-// counter is one key's admitted and denied cost since the last take; a
-// retired one holds dead in both (an add stays below deadBelow and counts
-// again on a fresh counter). span is the longest burst span (B·T, ns) of a
-// plan's limit the key was decided with (0: the zone's), plant's hint.
+// counter is one key's admitted and denied cost since the last take (a
+// retired one holds dead: an add stays below deadBelow and counts again on
+// a fresh counter), and the longest span B·T (ns) of a plan's limit it was
+// decided with (0: the zone's), plant's hint.
 type counter struct {
 	n    [2]atomic.Int64
 	span atomic.Int64
@@ -231,8 +221,19 @@ func OpenRegion(regional zones.Store, opts RegionOptions, logger *zap.Logger) (*
 	if err != nil {
 		return nil, fmt.Errorf("global: %v", err)
 	}
+	var sum, own int64
+	spec := make([]string, 0, len(opts.Regions))
+	for _, w := range opts.Regions {
+		sum += w.Weight
+		spec = append(spec, w.Name+":"+strconv.FormatInt(w.Weight, 10))
+		if w.Name == opts.Region {
+			own = w.Weight
+		}
+	}
 	r := &Region{
 		opts:     opts,
+		spec:     strings.Join(spec, ","),
+		weight:   own * ShareScale / sum,
 		regional: c.client,
 		global:   redis.NewUniversalClient(uopts),
 		prefix:   c.opts.KeyPrefix,
@@ -243,14 +244,6 @@ func OpenRegion(regional zones.Store, opts RegionOptions, logger *zap.Logger) (*
 		zones:    map[string]*regionZone{},
 		stop:     make(chan struct{}),
 	}
-	var sum, own int64
-	for _, w := range opts.Regions {
-		sum += w.Weight
-		if w.Name == opts.Region {
-			own = w.Weight
-		}
-	}
-	r.weight = own * ShareScale / sum
 	r.floor = r.weight / 10
 	r.rebuild()
 	r.floored.Store(true)
@@ -269,15 +262,12 @@ func (r *Region) Close() (err error) {
 	return err
 }
 
-// Destruct closes the region (caddy.Destructor).
-func (r *Region) Destruct() error { return r.Close() }
-
+// Destruct closes the region (caddy.Destructor); Stats and Name are for metrics and the admin API.
+func (r *Region) Destruct() error     { return r.Close() }
 func (r *Region) Stats() *RegionStats { return &r.stats }
+func (r *Region) Name() string        { return r.opts.Region }
 
-func (r *Region) Name() string { return r.opts.Region }
-
-// AddZone makes zone's keys global in this region, for one more handler;
-// limit is the zone's whole limit (ns).
+// AddZone makes zone (whole limit: limit) global in this region, for one more handler.
 func (r *Region) AddZone(zone string, limit algorithms.Limit) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -293,7 +283,7 @@ func (r *Region) AddZone(zone string, limit algorithms.Limit) {
 }
 
 // ReleaseZone undoes AddZone: with its last handler the zone stops being
-// polled and synced (its records expire with their TTLs).
+// polled and synced (its records expire).
 func (r *Region) ReleaseZone(zone string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -309,10 +299,10 @@ func (r *Region) ReleaseZone(zone string) {
 
 func (r *Region) zone(name string) *regionZone { return r.set.Load().byName[name] }
 
-// Share is this region's share of key in zone now (ppm): its floor while
-// the region had no contact for a lease, or this instance did not read the
-// shares for confirmMargin (it may have missed a cut) or since the zone was
-// added; else what the global store granted, else the region's weight.
+// Share is this region's share of key in zone now (ppm): its floor after a
+// lease without contact, or when this instance did not read the shares for
+// confirmMargin (it may have missed a cut) or since the zone was added;
+// else what the global store granted, else the region's weight.
 func (r *Region) Share(zone, key string) int64 {
 	if r.floored.Load() || time.Duration(monotime.Now()-r.polled.Load()) > r.confirmMargin() {
 		return r.floor
@@ -331,8 +321,7 @@ func (r *Region) Share(zone, key string) int64 {
 	return r.weight
 }
 
-// Coordinated is the number of zone's keys with a share other than the
-// region's weight here.
+// Coordinated is the number of zone's keys with a share other than the weight.
 func (r *Region) Coordinated(zone string) int {
 	if z := r.zone(zone); z != nil {
 		return len(z.read())
@@ -348,8 +337,7 @@ func (z *regionZone) read() map[string]int64 {
 	return nil
 }
 
-// DemandDropped is the number of zone's decisions left out of the demand
-// since it was added (maxCounted other keys were counted).
+// DemandDropped is the number of zone's decisions left out of the demand (maxCounted).
 func (r *Region) DemandDropped(zone string) int64 {
 	if z := r.zone(zone); z != nil {
 		return z.dropped.Load()
@@ -359,21 +347,17 @@ func (r *Region) DemandDropped(zone string) int64 {
 
 // Weight is this region's default share (ppm); Floor a tenth of it.
 func (r *Region) Weight() int64 { return r.weight }
+func (r *Region) Floor() int64  { return r.floor }
 
-func (r *Region) Floor() int64 { return r.floor }
-
-// count notes one decision of key at limit (ns, the whole) for the
-// region's demand: on the hot path, a sync.Map load and an atomic add.
+// count notes one decision of key at limit (the whole) for the region's
+// demand: on the hot path, a sync.Map load and an atomic add.
 func (r *Region) count(zone, key string, allowed bool, cost int64, limit algorithms.Limit) {
 	z := r.zone(zone)
 	if z == nil {
 		return
 	}
-	i := 1
-	if allowed {
-		i = 0
-	}
-	var span int64 // 0: the zone's own
+	i := b2i(!allowed) // n[0] admitted, n[1] denied
+	var span int64     // 0: the zone's own
 	if limit.EmissionInterval != z.interval.Load() || limit.Burst != z.burst.Load() {
 		span = limit.Burst * limit.EmissionInterval
 	}
@@ -406,8 +390,8 @@ func (r *Region) count(zone, key string, allowed bool, cost int64, limit algorit
 }
 
 // take returns the zone's counts (admitted, denied, span) since the last
-// take and starts afresh. Every add that found its counter live happened
-// before take swapped it: each decision is in exactly one take.
+// take. An add that found its counter live happened before take swapped
+// it: each decision is in exactly one take.
 func (z *regionZone) take() map[string][3]int64 {
 	out := make(map[string][3]int64)
 	z.counts.Range(func(k, v any) bool {
@@ -426,9 +410,8 @@ func (z *regionZone) take() map[string][3]int64 {
 	return out
 }
 
-// zoneSet is the region's zones, by name, and region.lua's KEYS for them:
-// a poll or a sync takes one set for all its calls, so that a zone added
-// or released meanwhile shifts no call's zones.
+// zoneSet is the region's zones and region.lua's KEYS for them: a poll or a
+// sync takes one set for all its calls, so that no call's zones shift.
 type zoneSet struct {
 	zones  []*regionZone
 	keys   []string
@@ -448,16 +431,15 @@ func (r *Region) rebuild() {
 	r.set.Store(set)
 }
 
-// pollInterval is how often instances push counts and read the shares:
-// a cut is in force everywhere well within the margin.
+// pollInterval is how often instances push counts and read the shares: a
+// cut is in force everywhere well within the margin.
 func (r *Region) pollInterval() time.Duration {
 	return max(10*time.Millisecond, r.opts.SyncInterval/4)
 }
 
-// confirmMargin is how long after publishing a cut the coordinator still
-// reports the old share as held: two polls (one may fail) and twice the
-// regional timeout, within which every instance applies the cut or holds
-// its floor (Share).
+// confirmMargin is how long after publishing a cut the old share is still
+// reported held: two polls (one may fail) and two regional timeouts, within
+// which every instance applies the cut or holds its floor (Share).
 func (r *Region) confirmMargin() time.Duration {
 	return 2*r.pollInterval() + 2*r.timeout
 }
@@ -475,8 +457,7 @@ func (r *Region) every(f func()) {
 	}
 }
 
-// poll pushes this instance's counts to the regional Redis and reads the
-// region's shares when they changed.
+// poll pushes this instance's counts and reads the region's shares if changed.
 func (r *Region) poll() {
 	set := r.set.Load()
 	zs := set.zones
@@ -524,8 +505,8 @@ func (r *Region) poll() {
 	r.polled.Store(began)
 }
 
-// Shared is the store a `scope global` zone decides with (Region.Wrap):
-// the regional store at the region's share of the key's limit.
+// Shared is the store a `scope global` zone decides with: the regional
+// store at the region's share of the key's limit.
 type Shared struct {
 	zones.Records // inner's (async mode), or nil; Fallback and Peek at the share
 	inner         zones.Store
@@ -533,9 +514,8 @@ type Shared struct {
 	region        *Region
 }
 
-// Wrap returns the store a `scope global` zone of the region decides
-// with, over the regional store inner, and makes the zone (whose whole
-// limit is limit, ns) global in the region.
+// Wrap returns the Shared store over inner of a zone (whole limit: limit)
+// and makes the zone global in the region.
 func (r *Region) Wrap(inner zones.Store, zone string, limit algorithms.Limit) *Shared {
 	r.AddZone(zone, limit)
 	o := inner.Offers()
@@ -545,9 +525,9 @@ func (r *Region) Wrap(inner zones.Store, zone string, limit algorithms.Limit) *S
 // Region is the region whose share the store applies.
 func (s *Shared) Region() *Region { return s.region }
 
-// Scale is limit at share (ppm): the emission interval divided by the
-// share, the burst multiplied by it (at least 1). The span B·T is the same
-// at every share, so a key's debt means the same at each (see plantScript).
+// Scale is limit at share (ppm): T divided by it, B multiplied (at least
+// 1). The span B·T is the same at every share, so a key's debt means the
+// same at each (plantScript).
 func Scale(limit algorithms.Limit, share int64) algorithms.Limit {
 	if share >= ShareScale {
 		return limit
@@ -558,8 +538,7 @@ func Scale(limit algorithms.Limit, share int64) algorithms.Limit {
 }
 
 // Rate runs st at this region's share of its limit. A decision, a failed
-// check and a charge count for the region's demand (a ban's denial too);
-// a peek, a refund and a reset do not.
+// check, a charge (a ban's denial too) count as demand; a peek, a refund, a reset not.
 func (s *Shared) Rate(ctx context.Context, zone, key string, st zones.RateStep) (zones.RateReply, error) {
 	whole := st.Limit
 	if st.Op != zones.OpReset {
@@ -584,8 +563,8 @@ func (s *Shared) Quota(context.Context, string, string, zones.QuotaStep) (zones.
 }
 
 // Offers is the regional store's without quotas and slots, with this
-// store's records; a denial from the deny cache counts as demand too (at a
-// small share its retry time is longer than a sync interval).
+// store's records; a deny-cache denial counts as demand (at a small share
+// its retry time is longer than a sync interval).
 func (s *Shared) Offers() zones.Offers {
 	o := s.offers
 	o.Quotas, o.Slots = false, nil
@@ -596,20 +575,19 @@ func (s *Shared) Offers() zones.Offers {
 	return o
 }
 
-// Instances is the regional instance count divided by the region's
-// weight: fail_policy local splits the region's default share.
+// Instances is the regional count divided by the region's weight:
+// fail_policy local splits the region's default share.
 func (s *Shared) Instances() int {
 	n := int64(max(1, s.inner.Instances()))
 	return int(min(math.MaxInt32, (n*ShareScale+s.region.weight-1)/max(1, s.region.weight)))
 }
 
-// Fallback is the async store's fail_policy local step at this region's
-// share of limit.
+// Fallback is the async store's fail_policy local step at the region's share.
 func (s *Shared) Fallback(zone, key string, now int64, limit, share algorithms.Limit, op zones.Op, cost, ahead int64) algorithms.Result {
 	return s.Records.Fallback(zone, key, now, Scale(limit, s.region.Share(zone, key)), share, op, cost, ahead)
 }
 
-// Peek is the async store's record of key at this region's share of limit.
+// Peek is the async store's record of key at the region's share.
 func (s *Shared) Peek(zone, key string, now int64, limit algorithms.Limit) (algorithms.Result, bool) {
 	return s.Records.Peek(zone, key, now, Scale(limit, s.region.Share(zone, key)))
 }

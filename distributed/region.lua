@@ -1,6 +1,5 @@
 -- A region's own record of its global shares, in the regional Redis (see
 -- region.go). Every key carries the hash tag {r}: one slot on Cluster.
---
 -- KEYS[1] meta (version, contact), KEYS[2] the coordinator lock, then per
 -- zone its demand hash and its shares hash.
 -- ARGV[1] op:

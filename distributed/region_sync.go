@@ -15,8 +15,8 @@ import (
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 )
 
-// coordinator is the state of the region's coordinator, kept by whichever
-// instance holds the lock, made afresh when it takes it (sync loop only).
+// coordinator is the region's coordinator state, kept by the instance that
+// holds the lock, afresh when it takes it (sync loop only).
 type coordinator struct {
 	token     int64                 // fencing token; 0: not the coordinator
 	lockedAt  int64                 // monotime of the last lock renewal
@@ -30,9 +30,9 @@ type coordinator struct {
 	down      bool  // an outage is being logged
 }
 
-// coordZone is what the coordinator keeps of a zone's keys: the share the
-// region holds (none: its weight), what the global store last heard, and
-// the burst span (µs) of a key last counted with a plan's limit (plant's).
+// coordZone is a zone's keys' holdings (none: the weight), what the global
+// store last heard, and the span (µs) of a key last counted with a plan's
+// limit (plant's).
 type coordZone struct {
 	held  map[string]*holding
 	sent  map[string]*lastReport
@@ -48,14 +48,14 @@ func (c *coordinator) zone(name string) *coordZone {
 }
 
 // holding is one key's share as published in the region. After a cut the
-// old share is still reported as held until every instance has read the
-// new one (prevUntil): that report is the cut's confirmation.
+// old share is reported held until every instance has read the new one
+// (prevUntil): that report is the cut's confirmation.
 type holding struct{ cur, prev, prevUntil int64 }
 
 type lastReport struct{ wants, held, at int64 }
 
 // due says whether a sync not in full reports key, last reported as s
-// (nil: never): see docs/distributed.md, "What a sync reports"; the refresh
+// (nil: never; docs/distributed.md, "What a sync reports"); the refresh
 // period is 3/4 to all of Refresh by the key's hash, to spread refreshes.
 func (r *Region) due(s *lastReport, key string, wants, held, now int64) bool {
 	if s == nil || s.held != held || (s.wants < 0) != (wants < 0) {
@@ -96,8 +96,7 @@ func (r *Region) lock(now int64) {
 		if c.token != 0 {
 			r.logger.Info("another instance coordinates this region's global shares now", zap.String("region", r.opts.Region))
 		}
-		c.token = 0
-		r.stats.Coordinating.Store(false)
+		r.resign()
 		return
 	}
 	if tok != c.token {
@@ -111,8 +110,7 @@ func (r *Region) lock(now int64) {
 	}
 }
 
-// adopt starts the state of z afresh, holding the region's shares as last
-// read.
+// adopt starts z's state afresh, holding the region's shares as last read.
 func (c *coordinator) adopt(z *regionZone) {
 	delete(c.held, z.name)
 	held := c.zone(z.name).held
@@ -128,16 +126,15 @@ type report struct {
 }
 
 // sync reports the region's hot keys and holdings to the global store and
-// publishes what it grants. atPoll: a sync less than an interval after the
-// last (a cut's margin ended, a raise waits on a cut), whose collect spans
-// about one poll and may hold none of the instances' pushes (see reports).
+// publishes its grants. atPoll: less than an interval after the last (a
+// cut's margin ended, a raise waits on a cut), its collect spans about one
+// poll and may hold none of the instances' pushes (see reports).
 func (r *Region) sync(now int64, atPoll bool) {
 	c := &r.coord
 	lockVal := r.member + "|" + strconv.FormatInt(c.token, 10)
 	ctx, cancel := context.WithTimeout(context.Background(), r.opts.SyncInterval)
 	defer cancel()
 	set := r.set.Load() // one set of zones for the whole sync
-	// a zone released (a reload dropped it) leaves
 	maps.DeleteFunc(c.held, func(name string, _ *coordZone) bool { return set.byName[name] == nil })
 	for _, z := range set.zones {
 		if c.held[z.name] == nil { // added (again) since
@@ -152,8 +149,7 @@ func (r *Region) sync(now int64, atPoll bool) {
 		return
 	}
 	if len(raw) == 1 && raw[0] == int64(-1) {
-		c.token = 0
-		r.stats.Coordinating.Store(false)
+		r.resign()
 		return
 	}
 	elapsed := max(now-c.lastSync, int64(r.pollInterval()))
@@ -183,7 +179,7 @@ func (r *Region) sync(now int64, atPoll bool) {
 }
 
 // reports builds a sync's reports from the collected counts (raw) and the
-// holdings: in full, every hot key and holding; else only the keys due.
+// holdings: in full, every hot key and holding; else the keys due.
 func (r *Region) reports(zs []*regionZone, now int64, raw []any, elapsed int64, floored, atPoll bool) []report {
 	c := &r.coord
 	reports := make([]report, len(zs))
@@ -230,9 +226,8 @@ func (r *Region) reports(zs []*regionZone, now int64, raw []any, elapsed int64, 
 			hot[key] = true
 			add(key, wants, cz.held[key])
 		}
-		// gone is the demand of a key not hot in this collect: none, but at
-		// a sync at a poll the demand last reported: instances push once a
-		// poll on tickers of their own, so its collect may hold no push.
+		// gone is the demand of a key not hot in this collect: none, but at a
+		// poll the last reported (instances push on tickers of their own).
 		gone := func(key string) int64 {
 			if s := cz.sent[key]; atPoll && s != nil && s.wants >= 0 {
 				return s.wants
@@ -254,8 +249,7 @@ func (r *Region) reports(zs []*regionZone, now int64, raw []any, elapsed int64, 
 	return reports
 }
 
-// applied is the share the region applies of a key it holds as h (nil:
-// at its weight).
+// applied is the share the region applies of a key held as h (nil: the weight).
 func (r *Region) applied(h *holding, floored bool) int64 {
 	if floored {
 		return r.floor
@@ -267,7 +261,7 @@ func (r *Region) applied(h *holding, floored bool) int64 {
 }
 
 // noteSent records what the global store heard (after a full sync, only
-// that); a key with no demand nor holding is forgotten.
+// that); a key with neither demand nor holding is forgotten.
 func (c *coordinator) noteSent(reports []report, full bool) {
 	for _, rep := range reports {
 		cz := c.zone(rep.zone)
@@ -284,14 +278,14 @@ func (c *coordinator) noteSent(reports []report, full bool) {
 // again: the global store has a new epoch, report in full at once.
 func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floored bool) (again bool) {
 	c := &r.coord
-	// until its grants are published, the next sync is in full: the store
-	// may have run this one and lost its reply
+	// in full until the grants are published: the store may have run this
+	// sync and lost its reply
 	full := c.full
 	c.full = true
-	// demand TTL: a coordinator still syncing re-reports the key well before
+	// a coordinator still syncing re-reports the key well before the TTL
 	demandTTL := 2*r.opts.Refresh + r.opts.Global.Timeout + r.opts.SyncInterval
 	args := []any{r.opts.Region, c.token, c.epoch, b2i(full), r.opts.Lease.Milliseconds(),
-		demandTTL.Milliseconds(), r.opts.spec(), r.opts.Global.KeyPrefix, len(reports)}
+		demandTTL.Milliseconds(), r.spec, r.opts.Global.KeyPrefix, len(reports)}
 	for _, rep := range reports {
 		args = append(args, rep.zone, len(rep.keys))
 		for k, s := range rep.keys {
@@ -325,8 +319,7 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 	case "FENCED":
 		r.stats.Fenced.Add(1)
 		r.logger.Warn("the global store refused this region's coordinator as stale (another took over)", zap.String("region", r.opts.Region))
-		c.token = 0
-		r.stats.Coordinating.Store(false)
+		r.resign()
 		return false
 	case "EPOCH":
 		if len(v) > 1 {
@@ -344,8 +337,8 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 	}
 	c.epoch = fmt.Sprint(v[1])
 	now := monotime.Now()
-	// The grants take effect once published; until then the region
-	// applies and reports what it held. The reply's zones are the reports'.
+	// Grants take effect once published; until then the region applies and
+	// reports what it held. The reply's zones are the reports'.
 	var updates []update
 	i := 4
 	for zi := 0; zi < len(reports) && i+1 < len(v); zi++ {
@@ -403,8 +396,7 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 	return false
 }
 
-// update is a key's grant g, from what the region applied; sent is what
-// this sync reported of it (nil: nothing).
+// update is a key's grant g, from what the region applied; sent: this sync's report (nil: none).
 type update struct {
 	z       *regionZone
 	cz      *coordZone
@@ -420,7 +412,6 @@ type update struct {
 // resetAfter or the old one if longer (a ban remembered); a value tally did
 // not write is left alone. An async key's TAT is its hash's field t (a key
 // with no state starts its episode, c, then).
-//
 // KEYS[1]: the key; ARGV: from, to (ppm), span (µs), 1 for an async key.
 // One key per call: keys of a Cluster are in many slots.
 var plantScript = redis.NewScript(`local t = redis.call('TIME')
@@ -452,8 +443,8 @@ if not raw then redis.call('HSET', KEYS[1], 'c', string.format('%d', now)) end
 redis.call('PEXPIRE', KEYS[1], ms)
 return 1`)
 
-// plant rescales the raised keys (plantScript) with the span a key was
-// last counted with (a plan's) or the zone's; false: not published.
+// plant rescales the raised keys (plantScript) with the key's last counted
+// span or the zone's; false: not published.
 func (r *Region) plant(ctx context.Context, updates []update) bool {
 	_, err := r.regional.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, x := range updates {
@@ -473,9 +464,9 @@ func (r *Region) plant(ctx context.Context, updates []update) bool {
 	return err == nil // the first failed command's error
 }
 
-// publish writes the grants that change what the region applies (in full,
-// every grant; a region floored syncs in full) and the last contact (age
-// ms, -1: keep) to the regional Redis, for every instance of the region.
+// publish writes to the regional Redis the grants that change what the
+// region applies (in full: every grant; a floored region syncs in full) and
+// the last contact (age ms, -1: keep).
 func (r *Region) publish(ctx context.Context, lockVal string, set *zoneSet, updates []update, age int64, full bool) bool {
 	args := []any{"publish", lockVal, age, (4 * r.opts.Lease).Milliseconds(), b2i(full), len(set.zones)}
 	for _, z := range set.zones {
@@ -495,4 +486,10 @@ func (r *Region) publish(ctx context.Context, lockVal string, set *zoneSet, upda
 	}
 	v, err := regionScript.Run(ctx, r.regional, set.keys, args...).Slice()
 	return err == nil && len(v) == 1 && v[0] == int64(1)
+}
+
+// resign notes that this instance no longer coordinates the region.
+func (r *Region) resign() {
+	r.coord.token = 0
+	r.stats.Coordinating.Store(false)
 }

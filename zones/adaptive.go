@@ -1,14 +1,11 @@
 package zones
 
-// Adaptive concurrency zones: a concurrency zone whose limit per key is read
-// from a controller (algorithms.Adaptive) that follows the upstream's
-// latency toward the zone's target, shared by priority classes
-// (algorithms.Classes). A request gives its place back with its latency
-// (Zone.ReleaseAfter), which the controller samples.
-//
-// Adaptive zones are per instance by nature: a store is never asked (New
-// drops it), and several instances in front of one upstream each converge
-// on their share, since each sees the latency all of them cause.
+// Adaptive concurrency zones: the limit per key follows the upstream's
+// latency toward the zone's target (algorithms.Adaptive, sampled as
+// Zone.ReleaseAfter gives places back), shared by priority classes
+// (algorithms.Classes). They are per instance by nature (New drops the
+// store): instances in front of one upstream each converge on their share,
+// since each sees the latency all of them cause.
 
 import (
 	"errors"
@@ -23,19 +20,18 @@ import (
 )
 
 // MaxAdaptiveTarget is the longest latency target: an upstream slower than
-// a minute at its p90 is not protected by counting its requests.
+// that at its p90 is not protected by counting its requests.
 const MaxAdaptiveTarget = time.Minute
 
 // MaxClasses is the most priority classes an adaptive zone may have.
 const MaxClasses = 16
 
-// AdaptiveKeyIdle is how long a key with nothing in flight keeps its
-// learned limit: longer than a reload or a quiet spell, short enough that
-// keys seen once do not pile up.
+// AdaptiveKeyIdle is how long a key with nothing in flight keeps its learned
+// limit: longer than a reload or a quiet spell, short enough that keys seen
+// once do not pile up.
 const AdaptiveKeyIdle = 10 * time.Minute
 
-// IsAdaptive reports whether the zone's concurrency limit follows the
-// upstream's latency.
+// IsAdaptive reports whether the zone's concurrency limit follows latency.
 func (c Config) IsAdaptive() bool { return c.Adaptive.Target > 0 }
 
 func (c Config) validateAdaptive() error {
@@ -57,9 +53,8 @@ func (c Config) validateAdaptive() error {
 	return nil
 }
 
-// adaptiveState is an adaptive zone's in-process state, pooled by the
-// zone's name like a concurrency zone's: a reload keeps every key's learned
-// limit and counts the requests still in flight.
+// adaptiveState is an adaptive zone's state, pooled by the zone's name: a
+// reload keeps every key's learned limit and requests in flight.
 type adaptiveState struct {
 	mu       sync.RWMutex
 	keys     map[string]*adaptiveKey
@@ -75,8 +70,8 @@ type adaptiveKey struct {
 	ctl     algorithms.Adaptive
 	classes algorithms.Classes
 	used    int64 // the last admission or release (monotime)
-	// Zones with delay: the requests waiting for a place, by class, first
-	// come first served, and since when the queue has not been empty.
+	// Zones with delay: the requests waiting, by class in arrival order,
+	// and since when the queue has not been empty.
 	waiters    [][]*adaptiveWaiter
 	queueSince int64
 }
@@ -111,8 +106,7 @@ func (s *adaptiveState) key(c Config, key string, now int64) *adaptiveKey {
 	return k
 }
 
-// sweep drops the keys with nothing in flight that were not used for
-// AdaptiveKeyIdle.
+// sweep drops the keys with nothing in flight unused for AdaptiveKeyIdle.
 func (s *adaptiveState) sweep(now int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -133,8 +127,7 @@ func (s *adaptiveState) len() int {
 }
 
 // acquireAdaptive admits a request of key and priority class at now, or
-// sheds it; either way it counts in the controller's demand. In a zone with
-// delay, a request that finds no place waits for one.
+// sheds it (waits, in a zone with delay); either way it counts as demand.
 func (z *Zone) acquireAdaptive(key string, class int, now int64, done <-chan struct{}) (Decision, Slot, int64) {
 	s := z.state.adaptive
 	k := s.key(z.Config, key, now)
@@ -163,12 +156,11 @@ func (z *Zone) acquireAdaptive(key string, class int, now int64, done <-chan str
 		Slot{zone: z, key: key, adaptive: k, class: class}, limit
 }
 
-// wait makes a request of class that found no place in k (whose mutex is
-// held, and held again on return) wait for one: at most delay, while the
-// zone's queue has room; under a standing queue (not empty for a window,
-// max(target, 100ms)) at most the target: CoDel's idea, a queue that never
-// drains is shed rather than kept. It reports whether the request got a
-// place; if not, the decision: shed, or Gone (the client left).
+// wait makes a request of class that found no place in k (mutex held, and
+// on return) wait for one while the zone's queue has room: at most delay,
+// or the target under a standing queue (not empty for max(target, 100ms)):
+// CoDel's idea, a queue that never drains is shed. Without a place, the
+// decision: shed, or Gone (the client left).
 func (z *Zone) wait(k *adaptiveKey, class int, done <-chan struct{}) (Decision, bool) {
 	shed := slotDenied(SourceLocal, nil)
 	if !z.takeQueuePlace() {
@@ -226,8 +218,7 @@ func (z *Zone) takeQueuePlace() bool {
 	}
 }
 
-// dequeue takes w out of k's waiters, reporting whether it was there (not
-// granted a place yet).
+// dequeue takes w out of k's waiters: false when it was granted a place.
 func (k *adaptiveKey) dequeue(w *adaptiveWaiter) bool {
 	q := k.waiters[w.class]
 	i := slices.Index(q, w)
@@ -265,11 +256,10 @@ func (k *adaptiveKey) noteEmpty() {
 	k.queueSince = 0
 }
 
-// ReleaseAfter gives back a slot as Release does; an adaptive zone's
-// controller samples latency, from the upstream call's start to its
-// response's headers, at now. A negative latency is no sample (the client
-// left); a failed request (a 5xx, a proxy error, a timeout) is a sample of
-// overload whatever its latency.
+// ReleaseAfter gives back a slot as Release does; an adaptive zone samples
+// latency (upstream call start to response headers). A negative latency is
+// no sample (the client left); a failed request (a 5xx, a proxy error, a
+// timeout) is a sample of overload whatever its latency.
 func (z *Zone) ReleaseAfter(s Slot, now int64, latency time.Duration, failed bool) {
 	k := s.adaptive
 	if k == nil {
@@ -301,18 +291,16 @@ func (z *Zone) ReleaseAfter(s Slot, now int64, latency time.Duration, failed boo
 	}
 }
 
-// OnSlowUpstream makes f called with the upstream's unloaded latency when
-// an adaptive zone's controller learns that its target is below it, once
-// until a window meets the target again.
+// OnSlowUpstream makes f called with the upstream's unloaded latency when it
+// is above the target, once until a window meets the target again.
 func (z *Zone) OnSlowUpstream(f func(unloaded time.Duration)) {
 	if s := z.state.adaptive; s != nil {
 		s.onSlow.Store(&f)
 	}
 }
 
-// AdaptiveUnloaded is the upstream's unloaded latency the zone's
-// controller learned at its latest window, any key, when it is above the
-// target; else 0.
+// AdaptiveUnloaded is the upstream's unloaded latency learned at the latest
+// window, any key, when it is above the target; else 0.
 func (z *Zone) AdaptiveUnloaded() time.Duration {
 	if s := z.state.adaptive; s != nil {
 		return time.Duration(s.unloaded.Load())
@@ -345,8 +333,7 @@ func (z *Zone) limitOf(key string) int64 {
 	return z.Adaptive.Min
 }
 
-// KeyLimit is key's current adaptive limit and requests in flight, if the
-// zone holds state for key.
+// KeyLimit is key's adaptive limit and requests in flight, if the zone holds state for it.
 func (z *Zone) KeyLimit(key string) (limit, inFlight int64, ok bool) {
 	s := z.state.adaptive
 	if s == nil {

@@ -13,24 +13,18 @@ import (
 )
 
 // Bans (`ban <first> [<max>]`, docs/configuration.md#bans): a key the zone
-// denies for lack of quota is then denied for the ban's length. A ban is a
-// floor on the key's retry time: banned requests consume nothing, so a ban
-// never admits more than the zone without one. With max > first the n-th
-// ban lasts first·2^(n-1), at most max, while the key is remembered (for
-// max after its last ban ends; a lift forgets the level too).
-//
-// A running ban is never evicted: a full table (max_keys) makes room only
-// from entries whose ban has ended, and a ban that finds none is not kept
-// but counted (Zone.OnBanDropped), so that a flood of banned keys cannot lift the
-// bans already running.
-//
-// A key's state is one entry of State.Bans, in the monotonic clock of a
-// TAT: the end of what is remembered rounded up to a multiple of banLevels,
-// with the level in its low bits (BanEntry).
+// denies for lack of quota is then denied for the ban's length, a floor on
+// its retry time: banned requests consume nothing, so a ban never admits
+// more than the zone without one. With max > first the n-th ban lasts
+// first·2^(n-1), at most max, while the key is remembered (max after its
+// last ban ends; a lift forgets the level too). A running ban is never
+// evicted: a full table makes room only from ended bans, and a ban that
+// finds none is dropped and counted (Zone.OnBanDropped), so that a flood of
+// banned keys cannot lift running bans. A key's state is one entry of
+// State.Bans (BanEntry).
 
-// sweepBans drops the entries past their memory; when none is left, ban
-// lookups are skipped until the next ban (anyBan): a zone with ban and no
-// key banned costs one atomic load per request.
+// sweepBans drops the entries past their memory; with none left, lookups
+// are skipped until the next ban (anyBan): one atomic load per request.
 func (s *State) sweepBans(now int64) {
 	s.banMu.Lock()
 	defer s.banMu.Unlock()
@@ -46,9 +40,9 @@ const banLevels = 64
 // MaxBan is the longest ban: the longest span tally represents.
 const MaxBan = MaxSpan
 
-// BanEntry is a key's ban as State.Bans holds it: end is when the ban ends,
-// level its escalation level (1 for the first), memory the zone's
-// (BanMemory).
+// BanEntry is a key's ban as State.Bans holds it, in the monotonic clock of
+// a TAT: end+memory rounded up to a multiple of banLevels, the level (1 for
+// the first) in its low bits.
 func BanEntry(end int64, level int, memory time.Duration) int64 {
 	v := satAdd(end, int64(memory))
 	if r := v % banLevels; r != 0 {
@@ -91,7 +85,7 @@ func (c Config) validateBan() error {
 	return nil
 }
 
-// BanMemory is how long after its last ban ends a key is remembered for
+// BanMemory is how long after its last ban a key is remembered for
 // escalation: max, or 0 without escalation.
 func (c Config) BanMemory() time.Duration {
 	if c.BanMax > c.Ban {
@@ -112,8 +106,8 @@ func (c Config) banLength(level int) time.Duration {
 	return min(d, c.BanMax)
 }
 
-// banIn reports the end of key's ban when it is banned at now (never in a
-// zone without ban: anyBan is set only with a ban table).
+// banIn reports the end of key's ban when it is banned at now (anyBan is
+// set only with a ban table).
 func (z *Zone) banIn(key string, now int64) (end int64, level int, ok bool) {
 	if !z.state.anyBan.Load() {
 		return 0, 0, false
@@ -126,9 +120,8 @@ func (z *Zone) banIn(key string, now int64) (end int64, level int, ok bool) {
 	return end, level, end > now
 }
 
-// startBan bans key from now, one level above its last ban when that is
-// still remembered, and returns the ban. A key already banned keeps its ban
-// (started false); ok is false when the ban could not be kept (storeBan).
+// startBan bans key from now, a level above its last ban if remembered. A
+// key already banned keeps its ban (started false); !ok: not kept (storeBan).
 func (z *Zone) startBan(key string, now int64) (end int64, level int, started, ok bool) {
 	memory := z.BanMemory()
 	ok = z.storeBan(key, now, func(v int64, found bool) (int64, keytable.Op) {
@@ -147,8 +140,7 @@ func (z *Zone) startBan(key string, now int64) (end int64, level int, started, o
 	return end, level, started, ok
 }
 
-// learnBan records a ban the store reports for key, so that it holds on
-// this instance through a store outage.
+// learnBan records a ban the store reports, to hold it through an outage.
 func (z *Zone) learnBan(key string, end int64, level int, now int64) {
 	if end <= now {
 		return
@@ -158,8 +150,7 @@ func (z *Zone) learnBan(key string, end int64, level int, now int64) {
 }
 
 // storeBan updates key's ban entry with f, ordered with the sweep that
-// clears anyBan. A ban that finds the table full of running bans is not
-// kept: false, and counted.
+// clears anyBan; false (and counted) when the table is full of running bans.
 func (z *Zone) storeBan(key string, now int64, f func(int64, bool) (int64, keytable.Op)) bool {
 	z.state.banMu.Lock()
 	z.state.anyBan.Store(true)
@@ -171,13 +162,13 @@ func (z *Zone) storeBan(key string, now int64, f func(int64, bool) (int64, keyta
 	return ok
 }
 
-// banEnded is the value at or below which a ban entry's ban has ended at
-// now: what a full ban table may evict (keytable.StoreIfExpired).
+// banEnded is the value at or below which an entry's ban has ended at now:
+// what a full ban table may evict.
 func banEnded(now int64, memory time.Duration) int64 { return satAdd(now, int64(memory)) }
 
-// banned is the denial of key when it is banned at now, under plan p: the
-// ban's remaining time, or the rate's own retry time when that is later (a
-// ban is a floor). It asks no store: a banned flood costs nothing but this.
+// banned is key's denial when banned at now under p: the ban's time left,
+// or the rate's retry time if later. It asks no store: a banned flood costs
+// nothing but this.
 func (z *Zone) banned(key string, now int64, p *Plan) (Decision, bool) {
 	end, level, banned := z.banIn(key, now)
 	if !banned {
@@ -193,11 +184,10 @@ func (z *Zone) banned(key string, now int64, p *Plan) (Decision, bool) {
 	return d, true
 }
 
-// storeDecision is the decision of a store's answer to a rate step. In a
-// zone with ban, a ban is remembered here until its end, so that it holds
-// through a store outage and the key's flood costs the store nothing. A
-// store that keeps bans started it; another store's denial starts a ban on
-// this instance only, listed for the others.
+// storeDecision is the decision of a store's answer to a rate step. A ban
+// is remembered here until its end, so that it holds through an outage and
+// the key's flood costs the store nothing; a store without bans has its
+// denial start one here, listed for the others.
 func (z *Zone) storeDecision(key string, now int64, rep RateReply) Decision {
 	r, b := rep.Result, rep.Ban
 	z.heard(key, now, r)
@@ -218,9 +208,8 @@ func (z *Zone) storeDecision(key string, now int64, rep RateReply) Decision {
 	return d
 }
 
-// banOnDenial starts a ban for a key the zone just denied for lack of
-// quota and makes d the ban's denial. In dry run it only reports the ban
-// that would start (d.BanStarted), once per would-be ban: it is remembered,
+// banOnDenial starts a ban for a key just denied and makes d its denial. In
+// dry run it only reports the ban that would start, once: it is remembered,
 // never enforced, so that a running one is not reported as starting again.
 func (z *Zone) banOnDenial(key string, now int64, d *Decision) {
 	if z.DryRun {
@@ -258,9 +247,9 @@ func (z *Zone) BanOf(key string, now int64) (Ban, bool) {
 	return Ban{Key: key, Left: time.Duration(end - now), Level: level}, true
 }
 
-// Bans lists the bans this instance knows of at now, longest left first, at
-// most MaxListedBans. It reads the whole ban table, at most 2·MaxListedBans
-// bans held at once: for the admin API, not for requests.
+// Bans lists the bans this instance knows of, longest left first, at most
+// MaxListedBans. It reads the whole table, holding at most 2·MaxListedBans:
+// for the admin API, not for requests.
 func (z *Zone) Bans(now int64) []Ban {
 	if z.state.Bans == nil {
 		return nil
@@ -288,7 +277,7 @@ func (z *Zone) Bans(now int64) []Ban {
 	return out
 }
 
-// withBan adds a ban with left to run, of level, to d, a peek of the key.
+// withBan adds a ban with left to run, of level, to d.
 func (z *Zone) withBan(d *Decision, left time.Duration, level int) {
 	if left > 0 {
 		d.Banned, d.BanLevel = true, level
@@ -311,9 +300,9 @@ func (z *Zone) ListBans(ctx context.Context, now int64) ([]Ban, bool, error) {
 // BanSyncStart is where a LearnBans starts: read it before the bans.
 func (z *Zone) BanSyncStart() uint64 { return z.state.forgets.Load() }
 
-// LearnBans records bans read from the store's list (async mode: how an
-// instance hears of the bans others started), unless a key was reset since
-// start: a list read before a lift must not bring the ban back.
+// LearnBans records bans read from the store's list (how an async instance
+// hears of others' bans), unless a key was reset since start: a list read
+// before a lift must not bring the ban back.
 func (z *Zone) LearnBans(start uint64, bans []Ban, now int64) {
 	if z.state.Bans == nil || z.state.forgets.Load() != start {
 		return
@@ -325,9 +314,8 @@ func (z *Zone) LearnBans(start uint64, bans []Ban, now int64) {
 	}
 }
 
-// BannedKeys is the number of keys this instance bans at now: the running
-// bans of its ban table, every one enforced (at most max_keys). It reads
-// the whole table: for a scrape, not for requests.
+// BannedKeys is the number of running bans in this instance's table (all
+// enforced, at most max_keys). It reads the whole table: for a scrape.
 func (z *Zone) BannedKeys(now int64) int {
 	if z.state.Bans == nil {
 		return 0
@@ -343,8 +331,7 @@ func (z *Zone) droppedBans(fromList bool, n int64) {
 	}
 }
 
-// MaxListedBans bounds the bans a zone lists, locally and in a store: the
-// longest-lasting ones are kept. Bans past it are enforced but not listed;
-// in async mode, where the list is how the others learn a ban, only where
-// they started (and counted: Zone.OnBanDropped).
+// MaxListedBans bounds the bans a zone lists, locally and in a store (the
+// longest-lasting kept). Bans past it are enforced but not listed: in async
+// mode only where they started (and counted: Zone.OnBanDropped).
 const MaxListedBans = 1000

@@ -12,24 +12,21 @@ import (
 
 // Post-charged zones (`count`, `charge`; docs/configuration.md): a check
 // before the request consumes nothing; the charge after the response may
-// run past the burst, so that the key is denied until the debt is paid. In
-// strict mode a charge must not hold the response: it is queued to a few
-// background chargers, and a check for a key whose charge this instance has
-// not landed yet waits for it (at most ChargeWait), so that one instance
-// never lets a client past its own unrecorded debt.
+// run past the burst, so that the key is denied until the debt is paid. A
+// strict-mode charge never holds the response: background chargers send
+// it, and a check of a key whose charge this instance has not landed waits
+// for it (at most ChargeWait): one instance never lets a client past its
+// own unrecorded debt.
 
 // Strict-mode charging bounds.
 const (
-	// ChargeRetryFor is how long a charge that cannot reach Redis is
-	// retried before it counts as failed.
+	// ChargeRetryFor is how long a charge that cannot reach Redis is retried.
 	ChargeRetryFor = 2 * time.Second
-	// ChargeWait is the longest a check waits for this instance's charges
-	// of the same key to land.
+	// ChargeWait is the longest a check waits for this instance's charges of its key.
 	ChargeWait = 100 * time.Millisecond
 
 	chargeQueue = 4096
-	// chargesInFlight is how many first attempts are under way at once, so
-	// that they share the store's pipelines instead of a round trip each.
+	// chargesInFlight first attempts at once share the store's pipelines.
 	chargesInFlight = 256
 )
 
@@ -51,8 +48,7 @@ func (ch *charge) over() {
 	}
 }
 
-// charger sends a state's strict-mode charges in the background and tracks
-// those not yet landed per key.
+// charger sends a state's strict-mode charges and tracks those not landed per key.
 type charger struct {
 	once    sync.Once
 	started atomic.Bool
@@ -62,8 +58,7 @@ type charger struct {
 	pending map[string]*pendingCharges
 }
 
-// pendingCharges are one key's charges queued and not yet landed; done is
-// closed when the last one lands (or fails).
+// pendingCharges are one key's charges not landed; done closes when the last lands or fails.
 type pendingCharges struct {
 	n    int
 	done chan struct{}
@@ -140,7 +135,7 @@ func (c *charger) landed(key string) {
 	c.mu.Unlock()
 }
 
-// wait returns when this instance has no charge of key in flight, or after
+// wait returns when this instance has no charge of key in flight, after
 // ChargeWait, or when ctx ends.
 func (c *charger) wait(ctx context.Context, key string) {
 	if !c.started.Load() {
@@ -162,7 +157,7 @@ func (c *charger) wait(ctx context.Context, key string) {
 }
 
 // Check decides a post-charged zone's request before it runs: allowed
-// unless the key has nothing left under plan p; it consumes nothing.
+// unless the key has nothing left under p; it consumes nothing.
 func (z *Zone) Check(ctx context.Context, key string, now int64, p *Plan) Decision {
 	return z.step(ctx, OpCheck, key, now, p, 1)
 }
@@ -171,9 +166,8 @@ func (z *Zone) Check(ctx context.Context, key string, now int64, p *Plan) Decisi
 // capped at one burst beyond empty anyway: algorithms.Limit.Charge).
 const MaxCharge = 2
 
-// Charge charges cost for key under plan p after the response. It never
-// waits for Redis: a strict-mode charge is queued, and reported through
-// OnChargeFailed if it cannot land.
+// Charge charges cost for key under p after the response, never waiting
+// for Redis: a strict-mode charge is queued (OnChargeFailed if it cannot land).
 func (z *Zone) Charge(ctx context.Context, key string, now int64, p *Plan, cost int64) {
 	cost = min(cost, MaxCharge*p.Burst)
 	switch {
@@ -187,29 +181,23 @@ func (z *Zone) Charge(ctx context.Context, key string, now int64, p *Plan, cost 
 			z.chargeFailed(ch.err)
 		}
 	default:
-		z.queueCharge(key, p, cost)
-	}
-}
-
-func (z *Zone) queueCharge(key string, p *Plan, cost int64) {
-	c := &z.state.charger
-	c.start(z.state.stop, &z.state.chargers)
-	c.add(key)
-	ch := charge{zone: z, key: key, plan: *p, cost: cost, at: time.Now(), held: z.Hold != nil && z.Hold()}
-	select {
-	case c.queue <- ch:
-	default:
-		// Full (Redis far slower than traffic): charge here rather than
-		// drop it; this response waits.
-		z.sendCharge(ch, c)
+		c := &z.state.charger
+		c.start(z.state.stop, &z.state.chargers)
+		c.add(key)
+		ch := charge{zone: z, key: key, plan: *p, cost: cost, at: time.Now(), held: z.Hold != nil && z.Hold()}
+		select {
+		case c.queue <- ch:
+		default:
+			// Full (Redis far slower than traffic): charge here, not drop it.
+			z.sendCharge(ch, c)
+		}
 	}
 }
 
 // sendCharge makes the first attempt to land a strict-mode charge. The
-// key's waiting checks are released once the charge is in Redis or, when
-// the attempt failed, in the fail policy's view (local charges this
-// instance's part at once: checks during an outage see the debt without
-// waiting for retries); retryLoop retries it then.
+// key's checks wait until it is in Redis or, failed, in the fail policy's
+// view (local: charged at once, an outage's checks see the debt without
+// waiting for retryLoop's retries).
 func (z *Zone) sendCharge(ch charge, c *charger) {
 	defer c.landed(ch.key)
 	if z.tryCharge(context.Background(), monotime.Now(), &ch) {
@@ -228,7 +216,7 @@ func (z *Zone) sendCharge(ch charge, c *charger) {
 	ch.over()
 }
 
-// tryCharge makes one attempt to land ch in the store, noting its error.
+// tryCharge makes one attempt to land ch, noting its error.
 func (z *Zone) tryCharge(ctx context.Context, now int64, ch *charge) bool {
 	if q := z.state.quota; q != nil {
 		pn := q.at(now)
@@ -251,9 +239,9 @@ func (z *Zone) tryCharge(ctx context.Context, now int64, ch *charge) bool {
 // chargeRetryEvery is how often failed charges are tried again.
 const chargeRetryEvery = 100 * time.Millisecond
 
-// retryLoop tries failed charges again every chargeRetryEvery until they
-// land or ChargeRetryFor has passed since they were queued (failed).
-// Retries never delay first attempts: the workers stay free for new ones.
+// retryLoop retries failed charges every chargeRetryEvery until they land
+// or ChargeRetryFor passed since they were queued, leaving the workers free
+// for first attempts.
 func (c *charger) retryLoop(stop <-chan struct{}) {
 	tick := time.NewTicker(chargeRetryEvery)
 	defer tick.Stop()
@@ -288,8 +276,7 @@ func (c *charger) retryLoop(stop <-chan struct{}) {
 }
 
 // chargeFallback applies the fail policy to a charge the store did not
-// take: local charges this instance's part, so that the key's checks see
-// the debt; open and closed have nothing to charge.
+// take: local charges this instance's part (open and closed: nothing).
 func (z *Zone) chargeFallback(key string, now int64, p *Plan, cost int64) {
 	z.failPolicy(nil, Decision{}, func() Decision { return z.fallback(key, now, p, OpCharge, cost, 0) })
 }

@@ -1,12 +1,10 @@
 package zones
 
-// Concurrency zones: at most Concurrency requests of a key in flight at once.
-//
-// In local mode a slot is one unit of a per-key counter, whose entry exists
-// only while the count is above zero: memory is bounded by the keys in
-// flight (and by max_keys: a new key is then denied until one finishes).
-// With a store, slots live in the store and expire after the zone's lease
-// unless renewed.
+// Concurrency zones: at most Concurrency requests of a key in flight. A
+// local slot is one unit of a per-key counter that exists only while above
+// zero (memory bounded by the keys in flight and max_keys: a new key is
+// denied until one finishes); a store's slots expire after the lease unless
+// renewed.
 
 import (
 	"cmp"
@@ -21,27 +19,23 @@ import (
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 )
 
-// DefaultLease is how long a slot held in the store outlives the last
-// renewal of the instance that took it, by default.
+// DefaultLease is how long a store's slot outlives its holder's last renewal, by default.
 const DefaultLease = 30 * time.Second
 
-// MinLease is the shortest lease: renewals run every lease/3 and must fit in
-// that on a loaded machine.
+// MinLease is the shortest lease: renewals run every lease/3 and must fit
+// in that on a loaded machine.
 const MinLease = time.Second
 
 // ConcurrencyRetryAfter is the Retry-After of a concurrency denial: nothing
 // says when a request in flight will finish, so clients try again soon.
 const ConcurrencyRetryAfter = time.Second
 
-// concurrencyState is the in-process part of a concurrency zone, kept
-// across reloads whatever its concurrency or max_keys (the root package
-// pools its State by name): requests still in flight stay counted.
-//
-// The counts live in generations of tables, one per max_keys: a reload that
-// changes max_keys starts a new generation, where every slot is taken from
-// then on; older slots are released in the table they were taken in
-// (Slot.table) and count against the limit until then. An old generation
-// only empties, and the sweeper drops it once empty.
+// concurrencyState is a concurrency zone's in-process part, kept across
+// reloads (State is pooled by name): requests in flight stay counted. A
+// reload that changes max_keys starts a generation of tables, where every
+// slot is taken from then on; older slots are released where they were
+// taken (Slot.table) and count against the limit until then. An old
+// generation only empties, and the sweeper drops it once empty.
 type concurrencyState struct {
 	gens atomic.Pointer[[]*slotTables] // oldest first; never empty
 	mu   sync.Mutex                    // serialises changes of gens
@@ -106,8 +100,7 @@ func (c *concurrencyState) len() int {
 	return n
 }
 
-// heldBefore is what key holds in the old generations' table chosen by
-// which.
+// heldBefore is what key holds in the old generations' tables chosen by which.
 func heldBefore(old []*slotTables, which func(*slotTables) *Table, key string) int64 {
 	var n int64
 	for _, t := range old {
@@ -139,8 +132,7 @@ func (c Config) validateConcurrency() error {
 	return nil
 }
 
-// Slot is a slot a request holds in a concurrency zone; the zero Slot
-// holds nothing.
+// Slot is a slot a request holds in a concurrency zone; the zero Slot holds nothing.
 type Slot struct {
 	zone     *Zone
 	table    *Table // the in-process counter it was taken in, if any
@@ -154,7 +146,7 @@ type Slot struct {
 func (s Slot) Held() bool { return s.zone != nil }
 
 // Acquire takes a slot of key for a request about to be served: an allowed
-// decision comes with a Slot to Release when the request ends.
+// decision comes with a Slot to Release when it ends.
 func (z *Zone) Acquire(ctx context.Context, key string) (Decision, Slot) {
 	if z.IsAdaptive() {
 		d, s, _ := z.acquireAdaptive(key, MaxClasses, monotime.Now(), nil)
@@ -180,10 +172,9 @@ func (z *Zone) acquire(ctx context.Context, key string, limit int64) (Decision, 
 		Slot{zone: z, key: key, id: id}
 }
 
-// acquireIn takes a slot in an in-process table (which, of the current
-// generation), at most limit per key counting the slots the key still holds
-// in older generations (which only empty: this may count a slot released
-// meanwhile, never miss one).
+// acquireIn takes a slot in the current generation's table which, at most
+// limit per key counting the key's slots in older generations (which only
+// empty: this may count a slot released meanwhile, never miss one).
 func (z *Zone) acquireIn(which func(*slotTables) *Table, key string, limit int64, src Source, err error) (Decision, Slot) {
 	cur, old := z.state.conc.current()
 	before := heldBefore(old, which, key)
@@ -197,11 +188,10 @@ func (z *Zone) acquireIn(which func(*slotTables) *Table, key string, limit int64
 		Slot{zone: z, table: t, key: key}
 }
 
-// failSlot applies the zone's fail policy to a slot the store could not
-// give: open admits without a slot anywhere; local counts the request in
-// the fallback table at this instance's part, ⌊concurrency / N⌋ and at
-// least 1, and releases it there, so a store that comes back neither leaks
-// nor double-counts it.
+// failSlot applies the fail policy to a slot the store could not give:
+// open admits without a slot; local counts the request in the fallback
+// table at this instance's part, max(1, ⌊concurrency / N⌋), and releases it
+// there, so a store that comes back neither leaks nor double-counts it.
 func (z *Zone) failSlot(key string, err error) (Decision, Slot) {
 	var slot Slot
 	d := z.failPolicy(err, Decision{Remaining: z.Concurrency}, func() Decision {
@@ -257,9 +247,9 @@ func (z *Zone) SlotsInUse(ctx context.Context, key string) (int64, error) {
 	return z.offers.Slots.Slots(ctx, z.Name, key)
 }
 
-// acquireSlot counts one more request in flight for key if fewer than limit
-// are, and returns the count after the call. A new key is refused when its
-// shard is full: counts carry information until zero, so none is evicted.
+// acquireSlot counts one more request of key if fewer than limit are in
+// flight, and returns the count. A new key is refused when its shard is
+// full: counts carry information until zero, so none is evicted.
 func (t *Table) acquireSlot(key string, limit int64) (int64, bool) {
 	var n int64
 	taken := false
@@ -270,10 +260,7 @@ func (t *Table) acquireSlot(key string, limit int64) (int64, bool) {
 		n, taken = held+1, true
 		return n, keytable.StoreIfRoom
 	})
-	if !room { // a new key: none in flight
-		return 0, false
-	}
-	return n, taken
+	return n, room && taken // !room: a new key refused
 }
 
 func (t *Table) releaseSlot(key string) {

@@ -12,12 +12,9 @@ import (
 )
 
 // Plan is the limit one request is decided under: the zone's literal
-// events, window and burst, or values read from the request (limits per
-// customer plan).
-//
-// A key's state is its TAT, a point in time, so it stays meaningful when
-// the key's plan changes: the time the key is in debt is re-read under the
-// new emission interval.
+// events, window and burst, or values read from the request. A key's state
+// is its TAT, a point in time, so it stays meaningful when its plan
+// changes: its debt is re-read under the new emission interval.
 type Plan struct {
 	Events int64
 	Window time.Duration
@@ -25,10 +22,9 @@ type Plan struct {
 	limit  algorithms.Limit
 }
 
-// Bounds every plan, literal or read from a request, stays within, so that
-// no accepted value overflows: B·T and a debt of one more burst on top of
-// now stay within int64 nanoseconds and, in microseconds, within the 2^53
-// Lua computes exactly (the GCRA arithmetic saturates beyond).
+// Bounds every plan stays within, so that no accepted value overflows: B·T
+// and a debt of one more burst on top of now stay within int64 ns and, in
+// µs, within the 2^53 Lua computes exactly (GCRA saturates beyond).
 const (
 	MaxEvents = 1 << 40
 	MaxSpan   = 100 * 365 * 24 * time.Hour // B·T, the longest a key can be in debt
@@ -41,7 +37,7 @@ var (
 	ErrSpan   = errors.New("burst × window / events must be at most 100 years")
 )
 
-// NewPlan validates a limit as the Caddyfile validates literals: events and
+// NewPlan validates a limit as the Caddyfile does literals: events and
 // burst in [1, 2^40] (burst 0 = events), at least MinEmissionInterval per
 // event, B·T at most MaxSpan.
 func NewPlan(events int64, window time.Duration, burst int64) (Plan, error) {
@@ -64,14 +60,13 @@ func NewPlan(events int64, window time.Duration, burst int64) (Plan, error) {
 // Limit is the plan's GCRA limit in nanoseconds.
 func (p Plan) Limit() algorithms.Limit { return p.limit }
 
-// maxPlans is how many distinct plans a zone remembers for the admin API;
-// keys under further plans show the zone's literal one.
+// maxPlans bounds the plans a zone remembers for the admin API; keys under
+// further plans show the zone's literal one.
 const maxPlans = 4096
 
 // plans remembers the plan each key of a PerRequest zone was last decided
-// under (for the admin API). Plans are interned: the key table holds an
-// index, packed with the entry's expiry so that the table drops it when the
-// key's state expires.
+// under (admin API): the key table holds an interned plan's index, packed
+// with the expiry so that the entry goes with the key's state.
 type plans struct {
 	mu    sync.Mutex // serialises additions; lookups take no lock
 	index atomic.Pointer[map[Plan]int64]
@@ -111,8 +106,8 @@ func (ps *plans) intern(p Plan) (int64, bool) {
 	return i, true
 }
 
-// planBits is how many low bits of a table value hold the plan index; the
-// rest is the expiry, rounded up to 2^planBits ns (about 4ms).
+// planBits low bits of a value hold the plan index; the rest is the expiry,
+// rounded up to 2^planBits ns (about 4ms).
 const planBits = 22
 
 // record notes that key was decided under p, until expires (monotime).

@@ -1,17 +1,13 @@
 package zones
 
 // Quota zones (`quota <n> per minute|hour|day|week|month [<time zone>]`): at
-// most n units of cost per calendar period of a time zone, counted from 0
-// at each period's start (algorithms.Period, algorithms.Quota; the rules
-// are in docs/configuration.md, Calendar quotas).
-//
-// Locally a key's count is one int64 in State.Local (State.Fallback under
-// fail_policy local), packed with the period it counts (gen, below). With a
-// store the count lives in the store, which picks the period by its own
-// clock among the three the zone hands it, in Unix microseconds, since a
-// script cannot do time zones. The zone's clock (periodClock) follows the
-// wall clock's boundaries on the monotonic clock: a wall-clock step never
-// resets, prolongs or repeats a period.
+// most n units of cost per calendar period, counted from 0 at each period's
+// start (docs/configuration.md, Calendar quotas). Locally a key's count is
+// one int64 packed with its period (gen, below); a store picks the period
+// by its own clock among the three the zone hands it (a script cannot do
+// time zones). The zone's clock (periodClock) follows the wall clock's
+// boundaries on the monotonic clock: a wall-clock step never resets,
+// prolongs or repeats a period.
 
 import (
 	"cmp"
@@ -35,22 +31,17 @@ type QuotaLimit struct {
 	Periods *Periods
 }
 
-// Periods are three consecutive periods of a quota zone, the previous, the
-// current and the next as the zone's clock sees them, for a store to pick
-// from with its own clock.
+// Periods are the previous, current and next periods of a quota zone as
+// its clock sees them, for a store to pick from with its own clock.
 type Periods struct {
 	// Bounds are the periods' edges in Unix microseconds: the previous
-	// period is [Bounds[0], Bounds[1]), the current [Bounds[1],
-	// Bounds[2]), the next [Bounds[2], Bounds[3]).
+	// period is [Bounds[0], Bounds[1]), the current [1, 2), the next [2, 3).
 	Bounds [4]int64
-	// Arg is Bounds as a script argument, "b0 b1 b2 b3", made (and boxed)
-	// once per period rather than per call.
-	Arg any
-	loc *time.Location
+	Arg    any // Bounds as a script argument, "b0 b1 b2 b3", boxed once per period
+	loc    *time.Location
 }
 
-// PeriodsAt returns the period of p in loc that contains t and its
-// neighbours.
+// PeriodsAt returns the period of p in loc that contains t and its neighbours.
 func PeriodsAt(p algorithms.Period, t time.Time, loc *time.Location) Periods {
 	start, end := p.Bounds(t, loc)
 	prev, _ := p.Bounds(start.Add(-time.Nanosecond), loc)
@@ -59,14 +50,12 @@ func PeriodsAt(p algorithms.Period, t time.Time, loc *time.Location) Periods {
 	return Periods{Bounds: b, Arg: fmt.Sprintf("%d %d %d %d", b[0], b[1], b[2], b[3]), loc: loc}
 }
 
-// Period returns the i-th period's start and end in the zone's time zone
-// (0 previous, 1 current, 2 next).
+// Period returns the i-th period (0 previous, 1 current, 2 next) in the zone's time zone.
 func (ps *Periods) Period(i int) (start, end time.Time) {
 	i = min(max(i, 0), 2)
 	return time.UnixMicro(ps.Bounds[i]).In(ps.loc), time.UnixMicro(ps.Bounds[i+1]).In(ps.loc)
 }
 
-// length is the i-th period's length.
 func (ps *Periods) length(i int) time.Duration {
 	i = min(max(i, 0), 2)
 	return time.Duration(ps.Bounds[i+1]-ps.Bounds[i]) * time.Microsecond
@@ -80,22 +69,18 @@ type QuotaResult struct {
 	Period  int           // which of the QuotaLimit's Periods: 0 previous, 1 current, 2 next
 }
 
-// QuotaClockError is a store's report that its clock is in none of the
-// periods it was given. The step is not made: the zone moves its clock to
-// Now, the store's, and its fail policy answers the step in that clock's
-// period, as the next steps are.
-type QuotaClockError struct {
-	Now time.Time // the store's clock
-}
+// QuotaClockError is a store's report that its clock (Now) is in none of
+// the periods it was given. The step is not made: the zone moves its clock
+// to the store's, and its fail policy answers the step in that period.
+type QuotaClockError struct{ Now time.Time }
 
 func (e *QuotaClockError) Error() string {
 	return fmt.Sprintf("the store's clock (%s) is outside the periods this instance computed: its wall clock is a period or more off; following the store's from now on", e.Now.UTC().Format(time.RFC3339))
 }
 
-// QuotaDenyCacheFor is the longest a quota denial the store gave is
-// answered from the deny cache: a blocked key's flood costs the store one
-// call a second per instance, and a quota raised by a plan change, or units
-// refunded, are seen within that.
+// QuotaDenyCacheFor is the longest a store's quota denial is answered from
+// the deny cache: a blocked key's flood costs the store one call a second
+// per instance, and a raised quota or a refund is seen within that.
 const QuotaDenyCacheFor = time.Second
 
 // IsQuota reports whether the zone limits units per calendar period.
@@ -115,9 +100,8 @@ func (c Config) validateQuota() error {
 	return nil
 }
 
-// QuotaPlan is the plan of n units per period (0: only cost 0 passes, the
-// request gave no quota and the zone has none). Window is 0: the period's
-// length is the calendar's.
+// QuotaPlan is the plan of n units per period (0: only cost 0 passes); its
+// Window is 0, the period's length being the calendar's.
 func QuotaPlan(n int64) Plan { return Plan{Events: n, Burst: n} }
 
 // newPeriodClock is c's clock; onWrap is called when gen starts again.
@@ -125,19 +109,18 @@ func newPeriodClock(c Config, onWrap func()) *periodClock {
 	return &periodClock{period: c.Period, loc: cmp.Or(c.Location, time.UTC), onWrap: onWrap, wall: time.Now, mono: monotime.Now}
 }
 
-// A local count is packed with its period: gen<<quotaUsedBits | used. gen
-// counts this process's periods from 1; a count of another gen is 0. used
-// is at most the limit and one charge of two limits, under 3·2^40. After
-// maxQuotaGen periods (4 years of minutes) gen starts again at 1 and the
-// tables are cleared.
+// A local count is gen<<quotaUsedBits | used: gen counts this process's
+// periods from 1 (a count of another gen is 0), used is under 3·2^40 (the
+// limit and one charge of two limits). After maxQuotaGen periods (4 years
+// of minutes) gen starts again at 1 and the tables are cleared.
 const (
 	quotaUsedBits = 42
 	quotaUsedMask = 1<<quotaUsedBits - 1
 	maxQuotaGen   = 1<<(63-quotaUsedBits) - 1
 )
 
-// staleBelow is the table value at or below which an entry counts an
-// earlier period than gen: the "expired" of Sweep and of eviction.
+// staleBelow is the value at or below which an entry counts a period before
+// gen: the "expired" of Sweep and of eviction.
 func staleBelow(gen int64) int64 { return gen<<quotaUsedBits - 1 }
 
 // periodClock is a quota zone's clock: the period it is in, and when on the
@@ -147,16 +130,13 @@ type periodClock struct {
 	loc    *time.Location
 	mu     sync.Mutex // serialises rollovers
 	cur    atomic.Pointer[periodNow]
-	// offset is added to the wall clock: 0 until a store reported its
-	// clock a period or more away (QuotaClockError).
-	offset atomic.Int64
-	// followed is set by follow, under mu, until the next roll: that roll
-	// moves to the store's period even when it is before the current one.
+	offset atomic.Int64 // added to the wall clock: a store's clock followed (QuotaClockError)
+	// followed (by follow, under mu): the next roll moves to the store's
+	// period even when it is before the current one.
 	followed bool
 	onWrap   func() // gen starts again at 1
 
-	// Tests replace the clocks.
-	wall func() time.Time
+	wall func() time.Time // tests replace the clocks
 	mono func() int64
 }
 
@@ -169,9 +149,8 @@ type periodNow struct {
 	periods    Periods // it and its neighbours, for stores
 }
 
-// at is the period the clock is in at now (monotime). On the request path
-// it is one atomic load and a comparison; only the first call after a
-// boundary reads the wall clock.
+// at is the period the clock is in at now (monotime): one atomic load and a
+// comparison, but for the first call after a boundary.
 func (c *periodClock) at(now int64) *periodNow {
 	if p := c.cur.Load(); p != nil && now < p.endMono {
 		return p
@@ -195,10 +174,8 @@ func (c *periodClock) roll(now int64) *periodNow {
 		case start.Equal(p.start):
 			gen = p.gen // the wall clock is behind the monotonic one: the period goes on
 		case start.Before(p.start) && !c.followed:
-			// The wall clock went back past the period's start: stay in
-			// it until the wall clock reaches its end again. Not when a
-			// store's clock behind this one is followed: its period is the
-			// one to count in, a new one here (gen+1, nothing counted yet).
+			// The wall clock went back: stay in the period until it reaches
+			// its end again. A store's clock followed back starts a new one.
 			gen, start, end = p.gen, p.start, p.end
 		case p.gen >= maxQuotaGen:
 			if c.onWrap != nil {
@@ -229,8 +206,7 @@ func (c *periodClock) follow(store time.Time) {
 }
 
 // quotaDecision is a quota zone's decision in a period that ends in toEnd.
-// A denial reports 0 remaining, as every denial does (one denied with units
-// left too: the headers' r is read against the denied request).
+// A denial reports 0 remaining, even with units left (as every denial does).
 func quotaDecision(allowed bool, left int64, toEnd, period time.Duration, src Source) Decision {
 	d := Decision{Allowed: allowed, Remaining: left, ResetAfter: toEnd, Period: period, Source: src}
 	if !allowed {
@@ -241,7 +217,6 @@ func quotaDecision(allowed bool, left int64, toEnd, period time.Duration, src So
 
 func (pn *periodNow) toEnd(now int64) time.Duration { return time.Duration(max(1, pn.endMono-now)) }
 
-// decision is the Decision of a local step in the period.
 func (pn *periodNow) decision(r algorithms.QuotaResult, now int64, src Source) Decision {
 	return quotaDecision(r.Allowed, r.Remaining, pn.toEnd(now), pn.length, src)
 }
@@ -309,11 +284,10 @@ func (z *Zone) storeQuota(ctx context.Context, op Op, key string, now int64, p *
 	if err == nil {
 		return z.storeQuotaDecision(key, now, pn, p.Events, r)
 	}
-	// Local counts the key at this instance's part of the quota, ⌊n/N⌋ and
-	// at least 1, starting from its part of what the fleet had used (see
-	// storeQuotaDecision).
+	// Local counts at this instance's part, ⌊n/N⌋ and at least 1, from its
+	// part of what the fleet had used (storeQuotaDecision).
 	if z.followClock(err) {
-		pn = z.state.quota.at(now) // the store's period: pn is the one it refused
+		pn = z.state.quota.at(now) // the store's period, not the one it refused
 	}
 	open := Decision{Remaining: p.Events, ResetAfter: pn.toEnd(now), Period: pn.length}
 	return z.failPolicy(err, open, func() Decision {
@@ -327,14 +301,10 @@ func (z *Zone) storeQuotaDecision(key string, now int64, pn *periodNow, limit in
 	left := max(0, limit-r.Used)
 	d := quotaDecision(r.Allowed, left, max(r.ToEnd, 1), pn.periods.length(r.Period), SourceStore)
 	if !r.Allowed && left == 0 {
-		// Until the period's end on this instance's clock, and at most
-		// QuotaDenyCacheFor; never for a weighted request denied with
-		// units left, which a cheaper one may use.
+		// Never a weighted request denied with units left: a cheaper one may use them.
 		z.state.Denied.Set(key, min(pn.endMono, now+int64(QuotaDenyCacheFor)), now)
 	}
 	if z.FailPolicy == FailLocal && r.Period == 1 {
-		// What the fleet used is where fail_policy local starts from:
-		// this instance's part of it.
 		n := int64(max(1, z.store.Instances()))
 		z.state.Fallback.setQuotaUsed(key, pn.gen, (r.Used+n-1)/n)
 	}
@@ -349,8 +319,7 @@ func (z *Zone) cachedQuotaDenial(key string, now int64, pn *periodNow) (Decision
 	return quotaDecision(false, 0, pn.toEnd(now), pn.length, SourceDenyCache), true
 }
 
-// followClock moves the zone's clock to the store's on a QuotaClockError,
-// and reports whether it did.
+// followClock moves the zone's clock to the store's on a QuotaClockError.
 func (z *Zone) followClock(err error) bool {
 	var ce *QuotaClockError
 	if errors.As(err, &ce) {
@@ -360,8 +329,7 @@ func (z *Zone) followClock(err error) bool {
 	return false
 }
 
-// PeriodNow is the period a quota zone is in on this instance's clock, and
-// its start and end in the zone's time zone.
+// PeriodNow is the period a quota zone is in on this instance's clock, in its time zone.
 func (z *Zone) PeriodNow(now int64) (start, end time.Time) {
 	pn := z.state.quota.at(now)
 	return pn.start, pn.end

@@ -1,11 +1,9 @@
 package zones
 
 // Snapshots of a zone's in-process state, so that a local zone resumes
-// after a restart (the root package's persist setting writes them to
-// Caddy's storage). A snapshot holds, for every key that still carries
-// information, the time it has left, which does not depend on any clock,
-// and the wall-clock time the snapshot was taken, the only time two
-// processes share; a restore subtracts the wall time that passed.
+// after a restart (persist). A snapshot holds each live key's time left,
+// which depends on no clock, and the wall time it was taken, the only time
+// two processes share; a restore subtracts the wall time that passed.
 //
 // Layout (integers little-endian, uvarint where said):
 //
@@ -53,15 +51,14 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 var ErrSnapshotCorrupt = errors.New("snapshot corrupt or truncated")
 
 // Persists reports whether a snapshot can resume the zone's state: a local
-// rate zone's. A concurrency zone's slots belong to requests that a restart
-// ended; a quota zone's counters are not snapshot (yet).
+// rate zone's (a concurrency zone's slots belong to requests a restart
+// ended; quota counters are not snapshot yet).
 func (z *Zone) Persists() bool {
 	return z.store == nil && !z.IsConcurrency() && !z.IsQuota()
 }
 
-// MaxDebt is the most time a key of the zone can have left, at which
-// Restore caps it: two bursts (a post-charged zone's debt is capped one
-// burst beyond empty), or for a PerRequest zone twice MaxSpan.
+// MaxDebt is the most time a key can have left, Restore's cap: two bursts
+// (a post-charge's debt is capped a burst beyond empty); PerRequest: 2·MaxSpan.
 func (z *Zone) MaxDebt() time.Duration {
 	if z.PerRequest {
 		return 2 * MaxSpan
@@ -70,8 +67,7 @@ func (z *Zone) MaxDebt() time.Duration {
 	return 2 * time.Duration(l.Burst) * time.Duration(l.EmissionInterval)
 }
 
-// banLeft is a ban entry v as a snapshot writes it at now (see the layout);
-// false when nothing is left.
+// banLeft is a ban entry v as a snapshot writes it at now; false: nothing left.
 func banLeft(v, now int64) (uint64, bool) {
 	left := v - v%banLevels - now
 	if left <= 0 {
@@ -83,11 +79,9 @@ func banLeft(v, now int64) (uint64, bool) {
 	return uint64(left + v%banLevels), true
 }
 
-// AppendSnapshot appends to dst a snapshot of the state at now (monotime)
-// and wall (the same instant on the wall clock), identified by id, and
-// returns it with the number of keys it holds. Each shard of each table is
-// copied under its lock, then encoded outside it: taking a snapshot never
-// holds a lock for longer than a copy of one shard.
+// AppendSnapshot appends to dst a snapshot, identified by id, of the state
+// at now (monotime) and wall (the same instant), and returns it with its
+// number of keys. No lock is held longer than a copy of one shard.
 func (s *State) AppendSnapshot(dst []byte, id string, now int64, wall time.Time) ([]byte, int) {
 	start := len(dst)
 	dst = append(dst, snapshotMagic...)
@@ -145,9 +139,8 @@ type snapshotSection struct {
 	start, end int // the entries' bytes in data
 }
 
-// DecodeSnapshot checks data whole and returns the snapshot it holds, or an
-// error wrapping ErrSnapshotCorrupt. The snapshot refers to data, which must
-// not change while it is used.
+// DecodeSnapshot checks data whole and returns its snapshot, or an error
+// wrapping ErrSnapshotCorrupt. The snapshot refers to data: keep it unchanged.
 func DecodeSnapshot(data []byte) (*Snapshot, error) {
 	corrupt := func(what string) (*Snapshot, error) {
 		return nil, fmt.Errorf("%w: %s", ErrSnapshotCorrupt, what)
@@ -217,14 +210,12 @@ func DecodeSnapshot(data []byte) (*Snapshot, error) {
 	return snap, nil
 }
 
-// Restore merges snap into the state at now (monotime) and wall (the same
-// instant on the wall clock) and returns how many keys it restored. Each
-// key's time left is reduced by the wall time that passed since the
-// snapshot (none when the clock went back) and capped at maxDebt (a ban's:
-// at a ban of its level and its memory), so that a clock that moved between
-// runs never makes a key owe, or a ban last, longer than it could have. A
-// key whose time ran out is skipped; one the state already holds keeps the
-// later of its two entries.
+// Restore merges snap into the state at now (monotime) and wall and returns
+// how many keys it restored. Each key's time left is reduced by the wall
+// time passed (none when the clock went back) and capped at maxDebt (a
+// ban's: its level's ban and memory), so that a clock moved between runs
+// never makes a key owe, or a ban last, longer than it could have. A key
+// whose time ran out is skipped; one held already keeps the later entry.
 func (s *State) Restore(snap *Snapshot, now int64, wall time.Time, maxDebt time.Duration) int {
 	elapsed := max(0, wall.Sub(snap.Wall))
 	memory := s.banCfg.BanMemory()
@@ -273,8 +264,7 @@ func snapshotEntries(body []byte, f func(key string, left uint64)) {
 	for p := 0; p < len(body); {
 		kl, n := binary.Uvarint(body[p:])
 		p += n
-		// The table copies a key's bytes when it adds it and keeps no
-		// reference to the string: no copy is needed here.
+		// The table copies a key's bytes when it adds it: no copy here.
 		key := unsafe.String(unsafe.SliceData(body[p:]), int(kl))
 		p += int(kl)
 		left, n := binary.Uvarint(body[p:])
