@@ -11,7 +11,8 @@ type bodyCharge struct {
 	prices *usage.Prices
 }
 
-// price prices an estimate of tokens as b (tokens or dollars) charges them; false: no price.
+// price prices an estimate of tokens as b (tokens or dollars) charges them;
+// false: no price.
 func (b *bodyCharge) price(model string, input, output int64) (int64, bool) {
 	if b.prices != nil {
 		return b.prices.Cost(model, input, 0, output)
@@ -19,7 +20,8 @@ func (b *bodyCharge) price(model string, input, output int64) (int64, bool) {
 	return b.tokens.of(usage.Tokens{Input: input, Output: output}), true
 }
 
-// tokenCount is which tokens charge tokens counts: input, output, or total ("" too).
+// tokenCount is which tokens charge tokens counts: input, output, or total
+// ("" too).
 type tokenCount string
 
 func (c tokenCount) of(t usage.Tokens) int64 {

@@ -16,7 +16,8 @@ import (
 	"github.com/caddy-tally/ratelimit/zones"
 )
 
-// challengeTTL is how long a challenge of difficulty d may take: 5 minutes + 4 × a browser's.
+// challengeTTL is how long a challenge of difficulty d may take: 5 minutes
+// + 4 × a browser's.
 func challengeTTL(d int) time.Duration {
 	return 5*time.Minute + time.Duration(4*challenge.ExpectedHashes(d)/challenge.BrowserHashRate*float64(time.Second))
 }
@@ -56,7 +57,8 @@ func init() {
 	})
 }
 
-// provisionChallenge checks a challenge block and loads the secret; nothing needs releasing.
+// provisionChallenge checks a challenge block and loads the secret; nothing
+// needs releasing.
 func provisionChallenge(ctx caddy.Context, c *Challenge, name string, zc *Zone, metrics bool) (*zoneChallenge, error) {
 	if zc.Concurrency > 0 || zc.Quota != nil || zc.Adaptive != nil {
 		return nil, fmt.Errorf("zone %s: challenge is for rate zones (events, window): a challenge gives a solved cookie a rate of its own; remove challenge, or put it in a rate zone", name)
@@ -187,7 +189,8 @@ func (h *Handler) verifyChallenge(w http.ResponseWriter, r *http.Request) bool {
 	return true
 }
 
-// challengeZone is the handler's zone name ("": the first) with a challenge, or nil.
+// challengeZone is the handler's zone name ("": the first) with a
+// challenge, or nil.
 func (h *Handler) challengeZone(name string) *httpZone {
 	for _, z := range h.zones {
 		if z.challenge != nil && (name == "" || z.Name == name) {

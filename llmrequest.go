@@ -23,7 +23,8 @@ type llmZone struct {
 	outputs    llmreq.Outputs // the output tokens of the zone's responses, per model
 }
 
-// llmZoneOf checks a zone's estimate and include_usage; nil unless b charges tokens or dollars.
+// llmZoneOf checks a zone's estimate and include_usage; nil unless b
+// charges tokens or dollars.
 func llmZoneOf(name string, zc *Zone, b *bodyCharge) (*llmZone, error) {
 	price := b != nil && b.paths == nil
 	switch {
@@ -86,8 +87,9 @@ func requestModel(r *http.Request) string {
 	return ""
 }
 
-// cost is the request's estimate (fallback when unpriced), false when the zone does not
-// estimate; a stream whose usage the zone wants is made to ask for it.
+// cost is the request's estimate (fallback when unpriced), false when the
+// zone does not estimate; a stream whose usage the zone wants is made to
+// ask for it.
 func (l *llmZone) cost(r *http.Request, fallback int64) (int64, bool) {
 	if !l.estimate && !l.wantsUsage(r.URL.Path) && l.charge.prices == nil {
 		return 0, false // nothing to read the body for
@@ -121,7 +123,8 @@ func (l *llmZone) wantsUsage(path string) bool {
 	return slices.ContainsFunc(l.usagePaths, func(p string) bool { return strings.HasSuffix(path, p) })
 }
 
-// stripUsage wraps w, on the first handler of a request made to ask for its usage, to strip it.
+// stripUsage wraps w, on the first handler of a request made to ask for its
+// usage, to strip it.
 func stripUsage(w http.ResponseWriter, r *http.Request) http.ResponseWriter {
 	rd, ok := caddyhttp.GetVar(r.Context(), llmReadVar).(*llmRead)
 	if !ok {
@@ -137,7 +140,8 @@ func stripUsage(w http.ResponseWriter, r *http.Request) http.ResponseWriter {
 	return &usageStrip{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
 }
 
-// usageStrip strips the usage from a 200 text/event-stream, not encoded; all else passes.
+// usageStrip strips the usage from a 200 text/event-stream, not encoded;
+// all else passes.
 type usageStrip struct {
 	caddyhttp.ResponseWriterWrapper
 	strip     llmreq.Strip

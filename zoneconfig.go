@@ -276,7 +276,8 @@ const reasonNoPrice = "no_price"
 // unitMicroUSD names what a usd zone's integers count.
 const unitMicroUSD = "usd-micro"
 
-// learnBans reads the zone's fleet-wide bans every interval (async mode) until unregister.
+// learnBans reads the zone's fleet-wide bans every interval (async mode)
+// until unregister.
 func (z *httpZone) learnBans(l zones.BanList, interval time.Duration) {
 	tick := time.NewTicker(interval)
 	defer tick.Stop()

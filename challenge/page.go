@@ -28,7 +28,8 @@ var ScriptHash = func() string {
 // BrowserHashRate is the hashes per second a browser is assumed to try.
 const BrowserHashRate = 100000
 
-// Page is the challenge page for token at difficulty d; retry is for clients without JavaScript.
+// Page is the challenge page for token at difficulty d; retry is for
+// clients without JavaScript.
 func Page(token string, d int, retry time.Duration) []byte {
 	return fmt.Appendf(nil, `<!DOCTYPE html>
 <html lang="en">

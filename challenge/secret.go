@@ -14,7 +14,8 @@ import (
 	"time"
 )
 
-// Storage is what Secrets needs of Caddy's storage: instances sharing it share the secret.
+// Storage is what Secrets needs of Caddy's storage: instances sharing it
+// share the secret.
 type Storage interface {
 	Lock(ctx context.Context, name string) error
 	Unlock(ctx context.Context, name string) error
@@ -58,7 +59,8 @@ type Secrets struct {
 
 const reloadEvery = 10 * time.Second
 
-// MinRotation is the shortest rotation period (never before a cookie it signed expires).
+// MinRotation is the shortest rotation period (never before a cookie it
+// signed expires).
 const MinRotation = 7 * 24 * time.Hour
 
 // LoadSecrets reads the keys from storage (refresh). rotate is how old the
@@ -74,7 +76,8 @@ func LoadSecrets(ctx context.Context, st Storage, rotate time.Duration) (*Secret
 	return s, nil
 }
 
-// refresh reads the keys under the storage's lock, adding one when none or the newest is old.
+// refresh reads the keys under the storage's lock, adding one when none or
+// the newest is old.
 func (s *Secrets) refresh(ctx context.Context) error {
 	if err := s.storage.Lock(ctx, StorageKey); err != nil {
 		return fmt.Errorf("locking the challenge secret in Caddy's storage: %v", err)

@@ -19,7 +19,8 @@ import (
 	"time"
 )
 
-// VerifyPath is where the page POSTs a solution (form: challenge, nonce, elapsed_ms, return).
+// VerifyPath is where the page POSTs a solution (form: challenge, nonce,
+// elapsed_ms, return).
 const VerifyPath = "/.well-known/tally/challenge"
 
 // Reason is why a submission or a cookie was refused; "" is none.
@@ -59,7 +60,8 @@ type Challenge struct {
 	Expires    time.Time
 }
 
-// Issue returns a token for zone key key of zone, of difficulty d, valid for ttl from now.
+// Issue returns a token for zone key key of zone, of difficulty d, valid
+// for ttl from now.
 func (s *Secrets) Issue(zone, key string, d int, now time.Time, ttl time.Duration) string {
 	k := s.current()
 	buf := make([]byte, headLen, headLen+len(zone)+macLen)
@@ -74,7 +76,8 @@ func (s *Secrets) Issue(zone, key string, d int, now time.Time, ttl time.Duratio
 	return base64.RawURLEncoding.EncodeToString(buf)
 }
 
-// Zone returns the zone a token names, unverified (whose key it is checked against).
+// Zone returns the zone a token names, unverified (whose key it is checked
+// against).
 func Zone(token string) (string, bool) {
 	b, ok := decodeToken(token)
 	if !ok {
@@ -126,7 +129,8 @@ func Solves(token, nonce string, d int) bool {
 	return d%2 == 0 || sum[d/2]>>4 == 0
 }
 
-// Solve finds the smallest nonce that solves token at difficulty d (a native solver).
+// Solve finds the smallest nonce that solves token at difficulty d (a
+// native solver).
 func Solve(token string, d int) string {
 	for n := uint64(0); ; n++ {
 		s := strconv.FormatUint(n, 10)
@@ -158,13 +162,15 @@ func sign(secret []byte, label string, a, b []byte) []byte {
 	return m.Sum(nil)[:macLen]
 }
 
-// check reports whether the secret named kid is known, and mac signs a and b under label.
+// check reports whether the secret named kid is known, and mac signs a and
+// b under label.
 func (s *Secrets) check(kid, mac []byte, label string, a, b []byte) (known, ok bool) {
 	secret, known := s.byID(kid)
 	return known, known && hmac.Equal(mac, sign(secret, label, a, b))
 }
 
-// fingerprint tells which key a token was issued to (to name wrong_key, not to bind it).
+// fingerprint tells which key a token was issued to (to name wrong_key, not
+// to bind it).
 func fingerprint(key string) uint64 {
 	h := fnv.New64a()
 	h.Write([]byte(key))
@@ -174,7 +180,8 @@ func fingerprint(key string) uint64 {
 // CookiePrefix starts a zone's cookie name: tally_<zone>.
 const CookiePrefix = "tally_"
 
-// IdentityPrefix starts a cookie identity's key: it never shares an address's bucket.
+// IdentityPrefix starts a cookie identity's key: it never shares an
+// address's bucket.
 const IdentityPrefix = "cookie:"
 
 // The cookie's layout: version, expiry (Unix seconds), random identity, the

@@ -124,7 +124,8 @@ func (c *link) register() {
 	live.Unlock()
 }
 
-// unregister reports whether c was its member's last open store (it must leave the set).
+// unregister reports whether c was its member's last open store (it must
+// leave the set).
 func (c *link) unregister() (last bool) {
 	live.Lock()
 	defer live.Unlock()

@@ -121,7 +121,8 @@ func (o RegionOptions) withDefaults() RegionOptions {
 	return o
 }
 
-// Key identifies the setting for sharing a Region (it holds passwords: never log it).
+// Key identifies the setting for sharing a Region (it holds passwords:
+// never log it).
 func (o RegionOptions) Key(regional string) string {
 	return regional + "\x01" + fmt.Sprintf("%#v", o.withDefaults())
 }
@@ -262,12 +263,14 @@ func (r *Region) Close() (err error) {
 	return err
 }
 
-// Destruct closes the region (caddy.Destructor); Stats and Name are for metrics and the admin API.
+// Destruct closes the region (caddy.Destructor); Stats and Name are for
+// metrics and the admin API.
 func (r *Region) Destruct() error     { return r.Close() }
 func (r *Region) Stats() *RegionStats { return &r.stats }
 func (r *Region) Name() string        { return r.opts.Region }
 
-// AddZone makes zone (whole limit: limit) global in this region, for one more handler.
+// AddZone makes zone (whole limit: limit) global in this region, for one
+// more handler.
 func (r *Region) AddZone(zone string, limit algorithms.Limit) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -337,7 +340,8 @@ func (z *regionZone) read() map[string]int64 {
 	return nil
 }
 
-// DemandDropped is the number of zone's decisions left out of the demand (maxCounted).
+// DemandDropped is the number of zone's decisions left out of the demand
+// (maxCounted).
 func (r *Region) DemandDropped(zone string) int64 {
 	if z := r.zone(zone); z != nil {
 		return z.dropped.Load()
@@ -538,7 +542,8 @@ func Scale(limit algorithms.Limit, share int64) algorithms.Limit {
 }
 
 // Rate runs st at this region's share of its limit. A decision, a failed
-// check, a charge (a ban's denial too) count as demand; a peek, a refund, a reset not.
+// check, a charge (a ban's denial too) count as demand; a peek, a refund, a
+// reset not.
 func (s *Shared) Rate(ctx context.Context, zone, key string, st zones.RateStep) (zones.RateReply, error) {
 	whole := st.Limit
 	if st.Op != zones.OpReset {

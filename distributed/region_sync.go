@@ -396,7 +396,8 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 	return false
 }
 
-// update is a key's grant g, from what the region applied; sent: this sync's report (nil: none).
+// update is a key's grant g, from what the region applied; sent: this
+// sync's report (nil: none).
 type update struct {
 	z       *regionZone
 	cz      *coordZone
@@ -451,7 +452,8 @@ func (r *Region) plant(ctx context.Context, updates []update) bool {
 			if x.g <= x.from {
 				continue // not a raise
 			}
-			// the key's last counted span, else the zone's in µs, as gcra.lua sees it
+			// the key's last counted span, else the zone's in µs, as
+			// gcra.lua sees it
 			span := cmp.Or(x.cz.spans[x.key], max(1, x.z.interval.Load()/1000)*x.z.burst.Load())
 			key, hash := r.prefix+x.z.name+":"+x.key, "0"
 			if r.async {

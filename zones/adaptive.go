@@ -333,7 +333,8 @@ func (z *Zone) limitOf(key string) int64 {
 	return z.Adaptive.Min
 }
 
-// KeyLimit is key's adaptive limit and requests in flight, if the zone holds state for it.
+// KeyLimit is key's adaptive limit and requests in flight, if the zone
+// holds state for it.
 func (z *Zone) KeyLimit(key string) (limit, inFlight int64, ok bool) {
 	s := z.state.adaptive
 	if s == nil {

@@ -22,7 +22,8 @@ import (
 const (
 	// ChargeRetryFor is how long a charge that cannot reach Redis is retried.
 	ChargeRetryFor = 2 * time.Second
-	// ChargeWait is the longest a check waits for this instance's charges of its key.
+	// ChargeWait is the longest a check waits for this instance's charges
+	// of its key.
 	ChargeWait = 100 * time.Millisecond
 
 	chargeQueue = 4096
@@ -58,7 +59,8 @@ type charger struct {
 	pending map[string]*pendingCharges
 }
 
-// pendingCharges are one key's charges not landed; done closes when the last lands or fails.
+// pendingCharges are one key's charges not landed; done closes when the
+// last lands or fails.
 type pendingCharges struct {
 	n    int
 	done chan struct{}

@@ -19,7 +19,8 @@ import (
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 )
 
-// DefaultLease is how long a store's slot outlives its holder's last renewal, by default.
+// DefaultLease is how long a store's slot outlives its holder's last
+// renewal, by default.
 const DefaultLease = 30 * time.Second
 
 // MinLease is the shortest lease: renewals run every lease/3 and must fit
@@ -132,7 +133,8 @@ func (c Config) validateConcurrency() error {
 	return nil
 }
 
-// Slot is a slot a request holds in a concurrency zone; the zero Slot holds nothing.
+// Slot is a slot a request holds in a concurrency zone; the zero Slot holds
+// nothing.
 type Slot struct {
 	zone     *Zone
 	table    *Table // the in-process counter it was taken in, if any

@@ -47,7 +47,8 @@ func (c Config) validateDelay() error {
 // QueueSize is how many requests of the zone may wait at once here.
 func (c Config) QueueSize() int64 { return cmp.Or(c.Queue, DefaultQueue) }
 
-// ahead is how far ahead the zone may reserve now: its delay, or 0 (none, or a full queue).
+// ahead is how far ahead the zone may reserve now: its delay, or 0 (none,
+// or a full queue).
 func (z *Zone) ahead() int64 {
 	if z.Delay <= 0 || z.DryRun || z.state.waiting.Load() >= z.QueueSize() {
 		return 0

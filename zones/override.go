@@ -255,7 +255,8 @@ func (o *Overrides) Store(s *OverrideSet) {
 	o.set.Store(s)
 }
 
-// UseOverrides makes the zone resolve its keys' overrides from o, once, before it decides.
+// UseOverrides makes the zone resolve its keys' overrides from o, once,
+// before it decides.
 func (z *Zone) UseOverrides(o *Overrides) { z.overrides = o }
 
 // Override is the override in force for key (as stored) now.
@@ -355,7 +356,8 @@ type trieItem[K comparable, V any] struct {
 	v V
 }
 
-// trieLeaf is the most items a leaf holds before it splits, unless the hash is spent.
+// trieLeaf is the most items a leaf holds before it splits, unless the hash
+// is spent.
 const trieLeaf = 8
 
 func (t *trie[K, V]) lookup(h uint64, k K) (V, bool) {

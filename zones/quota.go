@@ -50,7 +50,8 @@ func PeriodsAt(p algorithms.Period, t time.Time, loc *time.Location) Periods {
 	return Periods{Bounds: b, Arg: fmt.Sprintf("%d %d %d %d", b[0], b[1], b[2], b[3]), loc: loc}
 }
 
-// Period returns the i-th period (0 previous, 1 current, 2 next) in the zone's time zone.
+// Period returns the i-th period (0 previous, 1 current, 2 next) in the
+// zone's time zone.
 func (ps *Periods) Period(i int) (start, end time.Time) {
 	i = min(max(i, 0), 2)
 	return time.UnixMicro(ps.Bounds[i]).In(ps.loc), time.UnixMicro(ps.Bounds[i+1]).In(ps.loc)
@@ -301,7 +302,8 @@ func (z *Zone) storeQuotaDecision(key string, now int64, pn *periodNow, limit in
 	left := max(0, limit-r.Used)
 	d := quotaDecision(r.Allowed, left, max(r.ToEnd, 1), pn.periods.length(r.Period), SourceStore)
 	if !r.Allowed && left == 0 {
-		// Never a weighted request denied with units left: a cheaper one may use them.
+		// Never a weighted request denied with units left: a cheaper one
+		// may use them.
 		z.state.Denied.Set(key, min(pn.endMono, now+int64(QuotaDenyCacheFor)), now)
 	}
 	if z.FailPolicy == FailLocal && r.Period == 1 {
@@ -329,7 +331,8 @@ func (z *Zone) followClock(err error) bool {
 	return false
 }
 
-// PeriodNow is the period a quota zone is in on this instance's clock, in its time zone.
+// PeriodNow is the period a quota zone is in on this instance's clock, in
+// its time zone.
 func (z *Zone) PeriodNow(now int64) (start, end time.Time) {
 	pn := z.state.quota.at(now)
 	return pn.start, pn.end

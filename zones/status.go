@@ -8,7 +8,8 @@ import (
 )
 
 // KeyState is a key's state now, as GitHub's GET /rate_limit reports it:
-// Remaining is what the key can still spend (after a request: its RateLimit remaining).
+// Remaining is what the key can still spend (after a request: its RateLimit
+// remaining).
 type KeyState struct {
 	Decision
 	Limit  int64         // the RateLimit-Policy's q (Ticket.Quota)

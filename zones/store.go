@@ -31,7 +31,8 @@ type Store interface {
 	Offers() Offers
 }
 
-// Op is what a store step does to a key's state: algorithms.Limit's (and Quota's) methods.
+// Op is what a store step does to a key's state: algorithms.Limit's (and
+// Quota's) methods.
 type Op uint8
 
 const (
@@ -136,7 +137,8 @@ type Slots interface {
 	Slots(ctx context.Context, zone, key string) (int64, error)
 }
 
-// BanRule is a zone's ban: its first length and, when longer, an escalated ban's longest.
+// BanRule is a zone's ban: its first length and, when longer, an escalated
+// ban's longest.
 type BanRule struct {
 	First, Max time.Duration
 }

@@ -208,7 +208,8 @@ func (t *Ticket[O]) QuotaUnit() string {
 	return ""
 }
 
-// Window is w: the plan's window (none in a concurrency zone), or a quota zone's period.
+// Window is w: the plan's window (none in a concurrency zone), or a quota
+// zone's period.
 func (t *Ticket[O]) Window() time.Duration {
 	if t.Zone.IsQuota() {
 		return t.Period

@@ -51,7 +51,8 @@ type slot struct {
 	key [inlineKey]byte
 }
 
-// inlineKey is the longest key a slot holds itself; slotSize is two to a cache line.
+// inlineKey is the longest key a slot holds itself; slotSize is two to a
+// cache line.
 const (
 	inlineKey = 16
 	slotSize  = 8 + 4 + 4 + inlineKey

@@ -28,8 +28,9 @@ func str(b []byte, i int) int {
 	return -1
 }
 
-// value skips the value at b[i], within depth containers: the index after it, or
-// -1. text, if not nil, is added the bytes in its strings but keys: a prompt's text.
+// value skips the value at b[i], within depth containers: the index after
+// it, or -1. text, if not nil, is added the bytes in its strings but keys:
+// a prompt's text.
 func value(b []byte, i int, text *int64, depth int) int {
 	if i >= len(b) || depth == maxDepth && (b[i] == '{' || b[i] == '[') {
 		return -1
@@ -57,7 +58,8 @@ func value(b []byte, i int, text *int64, depth int) int {
 	return j
 }
 
-// list reads the container at b[i] closed by end, each element by elem: the index after, or -1.
+// list reads the container at b[i] closed by end, each element by elem: the
+// index after, or -1.
 func list(b []byte, i int, end byte, elem func(i int) int) int {
 	if i = space(b, i+1); i < len(b) && b[i] == end {
 		return i + 1

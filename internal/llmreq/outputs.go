@@ -19,7 +19,8 @@ type Outputs struct {
 const (
 	maxModels = 64
 	halfLife  = 512
-	// buckets, each 2^(1/4) wider, from 1 token to 2^(buckets/4) = 2^24, beyond any output.
+	// buckets, each 2^(1/4) wider, from 1 token to 2^(buckets/4) = 2^24,
+	// beyond any output.
 	buckets = 96
 )
 
@@ -45,7 +46,8 @@ func (s *sketch) add(tokens int64) {
 	s.total++
 }
 
-// p95 is the upper bound of the 95th percentile's bucket (at most 19% over), false if none seen.
+// p95 is the upper bound of the 95th percentile's bucket (at most 19%
+// over), false if none seen.
 func (s *sketch) p95() (int64, bool) {
 	if s.total == 0 {
 		return 0, false
@@ -93,8 +95,8 @@ func (o *Outputs) Observe(model string, tokens int64) {
 	s.add(tokens)
 }
 
-// P95 is the 95th percentile of model's output tokens (all models' if model is unseen);
-// false when the zone has seen no response.
+// P95 is the 95th percentile of model's output tokens (all models' if model
+// is unseen); false when the zone has seen no response.
 func (o *Outputs) P95(model string) (int64, bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()

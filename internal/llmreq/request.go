@@ -21,8 +21,9 @@ type Request struct {
 	Parsed bool   // read whole (within MaxBody), one JSON object; else nothing below is set
 	Model  string // "model" (Gemini: from the path), at most MaxModel bytes
 	Prompt int64  // string bytes (keys aside) in messages, input, contents, prompt, system, instructions
-	// MaxOutput is the most output tokens allowed (max_tokens, max_completion_tokens,
-	// max_output_tokens, generationConfig.maxOutputTokens, options.num_predict), or -1.
+	// MaxOutput is the most output tokens allowed (max_tokens,
+	// max_completion_tokens, max_output_tokens,
+	// generationConfig.maxOutputTokens, options.num_predict), or -1.
 	MaxOutput      int64
 	Stream         bool // "stream": true
 	IncludeUsage   bool // stream_options.include_usage is true
@@ -32,7 +33,8 @@ type Request struct {
 // MaxModel is the most of a model's name kept.
 const MaxModel = 256
 
-// Input is the prompt's estimated input tokens: its bytes ÷ 4, rounded up (English text).
+// Input is the prompt's estimated input tokens: its bytes ÷ 4, rounded up
+// (English text).
 func (q *Request) Input() int64 { return (q.Prompt + 3) / 4 }
 
 // Read reads at most MaxBody of r's body, replaced by one giving the upstream the
@@ -63,7 +65,8 @@ func Read(r *http.Request) ([]byte, bool) {
 	return b, false
 }
 
-// replay is a body read again: the bytes read, then the rest; Close closes the original.
+// replay is a body read again: the bytes read, then the rest; Close closes
+// the original.
 type replay struct {
 	io.Reader
 	io.Closer
@@ -138,11 +141,13 @@ func sub(v []byte, key string, f func([]byte)) {
 	})
 }
 
-// WantsUsage reports whether q is a stream that does not ask for its usage (WithUsage adds it).
+// WantsUsage reports whether q is a stream that does not ask for its usage
+// (WithUsage adds it).
 func (q *Request) WantsUsage() bool { return q.Parsed && q.Stream && !q.IncludeUsage }
 
-// WithUsage is q's body b with stream_options.include_usage true (a new stream_options
-// at the end if none), every other byte as it was; nil if stream_options is no object.
+// WithUsage is q's body b with stream_options.include_usage true (a new
+// stream_options at the end if none), every other byte as it was; nil if
+// stream_options is no object.
 func (q *Request) WithUsage(b []byte) []byte {
 	const member = `"include_usage":true`
 	if q.soEnd == 0 {

@@ -58,7 +58,8 @@ func (s *Strip) End(emit func([]byte) error) error {
 	return err
 }
 
-// eventEnd is the index after the blank line (LF, CRLF or CR) ending b's first event, or -1.
+// eventEnd is the index after the blank line (LF, CRLF or CR) ending b's
+// first event, or -1.
 func eventEnd(b []byte) int {
 	end := -1
 	for _, sep := range [...]string{"\n\n", "\r\n\r\n", "\r\r"} {
@@ -77,7 +78,8 @@ func filter(ev []byte) []byte {
 		return ev
 	}
 	at := space(ev, len(ev)-len(rest))
-	// The usage member: where the member before it ends (the brace if none), and its value.
+	// The usage member: where the member before it ends (the brace if
+	// none), and its value.
 	from, vs, ve := 0, 0, 0
 	choices, last := false, at+1
 	end := members(ev, at, func(key []byte, s, e int) {

@@ -79,7 +79,8 @@ func (d *decoder) next() {
 
 func (d *decoder) docEnded() bool { return d.inList && d.done }
 
-// feed reads b's next bytes and says how many: fewer only where a list's document ended.
+// feed reads b's next bytes and says how many: fewer only where a list's
+// document ended.
 func (d *decoder) feed(b []byte) int {
 	i := 0
 	for ; i < len(b) && !d.err && !d.docEnded(); i++ {

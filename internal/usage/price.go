@@ -74,7 +74,8 @@ func (p *Prices) AddModel(pattern string, price Price) error {
 // SetDefault sets the price of every model no pattern fits.
 func (p *Prices) SetDefault(price Price) { p.def, p.hasDefault = price, true }
 
-// Lookup is model's price: the first fitting pattern's, else the default (false: none).
+// Lookup is model's price: the first fitting pattern's, else the default
+// (false: none).
 func (p *Prices) Lookup(model string) (Price, bool) {
 	for i := range p.models {
 		m := &p.models[i]
@@ -85,8 +86,9 @@ func (p *Prices) Lookup(model string) (Price, bool) {
 	return p.def, p.hasDefault
 }
 
-// Cost is what a response of model costs in micro-dollars, rounded up (input includes
-// cached), saturating at math.MaxInt64 (the zone's bound caps it); false: no price.
+// Cost is what a response of model costs in micro-dollars, rounded up
+// (input includes cached), saturating at math.MaxInt64 (the zone's bound
+// caps it); false: no price.
 func (p *Prices) Cost(model string, input, cached, output int64) (int64, bool) {
 	pr, ok := p.Lookup(model)
 	if !ok {
@@ -136,7 +138,8 @@ func ParseUSD(s string, max int64) (int64, error) {
 	return n, nil
 }
 
-// parseDecimal reads a decimal >= 0 of at most places decimals, exactly, in 10^-places units.
+// parseDecimal reads a decimal >= 0 of at most places decimals, exactly, in
+// 10^-places units.
 func parseDecimal(s string, places int) (int64, error) {
 	whole, frac, dot := strings.Cut(s, ".")
 	switch {

@@ -108,7 +108,8 @@ type Scanner struct {
 	reason Reason // why the body is skipped, OK if it is not
 	dec    decoder
 
-	// buf: the event's data (dataLen bytes, \n after each line), then the line so far.
+	// buf: the event's data (dataLen bytes, \n after each line), then the
+	// line so far.
 	buf       []byte
 	dataLen   int
 	lineLen   int  // the current line's length, kept or not
@@ -202,10 +203,11 @@ func (s *Scanner) take(d *decoder) {
 	}
 }
 
-// events scans a chunk of an event stream (the HTML standard's format): lines end
-// with \r\n, \n or \r; an empty line dispatches the event; a data line's value
-// (after "data:" and one optional space) joins its data; other lines are dropped;
-// an event cut by the stream's end is not. NDJSON lines end with \n, each a document.
+// events scans a chunk of an event stream (the HTML standard's format):
+// lines end with \r\n, \n or \r; an empty line dispatches the event; a data
+// line's value (after "data:" and one optional space) joins its data; other
+// lines are dropped; an event cut by the stream's end is not. NDJSON lines
+// end with \n, each a document.
 func (s *Scanner) events(b []byte) {
 	ends := "\r\n"
 	if s.kind == lineBody {
@@ -282,7 +284,8 @@ func (s *Scanner) endLine() {
 	}
 }
 
-// dispatch parses one event's data (or NDJSON line) if it may carry a path or count.
+// dispatch parses one event's data (or NDJSON line) if it may carry a path
+// or count.
 func (s *Scanner) dispatch(data []byte) {
 	keys := s.paths.quoted
 	if s.tokens {
