@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"testing/iotest"
+
+	"github.com/caddy-tally/ratelimit/internal/usage"
 )
 
 func TestParseReadsEachAPIsFields(t *testing.T) {
@@ -183,7 +185,7 @@ func TestStripRemovesWhatAskingForUsageAdded(t *testing.T) {
 }
 
 func TestStripPassesOtherStreamsByteForByte(t *testing.T) {
-	long := "data: {\"choices\":[],\"usage\":{\"x\":\"" + strings.Repeat("y", 2*maxEvent) + "\"}}\n\n"
+	long := "data: {\"choices\":[],\"usage\":{\"x\":\"" + strings.Repeat("y", 2*usage.MaxEvent) + "\"}}\n\n"
 	for _, s := range []string{
 		"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":3}}}\n\n",
 		"data: {\"choices\":[{\"delta\":{}}],\"usage\":{\"total_tokens\":4}}\n\n",
@@ -226,7 +228,7 @@ func TestOutputsLearnsTheP95PerModelInBoundedMemory(t *testing.T) {
 		t.Fatalf("%d models kept", len(o.models))
 	}
 	for m := range o.models {
-		if len(m) > MaxModel {
+		if len(m) > usage.MaxModel {
 			t.Fatalf("a model name of %d bytes kept", len(m))
 		}
 	}

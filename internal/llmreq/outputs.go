@@ -3,6 +3,8 @@ package llmreq
 import (
 	"math"
 	"sync"
+
+	"github.com/caddy-tally/ratelimit/internal/usage"
 )
 
 // Outputs learns, per model, the 95th percentile of a zone's responses' output
@@ -66,8 +68,8 @@ func (o *Outputs) Observe(model string, tokens int64) {
 	if tokens < 0 {
 		return
 	}
-	if len(model) > MaxModel {
-		model = model[:MaxModel]
+	if len(model) > usage.MaxModel {
+		model = model[:usage.MaxModel]
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()

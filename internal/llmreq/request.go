@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/caddy-tally/ratelimit/internal/usage"
 )
 
 // MaxBody is the most of a body read: a longer one is not estimated nor edited.
@@ -19,7 +21,7 @@ const MaxBody = 1 << 20
 // Request is what a request's body says, as far as tally reads it.
 type Request struct {
 	Parsed bool   // read whole (within MaxBody), one JSON object; else nothing below is set
-	Model  string // "model" (Gemini: from the path), at most MaxModel bytes
+	Model  string // "model" (Gemini: from the path), at most usage.MaxModel bytes
 	Prompt int64  // string bytes (keys aside) in messages, input, contents, prompt, system, instructions
 	// MaxOutput is the most output tokens allowed (max_tokens,
 	// max_completion_tokens, max_output_tokens,
@@ -29,9 +31,6 @@ type Request struct {
 	IncludeUsage   bool // stream_options.include_usage is true
 	soStart, soEnd int  // stream_options' value in the body, [0,0) when absent
 }
-
-// MaxModel is the most of a model's name kept.
-const MaxModel = 256
 
 // Input is the prompt's estimated input tokens: its bytes ÷ 4, rounded up
 // (English text).
@@ -119,8 +118,8 @@ func Parse(b []byte, path string) Request {
 			q.Model = m
 		}
 	}
-	if len(q.Model) > MaxModel {
-		q.Model = q.Model[:MaxModel]
+	if len(q.Model) > usage.MaxModel {
+		q.Model = q.Model[:usage.MaxModel]
 	}
 	return q
 }

@@ -1,19 +1,20 @@
 package llmreq
 
-import "bytes"
+import (
+	"bytes"
+
+	"github.com/caddy-tally/ratelimit/internal/usage"
+)
 
 // Strip removes from an OpenAI chat-completions stream what asking for its usage
 // added: the usage-only chunk (a data event with a usage, no choices) and other
 // chunks' "usage": null, so a client that did not ask gets the stream it would
 // have had. An event passes once whole (a client reads nothing from half of one);
-// one longer than maxEvent cannot be the usage chunk and passes as it comes.
+// one longer than usage.MaxEvent cannot be the usage chunk and passes as it comes.
 type Strip struct {
 	pending []byte
-	long    bool // the event being read is longer than maxEvent
+	long    bool // the event being read is longer than usage.MaxEvent
 }
-
-// maxEvent is the longest event Strip holds to look at.
-const maxEvent = 64 << 10
 
 // Write filters b, the stream's next bytes, passing what is sent to emit.
 func (s *Strip) Write(b []byte, emit func([]byte) error) error {
@@ -21,7 +22,7 @@ func (s *Strip) Write(b []byte, emit func([]byte) error) error {
 	for {
 		end := eventEnd(s.pending)
 		if end < 0 {
-			if !s.long && len(s.pending) <= maxEvent {
+			if !s.long && len(s.pending) <= usage.MaxEvent {
 				return nil
 			}
 			// Too long to be the usage chunk: on as it comes, but for the

@@ -161,8 +161,5 @@ type Tokens struct {
 	Format      Format
 }
 
-// MaxModel is the most of a model's name a token scanner keeps.
-const MaxModel = 256
-
 // Total is every token, input and output.
 func (t Tokens) Total() int64 { return satAdd(t.Input, t.Output) }

@@ -26,8 +26,12 @@ const (
 	MaxPaths = 8
 	// MaxDepth is how deeply a JSON document may nest: deeper is malformed.
 	MaxDepth = 64
-	// MaxEvent is the most of one event's data kept: larger is skipped (TooLarge).
+	// MaxEvent is the most of one event's data kept: larger is skipped
+	// (TooLarge). llmreq's Strip holds events up to it too.
 	MaxEvent = 64 << 10
+	// MaxModel is the most of a model's name kept, a response's (Tokens)
+	// or a request's (llmreq).
+	MaxModel = 256
 
 	maxSegment = 128 // the longest key a path may name
 )
@@ -146,6 +150,7 @@ func (s *Scanner) Start(p *Paths, contentType, contentEncoding string) {
 	}
 }
 
+// Write reads the body's next bytes.
 func (s *Scanner) Write(b []byte) {
 	switch s.kind {
 	case jsonBody:
