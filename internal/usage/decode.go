@@ -34,7 +34,7 @@ type decoder struct {
 	err   bool
 	// A token scanner's reads a top-level array as a list of documents
 	// (Gemini's stream without alt=sse); feed stops at each one's end (done).
-	list, inList bool
+	inList bool
 
 	// The last string of each text mask (its first MaxModel bytes, escapes
 	// as written), and where the string being read goes (0: none, k+1: text[k]).
@@ -63,8 +63,8 @@ const (
 	sValueOrEnd              // after '['
 )
 
-func (d *decoder) reset(p *Paths, list bool) {
-	*d = decoder{paths: p, list: list}
+func (d *decoder) reset(p *Paths) {
+	*d = decoder{paths: p}
 	all := uint64(1)<<len(p.segs) - 1
 	d.member = all | all<<slots // the document's root continues every path
 }
@@ -73,7 +73,7 @@ func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\
 
 // next readies d for a list's next document, once the last was taken.
 func (d *decoder) next() {
-	d.reset(d.paths, true)
+	d.reset(d.paths)
 	d.inList, d.state = true, sAfter
 }
 
@@ -180,7 +180,7 @@ func (d *decoder) value(c byte) {
 		return
 	}
 	switch {
-	case c == '[' && d.list && !d.inList && d.depth == 0:
+	case c == '[' && d.paths.tokens && !d.inList && d.depth == 0:
 		d.inList, d.state = true, sValueOrEnd // d.member stays the root's
 	case c == '{' || c == '[':
 		if d.depth == MaxDepth {

@@ -36,11 +36,10 @@ type Price struct {
 	Output      int64
 }
 
-// Prices is a charge usd table: models by pattern (first match wins), a default.
+// Prices is a charge usd table: models by pattern (first match wins), then
+// the default, a last pattern that fits every model.
 type Prices struct {
-	models     []modelPrice
-	def        Price
-	hasDefault bool
+	models []modelPrice
 }
 
 type modelPrice struct {
@@ -71,8 +70,11 @@ func (p *Prices) AddModel(pattern string, price Price) error {
 	return nil
 }
 
-// SetDefault sets the price of every model no pattern fits.
-func (p *Prices) SetDefault(price Price) { p.def, p.hasDefault = price, true }
+// SetDefault sets the price of every model no pattern fits; it comes
+// after every AddModel.
+func (p *Prices) SetDefault(price Price) {
+	p.models = append(p.models, modelPrice{prefix: true, price: price})
+}
 
 // Lookup is model's price: the first fitting pattern's, else the default
 // (false: none).
@@ -83,7 +85,7 @@ func (p *Prices) Lookup(model string) (Price, bool) {
 			return m.price, true
 		}
 	}
-	return p.def, p.hasDefault
+	return Price{}, false
 }
 
 // Cost is what a response of model costs in micro-dollars, rounded up

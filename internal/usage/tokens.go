@@ -30,9 +30,10 @@ import "strings"
 // that document's (or the last one a usage document named).
 
 // tokenPaths are the token scanner's paths: text[0] keeps the model (root model or
-// modelVersion, or model under a top-level key), text[1] the root's type or object.
+// modelVersion, or model under a top-level key), text[1] the root's type or object;
+// quoted end every count's key: a document with none is not parsed.
 var tokenPaths, tokenPath = func(paths ...string) (Paths, map[string]int) {
-	var p Paths
+	p := Paths{tokens: true, quoted: [][]byte{[]byte(`_tokens"`), []byte(`TokenCount"`), []byte(`eval_count"`)}}
 	index := make(map[string]int, len(paths))
 	for i, path := range paths {
 		p.segs = append(p.segs, strings.Split(path, "."))
@@ -51,9 +52,6 @@ var tokenPaths, tokenPath = func(paths ...string) (Paths, map[string]int) {
 	"prompt_eval_count", "eval_count",
 	"model", "modelVersion", "type", "object",
 )
-
-// tokenKeys end every count's key: a document with none is not parsed.
-var tokenKeys = [][]byte{[]byte(`_tokens"`), []byte(`TokenCount"`), []byte(`eval_count"`)}
 
 // tokenState is what a token scanner has read so far.
 type tokenState struct {

@@ -41,6 +41,9 @@ type Paths struct {
 	segs   [][]string
 	quoted [][]byte  // each path's last key, quoted: an event without one skips parsing
 	text   [2]uint64 // the decoder's bits of the paths whose strings are kept: model, type
+	// The token scanner's: documents are read by takeTokens, a top-level
+	// array is a list of documents, NDJSON is read.
+	tokens bool
 }
 
 // ParsePaths checks and keeps paths, each a dot path of object keys.
@@ -126,13 +129,12 @@ type Scanner struct {
 	vals  [MaxPaths]int64
 	found uint16 // bit i: vals[i] is known
 
-	tokens bool // a token scanner's: documents are read by takeTokens
-	tok    tokenState
+	tok tokenState
 }
 
 // Start readies s for a body with these headers.
 func (s *Scanner) Start(p *Paths, contentType, contentEncoding string) {
-	*s = Scanner{paths: p, buf: s.buf[:0], tokens: p == &tokenPaths}
+	*s = Scanner{paths: p, buf: s.buf[:0]}
 	mt, _, _ := strings.Cut(contentType, ";")
 	mt = strings.TrimSpace(mt)
 	switch {
@@ -142,8 +144,8 @@ func (s *Scanner) Start(p *Paths, contentType, contentEncoding string) {
 		s.kind = eventBody
 	case strings.EqualFold(mt, "application/json") || (len(mt) > 5 && strings.EqualFold(mt[len(mt)-5:], "+json")):
 		s.kind = jsonBody
-		s.dec.reset(p, s.tokens)
-	case s.tokens && strings.EqualFold(mt, "application/x-ndjson"):
+		s.dec.reset(p)
+	case p.tokens && strings.EqualFold(mt, "application/x-ndjson"):
 		s.kind = lineBody
 	default:
 		s.reason = NotJSON
@@ -197,7 +199,7 @@ func (s *Scanner) end(done func() bool) Reason {
 
 // take reads a parsed document's values (or token usage) as the latest.
 func (s *Scanner) take(d *decoder) {
-	if s.tokens {
+	if s.paths.tokens {
 		s.takeTokens(d)
 		return
 	}
@@ -292,14 +294,10 @@ func (s *Scanner) endLine() {
 // dispatch parses one event's data (or NDJSON line) if it may carry a path
 // or count.
 func (s *Scanner) dispatch(data []byte) {
-	keys := s.paths.quoted
-	if s.tokens {
-		keys = tokenKeys
-	}
-	if !slices.ContainsFunc(keys, func(k []byte) bool { return bytes.Contains(data, k) }) {
+	if !slices.ContainsFunc(s.paths.quoted, func(k []byte) bool { return bytes.Contains(data, k) }) {
 		return
 	}
-	s.dec.reset(s.paths, s.tokens)
+	s.dec.reset(s.paths)
 	s.parse(data)
 	s.endDocument()
 }
