@@ -304,14 +304,9 @@ func (d *decoder) afterValue() {
 	}
 }
 
-// finish reports whether the document ended complete and well formed (ending
-// a number at the very end, which no byte followed).
+// finish reports whether the document ended complete and well formed. A
+// space ends a number or literal at the very end, which no byte followed.
 func (d *decoder) finish() bool {
-	switch d.state {
-	case sNumber:
-		d.endNumber()
-	case sLiteral:
-		d.afterValue()
-	}
+	d.feed([]byte{' '})
 	return !d.err && d.done && !d.inList && d.state == sAfter
 }
