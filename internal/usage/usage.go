@@ -26,11 +26,9 @@ const (
 	MaxPaths = 8
 	// MaxDepth is how deeply a JSON document may nest: deeper is malformed.
 	MaxDepth = 64
-	// MaxEvent is the most of one event's data kept: larger is skipped
-	// (TooLarge). llmreq's Strip holds events up to it too.
+	// MaxEvent is the most of one event's data kept: larger is skipped (TooLarge).
 	MaxEvent = 64 << 10
-	// MaxModel is the most of a model's name kept, a response's (Tokens)
-	// or a request's (llmreq).
+	// MaxModel is the most of a model's name kept (Tokens, llmreq's Request).
 	MaxModel = 256
 
 	maxSegment = 128 // the longest key a path may name
