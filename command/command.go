@@ -461,23 +461,12 @@ func cliTop(c *cli, args []string) error {
 	if n < 1 {
 		return fmt.Errorf("-n %d: want a positive number of keys", n)
 	}
-	var top adminapi.TopInfo
-	if len(c.addresses) > 1 {
-		var err error
-		if top, err = c.mergedTop(zone, n); err != nil {
-			return err
-		}
-		if c.json {
-			return c.printJSONValue(top)
-		}
-	} else {
-		printed, err := c.get(zonePath(zone)+"/top?n="+strconv.Itoa(n), &top)
-		if errors.As(err, new(errNotFound)) {
-			_, err = c.findZone(zone)
-		}
-		if printed || err != nil {
-			return err
-		}
+	top, err := c.top(zone, n)
+	switch {
+	case err != nil:
+		return err
+	case c.json: // one instance's list encodes as the admin API wrote it
+		return c.printJSONValue(top)
 	}
 	where := "on this instance"
 	if len(top.Addresses) > 1 {
@@ -512,21 +501,21 @@ func cliTop(c *cli, args []string) error {
 	return tw.Flush()
 }
 
-// mergedTop adds up every --address's top list, keeping the error bounds
-// (topk.Merge), each asked for more keys than shown to tighten them. A
-// key's state is the strictest any instance reports.
-func (c *cli) mergedTop(zone string, n int) (adminapi.TopInfo, error) {
+// top is the zone's top n keys: the one instance's list, or every
+// --address's list added up, keeping the error bounds (topk.Merge), each
+// asked for more keys than shown to tighten them. A key's state is the
+// strictest any instance reports.
+func (c *cli) top(zone string, n int) (adminapi.TopInfo, error) {
+	if len(c.addresses) <= 1 {
+		return c.instanceTop(zone, n)
+	}
 	var (
 		sums  []topk.Summary
 		state = map[string]adminapi.OffenderInfo{}
 		out   = adminapi.TopInfo{Zone: zone, View: "merged", Addresses: c.addresses}
 	)
 	for _, addr := range c.addresses {
-		var t adminapi.TopInfo
-		err := c.at(addr).fetch(zonePath(zone)+"/top?n="+strconv.Itoa(max(2*n, 40)), &t)
-		if errors.As(err, new(errNotFound)) {
-			_, err = c.at(addr).findZone(zone)
-		}
+		t, err := c.at(addr).instanceTop(zone, max(2*n, 40))
 		if err != nil {
 			return out, fmt.Errorf("%s: %w", addr, err)
 		}
@@ -550,6 +539,22 @@ func (c *cli) mergedTop(zone string, n int) (adminapi.TopInfo, error) {
 		out.Keys = append(out.Keys, k)
 	}
 	return out, nil
+}
+
+// instanceTop is the zone's top n keys on c's one instance. A 404 is an
+// unknown zone: the error names the zones there are, unless the zone is
+// there when they are asked for (a reload registered it meanwhile); then
+// top is asked again, so that its answer, not an empty list, is printed.
+func (c *cli) instanceTop(zone string, n int) (adminapi.TopInfo, error) {
+	var t adminapi.TopInfo
+	path := zonePath(zone) + "/top?n=" + strconv.Itoa(n)
+	err := c.fetch(path, &t)
+	if errors.As(err, new(errNotFound)) {
+		if _, err = c.findZone(zone); err == nil {
+			err = c.fetch(path, &t)
+		}
+	}
+	return t, err
 }
 
 func cliBans(c *cli, zone string) error {

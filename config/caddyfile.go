@@ -217,7 +217,7 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone) (name string, lin
 		"key":    Set(&z.Key, OneArg),
 		"events": planInt(true, &z.MaxEventsPlaceholder, &z.MaxEvents, &z.MaxEventsAtMost),
 		"window": func(d *caddyfile.Dispenser) error {
-			a, err := readPlanArgs(d, "at_least", true)
+			a, err := readPlanArgs(d, true, "at_least")
 			switch {
 			case err != nil:
 				return err
@@ -226,8 +226,8 @@ func parseZone(d *caddyfile.Dispenser, into *map[string]*Zone) (name string, lin
 				return err
 			}
 			z.WindowPlaceholder = a.placeholder
-			if z.Window, err = ParseDuration(d, "window", a.fallback); err == nil && a.bound != "" {
-				z.WindowAtLeast, err = ParseDuration(d, "window at_least", a.bound)
+			if z.Window, err = ParseDuration(d, "window", a.fallback); err == nil && a.bounds["at_least"] != "" {
+				z.WindowAtLeast, err = ParseDuration(d, "window at_least", a.bounds["at_least"])
 				if err == nil && z.WindowAtLeast > z.Window {
 					err = d.Errf("window at_least %v is longer than the fallback %v: the fallback must be within the bound", time.Duration(z.WindowAtLeast), time.Duration(z.Window))
 				}
@@ -585,7 +585,7 @@ func (z *Zone) readCharge(d *caddyfile.Dispenser) error {
 func planInt(needFallback bool, placeholder *string, lit, atMost *int64) func(*caddyfile.Dispenser) error {
 	return func(d *caddyfile.Dispenser) error {
 		dir := d.Val()
-		a, err := readPlanArgs(d, "at_most", needFallback)
+		a, err := readPlanArgs(d, needFallback, "at_most")
 		switch {
 		case err != nil:
 			return err
@@ -598,8 +598,8 @@ func planInt(needFallback bool, placeholder *string, lit, atMost *int64) func(*c
 			}
 		}
 		*placeholder = a.placeholder
-		if a.bound != "" {
-			if *atMost, err = ParseInt64(d, dir+" at_most", a.bound, 1, zones.MaxEvents); err == nil && *atMost < *lit {
+		if bound := a.bounds["at_most"]; bound != "" {
+			if *atMost, err = ParseInt64(d, dir+" at_most", bound, 1, zones.MaxEvents); err == nil && *atMost < *lit {
 				err = d.Errf("%s at_most %d is less than the fallback %d: the fallback must be within the bound", dir, *atMost, *lit)
 			}
 		}
@@ -607,94 +607,90 @@ func planInt(needFallback bool, placeholder *string, lit, atMost *int64) func(*c
 	}
 }
 
-// planArgs are the arguments of `events`, `window` or `burst` given a
-// placeholder: `<setting> <placeholder> [<fallback>] [<keyword> <bound>]`.
+// planArgs are the arguments of `events`, `window`, `burst` or `cost`
+// given a placeholder: `<setting> <placeholder> [<fallback>] [<keyword>
+// <bound>]...`.
 type planArgs struct {
-	placeholder string // its name; "" when the setting is a literal
-	fallback    string // "" when not given
-	bound       string // the value after keyword; "" when not given
+	placeholder string            // its name; "" when the setting is a literal
+	fallback    string            // "" when not given
+	bounds      map[string]string // the value after each keyword given
 }
 
-// readPlanArgs reads a plan setting's arguments. For a literal it returns
-// no placeholder, the dispenser on the setting's name to read it, and
-// refuses keyword (at_most, at_least) with the fix. needFallback: the
+// planExamples are each plan setting's example placeholder and fallback,
+// for its errors.
+var planExamples = map[string][2]string{
+	"events": {"{plan_rpm}", "60"}, "burst": {"{plan_rpm}", "60"}, "window": {"{plan_rpm}", "1m"},
+	"cost": {"{http.request.header.X-Search-Cost}", "1"},
+}
+
+// readPlanArgs reads a plan setting's arguments, the bounds after the
+// fallback, in any order, each at most once. For a literal it returns no
+// placeholder, the dispenser on the setting's name to read it, and
+// refuses keywords (at_most, at_least) with the fix. needFallback: the
 // fallback is required.
-func readPlanArgs(d *caddyfile.Dispenser, keyword string, needFallback bool) (planArgs, error) {
+func readPlanArgs(d *caddyfile.Dispenser, needFallback bool, keywords ...string) (planArgs, error) {
 	dir := d.Val()
 	args := d.RemainingArgs()
+	isKeyword := func(s string) bool { return slices.Contains(keywords, s) }
+	named, bounds := strings.Join(keywords, " and "), strings.Join(keywords, " <bound> ")+" <bound>"
+	verb, each := "bounds", "and a bound"
+	if len(keywords) > 1 {
+		verb, each = "bound", "with a bound each"
+	}
 	if len(args) == 0 || !strings.HasPrefix(args[0], "{") {
-		if slices.Contains(args, keyword) {
-			return planArgs{}, d.Errf("%s %s bounds the values of a placeholder: write %s {plan_value} <fallback> %s <bound>, or the literal alone", dir, keyword, dir, keyword)
+		if slices.ContainsFunc(args, isKeyword) {
+			return planArgs{}, d.Errf("%s %s %s the values of a placeholder: write %s {plan_value} <fallback> %s, or the literal alone", dir, named, verb, dir, bounds)
 		}
 		for range args {
 			d.Prev()
 		}
 		return planArgs{}, nil
 	}
-	a := planArgs{placeholder: args[0]}
+	a := planArgs{placeholder: args[0], bounds: map[string]string{}}
 	if SinglePlaceholder(a.placeholder) == "" {
-		return a, d.Errf("%s takes a number or one placeholder such as {plan_rpm}, not %q", dir, a.placeholder)
+		return a, d.Errf("%s takes a number or one placeholder such as %s, not %q", dir, planExamples[dir][0], a.placeholder)
 	}
 	rest := args[1:]
-	if n := len(rest); n >= 2 && rest[n-2] == keyword {
-		a.bound, rest = rest[n-1], rest[:n-2]
+	for n := len(rest); n >= 2 && isKeyword(rest[n-2]); n = len(rest) {
+		if _, twice := a.bounds[rest[n-2]]; twice {
+			return a, d.Errf("%s %s is given twice: keep one", dir, rest[n-2])
+		}
+		a.bounds[rest[n-2]], rest = rest[n-1], rest[:n-2]
 	}
-	example := "60"
-	if dir == "window" {
-		example = "1m"
-	}
+	fallback := planExamples[dir][1]
 	switch {
-	case len(rest) > 1 || slices.Contains(rest, keyword):
-		return a, d.Errf("%s %s takes a fallback and, optionally, %s and a bound: %s %s %s %s <bound>", dir, a.placeholder, keyword, dir, a.placeholder, example, keyword)
+	case len(rest) > 1 || slices.ContainsFunc(rest, isKeyword):
+		return a, d.Errf("%s %s takes a fallback and, optionally, %s %s: %s %s %s %s", dir, a.placeholder, named, each, dir, a.placeholder, fallback, bounds)
 	case len(rest) == 1:
 		a.fallback = rest[0]
 	case needFallback:
-		return a, d.Errf("%s %s needs a fallback for requests where it is empty or invalid: %s %s %s", dir, a.placeholder, dir, a.placeholder, example)
+		return a, d.Errf("%s %s needs a fallback for requests where it is empty or invalid: %s %s %s", dir, a.placeholder, dir, a.placeholder, fallback)
 	}
 	return a, nil
 }
 
 // readCost reads `cost <n>` or `cost <placeholder> [<fallback n>] [at_least
-// <n>] [at_most <n>]`, the bounds in either order, each at most once, the
-// fallback within them.
+// <n>] [at_most <n>]`, the fallback within the bounds.
 func (z *Zone) readCost(d *caddyfile.Dispenser) error {
-	args := d.RemainingArgs()
-	const example = "cost {http.request.header.X-Search-Cost} 1 at_least 1 at_most 100"
-	if len(args) == 0 || !strings.HasPrefix(args[0], "{") {
-		if slices.Contains(args, "at_least") || slices.Contains(args, "at_most") {
-			return d.Errf("cost at_least and at_most bound the values of a placeholder: write %s, or the literal alone", example)
-		}
-		for range args {
-			d.Prev()
-		}
-		var err error
+	a, err := readPlanArgs(d, false, "at_least", "at_most")
+	switch {
+	case err != nil:
+		return err
+	case a.placeholder == "":
 		z.Cost, err = int64ArgOf(d, "cost", 1, zones.MaxEvents)
 		return err
-	}
-	if SinglePlaceholder(args[0]) == "" {
-		return d.Errf("cost takes a number or one placeholder such as {http.request.header.X-Search-Cost}, not %q", args[0])
-	}
-	z.CostPlaceholder = args[0]
-	rest := args[1:]
-	if len(rest)%2 == 1 {
-		n, err := ParseInt64(d, "cost", rest[0], 1, zones.MaxEvents)
-		if err != nil {
+	case a.fallback != "":
+		if z.Cost, err = ParseInt64(d, "cost", a.fallback, 1, zones.MaxEvents); err != nil {
 			return err
 		}
-		z.Cost, rest = n, rest[1:]
 	}
-	bounds := map[string]*int64{"at_least": &z.CostAtLeast, "at_most": &z.CostAtMost}
-	for ; len(rest) >= 2; rest = rest[2:] {
-		dst := bounds[rest[0]]
-		switch {
-		case dst == nil:
-			return d.Errf("cost %s takes a fallback and, optionally, at_least and at_most with a bound each: %s", args[0], example)
-		case *dst != 0:
-			return d.Errf("cost %s is given twice: keep one", rest[0])
-		}
-		var err error
-		if *dst, err = ParseInt64(d, "cost "+rest[0], rest[1], 1, zones.MaxEvents); err != nil {
-			return err
+	z.CostPlaceholder = a.placeholder
+	for _, kw := range []string{"at_least", "at_most"} {
+		dst := map[string]*int64{"at_least": &z.CostAtLeast, "at_most": &z.CostAtMost}[kw]
+		if bound := a.bounds[kw]; bound != "" {
+			if *dst, err = ParseInt64(d, "cost "+kw, bound, 1, zones.MaxEvents); err != nil {
+				return err
+			}
 		}
 	}
 	cost := max(z.Cost, 1)

@@ -140,8 +140,7 @@ func (c Config) Validate() error {
 	} else if c.Concurrency != 0 || c.Lease != 0 {
 		kind = c.validateConcurrency
 	}
-	keys := func() error { _, err := c.checkKeys(); return err }
-	for _, check := range []func() error{c.validateBan, c.validateDelay, kind, keys} {
+	for _, check := range []func() error{c.validateBan, c.validateDelay, kind, c.checkKeys} {
 		if err := check(); err != nil {
 			return fmt.Errorf("zone %s: %v", c.Name, err)
 		}
@@ -157,8 +156,8 @@ func (c Config) validateRate() error {
 	return err
 }
 
-// Check is Validate for a rate zone whose name is valid: what is wrong,
-// without the name, and the setting at fault, for a parser to point at its line.
+// Check is Validate for a rate zone's limit: what is wrong, without the
+// name, and the setting at fault, for a parser to point at its line.
 func (c Config) Check() (setting string, err error) {
 	switch {
 	case c.Events <= 0:
@@ -175,20 +174,21 @@ func (c Config) Check() (setting string, err error) {
 		t := c.Window / time.Duration(c.Events)
 		return "burst", fmt.Errorf("burst %d at one request per %v takes longer to refill than the %d years tally can represent: use a smaller burst", c.Burst, t, MaxSpan/(365*24*time.Hour))
 	}
-	return c.checkKeys()
+	return "", nil
 }
 
-// checkKeys is Check for the key settings every kind of zone has.
-func (c Config) checkKeys() (setting string, err error) {
+// checkKeys is Validate for the key settings every kind of zone has (a
+// parser bounds them at their line).
+func (c Config) checkKeys() error {
 	switch {
 	case c.IPv4Prefix < 0 || c.IPv4Prefix > 32:
-		return "ipv4_prefix", errors.New("ipv4_prefix must be between 1 and 32")
+		return errors.New("ipv4_prefix must be between 1 and 32")
 	case c.IPv6Prefix < 0 || c.IPv6Prefix > 128:
-		return "ipv6_prefix", errors.New("ipv6_prefix must be between 1 and 128")
+		return errors.New("ipv6_prefix must be between 1 and 128")
 	case c.MaxKeys < 0 || c.MaxKeys > MaxMaxKeys:
-		return "max_keys", fmt.Errorf("max_keys must be a whole number from 1 to %d", int64(MaxMaxKeys))
+		return fmt.Errorf("max_keys must be a whole number from 1 to %d", int64(MaxMaxKeys))
 	}
-	return "", nil
+	return nil
 }
 
 // Limit is the zone's GCRA limit in nanoseconds; a concurrency or quota zone's
