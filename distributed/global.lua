@@ -90,22 +90,19 @@ local function target(demand)
 	end
 	dem = demand
 	table.sort(want, byDemand)
-	local done = {}
+	local wd = wl
 	for i, n in ipairs(want) do
 		local fair = math.floor(left * weight[n] / wl)
 		if demand[n] <= fair then
 			tg[n] = demand[n]
 			left, wl = left - demand[n], wl - weight[n]
-			done[#done + 1] = n
 		else
 			for j = i, #want do tg[want[j]] = math.floor(left * weight[want[j]] / wl) end
 			return tg, true
 		end
 	end
 	-- every demand met: the rest goes to the demanding regions by weight
-	local wd = 0
-	for _, n in ipairs(done) do wd = wd + weight[n] end
-	for _, n in ipairs(done) do tg[n] = tg[n] + math.floor(left * weight[n] / wd) end
+	for _, n in ipairs(want) do tg[n] = tg[n] + math.floor(left * weight[n] / wd) end
 	return tg, true
 end
 

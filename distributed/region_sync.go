@@ -297,7 +297,7 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 			r.logger.Warn("global store unreachable: this region keeps its last shares of global zones, falling back to its floor after the lease",
 				zap.String("region", r.opts.Region), zap.Duration("lease", r.opts.Lease), zap.Error(err))
 		}
-		r.publish(pctx, lockVal, set, nil, -1, false) // the TTLs only
+		r.publish(pctx, lockVal, set.keys, make([][]any, len(set.zones)), -1, false) // the TTLs only
 		return false
 	}
 	rd := reader(v)
@@ -323,8 +323,10 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 	learning, waiting := rd.int() == 1, rd.int() == 1
 	now := monotime.Now()
 	// Grants take effect once published; until then the region applies and
-	// reports what it held.
+	// reports what it held. Published: those that change what the region
+	// applies (in full: every grant; a floored region syncs in full).
 	var updates []update
+	published := make([][]any, len(reports)) // per zone, key and share pairs
 	for zi, rep := range reports {
 		rd.next() // the zone's name: the reply's zones are the reports'
 		cz := c.zone(rep.zone)
@@ -335,10 +337,18 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 				h = &holding{cur: r.weight}
 				cz.held[key] = h
 			}
-			updates = append(updates, update{set.zones[zi], cz, key, h, rep.keys[key], g, r.applied(h, floored)})
+			u := update{set.zones[zi], cz, key, h, rep.keys[key], g, r.applied(h, floored)}
+			if g != u.from || full {
+				pub := g
+				if pub == r.weight {
+					pub = -1 // back to the weight
+				}
+				published[zi] = append(published[zi], key, pub)
+			}
+			updates = append(updates, u)
 		}
 	}
-	if !r.plant(pctx, updates) || !r.publish(pctx, lockVal, set, updates, (now-sent)/int64(time.Millisecond), full) {
+	if !r.plant(pctx, updates) || !r.publish(pctx, lockVal, set.keys, published, (now-sent)/int64(time.Millisecond), full) {
 		return false
 	}
 	c.contact = sent
@@ -444,27 +454,15 @@ func (r *Region) plant(ctx context.Context, updates []update) bool {
 	return err == nil // the first failed command's error
 }
 
-// publish writes to the regional Redis the grants that change what the
-// region applies (in full: every grant; a floored region syncs in full) and
-// the last contact (age ms, -1: keep).
-func (r *Region) publish(ctx context.Context, lockVal string, set *zoneSet, updates []update, age int64, full bool) bool {
-	args := []any{"publish", lockVal, age, (4 * r.opts.Lease).Milliseconds(), b2i(full), len(set.zones)}
-	for _, z := range set.zones {
-		n := len(args)
-		args = append(args, 0)
-		for _, u := range updates {
-			if u.z != z || u.g == u.from && !full {
-				continue
-			}
-			pub := u.g
-			if pub == r.weight {
-				pub = -1 // back to the weight
-			}
-			args = append(args, u.key, pub)
-		}
-		args[n] = (len(args) - n - 1) / 2
+// publish writes per zone pairs of key and share (-1: back to the weight)
+// to the regional Redis, replacing every share in full, and the last
+// contact (age ms, -1: keep).
+func (r *Region) publish(ctx context.Context, lockVal string, keys []string, shares [][]any, age int64, full bool) bool {
+	args := []any{"publish", lockVal, age, (4 * r.opts.Lease).Milliseconds(), b2i(full), len(shares)}
+	for _, zs := range shares {
+		args = append(append(args, len(zs)/2), zs...)
 	}
-	v, err := regionScript.Run(ctx, r.regional, set.keys, args...).Slice()
+	v, err := regionScript.Run(ctx, r.regional, keys, args...).Slice()
 	return err == nil && len(v) == 1 && v[0] == int64(1)
 }
 
