@@ -107,7 +107,7 @@ func (c *link) Close() error {
 		c.cancel()
 		_ = c.pubsub.Close()
 		c.wg.Wait()
-		last := c.openStores(-1) == 0
+		last := c.openStores(-1) <= 0
 		if c.breakerFor(c.instancesKey()).closed() && last {
 			ctx, cancel := context.WithTimeout(context.Background(), c.opts.Timeout)
 			c.client.ZRem(ctx, c.instancesKey(), c.member)

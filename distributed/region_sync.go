@@ -416,8 +416,7 @@ if raw then
   tat = tonumber(v)
 end
 if not tat then return 0 end
-local debt = tat - now
-if debt < 0 then debt = 0 end
+local debt = math.max(0, tat - now)
 local d = span - math.floor((span - debt) * (from / to))
 if d <= debt then return 0 end
 local ms = math.floor((d + 999) / 1000)
