@@ -38,11 +38,12 @@ end
 
 -- the epoch: a global store that lost its state has a new one
 local ekey, regs = prefix .. 'g.epoch', prefix .. 'g.regions'
+local registered = prefix .. 'g.registered'
 local epoch = redis.call('GET', ekey)
 if not epoch then
 	epoch = now .. '-' .. t[2]
 	redis.call('SET', ekey, epoch, 'PX', ttl)
-	redis.call('DEL', regs, prefix .. 'g.registered')
+	redis.call('DEL', regs, registered)
 else
 	redis.call('PEXPIRE', ekey, ttl)
 end
@@ -55,22 +56,16 @@ if seen and token < tonumber(seen) then return {'FENCED'} end
 redis.call('HSET', regs, region .. '.tok', token, region .. '.seen', now)
 redis.call('PEXPIRE', regs, ttl)
 if full then
-	redis.call('SADD', prefix .. 'g.registered', region)
-	redis.call('PEXPIRE', prefix .. 'g.registered', ttl)
+	redis.call('SADD', registered, region)
+	redis.call('PEXPIRE', registered, ttl)
 end
 
 -- learning: a fresh store grants nothing beyond what regions hold until
--- every region re-registered or one lease passed
-local learning = false
-if now - born < lease then
-	for _, n in ipairs(names) do
-		if redis.call('SISMEMBER', prefix .. 'g.registered', n) == 0 then learning = true end
-	end
-end
-
--- live: heard from within 2 x lease; one silent longer is at its floor
-local live = {}
+-- every region re-registered or one lease passed; live: heard from within
+-- 2 x lease (one silent longer is at its floor)
+local learning, live = false, {}
 for _, n in ipairs(names) do
+	if now - born < lease and redis.call('SISMEMBER', registered, n) == 0 then learning = true end
 	local s = tonumber(redis.call('HGET', regs, n .. '.seen'))
 	live[n] = s ~= nil and now - s <= 2 * lease
 end
@@ -95,22 +90,19 @@ local function target(demand)
 	end
 	dem = demand
 	table.sort(want, byDemand)
-	local done = {}
+	local wd = wl
 	for i, n in ipairs(want) do
 		local fair = math.floor(left * weight[n] / wl)
 		if demand[n] <= fair then
 			tg[n] = demand[n]
 			left, wl = left - demand[n], wl - weight[n]
-			done[#done + 1] = n
 		else
 			for j = i, #want do tg[want[j]] = math.floor(left * weight[want[j]] / wl) end
 			return tg, true
 		end
 	end
 	-- every demand met: the rest goes to the demanding regions by weight
-	local wd = 0
-	for _, n in ipairs(done) do wd = wd + weight[n] end
-	for _, n in ipairs(done) do tg[n] = tg[n] + math.floor(left * weight[n] / wd) end
+	for _, n in ipairs(want) do tg[n] = tg[n] + math.floor(left * weight[n] / wd) end
 	return tg, true
 end
 

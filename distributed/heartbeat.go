@@ -118,24 +118,19 @@ func (c *link) memberKey() string {
 	return strings.Join(c.opts.Addresses, ",") + "\x00" + strconv.Itoa(c.opts.DB) + "\x00" + c.instancesKey() + "\x00" + c.member
 }
 
-func (c *link) register() {
-	live.Lock()
-	live.members[c.memberKey()]++
-	live.Unlock()
-}
-
-// unregister reports whether c was its member's last open store (it must
-// leave the set).
-func (c *link) unregister() (last bool) {
+// openStores adds delta (1: a store opens, -1: it closes) to the stores
+// open as c's member and returns how many are: the last to close (0) must
+// take the member out of the set.
+func (c *link) openStores(delta int) int {
 	live.Lock()
 	defer live.Unlock()
 	k := c.memberKey()
-	live.members[k]--
-	if live.members[k] > 0 {
-		return false
+	live.members[k] += delta
+	n := live.members[k]
+	if n <= 0 {
+		delete(live.members, k)
 	}
-	delete(live.members, k)
-	return true
+	return n
 }
 
 // beats runs one heartbeat at a time, so that the last reply applied is

@@ -88,7 +88,7 @@ func newLink(opts Options, logger *zap.Logger) (*link, error) {
 
 func (c *link) start(mode modeState) {
 	c.mode = mode
-	c.register()
+	c.openStores(1)
 	c.wg.Add(workers + 3)
 	for range workers {
 		go c.worker()
@@ -107,7 +107,7 @@ func (c *link) Close() error {
 		c.cancel()
 		_ = c.pubsub.Close()
 		c.wg.Wait()
-		last := c.unregister()
+		last := c.openStores(-1) <= 0
 		if c.breakerFor(c.instancesKey()).closed() && last {
 			ctx, cancel := context.WithTimeout(context.Background(), c.opts.Timeout)
 			c.client.ZRem(ctx, c.instancesKey(), c.member)

@@ -327,17 +327,11 @@ func (r *Region) Share(zone, key string) int64 {
 // Coordinated is the number of zone's keys with a share other than the weight.
 func (r *Region) Coordinated(zone string) int {
 	if z := r.zone(zone); z != nil {
-		return len(z.read())
+		if m := z.shares.Load(); m != nil {
+			return len(*m)
+		}
 	}
 	return 0
-}
-
-// read is the shares this instance applies (nil: none read).
-func (z *regionZone) read() map[string]int64 {
-	if m := z.shares.Load(); m != nil {
-		return *m
-	}
-	return nil
 }
 
 // DemandDropped is the number of zone's decisions left out of the demand
@@ -485,28 +479,56 @@ func (r *Region) poll() {
 	if err != nil || len(v) < 3 {
 		return // Share floors this instance once the margin passes
 	}
-	rnow, _ := v[0].(int64)
-	contact, _ := v[1].(int64)
+	rd := reader(v)
+	rnow, contact, version := rd.int(), rd.int(), rd.str()
 	r.floored.Store(contact < 0 || time.Duration(rnow-contact)*time.Millisecond > r.opts.Lease)
 	if contact >= 0 {
 		r.contactAt.Store(max(1, now-int64(time.Duration(rnow-contact)*time.Millisecond)))
 	}
-	version := fmt.Sprint(v[2])
-	for i, zi := 3, 0; version != known && zi < len(zs) && i < len(v); zi++ {
-		z := zs[zi]
-		n, _ := v[i].(int64)
-		i++
-		m := make(map[string]int64, n)
-		for j := int64(0); j < n && i+1 < len(v); j++ {
-			k, _ := v[i].(string)
-			s, _ := strconv.ParseInt(fmt.Sprint(v[i+1]), 10, 64)
-			m[k] = s
-			i += 2
+	for i := 0; version != known && i < len(zs); i++ {
+		m := make(map[string]int64)
+		for range rd.n(2) {
+			k := rd.str()
+			m[k] = rd.int()
 		}
-		z.shares.Store(&m)
+		zs[i].shares.Store(&m)
 	}
 	r.version = version
 	r.polled.Store(began)
+}
+
+// reader reads a region.lua or global.lua reply in order: a value past its
+// end, or of another type, reads as zero.
+type reader []any
+
+func (rd *reader) next() (v any) {
+	if len(*rd) > 0 {
+		v, *rd = (*rd)[0], (*rd)[1:]
+	}
+	return v
+}
+
+// int reads an integer, or a hash field's decimal string.
+func (rd *reader) int() int64 {
+	switch v := rd.next().(type) {
+	case int64:
+		return v
+	case string:
+		n, _ := strconv.ParseInt(v, 10, 64)
+		return n
+	}
+	return 0
+}
+
+func (rd *reader) str() string {
+	s, _ := rd.next().(string)
+	return s
+}
+
+// n reads the count of entries of width values that follow, at most as
+// many as the reply has left.
+func (rd *reader) n(width int) int {
+	return int(min(max(rd.int(), 0), int64(len(*rd)/width)))
 }
 
 // Shared is the store a `scope global` zone decides with: the regional

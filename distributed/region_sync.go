@@ -3,7 +3,6 @@ package distributed
 import (
 	"cmp"
 	"context"
-	"fmt"
 	"hash/fnv"
 	"maps"
 	"strconv"
@@ -101,21 +100,9 @@ func (r *Region) lock(now int64) {
 	}
 	if tok != c.token {
 		c.token, c.full = tok, true
-		c.held = map[string]*coordZone{}
-		c.contact = r.contactAt.Load() // the last contact the region published
-		for _, z := range r.set.Load().zones {
-			c.adopt(z)
-		}
+		c.held = map[string]*coordZone{} // sync adopts the zones
+		c.contact = r.contactAt.Load()   // the last contact the region published
 		r.stats.Coordinating.Store(true)
-	}
-}
-
-// adopt starts z's state afresh, holding the region's shares as last read.
-func (c *coordinator) adopt(z *regionZone) {
-	delete(c.held, z.name)
-	held := c.zone(z.name).held
-	for k, s := range z.read() {
-		held[k] = &holding{cur: s}
 	}
 }
 
@@ -137,11 +124,18 @@ func (r *Region) sync(now int64, atPoll bool) {
 	set := r.set.Load() // one set of zones for the whole sync
 	maps.DeleteFunc(c.held, func(name string, _ *coordZone) bool { return set.byName[name] == nil })
 	for _, z := range set.zones {
-		if c.held[z.name] == nil { // added (again) since
-			if z.shares.Load() == nil {
-				return // until this instance has read what the region published of it
-			}
-			c.adopt(z)
+		if c.held[z.name] != nil {
+			continue
+		}
+		// new to this coordinator: it holds the region's shares as this
+		// instance last read them, once it has read what was published
+		m := z.shares.Load()
+		if m == nil {
+			return
+		}
+		held := c.zone(z.name).held
+		for k, s := range *m {
+			held[k] = &holding{cur: s}
 		}
 	}
 	raw, err := regionScript.Run(ctx, r.regional, set.keys, "collect", lockVal).Slice()
@@ -160,21 +154,20 @@ func (r *Region) sync(now int64, atPoll bool) {
 	// past the lease and the margin, every instance applies its floor
 	floored := c.contact == 0 || time.Duration(now-c.contact) > r.opts.Lease+r.confirmMargin()
 	c.full = c.full || floored
-	if c.confirmAt != 0 && now >= c.confirmAt {
-		// this sync confirms the cuts whose margin ended
-		c.confirmAt = 0
-		for _, cz := range c.held {
-			for _, h := range cz.held {
-				if h.prevUntil > now && (c.confirmAt == 0 || h.prevUntil < c.confirmAt) {
-					c.confirmAt = h.prevUntil
-				}
-			}
-		}
-	}
 	reports := r.reports(set.zones, now, raw, elapsed, floored, atPoll)
 	if r.exchange(lockVal, set, reports, floored) {
 		// the global store lost its state: report in full at once
 		r.exchange(lockVal, set, r.reports(set.zones, now, raw, elapsed, floored, atPoll), floored)
+	}
+	// this sync confirmed the cuts whose margin ended; the next confirms
+	// the first still running
+	c.confirmAt = 0
+	for _, cz := range c.held {
+		for _, h := range cz.held {
+			if h.prevUntil > now && (c.confirmAt == 0 || h.prevUntil < c.confirmAt) {
+				c.confirmAt = h.prevUntil
+			}
+		}
 	}
 }
 
@@ -183,7 +176,7 @@ func (r *Region) sync(now int64, atPoll bool) {
 func (r *Region) reports(zs []*regionZone, now int64, raw []any, elapsed int64, floored, atPoll bool) []report {
 	c := &r.coord
 	reports := make([]report, len(zs))
-	i := 0
+	rd := reader(raw)
 	for zi, z := range zs {
 		rep := report{zone: z.name, keys: map[string]*lastReport{}}
 		cz := c.zone(z.name)
@@ -198,21 +191,13 @@ func (r *Region) reports(zs []*regionZone, now int64, raw []any, elapsed int64, 
 			}
 		}
 		hot := map[string]bool{}
-		var n int64
-		if i < len(raw) {
-			n, _ = raw[i].(int64)
-			i++
-		}
-		for j := int64(0); j < n && i+3 < len(raw); j++ {
-			key, _ := raw[i].(string)
-			adm, _ := raw[i+1].(int64)
-			den, _ := raw[i+2].(int64)
-			if span, _ := raw[i+3].(int64); span > 0 {
+		for range rd.n(4) {
+			key, adm, den, span := rd.str(), rd.int(), rd.int(), rd.int()
+			if span > 0 {
 				cz.spans[key] = span
 			} else {
 				delete(cz.spans, key)
 			}
-			i += 4
 			share := r.applied(cz.held[key], floored)
 			// use: the fraction of the key's whole rate admitted
 			use := float64(adm) * float64(z.interval.Load()) / float64(elapsed)
@@ -312,19 +297,18 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 			r.logger.Warn("global store unreachable: this region keeps its last shares of global zones, falling back to its floor after the lease",
 				zap.String("region", r.opts.Region), zap.Duration("lease", r.opts.Lease), zap.Error(err))
 		}
-		r.publish(pctx, lockVal, set, nil, -1, false) // the TTLs only
+		r.publish(pctx, lockVal, set.keys, make([][]any, len(set.zones)), -1, false) // the TTLs only
 		return false
 	}
-	switch fmt.Sprint(v[0]) {
+	rd := reader(v)
+	switch rd.str() {
 	case "FENCED":
 		r.stats.Fenced.Add(1)
 		r.logger.Warn("the global store refused this region's coordinator as stale (another took over)", zap.String("region", r.opts.Region))
 		r.resign()
 		return false
 	case "EPOCH":
-		if len(v) > 1 {
-			c.epoch = fmt.Sprint(v[1])
-		}
+		c.epoch = rd.str()
 		return true
 	}
 	r.stats.Contacts.Add(1)
@@ -335,41 +319,48 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 	if len(v) < 4 {
 		return false
 	}
-	c.epoch = fmt.Sprint(v[1])
+	c.epoch = rd.str()
+	learning, waiting := rd.int() == 1, rd.int() == 1
 	now := monotime.Now()
 	// Grants take effect once published; until then the region applies and
-	// reports what it held. The reply's zones are the reports'.
+	// reports what it held. Published: those that change what the region
+	// applies (in full: every grant; a floored region syncs in full).
 	var updates []update
-	i := 4
-	for zi := 0; zi < len(reports) && i+1 < len(v); zi++ {
-		n, _ := v[i+1].(int64)
-		i += 2
-		cz := c.zone(reports[zi].zone)
-		for j := int64(0); j < n && i+1 < len(v); j++ {
-			key := fmt.Sprint(v[i])
-			g, _ := v[i+1].(int64)
-			i += 2
+	published := make([][]any, len(reports)) // per zone, key and share pairs
+	for zi, rep := range reports {
+		rd.next() // the zone's name: the reply's zones are the reports'
+		cz := c.zone(rep.zone)
+		for range rd.n(2) {
+			key, g := rd.str(), rd.int()
 			h := cz.held[key]
 			if h == nil {
 				h = &holding{cur: r.weight}
 				cz.held[key] = h
 			}
-			updates = append(updates, update{set.zones[zi], cz, key, h, reports[zi].keys[key], g, r.applied(h, floored)})
+			u := update{set.zones[zi], cz, key, h, rep.keys[key], g, r.applied(h, floored)}
+			if g != u.from || full {
+				pub := g
+				if pub == r.weight {
+					pub = -1 // back to the weight
+				}
+				published[zi] = append(published[zi], key, pub)
+			}
+			updates = append(updates, u)
 		}
 	}
-	if !r.plant(pctx, updates) || !r.publish(pctx, lockVal, set, updates, (now-sent)/int64(time.Millisecond), full) {
+	if !r.plant(pctx, updates) || !r.publish(pctx, lockVal, set.keys, published, (now-sent)/int64(time.Millisecond), full) {
 		return false
 	}
 	c.contact = sent
-	c.full = v[2] == int64(1) // a learning store: in full until done
+	c.full = learning // a learning store: in full until done
 	now = monotime.Now()
-	if v[3] == int64(1) && c.waitUntil == 0 {
+	if waiting && c.waitUntil == 0 {
 		// the other region's next sync and its cut's margin, round trips
 		c.waitUntil = now + int64(r.opts.SyncInterval+r.confirmMargin()) + 2*(now-sent)
 	}
 	for _, u := range updates {
 		h := u.h
-		if u.g > u.from && v[3] != int64(1) {
+		if u.g > u.from && !waiting {
 			c.waitUntil = 0 // the raise came
 		}
 		if u.g < u.from { // a cut
@@ -379,9 +370,6 @@ func (r *Region) exchange(lockVal string, set *zoneSet, reports []report, floore
 			h.prev, h.prevUntil = max(h.prev, h.cur, u.g), now+int64(r.confirmMargin())
 			if floored {
 				h.prev = max(h.prev, r.floor)
-			}
-			if c.confirmAt == 0 || h.prevUntil < c.confirmAt {
-				c.confirmAt = h.prevUntil
 			}
 		}
 		if u.g != h.cur {
@@ -428,8 +416,7 @@ if raw then
   tat = tonumber(v)
 end
 if not tat then return 0 end
-local debt = tat - now
-if debt < 0 then debt = 0 end
+local debt = math.max(0, tat - now)
 local d = span - math.floor((span - debt) * (from / to))
 if d <= debt then return 0 end
 local ms = math.floor((d + 999) / 1000)
@@ -466,27 +453,15 @@ func (r *Region) plant(ctx context.Context, updates []update) bool {
 	return err == nil // the first failed command's error
 }
 
-// publish writes to the regional Redis the grants that change what the
-// region applies (in full: every grant; a floored region syncs in full) and
-// the last contact (age ms, -1: keep).
-func (r *Region) publish(ctx context.Context, lockVal string, set *zoneSet, updates []update, age int64, full bool) bool {
-	args := []any{"publish", lockVal, age, (4 * r.opts.Lease).Milliseconds(), b2i(full), len(set.zones)}
-	for _, z := range set.zones {
-		n := len(args)
-		args = append(args, 0)
-		for _, u := range updates {
-			if u.z != z || u.g == u.from && !full {
-				continue
-			}
-			pub := u.g
-			if pub == r.weight {
-				pub = -1 // back to the weight
-			}
-			args = append(args, u.key, pub)
-		}
-		args[n] = (len(args) - n - 1) / 2
+// publish writes per zone pairs of key and share (-1: back to the weight)
+// to the regional Redis, replacing every share in full, and the last
+// contact (age ms, -1: keep).
+func (r *Region) publish(ctx context.Context, lockVal string, keys []string, shares [][]any, age int64, full bool) bool {
+	args := []any{"publish", lockVal, age, (4 * r.opts.Lease).Milliseconds(), b2i(full), len(shares)}
+	for _, zs := range shares {
+		args = append(append(args, len(zs)/2), zs...)
 	}
-	v, err := regionScript.Run(ctx, r.regional, set.keys, args...).Slice()
+	v, err := regionScript.Run(ctx, r.regional, keys, args...).Slice()
 	return err == nil && len(v) == 1 && v[0] == int64(1)
 }
 
