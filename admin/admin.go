@@ -109,11 +109,7 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 	default:
 		arg = q.Get("key")
 	}
-	err := errors.Join(err1, err2)
-	if route == "overrides" {
-		err = cmp.Or(err1, err2)
-	}
-	if err != nil {
+	if err := errors.Join(err1, err2); err != nil {
 		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
 	}
 	if route == "overrides" && len(parts) == 4 && arg == "" {
@@ -415,7 +411,7 @@ func (a *AdminAPI) serveOverrides(w http.ResponseWriter, r *http.Request, z *zon
 		if err := h.Put(r.Context(), rec); err != nil {
 			return err
 		}
-		overrideChanged(z, "set", rec)
+		overrideChanged(z, "set", rec.Override)
 		return adminapi.WriteJSON(w, http.StatusOK, rec)
 	case http.MethodDelete:
 		found, err := h.Remove(r.Context(), id)
@@ -425,7 +421,7 @@ func (a *AdminAPI) serveOverrides(w http.ResponseWriter, r *http.Request, z *zon
 		case !found:
 			return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s has no override %q", z.Name, id)}
 		}
-		overrideChanged(z, "removed", live.OverrideRecord{Override: adminapi.Override{ID: id, SetBy: r.RemoteAddr, SetAt: time.Now().UTC().Format(time.RFC3339)}})
+		overrideChanged(z, "removed", adminapi.Override{ID: id, SetBy: r.RemoteAddr})
 		w.WriteHeader(http.StatusNoContent)
 		return nil
 	}
@@ -436,7 +432,7 @@ const eventOverrideChanged = "rate_limit_override_changed"
 
 // overrideChanged logs a change made through this instance and emits
 // rate_limit_override_changed.
-func overrideChanged(z *zones.Zone, change string, rec live.OverrideRecord) {
+func overrideChanged(z *zones.Zone, change string, rec adminapi.Override) {
 	fields := []zap.Field{zap.String("zone", z.Name), zap.String("id", rec.ID), zap.String("change", change), zap.String("by", rec.SetBy)}
 	if rec.Expires != "" {
 		fields = append(fields, zap.String("expires", rec.Expires))
