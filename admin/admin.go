@@ -211,8 +211,8 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone,
 		info.Source = "redis"
 	}
 	v := live.View(z)
-	if h := v.Overrides; h != nil {
-		if rec, ok := h.Lookup(z, t.Key); ok {
+	if t.Override != nil && v.Overrides != nil {
+		if rec, ok := v.Overrides.Record(t.Override.ID); ok {
 			info.Override = &rec.Override
 		}
 	}
@@ -397,10 +397,8 @@ func (a *AdminAPI) serveOverrides(w http.ResponseWriter, r *http.Request, z *zon
 	}
 	switch r.Method {
 	case http.MethodGet:
-		for _, rec := range h.List() {
-			if rec.ID == id {
-				return adminapi.WriteJSON(w, http.StatusOK, rec)
-			}
+		if rec, ok := h.Record(id); ok {
+			return adminapi.WriteJSON(w, http.StatusOK, rec)
 		}
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s has no override %q", z.Name, id)}
 	case http.MethodPut:

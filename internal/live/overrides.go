@@ -272,6 +272,10 @@ func (r OverrideRecord) expiresAt() time.Time {
 	return t
 }
 
+func (r OverrideRecord) inForce(now time.Time) bool {
+	return r.expiresAt().IsZero() || now.Before(r.expiresAt())
+}
+
 // override is the record as zone c resolves it, or an error when it does
 // not fit c's kind (the zone changed kind since it was set).
 func (r OverrideRecord) override(c zones.Config) (*zones.Override, error) {
@@ -554,7 +558,7 @@ func (h *OverrideHolder) loadStorage(ctx context.Context) {
 func (h *OverrideHolder) live(now time.Time) []OverrideRecord {
 	out := make([]OverrideRecord, 0, len(h.records))
 	for _, id := range slices.Sorted(maps.Keys(h.records)) {
-		if r := h.records[id]; r.expiresAt().IsZero() || now.Before(r.expiresAt()) {
+		if r := h.records[id]; r.inForce(now) {
 			out = append(out, r)
 		}
 	}
@@ -607,7 +611,7 @@ func (h *OverrideHolder) rebuild(now time.Time) {
 	h.next = time.Time{}
 	var set *zones.OverrideSet
 	for id, r := range h.records {
-		if exp := r.expiresAt(); !exp.IsZero() && !now.Before(exp) {
+		if !r.inForce(now) {
 			delete(h.records, id)
 			if err := h.erase(id); err != nil {
 				h.logger.Warn("removing a lapsed override from storage", zap.String("zone", h.name), zap.String("id", id), zap.Error(err))
@@ -712,16 +716,12 @@ func (h *OverrideHolder) List() []OverrideRecord {
 	return h.live(time.Now())
 }
 
-// Lookup is the record of the override in force for a stored key.
-func (h *OverrideHolder) Lookup(z *zones.Zone, key string) (OverrideRecord, bool) {
-	o := z.Override(key)
-	if o == nil {
-		return OverrideRecord{}, false
-	}
+// Record is the override id, unless it lapsed.
+func (h *OverrideHolder) Record(id string) (OverrideRecord, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	r, ok := h.records[o.ID]
-	return r, ok
+	r, ok := h.records[id]
+	return r, ok && r.inForce(time.Now())
 }
 
 // forgetDenials: a denial cached under the old limit must not outlive it.
