@@ -112,9 +112,6 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 	if err := errors.Join(err1, err2); err != nil {
 		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
 	}
-	if route == "overrides" && len(parts) == 4 && arg == "" {
-		return live.CheckOverrideID(arg)
-	}
 	// An override route prefers the HTTP zone: a connection zone takes none.
 	z := live.Lookup(zoneName, route == "overrides")
 	if z == nil {
@@ -124,7 +121,7 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 	case z == nil:
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("unknown zone %q", zoneName)}
 	case route == "overrides":
-		return a.serveOverrides(w, r, z, arg)
+		return a.serveOverrides(w, r, z, arg, len(parts) == 4)
 	case !keys && r.Method != http.MethodGet:
 		return methodNotAllowed(w, http.MethodGet)
 	case route == "top":
@@ -372,13 +369,14 @@ func methodNotAllowed(w http.ResponseWriter, allowed ...string) error {
 	return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: errors.New("method not allowed: use " + strings.Join(allowed, " or "))}
 }
 
-// serveOverrides answers the override routes of zone z: id "" lists them.
-func (a *AdminAPI) serveOverrides(w http.ResponseWriter, r *http.Request, z *zones.Zone, id string) error {
+// serveOverrides answers the override routes of zone z: the override id's
+// (item), else the list.
+func (a *AdminAPI) serveOverrides(w http.ResponseWriter, r *http.Request, z *zones.Zone, id string, item bool) error {
 	h := live.View(z).Overrides
 	if h == nil {
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s takes no overrides (a connection zone)", z.Name)}
 	}
-	if id == "" {
+	if !item {
 		if r.Method != http.MethodGet {
 			return methodNotAllowed(w, http.MethodGet)
 		}

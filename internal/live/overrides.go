@@ -97,12 +97,10 @@ func CheckOverrideID(id string) error {
 	return nil
 }
 
-// ParseOverride reads a PUT body of zone z's override id, set by from at now;
-// a bad body is a 400 naming the field.
+// ParseOverride reads a PUT body of zone z's override id (which
+// CheckOverrideID passed), set by from at now; a bad body is a 400 naming
+// the field.
 func ParseOverride(z *zones.Zone, id, from string, body io.Reader, now time.Time) (OverrideRecord, error) {
-	if err := CheckOverrideID(id); err != nil {
-		return OverrideRecord{}, err
-	}
 	raw, err := io.ReadAll(io.LimitReader(body, maxOverrideBody+1))
 	if err != nil {
 		return OverrideRecord{}, caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("reading the body: %v", err)}
