@@ -481,10 +481,7 @@ func (h *OverrideHolder) load(ctx context.Context) {
 		return
 	}
 	if h.at.Epoch != "" && read.At.Epoch != h.at.Epoch {
-		h.mu.Lock()
-		copies := h.live(time.Now())
-		h.mu.Unlock()
-		if len(copies) > 0 {
+		if copies := h.List(); len(copies) > 0 {
 			n, err := h.remote.Restore(ctx, h.name, storedInOrder(copies))
 			if err != nil {
 				h.logger.Warn("Redis lost the zone's overrides and restoring them failed; this instance keeps its copies and retries", zap.String("zone", h.name), zap.Error(err))
@@ -550,17 +547,6 @@ func (h *OverrideHolder) loadStorage(ctx context.Context) {
 		r.version = r.setAt()
 		h.records[r.ID] = r
 	}
-}
-
-// live is the records in force at now, by id; h.mu is held.
-func (h *OverrideHolder) live(now time.Time) []OverrideRecord {
-	out := make([]OverrideRecord, 0, len(h.records))
-	for _, id := range slices.Sorted(maps.Keys(h.records)) {
-		if r := h.records[id]; r.inForce(now) {
-			out = append(out, r)
-		}
-	}
-	return out
 }
 
 func (h *OverrideHolder) apply(id string, r *OverrideRecord) {
@@ -711,7 +697,13 @@ func (h *OverrideHolder) Remove(ctx context.Context, id string) (bool, error) {
 func (h *OverrideHolder) List() []OverrideRecord {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.live(time.Now())
+	now, out := time.Now(), make([]OverrideRecord, 0, len(h.records))
+	for _, id := range slices.Sorted(maps.Keys(h.records)) {
+		if r := h.records[id]; r.inForce(now) {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // Record is the override id, unless it lapsed.
