@@ -398,7 +398,6 @@ func (a *AdminAPI) serveOverrides(w http.ResponseWriter, r *http.Request, z *zon
 		if rec, ok := h.Record(id); ok {
 			return adminapi.WriteJSON(w, http.StatusOK, rec)
 		}
-		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s has no override %q", z.Name, id)}
 	case http.MethodPut:
 		rec, err := live.ParseOverride(z, id, r.RemoteAddr, r.Body, time.Now())
 		if err != nil {
@@ -411,17 +410,18 @@ func (a *AdminAPI) serveOverrides(w http.ResponseWriter, r *http.Request, z *zon
 		return adminapi.WriteJSON(w, http.StatusOK, rec)
 	case http.MethodDelete:
 		found, err := h.Remove(r.Context(), id)
-		switch {
-		case err != nil:
+		if err != nil {
 			return err
-		case !found:
-			return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s has no override %q", z.Name, id)}
 		}
-		overrideChanged(z, "removed", adminapi.Override{ID: id, SetBy: r.RemoteAddr})
-		w.WriteHeader(http.StatusNoContent)
-		return nil
+		if found {
+			overrideChanged(z, "removed", adminapi.Override{ID: id, SetBy: r.RemoteAddr})
+			w.WriteHeader(http.StatusNoContent)
+			return nil
+		}
+	default:
+		return methodNotAllowed(w, http.MethodGet, http.MethodPut, http.MethodDelete)
 	}
-	return methodNotAllowed(w, http.MethodGet, http.MethodPut, http.MethodDelete)
+	return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s has no override %q", z.Name, id)}
 }
 
 const eventOverrideChanged = "rate_limit_override_changed"
