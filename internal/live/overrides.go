@@ -41,8 +41,6 @@ const (
 	// overridePoll is how often a holder reads the store's changes and drops
 	// lapsed overrides: it bounds the wait when a change's message is lost.
 	overridePoll = 250 * time.Millisecond
-	// overridesCall bounds one call to the store about a zone's overrides.
-	overridesCall = 2 * time.Second
 	// overrideDir keeps local zones' overrides in Caddy's storage, a file per
 	// override so that a change writes one: <dir>/<instance id>/<zone>/<id>.json.
 	overrideDir = "tally/overrides"
@@ -404,9 +402,7 @@ func LoadOverrideHolder(ctx caddy.Context, cfg zones.Config, remote *zones.Overr
 // zone's storage takes list as it is.
 func (h *OverrideHolder) carry(list []OverrideRecord) {
 	if h.remote != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), overridesCall)
-		defer cancel()
-		if _, err := h.remote.Restore(ctx, h.name, storedInOrder(list)); err != nil {
+		if _, err := h.remote.Restore(context.Background(), h.name, storedInOrder(list)); err != nil {
 			h.logger.Warn("carrying the zone's overrides to its new store", zap.String("zone", h.name), zap.Error(err))
 		}
 		return
@@ -471,8 +467,6 @@ func (h *OverrideHolder) load(ctx context.Context) {
 	}
 	h.follows.Lock()
 	defer h.follows.Unlock()
-	ctx, cancel := context.WithTimeout(ctx, overridesCall)
-	defer cancel()
 	read, err := h.remote.Read(ctx, h.name, h.at)
 	if err != nil {
 		if h.at.Epoch == "" {
