@@ -273,7 +273,8 @@ func (r OverrideRecord) inForce(now time.Time) bool {
 }
 
 // override is the record as zone c resolves it, or an error when it does
-// not fit c's kind (the zone changed kind since it was set).
+// not fit c's kind (the zone changed kind since it was set); a record
+// without a match is zones.OverrideSet.With's to refuse.
 func (r OverrideRecord) override(c zones.Config) (*zones.Override, error) {
 	o := &zones.Override{ID: r.ID, Exempt: r.Exempt, Deny: r.Deny}
 	if t := r.expiresAt(); !t.IsZero() {
@@ -290,8 +291,6 @@ func (r OverrideRecord) override(c zones.Config) (*zones.Override, error) {
 			return nil, err
 		}
 		o.CIDR = p
-	default:
-		return nil, zones.ErrOverrideMatch
 	}
 	if r.Exempt || r.Deny {
 		return o, nil
@@ -566,13 +565,13 @@ func (h *OverrideHolder) add(set *zones.OverrideSet, r OverrideRecord) *zones.Ov
 		h.next = exp
 	}
 	o, err := r.override(h.cfg)
-	if err != nil {
-		h.logger.Warn("an override does not fit the zone; ignored", zap.String("zone", h.name), zap.String("id", r.ID), zap.Error(err))
-		return set
+	if err == nil {
+		var with *zones.OverrideSet
+		if with, err = set.With(o, r.version); err == nil {
+			return with
+		}
 	}
-	if with, err := set.With(o, r.version); err == nil {
-		return with
-	}
+	h.logger.Warn("an override does not fit the zone; ignored", zap.String("zone", h.name), zap.String("id", r.ID), zap.Error(err))
 	return set
 }
 
