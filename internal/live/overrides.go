@@ -411,12 +411,12 @@ func (h *OverrideHolder) carry(list []OverrideRecord) {
 	h.loadStorage(context.Background())
 	for _, r := range list {
 		delete(h.records, r.ID)
-		if err := h.save(r); err != nil {
+		if err := h.write(r.ID, &r); err != nil {
 			h.logger.Warn("carrying an override to the instance's storage", zap.String("zone", h.name), zap.String("id", r.ID), zap.Error(err))
 		}
 	}
 	for id := range h.records {
-		if err := h.erase(id); err != nil {
+		if err := h.write(id, nil); err != nil {
 			h.logger.Warn("removing an override the zone no longer holds from storage", zap.String("zone", h.name), zap.String("id", id), zap.Error(err))
 		}
 	}
@@ -590,7 +590,7 @@ func (h *OverrideHolder) rebuild(now time.Time) {
 	for id, r := range h.records {
 		if !r.inForce(now) {
 			delete(h.records, id)
-			if err := h.erase(id); err != nil {
+			if err := h.write(id, nil); err != nil {
 				h.logger.Warn("removing a lapsed override from storage", zap.String("zone", h.name), zap.String("id", id), zap.Error(err))
 			}
 			continue
@@ -602,11 +602,11 @@ func (h *OverrideHolder) rebuild(now time.Time) {
 
 func (h *OverrideHolder) file(id string) string { return path.Join(h.dir, id+".json") }
 
-// save creates Caddy's instance id on the first record; h.mu is held.
-func (h *OverrideHolder) save(r OverrideRecord) error {
-	data, err := json.Marshal(r)
-	if err != nil {
-		return err
+// write stores r as id's file, or deletes the file (r nil), creating
+// Caddy's instance id on the first record; h.mu is held.
+func (h *OverrideHolder) write(id string, r *OverrideRecord) error {
+	if r == nil && h.dir == "" {
+		return nil // nothing was stored (a distributed zone's holder stores none)
 	}
 	if h.dir == "" {
 		instance, err := CreateInstanceID()
@@ -617,20 +617,17 @@ func (h *OverrideHolder) save(r OverrideRecord) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), SnapshotTimeout)
 	defer cancel()
-	return h.storage.Store(ctx, h.file(r.ID), data)
-}
-
-// erase is a no-op for a distributed zone's holder, which stores none.
-func (h *OverrideHolder) erase(id string) error {
-	if h.dir == "" {
-		return nil // nothing was stored
+	if r == nil {
+		if err := h.storage.Delete(ctx, h.file(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), SnapshotTimeout)
-	defer cancel()
-	if err := h.storage.Delete(ctx, h.file(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	data, err := json.Marshal(r)
+	if err != nil {
 		return err
 	}
-	return nil
+	return h.storage.Store(ctx, h.file(id), data)
 }
 
 var errTooManyOverrides = caddy.APIError{HTTPStatus: http.StatusConflict,
@@ -654,7 +651,7 @@ func (h *OverrideHolder) Put(ctx context.Context, rec OverrideRecord) error {
 	if _, had := h.records[rec.ID]; !had && len(h.records) >= zones.MaxOverrides {
 		return errTooManyOverrides
 	}
-	if err := h.save(rec); err != nil {
+	if err := h.write(rec.ID, &rec); err != nil {
 		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("storing the override in Caddy's storage: %v", err)}
 	}
 	rec.version = rec.setAt()
@@ -678,7 +675,7 @@ func (h *OverrideHolder) Remove(ctx context.Context, id string) (bool, error) {
 	if _, ok := h.records[id]; !ok {
 		return false, nil
 	}
-	if err := h.erase(id); err != nil {
+	if err := h.write(id, nil); err != nil {
 		return false, caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("removing the override from Caddy's storage: %v", err)}
 	}
 	h.apply(id, nil)
