@@ -291,7 +291,7 @@ func (z *Zone) OverrideCount() int {
 // one record and each instance reads back only what changed since its
 // version (O(1) store work at any number of overrides). A store that lost
 // its data says so with a new epoch, never as "every override was removed":
-// the instances then Restore their copies. The store bounds each call.
+// the instances then Restore their copies.
 type OverrideStore struct {
 	// Put stores o (Version unused), replacing the override of its id, and
 	// returns its version; ErrTooManyOverrides at MaxOverrides.

@@ -41,6 +41,8 @@ const (
 	// overridePoll is how often a holder reads the store's changes and drops
 	// lapsed overrides: it bounds the wait when a change's message is lost.
 	overridePoll = 250 * time.Millisecond
+	// overridesCall bounds one call to the store about a zone's overrides.
+	overridesCall = 2 * time.Second
 	// overrideDir keeps local zones' overrides in Caddy's storage, a file per
 	// override so that a change writes one: <dir>/<instance id>/<zone>/<id>.json.
 	overrideDir = "tally/overrides"
@@ -401,7 +403,9 @@ func LoadOverrideHolder(ctx caddy.Context, cfg zones.Config, remote *zones.Overr
 // zone's storage takes list as it is.
 func (h *OverrideHolder) carry(list []OverrideRecord) {
 	if h.remote != nil {
-		if _, err := h.remote.Restore(context.Background(), h.name, storedInOrder(list)); err != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), overridesCall)
+		defer cancel()
+		if _, err := h.remote.Restore(ctx, h.name, storedInOrder(list)); err != nil {
 			h.logger.Warn("carrying the zone's overrides to its new store", zap.String("zone", h.name), zap.Error(err))
 		}
 		return
@@ -466,6 +470,8 @@ func (h *OverrideHolder) load(ctx context.Context) {
 	}
 	h.follows.Lock()
 	defer h.follows.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, overridesCall)
+	defer cancel()
 	read, err := h.remote.Read(ctx, h.name, h.at)
 	if err != nil {
 		if h.at.Epoch == "" {
