@@ -109,15 +109,8 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 	default:
 		arg = q.Get("key")
 	}
-	err := errors.Join(err1, err2)
-	if route == "overrides" {
-		err = cmp.Or(err1, err2)
-	}
-	if err != nil {
+	if err := errors.Join(err1, err2); err != nil {
 		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
-	}
-	if route == "overrides" && len(parts) == 4 && arg == "" {
-		return live.CheckOverrideID(arg)
 	}
 	// An override route prefers the HTTP zone: a connection zone takes none.
 	z := live.Lookup(zoneName, route == "overrides")
@@ -128,7 +121,7 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 	case z == nil:
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("unknown zone %q", zoneName)}
 	case route == "overrides":
-		return a.serveOverrides(w, r, z, arg)
+		return a.serveOverrides(w, r, z, arg, len(parts) == 4)
 	case !keys && r.Method != http.MethodGet:
 		return methodNotAllowed(w, http.MethodGet)
 	case route == "top":
@@ -215,8 +208,8 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, z *zones.Zone,
 		info.Source = "redis"
 	}
 	v := live.View(z)
-	if h := v.Overrides; h != nil {
-		if rec, ok := h.Lookup(z, t.Key); ok {
+	if t.Override != nil && v.Overrides != nil {
+		if rec, ok := v.Overrides.Record(t.Override.ID); ok {
 			info.Override = &rec.Override
 		}
 	}
@@ -376,13 +369,14 @@ func methodNotAllowed(w http.ResponseWriter, allowed ...string) error {
 	return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: errors.New("method not allowed: use " + strings.Join(allowed, " or "))}
 }
 
-// serveOverrides answers the override routes of zone z: id "" lists them.
-func (a *AdminAPI) serveOverrides(w http.ResponseWriter, r *http.Request, z *zones.Zone, id string) error {
+// serveOverrides answers the override routes of zone z: the override id's
+// (item), else the list.
+func (a *AdminAPI) serveOverrides(w http.ResponseWriter, r *http.Request, z *zones.Zone, id string, item bool) error {
 	h := live.View(z).Overrides
 	if h == nil {
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s takes no overrides (a connection zone)", z.Name)}
 	}
-	if id == "" {
+	if !item {
 		if r.Method != http.MethodGet {
 			return methodNotAllowed(w, http.MethodGet)
 		}
@@ -401,12 +395,9 @@ func (a *AdminAPI) serveOverrides(w http.ResponseWriter, r *http.Request, z *zon
 	}
 	switch r.Method {
 	case http.MethodGet:
-		for _, rec := range h.List() {
-			if rec.ID == id {
-				return adminapi.WriteJSON(w, http.StatusOK, rec)
-			}
+		if rec, ok := h.Record(id); ok {
+			return adminapi.WriteJSON(w, http.StatusOK, rec)
 		}
-		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s has no override %q", z.Name, id)}
 	case http.MethodPut:
 		rec, err := live.ParseOverride(z, id, r.RemoteAddr, r.Body, time.Now())
 		if err != nil {
@@ -415,28 +406,29 @@ func (a *AdminAPI) serveOverrides(w http.ResponseWriter, r *http.Request, z *zon
 		if err := h.Put(r.Context(), rec); err != nil {
 			return err
 		}
-		overrideChanged(z, "set", rec)
+		overrideChanged(z, "set", rec.Override)
 		return adminapi.WriteJSON(w, http.StatusOK, rec)
 	case http.MethodDelete:
 		found, err := h.Remove(r.Context(), id)
-		switch {
-		case err != nil:
+		if err != nil {
 			return err
-		case !found:
-			return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s has no override %q", z.Name, id)}
 		}
-		overrideChanged(z, "removed", live.OverrideRecord{Override: adminapi.Override{ID: id, SetBy: r.RemoteAddr, SetAt: time.Now().UTC().Format(time.RFC3339)}})
-		w.WriteHeader(http.StatusNoContent)
-		return nil
+		if found {
+			overrideChanged(z, "removed", adminapi.Override{ID: id, SetBy: r.RemoteAddr})
+			w.WriteHeader(http.StatusNoContent)
+			return nil
+		}
+	default:
+		return methodNotAllowed(w, http.MethodGet, http.MethodPut, http.MethodDelete)
 	}
-	return methodNotAllowed(w, http.MethodGet, http.MethodPut, http.MethodDelete)
+	return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("zone %s has no override %q", z.Name, id)}
 }
 
 const eventOverrideChanged = "rate_limit_override_changed"
 
 // overrideChanged logs a change made through this instance and emits
 // rate_limit_override_changed.
-func overrideChanged(z *zones.Zone, change string, rec live.OverrideRecord) {
+func overrideChanged(z *zones.Zone, change string, rec adminapi.Override) {
 	fields := []zap.Field{zap.String("zone", z.Name), zap.String("id", rec.ID), zap.String("change", change), zap.String("by", rec.SetBy)}
 	if rec.Expires != "" {
 		fields = append(fields, zap.String("expires", rec.Expires))

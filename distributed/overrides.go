@@ -55,7 +55,9 @@ func (c *link) overrides() *zones.OverrideStore {
 			v, err := c.overridesStep(ctx, zone, "restore", list...)
 			return int(v), err
 		},
-		Moved: c.onOverridesMoved,
+		Moved: func(zone string, moved chan<- struct{}) (remove func()) {
+			return listen(&c.resets.mu, c.resets.moved, zone, moved)
+		},
 	}
 }
 
@@ -91,10 +93,6 @@ func (c *link) overridesStep(ctx context.Context, zone, op string, list ...zones
 // overridesMovedMsg starts the resets channel's message "\x01<zone>": zone's
 // overrides changed (a reset's starts with a zone name).
 const overridesMovedMsg = "\x01"
-
-func (c *link) onOverridesMoved(zone string, moved chan<- struct{}) (remove func()) {
-	return listen(&c.resets.mu, c.resets.moved, zone, moved)
-}
 
 func (c *link) overridesMoved(zone string) {
 	c.resets.mu.Lock()

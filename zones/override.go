@@ -94,7 +94,7 @@ func (s *OverrideSet) With(o *Override, version int64) (*OverrideSet, error) {
 		c = *s
 	}
 	p := placed{version, o}
-	c.ids = c.ids.put(0, hashString(o.ID), o.ID, p)
+	c.ids = c.ids.set(0, hashString(o.ID), o.ID, &p)
 	c.n++
 	c.edit(o, func(list []placed) []placed { return addPlaced(list, p) })
 	return &c, nil
@@ -114,7 +114,7 @@ func (s *OverrideSet) Without(id string) *OverrideSet {
 		return nil
 	}
 	c := *s
-	c.ids = c.ids.del(0, hid, id)
+	c.ids = c.ids.set(0, hid, id, nil)
 	c.n--
 	c.edit(p.o, func(list []placed) []placed { return dropPlaced(list, id) })
 	return &c
@@ -390,47 +390,25 @@ func change[K comparable](
 	list := f(old)
 	moved := btoi(len(list) > 0) - btoi(len(old) > 0)
 	if len(list) == 0 {
-		return t.del(0, h, k), moved
+		return t.set(0, h, k, nil), moved
 	}
-	return t.put(0, h, k, list), moved
+	return t.set(0, h, k, &list), moved
 }
 
-// put is t with k's value v; shift is 0 at the root, 5 more a level down.
-func (t *trie[K, V]) put(shift uint, h uint64, k K, v V) *trie[K, V] {
-	it := trieItem[K, V]{h, k, v}
+// set is t with k's value *v, or without k when v is nil; shift is 0 at
+// the root, 5 more a level down.
+func (t *trie[K, V]) set(shift uint, h uint64, k K, v *V) *trie[K, V] {
 	if t == nil {
-		return &trie[K, V]{items: []trieItem[K, V]{it}}
-	}
-	if t.kids != nil {
-		kids := *t.kids
-		i := (it.h >> shift) & 31
-		kids[i] = kids[i].put(shift+5, h, k, v)
-		return &trie[K, V]{kids: &kids}
-	}
-	items := slices.Clone(t.items)
-	if i := slices.IndexFunc(items, func(x trieItem[K, V]) bool { return x.h == h && x.k == k }); i >= 0 {
-		items[i] = it
-		return &trie[K, V]{items: items}
-	}
-	if len(items) < trieLeaf || shift >= 64 {
-		return &trie[K, V]{items: append(items, it)}
-	}
-	b := &trie[K, V]{kids: &[32]*trie[K, V]{}}
-	for _, x := range append(items, it) {
-		b = b.put(shift, x.h, x.k, x.v)
-	}
-	return b
-}
-
-func (t *trie[K, V]) del(shift uint, h uint64, k K) *trie[K, V] {
-	if t == nil {
-		return nil
+		if v == nil {
+			return nil
+		}
+		return &trie[K, V]{items: []trieItem[K, V]{{h, k, *v}}}
 	}
 	if t.kids != nil {
 		i := (h >> shift) & 31
-		kid := t.kids[i].del(shift+5, h, k)
+		kid := t.kids[i].set(shift+5, h, k, v)
 		if kid == t.kids[i] {
-			return t
+			return t // k was not there to delete
 		}
 		kids := *t.kids
 		kids[i] = kid
@@ -441,12 +419,26 @@ func (t *trie[K, V]) del(shift uint, h uint64, k K) *trie[K, V] {
 	}
 	i := slices.IndexFunc(t.items, func(x trieItem[K, V]) bool { return x.h == h && x.k == k })
 	switch {
-	case i < 0:
+	case v == nil && i < 0:
 		return t
-	case len(t.items) == 1:
+	case v == nil && len(t.items) == 1:
 		return nil
+	case v == nil:
+		return &trie[K, V]{items: slices.Delete(slices.Clone(t.items), i, i+1)}
+	case i >= 0:
+		items := slices.Clone(t.items)
+		items[i].v = *v
+		return &trie[K, V]{items: items}
 	}
-	return &trie[K, V]{items: slices.Delete(slices.Clone(t.items), i, i+1)}
+	items := append(slices.Clone(t.items), trieItem[K, V]{h, k, *v})
+	if len(t.items) < trieLeaf || shift >= 64 {
+		return &trie[K, V]{items: items}
+	}
+	b := &trie[K, V]{kids: &[32]*trie[K, V]{}}
+	for i := range items {
+		b = b.set(shift, items[i].h, items[i].k, &items[i].v)
+	}
+	return b
 }
 
 // FNV-1a, folded so that the trie's first levels see every byte.

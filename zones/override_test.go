@@ -378,10 +378,10 @@ func TestTrieMatchesAMap(t *testing.T) {
 		before, had := tr.lookup(h, k)
 		prev := tr
 		if i%3 == 2 {
-			tr = tr.del(0, h, k)
+			tr = tr.set(0, h, k, nil)
 			delete(want, k)
 		} else {
-			tr = tr.put(0, h, k, i)
+			tr = tr.set(0, h, k, &i)
 			want[k] = i
 		}
 		if v, ok := prev.lookup(h, k); v != before || ok != had {

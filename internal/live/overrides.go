@@ -97,12 +97,10 @@ func CheckOverrideID(id string) error {
 	return nil
 }
 
-// ParseOverride reads a PUT body of zone z's override id, set by from at now;
-// a bad body is a 400 naming the field.
+// ParseOverride reads a PUT body of zone z's override id (which
+// CheckOverrideID passed), set by from at now; a bad body is a 400 naming
+// the field.
 func ParseOverride(z *zones.Zone, id, from string, body io.Reader, now time.Time) (OverrideRecord, error) {
-	if err := CheckOverrideID(id); err != nil {
-		return OverrideRecord{}, err
-	}
 	raw, err := io.ReadAll(io.LimitReader(body, maxOverrideBody+1))
 	if err != nil {
 		return OverrideRecord{}, caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("reading the body: %v", err)}
@@ -272,8 +270,13 @@ func (r OverrideRecord) expiresAt() time.Time {
 	return t
 }
 
+func (r OverrideRecord) inForce(now time.Time) bool {
+	return r.expiresAt().IsZero() || now.Before(r.expiresAt())
+}
+
 // override is the record as zone c resolves it, or an error when it does
-// not fit c's kind (the zone changed kind since it was set).
+// not fit c's kind (the zone changed kind since it was set); a record
+// without a match is zones.OverrideSet.With's to refuse.
 func (r OverrideRecord) override(c zones.Config) (*zones.Override, error) {
 	o := &zones.Override{ID: r.ID, Exempt: r.Exempt, Deny: r.Deny}
 	if t := r.expiresAt(); !t.IsZero() {
@@ -290,8 +293,6 @@ func (r OverrideRecord) override(c zones.Config) (*zones.Override, error) {
 			return nil, err
 		}
 		o.CIDR = p
-	default:
-		return nil, zones.ErrOverrideMatch
 	}
 	if r.Exempt || r.Deny {
 		return o, nil
@@ -414,12 +415,12 @@ func (h *OverrideHolder) carry(list []OverrideRecord) {
 	h.loadStorage(context.Background())
 	for _, r := range list {
 		delete(h.records, r.ID)
-		if err := h.save(r); err != nil {
+		if err := h.write(r.ID, &r); err != nil {
 			h.logger.Warn("carrying an override to the instance's storage", zap.String("zone", h.name), zap.String("id", r.ID), zap.Error(err))
 		}
 	}
 	for id := range h.records {
-		if err := h.erase(id); err != nil {
+		if err := h.write(id, nil); err != nil {
 			h.logger.Warn("removing an override the zone no longer holds from storage", zap.String("zone", h.name), zap.String("id", id), zap.Error(err))
 		}
 	}
@@ -479,10 +480,7 @@ func (h *OverrideHolder) load(ctx context.Context) {
 		return
 	}
 	if h.at.Epoch != "" && read.At.Epoch != h.at.Epoch {
-		h.mu.Lock()
-		copies := h.live(time.Now())
-		h.mu.Unlock()
-		if len(copies) > 0 {
+		if copies := h.List(); len(copies) > 0 {
 			n, err := h.remote.Restore(ctx, h.name, storedInOrder(copies))
 			if err != nil {
 				h.logger.Warn("Redis lost the zone's overrides and restoring them failed; this instance keeps its copies and retries", zap.String("zone", h.name), zap.Error(err))
@@ -550,17 +548,6 @@ func (h *OverrideHolder) loadStorage(ctx context.Context) {
 	}
 }
 
-// live is the records in force at now, by id; h.mu is held.
-func (h *OverrideHolder) live(now time.Time) []OverrideRecord {
-	out := make([]OverrideRecord, 0, len(h.records))
-	for _, id := range slices.Sorted(maps.Keys(h.records)) {
-		if r := h.records[id]; r.expiresAt().IsZero() || now.Before(r.expiresAt()) {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
 func (h *OverrideHolder) apply(id string, r *OverrideRecord) {
 	h.set.Store(h.applyTo(h.set.Load(), id, r))
 }
@@ -584,13 +571,13 @@ func (h *OverrideHolder) add(set *zones.OverrideSet, r OverrideRecord) *zones.Ov
 		h.next = exp
 	}
 	o, err := r.override(h.cfg)
-	if err != nil {
-		h.logger.Warn("an override does not fit the zone; ignored", zap.String("zone", h.name), zap.String("id", r.ID), zap.Error(err))
-		return set
+	if err == nil {
+		var with *zones.OverrideSet
+		if with, err = set.With(o, r.version); err == nil {
+			return with
+		}
 	}
-	if with, err := set.With(o, r.version); err == nil {
-		return with
-	}
+	h.logger.Warn("an override does not fit the zone; ignored", zap.String("zone", h.name), zap.String("id", r.ID), zap.Error(err))
 	return set
 }
 
@@ -607,9 +594,9 @@ func (h *OverrideHolder) rebuild(now time.Time) {
 	h.next = time.Time{}
 	var set *zones.OverrideSet
 	for id, r := range h.records {
-		if exp := r.expiresAt(); !exp.IsZero() && !now.Before(exp) {
+		if !r.inForce(now) {
 			delete(h.records, id)
-			if err := h.erase(id); err != nil {
+			if err := h.write(id, nil); err != nil {
 				h.logger.Warn("removing a lapsed override from storage", zap.String("zone", h.name), zap.String("id", id), zap.Error(err))
 			}
 			continue
@@ -621,11 +608,11 @@ func (h *OverrideHolder) rebuild(now time.Time) {
 
 func (h *OverrideHolder) file(id string) string { return path.Join(h.dir, id+".json") }
 
-// save creates Caddy's instance id on the first record; h.mu is held.
-func (h *OverrideHolder) save(r OverrideRecord) error {
-	data, err := json.Marshal(r)
-	if err != nil {
-		return err
+// write stores r as id's file, or deletes the file (r nil), creating
+// Caddy's instance id on the first record; h.mu is held.
+func (h *OverrideHolder) write(id string, r *OverrideRecord) error {
+	if r == nil && h.dir == "" {
+		return nil // nothing was stored (a distributed zone's holder stores none)
 	}
 	if h.dir == "" {
 		instance, err := CreateInstanceID()
@@ -636,20 +623,17 @@ func (h *OverrideHolder) save(r OverrideRecord) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), SnapshotTimeout)
 	defer cancel()
-	return h.storage.Store(ctx, h.file(r.ID), data)
-}
-
-// erase is a no-op for a distributed zone's holder, which stores none.
-func (h *OverrideHolder) erase(id string) error {
-	if h.dir == "" {
-		return nil // nothing was stored
+	if r == nil {
+		if err := h.storage.Delete(ctx, h.file(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), SnapshotTimeout)
-	defer cancel()
-	if err := h.storage.Delete(ctx, h.file(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	data, err := json.Marshal(r)
+	if err != nil {
 		return err
 	}
-	return nil
+	return h.storage.Store(ctx, h.file(id), data)
 }
 
 var errTooManyOverrides = caddy.APIError{HTTPStatus: http.StatusConflict,
@@ -673,7 +657,7 @@ func (h *OverrideHolder) Put(ctx context.Context, rec OverrideRecord) error {
 	if _, had := h.records[rec.ID]; !had && len(h.records) >= zones.MaxOverrides {
 		return errTooManyOverrides
 	}
-	if err := h.save(rec); err != nil {
+	if err := h.write(rec.ID, &rec); err != nil {
 		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("storing the override in Caddy's storage: %v", err)}
 	}
 	rec.version = rec.setAt()
@@ -697,7 +681,7 @@ func (h *OverrideHolder) Remove(ctx context.Context, id string) (bool, error) {
 	if _, ok := h.records[id]; !ok {
 		return false, nil
 	}
-	if err := h.erase(id); err != nil {
+	if err := h.write(id, nil); err != nil {
 		return false, caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("removing the override from Caddy's storage: %v", err)}
 	}
 	h.apply(id, nil)
@@ -709,19 +693,21 @@ func (h *OverrideHolder) Remove(ctx context.Context, id string) (bool, error) {
 func (h *OverrideHolder) List() []OverrideRecord {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.live(time.Now())
+	now, out := time.Now(), make([]OverrideRecord, 0, len(h.records))
+	for _, id := range slices.Sorted(maps.Keys(h.records)) {
+		if r := h.records[id]; r.inForce(now) {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
-// Lookup is the record of the override in force for a stored key.
-func (h *OverrideHolder) Lookup(z *zones.Zone, key string) (OverrideRecord, bool) {
-	o := z.Override(key)
-	if o == nil {
-		return OverrideRecord{}, false
-	}
+// Record is the override id, unless it lapsed.
+func (h *OverrideHolder) Record(id string) (OverrideRecord, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	r, ok := h.records[o.ID]
-	return r, ok
+	r, ok := h.records[id]
+	return r, ok && r.inForce(time.Now())
 }
 
 // forgetDenials: a denial cached under the old limit must not outlive it.
