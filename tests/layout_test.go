@@ -233,7 +233,7 @@ func TestFileNamesSayWhichTestsStartCaddy(t *testing.T) {
 // shippedLinesBudget bounds the shipped Go and Lua: every file outside
 // tests/ that is not a _test.go file. A capability that needs more raises
 // it in the same commit and says why; anything else fits inside it.
-const shippedLinesBudget = 24_150
+const shippedLinesBudget = 24_100
 
 // shippedLines counts the lines of the shipped Go and Lua under root.
 func shippedLines(root string) (int, error) {
