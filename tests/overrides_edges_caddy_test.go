@@ -3,6 +3,7 @@ package tests
 import (
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 )
@@ -108,5 +109,28 @@ func TestOverrideOnAConnectionZoneSaysItTakesNone(t *testing.T) {
 	status, answer := putOverride(t, e.caddyInstance, "conn_only", "x", `{"match":{"key":"127.0.0.1"},"exempt":true}`)
 	if status != http.StatusNotFound || !strings.Contains(answer, "takes no overrides") {
 		t.Errorf("PUT on a connection zone: %d %s; want 404 saying it takes no overrides", status, answer)
+	}
+}
+
+// A prefix override matches the key as the request carries it, also when
+// the zone stores it hashed (longer than 256 bytes): the request is decided
+// under the override, and the admin key view shows the same override.
+func TestOverrideOnALongKeyShowsInTheKeyView(t *testing.T) {
+	c := startCaddy(t, prefixAndLongKeySite)
+	mustPutOverride(t, c, "long", "bearers", `{"match":{"prefix":"Bearer x"},"events":5,"window":"1h"}`)
+	long := "Bearer " + strings.Repeat("x", 403)
+	if n := admitted(c, request{Path: "/long", Header: map[string]string{"Authorization": long}}, 20); n != 5 {
+		t.Fatalf("the 410-byte key under the override of 5: %d admitted, want 5", n)
+	}
+	var k struct {
+		adminKey
+		Override *struct {
+			ID string `json:"id"`
+		} `json:"override"`
+	}
+	c.adminJSON("/rate_limit/zones/long/keys?key="+url.QueryEscape(long), &k)
+	if !strings.HasPrefix(k.StoredAs, "sha256:") || k.Events != 5 || k.Remaining != 0 || k.Override == nil || k.Override.ID != "bearers" {
+		t.Errorf("GET of the 410-byte key: stored_as %q, events %d, remaining %d, override %+v; want the hashed key at 0 of 5 under the override bearers",
+			k.StoredAs, k.Events, k.Remaining, k.Override)
 	}
 }
