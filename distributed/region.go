@@ -65,6 +65,7 @@ type RegionOptions struct {
 	Refresh time.Duration
 }
 
+// The defaults of RegionOptions.SyncInterval and RegionOptions.Lease.
 const (
 	DefaultGlobalSyncInterval = time.Second
 	DefaultGlobalLease        = 5 * time.Minute
