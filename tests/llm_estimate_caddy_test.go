@@ -248,8 +248,10 @@ func TestIncludeUsageOffLeavesTheRequestAlone(t *testing.T) {
 // left, each costing 30 + 2 × 1000 = 2030 (max_tokens 1000, a prompt of 30
 // tokens), sent together, and returns how many
 // were admitted and the spend over the budget once all were charged (the
-// zone's cost_total, every charge's actual cost).
-func overshoot(t *testing.T, extra, distributed string) (admitted int, over int64) {
+// zone's cost_total, every charge's actual cost). together: the upstream
+// answers none until all 20 reached it (10 s at most), so that none is
+// charged before every check is made, however loaded the machine.
+func overshoot(t *testing.T, extra, distributed string, together bool) (admitted int, over int64) {
 	u := llmupstream.Start(t)
 	c := startCaddyWith(t, "metrics", loginSite(u.Addr, spendZone(extra), distributed))
 	const key = "Bearer overshoot"
@@ -263,6 +265,9 @@ func overshoot(t *testing.T, extra, distributed string) (admitted int, over int6
 	waitCharged(t, c, "spend", key, 10_000)
 	h.Set("X-Chunks", "2")
 	h.Set("X-Pace-Ms", "300") // the model's pace: the 20 overlap
+	if together {
+		h.Set("X-Together", "20")
+	}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for range 20 {
@@ -286,23 +291,22 @@ func overshoot(t *testing.T, extra, distributed string) (admitted int, over int6
 // left, so the spend over the budget is at most one request's cost.
 func TestOvershootAtTheBudgetsEnd(t *testing.T) {
 	t.Parallel()
-	admittedWithout, overWithout := overshoot(t, "", "")
-	admittedWith, overWith := overshoot(t, "\n\t\t\testimate request", "")
+	admittedWithout, overWithout := overshoot(t, "", "", true)
+	admittedWith, overWith := overshoot(t, "\n\t\t\testimate request", "", false)
 	t.Logf("20 requests at once with 10000 of 1000000 micro-dollars left, 2030 each: without estimate request %d admitted, %d over the budget; with it %d admitted, %d over",
 		admittedWithout, overWithout, admittedWith, overWith)
 	// Without one, every request that arrives before an earlier one's
-	// response is charged passes the check: on a loaded machine a few of
-	// the 20 may come after, but far more than the 5 the budget holds
-	// get in.
-	if admittedWithout < 10 {
-		t.Errorf("without an estimate %d of 20 admitted, want most: each passes the check until a response is charged", admittedWithout)
+	// response is charged passes the check: all 20, the upstream holding
+	// each response until the 20 reached it.
+	if admittedWithout != 20 {
+		t.Errorf("without an estimate %d of 20 admitted, want all: each passes the check until a response is charged", admittedWithout)
 	}
 	if overWith > 2030 || admittedWith != 5 {
 		t.Errorf("with estimate request: %d admitted, %d over the budget; want 5 (4 taking 2030 each, one the 1880 left), at most one request's 2030 over", admittedWith, overWith)
 	}
 	// In strict mode each estimate is taken in Redis, one at a time.
 	rs := startRedis(t)
-	if admitted, over := overshoot(t, "\n\t\t\testimate request", strictBlock(rs.Addr)); over > 2030 || admitted != 5 {
+	if admitted, over := overshoot(t, "\n\t\t\testimate request", strictBlock(rs.Addr), false); over > 2030 || admitted != 5 {
 		t.Errorf("strict mode, with estimate request: %d admitted, %d over the budget; want 5, at most 2030 over", admitted, over)
 	}
 }

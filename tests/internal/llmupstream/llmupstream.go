@@ -38,6 +38,8 @@
 // part of the output spent reasoning), X-Model (default: a model of the
 // API's provider). X-Chunks (default 3) is how many content chunks a
 // stream has; X-Pace-Ms the pause after each (the model's pace).
+// X-Together: n holds the response until n requests that carry the header
+// have arrived (10 s at most): they are all in flight at once.
 package llmupstream
 
 import (
@@ -113,8 +115,10 @@ type Server struct {
 	URL  string // http://127.0.0.1:port
 	Addr string // 127.0.0.1:port
 
-	mu   sync.Mutex
-	reqs []Request
+	mu       sync.Mutex
+	reqs     []Request
+	arrived  int           // requests that carry X-Together since the last release
+	together chan struct{} // closed when the X-Together count is reached
 }
 
 // maxKept is how many requests a Server keeps (the latest).
@@ -162,6 +166,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, `{"error":"the request body is not JSON"}`, http.StatusBadRequest)
 			return
 		}
+	}
+	if n, err := strconv.Atoi(r.Header.Get("X-Together")); err == nil && n > 0 {
+		s.hold(n)
 	}
 	o := out{w: w, chunks: 3}
 	if v, err := strconv.Atoi(r.Header.Get("X-Chunks")); err == nil && v >= 0 {
@@ -215,6 +222,24 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	default:
 		http.NotFound(w, r)
+	}
+}
+
+// hold returns once n requests that called it have arrived, or after 10 s.
+func (s *Server) hold(n int) {
+	s.mu.Lock()
+	if s.together == nil {
+		s.together = make(chan struct{})
+	}
+	release := s.together
+	if s.arrived++; s.arrived >= n {
+		close(release)
+		s.together, s.arrived = nil, 0
+	}
+	s.mu.Unlock()
+	select {
+	case <-release:
+	case <-time.After(10 * time.Second):
 	}
 }
 
