@@ -685,10 +685,10 @@ func (z *Zone) readCost(d *caddyfile.Dispenser) error {
 		}
 	}
 	z.CostPlaceholder = a.placeholder
-	for _, kw := range []string{"at_least", "at_most"} {
-		dst := map[string]*int64{"at_least": &z.CostAtLeast, "at_most": &z.CostAtMost}[kw]
+	dst := map[string]*int64{"at_least": &z.CostAtLeast, "at_most": &z.CostAtMost}
+	for _, kw := range []string{"at_least", "at_most"} { // in this order: the first error is at_least's
 		if bound := a.bounds[kw]; bound != "" {
-			if *dst, err = ParseInt64(d, "cost "+kw, bound, 1, zones.MaxEvents); err != nil {
+			if *dst[kw], err = ParseInt64(d, "cost "+kw, bound, 1, zones.MaxEvents); err != nil {
 				return err
 			}
 		}
