@@ -201,6 +201,11 @@ func checkMatch(z *zones.Zone, m *adminapi.OverrideMatch) (adminapi.OverrideMatc
 	}
 	switch {
 	case m.Key != nil:
+		if *m.Key == "" {
+			// zones.Override tells a key match by a key that is not empty
+			return adminapi.OverrideMatch{}, fieldError("match.key",
+				"empty: it is the bucket of requests whose key expanded to nothing (answer those before rate_limit, with a matcher)")
+		}
 		if err := checkText("match.key", *m.Key, zones.MaxKeyLength); err != nil {
 			return adminapi.OverrideMatch{}, err
 		}

@@ -149,6 +149,7 @@ func TestParseOverrideByZoneKind(t *testing.T) {
 		{rate, `{"match":{"key":"k"},"events":5,"window":"1m","burst":0}`, "burst"},
 		{rate, `{"match":{"key":"k"},"events":2000000,"window":"1s"}`, "window"},
 		{rate, `{"match":{"prefix":""},"exempt":true}`, "match.prefix"},
+		{rate, `{"match":{"key":""},"deny":true}`, "match.key"},
 		{rate, `{"match":{"cidr":"10.1.2.3/16"},"exempt":true}`, ""},
 		{rate, `{"match":{"key":"k"},"deny":true,"expires":"-1h"}`, "expires"},
 		{rate, `{"match":{"key":"k"},"exempt":true,"reason":"` + strings.Repeat("r", 1025) + `"}`, "reason"},
