@@ -640,8 +640,9 @@ func TestBehindProxyProtocolTheSourceIsTheKeyAndAnIdleClientDelaysNoOne(t *testi
 			t.Errorf("%s: %d %q, want its address as {client_ip}", src, status, body)
 		}
 	}
-	if slowest > 100*time.Millisecond {
-		t.Errorf("with three idle PROXY clients, the slowest of 5 handshakes took %v, want < 100ms", slowest)
+	// Held behind an idle client, a handshake would wait for its 10s timeout.
+	if slowest > 2*time.Second {
+		t.Errorf("with three idle PROXY clients, the slowest of 5 handshakes took %v, want far less than their 10s timeout", slowest)
 	}
 	// While they are open, conn_open holds a slot for each source and none
 	// for the proxy's address; an IPv6 source is its address as Caddy
@@ -776,14 +777,29 @@ func TestConnectionZoneStateSurvivesAReloadAndItsNameIsClaimed(t *testing.T) {
 	if status, body := e.loadCaddyfile(e.config(wrappers, "\trespond \"reloaded\"")); status != http.StatusOK {
 		t.Fatalf("reload: %d %s", status, body)
 	}
-	if c := e.conn(t, "127.0.0.1", ""); c == nil {
-		t.Fatal("the fourth connection refused after the reload")
-	} else {
-		if _, body := get(t, c, "/"); body != "reloaded" {
-			t.Errorf("served %q by the old config", body)
-		}
-		c.Close()
+	// The key kept its state: 1 of 4 left. On Linux the new config listens
+	// on a socket of its own beside the old one (SO_REUSEPORT), and a
+	// connection queued on the old one as it closes is reset before any
+	// wrapper sees it: a reset that left the key its connection is retried.
+	left := func() int64 {
+		var k adminKey
+		e.adminJSON(keyPath("conn_rate", "127.0.0.1"), &k)
+		return k.Remaining
 	}
+	if n := left(); n != 1 {
+		t.Fatalf("after the reload 127.0.0.1 has %d connections left, want 1 (4 per hour, 3 used): the reload forgot the zone's state", n)
+	}
+	c := e.conn(t, "127.0.0.1", "")
+	for try := 0; c == nil && try < 3 && left() == 1; try++ {
+		c = e.conn(t, "127.0.0.1", "")
+	}
+	if c == nil {
+		t.Fatal("the fourth connection refused after the reload")
+	}
+	if _, body := get(t, c, "/"); body != "reloaded" {
+		t.Errorf("served %q by the old config", body)
+	}
+	c.Close()
 	if c := e.conn(t, "127.0.0.1", ""); c != nil {
 		t.Fatal("a fifth connection served at 4 per hour: the reload forgot the zone's state")
 	}
