@@ -431,3 +431,23 @@ func TestIncludeUsageAcrossTwoHandlers(t *testing.T) {
 	}
 	waitCharged(t, c, "inner", "Bearer two", 1000000-40)
 }
+
+// A stream whose stream_options is null (as clients that write every
+// optional field send it) does not ask for its usage either: it is made to,
+// its client gets the stream without it, and the zone charges the usage.
+func TestIncludeUsageReplacesAStreamOptionsOfNull(t *testing.T) {
+	t.Parallel()
+	u := llmupstream.Start(t)
+	c := startCaddy(t, loginSite(u.Addr, spendZone(""), ""))
+	usage := llmupstream.Usage{Input: 17, Output: 23}
+	body := []byte(`{"model":"m","messages":[],"stream":true,"stream_options":null,"max_tokens":40}`)
+	res := post(t, c, "/v1/chat/completions", "Bearer null", body, false, usage.Header())
+	want := `{"model":"m","messages":[],"stream":true,"stream_options":{"include_usage":true},"max_tokens":40}`
+	if got := lastBody(t, u); string(got) != want {
+		t.Fatalf("the upstream got %s, want %s", got, want)
+	}
+	if res.Status != 200 || strings.Contains(res.Body, `"usage"`) || !strings.HasSuffix(res.Body, "data: [DONE]\n\n") {
+		t.Fatalf("the client got %d\n%s\nwant the stream without usage", res.Status, res.Body)
+	}
+	waitCharged(t, c, "spend", "Bearer null", dollar-(17+2*23))
+}
