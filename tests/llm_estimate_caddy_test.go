@@ -10,6 +10,7 @@ package tests
 
 import (
 	"bytes"
+	"compress/gzip"
 	"fmt"
 	"io"
 	"net/http"
@@ -450,4 +451,35 @@ func TestIncludeUsageReplacesAStreamOptionsOfNull(t *testing.T) {
 		t.Fatalf("the client got %d\n%s\nwant the stream without usage", res.Status, res.Body)
 	}
 	waitCharged(t, c, "spend", "Bearer null", dollar-(17+2*23))
+}
+
+// The OpenAI proxy of docs/llm.md, copied, in front of an upstream that
+// compresses its JSON for a client that accepts it (as a provider's front
+// does, and as every SDK's HTTP client asks): the usage is read and charged,
+// not the estimate.
+func TestLLMDocsProxyReadsTheUsageOfACompressingUpstream(t *testing.T) {
+	t.Parallel()
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		var out io.Writer = w
+		if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+			w.Header().Set("Content-Encoding", "gzip")
+			z := gzip.NewWriter(w)
+			defer z.Close()
+			out = z
+		}
+		_, _ = io.WriteString(out, `{"id":"c","object":"chat.completion","model":"gpt-4.1-mini-2025-04-14","choices":[],"usage":{"prompt_tokens":1000,"completion_tokens":500,"total_tokens":1500}}`)
+	}))
+	t.Cleanup(up.Close)
+	block := caddyfileBlocks(t, "docs/llm.md")[1]
+	text := strings.NewReplacer("openai.example.com {", "http:// {", "https://api.openai.com", up.URL).Replace(block.text)
+	c := newCaddyInstance(t)
+	c.Start(c.Caddyfile("", text), "caddyfile")
+	body := []byte(`{"model":"gpt-4.1-mini","messages":[{"role":"user","content":"hi"}],"max_tokens":600}`)
+	if res := post(t, c, "/v1/chat/completions", "Bearer sk-alice", body, false, http.Header{"Accept-Encoding": {"gzip"}}); res.Status != 200 {
+		t.Fatalf("%s: %d %s", block.where, res.Status, res.Body)
+	}
+	// gpt-4.1-mini: 1000 × 0.40 + 500 × 1.60 dollars a million tokens.
+	waitCharged(t, c, "spend_per_key", "Bearer sk-alice", 20*dollar-(400+800))
 }
