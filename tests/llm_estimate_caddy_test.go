@@ -10,6 +10,7 @@ package tests
 
 import (
 	"bytes"
+	"compress/gzip"
 	"fmt"
 	"io"
 	"net/http"
@@ -430,4 +431,55 @@ func TestIncludeUsageAcrossTwoHandlers(t *testing.T) {
 		t.Fatalf("%d: the client got\n%s\nthe upstream %s", res.Status, res.Body, lastBody(t, u))
 	}
 	waitCharged(t, c, "inner", "Bearer two", 1000000-40)
+}
+
+// A stream whose stream_options is null (as clients that write every
+// optional field send it) does not ask for its usage either: it is made to,
+// its client gets the stream without it, and the zone charges the usage.
+func TestIncludeUsageReplacesAStreamOptionsOfNull(t *testing.T) {
+	t.Parallel()
+	u := llmupstream.Start(t)
+	c := startCaddy(t, loginSite(u.Addr, spendZone(""), ""))
+	usage := llmupstream.Usage{Input: 17, Output: 23}
+	body := []byte(`{"model":"m","messages":[],"stream":true,"stream_options":null,"max_tokens":40}`)
+	res := post(t, c, "/v1/chat/completions", "Bearer null", body, false, usage.Header())
+	want := `{"model":"m","messages":[],"stream":true,"stream_options":{"include_usage":true},"max_tokens":40}`
+	if got := lastBody(t, u); string(got) != want {
+		t.Fatalf("the upstream got %s, want %s", got, want)
+	}
+	if res.Status != 200 || strings.Contains(res.Body, `"usage"`) || !strings.HasSuffix(res.Body, "data: [DONE]\n\n") {
+		t.Fatalf("the client got %d\n%s\nwant the stream without usage", res.Status, res.Body)
+	}
+	waitCharged(t, c, "spend", "Bearer null", dollar-(17+2*23))
+}
+
+// The OpenAI proxy of docs/llm.md, copied, in front of an upstream that
+// compresses its JSON for a client that accepts it (as a provider's front
+// does, and as every SDK's HTTP client asks): the usage is read and charged,
+// not the estimate.
+func TestLLMDocsProxyReadsTheUsageOfACompressingUpstream(t *testing.T) {
+	t.Parallel()
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		var out io.Writer = w
+		if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+			w.Header().Set("Content-Encoding", "gzip")
+			z := gzip.NewWriter(w)
+			defer z.Close()
+			out = z
+		}
+		_, _ = io.WriteString(out, `{"id":"c","object":"chat.completion","model":"gpt-4.1-mini-2025-04-14","choices":[],"usage":{"prompt_tokens":1000,"completion_tokens":500,"total_tokens":1500}}`)
+	}))
+	t.Cleanup(up.Close)
+	block := caddyfileBlocks(t, "docs/llm.md")[1]
+	text := strings.NewReplacer("openai.example.com {", "http:// {", "https://api.openai.com", up.URL).Replace(block.text)
+	c := newCaddyInstance(t)
+	c.Start(c.Caddyfile("", text), "caddyfile")
+	body := []byte(`{"model":"gpt-4.1-mini","messages":[{"role":"user","content":"hi"}],"max_tokens":600}`)
+	if res := post(t, c, "/v1/chat/completions", "Bearer sk-alice", body, false, http.Header{"Accept-Encoding": {"gzip"}}); res.Status != 200 {
+		t.Fatalf("%s: %d %s", block.where, res.Status, res.Body)
+	}
+	// gpt-4.1-mini: 1000 × 0.40 + 500 × 1.60 dollars a million tokens.
+	waitCharged(t, c, "spend_per_key", "Bearer sk-alice", 20*dollar-(400+800))
 }

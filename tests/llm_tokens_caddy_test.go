@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -231,4 +232,26 @@ func TestChargeTokensUnderConcurrencyAndAfterTheClientLeft(t *testing.T) {
 	cancel()
 	resp.Body.Close()
 	waitCharged(t, c, "tok_total", "Bearer gone", 1000000-u.Total())
+}
+
+// TestChargeTokensReadsAResponsesStreamWhoseLastEventIsLarge: the
+// Responses API's response.completed event repeats the whole response (its
+// output, its instructions), so a long answer makes it larger than the
+// 64 KiB of one event that is kept; its usage is charged all the same.
+func TestChargeTokensReadsAResponsesStreamWhoseLastEventIsLarge(t *testing.T) {
+	t.Parallel()
+	text := strings.Repeat("All work and no play. ", 10000) // 220 KB, about 50 000 tokens
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprintf(w, "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_1\",\"object\":\"response\",\"status\":\"in_progress\",\"model\":\"gpt-4.1\",\"output\":[],\"usage\":null}}\n\n")
+		fmt.Fprintf(w, "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":%q}\n\n", text)
+		fmt.Fprintf(w, "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_1\",\"object\":\"response\",\"status\":\"completed\",\"model\":\"gpt-4.1\",\"output\":[{\"type\":\"message\",\"role\":\"assistant\",\"content\":[{\"type\":\"output_text\",\"text\":%q,\"annotations\":[]}]}],\"usage\":{\"input_tokens\":1000,\"input_tokens_details\":{\"cached_tokens\":0},\"output_tokens\":50000,\"output_tokens_details\":{\"reasoning_tokens\":0},\"total_tokens\":51000}}}\n\n", text)
+	}))
+	t.Cleanup(up.Close)
+	c := startCaddy(t, loginSite(strings.TrimPrefix(up.URL, "http://"), tokenZones, ""))
+	if s := postLLM(t, c, "Bearer long", "/v1/responses", `{"model":"gpt-4.1","stream":true}`, llmupstream.Usage{}, nil); s != 200 {
+		t.Fatalf("long Responses stream: %d, want 200", s)
+	}
+	waitCharged(t, c, "tok_total", "Bearer long", 1000000-51000)
+	waitCharged(t, c, "tok_output", "Bearer long", 1000000-50000)
 }

@@ -113,7 +113,8 @@ func TestWithUsageAddsTheMemberAndNothingElse(t *testing.T) {
 		`{"stream":true,"stream_options":{}}`: `{"stream":true,"stream_options":{"include_usage":true}}`,
 		`{"stream":true,"stream_options":{"include_obfuscation":false}}`:          `{"stream":true,"stream_options":{"include_usage":true,"include_obfuscation":false}}`,
 		`{"stream_options": {"include_usage": false}, "stream": true}`:            `{"stream_options": {"include_usage": true}, "stream": true}`,
-		`{"messages":[{"content":"}"}], "stream" : true , "stream_options":null}`: ``,
+		`{"messages":[{"content":"}"}], "stream" : true , "stream_options":null}`: `{"messages":[{"content":"}"}], "stream" : true , "stream_options":{"include_usage":true}}`,
+		`{"stream":true,"stream_options":[]}`:                                     ``,
 	} {
 		q := Parse([]byte(body), "/v1/chat/completions")
 		if !q.WantsUsage() {

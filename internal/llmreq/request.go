@@ -145,8 +145,8 @@ func sub(v []byte, key string, f func([]byte)) {
 func (q *Request) WantsUsage() bool { return q.Parsed && q.Stream && !q.IncludeUsage }
 
 // WithUsage is q's body b with stream_options.include_usage true (a new
-// stream_options at the end if none), every other byte as it was; nil if
-// stream_options is no object.
+// stream_options at the end if none, in place of a null one), every other
+// byte as it was; nil if stream_options is neither an object nor null.
 func (q *Request) WithUsage(b []byte) []byte {
 	const member = `"include_usage":true`
 	if q.soEnd == 0 {
@@ -159,6 +159,9 @@ func (q *Request) WithUsage(b []byte) []byte {
 		return concat(b[:end], sep+`"stream_options":{`+member+`}`, b[end:])
 	}
 	so := b[q.soStart:q.soEnd]
+	if string(so) == "null" {
+		return concat(b[:q.soStart], `{`+member+`}`, b[q.soEnd:])
+	}
 	if so[0] != '{' {
 		return nil
 	}

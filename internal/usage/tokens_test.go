@@ -212,6 +212,27 @@ func TestTokensEncodedBodyIsNotScanned(t *testing.T) {
 	}
 }
 
+// TestTokensOfAnEventLargerThanMaxEvent: the Responses API's last event
+// repeats the whole response before its usage, an Ollama line its whole
+// message; a long answer's is read as it comes.
+func TestTokensOfAnEventLargerThanMaxEvent(t *testing.T) {
+	text := strings.Repeat("All work and no play. ", MaxEvent/10)
+	responses := sse("response.created\t"+`{"type":"response.created","response":{"model":"gpt-4.1","usage":null}}`,
+		"response.completed\t"+`{"type":"response.completed","response":{"model":"gpt-4.1","output":[{"content":[{"text":"`+text+`"}]}],"usage":{"input_tokens":10,"input_tokens_details":{"cached_tokens":4},"output_tokens":30000}}}`)
+	ollama := `{"model":"llama3.2","message":{"content":"` + text + `"},"done":true,"prompt_eval_count":10,"eval_count":30000}` + "\n"
+	for _, c := range []struct{ name, contentType, body string }{
+		{"responses stream", "text/event-stream", responses},
+		{"ollama line", "application/x-ndjson", ollama},
+	} {
+		for _, n := range []int{0, 1, 7, 4096} {
+			got, why := scanTokens(c.contentType, "", c.body, n)
+			if why != OK || got.Input != 10 || got.Output != 30000 {
+				t.Errorf("%s in chunks of %d: %+v, %v; want 10 in, 30000 out", c.name, n, got, why)
+			}
+		}
+	}
+}
+
 // TestTokensLargeStreamBoundedMemory: a stream far larger than MaxEvent
 // keeps the scanner's buffer within MaxEvent.
 func TestTokensLargeStreamBoundedMemory(t *testing.T) {

@@ -26,7 +26,7 @@ const (
 	MaxPaths = 8
 	// MaxDepth is how deeply a JSON document may nest: deeper is malformed.
 	MaxDepth = 64
-	// MaxEvent is the most of one event's data kept: larger is skipped (TooLarge).
+	// MaxEvent is the most of one event's data kept: larger is parsed as it comes.
 	MaxEvent = 64 << 10
 	// MaxModel is the most of a model's name kept (Tokens, llmreq's Request).
 	MaxModel = 256
@@ -85,7 +85,7 @@ const (
 	OK        Reason = iota
 	NoUsage          // the body ended without every path's value
 	Malformed        // the JSON that should carry the values did not parse
-	TooLarge         // an event bigger than MaxEvent was skipped, and no total was found
+	TooLarge         // an event bigger than MaxEvent did not parse, and no total was found
 	Encoded          // the body is compressed (Content-Encoding): not scanned
 	NotJSON          // neither application/json nor text/event-stream: not scanned
 )
@@ -118,8 +118,9 @@ type Scanner struct {
 	buf       []byte
 	dataLen   int
 	lineLen   int  // the current line's length, kept or not
-	over      bool // the current event is larger than MaxEvent
-	sawOver   bool // some event was
+	over      bool // the current event is larger than MaxEvent: parsed as it comes
+	sawOver   bool // some such event did not parse
+	field     int8 // over: the line is data (1), not (-1), or its first 6 bytes, in buf, will say
 	malformed bool // some document that could carry a path did not parse
 	afterCR   bool // the last byte was \r: a \n next ends nothing
 	started   bool // past the first line (and a byte order mark it began with)
@@ -179,7 +180,7 @@ func (s *Scanner) end(done func() bool) Reason {
 	case s.reason != OK:
 		return s.reason
 	case s.kind == jsonBody:
-		s.endDocument()
+		s.endDocument(&s.malformed)
 		s.kind = unknown // taken once
 	case s.kind == lineBody:
 		s.endLine()
@@ -238,27 +239,48 @@ func (s *Scanner) events(b []byte) {
 	}
 }
 
-// appendLine adds b to the current line unless the event is over MaxEvent.
+// appendLine adds b to the current line or, past MaxEvent, parses it.
 func (s *Scanner) appendLine(b []byte) {
 	s.lineLen += len(b)
-	if s.over || len(b) == 0 {
-		return
+	if !s.over && len(s.buf)+len(b) > MaxEvent {
+		s.over, s.field = true, int8(s.kind-eventBody) // an NDJSON line is data
+		s.dataLen = max(s.dataLen, int(s.field)*len(s.buf))
+		s.dec.reset(s.paths)
+		s.parse(s.buf[:s.dataLen])
+		s.buf, s.dataLen = append(s.buf[:0], s.buf[s.dataLen:]...), 0
 	}
-	if len(s.buf)+len(b) > MaxEvent {
-		s.over, s.sawOver = true, true
-		return
+	for s.over && s.field == 0 && len(s.buf) < 6 && len(b) > 0 {
+		s.buf, b = append(s.buf, b[0]), b[1:]
 	}
-	if s.buf == nil {
-		s.buf = make([]byte, 0, 4<<10)
+	switch {
+	case s.over:
+		s.feed(b, false)
+	case len(b) > 0:
+		if s.buf == nil {
+			s.buf = make([]byte, 0, 4<<10)
+		}
+		s.buf = append(s.buf, b...)
 	}
-	s.buf = append(s.buf, b...)
+}
+
+// feed parses b, more of a line of an event over MaxEvent, if the line is
+// data, as its first 6 bytes (kept in buf; all of them at its end) say.
+func (s *Scanner) feed(b []byte, end bool) {
+	if p := s.buf; s.field == 0 && (len(p) >= 6 || end) {
+		s.field = -1
+		if bytes.HasPrefix(p, []byte("data")) && (len(p) == 4 || p[4] == ':') {
+			s.field = 1
+			s.parse(bytes.TrimPrefix(p[min(5, len(p)):], []byte(" ")))
+		}
+	}
+	if s.field > 0 {
+		s.parse(b)
+	}
 }
 
 func (s *Scanner) endLine() {
 	if s.kind == lineBody {
-		if !s.over {
-			s.dispatch(s.buf)
-		}
+		s.dispatch(s.buf)
 		s.buf, s.over = s.buf[:0], false
 		return
 	}
@@ -271,12 +293,12 @@ func (s *Scanner) endLine() {
 	s.started, s.lineLen = true, 0
 	switch {
 	case empty:
-		if !s.over {
-			s.dispatch(s.buf[:s.dataLen])
-		}
-		s.over = false
-		s.buf, s.dataLen = s.buf[:0], 0
-	case !s.over && bytes.HasPrefix(line, []byte("data")) && (len(line) == 4 || line[4] == ':'):
+		s.dispatch(s.buf[:s.dataLen])
+		s.buf, s.dataLen, s.over = s.buf[:0], 0, false
+	case s.over: // a line of it
+		s.feed([]byte{'\n'}, true)
+		s.buf, s.field = s.buf[:0], 0
+	case bytes.HasPrefix(line, []byte("data")) && (len(line) == 4 || line[4] == ':'):
 		v := line[min(5, len(line)):]
 		if len(v) > 0 && v[0] == ' ' {
 			v = v[1:]
@@ -284,20 +306,22 @@ func (s *Scanner) endLine() {
 		n := copy(s.buf[s.dataLen:], v) // v lies at or after dataLen: copied down
 		s.buf = append(s.buf[:s.dataLen+n], '\n')
 		s.dataLen += n + 1
-	default: // another field, a comment, or a line of an oversized event
+	default: // another field, or a comment
 		s.buf = s.buf[:s.dataLen]
 	}
 }
 
 // dispatch parses one event's data (or NDJSON line) if it may carry a path
-// or count.
+// or count; an event over MaxEvent was parsed as it came.
 func (s *Scanner) dispatch(data []byte) {
-	if !slices.ContainsFunc(s.paths.quoted, func(k []byte) bool { return bytes.Contains(data, k) }) {
-		return
+	switch {
+	case s.over:
+		s.endDocument(&s.sawOver)
+	case slices.ContainsFunc(s.paths.quoted, func(k []byte) bool { return bytes.Contains(data, k) }):
+		s.dec.reset(s.paths)
+		s.parse(data)
+		s.endDocument(&s.malformed)
 	}
-	s.dec.reset(s.paths)
-	s.parse(data)
-	s.endDocument()
 }
 
 // parse feeds b to the decoder, taking each of a list's documents as it ends.
@@ -313,12 +337,12 @@ func (s *Scanner) parse(b []byte) {
 	}
 }
 
-// endDocument takes the document the body or event ended with, if it parsed.
-func (s *Scanner) endDocument() {
+// endDocument takes the document that ended if it parsed, else sets failed.
+func (s *Scanner) endDocument(failed *bool) {
 	if s.dec.finish() {
 		s.take(&s.dec)
 	} else {
-		s.malformed = true
+		*failed = true
 	}
 }
 

@@ -154,6 +154,9 @@ func TestEventStreams(t *testing.T) {
 		{"anthropic, input below message in message_start", mustPaths(t, "usage.input_tokens", "usage.output_tokens"), anthropicStream, 40, OK},
 		{"oversized event skipped", total, "data: " + strings.Repeat("x", MaxEvent) + "\"total_tokens\"\n\n", 0, TooLarge},
 		{"oversized event then usage", total, "data: " + strings.Repeat("x", MaxEvent) + "\n\ndata: {\"usage\":{\"total_tokens\":3}}\n\n", 3, OK},
+		{"oversized event's usage", total, "data: {\"text\":\"" + strings.Repeat("x", MaxEvent) + "\",\"usage\":{\"total_tokens\":7}}\n\n", 7, OK},
+		{"oversized event's usage on its next data lines", total, "event: response.completed\r\ndata: {\"text\":\"" + strings.Repeat("x", MaxEvent-30) + "\",\r\n: a comment\r\ndata:\"usage\":\r\ndata\r\nid: 1\r\ndata: {\"total_tokens\":7}}\r\n\r\n", 7, OK},
+		{"oversized event's usage, then a broken oversized event", total, "data: {\"text\":\"" + strings.Repeat("x", MaxEvent) + "\",\"usage\":{\"total_tokens\":7}}\n\ndata: {\"usage\":{\"total_tokens\":" + strings.Repeat("x", MaxEvent) + "\n\n", 7, OK},
 	} {
 		c.check(t, "text/event-stream", 1, 3, 100)
 	}
