@@ -191,6 +191,17 @@ func (s *OverrideSet) lookup(key, raw string, now int64) *Override {
 		if o := latest(s.keys.get(hashString(key), key), now); o != nil {
 			return o
 		}
+		// A key override of an address is stored in its canonical spelling;
+		// a zone without ipv4_prefix/ipv6_prefix keeps a request's as built.
+		if strings.IndexByte(key, ':') >= 0 {
+			if a, err := netip.ParseAddr(key); err == nil {
+				if c := a.Unmap().String(); c != key {
+					if o := latest(s.keys.get(hashString(c), c), now); o != nil {
+						return o
+					}
+				}
+			}
+		}
 	}
 	if s.cidrs != nil {
 		if o := s.lookupCIDR(key, now); o != nil {
