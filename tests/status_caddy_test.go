@@ -452,3 +452,37 @@ func TestStatusCallsCostOneRedisCommandEach(t *testing.T) {
 	}
 	t.Logf("100 status calls: %d Redis commands (%s)", total, strings.Join(counted, " "))
 }
+
+// A quota zone's key under a deny or exempt override still reads its use
+// of the period and the period's bounds, in the status handler (used,
+// window) and the admin key view (used, period_start, period_end), as
+// without the override: the override decides, it does not erase the count.
+func TestQuotaKeyUnderAnOverrideKeepsItsPeriodAndUse(t *testing.T) {
+	c := startCaddy(t, statusSite(""))
+	for _, kind := range []string{"deny", "exempt"} {
+		key := "quota-" + kind
+		for range 2 {
+			if r := c.Do(request{Header: map[string]string{"X-API-Key": key}}); r.Status != http.StatusOK {
+				t.Fatalf("%s: %d before the override", key, r.Status)
+			}
+		}
+		mustPutOverride(t, c, "monthly", kind, `{"match":{"key":"`+key+`"},"`+kind+`":true}`)
+		a := askStatus(t, c, key)
+		if m := a.Zones[1]; m.Used == nil || *m.Used != 2 || m.Window < 28*86400 || m.Period != "month" {
+			used := int64(-1) // absent
+			if m.Used != nil {
+				used = *m.Used
+			}
+			t.Errorf("%s: status of the quota zone: used %d, window %d, period %q; want used 2 of a month's window", key, used, m.Window, m.Period)
+		}
+		code, body := c.adminDo(http.MethodGet, keyPath("monthly", key))
+		var k struct {
+			Used        *int64 `json:"used"`
+			PeriodStart string `json:"period_start"`
+		}
+		if code != http.StatusOK || json.Unmarshal([]byte(body), &k) != nil || k.Used == nil || *k.Used != 2 ||
+			!strings.HasPrefix(k.PeriodStart, time.Now().UTC().Format("2006-01")) {
+			t.Errorf("%s: admin key view %d %s, want used 2 in this month's period", key, code, body)
+		}
+	}
+}

@@ -23,8 +23,9 @@ type KeyState struct {
 
 // Read is the one read of a key's state, for rate_limit_status, the admin
 // API and the CLI: the ticket's key under its plan (Resolve first),
-// consuming nothing and starting no ban. An override, a ban, a cached denial
-// and this instance's own state answer without the store; else one peek,
+// consuming nothing and starting no ban. An override (but for a quota key's
+// use), a ban, a cached denial and this instance's own state answer without
+// the store; else one peek,
 // which a Gather in ctx sends with the request's other reads in one round trip.
 func (t *Ticket[O]) Read(ctx context.Context, now int64) (KeyState, error) {
 	z, key, p := t.Zone, t.Key, &t.Plan
@@ -34,7 +35,7 @@ func (t *Ticket[O]) Read(ctx context.Context, now int64) (KeyState, error) {
 	}
 	var err error
 	switch {
-	case t.Waived():
+	case t.Waived() && z.state.quota == nil:
 		s.Decision, s.Tracked = t.waived(), true
 	case z.IsConcurrency():
 		if s.InFlight, err = z.SlotsInUse(ctx, key); err == nil {
@@ -42,7 +43,10 @@ func (t *Ticket[O]) Read(ctx context.Context, now int64) (KeyState, error) {
 			s.Allowed = s.Remaining > 0
 		}
 	case z.state.quota != nil:
-		err = z.readQuota(ctx, key, now, p, &s)
+		// An override decides a quota key; its use of the period is read beside.
+		if err = z.readQuota(ctx, key, now, p, &s); err == nil && t.Waived() {
+			s.Decision, s.Tracked = t.waived(), true
+		}
 	default:
 		err = z.readRate(ctx, key, now, p, &s)
 	}
