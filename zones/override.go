@@ -178,11 +178,15 @@ func (s *OverrideSet) Len() int {
 // nil when none; an expired one is passed over.
 func (s *OverrideSet) Lookup(key string, now int64) *Override { return s.lookup(key, key, now) }
 
+// latest is the last changed of list in force at now: a lapsed one, until
+// swept, gives way to the one changed before it.
 func latest(list []placed, now int64) *Override {
-	if len(list) == 0 || list[len(list)-1].o.expired(now) {
-		return nil
+	for i := len(list) - 1; i >= 0; i-- {
+		if !list[i].o.expired(now) {
+			return list[i].o
+		}
 	}
-	return list[len(list)-1].o
+	return nil
 }
 
 // lookup matches prefixes on raw.
