@@ -486,3 +486,39 @@ func TestQuotaKeyUnderAnOverrideKeepsItsPeriodAndUse(t *testing.T) {
 		}
 	}
 }
+
+// A concurrency zone's key under a deny override still reads the requests
+// it holds in flight (in_flight in the status handler, in_use in the admin
+// key view): the override refuses new ones, it does not end those.
+func TestConcurrencyKeyUnderADenyKeepsItsInFlight(t *testing.T) {
+	u := startCountingUpstream(t)
+	c := startCaddy(t, `http:// {
+	handle /rate_limit {
+		rate_limit_status conc
+	}
+	handle {
+		rate_limit {
+			zone conc {
+				key {http.request.header.X-K}
+				concurrency 3
+			}
+		}
+		reverse_proxy `+u.Addr+`
+	}
+}
+`)
+	h := map[string]string{"X-K": "held"}
+	ch := inBackground(c, request{Path: "/?gate=held", Header: h})
+	u.waitInFlight(1)
+	mustPutOverride(t, c, "conc", "d", `{"match":{"key":"held"},"deny":true}`)
+	r := c.Do(request{Path: "/rate_limit", Header: h})
+	var a statusAnswer
+	if err := json.Unmarshal([]byte(r.Body), &a); err != nil || len(a.Zones) != 1 || a.Zones[0].InFlight == nil || *a.Zones[0].InFlight != 1 || a.Zones[0].Remaining != 0 {
+		t.Errorf("status of a key holding 1 slot under a deny: %s, want in_flight 1, remaining 0", r.Body)
+	}
+	if code, body := c.adminDo(http.MethodGet, keyPath("conc", "held")); code != http.StatusOK || !strings.Contains(body, `"in_use":1`) || !strings.Contains(body, `"remaining":0`) {
+		t.Errorf("admin key view of a key holding 1 slot under a deny: %d %s, want in_use 1, remaining 0", code, body)
+	}
+	u.open("held")
+	<-ch
+}

@@ -24,8 +24,8 @@ type KeyState struct {
 // Read is the one read of a key's state, for rate_limit_status, the admin
 // API and the CLI: the ticket's key under its plan (Resolve first),
 // consuming nothing and starting no ban. An override (but for a quota key's
-// use), a ban, a cached denial and this instance's own state answer without
-// the store; else one peek,
+// use and a concurrency key's slots), a ban, a cached denial and this
+// instance's own state answer without the store; else one peek,
 // which a Gather in ctx sends with the request's other reads in one round trip.
 func (t *Ticket[O]) Read(ctx context.Context, now int64) (KeyState, error) {
 	z, key, p := t.Zone, t.Key, &t.Plan
@@ -35,20 +35,22 @@ func (t *Ticket[O]) Read(ctx context.Context, now int64) (KeyState, error) {
 	}
 	var err error
 	switch {
-	case t.Waived() && z.state.quota == nil:
-		s.Decision, s.Tracked = t.waived(), true
+	case t.Waived() && z.state.quota == nil && !z.IsConcurrency():
+		// a rate key: the override alone answers, below
 	case z.IsConcurrency():
 		if s.InFlight, err = z.SlotsInUse(ctx, key); err == nil {
 			s.Remaining, s.Tracked = max(0, s.Limit-s.InFlight), s.InFlight > 0
 			s.Allowed = s.Remaining > 0
 		}
 	case z.state.quota != nil:
-		// An override decides a quota key; its use of the period is read beside.
-		if err = z.readQuota(ctx, key, now, p, &s); err == nil && t.Waived() {
-			s.Decision, s.Tracked = t.waived(), true
-		}
+		err = z.readQuota(ctx, key, now, p, &s)
 	default:
 		err = z.readRate(ctx, key, now, p, &s)
+	}
+	if err == nil && t.Waived() {
+		// The override decides; a quota key's use of the period and a
+		// concurrency key's slots in flight are read beside it.
+		s.Decision, s.Tracked = t.waived(), true
 	}
 	return s, err
 }
