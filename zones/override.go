@@ -178,8 +178,7 @@ func (s *OverrideSet) Len() int {
 // nil when none; an expired one is passed over.
 func (s *OverrideSet) Lookup(key string, now int64) *Override { return s.lookup(key, key, now) }
 
-// latest is the last changed of list in force at now: a lapsed one, until
-// swept, gives way to the one changed before it.
+// latest is the last changed of list in force at now (a lapsed one gives way).
 func latest(list []placed, now int64) *Override {
 	for i := len(list) - 1; i >= 0; i-- {
 		if !list[i].o.expired(now) {
@@ -195,15 +194,11 @@ func (s *OverrideSet) lookup(key, raw string, now int64) *Override {
 		if o := latest(s.keys.get(hashString(key), key), now); o != nil {
 			return o
 		}
-		// A key override of an address is stored in its canonical spelling;
-		// a zone without ipv4_prefix/ipv6_prefix keeps a request's as built.
+		// An address's override is stored canonical, a request's key as built.
 		if strings.IndexByte(key, ':') >= 0 {
-			if a, err := netip.ParseAddr(key); err == nil {
-				if c := a.Unmap().String(); c != key {
-					if o := latest(s.keys.get(hashString(c), c), now); o != nil {
-						return o
-					}
-				}
+			var b [64]byte
+			if a, err := netip.ParseAddr(key); err == nil && string(a.Unmap().AppendTo(b[:0])) != key {
+				return s.lookup(a.Unmap().String(), raw, now)
 			}
 		}
 	}

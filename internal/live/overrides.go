@@ -77,22 +77,12 @@ func checkText(field, s string, maxLen int) error {
 	switch {
 	case len(s) > maxLen:
 		return fieldError(field, "longer than %d bytes", maxLen)
-	case !utf8.ValidString(s):
-		return fieldError(field, "not valid UTF-8")
+	case strings.ContainsRune(s, utf8.RuneError): // JSON's decoder's stand-in for bytes that are not UTF-8
+		return fieldError(field, "holds U+FFFD, which a JSON body carries for bytes that are not UTF-8: give UTF-8 text")
 	case strings.IndexFunc(s, unicode.IsControl) >= 0:
 		return fieldError(field, "holds a control character")
 	}
 	return nil
-}
-
-// checkMatchText is checkText of a key or prefix, which must not hold U+FFFD:
-// JSON's decoder puts it for bytes that are not UTF-8 and for a lone
-// surrogate, so the override would cover none of the keys meant.
-func checkMatchText(field, s string) error {
-	if strings.ContainsRune(s, utf8.RuneError) {
-		return fieldError(field, "holds U+FFFD, which a JSON body carries for bytes that are not UTF-8: an override covers keys of UTF-8 text only")
-	}
-	return checkText(field, s, zones.MaxKeyLength)
 }
 
 // CheckOverrideID reports what is wrong with an override id: 1 to 128 of
@@ -216,7 +206,7 @@ func checkMatch(z *zones.Zone, m *adminapi.OverrideMatch) (adminapi.OverrideMatc
 			return adminapi.OverrideMatch{}, fieldError("match.key",
 				"empty: it is the bucket of requests whose key expanded to nothing (answer those before rate_limit, with a matcher)")
 		}
-		if err := checkMatchText("match.key", *m.Key); err != nil {
+		if err := checkText("match.key", *m.Key, zones.MaxKeyLength); err != nil {
 			return adminapi.OverrideMatch{}, err
 		}
 		k := *m.Key
@@ -229,7 +219,7 @@ func checkMatch(z *zones.Zone, m *adminapi.OverrideMatch) (adminapi.OverrideMatc
 		if *m.Prefix == "" {
 			return adminapi.OverrideMatch{}, fieldError("match.prefix", "empty: it would cover every key (set the zone's limit instead)")
 		}
-		return *m, checkMatchText("match.prefix", *m.Prefix)
+		return *m, checkText("match.prefix", *m.Prefix, zones.MaxKeyLength)
 	}
 	p, err := netip.ParsePrefix(*m.CIDR)
 	if err != nil {
