@@ -209,6 +209,12 @@ func (c *cli) send(method, path string, body []byte) ([]byte, error) {
 		case m[1] == "404" && strings.HasPrefix(msg, "unknown path"):
 			return nil, fmt.Errorf("the Caddy at %s does not have tally's admin routes (%s)", addr, msg)
 		case m[1] == "404":
+			// An unknown zone's error names the zones there are, as findZone's.
+			if name, err := strconv.Unquote(strings.TrimPrefix(msg, "unknown zone ")); err == nil && strings.HasPrefix(msg, "unknown zone ") {
+				if _, err := c.findZone(name); err != nil {
+					msg = err.Error()
+				}
+			}
 			return nil, errNotFound{msg}
 		}
 		return nil, fmt.Errorf("%s %s: HTTP %s: %s", method, path, m[1], msg)

@@ -204,6 +204,10 @@ func TestCLIErrors(t *testing.T) {
 		{"key", "nope", "alice"},
 		{"top", "nope"},
 		{"reset", "nope", "alice"},
+		{"bans", "nope"},
+		{"override", "list", "nope"},
+		{"override", "set", "nope", "o", "--key", "alice", "--deny"},
+		{"override", "rm", "nope", "o"},
 	} {
 		r := rateLimitCLI(t, c, args...)
 		if want := `unknown zone "nope": the running config has zones api, login`; r.code != 1 || !strings.Contains(r.stderr, want) || r.stdout != "" {

@@ -204,6 +204,12 @@ func TestOverrideHostileBodiesChangeNothing(t *testing.T) {
 		{"negative events", "a", `{"match":{"key":"k"},"events":-5,"window":"1m"}`, "events"},
 		{"bad window", "a", `{"match":{"key":"k"},"events":5,"window":"soon"}`, "window"},
 		{"control key", "a", `{"match":{"key":"a\u0007b"},"exempt":true}`, "match.key"},
+		// JSON's decoder reads bytes that are not UTF-8, and a lone surrogate,
+		// as U+FFFD: such an override would cover no key a request carries.
+		{"non-UTF-8 key", "a", "{\"match\":{\"key\":\"\xff\xfe\"},\"exempt\":true}", "match.key"},
+		{"non-UTF-8 prefix", "a", "{\"match\":{\"prefix\":\"a\xff\"},\"exempt\":true}", "match.prefix"},
+		{"lone surrogate key", "a", `{"match":{"key":"\ud800"},"exempt":true}`, "match.key"},
+		{"replacement character key", "a", `{"match":{"key":"\ufffd\ufffd"},"exempt":true}`, "match.key"},
 		{"two matches", "a", `{"match":{"key":"k","prefix":"p"},"exempt":true}`, "match"},
 		{"bad cidr", "a", `{"match":{"cidr":"10.0.0.0/99"},"exempt":true}`, "match.cidr"},
 		{"exempt and deny", "a", `{"match":{"key":"k"},"exempt":true,"deny":true}`, "exempt"},

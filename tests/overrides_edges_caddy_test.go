@@ -134,3 +134,47 @@ func TestOverrideOnALongKeyShowsInTheKeyView(t *testing.T) {
 			k.StoredAs, k.Events, k.Remaining, k.Override)
 	}
 }
+
+// An exact key override of an IP address covers the address however a
+// request spells it, in a zone that keeps keys as built (no ipv4_prefix or
+// ipv6_prefix): the override is stored in the canonical spelling, and a
+// request's "2001:DB8::5" or "::ffff:10.0.0.1" is that address too, for
+// the decision, the admin key view and rate_limit_status alike.
+func TestOverrideOfAnIPKeyCoversItsEverySpelling(t *testing.T) {
+	c := startCaddy(t, `http:// {
+	handle /rate_limit {
+		rate_limit_status ip
+	}
+	handle {
+		rate_limit {
+			zone ip {
+				key {http.request.header.X-Client}
+				events 3
+				window 1m
+			}
+		}
+		respond "ok"
+	}
+}
+`)
+	from := func(ip string) request { return request{Header: map[string]string{"X-Client": ip}} }
+	mustPutOverride(t, c, "ip", "v6", `{"match":{"key":"2001:DB8::5"},"deny":true}`)
+	mustPutOverride(t, c, "ip", "mapped", `{"match":{"key":"::ffff:10.0.0.1"},"events":1,"window":"1m"}`)
+	for _, ip := range []string{"2001:DB8::5", "2001:db8::5", "2001:0db8:0:0:0:0:0:5"} {
+		if res := c.Do(from(ip)); res.Status != http.StatusTooManyRequests {
+			t.Errorf("%s under a deny override of 2001:DB8::5: %d, want 429", ip, res.Status)
+		}
+		status, body := c.adminDo(http.MethodGet, "/rate_limit/zones/ip/keys?key="+url.QueryEscape(ip))
+		if status != http.StatusOK || !strings.Contains(body, `"id":"v6"`) {
+			t.Errorf("admin view of %s: %d %s, want the override v6", ip, status, body)
+		}
+		if res := c.Do(request{Path: "/rate_limit", Header: map[string]string{"X-Client": ip}}); !strings.Contains(res.Body, `"remaining":0`) {
+			t.Errorf("rate_limit_status of %s: %s, want remaining 0 (denied)", ip, res.Body)
+		}
+	}
+	for _, ip := range []string{"::ffff:10.0.0.1", "::FFFF:10.0.0.1"} {
+		if n := admitted(c, from(ip), 5); n != 1 {
+			t.Errorf("%s under an override of 1 per minute: %d admitted, want 1", ip, n)
+		}
+	}
+}

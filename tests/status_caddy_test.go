@@ -452,3 +452,73 @@ func TestStatusCallsCostOneRedisCommandEach(t *testing.T) {
 	}
 	t.Logf("100 status calls: %d Redis commands (%s)", total, strings.Join(counted, " "))
 }
+
+// A quota zone's key under a deny or exempt override still reads its use
+// of the period and the period's bounds, in the status handler (used,
+// window) and the admin key view (used, period_start, period_end), as
+// without the override: the override decides, it does not erase the count.
+func TestQuotaKeyUnderAnOverrideKeepsItsPeriodAndUse(t *testing.T) {
+	c := startCaddy(t, statusSite(""))
+	for _, kind := range []string{"deny", "exempt"} {
+		key := "quota-" + kind
+		for range 2 {
+			if r := c.Do(request{Header: map[string]string{"X-API-Key": key}}); r.Status != http.StatusOK {
+				t.Fatalf("%s: %d before the override", key, r.Status)
+			}
+		}
+		mustPutOverride(t, c, "monthly", kind, `{"match":{"key":"`+key+`"},"`+kind+`":true}`)
+		a := askStatus(t, c, key)
+		if m := a.Zones[1]; m.Used == nil || *m.Used != 2 || m.Window < 28*86400 || m.Period != "month" {
+			used := int64(-1) // absent
+			if m.Used != nil {
+				used = *m.Used
+			}
+			t.Errorf("%s: status of the quota zone: used %d, window %d, period %q; want used 2 of a month's window", key, used, m.Window, m.Period)
+		}
+		code, body := c.adminDo(http.MethodGet, keyPath("monthly", key))
+		var k struct {
+			Used        *int64 `json:"used"`
+			PeriodStart string `json:"period_start"`
+		}
+		if code != http.StatusOK || json.Unmarshal([]byte(body), &k) != nil || k.Used == nil || *k.Used != 2 ||
+			!strings.HasPrefix(k.PeriodStart, time.Now().UTC().Format("2006-01")) {
+			t.Errorf("%s: admin key view %d %s, want used 2 in this month's period", key, code, body)
+		}
+	}
+}
+
+// A concurrency zone's key under a deny override still reads the requests
+// it holds in flight (in_flight in the status handler, in_use in the admin
+// key view): the override refuses new ones, it does not end those.
+func TestConcurrencyKeyUnderADenyKeepsItsInFlight(t *testing.T) {
+	u := startCountingUpstream(t)
+	c := startCaddy(t, `http:// {
+	handle /rate_limit {
+		rate_limit_status conc
+	}
+	handle {
+		rate_limit {
+			zone conc {
+				key {http.request.header.X-K}
+				concurrency 3
+			}
+		}
+		reverse_proxy `+u.Addr+`
+	}
+}
+`)
+	h := map[string]string{"X-K": "held"}
+	ch := inBackground(c, request{Path: "/?gate=held", Header: h})
+	u.waitInFlight(1)
+	mustPutOverride(t, c, "conc", "d", `{"match":{"key":"held"},"deny":true}`)
+	r := c.Do(request{Path: "/rate_limit", Header: h})
+	var a statusAnswer
+	if err := json.Unmarshal([]byte(r.Body), &a); err != nil || len(a.Zones) != 1 || a.Zones[0].InFlight == nil || *a.Zones[0].InFlight != 1 || a.Zones[0].Remaining != 0 {
+		t.Errorf("status of a key holding 1 slot under a deny: %s, want in_flight 1, remaining 0", r.Body)
+	}
+	if code, body := c.adminDo(http.MethodGet, keyPath("conc", "held")); code != http.StatusOK || !strings.Contains(body, `"in_use":1`) || !strings.Contains(body, `"remaining":0`) {
+		t.Errorf("admin key view of a key holding 1 slot under a deny: %d %s, want in_use 1, remaining 0", code, body)
+	}
+	u.open("held")
+	<-ch
+}

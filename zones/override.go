@@ -178,11 +178,14 @@ func (s *OverrideSet) Len() int {
 // nil when none; an expired one is passed over.
 func (s *OverrideSet) Lookup(key string, now int64) *Override { return s.lookup(key, key, now) }
 
+// latest is the last changed of list in force at now (a lapsed one gives way).
 func latest(list []placed, now int64) *Override {
-	if len(list) == 0 || list[len(list)-1].o.expired(now) {
-		return nil
+	for i := len(list) - 1; i >= 0; i-- {
+		if !list[i].o.expired(now) {
+			return list[i].o
+		}
 	}
-	return list[len(list)-1].o
+	return nil
 }
 
 // lookup matches prefixes on raw.
@@ -190,6 +193,13 @@ func (s *OverrideSet) lookup(key, raw string, now int64) *Override {
 	if s.keys != nil {
 		if o := latest(s.keys.get(hashString(key), key), now); o != nil {
 			return o
+		}
+		// An address's override is stored canonical, a request's key as built.
+		if strings.IndexByte(key, ':') >= 0 {
+			var b [64]byte
+			if a, err := netip.ParseAddr(key); err == nil && string(a.Unmap().AppendTo(b[:0])) != key {
+				return s.lookup(a.Unmap().String(), raw, now)
+			}
 		}
 	}
 	if s.cidrs != nil {

@@ -399,3 +399,31 @@ func TestTrieMatchesAMap(t *testing.T) {
 		t.Error("a key never put is found")
 	}
 }
+
+// Of two overrides of one match, the one changed last is in force until it
+// lapses, then the earlier one again (not the zone's limit until a sweep).
+func TestLapsedOverrideGivesWayToAnEarlierOfTheSameMatch(t *testing.T) {
+	now := time.Now().UnixNano()
+	set, err := NewOverrideSet([]*Override{
+		{ID: "key-plan", Key: "k", Plan: mustPlan(t, 5, time.Minute)},
+		{ID: "key-deny", Key: "k", Deny: true, Expires: now},
+		{ID: "pfx-plan", Prefix: "acme-", Plan: mustPlan(t, 5, time.Minute)},
+		{ID: "pfx-deny", Prefix: "acme-", Deny: true, Expires: now},
+		{ID: "cidr-plan", CIDR: netip.MustParsePrefix("10.0.0.0/8"), Plan: mustPlan(t, 5, time.Minute)},
+		{ID: "cidr-deny", CIDR: netip.MustParsePrefix("10.0.0.0/8"), Deny: true, Expires: now},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, want := range map[string]string{"k": "key-plan", "acme-1": "pfx-plan", "10.1.2.3": "cidr-plan"} {
+		for at, w := range map[int64]string{now - 1: strings.Replace(want, "plan", "deny", 1), now: want} {
+			got := ""
+			if o := set.Lookup(key, at); o != nil {
+				got = o.ID
+			}
+			if got != w {
+				t.Errorf("Lookup(%s) at expiry%+d = %q, want %q", key, at-now, got, w)
+			}
+		}
+	}
+}

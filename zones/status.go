@@ -23,8 +23,9 @@ type KeyState struct {
 
 // Read is the one read of a key's state, for rate_limit_status, the admin
 // API and the CLI: the ticket's key under its plan (Resolve first),
-// consuming nothing and starting no ban. An override, a ban, a cached denial
-// and this instance's own state answer without the store; else one peek,
+// consuming nothing and starting no ban. An override (but for a quota key's
+// use and a concurrency key's slots), a ban, a cached denial and this
+// instance's own state answer without the store; else one peek,
 // which a Gather in ctx sends with the request's other reads in one round trip.
 func (t *Ticket[O]) Read(ctx context.Context, now int64) (KeyState, error) {
 	z, key, p := t.Zone, t.Key, &t.Plan
@@ -34,8 +35,8 @@ func (t *Ticket[O]) Read(ctx context.Context, now int64) (KeyState, error) {
 	}
 	var err error
 	switch {
-	case t.Waived():
-		s.Decision, s.Tracked = t.waived(), true
+	case t.Waived() && z.state.quota == nil && !z.IsConcurrency():
+		// a rate key: the override alone answers, below
 	case z.IsConcurrency():
 		if s.InFlight, err = z.SlotsInUse(ctx, key); err == nil {
 			s.Remaining, s.Tracked = max(0, s.Limit-s.InFlight), s.InFlight > 0
@@ -45,6 +46,11 @@ func (t *Ticket[O]) Read(ctx context.Context, now int64) (KeyState, error) {
 		err = z.readQuota(ctx, key, now, p, &s)
 	default:
 		err = z.readRate(ctx, key, now, p, &s)
+	}
+	if err == nil && t.Waived() {
+		// The override decides; a quota key's use of the period and a
+		// concurrency key's slots in flight are read beside it.
+		s.Decision, s.Tracked = t.waived(), true
 	}
 	return s, err
 }

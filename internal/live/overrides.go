@@ -77,8 +77,8 @@ func checkText(field, s string, maxLen int) error {
 	switch {
 	case len(s) > maxLen:
 		return fieldError(field, "longer than %d bytes", maxLen)
-	case !utf8.ValidString(s):
-		return fieldError(field, "not valid UTF-8")
+	case strings.ContainsRune(s, utf8.RuneError): // JSON's decoder's stand-in for bytes that are not UTF-8
+		return fieldError(field, "holds U+FFFD, which a JSON body carries for bytes that are not UTF-8: give UTF-8 text")
 	case strings.IndexFunc(s, unicode.IsControl) >= 0:
 		return fieldError(field, "holds a control character")
 	}
