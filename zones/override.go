@@ -195,7 +195,7 @@ func (s *OverrideSet) lookup(key, raw string, now int64) *Override {
 			return o
 		}
 		// An address's override is stored canonical, a request's key as built.
-		if strings.IndexByte(key, ':') >= 0 {
+		if strings.IndexByte(key, ':') >= 0 && maybeIP(key) {
 			var b [64]byte
 			if a, err := netip.ParseAddr(key); err == nil && string(a.Unmap().AppendTo(b[:0])) != key {
 				return s.lookup(a.Unmap().String(), raw, now)
@@ -221,7 +221,14 @@ func (s *OverrideSet) lookup(key, raw string, now int64) *Override {
 
 // lookupCIDR is the narrowest CIDR override holding key, an address or a
 // masked prefix ("10.1.2.0/24"; only CIDRs as wide or wider cover it).
+// maybeIP reports whether key may be an address or a prefix: parsing one
+// that is not costs its error's allocation.
+func maybeIP(key string) bool { return strings.Trim(key, "0123456789abcdefABCDEF:./") == "" }
+
 func (s *OverrideSet) lookupCIDR(key string, now int64) *Override {
+	if !maybeIP(key) {
+		return nil
+	}
 	var p netip.Prefix
 	var err error
 	if strings.IndexByte(key, '/') >= 0 {

@@ -427,3 +427,28 @@ func TestLapsedOverrideGivesWayToAnEarlierOfTheSameMatch(t *testing.T) {
 		}
 	}
 }
+
+// A lookup allocates nothing: a key that is not an address is not parsed as
+// one (a parse error allocates). Only an address in another spelling than
+// its canonical one costs the canonical string, to be looked up too.
+func TestOverrideLookupAllocatesNothing(t *testing.T) {
+	set, _ := NewOverrideSet([]*Override{
+		{ID: "ip", Key: "2001:db8::5", Deny: true},
+		{ID: "net", CIDR: netip.MustParsePrefix("10.0.0.0/8"), Exempt: true},
+		{ID: "p", Prefix: "team-", Exempt: true},
+	})
+	now := time.Now().UnixNano()
+	for key, want := range map[string]string{"user:1": "", "sha256:abcdef": "", "alice": "", "team-a": "p",
+		"10.1.2.3": "net", "10.1.2.0/24": "net", "2001:db8::5": "ip", "2001:DB8::5": "ip", "2001:db8::6": ""} {
+		got := ""
+		if o := set.Lookup(key, now); o != nil {
+			got = o.ID
+		}
+		if got != want {
+			t.Errorf("Lookup(%s) = %q, want %q", key, got, want)
+		}
+		if n := testing.AllocsPerRun(100, func() { _ = set.Lookup(key, now) }); n != 0 && key != "2001:DB8::5" {
+			t.Errorf("Lookup(%s) allocates %v times", key, n)
+		}
+	}
+}
