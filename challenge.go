@@ -63,6 +63,9 @@ func provisionChallenge(ctx caddy.Context, c *Challenge, name string, zc *Zone, 
 	if zc.Concurrency > 0 || zc.Quota != nil || zc.Adaptive != nil {
 		return nil, fmt.Errorf("zone %s: challenge is for rate zones (events, window): a challenge gives a solved cookie a rate of its own; remove challenge, or put it in a rate zone", name)
 	}
+	if len(name) > challenge.MaxZoneLen {
+		return nil, fmt.Errorf("zone %s: a zone with a challenge has a name of at most %d characters (every challenge token carries it); shorten the zone's name", name, challenge.MaxZoneLen)
+	}
 	if err := c.Check(); err != nil {
 		return nil, fmt.Errorf("zone %s: %v", name, err)
 	}
