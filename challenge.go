@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"fmt"
+	"mime"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -154,7 +155,8 @@ func (h *Handler) verifyChallenge(w http.ResponseWriter, r *http.Request) bool {
 		return refuse(w, http.StatusMethodNotAllowed, "challenge solutions are POSTed", nil)
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, maxSubmission)
-	if err := r.ParseForm(); err != nil {
+	// ParseForm reads no other body, and returns no error for it.
+	if ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); ct != "application/x-www-form-urlencoded" || r.ParseForm() != nil {
 		return refuse(w, http.StatusBadRequest, "challenge refused: malformed", first.challenge.failed[challenge.Malformed])
 	}
 	token := r.PostForm.Get("challenge")

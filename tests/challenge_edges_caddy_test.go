@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"net/http"
 	"strings"
 	"testing"
 )
@@ -30,5 +31,25 @@ func TestChallengeZoneNameTooLongForItsTokensIsRefused(t *testing.T) {
 `), "caddyfile")
 	if err == nil || !strings.Contains(c.stderr.String(), "128") {
 		t.Fatalf("a challenge zone named with 200 characters: started (%v), want a load error naming the 128-character bound; stderr %q", err, tail(c.stderr.String(), 5))
+	}
+}
+
+// A submission that is not a form (JSON, no Content-Type, multipart) is the
+// protocol's 400 malformed, as one that does not parse is.
+func TestChallengeSubmissionThatIsNoFormIs400(t *testing.T) {
+	c := startCaddy(t, challengeSite)
+	for _, ct := range []string{"application/json", "", "multipart/form-data; boundary=x", "text/plain"} {
+		req, _ := http.NewRequest(http.MethodPost, c.URL+"/.well-known/tally/challenge", strings.NewReader(`{"challenge":"x","nonce":"1"}`))
+		if ct != "" {
+			req.Header.Set("Content-Type", ct)
+		}
+		res, err := noRedirects(c.client).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusBadRequest {
+			t.Errorf("a submission of Content-Type %q: %d, want 400 malformed (not a form)", ct, res.StatusCode)
+		}
 	}
 }
