@@ -97,14 +97,19 @@ func provisionChallenge(ctx caddy.Context, c *Challenge, name string, zc *Zone, 
 // identify decides a request with a valid cookie under its identity (given in
 // {http.rate_limit.<zone>.identity}) and budget; an invalid one is counted.
 func (c *zoneChallenge) identify(r *http.Request, v *ticket) {
-	ck, err := r.Cookie(c.cookie)
-	if err != nil {
-		return
-	}
 	now := time.Now()
-	id, ok, bad := c.secrets.Identity(v.Owner.Name, ck.Value, now)
-	if bad {
-		add(c.failed[challenge.ForgedCookie], 1)
+	var id string
+	ok := false
+	// Every cookie of the name: a browser may send a stale or a parent
+	// domain's one beside the valid one, in any order.
+	for _, ck := range r.CookiesNamed(c.cookie) {
+		var bad bool
+		if id, ok, bad = c.secrets.Identity(v.Owner.Name, ck.Value, now); bad {
+			add(c.failed[challenge.ForgedCookie], 1)
+		}
+		if ok {
+			break
+		}
 	}
 	if !ok {
 		return

@@ -53,3 +53,21 @@ func TestChallengeSubmissionThatIsNoFormIs400(t *testing.T) {
 		}
 	}
 }
+
+// A browser that sends the zone's cookie twice (a stale or a parent
+// domain's one first) with one valid is decided under the valid one's
+// identity, not challenged again for ever.
+func TestChallengeValidCookieCountsBesideAnotherOfTheSameName(t *testing.T) {
+	c := startCaddy(t, challengeSite)
+	spend(t, c, request{})
+	ck := solvedCookie(t, c, c.client)
+	for _, header := range []string{
+		ck.Name + "=junk; " + ck.Name + "=" + ck.Value,
+		ck.Name + "=" + ck.Value + "; " + ck.Name + "=junk",
+	} {
+		res := c.Do(request{Header: map[string]string{"Cookie": header}})
+		if res.Status != http.StatusOK || !strings.HasPrefix(res.Body, "id=cookie:") {
+			t.Errorf("Cookie: %s: %d %q, want 200 under the valid cookie's identity", header, res.Status, res.Body)
+		}
+	}
+}
