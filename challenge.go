@@ -178,7 +178,12 @@ func (h *Handler) verifyChallenge(w http.ResponseWriter, r *http.Request) bool {
 	if reason == "" {
 		mono := monotime.Now()
 		ctx, cancel := h.storeContext(r, mono, false)
-		if !z.DecideWith(ctx, usedPrefix+solved.ID, mono, &c.used, 1).Allowed {
+		// In a zone with delay, a replay whose turn is near is admitted for
+		// later, with a queue place: the guard never waits.
+		if d := z.DecideWith(ctx, usedPrefix+solved.ID, mono, &c.used, 1); !d.Allowed || d.Delay > 0 {
+			if d.Delay > 0 {
+				z.EndWait()
+			}
 			reason = challenge.Replayed
 		}
 		cancel()
