@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/caddy-tally/ratelimit/challenge"
+	"github.com/caddy-tally/ratelimit/internal/live"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 	"github.com/caddy-tally/ratelimit/zones"
 )
@@ -147,9 +148,10 @@ func (c *zoneChallenge) challenge(w http.ResponseWriter, r *http.Request, v *tic
 const maxSubmission = 4 << 10 // a challenge submission's body
 
 // verifyChallenge answers a submission to challenge.VerifyPath when a zone has a
-// challenge, and reports whether it did. A solution sets the cookie and redirects
-// (303) back; a failure is a 400 or 403, never a 5xx. It costs one HMAC, one
-// SHA-256 and, once solved, one step of the zone's store (the replay guard).
+// challenge, and reports whether it did (not for another handler's zone). A
+// solution sets the cookie and redirects (303) back; a failure is a 400 or
+// 403, never a 5xx. It costs one HMAC, one SHA-256 and, once solved, one step
+// of the zone's store (the replay guard).
 func (h *Handler) verifyChallenge(w http.ResponseWriter, r *http.Request) bool {
 	first := h.challengeZone("")
 	if first == nil {
@@ -167,7 +169,11 @@ func (h *Handler) verifyChallenge(w http.ResponseWriter, r *http.Request) bool {
 	token := r.PostForm.Get("challenge")
 	z := first
 	if name, ok := challenge.Zone(token); ok {
-		if z = h.challengeZone(name); z == nil { // a token of another site or config
+		if z = h.challengeZone(name); z == nil {
+			if zh := httpZoneOf(live.Lookup(name, true)); zh != nil && zh.challenge != nil {
+				return false // another rate_limit handler's: it answers, further on
+			}
+			// a token of another site or config
 			return refuse(w, http.StatusForbidden, "challenge refused: forged", first.challenge.failed[challenge.Forged])
 		}
 	}

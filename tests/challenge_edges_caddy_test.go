@@ -71,3 +71,49 @@ func TestChallengeValidCookieCountsBesideAnotherOfTheSameName(t *testing.T) {
 		}
 	}
 }
+
+// A site with two rate_limit handlers, each with a challenge zone: the
+// first answers the verify URL for its own zones and passes a solution of
+// the other's on to it, which sets the other zone's cookie.
+func TestChallengeOfALaterHandlersZoneIsSolved(t *testing.T) {
+	c := startCaddy(t, `http:// {
+	route {
+		rate_limit {
+			zone site {
+				key {client_ip}
+				events 100
+				window 1m
+				challenge {
+					difficulty 1
+					events 500
+					window 1h
+				}
+			}
+		}
+		rate_limit {
+			zone blog {
+				key {client_ip}
+				events 1
+				window 1m
+				challenge {
+					difficulty 1
+					events 5
+					window 1h
+				}
+			}
+		}
+		respond "id={http.rate_limit.blog.identity}"
+	}
+}
+`)
+	c.Do(request{})
+	token, d, action := challenged(t, c, "/", nil)
+	res := submitChallenge(t, c.client, c.URL, action, token, solveChallenge(t, token, d), "/")
+	if res.Status != http.StatusSeeOther || !strings.Contains(strings.Join(res.Header["Set-Cookie"], "\n"), "tally_blog=") {
+		t.Fatalf("a solved challenge of the second handler's zone: %d %q Set-Cookie %q, want 303 setting tally_blog", res.Status, res.Body, res.Header["Set-Cookie"])
+	}
+	ck := (&http.Response{Header: res.Header}).Cookies()[0]
+	if got := c.Do(withCookie(ck)); got.Status != http.StatusOK || !strings.HasPrefix(got.Body, "id=cookie:") {
+		t.Fatalf("the blog zone's cookie: %d %q, want 200 under its identity", got.Status, got.Body)
+	}
+}
