@@ -68,6 +68,11 @@ func provisionChallenge(ctx caddy.Context, c *Challenge, name string, zc *Zone, 
 	if len(name) > challenge.MaxZoneLen {
 		return nil, fmt.Errorf("zone %s: a zone with a challenge has a name of at most %d characters (every challenge token carries it); shorten the zone's name", name, challenge.MaxZoneLen)
 	}
+	for _, p := range []string{"{http.request.uri", "{http.request.method", "{http.request.orig_"} {
+		if strings.Contains(zc.Key, p) { // the submission's is the verify URL's, a POST
+			return nil, fmt.Errorf("zone %s: a challenge binds its solution to the zone's key, which the submission to %s must share: use a key of the client ({client_ip}, a header, a cookie), not of the request's path, query or method (%s)", name, challenge.VerifyPath, zc.Key)
+		}
+	}
 	if err := c.Check(); err != nil {
 		return nil, fmt.Errorf("zone %s: %v", name, err)
 	}

@@ -117,3 +117,32 @@ func TestChallengeOfALaterHandlersZoneIsSolved(t *testing.T) {
 		t.Fatalf("the blog zone's cookie: %d %q, want 200 under its identity", got.Status, got.Body)
 	}
 }
+
+// The submission's key must be the page's: a zone keyed by what the
+// request asks for (its path, query or method), which the submission to
+// the verify URL does not share, is refused at its load, naming the fix,
+// rather than loaded with a challenge every solution fails as wrong_key.
+func TestChallengeZoneKeyedByTheRequestIsRefused(t *testing.T) {
+	for _, key := range []string{"{client_ip}{path}", "{client_ip}-{method}", "{http.request.uri}"} {
+		c := newCaddyInstance(t)
+		err := c.startProcess(c.Caddyfile("", `http:// {
+	rate_limit {
+		zone v {
+			key `+key+`
+			events 1
+			window 1m
+			challenge {
+				difficulty 1
+				events 5
+				window 1h
+			}
+		}
+	}
+	respond "ok"
+}
+`), "caddyfile")
+		if err == nil || !strings.Contains(c.stderr.String(), "key of the client") {
+			t.Errorf("a challenge zone keyed %q: started (%v), want a load error asking for a key of the client; stderr %q", key, err, tail(c.stderr.String(), 3))
+		}
+	}
+}
