@@ -68,10 +68,8 @@ func provisionChallenge(ctx caddy.Context, c *Challenge, name string, zc *Zone, 
 	if len(name) > challenge.MaxZoneLen {
 		return nil, fmt.Errorf("zone %s: a zone with a challenge has a name of at most %d characters (every challenge token carries it); shorten the zone's name", name, challenge.MaxZoneLen)
 	}
-	for _, p := range []string{"{http.request.uri", "{http.request.method", "{http.request.orig_"} {
-		if strings.Contains(zc.Key, p) { // the submission's is the verify URL's, a POST
-			return nil, fmt.Errorf("zone %s: a challenge binds its solution to the zone's key, which the submission to %s must share: use a key of the client ({client_ip}, a header, a cookie), not of the request's path, query or method (%s)", name, challenge.VerifyPath, zc.Key)
-		}
+	if k := zc.Key; strings.Contains(k, "{http.request.uri") || strings.Contains(k, "{http.request.method") || strings.Contains(k, "{http.request.orig_") {
+		return nil, fmt.Errorf("zone %s: a challenge binds its solution to the zone's key, which the submission to %s must share: use a key of the client ({client_ip}, a header, a cookie), not of the request's path, query or method (%s)", name, challenge.VerifyPath, k)
 	}
 	if err := c.Check(); err != nil {
 		return nil, fmt.Errorf("zone %s: %v", name, err)
@@ -104,25 +102,20 @@ func provisionChallenge(ctx caddy.Context, c *Challenge, name string, zc *Zone, 
 // {http.rate_limit.<zone>.identity}) and budget; an invalid one is counted.
 func (c *zoneChallenge) identify(r *http.Request, v *ticket) {
 	now := time.Now()
-	var id string
-	ok := false
 	// Every cookie of the name: a browser may send a stale or a parent
 	// domain's one beside the valid one, in any order.
 	for _, ck := range r.CookiesNamed(c.cookie) {
-		var bad bool
-		if id, ok, bad = c.secrets.Identity(v.Owner.Name, ck.Value, now); bad {
+		id, ok, bad := c.secrets.Identity(v.Owner.Name, ck.Value, now)
+		if bad {
 			add(c.failed[challenge.ForgedCookie], 1)
 		}
 		if ok {
-			break
+			v.Key, v.Raw, v.Plan = id, id, c.plan
+			c.identities.Seen(id, now)
+			requestReplacer(r).Set(c.identityVar, id)
+			return
 		}
 	}
-	if !ok {
-		return
-	}
-	v.Key, v.Raw, v.Plan = id, id, c.plan
-	c.identities.Seen(id, now)
-	requestReplacer(r).Set(c.identityVar, id)
 }
 
 // challenge answers a denied browser navigation (GET or HEAD accepting text/html)
@@ -152,16 +145,13 @@ func (c *zoneChallenge) challenge(w http.ResponseWriter, r *http.Request, v *tic
 
 const maxSubmission = 4 << 10 // a challenge submission's body
 
-// verifyChallenge answers a submission to challenge.VerifyPath when a zone has a
+// verifyChallenge answers a submission to challenge.VerifyPath, a zone having a
 // challenge, and reports whether it did (not for another handler's zone). A
 // solution sets the cookie and redirects (303) back; a failure is a 400 or
 // 403, never a 5xx. It costs one HMAC, one SHA-256 and, once solved, one step
 // of the zone's store (the replay guard).
 func (h *Handler) verifyChallenge(w http.ResponseWriter, r *http.Request) bool {
 	first := h.challengeZone("")
-	if first == nil {
-		return false
-	}
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		return refuse(w, http.StatusMethodNotAllowed, "challenge solutions are POSTed", nil)
@@ -177,8 +167,7 @@ func (h *Handler) verifyChallenge(w http.ResponseWriter, r *http.Request) bool {
 		if z = h.challengeZone(name); z == nil {
 			if zh := httpZoneOf(live.Lookup(name, true)); zh != nil && zh.challenge != nil {
 				return false // another rate_limit handler's: it answers, further on
-			}
-			// a token of another site or config
+			} // else a token of another site or config
 			return refuse(w, http.StatusForbidden, "challenge refused: forged", first.challenge.failed[challenge.Forged])
 		}
 	}
@@ -189,8 +178,7 @@ func (h *Handler) verifyChallenge(w http.ResponseWriter, r *http.Request) bool {
 	if reason == "" {
 		mono := monotime.Now()
 		ctx, cancel := h.storeContext(r, mono, false)
-		// In a zone with delay, a replay whose turn is near is admitted for
-		// later, with a queue place: the guard never waits.
+		// With delay, a near replay is admitted for later (a queue place): the guard never waits.
 		if d := z.DecideWith(ctx, usedPrefix+solved.ID, mono, &c.used, 1); !d.Allowed || d.Delay > 0 {
 			if d.Delay > 0 {
 				z.EndWait()

@@ -30,12 +30,10 @@ const keyIDLen = 4
 
 // secret is one signing key as stored, named by the id tokens and cookies carry.
 type secret struct {
-	ID      []byte    `json:"id"`
-	Key     []byte    `json:"key"`
-	Created time.Time `json:"created"`
-	// The longest rotation period of the zones that loaded it: zones whose
-	// cookies last differently share the key.
-	Rotate time.Duration `json:"rotate,omitempty"`
+	ID      []byte        `json:"id"`
+	Key     []byte        `json:"key"`
+	Created time.Time     `json:"created"`
+	Rotate  time.Duration `json:"rotate,omitempty"` // the longest period of the zones that loaded it
 }
 
 // Secrets are the signing keys: the current one signs, it and the previous one
@@ -90,19 +88,14 @@ func (s *Secrets) refresh(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	now, store := s.now(), true
-	switch {
-	case len(keys) == 0 || now.Sub(keys[0].Created) >= max(s.rotate, keys[0].Rotate):
-		fresh := secret{ID: make([]byte, keyIDLen), Key: make([]byte, 32), Created: now, Rotate: s.rotate}
+	if now := s.now(); len(keys) == 0 || now.Sub(keys[0].Created) >= max(s.rotate, keys[0].Rotate) {
+		fresh := secret{ID: make([]byte, keyIDLen), Key: make([]byte, 32), Created: now}
 		_, _ = rand.Read(fresh.ID)
 		_, _ = rand.Read(fresh.Key)
 		keys = append([]secret{fresh}, keys...)[:min(len(keys)+1, 2)]
-	case keys[0].Rotate < s.rotate:
-		keys[0].Rotate = s.rotate
-	default:
-		store = false
 	}
-	if store {
+	if keys[0].Rotate < s.rotate {
+		keys[0].Rotate = s.rotate
 		b, _ := json.Marshal(keys)
 		if err := s.storage.Store(ctx, StorageKey, b); err != nil {
 			return fmt.Errorf("storing the challenge secret in Caddy's storage: %v", err)
