@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"fmt"
+	"mime"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/caddy-tally/ratelimit/challenge"
+	"github.com/caddy-tally/ratelimit/internal/live"
 	"github.com/caddy-tally/ratelimit/internal/monotime"
 	"github.com/caddy-tally/ratelimit/zones"
 )
@@ -63,6 +65,12 @@ func provisionChallenge(ctx caddy.Context, c *Challenge, name string, zc *Zone, 
 	if zc.Concurrency > 0 || zc.Quota != nil || zc.Adaptive != nil {
 		return nil, fmt.Errorf("zone %s: challenge is for rate zones (events, window): a challenge gives a solved cookie a rate of its own; remove challenge, or put it in a rate zone", name)
 	}
+	if len(name) > challenge.MaxZoneLen {
+		return nil, fmt.Errorf("zone %s: a zone with a challenge has a name of at most %d characters (every challenge token carries it); shorten the zone's name", name, challenge.MaxZoneLen)
+	}
+	if k := zc.Key; strings.Contains(k, "{http.request.uri") || strings.Contains(k, "{http.request.method") || strings.Contains(k, "{http.request.orig_") {
+		return nil, fmt.Errorf("zone %s: a challenge binds its solution to the zone's key, which the submission to %s must share: use a key of the client ({client_ip}, a header, a cookie), not of the request's path, query or method (%s)", name, challenge.VerifyPath, k)
+	}
 	if err := c.Check(); err != nil {
 		return nil, fmt.Errorf("zone %s: %v", name, err)
 	}
@@ -93,21 +101,21 @@ func provisionChallenge(ctx caddy.Context, c *Challenge, name string, zc *Zone, 
 // identify decides a request with a valid cookie under its identity (given in
 // {http.rate_limit.<zone>.identity}) and budget; an invalid one is counted.
 func (c *zoneChallenge) identify(r *http.Request, v *ticket) {
-	ck, err := r.Cookie(c.cookie)
-	if err != nil {
-		return
-	}
 	now := time.Now()
-	id, ok, bad := c.secrets.Identity(v.Owner.Name, ck.Value, now)
-	if bad {
-		add(c.failed[challenge.ForgedCookie], 1)
+	// Every cookie of the name: a browser may send a stale or a parent
+	// domain's one beside the valid one, in any order.
+	for _, ck := range r.CookiesNamed(c.cookie) {
+		id, ok, bad := c.secrets.Identity(v.Owner.Name, ck.Value, now)
+		if bad {
+			add(c.failed[challenge.ForgedCookie], 1)
+		}
+		if ok {
+			v.Key, v.Raw, v.Plan = id, id, c.plan
+			c.identities.Seen(id, now)
+			requestReplacer(r).Set(c.identityVar, id)
+			return
+		}
 	}
-	if !ok {
-		return
-	}
-	v.Key, v.Raw, v.Plan = id, id, c.plan
-	c.identities.Seen(id, now)
-	requestReplacer(r).Set(c.identityVar, id)
 }
 
 // challenge answers a denied browser navigation (GET or HEAD accepting text/html)
@@ -137,27 +145,29 @@ func (c *zoneChallenge) challenge(w http.ResponseWriter, r *http.Request, v *tic
 
 const maxSubmission = 4 << 10 // a challenge submission's body
 
-// verifyChallenge answers a submission to challenge.VerifyPath when a zone has a
-// challenge, and reports whether it did. A solution sets the cookie and redirects
-// (303) back; a failure is a 400 or 403, never a 5xx. It costs one HMAC, one
-// SHA-256 and, once solved, one step of the zone's store (the replay guard).
+// verifyChallenge answers a submission to challenge.VerifyPath, a zone having a
+// challenge, and reports whether it did (not for another handler's zone). A
+// solution sets the cookie and redirects (303) back; a failure is a 400 or
+// 403, never a 5xx. It costs one HMAC, one SHA-256 and, once solved, one step
+// of the zone's store (the replay guard).
 func (h *Handler) verifyChallenge(w http.ResponseWriter, r *http.Request) bool {
 	first := h.challengeZone("")
-	if first == nil {
-		return false
-	}
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		return refuse(w, http.StatusMethodNotAllowed, "challenge solutions are POSTed", nil)
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, maxSubmission)
-	if err := r.ParseForm(); err != nil {
+	// ParseForm reads no other body, and returns no error for it.
+	if ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); ct != "application/x-www-form-urlencoded" || r.ParseForm() != nil {
 		return refuse(w, http.StatusBadRequest, "challenge refused: malformed", first.challenge.failed[challenge.Malformed])
 	}
 	token := r.PostForm.Get("challenge")
 	z := first
 	if name, ok := challenge.Zone(token); ok {
-		if z = h.challengeZone(name); z == nil { // a token of another site or config
+		if z = h.challengeZone(name); z == nil {
+			if zh := httpZoneOf(live.Lookup(name, true)); zh != nil && zh.challenge != nil {
+				return false // another rate_limit handler's: it answers, further on
+			} // else a token of another site or config
 			return refuse(w, http.StatusForbidden, "challenge refused: forged", first.challenge.failed[challenge.Forged])
 		}
 	}
@@ -168,7 +178,11 @@ func (h *Handler) verifyChallenge(w http.ResponseWriter, r *http.Request) bool {
 	if reason == "" {
 		mono := monotime.Now()
 		ctx, cancel := h.storeContext(r, mono, false)
-		if !z.DecideWith(ctx, usedPrefix+solved.ID, mono, &c.used, 1).Allowed {
+		// With delay, a near replay is admitted for later (a queue place): the guard never waits.
+		if d := z.DecideWith(ctx, usedPrefix+solved.ID, mono, &c.used, 1); !d.Allowed || d.Delay > 0 {
+			if d.Delay > 0 {
+				z.EndWait()
+			}
 			reason = challenge.Replayed
 		}
 		cancel()

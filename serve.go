@@ -28,8 +28,11 @@ type ticket = zones.Ticket[*httpZone]
 // ServeHTTP decides the request in every zone that applies to it, tightest
 // first, and either calls next or returns the denial.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	if r.URL.Path == challenge.VerifyPath && h.verifyChallenge(w, r) {
-		return nil
+	if r.URL.Path == challenge.VerifyPath && h.challengeZone("") != nil {
+		if h.verifyChallenge(w, r) {
+			return nil
+		}
+		return next.ServeHTTP(w, r) // another handler's zone's: on to it
 	}
 	now := monotime.Now()
 	var repl *caddy.Replacer // deep in the request's context: looked up only when needed

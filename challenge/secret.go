@@ -30,9 +30,10 @@ const keyIDLen = 4
 
 // secret is one signing key as stored, named by the id tokens and cookies carry.
 type secret struct {
-	ID      []byte    `json:"id"`
-	Key     []byte    `json:"key"`
-	Created time.Time `json:"created"`
+	ID      []byte        `json:"id"`
+	Key     []byte        `json:"key"`
+	Created time.Time     `json:"created"`
+	Rotate  time.Duration `json:"rotate,omitempty"` // the longest period of the zones that loaded it
 }
 
 // Secrets are the signing keys: the current one signs, it and the previous one
@@ -77,7 +78,7 @@ func LoadSecrets(ctx context.Context, st Storage, rotate time.Duration) (*Secret
 }
 
 // refresh reads the keys under the storage's lock, adding one when none or
-// the newest is old.
+// the newest is older than its zones' longest period (this one's recorded).
 func (s *Secrets) refresh(ctx context.Context) error {
 	if err := s.storage.Lock(ctx, StorageKey); err != nil {
 		return fmt.Errorf("locking the challenge secret in Caddy's storage: %v", err)
@@ -87,11 +88,14 @@ func (s *Secrets) refresh(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if now := s.now(); len(keys) == 0 || now.Sub(keys[0].Created) >= s.rotate {
+	if now := s.now(); len(keys) == 0 || now.Sub(keys[0].Created) >= max(s.rotate, keys[0].Rotate) {
 		fresh := secret{ID: make([]byte, keyIDLen), Key: make([]byte, 32), Created: now}
 		_, _ = rand.Read(fresh.ID)
 		_, _ = rand.Read(fresh.Key)
 		keys = append([]secret{fresh}, keys...)[:min(len(keys)+1, 2)]
+	}
+	if keys[0].Rotate < s.rotate {
+		keys[0].Rotate = s.rotate
 		b, _ := json.Marshal(keys)
 		if err := s.storage.Store(ctx, StorageKey, b); err != nil {
 			return fmt.Errorf("storing the challenge secret in Caddy's storage: %v", err)
@@ -132,7 +136,7 @@ func (s *Secrets) read(ctx context.Context) ([]secret, error) {
 // current is the signing key, starting a rotation when it is past the period.
 func (s *Secrets) current() secret {
 	k, now := (*s.keys.Load())[0], s.now()
-	if s.storage == nil || now.Sub(k.Created) < s.rotate || !s.rotating.TryLock() {
+	if s.storage == nil || now.Sub(k.Created) < max(s.rotate, k.Rotate) || !s.rotating.TryLock() {
 		return k
 	}
 	if now.Sub(s.rotated) >= reloadEvery {

@@ -250,3 +250,39 @@ func TestSecretsRotationFailureKeepsSigning(t *testing.T) {
 		t.Errorf("once the storage is back, the next try after reloadEvery rotates")
 	}
 }
+
+// Zones whose cookies last differently share the one secret in the
+// storage: it is replaced at the longest zone's period, so a shorter zone's
+// rotations never drop the key a longer zone's cookie needs before the
+// cookie expires.
+func TestSecretsRotateAtTheLongestPeriodOfTheirZones(t *testing.T) {
+	ctx := context.Background()
+	st := &certmagic.FileStorage{Path: t.TempDir()}
+	load := func(rotate time.Duration) *Secrets {
+		t.Helper()
+		s, err := LoadSecrets(ctx, st, rotate)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	const day = 24 * time.Hour
+	long := load(60 * day) // valid 30d
+	load(time.Hour)        // valid 30m: replaced every 7 days alone
+	now := time.Now()
+	cookie, id := long.Mint("long", now.Add(30*day))
+	// Two weeks pass, the short zone's instance loading each week.
+	for range 2 {
+		raw, _ := st.Load(ctx, StorageKey)
+		var stored []map[string]any
+		_ = json.Unmarshal(raw, &stored)
+		created, _ := time.Parse(time.RFC3339Nano, stored[0]["created"].(string))
+		stored[0]["created"] = created.Add(-MinRotation - time.Minute)
+		raw, _ = json.Marshal(stored)
+		_ = st.Store(ctx, StorageKey, raw)
+		load(time.Hour)
+	}
+	if got, ok, _ := load(60*day).Identity("long", cookie, now); !ok || got != id {
+		t.Errorf("a 30-day cookie two weeks on, beside a zone of 30-minute cookies: Identity = %q, %v; want %q", got, ok, id)
+	}
+}

@@ -47,9 +47,9 @@ const (
 	idLen        = 12
 	headLen      = 1 + 8 + 1 + idLen + 8 + keyIDLen
 	macLen       = 16
-	// MaxTokenLen bounds what is decoded: a zone name of maxZoneLen at most.
-	maxZoneLen  = 128
-	MaxTokenLen = (headLen + maxZoneLen + macLen + 2) / 3 * 4
+	// MaxTokenLen bounds what is decoded: a zone name of MaxZoneLen at most.
+	MaxZoneLen  = 128
+	MaxTokenLen = (headLen + MaxZoneLen + macLen + 2) / 3 * 4
 )
 
 // Challenge is a verified token's content.
