@@ -167,7 +167,8 @@ func (h *Handler) verifyChallenge(w http.ResponseWriter, r *http.Request) bool {
 		if z = h.challengeZone(name); z == nil {
 			if zh := httpZoneOf(live.Lookup(name, true)); zh != nil && zh.challenge != nil {
 				return false // another rate_limit handler's: it answers, further on
-			} // else a token of another site or config
+			}
+			// a token of another site or config
 			return refuse(w, http.StatusForbidden, "challenge refused: forged", first.challenge.failed[challenge.Forged])
 		}
 	}
@@ -178,7 +179,8 @@ func (h *Handler) verifyChallenge(w http.ResponseWriter, r *http.Request) bool {
 	if reason == "" {
 		mono := monotime.Now()
 		ctx, cancel := h.storeContext(r, mono, false)
-		// With delay, a near replay is admitted for later (a queue place): the guard never waits.
+		// In a zone with delay, a replay whose turn is near is admitted for
+		// later, with a queue place: the guard never waits.
 		if d := z.DecideWith(ctx, usedPrefix+solved.ID, mono, &c.used, 1); !d.Allowed || d.Delay > 0 {
 			if d.Delay > 0 {
 				z.EndWait()
