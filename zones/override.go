@@ -219,12 +219,12 @@ func (s *OverrideSet) lookup(key, raw string, now int64) *Override {
 	return nil
 }
 
-// lookupCIDR is the narrowest CIDR override holding key, an address or a
-// masked prefix ("10.1.2.0/24"; only CIDRs as wide or wider cover it).
 // maybeIP reports whether key may be an address or a prefix: parsing one
 // that is not costs its error's allocation.
 func maybeIP(key string) bool { return strings.Trim(key, "0123456789abcdefABCDEF:./") == "" }
 
+// lookupCIDR is the narrowest CIDR override holding key, an address or a
+// masked prefix ("10.1.2.0/24"; only CIDRs as wide or wider cover it).
 func (s *OverrideSet) lookupCIDR(key string, now int64) *Override {
 	if !maybeIP(key) {
 		return nil
