@@ -210,9 +210,11 @@ func (c *cli) send(method, path string, body []byte) ([]byte, error) {
 			return nil, fmt.Errorf("the Caddy at %s does not have tally's admin routes (%s)", addr, msg)
 		case m[1] == "404":
 			// An unknown zone's error names the zones there are, as findZone's.
-			if name, err := strconv.Unquote(strings.TrimPrefix(msg, "unknown zone ")); err == nil && strings.HasPrefix(msg, "unknown zone ") {
-				if _, err := c.findZone(name); err != nil {
-					msg = err.Error()
+			if quoted, ok := strings.CutPrefix(msg, "unknown zone "); ok {
+				if name, err := strconv.Unquote(quoted); err == nil {
+					if _, err := c.findZone(name); err != nil {
+						msg = err.Error()
+					}
 				}
 			}
 			return nil, errNotFound{msg}
