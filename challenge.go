@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/caddy-tally/ratelimit/challenge"
@@ -146,11 +147,11 @@ func (c *zoneChallenge) challenge(w http.ResponseWriter, r *http.Request, v *tic
 const maxSubmission = 4 << 10 // a challenge submission's body
 
 // verifyChallenge answers a submission to challenge.VerifyPath, a zone having a
-// challenge, and reports whether it did (not for another handler's zone). A
+// challenge; one for another handler's zone goes on to next, which has it. A
 // solution sets the cookie and redirects (303) back; a failure is a 400 or
 // 403, never a 5xx. It costs one HMAC, one SHA-256 and, once solved, one step
 // of the zone's store (the replay guard).
-func (h *Handler) verifyChallenge(w http.ResponseWriter, r *http.Request) bool {
+func (h *Handler) verifyChallenge(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	first := h.challengeZone("")
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
@@ -166,7 +167,7 @@ func (h *Handler) verifyChallenge(w http.ResponseWriter, r *http.Request) bool {
 	if name, ok := challenge.Zone(token); ok {
 		if z = h.challengeZone(name); z == nil {
 			if zh := httpZoneOf(live.Lookup(name, true)); zh != nil && zh.challenge != nil {
-				return false // another rate_limit handler's: it answers, further on
+				return next.ServeHTTP(w, r) // another rate_limit handler's: it answers, further on
 			}
 			// a token of another site or config
 			return refuse(w, http.StatusForbidden, "challenge refused: forged", first.challenge.failed[challenge.Forged])
@@ -202,7 +203,7 @@ func (h *Handler) verifyChallenge(w http.ResponseWriter, r *http.Request) bool {
 	w.Header().Set("Location", sameSiteReturn(r.PostForm.Get("return")))
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusSeeOther)
-	return true
+	return nil
 }
 
 // challengeZone is the handler's zone name ("": the first) with a
@@ -226,12 +227,12 @@ func sameSiteReturn(ret string) string {
 	return ret
 }
 
-// refuse answers a submission with msg, counted in failed; true.
-func refuse(w http.ResponseWriter, status int, msg string, failed prometheus.Counter) bool {
+// refuse answers a submission with msg, counted in failed.
+func refuse(w http.ResponseWriter, status int, msg string, failed prometheus.Counter) error {
 	add(failed, 1)
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
 	_, _ = w.Write([]byte(msg + "\n"))
-	return true
+	return nil
 }

@@ -29,10 +29,7 @@ type ticket = zones.Ticket[*httpZone]
 // first, and either calls next or returns the denial.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	if r.URL.Path == challenge.VerifyPath && h.challengeZone("") != nil {
-		if h.verifyChallenge(w, r) {
-			return nil
-		}
-		return next.ServeHTTP(w, r) // another handler's zone's: on to it
+		return h.verifyChallenge(w, r, next)
 	}
 	now := monotime.Now()
 	var repl *caddy.Replacer // deep in the request's context: looked up only when needed
