@@ -4,7 +4,11 @@ package tests
 // polling a condition instead of sleeping.
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"net"
+	"os"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -28,18 +32,31 @@ func freePort(t testing.TB) int {
 	if handedOut.ports == nil {
 		handedOut.ports = map[int]bool{}
 	}
-	for {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		if !handedOut.ports[p] {
-			handedOut.ports[p] = true
-			return p
+	// Below the kernel's ephemeral range: a port from it, closed again, can
+	// be taken by any outgoing connection (a Redis client's) before the
+	// server binds it.
+	lo := 32768
+	var a, b int
+	if f, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if _, err := fmt.Sscan(string(f), &a, &b); err == nil && a > 11024 {
+			lo = a
 		}
 	}
+	for range 10000 {
+		p := lo - 10000 + rand.IntN(10000)
+		if handedOut.ports[p] {
+			continue
+		}
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		handedOut.ports[p] = true
+		return p
+	}
+	t.Fatalf("no free port in 127.0.0.1:%d-%d", lo-10000, lo-1)
+	return 0
 }
 
 // waitFor polls cond every 10ms until it holds or timeout passes.
